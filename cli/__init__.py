@@ -1,0 +1,1 @@
+"""The ``moeslo`` command line (typer + rich)."""

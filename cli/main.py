@@ -1,0 +1,25 @@
+"""Entry point of the ``moeslo`` command.
+
+Each command group lives in its own module and registers itself here.  Heavy
+imports (torch, statsmodels) happen inside the commands, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from cli.common import bench_app
+
+app = typer.Typer(
+    name="moeslo",
+    help="Observability and SLO control plane for Mixture-of-Experts LLM inference.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(bench_app, name="bench")
+
+# Command modules register themselves on `app` / `bench_app` when imported.
+from cli import model as _model  # noqa: E402,F401
+
+if __name__ == "__main__":
+    app()

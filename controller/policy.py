@@ -1,0 +1,149 @@
+"""SLO policies: the typed resource users set over REST.
+
+A policy names what it governs (``target``), what good looks like
+(``objectives``), over which compliance window, and how far the controller
+may go to keep it (``scaling``, ``lead_time_s``, ``mode``).  Defaults are
+the mission's numbers: TTFT <= 500 ms and ITL <= 20 ms for 99 % of requests,
+expert-imbalance CV <= 0.15, a 30-day window, 180 s scale-down cooldown and
+120 s lead time.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DURATION = re.compile(r"^(\d+)([smhdw])$")
+_DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration_s(text: str) -> int:
+    """Seconds in a Prometheus-style duration such as ``30d`` or ``5m``."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"duration {text!r} must be a number followed by one of s, m, h, d, w (e.g. 30d)")
+    return int(match.group(1)) * _DURATION_S[match.group(2)]
+
+
+class Mode(StrEnum):
+    """What the controller does with its decisions for a policy."""
+
+    ENFORCE = "enforce"
+    """Decide and actuate."""
+    ADVISORY = "advisory"
+    """Decide and log, never actuate."""
+    OFF = "off"
+    """Neither decide nor actuate; SLIs are still evaluated."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ModelTarget(_Strict):
+    """Engines found by the model name they serve (read-only: nothing to scale)."""
+
+    kind: Literal["model"] = "model"
+    model: Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class KubernetesTarget(_Strict):
+    """A Deployment or LeaderWorkerSet whose ``scale`` subresource the controller patches."""
+
+    kind: Literal["deployment", "leaderworkerset"]
+    namespace: Annotated[str, Field(pattern=_DNS_LABEL.pattern)]
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+    model: str | None = None
+    """Model name used in metric label selectors; defaults to the workload name."""
+    hpa: str | None = None
+    """Name of an HPA that owns the workload: the controller then patches its minReplicas."""
+
+
+class LocalTarget(_Strict):
+    """Embedded-engine processes on this machine."""
+
+    kind: Literal["local"] = "local"
+    model: Annotated[str, Field(min_length=1, max_length=253)] = "moeslo-qwen3-moe"
+    checkpoint: str | None = None
+    """Checkpoint directory for new replicas (None: the controller's configured default)."""
+    endpoints: tuple[str, ...] = ()
+    """Metrics endpoints of replicas started outside the controller (``http://host:port``)."""
+
+
+Target = Annotated[ModelTarget | KubernetesTarget | LocalTarget, Field(discriminator="kind")]
+
+
+class LatencyObjective(_Strict):
+    """``target`` of requests must see the latency at or below ``threshold_s``."""
+
+    threshold_s: Annotated[float, Field(gt=0, le=3600)]
+    target: Annotated[float, Field(gt=0, lt=1)]
+
+
+class ImbalanceObjective(_Strict):
+    """Per-layer CV of per-rank expert load must stay at or below ``max_cv``."""
+
+    max_cv: Annotated[float, Field(gt=0, le=10)] = 0.15
+    sustain_s: Annotated[int, Field(ge=0, le=86400)] = 300
+    """How long a violation must last before a rebalance is considered."""
+
+
+class Objectives(_Strict):
+    ttft: LatencyObjective = LatencyObjective(threshold_s=0.5, target=0.99)
+    itl: LatencyObjective = LatencyObjective(threshold_s=0.02, target=0.99)
+    imbalance: ImbalanceObjective = ImbalanceObjective()
+
+
+class Scaling(_Strict):
+    min_replicas: Annotated[int, Field(ge=0, le=10000)] = 1
+    max_replicas: Annotated[int, Field(ge=1, le=10000)] = 8
+    scale_down_cooldown_s: Annotated[int, Field(ge=0, le=86400)] = 180
+    max_step: Annotated[int, Field(ge=1, le=10000)] = 4
+    """Most replicas added or removed in one tick."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})"
+            )
+        return self
+
+
+class Policy(_Strict):
+    """One SLO policy."""
+
+    name: Annotated[str, Field(pattern=_DNS_LABEL.pattern, max_length=63)]
+    description: Annotated[str, Field(max_length=1024)] = ""
+    target: Target
+    objectives: Objectives = Objectives()
+    window: str = "30d"
+    """Compliance window, a Prometheus duration (e.g. ``30d``)."""
+    scaling: Scaling = Scaling()
+    lead_time_s: Annotated[int, Field(ge=0, le=86400)] = 120
+    """Replica start-up time: how far ahead scale-ups must happen."""
+    mode: Mode = Mode.ENFORCE
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        seconds = parse_duration_s(value)
+        if not 3600 <= seconds <= 366 * 86400:
+            raise ValueError(f"window {value!r} must be between 1h and 366d")
+        return value
+
+    @property
+    def window_s(self) -> int:
+        return parse_duration_s(self.window)
+
+    @property
+    def model_name(self) -> str:
+        """The ``model_name`` label value of the engines this policy watches."""
+        target = self.target
+        if isinstance(target, KubernetesTarget):
+            return target.model or target.name
+        return target.model

@@ -1,0 +1,133 @@
+"""Expert placement: per MoE layer, which logical expert each physical slot holds.
+
+Slots are numbered rank-major: slot ``s`` lives on rank ``s // slots_per_rank``,
+as in DeepSeek's EPLB.  More slots than experts gives redundant replicas; the
+engine splits each expert's tokens among its replicas.  numpy only, so the
+controller can build and check placements without torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.errors import PlacementError
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """``phy2log[layer, slot]`` = logical expert held by that physical slot."""
+
+    phy2log: npt.NDArray[np.int64]
+    num_ranks: int
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.phy2log.shape[0])
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.phy2log.shape[1])
+
+    @property
+    def slots_per_rank(self) -> int:
+        return self.num_slots // self.num_ranks
+
+    def rank_of_slot(self, slot: int) -> int:
+        return slot // self.slots_per_rank
+
+    def experts_on_rank(self, layer: int, rank: int) -> npt.NDArray[np.int64]:
+        """Logical expert ids in the rank's slots of one layer, in slot order."""
+        spr = self.slots_per_rank
+        return self.phy2log[layer, rank * spr : (rank + 1) * spr]
+
+    def replica_counts(self, num_experts: int) -> npt.NDArray[np.int64]:
+        """(layers, experts) number of replicas of each logical expert."""
+        out = np.zeros((self.num_layers, num_experts), dtype=np.int64)
+        for layer in range(self.num_layers):
+            out[layer] = np.bincount(self.phy2log[layer], minlength=num_experts)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Placement)
+            and self.num_ranks == other.num_ranks
+            and np.array_equal(self.phy2log, other.phy2log)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.num_ranks, self.phy2log.tobytes()))
+
+    @classmethod
+    def contiguous(cls, num_layers: int, num_experts: int, num_ranks: int, slots_per_rank: int | None = None) -> Placement:
+        """Experts in order over the slots; extra slots replicate experts 0, 1, … in turn."""
+        if slots_per_rank is None:
+            slots_per_rank = -(-num_experts // num_ranks)
+        num_slots = num_ranks * slots_per_rank
+        if num_slots < num_experts:
+            raise PlacementError(
+                f"{num_ranks} ranks x {slots_per_rank} slots = {num_slots} slots cannot hold {num_experts} experts"
+            )
+        row = np.arange(num_slots, dtype=np.int64) % num_experts
+        return cls(np.tile(row, (num_layers, 1)), num_ranks)
+
+    def validate(self, *, num_layers: int, num_experts: int, num_ranks: int) -> None:
+        """Raise PlacementError listing every problem; return silently if the placement is usable."""
+        problems: list[str] = []
+        arr = self.phy2log
+        if arr.ndim != 2:
+            raise PlacementError(f"phy2log must be 2-D (layers x slots), got shape {arr.shape}")
+        if self.num_ranks != num_ranks:
+            problems.append(f"placement is for {self.num_ranks} ranks but the engine runs {num_ranks}")
+        if arr.shape[0] != num_layers:
+            problems.append(f"phy2log has {arr.shape[0]} layers, the model has {num_layers} MoE layers")
+        if self.num_ranks < 1 or arr.shape[1] % max(self.num_ranks, 1):
+            problems.append(
+                f"{arr.shape[1]} slots cannot be split evenly over {self.num_ranks} ranks"
+            )
+        if arr.size and (arr.min() < 0 or arr.max() >= num_experts):
+            problems.append(f"expert ids must be in [0, {num_experts}), got {int(arr.min())}..{int(arr.max())}")
+        elif arr.shape[1] < num_experts:
+            problems.append(f"{arr.shape[1]} slots per layer cannot hold {num_experts} experts")
+        else:
+            for layer in range(arr.shape[0]):
+                missing = np.setdiff1d(np.arange(num_experts), arr[layer])
+                if missing.size:
+                    shown = ", ".join(str(int(e)) for e in missing[:8])
+                    more = f" and {missing.size - 8} more" if missing.size > 8 else ""
+                    problems.append(f"layer {layer}: experts {shown}{more} have no replica")
+        if problems:
+            raise PlacementError(problems)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"num_ranks": self.num_ranks, "slots_per_rank": self.slots_per_rank,
+                "phy2log": self.phy2log.tolist()}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Placement:
+        try:
+            arr = np.asarray(raw["phy2log"], dtype=np.int64)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlacementError(f"placement JSON needs 'phy2log' as a layers x slots integer matrix: {exc}") from exc
+        if arr.ndim != 2:
+            raise PlacementError(f"phy2log must be 2-D (layers x slots), got shape {arr.shape}")
+        if "num_ranks" in raw:
+            num_ranks = int(raw["num_ranks"])
+        elif "slots_per_rank" in raw and int(raw["slots_per_rank"]) > 0:
+            num_ranks = arr.shape[1] // int(raw["slots_per_rank"])
+        else:
+            raise PlacementError("placement JSON needs 'num_ranks' or 'slots_per_rank'")
+        return cls(arr, num_ranks)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Placement:
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise PlacementError(f"cannot read placement {path}: {exc}") from exc
+        return cls.from_json(raw)

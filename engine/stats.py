@@ -1,0 +1,214 @@
+"""Plain-data statistics the engine records (no exporter imports here).
+
+Every field names its unit and clock.  Intervals come from
+``time.monotonic()``; nothing here is a wall-clock timestamp.  Exporters
+subscribe through :class:`StatsSink` and only translate.
+
+Imbalance follows the mission: the coefficient of variation (stddev / mean)
+of the per-rank load of one layer.  Balancedness is vLLM's and SGLang's
+``mean / max`` of the same loads.  This module depends on numpy only, so the
+controller may use the same math without torch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+def imbalance_cv(load: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """CV of per-rank load along the last axis; 0 where the load is all zero."""
+    arr = np.asarray(load, dtype=np.float64)
+    mean = arr.mean(axis=-1)
+    std = arr.std(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(mean > 0, std / np.where(mean > 0, mean, 1.0), 0.0)
+
+
+def balancedness(load: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """mean / max of per-rank load along the last axis; 1 where all zero."""
+    arr = np.asarray(load, dtype=np.float64)
+    peak = arr.max(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(peak > 0, arr.mean(axis=-1) / np.where(peak > 0, peak, 1.0), 1.0)
+
+
+def max_over_mean(load: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """max / mean of per-rank load along the last axis (EPLB's figure); 1 where all zero."""
+    arr = np.asarray(load, dtype=np.float64)
+    mean = arr.mean(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(mean > 0, arr.max(axis=-1) / np.where(mean > 0, mean, 1.0), 1.0)
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """Life of one request on the engine's monotonic clock (seconds)."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    scheduled_s: float | None = None
+    """First time the scheduler gave the request compute."""
+    first_token_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    """Time each output token was produced, the first included."""
+    finished_s: float | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def itls_s(self) -> list[float]:
+        times = self.token_times_s
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished_s is None else self.finished_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> float | None:
+        return None if self.scheduled_s is None else self.scheduled_s - self.arrival_s
+
+    @property
+    def prefill_s(self) -> float | None:
+        if self.scheduled_s is None or self.first_token_s is None:
+            return None
+        return self.first_token_s - self.scheduled_s
+
+    @property
+    def decode_s(self) -> float | None:
+        if self.first_token_s is None or self.finished_s is None:
+            return None
+        return self.finished_s - self.first_token_s
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequestStats:
+    """One finished (or aborted) request, in seconds and tokens."""
+
+    request_id: str
+    finish_reason: str
+    """``length``, ``stop``, ``abort`` or ``error``."""
+    prompt_tokens: int
+    generation_tokens: int
+    e2e_s: float
+    queue_s: float
+    prefill_s: float
+    decode_s: float
+    ttft_s: float | None
+    mean_itl_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementSwapStats:
+    """One applied placement change."""
+
+    duration_s: float
+    """Wall time of the swap on the monotonic clock, all ranks included."""
+    experts_moved: int
+    """Expert weights that changed rank (one count per (layer, expert, destination rank))."""
+    bytes_moved: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDelta:
+    """Routed-token counts of one engine step (all layers)."""
+
+    expert_tokens: IntArray
+    """(layers, logical experts): tokens routed to each expert this step (top-k assignments)."""
+    rank_tokens: IntArray
+    """(layers, ranks): expert assignments each rank processed this step."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """What one engine step did, recorded when it ends."""
+
+    now_s: float
+    """Monotonic time at the end of the step."""
+    step_duration_s: float
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    """Fraction of KV blocks in use, 0..1."""
+    prompt_tokens: int
+    """Prompt tokens computed in this step (prefill, recompute included)."""
+    generation_tokens: int
+    ttfts_s: tuple[float, ...] = ()
+    """TTFT of each request whose first token came out in this step."""
+    itls_s: tuple[float, ...] = ()
+    """Inter-token latency of each other token that came out in this step."""
+    num_preemptions: int = 0
+    finished: tuple[FinishedRequestStats, ...] = ()
+    routing: RoutingDelta | None = None
+    placement_swap: PlacementSwapStats | None = None
+
+
+class StatsSink(Protocol):
+    """Anything that consumes engine statistics (exporters implement this)."""
+
+    def record(self, step: StepStats) -> None: ...
+
+
+class RoutingWindow:
+    """Sliding window over the last ``window_steps`` steps of routing counts.
+
+    Keeps running sums so that reading the window costs one subtraction per
+    step, not a sum over the window.
+    """
+
+    def __init__(self, num_layers: int, num_experts: int, num_ranks: int, window_steps: int = 256) -> None:
+        if window_steps < 1:
+            raise ValueError(f"window_steps must be >= 1, got {window_steps}")
+        self.window_steps = window_steps
+        self._deltas: deque[RoutingDelta] = deque()
+        self._expert_sum: IntArray = np.zeros((num_layers, num_experts), dtype=np.int64)
+        self._rank_sum: IntArray = np.zeros((num_layers, num_ranks), dtype=np.int64)
+
+    def add(self, delta: RoutingDelta) -> None:
+        if delta.rank_tokens.shape != self._rank_sum.shape:
+            # The number of ranks changed: start the window afresh.
+            self._deltas.clear()
+            self._expert_sum = np.zeros_like(delta.expert_tokens)
+            self._rank_sum = np.zeros_like(delta.rank_tokens)
+        self._deltas.append(delta)
+        self._expert_sum += delta.expert_tokens
+        self._rank_sum += delta.rank_tokens
+        while len(self._deltas) > self.window_steps:
+            old = self._deltas.popleft()
+            self._expert_sum -= old.expert_tokens
+            self._rank_sum -= old.rank_tokens
+
+    def reset(self) -> None:
+        """Forget the window (after a placement change the old loads no longer apply)."""
+        self._deltas.clear()
+        self._expert_sum[:] = 0
+        self._rank_sum[:] = 0
+
+    @property
+    def expert_tokens(self) -> IntArray:
+        """(layers, experts) routed tokens within the window."""
+        return self._expert_sum.copy()
+
+    @property
+    def rank_tokens(self) -> IntArray:
+        """(layers, ranks) processed assignments within the window."""
+        return self._rank_sum.copy()
+
+    def imbalance(self) -> FloatArray:
+        """Per-layer CV of per-rank load within the window."""
+        return imbalance_cv(self._rank_sum)
+
+    def balancedness(self) -> FloatArray:
+        """Per-layer mean/max of per-rank load within the window."""
+        return balancedness(self._rank_sum)

@@ -1,0 +1,51 @@
+"""Shared fixtures: paths to shared data, a small random checkpoint, free ports."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def shared_data(*parts: str) -> Path:
+    """A path under ../shared/data; skips the test cleanly when it is absent."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"shared data not available: {path}")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A small random Qwen3-MoE checkpoint in the Hugging Face format."""
+    from engine.checkpoint import init_random_checkpoint
+    from engine.config import ModelConfig
+
+    out = tmp_path_factory.mktemp("ckpt")
+    config = ModelConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        intermediate_size=128,
+        vocab_size=512,
+        max_position_embeddings=512,
+    )
+    init_random_checkpoint(out, config, seed=0)
+    yield out
