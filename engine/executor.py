@@ -1,0 +1,95 @@
+"""The model executor interface the scheduler drives.
+
+An executor owns the model weights, the KV cache tensors and the expert
+placement.  ``LocalExecutor`` runs one process (``--ep 1``);
+``MultiprocExecutor`` runs N rank processes joined in a torch.distributed
+group (``--ep N``).  Both are made by :func:`create_executor`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from engine.batch import StepPlan
+from engine.config import ModelConfig
+from engine.placement import Placement
+from engine.stats import PlacementSwapStats, RoutingDelta
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorOptions:
+    """How to run the model (read once at the edge: CLI or server config)."""
+
+    checkpoint: Path
+    ep: int = 1
+    """Expert-parallel ranks (processes)."""
+    kv_cache_mb: float = 64.0
+    """KV cache budget per rank, fixed at start (MiB)."""
+    block_size: int = 16
+    """Tokens per KV block."""
+    dtype: str | None = None
+    """``float32`` or ``bfloat16``; None: the checkpoint's dtype."""
+    slots_per_rank: int | None = None
+    """Physical expert slots per rank; None: just enough for every expert once."""
+    placement: Placement | None = None
+    """Initial placement; None: contiguous."""
+    routing_stats: bool = True
+    threads_per_rank: int | None = None
+    """torch intra-op threads per rank; None: cores divided among ranks."""
+
+
+class Executor(Protocol):
+    """What the engine loop needs from a model executor."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks available (ids 0..num_blocks-1)."""
+        ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def num_ranks(self) -> int: ...
+
+    @property
+    def placement(self) -> Placement: ...
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """Run one step; float32 logits (plan.num_logits, vocab), rows in chunk order."""
+        ...
+
+    def apply_placement(self, placement: Placement) -> PlacementSwapStats:
+        """Swap to a new placement between steps; PlacementError leaves the old one in force."""
+        ...
+
+    def take_routing(self) -> RoutingDelta | None:
+        """Routed-token counts since the last call (None when routing stats are off)."""
+        ...
+
+    def set_routing_stats(self, enabled: bool) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def create_executor(options: ExecutorOptions) -> Executor:
+    """Start the executor that ``options.ep`` asks for."""
+    if options.ep < 1:
+        from engine.errors import ValidationError
+
+        raise ValidationError(f"ep must be >= 1, got {options.ep}")
+    if options.ep == 1:
+        from engine.local_executor import LocalExecutor
+
+        return LocalExecutor(options)
+    from engine.multiproc import MultiprocExecutor
+
+    return MultiprocExecutor(options)
