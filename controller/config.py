@@ -1,0 +1,164 @@
+"""The controller service's configuration, read once at the edge.
+
+Sources, in rising precedence: defaults (the embedded single-process mode),
+a YAML file, ``MOESLO_CONTROLLER_*`` environment variables (nested fields
+with ``__``, e.g. ``MOESLO_CONTROLLER_KUBERNETES__NAMESPACE``), and explicit
+overrides from the command line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import ValidationError as PydanticValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from engine.errors import DataError, ValidationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocalActuatorConfig(_Section):
+    """How the local actuator starts embedded-engine replicas as processes."""
+
+    command: tuple[str, ...] = (
+        ".venv/bin/moeslo", "serve", "--checkpoint", "{checkpoint}", "--port", "{port}"
+    )
+    """argv template; ``{checkpoint}``, ``{port}``, ``{model}`` and ``{host}`` are filled in."""
+    checkpoint: str | None = None
+    """Default checkpoint directory when a policy's local target names none."""
+    host: str = "127.0.0.1"
+    first_port: Annotated[int, Field(ge=1024, le=65535)] = 18100
+    stop_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    log_dir: str | None = None
+    """Where replica stdout/stderr go (None: discarded)."""
+
+
+class KubernetesConfig(_Section):
+    """Access to the Kubernetes API server (actuator and leader election)."""
+
+    in_cluster: bool = False
+    kubeconfig: str | None = None
+    context: str | None = None
+    host: str | None = None
+    """Explicit API server URL (tests use a stand-in server on loopback)."""
+    max_attempts: Annotated[int, Field(ge=1, le=20)] = 5
+    backoff_initial_s: Annotated[float, Field(ge=0, le=60)] = 0.2
+    backoff_max_s: Annotated[float, Field(ge=0, le=300)] = 5.0
+    request_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+
+
+class LeaderElectionConfig(_Section):
+    """A coordination.k8s.io Lease elects the one replica that acts."""
+
+    enabled: bool = False
+    namespace: str = "moeslo"
+    lease_name: str = "moeslo-controller"
+    identity: str | None = None
+    """This replica's holder identity (default: hostname and pid)."""
+    lease_duration_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    renew_period_s: Annotated[float, Field(gt=0, le=3600)] = 5.0
+
+    @model_validator(mode="after")
+    def _renew_before_expiry(self) -> Self:
+        if self.renew_period_s >= self.lease_duration_s:
+            raise ValueError(
+                f"leader_election.renew_period_s ({self.renew_period_s}) must be shorter than "
+                f"lease_duration_s ({self.lease_duration_s})"
+            )
+        return self
+
+
+class ControllerSettings(BaseSettings):
+    """Everything the controller service needs to start."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MOESLO_CONTROLLER_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8090
+    db: str = "moeslo-controller.db"
+    """A SQLite file path (the embedded default) or any SQLAlchemy URL (``postgresql+psycopg://...``)."""
+    api_token: SecretStr | None = None
+    """Bearer token required for writes; None leaves writes open (local development only)."""
+    require_if_match: bool = False
+    """When true, PUT/PATCH/DELETE of an existing policy without If-Match get 428."""
+    prometheus_url: str | None = None
+    """Prometheus HTTP API base URL; None scrapes the engines' /metrics directly."""
+    prometheus_selector: str = ""
+    """Extra PromQL label matchers added to every selector, e.g. ``namespace="prod"``."""
+    scrape_endpoints: dict[str, tuple[str, ...]] = {}
+    """Static engine base URLs per model name for the direct-scrape source."""
+    source_timeout_s: Annotated[float, Field(gt=0, le=120)] = 5.0
+    stale_after_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    """Observations older than this are stale: the core holds."""
+    tick_interval_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    actuator: Literal["dryrun", "local", "kubernetes"] = "dryrun"
+    local: LocalActuatorConfig = LocalActuatorConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    leader_election: LeaderElectionConfig = LeaderElectionConfig()
+    decisions_page_max: Annotated[int, Field(ge=1, le=10000)] = 500
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Explicit arguments (CLI flags, the YAML file merged underneath them) win over env.
+        return (init_settings, env_settings)
+
+    @property
+    def db_url(self) -> str:
+        """The SQLAlchemy URL: a bare path means a SQLite file."""
+        if "://" in self.db:
+            return self.db
+        return f"sqlite+pysqlite:///{Path(self.db).expanduser()}"
+
+    @property
+    def embedded(self) -> bool:
+        """One process on SQLite: no leader election needed."""
+        return self.db_url.startswith("sqlite")
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> ControllerSettings:
+    """Settings from an optional YAML file, the environment, and explicit overrides.
+
+    Environment variables override the file; ``overrides`` whose value is not
+    None override both.  Every problem is reported at once.
+    """
+    file_values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise DataError(f"cannot read controller config: {exc.strerror}", path=str(path)) from exc
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = None if mark is None else int(mark.line) + 1
+            raise DataError(f"invalid YAML: {exc}", path=str(path), line=line) from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise DataError("the controller config must be a mapping", path=str(path))
+        file_values = loaded or {}
+    explicit = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        env_only = ControllerSettings()
+        env_set = env_only.model_fields_set
+        merged = {**file_values}
+        for key in env_set:
+            merged[key] = getattr(env_only, key)
+        merged.update(explicit)
+        return ControllerSettings(**merged)
+    except PydanticValidationError as exc:
+        raise ValidationError(
+            [f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()]
+        ) from exc

@@ -1,0 +1,7 @@
+"""Persistence of policies, their versions and the decision log (SQLAlchemy)."""
+
+from __future__ import annotations
+
+from controller.store.store import DecisionRecord, PolicyVersion, Store, StoredPolicy, make_engine
+
+__all__ = ["DecisionRecord", "PolicyVersion", "Store", "StoredPolicy", "make_engine"]

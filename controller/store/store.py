@@ -1,0 +1,285 @@
+"""The controller's persistence: policies with versions, and the decision log.
+
+SQLite (WAL journal, one file) is the embedded default; any SQLAlchemy URL
+works for production.  Versions grow monotonically per name, across deletes
+and re-creations, so an ETag (``"<version>"``) never names two different
+specs.  Writes that carry an expected version compare it inside the same
+transaction: a lost race is a :class:`ConflictError`, never a silent
+overwrite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, delete, event, func, select
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from controller.policy import Policy
+from controller.store.tables import Base, DecisionRow, PolicyRow, PolicyVersionRow
+from engine.errors import ConflictError, NotFoundError, UnavailableError
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPolicy:
+    """A policy with its version and timestamps."""
+
+    policy: Policy
+    version: int
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def etag(self) -> str:
+        return f'"{self.version}"'
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyVersion:
+    name: str
+    version: int
+    operation: str
+    spec: dict[str, Any] | None
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One row of the decision log (``id`` is None until stored)."""
+
+    policy: str
+    policy_version: int
+    at: datetime
+    tick_s: float
+    action: str
+    reason: str
+    current_replicas: int | None
+    desired_replicas: int | None
+    mode: str
+    outcome: str
+    detail: str = ""
+    inputs: dict[str, Any] = field(default_factory=dict)
+    id: int | None = None
+
+
+def _utc(value: datetime) -> datetime:
+    # SQLite drops the tzinfo; every stored time is UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite files get WAL and a busy timeout."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+class Store:
+    """Policies, their history and the decision log, behind plain methods."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        Base.metadata.create_all(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except (ConflictError, NotFoundError):
+            session.rollback()
+            raise
+        except IntegrityError as exc:
+            session.rollback()
+            raise ConflictError(f"concurrent write: {exc.orig}") from exc
+        except SQLAlchemyError as exc:
+            session.rollback()
+            raise UnavailableError(f"policy store ({self.engine.url.get_backend_name()}): {exc}") from exc
+        finally:
+            session.close()
+
+    # ---- policies -------------------------------------------------------
+    def get_policy(self, name: str) -> StoredPolicy:
+        with self._session() as session:
+            row = session.get(PolicyRow, name)
+            if row is None:
+                raise NotFoundError("policy", name)
+            return self._stored(row)
+
+    def list_policies(self) -> list[StoredPolicy]:
+        with self._session() as session:
+            rows = session.scalars(select(PolicyRow).order_by(PolicyRow.name)).all()
+            return [self._stored(row) for row in rows]
+
+    def create_policy(self, policy: Policy) -> StoredPolicy:
+        """Store a new policy; :class:`ConflictError` if the name is taken."""
+        with self._session() as session:
+            if session.get(PolicyRow, policy.name) is not None:
+                raise ConflictError(f"policy {policy.name!r} already exists")
+            return self._write(session, None, policy, "create")
+
+    def replace_policy(
+        self, policy: Policy, *, expected_version: int | None = None, create: bool = False
+    ) -> tuple[StoredPolicy, bool]:
+        """Replace (or, with ``create``, create) a policy; returns it and whether it is new."""
+        with self._session() as session:
+            row = session.get(PolicyRow, policy.name, with_for_update=True)
+            if row is None:
+                if not create:
+                    raise NotFoundError("policy", policy.name)
+                if expected_version is not None:
+                    raise ConflictError(
+                        f"policy {policy.name!r} does not exist, but If-Match expected version "
+                        f"{expected_version}"
+                    )
+                return self._write(session, None, policy, "create"), True
+            self._check_version(row, expected_version)
+            return self._write(session, row, policy, "update"), False
+
+    def delete_policy(self, name: str, *, expected_version: int | None = None) -> StoredPolicy:
+        with self._session() as session:
+            row = session.get(PolicyRow, name, with_for_update=True)
+            if row is None:
+                raise NotFoundError("policy", name)
+            self._check_version(row, expected_version)
+            stored = self._stored(row)
+            now = datetime.now(UTC)
+            session.add(
+                PolicyVersionRow(name=name, version=row.version + 1, operation="delete", spec=None, at=now)
+            )
+            session.delete(row)
+            return stored
+
+    def policy_history(self, name: str) -> list[PolicyVersion]:
+        with self._session() as session:
+            rows = session.scalars(
+                select(PolicyVersionRow)
+                .where(PolicyVersionRow.name == name)
+                .order_by(PolicyVersionRow.version)
+            ).all()
+            if not rows:
+                raise NotFoundError("policy", name)
+            return [PolicyVersion(r.name, r.version, r.operation, r.spec, _utc(r.at)) for r in rows]
+
+    @staticmethod
+    def _check_version(row: PolicyRow, expected_version: int | None) -> None:
+        if expected_version is not None and row.version != expected_version:
+            raise ConflictError(
+                f"policy {row.name!r} is at version {row.version}, not {expected_version} "
+                "(it changed since it was read)"
+            )
+
+    def _write(self, session: Session, row: PolicyRow | None, policy: Policy, operation: str) -> StoredPolicy:
+        now = datetime.now(UTC)
+        last = session.scalar(
+            select(func.max(PolicyVersionRow.version)).where(PolicyVersionRow.name == policy.name)
+        )
+        version = (last or 0) + 1
+        spec = policy.model_dump(mode="json")
+        if row is None:
+            row = PolicyRow(name=policy.name, version=version, spec=spec, created_at=now, updated_at=now)
+            session.add(row)
+        else:
+            row.version, row.spec, row.updated_at = version, spec, now
+        session.add(
+            PolicyVersionRow(name=policy.name, version=version, operation=operation, spec=spec, at=now)
+        )
+        session.flush()
+        return self._stored(row)
+
+    @staticmethod
+    def _stored(row: PolicyRow) -> StoredPolicy:
+        return StoredPolicy(
+            policy=Policy.model_validate(row.spec),
+            version=row.version,
+            created_at=_utc(row.created_at),
+            updated_at=_utc(row.updated_at),
+        )
+
+    # ---- decision log ---------------------------------------------------
+    def append_decisions(self, records: Sequence[DecisionRecord]) -> list[int]:
+        """Store decisions in one transaction; returns their ids."""
+        with self._session() as session:
+            rows = [
+                DecisionRow(
+                    policy=r.policy,
+                    policy_version=r.policy_version,
+                    at=r.at,
+                    tick_s=r.tick_s,
+                    action=r.action,
+                    reason=r.reason,
+                    current_replicas=r.current_replicas,
+                    desired_replicas=r.desired_replicas,
+                    mode=r.mode,
+                    outcome=r.outcome,
+                    detail=r.detail,
+                    inputs=r.inputs,
+                )
+                for r in records
+            ]
+            session.add_all(rows)
+            session.flush()
+            return [row.id for row in rows]
+
+    def list_decisions(
+        self, *, policy: str | None = None, before_id: int | None = None, limit: int = 50
+    ) -> list[DecisionRecord]:
+        """Newest first; ``before_id`` pages backwards (keyset pagination)."""
+        query = select(DecisionRow).order_by(DecisionRow.id.desc()).limit(limit)
+        if policy is not None:
+            query = query.where(DecisionRow.policy == policy)
+        if before_id is not None:
+            query = query.where(DecisionRow.id < before_id)
+        with self._session() as session:
+            return [self._record(row) for row in session.scalars(query).all()]
+
+    def prune_decisions(self, *, keep_last: int) -> int:
+        """Delete all but the newest ``keep_last`` decisions; returns how many went."""
+        with self._session() as session:
+            cutoff = session.scalar(
+                select(DecisionRow.id).order_by(DecisionRow.id.desc()).offset(keep_last).limit(1)
+            )
+            if cutoff is None:
+                return 0
+            result = session.execute(delete(DecisionRow).where(DecisionRow.id <= cutoff))
+            return int(getattr(result, "rowcount", 0) or 0)
+
+    @staticmethod
+    def _record(row: DecisionRow) -> DecisionRecord:
+        return DecisionRecord(
+            id=row.id,
+            policy=row.policy,
+            policy_version=row.policy_version,
+            at=_utc(row.at),
+            tick_s=row.tick_s,
+            action=row.action,
+            reason=row.reason,
+            current_replicas=row.current_replicas,
+            desired_replicas=row.desired_replicas,
+            mode=row.mode,
+            outcome=row.outcome,
+            detail=row.detail,
+            inputs=dict(row.inputs),
+        )

@@ -1,0 +1,63 @@
+"""SQLAlchemy tables: policies, their version history, and the decision log."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class PolicyRow(Base):
+    """The live version of one policy."""
+
+    __tablename__ = "policies"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+
+class PolicyVersionRow(Base):
+    """Every version a policy ever had, deletions included (``spec`` is None)."""
+
+    __tablename__ = "policy_versions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), nullable=False)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+    operation: Mapped[str] = mapped_column(String(16), nullable=False)
+    spec: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+    __table_args__ = (Index("ix_policy_versions_name_version", "name", "version", unique=True),)
+
+
+class DecisionRow(Base):
+    """One decision of the core, with its inputs, reason and what became of it."""
+
+    __tablename__ = "decisions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    policy: Mapped[str] = mapped_column(String(63), nullable=False)
+    policy_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    tick_s: Mapped[float] = mapped_column(Float, nullable=False)
+    action: Mapped[str] = mapped_column(String(32), nullable=False)
+    reason: Mapped[str] = mapped_column(String(64), nullable=False)
+    current_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    desired_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    mode: Mapped[str] = mapped_column(String(16), nullable=False)
+    outcome: Mapped[str] = mapped_column(String(16), nullable=False)
+    """``applied``, ``advisory``, ``held``, ``standby`` (not the leader), ``failed``."""
+    detail: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    inputs: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+
+    __table_args__ = (Index("ix_decisions_policy_id", "policy", "id"),)
