@@ -1,0 +1,167 @@
+"""Trace readers: every format, speed-up and rate scaling, and errors that name the line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from controller.replay import CountTrace, LengthDistribution, RequestTrace, load_request_trace, load_trace
+from controller.replay.lengths import resolve_lengths
+from engine.errors import DataError
+from tests.conftest import shared_data
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_azure_csv(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "a.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.5000000,374,44\n"
+        "2023-11-16 18:15:48.0000000,396,109\n",
+    )
+    trace = load_trace(path)
+    assert isinstance(trace, RequestTrace)
+    np.testing.assert_allclose(trace.arrival_s, [0.0, 1.5])
+    assert trace.prompt_tokens.tolist() == [374, 396]
+    assert trace.output_tokens.tolist() == [44, 109]
+    assert trace.start_epoch_s == pytest.approx(1700158546.5)
+
+
+def test_mooncake_jsonl(tmp_path: Path) -> None:
+    lines = [
+        {"timestamp": 1000, "input_length": 10, "output_length": 2, "hash_ids": [1]},
+        {"timestamp": 3500, "input_length": 20, "output_length": 4},
+    ]
+    path = write(tmp_path, "m.jsonl", "\n".join(json.dumps(x) for x in lines) + "\n")
+    trace = load_trace(path)
+    assert isinstance(trace, RequestTrace)
+    np.testing.assert_allclose(trace.arrival_s, [0.0, 2.5])
+    assert trace.output_tokens.tolist() == [2, 4]
+
+
+def test_burstgpt_reads_columns_by_name_and_drops_failures(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "b.csv",
+        "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,s1,3,ChatGPT,472,18,490,Conversation log\n"
+        "45,s1,3,ChatGPT,1087,0,1087,Conversation log\n"
+        "118,,3,GPT-4,10,20,30,API log\n",
+    )
+    trace = load_trace(path)
+    assert isinstance(trace, RequestTrace)
+    np.testing.assert_allclose(trace.arrival_s, [0.0, 113.0])
+    assert trace.prompt_tokens.tolist() == [472, 10]
+
+
+def test_counts_expand_with_lengths(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.csv", "Time,TIMESTAMP\n2024-05-12 00:00:00,3\n2024-05-12 00:00:10,5\n")
+    trace = load_trace(path)
+    assert isinstance(trace, CountTrace)
+    assert trace.bin_s == 10.0
+    assert trace.counts.tolist() == [3.0, 5.0]
+    requests = trace.expand(LengthDistribution.fixed(100, 7), seed=1)
+    assert len(requests) == 8
+    assert (requests.arrival_s[:3] < 10).all() and (requests.arrival_s[3:] >= 10).all()
+    assert set(requests.output_tokens.tolist()) == {7}
+
+
+def test_speedup_and_rate_scale() -> None:
+    arrival = np.arange(1000, dtype=np.float64)
+    ones = np.ones(1000, dtype=np.int64)
+    trace = RequestTrace("t", arrival, ones, ones)
+    assert trace.speedup(10).duration_s == pytest.approx(99.9)
+    doubled = trace.rate_scale(2.0, seed=3)
+    assert len(doubled) == 2000 and np.all(np.diff(doubled.arrival_s) >= 0)
+    assert doubled.duration_s <= trace.duration_s
+    thinned = trace.rate_scale(0.5, seed=3)
+    assert 400 < len(thinned) < 600
+    assert len(trace.rate_scale(1.5, seed=3)) == len(trace.rate_scale(1.5, seed=3))
+    with pytest.raises(ValueError, match="positive"):
+        trace.speedup(0)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "line", "message"),
+    [
+        ("empty.csv", "", 1, "empty"),
+        ("header.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n", 2, "no requests"),
+        ("cols.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,1\n", 1, "unrecognised trace header"),
+        (
+            "unsorted.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:48,1,1\n2023-11-16 18:15:46,1,1\n",
+            3,
+            "not sorted",
+        ),
+        (
+            "neg.csv",
+            "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+            "5,x,1,1,2,a\n-3,x,1,1,2,a\n",
+            3,
+            "non-negative",
+        ),
+        (
+            "tokens.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:48,1,1\n2023-11-16 18:15:49,abc,1\n",
+            3,
+            "not a number",
+        ),
+        (
+            "short.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:48,1\n",
+            2,
+            "missing column",
+        ),
+        (
+            "bad.jsonl",
+            '{"timestamp": 1, "input_length": 1, "output_length": 1}\n{"timestamp": 2}\n',
+            2,
+            "missing key",
+        ),
+        (
+            "counts.csv",
+            "Time,TIMESTAMP\n2024-05-12 00:00:00,3\n2024-05-12 00:00:10,5\n2024-05-12 00:00:30,1\n",
+            4,
+            "bin width",
+        ),
+    ],
+)
+def test_bad_files_name_the_line(tmp_path: Path, name: str, text: str, line: int, message: str) -> None:
+    path = write(tmp_path, name, text)
+    with pytest.raises(DataError, match=message) as info:
+        load_trace(path)
+    assert info.value.path == str(path)
+    assert info.value.line == line
+    assert f"{path}:{line}:" in str(info.value)
+
+
+def test_missing_azure_column_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "x.csv", "TIMESTAMP,ContextTokens,Other\n2023-11-16 18:15:48,1,1\n")
+    with pytest.raises(DataError, match="GeneratedTokens"):
+        load_trace(path, "azure")
+
+
+def test_count_trace_needs_lengths(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.csv", "Time,TIMESTAMP\n2024-05-12 00:00:00,3\n2024-05-12 00:00:10,5\n")
+    with pytest.raises(DataError, match="length distribution"):
+        load_request_trace(path)
+    assert len(load_request_trace(path, lengths=resolve_lengths("fixed:5,6"))) == 8
+
+
+def test_real_traces_match_their_readme() -> None:
+    conv = load_trace(shared_data("azure-llm-2023", "AzureLLMInferenceTrace_conv.csv"))
+    assert isinstance(conv, RequestTrace)
+    assert len(conv) == 19366
+    assert conv.duration_s == pytest.approx(3501.7, abs=0.1)
+    week = load_trace(shared_data("azure-llm-2024", "invocations_ten_second_Conversation.csv"))
+    assert isinstance(week, CountTrace)
+    assert week.total_requests == 27_303_999 and week.bin_s == 10.0
