@@ -1,0 +1,159 @@
+"""The reactive scaling advisor: replicas needed from SLI feedback and queue depth.
+
+It is the core's default opinion until forecasting is available, and stays as
+the reactive floor beside the predictive advisor (the core takes the max).
+It says what it would like; bounds, cooldown and step limits are the core's.
+
+Scale up (proportionally, HPA-style, from the capacity of *ready* replicas, so
+replicas already asked for but still starting are counted as coming):
+
+- ``queue_depth``: more than ``queue_per_replica_high`` waiting requests per
+  ready replica.  A replica with a queue is saturated, so its running batch is
+  its capacity: need = ceil((running + waiting) / (running / ready));
+- ``slo_burn``: the short-window burn rate of TTFT or ITL exceeds
+  ``burn_rate_scale_up`` (budget spent faster than the window allows);
+- ``latency_p99``: p99 TTFT or ITL above its threshold: need grows by the ratio.
+
+Scale down (``low_utilization``) only when the SLIs are trusted and healthy
+(burn rate below ``burn_rate_scale_down``, p99 under ``latency_headroom`` of
+the threshold), nothing waits, and KV-cache usage says the load fits in
+fewer replicas at ``target_kv_usage``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from controller.policy import Policy
+from controller.slo import burn_rate
+from controller.types import Advice, PolicyObservation, Reason, SliSnapshot
+
+__all__ = ["ReactiveAdvisor", "ReactiveConfig"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReactiveConfig:
+    queue_per_replica_high: float = 1.0
+    """Waiting requests per ready replica above which the queue asks for more replicas."""
+    min_requests_for_sli: float = 20.0
+    """Fewer finished requests than this in the SLI window: the good ratios are not trusted."""
+    sli_max_age_s: float = 120.0
+    """An SLI snapshot older than this is ignored."""
+    burn_rate_scale_up: float = 1.0
+    burn_rate_scale_down: float = 0.5
+    latency_headroom: float = 0.6
+    """Scale down only while p99 latencies sit under this fraction of their thresholds."""
+    target_kv_usage: float = 0.7
+    """KV-cache usage the fleet is sized for when scaling down."""
+    up_step_fraction: float = 0.25
+    """A burning SLO adds this share of the ready replicas (at least one)."""
+    max_up_factor: float = 2.0
+    """One tick's need is at most this multiple of the ready replicas (plus one)."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.queue_per_replica_high < 0:
+            problems.append(f"queue_per_replica_high must be >= 0, got {self.queue_per_replica_high}")
+        if not 0 < self.target_kv_usage <= 1:
+            problems.append(f"target_kv_usage must be in (0, 1], got {self.target_kv_usage}")
+        if self.burn_rate_scale_down > self.burn_rate_scale_up:
+            problems.append("burn_rate_scale_down must be <= burn_rate_scale_up")
+        if self.max_up_factor < 1:
+            problems.append(f"max_up_factor must be >= 1, got {self.max_up_factor}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+class ReactiveAdvisor:
+    """Replicas needed now, from what the replicas report now (no history, no forecast)."""
+
+    name = "reactive"
+
+    def __init__(self, config: ReactiveConfig | None = None) -> None:
+        self.config = config or ReactiveConfig()
+
+    def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
+        cfg = self.config
+        current = observation.current_replicas
+        if current is None:
+            return Advice(replicas_needed=None, reasons=(Reason.INSUFFICIENT_DATA,))
+        ready = current if observation.ready_replicas is None else min(observation.ready_replicas, current)
+        sli = self._trusted_sli(observation.sli, now_s)
+        queue = observation.queue_depth
+        if queue is None and sli is None:
+            return Advice(replicas_needed=None, reasons=(Reason.INSUFFICIENT_DATA,))
+
+        up_needs: list[tuple[int, str]] = []
+        ceiling = math.ceil(ready * cfg.max_up_factor) + 1
+        if queue is not None and queue > 0:
+            if ready == 0:
+                up_needs.append((1, Reason.QUEUE_DEPTH))
+            elif queue / ready > cfg.queue_per_replica_high:
+                running = observation.running_requests or 0.0
+                per_replica = max(running / ready, 1.0)
+                up_needs.append(
+                    (min(ceiling, math.ceil((running + queue) / per_replica)), Reason.QUEUE_DEPTH)
+                )
+        worst_burn, worst_latency_ratio = self._sli_pressure(policy, sli)
+        if worst_burn is not None and worst_burn > cfg.burn_rate_scale_up:
+            up_needs.append((ready + max(1, math.ceil(ready * cfg.up_step_fraction)), Reason.SLO_BURN))
+        if worst_latency_ratio is not None and worst_latency_ratio > 1.0:
+            grown = math.ceil(ready * min(worst_latency_ratio, cfg.max_up_factor))
+            up_needs.append((max(ready + 1, grown), Reason.LATENCY_P99))
+
+        details = {
+            "ready_replicas": ready,
+            "worst_burn_rate": worst_burn,
+            "worst_latency_ratio": worst_latency_ratio,
+        }
+        if up_needs:
+            need = max(n for n, _ in up_needs)
+            reasons = tuple(dict.fromkeys(r for _, r in up_needs))
+            if need <= current:
+                # The replicas this pressure calls for were already asked for and are starting.
+                return Advice(
+                    replicas_needed=current, reasons=(*reasons, Reason.SCALE_UP_PENDING), details=details
+                )
+            return Advice(replicas_needed=need, reasons=reasons, details=details)
+
+        if sli is None:
+            return Advice(replicas_needed=current, reasons=(Reason.SLI_MISSING,), details=details)
+        healthy = (worst_burn is None or worst_burn < cfg.burn_rate_scale_down) and (
+            worst_latency_ratio is None or worst_latency_ratio < cfg.latency_headroom
+        )
+        kv = observation.kv_cache_usage
+        if healthy and queue is not None and queue == 0 and kv is not None and ready == current:
+            need = math.ceil(round(ready * kv / cfg.target_kv_usage, 9))
+            if need < current:
+                details["kv_cache_usage"] = kv
+                return Advice(replicas_needed=need, reasons=(Reason.LOW_UTILIZATION,), details=details)
+        return Advice(replicas_needed=current, reasons=(Reason.WITHIN_SLO,), details=details)
+
+    def _trusted_sli(self, sli: SliSnapshot | None, now_s: float) -> SliSnapshot | None:
+        if sli is None or now_s - sli.observed_at_s > self.config.sli_max_age_s:
+            return None
+        if sli.requests_in_window is not None and sli.requests_in_window < self.config.min_requests_for_sli:
+            return None
+        return sli
+
+    @staticmethod
+    def _sli_pressure(policy: Policy, sli: SliSnapshot | None) -> tuple[float | None, float | None]:
+        """The worst short-window burn rate and the worst p99 / threshold ratio over TTFT and ITL."""
+        if sli is None:
+            return None, None
+        objectives = policy.objectives
+        burns = [
+            burn_rate(min(max(ratio, 0.0), 1.0), objective.target)
+            for ratio, objective in (
+                (sli.ttft_good_ratio, objectives.ttft),
+                (sli.itl_good_ratio, objectives.itl),
+            )
+            if ratio is not None
+        ]
+        latency_ratios = [
+            p99_s / objective.threshold_s
+            for p99_s, objective in ((sli.ttft_p99_s, objectives.ttft), (sli.itl_p99_s, objectives.itl))
+            if p99_s is not None
+        ]
+        return (max(burns) if burns else None, max(latency_ratios) if latency_ratios else None)

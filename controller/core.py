@@ -1,0 +1,313 @@
+"""The decision core: one tick turns policies and observations into decisions with reasons.
+
+Zero I/O: time comes in as ``TickInput.now_s``, observations come in as data,
+decisions go out as data.  The core never learns where the observations came
+from or who carries out its decisions, so production, the trace replay and the
+tests all drive this same class.
+
+Per policy, in order (the first guardrail that holds ends the evaluation)::
+
+    mode off                          -> hold  [mode_off]
+    no observation / no replica count -> hold  [insufficient_data]
+    observation older than stale_after_s
+                                      -> hold  [stale_data]
+    no advisor has an opinion         -> hold  [insufficient_data]
+    need = max over advisors (reasons of each)
+    clamp need to [min_replicas, max_replicas]           [at_min / at_max]
+    want fewer replicas, but the source reported errors -> hold [partial_data]
+    want fewer replicas inside the cooldown since the last change
+                                      -> hold  [cooldown]
+    move at most max_step replicas                       [max_step]
+    mode advisory / read-only target  -> decided, apply=False [mode_advisory / read_only_target]
+
+So a metrics outage (no data, stale data, or a source that failed) can never
+shrink a fleet, let alone scale it to zero.
+
+The only state is plain data per policy (:class:`PolicyState`): when replicas
+last changed and the last decision, so a restarted controller can carry it over.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from controller.advisors import ReactiveAdvisor
+from controller.policy import KubernetesTarget, LocalTarget, Mode, Policy
+from controller.types import (
+    Action,
+    Advice,
+    Decision,
+    Effects,
+    PolicyObservation,
+    Reason,
+    Scalar,
+    ScalingAdvisor,
+    TickInput,
+)
+
+__all__ = ["CoreConfig", "DecisionCore", "PolicyState"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CoreConfig:
+    tick_interval_s: float = 15.0
+    stale_after_s: float | None = None
+    """Observations older than this hold the policy; ``None`` means 3 tick intervals."""
+
+    def __post_init__(self) -> None:
+        if self.tick_interval_s <= 0:
+            raise ValueError(f"tick_interval_s must be > 0, got {self.tick_interval_s}")
+        if self.stale_after_s is not None and self.stale_after_s <= 0:
+            raise ValueError(f"stale_after_s must be > 0, got {self.stale_after_s}")
+
+    @property
+    def stale_limit_s(self) -> float:
+        return 3 * self.tick_interval_s if self.stale_after_s is None else self.stale_after_s
+
+
+@dataclass(kw_only=True, slots=True)
+class PolicyState:
+    """What the core remembers about one policy between ticks."""
+
+    last_change_s: float | None = None
+    """When the replica count last changed: a scale decision the core applied, or one seen from outside."""
+    last_scale_up_s: float | None = None
+    last_scale_down_s: float | None = None
+    last_observed_replicas: int | None = None
+    last_decision: Decision | None = field(default=None, repr=False)
+
+
+class DecisionCore:
+    """Guardrails over the max of several advisors' needs."""
+
+    def __init__(
+        self,
+        advisors: Sequence[ScalingAdvisor] | None = None,
+        config: CoreConfig | None = None,
+        state: Mapping[str, PolicyState] | None = None,
+    ) -> None:
+        self.advisors: tuple[ScalingAdvisor, ...] = (
+            tuple(advisors) if advisors is not None else (ReactiveAdvisor(),)
+        )
+        if not self.advisors:
+            raise ValueError("DecisionCore needs at least one advisor")
+        names = [advisor.name for advisor in self.advisors]
+        if len(set(names)) != len(names):
+            raise ValueError(f"advisor names must be unique, got {names}")
+        self.config = config or CoreConfig()
+        self.state: dict[str, PolicyState] = dict(state or {})
+
+    def tick(self, inp: TickInput) -> Effects:
+        decisions = tuple(
+            self.decide(policy, inp.observations.get(name), inp.now_s)
+            for name, policy in sorted(inp.policies.items())
+        )
+        for gone in self.state.keys() - inp.policies.keys():
+            del self.state[gone]
+        diagnostics: dict[str, Scalar] = {"policies": len(decisions)}
+        actions = Counter(d.action for d in decisions)
+        for action in ("hold", "scale_up", "scale_down"):
+            diagnostics[f"actions.{action}"] = actions.get(action, 0)
+        diagnostics["to_apply"] = sum(1 for d in decisions if d.apply)
+        for reason, count in sorted(Counter(r for d in decisions for r in d.reasons[1:]).items()):
+            diagnostics[f"reasons.{reason}"] = count
+        return Effects(
+            decisions=decisions, next_tick_s=inp.now_s + self.config.tick_interval_s, diagnostics=diagnostics
+        )
+
+    def record_change(self, policy: str, at_s: float) -> None:
+        """Tell the core the replica count changed at ``at_s`` (e.g. an actuator applied it late)."""
+        state = self.state.setdefault(policy, PolicyState())
+        state.last_change_s = at_s if state.last_change_s is None else max(state.last_change_s, at_s)
+
+    def decide(self, policy: Policy, observation: PolicyObservation | None, now_s: float) -> Decision:
+        state = self.state.setdefault(policy.name, PolicyState())
+        decision = self._evaluate(policy, observation, now_s, state)
+        if decision.apply and decision.action != "hold":
+            state.last_change_s = now_s
+            if decision.action == "scale_up":
+                state.last_scale_up_s = now_s
+            else:
+                state.last_scale_down_s = now_s
+        state.last_decision = decision
+        return decision
+
+    def _evaluate(
+        self, policy: Policy, obs: PolicyObservation | None, now_s: float, state: PolicyState
+    ) -> Decision:
+        scaling = policy.scaling
+        inputs: dict[str, Scalar] = {
+            "now_s": now_s,
+            "mode": policy.mode.value,
+            "min_replicas": scaling.min_replicas,
+            "max_replicas": scaling.max_replicas,
+            "max_step": scaling.max_step,
+            "scale_down_cooldown_s": scaling.scale_down_cooldown_s,
+        }
+
+        def hold(reason: str, detail: str, current: int | None = None, *more: str) -> Decision:
+            return Decision(
+                policy=policy.name,
+                action="hold",
+                current_replicas=current,
+                desired_replicas=current,
+                reasons=_codes((Reason.HOLD, reason, *more)),
+                detail=detail,
+                inputs=inputs,
+                decided_at_s=now_s,
+            )
+
+        if policy.mode is Mode.OFF:
+            current_off = obs.current_replicas if obs is not None else None
+            return hold(Reason.MODE_OFF, "mode is off: no decisions", current_off)
+        if obs is None:
+            return hold(Reason.INSUFFICIENT_DATA, "no observation for this policy")
+        _record_observation(inputs, obs, now_s)
+        current = obs.current_replicas
+        if current is None:
+            return hold(Reason.INSUFFICIENT_DATA, "the replica count is unknown")
+        self._note_outside_change(state, current, obs.observed_at_s)
+        age_s = now_s - obs.observed_at_s
+        if age_s > self.config.stale_limit_s:
+            return hold(
+                Reason.STALE_DATA,
+                f"observation is {age_s:.1f} s old (limit {self.config.stale_limit_s:.1f} s)",
+                current,
+            )
+
+        advices = [(advisor.name, advisor.advise(policy, obs, now_s)) for advisor in self.advisors]
+        for name, advice in advices:
+            _record_advice(inputs, name, advice)
+        opinions = [(name, advice) for name, advice in advices if advice.replicas_needed is not None]
+        if not opinions:
+            return hold(Reason.INSUFFICIENT_DATA, "no advisor had enough data", current)
+        need = max(advice.replicas_needed for _, advice in opinions if advice.replicas_needed is not None)
+        why = tuple(dict.fromkeys(r for _, a in opinions for r in a.reasons if r != Reason.INSUFFICIENT_DATA))
+        inputs["replicas_needed"] = need
+        notes: list[str] = [
+            f"{name} needs {advice.replicas_needed} ({','.join(advice.reasons) or '-'})"
+            for name, advice in opinions
+        ]
+
+        guards: list[str] = []
+        desired = need
+        if desired > scaling.max_replicas:
+            desired = scaling.max_replicas
+            guards.append(Reason.AT_MAX)
+        elif desired < scaling.min_replicas:
+            desired = scaling.min_replicas
+            guards.append(Reason.AT_MIN)
+        if current < scaling.min_replicas and desired >= current:
+            guards.append(Reason.BELOW_MIN)
+        elif current > scaling.max_replicas and desired <= current:
+            guards.append(Reason.ABOVE_MAX)
+
+        if desired < current:
+            since_s = None if state.last_change_s is None else now_s - state.last_change_s
+            inputs["since_last_change_s"] = since_s
+            blocked: tuple[str, str] | None = None
+            if obs.errors:
+                blocked = (Reason.PARTIAL_DATA, f"the source reported errors: {'; '.join(obs.errors)}")
+            elif since_s is not None and since_s < scaling.scale_down_cooldown_s:
+                blocked = (
+                    Reason.COOLDOWN,
+                    f"last change {since_s:.0f} s ago, cooldown {scaling.scale_down_cooldown_s} s",
+                )
+            if blocked is not None:
+                # Data-driven scale-downs wait; bringing a fleet above max_replicas back to the
+                # bound is the policy's own rule and needs no data.
+                bound = min(current, scaling.max_replicas)
+                if bound == current:
+                    return hold(
+                        blocked[0], f"would scale down to {desired}; {blocked[1]}", current, *why, *guards
+                    )
+                desired = bound
+                guards.append(blocked[0])
+        if abs(desired - current) > scaling.max_step:
+            desired = current + int(math.copysign(scaling.max_step, desired - current))
+            guards.append(Reason.MAX_STEP)
+
+        action: Action = "hold" if desired == current else ("scale_up" if desired > current else "scale_down")
+        reasons: tuple[str, ...] = (action, *why, *guards)
+        if action == "hold" and Reason.STEADY not in reasons and need == current:
+            reasons = (*reasons, Reason.STEADY)
+        apply = action != "hold"
+        if apply and policy.mode is Mode.ADVISORY:
+            apply = False
+            reasons = (*reasons, Reason.MODE_ADVISORY)
+        if apply and not isinstance(policy.target, (KubernetesTarget, LocalTarget)):
+            apply = False
+            reasons = (*reasons, Reason.READ_ONLY_TARGET)
+        inputs["desired_replicas"] = desired
+        verb = "hold at" if action == "hold" else f"{action.replace('_', ' ')} {current} ->"
+        detail = f"{verb} {desired}: " + "; ".join(notes)
+        if guards:
+            detail += f" [{', '.join(guards)}]"
+        return Decision(
+            policy=policy.name,
+            action=action,
+            current_replicas=current,
+            desired_replicas=desired,
+            reasons=_codes(reasons),
+            detail=detail,
+            inputs=inputs,
+            decided_at_s=now_s,
+            apply=apply,
+        )
+
+    @staticmethod
+    def _note_outside_change(state: PolicyState, current: int, observed_at_s: float) -> None:
+        """A replica count the core did not ask for (someone else scaled) restarts the cooldown."""
+        previous = state.last_observed_replicas
+        state.last_observed_replicas = current
+        if previous is None or previous == current:
+            return
+        last = state.last_decision
+        if last is not None and last.apply and last.desired_replicas == current:
+            return  # our own change showing up
+        if state.last_change_s is None or observed_at_s > state.last_change_s:
+            state.last_change_s = observed_at_s
+
+
+def _codes(reasons: Sequence[str]) -> tuple[str, ...]:
+    """Plain strings (not enum members), so decisions serialize and compare as data; duplicates dropped."""
+    return tuple(dict.fromkeys(str(reason) for reason in reasons))
+
+
+def _record_observation(inputs: dict[str, Scalar], obs: PolicyObservation, now_s: float) -> None:
+    inputs["observed_at_s"] = obs.observed_at_s
+    inputs["data_age_s"] = now_s - obs.observed_at_s
+    inputs["current_replicas"] = obs.current_replicas
+    inputs["ready_replicas"] = obs.ready_replicas
+    inputs["queue_depth"] = obs.queue_depth
+    inputs["running_requests"] = obs.running_requests
+    inputs["request_rate_rps"] = obs.request_rate_rps
+    inputs["prompt_tokens_per_s"] = obs.prompt_tokens_per_s
+    inputs["output_tokens_per_s"] = obs.output_tokens_per_s
+    inputs["kv_cache_usage"] = obs.kv_cache_usage
+    inputs["source_errors"] = len(obs.errors)
+    sli = obs.sli
+    if sli is not None:
+        inputs["sli_age_s"] = now_s - sli.observed_at_s
+        inputs["sli_requests_in_window"] = sli.requests_in_window
+        inputs["ttft_good_ratio"] = sli.ttft_good_ratio
+        inputs["itl_good_ratio"] = sli.itl_good_ratio
+        inputs["ttft_p99_s"] = sli.ttft_p99_s
+        inputs["itl_p99_s"] = sli.itl_p99_s
+        inputs["imbalance_cv_max"] = sli.imbalance_cv_max
+
+
+def _record_advice(inputs: dict[str, Scalar], name: str, advice: Advice) -> None:
+    inputs[f"{name}.replicas_needed"] = advice.replicas_needed
+    inputs[f"{name}.reasons"] = ",".join(advice.reasons)
+    if advice.forecast_request_rate_rps is not None:
+        inputs[f"{name}.forecast_request_rate_rps"] = advice.forecast_request_rate_rps
+    if advice.forecast_request_rate_upper_rps is not None:
+        inputs[f"{name}.forecast_request_rate_upper_rps"] = advice.forecast_request_rate_upper_rps
+    if advice.forecast_horizon_s is not None:
+        inputs[f"{name}.forecast_horizon_s"] = advice.forecast_horizon_s
+    for key, value in advice.details.items():
+        inputs[f"{name}.{key}"] = value

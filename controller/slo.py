@@ -1,0 +1,193 @@
+"""SLI, error-budget and burn-rate math: pure functions over ratios and seconds.
+
+Vocabulary (Google SRE workbook, "Alerting on SLOs"):
+
+- *good ratio*: good events / all events over a window (requests whose TTFT
+  was at or under the threshold, for example);
+- *target*: the objective, e.g. ``0.99``; the *error budget* is ``1 - target``;
+- *burn rate*: how fast the budget is spent relative to spending exactly all
+  of it over the compliance window: ``(1 - good_ratio) / (1 - target)``.
+  A burn rate of 1 empties the budget exactly at the end of the window;
+- *burn-rate threshold* of an alert: the burn rate that spends
+  ``budget_fraction`` of the budget within ``window_s``:
+  ``budget_fraction * compliance_window_s / window_s``.  For a 30-day window,
+  2 % in 1 h is 14.4, 5 % in 6 h is 6, 10 % in 1 d is 3, 10 % in 3 d is 1.
+
+Multiwindow alerts fire when the burn rate exceeds the threshold over both a
+long window and a short one (1/12 of the long), so they start fast and stop
+fast.  :func:`standard_burn_rate_windows` lists the workbook's four pairs with
+their thresholds derived from the compliance window, for the alert generator.
+
+Durations are seconds (``_s``) or Prometheus duration strings; see
+:func:`format_duration` and :func:`controller.policy.parse_duration_s`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from controller.policy import parse_duration_s
+
+__all__ = [
+    "SHORT_WINDOW_DIVISOR",
+    "BurnRateWindow",
+    "Severity",
+    "burn_rate",
+    "burn_rate_threshold",
+    "error_budget",
+    "error_budget_remaining",
+    "error_ratio_threshold",
+    "format_duration",
+    "good_ratio",
+    "is_burning",
+    "standard_burn_rate_windows",
+]
+
+Severity = Literal["page", "ticket"]
+
+SHORT_WINDOW_DIVISOR = 12
+"""The short window of a multiwindow alert is 1/12 of its long window (1h -> 5m)."""
+
+_UNITS_S = (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+
+def _check_target(target: float) -> None:
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"SLO target must be in (0, 1), got {target!r}")
+
+
+def good_ratio(good_events: float, total_events: float) -> float | None:
+    """Fraction of good events; ``None`` when there were no events (no data is not 100 % good)."""
+    if good_events < 0 or total_events < 0:
+        raise ValueError(f"event counts must be >= 0, got good={good_events!r} total={total_events!r}")
+    if total_events == 0:
+        return None
+    # Counters scraped at slightly different instants can put good a hair above total.
+    return min(1.0, good_events / total_events)
+
+
+def error_budget(target: float) -> float:
+    """The allowed fraction of bad events, ``1 - target``."""
+    _check_target(target)
+    return 1.0 - target
+
+
+def burn_rate(good_ratio_value: float, target: float) -> float:
+    """``(1 - good_ratio) / (1 - target)``: 1.0 spends the budget exactly over the window."""
+    if not 0.0 <= good_ratio_value <= 1.0:
+        raise ValueError(f"good ratio must be in [0, 1], got {good_ratio_value!r}")
+    return (1.0 - good_ratio_value) / error_budget(target)
+
+
+def error_budget_remaining(window_good_ratio: float, target: float) -> float:
+    """Fraction of the compliance window's budget left, given the good ratio over that window.
+
+    1.0 means untouched, 0.0 exactly spent; negative means overspent (kept
+    negative, because how far over is worth showing).
+    """
+    return 1.0 - burn_rate(window_good_ratio, target)
+
+
+def burn_rate_threshold(window_s: float, budget_fraction: float, compliance_window_s: float) -> float:
+    """The burn rate that spends ``budget_fraction`` of the budget within ``window_s``.
+
+    >>> round(burn_rate_threshold(3600, 0.02, 30 * 86400), 6)
+    14.4
+    """
+    if window_s <= 0 or compliance_window_s <= 0:
+        raise ValueError(
+            f"windows must be > 0 s, got window_s={window_s!r}, compliance={compliance_window_s!r}"
+        )
+    if window_s > compliance_window_s:
+        raise ValueError(
+            f"alert window {window_s!r} s exceeds the compliance window {compliance_window_s!r} s"
+        )
+    if not 0.0 < budget_fraction <= 1.0:
+        raise ValueError(f"budget fraction must be in (0, 1], got {budget_fraction!r}")
+    return budget_fraction * compliance_window_s / window_s
+
+
+def error_ratio_threshold(burn_rate_factor: float, target: float) -> float:
+    """The bad-event ratio a burn-rate alert compares against: ``factor * (1 - target)``."""
+    return burn_rate_factor * error_budget(target)
+
+
+def is_burning(long_window_burn_rate: float, short_window_burn_rate: float, threshold: float) -> bool:
+    """A multiwindow alert condition: both windows burn strictly faster than the threshold."""
+    return long_window_burn_rate > threshold and short_window_burn_rate > threshold
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact Prometheus duration for whole ``seconds`` (3600 -> ``"1h"``, 5400 -> ``"90m"``)."""
+    whole = round(seconds)
+    if whole <= 0 or not math.isclose(whole, seconds, abs_tol=1e-9):
+        raise ValueError(f"duration must be a positive whole number of seconds, got {seconds!r}")
+    for unit, size in _UNITS_S:
+        if whole % size == 0:
+            return f"{whole // size}{unit}"
+    raise AssertionError("unreachable: every whole number of seconds divides by 1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BurnRateWindow:
+    """One multiwindow burn-rate alert: fire when both windows burn faster than ``burn_rate``."""
+
+    long_window_s: int
+    short_window_s: int
+    budget_fraction: float
+    """Share of the compliance window's budget spent in ``long_window_s`` at ``burn_rate``."""
+    burn_rate: float
+    severity: Severity
+
+    @property
+    def long_window(self) -> str:
+        return format_duration(self.long_window_s)
+
+    @property
+    def short_window(self) -> str:
+        return format_duration(self.short_window_s)
+
+    @classmethod
+    def derive(
+        cls, *, long_window: str, budget_fraction: float, severity: Severity, compliance_window_s: float
+    ) -> BurnRateWindow:
+        """A window pair from its long window and budget share; the short window is 1/12 of the long."""
+        long_s = parse_duration_s(long_window)
+        if long_s % SHORT_WINDOW_DIVISOR:
+            raise ValueError(f"long window {long_window!r} must be a multiple of {SHORT_WINDOW_DIVISOR} s")
+        return cls(
+            long_window_s=long_s,
+            short_window_s=long_s // SHORT_WINDOW_DIVISOR,
+            budget_fraction=budget_fraction,
+            burn_rate=burn_rate_threshold(long_s, budget_fraction, compliance_window_s),
+            severity=severity,
+        )
+
+
+# (long window, budget fraction, severity): the SRE workbook's recommended alerts.
+_STANDARD_WINDOWS: tuple[tuple[str, float, Severity], ...] = (
+    ("1h", 0.02, "page"),
+    ("6h", 0.05, "page"),
+    ("1d", 0.10, "ticket"),
+    ("3d", 0.10, "ticket"),
+)
+
+
+def standard_burn_rate_windows(compliance_window_s: float = 30 * 86400) -> tuple[BurnRateWindow, ...]:
+    """The four standard multiwindow alerts, thresholds derived from the compliance window.
+
+    For 30 days: 1h/5m page at 14.4, 6h/30m page at 6, 1d/2h ticket at 3,
+    3d/6h ticket at 1.  Windows longer than the compliance window are left out.
+    """
+    return tuple(
+        BurnRateWindow.derive(
+            long_window=long_window,
+            budget_fraction=fraction,
+            severity=severity,
+            compliance_window_s=compliance_window_s,
+        )
+        for long_window, fraction, severity in _STANDARD_WINDOWS
+        if parse_duration_s(long_window) <= compliance_window_s
+    )

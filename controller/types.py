@@ -1,0 +1,217 @@
+"""The data at the decision core's boundary: observations in, decisions out.
+
+Everything here is a frozen, keyword-only dataclass with its unit in each
+field name.  Time is always passed in (``now_s``, ``observed_at_s``: seconds
+on whatever clock the caller runs -- the monotonic clock in production, the
+simulated clock in the trace replay), so the same core runs in both.
+
+Missing data is ``None``, never ``0``: a metrics source that cannot read a
+value must say so, because the core treats zeros as real (idle) load and
+``None`` as "do not act on this".
+
+Mappings inside these dataclasses are read-only by convention; nothing in the
+core mutates them.
+
+Flow::
+
+    TickInput(now_s, policies, observations)
+        -> DecisionCore.tick()            (controller.core)
+            -> ScalingAdvisor.advise(...)  -> Advice   (controller.advisors, controller.forecast ...)
+        -> Effects(decisions, next_tick_s, diagnostics)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal, Protocol, runtime_checkable
+
+from controller.policy import Policy
+
+Scalar = float | int | str | None
+"""A value in a decision's ``inputs`` or an advice's ``details``: plain JSON."""
+
+Action = Literal["hold", "scale_up", "scale_down"]
+ACTIONS: tuple[Action, ...] = ("hold", "scale_up", "scale_down")
+
+
+class Reason(StrEnum):
+    """Machine-readable reason codes carried by decisions (and asserted by tests).
+
+    A ``StrEnum``: each member *is* its string, so ``"cooldown" in decision.reasons``
+    works, and the codes are the ``reason`` label values of
+    ``moeslo_decisions_total``.
+    """
+
+    # The action itself (always the first reason of a decision).
+    SCALE_UP = "scale_up"
+    SCALE_DOWN = "scale_down"
+    HOLD = "hold"
+    # Why the advisors want what they want.
+    STEADY = "steady"
+    """The advisors' need equals the current replica count."""
+    QUEUE_DEPTH = "queue_depth"
+    SLO_BURN = "slo_burn"
+    LATENCY_P99 = "latency_p99"
+    LOW_UTILIZATION = "low_utilization"
+    WITHIN_SLO = "within_slo"
+    SCALE_UP_PENDING = "scale_up_pending"
+    """Replicas asked for earlier are not ready yet; their capacity is counted as coming."""
+    FORECAST = "forecast"
+    SLI_MISSING = "sli_missing"
+    """No trusted SLI: the reactive advisor may scale up on the queue but never down."""
+    # Guardrails.
+    INSUFFICIENT_DATA = "insufficient_data"
+    STALE_DATA = "stale_data"
+    PARTIAL_DATA = "partial_data"
+    """The source reported errors: scale-ups are allowed, scale-downs are not."""
+    COOLDOWN = "cooldown"
+    AT_MAX = "at_max"
+    AT_MIN = "at_min"
+    BELOW_MIN = "below_min"
+    ABOVE_MAX = "above_max"
+    MAX_STEP = "max_step"
+    MODE_ADVISORY = "mode_advisory"
+    MODE_OFF = "mode_off"
+    READ_ONLY_TARGET = "read_only_target"
+    """The policy targets engines found by model name: nothing to actuate."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SliSnapshot:
+    """Service-level indicators of one policy, as evaluated by a source.
+
+    ``*_good_ratio`` is the fraction of requests at or under the objective's
+    threshold over the *short* evaluation window (``window_s``); the
+    ``*_by_window`` mappings hold the same ratio over other windows, keyed by
+    Prometheus duration (``"5m"``, ``"1h"``, ``"6h"``, ``"30d"``, ...).
+    """
+
+    observed_at_s: float
+    window_s: float = 300.0
+    requests_in_window: float | None = None
+    """Requests finished in the window: good ratios over a handful of requests are noise."""
+    ttft_good_ratio: float | None = None
+    itl_good_ratio: float | None = None
+    ttft_p99_s: float | None = None
+    itl_p99_s: float | None = None
+    ttft_good_ratio_by_window: Mapping[str, float] = field(default_factory=dict)
+    itl_good_ratio_by_window: Mapping[str, float] = field(default_factory=dict)
+    imbalance_cv_per_layer: tuple[float, ...] = ()
+    """CV (stddev / mean) of per-rank expert load, one value per MoE layer."""
+
+    @property
+    def imbalance_cv_max(self) -> float | None:
+        return max(self.imbalance_cv_per_layer) if self.imbalance_cv_per_layer else None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PolicyObservation:
+    """What a source saw for one policy's replicas at ``observed_at_s`` (all replicas summed)."""
+
+    policy: str
+    observed_at_s: float
+    current_replicas: int | None = None
+    """Replicas asked for (the workload's spec), or processes started, by whoever scaled last."""
+    ready_replicas: int | None = None
+    """Replicas serving traffic now (ready pods, healthy processes)."""
+    queue_depth: float | None = None
+    """Requests waiting, summed over replicas (``vllm:num_requests_waiting``)."""
+    running_requests: float | None = None
+    """Requests in the running batch, summed over replicas (``vllm:num_requests_running``)."""
+    request_rate_rps: float | None = None
+    prompt_tokens_per_s: float | None = None
+    output_tokens_per_s: float | None = None
+    kv_cache_usage: float | None = None
+    """Mean KV-cache usage over ready replicas, a fraction in [0, 1]."""
+    sli: SliSnapshot | None = None
+    errors: tuple[str, ...] = ()
+    """Problems the source met (a failed query, an unreachable replica); empty when all went well."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TickInput:
+    """Everything the core may look at in one tick."""
+
+    now_s: float
+    policies: Mapping[str, Policy]
+    """Policies by name."""
+    observations: Mapping[str, PolicyObservation]
+    """Observations by policy name; a policy without one holds with ``insufficient_data``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Advice:
+    """One advisor's opinion of how many replicas a policy needs now.
+
+    ``replicas_needed`` is ``None`` when the advisor has nothing to say (not
+    enough data or history); the core then relies on the other advisors, and
+    holds with ``insufficient_data`` when none has an opinion.  Bounds, cooldown
+    and step limits are the core's business, not the advisor's.
+    """
+
+    replicas_needed: int | None
+    reasons: tuple[str, ...] = ()
+    forecast_request_rate_rps: float | None = None
+    forecast_request_rate_upper_rps: float | None = None
+    forecast_horizon_s: float | None = None
+    details: Mapping[str, Scalar] = field(default_factory=dict)
+    """Anything else worth logging with the decision (flat, JSON-safe)."""
+
+
+@runtime_checkable
+class ScalingAdvisor(Protocol):
+    """Something that says how many replicas a policy needs; the core takes the max over advisors."""
+
+    @property
+    def name(self) -> str:
+        """Short identifier used as the prefix of this advisor's entries in ``Decision.inputs``."""
+        ...
+
+    def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Decision:
+    """What the core decided for one policy, and why.
+
+    ``apply`` is False when the decision is only logged (advisory mode, a
+    read-only target, or a hold).  ``reasons[0]`` is always the action.
+    """
+
+    policy: str
+    action: Action
+    current_replicas: int | None
+    desired_replicas: int | None
+    reasons: tuple[str, ...]
+    detail: str
+    inputs: Mapping[str, Scalar]
+    decided_at_s: float
+    apply: bool = False
+
+    @property
+    def delta_replicas(self) -> int:
+        if self.current_replicas is None or self.desired_replicas is None:
+            return 0
+        return self.desired_replicas - self.current_replicas
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Effects:
+    """The outcome of one tick: decisions per policy, when to tick next, and counters."""
+
+    decisions: tuple[Decision, ...]
+    next_tick_s: float
+    diagnostics: Mapping[str, Scalar]
+
+    def for_policy(self, name: str) -> Decision:
+        for decision in self.decisions:
+            if decision.policy == name:
+                return decision
+        raise KeyError(name)
+
+    @property
+    def to_apply(self) -> tuple[Decision, ...]:
+        """Decisions an actuator should carry out."""
+        return tuple(d for d in self.decisions if d.apply)
