@@ -64,7 +64,9 @@ class Placement:
         return hash((self.num_ranks, self.phy2log.tobytes()))
 
     @classmethod
-    def contiguous(cls, num_layers: int, num_experts: int, num_ranks: int, slots_per_rank: int | None = None) -> Placement:
+    def contiguous(
+        cls, num_layers: int, num_experts: int, num_ranks: int, slots_per_rank: int | None = None
+    ) -> Placement:
         """Experts in order over the slots; extra slots replicate experts 0, 1, … in turn."""
         if slots_per_rank is None:
             slots_per_rank = -(-num_experts // num_ranks)

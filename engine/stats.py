@@ -12,6 +12,7 @@ controller may use the same math without torch.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -69,7 +70,7 @@ class RequestTiming:
     @property
     def itls_s(self) -> list[float]:
         times = self.token_times_s
-        return [b - a for a, b in zip(times, times[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(times)]
 
     @property
     def e2e_s(self) -> float | None:

@@ -1,0 +1,53 @@
+"""``moeslo model``: make and inspect Qwen3-MoE checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import cli_errors, console, print_json
+from cli.main import app
+
+model_app = typer.Typer(help="Make and inspect Qwen3-MoE checkpoints (Hugging Face format).", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("init")
+def init(
+    out: Annotated[Path, typer.Option(help="Directory to write config.json and model.safetensors into.")],
+    layers: Annotated[int, typer.Option(help="Decoder layers.")] = 4,
+    hidden: Annotated[int, typer.Option(help="Hidden size.")] = 256,
+    experts: Annotated[int, typer.Option(help="Routed experts per MoE layer.")] = 32,
+    top_k: Annotated[int, typer.Option(help="Experts per token.")] = 4,
+    moe_intermediate: Annotated[int, typer.Option(help="Expert MLP width.")] = 128,
+    vocab: Annotated[int, typer.Option(help="Vocabulary size.")] = 4096,
+    heads: Annotated[int, typer.Option(help="Attention heads.")] = 8,
+    kv_heads: Annotated[int, typer.Option(help="Key/value heads (GQA).")] = 4,
+    head_dim: Annotated[int, typer.Option(help="Per-head dimension.")] = 32,
+    max_positions: Annotated[int, typer.Option(help="Context length.")] = 4096,
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    router_skew: Annotated[float, typer.Option(help="0: near-uniform routing; 1: Zipf-like hot experts.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Random seed (fixed: same seed, same weights).")] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
+) -> None:
+    """Write a small random Qwen3-MoE checkpoint that transformers and vLLM load unchanged."""
+    with cli_errors():
+        from engine.checkpoint import count_parameters, init_random_checkpoint
+        from engine.config import ModelConfig
+
+        config = ModelConfig(
+            num_hidden_layers=layers, hidden_size=hidden, num_experts=experts, num_experts_per_tok=top_k,
+            moe_intermediate_size=moe_intermediate, vocab_size=vocab, num_attention_heads=heads,
+            num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_positions,
+            torch_dtype=dtype, intermediate_size=3 * hidden,
+        )
+        init_random_checkpoint(out, config, seed=seed, router_skew=router_skew)
+        params = count_parameters(config)
+        summary = {"out": str(out), "parameters": sum(params.values()), "by_part": params,
+                   "layers": layers, "experts": experts, "top_k": top_k, "router_skew": router_skew}
+        if json_out:
+            print_json(summary)
+        else:
+            console.print(f"wrote {out} ({summary['parameters']:,} parameters)")

@@ -1,0 +1,180 @@
+"""Hugging Face checkpoints of Qwen3-MoE: read selectively, and write small random ones.
+
+Tensor names are those of transformers' ``Qwen3MoeForCausalLM`` in the hub
+format (one tensor per expert projection), so a real Qwen3-MoE checkpoint
+directory (``config.json`` + ``model.safetensors`` or sharded with
+``model.safetensors.index.json``) loads unchanged.  A rank reads only the
+tensors it holds: expert weights are looked up by name, one expert at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from engine.config import ModelConfig
+from engine.errors import ValidationError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValidationError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}") from None
+
+
+def expert_tensor_name(layer: int, expert: int, proj: str) -> str:
+    """Hub name of one expert projection (``gate_proj``, ``up_proj`` or ``down_proj``)."""
+    return f"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
+
+
+class CheckpointReader:
+    """Lazy, name-addressed access to the tensors of a checkpoint directory."""
+
+    def __init__(self, directory: str | Path, dtype: torch.dtype) -> None:
+        self.directory = Path(directory)
+        self.dtype = dtype
+        index = self.directory / "model.safetensors.index.json"
+        single = self.directory / "model.safetensors"
+        if index.exists():
+            weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+            self._file_of = {name: self.directory / fname for name, fname in weight_map.items()}
+        elif single.exists():
+            self._file_of = {}
+            self._single: Path | None = single
+        else:
+            raise ValidationError(
+                f"{self.directory} holds neither model.safetensors nor model.safetensors.index.json"
+            )
+        if index.exists():
+            self._single = None
+        self._stack = ExitStack()
+        self._handles: dict[Path, Any] = {}
+        if self._single is not None:
+            handle = self._open(self._single)
+            self._file_of = {name: self._single for name in handle}
+
+    def _open(self, path: Path) -> Any:
+        if path not in self._handles:
+            self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="pt"))
+        return self._handles[path]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._file_of
+
+    def get(self, name: str) -> torch.Tensor:
+        try:
+            path = self._file_of[name]
+        except KeyError:
+            raise ValidationError(f"checkpoint {self.directory} has no tensor {name!r}") from None
+        tensor: torch.Tensor = self._open(path).get_tensor(name)
+        return tensor.to(self.dtype)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> CheckpointReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _random_tensors(config: ModelConfig, seed: int, router_skew: float) -> Iterator[tuple[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    std = 0.02
+    hidden, head_dim = config.hidden_size, config.head_dim
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * std
+
+    # A shared direction in every token's hidden state, and router rows that
+    # favour it unequally, give the Zipf-like expert popularity of real MoE
+    # routing (a random router alone routes almost uniformly).
+    direction = torch.randn(hidden, generator=gen)
+    direction /= direction.norm()
+    embed = normal(config.vocab_size, hidden)
+    if router_skew > 0:
+        embed += router_skew * std * hidden**0.5 * direction
+    yield "model.embed_tokens.weight", embed
+    popularity = 1.0 / torch.arange(1, config.num_experts + 1, dtype=torch.float32) ** 0.8
+    popularity = popularity[torch.randperm(config.num_experts, generator=gen)]
+    for layer in range(config.num_hidden_layers):
+        prefix = f"model.layers.{layer}"
+        yield f"{prefix}.input_layernorm.weight", torch.ones(hidden)
+        yield f"{prefix}.post_attention_layernorm.weight", torch.ones(hidden)
+        yield f"{prefix}.self_attn.q_proj.weight", normal(config.num_attention_heads * head_dim, hidden)
+        yield f"{prefix}.self_attn.k_proj.weight", normal(config.num_key_value_heads * head_dim, hidden)
+        yield f"{prefix}.self_attn.v_proj.weight", normal(config.num_key_value_heads * head_dim, hidden)
+        yield f"{prefix}.self_attn.o_proj.weight", normal(hidden, config.num_attention_heads * head_dim)
+        yield f"{prefix}.self_attn.q_norm.weight", torch.ones(head_dim)
+        yield f"{prefix}.self_attn.k_norm.weight", torch.ones(head_dim)
+        if config.is_sparse_layer(layer):
+            router = normal(config.num_experts, hidden)
+            if router_skew > 0:
+                router += router_skew * 4.0 * popularity[:, None] * direction[None, :]
+            yield f"{prefix}.mlp.gate.weight", router
+            inter = config.moe_intermediate_size
+            for expert in range(config.num_experts):
+                yield expert_tensor_name(layer, expert, "gate_proj"), normal(inter, hidden)
+                yield expert_tensor_name(layer, expert, "up_proj"), normal(inter, hidden)
+                yield expert_tensor_name(layer, expert, "down_proj"), normal(hidden, inter)
+        else:
+            inter = config.intermediate_size
+            yield f"{prefix}.mlp.gate_proj.weight", normal(inter, hidden)
+            yield f"{prefix}.mlp.up_proj.weight", normal(inter, hidden)
+            yield f"{prefix}.mlp.down_proj.weight", normal(hidden, inter)
+    yield "model.norm.weight", torch.ones(hidden)
+    if not config.tie_word_embeddings:
+        yield "lm_head.weight", normal(config.vocab_size, hidden)
+
+
+def init_random_checkpoint(
+    out_dir: str | Path, config: ModelConfig, *, seed: int = 0, router_skew: float = 0.0
+) -> Path:
+    """Write a random Qwen3-MoE checkpoint in the Hugging Face format; return its directory.
+
+    ``router_skew`` > 0 makes some experts popular for every token, as real
+    routing is; 0 gives a nearly uniform router.
+    """
+    if router_skew < 0:
+        raise ValidationError(f"router_skew must be >= 0, got {router_skew}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = torch_dtype(config.torch_dtype)
+    tensors = {name: t.to(dtype).contiguous() for name, t in _random_tensors(config, seed, router_skew)}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    raw = config.to_hf_dict()
+    raw["rope_parameters"] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    generation = {"do_sample": False}
+    if config.eos_token_id is not None:
+        generation["eos_token_id"] = config.eos_token_id  # type: ignore[assignment]
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    return out
+
+
+def count_parameters(config: ModelConfig) -> dict[str, int]:
+    """Parameter counts by part, for reports."""
+    hidden, head_dim = config.hidden_size, config.head_dim
+    attn = hidden * head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    expert = 3 * hidden * config.moe_intermediate_size
+    sparse = len(config.sparse_layers)
+    dense = config.num_hidden_layers - sparse
+    embed = config.vocab_size * hidden * (1 if config.tie_word_embeddings else 2)
+    return {
+        "attention": attn * config.num_hidden_layers,
+        "experts": expert * config.num_experts * sparse,
+        "dense_mlp": 3 * hidden * config.intermediate_size * dense,
+        "embeddings": embed,
+    }
+

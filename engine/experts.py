@@ -1,0 +1,174 @@
+"""Expert weights of one EP rank, replica selection, and placement transfers.
+
+A rank holds ``slots_per_rank`` physical slots per MoE layer; slot ``s`` of
+the placement lives on rank ``s // slots_per_rank``.  A logical expert with
+several replicas has its tokens split among them by token index, so every
+rank computes the same split without talking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from engine.checkpoint import CheckpointReader, expert_tensor_name
+from engine.config import ModelConfig
+from engine.placement import Placement
+
+ExpertWeights = tuple[torch.Tensor, torch.Tensor]
+"""(gate_up (2I, H), down (H, I)) of one expert."""
+
+
+def load_expert(reader: CheckpointReader, layer: int, expert: int) -> ExpertWeights:
+    gate = reader.get(expert_tensor_name(layer, expert, "gate_proj"))
+    up = reader.get(expert_tensor_name(layer, expert, "up_proj"))
+    down = reader.get(expert_tensor_name(layer, expert, "down_proj"))
+    return torch.cat([gate, up], dim=0), down
+
+
+class ReplicaTable:
+    """Per MoE layer: logical expert -> its physical slots, as lookup tensors."""
+
+    def __init__(self, placement: Placement, num_experts: int) -> None:
+        counts = placement.replica_counts(num_experts)
+        width = int(counts.max())
+        self.counts = torch.from_numpy(counts)
+        table = np.zeros((placement.num_layers, num_experts, width), dtype=np.int64)
+        for layer in range(placement.num_layers):
+            fill = np.zeros(num_experts, dtype=np.int64)
+            for slot, expert in enumerate(placement.phy2log[layer]):
+                table[layer, expert, fill[expert]] = slot
+                fill[expert] += 1
+        self.log2phy = torch.from_numpy(table)
+        self.single_replica = bool(width == 1)
+
+    def physical(self, layer: int, expert_ids: torch.Tensor) -> torch.Tensor:
+        """Physical slot for each (token, k) assignment of ``expert_ids`` (T, k)."""
+        table = self.log2phy[layer]
+        if self.single_replica:
+            return table[expert_ids, 0]
+        token = torch.arange(expert_ids.shape[0]).unsqueeze(1)
+        replica = token % self.counts[layer][expert_ids]
+        return table[expert_ids, replica]
+
+
+class ExpertShard:
+    """The expert slots of one rank, for every MoE layer."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        placement: Placement,
+        rank: int,
+        load: Callable[[int, int], ExpertWeights],
+    ) -> None:
+        """``load(moe_layer_index, expert)`` returns one expert's weights."""
+        self.config = config
+        self.rank = rank
+        self.placement = placement
+        self.w13: list[torch.Tensor] = []
+        self.w2: list[torch.Tensor] = []
+        for layer in range(placement.num_layers):
+            cache: dict[int, ExpertWeights] = {}
+            for expert in placement.experts_on_rank(layer, rank).tolist():
+                if expert not in cache:
+                    cache[expert] = load(layer, expert)
+            self._set_layer(layer, placement, cache, append=True)
+
+    def _set_layer(self, layer: int, placement: Placement, source: dict[int, ExpertWeights], *, append: bool) -> None:
+        experts = placement.experts_on_rank(layer, self.rank).tolist()
+        w13 = torch.stack([source[e][0] for e in experts]).contiguous()
+        w2 = torch.stack([source[e][1] for e in experts]).contiguous()
+        if append:
+            self.w13.append(w13)
+            self.w2.append(w2)
+        else:
+            self.w13[layer] = w13
+            self.w2[layer] = w2
+
+    def weights_of(self, layer: int, expert: int) -> ExpertWeights:
+        """Weights of a logical expert this rank holds (its first local replica)."""
+        local = self.placement.experts_on_rank(layer, self.rank).tolist().index(expert)
+        return self.w13[layer][local], self.w2[layer][local]
+
+    def compute(
+        self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor, out: torch.Tensor
+    ) -> int:
+        """Add this rank's share of the expert outputs into ``out``; return assignments computed."""
+        spr = self.placement.slots_per_rank
+        local = physical - self.rank * spr
+        if self.placement.num_ranks == 1:
+            flat_slot = local.reshape(-1)
+            token = torch.arange(x.shape[0]).repeat_interleave(physical.shape[1])
+            flat_weight = weights.reshape(-1)
+        else:
+            mask = (local >= 0) & (local < spr)
+            pairs = mask.nonzero()
+            if pairs.shape[0] == 0:
+                return 0
+            token = pairs[:, 0]
+            flat_slot = local[mask]
+            flat_weight = weights[mask]
+        order = torch.argsort(flat_slot, stable=True)
+        counts = torch.bincount(flat_slot, minlength=spr).tolist()
+        token = token[order]
+        xs = x[token]
+        ys = torch.empty_like(xs)
+        w13, w2 = self.w13[layer], self.w2[layer]
+        start = 0
+        for slot, count in enumerate(counts):
+            if count == 0:
+                continue
+            end = start + count
+            gate, up = F.linear(xs[start:end], w13[slot]).chunk(2, dim=-1)
+            ys[start:end] = F.linear(F.silu(gate) * up, w2[slot])
+            start = end
+        ys *= flat_weight[order].unsqueeze(1)
+        out.index_add_(0, token, ys)
+        return int(token.shape[0])
+
+    def swap(self, new: Placement, received: dict[tuple[int, int], ExpertWeights]) -> None:
+        """Rebuild the slots for ``new`` from local weights plus ``received`` ones."""
+        for layer in range(new.num_layers):
+            source: dict[int, ExpertWeights] = {}
+            for expert in set(new.experts_on_rank(layer, self.rank).tolist()):
+                if (layer, expert) in received:
+                    source[expert] = received[(layer, expert)]
+                else:
+                    source[expert] = self.weights_of(layer, expert)
+            self._set_layer(layer, new, source, append=False)
+        self.placement = new
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One expert's weights going from one rank to another."""
+
+    layer: int
+    expert: int
+    src: int
+    dst: int
+
+
+def plan_transfers(old: Placement, new: Placement) -> list[Transfer]:
+    """Weights that must change rank to go from ``old`` to ``new``, in one order every rank agrees on.
+
+    Only experts a rank does not hold yet travel; the source is one of the
+    ranks that already holds it, chosen to spread sends.
+    """
+    transfers: list[Transfer] = []
+    for layer in range(new.num_layers):
+        holders: dict[int, list[int]] = {}
+        for rank in range(old.num_ranks):
+            for expert in set(old.experts_on_rank(layer, rank).tolist()):
+                holders.setdefault(expert, []).append(rank)
+        for dst in range(new.num_ranks):
+            have = set(old.experts_on_rank(layer, dst).tolist())
+            for expert in sorted(set(new.experts_on_rank(layer, dst).tolist()) - have):
+                sources = holders[expert]
+                transfers.append(Transfer(layer, expert, sources[(expert + dst) % len(sources)], dst))
+    return transfers

@@ -1,0 +1,183 @@
+"""The single-process executor (``--ep 1``) and the driver logic every executor shares.
+
+The driver (rank 0) owns the non-expert model, the KV cache, the replica
+table and the routing statistics.  Subclasses decide where expert MLPs run:
+here, all in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from engine.batch import StepPlan
+from engine.checkpoint import CheckpointReader, torch_dtype
+from engine.config import ModelConfig
+from engine.errors import PlacementError, ValidationError
+from engine.executor import ExecutorOptions
+from engine.experts import ExpertShard, ReplicaTable, load_expert
+from engine.model import Qwen3MoeModel, StepMetadata
+from engine.placement import Placement
+from engine.stats import PlacementSwapStats, RoutingDelta
+
+
+def kv_cache_blocks(config: ModelConfig, kv_cache_mb: float, block_size: int, dtype: torch.dtype) -> int:
+    """KV blocks that fit the budget; raises if fewer than one sequence of one block fits."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    per_block = config.num_hidden_layers * 2 * block_size * config.num_key_value_heads * config.head_dim * elem
+    blocks = int(kv_cache_mb * 2**20 // per_block)
+    if blocks < 2:
+        raise ValidationError(
+            f"kv_cache_mb={kv_cache_mb} holds {blocks} blocks of {per_block} bytes; need at least 2"
+        )
+    return blocks
+
+
+class DriverBase:
+    """Rank-0 logic: model, KV cache, placement bookkeeping and routing counts."""
+
+    def __init__(self, options: ExecutorOptions, num_ranks: int) -> None:
+        self.options = options
+        self._config = ModelConfig.load(options.checkpoint)
+        self.dtype = torch_dtype(options.dtype or self._config.torch_dtype)
+        self._num_ranks = num_ranks
+        self._block_size = options.block_size
+        if options.block_size < 1:
+            raise ValidationError(f"block_size must be >= 1, got {options.block_size}")
+        self._num_blocks = kv_cache_blocks(self._config, options.kv_cache_mb, options.block_size, self.dtype)
+        cfg = self._config
+        self.moe_layers = len(cfg.sparse_layers)
+        placement = options.placement or Placement.contiguous(
+            self.moe_layers, cfg.num_experts, num_ranks, options.slots_per_rank
+        )
+        placement.validate(num_layers=self.moe_layers, num_experts=cfg.num_experts, num_ranks=num_ranks)
+        self._placement = placement
+        self.replicas = ReplicaTable(placement, cfg.num_experts)
+        self.reader = CheckpointReader(options.checkpoint, self.dtype)
+        self.model = Qwen3MoeModel(cfg, self.reader, self.dtype)
+        self.kv_cache = torch.zeros(
+            (cfg.num_hidden_layers, 2, self._num_blocks, self._block_size, cfg.num_key_value_heads, cfg.head_dim),
+            dtype=self.dtype,
+        )
+        self._routing_on = options.routing_stats
+        self._expert_counts = torch.zeros((self.moe_layers, cfg.num_experts), dtype=torch.long)
+        self._rank_counts = torch.zeros((self.moe_layers, num_ranks), dtype=torch.long)
+
+    # ---------------------------------------------------------- Executor API
+    @property
+    def config(self) -> ModelConfig:
+        return self._config
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def num_ranks(self) -> int:
+        return self._num_ranks
+
+    @property
+    def placement(self) -> Placement:
+        return self._placement
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        if not plan.chunks:
+            return torch.empty((0, self._config.vocab_size))
+        meta = self.model.step_metadata(plan, self._block_size)
+        with torch.inference_mode():
+            return self._forward(meta)
+
+    def _forward(self, meta: StepMetadata) -> torch.Tensor:
+        return self.model.forward(meta, self.kv_cache, self._experts)
+
+    def _experts(self, layer: int, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        physical = self.replicas.physical(layer, expert_ids)
+        if self._routing_on:
+            self._record(layer, expert_ids, physical)
+        return self._dispatch(layer, x, weights, physical)
+
+    def _dispatch(self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _record(self, layer: int, expert_ids: torch.Tensor, physical: torch.Tensor) -> None:
+        self._expert_counts[layer] += torch.bincount(expert_ids.reshape(-1), minlength=self._config.num_experts)
+        ranks = torch.div(physical.reshape(-1), self._placement.slots_per_rank, rounding_mode="floor")
+        self._rank_counts[layer] += torch.bincount(ranks, minlength=self._num_ranks)
+
+    def take_routing(self) -> RoutingDelta | None:
+        if not self._routing_on:
+            return None
+        delta = RoutingDelta(
+            expert_tokens=self._expert_counts.numpy().copy(), rank_tokens=self._rank_counts.numpy().copy()
+        )
+        self._expert_counts.zero_()
+        self._rank_counts.zero_()
+        return delta
+
+    def set_routing_stats(self, enabled: bool) -> None:
+        self._routing_on = enabled
+        self._expert_counts.zero_()
+        self._rank_counts.zero_()
+
+    def apply_placement(self, placement: Placement) -> PlacementSwapStats:
+        cfg = self._config
+        placement.validate(num_layers=self.moe_layers, num_experts=cfg.num_experts, num_ranks=self._num_ranks)
+        if placement.slots_per_rank != self._placement.slots_per_rank:
+            raise PlacementError(
+                f"placement has {placement.slots_per_rank} slots per rank; this engine was started with "
+                f"{self._placement.slots_per_rank}"
+            )
+        start = time.monotonic()
+        with torch.inference_mode():
+            moved, moved_bytes = self._swap(placement)
+        self._placement = placement
+        self.replicas = ReplicaTable(placement, cfg.num_experts)
+        return PlacementSwapStats(
+            duration_s=time.monotonic() - start, experts_moved=moved, bytes_moved=moved_bytes
+        )
+
+    def _swap(self, placement: Placement) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        self.reader.close()
+
+
+def default_threads(num_ranks: int) -> int:
+    return max(1, (os.cpu_count() or 1) // num_ranks)
+
+
+class LocalExecutor(DriverBase):
+    """Every expert in this process (one EP rank)."""
+
+    def __init__(self, options: ExecutorOptions) -> None:
+        torch.set_num_threads(options.threads_per_rank or default_threads(1))
+        super().__init__(options, num_ranks=1)
+        self.shard = ExpertShard(
+            self._config, self._placement, 0,
+            lambda layer, expert: load_expert(self.reader, self._config.sparse_layers[layer], expert),
+        )
+
+    def _dispatch(self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        self.shard.compute(layer, x, weights, physical, out)
+        return out
+
+    def _swap(self, placement: Placement) -> tuple[int, int]:
+        # One rank holds every expert already: slots are only reordered, nothing changes rank.
+        self.shard.swap(placement, {})
+        return 0, 0
+
+
+def expert_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 3 * config.hidden_size * config.moe_intermediate_size * elem
+
+
+__all__ = ["DriverBase", "LocalExecutor", "default_threads", "expert_bytes", "kv_cache_blocks"]

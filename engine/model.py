@@ -1,0 +1,252 @@
+"""Qwen3-MoE decoder in plain torch, driven by a :class:`~engine.batch.StepPlan`.
+
+The layers follow transformers' ``Qwen3MoeForCausalLM`` exactly: RMSNorm,
+grouped-query attention with RoPE and per-head q/k RMSNorm, a softmax top-k
+router honouring ``norm_topk_prob``, SwiGLU experts, and ``lm_head`` tied or
+not as the config says.  Attention reads and writes a paged KV cache.
+
+This module holds everything except the expert weights: the expert MLPs run
+wherever the placement puts them, behind the ``ExpertCompute`` callable that
+the executor passes in (in-process, or dispatched to EP ranks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from engine.batch import StepPlan
+from engine.checkpoint import CheckpointReader
+from engine.config import ModelConfig
+
+ExpertCompute = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(moe_layer_index, hidden (T,H), top-k weights (T,k), top-k logical expert ids (T,k)) -> (T,H)."""
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    """q, k and v projections stacked on the output dim: one matmul instead of three."""
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    router: torch.Tensor | None
+    """(experts, hidden) for a sparse layer; None for a dense one."""
+    dense_gate_up: torch.Tensor | None
+    dense_down: torch.Tensor | None
+
+
+@dataclass(slots=True)
+class StepMetadata:
+    """Tensors derived from a StepPlan once per step and shared by every layer."""
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    logits_rows: torch.Tensor
+    decode_rows: torch.Tensor | None
+    decode_block_tables: torch.Tensor | None
+    decode_context_lens: torch.Tensor | None
+    prefills: list[tuple[int, int, int, torch.Tensor]]
+    """(first row, new tokens, tokens already cached, block table) per prefill chunk."""
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    # transformers normalizes in float32 and multiplies by the weight in the input dtype.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Qwen3MoeModel:
+    """The non-expert part of Qwen3-MoE: embeddings, attention, routers, dense MLPs, lm_head."""
+
+    def __init__(self, config: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+        self.config = config
+        self.dtype = dtype
+        get = reader.get
+        self.embed = get("model.embed_tokens.weight")
+        self.layers: list[LayerWeights] = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}"
+            sparse = config.is_sparse_layer(i)
+            qkv = torch.cat([get(f"{p}.self_attn.{n}_proj.weight") for n in ("q", "k", "v")], dim=0)
+            self.layers.append(
+                LayerWeights(
+                    input_norm=get(f"{p}.input_layernorm.weight"),
+                    qkv=qkv.contiguous(),
+                    q_norm=get(f"{p}.self_attn.q_norm.weight"),
+                    k_norm=get(f"{p}.self_attn.k_norm.weight"),
+                    o_proj=get(f"{p}.self_attn.o_proj.weight"),
+                    post_norm=get(f"{p}.post_attention_layernorm.weight"),
+                    router=get(f"{p}.mlp.gate.weight") if sparse else None,
+                    dense_gate_up=None if sparse else torch.cat(
+                        [get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")], dim=0
+                    ).contiguous(),
+                    dense_down=None if sparse else get(f"{p}.mlp.down_proj.weight"),
+                )
+            )
+        self.norm = get("model.norm.weight")
+        if config.tie_word_embeddings or "lm_head.weight" not in reader:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = get("lm_head.weight")
+        inv_freq = 1.0 / (
+            config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim)
+        )
+        freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.rope_cos = emb.cos().to(dtype)
+        self.rope_sin = emb.sin().to(dtype)
+        self.q_size = config.num_attention_heads * config.head_dim
+        self.kv_size = config.num_key_value_heads * config.head_dim
+        self.scale = config.head_dim**-0.5
+
+    # ----------------------------------------------------------------- metadata
+    def step_metadata(self, plan: StepPlan, block_size: int) -> StepMetadata:
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_rows: list[int] = []
+        decode_rows: list[int] = []
+        decode_tables: list[tuple[int, ...]] = []
+        decode_lens: list[int] = []
+        prefills: list[tuple[int, int, int, torch.Tensor]] = []
+        for chunk in plan.chunks:
+            row = len(tokens)
+            n = len(chunk.token_ids)
+            start = chunk.num_computed
+            tokens.extend(chunk.token_ids)
+            table = chunk.block_table
+            for pos in range(start, start + n):
+                positions.append(pos)
+                slots.append(table[pos // block_size] * block_size + pos % block_size)
+            if chunk.needs_logits:
+                logits_rows.append(row + n - 1)
+            if n == 1:
+                decode_rows.append(row)
+                decode_tables.append(table)
+                decode_lens.append(start + 1)
+            else:
+                prefills.append((row, n, start, torch.tensor(table, dtype=torch.long)))
+        decode_block_tables = None
+        if decode_rows:
+            width = max(len(t) for t in decode_tables)
+            decode_block_tables = torch.tensor(
+                [t + (0,) * (width - len(t)) for t in decode_tables], dtype=torch.long
+            )
+        return StepMetadata(
+            token_ids=torch.tensor(tokens, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            logits_rows=torch.tensor(logits_rows, dtype=torch.long),
+            decode_rows=torch.tensor(decode_rows, dtype=torch.long) if decode_rows else None,
+            decode_block_tables=decode_block_tables,
+            decode_context_lens=torch.tensor(decode_lens, dtype=torch.long) if decode_rows else None,
+            prefills=prefills,
+        )
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        meta: StepMetadata,
+        kv_cache: torch.Tensor,
+        experts: ExpertCompute,
+    ) -> torch.Tensor:
+        """Run every layer; return float32 logits for ``meta.logits_rows``.
+
+        ``kv_cache`` is (layers, 2, blocks, block_size, kv_heads, head_dim).
+        """
+        cfg = self.config
+        h = self.embed[meta.token_ids]
+        cos = self.rope_cos[meta.positions].unsqueeze(1)
+        sin = self.rope_sin[meta.positions].unsqueeze(1)
+        moe_index = 0
+        for i, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
+            h = h + self._attention(x, layer, meta, kv_cache[i], cos, sin)
+            x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
+            if layer.router is not None:
+                weights, expert_ids = self.route(x, layer.router)
+                h = h + experts(moe_index, x, weights, expert_ids)
+                moe_index += 1
+            else:
+                assert layer.dense_gate_up is not None and layer.dense_down is not None
+                gate, up = F.linear(x, layer.dense_gate_up).chunk(2, dim=-1)
+                h = h + F.linear(F.silu(gate) * up, layer.dense_down)
+        last = rms_norm(h[meta.logits_rows], self.norm, cfg.rms_norm_eps)
+        return F.linear(last, self.lm_head).float()
+
+    def route(self, x: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Softmax top-k routing as transformers does it: (weights (T,k), logical ids (T,k))."""
+        probs = torch.softmax(F.linear(x, router), dim=-1, dtype=torch.float32)
+        top_v, top_i = torch.topk(probs, self.config.num_experts_per_tok, dim=-1)
+        if self.config.norm_topk_prob:
+            top_v = top_v / top_v.sum(dim=-1, keepdim=True)
+        return top_v.to(x.dtype), top_i
+
+    def _attention(
+        self,
+        x: torch.Tensor,
+        layer: LayerWeights,
+        meta: StepMetadata,
+        cache: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        cfg = self.config
+        n_tokens = x.shape[0]
+        d = cfg.head_dim
+        n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        qkv = F.linear(x, layer.qkv)
+        q = qkv[:, : self.q_size].reshape(n_tokens, n_heads, d)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(n_tokens, n_kv, d)
+        v = qkv[:, self.q_size + self.kv_size :].reshape(n_tokens, n_kv, d)
+        q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+        k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k_cache, v_cache = cache[0], cache[1]
+        block_size = k_cache.shape[1]
+        k_cache.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        for row, n, cached, table in meta.prefills:
+            qs = q[row : row + n].transpose(0, 1).unsqueeze(0)
+            if cached == 0:
+                ks = k[row : row + n].transpose(0, 1).unsqueeze(0)
+                vs = v[row : row + n].transpose(0, 1).unsqueeze(0)
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
+            else:
+                total = cached + n
+                blocks = -(-total // block_size)
+                ks = k_cache[table[:blocks]].reshape(-1, n_kv, d)[:total].transpose(0, 1).unsqueeze(0)
+                vs = v_cache[table[:blocks]].reshape(-1, n_kv, d)[:total].transpose(0, 1).unsqueeze(0)
+                mask = torch.arange(total).unsqueeze(0) <= (cached + torch.arange(n)).unsqueeze(1)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            out[row : row + n] = o.squeeze(0).transpose(0, 1)
+        if meta.decode_rows is not None:
+            assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
+            tables = meta.decode_block_tables
+            batch = tables.shape[0]
+            ks = k_cache[tables].reshape(batch, -1, n_kv, d).transpose(1, 2)
+            vs = v_cache[tables].reshape(batch, -1, n_kv, d).transpose(1, 2)
+            mask = torch.arange(ks.shape[2]).unsqueeze(0) < meta.decode_context_lens.unsqueeze(1)
+            qs = q[meta.decode_rows].unsqueeze(2)
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, attn_mask=mask[:, None, None, :], scale=self.scale, enable_gqa=True
+            )
+            out[meta.decode_rows] = o.squeeze(2)
+        return F.linear(out.reshape(n_tokens, n_heads * d), layer.o_proj)
