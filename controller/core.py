@@ -141,7 +141,7 @@ class DecisionCore:
         scaling = policy.scaling
         inputs: dict[str, Scalar] = {
             "now_s": now_s,
-            "mode": policy.mode.value,
+            "mode": str(policy.mode),
             "min_replicas": scaling.min_replicas,
             "max_replicas": scaling.max_replicas,
             "max_step": scaling.max_step,
@@ -160,7 +160,7 @@ class DecisionCore:
                 decided_at_s=now_s,
             )
 
-        if policy.mode is Mode.OFF:
+        if policy.mode == Mode.OFF:
             current_off = obs.current_replicas if obs is not None else None
             return hold(Reason.MODE_OFF, "mode is off: no decisions", current_off)
         if obs is None:
@@ -235,7 +235,7 @@ class DecisionCore:
         if action == "hold" and Reason.STEADY not in reasons and need == current:
             reasons = (*reasons, Reason.STEADY)
         apply = action != "hold"
-        if apply and policy.mode is Mode.ADVISORY:
+        if apply and policy.mode == Mode.ADVISORY:
             apply = False
             reasons = (*reasons, Reason.MODE_ADVISORY)
         if apply and not isinstance(policy.target, (KubernetesTarget, LocalTarget)):

@@ -1,0 +1,94 @@
+"""SLI, error-budget and burn-rate math against the SRE workbook's numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller import slo
+from controller.policy import parse_duration_s
+
+
+def test_good_ratio() -> None:
+    assert slo.good_ratio(99, 100) == pytest.approx(0.99)
+    assert slo.good_ratio(0, 0) is None  # no traffic is not a perfect SLI
+    assert slo.good_ratio(101, 100) == 1.0  # counters read a moment apart
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        slo.good_ratio(-1, 10)
+
+
+def test_burn_rate_and_budget() -> None:
+    assert slo.error_budget(0.99) == pytest.approx(0.01)
+    assert slo.burn_rate(0.99, 0.99) == pytest.approx(1.0)
+    assert slo.burn_rate(0.95, 0.99) == pytest.approx(5.0)
+    assert slo.burn_rate(1.0, 0.999) == 0.0
+    assert slo.error_budget_remaining(0.995, 0.99) == pytest.approx(0.5)
+    assert slo.error_budget_remaining(0.98, 0.99) == pytest.approx(-1.0)  # overspent, kept negative
+    with pytest.raises(ValueError, match=r"target must be in \(0, 1\)"):
+        slo.burn_rate(0.9, 1.0)
+    with pytest.raises(ValueError, match=r"good ratio must be in \[0, 1\]"):
+        slo.burn_rate(1.2, 0.99)
+
+
+@pytest.mark.parametrize(
+    ("window", "fraction", "expected"),
+    [("1h", 0.02, 14.4), ("6h", 0.05, 6.0), ("1d", 0.10, 3.0), ("3d", 0.10, 1.0), ("30d", 1.0, 1.0)],
+)
+def test_workbook_thresholds_for_30_days(window: str, fraction: float, expected: float) -> None:
+    seconds = parse_duration_s(window)
+    assert slo.burn_rate_threshold(seconds, fraction, 30 * 86400) == pytest.approx(expected)
+
+
+def test_thresholds_scale_with_the_compliance_window() -> None:
+    # A 7-day window: 2 % of its budget in 1 h is 0.02 * 168 = 3.36x.
+    assert slo.burn_rate_threshold(3600, 0.02, 7 * 86400) == pytest.approx(3.36)
+    with pytest.raises(ValueError, match="exceeds the compliance window"):
+        slo.burn_rate_threshold(31 * 86400, 0.1, 30 * 86400)
+    with pytest.raises(ValueError, match="budget fraction"):
+        slo.burn_rate_threshold(3600, 0.0, 30 * 86400)
+
+
+def test_standard_windows_are_derived() -> None:
+    windows = slo.standard_burn_rate_windows()
+    table = [(w.long_window, w.short_window, w.severity, round(w.burn_rate, 9)) for w in windows]
+    assert table == [
+        ("1h", "5m", "page", 14.4),
+        ("6h", "30m", "page", 6.0),
+        ("1d", "2h", "ticket", 3.0),
+        ("3d", "6h", "ticket", 1.0),
+    ]
+    for w in windows:
+        assert w.short_window_s * slo.SHORT_WINDOW_DIVISOR == w.long_window_s
+        assert w.burn_rate == pytest.approx(w.budget_fraction * 30 * 86400 / w.long_window_s)
+    # Derived, not a table: a 7-day window gives other factors and drops nothing.
+    week = slo.standard_burn_rate_windows(7 * 86400)
+    assert [round(w.burn_rate, 6) for w in week] == [3.36, 1.4, 0.7, 0.233333]
+    # Windows longer than the compliance window are left out.
+    assert [w.long_window for w in slo.standard_burn_rate_windows(86400)] == ["1h", "6h", "1d"]
+
+
+def test_alert_condition_and_error_ratio() -> None:
+    page = slo.standard_burn_rate_windows()[0]
+    assert slo.error_ratio_threshold(page.burn_rate, 0.99) == pytest.approx(0.144)
+    assert slo.is_burning(20.0, 15.0, page.burn_rate)
+    assert not slo.is_burning(20.0, 2.0, page.burn_rate)  # recovered: the short window stops the alert
+    assert not slo.is_burning(14.4, 20.0, page.burn_rate)  # strictly above
+
+
+def test_format_duration() -> None:
+    assert [slo.format_duration(s) for s in (300, 3600, 5400, 86400, 604800, 45)] == [
+        "5m",
+        "1h",
+        "90m",
+        "1d",
+        "1w",
+        "45s",
+    ]
+    with pytest.raises(ValueError, match="positive whole number"):
+        slo.format_duration(1.5)
+    with pytest.raises(ValueError, match="positive whole number"):
+        slo.format_duration(0)
+
+
+def test_derive_rejects_windows_not_divisible_into_short_windows() -> None:
+    with pytest.raises(ValueError, match="multiple of 12"):
+        slo.BurnRateWindow.derive(long_window="5s", budget_fraction=0.1, severity="page", compliance_window_s=86400)
