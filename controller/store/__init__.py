@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
-from controller.store.store import DecisionRecord, PolicyVersion, Store, StoredPolicy, make_engine
+from controller.store.store import (
+    DecisionRecord,
+    PolicyVersion,
+    StaleVersionError,
+    Store,
+    StoredPolicy,
+    make_engine,
+)
 
-__all__ = ["DecisionRecord", "PolicyVersion", "Store", "StoredPolicy", "make_engine"]
+__all__ = ["DecisionRecord", "PolicyVersion", "StaleVersionError", "Store", "StoredPolicy", "make_engine"]

@@ -26,6 +26,17 @@ from controller.store.tables import Base, DecisionRow, PolicyRow, PolicyVersionR
 from engine.errors import ConflictError, NotFoundError, UnavailableError
 
 
+class StaleVersionError(ConflictError):
+    """A conditional write named a version the policy no longer has (HTTP 412)."""
+
+    def __init__(self, name: str, *, current: int | None, expected: int) -> None:
+        self.name = name
+        self.current = current
+        self.expected = expected
+        now = "does not exist" if current is None else f"is at version {current}"
+        super().__init__(f"policy {name!r} {now}, not version {expected} (it changed since it was read)")
+
+
 @dataclass(frozen=True, slots=True)
 class StoredPolicy:
     """A policy with its version and timestamps."""
@@ -150,10 +161,7 @@ class Store:
                 if not create:
                     raise NotFoundError("policy", policy.name)
                 if expected_version is not None:
-                    raise ConflictError(
-                        f"policy {policy.name!r} does not exist, but If-Match expected version "
-                        f"{expected_version}"
-                    )
+                    raise StaleVersionError(policy.name, current=None, expected=expected_version)
                 return self._write(session, None, policy, "create"), True
             self._check_version(row, expected_version)
             return self._write(session, row, policy, "update"), False
@@ -186,10 +194,7 @@ class Store:
     @staticmethod
     def _check_version(row: PolicyRow, expected_version: int | None) -> None:
         if expected_version is not None and row.version != expected_version:
-            raise ConflictError(
-                f"policy {row.name!r} is at version {row.version}, not {expected_version} "
-                "(it changed since it was read)"
-            )
+            raise StaleVersionError(row.name, current=row.version, expected=expected_version)
 
     def _write(self, session: Session, row: PolicyRow | None, policy: Policy, operation: str) -> StoredPolicy:
         now = datetime.now(UTC)

@@ -1,0 +1,168 @@
+"""The one place that maps moeslo's errors to HTTP status codes.
+
+Every error leaves the API as an RFC 9457 problem document
+(``application/problem+json``)::
+
+    {"type": "about:blank", "title": "Unprocessable Content", "status": 422,
+     "detail": "scaling: max_replicas (1) must be >= min_replicas (2)",
+     "errors": [{"field": "scaling", "message": "..."}]}
+
+``errors`` lists every failure with the dotted path of the field it names,
+so a client can point at the field.  Nothing a client sends yields a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from controller.store import StaleVersionError
+from engine.errors import (
+    ActuationError,
+    ConflictError,
+    DataError,
+    MoesloError,
+    NotFoundError,
+    OverloadedError,
+    UnavailableError,
+    ValidationError,
+)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+class UnauthorizedError(MoesloError):
+    """A write without the configured bearer token."""
+
+
+class PreconditionRequiredError(MoesloError):
+    """A conditional write (If-Match) is required by the configuration but was not sent."""
+
+
+# Most specific first: the first matching class decides.
+STATUS_BY_ERROR: tuple[tuple[type[MoesloError], int], ...] = (
+    (UnauthorizedError, 401),
+    (PreconditionRequiredError, 428),
+    (StaleVersionError, 412),
+    (ConflictError, 409),
+    (NotFoundError, 404),
+    (ValidationError, 422),
+    (DataError, 422),
+    (OverloadedError, 429),
+    (UnavailableError, 503),
+    (ActuationError, 502),
+    (MoesloError, 500),
+)
+
+
+def status_for(exc: MoesloError) -> int:
+    for cls, status in STATUS_BY_ERROR:
+        if isinstance(exc, cls):
+            return status
+    raise AssertionError("unreachable: MoesloError is the last entry")
+
+
+class FieldProblem(BaseModel):
+    field: str
+    message: str
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldProblem] = []
+
+
+def problem_response(
+    status: int, detail: str, errors: Sequence[FieldProblem] = (), headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = Problem(title=HTTPStatus(status).phrase, status=status, detail=detail, errors=list(errors))
+    return JSONResponse(
+        body.model_dump(mode="json"), status_code=status, headers=headers, media_type=PROBLEM_MEDIA_TYPE
+    )
+
+
+def _field_of(loc: Sequence[Any]) -> str:
+    # FastAPI prefixes "body"/"query"/"header"/"path"; drop the union branch tags pydantic inserts.
+    parts = [str(part) for part in loc]
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+def _message(error: dict[str, Any]) -> str:
+    message = str(error.get("msg", "invalid"))
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    if error.get("type") == "json_invalid":
+        ctx = error.get("ctx") or {}
+        loc = error.get("loc", ())
+        position = f" at character {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
+        return f"malformed JSON{position}: {ctx.get('error', message)}"
+    return message
+
+
+def validation_problems(errors: Sequence[Any]) -> list[FieldProblem]:
+    """Pydantic/FastAPI error dicts as field problems (every one of them)."""
+    return [
+        FieldProblem(
+            field="body" if err.get("type") == "json_invalid" else _field_of(err.get("loc", ())),
+            message=_message(err),
+        )
+        for err in errors
+    ]
+
+
+def problems_detail(problems: Sequence[FieldProblem]) -> str:
+    return "; ".join(f"{p.field}: {p.message}" for p in problems)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn every error into a problem document."""
+
+    @app.exception_handler(MoesloError)
+    async def _moeslo(_request: Request, exc: MoesloError) -> JSONResponse:
+        status = status_for(exc)
+        headers: dict[str, str] = {}
+        if isinstance(exc, UnauthorizedError):
+            headers["WWW-Authenticate"] = 'Bearer realm="moeslo"'
+        if isinstance(exc, OverloadedError):
+            headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+        errors: list[FieldProblem] = []
+        if isinstance(exc, ValidationError):
+            errors = [_problem_from_text(text) for text in exc.problems]
+        return problem_response(status, str(exc), errors, headers or None)
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = validation_problems(exc.errors())
+        return problem_response(422, problems_detail(problems), problems)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers) if exc.headers else None
+        return problem_response(exc.status_code, str(exc.detail), (), headers)
+
+
+def _problem_from_text(text: str) -> FieldProblem:
+    # ValidationError problems read "field: message" by convention.
+    field, sep, message = text.partition(": ")
+    if sep and " " not in field:
+        return FieldProblem(field=field, message=message)
+    return FieldProblem(field="body", message=text)
+
+
+def json_body_error(exc: json.JSONDecodeError) -> ValidationError:
+    return ValidationError(f"body: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")

@@ -1,0 +1,287 @@
+"""``/v1/policies``: SLO policies as REST resources, with ETags and OpenSLO import/export.
+
+Concurrency: every policy response carries ``ETag: "<version>"``.  PUT,
+PATCH and DELETE honour ``If-Match`` (a stale tag is 412); with
+``require_if_match`` in the config, changing an existing policy without
+``If-Match`` is 428.  PUT creates the policy when absent (201) and replaces
+it otherwise (200).  PATCH takes a JSON merge patch (RFC 7386).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Request, Response
+from pydantic import ValidationError as PydanticValidationError
+
+from controller.api.auth import WriteAccess
+from controller.api.errors import PreconditionRequiredError
+from controller.api.schemas import (
+    OpenSloImport,
+    PolicyHistory,
+    PolicyList,
+    PolicyResource,
+    PolicyVersionOut,
+    problem_responses,
+)
+from controller.config import ControllerSettings
+from controller.openslo import apply_imported, export_policy, parse_openslo
+from controller.policy import Policy
+from controller.store import StaleVersionError, Store, StoredPolicy
+from engine.errors import NotFoundError, ValidationError
+
+router = APIRouter(prefix="/v1", tags=["policies"])
+
+PolicyName = Annotated[str, Path(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", max_length=63)]
+IfMatch = Annotated[str | None, Header(description='ETag of the version the change is based on, e.g. "3"')]
+_READ = problem_responses(404, 422)
+_WRITE = problem_responses(401, 404, 409, 412, 422, 428, 503)
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+def _settings(request: Request) -> ControllerSettings:
+    settings: ControllerSettings = request.app.state.settings
+    return settings
+
+
+def _check_target(request: Request, policy: Policy) -> None:
+    """Targets the configured actuator cannot carry out are refused, naming the field."""
+    check = getattr(request.app.state, "check_target", None)
+    if check is not None:
+        problems: list[str] = check(policy)
+        if problems:
+            raise ValidationError(problems)
+
+
+def parse_if_match(value: str | None) -> int | str | None:
+    """The version an If-Match names, ``"*"`` for any, None when absent."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text == "*":
+        return "*"
+    tags = [tag.strip() for tag in text.split(",") if tag.strip()]
+    if len(tags) != 1:
+        raise ValidationError('If-Match: exactly one ETag is supported, e.g. "3"')
+    tag = tags[0].removeprefix("W/")
+    if len(tag) < 3 or not (tag.startswith('"') and tag.endswith('"')) or not tag[1:-1].isdigit():
+        raise ValidationError(f'If-Match: {value!r} is not an ETag of this API (expected e.g. "3")')
+    return int(tag[1:-1])
+
+
+def _expected_version(request: Request, name: str, if_match: str | None) -> int | None:
+    parsed = parse_if_match(if_match)
+    if parsed is None:
+        if _settings(request).require_if_match:
+            raise PreconditionRequiredError(
+                f"changing policy {name!r} requires If-Match with its current ETag (GET it first)"
+            )
+        return None
+    if parsed == "*":
+        return _store(request).get_policy(name).version
+    assert isinstance(parsed, int)
+    return parsed
+
+
+def _respond(response: Response, stored: StoredPolicy) -> PolicyResource:
+    response.headers["ETag"] = stored.etag
+    response.headers["Location"] = f"/v1/policies/{stored.policy.name}"
+    return PolicyResource.of(stored)
+
+
+@router.get("/policies", response_model=PolicyList, responses=problem_responses(422))
+def list_policies(request: Request) -> PolicyList:
+    return PolicyList(items=[PolicyResource.of(stored) for stored in _store(request).list_policies()])
+
+
+@router.post(
+    "/policies",
+    response_model=PolicyResource,
+    status_code=201,
+    responses=problem_responses(401, 409, 422, 503),
+)
+def create_policy(request: Request, response: Response, policy: Policy, _auth: WriteAccess) -> PolicyResource:
+    _check_target(request, policy)
+    return _respond(response, _store(request).create_policy(policy))
+
+
+@router.get("/policies/{name}", response_model=PolicyResource, responses=_READ)
+def get_policy(request: Request, response: Response, name: PolicyName) -> PolicyResource:
+    return _respond(response, _store(request).get_policy(name))
+
+
+@router.put("/policies/{name}", response_model=PolicyResource, responses={**_WRITE, 201: {"model": PolicyResource}})
+def put_policy(
+    request: Request,
+    response: Response,
+    name: PolicyName,
+    policy: Policy,
+    _auth: WriteAccess,
+    if_match: IfMatch = None,
+) -> PolicyResource:
+    if policy.name != name:
+        raise ValidationError(f"name: {policy.name!r} differs from the path's {name!r} (rename by POST + DELETE)")
+    _check_target(request, policy)
+    parsed = parse_if_match(if_match)
+    expected: int | None
+    if parsed is None:
+        expected = None
+        if _settings(request).require_if_match:
+            try:
+                _store(request).get_policy(name)
+            except NotFoundError:
+                pass
+            else:
+                raise PreconditionRequiredError(
+                    f"replacing policy {name!r} requires If-Match with its current ETag (GET it first)"
+                )
+    elif parsed == "*":
+        try:
+            expected = _store(request).get_policy(name).version
+        except NotFoundError as exc:
+            raise StaleVersionError(name, current=None, expected=0) from exc
+    else:
+        assert isinstance(parsed, int)
+        expected = parsed
+    stored, created = _store(request).replace_policy(policy, expected_version=expected, create=True)
+    response.status_code = 201 if created else 200
+    return _respond(response, stored)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def validate_policy(spec: Any) -> Policy:
+    """A policy from plain data; every failure reported with its dotted field path."""
+    try:
+        return Policy.model_validate(spec)
+    except PydanticValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            message = str(err["msg"]).removeprefix("Value error, ")
+            problems.append(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {message}")
+        raise ValidationError(problems) from exc
+
+
+@router.patch(
+    "/policies/{name}",
+    response_model=PolicyResource,
+    responses=_WRITE,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                MERGE_PATCH: {"schema": {"type": "object"}},
+                "application/json": {"schema": {"type": "object"}},
+            },
+        }
+    },
+)
+async def patch_policy(
+    request: Request, response: Response, name: PolicyName, _auth: WriteAccess, if_match: IfMatch = None
+) -> PolicyResource:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type not in (MERGE_PATCH, "application/json"):
+        raise ValidationError(f"Content-Type: expected {MERGE_PATCH} or application/json, got {content_type!r}")
+    raw = await request.body()
+    try:
+        patch = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValidationError(f"body: malformed JSON: {exc}") from exc
+    if not isinstance(patch, dict):
+        raise ValidationError(f"body: a merge patch must be a JSON object, got {type(patch).__name__}")
+    if "name" in patch and patch["name"] != name:
+        raise ValidationError(f"name: cannot be changed by PATCH (policy {name!r})")
+    store = _store(request)
+    expected = _expected_version(request, name, if_match)
+    current = store.get_policy(name)
+    if expected is None:
+        expected = current.version
+    policy = validate_policy(merge_patch(current.policy.model_dump(mode="json"), patch))
+    _check_target(request, policy)
+    stored, _created = store.replace_policy(policy, expected_version=expected)
+    return _respond(response, stored)
+
+
+@router.delete("/policies/{name}", status_code=204, responses=_WRITE)
+def delete_policy(request: Request, name: PolicyName, _auth: WriteAccess, if_match: IfMatch = None) -> Response:
+    expected = _expected_version(request, name, if_match)
+    _store(request).delete_policy(name, expected_version=expected)
+    return Response(status_code=204)
+
+
+@router.get("/policies/{name}/history", response_model=PolicyHistory, responses=_READ)
+def policy_history(request: Request, name: PolicyName) -> PolicyHistory:
+    versions = _store(request).policy_history(name)
+    return PolicyHistory(name=name, versions=[PolicyVersionOut.of(v) for v in versions])
+
+
+@router.get(
+    "/policies/{name}/openslo",
+    response_class=Response,
+    responses={200: {"content": {"application/yaml": {"schema": {"type": "string"}}}}, **_READ},
+)
+def export_openslo(request: Request, name: PolicyName) -> Response:
+    stored = _store(request).get_policy(name)
+    return Response(export_policy(stored.policy), media_type="application/yaml", headers={"ETag": stored.etag})
+
+
+@router.post(
+    "/openslo",
+    response_model=OpenSloImport,
+    responses=problem_responses(401, 409, 412, 422, 503),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/yaml": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def import_openslo(request: Request, _auth: WriteAccess) -> OpenSloImport:
+    """Create or update policies from OpenSLO v1 SLO documents (their SLO part only)."""
+    raw = await request.body()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"body: not UTF-8 text at byte {exc.start}") from exc
+    imported = parse_openslo(text)
+    store = _store(request)
+    results: list[PolicyResource] = []
+    # Validate all first, so a bad document changes nothing.
+    planned: list[tuple[Policy, int | None]] = []
+    problems: list[str] = []
+    for name, slos in imported.items():
+        try:
+            base = store.get_policy(name)
+        except NotFoundError:
+            base = None
+        try:
+            policy = apply_imported(slos, None if base is None else base.policy)
+            _check_target(request, policy)
+        except ValidationError as exc:
+            problems.extend(exc.problems)
+            continue
+        planned.append((policy, None if base is None else base.version))
+    if problems:
+        raise ValidationError(problems)
+    for policy, version in planned:
+        stored, _created = store.replace_policy(policy, expected_version=version, create=version is None)
+        results.append(PolicyResource.of(stored))
+    return OpenSloImport(items=results)
+

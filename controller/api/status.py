@@ -1,0 +1,149 @@
+"""Read-only views: ``/v1/status``, ``/v1/decisions``, ``/health`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Annotated, Protocol
+
+from fastapi import APIRouter, Query, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from controller.api.schemas import (
+    ControllerStatus,
+    DecisionOut,
+    DecisionPage,
+    Health,
+    PolicyStatus,
+    problem_responses,
+)
+from controller.config import ControllerSettings
+from controller.policy import Policy
+from controller.store import Store, StoredPolicy
+from engine.errors import MoesloError
+
+router = APIRouter(tags=["status"])
+
+LAST_DECISIONS = 5
+
+
+@dataclass
+class PolicyRuntime:
+    """What the tick loop last learnt about one policy (kept in memory, rebuilt on restart)."""
+
+    current_replicas: int | None = None
+    desired_replicas: int | None = None
+    stale: bool = True
+    observed_at: datetime | None = None
+    sli: dict[str, float | None] = field(default_factory=dict)
+    error_budget_remaining: dict[str, float | None] = field(default_factory=dict)
+    burn_rates: dict[str, dict[str, float]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+class RuntimeView(Protocol):
+    """The part of the controller service the read API needs."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def last_tick_at(self) -> datetime | None: ...
+
+    def runtime(self, name: str) -> PolicyRuntime | None: ...
+
+    def check_target(self, policy: Policy) -> list[str]: ...
+
+
+def _view(request: Request) -> RuntimeView | None:
+    view: RuntimeView | None = getattr(request.app.state, "service", None)
+    return view
+
+
+def _policy_status(store: Store, stored: StoredPolicy, view: RuntimeView | None) -> PolicyStatus:
+    name = stored.policy.name
+    runtime = (view.runtime(name) if view is not None else None) or PolicyRuntime()
+    decisions = store.list_decisions(policy=name, limit=LAST_DECISIONS)
+    return PolicyStatus(
+        name=name,
+        mode=str(stored.policy.mode),
+        policy_version=stored.version,
+        current_replicas=runtime.current_replicas,
+        desired_replicas=runtime.desired_replicas,
+        stale=runtime.stale,
+        observed_at=runtime.observed_at,
+        sli=dict(runtime.sli),
+        error_budget_remaining=dict(runtime.error_budget_remaining),
+        burn_rates={slo: dict(rates) for slo, rates in runtime.burn_rates.items()},
+        errors=list(runtime.errors),
+        last_decisions=[DecisionOut.of(record) for record in decisions],
+    )
+
+
+def _controller_status(request: Request, policies: list[StoredPolicy]) -> ControllerStatus:
+    settings: ControllerSettings = request.app.state.settings
+    store: Store = request.app.state.store
+    view = _view(request)
+    leader = view.is_leader if view is not None else False
+    return ControllerStatus(
+        leader=leader,
+        embedded=settings.embedded,
+        mode="leader" if leader else "standby",
+        last_tick_at=view.last_tick_at if view is not None else None,
+        tick_interval_s=settings.tick_interval_s,
+        policies=[_policy_status(store, stored, view) for stored in policies],
+    )
+
+
+@router.get("/v1/status", response_model=ControllerStatus, responses=problem_responses(422, 503))
+def status(request: Request) -> ControllerStatus:
+    """Per policy: SLIs, error budget left, burn rates, current and desired replicas, last decisions."""
+    store: Store = request.app.state.store
+    return _controller_status(request, store.list_policies())
+
+
+@router.get("/v1/status/{name}", response_model=PolicyStatus, responses=problem_responses(404, 422, 503))
+def policy_status(request: Request, name: str) -> PolicyStatus:
+    store: Store = request.app.state.store
+    return _policy_status(store, store.get_policy(name), _view(request))
+
+
+@router.get("/v1/decisions", response_model=DecisionPage, responses=problem_responses(422, 503))
+def decisions(
+    request: Request,
+    policy: Annotated[str | None, Query(max_length=63, description="Only this policy's decisions")] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size")] = 50,
+    cursor: Annotated[int | None, Query(ge=1, description="next_cursor of the previous page")] = None,
+) -> DecisionPage:
+    """The decision log, newest first, each decision with its inputs and reason."""
+    store: Store = request.app.state.store
+    settings: ControllerSettings = request.app.state.settings
+    limit = min(limit, settings.decisions_page_max)
+    records = store.list_decisions(policy=policy, before_id=cursor, limit=limit)
+    next_cursor = records[-1].id if len(records) == limit else None
+    return DecisionPage(items=[DecisionOut.of(r) for r in records], next_cursor=next_cursor)
+
+
+@router.get("/health", response_model=Health, responses={503: {"model": Health}})
+def health(request: Request, response: Response) -> Health:
+    """200 while the store answers; 503 otherwise."""
+    store: Store = request.app.state.store
+    view = _view(request)
+    try:
+        store.list_decisions(limit=1)
+        store_state = "ok"
+    except MoesloError as exc:
+        store_state = f"error: {exc}"
+        response.status_code = 503
+    leader = view.is_leader if view is not None else False
+    return Health(status="ok" if store_state == "ok" else "degraded", leader=leader, store=store_state)
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}}},
+)
+def metrics(request: Request) -> Response:
+    registry: CollectorRegistry = request.app.state.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,326 @@
+"""OpenSLO v1 import and export of a policy's SLO part.
+
+Export writes one ``kind: SLO`` document per objective:
+
+- TTFT and ITL as ``ratioMetric`` SLOs (good = requests in the histogram
+  bucket whose upper edge is the threshold, total = all requests),
+  ``budgetingMethod: Occurrences``, over the policy's rolling window;
+- expert imbalance as a ``thresholdMetric`` SLO (``op: lte``,
+  ``value: max_cv``) with ``budgetingMethod: Timeslices`` and
+  ``timeSliceWindow`` = ``sustain_s``.  OpenSLO needs a ``target`` there;
+  moeslo acts on sustained violations instead, so the exported ``target``
+  (0.99) is informational and ignored on import.
+
+Import reads such documents back (ours or hand-written ones): the policy is
+named by the ``moeslo.io/policy`` annotation (else the SLO's ``service``),
+the objective by ``moeslo.io/objective`` (else by the metric in the query),
+the threshold by the ``le`` matcher of the good query.  Every problem of
+every document is reported at once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from pydantic import ValidationError as PydanticValidationError
+
+from controller.policy import Policy, parse_duration_s
+from engine.errors import ValidationError
+
+API_VERSION = "openslo/v1"
+POLICY_ANNOTATION = "moeslo.io/policy"
+OBJECTIVE_ANNOTATION = "moeslo.io/objective"
+IMBALANCE_TARGET_INFORMATIONAL = 0.99
+
+HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds"}
+IMBALANCE_METRIC = "moe_layer_imbalance_cv"
+_LE = re.compile(r'le\s*=\s*"([^"]+)"')
+
+
+def _le_label(threshold_s: float) -> str:
+    # Prometheus client libraries format bucket edges with repr-like floats ("0.5", "0.02", "1.0").
+    return repr(float(threshold_s))
+
+
+def _selector(model: str, extra: str = "") -> str:
+    escaped = model.replace("\\", "\\\\").replace('"', '\\"')
+    return f'model_name="{escaped}"' + (f",{extra}" if extra else "")
+
+
+def _label_value(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-")[:63] or "slo"
+
+
+def export_policy(policy: Policy) -> str:
+    """The policy's SLOs as a multi-document OpenSLO v1 YAML string."""
+    model = policy.model_name
+    window = [{"duration": policy.window, "isRolling": True}]
+    docs: list[dict[str, Any]] = []
+    for key, objective in (("ttft", policy.objectives.ttft), ("itl", policy.objectives.itl)):
+        metric = HISTOGRAMS[key]
+        good = f'sum(rate({metric}_bucket{{{_selector(model)},le="{_le_label(objective.threshold_s)}"}}[5m]))'
+        total = f"sum(rate({metric}_count{{{_selector(model)}}}[5m]))"
+        threshold_ms = objective.threshold_s * 1000
+        docs.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "SLO",
+                "metadata": {
+                    "name": f"{policy.name}-{key}",
+                    "displayName": f"{key.upper()} <= {threshold_ms:g} ms for {objective.target:.4%} of requests",
+                    "annotations": {POLICY_ANNOTATION: policy.name, OBJECTIVE_ANNOTATION: key},
+                },
+                "spec": {
+                    "description": policy.description,
+                    "service": model,
+                    "indicator": {
+                        "metadata": {"name": f"{policy.name}-{key}-good-ratio"},
+                        "spec": {
+                            "ratioMetric": {
+                                "counter": True,
+                                "good": {"metricSource": {"type": "Prometheus", "spec": {"query": good}}},
+                                "total": {"metricSource": {"type": "Prometheus", "spec": {"query": total}}},
+                            }
+                        },
+                    },
+                    "timeWindow": window,
+                    "budgetingMethod": "Occurrences",
+                    "objectives": [{"displayName": f"{key} good ratio", "target": objective.target}],
+                },
+            }
+        )
+    imbalance = policy.objectives.imbalance
+    docs.append(
+        {
+            "apiVersion": API_VERSION,
+            "kind": "SLO",
+            "metadata": {
+                "name": f"{policy.name}-imbalance",
+                "displayName": f"expert imbalance CV <= {imbalance.max_cv:g}",
+                "annotations": {POLICY_ANNOTATION: policy.name, OBJECTIVE_ANNOTATION: "imbalance"},
+            },
+            "spec": {
+                "description": policy.description,
+                "service": model,
+                "indicator": {
+                    "metadata": {"name": f"{policy.name}-imbalance-cv"},
+                    "spec": {
+                        "thresholdMetric": {
+                            "metricSource": {
+                                "type": "Prometheus",
+                                "spec": {"query": f"max({IMBALANCE_METRIC}{{{_selector(model)}}})"},
+                            }
+                        }
+                    },
+                },
+                "timeWindow": window,
+                "budgetingMethod": "Timeslices",
+                "objectives": [
+                    {
+                        "displayName": "imbalance CV",
+                        "op": "lte",
+                        "value": imbalance.max_cv,
+                        "target": IMBALANCE_TARGET_INFORMATIONAL,
+                        "timeSliceTarget": IMBALANCE_TARGET_INFORMATIONAL,
+                        "timeSliceWindow": f"{imbalance.sustain_s}s",
+                    }
+                ],
+            },
+        }
+    )
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+@dataclass
+class ImportedSlos:
+    """The SLO part of one policy, as read from OpenSLO documents."""
+
+    policy: str
+    service: str
+    objectives: dict[str, dict[str, Any]] = field(default_factory=dict)
+    window: str | None = None
+    description: str | None = None
+
+
+def parse_openslo(text: str) -> dict[str, ImportedSlos]:
+    """OpenSLO v1 SLO documents grouped by policy name; :class:`ValidationError` lists every problem."""
+    problems: list[str] = []
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = "" if mark is None else f" at line {mark.line + 1}"
+        raise ValidationError(f"body: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
+    if not documents:
+        raise ValidationError("body: no OpenSLO documents")
+    result: dict[str, ImportedSlos] = {}
+    for index, doc in enumerate(documents, start=1):
+        where = f"document {index}"
+        try:
+            _read_document(doc, where, result)
+        except ValidationError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ValidationError(problems)
+    return result
+
+
+def _need(mapping: Any, key: str, where: str, kind: type | tuple[type, ...] = dict) -> Any:
+    if not isinstance(mapping, dict) or key not in mapping:
+        raise ValidationError(f"{where}.{key}: required")
+    value = mapping[key]
+    if not isinstance(value, kind):
+        raise ValidationError(f"{where}.{key}: wrong type {type(value).__name__}")
+    return value
+
+
+def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> None:
+    if not isinstance(doc, dict):
+        raise ValidationError(f"{where}: must be a mapping")
+    if doc.get("apiVersion") != API_VERSION:
+        raise ValidationError(f"{where}.apiVersion: must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
+    if doc.get("kind") != "SLO":
+        raise ValidationError(f"{where}.kind: only 'SLO' documents are imported, got {doc.get('kind')!r}")
+    metadata = _need(doc, "metadata", where)
+    spec = _need(doc, "spec", where)
+    annotations = metadata.get("annotations") or {}
+    service = str(spec.get("service") or "")
+    policy_name = str(annotations.get(POLICY_ANNOTATION) or _label_value(service or str(metadata.get("name"))))
+    indicator_spec = _need(_need(spec, "indicator", f"{where}.spec"), "spec", f"{where}.spec.indicator")
+    queries = _queries(indicator_spec)
+    objective = annotations.get(OBJECTIVE_ANNOTATION) or _objective_from_queries(queries)
+    if objective not in ("ttft", "itl", "imbalance"):
+        raise ValidationError(
+            f"{where}: cannot tell the objective; annotate {OBJECTIVE_ANNOTATION} with ttft, itl or imbalance"
+        )
+    objectives = _need(spec, "objectives", f"{where}.spec", list)
+    if len(objectives) != 1 or not isinstance(objectives[0], dict):
+        raise ValidationError(f"{where}.spec.objectives: exactly one objective per SLO is supported")
+    entry = objectives[0]
+    slos = result.setdefault(policy_name, ImportedSlos(policy=policy_name, service=service or policy_name))
+    if objective in slos.objectives:
+        raise ValidationError(f"{where}: a second {objective} SLO for policy {policy_name!r}")
+    if objective == "imbalance":
+        slos.objectives[objective] = _imbalance(entry, f"{where}.spec.objectives[0]")
+    else:
+        slos.objectives[objective] = _latency(entry, queries, f"{where}.spec")
+    slos.window = _window(spec, f"{where}.spec", slos.window)
+    if spec.get("description"):
+        slos.description = str(spec["description"])
+
+
+def _queries(indicator_spec: dict[str, Any]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    ratio = indicator_spec.get("ratioMetric")
+    if isinstance(ratio, dict):
+        for part in ("good", "total"):
+            query = ((ratio.get(part) or {}).get("metricSource") or {}).get("spec", {}).get("query")
+            if isinstance(query, str):
+                found[part] = query
+    threshold = indicator_spec.get("thresholdMetric")
+    if isinstance(threshold, dict):
+        query = (threshold.get("metricSource") or {}).get("spec", {}).get("query")
+        if isinstance(query, str):
+            found["threshold"] = query
+    return found
+
+
+def _objective_from_queries(queries: dict[str, str]) -> str | None:
+    text = " ".join(queries.values())
+    for key, metric in HISTOGRAMS.items():
+        if metric in text:
+            return key
+    return "imbalance" if IMBALANCE_METRIC in text else None
+
+
+def _target(entry: dict[str, Any], where: str) -> float:
+    if "target" in entry:
+        value = entry["target"]
+    elif "targetPercent" in entry:
+        value = entry["targetPercent"] / 100 if isinstance(entry["targetPercent"], (int, float)) else None
+    else:
+        raise ValidationError(f"{where}.target: required")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValidationError(f"{where}.target: must be a number in (0, 1), got {value!r}")
+    return float(value)
+
+
+def _latency(entry: dict[str, Any], queries: dict[str, str], where: str) -> dict[str, Any]:
+    target = _target(entry, f"{where}.objectives[0]")
+    threshold: float | None = None
+    if isinstance(entry.get("value"), (int, float)) and not isinstance(entry.get("value"), bool):
+        threshold = float(entry["value"])
+    elif "good" in queries and (match := _LE.search(queries["good"])):
+        try:
+            threshold = float(match.group(1))
+        except ValueError:
+            threshold = None
+    if threshold is None or not math.isfinite(threshold) or threshold <= 0:
+        raise ValidationError(
+            f"{where}.indicator.spec.ratioMetric.good: needs an le=\"<seconds>\" matcher naming the threshold"
+        )
+    return {"threshold_s": threshold, "target": target}
+
+
+def _imbalance(entry: dict[str, Any], where: str) -> dict[str, Any]:
+    if entry.get("op", "lte") not in ("lte", "lt"):
+        raise ValidationError(f"{where}.op: imbalance objectives must be lte, got {entry.get('op')!r}")
+    value = entry.get("value")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 10:
+        raise ValidationError(f"{where}.value: must be a CV in (0, 10], got {value!r}")
+    out: dict[str, Any] = {"max_cv": float(value)}
+    slice_window = entry.get("timeSliceWindow")
+    if slice_window is not None:
+        try:
+            out["sustain_s"] = parse_duration_s(str(slice_window))
+        except ValueError as exc:
+            raise ValidationError(f"{where}.timeSliceWindow: {exc}") from exc
+    return out
+
+
+def _window(spec: dict[str, Any], where: str, previous: str | None) -> str | None:
+    windows = spec.get("timeWindow")
+    if windows is None:
+        return previous
+    if not isinstance(windows, list) or len(windows) != 1 or not isinstance(windows[0], dict):
+        raise ValidationError(f"{where}.timeWindow: exactly one window is supported")
+    duration = windows[0].get("duration")
+    if windows[0].get("isRolling", True) is not True:
+        raise ValidationError(f"{where}.timeWindow[0].isRolling: only rolling windows are supported")
+    try:
+        parse_duration_s(str(duration))
+    except ValueError as exc:
+        raise ValidationError(f"{where}.timeWindow[0].duration: {exc}") from exc
+    if previous is not None and previous != duration:
+        raise ValidationError(f"{where}.timeWindow[0].duration: {duration!r} differs from {previous!r}")
+    return str(duration)
+
+
+def apply_imported(slos: ImportedSlos, base: Policy | None) -> Policy:
+    """A policy with the imported SLO part over ``base`` (or a new model-name policy)."""
+    spec: dict[str, Any] = (
+        base.model_dump(mode="json")
+        if base is not None
+        else {"name": slos.policy, "target": {"kind": "model", "model": slos.service}}
+    )
+    objectives = dict(spec.get("objectives") or {})
+    for key, values in slos.objectives.items():
+        objectives[key] = {**(objectives.get(key) or {}), **values}
+    spec["objectives"] = objectives
+    if slos.window is not None:
+        spec["window"] = slos.window
+    if slos.description is not None:
+        spec["description"] = slos.description
+    try:
+        return Policy.model_validate(spec)
+    except PydanticValidationError as exc:
+        raise ValidationError(
+            [
+                f"policy {slos.policy!r} {'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+                for err in exc.errors()
+            ]
+        ) from exc
