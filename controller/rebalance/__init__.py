@@ -1,0 +1,21 @@
+"""Expert rebalancing: pure placement planning and the trigger that decides when to apply a plan.
+
+``plan_rebalance`` turns per-(layer, expert) load into a :class:`~engine.placement.Placement`
+that evens out per-rank load, replicating hot experts into spare slots and moving
+few experts when it starts from the current placement.  ``decide_rebalance``
+says whether to apply such a plan now, with its reasons as data; ``verify_rebalance``
+compares the imbalance measured afterwards with the prediction.  No I/O here.
+"""
+
+from __future__ import annotations
+
+from controller.rebalance.metrics import Imbalance, rank_load
+from controller.rebalance.planner import RebalanceConfig, RebalancePlan, plan_rebalance
+
+__all__ = [
+    "Imbalance",
+    "RebalanceConfig",
+    "RebalancePlan",
+    "plan_rebalance",
+    "rank_load",
+]

@@ -1,0 +1,164 @@
+"""Hierarchical mode: which expert groups go to which node.
+
+DeepSeek's group-limited routing wants each group's experts inside one node.
+Every node gets ``groups / nodes`` groups.  A node's busiest rank carries at
+least ``max(node load / ranks per node, heaviest replica in the node)``; we
+choose, per layer, the assignment that minimizes the worst node's bound (ties:
+the smaller spread of node loads, which lowers CV).  With few partitions
+(8 groups in 4 nodes: 105) all are tried; with many, a greedy start plus
+pairwise group swaps.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import combinations
+
+import numpy as np
+
+from controller.rebalance.packing import FloatArray, IntArray, replica_counts
+
+MAX_ENUMERATED_PARTITIONS = 20_000
+
+
+@lru_cache(maxsize=16)
+def _subsets(num_groups: int, per_node: int) -> tuple[tuple[int, ...], ...]:
+    return tuple(combinations(range(num_groups), per_node))
+
+
+def _count_partitions(num_groups: int, num_nodes: int) -> int:
+    per_node = num_groups // num_nodes
+    total, left = 1, num_groups
+    for _ in range(num_nodes):
+        # The lowest unassigned group anchors the next node: choose its companions.
+        total *= _comb(left - 1, per_node - 1)
+        left -= per_node
+    return total
+
+
+def _comb(n: int, r: int) -> int:
+    out = 1
+    for i in range(r):
+        out = out * (n - i) // (i + 1)
+    return out
+
+
+@lru_cache(maxsize=16)
+def _partitions(num_groups: int, num_nodes: int) -> tuple[tuple[int, ...], ...]:
+    """All ways to split groups into nodes of equal size, as tuples of subset indices."""
+    per_node = num_groups // num_nodes
+    index = {subset: i for i, subset in enumerate(_subsets(num_groups, per_node))}
+    out: list[tuple[int, ...]] = []
+
+    def grow(left: tuple[int, ...], chosen: tuple[int, ...]) -> None:
+        if not left:
+            out.append(chosen)
+            return
+        anchor, rest = left[0], left[1:]
+        for companions in combinations(rest, per_node - 1):
+            subset = (anchor, *companions)
+            grow(tuple(g for g in rest if g not in companions), (*chosen, index[subset]))
+
+    grow(tuple(range(num_groups)), ())
+    return tuple(out)
+
+
+def node_bound(load: FloatArray, members: IntArray, ranks_per_node: int, slots_per_node: int) -> FloatArray:
+    """(layers, candidates) lower bound of the busiest rank if a node holds the experts ``members[c]``."""
+    layers = load.shape[0]
+    node_load = load[:, members]  # (layers, candidates, experts per node)
+    flat = node_load.reshape(-1, members.shape[1])
+    counts = replica_counts(flat, slots_per_node)
+    heaviest = (flat / counts).max(axis=1).reshape(layers, -1)
+    bound: FloatArray = np.maximum(node_load.sum(axis=2) / ranks_per_node, heaviest)
+    return bound
+
+
+def choose_groups(
+    load: FloatArray, num_groups: int, num_nodes: int, ranks_per_node: int, slots_per_node: int
+) -> tuple[IntArray, FloatArray, FloatArray]:
+    """Per layer: the node of each group, and two lower bounds over every possible split.
+
+    Returns ``(group_node (layers, groups), cv_floor (layers,), peak_floor (layers,))``.
+    ``cv_floor`` is the smallest CV any split reaches if every node's ranks were
+    perfectly balanced (between-node spread cannot be removed); ``peak_floor``
+    is a busiest-rank load no split can beat.  With too many splits to try,
+    both fall back to weaker bounds (node spread of the chosen split is not a
+    bound then, so ``cv_floor`` is 0 and ``peak_floor`` ignores groups).
+    """
+    layers, num_experts = load.shape
+    group_size = num_experts // num_groups
+    per_node = num_groups // num_nodes
+    group_load = load.reshape(layers, num_groups, group_size).sum(axis=2)
+    if _count_partitions(num_groups, num_nodes) <= MAX_ENUMERATED_PARTITIONS:
+        return _choose_enumerated(load, group_load, num_groups, num_nodes, ranks_per_node, slots_per_node)
+    group_node = np.stack([_greedy_split(group_load[layer], num_nodes, per_node) for layer in range(layers)])
+    everything = np.arange(num_experts, dtype=np.int64)[None, :]
+    peak_floor = node_bound(load, everything, ranks_per_node * num_nodes, slots_per_node * num_nodes)[:, 0]
+    return group_node, np.zeros(layers), peak_floor
+
+
+def _choose_enumerated(
+    load: FloatArray,
+    group_load: FloatArray,
+    num_groups: int,
+    num_nodes: int,
+    ranks_per_node: int,
+    slots_per_node: int,
+) -> tuple[IntArray, FloatArray, FloatArray]:
+    layers, num_experts = load.shape
+    group_size = num_experts // num_groups
+    per_node = num_groups // num_nodes
+    subsets = np.asarray(_subsets(num_groups, per_node), dtype=np.int64)  # (C, per_node)
+    members = (subsets[:, :, None] * group_size + np.arange(group_size)).reshape(len(subsets), -1)
+    bound = node_bound(load, members, ranks_per_node, slots_per_node)  # (layers, C)
+    subset_load = group_load[:, subsets].sum(axis=2)  # (layers, C)
+    parts = np.asarray(_partitions(num_groups, num_nodes), dtype=np.int64)  # (P, nodes)
+    worst = bound[:, parts].max(axis=2)  # (layers, P)
+    spread = (subset_load[:, parts] ** 2).sum(axis=2)
+    best_worst = worst.min(axis=1, keepdims=True)
+    near = worst <= best_worst * (1 + 1e-9)
+    choice = np.argmin(np.where(near, spread, np.inf), axis=1)
+    group_node = np.empty((layers, num_groups), dtype=np.int64)
+    for node in range(num_nodes):
+        chosen = subsets[parts[choice, node]]  # (layers, per_node)
+        np.put_along_axis(group_node, chosen, node, axis=1)
+    cv_floor = _cv(subset_load[:, parts]).min(axis=1)
+    return group_node, cv_floor, best_worst[:, 0]
+
+
+def _cv(node_load: FloatArray) -> FloatArray:
+    mean = node_load.mean(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(mean > 0, node_load.std(axis=-1) / np.where(mean > 0, mean, 1.0), 0.0)
+
+
+def _greedy_split(group_load: FloatArray, num_nodes: int, per_node: int) -> IntArray:
+    """Heaviest group to the lightest node with room, then pairwise swaps while the max node drops."""
+    node = np.full(group_load.size, -1, dtype=np.int64)
+    totals = np.zeros(num_nodes)
+    fill = np.zeros(num_nodes, dtype=np.int64)
+    for group in np.argsort(-group_load, kind="stable"):
+        target = int(np.argmin(np.where(fill < per_node, totals, np.inf)))
+        node[group] = target
+        totals[target] += group_load[group]
+        fill[target] += 1
+    for _ in range(group_load.size * num_nodes):
+        peak = int(np.argmax(totals))
+        best_gain, best_pair = 0.0, (-1, -1)
+        for a in np.flatnonzero(node == peak):
+            for b in np.flatnonzero(node != peak):
+                d = float(group_load[a] - group_load[b])
+                gain = min(d, float(totals[peak] - totals[node[b]]) - d)
+                if gain > best_gain * (1 + 1e-12) and gain > 0:
+                    best_gain, best_pair = gain, (int(a), int(b))
+        if best_pair[0] < 0:
+            break
+        out_group, in_group = best_pair
+        other = int(node[in_group])
+        moved = group_load[out_group] - group_load[in_group]
+        node[out_group] = other
+        node[in_group] = peak
+        totals[peak] -= moved
+        totals[other] += moved
+    return node

@@ -1,0 +1,222 @@
+"""The flat solver: replicate experts, then pack replicas into ranks of exactly k slots.
+
+Every function works on a batch of independent *rows* (one row = one layer in
+global mode, one (layer, node) pair in hierarchical mode) and is vectorized
+across rows with numpy, so 58 layers cost about as much as one in Python
+overhead.  Three steps:
+
+1. :func:`replica_counts` -- give each extra slot to the expert with the largest
+   load per replica (the greedy is optimal for the busiest replica).
+2. :func:`lpt_pack` -- longest processing time first: each replica, heaviest
+   first, goes to the least-loaded rank that still has a free slot and does not
+   hold that expert yet.
+3. :func:`refine_swaps` -- local search: swap one replica of the busiest rank
+   with a lighter one elsewhere while that lowers the pair's maximum, until no
+   swap helps (or a per-row target is met, which keeps re-plans cheap in moves).
+
+Replicas of one expert split its load evenly, as the engine does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+_REL_EPS = 1e-12
+"""Gains below this fraction of the rank load are rounding noise, not improvements."""
+
+
+def replica_counts(load: FloatArray, num_slots: int) -> IntArray:
+    """(rows, experts) replica counts summing to ``num_slots`` per row, minimizing max load/replica.
+
+    Ties go to the lower expert id, so the result is deterministic.
+    """
+    rows, num_experts = load.shape
+    counts = np.ones((rows, num_experts), dtype=np.int64)
+    row_ids = np.arange(rows)
+    for _ in range(num_slots - num_experts):
+        hottest = np.argmax(load / counts, axis=1)
+        counts[row_ids, hottest] += 1
+    return counts
+
+
+def expand_replicas(load: FloatArray, counts: IntArray) -> tuple[IntArray, FloatArray]:
+    """Per row: the expert id and load of each replica, heaviest first (ties: lower id first)."""
+    rows, _ = load.shape
+    num_slots = int(counts[0].sum()) if rows else 0
+    experts = np.empty((rows, num_slots), dtype=np.int64)
+    for row in range(rows):
+        experts[row] = np.repeat(np.arange(counts.shape[1], dtype=np.int64), counts[row])
+    weights = np.take_along_axis(load / counts, experts, axis=1)
+    order = np.argsort(-weights, axis=1, kind="stable")
+    return np.take_along_axis(experts, order, axis=1), np.take_along_axis(weights, order, axis=1)
+
+
+@dataclass
+class Packing:
+    """Mutable packing state of a batch of rows; ``bin_items[row, rank, j]`` indexes the replica arrays."""
+
+    experts: IntArray
+    """(rows, slots) logical expert (row-local id) of each replica."""
+    weights: FloatArray
+    """(rows, slots) load each replica carries."""
+    item_bin: IntArray
+    """(rows, slots) rank each replica sits on."""
+    bin_items: IntArray
+    """(rows, ranks, slots_per_rank) replica indices on each rank, in slot order."""
+    rank_load: FloatArray
+    """(rows, ranks) summed replica load per rank."""
+    has_expert: npt.NDArray[np.int16]
+    """(rows, ranks, experts) how many replicas of each expert a rank holds."""
+
+    def phy2log(self) -> IntArray:
+        """(rows, ranks * slots_per_rank) expert id per physical slot."""
+        rows, ranks, k = self.bin_items.shape
+        flat = self.bin_items.reshape(rows, ranks * k)
+        return np.take_along_axis(self.experts, flat, axis=1)
+
+
+def packing_from_slots(
+    experts: IntArray, weights: FloatArray, num_ranks: int, num_experts: int
+) -> Packing:
+    """Build the packing state where replica i sits in physical slot i (rank i // k)."""
+    rows, num_slots = experts.shape
+    k = num_slots // num_ranks
+    item_bin = np.broadcast_to(np.arange(num_slots, dtype=np.int64) // k, (rows, num_slots)).copy()
+    bin_items = np.broadcast_to(
+        np.arange(num_slots, dtype=np.int64).reshape(num_ranks, k), (rows, num_ranks, k)
+    ).copy()
+    rank_load = weights.reshape(rows, num_ranks, k).sum(axis=2)
+    has_expert = np.zeros((rows, num_ranks, num_experts), dtype=np.int16)
+    row_ids = np.repeat(np.arange(rows), num_slots)
+    np.add.at(has_expert, (row_ids, item_bin.ravel(), experts.ravel()), 1)
+    return Packing(experts.copy(), weights.copy(), item_bin, bin_items, rank_load, has_expert)
+
+
+def lpt_pack(experts: IntArray, weights: FloatArray, num_ranks: int, num_experts: int) -> Packing:
+    """Pack replicas (given heaviest first) into ranks with exactly ``slots/num_ranks`` slots each."""
+    rows, num_slots = experts.shape
+    k = num_slots // num_ranks
+    row_ids = np.arange(rows)
+    rank_load = np.zeros((rows, num_ranks))
+    fill = np.zeros((rows, num_ranks), dtype=np.int64)
+    has_expert = np.zeros((rows, num_ranks, num_experts), dtype=np.int16)
+    item_bin = np.empty((rows, num_slots), dtype=np.int64)
+    bin_items = np.empty((rows, num_ranks, k), dtype=np.int64)
+    # Penalties order the choice: a full rank never, a rank holding the expert only if nothing else fits.
+    full_penalty = np.inf
+    dup_penalty = 1e300
+    for item in range(num_slots):
+        expert = experts[:, item]
+        score = rank_load + np.where(fill >= k, full_penalty, 0.0)
+        score = score + np.where(has_expert[row_ids, :, expert] > 0, dup_penalty, 0.0)
+        rank = np.argmin(score, axis=1)
+        item_bin[:, item] = rank
+        bin_items[row_ids, rank, fill[row_ids, rank]] = item
+        fill[row_ids, rank] += 1
+        rank_load[row_ids, rank] += weights[:, item]
+        has_expert[row_ids, rank, expert] += 1
+    return Packing(experts.copy(), weights.copy(), item_bin, bin_items, rank_load, has_expert)
+
+
+def refine_swaps(
+    packing: Packing, *, target: FloatArray | None = None, max_rounds: int | None = None
+) -> int:
+    """Swap replicas between the busiest rank and others while that lowers the busiest rank.
+
+    Each round, for every row still improving, picks the swap (replica ``a`` on
+    the busiest rank ``p``, replica ``x`` on rank ``q``) that minimizes
+    ``max(P - d, Q + d)`` with ``d = w_a - w_x``; a swap never places a second
+    replica of an expert on a rank.  A row stops when no swap lowers its busiest
+    rank, or when its busiest rank is at or below ``target[row]``.
+    Returns the number of swaps made.
+    """
+    rows, ranks, k = packing.bin_items.shape
+    num_slots = ranks * k
+    if max_rounds is None:
+        max_rounds = 4 * num_slots
+    active = np.arange(rows)
+    swaps = 0
+    for _ in range(max_rounds):
+        if active.size == 0:
+            break
+        load = packing.rank_load[active]
+        busiest = np.argmax(load, axis=1)
+        peak = load[np.arange(active.size), busiest]
+        if target is not None:
+            keep = peak > target[active]
+            active, busiest, peak, load = active[keep], busiest[keep], peak[keep], load[keep]
+            if active.size == 0:
+                break
+        n = active.size
+        on_peak = packing.bin_items[active, busiest]  # (n, k)
+        w_a = np.take_along_axis(packing.weights[active], on_peak, axis=1)  # (n, k)
+        e_a = np.take_along_axis(packing.experts[active], on_peak, axis=1)
+        w_x = packing.weights[active]  # (n, S)
+        e_x = packing.experts[active]
+        q = packing.item_bin[active]  # (n, S)
+        load_q = np.take_along_axis(load, q, axis=1)  # (n, S)
+        d = w_a[:, :, None] - w_x[:, None, :]  # (n, k, S)
+        # Gain = how much the pair's maximum drops: min(d, P - Q - d), positive only for 0 < d < P - Q.
+        gap = (peak[:, None] - load_q)[:, None, :]
+        gain = np.minimum(d, gap - d).reshape(n, k * num_slots)
+        eps = _REL_EPS * np.maximum(peak, 1e-300)
+        row_ids = np.arange(n)
+        # No duplicates: x's expert must be absent from p, a's expert absent from q.  Checked on the
+        # best candidate only, re-picking while it is invalid (rare), which is far cheaper than a full mask.
+        for _ in range(k * num_slots):
+            best = np.argmax(gain, axis=1)
+            best_gain = gain[row_ids, best]
+            slot_a, item_x = best // num_slots, best % num_slots
+            rank_q = q[row_ids, item_x]
+            dup = (packing.has_expert[active, busiest, e_x[row_ids, item_x]] > 0) | (
+                packing.has_expert[active, rank_q, e_a[row_ids, slot_a]] > 0
+            )
+            dup &= best_gain > eps
+            if not dup.any():
+                break
+            gain[row_ids[dup], best[dup]] = -np.inf
+        improving = best_gain > eps
+        if not improving.any():
+            break
+        active, busiest = active[improving], busiest[improving]
+        slot_a, item_x = slot_a[improving], item_x[improving]
+        _apply_swaps(packing, active, busiest, slot_a, item_x)
+        swaps += int(active.size)
+    return swaps
+
+
+def _apply_swaps(
+    packing: Packing, rows: IntArray, busiest: IntArray, slot_a: IntArray, item_x: IntArray
+) -> None:
+    item_a = packing.bin_items[rows, busiest, slot_a]
+    rank_q = packing.item_bin[rows, item_x]
+    # Position of x inside rank q's slot list.
+    slot_x = np.argmax(packing.bin_items[rows, rank_q] == item_x[:, None], axis=1)
+    w_a, w_x = packing.weights[rows, item_a], packing.weights[rows, item_x]
+    e_a, e_x = packing.experts[rows, item_a], packing.experts[rows, item_x]
+    packing.bin_items[rows, busiest, slot_a] = item_x
+    packing.bin_items[rows, rank_q, slot_x] = item_a
+    packing.item_bin[rows, item_a] = rank_q
+    packing.item_bin[rows, item_x] = busiest
+    packing.rank_load[rows, busiest] += w_x - w_a
+    packing.rank_load[rows, rank_q] += w_a - w_x
+    packing.has_expert[rows, busiest, e_a] -= 1
+    packing.has_expert[rows, busiest, e_x] += 1
+    packing.has_expert[rows, rank_q, e_x] -= 1
+    packing.has_expert[rows, rank_q, e_a] += 1
+
+
+def solve_rows(load: FloatArray, num_ranks: int, num_slots: int) -> tuple[IntArray, IntArray, FloatArray]:
+    """From-scratch plan of every row: (phy2log, replica counts, rank load)."""
+    counts = replica_counts(load, num_slots)
+    experts, weights = expand_replicas(load, counts)
+    packing = lpt_pack(experts, weights, num_ranks, load.shape[1])
+    refine_swaps(packing)
+    return packing.phy2log(), counts, packing.rank_load.copy()

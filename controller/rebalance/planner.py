@@ -1,0 +1,316 @@
+"""The rebalancing policy: expert load in, placement plan out (pure, no I/O, deterministic).
+
+Objectives, in order: the busiest rank's load per layer as low as possible;
+then few expert moves (weight transfers) from the current placement.
+Global mode packs all experts over all ranks; hierarchical mode (``num_nodes >
+1``) first gives each node whole expert groups, then packs every node alone, so
+a group's experts never leave their node.  Layers without load keep their
+current placement (contiguous when there is none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy.optimize import linear_sum_assignment
+
+from controller.rebalance.groups import choose_groups, node_bound
+from controller.rebalance.metrics import (
+    Imbalance,
+    align_slots,
+    max_over_mean_lower_bound,
+    rank_load,
+    rank_moves,
+    relabel_ranks,
+    slot_moves,
+)
+from controller.rebalance.packing import FloatArray, IntArray, replica_counts, solve_rows
+from controller.rebalance.repair import repair_counts, repair_rows
+from engine.errors import PlacementError, ValidationError
+from engine.placement import Placement
+
+
+@dataclass(frozen=True, kw_only=True)
+class RebalanceConfig:
+    """Knobs of the planner; the defaults suit DeepSeek-V3-sized layers."""
+
+    replan_tolerance: float = 0.005
+    """A re-plan stops moving experts once every layer's busiest rank is within this
+    fraction of a from-scratch plan's; layers that cannot get there take the
+    from-scratch plan (renumbered to keep what it can)."""
+
+
+@dataclass(frozen=True, eq=False)
+class RebalancePlan:
+    """A placement with its predicted figures; every array is per layer first."""
+
+    placement: Placement
+    previous: Placement
+    """The placement the moves are counted from (the current one, or contiguous)."""
+    replica_counts: IntArray
+    """(layers, experts) replicas per logical expert."""
+    rank_load: FloatArray
+    """(layers, ranks) predicted load per rank, kept by the planner while it packs."""
+    imbalance_before: Imbalance
+    imbalance_after: Imbalance
+    lower_bound: FloatArray
+    """(layers,) max/mean that no placement in this mode can beat."""
+    cv_lower_bound: FloatArray | None
+    """(layers,) hierarchical mode: CV no group split can beat (None in global mode)."""
+    moves: IntArray
+    """(layers,) replicas each layer must copy onto a rank that did not hold them."""
+    replanned: npt.NDArray[np.bool_]
+    """(layers,) True where the plan started from the previous placement."""
+    active: npt.NDArray[np.bool_]
+    """(layers,) True where the layer had load (others kept their placement)."""
+    mode: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_moves(self) -> int:
+        return int(self.moves.sum())
+
+    def slot_moves(self) -> list[dict[str, int]]:
+        return slot_moves(self.previous.phy2log, self.placement.phy2log, self.placement.num_ranks)
+
+    def to_json(self) -> dict[str, Any]:
+        """Loadable by ``Placement.from_json``; adds moves, imbalance and bounds."""
+        out = self.placement.to_json()
+        out.update(
+            mode=self.mode,
+            replica_counts=self.replica_counts.tolist(),
+            predicted_rank_load=self.rank_load.tolist(),
+            moves=self.slot_moves(),
+            moves_per_layer=self.moves.tolist(),
+            total_moves=self.total_moves,
+            imbalance_before=self.imbalance_before.to_json(self.active),
+            imbalance_after=self.imbalance_after.to_json(self.active),
+            lower_bound_max_over_mean=self.lower_bound.tolist(),
+            active_layers=self.active.tolist(),
+            replanned_layers=self.replanned.tolist(),
+        )
+        if self.cv_lower_bound is not None:
+            out["cv_lower_bound"] = self.cv_lower_bound.tolist()
+        return out
+
+
+def plan_rebalance(
+    load: npt.ArrayLike,
+    *,
+    num_ranks: int,
+    slots_per_rank: int,
+    num_nodes: int = 1,
+    num_groups: int = 1,
+    previous: Placement | None = None,
+    config: RebalanceConfig | None = None,
+) -> RebalancePlan:
+    """Plan a placement for ``load`` (layers x logical experts, e.g. token counts over a window)."""
+    config = config or RebalanceConfig()
+    weights = np.asarray(load, dtype=np.float64)
+    _validate(weights, num_ranks, slots_per_rank, num_nodes, num_groups, previous)
+    layers, num_experts = weights.shape
+    base = previous or Placement.contiguous(layers, num_experts, num_ranks, slots_per_rank)
+    active = weights.sum(axis=1) > 0
+    phy2log = base.phy2log.copy()
+    predicted = rank_load(base.phy2log, weights, num_ranks)
+    replanned = np.zeros(layers, dtype=bool)
+    lower = np.ones(layers)
+    cv_lower: FloatArray | None = None
+    rows = np.flatnonzero(active)
+    if rows.size:
+        mean = weights[rows].sum(axis=1) / num_ranks
+        if num_nodes > 1:
+            cv_lower = np.zeros(layers)
+            result, peak_floor, cv_floor = _plan_hierarchical(
+                weights[rows], base.phy2log[rows], previous is not None,
+                num_ranks, slots_per_rank, num_nodes, num_groups, config,
+            )
+            lower[rows] = np.maximum(peak_floor / mean, 1.0)
+            cv_lower[rows] = cv_floor
+        else:
+            result = _plan_flat(
+                weights[rows], base.phy2log[rows], previous is not None,
+                num_ranks, num_ranks * slots_per_rank, config,
+            )
+            counts = replica_counts(weights[rows], num_ranks * slots_per_rank)
+            lower[rows] = max_over_mean_lower_bound(weights[rows], counts, num_ranks)
+        phy2log[rows], predicted[rows], replanned[rows] = result
+    counts_out = np.zeros((layers, num_experts), dtype=np.int64)
+    np.add.at(counts_out, (np.repeat(np.arange(layers), phy2log.shape[1]), phy2log.ravel()), 1)
+    return RebalancePlan(
+        placement=Placement(phy2log, num_ranks),
+        previous=base,
+        replica_counts=counts_out,
+        rank_load=predicted,
+        imbalance_before=Imbalance.of(rank_load(base.phy2log, weights, num_ranks)),
+        imbalance_after=Imbalance.of(predicted),
+        lower_bound=lower,
+        cv_lower_bound=cv_lower,
+        moves=rank_moves(base.phy2log, phy2log, num_ranks),
+        replanned=replanned,
+        active=active,
+        mode="hierarchical" if num_nodes > 1 else "global",
+    )
+
+
+_FlatResult = tuple[IntArray, FloatArray, npt.NDArray[np.bool_]]
+
+
+def _plan_flat(
+    load: FloatArray, base: IntArray, repair: bool, num_ranks: int, num_slots: int, config: RebalanceConfig
+) -> _FlatResult:
+    """Rows planned independently; ``base`` uses row-local expert ids (-1: foreign, must be refilled)."""
+    scratch, counts, scratch_load = solve_rows(load, num_ranks, num_slots)
+    replanned = np.zeros(load.shape[0], dtype=bool)
+    if not repair:
+        return scratch, scratch_load, replanned
+    # Renumber the from-scratch ranks to overlap the current placement most: free in balance, saves moves.
+    filled_base = np.where(base >= 0, base, load.shape[1])
+    scratch, source = relabel_ranks(filled_base, scratch, num_ranks)
+    scratch_load = np.take_along_axis(scratch_load, source, axis=1)
+    target = scratch_load.max(axis=1) * (1 + config.replan_tolerance)
+    repaired = repair_rows(load, base, repair_counts(load, base, counts), num_ranks, target)
+    good = repaired.rank_load.max(axis=1) <= target
+    out = np.where(good[:, None], align_slots(filled_base, repaired.phy2log(), num_ranks), scratch)
+    out_load = np.where(good[:, None], repaired.rank_load, scratch_load)
+    return out, out_load, good
+
+
+def _plan_hierarchical(
+    load: FloatArray,
+    base: IntArray,
+    repair: bool,
+    num_ranks: int,
+    slots_per_rank: int,
+    num_nodes: int,
+    num_groups: int,
+    config: RebalanceConfig,
+) -> tuple[_FlatResult, FloatArray, FloatArray]:
+    layers, num_experts = load.shape
+    group_size = num_experts // num_groups
+    ranks_per_node = num_ranks // num_nodes
+    slots_per_node = ranks_per_node * slots_per_rank
+    group_node, cv_floor, peak_floor = choose_groups(
+        load, num_groups, num_nodes, ranks_per_node, slots_per_node
+    )
+    expert_node = np.repeat(group_node, group_size, axis=1)  # (layers, experts)
+    base_node = np.arange(base.shape[1]) // slots_per_node
+    if repair:
+        expert_node = _keep_or_renumber(load, base, base_node, expert_node, num_nodes, group_size,
+                                        ranks_per_node, slots_per_node, config)
+    # members[layer, node] = the node's experts in id order (stable sort by node).
+    members = np.argsort(expert_node, axis=1, kind="stable").reshape(layers, num_nodes, -1)
+    per_node = members.shape[2]
+    local_of = np.empty((layers, num_experts), dtype=np.int64)  # global id -> index inside its node
+    local_ids = np.tile(np.arange(per_node, dtype=np.int64), num_nodes)
+    np.put_along_axis(local_of, members.reshape(layers, -1), np.broadcast_to(local_ids, (layers, num_experts)),
+                      axis=1)
+    row_load = np.take_along_axis(load, members.reshape(layers, -1), axis=1).reshape(layers, num_nodes, -1)
+    base_rows = base.reshape(layers, num_nodes * slots_per_node)
+    base_local = np.take_along_axis(local_of, base_rows, axis=1).reshape(layers, num_nodes, slots_per_node)
+    owner = np.take_along_axis(expert_node, base_rows, axis=1).reshape(layers, num_nodes, slots_per_node)
+    base_local = np.where(owner == np.arange(num_nodes)[None, :, None], base_local, -1)
+    flat, flat_load, flat_replanned = _plan_flat(
+        row_load.reshape(layers * num_nodes, per_node),
+        base_local.reshape(layers * num_nodes, slots_per_node),
+        repair, ranks_per_node, slots_per_node, config,
+    )
+    local = flat.reshape(layers, num_nodes, slots_per_node)
+    phy2log: IntArray = np.take_along_axis(members, local, axis=2).reshape(layers, -1).astype(np.int64)
+    replanned = np.asarray(flat_replanned.reshape(layers, num_nodes).all(axis=1), dtype=bool)
+    return (phy2log, flat_load.reshape(layers, num_ranks), replanned), peak_floor, cv_floor
+
+
+def _keep_or_renumber(
+    load: FloatArray,
+    base: IntArray,
+    base_node: IntArray,
+    expert_node: IntArray,
+    num_nodes: int,
+    group_size: int,
+    ranks_per_node: int,
+    slots_per_node: int,
+    config: RebalanceConfig,
+) -> IntArray:
+    """Keep the base placement's group split where it is nearly as good; else renumber nodes to match it."""
+    layers, num_experts = load.shape
+    out = expert_node.copy()
+    held = np.zeros((layers, num_nodes, num_experts), dtype=np.int64)
+    np.add.at(held, (np.repeat(np.arange(layers), base.shape[1]), np.tile(base_node, layers), base.ravel()), 1)
+    for layer in range(layers):
+        old_node = np.argmax(held[layer], axis=0)  # where each expert has (most of) its replicas
+        groups_old = old_node.reshape(-1, group_size)
+        intact = (groups_old == groups_old[:, :1]).all() and np.all(
+            np.bincount(groups_old[:, 0], minlength=num_nodes) == groups_old.shape[0] // num_nodes
+        )
+        if intact:
+            old_members = np.argsort(old_node, kind="stable").reshape(1, num_nodes, -1)
+            new_members = np.argsort(expert_node[layer], kind="stable").reshape(1, num_nodes, -1)
+            old_bound = _members_bound(load[layer], old_members, ranks_per_node, slots_per_node)
+            new_bound = _members_bound(load[layer], new_members, ranks_per_node, slots_per_node)
+            if old_bound <= new_bound * (1 + config.replan_tolerance):
+                out[layer] = old_node
+                continue
+        overlap = np.zeros((num_nodes, num_nodes), dtype=np.int64)
+        np.add.at(overlap, (expert_node[layer], old_node), 1)
+        new_ids, old_ids = linear_sum_assignment(-overlap)
+        rename = np.empty(num_nodes, dtype=np.int64)
+        rename[new_ids] = old_ids
+        out[layer] = rename[expert_node[layer]]
+    return out
+
+
+def _members_bound(load: FloatArray, members: IntArray, ranks_per_node: int, slots_per_node: int) -> float:
+    return float(node_bound(load[None, :], members[0], ranks_per_node, slots_per_node).max())
+
+
+def _validate(
+    load: FloatArray,
+    num_ranks: int,
+    slots_per_rank: int,
+    num_nodes: int,
+    num_groups: int,
+    previous: Placement | None,
+) -> None:
+    problems: list[str] = []
+    if load.ndim != 2 or load.shape[0] < 1 or load.shape[1] < 1:
+        raise ValidationError(f"load must be a non-empty layers x experts matrix, got shape {load.shape}")
+    if not np.isfinite(load).all():
+        problems.append("load has NaN or infinite entries")
+    elif (load < 0).any():
+        problems.append(f"load must be non-negative, smallest entry is {float(load.min())}")
+    layers, num_experts = load.shape
+    if num_ranks < 1:
+        problems.append(f"num_ranks must be >= 1, got {num_ranks}")
+    if slots_per_rank < 1:
+        problems.append(f"slots_per_rank must be >= 1, got {slots_per_rank}")
+    elif num_ranks >= 1 and num_ranks * slots_per_rank < num_experts:
+        problems.append(
+            f"{num_ranks} ranks x {slots_per_rank} slots = {num_ranks * slots_per_rank} slots "
+            f"cannot hold {num_experts} experts"
+        )
+    if num_nodes < 1:
+        problems.append(f"num_nodes must be >= 1, got {num_nodes}")
+    elif num_nodes > 1:
+        if num_ranks % num_nodes:
+            problems.append(f"{num_ranks} ranks cannot be split evenly over {num_nodes} nodes")
+        if num_groups < 1 or num_groups % num_nodes:
+            problems.append(f"{num_groups} expert groups cannot be split evenly over {num_nodes} nodes")
+        elif num_experts % num_groups:
+            problems.append(f"{num_experts} experts cannot be split into {num_groups} equal groups")
+    if previous is not None and num_ranks >= 1 and slots_per_rank >= 1:
+        if previous.phy2log.shape != (layers, num_ranks * slots_per_rank):
+            problems.append(
+                f"previous placement is {previous.phy2log.shape[0]} layers x {previous.phy2log.shape[1]} slots, "
+                f"expected {layers} x {num_ranks * slots_per_rank}"
+            )
+        else:
+            try:
+                previous.validate(num_layers=layers, num_experts=num_experts, num_ranks=num_ranks)
+            except PlacementError as exc:
+                problems.extend(f"previous placement: {p}" for p in exc.problems)
+    if problems:
+        raise ValidationError(problems)
