@@ -11,11 +11,25 @@ from __future__ import annotations
 
 from controller.rebalance.metrics import Imbalance, rank_load
 from controller.rebalance.planner import RebalanceConfig, RebalancePlan, plan_rebalance
+from controller.rebalance.trigger import (
+    CvObservation,
+    RebalanceDecision,
+    TriggerSettings,
+    VerifyResult,
+    decide_rebalance,
+    verify_rebalance,
+)
 
 __all__ = [
+    "CvObservation",
     "Imbalance",
     "RebalanceConfig",
+    "RebalanceDecision",
     "RebalancePlan",
+    "TriggerSettings",
+    "VerifyResult",
+    "decide_rebalance",
     "plan_rebalance",
     "rank_load",
+    "verify_rebalance",
 ]

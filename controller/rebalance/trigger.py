@@ -1,0 +1,187 @@
+"""When to apply a rebalance plan, and whether it worked: pure functions of time and observations.
+
+:func:`decide_rebalance` rebalances only when the policy's imbalance objective
+(worst layer's CV above ``max_cv``) has been violated for ``sustain_s``, the
+cooldown since the last rebalance has passed, and the candidate plan improves
+the predicted worst-layer CV by at least ``margin``.  Checks run in that order
+and the first that fails is the reason::
+
+    no_observations -> imbalance_ok -> not_sustained -> cooldown -> insufficient_improvement -> rebalance
+
+:func:`verify_rebalance` compares the CV measured after applying a plan with
+the plan's prediction.  Time comes in as ``now_s`` (any monotonic clock), so a
+replay clock works.  Whether to apply (enforce) or only log (advisory) is the
+caller's business: the decision is the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.policy import ImbalanceObjective
+from controller.rebalance.planner import RebalancePlan
+from engine.errors import ValidationError
+
+TriggerReason = Literal[
+    "no_observations", "imbalance_ok", "not_sustained", "cooldown", "insufficient_improvement", "rebalance"
+]
+VerifyReason = Literal["verified", "worse_than_predicted", "still_violating", "no_observations"]
+
+
+@dataclass(frozen=True)
+class CvObservation:
+    """Per-layer CV of per-rank expert load, measured over a window ending at ``now_s``."""
+
+    now_s: float
+    cv: tuple[float, ...]
+
+    @classmethod
+    def of(cls, now_s: float, cv: npt.ArrayLike) -> CvObservation:
+        return cls(float(now_s), tuple(float(x) for x in np.asarray(cv, dtype=np.float64).ravel()))
+
+    @property
+    def worst_cv(self) -> float:
+        return max(self.cv, default=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TriggerSettings:
+    """How eager the trigger is; defaults are the mission's (cooldown as for scale-down)."""
+
+    cooldown_s: float = 180.0
+    margin: float = 0.02
+    """Smallest drop of the predicted worst-layer CV that justifies moving weights."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RebalanceDecision:
+    """What to do now and why; every figure a dashboard or decision log needs."""
+
+    action: Literal["rebalance", "hold"]
+    reason: TriggerReason
+    now_s: float
+    worst_cv: float | None
+    """Worst layer's CV in the latest observation."""
+    max_cv: float
+    violating_since_s: float | None
+    """Start of the current unbroken run of violating observations."""
+    cooldown_left_s: float
+    predicted_cv_before: float | None
+    """Worst layer's CV of the current placement under the plan's load."""
+    predicted_cv_after: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def decide_rebalance(
+    *,
+    objective: ImbalanceObjective,
+    history: Sequence[CvObservation],
+    now_s: float,
+    last_rebalance_s: float | None,
+    plan: RebalancePlan | None,
+    settings: TriggerSettings | None = None,
+) -> RebalanceDecision:
+    """Rebalance or hold.  ``history`` is in time order; ``plan`` is the candidate for the current load."""
+    settings = settings or TriggerSettings()
+    seen = [obs for obs in history if obs.now_s <= now_s]
+    cooldown_left = 0.0
+    if last_rebalance_s is not None:
+        cooldown_left = max(0.0, last_rebalance_s + settings.cooldown_s - now_s)
+    before = after = None
+    if plan is not None and plan.active.any():
+        before = float(plan.imbalance_before.cv[plan.active].max())
+        after = float(plan.imbalance_after.cv[plan.active].max())
+
+    def decision(reason: TriggerReason, worst: float | None, since: float | None) -> RebalanceDecision:
+        return RebalanceDecision(
+            action="rebalance" if reason == "rebalance" else "hold",
+            reason=reason,
+            now_s=now_s,
+            worst_cv=worst,
+            max_cv=objective.max_cv,
+            violating_since_s=since,
+            cooldown_left_s=cooldown_left,
+            predicted_cv_before=before,
+            predicted_cv_after=after,
+        )
+
+    if not seen:
+        return decision("no_observations", None, None)
+    worst = seen[-1].worst_cv
+    since = _violating_since(seen, objective.max_cv)
+    if since is None:
+        return decision("imbalance_ok", worst, None)
+    if now_s - since < objective.sustain_s:
+        return decision("not_sustained", worst, since)
+    if cooldown_left > 0:
+        return decision("cooldown", worst, since)
+    if before is None or after is None or before - after < settings.margin:
+        return decision("insufficient_improvement", worst, since)
+    return decision("rebalance", worst, since)
+
+
+def _violating_since(history: Sequence[CvObservation], max_cv: float) -> float | None:
+    """Time of the first observation of the latest unbroken run above ``max_cv`` (None: latest is fine)."""
+    since = None
+    for obs in reversed(history):
+        if obs.worst_cv <= max_cv:
+            break
+        since = obs.now_s
+    return since
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyResult:
+    """How the measured imbalance after a rebalance compares with the plan's prediction."""
+
+    ok: bool
+    reason: VerifyReason
+    measured_cv: float | None
+    """Worst layer's CV measured after the rebalance."""
+    predicted_cv: float
+    measured_minus_predicted: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def verify_rebalance(
+    *,
+    plan: RebalancePlan,
+    measured_cv: npt.ArrayLike | None,
+    objective: ImbalanceObjective,
+    tolerance: float = 0.05,
+) -> VerifyResult:
+    """Check the per-layer CV measured after applying ``plan``.
+
+    ``worse_than_predicted``: some layer's measured CV exceeds its prediction by
+    more than ``tolerance`` (routing drifted, or the plan was not applied);
+    ``still_violating``: within the prediction but above the objective (the
+    best a plan could do under that load); ``verified`` otherwise.
+    """
+    predicted = plan.imbalance_after.cv
+    active = plan.active
+    predicted_worst = float(predicted[active].max()) if active.any() else 0.0
+    if measured_cv is None:
+        return VerifyResult(ok=False, reason="no_observations", measured_cv=None,
+                            predicted_cv=predicted_worst, measured_minus_predicted=None)
+    measured = np.asarray(measured_cv, dtype=np.float64).ravel()
+    if measured.shape != predicted.shape:
+        raise ValidationError(f"measured CV has {measured.size} layers, the plan has {predicted.size}")
+    measured_worst = float(measured[active].max()) if active.any() else 0.0
+    excess = float((measured - predicted)[active].max()) if active.any() else 0.0
+    if excess > tolerance:
+        reason: VerifyReason = "worse_than_predicted"
+    elif measured_worst > objective.max_cv:
+        reason = "still_violating"
+    else:
+        reason = "verified"
+    return VerifyResult(ok=reason == "verified", reason=reason, measured_cv=measured_worst,
+                        predicted_cv=predicted_worst, measured_minus_predicted=excess)
