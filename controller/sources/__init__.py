@@ -1,0 +1,19 @@
+"""SLI sources: Prometheus's HTTP API, or the engines' /metrics scraped directly."""
+
+from __future__ import annotations
+
+from controller.sources.base import BURN_WINDOWS, SliSource, histogram_quantile, windows_for
+from controller.sources.prometheus import PrometheusClient, PrometheusSource
+from controller.sources.scrape import EngineSample, ScrapeSource, parse_metrics
+
+__all__ = [
+    "BURN_WINDOWS",
+    "EngineSample",
+    "PrometheusClient",
+    "PrometheusSource",
+    "ScrapeSource",
+    "SliSource",
+    "histogram_quantile",
+    "parse_metrics",
+    "windows_for",
+]

@@ -1,0 +1,130 @@
+"""What every SLI source shares: the interface, metric names, windows and histogram math.
+
+A source turns policies into :class:`~controller.types.PolicyObservation`
+values (SLIs, queue depth, load).  It never fills ``current_replicas``: the
+actuator knows how many replicas were asked for.  A source that cannot read a
+value leaves it ``None`` and says why in ``errors``; it never reports a zero it
+did not see.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from controller.policy import Policy
+from controller.types import PolicyObservation
+
+TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
+HISTOGRAMS: Mapping[str, str] = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM}
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+REQUESTS_TOTAL = "vllm:request_success_total"
+PROMPT_TOKENS_TOTAL = "vllm:prompt_tokens_total"
+GENERATION_TOKENS_TOTAL = "vllm:generation_tokens_total"
+IMBALANCE_CV = "moe_layer_imbalance_cv"
+
+SHORT_WINDOW = "5m"
+"""The window of ``SliSnapshot.ttft_good_ratio`` and the p99s."""
+BURN_WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+"""Burn-rate windows: the short and long windows of the SRE workbook's multiwindow alerts."""
+QUANTILE = 0.99
+RATE_WINDOW_S = 60.0
+"""Request and token rates are averaged over this long."""
+
+
+class SliSource(Protocol):
+    """Something that observes the engines behind policies."""
+
+    async def observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
+        """One observation per policy name, taken at ``now_s`` (the caller's monotonic clock)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def windows_for(policies: Sequence[Policy]) -> tuple[str, ...]:
+    """The burn-rate windows plus every policy's compliance window."""
+    return tuple(dict.fromkeys((*BURN_WINDOWS, *sorted({p.window for p in policies}))))
+
+
+def same_edge(le: float, threshold_s: float) -> bool:
+    """Whether a bucket's upper edge is the SLO threshold (edges are exact decimal floats)."""
+    return math.isclose(le, threshold_s, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def parse_le(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus's ``histogram_quantile`` over cumulative bucket counts keyed by upper edge.
+
+    Linear interpolation inside the bucket that holds the rank; the lowest
+    bucket starts at 0; a rank in the +Inf bucket yields the highest finite
+    edge.  None when there are no observations.
+    """
+    if not buckets or not 0 <= q <= 1:
+        return None
+    edges = sorted(buckets)
+    if not math.isinf(edges[-1]):
+        return None
+    total = buckets[edges[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_edge, lower_count = 0.0, 0.0
+    for edge in edges:
+        count = buckets[edge]
+        if count >= rank:
+            if math.isinf(edge):
+                return edges[-2] if len(edges) > 1 else None
+            if count == lower_count:
+                return edge
+            return lower_edge + (edge - lower_edge) * (rank - lower_count) / (count - lower_count)
+        lower_edge, lower_count = edge, count
+    return edges[-2] if len(edges) > 1 else None
+
+
+def burn_rates_of(ratios: Mapping[str, float], target: float) -> dict[str, float]:
+    """Burn rate per window from good ratios per window: ``(1 - ratio) / (1 - target)``."""
+    budget = 1.0 - target
+    return {window: max(0.0, 1.0 - min(ratio, 1.0)) / budget for window, ratio in ratios.items()}
+
+
+def model_matcher(models: Sequence[str]) -> str:
+    """A PromQL matcher on ``model_name`` for one model (``=``) or several (``=~``)."""
+    distinct = sorted(set(models))
+    if len(distinct) == 1:
+        return f'model_name="{_promql_string(distinct[0])}"'
+    pattern = "|".join(_regex_escape(m) for m in distinct)
+    return f'model_name=~"{_promql_string(pattern)}"'
+
+
+_REGEX_SPECIAL = set(r".^$*+?()[]{}|\\")
+
+
+def _regex_escape(text: str) -> str:
+    return "".join(f"\\{ch}" if ch in _REGEX_SPECIAL else ch for ch in text)
+
+
+def _promql_string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def le_matcher(thresholds: Sequence[float]) -> str:
+    """An ``le=~`` matcher for the bucket edges at the thresholds, in the spellings clients use."""
+    spellings: set[str] = set()
+    for threshold in thresholds:
+        spellings.add(repr(float(threshold)))
+        spellings.add(f"{threshold:g}")
+        if float(threshold).is_integer():
+            spellings.add(str(int(threshold)))
+    pattern = "|".join(_regex_escape(s) for s in sorted(spellings))
+    return f'le=~"{_promql_string(pattern)}"'

@@ -1,0 +1,242 @@
+"""SLIs from Prometheus's HTTP API (PromQL over vLLM's histograms).
+
+One tick sends a fixed set of instant queries, each grouped ``by (model_name)``
+so their number does not grow with the number of policies:
+
+- good-event ratios at the SLO bucket edge, per window (5m ... 3d and each
+  compliance window)::
+
+      sum by (model_name, le) (increase(vllm:time_to_first_token_seconds_bucket{le=~"0.5",...}[1h]))
+    / sum by (model_name)     (increase(vllm:time_to_first_token_seconds_count{...}[1h]))
+
+- p99s with ``histogram_quantile(0.99, sum by (model_name, le) (rate(..._bucket[5m])))``;
+- queue, running batch, KV usage, request and token rates, engine count;
+- per-layer expert imbalance (``moe_layer_imbalance_cv``).
+
+Prometheus down or answering with an error: the source keeps each policy's
+last good observation (with its old ``observed_at_s``, so the core sees it
+age into ``stale_data``) and adds the error; it recovers on the next good
+answer without any reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import httpx
+
+from controller.policy import Policy
+from controller.sources.base import (
+    GENERATION_TOKENS_TOTAL,
+    HISTOGRAMS,
+    IMBALANCE_CV,
+    KV_USAGE,
+    PROMPT_TOKENS_TOTAL,
+    QUANTILE,
+    REQUESTS_TOTAL,
+    RUNNING,
+    SHORT_WINDOW,
+    WAITING,
+    le_matcher,
+    model_matcher,
+    parse_le,
+    same_edge,
+    windows_for,
+)
+from controller.types import PolicyObservation, SliSnapshot
+from engine.errors import UnavailableError
+
+Vector = list[tuple[dict[str, str], float]]
+
+
+class PrometheusClient:
+    """Instant queries against ``/api/v1/query``; every failure is an :class:`UnavailableError`."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 5.0, client: httpx.AsyncClient | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+        self._owns_client = client is None
+
+    async def query(self, promql: str) -> Vector:
+        try:
+            response = await self._client.post(f"{self.base_url}/api/v1/query", data={"query": promql})
+        except httpx.HTTPError as exc:
+            raise UnavailableError(f"prometheus {self.base_url}: {type(exc).__name__}: {exc}") from exc
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise UnavailableError(
+                f"prometheus {self.base_url}: HTTP {response.status_code}, body is not JSON"
+            ) from exc
+        if response.status_code != 200 or body.get("status") != "success":
+            raise UnavailableError(
+                f"prometheus {self.base_url}: HTTP {response.status_code} "
+                f"{body.get('errorType', '')}: {body.get('error', '')} (query: {promql})"
+            )
+        data = body.get("data", {})
+        if data.get("resultType") != "vector":
+            raise UnavailableError(f"prometheus: expected a vector, got {data.get('resultType')!r}")
+        out: Vector = []
+        for item in data.get("result", []):
+            value = float(item["value"][1])
+            if math.isfinite(value):
+                out.append((dict(item["metric"]), value))
+        return out
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+
+class PrometheusSource:
+    """Observations for policies from PromQL; see the module docstring."""
+
+    def __init__(self, client: PrometheusClient, *, selector: str = "") -> None:
+        self.client = client
+        self.selector = selector.strip().strip(",")
+        self._last_good: dict[str, PolicyObservation] = {}
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def _sel(self, *matchers: str) -> str:
+        parts = [m for m in (*matchers, self.selector) if m]
+        return "{" + ",".join(parts) + "}"
+
+    def queries(self, policies: Sequence[Policy]) -> dict[str, str]:
+        """Every PromQL query one tick sends, by key."""
+        models = model_matcher([p.model_name for p in policies])
+        queries: dict[str, str] = {}
+        for slo, metric in HISTOGRAMS.items():
+            thresholds = sorted({getattr(p.objectives, slo).threshold_s for p in policies})
+            bucket_sel = self._sel(models, le_matcher(thresholds))
+            count_sel = self._sel(models)
+            for window in windows_for(policies):
+                queries[f"{slo}:good:{window}"] = (
+                    f"sum by (model_name, le) (increase({metric}_bucket{bucket_sel}[{window}]))"
+                )
+                queries[f"{slo}:total:{window}"] = (
+                    f"sum by (model_name) (increase({metric}_count{count_sel}[{window}]))"
+                )
+            queries[f"{slo}:p99"] = (
+                f"histogram_quantile({QUANTILE}, sum by (model_name, le) "
+                f"(rate({metric}_bucket{count_sel}[{SHORT_WINDOW}])))"
+            )
+        sel = self._sel(models)
+        queries["waiting"] = f"sum by (model_name) ({WAITING}{sel})"
+        queries["running"] = f"sum by (model_name) ({RUNNING}{sel})"
+        queries["engines"] = f"count by (model_name) ({RUNNING}{sel})"
+        queries["kv"] = f"avg by (model_name) ({KV_USAGE}{sel})"
+        queries["requests"] = f"sum by (model_name) (rate({REQUESTS_TOTAL}{sel}[1m]))"
+        queries["prompt_tokens"] = f"sum by (model_name) (rate({PROMPT_TOKENS_TOTAL}{sel}[1m]))"
+        queries["output_tokens"] = f"sum by (model_name) (rate({GENERATION_TOKENS_TOTAL}{sel}[1m]))"
+        queries["imbalance"] = f"max by (model_name, layer) ({IMBALANCE_CV}{sel})"
+        return queries
+
+    async def observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
+        if not policies:
+            return {}
+        queries = self.queries(policies)
+        answers = await asyncio.gather(*(self.client.query(q) for q in queries.values()), return_exceptions=True)
+        results: dict[str, Vector] = {}
+        errors: list[str] = []
+        for key, answer in zip(queries, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, UnavailableError):
+                    raise answer
+                errors.append(f"{key}: {answer}")
+            else:
+                results[key] = answer
+        if len(errors) == len(queries):
+            # Nothing came back: keep the last good values, let them age into stale_data.
+            first = errors[0].split(": ", 1)[1]
+            return {p.name: self._held(p, now_s, f"prometheus unavailable: {first}") for p in policies}
+        observations = {p.name: self._observation(p, results, now_s, errors) for p in policies}
+        for name, obs in observations.items():
+            if not obs.errors:
+                self._last_good[name] = obs
+        return observations
+
+    def _held(self, policy: Policy, now_s: float, error: str) -> PolicyObservation:
+        last = self._last_good.get(policy.name)
+        if last is None:
+            return PolicyObservation(policy=policy.name, observed_at_s=now_s, errors=(error,))
+        return replace(last, errors=(error,))
+
+    def _observation(
+        self, policy: Policy, results: Mapping[str, Vector], now_s: float, errors: Sequence[str]
+    ) -> PolicyObservation:
+        model = policy.model_name
+        by_window: dict[str, dict[str, float]] = {"ttft": {}, "itl": {}}
+        requests_short: float | None = None
+        problems = list(errors)
+        for slo in HISTOGRAMS:
+            threshold = getattr(policy.objectives, slo).threshold_s
+            for key in results:
+                if not key.startswith(f"{slo}:good:"):
+                    continue
+                window = key.rsplit(":", 1)[1]
+                good = _good_at(results[key], model, threshold)
+                total = _value(results.get(f"{slo}:total:{window}"), model)
+                if total is None or total <= 0:
+                    continue
+                if good is None:
+                    problems.append(f"{HISTOGRAMS[slo]} has no bucket edge at {threshold} s for {model!r}")
+                    break
+                by_window[slo][window] = min(1.0, max(0.0, good / total))
+                if slo == "ttft" and window == SHORT_WINDOW:
+                    requests_short = total
+        layers = sorted(
+            ((int(labels.get("layer", "0")), value) for labels, value in results.get("imbalance", [])
+             if labels.get("model_name") == model and labels.get("layer", "").isdigit()),
+        )
+        sli = SliSnapshot(
+            observed_at_s=now_s,
+            window_s=300.0,
+            requests_in_window=requests_short,
+            ttft_good_ratio=by_window["ttft"].get(SHORT_WINDOW),
+            itl_good_ratio=by_window["itl"].get(SHORT_WINDOW),
+            ttft_p99_s=_value(results.get("ttft:p99"), model),
+            itl_p99_s=_value(results.get("itl:p99"), model),
+            ttft_good_ratio_by_window=by_window["ttft"],
+            itl_good_ratio_by_window=by_window["itl"],
+            imbalance_cv_per_layer=tuple(value for _, value in layers),
+        )
+        engines = _value(results.get("engines"), model)
+        return PolicyObservation(
+            policy=policy.name,
+            observed_at_s=now_s,
+            ready_replicas=None if engines is None else int(engines),
+            queue_depth=_value(results.get("waiting"), model),
+            running_requests=_value(results.get("running"), model),
+            request_rate_rps=_value(results.get("requests"), model),
+            prompt_tokens_per_s=_value(results.get("prompt_tokens"), model),
+            output_tokens_per_s=_value(results.get("output_tokens"), model),
+            kv_cache_usage=_value(results.get("kv"), model),
+            sli=sli,
+            errors=tuple(dict.fromkeys(problems)),
+        )
+
+
+def _value(vector: Vector | None, model: str) -> float | None:
+    if vector is None:
+        return None
+    for labels, value in vector:
+        if labels.get("model_name") == model:
+            return value
+    return None
+
+
+def _good_at(vector: Vector, model: str, threshold_s: float) -> float | None:
+    """Requests at or under the threshold: the bucket whose edge is the threshold (None if absent)."""
+    values = [
+        value
+        for labels, value in vector
+        if labels.get("model_name") == model
+        and (le := parse_le(labels.get("le", ""))) is not None
+        and same_edge(le, threshold_s)
+    ]
+    return sum(values) if values else None

@@ -1,0 +1,322 @@
+"""SLIs by scraping the engines' ``/metrics`` directly (the embedded default, no Prometheus).
+
+Each tick scrapes every endpoint once (concurrently, bounded by a timeout),
+parses the text format with ``prometheus_client.parser`` and folds the
+cumulative counters into per-model *increase* accumulators, the way
+Prometheus's ``increase()`` does: a counter that went down was reset (the
+engine restarted) and counts from zero; an endpoint seen for the first time
+is a baseline.  Good ratios over a window are then differences between two
+points of that accumulator's history, so a replica that stops does not
+erase what it served.
+
+History stays bounded: every scrape is kept for the last hour, older points
+are thinned to one per five minutes and keep only the counters the SLOs use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.policy import Policy, parse_duration_s
+from controller.sources.base import (
+    GENERATION_TOKENS_TOTAL,
+    HISTOGRAMS,
+    IMBALANCE_CV,
+    KV_USAGE,
+    PROMPT_TOKENS_TOTAL,
+    QUANTILE,
+    RATE_WINDOW_S,
+    REQUESTS_TOTAL,
+    RUNNING,
+    SHORT_WINDOW,
+    WAITING,
+    histogram_quantile,
+    parse_le,
+    same_edge,
+    windows_for,
+)
+from controller.types import PolicyObservation, SliSnapshot
+
+FINE_HISTORY_S = 3600.0
+COARSE_SPACING_S = 300.0
+_COUNTERS = {REQUESTS_TOTAL: "requests", PROMPT_TOKENS_TOTAL: "prompt_tokens", GENERATION_TOKENS_TOTAL: "output_tokens"}
+
+
+@dataclass
+class EngineSample:
+    """What one scrape of one endpoint said about one model."""
+
+    counters: dict[str, float] = field(default_factory=dict)
+    """Cumulative counters: ``ttft:le:<edge>``, ``ttft:count``, ``requests``, ..."""
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float | None = None
+    imbalance_by_layer: dict[int, float] = field(default_factory=dict)
+
+
+def parse_metrics(text: str) -> dict[str, EngineSample]:
+    """Engine samples per ``model_name`` from a /metrics page (``ValueError`` if malformed)."""
+    samples: dict[str, EngineSample] = {}
+    histograms = {f"{metric}_bucket": slo for slo, metric in HISTOGRAMS.items()}
+    counts = {f"{metric}_count": slo for slo, metric in HISTOGRAMS.items()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            model = sample.labels.get("model_name")
+            if model is None:
+                continue
+            out = samples.setdefault(model, EngineSample())
+            name, value = sample.name, float(sample.value)
+            if name in histograms:
+                le = parse_le(sample.labels.get("le", ""))
+                if le is not None:
+                    key = f"{histograms[name]}:le:{le!r}"
+                    out.counters[key] = out.counters.get(key, 0.0) + value
+            elif name in counts:
+                key = f"{counts[name]}:count"
+                out.counters[key] = out.counters.get(key, 0.0) + value
+            elif name in _COUNTERS:
+                key = _COUNTERS[name]
+                out.counters[key] = out.counters.get(key, 0.0) + value
+            elif name == WAITING:
+                out.waiting += value
+            elif name == RUNNING:
+                out.running += value
+            elif name == KV_USAGE:
+                out.kv_usage = value
+            elif name == IMBALANCE_CV and sample.labels.get("layer", "").isdigit():
+                out.imbalance_by_layer[int(sample.labels["layer"])] = value
+    return samples
+
+
+@dataclass
+class _ModelHistory:
+    """Increase accumulators of one model and their history on the caller's clock."""
+
+    totals: dict[str, float] = field(default_factory=dict)
+    points: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)
+
+    def record(self, now_s: float, keep_coarse: Callable[[str], bool], max_age_s: float) -> None:
+        self.points.append((now_s, dict(self.totals)))
+        # Thin points older than the fine horizon to one per COARSE_SPACING_S, keeping SLO counters only.
+        fine_start = now_s - FINE_HISTORY_S
+        while self.points and self.points[0][0] < now_s - max_age_s:
+            self.points.popleft()
+        thinned: deque[tuple[float, dict[str, float]]] = deque()
+        last_kept: float | None = None
+        for at_s, totals in self.points:
+            if at_s >= fine_start:
+                thinned.append((at_s, totals))
+                continue
+            if last_kept is None or at_s - last_kept >= COARSE_SPACING_S:
+                thinned.append((at_s, {k: v for k, v in totals.items() if keep_coarse(k)}))
+                last_kept = at_s
+        self.points = thinned
+
+    def increase(self, key: str, now_s: float, window_s: float) -> tuple[float, float] | None:
+        """(increase of ``key`` over the window, seconds actually covered), None without history."""
+        if key not in self.totals or len(self.points) < 2:
+            return None
+        cutoff_s = now_s - window_s
+        then: tuple[float, float] | None = None
+        for at_s, totals in self.points:
+            if key not in totals:
+                continue
+            if at_s <= cutoff_s:
+                then = (at_s, totals[key])
+                continue
+            if then is None:
+                then = (at_s, totals[key])  # history shorter than the window: cover what exists
+            break
+        if then is None or then[0] >= now_s:
+            return None
+        return self.totals[key] - then[1], now_s - then[0]
+
+
+EndpointsFor = Callable[[Policy], Sequence[str]]
+
+
+class ScrapeSource:
+    """Observations from the engines' own /metrics pages; see the module docstring."""
+
+    def __init__(
+        self,
+        endpoints_for: EndpointsFor,
+        *,
+        timeout_s: float = 5.0,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.endpoints_for = endpoints_for
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+        self._owns_client = client is None
+        self._last: dict[tuple[str, str], dict[str, float]] = {}
+        """Last cumulative counters per (endpoint, model)."""
+        self._history: dict[str, _ModelHistory] = {}
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def _scrape(self, endpoint: str) -> dict[str, EngineSample]:
+        url = endpoint.rstrip("/") + "/metrics"
+        response = await self._client.get(url)
+        response.raise_for_status()
+        return parse_metrics(response.text)
+
+    async def observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
+        endpoints_by_policy = {p.name: tuple(self.endpoints_for(p)) for p in policies}
+        endpoints = sorted({e for es in endpoints_by_policy.values() for e in es})
+        answers = await asyncio.gather(*(self._scrape(e) for e in endpoints), return_exceptions=True)
+        pages: dict[str, dict[str, EngineSample]] = {}
+        failures: dict[str, str] = {}
+        for endpoint, answer in zip(endpoints, answers, strict=True):
+            if isinstance(answer, (httpx.HTTPError, ValueError)):
+                failures[endpoint] = f"scrape {endpoint}: {type(answer).__name__}: {answer}"
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                pages[endpoint] = answer
+        max_window_s = max((parse_duration_s(w) for w in windows_for(policies)), default=0)
+        models = {p.model_name for p in policies}
+        for model in models:
+            self._accumulate(model, pages, now_s, policies, max_window_s)
+        return {
+            p.name: self._observation(p, endpoints_by_policy[p.name], pages, failures, now_s) for p in policies
+        }
+
+    def _accumulate(
+        self,
+        model: str,
+        pages: Mapping[str, Mapping[str, EngineSample]],
+        now_s: float,
+        policies: Sequence[Policy],
+        max_window_s: float,
+    ) -> None:
+        history = self._history.setdefault(model, _ModelHistory())
+        for endpoint, page in pages.items():
+            sample = page.get(model)
+            if sample is None:
+                continue
+            previous = self._last.get((endpoint, model))
+            for key, value in sample.counters.items():
+                history.totals.setdefault(key, 0.0)
+                if previous is None or key not in previous:
+                    continue  # baseline: counts from before the first scrape belong to no window
+                before = previous[key]
+                history.totals[key] += value if value < before else value - before
+            self._last[(endpoint, model)] = dict(sample.counters)
+        thresholds = [
+            (slo, getattr(p.objectives, slo).threshold_s)
+            for p in policies
+            if p.model_name == model
+            for slo in HISTOGRAMS
+        ]
+
+        def keep(key: str) -> bool:
+            if key.split(":")[1:2] != ["le"]:
+                return True
+            slo, _, edge = key.split(":")
+            return any(s == slo and same_edge(float(edge), t) for s, t in thresholds)
+
+        history.record(now_s, keep, max_window_s)
+
+    def _observation(
+        self,
+        policy: Policy,
+        endpoints: Sequence[str],
+        pages: Mapping[str, Mapping[str, EngineSample]],
+        failures: Mapping[str, str],
+        now_s: float,
+    ) -> PolicyObservation:
+        model = policy.model_name
+        errors = [failures[e] for e in endpoints if e in failures]
+        if not endpoints:
+            errors.append(f"no endpoints to scrape for model {model!r}")
+        live = [pages[e][model] for e in endpoints if e in pages and model in pages[e]]
+        errors.extend(
+            f"scrape {e}: no series with model_name={model!r}"
+            for e in endpoints
+            if e in pages and model not in pages[e]
+        )
+        history = self._history.get(model, _ModelHistory())
+        by_window: dict[str, dict[str, float]] = {"ttft": {}, "itl": {}}
+        requests_short: float | None = None
+        p99: dict[str, float | None] = {"ttft": None, "itl": None}
+        for slo in HISTOGRAMS:
+            threshold = getattr(policy.objectives, slo).threshold_s
+            edge_key = next(
+                (
+                    k
+                    for k in history.totals
+                    if k.startswith(f"{slo}:le:") and same_edge(float(k.split(":")[2]), threshold)
+                ),
+                None,
+            )
+            if edge_key is None and any(k.startswith(f"{slo}:le:") for k in history.totals):
+                errors.append(f"{HISTOGRAMS[slo]} has no bucket edge at {threshold} s for {model!r}")
+            for window in windows_for([policy]):
+                window_s = parse_duration_s(window)
+                total = history.increase(f"{slo}:count", now_s, window_s)
+                good = None if edge_key is None else history.increase(edge_key, now_s, window_s)
+                if total is None or good is None or total[0] <= 0:
+                    continue
+                by_window[slo][window] = min(1.0, max(0.0, good[0] / total[0]))
+                if slo == "ttft" and window == SHORT_WINDOW:
+                    requests_short = total[0]
+            p99[slo] = self._quantile(history, slo, now_s)
+        kv_values = [s.kv_usage for s in live if s.kv_usage is not None]
+        layers: dict[int, float] = {}
+        for sample in live:
+            for layer, cv in sample.imbalance_by_layer.items():
+                layers[layer] = max(layers.get(layer, 0.0), cv)
+        sli = SliSnapshot(
+            observed_at_s=now_s,
+            window_s=float(parse_duration_s(SHORT_WINDOW)),
+            requests_in_window=requests_short,
+            ttft_good_ratio=by_window["ttft"].get(SHORT_WINDOW),
+            itl_good_ratio=by_window["itl"].get(SHORT_WINDOW),
+            ttft_p99_s=p99["ttft"],
+            itl_p99_s=p99["itl"],
+            ttft_good_ratio_by_window=by_window["ttft"],
+            itl_good_ratio_by_window=by_window["itl"],
+            imbalance_cv_per_layer=tuple(layers[k] for k in sorted(layers)),
+        )
+        return PolicyObservation(
+            policy=policy.name,
+            observed_at_s=now_s,
+            ready_replicas=len(live),
+            queue_depth=sum(s.waiting for s in live) if live else None,
+            running_requests=sum(s.running for s in live) if live else None,
+            request_rate_rps=_rate(history, "requests", now_s),
+            prompt_tokens_per_s=_rate(history, "prompt_tokens", now_s),
+            output_tokens_per_s=_rate(history, "output_tokens", now_s),
+            kv_cache_usage=sum(kv_values) / len(kv_values) if kv_values else None,
+            sli=sli if live or by_window["ttft"] or by_window["itl"] else None,
+            errors=tuple(errors),
+        )
+
+    @staticmethod
+    def _quantile(history: _ModelHistory, slo: str, now_s: float) -> float | None:
+        window_s = float(parse_duration_s(SHORT_WINDOW))
+        buckets: dict[float, float] = {}
+        for key in history.totals:
+            if key.startswith(f"{slo}:le:"):
+                delta = history.increase(key, now_s, window_s)
+                if delta is not None:
+                    buckets[float(key.split(":")[2])] = delta[0]
+        if not any(math.isinf(edge) for edge in buckets):
+            return None
+        return histogram_quantile(QUANTILE, buckets)
+
+
+def _rate(history: _ModelHistory, key: str, now_s: float) -> float | None:
+    delta = history.increase(key, now_s, RATE_WINDOW_S)
+    if delta is None or delta[1] <= 0:
+        return None
+    return delta[0] / delta[1]
