@@ -1,0 +1,69 @@
+"""``moeslo alerts generate``: Prometheus rules and Alertmanager config from SLO policies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import cli_errors, console, print_json
+
+alerts_app = typer.Typer(help="Prometheus alert rules and Alertmanager routing generated from SLO policies.",
+                         no_args_is_help=True)
+
+
+
+@alerts_app.callback()
+def _group() -> None:
+    """Prometheus alert rules and Alertmanager routing generated from SLO policies."""
+
+
+PoliciesOption = Annotated[
+    Path | None,
+    typer.Option("--policies", help="YAML/JSON file of SLO policies (default: the mission's default policy)."),
+]
+
+
+@alerts_app.command("generate")
+def generate(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the files into.")] = Path("alerts"),
+    policies: PoliciesOption = None,
+    page_webhook: Annotated[str | None, typer.Option(help="Webhook URL of the paging receiver.")] = None,
+    ticket_webhook: Annotated[str | None, typer.Option(help="Webhook URL of the ticket receiver.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
+) -> None:
+    """Write moeslo-rules.yaml and alertmanager.yaml for the given policies."""
+    from controller.alerting import DEFAULT_POLICIES, ReceiverOptions, load_policies, render_alert_files
+
+    with cli_errors():
+        chosen = DEFAULT_POLICIES if policies is None else load_policies(policies)
+        defaults = ReceiverOptions()
+        receivers = ReceiverOptions(
+            page_webhook_url=page_webhook or defaults.page_webhook_url,
+            ticket_webhook_url=ticket_webhook or defaults.ticket_webhook_url,
+        )
+        files = render_alert_files(chosen, receivers=receivers)
+        written = write_files(out, files)
+    if json_output:
+        print_json({"written": [str(path) for path in written], "policies": [p.name for p in chosen]})
+    else:
+        for path in written:
+            console.print(f"wrote {path}")
+
+
+def write_files(out: Path, files: dict[str, str]) -> list[Path]:
+    """Write name -> text under ``out``; only files whose text changed are rewritten."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for name, text in files.items():
+        path = out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(alerts_app, name="alerts")

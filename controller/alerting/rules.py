@@ -1,0 +1,291 @@
+"""SLO policies -> Prometheus recording and alerting rules (pure: no I/O).
+
+For each policy and each latency objective (TTFT, ITL) the generator records
+good and total event rates from the histogram bucket at the SLO threshold
+over every window the burn-rate alerts read, then the error ratio.  The
+alerts are the SRE workbook's multiwindow multi-burn-rate alerts; their
+window pairs and burn-rate factors come from :mod:`controller.slo`, derived
+from the policy's compliance window and the share of budget each alert
+guards, so a 7-day window gets different factors than a 30-day one.
+
+Paging needs traffic: every burn-rate alert also requires the request rate
+over its short window to reach ``AlertOptions.min_request_rate_per_s``, so a
+handful of slow requests at 3 a.m. does not wake anyone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from controller.alerting.model import AlertingRule, RecordingRule, Rule, RuleGroup
+from controller.policy import LatencyObjective, Policy, parse_duration_s
+from controller.slo import BurnRateWindow, error_budget, format_duration, standard_burn_rate_windows
+from engine.errors import ValidationError
+from exporters.buckets import BUCKETS_BY_METRIC, ITL_METRIC, TTFT_METRIC, format_le, is_bucket_edge
+
+IMBALANCE_METRIC = "moe_layer_imbalance_cv"
+
+GOOD_RECORD = "moeslo:slo_good_events:rate{window}"
+TOTAL_RECORD = "moeslo:slo_total_events:rate{window}"
+ERROR_RATIO_RECORD = "moeslo:slo_error_ratio:rate{window}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AlertOptions:
+    """Knobs of the generated rules that are not part of an SLO policy."""
+
+    evaluation_interval: str = "30s"
+    min_request_rate_per_s: float = 0.1
+    """Low-traffic guard: burn-rate alerts need this many requests/s over their short window."""
+    for_fraction_of_short_window: float = 0.2
+    """``for:`` of a burn-rate alert, as a share of its short window (5m -> 1m, 30m -> 6m)."""
+    min_for: str = "1m"
+    imbalance_for: str = "10m"
+    absent_for: str = "10m"
+    for_override: str | None = None
+    """Use this ``for:`` on every alert (end-to-end tests that cannot wait minutes)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LatencySli:
+    """A latency objective bound to the histogram that measures it."""
+
+    slo: str
+    """Short name used in labels and alert names: ``ttft`` or ``itl``."""
+    title: str
+    metric: str
+    objective: LatencyObjective
+
+    @property
+    def le(self) -> str:
+        return format_le(self.objective.threshold_s)
+
+
+def latency_slis(policy: Policy) -> tuple[LatencySli, ...]:
+    return (
+        LatencySli(slo="ttft", title="TTFT", metric=TTFT_METRIC, objective=policy.objectives.ttft),
+        LatencySli(slo="itl", title="ITL", metric=ITL_METRIC, objective=policy.objectives.itl),
+    )
+
+
+def check_thresholds(policies: Sequence[Policy]) -> None:
+    """Refuse latency thresholds that are not bucket edges of their histogram; report all at once.
+
+    Good events are read from the cumulative bucket ``le=<threshold>``; a
+    threshold between two edges has no such series and would count nothing.
+    """
+    problems: list[str] = []
+    for policy in policies:
+        for sli in latency_slis(policy):
+            edges = BUCKETS_BY_METRIC[sli.metric]
+            if not is_bucket_edge(sli.objective.threshold_s, edges):
+                problems.append(
+                    f"policy {policy.name!r}: objectives.{sli.slo}.threshold_s = {sli.objective.threshold_s!r} "
+                    f"is not a bucket edge of {sli.metric}; good events are counted from the bucket at the "
+                    f"threshold, so it must be one of {', '.join(format_le(e) for e in edges)}"
+                )
+    names = [policy.name for policy in policies]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"policy name {name!r} appears more than once")
+    if problems:
+        raise ValidationError(problems)
+
+
+def burn_windows(policy: Policy) -> tuple[BurnRateWindow, ...]:
+    """The workbook's window pairs, factors derived from the policy's compliance window."""
+    windows = standard_burn_rate_windows(policy.window_s)
+    problems = [
+        f"policy {policy.name!r}: the {w.long_window}/{w.short_window} {w.severity} alert needs burn rate "
+        f"{_num(w.burn_rate)}, but with target {sli.objective.target} the most it can reach is "
+        f"{_num(1 / error_budget(sli.objective.target))} (every event bad); raise the target or lengthen the window"
+        for sli in latency_slis(policy)
+        for w in windows
+        if w.burn_rate * error_budget(sli.objective.target) > 1.0
+    ]
+    if problems:
+        raise ValidationError(problems)
+    return windows
+
+
+def rate_windows(windows: Sequence[BurnRateWindow]) -> tuple[str, ...]:
+    """Every long and short window, shortest first (5m, 30m, 1h, 2h, 6h, 1d, 3d for 30 days)."""
+    seconds = sorted({w.long_window_s for w in windows} | {w.short_window_s for w in windows})
+    return tuple(format_duration(s) for s in seconds)
+
+
+def build_rule_groups(policies: Sequence[Policy], options: AlertOptions | None = None) -> tuple[RuleGroup, ...]:
+    """One rule group per policy: recording rules first, then its alerts."""
+    options = options or AlertOptions()
+    check_thresholds(policies)
+    problems: list[str] = []
+    groups: list[RuleGroup] = []
+    for policy in policies:
+        try:
+            windows = burn_windows(policy)
+        except ValidationError as exc:
+            problems.extend(exc.problems)
+            continue
+        rules: list[Rule] = []
+        for sli in latency_slis(policy):
+            rules.extend(_recording_rules(policy, sli, rate_windows(windows)))
+        for sli in latency_slis(policy):
+            rules.extend(_burn_rate_alerts(policy, sli, windows, options))
+        rules.append(_imbalance_alert(policy, options))
+        rules.extend(_absent_alerts(policy, options))
+        groups.append(RuleGroup(name=f"moeslo-slo-{policy.name}", interval=options.evaluation_interval,
+                                rules=tuple(rules)))
+    if problems:
+        raise ValidationError(problems)
+    return tuple(groups)
+
+
+def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) -> list[RecordingRule]:
+    labels = {"policy": policy.name, "slo": sli.slo}
+    model = _selector_value(policy.model_name)
+    mine = _own_selector(policy, sli)
+    rules: list[RecordingRule] = []
+    for window in windows:
+        rules.append(RecordingRule(
+            record=GOOD_RECORD.format(window=window),
+            expr=f'sum by (model_name) (rate({sli.metric}_bucket{{model_name="{model}",le="{sli.le}"}}[{window}]))',
+            labels=labels,
+        ))
+        rules.append(RecordingRule(
+            record=TOTAL_RECORD.format(window=window),
+            expr=f'sum by (model_name) (rate({sli.metric}_count{{model_name="{model}"}}[{window}]))',
+            labels=labels,
+        ))
+        rules.append(RecordingRule(
+            record=ERROR_RATIO_RECORD.format(window=window),
+            # No events gives 0/0 = NaN, and NaN > x is false: no traffic never alerts.
+            expr=f"1 - ({GOOD_RECORD.format(window=window)}{mine} / {TOTAL_RECORD.format(window=window)}{mine})",
+            labels=labels,
+        ))
+    return rules
+
+
+def _burn_rate_alerts(
+    policy: Policy, sli: LatencySli, windows: Sequence[BurnRateWindow], options: AlertOptions
+) -> list[AlertingRule]:
+    budget = error_budget(sli.objective.target)
+    mine = _own_selector(policy, sli)
+    # Requests, not events: ITL counts one event per token, so a single slow request is many events.
+    requests = f'{{policy="{_selector_value(policy.name)}",slo="ttft"}}'
+    alerts: list[AlertingRule] = []
+    for w in windows:
+        factor = _num(w.burn_rate)
+        expr = (
+            f"({ERROR_RATIO_RECORD.format(window=w.long_window)}{mine} / {_num(budget)}) > {factor}\n"
+            f"and\n"
+            f"({ERROR_RATIO_RECORD.format(window=w.short_window)}{mine} / {_num(budget)}) > {factor}\n"
+            f"and on (policy, model_name)\n"
+            f"{TOTAL_RECORD.format(window=w.short_window)}{requests} >= {_num(options.min_request_rate_per_s)}"
+        )
+        alerts.append(AlertingRule(
+            alert=f"Moeslo{sli.title}ErrorBudgetBurn",
+            expr=expr,
+            for_=options.for_override or _burn_for(w, options),
+            labels={
+                "severity": w.severity,
+                "policy": policy.name,
+                "slo": sli.slo,
+                "long_window": w.long_window,
+                "short_window": w.short_window,
+                "burn_rate_threshold": factor,
+            },
+            annotations={
+                "summary": (
+                    f"{sli.title} SLO of policy {policy.name} burns its error budget at >= {factor}x "
+                    f"({w.long_window}/{w.short_window})"
+                ),
+                "description": (
+                    f"Over {w.long_window} the {sli.title} error budget of {{{{ $labels.model_name }}}} "
+                    f"(threshold {sli.objective.threshold_s} s, target {sli.objective.target}) burned at "
+                    f"{{{{ printf `%.3g` $value }}}}x; at {factor}x, {_num(100 * w.budget_fraction)}% of the "
+                    f"{policy.window} budget is gone within {w.long_window}."
+                ),
+            },
+        ))
+    return alerts
+
+
+def _imbalance_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
+    max_cv = _num(policy.objectives.imbalance.max_cv)
+    return AlertingRule(
+        alert="MoesloExpertImbalance",
+        expr=(
+            f'max by (model_name) ({IMBALANCE_METRIC}{{model_name="{_selector_value(policy.model_name)}"}})'
+            f" > {max_cv}"
+        ),
+        for_=options.for_override or options.imbalance_for,
+        labels={"severity": "ticket", "policy": policy.name, "slo": "imbalance"},
+        annotations={
+            "summary": f"Expert load imbalance of policy {policy.name} above CV {max_cv}",
+            "description": (
+                "The most imbalanced MoE layer of {{ $labels.model_name }} has per-rank load CV "
+                f"{{{{ printf `%.3g` $value }}}} > {max_cv} for {options.imbalance_for}; the rebalancer "
+                "has not brought it back."
+            ),
+        },
+    )
+
+
+def _absent_alerts(policy: Policy, options: AlertOptions) -> list[AlertingRule]:
+    model = _selector_value(policy.model_name)
+    watched = (
+        ("MoesloTTFTMetricAbsent", "ttft", f"{TTFT_METRIC}_count"),
+        ("MoesloITLMetricAbsent", "itl", f"{ITL_METRIC}_count"),
+        ("MoesloExpertMetricsAbsent", "imbalance", IMBALANCE_METRIC),
+    )
+    return [
+        AlertingRule(
+            alert=alert,
+            expr=f'absent({metric}{{model_name="{model}"}})',
+            for_=options.for_override or options.absent_for,
+            labels={"severity": "ticket", "policy": policy.name, "slo": slo},
+            annotations={
+                "summary": f"No {metric} series for model {policy.model_name} (policy {policy.name})",
+                "description": (
+                    f"Prometheus has had no {metric} series with model_name={policy.model_name!r} for "
+                    f"{options.absent_for}: the engine is down, not scraped, or renamed; the "
+                    f"{slo} SLO cannot be evaluated."
+                ),
+            },
+        )
+        for alert, slo, metric in watched
+    ]
+
+
+def _burn_for(window: BurnRateWindow, options: AlertOptions) -> str:
+    share_s = round(window.short_window_s * options.for_fraction_of_short_window)
+    return format_duration(max(parse_duration_s(options.min_for), share_s))
+
+
+def _own_selector(policy: Policy, sli: LatencySli) -> str:
+    return f'{{policy="{_selector_value(policy.name)}",slo="{sli.slo}"}}'
+
+
+def _selector_value(text: str) -> str:
+    """A PromQL double-quoted string body."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _num(value: float) -> str:
+    """A float without binary noise: 14.4, not 14.399999999999999."""
+    return format(round(value, 9), ".9g")
+
+
+__all__ = [
+    "ERROR_RATIO_RECORD",
+    "GOOD_RECORD",
+    "IMBALANCE_METRIC",
+    "TOTAL_RECORD",
+    "AlertOptions",
+    "LatencySli",
+    "build_rule_groups",
+    "burn_windows",
+    "check_thresholds",
+    "latency_slis",
+    "rate_windows",
+]

@@ -1,0 +1,94 @@
+"""The committed rules and routing checked by Prometheus's and Alertmanager's own tools."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+ALERTS = ROOT / "alerts"
+RULE_FILES = sorted(p for p in ALERTS.glob("*.yaml") if p.name != "alertmanager.yaml")
+UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yaml"))
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} not installed (apt-get install prometheus prometheus-alertmanager)")
+    return path
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _variant(labels: dict[str, str]) -> tuple[str, str]:
+    return labels["alertname"], labels.get("long_window", "")
+
+
+def test_there_are_rule_files_and_unit_tests() -> None:
+    assert [p.name for p in RULE_FILES] == ["moeslo-rules.yaml"]
+    assert len(UNIT_TESTS) >= 3
+
+
+@pytest.mark.parametrize("rule_file", RULE_FILES, ids=lambda p: p.name)
+def test_promtool_check_rules(rule_file: Path) -> None:
+    result = _run(_tool("promtool"), "check", "rules", str(rule_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize("unit_test", UNIT_TESTS, ids=lambda p: p.name)
+def test_promtool_unit_tests(unit_test: Path) -> None:
+    result = _run(_tool("promtool"), "test", "rules", str(unit_test))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_unit_tests_see_every_alert_both_firing_and_not_firing() -> None:
+    rules = yaml.safe_load((ALERTS / "moeslo-rules.yaml").read_text())
+    variants = {
+        _variant({"alertname": rule["alert"], **rule["labels"]})
+        for group in rules["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    firing: set[tuple[str, str]] = set()
+    quiet: set[tuple[str, str]] = set()
+    for path in UNIT_TESTS:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                name = check["alertname"]
+                seen = {_variant({"alertname": name, **exp["exp_labels"]}) for exp in check.get("exp_alerts") or []}
+                firing |= seen
+                quiet |= {v for v in variants if v[0] == name} - seen
+    assert variants - firing == set(), "alerts never tested firing"
+    assert variants - quiet == set(), "alerts never tested not firing"
+    assert len(variants) == 12
+
+
+def test_amtool_accepts_the_config() -> None:
+    result = _run(_tool("amtool"), "check-config", str(ALERTS / "alertmanager.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (("severity=page", "policy=p", "slo=ttft"), "moeslo-page"),
+        (("severity=ticket", "policy=p", "slo=ttft"), "moeslo-ticket"),
+        (("severity=ticket", "policy=p", "slo=imbalance"), "moeslo-ticket"),
+        (("alertname=Other",), "moeslo-ticket"),
+    ],
+)
+def test_amtool_routes(labels: tuple[str, ...], receiver: str) -> None:
+    config = f"--config.file={ALERTS / 'alertmanager.yaml'}"
+    result = _run(_tool("amtool"), "config", "routes", "test", config, f"--verify.receivers={receiver}", *labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == receiver
+    other = "moeslo-ticket" if receiver == "moeslo-page" else "moeslo-page"
+    wrong = _run(_tool("amtool"), "config", "routes", "test", config, f"--verify.receivers={other}", *labels)
+    assert wrong.returncode != 0

@@ -1,0 +1,125 @@
+"""The alert generator, pure: windows and factors, bucket-edge refusal, drift of committed files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from controller.alerting import (
+    DEFAULT_POLICIES,
+    AlertOptions,
+    build_rule_groups,
+    load_policies,
+    parse_policies,
+    render_alert_files,
+)
+from controller.alerting.model import AlertingRule, RecordingRule
+from controller.policy import LatencyObjective, LocalTarget, Objectives, Policy
+from engine.errors import DataError, ValidationError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _policy(name: str = "p", *, window: str = "30d", ttft: float = 0.5, itl: float = 0.02,
+            target: float = 0.99) -> Policy:
+    return Policy(
+        name=name,
+        target=LocalTarget(model="m"),
+        window=window,
+        objectives=Objectives(
+            ttft=LatencyObjective(threshold_s=ttft, target=target),
+            itl=LatencyObjective(threshold_s=itl, target=target),
+        ),
+    )
+
+
+def _burn_alerts(policy: Policy, slo: str = "ttft") -> list[AlertingRule]:
+    (group,) = build_rule_groups([policy])
+    return [a for a in group.alerts if a.labels["slo"] == slo and "long_window" in a.labels]
+
+
+def test_thirty_day_window_gives_the_workbook_pairs_and_factors() -> None:
+    alerts = _burn_alerts(_policy())
+    got = {(a.labels["long_window"], a.labels["short_window"], a.labels["severity"], a.labels["burn_rate_threshold"])
+           for a in alerts}
+    assert got == {("1h", "5m", "page", "14.4"), ("6h", "30m", "page", "6"),
+                   ("1d", "2h", "ticket", "3"), ("3d", "6h", "ticket", "1")}
+    assert all(a.for_ for a in alerts)
+
+
+def test_factors_follow_the_compliance_window() -> None:
+    # 7 days: 2 % of the budget in 1 h is 0.02 * 168 = 3.36x, not 14.4x.
+    alerts = _burn_alerts(_policy(window="7d"))
+    by_long = {a.labels["long_window"]: a.labels["burn_rate_threshold"] for a in alerts}
+    assert by_long == {"1h": "3.36", "6h": "1.4", "1d": "0.7", "3d": "0.233333333"}
+    assert "/ 0.01) > 3.36" in next(a.expr for a in alerts if a.labels["long_window"] == "1h")
+
+
+def test_recording_rules_read_the_bucket_at_the_threshold_for_every_window() -> None:
+    (group,) = build_rule_groups([_policy(ttft=0.25)])
+    records = [r for r in group.rules if isinstance(r, RecordingRule)]
+    good_ttft = [r for r in records if r.record.startswith("moeslo:slo_good_events") and r.labels["slo"] == "ttft"]
+    assert [r.record.rsplit("rate", 1)[1] for r in good_ttft] == ["5m", "30m", "1h", "2h", "6h", "1d", "3d"]
+    assert all('le="0.25"' in r.expr and 'model_name="m"' in r.expr for r in good_ttft)
+    good_itl = [r for r in records if r.record.startswith("moeslo:slo_good_events") and r.labels["slo"] == "itl"]
+    assert all('le="0.02"' in r.expr for r in good_itl)
+
+
+def test_every_burn_alert_carries_the_low_traffic_guard() -> None:
+    options = AlertOptions(min_request_rate_per_s=0.5)
+    (group,) = build_rule_groups([_policy()], options)
+    burn = [a for a in group.alerts if "long_window" in a.labels]
+    assert len(burn) == 8
+    for alert in burn:
+        short = alert.labels["short_window"]
+        assert f'moeslo:slo_total_events:rate{short}{{policy="p",slo="ttft"}} >= 0.5' in alert.expr
+
+
+def test_threshold_off_a_bucket_edge_is_refused_with_every_problem() -> None:
+    with pytest.raises(ValidationError) as info:
+        build_rule_groups([_policy("a", ttft=0.3), _policy("b", itl=0.03)])
+    problems = info.value.problems
+    assert len(problems) == 2
+    assert "policy 'a': objectives.ttft.threshold_s = 0.3 is not a bucket edge of vllm:time_to_first_token_seconds" \
+        in problems[0]
+    assert "0.25, 0.5" in problems[0]
+    assert "policy 'b': objectives.itl.threshold_s = 0.03" in problems[1]
+    assert "0.025, 0.05" in problems[1]
+
+
+def test_duplicate_policy_names_are_refused() -> None:
+    with pytest.raises(ValidationError, match="'p' appears more than once"):
+        build_rule_groups([_policy(), _policy()])
+
+
+def test_a_burn_rate_the_target_cannot_reach_is_refused() -> None:
+    # Target 0.9: budget 10 %, so the most any window can burn is 10x < 14.4x.
+    with pytest.raises(ValidationError, match=r"needs burn rate 14.4, but with target 0.9 the most it can reach is 10"):
+        build_rule_groups([_policy(target=0.9)])
+
+
+def test_override_for_applies_to_every_alert() -> None:
+    (group,) = build_rule_groups([_policy()], AlertOptions(for_override="0s"))
+    assert {a.for_ for a in group.alerts} == {"0s"}
+
+
+def test_committed_alert_files_match_the_generator() -> None:
+    for name, text in render_alert_files(DEFAULT_POLICIES).items():
+        committed = ROOT / "alerts" / name
+        assert committed.read_text(encoding="utf-8") == text, f"{committed} drifted: run `moeslo alerts generate`"
+
+
+def test_policies_file_round_trip_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "policies.yaml"
+    path.write_text(yaml.safe_dump({"policies": [{"name": "x", "target": {"kind": "model", "model": "qwen"}}]}))
+    (policy,) = load_policies(path)
+    assert policy.model_name == "qwen"
+    with pytest.raises(ValidationError) as info:
+        parse_policies([{"name": "Bad Name", "target": {"kind": "model", "model": "q"}}, {"target": {}}])
+    assert any(p.startswith("policies[0].name") for p in info.value.problems)
+    assert any(p.startswith("policies[1].name") for p in info.value.problems)
+    (tmp_path / "broken.yaml").write_text("policies: [\n")
+    with pytest.raises(DataError, match=r"broken.yaml:\d+: invalid YAML"):
+        load_policies(tmp_path / "broken.yaml")
