@@ -124,7 +124,9 @@ class DecisionCore:
         state.last_change_s = at_s if state.last_change_s is None else max(state.last_change_s, at_s)
 
     def decide(self, policy: Policy, observation: PolicyObservation | None, now_s: float) -> Decision:
-        state = self.state.setdefault(policy.name, PolicyState())
+        state = self.state.get(policy.name)
+        if state is None:
+            state = self.state[policy.name] = PolicyState()
         decision = self._evaluate(policy, observation, now_s, state)
         if decision.apply and decision.action != "hold":
             state.last_change_s = now_s
