@@ -1,0 +1,42 @@
+"""The dry-run actuator: remembers the counts it was asked for and touches nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controller.actuators.base import ReplicaCount, ScaleResult
+from controller.policy import KubernetesTarget, LocalTarget, Policy
+
+
+class DryRunActuator:
+    """Scale calls only update an in-memory count (starting at the policy's min_replicas)."""
+
+    name = "dryrun"
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.calls: list[tuple[str, int]] = []
+        """Every scale call that changed a count, in order."""
+
+    def check(self, policy: Policy) -> list[str]:
+        return []
+
+    def manages(self, policy: Policy) -> bool:
+        return isinstance(policy.target, (KubernetesTarget, LocalTarget))
+
+    async def replicas(self, policy: Policy) -> ReplicaCount:
+        count = self.counts.setdefault(policy.name, max(policy.scaling.min_replicas, 1))
+        return ReplicaCount(desired=count, ready=count)
+
+    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
+        previous = self.counts.setdefault(policy.name, max(policy.scaling.min_replicas, 1))
+        self.counts[policy.name] = replicas
+        if previous != replicas:
+            self.calls.append((policy.name, replicas))
+        return ScaleResult(previous=previous, replicas=replicas, changed=previous != replicas)
+
+    def endpoints(self, policy: Policy) -> Sequence[str]:
+        return ()
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,222 @@
+"""The Kubernetes actuator: the ``scale`` subresource of a Deployment or LeaderWorkerSet, or an HPA's floor.
+
+- Deployment: ``apps/v1 .../deployments/{name}/scale``;
+- LeaderWorkerSet: ``leaderworkerset.x-k8s.io/v1 .../leaderworkersets/{name}/scale``
+  (custom-object scale);
+- a policy whose target names an ``hpa``: that HorizontalPodAutoscaler owns
+  the replica count, so the controller raises or lowers its ``minReplicas``
+  (and lifts ``maxReplicas`` when the new floor would exceed it).
+
+Every write is a read-modify-replace carrying the object's
+``resourceVersion``: a concurrent change is a 409, after which the actuator
+re-reads and, if the count is already right, stops.  5xx, 429 and connection
+errors are retried with exponential backoff.  Because the write sets an
+absolute count and is skipped when the count already matches, a retry after
+a write that was applied but answered with an error never applies it twice.
+
+The official ``kubernetes`` client is synchronous; calls run in a worker
+thread so the tick loop's event loop never blocks on the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from controller.actuators.base import ReplicaCount, ScaleResult
+from controller.config import KubernetesConfig
+from controller.policy import KubernetesTarget, Policy
+from engine.errors import ActuationError
+
+LWS_GROUP = "leaderworkerset.x-k8s.io"
+LWS_VERSION = "v1"
+LWS_PLURAL = "leaderworkersets"
+RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+
+
+def api_client(config: KubernetesConfig) -> k8s.ApiClient:
+    """An API client from explicit host, in-cluster service account, or kubeconfig (in that order)."""
+    configuration = k8s.Configuration()
+    if config.host is not None:
+        configuration.host = config.host
+    elif config.in_cluster:
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=config.kubeconfig, context=config.context, client_configuration=configuration
+        )
+    # Our own retry loop decides what is retried; urllib3 must not retry writes behind our back.
+    configuration.retries = False
+    return k8s.ApiClient(configuration)
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    desired: int
+    ready: int | None
+    obj: Any
+
+
+class KubernetesActuator:
+    """Scales Deployments, LeaderWorkerSets, or HPA floors; see the module docstring."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        client: k8s.ApiClient,
+        *,
+        config: KubernetesConfig | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config = config or KubernetesConfig()
+        self.client = client
+        self.apps = k8s.AppsV1Api(client)
+        self.custom = k8s.CustomObjectsApi(client)
+        self.autoscaling = k8s.AutoscalingV2Api(client)
+        self._sleep = sleep
+        self.writes = 0
+        """Replace calls sent (including ones that failed): tests check a retry never doubles them."""
+
+    def check(self, policy: Policy) -> list[str]:
+        target = policy.target
+        if policy.mode == "enforce" and not isinstance(target, KubernetesTarget) and target.kind != "model":
+            return [f"target.kind: {policy.target.kind!r} cannot be scaled by the kubernetes actuator"]
+        return []
+
+    def manages(self, policy: Policy) -> bool:
+        return isinstance(policy.target, KubernetesTarget)
+
+    def endpoints(self, policy: Policy) -> Sequence[str]:
+        return ()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.client.close)
+
+    async def replicas(self, policy: Policy) -> ReplicaCount:
+        target = self._target(policy)
+        read = await asyncio.to_thread(self._with_retries, target, lambda: self._read(target), "read")
+        return ReplicaCount(desired=read.desired, ready=read.ready)
+
+    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
+        if replicas < 0:
+            raise ActuationError(f"cannot scale {policy.name!r} to {replicas} replicas")
+        target = self._target(policy)
+        return await asyncio.to_thread(self._scale_sync, target, replicas)
+
+    @staticmethod
+    def _target(policy: Policy) -> KubernetesTarget:
+        if not isinstance(policy.target, KubernetesTarget):
+            raise ActuationError(f"policy {policy.name!r} has a {policy.target.kind!r} target, not a Kubernetes one")
+        return policy.target
+
+    def _scale_sync(self, target: KubernetesTarget, replicas: int) -> ScaleResult:
+        state: dict[str, Any] = {"previous": None, "wrote": False, "attempts": 0}
+
+        def attempt() -> ScaleResult:
+            state["attempts"] += 1
+            read = self._read(target)
+            if state["previous"] is None:
+                state["previous"] = read.desired
+            if read.desired != replicas:
+                self.writes += 1
+                state["wrote"] = True
+                self._write(target, read.obj, replicas)
+            return ScaleResult(
+                previous=state["previous"], replicas=replicas, changed=state["wrote"], attempts=state["attempts"]
+            )
+
+        result: ScaleResult = self._with_retries(target, attempt, f"scale to {replicas}")
+        return result
+
+    def _with_retries(self, target: KubernetesTarget, fn: Callable[[], Any], what: str) -> Any:
+        cfg = self.config
+        last = ""
+        for attempt in range(1, cfg.max_attempts + 1):
+            try:
+                return fn()
+            except ApiException as exc:
+                if exc.status not in RETRIED_STATUSES:
+                    raise ActuationError(f"{_describe(target)}: {what} failed: HTTP {exc.status} {exc.reason}") from exc
+                last = f"HTTP {exc.status} {exc.reason}"
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if attempt < cfg.max_attempts:
+                delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * 2 ** (attempt - 1))
+                self._sleep(delay * (0.5 + random.random() / 2))
+        raise ActuationError(f"{_describe(target)}: {what} failed after {cfg.max_attempts} attempts: {last}")
+
+    # ---- per-kind reads and writes -------------------------------------
+    def _read(self, target: KubernetesTarget) -> _Read:
+        timeout = self.config.request_timeout_s
+        if target.hpa is not None:
+            hpa = self.autoscaling.read_namespaced_horizontal_pod_autoscaler(
+                target.hpa, target.namespace, _request_timeout=timeout
+            )
+            current = hpa.status.current_replicas if hpa.status is not None else None
+            floor = hpa.spec.min_replicas if hpa.spec.min_replicas is not None else 1
+            return _Read(desired=floor, ready=current, obj=hpa)
+        if target.kind == "deployment":
+            scale = self.apps.read_namespaced_deployment_scale(target.name, target.namespace, _request_timeout=timeout)
+            ready = scale.status.replicas if scale.status is not None else None
+            desired = scale.spec.replicas if scale.spec is not None else None
+            return _Read(desired=int(desired or 0), ready=ready, obj=scale)
+        obj = self.custom.get_namespaced_custom_object_scale(
+            LWS_GROUP, LWS_VERSION, target.namespace, LWS_PLURAL, target.name, _request_timeout=timeout
+        )
+        if not isinstance(obj, dict):
+            raise ActuationError(f"{_describe(target)}: scale subresource is not an object")
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        ready = status.get("replicas")
+        return _Read(desired=int(spec.get("replicas") or 0), ready=None if ready is None else int(ready), obj=obj)
+
+    def _write(self, target: KubernetesTarget, obj: Any, replicas: int) -> None:
+        timeout = self.config.request_timeout_s
+        if target.hpa is not None:
+            obj.spec.min_replicas = replicas
+            obj.spec.max_replicas = max(obj.spec.max_replicas, replicas)
+            self.autoscaling.replace_namespaced_horizontal_pod_autoscaler(
+                target.hpa, target.namespace, obj, _request_timeout=timeout
+            )
+        elif target.kind == "deployment":
+            scale = k8s.V1Scale(
+                api_version="autoscaling/v1",
+                kind="Scale",
+                metadata=k8s.V1ObjectMeta(
+                    name=target.name, namespace=target.namespace, resource_version=obj.metadata.resource_version
+                ),
+                spec=k8s.V1ScaleSpec(replicas=replicas),
+            )
+            self.apps.replace_namespaced_deployment_scale(
+                target.name, target.namespace, scale, _request_timeout=timeout
+            )
+        else:
+            body: dict[str, Any] = {
+                "apiVersion": "autoscaling/v1",
+                "kind": "Scale",
+                "metadata": {
+                    "name": target.name,
+                    "namespace": target.namespace,
+                    "resourceVersion": (obj.get("metadata") or {}).get("resourceVersion"),
+                },
+                "spec": {"replicas": replicas},
+            }
+            self.custom.replace_namespaced_custom_object_scale(
+                LWS_GROUP, LWS_VERSION, target.namespace, LWS_PLURAL, target.name, body, _request_timeout=timeout
+            )
+
+
+def _describe(target: KubernetesTarget) -> str:
+    if target.hpa is not None:
+        return f"hpa {target.namespace}/{target.hpa}"
+    return f"{target.kind} {target.namespace}/{target.name}"

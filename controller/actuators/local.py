@@ -1,0 +1,191 @@
+"""The local actuator: embedded-engine replicas as real processes on this machine.
+
+Each replica is ``moeslo serve --checkpoint DIR --port P`` (the argv template
+comes from the config, so tests and other engines can substitute their own),
+bound to loopback on a free port.  Scaling compares the wanted count with the
+processes still alive (crashed ones are reaped first), starts the missing
+ones, and stops the newest surplus ones (SIGTERM, then SIGKILL after
+``stop_timeout_s``).  A replica counts as ready once its port answers HTTP.
+Every replica is stopped when the controller shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from controller.actuators.base import ReplicaCount, ScaleResult
+from controller.config import LocalActuatorConfig
+from controller.policy import LocalTarget, Policy
+from engine.errors import ActuationError
+
+READY_PROBE_TIMEOUT_S = 0.5
+
+
+@dataclass
+class LocalReplica:
+    process: subprocess.Popen[bytes]
+    port: int
+    host: str
+    started_s: float
+    log: IO[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+class LocalActuator:
+    """Starts and stops embedded-engine processes; see the module docstring."""
+
+    name = "local"
+
+    def __init__(self, config: LocalActuatorConfig | None = None, *, cwd: str | Path | None = None) -> None:
+        self.config = config or LocalActuatorConfig()
+        self.cwd = Path(cwd) if cwd is not None else Path.cwd()
+        self.replicas_by_policy: dict[str, list[LocalReplica]] = {}
+        self._lock = asyncio.Lock()
+
+    def check(self, policy: Policy) -> list[str]:
+        target = policy.target
+        if not isinstance(target, LocalTarget):
+            if policy.mode == "enforce" and target.kind != "model":
+                return [f"target.kind: {target.kind!r} cannot be scaled by the local actuator"]
+            return []
+        checkpoint = target.checkpoint or self.config.checkpoint
+        if any("{checkpoint}" in part for part in self.config.command):
+            if checkpoint is None:
+                return ["target.checkpoint: required (the controller has no default checkpoint configured)"]
+            if not (self.cwd / checkpoint).is_dir():
+                return [f"target.checkpoint: {checkpoint!r} is not a directory on the controller's machine"]
+        return []
+
+    def manages(self, policy: Policy) -> bool:
+        return isinstance(policy.target, LocalTarget)
+
+    def endpoints(self, policy: Policy) -> Sequence[str]:
+        return tuple(r.endpoint for r in self.replicas_by_policy.get(policy.name, []) if r.alive)
+
+    def _reap(self, policy: Policy) -> list[LocalReplica]:
+        replicas = self.replicas_by_policy.setdefault(policy.name, [])
+        for replica in [r for r in replicas if not r.alive]:
+            replicas.remove(replica)
+            if replica.log is not None:
+                replica.log.close()
+        return replicas
+
+    async def replicas(self, policy: Policy) -> ReplicaCount:
+        replicas = self._reap(policy)
+        ready = await asyncio.gather(*(self._answers(r) for r in replicas))
+        return ReplicaCount(desired=len(replicas), ready=sum(ready))
+
+    @staticmethod
+    async def _answers(replica: LocalReplica) -> bool:
+        try:
+            async with httpx.AsyncClient(timeout=READY_PROBE_TIMEOUT_S) as client:
+                response = await client.get(f"{replica.endpoint}/metrics")
+        except httpx.HTTPError:
+            return False
+        return response.status_code < 500
+
+    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
+        if replicas < 0:
+            raise ActuationError(f"cannot run {replicas} replicas of {policy.name!r}")
+        async with self._lock:
+            running = self._reap(policy)
+            previous = len(running)
+            while len(running) < replicas:
+                running.append(self._start(policy, running))
+            surplus = running[replicas:]
+            del running[replicas:]
+            await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in reversed(surplus)))
+            return ScaleResult(previous=previous, replicas=replicas, changed=previous != replicas)
+
+    def _argv(self, policy: Policy, port: int) -> list[str]:
+        target = policy.target
+        assert isinstance(target, LocalTarget)
+        checkpoint = target.checkpoint or self.config.checkpoint or ""
+        values = {"checkpoint": checkpoint, "port": str(port), "model": target.model, "host": self.config.host}
+        return [part.format(**values) for part in self.config.command]
+
+    def _next_port(self) -> int:
+        taken = {r.port for rs in self.replicas_by_policy.values() for r in rs}
+        port = self.config.first_port
+        while port <= 65535:
+            if port not in taken and _port_free(self.config.host, port):
+                return port
+            port += 1
+        raise ActuationError(f"no free port at or above {self.config.first_port}")
+
+    def _start(self, policy: Policy, running: list[LocalReplica]) -> LocalReplica:
+        if not isinstance(policy.target, LocalTarget):
+            raise ActuationError(f"policy {policy.name!r} has a {policy.target.kind!r} target, not a local one")
+        problems = self.check(policy)
+        if problems:
+            raise ActuationError(f"policy {policy.name!r}: {'; '.join(problems)}")
+        port = self._next_port()
+        argv = self._argv(policy, port)
+        log: IO[bytes] | None = None
+        if self.config.log_dir is not None:
+            log_dir = Path(self.config.log_dir)
+            log_dir.mkdir(parents=True, exist_ok=True)
+            log = (log_dir / f"{policy.name}-{port}.log").open("ab")
+        try:
+            process = subprocess.Popen(
+                argv,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log if log is not None else subprocess.DEVNULL,
+                stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stopping it stops its children too
+            )
+        except OSError as exc:
+            if log is not None:
+                log.close()
+            raise ActuationError(f"cannot start {argv[0]!r} for {policy.name!r}: {exc.strerror}") from exc
+        return LocalReplica(process=process, port=port, host=self.config.host, started_s=time.monotonic(), log=log)
+
+    def _stop(self, replica: LocalReplica) -> None:
+        process = replica.process
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=self.config.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=self.config.stop_timeout_s)
+        if replica.log is not None:
+            replica.log.close()
+
+    async def aclose(self) -> None:
+        """Stop every replica this actuator started."""
+        async with self._lock:
+            everything = [r for rs in self.replicas_by_policy.values() for r in rs]
+            self.replicas_by_policy.clear()
+            await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in everything))

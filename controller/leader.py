@@ -1,0 +1,183 @@
+"""Leader election: exactly one controller replica acts; the others stand by and serve reads.
+
+With several replicas (production on Kubernetes) the replicas compete for a
+``coordination.k8s.io/v1`` Lease, as client-go's leader election does:
+
+- the holder renews the lease every ``renew_period_s``; it stays leader only
+  while its last successful renewal is younger than
+  ``lease_duration_s - renew_period_s``, so it steps down *before* anyone
+  else may take over;
+- a candidate takes the lease over when the lease record has not changed for
+  ``lease_duration_s`` *on the candidate's own monotonic clock* (no trust in
+  clock agreement between machines), bumping ``leaseTransitions``;
+- every write carries the lease's ``resourceVersion``: two candidates racing
+  for the same lapse get one success and one 409;
+- a leader that shuts down releases the lease (empty holder), so a standby
+  takes over at its next round instead of waiting out the lease.
+
+In the embedded mode (one process on SQLite) :class:`AlwaysLeader` is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Protocol
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from controller.config import LeaderElectionConfig
+
+log = logging.getLogger(__name__)
+
+
+class LeaderElector(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class AlwaysLeader:
+    """The embedded mode's elector: the only process always acts."""
+
+    is_leader = True
+    identity = "embedded"
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class LeaseElector:
+    """Leader election over a Lease; see the module docstring."""
+
+    def __init__(
+        self,
+        client: k8s.ApiClient,
+        config: LeaderElectionConfig,
+        *,
+        identity: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.identity = identity or config.identity or default_identity()
+        self.api = k8s.CoordinationV1Api(client)
+        self.clock = clock
+        self._observed: tuple[str | None, str | None, str | None] | None = None
+        self._observed_at_s = 0.0
+        self._renewed_at_s: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        if self._renewed_at_s is None:
+            return False
+        deadline_s = self.config.lease_duration_s - self.config.renew_period_s
+        return self.clock() - self._renewed_at_s < deadline_s
+
+    def try_acquire_or_renew(self) -> bool:
+        """One election round; returns whether this replica leads afterwards."""
+        try:
+            self._round()
+        except ApiException as exc:
+            if exc.status != 409:
+                log.warning("leader election: lease %s: HTTP %s %s", self.config.lease_name, exc.status, exc.reason)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            log.warning("leader election: lease %s: %s", self.config.lease_name, exc)
+        return self.is_leader
+
+    def _round(self) -> None:
+        cfg = self.config
+        now = datetime.now(UTC)
+        try:
+            lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.api.create_namespaced_lease(
+                cfg.namespace,
+                k8s.V1Lease(
+                    metadata=k8s.V1ObjectMeta(name=cfg.lease_name, namespace=cfg.namespace),
+                    spec=self._spec(now, acquire_time=now, transitions=0),
+                ),
+            )
+            self._renewed_at_s = self.clock()
+            return
+        spec = lease.spec or k8s.V1LeaseSpec()
+        meta = lease.metadata or k8s.V1ObjectMeta()
+        record = (spec.holder_identity, str(spec.renew_time), meta.resource_version)
+        if record != self._observed:
+            self._observed, self._observed_at_s = record, self.clock()
+        holder = spec.holder_identity
+        if holder == self.identity:
+            lease.spec = self._spec(now, acquire_time=spec.acquire_time or now, transitions=spec.lease_transitions or 0)
+            self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease)
+            self._renewed_at_s = self.clock()
+            return
+        self._renewed_at_s = None
+        lapsed = self.clock() - self._observed_at_s >= cfg.lease_duration_s
+        if holder and not lapsed:
+            return
+        lease.spec = self._spec(now, acquire_time=now, transitions=(spec.lease_transitions or 0) + 1)
+        self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease)
+        self._renewed_at_s = self.clock()
+        log.info("leader election: %s took lease %s over from %r", self.identity, cfg.lease_name, holder)
+
+    def _spec(self, now: datetime, *, acquire_time: datetime, transitions: int) -> k8s.V1LeaseSpec:
+        return k8s.V1LeaseSpec(
+            holder_identity=self.identity,
+            lease_duration_seconds=max(1, round(self.config.lease_duration_s)),
+            acquire_time=acquire_time,
+            renew_time=now,
+            lease_transitions=transitions,
+        )
+
+    def release(self) -> None:
+        """Give the lease up (empty holder) if this replica holds it."""
+        if self._renewed_at_s is None:
+            return
+        self._renewed_at_s = None
+        cfg = self.config
+        try:
+            lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace)
+            if lease.spec is None or lease.spec.holder_identity != self.identity:
+                return
+            lease.spec.holder_identity = None
+            lease.spec.lease_duration_seconds = 1
+            self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            log.warning("leader election: releasing lease %s failed: %s", cfg.lease_name, exc)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.to_thread(self.try_acquire_or_renew)
+            await asyncio.sleep(self.config.renew_period_s)
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="leader-election")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await asyncio.to_thread(self.release)
