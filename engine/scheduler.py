@@ -1,0 +1,237 @@
+"""Continuous batching over a paged KV cache.
+
+Each step the scheduler fills a token budget (``max_num_batched_tokens``):
+first the running sequences (one decode token each, or the next chunk of a
+prompt still being prefilled), then waiting sequences in arrival order, whose
+prompts are cut into chunks that fit what is left of the budget.  Prefill
+chunks thus ride along with decode steps instead of stalling them.
+
+When the KV cache has no block for a running sequence, the most recently
+admitted running sequence is preempted: its blocks are freed and it goes
+back to the head of the waiting queue, to be recomputed from its prompt and
+the tokens it already generated (vLLM's "recompute" preemption).
+
+The waiting queue is bounded (``max_waiting``): a new request beyond it is
+refused with :class:`OverloadedError`, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.batch import SeqChunk, StepPlan
+from engine.errors import OverloadedError, PromptTooLongError, ValidationError
+from engine.kv_cache import BlockManager
+from engine.sampling import RequestSampler, SamplingParams
+from engine.stats import RequestTiming
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """Limits of the batch, read once at the edge."""
+
+    max_num_seqs: int = 64
+    """Sequences in the running batch at most."""
+    max_num_batched_tokens: int = 512
+    """Tokens computed per step at most (decode tokens and prefill chunks together)."""
+    max_waiting: int = 256
+    """Requests waiting for admission at most; more are refused (429)."""
+    max_model_len: int = 4096
+    """Prompt plus generated tokens of one sequence at most."""
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name} must be >= 1, got {getattr(self, name)}"
+            for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "max_model_len")
+            if getattr(self, name) < 1
+        ]
+        if problems:
+            raise ValidationError(problems)
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One request's tokens and progress through the engine."""
+
+    seq_id: int
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    timing: RequestTiming
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    """Tokens whose KV is in the cache (reset to 0 by a preemption)."""
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    counts_toward_queue_bound: bool = False
+    """True while the request waits for its first admission (preempted ones do not count)."""
+    sampler: RequestSampler = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sampler = RequestSampler(self.params)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_at(self, start: int, stop: int) -> tuple[int, ...]:
+        """Tokens ``start:stop`` of prompt + output."""
+        prompt_len = len(self.prompt_token_ids)
+        if stop <= prompt_len:
+            return tuple(self.prompt_token_ids[start:stop])
+        head = self.prompt_token_ids[start:] if start < prompt_len else []
+        tail = self.output_token_ids[max(0, start - prompt_len) : stop - prompt_len]
+        return (*head, *tail)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    seq: Sequence
+    num_tokens: int
+    is_prompt: bool
+    """True while the chunk computes prompt tokens (or recomputes after a preemption)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    plan: StepPlan
+    scheduled: tuple[ScheduledChunk, ...]
+    """Same order as ``plan.chunks``."""
+    num_preemptions: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.scheduled if c.is_prompt)
+
+
+class Scheduler:
+    """Admission, batching and preemption; not thread-safe (the engine serialises calls)."""
+
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._num_new_waiting = 0
+        """Waiting requests not yet admitted once (the queue bound applies to these)."""
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence that can ever run: the context, or the whole KV cache if smaller."""
+        return min(self.config.max_model_len, self.blocks.capacity_tokens)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def check_admission(self, prompt_tokens: int, max_tokens: int, retry_after_s: float) -> None:
+        """Raise if a new request could not be accepted now."""
+        if prompt_tokens < 1:
+            raise ValidationError("prompt must have at least one token")
+        if prompt_tokens + max_tokens > self.max_model_len:
+            raise PromptTooLongError(
+                prompt_tokens=prompt_tokens, max_tokens=max_tokens, max_model_len=self.max_model_len
+            )
+        if self._num_new_waiting >= self.config.max_waiting:
+            raise OverloadedError(
+                f"waiting queue is full ({self.config.max_waiting} requests); retry later",
+                retry_after_s=retry_after_s,
+            )
+
+    def add(self, seq: Sequence, retry_after_s: float = 1.0) -> None:
+        self.check_admission(len(seq.prompt_token_ids), seq.params.max_tokens, retry_after_s)
+        seq.status = SeqStatus.WAITING
+        seq.counts_toward_queue_bound = True
+        self.waiting.append(seq)
+        self._num_new_waiting += 1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Take ``seq`` out of the queues and free its blocks (finished, aborted or failed)."""
+        if seq.status is SeqStatus.FINISHED:
+            return
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+            self._leave_queue_bound(seq)
+        self.blocks.free(seq.seq_id)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledChunk] = []
+        preemptions = 0
+
+        # 1. Running sequences, oldest first; preempt the youngest when blocks run out.
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            want = min(seq.num_tokens - seq.num_computed, budget)
+            while not self.blocks.ensure(seq.seq_id, seq.num_computed + want):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preemptions += 1
+                if victim is seq:
+                    break
+            if seq.status is not SeqStatus.RUNNING:
+                break  # seq preempted itself: nothing younger is left to run
+            scheduled.append(ScheduledChunk(seq, want, is_prompt=seq.num_computed < seq.num_tokens - 1))
+            budget -= want
+            index += 1
+
+        # 2. Waiting sequences in order (preempted ones sit at the head), while budget and blocks last.
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preemptions:
+            seq = self.waiting[0]
+            want = min(seq.num_tokens - seq.num_computed, budget)
+            if not self.blocks.ensure(seq.seq_id, seq.num_computed + want):
+                break
+            self.waiting.popleft()
+            self._leave_queue_bound(seq)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledChunk(seq, want, is_prompt=True))
+            budget -= want
+
+        chunks = tuple(
+            SeqChunk(
+                seq_id=c.seq.seq_id,
+                num_computed=c.seq.num_computed,
+                token_ids=c.seq.token_at(c.seq.num_computed, c.seq.num_computed + c.num_tokens),
+                block_table=self.blocks.block_table(c.seq.seq_id),
+                needs_logits=c.seq.num_computed + c.num_tokens == c.seq.num_tokens,
+            )
+            for c in scheduled
+        )
+        return SchedulerOutput(StepPlan(chunks), tuple(scheduled), preemptions)
+
+    def _leave_queue_bound(self, seq: Sequence) -> None:
+        if seq.counts_toward_queue_bound:
+            seq.counts_toward_queue_bound = False
+            self._num_new_waiting -= 1
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq.seq_id)
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+
+
+__all__ = [
+    "ScheduledChunk",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "SeqStatus",
+    "Sequence",
+]

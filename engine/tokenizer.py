@@ -1,0 +1,110 @@
+"""Tokenizers: byte-level for the random checkpoint, ``tokenizer.json`` when the checkpoint has one.
+
+Both stream: :meth:`Tokenizer.stream` returns a decoder that turns token ids
+into text one at a time and holds back incomplete UTF-8 sequences, so
+streamed text is never garbled mid-character.
+"""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from engine.errors import ValidationError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as RustTokenizer
+
+
+class DecodeStream(Protocol):
+    def step(self, token_id: int) -> str:
+        """Text that ``token_id`` completes (may be empty)."""
+        ...
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+    def stream(self) -> DecodeStream: ...
+
+
+class ByteTokenizer:
+    """Token ``b`` (0..255) is byte ``b``; ids above 255 are rendered as ``<|id|>``.
+
+    Meant for random checkpoints, whose vocabulary carries no text.
+    """
+
+    def __init__(self, vocab_size: int) -> None:
+        if vocab_size < 256:
+            raise ValidationError(f"a byte-level tokenizer needs vocab_size >= 256, got {vocab_size}")
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids: list[int]) -> str:
+        stream = self.stream()
+        return "".join(stream.step(t) for t in token_ids) + stream.flush()
+
+    def stream(self) -> _ByteDecodeStream:
+        return _ByteDecodeStream()
+
+
+class _ByteDecodeStream:
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def step(self, token_id: int) -> str:
+        if 0 <= token_id < 256:
+            return self._utf8.decode(bytes((token_id,)))
+        return self.flush() + f"<|{token_id}|>"
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` through the ``tokenizers`` library."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer as RustTokenizer
+
+        self._tok = RustTokenizer.from_file(str(path))
+        self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self._tok.decode(token_ids, skip_special_tokens=True))
+
+    def stream(self) -> _HFDecodeStream:
+        return _HFDecodeStream(self._tok)
+
+
+class _HFDecodeStream:
+    def __init__(self, tok: RustTokenizer) -> None:
+        from tokenizers.decoders import DecodeStream as RustDecodeStream
+
+        self._tok = tok
+        self._stream = RustDecodeStream(skip_special_tokens=True)
+
+    def step(self, token_id: int) -> str:
+        text = self._stream.step(self._tok, token_id)
+        return "" if text is None else str(text)
+
+
+def load_tokenizer(checkpoint: Path, vocab_size: int) -> Tokenizer:
+    """``tokenizer.json`` from the checkpoint directory if present, else byte-level."""
+    path = Path(checkpoint) / "tokenizer.json"
+    if path.is_file():
+        return HFTokenizer(path)
+    return ByteTokenizer(vocab_size)
+
+
+__all__ = ["ByteTokenizer", "DecodeStream", "HFTokenizer", "Tokenizer", "load_tokenizer"]
