@@ -61,7 +61,7 @@ class CheckpointReader:
         self._handles: dict[Path, Any] = {}
         if self._single is not None:
             handle = self._open(self._single)
-            self._file_of = {name: self._single for name in handle}
+            self._file_of = {name: self._single for name in handle.keys()}  # noqa: SIM118 (not iterable)
 
     def _open(self, path: Path) -> Any:
         if path not in self._handles:

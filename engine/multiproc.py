@@ -1,0 +1,215 @@
+"""Expert parallelism across processes (``--ep N``).
+
+Rank 0 is this process: it runs attention, routers and dense layers, owns
+the KV cache, and holds its share of the experts.  Ranks 1..N-1 are spawned
+processes that hold only their own expert slots.  They are joined in one
+``torch.distributed`` group (gloo on CPU, nccl where CUDA is present).
+
+Per MoE layer and step:
+
+* **dispatch**: rank 0 broadcasts the normalized hidden states with each
+  token's top-k weights and physical slots (one packed tensor).  Every rank
+  picks the assignments whose slot it holds.  This is the all-to-all of EP
+  done as a broadcast: on one host the bytes are the same order, and ranks
+  need no per-peer sizes.
+* **combine**: each rank computes its experts' outputs into a zero tensor
+  and a sum-reduce brings them to rank 0.
+
+Placement changes move only the expert weights that change rank, with
+point-to-point sends between the ranks that hold them and the ranks that
+need them; each rank builds its new slots aside and switches at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from datetime import timedelta
+from multiprocessing.process import BaseProcess
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from engine.checkpoint import CheckpointReader, torch_dtype
+from engine.config import ModelConfig
+from engine.errors import ValidationError
+from engine.executor import ExecutorOptions
+from engine.experts import ExpertShard, ExpertWeights, Transfer, load_expert, plan_transfers
+from engine.local_executor import DriverBase, default_threads, expert_bytes
+from engine.model import StepMetadata
+from engine.placement import Placement
+
+_OP_STEP, _OP_PLACEMENT, _OP_SHUTDOWN = 1, 2, 3
+_TIMEOUT = timedelta(seconds=120)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _exchange(shard: ExpertShard, transfers: list[Transfer], rank: int) -> dict[tuple[int, int], ExpertWeights]:
+    """Send the weights this rank is a source of; receive those it needs."""
+    config = shard.config
+    inter, hidden = config.moe_intermediate_size, config.hidden_size
+    dtype = shard.w13[0].dtype if shard.w13 else torch.float32
+    pending = []
+    received: dict[tuple[int, int], ExpertWeights] = {}
+    for index, tr in enumerate(transfers):
+        if tr.src == rank:
+            w13, w2 = shard.weights_of(tr.layer, tr.expert)
+            pending.append(dist.isend(w13.contiguous(), dst=tr.dst, tag=2 * index))
+            pending.append(dist.isend(w2.contiguous(), dst=tr.dst, tag=2 * index + 1))
+        elif tr.dst == rank:
+            w13 = torch.empty((2 * inter, hidden), dtype=dtype)
+            w2 = torch.empty((hidden, inter), dtype=dtype)
+            pending.append(dist.irecv(w13, src=tr.src, tag=2 * index))
+            pending.append(dist.irecv(w2, src=tr.src, tag=2 * index + 1))
+            received[(tr.layer, tr.expert)] = (w13, w2)
+    for work in pending:
+        if work is not None:
+            work.wait()
+    return received
+
+
+class _RankState:
+    """What every rank keeps to serve dispatches: its shard and the packed-row layout."""
+
+    def __init__(self, config: ModelConfig, shard: ExpertShard, dtype: torch.dtype) -> None:
+        self.config = config
+        self.shard = shard
+        self.dtype = dtype
+        self.hidden = config.hidden_size
+        self.top_k = config.num_experts_per_tok
+
+    def compute(self, layer: int, packed: torch.Tensor) -> torch.Tensor:
+        """This rank's expert outputs for one dispatched layer, as float32."""
+        h, k = self.hidden, self.top_k
+        x = packed[:, :h].to(self.dtype)
+        weights = packed[:, h : h + k].to(self.dtype)
+        physical = packed[:, h + k :].long()
+        out = torch.zeros_like(x)
+        self.shard.compute(layer, x, weights, physical, out)
+        return out.float()
+
+    def apply(self, new: Placement) -> tuple[int, int]:
+        transfers = plan_transfers(self.shard.placement, new)
+        received = _exchange(self.shard, transfers, self.shard.rank)
+        self.shard.swap(new, received)
+        return len(transfers), len(transfers) * expert_bytes(self.config, self.dtype)
+
+
+def _worker_main(rank: int, world: int, port: int, options: ExecutorOptions, placement: Placement) -> None:
+    torch.set_num_threads(options.threads_per_rank or default_threads(world))
+    config = ModelConfig.load(options.checkpoint)
+    dtype = torch_dtype(options.dtype or config.torch_dtype)
+    dist.init_process_group(_backend(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=_TIMEOUT)
+    try:
+        with CheckpointReader(options.checkpoint, dtype) as reader:
+            shard = ExpertShard(
+                config, placement, rank, lambda layer, expert: load_expert(reader, config.sparse_layers[layer], expert)
+            )
+        state = _RankState(config, shard, dtype)
+        moe_layers = placement.num_layers
+        width = config.hidden_size + 2 * config.num_experts_per_tok
+        header = torch.zeros(2, dtype=torch.long)
+        dist.barrier()
+        with torch.inference_mode():
+            while True:
+                dist.broadcast(header, src=0)
+                op, tokens = int(header[0]), int(header[1])
+                if op == _OP_STEP:
+                    packed = torch.empty((tokens, width), dtype=torch.float32)
+                    for layer in range(moe_layers):
+                        dist.broadcast(packed, src=0)
+                        dist.reduce(state.compute(layer, packed), dst=0, op=dist.ReduceOp.SUM)
+                elif op == _OP_PLACEMENT:
+                    box: list[object] = [None]
+                    dist.broadcast_object_list(box, src=0)
+                    assert isinstance(box[0], np.ndarray)
+                    state.apply(Placement(box[0], world))
+                    dist.barrier()
+                else:
+                    break
+    finally:
+        dist.destroy_process_group()
+
+
+class MultiprocExecutor(DriverBase):
+    """N expert-parallel ranks: this process is rank 0, the others are spawned."""
+
+    def __init__(self, options: ExecutorOptions) -> None:
+        world = options.ep
+        if dist.is_initialized():
+            raise ValidationError(
+                "this process already runs an expert-parallel executor; shut it down before starting another"
+            )
+        torch.set_num_threads(options.threads_per_rank or default_threads(world))
+        super().__init__(options, num_ranks=world)
+        port = _free_port()
+        ctx = mp.get_context("spawn")
+        self._procs: list[BaseProcess] = []
+        for rank in range(1, world):
+            proc = ctx.Process(
+                target=_worker_main, args=(rank, world, port, options, self._placement), daemon=True,
+                name=f"moeslo-ep-rank{rank}",
+            )
+            proc.start()
+            self._procs.append(proc)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group(_backend(), init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world,
+                                timeout=_TIMEOUT)
+        cfg = self._config
+        shard = ExpertShard(
+            cfg, self._placement, 0, lambda layer, expert: load_expert(self.reader, cfg.sparse_layers[layer], expert)
+        )
+        self._state = _RankState(cfg, shard, self.dtype)
+        self._header = torch.zeros(2, dtype=torch.long)
+        self._closed = False
+        dist.barrier()
+
+    def _forward(self, meta: StepMetadata) -> torch.Tensor:
+        self._header[0], self._header[1] = _OP_STEP, meta.token_ids.shape[0]
+        dist.broadcast(self._header, src=0)
+        return super()._forward(meta)
+
+    def _dispatch(self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
+        packed = torch.cat([x.float(), weights.float(), physical.float()], dim=1)
+        dist.broadcast(packed, src=0)
+        out = self._state.compute(layer, packed)
+        dist.reduce(out, dst=0, op=dist.ReduceOp.SUM)
+        return out.to(x.dtype)
+
+    def _swap(self, placement: Placement) -> tuple[int, int]:
+        self._header[0], self._header[1] = _OP_PLACEMENT, 0
+        dist.broadcast(self._header, src=0)
+        dist.broadcast_object_list([placement.phy2log], src=0)
+        moved = self._state.apply(placement)
+        dist.barrier()
+        return moved
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._header[0], self._header[1] = _OP_SHUTDOWN, 0
+            dist.broadcast(self._header, src=0)
+        finally:
+            dist.destroy_process_group()
+            deadline = time.monotonic() + 10
+            for proc in self._procs:
+                proc.join(timeout=max(0.1, deadline - time.monotonic()))
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(timeout=5)
+            super().shutdown()
