@@ -14,6 +14,10 @@ replicas already asked for but still starting are counted as coming):
   ``burn_rate_scale_up`` (budget spent faster than the window allows);
 - ``latency_p99``: p99 TTFT or ITL above its threshold: need grows by the ratio.
 
+The SLIs are windowed (5 minutes by default), so they keep showing an overload
+for a window after it ended: they ask for one step per SLI window, and within
+it only for what they asked already (``scale_up_pending`` once it is there).
+
 Scale down (``low_utilization``) only when the SLIs are trusted and healthy
 (burn rate below ``burn_rate_scale_down``, p99 under ``latency_headroom`` of
 the threshold), nothing waits, and KV-cache usage says the load fits in
@@ -72,6 +76,8 @@ class ReactiveAdvisor:
 
     def __init__(self, config: ReactiveConfig | None = None) -> None:
         self.config = config or ReactiveConfig()
+        self._sli_steps: dict[str, tuple[float, int]] = {}
+        """Per policy: when the SLIs last asked for more replicas, and how many."""
 
     def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
         cfg = self.config
@@ -92,15 +98,16 @@ class ReactiveAdvisor:
             elif queue / ready > cfg.queue_per_replica_high:
                 running = observation.running_requests or 0.0
                 per_replica = max(running / ready, 1.0)
-                up_needs.append(
-                    (min(ceiling, math.ceil((running + queue) / per_replica)), Reason.QUEUE_DEPTH)
-                )
+                up_needs.append((min(ceiling, math.ceil((running + queue) / per_replica)), Reason.QUEUE_DEPTH))
         worst_burn, worst_latency_ratio = self._sli_pressure(policy, sli)
+        sli_needs: list[tuple[int, str]] = []
         if worst_burn is not None and worst_burn > cfg.burn_rate_scale_up:
-            up_needs.append((ready + max(1, math.ceil(ready * cfg.up_step_fraction)), Reason.SLO_BURN))
+            sli_needs.append((ready + max(1, math.ceil(ready * cfg.up_step_fraction)), Reason.SLO_BURN))
         if worst_latency_ratio is not None and worst_latency_ratio > 1.0:
             grown = math.ceil(ready * min(worst_latency_ratio, cfg.max_up_factor))
-            up_needs.append((max(ready + 1, grown), Reason.LATENCY_P99))
+            sli_needs.append((max(ready + 1, grown), Reason.LATENCY_P99))
+        if sli is not None and sli_needs:
+            up_needs.extend(self._one_sli_step_per_window(policy.name, sli.window_s, sli_needs, current, now_s))
 
         details = {
             "ready_replicas": ready,
@@ -112,9 +119,7 @@ class ReactiveAdvisor:
             reasons = tuple(dict.fromkeys(r for _, r in up_needs))
             if need <= current:
                 # The replicas this pressure calls for were already asked for and are starting.
-                return Advice(
-                    replicas_needed=current, reasons=(*reasons, Reason.SCALE_UP_PENDING), details=details
-                )
+                return Advice(replicas_needed=current, reasons=(*reasons, Reason.SCALE_UP_PENDING), details=details)
             return Advice(replicas_needed=need, reasons=reasons, details=details)
 
         if sli is None:
@@ -129,6 +134,24 @@ class ReactiveAdvisor:
                 details["kv_cache_usage"] = kv
                 return Advice(replicas_needed=need, reasons=(Reason.LOW_UTILIZATION,), details=details)
         return Advice(replicas_needed=current, reasons=(Reason.WITHIN_SLO,), details=details)
+
+    def _one_sli_step_per_window(
+        self, policy: str, window_s: float, needs: list[tuple[int, str]], current: int, now_s: float
+    ) -> list[tuple[int, str]]:
+        """Windowed SLIs still show the minutes before the last step: take one step per SLI window.
+
+        Without this, a 5-minute burn rate that stays high for 5 minutes after an
+        overload ended would keep adding replicas every tick as the new ones turn ready.
+        """
+        previous = self._sli_steps.get(policy)
+        if previous is not None and (now_s < previous[0] or now_s - previous[0] >= window_s):
+            previous = None  # re-armed (or the clock was restarted, as in a new replay)
+        if previous is not None:
+            return [(min(need, previous[1]), reason) for need, reason in needs]
+        step = max(need for need, _ in needs)
+        if step > current:
+            self._sli_steps[policy] = (now_s, step)
+        return needs
 
     def _trusted_sli(self, sli: SliSnapshot | None, now_s: float) -> SliSnapshot | None:
         if sli is None or now_s - sli.observed_at_s > self.config.sli_max_age_s:

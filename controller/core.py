@@ -234,7 +234,7 @@ class DecisionCore:
 
         action: Action = "hold" if desired == current else ("scale_up" if desired > current else "scale_down")
         reasons: tuple[str, ...] = (action, *why, *guards)
-        if action == "hold" and Reason.STEADY not in reasons and need == current:
+        if action == "hold" and need == current and Reason.SCALE_UP_PENDING not in reasons:
             reasons = (*reasons, Reason.STEADY)
         apply = action != "hold"
         if apply and policy.mode == Mode.ADVISORY:

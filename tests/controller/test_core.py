@@ -418,3 +418,25 @@ def test_guardrails_hold_for_any_observation(
         assert d.desired_replicas >= 0
     if obs.queue_depth is None and obs.sli is None:
         assert d.action == "hold" or "below_min" in d.reasons or "above_max" in d.reasons
+
+
+def test_windowed_slo_burn_takes_one_step_per_window() -> None:
+    """A 5-minute burn rate lags the fleet: once the step is in, wait for the window before the next."""
+    core = DecisionCore()
+    burning = SliSnapshot(observed_at_s=0.0, window_s=300.0, requests_in_window=400, ttft_good_ratio=0.95)
+
+    def at(now_s: float, replicas: int) -> Decision:
+        obs = observe(now_s - 1, replicas, sli=replace(burning, observed_at_s=now_s - 1))
+        return tick(core, now_s, obs)
+
+    first = at(1000.0, 4)
+    assert (first.action, first.desired_replicas, first.reasons) == ("scale_up", 5, ("scale_up", "slo_burn"))
+    lagging = at(1015.0, 5)  # the new replica is ready, the window still remembers the overload
+    assert lagging.action == "hold"
+    assert lagging.reasons == ("hold", "slo_burn", "scale_up_pending")
+    rearmed = at(1000.0 + 300.0, 5)
+    assert (rearmed.action, rearmed.desired_replicas) == ("scale_up", 7)
+    # The queue is instantaneous: it is never held back by the SLI window.
+    queued = tick(core, 1315.0, overloaded(1314.0, 7))
+    assert queued.action == "scale_up"
+    assert "queue_depth" in queued.reasons
