@@ -1,0 +1,332 @@
+"""The controller service: the tick loop that connects sources, the core, actuators and the store.
+
+One tick::
+
+    store.list_policies()                       (what to govern)
+    source.observe(policies, now_s)             (SLIs, queue, load; Prometheus or scrape)
+    actuator.replicas(policy)                   (replicas asked for / ready)
+    core.tick(TickInput)                        (pure: decisions with reasons)
+    actuator.scale(policy, n)                   (enforce mode, leader only, decisions with apply)
+    store.append_decisions(...)                 (the decision log; leader only)
+    metrics                                     (moeslo_* series)
+
+Faults stay inside the tick: a source that fails yields observations with
+errors (the core holds; scale-downs are blocked; stale data holds all
+changes), an actuator that fails after its own retries is logged as a
+``failed`` decision and counted in ``moeslo_errors_total``, and the next tick
+decides afresh from the replica count it reads back -- scale calls are
+absolute, so nothing is applied twice.  Only the leader actuates and logs;
+standbys evaluate, so their ``/v1/status`` stays current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import CollectorRegistry
+
+from controller.actuators import Actuator, api_client, build_actuator
+from controller.api.status import PolicyRuntime
+from controller.config import ControllerSettings
+from controller.core import CoreConfig, DecisionCore
+from controller.leader import AlwaysLeader, LeaderElector, LeaseElector
+from controller.metrics import ControllerMetrics
+from controller.policy import LocalTarget, Mode, Policy
+from controller.slo import error_budget_remaining
+from controller.sources import BURN_WINDOWS, PrometheusClient, PrometheusSource, ScrapeSource, SliSource
+from controller.sources.base import burn_rates_of
+from controller.store import DecisionRecord, Store, StoredPolicy
+from controller.types import Decision, Effects, PolicyObservation, TickInput
+from engine.errors import ActuationError, MoesloError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+SLO_NAMES = ("ttft", "itl")
+
+
+class ControllerService:
+    """Runs ticks on an interval and exposes what it learnt to the API (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        source: SliSource,
+        actuator: Actuator,
+        core: DecisionCore,
+        metrics: ControllerMetrics,
+        elector: LeaderElector | None = None,
+        tick_interval_s: float = 15.0,
+        stale_after_s: float = 60.0,
+        static_endpoints: Mapping[str, Sequence[str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.store = store
+        self.source = source
+        self.actuator = actuator
+        self.core = core
+        self.metrics = metrics
+        self.elector: LeaderElector = elector or AlwaysLeader()
+        self.tick_interval_s = tick_interval_s
+        self.stale_after_s = stale_after_s
+        self.static_endpoints = {k: tuple(v) for k, v in (static_endpoints or {}).items()}
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self._runtime: dict[str, PolicyRuntime] = {}
+        self._last_tick_at: datetime | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.ticks = 0
+
+    # ---- what the API reads ----------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        return self.elector.is_leader
+
+    @property
+    def last_tick_at(self) -> datetime | None:
+        return self._last_tick_at
+
+    def runtime(self, name: str) -> PolicyRuntime | None:
+        return self._runtime.get(name)
+
+    def check_target(self, policy: Policy) -> list[str]:
+        return self.actuator.check(policy)
+
+    def endpoints_for(self, policy: Policy) -> list[str]:
+        """Engine base URLs to scrape for a policy: configured, named by the target, started by us."""
+        found = list(self.static_endpoints.get(policy.model_name, ()))
+        if isinstance(policy.target, LocalTarget):
+            found.extend(policy.target.endpoints)
+        found.extend(self.actuator.endpoints(policy))
+        return list(dict.fromkeys(found))
+
+    # ---- one tick --------------------------------------------------------
+    async def tick(self) -> Effects | None:
+        """Evaluate every policy once; returns the core's effects (None when the store was unreadable)."""
+        started_s = self.clock()
+        self.metrics.set_leader(self.is_leader)
+        try:
+            stored = await asyncio.to_thread(self.store.list_policies)
+        except MoesloError as exc:
+            log.warning("tick skipped: %s", exc)
+            self.metrics.error("store")
+            return None
+        by_name = {s.policy.name: s for s in stored}
+        for gone in self._runtime.keys() - by_name.keys():
+            del self._runtime[gone]
+            self.metrics.forget_policy(gone)
+        policies = [s.policy for s in stored]
+        now_s = self.clock()
+        observations = await self._observe(policies, now_s)
+        counted = await asyncio.gather(*(self._with_replicas(p, observations.get(p.name), now_s) for p in policies))
+        observations = {obs.policy: obs for obs in counted}
+        tick_input = TickInput(now_s=now_s, policies={p.name: p for p in policies}, observations=observations)
+        effects = self.core.tick(tick_input)
+        leader = self.is_leader
+        records = []
+        for decision in effects.decisions:
+            entry = by_name[decision.policy]
+            outcome, detail = await self._carry_out(entry.policy, decision, leader)
+            records.append(self._record(entry, decision, outcome, detail))
+            self._update_runtime(entry.policy, observations.get(decision.policy), decision, now_s)
+        if leader and records:
+            try:
+                await asyncio.to_thread(self.store.append_decisions, records)
+            except MoesloError as exc:
+                log.warning("decision log write failed: %s", exc)
+                self.metrics.error("store")
+        self._last_tick_at = self.wall_clock()
+        self.ticks += 1
+        self.metrics.observe_evaluation(self.clock() - started_s)
+        return effects
+
+    async def _observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
+        component = "prometheus" if type(self.source).__name__.startswith("Prometheus") else "scrape"
+        try:
+            observations = await self.source.observe(policies, now_s)
+        except UnavailableError as exc:
+            self.metrics.error(component)
+            return {p.name: PolicyObservation(policy=p.name, observed_at_s=now_s, errors=(str(exc),)) for p in policies}
+        if any(obs.errors for obs in observations.values()):
+            self.metrics.error(component)
+        return observations
+
+    async def _with_replicas(self, policy: Policy, obs: PolicyObservation | None, now_s: float) -> PolicyObservation:
+        base = obs or PolicyObservation(policy=policy.name, observed_at_s=now_s, errors=("no observation",))
+        if not self.actuator.manages(policy):
+            # Read-only target: the engines the source saw are the fleet.
+            return replace(base, current_replicas=base.ready_replicas)
+        try:
+            count = await self.actuator.replicas(policy)
+        except ActuationError as exc:
+            self.metrics.error("actuator")
+            return replace(base, current_replicas=None, errors=(*base.errors, str(exc)))
+        ready = count.ready if count.ready is not None else base.ready_replicas
+        return replace(base, current_replicas=count.desired, ready_replicas=ready)
+
+    async def _carry_out(self, policy: Policy, decision: Decision, leader: bool) -> tuple[str, str]:
+        """(outcome, extra detail) of one decision."""
+        if decision.action == "hold":
+            return "held", ""
+        if not decision.apply or policy.mode != Mode.ENFORCE:
+            return "advisory", ""
+        if not leader:
+            return "standby", "not the leader: another replica acts"
+        assert decision.desired_replicas is not None
+        try:
+            result = await self.actuator.scale(policy, decision.desired_replicas)
+        except ActuationError as exc:
+            self.metrics.error("actuator")
+            log.warning("scaling %s to %s failed: %s", policy.name, decision.desired_replicas, exc)
+            return "failed", str(exc)
+        attempts = f"{result.attempts} attempt(s)"
+        return "applied", f"{self.actuator.name}: {result.previous} -> {result.replicas} in {attempts}"
+
+    def _record(self, entry: StoredPolicy, decision: Decision, outcome: str, detail: str) -> DecisionRecord:
+        reason = decision.reasons[1] if len(decision.reasons) > 1 else decision.reasons[0]
+        self.metrics.record_decision(
+            entry.policy.name,
+            action=decision.action,
+            reason=reason,
+            desired=decision.desired_replicas,
+            current=decision.current_replicas,
+        )
+        return DecisionRecord(
+            policy=entry.policy.name,
+            policy_version=entry.version,
+            at=self.wall_clock(),
+            tick_s=decision.decided_at_s,
+            action=decision.action,
+            reason=reason,
+            current_replicas=decision.current_replicas,
+            desired_replicas=decision.desired_replicas,
+            mode=str(entry.policy.mode),
+            outcome=outcome,
+            detail="; ".join(d for d in (decision.detail, detail) if d),
+            inputs={**decision.inputs, "reasons": list(decision.reasons)},
+        )
+
+    def _update_runtime(
+        self, policy: Policy, obs: PolicyObservation | None, decision: Decision, now_s: float
+    ) -> None:
+        runtime = self._runtime.setdefault(policy.name, PolicyRuntime())
+        runtime.current_replicas = decision.current_replicas
+        runtime.desired_replicas = decision.desired_replicas
+        runtime.errors = list(obs.errors) if obs is not None else ["no observation"]
+        sli = obs.sli if obs is not None else None
+        age_s = None if obs is None else now_s - obs.observed_at_s
+        runtime.stale = obs is None or (age_s is not None and age_s > self.stale_after_s) or (
+            sli is None and bool(obs.errors)
+        )
+        if obs is not None:
+            runtime.observed_at = self.wall_clock() - timedelta(seconds=age_s or 0.0)
+        runtime.sli = {
+            "ttft_good_ratio": sli.ttft_good_ratio if sli else None,
+            "itl_good_ratio": sli.itl_good_ratio if sli else None,
+            "ttft_p99_seconds": sli.ttft_p99_s if sli else None,
+            "itl_p99_seconds": sli.itl_p99_s if sli else None,
+            "imbalance_cv_max": sli.imbalance_cv_max if sli else None,
+            "queue_depth": obs.queue_depth if obs else None,
+            "requests_in_window": sli.requests_in_window if sli else None,
+        }
+        self.metrics.set_slis(policy.name, {k: v for k, v in runtime.sli.items() if k != "requests_in_window"})
+        for slo in SLO_NAMES:
+            objective = getattr(policy.objectives, slo)
+            ratios: Mapping[str, float] = getattr(sli, f"{slo}_good_ratio_by_window") if sli else {}
+            window_ratio = ratios.get(policy.window)
+            remaining = None if window_ratio is None else error_budget_remaining(window_ratio, objective.target)
+            runtime.error_budget_remaining[slo] = remaining
+            self.metrics.set_error_budget(policy.name, slo, remaining)
+            burns = burn_rates_of({w: r for w, r in ratios.items() if w in BURN_WINDOWS}, objective.target)
+            runtime.burn_rates[slo] = burns
+            for window in BURN_WINDOWS:
+                self.metrics.set_burn_rate(policy.name, slo, window, burns.get(window))
+
+    # ---- lifecycle ---------------------------------------------------------
+    def restore_state(self) -> None:
+        """Carry the scale-down cooldown over a restart: the last applied change per policy."""
+        now_s, now_wall = self.clock(), self.wall_clock()
+        for stored in self.store.list_policies():
+            for record in self.store.list_decisions(policy=stored.policy.name, limit=50):
+                if record.outcome == "applied":
+                    age_s = max(0.0, (now_wall - record.at).total_seconds())
+                    self.core.record_change(stored.policy.name, now_s - age_s)
+                    break
+
+    async def run(self) -> None:
+        """Tick every ``tick_interval_s`` until cancelled; an unexpected error never ends the loop."""
+        while True:
+            started_s = self.clock()
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("controller tick failed")
+            elapsed_s = self.clock() - started_s
+            await asyncio.sleep(max(0.0, self.tick_interval_s - elapsed_s))
+
+    async def start(self) -> None:
+        await self.elector.start()
+        try:
+            await asyncio.to_thread(self.restore_state)
+        except MoesloError as exc:
+            log.warning("could not restore the core's state: %s", exc)
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name="controller-ticks")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.elector.stop()
+        await self.actuator.aclose()
+        await self.source.aclose()
+
+
+def build_service(settings: ControllerSettings, store: Store, registry: CollectorRegistry) -> ControllerService:
+    """The service the configuration describes: source, actuator, elector, core and metrics."""
+    actuator = build_actuator(settings)
+    metrics = ControllerMetrics(registry)
+    service_ref: list[ControllerService] = []
+
+    def endpoints_for(policy: Policy) -> list[str]:
+        return service_ref[0].endpoints_for(policy)
+
+    source: SliSource
+    if settings.prometheus_url is not None:
+        client = PrometheusClient(settings.prometheus_url, timeout_s=settings.source_timeout_s)
+        source = PrometheusSource(client, selector=settings.prometheus_selector)
+    else:
+        source = ScrapeSource(endpoints_for, timeout_s=settings.source_timeout_s)
+    elector: LeaderElector
+    if settings.leader_election.enabled:
+        elector = LeaseElector(api_client(settings.kubernetes), settings.leader_election)
+    else:
+        if not settings.embedded:
+            log.warning("leader election is off with a shared database: run one controller replica only")
+        elector = AlwaysLeader()
+    core = DecisionCore(
+        config=CoreConfig(tick_interval_s=settings.tick_interval_s, stale_after_s=settings.stale_after_s)
+    )
+    service = ControllerService(
+        store=store,
+        source=source,
+        actuator=actuator,
+        core=core,
+        metrics=metrics,
+        elector=elector,
+        tick_interval_s=settings.tick_interval_s,
+        stale_after_s=settings.stale_after_s,
+        static_endpoints=settings.scrape_endpoints,
+    )
+    service_ref.append(service)
+    return service
+
