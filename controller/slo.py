@@ -25,7 +25,8 @@ Durations are seconds (``_s``) or Prometheus duration strings; see
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from controller.policy import parse_duration_s
@@ -33,15 +34,18 @@ from controller.policy import parse_duration_s
 __all__ = [
     "SHORT_WINDOW_DIVISOR",
     "BurnRateWindow",
+    "ObjectiveStatus",
     "Severity",
     "burn_rate",
     "burn_rate_threshold",
+    "burn_rates_by_window",
     "error_budget",
     "error_budget_remaining",
     "error_ratio_threshold",
     "format_duration",
     "good_ratio",
     "is_burning",
+    "objective_status",
     "standard_burn_rate_windows",
 ]
 
@@ -97,13 +101,9 @@ def burn_rate_threshold(window_s: float, budget_fraction: float, compliance_wind
     14.4
     """
     if window_s <= 0 or compliance_window_s <= 0:
-        raise ValueError(
-            f"windows must be > 0 s, got window_s={window_s!r}, compliance={compliance_window_s!r}"
-        )
+        raise ValueError(f"windows must be > 0 s, got window_s={window_s!r}, compliance={compliance_window_s!r}")
     if window_s > compliance_window_s:
-        raise ValueError(
-            f"alert window {window_s!r} s exceeds the compliance window {compliance_window_s!r} s"
-        )
+        raise ValueError(f"alert window {window_s!r} s exceeds the compliance window {compliance_window_s!r} s")
     if not 0.0 < budget_fraction <= 1.0:
         raise ValueError(f"budget fraction must be in (0, 1], got {budget_fraction!r}")
     return budget_fraction * compliance_window_s / window_s
@@ -190,4 +190,59 @@ def standard_burn_rate_windows(compliance_window_s: float = 30 * 86400) -> tuple
         )
         for long_window, fraction, severity in _STANDARD_WINDOWS
         if parse_duration_s(long_window) <= compliance_window_s
+    )
+
+
+def burn_rates_by_window(good_ratio_by_window: Mapping[str, float], target: float) -> dict[str, float]:
+    """Burn rate per window (same keys, e.g. ``"5m"``); ratios are clipped into [0, 1] first.
+
+    Clipping absorbs counters read a moment apart (a ratio of 1.0000001), never real data.
+    """
+    return {window: burn_rate(min(max(ratio, 0.0), 1.0), target) for window, ratio in good_ratio_by_window.items()}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ObjectiveStatus:
+    """Where one objective stands: budget left over the compliance window, burn rates, alerts firing."""
+
+    target: float
+    compliance_window: str
+    good_ratio: float | None
+    """Over the compliance window; ``None`` when that window has no data yet."""
+    error_budget_remaining: float | None
+    burn_rates: Mapping[str, float] = field(default_factory=dict)
+    firing: tuple[BurnRateWindow, ...] = ()
+    """Multiwindow alerts whose long and short windows both burn above their threshold."""
+
+
+def objective_status(
+    good_ratio_by_window: Mapping[str, float],
+    target: float,
+    compliance_window_s: float,
+    windows: Sequence[BurnRateWindow] | None = None,
+) -> ObjectiveStatus:
+    """Summarize one objective from its good ratios keyed by Prometheus duration.
+
+    ``windows`` defaults to :func:`standard_burn_rate_windows` for the
+    compliance window; an alert whose long or short window has no ratio is not
+    evaluated (missing data never fires and never clears an alert here).
+    """
+    compliance = format_duration(compliance_window_s)
+    rates = burn_rates_by_window(good_ratio_by_window, target)
+    window_ratio = good_ratio_by_window.get(compliance)
+    chosen = standard_burn_rate_windows(compliance_window_s) if windows is None else tuple(windows)
+    firing = tuple(
+        w
+        for w in chosen
+        if w.long_window in rates
+        and w.short_window in rates
+        and is_burning(rates[w.long_window], rates[w.short_window], w.burn_rate)
+    )
+    return ObjectiveStatus(
+        target=target,
+        compliance_window=compliance,
+        good_ratio=window_ratio,
+        error_budget_remaining=None if window_ratio is None else 1.0 - rates[compliance],
+        burn_rates=rates,
+        firing=firing,
     )

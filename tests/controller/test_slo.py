@@ -92,3 +92,27 @@ def test_format_duration() -> None:
 def test_derive_rejects_windows_not_divisible_into_short_windows() -> None:
     with pytest.raises(ValueError, match="multiple of 12"):
         slo.BurnRateWindow.derive(long_window="5s", budget_fraction=0.1, severity="page", compliance_window_s=86400)
+
+
+def test_burn_rates_by_window() -> None:
+    rates = slo.burn_rates_by_window({"5m": 0.9, "1h": 1.0000001, "30d": 0.995}, 0.99)
+    assert rates == {"5m": pytest.approx(10.0), "1h": 0.0, "30d": pytest.approx(0.5)}
+
+
+def test_objective_status_fires_only_when_both_windows_burn() -> None:
+    ratios = {"5m": 0.8, "1h": 0.8, "30m": 0.999, "6h": 0.9, "2h": 0.99, "1d": 0.99, "30d": 0.996}
+    status = slo.objective_status(ratios, 0.99, 30 * 86400)
+    assert status.compliance_window == "30d"
+    assert status.good_ratio == 0.996
+    assert status.error_budget_remaining == pytest.approx(0.6)
+    assert status.burn_rates["5m"] == pytest.approx(20.0)
+    # 1h/5m burns at 20 > 14.4: page. 6h burns at 10 > 6 but its 30m window recovered: no page.
+    # 1d/2h at 1.0 is under 3; 3d/6h has no 3d ratio, so it is not evaluated.
+    assert [(w.long_window, w.severity) for w in status.firing] == [("1h", "page")]
+
+
+def test_objective_status_without_data() -> None:
+    status = slo.objective_status({}, 0.99, 30 * 86400)
+    assert status.good_ratio is None
+    assert status.error_budget_remaining is None
+    assert status.firing == ()
