@@ -126,7 +126,11 @@ def lpt_pack(experts: IntArray, weights: FloatArray, num_ranks: int, num_experts
 
 
 def refine_swaps(
-    packing: Packing, *, target: FloatArray | None = None, max_rounds: int | None = None
+    packing: Packing,
+    *,
+    target: FloatArray | None = None,
+    home: IntArray | None = None,
+    max_rounds: int | None = None,
 ) -> int:
     """Swap replicas between the busiest rank and others while that lowers the busiest rank.
 
@@ -134,7 +138,9 @@ def refine_swaps(
     the busiest rank ``p``, replica ``x`` on rank ``q``) that minimizes
     ``max(P - d, Q + d)`` with ``d = w_a - w_x``; a swap never places a second
     replica of an expert on a rank.  A row stops when no swap lowers its busiest
-    rank, or when its busiest rank is at or below ``target[row]``.
+    rank, or when its busiest rank is at or below ``target[row]``.  With
+    ``home`` (the rank each replica started on, -1 for none), swaps are ranked
+    by gain per replica newly moved away from home, so re-plans copy fewer weights.
     Returns the number of swaps made.
     """
     rows, ranks, k = packing.bin_items.shape
@@ -168,10 +174,19 @@ def refine_swaps(
         gain = np.minimum(d, gap - d).reshape(n, k * num_slots)
         eps = _REL_EPS * np.maximum(peak, 1e-300)
         row_ids = np.arange(n)
+        score = gain
+        if home is not None:
+            # Transfers a swap adds: a goes p -> q, x goes q -> p; leaving or reaching home counts.
+            h_x = home[active]  # (n, S)
+            h_a = np.take_along_axis(h_x, on_peak, axis=1)  # (n, k)
+            cost_a = (q[:, None, :] != h_a[:, :, None]).astype(np.int8) - (busiest[:, None] != h_a)[:, :, None]
+            cost_x = (busiest[:, None] != h_x).astype(np.int8) - (q != h_x)
+            cost = (cost_a + cost_x[:, None, :]).reshape(n, k * num_slots)
+            score = np.where(gain > eps[:, None], gain / np.maximum(cost, 0.5), gain)
         # No duplicates: x's expert must be absent from p, a's expert absent from q.  Checked on the
         # best candidate only, re-picking while it is invalid (rare), which is far cheaper than a full mask.
         for _ in range(k * num_slots):
-            best = np.argmax(gain, axis=1)
+            best = np.argmax(score, axis=1)
             best_gain = gain[row_ids, best]
             slot_a, item_x = best // num_slots, best % num_slots
             rank_q = q[row_ids, item_x]
@@ -181,6 +196,7 @@ def refine_swaps(
             dup &= best_gain > eps
             if not dup.any():
                 break
+            score[row_ids[dup], best[dup]] = -np.inf
             gain[row_ids[dup], best[dup]] = -np.inf
         improving = best_gain > eps
         if not improving.any():

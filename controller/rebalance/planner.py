@@ -41,6 +41,9 @@ class RebalanceConfig:
     """A re-plan stops moving experts once every layer's busiest rank is within this
     fraction of a from-scratch plan's; layers that cannot get there take the
     from-scratch plan (renumbered to keep what it can)."""
+    replan_replica_slack: float = 1.2
+    """A re-plan adds replicas only to experts whose load per replica would exceed this
+    multiple of a from-scratch plan's heaviest replica (each added replica is a transfer)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,7 +175,8 @@ def _plan_flat(
     scratch, source = relabel_ranks(filled_base, scratch, num_ranks)
     scratch_load = np.take_along_axis(scratch_load, source, axis=1)
     target = scratch_load.max(axis=1) * (1 + config.replan_tolerance)
-    repaired = repair_rows(load, base, repair_counts(load, base, counts), num_ranks, target)
+    new_counts = repair_counts(load, base, counts, config.replan_replica_slack)
+    repaired = repair_rows(load, base, new_counts, num_ranks, target)
     good = repaired.rank_load.max(axis=1) <= target
     out = np.where(good[:, None], align_slots(filled_base, repaired.phy2log(), num_ranks), scratch)
     out_load = np.where(good[:, None], repaired.rank_load, scratch_load)

@@ -2,14 +2,15 @@
 
 Each replica kept in its slot is a weight transfer saved.  Per row:
 
-1. replica counts: every expert gets at least ``ceil(load / m)`` replicas, where
-   ``m`` is the heaviest replica of a from-scratch plan (so balance is not
-   given up); spare slots go first to experts that already had more replicas;
+1. replica counts: every expert gets at least ``ceil(load / (slack * m))``
+   replicas, where ``m`` is the heaviest replica of a from-scratch plan;
+   spare slots go first to experts that already had more replicas;
 2. surplus replicas leave the busiest ranks; freed slots (and slots holding
    experts that no longer belong to this row) take the new replicas,
    heaviest first onto the least-loaded rank;
 3. :func:`~controller.rebalance.packing.refine_swaps` only until the busiest
-   rank is within the target (a from-scratch plan's peak plus a tolerance).
+   rank is within the target (a from-scratch plan's peak plus a tolerance),
+   preferring swaps that move few replicas away from their old rank.
 
 The caller falls back to a from-scratch plan for rows that miss the target.
 """
@@ -27,11 +28,13 @@ from controller.rebalance.packing import (
 )
 
 
-def repair_counts(load: FloatArray, previous: IntArray, greedy_counts: IntArray) -> IntArray:
-    """Replica counts that match the greedy's heaviest replica while staying close to ``previous``."""
+def repair_counts(
+    load: FloatArray, previous: IntArray, greedy_counts: IntArray, slack: float = 1.0
+) -> IntArray:
+    """Replica counts close to ``previous`` whose heaviest replica is at most ``slack`` x the greedy's."""
     rows, num_experts = load.shape
     num_slots = previous.shape[1]
-    cap = (load / greedy_counts).max(axis=1, keepdims=True)
+    cap = (load / greedy_counts).max(axis=1, keepdims=True) * slack
     with np.errstate(divide="ignore", invalid="ignore"):
         required = np.where(cap > 0, np.ceil(load / np.where(cap > 0, cap, 1.0) - 1e-9), 1.0)
     counts = np.maximum(required.astype(np.int64), 1)
@@ -66,7 +69,9 @@ def repair_rows(
         experts[row] = _refill_row(experts[row], counts[row], per_replica[row], num_ranks, k)
     weights = np.take_along_axis(per_replica, experts, axis=1)
     packing = packing_from_slots(experts, weights, num_ranks, num_experts)
-    refine_swaps(packing, target=target)
+    # A replica's home is the rank it sat on before; refilled slots hold replicas copied anyway.
+    home = np.where(experts == previous, np.arange(num_slots) // k, -1)
+    refine_swaps(packing, target=target, home=home)
     return packing
 
 
