@@ -17,6 +17,8 @@ Per policy, in order (the first guardrail that holds ends the evaluation)::
     want fewer replicas, but the source reported errors -> hold [partial_data]
     want fewer replicas inside the cooldown since the last change
                                       -> hold  [cooldown]
+    want fewer replicas than were needed at any time within the cooldown
+                                      -> no lower than that  [stabilization]
     move at most max_step replicas                       [max_step]
     mode advisory / read-only target  -> decided, apply=False [mode_advisory / read_only_target]
 
@@ -56,6 +58,9 @@ class CoreConfig:
     tick_interval_s: float = 15.0
     stale_after_s: float | None = None
     """Observations older than this hold the policy; ``None`` means 3 tick intervals."""
+    stabilize_scale_down: bool = True
+    """Scale down no lower than the highest need seen within the cooldown (as the HPA's
+    stabilization window does), so a one-tick dip does not shrink the fleet."""
 
     def __post_init__(self) -> None:
         if self.tick_interval_s <= 0:
@@ -77,6 +82,8 @@ class PolicyState:
     last_scale_up_s: float | None = None
     last_scale_down_s: float | None = None
     last_observed_replicas: int | None = None
+    recent_needs: list[tuple[float, int]] = field(default_factory=list)
+    """(time, replicas needed) over the last cooldown: a scale-down goes no lower than their max."""
     last_decision: Decision | None = field(default=None, repr=False)
 
 
@@ -89,9 +96,7 @@ class DecisionCore:
         config: CoreConfig | None = None,
         state: Mapping[str, PolicyState] | None = None,
     ) -> None:
-        self.advisors: tuple[ScalingAdvisor, ...] = (
-            tuple(advisors) if advisors is not None else (ReactiveAdvisor(),)
-        )
+        self.advisors: tuple[ScalingAdvisor, ...] = tuple(advisors) if advisors is not None else (ReactiveAdvisor(),)
         if not self.advisors:
             raise ValueError("DecisionCore needs at least one advisor")
         names = [advisor.name for advisor in self.advisors]
@@ -102,8 +107,7 @@ class DecisionCore:
 
     def tick(self, inp: TickInput) -> Effects:
         decisions = tuple(
-            self.decide(policy, inp.observations.get(name), inp.now_s)
-            for name, policy in sorted(inp.policies.items())
+            self.decide(policy, inp.observations.get(name), inp.now_s) for name, policy in sorted(inp.policies.items())
         )
         for gone in self.state.keys() - inp.policies.keys():
             del self.state[gone]
@@ -137,9 +141,7 @@ class DecisionCore:
         state.last_decision = decision
         return decision
 
-    def _evaluate(
-        self, policy: Policy, obs: PolicyObservation | None, now_s: float, state: PolicyState
-    ) -> Decision:
+    def _evaluate(self, policy: Policy, obs: PolicyObservation | None, now_s: float, state: PolicyState) -> Decision:
         scaling = policy.scaling
         inputs: dict[str, Scalar] = {
             "now_s": now_s,
@@ -189,9 +191,9 @@ class DecisionCore:
         need = max(advice.replicas_needed for _, advice in opinions if advice.replicas_needed is not None)
         why = tuple(dict.fromkeys(r for _, a in opinions for r in a.reasons if r != Reason.INSUFFICIENT_DATA))
         inputs["replicas_needed"] = need
+        _remember_need(state, now_s, need, scaling.scale_down_cooldown_s)
         notes: list[str] = [
-            f"{name} needs {advice.replicas_needed} ({','.join(advice.reasons) or '-'})"
-            for name, advice in opinions
+            f"{name} needs {advice.replicas_needed} ({','.join(advice.reasons) or '-'})" for name, advice in opinions
         ]
 
         guards: list[str] = []
@@ -218,14 +220,27 @@ class DecisionCore:
                     Reason.COOLDOWN,
                     f"last change {since_s:.0f} s ago, cooldown {scaling.scale_down_cooldown_s} s",
                 )
+            if blocked is None and self.config.stabilize_scale_down:
+                stable = min(max(n for _, n in state.recent_needs), scaling.max_replicas)
+                if stable > desired:
+                    inputs["stabilized_need"] = stable
+                    if stable >= current:
+                        return hold(
+                            Reason.STABILIZATION,
+                            f"would scale down to {desired}, but {stable} were needed within the last "
+                            f"{scaling.scale_down_cooldown_s} s",
+                            current,
+                            *why,
+                            *guards,
+                        )
+                    desired = stable
+                    guards.append(Reason.STABILIZATION)
             if blocked is not None:
                 # Data-driven scale-downs wait; bringing a fleet above max_replicas back to the
                 # bound is the policy's own rule and needs no data.
                 bound = min(current, scaling.max_replicas)
                 if bound == current:
-                    return hold(
-                        blocked[0], f"would scale down to {desired}; {blocked[1]}", current, *why, *guards
-                    )
+                    return hold(blocked[0], f"would scale down to {desired}; {blocked[1]}", current, *why, *guards)
                 desired = bound
                 guards.append(blocked[0])
         if abs(desired - current) > scaling.max_step:
@@ -272,6 +287,14 @@ class DecisionCore:
             return  # our own change showing up
         if state.last_change_s is None or observed_at_s > state.last_change_s:
             state.last_change_s = observed_at_s
+
+
+def _remember_need(state: PolicyState, now_s: float, need: int, window_s: float) -> None:
+    """Keep the needs of the last ``window_s`` (the scale-down stabilization window)."""
+    recent = state.recent_needs
+    recent.append((now_s, need))
+    if recent[0][0] < now_s - window_s or recent[0][0] > now_s:
+        state.recent_needs = [(t, n) for t, n in recent if now_s - window_s <= t <= now_s]
 
 
 def _codes(reasons: Sequence[str]) -> tuple[str, ...]:

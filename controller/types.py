@@ -67,6 +67,8 @@ class Reason(StrEnum):
     PARTIAL_DATA = "partial_data"
     """The source reported errors: scale-ups are allowed, scale-downs are not."""
     COOLDOWN = "cooldown"
+    STABILIZATION = "stabilization"
+    """A scale-down goes no lower than the highest need within the cooldown window."""
     AT_MAX = "at_max"
     AT_MIN = "at_min"
     BELOW_MIN = "below_min"

@@ -440,3 +440,35 @@ def test_windowed_slo_burn_takes_one_step_per_window() -> None:
     queued = tick(core, 1315.0, overloaded(1314.0, 7))
     assert queued.action == "scale_up"
     assert "queue_depth" in queued.reasons
+
+
+def test_scale_down_is_stabilized_over_the_cooldown_window() -> None:
+    """A one-tick dip does not shrink the fleet; the lowest safe count is the max need of the window."""
+    core = DecisionCore()
+    steady = tick(core, 1000.0, observe(999.0, 4))  # needs 4
+    assert steady.action == "hold"
+    dip = tick(core, 1015.0, idle(1014.0, 4))  # needs 1 for one tick
+    assert dip.reasons == ("hold", "stabilization", "low_utilization")
+    assert dip.inputs["stabilized_need"] == 4
+    # Half-idle for the window: needs 2 (ceil(4 x 0.3 / 0.7)) since t=1030, 4 before.
+    for now in range(1030, 1180, 15):
+        assert tick(core, float(now), observe(now - 1.0, 4, kv_cache_usage=0.3)).action == "hold"
+    down = tick(core, 1181.0, observe(1180.0, 4, kv_cache_usage=0.3))  # the need of 4 at t=1000 left
+    assert (down.action, down.desired_replicas) == ("scale_down", 2)
+    assert "stabilization" not in down.reasons
+
+
+def test_stabilization_partially_limits_a_scale_down() -> None:
+    core = DecisionCore()
+    # Needs ceil(6 x 0.3 / 0.7) = 3; the source's error holds the scale-down, the need is remembered.
+    assert tick(core, 1000.0, observe(999.0, 6, kv_cache_usage=0.3, errors=("x",))).action == "hold"
+    decision = tick(core, 1015.0, idle(1014.0, 6))  # needs 1 now, but 3 within the window
+    assert decision.action == "scale_down"
+    assert decision.desired_replicas == 3
+    assert "stabilization" in decision.reasons
+
+
+def test_stabilization_can_be_turned_off() -> None:
+    core = DecisionCore(config=CoreConfig(stabilize_scale_down=False))
+    tick(core, 1000.0, observe(999.0, 4))
+    assert tick(core, 1015.0, idle(1014.0, 4)).action == "scale_down"
