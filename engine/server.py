@@ -1,0 +1,343 @@
+"""The OpenAI-compatible HTTP API over an :class:`~engine.llm_engine.LLMEngine`.
+
+Routes: ``POST /v1/completions`` (text or token-id prompts, streaming as
+server-sent events or not), ``GET /v1/models``, ``GET /health``,
+``GET /metrics`` (rendered by whatever ``metrics`` callable the caller wires
+in: this module imports no exporter), and the controller's control routes
+``GET/POST /v1/placement`` and ``GET /v1/expert-load``.
+
+HTTP status codes are mapped from :mod:`engine.errors` in one place,
+:func:`status_for`.  A client that disconnects has its request aborted,
+which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.errors import (
+    ConflictError,
+    MoesloError,
+    NotFoundError,
+    OverloadedError,
+    PlacementError,
+    UnavailableError,
+    ValidationError,
+)
+from engine.llm_engine import LLMEngine, RequestOutput
+from engine.placement import Placement
+from engine.sampling import SamplingParams
+from engine.tokenizer import Tokenizer
+
+MetricsRenderer = Callable[[], tuple[bytes, str]]
+"""Returns the ``/metrics`` body and its media type."""
+
+DISCONNECT_POLL_S = 0.2
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class CompletionRequest(BaseModel):
+    """The subset of OpenAI's completion request the engine serves (one choice, no logprobs)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | list[int]
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1, description="only one choice per request is served")
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+
+def status_for(exc: MoesloError) -> int:
+    """The one mapping from moeslo errors to HTTP status codes."""
+    if isinstance(exc, PlacementError):
+        return 422
+    if isinstance(exc, ValidationError):
+        return 400
+    if isinstance(exc, NotFoundError):
+        return 404
+    if isinstance(exc, ConflictError):
+        return 409
+    if isinstance(exc, OverloadedError):
+        return 429
+    if isinstance(exc, UnavailableError):
+        return 503
+    return 500
+
+
+def error_response(exc: MoesloError) -> JSONResponse:
+    status = status_for(exc)
+    body: dict[str, Any] = {"message": str(exc), "type": type(exc).__name__, "code": status}
+    if isinstance(exc, ValidationError):
+        body["problems"] = list(exc.problems)
+    headers = {}
+    if isinstance(exc, OverloadedError):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        body["retry_after_s"] = exc.retry_after_s
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+class _AsyncOutputs:
+    """Hands engine-thread outputs to one request's asyncio queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+
+    def put(self, output: RequestOutput) -> None:
+        self._loop.call_soon_threadsafe(self.queue.put_nowait, output)
+
+
+def create_app(
+    engine: LLMEngine,
+    tokenizer: Tokenizer,
+    *,
+    model_name: str,
+    metrics: MetricsRenderer | None = None,
+    on_shutdown: Iterable[Callable[[], None]] = (),
+) -> FastAPI:
+    """The API app; it starts the engine loop on startup and stops it (and ``on_shutdown``) on exit."""
+    hooks = list(on_shutdown)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.shutdown)
+            for hook in hooks:
+                hook()
+
+    app = FastAPI(title="moeslo engine", lifespan=lifespan)
+    created = int(time.time())
+
+    @app.exception_handler(MoesloError)
+    async def _moeslo_error(_: Request, exc: MoesloError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+            problems.append(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid')}")
+        return error_response(ValidationError(problems))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not engine.is_alive:
+            return JSONResponse({"status": "engine loop stopped"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "moeslo",
+                "max_model_len": engine.scheduler.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        if metrics is None:
+            raise NotFoundError("route", "/metrics (exporters are off)")
+        body, media_type = await asyncio.to_thread(metrics)
+        return Response(body, media_type=media_type)
+
+    @app.get("/v1/placement")
+    async def get_placement() -> dict[str, Any]:
+        return engine.placement.to_json()
+
+    @app.post("/v1/placement")
+    async def post_placement(request: Request) -> dict[str, Any]:
+        try:
+            raw = await request.json()
+        except ValueError as exc:
+            raise ValidationError(f"body must be JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise PlacementError("body must be a JSON object like GET /v1/placement returns")
+        placement = Placement.from_json(raw)
+        swap = await asyncio.to_thread(engine.request_placement, placement)
+        return {"duration_s": swap.duration_s, "experts_moved": swap.experts_moved,
+                "bytes_moved": swap.bytes_moved}
+
+    @app.get("/v1/expert-load")
+    async def expert_load() -> dict[str, Any]:
+        return _expert_load_json(engine)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        if body.model is not None and body.model != model_name:
+            raise NotFoundError("model", body.model)
+        prompt_ids = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+        params = SamplingParams(
+            max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
+            stop_token_ids=tuple(body.stop_token_ids), ignore_eos=body.ignore_eos,
+        )
+        outputs = _AsyncOutputs(asyncio.get_running_loop())
+        request_id = engine.add_request(prompt_ids, params, outputs.put)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(
+                _stream(engine, tokenizer, request_id, outputs, model_name, include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
+            )
+        return await _collect(engine, tokenizer, request, request_id, outputs, model_name)
+
+    return app
+
+
+def _chunk(request_id: str, model_name: str, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {
+        "id": request_id, "object": "text_completion", "created": int(time.time()), "model": model_name,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def _usage(out: RequestOutput) -> dict[str, int]:
+    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.generation_tokens,
+            "total_tokens": out.prompt_tokens + out.generation_tokens}
+
+
+async def _stream(
+    engine: LLMEngine,
+    tokenizer: Tokenizer,
+    request_id: str,
+    outputs: _AsyncOutputs,
+    model_name: str,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """One SSE event per generated token; abort on disconnect (the generator is cancelled)."""
+    import json
+
+    decoder = tokenizer.stream()
+    finished = False
+    try:
+        while not finished:
+            out = await outputs.queue.get()
+            finished = out.finished
+            if out.finish_reason == "error" or (out.finish_reason == "abort" and out.token_id is None):
+                error = {"message": out.error or "request aborted by the engine", "type": out.finish_reason}
+                yield f"data: {json.dumps({'id': request_id, 'error': error})}\n\n"
+                break
+            text = ""
+            if out.token_id is not None and not out.is_stop_token:
+                text = decoder.step(out.token_id)
+            yield f"data: {json.dumps(_chunk(request_id, model_name, text, out.finish_reason))}\n\n"
+            if finished and include_usage:
+                usage = {**_chunk(request_id, model_name, "", None), "choices": [], "usage": _usage(out)}
+                yield f"data: {json.dumps(usage)}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        if not finished:
+            engine.abort(request_id)
+
+
+async def _collect(
+    engine: LLMEngine,
+    tokenizer: Tokenizer,
+    request: Request,
+    request_id: str,
+    outputs: _AsyncOutputs,
+    model_name: str,
+) -> Response:
+    """Wait for the whole completion, aborting if the client goes away meanwhile."""
+    decoder = tokenizer.stream()
+    pieces: list[str] = []
+    try:
+        while True:
+            try:
+                out = await asyncio.wait_for(outputs.queue.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    engine.abort(request_id)
+                    return Response(status_code=499)
+                continue
+            if out.token_id is not None and not out.is_stop_token:
+                pieces.append(decoder.step(out.token_id))
+            if out.finished:
+                break
+    except asyncio.CancelledError:
+        engine.abort(request_id)
+        raise
+    if out.finish_reason == "error":
+        return error_response(UnavailableError(f"request {request_id} failed: {out.error}"))
+    if out.finish_reason == "abort":
+        return error_response(UnavailableError(f"request {request_id} was aborted by the engine"))
+    body = _chunk(request_id, model_name, "".join(pieces), out.finish_reason)
+    body["usage"] = _usage(out)
+    return JSONResponse(body)
+
+
+def _expert_load_json(engine: LLMEngine) -> dict[str, Any]:
+    load = engine.expert_load()
+    placement = engine.placement
+    if load is None:
+        layers, ranks = placement.num_layers, placement.num_ranks
+        experts = engine.executor.config.num_experts
+        return {"window_steps": engine.config.routing_window_steps, "steps_in_window": 0,
+                "num_layers": layers, "num_experts": experts, "num_ranks": ranks,
+                "expert_tokens": [[0] * experts for _ in range(layers)],
+                "rank_tokens": [[0] * ranks for _ in range(layers)],
+                "imbalance_cv": [0.0] * layers, "balancedness": [1.0] * layers}
+    return {
+        "window_steps": load.window_steps, "steps_in_window": load.steps_in_window,
+        "num_layers": int(load.expert_tokens.shape[0]), "num_experts": int(load.expert_tokens.shape[1]),
+        "num_ranks": int(load.rank_tokens.shape[1]),
+        "expert_tokens": load.expert_tokens.tolist(), "rank_tokens": load.rank_tokens.tolist(),
+        "imbalance_cv": load.imbalance_cv, "balancedness": load.balancedness,
+    }
+
+
+class ServerThread:
+    """uvicorn serving ``app`` on a background thread (tests, benchmarks, the demo)."""
+
+    def __init__(self, app: FastAPI, *, host: str = "127.0.0.1", port: int, log_level: str = "warning") -> None:
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                                timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.url = f"http://{host}:{port}"
+        self._thread = threading.Thread(target=self.server.run, name="moeslo-http", daemon=True)
+
+    def start(self, timeout_s: float = 60.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise UnavailableError(f"HTTP server on {self.url} did not start within {timeout_s} s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["CompletionRequest", "MetricsRenderer", "ServerThread", "create_app", "error_response", "status_for"]

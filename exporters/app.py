@@ -1,0 +1,108 @@
+"""Wire an engine, its HTTP API and its exporters together.
+
+This is the one place that knows both sides: ``engine/`` never imports an
+exporter, so the factory that subscribes exporters to an engine and hands
+``/metrics`` a renderer lives here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from engine.executor import ExecutorOptions, create_executor
+from engine.llm_engine import EngineConfig, LLMEngine
+from engine.scheduler import SchedulerConfig
+from engine.server import MetricsRenderer, create_app
+from engine.tokenizer import load_tokenizer
+from exporters.prometheus import CONTENT_TYPE, PrometheusStatsSink
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeOptions:
+    """Everything ``moeslo serve`` configures (read once at the edge)."""
+
+    checkpoint: Path
+    ep: int = 1
+    kv_cache_mb: float = 64.0
+    block_size: int = 16
+    dtype: str | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_waiting: int = 256
+    model_name: str | None = None
+    """None: the checkpoint directory's name."""
+    engine_id: str = "0"
+    prometheus: bool = True
+    expert_metrics: bool | None = None
+    """Per-(layer, expert) series: None means on up to 4096 series."""
+    otlp: bool = False
+    routing_stats: bool = True
+    port: int | None = None
+
+    @property
+    def served_model_name(self) -> str:
+        return self.model_name or Path(self.checkpoint).resolve().name
+
+
+@dataclass(slots=True)
+class ServingStack:
+    app: FastAPI
+    engine: LLMEngine
+    prometheus: PrometheusStatsSink | None
+
+
+def build_stack(options: ServeOptions) -> ServingStack:
+    """Start the executor and build the app (the engine loop starts with the app's lifespan)."""
+    executor = create_executor(
+        ExecutorOptions(
+            checkpoint=Path(options.checkpoint), ep=options.ep, kv_cache_mb=options.kv_cache_mb,
+            block_size=options.block_size, dtype=options.dtype, routing_stats=options.routing_stats,
+        )
+    )
+    model_name = options.served_model_name
+    engine = LLMEngine(
+        executor,
+        EngineConfig(
+            scheduler=SchedulerConfig(
+                max_num_seqs=options.max_num_seqs,
+                max_num_batched_tokens=options.max_num_batched_tokens,
+                max_waiting=options.max_waiting,
+                max_model_len=executor.config.max_position_embeddings,
+            )
+        ),
+    )
+    metrics: MetricsRenderer | None = None
+    prometheus = None
+    if options.prometheus:
+        prometheus = PrometheusStatsSink(
+            CollectorRegistry(), model_name=model_name, engine=options.engine_id,
+            expert_series=options.expert_metrics,
+        )
+        engine.add_sink(prometheus)
+        metrics = _renderer(prometheus)
+
+    hooks: list[Callable[[], None]] = []
+    if options.otlp:
+        from exporters.otel import OtelStatsSink
+
+        otel = OtelStatsSink.from_environment(model_name=model_name, server_port=options.port)
+        engine.add_sink(otel)
+        hooks.append(otel.shutdown)
+    tokenizer = load_tokenizer(Path(options.checkpoint), executor.config.vocab_size)
+    app = create_app(engine, tokenizer, model_name=model_name, metrics=metrics, on_shutdown=hooks)
+    return ServingStack(app=app, engine=engine, prometheus=prometheus)
+
+
+def _renderer(sink: PrometheusStatsSink) -> MetricsRenderer:
+    def render() -> tuple[bytes, str]:
+        return sink.render(), CONTENT_TYPE
+
+    return render
+
+
+__all__ = ["ServeOptions", "ServingStack", "build_stack"]

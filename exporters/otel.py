@@ -1,0 +1,154 @@
+"""Engine statistics through the OpenTelemetry SDK, under the GenAI semantic conventions.
+
+Metrics (histograms, seconds): ``gen_ai.server.time_to_first_token``,
+``gen_ai.server.time_per_output_token`` (per request, the mean time per
+token after the first) and ``gen_ai.server.request.duration``, with
+``gen_ai.operation.name``, ``gen_ai.provider.name`` (and the older
+``gen_ai.system``), ``gen_ai.request.model``, ``gen_ai.response.model`` and,
+on failures, ``error.type``.  One span per finished request, from arrival to
+finish, with a ``gen_ai.first_token`` event.
+
+:meth:`OtelStatsSink.from_environment` exports both over OTLP/HTTP as the
+standard ``OTEL_*`` variables say (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+``OTEL_METRIC_EXPORT_INTERVAL``, ``OTEL_SERVICE_NAME`` …).  The providers are
+owned by the sink, never installed globally, so several engines (and tests)
+do not share state.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.util.types import AttributeValue
+
+from engine.stats import FinishedRequestStats, StepStats
+from exporters.buckets import ITL_BUCKETS_S, TTFT_BUCKETS_S
+from exporters.prometheus import REQUEST_LATENCY_BUCKETS_S
+
+OPERATION_NAME = "text_completion"
+PROVIDER_NAME = "moeslo"
+FIRST_TOKEN_EVENT = "gen_ai.first_token"
+
+
+class OtelStatsSink:
+    """Translate engine steps into OpenTelemetry histograms and per-request spans."""
+
+    def __init__(
+        self,
+        *,
+        meter_provider: MeterProvider,
+        tracer_provider: TracerProvider,
+        model_name: str,
+        server_port: int | None = None,
+    ) -> None:
+        self.meter_provider = meter_provider
+        self.tracer_provider = tracer_provider
+        self.model_name = model_name
+        meter = meter_provider.get_meter("moeslo.engine")
+        self._tracer = tracer_provider.get_tracer("moeslo.engine")
+        self._ttft = meter.create_histogram(
+            "gen_ai.server.time_to_first_token", unit="s",
+            description="Time to generate first token for successful responses.",
+            explicit_bucket_boundaries_advisory=list(TTFT_BUCKETS_S),
+        )
+        self._tpot = meter.create_histogram(
+            "gen_ai.server.time_per_output_token", unit="s",
+            description="Time per output token generated after the first token for successful responses.",
+            explicit_bucket_boundaries_advisory=list(ITL_BUCKETS_S),
+        )
+        self._duration = meter.create_histogram(
+            "gen_ai.server.request.duration", unit="s",
+            description="Generative AI server request duration such as time-to-last byte or last output token.",
+            explicit_bucket_boundaries_advisory=list(REQUEST_LATENCY_BUCKETS_S),
+        )
+        attrs: dict[str, AttributeValue] = {
+            "gen_ai.operation.name": OPERATION_NAME,
+            "gen_ai.provider.name": PROVIDER_NAME,
+            "gen_ai.system": PROVIDER_NAME,
+            "gen_ai.request.model": model_name,
+            "gen_ai.response.model": model_name,
+        }
+        if server_port is not None:
+            attrs["server.port"] = server_port
+        self._attrs = attrs
+        self._error_attrs = {**attrs, "error.type": "engine_error"}
+        self._abort_attrs = {**attrs, "error.type": "aborted"}
+
+    @classmethod
+    def from_environment(cls, *, model_name: str, server_port: int | None = None) -> OtelStatsSink:
+        """OTLP/HTTP exporters configured by the standard ``OTEL_*`` environment variables."""
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "moeslo-engine"}
+        resource = Resource.create(attributes)
+        meter_provider = SdkMeterProvider(
+            resource=resource, metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())]
+        )
+        tracer_provider = SdkTracerProvider(resource=resource)
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        return cls(
+            meter_provider=meter_provider, tracer_provider=tracer_provider,
+            model_name=model_name, server_port=server_port,
+        )
+
+    def record(self, step: StepStats) -> None:
+        if not step.finished:
+            return
+        # Span times are wall-clock (what a trace viewer shows); the engine's are monotonic.
+        wall_end_ns = time.time_ns() - int((time.monotonic() - step.now_s) * 1e9)
+        for fin in step.finished:
+            self._record_finished(fin, wall_end_ns)
+
+    def _record_finished(self, fin: FinishedRequestStats, wall_end_ns: int) -> None:
+        ok = fin.finish_reason in ("length", "stop")
+        attrs = self._attrs if ok else self._error_attrs if fin.finish_reason == "error" else self._abort_attrs
+        self._duration.record(fin.e2e_s, attrs)
+        if ok and fin.ttft_s is not None:
+            self._ttft.record(fin.ttft_s, attrs)
+        if ok and fin.mean_itl_s is not None:
+            self._tpot.record(fin.mean_itl_s, attrs)
+        start_ns = wall_end_ns - int(fin.e2e_s * 1e9)
+        span = self._tracer.start_span(
+            f"{OPERATION_NAME} {self.model_name}", kind=SpanKind.SERVER, start_time=start_ns,
+            attributes={
+                **attrs,
+                "gen_ai.response.id": fin.request_id,
+                "gen_ai.response.finish_reasons": (fin.finish_reason,),
+                "gen_ai.usage.input_tokens": fin.prompt_tokens,
+                "gen_ai.usage.output_tokens": fin.generation_tokens,
+                "moeslo.queue_time_s": fin.queue_s,
+            },
+        )
+        if fin.ttft_s is not None:
+            span.add_event(
+                FIRST_TOKEN_EVENT, {"gen_ai.server.time_to_first_token": fin.ttft_s},
+                timestamp=start_ns + int(fin.ttft_s * 1e9),
+            )
+        if not ok:
+            span.set_status(Status(StatusCode.ERROR, f"finish_reason={fin.finish_reason}"))
+        span.end(end_time=wall_end_ns)
+
+    def force_flush(self, timeout_ms: int = 10_000) -> None:
+        for provider in (self.meter_provider, self.tracer_provider):
+            flush = getattr(provider, "force_flush", None)
+            if flush is not None:
+                flush(timeout_ms)
+
+    def shutdown(self) -> None:
+        """Flush and stop the exporters (the server calls this on exit)."""
+        for provider in (self.meter_provider, self.tracer_provider):
+            stop = getattr(provider, "shutdown", None)
+            if stop is not None:
+                stop()
+
+
+__all__ = ["FIRST_TOKEN_EVENT", "OPERATION_NAME", "PROVIDER_NAME", "OtelStatsSink"]

@@ -1,0 +1,263 @@
+"""The HTTP API against the real executor on uvicorn (127.0.0.1), driven by a real HTTP client."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.llm_engine import LLMEngine
+from engine.server import ServerThread
+from exporters.app import ServeOptions, build_stack
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+MODEL = "tiny-moe"
+
+
+@dataclass
+class Served:
+    url: str
+    engine: LLMEngine
+    client: httpx.Client
+
+
+def serve(checkpoint: Path, **overrides: object) -> tuple[ServerThread, LLMEngine]:
+    port = free_port()
+    options = ServeOptions(checkpoint=checkpoint, model_name=MODEL, kv_cache_mb=1.0, port=port,
+                           **overrides)  # type: ignore[arg-type]
+    stack = build_stack(options)
+    return ServerThread(stack.app, port=port).start(), stack.engine
+
+
+@pytest.fixture(scope="module")
+def served(tiny_checkpoint: Path) -> Iterator[Served]:
+    server, engine = serve(tiny_checkpoint, max_waiting=8)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield Served(server.url, engine, client)
+    server.stop()
+    assert not engine.is_alive
+
+
+def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    want = {"model_name": MODEL, "engine": "0", **labels}
+    key = (name, tuple(sorted(want.items())))
+    return samples.get(key, 0.0)
+
+
+def stream_completion(client: httpx.Client, payload: dict[str, object]) -> tuple[float, list[float], list[dict]]:
+    """(client TTFT, client inter-event gaps, events) of one streamed completion."""
+    start = time.monotonic()
+    times, events = [], []
+    with client.stream("POST", "/v1/completions", json={**payload, "stream": True}) as resp:
+        assert resp.status_code == 200, resp.read()
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                break
+            times.append(time.monotonic())
+            events.append(json.loads(data))
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return times[0] - start, gaps, events
+
+
+def test_streaming_ttft_and_itl_in_metrics_agree_with_the_client(served: Served) -> None:
+    before = metric_samples(served.client.get("/metrics").text)
+    client_ttfts, client_gaps, n_tokens = [], [], 0
+    for i in range(4):
+        ttft, gaps, events = stream_completion(
+            served.client, {"model": MODEL, "prompt": f"hello moe {i} " * 8, "max_tokens": 12, "temperature": 0}
+        )
+        assert len(events) == 12
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+        assert all(e["choices"][0]["finish_reason"] is None for e in events[:-1])
+        client_ttfts.append(ttft)
+        client_gaps.extend(gaps)
+        n_tokens += len(events)
+    after = metric_samples(served.client.get("/metrics").text)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("vllm:time_to_first_token_seconds_count") == 4
+    assert delta("vllm:inter_token_latency_seconds_count") == 4 * 11
+    assert delta("vllm:generation_tokens_total") == n_tokens
+    assert delta("vllm:request_success_total", finished_reason="length") == 4
+    # Tolerance: the engine stamps tokens before the HTTP layer sends them, so its TTFT is at most
+    # the client's, and no more than 100 ms below it on average (HTTP, JSON and thread hand-off).
+    engine_ttft_mean = delta("vllm:time_to_first_token_seconds_sum") / 4
+    client_ttft_mean = sum(client_ttfts) / 4
+    assert engine_ttft_mean <= client_ttft_mean + 0.002
+    assert client_ttft_mean - engine_ttft_mean < 0.1
+    # ITL: the mean gap between SSE events equals the engine's mean ITL within 10 ms (both sides see
+    # the same steps; only the delivery jitter differs).
+    engine_itl_mean = delta("vllm:inter_token_latency_seconds_sum") / (4 * 11)
+    client_itl_mean = sum(client_gaps) / len(client_gaps)
+    assert abs(engine_itl_mean - client_itl_mean) < 0.01
+    # Cumulative buckets: the le="+Inf" bucket counts every observation.
+    assert delta("vllm:time_to_first_token_seconds_bucket", le="+Inf") == 4
+    assert value(after, "vllm:inter_token_latency_seconds_bucket", le="0.02") >= 0  # the SLO edge exists
+    assert ("vllm:inter_token_latency_seconds_bucket",
+            tuple(sorted({"model_name": MODEL, "engine": "0", "le": "0.02"}.items()))) in after
+
+
+def test_non_streaming_completion_with_token_ids_and_seeded_sampling(served: Served) -> None:
+    payload = {"prompt": [1, 2, 3, 4, 5], "max_tokens": 7, "temperature": 0.8, "seed": 42}
+    first = served.client.post("/v1/completions", json=payload)
+    second = served.client.post("/v1/completions", json=payload)
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["object"] == "text_completion" and body["model"] == MODEL
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["text"] == second.json()["choices"][0]["text"]
+
+
+def test_models_health_and_metrics_routes(served: Served) -> None:
+    models = served.client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    assert models["data"][0]["max_model_len"] > 0
+    assert served.client.get("/health").json() == {"status": "ok"}
+    served.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    text = served.client.get("/metrics").text
+    samples = metric_samples(text)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert (name, (("engine", "0"), ("model_name", MODEL))) in samples
+    # 2 MoE layers x 8 experts: per-(layer, expert) counters are on, and each layer sums to tokens x top-k.
+    per_layer: dict[str, float] = {}
+    for (name, labels), v in samples.items():
+        if name == "moe_expert_tokens_total":
+            layer = dict(labels)["layer"]
+            per_layer[layer] = per_layer.get(layer, 0.0) + v
+    assert sorted(per_layer) == ["0", "1"]
+    computed = value(samples, "vllm:prompt_tokens_total") + value(samples, "vllm:generation_tokens_total")
+    assert per_layer["0"] == per_layer["1"] > 0
+    assert per_layer["0"] <= 2 * computed
+    assert "moe_layer_imbalance_cv" in text and "moe_balancedness_across_layers" in text
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "needle"),
+    [
+        ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ({"prompt": "x", "temperature": -1}, 400, "temperature"),
+        ({"prompt": "x", "n": 2}, 400, "n:"),
+        ({"prompt": "x", "top_p": 0}, 400, "top_p"),
+        ({"max_tokens": 3}, 400, "prompt"),
+        ({"prompt": [1, 99999], "max_tokens": 3}, 400, "[0, 512)"),
+        ({"prompt": "", "max_tokens": 3}, 400, "at least one token"),
+        ({"prompt": "x", "model": "nope"}, 404, "nope"),
+        ({"prompt": [1] * 500, "max_tokens": 20}, 400, "500 tokens"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_field(served: Served, payload: dict, status: int, needle: str) -> None:
+    resp = served.client.post("/v1/completions", json=payload)
+    assert resp.status_code == status, resp.text
+    assert needle in resp.json()["error"]["message"]
+
+
+def test_prompt_too_long_states_the_limits(served: Served) -> None:
+    limit = served.client.get("/v1/models").json()["data"][0]["max_model_len"]
+    resp = served.client.post("/v1/completions", json={"prompt": [1] * limit, "max_tokens": 1})
+    assert resp.status_code == 400
+    message = resp.json()["error"]["message"]
+    assert str(limit) in message and "max_tokens is 1" in message
+
+
+def test_malformed_json_is_400(served: Served) -> None:
+    resp = served.client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert resp.status_code == 400
+
+
+def test_client_disconnects_abort_requests_and_free_every_block(served: Served) -> None:
+    before = metric_samples(served.client.get("/metrics").text)
+    for _ in range(3):
+        with httpx.Client(base_url=served.url, timeout=30) as other, other.stream(
+            "POST", "/v1/completions", json={"prompt": "long one " * 10, "max_tokens": 400, "stream": True}
+        ) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    break  # one token arrived: walk away mid-stream
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (served.engine.kv_state()[0] or sum(served.engine.num_requests())):
+        time.sleep(0.05)
+    assert served.engine.kv_state()[0] == 0, "KV blocks still held after disconnects"
+    served.engine.blocks.check_invariants()
+    after = metric_samples(served.client.get("/metrics").text)
+    aborted = value(after, "vllm:request_success_total", finished_reason="abort") - value(
+        before, "vllm:request_success_total", finished_reason="abort"
+    )
+    assert aborted == 3
+
+
+def test_placement_routes_apply_valid_and_refuse_invalid(served: Served) -> None:
+    current = served.client.get("/v1/placement").json()
+    assert current["num_ranks"] == 1 and len(current["phy2log"]) == 2
+    reversed_rows = [list(reversed(row)) for row in current["phy2log"]]
+    resp = served.client.post("/v1/placement", json={**current, "phy2log": reversed_rows})
+    assert resp.status_code == 200, resp.text
+    assert {"duration_s", "experts_moved", "bytes_moved"} <= set(resp.json())
+    assert served.client.get("/v1/placement").json()["phy2log"] == reversed_rows
+    bad = {**current, "phy2log": [[0] * len(row) for row in current["phy2log"]]}
+    resp = served.client.post("/v1/placement", json=bad)
+    assert resp.status_code == 422
+    assert any("no replica" in p for p in resp.json()["error"]["problems"])
+    assert served.client.get("/v1/placement").json()["phy2log"] == reversed_rows
+    # Serving continues under the new placement.
+    assert served.client.post("/v1/completions", json={"prompt": "after swap", "max_tokens": 3}).status_code == 200
+    metrics = metric_samples(served.client.get("/metrics").text)
+    assert value(metrics, "moe_placement_swaps_total") >= 1
+
+
+def test_expert_load_reports_window_counts_and_imbalance(served: Served) -> None:
+    served.client.post("/v1/completions", json={"prompt": "load " * 10, "max_tokens": 4})
+    load = served.client.get("/v1/expert-load").json()
+    assert load["num_layers"] == 2 and load["num_experts"] == 8 and load["num_ranks"] == 1
+    assert len(load["expert_tokens"]) == 2 and len(load["expert_tokens"][0]) == 8
+    assert load["steps_in_window"] >= 1
+    assert sum(load["expert_tokens"][0]) == sum(load["rank_tokens"][0]) > 0
+    assert load["imbalance_cv"] == [0.0, 0.0]  # one rank: nothing to be imbalanced across
+    assert load["balancedness"] == [1.0, 1.0]
+
+
+def test_full_queue_answers_429_with_retry_after(tiny_checkpoint: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, engine = serve(tiny_checkpoint, max_num_seqs=1, max_waiting=1)
+    try:
+        def post(i: int) -> httpx.Response:
+            with httpx.Client(base_url=server.url, timeout=60) as client:
+                return client.post("/v1/completions", json={"prompt": f"busy {i}", "max_tokens": 300})
+
+        # One runs, one waits, the rest find the queue full (all arrive within the first one's run).
+        with ThreadPoolExecutor(6) as pool:
+            responses = list(pool.map(post, range(6)))
+        codes = sorted(r.status_code for r in responses)
+        assert codes.count(200) >= 2 and 429 in codes, codes
+        assert set(codes) <= {200, 429}
+        for resp in responses:
+            if resp.status_code == 429:
+                assert int(resp.headers["Retry-After"]) >= 1
+                assert "queue is full" in resp.json()["error"]["message"]
+    finally:
+        server.stop()
+    assert engine.kv_state()[0] == 0
