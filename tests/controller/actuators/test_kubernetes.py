@@ -1,0 +1,139 @@
+"""The Kubernetes actuator against a stand-in API server on loopback (conflicts, 5xx, idempotence)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from controller.actuators import KubernetesActuator, api_client
+from controller.config import KubernetesConfig
+from controller.policy import Policy
+from engine.errors import ActuationError
+from tests.controller.kube_standin import Fault, StandInApiServer
+
+
+@pytest.fixture()
+def server() -> Iterator[StandInApiServer]:
+    with StandInApiServer() as srv:
+        yield srv
+
+
+def _actuator(server: StandInApiServer, attempts: int = 4) -> KubernetesActuator:
+    config = KubernetesConfig(host=server.url, max_attempts=attempts, backoff_initial_s=0.0, request_timeout_s=5)
+    return KubernetesActuator(api_client(config), config=config, sleep=lambda _s: None)
+
+
+def _policy(kind: str = "deployment", hpa: str | None = None) -> Policy:
+    target = {"kind": kind, "namespace": "prod", "name": "qwen", "model": "Qwen/Qwen3-30B-A3B"}
+    if hpa:
+        target["hpa"] = hpa
+    return Policy.model_validate({"name": "p", "target": target})
+
+
+def test_deployment_scale_reads_and_patches_the_scale_subresource(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 2)
+    actuator = _actuator(server)
+    count = asyncio.run(actuator.replicas(_policy()))
+    assert (count.desired, count.ready) == (2, 2)
+    result = asyncio.run(actuator.scale(_policy(), 5))
+    assert (result.previous, result.replicas, result.changed) == (2, 5, True)
+    assert server.obj(path)["spec"]["replicas"] == 5
+    assert len(server.writes_to(path)) == 1
+
+
+def test_scaling_to_the_current_count_writes_nothing(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 3)
+    result = asyncio.run(_actuator(server).scale(_policy(), 3))
+    assert not result.changed
+    assert server.writes_to(path) == []
+
+
+def test_resource_version_conflict_rereads_and_retries(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 2)
+
+    def someone_else(obj: dict) -> None:
+        obj["spec"]["replicas"] = 3  # another writer changed it between our read and our write
+
+    server.state.before_put[path] = someone_else
+    actuator = _actuator(server)
+    result = asyncio.run(actuator.scale(_policy(), 6))
+    assert result.replicas == 6 and result.attempts == 2
+    assert server.obj(path)["spec"]["replicas"] == 6
+    codes = [code for method, p, code in server.state.log if method == "PUT" and p == path]
+    assert codes == [409, 200]
+
+
+def test_conflict_where_the_other_writer_already_set_the_count_stops_without_writing(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 2)
+    server.state.before_put[path] = lambda obj: obj["spec"].__setitem__("replicas", 4)
+    actuator = _actuator(server)
+    result = asyncio.run(actuator.scale(_policy(), 4))
+    assert result.replicas == 4
+    assert server.writes_to(path) == []  # the only change was the other writer's
+    assert actuator.writes == 1  # our one attempt got 409, the re-read saw 4 and stopped
+
+
+def test_5xx_is_retried_with_backoff(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 1)
+    server.state.faults.extend([Fault("PUT", "/scale", 503), Fault("GET", "/scale", 500)])
+    result = asyncio.run(_actuator(server).scale(_policy(), 2))
+    assert result.replicas == 2
+    assert server.obj(path)["spec"]["replicas"] == 2
+    assert len(server.writes_to(path)) == 1
+
+
+def test_a_write_applied_but_answered_with_500_is_never_applied_twice(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 1)
+    server.state.faults.append(Fault("PUT", "/scale", 500, apply_first=True))
+    actuator = _actuator(server)
+    result = asyncio.run(actuator.scale(_policy(), 3))
+    assert result.replicas == 3 and result.changed
+    assert len(server.writes_to(path)) == 1
+    assert actuator.writes == 1
+
+
+def test_persistent_5xx_raises_actuation_error_after_the_attempts(server: StandInApiServer) -> None:
+    server.add_deployment_scale("prod", "qwen", 1)
+    server.state.faults.extend(Fault("GET", "/scale", 503) for _ in range(10))
+    with pytest.raises(ActuationError, match=r"after 3 attempts: HTTP 503"):
+        asyncio.run(_actuator(server, attempts=3).scale(_policy(), 2))
+
+
+def test_missing_workload_is_not_retried(server: StandInApiServer) -> None:
+    with pytest.raises(ActuationError, match=r"deployment prod/qwen: .*HTTP 404"):
+        asyncio.run(_actuator(server).scale(_policy(), 2))
+    assert len(server.state.log) == 1
+
+
+def test_leaderworkerset_scale_subresource(server: StandInApiServer) -> None:
+    path = server.add_lws_scale("prod", "qwen", 2)
+    actuator = _actuator(server)
+    assert asyncio.run(actuator.replicas(_policy("leaderworkerset"))).desired == 2
+    server.state.before_put[path] = lambda obj: None  # bumps the resourceVersion: one conflict
+    result = asyncio.run(actuator.scale(_policy("leaderworkerset"), 1))
+    assert result.replicas == 1
+    assert server.obj(path)["spec"]["replicas"] == 1
+
+
+def test_hpa_owned_workload_gets_its_min_replicas_raised(server: StandInApiServer) -> None:
+    path = server.add_hpa("prod", "qwen-hpa", min_replicas=2, max_replicas=4, current=3)
+    actuator = _actuator(server)
+    policy = _policy(hpa="qwen-hpa")
+    count = asyncio.run(actuator.replicas(policy))
+    assert (count.desired, count.ready) == (2, 3)
+    asyncio.run(actuator.scale(policy, 6))
+    spec = server.obj(path)["spec"]
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (6, 6)
+    asyncio.run(actuator.scale(policy, 3))
+    spec = server.obj(path)["spec"]
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (3, 6)
+
+
+def test_non_kubernetes_targets_are_refused_for_enforcement() -> None:
+    config = KubernetesConfig(host="http://127.0.0.1:9")
+    actuator = KubernetesActuator(api_client(config), config=config)
+    local = Policy.model_validate({"name": "p", "target": {"kind": "local"}})
+    assert actuator.check(local) == ["target.kind: 'local' cannot be scaled by the kubernetes actuator"]
+    assert actuator.check(_policy()) == []

@@ -1,0 +1,201 @@
+"""A stand-in Kubernetes API server on loopback, for actuator and leader-election tests.
+
+No real API server can be installed on the test machines, so this small
+``http.server`` app serves just the endpoints the controller uses, with the
+semantics that matter:
+
+- ``GET``/``PUT`` of a Deployment's and a LeaderWorkerSet's ``scale``
+  subresource, an HPA (autoscaling/v2) and a Lease (coordination.k8s.io/v1),
+  plus ``POST`` to create a Lease;
+- optimistic concurrency: a ``PUT`` whose ``metadata.resourceVersion`` is not
+  the stored one gets ``409 Conflict``; every write bumps the version;
+- fault injection: queued 5xx answers (optionally *after* applying the write,
+  like a server that commits and then fails to answer), and a concurrent
+  writer that changes an object between a client's read and its write.
+
+Every request is logged for assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Fault:
+    method: str
+    path_contains: str
+    status: int
+    apply_first: bool = False
+
+
+@dataclass
+class StandInState:
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    faults: deque[Fault] = field(default_factory=deque)
+    log: list[tuple[str, str, int]] = field(default_factory=list)
+    applied_writes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    before_put: dict[str, Callable[[dict[str, Any]], None]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    next_version: int = 100
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": message}
+
+
+class StandInApiServer:
+    """Start with ``with StandInApiServer() as server:``; ``server.url`` is the API server URL."""
+
+    def __init__(self) -> None:
+        self.state = StandInState()
+        state = self.state
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args: Any) -> None:
+                return
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _body(self) -> dict[str, Any]:
+                length = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(length) or b"{}")
+
+            def _handle(self, method: str) -> None:
+                path = self.path.split("?", 1)[0]
+                body = self._body() if method in ("PUT", "POST") else {}
+                with state.lock:
+                    code, answer = self._dispatch(method, path, body)
+                    state.log.append((method, path, code))
+                self._send(code, answer)
+
+            def _fault(self, method: str, path: str) -> Fault | None:
+                for fault in list(state.faults):
+                    if fault.method == method and fault.path_contains in path:
+                        state.faults.remove(fault)
+                        return fault
+                return None
+
+            def _dispatch(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+                fault = self._fault(method, path)
+                if fault is not None and not fault.apply_first:
+                    return fault.status, _status(fault.status, "InternalError", "injected fault")
+                if method == "GET":
+                    obj = state.objects.get(path)
+                    if obj is None:
+                        return 404, _status(404, "NotFound", f"{path} not found")
+                    return 200, obj
+                if method == "POST":
+                    name = body.get("metadata", {}).get("name", "")
+                    full = f"{path}/{name}"
+                    if full in state.objects:
+                        return 409, _status(409, "AlreadyExists", f"{name} already exists")
+                    state.next_version += 1
+                    body.setdefault("metadata", {})["resourceVersion"] = str(state.next_version)
+                    state.objects[full] = body
+                    state.applied_writes.append((full, json.loads(json.dumps(body))))
+                    return 201, body
+                if method == "PUT":
+                    current = state.objects.get(path)
+                    if current is None:
+                        return 404, _status(404, "NotFound", f"{path} not found")
+                    hook = state.before_put.pop(path, None)
+                    if hook is not None:
+                        hook(current)
+                        state.next_version += 1
+                        current["metadata"]["resourceVersion"] = str(state.next_version)
+                    sent = body.get("metadata", {}).get("resourceVersion")
+                    if sent is not None and sent != current["metadata"]["resourceVersion"]:
+                        return 409, _status(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
+                    merged = {**current, **{k: v for k, v in body.items() if k in ("spec",)}}
+                    state.next_version += 1
+                    merged["metadata"] = {**current["metadata"], "resourceVersion": str(state.next_version)}
+                    state.objects[path] = merged
+                    state.applied_writes.append((path, json.loads(json.dumps(merged))))
+                    if fault is not None:
+                        return fault.status, _status(fault.status, "InternalError", "injected fault after apply")
+                    return 200, merged
+                return 405, _status(405, "MethodNotAllowed", method)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._handle("GET")
+
+            def do_PUT(self) -> None:  # noqa: N802
+                self._handle("PUT")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._handle("POST")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self) -> StandInApiServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)
+
+    # ---- fixtures ---------------------------------------------------------
+    def _put(self, path: str, obj: dict[str, Any]) -> None:
+        with self.state.lock:
+            self.state.next_version += 1
+            obj.setdefault("metadata", {})["resourceVersion"] = str(self.state.next_version)
+            self.state.objects[path] = obj
+
+    def add_deployment_scale(self, namespace: str, name: str, replicas: int) -> str:
+        path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale"
+        self._put(path, {
+            "apiVersion": "autoscaling/v1", "kind": "Scale",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": replicas}, "status": {"replicas": replicas, "selector": "app=x"},
+        })
+        return path
+
+    def add_lws_scale(self, namespace: str, name: str, replicas: int) -> str:
+        path = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets/{name}/scale"
+        self._put(path, {
+            "apiVersion": "autoscaling/v1", "kind": "Scale",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": replicas}, "status": {"replicas": replicas},
+        })
+        return path
+
+    def add_hpa(self, namespace: str, name: str, *, min_replicas: int, max_replicas: int, current: int) -> str:
+        path = f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers/{name}"
+        self._put(path, {
+            "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "minReplicas": min_replicas, "maxReplicas": max_replicas,
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            },
+            "status": {"currentReplicas": current, "desiredReplicas": current},
+        })
+        return path
+
+    def lease_path(self, namespace: str, name: str) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+
+    def obj(self, path: str) -> dict[str, Any]:
+        with self.state.lock:
+            return json.loads(json.dumps(self.state.objects[path]))
+
+    def writes_to(self, path: str) -> list[dict[str, Any]]:
+        with self.state.lock:
+            return [body for p, body in self.state.applied_writes if p == path]

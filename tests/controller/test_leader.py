@@ -1,0 +1,102 @@
+"""Leader election over a Lease, against the stand-in API server on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from controller.actuators import api_client
+from controller.config import KubernetesConfig, LeaderElectionConfig
+from controller.leader import AlwaysLeader, LeaseElector
+from tests.controller.kube_standin import Fault, StandInApiServer
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@pytest.fixture()
+def server() -> Iterator[StandInApiServer]:
+    with StandInApiServer() as srv:
+        yield srv
+
+
+CONFIG = LeaderElectionConfig(enabled=True, namespace="moeslo", lease_name="ctl", lease_duration_s=15, renew_period_s=5)
+
+
+def _elector(server: StandInApiServer, identity: str, clock: FakeClock) -> LeaseElector:
+    return LeaseElector(api_client(KubernetesConfig(host=server.url)), CONFIG, identity=identity, clock=clock)
+
+
+def test_exactly_one_leads_and_a_standby_takes_over_when_the_lease_lapses(server: StandInApiServer) -> None:
+    clock_a, clock_b = FakeClock(), FakeClock()
+    a, b = _elector(server, "a", clock_a), _elector(server, "b", clock_b)
+    assert a.try_acquire_or_renew() is True
+    assert b.try_acquire_or_renew() is False
+    lease = server.obj(server.lease_path("moeslo", "ctl"))
+    assert lease["spec"]["holderIdentity"] == "a"
+    # a keeps renewing: b never takes over, however long it waits.
+    for _ in range(5):
+        clock_a.now_s += 5
+        clock_b.now_s += 5
+        assert a.try_acquire_or_renew() is True
+        assert b.try_acquire_or_renew() is False
+    # a stops renewing (crashed); b sees the record unchanged for lease_duration_s and takes over.
+    clock_a.now_s += 10
+    assert a.is_leader is False  # a steps down before b may take over
+    clock_b.now_s += 10
+    assert b.try_acquire_or_renew() is False  # only 10 s of an unchanged record
+    clock_b.now_s += 5
+    assert b.try_acquire_or_renew() is True
+    lease = server.obj(server.lease_path("moeslo", "ctl"))
+    assert lease["spec"]["holderIdentity"] == "b"
+    assert lease["spec"]["leaseTransitions"] == 1
+    assert a.try_acquire_or_renew() is False
+
+
+def test_release_on_shutdown_hands_over_at_once(server: StandInApiServer) -> None:
+    clock = FakeClock()
+    a, b = _elector(server, "a", clock), _elector(server, "b", clock)
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    a.release()
+    assert not a.is_leader
+    assert b.try_acquire_or_renew()
+
+
+def test_api_errors_while_renewing_step_down_only_after_the_deadline(server: StandInApiServer) -> None:
+    clock = FakeClock()
+    a = _elector(server, "a", clock)
+    assert a.try_acquire_or_renew()
+    server.state.faults.extend(Fault("GET", "/leases/ctl", 503) for _ in range(3))
+    clock.now_s += 5
+    assert a.try_acquire_or_renew() is True  # still inside lease_duration - renew_period
+    clock.now_s += 6
+    assert a.try_acquire_or_renew() is False  # 11 s without a renewal: step down
+    clock.now_s += 1
+    assert a.try_acquire_or_renew() is False  # third injected fault
+    assert a.try_acquire_or_renew() is True  # the API server answers again: a renews its own lease
+
+
+def test_two_candidates_racing_for_a_lapsed_lease_get_one_winner(server: StandInApiServer) -> None:
+    clock = FakeClock()
+    a, b, c = (_elector(server, name, clock) for name in "abc")
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew() and not c.try_acquire_or_renew()
+    clock.now_s += 20
+    path = server.lease_path("moeslo", "ctl")
+    # Between c's read and c's write, b's takeover lands; c's write carries the old version: 409.
+    server.state.before_put[path] = lambda obj: obj["spec"].update(holderIdentity="b")
+    assert c.try_acquire_or_renew() is False
+    assert server.obj(path)["spec"]["holderIdentity"] == "b"
+    puts = [code for method, p, code in server.state.log if method == "PUT" and p == path]
+    assert puts[-1] == 409
+
+
+def test_embedded_mode_always_leads() -> None:
+    assert AlwaysLeader().is_leader is True
