@@ -47,7 +47,9 @@ class StandInState:
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": message}
+    return {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": message
+    }
 
 
 class StandInApiServer:
@@ -118,7 +120,8 @@ class StandInApiServer:
                         current["metadata"]["resourceVersion"] = str(state.next_version)
                     sent = body.get("metadata", {}).get("resourceVersion")
                     if sent is not None and sent != current["metadata"]["resourceVersion"]:
-                        return 409, _status(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
+                        message = "the object has been modified; please apply your changes to the latest version"
+                        return 409, _status(409, "Conflict", message)
                     merged = {**current, **{k: v for k, v in body.items() if k in ("spec",)}}
                     state.next_version += 1
                     merged["metadata"] = {**current["metadata"], "resourceVersion": str(state.next_version)}
@@ -129,13 +132,13 @@ class StandInApiServer:
                     return 200, merged
                 return 405, _status(405, "MethodNotAllowed", method)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self._handle("GET")
 
-            def do_PUT(self) -> None:  # noqa: N802
+            def do_PUT(self) -> None:
                 self._handle("PUT")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self._handle("POST")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
