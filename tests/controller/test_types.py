@@ -125,3 +125,13 @@ def test_slo_public_surface_is_sorted_and_complete() -> None:
     assert slo.__all__ == sorted(slo.__all__, key=isort_key)
     for name in slo.__all__:
         assert hasattr(slo, name), name
+
+
+def test_metric_docs_list_every_reason_code() -> None:
+    """docs/metrics.md is the metric-name contract: the ``reason`` label values must all be there."""
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    line = next(ln for ln in docs.splitlines() if "the codes of `controller.types.Reason`" in ln)
+    listed = {code.strip(" `.") for code in line.split(":", 1)[1].split(",")}
+    assert listed == {str(r) for r in Reason}
