@@ -1,0 +1,43 @@
+"""Small helpers shared by engine tests."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.batch import SeqChunk, StepPlan
+from engine.executor import Executor
+
+
+def run_sequences(executor: Executor, prompts: list[list[int]], decode_steps: int, chunk: int = 0) -> torch.Tensor:
+    """Prefill every prompt (in chunks of ``chunk`` tokens if > 0), then greedy-decode; stack all logits."""
+    blocks_per_seq = executor.num_blocks // max(1, len(prompts))
+    tables = [tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(len(prompts))]
+    done = [0] * len(prompts)
+    logits: list[torch.Tensor] = []
+    last_of: dict[int, torch.Tensor] = {}
+    while any(d < len(p) for d, p in zip(done, prompts, strict=True)):
+        chunks = []
+        for i, prompt in enumerate(prompts):
+            if done[i] >= len(prompt):
+                continue
+            size = len(prompt) - done[i] if chunk <= 0 else min(chunk, len(prompt) - done[i])
+            end = done[i] + size
+            chunks.append(SeqChunk(i, done[i], tuple(prompt[done[i] : end]), tables[i], end == len(prompt)))
+            done[i] = end
+        out = executor.execute(StepPlan(tuple(chunks)))
+        finished = [c.seq_id for c in chunks if c.needs_logits]
+        for row, seq in enumerate(finished):
+            last_of[seq] = out[row]
+    # Prompt-end logits in sequence order, whatever step each prompt ended in.
+    logits.append(torch.stack([last_of[i] for i in range(len(prompts))]))
+    next_tokens = logits[-1].argmax(dim=-1).tolist()
+    for _ in range(decode_steps):
+        chunks = [
+            SeqChunk(i, done[i], (next_tokens[i],), tables[i], True) for i in range(len(prompts))
+        ]
+        out = executor.execute(StepPlan(tuple(chunks)))
+        logits.append(out)
+        for i in range(len(prompts)):
+            done[i] += 1
+        next_tokens = out.argmax(dim=-1).tolist()
+    return torch.cat(logits)

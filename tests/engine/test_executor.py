@@ -1,0 +1,182 @@
+"""Executors: equal outputs across placements and EP sizes, routing counts, live placement swaps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.checkpoint import init_random_checkpoint
+from engine.config import ModelConfig
+from engine.errors import PlacementError
+from engine.executor import Executor, ExecutorOptions, create_executor
+from engine.experts import plan_transfers
+from engine.placement import Placement
+from tests.engine.helpers import run_sequences
+
+# Sums over experts and ranks happen in another order than in one process: fp32 rounding only.
+ATOL = 1e-5
+CONFIG = ModelConfig(
+    num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=128, vocab_size=512,
+    max_position_embeddings=512,
+)
+
+
+@pytest.fixture(scope="module")
+def skewed_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_random_checkpoint(tmp_path_factory.mktemp("skewed"), CONFIG, seed=5, router_skew=1.0)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(11)
+    return [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (23, 9, 31)]
+
+
+@pytest.fixture(scope="module")
+def reference(skewed_checkpoint: Path, prompts: list[list[int]]) -> torch.Tensor:
+    executor = create_executor(ExecutorOptions(checkpoint=skewed_checkpoint, kv_cache_mb=2))
+    try:
+        return run_sequences(executor, prompts, decode_steps=4)
+    finally:
+        executor.shutdown()
+
+
+def _random_placement(layers: int, ranks: int, slots_per_rank: int, seed: int) -> Placement:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(layers):
+        extra = ranks * slots_per_rank - CONFIG.num_experts
+        row = np.concatenate([np.arange(CONFIG.num_experts), rng.integers(0, CONFIG.num_experts, extra)])
+        rows.append(rng.permutation(row))
+    return Placement(np.stack(rows).astype(np.int64), ranks)
+
+
+@pytest.fixture
+def ep2(skewed_checkpoint: Path) -> Iterator[Executor]:
+    executor = create_executor(
+        ExecutorOptions(checkpoint=skewed_checkpoint, kv_cache_mb=2, ep=2, slots_per_rank=5)
+    )
+    yield executor
+    executor.shutdown()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_outputs_equal_across_placements_with_redundant_replicas(
+    skewed_checkpoint: Path, prompts: list[list[int]], reference: torch.Tensor, seed: int
+) -> None:
+    placement = _random_placement(2, 1, 12, seed)
+    executor = create_executor(
+        ExecutorOptions(checkpoint=skewed_checkpoint, kv_cache_mb=2, slots_per_rank=12, placement=placement)
+    )
+    try:
+        torch.testing.assert_close(run_sequences(executor, prompts, decode_steps=4), reference, atol=ATOL, rtol=0)
+    finally:
+        executor.shutdown()
+
+
+def test_chunked_prefill_equals_whole_prefill(
+    skewed_checkpoint: Path, prompts: list[list[int]], reference: torch.Tensor
+) -> None:
+    executor = create_executor(ExecutorOptions(checkpoint=skewed_checkpoint, kv_cache_mb=2))
+    try:
+        chunked = run_sequences(executor, prompts, decode_steps=4, chunk=5)
+    finally:
+        executor.shutdown()
+    # Chunked prefill emits logits only at each prompt's end, as the whole prefill does.
+    torch.testing.assert_close(chunked, reference, atol=ATOL, rtol=0)
+
+
+@pytest.mark.slow
+def test_ep2_equals_ep1_and_survives_live_swaps(
+    ep2: Executor, prompts: list[list[int]], reference: torch.Tensor
+) -> None:
+    assert ep2.num_ranks == 2
+    torch.testing.assert_close(run_sequences(ep2, prompts, decode_steps=4), reference, atol=ATOL, rtol=0)
+    for seed in (3, 4):
+        target = _random_placement(2, 2, 5, seed)
+        expected_moves = len(plan_transfers(ep2.placement, target))
+        stats = ep2.apply_placement(target)
+        assert stats.experts_moved == expected_moves > 0
+        assert stats.duration_s > 0
+        assert ep2.placement == target
+        torch.testing.assert_close(run_sequences(ep2, prompts, decode_steps=4), reference, atol=ATOL, rtol=0)
+    again = ep2.apply_placement(ep2.placement)
+    assert again.experts_moved == 0
+
+
+@pytest.mark.slow
+def test_ep2_routing_counts(ep2: Executor, prompts: list[list[int]]) -> None:
+    ep2.take_routing()
+    run_sequences(ep2, prompts, decode_steps=3)
+    delta = ep2.take_routing()
+    assert delta is not None
+    tokens = sum(len(p) for p in prompts) + 3 * len(prompts)
+    assert delta.expert_tokens.sum(axis=1).tolist() == [tokens * CONFIG.num_experts_per_tok] * 2
+    assert delta.rank_tokens.shape == (2, 2)
+    assert delta.rank_tokens.sum(axis=1).tolist() == [tokens * CONFIG.num_experts_per_tok] * 2
+
+
+def test_routed_counts_sum_to_tokens_times_top_k(skewed_checkpoint: Path, prompts: list[list[int]]) -> None:
+    executor = create_executor(ExecutorOptions(checkpoint=skewed_checkpoint, kv_cache_mb=2))
+    try:
+        run_sequences(executor, prompts, decode_steps=2)
+        delta = executor.take_routing()
+        assert delta is not None
+        tokens = sum(len(p) for p in prompts) + 2 * len(prompts)
+        assert delta.expert_tokens.shape == (2, CONFIG.num_experts)
+        assert delta.expert_tokens.sum(axis=1).tolist() == [tokens * 2, tokens * 2]
+        # The skewed router really concentrates load on a few experts.
+        assert delta.expert_tokens.max() > 2 * delta.expert_tokens.mean()
+        again = executor.take_routing()
+        assert again is not None and int(again.expert_tokens.sum()) == 0
+        executor.set_routing_stats(False)
+        run_sequences(executor, prompts[:1], decode_steps=1)
+        assert executor.take_routing() is None
+    finally:
+        executor.shutdown()
+
+
+def test_invalid_placements_are_refused_and_the_old_one_stays(
+    skewed_checkpoint: Path, prompts: list[list[int]], reference: torch.Tensor
+) -> None:
+    executor = create_executor(ExecutorOptions(checkpoint=skewed_checkpoint, kv_cache_mb=2, slots_per_rank=10))
+    try:
+        before = executor.placement
+        missing = before.phy2log.copy()
+        missing[1, :] = 0  # expert 0 everywhere: experts 1..7 have no replica
+        bad = {
+            "no replica": Placement(missing, 1),
+            "shape": Placement(before.phy2log[:1], 1),
+            "ranks": Placement(before.phy2log, 2),
+            "slot count": Placement(np.tile(np.arange(8), (2, 1)), 1),
+            "expert id": Placement(np.full((2, 10), 9), 1),
+        }
+        messages = {}
+        for name, placement in bad.items():
+            with pytest.raises(PlacementError) as info:
+                executor.apply_placement(placement)
+            messages[name] = str(info.value)
+            assert executor.placement == before
+        assert "experts 1, 2, 3, 4, 5, 6, 7 have no replica" in messages["no replica"]
+        assert "1 layers" in messages["shape"]
+        assert "2 ranks" in messages["ranks"]
+        assert "8 slots per rank" in messages["slot count"]
+        assert "[0, 8)" in messages["expert id"]
+        torch.testing.assert_close(run_sequences(executor, prompts, decode_steps=4), reference, atol=ATOL, rtol=0)
+    finally:
+        executor.shutdown()
+
+
+def test_plan_transfers_moves_only_experts_a_rank_lacks() -> None:
+    old = Placement(np.array([[0, 1, 2, 3]]), 2)
+    new = Placement(np.array([[0, 2, 1, 3]]), 2)
+    transfers = plan_transfers(old, new)
+    assert [(t.expert, t.src, t.dst) for t in transfers] == [(2, 1, 0), (1, 0, 1)]
+    assert plan_transfers(old, old) == []
+    # A replica added on a rank that already holds the expert moves nothing.
+    assert plan_transfers(Placement(np.array([[0, 1, 2, 2]]), 2), Placement(np.array([[0, 1, 2, 2]]), 2)) == []
