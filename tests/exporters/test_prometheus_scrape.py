@@ -1,0 +1,79 @@
+"""A real Prometheus scrapes the engine's /metrics and answers histogram_quantile over the TTFT buckets."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.server import ServerThread
+from exporters.app import ServeOptions, build_stack
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+QUANTILE = 'histogram_quantile(0.99, sum by (le) (vllm:time_to_first_token_seconds_bucket{model_name="tiny-moe"}))'
+
+
+def query(client: httpx.Client, promql: str) -> list[dict]:
+    resp = client.get("/api/v1/query", params={"query": promql})
+    resp.raise_for_status()
+    return resp.json()["data"]["result"]  # type: ignore[no-any-return]
+
+
+def test_prometheus_scrapes_engine_and_computes_ttft_quantile(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus binary not installed (apt-get install prometheus)")
+    port = free_port()
+    stack = build_stack(ServeOptions(checkpoint=tiny_checkpoint, model_name="tiny-moe", kv_cache_mb=1.0))
+    server = ServerThread(stack.app, port=port).start()
+    prom_port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: moeslo-engine\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+    )
+    proc = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as engine_client:
+            for i in range(5):
+                resp = engine_client.post("/v1/completions", json={"prompt": f"scrape {i}", "max_tokens": 4})
+                assert resp.status_code == 200
+        result: list[dict] = []
+        with httpx.Client(base_url=f"http://127.0.0.1:{prom_port}", timeout=5) as prom:
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline and not result:
+                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "prometheus died"
+                try:
+                    result = query(prom, QUANTILE)
+                except httpx.HTTPError:
+                    result = []
+                if not result:
+                    time.sleep(0.5)
+            assert result, "Prometheus returned no TTFT quantile"
+            p99 = float(result[0]["value"][1])
+            assert 0 < p99 <= 2560.0
+            up = query(prom, 'up{job="moeslo-engine"}')
+            assert up and up[0]["value"][1] == "1"
+            count = query(prom, 'vllm:time_to_first_token_seconds_count{model_name="tiny-moe",engine="0"}')
+            assert float(count[0]["value"][1]) == 5
+            experts = query(prom, 'count(moe_expert_tokens_total{model_name="tiny-moe"})')
+            assert float(experts[0]["value"][1]) == 2 * 8
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        server.stop()
