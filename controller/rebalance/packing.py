@@ -229,10 +229,37 @@ def _apply_swaps(
     packing.has_expert[rows, rank_q, e_a] += 1
 
 
-def solve_rows(load: FloatArray, num_ranks: int, num_slots: int) -> tuple[IntArray, IntArray, FloatArray]:
-    """From-scratch plan of every row: (phy2log, replica counts, rank load)."""
-    counts = replica_counts(load, num_slots)
+def _pack(load: FloatArray, counts: IntArray, num_ranks: int) -> tuple[IntArray, FloatArray]:
     experts, weights = expand_replicas(load, counts)
     packing = lpt_pack(experts, weights, num_ranks, load.shape[1])
     refine_swaps(packing)
-    return packing.phy2log(), counts, packing.rank_load.copy()
+    return packing.phy2log(), packing.rank_load.copy()
+
+
+def solve_rows(load: FloatArray, num_ranks: int, num_slots: int) -> tuple[IntArray, IntArray, FloatArray]:
+    """From-scratch plan of every row: (phy2log, greedy replica counts, rank load).
+
+    The greedy replica counts minimize the heaviest replica, which is not always
+    what packs best: with at least two slots per expert, equal counts are tried
+    too, and the plain contiguous layout always; each row keeps the best.
+    """
+    rows, num_experts = load.shape
+    counts = replica_counts(load, num_slots)
+    best, best_load = _pack(load, counts, num_ranks)
+    candidates: list[IntArray] = [np.broadcast_to(np.arange(num_slots) % num_experts, (rows, num_slots))]
+    if num_slots >= 2 * num_experts:
+        even = num_slots // num_experts + (np.arange(num_experts) < num_slots % num_experts)
+        candidates.append(_pack(load, np.broadcast_to(even, (rows, num_experts)).astype(np.int64), num_ranks)[0])
+    for phy2log in candidates:
+        slot_load = np.take_along_axis(load / _counts_of(phy2log, num_experts), phy2log, axis=1)
+        cand_load = slot_load.reshape(rows, num_ranks, -1).sum(axis=2)
+        better = cand_load.max(axis=1) < best_load.max(axis=1) * (1 - 1e-12)
+        best = np.where(better[:, None], phy2log, best)
+        best_load = np.where(better[:, None], cand_load, best_load)
+    return best, counts, best_load
+
+
+def _counts_of(phy2log: IntArray, num_experts: int) -> IntArray:
+    rows = phy2log.shape[0]
+    flat = (np.arange(rows)[:, None] * num_experts + phy2log).ravel()
+    return np.bincount(flat, minlength=rows * num_experts).reshape(rows, num_experts).astype(np.int64)

@@ -140,7 +140,15 @@ def plan_rebalance(
             )
             counts = replica_counts(weights[rows], num_ranks * slots_per_rank)
             lower[rows] = max_over_mean_lower_bound(weights[rows], counts, num_ranks)
-        phy2log[rows], predicted[rows], replanned[rows] = result
+        new_p2l, new_load, new_replanned = result
+        # Keep the current placement where the plan does not beat it (the greedy replica
+        # counts are not always best, e.g. when every expert can have the same count).
+        keep = predicted[rows].max(axis=1) <= new_load.max(axis=1) * (1 + 1e-12)
+        if num_nodes > 1:
+            keep &= _groups_within_nodes(base.phy2log[rows], num_experts // num_groups, num_nodes)
+        phy2log[rows] = np.where(keep[:, None], base.phy2log[rows], new_p2l)
+        predicted[rows] = np.where(keep[:, None], predicted[rows], new_load)
+        replanned[rows] = np.where(keep, previous is not None, new_replanned)
     counts_out = np.zeros((layers, num_experts), dtype=np.int64)
     np.add.at(counts_out, (np.repeat(np.arange(layers), phy2log.shape[1]), phy2log.ravel()), 1)
     return RebalancePlan(
@@ -265,6 +273,24 @@ def _keep_or_renumber(
         rename[new_ids] = old_ids
         out[layer] = rename[expert_node[layer]]
     return out
+
+
+def _groups_within_nodes(phy2log: IntArray, group_size: int, num_nodes: int) -> npt.NDArray[np.bool_]:
+    """(layers,) True where every expert group's replicas all sit in one node (equal groups per node)."""
+    layers, num_slots = phy2log.shape
+    node = np.broadcast_to(np.arange(num_slots) // (num_slots // num_nodes), phy2log.shape)
+    group = phy2log // group_size
+    num_groups = int(group.max(initial=0)) + 1
+    lowest = np.full((layers, num_groups), num_nodes)
+    highest = np.full((layers, num_groups), -1)
+    layer_ids = np.repeat(np.arange(layers), num_slots)
+    np.minimum.at(lowest, (layer_ids, group.ravel()), node.ravel())
+    np.maximum.at(highest, (layer_ids, group.ravel()), node.ravel())
+    one_node = (lowest == highest).all(axis=1)
+    balanced = np.array([
+        np.all(np.bincount(lowest[layer], minlength=num_nodes) == num_groups // num_nodes) for layer in range(layers)
+    ])
+    return np.asarray(one_node & balanced, dtype=bool)
 
 
 def _members_bound(load: FloatArray, members: IntArray, ranks_per_node: int, slots_per_node: int) -> float:

@@ -1,0 +1,202 @@
+"""Invariants of the rebalancing policy on random and skewed loads (hypothesis)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import controller.rebalance as rebalance
+from controller.rebalance import Imbalance, RebalanceConfig, plan_rebalance, rank_load
+from controller.rebalance.metrics import rank_moves
+from engine.errors import ValidationError
+from engine.placement import Placement
+
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def loads(draw: st.DrawFn, *, experts: int | None = None, layers_max: int = 3) -> np.ndarray:
+    """Layers x experts loads: uniform, Zipf-like skew with a hot expert, or with zero experts/layers."""
+    num_layers = draw(st.integers(1, layers_max))
+    num_experts = experts or draw(st.sampled_from([4, 6, 8, 12, 16]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    kind = draw(st.sampled_from(["uniform", "skewed", "zeros", "integer"]))
+    if kind == "uniform":
+        load = rng.uniform(0.5, 1.5, (num_layers, num_experts))
+    elif kind == "skewed":
+        load = rng.pareto(1.2, (num_layers, num_experts)) + 0.01
+        load[:, rng.integers(num_experts)] *= 20  # one very hot expert
+    elif kind == "zeros":
+        load = rng.exponential(1.0, (num_layers, num_experts))
+        load[rng.random((num_layers, num_experts)) < 0.4] = 0.0
+        load[0] = 0.0  # a dense layer without routed load
+    else:
+        load = rng.integers(0, 50, (num_layers, num_experts)).astype(np.float64)
+    return load
+
+
+@st.composite
+def global_cases(draw: st.DrawFn) -> tuple[np.ndarray, int, int]:
+    load = draw(loads())
+    num_experts = load.shape[1]
+    num_ranks = draw(st.integers(1, 6))
+    min_k = -(-num_experts // num_ranks)
+    slots_per_rank = draw(st.integers(min_k, min_k + 3))
+    return load, num_ranks, slots_per_rank
+
+
+def check_plan(plan: rebalance.RebalancePlan, load: np.ndarray, num_ranks: int, slots_per_rank: int) -> None:
+    layers, num_experts = load.shape
+    p2l = plan.placement.phy2log
+    # Exact slots per rank, every id valid, every logical expert has a replica.
+    assert p2l.shape == (layers, num_ranks * slots_per_rank)
+    assert plan.placement.num_ranks == num_ranks and plan.placement.slots_per_rank == slots_per_rank
+    plan.placement.validate(num_layers=layers, num_experts=num_experts, num_ranks=num_ranks)
+    counts = np.stack([np.bincount(row, minlength=num_experts) for row in p2l])
+    assert (counts >= 1).all()
+    assert np.array_equal(counts, plan.replica_counts)
+    # The planner's own bookkeeping equals the load recomputed from the placement.
+    recomputed = rank_load(p2l, load, num_ranks)
+    np.testing.assert_allclose(plan.rank_load, recomputed, rtol=1e-9, atol=1e-9)
+    after = Imbalance.of(recomputed)
+    np.testing.assert_allclose(plan.imbalance_after.max_over_mean, after.max_over_mean, rtol=1e-9)
+    np.testing.assert_allclose(plan.imbalance_after.cv, after.cv, rtol=1e-9, atol=1e-12)
+    # No placement beats the lower bound.
+    assert (plan.imbalance_after.max_over_mean >= plan.lower_bound - 1e-9).all()
+    assert np.array_equal(plan.moves, rank_moves(plan.previous.phy2log, p2l, num_ranks))
+    # Layers without load keep the placement they had.
+    idle = load.sum(axis=1) == 0
+    assert np.array_equal(p2l[idle], plan.previous.phy2log[idle])
+
+
+@FAST
+@given(global_cases())
+def test_global_invariants(case: tuple[np.ndarray, int, int]) -> None:
+    load, num_ranks, slots_per_rank = case
+    plan = plan_rebalance(load, num_ranks=num_ranks, slots_per_rank=slots_per_rank)
+    check_plan(plan, load, num_ranks, slots_per_rank)
+    again = plan_rebalance(load.copy(), num_ranks=num_ranks, slots_per_rank=slots_per_rank)
+    assert again.placement == plan.placement  # deterministic
+    # Never worse than the contiguous placement it starts from.
+    assert (plan.imbalance_after.max_over_mean <= plan.imbalance_before.max_over_mean + 1e-9).all()
+
+
+@st.composite
+def hierarchical_cases(draw: st.DrawFn) -> tuple[np.ndarray, int, int, int, int]:
+    num_nodes = draw(st.sampled_from([2, 4]))
+    num_groups = num_nodes * draw(st.sampled_from([1, 2]))
+    group_size = draw(st.sampled_from([2, 3, 4]))
+    load = draw(loads(experts=num_groups * group_size))
+    num_ranks = num_nodes * draw(st.integers(1, 3))
+    min_k = -(-load.shape[1] // num_ranks)
+    slots_per_rank = draw(st.integers(min_k, min_k + 2))
+    return load, num_ranks, slots_per_rank, num_nodes, num_groups
+
+
+@FAST
+@given(hierarchical_cases())
+def test_hierarchical_groups_stay_in_their_node(case: tuple[np.ndarray, int, int, int, int]) -> None:
+    load, num_ranks, slots_per_rank, num_nodes, num_groups = case
+    plan = plan_rebalance(load, num_ranks=num_ranks, slots_per_rank=slots_per_rank,
+                          num_nodes=num_nodes, num_groups=num_groups)
+    check_plan(plan, load, num_ranks, slots_per_rank)
+    group_size = load.shape[1] // num_groups
+    slots_per_node = num_ranks * slots_per_rank // num_nodes
+    node_of_slot = np.arange(num_ranks * slots_per_rank) // slots_per_node
+    for layer in np.flatnonzero(load.sum(axis=1) > 0):
+        group_of_slot = plan.placement.phy2log[layer] // group_size
+        nodes_per_group = [set(node_of_slot[group_of_slot == g].tolist()) for g in range(num_groups)]
+        assert all(len(nodes) == 1 for nodes in nodes_per_group), nodes_per_group
+        assert plan.cv_lower_bound is not None
+        assert plan.imbalance_after.cv[layer] >= plan.cv_lower_bound[layer] - 1e-9
+    again = plan_rebalance(load, num_ranks=num_ranks, slots_per_rank=slots_per_rank,
+                           num_nodes=num_nodes, num_groups=num_groups)
+    assert again.placement == plan.placement
+
+
+@FAST
+@given(global_cases(), st.integers(0, 2**31 - 1))
+def test_replan_from_previous_keeps_balance(case: tuple[np.ndarray, int, int], seed: int) -> None:
+    load, num_ranks, slots_per_rank = case
+    layers, num_experts = load.shape
+    rng = np.random.default_rng(seed)
+    # A random valid previous placement: every expert once, the rest random, shuffled.
+    rows = []
+    for _ in range(layers):
+        extra = rng.integers(0, num_experts, num_ranks * slots_per_rank - num_experts)
+        rows.append(rng.permutation(np.concatenate([np.arange(num_experts), extra])))
+    previous = Placement(np.asarray(rows, dtype=np.int64), num_ranks)
+    config = RebalanceConfig()
+    plan = plan_rebalance(load, num_ranks=num_ranks, slots_per_rank=slots_per_rank, previous=previous)
+    check_plan(plan, load, num_ranks, slots_per_rank)
+    assert plan.previous == previous
+    scratch = plan_rebalance(load, num_ranks=num_ranks, slots_per_rank=slots_per_rank)
+    limit = scratch.imbalance_after.max_over_mean * (1 + config.replan_tolerance) + 1e-9
+    assert (plan.imbalance_after.max_over_mean <= limit).all()
+
+
+def test_replan_of_a_balanced_placement_moves_nothing() -> None:
+    rng = np.random.default_rng(3)
+    load = rng.pareto(1.5, (4, 32)) + 0.1
+    first = plan_rebalance(load, num_ranks=8, slots_per_rank=5)
+    second = plan_rebalance(load, num_ranks=8, slots_per_rank=5, previous=first.placement)
+    assert second.total_moves == 0
+    assert second.placement == first.placement
+    assert second.replanned.all()
+
+
+def test_replan_moves_fewer_experts_than_from_scratch() -> None:
+    rng = np.random.default_rng(7)
+    base = rng.pareto(1.2, (6, 64)) + 0.05
+    shifted = base * rng.uniform(0.5, 1.5, base.shape)  # the popularity drifts
+    start = plan_rebalance(base, num_ranks=8, slots_per_rank=9).placement
+    replan = plan_rebalance(shifted, num_ranks=8, slots_per_rank=9, previous=start)
+    scratch = plan_rebalance(shifted, num_ranks=8, slots_per_rank=9)
+    scratch_moves = rank_moves(start.phy2log, scratch.placement.phy2log, 8).sum()
+    assert replan.total_moves < 0.5 * scratch_moves
+    assert replan.imbalance_after.max_over_mean.mean() <= scratch.imbalance_after.max_over_mean.mean() * 1.006
+
+
+def test_hot_expert_without_redundancy_gets_the_coldest_companions() -> None:
+    load = np.array([[3.0, 5, 100, 6, 1, 7, 4, 2]])  # contiguous would pair 100 with 6
+    plan = plan_rebalance(load, num_ranks=4, slots_per_rank=2)
+    hot_rank = plan.placement.rank_of_slot(int(np.flatnonzero(plan.placement.phy2log[0] == 2)[0]))
+    assert sorted(plan.placement.experts_on_rank(0, hot_rank).tolist()) == [2, 4]
+    assert plan.lower_bound[0] == pytest.approx(101 / (128 / 4))
+    assert plan.imbalance_after.max_over_mean[0] == pytest.approx(plan.lower_bound[0])
+
+
+def test_redundant_slots_go_to_the_hottest_experts() -> None:
+    load = np.array([[60.0, 10, 10, 10, 10, 10, 10, 10]])
+    plan = plan_rebalance(load, num_ranks=4, slots_per_rank=3)  # 12 slots, 4 spare
+    assert plan.replica_counts[0, 0] == 5  # 60/5 = 12 is the smallest heaviest replica
+    # Ranks of three replicas of 12 or 10 summing to 130: the best split is 34, 32, 32, 32.
+    assert plan.imbalance_after.max_over_mean[0] == pytest.approx(34 / 32.5)
+
+
+def test_validation_gathers_every_problem() -> None:
+    with pytest.raises(ValidationError) as err:
+        plan_rebalance(np.array([[1.0, -1, np.nan, 2]]), num_ranks=3, slots_per_rank=1, num_nodes=2, num_groups=3)
+    text = str(err.value)
+    assert "NaN" in text
+    assert "cannot hold 4 experts" in text
+    assert "3 ranks cannot be split evenly over 2 nodes" in text
+    assert "3 expert groups" in text
+
+
+def test_previous_placement_must_match() -> None:
+    load = np.ones((2, 4))
+    bad = Placement(np.zeros((2, 4), dtype=np.int64), 2)
+    with pytest.raises(ValidationError, match="previous placement: layer 0: experts 1, 2, 3 have no replica"):
+        plan_rebalance(load, num_ranks=2, slots_per_rank=2, previous=bad)
+    with pytest.raises(ValidationError, match="expected 2 x 6"):
+        plan_rebalance(load, num_ranks=2, slots_per_rank=3, previous=bad)
+
+
+def test_public_surface_is_sorted() -> None:
+    assert rebalance.__all__ == sorted(rebalance.__all__)
+    for name in rebalance.__all__:
+        assert hasattr(rebalance, name)
