@@ -9,6 +9,7 @@ Per policy, in order (the first guardrail that holds ends the evaluation)::
 
     mode off                          -> hold  [mode_off]
     no observation / no replica count -> hold  [insufficient_data]
+    (NaN, infinite, negative or out-of-range values count as unknown)
     observation older than stale_after_s
                                       -> hold  [stale_data]
     no advisor has an opinion         -> hold  [insufficient_data]
@@ -34,7 +35,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from controller.advisors import ReactiveAdvisor
 from controller.policy import KubernetesTarget, LocalTarget, Mode, Policy
@@ -50,7 +52,7 @@ from controller.types import (
     TickInput,
 )
 
-__all__ = ["CoreConfig", "DecisionCore", "PolicyState"]
+__all__ = ["CoreConfig", "DecisionCore", "PolicyState", "sanitize_observation"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -169,6 +171,13 @@ class DecisionCore:
             return hold(Reason.MODE_OFF, "mode is off: no decisions", current_off)
         if obs is None:
             return hold(Reason.INSUFFICIENT_DATA, "no observation for this policy")
+        if obs.policy != policy.name:
+            return hold(Reason.INSUFFICIENT_DATA, f"the observation is for policy {obs.policy!r}")
+        if not math.isfinite(obs.observed_at_s):
+            return hold(Reason.INSUFFICIENT_DATA, f"observation time {obs.observed_at_s!r} is not a number")
+        obs, invalid = sanitize_observation(obs)
+        if invalid:
+            inputs["invalid_fields"] = ",".join(invalid)
         _record_observation(inputs, obs, now_s)
         current = obs.current_replicas
         if current is None:
@@ -182,14 +191,19 @@ class DecisionCore:
                 current,
             )
 
-        advices = [(advisor.name, advisor.advise(policy, obs, now_s)) for advisor in self.advisors]
+        advices = [(advisor.name, _advise(advisor, policy, obs, now_s)) for advisor in self.advisors]
         for name, advice in advices:
             _record_advice(inputs, name, advice)
         opinions = [(name, advice) for name, advice in advices if advice.replicas_needed is not None]
         if not opinions:
-            return hold(Reason.INSUFFICIENT_DATA, "no advisor had enough data", current)
+            errors = [name for name, advice in advices if Reason.ADVISOR_ERROR in advice.reasons]
+            extra = (Reason.ADVISOR_ERROR,) if errors else ()
+            return hold(Reason.INSUFFICIENT_DATA, "no advisor had enough data", current, *extra)
         need = max(advice.replicas_needed for _, advice in opinions if advice.replicas_needed is not None)
         why = tuple(dict.fromkeys(r for _, a in opinions for r in a.reasons if r != Reason.INSUFFICIENT_DATA))
+        failed = [name for name, advice in advices if Reason.ADVISOR_ERROR in advice.reasons]
+        if failed:
+            why = (*why, Reason.ADVISOR_ERROR)
         inputs["replicas_needed"] = need
         _remember_need(state, now_s, need, scaling.scale_down_cooldown_s)
         notes: list[str] = [
@@ -287,6 +301,67 @@ class DecisionCore:
             return  # our own change showing up
         if state.last_change_s is None or observed_at_s > state.last_change_s:
             state.last_change_s = observed_at_s
+
+
+_OBSERVATION_FIELDS = (
+    "queue_depth",
+    "running_requests",
+    "request_rate_rps",
+    "prompt_tokens_per_s",
+    "output_tokens_per_s",
+    "kv_cache_usage",
+)
+_SLI_FIELDS = ("requests_in_window", "ttft_good_ratio", "itl_good_ratio", "ttft_p99_s", "itl_p99_s")
+_RATIO_FIELDS = frozenset({"kv_cache_usage", "ttft_good_ratio", "itl_good_ratio"})
+
+
+def _invalid(name: str, value: float | None) -> bool:
+    if value is None:
+        return False
+    if not math.isfinite(value) or value < 0:
+        return True
+    return name in _RATIO_FIELDS and value > 1.0 + 1e-9
+
+
+def sanitize_observation(obs: PolicyObservation) -> tuple[PolicyObservation, tuple[str, ...]]:
+    """Turn NaN, infinite, negative and out-of-range values into ``None`` (unknown).
+
+    Prometheus answers 0/0 with NaN; a source that passes it on must not make the
+    core scale on it.  Returns the observation (the same object when all is well)
+    and the names of the fields that were dropped.
+    """
+    invalid = [name for name in _OBSERVATION_FIELDS if _invalid(name, getattr(obs, name))]
+    changes: dict[str, Any] = dict.fromkeys(invalid)
+    for name in ("current_replicas", "ready_replicas"):
+        value = getattr(obs, name)
+        if value is not None and value < 0:
+            invalid.append(name)
+            changes[name] = None
+    sli = obs.sli
+    if sli is not None:
+        bad_sli = [name for name in _SLI_FIELDS if _invalid(name, getattr(sli, name))]
+        if not math.isfinite(sli.observed_at_s):
+            changes["sli"] = None
+            invalid.append("sli.observed_at_s")
+        elif bad_sli:
+            dropped: dict[str, Any] = dict.fromkeys(bad_sli)
+            changes["sli"] = replace(sli, **dropped)
+            invalid.extend(f"sli.{name}" for name in bad_sli)
+    if not changes:
+        return obs, ()
+    return replace(obs, **changes), tuple(invalid)
+
+
+def _advise(advisor: ScalingAdvisor, policy: Policy, obs: PolicyObservation, now_s: float) -> Advice:
+    """One advisor's advice; an advisor that fails has no opinion (and says why) instead of stopping the tick."""
+    try:
+        return advisor.advise(policy, obs, now_s)
+    except Exception as exc:  # a faulty advisor must not stop the guardrails of every policy
+        return Advice(
+            replicas_needed=None,
+            reasons=(Reason.ADVISOR_ERROR,),
+            details={"error": f"{type(exc).__name__}: {exc}"[:500]},
+        )
 
 
 def _remember_need(state: PolicyState, now_s: float, need: int, window_s: float) -> None:

@@ -59,6 +59,8 @@ class Reason(StrEnum):
     SCALE_UP_PENDING = "scale_up_pending"
     """Replicas asked for earlier are not ready yet; their capacity is counted as coming."""
     FORECAST = "forecast"
+    ADVISOR_ERROR = "advisor_error"
+    """An advisor raised; its error is in the decision's inputs and the others decided."""
     SLI_MISSING = "sli_missing"
     """No trusted SLI: the reactive advisor may scale up on the queue but never down."""
     # Guardrails.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import pytest
@@ -375,11 +376,11 @@ observations = st.builds(
     ),
     st.none() | st.integers(0, 40),
     st.floats(0, 1),
+    st.none() | st.floats(0, 500) | st.sampled_from([math.nan, math.inf, -1.0]),
     st.none() | st.floats(0, 500),
-    st.none() | st.floats(0, 500),
-    st.none() | st.floats(0, 1),
+    st.none() | st.floats(0, 1) | st.sampled_from([math.nan, 1.5]),
     st.floats(0, 120),
-    st.floats(0, 1),
+    st.floats(0, 1) | st.just(math.nan),
     st.booleans(),
     st.booleans(),
 )
@@ -416,7 +417,7 @@ def test_guardrails_hold_for_any_observation(
         assert not obs.errors
         assert last_change_ago_s is None or last_change_ago_s >= scaling.scale_down_cooldown_s
         assert d.desired_replicas >= 0
-    if obs.queue_depth is None and obs.sli is None:
+    if obs.queue_depth is None and obs.sli is None:  # (NaN and other invalid values count as None)
         assert d.action == "hold" or "below_min" in d.reasons or "above_max" in d.reasons
 
 
@@ -472,3 +473,42 @@ def test_stabilization_can_be_turned_off() -> None:
     core = DecisionCore(config=CoreConfig(stabilize_scale_down=False))
     tick(core, 1000.0, observe(999.0, 4))
     assert tick(core, 1015.0, idle(1014.0, 4)).action == "scale_down"
+
+
+def test_nan_and_garbage_values_count_as_unknown() -> None:
+    """Prometheus answers 0/0 with NaN: an idle-looking fleet with NaN signals must not shrink."""
+    nan_sli = replace(healthy_sli(999.0), ttft_good_ratio=math.nan, itl_good_ratio=math.nan)
+    decision = tick(DecisionCore(), 1000.0, idle(999.0, queue_depth=math.nan, sli=nan_sli))
+    assert (decision.action, decision.desired_replicas) == ("hold", 4)
+    assert decision.inputs["invalid_fields"] == "queue_depth,sli.ttft_good_ratio,sli.itl_good_ratio"
+    assert decision.inputs["queue_depth"] is None
+    garbage = observe(999.0, queue_depth=-3.0, kv_cache_usage=7.0)
+    held = tick(DecisionCore(), 1000.0, garbage)
+    assert held.action == "hold"
+    assert held.inputs["invalid_fields"] == "queue_depth,kv_cache_usage"
+    assert tick(DecisionCore(), 1000.0, idle(math.nan)).reasons == ("hold", "insufficient_data")
+    assert tick(DecisionCore(), 1000.0, idle(999.0, current_replicas=-1)).reasons == ("hold", "insufficient_data")
+
+
+def test_observation_for_another_policy_is_not_used() -> None:
+    decision = tick(DecisionCore(), 1000.0, replace(idle(999.0), policy="other"))
+    assert decision.reasons == ("hold", "insufficient_data")
+    assert "other" in decision.detail
+
+
+@dataclass
+class BrokenAdvisor:
+    name: str = "broken"
+
+    def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
+        raise ZeroDivisionError("model blew up")
+
+
+def test_a_failing_advisor_does_not_stop_the_others() -> None:
+    core = DecisionCore(advisors=[BrokenAdvisor(), ReactiveAdvisor()])
+    decision = tick(core, 1000.0, overloaded(999.0))
+    assert decision.action == "scale_up"
+    assert "advisor_error" in decision.reasons
+    assert decision.inputs["broken.error"] == "ZeroDivisionError: model blew up"
+    alone = tick(DecisionCore(advisors=[BrokenAdvisor()]), 1000.0, overloaded(999.0))
+    assert alone.reasons == ("hold", "insufficient_data", "advisor_error")
