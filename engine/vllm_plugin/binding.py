@@ -1,0 +1,185 @@
+"""The vLLM side: find the fused-MoE routers of a loaded model and hand them our callback.
+
+vLLM 0.32's routers all derive from ``BaseRouter``, whose ``set_capture_fn``
+takes a callback for the logical expert ids it selects (the seam vLLM's own
+routed-experts capturer binds through).  vLLM offers no hook "after the model
+is loaded" to a general plugin, so :func:`install_bind_hook` registers a
+torch global forward pre-hook that fires on the first module call of the
+process (the model runner calling the model), binds every router in that
+module's tree, and removes itself: after that the forward path carries no
+hook at all.
+
+Everything here duck-types vLLM's objects (``module.router.set_capture_fn``,
+``module.layer_id``, ``module.moe_config``) and imports vLLM lazily, so the
+module loads, and its pure parts test, without vLLM installed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from engine.stats import FloatArray
+from engine.vllm_plugin.ranks import contiguous_rank_weights, eplb_rank_weights
+
+logger = logging.getLogger("moeslo.vllm_plugin")
+
+
+@dataclass(frozen=True, slots=True)
+class MoeLayerView:
+    """One fused-MoE layer as the plugin sees it."""
+
+    layer_id: int
+    router: Any
+    """The layer's router (vLLM ``BaseRouter``): has ``set_capture_fn``."""
+    num_experts: int
+    """Logical experts (the ids the router emits before EPLB)."""
+    num_physical: int
+    ep_size: int
+    use_ep: bool
+
+
+def find_moe_layers(model: torch.nn.Module) -> list[MoeLayerView]:
+    """Every distinct fused-MoE router in ``model``'s tree, by layer id."""
+    views: dict[int, MoeLayerView] = {}
+    seen: set[int] = set()
+    for module in model.modules():
+        router = getattr(module, "router", None)
+        if router is None or not callable(getattr(router, "set_capture_fn", None)) or id(router) in seen:
+            continue
+        seen.add(id(router))
+        if getattr(module, "is_monolithic", False):
+            # Monolithic kernels route inside the kernel; the router seam never sees the ids.
+            logger.warning("moeslo: MoE layer %s uses a monolithic kernel; not counted", module)
+            continue
+        layer_id = int(getattr(module, "layer_id"))  # noqa: B009 (a property on vLLM's runner)
+        config = getattr(module, "moe_config", None)
+        parallel = getattr(config, "moe_parallel_config", None)
+        num_experts = int(getattr(config, "num_logical_experts", 0) or getattr(router, "global_num_experts", 0))
+        views[layer_id] = MoeLayerView(
+            layer_id=layer_id,
+            router=router,
+            num_experts=num_experts,
+            num_physical=int(getattr(config, "num_experts", num_experts) or num_experts),
+            ep_size=int(getattr(parallel, "ep_size", 1) or 1),
+            use_ep=bool(getattr(parallel, "use_ep", False)),
+        )
+    return [views[k] for k in sorted(views)]
+
+
+def install_bind_hook(bind: Callable[[torch.nn.Module], bool]) -> RemovableHandle:
+    """Call ``bind(module)`` on module calls until it returns True, then unhook."""
+    handle: RemovableHandle | None = None
+
+    def hook(module: torch.nn.Module, args: Any) -> None:
+        if handle is None or next(module.children(), None) is None:
+            return  # leaf modules never hold a whole MoE model
+        if bind(module):
+            handle.remove()
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    return handle
+
+
+def vllm_row_filter(topk_ids: torch.Tensor) -> torch.Tensor | None:
+    """Rows of ``topk_ids`` that are this rank's real tokens, from vLLM's forward context.
+
+    Returns None (skip) outside a forward context and in profile or warm-up
+    runs, which vLLM runs without attention metadata; masks out the padding
+    rows vLLM marks in ``is_padding``; under data parallelism keeps only this
+    DP rank's rows when the router saw every rank's tokens.
+    """
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    ctx = get_forward_context()
+    if ctx.attn_metadata is None:
+        return None
+    n = int(topk_ids.shape[0])
+    keep = torch.ones(n, dtype=torch.bool, device=topk_ids.device)
+    pad = ctx.is_padding
+    if pad is not None and int(pad.shape[0]) == n:
+        keep = ~pad.to(device=topk_ids.device, dtype=torch.bool)
+    dp = ctx.dp_metadata
+    if dp is None:
+        return keep
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    dp_rank = 0 if config is None else int(config.parallel_config.data_parallel_rank)
+    across = dp.num_tokens_across_dp_cpu
+    local = int(across[dp_rank].item())
+    if n == local:
+        return keep
+    if n == int(across.sum().item()):
+        end = int(across[: dp_rank + 1].sum().item())
+        rows = torch.zeros(n, dtype=torch.bool, device=topk_ids.device)
+        rows[end - local : end] = True
+        return rows
+    return None  # a layout we cannot attribute to this rank: skip rather than miscount
+
+
+def is_first_tp_rank() -> bool:
+    """Every TP rank routes the same tokens: only the first one counts."""
+    try:
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return bool(get_tp_group().rank_in_group == 0)
+    except (ImportError, AssertionError, AttributeError):
+        return True
+
+
+def vllm_labels(fallback_model_name: str | None) -> tuple[str, str, str]:
+    """(model_name, engine, expert placement strategy) from the current vLLM config."""
+    model_name, engine, strategy = fallback_model_name or "unknown", "0", "linear"
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+
+        config = get_current_vllm_config_or_none()
+    except ImportError:
+        config = None
+    if config is not None:
+        served = config.model_config.served_model_name
+        name = served[0] if isinstance(served, list | tuple) else served
+        model_name = fallback_model_name or str(name or config.model_config.model)
+        engine = str(config.parallel_config.data_parallel_rank)
+        strategy = str(getattr(config.parallel_config, "expert_placement_strategy", "linear") or "linear")
+    return model_name, engine, strategy
+
+
+def rank_weights_for(
+    layers: list[MoeLayerView], virtual_ranks: int, strategy: str
+) -> Callable[[], tuple[FloatArray, str]]:
+    """The rank map of the imbalance gauges: EPLB's live map, vLLM's EP layout, or virtual EP."""
+    first = layers[0]
+    if first.use_ep and first.ep_size > 1:
+        static = contiguous_rank_weights(first.num_experts, first.ep_size, strategy)
+    else:
+        static = contiguous_rank_weights(first.num_experts, virtual_ranks, "linear")
+    static_source = "ep" if first.use_ep and first.ep_size > 1 else "virtual"
+
+    def weights() -> tuple[FloatArray, str]:
+        stacked = []
+        for view in layers:
+            l2p = _eplb_map(view)
+            if l2p is None:
+                return static, static_source
+            stacked.append(eplb_rank_weights(l2p, view.num_physical, view.ep_size))
+        return np.stack(stacked), "eplb"
+
+    return weights
+
+
+def _eplb_map(view: MoeLayerView) -> np.ndarray[Any, Any] | None:
+    state = getattr(view.router, "eplb_state", None)
+    l2p = getattr(state, "logical_to_physical_map", None)
+    if l2p is None or not view.use_ep:
+        return None
+    return np.asarray(l2p.detach().cpu().numpy(), dtype=np.int64)

@@ -1,0 +1,86 @@
+"""Routed-token counts per (MoE layer, logical expert), kept on the model's device.
+
+:meth:`ExpertLoadCounter.capture` is what vLLM's router calls (through
+``BaseRouter.set_capture_fn``) with the logical expert ids of each token,
+before EPLB maps them to physical slots.  It adds them to a device tensor
+without a host sync (``index_add_`` with 0/1 weights, so padding rows and
+invalid ids cost nothing and never leave the device); a background thread
+copies the tensor out once per flush interval.
+
+Which rows count is decided by a :class:`RowFilter` the caller supplies
+(vLLM's forward context in production), so this module needs torch only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from engine.stats import IntArray
+
+RowFilter = Callable[[torch.Tensor], "torch.Tensor | None"]
+"""Given ``topk_ids`` (tokens x k): a bool mask of rows to count, or None to skip the call."""
+
+
+def count_all_rows(topk_ids: torch.Tensor) -> torch.Tensor | None:
+    """The filter for tests and offline use: every row counts."""
+    return torch.ones(topk_ids.shape[0], dtype=torch.bool, device=topk_ids.device)
+
+
+class ExpertLoadCounter:
+    """Cumulative routed-token counts for the MoE layers one worker runs."""
+
+    def __init__(
+        self,
+        layer_ids: Sequence[int],
+        num_experts: int,
+        *,
+        device: torch.device | str = "cpu",
+        row_filter: RowFilter = count_all_rows,
+    ) -> None:
+        if len(set(layer_ids)) != len(layer_ids):
+            raise ValueError(f"duplicate MoE layer ids: {sorted(layer_ids)}")
+        if num_experts < 1:
+            raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+        self.layer_ids: tuple[int, ...] = tuple(sorted(layer_ids))
+        self.num_experts = num_experts
+        self._row_of_layer = {layer: row for row, layer in enumerate(self.layer_ids)}
+        self._counts = torch.zeros((len(self.layer_ids), num_experts), dtype=torch.int64, device=device)
+        self._row_filter = row_filter
+        self._lock = threading.Lock()
+        self.skipped_calls = 0
+        """Capture calls the row filter rejected (profile and warm-up runs, odd batch layouts)."""
+
+    def capture_fn(self, layer_id: int) -> Callable[[torch.Tensor], None]:
+        """The callback to hand to one layer's router."""
+        row = self._row_of_layer[layer_id]
+
+        def capture(topk_ids: torch.Tensor) -> None:
+            self._capture_row(row, topk_ids)
+
+        return capture
+
+    def capture(self, layer_id: int, topk_ids: torch.Tensor) -> None:
+        self._capture_row(self._row_of_layer[layer_id], topk_ids)
+
+    def _capture_row(self, row: int, topk_ids: torch.Tensor) -> None:
+        if topk_ids.numel() == 0:
+            return
+        keep = self._row_filter(topk_ids)
+        if keep is None:
+            self.skipped_calls += 1
+            return
+        ids = topk_ids.to(torch.int64)
+        valid = (ids >= 0) & (ids < self.num_experts) & keep.view(-1, 1)
+        # Weights of 0 drop padding rows and invalid ids without a device-to-host sync.
+        with self._lock:
+            self._counts[row].index_add_(0, ids.clamp(0, self.num_experts - 1).view(-1), valid.view(-1).long())
+
+    def snapshot(self) -> IntArray:
+        """(layers, experts) cumulative counts, copied to the host."""
+        with self._lock:
+            copy = self._counts.clone()
+        return np.asarray(copy.cpu().numpy(), dtype=np.int64)

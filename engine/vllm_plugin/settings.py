@@ -1,0 +1,89 @@
+"""Settings of the vLLM plugin, read once from the environment.
+
+The plugin runs inside vLLM's processes, which we do not start, so the
+environment is its only configuration channel (vLLM passes it on to the
+engine-core and worker processes it spawns).
+
+========================  =========  ==================================================
+variable                  default    meaning
+========================  =========  ==================================================
+MOESLO_VLLM_PLUGIN        unset      ``1`` switches the plugin on; anything else is off
+MOESLO_VLLM_EP_RANKS      8          virtual EP size when vLLM runs without EP
+MOESLO_VLLM_FLUSH_S       1.0        how often workers publish their counts (seconds)
+MOESLO_VLLM_WINDOW_S      60.0       routing window of the imbalance gauges (seconds)
+MOESLO_VLLM_MODEL_NAME    (vLLM's)   ``model_name`` label when vLLM's config is unreadable
+MOESLO_VLLM_METRICS_DIR   (temp)     where workers leave snapshots without multiprocess
+                                     Prometheus (set by the plugin in vLLM's API server)
+========================  =========  ==================================================
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.errors import ValidationError
+
+ENABLE_ENV = "MOESLO_VLLM_PLUGIN"
+EP_RANKS_ENV = "MOESLO_VLLM_EP_RANKS"
+FLUSH_ENV = "MOESLO_VLLM_FLUSH_S"
+WINDOW_ENV = "MOESLO_VLLM_WINDOW_S"
+MODEL_NAME_ENV = "MOESLO_VLLM_MODEL_NAME"
+METRICS_DIR_ENV = "MOESLO_VLLM_METRICS_DIR"
+PROMETHEUS_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PluginSettings:
+    """What the plugin does in this process."""
+
+    enabled: bool = False
+    virtual_ep_ranks: int = 8
+    """Ranks to group experts into (contiguously) when vLLM's EP is off."""
+    flush_interval_s: float = 1.0
+    window_s: float = 60.0
+    model_name: str | None = None
+    metrics_dir: str | None = None
+    prometheus_multiproc_dir: str | None = None
+
+    @property
+    def window_flushes(self) -> int:
+        """The routing window in flush intervals (at least one)."""
+        return max(1, math.ceil(self.window_s / self.flush_interval_s))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PluginSettings:
+        """Read the settings; every bad value is reported in one ValidationError."""
+        env = os.environ if env is None else env
+        problems: list[str] = []
+
+        def number(name: str, default: float, *, integer: bool) -> float:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                value = int(raw) if integer else float(raw)
+            except ValueError:
+                problems.append(f"{name}={raw!r} is not {'an integer' if integer else 'a number'}")
+                return default
+            if not value > 0 or not math.isfinite(value):
+                problems.append(f"{name}={raw!r} must be > 0")
+                return default
+            return value
+
+        ranks = int(number(EP_RANKS_ENV, 8, integer=True))
+        flush_s = number(FLUSH_ENV, 1.0, integer=False)
+        window_s = number(WINDOW_ENV, 60.0, integer=False)
+        if problems:
+            raise ValidationError(problems)
+        return cls(
+            enabled=env.get(ENABLE_ENV, "").strip() == "1",
+            virtual_ep_ranks=ranks,
+            flush_interval_s=flush_s,
+            window_s=window_s,
+            model_name=env.get(MODEL_NAME_ENV) or None,
+            metrics_dir=env.get(METRICS_DIR_ENV) or None,
+            prometheus_multiproc_dir=env.get(PROMETHEUS_MULTIPROC_ENV) or None,
+        )

@@ -1,0 +1,135 @@
+"""What a worker publishes: cumulative expert counts and the windowed per-rank load.
+
+A snapshot is plain data with a JSON form, so the exporter can publish it in
+the worker (multiprocess Prometheus) or hand it to vLLM's API server through
+a file.  :class:`LoadWindow` and :class:`SnapshotBuilder` turn the counter's
+cumulative counts into snapshots; the math is ``engine.stats``'.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.stats import FloatArray, IntArray, balancedness, imbalance_cv
+from engine.vllm_plugin.ranks import rank_loads
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ExpertLoadSnapshot:
+    """One worker's expert load at one flush."""
+
+    model_name: str
+    engine: str
+    layer_ids: tuple[int, ...]
+    """Model layer index of each row (the ``layer`` label)."""
+    expert_tokens_total: IntArray
+    """(layers, experts) tokens routed to each logical expert since start (top-k assignments)."""
+    rank_tokens_total: FloatArray
+    """(ranks,) expert assignments each (possibly virtual) EP rank processed since start, all layers."""
+    window_rank_tokens: FloatArray
+    """(layers, ranks) per-rank load within the routing window."""
+    rank_source: str
+    """``ep`` (vLLM's EP layout), ``eplb`` (EPLB's map) or ``virtual`` (EP off)."""
+
+    @property
+    def imbalance_cv(self) -> FloatArray:
+        """Per-layer CV of per-rank load within the window."""
+        return imbalance_cv(self.window_rank_tokens)
+
+    @property
+    def balancedness(self) -> FloatArray:
+        """Per-layer mean/max of per-rank load within the window."""
+        return balancedness(self.window_rank_tokens)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "model_name": self.model_name,
+                "engine": self.engine,
+                "layer_ids": list(self.layer_ids),
+                "expert_tokens_total": self.expert_tokens_total.tolist(),
+                "rank_tokens_total": self.rank_tokens_total.tolist(),
+                "window_rank_tokens": self.window_rank_tokens.tolist(),
+                "rank_source": self.rank_source,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> ExpertLoadSnapshot:
+        raw: dict[str, Any] = json.loads(text)
+        return cls(
+            model_name=str(raw["model_name"]),
+            engine=str(raw["engine"]),
+            layer_ids=tuple(int(x) for x in raw["layer_ids"]),
+            expert_tokens_total=np.asarray(raw["expert_tokens_total"], dtype=np.int64),
+            rank_tokens_total=np.asarray(raw["rank_tokens_total"], dtype=np.float64),
+            window_rank_tokens=np.asarray(raw["window_rank_tokens"], dtype=np.float64),
+            rank_source=str(raw["rank_source"]),
+        )
+
+
+class LoadWindow:
+    """Sliding window over the last ``size`` flushes of per-expert count deltas (running sum)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"window size must be >= 1, got {size}")
+        self.size = size
+        self._deltas: deque[IntArray] = deque()
+        self._sum: IntArray | None = None
+
+    def add(self, delta: IntArray) -> IntArray:
+        """Add one flush's delta; return the window's (layers, experts) sum."""
+        if self._sum is None or self._sum.shape != delta.shape:
+            self._deltas.clear()
+            self._sum = np.zeros_like(delta)
+        self._deltas.append(delta)
+        self._sum = self._sum + delta
+        while len(self._deltas) > self.size:
+            self._sum = self._sum - self._deltas.popleft()
+        return self._sum.copy()
+
+
+RankWeights = Callable[[], tuple[FloatArray, str]]
+"""Returns the current (experts x ranks) or (layers x experts x ranks) weights and their source."""
+
+
+class SnapshotBuilder:
+    """Turns successive cumulative counts into snapshots (deltas, window, rank totals)."""
+
+    def __init__(
+        self, *, model_name: str, engine: str, layer_ids: tuple[int, ...], window_flushes: int,
+        rank_weights: RankWeights,
+    ) -> None:  # fmt: skip
+        self.model_name = model_name
+        self.engine = engine
+        self.layer_ids = layer_ids
+        self._window = LoadWindow(window_flushes)
+        self._rank_weights = rank_weights
+        self._last: IntArray | None = None
+        self._rank_total: FloatArray | None = None
+
+    def build(self, counts: IntArray) -> ExpertLoadSnapshot:
+        delta = counts if self._last is None else counts - self._last
+        self._last = counts.copy()
+        weights, source = self._rank_weights()
+        window = self._window.add(delta)
+        step_ranks = rank_loads(delta, weights).sum(axis=0)
+        if self._rank_total is None or self._rank_total.shape != step_ranks.shape:
+            self._rank_total = np.zeros_like(step_ranks)
+        self._rank_total = self._rank_total + step_ranks
+        return ExpertLoadSnapshot(
+            model_name=self.model_name,
+            engine=self.engine,
+            layer_ids=self.layer_ids,
+            expert_tokens_total=counts.copy(),
+            rank_tokens_total=self._rank_total.copy(),
+            window_rank_tokens=rank_loads(window, weights),
+            rank_source=source,
+        )

@@ -1,0 +1,130 @@
+"""Wiring inside a vLLM process: bind routers on first forward, flush counts to a sink.
+
+:func:`activate` is called by the plugin entry point (``exporters.vllm_metrics``)
+in every vLLM process.  Only a process that runs the model ever binds: there
+a :class:`Flusher` thread copies the counts out every ``flush_interval_s``,
+builds an :class:`~engine.vllm_plugin.snapshot.ExpertLoadSnapshot` and hands
+it to the sink the exporter made.  The hot path (the router callback) only
+adds to a device tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from engine.vllm_plugin.binding import (
+    find_moe_layers,
+    install_bind_hook,
+    is_first_tp_rank,
+    rank_weights_for,
+    vllm_labels,
+    vllm_row_filter,
+)
+from engine.vllm_plugin.counter import ExpertLoadCounter, RowFilter
+from engine.vllm_plugin.settings import PluginSettings
+from engine.vllm_plugin.snapshot import ExpertLoadSnapshot, SnapshotBuilder
+
+logger = logging.getLogger("moeslo.vllm_plugin")
+
+
+class SnapshotSink(Protocol):
+    """Where snapshots go (an exporter)."""
+
+    def publish(self, snapshot: ExpertLoadSnapshot) -> None: ...
+
+
+class Flusher:
+    """Copies counts out on a daemon thread every ``interval_s`` and publishes a snapshot."""
+
+    def __init__(
+        self, counter: ExpertLoadCounter, builder: SnapshotBuilder, sink: SnapshotSink, *, interval_s: float
+    ) -> None:
+        self.counter = counter
+        self.builder = builder
+        self.sink = sink
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="moeslo-vllm-flush", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def flush(self) -> ExpertLoadSnapshot:
+        with self._lock:
+            snapshot = self.builder.build(self.counter.snapshot())
+            self.sink.publish(snapshot)
+            return snapshot
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5 * self.interval_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.flush()
+            except Exception:  # a metrics failure must never take the worker down
+                logger.exception("moeslo: publishing expert load failed")
+
+
+class PluginState:
+    """What the plugin set up in this process (for tests and the bench)."""
+
+    def __init__(self) -> None:
+        self.hook: torch.utils.hooks.RemovableHandle | None = None
+        self.counter: ExpertLoadCounter | None = None
+        self.flusher: Flusher | None = None
+
+
+def bind_model(
+    model: torch.nn.Module,
+    settings: PluginSettings,
+    make_sink: Callable[[], SnapshotSink],
+    *,
+    row_filter: RowFilter = vllm_row_filter,
+    state: PluginState | None = None,
+) -> bool:
+    """Bind every MoE router in ``model``; False when it holds none (keep looking)."""
+    layers = find_moe_layers(model)
+    if not layers:
+        return False
+    state = state if state is not None else PluginState()
+    if not is_first_tp_rank():
+        logger.info("moeslo: TP rank > 0, the first TP rank counts this model's routing")
+        return True
+    device = next(model.parameters(), torch.zeros(0)).device
+    counter = ExpertLoadCounter(
+        [v.layer_id for v in layers], max(v.num_experts for v in layers), device=device, row_filter=row_filter
+    )
+    for view in layers:
+        view.router.set_capture_fn(counter.capture_fn(view.layer_id))
+    model_name, engine, strategy = vllm_labels(settings.model_name)
+    builder = SnapshotBuilder(
+        model_name=model_name,
+        engine=engine,
+        layer_ids=counter.layer_ids,
+        window_flushes=settings.window_flushes,
+        rank_weights=rank_weights_for(layers, settings.virtual_ep_ranks, strategy),
+    )
+    flusher = Flusher(counter, builder, make_sink(), interval_s=settings.flush_interval_s)
+    flusher.start()
+    state.counter, state.flusher = counter, flusher
+    logger.info(
+        "moeslo: counting routed tokens of %d MoE layers x %d experts (model_name=%s, engine=%s)",
+        len(layers), counter.num_experts, model_name, engine,
+    )  # fmt: skip
+    return True
+
+
+def activate(settings: PluginSettings, make_sink: Callable[[], SnapshotSink]) -> PluginState:
+    """Arm the bind hook in this process (no-op until a model runs here)."""
+    state = PluginState()
+    state.hook = install_bind_hook(lambda module: bind_model(module, settings, make_sink, state=state))
+    return state

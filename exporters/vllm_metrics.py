@@ -1,0 +1,236 @@
+"""The vLLM plugin's entry point and the publishing half: expert load as ``moe_*`` metrics.
+
+Installed as the ``vllm.general_plugins`` entry point ``moeslo``; vLLM calls
+:func:`register` in each of its processes (API server, engine core,
+workers).  It does nothing unless ``MOESLO_VLLM_PLUGIN=1``.  The counting
+happens in the worker (``engine.vllm_plugin``); the metrics must appear on
+the API server's ``/metrics``, another process, so there are two routes:
+
+* **multiprocess Prometheus** (``PROMETHEUS_MULTIPROC_DIR`` set, as vLLM does
+  with ``--api-server-count > 1`` or as a deployment sets it): the worker
+  owns ordinary ``prometheus_client`` metrics, which land in the shared
+  directory, and vLLM's ``MultiProcessCollector`` serves them
+  (:class:`MultiprocessSink`; gauges use ``mostrecent``).
+* **single API server, in-memory registry** (vLLM's default): the API
+  server's plugin makes a directory, passes it to its children in
+  ``MOESLO_VLLM_METRICS_DIR`` and registers a :class:`SnapshotCollector` in
+  the global registry vLLM serves; workers write JSON snapshots there
+  (:class:`SnapshotFileSink`).
+
+Names and labels are those of ``docs/metrics.md`` (the embedded engine's):
+``model_name`` and ``engine`` on every series.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, values
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from engine.errors import ValidationError
+from engine.vllm_plugin import ExpertLoadSnapshot, PluginSettings, PluginState, SnapshotSink, activate
+from engine.vllm_plugin.settings import METRICS_DIR_ENV
+
+logger = logging.getLogger("moeslo.vllm_plugin")
+
+BASE_LABELS = ("model_name", "engine")
+STATS = ("min", "median", "max")
+_DOC = {
+    "moe_expert_tokens": "Tokens routed per (layer, logical expert).",
+    "moe_rank_tokens": "Expert assignments processed by each EP rank, all layers.",
+    "moe_layer_imbalance_cv": "CV (stddev/mean) of per-rank expert load over the routing window.",
+    "moe_layer_balancedness": "mean/max of per-rank expert load over the routing window.",
+    "moe_imbalance_cv_across_layers": "Min, median and max of the per-layer CV.",
+    "moe_balancedness_across_layers": "Min, median and max of the per-layer balancedness.",
+}
+
+ARMED: dict[str, PluginState] = {}
+"""What :func:`register` armed in this process, under ``"state"`` (empty when disabled)."""
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point (vLLM may call it more than once per process)."""
+    if ARMED:
+        return
+    try:
+        settings = PluginSettings.from_env()
+    except ValidationError as exc:
+        logger.error("moeslo vLLM plugin disabled: %s", exc)
+        return
+    if not settings.enabled:
+        return
+    if settings.prometheus_multiproc_dir is None and settings.metrics_dir is None:
+        # First process of the tree (vLLM's API server): make the hand-over directory.
+        directory = tempfile.mkdtemp(prefix="moeslo-vllm-")
+        atexit.register(shutil.rmtree, directory, True)
+        os.environ[METRICS_DIR_ENV] = directory
+        REGISTRY.register(SnapshotCollector(directory, max_age_s=stale_after_s(settings)))
+    ARMED["state"] = activate(settings, make_sink)
+
+
+def stale_after_s(settings: PluginSettings) -> float:
+    """Snapshots older than this come from a worker that is gone."""
+    return max(30.0, 10 * settings.flush_interval_s)
+
+
+def make_sink() -> SnapshotSink:
+    """Pick the route for this worker process (called once, when it binds the model)."""
+    if values.ValueClass.__name__ == "MmapedValue":  # prometheus_client in multiprocess mode
+        return MultiprocessSink()
+    directory = os.environ.get(METRICS_DIR_ENV)
+    if directory:
+        return SnapshotFileSink(directory)
+    logger.warning("moeslo: neither PROMETHEUS_MULTIPROC_DIR nor %s is set; expert load is not published",
+                   METRICS_DIR_ENV)  # fmt: skip
+    return NullSink()
+
+
+class NullSink:
+    def publish(self, snapshot: ExpertLoadSnapshot) -> None:
+        return None
+
+
+class SnapshotFileSink:
+    """Writes each snapshot to ``<dir>/worker-<pid>.json`` (atomically, by rename)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.path = Path(directory) / f"worker-{os.getpid()}.json"
+
+    def publish(self, snapshot: ExpertLoadSnapshot) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(snapshot.to_json())
+        os.replace(tmp, self.path)
+
+
+class SnapshotCollector:
+    """Serves the workers' latest snapshots from ``directory`` as metric families, on each scrape."""
+
+    def __init__(self, directory: str | Path, *, max_age_s: float = 30.0) -> None:
+        self.directory = Path(directory)
+        self.max_age_s = max_age_s
+
+    def describe(self) -> list[Metric]:
+        return []  # families appear only once a worker has counted; nothing to pre-declare
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(snapshot_families(self._read()))
+
+    def _read(self) -> list[ExpertLoadSnapshot]:
+        now = time.time()
+        out = []
+        for path in sorted(self.directory.glob("worker-*.json")):
+            try:
+                if now - path.stat().st_mtime > self.max_age_s:
+                    continue
+                out.append(ExpertLoadSnapshot.from_json(path.read_text()))
+            except (OSError, ValueError, KeyError) as exc:
+                logger.warning("moeslo: skipping unreadable snapshot %s: %s", path, exc)
+        return out
+
+
+def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot]) -> list[Metric]:
+    """The ``moe_*`` families of some workers' snapshots."""
+    experts = CounterMetricFamily("moe_expert_tokens", _DOC["moe_expert_tokens"],
+                                  labels=[*BASE_LABELS, "layer", "expert"])  # fmt: skip
+    ranks = CounterMetricFamily("moe_rank_tokens", _DOC["moe_rank_tokens"], labels=[*BASE_LABELS, "rank"])
+    gauges = {
+        name: GaugeMetricFamily(name, _DOC[name], labels=[*BASE_LABELS, "layer"])
+        for name in ("moe_layer_imbalance_cv", "moe_layer_balancedness")
+    }
+    summaries = {
+        name: GaugeMetricFamily(name, _DOC[name], labels=[*BASE_LABELS, "stat"])
+        for name in ("moe_imbalance_cv_across_layers", "moe_balancedness_across_layers")
+    }
+    rank_sums: dict[tuple[str, str, str], float] = {}
+    any_snapshot = False
+    for snap in snapshots:
+        any_snapshot = True
+        base = [snap.model_name, snap.engine]
+        for row, layer in enumerate(snap.layer_ids):
+            for expert, count in enumerate(snap.expert_tokens_total[row]):
+                experts.add_metric([*base, str(layer), str(expert)], int(count))
+        for rank, load in enumerate(snap.rank_tokens_total):
+            key = (snap.model_name, snap.engine, str(rank))
+            rank_sums[key] = rank_sums.get(key, 0.0) + float(load)
+        for name, per_layer in (("moe_layer_imbalance_cv", snap.imbalance_cv),
+                                ("moe_layer_balancedness", snap.balancedness)):  # fmt: skip
+            for layer, value in zip(snap.layer_ids, per_layer, strict=True):
+                gauges[name].add_metric([*base, str(layer)], float(value))
+        for name, per_layer in (("moe_imbalance_cv_across_layers", snap.imbalance_cv),
+                                ("moe_balancedness_across_layers", snap.balancedness)):  # fmt: skip
+            for stat, value in summary(per_layer).items():
+                summaries[name].add_metric([*base, stat], value)
+    for key, load in rank_sums.items():
+        ranks.add_metric(list(key), load)
+    if not any_snapshot:
+        return []
+    return [experts, ranks, *gauges.values(), *summaries.values()]
+
+
+def summary(per_layer: np.ndarray[tuple[int], np.dtype[np.float64]]) -> dict[str, float]:
+    if per_layer.size == 0:
+        return {}
+    return {"min": float(np.min(per_layer)), "median": float(np.median(per_layer)), "max": float(np.max(per_layer))}
+
+
+class MultiprocessSink:
+    """Ordinary prometheus_client metrics in the worker; multiprocess mode puts them on vLLM's /metrics."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # A private registry: the values go to the shared directory either way, and
+        # the names must not clash with anything in the worker's global registry.
+        registry = registry if registry is not None else CollectorRegistry()
+        self.expert_tokens = Counter("moe_expert_tokens", _DOC["moe_expert_tokens"],
+                                     [*BASE_LABELS, "layer", "expert"], registry=registry)  # fmt: skip
+        self.rank_tokens = Counter("moe_rank_tokens", _DOC["moe_rank_tokens"], [*BASE_LABELS, "rank"],
+                                   registry=registry)  # fmt: skip
+        self.gauges = {
+            name: Gauge(name, _DOC[name], [*BASE_LABELS, "layer"], registry=registry, multiprocess_mode="mostrecent")
+            for name in ("moe_layer_imbalance_cv", "moe_layer_balancedness")
+        }
+        self.summaries = {
+            name: Gauge(name, _DOC[name], [*BASE_LABELS, "stat"], registry=registry, multiprocess_mode="mostrecent")
+            for name in ("moe_imbalance_cv_across_layers", "moe_balancedness_across_layers")
+        }
+        self._published_experts: np.ndarray[tuple[int, int], np.dtype[np.int64]] | None = None
+        self._published_ranks: np.ndarray[tuple[int], np.dtype[np.float64]] | None = None
+
+    def publish(self, snapshot: ExpertLoadSnapshot) -> None:
+        base = (snapshot.model_name, snapshot.engine)
+        counts = snapshot.expert_tokens_total
+        old = self._published_experts
+        if old is None or old.shape != counts.shape:
+            old = np.zeros_like(counts)
+            for layer in snapshot.layer_ids:  # every series from the start, as the engine does
+                for expert in range(counts.shape[1]):
+                    self.expert_tokens.labels(*base, str(layer), str(expert))
+        for row, expert in zip(*np.nonzero(counts - old), strict=True):
+            self.expert_tokens.labels(*base, str(snapshot.layer_ids[row]), str(expert)).inc(
+                int(counts[row, expert] - old[row, expert])
+            )
+        self._published_experts = counts.copy()
+        ranks = snapshot.rank_tokens_total
+        old_ranks = self._published_ranks
+        if old_ranks is None or old_ranks.shape != ranks.shape:
+            old_ranks = np.zeros_like(ranks)
+        for rank, load in enumerate(ranks - old_ranks):
+            if load > 0:
+                self.rank_tokens.labels(*base, str(rank)).inc(float(load))
+        self._published_ranks = ranks.copy()
+        for name, per_layer in (("moe_layer_imbalance_cv", snapshot.imbalance_cv),
+                                ("moe_layer_balancedness", snapshot.balancedness)):  # fmt: skip
+            for layer, value in zip(snapshot.layer_ids, per_layer, strict=True):
+                self.gauges[name].labels(*base, str(layer)).set(float(value))
+        for name, per_layer in (("moe_imbalance_cv_across_layers", snapshot.imbalance_cv),
+                                ("moe_balancedness_across_layers", snapshot.balancedness)):  # fmt: skip
+            for stat, value in summary(per_layer).items():
+                self.summaries[name].labels(*base, stat).set(value)

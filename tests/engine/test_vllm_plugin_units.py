@@ -1,0 +1,171 @@
+"""The vLLM plugin's pure parts: settings, rank maps, counting, windows, binding to a router seam."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.errors import ValidationError
+from engine.stats import balancedness, imbalance_cv
+from engine.vllm_plugin import (
+    ExpertLoadCounter,
+    ExpertLoadSnapshot,
+    LoadWindow,
+    PluginSettings,
+    PluginState,
+    SnapshotBuilder,
+    bind_model,
+    contiguous_rank_weights,
+    count_all_rows,
+    eplb_rank_weights,
+    rank_loads,
+)
+from engine.vllm_plugin.binding import find_moe_layers, install_bind_hook
+
+
+def test_settings_default_off_and_gather_every_problem() -> None:
+    assert PluginSettings.from_env({}).enabled is False
+    on = PluginSettings.from_env({"MOESLO_VLLM_PLUGIN": "1", "MOESLO_VLLM_EP_RANKS": "4", "MOESLO_VLLM_FLUSH_S": "0.5",
+                                  "MOESLO_VLLM_WINDOW_S": "10"})
+    assert (on.enabled, on.virtual_ep_ranks, on.flush_interval_s, on.window_flushes) == (True, 4, 0.5, 20)
+    with pytest.raises(ValidationError) as err:
+        PluginSettings.from_env({"MOESLO_VLLM_EP_RANKS": "x", "MOESLO_VLLM_FLUSH_S": "-1"})
+    assert "MOESLO_VLLM_EP_RANKS='x' is not an integer" in str(err.value)
+    assert "MOESLO_VLLM_FLUSH_S='-1' must be > 0" in str(err.value)
+
+
+def test_contiguous_layout_matches_vllm_expert_map() -> None:
+    # vLLM: rank r holds base + (r < rem) experts starting at r*base + min(r, rem).
+    w = contiguous_rank_weights(10, 4)
+    assert w.sum(axis=1).tolist() == [1.0] * 10
+    assert w.sum(axis=0).tolist() == [3.0, 3.0, 2.0, 2.0]
+    assert np.argmax(w, axis=1).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 3, 3]
+    rr = contiguous_rank_weights(6, 4, "round_robin")
+    assert np.argmax(rr, axis=1).tolist() == [0, 1, 2, 3, 0, 1]
+    with pytest.raises(ValidationError, match="unknown expert placement strategy"):
+        contiguous_rank_weights(4, 2, "zigzag")
+
+
+def test_eplb_weights_split_replicas_evenly() -> None:
+    # 3 experts, 4 slots on 2 ranks; expert 0 has replicas in slots 0 and 3.
+    l2p = [[0, 3], [1, -1], [2, -1]]
+    w = eplb_rank_weights(l2p, num_physical=4, num_ranks=2)
+    assert w.tolist() == [[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]]
+    loads = rank_loads([[10, 4, 6]], w)
+    assert loads.tolist() == [[9.0, 11.0]]
+
+
+def test_counter_counts_kept_rows_and_drops_invalid_ids() -> None:
+    def no_padding_after_two(ids: torch.Tensor) -> torch.Tensor:
+        keep = torch.zeros(ids.shape[0], dtype=torch.bool)
+        keep[:2] = True
+        return keep
+
+    counter = ExpertLoadCounter([3, 1], 4, row_filter=no_padding_after_two)
+    counter.capture(1, torch.tensor([[0, 1], [1, 2], [3, 3]], dtype=torch.int32))
+    counter.capture(3, torch.tensor([[2, -1], [9, 0]]))
+    assert counter.layer_ids == (1, 3)
+    assert counter.snapshot().tolist() == [[1, 2, 1, 0], [1, 0, 1, 0]]
+    skip = ExpertLoadCounter([0], 4, row_filter=lambda ids: None)
+    skip.capture(0, torch.tensor([[1, 2]]))
+    assert skip.snapshot().sum() == 0 and skip.skipped_calls == 1
+
+
+def test_window_forgets_old_flushes() -> None:
+    window = LoadWindow(2)
+    a, b, c = (np.full((1, 2), v, dtype=np.int64) for v in (1, 10, 100))
+    assert window.add(a).tolist() == [[1, 1]]
+    assert window.add(b).tolist() == [[11, 11]]
+    assert window.add(c).tolist() == [[110, 110]]
+
+
+def test_snapshot_builder_and_json_round_trip() -> None:
+    weights = contiguous_rank_weights(4, 2)
+    builder = SnapshotBuilder(model_name="m", engine="0", layer_ids=(0, 1), window_flushes=1,
+                              rank_weights=lambda: (weights, "virtual"))
+    builder.build(np.array([[4, 0, 0, 0], [1, 1, 1, 1]]))
+    snap = builder.build(np.array([[4, 0, 2, 2], [2, 2, 2, 2]]))
+    # Window of one flush: the last delta only ([0,0,2,2] and [1,1,1,1]).
+    assert snap.window_rank_tokens.tolist() == [[0.0, 4.0], [2.0, 2.0]]
+    assert snap.imbalance_cv.tolist() == imbalance_cv([[0, 4], [2, 2]]).tolist()
+    assert snap.balancedness.tolist() == balancedness([[0, 4], [2, 2]]).tolist()
+    assert snap.rank_tokens_total.tolist() == [8.0, 8.0]
+    back = ExpertLoadSnapshot.from_json(snap.to_json())
+    assert back.layer_ids == (0, 1) and back.expert_tokens_total.tolist() == snap.expert_tokens_total.tolist()
+    assert back.rank_source == "virtual"
+
+
+class _Router:
+    """Stands in for vLLM's BaseRouter: the seam is set_capture_fn, called with logical ids."""
+
+    def __init__(self, num_experts: int) -> None:
+        self.global_num_experts = num_experts
+        self.capture_fn = None
+
+    def set_capture_fn(self, fn):  # type: ignore[no-untyped-def]
+        self.capture_fn = fn
+
+    def route(self, logits: torch.Tensor, k: int) -> torch.Tensor:
+        ids = torch.topk(logits, k, dim=-1).indices
+        if self.capture_fn is not None:
+            self.capture_fn(ids)
+        return ids
+
+
+class _MoeLayer(torch.nn.Module):
+    def __init__(self, layer_id: int, num_experts: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.gate = torch.nn.Linear(8, num_experts, bias=False)
+        self.router = _Router(num_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.router.route(self.gate(x), 2)
+        return x
+
+
+class _Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_MoeLayer(i, 8) for i in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class _ListSink:
+    def __init__(self) -> None:
+        self.snapshots: list[ExpertLoadSnapshot] = []
+
+    def publish(self, snapshot: ExpertLoadSnapshot) -> None:
+        self.snapshots.append(snapshot)
+
+
+def test_first_forward_binds_every_router_then_unhooks() -> None:
+    torch.manual_seed(0)
+    model = _Model()
+    assert [v.layer_id for v in find_moe_layers(model)] == [0, 1, 2]
+    sink = _ListSink()
+    state = PluginState()
+    settings = PluginSettings(enabled=True, virtual_ep_ranks=4, flush_interval_s=60.0, model_name="tiny")
+    handle = install_bind_hook(lambda m: bind_model(m, settings, lambda: sink, row_filter=count_all_rows, state=state))
+    try:
+        model(torch.randn(5, 8))  # binds during this call: the routers already count it
+        model(torch.randn(7, 8))
+        assert state.counter is not None and state.flusher is not None
+        snap = state.flusher.flush()
+    finally:
+        handle.remove()
+        if state.flusher is not None:
+            state.flusher.stop()
+    assert snap.model_name == "tiny" and snap.layer_ids == (0, 1, 2)
+    assert snap.expert_tokens_total.sum(axis=1).tolist() == [(5 + 7) * 2] * 3
+    assert snap.rank_tokens_total.sum() == (5 + 7) * 2 * 3
+    assert sink.snapshots[-1] is snap
+    # The hook removed itself: a fresh model is not bound.
+    other = _Model()
+    other(torch.randn(2, 8))
+    assert all(layer.router.capture_fn is None for layer in other.layers)
