@@ -1,0 +1,156 @@
+"""A self-selecting forecaster of one series, as the controller runs it tick by tick.
+
+Every ``refit_every_bins`` observations it backtests each candidate on the
+recent history (rolling origin), keeps the model with the lowest WAPE over the
+forecast horizon, refits it, and takes its backtest residuals per horizon as the
+empirical error distribution for prediction intervals.  In between, each new
+value is an O(1) ``update`` and forecasts are cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from controller.forecast.backtest import BacktestResult, best, compare_models, model_factory
+from controller.forecast.history import DAY_S, TWO_WEEKS_S, RingSeries
+from controller.forecast.models import FloatArray, ForecastModel
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ForecastConfig:
+    bin_s: float = 15.0
+    """One observation per bin (the controller's tick)."""
+    horizon_s: float = 120.0
+    """How far ahead forecasts are needed (the lead time); selection scores this window."""
+    keep_s: float = TWO_WEEKS_S
+    refit_every_bins: int = 240
+    fit_window_bins: int = 720
+    selection_bins: int = 240
+    """Recent bins the selection backtest forecasts from (its origins)."""
+    season_s: float | None = DAY_S
+    """Season length; seasonal models switch on once the history covers two of them."""
+    min_history_bins: int = 16
+    candidates: tuple[str, ...] = ("last_value", "moving_average", "seasonal_naive", "holt_damped", "arima")
+    ma_window_bins: int = 8
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.bin_s <= 0:
+            problems.append(f"bin_s must be > 0, got {self.bin_s}")
+        if self.horizon_s < self.bin_s:
+            problems.append(f"horizon_s ({self.horizon_s}) must be at least one bin ({self.bin_s})")
+        if self.keep_s < 2 * DAY_S and self.season_s == DAY_S:
+            problems.append("keep_s must cover two seasons for seasonal models")
+        if self.refit_every_bins < 1 or self.selection_bins < 1:
+            problems.append("refit_every_bins and selection_bins must be >= 1")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def horizon_bins(self) -> int:
+        return max(1, round(self.horizon_s / self.bin_s))
+
+    @property
+    def period_bins(self) -> int | None:
+        return None if self.season_s is None else max(1, round(self.season_s / self.bin_s))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Forecast:
+    """Forecasts for the next ``len(point)`` bins with a central interval at ``quantile``."""
+
+    model: str
+    point: FloatArray
+    lower: FloatArray
+    upper: FloatArray
+    quantile: float
+    bin_s: float
+
+
+class AutoForecaster:
+    """Ring-buffer history, periodic model selection and refit, cheap forecasts in between."""
+
+    def __init__(self, config: ForecastConfig | None = None) -> None:
+        self.config = config or ForecastConfig()
+        self.history = RingSeries(self.config.bin_s, keep_s=self.config.keep_s)
+        self._model: ForecastModel | None = None
+        self._residuals: dict[int, FloatArray] = {}
+        self._since_fit = 0
+        self.last_selection: list[BacktestResult] = []
+        self.fits = 0
+
+    @property
+    def model_name(self) -> str | None:
+        return None if self._model is None else self._model.name
+
+    def observe(self, value: float) -> None:
+        """The next bin's value (call once per bin, in order)."""
+        if not np.isfinite(value):
+            value = self.history.last() if len(self.history) else 0.0
+        self.history.append(value)
+        if self._model is not None:
+            self._model.update(value)
+            self._since_fit += 1
+        if len(self.history) >= self.config.min_history_bins and (
+            self._model is None or self._since_fit >= self.config.refit_every_bins
+        ):
+            self.refit()
+
+    def refit(self) -> None:
+        """Select the best candidate on recent history, fit it, and refresh the error distribution."""
+        cfg = self.config
+        series = self.history.values()
+        horizons = list(range(1, cfg.horizon_bins + 1))
+        period = cfg.period_bins if cfg.period_bins is not None and len(series) >= 2 * cfg.period_bins else None
+        origins = min(cfg.selection_bins, len(series) - cfg.horizon_bins - cfg.min_history_bins // 2)
+        kinds = [k for k in cfg.candidates if k != "seasonal_naive" or period is not None]
+        if origins >= 4:
+            start = len(series) - cfg.horizon_bins - origins + 1
+            results = compare_models(
+                series,
+                kinds,
+                period=period,
+                horizons=horizons,
+                start=start,
+                refit_every=origins + 1,
+                history_bins=cfg.fit_window_bins if period is None else len(series),
+                fit_window=cfg.fit_window_bins,
+                ma_window=cfg.ma_window_bins,
+            )
+            chosen = best(results)
+            self.last_selection = results
+            self._residuals = chosen.residuals
+            kind = chosen.kind
+        else:
+            kind = "last_value"
+            self._residuals = {}
+        self._model = model_factory(kind, period=period, fit_window=cfg.fit_window_bins, ma_window=cfg.ma_window_bins)()
+        self._model.fit(series)
+        self._since_fit = 0
+        self.fits += 1
+
+    def forecast(self, *, quantile: float = 0.9, steps: int | None = None) -> Forecast | None:
+        """Point and interval forecasts, or None before there is enough history."""
+        if self._model is None:
+            return None
+        if not 0.5 <= quantile < 1:
+            raise ValueError(f"quantile must be in [0.5, 1), got {quantile}")
+        n = steps or self.config.horizon_bins
+        point = self._model.forecast(n)
+        upper = point.copy()
+        lower = point.copy()
+        for h in range(1, n + 1):
+            residuals = self._residuals.get(min(h, max(self._residuals, default=h)))
+            if residuals is not None and len(residuals) >= 4:
+                upper[h - 1] += max(0.0, float(np.quantile(residuals, quantile)))
+                lower[h - 1] += min(0.0, float(np.quantile(residuals, 1 - quantile)))
+        return Forecast(
+            model=self._model.name,
+            point=point,
+            lower=np.maximum(lower, 0.0),
+            upper=upper,
+            quantile=quantile,
+            bin_s=self.config.bin_s,
+        )

@@ -1,0 +1,154 @@
+"""Forecast models on synthetic series with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.forecast import (
+    Arima,
+    AutoForecaster,
+    DampedHolt,
+    ForecastConfig,
+    LastValue,
+    MovingAverage,
+    RingSeries,
+    SeasonalNaive,
+    SeasonalProfile,
+    rolling_backtest,
+    wape,
+)
+
+PERIOD = 48
+
+
+def seasonal_series(n: int, *, noise: float, seed: int = 0) -> np.ndarray:
+    t = np.arange(n)
+    rng = np.random.default_rng(seed)
+    return 100.0 + 40.0 * np.sin(2 * np.pi * t / PERIOD) + rng.normal(0, noise, n)
+
+
+def test_wape_known_answer() -> None:
+    assert wape(np.array([10.0, 10.0]), np.array([9.0, 12.0])) == pytest.approx(0.15)
+    assert np.isnan(wape(np.zeros(3), np.ones(3)))
+
+
+def test_ring_series_stays_bounded_and_ordered() -> None:
+    ring = RingSeries(60.0, keep_s=600.0)
+    assert ring.capacity == 10
+    ring.extend(np.arange(25, dtype=np.float64))
+    assert len(ring) == 10 and ring.total_appended == 25
+    assert ring.values().tolist() == list(range(15, 25))
+    assert ring.values(3).tolist() == [22, 23, 24]
+    assert ring.last() == 24.0
+
+
+def test_two_weeks_at_one_minute_fit_in_the_default_history() -> None:
+    assert AutoForecaster(ForecastConfig(bin_s=60.0)).history.capacity >= 14 * 24 * 60
+
+
+def test_baselines() -> None:
+    history = np.arange(10, dtype=np.float64)
+    last = LastValue()
+    last.fit(history)
+    assert last.forecast(2).tolist() == [9.0, 9.0]
+    average = MovingAverage(4)
+    average.fit(history)
+    average.update(10.0)
+    assert average.forecast(1)[0] == pytest.approx(8.5)
+    naive = SeasonalNaive(PERIOD)
+    series = seasonal_series(3 * PERIOD, noise=0.0)
+    naive.fit(series)
+    np.testing.assert_allclose(naive.forecast(PERIOD), series[-PERIOD:])
+
+
+def test_seasonal_profile_recovers_the_shape() -> None:
+    series = seasonal_series(4 * PERIOD, noise=0.0)
+    profile = SeasonalProfile(PERIOD, series, smooth_bins=1)
+    np.testing.assert_allclose(profile.window(0, PERIOD) * 100.0, series[:PERIOD], rtol=1e-9)
+    with pytest.raises(ValueError, match="two seasons"):
+        SeasonalProfile(PERIOD, series[: PERIOD + 5], smooth_bins=1)
+
+
+def test_seasonal_holt_forecasts_a_season_within_five_percent() -> None:
+    series = seasonal_series(6 * PERIOD, noise=2.0)
+    model = DampedHolt(period=PERIOD, fit_window=4 * PERIOD)
+    model.fit(series[: 5 * PERIOD])
+    assert model.name == "holt_damped_seasonal"
+    truth = 100.0 + 40.0 * np.sin(2 * np.pi * np.arange(5 * PERIOD, 6 * PERIOD) / PERIOD)
+    assert wape(truth, model.forecast(PERIOD)) < 0.05
+    # Without two seasons of history it stays non-seasonal and cannot follow the cycle as well.
+    short = DampedHolt(period=PERIOD)
+    short.fit(series[: PERIOD + 10])
+    assert short.name == "holt_damped"
+
+
+def test_a_step_change_is_followed() -> None:
+    series = np.r_[np.full(120, 100.0), np.full(30, 200.0)] + np.random.default_rng(1).normal(0, 2, 150)
+    for model in (DampedHolt(), Arima()):
+        model.fit(series[:100])
+        for value in series[100:]:
+            model.update(float(value))
+        forecast = model.forecast(4)
+        assert np.all(np.abs(forecast - 200.0) < 20.0), (model.name, forecast)
+
+
+def test_arima_recursion_matches_a_known_ar_process() -> None:
+    rng = np.random.default_rng(2)
+    diffs = np.zeros(600)
+    for t in range(1, 600):
+        diffs[t] = 0.6 * diffs[t - 1] + rng.normal()
+    series = 1000.0 + np.cumsum(diffs)
+    model = Arima(order=(1, 0), fit_window=600)
+    model.fit(series)
+    assert model.ar[0] == pytest.approx(0.6, abs=0.1)
+    last_diff = series[-1] - series[-2]
+    expected = series[-1] + model.ar[0] * last_diff
+    assert model.forecast(1)[0] == pytest.approx(expected)
+
+
+def test_rolling_backtest_of_last_value_on_a_ramp() -> None:
+    series = np.arange(1.0, 101.0)
+    result = rolling_backtest(
+        series, LastValue, kind="last_value", horizons=[1, 3], start=50, refit_every=10, history_bins=50
+    )
+    # From origin t the last value is series[t-1]; the actual h bins ahead is series[t+h-1]: error h.
+    np.testing.assert_allclose(result.residuals[3], 3.0)
+    assert result.wape_by_horizon[1] == pytest.approx(len(result.origins) / series[result.origins].sum())
+
+
+def test_auto_forecaster_picks_seasonal_and_its_interval_covers() -> None:
+    config = ForecastConfig(
+        bin_s=1800.0,
+        horizon_s=4 * 1800.0,
+        season_s=PERIOD * 1800.0,
+        keep_s=14 * 86400.0,
+        refit_every_bins=1000,
+        selection_bins=60,
+        fit_window_bins=3 * PERIOD,
+    )
+    forecaster = AutoForecaster(config)
+    series = seasonal_series(5 * PERIOD, noise=3.0, seed=5)
+    for value in series[: 4 * PERIOD]:
+        forecaster.observe(float(value))
+    forecaster.refit()
+    assert forecaster.model_name in {"holt_damped_seasonal", "arima_211_seasonal", "seasonal_naive"}
+    inside = 0
+    for t in range(4 * PERIOD, 5 * PERIOD - 4):
+        forecast = forecaster.forecast(quantile=0.9)
+        assert forecast is not None
+        inside += int(forecast.lower[3] <= series[t + 3] <= forecast.upper[3])
+        forecaster.observe(float(series[t]))
+    coverage = inside / (PERIOD - 4)
+    assert 0.6 <= coverage <= 1.0
+
+
+def test_auto_forecaster_needs_history_first() -> None:
+    forecaster = AutoForecaster(ForecastConfig(min_history_bins=16))
+    for value in range(5):
+        forecaster.observe(float(value))
+    assert forecaster.forecast() is None
+    with pytest.raises(ValueError, match="quantile"):
+        for value in range(20):
+            forecaster.observe(float(value))
+        forecaster.forecast(quantile=1.5)
