@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 
@@ -403,6 +404,7 @@ def test_guardrails_hold_for_any_observation(
         core.record_change("chat", 1000.0 - last_change_ago_s)
     d = tick(core, 1000.0, obs, policy)
     assert d.reasons[0] == d.action
+    json.dumps(d.inputs, allow_nan=False)  # the decision log stores them as strict JSON
     current = obs.current_replicas
     if current is None or 1000.0 - obs.observed_at_s > core.config.stale_limit_s:
         assert d.action == "hold"
