@@ -8,9 +8,11 @@ from typing import Annotated
 import typer
 
 from cli.common import cli_errors, console, print_json
+from cli.main import app
 
 alerts_app = typer.Typer(help="Prometheus alert rules and Alertmanager routing generated from SLO policies.",
                          no_args_is_help=True)
+app.add_typer(alerts_app, name="alerts")
 
 
 
@@ -63,7 +65,3 @@ def write_files(out: Path, files: dict[str, str]) -> list[Path]:
             path.write_text(text, encoding="utf-8")
         written.append(path)
     return written
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(alerts_app, name="alerts")

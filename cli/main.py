@@ -19,7 +19,9 @@ app = typer.Typer(
 app.add_typer(bench_app, name="bench")
 
 # Command modules register themselves on `app` / `bench_app` when imported.
+from cli import alerts as _alerts  # noqa: E402,F401
 from cli import controller as _controller  # noqa: E402,F401
+from cli import dashboards as _dashboards  # noqa: E402,F401
 from cli import controller_bench as _controller_bench  # noqa: E402,F401
 from cli import model as _model  # noqa: E402,F401
 from cli import rebalance as _rebalance  # noqa: E402,F401

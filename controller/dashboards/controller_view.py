@@ -1,0 +1,64 @@
+"""Controller: forecast against actual load, desired and current replicas, decisions as annotations."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+
+from controller.dashboards.panels import (
+    MODEL,
+    POLICY,
+    RATE,
+    decision_annotations,
+    query,
+    timeseries,
+    variables,
+)
+from controller.policy import Policy
+
+
+def build(policy: Policy) -> Dashboard:
+    lead_s = policy.lead_time_s
+    dashboard = (
+        Dashboard("moeslo / Controller").uid("moeslo-controller").tags(["moeslo", "controller"])
+        .description("What the SLO controller forecast, decided and observed. Orange markers: decisions.")
+        .refresh("30s").time("now-1h", "now").timezone("browser")
+        .annotation(decision_annotations())
+    )
+    dashboard = variables(dashboard, policy=True)
+    forecast = "moeslo_forecast_requests_per_second"
+    return (
+        dashboard
+        .with_row(Row("Load and capacity"))
+        .with_panel(timeseries(f"Forecast (made {lead_s} s earlier) vs actual requests per second", [
+            query(f"sum(rate(vllm:request_success_total{{{MODEL}}}[{RATE}]))", "actual"),
+            query(f'{forecast}{{{POLICY},bound="point"}} offset {lead_s}s', "forecast {{policy}}"),
+            query(f'{forecast}{{{POLICY},bound="lower"}} offset {lead_s}s', "lower {{policy}}"),
+            query(f'{forecast}{{{POLICY},bound="upper"}} offset {lead_s}s', "upper {{policy}}"),
+        ], unit="reqps", min_value=0,
+            description="The forecast one lead time ahead, shifted by the lead time so it lines up with what "
+                        "happened; lower/upper: the prediction interval."))
+        .with_panel(timeseries("Desired vs current replicas", [
+            query(f"moeslo_desired_replicas{{{POLICY}}}", "desired {{policy}}"),
+            query(f"moeslo_current_replicas{{{POLICY}}}", "current {{policy}}"),
+        ], min_value=0))
+        .with_row(Row("Decisions and SLIs"))
+        .with_panel(timeseries("Decisions by action and reason", [
+            query(f"sum by (action, reason) (increase(moeslo_decisions_total{{{POLICY}}}[{RATE}]))",
+                  "{{action}}: {{reason}}"),
+        ], min_value=0, stack=True, width=8))
+        .with_panel(timeseries("SLIs the controller sees: p99 latency", [
+            query(f'moeslo_sli{{{POLICY},sli=~".*_p99_seconds"}}', "{{policy}} {{sli}}"),
+        ], unit="s", min_value=0, width=8))
+        .with_panel(timeseries("SLIs the controller sees: good ratios", [
+            query(f'moeslo_sli{{{POLICY},sli=~".*_good_ratio"}}', "{{policy}} {{sli}}"),
+        ], unit="percentunit", slo_line=policy.objectives.ttft.target, width=8))
+        .with_row(Row("Controller health"))
+        .with_panel(timeseries("Tick duration p99", [
+            query(f"histogram_quantile(0.99, sum by (le) (rate(moeslo_evaluation_duration_seconds_bucket[{RATE}])))",
+                  "p99"),
+        ], unit="s", min_value=0, width=8))
+        .with_panel(timeseries("Errors per second by component", [
+            query(f"sum by (component) (rate(moeslo_errors_total[{RATE}]))", "{{component}}"),
+        ], unit="ops", min_value=0, width=8))
+        .with_panel(timeseries("Leader", [query("moeslo_leader", "{{instance}}")], min_value=0, width=8))
+    )

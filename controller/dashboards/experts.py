@@ -1,0 +1,58 @@
+"""Experts: layer x expert load, imbalance per layer, per-rank load, placement swaps, rebalances."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+
+from controller.dashboards.panels import MODEL, POLICY, RATE, heatmap, matrix_table, query, timeseries, variables
+from controller.policy import Policy
+
+
+def build(policy: Policy) -> Dashboard:
+    max_cv = policy.objectives.imbalance.max_cv
+    dashboard = (
+        Dashboard("moeslo / Experts").uid("moeslo-experts").tags(["moeslo", "moe", "experts"])
+        .description(f"Expert-parallel load: which experts get the tokens, how evenly ranks share them "
+                     f"(SLO: CV <= {max_cv} per layer), and the placement changes that fix it.")
+        .refresh("30s").time("now-1h", "now").timezone("browser")
+    )
+    dashboard = variables(dashboard, policy=True)
+    return (
+        dashboard
+        .with_row(Row("Routing"))
+        .with_panel(heatmap(
+            "Tokens per second by layer x expert",
+            query(f"sum by (layer, expert) (rate(moe_expert_tokens_total{{{MODEL}}}[{RATE}]))",
+                  "L{{layer}} E{{expert}}"),
+            description="One row per (layer, expert); colour: routed tokens per second.",
+        ))
+        .with_panel(matrix_table(
+            "Tokens routed over the range: layer x expert",
+            query(f"sum by (layer, expert) (increase(moe_expert_tokens_total{{{MODEL}}}[$__range]))",
+                  instant=True, table=True),
+            row_field="layer", column_field="expert",
+        ))
+        .with_row(Row("Balance"))
+        .with_panel(timeseries(f"Imbalance CV per layer (SLO {max_cv})", [
+            query(f"max by (layer) (moe_layer_imbalance_cv{{{MODEL}}})", "layer {{layer}}"),
+        ], slo_line=max_cv, min_value=0, width=8,
+            description="stddev/mean of per-rank load over the routing window."))
+        .with_panel(timeseries("Balancedness per layer (mean/max)", [
+            query(f"min by (layer) (moe_layer_balancedness{{{MODEL}}})", "layer {{layer}}"),
+        ], unit="percentunit", min_value=0, width=8))
+        .with_panel(timeseries("Assignments per second by EP rank", [
+            query(f"sum by (rank) (rate(moe_rank_tokens_total{{{MODEL}}}[{RATE}]))", "rank {{rank}}"),
+        ], min_value=0, stack=True, width=8))
+        .with_row(Row("Placement"))
+        .with_panel(timeseries("Placement swaps and experts moved", [
+            query(f"sum(increase(moe_placement_swaps_total{{{MODEL}}}[{RATE}]))", "swaps"),
+            query(f"sum(increase(moe_placement_experts_moved_total{{{MODEL}}}[{RATE}]))", "experts moved"),
+        ], min_value=0, width=8))
+        .with_panel(timeseries("Swap duration p99", [
+            query(f"histogram_quantile(0.99, sum by (le) (rate(moe_placement_swap_duration_seconds_bucket"
+                  f"{{{MODEL}}}[{RATE}])))", "p99"),
+        ], unit="s", min_value=0, width=8))
+        .with_panel(timeseries("Rebalances by outcome (controller)", [
+            query(f"sum by (outcome) (increase(moeslo_rebalances_total{{{POLICY}}}[{RATE}]))", "{{outcome}}"),
+        ], min_value=0, width=8))
+    )

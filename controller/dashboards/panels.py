@@ -1,0 +1,203 @@
+"""Small factories over grafana-foundation-sdk builders, shared by every moeslo dashboard.
+
+The SDK release pinned in pyproject (``grafana-foundation-sdk==1769699998!10.1.0``)
+generates types for Grafana 10.1.x, so the JSON targets Grafana >= 10.1
+(``schemaVersion`` 36); :data:`GRAFANA_VERSION` records it in each dashboard.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders.dashboard import (
+    AnnotationQuery,
+    Dashboard,
+    DatasourceVariable,
+    QueryVariable,
+    ThresholdsConfig,
+)
+from grafana_foundation_sdk.builders.heatmap import Panel as HeatmapPanel
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.builders.stat import Panel as StatPanel
+from grafana_foundation_sdk.builders.table import Panel as TablePanel
+from grafana_foundation_sdk.builders.timeseries import Panel as TimeseriesPanel
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    DataTransformerConfig,
+    Threshold,
+    ThresholdsMode,
+    VariableOption,
+    VariableRefresh,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+GRAFANA_VERSION = "10.1"
+"""Grafana release the SDK's types are generated for."""
+
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+MODEL = 'model_name=~"$model"'
+POLICY = 'policy=~"$policy"'
+RATE = "$__rate_interval"
+
+
+def query(expr: str, legend: str = "", *, instant: bool = False, table: bool = False) -> Dataquery:
+    target = Dataquery().expr(expr).legend_format(legend or "__auto")
+    if instant:
+        target = target.instant()
+    if table:
+        target = target.format(PromQueryFormat.TABLE)
+    return target
+
+
+def thresholds(*steps: tuple[float | None, str]) -> ThresholdsConfig:
+    return ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(
+        [Threshold(value=value, color=color) for value, color in steps]
+    )
+
+
+def timeseries(
+    title: str,
+    targets: Sequence[Dataquery],
+    *,
+    unit: str = "short",
+    description: str = "",
+    slo_line: float | None = None,
+    min_value: float | None = None,
+    stack: bool = False,
+    width: int = 12,
+) -> TimeseriesPanel:
+    """A time series panel; ``slo_line`` draws the SLO threshold as a red dashed line."""
+    panel = TimeseriesPanel().title(title).datasource(DATASOURCE).unit(unit).span(width).height(8)
+    if description:
+        panel = panel.description(description)
+    for target in targets:
+        panel = panel.with_target(target)
+    if min_value is not None:
+        panel = panel.min(min_value)
+    if slo_line is not None:
+        panel = panel.thresholds(thresholds((None, "transparent"), (slo_line, "red"))).thresholds_style(
+            common_builders.GraphThresholdsStyleConfig().mode(common.GraphTresholdsStyleMode.DASHED)
+        )
+    if stack:
+        panel = panel.stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL)).fill_opacity(40)
+    return panel
+
+
+def stat(title: str, target: Dataquery, *, unit: str, steps: Sequence[tuple[float | None, str]],
+         description: str = "", width: int = 6) -> StatPanel:
+    panel = (StatPanel().title(title).datasource(DATASOURCE).unit(unit).span(width).height(8)
+             .with_target(target).thresholds(thresholds(*steps)))
+    return panel.description(description) if description else panel
+
+
+def heatmap(title: str, target: Dataquery, *, description: str = "", width: int = 12) -> HeatmapPanel:
+    """Series as rows (pre-bucketed data, nothing recalculated)."""
+    panel = HeatmapPanel().title(title).datasource(DATASOURCE).span(width).height(10).with_target(target)
+    panel = panel.calculate(False)
+    return panel.description(description) if description else panel
+
+
+def matrix_table(title: str, target: Dataquery, *, row_field: str, column_field: str,
+                 description: str = "", width: int = 12) -> TablePanel:
+    """An instant query pivoted into a ``row_field`` x ``column_field`` matrix with coloured cells."""
+    pivot = DataTransformerConfig(
+        id_val="groupingToMatrix",
+        options={"columnField": column_field, "rowField": row_field, "valueField": "Value"},
+    )
+    panel = (TablePanel().title(title).datasource(DATASOURCE).span(width).height(10).with_target(target)
+             .with_transformation(pivot))
+    return panel.description(description) if description else panel
+
+
+def variables(dashboard: Dashboard, *, policy: bool) -> Dashboard:
+    """``$datasource`` (any Prometheus), ``$model`` and, for controller panels, ``$policy``."""
+    everything = VariableOption(selected=True, text="All", value="$__all")
+    dashboard = dashboard.with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    dashboard = dashboard.with_variable(
+        QueryVariable("model").label("Model").datasource(DATASOURCE)
+        .query("label_values(vllm:num_requests_running, model_name)")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).multi(True).include_all(True).all_value(".*")
+        .current(everything)
+    )
+    if policy:
+        dashboard = dashboard.with_variable(
+            QueryVariable("policy").label("Deployment (SLO policy)").datasource(DATASOURCE)
+            .query("label_values(moeslo_current_replicas, policy)")
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).multi(True).include_all(True).all_value(".*")
+            .current(everything)
+        )
+    return dashboard
+
+
+def decision_annotations() -> AnnotationQuery:
+    """Controller decisions as annotations: one marker per change of ``moeslo_decisions_total``."""
+    return (
+        AnnotationQuery().name("Controller decisions").datasource(DATASOURCE).enable(True).icon_color("orange")
+        .expr(f"sum by (policy, action, reason) (changes(moeslo_decisions_total{{{POLICY}}}[1m])) > 0")
+    )
+
+
+# The SDK's AnnotationQuery has no Prometheus-specific fields; these are added to the JSON.
+_ANNOTATION_EXTRAS = {
+    "Controller decisions": {
+        "titleFormat": "{{action}} ({{policy}})",
+        "textFormat": "{{reason}}",
+        "tagKeys": "policy,action",
+        "step": "30s",
+    }
+}
+
+
+def to_json_dict(dashboard: Dashboard) -> dict[str, Any]:
+    """The dashboard as Grafana JSON with stable panel ids, refIds and no null options."""
+    document: dict[str, Any] = json.loads(JSONEncoder(sort_keys=True).encode(dashboard.build()))
+    next_id = 1
+    for panel in document.get("panels", []):
+        panel["id"] = next_id
+        next_id += 1
+        if panel.get("options") is None:
+            panel.pop("options", None)
+        for index, target in enumerate(panel.get("targets", [])):
+            target["refId"] = chr(ord("A") + index)
+    for variable in document.get("templating", {}).get("list", []):
+        variable["id"] = variable["name"]
+    for annotation in document.get("annotations", {}).get("list", []):
+        annotation.update(_ANNOTATION_EXTRAS.get(annotation.get("name", ""), {}))
+    document["id"] = None
+    return document
+
+
+def expressions(document: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, PromQL) for every panel target, variable query and annotation of a dashboard."""
+    found: list[tuple[str, str]] = []
+    for panel in document.get("panels", []):
+        for target in panel.get("targets", []):
+            found.append((f"panel {panel['title']!r} {target['refId']}", target["expr"]))
+    for annotation in document.get("annotations", {}).get("list", []):
+        if annotation.get("expr"):
+            found.append((f"annotation {annotation['name']!r}", annotation["expr"]))
+    return found
+
+
+__all__ = [
+    "DATASOURCE",
+    "GRAFANA_VERSION",
+    "MODEL",
+    "POLICY",
+    "RATE",
+    "decision_annotations",
+    "expressions",
+    "heatmap",
+    "matrix_table",
+    "query",
+    "stat",
+    "thresholds",
+    "timeseries",
+    "to_json_dict",
+    "variables",
+]

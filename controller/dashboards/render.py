@@ -1,0 +1,40 @@
+"""Dashboards as Grafana JSON files (pure: policies in, file texts out)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from controller.dashboards import controller_view, engine, experts, slo_overview
+from controller.dashboards.panels import GRAFANA_VERSION, to_json_dict
+from controller.policy import Policy
+from engine.errors import ValidationError
+
+
+def build_dashboards(policies: Sequence[Policy]) -> dict[str, dict[str, Any]]:
+    """File name -> Grafana dashboard JSON; SLO lines come from the first policy."""
+    if not policies:
+        raise ValidationError("dashboards need at least one SLO policy (its thresholds draw the SLO lines)")
+    policy = policies[0]
+    documents = {
+        "moeslo-slo-overview.json": to_json_dict(slo_overview.build(policy)),
+        "moeslo-engine.json": to_json_dict(engine.build()),
+        "moeslo-experts.json": to_json_dict(experts.build(policy)),
+        "moeslo-controller.json": to_json_dict(controller_view.build(policy)),
+    }
+    for document in documents.values():
+        # Recorded so that a reader knows which Grafana the JSON was built for.
+        document.setdefault("tags", []).append(f"grafana-{GRAFANA_VERSION}")
+    return documents
+
+
+def render_dashboard_files(policies: Sequence[Policy]) -> dict[str, str]:
+    """File name -> JSON text (sorted keys, 2-space indent, trailing newline)."""
+    return {
+        name: json.dumps(document, indent=2, sort_keys=True) + "\n"
+        for name, document in build_dashboards(policies).items()
+    }
+
+
+__all__ = ["build_dashboards", "render_dashboard_files"]

@@ -1,0 +1,108 @@
+"""Dashboards as code: drift, structure, and every PromQL expression parsed by a real Prometheus."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from controller.alerting import DEFAULT_POLICIES
+from controller.dashboards import build_dashboards, expressions, render_dashboard_files
+from controller.policy import LatencyObjective, LocalTarget, Objectives, Policy
+from engine.errors import ValidationError
+from tests.e2e.servers import prometheus
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# What Grafana substitutes before a query reaches Prometheus.
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "1h", "$__interval": "30s", "$model": ".*", "$policy": ".*"}
+
+
+def substitute(expr: str) -> str:
+    for name in sorted(GRAFANA_VARIABLES, key=len, reverse=True):
+        expr = expr.replace(name, GRAFANA_VARIABLES[name])
+    assert "$" not in expr, f"unsubstituted variable in {expr!r}"
+    return expr
+
+
+def test_committed_dashboards_match_the_generator() -> None:
+    files = render_dashboard_files(DEFAULT_POLICIES)
+    assert sorted(files) == sorted(p.name for p in (ROOT / "dashboards").glob("*.json"))
+    for name, text in files.items():
+        assert (ROOT / "dashboards" / name).read_text(encoding="utf-8") == text, f"{name} drifted"
+
+
+def test_dashboards_have_variables_slo_lines_and_decision_annotations() -> None:
+    documents = build_dashboards(DEFAULT_POLICIES)
+    assert set(documents) == {"moeslo-slo-overview.json", "moeslo-engine.json", "moeslo-experts.json",
+                              "moeslo-controller.json"}
+    for document in documents.values():
+        names = [v["name"] for v in document["templating"]["list"]]
+        assert names[:2] == ["datasource", "model"]
+        assert document["schemaVersion"] == 36 and "grafana-10.1" in document["tags"]
+        panels = [p for p in document["panels"] if p["type"] != "row"]
+        assert len({p["id"] for p in document["panels"]}) == len(document["panels"])
+        assert all(p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for p in panels)
+    overview = documents["moeslo-slo-overview.json"]
+    lines = {p["title"]: [s["value"] for s in p["fieldConfig"]["defaults"].get("thresholds", {}).get("steps", [])]
+             for p in overview["panels"] if p["type"] == "timeseries"}
+    assert lines["TTFT p50 / p90 / p99 (SLO 0.5 s)"] == [None, 0.5]
+    assert lines["ITL p50 / p90 / p99 (SLO 0.02 s)"] == [None, 0.02]
+    assert "policy" in [v["name"] for v in documents["moeslo-controller.json"]["templating"]["list"]]
+    (annotation,) = documents["moeslo-controller.json"]["annotations"]["list"]
+    assert "moeslo_decisions_total" in annotation["expr"] and annotation["textFormat"] == "{{reason}}"
+    experts = {p["type"] for p in documents["moeslo-experts.json"]["panels"]}
+    assert {"heatmap", "table", "timeseries"} <= experts
+
+
+def test_slo_lines_follow_the_policy() -> None:
+    policy = Policy(name="fast", target=LocalTarget(model="m"), objectives=Objectives(
+        ttft=LatencyObjective(threshold_s=0.25, target=0.995), itl=LatencyObjective(threshold_s=0.05, target=0.99)))
+    overview = build_dashboards([policy])["moeslo-slo-overview.json"]
+    exprs = [e for _, e in expressions(overview)]
+    assert any('le="0.25"' in e for e in exprs) and any('le="0.05"' in e for e in exprs)
+    assert any(e.endswith("/ 0.005") for e in exprs)
+    with pytest.raises(ValidationError):
+        build_dashboards([])
+
+
+def _all_queries() -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    for name, document in build_dashboards(DEFAULT_POLICIES).items():
+        found += [(f"{name}: {where}", expr) for where, expr in expressions(document)]
+    return found
+
+
+def _variable_queries() -> list[tuple[str, str, str]]:
+    found = []
+    for name, document in build_dashboards(DEFAULT_POLICIES).items():
+        for variable in document["templating"]["list"]:
+            if variable["type"] == "query":
+                match = re.fullmatch(r"label_values\((\S+), (\w+)\)", variable["query"])
+                assert match, variable["query"]
+                found.append((f"{name}: ${variable['name']}", match.group(1), match.group(2)))
+    return found
+
+
+@pytest.mark.integration
+def test_every_panel_query_parses_on_a_real_prometheus(tmp_path: Path) -> None:
+    queries = _all_queries()
+    assert len(queries) > 40
+    config = {"global": {"scrape_interval": "15s"}, "scrape_configs": []}
+    with prometheus(tmp_path, config) as url, httpx.Client(base_url=url, timeout=10) as client:
+        failures: list[str] = []
+        for where, expr in queries:
+            body: dict[str, Any] = client.get("/api/v1/query", params={"query": substitute(expr)}).json()
+            if body["status"] != "success":
+                failures.append(f"{where}: {body.get('error')}")
+        for where, metric, label in _variable_queries():
+            response = client.get(f"/api/v1/label/{label}/values", params={"match[]": metric})
+            if response.json()["status"] != "success":
+                failures.append(f"{where}: {response.text}")
+        assert failures == []
+        # The check can fail: a broken expression is reported as bad_data.
+        broken = client.get("/api/v1/query", params={"query": "sum by (le (rate(x[1m]))"}).json()
+        assert broken["status"] == "error" and broken["errorType"] == "bad_data"
