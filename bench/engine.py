@@ -67,7 +67,9 @@ def ours_generate(executor: Executor, prompts: list[list[int]], new_tokens: int)
             out[i].append(token)
             lengths[i] += 1
     end = time.perf_counter()
-    times = RunTimes(prefill_end - start, end - prefill_end, sum(map(len, prompts)), new_tokens * len(prompts), len(prompts))
+    times = RunTimes(
+        prefill_end - start, end - prefill_end, sum(map(len, prompts)), new_tokens * len(prompts), len(prompts)
+    )
     return times, out
 
 
