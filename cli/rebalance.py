@@ -70,6 +70,7 @@ def _read_json(path: Path) -> FloatArray:
 
 def _read_csv(path: Path) -> FloatArray:
     rows: list[list[float]] = []
+    header_skipped = False
     try:
         lines = path.read_text().splitlines()
     except UnicodeDecodeError as exc:
@@ -81,8 +82,9 @@ def _read_csv(path: Path) -> FloatArray:
         try:
             row = [float(cell) for cell in text.split(",")]
         except ValueError as exc:
-            if not rows and number == 1:
-                continue  # a header line
+            if not rows and not header_skipped:
+                header_skipped = True  # the first non-comment line may name the columns
+                continue
             raise DataError(f"not a number: {exc}", path=str(path), line=number) from exc
         if rows and len(row) != len(rows[0]):
             raise DataError(f"{len(row)} columns, earlier rows have {len(rows[0])}", path=str(path), line=number)

@@ -109,13 +109,13 @@ def lpt_pack(experts: IntArray, weights: FloatArray, num_ranks: int, num_experts
     has_expert = np.zeros((rows, num_ranks, num_experts), dtype=np.int16)
     item_bin = np.empty((rows, num_slots), dtype=np.int64)
     bin_items = np.empty((rows, num_ranks, k), dtype=np.int64)
-    # Penalties order the choice: a full rank never, a rank holding the expert only if nothing else fits.
-    full_penalty = np.inf
-    dup_penalty = 1e300
+    # Penalties order the choice: a full rank never; among the others the fewest copies of the
+    # expert first (a finite step above any load, so ties still go to the least-loaded rank).
+    copy_penalty = (2.0 * weights.sum(axis=1) + 1.0)[:, None]
     for item in range(num_slots):
         expert = experts[:, item]
-        score = rank_load + np.where(fill >= k, full_penalty, 0.0)
-        score = score + np.where(has_expert[row_ids, :, expert] > 0, dup_penalty, 0.0)
+        score = rank_load + np.where(fill >= k, np.inf, 0.0)
+        score = score + has_expert[row_ids, :, expert] * copy_penalty
         rank = np.argmin(score, axis=1)
         item_bin[:, item] = rank
         bin_items[row_ids, rank, fill[row_ids, rank]] = item
@@ -136,8 +136,9 @@ def refine_swaps(
 
     Each round, for every row still improving, picks the swap (replica ``a`` on
     the busiest rank ``p``, replica ``x`` on rank ``q``) that minimizes
-    ``max(P - d, Q + d)`` with ``d = w_a - w_x``; a swap never places a second
-    replica of an expert on a rank.  A row stops when no swap lowers its busiest
+    ``max(P - d, Q + d)`` with ``d = w_a - w_x``; a replica only moves to a
+    rank holding fewer copies of its expert than the rank it leaves (so no
+    duplicates appear where there were none).  A row stops when no swap lowers its busiest
     rank, or when its busiest rank is at or below ``target[row]``.  With
     ``home`` (the rank each replica started on, -1 for none), swaps are ranked
     by gain per replica newly moved away from home, so re-plans copy fewer weights.
@@ -190,8 +191,12 @@ def refine_swaps(
             best_gain = gain[row_ids, best]
             slot_a, item_x = best // num_slots, best % num_slots
             rank_q = q[row_ids, item_x]
-            dup = (packing.has_expert[active, busiest, e_x[row_ids, item_x]] > 0) | (
-                packing.has_expert[active, rank_q, e_a[row_ids, slot_a]] > 0
+            # A swap may not pile copies of an expert up: the receiving rank must hold fewer copies
+            # than the giving one (with no duplicates anywhere: the receiver holds none).
+            e_xb, e_ab = e_x[row_ids, item_x], e_a[row_ids, slot_a]
+            has = packing.has_expert
+            dup = (has[active, busiest, e_xb] >= has[active, rank_q, e_xb]) | (
+                has[active, rank_q, e_ab] >= has[active, busiest, e_ab]
             )
             dup &= best_gain > eps
             if not dup.any():

@@ -98,14 +98,15 @@ def _refill_row(slots: IntArray, counts: IntArray, per_replica: FloatArray, num_
         return out
     new_experts = new_experts[np.argsort(-per_replica[new_experts], kind="stable")]
     free_per_rank = np.bincount(rank_of[out < 0], minlength=num_ranks)
-    on_rank = np.zeros((num_ranks, counts.size), dtype=bool)
-    on_rank[rank_of[out >= 0], out[out >= 0]] = True
+    copies = np.zeros((num_ranks, counts.size), dtype=np.int64)
+    np.add.at(copies, (rank_of[out >= 0], out[out >= 0]), 1)
+    copy_penalty = 2.0 * float(per_replica @ counts) + 1.0  # above any rank load: fewest copies first
     for expert in new_experts:
-        score = rank_load + np.where(free_per_rank > 0, 0.0, np.inf) + np.where(on_rank[:, expert], 1e300, 0.0)
+        score = rank_load + np.where(free_per_rank > 0, 0.0, np.inf) + copies[:, expert] * copy_penalty
         rank = int(np.argmin(score))
         slot = rank * k + int(np.flatnonzero(out[rank * k : (rank + 1) * k] < 0)[0])
         out[slot] = expert
         free_per_rank[rank] -= 1
         rank_load[rank] += per_replica[expert]
-        on_rank[rank, expert] = True
+        copies[rank, expert] += 1
     return out

@@ -1,0 +1,115 @@
+"""The rebalance trigger and verify step: every reason, with time passed in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.policy import ImbalanceObjective
+from controller.rebalance import (
+    CvObservation,
+    TriggerSettings,
+    decide_rebalance,
+    plan_rebalance,
+    verify_rebalance,
+)
+from engine.errors import ValidationError
+from engine.placement import Placement
+
+OBJECTIVE = ImbalanceObjective(max_cv=0.15, sustain_s=300)
+
+
+@pytest.fixture(scope="module")
+def skewed_plan():  # type: ignore[no-untyped-def]
+    """A plan that fixes a badly skewed contiguous placement (CV before >> after)."""
+    load = np.ones((2, 16))
+    load[:, 0:4] = 10.0  # the four hot experts all sit on rank 0 in the contiguous layout
+    return plan_rebalance(load, num_ranks=4, slots_per_rank=5, previous=Placement.contiguous(2, 16, 4, 5))
+
+
+def history(*points: tuple[float, float]) -> list[CvObservation]:
+    return [CvObservation.of(t, [0.01, cv]) for t, cv in points]
+
+
+def test_the_plan_fixture_improves_a_lot(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    assert skewed_plan.imbalance_before.cv.max() > 0.5
+    assert skewed_plan.imbalance_after.cv.max() < 0.1
+
+
+def test_no_observations(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    d = decide_rebalance(objective=OBJECTIVE, history=[], now_s=100.0, last_rebalance_s=None, plan=skewed_plan)
+    assert (d.action, d.reason, d.worst_cv) == ("hold", "no_observations", None)
+
+
+def test_imbalance_ok_when_latest_observation_is_within_objective(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    h = history((0, 0.4), (100, 0.4), (400, 0.15))  # at the threshold is fine
+    d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=400, last_rebalance_s=None, plan=skewed_plan)
+    assert (d.action, d.reason, d.violating_since_s) == ("hold", "imbalance_ok", None)
+    assert d.worst_cv == pytest.approx(0.15)
+
+
+def test_not_sustained_until_the_whole_window_violates(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    h = history((0, 0.1), (100, 0.3), (200, 0.3), (399, 0.3))
+    d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=399, last_rebalance_s=None, plan=skewed_plan)
+    assert (d.reason, d.violating_since_s) == ("not_sustained", 100)
+    h.append(CvObservation.of(400, [0.3]))
+    d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=400, last_rebalance_s=None, plan=skewed_plan)
+    assert (d.action, d.reason) == ("rebalance", "rebalance")
+    assert d.predicted_cv_before is not None and d.predicted_cv_after is not None
+    assert d.predicted_cv_before > d.predicted_cv_after
+
+
+def test_a_dip_below_the_objective_restarts_the_window(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    h = history((0, 0.3), (200, 0.1), (250, 0.3), (500, 0.3))
+    d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=500, last_rebalance_s=None, plan=skewed_plan)
+    assert (d.reason, d.violating_since_s) == ("not_sustained", 250)
+
+
+def test_future_observations_are_ignored(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    h = history((0, 0.3), (400, 0.3), (500, 0.01))
+    d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=400, last_rebalance_s=None, plan=skewed_plan)
+    assert d.reason == "rebalance"
+
+
+def test_cooldown_after_the_last_rebalance(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    h = history((0, 0.3), (400, 0.3))
+    settings = TriggerSettings(cooldown_s=180)
+    d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=400, last_rebalance_s=300,
+                         plan=skewed_plan, settings=settings)
+    assert (d.reason, d.cooldown_left_s) == ("cooldown", pytest.approx(80))
+    d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=400, last_rebalance_s=220,
+                         plan=skewed_plan, settings=settings)
+    assert (d.reason, d.cooldown_left_s) == ("rebalance", 0.0)
+
+
+def test_insufficient_improvement(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    h = history((0, 0.3), (400, 0.3))
+    gain = float(skewed_plan.imbalance_before.cv.max() - skewed_plan.imbalance_after.cv.max())
+    d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=400, last_rebalance_s=None,
+                         plan=skewed_plan, settings=TriggerSettings(margin=gain + 0.01))
+    assert d.reason == "insufficient_improvement"
+    d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=400, last_rebalance_s=None, plan=None)
+    assert (d.reason, d.predicted_cv_after) == ("insufficient_improvement", None)
+
+
+def test_zero_sustain_reacts_to_one_observation(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    d = decide_rebalance(objective=ImbalanceObjective(max_cv=0.15, sustain_s=0), history=history((10, 0.2)),
+                         now_s=10, last_rebalance_s=None, plan=skewed_plan)
+    assert d.reason == "rebalance"
+    assert d.to_json()["reason"] == "rebalance"
+
+
+def test_verify_reasons(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    predicted = skewed_plan.imbalance_after.cv
+    ok = verify_rebalance(plan=skewed_plan, measured_cv=predicted + 0.01, objective=OBJECTIVE)
+    assert (ok.ok, ok.reason) == (True, "verified")
+    assert ok.measured_minus_predicted == pytest.approx(0.01)
+    worse = verify_rebalance(plan=skewed_plan, measured_cv=predicted + 0.2, objective=OBJECTIVE)
+    assert (worse.ok, worse.reason) == (False, "worse_than_predicted")
+    tight = ImbalanceObjective(max_cv=0.001, sustain_s=0)
+    still = verify_rebalance(plan=skewed_plan, measured_cv=predicted + 0.01, objective=tight)
+    assert (still.ok, still.reason) == (False, "still_violating")
+    missing = verify_rebalance(plan=skewed_plan, measured_cv=None, objective=OBJECTIVE)
+    assert (missing.ok, missing.reason) == (False, "no_observations")
+    with pytest.raises(ValidationError, match="3 layers, the plan has 2"):
+        verify_rebalance(plan=skewed_plan, measured_cv=[0.1, 0.1, 0.1], objective=OBJECTIVE)
