@@ -12,7 +12,9 @@ replicas already asked for but still starting are counted as coming):
   its capacity: need = ceil((running + waiting) / (running / ready));
 - ``slo_burn``: the short-window burn rate of TTFT or ITL exceeds
   ``burn_rate_scale_up`` (budget spent faster than the window allows);
-- ``latency_p99``: p99 TTFT or ITL above its threshold: need grows by the ratio.
+- ``latency_p99``: p99 TTFT or ITL above its threshold: need grows by the ratio;
+- ``high_utilization``: mean KV-cache usage above ``kv_scale_up_usage``: size
+  the ready replicas for ``target_kv_usage`` (HPA-style, before queues form).
 
 The SLIs are windowed (5 minutes by default), so they keep showing an overload
 for a window after it ended: they ask for one step per SLI window, and within
@@ -49,7 +51,9 @@ class ReactiveConfig:
     latency_headroom: float = 0.6
     """Scale down only while p99 latencies sit under this fraction of their thresholds."""
     target_kv_usage: float = 0.7
-    """KV-cache usage the fleet is sized for when scaling down."""
+    """KV-cache usage the fleet is sized for, on the way up (above ``kv_scale_up_usage``) and down."""
+    kv_scale_up_usage: float = 0.85
+    """Mean KV-cache usage above which the ready replicas are about to saturate: scale up to the target."""
     up_step_fraction: float = 0.25
     """A burning SLO adds this share of the ready replicas (at least one)."""
     max_up_factor: float = 2.0
@@ -61,6 +65,8 @@ class ReactiveConfig:
             problems.append(f"queue_per_replica_high must be >= 0, got {self.queue_per_replica_high}")
         if not 0 < self.target_kv_usage <= 1:
             problems.append(f"target_kv_usage must be in (0, 1], got {self.target_kv_usage}")
+        if not self.target_kv_usage <= self.kv_scale_up_usage <= 1:
+            problems.append(f"kv_scale_up_usage must be in [target_kv_usage, 1], got {self.kv_scale_up_usage}")
         if self.burn_rate_scale_down > self.burn_rate_scale_up:
             problems.append("burn_rate_scale_down must be <= burn_rate_scale_up")
         if self.max_up_factor < 1:
@@ -99,6 +105,10 @@ class ReactiveAdvisor:
                 running = observation.running_requests or 0.0
                 per_replica = max(running / ready, 1.0)
                 up_needs.append((min(ceiling, math.ceil((running + queue) / per_replica)), Reason.QUEUE_DEPTH))
+        kv = observation.kv_cache_usage
+        if kv is not None and ready > 0 and kv > cfg.kv_scale_up_usage:
+            sized = math.ceil(round(ready * kv / cfg.target_kv_usage, 9))
+            up_needs.append((min(ceiling, max(ready + 1, sized)), Reason.HIGH_UTILIZATION))
         worst_burn, worst_latency_ratio = self._sli_pressure(policy, sli)
         sli_needs: list[tuple[int, str]] = []
         if worst_burn is not None and worst_burn > cfg.burn_rate_scale_up:
@@ -127,7 +137,6 @@ class ReactiveAdvisor:
         healthy = (worst_burn is None or worst_burn < cfg.burn_rate_scale_down) and (
             worst_latency_ratio is None or worst_latency_ratio < cfg.latency_headroom
         )
-        kv = observation.kv_cache_usage
         if healthy and queue is not None and queue == 0 and kv is not None and ready == current:
             need = math.ceil(round(ready * kv / cfg.target_kv_usage, 9))
             if need < current:

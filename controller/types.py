@@ -55,6 +55,7 @@ class Reason(StrEnum):
     SLO_BURN = "slo_burn"
     LATENCY_P99 = "latency_p99"
     LOW_UTILIZATION = "low_utilization"
+    HIGH_UTILIZATION = "high_utilization"
     WITHIN_SLO = "within_slo"
     SCALE_UP_PENDING = "scale_up_pending"
     """Replicas asked for earlier are not ready yet; their capacity is counted as coming."""

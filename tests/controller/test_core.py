@@ -87,6 +87,13 @@ def test_slo_burn_and_p99_scale_up_without_a_queue() -> None:
     assert decision.inputs["reactive.worst_burn_rate"] == pytest.approx(5.0)
 
 
+def test_high_kv_usage_scales_up_before_queues_form() -> None:
+    decision = tick(DecisionCore(), 1000.0, observe(999.0, kv_cache_usage=0.9))
+    assert decision.reasons == ("scale_up", "high_utilization")
+    assert decision.desired_replicas == 6  # ceil(4 x 0.9 / 0.7)
+    assert tick(DecisionCore(), 1000.0, observe(999.0, kv_cache_usage=0.84)).action == "hold"
+
+
 def test_steady_load_holds() -> None:
     decision = tick(DecisionCore(), 1000.0, observe(999.0))
     assert decision.action == "hold"
@@ -298,7 +305,7 @@ def test_several_advisors_take_the_max_with_all_reasons() -> None:
     core = DecisionCore(advisors=[ReactiveAdvisor(), predictive])
     decision = tick(core, 1000.0, overloaded(999.0), make_policy(max_step=10))
     assert decision.desired_replicas == 9
-    assert decision.reasons[:3] == ("scale_up", "queue_depth", "forecast")
+    assert decision.reasons == ("scale_up", "queue_depth", "high_utilization", "forecast")
     assert decision.inputs["predictive.replicas_needed"] == 9
     assert decision.inputs["reactive.replicas_needed"] == 7
     assert decision.inputs["predictive.forecast_request_rate_rps"] == 12.5
