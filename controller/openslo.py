@@ -163,7 +163,7 @@ def parse_openslo(text: str) -> dict[str, ImportedSlos]:
         try:
             _read_document(doc, where, result)
         except ValidationError as exc:
-            problems.extend(exc.problems)
+            problems.extend(p.replace(f"{where}.", f"{where}: ", 1) for p in exc.problems)
     if problems:
         raise ValidationError(problems)
     return result

@@ -41,6 +41,7 @@ class Mode(StrEnum):
 
 
 class _Strict(BaseModel):
+    # Numbers are strict (no bools, no numeric strings, no 1.0 for counts): a wrong type is a 422.
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
@@ -80,15 +81,15 @@ Target = Annotated[ModelTarget | KubernetesTarget | LocalTarget, Field(discrimin
 class LatencyObjective(_Strict):
     """``target`` of requests must see the latency at or below ``threshold_s``."""
 
-    threshold_s: Annotated[float, Field(gt=0, le=3600)]
-    target: Annotated[float, Field(gt=0, lt=1)]
+    threshold_s: Annotated[float, Field(strict=True, gt=0, le=3600)]
+    target: Annotated[float, Field(strict=True, gt=0, lt=1)]
 
 
 class ImbalanceObjective(_Strict):
     """Per-layer CV of per-rank expert load must stay at or below ``max_cv``."""
 
-    max_cv: Annotated[float, Field(gt=0, le=10)] = 0.15
-    sustain_s: Annotated[int, Field(ge=0, le=86400)] = 300
+    max_cv: Annotated[float, Field(strict=True, gt=0, le=10)] = 0.15
+    sustain_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = 300
     """How long a violation must last before a rebalance is considered."""
 
 
@@ -99,10 +100,10 @@ class Objectives(_Strict):
 
 
 class Scaling(_Strict):
-    min_replicas: Annotated[int, Field(ge=0, le=10000)] = 1
-    max_replicas: Annotated[int, Field(ge=1, le=10000)] = 8
-    scale_down_cooldown_s: Annotated[int, Field(ge=0, le=86400)] = 180
-    max_step: Annotated[int, Field(ge=1, le=10000)] = 4
+    min_replicas: Annotated[int, Field(strict=True, ge=0, le=10000)] = 1
+    max_replicas: Annotated[int, Field(strict=True, ge=1, le=10000)] = 8
+    scale_down_cooldown_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = 180
+    max_step: Annotated[int, Field(strict=True, ge=1, le=10000)] = 4
     """Most replicas added or removed in one tick."""
 
     @model_validator(mode="after")
@@ -124,7 +125,7 @@ class Policy(_Strict):
     window: str = "30d"
     """Compliance window, a Prometheus duration (e.g. ``30d``)."""
     scaling: Scaling = Scaling()
-    lead_time_s: Annotated[int, Field(ge=0, le=86400)] = 120
+    lead_time_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = 120
     """Replica start-up time: how far ahead scale-ups must happen."""
     mode: Mode = Mode.ENFORCE
 

@@ -151,9 +151,21 @@ def install_error_handlers(app: FastAPI) -> None:
         return problem_response(422, problems_detail(problems), problems)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        headers = dict(exc.headers) if exc.headers else None
-        return problem_response(exc.status_code, str(exc.detail), (), headers)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers) if exc.headers else {}
+        if exc.status_code == 405:
+            # Starlette names only the first matching route's methods; list every route of the path.
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+        return problem_response(exc.status_code, str(exc.detail), (), headers or None)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        regex = getattr(route, "path_regex", None)
+        if regex is not None and regex.match(request.url.path):
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods - {"HEAD"})
 
 
 def _problem_from_text(text: str) -> FieldProblem:

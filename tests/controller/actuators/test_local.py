@@ -1,0 +1,96 @@
+"""The local actuator really starts and stops processes.
+
+Until ``moeslo serve`` lands, the replica command is a placeholder HTTP server
+(``python -m http.server``): what is tested here is the process management --
+start, readiness, stop, crash reaping, shutdown -- not the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+
+import httpx
+
+from controller.actuators import LocalActuator
+from controller.config import LocalActuatorConfig
+from controller.policy import Policy
+from tests.conftest import free_port
+
+PLACEHOLDER = (sys.executable, "-m", "http.server", "{port}", "--bind", "{host}")
+
+
+def _policy(name: str = "local-p") -> Policy:
+    return Policy.model_validate({"name": name, "target": {"kind": "local", "model": "m"}})
+
+
+async def _wait_ready(actuator: LocalActuator, policy: Policy, want: int, timeout_s: float = 20.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    ready = 0
+    while time.monotonic() < deadline:
+        ready = (await actuator.replicas(policy)).ready or 0
+        if ready >= want:
+            return ready
+        await asyncio.sleep(0.1)
+    return ready
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_scale_up_down_and_shutdown_with_real_processes() -> None:
+    config = LocalActuatorConfig(command=PLACEHOLDER, first_port=free_port(), stop_timeout_s=5)
+    actuator = LocalActuator(config)
+    policy = _policy()
+
+    async def scenario() -> None:
+        result = await actuator.scale(policy, 2)
+        assert (result.previous, result.replicas, result.changed) == (0, 2, True)
+        assert await _wait_ready(actuator, policy, 2) == 2
+        endpoints = actuator.endpoints(policy)
+        assert len(endpoints) == 2
+        async with httpx.AsyncClient(timeout=2) as client:
+            for endpoint in endpoints:
+                assert (await client.get(endpoint + "/")).status_code == 200
+        pids = [r.process.pid for r in actuator.replicas_by_policy[policy.name]]
+        again = await actuator.scale(policy, 2)  # idempotent: nothing started twice
+        assert not again.changed
+        assert [r.process.pid for r in actuator.replicas_by_policy[policy.name]] == pids
+        down = await actuator.scale(policy, 1)
+        assert (down.previous, down.replicas) == (2, 1)
+        assert _alive(pids[0]) and not _alive(pids[1])  # the newest replica was stopped
+        assert (await actuator.replicas(policy)).desired == 1
+        # A crashed replica is reaped and replaced by the next scale call.
+        os.kill(pids[0], signal.SIGKILL)
+        actuator.replicas_by_policy[policy.name][0].process.wait(timeout=5)
+        assert (await actuator.replicas(policy)).desired == 0
+        await actuator.scale(policy, 1)
+        assert await _wait_ready(actuator, policy, 1) == 1
+        last = actuator.replicas_by_policy[policy.name][0].process.pid
+        await actuator.aclose()
+        assert not _alive(last)
+        assert actuator.endpoints(policy) == ()
+
+    asyncio.run(scenario())
+
+
+def test_checkpoint_is_required_and_must_exist(tmp_path) -> None:
+    actuator = LocalActuator(LocalActuatorConfig(checkpoint=None), cwd=tmp_path)
+    assert actuator.check(_policy()) == [
+        "target.checkpoint: required (the controller has no default checkpoint configured)"
+    ]
+    missing = Policy.model_validate({"name": "x", "target": {"kind": "local", "checkpoint": "nope"}})
+    assert actuator.check(missing) == ["target.checkpoint: 'nope' is not a directory on the controller's machine"]
+    (tmp_path / "ckpt").mkdir()
+    ok = Policy.model_validate({"name": "x", "target": {"kind": "local", "checkpoint": "ckpt"}})
+    assert actuator.check(ok) == []
+    k8s = Policy.model_validate({"name": "k", "target": {"kind": "deployment", "namespace": "a", "name": "b"}})
+    assert actuator.check(k8s) == ["target.kind: 'deployment' cannot be scaled by the local actuator"]

@@ -1,0 +1,220 @@
+"""REST contract of /v1/policies: status codes, ETags, validation messages, auth, merge patch, OpenSLO."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from controller.api import STATUS_BY_ERROR, status_for
+from controller.store import StaleVersionError
+from engine import errors
+from tests.controller.api.conftest import AUTH, make_client
+
+POLICY = {"name": "qwen", "target": {"kind": "deployment", "namespace": "prod", "name": "qwen-moe"}}
+
+
+def _create(client: TestClient, body: dict[str, Any] | None = None) -> Any:
+    response = client.post("/v1/policies", json=body or POLICY, headers=AUTH)
+    assert response.status_code == 201, response.text
+    return response
+
+
+def test_create_get_list_with_etag_and_defaults(client: TestClient) -> None:
+    created = _create(client)
+    assert created.headers["etag"] == '"1"'
+    assert created.headers["location"] == "/v1/policies/qwen"
+    body = created.json()
+    assert body["version"] == 1
+    assert body["policy"]["objectives"]["ttft"] == {"threshold_s": 0.5, "target": 0.99}
+    assert body["policy"]["scaling"]["scale_down_cooldown_s"] == 180 and body["policy"]["lead_time_s"] == 120
+    got = client.get("/v1/policies/qwen")
+    assert got.status_code == 200 and got.headers["etag"] == '"1"'
+    assert [item["name"] for item in client.get("/v1/policies").json()["items"]] == ["qwen"]
+    again = client.post("/v1/policies", json=POLICY, headers=AUTH)
+    assert again.status_code == 409 and "already exists" in again.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("patch", "field", "message"),
+    [
+        ({"scaling": {"min_replicas": -1}}, "scaling.min_replicas", "greater than or equal to 0"),
+        (
+            {"scaling": {"min_replicas": 5, "max_replicas": 2}},
+            "scaling",
+            "max_replicas (2) must be >= min_replicas (5)",
+        ),
+        ({"objectives": {"ttft": {"threshold_s": 0.5, "target": 1.5}}}, "objectives.ttft.target", "less than 1"),
+        ({"objectives": {"itl": {"threshold_s": 0.02, "target": 0}}}, "objectives.itl.target", "greater than 0"),
+        ({"target": {"kind": "statefulset", "name": "x"}}, "target", "does not match any of the expected tags"),
+        ({"surprise": 1}, "surprise", "Extra inputs are not permitted"),
+        ({"scaling": {"max_replicas": "many"}}, "scaling.max_replicas", "valid integer"),
+        ({"window": "30x"}, "window", "must be a number followed by one of s, m, h, d, w"),
+        ({"lead_time_s": -5}, "lead_time_s", "greater than or equal to 0"),
+        ({"name": "Not_A_Name"}, "name", "should match pattern"),
+    ],
+)
+def test_bad_policies_get_422_naming_the_field(
+    client: TestClient, patch: dict[str, Any], field: str, message: str
+) -> None:
+    response = client.post("/v1/policies", json={**POLICY, **patch}, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    problems = response.json()["errors"]
+    assert any(p["field"] == field and message in p["message"] for p in problems), problems
+
+
+def test_every_failure_is_reported_at_once(client: TestClient) -> None:
+    body = {**POLICY, "scaling": {"min_replicas": -1, "max_step": 0}, "extra": True}
+    fields = {p["field"] for p in client.post("/v1/policies", json=body, headers=AUTH).json()["errors"]}
+    assert fields == {"scaling.min_replicas", "scaling.max_step", "extra"}
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"", b'"text"'])
+def test_malformed_or_non_object_bodies_are_4xx(client: TestClient, raw: bytes) -> None:
+    response = client.post("/v1/policies", content=raw, headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["detail"]
+
+
+def test_writes_need_the_bearer_token_reads_do_not(client: TestClient) -> None:
+    missing = client.post("/v1/policies", json=POLICY)
+    assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer")
+    wrong = client.post("/v1/policies", json=POLICY, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    _create(client)
+    assert client.delete("/v1/policies/qwen").status_code == 401
+    assert client.patch("/v1/policies/qwen", json={"mode": "off"}).status_code == 401
+    assert client.get("/v1/policies/qwen").status_code == 200
+
+
+def test_put_creates_replaces_and_honours_if_match(client: TestClient) -> None:
+    first = client.put("/v1/policies/qwen", json=POLICY, headers=AUTH)
+    assert first.status_code == 201 and first.headers["etag"] == '"1"'
+    changed = {**POLICY, "mode": "advisory"}
+    second = client.put("/v1/policies/qwen", json=changed, headers={**AUTH, "If-Match": '"1"'})
+    assert second.status_code == 200 and second.headers["etag"] == '"2"'
+    stale = client.put("/v1/policies/qwen", json=POLICY, headers={**AUTH, "If-Match": '"1"'})
+    assert stale.status_code == 412 and "is at version 2, not version 1" in stale.json()["detail"]
+    star = client.put("/v1/policies/qwen", json=POLICY, headers={**AUTH, "If-Match": "*"})
+    assert star.status_code == 200
+    bad_tag = client.put("/v1/policies/qwen", json=POLICY, headers={**AUTH, "If-Match": "version-3"})
+    assert bad_tag.status_code == 422 and "If-Match" in bad_tag.json()["detail"]
+    renamed = client.put("/v1/policies/other", json=POLICY, headers=AUTH)
+    assert renamed.status_code == 422 and renamed.json()["errors"][0]["field"] == "name"
+    absent_star = client.put("/v1/policies/ghost", json={**POLICY, "name": "ghost"}, headers={**AUTH, "If-Match": "*"})
+    assert absent_star.status_code == 412
+
+
+def test_require_if_match_gives_428(tmp_path: Path) -> None:
+    with make_client(tmp_path, require_if_match=True) as client:
+        _create(client)
+        assert client.put("/v1/policies/qwen", json=POLICY, headers=AUTH).status_code == 428
+        assert client.patch("/v1/policies/qwen", json={"mode": "off"}, headers=AUTH).status_code == 428
+        assert client.delete("/v1/policies/qwen", headers=AUTH).status_code == 428
+        assert client.delete("/v1/policies/qwen", headers={**AUTH, "If-Match": '"1"'}).status_code == 204
+        assert client.put("/v1/policies/qwen", json=POLICY, headers=AUTH).status_code == 201  # creation needs none
+
+
+def test_merge_patch(client: TestClient) -> None:
+    _create(client, {**POLICY, "description": "prod fleet"})
+    headers = {**AUTH, "Content-Type": "application/merge-patch+json", "If-Match": '"1"'}
+    patched = client.patch("/v1/policies/qwen", content=b'{"scaling": {"max_replicas": 3}, "description": null}',
+                           headers=headers)
+    assert patched.status_code == 200, patched.text
+    policy = patched.json()["policy"]
+    assert policy["scaling"]["max_replicas"] == 3 and policy["scaling"]["min_replicas"] == 1
+    assert policy["description"] == ""  # null removes the field: back to its default
+    stale = client.patch("/v1/policies/qwen", json={"mode": "off"}, headers={**AUTH, "If-Match": '"1"'})
+    assert stale.status_code == 412
+    invalid = client.patch("/v1/policies/qwen", json={"scaling": {"min_replicas": 9}}, headers=AUTH)
+    assert invalid.status_code == 422 and invalid.json()["errors"][0]["field"] == "scaling"
+    rename = client.patch("/v1/policies/qwen", json={"name": "other"}, headers=AUTH)
+    assert rename.status_code == 422
+    text = client.patch("/v1/policies/qwen", content=b"mode=off", headers={**AUTH, "Content-Type": "text/plain"})
+    assert text.status_code == 422 and "Content-Type" in text.json()["detail"]
+    assert client.patch("/v1/policies/ghost", json={"mode": "off"}, headers=AUTH).status_code == 404
+
+
+def test_delete_and_history(client: TestClient) -> None:
+    _create(client)
+    assert client.delete("/v1/policies/qwen", headers={**AUTH, "If-Match": '"7"'}).status_code == 412
+    assert client.delete("/v1/policies/qwen", headers=AUTH).status_code == 204
+    missing = client.get("/v1/policies/qwen")
+    assert missing.status_code == 404 and missing.json()["detail"] == "policy 'qwen' not found"
+    history = client.get("/v1/policies/qwen/history").json()
+    assert [v["operation"] for v in history["versions"]] == ["create", "delete"]
+    assert client.get("/v1/policies/ghost/history").status_code == 404
+
+
+def test_openslo_export_and_import_round_trip(client: TestClient) -> None:
+    _create(client, {**POLICY, "target": {**POLICY["target"], "model": "Qwen/Qwen3-30B-A3B"}})
+    exported = client.get("/v1/policies/qwen/openslo")
+    assert exported.status_code == 200 and exported.headers["content-type"].startswith("application/yaml")
+    docs = list(yaml.safe_load_all(exported.text))
+    assert [d["kind"] for d in docs] == ["SLO", "SLO", "SLO"]
+    assert all(d["apiVersion"] == "openslo/v1" for d in docs)
+    ttft = docs[0]
+    good = ttft["spec"]["indicator"]["spec"]["ratioMetric"]["good"]["metricSource"]["spec"]["query"]
+    assert 'le="0.5"' in good and 'model_name="Qwen/Qwen3-30B-A3B"' in good
+    assert ttft["spec"]["objectives"][0]["target"] == 0.99
+    # Tighten TTFT to 300 ms at 99.9 %, import: the policy keeps its target and scaling.
+    ttft["spec"]["objectives"][0]["target"] = 0.999
+    good_source = ttft["spec"]["indicator"]["spec"]["ratioMetric"]["good"]["metricSource"]["spec"]
+    good_source["query"] = good.replace("0.5", "0.3")
+    docs[2]["spec"]["objectives"][0]["value"] = 0.2
+    body = yaml.safe_dump_all(docs)
+    imported = client.post("/v1/openslo", content=body, headers={**AUTH, "Content-Type": "application/yaml"})
+    assert imported.status_code == 200, imported.text
+    policy = client.get("/v1/policies/qwen").json()["policy"]
+    assert policy["objectives"]["ttft"] == {"threshold_s": 0.3, "target": 0.999}
+    assert policy["objectives"]["imbalance"]["max_cv"] == 0.2
+    assert policy["target"]["kind"] == "deployment"
+    # Documents for an unknown policy create a read-only model policy.
+    for doc in docs:
+        doc["metadata"]["annotations"]["moeslo.io/policy"] = "fresh"
+    created = client.post("/v1/openslo", content=yaml.safe_dump_all(docs), headers=AUTH)
+    assert created.status_code == 200
+    fresh = client.get("/v1/policies/fresh").json()["policy"]
+    assert fresh["target"] == {"kind": "model", "model": "Qwen/Qwen3-30B-A3B"}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("a: [unclosed", "invalid YAML"),
+        ("apiVersion: openslo/v2\nkind: SLO\n", "must be 'openslo/v1'"),
+        ("apiVersion: openslo/v1\nkind: Service\n", "only 'SLO' documents"),
+        ("", "no OpenSLO documents"),
+    ],
+)
+def test_bad_openslo_is_422(client: TestClient, body: str, message: str) -> None:
+    response = client.post("/v1/openslo", content=body, headers=AUTH)
+    assert response.status_code == 422
+    assert message in response.json()["detail"]
+
+
+def test_openslo_import_with_a_bad_target_value_changes_nothing(client: TestClient) -> None:
+    _create(client)
+    docs = list(yaml.safe_load_all(client.get("/v1/policies/qwen/openslo").text))
+    docs[1]["spec"]["objectives"][0]["target"] = 1.2
+    response = client.post("/v1/openslo", content=yaml.safe_dump_all(docs), headers=AUTH)
+    assert response.status_code == 422
+    assert "document 2: spec.objectives[0].target: must be a number in (0, 1)" in response.json()["detail"]
+    assert client.get("/v1/policies/qwen").json()["version"] == 1
+
+
+def test_every_error_class_maps_to_one_status() -> None:
+    assert status_for(errors.ValidationError("x: y")) == 422
+    assert status_for(errors.NotFoundError("policy", "p")) == 404
+    assert status_for(errors.ConflictError("taken")) == 409
+    assert status_for(StaleVersionError("p", current=2, expected=1)) == 412
+    assert status_for(errors.OverloadedError("full", retry_after_s=1)) == 429
+    assert status_for(errors.UnavailableError("down")) == 503
+    assert status_for(errors.ActuationError("failed")) == 502
+    assert status_for(errors.DataError("bad", path="f", line=2)) == 422
+    assert status_for(errors.MoesloError("?")) == 500
+    assert STATUS_BY_ERROR[-1][0] is errors.MoesloError

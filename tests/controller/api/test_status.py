@@ -1,0 +1,109 @@
+"""Read views: /v1/status, /v1/decisions (paginated), /health, /metrics, the OpenAPI schema."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from controller.api import create_app
+from controller.api.status import PolicyRuntime
+from controller.config import ControllerSettings
+from controller.metrics import ControllerMetrics
+from controller.policy import Policy
+from controller.store import DecisionRecord, Store
+from tests.controller.api.conftest import AUTH, TOKEN
+
+POLICY = {"name": "qwen", "target": {"kind": "local", "model": "m"}}
+
+
+class View:
+    is_leader = True
+    last_tick_at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def runtime(self, name: str) -> PolicyRuntime | None:
+        return PolicyRuntime(
+            current_replicas=2, desired_replicas=3, stale=False, observed_at=self.last_tick_at,
+            sli={"ttft_good_ratio": 0.97, "itl_p99_seconds": 0.018},
+            error_budget_remaining={"ttft": -2.0, "itl": 0.5},
+            burn_rates={"ttft": {"5m": 3.0, "1h": 2.0}}, errors=[],
+        )
+
+    def check_target(self, policy: Policy) -> list[str]:
+        return ["target.checkpoint: required"] if policy.name == "refused" else []
+
+
+def _client(tmp_path: Path) -> tuple[TestClient, Store, CollectorRegistry]:
+    settings = ControllerSettings(db=str(tmp_path / "c.db"), api_token=TOKEN)
+    store = Store(settings.db_url)
+    registry = CollectorRegistry()
+    app = create_app(settings, store, registry=registry, service=View())
+    return TestClient(app), store, registry
+
+
+def _record(policy: str, i: int) -> DecisionRecord:
+    return DecisionRecord(
+        policy=policy, policy_version=1, at=datetime.now(UTC), tick_s=float(i), action="scale_up",
+        reason="queue_depth", current_replicas=2, desired_replicas=3, mode="enforce", outcome="applied",
+        detail=f"tick {i}", inputs={"queue_depth": 7.0, "reasons": ["scale_up", "queue_depth"]},
+    )
+
+
+def test_status_reports_slis_budgets_burn_rates_replicas_and_last_decisions(tmp_path: Path) -> None:
+    client, store, _ = _client(tmp_path)
+    client.post("/v1/policies", json=POLICY, headers=AUTH)
+    store.append_decisions([_record("qwen", i) for i in range(8)])
+    body = client.get("/v1/status").json()
+    assert body["leader"] is True and body["embedded"] is True and body["mode"] == "leader"
+    [policy] = body["policies"]
+    assert (policy["current_replicas"], policy["desired_replicas"], policy["stale"]) == (2, 3, False)
+    assert policy["sli"]["ttft_good_ratio"] == 0.97
+    assert policy["error_budget_remaining"] == {"ttft": -2.0, "itl": 0.5}
+    assert policy["burn_rates"]["ttft"]["5m"] == 3.0
+    assert [d["detail"] for d in policy["last_decisions"]] == [f"tick {i}" for i in range(7, 2, -1)]
+    one = client.get("/v1/status/qwen")
+    assert one.status_code == 200 and one.json()["name"] == "qwen"
+    assert client.get("/v1/status/ghost").status_code == 404
+
+
+def test_the_actuator_refuses_targets_it_cannot_scale(tmp_path: Path) -> None:
+    client, _, _ = _client(tmp_path)
+    response = client.post("/v1/policies", json={**POLICY, "name": "refused"}, headers=AUTH)
+    assert response.status_code == 422
+    assert response.json()["errors"] == [{"field": "target.checkpoint", "message": "required"}]
+
+
+def test_decisions_are_paginated_newest_first_with_inputs(tmp_path: Path) -> None:
+    client, store, _ = _client(tmp_path)
+    store.append_decisions([_record("a" if i < 5 else "b", i) for i in range(12)])
+    first = client.get("/v1/decisions", params={"limit": 5}).json()
+    assert [d["detail"] for d in first["items"]] == [f"tick {i}" for i in range(11, 6, -1)]
+    assert first["items"][0]["inputs"]["reasons"] == ["scale_up", "queue_depth"]
+    second = client.get("/v1/decisions", params={"limit": 5, "cursor": first["next_cursor"]}).json()
+    third = client.get("/v1/decisions", params={"limit": 5, "cursor": second["next_cursor"]}).json()
+    assert len(second["items"]) == 5 and len(third["items"]) == 2 and third["next_cursor"] is None
+    only_a = client.get("/v1/decisions", params={"policy": "a", "limit": 100}).json()
+    assert len(only_a["items"]) == 5
+    for bad in ({"limit": 0}, {"limit": 501}, {"cursor": -1}, {"limit": "ten"}):
+        response = client.get("/v1/decisions", params=bad)
+        assert response.status_code == 422, bad
+        assert response.json()["errors"][0]["field"] in ("query.limit", "query.cursor")
+
+
+def test_health_metrics_and_openapi(tmp_path: Path) -> None:
+    client, _, registry = _client(tmp_path)
+    metrics = ControllerMetrics(registry)
+    metrics.record_decision("qwen", action="scale_up", reason="queue_depth", desired=3, current=2)
+    metrics.set_leader(True)
+    assert client.get("/health").json() == {"status": "ok", "leader": True, "store": "ok"}
+    text = client.get("/metrics").text
+    assert 'moeslo_decisions_total{action="scale_up",policy="qwen",reason="queue_depth"} 1.0' in text
+    assert 'moeslo_desired_replicas{policy="qwen"} 3.0' in text
+    assert "moeslo_leader 1.0" in text
+    schema = client.get("/openapi.json").json()
+    assert {"/v1/policies", "/v1/policies/{name}", "/v1/status", "/v1/decisions", "/v1/openslo"} <= set(schema["paths"])
+    problem = schema["paths"]["/v1/policies"]["post"]["responses"]["422"]["content"]
+    assert list(problem) == ["application/problem+json"]
+    assert "HTTPBearer" in schema["components"]["securitySchemes"]

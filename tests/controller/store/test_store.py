@@ -1,0 +1,85 @@
+"""The store: policies with monotonic versions, history, decisions, and survival across a restart."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from controller.policy import Policy
+from controller.store import DecisionRecord, StaleVersionError, Store
+from engine.errors import ConflictError, NotFoundError
+
+
+def _policy(name: str = "p", max_replicas: int = 8) -> Policy:
+    return Policy.model_validate(
+        {"name": name, "target": {"kind": "model", "model": "m"}, "scaling": {"max_replicas": max_replicas}}
+    )
+
+
+def _decision(policy: str, i: int) -> DecisionRecord:
+    return DecisionRecord(
+        policy=policy, policy_version=1, at=datetime.now(UTC), tick_s=float(i), action="hold", reason="steady",
+        current_replicas=2, desired_replicas=2, mode="enforce", outcome="held", inputs={"i": i, "queue_depth": None},
+    )
+
+
+def test_sqlite_file_uses_wal(tmp_path: Path) -> None:
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    store.create_policy(_policy())
+    store.close()
+    mode = sqlite3.connect(tmp_path / "c.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def test_versions_grow_across_update_delete_and_recreate(tmp_path: Path) -> None:
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    assert store.create_policy(_policy()).version == 1
+    with pytest.raises(ConflictError, match="already exists"):
+        store.create_policy(_policy())
+    stored, created = store.replace_policy(_policy(max_replicas=4), expected_version=1)
+    assert (stored.version, created, stored.etag) == (2, False, '"2"')
+    with pytest.raises(StaleVersionError, match="is at version 2, not version 1"):
+        store.replace_policy(_policy(max_replicas=5), expected_version=1)
+    store.delete_policy("p", expected_version=2)
+    with pytest.raises(NotFoundError):
+        store.get_policy("p")
+    again, created = store.replace_policy(_policy(), create=True)
+    assert created and again.version == 4  # never reuses an ETag of the deleted versions
+    history = store.policy_history("p")
+    assert [(v.version, v.operation) for v in history] == [(1, "create"), (2, "update"), (3, "delete"), (4, "create")]
+    assert history[1].spec is not None and history[1].spec["scaling"]["max_replicas"] == 4
+    assert history[2].spec is None
+
+
+def test_decisions_page_newest_first(tmp_path: Path) -> None:
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    ids = store.append_decisions([_decision("a" if i % 2 else "b", i) for i in range(7)])
+    assert ids == sorted(ids)
+    page = store.list_decisions(limit=3)
+    assert [r.id for r in page] == ids[::-1][:3]
+    older = store.list_decisions(limit=3, before_id=page[-1].id)
+    assert [r.id for r in older] == ids[::-1][3:6]
+    only_a = store.list_decisions(policy="a", limit=10)
+    assert {r.policy for r in only_a} == {"a"} and len(only_a) == 3
+    assert only_a[0].inputs == {"i": 5, "queue_depth": None}
+    assert store.prune_decisions(keep_last=2) == 5
+    assert len(store.list_decisions(limit=10)) == 2
+
+
+def test_everything_survives_a_restart(tmp_path: Path) -> None:
+    url = f"sqlite+pysqlite:///{tmp_path / 'c.db'}"
+    first = Store(url)
+    first.create_policy(_policy("a"))
+    first.replace_policy(_policy("a", max_replicas=3), expected_version=1)
+    first.append_decisions([_decision("a", 1)])
+    first.close()
+    second = Store(url)
+    stored = second.get_policy("a")
+    assert (stored.version, stored.policy.scaling.max_replicas) == (2, 3)
+    assert stored.created_at.tzinfo is not None
+    assert [v.version for v in second.policy_history("a")] == [1, 2]
+    [decision] = second.list_decisions()
+    assert (decision.policy, decision.reason, decision.inputs["i"]) == ("a", "steady", 1)
