@@ -60,6 +60,9 @@ class CoreConfig:
     tick_interval_s: float = 15.0
     stale_after_s: float | None = None
     """Observations older than this hold the policy; ``None`` means 3 tick intervals."""
+    isolate_advisor_errors: bool = True
+    """An advisor that raises has no opinion (reason ``advisor_error``) and the tick goes on;
+    False lets the exception through (tests, replays), so bugs surface where they are."""
     stabilize_scale_down: bool = True
     """Scale down no lower than the highest need seen within the cooldown (as the HPA's
     stabilization window does), so a one-tick dip does not shrink the fleet."""
@@ -191,7 +194,10 @@ class DecisionCore:
                 current,
             )
 
-        advices = [(advisor.name, _advise(advisor, policy, obs, now_s)) for advisor in self.advisors]
+        if self.config.isolate_advisor_errors:
+            advices = [(advisor.name, _advise(advisor, policy, obs, now_s)) for advisor in self.advisors]
+        else:
+            advices = [(advisor.name, advisor.advise(policy, obs, now_s)) for advisor in self.advisors]
         for name, advice in advices:
             _record_advice(inputs, name, advice)
         opinions = [(name, advice) for name, advice in advices if advice.replicas_needed is not None]

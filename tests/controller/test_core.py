@@ -521,3 +521,6 @@ def test_a_failing_advisor_does_not_stop_the_others() -> None:
     assert decision.inputs["broken.error"] == "ZeroDivisionError: model blew up"
     alone = tick(DecisionCore(advisors=[BrokenAdvisor()]), 1000.0, overloaded(999.0))
     assert alone.reasons == ("hold", "insufficient_data", "advisor_error")
+    strict = DecisionCore(advisors=[BrokenAdvisor()], config=CoreConfig(isolate_advisor_errors=False))
+    with pytest.raises(ZeroDivisionError, match="model blew up"):
+        tick(strict, 1000.0, overloaded(999.0))
