@@ -261,3 +261,26 @@ def test_full_queue_answers_429_with_retry_after(tiny_checkpoint: Path) -> None:
     finally:
         server.stop()
     assert engine.kv_state()[0] == 0
+
+
+def test_load_generator_replays_a_trace_slice_and_records_client_timings(served: Served) -> None:
+    import asyncio
+
+    import numpy as np
+
+    from bench.loadgen import plan_from_trace, run_load, summarize
+    from controller.replay.traces import RequestTrace
+
+    trace = RequestTrace("synthetic", np.array([0.0, 1.0, 2.0, 30.0]), np.array([320, 16, 4000, 8]),
+                         np.array([64, 32, 80, 8]))
+    plan = plan_from_trace(trace, duration_s=1.0, speedup=2.0, length_scale=1 / 16, max_prompt_tokens=100,
+                           max_output_tokens=4)
+    assert [(r.arrival_s, r.prompt_tokens, r.max_tokens) for r in plan] == [(0.0, 20, 4), (0.5, 1, 2)]
+    records = asyncio.run(run_load(served.url, plan, vocab_size=512, model=MODEL, max_in_flight=2))
+    assert [r.status for r in records] == [200, 200]
+    assert [r.output_tokens for r in records] == [4, 2]
+    assert all(r.ttft_s is not None and r.ttft_s > 0 for r in records)
+    assert [len(r.itls_s) for r in records] == [3, 1]
+    assert records[1].e2e_s is not None and records[1].finish_reason == "length"
+    summary = summarize(records, wall_s=1.0)
+    assert summary["ok"] == 2 and summary["output_tokens"] == 6 and summary["ttft_p99_s"] > 0

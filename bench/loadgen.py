@@ -1,0 +1,205 @@
+"""Open-loop load generator: replays a request trace against an OpenAI-compatible server.
+
+Each request is sent at its (time-compressed) arrival time, streams its
+completion, and comes back as a :class:`RequestRecord` with the client's own
+TTFT and inter-token gaps.  In-flight requests are bounded
+(``max_in_flight``); a request that would exceed the bound waits and the wait
+counts in its TTFT, as a real client's would.
+
+Traces are read by :mod:`controller.replay.traces` (one reader for the whole
+project).  The bundled default is the Azure LLM inference trace 2023
+(conversation), CC BY 4.0, from Patel et al., "Splitwise: Efficient
+generative LLM inference using phase splitting", ISCA 2024
+(Azure/AzurePublicDataset).
+
+Usage::
+
+    plan = plan_from_trace(load_request_trace(path), duration_s=60, speedup=2.0)
+    records = asyncio.run(run_load("http://127.0.0.1:8000", plan, vocab_size=4096))
+    print(summarize(records, wall_s=60))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+from controller.replay.traces import RequestTrace
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadRequest:
+    """One request to send: when (seconds from the start) and how long."""
+
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestRecord:
+    """What the client saw of one request (monotonic seconds)."""
+
+    arrival_s: float
+    """Planned send time, from the start of the run."""
+    prompt_tokens: int
+    max_tokens: int
+    status: int = 0
+    """HTTP status; 0 when the connection failed."""
+    ttft_s: float | None = None
+    """Planned send time to first token (waiting for an in-flight slot included)."""
+    itls_s: list[float] = field(default_factory=list)
+    e2e_s: float | None = None
+    output_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+def plan_from_trace(
+    trace: RequestTrace,
+    *,
+    duration_s: float,
+    speedup: float = 1.0,
+    start_s: float = 0.0,
+    length_scale: float = 1.0,
+    max_prompt_tokens: int = 1024,
+    max_output_tokens: int = 256,
+) -> list[LoadRequest]:
+    """The trace's requests arriving in ``duration_s`` of wall time after ``speedup``.
+
+    ``length_scale`` shrinks prompt and output lengths (a small CPU model cannot take the
+    production lengths); lengths are then clipped to ``[1, max_*_tokens]``.
+    """
+    fast = trace.window(start_s, start_s + duration_s * speedup).speedup(speedup)
+    prompts = np.clip(np.round(fast.prompt_tokens * length_scale), 1, max_prompt_tokens).astype(int)
+    outputs = np.clip(np.round(fast.output_tokens * length_scale), 1, max_output_tokens).astype(int)
+    return [
+        LoadRequest(arrival_s=float(a), prompt_tokens=int(p), max_tokens=int(o))
+        for a, p, o in zip(fast.arrival_s, prompts, outputs, strict=True)
+    ]
+
+
+async def run_load(
+    base_url: str,
+    requests: Sequence[LoadRequest],
+    *,
+    vocab_size: int,
+    model: str | None = None,
+    max_in_flight: int = 128,
+    temperature: float = 0.0,
+    seed: int = 0,
+    timeout_s: float = 300.0,
+    on_record: Callable[[RequestRecord], None] | None = None,
+) -> list[RequestRecord]:
+    """Replay ``requests`` against ``base_url``; records in request order.
+
+    Prompts are random token ids (seeded), sent as ``prompt: [ids]`` so their
+    lengths are exact.  ``on_record`` is called as each request finishes.
+    """
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, vocab_size, size=r.prompt_tokens).tolist() for r in requests]
+    slots = asyncio.Semaphore(max_in_flight)
+    limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits) as client:
+        start = time.monotonic()
+
+        async def one(req: LoadRequest, prompt: list[int]) -> RequestRecord:
+            delay = start + req.arrival_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            async with slots:
+                record = await _send(client, req, prompt, start + req.arrival_s, model, temperature)
+            if on_record is not None:
+                on_record(record)
+            return record
+
+        return list(await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts, strict=True))))
+
+
+async def _send(
+    client: httpx.AsyncClient,
+    req: LoadRequest,
+    prompt: list[int],
+    planned_s: float,
+    model: str | None,
+    temperature: float,
+) -> RequestRecord:
+    record = RequestRecord(arrival_s=req.arrival_s, prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens)
+    payload: dict[str, Any] = {"prompt": prompt, "max_tokens": req.max_tokens, "temperature": temperature,
+                               "stream": True, "ignore_eos": True}
+    if model is not None:
+        payload["model"] = model
+    last: float | None = None
+    try:
+        async with client.stream("POST", "/v1/completions", json=payload) as resp:
+            record.status = resp.status_code
+            if resp.status_code != 200:
+                record.error = (await resp.aread()).decode(errors="replace")[:200]
+                return record
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    record.error = str(event["error"].get("message"))
+                    break
+                now = time.monotonic()
+                if last is None:
+                    record.ttft_s = now - planned_s
+                else:
+                    record.itls_s.append(now - last)
+                last = now
+                record.output_tokens += 1
+                record.finish_reason = event["choices"][0].get("finish_reason") or record.finish_reason
+    except httpx.HTTPError as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.e2e_s = time.monotonic() - planned_s
+    return record
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def summarize(records: Sequence[RequestRecord], *, wall_s: float) -> dict[str, Any]:
+    """Throughput and latency percentiles of a run (seconds; tokens per second)."""
+    ok = [r for r in records if r.ok]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    itls = [x for r in ok for x in r.itls_s]
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[str(r.status)] = statuses.get(str(r.status), 0) + 1
+    output_tokens = sum(r.output_tokens for r in ok)
+    return {
+        "requests": len(records),
+        "ok": len(ok),
+        "errors": len(records) - len(ok),
+        "status_counts": statuses,
+        "wall_s": wall_s,
+        "output_tokens": output_tokens,
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "output_tokens_per_s": output_tokens / wall_s if wall_s > 0 else None,
+        "requests_per_s": len(ok) / wall_s if wall_s > 0 else None,
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "itl_p50_s": percentile(itls, 50),
+        "itl_p99_s": percentile(itls, 99),
+        "e2e_p50_s": percentile([r.e2e_s for r in ok if r.e2e_s is not None], 50),
+    }
+
+
+__all__ = ["LoadRequest", "RequestRecord", "percentile", "plan_from_trace", "run_load", "summarize"]

@@ -1,0 +1,90 @@
+"""``moeslo serve`` (the engine's OpenAI-compatible server) and ``moeslo bench serve``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import bench_app, cli_errors, console, print_json
+from cli.main import app
+
+
+@app.command("serve")
+def serve(
+    checkpoint: Annotated[Path, typer.Option(help="Checkpoint directory (config.json + model.safetensors).")],
+    ep: Annotated[int, typer.Option(help="Expert-parallel ranks (processes).")] = 1,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    kv_cache_mb: Annotated[float, typer.Option(help="KV cache budget per rank, fixed at start (MiB).")] = 64.0,
+    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    max_num_seqs: Annotated[int, typer.Option(help="Sequences in the running batch at most.")] = 64,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens computed per step at most.")] = 512,
+    max_waiting: Annotated[int, typer.Option(help="Waiting requests at most; more get 429.")] = 256,
+    model_name: Annotated[str | None, typer.Option(help="Served model name (default: directory name).")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16 (default: the checkpoint's).")] = None,
+    expert_metrics: Annotated[
+        bool | None,
+        typer.Option("--expert-metrics/--no-expert-metrics",
+                     help="Per-(layer, expert) series; default: on up to 4096 series, off above."),
+    ] = None,
+    exporters: Annotated[
+        bool, typer.Option("--exporters/--no-exporters", help="Prometheus /metrics (off: a baseline).")
+    ] = True,
+    otlp: Annotated[bool, typer.Option(help="Also export over OTLP/HTTP as the OTEL_* variables say.")] = False,
+    engine_id: Annotated[str, typer.Option(help="The `engine` label of every metric.")] = "0",
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+) -> None:
+    """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
+    with cli_errors():
+        import uvicorn
+
+        from exporters.app import ServeOptions, build_stack
+
+        options = ServeOptions(
+            checkpoint=checkpoint, ep=ep, kv_cache_mb=kv_cache_mb, block_size=block_size, dtype=dtype,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
+            model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,
+            otlp=otlp, port=port,
+        )
+        stack = build_stack(options)
+        console.print(
+            f"serving {options.served_model_name} on http://{host}:{port} "
+            f"({stack.engine.blocks.num_blocks} KV blocks of {stack.engine.blocks.block_size} tokens)"
+        )
+        uvicorn.run(stack.app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+@bench_app.command("serve")
+def bench_serve(
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Checkpoint to serve (default: a fresh `moeslo model init` one).")
+    ] = None,
+    trace: Annotated[Path | None, typer.Option(help="Request trace (default: Azure 2023 conversation).")] = None,
+    duration_s: Annotated[float, typer.Option(help="Wall time of each replay run.")] = 20.0,
+    rounds: Annotated[int, typer.Option(help="Alternating off/on rounds; the best of each is reported.")] = 2,
+    speedup: Annotated[float, typer.Option(help="Time compression of the trace.")] = 2.0,
+    length_scale: Annotated[float, typer.Option(help="Factor on the trace's token lengths.")] = 1 / 16,
+    kv_cache_mb: Annotated[float, typer.Option(help="KV cache budget of the server (MiB).")] = 64.0,
+    max_in_flight: Annotated[int, typer.Option(help="Client-side bound on concurrent requests.")] = 128,
+    scrape_interval_s: Annotated[float, typer.Option(help="GET /metrics this often in the exporters-on run.")] = 5.0,
+    render_layers: Annotated[int, typer.Option(help="Layers of the /metrics render benchmark.")] = 58,
+    render_experts: Annotated[int, typer.Option(help="Experts of the /metrics render benchmark.")] = 256,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Replay a trace against the server with exporters on and off (baseline); latency, throughput, RSS."""
+    with cli_errors():
+        from bench.serve import ServeBenchOptions, run_serve_bench
+
+        options = ServeBenchOptions(
+            checkpoint=checkpoint, trace=trace, duration_s=duration_s, speedup=speedup,
+            length_scale=length_scale, kv_cache_mb=kv_cache_mb, max_in_flight=max_in_flight,
+            scrape_interval_s=scrape_interval_s, rounds=rounds, render_layers=render_layers,
+            render_experts=render_experts,
+        )
+        result = run_serve_bench(options, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
+        if json_out:
+            print_json(result)
+        else:
+            console.print_json(data=result)
