@@ -29,6 +29,20 @@ from typing import Literal, Protocol, runtime_checkable
 
 from controller.policy import Policy
 
+__all__ = [
+    "ACTIONS",
+    "Action",
+    "Advice",
+    "Decision",
+    "Effects",
+    "PolicyObservation",
+    "Reason",
+    "Scalar",
+    "ScalingAdvisor",
+    "SliSnapshot",
+    "TickInput",
+]
+
 Scalar = float | int | str | None
 """A value in a decision's ``inputs`` or an advice's ``details``: plain JSON."""
 

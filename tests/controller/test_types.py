@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import ModuleType
 
 import pytest
 
+from controller import advisors as advisors_module
+from controller import core as core_module
 from controller import slo
-from controller.advisors import ReactiveAdvisor
+from controller import types as types_module
+from controller.advisors import ReactiveAdvisor, ReactiveConfig
 from controller.types import (
     ACTIONS,
     Advice,
@@ -118,13 +122,22 @@ def test_reactive_advisor_satisfies_the_protocol() -> None:
     assert not isinstance(object(), ScalingAdvisor)
 
 
-def test_slo_public_surface_is_sorted_and_complete() -> None:
+@pytest.mark.parametrize("module", [slo, types_module, core_module, advisors_module])
+def test_public_surfaces_are_sorted_and_complete(module: ModuleType) -> None:
     def isort_key(name: str) -> tuple[int, str]:  # ruff's RUF022 order: CONSTANTS, Classes, functions
         return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
 
-    assert slo.__all__ == sorted(slo.__all__, key=isort_key)
-    for name in slo.__all__:
-        assert hasattr(slo, name), name
+    assert module.__all__ == sorted(module.__all__, key=isort_key)
+    for name in module.__all__:
+        assert hasattr(module, name), name
+
+
+def test_reactive_config_reports_every_problem_at_once() -> None:
+    with pytest.raises(ValueError) as caught:
+        ReactiveConfig(queue_per_replica_high=-1, target_kv_usage=2.0, max_up_factor=0.5)
+    message = str(caught.value)
+    for field_name in ("queue_per_replica_high", "target_kv_usage", "max_up_factor"):
+        assert field_name in message
 
 
 def test_metric_docs_list_every_reason_code() -> None:
