@@ -136,22 +136,58 @@ def is_first_tp_rank() -> bool:
         return True
 
 
-def vllm_labels(fallback_model_name: str | None) -> tuple[str, str, str]:
-    """(model_name, engine, expert placement strategy) from the current vLLM config."""
-    model_name, engine, strategy = fallback_model_name or "unknown", "0", "linear"
+@dataclass(frozen=True, slots=True)
+class VllmLabels:
+    model_name: str
+    engine: str
+    placement_strategy: str = "linear"
+
+
+class LabelProbe:
+    """Reads the labels from vLLM's config while the model is being built.
+
+    vLLM's config is "current" only while the model is constructed, not
+    during forward passes, so a torch global module-registration hook (it
+    fires as the model's submodules are assigned) reads it once then unhooks.
+    """
+
+    def __init__(self) -> None:
+        self.labels: VllmLabels | None = None
+        self._handle: RemovableHandle | None = torch.nn.modules.module.register_module_module_registration_hook(
+            self._on_register
+        )
+
+    def _on_register(self, module: torch.nn.Module, name: str, submodule: torch.nn.Module | None) -> None:
+        labels = current_vllm_labels()
+        if labels is not None and self._handle is not None:
+            self.labels = labels
+            self._handle.remove()
+            self._handle = None
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+
+def current_vllm_labels() -> VllmLabels | None:
+    """Labels from vLLM's current config, None outside ``set_current_vllm_config``."""
     try:
         from vllm.config import get_current_vllm_config_or_none
-
-        config = get_current_vllm_config_or_none()
     except ImportError:
-        config = None
-    if config is not None:
-        served = config.model_config.served_model_name
-        name = served[0] if isinstance(served, list | tuple) else served
-        model_name = fallback_model_name or str(name or config.model_config.model)
-        engine = str(config.parallel_config.data_parallel_rank)
-        strategy = str(getattr(config.parallel_config, "expert_placement_strategy", "linear") or "linear")
-    return model_name, engine, strategy
+        return None
+    config = get_current_vllm_config_or_none()
+    model_config = getattr(config, "model_config", None)
+    if config is None or model_config is None:
+        return None
+    served = model_config.served_model_name
+    name = served[0] if isinstance(served, list | tuple) else served
+    parallel = config.parallel_config
+    return VllmLabels(
+        model_name=str(name or model_config.model),
+        engine=str(parallel.data_parallel_rank),
+        placement_strategy=str(getattr(parallel, "expert_placement_strategy", "linear") or "linear"),
+    )
 
 
 def rank_weights_for(

