@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -524,3 +525,71 @@ def test_a_failing_advisor_does_not_stop_the_others() -> None:
     strict = DecisionCore(advisors=[BrokenAdvisor()], config=CoreConfig(isolate_advisor_errors=False))
     with pytest.raises(ZeroDivisionError, match="model blew up"):
         tick(strict, 1000.0, overloaded(999.0))
+
+
+def test_closed_loop_follows_a_daily_peak_without_flapping() -> None:
+    """A small fluid fleet (2 req/s per replica, 120 s start-up) driven through a one-hour peak.
+
+    The core must catch up with the peak, come back down after it, hold through a
+    metrics outage, and never reverse direction more than a few times.
+    """
+    policy = make_policy(min_replicas=1, max_replicas=40, max_step=4)
+    core = DecisionCore()
+    per_replica_rps, lead_s, tick_s = 2.0, 120.0, 15.0
+    spec = ready = 2
+    pending: list[tuple[float, int]] = []
+    queue = 0.0
+    history: list[tuple[float, int, str]] = []
+    outage = (1500.0, 1620.0)
+    for step in range(240):
+        now = step * tick_s
+        load = 4 + 36 * max(0.0, math.sin(math.pi * now / 3600))
+        ready += sum(delta for at, delta in pending if at <= now)
+        pending = [(at, delta) for at, delta in pending if at > now]
+        capacity = ready * per_replica_rps
+        served = min(capacity, load + queue / tick_s)
+        queue = max(0.0, queue + (load - served) * tick_s)
+        queue = 0.0 if queue < 1e-6 else queue
+        utilization = min(1.0, load / capacity)
+        good = 0.999 if queue == 0 and utilization < 0.95 else 0.9
+        obs = observe(
+            now - 1,
+            spec,
+            ready_replicas=ready,
+            queue_depth=queue,
+            running_requests=8 * ready * utilization,
+            kv_cache_usage=0.9 * utilization,
+            request_rate_rps=served,
+            sli=SliSnapshot(
+                observed_at_s=now - 1,
+                requests_in_window=load * 300,
+                ttft_good_ratio=good,
+                itl_good_ratio=0.999,
+                ttft_p99_s=0.2 + queue / capacity,
+                itl_p99_s=0.01,
+            ),
+        )
+        in_outage = outage[0] <= now < outage[1]
+        decision = tick(core, now, replace(obs, observed_at_s=outage[0] - 100) if in_outage else obs, policy)
+        if in_outage:
+            assert decision.action == "hold" and decision.reasons[1] == "stale_data"
+        if decision.apply and decision.desired_replicas is not None:
+            delta = decision.desired_replicas - spec
+            spec = decision.desired_replicas
+            if delta > 0:
+                pending.append((now + lead_s, delta))
+            else:
+                ready += delta
+            history.append((now, spec, decision.action))
+        assert 1 <= spec <= 40
+    peak_need = 40 / per_replica_rps  # replicas at 100 % to serve the peak
+    assert max(s for _, s, _ in history) >= peak_need
+    assert spec < max(s for _, s, _ in history)  # came back down after the peak
+    last_change = -1e9
+    for now, _, action in history:
+        if action == "scale_down":
+            assert now - last_change >= 180.0  # the cooldown held
+        last_change = now
+    directions = [action for _, _, action in history]
+    reversals = sum(1 for a, b in pairwise(directions) if a != b)
+    assert reversals <= 4, history
