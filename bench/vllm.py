@@ -11,8 +11,9 @@ fresh server:
   plugin's overhead is the tokens/s ratio of these two);
 * ``moeslo`` -- our engine (``moeslo serve``).
 
-Each server first gets a warm-up round; the measured round is repeated
-``repeats`` times and the best wall time kept.  :class:`VllmServer` is also
+Each server first gets a small warm-up; the measured round is repeated
+``repeats`` times (the two vLLM servers run side by side and take turns) and
+the fastest round is reported with the median tokens/s of all rounds.  :class:`VllmServer` is also
 what the vLLM integration tests start servers with.
 """
 
@@ -24,6 +25,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -145,7 +147,7 @@ class VllmBenchOptions:
     prompts: int = 16
     prompt_tokens: int = 199
     new_tokens: int = 32
-    repeats: int = 3
+    repeats: int = 5
     startup_timeout_s: float = 420.0
     ours: bool = True
 
@@ -155,41 +157,63 @@ def workload(options: VllmBenchOptions) -> list[LoadRequest]:
             for _ in range(options.prompts)]  # fmt: skip
 
 
-def measure(base_url: str, model: str, options: VllmBenchOptions, vocab_size: int) -> dict[str, Any]:
-    """Warm up once, then the best of ``repeats`` rounds of the workload (client-side figures)."""
-    plan = workload(options)
-    asyncio.run(run_load(base_url, plan[:2], vocab_size=vocab_size, model=model))
-    best: dict[str, Any] | None = None
-    for repeat in range(options.repeats):
-        started = time.monotonic()
-        records: list[RequestRecord] = asyncio.run(
-            run_load(base_url, plan, vocab_size=vocab_size, model=model, seed=repeat)
-        )
-        summary = summarize(records, wall_s=time.monotonic() - started)
-        if summary["errors"]:
-            raise RuntimeError(f"{summary['errors']} requests failed: {[r.error for r in records if r.error][:3]}")
-        if best is None or summary["wall_s"] < best["wall_s"]:
-            best = summary
-    assert best is not None
-    return {k: best[k] for k in ("wall_s", "output_tokens", "output_tokens_per_s", "ttft_p50_s", "ttft_p99_s",
-                                 "itl_p50_s", "itl_p99_s")}  # fmt: skip
+def measure_round(base_url: str, model: str, options: VllmBenchOptions, vocab_size: int, seed: int) -> dict[str, Any]:
+    """One round of the workload (client-side figures)."""
+    started = time.monotonic()
+    records: list[RequestRecord] = asyncio.run(
+        run_load(base_url, workload(options), vocab_size=vocab_size, model=model, seed=seed)
+    )
+    summary = summarize(records, wall_s=time.monotonic() - started)
+    if summary["errors"]:
+        raise RuntimeError(f"{summary['errors']} requests failed: {[r.error for r in records if r.error][:3]}")
+    return {k: summary[k] for k in ("wall_s", "output_tokens", "output_tokens_per_s", "ttft_p50_s", "ttft_p99_s",
+                                    "itl_p50_s", "itl_p99_s")}  # fmt: skip
+
+
+def best_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest round, plus the median tokens/s of all rounds."""
+    best = dict(min(rounds, key=lambda r: r["wall_s"]))
+    best["median_output_tokens_per_s"] = statistics.median(r["output_tokens_per_s"] for r in rounds)
+    best["rounds"] = len(rounds)
+    return best
+
+
+def warm_up(base_url: str, model: str, vocab_size: int) -> None:
+    plan = [LoadRequest(arrival_s=0.0, prompt_tokens=32, max_tokens=4) for _ in range(2)]
+    asyncio.run(run_load(base_url, plan, vocab_size=vocab_size, model=model))
 
 
 def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Plugin off and on run side by side, rounds interleaved (off, on, off, on ...) so drift in the
+    machine's load hits both alike; then our engine on the same checkpoint."""
     if vllm_python() is None:
         raise FileNotFoundError(f"no vLLM venv at {VLLM_VENV} (run `make vllm-venv`)")
     with tempfile.TemporaryDirectory(prefix="moeslo-bench-vllm-") as tmp:
         checkpoint = options.checkpoint or make_checkpoint(Path(tmp) / "ckpt", progress)
         vocab = int(json.loads((checkpoint / "config.json").read_text())["vocab_size"])
-        runs: dict[str, Any] = {}
-        for name, env in (("vllm_plugin_off", {}), ("vllm_plugin_on", {"MOESLO_VLLM_PLUGIN": "1"})):
-            progress(f"{name}: starting vLLM")
-            server = VllmServer(checkpoint, env=env, log_path=Path(tmp) / f"{name}.log")
-            with server.running(options.startup_timeout_s):
-                progress(f"{name}: measuring")
-                runs[name] = measure(server.base_url, server.model_name, options, vocab)
-                if name == "vllm_plugin_on":
-                    runs[name]["moe_expert_tokens_published"] = _expert_tokens_published(server.base_url)
+        servers = {
+            "vllm_plugin_off": VllmServer(checkpoint, log_path=Path(tmp) / "off.log"),
+            "vllm_plugin_on": VllmServer(checkpoint, env={"MOESLO_VLLM_PLUGIN": "1"}, log_path=Path(tmp) / "on.log"),
+        }
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+        published = 0.0
+        try:
+            progress("starting vLLM twice (plugin off, plugin on)")
+            for server in servers.values():
+                server.start()
+            for server in servers.values():
+                server.wait_healthy(options.startup_timeout_s)
+                warm_up(server.base_url, server.model_name, vocab)
+            for repeat in range(options.repeats):
+                for name, server in servers.items():
+                    progress(f"round {repeat + 1}/{options.repeats}: {name}")
+                    rounds[name].append(measure_round(server.base_url, server.model_name, options, vocab, repeat))
+            published = _expert_tokens_published(servers["vllm_plugin_on"].base_url)
+        finally:
+            for server in servers.values():
+                server.stop()
+        runs: dict[str, Any] = {name: best_of(r) for name, r in rounds.items()}
+        runs["vllm_plugin_on"]["moe_expert_tokens_published"] = published
         if options.ours:
             progress("moeslo: starting our engine")
             runs["moeslo"] = _run_ours(checkpoint, options, vocab)
@@ -201,6 +225,8 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
         "baseline": "vllm_plugin_off",
         "runs": runs,
         "plugin_on_over_off_tokens_per_s": on["output_tokens_per_s"] / off["output_tokens_per_s"],
+        "plugin_on_over_off_median_tokens_per_s": on["median_output_tokens_per_s"]
+        / off["median_output_tokens_per_s"],
         "plugin_overhead_pct": 100.0 * (1.0 - on["output_tokens_per_s"] / off["output_tokens_per_s"]),
     }  # fmt: skip
     if "moeslo" in runs:
@@ -241,7 +267,8 @@ def _run_ours(checkpoint: Path, options: VllmBenchOptions, vocab: int) -> dict[s
             if time.monotonic() > deadline:
                 raise TimeoutError("moeslo serve not healthy in time")
             time.sleep(0.5)
-        return measure(base, "moeslo", options, vocab)
+        warm_up(base, "moeslo", vocab)
+        return best_of([measure_round(base, "moeslo", options, vocab, r) for r in range(options.repeats)])
     finally:
         proc.terminate()
         try:

@@ -26,6 +26,7 @@ from cli import controller_bench as _controller_bench  # noqa: E402,F401
 from cli import model as _model  # noqa: E402,F401
 from cli import rebalance as _rebalance  # noqa: E402,F401
 from cli import serve as _serve  # noqa: E402,F401
+from cli import vllm_bench as _vllm_bench  # noqa: E402,F401
 
 if __name__ == "__main__":
     app()
