@@ -74,6 +74,8 @@ class Reason(StrEnum):
     SCALE_UP_PENDING = "scale_up_pending"
     """Replicas asked for earlier are not ready yet; their capacity is counted as coming."""
     FORECAST = "forecast"
+    CURRENT_LOAD = "current_load"
+    """The load observed now, through the capacity model, needs this many replicas."""
     ADVISOR_ERROR = "advisor_error"
     """An advisor raised; its error is in the decision's inputs and the others decided."""
     SLI_MISSING = "sli_missing"
