@@ -76,6 +76,8 @@ class Reason(StrEnum):
     FORECAST = "forecast"
     CURRENT_LOAD = "current_load"
     """The load observed now, through the capacity model, needs this many replicas."""
+    WARMING_UP = "warming_up"
+    """The forecaster has too little history yet: the predictive advisor holds the current count."""
     ADVISOR_ERROR = "advisor_error"
     """An advisor raised; its error is in the decision's inputs and the others decided."""
     SLI_MISSING = "sli_missing"
