@@ -33,35 +33,28 @@ def generate(
     policies: PoliciesOption = None,
     page_webhook: Annotated[str | None, typer.Option(help="Webhook URL of the paging receiver.")] = None,
     ticket_webhook: Annotated[str | None, typer.Option(help="Webhook URL of the ticket receiver.")] = None,
+    engine: Annotated[str, typer.Option(help="Whose histogram buckets: moeslo (ITL has 0.02) or vllm.")] = "moeslo",
     json_output: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
 ) -> None:
     """Write moeslo-rules.yaml and alertmanager.yaml for the given policies."""
-    from controller.alerting import DEFAULT_POLICIES, ReceiverOptions, load_policies, render_alert_files
+    from controller.alerting import DEFAULT_POLICIES, AlertOptions, ReceiverOptions, load_policies, render_alert_files
+    from controller.manifests.files import write_text_files
+    from engine.errors import ValidationError
 
     with cli_errors():
+        if engine not in ("moeslo", "vllm"):
+            raise ValidationError(f"--engine must be moeslo or vllm, got {engine!r}")
         chosen = DEFAULT_POLICIES if policies is None else load_policies(policies)
         defaults = ReceiverOptions()
         receivers = ReceiverOptions(
             page_webhook_url=page_webhook or defaults.page_webhook_url,
             ticket_webhook_url=ticket_webhook or defaults.ticket_webhook_url,
         )
-        files = render_alert_files(chosen, receivers=receivers)
-        written = write_files(out, files)
+        options = AlertOptions(engine="vllm" if engine == "vllm" else "moeslo")
+        files = render_alert_files(chosen, options=options, receivers=receivers)
+        written = write_text_files(out, files)
     if json_output:
         print_json({"written": [str(path) for path in written], "policies": [p.name for p in chosen]})
     else:
         for path in written:
             console.print(f"wrote {path}")
-
-
-def write_files(out: Path, files: dict[str, str]) -> list[Path]:
-    """Write name -> text under ``out``; only files whose text changed are rewritten."""
-    out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for name, text in files.items():
-        path = out / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written

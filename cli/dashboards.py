@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.alerts import write_files
 from cli.common import cli_errors, console, print_json
 from cli.main import app
+from controller.manifests.files import write_text_files
 from engine.errors import DataError
 
 dashboards_app = typer.Typer(help="Grafana dashboards generated with grafana-foundation-sdk (Grafana 10.1).",
@@ -36,7 +36,7 @@ def generate(
 
     with cli_errors():
         chosen = DEFAULT_POLICIES if policies is None else load_policies(policies)
-        written = write_files(out, render_dashboard_files(chosen))
+        written = write_text_files(out, render_dashboard_files(chosen))
     if json_output:
         print_json({"written": [str(path) for path in written]})
     else:

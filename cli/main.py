@@ -22,6 +22,7 @@ app.add_typer(bench_app, name="bench")
 from cli import alerts as _alerts  # noqa: E402,F401
 from cli import controller as _controller  # noqa: E402,F401
 from cli import dashboards as _dashboards  # noqa: E402,F401
+from cli import deploy as _deploy  # noqa: E402,F401
 from cli import controller_bench as _controller_bench  # noqa: E402,F401
 from cli import model as _model  # noqa: E402,F401
 from cli import rebalance as _rebalance  # noqa: E402,F401

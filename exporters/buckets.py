@@ -43,10 +43,28 @@ BUCKETS_BY_METRIC: dict[str, tuple[float, ...]] = {
 }
 """The edges moeslo's exporter writes, by histogram name."""
 
+VLLM_BUCKETS_BY_METRIC: dict[str, tuple[float, ...]] = {
+    TTFT_METRIC: VLLM_TTFT_BUCKETS_S,
+    ITL_METRIC: VLLM_ITL_BUCKETS_S,
+}
+"""The edges a stock vLLM server writes (the moeslo plugin leaves its histograms alone)."""
+
 
 def format_le(edge_s: float) -> str:
     """The ``le`` label value prometheus_client writes for an edge (``0.5``, ``1.0``, ``2560.0``)."""
     return repr(float(edge_s))
+
+
+def le_matcher(edge_s: float) -> str:
+    """A PromQL matcher for the bucket at ``edge_s``.
+
+    Python clients write whole edges as ``1.0``, Go clients as ``1``; Prometheus 2
+    keeps the label as written, so whole edges match both spellings.
+    """
+    text = format_le(edge_s)
+    if text.endswith(".0"):
+        return f'le=~"{text[:-2]}|{text[:-2]}\\\\.0"'
+    return f'le="{text}"'
 
 
 def is_bucket_edge(threshold_s: float, edges_s: Sequence[float]) -> bool:
@@ -60,8 +78,10 @@ __all__ = [
     "ITL_METRIC",
     "TTFT_BUCKETS_S",
     "TTFT_METRIC",
+    "VLLM_BUCKETS_BY_METRIC",
     "VLLM_ITL_BUCKETS_S",
     "VLLM_TTFT_BUCKETS_S",
     "format_le",
     "is_bucket_edge",
+    "le_matcher",
 ]

@@ -1,11 +1,13 @@
 """SLO policies read from a YAML/JSON file, and the mission's default policy.
 
-A policies file holds either a list of policies or a mapping with a
-``policies`` list, each entry in the REST API's shape (:class:`Policy`).
+A policies file holds one policy per YAML document (what ``moeslo policy
+apply -f`` reads), a list of policies, or a mapping with a ``policies`` list;
+each entry in the REST API's shape (:class:`Policy`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ DEFAULT_POLICIES: tuple[Policy, ...] = (
 
 def parse_policies(document: Any, *, source: str = "policies") -> tuple[Policy, ...]:
     """Policies from a parsed YAML/JSON document; every invalid field is reported at once."""
+    if isinstance(document, dict) and "name" in document:
+        document = [document]
     items = document.get("policies") if isinstance(document, dict) else document
     if not isinstance(items, list):
         raise ValidationError(f"{source}: expected a list of policies or a mapping with a 'policies' list")
@@ -37,8 +41,7 @@ def parse_policies(document: Any, *, source: str = "policies") -> tuple[Policy, 
             policies.append(Policy.model_validate(item))
         except PydanticValidationError as exc:
             problems.extend(
-                f"{source}[{index}].{'.'.join(str(part) for part in err['loc'])}: {err['msg']}"
-                for err in exc.errors()
+                f"{source}[{index}].{'.'.join(str(part) for part in err['loc'])}: {err['msg']}" for err in exc.errors()
             )
     if problems:
         raise ValidationError(problems)
@@ -52,15 +55,17 @@ def load_policies(path: str | Path) -> tuple[Policy, ...]:
     except OSError as exc:
         raise DataError(f"cannot read policies: {exc.strerror}", path=str(path)) from exc
     try:
-        document = yaml.safe_load(text)
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = None if mark is None else int(mark.line) + 1
         raise DataError(f"invalid YAML: {exc}", path=str(path), line=line) from exc
-    return parse_policies(document, source=str(path))
+    if not documents:
+        raise DataError("no policies in the file", path=str(path))
+    return parse_policies(documents[0] if len(documents) == 1 else documents, source=str(path))
 
 
-def dump_policies(policies: tuple[Policy, ...] | list[Policy]) -> list[dict[str, Any]]:
+def dump_policies(policies: Sequence[Policy]) -> list[dict[str, Any]]:
     """Policies as plain data (what :func:`parse_policies` reads back)."""
     return [policy.model_dump(mode="json") for policy in policies]
 

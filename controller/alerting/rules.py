@@ -17,12 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from controller.alerting.model import AlertingRule, RecordingRule, Rule, RuleGroup
 from controller.policy import LatencyObjective, Policy, parse_duration_s
 from controller.slo import BurnRateWindow, error_budget, format_duration, standard_burn_rate_windows
 from engine.errors import ValidationError
-from exporters.buckets import BUCKETS_BY_METRIC, ITL_METRIC, TTFT_METRIC, format_le, is_bucket_edge
+from exporters.buckets import (
+    BUCKETS_BY_METRIC,
+    ITL_METRIC,
+    TTFT_METRIC,
+    VLLM_BUCKETS_BY_METRIC,
+    format_le,
+    is_bucket_edge,
+    le_matcher,
+)
 
 IMBALANCE_METRIC = "moe_layer_imbalance_cv"
 
@@ -35,6 +44,8 @@ ERROR_RATIO_RECORD = "moeslo:slo_error_ratio:rate{window}"
 class AlertOptions:
     """Knobs of the generated rules that are not part of an SLO policy."""
 
+    engine: Literal["moeslo", "vllm"] = "moeslo"
+    """Whose histogram buckets the engines write: moeslo's (ITL has 0.02) or stock vLLM's."""
     evaluation_interval: str = "30s"
     min_request_rate_per_s: float = 0.1
     """Low-traffic guard: burn-rate alerts need this many requests/s over their short window."""
@@ -59,7 +70,8 @@ class LatencySli:
 
     @property
     def le(self) -> str:
-        return format_le(self.objective.threshold_s)
+        """The ``le`` matcher of the bucket at the threshold."""
+        return le_matcher(self.objective.threshold_s)
 
 
 def latency_slis(policy: Policy) -> tuple[LatencySli, ...]:
@@ -69,7 +81,11 @@ def latency_slis(policy: Policy) -> tuple[LatencySli, ...]:
     )
 
 
-def check_thresholds(policies: Sequence[Policy]) -> None:
+def bucket_edges(engine: str) -> dict[str, tuple[float, ...]]:
+    return VLLM_BUCKETS_BY_METRIC if engine == "vllm" else BUCKETS_BY_METRIC
+
+
+def check_thresholds(policies: Sequence[Policy], engine: str = "moeslo") -> None:
     """Refuse latency thresholds that are not bucket edges of their histogram; report all at once.
 
     Good events are read from the cumulative bucket ``le=<threshold>``; a
@@ -78,11 +94,11 @@ def check_thresholds(policies: Sequence[Policy]) -> None:
     problems: list[str] = []
     for policy in policies:
         for sli in latency_slis(policy):
-            edges = BUCKETS_BY_METRIC[sli.metric]
+            edges = bucket_edges(engine)[sli.metric]
             if not is_bucket_edge(sli.objective.threshold_s, edges):
                 problems.append(
                     f"policy {policy.name!r}: objectives.{sli.slo}.threshold_s = {sli.objective.threshold_s!r} "
-                    f"is not a bucket edge of {sli.metric}; good events are counted from the bucket at the "
+                    f"is not a bucket edge of {sli.metric} ({engine}); good events are counted from the bucket at the "
                     f"threshold, so it must be one of {', '.join(format_le(e) for e in edges)}"
                 )
     names = [policy.name for policy in policies]
@@ -117,7 +133,7 @@ def rate_windows(windows: Sequence[BurnRateWindow]) -> tuple[str, ...]:
 def build_rule_groups(policies: Sequence[Policy], options: AlertOptions | None = None) -> tuple[RuleGroup, ...]:
     """One rule group per policy: recording rules first, then its alerts."""
     options = options or AlertOptions()
-    check_thresholds(policies)
+    check_thresholds(policies, options.engine)
     problems: list[str] = []
     groups: list[RuleGroup] = []
     for policy in policies:
@@ -133,8 +149,9 @@ def build_rule_groups(policies: Sequence[Policy], options: AlertOptions | None =
             rules.extend(_burn_rate_alerts(policy, sli, windows, options))
         rules.append(_imbalance_alert(policy, options))
         rules.extend(_absent_alerts(policy, options))
-        groups.append(RuleGroup(name=f"moeslo-slo-{policy.name}", interval=options.evaluation_interval,
-                                rules=tuple(rules)))
+        groups.append(
+            RuleGroup(name=f"moeslo-slo-{policy.name}", interval=options.evaluation_interval, rules=tuple(rules))
+        )
     if problems:
         raise ValidationError(problems)
     return tuple(groups)
@@ -146,22 +163,28 @@ def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) ->
     mine = _own_selector(policy, sli)
     rules: list[RecordingRule] = []
     for window in windows:
-        rules.append(RecordingRule(
-            record=GOOD_RECORD.format(window=window),
-            expr=f'sum by (model_name) (rate({sli.metric}_bucket{{model_name="{model}",le="{sli.le}"}}[{window}]))',
-            labels=labels,
-        ))
-        rules.append(RecordingRule(
-            record=TOTAL_RECORD.format(window=window),
-            expr=f'sum by (model_name) (rate({sli.metric}_count{{model_name="{model}"}}[{window}]))',
-            labels=labels,
-        ))
-        rules.append(RecordingRule(
-            record=ERROR_RATIO_RECORD.format(window=window),
-            # No events gives 0/0 = NaN, and NaN > x is false: no traffic never alerts.
-            expr=f"1 - ({GOOD_RECORD.format(window=window)}{mine} / {TOTAL_RECORD.format(window=window)}{mine})",
-            labels=labels,
-        ))
+        rules.append(
+            RecordingRule(
+                record=GOOD_RECORD.format(window=window),
+                expr=f'sum by (model_name) (rate({sli.metric}_bucket{{model_name="{model}",{sli.le}}}[{window}]))',
+                labels=labels,
+            )
+        )
+        rules.append(
+            RecordingRule(
+                record=TOTAL_RECORD.format(window=window),
+                expr=f'sum by (model_name) (rate({sli.metric}_count{{model_name="{model}"}}[{window}]))',
+                labels=labels,
+            )
+        )
+        rules.append(
+            RecordingRule(
+                record=ERROR_RATIO_RECORD.format(window=window),
+                # No events gives 0/0 = NaN, and NaN > x is false: no traffic never alerts.
+                expr=f"1 - ({GOOD_RECORD.format(window=window)}{mine} / {TOTAL_RECORD.format(window=window)}{mine})",
+                labels=labels,
+            )
+        )
     return rules
 
 
@@ -182,31 +205,33 @@ def _burn_rate_alerts(
             f"and on (policy, model_name)\n"
             f"{TOTAL_RECORD.format(window=w.short_window)}{requests} >= {_num(options.min_request_rate_per_s)}"
         )
-        alerts.append(AlertingRule(
-            alert=f"Moeslo{sli.title}ErrorBudgetBurn",
-            expr=expr,
-            for_=options.for_override or _burn_for(w, options),
-            labels={
-                "severity": w.severity,
-                "policy": policy.name,
-                "slo": sli.slo,
-                "long_window": w.long_window,
-                "short_window": w.short_window,
-                "burn_rate_threshold": factor,
-            },
-            annotations={
-                "summary": (
-                    f"{sli.title} SLO of policy {policy.name} burns its error budget at >= {factor}x "
-                    f"({w.long_window}/{w.short_window})"
-                ),
-                "description": (
-                    f"Over {w.long_window} the {sli.title} error budget of {{{{ $labels.model_name }}}} "
-                    f"(threshold {sli.objective.threshold_s} s, target {sli.objective.target}) burned at "
-                    f"{{{{ printf `%.3g` $value }}}}x; at {factor}x, {_num(100 * w.budget_fraction)}% of the "
-                    f"{policy.window} budget is gone within {w.long_window}."
-                ),
-            },
-        ))
+        alerts.append(
+            AlertingRule(
+                alert=f"Moeslo{sli.title}ErrorBudgetBurn",
+                expr=expr,
+                for_=options.for_override or _burn_for(w, options),
+                labels={
+                    "severity": w.severity,
+                    "policy": policy.name,
+                    "slo": sli.slo,
+                    "long_window": w.long_window,
+                    "short_window": w.short_window,
+                    "burn_rate_threshold": factor,
+                },
+                annotations={
+                    "summary": (
+                        f"{sli.title} SLO of policy {policy.name} burns its error budget at >= {factor}x "
+                        f"({w.long_window}/{w.short_window})"
+                    ),
+                    "description": (
+                        f"Over {w.long_window} the {sli.title} error budget of {{{{ $labels.model_name }}}} "
+                        f"(threshold {sli.objective.threshold_s} s, target {sli.objective.target}) burned at "
+                        f"{{{{ printf `%.3g` $value }}}}x; at {factor}x, {_num(100 * w.budget_fraction)}% of the "
+                        f"{policy.window} budget is gone within {w.long_window}."
+                    ),
+                },
+            )
+        )
     return alerts
 
 
@@ -215,8 +240,7 @@ def _imbalance_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     return AlertingRule(
         alert="MoesloExpertImbalance",
         expr=(
-            f'max by (model_name) ({IMBALANCE_METRIC}{{model_name="{_selector_value(policy.model_name)}"}})'
-            f" > {max_cv}"
+            f'max by (model_name) ({IMBALANCE_METRIC}{{model_name="{_selector_value(policy.model_name)}"}}) > {max_cv}'
         ),
         for_=options.for_override or options.imbalance_for,
         labels={"severity": "ticket", "policy": policy.name, "slo": "imbalance"},
@@ -283,6 +307,7 @@ __all__ = [
     "TOTAL_RECORD",
     "AlertOptions",
     "LatencySli",
+    "bucket_edges",
     "build_rule_groups",
     "burn_windows",
     "check_thresholds",

@@ -8,7 +8,7 @@ from grafana_foundation_sdk.builders.prometheus import Dataquery
 from controller.dashboards.panels import MODEL, POLICY, RATE, query, stat, timeseries, variables
 from controller.policy import Policy
 from controller.slo import error_budget, standard_burn_rate_windows
-from exporters.buckets import ITL_METRIC, TTFT_METRIC, format_le
+from exporters.buckets import ITL_METRIC, TTFT_METRIC, le_matcher
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -22,7 +22,7 @@ def _quantiles(metric: str) -> list[Dataquery]:
 
 def _good_ratio(metric: str, threshold_s: float) -> str:
     return (
-        f'sum(rate({metric}_bucket{{{MODEL},le="{format_le(threshold_s)}"}}[{RATE}]))'
+        f"sum(rate({metric}_bucket{{{MODEL},{le_matcher(threshold_s)}}}[{RATE}]))"
         f" / sum(rate({metric}_count{{{MODEL}}}[{RATE}]))"
     )
 
@@ -32,44 +32,90 @@ def build(policy: Policy) -> Dashboard:
     ttft, itl = policy.objectives.ttft, policy.objectives.itl
     windows = standard_burn_rate_windows(policy.window_s)
     dashboard = (
-        Dashboard("moeslo / SLO overview").uid("moeslo-slo-overview").tags(["moeslo", "slo"])
-        .description(f"TTFT <= {ttft.threshold_s} s and ITL <= {itl.threshold_s} s for {ttft.target:.0%} of "
-                     f"requests over {policy.window}; lines mark the SLO.")
-        .refresh("30s").time("now-1h", "now").timezone("browser")
+        Dashboard("moeslo / SLO overview")
+        .uid("moeslo-slo-overview")
+        .tags(["moeslo", "slo"])
+        .description(
+            f"TTFT <= {ttft.threshold_s} s and ITL <= {itl.threshold_s} s for {ttft.target:.0%} of "
+            f"requests over {policy.window}; lines mark the SLO."
+        )
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
     )
     dashboard = variables(dashboard, policy=True)
     burn_lines = sorted({round(w.burn_rate, 3) for w in windows})
     return (
-        dashboard
-        .with_row(Row("Latency against the SLO"))
-        .with_panel(timeseries(f"TTFT p50 / p90 / p99 (SLO {ttft.threshold_s} s)", _quantiles(TTFT_METRIC),
-                               unit="s", slo_line=ttft.threshold_s, min_value=0))
-        .with_panel(timeseries(f"ITL p50 / p90 / p99 (SLO {itl.threshold_s} s)", _quantiles(ITL_METRIC),
-                               unit="s", slo_line=itl.threshold_s, min_value=0))
+        dashboard.with_row(Row("Latency against the SLO"))
+        .with_panel(
+            timeseries(
+                f"TTFT p50 / p90 / p99 (SLO {ttft.threshold_s} s)",
+                _quantiles(TTFT_METRIC),
+                unit="s",
+                slo_line=ttft.threshold_s,
+                min_value=0,
+            )
+        )
+        .with_panel(
+            timeseries(
+                f"ITL p50 / p90 / p99 (SLO {itl.threshold_s} s)",
+                _quantiles(ITL_METRIC),
+                unit="s",
+                slo_line=itl.threshold_s,
+                min_value=0,
+            )
+        )
         .with_row(Row("Error budget"))
-        .with_panel(timeseries(
-            "Good-event ratio",
-            [query(_good_ratio(TTFT_METRIC, ttft.threshold_s), f"TTFT <= {ttft.threshold_s} s"),
-             query(_good_ratio(ITL_METRIC, itl.threshold_s), f"ITL <= {itl.threshold_s} s")],
-            unit="percentunit", slo_line=ttft.target, width=8,
-            description="Share of requests (TTFT) and of token gaps (ITL) within the threshold; line: target.",
-        ))
-        .with_panel(stat(
-            "Error budget remaining", query(f"moeslo_error_budget_remaining{{{POLICY}}}", "{{policy}} {{slo}}"),
-            unit="percentunit", steps=[(None, "red"), (0.25, "orange"), (0.5, "green")], width=4,
-            description=f"Share of the {policy.window} error budget left, as the controller computes it.",
-        ))
-        .with_panel(timeseries(
-            "Burn rate (controller)", [query(f"moeslo_burn_rate{{{POLICY}}}", "{{policy}} {{slo}} {{window}}")],
-            unit="x", slo_line=burn_lines[0], width=6, min_value=0,
-            description="1x spends the budget exactly over the window; alert thresholds: "
-                        + ", ".join(f"{w.long_window}/{w.short_window} {w.burn_rate:.3g}x" for w in windows),
-        ))
-        .with_panel(timeseries(
-            "Burn rate (alert recording rules)",
-            [query(f"moeslo:slo_error_ratio:rate{w}{{{POLICY}}} / {error_budget(ttft.target):.6g}",
-                   f"{{{{policy}}}} {{{{slo}}}} {w}") for w in ("5m", "1h", "6h")],
-            unit="x", slo_line=max(burn_lines), width=6, min_value=0,
-            description="The rates the burn-rate alerts read (moeslo-rules.yaml); line: the fastest page.",
-        ))
+        .with_panel(
+            timeseries(
+                "Good-event ratio",
+                [
+                    query(_good_ratio(TTFT_METRIC, ttft.threshold_s), f"TTFT <= {ttft.threshold_s} s"),
+                    query(_good_ratio(ITL_METRIC, itl.threshold_s), f"ITL <= {itl.threshold_s} s"),
+                ],
+                unit="percentunit",
+                slo_line=ttft.target,
+                width=8,
+                description="Share of requests (TTFT) and of token gaps (ITL) within the threshold; line: target.",
+            )
+        )
+        .with_panel(
+            stat(
+                "Error budget remaining",
+                query(f"moeslo_error_budget_remaining{{{POLICY}}}", "{{policy}} {{slo}}"),
+                unit="percentunit",
+                steps=[(None, "red"), (0.25, "orange"), (0.5, "green")],
+                width=4,
+                description=f"Share of the {policy.window} error budget left, as the controller computes it.",
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Burn rate (controller)",
+                [query(f"moeslo_burn_rate{{{POLICY}}}", "{{policy}} {{slo}} {{window}}")],
+                unit="x",
+                slo_line=burn_lines[0],
+                width=6,
+                min_value=0,
+                description="1x spends the budget exactly over the window; alert thresholds: "
+                + ", ".join(f"{w.long_window}/{w.short_window} {w.burn_rate:.3g}x" for w in windows),
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Burn rate (alert recording rules)",
+                [
+                    query(
+                        f"moeslo:slo_error_ratio:rate{w}{{{POLICY}}} / {error_budget(ttft.target):.6g}",
+                        f"{{{{policy}}}} {{{{slo}}}} {w}",
+                    )
+                    for w in ("5m", "1h", "6h")
+                ],
+                unit="x",
+                slo_line=max(burn_lines),
+                width=6,
+                min_value=0,
+                description="The rates the burn-rate alerts read (moeslo-rules.yaml); line: the fastest page.",
+            )
+        )
     )

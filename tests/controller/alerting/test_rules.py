@@ -123,3 +123,32 @@ def test_policies_file_round_trip_and_errors(tmp_path: Path) -> None:
     (tmp_path / "broken.yaml").write_text("policies: [\n")
     with pytest.raises(DataError, match=r"broken.yaml:\d+: invalid YAML"):
         load_policies(tmp_path / "broken.yaml")
+
+
+def test_whole_number_thresholds_match_both_le_spellings() -> None:
+    (group,) = build_rule_groups([_policy(ttft=1.0)])
+    good = next(r for r in group.rules if isinstance(r, RecordingRule) and r.record.endswith("good_events:rate5m"))
+    assert 'le=~"1|1\\\\.0"' in good.expr
+
+
+def test_vllm_buckets_refuse_the_20ms_itl_edge_only_moeslo_has() -> None:
+    message = r"0.02 is not a bucket edge of vllm:inter_token_latency_seconds \(vllm\)"
+    with pytest.raises(ValidationError, match=message):
+        build_rule_groups([_policy()], AlertOptions(engine="vllm"))
+    (group,) = build_rule_groups([_policy(itl=0.025)], AlertOptions(engine="vllm"))
+    assert any('le="0.025"' in r.expr for r in group.rules if isinstance(r, RecordingRule))
+
+
+def test_cli_generate_writes_both_files_and_refuses_bad_policies(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.alerts import alerts_app
+
+    result = CliRunner().invoke(alerts_app, ["generate", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alertmanager.yaml", "moeslo-rules.yaml"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntarget: {kind: model, model: m}\nobjectives: {ttft: {threshold_s: 0.3, target: 0.99}}\n")
+    refused = CliRunner().invoke(alerts_app, ["generate", "--out", str(tmp_path / "o"), "--policies", str(bad)])
+    assert refused.exit_code == 2
+    assert "not a bucket edge" in refused.output

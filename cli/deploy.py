@@ -1,0 +1,50 @@
+"""``moeslo deploy render|build``: the kustomize tree under deploy/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import cli_errors, console, print_json
+from cli.main import app
+from controller.manifests.files import write_text_files
+
+deploy_app = typer.Typer(help="Kubernetes manifests (kustomize): regenerate the generated parts, render overlays.",
+                         no_args_is_help=True)
+app.add_typer(deploy_app, name="deploy")
+
+DirOption = Annotated[Path, typer.Option("--dir", help="The deploy/ directory.")]
+
+
+@deploy_app.command("render")
+def render(deploy_dir: DirOption = Path("deploy"),
+           json_output: Annotated[bool, typer.Option("--json", help="Print what was written.")] = False) -> None:
+    """Regenerate deploy/*/generated/ from the default policies and each overlay's policies.yaml."""
+    from controller.alerting import DEFAULT_POLICIES, load_policies
+    from controller.manifests import deploy_files
+
+    with cli_errors():
+        overlays = {
+            path.parent.name: load_policies(path)
+            for path in sorted((deploy_dir / "overlays").glob("*/policies.yaml"))
+        }
+        written = write_text_files(deploy_dir, deploy_files(DEFAULT_POLICIES, overlays))
+    if json_output:
+        print_json({"written": [str(path) for path in written], "overlays": sorted(overlays)})
+    else:
+        for path in written:
+            console.print(f"wrote {path}")
+
+
+@deploy_app.command("build")
+def build(overlay: Annotated[str, typer.Argument(help="Overlay name (vllm-gpu, embedded-cpu) or 'base'.")],
+          deploy_dir: DirOption = Path("deploy")) -> None:
+    """Print the manifests of an overlay as kustomize would (without the kustomize binary)."""
+    from controller.alerting import dump_yaml_documents
+    from controller.manifests import build as kustomize_build
+
+    with cli_errors():
+        directory = deploy_dir / "base" if overlay == "base" else deploy_dir / "overlays" / overlay
+        typer.echo(dump_yaml_documents(kustomize_build(directory)), nl=False)

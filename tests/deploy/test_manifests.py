@@ -1,0 +1,196 @@
+"""deploy/: drift, rendering (Python vs kubectl kustomize), schema validation, RBAC, wiring."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from controller.alerting import DEFAULT_POLICIES, load_policies
+from controller.config import load_settings
+from controller.dashboards import render_dashboard_files
+from controller.manifests import build, deploy_files
+from controller.manifests.generated import overlay_files
+from controller.policy import LatencyObjective, Objectives, Policy
+from engine.errors import ValidationError
+from tests.deploy.crd_schemas import SCHEMAS
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+TREES = ["base", "overlays/vllm-gpu", "overlays/embedded-cpu"]
+K8S_VERSION = "1.32"
+
+
+def _key(resource: dict[str, Any]) -> tuple[str, str, str]:
+    meta = resource["metadata"]
+    return resource["kind"], meta.get("namespace", ""), meta["name"]
+
+
+def _rendered(tree: str) -> dict[tuple[str, str, str], dict[str, Any]]:
+    return {_key(r): r for r in build(DEPLOY / tree)}
+
+
+def _overlay_policies() -> dict[str, tuple[Policy, ...]]:
+    return {p.parent.name: load_policies(p) for p in sorted((DEPLOY / "overlays").glob("*/policies.yaml"))}
+
+
+def test_generated_files_match_the_generators() -> None:
+    files = deploy_files(DEFAULT_POLICIES, _overlay_policies())
+    on_disk = sorted(str(p.relative_to(DEPLOY)) for p in DEPLOY.glob("**/generated/*.yaml"))
+    assert sorted(files) == on_disk
+    for relative, text in files.items():
+        assert (DEPLOY / relative).read_text(encoding="utf-8") == text, f"{relative} drifted: moeslo deploy render"
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_python_render_matches_kubectl_kustomize(tree: str) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed: the Python renderer is checked against it where it is")
+    out = subprocess.run([kubectl, "kustomize", str(DEPLOY / tree)], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    theirs = {_key(r): r for r in yaml.safe_load_all(out) if r}
+    assert _rendered(tree) == theirs
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_every_manifest_validates(tree: str) -> None:
+    kinds = set()
+    for key, resource in _rendered(tree).items():
+        kinds.add(key[0])
+        if key[0] in SCHEMAS:
+            jsonschema.validate(resource, SCHEMAS[key[0]])
+        else:
+            kubernetes_validate.validate(resource, K8S_VERSION, strict=True)
+        assert resource["metadata"]["labels"]["app.kubernetes.io/part-of"] == "moeslo"
+        if key[0] != "Namespace":
+            assert key[1] == "moeslo", key
+    assert {"Deployment", "Service", "Role", "RoleBinding", "ServiceAccount", "ConfigMap", "PodMonitor",
+            "ServiceMonitor", "PrometheusRule"} <= kinds
+
+
+def test_validation_can_fail() -> None:
+    resources = _rendered("overlays/vllm-gpu")
+    deployment = copy.deepcopy(resources[("Deployment", "moeslo", "vllm-qwen3-moe")])
+    deployment["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+    deployment = copy.deepcopy(resources[("Deployment", "moeslo", "vllm-qwen3-moe")])
+    deployment["spec"]["template"]["spec"]["containers"][0]["gpus"] = 8
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+    monitor = copy.deepcopy(resources[("PodMonitor", "moeslo", "moeslo-engines")])
+    monitor["spec"]["podMetricEndpoints"] = monitor["spec"].pop("podMetricsEndpoints")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(monitor, SCHEMAS["PodMonitor"])
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_prometheus_rule_passes_promtool(tree: str, tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    rule = _rendered(tree)[("PrometheusRule", "moeslo", "moeslo-slo-rules")]
+    path = tmp_path / "rules.yaml"
+    path.write_text(json.dumps(rule["spec"]))
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+_CLIENT_CALL_VERBS = {
+    "read_namespaced_deployment_scale": ("apps", "deployments/scale", "get"),
+    "replace_namespaced_deployment_scale": ("apps", "deployments/scale", "update"),
+    "patch_namespaced_deployment_scale": ("apps", "deployments/scale", "patch"),
+    "get_namespaced_custom_object_scale": ("leaderworkerset.x-k8s.io", "leaderworkersets/scale", "get"),
+    "replace_namespaced_custom_object_scale": ("leaderworkerset.x-k8s.io", "leaderworkersets/scale", "update"),
+    "patch_namespaced_custom_object_scale": ("leaderworkerset.x-k8s.io", "leaderworkersets/scale", "patch"),
+    "read_namespaced_horizontal_pod_autoscaler": ("autoscaling", "horizontalpodautoscalers", "get"),
+    "replace_namespaced_horizontal_pod_autoscaler": ("autoscaling", "horizontalpodautoscalers", "update"),
+    "patch_namespaced_horizontal_pod_autoscaler": ("autoscaling", "horizontalpodautoscalers", "patch"),
+    "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
+    "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
+    "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),
+    "patch_namespaced_lease": ("coordination.k8s.io", "leases", "patch"),
+}
+
+
+def test_rbac_grants_exactly_the_verbs_the_controller_code_uses() -> None:
+    source = "".join((ROOT / path).read_text() for path in ("controller/actuators/kubernetes.py",
+                                                            "controller/leader.py"))
+    calls = set(re.findall(r"\.(\w+_namespaced_\w+)\(", source))
+    unknown = calls - set(_CLIENT_CALL_VERBS)
+    assert unknown == set(), f"map these Kubernetes client calls to RBAC verbs: {unknown}"
+    needed = {_CLIENT_CALL_VERBS[call] for call in calls}
+    role = _rendered("base")[("Role", "moeslo", "moeslo-controller")]
+    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    assert granted == needed
+    assert not [k for k in _rendered("base") if k[0] in ("ClusterRole", "ClusterRoleBinding")]
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_controller_config_and_policies_load(tree: str, tmp_path: Path) -> None:
+    resources = _rendered(tree)
+    config = tmp_path / "controller.yaml"
+    config.write_text(resources[("ConfigMap", "moeslo", "moeslo-controller-config")]["data"]["controller.yaml"])
+    settings = load_settings(config)
+    assert settings.leader_election.enabled and settings.port == 8090
+    assert settings.actuator == ("dryrun" if tree == "base" else "kubernetes")
+    policies_file = tmp_path / "policies.yaml"
+    policies_file.write_text(resources[("ConfigMap", "moeslo", "moeslo-policies")]["data"]["policies.yaml"])
+    expected = DEFAULT_POLICIES if tree == "base" else _overlay_policies()[tree.rsplit("/", 1)[1]]
+    assert load_policies(policies_file) == expected
+    # Every policy of an overlay governs a workload that the overlay deploys.
+    for policy in expected:
+        target = policy.target
+        if getattr(target, "kind", "") == "deployment":
+            assert ("Deployment", "moeslo", target.name) in resources  # type: ignore[union-attr]
+            hpa = getattr(target, "hpa", None)
+            if hpa:
+                assert ("HorizontalPodAutoscaler", "moeslo", hpa) in resources
+
+
+def test_vllm_overlay_wiring() -> None:
+    resources = _rendered("overlays/vllm-gpu")
+    pod = resources[("Deployment", "moeslo", "vllm-qwen3-moe")]["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert {"name": "MOESLO_VLLM_PLUGIN", "value": "1"} in container["env"]
+    assert "--enable-expert-parallel" in container["args"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"
+    hpa = resources[("HorizontalPodAutoscaler", "moeslo", "vllm-qwen3-moe")]["spec"]
+    targets = {m["resource"]["name"]: m["resource"]["target"]["averageUtilization"] for m in hpa["metrics"]}
+    assert targets == {"cpu": 70, "memory": 80}
+    assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 180
+    rules = json.dumps(resources[("PrometheusRule", "moeslo", "moeslo-slo-rules")]["spec"])
+    assert 'model_name=\\"qwen3-moe\\"' in rules and 'le=\\"0.025\\"' in rules
+
+
+def test_vllm_overlay_refuses_an_itl_threshold_vllm_has_no_bucket_for() -> None:
+    (policy,) = _overlay_policies()["vllm-gpu"]
+    strict = policy.model_copy(update={"objectives": Objectives(itl=LatencyObjective(threshold_s=0.02, target=0.99))})
+    message = r"0.02 is not a bucket edge of vllm:inter_token_latency_seconds \(vllm\)"
+    with pytest.raises(ValidationError, match=message):
+        overlay_files("vllm-gpu", [strict])
+    assert overlay_files("embedded-cpu", [strict])
+
+
+def test_dashboards_ship_as_sidecar_configmaps() -> None:
+    resources = _rendered("base")
+    dashboards = render_dashboard_files(DEFAULT_POLICIES)
+    maps = [r for k, r in resources.items() if k[0] == "ConfigMap" and k[2].startswith("grafana-dashboard-")]
+    assert len(maps) == len(dashboards) == 4
+    for config_map in maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((name, text),) = config_map["data"].items()
+        assert dashboards[name] == text
