@@ -35,9 +35,7 @@ def resolve_lengths(spec: str, *, data_dir: Path | None = None) -> LengthDistrib
         folder, name = NAMED_LENGTHS[spec]
         path = (data_dir or default_data_dir()) / folder / name
         if not path.exists():
-            raise DataError(
-                f"length distribution {spec!r} needs this file (set MOESLO_DATA_DIR)", path=str(path)
-            )
+            raise DataError(f"length distribution {spec!r} needs this file (set MOESLO_DATA_DIR)", path=str(path))
         trace = load_trace(path, "azure")
     else:
         trace = load_trace(spec)

@@ -184,9 +184,7 @@ class CountTrace:
 
     def speedup(self, factor: float) -> CountTrace:
         _check_factor("speedup", factor)
-        return CountTrace(
-            f"{self.source} x{factor:g} speed", self.bin_s / factor, self.counts, self.start_epoch_s
-        )
+        return CountTrace(f"{self.source} x{factor:g} speed", self.bin_s / factor, self.counts, self.start_epoch_s)
 
     def rate_scale(self, factor: float, *, seed: int = 0) -> CountTrace:
         """Counts times ``factor``, rounded stochastically so the expected total is exact."""
@@ -203,9 +201,7 @@ class CountTrace:
         bins = np.repeat(np.arange(len(counts)), counts)
         arrival = np.sort((bins + rng.random(len(bins))) * self.bin_s)
         prompt, output = lengths.sample(len(arrival), rng)
-        return RequestTrace(
-            f"{self.source} + lengths {lengths.name}", arrival, prompt, output, self.start_epoch_s
-        )
+        return RequestTrace(f"{self.source} + lengths {lengths.name}", arrival, prompt, output, self.start_epoch_s)
 
 
 Trace = RequestTrace | CountTrace
@@ -284,9 +280,7 @@ def load_request_trace(
     if isinstance(trace, RequestTrace):
         return trace
     if lengths is None:
-        raise DataError(
-            "a count trace needs a length distribution (e.g. --lengths azure-2023-conv)", path=str(path)
-        )
+        raise DataError("a count trace needs a length distribution (e.g. --lengths azure-2023-conv)", path=str(path))
     return trace.expand(lengths, seed=seed)
 
 
@@ -346,8 +340,7 @@ class _Builder:
     def add(self, line: int, time_s: float, prompt: int, output: int) -> None:
         if self.times and time_s < self.times[-1]:
             raise DataError(
-                f"timestamps not sorted: {time_s:.6f} s comes after {self.times[-1]:.6f} s "
-                f"(line {self._last_line})",
+                f"timestamps not sorted: {time_s:.6f} s comes after {self.times[-1]:.6f} s (line {self._last_line})",
                 path=str(self.path),
                 line=line,
             )

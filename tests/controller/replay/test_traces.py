@@ -104,8 +104,7 @@ def test_speedup_and_rate_scale() -> None:
         ),
         (
             "neg.csv",
-            "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-            "5,x,1,1,2,a\n-3,x,1,1,2,a\n",
+            "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,x,1,1,2,a\n-3,x,1,1,2,a\n",
             3,
             "non-negative",
         ),
