@@ -104,7 +104,8 @@ def _random_tensors(config: ModelConfig, seed: int, router_skew: float) -> Itera
     direction /= direction.norm()
     embed = normal(config.vocab_size, hidden)
     if router_skew > 0:
-        embed += router_skew * std * hidden**0.5 * direction
+        # As long as the random part: after RMSNorm every token has ~0.7 sqrt(hidden) along it.
+        embed += std * hidden**0.5 * direction
     yield "model.embed_tokens.weight", embed
     popularity = 1.0 / torch.arange(1, config.num_experts + 1, dtype=torch.float32) ** 0.8
     popularity = popularity[torch.randperm(config.num_experts, generator=gen)]
@@ -119,9 +120,12 @@ def _random_tensors(config: ModelConfig, seed: int, router_skew: float) -> Itera
         yield f"{prefix}.self_attn.q_norm.weight", torch.ones(head_dim)
         yield f"{prefix}.self_attn.k_norm.weight", torch.ones(head_dim)
         if config.is_sparse_layer(layer):
-            router = normal(config.num_experts, hidden)
+            # Unit-variance logits per token, like a trained router's spread.
+            router = torch.randn(config.num_experts, hidden, generator=gen) / hidden**0.5
             if router_skew > 0:
-                router += router_skew * 4.0 * popularity[:, None] * direction[None, :]
+                # Expert e gains about 2 * router_skew * popularity[e] nats for every token.
+                bias = 2.0 * router_skew * popularity / (0.7 * hidden**0.5)
+                router += bias[:, None] * direction[None, :]
             yield f"{prefix}.mlp.gate.weight", router
             inter = config.moe_intermediate_size
             for expert in range(config.num_experts):

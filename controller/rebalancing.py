@@ -1,0 +1,247 @@
+"""Live expert rebalancing: reads engines' routing windows, plans, decides, applies, verifies.
+
+The decisions are pure (``controller.rebalance``: ``plan_rebalance``,
+``decide_rebalance``, ``verify_rebalance``); this module does the I/O around
+them through :class:`EngineControl` (the engine's ``GET /v1/expert-load`` and
+``POST /v1/placement``), keeps the per-engine history the trigger needs, and
+returns every step as a :class:`RebalanceEvent` for the decision log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+
+from controller.policy import Mode, Policy
+from controller.rebalance import (
+    CvObservation,
+    RebalanceDecision,
+    RebalancePlan,
+    TriggerSettings,
+    VerifyResult,
+    decide_rebalance,
+    plan_rebalance,
+    verify_rebalance,
+)
+from engine.errors import UnavailableError
+from engine.placement import Placement
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertLoadSnapshot:
+    """An engine's routing window and current placement."""
+
+    expert_tokens: npt.NDArray[np.int64]
+    """(MoE layers, experts) routed tokens in the window."""
+    imbalance_cv: tuple[float, ...]
+    steps_in_window: int
+    placement: Placement
+
+
+class EngineControl(Protocol):
+    """The engine control API the rebalancer needs."""
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot: ...
+
+    async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]: ...
+
+
+class HttpEngineControl:
+    """:class:`EngineControl` over the embedded engine's HTTP API."""
+
+    def __init__(self, client: httpx.AsyncClient | None = None, timeout_s: float = 10.0) -> None:
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+
+    async def _call(self, method: str, url: str, **kwargs: Any) -> Any:
+        try:
+            response = await self._client.request(method, url, **kwargs)
+        except httpx.HTTPError as exc:
+            raise UnavailableError(f"{method} {url}: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise UnavailableError(f"{method} {url}: HTTP {response.status_code}: {response.text[:300]}")
+        return response.json()
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
+        load = await self._call("GET", f"{endpoint}/v1/expert-load")
+        placement = Placement.from_json(await self._call("GET", f"{endpoint}/v1/placement"))
+        return ExpertLoadSnapshot(
+            expert_tokens=np.asarray(load["expert_tokens"], dtype=np.int64),
+            imbalance_cv=tuple(float(x) for x in load["imbalance_cv"]),
+            steps_in_window=int(load["steps_in_window"]),
+            placement=placement,
+        )
+
+    async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call(
+            "POST", f"{endpoint}/v1/placement", json=placement.to_json(), timeout=300.0
+        )
+        return result
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RebalanceEvent:
+    """One rebalancer outcome for the decision log."""
+
+    policy: str
+    endpoint: str
+    kind: Literal["rebalance", "verify"]
+    outcome: Literal["applied", "advisory", "failed", "verified", "unverified"]
+    decision: RebalanceDecision | None
+    plan: dict[str, Any] | None
+    """Imbalance before/after (predicted), moves, plan time."""
+    swap: dict[str, Any] | None = None
+    verify: VerifyResult | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "endpoint": self.endpoint,
+            "kind": self.kind,
+            "outcome": self.outcome,
+            "decision": None if self.decision is None else self.decision.to_json(),
+            "plan": self.plan,
+            "swap": self.swap,
+            "verify": None if self.verify is None else self.verify.to_json(),
+            "error": self.error,
+        }
+
+
+@dataclass(slots=True)
+class _EngineState:
+    history: deque[CvObservation] = field(default_factory=lambda: deque(maxlen=4096))
+    last_rebalance_s: float | None = None
+    pending: RebalancePlan | None = None
+    applied_at_s: float = 0.0
+
+
+def _plan_summary(plan: RebalancePlan) -> dict[str, Any]:
+    active = plan.active
+    return {
+        "imbalance_before_cv": float(plan.imbalance_before.cv[active].max()) if active.any() else 0.0,
+        "imbalance_after_cv": float(plan.imbalance_after.cv[active].max()) if active.any() else 0.0,
+        "moves": plan.total_moves,
+    }
+
+
+class Rebalancer:
+    """Per policy and engine: observe the CV, plan, decide with the pure trigger, apply, verify."""
+
+    def __init__(
+        self,
+        control: EngineControl,
+        settings: TriggerSettings | None = None,
+        *,
+        verify_after_s: float = 30.0,
+        min_window_steps: int = 16,
+    ) -> None:
+        self.control = control
+        self.settings = settings or TriggerSettings()
+        self.verify_after_s = verify_after_s
+        """Routing steps must accumulate under the new placement before its CV means anything."""
+        self.min_window_steps = min_window_steps
+        self._state: dict[tuple[str, str], _EngineState] = {}
+
+    def state(self, policy: str, endpoint: str) -> _EngineState:
+        return self._state.setdefault((policy, endpoint), _EngineState())
+
+    async def tick(self, policy: Policy, endpoints: list[str], now_s: float) -> list[RebalanceEvent]:
+        if policy.mode is Mode.OFF:
+            return []
+        events: list[RebalanceEvent] = []
+        for endpoint in endpoints:
+            event = await self._tick_engine(policy, endpoint, now_s)
+            if event is not None:
+                events.append(event)
+        return events
+
+    async def _tick_engine(self, policy: Policy, endpoint: str, now_s: float) -> RebalanceEvent | None:
+        state = self.state(policy.name, endpoint)
+        objective = policy.objectives.imbalance
+        try:
+            snap = await self.control.expert_load(endpoint)
+        except UnavailableError:
+            return None  # the scaling side reports stale data; nothing to decide here
+        if snap.steps_in_window < self.min_window_steps:
+            return None
+        state.history.append(CvObservation.of(now_s, snap.imbalance_cv))
+        if state.pending is not None and now_s - state.applied_at_s >= self.verify_after_s:
+            applied = state.pending
+            state.pending = None
+            result = verify_rebalance(plan=applied, measured_cv=snap.imbalance_cv, objective=objective)
+            return RebalanceEvent(
+                policy=policy.name,
+                endpoint=endpoint,
+                kind="verify",
+                outcome="verified" if result.ok else "unverified",
+                decision=None,
+                plan=_plan_summary(applied),
+                verify=result,
+            )
+        if state.pending is not None:
+            return None
+        plan: RebalancePlan | None = None
+        plan_ms = 0.0
+        if state.history[-1].worst_cv > objective.max_cv:
+            current = snap.placement
+            started = time.perf_counter()
+            plan = plan_rebalance(
+                snap.expert_tokens, num_ranks=current.num_ranks, slots_per_rank=current.slots_per_rank, previous=current
+            )
+            plan_ms = 1000 * (time.perf_counter() - started)
+        decision = decide_rebalance(
+            objective=objective,
+            history=list(state.history),
+            now_s=now_s,
+            last_rebalance_s=state.last_rebalance_s,
+            plan=plan,
+            settings=self.settings,
+        )
+        if decision.action != "rebalance" or plan is None:
+            return None
+        state.last_rebalance_s = now_s
+        summary = _plan_summary(plan) | {"plan_ms": plan_ms}
+        if policy.mode is Mode.ADVISORY:
+            return RebalanceEvent(
+                policy=policy.name,
+                endpoint=endpoint,
+                kind="rebalance",
+                outcome="advisory",
+                decision=decision,
+                plan=summary,
+            )
+        try:
+            swap = await self.control.apply_placement(endpoint, plan.placement)
+        except UnavailableError as exc:
+            return RebalanceEvent(
+                policy=policy.name,
+                endpoint=endpoint,
+                kind="rebalance",
+                outcome="failed",
+                decision=decision,
+                plan=summary,
+                error=str(exc),
+            )
+        state.pending, state.applied_at_s = plan, now_s
+        state.history.clear()  # the old placement's CVs say nothing about the new one
+        return RebalanceEvent(
+            policy=policy.name,
+            endpoint=endpoint,
+            kind="rebalance",
+            outcome="applied",
+            decision=decision,
+            plan=summary,
+            swap=swap,
+        )
+
+
+__all__ = ["EngineControl", "ExpertLoadSnapshot", "HttpEngineControl", "RebalanceEvent", "Rebalancer"]
