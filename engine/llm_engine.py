@@ -16,6 +16,7 @@ reads them.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -384,12 +385,12 @@ class LLMEngine:
                 itls_s=tuple(itls),
                 num_preemptions=out.num_preemptions,
                 finished=finished,
-                routing=self._take_routing(),
             )
             self._state_changed = False
         for callback, event in events:
             _deliver(callback, event)
-        return stats
+        # Outside the lock: with --ep N this may wait on the rank processes.
+        return dataclasses.replace(stats, routing=self._take_routing())
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params

@@ -284,3 +284,28 @@ def test_load_generator_replays_a_trace_slice_and_records_client_timings(served:
     assert records[1].e2e_s is not None and records[1].finish_reason == "length"
     summary = summarize(records, wall_s=1.0)
     assert summary["ok"] == 2 and summary["output_tokens"] == 6 and summary["ttft_p99_s"] > 0
+
+
+@pytest.mark.slow
+def test_expert_parallel_server_reports_ranks_and_moves_experts(tiny_checkpoint: Path) -> None:
+    server, engine = serve(tiny_checkpoint, ep=2)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            payload = {"prompt": "two ranks", "max_tokens": 6, "temperature": 0}
+            before = client.post("/v1/completions", json=payload).json()["choices"][0]["text"]
+            load = client.get("/v1/expert-load").json()
+            assert load["num_ranks"] == 2
+            assert all(sum(row) > 0 for row in load["rank_tokens"])
+            assert all(cv >= 0.0 for cv in load["imbalance_cv"])
+            current = client.get("/v1/placement").json()
+            swapped = {**current, "phy2log": [list(reversed(row)) for row in current["phy2log"]]}
+            resp = client.post("/v1/placement", json=swapped)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["experts_moved"] > 0  # reversing the slots moves every expert to the other rank
+            after = client.post("/v1/completions", json=payload).json()["choices"][0]["text"]
+            assert after == before  # greedy output does not depend on where experts live
+            load = client.get("/v1/expert-load").json()
+            assert load["steps_in_window"] >= 1  # the window restarted at the swap and filled again
+    finally:
+        server.stop()
+    assert engine.kv_state()[0] == 0
