@@ -1,0 +1,70 @@
+"""Tokenizers (byte-level and tokenizer.json) and the sampler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.errors import ValidationError
+from engine.sampling import RequestSampler, SamplingParams, sample
+from engine.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+
+
+def test_byte_tokenizer_round_trips_and_streams_multibyte_characters() -> None:
+    tok = ByteTokenizer(512)
+    ids = tok.encode("héllo ✓")
+    assert ids == list("héllo ✓".encode())
+    stream = tok.stream()
+    pieces = [stream.step(i) for i in ids]
+    assert "".join(pieces) == "héllo ✓"
+    assert pieces[1] == "" and pieces[2] == "é"  # the first byte of é is held back
+    assert tok.decode([104, 300, 105]) == "h<|300|>i"
+
+
+def test_byte_tokenizer_needs_256_ids() -> None:
+    with pytest.raises(ValidationError):
+        ByteTokenizer(100)
+
+
+def test_tokenizer_json_is_used_when_the_checkpoint_has_one(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "hello": 1, "moe": 2, "world": 3}
+    hf = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = load_tokenizer(tmp_path, vocab_size=4096)
+    assert isinstance(tok, HFTokenizer)
+    assert tok.vocab_size == 4
+    assert tok.encode("hello moe world") == [1, 2, 3]
+    stream = tok.stream()
+    assert "".join(stream.step(i) for i in [1, 2, 3]).split() == ["hello", "moe", "world"]
+    assert isinstance(load_tokenizer(tmp_path / "missing", vocab_size=300), ByteTokenizer)
+
+
+def test_greedy_picks_the_argmax_and_seeded_sampling_repeats() -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    greedy = RequestSampler(SamplingParams(temperature=0.0))
+    assert sample(logits[:1], [greedy]) == [int(torch.argmax(logits[0]))]
+
+    def draw(seed: int) -> list[int]:
+        sampler = RequestSampler(SamplingParams(temperature=1.0, seed=seed))
+        return [sample(logits[1:2], [sampler])[0] for _ in range(20)]
+
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
+
+
+def test_top_p_keeps_only_the_nucleus() -> None:
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.05, 0.05]]))
+    sampler = RequestSampler(SamplingParams(temperature=1.0, top_p=0.8, seed=0))
+    picks = {sample(logits, [sampler])[0] for _ in range(200)}
+    assert picks == {0, 1}
+
+
+def test_sampling_params_gather_every_problem() -> None:
+    with pytest.raises(ValidationError) as info:
+        SamplingParams(max_tokens=0, temperature=-1.0, top_p=0.0)
+    assert len(info.value.problems) == 3
