@@ -34,9 +34,14 @@ from engine.errors import NotFoundError, ValidationError
 router = APIRouter(prefix="/v1", tags=["policies"])
 
 PolicyName = Annotated[str, Path(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", max_length=63)]
-IfMatch = Annotated[str | None, Header(description='ETag of the version the change is based on, e.g. "3"')]
+IfMatch = Annotated[
+    str | None,
+    Header(
+        pattern=r'^\s*(\*|(W/)?"[0-9]{1,18}")\s*$', description='ETag of the version the change is based on, e.g. "3"'
+    ),
+]
 _READ = problem_responses(404, 422)
-_WRITE = problem_responses(401, 404, 409, 412, 422, 428, 503)
+_WRITE = problem_responses(400, 401, 404, 409, 412, 422, 428, 503)
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -104,7 +109,7 @@ def list_policies(request: Request) -> PolicyList:
     "/policies",
     response_model=PolicyResource,
     status_code=201,
-    responses=problem_responses(401, 409, 422, 503),
+    responses=problem_responses(400, 401, 409, 422, 503),
 )
 def create_policy(request: Request, response: Response, policy: Policy, _auth: WriteAccess) -> PolicyResource:
     _check_target(request, policy)
@@ -235,7 +240,13 @@ def policy_history(request: Request, name: PolicyName) -> PolicyHistory:
 @router.get(
     "/policies/{name}/openslo",
     response_class=Response,
-    responses={200: {"content": {"application/yaml": {"schema": {"type": "string"}}}}, **_READ},
+    responses={
+        200: {
+            "description": "A multi-document YAML stream: one OpenSLO v1 SLO document per objective",
+            "content": {"application/yaml": {"schema": {"type": "array", "items": {"type": "object"}}}},
+        },
+        **_READ,
+    },
 )
 def export_openslo(request: Request, name: PolicyName) -> Response:
     stored = _store(request).get_policy(name)
@@ -245,7 +256,7 @@ def export_openslo(request: Request, name: PolicyName) -> Response:
 @router.post(
     "/openslo",
     response_model=OpenSloImport,
-    responses=problem_responses(401, 409, 412, 422, 503),
+    responses=problem_responses(400, 401, 409, 412, 422, 503),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -284,4 +295,3 @@ async def import_openslo(request: Request, _auth: WriteAccess) -> OpenSloImport:
         stored, _created = store.replace_policy(policy, expected_version=version, create=version is None)
         results.append(PolicyResource.of(stored))
     return OpenSloImport(items=results)
-

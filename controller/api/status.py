@@ -113,7 +113,7 @@ def decisions(
     request: Request,
     policy: Annotated[str | None, Query(max_length=63, description="Only this policy's decisions")] = None,
     limit: Annotated[int, Query(ge=1, le=500, description="Page size")] = 50,
-    cursor: Annotated[int | None, Query(ge=1, description="next_cursor of the previous page")] = None,
+    cursor: Annotated[int | None, Query(ge=1, le=2**63 - 1, description="next_cursor of the previous page")] = None,
 ) -> DecisionPage:
     """The decision log, newest first, each decision with its inputs and reason."""
     store: Store = request.app.state.store

@@ -102,7 +102,7 @@ def test_put_creates_replaces_and_honours_if_match(client: TestClient) -> None:
     star = client.put("/v1/policies/qwen", json=POLICY, headers={**AUTH, "If-Match": "*"})
     assert star.status_code == 200
     bad_tag = client.put("/v1/policies/qwen", json=POLICY, headers={**AUTH, "If-Match": "version-3"})
-    assert bad_tag.status_code == 422 and "If-Match" in bad_tag.json()["detail"]
+    assert bad_tag.status_code == 422 and bad_tag.json()["errors"][0]["field"] == "header.if-match"
     renamed = client.put("/v1/policies/other", json=POLICY, headers=AUTH)
     assert renamed.status_code == 422 and renamed.json()["errors"][0]["field"] == "name"
     absent_star = client.put("/v1/policies/ghost", json={**POLICY, "name": "ghost"}, headers={**AUTH, "If-Match": "*"})
