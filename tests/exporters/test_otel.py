@@ -14,8 +14,6 @@ from exporters.otel import FIRST_TOKEN_EVENT
 from tests.conftest import free_port
 from tests.exporters.otlp_receiver import OtlpReceiver
 
-pytestmark = pytest.mark.integration
-
 
 def attrs(kvs: object) -> dict[str, object]:
     out: dict[str, object] = {}
@@ -26,6 +24,7 @@ def attrs(kvs: object) -> dict[str, object]:
     return out
 
 
+@pytest.mark.integration
 def test_otlp_export_reaches_a_real_receiver(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with OtlpReceiver() as receiver:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
@@ -69,3 +68,35 @@ def test_otlp_export_reaches_a_real_receiver(tiny_checkpoint: Path, monkeypatch:
             (event,) = [e for e in span.events if e.name == FIRST_TOKEN_EVENT]
             assert span.start_time_unix_nano < event.time_unix_nano <= span.end_time_unix_nano
         assert receiver.resource_attributes()["service.name"] == "engine-under-test"
+
+
+def test_failed_requests_carry_error_type_and_no_latency_samples() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from engine.stats import FinishedRequestStats, StepStats
+    from exporters.otel import OtelStatsSink
+
+    reader = InMemoryMetricReader()
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    sink = OtelStatsSink(meter_provider=MeterProvider(metric_readers=[reader]),
+                         tracer_provider=tracer_provider, model_name="m")
+    aborted = FinishedRequestStats(request_id="a", finish_reason="abort", prompt_tokens=3, generation_tokens=1,
+                                   e2e_s=0.5, queue_s=0.1, prefill_s=0.1, decode_s=0.3, ttft_s=0.2,
+                                   mean_itl_s=None)
+    sink.record(StepStats(now_s=1.0, step_duration_s=0.0, num_running=0, num_waiting=0, kv_cache_usage=0.0,
+                          prompt_tokens=0, generation_tokens=0, finished=(aborted,)))
+    data = reader.get_metrics_data()
+    metrics = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert set(metrics) == {"gen_ai.server.request.duration"}  # no TTFT / TPOT for a failed request
+    (point,) = metrics["gen_ai.server.request.duration"].data.data_points
+    assert point.attributes["error.type"] == "aborted" and point.count == 1
+    (span,) = spans.get_finished_spans()
+    assert span.status.status_code.name == "ERROR"
+    assert [e.name for e in span.events] == ["gen_ai.first_token"]
+    assert span.end_time - span.start_time == pytest.approx(0.5e9, rel=1e-3)
