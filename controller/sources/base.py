@@ -63,6 +63,40 @@ def parse_le(text: str) -> float | None:
         return None
 
 
+def edges_around(edges: Sequence[float], threshold_s: float) -> tuple[float, ...]:
+    """The bucket edge at the threshold, or the finite edges just below and above it."""
+    finite = sorted(e for e in edges if math.isfinite(e))
+    exact = [e for e in finite if same_edge(e, threshold_s)]
+    if exact:
+        return (exact[0],)
+    below = [e for e in finite if e < threshold_s]
+    above = [e for e in finite if e > threshold_s]
+    return tuple(([below[-1]] if below else []) + ([above[0]] if above else []))
+
+
+def good_count_at(buckets: Mapping[float, float], threshold_s: float) -> float | None:
+    """Events at or under the threshold from cumulative counts by bucket edge.
+
+    The count of the bucket whose edge is the threshold when there is one;
+    otherwise a linear interpolation inside the bucket that holds the
+    threshold (as ``histogram_quantile`` assumes), because a stock vLLM ITL
+    histogram has no 0.02 edge.  None when the threshold lies beyond the last
+    finite edge (nothing to interpolate against) or there are no buckets.
+    """
+    finite = {e: c for e, c in buckets.items() if math.isfinite(e)}
+    for edge, count in finite.items():
+        if same_edge(edge, threshold_s):
+            return count
+    above = [e for e in finite if e > threshold_s]
+    if not above:
+        return None
+    upper = min(above)
+    below = [e for e in finite if e < threshold_s]
+    lower = max(below) if below else 0.0
+    lower_count = finite[lower] if below else 0.0
+    return lower_count + (finite[upper] - lower_count) * (threshold_s - lower) / (upper - lower)
+
+
 def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
     """Prometheus's ``histogram_quantile`` over cumulative bucket counts keyed by upper edge.
 
@@ -116,15 +150,3 @@ def _regex_escape(text: str) -> str:
 
 def _promql_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def le_matcher(thresholds: Sequence[float]) -> str:
-    """An ``le=~`` matcher for the bucket edges at the thresholds, in the spellings clients use."""
-    spellings: set[str] = set()
-    for threshold in thresholds:
-        spellings.add(repr(float(threshold)))
-        spellings.add(f"{threshold:g}")
-        if float(threshold).is_integer():
-            spellings.add(str(int(threshold)))
-    pattern = "|".join(_regex_escape(s) for s in sorted(spellings))
-    return f'le=~"{_promql_string(pattern)}"'

@@ -6,8 +6,13 @@ so their number does not grow with the number of policies:
 - good-event ratios at the SLO bucket edge, per window (5m ... 3d and each
   compliance window)::
 
-      sum by (model_name, le) (increase(vllm:time_to_first_token_seconds_bucket{le=~"0.5",...}[1h]))
+      sum by (model_name, le) (increase(vllm:time_to_first_token_seconds_bucket{...}[1h]))  at le="0.5"
     / sum by (model_name)     (increase(vllm:time_to_first_token_seconds_count{...}[1h]))
+
+  Every bucket is fetched, not only ``le="0.5"``: when a threshold is not a
+  bucket edge (stock vLLM's ITL histogram has no 0.02 edge) the good count is
+  interpolated inside the bucket that holds it, as ``histogram_quantile``
+  does, instead of leaving the SLI unknown;
 
 - p99s with ``histogram_quantile(0.99, sum by (model_name, le) (rate(..._bucket[5m])))``;
 - queue, running batch, KV usage, request and token rates, engine count;
@@ -40,10 +45,9 @@ from controller.sources.base import (
     RUNNING,
     SHORT_WINDOW,
     WAITING,
-    le_matcher,
+    good_count_at,
     model_matcher,
     parse_le,
-    same_edge,
     windows_for,
 )
 from controller.types import PolicyObservation, SliSnapshot
@@ -111,9 +115,7 @@ class PrometheusSource:
         models = model_matcher([p.model_name for p in policies])
         queries: dict[str, str] = {}
         for slo, metric in HISTOGRAMS.items():
-            thresholds = sorted({getattr(p.objectives, slo).threshold_s for p in policies})
-            bucket_sel = self._sel(models, le_matcher(thresholds))
-            count_sel = self._sel(models)
+            bucket_sel = count_sel = self._sel(models)
             for window in windows_for(policies):
                 queries[f"{slo}:good:{window}"] = (
                     f"sum by (model_name, le) (increase({metric}_bucket{bucket_sel}[{window}]))"
@@ -184,7 +186,7 @@ class PrometheusSource:
                 if total is None or total <= 0:
                     continue
                 if good is None:
-                    problems.append(f"{HISTOGRAMS[slo]} has no bucket edge at {threshold} s for {model!r}")
+                    problems.append(f"{HISTOGRAMS[slo]}: no finite bucket edge above {threshold} s for {model!r}")
                     break
                 by_window[slo][window] = min(1.0, max(0.0, good / total))
                 if slo == "ttft" and window == SHORT_WINDOW:
@@ -231,12 +233,10 @@ def _value(vector: Vector | None, model: str) -> float | None:
 
 
 def _good_at(vector: Vector, model: str, threshold_s: float) -> float | None:
-    """Requests at or under the threshold: the bucket whose edge is the threshold (None if absent)."""
-    values = [
-        value
-        for labels, value in vector
-        if labels.get("model_name") == model
-        and (le := parse_le(labels.get("le", ""))) is not None
-        and same_edge(le, threshold_s)
-    ]
-    return sum(values) if values else None
+    """Requests at or under the threshold (see :func:`good_count_at`)."""
+    buckets: dict[float, float] = {}
+    for labels, value in vector:
+        le = parse_le(labels.get("le", ""))
+        if labels.get("model_name") == model and le is not None:
+            buckets[le] = buckets.get(le, 0.0) + value
+    return good_count_at(buckets, threshold_s)

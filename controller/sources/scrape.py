@@ -37,9 +37,10 @@ from controller.sources.base import (
     RUNNING,
     SHORT_WINDOW,
     WAITING,
+    edges_around,
+    good_count_at,
     histogram_quantile,
     parse_le,
-    same_edge,
     windows_for,
 )
 from controller.types import PolicyObservation, SliSnapshot
@@ -211,18 +212,17 @@ class ScrapeSource:
                 before = previous[key]
                 history.totals[key] += value if value < before else value - before
             self._last[(endpoint, model)] = dict(sample.counters)
-        thresholds = [
-            (slo, getattr(p.objectives, slo).threshold_s)
+        edges_by_slo = {slo: _edges(history.totals, slo) for slo in HISTOGRAMS}
+        kept = {
+            f"{slo}:le:{edge!r}"
             for p in policies
             if p.model_name == model
             for slo in HISTOGRAMS
-        ]
+            for edge in edges_around(edges_by_slo[slo], getattr(p.objectives, slo).threshold_s)
+        }
 
         def keep(key: str) -> bool:
-            if key.split(":")[1:2] != ["le"]:
-                return True
-            slo, _, edge = key.split(":")
-            return any(s == slo and same_edge(float(edge), t) for s, t in thresholds)
+            return ":le:" not in key or key in kept
 
         history.record(now_s, keep, max_window_s)
 
@@ -250,22 +250,22 @@ class ScrapeSource:
         p99: dict[str, float | None] = {"ttft": None, "itl": None}
         for slo in HISTOGRAMS:
             threshold = getattr(policy.objectives, slo).threshold_s
-            edge_key = next(
-                (
-                    k
-                    for k in history.totals
-                    if k.startswith(f"{slo}:le:") and same_edge(float(k.split(":")[2]), threshold)
-                ),
-                None,
-            )
-            if edge_key is None and any(k.startswith(f"{slo}:le:") for k in history.totals):
-                errors.append(f"{HISTOGRAMS[slo]} has no bucket edge at {threshold} s for {model!r}")
+            needed = edges_around(_edges(history.totals, slo), threshold)
+            if any(k.startswith(f"{slo}:le:") for k in history.totals) and (
+                not needed or threshold > max(needed)
+            ):
+                errors.append(f"{HISTOGRAMS[slo]}: no finite bucket edge above {threshold} s for {model!r}")
+                needed = ()
             for window in windows_for([policy]):
                 window_s = parse_duration_s(window)
                 total = history.increase(f"{slo}:count", now_s, window_s)
-                good = None if edge_key is None else history.increase(edge_key, now_s, window_s)
-                if total is None or good is None or total[0] <= 0:
+                deltas = {e: history.increase(f"{slo}:le:{e!r}", now_s, window_s) for e in needed}
+                if total is None or total[0] <= 0 or not deltas or any(d is None for d in deltas.values()):
                     continue
+                good_count = good_count_at({e: d[0] for e, d in deltas.items() if d is not None}, threshold)
+                if good_count is None:
+                    continue
+                good = (good_count, total[1])
                 by_window[slo][window] = min(1.0, max(0.0, good[0] / total[0]))
                 if slo == "ttft" and window == SHORT_WINDOW:
                     requests_short = total[0]
@@ -313,6 +313,11 @@ class ScrapeSource:
         if not any(math.isinf(edge) for edge in buckets):
             return None
         return histogram_quantile(QUANTILE, buckets)
+
+
+def _edges(totals: Mapping[str, float], slo: str) -> list[float]:
+    prefix = f"{slo}:le:"
+    return [float(key[len(prefix) :]) for key in totals if key.startswith(prefix)]
 
 
 def _rate(history: _ModelHistory, key: str, now_s: float) -> float | None:

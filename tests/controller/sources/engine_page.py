@@ -1,0 +1,87 @@
+"""A static engine /metrics page on loopback, with vLLM's metric names, for source tests."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from exporters.buckets import ITL_BUCKETS_S, TTFT_BUCKETS_S, VLLM_ITL_BUCKETS_S
+
+
+class EngineMetrics:
+    """vLLM-named series for one engine serving ``model``; ``reset()`` simulates a restart."""
+
+    def __init__(self, model: str, *, engine: str = "0", stock_vllm_itl: bool = False) -> None:
+        self.model = model
+        self.engine = engine
+        self.stock_vllm_itl = stock_vllm_itl
+        self.reset()
+
+    def reset(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name", "engine"]
+        values = {"model_name": self.model, "engine": self.engine}
+        itl_buckets = VLLM_ITL_BUCKETS_S if self.stock_vllm_itl else ITL_BUCKETS_S
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", labels, buckets=TTFT_BUCKETS_S,
+                              registry=self.registry).labels(**values)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "ITL", labels, buckets=itl_buckets,
+                             registry=self.registry).labels(**values)
+        self.waiting = Gauge("vllm:num_requests_waiting", "w", labels, registry=self.registry).labels(**values)
+        self.running = Gauge("vllm:num_requests_running", "r", labels, registry=self.registry).labels(**values)
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "kv", labels, registry=self.registry).labels(**values)
+        self.success = Counter("vllm:request_success", "ok", [*labels, "finished_reason"],
+                               registry=self.registry).labels(**values, finished_reason="stop")
+        self.generation = Counter("vllm:generation_tokens", "gen", labels, registry=self.registry).labels(**values)
+        self.cv = Gauge("moe_layer_imbalance_cv", "cv", [*labels, "layer"], registry=self.registry)
+
+    def requests(self, ttft_s: list[float], itl_s: list[float] | None = None) -> None:
+        for value in ttft_s:
+            self.ttft.observe(value)
+            self.success.inc()
+        for value in itl_s or []:
+            self.itl.observe(value)
+            self.generation.inc()
+
+    def set_imbalance(self, per_layer: list[float]) -> None:
+        for layer, cv in enumerate(per_layer):
+            self.cv.labels(model_name=self.model, engine=self.engine, layer=str(layer)).set(cv)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsServer:
+    """Serves ``engine.render()`` at /metrics on 127.0.0.1 until stopped."""
+
+    def __init__(self, engine: EngineMetrics, port: int = 0) -> None:
+        self.engine = engine
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:
+                if self.path != "/metrics":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                body = owner.engine.render()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)

@@ -1,0 +1,142 @@
+"""The direct-scrape source: good ratios from bucket counters between scrapes, resets, outages."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from controller.policy import Policy
+from controller.sources import ScrapeSource, histogram_quantile, parse_metrics
+from controller.sources.base import good_count_at
+from tests.controller.sources.engine_page import EngineMetrics, MetricsServer
+
+MODEL = "Qwen/Qwen3-30B-A3B"
+
+
+def _policy(endpoints: list[str], name: str = "p") -> Policy:
+    return Policy.model_validate(
+        {"name": name, "target": {"kind": "local", "model": MODEL, "endpoints": endpoints}}
+    )
+
+
+def test_parse_reads_vllm_histograms_gauges_and_imbalance() -> None:
+    engine = EngineMetrics(MODEL)
+    engine.requests([0.1, 0.4, 0.9], [0.01, 0.03])
+    engine.waiting.set(4)
+    engine.kv.set(0.5)
+    engine.set_imbalance([0.1, 0.3])
+    sample = parse_metrics(engine.render().decode())[MODEL]
+    assert sample.counters["ttft:le:0.5"] == 2 and sample.counters["ttft:count"] == 3
+    assert sample.counters["itl:le:0.02"] == 1 and sample.counters["requests"] == 3
+    assert sample.waiting == 4 and sample.kv_usage == 0.5
+    assert sample.imbalance_by_layer == {0: 0.1, 1: 0.3}
+
+
+def test_good_ratio_between_scrapes_and_across_an_engine_restart() -> None:
+    a, b = EngineMetrics(MODEL, engine="a"), EngineMetrics(MODEL, engine="b")
+    a.requests([0.1] * 50)  # history before the first scrape belongs to no window
+    servers = [MetricsServer(a), MetricsServer(b)]
+    policy = _policy([s.url for s in servers])
+    source = ScrapeSource(lambda p: p.target.endpoints)  # type: ignore[union-attr]
+
+    async def scenario() -> None:
+        first = (await source.observe([policy], 0.0))["p"]
+        assert first.errors == () and first.ready_replicas == 2
+        assert first.sli is not None and first.sli.ttft_good_ratio is None  # no increase yet
+        a.requests([0.1] * 90 + [0.9] * 10, [0.01] * 95 + [0.05] * 5)
+        b.requests([0.2] * 100)
+        a.waiting.set(3)
+        b.waiting.set(2)
+        a.set_imbalance([0.05, 0.2])
+        second = (await source.observe([policy], 30.0))["p"]
+        assert second.sli is not None
+        assert second.sli.ttft_good_ratio == pytest.approx(190 / 200)
+        assert second.sli.itl_good_ratio == pytest.approx(95 / 100)
+        assert second.sli.requests_in_window == 200
+        assert second.queue_depth == 5
+        assert second.sli.imbalance_cv_max == 0.2
+        assert second.request_rate_rps == pytest.approx(200 / 30)
+        assert second.sli.ttft_good_ratio_by_window["30d"] == pytest.approx(0.95)
+        # Engine a restarts (counters back to zero) and serves 10 slow requests.
+        a.reset()
+        a.requests([0.9] * 10)
+        third = (await source.observe([policy], 60.0))["p"]
+        assert third.sli is not None
+        assert third.sli.ttft_good_ratio == pytest.approx(190 / 210)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for server in servers:
+            server.stop()
+        asyncio.run(source.aclose())
+
+
+def test_a_down_endpoint_is_reported_and_the_others_still_count() -> None:
+    up = EngineMetrics(MODEL)
+    server = MetricsServer(up)
+    dead = MetricsServer(EngineMetrics(MODEL))
+    dead_url = dead.url
+    dead.stop()
+    policy = _policy([server.url, dead_url])
+    source = ScrapeSource(lambda p: p.target.endpoints, timeout_s=1.0)  # type: ignore[union-attr]
+
+    async def scenario() -> None:
+        await source.observe([policy], 0.0)
+        up.requests([0.1] * 30)
+        obs = (await source.observe([policy], 10.0))["p"]
+        assert obs.ready_replicas == 1
+        assert len(obs.errors) == 1 and obs.errors[0].startswith(f"scrape {dead_url}: ConnectError")
+        assert obs.sli is not None and obs.sli.ttft_good_ratio == 1.0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+        asyncio.run(source.aclose())
+
+
+def test_all_endpoints_down_gives_no_values_never_zeros() -> None:
+    dead = MetricsServer(EngineMetrics(MODEL))
+    url = dead.url
+    dead.stop()
+    source = ScrapeSource(lambda p: p.target.endpoints, timeout_s=1.0)  # type: ignore[union-attr]
+    obs = asyncio.run(source.observe([_policy([url])], 0.0))["p"]
+    asyncio.run(source.aclose())
+    assert obs.queue_depth is None and obs.running_requests is None and obs.sli is None
+    assert obs.errors
+
+
+def test_stock_vllm_itl_without_a_0_02_edge_is_interpolated() -> None:
+    engine = EngineMetrics(MODEL, stock_vllm_itl=True)  # edges 0.01, 0.025: no 0.02
+    server = MetricsServer(engine)
+    policy = _policy([server.url])
+    source = ScrapeSource(lambda p: p.target.endpoints)  # type: ignore[union-attr]
+
+    async def scenario() -> None:
+        await source.observe([policy], 0.0)
+        engine.requests([0.1], [0.005] * 50 + [0.02] * 50)  # 50 at <= 0.01, 50 in (0.01, 0.025]
+        obs = (await source.observe([policy], 10.0))["p"]
+        assert obs.errors == ()
+        assert obs.sli is not None
+        # 50 + 50 * (0.02 - 0.01) / (0.025 - 0.01) = 83.3 of 100
+        assert obs.sli.itl_good_ratio == pytest.approx((50 + 50 * 2 / 3) / 100)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+        asyncio.run(source.aclose())
+
+
+def test_histogram_math_matches_prometheus() -> None:
+    buckets = {0.1: 10.0, 0.5: 60.0, 1.0: 100.0, math.inf: 100.0}
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1 + 0.4 * (50 - 10) / 50)
+    assert histogram_quantile(0.99, {0.1: 0.0, math.inf: 10.0}) == 0.1
+    assert histogram_quantile(0.5, {0.1: 0.0, math.inf: 0.0}) is None
+    assert good_count_at(buckets, 0.5) == 60.0
+    assert good_count_at(buckets, 0.3) == pytest.approx(10 + 50 * 0.5)
+    assert good_count_at(buckets, 0.05) == pytest.approx(5.0)
+    assert good_count_at(buckets, 2.0) is None
