@@ -1,0 +1,55 @@
+"""Plain data the engine loop takes and gives: its config, request outputs, the expert-load snapshot."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.scheduler import SchedulerConfig
+from engine.stats import IntArray
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    routing_window_steps: int = 256
+    """Steps in the sliding window behind the imbalance figures."""
+    idle_wait_s: float = 0.05
+    """How long the idle loop sleeps between checks (it is woken early by new work)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """One event of a request: a new token, the end, or both."""
+
+    request_id: str
+    token_id: int | None
+    """The token generated now; None on an abort or error."""
+    finished: bool = False
+    finish_reason: str | None = None
+    is_stop_token: bool = False
+    """The token is the stop/eos token that ended the request (not shown as text)."""
+    error: str | None = None
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+
+OutputCallback = Callable[[RequestOutput], None]
+"""Called on the engine thread; must be quick and must not block (hand off to a queue)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertLoad:
+    """The routing window as plain data (``GET /v1/expert-load``)."""
+
+    window_steps: int
+    steps_in_window: int
+    expert_tokens: IntArray
+    """(MoE layers, experts) routed tokens in the window."""
+    rank_tokens: IntArray
+    """(MoE layers, ranks) expert assignments processed per rank in the window."""
+    imbalance_cv: list[float]
+    balancedness: list[float]
+
+
+__all__ = ["EngineConfig", "ExpertLoad", "OutputCallback", "RequestOutput"]
