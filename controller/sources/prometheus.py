@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import httpx
@@ -64,9 +65,13 @@ class PrometheusClient:
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
         self._owns_client = client is None
 
-    async def query(self, promql: str) -> Vector:
+    async def query(self, promql: str, *, at_unix_s: float | None = None) -> Vector:
+        """An instant query, evaluated at ``at_unix_s`` (Prometheus's clock) when given."""
+        form = {"query": promql}
+        if at_unix_s is not None:
+            form["time"] = f"{at_unix_s:.3f}"
         try:
-            response = await self._client.post(f"{self.base_url}/api/v1/query", data={"query": promql})
+            response = await self._client.post(f"{self.base_url}/api/v1/query", data=form)
         except httpx.HTTPError as exc:
             raise UnavailableError(f"prometheus {self.base_url}: {type(exc).__name__}: {exc}") from exc
         try:
@@ -98,8 +103,11 @@ class PrometheusClient:
 class PrometheusSource:
     """Observations for policies from PromQL; see the module docstring."""
 
-    def __init__(self, client: PrometheusClient, *, selector: str = "") -> None:
+    def __init__(
+        self, client: PrometheusClient, *, selector: str = "", wall_clock: Callable[[], float] = time.time
+    ) -> None:
         self.client = client
+        self.wall_clock = wall_clock
         self.selector = selector.strip().strip(",")
         self._last_good: dict[str, PolicyObservation] = {}
 
@@ -142,7 +150,11 @@ class PrometheusSource:
         if not policies:
             return {}
         queries = self.queries(policies)
-        answers = await asyncio.gather(*(self.client.query(q) for q in queries.values()), return_exceptions=True)
+        # One evaluation instant for every query, so ratios of two queries (good / total) are exact.
+        at_unix_s = self.wall_clock()
+        answers = await asyncio.gather(
+            *(self.client.query(q, at_unix_s=at_unix_s) for q in queries.values()), return_exceptions=True
+        )
         results: dict[str, Vector] = {}
         errors: list[str] = []
         for key, answer in zip(queries, answers, strict=True):

@@ -1,0 +1,187 @@
+"""The Prometheus source: PromQL against a real Prometheus scraping a /metrics page on loopback,
+plus its fault handling (down, erroring, recovering)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controller.policy import Policy
+from controller.sources import PrometheusClient, PrometheusSource
+from tests.conftest import free_port
+from tests.controller.sources.engine_page import EngineMetrics, MetricsServer
+
+MODEL = "Qwen/Qwen3-30B-A3B"
+POLICY = Policy.model_validate({"name": "p", "target": {"kind": "model", "model": MODEL}})
+SCRAPE_S = 1
+
+
+def _mock_source(handler: httpx.MockTransport) -> PrometheusSource:
+    client = httpx.AsyncClient(transport=handler)
+    return PrometheusSource(PrometheusClient("http://prom.invalid", client=client))
+
+
+def _vector(value: float, **labels: str) -> dict:
+    return {"metric": {"model_name": MODEL, **labels}, "value": [0, str(value)]}
+
+
+def test_queries_are_grouped_by_model_and_carry_the_selector() -> None:
+    source = PrometheusSource(PrometheusClient("http://prom.invalid"), selector='namespace="prod"')
+    queries = source.queries([POLICY, POLICY.model_copy(update={"name": "q"})])
+    assert (
+        queries["ttft:total:1h"]
+        == 'sum by (model_name) (increase(vllm:time_to_first_token_seconds_count{model_name="Qwen/Qwen3-30B-A3B",'
+        'namespace="prod"}[1h]))'
+    )
+    assert {k.rsplit(":", 1)[1] for k in queries if k.startswith("itl:good:")} == {
+        "5m", "30m", "1h", "2h", "6h", "1d", "3d", "30d"
+    }
+    assert queries["ttft:p99"].startswith("histogram_quantile(0.99, sum by (model_name, le) (rate(")
+    asyncio.run(source.aclose())
+
+
+def test_prometheus_errors_hold_the_last_good_values_and_recover() -> None:
+    state = {"mode": "ok"}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if state["mode"] == "down":
+            raise httpx.ConnectError("connection refused", request=request)
+        if state["mode"] == "error":
+            return httpx.Response(422, json={"status": "error", "errorType": "bad_data", "error": "parse error"})
+        query = request.content.decode()
+        if "waiting" in query:
+            return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector",
+                                                                          "result": [_vector(7)]}})
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    source = _mock_source(httpx.MockTransport(handle))
+    good = asyncio.run(source.observe([POLICY], 10.0))["p"]
+    assert good.errors == () and good.queue_depth == 7 and good.observed_at_s == 10.0
+    state["mode"] = "down"
+    held = asyncio.run(source.observe([POLICY], 20.0))["p"]
+    assert held.queue_depth == 7 and held.observed_at_s == 10.0  # ages into stale_data in the core
+    assert held.errors and "prometheus unavailable" in held.errors[0] and "ConnectError" in held.errors[0]
+    state["mode"] = "error"
+    erroring = asyncio.run(source.observe([POLICY], 30.0))["p"]
+    assert "HTTP 422 bad_data: parse error" in erroring.errors[0]
+    state["mode"] = "ok"
+    recovered = asyncio.run(source.observe([POLICY], 40.0))["p"]
+    assert recovered.errors == () and recovered.observed_at_s == 40.0
+
+
+def test_never_seen_prometheus_down_reports_nothing_known() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    obs = asyncio.run(_mock_source(httpx.MockTransport(handle)).observe([POLICY], 5.0))["p"]
+    assert obs.queue_depth is None and obs.sli is None and obs.errors
+
+
+# ---- a real Prometheus ------------------------------------------------------------------------
+
+
+class Prometheus:
+    def __init__(self, target: str, tmp: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = tmp / "prometheus.yml"
+        config.write_text(
+            f"global:\n  scrape_interval: {SCRAPE_S}s\n  evaluation_interval: {SCRAPE_S}s\n"
+            f"scrape_configs:\n  - job_name: engine\n    static_configs:\n      - targets: ['{target}']\n"
+        )
+        self.argv = [
+            shutil.which("prometheus") or "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+        ]
+        self.log = (tmp / "prometheus.log").open("wb")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("prometheus did not become ready in 30 s")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=20)
+            self.process = None
+
+    def wait_for_scrapes(self, count: int) -> None:
+        """Wait until ``count`` more scrapes of the engine have landed."""
+        def samples() -> int:
+            body = httpx.post(f"{self.url}/api/v1/query",
+                              data={"query": "count_over_time(up[1h])"}, timeout=2).json()
+            result = body["data"]["result"]
+            return int(float(result[0]["value"][1])) if result else 0
+
+        start = samples()
+        deadline = time.monotonic() + 30
+        while samples() < start + count:
+            assert time.monotonic() < deadline, "prometheus did not scrape in time"
+            time.sleep(0.2)
+
+
+@pytest.fixture()
+def prometheus_and_engine(tmp_path: Path) -> Iterator[tuple[Prometheus, EngineMetrics]]:
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus binary not installed (apt-get install prometheus)")
+    engine = EngineMetrics(MODEL, stock_vllm_itl=True)
+    server = MetricsServer(engine)
+    prom = Prometheus(server.url.removeprefix("http://"), tmp_path)
+    try:
+        prom.start()
+        yield prom, engine
+    finally:
+        prom.stop()
+        server.stop()
+
+
+@pytest.mark.integration
+def test_slis_from_a_real_prometheus(prometheus_and_engine: tuple[Prometheus, EngineMetrics]) -> None:
+    prom, engine = prometheus_and_engine
+    prom.wait_for_scrapes(2)  # baseline at zero
+    engine.requests([0.1] * 180 + [0.9] * 20, [0.005] * 60 + [0.03] * 40)
+    engine.waiting.set(6)
+    engine.kv.set(0.4)
+    engine.set_imbalance([0.08, 0.31])
+    prom.wait_for_scrapes(2)
+    source = PrometheusSource(PrometheusClient(prom.url))
+
+    async def scenario() -> None:
+        obs = (await source.observe([POLICY], 100.0))["p"]
+        assert obs.errors == ()
+        assert obs.sli is not None
+        assert obs.sli.ttft_good_ratio == pytest.approx(0.9, abs=1e-9)
+        assert obs.sli.ttft_good_ratio_by_window["3d"] == pytest.approx(0.9, abs=1e-9)
+        # Stock vLLM ITL buckets (no 0.02 edge): 60 at <= 0.01, 40 in (0.025, 0.05]: 0.6 at 0.02.
+        assert obs.sli.itl_good_ratio == pytest.approx(0.6, abs=1e-9)
+        assert obs.sli.ttft_p99_s is not None and 0.75 < obs.sli.ttft_p99_s <= 1.0
+        assert obs.queue_depth == 6 and obs.kv_cache_usage == 0.4 and obs.ready_replicas == 1
+        assert obs.sli.imbalance_cv_per_layer == (0.08, 0.31)
+        # Prometheus goes down: the last good values are held with the error; it comes back: recovered.
+        prom.stop()
+        down = (await source.observe([POLICY], 110.0))["p"]
+        assert down.errors and down.observed_at_s == 100.0 and down.queue_depth == 6
+        prom.start()
+        back = (await source.observe([POLICY], 120.0))["p"]
+        assert back.errors == () and back.observed_at_s == 120.0 and back.queue_depth == 6
+        await source.aclose()
+
+    asyncio.run(scenario())
