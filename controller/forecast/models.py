@@ -209,9 +209,9 @@ class DampedHolt(_Deseasonalized):
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                result = ExponentialSmoothing(
-                    z, trend="add", damped_trend=True, initialization_method="estimated"
-                ).fit()
+                result = ExponentialSmoothing(z, trend="add", damped_trend=True, initialization_method="estimated").fit(
+                    use_brute=False
+                )
             params = result.params
             # A floor on alpha: fitted on a flat stretch, alpha goes to 0 and the model would
             # never follow a later level shift (0.1 follows a step within ~20 bins).

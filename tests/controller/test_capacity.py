@@ -1,0 +1,101 @@
+"""The capacity model inverts a known profile; corrections and the queue floor act as documented."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaProfile, Targets
+from engine.errors import DataError
+
+# A replica with no decode cost and a plain prefill: easy to reason about by hand.
+SIMPLE = ReplicaProfile(
+    name="simple",
+    prefill_tokens_per_s=10_000.0,
+    itl_base_s=0.005,
+    itl_per_seq_s=0.0001,
+    prefill_chunk_tokens=1_000_000,
+    kv_capacity_tokens=1_000_000,
+    max_num_seqs=1024,
+    ttft_overhead_s=0.0,
+)
+
+
+def load(rate: float, prompt: float = 1000.0, output: float = 100.0) -> Load:
+    return Load(request_rate_rps=rate, prompt_tokens_per_s=rate * prompt, output_tokens_per_s=rate * output)
+
+
+def test_replicas_needed_is_the_smallest_fleet_that_meets_the_targets() -> None:
+    model = CapacityModel(DEFAULT_PROFILE)
+    for rate in (0.5, 7.0, 55.0, 900.0):
+        n = model.replicas_needed(load(rate))
+        assert model.meets_targets(model.predict(load(rate), n))
+        assert n == 1 or not model.meets_targets(model.predict(load(rate), n - 1))
+
+
+def test_inverts_a_known_profile() -> None:
+    # Per replica the profile sustains r* requests/s within the targets; n*r* needs exactly n replicas.
+    model = CapacityModel(SIMPLE)
+    prefill_at_slo, _ = model.sustainable_rates(mean_prompt_tokens=1000.0, mean_output_tokens=1.0)
+    per_replica = prefill_at_slo / 1000.0
+    for n in (1, 3, 17, 250):
+        unit = Load(
+            request_rate_rps=per_replica * n * 0.999,
+            prompt_tokens_per_s=per_replica * n * 999.0,
+            output_tokens_per_s=0.0,
+        )
+        assert model.replicas_needed(unit) == n
+
+
+def test_mm1_like_numbers_by_hand() -> None:
+    # One replica, 1000-token prompts at 10k tokens/s: service 0.1 s; at 5 req/s rho = 0.5.
+    targets = Targets(prompt_cv2=0.0, prompt_p99_over_mean=1.0)
+    prediction = CapacityModel(SIMPLE, targets).predict(load(5.0, output=0.0), 1)
+    mean_wait = 5.0 * 0.1**2 / (2 * 0.5)  # M/D/1 Pollaczek-Khinchine: 0.05 s
+    import math
+
+    expected_wait_p99 = (mean_wait / 0.5) * math.log(0.5 / 0.01)
+    assert prediction.ttft_p99_s == pytest.approx(expected_wait_p99 + 0.1)
+    assert prediction.prefill_utilization == pytest.approx(0.5)
+
+
+def test_more_load_needs_more_replicas_and_zero_needs_none() -> None:
+    model = CapacityModel()
+    needs = [model.replicas_needed(load(rate)) for rate in (1, 10, 100, 1000)]
+    assert needs == sorted(needs) and needs[-1] > needs[0]
+    assert model.replicas_needed(load(0.0)) == 0
+
+
+def test_correction_from_slow_observations_raises_the_need() -> None:
+    model = CapacityModel()
+    base = model.replicas_needed(load(50.0))
+    predicted = model.predict(load(50.0), base)
+    for _ in range(10):
+        model.correct(load=load(50.0), ready_replicas=base, ttft_p99_s=predicted.ttft_p99_s * 1.8, itl_p99_s=None)
+    assert model.ttft_correction > 1.5
+    assert model.replicas_needed(load(50.0)) > base
+    for _ in range(40):
+        model.correct(load=load(50.0), ready_replicas=base, ttft_p99_s=predicted.ttft_p99_s, itl_p99_s=None)
+    assert model.ttft_correction == pytest.approx(1.0, abs=0.05)
+
+
+def test_queue_floor() -> None:
+    model = CapacityModel()
+    now = load(20.0)
+    assert model.queue_floor(queue_depth=2, ready_replicas=4, load=now, drain_s=120) == 0
+    floor = model.queue_floor(queue_depth=2400, ready_replicas=4, load=now, drain_s=120)
+    assert floor == model.replicas_needed(load(40.0))
+
+
+def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(DEFAULT_PROFILE.to_json())
+    assert ReplicaProfile.load(path) == DEFAULT_PROFILE
+    path.write_text(json.dumps({"prefill_tokens_per_s": -1}))
+    with pytest.raises(DataError, match="prefill_tokens_per_s"):
+        ReplicaProfile.load(path)
+    path.write_text("{not json")
+    with pytest.raises(DataError, match="not valid JSON"):
+        ReplicaProfile.load(path)
