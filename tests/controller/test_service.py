@@ -1,0 +1,306 @@
+"""The controller service's tick loop, with faults injected: source outages, actuator failures,
+standby replicas, restarts; and one run over real /metrics pages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from controller.actuators import DryRunActuator, ScaleResult
+from controller.core import CoreConfig, DecisionCore
+from controller.metrics import ControllerMetrics
+from controller.policy import Policy
+from controller.service import ControllerService
+from controller.sources import ScrapeSource
+from controller.store import Store
+from controller.types import PolicyObservation, SliSnapshot
+from engine.errors import ActuationError, UnavailableError
+from tests.controller.sources.engine_page import EngineMetrics, MetricsServer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class ScriptedSource:
+    """Returns what the test sets: an observation template per policy, or an outage."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.fields: dict[str, object] = {}
+        self.down = False
+        self.calls = 0
+
+    async def observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
+        self.calls += 1
+        if self.down:
+            raise UnavailableError("prometheus http://127.0.0.1:9: ConnectError: refused")
+        return {
+            p.name: PolicyObservation(policy=p.name, observed_at_s=now_s, **self.fields)  # type: ignore[arg-type]
+            for p in policies
+        }
+
+    async def aclose(self) -> None:
+        return None
+
+
+class FlakyActuator(DryRunActuator):
+    """A dry-run actuator whose next ``failures`` scale calls fail (after their own retries)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 0
+        self.attempts = 0
+
+    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
+        self.attempts += 1
+        if self.failures:
+            self.failures -= 1
+            raise ActuationError(f"deployment prod/{policy.name}: scale to {replicas} failed after 5 attempts: 503")
+        return await super().scale(policy, replicas)
+
+
+class Follower:
+    is_leader = False
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+def _policy(name: str = "chat", mode: str = "enforce") -> Policy:
+    return Policy.model_validate(
+        {
+            "name": name,
+            "mode": mode,
+            "target": {"kind": "deployment", "namespace": "prod", "name": name},
+            "scaling": {"min_replicas": 1, "max_replicas": 6, "max_step": 2, "scale_down_cooldown_s": 180},
+        }
+    )
+
+
+OVERLOADED = {"queue_depth": 20.0, "running_requests": 4.0, "kv_cache_usage": 0.95}
+
+
+def _sli(at_s: float, good: float = 0.999) -> SliSnapshot:
+    return SliSnapshot(
+        observed_at_s=at_s, requests_in_window=500, ttft_good_ratio=good, itl_good_ratio=0.999,
+        ttft_p99_s=0.1, itl_p99_s=0.005,
+        ttft_good_ratio_by_window={"5m": good, "1h": 0.998, "30d": 0.995},
+        itl_good_ratio_by_window={"5m": 0.999, "30d": 0.999},
+    )
+
+
+def _service(tmp_path: Path, clock: Clock, *, actuator: DryRunActuator | None = None, elector: object = None,
+             source: object = None) -> tuple[ControllerService, Store, CollectorRegistry]:
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    registry = CollectorRegistry()
+    service = ControllerService(
+        store=store,
+        source=source or ScriptedSource(clock),  # type: ignore[arg-type]
+        actuator=actuator or DryRunActuator(),
+        core=DecisionCore(config=CoreConfig(tick_interval_s=15, stale_after_s=60)),
+        metrics=ControllerMetrics(registry),
+        elector=elector,  # type: ignore[arg-type]
+        tick_interval_s=15,
+        stale_after_s=60,
+        clock=clock,
+    )
+    return service, store, registry
+
+
+def test_overload_scales_up_logs_the_decision_and_exports_metrics(tmp_path: Path) -> None:
+    clock = Clock()
+    actuator = DryRunActuator()
+    service, store, registry = _service(tmp_path, clock, actuator=actuator)
+    store.create_policy(_policy())
+    service.source.fields = OVERLOADED  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    assert actuator.calls == [("chat", 3)]  # 1 ready replica with 20 waiting: 1 -> 3 (max_step 2)
+    [record] = store.list_decisions()
+    assert (record.action, record.reason, record.outcome) == ("scale_up", "queue_depth", "applied")
+    assert (record.current_replicas, record.desired_replicas) == (1, 3)
+    assert record.inputs["queue_depth"] == 20.0 and record.inputs["reasons"][:2] == ["scale_up", "queue_depth"]
+    assert "dryrun: 1 -> 3" in record.detail
+    sample = registry.get_sample_value
+    assert sample("moeslo_desired_replicas", {"policy": "chat"}) == 3
+    assert sample("moeslo_decisions_total", {"policy": "chat", "action": "scale_up", "reason": "queue_depth"}) == 1
+    assert sample("moeslo_sli", {"policy": "chat", "sli": "queue_depth"}) == 20.0
+    assert sample("moeslo_evaluation_duration_seconds_count") == 1
+    assert sample("moeslo_leader") == 1
+    runtime = service.runtime("chat")
+    assert runtime is not None and (runtime.current_replicas, runtime.desired_replicas) == (1, 3)
+
+
+def test_budget_and_burn_rates_reach_status_and_metrics(tmp_path: Path) -> None:
+    clock = Clock()
+    service, store, registry = _service(tmp_path, clock)
+    store.create_policy(_policy())
+    service.source.fields = {"queue_depth": 0.0, "running_requests": 1.0, "kv_cache_usage": 0.5,  # type: ignore[attr-defined]
+                             "sli": _sli(clock.now_s, good=0.98)}
+    asyncio.run(service.tick())
+    runtime = service.runtime("chat")
+    assert runtime is not None and runtime.stale is False
+    assert runtime.error_budget_remaining["ttft"] == pytest.approx(1 - 0.005 / 0.01)
+    assert runtime.burn_rates["ttft"]["5m"] == pytest.approx(2.0)
+    assert runtime.burn_rates["ttft"]["1h"] == pytest.approx(0.2)
+    assert "30d" not in runtime.burn_rates["ttft"]
+    labels = {"policy": "chat", "slo": "ttft", "window": "5m"}
+    assert registry.get_sample_value("moeslo_burn_rate", labels) == pytest.approx(2.0)
+    itl_budget = registry.get_sample_value("moeslo_error_budget_remaining", {"policy": "chat", "slo": "itl"})
+    assert itl_budget == pytest.approx(0.9)
+
+
+def test_source_outage_holds_reports_stale_and_recovers(tmp_path: Path) -> None:
+    clock = Clock()
+    actuator = DryRunActuator()
+    actuator.counts["chat"] = 4
+    service, store, registry = _service(tmp_path, clock, actuator=actuator)
+    source: ScriptedSource = service.source  # type: ignore[assignment]
+    store.create_policy(_policy())
+    source.down = True
+    for _ in range(3):
+        asyncio.run(service.tick())
+        clock.now_s += 15
+    assert actuator.calls == []  # never a scale-down (let alone to zero) on a metrics outage
+    decisions = store.list_decisions()
+    assert {d.action for d in decisions} == {"hold"} and {d.reason for d in decisions} == {"insufficient_data"}
+    runtime = service.runtime("chat")
+    assert runtime is not None and runtime.stale and "prometheus" in runtime.errors[0]
+    assert registry.get_sample_value("moeslo_errors_total", {"component": "scrape"}) == 3
+    source.down = False
+    source.fields = OVERLOADED
+    asyncio.run(service.tick())
+    assert actuator.calls == [("chat", 6)]  # recovered by itself: acts on fresh data again
+    assert not service.runtime("chat").stale  # type: ignore[union-attr]
+
+
+def test_actuator_failure_is_reported_retried_next_tick_and_never_applied_twice(tmp_path: Path) -> None:
+    clock = Clock()
+    actuator = FlakyActuator()
+    actuator.failures = 1
+    service, store, registry = _service(tmp_path, clock, actuator=actuator)
+    store.create_policy(_policy())
+    service.source.fields = OVERLOADED  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    [failed] = store.list_decisions()
+    assert failed.outcome == "failed" and "after 5 attempts: 503" in failed.detail
+    assert registry.get_sample_value("moeslo_errors_total", {"component": "actuator"}) == 1
+    assert actuator.calls == []
+    clock.now_s += 15
+    asyncio.run(service.tick())  # decides afresh from the count it reads back (still 1): 1 -> 3
+    clock.now_s += 15
+    service.source.fields = {"queue_depth": 0.0, "running_requests": 4.0, "kv_cache_usage": 0.6}  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    assert actuator.calls == [("chat", 3)]  # applied exactly once
+    assert [d.outcome for d in store.list_decisions()][:2] == ["held", "applied"]
+
+
+def test_standby_evaluates_but_neither_acts_nor_logs(tmp_path: Path) -> None:
+    clock = Clock()
+    actuator = DryRunActuator()
+    service, store, registry = _service(tmp_path, clock, actuator=actuator, elector=Follower())
+    store.create_policy(_policy())
+    service.source.fields = OVERLOADED  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    assert actuator.calls == [] and store.list_decisions() == []
+    assert service.runtime("chat").desired_replicas == 3  # type: ignore[union-attr]
+    assert registry.get_sample_value("moeslo_leader") == 0
+
+
+def test_advisory_mode_logs_but_never_actuates(tmp_path: Path) -> None:
+    clock = Clock()
+    actuator = DryRunActuator()
+    service, store, _ = _service(tmp_path, clock, actuator=actuator)
+    store.create_policy(_policy(mode="advisory"))
+    service.source.fields = OVERLOADED  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    [record] = store.list_decisions()
+    assert (record.action, record.outcome) == ("scale_up", "advisory") and actuator.calls == []
+    assert "mode_advisory" in record.inputs["reasons"]
+
+
+def test_cooldown_survives_a_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    actuator = DryRunActuator()
+    service, store, _ = _service(tmp_path, clock, actuator=actuator)
+    store.create_policy(_policy())
+    service.source.fields = OVERLOADED  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    assert actuator.calls == [("chat", 3)]
+    store.close()
+    # A new process: same database, fresh core; the fleet is idle and could shrink, but the
+    # cooldown that began with the last applied scale-up is still running.
+    restarted, store2, _ = _service(tmp_path, Clock(), actuator=actuator)
+    restarted.restore_state()
+    idle = {"queue_depth": 0.0, "running_requests": 0.0, "kv_cache_usage": 0.01, "sli": _sli(restarted.clock())}
+    restarted.source.fields = idle  # type: ignore[attr-defined]
+    asyncio.run(restarted.tick())
+    newest = store2.list_decisions(limit=1)[0]
+    assert (newest.action, newest.reason) == ("hold", "cooldown")
+    assert len(store2.list_decisions()) == 2  # the log survived too
+
+
+def test_deleted_policies_leave_the_metrics(tmp_path: Path) -> None:
+    clock = Clock()
+    service, store, registry = _service(tmp_path, clock)
+    store.create_policy(_policy())
+    service.source.fields = OVERLOADED  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    assert registry.get_sample_value("moeslo_desired_replicas", {"policy": "chat"}) == 3
+    store.delete_policy("chat")
+    asyncio.run(service.tick())
+    assert registry.get_sample_value("moeslo_desired_replicas", {"policy": "chat"}) is None
+    assert service.runtime("chat") is None
+
+
+def test_ticks_over_real_metrics_pages(tmp_path: Path) -> None:
+    engine = EngineMetrics("m")
+    server = MetricsServer(engine)
+    clock = Clock()
+    target = {"kind": "local", "model": "m", "endpoints": [server.url]}
+    policy = Policy.model_validate({"name": "local", "target": target})
+    service_ref: list[ControllerService] = []
+
+    def endpoints(p: Policy) -> list[str]:
+        return service_ref[0].endpoints_for(p)
+
+    source = ScrapeSource(endpoints)
+    service, store, registry = _service(tmp_path, clock, source=source)
+    service_ref.append(service)
+    store.create_policy(policy)
+
+    async def scenario() -> None:
+        await service.tick()
+        engine.requests([0.1] * 95 + [0.7] * 5, [0.01] * 100)
+        engine.waiting.set(0)
+        clock.now_s += 15
+        await service.tick()
+        await source.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+    runtime = service.runtime("local")
+    assert runtime is not None and runtime.errors == []
+    assert runtime.sli["ttft_good_ratio"] == pytest.approx(0.95)
+    assert runtime.burn_rates["ttft"]["5m"] == pytest.approx(5.0)
+    assert registry.get_sample_value("moeslo_sli", {"policy": "local", "sli": "itl_good_ratio"}) == 1.0
+    assert len(store.list_decisions()) == 2
+
+
+def test_observation_template_is_complete() -> None:
+    # Guards the scripted source: every field it sets exists on the boundary type.
+    replace(PolicyObservation(policy="x", observed_at_s=0.0), **OVERLOADED)  # type: ignore[arg-type]
