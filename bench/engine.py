@@ -110,8 +110,9 @@ def run(
 ) -> dict[str, Any]:
     import transformers
 
-    transformers.logging.set_verbosity_error()
-    hf = transformers.Qwen3MoeForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
+    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    hf = transformers.Qwen3MoeForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
+    hf.eval()  # type: ignore[no-untyped-call]
     max_batch = max(batches)
     kv_mb = _kv_mb_needed(checkpoint, max_batch, prompt_len + new_tokens, dtype)
     executor = create_executor(ExecutorOptions(checkpoint=checkpoint, dtype=dtype, kv_cache_mb=kv_mb, ep=ep))

@@ -119,7 +119,7 @@ async def run_load(
             if delay > 0:
                 await asyncio.sleep(delay)
             async with slots:
-                record = await _send(client, req, prompt, start + req.arrival_s, model, temperature)
+                record = await send_request(client, req, prompt, start + req.arrival_s, model, temperature)
             if on_record is not None:
                 on_record(record)
             return record
@@ -127,14 +127,17 @@ async def run_load(
         return list(await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts, strict=True))))
 
 
-async def _send(
+async def send_request(
     client: httpx.AsyncClient,
     req: LoadRequest,
     prompt: list[int],
     planned_s: float,
     model: str | None,
     temperature: float,
+    *,
+    base_url: str = "",
 ) -> RequestRecord:
+    """Stream one completion; ``base_url`` picks the server when the client has none (a router)."""
     record = RequestRecord(arrival_s=req.arrival_s, prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens)
     payload: dict[str, Any] = {"prompt": prompt, "max_tokens": req.max_tokens, "temperature": temperature,
                                "stream": True, "ignore_eos": True}
@@ -142,7 +145,7 @@ async def _send(
         payload["model"] = model
     last: float | None = None
     try:
-        async with client.stream("POST", "/v1/completions", json=payload) as resp:
+        async with client.stream("POST", f"{base_url}/v1/completions", json=payload) as resp:
             record.status = resp.status_code
             if resp.status_code != 200:
                 record.error = (await resp.aread()).decode(errors="replace")[:200]
@@ -202,4 +205,4 @@ def summarize(records: Sequence[RequestRecord], *, wall_s: float) -> dict[str, A
     }
 
 
-__all__ = ["LoadRequest", "RequestRecord", "percentile", "plan_from_trace", "run_load", "summarize"]
+__all__ = ["LoadRequest", "RequestRecord", "percentile", "plan_from_trace", "run_load", "send_request", "summarize"]

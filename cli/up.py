@@ -1,0 +1,55 @@
+"""``moeslo up``: the whole loop on one machine (see cli/stack/run.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import cli_errors, console, print_json
+from cli.main import app
+
+
+@app.command("up")
+def up(
+    duration: Annotated[float, typer.Option(help="Seconds of load before the summary.")] = 120.0,
+    out: Annotated[Path, typer.Option(help="Folder for logs, the database, summary.json and plots.")] = Path(
+        "demo-out"
+    ),
+    checkpoint: Annotated[Path | None, typer.Option(help="Checkpoint (default: random, skewed router).")] = None,
+    ep: Annotated[int, typer.Option(help="Expert-parallel ranks per engine replica.")] = 2,
+    max_replicas: Annotated[int, typer.Option(help="Most engine replicas the controller may start.")] = 2,
+    speedup: Annotated[float, typer.Option(help="Trace time compression.")] = 2.0,
+    trace: Annotated[Path | None, typer.Option(help="Trace file (default: Azure 2023 conversation).")] = None,
+    prometheus: Annotated[bool, typer.Option(help="Start Prometheus and Alertmanager when installed.")] = True,
+    live: Annotated[bool, typer.Option(help="Live terminal view.")] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Start engine, controller, Prometheus and Alertmanager, replay load, show the loop, then summarize."""
+    from rich.live import Live
+
+    from cli.stack import StackOptions, run_stack
+    from cli.stack.view import print_status_line, render
+
+    options = StackOptions(duration_s=duration, out=out, checkpoint=checkpoint, ep=ep, max_replicas=max_replicas,
+                           speedup=speedup, trace=trace, prometheus=prometheus)
+    with cli_errors():
+        if live and console.is_terminal:
+            with Live(console=console, refresh_per_second=2, transient=False) as view:
+                summary = run_stack(options, progress=view.update,
+                                    on_update=lambda state: view.update(render(state)))
+        else:
+            summary = run_stack(options, progress=lambda text: console.print(f"[dim]{text}[/]"),
+                                on_update=lambda state: print_status_line(state, console))
+    if json_out:
+        print_json(summary)
+        return
+    table_rows = [(k, v) for k, v in summary.items() if k not in ("events", "plots")]
+    for key, value in table_rows:
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        console.print(f"  {key:28} {shown}")
+    console.print("events:")
+    for line in summary["events"]:
+        console.print(f"  {line}")
+    console.print(f"plots: {', '.join(summary['plots'])}  summary: {out / 'summary.json'}")
