@@ -104,6 +104,8 @@ class ControllerSettings(BaseSettings):
     kubernetes: KubernetesConfig = KubernetesConfig()
     leader_election: LeaderElectionConfig = LeaderElectionConfig()
     decisions_page_max: Annotated[int, Field(ge=1, le=10000)] = 500
+    rebalance: bool = True
+    """Rebalance experts of engines that expose ``/v1/expert-load`` and ``/v1/placement``."""
 
     @classmethod
     def settings_customise_sources(

@@ -53,6 +53,9 @@ class ControllerMetrics:
         self.leader = Gauge(
             "moeslo_leader", "1 on the replica that holds the leader lease", registry=registry
         )
+        self.rebalances = Counter(
+            "moeslo_rebalances_total", "Expert rebalances by outcome", ["policy", "outcome"], registry=registry
+        )
         self._slis_seen: dict[str, set[str]] = {}
         self._burn_seen: dict[str, set[tuple[str, str]]] = {}
         self._budget_seen: dict[str, set[str]] = {}
@@ -106,6 +109,9 @@ class ControllerMetrics:
 
     def error(self, component: str) -> None:
         self.errors.labels(component=component).inc()
+
+    def record_rebalance(self, policy: str, outcome: str) -> None:
+        self.rebalances.labels(policy=policy, outcome=outcome).inc()
 
     def set_leader(self, leader: bool) -> None:
         self.leader.set(1 if leader else 0)

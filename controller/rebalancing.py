@@ -154,6 +154,11 @@ class Rebalancer:
     def state(self, policy: str, endpoint: str) -> _EngineState:
         return self._state.setdefault((policy, endpoint), _EngineState())
 
+    async def aclose(self) -> None:
+        close = getattr(self.control, "aclose", None)
+        if close is not None:
+            await close()
+
     async def tick(self, policy: Policy, endpoints: list[str], now_s: float) -> list[RebalanceEvent]:
         if policy.mode is Mode.OFF:
             return []

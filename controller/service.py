@@ -38,6 +38,7 @@ from controller.core import CoreConfig, DecisionCore
 from controller.leader import AlwaysLeader, LeaderElector, LeaseElector
 from controller.metrics import ControllerMetrics
 from controller.policy import LocalTarget, Mode, Policy
+from controller.rebalancing import HttpEngineControl, Rebalancer
 from controller.slo import error_budget_remaining
 from controller.sources import BURN_WINDOWS, PrometheusClient, PrometheusSource, ScrapeSource, SliSource
 from controller.sources.base import burn_rates_of
@@ -67,7 +68,10 @@ class ControllerService:
         static_endpoints: Mapping[str, Sequence[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        rebalancer: Rebalancer | None = None,
     ) -> None:
+        self.rebalancer = rebalancer
+        """Expert rebalancing of engines that expose the placement API (None: off)."""
         self.store = store
         self.source = source
         self.actuator = actuator
@@ -136,6 +140,8 @@ class ControllerService:
             outcome, detail = await self._carry_out(entry.policy, decision, leader)
             records.append(self._record(entry, decision, outcome, detail))
             self._update_runtime(entry.policy, observations.get(decision.policy), decision, now_s)
+        if leader and self.rebalancer is not None:
+            records.extend(await self._rebalance(stored, now_s))
         if leader and records:
             try:
                 await asyncio.to_thread(self.store.append_decisions, records)
@@ -188,6 +194,38 @@ class ControllerService:
             return "failed", str(exc)
         attempts = f"{result.attempts} attempt(s)"
         return "applied", f"{self.actuator.name}: {result.previous} -> {result.replicas} in {attempts}"
+
+    async def _rebalance(self, stored: Sequence[StoredPolicy], now_s: float) -> list[DecisionRecord]:
+        """Expert rebalancing per policy; each applied, advisory, failed or verified step is logged."""
+        assert self.rebalancer is not None
+        records = []
+        for entry in stored:
+            try:
+                events = await self.rebalancer.tick(entry.policy, self.endpoints_for(entry.policy), now_s)
+            except MoesloError as exc:
+                log.warning("rebalancing %s failed: %s", entry.policy.name, exc)
+                self.metrics.error("actuator")
+                continue
+            for event in events:
+                self.metrics.record_rebalance(entry.policy.name, event.outcome)
+                decision = event.decision
+                reason = decision.reason if decision is not None else (
+                    event.verify.reason if event.verify is not None else event.kind
+                )
+                plan = event.plan or {}
+                detail = (f"{event.endpoint}: predicted worst-layer CV {plan.get('imbalance_before_cv', 0):.3f} -> "
+                          f"{plan.get('imbalance_after_cv', 0):.3f}, {plan.get('moves', 0)} expert moves")
+                if event.verify is not None and event.verify.measured_cv is not None:
+                    detail += f"; measured {event.verify.measured_cv:.3f}"
+                if event.error:
+                    detail += f"; {event.error}"
+                records.append(DecisionRecord(
+                    policy=entry.policy.name, policy_version=entry.version, at=self.wall_clock(), tick_s=now_s,
+                    action="rebalance" if event.kind == "rebalance" else "verify_rebalance", reason=reason,
+                    current_replicas=None, desired_replicas=None, mode=str(entry.policy.mode),
+                    outcome=event.outcome, detail=detail, inputs=event.to_json(),
+                ))
+        return records
 
     def _record(self, entry: StoredPolicy, decision: Decision, outcome: str, detail: str) -> DecisionRecord:
         reason = decision.reasons[1] if len(decision.reasons) > 1 else decision.reasons[0]
@@ -289,6 +327,8 @@ class ControllerService:
         await self.elector.stop()
         await self.actuator.aclose()
         await self.source.aclose()
+        if self.rebalancer is not None:
+            await self.rebalancer.aclose()
 
 
 def build_service(settings: ControllerSettings, store: Store, registry: CollectorRegistry) -> ControllerService:
@@ -326,6 +366,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         tick_interval_s=settings.tick_interval_s,
         stale_after_s=settings.stale_after_s,
         static_endpoints=settings.scrape_endpoints,
+        rebalancer=Rebalancer(HttpEngineControl(timeout_s=settings.source_timeout_s)) if settings.rebalance else None,
     )
     service_ref.append(service)
     return service

@@ -317,7 +317,9 @@ class LocalStack:
                     continue
                 state.seen_decisions.add(key)
                 state.decisions.append(decision)
-                if decision.get("action") != "hold":
+                if decision.get("action") in ("rebalance", "verify_rebalance"):
+                    state.event(f"{decision['action']} {decision.get('outcome')}: {decision.get('detail')}")
+                elif decision.get("action") != "hold":
                     state.event(f"decision: {decision.get('action')} ({decision.get('reason')}) "
                                 f"{decision.get('current_replicas')} -> {decision.get('desired_replicas')}, "
                                 f"{decision.get('outcome')}")
