@@ -51,7 +51,7 @@ CONFIGS = (
     BenchConfig("global_32ranks_256slots", 32, 8),
     BenchConfig("hierarchical_32ranks_4nodes_8groups_288slots", 32, 9, num_nodes=4, num_groups=8),
 )
-REPLAN_CONFIG = CONFIGS[0]
+REPLAN_CONFIGS = (CONFIGS[0], CONFIGS[3])
 
 
 def default_data_dir() -> Path:
@@ -174,13 +174,14 @@ def _aggregate(per_file: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _bench_replan(loads: dict[str, FloatArray], repeat: int) -> dict[str, Any]:
-    config = REPLAN_CONFIG
-
+def _bench_replan(loads: dict[str, FloatArray], repeat: int, config: BenchConfig) -> dict[str, Any]:
     def plan(load: FloatArray, previous: Placement | None = None) -> RebalancePlan:
         return plan_rebalance(
-            load, num_ranks=config.num_ranks, slots_per_rank=config.slots_per_rank, previous=previous
+            load, num_ranks=config.num_ranks, slots_per_rank=config.slots_per_rank,
+            num_nodes=config.num_nodes, num_groups=config.num_groups, previous=previous,
         )
+
+    eplb_plans = {name: _eplb(loads[name], config)[0] for name in loads if name.startswith("decode")}
 
     prefill = [n for n in loads if n.startswith("prefill")]
     decode = [n for n in loads if n.startswith("decode")]
@@ -191,8 +192,9 @@ def _bench_replan(loads: dict[str, FloatArray], repeat: int) -> dict[str, Any]:
             load = loads[d_name]
             replan, replan_ms, replan_cpu_ms = _timed(lambda: plan(load, start), repeat)  # noqa: B023
             scratch = plan(load)
-            eplb_p2l, _, _ = _eplb(load, config)
-            eplb_relabelled, _ = relabel_ranks(start.phy2log, eplb_p2l, config.num_ranks)
+            eplb_p2l = eplb_plans[d_name]
+            # Renumbering whole ranks (within their node in hierarchical mode) is free in balance.
+            eplb_relabelled = _renumber_ranks(start.phy2log, eplb_p2l, config)
             moves = {
                 "replan": replan.total_moves,
                 "ours_from_scratch": int(rank_moves(start.phy2log, scratch.placement.phy2log, config.num_ranks).sum()),
@@ -220,7 +222,6 @@ def _bench_replan(loads: dict[str, FloatArray], repeat: int) -> dict[str, Any]:
         return {"skipped": "needs at least one prefill_* and one decode_* file"}
     worst = max(p["moves_fraction_of_eplb_renumbered"] for p in pairs)
     return {
-        "configuration": config.name,
         "pairs": pairs,
         "worst_moves_fraction_of_eplb": max(p["moves_fraction_of_eplb"] for p in pairs),
         "worst_moves_fraction_of_eplb_renumbered": worst,
@@ -231,6 +232,18 @@ def _bench_replan(loads: dict[str, FloatArray], repeat: int) -> dict[str, Any]:
             "moves_at_most_25pct_of_eplb_renumbered": worst <= 0.25,
         },
     }
+
+
+def _renumber_ranks(previous: IntArray, new: IntArray, config: BenchConfig) -> IntArray:
+    if config.num_nodes == 1:
+        return relabel_ranks(previous, new, config.num_ranks)[0]
+    # Per node: a node's slots are contiguous, so renumber ranks inside each node's block.
+    per_node = config.num_slots // config.num_nodes
+    out = new.copy()
+    for node in range(config.num_nodes):
+        span = slice(node * per_node, (node + 1) * per_node)
+        out[:, span] = relabel_ranks(previous[:, span], new[:, span], config.num_ranks // config.num_nodes)[0]
+    return out
 
 
 def load_files(folder: Path, max_files: int = 0) -> dict[str, FloatArray]:
@@ -265,7 +278,7 @@ def run_benchmark(folder: Path, *, max_files: int = 0, repeat: int = 3) -> dict[
                 per_config[config.name][name] = _bench_file(load, config, repeat)
                 progress.advance(task)
         progress.update(task, description="re-plan prefill -> decode")
-        replan = _bench_replan(loads, repeat)
+        replan = {config.name: _bench_replan(loads, repeat, config) for config in REPLAN_CONFIGS}
     shape = next(iter(loads.values())).shape
     return {
         "baseline": "DeepSeek EPLB rebalance_experts (bench/eplb_reference.py, torch CPU)",

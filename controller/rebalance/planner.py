@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
-from controller.rebalance.groups import choose_groups, node_bound
+from controller.rebalance.groups import choose_groups
 from controller.rebalance.metrics import (
     Imbalance,
     align_slots,
@@ -31,6 +31,7 @@ from controller.rebalance.packing import FloatArray, IntArray, replica_counts, s
 from controller.rebalance.repair import repair_counts, repair_rows
 from engine.errors import PlacementError, ValidationError
 from engine.placement import Placement
+from engine.stats import imbalance_cv
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +42,9 @@ class RebalanceConfig:
     """A re-plan stops moving experts once every layer's busiest rank is within this
     fraction of a from-scratch plan's; layers that cannot get there take the
     from-scratch plan (renumbered to keep what it can)."""
+    max_cv: float = 0.15
+    """Hierarchical re-plans keep the old group split only where its CV stays at or below this
+    (or at or below the best split's)."""
     replan_replica_slack: float = 1.2
     """A re-plan adds replicas only to experts whose load per replica would exceed this
     multiple of a from-scratch plan's heaviest replica (each added replica is a transfer)."""
@@ -134,10 +138,11 @@ def plan_rebalance(
             lower[rows] = np.maximum(peak_floor / mean, 1.0)
             cv_lower[rows] = cv_floor
         else:
-            result = _plan_flat(
+            flat_p2l, flat_load, flat_replanned, _ = _plan_flat(
                 weights[rows], base.phy2log[rows], previous is not None,
                 num_ranks, num_ranks * slots_per_rank, config,
             )
+            result = (flat_p2l, flat_load, flat_replanned)
             counts = replica_counts(weights[rows], num_ranks * slots_per_rank)
             lower[rows] = max_over_mean_lower_bound(weights[rows], counts, num_ranks)
         new_p2l, new_load, new_replanned = result
@@ -167,7 +172,8 @@ def plan_rebalance(
     )
 
 
-_FlatResult = tuple[IntArray, FloatArray, npt.NDArray[np.bool_]]
+_FlatResult = tuple[IntArray, FloatArray, npt.NDArray[np.bool_], FloatArray]
+"""(phy2log, predicted rank load, started from the base?, busiest rank of a from-scratch plan) per row."""
 
 
 def _plan_flat(
@@ -177,7 +183,7 @@ def _plan_flat(
     scratch, counts, scratch_load = solve_rows(load, num_ranks, num_slots)
     replanned = np.zeros(load.shape[0], dtype=bool)
     if not repair:
-        return scratch, scratch_load, replanned
+        return scratch, scratch_load, replanned, scratch_load.max(axis=1)
     # Renumber the from-scratch ranks to overlap the current placement most: free in balance, saves moves.
     filled_base = np.where(base >= 0, base, load.shape[1])
     scratch, source = relabel_ranks(filled_base, scratch, num_ranks)
@@ -188,7 +194,7 @@ def _plan_flat(
     good = repaired.rank_load.max(axis=1) <= target
     out = np.where(good[:, None], align_slots(filled_base, repaired.phy2log(), num_ranks), scratch)
     out_load = np.where(good[:, None], repaired.rank_load, scratch_load)
-    return out, out_load, good
+    return out, out_load, good, scratch_load.max(axis=1)
 
 
 def _plan_hierarchical(
@@ -200,19 +206,45 @@ def _plan_hierarchical(
     num_nodes: int,
     num_groups: int,
     config: RebalanceConfig,
-) -> tuple[_FlatResult, FloatArray, FloatArray]:
-    layers, num_experts = load.shape
+) -> tuple[tuple[IntArray, FloatArray, npt.NDArray[np.bool_]], FloatArray, FloatArray]:
+    num_experts = load.shape[1]
     group_size = num_experts // num_groups
     ranks_per_node = num_ranks // num_nodes
     slots_per_node = ranks_per_node * slots_per_rank
     group_node, cv_floor, peak_floor = choose_groups(
         load, num_groups, num_nodes, ranks_per_node, slots_per_node
     )
-    expert_node = np.repeat(group_node, group_size, axis=1)  # (layers, experts)
-    base_node = np.arange(base.shape[1]) // slots_per_node
-    if repair:
-        expert_node = _keep_or_renumber(load, base, base_node, expert_node, num_nodes, group_size,
-                                        ranks_per_node, slots_per_node, config)
+    best_split = np.repeat(group_node, group_size, axis=1)  # (layers, experts) -> node
+    shape = (num_nodes, ranks_per_node, slots_per_node)
+    if not repair:
+        p2l, rank_load_, replanned, _ = _solve_split(load, base, best_split, False, shape, config)
+        return (p2l, rank_load_, replanned), peak_floor, cv_floor
+    kept, renumbered = _kept_and_renumbered_splits(base, best_split, num_nodes, group_size, slots_per_node)
+    p2l, rank_load_, replanned, scratch_peak = _solve_split(load, base, renumbered, True, shape, config)
+    differs = (kept != renumbered).any(axis=1)
+    if differs.any():
+        # The old group split moves no group between nodes; keep it where it stays within
+        # the tolerance of a from-scratch plan on the best split and does not break the CV objective.
+        rows = np.flatnonzero(differs)
+        k_p2l, k_load, k_replanned, _ = _solve_split(load[rows], base[rows], kept[rows], True, shape, config)
+        good = k_load.max(axis=1) <= scratch_peak[rows] * (1 + config.replan_tolerance)
+        good &= imbalance_cv(k_load) <= np.maximum(imbalance_cv(rank_load_[rows]), config.max_cv)
+        rows = rows[good]
+        p2l[rows], rank_load_[rows], replanned[rows] = k_p2l[good], k_load[good], k_replanned[good]
+    return (p2l, rank_load_, replanned), peak_floor, cv_floor
+
+
+def _solve_split(
+    load: FloatArray,
+    base: IntArray,
+    expert_node: IntArray,
+    repair: bool,
+    shape: tuple[int, int, int],
+    config: RebalanceConfig,
+) -> tuple[IntArray, FloatArray, npt.NDArray[np.bool_], FloatArray]:
+    """Plan every (layer, node) as its own row, for a given expert -> node split."""
+    num_nodes, ranks_per_node, slots_per_node = shape
+    layers, num_experts = load.shape
     # members[layer, node] = the node's experts in id order (stable sort by node).
     members = np.argsort(expert_node, axis=1, kind="stable").reshape(layers, num_nodes, -1)
     per_node = members.shape[2]
@@ -225,7 +257,7 @@ def _plan_hierarchical(
     base_local = np.take_along_axis(local_of, base_rows, axis=1).reshape(layers, num_nodes, slots_per_node)
     owner = np.take_along_axis(expert_node, base_rows, axis=1).reshape(layers, num_nodes, slots_per_node)
     base_local = np.where(owner == np.arange(num_nodes)[None, :, None], base_local, -1)
-    flat, flat_load, flat_replanned = _plan_flat(
+    flat, flat_load, flat_replanned, flat_peak = _plan_flat(
         row_load.reshape(layers * num_nodes, per_node),
         base_local.reshape(layers * num_nodes, slots_per_node),
         repair, ranks_per_node, slots_per_node, config,
@@ -233,46 +265,34 @@ def _plan_hierarchical(
     local = flat.reshape(layers, num_nodes, slots_per_node)
     phy2log: IntArray = np.take_along_axis(members, local, axis=2).reshape(layers, -1).astype(np.int64)
     replanned = np.asarray(flat_replanned.reshape(layers, num_nodes).all(axis=1), dtype=bool)
-    return (phy2log, flat_load.reshape(layers, num_ranks), replanned), peak_floor, cv_floor
+    scratch_peak = flat_peak.reshape(layers, num_nodes).max(axis=1)
+    return phy2log, flat_load.reshape(layers, num_nodes * ranks_per_node), replanned, scratch_peak
 
 
-def _keep_or_renumber(
-    load: FloatArray,
-    base: IntArray,
-    base_node: IntArray,
-    expert_node: IntArray,
-    num_nodes: int,
-    group_size: int,
-    ranks_per_node: int,
-    slots_per_node: int,
-    config: RebalanceConfig,
-) -> IntArray:
-    """Keep the base placement's group split where it is nearly as good; else renumber nodes to match it."""
-    layers, num_experts = load.shape
-    out = expert_node.copy()
+def _kept_and_renumbered_splits(
+    base: IntArray, best_split: IntArray, num_nodes: int, group_size: int, slots_per_node: int
+) -> tuple[IntArray, IntArray]:
+    """(the base placement's own split where it is a valid group split, else the best; the best
+    split with its nodes renumbered to overlap the base placement most)."""
+    layers, num_experts = best_split.shape
+    kept, renumbered = best_split.copy(), best_split.copy()
+    base_node = np.arange(base.shape[1]) // slots_per_node
     held = np.zeros((layers, num_nodes, num_experts), dtype=np.int64)
     np.add.at(held, (np.repeat(np.arange(layers), base.shape[1]), np.tile(base_node, layers), base.ravel()), 1)
     for layer in range(layers):
         old_node = np.argmax(held[layer], axis=0)  # where each expert has (most of) its replicas
+        overlap = np.zeros((num_nodes, num_nodes), dtype=np.int64)
+        np.add.at(overlap, (best_split[layer], old_node), 1)
+        new_ids, old_ids = linear_sum_assignment(-overlap)
+        rename = np.empty(num_nodes, dtype=np.int64)
+        rename[new_ids] = old_ids
+        renumbered[layer] = rename[best_split[layer]]
         groups_old = old_node.reshape(-1, group_size)
         intact = (groups_old == groups_old[:, :1]).all() and np.all(
             np.bincount(groups_old[:, 0], minlength=num_nodes) == groups_old.shape[0] // num_nodes
         )
-        if intact:
-            old_members = np.argsort(old_node, kind="stable").reshape(1, num_nodes, -1)
-            new_members = np.argsort(expert_node[layer], kind="stable").reshape(1, num_nodes, -1)
-            old_bound = _members_bound(load[layer], old_members, ranks_per_node, slots_per_node)
-            new_bound = _members_bound(load[layer], new_members, ranks_per_node, slots_per_node)
-            if old_bound <= new_bound * (1 + config.replan_tolerance):
-                out[layer] = old_node
-                continue
-        overlap = np.zeros((num_nodes, num_nodes), dtype=np.int64)
-        np.add.at(overlap, (expert_node[layer], old_node), 1)
-        new_ids, old_ids = linear_sum_assignment(-overlap)
-        rename = np.empty(num_nodes, dtype=np.int64)
-        rename[new_ids] = old_ids
-        out[layer] = rename[expert_node[layer]]
-    return out
+        kept[layer] = old_node if intact else renumbered[layer]
+    return kept, renumbered
 
 
 def _groups_within_nodes(phy2log: IntArray, group_size: int, num_nodes: int) -> npt.NDArray[np.bool_]:
@@ -291,10 +311,6 @@ def _groups_within_nodes(phy2log: IntArray, group_size: int, num_nodes: int) -> 
         np.all(np.bincount(lowest[layer], minlength=num_nodes) == num_groups // num_nodes) for layer in range(layers)
     ])
     return np.asarray(one_node & balanced, dtype=bool)
-
-
-def _members_bound(load: FloatArray, members: IntArray, ranks_per_node: int, slots_per_node: int) -> float:
-    return float(node_bound(load[None, :], members[0], ranks_per_node, slots_per_node).max())
 
 
 def _validate(

@@ -200,3 +200,26 @@ def test_public_surface_is_sorted() -> None:
     assert rebalance.__all__ == sorted(rebalance.__all__)
     for name in rebalance.__all__:
         assert hasattr(rebalance, name)
+
+
+@FAST
+@given(hierarchical_cases(), st.integers(0, 2**31 - 1), st.booleans())
+def test_hierarchical_replan_keeps_groups_in_nodes(
+    case: tuple[np.ndarray, int, int, int, int], seed: int, drift: bool
+) -> None:
+    load, num_ranks, slots_per_rank, num_nodes, num_groups = case
+    kw = {"num_ranks": num_ranks, "slots_per_rank": slots_per_rank, "num_nodes": num_nodes, "num_groups": num_groups}
+    rng = np.random.default_rng(seed)
+    start = plan_rebalance(load * rng.uniform(0.2, 2.0, load.shape), **kw).placement
+    new_load = load * rng.uniform(0.5, 1.5, load.shape) if drift else load
+    plan = plan_rebalance(new_load, previous=start, **kw)
+    check_plan(plan, new_load, num_ranks, slots_per_rank)
+    group_size = load.shape[1] // num_groups
+    slots_per_node = num_ranks * slots_per_rank // num_nodes
+    node_of_slot = np.arange(num_ranks * slots_per_rank) // slots_per_node
+    for layer in np.flatnonzero(new_load.sum(axis=1) > 0):
+        group_of_slot = plan.placement.phy2log[layer] // group_size
+        assert all(len(set(node_of_slot[group_of_slot == g].tolist())) == 1 for g in range(num_groups))
+    scratch = plan_rebalance(new_load, **kw)
+    limit = scratch.imbalance_after.max_over_mean * (1 + RebalanceConfig().replan_tolerance) + 1e-9
+    assert (plan.imbalance_after.max_over_mean <= limit).all()
