@@ -31,9 +31,6 @@ import psutil
 
 from bench.loadgen import RequestRecord, percentile, plan_from_trace, run_load, summarize
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023" / (
-    "AzureLLMInferenceTrace_conv.csv"
-)
 MIB = 2**20
 STATED_OVERHEAD_MB = 400.0
 """RSS allowed beyond weights and KV budget: Python, torch, FastAPI/uvicorn, exporters and request state."""
@@ -59,7 +56,9 @@ def run_serve_bench(options: ServeBenchOptions, progress: Callable[[str], None] 
     from controller.replay.traces import load_request_trace
     from engine.config import ModelConfig
 
-    trace_path = options.trace or DEFAULT_TRACE
+    from bench.traces import conversation_trace
+
+    trace_path = options.trace or conversation_trace()
     with tempfile.TemporaryDirectory(prefix="moeslo-bench-") as tmp:
         checkpoint = options.checkpoint or _default_checkpoint(Path(tmp) / "ckpt", progress)
         config = ModelConfig.load(checkpoint)
