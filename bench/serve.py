@@ -53,10 +53,9 @@ class ServeBenchOptions:
 
 
 def run_serve_bench(options: ServeBenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    from bench.traces import conversation_trace
     from controller.replay.traces import load_request_trace
     from engine.config import ModelConfig
-
-    from bench.traces import conversation_trace
 
     trace_path = options.trace or conversation_trace()
     with tempfile.TemporaryDirectory(prefix="moeslo-bench-") as tmp:

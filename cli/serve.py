@@ -61,7 +61,9 @@ def bench_serve(
     checkpoint: Annotated[
         Path | None, typer.Option(help="Checkpoint to serve (default: a fresh `moeslo model init` one).")
     ] = None,
-    trace: Annotated[Path | None, typer.Option(help="Request trace (default: Azure 2023 conversation, shared or bundled).")] = None,
+    trace: Annotated[
+        Path | None, typer.Option(help="Request trace (default: Azure 2023 conversation, shared or bundled).")
+    ] = None,
     duration_s: Annotated[float, typer.Option(help="Wall time of each replay run.")] = 20.0,
     rounds: Annotated[int, typer.Option(help="Alternating off/on rounds; the best of each is reported.")] = 2,
     speedup: Annotated[float, typer.Option(help="Time compression of the trace.")] = 2.0,
