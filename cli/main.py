@@ -27,6 +27,7 @@ from cli import deploy as _deploy  # noqa: E402,F401
 from cli import engine_bench as _engine_bench  # noqa: E402,F401
 from cli import forecast as _forecast  # noqa: E402,F401
 from cli import model as _model  # noqa: E402,F401
+from cli import profile as _profile  # noqa: E402,F401
 from cli import rebalance as _rebalance  # noqa: E402,F401
 from cli import replay as _replay  # noqa: E402,F401
 from cli import serve as _serve  # noqa: E402,F401
