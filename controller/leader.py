@@ -28,13 +28,12 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Protocol
-
-import urllib3
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
+from typing import TYPE_CHECKING, Protocol
 
 from controller.config import LeaderElectionConfig
+
+if TYPE_CHECKING:
+    from kubernetes import client as k8s
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +75,18 @@ class LeaseElector:
         identity: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        # The kubernetes client is imported here, not at module level: it takes a second to import.
+        import urllib3
+        from kubernetes import client as k8s_client
+        from kubernetes.client.exceptions import ApiException
+
+        self._k8s = k8s_client
+        self._api_error = ApiException
+        self._transport_errors: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, OSError)
+        self._all_errors: tuple[type[Exception], ...] = (ApiException, *self._transport_errors)
         self.config = config
         self.identity = identity or config.identity or default_identity()
-        self.api = k8s.CoordinationV1Api(client)
+        self.api = k8s_client.CoordinationV1Api(client)
         self.clock = clock
         self._observed: tuple[str | None, str | None, str | None] | None = None
         self._observed_at_s = 0.0
@@ -96,10 +104,10 @@ class LeaseElector:
         """One election round; returns whether this replica leads afterwards."""
         try:
             self._round()
-        except ApiException as exc:
+        except self._api_error as exc:
             if exc.status != 409:
                 log.warning("leader election: lease %s: HTTP %s %s", self.config.lease_name, exc.status, exc.reason)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except self._transport_errors as exc:
             log.warning("leader election: lease %s: %s", self.config.lease_name, exc)
         return self.is_leader
 
@@ -108,20 +116,20 @@ class LeaseElector:
         now = datetime.now(UTC)
         try:
             lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace)
-        except ApiException as exc:
+        except self._api_error as exc:
             if exc.status != 404:
                 raise
             self.api.create_namespaced_lease(
                 cfg.namespace,
-                k8s.V1Lease(
-                    metadata=k8s.V1ObjectMeta(name=cfg.lease_name, namespace=cfg.namespace),
+                self._k8s.V1Lease(
+                    metadata=self._k8s.V1ObjectMeta(name=cfg.lease_name, namespace=cfg.namespace),
                     spec=self._spec(now, acquire_time=now, transitions=0),
                 ),
             )
             self._renewed_at_s = self.clock()
             return
-        spec = lease.spec or k8s.V1LeaseSpec()
-        meta = lease.metadata or k8s.V1ObjectMeta()
+        spec = lease.spec or self._k8s.V1LeaseSpec()
+        meta = lease.metadata or self._k8s.V1ObjectMeta()
         record = (spec.holder_identity, str(spec.renew_time), meta.resource_version)
         if record != self._observed:
             self._observed, self._observed_at_s = record, self.clock()
@@ -141,7 +149,7 @@ class LeaseElector:
         log.info("leader election: %s took lease %s over from %r", self.identity, cfg.lease_name, holder)
 
     def _spec(self, now: datetime, *, acquire_time: datetime, transitions: int) -> k8s.V1LeaseSpec:
-        return k8s.V1LeaseSpec(
+        return self._k8s.V1LeaseSpec(
             holder_identity=self.identity,
             lease_duration_seconds=max(1, round(self.config.lease_duration_s)),
             acquire_time=acquire_time,
@@ -162,7 +170,7 @@ class LeaseElector:
             lease.spec.holder_identity = None
             lease.spec.lease_duration_seconds = 1
             self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease)
-        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+        except self._all_errors as exc:
             log.warning("leader election: releasing lease %s failed: %s", cfg.lease_name, exc)
 
     async def _run(self) -> None:

@@ -28,23 +28,26 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from controller.actuators import Actuator, api_client, build_actuator
+from controller.actuators.base import Actuator
 from controller.api.status import PolicyRuntime
 from controller.config import ControllerSettings
 from controller.core import CoreConfig, DecisionCore
-from controller.leader import AlwaysLeader, LeaderElector, LeaseElector
+from controller.leader import AlwaysLeader, LeaderElector
 from controller.metrics import ControllerMetrics
 from controller.policy import LocalTarget, Mode, Policy
-from controller.rebalancing import HttpEngineControl, Rebalancer
 from controller.slo import error_budget_remaining
 from controller.sources import BURN_WINDOWS, PrometheusClient, PrometheusSource, ScrapeSource, SliSource
 from controller.sources.base import burn_rates_of
 from controller.store import DecisionRecord, Store, StoredPolicy
 from controller.types import Decision, Effects, PolicyObservation, TickInput
 from engine.errors import ActuationError, MoesloError, UnavailableError
+
+if TYPE_CHECKING:
+    from controller.rebalancing import Rebalancer
 
 log = logging.getLogger(__name__)
 
@@ -333,6 +336,11 @@ class ControllerService:
 
 def build_service(settings: ControllerSettings, store: Store, registry: CollectorRegistry) -> ControllerService:
     """The service the configuration describes: source, actuator, elector, core and metrics."""
+    # Imported here: the kubernetes client and the rebalancer's numerics take seconds to import.
+    from controller.actuators import api_client, build_actuator
+    from controller.leader import LeaseElector
+    from controller.rebalancing import HttpEngineControl, Rebalancer
+
     actuator = build_actuator(settings)
     metrics = ControllerMetrics(registry)
     service_ref: list[ControllerService] = []

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from controller.actuators.base import Actuator, ReplicaCount, ScaleResult
 from controller.actuators.dryrun import DryRunActuator
-from controller.actuators.kubernetes import KubernetesActuator, api_client
 from controller.actuators.local import LocalActuator, LocalReplica
 from controller.config import ControllerSettings
+
+if TYPE_CHECKING:
+    from controller.actuators.kubernetes import KubernetesActuator, api_client
 
 __all__ = [
     "Actuator",
@@ -21,9 +25,20 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    # The kubernetes client takes over a second to import: only load it when it is used.
+    if name in ("KubernetesActuator", "api_client"):
+        from controller.actuators import kubernetes
+
+        return getattr(kubernetes, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def build_actuator(settings: ControllerSettings) -> Actuator:
     """The actuator the configuration names."""
     if settings.actuator == "kubernetes":
+        from controller.actuators.kubernetes import KubernetesActuator, api_client
+
         return KubernetesActuator(api_client(settings.kubernetes), config=settings.kubernetes)
     if settings.actuator == "local":
         return LocalActuator(settings.local)

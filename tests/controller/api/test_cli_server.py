@@ -1,0 +1,100 @@
+"""``moeslo controller serve`` as a real process, driven by ``moeslo policy ...``; its state outlives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from cli.main import app
+from controller.api import create_app
+from controller.config import ControllerSettings
+from controller.store import Store
+from tests.conftest import free_port
+
+TOKEN = "cli-token"
+
+
+def _start(db: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "MOESLO_CONTROLLER_API_TOKEN": TOKEN}
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moeslo"), "controller", "serve", "--db", str(db), "--port", str(port),
+         "--tick-interval-s", "0.3"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read().decode() if process.stderr else "exited"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise AssertionError("controller did not start in 60 s")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+
+
+@pytest.mark.integration
+def test_serve_apply_get_list_delete_and_restart(tmp_path: Path) -> None:
+    db, port = tmp_path / "controller.db", free_port()
+    url = f"http://127.0.0.1:{port}"
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(
+        "name: chat\ntarget: {kind: model, model: m}\nmode: advisory\n---\n"
+        "name: batch\ntarget: {kind: model, model: b}\nscaling: {min_replicas: 0, max_replicas: 2}\n"
+    )
+    runner = CliRunner()
+    server = _start(db, port)
+    try:
+        denied = runner.invoke(app, ["policy", "apply", "-f", str(policy_file), "--url", url])
+        assert denied.exit_code == 2 and "HTTP 401" in denied.output
+        applied = runner.invoke(app, ["policy", "apply", "-f", str(policy_file), "--url", url, "--token", TOKEN,
+                                      "--json"])
+        assert applied.exit_code == 0, applied.output
+        assert [item["name"] for item in json.loads(applied.stdout)] == ["chat", "batch"]
+        listed = runner.invoke(app, ["policy", "list", "--url", url, "--json"])
+        assert sorted(item["name"] for item in json.loads(listed.stdout)) == ["batch", "chat"]
+        got = runner.invoke(app, ["policy", "get", "chat", "--url", url, "--openslo"])
+        assert got.exit_code == 0 and "apiVersion: openslo/v1" in got.stdout
+        deleted = runner.invoke(app, ["policy", "delete", "batch", "--url", url, "--token", TOKEN])
+        assert deleted.exit_code == 0
+        missing = runner.invoke(app, ["policy", "get", "batch", "--url", url])
+        assert missing.exit_code == 2 and "not found" in missing.output
+        deadline = time.monotonic() + 20
+        while not httpx.get(f"{url}/v1/decisions").json()["items"]:
+            assert time.monotonic() < deadline, "no decision logged"
+            time.sleep(0.2)
+        status = httpx.get(f"{url}/v1/status").json()
+        assert status["leader"] and [p["name"] for p in status["policies"]] == ["chat"]
+        assert status["policies"][0]["stale"] is True  # no engines to scrape: held, reported stale
+        assert "moeslo_evaluation_duration_seconds_count" in httpx.get(f"{url}/metrics").text
+    finally:
+        _stop(server)
+    # The process is gone; a new one (here: the app in this process) finds everything in the file.
+    settings = ControllerSettings(db=str(db))
+    with TestClient(create_app(settings, Store(settings.db_url))) as client:
+        names = [item["name"] for item in client.get("/v1/policies").json()["items"]]
+        assert names == ["chat"]
+        decisions = client.get("/v1/decisions", params={"policy": "chat"}).json()["items"]
+        assert decisions and decisions[-1]["reason"] == "insufficient_data"
+        history = client.get("/v1/policies/batch/history").json()["versions"]
+        assert [v["operation"] for v in history] == ["create", "delete"]

@@ -1,0 +1,56 @@
+"""Controller settings: YAML file, environment, explicit overrides; every problem reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.config import load_settings
+from engine.errors import DataError, ValidationError
+
+
+def test_defaults_are_the_embedded_mode() -> None:
+    settings = load_settings()
+    assert settings.embedded and settings.prometheus_url is None and settings.actuator == "dryrun"
+    assert settings.db_url == "sqlite+pysqlite:///moeslo-controller.db"
+
+
+def test_file_then_env_then_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "port: 9000\nprometheus_url: http://127.0.0.1:9090\nactuator: local\n"
+        "local: {checkpoint: ckpt, first_port: 20000}\nscrape_endpoints: {m: ['http://127.0.0.1:1']}\n"
+    )
+    monkeypatch.setenv("MOESLO_CONTROLLER_PORT", "9100")
+    monkeypatch.setenv("MOESLO_CONTROLLER_API_TOKEN", "t0k")
+    settings = load_settings(path, db="postgresql+psycopg://u@db/moeslo", port=None)
+    assert settings.port == 9100  # env beats the file; a None override does not count
+    assert settings.api_token is not None and settings.api_token.get_secret_value() == "t0k"
+    assert settings.local.checkpoint == "ckpt" and settings.local.first_port == 20000
+    assert settings.db_url == "postgresql+psycopg://u@db/moeslo" and not settings.embedded
+    assert settings.scrape_endpoints == {"m": ("http://127.0.0.1:1",)}
+    assert load_settings(path, port=9200).port == 9200
+
+
+def test_every_problem_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("port: -1\nactuator: helm\nleader_election: {lease_duration_s: 5, renew_period_s: 10}\nbogus: 1\n")
+    with pytest.raises(ValidationError) as caught:
+        load_settings(path)
+    text = str(caught.value)
+    for fragment in ("port:", "actuator:", "renew_period_s (10.0) must be shorter", "bogus:"):
+        assert fragment in text
+
+
+def test_unreadable_or_malformed_files_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"missing\.yaml"):
+        load_settings(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("port: 1\n  nested: [\n")
+    with pytest.raises(DataError, match=r"bad\.yaml:\d+: invalid YAML"):
+        load_settings(bad)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- 1\n- 2\n")
+    with pytest.raises(DataError, match="must be a mapping"):
+        load_settings(listing)
