@@ -27,9 +27,11 @@ class LocalActuatorConfig(_Section):
     """How the local actuator starts embedded-engine replicas as processes."""
 
     command: tuple[str, ...] = (
-        ".venv/bin/moeslo", "serve", "--checkpoint", "{checkpoint}", "--port", "{port}"
-    )
-    """argv template; ``{checkpoint}``, ``{port}``, ``{model}`` and ``{host}`` are filled in."""
+        "{moeslo}", "serve", "--checkpoint", "{checkpoint}", "--host", "{host}", "--port", "{port}",
+        "--model-name", "{model}", "--engine-id", "{port}",
+    )  # fmt: skip
+    """argv template; ``{moeslo}`` (this venv's ``moeslo``), ``{checkpoint}``, ``{port}``, ``{model}``
+    and ``{host}`` are filled in."""
     checkpoint: str | None = None
     """Default checkpoint directory when a policy's local target names none."""
     host: str = "127.0.0.1"

@@ -1,6 +1,7 @@
 """The local actuator: embedded-engine replicas as real processes on this machine.
 
-Each replica is ``moeslo serve --checkpoint DIR --port P`` (the argv template
+Each replica is ``moeslo serve --checkpoint DIR --port P --model-name M``, so
+its metrics carry the policy's ``model_name`` (the argv template
 comes from the config, so tests and other engines can substitute their own),
 bound to loopback on a free port.  Scaling compares the wanted count with the
 processes still alive (crashed ones are reaped first), starts the missing
@@ -17,6 +18,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,7 +131,13 @@ class LocalActuator:
         target = policy.target
         assert isinstance(target, LocalTarget)
         checkpoint = target.checkpoint or self.config.checkpoint or ""
-        values = {"checkpoint": checkpoint, "port": str(port), "model": target.model, "host": self.config.host}
+        values = {
+            "checkpoint": checkpoint,
+            "port": str(port),
+            "model": target.model,
+            "host": self.config.host,
+            "moeslo": str(Path(sys.executable).parent / "moeslo"),
+        }
         return [part.format(**values) for part in self.config.command]
 
     def _next_port(self) -> int:

@@ -1,40 +1,37 @@
-"""The local actuator really starts and stops processes.
-
-Until ``moeslo serve`` lands, the replica command is a placeholder HTTP server
-(``python -m http.server``): what is tested here is the process management --
-start, readiness, stop, crash reaping, shutdown -- not the engine.
-"""
+"""The local actuator really starts and stops embedded-engine processes (``moeslo serve``)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
-import sys
 import time
+from pathlib import Path
 
 import httpx
+import pytest
 
 from controller.actuators import LocalActuator
 from controller.config import LocalActuatorConfig
 from controller.policy import Policy
 from tests.conftest import free_port
 
-PLACEHOLDER = (sys.executable, "-m", "http.server", "{port}", "--bind", "{host}")
+
+def _policy(name: str = "local-p", checkpoint: Path | None = None) -> Policy:
+    target = {"kind": "local", "model": "tiny-moe"}
+    if checkpoint is not None:
+        target["checkpoint"] = str(checkpoint)
+    return Policy.model_validate({"name": name, "target": target})
 
 
-def _policy(name: str = "local-p") -> Policy:
-    return Policy.model_validate({"name": name, "target": {"kind": "local", "model": "m"}})
-
-
-async def _wait_ready(actuator: LocalActuator, policy: Policy, want: int, timeout_s: float = 20.0) -> int:
+async def _wait_ready(actuator: LocalActuator, policy: Policy, want: int, timeout_s: float = 150.0) -> int:
     deadline = time.monotonic() + timeout_s
     ready = 0
     while time.monotonic() < deadline:
         ready = (await actuator.replicas(policy)).ready or 0
         if ready >= want:
             return ready
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
     return ready
 
 
@@ -46,10 +43,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_scale_up_down_and_shutdown_with_real_processes() -> None:
-    config = LocalActuatorConfig(command=PLACEHOLDER, first_port=free_port(), stop_timeout_s=5)
+@pytest.mark.integration
+@pytest.mark.slow
+def test_scale_up_down_and_shutdown_with_real_engine_processes(tiny_checkpoint: Path) -> None:
+    config = LocalActuatorConfig(first_port=free_port(), stop_timeout_s=10)
     actuator = LocalActuator(config)
-    policy = _policy()
+    policy = _policy(checkpoint=tiny_checkpoint)
+    assert actuator.check(policy) == []
 
     async def scenario() -> None:
         result = await actuator.scale(policy, 2)
@@ -57,9 +57,11 @@ def test_scale_up_down_and_shutdown_with_real_processes() -> None:
         assert await _wait_ready(actuator, policy, 2) == 2
         endpoints = actuator.endpoints(policy)
         assert len(endpoints) == 2
-        async with httpx.AsyncClient(timeout=2) as client:
+        async with httpx.AsyncClient(timeout=10) as client:
             for endpoint in endpoints:
-                assert (await client.get(endpoint + "/")).status_code == 200
+                page = (await client.get(endpoint + "/metrics")).text
+                port = endpoint.rsplit(":", 1)[1]
+                assert 'model_name="tiny-moe"' in page and f'engine="{port}"' in page
         pids = [r.process.pid for r in actuator.replicas_by_policy[policy.name]]
         again = await actuator.scale(policy, 2)  # idempotent: nothing started twice
         assert not again.changed
@@ -68,16 +70,15 @@ def test_scale_up_down_and_shutdown_with_real_processes() -> None:
         assert (down.previous, down.replicas) == (2, 1)
         assert _alive(pids[0]) and not _alive(pids[1])  # the newest replica was stopped
         assert (await actuator.replicas(policy)).desired == 1
-        # A crashed replica is reaped and replaced by the next scale call.
-        os.kill(pids[0], signal.SIGKILL)
-        actuator.replicas_by_policy[policy.name][0].process.wait(timeout=5)
+        # A crashed replica is reaped: the count reads 0, so the next decision starts a new one.
+        os.killpg(pids[0], signal.SIGKILL)
+        actuator.replicas_by_policy[policy.name][0].process.wait(timeout=10)
         assert (await actuator.replicas(policy)).desired == 0
-        await actuator.scale(policy, 1)
-        assert await _wait_ready(actuator, policy, 1) == 1
-        last = actuator.replicas_by_policy[policy.name][0].process.pid
-        await actuator.aclose()
-        assert not _alive(last)
         assert actuator.endpoints(policy) == ()
+        await actuator.scale(policy, 1)
+        last = actuator.replicas_by_policy[policy.name][0].process.pid
+        await actuator.aclose()  # shutdown stops every replica, also one still starting
+        assert not _alive(last)
 
     asyncio.run(scenario())
 
