@@ -79,7 +79,7 @@ def replay(
     startup: Annotated[float, typer.Option(help="Replica start-up time = lead time (s).")] = 120.0,
     cooldown: Annotated[int, typer.Option(help="Scale-down cooldown of moeslo (s).")] = 180,
     quantile: Annotated[float, typer.Option(help="Forecast quantile moeslo sizes for.")] = 0.9,
-    refit_every: Annotated[int, typer.Option(help="Refit moeslo's forecaster every this many ticks.")] = 40,
+    refit_every: Annotated[int, typer.Option(help="Refit moeslo's forecaster every this many ticks.")] = 240,
     start: Annotated[float, typer.Option(help="Start this many seconds into the trace.")] = 0.0,
     duration: Annotated[float | None, typer.Option(help="Replay only this many seconds of the trace.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for rate scaling and length draws.")] = 0,
@@ -98,6 +98,7 @@ def replay(
         names = [p.strip() for p in policies.split(",") if p.strip()]
         replica = ReplicaProfile.load(profile) if profile is not None else DEFAULT_PROFILE
         began = time.perf_counter()
+        began_cpu = time.process_time()
         workload = prepare_workload(
             trace,
             tick_s=tick,
@@ -131,6 +132,7 @@ def replay(
             runs = run_replay(workload, names, replica, config, on_tick=on_tick)
         summary = summarise(workload, runs, replica)
         summary["wall_s"] = round(time.perf_counter() - began, 2)
+        summary["cpu_s"] = round(time.process_time() - began_cpu, 2)
         summary["profile_source"] = replica.source
         out.mkdir(parents=True, exist_ok=True)
         plots = [str(plot_replicas(workload, runs, out / "replicas.png"))]

@@ -93,9 +93,10 @@ class AutoForecaster:
         if self._model is not None:
             self._model.update(value)
             self._since_fit += 1
-        if len(self.history) >= self.config.min_history_bins and (
-            self._model is None or self._since_fit >= self.config.refit_every_bins
-        ):
+        # Refit when the history has doubled since the last fit (early on, every few bins count),
+        # and every refit_every_bins once it is long.
+        due = min(self.config.refit_every_bins, max(len(self.history) // 2, 1))
+        if len(self.history) >= self.config.min_history_bins and (self._model is None or self._since_fit >= due):
             self.refit()
 
     def refit(self) -> None:
