@@ -229,8 +229,29 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
         / off["median_output_tokens_per_s"],
         "plugin_overhead_pct": 100.0 * (1.0 - on["output_tokens_per_s"] / off["output_tokens_per_s"]),
     }  # fmt: skip
+    out["capture_call_us"] = capture_cost_us()
     if "moeslo" in runs:
         out["moeslo_over_vllm_tokens_per_s"] = runs["moeslo"]["output_tokens_per_s"] / off["output_tokens_per_s"]
+    return out
+
+
+def capture_cost_us(num_experts: int = 32, top_k: int = 4, layers: int = 4, calls: int = 2000) -> dict[str, float]:
+    """Microseconds per router callback (the plugin's hot path) on this CPU, for decode- and prefill-sized steps."""
+    import torch
+
+    from engine.vllm_plugin import ExpertLoadCounter, count_all_rows
+
+    counter = ExpertLoadCounter(list(range(layers)), num_experts, row_filter=count_all_rows)
+    out: dict[str, float] = {}
+    for tokens in (16, 3184):
+        ids = torch.randint(0, num_experts, (tokens, top_k), dtype=torch.int32)
+        capture = counter.capture_fn(0)
+        for _ in range(50):
+            capture(ids)
+        started = time.perf_counter()
+        for _ in range(calls):
+            capture(ids)
+        out[f"tokens_{tokens}"] = (time.perf_counter() - started) / calls * 1e6
     return out
 
 

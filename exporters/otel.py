@@ -48,7 +48,9 @@ class OtelStatsSink:
         tracer_provider: TracerProvider,
         model_name: str,
         server_port: int | None = None,
+        provider_name: str = PROVIDER_NAME,
     ) -> None:
+        """``provider_name``: ``gen_ai.provider.name`` (``vllm`` when vLLM's stats come through here)."""
         self.meter_provider = meter_provider
         self.tracer_provider = tracer_provider
         self.model_name = model_name
@@ -71,8 +73,8 @@ class OtelStatsSink:
         )
         attrs: dict[str, AttributeValue] = {
             "gen_ai.operation.name": OPERATION_NAME,
-            "gen_ai.provider.name": PROVIDER_NAME,
-            "gen_ai.system": PROVIDER_NAME,
+            "gen_ai.provider.name": provider_name,
+            "gen_ai.system": provider_name,
             "gen_ai.request.model": model_name,
             "gen_ai.response.model": model_name,
         }

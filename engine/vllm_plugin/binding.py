@@ -87,43 +87,59 @@ def install_bind_hook(bind: Callable[[torch.nn.Module], bool]) -> RemovableHandl
     return handle
 
 
-def vllm_row_filter(topk_ids: torch.Tensor) -> torch.Tensor | None:
+def vllm_row_filter(topk_ids: torch.Tensor) -> tuple[int, int] | torch.Tensor | None:
     """Rows of ``topk_ids`` that are this rank's real tokens, from vLLM's forward context.
 
     Returns None (skip) outside a forward context and in profile or warm-up
-    runs, which vLLM runs without attention metadata; masks out the padding
-    rows vLLM marks in ``is_padding``; under data parallelism keeps only this
-    DP rank's rows when the router saw every rank's tokens.
+    runs, which vLLM runs without attention metadata.  vLLM pads a batch at
+    its end and marks the padding in ``is_padding``: on the CPU the real rows
+    are counted as a span, on an accelerator as a mask (no host sync).  Under
+    data parallelism only this DP rank's rows count when the router saw every
+    rank's tokens.
     """
-    from vllm.forward_context import get_forward_context, is_forward_context_available
-
     if not is_forward_context_available():
         return None
     ctx = get_forward_context()
     if ctx.attn_metadata is None:
         return None
     n = int(topk_ids.shape[0])
-    keep = torch.ones(n, dtype=torch.bool, device=topk_ids.device)
     pad = ctx.is_padding
-    if pad is not None and int(pad.shape[0]) == n:
-        keep = ~pad.to(device=topk_ids.device, dtype=torch.bool)
+    if pad is not None and int(pad.shape[0]) != n:
+        pad = None  # a reshaped batch (sequence parallel): the mask does not line up
     dp = ctx.dp_metadata
-    if dp is None:
-        return keep
+    if dp is not None:
+        across = dp.num_tokens_across_dp_cpu
+        dp_rank = _dp_rank()
+        local = int(across[dp_rank].item())
+        if n == int(across.sum().item()) and n != local:
+            end = int(across[: dp_rank + 1].sum().item())
+            return (end - local, end)
+        if n != local:
+            return None  # a layout we cannot attribute to this rank: skip rather than miscount
+    if pad is None:
+        return (0, n)
+    if pad.device.type == "cpu":
+        return (0, n - int(pad.numpy().sum()))  # padding is a suffix (vLLM's _prepare_padding_mask)
+    mask: torch.Tensor = ~pad.to(device=topk_ids.device, dtype=torch.bool)
+    return mask
+
+
+def _vllm_forward_context() -> tuple[Callable[[], bool], Callable[[], Any]]:
+    try:
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+    except ImportError:
+        return (lambda: False), (lambda: None)
+    return is_forward_context_available, get_forward_context
+
+
+is_forward_context_available, get_forward_context = _vllm_forward_context()
+
+
+def _dp_rank() -> int:
     from vllm.config import get_current_vllm_config_or_none
 
     config = get_current_vllm_config_or_none()
-    dp_rank = 0 if config is None else int(config.parallel_config.data_parallel_rank)
-    across = dp.num_tokens_across_dp_cpu
-    local = int(across[dp_rank].item())
-    if n == local:
-        return keep
-    if n == int(across.sum().item()):
-        end = int(across[: dp_rank + 1].sum().item())
-        rows = torch.zeros(n, dtype=torch.bool, device=topk_ids.device)
-        rows[end - local : end] = True
-        return rows
-    return None  # a layout we cannot attribute to this rank: skip rather than miscount
+    return 0 if config is None else int(config.parallel_config.data_parallel_rank)
 
 
 def is_first_tp_rank() -> bool:

@@ -21,17 +21,24 @@ import torch
 
 from engine.stats import IntArray
 
-RowFilter = Callable[[torch.Tensor], "torch.Tensor | None"]
-"""Given ``topk_ids`` (tokens x k): a bool mask of rows to count, or None to skip the call."""
+RowFilter = Callable[[torch.Tensor], "tuple[int, int] | torch.Tensor | None"]
+"""Given ``topk_ids`` (tokens x k): the rows to count, as a ``(start, end)`` span (cheap) or a bool
+mask on the ids' device (sync-free on accelerators), or None to skip the call."""
 
 
-def count_all_rows(topk_ids: torch.Tensor) -> torch.Tensor | None:
+def count_all_rows(topk_ids: torch.Tensor) -> tuple[int, int] | torch.Tensor | None:
     """The filter for tests and offline use: every row counts."""
-    return torch.ones(topk_ids.shape[0], dtype=torch.bool, device=topk_ids.device)
+    return (0, int(topk_ids.shape[0]))
 
 
 class ExpertLoadCounter:
-    """Cumulative routed-token counts for the MoE layers one worker runs."""
+    """Cumulative routed-token counts for the MoE layers one worker runs.
+
+    Two paths, both exact: ids on the CPU with a row span are counted with
+    ``numpy.bincount`` into a host array (a few microseconds per call);
+    anything else (an accelerator, or a row mask) with ``index_add_`` into a
+    device tensor, so the forward pass never waits for the host.
+    """
 
     def __init__(
         self,
@@ -48,7 +55,8 @@ class ExpertLoadCounter:
         self.layer_ids: tuple[int, ...] = tuple(sorted(layer_ids))
         self.num_experts = num_experts
         self._row_of_layer = {layer: row for row, layer in enumerate(self.layer_ids)}
-        self._counts = torch.zeros((len(self.layer_ids), num_experts), dtype=torch.int64, device=device)
+        self._host: IntArray = np.zeros((len(self.layer_ids), num_experts), dtype=np.int64)
+        self._device = torch.zeros((len(self.layer_ids), num_experts), dtype=torch.int64, device=device)
         self._row_filter = row_filter
         self._lock = threading.Lock()
         self.skipped_calls = 0
@@ -69,18 +77,34 @@ class ExpertLoadCounter:
     def _capture_row(self, row: int, topk_ids: torch.Tensor) -> None:
         if topk_ids.numel() == 0:
             return
-        keep = self._row_filter(topk_ids)
-        if keep is None:
+        rows = self._row_filter(topk_ids)
+        if rows is None:
             self.skipped_calls += 1
             return
-        ids = topk_ids.to(torch.int64)
-        valid = (ids >= 0) & (ids < self.num_experts) & keep.view(-1, 1)
+        experts = self.num_experts
+        if isinstance(rows, tuple) and topk_ids.device.type == "cpu":
+            ids = topk_ids.numpy()[rows[0] : rows[1]].reshape(-1)
+            try:
+                counts = np.bincount(ids, minlength=experts)  # ids >= experts land past the slice below
+            except ValueError:  # negative ids: routes a router invalidated
+                counts = np.bincount(ids[ids >= 0], minlength=experts)
+            with self._lock:
+                self._host[row] += counts[:experts]
+            return
+        if isinstance(rows, tuple):
+            keep = torch.zeros(topk_ids.shape[0], dtype=torch.bool, device=topk_ids.device)
+            keep[rows[0] : rows[1]] = True
+        else:
+            keep = rows
+        ids64 = topk_ids.to(torch.int64)
+        valid = (ids64 >= 0) & (ids64 < experts) & keep.view(-1, 1)
         # Weights of 0 drop padding rows and invalid ids without a device-to-host sync.
         with self._lock:
-            self._counts[row].index_add_(0, ids.clamp(0, self.num_experts - 1).view(-1), valid.view(-1).long())
+            self._device[row].index_add_(0, ids64.clamp(0, experts - 1).view(-1), valid.view(-1).long())
 
     def snapshot(self) -> IntArray:
         """(layers, experts) cumulative counts, copied to the host."""
         with self._lock:
-            copy = self._counts.clone()
-        return np.asarray(copy.cpu().numpy(), dtype=np.int64)
+            host = self._host.copy()
+            device = self._device.clone()
+        return host + np.asarray(device.cpu().numpy(), dtype=np.int64)

@@ -169,3 +169,10 @@ def test_first_forward_binds_every_router_then_unhooks() -> None:
     other = _Model()
     other(torch.randn(2, 8))
     assert all(layer.router.capture_fn is None for layer in other.layers)
+
+
+def test_host_path_counts_a_row_span_and_drops_invalid_ids() -> None:
+    counter = ExpertLoadCounter([0], 4, row_filter=lambda ids: (1, 3))
+    counter.capture(0, torch.tensor([[0, 0], [1, 2], [3, -1], [2, 2]], dtype=torch.int32))
+    counter.capture(0, torch.tensor([[0, 0], [9, 1], [1, 1]], dtype=torch.int32))
+    assert counter.snapshot().tolist() == [[0, 4, 1, 1]]

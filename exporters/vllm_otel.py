@@ -1,0 +1,107 @@
+"""vLLM's request latencies as OpenTelemetry GenAI histograms: a vLLM stat-logger plugin.
+
+vLLM 0.32 already exports one span per request over OTLP when started with
+``--otlp-traces-endpoint`` (attributes ``gen_ai.latency.time_to_first_token``,
+``gen_ai.latency.e2e``, ``gen_ai.usage.*``, ``gen_ai.request.*``), so spans
+are left to vLLM.  What it lacks is the GenAI *metrics*; this logger adds
+them by translating each finished request of vLLM's ``IterationStats`` into
+our :class:`~engine.stats.FinishedRequestStats` and handing it to
+:class:`~exporters.otel.OtelStatsSink`, the same instruments as our engine
+(``gen_ai.server.time_to_first_token``, ``gen_ai.server.time_per_output_token``,
+``gen_ai.server.request.duration``; ``gen_ai.provider.name="vllm"``).
+
+vLLM loads it in the API server process from the ``vllm.stat_logger_plugins``
+entry point ``moeslo_otel``.  It records only with ``MOESLO_VLLM_OTEL=1``;
+the exporter follows the standard ``OTEL_*`` variables
+(``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_METRIC_EXPORT_INTERVAL`` ...).
+
+TTFT per request is ``e2e_latency - decode_time`` (vLLM's finished-request
+stats carry no TTFT; both terms come from the same clocks vLLM's own TTFT
+histogram uses, and the difference is the last token's hand-over to the
+front end, microseconds to a millisecond).  This module imports vLLM: it
+exists only in vLLM's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.trace import NoOpTracerProvider
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from engine.stats import FinishedRequestStats, StepStats
+from exporters.otel import OtelStatsSink
+
+ENABLE_ENV = "MOESLO_VLLM_OTEL"
+PROVIDER_NAME = "vllm"
+
+
+def finished_from_vllm(fin: Any) -> FinishedRequestStats:
+    """One vLLM ``FinishedRequestStats`` in the engine's terms (seconds)."""
+    generated = int(fin.num_generation_tokens)
+    e2e_s, decode_s = float(fin.e2e_latency), float(fin.decode_time)
+    return FinishedRequestStats(
+        request_id=str(fin.request_id or ""),
+        finish_reason=str(fin.finish_reason).lower(),
+        prompt_tokens=int(fin.num_prompt_tokens),
+        generation_tokens=generated,
+        e2e_s=e2e_s,
+        queue_s=float(fin.queued_time),
+        prefill_s=float(fin.prefill_time),
+        decode_s=decode_s,
+        ttft_s=max(0.0, e2e_s - decode_s) if generated > 0 else None,
+        mean_itl_s=float(fin.mean_time_per_output_token) if generated > 1 else None,
+    )
+
+
+class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untyped outside its venv
+    """Per-engine vLLM stat logger that records GenAI histograms (no-op unless ``MOESLO_VLLM_OTEL=1``)."""
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        self.engine_index = engine_index
+        self.sink: OtelStatsSink | None = None
+        if os.environ.get(ENABLE_ENV, "").strip() != "1":
+            return
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        served = vllm_config.model_config.served_model_name
+        model_name = str((served[0] if isinstance(served, list | tuple) else served) or vllm_config.model_config.model)
+        attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "vllm"}
+        self.sink = OtelStatsSink(
+            meter_provider=MeterProvider(
+                resource=Resource.create(attributes),
+                metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())],
+            ),
+            tracer_provider=NoOpTracerProvider(),  # spans: vLLM's own --otlp-traces-endpoint
+            model_name=model_name,
+            provider_name=PROVIDER_NAME,
+        )
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+               engine_idx: int = 0) -> None:  # fmt: skip
+        if self.sink is None or iteration_stats is None or not iteration_stats.finished_requests:
+            return
+        self.sink.record(
+            StepStats(
+                now_s=time.monotonic(),
+                step_duration_s=0.0,
+                num_running=int(getattr(scheduler_stats, "num_running_reqs", 0) or 0),
+                num_waiting=int(getattr(scheduler_stats, "num_waiting_reqs", 0) or 0),
+                kv_cache_usage=float(getattr(scheduler_stats, "kv_cache_usage", 0.0) or 0.0),
+                prompt_tokens=0,
+                generation_tokens=0,
+                finished=tuple(finished_from_vllm(f) for f in iteration_stats.finished_requests),
+            )
+        )
+
+    def log_engine_initialized(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        if self.sink is not None:
+            self.sink.shutdown()
