@@ -268,7 +268,7 @@ def test_load_generator_replays_a_trace_slice_and_records_client_timings(served:
 
     import numpy as np
 
-    from bench.loadgen import plan_from_trace, run_load, summarize
+    from bench.loadgen import RequestRecord, plan_from_trace, run_load, send_request, summarize
     from controller.replay.traces import RequestTrace
 
     trace = RequestTrace("synthetic", np.array([0.0, 1.0, 2.0, 30.0]), np.array([320, 16, 4000, 8]),
@@ -284,6 +284,14 @@ def test_load_generator_replays_a_trace_slice_and_records_client_timings(served:
     assert records[1].e2e_s is not None and records[1].finish_reason == "length"
     summary = summarize(records, wall_s=1.0)
     assert summary["ok"] == 2 and summary["output_tokens"] == 6 and summary["ttft_p99_s"] > 0
+
+    async def shared_client() -> RequestRecord:
+        async with httpx.AsyncClient(timeout=30) as client:  # no base_url: one client for several servers
+            return await send_request(client, plan[0], [1, 2, 3], time.monotonic(), None, 0.0,
+                                      base_url=served.url)
+
+    one = asyncio.run(shared_client())
+    assert one.ok and one.output_tokens == 4 and len(one.itls_s) == 3
 
 
 @pytest.mark.slow
