@@ -218,7 +218,7 @@ def test_ttft_over_the_slo_pages_through_alertmanager(stack: Stack) -> None:
     labels = pages[0]["labels"]
     assert labels["severity"] == "page" and labels["policy"] == "tiny" and labels["slo"] == "ttft"
     assert (labels["long_window"], labels["short_window"]) in {("1h", "5m"), ("6h", "30m")}
-    # The TTFT burn tickets fire too (100 % slow burns every window) but the page inhibits them.
+    # The TTFT burn tickets fire too (slow requests burn every window) but the page inhibits them.
     def burn_ticket(alert: dict[str, Any]) -> bool:
         labels = alert["labels"]
         return bool(labels["alertname"] == "MoesloTTFTErrorBudgetBurn" and labels["severity"] == "ticket")
@@ -229,5 +229,6 @@ def test_ttft_over_the_slo_pages_through_alertmanager(stack: Stack) -> None:
         return bool(tickets) and all(a["status"]["inhibitedBy"] for a in tickets)
 
     assert _wait(tickets_inhibited, 60), httpx.get(f"{stack.alertmanager_url}/api/v2/alerts", timeout=5).text
-    delivered = [a for a in stack.hooks.alerts("/ticket") if burn_ticket(a)]
-    assert not delivered, f"inhibited tickets were delivered: {delivered}"
+    # (A ticket may still reach /ticket before the page while the slow requests trickle in: the
+    # ticket's 1x-3x thresholds are crossed first, and these test rules have no `for:`.  That no
+    # inhibited ticket is delivered is checked in tests/controller/alerting/test_alertmanager_live.py.)
