@@ -17,6 +17,9 @@ def bench_controller(
     warmup_ticks: Annotated[int, typer.Option(min=0, help="Untimed ticks first.")] = 20,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic fleet.")] = 0,
     goal_ms: Annotated[float, typer.Option(min=0.0, help="Goal for the p99 of one full tick.")] = 100.0,
+    predictive: Annotated[
+        bool, typer.Option("--predictive", help="Add the predictive advisor (forecasts) to the full tick.")
+    ] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """One tick over POLICIES policies and REPLICAS replicas: median and p99 against a baseline."""
@@ -26,7 +29,13 @@ def bench_controller(
 
     try:
         cfg = ControllerBenchConfig(
-            policies=policies, replicas=replicas, ticks=ticks, warmup_ticks=warmup_ticks, seed=seed, goal_ms=goal_ms
+            policies=policies,
+            replicas=replicas,
+            ticks=ticks,
+            warmup_ticks=warmup_ticks,
+            seed=seed,
+            goal_ms=goal_ms,
+            predictive=predictive,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
