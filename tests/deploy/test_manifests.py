@@ -194,3 +194,27 @@ def test_dashboards_ship_as_sidecar_configmaps() -> None:
         assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
         ((name, text),) = config_map["data"].items()
         assert dashboards[name] == text
+
+
+def test_cli_render_is_idempotent_and_build_prints_the_overlay(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.deploy import deploy_app
+
+    copy_dir = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy_dir)
+    for generated in copy_dir.glob("**/generated/*.yaml"):
+        generated.unlink()
+    result = CliRunner().invoke(deploy_app, ["render", "--dir", str(copy_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["overlays"] == ["embedded-cpu", "vllm-gpu"]
+    for path in DEPLOY.glob("**/generated/*.yaml"):
+        assert (copy_dir / path.relative_to(DEPLOY)).read_text() == path.read_text()
+    built = CliRunner().invoke(deploy_app, ["build", "embedded-cpu", "--dir", str(copy_dir)])
+    assert built.exit_code == 0, built.output
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(built.stdout) if doc]
+    assert kinds.count("Deployment") == 2 and "PrometheusRule" in kinds
+    (copy_dir / "overlays" / "vllm-gpu" / "policies.yaml").write_text(
+        "name: x\ntarget: {kind: model, model: m}\n")  # ITL 20 ms: vLLM has no such bucket
+    refused = CliRunner().invoke(deploy_app, ["render", "--dir", str(copy_dir)])
+    assert refused.exit_code == 2 and "not a bucket edge" in refused.output
