@@ -106,6 +106,8 @@ class ControllerSettings(BaseSettings):
     kubernetes: KubernetesConfig = KubernetesConfig()
     leader_election: LeaderElectionConfig = LeaderElectionConfig()
     decisions_page_max: Annotated[int, Field(ge=1, le=10000)] = 500
+    decisions_keep: Annotated[int, Field(ge=1000)] = 500_000
+    """The decision log keeps this many newest decisions (older ones are pruned every 100 ticks)."""
     rebalance: bool = True
     """Rebalance experts of engines that expose ``/v1/expert-load`` and ``/v1/placement``."""
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SLO_NAMES = ("ttft", "itl")
+PRUNE_EVERY_TICKS = 100
 
 
 class ControllerService:
@@ -72,7 +73,9 @@ class ControllerService:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         rebalancer: Rebalancer | None = None,
+        decisions_keep: int = 500_000,
     ) -> None:
+        self.decisions_keep = decisions_keep
         self.rebalancer = rebalancer
         """Expert rebalancing of engines that expose the placement API (None: off)."""
         self.store = store
@@ -153,8 +156,20 @@ class ControllerService:
                 self.metrics.error("store")
         self._last_tick_at = self.wall_clock()
         self.ticks += 1
+        if leader and self.ticks % PRUNE_EVERY_TICKS == 0:
+            await self._prune()
         self.metrics.observe_evaluation(self.clock() - started_s)
         return effects
+
+    async def _prune(self) -> None:
+        try:
+            removed = await asyncio.to_thread(self.store.prune_decisions, keep_last=self.decisions_keep)
+        except MoesloError as exc:
+            log.warning("pruning the decision log failed: %s", exc)
+            self.metrics.error("store")
+            return
+        if removed:
+            log.info("pruned %d old decisions (keeping %d)", removed, self.decisions_keep)
 
     async def _observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
         component = "prometheus" if type(self.source).__name__.startswith("Prometheus") else "scrape"
@@ -374,6 +389,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         tick_interval_s=settings.tick_interval_s,
         stale_after_s=settings.stale_after_s,
         static_endpoints=settings.scrape_endpoints,
+        decisions_keep=settings.decisions_keep,
         rebalancer=Rebalancer(HttpEngineControl(timeout_s=settings.source_timeout_s)) if settings.rebalance else None,
     )
     service_ref.append(service)

@@ -304,3 +304,20 @@ def test_ticks_over_real_metrics_pages(tmp_path: Path) -> None:
 def test_observation_template_is_complete() -> None:
     # Guards the scripted source: every field it sets exists on the boundary type.
     replace(PolicyObservation(policy="x", observed_at_s=0.0), **OVERLOADED)  # type: ignore[arg-type]
+
+
+def test_the_decision_log_is_pruned_to_its_retention(tmp_path: Path) -> None:
+    clock = Clock()
+    service, store, _ = _service(tmp_path, clock)
+    service.decisions_keep = 7
+    store.create_policy(_policy())
+    service.source.fields = {"queue_depth": 0.0, "running_requests": 4.0, "kv_cache_usage": 0.6}  # type: ignore[attr-defined]
+
+    async def ticks() -> None:
+        for _ in range(100):
+            await service.tick()
+            clock.now_s += 15
+
+    asyncio.run(ticks())
+    kept = store.list_decisions(limit=1000)
+    assert len(kept) == 7 and kept[0].tick_s == 1000.0 + 99 * 15

@@ -40,6 +40,6 @@ def _yaml_stream(_ctx: schemathesis.DeserializationContext, response: schemathes
 
 
 @schema.parametrize()
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_api_honours_its_schema(case: schemathesis.Case) -> None:
     case.call_and_validate(headers=AUTH, excluded_checks=[schemathesis.checks.positive_data_acceptance])
