@@ -100,3 +100,57 @@ def test_two_candidates_racing_for_a_lapsed_lease_get_one_winner(server: StandIn
 
 def test_embedded_mode_always_leads() -> None:
     assert AlwaysLeader().is_leader is True
+
+
+def test_only_the_lease_holder_actuates_and_a_standby_takes_over(server: StandInApiServer, tmp_path) -> None:
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from controller.actuators import KubernetesActuator
+    from controller.core import CoreConfig, DecisionCore
+    from controller.metrics import ControllerMetrics
+    from controller.policy import Policy
+    from controller.service import ControllerService
+    from controller.store import Store
+    from controller.types import PolicyObservation
+
+    class Overloaded:
+        async def observe(self, policies, now_s):  # type: ignore[no-untyped-def]
+            return {p.name: PolicyObservation(policy=p.name, observed_at_s=now_s, queue_depth=50.0,
+                                              running_requests=4.0, kv_cache_usage=0.9) for p in policies}
+
+        async def aclose(self) -> None:
+            return None
+
+    scale_path = server.add_deployment_scale("prod", "qwen", 1)
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'shared.db'}")  # stands in for the shared database
+    store.create_policy(Policy.model_validate({
+        "name": "qwen", "target": {"kind": "deployment", "namespace": "prod", "name": "qwen"},
+        "scaling": {"max_replicas": 10, "max_step": 1},
+    }))
+    clock = FakeClock()
+    kube = KubernetesConfig(host=server.url, backoff_initial_s=0)
+
+    def replica(identity: str) -> tuple[ControllerService, LeaseElector]:
+        elector = _elector(server, identity, clock)
+        service = ControllerService(
+            store=store, source=Overloaded(), actuator=KubernetesActuator(api_client(kube), config=kube),
+            core=DecisionCore(config=CoreConfig(tick_interval_s=5, stale_after_s=60)),
+            metrics=ControllerMetrics(CollectorRegistry()), elector=elector, clock=clock,
+        )
+        return service, elector
+
+    (a, elector_a), (b, elector_b) = replica("a"), replica("b")
+    assert elector_a.try_acquire_or_renew() and not elector_b.try_acquire_or_renew()
+    asyncio.run(a.tick())
+    asyncio.run(b.tick())
+    assert server.obj(scale_path)["spec"]["replicas"] == 2  # one step, by a only
+    runtime_b = b.runtime("qwen")
+    assert runtime_b is not None and (runtime_b.current_replicas, runtime_b.desired_replicas) == (2, 3)  # evaluated
+    assert [d.outcome for d in store.list_decisions()] == ["applied"]  # only the leader logs
+    clock.now_s += 20  # a is gone: b takes the lapsed lease over and acts
+    assert b.elector.is_leader is False and elector_b.try_acquire_or_renew()
+    asyncio.run(b.tick())
+    assert server.obj(scale_path)["spec"]["replicas"] == 3
+    assert len(server.writes_to(scale_path)) == 2
