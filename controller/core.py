@@ -326,7 +326,49 @@ def _invalid(name: str, value: float | None) -> bool:
         return False
     if not math.isfinite(value) or value < 0:
         return True
-    return name in _RATIO_FIELDS and value > 1.0 + 1e-9
+    return name in _RATIO_FIELDS and value > _RATIO_MAX
+
+
+_RATIO_MAX = 1.0 + 1e-9
+
+
+def _plausible(obs: PolicyObservation) -> bool:
+    """The common case, checked inline (every tick, every policy): all values finite and in range.
+
+    NaN fails every comparison, so it falls through to the field-by-field pass.
+    """
+    inf = math.inf
+    q, run, rate, pt, ot, kv = (
+        obs.queue_depth,
+        obs.running_requests,
+        obs.request_rate_rps,
+        obs.prompt_tokens_per_s,
+        obs.output_tokens_per_s,
+        obs.kv_cache_usage,
+    )
+    if not (
+        (q is None or 0.0 <= q < inf)
+        and (run is None or 0.0 <= run < inf)
+        and (rate is None or 0.0 <= rate < inf)
+        and (pt is None or 0.0 <= pt < inf)
+        and (ot is None or 0.0 <= ot < inf)
+        and (kv is None or 0.0 <= kv <= _RATIO_MAX)
+        and (obs.current_replicas is None or obs.current_replicas >= 0)
+        and (obs.ready_replicas is None or obs.ready_replicas >= 0)
+    ):
+        return False
+    sli = obs.sli
+    if sli is None:
+        return True
+    n, tg, ig, tp, ip = sli.requests_in_window, sli.ttft_good_ratio, sli.itl_good_ratio, sli.ttft_p99_s, sli.itl_p99_s
+    return (
+        -inf < sli.observed_at_s < inf
+        and (n is None or 0.0 <= n < inf)
+        and (tg is None or 0.0 <= tg <= _RATIO_MAX)
+        and (ig is None or 0.0 <= ig <= _RATIO_MAX)
+        and (tp is None or 0.0 <= tp < inf)
+        and (ip is None or 0.0 <= ip < inf)
+    )
 
 
 def sanitize_observation(obs: PolicyObservation) -> tuple[PolicyObservation, tuple[str, ...]]:
@@ -336,6 +378,8 @@ def sanitize_observation(obs: PolicyObservation) -> tuple[PolicyObservation, tup
     core scale on it.  Returns the observation (the same object when all is well)
     and the names of the fields that were dropped.
     """
+    if _plausible(obs):
+        return obs, ()
     invalid = [name for name in _OBSERVATION_FIELDS if _invalid(name, getattr(obs, name))]
     changes: dict[str, Any] = dict.fromkeys(invalid)
     for name in ("current_replicas", "ready_replicas"):
