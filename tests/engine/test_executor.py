@@ -180,3 +180,16 @@ def test_plan_transfers_moves_only_experts_a_rank_lacks() -> None:
     assert plan_transfers(old, old) == []
     # A replica added on a rank that already holds the expert moves nothing.
     assert plan_transfers(Placement(np.array([[0, 1, 2, 2]]), 2), Placement(np.array([[0, 1, 2, 2]]), 2)) == []
+
+
+def test_expert_loop_fallback_equals_grouped_gemm(
+    skewed_checkpoint: Path, prompts: list[list[int]], reference: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.experts
+
+    monkeypatch.setattr(engine.experts, "GROUPED_MM", not engine.experts.GROUPED_MM)
+    executor = create_executor(ExecutorOptions(checkpoint=skewed_checkpoint, kv_cache_mb=2))
+    try:
+        torch.testing.assert_close(run_sequences(executor, prompts, decode_steps=4), reference, atol=ATOL, rtol=0)
+    finally:
+        executor.shutdown()
