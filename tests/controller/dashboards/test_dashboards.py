@@ -106,3 +106,17 @@ def test_every_panel_query_parses_on_a_real_prometheus(tmp_path: Path) -> None:
         # The check can fail: a broken expression is reported as bad_data.
         broken = client.get("/api/v1/query", params={"query": "sum by (le (rate(x[1m]))"}).json()
         assert broken["status"] == "error" and broken["errorType"] == "bad_data"
+
+
+def test_committed_json_decodes_with_the_sdk_models() -> None:
+    import json
+
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    register_default_plugins()
+    for path in sorted((ROOT / "dashboards").glob("*.json")):
+        document = json.loads(path.read_text())
+        model = Dashboard.from_json(document)
+        assert model.uid == document["uid"]
+        assert len(model.panels or []) == len(document["panels"])
