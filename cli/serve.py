@@ -66,7 +66,10 @@ def bench_serve(
     ] = None,
     duration_s: Annotated[float, typer.Option(help="Wall time of each replay run.")] = 20.0,
     rounds: Annotated[int, typer.Option(help="Alternating off/on rounds; the best of each is reported.")] = 2,
-    speedup: Annotated[float, typer.Option(help="Time compression of the trace.")] = 2.0,
+    skip_baseline: Annotated[
+        bool, typer.Option(help="Only the exporters-on run (long RSS runs); no ratios.")
+    ] = False,
+    speedup: Annotated[float, typer.Option(help="Time compression of the trace.")] = 1.0,
     length_scale: Annotated[float, typer.Option(help="Factor on the trace's token lengths.")] = 1 / 16,
     kv_cache_mb: Annotated[float, typer.Option(help="KV cache budget of the server (MiB).")] = 64.0,
     max_in_flight: Annotated[int, typer.Option(help="Client-side bound on concurrent requests.")] = 128,
@@ -82,7 +85,8 @@ def bench_serve(
         options = ServeBenchOptions(
             checkpoint=checkpoint, trace=trace, duration_s=duration_s, speedup=speedup,
             length_scale=length_scale, kv_cache_mb=kv_cache_mb, max_in_flight=max_in_flight,
-            scrape_interval_s=scrape_interval_s, rounds=rounds, render_layers=render_layers,
+            scrape_interval_s=scrape_interval_s, rounds=rounds, skip_baseline=skip_baseline,
+            render_layers=render_layers,
             render_experts=render_experts,
         )
         result = run_serve_bench(options, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
