@@ -26,7 +26,7 @@ def _case(name: str, path: Path, wall_goal_s: float, **workload: Any) -> dict[st
 
     began = time.perf_counter()
     began_cpu = time.process_time()
-    load = prepare_workload(path, tick_s=15.0, lengths="azure-2023-conv", seed=0, start_s=0.0, **workload)
+    load = prepare_workload(path, tick_s=15.0, lengths="azure-2023-conv", seed=0, **workload)
     runs = run_replay(load, POLICIES, DEFAULT_PROFILE, ReplayConfig())
     summary = summarise(load, runs, DEFAULT_PROFILE)
     wall_s = time.perf_counter() - began
@@ -63,12 +63,26 @@ def run(*, data_dir: Path | None = None, cases: tuple[str, ...] = ("conv10x", "w
         "conv10x": (
             conv,
             60.0,
-            {"mode": "request", "speedup": 1.0, "rate_scale": 10.0, "duration_s": None, "tokens_per_s": None},
+            {
+                "mode": "request",
+                "speedup": 1.0,
+                "rate_scale": 10.0,
+                "duration_s": None,
+                "tokens_per_s": None,
+                "start_s": 0.0,
+            },
         ),
         "week": (
             week,
             300.0,
-            {"mode": "fluid", "speedup": 1.0, "rate_scale": 1.0, "duration_s": None, "tokens_per_s": None},
+            {
+                "mode": "fluid",
+                "speedup": 1.0,
+                "rate_scale": 1.0,
+                "duration_s": None,
+                "tokens_per_s": None,
+                "start_s": 0.0,
+            },
         ),
         "fluid_day": (
             week,
@@ -79,6 +93,7 @@ def run(*, data_dir: Path | None = None, cases: tuple[str, ...] = ("conv10x", "w
                 "rate_scale": 1.0,
                 "duration_s": 86_400.0,
                 "tokens_per_s": SEED_TOKENS_PER_S,
+                "start_s": 2 * 86_400.0,  # Tuesday 2024-05-14, the busiest day of the week
             },
         ),
     }
