@@ -10,7 +10,7 @@ current placement (contiguous when there is none).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -74,7 +74,6 @@ class RebalancePlan:
     active: npt.NDArray[np.bool_]
     """(layers,) True where the layer had load (others kept their placement)."""
     mode: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total_moves(self) -> int:
