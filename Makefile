@@ -16,6 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# grafana-client pulls urllib3-future, whose wheel replaces urllib3 for every package;
+	# built this way it installs beside urllib3 (the kubernetes client keeps its own).
+	URLLIB3_NO_OVERRIDE=1 $(BIN)/pip install --quiet --no-binary urllib3-future 'grafana-client>=5,<6'
 	touch $@
 
 lint: install
