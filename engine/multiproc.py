@@ -3,7 +3,7 @@
 Rank 0 is this process: it runs attention, routers and dense layers, owns
 the KV cache, and holds its share of the experts.  Ranks 1..N-1 are spawned
 processes that hold only their own expert slots.  They are joined in one
-``torch.distributed`` group (gloo on CPU, nccl where CUDA is present).
+``torch.distributed`` group (gloo: the embedded engine runs on the CPU).
 
 Per MoE layer and step:
 
@@ -53,7 +53,9 @@ def _free_port() -> int:
 
 
 def _backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    # The embedded engine keeps its tensors on the CPU, so gloo even where CUDA is present
+    # (nccl takes only CUDA tensors; a CUDA engine is not built yet).
+    return "gloo"
 
 
 def _exchange(shard: ExpertShard, transfers: list[Transfer], rank: int) -> dict[tuple[int, int], ExpertWeights]:
