@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import bench_app, cli_errors, console, print_json
 from cli.main import app
 from engine.errors import ConflictError, DataError, MoesloError, NotFoundError, UnavailableError, ValidationError
 
@@ -213,3 +213,40 @@ def delete(
         else:
             console.print(f"policy {name} deleted")
 
+
+
+@bench_app.command("controller-service")
+def bench_controller_service(
+    policies: Annotated[int, typer.Option(min=1, help="SLO policies.")] = 100,
+    replicas: Annotated[int, typer.Option(min=1, help="Replicas over all policies.")] = 1000,
+    ticks: Annotated[int, typer.Option(min=1, help="Timed ticks (after the warm-up).")] = 100,
+    warmup_ticks: Annotated[int, typer.Option(min=0, help="Untimed ticks first.")] = 10,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic fleet.")] = 0,
+    goal_ms: Annotated[float, typer.Option(min=0.0, help="Goal for the p99 of one service tick.")] = 100.0,
+    json_out: JsonOption = False,
+) -> None:
+    """One service tick (store, source, actuator, core, decision log, metrics) against the core alone."""
+    from rich.progress import Progress
+
+    from bench.controller_service import ServiceBenchConfig, run_service_bench
+
+    try:
+        cfg = ServiceBenchConfig(
+            policies=policies, replicas=replicas, ticks=ticks, warmup_ticks=warmup_ticks, seed=seed, goal_ms=goal_ms
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("service ticks", total=cfg.warmup_ticks + cfg.ticks)
+        figures = run_service_bench(cfg, progress=lambda done, _total: bar.update(task, completed=done))
+    if json_out:
+        print_json(figures)
+        return
+    results = figures["results"]
+    assert isinstance(results, list)
+    for entry in [figures["baseline"], *results]:
+        assert isinstance(entry, dict)
+        console.print(
+            f"{entry['name']}: median {entry['median_ms']:.2f} ms, p99 {entry['p99_ms']:.2f} ms "
+            f"(cpu median {entry['cpu_median_ms']:.2f} ms)"
+        )

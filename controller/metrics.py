@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -56,53 +57,50 @@ class ControllerMetrics:
         self.rebalances = Counter(
             "moeslo_rebalances_total", "Expert rebalances by outcome", ["policy", "outcome"], registry=registry
         )
-        self._slis_seen: dict[str, set[str]] = {}
-        self._burn_seen: dict[str, set[tuple[str, str]]] = {}
-        self._budget_seen: dict[str, set[str]] = {}
+        # Labelled children by (metric name, label values): prometheus_client's labels() validates and
+        # locks on every call, which costs more than the whole decision core at 100 policies a tick.
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Gauge | Counter, *values: str) -> Any:
+        key = (metric._name, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
+    def _drop(self, metric: Gauge | Counter, *values: str) -> None:
+        if self._children.pop((metric._name, values), None) is not None:
+            with contextlib.suppress(KeyError):
+                metric.remove(*values)
+
+    def _set_or_drop(self, metric: Gauge, value: float | None, *values: str) -> None:
+        """Known values are set; unknown ones (None) are removed, so no stale value lingers."""
+        if value is None:
+            self._drop(metric, *values)
+        else:
+            self._child(metric, *values).set(value)
 
     def record_decision(
         self, policy: str, *, action: str, reason: str, desired: int | None, current: int | None
     ) -> None:
-        self.decisions.labels(policy=policy, action=action, reason=reason).inc()
+        self._child(self.decisions, policy, action, reason).inc()
         if desired is not None:
-            self.desired_replicas.labels(policy=policy).set(desired)
+            self._child(self.desired_replicas, policy).set(desired)
         if current is not None:
-            self.current_replicas.labels(policy=policy).set(current)
+            self._child(self.current_replicas, policy).set(current)
 
     def set_current_replicas(self, policy: str, replicas: int) -> None:
-        self.current_replicas.labels(policy=policy).set(replicas)
+        self._child(self.current_replicas, policy).set(replicas)
 
     def set_slis(self, policy: str, values: Mapping[str, float | None]) -> None:
-        """Known SLIs are set; unknown ones (None) are removed, so no stale value lingers."""
-        seen = self._slis_seen.setdefault(policy, set())
         for name, value in values.items():
-            if value is None:
-                if name in seen:
-                    self.sli.remove(policy, name)
-                    seen.discard(name)
-                continue
-            self.sli.labels(policy=policy, sli=name).set(value)
-            seen.add(name)
+            self._set_or_drop(self.sli, value, policy, name)
 
     def set_error_budget(self, policy: str, slo: str, remaining: float | None) -> None:
-        seen = self._budget_seen.setdefault(policy, set())
-        if remaining is None:
-            if slo in seen:
-                self.error_budget_remaining.remove(policy, slo)
-                seen.discard(slo)
-            return
-        self.error_budget_remaining.labels(policy=policy, slo=slo).set(remaining)
-        seen.add(slo)
+        self._set_or_drop(self.error_budget_remaining, remaining, policy, slo)
 
     def set_burn_rate(self, policy: str, slo: str, window: str, rate: float | None) -> None:
-        seen = self._burn_seen.setdefault(policy, set())
-        if rate is None:
-            if (slo, window) in seen:
-                self.burn_rate.remove(policy, slo, window)
-                seen.discard((slo, window))
-            return
-        self.burn_rate.labels(policy=policy, slo=slo, window=window).set(rate)
-        seen.add((slo, window))
+        self._set_or_drop(self.burn_rate, rate, policy, slo, window)
 
     def observe_evaluation(self, duration_s: float) -> None:
         self.evaluation_duration.observe(duration_s)
@@ -117,13 +115,8 @@ class ControllerMetrics:
         self.leader.set(1 if leader else 0)
 
     def forget_policy(self, policy: str) -> None:
-        """Drop every per-policy series of a deleted policy (decision counters stay: they are history)."""
-        for gauge in (self.desired_replicas, self.current_replicas):
-            with contextlib.suppress(KeyError):
-                gauge.remove(policy)
-        for name in self._slis_seen.pop(policy, set()):
-            self.sli.remove(policy, name)
-        for slo in self._budget_seen.pop(policy, set()):
-            self.error_budget_remaining.remove(policy, slo)
-        for slo, window in self._burn_seen.pop(policy, set()):
-            self.burn_rate.remove(policy, slo, window)
+        """Drop every per-policy gauge of a deleted policy (counters stay: they are history)."""
+        gauges = {g._name: g for g in (self.desired_replicas, self.current_replicas, self.sli,
+                                       self.error_budget_remaining, self.burn_rate)}
+        for name, values in [key for key in self._children if key[0] in gauges and key[1][0] == policy]:
+            self._drop(gauges[name], *values)
