@@ -34,8 +34,15 @@ test-fast: install
 demo: install
 	$(BIN)/moeslo up --duration 120 --out demo-out
 
+# Every benchmark, one after the other (they share 2 cores badly), JSON into bench-out/.
+BENCHES ?= engine serve rebalance controller controller-service forecast replay
 bench: install
-	$(BIN)/moeslo bench engine --json
+	mkdir -p bench-out
+	for name in $(BENCHES); do \
+		echo "== moeslo bench $$name"; \
+		$(BIN)/moeslo bench $$name --json > bench-out/$$name.json || exit 1; \
+	done
+	if [ -x $(VLLM_VENV)/bin/python ]; then $(BIN)/moeslo bench vllm --json > bench-out/vllm.json; fi
 
 # vLLM (CPU build) lives in its own venv so the core install stays light.
 # Its CUDA builds of torchvision/torchaudio/torchcodec break imports on CPU.
