@@ -12,7 +12,7 @@ pairwise group swaps.
 from __future__ import annotations
 
 from functools import lru_cache
-from itertools import combinations
+from itertools import combinations, permutations
 
 import numpy as np
 
@@ -162,3 +162,62 @@ def _greedy_split(group_load: FloatArray, num_nodes: int, per_node: int) -> IntA
         totals[peak] -= moved
         totals[other] += moved
     return node
+
+
+def closest_split(
+    load: FloatArray,
+    old_group_node: IntArray,
+    num_nodes: int,
+    ranks_per_node: int,
+    slots_per_node: int,
+    *,
+    tolerance: float,
+    max_cv: float,
+) -> IntArray | None:
+    """Per layer, the group split that moves the fewest groups off their node in ``old_group_node``.
+
+    Only splits whose busiest-rank bound is within ``tolerance`` of the best
+    split's, and whose between-node CV is at most ``max_cv`` (unless the best
+    split's is above it too), qualify; nodes are numbered to match ``old_group_node``.  Ties
+    go to the smaller spread of node loads.  None when there are too many
+    splits or nodes to enumerate.
+    """
+    layers, num_experts = load.shape
+    num_groups = old_group_node.shape[1]
+    if _count_partitions(num_groups, num_nodes) > MAX_ENUMERATED_PARTITIONS or num_nodes > 6:
+        return None
+    group_size = num_experts // num_groups
+    per_node = num_groups // num_nodes
+    subsets = np.asarray(_subsets(num_groups, per_node), dtype=np.int64)
+    members = (subsets[:, :, None] * group_size + np.arange(group_size)).reshape(len(subsets), -1)
+    bound = node_bound(load, members, ranks_per_node, slots_per_node)
+    subset_load = load.reshape(layers, num_groups, group_size).sum(axis=2)[:, subsets].sum(axis=2)
+    parts = np.asarray(_partitions(num_groups, num_nodes), dtype=np.int64)  # (P, nodes)
+    worst = bound[:, parts].max(axis=2)  # (layers, P)
+    spread = (subset_load[:, parts] ** 2).sum(axis=2)
+    node_cv = _cv(subset_load[:, parts])
+    best_worst = worst.min(axis=1, keepdims=True)
+    best = np.argmin(np.where(worst <= best_worst * (1 + 1e-9), spread, np.inf), axis=1)
+    best_cv = node_cv[np.arange(layers), best]
+    # Where even the best split misses max_cv, the CV objective is out of reach and balance decides.
+    cv_ok = (node_cv <= max_cv) | (best_cv > max_cv)[:, None]
+    qualifies = (worst <= best_worst * (1 + tolerance)) & cv_ok
+    # overlap[l, p, n, m] = groups that split p puts on node n and the old split had on node m.
+    in_part = np.zeros((len(parts), num_groups, num_nodes))
+    for node in range(num_nodes):
+        in_part[np.arange(len(parts))[:, None], subsets[parts[:, node]], node] = 1.0
+    old = (old_group_node[:, :, None] == np.arange(num_nodes)).astype(np.float64)
+    overlap = np.einsum("pgn,lgm->lpnm", in_part, old)
+    perms = np.asarray(list(permutations(range(num_nodes))), dtype=np.int64)  # (K, nodes)
+    stay = overlap[:, :, np.arange(num_nodes)[None, :], perms].sum(axis=3)  # (layers, P, K)
+    best_perm = np.argmax(stay, axis=2)
+    staying = stay.max(axis=2)
+    # Fewest groups moved first; the spread (scaled below 0.5) only breaks ties.
+    key = np.where(qualifies, staying - spread / (2.0 * spread.max(axis=1, keepdims=True) + 1e-300), -np.inf)
+    choice = np.argmax(key, axis=1)
+    group_node = np.empty((layers, num_groups), dtype=np.int64)
+    rows = np.arange(layers)
+    perm = perms[best_perm[rows, choice]]  # (layers, nodes): split node n -> old node perm[n]
+    for node in range(num_nodes):
+        np.put_along_axis(group_node, subsets[parts[choice, node]], perm[:, node : node + 1], axis=1)
+    return group_node

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
-from controller.rebalance.groups import choose_groups
+from controller.rebalance.groups import choose_groups, closest_split
 from controller.rebalance.metrics import (
     Imbalance,
     align_slots,
@@ -43,8 +43,8 @@ class RebalanceConfig:
     fraction of a from-scratch plan's; layers that cannot get there take the
     from-scratch plan (renumbered to keep what it can)."""
     max_cv: float = 0.15
-    """Hierarchical re-plans keep the old group split only where its CV stays at or below this
-    (or at or below the best split's)."""
+    """Hierarchical re-plans move fewer groups only where the CV stays at or below this, unless
+    the best split misses it too (then balance alone decides)."""
     replan_replica_slack: float = 1.2
     """A re-plan adds replicas only to experts whose load per replica would exceed this
     multiple of a from-scratch plan's heaviest replica (each added replica is a transfer)."""
@@ -218,16 +218,26 @@ def _plan_hierarchical(
     if not repair:
         p2l, rank_load_, replanned, _ = _solve_split(load, base, best_split, False, shape, config)
         return (p2l, rank_load_, replanned), peak_floor, cv_floor
-    kept, renumbered = _kept_and_renumbered_splits(base, best_split, num_nodes, group_size, slots_per_node)
+    old_split, renumbered = _kept_and_renumbered_splits(base, best_split, num_nodes, group_size, slots_per_node)
     p2l, rank_load_, replanned, scratch_peak = _solve_split(load, base, renumbered, True, shape, config)
+    kept = renumbered.copy()
+    intact = (old_split >= 0).all(axis=1)
+    if intact.any():
+        closest = closest_split(
+            load[intact], old_split[intact], num_nodes, ranks_per_node, slots_per_node,
+            tolerance=config.replan_tolerance, max_cv=config.max_cv,
+        )
+        if closest is not None:
+            kept[intact] = np.repeat(closest, group_size, axis=1)
     differs = (kept != renumbered).any(axis=1)
     if differs.any():
-        # The old group split moves no group between nodes; keep it where it stays within
-        # the tolerance of a from-scratch plan on the best split and does not break the CV objective.
+        # A split closer to the old one moves fewer groups between nodes; take it where the plan
+        # stays within the tolerance of a from-scratch plan on the best split and keeps the CV objective.
         rows = np.flatnonzero(differs)
         k_p2l, k_load, k_replanned, _ = _solve_split(load[rows], base[rows], kept[rows], True, shape, config)
         good = k_load.max(axis=1) <= scratch_peak[rows] * (1 + config.replan_tolerance)
-        good &= imbalance_cv(k_load) <= np.maximum(imbalance_cv(rank_load_[rows]), config.max_cv)
+        best_cv = imbalance_cv(rank_load_[rows])
+        good &= (imbalance_cv(k_load) <= np.maximum(best_cv, config.max_cv)) | (best_cv > config.max_cv)
         rows = rows[good]
         p2l[rows], rank_load_[rows], replanned[rows] = k_p2l[good], k_load[good], k_replanned[good]
     return (p2l, rank_load_, replanned), peak_floor, cv_floor
@@ -271,10 +281,12 @@ def _solve_split(
 def _kept_and_renumbered_splits(
     base: IntArray, best_split: IntArray, num_nodes: int, group_size: int, slots_per_node: int
 ) -> tuple[IntArray, IntArray]:
-    """(the base placement's own split where it is a valid group split, else the best; the best
-    split with its nodes renumbered to overlap the base placement most)."""
+    """(the base placement's group -> node split, -1 rows where it is not a valid group split;
+    the best split with its nodes renumbered to overlap the base placement most)."""
     layers, num_experts = best_split.shape
-    kept, renumbered = best_split.copy(), best_split.copy()
+    num_groups = num_experts // group_size
+    old_split = np.full((layers, num_groups), -1, dtype=np.int64)
+    renumbered = best_split.copy()
     base_node = np.arange(base.shape[1]) // slots_per_node
     held = np.zeros((layers, num_nodes, num_experts), dtype=np.int64)
     np.add.at(held, (np.repeat(np.arange(layers), base.shape[1]), np.tile(base_node, layers), base.ravel()), 1)
@@ -290,8 +302,9 @@ def _kept_and_renumbered_splits(
         intact = (groups_old == groups_old[:, :1]).all() and np.all(
             np.bincount(groups_old[:, 0], minlength=num_nodes) == groups_old.shape[0] // num_nodes
         )
-        kept[layer] = old_node if intact else renumbered[layer]
-    return kept, renumbered
+        if intact:
+            old_split[layer] = groups_old[:, 0]
+    return old_split, renumbered
 
 
 def _groups_within_nodes(phy2log: IntArray, group_size: int, num_nodes: int) -> npt.NDArray[np.bool_]:

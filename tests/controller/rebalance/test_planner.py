@@ -223,3 +223,22 @@ def test_hierarchical_replan_keeps_groups_in_nodes(
     scratch = plan_rebalance(new_load, **kw)
     limit = scratch.imbalance_after.max_over_mean * (1 + RebalanceConfig().replan_tolerance) + 1e-9
     assert (plan.imbalance_after.max_over_mean <= limit).all()
+
+
+def test_closest_split_keeps_the_old_split_when_it_is_as_good() -> None:
+    from controller.rebalance.groups import choose_groups, closest_split
+
+    # 4 groups of 2 experts in 2 nodes; groups 0+3 and 1+2 balance exactly, as do 0+2 and 1+3.
+    load = np.array([[4.0, 4, 3, 3, 3, 3, 4, 4]])
+    old = np.array([[1, 0, 1, 0]])  # groups 0 and 2 on node 1: node loads 14 and 14
+    split = closest_split(load, old, 2, 1, 4, tolerance=0.0, max_cv=0.15)
+    assert split is not None and np.array_equal(split, old)
+    # Skewed: the old split puts the two hot groups together; the answer is a best split, renumbered.
+    hot = np.array([[9.0, 9, 1, 1, 9, 9, 1, 1]])
+    split = closest_split(hot, np.array([[0, 1, 0, 1]]), 2, 1, 4, tolerance=0.0, max_cv=0.15)
+    assert split is not None
+    node_load = [hot[0].reshape(4, 2).sum(axis=1)[split[0] == n].sum() for n in range(2)]
+    assert node_load == [20.0, 20.0]
+    _, _, peak = choose_groups(hot, 4, 2, 1, 4)
+    assert peak[0] == pytest.approx(20.0)
+    assert (split[0] == np.array([0, 1, 0, 1])).sum() == 2  # two groups stay, two move
