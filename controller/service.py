@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -266,7 +267,7 @@ class ControllerService:
             mode=str(entry.policy.mode),
             outcome=outcome,
             detail="; ".join(d for d in (decision.detail, detail) if d),
-            inputs={**decision.inputs, "reasons": list(decision.reasons)},
+            inputs={**_json_safe(decision.inputs), "reasons": list(decision.reasons)},
         )
 
     def _update_runtime(
@@ -278,12 +279,15 @@ class ControllerService:
         runtime.errors = list(obs.errors) if obs is not None else ["no observation"]
         sli = obs.sli if obs is not None else None
         age_s = None if obs is None else now_s - obs.observed_at_s
-        runtime.stale = obs is None or (age_s is not None and age_s > self.stale_after_s) or (
-            sli is None and bool(obs.errors)
+        # Stale: nothing observed, too old, or the source failed and only held (older) values are left.
+        runtime.stale = (
+            obs is None
+            or (age_s is not None and age_s > self.stale_after_s)
+            or (bool(obs.errors) and (sli is None or (age_s is not None and age_s > 0)))
         )
         if obs is not None:
             runtime.observed_at = self.wall_clock() - timedelta(seconds=age_s or 0.0)
-        runtime.sli = {
+        runtime.sli = _json_safe({
             "ttft_good_ratio": sli.ttft_good_ratio if sli else None,
             "itl_good_ratio": sli.itl_good_ratio if sli else None,
             "ttft_p99_seconds": sli.ttft_p99_s if sli else None,
@@ -291,7 +295,7 @@ class ControllerService:
             "imbalance_cv_max": sli.imbalance_cv_max if sli else None,
             "queue_depth": obs.queue_depth if obs else None,
             "requests_in_window": sli.requests_in_window if sli else None,
-        }
+        })
         self.metrics.set_slis(policy.name, {k: v for k, v in runtime.sli.items() if k != "requests_in_window"})
         for slo in SLO_NAMES:
             objective = getattr(policy.objectives, slo)
@@ -347,6 +351,11 @@ class ControllerService:
         await self.source.aclose()
         if self.rebalancer is not None:
             await self.rebalancer.aclose()
+
+
+def _json_safe(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Non-finite floats become None: JSON has no NaN or infinity, and the API must not fail on them."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()}
 
 
 def build_service(settings: ControllerSettings, store: Store, registry: CollectorRegistry) -> ControllerService:

@@ -321,3 +321,24 @@ def test_the_decision_log_is_pruned_to_its_retention(tmp_path: Path) -> None:
     asyncio.run(ticks())
     kept = store.list_decisions(limit=1000)
     assert len(kept) == 7 and kept[0].tick_s == 1000.0 + 99 * 15
+
+
+def test_non_finite_values_never_break_the_api(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from controller.api import create_app
+    from controller.config import ControllerSettings
+
+    clock = Clock()
+    service, store, registry = _service(tmp_path, clock)
+    store.create_policy(_policy())
+    sli = replace(_sli(clock.now_s), ttft_p99_s=float("inf"))
+    service.source.fields = {"queue_depth": float("nan"), "running_requests": 4.0, "sli": sli}  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    settings = ControllerSettings(db=str(tmp_path / "c.db"))
+    client = TestClient(create_app(settings, store, registry=registry, service=service))
+    status = client.get("/v1/status")
+    assert status.status_code == 200
+    assert status.json()["policies"][0]["sli"]["ttft_p99_seconds"] is None
+    decisions = client.get("/v1/decisions")
+    assert decisions.status_code == 200 and decisions.json()["items"][0]["inputs"]["queue_depth"] is None
