@@ -11,6 +11,8 @@ Examples are bounded so the run stays well under a minute.
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -25,7 +27,9 @@ from controller.policy import Policy
 from controller.store import Store
 from tests.controller.api.conftest import AUTH, TOKEN
 
-_DB = Path(tempfile.mkdtemp(prefix="moeslo-st-")) / "c.db"
+_TMP = Path(tempfile.mkdtemp(prefix="moeslo-st-"))
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
+_DB = _TMP / "c.db"
 _SETTINGS = ControllerSettings(db=str(_DB), api_token=TOKEN)
 _STORE = Store(_SETTINGS.db_url)
 _STORE.create_policy(Policy.model_validate({"name": "seeded", "target": {"kind": "model", "model": "m"}}))
