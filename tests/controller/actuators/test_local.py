@@ -80,7 +80,13 @@ def test_scale_up_down_and_shutdown_with_real_engine_processes(tiny_checkpoint: 
         await actuator.aclose()  # shutdown stops every replica, also one still starting
         assert not _alive(last)
 
-    asyncio.run(scenario())
+    async def run() -> None:
+        try:
+            await scenario()
+        finally:
+            await actuator.aclose()  # never leave engine processes behind, even when an assertion fails
+
+    asyncio.run(run())
 
 
 def test_checkpoint_is_required_and_must_exist(tmp_path) -> None:
