@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Request, Response
 from pydantic import ValidationError as PydanticValidationError
+from starlette.concurrency import run_in_threadpool
 
 from controller.api.auth import WriteAccess
 from controller.api.errors import PreconditionRequiredError
@@ -213,15 +214,33 @@ async def patch_policy(
         raise ValidationError(f"body: a merge patch must be a JSON object, got {type(patch).__name__}")
     if "name" in patch and patch["name"] != name:
         raise ValidationError(f"name: cannot be changed by PATCH (policy {name!r})")
+    # The store is synchronous: keep it off the event loop the tick loop shares.
+    return await run_in_threadpool(_apply_patch, request, response, name, patch, if_match)
+
+
+PATCH_ATTEMPTS = 3
+
+
+def _apply_patch(
+    request: Request, response: Response, name: str, patch: dict[str, Any], if_match: str | None
+) -> PolicyResource:
     store = _store(request)
     expected = _expected_version(request, name, if_match)
-    current = store.get_policy(name)
-    if expected is None:
-        expected = current.version
-    policy = validate_policy(merge_patch(current.policy.model_dump(mode="json"), patch))
-    _check_target(request, policy)
-    stored, _created = store.replace_policy(policy, expected_version=expected)
-    return _respond(response, stored)
+    for attempt in range(1, PATCH_ATTEMPTS + 1):
+        current = store.get_policy(name)
+        policy = validate_policy(merge_patch(current.policy.model_dump(mode="json"), patch))
+        _check_target(request, policy)
+        try:
+            stored, _created = store.replace_policy(
+                policy, expected_version=current.version if expected is None else expected
+            )
+        except StaleVersionError:
+            # Without If-Match the client asked for "patch whatever is current": re-read and re-apply.
+            if expected is not None or attempt == PATCH_ATTEMPTS:
+                raise
+            continue
+        return _respond(response, stored)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 @router.delete("/policies/{name}", status_code=204, responses=_WRITE)
@@ -271,6 +290,10 @@ async def import_openslo(request: Request, _auth: WriteAccess) -> OpenSloImport:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValidationError(f"body: not UTF-8 text at byte {exc.start}") from exc
+    return await run_in_threadpool(_import_openslo, request, text)
+
+
+def _import_openslo(request: Request, text: str) -> OpenSloImport:
     imported = parse_openslo(text)
     store = _store(request)
     results: list[PolicyResource] = []

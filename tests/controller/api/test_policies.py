@@ -218,3 +218,29 @@ def test_every_error_class_maps_to_one_status() -> None:
     assert status_for(errors.DataError("bad", path="f", line=2)) == 422
     assert status_for(errors.MoesloError("?")) == 500
     assert STATUS_BY_ERROR[-1][0] is errors.MoesloError
+
+
+def test_patch_without_if_match_reapplies_over_a_concurrent_write(client: TestClient) -> None:
+    _create(client)
+    store = client.app.state.store  # type: ignore[attr-defined]
+    real = store.replace_policy
+    raced = {"done": False}
+
+    def racing_replace(policy, *, expected_version=None, create=False):  # type: ignore[no-untyped-def]
+        if not raced["done"]:  # another writer lands between our read and our write
+            raced["done"] = True
+            current = store.get_policy("qwen").policy
+            real(current.model_copy(update={"description": "theirs"}), expected_version=1)
+        return real(policy, expected_version=expected_version, create=create)
+
+    store.replace_policy = racing_replace
+    patched = client.patch("/v1/policies/qwen", json={"mode": "advisory"}, headers=AUTH)
+    assert patched.status_code == 200, patched.text
+    body = patched.json()
+    assert body["version"] == 3
+    assert (body["policy"]["mode"], body["policy"]["description"]) == ("advisory", "theirs")  # both kept
+    store.replace_policy = real
+    raced["done"] = False
+    store.replace_policy = racing_replace
+    pinned = client.patch("/v1/policies/qwen", json={"mode": "off"}, headers={**AUTH, "If-Match": '"3"'})
+    assert pinned.status_code == 412  # with If-Match, a lost race is the client's to resolve
