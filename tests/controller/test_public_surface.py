@@ -1,0 +1,18 @@
+"""The controller service's packages name their public surface in a sorted ``__all__``."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "module", ["controller.api", "controller.store", "controller.sources", "controller.actuators"]
+)
+def test_all_is_sorted_and_resolves(module: str) -> None:
+    package = importlib.import_module(module)
+    names = package.__all__
+    assert names == sorted(names)
+    for name in names:
+        assert getattr(package, name) is not None, f"{module}.{name}"
