@@ -140,6 +140,10 @@ class VllmServer:
             self.stop()
 
 
+BATCH_ARGS = ("--max-num-seqs", "64", "--max-num-batched-tokens", "4096")
+"""The same batch limits on both engines: the whole burst of prompts fits one prefill step."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VllmBenchOptions:
     checkpoint: Path | None = None
@@ -190,10 +194,12 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
         raise FileNotFoundError(f"no vLLM venv at {VLLM_VENV} (run `make vllm-venv`)")
     with tempfile.TemporaryDirectory(prefix="moeslo-bench-vllm-") as tmp:
         checkpoint = options.checkpoint or make_checkpoint(Path(tmp) / "ckpt", progress)
-        vocab = int(json.loads((checkpoint / "config.json").read_text())["vocab_size"])
+        config = json.loads((checkpoint / "config.json").read_text())
+        vocab, layers = int(config["vocab_size"]), int(config["num_hidden_layers"])
         servers = {
-            "vllm_plugin_off": VllmServer(checkpoint, log_path=Path(tmp) / "off.log"),
-            "vllm_plugin_on": VllmServer(checkpoint, env={"MOESLO_VLLM_PLUGIN": "1"}, log_path=Path(tmp) / "on.log"),
+            "vllm_plugin_off": VllmServer(checkpoint, log_path=Path(tmp) / "off.log", extra_args=BATCH_ARGS),
+            "vllm_plugin_on": VllmServer(checkpoint, env={"MOESLO_VLLM_PLUGIN": "1"}, log_path=Path(tmp) / "on.log",
+                                         extra_args=BATCH_ARGS),
         }
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
         published = 0.0
@@ -208,12 +214,16 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
                 for name, server in servers.items():
                     progress(f"round {repeat + 1}/{options.repeats}: {name}")
                     rounds[name].append(measure_round(server.base_url, server.model_name, options, vocab, repeat))
+            time.sleep(2.5)  # the workers flush every second
             published = _expert_tokens_published(servers["vllm_plugin_on"].base_url)
         finally:
             for server in servers.values():
                 server.stop()
         runs: dict[str, Any] = {name: best_of(r) for name, r in rounds.items()}
         runs["vllm_plugin_on"]["moe_expert_tokens_published"] = published
+        # Warm-up (2 x (32 + 4 - 1)) and every round: each routed token counts top-k times in every layer.
+        routed = 2 * (32 + 4 - 1) + options.repeats * options.prompts * (options.prompt_tokens + options.new_tokens - 1)
+        runs["vllm_plugin_on"]["moe_expert_tokens_expected"] = routed * int(config["num_experts_per_tok"]) * layers
         if options.ours:
             progress("moeslo: starting our engine")
             runs["moeslo"] = _run_ours(checkpoint, options, vocab)
@@ -229,7 +239,11 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
         / off["median_output_tokens_per_s"],
         "plugin_overhead_pct": 100.0 * (1.0 - on["output_tokens_per_s"] / off["output_tokens_per_s"]),
     }  # fmt: skip
-    out["capture_call_us"] = capture_cost_us()
+    # The plugin's hot path against a decode step: one callback per MoE layer per step.
+    cost = capture_cost_us()
+    out["capture_call_us"] = cost
+    if off["itl_p50_s"]:
+        out["capture_share_of_decode_step_pct"] = 100.0 * layers * cost["tokens_16"] / (off["itl_p50_s"] * 1e6)
     if "moeslo" in runs:
         out["moeslo_over_vllm_tokens_per_s"] = runs["moeslo"]["output_tokens_per_s"] / off["output_tokens_per_s"]
     return out
@@ -273,7 +287,7 @@ def _expert_tokens_published(base_url: str) -> float:
 def _run_ours(checkpoint: Path, options: VllmBenchOptions, vocab: int) -> dict[str, Any]:
     port = free_port()
     cmd = [sys.executable, "-c", "from cli.main import app; app()", "serve", "--checkpoint", str(checkpoint),
-           "--port", str(port), "--model-name", "moeslo", "--kv-cache-mb", "256"]  # fmt: skip
+           "--port", str(port), "--model-name", "moeslo", "--kv-cache-mb", "256", *BATCH_ARGS]  # fmt: skip
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
     try:

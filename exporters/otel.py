@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
@@ -138,6 +139,11 @@ class OtelStatsSink:
         if not ok:
             span.set_status(Status(StatusCode.ERROR, f"finish_reason={fin.finish_reason}"))
         span.end(end_time=wall_end_ns)
+
+    def record_first_tokens(self, ttfts_s: Iterable[float]) -> None:
+        """TTFT observations reported per step rather than per finished request (vLLM's stats)."""
+        for ttft_s in ttfts_s:
+            self._ttft.record(ttft_s, self._attrs)
 
     def force_flush(self, timeout_ms: int = 10_000) -> None:
         for provider in (self.meter_provider, self.tracer_provider):

@@ -15,11 +15,10 @@ entry point ``moeslo_otel``.  It records only with ``MOESLO_VLLM_OTEL=1``;
 the exporter follows the standard ``OTEL_*`` variables
 (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_METRIC_EXPORT_INTERVAL`` ...).
 
-TTFT per request is ``e2e_latency - decode_time`` (vLLM's finished-request
-stats carry no TTFT; both terms come from the same clocks vLLM's own TTFT
-histogram uses, and the difference is the last token's hand-over to the
-front end, microseconds to a millisecond).  This module imports vLLM: it
-exists only in vLLM's environment.
+TTFT comes from ``IterationStats.time_to_first_tokens_iter``, the very values
+vLLM's own ``vllm:time_to_first_token_seconds`` observes (its finished-request
+stats carry no TTFT); duration and time per output token from each finished
+request.  This module imports vLLM: it exists only in vLLM's environment.
 """
 
 from __future__ import annotations
@@ -44,17 +43,16 @@ PROVIDER_NAME = "vllm"
 def finished_from_vllm(fin: Any) -> FinishedRequestStats:
     """One vLLM ``FinishedRequestStats`` in the engine's terms (seconds)."""
     generated = int(fin.num_generation_tokens)
-    e2e_s, decode_s = float(fin.e2e_latency), float(fin.decode_time)
     return FinishedRequestStats(
         request_id=str(fin.request_id or ""),
         finish_reason=str(fin.finish_reason).lower(),
         prompt_tokens=int(fin.num_prompt_tokens),
         generation_tokens=generated,
-        e2e_s=e2e_s,
+        e2e_s=float(fin.e2e_latency),
         queue_s=float(fin.queued_time),
         prefill_s=float(fin.prefill_time),
-        decode_s=decode_s,
-        ttft_s=max(0.0, e2e_s - decode_s) if generated > 0 else None,
+        decode_s=float(fin.decode_time),
+        ttft_s=None,  # recorded from the iteration's first tokens, where vLLM measures it
         mean_itl_s=float(fin.mean_time_per_output_token) if generated > 1 else None,
     )
 
@@ -84,7 +82,10 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                engine_idx: int = 0) -> None:  # fmt: skip
-        if self.sink is None or iteration_stats is None or not iteration_stats.finished_requests:
+        if self.sink is None or iteration_stats is None:
+            return
+        self.sink.record_first_tokens(iteration_stats.time_to_first_tokens_iter)
+        if not iteration_stats.finished_requests:
             return
         self.sink.record(
             StepStats(

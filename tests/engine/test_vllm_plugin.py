@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -19,9 +21,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.vllm import VllmServer, slo_bucket_args, vllm_python
+from bench.vllm import VllmServer, free_port, slo_bucket_args, vllm_python
 from engine.stats import balancedness, imbalance_cv
 from engine.vllm_plugin import contiguous_rank_weights, rank_loads
+from tests.exporters.otlp_receiver import OtlpReceiver
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
 
@@ -31,7 +34,13 @@ STARTUP_TIMEOUT_S = 300.0
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
+def otlp() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpReceiver) -> Iterator[dict[str, VllmServer]]:
     if vllm_python() is None:
         pytest.skip("vLLM venv absent: run `make vllm-venv` to build .venv-vllm")
     from engine.checkpoint import init_random_checkpoint
@@ -43,10 +52,18 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Vllm
     checkpoint = init_random_checkpoint(tmp / "ckpt", config, seed=0, router_skew=0.5)
     (tmp / "mp-on").mkdir()
     (tmp / "mp-off").mkdir()
-    on = VllmServer(checkpoint, model_name=MODEL, log_path=tmp / "on.log", extra_args=slo_bucket_args(), env={
-        "MOESLO_VLLM_PLUGIN": "1", "MOESLO_VLLM_FLUSH_S": "0.25", "MOESLO_VLLM_WINDOW_S": "3600",
-        "MOESLO_VLLM_EP_RANKS": str(VIRTUAL_RANKS), "PROMETHEUS_MULTIPROC_DIR": str(tmp / "mp-on"),
-    })
+    # The enabled server also exports: GenAI histograms (our stat logger) and vLLM's own request spans.
+    on = VllmServer(
+        checkpoint, model_name=MODEL, log_path=tmp / "on.log",
+        extra_args=[*slo_bucket_args(), "--otlp-traces-endpoint", f"{otlp.endpoint}/v1/traces"],
+        env={
+            "MOESLO_VLLM_PLUGIN": "1", "MOESLO_VLLM_FLUSH_S": "0.25", "MOESLO_VLLM_WINDOW_S": "3600",
+            "MOESLO_VLLM_EP_RANKS": str(VIRTUAL_RANKS), "PROMETHEUS_MULTIPROC_DIR": str(tmp / "mp-on"),
+            "MOESLO_VLLM_OTEL": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
+            "OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "cumulative", "OTEL_BSP_SCHEDULE_DELAY": "500",
+        },
+    )  # fmt: skip
     off = VllmServer(checkpoint, model_name=MODEL, log_path=tmp / "off.log",
                      env={"PROMETHEUS_MULTIPROC_DIR": str(tmp / "mp-off")})
     started: list[VllmServer] = []
@@ -192,13 +209,121 @@ def test_controller_scrape_source_reads_slis_from_vllm(servers: dict[str, VllmSe
     assert obs.ready_replicas == 1
 
 
+def _itl_buckets(base_url: str) -> dict[float, float]:
+    found = samples(base_url)["vllm:inter_token_latency_seconds_bucket"]
+    return {float(labels["le"]): value for labels, value in found}
+
+
 def test_controller_scrape_source_on_vllm_default_buckets(servers: dict[str, VllmServer]) -> None:
-    """vLLM 0.32's own ITL edges skip 0.02 s: p99 still works, the good ratio is reported missing."""
+    """vLLM 0.32's own ITL edges skip 0.02 s (0.01, 0.025): the source interpolates inside that bucket."""
+    base = servers["off"].base_url
+    before = _itl_buckets(base)
     obs = _observe_around_traffic(servers["off"], seed=5)
+    after = _itl_buckets(base)
+    assert 0.02 not in after and 0.01 in after and 0.025 in after
+    delta = {edge: after[edge] - before.get(edge, 0.0) for edge in after}
+    expected = (delta[0.01] + (delta[0.025] - delta[0.01]) * (0.02 - 0.01) / (0.025 - 0.01)) / delta[math.inf]
+    assert obs.errors == ()
     sli = obs.sli
     assert sli is not None and sli.ttft_p99_s is not None and sli.itl_p99_s is not None
     assert sli.ttft_good_ratio is not None
-    assert sli.itl_good_ratio is None
-    assert any("vllm:inter_token_latency_seconds has no bucket edge at 0.02" in e for e in obs.errors)
+    assert sli.itl_good_ratio == pytest.approx(expected)
     assert sli.imbalance_cv_per_layer == ()
 
+def _attrs(item) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    out: dict[str, object] = {}
+    for kv in item.attributes:
+        value = kv.value
+        out[kv.key] = getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
+    return out
+
+
+def test_vllm_latencies_reach_otlp_as_genai_histograms_and_spans(servers: dict[str, VllmServer],
+                                                                 otlp: OtlpReceiver) -> None:
+    base = servers["on"].base_url
+    complete(base, prompts_for(6, [14, 22, 30]), [5, 6, 7])
+    deadline = time.monotonic() + 30
+    while True:
+        found = samples(base)
+        vllm_count = sum(v for _, v in found["vllm:time_to_first_token_seconds_count"])
+        vllm_sum = sum(v for _, v in found["vllm:time_to_first_token_seconds_sum"])
+        ours = [p for p in otlp.histogram_points("gen_ai.server.time_to_first_token")
+                if _attrs(p).get("gen_ai.request.model") == MODEL]
+        if (ours and ours[-1].count == vllm_count) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert ours, "no gen_ai.server.time_to_first_token points for the model"
+    latest = ours[-1]  # cumulative temporality: the last export holds every request so far
+    assert latest.count == vllm_count >= 3
+    # The same observations as vLLM's own TTFT histogram.
+    assert latest.sum == pytest.approx(vllm_sum, rel=1e-6)
+    attrs = _attrs(latest)
+    assert attrs["gen_ai.provider.name"] == "vllm" and attrs["gen_ai.operation.name"] == "text_completion"
+    tpot = otlp.histogram_points("gen_ai.server.time_per_output_token")
+    duration = otlp.histogram_points("gen_ai.server.request.duration")
+    assert tpot and tpot[-1].count > 0 and duration and duration[-1].count == vllm_count
+    # vLLM's own tracing (documented, not rewritten): one span per request with gen_ai.* latency attributes.
+    spans = [_attrs(s) for s in otlp.spans()]
+    traced = [a for a in spans if "gen_ai.latency.time_to_first_token" in a]
+    assert len(traced) >= 3
+    assert all(a["gen_ai.latency.time_to_first_token"] > 0 and a["gen_ai.usage.prompt_tokens"] > 0 for a in traced)
+
+
+@pytest.fixture(scope="module")
+def prometheus(servers: dict[str, VllmServer], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus binary absent (apt-get install prometheus)")
+    tmp = tmp_path_factory.mktemp("prometheus")
+    config = tmp / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: vllm\n    static_configs: [{{targets: ['127.0.0.1:{servers['on'].port}']}}]\n"
+    )
+    port = free_port()
+    with open(tmp / "prometheus.log", "wb") as log:
+        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                up = httpx.get(f"{url}/api/v1/query", params={"query": 'up{job="vllm"}'}, timeout=2).json()
+                if [r["value"][1] for r in up["data"]["result"]] == ["1"]:
+                    break
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+            assert time.monotonic() < deadline, (tmp / "prometheus.log").read_text()[-2000:]
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_controller_prometheus_source_reads_slis_from_vllm(servers: dict[str, VllmServer], prometheus: str) -> None:
+    from controller.sources import PrometheusClient, PrometheusSource
+
+    time.sleep(2.5)  # scrapes before the traffic
+    complete(servers["on"].base_url, prompts_for(7, [30, 25, 20, 15]), [8, 8, 8, 8])
+    time.sleep(3.5)  # scrapes after it
+
+    async def observe():  # type: ignore[no-untyped-def]
+        source = PrometheusSource(PrometheusClient(prometheus))
+        try:
+            return (await source.observe([_policy()], time.monotonic()))["vllm"]
+        finally:
+            await source.aclose()
+
+    obs = asyncio.run(observe())
+    assert obs.errors == ()
+    sli = obs.sli
+    assert sli is not None
+    assert sli.ttft_p99_s is not None and 0 < sli.ttft_p99_s < 60
+    assert sli.itl_p99_s is not None and 0 < sli.itl_p99_s < 60
+    assert sli.ttft_good_ratio is not None and sli.itl_good_ratio is not None
+    assert len(sli.imbalance_cv_per_layer) == LAYERS
+    assert obs.ready_replicas == 1 and obs.queue_depth == 0
+    assert obs.kv_cache_usage is not None
