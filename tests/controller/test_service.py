@@ -303,7 +303,8 @@ def test_ticks_over_real_metrics_pages(tmp_path: Path) -> None:
 
 def test_observation_template_is_complete() -> None:
     # Guards the scripted source: every field it sets exists on the boundary type.
-    replace(PolicyObservation(policy="x", observed_at_s=0.0), **OVERLOADED)  # type: ignore[arg-type]
+    obs = replace(PolicyObservation(policy="x", observed_at_s=0.0), **OVERLOADED)  # type: ignore[arg-type]
+    assert (obs.queue_depth, obs.running_requests, obs.kv_cache_usage) == (20.0, 4.0, 0.95)
 
 
 def test_the_decision_log_is_pruned_to_its_retention(tmp_path: Path) -> None:
