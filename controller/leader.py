@@ -175,7 +175,11 @@ class LeaseElector:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.to_thread(self.try_acquire_or_renew)
+            try:
+                await asyncio.to_thread(self.try_acquire_or_renew)
+            except Exception:
+                # An unexpected answer must not end the loop: this replica then simply stops leading.
+                log.exception("leader election round failed")
             await asyncio.sleep(self.config.renew_period_s)
 
     async def start(self) -> None:
