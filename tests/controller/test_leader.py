@@ -154,3 +154,27 @@ def test_only_the_lease_holder_actuates_and_a_standby_takes_over(server: StandIn
     asyncio.run(b.tick())
     assert server.obj(scale_path)["spec"]["replicas"] == 3
     assert len(server.writes_to(scale_path)) == 2
+
+
+def test_the_background_loop_leads_and_releases_on_stop(server: StandInApiServer) -> None:
+    import asyncio
+
+    config = LeaderElectionConfig(enabled=True, namespace="moeslo", lease_name="loop", lease_duration_s=3,
+                                  renew_period_s=0.2)
+    elector = LeaseElector(api_client(KubernetesConfig(host=server.url)), config, identity="looper")
+
+    async def scenario() -> None:
+        await elector.start()
+        for _ in range(50):
+            if elector.is_leader:
+                break
+            await asyncio.sleep(0.1)
+        assert elector.is_leader
+        await asyncio.sleep(0.5)  # a few renewals
+        await elector.stop()
+
+    asyncio.run(scenario())
+    lease = server.obj(server.lease_path("moeslo", "loop"))
+    assert lease["spec"].get("holderIdentity") is None  # released for a fast takeover
+    renewals = [code for method, path, code in server.state.log if method == "PUT" and path.endswith("/loop")]
+    assert len(renewals) >= 3 and set(renewals) == {200}
