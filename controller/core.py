@@ -10,9 +10,13 @@ Per policy, in order (the first guardrail that holds ends the evaluation)::
     mode off                          -> hold  [mode_off]
     no observation / no replica count -> hold  [insufficient_data]
     (NaN, infinite, negative or out-of-range values count as unknown)
-    observation older than stale_after_s
-                                      -> hold  [stale_data]
-    no advisor has an opinion         -> hold  [insufficient_data]
+    observation from the future (beyond clock_skew_tolerance_s)
+                                      -> hold  [clock_skew]
+    observation older than stale_after_s, or no advisor has an opinion:
+      replicas outside [min_replicas, max_replicas]
+                                      -> move toward the bound, at most max_step
+                                         [stale_data / insufficient_data, below_min / above_max]
+      otherwise                       -> hold  [stale_data / insufficient_data]
     need = max over advisors (reasons of each)
     clamp need to [min_replicas, max_replicas]           [at_min / at_max]
     want fewer replicas, but the source reported errors -> hold [partial_data]
@@ -24,7 +28,10 @@ Per policy, in order (the first guardrail that holds ends the evaluation)::
     mode advisory / read-only target  -> decided, apply=False [mode_advisory / read_only_target]
 
 So a metrics outage (no data, stale data, or a source that failed) can never
-shrink a fleet, let alone scale it to zero.
+shrink a fleet, let alone scale it to zero -- except back down to max_replicas,
+which is the policy's own rule and needs no data.  And a fleet below
+min_replicas (at zero it has no engines, hence no metrics) is brought back to
+the bound without waiting for data.
 
 The only state is plain data per policy (:class:`PolicyState`): when replicas
 last changed and the last decision, so a restarted controller can carry it over.
@@ -35,10 +42,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 from controller.advisors import ReactiveAdvisor
+from controller.observation_checks import sanitize_observation
 from controller.policy import KubernetesTarget, LocalTarget, Mode, Policy
 from controller.types import (
     Action,
@@ -66,12 +73,17 @@ class CoreConfig:
     stabilize_scale_down: bool = True
     """Scale down no lower than the highest need seen within the cooldown (as the HPA's
     stabilization window does), so a one-tick dip does not shrink the fleet."""
+    clock_skew_tolerance_s: float = 5.0
+    """An observation dated more than this after ``now_s`` is invalid (``clock_skew``): a clock
+    ahead of ours would pass the staleness check and push the cooldown into the future."""
 
     def __post_init__(self) -> None:
         if self.tick_interval_s <= 0:
             raise ValueError(f"tick_interval_s must be > 0, got {self.tick_interval_s}")
         if self.stale_after_s is not None and self.stale_after_s <= 0:
             raise ValueError(f"stale_after_s must be > 0, got {self.stale_after_s}")
+        if not self.clock_skew_tolerance_s >= 0:
+            raise ValueError(f"clock_skew_tolerance_s must be >= 0, got {self.clock_skew_tolerance_s}")
 
     @property
     def stale_limit_s(self) -> float:
@@ -130,6 +142,7 @@ class DecisionCore:
     def record_change(self, policy: str, at_s: float) -> None:
         """Tell the core the replica count changed at ``at_s`` (e.g. an actuator applied it late)."""
         state = self.state.setdefault(policy, PolicyState())
+        # A time ahead of the core's clock is clamped to now_s at the next decision (see _evaluate).
         state.last_change_s = at_s if state.last_change_s is None else max(state.last_change_s, at_s)
 
     def decide(self, policy: Policy, observation: PolicyObservation | None, now_s: float) -> Decision:
@@ -182,17 +195,24 @@ class DecisionCore:
         if invalid:
             inputs["invalid_fields"] = ",".join(invalid)
         _record_observation(inputs, obs, now_s)
+        if state.last_change_s is not None and state.last_change_s > now_s:
+            state.last_change_s = now_s  # a change is never in the future: it would block scale-downs
         current = obs.current_replicas
         if current is None:
             return hold(Reason.INSUFFICIENT_DATA, "the replica count is unknown")
-        self._note_outside_change(state, current, obs.observed_at_s)
         age_s = now_s - obs.observed_at_s
-        if age_s > self.config.stale_limit_s:
+        if -age_s > self.config.clock_skew_tolerance_s:
             return hold(
-                Reason.STALE_DATA,
-                f"observation is {age_s:.1f} s old (limit {self.config.stale_limit_s:.1f} s)",
+                Reason.CLOCK_SKEW,
+                f"observation is dated {-age_s:.1f} s in the future "
+                f"(tolerance {self.config.clock_skew_tolerance_s:.1f} s): the source's clock is ahead",
                 current,
             )
+        self._note_outside_change(state, current, min(obs.observed_at_s, now_s))
+        if age_s > self.config.stale_limit_s:
+            detail = f"observation is {age_s:.1f} s old (limit {self.config.stale_limit_s:.1f} s)"
+            bounded = self._to_bound(policy, current, Reason.STALE_DATA, detail, inputs, now_s)
+            return bounded or hold(Reason.STALE_DATA, detail, current)
 
         if self.config.isolate_advisor_errors:
             advices = [(advisor.name, _advise(advisor, policy, obs, now_s)) for advisor in self.advisors]
@@ -204,7 +224,9 @@ class DecisionCore:
         if not opinions:
             errors = [name for name, advice in advices if Reason.ADVISOR_ERROR in advice.reasons]
             extra = (Reason.ADVISOR_ERROR,) if errors else ()
-            return hold(Reason.INSUFFICIENT_DATA, "no advisor had enough data", current, *extra)
+            detail = "no advisor had enough data"
+            bounded = self._to_bound(policy, current, Reason.INSUFFICIENT_DATA, detail, inputs, now_s, *extra)
+            return bounded or hold(Reason.INSUFFICIENT_DATA, detail, current, *extra)
         need = max(advice.replicas_needed for _, advice in opinions if advice.replicas_needed is not None)
         why = tuple(dict.fromkeys(r for _, a in opinions for r in a.reasons if r != Reason.INSUFFICIENT_DATA))
         failed = [name for name, advice in advices if Reason.ADVISOR_ERROR in advice.reasons]
@@ -271,33 +293,45 @@ class DecisionCore:
         reasons: tuple[str, ...] = (action, *why, *guards)
         if action == "hold" and need == current and Reason.SCALE_UP_PENDING not in reasons:
             reasons = (*reasons, Reason.STEADY)
-        apply = action != "hold"
-        if apply and policy.mode == Mode.ADVISORY:
-            apply = False
-            reasons = (*reasons, Reason.MODE_ADVISORY)
-        if apply and not isinstance(policy.target, (KubernetesTarget, LocalTarget)):
-            apply = False
-            reasons = (*reasons, Reason.READ_ONLY_TARGET)
-        inputs["desired_replicas"] = desired
         verb = "hold at" if action == "hold" else f"{action.replace('_', ' ')} {current} ->"
         detail = f"{verb} {desired}: " + "; ".join(notes)
         if guards:
             detail += f" [{', '.join(guards)}]"
-        return Decision(
-            policy=policy.name,
-            action=action,
-            current_replicas=current,
-            desired_replicas=desired,
-            reasons=_codes(reasons),
-            detail=detail,
-            inputs=inputs,
-            decided_at_s=now_s,
-            apply=apply,
-        )
+        return _decision(policy, action, current, desired, reasons, detail, inputs, now_s)
+
+    @staticmethod
+    def _to_bound(
+        policy: Policy, current: int, why: str, detail: str, inputs: dict[str, Scalar], now_s: float, *more: str
+    ) -> Decision | None:
+        """Without usable data, a replica count outside the policy's bounds still moves toward them.
+
+        The bounds are the policy's own rule and need no data; a fleet at zero has no
+        engines and so no metrics, and would otherwise never come back.  Scale-downs
+        happen only to enforce max_replicas.  ``None`` when the count is within bounds.
+        """
+        scaling = policy.scaling
+        if current < scaling.min_replicas:
+            desired, guard = scaling.min_replicas, Reason.BELOW_MIN
+        elif current > scaling.max_replicas:
+            desired, guard = scaling.max_replicas, Reason.ABOVE_MAX
+        else:
+            return None
+        guards: list[str] = [guard]
+        if abs(desired - current) > scaling.max_step:
+            desired = current + int(math.copysign(scaling.max_step, desired - current))
+            guards.append(Reason.MAX_STEP)
+        action: Action = "scale_up" if desired > current else "scale_down"
+        bounds = f"[{scaling.min_replicas}, {scaling.max_replicas}]"
+        text = f"{action.replace('_', ' ')} {current} -> {desired}: outside the bounds {bounds}; {detail}"
+        return _decision(policy, action, current, desired, (action, why, *more, *guards), text, inputs, now_s)
 
     @staticmethod
     def _note_outside_change(state: PolicyState, current: int, observed_at_s: float) -> None:
-        """A replica count the core did not ask for (someone else scaled) restarts the cooldown."""
+        """A replica count the core did not ask for (someone else scaled) restarts the cooldown.
+
+        ``observed_at_s`` is clamped to the core's clock by the caller: a change dated in the
+        future would hold every scale-down until that time.
+        """
         previous = state.last_observed_replicas
         state.last_observed_replicas = current
         if previous is None or previous == current:
@@ -309,97 +343,36 @@ class DecisionCore:
             state.last_change_s = observed_at_s
 
 
-_OBSERVATION_FIELDS = (
-    "queue_depth",
-    "running_requests",
-    "request_rate_rps",
-    "prompt_tokens_per_s",
-    "output_tokens_per_s",
-    "kv_cache_usage",
-)
-_SLI_FIELDS = ("requests_in_window", "ttft_good_ratio", "itl_good_ratio", "ttft_p99_s", "itl_p99_s")
-_RATIO_FIELDS = frozenset({"kv_cache_usage", "ttft_good_ratio", "itl_good_ratio"})
-
-
-def _invalid(name: str, value: float | None) -> bool:
-    if value is None:
-        return False
-    if not math.isfinite(value) or value < 0:
-        return True
-    return name in _RATIO_FIELDS and value > _RATIO_MAX
-
-
-_RATIO_MAX = 1.0 + 1e-9
-
-
-def _plausible(obs: PolicyObservation) -> bool:
-    """The common case, checked inline (every tick, every policy): all values finite and in range.
-
-    NaN fails every comparison, so it falls through to the field-by-field pass.
-    """
-    inf = math.inf
-    q, run, rate, pt, ot, kv = (
-        obs.queue_depth,
-        obs.running_requests,
-        obs.request_rate_rps,
-        obs.prompt_tokens_per_s,
-        obs.output_tokens_per_s,
-        obs.kv_cache_usage,
+def _decision(
+    policy: Policy,
+    action: Action,
+    current: int,
+    desired: int,
+    reasons: Sequence[str],
+    detail: str,
+    inputs: dict[str, Scalar],
+    now_s: float,
+) -> Decision:
+    """A decision that changes (or holds) replicas; applied unless the mode or the target forbids it."""
+    apply = action != "hold"
+    if apply and policy.mode == Mode.ADVISORY:
+        apply = False
+        reasons = (*reasons, Reason.MODE_ADVISORY)
+    if apply and not isinstance(policy.target, (KubernetesTarget, LocalTarget)):
+        apply = False
+        reasons = (*reasons, Reason.READ_ONLY_TARGET)
+    inputs["desired_replicas"] = desired
+    return Decision(
+        policy=policy.name,
+        action=action,
+        current_replicas=current,
+        desired_replicas=desired,
+        reasons=_codes(reasons),
+        detail=detail,
+        inputs=inputs,
+        decided_at_s=now_s,
+        apply=apply,
     )
-    if not (
-        (q is None or 0.0 <= q < inf)
-        and (run is None or 0.0 <= run < inf)
-        and (rate is None or 0.0 <= rate < inf)
-        and (pt is None or 0.0 <= pt < inf)
-        and (ot is None or 0.0 <= ot < inf)
-        and (kv is None or 0.0 <= kv <= _RATIO_MAX)
-        and (obs.current_replicas is None or obs.current_replicas >= 0)
-        and (obs.ready_replicas is None or obs.ready_replicas >= 0)
-    ):
-        return False
-    sli = obs.sli
-    if sli is None:
-        return True
-    n, tg, ig, tp, ip = sli.requests_in_window, sli.ttft_good_ratio, sli.itl_good_ratio, sli.ttft_p99_s, sli.itl_p99_s
-    return (
-        -inf < sli.observed_at_s < inf
-        and (n is None or 0.0 <= n < inf)
-        and (tg is None or 0.0 <= tg <= _RATIO_MAX)
-        and (ig is None or 0.0 <= ig <= _RATIO_MAX)
-        and (tp is None or 0.0 <= tp < inf)
-        and (ip is None or 0.0 <= ip < inf)
-    )
-
-
-def sanitize_observation(obs: PolicyObservation) -> tuple[PolicyObservation, tuple[str, ...]]:
-    """Turn NaN, infinite, negative and out-of-range values into ``None`` (unknown).
-
-    Prometheus answers 0/0 with NaN; a source that passes it on must not make the
-    core scale on it.  Returns the observation (the same object when all is well)
-    and the names of the fields that were dropped.
-    """
-    if _plausible(obs):
-        return obs, ()
-    invalid = [name for name in _OBSERVATION_FIELDS if _invalid(name, getattr(obs, name))]
-    changes: dict[str, Any] = dict.fromkeys(invalid)
-    for name in ("current_replicas", "ready_replicas"):
-        value = getattr(obs, name)
-        if value is not None and value < 0:
-            invalid.append(name)
-            changes[name] = None
-    sli = obs.sli
-    if sli is not None:
-        bad_sli = [name for name in _SLI_FIELDS if _invalid(name, getattr(sli, name))]
-        if not math.isfinite(sli.observed_at_s):
-            changes["sli"] = None
-            invalid.append("sli.observed_at_s")
-        elif bad_sli:
-            dropped: dict[str, Any] = dict.fromkeys(bad_sli)
-            changes["sli"] = replace(sli, **dropped)
-            invalid.extend(f"sli.{name}" for name in bad_sli)
-    if not changes:
-        return obs, ()
-    return replace(obs, **changes), tuple(invalid)
 
 
 def _advise(advisor: ScalingAdvisor, policy: Policy, obs: PolicyObservation, now_s: float) -> Advice:

@@ -85,6 +85,8 @@ class Reason(StrEnum):
     # Guardrails.
     INSUFFICIENT_DATA = "insufficient_data"
     STALE_DATA = "stale_data"
+    CLOCK_SKEW = "clock_skew"
+    """The observation is dated in the future (the source's clock is ahead): it is not used."""
     PARTIAL_DATA = "partial_data"
     """The source reported errors: scale-ups are allowed, scale-downs are not."""
     COOLDOWN = "cooldown"

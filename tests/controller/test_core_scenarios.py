@@ -74,11 +74,23 @@ def test_guardrails_hold_for_any_observation(
     assert d.reasons[0] == d.action
     json.dumps(d.inputs, allow_nan=False)  # the decision log stores them as strict JSON
     current = obs.current_replicas
-    if current is None or 1000.0 - obs.observed_at_s > core.config.stale_limit_s:
+    scaling = policy.scaling
+    if current is None:
         assert d.action == "hold"
         return
+    if 1000.0 - obs.observed_at_s > core.config.stale_limit_s:
+        # Stale data moves only a fleet outside the bounds, toward them, never past them.
+        if scaling.min_replicas <= current <= scaling.max_replicas:
+            assert d.action == "hold"
+        else:
+            assert d.desired_replicas is not None
+            assert abs(d.desired_replicas - current) <= scaling.max_step
+            assert {"below_min", "above_max"} & set(d.reasons)
+            assert scaling.min_replicas <= d.desired_replicas <= current or (
+                current <= d.desired_replicas <= scaling.max_replicas
+            )
+        return
     assert d.desired_replicas is not None
-    scaling = policy.scaling
     assert abs(d.desired_replicas - current) <= scaling.max_step
     if scaling.min_replicas <= current <= scaling.max_replicas:
         assert scaling.min_replicas <= d.desired_replicas <= scaling.max_replicas

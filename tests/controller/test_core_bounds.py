@@ -1,0 +1,112 @@
+"""The core's bounds without data, the reactive advisor's floor, and observations from the future."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from controller.advisors import ReactiveAdvisor
+from controller.core import CoreConfig, DecisionCore
+from controller.types import PolicyObservation
+from tests.controller.test_core import idle, make_policy, observe, tick
+
+
+def no_metrics(at_s: float, replicas: int) -> PolicyObservation:
+    """What a source sees of a fleet with no engines to scrape: only the replica count."""
+    return PolicyObservation(policy="chat", observed_at_s=at_s, current_replicas=replicas, ready_replicas=replicas)
+
+
+def test_fleet_at_zero_without_metrics_comes_back_to_min() -> None:
+    core = DecisionCore()
+    policy = make_policy(min_replicas=2)
+    decision = tick(core, 1000.0, no_metrics(999.0, 0), policy)
+    assert (decision.action, decision.desired_replicas, decision.apply) == ("scale_up", 2, True)
+    assert decision.reasons == ("scale_up", "insufficient_data", "below_min")
+    assert core.state["chat"].last_change_s == 1000.0
+
+
+def test_bound_without_data_moves_at_most_max_step() -> None:
+    policy = make_policy(min_replicas=6, max_step=4)
+    decision = tick(DecisionCore(), 1000.0, no_metrics(999.0, 0), policy)
+    assert (decision.action, decision.desired_replicas) == ("scale_up", 4)
+    assert decision.reasons == ("scale_up", "insufficient_data", "below_min", "max_step")
+
+
+def test_fleet_above_max_without_metrics_comes_down_to_max() -> None:
+    core = DecisionCore()
+    core.record_change("chat", 999.0)  # inside the cooldown: the bound needs no data and no wait
+    decision = tick(core, 1000.0, no_metrics(999.0, 12), make_policy(max_replicas=10))
+    assert (decision.action, decision.desired_replicas) == ("scale_down", 10)
+    assert decision.reasons == ("scale_down", "insufficient_data", "above_max")
+
+
+def test_stale_data_enforces_bounds_but_never_scales_down_within_them() -> None:
+    core = DecisionCore(config=CoreConfig(tick_interval_s=10.0))
+    up = tick(core, 1000.0, idle(900.0, 1), make_policy(min_replicas=3))
+    assert (up.action, up.desired_replicas) == ("scale_up", 3)
+    assert up.reasons == ("scale_up", "stale_data", "below_min")
+    down = tick(DecisionCore(), 1000.0, idle(900.0, 12), make_policy(max_replicas=10))
+    assert (down.action, down.desired_replicas) == ("scale_down", 10)
+    assert down.reasons == ("scale_down", "stale_data", "above_max")
+    within = tick(DecisionCore(), 1000.0, idle(900.0, 8), make_policy(min_replicas=0, max_replicas=10))
+    assert (within.action, within.desired_replicas) == ("hold", 8)
+    assert within.reasons == ("hold", "stale_data")
+
+
+def test_bound_without_data_respects_advisory_mode() -> None:
+    decision = tick(DecisionCore(), 1000.0, no_metrics(999.0, 0), make_policy(mode="advisory", min_replicas=2))
+    assert (decision.action, decision.desired_replicas, decision.apply) == ("scale_up", 2, False)
+    assert "mode_advisory" in decision.reasons
+
+
+def test_idle_fleet_with_min_zero_never_scales_to_zero() -> None:
+    """Engine-side signals cannot bring a fleet back from zero, so they never take it there."""
+    policy = make_policy(min_replicas=0, max_step=10)
+    advice = ReactiveAdvisor().advise(policy, observe(999.0, 1, running_requests=0.0, kv_cache_usage=0.0), 1000.0)
+    assert advice.replicas_needed == 1
+    core = DecisionCore()
+    shrink = tick(core, 1000.0, observe(999.0, 4, running_requests=0.0, kv_cache_usage=0.0), policy)
+    assert (shrink.action, shrink.desired_replicas) == ("scale_down", 1)
+    assert "low_utilization" in shrink.reasons
+    later = tick(core, 2000.0, observe(1999.0, 1, running_requests=0.0, kv_cache_usage=0.0), policy)
+    assert (later.action, later.desired_replicas) == ("hold", 1)
+
+
+@pytest.mark.parametrize("ahead_s", [6.0, 3600.0])
+def test_observation_from_the_future_holds(ahead_s: float) -> None:
+    core = DecisionCore()
+    tick(core, 1000.0, observe(999.0, 4))
+    decision = tick(core, 1015.0, idle(1015.0 + ahead_s, 6))
+    assert (decision.action, decision.desired_replicas, decision.apply) == ("hold", 6, False)
+    assert decision.reasons == ("hold", "clock_skew")
+    # It is not taken as an outside change dated in the future.
+    assert core.state["chat"].last_change_s is None
+
+
+def test_small_clock_skew_is_tolerated_and_clamped_to_now() -> None:
+    core = DecisionCore()
+    tick(core, 1000.0, observe(999.0, 4))
+    # Someone else scaled to 6; the source's clock is 3 s ahead of ours.
+    decision = tick(core, 1015.0, idle(1018.0, 6))
+    assert decision.reasons[:2] == ("hold", "cooldown")
+    assert core.state["chat"].last_change_s == 1015.0
+    # The cooldown ends 180 s after *our* now, not after the source's time.
+    after = tick(core, 1015.0 + 180.0, idle(1015.0 + 180.0, 6))
+    assert after.action == "scale_down"
+
+
+def test_change_recorded_in_the_future_is_clamped_to_now() -> None:
+    core = DecisionCore()
+    core.record_change("chat", 5000.0)
+    first = tick(core, 1000.0, idle(999.0))
+    assert first.reasons[:2] == ("hold", "cooldown")
+    assert core.state["chat"].last_change_s == 1000.0
+    assert tick(core, 1181.0, idle(1180.0)).action == "scale_down"
+
+
+def test_clock_skew_tolerance_is_validated() -> None:
+    with pytest.raises(ValueError, match="clock_skew_tolerance_s"):
+        CoreConfig(clock_skew_tolerance_s=-1.0)
+    strict = DecisionCore(config=CoreConfig(clock_skew_tolerance_s=0.0))
+    assert tick(strict, 1000.0, replace(observe(999.0), observed_at_s=1000.5)).reasons == ("hold", "clock_skew")
