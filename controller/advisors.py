@@ -23,7 +23,11 @@ it only for what they asked already (``scale_up_pending`` once it is there).
 Scale down (``low_utilization``) only when the SLIs are trusted and healthy
 (burn rate below ``burn_rate_scale_down``, p99 under ``latency_headroom`` of
 the threshold), nothing waits, and KV-cache usage says the load fits in
-fewer replicas at ``target_kv_usage``.
+fewer replicas at ``target_kv_usage``.  It never asks for fewer than one
+replica, whatever ``min_replicas`` says: a fleet at zero has no engines and so
+no signals to bring it back.  Scale-to-zero (``min_replicas: 0``) needs an
+external demand signal (e.g. a request gateway's queue) to wake the fleet; the
+core brings a fleet below ``min_replicas`` back to the bound without data.
 """
 
 from __future__ import annotations
@@ -138,7 +142,8 @@ class ReactiveAdvisor:
             worst_latency_ratio is None or worst_latency_ratio < cfg.latency_headroom
         )
         if healthy and queue is not None and queue == 0 and kv is not None and ready == current:
-            need = math.ceil(round(ready * kv / cfg.target_kv_usage, 9))
+            # At least one: engine-side signals cannot bring a fleet back from zero.
+            need = max(1, math.ceil(round(ready * kv / cfg.target_kv_usage, 9)))
             if need < current:
                 details["kv_cache_usage"] = kv
                 return Advice(replicas_needed=need, reasons=(Reason.LOW_UTILIZATION,), details=details)
