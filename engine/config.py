@@ -83,6 +83,18 @@ class ModelConfig:
         if isinstance(kwargs.get("eos_token_id"), list):
             kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
         kwargs["torch_dtype"] = str(raw.get("torch_dtype") or raw.get("dtype") or "float32")
+        # transformers 5 writes RoPE settings under rope_parameters; older configs use rope_scaling.
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise ValidationError(f"rope_parameters must be an object, got {rope!r}")
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValidationError(
+                f"rope_type {rope_type!r} is not supported (only 'default' RoPE); refusing rather than "
+                "computing wrong positions"
+            )
+        if "rope_theta" not in raw and "rope_theta" in rope:
+            kwargs["rope_theta"] = float(rope["rope_theta"])
         kwargs["extra"] = {k: v for k, v in raw.items() if k not in known}
         return cls(**kwargs)
 
@@ -116,7 +128,7 @@ class ModelConfig:
                 "router_aux_loss_coef": 0.001,
                 "use_cache": True,
                 "use_sliding_window": False,
-                "rope_scaling": None,
             }
         )
+        out.setdefault("rope_scaling", None)
         return out

@@ -63,6 +63,11 @@ class Executor(Protocol):
     @property
     def placement(self) -> Placement: ...
 
+    @property
+    def broken(self) -> str | None:
+        """Why the executor can no longer run steps (an EP group left mid-collective); None when healthy."""
+        ...
+
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Run one step; float32 logits (plan.num_logits, vocab), rows in chunk order."""
         ...

@@ -48,15 +48,26 @@ class ReplicaTable:
                 fill[expert] += 1
         self.log2phy = torch.from_numpy(table)
         self.single_replica = bool(width == 1)
+        self._calls = 0
 
     def physical(self, layer: int, expert_ids: torch.Tensor) -> torch.Tensor:
-        """Physical slot for each (token, k) assignment of ``expert_ids`` (T, k)."""
+        """Physical slot for each (token, k) assignment of ``expert_ids`` (T, k).
+
+        An expert's assignments take its replicas in turn, starting one replica
+        further each call, so even one decoding sequence spreads over replicas.
+        """
         table = self.log2phy[layer]
         if self.single_replica:
             return table[expert_ids, 0]
-        token = torch.arange(expert_ids.shape[0]).unsqueeze(1)
-        replica = token % self.counts[layer][expert_ids]
-        return table[expert_ids, replica]
+        flat = expert_ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=table.shape[0])
+        starts = torch.cumsum(counts, 0) - counts
+        turn = torch.empty_like(flat)
+        turn[order] = torch.arange(flat.shape[0]) - starts[flat[order]]
+        self._calls += 1
+        replica = (turn + self._calls) % self.counts[layer][flat]
+        return table[flat, replica].reshape(expert_ids.shape)
 
 
 class ExpertShard:
@@ -80,19 +91,16 @@ class ExpertShard:
             for expert in placement.experts_on_rank(layer, rank).tolist():
                 if expert not in cache:
                     cache[expert] = load(layer, expert)
-            self._set_layer(layer, placement, cache, append=True)
+            w13, w2 = self._build_layer(layer, placement, cache)
+            self.w13.append(w13)
+            self.w2.append(w2)
 
-    def _set_layer(self, layer: int, placement: Placement, source: dict[int, ExpertWeights], *, append: bool) -> None:
+    def _build_layer(self, layer: int, placement: Placement, source: dict[int, ExpertWeights]) -> ExpertWeights:
         experts = placement.experts_on_rank(layer, self.rank).tolist()
         # Stored (slots, in, out): the layout grouped GEMM reads fastest.
         w13 = torch.stack([source[e][0].t() for e in experts]).contiguous()
         w2 = torch.stack([source[e][1].t() for e in experts]).contiguous()
-        if append:
-            self.w13.append(w13)
-            self.w2.append(w2)
-        else:
-            self.w13[layer] = w13
-            self.w2[layer] = w2
+        return w13, w2
 
     def weights_of(self, layer: int, expert: int) -> ExpertWeights:
         """Weights of a logical expert this rank holds (its first local replica)."""
@@ -140,8 +148,9 @@ class ExpertShard:
         out.index_add_(0, token, ys)
         return int(token.shape[0])
 
-    def swap(self, new: Placement, received: dict[tuple[int, int], ExpertWeights]) -> None:
-        """Rebuild the slots for ``new`` from local weights plus ``received`` ones."""
+    def prepare(self, new: Placement, received: dict[tuple[int, int], ExpertWeights]) -> list[ExpertWeights]:
+        """The slots of every layer under ``new``, built aside from local and ``received`` weights."""
+        layers = []
         for layer in range(new.num_layers):
             source: dict[int, ExpertWeights] = {}
             for expert in set(new.experts_on_rank(layer, self.rank).tolist()):
@@ -149,8 +158,12 @@ class ExpertShard:
                     source[expert] = received[(layer, expert)]
                 else:
                     source[expert] = self.weights_of(layer, expert)
-            self._set_layer(layer, new, source, append=False)
-        self.placement = new
+            layers.append(self._build_layer(layer, new, source))
+        return layers
+
+    def commit(self, new: Placement, layers: list[ExpertWeights]) -> None:
+        """Switch to ``new`` in one step, so a failure before it leaves the old slots whole."""
+        self.w13, self.w2, self.placement = [w for w, _ in layers], [w for _, w in layers], new
 
 
 @dataclass(frozen=True, slots=True)

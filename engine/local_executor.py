@@ -86,12 +86,32 @@ class DriverBase:
     def placement(self) -> Placement:
         return self._placement
 
+    @property
+    def broken(self) -> str | None:
+        """Why this executor can no longer run steps (None: healthy)."""
+        return None
+
     def execute(self, plan: StepPlan) -> torch.Tensor:
         if not plan.chunks:
             return torch.empty((0, self._config.vocab_size))
         meta = self.model.step_metadata(plan, self._block_size)
+        self._check(meta)
         with torch.inference_mode():
             return self._forward(meta)
+
+    def _check(self, meta: StepMetadata) -> None:
+        """Refuse a malformed plan here, before any rank is asked to take part in it."""
+        cfg = self._config
+        problems = []
+        if meta.token_ids.numel() and (int(meta.token_ids.min()) < 0 or int(meta.token_ids.max()) >= cfg.vocab_size):
+            problems.append(f"token ids must be in [0, {cfg.vocab_size})")
+        if meta.positions.numel() and int(meta.positions.max()) >= cfg.max_position_embeddings:
+            problems.append(f"positions must be < max_position_embeddings ({cfg.max_position_embeddings})")
+        slots = self._num_blocks * self._block_size
+        if meta.slot_mapping.numel() and (int(meta.slot_mapping.min()) < 0 or int(meta.slot_mapping.max()) >= slots):
+            problems.append(f"block tables must use blocks in [0, {self._num_blocks})")
+        if problems:
+            raise ValidationError(problems)
 
     def _forward(self, meta: StepMetadata) -> torch.Tensor:
         return self.model.forward(meta, self.kv_cache, self._experts)
@@ -171,7 +191,11 @@ class LocalExecutor(DriverBase):
 
     def _swap(self, placement: Placement) -> tuple[int, int]:
         # One rank holds every expert already: slots are only reordered, nothing changes rank.
-        self.shard.swap(placement, {})
+        try:
+            layers = self.shard.prepare(placement, {})
+        except Exception as exc:  # e.g. MemoryError while building the new slots aside
+            raise PlacementError(f"placement swap failed ({exc!r}); the old placement stays") from exc
+        self.shard.commit(placement, layers)
         return 0, 0
 
 

@@ -41,6 +41,21 @@ class LayerWeights:
     dense_down: torch.Tensor | None
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """One multi-token chunk of a step, with what attention needs precomputed once per step."""
+
+    row: int
+    """First row of the chunk in the step's tokens."""
+    length: int
+    cached: int
+    """Tokens of the sequence already in the KV cache before this chunk."""
+    blocks: torch.Tensor | None
+    """Block ids holding positions 0..cached+length-1 (None when nothing was cached)."""
+    mask: torch.Tensor | None
+    """(length, cached+length) causal mask over cached and new keys (None when nothing was cached)."""
+
+
 @dataclass(slots=True)
 class StepMetadata:
     """Tensors derived from a StepPlan once per step and shared by every layer."""
@@ -51,9 +66,9 @@ class StepMetadata:
     logits_rows: torch.Tensor
     decode_rows: torch.Tensor | None
     decode_block_tables: torch.Tensor | None
-    decode_context_lens: torch.Tensor | None
-    prefills: list[tuple[int, int, int, torch.Tensor]]
-    """(first row, new tokens, tokens already cached, block table) per prefill chunk."""
+    decode_mask: torch.Tensor | None
+    """(decodes, 1, 1, keys): which gathered keys each decoding sequence may see."""
+    prefills: list[PrefillChunk]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -117,44 +132,50 @@ class Qwen3MoeModel:
     # ----------------------------------------------------------------- metadata
     def step_metadata(self, plan: StepPlan, block_size: int) -> StepMetadata:
         tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
+        positions: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []
         logits_rows: list[int] = []
         decode_rows: list[int] = []
         decode_tables: list[tuple[int, ...]] = []
         decode_lens: list[int] = []
-        prefills: list[tuple[int, int, int, torch.Tensor]] = []
+        prefills: list[PrefillChunk] = []
         for chunk in plan.chunks:
             row = len(tokens)
             n = len(chunk.token_ids)
             start = chunk.num_computed
             tokens.extend(chunk.token_ids)
-            table = chunk.block_table
-            for pos in range(start, start + n):
-                positions.append(pos)
-                slots.append(table[pos // block_size] * block_size + pos % block_size)
+            pos = torch.arange(start, start + n)
+            table = torch.tensor(chunk.block_table, dtype=torch.long)
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
             if chunk.needs_logits:
                 logits_rows.append(row + n - 1)
             if n == 1:
                 decode_rows.append(row)
-                decode_tables.append(table)
+                decode_tables.append(chunk.block_table)
                 decode_lens.append(start + 1)
+            elif start == 0:
+                prefills.append(PrefillChunk(row, n, 0, None, None))
             else:
-                prefills.append((row, n, start, torch.tensor(table, dtype=torch.long)))
-        decode_block_tables = None
+                total = start + n
+                mask = torch.arange(total).unsqueeze(0) <= (start + torch.arange(n)).unsqueeze(1)
+                prefills.append(PrefillChunk(row, n, start, table[: -(-total // block_size)], mask))
+        decode_block_tables = decode_mask = None
         if decode_rows:
             width = max(len(t) for t in decode_tables)
             decode_block_tables = torch.tensor(
                 [t + (0,) * (width - len(t)) for t in decode_tables], dtype=torch.long
             )
+            lens = torch.tensor(decode_lens, dtype=torch.long)
+            decode_mask = (torch.arange(width * block_size).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
         return StepMetadata(
             token_ids=torch.tensor(tokens, dtype=torch.long),
-            positions=torch.tensor(positions, dtype=torch.long),
-            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            positions=torch.cat(positions),
+            slot_mapping=torch.cat(slots),
             logits_rows=torch.tensor(logits_rows, dtype=torch.long),
             decode_rows=torch.tensor(decode_rows, dtype=torch.long) if decode_rows else None,
             decode_block_tables=decode_block_tables,
-            decode_context_lens=torch.tensor(decode_lens, dtype=torch.long) if decode_rows else None,
+            decode_mask=decode_mask,
             prefills=prefills,
         )
 
@@ -219,34 +240,31 @@ class Qwen3MoeModel:
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         k_cache, v_cache = cache[0], cache[1]
-        block_size = k_cache.shape[1]
         k_cache.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
-        for row, n, cached, table in meta.prefills:
+        for chunk in meta.prefills:
+            row, n = chunk.row, chunk.length
             qs = q[row : row + n].transpose(0, 1).unsqueeze(0)
-            if cached == 0:
+            if chunk.blocks is None:
                 ks = k[row : row + n].transpose(0, 1).unsqueeze(0)
                 vs = v[row : row + n].transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
             else:
-                total = cached + n
-                blocks = -(-total // block_size)
-                ks = k_cache[table[:blocks]].reshape(-1, n_kv, d)[:total].transpose(0, 1).unsqueeze(0)
-                vs = v_cache[table[:blocks]].reshape(-1, n_kv, d)[:total].transpose(0, 1).unsqueeze(0)
-                mask = torch.arange(total).unsqueeze(0) <= (cached + torch.arange(n)).unsqueeze(1)
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=self.scale, enable_gqa=True)
+                total = chunk.cached + n
+                ks = k_cache[chunk.blocks].reshape(-1, n_kv, d)[:total].transpose(0, 1).unsqueeze(0)
+                vs = v_cache[chunk.blocks].reshape(-1, n_kv, d)[:total].transpose(0, 1).unsqueeze(0)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=chunk.mask, scale=self.scale,
+                                                   enable_gqa=True)
             out[row : row + n] = o.squeeze(0).transpose(0, 1)
         if meta.decode_rows is not None:
-            assert meta.decode_block_tables is not None and meta.decode_context_lens is not None
+            assert meta.decode_block_tables is not None and meta.decode_mask is not None
             tables = meta.decode_block_tables
             batch = tables.shape[0]
             ks = k_cache[tables].reshape(batch, -1, n_kv, d).transpose(1, 2)
             vs = v_cache[tables].reshape(batch, -1, n_kv, d).transpose(1, 2)
-            mask = torch.arange(ks.shape[2]).unsqueeze(0) < meta.decode_context_lens.unsqueeze(1)
             qs = q[meta.decode_rows].unsqueeze(2)
-            o = F.scaled_dot_product_attention(
-                qs, ks, vs, attn_mask=mask[:, None, None, :], scale=self.scale, enable_gqa=True
-            )
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=meta.decode_mask, scale=self.scale,
+                                               enable_gqa=True)
             out[meta.decode_rows] = o.squeeze(2)
         return F.linear(out.reshape(n_tokens, n_heads * d), layer.o_proj)

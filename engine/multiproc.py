@@ -22,6 +22,7 @@ need them; each rank builds its new slots aside and switches at the end.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -35,7 +36,7 @@ import torch.multiprocessing as mp
 
 from engine.checkpoint import CheckpointReader, torch_dtype
 from engine.config import ModelConfig
-from engine.errors import ValidationError
+from engine.errors import PlacementError, UnavailableError, ValidationError
 from engine.executor import ExecutorOptions
 from engine.experts import ExpertShard, ExpertWeights, Transfer, load_expert, plan_transfers
 from engine.local_executor import DriverBase, default_threads, expert_bytes
@@ -103,9 +104,20 @@ class _RankState:
         return out.float()
 
     def apply(self, new: Placement) -> tuple[int, int]:
+        """Exchange weights, build the new slots aside, and switch only if every rank could."""
         transfers = plan_transfers(self.shard.placement, new)
         received = _exchange(self.shard, transfers, self.shard.rank)
-        self.shard.swap(new, received)
+        layers = None
+        failure = ""
+        try:
+            layers = self.shard.prepare(new, received)
+        except Exception as exc:  # e.g. MemoryError: report it, keep the old slots
+            failure = f"rank {self.shard.rank}: {exc!r}"
+        ok = torch.tensor([0 if layers is None else 1], dtype=torch.long)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if layers is None or int(ok[0]) == 0:
+            raise PlacementError(f"placement swap failed ({failure or 'on another rank'}); the old placement stays")
+        self.shard.commit(new, layers)
         return len(transfers), len(transfers) * expert_bytes(self.config, self.dtype)
 
 
@@ -138,7 +150,8 @@ def _worker_main(rank: int, world: int, port: int, options: ExecutorOptions, pla
                     box: list[object] = [None]
                     dist.broadcast_object_list(box, src=0)
                     assert isinstance(box[0], np.ndarray)
-                    state.apply(Placement(box[0], world))
+                    with contextlib.suppress(PlacementError):  # rank 0 reports it; the ranks agree
+                        state.apply(Placement(box[0], world))
                     dist.barrier()
                 else:
                     break
@@ -157,32 +170,54 @@ class MultiprocExecutor(DriverBase):
             )
         torch.set_num_threads(options.threads_per_rank or default_threads(world))
         super().__init__(options, num_ranks=world)
+        self._procs: list[BaseProcess] = []
+        self._closed = False
+        self._broken: str | None = None
+        self._header = torch.zeros(2, dtype=torch.long)
+        # Before spawning: children copy the environment, and every rank must bind loopback.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         port = _free_port()
         ctx = mp.get_context("spawn")
-        self._procs: list[BaseProcess] = []
-        for rank in range(1, world):
-            proc = ctx.Process(
-                target=_worker_main, args=(rank, world, port, options, self._placement), daemon=True,
-                name=f"moeslo-ep-rank{rank}",
+        try:
+            for rank in range(1, world):
+                proc = ctx.Process(
+                    target=_worker_main, args=(rank, world, port, options, self._placement), daemon=True,
+                    name=f"moeslo-ep-rank{rank}",
+                )
+                proc.start()
+                self._procs.append(proc)
+            dist.init_process_group(_backend(), init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world,
+                                    timeout=_TIMEOUT)
+            cfg = self._config
+            reader = self.reader
+            shard = ExpertShard(
+                cfg, self._placement, 0, lambda layer, expert: load_expert(reader, cfg.sparse_layers[layer], expert)
             )
-            proc.start()
-            self._procs.append(proc)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group(_backend(), init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world,
-                                timeout=_TIMEOUT)
-        cfg = self._config
-        shard = ExpertShard(
-            cfg, self._placement, 0, lambda layer, expert: load_expert(self.reader, cfg.sparse_layers[layer], expert)
-        )
-        self._state = _RankState(cfg, shard, self.dtype)
-        self._header = torch.zeros(2, dtype=torch.long)
-        self._closed = False
-        dist.barrier()
+            self._state = _RankState(cfg, shard, self.dtype)
+            dist.barrier()
+        except BaseException:
+            self._closed = True
+            self._teardown()
+            raise
+
+    @property
+    def broken(self) -> str | None:
+        return self._broken
+
+    def _guard(self) -> None:
+        if self._broken is not None:
+            raise UnavailableError(f"the expert-parallel group is broken ({self._broken}); restart the engine")
 
     def _forward(self, meta: StepMetadata) -> torch.Tensor:
-        self._header[0], self._header[1] = _OP_STEP, meta.token_ids.shape[0]
-        dist.broadcast(self._header, src=0)
-        return super()._forward(meta)
+        self._guard()
+        try:
+            self._header[0], self._header[1] = _OP_STEP, meta.token_ids.shape[0]
+            dist.broadcast(self._header, src=0)
+            return super()._forward(meta)
+        except Exception as exc:
+            # The ranks may be waiting inside this step's collectives: the group cannot be trusted again.
+            self._broken = f"a step failed: {exc!r}"
+            raise UnavailableError(f"expert-parallel step failed: {exc!r}") from exc
 
     def _dispatch(self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
         packed = torch.cat([x.float(), weights.float(), physical.float()], dim=1)
@@ -192,11 +227,20 @@ class MultiprocExecutor(DriverBase):
         return out.to(x.dtype)
 
     def _swap(self, placement: Placement) -> tuple[int, int]:
-        self._header[0], self._header[1] = _OP_PLACEMENT, 0
-        dist.broadcast(self._header, src=0)
-        dist.broadcast_object_list([placement.phy2log], src=0)
-        moved = self._state.apply(placement)
-        dist.barrier()
+        self._guard()
+        try:
+            self._header[0], self._header[1] = _OP_PLACEMENT, 0
+            dist.broadcast(self._header, src=0)
+            dist.broadcast_object_list([placement.phy2log], src=0)
+            try:
+                moved = self._state.apply(placement)
+            finally:
+                dist.barrier()
+        except PlacementError:
+            raise
+        except Exception as exc:
+            self._broken = f"a placement swap failed: {exc!r}"
+            raise UnavailableError(f"expert-parallel placement swap failed: {exc!r}") from exc
         return moved
 
     def shutdown(self) -> None:
@@ -204,14 +248,19 @@ class MultiprocExecutor(DriverBase):
             return
         self._closed = True
         try:
-            self._header[0], self._header[1] = _OP_SHUTDOWN, 0
-            dist.broadcast(self._header, src=0)
+            if self._broken is None:
+                self._header[0], self._header[1] = _OP_SHUTDOWN, 0
+                dist.broadcast(self._header, src=0)
         finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        if dist.is_initialized():
             dist.destroy_process_group()
-            deadline = time.monotonic() + 10
-            for proc in self._procs:
-                proc.join(timeout=max(0.1, deadline - time.monotonic()))
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join(timeout=5)
-            super().shutdown()
+        deadline = time.monotonic() + 10
+        for proc in self._procs:
+            proc.join(timeout=max(0.1, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        super().shutdown()

@@ -149,6 +149,8 @@ def create_app(
     async def health() -> JSONResponse:
         if not engine.is_alive:
             return JSONResponse({"status": "engine loop stopped"}, status_code=503)
+        if engine.executor.broken is not None:
+            return JSONResponse({"status": f"executor broken: {engine.executor.broken}"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")

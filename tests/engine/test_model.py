@@ -120,3 +120,53 @@ def test_bad_configs_are_refused_with_every_problem_listed(tmp_path: Path) -> No
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ValidationError, match="only 'qwen3_moe'"):
         ModelConfig.load(tmp_path)
+
+
+def test_bf16_matches_transformers(tmp_path: Path) -> None:
+    config = ModelConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                         vocab_size=512, max_position_embeddings=512, torch_dtype="bfloat16")
+    init_random_checkpoint(tmp_path, config, seed=9, router_skew=1.0)
+    prompt = _prompt(21, 512, seed=5)
+    executor = create_executor(ExecutorOptions(checkpoint=tmp_path, kv_cache_mb=2))
+    table = tuple(range(executor.num_blocks))
+    ours = executor.execute(StepPlan((SeqChunk(0, 0, tuple(prompt), table, True),)))[0]
+    executor.shutdown()
+    model = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        theirs = model(torch.tensor([prompt])).logits[0, -1].float()
+    # bf16 keeps 8 bits of mantissa: a few ulps at logits of magnitude ~1.
+    torch.testing.assert_close(ours, theirs, atol=3e-2, rtol=0)
+
+
+def test_mixed_step_with_shuffled_block_tables_matches_each_sequence_alone(tiny_checkpoint: Path) -> None:
+    """One step mixing a decode and a chunked-prefill continuation, on scattered KV blocks."""
+    a, b = _prompt(19, 512, seed=6), _prompt(26, 512, seed=7)
+    executor = create_executor(ExecutorOptions(checkpoint=tiny_checkpoint, kv_cache_mb=4))
+    blocks = torch.randperm(executor.num_blocks, generator=torch.Generator().manual_seed(0)).tolist()
+    table_a, table_b = tuple(blocks[:6]), tuple(blocks[6:12])
+    first = executor.execute(StepPlan((SeqChunk(0, 0, tuple(a), table_a, True),
+                                       SeqChunk(1, 0, tuple(b[:10]), table_b, False))))
+    token_a = int(first[0].argmax())
+    mixed = executor.execute(StepPlan((SeqChunk(0, len(a), (token_a,), table_a, True),
+                                       SeqChunk(1, 10, tuple(b[10:]), table_b, True))))
+    executor.shutdown()
+    theirs_a = _hf_greedy_logits(tiny_checkpoint, a, new_tokens=1)
+    theirs_b = _hf_greedy_logits(tiny_checkpoint, b, new_tokens=0)
+    torch.testing.assert_close(first[0], theirs_a[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(mixed[0], theirs_a[1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(mixed[1], theirs_b[0], atol=ATOL, rtol=0)
+
+
+def test_rope_settings_are_read_from_rope_parameters_and_unknown_types_refused(tmp_path: Path) -> None:
+    import json
+
+    raw = ModelConfig().to_hf_dict()
+    del raw["rope_theta"]
+    raw["rope_parameters"] = {"rope_type": "default", "rope_theta": 12345.0}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert ModelConfig.load(tmp_path).rope_theta == 12345.0
+    raw["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValidationError, match="'yarn' is not supported"):
+        ModelConfig.load(tmp_path)
