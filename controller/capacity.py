@@ -31,7 +31,7 @@ from pydantic import ValidationError as PydanticValidationError
 from engine.errors import DataError
 
 _Z99 = 2.326  # standard normal 99th percentile
-MAX_REPLICAS = 1_000_000
+MAX_REPLICAS = 100_000
 
 
 class ProfilePoint(BaseModel):
@@ -165,6 +165,8 @@ class Prediction:
     running_per_replica: float
     prefill_utilization: float
     kv_utilization: float
+    ttft_floor_s: float = 0.0
+    """p99 TTFT with no queue at all (the longest prompts' own prefill): no fleet size goes below it."""
 
     @property
     def stable(self) -> bool:
@@ -199,6 +201,7 @@ class CapacityModel:
             running_per_replica=max(for_ttft.running_per_replica, for_itl.running_per_replica),
             prefill_utilization=for_ttft.prefill_utilization,
             kv_utilization=max(for_ttft.kv_utilization, for_itl.kv_utilization),
+            ttft_floor_s=for_ttft.ttft_floor_s,
         )
 
     def _predict(self, load: Load, replicas: int) -> Prediction:
@@ -248,6 +251,7 @@ class CapacityModel:
                 wait_p99 + mean_service, mean_wait + t.prompt_p99_over_mean * mean_service
             )
         kv_tokens = running * (load.mean_prompt_tokens + load.mean_output_tokens / 2.0)
+        floor = p.ttft_overhead_s + t.prompt_p99_over_mean * load.mean_prompt_tokens / prefill_rate
         return Prediction(
             replicas=replicas,
             ttft_p99_s=ttft_p99,
@@ -256,13 +260,17 @@ class CapacityModel:
             running_per_replica=running,
             prefill_utilization=rho_p,
             kv_utilization=kv_tokens / p.kv_capacity_tokens,
+            ttft_floor_s=floor,
         )
 
     def meets_targets(self, prediction: Prediction) -> bool:
         t = self.targets
+        # Prompts so long that their own prefill eats the TTFT budget cannot be helped by more
+        # replicas; then size so the queue adds at most a fifth of the target on top of them.
+        ttft_limit = max(t.ttft_s * t.headroom, prediction.ttft_floor_s + 0.2 * t.ttft_s)
         return (
             prediction.stable
-            and prediction.ttft_p99_s <= t.ttft_s * t.headroom
+            and prediction.ttft_p99_s <= ttft_limit
             and prediction.itl_p99_s <= t.itl_s * t.headroom
             and prediction.kv_utilization <= t.headroom
             and prediction.running_per_replica <= self.profile.max_num_seqs * t.headroom
@@ -277,7 +285,7 @@ class CapacityModel:
         low, high = 1, 2
         while not self.meets_targets(self.predict(load, high)):
             low, high = high, high * 2
-            if high > MAX_REPLICAS:
+            if high >= MAX_REPLICAS:
                 return MAX_REPLICAS  # nothing meets the targets (an absurd load): ask for the most
         while high - low > 1:
             middle = (low + high) // 2
