@@ -60,6 +60,7 @@ class ControllerMetrics:
         # Labelled children by (metric name, label values): prometheus_client's labels() validates and
         # locks on every call, which costs more than the whole decision core at 100 policies a tick.
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._last: dict[tuple[str, tuple[str, ...]], float] = {}
 
     def _child(self, metric: Gauge | Counter, *values: str) -> Any:
         key = (metric._name, values)
@@ -69,6 +70,7 @@ class ControllerMetrics:
         return child
 
     def _drop(self, metric: Gauge | Counter, *values: str) -> None:
+        self._last.pop((metric._name, values), None)
         if self._children.pop((metric._name, values), None) is not None:
             with contextlib.suppress(KeyError):
                 metric.remove(*values)
@@ -77,8 +79,12 @@ class ControllerMetrics:
         """Known values are set; unknown ones (None) are removed, so no stale value lingers."""
         if value is None:
             self._drop(metric, *values)
-        else:
+            self._last.pop((metric._name, values), None)
+            return
+        key = (metric._name, values)
+        if self._last.get(key) != value:  # most values repeat between ticks: skip the locked write
             self._child(metric, *values).set(value)
+            self._last[key] = value
 
     def record_decision(
         self, policy: str, *, action: str, reason: str, desired: int | None, current: int | None

@@ -109,6 +109,9 @@ class Store:
         self.engine = make_engine(url)
         Base.metadata.create_all(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # Parsed policies by (name, version): a version never changes, and the tick loop reads every
+        # policy every tick, so validating the same JSON again would be wasted work.
+        self._parsed: dict[tuple[str, int], Policy] = {}
 
     def close(self) -> None:
         self.engine.dispose()
@@ -214,10 +217,15 @@ class Store:
         session.flush()
         return self._stored(row)
 
-    @staticmethod
-    def _stored(row: PolicyRow) -> StoredPolicy:
+    def _stored(self, row: PolicyRow) -> StoredPolicy:
+        key = (row.name, row.version)
+        policy = self._parsed.get(key)
+        if policy is None:
+            if len(self._parsed) > 10_000:
+                self._parsed.clear()
+            policy = self._parsed[key] = Policy.model_validate(row.spec)
         return StoredPolicy(
-            policy=Policy.model_validate(row.spec),
+            policy=policy,
             version=row.version,
             created_at=_utc(row.created_at),
             updated_at=_utc(row.updated_at),
