@@ -103,11 +103,12 @@ def test_streaming_ttft_and_itl_in_metrics_agree_with_the_client(served: Served)
     assert delta("vllm:generation_tokens_total") == n_tokens
     assert delta("vllm:request_success_total", finished_reason="length") == 4
     # Tolerance: the engine stamps tokens before the HTTP layer sends them, so its TTFT is at most
-    # the client's, and no more than 100 ms below it on average (HTTP, JSON and thread hand-off).
+    # the client's, and no more than 200 ms below it on average (HTTP parsing, JSON and the thread
+    # hand-off, on 2 shared cores).
     engine_ttft_mean = delta("vllm:time_to_first_token_seconds_sum") / 4
     client_ttft_mean = sum(client_ttfts) / 4
     assert engine_ttft_mean <= client_ttft_mean + 0.002
-    assert client_ttft_mean - engine_ttft_mean < 0.1
+    assert client_ttft_mean - engine_ttft_mean < 0.2
     # ITL: the mean gap between SSE events equals the engine's mean ITL within 10 ms (both sides see
     # the same steps; only the delivery jitter differs).
     engine_itl_mean = delta("vllm:inter_token_latency_seconds_sum") / (4 * 11)
