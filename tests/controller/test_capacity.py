@@ -99,3 +99,14 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(DataError, match="not valid JSON"):
         ReplicaProfile.load(path)
+
+
+def test_prompts_longer_than_the_ttft_budget_still_get_a_finite_fleet() -> None:
+    from controller.capacity import MAX_REPLICAS
+
+    model = CapacityModel()
+    # 3.6 x 14,000 tokens of prefill alone takes ~2 s: no fleet meets 500 ms, but the queue can vanish.
+    need = model.replicas_needed(load(50.0, prompt=14_000.0, output=30.0))
+    assert need < 1000 < MAX_REPLICAS
+    prediction = model.predict(load(50.0, prompt=14_000.0, output=30.0), need)
+    assert prediction.ttft_p99_s <= prediction.ttft_floor_s + 0.2 * 0.5
