@@ -17,6 +17,9 @@ Multiwindow alerts fire when the burn rate exceeds the threshold over both a
 long window and a short one (1/12 of the long), so they start fast and stop
 fast.  :func:`standard_burn_rate_windows` lists the workbook's four pairs with
 their thresholds derived from the compliance window, for the alert generator.
+A pair whose threshold comes out below 1 (compliance windows shorter than 30
+days: 7 days gives 0.7 for 1d/2h) is left out: a burn rate under 1 never
+exhausts the budget, so such an alert would fire while the SLO is met.
 
 Durations are seconds (``_s``) or Prometheus duration strings; see
 :func:`format_duration` and :func:`controller.policy.parse_duration_s`.
@@ -32,6 +35,7 @@ from typing import Literal
 from controller.policy import parse_duration_s
 
 __all__ = [
+    "MIN_ALERT_BURN_RATE",
     "SHORT_WINDOW_DIVISOR",
     "BurnRateWindow",
     "ObjectiveStatus",
@@ -39,6 +43,7 @@ __all__ = [
     "burn_rate",
     "burn_rate_threshold",
     "burn_rates_by_window",
+    "dropped_burn_rate_windows",
     "error_budget",
     "error_budget_remaining",
     "error_ratio_threshold",
@@ -53,6 +58,9 @@ Severity = Literal["page", "ticket"]
 
 SHORT_WINDOW_DIVISOR = 12
 """The short window of a multiwindow alert is 1/12 of its long window (1h -> 5m)."""
+
+MIN_ALERT_BURN_RATE = 1.0
+"""Burn-rate alerts below this factor are left out: at a burn rate <= 1 the budget lasts the window."""
 
 _UNITS_S = (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 
@@ -176,11 +184,23 @@ _STANDARD_WINDOWS: tuple[tuple[str, float, Severity], ...] = (
 
 
 def standard_burn_rate_windows(compliance_window_s: float = 30 * 86400) -> tuple[BurnRateWindow, ...]:
-    """The four standard multiwindow alerts, thresholds derived from the compliance window.
+    """The standard multiwindow alerts, thresholds derived from the compliance window.
 
     For 30 days: 1h/5m page at 14.4, 6h/30m page at 6, 1d/2h ticket at 3,
-    3d/6h ticket at 1.  Windows longer than the compliance window are left out.
+    3d/6h ticket at 1 (which fires only *above* 1).  Windows longer than the
+    compliance window are left out, and so are pairs whose threshold is below
+    :data:`MIN_ALERT_BURN_RATE`: for 7 days only 1h/5m (3.36) and 6h/30m (1.4)
+    remain; under 50 hours none does (see :func:`dropped_burn_rate_windows`).
     """
+    return tuple(w for w in _derived_windows(compliance_window_s) if _alertable(w))
+
+
+def dropped_burn_rate_windows(compliance_window_s: float) -> tuple[BurnRateWindow, ...]:
+    """The standard pairs left out for this compliance window because their threshold is below 1."""
+    return tuple(w for w in _derived_windows(compliance_window_s) if not _alertable(w))
+
+
+def _derived_windows(compliance_window_s: float) -> tuple[BurnRateWindow, ...]:
     return tuple(
         BurnRateWindow.derive(
             long_window=long_window,
@@ -191,6 +211,11 @@ def standard_burn_rate_windows(compliance_window_s: float = 30 * 86400) -> tuple
         for long_window, fraction, severity in _STANDARD_WINDOWS
         if parse_duration_s(long_window) <= compliance_window_s
     )
+
+
+def _alertable(window: BurnRateWindow) -> bool:
+    # round(): 10 % of 30 days in 3 days is 1.0 up to binary noise, and stays.
+    return round(window.burn_rate, 9) >= MIN_ALERT_BURN_RATE
 
 
 def burn_rates_by_window(good_ratio_by_window: Mapping[str, float], target: float) -> dict[str, float]:
@@ -223,26 +248,39 @@ def objective_status(
 ) -> ObjectiveStatus:
     """Summarize one objective from its good ratios keyed by Prometheus duration.
 
+    Keys are matched by the seconds they stand for, so a source that keys by the
+    policy's own spelling (``"7d"``, ``"24h"``) finds the same windows as
+    :func:`format_duration` spells them (``"1w"``, ``"1d"``); ``compliance_window``
+    in the result is the key found for it (or the canonical spelling without data).
     ``windows`` defaults to :func:`standard_burn_rate_windows` for the
     compliance window; an alert whose long or short window has no ratio is not
     evaluated (missing data never fires and never clears an alert here).
     """
-    compliance = format_duration(compliance_window_s)
     rates = burn_rates_by_window(good_ratio_by_window, target)
+    key_by_s: dict[int, str] = {}
+    for key in good_ratio_by_window:
+        try:
+            key_by_s.setdefault(parse_duration_s(key), key)
+        except ValueError:
+            continue  # not a duration: kept in burn_rates, matches no window
+    compliance = key_by_s.get(round(compliance_window_s), format_duration(compliance_window_s))
     window_ratio = good_ratio_by_window.get(compliance)
     chosen = standard_burn_rate_windows(compliance_window_s) if windows is None else tuple(windows)
-    firing = tuple(
-        w
-        for w in chosen
-        if w.long_window in rates
-        and w.short_window in rates
-        and is_burning(rates[w.long_window], rates[w.short_window], w.burn_rate)
-    )
+
+    def rate_over(window_s: int) -> float | None:
+        key = key_by_s.get(window_s)
+        return None if key is None else rates[key]
+
+    firing = []
+    for w in chosen:
+        long_rate, short_rate = rate_over(w.long_window_s), rate_over(w.short_window_s)
+        if long_rate is not None and short_rate is not None and is_burning(long_rate, short_rate, w.burn_rate):
+            firing.append(w)
     return ObjectiveStatus(
         target=target,
         compliance_window=compliance,
         good_ratio=window_ratio,
         error_budget_remaining=None if window_ratio is None else 1.0 - rates[compliance],
         burn_rates=rates,
-        firing=firing,
+        firing=tuple(firing),
     )

@@ -13,7 +13,7 @@ import yaml
 
 from controller.alerting.alertmanager import ReceiverOptions, build_alertmanager_config
 from controller.alerting.model import RuleGroup
-from controller.alerting.rules import AlertOptions, build_rule_groups
+from controller.alerting.rules import AlertOptions, build_rule_groups, dropped_windows_note
 from controller.policy import Policy
 
 RULES_FILE = "moeslo-rules.yaml"
@@ -73,7 +73,7 @@ def render_alert_files(
     groups = build_rule_groups(policies, options)
     header = GENERATED_HEADER.format(command="alerts generate")
     return {
-        RULES_FILE: dump_yaml(rules_document(groups), header=header),
+        RULES_FILE: dump_yaml(rules_document(groups), header=header + dropped_windows_note(policies)),
         ALERTMANAGER_FILE: dump_yaml(build_alertmanager_config(receivers), header=header),
     }
 

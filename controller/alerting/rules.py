@@ -6,7 +6,10 @@ over every window the burn-rate alerts read, then the error ratio.  The
 alerts are the SRE workbook's multiwindow multi-burn-rate alerts; their
 window pairs and burn-rate factors come from :mod:`controller.slo`, derived
 from the policy's compliance window and the share of budget each alert
-guards, so a 7-day window gets different factors than a 30-day one.
+guards, so a 7-day window gets different factors than a 30-day one.  Pairs
+whose factor would be below 1 are left out (a burn rate <= 1 never exhausts
+the budget, so they would fire while the SLO is met): a 7-day window keeps only
+the two paging pairs, and a window under 50 hours, with none left, is refused.
 
 Paging needs traffic: every burn-rate alert also requires the request rate
 over its short window to reach ``AlertOptions.min_request_rate_per_s``, so a
@@ -21,7 +24,14 @@ from typing import Literal
 
 from controller.alerting.model import AlertingRule, RecordingRule, Rule, RuleGroup
 from controller.policy import LatencyObjective, Policy, parse_duration_s
-from controller.slo import BurnRateWindow, error_budget, format_duration, standard_burn_rate_windows
+from controller.slo import (
+    MIN_ALERT_BURN_RATE,
+    BurnRateWindow,
+    dropped_burn_rate_windows,
+    error_budget,
+    format_duration,
+    standard_burn_rate_windows,
+)
 from engine.errors import ValidationError
 from exporters.buckets import (
     BUCKETS_BY_METRIC,
@@ -53,6 +63,7 @@ class AlertOptions:
     """``for:`` of a burn-rate alert, as a share of its short window (5m -> 1m, 30m -> 6m)."""
     min_for: str = "1m"
     imbalance_for: str = "10m"
+    """Least ``for:`` of the imbalance alert; it is at least twice the policy's imbalance ``sustain_s``."""
     absent_for: str = "10m"
     for_override: str | None = None
     """Use this ``for:`` on every alert (end-to-end tests that cannot wait minutes)."""
@@ -109,8 +120,21 @@ def check_thresholds(policies: Sequence[Policy], engine: str = "moeslo") -> None
 
 
 def burn_windows(policy: Policy) -> tuple[BurnRateWindow, ...]:
-    """The workbook's window pairs, factors derived from the policy's compliance window."""
+    """The workbook's window pairs, factors derived from the policy's compliance window.
+
+    Pairs whose factor is below 1 are left out; a policy with none left is refused.
+    """
     windows = standard_burn_rate_windows(policy.window_s)
+    if not windows:
+        left_out = dropped_burn_rate_windows(policy.window_s)
+        dropped = ", ".join(f"{w.long_window}/{w.short_window} at {_num(w.burn_rate)}x" for w in left_out)
+        raise ValidationError(
+            [
+                f"policy {policy.name!r}: compliance window {policy.window} is too short for burn-rate alerts: "
+                f"every standard window pair would fire below {_num(MIN_ALERT_BURN_RATE)}x ({dropped}), while the "
+                "SLO is still met; use a window of at least 50h"
+            ]
+        )
     problems = [
         f"policy {policy.name!r}: the {w.long_window}/{w.short_window} {w.severity} alert needs burn rate "
         f"{_num(w.burn_rate)}, but with target {sli.objective.target} the most it can reach is "
@@ -122,6 +146,20 @@ def burn_windows(policy: Policy) -> tuple[BurnRateWindow, ...]:
     if problems:
         raise ValidationError(problems)
     return windows
+
+
+def dropped_windows_note(policies: Sequence[Policy]) -> str:
+    """Comment lines for the generated rules: which window pairs were left out of which policy, and why."""
+    lines = [
+        "# Burn-rate window pairs whose factor would be below 1 are left out: a burn rate <= 1",
+        "# never exhausts the error budget, so they would fire while the SLO is met.",
+    ]
+    for policy in policies:
+        dropped = dropped_burn_rate_windows(policy.window_s)
+        if dropped:
+            pairs = ", ".join(f"{w.long_window}/{w.short_window} ({_num(w.burn_rate)}x)" for w in dropped)
+            lines.append(f"# Policy {policy.name} ({policy.window} window): left out {pairs}.")
+    return "".join(f"{line}\n" for line in lines)
 
 
 def rate_windows(windows: Sequence[BurnRateWindow]) -> tuple[str, ...]:
@@ -237,18 +275,21 @@ def _burn_rate_alerts(
 
 def _imbalance_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     max_cv = _num(policy.objectives.imbalance.max_cv)
+    # The rebalancer acts after sustain_s of imbalance: give it that long twice before a ticket.
+    sustain_s = policy.objectives.imbalance.sustain_s
+    imbalance_for = format_duration(max(parse_duration_s(options.imbalance_for), 2 * sustain_s))
     return AlertingRule(
         alert="MoesloExpertImbalance",
         expr=(
             f'max by (model_name) ({IMBALANCE_METRIC}{{model_name="{_selector_value(policy.model_name)}"}}) > {max_cv}'
         ),
-        for_=options.for_override or options.imbalance_for,
+        for_=options.for_override or imbalance_for,
         labels={"severity": "ticket", "policy": policy.name, "slo": "imbalance"},
         annotations={
             "summary": f"Expert load imbalance of policy {policy.name} above CV {max_cv}",
             "description": (
                 "The most imbalanced MoE layer of {{ $labels.model_name }} has per-rank load CV "
-                f"{{{{ printf `%.3g` $value }}}} > {max_cv} for {options.imbalance_for}; the rebalancer "
+                f"{{{{ printf `%.3g` $value }}}} > {max_cv} for {imbalance_for}; the rebalancer "
                 "has not brought it back."
             ),
         },
@@ -311,6 +352,7 @@ __all__ = [
     "build_rule_groups",
     "burn_windows",
     "check_thresholds",
+    "dropped_windows_note",
     "latency_slis",
     "rate_windows",
 ]

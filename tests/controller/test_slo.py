@@ -59,11 +59,27 @@ def test_standard_windows_are_derived() -> None:
     for w in windows:
         assert w.short_window_s * slo.SHORT_WINDOW_DIVISOR == w.long_window_s
         assert w.burn_rate == pytest.approx(w.budget_fraction * 30 * 86400 / w.long_window_s)
-    # Derived, not a table: a 7-day window gives other factors and drops nothing.
+    # Derived, not a table: a 7-day window gives other factors.
     week = slo.standard_burn_rate_windows(7 * 86400)
-    assert [round(w.burn_rate, 6) for w in week] == [3.36, 1.4, 0.7, 0.233333]
-    # Windows longer than the compliance window are left out.
-    assert [w.long_window for w in slo.standard_burn_rate_windows(86400)] == ["1h", "6h", "1d"]
+    assert [round(w.burn_rate, 6) for w in week] == [3.36, 1.4]
+
+
+def test_windows_below_one_x_are_left_out() -> None:
+    """A burn rate <= 1 never exhausts the budget: an alert below 1x would fire while the SLO is met."""
+    week_dropped = slo.dropped_burn_rate_windows(7 * 86400)
+    assert [(w.long_window, round(w.burn_rate, 6)) for w in week_dropped] == [("1d", 0.7), ("3d", 0.233333)]
+    for days in (1, 2, 3, 5, 7, 10, 14, 30, 90):
+        windows = slo.standard_burn_rate_windows(days * 86400)
+        assert all(w.burn_rate >= slo.MIN_ALERT_BURN_RATE - 1e-9 for w in windows), days
+        kept_and_dropped = windows + slo.dropped_burn_rate_windows(days * 86400)
+        # Windows longer than the compliance window are in neither list.
+        assert all(w.long_window_s <= days * 86400 for w in kept_and_dropped)
+    # 1 day: 1h would page at 0.48x, 6h at 0.2x, 1d ticket at 0.1x: nothing is left.
+    assert slo.standard_burn_rate_windows(86400) == ()
+    assert [w.long_window for w in slo.dropped_burn_rate_windows(86400)] == ["1h", "6h", "1d"]
+    # 50 hours is the shortest window that keeps the 1h page (at exactly 1x); 30 days keeps 3d at 1x.
+    assert [w.long_window for w in slo.standard_burn_rate_windows(50 * 3600)] == ["1h"]
+    assert slo.dropped_burn_rate_windows(30 * 86400) == ()
 
 
 def test_alert_condition_and_error_ratio() -> None:
@@ -116,3 +132,19 @@ def test_objective_status_without_data() -> None:
     assert status.good_ratio is None
     assert status.error_budget_remaining is None
     assert status.firing == ()
+
+
+def test_objective_status_matches_windows_by_seconds_not_spelling() -> None:
+    """Sources key ratios by the policy's own window (``7d``); format_duration spells it ``1w``."""
+    ratios = {"5m": 0.9, "1h": 0.9, "7d": 0.995}
+    status = slo.objective_status(ratios, 0.99, 7 * 86400)
+    assert status.compliance_window == "7d"
+    assert status.good_ratio == 0.995
+    assert status.error_budget_remaining == pytest.approx(0.5)
+    assert [w.long_window for w in status.firing] == ["1h"]
+    # Other spellings of the alert windows are found too; a key that is no duration is skipped.
+    spelled = slo.objective_status({"300s": 0.8, "60m": 0.8, "30d": 0.999, "all": 0.5}, 0.99, 30 * 86400)
+    assert spelled.compliance_window == "30d"
+    assert [w.long_window for w in spelled.firing] == ["1h"]
+    assert spelled.burn_rates["all"] == pytest.approx(50.0)
+    assert slo.objective_status({}, 0.99, 7 * 86400).compliance_window == "1w"

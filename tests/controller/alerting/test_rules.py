@@ -51,10 +51,28 @@ def test_thirty_day_window_gives_the_workbook_pairs_and_factors() -> None:
 
 def test_factors_follow_the_compliance_window() -> None:
     # 7 days: 2 % of the budget in 1 h is 0.02 * 168 = 3.36x, not 14.4x.
+    # 1d/2h (0.7x) and 3d/6h (0.23x) would fire while the SLO is met: they are left out.
     alerts = _burn_alerts(_policy(window="7d"))
     by_long = {a.labels["long_window"]: a.labels["burn_rate_threshold"] for a in alerts}
-    assert by_long == {"1h": "3.36", "6h": "1.4", "1d": "0.7", "3d": "0.233333333"}
+    assert by_long == {"1h": "3.36", "6h": "1.4"}
     assert "/ 0.01) > 3.36" in next(a.expr for a in alerts if a.labels["long_window"] == "1h")
+    assert all(float(a.labels["burn_rate_threshold"]) >= 1 for a in _burn_alerts(_policy(window="10d")))
+
+
+def test_window_too_short_for_any_burn_alert_is_refused() -> None:
+    with pytest.raises(ValidationError) as info:
+        build_rule_groups([_policy("short", window="1d"), _policy("ok", window="7d")])
+    (problem,) = info.value.problems
+    assert "policy 'short': compliance window 1d is too short for burn-rate alerts" in problem
+    assert "1h/5m at 0.48x" in problem and "at least 50h" in problem
+
+
+def test_rules_file_says_which_pairs_were_left_out() -> None:
+    text = render_alert_files([_policy("week", window="7d"), _policy("month")])["moeslo-rules.yaml"]
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    assert any("a burn rate <= 1" in line for line in header)
+    assert "# Policy week (7d window): left out 1d/2h (0.7x), 3d/6h (0.233333333x)." in header
+    assert not any("Policy month" in line for line in header)
 
 
 def test_recording_rules_read_the_bucket_at_the_threshold_for_every_window() -> None:
@@ -98,6 +116,26 @@ def test_a_burn_rate_the_target_cannot_reach_is_refused() -> None:
     # Target 0.9: budget 10 %, so the most any window can burn is 10x < 14.4x.
     with pytest.raises(ValidationError, match=r"needs burn rate 14.4, but with target 0.9 the most it can reach is 10"):
         build_rule_groups([_policy(target=0.9)])
+
+
+def test_imbalance_alert_waits_for_the_rebalancer() -> None:
+    """``for:`` is at least twice the policy's sustain_s, so the rebalancer acts before a ticket."""
+
+    def imbalance_for(sustain_s: int, options: AlertOptions | None = None) -> tuple[str, str]:
+        base = _policy()
+        objectives = base.objectives.model_copy(
+            update={"imbalance": base.objectives.imbalance.model_copy(update={"sustain_s": sustain_s})}
+        )
+        (group,) = build_rule_groups([base.model_copy(update={"objectives": objectives})], options)
+        (alert,) = [a for a in group.alerts if a.alert == "MoesloExpertImbalance"]
+        return alert.for_, alert.annotations["description"]
+
+    assert imbalance_for(300)[0] == "10m"  # the default sustain: 2 x 5m = the 10m floor
+    for_, description = imbalance_for(1800)
+    assert for_ == "1h"
+    assert "> 0.15 for 1h;" in description
+    assert imbalance_for(0)[0] == "10m"
+    assert imbalance_for(600, AlertOptions(imbalance_for="30m"))[0] == "30m"
 
 
 def test_override_for_applies_to_every_alert() -> None:
