@@ -136,15 +136,16 @@ class PredictiveAdvisor:
         output_per_request = state.mean_output_tokens
         if rate_fc is not None and prompt_per_request is not None and output_per_request is not None:
             steps = len(rate_fc.upper)
-            forecast_need = 0
-            for h in range(steps):
-                upper_rate = float(rate_fc.upper[h])
-                load = Load(
+            # Every bin has the same lengths, so the need grows with the rate: the busiest bin of
+            # the next lead time decides (one capacity inversion instead of one per bin).
+            upper_rate = float(np.max(rate_fc.upper))
+            forecast_need = self.capacity.replicas_needed(
+                Load(
                     request_rate_rps=upper_rate,
                     prompt_tokens_per_s=upper_rate * prompt_per_request,
                     output_tokens_per_s=upper_rate * output_per_request,
                 )
-                forecast_need = max(forecast_need, self.capacity.replicas_needed(load))
+            )
             needs.append((forecast_need, Reason.FORECAST))
             point = float(rate_fc.point[-1])
             lower = float(rate_fc.lower[-1])

@@ -77,6 +77,7 @@ class AutoForecaster:
         self.history = RingSeries(self.config.bin_s, keep_s=self.config.keep_s)
         self._model: ForecastModel | None = None
         self._residuals: dict[int, FloatArray] = {}
+        self._offset_cache: dict[tuple[float, int], tuple[FloatArray, FloatArray]] = {}
         self._since_fit = 0
         self.last_selection: list[BacktestResult] = []
         self.fits = 0
@@ -130,7 +131,24 @@ class AutoForecaster:
         self._model = model_factory(kind, period=period, fit_window=cfg.fit_window_bins, ma_window=cfg.ma_window_bins)()
         self._model.fit(series)
         self._since_fit = 0
+        self._offset_cache.clear()
         self.fits += 1
+
+    def _offsets(self, quantile: float, steps: int) -> tuple[FloatArray, FloatArray]:
+        """Residual quantiles per horizon (cached until the next refit): (lower <= 0, upper >= 0)."""
+        key = (quantile, steps)
+        cached = self._offset_cache.get(key)
+        if cached is not None:
+            return cached
+        below = np.zeros(steps)
+        above = np.zeros(steps)
+        for h in range(1, steps + 1):
+            residuals = self._residuals.get(min(h, max(self._residuals, default=h)))
+            if residuals is not None and len(residuals) >= 4:
+                above[h - 1] = max(0.0, float(np.quantile(residuals, quantile)))
+                below[h - 1] = min(0.0, float(np.quantile(residuals, 1 - quantile)))
+        self._offset_cache[key] = (below, above)
+        return below, above
 
     def forecast(self, *, quantile: float = 0.9, steps: int | None = None) -> Forecast | None:
         """Point and interval forecasts, or None before there is enough history."""
@@ -140,13 +158,9 @@ class AutoForecaster:
             raise ValueError(f"quantile must be in [0.5, 1), got {quantile}")
         n = steps or self.config.horizon_bins
         point = self._model.forecast(n)
-        upper = point.copy()
-        lower = point.copy()
-        for h in range(1, n + 1):
-            residuals = self._residuals.get(min(h, max(self._residuals, default=h)))
-            if residuals is not None and len(residuals) >= 4:
-                upper[h - 1] += max(0.0, float(np.quantile(residuals, quantile)))
-                lower[h - 1] += min(0.0, float(np.quantile(residuals, 1 - quantile)))
+        below, above = self._offsets(quantile, n)
+        upper = point + above
+        lower = point + below
         return Forecast(
             model=self._model.name,
             point=point,

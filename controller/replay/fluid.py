@@ -16,6 +16,7 @@ scaling behaviour and replica-hours at scale, not an independent latency measure
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -67,7 +68,7 @@ class FluidFleet:
         return len(self._ready_at)
 
     def ready_count(self, now_s: float) -> int:
-        return sum(1 for t in self._ready_at if t <= now_s)
+        return bisect.bisect_right(self._ready_at, now_s)
 
     def scale_to(self, replicas: int, now_s: float) -> None:
         replicas = max(replicas, 0)
@@ -79,8 +80,7 @@ class FluidFleet:
         if replicas > current:
             self._ready_at.extend([now_s + self.book.startup_s] * (replicas - current))
         else:
-            # Starting replicas (latest ready time) go first.
-            self._ready_at.sort()
+            # Starting replicas (latest ready time, at the end) go first.
             del self._ready_at[replicas:]
 
     def advance(self, until_s: float) -> None:
@@ -91,7 +91,11 @@ class FluidFleet:
         self._tick += 1
         start_s = until_s - self.tick_s
         # Replicas that come up mid-tick count for the part of the tick they serve.
-        ready = sum(min(max((until_s - t) / self.tick_s, 0.0), 1.0) for t in self._ready_at)
+        # _ready_at stays sorted: scale-ups append now + startup (never earlier than what is
+        # there), scale-downs cut from the end.
+        full = bisect.bisect_right(self._ready_at, start_s)
+        partial = self._ready_at[full : bisect.bisect_right(self._ready_at, until_s)]
+        ready = full + sum((until_s - t) / self.tick_s for t in partial)
         rate = float(self.rates[k])
         prompt = float(self.prompt[k])
         output = float(self.output[k])
