@@ -176,3 +176,26 @@ def test_host_path_counts_a_row_span_and_drops_invalid_ids() -> None:
     counter.capture(0, torch.tensor([[0, 0], [1, 2], [3, -1], [2, 2]], dtype=torch.int32))
     counter.capture(0, torch.tensor([[0, 0], [9, 1], [1, 1]], dtype=torch.int32))
     assert counter.snapshot().tolist() == [[0, 4, 1, 1]]
+
+
+class _EplbState:
+    def __init__(self, l2p: list[list[int]]) -> None:
+        self.logical_to_physical_map = torch.tensor(l2p)
+
+
+def test_rank_map_prefers_eplb_then_ep_layout_then_virtual_ep() -> None:
+    from engine.vllm_plugin.binding import MoeLayerView, rank_weights_for
+
+    router = _Router(4)
+    ep_view = MoeLayerView(layer_id=0, router=router, num_experts=4, num_physical=4, ep_size=2, use_ep=True)
+    weights, source = rank_weights_for([ep_view], virtual_ranks=8, strategy="round_robin")()
+    assert source == "ep" and np.argmax(weights, axis=1).tolist() == [0, 1, 0, 1]
+    router.eplb_state = _EplbState([[0, 5], [1, -1], [2, -1], [3, 4]])  # type: ignore[attr-defined]
+    eplb_view = MoeLayerView(layer_id=0, router=router, num_experts=4, num_physical=6, ep_size=2, use_ep=True)
+    weights, source = rank_weights_for([eplb_view], virtual_ranks=8, strategy="linear")()
+    assert source == "eplb" and weights.shape == (1, 4, 2)
+    # 6 slots over 2 ranks: slots 0-2 on rank 0, 3-5 on rank 1.
+    assert weights[0].tolist() == [[0.5, 0.5], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
+    no_ep = MoeLayerView(layer_id=0, router=_Router(16), num_experts=16, num_physical=16, ep_size=1, use_ep=False)
+    weights, source = rank_weights_for([no_ep], virtual_ranks=4, strategy="linear")()
+    assert source == "virtual" and weights.sum(axis=0).tolist() == [4.0] * 4
