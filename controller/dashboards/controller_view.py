@@ -10,6 +10,7 @@ from controller.dashboards.panels import (
     RATE,
     decision_annotations,
     query,
+    target_line,
     timeseries,
     variables,
 )
@@ -51,7 +52,9 @@ def build(policy: Policy) -> Dashboard:
         ], unit="s", min_value=0, width=8))
         .with_panel(timeseries("SLIs the controller sees: good ratios", [
             query(f'moeslo_sli{{{POLICY},sli=~".*_good_ratio"}}', "{{policy}} {{sli}}"),
-        ], unit="percentunit", slo_line=policy.objectives.ttft.target, width=8))
+            target_line("TTFT", policy.objectives.ttft.target),
+            target_line("ITL", policy.objectives.itl.target),
+        ], unit="percentunit", width=8))
         .with_row(Row("Controller health"))
         .with_panel(timeseries("Tick duration p99", [
             query(f"histogram_quantile(0.99, sum by (le) (rate(moeslo_evaluation_duration_seconds_bucket[{RATE}])))",

@@ -54,6 +54,11 @@ def query(expr: str, legend: str = "", *, instant: bool = False, table: bool = F
     return target
 
 
+def target_line(slo: str, target: float) -> Dataquery:
+    """A constant series at one objective's target (TTFT and ITL may have different targets)."""
+    return query(f"vector({target:.6g})", f"{slo} target {target:.6g}")
+
+
 def thresholds(*steps: tuple[float | None, str]) -> ThresholdsConfig:
     return ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(
         [Threshold(value=value, color=color) for value, color in steps]
@@ -196,6 +201,7 @@ __all__ = [
     "matrix_table",
     "query",
     "stat",
+    "target_line",
     "thresholds",
     "timeseries",
     "to_json_dict",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 
-from controller.dashboards.panels import MODEL, POLICY, RATE, query, stat, timeseries, variables
+from controller.dashboards.panels import MODEL, POLICY, RATE, query, stat, target_line, timeseries, variables
 from controller.policy import Policy
 from controller.slo import error_budget, standard_burn_rate_windows
 from exporters.buckets import ITL_METRIC, TTFT_METRIC, le_matcher
@@ -27,6 +27,19 @@ def _good_ratio(metric: str, threshold_s: float) -> str:
     )
 
 
+def _recorded_burn_rates(policy: Policy) -> list[Dataquery]:
+    """Burn rates from the alert recording rules, each SLO divided by its own error budget."""
+    objectives = (("ttft", policy.objectives.ttft), ("itl", policy.objectives.itl))
+    return [
+        query(
+            f'moeslo:slo_error_ratio:rate{window}{{{POLICY},slo="{slo}"}} / {error_budget(objective.target):.6g}',
+            f"{{{{policy}}}} {slo} {window}",
+        )
+        for slo, objective in objectives
+        for window in ("5m", "1h", "6h")
+    ]
+
+
 def build(policy: Policy) -> Dashboard:
     """The overview for the SLO numbers of ``policy`` (thresholds and targets drawn as lines)."""
     ttft, itl = policy.objectives.ttft, policy.objectives.itl
@@ -44,7 +57,8 @@ def build(policy: Policy) -> Dashboard:
         .timezone("browser")
     )
     dashboard = variables(dashboard, policy=True)
-    burn_lines = sorted({round(w.burn_rate, 3) for w in windows})
+    # 1x when no pair is alertable (a compliance window too short): the budget's own pace.
+    burn_lines = sorted({round(w.burn_rate, 3) for w in windows}) or [1.0]
     return (
         dashboard.with_row(Row("Latency against the SLO"))
         .with_panel(
@@ -72,11 +86,13 @@ def build(policy: Policy) -> Dashboard:
                 [
                     query(_good_ratio(TTFT_METRIC, ttft.threshold_s), f"TTFT <= {ttft.threshold_s} s"),
                     query(_good_ratio(ITL_METRIC, itl.threshold_s), f"ITL <= {itl.threshold_s} s"),
+                    target_line("TTFT", ttft.target),
+                    target_line("ITL", itl.target),
                 ],
                 unit="percentunit",
-                slo_line=ttft.target,
                 width=8,
-                description="Share of requests (TTFT) and of token gaps (ITL) within the threshold; line: target.",
+                description="Share of requests (TTFT) and of token gaps (ITL) within the threshold, "
+                "each with its own target.",
             )
         )
         .with_panel(
@@ -104,13 +120,7 @@ def build(policy: Policy) -> Dashboard:
         .with_panel(
             timeseries(
                 "Burn rate (alert recording rules)",
-                [
-                    query(
-                        f"moeslo:slo_error_ratio:rate{w}{{{POLICY}}} / {error_budget(ttft.target):.6g}",
-                        f"{{{{policy}}}} {{{{slo}}}} {w}",
-                    )
-                    for w in ("5m", "1h", "6h")
-                ],
+                _recorded_burn_rates(policy),
                 unit="x",
                 slo_line=max(burn_lines),
                 width=6,

@@ -69,6 +69,29 @@ def test_slo_lines_follow_the_policy() -> None:
         build_dashboards([])
 
 
+def test_each_slo_uses_its_own_budget_and_target() -> None:
+    """TTFT at 0.995 (budget 0.005) and ITL at 0.99 (budget 0.01): neither borrows the other's numbers."""
+    policy = Policy(name="mixed", target=LocalTarget(model="m"), window="7d", objectives=Objectives(
+        ttft=LatencyObjective(threshold_s=0.5, target=0.995), itl=LatencyObjective(threshold_s=0.02, target=0.99)))
+    documents = build_dashboards([policy])
+
+    def panel_exprs(document: str, title: str) -> list[str]:
+        (panel,) = [p for p in documents[document]["panels"] if p["title"] == title]
+        return [t["expr"] for t in panel["targets"]]
+
+    burn = panel_exprs("moeslo-slo-overview.json", "Burn rate (alert recording rules)")
+    for window in ("5m", "1h", "6h"):
+        assert f'moeslo:slo_error_ratio:rate{window}{{policy=~"$policy",slo="ttft"}} / 0.005' in burn
+        assert f'moeslo:slo_error_ratio:rate{window}{{policy=~"$policy",slo="itl"}} / 0.01' in burn
+    assert len(burn) == 6
+    good = panel_exprs("moeslo-slo-overview.json", "Good-event ratio")
+    assert "vector(0.995)" in good and "vector(0.99)" in good
+    seen = panel_exprs("moeslo-controller.json", "SLIs the controller sees: good ratios")
+    assert "vector(0.995)" in seen and "vector(0.99)" in seen
+    # A window too short for any burn-rate alert still builds (its line is the 1x pace).
+    assert build_dashboards([policy.model_copy(update={"window": "1d"})])
+
+
 def _all_queries() -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     for name, document in build_dashboards(DEFAULT_POLICIES).items():
