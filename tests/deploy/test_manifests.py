@@ -20,7 +20,7 @@ from controller.config import load_settings
 from controller.dashboards import render_dashboard_files
 from controller.manifests import build, deploy_files
 from controller.manifests.generated import overlay_files
-from controller.policy import LatencyObjective, Objectives, Policy
+from controller.policy import KubernetesTarget, LatencyObjective, Objectives, Policy
 from engine.errors import ValidationError
 from tests.deploy.crd_schemas import SCHEMAS
 
@@ -76,6 +76,27 @@ def test_every_manifest_validates(tree: str) -> None:
             assert key[1] == "moeslo", key
     assert {"Deployment", "Service", "Role", "RoleBinding", "ServiceAccount", "ConfigMap", "PodMonitor",
             "ServiceMonitor", "PrometheusRule"} <= kinds
+
+
+@pytest.mark.parametrize("overlay", ["vllm-gpu", "embedded-cpu"])
+def test_scaled_workloads_leave_replicas_to_their_scaler(overlay: str) -> None:
+    """A Deployment the controller or an HPA scales must not pin spec.replicas: every
+    ``kubectl apply -k`` would reset the scaled fleet to that number."""
+    rendered = _rendered(f"overlays/{overlay}")
+    scaled = {
+        (target.namespace, target.name)
+        for policy in _overlay_policies()[overlay]
+        if isinstance(target := policy.target, KubernetesTarget) and target.kind == "deployment"
+    }
+    scaled |= {
+        (key[1], resource["spec"]["scaleTargetRef"]["name"])
+        for key, resource in rendered.items()
+        if key[0] == "HorizontalPodAutoscaler" and resource["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+    }
+    assert scaled, "the overlay scales nothing"
+    for namespace, name in sorted(scaled):
+        deployment = rendered[("Deployment", namespace, name)]
+        assert "replicas" not in deployment["spec"], f"{overlay}: Deployment {name} pins spec.replicas"
 
 
 def test_validation_can_fail() -> None:
