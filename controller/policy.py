@@ -101,6 +101,8 @@ class Objectives(_Strict):
 
 class Scaling(_Strict):
     min_replicas: Annotated[int, Field(strict=True, ge=0, le=10000)] = 1
+    """0 is allowed, but the engine-side advisors never scale below 1 replica: a fleet at zero has
+    no engines and so no signals to wake it.  Scale-to-zero needs an external demand signal."""
     max_replicas: Annotated[int, Field(strict=True, ge=1, le=10000)] = 8
     scale_down_cooldown_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = 180
     max_step: Annotated[int, Field(strict=True, ge=1, le=10000)] = 4
