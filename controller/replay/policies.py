@@ -129,6 +129,7 @@ class DynamoStylePolicy:
         self.history = history
         self._sums = np.zeros(3)
         self._ticks = 0
+        self._last_lengths = (0.0, 0.0)
         self._series: list[list[float]] = [[], [], []]
         self._models = [Arima(order=(1, 1), fit_window=history) for _ in range(3)]
         self._since_fit = -1
@@ -140,11 +141,20 @@ class DynamoStylePolicy:
         rate = observation.request_rate_rps or 0.0
         prompt = observation.prompt_tokens_per_s or 0.0
         output = observation.output_tokens_per_s or 0.0
-        self._sums += np.array([rate, prompt / rate if rate > 0 else 0.0, output / rate if rate > 0 else 0.0])
+        self._sums += np.array([rate, prompt, output])
         self._ticks += 1
         if self._last_adjust_s is not None and now_s - self._last_adjust_s < self.interval_s:
             return self._replicas if self._replicas is not None else current
-        means = self._sums / self._ticks
+        # Interval means: request rate, and prompt / output tokens per request weighted by requests.
+        requests = self._sums[0]
+        means = np.array(
+            [
+                requests / self._ticks,
+                self._sums[1] / requests if requests > 0 else self._last_lengths[0],
+                self._sums[2] / requests if requests > 0 else self._last_lengths[1],
+            ]
+        )
+        self._last_lengths = (float(means[1]), float(means[2]))
         self._sums[:] = 0.0
         self._ticks = 0
         self._last_adjust_s = now_s
