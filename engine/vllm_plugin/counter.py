@@ -31,6 +31,23 @@ def count_all_rows(topk_ids: torch.Tensor) -> tuple[int, int] | torch.Tensor | N
     return (0, int(topk_ids.shape[0]))
 
 
+_COUNTERS: dict[int, ExpertLoadCounter] = {}
+
+
+@torch.library.custom_op("moeslo::count_routed", mutates_args=("counts",))
+def _count_routed(counts: torch.Tensor, topk_ids: torch.Tensor, counter_id: int, row: int) -> None:
+    """The callback as an opaque op, for compiled graphs (vLLM traces the CPU MoE path with
+    ``fullgraph=True``): the graph keeps a call that runs our Python at run time, when the
+    forward context is real.  ``counts`` (the counter's device tensor) is declared mutated so
+    the call is never dead-code eliminated."""
+    _COUNTERS[counter_id].capture_eager(row, topk_ids)
+
+
+@_count_routed.register_fake
+def _count_routed_fake(counts: torch.Tensor, topk_ids: torch.Tensor, counter_id: int, row: int) -> None:
+    return None
+
+
 class ExpertLoadCounter:
     """Cumulative routed-token counts for the MoE layers one worker runs.
 
@@ -66,15 +83,21 @@ class ExpertLoadCounter:
         """The callback to hand to one layer's router."""
         row = self._row_of_layer[layer_id]
 
+        _COUNTERS[id(self)] = self
+        counter_id = id(self)
+
         def capture(topk_ids: torch.Tensor) -> None:
-            self._capture_row(row, topk_ids)
+            if torch.compiler.is_compiling():
+                torch.ops.moeslo.count_routed(self._device, topk_ids, counter_id, row)
+            else:
+                self.capture_eager(row, topk_ids)
 
         return capture
 
     def capture(self, layer_id: int, topk_ids: torch.Tensor) -> None:
-        self._capture_row(self._row_of_layer[layer_id], topk_ids)
+        self.capture_eager(self._row_of_layer[layer_id], topk_ids)
 
-    def _capture_row(self, row: int, topk_ids: torch.Tensor) -> None:
+    def capture_eager(self, row: int, topk_ids: torch.Tensor) -> None:
         if topk_ids.numel() == 0:
             return
         rows = self._row_filter(topk_ids)

@@ -199,3 +199,24 @@ def test_rank_map_prefers_eplb_then_ep_layout_then_virtual_ep() -> None:
     no_ep = MoeLayerView(layer_id=0, router=_Router(16), num_experts=16, num_physical=16, ep_size=1, use_ep=False)
     weights, source = rank_weights_for([no_ep], virtual_ranks=4, strategy="linear")()
     assert source == "virtual" and weights.sum(axis=0).tolist() == [4.0] * 4
+
+
+def test_callback_survives_a_fullgraph_compile_and_counts_at_run_time() -> None:
+    calls: list[int] = []
+
+    def real_rows(ids: torch.Tensor) -> tuple[int, int]:
+        calls.append(int(ids.shape[0]))  # runs when the graph runs, not when it is traced
+        return (0, int(ids.shape[0]))
+
+    counter = ExpertLoadCounter([0], 8, row_filter=real_rows)
+    capture = counter.capture_fn(0)
+
+    def moe_step(x: torch.Tensor) -> torch.Tensor:
+        capture(torch.topk(x, 2, dim=-1).indices)
+        return x * 2
+
+    compiled = torch.compile(moe_step, fullgraph=True, backend="eager")
+    for tokens in (5, 5, 7):
+        compiled(torch.randn(tokens, 8))
+    assert calls == [5, 5, 7]
+    assert counter.snapshot().sum() == (5 + 5 + 7) * 2
