@@ -181,19 +181,6 @@ def test_plan_transfers_moves_only_experts_a_rank_lacks() -> None:
     assert plan_transfers(Placement(np.array([[0, 1, 2, 2]]), 2), Placement(np.array([[0, 1, 2, 2]]), 2)) == []
 
 
-def test_expert_loop_fallback_equals_grouped_gemm(
-    skewed_checkpoint: Path, prompts: list[list[int]], reference: torch.Tensor, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import engine.experts
-
-    monkeypatch.setattr(engine.experts, "GROUPED_MM", not engine.experts.GROUPED_MM)
-    executor = create_executor(ExecutorOptions(checkpoint=skewed_checkpoint, kv_cache_mb=2))
-    try:
-        torch.testing.assert_close(run_sequences(executor, prompts, decode_steps=4), reference, atol=ATOL, rtol=0)
-    finally:
-        executor.shutdown()
-
-
 def _moves_by_sets(old: Placement, new: Placement) -> int:
     """Experts a rank must receive: in its new slots but not its old ones (independent of plan_transfers)."""
     moves = 0
