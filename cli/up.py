@@ -20,7 +20,7 @@ def up(
     checkpoint: Annotated[Path | None, typer.Option(help="Checkpoint (default: random, skewed router).")] = None,
     ep: Annotated[int, typer.Option(help="Expert-parallel ranks per engine replica.")] = 2,
     max_replicas: Annotated[int, typer.Option(help="Most engine replicas the controller may start.")] = 2,
-    speedup: Annotated[float, typer.Option(help="Trace time compression.")] = 2.0,
+    speedup: Annotated[float, typer.Option(help="Trace time compression.")] = 1.0,
     trace: Annotated[Path | None, typer.Option(help="Trace file (default: Azure 2023 conversation).")] = None,
     prometheus: Annotated[bool, typer.Option(help="Start Prometheus and Alertmanager when installed.")] = True,
     live: Annotated[bool, typer.Option(help="Live terminal view.")] = True,

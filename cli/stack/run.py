@@ -54,9 +54,9 @@ class StackOptions:
     ep: int = 2
     min_replicas: int = 1
     max_replicas: int = 2
-    speedup: float = 2.0
+    speedup: float = 1.0
     """Trace time compression."""
-    length_scale: float = 0.2
+    length_scale: float = 0.1
     """Prompt and output lengths scaled down for a small CPU model."""
     trace: Path | None = None
     prometheus: bool = True
@@ -320,7 +320,8 @@ class LocalStack:
                 if decision.get("action") in ("rebalance", "verify_rebalance"):
                     state.event(f"{decision['action']} {decision.get('outcome')}: {decision.get('detail')}")
                 elif decision.get("action") != "hold":
-                    state.event(f"decision: {decision.get('action')} ({decision.get('reason')}) "
+                    reasons = ", ".join((decision.get("inputs") or {}).get("reasons", [])[1:]) or decision.get("reason")
+                    state.event(f"decision: {decision.get('action')} ({reasons}) "
                                 f"{decision.get('current_replicas')} -> {decision.get('desired_replicas')}, "
                                 f"{decision.get('outcome')}")
         alerts: list[str] = []
