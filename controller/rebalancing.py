@@ -9,6 +9,7 @@ returns every step as a :class:`RebalanceEvent` for the decision log.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -215,38 +216,18 @@ class Rebalancer:
             return None
         state.last_rebalance_s = now_s
         summary = _plan_summary(plan) | {"plan_ms": plan_ms}
+        step = functools.partial(
+            RebalanceEvent, policy=policy.name, endpoint=endpoint, kind="rebalance", decision=decision, plan=summary
+        )
         if policy.mode is Mode.ADVISORY:
-            return RebalanceEvent(
-                policy=policy.name,
-                endpoint=endpoint,
-                kind="rebalance",
-                outcome="advisory",
-                decision=decision,
-                plan=summary,
-            )
+            return step(outcome="advisory")
         try:
             swap = await self.control.apply_placement(endpoint, plan.placement)
         except UnavailableError as exc:
-            return RebalanceEvent(
-                policy=policy.name,
-                endpoint=endpoint,
-                kind="rebalance",
-                outcome="failed",
-                decision=decision,
-                plan=summary,
-                error=str(exc),
-            )
+            return step(outcome="failed", error=str(exc))
         state.pending, state.applied_at_s = plan, now_s
         state.history.clear()  # the old placement's CVs say nothing about the new one
-        return RebalanceEvent(
-            policy=policy.name,
-            endpoint=endpoint,
-            kind="rebalance",
-            outcome="applied",
-            decision=decision,
-            plan=summary,
-            swap=swap,
-        )
+        return step(outcome="applied", swap=swap)
 
 
 __all__ = ["EngineControl", "ExpertLoadSnapshot", "HttpEngineControl", "RebalanceEvent", "Rebalancer"]
