@@ -30,6 +30,7 @@ import numpy as np
 import psutil
 
 from bench.loadgen import RequestRecord, percentile, plan_from_trace, run_load, summarize
+from bench.processes import stop_process
 
 MIB = 2**20
 STATED_OVERHEAD_MB = 400.0
@@ -177,12 +178,7 @@ def _run_once(checkpoint: Path, plan: list[Any], vocab_size: int, options: Serve
             scraper.join(30)
         samples = sampler.stop()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
     load = summarize(records, wall_s=wall_s)
     load["unfinished_at_limit"] = len(plan) - len(records) if timed_out else 0
     return {

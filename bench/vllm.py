@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ from typing import Any
 import httpx
 
 from bench.loadgen import LoadRequest, RequestRecord, run_load, summarize
+from bench.processes import stop_process
 from exporters.buckets import ITL_BUCKETS_S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,17 +118,8 @@ class VllmServer:
 
     def stop(self) -> None:
         """SIGTERM to the server's own process group (its engine core and workers), then SIGKILL."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc, group=True)
 
     @contextlib.contextmanager
     def running(self, timeout_s: float = 420.0) -> Iterator[VllmServer]:
@@ -305,9 +296,4 @@ def _run_ours(checkpoint: Path, options: VllmBenchOptions, vocab: int) -> dict[s
         warm_up(base, "moeslo", vocab)
         return best_of([measure_round(base, "moeslo", options, vocab, r) for r in range(options.repeats)])
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.processes import stop_process
 from engine.errors import UnavailableError
 
 
@@ -34,14 +34,7 @@ class ManagedProcess:
         return self.process.poll() is None
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if not self.alive():
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        stop_process(self.process, timeout_s)
 
     def log_tail(self, chars: int = 1500) -> str:
         try:
