@@ -249,7 +249,11 @@ def test_vllm_latencies_reach_otlp_as_genai_histograms_and_spans(servers: dict[s
         vllm_sum = sum(v for _, v in found["vllm:time_to_first_token_seconds_sum"])
         ours = [p for p in otlp.histogram_points("gen_ai.server.time_to_first_token")
                 if _attrs(p).get("gen_ai.request.model") == MODEL]
-        if (ours and ours[-1].count == vllm_count) or time.monotonic() > deadline:
+        duration = [p for p in otlp.histogram_points("gen_ai.server.request.duration")
+                    if _attrs(p).get("gen_ai.request.model") == MODEL]
+        # Durations are recorded when a request finishes, TTFTs earlier: wait for an export holding both.
+        settled = ours and ours[-1].count == vllm_count and duration and duration[-1].count == vllm_count
+        if settled or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert ours, "no gen_ai.server.time_to_first_token points for the model"
@@ -260,7 +264,6 @@ def test_vllm_latencies_reach_otlp_as_genai_histograms_and_spans(servers: dict[s
     attrs = _attrs(latest)
     assert attrs["gen_ai.provider.name"] == "vllm" and attrs["gen_ai.operation.name"] == "text_completion"
     tpot = otlp.histogram_points("gen_ai.server.time_per_output_token")
-    duration = otlp.histogram_points("gen_ai.server.request.duration")
     assert tpot and tpot[-1].count > 0 and duration and duration[-1].count == vllm_count
     # vLLM's own tracing (documented, not rewritten): one span per request with gen_ai.* latency attributes.
     spans = [_attrs(s) for s in otlp.spans()]
