@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller.replay.lengths import default_data_dir
+from contracts.datadir import default_data_dir
 
 GOAL_RATIO = 0.9
 

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from controller.rebalance import RebalancePlan, plan_rebalance, rank_load
-from controller.rebalance.metrics import rank_moves, relabel_ranks
-from engine.placement import Placement
-from engine.stats import imbalance_cv, max_over_mean
+from contracts.datadir import default_data_dir
+from contracts.imbalance import Imbalance, imbalance_cv, max_over_mean, rank_load
+from contracts.placement import Placement
+from controller.rebalance import RebalancePlan, plan_rebalance
+from controller.rebalance.moves import rank_moves, relabel_ranks
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -54,19 +55,13 @@ CONFIGS = (
 REPLAN_CONFIGS = (CONFIGS[0], CONFIGS[3])
 
 
-def default_data_dir() -> Path:
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data" / "expert-load" / SGLANG_FOLDER
+def expert_load_dir() -> Path:
+    """The SGLang expert-load files under the shared data folder."""
+    return default_data_dir() / "expert-load" / SGLANG_FOLDER
 
 
 def _figures(phy2log: IntArray, load: FloatArray, num_ranks: int) -> dict[str, float]:
-    ranks = rank_load(phy2log, load, num_ranks)
-    mom, cv = max_over_mean(ranks), imbalance_cv(ranks)
-    return {
-        "max_over_mean_avg": float(mom.mean()),
-        "max_over_mean_worst": float(mom.max()),
-        "cv_avg": float(cv.mean()),
-        "cv_worst": float(cv.max()),
-    }
+    return Imbalance.of(rank_load(phy2log, load, num_ranks)).summary()
 
 
 def _timed(fn: Callable[[], Any], repeat: int) -> tuple[Any, float, float]:

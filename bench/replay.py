@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller.replay.lengths import default_data_dir
+from contracts.datadir import default_data_dir
 
 POLICIES = ("static", "hpa", "dynamo", "moeslo", "oracle")
 SEED_TOKENS_PER_S = 16.2e6

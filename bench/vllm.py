@@ -38,7 +38,7 @@ import httpx
 
 from bench.loadgen import LoadRequest, RequestRecord, run_load, summarize
 from bench.processes import stop_process
-from exporters.buckets import ITL_BUCKETS_S
+from contracts.catalogue import EXPERT_TOKENS, ITL_BUCKETS_S, total
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_VENV = ROOT / ".venv-vllm"
@@ -272,7 +272,7 @@ def make_checkpoint(out: Path, progress: Callable[[str], None]) -> Path:
 def _expert_tokens_published(base_url: str) -> float:
     text = httpx.get(f"{base_url}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("moe_expert_tokens_total{"))  # fmt: skip
+               if line.startswith(total(EXPERT_TOKENS) + "{"))  # fmt: skip
 
 
 def _run_ours(checkpoint: Path, options: VllmBenchOptions, vocab: int) -> dict[str, Any]:

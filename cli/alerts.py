@@ -37,9 +37,9 @@ def generate(
     json_output: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
 ) -> None:
     """Write moeslo-rules.yaml and alertmanager.yaml for the given policies."""
+    from contracts.errors import ValidationError
     from controller.alerting import DEFAULT_POLICIES, AlertOptions, ReceiverOptions, load_policies, render_alert_files
     from controller.manifests.files import write_text_files
-    from engine.errors import ValidationError
 
     with cli_errors():
         if engine not in ("moeslo", "vllm"):

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from engine.errors import MoesloError
+from contracts.errors import MoesloError
 
 console = Console(stderr=True)
 """Human-readable progress and messages go to stderr, so stdout stays parseable."""

@@ -9,7 +9,7 @@ import typer
 
 from cli.common import bench_app, cli_errors, console, print_json
 from cli.main import app
-from engine.errors import ConflictError, DataError, MoesloError, NotFoundError, UnavailableError, ValidationError
+from contracts.errors import ConflictError, DataError, MoesloError, NotFoundError, UnavailableError, ValidationError
 
 controller_app = typer.Typer(help="The SLO controller service (REST API + tick loop).", no_args_is_help=True)
 policy_app = typer.Typer(help="SLO policies on a running controller (over its REST API).", no_args_is_help=True)

@@ -10,8 +10,8 @@ import typer
 
 from cli.common import cli_errors, console, print_json
 from cli.main import app
+from contracts.errors import DataError
 from controller.manifests.files import write_text_files
-from engine.errors import DataError
 
 dashboards_app = typer.Typer(help="Grafana dashboards generated with grafana-foundation-sdk (Grafana 10.1).",
                              no_args_is_help=True)

@@ -20,7 +20,7 @@ import typer
 
 from cli.common import bench_app, cli_errors, console, print_json
 from cli.main import app
-from engine.errors import DataError
+from contracts.errors import DataError
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -124,8 +124,8 @@ def rebalance(
 ) -> None:
     """Plan a balanced expert placement and write it as JSON (loadable as an engine placement)."""
     with cli_errors():
+        from contracts.placement import Placement
         from controller.rebalance import plan_rebalance
-        from engine.placement import Placement
 
         matrix = read_expert_load(load)
         current = Placement.load(previous) if previous is not None else None
@@ -187,9 +187,9 @@ def bench_rebalance(
 ) -> None:
     """Our planner against DeepSeek's EPLB on real expert-load files: balance, plan time, re-plan moves."""
     with cli_errors():
-        from bench.rebalance import default_data_dir, run_benchmark
+        from bench.rebalance import expert_load_dir, run_benchmark
 
-        result = run_benchmark(data or default_data_dir(), max_files=max_files, repeat=repeat)
+        result = run_benchmark(data or expert_load_dir(), max_files=max_files, repeat=repeat)
         if as_json:
             print_json(result)
         else:

@@ -10,6 +10,7 @@ import typer
 
 from cli.common import bench_app, cli_errors, console, print_json
 from cli.main import app
+from contracts.slo_defaults import LEAD_TIME_S, SCALE_DOWN_COOLDOWN_S
 
 DEFAULT_POLICIES = "static,hpa,dynamo,moeslo,oracle"
 
@@ -76,8 +77,8 @@ def replay(
     ] = "azure-2023-conv",
     mode: Annotated[str, typer.Option(help="request (every request), fluid (per-tick aggregate) or auto.")] = "auto",
     tick: Annotated[float, typer.Option(help="Controller tick (s).")] = 15.0,
-    startup: Annotated[float, typer.Option(help="Replica start-up time = lead time (s).")] = 120.0,
-    cooldown: Annotated[int, typer.Option(help="Scale-down cooldown of moeslo (s).")] = 180,
+    startup: Annotated[float, typer.Option(help="Replica start-up time = lead time (s).")] = float(LEAD_TIME_S),
+    cooldown: Annotated[int, typer.Option(help="Scale-down cooldown of moeslo (s).")] = SCALE_DOWN_COOLDOWN_S,
     quantile: Annotated[float, typer.Option(help="Forecast quantile moeslo sizes for.")] = 0.9,
     refit_every: Annotated[int, typer.Option(help="Refit moeslo's forecaster every this many ticks.")] = 240,
     start: Annotated[float, typer.Option(help="Start this many seconds into the trace.")] = 0.0,

@@ -28,7 +28,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from engine.errors import DataError
+from contracts.errors import DataError
+from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
 
 _Z99 = 2.326  # standard normal 99th percentile
 MAX_REPLICAS = 100_000
@@ -144,8 +145,8 @@ class Load:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Targets:
-    ttft_s: float = 0.5
-    itl_s: float = 0.02
+    ttft_s: float = TTFT_THRESHOLD_S
+    itl_s: float = ITL_THRESHOLD_S
     headroom: float = 0.85
     """Size for this fraction of each target, leaving room for what the model does not see."""
     prompt_cv2: float = 0.8

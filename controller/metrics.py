@@ -13,7 +13,21 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-EVALUATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+from contracts.catalogue import (
+    BURN_RATE,
+    CURRENT_REPLICAS,
+    DECISIONS,
+    DESIRED_REPLICAS,
+    ERROR_BUDGET_REMAINING,
+    ERRORS,
+    EVALUATION_BUCKETS_S,
+    EVALUATION_DURATION_HISTOGRAM,
+    LEADER,
+    REBALANCES,
+    SLI,
+    total,
+)
+
 ERROR_COMPONENTS = ("prometheus", "scrape", "actuator", "store")
 
 
@@ -23,39 +37,39 @@ class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.desired_replicas = Gauge(
-            "moeslo_desired_replicas", "Replicas the last decision asked for", ["policy"], registry=registry
+            DESIRED_REPLICAS, "Replicas the last decision asked for", ["policy"], registry=registry
         )
         self.current_replicas = Gauge(
-            "moeslo_current_replicas", "Replicas observed", ["policy"], registry=registry
+            CURRENT_REPLICAS, "Replicas observed", ["policy"], registry=registry
         )
         self.decisions = Counter(
-            "moeslo_decisions_total", "Decisions made", ["policy", "action", "reason"], registry=registry
+            total(DECISIONS), "Decisions made", ["policy", "action", "reason"], registry=registry
         )
-        self.sli = Gauge("moeslo_sli", "Current SLI values", ["policy", "sli"], registry=registry)
+        self.sli = Gauge(SLI, "Current SLI values", ["policy", "sli"], registry=registry)
         self.error_budget_remaining = Gauge(
-            "moeslo_error_budget_remaining",
+            ERROR_BUDGET_REMAINING,
             "Fraction of the window's error budget left",
             ["policy", "slo"],
             registry=registry,
         )
         self.burn_rate = Gauge(
-            "moeslo_burn_rate", "Error-budget burn rate over the window", ["policy", "slo", "window"],
+            BURN_RATE, "Error-budget burn rate over the window", ["policy", "slo", "window"],
             registry=registry,
         )
         self.evaluation_duration = Histogram(
-            "moeslo_evaluation_duration_seconds",
+            EVALUATION_DURATION_HISTOGRAM,
             "One controller tick, all policies",
             buckets=EVALUATION_BUCKETS_S,
             registry=registry,
         )
-        self.errors = Counter("moeslo_errors_total", "Errors by adapter", ["component"], registry=registry)
+        self.errors = Counter(total(ERRORS), "Errors by adapter", ["component"], registry=registry)
         for component in ERROR_COMPONENTS:
             self.errors.labels(component=component)
         self.leader = Gauge(
-            "moeslo_leader", "1 on the replica that holds the leader lease", registry=registry
+            LEADER, "1 on the replica that holds the leader lease", registry=registry
         )
         self.rebalances = Counter(
-            "moeslo_rebalances_total", "Expert rebalances by outcome", ["policy", "outcome"], registry=registry
+            total(REBALANCES), "Expert rebalances by outcome", ["policy", "outcome"], registry=registry
         )
         # Labelled children by (metric name, label values): prometheus_client's labels() validates and
         # locks on every call, which costs more than the whole decision core at 100 policies a tick.

@@ -28,22 +28,17 @@ from typing import Any
 import yaml
 from pydantic import ValidationError as PydanticValidationError
 
+from contracts.catalogue import ITL_HISTOGRAM, LAYER_IMBALANCE_CV, TTFT_HISTOGRAM, format_le
+from contracts.errors import ValidationError
 from controller.policy import Policy, parse_duration_s
-from engine.errors import ValidationError
 
 API_VERSION = "openslo/v1"
 POLICY_ANNOTATION = "moeslo.io/policy"
 OBJECTIVE_ANNOTATION = "moeslo.io/objective"
 IMBALANCE_TARGET_INFORMATIONAL = 0.99
 
-HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds"}
-IMBALANCE_METRIC = "moe_layer_imbalance_cv"
+HISTOGRAMS = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM}
 _LE = re.compile(r'le\s*=\s*"([^"]+)"')
-
-
-def _le_label(threshold_s: float) -> str:
-    # Prometheus client libraries format bucket edges with repr-like floats ("0.5", "0.02", "1.0").
-    return repr(float(threshold_s))
 
 
 def _selector(model: str, extra: str = "") -> str:
@@ -62,7 +57,7 @@ def export_policy(policy: Policy) -> str:
     docs: list[dict[str, Any]] = []
     for key, objective in (("ttft", policy.objectives.ttft), ("itl", policy.objectives.itl)):
         metric = HISTOGRAMS[key]
-        good = f'sum(rate({metric}_bucket{{{_selector(model)},le="{_le_label(objective.threshold_s)}"}}[5m]))'
+        good = f'sum(rate({metric}_bucket{{{_selector(model)},le="{format_le(objective.threshold_s)}"}}[5m]))'
         total = f"sum(rate({metric}_count{{{_selector(model)}}}[5m]))"
         threshold_ms = objective.threshold_s * 1000
         docs.append(
@@ -112,7 +107,7 @@ def export_policy(policy: Policy) -> str:
                         "thresholdMetric": {
                             "metricSource": {
                                 "type": "Prometheus",
-                                "spec": {"query": f"max({IMBALANCE_METRIC}{{{_selector(model)}}})"},
+                                "spec": {"query": f"max({LAYER_IMBALANCE_CV}{{{_selector(model)}}})"},
                             }
                         }
                     },
@@ -234,7 +229,7 @@ def _objective_from_queries(queries: dict[str, str]) -> str | None:
     for key, metric in HISTOGRAMS.items():
         if metric in text:
             return key
-    return "imbalance" if IMBALANCE_METRIC in text else None
+    return "imbalance" if LAYER_IMBALANCE_CV in text else None
 
 
 def _target(entry: dict[str, Any], where: str) -> float:

@@ -16,6 +16,16 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contracts.slo_defaults import (
+    COMPLIANCE_WINDOW,
+    ITL_THRESHOLD_S,
+    LATENCY_TARGET,
+    LEAD_TIME_S,
+    MAX_IMBALANCE_CV,
+    SCALE_DOWN_COOLDOWN_S,
+    TTFT_THRESHOLD_S,
+)
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
 _DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -88,14 +98,14 @@ class LatencyObjective(_Strict):
 class ImbalanceObjective(_Strict):
     """Per-layer CV of per-rank expert load must stay at or below ``max_cv``."""
 
-    max_cv: Annotated[float, Field(strict=True, gt=0, le=10)] = 0.15
+    max_cv: Annotated[float, Field(strict=True, gt=0, le=10)] = MAX_IMBALANCE_CV
     sustain_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = 300
     """How long a violation must last before a rebalance is considered."""
 
 
 class Objectives(_Strict):
-    ttft: LatencyObjective = LatencyObjective(threshold_s=0.5, target=0.99)
-    itl: LatencyObjective = LatencyObjective(threshold_s=0.02, target=0.99)
+    ttft: LatencyObjective = LatencyObjective(threshold_s=TTFT_THRESHOLD_S, target=LATENCY_TARGET)
+    itl: LatencyObjective = LatencyObjective(threshold_s=ITL_THRESHOLD_S, target=LATENCY_TARGET)
     imbalance: ImbalanceObjective = ImbalanceObjective()
 
 
@@ -104,7 +114,7 @@ class Scaling(_Strict):
     """0 is allowed, but the engine-side advisors never scale below 1 replica: a fleet at zero has
     no engines and so no signals to wake it.  Scale-to-zero needs an external demand signal."""
     max_replicas: Annotated[int, Field(strict=True, ge=1, le=10000)] = 8
-    scale_down_cooldown_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = 180
+    scale_down_cooldown_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = SCALE_DOWN_COOLDOWN_S
     max_step: Annotated[int, Field(strict=True, ge=1, le=10000)] = 4
     """Most replicas added or removed in one tick."""
 
@@ -124,10 +134,10 @@ class Policy(_Strict):
     description: Annotated[str, Field(max_length=1024)] = ""
     target: Target
     objectives: Objectives = Objectives()
-    window: str = "30d"
+    window: str = COMPLIANCE_WINDOW
     """Compliance window, a Prometheus duration (e.g. ``30d``)."""
     scaling: Scaling = Scaling()
-    lead_time_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = 120
+    lead_time_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = LEAD_TIME_S
     """Replica start-up time: how far ahead scale-ups must happen."""
     mode: Mode = Mode.ENFORCE
 

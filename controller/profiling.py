@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from contracts.errors import ValidationError
 from controller.capacity import ProfilePoint, ReplicaProfile
-from engine.errors import ValidationError
 
 
 def fit_profile(

@@ -19,6 +19,8 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
+from contracts.errors import UnavailableError
+from contracts.placement import Placement
 from controller.policy import Mode, Policy
 from controller.rebalance import (
     CvObservation,
@@ -30,8 +32,6 @@ from controller.rebalance import (
     plan_rebalance,
     verify_rebalance,
 )
-from engine.errors import UnavailableError
-from engine.placement import Placement
 
 
 @dataclass(frozen=True, slots=True)

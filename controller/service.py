@@ -33,10 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
+from contracts.errors import MoesloError, UnavailableError
 from controller.actuators.base import Actuator
 from controller.api.status import PolicyRuntime
 from controller.config import ControllerSettings
 from controller.core import CoreConfig, DecisionCore
+from controller.errors import ActuationError
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.metrics import ControllerMetrics
 from controller.policy import LocalTarget, Mode, Policy
@@ -45,7 +47,6 @@ from controller.sources import BURN_WINDOWS, PrometheusClient, PrometheusSource,
 from controller.sources.base import burn_rates_of
 from controller.store import DecisionRecord, Store, StoredPolicy
 from controller.types import Decision, Effects, PolicyObservation, TickInput
-from engine.errors import ActuationError, MoesloError, UnavailableError
 
 if TYPE_CHECKING:
     from controller.rebalancing import Rebalancer

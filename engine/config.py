@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ValidationError
+from contracts.errors import ValidationError
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from contracts.placement import Placement
 from engine.batch import StepPlan
 from engine.config import ModelConfig
-from engine.placement import Placement
 from engine.stats import PlacementSwapStats, RoutingDelta
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class Executor(Protocol):
 def create_executor(options: ExecutorOptions) -> Executor:
     """Start the executor that ``options.ep`` asks for."""
     if options.ep < 1:
-        from engine.errors import ValidationError
+        from contracts.errors import ValidationError
 
         raise ValidationError(f"ep must be >= 1, got {options.ep}")
     if options.ep == 1:

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from contracts.placement import Placement
 from engine.checkpoint import CheckpointReader, expert_tensor_name
 from engine.config import ModelConfig
-from engine.placement import Placement
 
 ExpertWeights = tuple[torch.Tensor, torch.Tensor]
 """(gate_up (2I, H), down (H, I)) of one expert, in the checkpoint's (out, in) layout."""

@@ -9,7 +9,7 @@ preempts a sequence (frees its blocks and recomputes it later).
 
 from __future__ import annotations
 
-from engine.errors import ValidationError
+from contracts.errors import ValidationError
 
 
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:

@@ -29,11 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from contracts.errors import UnavailableError
+from contracts.imbalance import balancedness, imbalance_cv
+from contracts.placement import Placement
 from engine.engine_types import EngineConfig, ExpertLoad, OutputCallback, RequestOutput
-from engine.errors import UnavailableError
 from engine.executor import Executor
 from engine.kv_cache import BlockManager
-from engine.placement import Placement
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SeqStatus, Sequence
 from engine.stats import (
@@ -44,8 +45,6 @@ from engine.stats import (
     RoutingWindow,
     StatsSink,
     StepStats,
-    balancedness,
-    imbalance_cv,
 )
 
 log = logging.getLogger(__name__)
@@ -139,7 +138,7 @@ class LLMEngine:
         request_id: str | None = None,
     ) -> str:
         """Queue a request; raises ValidationError, PromptTooLongError or OverloadedError."""
-        from engine.errors import ValidationError
+        from contracts.errors import ValidationError
 
         vocab = self.executor.config.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]

@@ -12,14 +12,14 @@ import time
 
 import torch
 
+from contracts.errors import PlacementError, ValidationError
+from contracts.placement import Placement
 from engine.batch import StepPlan
 from engine.checkpoint import CheckpointReader, torch_dtype
 from engine.config import ModelConfig
-from engine.errors import PlacementError, ValidationError
 from engine.executor import ExecutorOptions
 from engine.experts import ExpertShard, ReplicaTable, load_expert
 from engine.model import Qwen3MoeModel, StepMetadata
-from engine.placement import Placement
 from engine.stats import PlacementSwapStats, RoutingDelta
 
 

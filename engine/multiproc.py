@@ -34,14 +34,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from contracts.errors import PlacementError, UnavailableError, ValidationError
+from contracts.placement import Placement
 from engine.checkpoint import CheckpointReader, torch_dtype
 from engine.config import ModelConfig
-from engine.errors import PlacementError, UnavailableError, ValidationError
 from engine.executor import ExecutorOptions
 from engine.experts import ExpertShard, ExpertWeights, Transfer, load_expert, plan_transfers
 from engine.local_executor import DriverBase, default_threads, expert_bytes
 from engine.model import StepMetadata
-from engine.placement import Placement
 
 _OP_STEP, _OP_PLACEMENT, _OP_SHUTDOWN = 1, 2, 3
 _TIMEOUT = timedelta(seconds=120)

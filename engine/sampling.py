@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.errors import ValidationError
+from contracts.errors import ValidationError
 
 if TYPE_CHECKING:
     import torch

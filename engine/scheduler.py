@@ -21,8 +21,9 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from contracts.errors import OverloadedError, ValidationError
 from engine.batch import SeqChunk, StepPlan
-from engine.errors import OverloadedError, PromptTooLongError, ValidationError
+from engine.errors import PromptTooLongError
 from engine.kv_cache import BlockManager
 from engine.sampling import RequestSampler, SamplingParams
 from engine.stats import RequestTiming

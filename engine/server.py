@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.errors import (
+from contracts.errors import (
     ConflictError,
     MoesloError,
     NotFoundError,
@@ -36,8 +36,8 @@ from engine.errors import (
     UnavailableError,
     ValidationError,
 )
+from contracts.placement import Placement
 from engine.llm_engine import LLMEngine, RequestOutput
-from engine.placement import Placement
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 

@@ -4,10 +4,9 @@ Every field names its unit and clock.  Intervals come from
 ``time.monotonic()``; nothing here is a wall-clock timestamp.  Exporters
 subscribe through :class:`StatsSink` and only translate.
 
-Imbalance follows the mission: the coefficient of variation (stddev / mean)
-of the per-rank load of one layer.  Balancedness is vLLM's and SGLang's
-``mean / max`` of the same loads.  This module depends on numpy only, so the
-controller may use the same math without torch.
+The imbalance of the routing window is :mod:`contracts.imbalance`'s math
+(the controller and the vLLM plugin use the same functions).  This module
+depends on numpy only.
 """
 
 from __future__ import annotations
@@ -20,33 +19,10 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from contracts.imbalance import balancedness, imbalance_cv
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-
-def imbalance_cv(load: npt.ArrayLike) -> npt.NDArray[np.float64]:
-    """CV of per-rank load along the last axis; 0 where the load is all zero."""
-    arr = np.asarray(load, dtype=np.float64)
-    mean = arr.mean(axis=-1)
-    std = arr.std(axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(mean > 0, std / np.where(mean > 0, mean, 1.0), 0.0)
-
-
-def balancedness(load: npt.ArrayLike) -> npt.NDArray[np.float64]:
-    """mean / max of per-rank load along the last axis; 1 where all zero."""
-    arr = np.asarray(load, dtype=np.float64)
-    peak = arr.max(axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(peak > 0, arr.mean(axis=-1) / np.where(peak > 0, peak, 1.0), 1.0)
-
-
-def max_over_mean(load: npt.ArrayLike) -> npt.NDArray[np.float64]:
-    """max / mean of per-rank load along the last axis (EPLB's figure); 1 where all zero."""
-    arr = np.asarray(load, dtype=np.float64)
-    mean = arr.mean(axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(mean > 0, arr.max(axis=-1) / np.where(mean > 0, mean, 1.0), 1.0)
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ import codecs
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from engine.errors import ValidationError
+from contracts.errors import ValidationError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as RustTokenizer

@@ -30,9 +30,15 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
+from contracts.catalogue import (
+    ITL_BUCKETS_S,
+    OTEL_REQUEST_DURATION_HISTOGRAM,
+    OTEL_TIME_PER_OUTPUT_TOKEN_HISTOGRAM,
+    OTEL_TTFT_HISTOGRAM,
+    REQUEST_LATENCY_BUCKETS_S,
+    TTFT_BUCKETS_S,
+)
 from engine.stats import FinishedRequestStats, StepStats
-from exporters.buckets import ITL_BUCKETS_S, TTFT_BUCKETS_S
-from exporters.prometheus import REQUEST_LATENCY_BUCKETS_S
 
 OPERATION_NAME = "text_completion"
 PROVIDER_NAME = "moeslo"
@@ -58,17 +64,17 @@ class OtelStatsSink:
         meter = meter_provider.get_meter("moeslo.engine")
         self._tracer = tracer_provider.get_tracer("moeslo.engine")
         self._ttft = meter.create_histogram(
-            "gen_ai.server.time_to_first_token", unit="s",
+            OTEL_TTFT_HISTOGRAM, unit="s",
             description="Time to generate first token for successful responses.",
             explicit_bucket_boundaries_advisory=list(TTFT_BUCKETS_S),
         )
         self._tpot = meter.create_histogram(
-            "gen_ai.server.time_per_output_token", unit="s",
+            OTEL_TIME_PER_OUTPUT_TOKEN_HISTOGRAM, unit="s",
             description="Time per output token generated after the first token for successful responses.",
             explicit_bucket_boundaries_advisory=list(ITL_BUCKETS_S),
         )
         self._duration = meter.create_histogram(
-            "gen_ai.server.request.duration", unit="s",
+            OTEL_REQUEST_DURATION_HISTOGRAM, unit="s",
             description="Generative AI server request duration such as time-to-last byte or last output token.",
             explicit_bucket_boundaries_advisory=list(REQUEST_LATENCY_BUCKETS_S),
         )
@@ -133,7 +139,7 @@ class OtelStatsSink:
         )
         if fin.ttft_s is not None:
             span.add_event(
-                FIRST_TOKEN_EVENT, {"gen_ai.server.time_to_first_token": fin.ttft_s},
+                FIRST_TOKEN_EVENT, {OTEL_TTFT_HISTOGRAM: fin.ttft_s},
                 timestamp=start_ns + int(fin.ttft_s * 1e9),
             )
         if not ok:

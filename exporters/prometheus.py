@@ -23,20 +23,48 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.stats import IntArray, RoutingDelta, RoutingWindow, StepStats, balancedness, imbalance_cv
-from exporters.buckets import ITL_BUCKETS_S, TTFT_BUCKETS_S
+from contracts.catalogue import (
+    BALANCEDNESS_ACROSS_LAYERS,
+    BASE_LABELS,
+    DECODE_TIME_HISTOGRAM,
+    E2E_LATENCY_HISTOGRAM,
+    EXPERT_TOKENS,
+    FINISHED_REASON_LABEL,
+    GENERATION_TOKENS,
+    IMBALANCE_CV_ACROSS_LAYERS,
+    ITL_BUCKETS_S,
+    ITL_HISTOGRAM,
+    KV_CACHE_USAGE,
+    LAYER_BALANCEDNESS,
+    LAYER_IMBALANCE_CV,
+    LAYER_LABEL,
+    MOE_HELP,
+    PLACEMENT_EXPERTS_MOVED,
+    PLACEMENT_SWAP_DURATION_HISTOGRAM,
+    PLACEMENT_SWAPS,
+    PREEMPTIONS,
+    PREFILL_TIME_HISTOGRAM,
+    PROMPT_TOKENS,
+    QUEUE_TIME_HISTOGRAM,
+    RANK_LABEL,
+    RANK_TOKENS,
+    REQUEST_LATENCY_BUCKETS_S,
+    REQUEST_SUCCESS,
+    RUNNING,
+    STAT_LABEL,
+    SWAP_DURATION_BUCKETS_S,
+    TTFT_BUCKETS_S,
+    TTFT_HISTOGRAM,
+    WAITING,
+    total,
+)
+from contracts.imbalance import across_layers, balancedness, imbalance_cv
+from engine.stats import IntArray, RoutingDelta, RoutingWindow, StepStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Media type of :meth:`PrometheusStatsSink.render` (the classic text format)."""
 
 FINISH_REASONS = ("length", "stop", "abort", "error")
-
-# vLLM's request-latency edges (e2e, queue, prefill, decode), from vllm/v1/metrics/loggers.py.
-REQUEST_LATENCY_BUCKETS_S: tuple[float, ...] = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
-)  # fmt: skip
-SWAP_DURATION_BUCKETS_S: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 DEFAULT_MAX_EXPERT_SERIES = 4096
 
@@ -60,62 +88,62 @@ class PrometheusStatsSink:
         self.engine = engine
         self._expert_series_setting = expert_series
         self._max_expert_series = max_expert_series
-        names = ["model_name", "engine"]
+        names = list(BASE_LABELS)
         values = (model_name, engine)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, names, registry=registry, buckets=buckets)
 
         self._ttft = histogram(
-            "vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS_S
+            TTFT_HISTOGRAM, "Time to first token in seconds.", TTFT_BUCKETS_S
         ).labels(*values)
         self._itl = histogram(
-            "vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", ITL_BUCKETS_S
+            ITL_HISTOGRAM, "Inter-token latency in seconds.", ITL_BUCKETS_S
         ).labels(*values)
         self._e2e = histogram(
-            "vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds.",
+            E2E_LATENCY_HISTOGRAM, "End-to-end request latency in seconds.",
             REQUEST_LATENCY_BUCKETS_S,
         ).labels(*values)
         self._queue = histogram(
-            "vllm:request_queue_time_seconds", "Time the request waited before it was scheduled, in seconds.",
+            QUEUE_TIME_HISTOGRAM, "Time the request waited before it was scheduled, in seconds.",
             REQUEST_LATENCY_BUCKETS_S,
         ).labels(*values)
         self._prefill = histogram(
-            "vllm:request_prefill_time_seconds", "Time from first scheduled to first token, in seconds.",
+            PREFILL_TIME_HISTOGRAM, "Time from first scheduled to first token, in seconds.",
             REQUEST_LATENCY_BUCKETS_S,
         ).labels(*values)
         self._decode = histogram(
-            "vllm:request_decode_time_seconds", "Time from first token to finish, in seconds.",
+            DECODE_TIME_HISTOGRAM, "Time from first token to finish, in seconds.",
             REQUEST_LATENCY_BUCKETS_S,
         ).labels(*values)
         self._running = Gauge(
-            "vllm:num_requests_running", "Requests in the running batch.", names, registry=registry,
+            RUNNING, "Requests in the running batch.", names, registry=registry,
             multiprocess_mode="sum",
         ).labels(*values)
         self._waiting = Gauge(
-            "vllm:num_requests_waiting", "Requests waiting to be scheduled.", names, registry=registry,
+            WAITING, "Requests waiting to be scheduled.", names, registry=registry,
             multiprocess_mode="sum",
         ).labels(*values)
         self._kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", names, registry=registry,
+            KV_CACHE_USAGE, "Fraction of KV cache blocks in use (0..1).", names, registry=registry,
             multiprocess_mode="mostrecent",
         ).labels(*values)
         self._prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Prompt tokens computed (recompute included).", names, registry=registry
+            PROMPT_TOKENS, "Prompt tokens computed (recompute included).", names, registry=registry
         ).labels(*values)
         self._generation_tokens = Counter(
-            "vllm:generation_tokens", "Tokens generated.", names, registry=registry
+            GENERATION_TOKENS, "Tokens generated.", names, registry=registry
         ).labels(*values)
         self._preemptions = Counter(
-            "vllm:num_preemptions", "Preemptions (recompute).", names, registry=registry
+            PREEMPTIONS, "Preemptions (recompute).", names, registry=registry
         ).labels(*values)
         success = Counter(
-            "vllm:request_success", "Finished requests by finish reason.", [*names, "finished_reason"],
+            REQUEST_SUCCESS, "Finished requests by finish reason.", [*names, FINISHED_REASON_LABEL],
             registry=registry,
         )
         self._success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
         self._swap_duration = histogram(
-            "moe_placement_swap_duration_seconds", "Wall time of one placement change, in seconds.",
+            PLACEMENT_SWAP_DURATION_HISTOGRAM, "Wall time of one placement change, in seconds.",
             SWAP_DURATION_BUCKETS_S,
         ).labels(*values)
         self._moe = _MoECollector(model_name, engine, routing_window_steps)
@@ -181,12 +209,12 @@ class PrometheusStatsSink:
 
 def _expert_template(model_name: str, engine: str, layers: int, experts: int) -> str:
     """The expert counter family as a %-format template with one ``%d`` per (layer, expert)."""
-    base = f'moe_expert_tokens_total{{model_name="{_escape(model_name)}",engine="{_escape(engine)}"'.replace(
+    base = f'{total(EXPERT_TOKENS)}{{model_name="{_escape(model_name)}",engine="{_escape(engine)}"'.replace(
         "%", "%%"
     )
     header = (
-        "# HELP moe_expert_tokens_total Tokens routed per (layer, logical expert).\n"
-        "# TYPE moe_expert_tokens_total counter\n"
+        f"# HELP {total(EXPERT_TOKENS)} {MOE_HELP[EXPERT_TOKENS]}\n"
+        f"# TYPE {total(EXPERT_TOKENS)} counter\n"
     )
     return header + "".join(
         f'{base},layer="{layer}",expert="{expert}"}} %d\n' for layer in range(layers) for expert in range(experts)
@@ -244,31 +272,28 @@ class _MoECollector(Collector):
             rank_window = None if self._window is None else self._window.rank_tokens
             rank_totals = None if self._rank_totals is None else self._rank_totals.sum(axis=0)
             swaps, moved = self._swaps, self._experts_moved
-        labels = ["model_name", "engine"]
-        yield _counter("moe_placement_swaps", "Placement changes applied.", labels, [(self._labels, swaps)])
+        labels = list(BASE_LABELS)
+        yield _counter(PLACEMENT_SWAPS, "Placement changes applied.", labels, [(self._labels, swaps)])
         yield _counter(
-            "moe_placement_experts_moved", "Expert weights that changed rank.", labels, [(self._labels, moved)]
+            PLACEMENT_EXPERTS_MOVED, "Expert weights that changed rank.", labels, [(self._labels, moved)]
         )
         if rank_window is None or rank_totals is None:
             return
         cv = imbalance_cv(rank_window)
         bal = balancedness(rank_window)
         yield _gauge(
-            "moe_layer_imbalance_cv", "CV (stddev/mean) of per-rank expert load over the routing window.",
-            [*labels, "layer"], [([*self._labels, str(i)], float(v)) for i, v in enumerate(cv)],
+            LAYER_IMBALANCE_CV, MOE_HELP[LAYER_IMBALANCE_CV],
+            [*labels, LAYER_LABEL], [([*self._labels, str(i)], float(v)) for i, v in enumerate(cv)],
         )
         yield _gauge(
-            "moe_layer_balancedness", "mean/max of per-rank expert load over the routing window.",
-            [*labels, "layer"], [([*self._labels, str(i)], float(v)) for i, v in enumerate(bal)],
+            LAYER_BALANCEDNESS, MOE_HELP[LAYER_BALANCEDNESS],
+            [*labels, LAYER_LABEL], [([*self._labels, str(i)], float(v)) for i, v in enumerate(bal)],
         )
-        for name, doc, per_layer in (
-            ("moe_imbalance_cv_across_layers", "Min, median and max of the per-layer CV.", cv),
-            ("moe_balancedness_across_layers", "Min, median and max of the per-layer balancedness.", bal),
-        ):
-            stats = [("min", np.min(per_layer)), ("median", np.median(per_layer)), ("max", np.max(per_layer))]
-            yield _gauge(name, doc, [*labels, "stat"], [([*self._labels, s], float(v)) for s, v in stats])
+        for name, per_layer in ((IMBALANCE_CV_ACROSS_LAYERS, cv), (BALANCEDNESS_ACROSS_LAYERS, bal)):
+            stats = across_layers(per_layer).items()
+            yield _gauge(name, MOE_HELP[name], [*labels, STAT_LABEL], [([*self._labels, s], v) for s, v in stats])
         yield _counter(
-            "moe_rank_tokens", "Expert assignments processed by each EP rank, all layers.", [*labels, "rank"],
+            RANK_TOKENS, MOE_HELP[RANK_TOKENS], [*labels, RANK_LABEL],
             [([*self._labels, str(r)], int(v)) for r, v in enumerate(rank_totals)],
         )
 

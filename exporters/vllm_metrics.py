@@ -36,22 +36,26 @@ import numpy as np
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from engine.errors import ValidationError
+from contracts.catalogue import (
+    BALANCEDNESS_ACROSS_LAYERS,
+    BASE_LABELS,
+    EXPERT_LABEL,
+    EXPERT_TOKENS,
+    IMBALANCE_CV_ACROSS_LAYERS,
+    LAYER_BALANCEDNESS,
+    LAYER_IMBALANCE_CV,
+    LAYER_LABEL,
+    MOE_HELP,
+    RANK_LABEL,
+    RANK_TOKENS,
+    STAT_LABEL,
+)
+from contracts.errors import ValidationError
+from contracts.imbalance import across_layers
 from engine.vllm_plugin import ExpertLoadSnapshot, PluginSettings, PluginState, SnapshotSink, activate
 from engine.vllm_plugin.settings import METRICS_DIR_ENV
 
 logger = logging.getLogger("moeslo.vllm_plugin")
-
-BASE_LABELS = ("model_name", "engine")
-STATS = ("min", "median", "max")
-_DOC = {
-    "moe_expert_tokens": "Tokens routed per (layer, logical expert).",
-    "moe_rank_tokens": "Expert assignments processed by each EP rank, all layers.",
-    "moe_layer_imbalance_cv": "CV (stddev/mean) of per-rank expert load over the routing window.",
-    "moe_layer_balancedness": "mean/max of per-rank expert load over the routing window.",
-    "moe_imbalance_cv_across_layers": "Min, median and max of the per-layer CV.",
-    "moe_balancedness_across_layers": "Min, median and max of the per-layer balancedness.",
-}
 
 ARMED: dict[str, PluginState] = {}
 """What :func:`register` armed in this process, under ``"state"`` (empty when disabled)."""
@@ -139,16 +143,16 @@ class SnapshotCollector:
 
 def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot]) -> list[Metric]:
     """The ``moe_*`` families of some workers' snapshots."""
-    experts = CounterMetricFamily("moe_expert_tokens", _DOC["moe_expert_tokens"],
-                                  labels=[*BASE_LABELS, "layer", "expert"])  # fmt: skip
-    ranks = CounterMetricFamily("moe_rank_tokens", _DOC["moe_rank_tokens"], labels=[*BASE_LABELS, "rank"])
+    experts = CounterMetricFamily(EXPERT_TOKENS, MOE_HELP[EXPERT_TOKENS],
+                                  labels=[*BASE_LABELS, LAYER_LABEL, EXPERT_LABEL])  # fmt: skip
+    ranks = CounterMetricFamily(RANK_TOKENS, MOE_HELP[RANK_TOKENS], labels=[*BASE_LABELS, RANK_LABEL])
     gauges = {
-        name: GaugeMetricFamily(name, _DOC[name], labels=[*BASE_LABELS, "layer"])
-        for name in ("moe_layer_imbalance_cv", "moe_layer_balancedness")
+        name: GaugeMetricFamily(name, MOE_HELP[name], labels=[*BASE_LABELS, LAYER_LABEL])
+        for name in (LAYER_IMBALANCE_CV, LAYER_BALANCEDNESS)
     }
     summaries = {
-        name: GaugeMetricFamily(name, _DOC[name], labels=[*BASE_LABELS, "stat"])
-        for name in ("moe_imbalance_cv_across_layers", "moe_balancedness_across_layers")
+        name: GaugeMetricFamily(name, MOE_HELP[name], labels=[*BASE_LABELS, STAT_LABEL])
+        for name in (IMBALANCE_CV_ACROSS_LAYERS, BALANCEDNESS_ACROSS_LAYERS)
     }
     rank_sums: dict[tuple[str, str, str], float] = {}
     any_snapshot = False
@@ -161,25 +165,19 @@ def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot]) -> list[Metric]:
         for rank, load in enumerate(snap.rank_tokens_total):
             key = (snap.model_name, snap.engine, str(rank))
             rank_sums[key] = rank_sums.get(key, 0.0) + float(load)
-        for name, per_layer in (("moe_layer_imbalance_cv", snap.imbalance_cv),
-                                ("moe_layer_balancedness", snap.balancedness)):  # fmt: skip
+        for name, per_layer in ((LAYER_IMBALANCE_CV, snap.imbalance_cv),
+                                (LAYER_BALANCEDNESS, snap.balancedness)):  # fmt: skip
             for layer, value in zip(snap.layer_ids, per_layer, strict=True):
                 gauges[name].add_metric([*base, str(layer)], float(value))
-        for name, per_layer in (("moe_imbalance_cv_across_layers", snap.imbalance_cv),
-                                ("moe_balancedness_across_layers", snap.balancedness)):  # fmt: skip
-            for stat, value in summary(per_layer).items():
+        for name, per_layer in ((IMBALANCE_CV_ACROSS_LAYERS, snap.imbalance_cv),
+                                (BALANCEDNESS_ACROSS_LAYERS, snap.balancedness)):  # fmt: skip
+            for stat, value in across_layers(per_layer).items():
                 summaries[name].add_metric([*base, stat], value)
     for key, load in rank_sums.items():
         ranks.add_metric(list(key), load)
     if not any_snapshot:
         return []
     return [experts, ranks, *gauges.values(), *summaries.values()]
-
-
-def summary(per_layer: np.ndarray[tuple[int], np.dtype[np.float64]]) -> dict[str, float]:
-    if per_layer.size == 0:
-        return {}
-    return {"min": float(np.min(per_layer)), "median": float(np.median(per_layer)), "max": float(np.max(per_layer))}
 
 
 class MultiprocessSink:
@@ -189,17 +187,19 @@ class MultiprocessSink:
         # A private registry: the values go to the shared directory either way, and
         # the names must not clash with anything in the worker's global registry.
         registry = registry if registry is not None else CollectorRegistry()
-        self.expert_tokens = Counter("moe_expert_tokens", _DOC["moe_expert_tokens"],
-                                     [*BASE_LABELS, "layer", "expert"], registry=registry)  # fmt: skip
-        self.rank_tokens = Counter("moe_rank_tokens", _DOC["moe_rank_tokens"], [*BASE_LABELS, "rank"],
+        self.expert_tokens = Counter(EXPERT_TOKENS, MOE_HELP[EXPERT_TOKENS],
+                                     [*BASE_LABELS, LAYER_LABEL, EXPERT_LABEL], registry=registry)  # fmt: skip
+        self.rank_tokens = Counter(RANK_TOKENS, MOE_HELP[RANK_TOKENS], [*BASE_LABELS, RANK_LABEL],
                                    registry=registry)  # fmt: skip
         self.gauges = {
-            name: Gauge(name, _DOC[name], [*BASE_LABELS, "layer"], registry=registry, multiprocess_mode="mostrecent")
-            for name in ("moe_layer_imbalance_cv", "moe_layer_balancedness")
+            name: Gauge(name, MOE_HELP[name], [*BASE_LABELS, LAYER_LABEL], registry=registry,
+                        multiprocess_mode="mostrecent")
+            for name in (LAYER_IMBALANCE_CV, LAYER_BALANCEDNESS)
         }
         self.summaries = {
-            name: Gauge(name, _DOC[name], [*BASE_LABELS, "stat"], registry=registry, multiprocess_mode="mostrecent")
-            for name in ("moe_imbalance_cv_across_layers", "moe_balancedness_across_layers")
+            name: Gauge(name, MOE_HELP[name], [*BASE_LABELS, STAT_LABEL], registry=registry,
+                        multiprocess_mode="mostrecent")
+            for name in (IMBALANCE_CV_ACROSS_LAYERS, BALANCEDNESS_ACROSS_LAYERS)
         }
         self._published_experts: np.ndarray[tuple[int, int], np.dtype[np.int64]] | None = None
         self._published_ranks: np.ndarray[tuple[int], np.dtype[np.float64]] | None = None
@@ -226,11 +226,11 @@ class MultiprocessSink:
             if load > 0:
                 self.rank_tokens.labels(*base, str(rank)).inc(float(load))
         self._published_ranks = ranks.copy()
-        for name, per_layer in (("moe_layer_imbalance_cv", snapshot.imbalance_cv),
-                                ("moe_layer_balancedness", snapshot.balancedness)):  # fmt: skip
+        for name, per_layer in ((LAYER_IMBALANCE_CV, snapshot.imbalance_cv),
+                                (LAYER_BALANCEDNESS, snapshot.balancedness)):  # fmt: skip
             for layer, value in zip(snapshot.layer_ids, per_layer, strict=True):
                 self.gauges[name].labels(*base, str(layer)).set(float(value))
-        for name, per_layer in (("moe_imbalance_cv_across_layers", snapshot.imbalance_cv),
-                                ("moe_balancedness_across_layers", snapshot.balancedness)):  # fmt: skip
-            for stat, value in summary(per_layer).items():
+        for name, per_layer in ((IMBALANCE_CV_ACROSS_LAYERS, snapshot.imbalance_cv),
+                                (BALANCEDNESS_ACROSS_LAYERS, snapshot.balancedness)):  # fmt: skip
+            for stat, value in across_layers(per_layer).items():
                 self.summaries[name].labels(*base, stat).set(value)

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from contracts.datadir import default_data_dir
+
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
+SHARED_DATA = default_data_dir()
 
 
 def shared_data(*parts: str) -> Path:
-    """A path under ../shared/data; skips the test cleanly when it is absent."""
+    """A path under the shared data folder; skips the test cleanly when it is absent."""
     path = SHARED_DATA.joinpath(*parts)
     if not path.exists():
         pytest.skip(f"shared data not available: {path}")

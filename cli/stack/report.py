@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from contracts.slo_defaults import ITL_THRESHOLD_S, MAX_IMBALANCE_CV, TTFT_THRESHOLD_S
+
 if TYPE_CHECKING:
     from cli.stack.run import StackState
 
-TTFT_SLO_S = 0.5
-ITL_SLO_S = 0.02
-CV_SLO = 0.15
+TTFT_SLO_S = TTFT_THRESHOLD_S
+ITL_SLO_S = ITL_THRESHOLD_S
+CV_SLO = MAX_IMBALANCE_CV
 
 
 def _pct(values: list[float], q: float) -> float | None:

@@ -36,7 +36,7 @@ from cli.stack.services import (
     start_prometheus,
     wait_http,
 )
-from engine.errors import UnavailableError
+from contracts.errors import UnavailableError
 
 POLICY_NAME = "qwen3-moe-local"
 MODEL_NAME = "moeslo-demo"

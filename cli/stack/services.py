@@ -21,7 +21,7 @@ import httpx
 import yaml
 
 from bench.processes import stop_process
-from engine.errors import UnavailableError
+from contracts.errors import UnavailableError
 
 
 @dataclass

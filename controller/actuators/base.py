@@ -46,11 +46,11 @@ class Actuator(Protocol):
         ...
 
     async def replicas(self, policy: Policy) -> ReplicaCount:
-        """The current count; raises :class:`~engine.errors.ActuationError` when it cannot be read."""
+        """The current count; raises :class:`~controller.errors.ActuationError` when it cannot be read."""
         ...
 
     async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
-        """Make the target run ``replicas``; raises :class:`~engine.errors.ActuationError` after retries."""
+        """Make the target run ``replicas``; raises :class:`~controller.errors.ActuationError` after retries."""
         ...
 
     def endpoints(self, policy: Policy) -> Sequence[str]:

@@ -34,8 +34,8 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.actuators.base import ReplicaCount, ScaleResult
 from controller.config import KubernetesConfig
+from controller.errors import ActuationError
 from controller.policy import KubernetesTarget, Policy
-from engine.errors import ActuationError
 
 LWS_GROUP = "leaderworkerset.x-k8s.io"
 LWS_VERSION = "v1"

@@ -29,8 +29,8 @@ import httpx
 
 from controller.actuators.base import ReplicaCount, ScaleResult
 from controller.config import LocalActuatorConfig
+from controller.errors import ActuationError
 from controller.policy import LocalTarget, Policy
-from engine.errors import ActuationError
 
 READY_PROBE_TIMEOUT_S = 0.5
 

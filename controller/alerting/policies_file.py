@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError as PydanticValidationError
 
+from contracts.errors import DataError, ValidationError
 from controller.policy import LocalTarget, Policy
-from engine.errors import DataError, ValidationError
 
 DEFAULT_POLICIES: tuple[Policy, ...] = (
     Policy(

@@ -22,6 +22,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from contracts.catalogue import (
+    BUCKETS_BY_METRIC,
+    ITL_HISTOGRAM,
+    LAYER_IMBALANCE_CV,
+    TTFT_HISTOGRAM,
+    VLLM_BUCKETS_BY_METRIC,
+    format_le,
+    is_bucket_edge,
+    le_matcher,
+)
+from contracts.errors import ValidationError
 from controller.alerting.model import AlertingRule, RecordingRule, Rule, RuleGroup
 from controller.policy import LatencyObjective, Policy, parse_duration_s
 from controller.slo import (
@@ -32,18 +43,6 @@ from controller.slo import (
     format_duration,
     standard_burn_rate_windows,
 )
-from engine.errors import ValidationError
-from exporters.buckets import (
-    BUCKETS_BY_METRIC,
-    ITL_METRIC,
-    TTFT_METRIC,
-    VLLM_BUCKETS_BY_METRIC,
-    format_le,
-    is_bucket_edge,
-    le_matcher,
-)
-
-IMBALANCE_METRIC = "moe_layer_imbalance_cv"
 
 GOOD_RECORD = "moeslo:slo_good_events:rate{window}"
 TOTAL_RECORD = "moeslo:slo_total_events:rate{window}"
@@ -87,8 +86,8 @@ class LatencySli:
 
 def latency_slis(policy: Policy) -> tuple[LatencySli, ...]:
     return (
-        LatencySli(slo="ttft", title="TTFT", metric=TTFT_METRIC, objective=policy.objectives.ttft),
-        LatencySli(slo="itl", title="ITL", metric=ITL_METRIC, objective=policy.objectives.itl),
+        LatencySli(slo="ttft", title="TTFT", metric=TTFT_HISTOGRAM, objective=policy.objectives.ttft),
+        LatencySli(slo="itl", title="ITL", metric=ITL_HISTOGRAM, objective=policy.objectives.itl),
     )
 
 
@@ -281,7 +280,8 @@ def _imbalance_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     return AlertingRule(
         alert="MoesloExpertImbalance",
         expr=(
-            f'max by (model_name) ({IMBALANCE_METRIC}{{model_name="{_selector_value(policy.model_name)}"}}) > {max_cv}'
+            f'max by (model_name) ({LAYER_IMBALANCE_CV}{{model_name="{_selector_value(policy.model_name)}"}})'
+            f" > {max_cv}"
         ),
         for_=options.for_override or imbalance_for,
         labels={"severity": "ticket", "policy": policy.name, "slo": "imbalance"},
@@ -299,9 +299,9 @@ def _imbalance_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
 def _absent_alerts(policy: Policy, options: AlertOptions) -> list[AlertingRule]:
     model = _selector_value(policy.model_name)
     watched = (
-        ("MoesloTTFTMetricAbsent", "ttft", f"{TTFT_METRIC}_count"),
-        ("MoesloITLMetricAbsent", "itl", f"{ITL_METRIC}_count"),
-        ("MoesloExpertMetricsAbsent", "imbalance", IMBALANCE_METRIC),
+        ("MoesloTTFTMetricAbsent", "ttft", f"{TTFT_HISTOGRAM}_count"),
+        ("MoesloITLMetricAbsent", "itl", f"{ITL_HISTOGRAM}_count"),
+        ("MoesloExpertMetricsAbsent", "imbalance", LAYER_IMBALANCE_CV),
     )
     return [
         AlertingRule(
@@ -344,7 +344,6 @@ def _num(value: float) -> str:
 __all__ = [
     "ERROR_RATIO_RECORD",
     "GOOD_RECORD",
-    "IMBALANCE_METRIC",
     "TOTAL_RECORD",
     "AlertOptions",
     "LatencySli",

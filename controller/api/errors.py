@@ -24,9 +24,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from controller.store import StaleVersionError
-from engine.errors import (
-    ActuationError,
+from contracts.errors import (
     ConflictError,
     DataError,
     MoesloError,
@@ -35,6 +33,8 @@ from engine.errors import (
     UnavailableError,
     ValidationError,
 )
+from controller.errors import ActuationError
+from controller.store import StaleVersionError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 

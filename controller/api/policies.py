@@ -16,6 +16,7 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from pydantic import ValidationError as PydanticValidationError
 from starlette.concurrency import run_in_threadpool
 
+from contracts.errors import NotFoundError, ValidationError
 from controller.api.auth import WriteAccess
 from controller.api.errors import PreconditionRequiredError
 from controller.api.schemas import (
@@ -30,7 +31,6 @@ from controller.config import ControllerSettings
 from controller.openslo import apply_imported, export_policy, parse_openslo
 from controller.policy import Policy
 from controller.store import StaleVersionError, Store, StoredPolicy
-from engine.errors import NotFoundError, ValidationError
 
 router = APIRouter(prefix="/v1", tags=["policies"])
 

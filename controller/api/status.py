@@ -9,6 +9,7 @@ from typing import Annotated, Protocol
 from fastapi import APIRouter, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from contracts.errors import MoesloError
 from controller.api.schemas import (
     ControllerStatus,
     DecisionOut,
@@ -20,7 +21,6 @@ from controller.api.schemas import (
 from controller.config import ControllerSettings
 from controller.policy import Policy
 from controller.store import Store, StoredPolicy
-from engine.errors import MoesloError
 
 router = APIRouter(tags=["status"])
 

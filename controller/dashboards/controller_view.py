@@ -4,6 +4,19 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
+from contracts.catalogue import (
+    CURRENT_REPLICAS,
+    DECISIONS,
+    DESIRED_REPLICAS,
+    ERRORS,
+    EVALUATION_DURATION_HISTOGRAM,
+    FORECAST_REQUESTS_PER_SECOND,
+    LEADER,
+    REQUEST_SUCCESS,
+    SLI,
+    bucket,
+    total,
+)
 from controller.dashboards.panels import (
     MODEL,
     POLICY,
@@ -26,12 +39,12 @@ def build(policy: Policy) -> Dashboard:
         .annotation(decision_annotations())
     )
     dashboard = variables(dashboard, policy=True)
-    forecast = "moeslo_forecast_requests_per_second"
+    forecast = FORECAST_REQUESTS_PER_SECOND
     return (
         dashboard
         .with_row(Row("Load and capacity"))
         .with_panel(timeseries(f"Forecast (made {lead_s} s earlier) vs actual requests per second", [
-            query(f"sum(rate(vllm:request_success_total{{{MODEL}}}[{RATE}]))", "actual"),
+            query(f"sum(rate({total(REQUEST_SUCCESS)}{{{MODEL}}}[{RATE}]))", "actual"),
             query(f'{forecast}{{{POLICY},bound="point"}} offset {lead_s}s', "forecast {{policy}}"),
             query(f'{forecast}{{{POLICY},bound="lower"}} offset {lead_s}s', "lower {{policy}}"),
             query(f'{forecast}{{{POLICY},bound="upper"}} offset {lead_s}s', "upper {{policy}}"),
@@ -39,29 +52,29 @@ def build(policy: Policy) -> Dashboard:
             description="The forecast one lead time ahead, shifted by the lead time so it lines up with what "
                         "happened; lower/upper: the prediction interval."))
         .with_panel(timeseries("Desired vs current replicas", [
-            query(f"moeslo_desired_replicas{{{POLICY}}}", "desired {{policy}}"),
-            query(f"moeslo_current_replicas{{{POLICY}}}", "current {{policy}}"),
+            query(f"{DESIRED_REPLICAS}{{{POLICY}}}", "desired {{policy}}"),
+            query(f"{CURRENT_REPLICAS}{{{POLICY}}}", "current {{policy}}"),
         ], min_value=0))
         .with_row(Row("Decisions and SLIs"))
         .with_panel(timeseries("Decisions by action and reason", [
-            query(f"sum by (action, reason) (increase(moeslo_decisions_total{{{POLICY}}}[{RATE}]))",
+            query(f"sum by (action, reason) (increase({total(DECISIONS)}{{{POLICY}}}[{RATE}]))",
                   "{{action}}: {{reason}}"),
         ], min_value=0, stack=True, width=8))
         .with_panel(timeseries("SLIs the controller sees: p99 latency", [
-            query(f'moeslo_sli{{{POLICY},sli=~".*_p99_seconds"}}', "{{policy}} {{sli}}"),
+            query(f'{SLI}{{{POLICY},sli=~".*_p99_seconds"}}', "{{policy}} {{sli}}"),
         ], unit="s", min_value=0, width=8))
         .with_panel(timeseries("SLIs the controller sees: good ratios", [
-            query(f'moeslo_sli{{{POLICY},sli=~".*_good_ratio"}}', "{{policy}} {{sli}}"),
+            query(f'{SLI}{{{POLICY},sli=~".*_good_ratio"}}', "{{policy}} {{sli}}"),
             target_line("TTFT", policy.objectives.ttft.target),
             target_line("ITL", policy.objectives.itl.target),
         ], unit="percentunit", width=8))
         .with_row(Row("Controller health"))
         .with_panel(timeseries("Tick duration p99", [
-            query(f"histogram_quantile(0.99, sum by (le) (rate(moeslo_evaluation_duration_seconds_bucket[{RATE}])))",
+            query(f"histogram_quantile(0.99, sum by (le) (rate({bucket(EVALUATION_DURATION_HISTOGRAM)}[{RATE}])))",
                   "p99"),
         ], unit="s", min_value=0, width=8))
         .with_panel(timeseries("Errors per second by component", [
-            query(f"sum by (component) (rate(moeslo_errors_total[{RATE}]))", "{{component}}"),
+            query(f"sum by (component) (rate({total(ERRORS)}[{RATE}]))", "{{component}}"),
         ], unit="ops", min_value=0, width=8))
-        .with_panel(timeseries("Leader", [query("moeslo_leader", "{{instance}}")], min_value=0, width=8))
+        .with_panel(timeseries("Leader", [query(LEADER, "{{instance}}")], min_value=0, width=8))
     )

@@ -4,6 +4,19 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
+from contracts.catalogue import (
+    E2E_LATENCY_HISTOGRAM,
+    GENERATION_TOKENS,
+    KV_CACHE_USAGE,
+    PREEMPTIONS,
+    PROMPT_TOKENS,
+    QUEUE_TIME_HISTOGRAM,
+    REQUEST_SUCCESS,
+    RUNNING,
+    WAITING,
+    bucket,
+    total,
+)
 from controller.dashboards.panels import MODEL, RATE, query, timeseries, variables
 
 
@@ -18,35 +31,35 @@ def build() -> Dashboard:
         dashboard
         .with_row(Row("Throughput"))
         .with_panel(timeseries("Tokens per second", [
-            query(f"sum by (model_name) (rate(vllm:generation_tokens_total{{{MODEL}}}[{RATE}]))",
+            query(f"sum by (model_name) (rate({total(GENERATION_TOKENS)}{{{MODEL}}}[{RATE}]))",
                   "generated {{model_name}}"),
-            query(f"sum by (model_name) (rate(vllm:prompt_tokens_total{{{MODEL}}}[{RATE}]))",
+            query(f"sum by (model_name) (rate({total(PROMPT_TOKENS)}{{{MODEL}}}[{RATE}]))",
                   "prompt {{model_name}}"),
         ], unit="tps", min_value=0))
         .with_panel(timeseries("Finished requests per second", [
-            query(f"sum by (finished_reason) (rate(vllm:request_success_total{{{MODEL}}}[{RATE}]))",
+            query(f"sum by (finished_reason) (rate({total(REQUEST_SUCCESS)}{{{MODEL}}}[{RATE}]))",
                   "{{finished_reason}}"),
         ], unit="reqps", min_value=0, stack=True))
         .with_row(Row("Queue and memory"))
         .with_panel(timeseries("Requests running and waiting", [
-            query(f"sum by (model_name) (vllm:num_requests_running{{{MODEL}}})", "running {{model_name}}"),
-            query(f"sum by (model_name) (vllm:num_requests_waiting{{{MODEL}}})", "waiting {{model_name}}"),
+            query(f"sum by (model_name) ({RUNNING}{{{MODEL}}})", "running {{model_name}}"),
+            query(f"sum by (model_name) ({WAITING}{{{MODEL}}})", "waiting {{model_name}}"),
         ], min_value=0, width=8))
         .with_panel(timeseries("KV cache usage", [
-            query(f"vllm:kv_cache_usage_perc{{{MODEL}}}", "{{model_name}} engine {{engine}}"),
+            query(f"{KV_CACHE_USAGE}{{{MODEL}}}", "{{model_name}} engine {{engine}}"),
         ], unit="percentunit", slo_line=0.9, min_value=0, width=8,
             description="Blocks in use; above the line, preemptions become likely."))
         .with_panel(timeseries("Preemptions per second", [
-            query(f"sum by (model_name) (rate(vllm:num_preemptions_total{{{MODEL}}}[{RATE}]))", "{{model_name}}"),
+            query(f"sum by (model_name) (rate({total(PREEMPTIONS)}{{{MODEL}}}[{RATE}]))", "{{model_name}}"),
         ], unit="ops", min_value=0, width=8))
         .with_row(Row("Request phases"))
         .with_panel(timeseries("Queue time p50 / p99", [
-            query(f"histogram_quantile({q}, sum by (le) (rate(vllm:request_queue_time_seconds_bucket{{{MODEL}}}"
+            query(f"histogram_quantile({q}, sum by (le) (rate({bucket(QUEUE_TIME_HISTOGRAM)}{{{MODEL}}}"
                   f"[{RATE}])))", f"p{round(q * 100)}")
             for q in (0.5, 0.99)
         ], unit="s", min_value=0))
         .with_panel(timeseries("End-to-end latency p50 / p99", [
-            query(f"histogram_quantile({q}, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{{{MODEL}}}"
+            query(f"histogram_quantile({q}, sum by (le) (rate({bucket(E2E_LATENCY_HISTOGRAM)}{{{MODEL}}}"
                   f"[{RATE}])))", f"p{round(q * 100)}")
             for q in (0.5, 0.99)
         ], unit="s", min_value=0))

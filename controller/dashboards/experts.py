@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
+from contracts.catalogue import (
+    EXPERT_TOKENS,
+    LAYER_BALANCEDNESS,
+    LAYER_IMBALANCE_CV,
+    PLACEMENT_EXPERTS_MOVED,
+    PLACEMENT_SWAP_DURATION_HISTOGRAM,
+    PLACEMENT_SWAPS,
+    RANK_TOKENS,
+    REBALANCES,
+    bucket,
+    total,
+)
 from controller.dashboards.panels import MODEL, POLICY, RATE, heatmap, matrix_table, query, timeseries, variables
 from controller.policy import Policy
 
@@ -22,37 +34,37 @@ def build(policy: Policy) -> Dashboard:
         .with_row(Row("Routing"))
         .with_panel(heatmap(
             "Tokens per second by layer x expert",
-            query(f"sum by (layer, expert) (rate(moe_expert_tokens_total{{{MODEL}}}[{RATE}]))",
+            query(f"sum by (layer, expert) (rate({total(EXPERT_TOKENS)}{{{MODEL}}}[{RATE}]))",
                   "L{{layer}} E{{expert}}"),
             description="One row per (layer, expert); colour: routed tokens per second.",
         ))
         .with_panel(matrix_table(
             "Tokens routed over the range: layer x expert",
-            query(f"sum by (layer, expert) (increase(moe_expert_tokens_total{{{MODEL}}}[$__range]))",
+            query(f"sum by (layer, expert) (increase({total(EXPERT_TOKENS)}{{{MODEL}}}[$__range]))",
                   instant=True, table=True),
             row_field="layer", column_field="expert",
         ))
         .with_row(Row("Balance"))
         .with_panel(timeseries(f"Imbalance CV per layer (SLO {max_cv})", [
-            query(f"max by (layer) (moe_layer_imbalance_cv{{{MODEL}}})", "layer {{layer}}"),
+            query(f"max by (layer) ({LAYER_IMBALANCE_CV}{{{MODEL}}})", "layer {{layer}}"),
         ], slo_line=max_cv, min_value=0, width=8,
             description="stddev/mean of per-rank load over the routing window."))
         .with_panel(timeseries("Balancedness per layer (mean/max)", [
-            query(f"min by (layer) (moe_layer_balancedness{{{MODEL}}})", "layer {{layer}}"),
+            query(f"min by (layer) ({LAYER_BALANCEDNESS}{{{MODEL}}})", "layer {{layer}}"),
         ], unit="percentunit", min_value=0, width=8))
         .with_panel(timeseries("Assignments per second by EP rank", [
-            query(f"sum by (rank) (rate(moe_rank_tokens_total{{{MODEL}}}[{RATE}]))", "rank {{rank}}"),
+            query(f"sum by (rank) (rate({total(RANK_TOKENS)}{{{MODEL}}}[{RATE}]))", "rank {{rank}}"),
         ], min_value=0, stack=True, width=8))
         .with_row(Row("Placement"))
         .with_panel(timeseries("Placement swaps and experts moved", [
-            query(f"sum(increase(moe_placement_swaps_total{{{MODEL}}}[{RATE}]))", "swaps"),
-            query(f"sum(increase(moe_placement_experts_moved_total{{{MODEL}}}[{RATE}]))", "experts moved"),
+            query(f"sum(increase({total(PLACEMENT_SWAPS)}{{{MODEL}}}[{RATE}]))", "swaps"),
+            query(f"sum(increase({total(PLACEMENT_EXPERTS_MOVED)}{{{MODEL}}}[{RATE}]))", "experts moved"),
         ], min_value=0, width=8))
         .with_panel(timeseries("Swap duration p99", [
-            query(f"histogram_quantile(0.99, sum by (le) (rate(moe_placement_swap_duration_seconds_bucket"
+            query(f"histogram_quantile(0.99, sum by (le) (rate({bucket(PLACEMENT_SWAP_DURATION_HISTOGRAM)}"
                   f"{{{MODEL}}}[{RATE}])))", "p99"),
         ], unit="s", min_value=0, width=8))
         .with_panel(timeseries("Rebalances by outcome (controller)", [
-            query(f"sum by (outcome) (increase(moeslo_rebalances_total{{{POLICY}}}[{RATE}]))", "{{outcome}}"),
+            query(f"sum by (outcome) (increase({total(REBALANCES)}{{{POLICY}}}[{RATE}]))", "{{outcome}}"),
         ], min_value=0, width=8))
     )

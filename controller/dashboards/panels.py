@@ -36,6 +36,8 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from contracts.catalogue import CURRENT_REPLICAS, DECISIONS, RUNNING, total
+
 GRAFANA_VERSION = "10.1"
 """Grafana release the SDK's types are generated for."""
 
@@ -125,14 +127,14 @@ def variables(dashboard: Dashboard, *, policy: bool) -> Dashboard:
     dashboard = dashboard.with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
     dashboard = dashboard.with_variable(
         QueryVariable("model").label("Model").datasource(DATASOURCE)
-        .query("label_values(vllm:num_requests_running, model_name)")
+        .query(f"label_values({RUNNING}, model_name)")
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).multi(True).include_all(True).all_value(".*")
         .current(everything)
     )
     if policy:
         dashboard = dashboard.with_variable(
             QueryVariable("policy").label("Deployment (SLO policy)").datasource(DATASOURCE)
-            .query("label_values(moeslo_current_replicas, policy)")
+            .query(f"label_values({CURRENT_REPLICAS}, policy)")
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).multi(True).include_all(True).all_value(".*")
             .current(everything)
         )
@@ -143,7 +145,7 @@ def decision_annotations() -> AnnotationQuery:
     """Controller decisions as annotations: one marker per change of ``moeslo_decisions_total``."""
     return (
         AnnotationQuery().name("Controller decisions").datasource(DATASOURCE).enable(True).icon_color("orange")
-        .expr(f"sum by (policy, action, reason) (changes(moeslo_decisions_total{{{POLICY}}}[1m])) > 0")
+        .expr(f"sum by (policy, action, reason) (changes({total(DECISIONS)}{{{POLICY}}}[1m])) > 0")
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import UnavailableError, ValidationError
+from contracts.errors import UnavailableError, ValidationError
 
 INSTALL_HINT = (
     "dashboards push needs grafana-client: "

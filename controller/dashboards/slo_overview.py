@@ -5,10 +5,10 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 
+from contracts.catalogue import BURN_RATE, ERROR_BUDGET_REMAINING, ITL_HISTOGRAM, TTFT_HISTOGRAM, le_matcher
 from controller.dashboards.panels import MODEL, POLICY, RATE, query, stat, target_line, timeseries, variables
 from controller.policy import Policy
 from controller.slo import error_budget, standard_burn_rate_windows
-from exporters.buckets import ITL_METRIC, TTFT_METRIC, le_matcher
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -64,7 +64,7 @@ def build(policy: Policy) -> Dashboard:
         .with_panel(
             timeseries(
                 f"TTFT p50 / p90 / p99 (SLO {ttft.threshold_s} s)",
-                _quantiles(TTFT_METRIC),
+                _quantiles(TTFT_HISTOGRAM),
                 unit="s",
                 slo_line=ttft.threshold_s,
                 min_value=0,
@@ -73,7 +73,7 @@ def build(policy: Policy) -> Dashboard:
         .with_panel(
             timeseries(
                 f"ITL p50 / p90 / p99 (SLO {itl.threshold_s} s)",
-                _quantiles(ITL_METRIC),
+                _quantiles(ITL_HISTOGRAM),
                 unit="s",
                 slo_line=itl.threshold_s,
                 min_value=0,
@@ -84,8 +84,8 @@ def build(policy: Policy) -> Dashboard:
             timeseries(
                 "Good-event ratio",
                 [
-                    query(_good_ratio(TTFT_METRIC, ttft.threshold_s), f"TTFT <= {ttft.threshold_s} s"),
-                    query(_good_ratio(ITL_METRIC, itl.threshold_s), f"ITL <= {itl.threshold_s} s"),
+                    query(_good_ratio(TTFT_HISTOGRAM, ttft.threshold_s), f"TTFT <= {ttft.threshold_s} s"),
+                    query(_good_ratio(ITL_HISTOGRAM, itl.threshold_s), f"ITL <= {itl.threshold_s} s"),
                     target_line("TTFT", ttft.target),
                     target_line("ITL", itl.target),
                 ],
@@ -98,7 +98,7 @@ def build(policy: Policy) -> Dashboard:
         .with_panel(
             stat(
                 "Error budget remaining",
-                query(f"moeslo_error_budget_remaining{{{POLICY}}}", "{{policy}} {{slo}}"),
+                query(f"{ERROR_BUDGET_REMAINING}{{{POLICY}}}", "{{policy}} {{slo}}"),
                 unit="percentunit",
                 steps=[(None, "red"), (0.25, "orange"), (0.5, "green")],
                 width=4,
@@ -108,7 +108,7 @@ def build(policy: Policy) -> Dashboard:
         .with_panel(
             timeseries(
                 "Burn rate (controller)",
-                [query(f"moeslo_burn_rate{{{POLICY}}}", "{{policy}} {{slo}} {{window}}")],
+                [query(f"{BURN_RATE}{{{POLICY}}}", "{{policy}} {{slo}} {{window}}")],
                 unit="x",
                 slo_line=burn_lines[0],
                 width=6,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from contracts.slo_defaults import LEAD_TIME_S
 from controller.forecast.backtest import BacktestResult, best, compare_models, model_factory
 from controller.forecast.history import DAY_S, TWO_WEEKS_S, RingSeries
 from controller.forecast.models import FloatArray, ForecastModel
@@ -22,7 +23,7 @@ from controller.forecast.models import FloatArray, ForecastModel
 class ForecastConfig:
     bin_s: float = 15.0
     """One observation per bin (the controller's tick)."""
-    horizon_s: float = 120.0
+    horizon_s: float = float(LEAD_TIME_S)
     """How far ahead forecasts are needed (the lead time); selection scores this window."""
     keep_s: float = TWO_WEEKS_S
     refit_every_bins: int = 240

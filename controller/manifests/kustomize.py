@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from engine.errors import DataError
+from contracts.errors import DataError
 
 SUPPORTED_FIELDS = {"apiVersion", "kind", "namespace", "labels", "resources", "patches"}
 CLUSTER_SCOPED_KINDS = {

@@ -1,6 +1,6 @@
 """Expert rebalancing: pure placement planning and the trigger that decides when to apply a plan.
 
-``plan_rebalance`` turns per-(layer, expert) load into a :class:`~engine.placement.Placement`
+``plan_rebalance`` turns per-(layer, expert) load into a :class:`~contracts.placement.Placement`
 that evens out per-rank load, replicating hot experts into spare slots and moving
 few experts when it starts from the current placement.  ``decide_rebalance``
 says whether to apply such a plan now, with its reasons as data; ``verify_rebalance``
@@ -9,7 +9,6 @@ compares the imbalance measured afterwards with the prediction.  No I/O here.
 
 from __future__ import annotations
 
-from controller.rebalance.metrics import Imbalance, rank_load
 from controller.rebalance.planner import RebalanceConfig, RebalancePlan, plan_rebalance
 from controller.rebalance.trigger import (
     CvObservation,
@@ -22,7 +21,6 @@ from controller.rebalance.trigger import (
 
 __all__ = [
     "CvObservation",
-    "Imbalance",
     "RebalanceConfig",
     "RebalanceDecision",
     "RebalancePlan",
@@ -30,6 +28,5 @@ __all__ = [
     "VerifyResult",
     "decide_rebalance",
     "plan_rebalance",
-    "rank_load",
     "verify_rebalance",
 ]

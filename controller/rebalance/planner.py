@@ -17,21 +17,14 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
+from contracts.errors import PlacementError, ValidationError
+from contracts.imbalance import Imbalance, imbalance_cv, rank_load
+from contracts.placement import Placement
+from contracts.slo_defaults import MAX_IMBALANCE_CV
 from controller.rebalance.groups import choose_groups, closest_split
-from controller.rebalance.metrics import (
-    Imbalance,
-    align_slots,
-    max_over_mean_lower_bound,
-    rank_load,
-    rank_moves,
-    relabel_ranks,
-    slot_moves,
-)
+from controller.rebalance.moves import align_slots, max_over_mean_lower_bound, rank_moves, relabel_ranks, slot_moves
 from controller.rebalance.packing import FloatArray, IntArray, replica_counts, solve_rows
 from controller.rebalance.repair import repair_counts, repair_rows
-from engine.errors import PlacementError, ValidationError
-from engine.placement import Placement
-from engine.stats import imbalance_cv
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +35,7 @@ class RebalanceConfig:
     """A re-plan stops moving experts once every layer's busiest rank is within this
     fraction of a from-scratch plan's; layers that cannot get there take the
     from-scratch plan (renumbered to keep what it can)."""
-    max_cv: float = 0.15
+    max_cv: float = MAX_IMBALANCE_CV
     """Hierarchical re-plans move fewer groups only where the CV stays at or below this, unless
     the best split misses it too (then balance alone decides)."""
     replan_replica_slack: float = 1.2

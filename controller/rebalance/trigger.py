@@ -23,9 +23,10 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from contracts.errors import ValidationError
+from contracts.slo_defaults import SCALE_DOWN_COOLDOWN_S
 from controller.policy import ImbalanceObjective
 from controller.rebalance.planner import RebalancePlan
-from engine.errors import ValidationError
 
 TriggerReason = Literal[
     "no_observations", "imbalance_ok", "not_sustained", "cooldown", "insufficient_improvement", "rebalance"
@@ -53,7 +54,7 @@ class CvObservation:
 class TriggerSettings:
     """How eager the trigger is; defaults are the mission's (cooldown as for scale-down)."""
 
-    cooldown_s: float = 180.0
+    cooldown_s: float = float(SCALE_DOWN_COOLDOWN_S)
     margin: float = 0.02
     """Smallest drop of the predicted worst-layer CV that justifies moving weights."""
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
 from controller.capacity import ReplicaProfile
 from controller.replay.traces import FloatArray, RequestTrace
 from controller.types import PolicyObservation, SliSnapshot
@@ -82,8 +83,8 @@ class RequestFleet:
         initial_replicas: int,
         startup_s: float,
         tick_s: float,
-        ttft_target_s: float = 0.5,
-        itl_target_s: float = 0.02,
+        ttft_target_s: float = TTFT_THRESHOLD_S,
+        itl_target_s: float = ITL_THRESHOLD_S,
         sli_window_s: float = 60.0,
     ) -> None:
         self.trace = trace

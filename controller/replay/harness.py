@@ -15,6 +15,7 @@ from typing import Literal
 
 import numpy as np
 
+from contracts.slo_defaults import LEAD_TIME_S, SCALE_DOWN_COOLDOWN_S
 from controller.capacity import CapacityModel, Load, ReplicaProfile, Targets
 from controller.forecast import ForecastConfig
 from controller.predictive import PredictiveConfig
@@ -37,9 +38,9 @@ Mode = Literal["request", "fluid"]
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReplayConfig:
     tick_s: float = 15.0
-    startup_s: float = 120.0
+    startup_s: float = float(LEAD_TIME_S)
     """Pod start-up time; also the policies' lead time."""
-    cooldown_s: int = 180
+    cooldown_s: int = SCALE_DOWN_COOLDOWN_S
     quantile: float = 0.9
     refit_every_ticks: int = 240
     """Refit moeslo's forecaster at most this often (every hour at 15 s ticks; sooner while history is short)."""

@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from contracts.datadir import default_data_dir
+from contracts.errors import DataError
 from controller.replay.traces import LengthDistribution, RequestTrace, load_trace
-from engine.errors import DataError
 
 NAMED_LENGTHS = {
     "azure-2023-conv": ("azure-llm-2023", "AzureLLMInferenceTrace_conv.csv"),
     "azure-2023-code": ("azure-llm-2023", "AzureLLMInferenceTrace_code.csv"),
 }
 """Length distributions by name: the real per-request rows of a shared-data trace."""
-
-
-def default_data_dir() -> Path:
-    """``$MOESLO_DATA_DIR``, else ``../shared/data`` beside the repository."""
-    env = os.environ.get("MOESLO_DATA_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def resolve_lengths(spec: str, *, data_dir: Path | None = None) -> LengthDistribution:

@@ -12,7 +12,7 @@ Formats (chosen by ``fmt`` or detected from the header / file suffix):
 
 Per-request traces load as :class:`RequestTrace`; count traces as :class:`CountTrace`, which
 ``expand()`` turns into requests (a Poisson process conditioned on each bin's count).  Every
-malformed input raises :class:`engine.errors.DataError` naming the file and line.
+malformed input raises :class:`contracts.errors.DataError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from engine.errors import DataError
+from contracts.errors import DataError
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -13,19 +13,21 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from contracts.catalogue import (
+    GENERATION_TOKENS,
+    ITL_HISTOGRAM,
+    PROMPT_TOKENS,
+    REQUEST_SUCCESS,
+    TTFT_HISTOGRAM,
+    total,
+)
 from controller.policy import Policy
 from controller.types import PolicyObservation
 
-TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
-ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
 HISTOGRAMS: Mapping[str, str] = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM}
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-REQUESTS_TOTAL = "vllm:request_success_total"
-PROMPT_TOKENS_TOTAL = "vllm:prompt_tokens_total"
-GENERATION_TOKENS_TOTAL = "vllm:generation_tokens_total"
-IMBALANCE_CV = "moe_layer_imbalance_cv"
+REQUESTS_TOTAL = total(REQUEST_SUCCESS)
+PROMPT_TOKENS_TOTAL = total(PROMPT_TOKENS)
+GENERATION_TOKENS_TOTAL = total(GENERATION_TOKENS)
 
 SHORT_WINDOW = "5m"
 """The window of ``SliSnapshot.ttft_good_ratio`` and the p99s."""

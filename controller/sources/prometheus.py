@@ -34,25 +34,22 @@ from dataclasses import replace
 
 import httpx
 
+from contracts.catalogue import KV_CACHE_USAGE, LAYER_IMBALANCE_CV, RUNNING, WAITING
+from contracts.errors import UnavailableError
 from controller.policy import Policy
 from controller.sources.base import (
     GENERATION_TOKENS_TOTAL,
     HISTOGRAMS,
-    IMBALANCE_CV,
-    KV_USAGE,
     PROMPT_TOKENS_TOTAL,
     QUANTILE,
     REQUESTS_TOTAL,
-    RUNNING,
     SHORT_WINDOW,
-    WAITING,
     good_count_at,
     model_matcher,
     parse_le,
     windows_for,
 )
 from controller.types import PolicyObservation, SliSnapshot
-from engine.errors import UnavailableError
 
 Vector = list[tuple[dict[str, str], float]]
 
@@ -139,11 +136,11 @@ class PrometheusSource:
         queries["waiting"] = f"sum by (model_name) ({WAITING}{sel})"
         queries["running"] = f"sum by (model_name) ({RUNNING}{sel})"
         queries["engines"] = f"count by (model_name) ({RUNNING}{sel})"
-        queries["kv"] = f"avg by (model_name) ({KV_USAGE}{sel})"
+        queries["kv"] = f"avg by (model_name) ({KV_CACHE_USAGE}{sel})"
         queries["requests"] = f"sum by (model_name) (rate({REQUESTS_TOTAL}{sel}[1m]))"
         queries["prompt_tokens"] = f"sum by (model_name) (rate({PROMPT_TOKENS_TOTAL}{sel}[1m]))"
         queries["output_tokens"] = f"sum by (model_name) (rate({GENERATION_TOKENS_TOTAL}{sel}[1m]))"
-        queries["imbalance"] = f"max by (model_name, layer) ({IMBALANCE_CV}{sel})"
+        queries["imbalance"] = f"max by (model_name, layer) ({LAYER_IMBALANCE_CV}{sel})"
         return queries
 
     async def observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:

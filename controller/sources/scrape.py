@@ -24,19 +24,16 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from contracts.catalogue import KV_CACHE_USAGE, LAYER_IMBALANCE_CV, RUNNING, WAITING
 from controller.policy import Policy, parse_duration_s
 from controller.sources.base import (
     GENERATION_TOKENS_TOTAL,
     HISTOGRAMS,
-    IMBALANCE_CV,
-    KV_USAGE,
     PROMPT_TOKENS_TOTAL,
     QUANTILE,
     RATE_WINDOW_S,
     REQUESTS_TOTAL,
-    RUNNING,
     SHORT_WINDOW,
-    WAITING,
     edges_around,
     good_count_at,
     histogram_quantile,
@@ -89,9 +86,9 @@ def parse_metrics(text: str) -> dict[str, EngineSample]:
                 out.waiting += value
             elif name == RUNNING:
                 out.running += value
-            elif name == KV_USAGE:
+            elif name == KV_CACHE_USAGE:
                 out.kv_usage = value
-            elif name == IMBALANCE_CV and sample.labels.get("layer", "").isdigit():
+            elif name == LAYER_IMBALANCE_CV and sample.labels.get("layer", "").isdigit():
                 out.imbalance_by_layer[int(sample.labels["layer"])] = value
     return samples
 

@@ -21,9 +21,9 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from contracts.errors import ConflictError, NotFoundError, UnavailableError
 from controller.policy import Policy
 from controller.store.tables import Base, DecisionRow, PolicyRow, PolicyVersionRow
-from engine.errors import ConflictError, NotFoundError, UnavailableError
 
 
 class StaleVersionError(ConflictError):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from engine.errors import ValidationError
+from contracts.errors import ValidationError
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -24,7 +24,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.errors import ValidationError
+from contracts.errors import ValidationError
 
 ENABLE_ENV = "MOESLO_VLLM_PLUGIN"
 EP_RANKS_ENV = "MOESLO_VLLM_EP_RANKS"

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.stats import FloatArray, IntArray, balancedness, imbalance_cv
+from contracts.imbalance import balancedness, imbalance_cv
+from engine.stats import FloatArray, IntArray
 from engine.vllm_plugin.ranks import rank_loads
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from contracts.errors import DataError
 from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaProfile, Targets
-from engine.errors import DataError
 
 # A replica with no decode cost and a plain prefill: easy to reason about by hand.
 SIMPLE = ReplicaProfile(

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from contracts.errors import DataError, ValidationError
 from controller.config import load_settings
-from engine.errors import DataError, ValidationError
 
 
 def test_defaults_are_the_embedded_mode() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from contracts.errors import ValidationError
 from controller.capacity import ProfilePoint, ReplicaProfile
 from controller.profiling import fit_profile, poisson_arrivals
-from engine.errors import ValidationError
 from tests.conftest import free_port
 
 MOESLO = str(Path(sys.executable).parent / "moeslo")

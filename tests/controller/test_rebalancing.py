@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from contracts.errors import UnavailableError
+from contracts.imbalance import imbalance_cv, rank_load
+from contracts.placement import Placement
 from controller.policy import ImbalanceObjective, LocalTarget, Mode, Objectives, Policy
-from controller.rebalance import TriggerSettings, rank_load
+from controller.rebalance import TriggerSettings
 from controller.rebalancing import ExpertLoadSnapshot, Rebalancer
-from engine.errors import UnavailableError
-from engine.placement import Placement
-from engine.stats import imbalance_cv
 
 # Two hot experts (0 and 1) that the contiguous placement puts on the same rank.
 LOAD = np.array([[400, 300, 10, 10, 10, 10, 10, 10]], dtype=np.int64)

@@ -12,10 +12,10 @@ import threading
 import numpy as np
 import torch
 
+from contracts.errors import PlacementError
+from contracts.placement import Placement
 from engine.batch import StepPlan
 from engine.config import ModelConfig
-from engine.errors import PlacementError
-from engine.placement import Placement
 from engine.stats import PlacementSwapStats, RoutingDelta
 
 

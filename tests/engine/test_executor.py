@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from contracts.errors import PlacementError
+from contracts.placement import Placement
 from engine.checkpoint import init_random_checkpoint
 from engine.config import ModelConfig
-from engine.errors import PlacementError
 from engine.executor import Executor, ExecutorOptions, create_executor
 from engine.experts import plan_transfers
-from engine.placement import Placement
 from tests.engine.helpers import run_sequences
 
 # Sums over experts and ranks happen in another order than in one process: fp32 rounding only.
@@ -217,8 +217,8 @@ def test_ep2_swap_counts_moves_and_a_failed_swap_keeps_the_old_slots(
 def test_ep2_refuses_a_malformed_step_before_the_ranks_take_part(
     ep2: Executor, prompts: list[list[int]], reference: torch.Tensor
 ) -> None:
+    from contracts.errors import ValidationError
     from engine.batch import SeqChunk, StepPlan
-    from engine.errors import ValidationError
 
     too_far = StepPlan((SeqChunk(0, CONFIG.max_position_embeddings, (1,), tuple(range(40)), True),))
     with pytest.raises(ValidationError, match="max_position_embeddings"):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.errors import ValidationError
+from contracts.errors import ValidationError
 from engine.kv_cache import BlockManager, blocks_for_tokens
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from contracts.errors import ValidationError
 from engine.batch import SeqChunk, StepPlan
 from engine.checkpoint import init_random_checkpoint
 from engine.config import ModelConfig
-from engine.errors import ValidationError
 from engine.executor import ExecutorOptions, create_executor
 
 transformers = pytest.importorskip("transformers")

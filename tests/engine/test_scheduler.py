@@ -8,10 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from engine.errors import OverloadedError, PlacementError, PromptTooLongError, UnavailableError
+from contracts.errors import OverloadedError, PlacementError, UnavailableError
+from contracts.placement import Placement
+from engine.errors import PromptTooLongError
 from engine.kv_cache import BlockManager
 from engine.llm_engine import EngineConfig, LLMEngine, RequestOutput
-from engine.placement import Placement
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig, SeqStatus, Sequence
 from engine.stats import RequestTiming, StepStats

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.errors import ValidationError
+from contracts.errors import ValidationError
 from engine.sampling import RequestSampler, SamplingParams, sample
 from engine.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 

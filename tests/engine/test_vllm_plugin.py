@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.vllm import VllmServer, free_port, slo_bucket_args, vllm_python
-from engine.stats import balancedness, imbalance_cv
+from contracts.imbalance import balancedness, imbalance_cv
 from engine.vllm_plugin import contiguous_rank_weights, rank_loads
 from tests.exporters.otlp_receiver import OtlpReceiver
 

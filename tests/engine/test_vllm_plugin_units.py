@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.errors import ValidationError
-from engine.stats import balancedness, imbalance_cv
+from contracts.errors import ValidationError
+from contracts.imbalance import balancedness, imbalance_cv
 from engine.vllm_plugin import (
     ExpertLoadCounter,
     ExpertLoadSnapshot,

@@ -9,8 +9,8 @@ import pytest
 
 from controller.actuators import KubernetesActuator, api_client
 from controller.config import KubernetesConfig
+from controller.errors import ActuationError
 from controller.policy import Policy
-from engine.errors import ActuationError
 from tests.controller.kube_standin import Fault, StandInApiServer
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from contracts.errors import DataError, ValidationError
 from controller.alerting import (
     DEFAULT_POLICIES,
     AlertOptions,
@@ -17,7 +18,6 @@ from controller.alerting import (
 )
 from controller.alerting.model import AlertingRule, RecordingRule
 from controller.policy import LatencyObjective, LocalTarget, Objectives, Policy
-from engine.errors import DataError, ValidationError
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -9,9 +9,10 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from contracts import errors
 from controller.api import STATUS_BY_ERROR, status_for
+from controller.errors import ActuationError
 from controller.store import StaleVersionError
-from engine import errors
 from tests.controller.api.conftest import AUTH, make_client
 
 POLICY = {"name": "qwen", "target": {"kind": "deployment", "namespace": "prod", "name": "qwen-moe"}}
@@ -214,7 +215,7 @@ def test_every_error_class_maps_to_one_status() -> None:
     assert status_for(StaleVersionError("p", current=2, expected=1)) == 412
     assert status_for(errors.OverloadedError("full", retry_after_s=1)) == 429
     assert status_for(errors.UnavailableError("down")) == 503
-    assert status_for(errors.ActuationError("failed")) == 502
+    assert status_for(ActuationError("failed")) == 502
     assert status_for(errors.DataError("bad", path="f", line=2)) == 422
     assert status_for(errors.MoesloError("?")) == 500
     assert STATUS_BY_ERROR[-1][0] is errors.MoesloError

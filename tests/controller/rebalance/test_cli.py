@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from cli.rebalance import read_expert_load
-from controller.rebalance import rank_load
-from engine.errors import DataError
-from engine.placement import Placement
+from contracts.errors import DataError
+from contracts.imbalance import rank_load
+from contracts.placement import Placement
 
 
 def skewed_load(layers: int = 3, experts: int = 16, seed: int = 0) -> np.ndarray:

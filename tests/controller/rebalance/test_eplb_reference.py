@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.rebalance import plan_rebalance, rank_load
-from engine.stats import max_over_mean
+from contracts.imbalance import max_over_mean, rank_load
+from controller.rebalance import plan_rebalance
 
 torch = pytest.importorskip("torch")
 

@@ -8,10 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import controller.rebalance as rebalance
-from controller.rebalance import Imbalance, RebalanceConfig, plan_rebalance, rank_load
-from controller.rebalance.metrics import rank_moves
-from engine.errors import ValidationError
-from engine.placement import Placement
+from contracts.errors import ValidationError
+from contracts.imbalance import Imbalance, rank_load
+from contracts.placement import Placement
+from controller.rebalance import RebalanceConfig, plan_rebalance
+from controller.rebalance.moves import rank_moves
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from cli.rebalance import read_expert_load
-from controller.rebalance import plan_rebalance, rank_load
+from contracts.imbalance import rank_load
+from controller.rebalance import plan_rebalance
 from tests.conftest import shared_data
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from contracts.errors import ValidationError
+from contracts.placement import Placement
 from controller.policy import ImbalanceObjective
 from controller.rebalance import (
     CvObservation,
@@ -13,8 +15,6 @@ from controller.rebalance import (
     plan_rebalance,
     verify_rebalance,
 )
-from engine.errors import ValidationError
-from engine.placement import Placement
 
 OBJECTIVE = ImbalanceObjective(max_cv=0.15, sustain_s=300)
 

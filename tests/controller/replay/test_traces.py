@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contracts.errors import DataError
 from controller.replay import CountTrace, LengthDistribution, RequestTrace, load_request_trace, load_trace
 from controller.replay.lengths import resolve_lengths
-from engine.errors import DataError
 from tests.conftest import shared_data
 
 

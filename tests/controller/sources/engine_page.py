@@ -8,7 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from exporters.buckets import ITL_BUCKETS_S, TTFT_BUCKETS_S, VLLM_ITL_BUCKETS_S
+from contracts.catalogue import ITL_BUCKETS_S, TTFT_BUCKETS_S, VLLM_ITL_BUCKETS_S
 
 
 class EngineMetrics:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from contracts.errors import ConflictError, NotFoundError
 from controller.policy import Policy
 from controller.store import DecisionRecord, StaleVersionError, Store
-from engine.errors import ConflictError, NotFoundError
 
 
 def _policy(name: str = "p", max_replicas: int = 8) -> Policy:

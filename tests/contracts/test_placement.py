@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.errors import PlacementError
-from engine.placement import Placement
+from contracts.errors import PlacementError
+from contracts.placement import Placement
 
 
 def test_contiguous_fills_and_replicates_in_order() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from engine.errors import PlacementError
+from contracts.errors import PlacementError
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,66 +1,18 @@
-"""Figures of a placement under a load: per-rank load, imbalance, lower bounds, moves.
+"""Planner figures of a placement: the balance lower bound, moves between placements, rank relabelling.
 
 These recompute everything from ``phy2log`` and the load alone, so tests can
-check the planner's own bookkeeping against them.  Replicas of an expert split
-its load evenly (the engine's rule).
+check the planner's own bookkeeping against them.  Per-rank load and its
+imbalance are :mod:`contracts.imbalance`'s.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
-from engine.stats import imbalance_cv, max_over_mean
-
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-
-@dataclass(frozen=True, eq=False)
-class Imbalance:
-    """Per-layer imbalance of per-rank load: EPLB's max/mean and the SLO's CV (stddev/mean)."""
-
-    max_over_mean: FloatArray
-    cv: FloatArray
-
-    @classmethod
-    def of(cls, rank_load: FloatArray) -> Imbalance:
-        return cls(max_over_mean(rank_load), imbalance_cv(rank_load))
-
-    def summary(self, mask: npt.NDArray[np.bool_] | None = None) -> dict[str, float]:
-        """Average and worst layer of both figures (over ``mask`` layers, default all)."""
-        mom, cv = (self.max_over_mean, self.cv) if mask is None else (self.max_over_mean[mask], self.cv[mask])
-        if mom.size == 0:
-            return {"max_over_mean_avg": 1.0, "max_over_mean_worst": 1.0, "cv_avg": 0.0, "cv_worst": 0.0}
-        return {
-            "max_over_mean_avg": float(mom.mean()),
-            "max_over_mean_worst": float(mom.max()),
-            "cv_avg": float(cv.mean()),
-            "cv_worst": float(cv.max()),
-        }
-
-    def to_json(self, mask: npt.NDArray[np.bool_] | None = None) -> dict[str, Any]:
-        return {
-            "max_over_mean": self.max_over_mean.tolist(),
-            "cv": self.cv.tolist(),
-            "summary": self.summary(mask),
-        }
-
-
-def rank_load(phy2log: IntArray, load: FloatArray, num_ranks: int) -> FloatArray:
-    """(layers, ranks) load each rank carries when replicas split their expert's load evenly."""
-    layers, num_slots = phy2log.shape
-    num_experts = load.shape[1]
-    counts = np.zeros((layers, num_experts), dtype=np.int64)
-    np.add.at(counts, (np.repeat(np.arange(layers), num_slots), phy2log.ravel()), 1)
-    per_replica = np.divide(load, counts, out=np.zeros_like(load), where=counts > 0)
-    slot_load = np.take_along_axis(per_replica, phy2log, axis=1)
-    out: FloatArray = slot_load.reshape(layers, num_ranks, num_slots // num_ranks).sum(axis=2)
-    return out
 
 
 def max_over_mean_lower_bound(load: FloatArray, counts: IntArray, num_ranks: int) -> FloatArray:

@@ -1,0 +1,228 @@
+"""The metric catalogue: every metric name, label name and histogram bucket edge moeslo writes or reads.
+
+Exporters write these names, SLI sources query them, and the alert-rule and
+dashboard generators spell them into PromQL: all from here, so they cannot
+drift apart.
+
+Bucket edges: the alert rules count "good" events from the cumulative bucket
+at the SLO threshold (``le="0.5"``), so every SLO threshold must be an exact
+edge of the histogram the exporter writes.  Edges are vLLM's
+(``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``): TTFT uses vLLM's
+list unchanged (it already contains 0.5).  vLLM's ITL list starts 0.01, 0.025
+and has no 0.02 edge, so ours adds 0.02 for the mission's 20 ms ITL objective;
+everything else is unchanged so dashboards built for vLLM keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# ---------------------------------------------------------------- metric names
+# vLLM's names for what vLLM also measures (existing dashboards keep working); ``moe_`` for the
+# engine's expert load, ``moeslo_`` for the controller.  Counters are named without ``_total``
+# (prometheus_client adds it on exposition; use :func:`total` in queries).
+
+TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
+E2E_LATENCY_HISTOGRAM = "vllm:e2e_request_latency_seconds"
+QUEUE_TIME_HISTOGRAM = "vllm:request_queue_time_seconds"
+PREFILL_TIME_HISTOGRAM = "vllm:request_prefill_time_seconds"
+DECODE_TIME_HISTOGRAM = "vllm:request_decode_time_seconds"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+PROMPT_TOKENS = "vllm:prompt_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
+PREEMPTIONS = "vllm:num_preemptions"
+REQUEST_SUCCESS = "vllm:request_success"
+
+EXPERT_TOKENS = "moe_expert_tokens"
+RANK_TOKENS = "moe_rank_tokens"
+LAYER_IMBALANCE_CV = "moe_layer_imbalance_cv"
+LAYER_BALANCEDNESS = "moe_layer_balancedness"
+IMBALANCE_CV_ACROSS_LAYERS = "moe_imbalance_cv_across_layers"
+BALANCEDNESS_ACROSS_LAYERS = "moe_balancedness_across_layers"
+PLACEMENT_SWAPS = "moe_placement_swaps"
+PLACEMENT_EXPERTS_MOVED = "moe_placement_experts_moved"
+PLACEMENT_SWAP_DURATION_HISTOGRAM = "moe_placement_swap_duration_seconds"
+
+DESIRED_REPLICAS = "moeslo_desired_replicas"
+CURRENT_REPLICAS = "moeslo_current_replicas"
+DECISIONS = "moeslo_decisions"
+SLI = "moeslo_sli"
+ERROR_BUDGET_REMAINING = "moeslo_error_budget_remaining"
+BURN_RATE = "moeslo_burn_rate"
+EVALUATION_DURATION_HISTOGRAM = "moeslo_evaluation_duration_seconds"
+ERRORS = "moeslo_errors"
+LEADER = "moeslo_leader"
+REBALANCES = "moeslo_rebalances"
+FORECAST_REQUESTS_PER_SECOND = "moeslo_forecast_requests_per_second"
+
+OTEL_TTFT_HISTOGRAM = "gen_ai.server.time_to_first_token"
+OTEL_TIME_PER_OUTPUT_TOKEN_HISTOGRAM = "gen_ai.server.time_per_output_token"
+OTEL_REQUEST_DURATION_HISTOGRAM = "gen_ai.server.request.duration"
+"""OpenTelemetry: the GenAI semantic conventions' server histograms."""
+
+MOE_HELP: dict[str, str] = {
+    EXPERT_TOKENS: "Tokens routed per (layer, logical expert).",
+    RANK_TOKENS: "Expert assignments processed by each EP rank, all layers.",
+    LAYER_IMBALANCE_CV: "CV (stddev/mean) of per-rank expert load over the routing window.",
+    LAYER_BALANCEDNESS: "mean/max of per-rank expert load over the routing window.",
+    IMBALANCE_CV_ACROSS_LAYERS: "Min, median and max of the per-layer CV.",
+    BALANCEDNESS_ACROSS_LAYERS: "Min, median and max of the per-layer balancedness.",
+}
+"""Help text of the ``moe_*`` series both the embedded engine and the vLLM plugin write."""
+
+# ----------------------------------------------------------------- label names
+
+MODEL_LABEL = "model_name"
+ENGINE_LABEL = "engine"
+LAYER_LABEL = "layer"
+EXPERT_LABEL = "expert"
+RANK_LABEL = "rank"
+STAT_LABEL = "stat"
+FINISHED_REASON_LABEL = "finished_reason"
+BASE_LABELS: tuple[str, str] = (MODEL_LABEL, ENGINE_LABEL)
+"""On every engine series (embedded engine and vLLM plugin alike)."""
+
+
+def total(counter: str) -> str:
+    """The exposed name of a counter (``vllm:prompt_tokens`` -> ``vllm:prompt_tokens_total``)."""
+    return f"{counter}_total"
+
+
+def bucket(histogram: str) -> str:
+    """The ``_bucket`` series of a histogram."""
+    return f"{histogram}_bucket"
+
+
+# -------------------------------------------------------------- histogram edges
+
+VLLM_TTFT_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+"""vLLM's ``vllm:time_to_first_token_seconds`` edges."""
+
+VLLM_ITL_BUCKETS_S: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+"""vLLM's ``vllm:inter_token_latency_seconds`` edges (no 0.02)."""
+
+TTFT_BUCKETS_S: tuple[float, ...] = VLLM_TTFT_BUCKETS_S
+"""Edges moeslo's exporter uses for ``vllm:time_to_first_token_seconds``."""
+
+ITL_BUCKETS_S: tuple[float, ...] = tuple(sorted({*VLLM_ITL_BUCKETS_S, 0.02}))
+"""Edges moeslo's exporter uses for ``vllm:inter_token_latency_seconds``: vLLM's plus 0.02."""
+
+REQUEST_LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+"""vLLM's request-latency edges (e2e, queue, prefill, decode), from vllm/v1/metrics/loggers.py."""
+
+SWAP_DURATION_BUCKETS_S: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Edges of ``moe_placement_swap_duration_seconds``."""
+
+EVALUATION_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+"""Edges of ``moeslo_evaluation_duration_seconds`` (one controller tick)."""
+
+BUCKETS_BY_METRIC: dict[str, tuple[float, ...]] = {
+    TTFT_HISTOGRAM: TTFT_BUCKETS_S,
+    ITL_HISTOGRAM: ITL_BUCKETS_S,
+}
+"""The edges moeslo's exporter writes, by histogram name."""
+
+VLLM_BUCKETS_BY_METRIC: dict[str, tuple[float, ...]] = {
+    TTFT_HISTOGRAM: VLLM_TTFT_BUCKETS_S,
+    ITL_HISTOGRAM: VLLM_ITL_BUCKETS_S,
+}
+"""The edges a stock vLLM server writes (the moeslo plugin leaves its histograms alone)."""
+
+
+def format_le(edge_s: float) -> str:
+    """The ``le`` label value prometheus_client writes for an edge (``0.5``, ``1.0``, ``2560.0``)."""
+    return repr(float(edge_s))
+
+
+def le_matcher(edge_s: float) -> str:
+    """A PromQL matcher for the bucket at ``edge_s``.
+
+    Python clients write whole edges as ``1.0``, Go clients as ``1``; Prometheus 2
+    keeps the label as written, so whole edges match both spellings.
+    """
+    text = format_le(edge_s)
+    if text.endswith(".0"):
+        return f'le=~"{text[:-2]}|{text[:-2]}\\\\.0"'
+    return f'le="{text}"'
+
+
+def is_bucket_edge(threshold_s: float, edges_s: Sequence[float]) -> bool:
+    """True when ``threshold_s`` equals one of ``edges_s`` exactly (as the ``le`` label would)."""
+    return any(format_le(edge) == format_le(threshold_s) for edge in edges_s)
+
+
+__all__ = [
+    "BALANCEDNESS_ACROSS_LAYERS",
+    "BASE_LABELS",
+    "BUCKETS_BY_METRIC",
+    "BURN_RATE",
+    "CURRENT_REPLICAS",
+    "DECISIONS",
+    "DECODE_TIME_HISTOGRAM",
+    "DESIRED_REPLICAS",
+    "E2E_LATENCY_HISTOGRAM",
+    "ENGINE_LABEL",
+    "ERRORS",
+    "ERROR_BUDGET_REMAINING",
+    "EVALUATION_BUCKETS_S",
+    "EVALUATION_DURATION_HISTOGRAM",
+    "EXPERT_LABEL",
+    "EXPERT_TOKENS",
+    "FINISHED_REASON_LABEL",
+    "FORECAST_REQUESTS_PER_SECOND",
+    "GENERATION_TOKENS",
+    "IMBALANCE_CV_ACROSS_LAYERS",
+    "ITL_BUCKETS_S",
+    "ITL_HISTOGRAM",
+    "KV_CACHE_USAGE",
+    "LAYER_BALANCEDNESS",
+    "LAYER_IMBALANCE_CV",
+    "LAYER_LABEL",
+    "LEADER",
+    "MODEL_LABEL",
+    "MOE_HELP",
+    "OTEL_REQUEST_DURATION_HISTOGRAM",
+    "OTEL_TIME_PER_OUTPUT_TOKEN_HISTOGRAM",
+    "OTEL_TTFT_HISTOGRAM",
+    "PLACEMENT_EXPERTS_MOVED",
+    "PLACEMENT_SWAPS",
+    "PLACEMENT_SWAP_DURATION_HISTOGRAM",
+    "PREEMPTIONS",
+    "PREFILL_TIME_HISTOGRAM",
+    "PROMPT_TOKENS",
+    "QUEUE_TIME_HISTOGRAM",
+    "RANK_LABEL",
+    "RANK_TOKENS",
+    "REBALANCES",
+    "REQUEST_LATENCY_BUCKETS_S",
+    "REQUEST_SUCCESS",
+    "RUNNING",
+    "SLI",
+    "STAT_LABEL",
+    "SWAP_DURATION_BUCKETS_S",
+    "TTFT_BUCKETS_S",
+    "TTFT_HISTOGRAM",
+    "VLLM_BUCKETS_BY_METRIC",
+    "VLLM_ITL_BUCKETS_S",
+    "VLLM_TTFT_BUCKETS_S",
+    "WAITING",
+    "bucket",
+    "format_le",
+    "is_bucket_edge",
+    "le_matcher",
+    "total",
+]

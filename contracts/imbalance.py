@@ -1,0 +1,109 @@
+"""Expert-load imbalance: the one math the engine, the vLLM plugin, the exporters and the rebalancer share.
+
+Imbalance follows the mission: the coefficient of variation (stddev / mean)
+of the per-rank load of one layer, the SLO's measure.  Balancedness is vLLM's
+and SGLang's ``mean / max`` of the same loads; ``max / mean`` is EPLB's.  Every
+function takes per-rank load along the last axis, so a (layers, ranks) array
+gives one figure per layer.  numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+ACROSS_LAYER_STATS = ("min", "median", "max")
+"""The summary of a per-layer figure over layers (the ``stat`` label of ``moe_*_across_layers``)."""
+
+
+def imbalance_cv(load: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """CV of per-rank load along the last axis; 0 where the load is all zero."""
+    arr = np.asarray(load, dtype=np.float64)
+    mean = arr.mean(axis=-1)
+    std = arr.std(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(mean > 0, std / np.where(mean > 0, mean, 1.0), 0.0)
+
+
+def balancedness(load: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """mean / max of per-rank load along the last axis; 1 where all zero."""
+    arr = np.asarray(load, dtype=np.float64)
+    peak = arr.max(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(peak > 0, arr.mean(axis=-1) / np.where(peak > 0, peak, 1.0), 1.0)
+
+
+def max_over_mean(load: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """max / mean of per-rank load along the last axis (EPLB's figure); 1 where all zero."""
+    arr = np.asarray(load, dtype=np.float64)
+    mean = arr.mean(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(mean > 0, arr.max(axis=-1) / np.where(mean > 0, mean, 1.0), 1.0)
+
+
+def across_layers(per_layer: npt.ArrayLike) -> dict[str, float]:
+    """Min, median and max of a per-layer figure; empty when there are no layers."""
+    arr = np.asarray(per_layer, dtype=np.float64)
+    if arr.size == 0:
+        return {}
+    return {"min": float(np.min(arr)), "median": float(np.median(arr)), "max": float(np.max(arr))}
+
+
+@dataclass(frozen=True, eq=False)
+class Imbalance:
+    """Per-layer imbalance of per-rank load: EPLB's max/mean and the SLO's CV (stddev/mean)."""
+
+    max_over_mean: FloatArray
+    cv: FloatArray
+
+    @classmethod
+    def of(cls, rank_load: FloatArray) -> Imbalance:
+        return cls(max_over_mean(rank_load), imbalance_cv(rank_load))
+
+    def summary(self, mask: npt.NDArray[np.bool_] | None = None) -> dict[str, float]:
+        """Average and worst layer of both figures (over ``mask`` layers, default all)."""
+        mom, cv = (self.max_over_mean, self.cv) if mask is None else (self.max_over_mean[mask], self.cv[mask])
+        if mom.size == 0:
+            return {"max_over_mean_avg": 1.0, "max_over_mean_worst": 1.0, "cv_avg": 0.0, "cv_worst": 0.0}
+        return {
+            "max_over_mean_avg": float(mom.mean()),
+            "max_over_mean_worst": float(mom.max()),
+            "cv_avg": float(cv.mean()),
+            "cv_worst": float(cv.max()),
+        }
+
+    def to_json(self, mask: npt.NDArray[np.bool_] | None = None) -> dict[str, Any]:
+        return {
+            "max_over_mean": self.max_over_mean.tolist(),
+            "cv": self.cv.tolist(),
+            "summary": self.summary(mask),
+        }
+
+
+def rank_load(phy2log: IntArray, load: FloatArray, num_ranks: int) -> FloatArray:
+    """(layers, ranks) load each rank carries when replicas split their expert's load evenly (the engine's rule)."""
+    layers, num_slots = phy2log.shape
+    num_experts = load.shape[1]
+    counts = np.zeros((layers, num_experts), dtype=np.int64)
+    np.add.at(counts, (np.repeat(np.arange(layers), num_slots), phy2log.ravel()), 1)
+    per_replica = np.divide(load, counts, out=np.zeros_like(load), where=counts > 0)
+    slot_load = np.take_along_axis(per_replica, phy2log, axis=1)
+    out: FloatArray = slot_load.reshape(layers, num_ranks, num_slots // num_ranks).sum(axis=2)
+    return out
+
+
+__all__ = [
+    "ACROSS_LAYER_STATS",
+    "Imbalance",
+    "across_layers",
+    "balancedness",
+    "imbalance_cv",
+    "max_over_mean",
+    "rank_load",
+]

@@ -1,0 +1,33 @@
+"""The mission's numbers: every default SLO, imbalance bound and control timing in one place.
+
+Policies, the replay, the capacity model, the rebalancer, the alert and
+dashboard generators and the local stack all start from these, so changing
+the mission means changing this file.
+"""
+
+from __future__ import annotations
+
+TTFT_THRESHOLD_S = 0.5
+"""Time to first token a request must meet (500 ms)."""
+ITL_THRESHOLD_S = 0.02
+"""Inter-token latency every gap must meet (20 ms)."""
+LATENCY_TARGET = 0.99
+"""Share of requests (TTFT) and gaps (ITL) that must meet their threshold."""
+MAX_IMBALANCE_CV = 0.15
+"""Largest CV (stddev/mean) of per-rank expert load a layer may show."""
+COMPLIANCE_WINDOW = "30d"
+"""The SLO's compliance window (a Prometheus duration)."""
+SCALE_DOWN_COOLDOWN_S = 180
+"""Seconds after a scale event before the controller scales down (also the rebalancer's cooldown)."""
+LEAD_TIME_S = 120
+"""Seconds a new replica takes to serve: how far ahead the controller must act."""
+
+__all__ = [
+    "COMPLIANCE_WINDOW",
+    "ITL_THRESHOLD_S",
+    "LATENCY_TARGET",
+    "LEAD_TIME_S",
+    "MAX_IMBALANCE_CV",
+    "SCALE_DOWN_COOLDOWN_S",
+    "TTFT_THRESHOLD_S",
+]
