@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,8 +28,8 @@ import httpx
 import numpy as np
 import psutil
 
-from bench.loadgen import RequestRecord, percentile, plan_from_trace, run_load, summarize
-from bench.processes import stop_process
+from harness.loadgen import RequestRecord, percentile, plan_from_trace, run_load, summarize
+from harness.processes import free_port, moeslo_command, stop_process, wait_healthy
 
 MIB = 2**20
 STATED_OVERHEAD_MB = 400.0
@@ -56,9 +55,9 @@ class ServeBenchOptions:
 
 
 def run_serve_bench(options: ServeBenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    from bench.traces import conversation_trace
-    from controller.replay.traces import load_request_trace
+    from contracts.traces import load_request_trace
     from engine.config import ModelConfig
+    from harness.traces import conversation_trace
 
     trace_path = options.trace or conversation_trace()
     with tempfile.TemporaryDirectory(prefix="moeslo-bench-") as tmp:
@@ -134,19 +133,16 @@ def _default_checkpoint(out: Path, progress: Callable[[str], None]) -> Path:
 
 def _run_once(checkpoint: Path, plan: list[Any], vocab_size: int, options: ServeBenchOptions,
               *, exporters: bool) -> dict[str, Any]:
-    port = _free_port()
-    cmd = [sys.executable, "-c", "from cli.main import app; app()", "serve", "--checkpoint", str(checkpoint),
-           "--port", str(port), "--kv-cache-mb", str(options.kv_cache_mb),
-           "--max-waiting", str(max(256, options.max_in_flight)), "--model-name", "bench"]
-    if exporters:
-        cmd.append("--expert-metrics")
-    else:
-        cmd.append("--no-exporters")
+    port = free_port()
+    cmd = moeslo_command("serve", "--checkpoint", str(checkpoint), "--port", str(port),
+                         "--kv-cache-mb", str(options.kv_cache_mb),
+                         "--max-waiting", str(max(256, options.max_in_flight)), "--model-name", "bench",
+                         "--expert-metrics" if exporters else "--no-exporters")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_healthy(base, proc)
+        wait_healthy(f"{base}/health", proc, 180.0, name="moeslo serve")
         server = psutil.Process(proc.pid)
         idle_rss = _rss(server)
         asyncio.run(run_load(base, plan[: min(4, len(plan))], vocab_size=vocab_size, model="bench"))  # warm-up
@@ -186,21 +182,6 @@ def _run_once(checkpoint: Path, plan: list[Any], vocab_size: int, options: Serve
         "rss": _rss_report(samples, idle_rss, options.kv_cache_mb),
         "metrics_get_ms": {"scrapes": len(scrapes), "p50": percentile(scrapes, 50), "max": max(scrapes, default=None)},
     }
-
-
-def _wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise RuntimeError(f"server exited with {proc.returncode}: {err[-2000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"server at {base} not healthy after {timeout_s} s")
 
 
 def _scrape_loop(base: str, interval_s: float, stop: threading.Event, out: list[float]) -> None:
@@ -334,14 +315,6 @@ def sink_cost_benchmark(layers: int, experts: int, step_s: float, steps: int = 2
         out[label] = {"record_us_per_step": round(per_step_s * 1e6, 1),
                       "fraction_of_step": round(per_step_s / step_s, 5) if step_s else None}
     return out
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 __all__ = ["ServeBenchOptions", "render_benchmark", "run_serve_bench"]

@@ -20,115 +20,25 @@ what the vLLM integration tests start servers with.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.loadgen import LoadRequest, RequestRecord, run_load, summarize
-from bench.processes import stop_process
-from contracts.catalogue import EXPERT_TOKENS, ITL_BUCKETS_S, total
+from contracts.catalogue import EXPERT_TOKENS, total
+from harness.loadgen import LoadRequest, RequestRecord, run_load, summarize
+from harness.processes import free_port, moeslo_command, start_process, stop_process, wait_healthy
+from harness.vllm_server import VLLM_VENV, VllmServer, vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]
-VLLM_VENV = ROOT / ".venv-vllm"
 VLLM_VERSION_TESTED = "0.32.0"
-
-
-def vllm_python() -> Path | None:
-    """The vLLM venv's interpreter, None when ``make vllm-venv`` has not been run."""
-    python = VLLM_VENV / "bin" / "python"
-    return python if python.exists() else None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def slo_bucket_args() -> list[str]:
-    """vLLM flags that put the 20 ms ITL objective on a bucket edge, as our engine does.
-
-    vLLM 0.32's ITL edges go 0.01, 0.025: without this the controller can
-    compute p99 but not the exact good-ratio at 0.02 s.
-    """
-    return ["--custom-histogram-buckets", json.dumps({"inter_token_latency": list(ITL_BUCKETS_S)})]
-
-
-@dataclass
-class VllmServer:
-    """``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1, in its own process group."""
-
-    checkpoint: Path
-    model_name: str = "moeslo-vllm"
-    env: Mapping[str, str] = field(default_factory=dict)
-    extra_args: Sequence[str] = ()
-    log_path: Path | None = None
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def command(self) -> list[str]:
-        python = vllm_python()
-        if python is None:
-            raise FileNotFoundError(f"no vLLM venv at {VLLM_VENV} (run `make vllm-venv`)")
-        return [
-            str(python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.checkpoint), "--served-model-name", self.model_name,
-            "--skip-tokenizer-init", "--gpu-memory-utilization", "0.1",
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--enforce-eager", "--max-model-len", "1024", "--no-enable-prefix-caching",
-            "--disable-uvicorn-access-log", *self.extra_args,
-        ]  # fmt: skip
-
-    def start(self) -> None:
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO", **self.env}
-        for name in ("MOESLO_VLLM_PLUGIN", "PROMETHEUS_MULTIPROC_DIR", "MOESLO_VLLM_METRICS_DIR"):
-            if name not in self.env:
-                env.pop(name, None)  # only what this server was given
-        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # fmt: skip
-
-    def wait_healthy(self, timeout_s: float) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode} (log: {self.log_path})")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.5)
-        raise TimeoutError(f"vLLM at {self.base_url} not healthy after {timeout_s:.0f} s (log: {self.log_path})")
-
-    def stop(self) -> None:
-        """SIGTERM to the server's own process group (its engine core and workers), then SIGKILL."""
-        if self.proc is not None:
-            stop_process(self.proc, group=True)
-
-    @contextlib.contextmanager
-    def running(self, timeout_s: float = 420.0) -> Iterator[VllmServer]:
-        self.start()
-        try:
-            self.wait_healthy(timeout_s)
-            yield self
-        finally:
-            self.stop()
 
 
 BATCH_ARGS = ("--max-num-seqs", "64", "--max-num-batched-tokens", "4096")
@@ -277,22 +187,12 @@ def _expert_tokens_published(base_url: str) -> float:
 
 def _run_ours(checkpoint: Path, options: VllmBenchOptions, vocab: int) -> dict[str, Any]:
     port = free_port()
-    cmd = [sys.executable, "-c", "from cli.main import app; app()", "serve", "--checkpoint", str(checkpoint),
-           "--port", str(port), "--model-name", "moeslo", "--kv-cache-mb", "256", *BATCH_ARGS]  # fmt: skip
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    cmd = moeslo_command("serve", "--checkpoint", str(checkpoint), "--port", str(port), "--model-name", "moeslo",
+                         "--kv-cache-mb", "256", *BATCH_ARGS)
+    proc = start_process(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, new_session=False)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + options.startup_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"moeslo serve exited with {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("moeslo serve not healthy in time")
-            time.sleep(0.5)
+        wait_healthy(f"{base}/health", proc, options.startup_timeout_s, name="moeslo serve", interval_s=0.5)
         warm_up(base, "moeslo", vocab)
         return best_of([measure_round(base, "moeslo", options, vocab, r) for r in range(options.repeats)])
     finally:

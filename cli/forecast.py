@@ -30,8 +30,8 @@ def backtest_trace(
     (two of them when the series has four or more) or the last ``test_fraction``."""
     import numpy as np
 
+    from contracts.traces import load_trace
     from controller.forecast import BASELINES, compare_models
-    from controller.replay import load_trace
     from controller.replay.series import request_counts
 
     trace = load_trace(trace_path)

@@ -37,9 +37,9 @@ def profile(
 
         from rich.progress import Progress
 
-        from bench.loadgen import LoadRequest, run_load, summarize
         from controller.capacity import ProfilePoint
         from controller.profiling import fit_profile, poisson_arrivals
+        from harness.loadgen import LoadRequest, run_load, summarize
 
         levels = [float(r) for r in rates.split(",") if r.strip()]
         points: list[ProfilePoint] = []

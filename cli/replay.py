@@ -29,7 +29,8 @@ def prepare_workload(
     seed: int,
 ) -> Any:
     """Load, window, speed up and scale a trace into a :class:`Workload`."""
-    from controller.replay import CountTrace, RequestTrace, load_trace, resolve_lengths
+    from contracts.traces import CountTrace, RequestTrace, load_trace
+    from controller.replay import resolve_lengths
     from controller.replay.harness import make_workload
 
     trace: RequestTrace | CountTrace = load_trace(trace_path)

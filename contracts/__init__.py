@@ -5,11 +5,20 @@
 - :mod:`contracts.imbalance`: CV, balancedness and max/mean of per-rank expert load;
 - :mod:`contracts.catalogue`: metric names, label names, histogram bucket edges;
 - :mod:`contracts.slo_defaults`: the mission's numbers (500 ms TTFT, 20 ms ITL, CV 0.15, ...);
+- :mod:`contracts.traces`: the request-trace formats (Azure, Mooncake, BurstGPT, counts), read once;
 - :mod:`contracts.datadir`: where the shared data folder is.
 """
 
 from __future__ import annotations
 
-from contracts import catalogue, datadir, errors, imbalance, placement, slo_defaults
+import importlib
+from types import ModuleType
 
-__all__ = ["catalogue", "datadir", "errors", "imbalance", "placement", "slo_defaults"]
+__all__ = ["catalogue", "datadir", "errors", "imbalance", "placement", "slo_defaults", "traces"]
+
+
+def __getattr__(name: str) -> ModuleType:
+    # Submodules load on first use: ``from contracts.errors import ...`` must not pull in numpy.
+    if name in __all__:
+        return importlib.import_module(f"contracts.{name}")
+    raise AttributeError(f"module 'contracts' has no attribute {name!r}")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from datetime import timedelta
 from multiprocessing.process import BaseProcess
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported from torch._C
 
 from contracts.errors import PlacementError, UnavailableError, ValidationError
 from contracts.placement import Placement
@@ -45,12 +45,6 @@ from engine.model import StepMetadata
 
 _OP_STEP, _OP_PLACEMENT, _OP_SHUTDOWN = 1, 2, 3
 _TIMEOUT = timedelta(seconds=120)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _backend() -> str:
@@ -125,8 +119,8 @@ def _worker_main(rank: int, world: int, port: int, options: ExecutorOptions, pla
     torch.set_num_threads(options.threads_per_rank or default_threads(world))
     config = ModelConfig.load(options.checkpoint)
     dtype = torch_dtype(options.dtype or config.torch_dtype)
-    dist.init_process_group(_backend(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=_TIMEOUT)
+    store = TCPStore("127.0.0.1", port, world, is_master=False, timeout=_TIMEOUT)
+    dist.init_process_group(_backend(), store=store, rank=rank, world_size=world, timeout=_TIMEOUT)
     try:
         with CheckpointReader(options.checkpoint, dtype) as reader:
             shard = ExpertShard(
@@ -176,7 +170,9 @@ class MultiprocExecutor(DriverBase):
         self._header = torch.zeros(2, dtype=torch.long)
         # Before spawning: children copy the environment, and every rank must bind loopback.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        port = _free_port()
+        # Rank 0's rendezvous store takes a port the OS picks; the workers get its number.
+        store = TCPStore("127.0.0.1", 0, world, is_master=True, timeout=_TIMEOUT, wait_for_workers=False)
+        port = store.port
         ctx = mp.get_context("spawn")
         try:
             for rank in range(1, world):
@@ -186,8 +182,7 @@ class MultiprocExecutor(DriverBase):
                 )
                 proc.start()
                 self._procs.append(proc)
-            dist.init_process_group(_backend(), init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world,
-                                    timeout=_TIMEOUT)
+            dist.init_process_group(_backend(), store=store, rank=0, world_size=world, timeout=_TIMEOUT)
             cfg = self._config
             reader = self.reader
             shard = ExpertShard(

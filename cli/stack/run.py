@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,16 +26,12 @@ import httpx
 import numpy as np
 import yaml
 
-from bench.loadgen import LoadRequest, RequestRecord, plan_from_trace, send_request
-from bench.traces import conversation_trace
-from cli.stack.services import (
-    Supervisor,
-    WebhookReceiver,
-    start_alertmanager,
-    start_prometheus,
-    wait_http,
-)
+from cli.stack.services import Supervisor, start_alertmanager, start_prometheus
 from contracts.errors import UnavailableError
+from harness.loadgen import LoadRequest, RequestRecord, plan_from_trace, send_request
+from harness.processes import free_port, moeslo_command
+from harness.traces import conversation_trace
+from harness.webhook import WebhookReceiver
 
 POLICY_NAME = "qwen3-moe-local"
 MODEL_NAME = "moeslo-demo"
@@ -109,18 +104,6 @@ class StackState:
         self.events.append((self.elapsed(), text))
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _moeslo_argv() -> list[str]:
-    return [sys.executable, "-c", "from cli.main import app; app()"]
-
-
 def _checkpoint(options: StackOptions) -> Path:
     if options.checkpoint is not None:
         return options.checkpoint
@@ -164,10 +147,10 @@ class LocalStack:
         opts.out.mkdir(parents=True, exist_ok=True)
         progress("writing the checkpoint (skewed router)")
         checkpoint = _checkpoint(opts)
-        first_port = _free_port()
+        first_port = free_port()
         # The local actuator takes the first free ports from first_port on; scrape a few of them.
         self.engine_ports = [first_port + i for i in range(opts.max_replicas + 2)]
-        controller_port = _free_port()
+        controller_port = free_port()
         state.controller_url = f"http://127.0.0.1:{controller_port}"
         if opts.prometheus:
             self._start_monitoring(controller_port, progress)
@@ -176,7 +159,7 @@ class LocalStack:
             "host": "127.0.0.1", "port": controller_port, "db": str((opts.out / "controller.db").resolve()),
             "actuator": "local", "tick_interval_s": opts.tick_interval_s, "stale_after_s": 30.0,
             "local": {
-                "command": [*_moeslo_argv(), "serve", "--checkpoint", "{checkpoint}", "--port", "{port}",
+                "command": [*moeslo_command(), "serve", "--checkpoint", "{checkpoint}", "--port", "{port}",
                             "--ep", str(opts.ep), "--model-name", "{model}", "--engine-id", "{port}"],
                 "checkpoint": str(checkpoint), "first_port": first_port,
                 "log_dir": str((opts.out / "logs").resolve()),
@@ -187,9 +170,9 @@ class LocalStack:
         config_path = opts.out / "controller.yaml"
         config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
         controller = self.supervisor.start(
-            "controller", [*_moeslo_argv(), "controller", "serve", "--config", str(config_path)], cwd=ROOT
+            "controller", moeslo_command("controller", "serve", "--config", str(config_path)), cwd=ROOT
         )
-        wait_http(f"{state.controller_url}/health", controller, timeout_s=90)
+        controller.wait_ready(f"{state.controller_url}/health", timeout_s=90)
         response = httpx.put(f"{state.controller_url}/v1/policies/{POLICY_NAME}", json=_policy(checkpoint, opts),
                              timeout=10)
         if response.status_code >= 400:
@@ -210,8 +193,8 @@ class LocalStack:
         from controller.alerting.alertmanager import ReceiverOptions, build_alertmanager_config
 
         opts, state = self.options, self.state
-        am_port, prom_port = _free_port(), _free_port()
-        self.pager = WebhookReceiver(_free_port()).start()
+        am_port, prom_port = free_port(), free_port()
+        self.pager = WebhookReceiver()
         progress("starting Alertmanager")
         am = start_alertmanager(
             self.supervisor, opts.out / "alertmanager", port=am_port,
@@ -253,7 +236,7 @@ class LocalStack:
 
     # ------------------------------------------------------------------- load
     def load_plan(self) -> list[LoadRequest]:
-        from controller.replay.traces import load_request_trace
+        from contracts.traces import load_request_trace
 
         trace = load_request_trace(self.options.trace or conversation_trace())
         return plan_from_trace(trace, duration_s=self.options.duration_s, speedup=self.options.speedup,
@@ -330,10 +313,10 @@ class LocalStack:
                 active = (await client.get(f"{state.alertmanager_url}/api/v2/alerts")).json()
                 alerts = sorted({a["labels"].get("alertname", "?") for a in active})
         if self.pager is not None:
-            for note in self.pager.notifications[len(state.pages):]:
+            for path, note in self.pager.posts[len(state.pages):]:
                 state.pages.append(note)
                 names = ", ".join(sorted({a["labels"].get("alertname", "?") for a in note.get("alerts", [])}))
-                state.event(f"{note['receiver_path'].strip('/')} delivered ({note.get('status')}): {names}")
+                state.event(f"{path.strip('/')} delivered ({note.get('status')}): {names}")
         now = state.elapsed()
         recent_ttft = _window([r.ttft_s or 0.0 for r in state.records], state.done_at_s, now - 30)
         recent_itl = [x for r, t in zip(state.records, state.done_at_s, strict=True) if t >= now - 30

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
+from contracts.traces import FloatArray, RequestTrace
 from controller.capacity import ReplicaProfile
-from controller.replay.traces import FloatArray, RequestTrace
 from controller.types import PolicyObservation, SliSnapshot
 
 

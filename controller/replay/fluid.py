@@ -21,9 +21,9 @@ import math
 
 import numpy as np
 
+from contracts.traces import FloatArray
 from controller.capacity import CapacityModel, Load, ReplicaProfile, Targets
 from controller.replay.fleet import FleetTotals, Provisioned
-from controller.replay.traces import FloatArray
 from controller.types import PolicyObservation, SliSnapshot
 
 

@@ -16,6 +16,7 @@ from typing import Literal
 import numpy as np
 
 from contracts.slo_defaults import LEAD_TIME_S, SCALE_DOWN_COOLDOWN_S
+from contracts.traces import CountTrace, FloatArray, LengthDistribution, RequestTrace
 from controller.capacity import CapacityModel, Load, ReplicaProfile, Targets
 from controller.forecast import ForecastConfig
 from controller.predictive import PredictiveConfig
@@ -30,7 +31,6 @@ from controller.replay.policies import (
     ReplayPolicy,
     StaticPolicy,
 )
-from controller.replay.traces import CountTrace, FloatArray, LengthDistribution, RequestTrace
 
 Mode = Literal["request", "fluid"]
 

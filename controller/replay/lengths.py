@@ -6,7 +6,7 @@ from pathlib import Path
 
 from contracts.datadir import default_data_dir
 from contracts.errors import DataError
-from controller.replay.traces import LengthDistribution, RequestTrace, load_trace
+from contracts.traces import LengthDistribution, RequestTrace, load_trace
 
 NAMED_LENGTHS = {
     "azure-2023-conv": ("azure-llm-2023", "AzureLLMInferenceTrace_conv.csv"),

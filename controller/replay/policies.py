@@ -24,12 +24,12 @@ from typing import Protocol
 
 import numpy as np
 
+from contracts.traces import FloatArray
 from controller.capacity import CapacityModel
 from controller.core import CoreConfig, DecisionCore
 from controller.forecast.models import Arima
 from controller.policy import LocalTarget, Policy, Scaling
 from controller.predictive import PredictiveAdvisor, PredictiveConfig
-from controller.replay.traces import FloatArray
 from controller.types import PolicyObservation
 
 POLICY_NAMES = ("static", "hpa", "dynamo", "moeslo", "oracle")

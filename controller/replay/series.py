@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from controller.replay.traces import CountTrace, FloatArray, RequestTrace
+from contracts.traces import CountTrace, FloatArray, RequestTrace
 
 
 def request_counts(trace: RequestTrace | CountTrace, bin_s: float) -> FloatArray:

@@ -14,7 +14,7 @@ import pytest
 from contracts.errors import ValidationError
 from controller.capacity import ProfilePoint, ReplicaProfile
 from controller.profiling import fit_profile, poisson_arrivals
-from tests.conftest import free_port
+from harness.processes import free_port
 
 MOESLO = str(Path(sys.executable).parent / "moeslo")
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.loadgen import LoadRequest, run_load
 from controller.policy import ImbalanceObjective, LocalTarget, Objectives, Policy
 from controller.rebalance import TriggerSettings
 from controller.rebalancing import HttpEngineControl, RebalanceEvent, Rebalancer
@@ -17,7 +16,8 @@ from engine.checkpoint import init_random_checkpoint
 from engine.config import ModelConfig
 from engine.server import ServerThread
 from exporters.app import ServeOptions, build_stack
-from tests.conftest import free_port
+from harness.loadgen import LoadRequest, run_load
+from harness.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -9,12 +9,12 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.loadgen import LoadRequest, run_load
 from engine.checkpoint import init_random_checkpoint
 from engine.config import ModelConfig
 from engine.server import ServerThread
 from exporters.app import ServeOptions, build_stack
-from tests.conftest import free_port
+from harness.loadgen import LoadRequest, run_load
+from harness.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -36,7 +36,7 @@ from controller.alerting import (
 )
 from controller.dashboards import build_dashboards, expressions
 from controller.policy import LocalTarget, Policy
-from tests.conftest import free_port
+from harness.processes import free_port, stop_process, wait_healthy
 from tests.e2e.servers import WebhookReceiver, alertmanager, binary, prometheus, webhook_receiver
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -131,7 +131,7 @@ def stack(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     options = AlertOptions(evaluation_interval="1s", for_override="0s", min_request_rate_per_s=0.001)
     (tmp / "rules.yaml").write_text(dump_yaml(rules_document(build_rule_groups([POLICY], options))))
     try:
-        assert _wait(lambda: _up(controller_url, controller), 60), "controller did not start"
+        wait_healthy(f"{controller_url}/health", controller, 60.0, name="controller")
         response = httpx.put(f"{controller_url}/v1/policies/{POLICY.name}", json=POLICY.model_dump(mode="json"),
                              timeout=10)
         assert response.status_code in (200, 201), response.text
@@ -153,23 +153,8 @@ def stack(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> It
                 with prometheus(tmp, prom_config) as prom:
                     yield Stack(engine.url, controller_url, prom, am, hooks, serving.engine)
     finally:
-        controller.terminate()
-        try:
-            controller.wait(15)
-        except subprocess.TimeoutExpired:
-            controller.kill()
-            controller.wait(5)
+        stop_process(controller, 15.0)
         engine.stop()
-
-
-def _up(url: str, proc: subprocess.Popen[bytes]) -> bool:
-    if proc.poll() is not None:
-        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-        raise AssertionError(f"controller exited {proc.returncode}: {err[-3000:]}")
-    try:
-        return httpx.get(f"{url}/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _substitute(expr: str) -> str:

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.llm_engine import LLMEngine
 from engine.server import ServerThread
 from exporters.app import ServeOptions, build_stack
-from tests.conftest import free_port
+from harness.processes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -269,8 +269,8 @@ def test_load_generator_replays_a_trace_slice_and_records_client_timings(served:
 
     import numpy as np
 
-    from bench.loadgen import RequestRecord, plan_from_trace, run_load, send_request, summarize
-    from controller.replay.traces import RequestTrace
+    from contracts.traces import RequestTrace
+    from harness.loadgen import RequestRecord, plan_from_trace, run_load, send_request, summarize
 
     trace = RequestTrace("synthetic", np.array([0.0, 1.0, 2.0, 30.0]), np.array([320, 16, 4000, 8]),
                          np.array([64, 32, 80, 8]))

@@ -12,7 +12,6 @@ import asyncio
 import concurrent.futures
 import math
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -21,9 +20,11 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.vllm import VllmServer, free_port, slo_bucket_args, vllm_python
 from contracts.imbalance import balancedness, imbalance_cv
 from engine.vllm_plugin import contiguous_rank_weights, rank_loads
+from harness.monitoring import prometheus_command
+from harness.processes import free_port, start_process, stop_process
+from harness.vllm_server import VllmServer, slo_bucket_args, vllm_python
 from tests.exporters.otlp_receiver import OtlpReceiver
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
@@ -285,9 +286,8 @@ def prometheus(servers: dict[str, VllmServer], tmp_path_factory: pytest.TempPath
         f"  - job_name: vllm\n    static_configs: [{{targets: ['127.0.0.1:{servers['on'].port}']}}]\n"
     )
     port = free_port()
-    with open(tmp / "prometheus.log", "wb") as log:
-        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    proc = start_process(prometheus_command(binary, tmp, port=port, config=config.read_text()),
+                         log_path=tmp / "prometheus.log")
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -302,8 +302,7 @@ def prometheus(servers: dict[str, VllmServer], tmp_path_factory: pytest.TempPath
             time.sleep(0.5)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_process(proc, 30.0)
 
 
 def test_controller_prometheus_source_reads_slis_from_vllm(servers: dict[str, VllmServer], prometheus: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 from engine.server import ServerThread
 from exporters.app import ServeOptions, build_stack
 from exporters.otel import FIRST_TOKEN_EVENT
-from tests.conftest import free_port
+from harness.processes import free_port
 from tests.exporters.otlp_receiver import OtlpReceiver
 
 

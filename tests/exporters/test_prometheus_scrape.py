@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -12,7 +11,8 @@ import pytest
 
 from engine.server import ServerThread
 from exporters.app import ServeOptions, build_stack
-from tests.conftest import free_port
+from harness.monitoring import prometheus_command
+from harness.processes import free_port, log_tail, start_process, stop_process
 
 pytestmark = pytest.mark.integration
 
@@ -39,11 +39,9 @@ def test_prometheus_scrapes_engine_and_computes_ttft_quantile(tiny_checkpoint: P
         "scrape_configs:\n  - job_name: moeslo-engine\n"
         f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
     )
-    proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
+    log_path = tmp_path / "prometheus.log"
+    proc = start_process(prometheus_command(binary, tmp_path, port=prom_port, config=config.read_text()),
+                         log_path=log_path)
     try:
         with httpx.Client(base_url=server.url, timeout=30) as engine_client:
             for i in range(5):
@@ -53,7 +51,7 @@ def test_prometheus_scrapes_engine_and_computes_ttft_quantile(tiny_checkpoint: P
         with httpx.Client(base_url=f"http://127.0.0.1:{prom_port}", timeout=5) as prom:
             deadline = time.monotonic() + 40
             while time.monotonic() < deadline and not result:
-                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "prometheus died"
+                assert proc.poll() is None, log_tail(log_path)
                 try:
                     result = query(prom, QUANTILE)
                 except httpx.HTTPError:
@@ -70,10 +68,5 @@ def test_prometheus_scrapes_engine_and_computes_ttft_quantile(tiny_checkpoint: P
             experts = query(prom, 'count(moe_expert_tokens_total{model_name="tiny-moe"})')
             assert float(experts[0]["value"][1]) == 2 * 8
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, 10.0)
         server.stop()

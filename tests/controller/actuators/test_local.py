@@ -14,7 +14,7 @@ import pytest
 from controller.actuators import LocalActuator
 from controller.config import LocalActuatorConfig
 from controller.policy import Policy
-from tests.conftest import free_port
+from harness.processes import free_port
 
 
 def _policy(name: str = "local-p", checkpoint: Path | None = None) -> Policy:

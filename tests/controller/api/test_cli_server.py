@@ -16,10 +16,11 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from cli.main import app
+from contracts.errors import UnavailableError
 from controller.api import create_app
 from controller.config import ControllerSettings
 from controller.store import Store
-from tests.conftest import free_port
+from harness.processes import free_port, stop_process, wait_healthy
 
 TOKEN = "cli-token"
 
@@ -31,26 +32,16 @@ def _start(db: Path, port: int) -> subprocess.Popen[bytes]:
          "--tick-interval-s", "0.3"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.stderr.read().decode() if process.stderr else "exited"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise AssertionError("controller did not start in 60 s")
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", process, 60.0, name="moeslo controller serve", interval_s=0.2)
+    except UnavailableError:
+        process.kill()
+        raise
+    return process
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=5)
+    stop_process(process, 20.0, sig=signal.SIGINT)
 
 
 @pytest.mark.integration

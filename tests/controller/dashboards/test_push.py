@@ -13,7 +13,7 @@ from contracts.errors import UnavailableError, ValidationError
 from controller.alerting import DEFAULT_POLICIES
 from controller.dashboards import build_dashboards
 from controller.dashboards.push import push_dashboards
-from tests.conftest import free_port
+from harness.processes import free_port
 from tests.controller.dashboards.grafana_standin import grafana_standin
 
 pytest.importorskip("grafana_client", reason="the optional grafana extra is not installed")

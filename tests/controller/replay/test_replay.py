@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from contracts.traces import LengthDistribution, RequestTrace
 from controller.capacity import DEFAULT_PROFILE, CapacityModel
 from controller.core import DecisionCore
-from controller.replay import LengthDistribution, RequestTrace
 from controller.replay.fluid import FluidFleet
 from controller.replay.harness import ReplayConfig, make_workload, needs_per_tick, run_policy, run_replay, summarise
 from controller.replay.policies import CorePolicy, HpaPolicy, OraclePolicy
@@ -122,7 +122,7 @@ def test_fluid_fleet_attainment_tracks_capacity() -> None:
 
 
 def test_count_trace_workloads() -> None:
-    from controller.replay import CountTrace
+    from contracts.traces import CountTrace
 
     counts = CountTrace("c", 10.0, np.array([100.0, 200.0, 300.0, 400.0]))
     lengths = LengthDistribution.fixed(100, 10)

@@ -15,7 +15,8 @@ import pytest
 
 from controller.policy import Policy
 from controller.sources import PrometheusClient, PrometheusSource
-from tests.conftest import free_port
+from harness.monitoring import prometheus_command
+from harness.processes import free_port, start_process, stop_process, wait_healthy
 from tests.controller.sources.engine_page import EngineMetrics, MetricsServer
 
 MODEL = "Qwen/Qwen3-30B-A3B"
@@ -96,31 +97,19 @@ class Prometheus:
             f"global:\n  scrape_interval: {SCRAPE_S}s\n  evaluation_interval: {SCRAPE_S}s\n"
             f"scrape_configs:\n  - job_name: engine\n    static_configs:\n      - targets: ['{target}']\n"
         )
-        self.argv = [
-            shutil.which("prometheus") or "prometheus",
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
-        ]
-        self.log = (tmp / "prometheus.log").open("wb")
+        self.argv = prometheus_command(shutil.which("prometheus") or "prometheus", tmp, port=self.port,
+                                       config=config.read_text())
+        self.log_path = tmp / "prometheus.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("prometheus did not become ready in 30 s")
+        self.process = start_process(self.argv, log_path=self.log_path)
+        wait_healthy(f"{self.url}/-/ready", self.process, 30.0, name="prometheus", log_path=self.log_path,
+                     interval_s=0.2)
 
     def stop(self) -> None:
         if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=20)
+            stop_process(self.process, 20.0)
             self.process = None
 
     def wait_for_scrapes(self, count: int) -> None:

@@ -6,7 +6,7 @@ TTFT and inter-token gaps.  In-flight requests are bounded
 (``max_in_flight``); a request that would exceed the bound waits and the wait
 counts in its TTFT, as a real client's would.
 
-Traces are read by :mod:`controller.replay.traces` (one reader for the whole
+Traces are read by :mod:`contracts.traces` (one reader for the whole
 project).  The bundled default is the Azure LLM inference trace 2023
 (conversation), CC BY 4.0, from Patel et al., "Splitwise: Efficient
 generative LLM inference using phase splitting", ISCA 2024
@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from controller.replay.traces import RequestTrace
+from contracts.traces import RequestTrace
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 from contracts.datadir import default_data_dir
 
 BUNDLED_CONVERSATION_SLICE = Path(__file__).resolve().parent / "data" / "AzureLLMInferenceTrace_conv_15min.csv"
-"""First 15 minutes of the Azure LLM inference trace 2023 (conversation), CC BY 4.0 (see data/README.md)."""
+"""First 15 minutes of the Azure LLM inference trace 2023 (conversation), CC BY 4.0 (see harness/data/README.md)."""
 
 SHARED_CONVERSATION = ("azure-llm-2023", "AzureLLMInferenceTrace_conv.csv")
 """The full trace, under the shared data folder."""

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from contracts.errors import DataError
-from controller.replay import CountTrace, LengthDistribution, RequestTrace, load_request_trace, load_trace
+from contracts.traces import CountTrace, LengthDistribution, RequestTrace, load_request_trace, load_trace
 from controller.replay.lengths import resolve_lengths
 from tests.conftest import shared_data
 

@@ -1,0 +1,125 @@
+"""Real processes for the local stack, the benchmarks and the end-to-end tests.
+
+One way to pick a free port, start a process with its output in a log,
+wait until it answers, and stop it (SIGTERM, a bounded wait, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from contracts.errors import UnavailableError
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_process(
+    argv: Sequence[str],
+    *,
+    log_path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    new_session: bool = True,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with stdout and stderr in ``log_path`` (discarded when None).
+
+    ``new_session`` puts it in its own process group, so :func:`stop_process` with
+    ``group=True`` reaches the children it spawns, and Ctrl-C in a terminal does not.
+    """
+    log: IO[bytes] | int = subprocess.DEVNULL
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = log_path.open("wb")
+    try:
+        return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=None if env is None else dict(env), cwd=cwd, start_new_session=new_session)
+    finally:
+        if not isinstance(log, int):
+            log.close()  # the child holds its own descriptor
+
+
+def log_tail(log_path: Path | None, chars: int = 2000) -> str:
+    """The last ``chars`` of a process log ('' when there is none)."""
+    if log_path is None:
+        return ""
+    try:
+        return log_path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def wait_healthy(
+    url: str,
+    proc: subprocess.Popen[Any],
+    timeout_s: float,
+    *,
+    name: str = "process",
+    log_path: Path | None = None,
+    interval_s: float = 0.25,
+) -> None:
+    """Poll ``url`` until it answers 200; UnavailableError (with the log's tail) if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UnavailableError(f"{name} exited with {proc.returncode}:\n{_output(proc, log_path)}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        time.sleep(interval_s)
+    raise UnavailableError(f"{name} did not answer {url} within {timeout_s:.0f} s:\n{log_tail(log_path)}")
+
+
+def _output(proc: subprocess.Popen[Any], log_path: Path | None) -> str:
+    if log_path is not None:
+        return log_tail(log_path)
+    if proc.stderr is not None:  # the process has exited, so reading its pipe cannot block
+        data = proc.stderr.read()
+        text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+        return text[-2000:]
+    return ""
+
+
+def stop_process(
+    proc: subprocess.Popen[Any], timeout_s: float = 30.0, *, group: bool = False, sig: signal.Signals = signal.SIGTERM
+) -> None:
+    """Ask ``proc`` (its whole process group with ``group``) to stop with ``sig``; kill it after ``timeout_s``."""
+    if proc.poll() is not None:
+        return
+
+    def send(signum: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(proc.pid, signum)
+            else:
+                proc.send_signal(signum)
+
+    send(sig)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        proc.wait(10)
+
+
+def moeslo_command(*args: str) -> list[str]:
+    """The ``moeslo`` command line run by this interpreter (the venv's bin/ need not be on PATH)."""
+    return [sys.executable, "-c", "from cli.main import app; app()", *args]
+
+
+__all__ = ["free_port", "log_tail", "moeslo_command", "start_process", "stop_process", "wait_healthy"]

@@ -1,0 +1,59 @@
+"""Process helpers: a free port, waiting on a process that answers or dies, stopping it."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from contracts.errors import UnavailableError
+from harness.processes import free_port, log_tail, start_process, stop_process, wait_healthy
+from harness.traces import BUNDLED_CONVERSATION_SLICE
+
+
+def test_free_port_can_be_bound() -> None:
+    port = free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_wait_healthy_reports_a_process_that_exits_with_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "child.log"
+    proc = start_process([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], log_path=log)
+    with pytest.raises(UnavailableError, match="child exited with 3") as info:
+        wait_healthy(f"http://127.0.0.1:{free_port()}/health", proc, 30.0, name="child", log_path=log)
+    assert "boom" in str(info.value)
+    assert "boom" in log_tail(log)
+
+
+def test_wait_healthy_answers_once_the_server_does(tmp_path: Path) -> None:
+    port = free_port()
+    proc = start_process([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                         log_path=tmp_path / "http.log", cwd=tmp_path)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/", proc, 30.0, name="http.server", log_path=tmp_path / "http.log")
+        assert proc.poll() is None
+    finally:
+        stop_process(proc, 5.0)
+    assert proc.poll() is not None
+
+
+def test_stop_process_kills_what_ignores_sigterm(tmp_path: Path) -> None:
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)")
+    log = tmp_path / "stubborn.log"
+    proc = start_process([sys.executable, "-c", code], log_path=log)
+    deadline = time.monotonic() + 30
+    while "ready" not in log_tail(log):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    stop_process(proc, 0.5)
+    assert proc.returncode is not None and proc.returncode < 0
+
+
+def test_the_bundled_trace_slice_ships_with_its_license() -> None:
+    assert BUNDLED_CONVERSATION_SLICE.is_file()
+    assert "CC BY 4.0" in (BUNDLED_CONVERSATION_SLICE.parent / "README.md").read_text()
