@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from engine.batch import SeqChunk, StepPlan
-from engine.executor import Executor, ExecutorOptions, create_executor
+from engine.executors import Executor, ExecutorOptions, create_executor
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from contracts.errors import UnavailableError
 from contracts.imbalance import balancedness, imbalance_cv
 from contracts.placement import Placement
 from engine.engine_types import EngineConfig, ExpertLoad, OutputCallback, RequestOutput
-from engine.executor import Executor
+from engine.executors import Executor
 from engine.kv_cache import BlockManager
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SeqStatus, Sequence
@@ -57,7 +57,7 @@ class _Request:
 
 
 class LLMEngine:
-    """Continuous-batching engine around an :class:`~engine.executor.Executor`."""
+    """Continuous-batching engine around an :class:`~engine.executors.Executor`."""
 
     def __init__(
         self,

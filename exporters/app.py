@@ -14,7 +14,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from engine.executor import ExecutorOptions, create_executor
+from engine.executors import ExecutorOptions, create_executor
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.scheduler import SchedulerConfig
 from engine.server import MetricsRenderer, create_app

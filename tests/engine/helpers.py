@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.batch import SeqChunk, StepPlan
-from engine.executor import Executor
+from engine.executors import Executor
 
 
 def run_sequences(executor: Executor, prompts: list[list[int]], decode_steps: int, chunk: int = 0) -> torch.Tensor:

@@ -13,7 +13,7 @@ from contracts.errors import PlacementError
 from contracts.placement import Placement
 from engine.checkpoint import init_random_checkpoint
 from engine.config import ModelConfig
-from engine.executor import Executor, ExecutorOptions, create_executor
+from engine.executors import Executor, ExecutorOptions, create_executor
 from engine.experts import plan_transfers
 from tests.engine.helpers import run_sequences
 

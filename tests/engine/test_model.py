@@ -12,7 +12,7 @@ from contracts.errors import ValidationError
 from engine.batch import SeqChunk, StepPlan
 from engine.checkpoint import init_random_checkpoint
 from engine.config import ModelConfig
-from engine.executor import ExecutorOptions, create_executor
+from engine.executors import ExecutorOptions, create_executor
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,14 +1,19 @@
-"""The single-process executor (``--ep 1``) and the driver logic every executor shares.
+"""What every executor shares: its options, the interface the scheduler drives, and the driver.
 
-The driver (rank 0) owns the non-expert model, the KV cache, the replica
-table and the routing statistics.  Subclasses decide where expert MLPs run:
-here, all in this process.
+An executor owns the model weights, the KV cache tensors and the expert
+placement.  The driver (rank 0, :class:`DriverBase`) owns the non-expert
+model, the KV cache, the replica table and the routing statistics;
+subclasses decide where expert MLPs run (``engine.executors.local``: all in
+this process; ``engine.executors.multiproc``: across EP rank processes).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -17,10 +22,73 @@ from contracts.placement import Placement
 from engine.batch import StepPlan
 from engine.checkpoint import CheckpointReader, torch_dtype
 from engine.config import ModelConfig
-from engine.executor import ExecutorOptions
-from engine.experts import ExpertShard, ReplicaTable, load_expert
+from engine.experts import ReplicaTable
 from engine.model import Qwen3MoeModel, StepMetadata
 from engine.stats import PlacementSwapStats, RoutingDelta
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorOptions:
+    """How to run the model (read once at the edge: CLI or server config)."""
+
+    checkpoint: Path
+    ep: int = 1
+    """Expert-parallel ranks (processes)."""
+    kv_cache_mb: float = 64.0
+    """KV cache budget per rank, fixed at start (MiB)."""
+    block_size: int = 16
+    """Tokens per KV block."""
+    dtype: str | None = None
+    """``float32`` or ``bfloat16``; None: the checkpoint's dtype."""
+    slots_per_rank: int | None = None
+    """Physical expert slots per rank; None: just enough for every expert once."""
+    placement: Placement | None = None
+    """Initial placement; None: contiguous."""
+    routing_stats: bool = True
+    threads_per_rank: int | None = None
+    """torch intra-op threads per rank; None: cores divided among ranks."""
+
+
+class Executor(Protocol):
+    """What the engine loop needs from a model executor."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks available (ids 0..num_blocks-1)."""
+        ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def num_ranks(self) -> int: ...
+
+    @property
+    def placement(self) -> Placement: ...
+
+    @property
+    def broken(self) -> str | None:
+        """Why the executor can no longer run steps (an EP group left mid-collective); None when healthy."""
+        ...
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """Run one step; float32 logits (plan.num_logits, vocab), rows in chunk order."""
+        ...
+
+    def apply_placement(self, placement: Placement) -> PlacementSwapStats:
+        """Swap to a new placement between steps; PlacementError leaves the old one in force."""
+        ...
+
+    def take_routing(self) -> RoutingDelta | None:
+        """Routed-token counts since the last call (None when routing stats are off)."""
+        ...
+
+    def set_routing_stats(self, enabled: bool) -> None: ...
+
+    def shutdown(self) -> None: ...
 
 
 def kv_cache_blocks(config: ModelConfig, kv_cache_mb: float, block_size: int, dtype: torch.dtype) -> int:
@@ -173,35 +241,9 @@ def default_threads(num_ranks: int) -> int:
     return max(1, (os.cpu_count() or 1) // num_ranks)
 
 
-class LocalExecutor(DriverBase):
-    """Every expert in this process (one EP rank)."""
-
-    def __init__(self, options: ExecutorOptions) -> None:
-        torch.set_num_threads(options.threads_per_rank or default_threads(1))
-        super().__init__(options, num_ranks=1)
-        self.shard = ExpertShard(
-            self._config, self._placement, 0,
-            lambda layer, expert: load_expert(self.reader, self._config.sparse_layers[layer], expert),
-        )
-
-    def _dispatch(self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        self.shard.compute(layer, x, weights, physical, out)
-        return out
-
-    def _swap(self, placement: Placement) -> tuple[int, int]:
-        # One rank holds every expert already: slots are only reordered, nothing changes rank.
-        try:
-            layers = self.shard.prepare(placement, {})
-        except Exception as exc:  # e.g. MemoryError while building the new slots aside
-            raise PlacementError(f"placement swap failed ({exc!r}); the old placement stays") from exc
-        self.shard.commit(placement, layers)
-        return 0, 0
-
-
 def expert_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
     return 3 * config.hidden_size * config.moe_intermediate_size * elem
 
 
-__all__ = ["DriverBase", "LocalExecutor", "default_threads", "expert_bytes", "kv_cache_blocks"]
+__all__ = ["DriverBase", "Executor", "ExecutorOptions", "default_threads", "expert_bytes", "kv_cache_blocks"]

@@ -38,9 +38,8 @@ from contracts.errors import PlacementError, UnavailableError, ValidationError
 from contracts.placement import Placement
 from engine.checkpoint import CheckpointReader, torch_dtype
 from engine.config import ModelConfig
-from engine.executor import ExecutorOptions
+from engine.executors.base import DriverBase, ExecutorOptions, default_threads, expert_bytes
 from engine.experts import ExpertShard, ExpertWeights, Transfer, load_expert, plan_transfers
-from engine.local_executor import DriverBase, default_threads, expert_bytes
 from engine.model import StepMetadata
 
 _OP_STEP, _OP_PLACEMENT, _OP_SHUTDOWN = 1, 2, 3
