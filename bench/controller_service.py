@@ -35,10 +35,10 @@ from prometheus_client import CollectorRegistry
 
 from controller.actuators import DryRunActuator
 from controller.core import CoreConfig, DecisionCore
-from controller.metrics import ControllerMetrics
 from controller.policy import Policy
 from controller.service import ControllerService
 from controller.store import Store
+from controller.telemetry import ControllerMetrics
 from controller.types import PolicyObservation, SliSnapshot, TickInput
 
 __all__ = ["ServiceBenchConfig", "run_service_bench"]

@@ -31,8 +31,8 @@ def generate(
     json_output: JsonOption = False,
 ) -> None:
     """Write the SLO overview, engine, experts and controller dashboards as JSON."""
-    from controller.alerting import DEFAULT_POLICIES, load_policies
     from controller.dashboards import render_dashboard_files
+    from controller.policy_files import DEFAULT_POLICIES, load_policies
 
     with cli_errors():
         chosen = DEFAULT_POLICIES if policies is None else load_policies(policies)

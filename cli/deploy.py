@@ -22,8 +22,8 @@ DirOption = Annotated[Path, typer.Option("--dir", help="The deploy/ directory.")
 def render(deploy_dir: DirOption = Path("deploy"),
            json_output: Annotated[bool, typer.Option("--json", help="Print what was written.")] = False) -> None:
     """Regenerate deploy/*/generated/ from the default policies and each overlay's policies.yaml."""
-    from controller.alerting import DEFAULT_POLICIES, load_policies
     from controller.manifests import deploy_files
+    from controller.policy_files import DEFAULT_POLICIES, load_policies
 
     with cli_errors():
         overlays = {

@@ -35,21 +35,21 @@ from prometheus_client import CollectorRegistry
 
 from contracts.errors import MoesloError, UnavailableError
 from controller.actuators.base import Actuator
-from controller.api.status import PolicyRuntime
 from controller.config import ControllerSettings
 from controller.core import CoreConfig, DecisionCore
 from controller.errors import ActuationError
 from controller.leader import AlwaysLeader, LeaderElector
-from controller.metrics import ControllerMetrics
 from controller.policy import LocalTarget, Mode, Policy
+from controller.runtime import PolicyRuntime
 from controller.slo import error_budget_remaining
 from controller.sources import BURN_WINDOWS, PrometheusClient, PrometheusSource, ScrapeSource, SliSource
 from controller.sources.base import burn_rates_of
 from controller.store import DecisionRecord, Store, StoredPolicy
+from controller.telemetry import ControllerMetrics
 from controller.types import Decision, Effects, PolicyObservation, TickInput
 
 if TYPE_CHECKING:
-    from controller.rebalancing import Rebalancer
+    from controller.actuators.placement import Rebalancer
 
 log = logging.getLogger(__name__)
 
@@ -363,8 +363,8 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
     """The service the configuration describes: source, actuator, elector, core and metrics."""
     # Imported here: the kubernetes client and the rebalancer's numerics take seconds to import.
     from controller.actuators import api_client, build_actuator
+    from controller.actuators.placement import HttpEngineControl, Rebalancer
     from controller.leader import LeaseElector
-    from controller.rebalancing import HttpEngineControl, Rebalancer
 
     actuator = build_actuator(settings)
     metrics = ControllerMetrics(registry)

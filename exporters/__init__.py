@@ -6,9 +6,9 @@
   over OTLP/HTTP.
 - :func:`~exporters.app.build_stack` / :class:`~exporters.app.ServeOptions`: an engine, its HTTP
   API and its exporters, wired together (``engine/`` never imports this package).
-- :mod:`exporters.buckets`: histogram edges shared with the alert rules.
 
-Names resolve lazily, so importing :mod:`exporters.buckets` does not load the OpenTelemetry SDK.
+Metric names and histogram edges come from :mod:`contracts.catalogue`.  Names resolve
+lazily, so importing one exporter does not load the OpenTelemetry SDK.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Actuators behind one small interface: Kubernetes, local processes, dry-run."""
+"""Actuators behind small interfaces: replica counts (Kubernetes, local processes, dry-run) and expert placement.
+
+The placement actuator (:mod:`controller.actuators.placement`) carries out live rebalancing on the
+engines; it is imported where it is used, so this package stays light.
+"""
 
 from __future__ import annotations
 

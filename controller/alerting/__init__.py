@@ -1,15 +1,14 @@
 """Alert generation: SLO policies -> Prometheus rules and an Alertmanager config.
 
 ``rules`` builds rule groups as data, ``alertmanager`` the routing, ``render``
-formats both as YAML (or a PrometheusRule); nothing here does I/O except
-:func:`load_policies`.
+formats both as YAML (or a PrometheusRule); nothing here does I/O.  Policies
+come from :mod:`controller.policy_files`.
 """
 
 from __future__ import annotations
 
 from controller.alerting.alertmanager import ReceiverOptions, build_alertmanager_config
 from controller.alerting.model import AlertingRule, RecordingRule, RuleGroup
-from controller.alerting.policies_file import DEFAULT_POLICIES, dump_policies, load_policies, parse_policies
 from controller.alerting.render import (
     ALERTMANAGER_FILE,
     RULES_FILE,
@@ -23,7 +22,6 @@ from controller.alerting.rules import AlertOptions, build_rule_groups, check_thr
 
 __all__ = [
     "ALERTMANAGER_FILE",
-    "DEFAULT_POLICIES",
     "RULES_FILE",
     "AlertOptions",
     "AlertingRule",
@@ -33,11 +31,8 @@ __all__ = [
     "build_alertmanager_config",
     "build_rule_groups",
     "check_thresholds",
-    "dump_policies",
     "dump_yaml",
     "dump_yaml_documents",
-    "load_policies",
-    "parse_policies",
     "prometheus_rule_manifest",
     "render_alert_files",
     "rules_document",

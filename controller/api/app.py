@@ -10,9 +10,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 
-from controller.api import policies, status
 from controller.api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
+from controller.api.policy_routes import router as policy_router
 from controller.api.status import RuntimeView
+from controller.api.status import router as status_router
 from controller.config import ControllerSettings
 from controller.store import Store
 
@@ -59,8 +60,8 @@ def create_app(
     if service is not None:
         app.state.check_target = service.check_target
     install_error_handlers(app)
-    app.include_router(policies.router)
-    app.include_router(status.router)
+    app.include_router(policy_router)
+    app.include_router(status_router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Protocol
 
@@ -20,25 +19,12 @@ from controller.api.schemas import (
 )
 from controller.config import ControllerSettings
 from controller.policy import Policy
+from controller.runtime import PolicyRuntime
 from controller.store import Store, StoredPolicy
 
 router = APIRouter(tags=["status"])
 
 LAST_DECISIONS = 5
-
-
-@dataclass
-class PolicyRuntime:
-    """What the tick loop last learnt about one policy (kept in memory, rebuilt on restart)."""
-
-    current_replicas: int | None = None
-    desired_replicas: int | None = None
-    stale: bool = True
-    observed_at: datetime | None = None
-    sli: dict[str, float | None] = field(default_factory=dict)
-    error_budget_remaining: dict[str, float | None] = field(default_factory=dict)
-    burn_rates: dict[str, dict[str, float]] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
 
 
 class RuntimeView(Protocol):

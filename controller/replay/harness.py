@@ -20,17 +20,17 @@ from contracts.traces import CountTrace, FloatArray, LengthDistribution, Request
 from controller.capacity import CapacityModel, Load, ReplicaProfile, Targets
 from controller.forecast import ForecastConfig
 from controller.predictive import PredictiveConfig
+from controller.replay.baselines import (
+    STRATEGY_NAMES,
+    CoreStrategy,
+    DynamoStyleStrategy,
+    HpaStrategy,
+    OracleStrategy,
+    ReplayStrategy,
+    StaticStrategy,
+)
 from controller.replay.fleet import FleetTotals, RequestFleet, tick_loads
 from controller.replay.fluid import FluidFleet, count_loads
-from controller.replay.policies import (
-    POLICY_NAMES,
-    CorePolicy,
-    DynamoStylePolicy,
-    HpaPolicy,
-    OraclePolicy,
-    ReplayPolicy,
-    StaticPolicy,
-)
 
 Mode = Literal["request", "fluid"]
 
@@ -169,27 +169,27 @@ def needs_per_tick(workload: Workload, capacity: CapacityModel) -> FloatArray:
 
 def build_policy(
     name: str, workload: Workload, profile: ReplicaProfile, config: ReplayConfig, needs: FloatArray
-) -> ReplayPolicy:
+) -> ReplayStrategy:
     capacity = CapacityModel(profile, config.targets)
     lead_ticks = math.ceil(config.startup_s / config.tick_s)
     if name == "static":
-        return StaticPolicy(max(int(needs.max()), 1))
+        return StaticStrategy(max(int(needs.max()), 1))
     if name == "oracle":
-        return OraclePolicy(np.maximum(needs, 1), lead_ticks=lead_ticks)
+        return OracleStrategy(np.maximum(needs, 1), lead_ticks=lead_ticks)
     if name == "hpa":
         active = workload.rates_rps > 0
         rate_sum = max(float(workload.rates_rps[active].sum()), 1e-9)
         mean_prompt = float(workload.prompt_tokens_per_s[active].sum()) / rate_sum
         mean_output = float(workload.output_tokens_per_s[active].sum()) / rate_sum
         prefill, decode = capacity.sustainable_rates(mean_prompt_tokens=mean_prompt, mean_output_tokens=mean_output)
-        return HpaPolicy(
+        return HpaStrategy(
             prefill_tokens_per_s_at_slo=prefill,
             decode_tokens_per_s_at_slo=decode,
             target_utilization=config.hpa_target_utilization,
             scale_down_stabilization_s=config.hpa_stabilization_s,
         )
     if name == "dynamo":
-        return DynamoStylePolicy(capacity, interval_s=config.dynamo_interval_s)
+        return DynamoStyleStrategy(capacity, interval_s=config.dynamo_interval_s)
     if name == "moeslo":
         forecast = ForecastConfig(
             bin_s=config.tick_s,
@@ -197,7 +197,7 @@ def build_policy(
             refit_every_bins=config.refit_every_ticks,
             season_s=config.season_s,
         )
-        return CorePolicy(
+        return CoreStrategy(
             capacity,
             tick_s=config.tick_s,
             lead_time_s=int(config.startup_s),
@@ -205,7 +205,7 @@ def build_policy(
             max_replicas=config.max_replicas,
             predictive=PredictiveConfig(quantile=config.quantile, forecast=forecast),
         )
-    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
 
 
 def run_policy(
@@ -249,7 +249,7 @@ def run_policy(
     times: FloatArray = np.arange(1, n + 1, dtype=np.float64) * tick_s
     provisioned = np.zeros(n, dtype=np.int64)
     ready = np.zeros(n, dtype=np.int64)
-    forecasts = np.full((3, n), np.nan) if isinstance(policy, CorePolicy) else None
+    forecasts = np.full((3, n), np.nan) if isinstance(policy, CoreStrategy) else None
     for k in range(n):
         now_s = float(times[k])
         fleet.advance(now_s)
@@ -257,7 +257,7 @@ def run_policy(
         provisioned[k] = fleet.provisioned
         ready[k] = observation.ready_replicas or 0
         fleet.scale_to(policy.desired(observation, now_s, k), now_s)
-        if forecasts is not None and isinstance(policy, CorePolicy):
+        if forecasts is not None and isinstance(policy, CoreStrategy):
             last = policy.advisor.last_forecast.get(policy.policy.name)
             if last is not None:
                 forecasts[:, k] = last
@@ -275,7 +275,7 @@ def run_policy(
         forecast_point_rps=None if forecasts is None else forecasts[0],
         forecast_lower_rps=None if forecasts is None else forecasts[1],
         forecast_upper_rps=None if forecasts is None else forecasts[2],
-        reasons=dict(sorted(policy.reasons.items())) if isinstance(policy, CorePolicy) else {},
+        reasons=dict(sorted(policy.reasons.items())) if isinstance(policy, CoreStrategy) else {},
     )
 
 
@@ -287,9 +287,9 @@ def run_replay(
     *,
     on_tick: Callable[[str, int], None] | None = None,
 ) -> list[PolicyRun]:
-    unknown = [p for p in policies if p not in POLICY_NAMES]
+    unknown = [p for p in policies if p not in STRATEGY_NAMES]
     if unknown:
-        raise ValueError(f"unknown policies {', '.join(unknown)}; choose from {', '.join(POLICY_NAMES)}")
+        raise ValueError(f"unknown policies {', '.join(unknown)}; choose from {', '.join(STRATEGY_NAMES)}")
     needs = needs_per_tick(workload, CapacityModel(profile, config.targets))
     runs = []
     for name in policies:

@@ -109,10 +109,10 @@ def test_only_the_lease_holder_actuates_and_a_standby_takes_over(server: StandIn
 
     from controller.actuators import KubernetesActuator
     from controller.core import CoreConfig, DecisionCore
-    from controller.metrics import ControllerMetrics
     from controller.policy import Policy
     from controller.service import ControllerService
     from controller.store import Store
+    from controller.telemetry import ControllerMetrics
     from controller.types import PolicyObservation
 
     class Overloaded:

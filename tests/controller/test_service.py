@@ -15,11 +15,11 @@ from contracts.errors import UnavailableError
 from controller.actuators import DryRunActuator, ScaleResult
 from controller.core import CoreConfig, DecisionCore
 from controller.errors import ActuationError
-from controller.metrics import ControllerMetrics
 from controller.policy import Policy
 from controller.service import ControllerService
 from controller.sources import ScrapeSource
 from controller.store import Store
+from controller.telemetry import ControllerMetrics
 from controller.types import PolicyObservation, SliSnapshot
 from tests.controller.sources.engine_page import EngineMetrics, MetricsServer
 

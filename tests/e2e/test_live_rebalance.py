@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from controller.actuators.placement import HttpEngineControl, RebalanceEvent, Rebalancer
 from controller.policy import ImbalanceObjective, LocalTarget, Objectives, Policy
 from controller.rebalance import TriggerSettings
-from controller.rebalancing import HttpEngineControl, RebalanceEvent, Rebalancer
 from engine.checkpoint import init_random_checkpoint
 from engine.config import ModelConfig
 from engine.server import ServerThread

@@ -9,11 +9,11 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from controller.api import create_app
-from controller.api.status import PolicyRuntime
 from controller.config import ControllerSettings
-from controller.metrics import ControllerMetrics
 from controller.policy import Policy
+from controller.runtime import PolicyRuntime
 from controller.store import DecisionRecord, Store
+from controller.telemetry import ControllerMetrics
 from tests.controller.api.conftest import AUTH, TOKEN
 
 POLICY = {"name": "qwen", "target": {"kind": "local", "model": "m"}}

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from cli.dashboards import dashboards_app
 from contracts.errors import UnavailableError, ValidationError
-from controller.alerting import DEFAULT_POLICIES
 from controller.dashboards import build_dashboards
 from controller.dashboards.push import push_dashboards
+from controller.policy_files import DEFAULT_POLICIES
 from harness.processes import free_port
 from tests.controller.dashboards.grafana_standin import grafana_standin
 

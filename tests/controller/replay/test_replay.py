@@ -8,9 +8,9 @@ import pytest
 from contracts.traces import LengthDistribution, RequestTrace
 from controller.capacity import DEFAULT_PROFILE, CapacityModel
 from controller.core import DecisionCore
+from controller.replay.baselines import CoreStrategy, HpaStrategy, OracleStrategy
 from controller.replay.fluid import FluidFleet
 from controller.replay.harness import ReplayConfig, make_workload, needs_per_tick, run_policy, run_replay, summarise
-from controller.replay.policies import CorePolicy, HpaPolicy, OraclePolicy
 from controller.types import PolicyObservation
 
 
@@ -60,7 +60,7 @@ def test_moeslo_policy_is_the_production_core() -> None:
     needs = needs_per_tick(workload, CapacityModel())
     run = run_policy("moeslo", workload, DEFAULT_PROFILE, ReplayConfig(refit_every_ticks=20), needs=needs)
     assert run.reasons.get("forecast", 0) > 0  # decisions carried the predictive advisor's reasons
-    policy = CorePolicy(
+    policy = CoreStrategy(
         CapacityModel(),
         tick_s=15.0,
         lead_time_s=120,
@@ -73,7 +73,7 @@ def test_moeslo_policy_is_the_production_core() -> None:
 
 def test_oracle_orders_one_lead_time_ahead() -> None:
     needs = np.array([1, 1, 1, 1, 5, 5, 1, 1], dtype=np.float64)
-    oracle = OraclePolicy(needs, lead_ticks=2)
+    oracle = OracleStrategy(needs, lead_ticks=2)
     obs = PolicyObservation(policy="x", observed_at_s=0.0)
     plan = [oracle.desired(obs, 0.0, k) for k in range(len(needs))]
     # Decided after tick k, for ticks k+1..k+3: the 5s show up two ticks early and leave at once.
@@ -81,7 +81,7 @@ def test_oracle_orders_one_lead_time_ahead() -> None:
 
 
 def test_hpa_waits_out_its_stabilization_window() -> None:
-    hpa = HpaPolicy(prefill_tokens_per_s_at_slo=1000.0, decode_tokens_per_s_at_slo=1000.0)
+    hpa = HpaStrategy(prefill_tokens_per_s_at_slo=1000.0, decode_tokens_per_s_at_slo=1000.0)
 
     def obs(prompt: float, replicas: int) -> PolicyObservation:
         return PolicyObservation(

@@ -1,4 +1,4 @@
-"""Live expert rebalancing: reads engines' routing windows, plans, decides, applies, verifies.
+"""The placement actuator: live expert rebalancing (reads engines' routing windows, plans, decides, applies, verifies).
 
 The decisions are pure (``controller.rebalance``: ``plan_rebalance``,
 ``decide_rebalance``, ``verify_rebalance``); this module does the I/O around

@@ -1,4 +1,4 @@
-"""The scaling policies a replay compares, each turning an observation into a replica count.
+"""The scaling strategies a replay compares (the baselines and ours), each turning an observation into a replica count.
 
 - ``static``: sized once for the trace's peak (what many deployments do).
 - ``hpa``: the Kubernetes HorizontalPodAutoscaler algorithm with the mission's recommended
@@ -32,17 +32,17 @@ from controller.policy import LocalTarget, Policy, Scaling
 from controller.predictive import PredictiveAdvisor, PredictiveConfig
 from controller.types import PolicyObservation
 
-POLICY_NAMES = ("static", "hpa", "dynamo", "moeslo", "oracle")
+STRATEGY_NAMES = ("static", "hpa", "dynamo", "moeslo", "oracle")
 
 
-class ReplayPolicy(Protocol):
+class ReplayStrategy(Protocol):
     @property
     def name(self) -> str: ...
 
     def desired(self, observation: PolicyObservation, now_s: float, tick: int) -> int: ...
 
 
-class StaticPolicy:
+class StaticStrategy:
     name = "static"
 
     def __init__(self, replicas: int) -> None:
@@ -52,7 +52,7 @@ class StaticPolicy:
         return self.replicas
 
 
-class OraclePolicy:
+class OracleStrategy:
     """Replicas for the real load of every tick, ordered one start-up time ahead."""
 
     name = "oracle"
@@ -68,7 +68,7 @@ class OraclePolicy:
         return int(self.plan[min(tick + 1, len(self.plan) - 1)])
 
 
-class HpaPolicy:
+class HpaStrategy:
     """The HPA's replica calculation with stabilization windows."""
 
     name = "hpa"
@@ -110,7 +110,7 @@ class HpaPolicy:
         return max(r for _, r in self._recommendations)
 
 
-class DynamoStylePolicy:
+class DynamoStyleStrategy:
     """ARIMA point forecast of the next interval's load, replicas by throughput interpolation."""
 
     name = "dynamo"
@@ -186,7 +186,7 @@ class DynamoStylePolicy:
         return self._replicas
 
 
-class CorePolicy:
+class CoreStrategy:
     """The production decision core with the predictive advisor, driven tick by tick."""
 
     name = "moeslo"

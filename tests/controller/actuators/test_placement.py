@@ -10,9 +10,9 @@ import numpy as np
 from contracts.errors import UnavailableError
 from contracts.imbalance import imbalance_cv, rank_load
 from contracts.placement import Placement
+from controller.actuators.placement import ExpertLoadSnapshot, Rebalancer
 from controller.policy import ImbalanceObjective, LocalTarget, Mode, Objectives, Policy
 from controller.rebalance import TriggerSettings
-from controller.rebalancing import ExpertLoadSnapshot, Rebalancer
 
 # Two hot experts (0 and 1) that the contiguous placement puts on the same rank.
 LOAD = np.array([[400, 300, 10, 10, 10, 10, 10, 10]], dtype=np.int64)

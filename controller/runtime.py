@@ -1,0 +1,23 @@
+"""What the tick loop keeps in memory about each policy between ticks (the read API shows it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass
+class PolicyRuntime:
+    """What the tick loop last learnt about one policy (kept in memory, rebuilt on restart)."""
+
+    current_replicas: int | None = None
+    desired_replicas: int | None = None
+    stale: bool = True
+    observed_at: datetime | None = None
+    sli: dict[str, float | None] = field(default_factory=dict)
+    error_budget_remaining: dict[str, float | None] = field(default_factory=dict)
+    burn_rates: dict[str, dict[str, float]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+__all__ = ["PolicyRuntime"]
