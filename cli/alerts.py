@@ -38,9 +38,9 @@ def generate(
 ) -> None:
     """Write moeslo-rules.yaml and alertmanager.yaml for the given policies."""
     from contracts.errors import ValidationError
-    from controller.alerting import AlertOptions, ReceiverOptions, render_alert_files
-    from controller.manifests.files import write_text_files
     from controller.policy_files import DEFAULT_POLICIES, load_policies
+    from generators.alerts import AlertOptions, ReceiverOptions, render_alert_files
+    from generators.manifests.files import write_text_files
 
     with cli_errors():
         if engine not in ("moeslo", "vllm"):

@@ -11,7 +11,7 @@ import typer
 from cli.common import cli_errors, console, print_json
 from cli.main import app
 from contracts.errors import DataError
-from controller.manifests.files import write_text_files
+from generators.manifests.files import write_text_files
 
 dashboards_app = typer.Typer(help="Grafana dashboards generated with grafana-foundation-sdk (Grafana 10.1).",
                              no_args_is_help=True)
@@ -31,8 +31,8 @@ def generate(
     json_output: JsonOption = False,
 ) -> None:
     """Write the SLO overview, engine, experts and controller dashboards as JSON."""
-    from controller.dashboards import render_dashboard_files
     from controller.policy_files import DEFAULT_POLICIES, load_policies
+    from generators.dashboards import render_dashboard_files
 
     with cli_errors():
         chosen = DEFAULT_POLICIES if policies is None else load_policies(policies)
@@ -55,7 +55,7 @@ def push(
     json_output: JsonOption = False,
 ) -> None:
     """Upload every dashboard JSON in --dir to Grafana (overwriting by uid)."""
-    from controller.dashboards.push import push_dashboards
+    from generators.dashboards.push import push_dashboards
 
     with cli_errors():
         documents = read_dashboards(source)

@@ -9,7 +9,7 @@ import typer
 
 from cli.common import cli_errors, console, print_json
 from cli.main import app
-from controller.manifests.files import write_text_files
+from generators.manifests.files import write_text_files
 
 deploy_app = typer.Typer(help="Kubernetes manifests (kustomize): regenerate the generated parts, render overlays.",
                          no_args_is_help=True)
@@ -22,8 +22,8 @@ DirOption = Annotated[Path, typer.Option("--dir", help="The deploy/ directory.")
 def render(deploy_dir: DirOption = Path("deploy"),
            json_output: Annotated[bool, typer.Option("--json", help="Print what was written.")] = False) -> None:
     """Regenerate deploy/*/generated/ from the default policies and each overlay's policies.yaml."""
-    from controller.manifests import deploy_files
     from controller.policy_files import DEFAULT_POLICIES, load_policies
+    from generators.manifests import deploy_files
 
     with cli_errors():
         overlays = {
@@ -42,8 +42,8 @@ def render(deploy_dir: DirOption = Path("deploy"),
 def build(overlay: Annotated[str, typer.Argument(help="Overlay name (vllm-gpu, embedded-cpu) or 'base'.")],
           deploy_dir: DirOption = Path("deploy")) -> None:
     """Print the manifests of an overlay as kustomize would (without the kustomize binary)."""
-    from controller.alerting import dump_yaml_documents
-    from controller.manifests import build as kustomize_build
+    from generators.alerts import dump_yaml_documents
+    from generators.manifests import build as kustomize_build
 
     with cli_errors():
         directory = deploy_dir / "base" if overlay == "base" else deploy_dir / "overlays" / overlay

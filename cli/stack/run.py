@@ -190,7 +190,7 @@ class LocalStack:
         state.event(f"engine replica ready at {state.engines[0]}")
 
     def _start_monitoring(self, controller_port: int, progress: Callable[[str], None]) -> None:
-        from controller.alerting.alertmanager import ReceiverOptions, build_alertmanager_config
+        from generators.alerts.alertmanager import ReceiverOptions, build_alertmanager_config
 
         opts, state = self.options, self.state
         am_port, prom_port = free_port(), free_port()

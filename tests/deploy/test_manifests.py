@@ -17,11 +17,11 @@ import yaml
 
 from contracts.errors import ValidationError
 from controller.config import load_settings
-from controller.dashboards import render_dashboard_files
-from controller.manifests import build, deploy_files
-from controller.manifests.generated import overlay_files
 from controller.policy import KubernetesTarget, LatencyObjective, Objectives, Policy
 from controller.policy_files import DEFAULT_POLICIES, load_policies
+from generators.dashboards import render_dashboard_files
+from generators.manifests import build, deploy_files
+from generators.manifests.generated import overlay_files
 from tests.deploy.crd_schemas import SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,7 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from controller.alerting import (
+from controller.policy import LocalTarget, Policy
+from generators.alerts import (
     AlertOptions,
     ReceiverOptions,
     build_alertmanager_config,
@@ -34,8 +35,7 @@ from controller.alerting import (
     dump_yaml,
     rules_document,
 )
-from controller.dashboards import build_dashboards, expressions
-from controller.policy import LocalTarget, Policy
+from generators.dashboards import build_dashboards, expressions
 from harness.processes import free_port, stop_process, wait_healthy
 from tests.e2e.servers import WebhookReceiver, alertmanager, binary, prometheus, webhook_receiver
 
@@ -216,4 +216,4 @@ def test_ttft_over_the_slo_pages_through_alertmanager(stack: Stack) -> None:
     assert _wait(tickets_inhibited, 60), httpx.get(f"{stack.alertmanager_url}/api/v2/alerts", timeout=5).text
     # (A ticket may still reach /ticket before the page while the slow requests trickle in: the
     # ticket's 1x-3x thresholds are crossed first, and these test rules have no `for:`.  That no
-    # inhibited ticket is delivered is checked in tests/controller/alerting/test_alertmanager_live.py.)
+    # inhibited ticket is delivered is checked in tests/generators/alerts/test_alertmanager_live.py.)

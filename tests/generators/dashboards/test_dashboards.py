@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from contracts.errors import ValidationError
-from controller.dashboards import build_dashboards, expressions, render_dashboard_files
 from controller.policy import LatencyObjective, LocalTarget, Objectives, Policy
 from controller.policy_files import DEFAULT_POLICIES
+from generators.dashboards import build_dashboards, expressions, render_dashboard_files
 from tests.e2e.servers import prometheus
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -17,7 +17,7 @@ from contracts.catalogue import (
     bucket,
     total,
 )
-from controller.dashboards.panels import MODEL, RATE, query, timeseries, variables
+from generators.dashboards.panels import MODEL, RATE, query, timeseries, variables
 
 
 def build() -> Dashboard:

@@ -17,7 +17,8 @@ from contracts.catalogue import (
     bucket,
     total,
 )
-from controller.dashboards.panels import (
+from controller.policy import Policy
+from generators.dashboards.panels import (
     MODEL,
     POLICY,
     RATE,
@@ -27,7 +28,6 @@ from controller.dashboards.panels import (
     timeseries,
     variables,
 )
-from controller.policy import Policy
 
 
 def build(policy: Policy) -> Dashboard:

@@ -10,11 +10,11 @@ from typer.testing import CliRunner
 
 from cli.dashboards import dashboards_app
 from contracts.errors import UnavailableError, ValidationError
-from controller.dashboards import build_dashboards
-from controller.dashboards.push import push_dashboards
 from controller.policy_files import DEFAULT_POLICIES
+from generators.dashboards import build_dashboards
+from generators.dashboards.push import push_dashboards
 from harness.processes import free_port
-from tests.controller.dashboards.grafana_standin import grafana_standin
+from tests.generators.dashboards.grafana_standin import grafana_standin
 
 pytest.importorskip("grafana_client", reason="the optional grafana extra is not installed")
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import yaml
 
-from controller.alerting.alertmanager import ReceiverOptions, build_alertmanager_config
-from controller.alerting.model import RuleGroup
-from controller.alerting.rules import AlertOptions, build_rule_groups, dropped_windows_note
 from controller.policy import Policy
+from generators.alerts.alertmanager import ReceiverOptions, build_alertmanager_config
+from generators.alerts.model import RuleGroup
+from generators.alerts.rules import AlertOptions, build_rule_groups, dropped_windows_note
 
 RULES_FILE = "moeslo-rules.yaml"
 ALERTMANAGER_FILE = "alertmanager.yaml"

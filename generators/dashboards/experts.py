@@ -16,8 +16,8 @@ from contracts.catalogue import (
     bucket,
     total,
 )
-from controller.dashboards.panels import MODEL, POLICY, RATE, heatmap, matrix_table, query, timeseries, variables
 from controller.policy import Policy
+from generators.dashboards.panels import MODEL, POLICY, RATE, heatmap, matrix_table, query, timeseries, variables
 
 
 def build(policy: Policy) -> Dashboard:

@@ -33,7 +33,6 @@ from contracts.catalogue import (
     le_matcher,
 )
 from contracts.errors import ValidationError
-from controller.alerting.model import AlertingRule, RecordingRule, Rule, RuleGroup
 from controller.policy import LatencyObjective, Policy, parse_duration_s
 from controller.slo import (
     MIN_ALERT_BURN_RATE,
@@ -43,6 +42,7 @@ from controller.slo import (
     format_duration,
     standard_burn_rate_windows,
 )
+from generators.alerts.model import AlertingRule, RecordingRule, Rule, RuleGroup
 
 GOOD_RECORD = "moeslo:slo_good_events:rate{window}"
 TOTAL_RECORD = "moeslo:slo_total_events:rate{window}"

@@ -7,9 +7,9 @@ come from :mod:`controller.policy_files`.
 
 from __future__ import annotations
 
-from controller.alerting.alertmanager import ReceiverOptions, build_alertmanager_config
-from controller.alerting.model import AlertingRule, RecordingRule, RuleGroup
-from controller.alerting.render import (
+from generators.alerts.alertmanager import ReceiverOptions, build_alertmanager_config
+from generators.alerts.model import AlertingRule, RecordingRule, RuleGroup
+from generators.alerts.render import (
     ALERTMANAGER_FILE,
     RULES_FILE,
     dump_yaml,
@@ -18,7 +18,7 @@ from controller.alerting.render import (
     render_alert_files,
     rules_document,
 )
-from controller.alerting.rules import AlertOptions, build_rule_groups, check_thresholds
+from generators.alerts.rules import AlertOptions, build_rule_groups, check_thresholds
 
 __all__ = [
     "ALERTMANAGER_FILE",

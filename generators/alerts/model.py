@@ -1,6 +1,6 @@
 """Prometheus rules and Alertmanager routes as plain data.
 
-The generator builds these immutable values; :mod:`controller.alerting.render`
+The generator builds these immutable values; :mod:`generators.alerts.render`
 only formats them.  Field names follow the Prometheus rule-file format, so
 ``to_dict`` is a straight mapping.
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.manifests.generated import OVERLAY_ENGINES, deploy_files
-from controller.manifests.kustomize import build, strategic_merge
+from generators.manifests.generated import OVERLAY_ENGINES, deploy_files
+from generators.manifests.kustomize import build, strategic_merge
 
 __all__ = ["OVERLAY_ENGINES", "build", "deploy_files", "strategic_merge"]

@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from contracts.errors import DataError, ValidationError
-from controller.alerting import AlertOptions, build_rule_groups, render_alert_files
-from controller.alerting.model import AlertingRule, RecordingRule
 from controller.policy import LatencyObjective, LocalTarget, Objectives, Policy
 from controller.policy_files import DEFAULT_POLICIES, load_policies, parse_policies
+from generators.alerts import AlertOptions, build_rule_groups, render_alert_files
+from generators.alerts.model import AlertingRule, RecordingRule
 
 ROOT = Path(__file__).resolve().parents[3]
 

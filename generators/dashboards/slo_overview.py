@@ -6,9 +6,9 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 
 from contracts.catalogue import BURN_RATE, ERROR_BUDGET_REMAINING, ITL_HISTOGRAM, TTFT_HISTOGRAM, le_matcher
-from controller.dashboards.panels import MODEL, POLICY, RATE, query, stat, target_line, timeseries, variables
 from controller.policy import Policy
 from controller.slo import error_budget, standard_burn_rate_windows
+from generators.dashboards.panels import MODEL, POLICY, RATE, query, stat, target_line, timeseries, variables
 
 QUANTILES = (0.5, 0.9, 0.99)
 

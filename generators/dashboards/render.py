@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from contracts.errors import ValidationError
-from controller.dashboards import controller_view, engine, experts, slo_overview
-from controller.dashboards.panels import GRAFANA_VERSION, to_json_dict
 from controller.policy import Policy
+from generators.dashboards import controller_view, engine, experts, slo_overview
+from generators.dashboards.panels import GRAFANA_VERSION, to_json_dict
 
 
 def build_dashboards(policies: Sequence[Policy]) -> dict[str, dict[str, Any]]:

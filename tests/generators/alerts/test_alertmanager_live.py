@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controller.alerting import ReceiverOptions, build_alertmanager_config, dump_yaml
+from generators.alerts import ReceiverOptions, build_alertmanager_config, dump_yaml
 from tests.e2e.servers import alertmanager, webhook_receiver
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ dashboard; ``render`` turns them into the JSON files under ``dashboards/``;
 
 from __future__ import annotations
 
-from controller.dashboards.panels import GRAFANA_VERSION, expressions
-from controller.dashboards.render import build_dashboards, render_dashboard_files
+from generators.dashboards.panels import GRAFANA_VERSION, expressions
+from generators.dashboards.render import build_dashboards, render_dashboard_files
 
 __all__ = ["GRAFANA_VERSION", "build_dashboards", "expressions", "render_dashboard_files"]
