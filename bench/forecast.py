@@ -7,10 +7,12 @@ at a 120 s horizon, and at a 10-minute horizon on the week-long Azure 2024 conve
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from contracts.datadir import default_data_dir
+from controller.forecast.trace_backtest import backtest_trace
 
 GOAL_RATIO = 0.9
 
@@ -21,10 +23,10 @@ CASES = (
 )
 
 
-def run(*, data_dir: Path | None = None, bin_s: float = 30.0, on_case: Any = None) -> dict[str, Any]:
+def run(
+    *, data_dir: Path | None = None, bin_s: float = 30.0, progress: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
     """Backtest every case found under ``data_dir``; cases whose file is absent are listed as skipped."""
-    from cli.forecast import backtest_trace
-
     root = data_dir or default_data_dir()
     results: dict[str, Any] = {}
     skipped = []
@@ -46,8 +48,7 @@ def run(*, data_dir: Path | None = None, bin_s: float = 30.0, on_case: Any = Non
             ratio = entry.get("best_model_vs_best_baseline")
             entry["goal_met"] = ratio is not None and ratio <= GOAL_RATIO
         results[name] = report
-        if on_case is not None:
-            on_case(name)
+        progress(f"done: {name}")
     return {
         "baseline": "best of last_value / moving_average / seasonal_naive (same origins)",
         "goal_ratio": GOAL_RATIO,

@@ -243,7 +243,7 @@ def _renumber_ranks(previous: IntArray, new: IntArray, config: BenchConfig) -> I
 
 def load_files(folder: Path, max_files: int = 0) -> dict[str, FloatArray]:
     """MoE layers (rows with load) of each JSON file in ``folder``, by file stem."""
-    from cli.rebalance import read_expert_load
+    from controller.rebalance.load_files import read_expert_load
 
     files = sorted(folder.glob("*.json"))
     if max_files > 0:
@@ -255,25 +255,22 @@ def load_files(folder: Path, max_files: int = 0) -> dict[str, FloatArray]:
     return out
 
 
-def run_benchmark(folder: Path, *, max_files: int = 0, repeat: int = 3) -> dict[str, Any]:
+def run_benchmark(
+    folder: Path, *, max_files: int = 0, repeat: int = 3, progress: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
     """Every configuration on every file, then the re-plan pairs; JSON-ready figures."""
-    from rich.progress import Progress
-
-    from cli.common import console
-
     if not folder.is_dir() or not any(folder.glob("*.json")):
         return {"skipped": f"no expert-load files in {folder}"}
     loads = load_files(folder, max_files)
     per_config: dict[str, dict[str, dict[str, Any]]] = {c.name: {} for c in CONFIGS}
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("files x configurations (EPLB is the slow part)", total=len(loads) * len(CONFIGS))
-        for name, load in loads.items():
-            for config in CONFIGS:
-                progress.update(task, description=f"{name} {config.name}")
-                per_config[config.name][name] = _bench_file(load, config, repeat)
-                progress.advance(task)
-        progress.update(task, description="re-plan prefill -> decode")
-        replan = {config.name: _bench_replan(loads, repeat, config) for config in REPLAN_CONFIGS}
+    total, done = len(loads) * len(CONFIGS), 0
+    for name, load in loads.items():
+        for config in CONFIGS:
+            progress(f"{done + 1}/{total} {name} {config.name} (EPLB is the slow part)")
+            per_config[config.name][name] = _bench_file(load, config, repeat)
+            done += 1
+    progress("re-plan prefill -> decode")
+    replan = {config.name: _bench_replan(loads, repeat, config) for config in REPLAN_CONFIGS}
     shape = next(iter(loads.values())).shape
     return {
         "baseline": "DeepSeek EPLB rebalance_experts (bench/eplb_reference.py, torch CPU)",

@@ -9,6 +9,7 @@ week at its own rate in <= 5 min; a fluid day at ~16 M tokens/s in <= 10 min.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,9 @@ SEED_TOKENS_PER_S = 16.2e6
 
 
 def _case(name: str, path: Path, wall_goal_s: float, **workload: Any) -> dict[str, Any]:
-    from cli.replay import prepare_workload
     from controller.capacity import DEFAULT_PROFILE
-    from controller.replay.harness import ReplayConfig, run_replay, summarise
+    from controller.replay.runner import ReplayConfig, run_replay, summarise
+    from controller.replay.workload import prepare_workload
 
     began = time.perf_counter()
     began_cpu = time.process_time()
@@ -53,7 +54,10 @@ def _case(name: str, path: Path, wall_goal_s: float, **workload: Any) -> dict[st
     return summary
 
 
-def run(*, data_dir: Path | None = None, cases: tuple[str, ...] = ("conv10x", "week", "fluid_day")) -> dict[str, Any]:
+def run(
+    *, data_dir: Path | None = None, cases: tuple[str, ...] = ("conv10x", "week", "fluid_day"),
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
     root = data_dir or default_data_dir()
     conv = root / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
     week = root / "azure-llm-2024" / "invocations_ten_second_Conversation.csv"
@@ -102,6 +106,7 @@ def run(*, data_dir: Path | None = None, cases: tuple[str, ...] = ("conv10x", "w
         if not path.exists():
             skipped.append(name)
             continue
+        progress(f"replaying {name} through every strategy")
         results[name] = _case(name, path, goal, **workload)
     return {
         "baseline": "hpa and dynamo-style in the same run; oracle as the replica-hours floor",

@@ -1,1 +1,1 @@
-"""The ``moeslo`` command line (typer + rich)."""
+"""The ``moeslo`` command line: a leaf; each command parses, calls a package and prints (see ``cli.main``)."""

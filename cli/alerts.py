@@ -8,12 +8,9 @@ from typing import Annotated
 import typer
 
 from cli.common import cli_errors, console, print_json
-from cli.main import app
 
 alerts_app = typer.Typer(help="Prometheus alert rules and Alertmanager routing generated from SLO policies.",
                          no_args_is_help=True)
-app.add_typer(alerts_app, name="alerts")
-
 
 
 @alerts_app.callback()

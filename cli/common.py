@@ -1,4 +1,4 @@
-"""Shared pieces of the command line: the bench sub-app, JSON output, error exit."""
+"""Shared pieces of the command line: the console, JSON output, the error exit."""
 
 from __future__ import annotations
 
@@ -16,11 +16,6 @@ from contracts.errors import MoesloError
 console = Console(stderr=True)
 """Human-readable progress and messages go to stderr, so stdout stays parseable."""
 
-bench_app = typer.Typer(
-    help="Benchmarks: JSON figures as ratios against a named baseline measured in the same run.",
-    no_args_is_help=True,
-)
-
 
 def print_json(payload: Any) -> None:
     """Write one JSON document to stdout."""
@@ -33,6 +28,11 @@ def _jsonable(value: Any) -> Any:
     if tolist is not None:
         return tolist()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dim(text: str) -> None:
+    """A progress line on the console (the benchmarks' and the stack's progress callback)."""
+    console.print(f"[dim]{text}[/]")
 
 
 @contextmanager

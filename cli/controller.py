@@ -7,14 +7,11 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import bench_app, cli_errors, console, print_json
-from cli.main import app
-from contracts.errors import ConflictError, DataError, MoesloError, NotFoundError, UnavailableError, ValidationError
+from cli.common import cli_errors, console, print_json
+from contracts.errors import DataError
 
 controller_app = typer.Typer(help="The SLO controller service (REST API + tick loop).", no_args_is_help=True)
 policy_app = typer.Typer(help="SLO policies on a running controller (over its REST API).", no_args_is_help=True)
-app.add_typer(controller_app, name="controller")
-app.add_typer(policy_app, name="policy")
 
 DEFAULT_URL = "http://127.0.0.1:8090"
 UrlOption = Annotated[
@@ -74,50 +71,6 @@ def serve(
             store.close()
 
 
-def _request(method: str, url: str, token: str | None, **kwargs: Any) -> Any:
-    """One API call; problem documents become moeslo errors with the server's message."""
-    import httpx
-
-    headers = dict(kwargs.pop("headers", {}))
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    try:
-        response = httpx.request(method, url, headers=headers, timeout=30.0, **kwargs)
-    except httpx.HTTPError as exc:
-        raise UnavailableError(f"controller at {url}: {exc}") from exc
-    if response.status_code >= 400:
-        try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
-            detail = response.text
-        status = response.status_code
-        error: type[MoesloError] = MoesloError
-        if status == 404:
-            raise NotFoundError("resource", url.rsplit("/", 1)[-1])
-        if status in (409, 412):
-            error = ConflictError
-        elif status in (400, 422):
-            error = ValidationError
-        elif status >= 500:
-            error = UnavailableError
-        raise error(f"HTTP {status}: {detail}")
-    return response
-
-
-def _documents(path: Path) -> list[Any]:
-    import yaml
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DataError(f"cannot read: {exc.strerror}", path=str(path)) from exc
-    try:
-        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise DataError(f"invalid YAML: {exc}", path=str(path), line=None if mark is None else mark.line + 1) from exc
-
-
 @policy_app.command("apply")
 def apply(
     file: Annotated[Path, typer.Option("-f", "--file", help="YAML/JSON: policies, or OpenSLO v1 SLO documents.")],
@@ -126,13 +79,16 @@ def apply(
     json_out: JsonOption = False,
 ) -> None:
     """Create or replace the policies in FILE (OpenSLO documents update the SLO part)."""
+    from controller.api_client import request
+    from controller.policy_files import read_documents
+
     with cli_errors():
-        docs = _documents(file)
+        docs = read_documents(file)
         if not docs:
             raise DataError("no documents", path=str(file))
         results: list[Any] = []
         if all(isinstance(d, dict) and str(d.get("apiVersion", "")).startswith("openslo/") for d in docs):
-            response = _request(
+            response = request(
                 "POST",
                 f"{url}/v1/openslo",
                 token,
@@ -144,7 +100,7 @@ def apply(
             for doc in docs:
                 if not isinstance(doc, dict) or "name" not in doc:
                     raise DataError("every policy document needs a name", path=str(file))
-                results.append(_request("PUT", f"{url}/v1/policies/{doc['name']}", token, json=doc).json())
+                results.append(request("PUT", f"{url}/v1/policies/{doc['name']}", token, json=doc).json())
         if json_out:
             print_json(results)
         else:
@@ -160,11 +116,13 @@ def get(
     json_out: JsonOption = False,
 ) -> None:
     """Show one policy."""
+    from controller.api_client import request
+
     with cli_errors():
         if openslo:
-            typer.echo(_request("GET", f"{url}/v1/policies/{name}/openslo", None).text, nl=False)
+            typer.echo(request("GET", f"{url}/v1/policies/{name}/openslo", None).text, nl=False)
             return
-        body = _request("GET", f"{url}/v1/policies/{name}", None).json()
+        body = request("GET", f"{url}/v1/policies/{name}", None).json()
         if json_out:
             print_json(body)
         else:
@@ -177,8 +135,10 @@ def get(
 @policy_app.command("list")
 def list_(url: UrlOption = DEFAULT_URL, json_out: JsonOption = False) -> None:
     """List policies with their mode and replica bounds."""
+    from controller.api_client import request
+
     with cli_errors():
-        items = _request("GET", f"{url}/v1/policies", None).json()["items"]
+        items = request("GET", f"{url}/v1/policies", None).json()["items"]
         if json_out:
             print_json(items)
             return
@@ -206,47 +166,11 @@ def delete(
     json_out: JsonOption = False,
 ) -> None:
     """Delete a policy (its history and decisions stay)."""
+    from controller.api_client import request
+
     with cli_errors():
-        _request("DELETE", f"{url}/v1/policies/{name}", token)
+        request("DELETE", f"{url}/v1/policies/{name}", token)
         if json_out:
             print_json({"deleted": name})
         else:
             console.print(f"policy {name} deleted")
-
-
-
-@bench_app.command("controller-service")
-def bench_controller_service(
-    policies: Annotated[int, typer.Option(min=1, help="SLO policies.")] = 100,
-    replicas: Annotated[int, typer.Option(min=1, help="Replicas over all policies.")] = 1000,
-    ticks: Annotated[int, typer.Option(min=1, help="Timed ticks (after the warm-up).")] = 100,
-    warmup_ticks: Annotated[int, typer.Option(min=0, help="Untimed ticks first.")] = 10,
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic fleet.")] = 0,
-    goal_ms: Annotated[float, typer.Option(min=0.0, help="Goal for the p99 of one service tick.")] = 100.0,
-    json_out: JsonOption = False,
-) -> None:
-    """One service tick (store, source, actuator, core, decision log, metrics) against the core alone."""
-    from rich.progress import Progress
-
-    from bench.controller_service import ServiceBenchConfig, run_service_bench
-
-    try:
-        cfg = ServiceBenchConfig(
-            policies=policies, replicas=replicas, ticks=ticks, warmup_ticks=warmup_ticks, seed=seed, goal_ms=goal_ms
-        )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("service ticks", total=cfg.warmup_ticks + cfg.ticks)
-        figures = run_service_bench(cfg, progress=lambda done, _total: bar.update(task, completed=done))
-    if json_out:
-        print_json(figures)
-        return
-    results = figures["results"]
-    assert isinstance(results, list)
-    for entry in [figures["baseline"], *results]:
-        assert isinstance(entry, dict)
-        console.print(
-            f"{entry['name']}: median {entry['median_ms']:.2f} ms, p99 {entry['p99_ms']:.2f} ms "
-            f"(cpu median {entry['cpu_median_ms']:.2f} ms)"
-        )

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from cli.common import cli_errors, console, print_json
-from cli.main import app
-from contracts.errors import DataError
-from generators.manifests.files import write_text_files
 
 dashboards_app = typer.Typer(help="Grafana dashboards generated with grafana-foundation-sdk (Grafana 10.1).",
                              no_args_is_help=True)
-app.add_typer(dashboards_app, name="dashboards")
 
 PoliciesOption = Annotated[
     Path | None,
@@ -33,6 +28,7 @@ def generate(
     """Write the SLO overview, engine, experts and controller dashboards as JSON."""
     from controller.policy_files import DEFAULT_POLICIES, load_policies
     from generators.dashboards import render_dashboard_files
+    from generators.manifests.files import write_text_files
 
     with cli_errors():
         chosen = DEFAULT_POLICIES if policies is None else load_policies(policies)
@@ -55,7 +51,7 @@ def push(
     json_output: JsonOption = False,
 ) -> None:
     """Upload every dashboard JSON in --dir to Grafana (overwriting by uid)."""
-    from generators.dashboards.push import push_dashboards
+    from generators.dashboards.push import push_dashboards, read_dashboards
 
     with cli_errors():
         documents = read_dashboards(source)
@@ -66,20 +62,3 @@ def push(
     else:
         for result in results:
             console.print(f"{result.status} {result.uid} v{result.version} {result.url}")
-
-
-def read_dashboards(source: Path) -> dict[str, dict[str, Any]]:
-    """File name -> dashboard JSON for every ``*.json`` in ``source``."""
-    paths = sorted(source.glob("*.json"))
-    if not paths:
-        raise DataError("no dashboard JSON files found", path=str(source))
-    documents: dict[str, dict[str, Any]] = {}
-    for path in paths:
-        try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"invalid JSON: {exc.msg}", path=str(path), line=exc.lineno) from exc
-        if not isinstance(document, dict) or "uid" not in document:
-            raise DataError("not a Grafana dashboard (no uid)", path=str(path))
-        documents[path.name] = document
-    return documents

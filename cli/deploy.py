@@ -8,12 +8,9 @@ from typing import Annotated
 import typer
 
 from cli.common import cli_errors, console, print_json
-from cli.main import app
-from generators.manifests.files import write_text_files
 
 deploy_app = typer.Typer(help="Kubernetes manifests (kustomize): regenerate the generated parts, render overlays.",
                          no_args_is_help=True)
-app.add_typer(deploy_app, name="deploy")
 
 DirOption = Annotated[Path, typer.Option("--dir", help="The deploy/ directory.")]
 
@@ -24,6 +21,7 @@ def render(deploy_dir: DirOption = Path("deploy"),
     """Regenerate deploy/*/generated/ from the default policies and each overlay's policies.yaml."""
     from controller.policy_files import DEFAULT_POLICIES, load_policies
     from generators.manifests import deploy_files
+    from generators.manifests.files import write_text_files
 
     with cli_errors():
         overlays = {

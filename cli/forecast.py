@@ -3,85 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from cli.common import bench_app, cli_errors, console, print_json
-from cli.main import app
+from cli.common import cli_errors, console, print_json
 
 forecast_app = typer.Typer(help="Forecasting of request rates.", no_args_is_help=True)
-app.add_typer(forecast_app, name="forecast")
-
-DAY_S = 86_400.0
-
-
-def backtest_trace(
-    trace_path: Path,
-    *,
-    bin_s: float,
-    horizons_s: list[float],
-    refit_every_s: float,
-    models: list[str],
-    test_fraction: float | None = None,
-    on_model_done: Any = None,
-) -> dict[str, Any]:
-    """Backtest ``models`` on the request counts of a trace; the test part is the last whole days
-    (two of them when the series has four or more) or the last ``test_fraction``."""
-    import numpy as np
-
-    from contracts.traces import load_trace
-    from controller.forecast import BASELINES, compare_models
-    from controller.replay.series import request_counts
-
-    trace = load_trace(trace_path)
-    series = request_counts(trace, bin_s)
-    span_s = len(series) * bin_s
-    steps = sorted({max(1, round(h / bin_s)) for h in horizons_s})
-    day_bins = round(DAY_S / bin_s)
-    if test_fraction is None and span_s >= 4 * DAY_S:
-        start = len(series) - 2 * day_bins
-        split = "last 2 days"
-    else:
-        fraction = test_fraction if test_fraction is not None else 0.5
-        start = int(len(series) * (1 - fraction))
-        split = f"last {fraction:.0%}"
-    period = day_bins if start >= 2 * day_bins else None
-    results = compare_models(
-        series,
-        models,
-        period=period,
-        horizons=steps,
-        start=start,
-        refit_every=max(1, round(refit_every_s / bin_s)),
-        history_bins=len(series) if period is not None else 720,
-        on_model_done=on_model_done,
-    )
-    by_horizon: dict[str, Any] = {}
-    for h in steps:
-        scores = {r.name: round(r.wape_by_horizon[h], 5) for r in results}
-        baselines = {r.name: r.wape_by_horizon[h] for r in results if r.kind in BASELINES}
-        models_only = {r.name: r.wape_by_horizon[h] for r in results if r.kind not in BASELINES}
-        best_baseline = min(baselines, key=lambda k: baselines[k]) if baselines else None
-        best_model = min(models_only, key=lambda k: models_only[k]) if models_only else None
-        entry: dict[str, Any] = {"horizon_s": h * bin_s, "wape": scores}
-        if best_baseline is not None and best_model is not None:
-            entry["best_baseline"] = best_baseline
-            entry["best_model"] = best_model
-            entry["best_model_vs_best_baseline"] = round(models_only[best_model] / baselines[best_baseline], 4)
-        by_horizon[f"{h * bin_s:g}s"] = entry
-    return {
-        "trace": str(trace_path),
-        "bin_s": bin_s,
-        "bins": len(series),
-        "mean_per_bin": round(float(np.mean(series)), 3),
-        "test": split,
-        "origins": len(results[0].origins) if results else 0,
-        "seasonal_period_bins": period,
-        "refit_every_bins": max(1, round(refit_every_s / bin_s)),
-        "fit_seconds": {r.name: round(r.fit_seconds, 2) for r in results},
-        "horizons": by_horizon,
-    }
 
 
 @forecast_app.command("backtest")
@@ -103,6 +31,8 @@ def backtest(
     """WAPE per model and horizon, baselines (last value, moving average, seasonal naive) included."""
     with cli_errors():
         from rich.progress import Progress
+
+        from controller.forecast.trace_backtest import backtest_trace
 
         kinds = [m.strip() for m in models.split(",") if m.strip()]
         with Progress(console=console, transient=True) as progress:
@@ -127,26 +57,4 @@ def backtest(
                 console.print(
                     f"  best model / best baseline: {entry['best_model_vs_best_baseline']:.3f} "
                     f"({entry['best_model']} vs {entry['best_baseline']})"
-                )
-
-
-@bench_app.command("forecast")
-def bench_forecast(
-    bin: Annotated[float, typer.Option("--bin", help="Bin width (s).")] = 30.0,
-    json_out: Annotated[bool, typer.Option("--json", help="Print JSON to stdout.")] = False,
-) -> None:
-    """WAPE of our forecasters against the best baseline on the shared traces."""
-    with cli_errors():
-        from bench.forecast import run
-
-        with console.status("backtesting forecasters on the shared traces"):
-            report = run(bin_s=bin, on_case=lambda name: console.print(f"done: {name}"))
-        if json_out:
-            print_json(report)
-            return
-        for name, case in report["cases"].items():
-            for horizon, entry in case["horizons"].items():
-                console.print(
-                    f"{name} {horizon}: best model {entry.get('best_model')} / best baseline "
-                    f"{entry.get('best_baseline')} = {entry.get('best_model_vs_best_baseline')}"
                 )

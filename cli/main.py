@@ -1,14 +1,26 @@
-"""Entry point of the ``moeslo`` command.
+"""Entry point of the ``moeslo`` command: builds ``app`` from the sub-apps and commands each module exports.
 
-Each command group lives in its own module and registers itself here.  Heavy
-imports (torch, statsmodels) happen inside the commands, so ``--help`` is fast.
+Command modules never import this one, so ``python -m cli.main`` and the
+``moeslo`` entry point build the same single app.  Heavy imports (torch,
+statsmodels) happen inside the commands, so ``--help`` is fast.
 """
 
 from __future__ import annotations
 
 import typer
 
-from cli.common import bench_app
+from cli.alerts import alerts_app
+from cli.bench import bench_app
+from cli.controller import controller_app, policy_app
+from cli.dashboards import dashboards_app
+from cli.deploy import deploy_app
+from cli.forecast import forecast_app
+from cli.model import model_app
+from cli.profile import profile
+from cli.rebalance import rebalance
+from cli.replay import replay
+from cli.serve import serve
+from cli.up import up
 
 app = typer.Typer(
     name="moeslo",
@@ -17,22 +29,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(bench_app, name="bench")
-
-# Command modules register themselves on `app` / `bench_app` when imported.
-from cli import alerts as _alerts  # noqa: E402,F401
-from cli import controller as _controller  # noqa: E402,F401
-from cli import controller_bench as _controller_bench  # noqa: E402,F401
-from cli import dashboards as _dashboards  # noqa: E402,F401
-from cli import deploy as _deploy  # noqa: E402,F401
-from cli import engine_bench as _engine_bench  # noqa: E402,F401
-from cli import forecast as _forecast  # noqa: E402,F401
-from cli import model as _model  # noqa: E402,F401
-from cli import profile as _profile  # noqa: E402,F401
-from cli import rebalance as _rebalance  # noqa: E402,F401
-from cli import replay as _replay  # noqa: E402,F401
-from cli import serve as _serve  # noqa: E402,F401
-from cli import up as _up  # noqa: E402,F401
-from cli import vllm_bench as _vllm_bench  # noqa: E402,F401
+app.add_typer(alerts_app, name="alerts")
+app.add_typer(controller_app, name="controller")
+app.add_typer(policy_app, name="policy")
+app.add_typer(dashboards_app, name="dashboards")
+app.add_typer(deploy_app, name="deploy")
+app.add_typer(forecast_app, name="forecast")
+app.add_typer(model_app, name="model")
+app.command("profile")(profile)
+app.command("rebalance")(rebalance)
+app.command("replay")(replay)
+app.command("serve")(serve)
+app.command("up")(up)
 
 if __name__ == "__main__":
     app()

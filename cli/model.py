@@ -8,10 +8,8 @@ from typing import Annotated
 import typer
 
 from cli.common import cli_errors, console, print_json
-from cli.main import app
 
 model_app = typer.Typer(help="Make and inspect Qwen3-MoE checkpoints (Hugging Face format).", no_args_is_help=True)
-app.add_typer(model_app, name="model")
 
 
 @model_app.command("init")

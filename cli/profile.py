@@ -8,10 +8,8 @@ from typing import Annotated
 import typer
 
 from cli.common import cli_errors, console, print_json
-from cli.main import app
 
 
-@app.command("profile")
 def profile(
     url: Annotated[str, typer.Option(help="Base URL of the engine (ours or vLLM), e.g. http://127.0.0.1:8000.")],
     out: Annotated[Path, typer.Option(help="Where to write the profile JSON.")] = Path("profile.json"),
@@ -32,55 +30,25 @@ def profile(
 ) -> None:
     """Record TTFT and ITL against throughput at each rate and fit the per-replica profile."""
     with cli_errors():
-        import asyncio
-        import time
-
         from rich.progress import Progress
 
-        from controller.capacity import ProfilePoint
-        from controller.profiling import fit_profile, poisson_arrivals
-        from harness.loadgen import LoadRequest, run_load, summarize
+        from controller.profiling import fit_profile, profile_point
+        from harness.sweep import sweep_rates
 
         levels = [float(r) for r in rates.split(",") if r.strip()]
-        points: list[ProfilePoint] = []
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("profiling", total=len(levels))
-            for i, rate in enumerate(levels):
-                plan = [
-                    LoadRequest(arrival_s=t, prompt_tokens=prompt_tokens, max_tokens=output_tokens)
-                    for t in poisson_arrivals(rate, duration, seed + i)
-                ]
-                began = time.monotonic()
-                records = asyncio.run(run_load(url, plan, vocab_size=vocab_size, model=model, seed=seed + i))
-                stats = summarize(records, wall_s=time.monotonic() - began)
-                progress.advance(task)
-                if not stats["ok"]:
-                    console.print(f"rate {rate:g}: no request succeeded ({stats['status_counts']}); stopping")
-                    break
-                wall = stats["wall_s"]
-                points.append(
-                    ProfilePoint(
-                        request_rate_rps=stats["ok"] / wall,
-                        prompt_tokens_per_s=stats["prompt_tokens"] / wall,
-                        output_tokens_per_s=stats["output_tokens"] / wall,
-                        ttft_p99_s=stats["ttft_p99_s"] or 0.0,
-                        itl_p99_s=stats["itl_p99_s"] or 0.0,
-                        ttft_p50_s=stats["ttft_p50_s"],
-                        itl_p50_s=stats["itl_p50_s"],
-                        requests=stats["ok"],
-                    )
-                )
-                console.print(
-                    f"rate {rate:g} req/s: {stats['output_tokens_per_s']:.1f} output tok/s, "
-                    f"TTFT p99 {stats['ttft_p99_s']:.3f} s, ITL p99 {stats['itl_p99_s']:.4f} s"
-                )
-                if (stats["ttft_p99_s"] or 0.0) > ttft_limit:
-                    break
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("profiling", total=len(levels))
+
+            def progress(line: str) -> None:
+                bar.advance(task)
+                console.print(line)
+
+            summaries = sweep_rates(url, levels, duration_s=duration, prompt_tokens=prompt_tokens,
+                                    output_tokens=output_tokens, vocab_size=vocab_size, model=model, seed=seed,
+                                    ttft_limit_s=ttft_limit, progress=progress)
+        points = [profile_point(stats) for stats in summaries]
         fitted = fit_profile(
-            points,
-            prompt_tokens=prompt_tokens,
-            kv_capacity_tokens=kv_capacity_tokens,
-            max_num_seqs=max_num_seqs,
+            points, prompt_tokens=prompt_tokens, kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs,
             name=name,
             source=f"moeslo profile against {url}: {len(points)} rates, {prompt_tokens}/{output_tokens} tokens",
         )

@@ -1,68 +1,23 @@
-"""``moeslo replay``: one trace, several scaling policies, identical simulated fleets."""
+"""``moeslo replay``: one trace, several scaling strategies, identical simulated fleets."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.common import bench_app, cli_errors, console, print_json
-from cli.main import app
+from cli.common import cli_errors, console, print_json
 from contracts.slo_defaults import LEAD_TIME_S, SCALE_DOWN_COOLDOWN_S
+
+if TYPE_CHECKING:
+    from controller.capacity import ReplicaProfile
+    from controller.replay.runner import PolicyRun, ReplayConfig
+    from controller.replay.workload import Workload
 
 DEFAULT_POLICIES = "static,hpa,dynamo,moeslo,oracle"
 
 
-def prepare_workload(
-    trace_path: Path,
-    *,
-    tick_s: float,
-    mode: str,
-    lengths: str,
-    speedup: float,
-    rate_scale: float,
-    start_s: float,
-    duration_s: float | None,
-    tokens_per_s: float | None,
-    seed: int,
-) -> Any:
-    """Load, window, speed up and scale a trace into a :class:`Workload`."""
-    from contracts.traces import CountTrace, RequestTrace, load_trace
-    from controller.replay import resolve_lengths
-    from controller.replay.harness import make_workload
-
-    trace: RequestTrace | CountTrace = load_trace(trace_path)
-    length_dist = resolve_lengths(lengths) if isinstance(trace, CountTrace) else None
-    if isinstance(trace, CountTrace):
-        if start_s or duration_s is not None:
-            first = int(start_s // trace.bin_s)
-            last = len(trace.counts) if duration_s is None else first + int(duration_s // trace.bin_s)
-            trace = CountTrace(trace.source, trace.bin_s, trace.counts[first:last], trace.start_epoch_s)
-    elif start_s or duration_s is not None:
-        trace = trace.window(start_s, start_s + (duration_s if duration_s is not None else trace.duration_s))
-    if tokens_per_s is not None:
-        # Scale the rate so the mean prompt + output tokens/s match the target.
-        if isinstance(trace, CountTrace):
-            assert length_dist is not None
-            per_request = length_dist.mean_prompt_tokens + length_dist.mean_output_tokens
-            current = trace.total_requests * per_request / trace.duration_s
-        else:
-            current = float(trace.prompt_tokens.sum() + trace.output_tokens.sum()) / max(trace.duration_s, 1e-9)
-        rate_scale *= tokens_per_s / current
-    if speedup != 1.0:
-        trace = trace.speedup(speedup)
-    if rate_scale != 1.0:
-        trace = trace.rate_scale(rate_scale, seed=seed)
-    if mode == "auto":
-        mode = "fluid" if isinstance(trace, CountTrace) else "request"
-    if mode not in ("request", "fluid"):
-        raise typer.BadParameter(f"mode must be request, fluid or auto, got {mode!r}")
-    return make_workload(trace, tick_s=tick_s, mode=mode, lengths=length_dist, seed=seed)  # type: ignore[arg-type]
-
-
-@app.command("replay")
 def replay(
     trace: Annotated[Path, typer.Option(help="Trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV, counts CSV).")],
     policies: Annotated[str, typer.Option(help="Comma-separated policies to compare.")] = DEFAULT_POLICIES,
@@ -91,84 +46,51 @@ def replay(
     with cli_errors():
         import time
 
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
         from controller.capacity import DEFAULT_PROFILE, ReplicaProfile
-        from controller.replay.harness import ReplayConfig, run_replay, summarise
-        from controller.replay.plots import plot_forecast, plot_replicas
+        from controller.replay.report import write_report
+        from controller.replay.runner import ReplayConfig
+        from controller.replay.workload import prepare_workload
 
         names = [p.strip() for p in policies.split(",") if p.strip()]
         replica = ReplicaProfile.load(profile) if profile is not None else DEFAULT_PROFILE
-        began = time.perf_counter()
-        began_cpu = time.process_time()
+        began, began_cpu = time.perf_counter(), time.process_time()
         workload = prepare_workload(
-            trace,
-            tick_s=tick,
-            mode=mode,
-            lengths=lengths,
-            speedup=speedup,
-            rate_scale=rate_scale,
-            start_s=start,
-            duration_s=duration,
-            tokens_per_s=tokens_per_s,
-            seed=seed,
+            trace, tick_s=tick, mode=mode, lengths=lengths, speedup=speedup, rate_scale=rate_scale, start_s=start,
+            duration_s=duration, tokens_per_s=tokens_per_s, seed=seed,
         )
         config = ReplayConfig(
             tick_s=tick, startup_s=startup, cooldown_s=cooldown, quantile=quantile, refit_every_ticks=refit_every
         )
-        with Progress(
-            TextColumn("{task.description:>8}"),
-            BarColumn(),
-            TextColumn("{task.percentage:>3.0f}%"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=not json_out,
-        ) as progress:
-            tasks = {name: progress.add_task(name, total=workload.ticks) for name in names}
-            step = max(1, workload.ticks // 200)
-
-            def on_tick(name: str, k: int) -> None:
-                if k % step == 0 or k == workload.ticks - 1:
-                    progress.update(tasks[name], completed=k + 1)
-
-            runs = run_replay(workload, names, replica, config, on_tick=on_tick)
-        summary = summarise(workload, runs, replica)
-        summary["wall_s"] = round(time.perf_counter() - began, 2)
-        summary["cpu_s"] = round(time.process_time() - began_cpu, 2)
-        summary["profile_source"] = replica.source
-        out.mkdir(parents=True, exist_ok=True)
-        plots = [str(plot_replicas(workload, runs, out / "replicas.png"))]
-        for run in runs:
-            drawn = plot_forecast(workload, run, startup, out / f"forecast_{run.name}.png")
-            if drawn is not None:
-                plots.append(str(drawn))
-        summary["plots"] = plots
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        runs = _run_with_progress(workload, names, replica, config, transient=not json_out)
+        timings = {"wall_s": round(time.perf_counter() - began, 2), "cpu_s": round(time.process_time() - began_cpu, 2)}
+        summary = write_report(workload, runs, replica, out, startup_s=startup, timings=timings)
         if json_out:
             print_json(summary)
             return
-        policy_entries: dict[str, Any] = summary["policies"]  # type: ignore[assignment]
-        for name, entry in policy_entries.items():
+        for name, entry in summary["policies"].items():
             console.print(
                 f"{name:>8}: {entry['attainment_both']:.4f} within both SLOs, "
                 f"{entry['replica_hours']:.2f} replica-h, {entry['scale_events']} scale events"
             )
-        console.print(f"wrote {out / 'summary.json'} and {len(plots)} plot(s)")
+        console.print(f"wrote {out / 'summary.json'} and {len(summary['plots'])} plot(s)")
 
 
-@bench_app.command("replay")
-def bench_replay(
-    cases: Annotated[str, typer.Option(help="Comma-separated: conv10x, week, fluid_day.")] = "conv10x,week,fluid_day",
-    json_out: Annotated[bool, typer.Option("--json", help="Print JSON to stdout.")] = False,
-) -> None:
-    """Attainment, replica-hours and replay speed per policy on the shared traces."""
-    with cli_errors():
-        from bench.replay import run
+def _run_with_progress(
+    workload: Workload, names: list[str], replica: ReplicaProfile, config: ReplayConfig, *, transient: bool
+) -> list[PolicyRun]:
+    """Run every strategy with one progress bar each."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with console.status("replaying the shared traces through every policy"):
-            report = run(cases=tuple(c.strip() for c in cases.split(",") if c.strip()))
-        if json_out:
-            print_json(report)
-            return
-        for name, case in report["cases"].items():
-            console.print(f"[bold]{name}[/] {case['checks']}")
+    from controller.replay.runner import run_replay
+
+    columns = (TextColumn("{task.description:>8}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=transient) as progress:
+        tasks = {name: progress.add_task(name, total=workload.ticks) for name in names}
+        step = max(1, workload.ticks // 200)
+
+        def on_tick(name: str, k: int) -> None:
+            if k % step == 0 or k == workload.ticks - 1:
+                progress.update(tasks[name], completed=k + 1)
+
+        return run_replay(workload, names, replica, config, on_tick=on_tick)

@@ -1,4 +1,4 @@
-"""``moeslo serve`` (the engine's OpenAI-compatible server) and ``moeslo bench serve``."""
+"""``moeslo serve``: the engine's OpenAI-compatible server with its exporters."""
 
 from __future__ import annotations
 
@@ -7,11 +7,9 @@ from typing import Annotated
 
 import typer
 
-from cli.common import bench_app, cli_errors, console, print_json
-from cli.main import app
+from cli.common import cli_errors, console
 
 
-@app.command("serve")
 def serve(
     checkpoint: Annotated[Path, typer.Option(help="Checkpoint directory (config.json + model.safetensors).")],
     ep: Annotated[int, typer.Option(help="Expert-parallel ranks (processes).")] = 1,
@@ -54,43 +52,3 @@ def serve(
             f"({stack.engine.blocks.num_blocks} KV blocks of {stack.engine.blocks.block_size} tokens)"
         )
         uvicorn.run(stack.app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-
-
-@bench_app.command("serve")
-def bench_serve(
-    checkpoint: Annotated[
-        Path | None, typer.Option(help="Checkpoint to serve (default: a fresh `moeslo model init` one).")
-    ] = None,
-    trace: Annotated[
-        Path | None, typer.Option(help="Request trace (default: Azure 2023 conversation, shared or bundled).")
-    ] = None,
-    duration_s: Annotated[float, typer.Option(help="Wall time of each replay run.")] = 20.0,
-    rounds: Annotated[int, typer.Option(help="Alternating off/on rounds; the best of each is reported.")] = 2,
-    skip_baseline: Annotated[
-        bool, typer.Option(help="Only the exporters-on run (long RSS runs); no ratios.")
-    ] = False,
-    speedup: Annotated[float, typer.Option(help="Time compression of the trace.")] = 1.0,
-    length_scale: Annotated[float, typer.Option(help="Factor on the trace's token lengths.")] = 1 / 16,
-    kv_cache_mb: Annotated[float, typer.Option(help="KV cache budget of the server (MiB).")] = 64.0,
-    max_in_flight: Annotated[int, typer.Option(help="Client-side bound on concurrent requests.")] = 128,
-    scrape_interval_s: Annotated[float, typer.Option(help="GET /metrics this often in the exporters-on run.")] = 5.0,
-    render_layers: Annotated[int, typer.Option(help="Layers of the /metrics render benchmark.")] = 58,
-    render_experts: Annotated[int, typer.Option(help="Experts of the /metrics render benchmark.")] = 256,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
-) -> None:
-    """Replay a trace against the server with exporters on and off (baseline); latency, throughput, RSS."""
-    with cli_errors():
-        from bench.serve import ServeBenchOptions, run_serve_bench
-
-        options = ServeBenchOptions(
-            checkpoint=checkpoint, trace=trace, duration_s=duration_s, speedup=speedup,
-            length_scale=length_scale, kv_cache_mb=kv_cache_mb, max_in_flight=max_in_flight,
-            scrape_interval_s=scrape_interval_s, rounds=rounds, skip_baseline=skip_baseline,
-            render_layers=render_layers,
-            render_experts=render_experts,
-        )
-        result = run_serve_bench(options, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
-        if json_out:
-            print_json(result)
-        else:
-            console.print_json(data=result)

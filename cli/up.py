@@ -8,10 +8,8 @@ from typing import Annotated
 import typer
 
 from cli.common import cli_errors, console, print_json
-from cli.main import app
 
 
-@app.command("up")
 def up(
     duration: Annotated[float, typer.Option(help="Seconds of load before the summary.")] = 120.0,
     out: Annotated[Path, typer.Option(help="Folder for logs, the database, summary.json and plots.")] = Path(

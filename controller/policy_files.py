@@ -48,18 +48,23 @@ def parse_policies(document: Any, *, source: str = "policies") -> tuple[Policy, 
     return tuple(policies)
 
 
-def load_policies(path: str | Path) -> tuple[Policy, ...]:
-    """Policies from a file (YAML or JSON)."""
+def read_documents(path: str | Path) -> list[Any]:
+    """Every non-empty YAML (or JSON) document of a file; DataError names the file and line."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise DataError(f"cannot read policies: {exc.strerror}", path=str(path)) from exc
+        raise DataError(f"cannot read: {exc.strerror}", path=str(path)) from exc
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = None if mark is None else int(mark.line) + 1
         raise DataError(f"invalid YAML: {exc}", path=str(path), line=line) from exc
+
+
+def load_policies(path: str | Path) -> tuple[Policy, ...]:
+    """Policies from a file (YAML or JSON)."""
+    documents = read_documents(path)
     if not documents:
         raise DataError("no policies in the file", path=str(path))
     return parse_policies(documents[0] if len(documents) == 1 else documents, source=str(path))
@@ -70,4 +75,4 @@ def dump_policies(policies: Sequence[Policy]) -> list[dict[str, Any]]:
     return [policy.model_dump(mode="json") for policy in policies]
 
 
-__all__ = ["DEFAULT_POLICIES", "dump_policies", "load_policies", "parse_policies"]
+__all__ = ["DEFAULT_POLICIES", "dump_policies", "load_policies", "parse_policies", "read_documents"]

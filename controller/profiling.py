@@ -1,6 +1,6 @@
 """Turn a load sweep against one engine replica into a :class:`ReplicaProfile`.
 
-``moeslo profile`` sends Poisson load at increasing rates with fixed prompt and
+``moeslo profile`` sends Poisson load (:mod:`harness.sweep`) at increasing rates with fixed prompt and
 output lengths and records, per rate, the achieved throughput and the p50/p99 of
 TTFT and ITL (:class:`ProfilePoint`).  The profile's parameters are fitted from
 those points with the capacity model's own equations:
@@ -14,12 +14,28 @@ those points with the capacity model's own equations:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from contracts.errors import ValidationError
 from controller.capacity import ProfilePoint, ReplicaProfile
+
+
+def profile_point(stats: Mapping[str, Any]) -> ProfilePoint:
+    """A :class:`ProfilePoint` from one rate's load summary (``ok``, ``wall_s``, tokens, latency percentiles)."""
+    wall = stats["wall_s"]
+    return ProfilePoint(
+        request_rate_rps=stats["ok"] / wall,
+        prompt_tokens_per_s=stats["prompt_tokens"] / wall,
+        output_tokens_per_s=stats["output_tokens"] / wall,
+        ttft_p99_s=stats["ttft_p99_s"] or 0.0,
+        itl_p99_s=stats["itl_p99_s"] or 0.0,
+        ttft_p50_s=stats["ttft_p50_s"],
+        itl_p50_s=stats["itl_p50_s"],
+        requests=stats["ok"],
+    )
 
 
 def fit_profile(
@@ -58,13 +74,3 @@ def fit_profile(
         ttft_overhead_s=0.0,
         points=tuple(usable),
     )
-
-
-def poisson_arrivals(rate_rps: float, duration_s: float, seed: int) -> list[float]:
-    """Arrival times (s) of a Poisson process over ``duration_s``."""
-    if rate_rps <= 0:
-        return []
-    rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1.0 / rate_rps, int(rate_rps * duration_s * 1.5) + 10)
-    times = np.cumsum(gaps)
-    return [float(t) for t in times[times < duration_s]]

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from controller.replay.harness import PolicyRun, Workload
+from controller.replay.runner import PolicyRun
+from controller.replay.workload import Workload
 
 
 def _pyplot() -> Any:

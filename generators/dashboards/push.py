@@ -7,11 +7,13 @@ README's install line keeps the two apart (``URLLIB3_NO_OVERRIDE=1``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from contracts.errors import UnavailableError, ValidationError
+from contracts.errors import DataError, UnavailableError, ValidationError
 
 INSTALL_HINT = (
     "dashboards push needs grafana-client: "
@@ -89,4 +91,21 @@ def _ensure_folder(api: Any, folder_uid: str, title: str, client_error: type[Exc
         api.folder.create_folder(title, uid=folder_uid)
 
 
-__all__ = ["INSTALL_HINT", "PushResult", "push_dashboards"]
+def read_dashboards(source: Path) -> dict[str, dict[str, Any]]:
+    """File name -> dashboard JSON for every ``*.json`` in ``source``."""
+    paths = sorted(source.glob("*.json"))
+    if not paths:
+        raise DataError("no dashboard JSON files found", path=str(source))
+    documents: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"invalid JSON: {exc.msg}", path=str(path), line=exc.lineno) from exc
+        if not isinstance(document, dict) or "uid" not in document:
+            raise DataError("not a Grafana dashboard (no uid)", path=str(path))
+        documents[path.name] = document
+    return documents
+
+
+__all__ = ["INSTALL_HINT", "PushResult", "push_dashboards", "read_dashboards"]

@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from contracts.errors import ValidationError
 from controller.capacity import ProfilePoint, ReplicaProfile
-from controller.profiling import fit_profile, poisson_arrivals
-from harness.processes import free_port
+from controller.profiling import fit_profile
+from harness.processes import free_port, wait_healthy
 
 MOESLO = str(Path(sys.executable).parent / "moeslo")
 
@@ -67,12 +65,6 @@ def test_fit_needs_two_levels() -> None:
         )
 
 
-def test_poisson_arrivals_rate() -> None:
-    times = poisson_arrivals(50.0, 100.0, seed=1)
-    assert 4500 < len(times) < 5500
-    assert all(0 <= t < 100 for t in times)
-
-
 @pytest.mark.integration
 @pytest.mark.slow
 def test_profile_against_moeslo_serve(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -83,15 +75,7 @@ def test_profile_against_moeslo_serve(tiny_checkpoint: Path, tmp_path: Path) -> 
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        else:
-            pytest.fail("moeslo serve did not come up in 60 s")
+        wait_healthy(f"http://127.0.0.1:{port}/v1/models", server, 60.0, name="moeslo serve", interval_s=0.3)
         out = tmp_path / "profile.json"
         result = subprocess.run(
             [

@@ -220,22 +220,22 @@ def test_dashboards_ship_as_sidecar_configmaps() -> None:
 def test_cli_render_is_idempotent_and_build_prints_the_overlay(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from cli.deploy import deploy_app
+    from cli.main import app
 
     copy_dir = tmp_path / "deploy"
     shutil.copytree(DEPLOY, copy_dir)
     for generated in copy_dir.glob("**/generated/*.yaml"):
         generated.unlink()
-    result = CliRunner().invoke(deploy_app, ["render", "--dir", str(copy_dir), "--json"])
+    result = CliRunner().invoke(app, ["deploy", "render", "--dir", str(copy_dir), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["overlays"] == ["embedded-cpu", "vllm-gpu"]
     for path in DEPLOY.glob("**/generated/*.yaml"):
         assert (copy_dir / path.relative_to(DEPLOY)).read_text() == path.read_text()
-    built = CliRunner().invoke(deploy_app, ["build", "embedded-cpu", "--dir", str(copy_dir)])
+    built = CliRunner().invoke(app, ["deploy", "build", "embedded-cpu", "--dir", str(copy_dir)])
     assert built.exit_code == 0, built.output
     kinds = [doc["kind"] for doc in yaml.safe_load_all(built.stdout) if doc]
     assert kinds.count("Deployment") == 2 and "PrometheusRule" in kinds
     (copy_dir / "overlays" / "vllm-gpu" / "policies.yaml").write_text(
         "name: x\ntarget: {kind: model, model: m}\n")  # ITL 20 ms: vLLM has no such bucket
-    refused = CliRunner().invoke(deploy_app, ["render", "--dir", str(copy_dir)])
+    refused = CliRunner().invoke(app, ["deploy", "render", "--dir", str(copy_dir)])
     assert refused.exit_code == 2 and "not a bucket edge" in refused.output

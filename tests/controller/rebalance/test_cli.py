@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from cli.rebalance import read_expert_load
 from contracts.errors import DataError
 from contracts.imbalance import rank_load
 from contracts.placement import Placement
+from controller.rebalance.load_files import read_expert_load
 
 
 def skewed_load(layers: int = 3, experts: int = 16, seed: int = 0) -> np.ndarray:

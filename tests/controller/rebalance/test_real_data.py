@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cli.rebalance import read_expert_load
 from contracts.imbalance import rank_load
 from controller.rebalance import plan_rebalance
+from controller.rebalance.load_files import read_expert_load
 from tests.conftest import shared_data
 
 

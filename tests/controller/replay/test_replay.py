@@ -10,7 +10,8 @@ from controller.capacity import DEFAULT_PROFILE, CapacityModel
 from controller.core import DecisionCore
 from controller.replay.baselines import CoreStrategy, HpaStrategy, OracleStrategy
 from controller.replay.fluid import FluidFleet
-from controller.replay.harness import ReplayConfig, make_workload, needs_per_tick, run_policy, run_replay, summarise
+from controller.replay.runner import ReplayConfig, needs_per_tick, run_policy, run_replay, summarise
+from controller.replay.workload import make_workload
 from controller.types import PolicyObservation
 
 

@@ -174,13 +174,13 @@ def test_vllm_buckets_refuse_the_20ms_itl_edge_only_moeslo_has() -> None:
 def test_cli_generate_writes_both_files_and_refuses_bad_policies(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from cli.alerts import alerts_app
+    from cli.main import app
 
-    result = CliRunner().invoke(alerts_app, ["generate", "--out", str(tmp_path), "--json"])
+    result = CliRunner().invoke(app, ["alerts", "generate", "--out", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alertmanager.yaml", "moeslo-rules.yaml"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ntarget: {kind: model, model: m}\nobjectives: {ttft: {threshold_s: 0.3, target: 0.99}}\n")
-    refused = CliRunner().invoke(alerts_app, ["generate", "--out", str(tmp_path / "o"), "--policies", str(bad)])
+    refused = CliRunner().invoke(app, ["alerts", "generate", "--out", str(tmp_path / "o"), "--policies", str(bad)])
     assert refused.exit_code == 2
     assert "not a bucket edge" in refused.output

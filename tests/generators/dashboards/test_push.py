@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.dashboards import dashboards_app
+from cli.main import app
 from contracts.errors import UnavailableError, ValidationError
 from controller.policy_files import DEFAULT_POLICIES
 from generators.dashboards import build_dashboards
@@ -50,14 +50,15 @@ def test_push_with_a_bad_token_is_refused_and_a_dead_url_is_unavailable() -> Non
 
 def test_cli_push_reads_the_committed_files(tmp_path: Path) -> None:
     with grafana_standin() as grafana:
-        result = CliRunner().invoke(dashboards_app, [
-            "push", "--url", grafana.url, "--token", grafana.token, "--dir", str(ROOT / "dashboards"), "--json"])
+        result = CliRunner().invoke(app, [
+            "dashboards", "push", "--url", grafana.url, "--token", grafana.token,
+            "--dir", str(ROOT / "dashboards"), "--json"])
         assert result.exit_code == 0, result.output
         pushed = json.loads(result.stdout)
         assert sorted(p["uid"] for p in pushed) == sorted(grafana.dashboards)
         assert len(pushed) == 4
-        bad = CliRunner().invoke(dashboards_app, ["push", "--url", grafana.url, "--token", "nope",
+        bad = CliRunner().invoke(app, ["dashboards", "push", "--url", grafana.url, "--token", "nope",
                                                   "--dir", str(ROOT / "dashboards")])
         assert bad.exit_code == 2
-        empty = CliRunner().invoke(dashboards_app, ["push", "--url", grafana.url, "--dir", str(tmp_path)])
+        empty = CliRunner().invoke(app, ["dashboards", "push", "--url", grafana.url, "--dir", str(tmp_path)])
         assert empty.exit_code == 2

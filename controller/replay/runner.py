@@ -1,4 +1,4 @@
-"""Run one trace through every policy on identical simulated fleets, and summarise.
+"""Run one workload through every scaling strategy on identical simulated fleets, and summarise.
 
 Each policy gets a fresh fleet (same profile, same start-up delay, same initial
 size: what the first two minutes of load need) and is asked for a replica count
@@ -11,12 +11,11 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
 from contracts.slo_defaults import LEAD_TIME_S, SCALE_DOWN_COOLDOWN_S
-from contracts.traces import CountTrace, FloatArray, LengthDistribution, RequestTrace
+from contracts.traces import FloatArray
 from controller.capacity import CapacityModel, Load, ReplicaProfile, Targets
 from controller.forecast import ForecastConfig
 from controller.predictive import PredictiveConfig
@@ -29,10 +28,9 @@ from controller.replay.baselines import (
     ReplayStrategy,
     StaticStrategy,
 )
-from controller.replay.fleet import FleetTotals, RequestFleet, tick_loads
-from controller.replay.fluid import FluidFleet, count_loads
-
-Mode = Literal["request", "fluid"]
+from controller.replay.fleet import FleetTotals, RequestFleet
+from controller.replay.fluid import FluidFleet
+from controller.replay.workload import Workload
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,67 +48,6 @@ class ReplayConfig:
     max_replicas: int = 10_000
     targets: Targets = field(default_factory=Targets)
     season_s: float | None = 86_400.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Workload:
-    """Per-tick offered load, and the requests themselves in request mode."""
-
-    name: str
-    tick_s: float
-    rates_rps: FloatArray
-    prompt_tokens_per_s: FloatArray
-    output_tokens_per_s: FloatArray
-    requests: RequestTrace | None = None
-
-    @property
-    def ticks(self) -> int:
-        return len(self.rates_rps)
-
-    @property
-    def duration_s(self) -> float:
-        return self.ticks * self.tick_s
-
-    @property
-    def total_tokens(self) -> float:
-        return float((self.prompt_tokens_per_s + self.output_tokens_per_s).sum() * self.tick_s)
-
-
-def make_workload(
-    trace: RequestTrace | CountTrace,
-    *,
-    tick_s: float,
-    mode: Mode,
-    lengths: LengthDistribution | None = None,
-    seed: int = 0,
-) -> Workload:
-    """Per-tick loads of a trace; request mode expands count traces into requests first."""
-    if isinstance(trace, CountTrace):
-        if lengths is None:
-            raise ValueError("a count trace needs a length distribution")
-        if mode == "request":
-            trace = trace.expand(lengths, seed=seed)
-        else:
-            rates, prompt, output = count_loads(
-                trace.counts, trace.bin_s, tick_s, lengths.mean_prompt_tokens, lengths.mean_output_tokens
-            )
-            return Workload(
-                name=trace.source,
-                tick_s=tick_s,
-                rates_rps=rates,
-                prompt_tokens_per_s=prompt,
-                output_tokens_per_s=output,
-            )
-    n_ticks = max(1, math.ceil((trace.duration_s + 1e-9) / tick_s))
-    rates, prompt, output = tick_loads(trace, tick_s, n_ticks)
-    return Workload(
-        name=trace.source,
-        tick_s=tick_s,
-        rates_rps=rates,
-        prompt_tokens_per_s=prompt,
-        output_tokens_per_s=output,
-        requests=trace if mode == "request" else None,
-    )
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,287 @@
+"""``moeslo bench ...``: each benchmark is a function in ``bench/``; these commands parse, call and print.
+
+Every benchmark reports JSON figures as ratios against a named baseline measured
+in the same run; progress goes to stderr so stdout stays parseable.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from cli.common import cli_errors, console, dim, print_json
+
+bench_app = typer.Typer(
+    help="Benchmarks: JSON figures as ratios against a named baseline measured in the same run.",
+    no_args_is_help=True,
+)
+
+T = TypeVar("T")
+
+
+def _config(factory: Callable[..., T], **values: Any) -> T:
+    """A benchmark's config; its ValueError (a bad combination of options) is a usage error."""
+    try:
+        return factory(**values)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _with_tick_bar(label: str, total: int, run: Callable[[Callable[[int, int], None]], T]) -> T:
+    """Run a tick benchmark with a progress bar fed by its ``progress(done, total)`` callback."""
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        return run(lambda done, _total: bar.update(task, completed=done))
+
+
+@bench_app.command("controller-service")
+def bench_controller_service(
+    policies: Annotated[int, typer.Option(min=1, help="SLO policies.")] = 100,
+    replicas: Annotated[int, typer.Option(min=1, help="Replicas over all policies.")] = 1000,
+    ticks: Annotated[int, typer.Option(min=1, help="Timed ticks (after the warm-up).")] = 100,
+    warmup_ticks: Annotated[int, typer.Option(min=0, help="Untimed ticks first.")] = 10,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic fleet.")] = 0,
+    goal_ms: Annotated[float, typer.Option(min=0.0, help="Goal for the p99 of one service tick.")] = 100.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """One service tick (store, source, actuator, core, decision log, metrics) against the core alone."""
+    from bench.controller_service import ServiceBenchConfig, run_service_bench
+
+    cfg = _config(ServiceBenchConfig, policies=policies, replicas=replicas, ticks=ticks, warmup_ticks=warmup_ticks,
+                  seed=seed, goal_ms=goal_ms)
+    figures = _with_tick_bar("service ticks", cfg.warmup_ticks + cfg.ticks,
+                             lambda progress: run_service_bench(cfg, progress=progress))
+    if json_out:
+        print_json(figures)
+        return
+    results = figures["results"]
+    assert isinstance(results, list)
+    for entry in [figures["baseline"], *results]:
+        assert isinstance(entry, dict)
+        console.print(
+            f"{entry['name']}: median {entry['median_ms']:.2f} ms, p99 {entry['p99_ms']:.2f} ms "
+            f"(cpu median {entry['cpu_median_ms']:.2f} ms)"
+        )
+
+
+@bench_app.command("controller")
+def bench_controller(
+    policies: Annotated[int, typer.Option(min=1, help="SLO policies in the fleet.")] = 100,
+    replicas: Annotated[int, typer.Option(min=1, help="Replicas over all policies.")] = 1000,
+    ticks: Annotated[int, typer.Option(min=1, help="Timed ticks (after the warm-up).")] = 300,
+    warmup_ticks: Annotated[int, typer.Option(min=0, help="Untimed ticks first.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic fleet.")] = 0,
+    goal_ms: Annotated[float, typer.Option(min=0.0, help="Goal for the p99 of one full tick.")] = 100.0,
+    predictive: Annotated[
+        bool, typer.Option("--predictive", help="Add the predictive advisor (forecasts) to the full tick.")
+    ] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """One tick over POLICIES policies and REPLICAS replicas: median and p99 against a baseline."""
+    from bench.controller import ControllerBenchConfig, run_controller_bench
+
+    cfg = _config(ControllerBenchConfig, policies=policies, replicas=replicas, ticks=ticks,
+                  warmup_ticks=warmup_ticks, seed=seed, goal_ms=goal_ms, predictive=predictive)
+    figures = _with_tick_bar("controller ticks", cfg.warmup_ticks + cfg.ticks,
+                             lambda progress: run_controller_bench(cfg, progress=progress))
+    if json_output:
+        print_json(figures)
+        return
+    baseline = figures["baseline"]
+    assert isinstance(baseline, dict)
+    console.print(
+        f"baseline {baseline['name']}: median {baseline['median_ms']:.3f} ms, p99 {baseline['p99_ms']:.3f} ms "
+        f"(cpu median {baseline['cpu_median_ms']:.3f} ms)"
+    )
+    results = figures["results"]
+    assert isinstance(results, list)
+    for result in results:
+        console.print(
+            f"{result['name']}: median {result['median_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms "
+            f"(cpu median {result['cpu_median_ms']:.3f} ms, p99 {result['cpu_p99_ms']:.3f} ms; "
+            f"{result['median_ratio_vs_baseline']:.2f}x baseline median)"
+        )
+    verdict = "meets" if figures["meets_goal"] else "MISSES"
+    console.print(f"{verdict} the goal: p99 of a full tick <= {cfg.goal_ms:g} ms")
+
+
+@bench_app.command("engine")
+def bench_engine(
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Checkpoint directory; default: a fresh `moeslo model init` one.")
+    ] = None,
+    batches: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,16",
+    prompt_len: Annotated[int, typer.Option(help="Prompt tokens per sequence.")] = 199,
+    new_tokens: Annotated[int, typer.Option(help="Tokens generated per sequence (greedy, no early stop).")] = 32,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    repeats: Annotated[int, typer.Option(help="Runs per configuration; the median is reported.")] = 3,
+    ep: Annotated[int, typer.Option(help="Expert-parallel ranks for our engine.")] = 1,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the JSON figures.")] = False,
+) -> None:
+    """Prefill/decode tokens/s of our engine vs transformers' generate (baseline), routing stats on and off."""
+    with cli_errors():
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        from bench.engine import run
+        from engine.checkpoint import init_random_checkpoint
+        from engine.config import ModelConfig
+
+        sizes = tuple(int(b) for b in batches.split(","))
+        with tempfile.TemporaryDirectory() as tmp, Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
+        ) as progress:
+            task = progress.add_task("preparing", total=None)
+            ckpt = checkpoint or init_random_checkpoint(Path(tmp) / "ckpt", ModelConfig(), seed=0)
+            result = run(ckpt, batches=sizes, prompt_len=prompt_len, new_tokens=new_tokens, dtype=dtype,
+                         repeats=repeats, ep=ep, progress=lambda text: progress.update(task, description=text))
+        if json_out:
+            print_json(result)
+        else:
+            for batch, figures in result["batches"].items():
+                console.print(
+                    f"batch {batch}: {figures['moeslo_stats_on']['generated_tokens_per_s']:.0f} tok/s, "
+                    f"{figures['speedup_vs_transformers']:.2f}x transformers, "
+                    f"stats cost {100 * figures['stats_cost_fraction']:.1f}%"
+                )
+
+
+@bench_app.command("forecast")
+def bench_forecast(
+    bin: Annotated[float, typer.Option("--bin", help="Bin width (s).")] = 30.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON to stdout.")] = False,
+) -> None:
+    """WAPE of our forecasters against the best baseline on the shared traces."""
+    with cli_errors():
+        from bench.forecast import run
+
+        with console.status("backtesting forecasters on the shared traces"):
+            report = run(bin_s=bin, progress=console.print)
+        if json_out:
+            print_json(report)
+            return
+        for name, case in report["cases"].items():
+            for horizon, entry in case["horizons"].items():
+                console.print(
+                    f"{name} {horizon}: best model {entry.get('best_model')} / best baseline "
+                    f"{entry.get('best_baseline')} = {entry.get('best_model_vs_best_baseline')}"
+                )
+
+
+@bench_app.command("rebalance")
+def bench_rebalance(
+    data: Annotated[
+        Path | None, typer.Option("--data", help="Folder of SGLang expert-load JSON files (default: shared data).")
+    ] = None,
+    max_files: Annotated[int, typer.Option("--max-files", help="Use at most this many files (0: all).")] = 0,
+    repeat: Annotated[int, typer.Option("--repeat", help="Timed runs of our planner per plan (best is kept).")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Our planner against DeepSeek's EPLB on real expert-load files: balance, plan time, re-plan moves."""
+    with cli_errors():
+        from bench.rebalance import expert_load_dir, run_benchmark
+
+        with console.status("planning every file with both planners") as status:
+            result = run_benchmark(data or expert_load_dir(), max_files=max_files, repeat=repeat,
+                                   progress=status.update)
+        if as_json:
+            print_json(result)
+        else:
+            console.print_json(data=result)
+
+
+@bench_app.command("replay")
+def bench_replay(
+    cases: Annotated[str, typer.Option(help="Comma-separated: conv10x, week, fluid_day.")] = "conv10x,week,fluid_day",
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON to stdout.")] = False,
+) -> None:
+    """Attainment, replica-hours and replay speed per policy on the shared traces."""
+    with cli_errors():
+        from bench.replay import run
+
+        with console.status("replaying the shared traces through every policy") as status:
+            report = run(cases=tuple(c.strip() for c in cases.split(",") if c.strip()), progress=status.update)
+        if json_out:
+            print_json(report)
+            return
+        for name, case in report["cases"].items():
+            console.print(f"[bold]{name}[/] {case['checks']}")
+
+
+@bench_app.command("serve")
+def bench_serve(
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Checkpoint to serve (default: a fresh `moeslo model init` one).")
+    ] = None,
+    trace: Annotated[
+        Path | None, typer.Option(help="Request trace (default: Azure 2023 conversation, shared or bundled).")
+    ] = None,
+    duration_s: Annotated[float, typer.Option(help="Wall time of each replay run.")] = 20.0,
+    rounds: Annotated[int, typer.Option(help="Alternating off/on rounds; the best of each is reported.")] = 2,
+    skip_baseline: Annotated[
+        bool, typer.Option(help="Only the exporters-on run (long RSS runs); no ratios.")
+    ] = False,
+    speedup: Annotated[float, typer.Option(help="Time compression of the trace.")] = 1.0,
+    length_scale: Annotated[float, typer.Option(help="Factor on the trace's token lengths.")] = 1 / 16,
+    kv_cache_mb: Annotated[float, typer.Option(help="KV cache budget of the server (MiB).")] = 64.0,
+    max_in_flight: Annotated[int, typer.Option(help="Client-side bound on concurrent requests.")] = 128,
+    scrape_interval_s: Annotated[float, typer.Option(help="GET /metrics this often in the exporters-on run.")] = 5.0,
+    render_layers: Annotated[int, typer.Option(help="Layers of the /metrics render benchmark.")] = 58,
+    render_experts: Annotated[int, typer.Option(help="Experts of the /metrics render benchmark.")] = 256,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Replay a trace against the server with exporters on and off (baseline); latency, throughput, RSS."""
+    with cli_errors():
+        from bench.serve import ServeBenchOptions, run_serve_bench
+
+        options = ServeBenchOptions(
+            checkpoint=checkpoint, trace=trace, duration_s=duration_s, speedup=speedup,
+            length_scale=length_scale, kv_cache_mb=kv_cache_mb, max_in_flight=max_in_flight,
+            scrape_interval_s=scrape_interval_s, rounds=rounds, skip_baseline=skip_baseline,
+            render_layers=render_layers,
+            render_experts=render_experts,
+        )
+        result = run_serve_bench(options, progress=dim)
+        if json_out:
+            print_json(result)
+        else:
+            console.print_json(data=result)
+
+
+@bench_app.command("vllm")
+def bench_vllm(
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Checkpoint for both engines (default: a fresh random one, bf16).")
+    ] = None,
+    prompts: Annotated[int, typer.Option(help="Requests per round, sent at once.")] = 16,
+    prompt_tokens: Annotated[int, typer.Option(help="Prompt length (random token ids).")] = 199,
+    new_tokens: Annotated[int, typer.Option(help="Tokens generated per request (greedy, no early stop).")] = 32,
+    repeats: Annotated[int, typer.Option(help="Measured rounds per server; the fastest is reported.")] = 5,
+    ours: Annotated[bool, typer.Option(help="Also run our engine (`moeslo serve`).")] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """vLLM CPU with the plugin off (baseline) and on, and our engine, on the same workload and checkpoint."""
+    with cli_errors():
+        from bench.vllm import VllmBenchOptions, run_vllm_bench
+
+        if repeats < 1 or prompts < 1 or prompt_tokens < 1 or new_tokens < 1:
+            raise typer.BadParameter("prompts, prompt-tokens, new-tokens and repeats must be >= 1")
+        options = VllmBenchOptions(checkpoint=checkpoint, prompts=prompts, prompt_tokens=prompt_tokens,
+                                   new_tokens=new_tokens, repeats=repeats, ours=ours)  # fmt: skip
+        try:
+            result = run_vllm_bench(options, progress=dim)
+        except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+            console.print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(code=2) from exc
+        if json_out:
+            print_json(result)
+            return
+        for name, run in result["runs"].items():
+            console.print(f"{name:16} {run['output_tokens_per_s']:8.1f} tok/s  TTFT p50 {run['ttft_p50_s']:.3f} s  "
+                          f"ITL p50 {run['itl_p50_s'] * 1000:.1f} ms")  # fmt: skip
+        console.print(f"plugin overhead {result['plugin_overhead_pct']:.2f} %")

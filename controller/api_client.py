@@ -1,0 +1,51 @@
+"""A small client of the controller's REST API (what ``moeslo policy ...`` uses).
+
+Problem documents come back as moeslo errors carrying the server's message:
+404 -> NotFoundError, 409/412 -> ConflictError, 400/422 -> ValidationError,
+5xx and connection failures -> UnavailableError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from contracts.errors import ConflictError, MoesloError, NotFoundError, UnavailableError, ValidationError
+
+TIMEOUT_S = 30.0
+
+
+def request(method: str, url: str, token: str | None = None, **kwargs: Any) -> httpx.Response:
+    """One API call; raises the moeslo error that matches a 4xx/5xx answer."""
+    headers = dict(kwargs.pop("headers", {}))
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        response = httpx.request(method, url, headers=headers, timeout=TIMEOUT_S, **kwargs)
+    except httpx.HTTPError as exc:
+        raise UnavailableError(f"controller at {url}: {exc}") from exc
+    if response.status_code >= 400:
+        raise _error(response, url)
+    return response
+
+
+def _error(response: httpx.Response, url: str) -> MoesloError:
+    try:
+        detail = response.json().get("detail", response.text)
+    except ValueError:
+        detail = response.text
+    status = response.status_code
+    if status == 404:
+        return NotFoundError("resource", url.rsplit("/", 1)[-1])
+    error: type[MoesloError] = MoesloError
+    if status in (409, 412):
+        error = ConflictError
+    elif status in (400, 422):
+        error = ValidationError
+    elif status >= 500:
+        error = UnavailableError
+    return error(f"HTTP {status}: {detail}")
+
+
+__all__ = ["TIMEOUT_S", "request"]

@@ -1,0 +1,106 @@
+"""Expert-load files: SGLang's expert-distribution JSON, or a ``.npy`` / ``.csv`` matrix.
+
+The JSON is ``{"logical_count": [[...], ...]}``, layers x experts; a leading
+axis of passes or ranks is summed.  Whatever the format, the result is a
+non-empty (layers, experts) matrix of finite, non-negative numbers, or a
+:class:`~contracts.errors.DataError` that names the file (and line) and every problem.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from contracts.errors import DataError
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def read_expert_load(path: str | Path) -> FloatArray:
+    """(layers, experts) load from a JSON, .npy or .csv file; DataError names what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("no such file", path=str(path))
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        matrix = _read_json(path)
+    elif suffix == ".npy":
+        try:
+            raw = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise DataError(f"not a readable .npy array: {exc}", path=str(path)) from exc
+        if not np.issubdtype(raw.dtype, np.number) or np.issubdtype(raw.dtype, np.complexfloating):
+            raise DataError(f"array must hold real numbers, got dtype {raw.dtype}", path=str(path))
+        matrix = raw.astype(np.float64)
+    elif suffix == ".csv":
+        matrix = _read_csv(path)
+    else:
+        raise DataError(f"unknown load file type {suffix or '(none)'!r}: use .json, .npy or .csv", path=str(path))
+    return _check_matrix(matrix, str(path))
+
+
+def _read_json(path: Path) -> FloatArray:
+    try:
+        raw = json.loads(path.read_text())
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text: {exc}", path=str(path)) from exc
+    except json.JSONDecodeError as exc:
+        raise DataError(f"invalid JSON: {exc.msg}", path=str(path), line=exc.lineno) from exc
+    if not isinstance(raw, dict) or "logical_count" not in raw:
+        raise DataError('expected an object with "logical_count": [[count per expert] per layer]', path=str(path))
+    try:
+        matrix = np.asarray(raw["logical_count"], dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise DataError(
+            f'"logical_count" must be a rectangular matrix of numbers (layers x experts): {exc}', path=str(path)
+        ) from exc
+    if matrix.ndim == 3:
+        matrix = matrix.sum(axis=0)  # per-pass or per-rank records: total over them
+    return matrix
+
+
+def _read_csv(path: Path) -> FloatArray:
+    rows: list[list[float]] = []
+    header_skipped = False
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text: {exc}", path=str(path)) from exc
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            row = [float(cell) for cell in text.split(",")]
+        except ValueError as exc:
+            if not rows and not header_skipped:
+                header_skipped = True  # the first non-comment line may name the columns
+                continue
+            raise DataError(f"not a number: {exc}", path=str(path), line=number) from exc
+        if rows and len(row) != len(rows[0]):
+            raise DataError(f"{len(row)} columns, earlier rows have {len(rows[0])}", path=str(path), line=number)
+        rows.append(row)
+    return np.asarray(rows, dtype=np.float64)
+
+
+def _check_matrix(matrix: FloatArray, where: str) -> FloatArray:
+    if matrix.ndim != 2 or matrix.shape[0] < 1 or matrix.shape[1] < 1:
+        raise DataError(f"load must be a non-empty layers x experts matrix, got shape {matrix.shape}", path=where)
+    problems: list[str] = []
+    bad = ~np.isfinite(matrix)
+    if bad.any():
+        layer, expert = np.argwhere(bad)[0]
+        problems.append(f"{int(bad.sum())} entries are NaN or infinite (first: layer {layer}, expert {expert})")
+    negative = np.isfinite(matrix) & (matrix < 0)
+    if negative.any():
+        layer, expert = np.argwhere(negative)[0]
+        problems.append(f"{int(negative.sum())} entries are negative (first: layer {layer}, expert {expert})")
+    if problems:
+        raise DataError("; ".join(problems), path=where)
+    return matrix
+
+
+__all__ = ["read_expert_load"]
