@@ -1,4 +1,4 @@
-"""``moeslo up``: the whole loop on one machine (see cli/stack/run.py)."""
+"""``moeslo up``: the whole loop on one machine (see stack/run.py)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def up(
     """Start engine, controller, Prometheus and Alertmanager, replay load, show the loop, then summarize."""
     from rich.live import Live
 
-    from cli.stack import StackOptions, run_stack
-    from cli.stack.view import print_status_line, render
+    from stack import StackOptions, run_stack
+    from stack.view import print_status_line, render
 
     options = StackOptions(duration_s=duration, out=out, checkpoint=checkpoint, ep=ep, max_replicas=max_replicas,
                            speedup=speedup, trace=trace, prometheus=prometheus)

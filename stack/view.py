@@ -9,12 +9,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cli.stack.report import CV_SLO, ITL_SLO_S, TTFT_SLO_S
+from contracts.slo_defaults import ITL_THRESHOLD_S, MAX_IMBALANCE_CV, TTFT_THRESHOLD_S
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from cli.stack.run import StackState
+    from stack.state import StackState
 
 
 def _ms(value: float | None, slo_s: float) -> Text:
@@ -30,19 +30,19 @@ def render(state: StackState) -> Group:
         slo.add_column(column)
     if sample is not None:
         slo.add_row(
-            Text.assemble(_ms(sample.ttft_p99_s, TTFT_SLO_S), f" / {TTFT_SLO_S * 1000:.0f}"),
-            Text.assemble(_ms(sample.itl_p99_s, ITL_SLO_S), f" / {ITL_SLO_S * 1000:.0f}"),
+            Text.assemble(_ms(sample.ttft_p99_s, TTFT_THRESHOLD_S), f" / {TTFT_THRESHOLD_S * 1000:.0f}"),
+            Text.assemble(_ms(sample.itl_p99_s, ITL_THRESHOLD_S), f" / {ITL_THRESHOLD_S * 1000:.0f}"),
             f"{sample.requests_ok} / {sample.requests_failed}",
             f"{sample.current_replicas} / {sample.desired_replicas}",
             str(sample.ready_engines),
         )
-    layers = Table(title=f"Expert imbalance per layer (CV of per-rank load; SLO {CV_SLO})", expand=True)
+    layers = Table(title=f"Expert imbalance per layer (CV of per-rank load; SLO {MAX_IMBALANCE_CV})", expand=True)
     layers.add_column("layer")
     layers.add_column("CV")
     layers.add_column("")
     for layer, cv in enumerate(sample.imbalance_cv if sample else []):
         bar = "█" * min(40, round(cv * 40))
-        layers.add_row(str(layer), f"{cv:.3f}", Text(bar, style="green" if cv <= CV_SLO else "red"))
+        layers.add_row(str(layer), f"{cv:.3f}", Text(bar, style="green" if cv <= MAX_IMBALANCE_CV else "red"))
     events = Text()
     for when, text in state.events[-10:]:
         events.append(f"{when:6.1f}s  {text}\n")

@@ -18,7 +18,6 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,82 +25,20 @@ import httpx
 import numpy as np
 import yaml
 
-from cli.stack.services import Supervisor, start_alertmanager, start_prometheus
 from contracts.errors import UnavailableError
-from harness.loadgen import LoadRequest, RequestRecord, plan_from_trace, send_request
+from contracts.slo_defaults import ITL_THRESHOLD_S, LATENCY_TARGET, MAX_IMBALANCE_CV, TTFT_THRESHOLD_S
+from harness.loadgen import LoadRequest, plan_from_trace, send_request
 from harness.processes import free_port, moeslo_command
 from harness.traces import conversation_trace
 from harness.webhook import WebhookReceiver
+from stack.services import Supervisor, start_alertmanager, start_prometheus
+from stack.state import Sample, StackOptions, StackState
 
 POLICY_NAME = "qwen3-moe-local"
 MODEL_NAME = "moeslo-demo"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DRAIN_S = 20.0
 """How long in-flight requests may finish after the last planned arrival."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class StackOptions:
-    duration_s: float = 120.0
-    out: Path = Path("demo-out")
-    checkpoint: Path | None = None
-    """None: a fresh random checkpoint with a skewed router."""
-    ep: int = 2
-    min_replicas: int = 1
-    max_replicas: int = 2
-    speedup: float = 1.0
-    """Trace time compression."""
-    length_scale: float = 0.1
-    """Prompt and output lengths scaled down for a small CPU model."""
-    trace: Path | None = None
-    prometheus: bool = True
-    tick_interval_s: float = 5.0
-    sample_interval_s: float = 2.0
-    seed: int = 0
-
-
-@dataclass
-class Sample:
-    """One look at the stack (the live view's row, a point in the plots)."""
-
-    t_s: float
-    ttft_p99_s: float | None
-    itl_p99_s: float | None
-    requests_ok: int
-    requests_failed: int
-    imbalance_cv: list[float]
-    current_replicas: int | None
-    desired_replicas: int | None
-    ready_engines: int
-    alerts: list[str]
-
-
-@dataclass
-class StackState:
-    options: StackOptions
-    started_s: float = field(default_factory=time.monotonic)
-    records: list[RequestRecord] = field(default_factory=list)
-    done_at_s: list[float] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)
-    events: list[tuple[float, str]] = field(default_factory=list)
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    seen_decisions: set[str] = field(default_factory=set)
-    pages: list[dict[str, Any]] = field(default_factory=list)
-    engines: list[str] = field(default_factory=list)
-    in_flight: dict[str, int] = field(default_factory=dict)
-    prometheus_url: str | None = None
-    alertmanager_url: str | None = None
-    controller_url: str = ""
-    printed_events: int = 0
-    load_started_s: float = 0.0
-    unfinished: int = 0
-    """Requests still in flight when the run ended (cancelled, counted apart from failures)."""
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started_s
-
-    def event(self, text: str) -> None:
-        self.events.append((self.elapsed(), text))
 
 
 def _checkpoint(options: StackOptions) -> Path:
@@ -118,7 +55,7 @@ def _policy(checkpoint: Path, options: StackOptions) -> dict[str, Any]:
         "name": POLICY_NAME,
         "description": "The mission's SLOs for the local embedded engine (moeslo up).",
         "target": {"kind": "local", "model": MODEL_NAME, "checkpoint": str(checkpoint)},
-        "objectives": {"imbalance": {"max_cv": 0.15, "sustain_s": 15}},
+        "objectives": {"imbalance": {"max_cv": MAX_IMBALANCE_CV, "sustain_s": 15}},
         "scaling": {"min_replicas": options.min_replicas, "max_replicas": options.max_replicas,
                     "scale_down_cooldown_s": 60, "max_step": 1},
         "lead_time_s": 20,
@@ -177,7 +114,8 @@ class LocalStack:
                              timeout=10)
         if response.status_code >= 400:
             raise UnavailableError(f"the controller refused the default policy: {response.text}")
-        state.event(f"policy {POLICY_NAME} applied: TTFT<=500ms, ITL<=20ms (99%), CV<=0.15")
+        state.event(f"policy {POLICY_NAME} applied: TTFT<={TTFT_THRESHOLD_S * 1000:g}ms, "
+                    f"ITL<={ITL_THRESHOLD_S * 1000:g}ms ({LATENCY_TARGET:.0%}), CV<={MAX_IMBALANCE_CV:g}")
         progress(f"waiting for the first engine replica (EP {opts.ep})")
         deadline = time.monotonic() + 180
         while not self._probe_engines():
@@ -363,7 +301,7 @@ class LocalStack:
             self.pager.stop()
 
     def write_results(self) -> dict[str, Any]:
-        from cli.stack.report import summarize, write_plots
+        from stack.report import summarize, write_plots
 
         summary = summarize(self.state)
         summary["plots"] = [str(p) for p in write_plots(self.state, self.options.out)]
