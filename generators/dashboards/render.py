@@ -8,8 +8,11 @@ from typing import Any
 
 from contracts.errors import ValidationError
 from controller.policy import Policy
-from generators.dashboards import controller_view, engine, experts, slo_overview
+from generators.dashboards.controller_view import build as controller_dashboard
+from generators.dashboards.engine import build as engine_dashboard
+from generators.dashboards.experts import build as experts_dashboard
 from generators.dashboards.panels import GRAFANA_VERSION, to_json_dict
+from generators.dashboards.slo_overview import build as slo_overview_dashboard
 
 
 def build_dashboards(policies: Sequence[Policy]) -> dict[str, dict[str, Any]]:
@@ -18,10 +21,10 @@ def build_dashboards(policies: Sequence[Policy]) -> dict[str, dict[str, Any]]:
         raise ValidationError("dashboards need at least one SLO policy (its thresholds draw the SLO lines)")
     policy = policies[0]
     documents = {
-        "moeslo-slo-overview.json": to_json_dict(slo_overview.build(policy)),
-        "moeslo-engine.json": to_json_dict(engine.build()),
-        "moeslo-experts.json": to_json_dict(experts.build(policy)),
-        "moeslo-controller.json": to_json_dict(controller_view.build(policy)),
+        "moeslo-slo-overview.json": to_json_dict(slo_overview_dashboard(policy)),
+        "moeslo-engine.json": to_json_dict(engine_dashboard()),
+        "moeslo-experts.json": to_json_dict(experts_dashboard(policy)),
+        "moeslo-controller.json": to_json_dict(controller_dashboard(policy)),
     }
     for document in documents.values():
         # Recorded so that a reader knows which Grafana the JSON was built for.
