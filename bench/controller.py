@@ -233,15 +233,8 @@ def run_controller_bench(
     simulator closes that loop); what is measured is the cost of deciding.
     """
     cfg = cfg or ControllerBenchConfig()
-    fleet = _Fleet(cfg)
-    advisor = ReactiveAdvisor()
     core = DecisionCore(advisors=[ReactiveAdvisor(), *_extra_advisors(cfg)])
-    core_only = DecisionCore(advisors=[ReactiveAdvisor()])
     watches = {name: _Stopwatch() for name in ("advisors_only", "core_tick", "aggregate_and_tick")}
-    actions: dict[str, int] = {}
-    reasons: dict[str, int] = {}
-    total = cfg.warmup_ticks + cfg.ticks
-    now_s = 1_000_000.0
     load_before = os.getloadavg()
     gc_was_enabled = gc.isenabled()
     # Long-lived objects (modules, policies) move out of the collector's sight, so the per-tick
@@ -249,49 +242,71 @@ def run_controller_bench(
     gc.collect()
     gc.freeze()
     try:
-        for step in range(total):
-            now_s += cfg.tick_interval_s
-            keep = step >= cfg.warmup_ticks
-            samples, slis = fleet.samples(now_s)
-            # The same data, pre-summed, for the variants that do not aggregate.
-            ready = _observations(samples, now_s, slis)
-            inp = TickInput(now_s=now_s, policies=fleet.policies, observations=ready)
-            effects_box: list[Effects] = []
-
-            def advisors_only(now_s: float = now_s, ready: dict[str, PolicyObservation] = ready) -> None:
-                for name, policy in fleet.policies.items():
-                    obs = ready.get(name)
-                    if obs is not None:
-                        advisor.advise(policy, obs, now_s)
-
-            def full_tick(
-                now_s: float = now_s,
-                samples: list[ReplicaSample] = samples,
-                slis: dict[str, SliSnapshot | None] = slis,
-                box: list[Effects] = effects_box,
-            ) -> None:
-                observations = _observations(samples, now_s, slis)
-                box.append(core.tick(TickInput(now_s=now_s, policies=fleet.policies, observations=observations)))
-
-            gc.collect()
-            gc.disable()
-            watches["advisors_only"].time(advisors_only, keep)
-            watches["core_tick"].time(partial(core_only.tick, inp), keep)
-            watches["aggregate_and_tick"].time(full_tick, keep)
-            if gc_was_enabled:
-                gc.enable()
-            if keep:
-                for decision in effects_box[0].decisions:
-                    actions[decision.action] = actions.get(decision.action, 0) + 1
-                    for reason in decision.reasons[1:]:
-                        reasons[reason] = reasons.get(reason, 0) + 1
-            if progress is not None:
-                progress(step + 1, total)
+        actions, reasons = _time_ticks(cfg, core, watches, gc_was_enabled, progress)
     finally:
         gc.unfreeze()
         if gc_was_enabled:
             gc.enable()
+    return _report(cfg, core, watches, actions, reasons, load_before)
 
+
+def _time_ticks(
+    cfg: ControllerBenchConfig, core: DecisionCore, watches: dict[str, _Stopwatch], gc_was_enabled: bool,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Every tick: the three variants timed in turn (gc off); decisions and reasons counted after the warm-up."""
+    fleet = _Fleet(cfg)
+    advisor = ReactiveAdvisor()
+    core_only = DecisionCore(advisors=[ReactiveAdvisor()])
+    actions: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    total = cfg.warmup_ticks + cfg.ticks
+    now_s = 1_000_000.0
+    for step in range(total):
+        now_s += cfg.tick_interval_s
+        keep = step >= cfg.warmup_ticks
+        samples, slis = fleet.samples(now_s)
+        # The same data, pre-summed, for the variants that do not aggregate.
+        ready = _observations(samples, now_s, slis)
+        inp = TickInput(now_s=now_s, policies=fleet.policies, observations=ready)
+        effects_box: list[Effects] = []
+
+        def advisors_only(now_s: float = now_s, ready: dict[str, PolicyObservation] = ready) -> None:
+            for name, policy in fleet.policies.items():
+                obs = ready.get(name)
+                if obs is not None:
+                    advisor.advise(policy, obs, now_s)
+
+        def full_tick(
+            now_s: float = now_s,
+            samples: list[ReplicaSample] = samples,
+            slis: dict[str, SliSnapshot | None] = slis,
+            box: list[Effects] = effects_box,
+        ) -> None:
+            observations = _observations(samples, now_s, slis)
+            box.append(core.tick(TickInput(now_s=now_s, policies=fleet.policies, observations=observations)))
+
+        gc.collect()
+        gc.disable()
+        watches["advisors_only"].time(advisors_only, keep)
+        watches["core_tick"].time(partial(core_only.tick, inp), keep)
+        watches["aggregate_and_tick"].time(full_tick, keep)
+        if gc_was_enabled:
+            gc.enable()
+        if keep:
+            for decision in effects_box[0].decisions:
+                actions[decision.action] = actions.get(decision.action, 0) + 1
+                for reason in decision.reasons[1:]:
+                    reasons[reason] = reasons.get(reason, 0) + 1
+        if progress is not None:
+            progress(step + 1, total)
+    return actions, reasons
+
+
+def _report(
+    cfg: ControllerBenchConfig, core: DecisionCore, watches: dict[str, _Stopwatch], actions: dict[str, int],
+    reasons: dict[str, int], load_before: tuple[float, float, float],
+) -> dict[str, object]:
     def summary(name: str, description: str) -> TimingSummary:
         return TimingSummary.of(name, watches[name].wall_s, watches[name].cpu_s, description)
 

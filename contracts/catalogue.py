@@ -63,6 +63,11 @@ OTEL_TIME_PER_OUTPUT_TOKEN_HISTOGRAM = "gen_ai.server.time_per_output_token"
 OTEL_REQUEST_DURATION_HISTOGRAM = "gen_ai.server.request.duration"
 """OpenTelemetry: the GenAI semantic conventions' server histograms."""
 
+GOOD_EVENTS_RECORD = "moeslo:slo_good_events:rate{window}"
+TOTAL_EVENTS_RECORD = "moeslo:slo_total_events:rate{window}"
+ERROR_RATIO_RECORD = "moeslo:slo_error_ratio:rate{window}"
+"""Recording rules of the generated alerts (``{window}``: ``5m``, ``1h``, ...); dashboards read them too."""
+
 MOE_HELP: dict[str, str] = {
     EXPERT_TOKENS: "Tokens routed per (layer, logical expert).",
     RANK_TOKENS: "Expert assignments processed by each EP rank, all layers.",
@@ -178,6 +183,7 @@ __all__ = [
     "ENGINE_LABEL",
     "ERRORS",
     "ERROR_BUDGET_REMAINING",
+    "ERROR_RATIO_RECORD",
     "EVALUATION_BUCKETS_S",
     "EVALUATION_DURATION_HISTOGRAM",
     "EXPERT_LABEL",
@@ -185,6 +191,7 @@ __all__ = [
     "FINISHED_REASON_LABEL",
     "FORECAST_REQUESTS_PER_SECOND",
     "GENERATION_TOKENS",
+    "GOOD_EVENTS_RECORD",
     "IMBALANCE_CV_ACROSS_LAYERS",
     "ITL_BUCKETS_S",
     "ITL_HISTOGRAM",
@@ -214,6 +221,7 @@ __all__ = [
     "SLI",
     "STAT_LABEL",
     "SWAP_DURATION_BUCKETS_S",
+    "TOTAL_EVENTS_RECORD",
     "TTFT_BUCKETS_S",
     "TTFT_HISTOGRAM",
     "VLLM_BUCKETS_BY_METRIC",

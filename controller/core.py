@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from controller.advisors import ReactiveAdvisor
 from controller.observation_checks import sanitize_observation
-from controller.policy import KubernetesTarget, LocalTarget, Mode, Policy
+from controller.policy import KubernetesTarget, LocalTarget, Mode, Policy, Scaling
 from controller.types import (
     Action,
     Advice,
@@ -169,19 +169,39 @@ class DecisionCore:
             "max_step": scaling.max_step,
             "scale_down_cooldown_s": scaling.scale_down_cooldown_s,
         }
+        hold = _Hold(policy, inputs, now_s)
+        usable = self._usable_observation(policy, obs, now_s, state, hold)
+        if isinstance(usable, Decision):
+            return usable
+        obs, current = usable
+        consensus = self._consult_advisors(policy, obs, now_s, state, current, hold)
+        if isinstance(consensus, Decision):
+            return consensus
+        need, why, notes = consensus
+        desired, guards = _clamp(need, current, scaling)
+        if desired < current:
+            gated = self._gate_scale_down(policy, obs, now_s, state, current, desired, why, guards, hold)
+            if isinstance(gated, Decision):
+                return gated
+            desired = gated
+        if abs(desired - current) > scaling.max_step:
+            desired = current + int(math.copysign(scaling.max_step, desired - current))
+            guards.append(Reason.MAX_STEP)
 
-        def hold(reason: str, detail: str, current: int | None = None, *more: str) -> Decision:
-            return Decision(
-                policy=policy.name,
-                action="hold",
-                current_replicas=current,
-                desired_replicas=current,
-                reasons=_codes((Reason.HOLD, reason, *more)),
-                detail=detail,
-                inputs=inputs,
-                decided_at_s=now_s,
-            )
+        action: Action = "hold" if desired == current else ("scale_up" if desired > current else "scale_down")
+        reasons: tuple[str, ...] = (action, *why, *guards)
+        if action == "hold" and need == current and Reason.SCALE_UP_PENDING not in reasons:
+            reasons = (*reasons, Reason.STEADY)
+        verb = "hold at" if action == "hold" else f"{action.replace('_', ' ')} {current} ->"
+        detail = f"{verb} {desired}: " + "; ".join(notes)
+        if guards:
+            detail += f" [{', '.join(guards)}]"
+        return _decision(policy, action, current, desired, reasons, detail, inputs, now_s)
 
+    def _usable_observation(
+        self, policy: Policy, obs: PolicyObservation | None, now_s: float, state: PolicyState, hold: _Hold
+    ) -> tuple[PolicyObservation, int] | Decision:
+        """The sanitized observation and replica count, or the hold (or move to a bound) when there is none."""
         if policy.mode == Mode.OFF:
             current_off = obs.current_replicas if obs is not None else None
             return hold(Reason.MODE_OFF, "mode is off: no decisions", current_off)
@@ -193,8 +213,8 @@ class DecisionCore:
             return hold(Reason.INSUFFICIENT_DATA, f"observation time {obs.observed_at_s!r} is not a number")
         obs, invalid = sanitize_observation(obs)
         if invalid:
-            inputs["invalid_fields"] = ",".join(invalid)
-        _record_observation(inputs, obs, now_s)
+            hold.inputs["invalid_fields"] = ",".join(invalid)
+        _record_observation(hold.inputs, obs, now_s)
         if state.last_change_s is not None and state.last_change_s > now_s:
             state.last_change_s = now_s  # a change is never in the future: it would block scale-downs
         current = obs.current_replicas
@@ -211,9 +231,15 @@ class DecisionCore:
         self._note_outside_change(state, current, min(obs.observed_at_s, now_s))
         if age_s > self.config.stale_limit_s:
             detail = f"observation is {age_s:.1f} s old (limit {self.config.stale_limit_s:.1f} s)"
-            bounded = self._to_bound(policy, current, Reason.STALE_DATA, detail, inputs, now_s)
+            bounded = self._to_bound(policy, current, Reason.STALE_DATA, detail, hold.inputs, now_s)
             return bounded or hold(Reason.STALE_DATA, detail, current)
+        return obs, current
 
+    def _consult_advisors(
+        self, policy: Policy, obs: PolicyObservation, now_s: float, state: PolicyState, current: int, hold: _Hold
+    ) -> tuple[int, tuple[str, ...], list[str]] | Decision:
+        """(replicas needed, reasons, one note per advisor), or the hold (or move to a bound) when none knows."""
+        inputs = hold.inputs
         if self.config.isolate_advisor_errors:
             advices = [(advisor.name, _advise(advisor, policy, obs, now_s)) for advisor in self.advisors]
         else:
@@ -233,71 +259,49 @@ class DecisionCore:
         if failed:
             why = (*why, Reason.ADVISOR_ERROR)
         inputs["replicas_needed"] = need
-        _remember_need(state, now_s, need, scaling.scale_down_cooldown_s)
-        notes: list[str] = [
+        _remember_need(state, now_s, need, policy.scaling.scale_down_cooldown_s)
+        notes = [
             f"{name} needs {advice.replicas_needed} ({','.join(advice.reasons) or '-'})" for name, advice in opinions
         ]
+        return need, why, notes
 
-        guards: list[str] = []
-        desired = need
-        if desired > scaling.max_replicas:
-            desired = scaling.max_replicas
-            guards.append(Reason.AT_MAX)
-        elif desired < scaling.min_replicas:
-            desired = scaling.min_replicas
-            guards.append(Reason.AT_MIN)
-        if current < scaling.min_replicas and desired >= current:
-            guards.append(Reason.BELOW_MIN)
-        elif current > scaling.max_replicas and desired <= current:
-            guards.append(Reason.ABOVE_MAX)
-
-        if desired < current:
-            since_s = None if state.last_change_s is None else now_s - state.last_change_s
-            inputs["since_last_change_s"] = since_s
-            blocked: tuple[str, str] | None = None
-            if obs.errors:
-                blocked = (Reason.PARTIAL_DATA, f"the source reported errors: {'; '.join(obs.errors)}")
-            elif since_s is not None and since_s < scaling.scale_down_cooldown_s:
-                blocked = (
-                    Reason.COOLDOWN,
-                    f"last change {since_s:.0f} s ago, cooldown {scaling.scale_down_cooldown_s} s",
-                )
-            if blocked is None and self.config.stabilize_scale_down:
-                stable = min(max(n for _, n in state.recent_needs), scaling.max_replicas)
-                if stable > desired:
-                    inputs["stabilized_need"] = stable
-                    if stable >= current:
-                        return hold(
-                            Reason.STABILIZATION,
-                            f"would scale down to {desired}, but {stable} were needed within the last "
-                            f"{scaling.scale_down_cooldown_s} s",
-                            current,
-                            *why,
-                            *guards,
-                        )
-                    desired = stable
-                    guards.append(Reason.STABILIZATION)
-            if blocked is not None:
-                # Data-driven scale-downs wait; bringing a fleet above max_replicas back to the
-                # bound is the policy's own rule and needs no data.
-                bound = min(current, scaling.max_replicas)
-                if bound == current:
-                    return hold(blocked[0], f"would scale down to {desired}; {blocked[1]}", current, *why, *guards)
-                desired = bound
-                guards.append(blocked[0])
-        if abs(desired - current) > scaling.max_step:
-            desired = current + int(math.copysign(scaling.max_step, desired - current))
-            guards.append(Reason.MAX_STEP)
-
-        action: Action = "hold" if desired == current else ("scale_up" if desired > current else "scale_down")
-        reasons: tuple[str, ...] = (action, *why, *guards)
-        if action == "hold" and need == current and Reason.SCALE_UP_PENDING not in reasons:
-            reasons = (*reasons, Reason.STEADY)
-        verb = "hold at" if action == "hold" else f"{action.replace('_', ' ')} {current} ->"
-        detail = f"{verb} {desired}: " + "; ".join(notes)
-        if guards:
-            detail += f" [{', '.join(guards)}]"
-        return _decision(policy, action, current, desired, reasons, detail, inputs, now_s)
+    def _gate_scale_down(
+        self, policy: Policy, obs: PolicyObservation, now_s: float, state: PolicyState, current: int, desired: int,
+        why: tuple[str, ...], guards: list[str], hold: _Hold,
+    ) -> int | Decision:
+        """How far a wanted scale-down may go: partial data and the cooldown hold it, stabilization limits it."""
+        scaling = policy.scaling
+        since_s = None if state.last_change_s is None else now_s - state.last_change_s
+        hold.inputs["since_last_change_s"] = since_s
+        blocked: tuple[str, str] | None = None
+        if obs.errors:
+            blocked = (Reason.PARTIAL_DATA, f"the source reported errors: {'; '.join(obs.errors)}")
+        elif since_s is not None and since_s < scaling.scale_down_cooldown_s:
+            blocked = (Reason.COOLDOWN, f"last change {since_s:.0f} s ago, cooldown {scaling.scale_down_cooldown_s} s")
+        if blocked is None and self.config.stabilize_scale_down:
+            stable = min(max(n for _, n in state.recent_needs), scaling.max_replicas)
+            if stable > desired:
+                hold.inputs["stabilized_need"] = stable
+                if stable >= current:
+                    return hold(
+                        Reason.STABILIZATION,
+                        f"would scale down to {desired}, but {stable} were needed within the last "
+                        f"{scaling.scale_down_cooldown_s} s",
+                        current,
+                        *why,
+                        *guards,
+                    )
+                desired = stable
+                guards.append(Reason.STABILIZATION)
+        if blocked is not None:
+            # Data-driven scale-downs wait; bringing a fleet above max_replicas back to the
+            # bound is the policy's own rule and needs no data.
+            bound = min(current, scaling.max_replicas)
+            if bound == current:
+                return hold(blocked[0], f"would scale down to {desired}; {blocked[1]}", current, *why, *guards)
+            desired = bound
+            guards.append(blocked[0])
+        return desired
 
     @staticmethod
     def _to_bound(
@@ -341,6 +345,44 @@ class DecisionCore:
             return  # our own change showing up
         if state.last_change_s is None or observed_at_s > state.last_change_s:
             state.last_change_s = observed_at_s
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """Makes the hold decisions of one evaluation (sharing its ``inputs``, which keep filling in)."""
+
+    policy: Policy
+    inputs: dict[str, Scalar]
+    now_s: float
+
+    def __call__(self, reason: str, detail: str, current: int | None = None, *more: str) -> Decision:
+        return Decision(
+            policy=self.policy.name,
+            action="hold",
+            current_replicas=current,
+            desired_replicas=current,
+            reasons=_codes((Reason.HOLD, reason, *more)),
+            detail=detail,
+            inputs=self.inputs,
+            decided_at_s=self.now_s,
+        )
+
+
+def _clamp(need: int, current: int, scaling: Scaling) -> tuple[int, list[str]]:
+    """``need`` within [min_replicas, max_replicas], and the guards that say where the fleet stands."""
+    guards: list[str] = []
+    desired = need
+    if desired > scaling.max_replicas:
+        desired = scaling.max_replicas
+        guards.append(Reason.AT_MAX)
+    elif desired < scaling.min_replicas:
+        desired = scaling.min_replicas
+        guards.append(Reason.AT_MIN)
+    if current < scaling.min_replicas and desired >= current:
+        guards.append(Reason.BELOW_MIN)
+    elif current > scaling.max_replicas and desired <= current:
+        guards.append(Reason.ABOVE_MAX)
+    return desired, guards
 
 
 def _decision(

@@ -30,7 +30,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from contracts.catalogue import ITL_HISTOGRAM, LAYER_IMBALANCE_CV, TTFT_HISTOGRAM, format_le
 from contracts.errors import ValidationError
-from controller.policy import Policy, parse_duration_s
+from controller.policy import LatencyObjective, Policy, parse_duration_s
 
 API_VERSION = "openslo/v1"
 POLICY_ANNOTATION = "moeslo.io/policy"
@@ -52,82 +52,71 @@ def _label_value(text: str) -> str:
 
 def export_policy(policy: Policy) -> str:
     """The policy's SLOs as a multi-document OpenSLO v1 YAML string."""
-    model = policy.model_name
-    window = [{"duration": policy.window, "isRolling": True}]
-    docs: list[dict[str, Any]] = []
-    for key, objective in (("ttft", policy.objectives.ttft), ("itl", policy.objectives.itl)):
-        metric = HISTOGRAMS[key]
-        good = f'sum(rate({metric}_bucket{{{_selector(model)},le="{format_le(objective.threshold_s)}"}}[5m]))'
-        total = f"sum(rate({metric}_count{{{_selector(model)}}}[5m]))"
-        threshold_ms = objective.threshold_s * 1000
-        docs.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": "SLO",
-                "metadata": {
-                    "name": f"{policy.name}-{key}",
-                    "displayName": f"{key.upper()} <= {threshold_ms:g} ms for {objective.target:.4%} of requests",
-                    "annotations": {POLICY_ANNOTATION: policy.name, OBJECTIVE_ANNOTATION: key},
-                },
-                "spec": {
-                    "description": policy.description,
-                    "service": model,
-                    "indicator": {
-                        "metadata": {"name": f"{policy.name}-{key}-good-ratio"},
-                        "spec": {
-                            "ratioMetric": {
-                                "counter": True,
-                                "good": {"metricSource": {"type": "Prometheus", "spec": {"query": good}}},
-                                "total": {"metricSource": {"type": "Prometheus", "spec": {"query": total}}},
-                            }
-                        },
-                    },
-                    "timeWindow": window,
-                    "budgetingMethod": "Occurrences",
-                    "objectives": [{"displayName": f"{key} good ratio", "target": objective.target}],
-                },
-            }
-        )
-    imbalance = policy.objectives.imbalance
-    docs.append(
-        {
-            "apiVersion": API_VERSION,
-            "kind": "SLO",
-            "metadata": {
-                "name": f"{policy.name}-imbalance",
-                "displayName": f"expert imbalance CV <= {imbalance.max_cv:g}",
-                "annotations": {POLICY_ANNOTATION: policy.name, OBJECTIVE_ANNOTATION: "imbalance"},
-            },
-            "spec": {
-                "description": policy.description,
-                "service": model,
-                "indicator": {
-                    "metadata": {"name": f"{policy.name}-imbalance-cv"},
-                    "spec": {
-                        "thresholdMetric": {
-                            "metricSource": {
-                                "type": "Prometheus",
-                                "spec": {"query": f"max({LAYER_IMBALANCE_CV}{{{_selector(model)}}})"},
-                            }
-                        }
-                    },
-                },
-                "timeWindow": window,
-                "budgetingMethod": "Timeslices",
-                "objectives": [
-                    {
-                        "displayName": "imbalance CV",
-                        "op": "lte",
-                        "value": imbalance.max_cv,
-                        "target": IMBALANCE_TARGET_INFORMATIONAL,
-                        "timeSliceTarget": IMBALANCE_TARGET_INFORMATIONAL,
-                        "timeSliceWindow": f"{imbalance.sustain_s}s",
-                    }
-                ],
-            },
-        }
-    )
+    docs = [_latency_slo(policy, "ttft", policy.objectives.ttft), _latency_slo(policy, "itl", policy.objectives.itl),
+            _imbalance_slo(policy)]
     return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def _slo(policy: Policy, key: str, display_name: str, indicator: dict[str, Any], budgeting: str,
+         objective: dict[str, Any]) -> dict[str, Any]:
+    """One OpenSLO v1 SLO document of ``policy`` (``key``: ttft, itl or imbalance)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "SLO",
+        "metadata": {
+            "name": f"{policy.name}-{key}",
+            "displayName": display_name,
+            "annotations": {POLICY_ANNOTATION: policy.name, OBJECTIVE_ANNOTATION: key},
+        },
+        "spec": {
+            "description": policy.description,
+            "service": policy.model_name,
+            "indicator": indicator,
+            "timeWindow": [{"duration": policy.window, "isRolling": True}],
+            "budgetingMethod": budgeting,
+            "objectives": [objective],
+        },
+    }
+
+
+def _latency_slo(policy: Policy, key: str, objective: LatencyObjective) -> dict[str, Any]:
+    """A good-ratio SLO: requests (TTFT) or gaps (ITL) within the threshold, from the histogram's buckets."""
+    metric, model = HISTOGRAMS[key], policy.model_name
+    good = f'sum(rate({metric}_bucket{{{_selector(model)},le="{format_le(objective.threshold_s)}"}}[5m]))'
+    total = f"sum(rate({metric}_count{{{_selector(model)}}}[5m]))"
+    indicator = {
+        "metadata": {"name": f"{policy.name}-{key}-good-ratio"},
+        "spec": {
+            "ratioMetric": {
+                "counter": True,
+                "good": {"metricSource": {"type": "Prometheus", "spec": {"query": good}}},
+                "total": {"metricSource": {"type": "Prometheus", "spec": {"query": total}}},
+            }
+        },
+    }
+    display = f"{key.upper()} <= {objective.threshold_s * 1000:g} ms for {objective.target:.4%} of requests"
+    return _slo(policy, key, display, indicator, "Occurrences",
+                {"displayName": f"{key} good ratio", "target": objective.target})
+
+
+def _imbalance_slo(policy: Policy) -> dict[str, Any]:
+    """A threshold SLO on the worst layer's CV, over time slices of the policy's ``sustain_s``."""
+    imbalance = policy.objectives.imbalance
+    query = f"max({LAYER_IMBALANCE_CV}{{{_selector(policy.model_name)}}})"
+    indicator = {
+        "metadata": {"name": f"{policy.name}-imbalance-cv"},
+        "spec": {"thresholdMetric": {"metricSource": {"type": "Prometheus", "spec": {"query": query}}}},
+    }
+    objective = {
+        "displayName": "imbalance CV",
+        "op": "lte",
+        "value": imbalance.max_cv,
+        "target": IMBALANCE_TARGET_INFORMATIONAL,
+        "timeSliceTarget": IMBALANCE_TARGET_INFORMATIONAL,
+        "timeSliceWindow": f"{imbalance.sustain_s}s",
+    }
+    return _slo(policy, "imbalance", f"expert imbalance CV <= {imbalance.max_cv:g}", indicator, "Timeslices",
+                objective)
 
 
 @dataclass

@@ -120,45 +120,8 @@ class PredictiveAdvisor:
             "ttft_correction": round(self.capacity.ttft_correction, 4),
             "itl_correction": round(self.capacity.itl_correction, 4),
         }
-        needs: list[tuple[int, str]] = [(self.capacity.replicas_needed(now_load), "current_load")]
-        queue = obs.queue_depth
-        if queue is not None and queue > 0:
-            floor = self.capacity.queue_floor(
-                queue_depth=queue, ready_replicas=ready, load=now_load, drain_s=float(policy.lead_time_s)
-            )
-            if floor > 0:
-                needs.append((floor, Reason.QUEUE_DEPTH))
-
-        rate_fc = state.rate.forecast(quantile=self.config.quantile)
-        point = lower = upper = None
-        horizon_s = None
-        prompt_per_request = state.mean_prompt_tokens
-        output_per_request = state.mean_output_tokens
-        if rate_fc is not None and prompt_per_request is not None and output_per_request is not None:
-            steps = len(rate_fc.upper)
-            # Every bin has the same lengths, so the need grows with the rate: the busiest bin of
-            # the next lead time decides (one capacity inversion instead of one per bin).
-            upper_rate = float(np.max(rate_fc.upper))
-            forecast_need = self.capacity.replicas_needed(
-                Load(
-                    request_rate_rps=upper_rate,
-                    prompt_tokens_per_s=upper_rate * prompt_per_request,
-                    output_tokens_per_s=upper_rate * output_per_request,
-                )
-            )
-            needs.append((forecast_need, Reason.FORECAST))
-            point = float(rate_fc.point[-1])
-            lower = float(rate_fc.lower[-1])
-            upper = float(np.max(rate_fc.upper))
-            horizon_s = steps * rate_fc.bin_s
-            self.last_forecast[policy.name] = (point, lower, float(rate_fc.upper[-1]))
-            details["model"] = rate_fc.model
-            details["forecast_lower_rps"] = lower
-        else:
-            # No forecast yet: nothing says the load will stay low, so never advise a scale-down.
-            details["model"] = "warming_up"
-            if obs.current_replicas is not None:
-                needs.append((obs.current_replicas, "warming_up"))
+        needs = self._load_needs(policy, obs, now_load, ready)
+        point, upper, horizon_s = self._forecast_need(policy, state, obs, needs, details)
         need = max(n for n, _ in needs)
         reasons = tuple(dict.fromkeys(str(r) for n, r in needs if n == need))
         return Advice(
@@ -169,3 +132,55 @@ class PredictiveAdvisor:
             forecast_horizon_s=horizon_s,
             details=details,
         )
+
+    def _load_needs(
+        self, policy: Policy, obs: PolicyObservation, now_load: Load, ready: int
+    ) -> list[tuple[int, str]]:
+        """Replicas the current load needs, and those that drain the queue within the lead time."""
+        needs: list[tuple[int, str]] = [(self.capacity.replicas_needed(now_load), "current_load")]
+        queue = obs.queue_depth
+        if queue is not None and queue > 0:
+            floor = self.capacity.queue_floor(
+                queue_depth=queue, ready_replicas=ready, load=now_load, drain_s=float(policy.lead_time_s)
+            )
+            if floor > 0:
+                needs.append((floor, Reason.QUEUE_DEPTH))
+        return needs
+
+    def _forecast_need(
+        self,
+        policy: Policy,
+        state: _PolicyForecasts,
+        obs: PolicyObservation,
+        needs: list[tuple[int, str]],
+        details: dict[str, Scalar],
+    ) -> tuple[float | None, float | None, float | None]:
+        """Add what the forecast of the next lead time needs to ``needs``; (point, upper, horizon_s) of it.
+
+        Without a forecast yet, the current count is a need: nothing says the load will stay low.
+        """
+        rate_fc = state.rate.forecast(quantile=self.config.quantile)
+        prompt_per_request = state.mean_prompt_tokens
+        output_per_request = state.mean_output_tokens
+        if rate_fc is None or prompt_per_request is None or output_per_request is None:
+            details["model"] = "warming_up"
+            if obs.current_replicas is not None:
+                needs.append((obs.current_replicas, "warming_up"))
+            return None, None, None
+        # Every bin has the same lengths, so the need grows with the rate: the busiest bin of
+        # the next lead time decides (one capacity inversion instead of one per bin).
+        upper_rate = float(np.max(rate_fc.upper))
+        forecast_need = self.capacity.replicas_needed(
+            Load(
+                request_rate_rps=upper_rate,
+                prompt_tokens_per_s=upper_rate * prompt_per_request,
+                output_tokens_per_s=upper_rate * output_per_request,
+            )
+        )
+        needs.append((forecast_need, Reason.FORECAST))
+        point = float(rate_fc.point[-1])
+        lower = float(rate_fc.lower[-1])
+        self.last_forecast[policy.name] = (point, lower, float(rate_fc.upper[-1]))
+        details["model"] = rate_fc.model
+        details["forecast_lower_rps"] = lower
+        return point, upper_rate, len(rate_fc.upper) * rate_fc.bin_s

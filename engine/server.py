@@ -131,7 +131,14 @@ def create_app(
                 hook()
 
     app = FastAPI(title="moeslo engine", lifespan=lifespan)
-    created = int(time.time())
+    _install_error_handlers(app)
+    _add_control_routes(app, engine, metrics)
+    _add_openai_routes(app, engine, tokenizer, model_name)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every MoesloError, and every invalid body, as the one error document (:func:`error_response`)."""
 
     @app.exception_handler(MoesloError)
     async def _moeslo_error(_: Request, exc: MoesloError) -> JSONResponse:
@@ -145,6 +152,10 @@ def create_app(
             problems.append(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid')}")
         return error_response(ValidationError(problems))
 
+
+def _add_control_routes(app: FastAPI, engine: LLMEngine, metrics: MetricsRenderer | None) -> None:
+    """``/health``, ``/metrics``, ``/v1/placement`` (GET, POST) and ``/v1/expert-load``."""
+
     @app.get("/health")
     async def health() -> JSONResponse:
         if not engine.is_alive:
@@ -152,12 +163,6 @@ def create_app(
         if engine.executor.broken is not None:
             return JSONResponse({"status": f"executor broken: {engine.executor.broken}"}, status_code=503)
         return JSONResponse({"status": "ok"})
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        card = {"id": model_name, "object": "model", "created": created, "owned_by": "moeslo",
-                "max_model_len": engine.scheduler.max_model_len}
-        return {"object": "list", "data": [card]}
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
@@ -187,6 +192,17 @@ def create_app(
     async def expert_load() -> dict[str, Any]:
         return _expert_load_json(engine)
 
+
+def _add_openai_routes(app: FastAPI, engine: LLMEngine, tokenizer: Tokenizer, model_name: str) -> None:
+    """``/v1/models`` and ``/v1/completions`` (streamed as server-sent events, or whole)."""
+    created = int(time.time())
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "moeslo",
+                "max_model_len": engine.scheduler.max_model_len}
+        return {"object": "list", "data": [card]}
+
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         if body.model is not None and body.model != model_name:
@@ -206,8 +222,6 @@ def create_app(
                 headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
             )
         return await _collect(engine, tokenizer, request, request_id, outputs, model_name)
-
-    return app
 
 
 def _chunk(request_id: str, model_name: str, text: str, finish_reason: str | None) -> dict[str, Any]:

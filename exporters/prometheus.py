@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Literal
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -69,6 +70,24 @@ FINISH_REASONS = ("length", "stop", "abort", "error")
 DEFAULT_MAX_EXPERT_SERIES = 4096
 
 
+class _BoundMetrics:
+    """Makes metrics in one registry, each with this engine's ``model_name`` / ``engine`` labels bound."""
+
+    def __init__(self, registry: CollectorRegistry, values: tuple[str, str]) -> None:
+        self.registry = registry
+        self.values = values
+
+    def histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(name, doc, BASE_LABELS, registry=self.registry, buckets=buckets).labels(*self.values)
+
+    def gauge(self, name: str, doc: str, multiprocess_mode: Literal["sum", "mostrecent"]) -> Gauge:
+        return Gauge(name, doc, BASE_LABELS, registry=self.registry,
+                     multiprocess_mode=multiprocess_mode).labels(*self.values)
+
+    def counter(self, name: str, doc: str) -> Counter:
+        return Counter(name, doc, BASE_LABELS, registry=self.registry).labels(*self.values)
+
+
 class PrometheusStatsSink:
     """Translate engine steps into Prometheus metrics in ``registry``."""
 
@@ -88,64 +107,29 @@ class PrometheusStatsSink:
         self.engine = engine
         self._expert_series_setting = expert_series
         self._max_expert_series = max_expert_series
-        names = list(BASE_LABELS)
-        values = (model_name, engine)
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, names, registry=registry, buckets=buckets)
-
-        self._ttft = histogram(
-            TTFT_HISTOGRAM, "Time to first token in seconds.", TTFT_BUCKETS_S
-        ).labels(*values)
-        self._itl = histogram(
-            ITL_HISTOGRAM, "Inter-token latency in seconds.", ITL_BUCKETS_S
-        ).labels(*values)
-        self._e2e = histogram(
-            E2E_LATENCY_HISTOGRAM, "End-to-end request latency in seconds.",
-            REQUEST_LATENCY_BUCKETS_S,
-        ).labels(*values)
-        self._queue = histogram(
-            QUEUE_TIME_HISTOGRAM, "Time the request waited before it was scheduled, in seconds.",
-            REQUEST_LATENCY_BUCKETS_S,
-        ).labels(*values)
-        self._prefill = histogram(
-            PREFILL_TIME_HISTOGRAM, "Time from first scheduled to first token, in seconds.",
-            REQUEST_LATENCY_BUCKETS_S,
-        ).labels(*values)
-        self._decode = histogram(
-            DECODE_TIME_HISTOGRAM, "Time from first token to finish, in seconds.",
-            REQUEST_LATENCY_BUCKETS_S,
-        ).labels(*values)
-        self._running = Gauge(
-            RUNNING, "Requests in the running batch.", names, registry=registry,
-            multiprocess_mode="sum",
-        ).labels(*values)
-        self._waiting = Gauge(
-            WAITING, "Requests waiting to be scheduled.", names, registry=registry,
-            multiprocess_mode="sum",
-        ).labels(*values)
-        self._kv_usage = Gauge(
-            KV_CACHE_USAGE, "Fraction of KV cache blocks in use (0..1).", names, registry=registry,
-            multiprocess_mode="mostrecent",
-        ).labels(*values)
-        self._prompt_tokens = Counter(
-            PROMPT_TOKENS, "Prompt tokens computed (recompute included).", names, registry=registry
-        ).labels(*values)
-        self._generation_tokens = Counter(
-            GENERATION_TOKENS, "Tokens generated.", names, registry=registry
-        ).labels(*values)
-        self._preemptions = Counter(
-            PREEMPTIONS, "Preemptions (recompute).", names, registry=registry
-        ).labels(*values)
-        success = Counter(
-            REQUEST_SUCCESS, "Finished requests by finish reason.", [*names, FINISHED_REASON_LABEL],
-            registry=registry,
-        )
-        self._success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
-        self._swap_duration = histogram(
-            PLACEMENT_SWAP_DURATION_HISTOGRAM, "Wall time of one placement change, in seconds.",
-            SWAP_DURATION_BUCKETS_S,
-        ).labels(*values)
+        bound = _BoundMetrics(registry, (model_name, engine))
+        self._ttft = bound.histogram(TTFT_HISTOGRAM, "Time to first token in seconds.", TTFT_BUCKETS_S)
+        self._itl = bound.histogram(ITL_HISTOGRAM, "Inter-token latency in seconds.", ITL_BUCKETS_S)
+        self._e2e = bound.histogram(E2E_LATENCY_HISTOGRAM, "End-to-end request latency in seconds.",
+                                    REQUEST_LATENCY_BUCKETS_S)
+        self._queue = bound.histogram(QUEUE_TIME_HISTOGRAM,
+                                      "Time the request waited before it was scheduled, in seconds.",
+                                      REQUEST_LATENCY_BUCKETS_S)
+        self._prefill = bound.histogram(PREFILL_TIME_HISTOGRAM, "Time from first scheduled to first token, in seconds.",
+                                        REQUEST_LATENCY_BUCKETS_S)
+        self._decode = bound.histogram(DECODE_TIME_HISTOGRAM, "Time from first token to finish, in seconds.",
+                                       REQUEST_LATENCY_BUCKETS_S)
+        self._running = bound.gauge(RUNNING, "Requests in the running batch.", "sum")
+        self._waiting = bound.gauge(WAITING, "Requests waiting to be scheduled.", "sum")
+        self._kv_usage = bound.gauge(KV_CACHE_USAGE, "Fraction of KV cache blocks in use (0..1).", "mostrecent")
+        self._prompt_tokens = bound.counter(PROMPT_TOKENS, "Prompt tokens computed (recompute included).")
+        self._generation_tokens = bound.counter(GENERATION_TOKENS, "Tokens generated.")
+        self._preemptions = bound.counter(PREEMPTIONS, "Preemptions (recompute).")
+        success = Counter(REQUEST_SUCCESS, "Finished requests by finish reason.", [*BASE_LABELS, FINISHED_REASON_LABEL],
+                          registry=registry)
+        self._success = {reason: success.labels(model_name, engine, reason) for reason in FINISH_REASONS}
+        self._swap_duration = bound.histogram(PLACEMENT_SWAP_DURATION_HISTOGRAM,
+                                              "Wall time of one placement change, in seconds.", SWAP_DURATION_BUCKETS_S)
         self._moe = _MoECollector(model_name, engine, routing_window_steps)
         registry.register(self._moe)
         self._expert_template: tuple[tuple[int, ...], str] | None = None

@@ -125,6 +125,7 @@ def lpt_pack(experts: IntArray, weights: FloatArray, num_ranks: int, num_experts
     return Packing(experts.copy(), weights.copy(), item_bin, bin_items, rank_load, has_expert)
 
 
+# long: one vectorised local-search loop over every layer at once; its state is shared across the rounds.
 def refine_swaps(
     packing: Packing,
     *,

@@ -120,23 +120,13 @@ def plan_rebalance(
     cv_lower: FloatArray | None = None
     rows = np.flatnonzero(active)
     if rows.size:
-        mean = weights[rows].sum(axis=1) / num_ranks
-        if num_nodes > 1:
+        result, lower[rows], cv_floor = _plan_rows(
+            weights[rows], base.phy2log[rows], previous is not None, num_ranks, slots_per_rank, num_nodes, num_groups,
+            config,
+        )
+        if cv_floor is not None:
             cv_lower = np.zeros(layers)
-            result, peak_floor, cv_floor = _plan_hierarchical(
-                weights[rows], base.phy2log[rows], previous is not None,
-                num_ranks, slots_per_rank, num_nodes, num_groups, config,
-            )
-            lower[rows] = np.maximum(peak_floor / mean, 1.0)
             cv_lower[rows] = cv_floor
-        else:
-            flat_p2l, flat_load, flat_replanned, _ = _plan_flat(
-                weights[rows], base.phy2log[rows], previous is not None,
-                num_ranks, num_ranks * slots_per_rank, config,
-            )
-            result = (flat_p2l, flat_load, flat_replanned)
-            counts = replica_counts(weights[rows], num_ranks * slots_per_rank)
-            lower[rows] = max_over_mean_lower_bound(weights[rows], counts, num_ranks)
         new_p2l, new_load, new_replanned = result
         # Keep the current placement where the plan does not beat it (the greedy replica
         # counts are not always best, e.g. when every expert can have the same count).
@@ -162,6 +152,27 @@ def plan_rebalance(
         active=active,
         mode="hierarchical" if num_nodes > 1 else "global",
     )
+
+
+def _plan_rows(
+    weights: FloatArray, base: IntArray, replanning: bool, num_ranks: int, slots_per_rank: int, num_nodes: int,
+    num_groups: int, config: RebalanceConfig,
+) -> tuple[tuple[IntArray, FloatArray, npt.NDArray[np.bool_]], FloatArray, FloatArray | None]:
+    """A plan for layers with load: (phy2log, predicted rank load, replanned), the max/mean floor, the CV floor.
+
+    The CV floor is known for hierarchical plans only (None for global ones).
+    """
+    if num_nodes > 1:
+        result, peak_floor, cv_floor = _plan_hierarchical(
+            weights, base, replanning, num_ranks, slots_per_rank, num_nodes, num_groups, config,
+        )
+        mean = weights.sum(axis=1) / num_ranks
+        return result, np.maximum(peak_floor / mean, 1.0), cv_floor
+    flat_p2l, flat_load, flat_replanned, _ = _plan_flat(
+        weights, base, replanning, num_ranks, num_ranks * slots_per_rank, config,
+    )
+    counts = replica_counts(weights, num_ranks * slots_per_rank)
+    return (flat_p2l, flat_load, flat_replanned), max_over_mean_lower_bound(weights, counts, num_ranks), None
 
 
 _FlatResult = tuple[IntArray, FloatArray, npt.NDArray[np.bool_], FloatArray]

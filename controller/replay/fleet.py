@@ -135,6 +135,7 @@ class RequestFleet:
         self.replicas.sort(key=load)
         del self.replicas[: current - replicas]
 
+    # long: the per-request hot loop of a replay (millions of requests); its locals are hoisted for speed.
     def advance(self, until_s: float) -> None:
         """Route and serve every request arriving before ``until_s``."""
         trace = self.trace

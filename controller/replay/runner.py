@@ -145,6 +145,32 @@ def build_policy(
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
 
 
+def _make_fleet(
+    workload: Workload, profile: ReplicaProfile, config: ReplayConfig, initial: int
+) -> RequestFleet | FluidFleet:
+    """Every request simulated (request mode), or per-tick aggregates (fluid mode)."""
+    if workload.requests is not None:
+        return RequestFleet(
+            workload.requests,
+            profile,
+            initial_replicas=initial,
+            startup_s=config.startup_s,
+            tick_s=config.tick_s,
+            ttft_target_s=config.targets.ttft_s,
+            itl_target_s=config.targets.itl_s,
+        )
+    return FluidFleet(
+        workload.rates_rps,
+        workload.prompt_tokens_per_s,
+        workload.output_tokens_per_s,
+        profile,
+        initial_replicas=initial,
+        startup_s=config.startup_s,
+        tick_s=config.tick_s,
+        targets=config.targets,
+    )
+
+
 def run_policy(
     name: str,
     workload: Workload,
@@ -160,28 +186,7 @@ def run_policy(
     lead_ticks = math.ceil(config.startup_s / config.tick_s)
     initial = max(int(needs[: lead_ticks + 1].max()), 1)
     tick_s = config.tick_s
-    fleet: RequestFleet | FluidFleet
-    if workload.requests is not None:
-        fleet = RequestFleet(
-            workload.requests,
-            profile,
-            initial_replicas=initial,
-            startup_s=config.startup_s,
-            tick_s=tick_s,
-            ttft_target_s=config.targets.ttft_s,
-            itl_target_s=config.targets.itl_s,
-        )
-    else:
-        fleet = FluidFleet(
-            workload.rates_rps,
-            workload.prompt_tokens_per_s,
-            workload.output_tokens_per_s,
-            profile,
-            initial_replicas=initial,
-            startup_s=config.startup_s,
-            tick_s=tick_s,
-            targets=config.targets,
-        )
+    fleet = _make_fleet(workload, profile, config, initial)
     n = workload.ticks
     times: FloatArray = np.arange(1, n + 1, dtype=np.float64) * tick_s
     provisioned = np.zeros(n, dtype=np.int64)

@@ -137,6 +137,46 @@ class _ModelHistory:
         return self.totals[key] - then[1], now_s - then[0]
 
 
+def _good_ratios(
+    history: _ModelHistory, policy: Policy, slo: str, now_s: float, errors: list[str]
+) -> tuple[dict[str, float], float | None]:
+    """Good ratio of ``slo`` per burn window, and the events counted over the short window.
+
+    The good count is read at the threshold from the bucket edges around it
+    (interpolated when the threshold is not an edge); a missing edge above the
+    threshold is reported in ``errors``.
+    """
+    threshold = getattr(policy.objectives, slo).threshold_s
+    needed = edges_around(_edges(history.totals, slo), threshold)
+    if any(k.startswith(f"{slo}:le:") for k in history.totals) and (not needed or threshold > max(needed)):
+        errors.append(f"{HISTOGRAMS[slo]}: no finite bucket edge above {threshold} s for {policy.model_name!r}")
+        needed = ()
+    ratios: dict[str, float] = {}
+    short_total: float | None = None
+    for window in windows_for([policy]):
+        window_s = parse_duration_s(window)
+        total = history.increase(f"{slo}:count", now_s, window_s)
+        deltas = {e: history.increase(f"{slo}:le:{e!r}", now_s, window_s) for e in needed}
+        if total is None or total[0] <= 0 or not deltas or any(d is None for d in deltas.values()):
+            continue
+        good_count = good_count_at({e: d[0] for e, d in deltas.items() if d is not None}, threshold)
+        if good_count is None:
+            continue
+        ratios[window] = min(1.0, max(0.0, good_count / total[0]))
+        if window == SHORT_WINDOW:
+            short_total = total[0]
+    return ratios, short_total
+
+
+def _worst_cv_per_layer(live: Sequence[EngineSample]) -> dict[int, float]:
+    """Per layer, the largest imbalance CV any replica reports."""
+    layers: dict[int, float] = {}
+    for sample in live:
+        for layer, cv in sample.imbalance_by_layer.items():
+            layers[layer] = max(layers.get(layer, 0.0), cv)
+    return layers
+
+
 EndpointsFor = Callable[[Policy], Sequence[str]]
 
 
@@ -242,36 +282,15 @@ class ScrapeSource:
             if e in pages and model not in pages[e]
         )
         history = self._history.get(model, _ModelHistory())
-        by_window: dict[str, dict[str, float]] = {"ttft": {}, "itl": {}}
-        requests_short: float | None = None
-        p99: dict[str, float | None] = {"ttft": None, "itl": None}
+        by_window: dict[str, dict[str, float]] = {}
+        requests: dict[str, float | None] = {}
+        p99: dict[str, float | None] = {}
         for slo in HISTOGRAMS:
-            threshold = getattr(policy.objectives, slo).threshold_s
-            needed = edges_around(_edges(history.totals, slo), threshold)
-            if any(k.startswith(f"{slo}:le:") for k in history.totals) and (
-                not needed or threshold > max(needed)
-            ):
-                errors.append(f"{HISTOGRAMS[slo]}: no finite bucket edge above {threshold} s for {model!r}")
-                needed = ()
-            for window in windows_for([policy]):
-                window_s = parse_duration_s(window)
-                total = history.increase(f"{slo}:count", now_s, window_s)
-                deltas = {e: history.increase(f"{slo}:le:{e!r}", now_s, window_s) for e in needed}
-                if total is None or total[0] <= 0 or not deltas or any(d is None for d in deltas.values()):
-                    continue
-                good_count = good_count_at({e: d[0] for e, d in deltas.items() if d is not None}, threshold)
-                if good_count is None:
-                    continue
-                good = (good_count, total[1])
-                by_window[slo][window] = min(1.0, max(0.0, good[0] / total[0]))
-                if slo == "ttft" and window == SHORT_WINDOW:
-                    requests_short = total[0]
+            by_window[slo], requests[slo] = _good_ratios(history, policy, slo, now_s, errors)
             p99[slo] = self._quantile(history, slo, now_s)
         kv_values = [s.kv_usage for s in live if s.kv_usage is not None]
-        layers: dict[int, float] = {}
-        for sample in live:
-            for layer, cv in sample.imbalance_by_layer.items():
-                layers[layer] = max(layers.get(layer, 0.0), cv)
+        layers = _worst_cv_per_layer(live)
+        requests_short = requests["ttft"]
         sli = SliSnapshot(
             observed_at_s=now_s,
             window_s=float(parse_duration_s(SHORT_WINDOW)),

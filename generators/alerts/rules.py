@@ -24,8 +24,11 @@ from typing import Literal
 
 from contracts.catalogue import (
     BUCKETS_BY_METRIC,
+    ERROR_RATIO_RECORD,
+    GOOD_EVENTS_RECORD,
     ITL_HISTOGRAM,
     LAYER_IMBALANCE_CV,
+    TOTAL_EVENTS_RECORD,
     TTFT_HISTOGRAM,
     VLLM_BUCKETS_BY_METRIC,
     format_le,
@@ -43,10 +46,6 @@ from controller.slo import (
     standard_burn_rate_windows,
 )
 from generators.alerts.model import AlertingRule, RecordingRule, Rule, RuleGroup
-
-GOOD_RECORD = "moeslo:slo_good_events:rate{window}"
-TOTAL_RECORD = "moeslo:slo_total_events:rate{window}"
-ERROR_RATIO_RECORD = "moeslo:slo_error_ratio:rate{window}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -200,16 +199,17 @@ def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) ->
     mine = _own_selector(policy, sli)
     rules: list[RecordingRule] = []
     for window in windows:
+        good, total = GOOD_EVENTS_RECORD.format(window=window), TOTAL_EVENTS_RECORD.format(window=window)
         rules.append(
             RecordingRule(
-                record=GOOD_RECORD.format(window=window),
+                record=good,
                 expr=f'sum by (model_name) (rate({sli.metric}_bucket{{model_name="{model}",{sli.le}}}[{window}]))',
                 labels=labels,
             )
         )
         rules.append(
             RecordingRule(
-                record=TOTAL_RECORD.format(window=window),
+                record=total,
                 expr=f'sum by (model_name) (rate({sli.metric}_count{{model_name="{model}"}}[{window}]))',
                 labels=labels,
             )
@@ -218,7 +218,7 @@ def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) ->
             RecordingRule(
                 record=ERROR_RATIO_RECORD.format(window=window),
                 # No events gives 0/0 = NaN, and NaN > x is false: no traffic never alerts.
-                expr=f"1 - ({GOOD_RECORD.format(window=window)}{mine} / {TOTAL_RECORD.format(window=window)}{mine})",
+                expr=f"1 - ({good}{mine} / {total}{mine})",
                 labels=labels,
             )
         )
@@ -240,7 +240,7 @@ def _burn_rate_alerts(
             f"and\n"
             f"({ERROR_RATIO_RECORD.format(window=w.short_window)}{mine} / {_num(budget)}) > {factor}\n"
             f"and on (policy, model_name)\n"
-            f"{TOTAL_RECORD.format(window=w.short_window)}{requests} >= {_num(options.min_request_rate_per_s)}"
+            f"{TOTAL_EVENTS_RECORD.format(window=w.short_window)}{requests} >= {_num(options.min_request_rate_per_s)}"
         )
         alerts.append(
             AlertingRule(
@@ -343,8 +343,8 @@ def _num(value: float) -> str:
 
 __all__ = [
     "ERROR_RATIO_RECORD",
-    "GOOD_RECORD",
-    "TOTAL_RECORD",
+    "GOOD_EVENTS_RECORD",
+    "TOTAL_EVENTS_RECORD",
     "AlertOptions",
     "LatencySli",
     "bucket_edges",

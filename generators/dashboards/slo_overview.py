@@ -5,7 +5,14 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 
-from contracts.catalogue import BURN_RATE, ERROR_BUDGET_REMAINING, ITL_HISTOGRAM, TTFT_HISTOGRAM, le_matcher
+from contracts.catalogue import (
+    BURN_RATE,
+    ERROR_BUDGET_REMAINING,
+    ERROR_RATIO_RECORD,
+    ITL_HISTOGRAM,
+    TTFT_HISTOGRAM,
+    le_matcher,
+)
 from controller.policy import Policy
 from controller.slo import error_budget, standard_burn_rate_windows
 from generators.dashboards.panels import MODEL, POLICY, RATE, query, stat, target_line, timeseries, variables
@@ -32,7 +39,8 @@ def _recorded_burn_rates(policy: Policy) -> list[Dataquery]:
     objectives = (("ttft", policy.objectives.ttft), ("itl", policy.objectives.itl))
     return [
         query(
-            f'moeslo:slo_error_ratio:rate{window}{{{POLICY},slo="{slo}"}} / {error_budget(objective.target):.6g}',
+            f'{ERROR_RATIO_RECORD.format(window=window)}{{{POLICY},slo="{slo}"}}'
+            f" / {error_budget(objective.target):.6g}",
             f"{{{{policy}}}} {slo} {window}",
         )
         for slo, objective in objectives
@@ -43,7 +51,6 @@ def _recorded_burn_rates(policy: Policy) -> list[Dataquery]:
 def build(policy: Policy) -> Dashboard:
     """The overview for the SLO numbers of ``policy`` (thresholds and targets drawn as lines)."""
     ttft, itl = policy.objectives.ttft, policy.objectives.itl
-    windows = standard_burn_rate_windows(policy.window_s)
     dashboard = (
         Dashboard("moeslo / SLO overview")
         .uid("moeslo-slo-overview")
@@ -56,9 +63,12 @@ def build(policy: Policy) -> Dashboard:
         .time("now-1h", "now")
         .timezone("browser")
     )
-    dashboard = variables(dashboard, policy=True)
-    # 1x when no pair is alertable (a compliance window too short): the budget's own pace.
-    burn_lines = sorted({round(w.burn_rate, 3) for w in windows}) or [1.0]
+    dashboard = _latency_row(variables(dashboard, policy=True), policy)
+    return _budget_row(dashboard, policy)
+
+
+def _latency_row(dashboard: Dashboard, policy: Policy) -> Dashboard:
+    ttft, itl = policy.objectives.ttft, policy.objectives.itl
     return (
         dashboard.with_row(Row("Latency against the SLO"))
         .with_panel(
@@ -79,7 +89,16 @@ def build(policy: Policy) -> Dashboard:
                 min_value=0,
             )
         )
-        .with_row(Row("Error budget"))
+    )
+
+
+def _budget_row(dashboard: Dashboard, policy: Policy) -> Dashboard:
+    ttft, itl = policy.objectives.ttft, policy.objectives.itl
+    windows = standard_burn_rate_windows(policy.window_s)
+    # 1x when no pair is alertable (a compliance window too short): the budget's own pace.
+    burn_lines = sorted({round(w.burn_rate, 3) for w in windows}) or [1.0]
+    return (
+        dashboard.with_row(Row("Error budget"))
         .with_panel(
             timeseries(
                 "Good-event ratio",
