@@ -16,8 +16,10 @@ from harness.traces import BUNDLED_CONVERSATION_SLICE
 
 def test_free_port_can_be_bound() -> None:
     port = free_port()
+    assert 1024 <= port <= 65535
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", port))
+        assert sock.getsockname()[1] == port
 
 
 def test_wait_healthy_reports_a_process_that_exits_with_its_log(tmp_path: Path) -> None:
