@@ -15,12 +15,23 @@ import yaml
 from pydantic import ValidationError as PydanticValidationError
 
 from contracts.errors import DataError, ValidationError
-from controller.policy import LocalTarget, Policy
+from contracts.slo_defaults import (
+    COMPLIANCE_WINDOW,
+    ITL_THRESHOLD_S,
+    LATENCY_TARGET,
+    MAX_IMBALANCE_CV,
+    TTFT_THRESHOLD_S,
+)
+from controller.policy import LocalTarget, Policy, parse_duration_s
 
 DEFAULT_POLICIES: tuple[Policy, ...] = (
     Policy(
         name="moeslo-qwen3-moe",
-        description="The mission's SLOs: TTFT <= 500 ms and ITL <= 20 ms for 99 %, expert CV <= 0.15, 30 days.",
+        description=(
+            f"The mission's SLOs: TTFT <= {TTFT_THRESHOLD_S * 1000:g} ms and ITL <= {ITL_THRESHOLD_S * 1000:g} ms "
+            f"for {LATENCY_TARGET * 100:g} %, expert CV <= {MAX_IMBALANCE_CV:g}, "
+            f"{parse_duration_s(COMPLIANCE_WINDOW) // 86_400} days."
+        ),
         target=LocalTarget(),
     ),
 )
