@@ -290,11 +290,10 @@ class ScrapeSource:
             p99[slo] = self._quantile(history, slo, now_s)
         kv_values = [s.kv_usage for s in live if s.kv_usage is not None]
         layers = _worst_cv_per_layer(live)
-        requests_short = requests["ttft"]
         sli = SliSnapshot(
             observed_at_s=now_s,
             window_s=float(parse_duration_s(SHORT_WINDOW)),
-            requests_in_window=requests_short,
+            requests_in_window=requests["ttft"],
             ttft_good_ratio=by_window["ttft"].get(SHORT_WINDOW),
             itl_good_ratio=by_window["itl"].get(SHORT_WINDOW),
             ttft_p99_s=p99["ttft"],
