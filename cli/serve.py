@@ -17,7 +17,7 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     kv_cache_mb: Annotated[float, typer.Option(help="KV cache budget per rank, fixed at start (MiB).")] = 64.0,
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
-    max_num_seqs: Annotated[int, typer.Option(help="Sequences in the running batch at most.")] = 64,
+    max_num_seqs: Annotated[int, typer.Option(help="Sequences in the running batch at most.")] = 128,
     max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens computed per step at most.")] = 512,
     max_waiting: Annotated[int, typer.Option(help="Waiting requests at most; more get 429.")] = 256,
     model_name: Annotated[str | None, typer.Option(help="Served model name (default: directory name).")] = None,
@@ -32,6 +32,14 @@ def serve(
     ] = True,
     otlp: Annotated[bool, typer.Option(help="Also export over OTLP/HTTP as the OTEL_* variables say.")] = False,
     engine_id: Annotated[str, typer.Option(help="The `engine` label of every metric.")] = "0",
+    threads: Annotated[
+        int | None,
+        typer.Option(help="torch threads per engine process (default: the CPUs of the inherited affinity set, "
+                          "divided among EP ranks)."),
+    ] = None,
+    compile_step: Annotated[
+        bool, typer.Option("--compile/--no-compile", help="torch.compile the step per batch bucket (off: eager).")
+    ] = True,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
@@ -44,11 +52,12 @@ def serve(
             checkpoint=checkpoint, ep=ep, kv_cache_mb=kv_cache_mb, block_size=block_size, dtype=dtype,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
             model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,
-            otlp=otlp, port=port,
+            otlp=otlp, port=port, threads=threads, compile=compile_step,
         )
         stack = build_stack(options)
         console.print(
             f"serving {options.served_model_name} on http://{host}:{port} "
-            f"({stack.engine.blocks.num_blocks} KV blocks of {stack.engine.blocks.block_size} tokens)"
+            f"({stack.engine.blocks.num_blocks} KV blocks of {stack.engine.blocks.block_size} tokens; "
+            f"engine core pid {stack.engine.pid})"
         )
         uvicorn.run(stack.app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

@@ -16,6 +16,8 @@ class EngineConfig:
     """Steps in the sliding window behind the imbalance figures."""
     idle_wait_s: float = 0.05
     """How long the idle loop sleeps between checks (it is woken early by new work)."""
+    routing_interval_s: float = 0.1
+    """How often the loop reads the routing counters (also when requests finish and when it goes idle)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +37,7 @@ class RequestOutput:
 
 
 OutputCallback = Callable[[RequestOutput], None]
-"""Called on the engine thread; must be quick and must not block (hand off to a queue)."""
+"""Called on the thread that delivers outputs; must be quick and must not block (hand off to a queue)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,8 @@ class ExpertLoad:
     """(MoE layers, ranks) expert assignments processed per rank in the window."""
     imbalance_cv: list[float]
     balancedness: list[float]
+    assignments: list[int]
+    """Per layer: routed (token, expert) assignments in the window, the sample behind each CV."""
 
 
 __all__ = ["EngineConfig", "ExpertLoad", "OutputCallback", "RequestOutput"]

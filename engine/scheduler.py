@@ -39,7 +39,7 @@ class SeqStatus(enum.Enum):
 class SchedulerConfig:
     """Limits of the batch, read once at the edge."""
 
-    max_num_seqs: int = 64
+    max_num_seqs: int = 128
     """Sequences in the running batch at most."""
     max_num_batched_tokens: int = 512
     """Tokens computed per step at most (decode tokens and prefill chunks together)."""

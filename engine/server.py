@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API over an :class:`~engine.llm_engine.LLMEngine`.
+"""The OpenAI-compatible HTTP API, in the API process, over an :class:`~engine.client.EngineCoreClient`.
 
 Routes: ``POST /v1/completions`` (text or token-id prompts, streaming as
 server-sent events or not), ``GET /v1/models``, ``GET /health``,
@@ -6,15 +6,26 @@ server-sent events or not), ``GET /v1/models``, ``GET /health``,
 in: this module imports no exporter), and the controller's control routes
 ``GET/POST /v1/placement`` and ``GET /v1/expert-load``.
 
+This process validates and tokenizes requests, detokenizes outputs and
+writes SSE; the engine core (its own process) schedules and runs the model.
+A request's path: validate (400 naming the field) -> tokenize -> check what
+the API side knows (vocabulary, context) -> send to the core -> the first
+event is either the core's refusal (400/429) or the first token -> stream
+or collect.  Stop strings, logprobs and other per-token work of the OpenAI
+API belong on this side, in :func:`_events` (the core's per-token output
+carries what they need; a stop found here ends the request in the core with
+``client.abort(request_id, "stop")``).
+
 HTTP status codes are mapped from :mod:`engine.errors` in one place,
-:func:`status_for`.  A client that disconnects has its request aborted,
-which frees its KV blocks.
+:func:`status_for`.  A client that disconnects has its request aborted in
+the core, which frees its KV blocks, before the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import threading
 import time
@@ -26,6 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import Receive, Scope, Send
 
 from contracts.errors import (
     ConflictError,
@@ -37,14 +49,13 @@ from contracts.errors import (
     ValidationError,
 )
 from contracts.placement import Placement
-from engine.llm_engine import LLMEngine, RequestOutput
+from engine.client import EngineCoreClient, RequestStream
+from engine.engine_types import RequestOutput
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]
 """Returns the ``/metrics`` body and its media type."""
-
-DISCONNECT_POLL_S = 0.2
 
 
 class StreamOptions(BaseModel):
@@ -98,31 +109,20 @@ def error_response(exc: MoesloError) -> JSONResponse:
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
-class _AsyncOutputs:
-    """Hands engine-thread outputs to one request's asyncio queue."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-
-    def put(self, output: RequestOutput) -> None:
-        self._loop.call_soon_threadsafe(self.queue.put_nowait, output)
-
-
 def create_app(
-    engine: LLMEngine,
+    engine: EngineCoreClient,
     tokenizer: Tokenizer,
     *,
     model_name: str,
     metrics: MetricsRenderer | None = None,
     on_shutdown: Iterable[Callable[[], None]] = (),
 ) -> FastAPI:
-    """The API app; it starts the engine loop on startup and stops it (and ``on_shutdown``) on exit."""
+    """The API app; it starts the engine core on startup (if not yet) and stops it (and ``on_shutdown``) on exit."""
     hooks = list(on_shutdown)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        engine.start()
+        await asyncio.to_thread(engine.start)
         try:
             yield
         finally:
@@ -153,15 +153,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(ValidationError(problems))
 
 
-def _add_control_routes(app: FastAPI, engine: LLMEngine, metrics: MetricsRenderer | None) -> None:
+def _add_control_routes(app: FastAPI, engine: EngineCoreClient, metrics: MetricsRenderer | None) -> None:
     """``/health``, ``/metrics``, ``/v1/placement`` (GET, POST) and ``/v1/expert-load``."""
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if not engine.is_alive:
-            return JSONResponse({"status": "engine loop stopped"}, status_code=503)
-        if engine.executor.broken is not None:
-            return JSONResponse({"status": f"executor broken: {engine.executor.broken}"}, status_code=503)
+        reason = engine.health()
+        if reason is not None:
+            return JSONResponse({"status": reason}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -193,18 +192,19 @@ def _add_control_routes(app: FastAPI, engine: LLMEngine, metrics: MetricsRendere
         return _expert_load_json(engine)
 
 
-def _add_openai_routes(app: FastAPI, engine: LLMEngine, tokenizer: Tokenizer, model_name: str) -> None:
+def _add_openai_routes(app: FastAPI, engine: EngineCoreClient, tokenizer: Tokenizer, model_name: str) -> None:
     """``/v1/models`` and ``/v1/completions`` (streamed as server-sent events, or whole)."""
     created = int(time.time())
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "moeslo",
-                "max_model_len": engine.scheduler.max_model_len}
+                "max_model_len": engine.max_model_len}
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        arrival_s = time.monotonic()
         if body.model is not None and body.model != model_name:
             raise NotFoundError("model", body.model)
         prompt_ids = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
@@ -212,16 +212,66 @@ def _add_openai_routes(app: FastAPI, engine: LLMEngine, tokenizer: Tokenizer, mo
             max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
             stop_token_ids=tuple(body.stop_token_ids), ignore_eos=body.ignore_eos,
         )
-        outputs = _AsyncOutputs(asyncio.get_running_loop())
-        request_id = engine.add_request(prompt_ids, params, outputs.put)
+        stream = engine.add_request(prompt_ids, params, arrival_s=arrival_s)
+        request_id = stream.request_id
+
+        def end_early() -> None:
+            if not stream.finished:
+                engine.abort(request_id)
+
+        def close() -> None:
+            watcher.cancel()
+            end_early()
+
+        # From now until the request ends, a client that goes away aborts it in the core.
+        watcher = asyncio.ensure_future(_until_disconnect(request))
+        watcher.add_done_callback(lambda w: None if w.cancelled() else end_early())
+        try:
+            first = await stream.next()  # the core's refusal (400, 429) raises here, before any byte is sent
+        except BaseException:
+            watcher.cancel()
+            end_early()
+            raise
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(
-                _stream(engine, tokenizer, request_id, outputs, model_name, include_usage),
+            return _EngineStreamingResponse(
+                _sse(_events(first, stream), tokenizer, request_id, model_name, include_usage),
+                on_close=close,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
             )
-        return await _collect(engine, tokenizer, request, request_id, outputs, model_name)
+        try:
+            return await _collect(tokenizer, first, stream, model_name, disconnected=watcher)
+        finally:
+            close()
+
+
+class _EngineStreamingResponse(StreamingResponse):
+    """A streamed completion that aborts its request in the core the moment the response ends early.
+
+    Starlette cancels the stream when the client disconnects; the abort here
+    does not wait for the generator to be finalized, so it reaches the core
+    before its next step.
+    """
+
+    def __init__(self, content: AsyncIterator[str], *, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def _events(first: RequestOutput, stream: RequestStream) -> AsyncIterator[RequestOutput]:
+    """The request's outputs in order, the first one already read."""
+    out = first
+    yield out
+    while not out.finished:
+        out = await stream.next()
+        yield out
 
 
 def _chunk(request_id: str, model_name: str, text: str, finish_reason: str | None) -> dict[str, Any]:
@@ -236,93 +286,75 @@ def _usage(out: RequestOutput) -> dict[str, int]:
             "total_tokens": out.prompt_tokens + out.generation_tokens}
 
 
-async def _stream(
-    engine: LLMEngine,
-    tokenizer: Tokenizer,
-    request_id: str,
-    outputs: _AsyncOutputs,
-    model_name: str,
-    include_usage: bool,
+async def _sse(
+    events: AsyncIterator[RequestOutput], tokenizer: Tokenizer, request_id: str, model_name: str, include_usage: bool
 ) -> AsyncIterator[str]:
-    """One SSE event per generated token; abort on disconnect (the generator is cancelled)."""
-    import json
-
+    """One SSE event per generated token, then ``[DONE]``."""
     decoder = tokenizer.stream()
-    finished = False
-    try:
-        while not finished:
-            out = await outputs.queue.get()
-            finished = out.finished
-            if out.finish_reason == "error" or (out.finish_reason == "abort" and out.token_id is None):
-                error = {"message": out.error or "request aborted by the engine", "type": out.finish_reason}
-                yield f"data: {json.dumps({'id': request_id, 'error': error})}\n\n"
-                break
-            text = ""
-            if out.token_id is not None and not out.is_stop_token:
-                text = decoder.step(out.token_id)
-            yield f"data: {json.dumps(_chunk(request_id, model_name, text, out.finish_reason))}\n\n"
-            if finished and include_usage:
-                usage = {**_chunk(request_id, model_name, "", None), "choices": [], "usage": _usage(out)}
-                yield f"data: {json.dumps(usage)}\n\n"
-        yield "data: [DONE]\n\n"
-    finally:
-        if not finished:
-            engine.abort(request_id)
+    async for out in events:
+        if out.finish_reason == "error" or (out.finish_reason == "abort" and out.token_id is None):
+            error = {"message": out.error or "request aborted by the engine", "type": out.finish_reason}
+            yield f"data: {json.dumps({'id': request_id, 'error': error})}\n\n"
+            break
+        text = ""
+        if out.token_id is not None and not out.is_stop_token:
+            text = decoder.step(out.token_id)
+        yield f"data: {json.dumps(_chunk(request_id, model_name, text, out.finish_reason))}\n\n"
+        if out.finished and include_usage:
+            usage = {**_chunk(request_id, model_name, "", None), "choices": [], "usage": _usage(out)}
+            yield f"data: {json.dumps(usage)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _collect(
-    engine: LLMEngine,
     tokenizer: Tokenizer,
-    request: Request,
-    request_id: str,
-    outputs: _AsyncOutputs,
+    first: RequestOutput,
+    stream: RequestStream,
     model_name: str,
+    *,
+    disconnected: asyncio.Future[None],
 ) -> Response:
-    """Wait for the whole completion, aborting if the client goes away meanwhile."""
+    """Wait for the whole completion (the caller aborts it if the client goes away meanwhile)."""
+    request_id = stream.request_id
     decoder = tokenizer.stream()
     pieces: list[str] = []
-    try:
-        while True:
-            try:
-                out = await asyncio.wait_for(outputs.queue.get(), DISCONNECT_POLL_S)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    engine.abort(request_id)
-                    return Response(status_code=499)
-                continue
-            if out.token_id is not None and not out.is_stop_token:
-                pieces.append(decoder.step(out.token_id))
-            if out.finished:
-                break
-    except asyncio.CancelledError:
-        engine.abort(request_id)
-        raise
+    out = first
+    async for out in _events(first, stream):
+        if out.token_id is not None and not out.is_stop_token:
+            pieces.append(decoder.step(out.token_id))
     if out.finish_reason == "error":
         return error_response(UnavailableError(f"request {request_id} failed: {out.error}"))
     if out.finish_reason == "abort":
+        if disconnected.done() and not disconnected.cancelled():
+            return Response(status_code=499)
         return error_response(UnavailableError(f"request {request_id} was aborted by the engine"))
     body = _chunk(request_id, model_name, "".join(pieces), out.finish_reason)
     body["usage"] = _usage(out)
     return JSONResponse(body)
 
 
-def _expert_load_json(engine: LLMEngine) -> dict[str, Any]:
+def _expert_load_json(engine: EngineCoreClient) -> dict[str, Any]:
     load = engine.expert_load()
     placement = engine.placement
     if load is None:
         layers, ranks = placement.num_layers, placement.num_ranks
-        experts = engine.executor.config.num_experts
+        experts = engine.num_experts
         return {"window_steps": engine.config.routing_window_steps, "steps_in_window": 0,
                 "num_layers": layers, "num_experts": experts, "num_ranks": ranks,
                 "expert_tokens": [[0] * experts for _ in range(layers)],
                 "rank_tokens": [[0] * ranks for _ in range(layers)],
-                "imbalance_cv": [0.0] * layers, "balancedness": [1.0] * layers}
+                "imbalance_cv": [0.0] * layers, "balancedness": [1.0] * layers, "assignments": [0] * layers}
     return {
         "window_steps": load.window_steps, "steps_in_window": load.steps_in_window,
         "num_layers": int(load.expert_tokens.shape[0]), "num_experts": int(load.expert_tokens.shape[1]),
         "num_ranks": int(load.rank_tokens.shape[1]),
         "expert_tokens": load.expert_tokens.tolist(), "rank_tokens": load.rank_tokens.tolist(),
-        "imbalance_cv": load.imbalance_cv, "balancedness": load.balancedness,
+        "imbalance_cv": load.imbalance_cv, "balancedness": load.balancedness, "assignments": load.assignments,
     }
 
 

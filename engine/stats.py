@@ -99,12 +99,14 @@ class PlacementSwapStats:
 
 @dataclass(frozen=True, slots=True)
 class RoutingDelta:
-    """Routed-token counts of one engine step (all layers)."""
+    """Routed-token counts of one or more engine steps (all layers)."""
 
     expert_tokens: IntArray
-    """(layers, logical experts): tokens routed to each expert this step (top-k assignments)."""
+    """(layers, logical experts): tokens routed to each expert in these steps (top-k assignments)."""
     rank_tokens: IntArray
-    """(layers, ranks): expert assignments each rank processed this step."""
+    """(layers, ranks): expert assignments each rank processed in these steps."""
+    steps: int = 1
+    """Engine steps these counts cover (the engine reads its counters at its own rate, not every step)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,8 @@ class StepStats:
     num_preemptions: int = 0
     finished: tuple[FinishedRequestStats, ...] = ()
     routing: RoutingDelta | None = None
+    """Routing counts since the last ones, read at the engine's rate (most steps carry none).
+    With a ``placement_swap`` in the same stats, these were routed before it."""
     placement_swap: PlacementSwapStats | None = None
 
 
@@ -140,8 +144,10 @@ class StatsSink(Protocol):
 class RoutingWindow:
     """Sliding window over the last ``window_steps`` steps of routing counts.
 
-    Keeps running sums so that reading the window costs one subtraction per
-    step, not a sum over the window.
+    Deltas may cover several steps each (``RoutingDelta.steps``); the oldest
+    leaves once the others still cover ``window_steps``.  Keeps running sums
+    so that reading the window costs one subtraction per delta, not a sum
+    over the window.
     """
 
     def __init__(self, num_layers: int, num_experts: int, num_ranks: int, window_steps: int = 256) -> None:
@@ -149,6 +155,7 @@ class RoutingWindow:
             raise ValueError(f"window_steps must be >= 1, got {window_steps}")
         self.window_steps = window_steps
         self._deltas: deque[RoutingDelta] = deque()
+        self._steps = 0
         self._expert_sum: IntArray = np.zeros((num_layers, num_experts), dtype=np.int64)
         self._rank_sum: IntArray = np.zeros((num_layers, num_ranks), dtype=np.int64)
 
@@ -158,17 +165,26 @@ class RoutingWindow:
             self._deltas.clear()
             self._expert_sum = np.zeros_like(delta.expert_tokens)
             self._rank_sum = np.zeros_like(delta.rank_tokens)
+            self._steps = 0
         self._deltas.append(delta)
+        self._steps += delta.steps
         self._expert_sum += delta.expert_tokens
         self._rank_sum += delta.rank_tokens
-        while len(self._deltas) > self.window_steps:
+        while len(self._deltas) > 1 and self._steps - self._deltas[0].steps >= self.window_steps:
             old = self._deltas.popleft()
+            self._steps -= old.steps
             self._expert_sum -= old.expert_tokens
             self._rank_sum -= old.rank_tokens
+
+    @property
+    def steps(self) -> int:
+        """Engine steps the window covers now."""
+        return self._steps
 
     def reset(self) -> None:
         """Forget the window (after a placement change the old loads no longer apply)."""
         self._deltas.clear()
+        self._steps = 0
         self._expert_sum[:] = 0
         self._rank_sum[:] = 0
 

@@ -14,8 +14,9 @@ from pathlib import Path
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from engine.executors import ExecutorOptions, create_executor
-from engine.llm_engine import EngineConfig, LLMEngine
+from engine.client import EngineCoreClient
+from engine.engine_types import EngineConfig
+from engine.executors import ExecutorOptions
 from engine.scheduler import SchedulerConfig
 from engine.server import MetricsRenderer, create_app
 from engine.tokenizer import load_tokenizer
@@ -31,7 +32,7 @@ class ServeOptions:
     kv_cache_mb: float = 64.0
     block_size: int = 16
     dtype: str | None = None
-    max_num_seqs: int = 64
+    max_num_seqs: int = 128
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
     model_name: str | None = None
@@ -43,6 +44,10 @@ class ServeOptions:
     otlp: bool = False
     routing_stats: bool = True
     port: int | None = None
+    threads: int | None = None
+    """torch threads per engine process; None: the inherited CPU affinity set, divided among EP ranks."""
+    compile: bool = True
+    """torch.compile the step (per batch-size bucket); False: eager."""
 
     @property
     def served_model_name(self) -> str:
@@ -52,27 +57,26 @@ class ServeOptions:
 @dataclass(slots=True)
 class ServingStack:
     app: FastAPI
-    engine: LLMEngine
+    engine: EngineCoreClient
+    """The API process's handle on the engine-core process (already started)."""
     prometheus: PrometheusStatsSink | None
 
 
 def build_stack(options: ServeOptions) -> ServingStack:
-    """Start the executor and build the app (the engine loop starts with the app's lifespan)."""
-    executor = create_executor(
-        ExecutorOptions(
-            checkpoint=Path(options.checkpoint), ep=options.ep, kv_cache_mb=options.kv_cache_mb,
-            block_size=options.block_size, dtype=options.dtype, routing_stats=options.routing_stats,
-        )
+    """Start the engine-core process (model loaded) and build the app around its client."""
+    executor = ExecutorOptions(
+        checkpoint=Path(options.checkpoint), ep=options.ep, kv_cache_mb=options.kv_cache_mb,
+        block_size=options.block_size, dtype=options.dtype, routing_stats=options.routing_stats,
+        threads_per_rank=options.threads, compile=options.compile,
     )
     model_name = options.served_model_name
-    engine = LLMEngine(
+    engine = EngineCoreClient(
         executor,
         EngineConfig(
             scheduler=SchedulerConfig(
                 max_num_seqs=options.max_num_seqs,
                 max_num_batched_tokens=options.max_num_batched_tokens,
                 max_waiting=options.max_waiting,
-                max_model_len=executor.config.max_position_embeddings,
             )
         ),
     )
@@ -93,7 +97,8 @@ def build_stack(options: ServeOptions) -> ServingStack:
         otel = OtelStatsSink.from_environment(model_name=model_name, server_port=options.port)
         engine.add_sink(otel)
         hooks.append(otel.shutdown)
-    tokenizer = load_tokenizer(Path(options.checkpoint), executor.config.vocab_size)
+    engine.start()
+    tokenizer = load_tokenizer(Path(options.checkpoint), engine.vocab_size)
     app = create_app(engine, tokenizer, model_name=model_name, metrics=metrics, on_shutdown=hooks)
     return ServingStack(app=app, engine=engine, prometheus=prometheus)
 

@@ -158,11 +158,12 @@ class PrometheusStatsSink:
             counter = self._success.get(fin.finish_reason)
             if counter is not None:
                 counter.inc()
+        # Routing first: counts that arrive with a swap were routed under the old placement.
+        if step.routing is not None:
+            self._moe.record_routing(step.routing)
         if step.placement_swap is not None:
             self._swap_duration.observe(step.placement_swap.duration_s)
             self._moe.record_swap(step.placement_swap.experts_moved)
-        if step.routing is not None:
-            self._moe.record_routing(step.routing)
 
     # ------------------------------------------------------------------ exposition
 

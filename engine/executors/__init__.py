@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from contracts.errors import ValidationError
-from engine.executors.base import Executor, ExecutorOptions
+from engine.executors.options import Executor, ExecutorOptions
 
 
 def create_executor(options: ExecutorOptions) -> Executor:

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
 
 import torch
 
@@ -22,73 +19,10 @@ from contracts.placement import Placement
 from engine.batch import StepPlan
 from engine.checkpoint import CheckpointReader, torch_dtype
 from engine.config import ModelConfig
+from engine.executors.options import Executor, ExecutorOptions
 from engine.experts import ReplicaTable
 from engine.model import Qwen3MoeModel, StepMetadata
 from engine.stats import PlacementSwapStats, RoutingDelta
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExecutorOptions:
-    """How to run the model (read once at the edge: CLI or server config)."""
-
-    checkpoint: Path
-    ep: int = 1
-    """Expert-parallel ranks (processes)."""
-    kv_cache_mb: float = 64.0
-    """KV cache budget per rank, fixed at start (MiB)."""
-    block_size: int = 16
-    """Tokens per KV block."""
-    dtype: str | None = None
-    """``float32`` or ``bfloat16``; None: the checkpoint's dtype."""
-    slots_per_rank: int | None = None
-    """Physical expert slots per rank; None: just enough for every expert once."""
-    placement: Placement | None = None
-    """Initial placement; None: contiguous."""
-    routing_stats: bool = True
-    threads_per_rank: int | None = None
-    """torch intra-op threads per rank; None: cores divided among ranks."""
-
-
-class Executor(Protocol):
-    """What the engine loop needs from a model executor."""
-
-    @property
-    def config(self) -> ModelConfig: ...
-
-    @property
-    def num_blocks(self) -> int:
-        """KV blocks available (ids 0..num_blocks-1)."""
-        ...
-
-    @property
-    def block_size(self) -> int: ...
-
-    @property
-    def num_ranks(self) -> int: ...
-
-    @property
-    def placement(self) -> Placement: ...
-
-    @property
-    def broken(self) -> str | None:
-        """Why the executor can no longer run steps (an EP group left mid-collective); None when healthy."""
-        ...
-
-    def execute(self, plan: StepPlan) -> torch.Tensor:
-        """Run one step; float32 logits (plan.num_logits, vocab), rows in chunk order."""
-        ...
-
-    def apply_placement(self, placement: Placement) -> PlacementSwapStats:
-        """Swap to a new placement between steps; PlacementError leaves the old one in force."""
-        ...
-
-    def take_routing(self) -> RoutingDelta | None:
-        """Routed-token counts since the last call (None when routing stats are off)."""
-        ...
-
-    def set_routing_stats(self, enabled: bool) -> None: ...
-
-    def shutdown(self) -> None: ...
 
 
 def kv_cache_blocks(config: ModelConfig, kv_cache_mb: float, block_size: int, dtype: torch.dtype) -> int:
@@ -238,7 +172,12 @@ class DriverBase:
 
 
 def default_threads(num_ranks: int) -> int:
-    return max(1, (os.cpu_count() or 1) // num_ranks)
+    """torch threads per rank: the CPUs this process may run on (its affinity set), shared among ranks."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // num_ranks)
 
 
 def expert_bytes(config: ModelConfig, dtype: torch.dtype) -> int:

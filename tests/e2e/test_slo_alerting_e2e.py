@@ -65,21 +65,6 @@ class Stack:
     engine: Any
 
 
-class _SlowExecutor:
-    """Wraps the engine's executor: every model step takes ``delay_s`` longer."""
-
-    def __init__(self, inner: Any, delay_s: float) -> None:
-        self.inner = inner
-        self.delay_s = delay_s
-
-    def execute(self, plan: Any) -> Any:
-        time.sleep(self.delay_s)
-        return self.inner.execute(plan)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 def _wait(predicate: Any, timeout_s: float, interval_s: float = 0.5) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -189,7 +174,7 @@ def test_every_dashboard_query_runs_and_core_panels_have_data(stack: Stack) -> N
 
 
 def test_ttft_over_the_slo_pages_through_alertmanager(stack: Stack) -> None:
-    stack.engine.executor = _SlowExecutor(stack.engine.executor, delay_s=0.6)
+    stack.engine.set_step_delay(0.6)  # every model step in the engine core takes 0.6 s longer
     try:
         _send(stack.engine_url, 8, max_tokens=2)
         pages = stack.hooks.wait_for(
@@ -198,7 +183,7 @@ def test_ttft_over_the_slo_pages_through_alertmanager(stack: Stack) -> None:
             timeout_s=120,
         )
     finally:
-        stack.engine.executor = stack.engine.executor.inner
+        stack.engine.set_step_delay(0.0)
     assert pages, f"no TTFT page; webhooks got {stack.hooks.posts}"
     labels = pages[0]["labels"]
     assert labels["severity"] == "page" and labels["policy"] == "tiny" and labels["slo"] == "ttft"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.llm_engine import LLMEngine
+from engine.client import EngineCoreClient
 from engine.server import ServerThread
 from exporters.app import ServeOptions, build_stack
 from harness.processes import free_port
@@ -26,11 +26,11 @@ MODEL = "tiny-moe"
 @dataclass
 class Served:
     url: str
-    engine: LLMEngine
+    engine: EngineCoreClient
     client: httpx.Client
 
 
-def serve(checkpoint: Path, **overrides: object) -> tuple[ServerThread, LLMEngine]:
+def serve(checkpoint: Path, **overrides: object) -> tuple[ServerThread, EngineCoreClient]:
     port = free_port()
     options = ServeOptions(checkpoint=checkpoint, model_name=MODEL, kv_cache_mb=1.0, port=port,
                            **overrides)  # type: ignore[arg-type]

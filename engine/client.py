@@ -1,0 +1,411 @@
+"""The API process's side of the engine: starts the engine-core process and talks to it.
+
+:class:`EngineCoreClient` binds two ZeroMQ IPC sockets (requests out, outputs
+and statistics in; :mod:`engine.wire`), starts ``python -m engine.core_proc``
+and waits for its READY.  A receiver thread then reads every message of the
+core: statistics go to the registered :class:`~engine.stats.StatsSink`
+objects and the expert-load window first, then each request's outputs to its
+:class:`RequestStream` on the event loop that made it.  Nothing here runs a
+model or imports torch, so nothing in the HTTP process can stall a step.
+
+Failure of the core is found by the receiver (the process has exited, checked
+every 0.1 s): it logs one line naming the exit status, fails every request in
+flight with :class:`~contracts.errors.UnavailableError` and makes
+:meth:`EngineCoreClient.health` report why.  The core, for its part, exits
+when this process dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from contracts.errors import MoesloError, UnavailableError, ValidationError
+from contracts.placement import Placement
+from engine import wire
+from engine.core_proc import CoreOptions
+from engine.engine_types import EngineConfig, ExpertLoad, RequestOutput
+from engine.errors import PromptTooLongError
+from engine.executors.base import ExecutorOptions
+from engine.expert_load import ExpertLoadTracker
+from engine.sampling import SamplingParams
+from engine.stats import PlacementSwapStats, StatsSink, StepStats
+
+log = logging.getLogger("moeslo.engine_client")
+POLL_S = 0.1
+
+
+class RequestStream:
+    """One request's outputs, read on the event loop that added it."""
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput | MoesloError] = asyncio.Queue()
+        self.finished = False
+
+    async def next(self) -> RequestOutput:
+        """The next output; raises the error that ended the request (rejected, engine gone)."""
+        item = await self.queue.get()
+        if isinstance(item, MoesloError):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+
+class BlocksView:
+    """The core's KV block pool as the API process sees it (sizes; checks run in the core)."""
+
+    def __init__(self, client: EngineCoreClient, num_blocks: int, block_size: int) -> None:
+        self._client = client
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+    def check_invariants(self) -> None:
+        """Every block free or in exactly one table; AssertionError otherwise (tests call this)."""
+        self._client.call("check_invariants")
+
+
+class EngineCoreClient:
+    """Start, feed and watch one engine-core process."""
+
+    def __init__(self, executor: ExecutorOptions, config: EngineConfig | None = None, *,
+                 sinks: Iterable[StatsSink] = (), startup_timeout_s: float = 600.0) -> None:
+        self.executor_options = executor
+        self.config = config or EngineConfig()
+        self._sinks: list[StatsSink] = list(sinks)
+        self._load = ExpertLoadTracker(self.config.routing_window_steps)
+        self._startup_timeout_s = startup_timeout_s
+        self._streams: dict[str, RequestStream] = {}
+        self._calls: dict[int, Future[Any]] = {}
+        self._call_ids = itertools.count()
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._dead: str | None = None
+        self._broken: str | None = None
+        self._info: dict[str, Any] = {}
+        self._final: dict[str, Any] = {}
+        """The core's state as it stopped (GOODBYE)."""
+        self._tmp = tempfile.TemporaryDirectory(prefix="moeslo-core-")
+        self._ctx = zmq.Context()
+        self._inputs = self._ctx.socket(zmq.PUSH)
+        self._outputs = self._ctx.socket(zmq.PULL)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def add_sink(self, sink: StatsSink) -> None:
+        self._sinks.append(sink)
+
+    def start(self) -> EngineCoreClient:
+        """Start the core and wait until its model is loaded; UnavailableError if it is not."""
+        if self._proc is not None:
+            return self
+        in_addr, out_addr = (f"ipc://{Path(self._tmp.name) / name}" for name in ("in.sock", "out.sock"))
+        self._inputs.bind(in_addr)
+        self._outputs.bind(out_addr)
+        options = CoreOptions(
+            executor=self.executor_options, engine=self.config, input_address=in_addr, output_address=out_addr,
+            parent_pid=os.getpid(), die_with_parent=threading.current_thread() is threading.main_thread(),
+            log_level=logging.getLevelName(max(logging.getLogger().getEffectiveLevel(), logging.INFO)),
+        )
+        self._proc = subprocess.Popen([sys.executable, "-m", "engine.core_proc"], stdin=subprocess.PIPE)
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(options.to_json().encode())
+        self._proc.stdin.close()
+        atexit.register(self._kill)
+        try:
+            self._info = self._wait_ready()
+        except BaseException:
+            self._kill()
+            raise
+        self._thread = threading.Thread(target=self._receive_loop, name="moeslo-engine-client", daemon=True)
+        self._thread.start()
+        return self
+
+    def _wait_ready(self) -> dict[str, Any]:
+        assert self._proc is not None
+        deadline = time.monotonic() + self._startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._outputs.poll(int(POLL_S * 1000)):
+                msg = wire.unpack(self._outputs.recv())
+                if msg[0] != wire.READY:
+                    continue
+                info: dict[str, Any] = msg[1]
+                if "error" in info:
+                    raise wire.error_from_wire(info["error"])
+                return info
+            if self._proc.poll() is not None:
+                raise UnavailableError(f"the engine core exited with status {self._proc.returncode} while starting")
+        raise UnavailableError(f"the engine core did not load the model within {self._startup_timeout_s:g} s")
+
+    @property
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None and not self._closing and self._dead is None
+
+    def health(self) -> str | None:
+        """None when the engine can serve; else why not."""
+        if self._dead is not None:
+            return self._dead
+        if not self.is_alive:
+            return "the engine core is not running"
+        return None if self._broken is None else f"executor broken: {self._broken}"
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop the core (requests in flight finish with ``abort``) and wait for it to exit."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._proc is not None and self._proc.poll() is None:
+            self._send([wire.SHUTDOWN])
+            try:
+                self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.error("engine core did not stop within %g s; killing it", timeout_s)
+                self._kill()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._fail_all(UnavailableError("the engine shut down"), finish_reason="abort")
+        self._inputs.close(0)
+        self._outputs.close(0)
+        self._ctx.term()
+        self._tmp.cleanup()
+        atexit.unregister(self._kill)
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(10)
+
+    # ----------------------------------------------------------------- what READY told
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self._info["num_blocks"])
+
+    @property
+    def blocks(self) -> BlocksView:
+        return BlocksView(self, int(self._info["num_blocks"]), int(self._info["block_size"]))
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self._info["max_model_len"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._info["vocab_size"])
+
+    @property
+    def num_experts(self) -> int:
+        return int(self._info["num_experts"])
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def placement(self) -> Placement:
+        return Placement.from_json(self._info["placement"])
+
+    # ----------------------------------------------------------------- requests
+
+    def check_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """What can be refused here without asking the core (it checks again)."""
+        vocab = self.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValidationError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        if not prompt_token_ids:
+            raise ValidationError("prompt must have at least one token")
+        if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
+            raise PromptTooLongError(prompt_tokens=len(prompt_token_ids), max_tokens=params.max_tokens,
+                                     max_model_len=self.max_model_len)
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *,
+                    request_id: str | None = None, arrival_s: float | None = None) -> RequestStream:
+        """Send a request to the core; its outputs (or its rejection) arrive on the returned stream.
+
+        Call on the event loop that will read the stream.
+        """
+        self._raise_if_down()
+        self.check_prompt(prompt_token_ids, params)
+        request_id = request_id or f"cmpl-{uuid.uuid4().hex}"
+        stream = RequestStream(request_id, asyncio.get_running_loop())
+        with self._lock:
+            if request_id in self._streams:
+                raise ValidationError(f"request_id {request_id!r} is already in flight")
+            self._streams[request_id] = stream
+        arrival = time.monotonic() if arrival_s is None else arrival_s
+        self._send([wire.ADD, request_id, list(prompt_token_ids), wire.params_to_wire(params), arrival])
+        return stream
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """End a request in the core (its KV blocks are freed before the next step); its final output follows."""
+        if self.is_alive:
+            self._send([wire.ABORT, [request_id], reason])
+
+    # ----------------------------------------------------------------- utility calls
+
+    def call(self, method: str, *args: Any, timeout_s: float = 300.0) -> Any:
+        """Run ``method`` in the core between two steps and return its result (blocking)."""
+        self._raise_if_down()
+        call_id = next(self._call_ids)
+        future: Future[Any] = Future()
+        with self._lock:
+            self._calls[call_id] = future
+        self._send([wire.CALL, call_id, method, list(args)])
+        return future.result(timeout_s)
+
+    def request_placement(self, placement: Placement, timeout_s: float = 300.0) -> PlacementSwapStats:
+        """Apply ``placement`` between two steps; PlacementError (old placement kept) propagates."""
+        duration_s, moved, moved_bytes = self.call("apply_placement", placement.to_json(), timeout_s=timeout_s)
+        self._info["placement"] = placement.to_json()
+        return PlacementSwapStats(duration_s=duration_s, experts_moved=moved, bytes_moved=moved_bytes)
+
+    def expert_load(self) -> ExpertLoad | None:
+        return self._load.snapshot()
+
+    def kv_state(self) -> tuple[int, int]:
+        """(blocks used, blocks total); after shutdown, as the core left them."""
+        used, total = self._final["kv_state"] if self._closing and self._final else self.call("kv_state")
+        return int(used), int(total)
+
+    def num_requests(self) -> tuple[int, int]:
+        """(running, waiting); after shutdown, as the core left them."""
+        running, waiting = self._final["num_requests"] if self._closing and self._final else self.call("num_requests")
+        return int(running), int(waiting)
+
+    def set_step_delay(self, delay_s: float) -> None:
+        """Fault injection for tests and drills: every model step takes ``delay_s`` longer."""
+        self.call("set_step_delay", delay_s)
+
+    def _raise_if_down(self) -> None:
+        reason = self.health()
+        if reason is not None:
+            raise UnavailableError(reason)
+
+    def _send(self, msg: list[Any]) -> None:
+        data = wire.pack(msg)
+        with self._send_lock:
+            self._inputs.send(data)
+
+    # ----------------------------------------------------------------- the receiver thread
+
+    def _receive_loop(self) -> None:
+        assert self._proc is not None
+        while True:
+            if self._outputs.poll(int(POLL_S * 1000)):
+                try:
+                    self._handle(wire.unpack(self._outputs.recv()))
+                except Exception:  # one bad message must not stop the receiver
+                    log.exception("engine client: could not handle a message from the core")
+                continue
+            if self._proc.poll() is not None:
+                if not self._closing:
+                    self._on_core_exit(self._proc.returncode)
+                return
+
+    def _handle(self, msg: list[Any]) -> None:
+        kind = msg[0]
+        if kind == wire.STEP:
+            if msg[2] is not None:
+                self._record(wire.stats_from_wire(msg[2]))
+            self._dispatch([wire.output_from_wire(raw) for raw in msg[1]])
+        elif kind == wire.REJECT:
+            self._reject(msg[1], wire.error_from_wire(msg[2]))
+        elif kind == wire.REPLY:
+            self._reply(msg[1], msg[2], msg[3])
+        elif kind == wire.HEALTH:
+            self._broken = msg[1]
+        elif kind == wire.GOODBYE:
+            self._final = msg[1]
+
+    def _record(self, stats: StepStats) -> None:
+        if stats.routing is not None:
+            self._load.add(stats.routing)
+        if stats.placement_swap is not None:
+            self._load.reset()
+        for sink in self._sinks:
+            try:
+                sink.record(stats)
+            except Exception:  # a broken exporter must not stop serving
+                log.exception("stats sink %r failed", sink)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """Hand outputs to their streams: one wake-up per event loop, not one per output."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput | MoesloError]]] = {}
+        with self._lock:
+            for out in outputs:
+                stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
+                if stream is not None:
+                    batches.setdefault(stream.loop, []).append((stream, out))
+        for loop, batch in batches.items():
+            _call_soon(loop, batch)
+
+    def _reject(self, request_id: str, error: MoesloError) -> None:
+        with self._lock:
+            stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            _call_soon(stream.loop, [(stream, error)])
+
+    def _reply(self, call_id: int, ok: bool, value: Any) -> None:
+        with self._lock:
+            future = self._calls.pop(call_id, None)
+        if future is None:
+            return
+        if ok:
+            future.set_result(value)
+        elif value.get("type") == "AssertionError":
+            future.set_exception(AssertionError(value.get("message")))
+        else:
+            future.set_exception(wire.error_from_wire(value))
+
+    def _on_core_exit(self, status: int | None) -> None:
+        self._dead = f"the engine core process exited with status {status}"
+        log.error("engine core died: %s; failing every request in flight, /health answers 503", self._dead)
+        self._fail_all(UnavailableError(self._dead), finish_reason="error")
+
+    def _fail_all(self, error: MoesloError, *, finish_reason: str) -> None:
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+            calls, self._calls = list(self._calls.values()), {}
+        for future in calls:
+            future.set_exception(error)
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput | MoesloError]]] = {}
+        for stream in streams:
+            final = RequestOutput(stream.request_id, None, finished=True, finish_reason=finish_reason,
+                                  error=str(error))
+            batches.setdefault(stream.loop, []).append((stream, final))
+        for loop, batch in batches.items():
+            _call_soon(loop, batch)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, batch: list[tuple[RequestStream, RequestOutput | MoesloError]]) -> None:
+    def deliver() -> None:
+        for stream, item in batch:
+            stream.queue.put_nowait(item)
+
+    with contextlib.suppress(RuntimeError):  # that event loop has closed: nobody is reading
+        loop.call_soon_threadsafe(deliver)
+
+
+__all__ = ["BlocksView", "EngineCoreClient", "RequestStream"]

@@ -1,0 +1,344 @@
+"""The engine core: scheduler -> executor -> sampler, one step at a time, on one thread.
+
+:class:`EngineCore` has no threads, locks or sockets.  Whoever drives it (the
+engine-core process's loop in :mod:`engine.core_proc`, or the in-process
+:class:`~engine.llm_engine.LLMEngine` of the unit tests) calls
+:meth:`EngineCore.add_request` and :meth:`EngineCore.abort` between steps and
+:meth:`EngineCore.step` to run one; each step returns the outputs it produced
+and its :class:`~engine.stats.StepStats`.
+
+Every accepted request ends with exactly one final :class:`RequestOutput`
+whose ``finish_reason`` is ``length``, ``stop``, ``abort`` or ``error``.
+Routing counts stay in the executor's counters; the core reads them at its
+own rate (every ``routing_interval_s``, when requests finish, when it goes
+idle) and attaches them to that step's stats, never per step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from contracts.errors import ValidationError
+from contracts.placement import Placement
+from engine.engine_types import EngineConfig, RequestOutput
+from engine.executors import Executor
+from engine.kv_cache import BlockManager
+from engine.sampling import SamplingParams, sample
+from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SeqStatus, Sequence
+from engine.stats import FinishedRequestStats, PlacementSwapStats, RequestTiming, RoutingDelta, StepStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one call of :meth:`EngineCore.step` produced."""
+
+    outputs: list[RequestOutput] = field(default_factory=list)
+    stats: StepStats | None = None
+    """None when nothing ran and nothing changed."""
+
+
+class EngineCore:
+    """Continuous batching around an :class:`~engine.executors.Executor`; not thread-safe."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        config: EngineConfig | None = None,
+        *,
+        eos_token_id: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.executor = executor
+        self.config = config or EngineConfig()
+        model_len = min(self.config.scheduler.max_model_len, executor.config.max_position_embeddings)
+        sched_config = SchedulerConfig(
+            max_num_seqs=self.config.scheduler.max_num_seqs,
+            max_num_batched_tokens=self.config.scheduler.max_num_batched_tokens,
+            max_waiting=self.config.scheduler.max_waiting,
+            max_model_len=model_len,
+        )
+        self.blocks = BlockManager(executor.num_blocks, executor.block_size)
+        self.scheduler = Scheduler(sched_config, self.blocks)
+        self.eos_token_id = executor.config.eos_token_id if eos_token_id is None else eos_token_id
+        self._clock = clock
+        self._requests: dict[str, Sequence] = {}
+        self._seq_ids = itertools.count()
+        self._pending_finished: list[FinishedRequestStats] = []
+        self._pending_outputs: list[RequestOutput] = []
+        self._pending_swap: PlacementSwapStats | None = None
+        self._pending_routing: RoutingDelta | None = None
+        self._last_routing_s = clock()
+        self._finish_times_s: deque[float] = deque(maxlen=64)
+        self._state_changed = False
+        self.step_delay_s = 0.0
+        """Fault injection for tests and drills: sleep this long before every model step."""
+
+    # ----------------------------------------------------------------- requests
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, arrival_s: float | None = None
+    ) -> None:
+        """Queue a request; raises ValidationError, PromptTooLongError or OverloadedError."""
+        vocab = self.executor.config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValidationError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        if request_id in self._requests:
+            raise ValidationError(f"request_id {request_id!r} is already in flight")
+        now = self._clock() if arrival_s is None else arrival_s
+        seq = Sequence(
+            seq_id=next(self._seq_ids),
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            timing=RequestTiming(request_id=request_id, arrival_s=now, prompt_tokens=len(prompt_token_ids)),
+        )
+        self.scheduler.add(seq, retry_after_s=self._retry_after_s(self._clock()))
+        self._requests[request_id] = seq
+
+    def abort(self, request_id: str, reason: str = "abort", error: str | None = None) -> bool:
+        """End a request now (client gone, or a stop the API side found); frees its KV blocks.
+
+        Its final output is queued for the next :meth:`step` (or :meth:`take_outputs`).
+        False if it already finished.
+        """
+        seq = self._requests.get(request_id)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, reason)
+        self._pending_outputs.append(self._finalize(seq, self._clock(), None, reason, error=error))
+        return True
+
+    def abort_all(self, reason: str = "abort", error: str | None = None) -> list[RequestOutput]:
+        for request_id in list(self._requests):
+            self.abort(request_id, reason, error)
+        return self.take_outputs()
+
+    def take_outputs(self) -> list[RequestOutput]:
+        """Outputs queued outside a step (aborts), oldest first."""
+        out, self._pending_outputs = self._pending_outputs, []
+        return out
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def has_news(self) -> bool:
+        """Whether an idle :meth:`step` would report something (finished requests, a swap)."""
+        return self._state_changed or bool(self._pending_finished or self._pending_outputs)
+
+    def num_requests(self) -> tuple[int, int]:
+        """(running, waiting)."""
+        return len(self.scheduler.running), len(self.scheduler.waiting)
+
+    def kv_state(self) -> tuple[int, int]:
+        """(blocks used, blocks total)."""
+        return self.blocks.num_used, self.blocks.num_blocks
+
+    def _retry_after_s(self, now: float) -> float:
+        """Time until the queue has drained by one bound's worth, from the recent finish rate."""
+        times = self._finish_times_s
+        if len(times) >= 2 and now > times[0]:
+            rate = len(times) / (now - times[0])
+            return float(min(60.0, max(1.0, len(self.scheduler.waiting) / rate)))
+        return 1.0
+
+    # ----------------------------------------------------------------- placement and routing
+
+    @property
+    def placement(self) -> Placement:
+        return self.executor.placement
+
+    def apply_placement(self, placement: Placement) -> PlacementSwapStats:
+        """Swap the placement between two steps; PlacementError (old placement kept) propagates.
+
+        The counts routed under the old placement are read first, so the next
+        stats carry them ahead of the swap.
+        """
+        self._pending_routing = _merge(self._pending_routing, self.executor.take_routing())
+        swap = self.executor.apply_placement(placement)
+        self._pending_swap = swap
+        self._state_changed = True
+        return swap
+
+    def _routing(self, now: float, finished: bool) -> RoutingDelta | None:
+        """The routing counters, read at the loop's rate: every ``routing_interval_s``, when requests
+        finish (so their counts are published with them), and when the engine goes idle."""
+        due = finished or not self.scheduler.has_work() or now - self._last_routing_s >= self.config.routing_interval_s
+        if not due:
+            return None
+        self._last_routing_s = now
+        delta = _merge(self._pending_routing, self.executor.take_routing())
+        self._pending_routing = None
+        if delta is None or (delta.steps == 0 and self._pending_swap is None):
+            return None
+        return delta
+
+    # ----------------------------------------------------------------- the step
+
+    def step(self) -> StepResult:
+        """Run one step if there is work; else report what changed while idle."""
+        result = StepResult(outputs=self.take_outputs())
+        if not self.scheduler.has_work():
+            if self._state_changed or self._pending_finished or result.outputs:
+                result.stats = self._stats(self._clock(), 0.0, None, 0, (), ())
+            return result
+        out = self.scheduler.schedule()
+        started_s = self._clock()
+        for chunk in out.scheduled:
+            if chunk.seq.timing.scheduled_s is None:
+                chunk.seq.timing.scheduled_s = started_s
+        if not out.plan.chunks:
+            return result
+        try:
+            if self.step_delay_s:
+                time.sleep(self.step_delay_s)
+            logits = self.executor.execute(out.plan)
+        except Exception as exc:
+            log.exception("executor failed a step")
+            for chunk in out.scheduled:
+                self.abort(chunk.seq.request_id, "error", error=f"model step failed: {exc}")
+            result.outputs.extend(self.take_outputs())
+            result.stats = self._stats(self._clock(), self._clock() - started_s, out, 0, (), ())
+            return result
+        self._finish_step(out, logits, started_s, result)
+        return result
+
+    def _finish_step(self, out: SchedulerOutput, logits: object, started_s: float, result: StepResult) -> None:
+        import torch
+
+        assert isinstance(logits, torch.Tensor)
+        rows: list[int] = []
+        sampled: list[Sequence] = []
+        row = 0
+        for chunk, plan_chunk in zip(out.scheduled, out.plan.chunks, strict=True):
+            seq = chunk.seq
+            if plan_chunk.needs_logits:
+                if seq.status is SeqStatus.RUNNING:
+                    rows.append(row)
+                    sampled.append(seq)
+                row += 1
+            if seq.status is SeqStatus.RUNNING:
+                seq.num_computed += chunk.num_tokens
+        if rows and len(rows) < logits.shape[0]:
+            logits = logits[rows]
+        tokens = sample(logits, [s.sampler for s in sampled]) if rows else []
+        now = self._clock()
+        ttfts: list[float] = []
+        itls: list[float] = []
+        for seq, token in zip(sampled, tokens, strict=True):
+            timing = seq.timing
+            if timing.first_token_s is None:
+                timing.first_token_s = now
+                ttfts.append(now - timing.arrival_s)
+            else:
+                itls.append(now - timing.token_times_s[-1])
+            timing.token_times_s.append(now)
+            seq.output_token_ids.append(token)
+            reason = self._stop_reason(seq, token)
+            if reason is None:
+                result.outputs.append(RequestOutput(seq.request_id, token))
+                continue
+            self.scheduler.finish(seq, reason)
+            result.outputs.append(self._finalize(seq, now, token, reason))
+        result.stats = self._stats(now, now - started_s, out, len(tokens), tuple(ttfts), tuple(itls))
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.params
+        if token in params.stop_token_ids:
+            return "stop"
+        if not params.ignore_eos and self.eos_token_id is not None and token == self.eos_token_id:
+            return "stop"
+        if len(seq.output_token_ids) >= params.max_tokens:
+            return "length"
+        return None
+
+    def _finalize(
+        self, seq: Sequence, now: float, token: int | None, reason: str, *, error: str | None = None
+    ) -> RequestOutput:
+        """Record the request's end; its final output (exactly once)."""
+        self._requests.pop(seq.request_id, None)
+        seq.timing.finished_s = now
+        self._finish_times_s.append(now)
+        self._pending_finished.append(_finished_stats(seq, now, reason))
+        self._state_changed = True
+        return RequestOutput(
+            seq.request_id,
+            token,
+            finished=True,
+            finish_reason=reason,
+            is_stop_token=reason == "stop" and token is not None,
+            error=error,
+            prompt_tokens=len(seq.prompt_token_ids),
+            generation_tokens=len(seq.output_token_ids),
+        )
+
+    def _stats(
+        self,
+        now: float,
+        duration_s: float,
+        out: SchedulerOutput | None,
+        generation_tokens: int,
+        ttfts: tuple[float, ...],
+        itls: tuple[float, ...],
+    ) -> StepStats:
+        finished = tuple(self._pending_finished)
+        self._pending_finished.clear()
+        routing = self._routing(now, bool(finished))
+        swap, self._pending_swap = self._pending_swap, None
+        self._state_changed = False
+        return StepStats(
+            now_s=now,
+            step_duration_s=duration_s,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.blocks.usage,
+            prompt_tokens=out.prompt_tokens if out is not None else 0,
+            generation_tokens=generation_tokens,
+            ttfts_s=ttfts,
+            itls_s=itls,
+            num_preemptions=out.num_preemptions if out is not None else 0,
+            finished=finished,
+            routing=routing,
+            placement_swap=swap,
+        )
+
+
+def _merge(a: RoutingDelta | None, b: RoutingDelta | None) -> RoutingDelta | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return RoutingDelta(a.expert_tokens + b.expert_tokens, a.rank_tokens + b.rank_tokens, a.steps + b.steps)
+
+
+def _finished_stats(seq: Sequence, now: float, reason: str) -> FinishedRequestStats:
+    timing = seq.timing
+    itls = timing.itls_s
+    scheduled = timing.scheduled_s if timing.scheduled_s is not None else now
+    first = timing.first_token_s
+    return FinishedRequestStats(
+        request_id=seq.request_id,
+        finish_reason=reason,
+        prompt_tokens=len(seq.prompt_token_ids),
+        generation_tokens=len(seq.output_token_ids),
+        e2e_s=now - timing.arrival_s,
+        queue_s=scheduled - timing.arrival_s,
+        prefill_s=(first if first is not None else now) - scheduled,
+        decode_s=0.0 if first is None else now - first,
+        ttft_s=timing.ttft_s,
+        mean_itl_s=float(np.mean(itls)) if itls else None,
+    )
+
+
+__all__ = ["EngineCore", "StepResult"]

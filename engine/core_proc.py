@@ -1,0 +1,234 @@
+"""The engine-core process: scheduler, KV cache and executor, behind two ZeroMQ sockets.
+
+Started by :class:`engine.client.EngineCoreClient` as ``python -m
+engine.core_proc`` with its :class:`CoreOptions` as JSON on stdin.  It
+connects to the API process's two IPC sockets (requests in, outputs and
+statistics out; :mod:`engine.wire` has the messages), loads the model, says
+READY and runs :class:`CoreLoop`: drain the input socket, run one step, send
+its outputs and stats, and while idle block on the socket with a heartbeat
+every second.  EP ranks (``--ep N``) are this process's children.
+
+It exits when asked (SHUTDOWN), when the API process dies (parent-death
+signal, and a parent-pid check every second), or on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from contracts.errors import MoesloError
+from contracts.placement import Placement
+from engine import wire
+from engine.core import EngineCore
+from engine.engine_types import EngineConfig
+from engine.executors import ExecutorOptions, create_executor
+from engine.scheduler import SchedulerConfig
+
+log = logging.getLogger("moeslo.engine_core")
+HEARTBEAT_S = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoreOptions:
+    """What the engine-core process needs; crosses the process boundary as JSON."""
+
+    executor: ExecutorOptions
+    engine: EngineConfig
+    input_address: str
+    output_address: str
+    parent_pid: int
+    die_with_parent: bool = True
+    log_level: str = "WARNING"
+
+    def to_json(self) -> str:
+        ex = self.executor
+        executor = {k: v for k, v in asdict(ex).items() if k != "placement"}
+        executor["checkpoint"] = str(ex.checkpoint)
+        executor["compile_cache_dir"] = None if ex.compile_cache_dir is None else str(ex.compile_cache_dir)
+        executor["placement"] = None if ex.placement is None else ex.placement.to_json()
+        engine = {k: v for k, v in asdict(self.engine).items() if k != "scheduler"}
+        engine["scheduler"] = asdict(self.engine.scheduler)
+        return json.dumps({"executor": executor, "engine": engine, "input_address": self.input_address,
+                           "output_address": self.output_address, "parent_pid": self.parent_pid,
+                           "die_with_parent": self.die_with_parent, "log_level": self.log_level})
+
+    @classmethod
+    def from_json(cls, text: str) -> CoreOptions:
+        raw = json.loads(text)
+        ex = dict(raw["executor"])
+        ex["checkpoint"] = Path(ex["checkpoint"])
+        ex["compile_cache_dir"] = None if ex["compile_cache_dir"] is None else Path(ex["compile_cache_dir"])
+        ex["placement"] = None if ex["placement"] is None else Placement.from_json(ex["placement"])
+        engine = dict(raw["engine"])
+        engine["scheduler"] = SchedulerConfig(**engine["scheduler"])
+        return cls(executor=ExecutorOptions(**ex), engine=EngineConfig(**engine),
+                   input_address=raw["input_address"], output_address=raw["output_address"],
+                   parent_pid=int(raw["parent_pid"]), die_with_parent=bool(raw["die_with_parent"]),
+                   log_level=str(raw["log_level"]))
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``sig`` when the parent goes away (no-op elsewhere)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, int(sig))  # PR_SET_PDEATHSIG
+
+
+class CoreLoop:
+    """Busy loop of the engine core: inputs between steps, one message out per step."""
+
+    def __init__(self, core: EngineCore, inputs: zmq.Socket[bytes], outputs: zmq.Socket[bytes],
+                 parent_alive: Callable[[], bool]) -> None:
+        self.core = core
+        self.inputs = inputs
+        self.outputs = outputs
+        self._parent_alive = parent_alive
+        self._running = True
+        self._calls: dict[str, Callable[..., Any]] = {
+            "get_placement": self._placement_json,
+            "apply_placement": self._apply_placement,
+            "kv_state": lambda: list(core.kv_state()),
+            "num_requests": lambda: list(core.num_requests()),
+            "check_invariants": core.blocks.check_invariants,
+            "set_routing_stats": core.executor.set_routing_stats,
+            "set_step_delay": self._set_step_delay,
+            "broken": lambda: core.executor.broken,
+        }
+
+    def _placement_json(self) -> dict[str, Any]:
+        return self.core.placement.to_json()
+
+    def _apply_placement(self, raw: dict[str, Any]) -> list[Any]:
+        swap = self.core.apply_placement(Placement.from_json(raw))
+        return [swap.duration_s, swap.experts_moved, swap.bytes_moved]
+
+    def _set_step_delay(self, delay_s: float) -> None:
+        self.core.step_delay_s = float(delay_s)
+
+    def run(self) -> None:
+        last_check = time.monotonic()
+        while self._running:
+            busy = self.core.has_work() or self.core.has_news()
+            if self.inputs.poll(0 if busy else int(HEARTBEAT_S * 1000)):
+                self._drain()
+            elif not busy:
+                self._send([wire.HEALTH, self.core.executor.broken])
+            if busy or self.core.has_work() or self.core.has_news():
+                self._step()
+            now = time.monotonic()
+            if now - last_check >= HEARTBEAT_S:
+                last_check = now
+                if not self._parent_alive():
+                    log.error("engine core: the API process is gone; exiting")
+                    return
+        self.core.abort_all("abort")
+        self._step()  # the aborts' final outputs and stats
+        self._send([wire.GOODBYE, {"kv_state": list(self.core.kv_state()),
+                                   "num_requests": list(self.core.num_requests())}])
+
+    def _step(self) -> None:
+        result = self.core.step()
+        if result.outputs or result.stats is not None:
+            stats = None if result.stats is None else wire.stats_to_wire(result.stats)
+            self._send([wire.STEP, [wire.output_to_wire(o) for o in result.outputs], stats])
+
+    def _drain(self) -> None:
+        while self._running:
+            try:
+                data = self.inputs.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(wire.unpack(data))
+
+    def _handle(self, msg: list[Any]) -> None:
+        kind = msg[0]
+        if kind == wire.ADD:
+            _, request_id, prompt, params, arrival_s = msg
+            try:
+                self.core.add_request(request_id, prompt, wire.params_from_wire(params), arrival_s=arrival_s)
+            except MoesloError as exc:
+                self._send([wire.REJECT, request_id, wire.error_to_wire(exc)])
+        elif kind == wire.ABORT:
+            for request_id in msg[1]:
+                self.core.abort(request_id, msg[2])
+        elif kind == wire.CALL:
+            self._call(msg[1], msg[2], msg[3])
+        elif kind == wire.SHUTDOWN:
+            self._running = False
+        else:
+            log.error("engine core: unknown message kind %r", kind)
+
+    def _call(self, call_id: int, method: str, args: list[Any]) -> None:
+        fn = self._calls.get(method)
+        try:
+            if fn is None:
+                raise MoesloError(f"unknown engine call {method!r}")
+            self._send([wire.REPLY, call_id, True, fn(*args)])
+        except Exception as exc:  # the caller gets the error; the loop goes on
+            self._send([wire.REPLY, call_id, False, wire.error_to_wire(exc)])
+
+    def _send(self, msg: list[Any]) -> None:
+        self.outputs.send(wire.pack(msg))
+
+
+def _ready_info(core: EngineCore) -> dict[str, Any]:
+    cfg = core.executor.config
+    return {"pid": os.getpid(), "num_blocks": core.blocks.num_blocks, "block_size": core.blocks.block_size,
+            "max_model_len": core.max_model_len, "vocab_size": cfg.vocab_size, "num_experts": cfg.num_experts,
+            "num_ranks": core.executor.num_ranks, "placement": core.placement.to_json(),
+            "eos_token_id": core.eos_token_id}
+
+
+def serve(options: CoreOptions) -> int:
+    """Run the engine core until told to stop; the exit status."""
+    if options.die_with_parent:
+        die_with_parent()
+    ctx = zmq.Context()
+    inputs, outputs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    outputs.setsockopt(zmq.LINGER, 2000)
+    inputs.connect(options.input_address)
+    outputs.connect(options.output_address)
+    try:
+        try:
+            executor = create_executor(options.executor)
+            core = EngineCore(executor, options.engine)
+        except Exception as exc:
+            log.exception("engine core: the model did not load")
+            outputs.send(wire.pack([wire.READY, {"error": wire.error_to_wire(exc)}]))
+            return 1
+        try:
+            outputs.send(wire.pack([wire.READY, _ready_info(core)]))
+            CoreLoop(core, inputs, outputs, lambda: os.getppid() == options.parent_pid).run()
+        finally:
+            executor.shutdown()
+        return 0
+    finally:
+        inputs.close(0)
+        outputs.close()
+        ctx.term()
+
+
+def main() -> None:
+    options = CoreOptions.from_json(sys.stdin.read())
+    logging.basicConfig(level=options.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(serve(options))
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["CoreLoop", "CoreOptions", "die_with_parent", "main", "serve"]

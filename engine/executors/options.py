@@ -1,0 +1,91 @@
+"""What an executor is told (its options) and what the engine loop needs from it (the protocol).
+
+Kept apart from :mod:`engine.executors.base` so that the API process can
+name these without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from contracts.placement import Placement
+from engine.batch import StepPlan
+from engine.config import ModelConfig
+from engine.stats import PlacementSwapStats, RoutingDelta
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorOptions:
+    """How to run the model (read once at the edge: CLI or server config)."""
+
+    checkpoint: Path
+    ep: int = 1
+    """Expert-parallel ranks (processes)."""
+    kv_cache_mb: float = 64.0
+    """KV cache budget per rank, fixed at start (MiB)."""
+    block_size: int = 16
+    """Tokens per KV block."""
+    dtype: str | None = None
+    """``float32`` or ``bfloat16``; None: the checkpoint's dtype."""
+    slots_per_rank: int | None = None
+    """Physical expert slots per rank; None: just enough for every expert once."""
+    placement: Placement | None = None
+    """Initial placement; None: contiguous."""
+    routing_stats: bool = True
+    threads_per_rank: int | None = None
+    """torch intra-op threads per rank process; None: the CPUs of the inherited affinity set, divided among ranks."""
+    compile: bool = True
+    """torch.compile (inductor) the step's dense parts, per batch-size bucket; False: eager."""
+    compile_cache_dir: Path | None = None
+    """Where inductor keeps compiled kernels across runs; None: torch's default."""
+
+
+class Executor(Protocol):
+    """What the engine loop needs from a model executor."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks available (ids 0..num_blocks-1)."""
+        ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def num_ranks(self) -> int: ...
+
+    @property
+    def placement(self) -> Placement: ...
+
+    @property
+    def broken(self) -> str | None:
+        """Why the executor can no longer run steps (an EP group left mid-collective); None when healthy."""
+        ...
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """Run one step; float32 logits (plan.num_logits, vocab), rows in chunk order."""
+        ...
+
+    def apply_placement(self, placement: Placement) -> PlacementSwapStats:
+        """Swap to a new placement between steps; PlacementError leaves the old one in force."""
+        ...
+
+    def take_routing(self) -> RoutingDelta | None:
+        """Routed-token counts since the last call (None when routing stats are off)."""
+        ...
+
+    def set_routing_stats(self, enabled: bool) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+
+__all__ = ["Executor", "ExecutorOptions"]

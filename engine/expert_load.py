@@ -1,0 +1,51 @@
+"""The routing window behind ``GET /v1/expert-load``, fed with routing deltas at the engine's rate."""
+
+from __future__ import annotations
+
+import threading
+
+from contracts.imbalance import balancedness, imbalance_cv
+from engine.engine_types import ExpertLoad
+from engine.stats import RoutingDelta, RoutingWindow
+
+
+class ExpertLoadTracker:
+    """Thread-safe sliding window of routing counts; :meth:`snapshot` gives the plain-data view."""
+
+    def __init__(self, window_steps: int) -> None:
+        self.window_steps = window_steps
+        self._lock = threading.Lock()
+        self._window: RoutingWindow | None = None
+
+    def add(self, delta: RoutingDelta) -> None:
+        with self._lock:
+            if self._window is None:
+                layers, experts = delta.expert_tokens.shape
+                self._window = RoutingWindow(layers, experts, delta.rank_tokens.shape[1], self.window_steps)
+            self._window.add(delta)
+
+    def reset(self) -> None:
+        """After a placement change: loads under the old placement no longer describe the ranks."""
+        with self._lock:
+            if self._window is not None:
+                self._window.reset()
+
+    def snapshot(self) -> ExpertLoad | None:
+        """The window, or None before the first routed step (or with routing stats off)."""
+        with self._lock:
+            window = self._window
+            if window is None:
+                return None
+            experts, ranks, steps = window.expert_tokens, window.rank_tokens, window.steps
+        return ExpertLoad(
+            window_steps=self.window_steps,
+            steps_in_window=min(steps, self.window_steps),
+            expert_tokens=experts,
+            rank_tokens=ranks,
+            imbalance_cv=[float(x) for x in imbalance_cv(ranks)],
+            balancedness=[float(x) for x in balancedness(ranks)],
+            assignments=[int(x) for x in experts.sum(axis=1)],
+        )
+
+
+__all__ = ["ExpertLoadTracker"]
