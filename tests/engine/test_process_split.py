@@ -1,0 +1,137 @@
+"""The API process and the engine-core process: failure of either side, disconnects, equal outputs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.executors import ExecutorOptions, create_executor
+from engine.llm_engine import LLMEngine, RequestOutput
+from engine.sampling import SamplingParams
+from engine.server import ServerThread
+from engine.tokenizer import ByteTokenizer
+from exporters.app import ServeOptions, ServingStack, build_stack
+from harness.processes import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _serve(checkpoint: Path, **overrides: object) -> tuple[ServerThread, ServingStack]:
+    port = free_port()
+    stack = build_stack(ServeOptions(checkpoint=checkpoint, model_name="m", kv_cache_mb=1.0, port=port,
+                                     **overrides))  # type: ignore[arg-type]
+    return ServerThread(stack.app, port=port).start(), stack
+
+
+def _wait(predicate: object, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return bool(predicate())  # type: ignore[operator]
+
+
+def test_a_killed_engine_core_gives_503_and_a_log_line_not_a_hang(
+    tiny_checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, stack = _serve(tiny_checkpoint)
+    caplog.set_level(logging.ERROR, logger="moeslo.engine_client")
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert client.get("/health").status_code == 200
+            events: list[str] = []
+
+            def stream() -> None:
+                payload = {"prompt": "a long one", "max_tokens": 400, "stream": True, "ignore_eos": True}
+                with client.stream("POST", "/v1/completions", json=payload) as resp:
+                    events.extend(line for line in resp.iter_lines() if line.startswith("data: "))
+
+            reader = threading.Thread(target=stream)
+            reader.start()
+            assert _wait(lambda: len(events) >= 1, 20)
+            pid = stack.engine.pid
+            assert pid is not None and pid != os.getpid()
+            os.kill(pid, signal.SIGKILL)
+            reader.join(10)
+            assert not reader.is_alive(), "the streaming request hung after the engine core died"
+            assert events[-1] == "data: [DONE]" and '"error"' in events[-2]
+            health = client.get("/health")
+            assert health.status_code == 503
+            assert "engine core process exited" in health.json()["status"]
+            refused = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+            assert refused.status_code == 503
+        assert any("engine core died" in r.getMessage() for r in caplog.records)
+    finally:
+        server.stop()
+
+
+def test_shutdown_stops_the_core_and_reports_its_last_state(tiny_checkpoint: Path) -> None:
+    from engine.client import EngineCoreClient
+    from engine.engine_types import EngineConfig
+
+    client = EngineCoreClient(ExecutorOptions(checkpoint=tiny_checkpoint, kv_cache_mb=1.0), EngineConfig()).start()
+    try:
+        assert client.is_alive
+        client.call("check_invariants")
+    finally:
+        client.shutdown()
+    assert not client.is_alive
+    assert client.kv_state() == (0, client.num_blocks)
+
+
+def test_a_non_streaming_client_that_disconnects_is_aborted_and_frees_its_blocks(tiny_checkpoint: Path) -> None:
+    server, stack = _serve(tiny_checkpoint)
+    try:
+        host, port = server.url.removeprefix("http://").split(":")
+        body = b'{"prompt": "walk away", "max_tokens": 400, "ignore_eos": true}'
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            assert _wait(lambda: stack.engine.kv_state()[0] > 0, 20)
+        assert _wait(lambda: stack.engine.kv_state()[0] == 0 and stack.engine.num_requests() == (0, 0), 5)
+        stack.engine.blocks.check_invariants()
+    finally:
+        server.stop()
+
+
+def test_greedy_outputs_equal_across_the_process_split(tiny_checkpoint: Path) -> None:
+    prompts = [[(7 * i + j) % 500 + 1 for j in range(5 + 3 * i)] for i in range(4)]
+    executor = create_executor(ExecutorOptions(checkpoint=tiny_checkpoint, kv_cache_mb=1.0))
+    engine = LLMEngine(executor)
+    engine.start()
+    done = threading.Event()
+    outputs: dict[str, list[int]] = {}
+
+    def collect(out: RequestOutput) -> None:
+        if out.token_id is not None:
+            outputs.setdefault(out.request_id, []).append(out.token_id)
+        if out.finished and len(outputs) == len(prompts) and all(len(v) == 9 for v in outputs.values()):
+            done.set()
+
+    ids = [engine.add_request(p, SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True), collect)
+           for p in prompts]
+    assert done.wait(30)
+    engine.shutdown()
+    tokenizer = ByteTokenizer(512)
+    in_process = [tokenizer.decode(outputs[i]) for i in ids]
+    server, _ = _serve(tiny_checkpoint)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            split = []
+            for prompt in prompts:
+                resp = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 9, "temperature": 0,
+                                                            "ignore_eos": True})
+                assert resp.json()["usage"]["completion_tokens"] == 9
+                split.append(resp.json()["choices"][0]["text"])
+    finally:
+        server.stop()
+    assert split == in_process
