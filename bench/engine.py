@@ -5,6 +5,14 @@ tokens (no early stop).  Figures: prefill tokens/s, decode tokens/s and
 generated tokens/s (new tokens over the whole run, prefill included), at
 each batch size, for transformers (the named baseline), our engine with
 routing statistics on, and with them off.
+
+The three variants run in interleaved rounds (transformers, on, off, then
+the next round), so drift in the machine's load hits them alike; each
+figure is the median over rounds with its min and max, and ratios are
+medians of the per-round ratios.  Wall time and the process's CPU time are
+both recorded.  The routing statistics' cost is given twice: end to end (on
+against off, per round) and directly (the CPU time of the statistics'
+per-step work, one counter add per MoE layer, against a decode step).
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ class RunTimes:
     prompt_tokens: int
     new_tokens: int
     batch: int
+    cpu_s: float = 0.0
+    """CPU time of this process (all its threads) over the run."""
 
     def figures(self) -> dict[str, float]:
         total = self.prefill_s + self.decode_s
@@ -38,6 +48,7 @@ class RunTimes:
             "prefill_tokens_per_s": self.prompt_tokens / self.prefill_s,
             "decode_tokens_per_s": decode_tokens / self.decode_s if self.decode_s else 0.0,
             "generated_tokens_per_s": self.new_tokens / total,
+            "generated_tokens_per_cpu_s": self.new_tokens / self.cpu_s if self.cpu_s else 0.0,
             "seconds": total,
         }
 
@@ -54,6 +65,7 @@ def ours_generate(executor: Executor, prompts: list[list[int]], new_tokens: int)
     tables = [tuple(range(i * need, (i + 1) * need)) for i in range(len(prompts))]
     if need * len(prompts) > executor.num_blocks:
         raise ValueError(f"KV cache too small: {executor.num_blocks} blocks, need {need * len(prompts)}")
+    cpu = time.process_time()
     start = time.perf_counter()
     plan = StepPlan(tuple(SeqChunk(i, 0, tuple(p), tables[i], True) for i, p in enumerate(prompts)))
     tokens = executor.execute(plan).argmax(dim=-1).tolist()
@@ -68,7 +80,8 @@ def ours_generate(executor: Executor, prompts: list[list[int]], new_tokens: int)
             lengths[i] += 1
     end = time.perf_counter()
     times = RunTimes(
-        prefill_end - start, end - prefill_end, sum(map(len, prompts)), new_tokens * len(prompts), len(prompts)
+        prefill_end - start, end - prefill_end, sum(map(len, prompts)), new_tokens * len(prompts), len(prompts),
+        cpu_s=time.process_time() - cpu,
     )
     return times, out
 
@@ -77,6 +90,7 @@ def transformers_generate(model: Any, prompts: list[list[int]], new_tokens: int)
     ids = torch.tensor(prompts)
     mask = torch.ones_like(ids)
     with torch.no_grad():
+        cpu = time.process_time()
         start = time.perf_counter()
         model(ids, attention_mask=mask)  # prefill alone, to split prefill from decode time
         prefill_end = time.perf_counter()
@@ -87,14 +101,69 @@ def transformers_generate(model: Any, prompts: list[list[int]], new_tokens: int)
     prefill_s = prefill_end - start
     total = end - start2
     generated = result[:, ids.shape[1]:].tolist()
-    times = RunTimes(prefill_s, max(total - prefill_s, 1e-9), ids.numel(), new_tokens * len(prompts), len(prompts))
+    # The CPU time covers the extra prefill too: take out its share.
+    cpu_s = (time.process_time() - cpu) * total / (total + prefill_s)
+    times = RunTimes(prefill_s, max(total - prefill_s, 1e-9), ids.numel(), new_tokens * len(prompts), len(prompts),
+                     cpu_s=cpu_s)
     return times, generated
 
 
-def _best(runs: list[RunTimes]) -> RunTimes:
-    """The median run by total time (robust to a busy machine)."""
-    ordered = sorted(runs, key=lambda r: r.prefill_s + r.decode_s)
-    return ordered[len(ordered) // 2]
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4)}
+
+
+def _summary(runs: list[RunTimes]) -> dict[str, Any]:
+    figures = [r.figures() for r in runs]
+    return {key: _spread([f[key] for f in figures]) for key in figures[0]}
+
+
+def _paired(a: list[RunTimes], b: list[RunTimes], key: str) -> dict[str, float]:
+    """Per-round ratios a/b of one figure: median, min, max."""
+    return _spread([x.figures()[key] / y.figures()[key] for x, y in zip(a, b, strict=True)])
+
+
+def stats_direct_cost_us(executor: Executor, batch: int, repeats: int = 2000) -> float:
+    """CPU µs per step of the routing statistics' own work: one counter add per MoE layer."""
+    layers = len(executor.config.sparse_layers)
+    slots = executor.placement.num_slots
+    counter = torch.zeros((layers, slots), dtype=torch.long)
+    ids = torch.randint(0, slots, (batch, executor.config.num_experts_per_tok))
+    counts = torch.bincount(ids.reshape(-1), minlength=slots)  # computed for the grouped GEMM anyway
+    start = time.process_time()
+    for _ in range(repeats):
+        for layer in range(layers):
+            counter[layer] += counts
+    return (time.process_time() - start) / repeats * 1e6
+
+
+Runs = list[tuple[RunTimes, list[list[int]]]]
+
+
+def _batch_figures(hf_runs: Runs, on_runs: Runs, off_runs: Runs, direct_us: float) -> dict[str, Any]:
+    hf, on, off = [r for r, _ in hf_runs], [r for r, _ in on_runs], [r for r, _ in off_runs]
+    same = sum(a == b for a, b in zip(hf_runs[0][1], on_runs[0][1], strict=True))
+    on_over_off = _paired(on, off, "generated_tokens_per_s")
+    steps = on[0].new_tokens // on[0].batch
+    decode_step_s = statistics.median(r.decode_s / max(1, steps - 1) for r in off)
+    return {
+        "transformers": _summary(hf),
+        "moeslo_stats_on": _summary(on),
+        "moeslo_stats_off": _summary(off),
+        "speedup_vs_transformers": _paired(on, hf, "generated_tokens_per_s")["median"],
+        "speedup_vs_transformers_rounds": _paired(on, hf, "generated_tokens_per_s"),
+        "speedup_vs_transformers_cpu_time": _paired(on, hf, "generated_tokens_per_cpu_s"),
+        "decode_speedup_vs_transformers": _paired(on, hf, "decode_tokens_per_s"),
+        "prefill_speedup_vs_transformers": _paired(on, hf, "prefill_tokens_per_s")["median"],
+        "stats_cost_fraction": round(1 - on_over_off["median"], 4),
+        "stats_cost_fraction_rounds": {"median": round(1 - on_over_off["median"], 4),
+                                       "min": round(1 - on_over_off["max"], 4),
+                                       "max": round(1 - on_over_off["min"], 4)},
+        "stats_cost_fraction_cpu_time": round(1 - _paired(on, off, "generated_tokens_per_cpu_s")["median"], 4),
+        "stats_cost_direct": {"us_per_step": round(direct_us, 2), "decode_step_s": round(decode_step_s, 6),
+                              "fraction_of_decode_step": round(direct_us * 1e-6 / decode_step_s, 5)},
+        "greedy_sequences_identical_to_transformers": f"{same}/{len(hf_runs[0][1])}",
+    }
 
 
 def run(
@@ -120,32 +189,19 @@ def run(
                                "new_tokens": new_tokens, "ep": ep, "threads": torch.get_num_threads(),
                                "baseline": "transformers.generate", "batches": {}}
     try:
+        ours_generate(executor, make_prompts(2, 16, executor.config.vocab_size), 2)  # warm-up
         for batch in batches:
             prompts = make_prompts(batch, prompt_len, executor.config.vocab_size)
-            progress(f"batch {batch}: transformers")
-            hf_runs = [transformers_generate(hf, prompts, new_tokens) for _ in range(repeats)]
-            theirs = _best([r for r, _ in hf_runs])
-            progress(f"batch {batch}: moeslo (routing stats on)")
-            executor.set_routing_stats(True)
-            on_runs = [ours_generate(executor, prompts, new_tokens) for _ in range(repeats)]
-            progress(f"batch {batch}: moeslo (routing stats off)")
-            executor.set_routing_stats(False)
-            off_runs = [ours_generate(executor, prompts, new_tokens) for _ in range(repeats)]
-            on, off = _best([r for r, _ in on_runs]), _best([r for r, _ in off_runs])
-            same = sum(a == b for a, b in zip(hf_runs[0][1], on_runs[0][1], strict=True))
-            figures_on, figures_off, figures_hf = on.figures(), off.figures(), theirs.figures()
-            results["batches"][str(batch)] = {
-                "transformers": figures_hf,
-                "moeslo_stats_on": figures_on,
-                "moeslo_stats_off": figures_off,
-                "speedup_vs_transformers": figures_on["generated_tokens_per_s"] / figures_hf["generated_tokens_per_s"],
-                "prefill_speedup_vs_transformers": figures_on["prefill_tokens_per_s"]
-                / figures_hf["prefill_tokens_per_s"],
-                "stats_cost_fraction": 1 - statistics.fmean(
-                    [r.new_tokens / (r.prefill_s + r.decode_s) for r, _ in on_runs]
-                ) / statistics.fmean([r.new_tokens / (r.prefill_s + r.decode_s) for r, _ in off_runs]),
-                "greedy_sequences_identical_to_transformers": f"{same}/{batch}",
-            }
+            hf_runs, on_runs, off_runs = [], [], []
+            for round_ in range(repeats):
+                progress(f"batch {batch}, round {round_ + 1}/{repeats}: transformers, moeslo stats on, off")
+                hf_runs.append(transformers_generate(hf, prompts, new_tokens))
+                executor.set_routing_stats(True)
+                on_runs.append(ours_generate(executor, prompts, new_tokens))
+                executor.set_routing_stats(False)
+                off_runs.append(ours_generate(executor, prompts, new_tokens))
+            direct = stats_direct_cost_us(executor, batch)
+            results["batches"][str(batch)] = _batch_figures(hf_runs, on_runs, off_runs, direct)
     finally:
         executor.shutdown()
     return results

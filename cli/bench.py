@@ -145,10 +145,40 @@ def bench_engine(
         else:
             for batch, figures in result["batches"].items():
                 console.print(
-                    f"batch {batch}: {figures['moeslo_stats_on']['generated_tokens_per_s']:.0f} tok/s, "
+                    f"batch {batch}: {figures['moeslo_stats_on']['generated_tokens_per_s']['median']:.0f} tok/s, "
                     f"{figures['speedup_vs_transformers']:.2f}x transformers, "
                     f"stats cost {100 * figures['stats_cost_fraction']:.1f}%"
                 )
+
+
+@bench_app.command("step-profile")
+def bench_step_profile(
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Checkpoint directory; default: a fresh `moeslo model init` one.")
+    ] = None,
+    batch: Annotated[int, typer.Option(min=1, help="Decoding sequences.")] = 16,
+    prompt_len: Annotated[int, typer.Option(min=1, help="Prompt tokens per sequence.")] = 199,
+    steps: Annotated[int, typer.Option(min=2, help="Decode steps (half timed, half profiled).")] = 20,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: the affinity set).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the JSON figures.")] = False,
+) -> None:
+    """Where a decode step's time goes (torch.profiler): self-CPU time per step by category and top ops."""
+    with cli_errors():
+        from bench.step_profile import run
+        from engine.checkpoint import init_random_checkpoint
+        from engine.config import ModelConfig
+
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = checkpoint or init_random_checkpoint(Path(tmp) / "ckpt", ModelConfig(), seed=0)
+            result = run(ckpt, batch=batch, prompt_len=prompt_len, steps=steps, dtype=dtype, threads=threads)
+        if json_out:
+            print_json(result)
+            return
+        console.print(f"decode step at batch {batch}: {result['step_wall_ms']['median']} ms wall, "
+                      f"{result['step_cpu_ms_median']} ms CPU")
+        for name, us in result["self_cpu_us_per_step_by_category"].items():
+            console.print(f"  {name}: {us / 1000:.2f} ms")
 
 
 @bench_app.command("forecast")

@@ -37,9 +37,6 @@ def serve(
         typer.Option(help="torch threads per engine process (default: the CPUs of the inherited affinity set, "
                           "divided among EP ranks)."),
     ] = None,
-    compile_step: Annotated[
-        bool, typer.Option("--compile/--no-compile", help="torch.compile the step per batch bucket (off: eager).")
-    ] = True,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
@@ -52,7 +49,7 @@ def serve(
             checkpoint=checkpoint, ep=ep, kv_cache_mb=kv_cache_mb, block_size=block_size, dtype=dtype,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
             model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,
-            otlp=otlp, port=port, threads=threads, compile=compile_step,
+            otlp=otlp, port=port, threads=threads,
         )
         stack = build_stack(options)
         console.print(

@@ -57,7 +57,6 @@ class CoreOptions:
         ex = self.executor
         executor = {k: v for k, v in asdict(ex).items() if k != "placement"}
         executor["checkpoint"] = str(ex.checkpoint)
-        executor["compile_cache_dir"] = None if ex.compile_cache_dir is None else str(ex.compile_cache_dir)
         executor["placement"] = None if ex.placement is None else ex.placement.to_json()
         engine = {k: v for k, v in asdict(self.engine).items() if k != "scheduler"}
         engine["scheduler"] = asdict(self.engine.scheduler)
@@ -70,7 +69,6 @@ class CoreOptions:
         raw = json.loads(text)
         ex = dict(raw["executor"])
         ex["checkpoint"] = Path(ex["checkpoint"])
-        ex["compile_cache_dir"] = None if ex["compile_cache_dir"] is None else Path(ex["compile_cache_dir"])
         ex["placement"] = None if ex["placement"] is None else Placement.from_json(ex["placement"])
         engine = dict(raw["engine"])
         engine["scheduler"] = SchedulerConfig(**engine["scheduler"])

@@ -105,42 +105,43 @@ class ExpertShard:
         return self.w13[layer][local].t(), self.w2[layer][local].t()
 
     def compute(
-        self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor, out: torch.Tensor
-    ) -> int:
-        """Add this rank's share of the expert outputs into ``out``; return assignments computed."""
+        self,
+        layer: int,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        physical: torch.Tensor,
+        out: torch.Tensor,
+        counts: torch.Tensor | None = None,
+    ) -> None:
+        """Add this rank's share of the expert outputs into ``out``.
+
+        ``counts`` (assignments per physical slot, all ranks' slots) may be passed when the caller has it.
+        The assignments are sorted by slot and computed as one grouped GEMM pair over the slots
+        (:func:`grouped_swiglu`).
+        """
         spr = self.placement.slots_per_rank
-        local = physical - self.rank * spr
+        top_k = physical.shape[1]
         if self.placement.num_ranks == 1:
-            flat_slot = local.reshape(-1)
-            token = torch.arange(x.shape[0]).repeat_interleave(physical.shape[1])
-            flat_weight = weights.reshape(-1)
+            flat_slot = physical.reshape(-1)
+            order = torch.argsort(flat_slot, stable=True)
+            token = torch.div(order, top_k, rounding_mode="floor")
+            flat_weight = weights.reshape(-1)[order]
+            if counts is None:
+                counts = torch.bincount(flat_slot, minlength=spr)
         else:
+            local = physical - self.rank * spr
             mask = (local >= 0) & (local < spr)
             pairs = mask.nonzero()
             if pairs.shape[0] == 0:
-                return 0
-            token = pairs[:, 0]
+                return
             flat_slot = local[mask]
-            flat_weight = weights[mask]
-        order = torch.argsort(flat_slot, stable=True)
-        counts = torch.bincount(flat_slot, minlength=spr)
-        token = token[order]
-        xs = x[token]
-        w13, w2 = self.w13[layer], self.w2[layer]
-        # One matmul pair per slot that has tokens.  (torch's CPU grouped GEMM loops over every
-        # slot in C++, empty ones included, and measured slower at decode sizes.)
-        ys = torch.empty_like(xs)
-        start = 0
-        for slot, count in enumerate(counts.tolist()):
-            if count == 0:
-                continue
-            end = start + count
-            gate, up = (xs[start:end] @ w13[slot]).chunk(2, dim=-1)
-            ys[start:end] = (F.silu(gate) * up) @ w2[slot]
-            start = end
-        ys *= flat_weight[order].unsqueeze(1)
+            order = torch.argsort(flat_slot, stable=True)
+            token = pairs[:, 0][order]
+            flat_weight = weights[mask][order]
+            counts = torch.bincount(flat_slot, minlength=spr)
+        ys = grouped_swiglu(x[token], self.w13[layer], self.w2[layer], counts[:spr])
+        ys *= flat_weight.unsqueeze(1)
         out.index_add_(0, token, ys)
-        return int(token.shape[0])
 
     def prepare(self, new: Placement, received: dict[tuple[int, int], ExpertWeights]) -> list[ExpertWeights]:
         """The slots of every layer under ``new``, built aside from local and ``received`` weights."""
@@ -158,6 +159,33 @@ class ExpertShard:
     def commit(self, new: Placement, layers: list[ExpertWeights]) -> None:
         """Switch to ``new`` in one step, so a failure before it leaves the old slots whole."""
         self.w13, self.w2, self.placement = [w for w, _ in layers], [w for _, w in layers], new
+
+
+GROUPED_MM_MAX_ROWS = 1024
+"""Up to this many assignments, one grouped GEMM kernel; above (prefill), a GEMM per slot with tokens."""
+
+
+def grouped_swiglu(xs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """SwiGLU experts over rows sorted by slot: rows ``sum(counts[:s])..`` go through slot ``s``.
+
+    ``w13`` is (slots, hidden, 2*inter), ``w2`` (slots, inter, hidden).  Decode-sized batches use
+    ``torch._grouped_mm`` (one kernel for every slot, no host sync); prefill-sized ones loop over
+    the slots that have rows, where a GEMM per slot is big enough to amortize the loop.
+    """
+    if xs.shape[0] <= GROUPED_MM_MAX_ROWS:
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+        gate, up = torch._grouped_mm(xs, w13, offs=offsets).chunk(2, dim=-1)
+        return torch._grouped_mm(F.silu(gate) * up, w2, offs=offsets)
+    ys = torch.empty_like(xs)
+    start = 0
+    for slot, count in enumerate(counts.tolist()):
+        if count == 0:
+            continue
+        end = start + count
+        gate, up = (xs[start:end] @ w13[slot]).chunk(2, dim=-1)
+        ys[start:end] = (F.silu(gate) * up) @ w2[slot]
+        start = end
+    return ys
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,12 +12,16 @@ the executor passes in (in-process, or dispatched to EP ranks).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from contracts.errors import ValidationError
 from engine.batch import StepPlan
 from engine.checkpoint import CheckpointReader
 from engine.config import ModelConfig
@@ -130,54 +134,74 @@ class Qwen3MoeModel:
         self.scale = config.head_dim**-0.5
 
     # ----------------------------------------------------------------- metadata
-    def step_metadata(self, plan: StepPlan, block_size: int) -> StepMetadata:
-        tokens: list[int] = []
-        positions: list[torch.Tensor] = []
-        slots: list[torch.Tensor] = []
-        logits_rows: list[int] = []
-        decode_rows: list[int] = []
-        decode_tables: list[tuple[int, ...]] = []
-        decode_lens: list[int] = []
-        prefills: list[PrefillChunk] = []
-        for chunk in plan.chunks:
-            row = len(tokens)
-            n = len(chunk.token_ids)
-            start = chunk.num_computed
-            tokens.extend(chunk.token_ids)
-            pos = torch.arange(start, start + n)
-            table = torch.tensor(chunk.block_table, dtype=torch.long)
-            positions.append(pos)
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
-            if chunk.needs_logits:
-                logits_rows.append(row + n - 1)
-            if n == 1:
-                decode_rows.append(row)
-                decode_tables.append(chunk.block_table)
-                decode_lens.append(start + 1)
-            elif start == 0:
+    def step_metadata(self, plan: StepPlan, block_size: int, num_blocks: int | None = None) -> StepMetadata:
+        """The step's index tensors, built with numpy in a few vectorized operations (no per-token Python).
+
+        Refuses a malformed plan (token ids, positions or blocks out of range) with ValidationError,
+        before any tensor reaches the model (or an EP rank).
+        """
+        chunks = plan.chunks
+        lens = np.fromiter((len(c.token_ids) for c in chunks), dtype=np.int64, count=len(chunks))
+        starts = np.fromiter((c.num_computed for c in chunks), dtype=np.int64, count=len(chunks))
+        total = int(lens.sum())
+        tokens = np.fromiter(itertools.chain.from_iterable(c.token_ids for c in chunks), dtype=np.int64, count=total)
+        widths = [len(c.block_table) for c in chunks]
+        tables = np.zeros((len(chunks), max(widths, default=1) or 1), dtype=np.int64)
+        for i, chunk in enumerate(chunks):
+            tables[i, : widths[i]] = chunk.block_table
+        row_start = np.cumsum(lens) - lens
+        which = np.repeat(np.arange(len(chunks)), lens)
+        positions = np.arange(total) - row_start[which] + starts[which]
+        self._check(tokens, positions, tables, widths, num_blocks)
+        if total and (positions // block_size >= np.asarray(widths)[which]).any():
+            raise ValidationError("a block table does not cover its chunk's positions")
+        slots = tables[which, positions // block_size] * block_size + positions % block_size
+        needs = np.fromiter((c.needs_logits for c in chunks), dtype=bool, count=len(chunks))
+        logits_rows = (row_start + lens - 1)[needs]
+        decode = lens == 1
+        decode_rows = decode_tables = decode_mask = None
+        if decode.any():
+            seen = starts[decode] + 1
+            width = int(-(-seen.max() // block_size))
+            decode_rows = torch.from_numpy(row_start[decode])
+            decode_tables = torch.from_numpy(np.ascontiguousarray(tables[decode, :width]))
+            keys = torch.arange(width * block_size)
+            decode_mask = (keys.unsqueeze(0) < torch.from_numpy(seen).unsqueeze(1))[:, None, None, :]
+        prefills = []
+        for i in np.flatnonzero(~decode).tolist():
+            row, n, start = int(row_start[i]), int(lens[i]), int(starts[i])
+            if start == 0:
                 prefills.append(PrefillChunk(row, n, 0, None, None))
-            else:
-                total = start + n
-                mask = torch.arange(total).unsqueeze(0) <= (start + torch.arange(n)).unsqueeze(1)
-                prefills.append(PrefillChunk(row, n, start, table[: -(-total // block_size)], mask))
-        decode_block_tables = decode_mask = None
-        if decode_rows:
-            width = max(len(t) for t in decode_tables)
-            decode_block_tables = torch.tensor(
-                [t + (0,) * (width - len(t)) for t in decode_tables], dtype=torch.long
-            )
-            lens = torch.tensor(decode_lens, dtype=torch.long)
-            decode_mask = (torch.arange(width * block_size).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
+                continue
+            span = start + n
+            mask = torch.arange(span).unsqueeze(0) <= (start + torch.arange(n)).unsqueeze(1)
+            prefills.append(PrefillChunk(row, n, start, torch.from_numpy(tables[i, : -(-span // block_size)]), mask))
         return StepMetadata(
-            token_ids=torch.tensor(tokens, dtype=torch.long),
-            positions=torch.cat(positions),
-            slot_mapping=torch.cat(slots),
-            logits_rows=torch.tensor(logits_rows, dtype=torch.long),
-            decode_rows=torch.tensor(decode_rows, dtype=torch.long) if decode_rows else None,
-            decode_block_tables=decode_block_tables,
+            token_ids=torch.from_numpy(tokens),
+            positions=torch.from_numpy(positions),
+            slot_mapping=torch.from_numpy(slots),
+            logits_rows=torch.from_numpy(logits_rows),
+            decode_rows=decode_rows,
+            decode_block_tables=decode_tables,
             decode_mask=decode_mask,
             prefills=prefills,
         )
+
+    def _check(self, tokens: npt.NDArray[np.int64], positions: npt.NDArray[np.int64], tables: npt.NDArray[np.int64],
+               widths: list[int], num_blocks: int | None) -> None:
+        cfg = self.config
+        problems = []
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
+            problems.append(f"token ids must be in [0, {cfg.vocab_size})")
+        if positions.size and positions.max() >= cfg.max_position_embeddings:
+            problems.append(f"positions must be < max_position_embeddings ({cfg.max_position_embeddings})")
+        used = [tables[i, :w] for i, w in enumerate(widths) if w]
+        if num_blocks is not None and used:
+            flat = np.concatenate(used)
+            if flat.min() < 0 or flat.max() >= num_blocks:
+                problems.append(f"block tables must use blocks in [0, {num_blocks})")
+        if problems:
+            raise ValidationError(problems)
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -191,9 +215,9 @@ class Qwen3MoeModel:
         ``kv_cache`` is (layers, 2, blocks, block_size, kv_heads, head_dim).
         """
         cfg = self.config
-        h = self.embed[meta.token_ids]
-        cos = self.rope_cos[meta.positions].unsqueeze(1)
-        sin = self.rope_sin[meta.positions].unsqueeze(1)
+        h = self.embed.index_select(0, meta.token_ids)
+        cos = self.rope_cos.index_select(0, meta.positions).unsqueeze(1)
+        sin = self.rope_sin.index_select(0, meta.positions).unsqueeze(1)
         moe_index = 0
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
@@ -207,7 +231,9 @@ class Qwen3MoeModel:
                 assert layer.dense_gate_up is not None and layer.dense_down is not None
                 gate, up = F.linear(x, layer.dense_gate_up).chunk(2, dim=-1)
                 h = h + F.linear(F.silu(gate) * up, layer.dense_down)
-        last = rms_norm(h[meta.logits_rows], self.norm, cfg.rms_norm_eps)
+        if meta.logits_rows.shape[0] != h.shape[0]:
+            h = h.index_select(0, meta.logits_rows)
+        last = rms_norm(h, self.norm, cfg.rms_norm_eps)
         return F.linear(last, self.lm_head).float()
 
     def route(self, x: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,8 +278,8 @@ class Qwen3MoeModel:
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=True)
             else:
                 total = chunk.cached + n
-                ks = k_cache[chunk.blocks].reshape(-1, n_kv, d)[:total].transpose(0, 1).unsqueeze(0)
-                vs = v_cache[chunk.blocks].reshape(-1, n_kv, d)[:total].transpose(0, 1).unsqueeze(0)
+                ks = k_cache.index_select(0, chunk.blocks).reshape(-1, n_kv, d)[:total].transpose(0, 1).unsqueeze(0)
+                vs = v_cache.index_select(0, chunk.blocks).reshape(-1, n_kv, d)[:total].transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=chunk.mask, scale=self.scale,
                                                    enable_gqa=True)
             out[row : row + n] = o.squeeze(0).transpose(0, 1)
@@ -261,9 +287,16 @@ class Qwen3MoeModel:
             assert meta.decode_block_tables is not None and meta.decode_mask is not None
             tables = meta.decode_block_tables
             batch = tables.shape[0]
-            ks = k_cache[tables].reshape(batch, -1, n_kv, d).transpose(1, 2)
-            vs = v_cache[tables].reshape(batch, -1, n_kv, d).transpose(1, 2)
-            qs = q[meta.decode_rows].unsqueeze(2)
+            # index_select copies whole blocks (block_size x kv_heads x head_dim each); advanced indexing
+            # (k_cache[tables]) gathers element by element and measured 4x slower.
+            flat = tables.reshape(-1)
+            ks = k_cache.index_select(0, flat).view(batch, -1, n_kv, d).transpose(1, 2)
+            vs = v_cache.index_select(0, flat).view(batch, -1, n_kv, d).transpose(1, 2)
+            if not meta.prefills:  # every row decodes: no gather, no scatter
+                o = F.scaled_dot_product_attention(q.unsqueeze(2), ks, vs, attn_mask=meta.decode_mask,
+                                                   scale=self.scale, enable_gqa=True)
+                return F.linear(o.reshape(n_tokens, n_heads * d), layer.o_proj)
+            qs = q.index_select(0, meta.decode_rows).unsqueeze(2)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=meta.decode_mask, scale=self.scale,
                                                enable_gqa=True)
             out[meta.decode_rows] = o.squeeze(2)

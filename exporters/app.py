@@ -46,8 +46,6 @@ class ServeOptions:
     port: int | None = None
     threads: int | None = None
     """torch threads per engine process; None: the inherited CPU affinity set, divided among EP ranks."""
-    compile: bool = True
-    """torch.compile the step (per batch-size bucket); False: eager."""
 
     @property
     def served_model_name(self) -> str:
@@ -67,7 +65,7 @@ def build_stack(options: ServeOptions) -> ServingStack:
     executor = ExecutorOptions(
         checkpoint=Path(options.checkpoint), ep=options.ep, kv_cache_mb=options.kv_cache_mb,
         block_size=options.block_size, dtype=options.dtype, routing_stats=options.routing_stats,
-        threads_per_rank=options.threads, compile=options.compile,
+        threads_per_rank=options.threads,
     )
     model_name = options.served_model_name
     engine = EngineCoreClient(

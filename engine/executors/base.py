@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
 import torch
 
 from contracts.errors import PlacementError, ValidationError
@@ -64,8 +65,12 @@ class DriverBase:
             dtype=self.dtype,
         )
         self._routing_on = options.routing_stats
-        self._expert_counts = torch.zeros((self.moe_layers, cfg.num_experts), dtype=torch.long)
-        self._rank_counts = torch.zeros((self.moe_layers, num_ranks), dtype=torch.long)
+        self._num_slots = placement.num_slots
+        self._slot_counts = torch.zeros((self.moe_layers, self._num_slots), dtype=torch.long)
+        """Assignments routed to each physical slot since the last fold (stays a tensor: no per-step copy)."""
+        self._expert_acc = np.zeros((self.moe_layers, cfg.num_experts), dtype=np.int64)
+        self._rank_acc = np.zeros((self.moe_layers, num_ranks), dtype=np.int64)
+        self._steps = 0
 
     # ---------------------------------------------------------- Executor API
     @property
@@ -96,56 +101,58 @@ class DriverBase:
     def execute(self, plan: StepPlan) -> torch.Tensor:
         if not plan.chunks:
             return torch.empty((0, self._config.vocab_size))
-        meta = self.model.step_metadata(plan, self._block_size)
-        self._check(meta)
+        meta = self.model.step_metadata(plan, self._block_size, self._num_blocks)
+        if self._routing_on:
+            self._steps += 1
         with torch.inference_mode():
             return self._forward(meta)
-
-    def _check(self, meta: StepMetadata) -> None:
-        """Refuse a malformed plan here, before any rank is asked to take part in it."""
-        cfg = self._config
-        problems = []
-        if meta.token_ids.numel() and (int(meta.token_ids.min()) < 0 or int(meta.token_ids.max()) >= cfg.vocab_size):
-            problems.append(f"token ids must be in [0, {cfg.vocab_size})")
-        if meta.positions.numel() and int(meta.positions.max()) >= cfg.max_position_embeddings:
-            problems.append(f"positions must be < max_position_embeddings ({cfg.max_position_embeddings})")
-        slots = self._num_blocks * self._block_size
-        if meta.slot_mapping.numel() and (int(meta.slot_mapping.min()) < 0 or int(meta.slot_mapping.max()) >= slots):
-            problems.append(f"block tables must use blocks in [0, {self._num_blocks})")
-        if problems:
-            raise ValidationError(problems)
 
     def _forward(self, meta: StepMetadata) -> torch.Tensor:
         return self.model.forward(meta, self.kv_cache, self._experts)
 
     def _experts(self, layer: int, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         physical = self.replicas.physical(layer, expert_ids)
+        # One bincount over the physical slots per MoE layer: the routing statistics (a counter that stays
+        # in a tensor until take_routing reads it) and, in one process, the expert grouping too.
+        counts = torch.bincount(physical.reshape(-1), minlength=self._num_slots)
         if self._routing_on:
-            self._record(layer, expert_ids, physical)
-        return self._dispatch(layer, x, weights, physical)
+            self._slot_counts[layer] += counts
+        return self._dispatch(layer, x, weights, physical, counts)
 
-    def _dispatch(self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
+    def _dispatch(
+        self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
         raise NotImplementedError
 
-    def _record(self, layer: int, expert_ids: torch.Tensor, physical: torch.Tensor) -> None:
-        self._expert_counts[layer] += torch.bincount(expert_ids.reshape(-1), minlength=self._config.num_experts)
-        ranks = torch.div(physical.reshape(-1), self._placement.slots_per_rank, rounding_mode="floor")
-        self._rank_counts[layer] += torch.bincount(ranks, minlength=self._num_ranks)
+    def _fold(self) -> None:
+        """Turn the slot counters into logical-expert and rank counts under the current placement."""
+        slots = self._slot_counts.numpy().copy()
+        self._slot_counts.zero_()
+        placement = self._placement
+        experts = self._config.num_experts
+        for layer in range(placement.num_layers):
+            self._expert_acc[layer] += np.bincount(placement.phy2log[layer], weights=slots[layer],
+                                                   minlength=experts).astype(np.int64)
+        self._rank_acc += slots.reshape(placement.num_layers, self._num_ranks, -1).sum(axis=2)
 
     def take_routing(self) -> RoutingDelta | None:
         if not self._routing_on:
             return None
-        delta = RoutingDelta(
-            expert_tokens=self._expert_counts.numpy().copy(), rank_tokens=self._rank_counts.numpy().copy()
-        )
-        self._expert_counts.zero_()
-        self._rank_counts.zero_()
+        self._fold()
+        delta = RoutingDelta(expert_tokens=self._expert_acc.copy(), rank_tokens=self._rank_acc.copy(),
+                             steps=self._steps)
+        self._reset_routing()
         return delta
+
+    def _reset_routing(self) -> None:
+        self._slot_counts.zero_()
+        self._expert_acc[:] = 0
+        self._rank_acc[:] = 0
+        self._steps = 0
 
     def set_routing_stats(self, enabled: bool) -> None:
         self._routing_on = enabled
-        self._expert_counts.zero_()
-        self._rank_counts.zero_()
+        self._reset_routing()
 
     def apply_placement(self, placement: Placement) -> PlacementSwapStats:
         cfg = self._config
@@ -156,6 +163,8 @@ class DriverBase:
                 f"{self._placement.slots_per_rank}"
             )
         start = time.monotonic()
+        if self._routing_on:
+            self._fold()  # counts routed so far belong to the old placement
         with torch.inference_mode():
             moved, moved_bytes = self._swap(placement)
         self._placement = placement

@@ -21,9 +21,11 @@ class LocalExecutor(DriverBase):
             lambda layer, expert: load_expert(self.reader, self._config.sparse_layers[layer], expert),
         )
 
-    def _dispatch(self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
+    def _dispatch(
+        self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
         out = torch.zeros_like(x)
-        self.shard.compute(layer, x, weights, physical, out)
+        self.shard.compute(layer, x, weights, physical, out, counts)
         return out
 
     def _swap(self, placement: Placement) -> tuple[int, int]:

@@ -213,7 +213,9 @@ class MultiprocExecutor(DriverBase):
             self._broken = f"a step failed: {exc!r}"
             raise UnavailableError(f"expert-parallel step failed: {exc!r}") from exc
 
-    def _dispatch(self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
+    def _dispatch(
+        self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
         packed = torch.cat([x.float(), weights.float(), physical.float()], dim=1)
         dist.broadcast(packed, src=0)
         out = self._state.compute(layer, packed)

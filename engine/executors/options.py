@@ -39,10 +39,6 @@ class ExecutorOptions:
     routing_stats: bool = True
     threads_per_rank: int | None = None
     """torch intra-op threads per rank process; None: the CPUs of the inherited affinity set, divided among ranks."""
-    compile: bool = True
-    """torch.compile (inductor) the step's dense parts, per batch-size bucket; False: eager."""
-    compile_cache_dir: Path | None = None
-    """Where inductor keeps compiled kernels across runs; None: torch's default."""
 
 
 class Executor(Protocol):
