@@ -175,16 +175,23 @@ def run(
     dtype: str = "float32",
     repeats: int = 3,
     ep: int = 1,
+    threads: int | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
+    """``threads``: torch threads for both engines (None: our default, the affinity set, for both)."""
     import transformers
+
+    from engine.executors.base import default_threads
+
+    torch.set_num_threads(threads or default_threads(ep))
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     hf = transformers.Qwen3MoeForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
     hf.eval()  # type: ignore[no-untyped-call]
     max_batch = max(batches)
     kv_mb = _kv_mb_needed(checkpoint, max_batch, prompt_len + new_tokens, dtype)
-    executor = create_executor(ExecutorOptions(checkpoint=checkpoint, dtype=dtype, kv_cache_mb=kv_mb, ep=ep))
+    executor = create_executor(ExecutorOptions(checkpoint=checkpoint, dtype=dtype, kv_cache_mb=kv_mb, ep=ep,
+                                               threads_per_rank=threads))
     results: dict[str, Any] = {"checkpoint": str(checkpoint), "dtype": dtype, "prompt_len": prompt_len,
                                "new_tokens": new_tokens, "ep": ep, "threads": torch.get_num_threads(),
                                "baseline": "transformers.generate", "batches": {}}

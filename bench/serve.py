@@ -45,7 +45,7 @@ class ServeBenchOptions:
     length_scale: float = 1 / 16
     kv_cache_mb: float = 64.0
     max_in_flight: int = 128
-    scrape_interval_s: float = 5.0
+    scrape_interval_s: float = 1.0
     render_layers: int = 58
     render_experts: int = 256
     rss_interval_s: float = 0.5
@@ -108,6 +108,10 @@ def run_serve_bench(options: ServeBenchOptions, progress: Callable[[str], None] 
             "throughput_on_over_off": _ratio(on["output_tokens_per_s"], off["output_tokens_per_s"]),
             "ttft_p99_on_over_off": _ratio(on["ttft_p99_s"], off["ttft_p99_s"]),
             "itl_p99_on_over_off": _ratio(on["itl_p99_s"], off["itl_p99_s"]),
+            "itl_p99_on_minus_off_ms": None if on["itl_p99_s"] is None or off["itl_p99_s"] is None
+            else round((on["itl_p99_s"] - off["itl_p99_s"]) * 1000, 3),
+            "itl_p50_on_minus_off_ms": None if on["itl_p50_s"] is None or off["itl_p50_s"] is None
+            else round((on["itl_p50_s"] - off["itl_p50_s"]) * 1000, 3),
         },
         "metrics_render": render,
         "sink_cost": sink_cost_benchmark(config.num_hidden_layers, config.num_experts, step_s),

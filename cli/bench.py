@@ -122,6 +122,9 @@ def bench_engine(
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     repeats: Annotated[int, typer.Option(help="Runs per configuration; the median is reported.")] = 3,
     ep: Annotated[int, typer.Option(help="Expert-parallel ranks for our engine.")] = 1,
+    threads: Annotated[
+        int | None, typer.Option(help="torch threads for both engines (default: the CPU affinity set).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the JSON figures.")] = False,
 ) -> None:
     """Prefill/decode tokens/s of our engine vs transformers' generate (baseline), routing stats on and off."""
@@ -139,7 +142,8 @@ def bench_engine(
             task = progress.add_task("preparing", total=None)
             ckpt = checkpoint or init_random_checkpoint(Path(tmp) / "ckpt", ModelConfig(), seed=0)
             result = run(ckpt, batches=sizes, prompt_len=prompt_len, new_tokens=new_tokens, dtype=dtype,
-                         repeats=repeats, ep=ep, progress=lambda text: progress.update(task, description=text))
+                         repeats=repeats, ep=ep, threads=threads,
+                         progress=lambda text: progress.update(task, description=text))
         if json_out:
             print_json(result)
         else:
@@ -260,7 +264,7 @@ def bench_serve(
     length_scale: Annotated[float, typer.Option(help="Factor on the trace's token lengths.")] = 1 / 16,
     kv_cache_mb: Annotated[float, typer.Option(help="KV cache budget of the server (MiB).")] = 64.0,
     max_in_flight: Annotated[int, typer.Option(help="Client-side bound on concurrent requests.")] = 128,
-    scrape_interval_s: Annotated[float, typer.Option(help="GET /metrics this often in the exporters-on run.")] = 5.0,
+    scrape_interval_s: Annotated[float, typer.Option(help="GET /metrics this often in the exporters-on run.")] = 1.0,
     render_layers: Annotated[int, typer.Option(help="Layers of the /metrics render benchmark.")] = 58,
     render_experts: Annotated[int, typer.Option(help="Experts of the /metrics render benchmark.")] = 256,
     json_out: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,

@@ -135,3 +135,31 @@ def test_greedy_outputs_equal_across_the_process_split(tiny_checkpoint: Path) ->
     finally:
         server.stop()
     assert split == in_process
+
+
+def test_routing_statistics_equal_routed_tokens_times_top_k_exactly(tiny_checkpoint: Path) -> None:
+    """Every computed token is routed to top-k experts in every MoE layer; the counters lose none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server, stack = _serve(tiny_checkpoint)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            lengths = [(5, 7), (23, 3), (40, 11)]
+            for prompt_len, max_tokens in lengths:
+                resp = client.post("/v1/completions", json={"prompt": [3] * prompt_len, "max_tokens": max_tokens,
+                                                            "ignore_eos": True})
+                assert resp.status_code == 200
+            # The last generated token of each request is never fed back: it is not routed.
+            computed = sum(p + n - 1 for p, n in lengths)
+            per_layer: dict[str, float] = {}
+            for family in text_string_to_metric_families(client.get("/metrics").text):
+                for sample in family.samples:
+                    if sample.name == "moe_expert_tokens_total":
+                        per_layer[sample.labels["layer"]] = per_layer.get(sample.labels["layer"], 0) + sample.value
+            assert per_layer == {"0": computed * 2, "1": computed * 2}  # top-2
+            load = client.get("/v1/expert-load").json()
+            assert load["assignments"] == [computed * 2, computed * 2]
+            assert [sum(row) for row in load["expert_tokens"]] == load["assignments"]
+    finally:
+        server.stop()
+    assert stack.engine.kv_state()[0] == 0
