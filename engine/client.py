@@ -42,7 +42,7 @@ from engine import wire
 from engine.core_proc import CoreOptions
 from engine.engine_types import EngineConfig, ExpertLoad, RequestOutput
 from engine.errors import PromptTooLongError
-from engine.executors.base import ExecutorOptions
+from engine.executors.options import ExecutorOptions
 from engine.expert_load import ExpertLoadTracker
 from engine.sampling import SamplingParams
 from engine.stats import PlacementSwapStats, StatsSink, StepStats

@@ -163,3 +163,13 @@ def test_routing_statistics_equal_routed_tokens_times_top_k_exactly(tiny_checkpo
     finally:
         server.stop()
     assert stack.engine.kv_state()[0] == 0
+
+
+def test_the_api_process_does_not_import_torch() -> None:
+    """The model lives in the engine core; the HTTP side stays light (and cannot run a step by accident)."""
+    import subprocess
+    import sys
+
+    code = "import sys, exporters.app, engine.server; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
