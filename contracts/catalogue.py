@@ -57,6 +57,12 @@ ERRORS = "moeslo_errors"
 LEADER = "moeslo_leader"
 REBALANCES = "moeslo_rebalances"
 FORECAST_REQUESTS_PER_SECOND = "moeslo_forecast_requests_per_second"
+FORECAST_TOKENS_PER_SECOND = "moeslo_forecast_tokens_per_second"
+FORECAST_WAPE = "moeslo_forecast_wape"
+FORECAST_COVERAGE = "moeslo_forecast_interval_coverage"
+FORECAST_RELIABLE = "moeslo_forecast_reliable"
+FORECAST_HISTORY = "moeslo_forecast_history_seconds"
+HOST_REPLICA_BUDGET = "moeslo_replica_budget"
 
 OTEL_TTFT_HISTOGRAM = "gen_ai.server.time_to_first_token"
 OTEL_TIME_PER_OUTPUT_TOKEN_HISTOGRAM = "gen_ai.server.time_per_output_token"
@@ -189,9 +195,15 @@ __all__ = [
     "EXPERT_LABEL",
     "EXPERT_TOKENS",
     "FINISHED_REASON_LABEL",
+    "FORECAST_COVERAGE",
+    "FORECAST_HISTORY",
+    "FORECAST_RELIABLE",
     "FORECAST_REQUESTS_PER_SECOND",
+    "FORECAST_TOKENS_PER_SECOND",
+    "FORECAST_WAPE",
     "GENERATION_TOKENS",
     "GOOD_EVENTS_RECORD",
+    "HOST_REPLICA_BUDGET",
     "IMBALANCE_CV_ACROSS_LAYERS",
     "ITL_BUCKETS_S",
     "ITL_HISTOGRAM",
