@@ -40,6 +40,7 @@ EXPERT_TOKENS = "moe_expert_tokens"
 RANK_TOKENS = "moe_rank_tokens"
 LAYER_IMBALANCE_CV = "moe_layer_imbalance_cv"
 LAYER_BALANCEDNESS = "moe_layer_balancedness"
+LAYER_IMBALANCE_CV_NOISE = "moe_layer_imbalance_cv_noise_floor"
 IMBALANCE_CV_ACROSS_LAYERS = "moe_imbalance_cv_across_layers"
 BALANCEDNESS_ACROSS_LAYERS = "moe_balancedness_across_layers"
 PLACEMENT_SWAPS = "moe_placement_swaps"
@@ -79,6 +80,8 @@ MOE_HELP: dict[str, str] = {
     RANK_TOKENS: "Expert assignments processed by each EP rank, all layers.",
     LAYER_IMBALANCE_CV: "CV (stddev/mean) of per-rank expert load over the routing window.",
     LAYER_BALANCEDNESS: "mean/max of per-rank expert load over the routing window.",
+    LAYER_IMBALANCE_CV_NOISE: "CV that sampling alone gives the window's routed assignments "
+    "(multinomial routing at the measured rank shares): a measured CV within it is noise.",
     IMBALANCE_CV_ACROSS_LAYERS: "Min, median and max of the per-layer CV.",
     BALANCEDNESS_ACROSS_LAYERS: "Min, median and max of the per-layer balancedness.",
 }
@@ -210,6 +213,7 @@ __all__ = [
     "KV_CACHE_USAGE",
     "LAYER_BALANCEDNESS",
     "LAYER_IMBALANCE_CV",
+    "LAYER_IMBALANCE_CV_NOISE",
     "LAYER_LABEL",
     "LEADER",
     "MODEL_LABEL",
