@@ -17,6 +17,7 @@ per-step work, one counter add per MoE layer, against a decode step).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -194,7 +195,8 @@ def run(
                                                threads_per_rank=threads))
     results: dict[str, Any] = {"checkpoint": str(checkpoint), "dtype": dtype, "prompt_len": prompt_len,
                                "new_tokens": new_tokens, "ep": ep, "threads": torch.get_num_threads(),
-                               "baseline": "transformers.generate", "batches": {}}
+                               "baseline": "transformers.generate", "batches": {},
+                               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")}
     try:
         ours_generate(executor, make_prompts(2, 16, executor.config.vocab_size), 2)  # warm-up
         for batch in batches:

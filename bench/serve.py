@@ -104,17 +104,22 @@ def run_serve_bench(options: ServeBenchOptions, progress: Callable[[str], None] 
                   "stated_overhead_mb": STATED_OVERHEAD_MB},
         "runs": runs,
         "rounds": [{name: r[name]["load"] for name in r} for r in rounds],
-        "ratios": {
-            "throughput_on_over_off": _ratio(on["output_tokens_per_s"], off["output_tokens_per_s"]),
-            "ttft_p99_on_over_off": _ratio(on["ttft_p99_s"], off["ttft_p99_s"]),
-            "itl_p99_on_over_off": _ratio(on["itl_p99_s"], off["itl_p99_s"]),
-            "itl_p99_on_minus_off_ms": None if on["itl_p99_s"] is None or off["itl_p99_s"] is None
-            else round((on["itl_p99_s"] - off["itl_p99_s"]) * 1000, 3),
-            "itl_p50_on_minus_off_ms": None if on["itl_p50_s"] is None or off["itl_p50_s"] is None
-            else round((on["itl_p50_s"] - off["itl_p50_s"]) * 1000, 3),
-        },
+        "ratios": _ratios(on, off),
         "metrics_render": render,
         "sink_cost": sink_cost_benchmark(config.num_hidden_layers, config.num_experts, step_s),
+    }
+
+
+def _ratios(on: dict[str, Any], off: dict[str, Any]) -> dict[str, float | None]:
+    def minus_ms(key: str) -> float | None:
+        return None if on[key] is None or off[key] is None else round((on[key] - off[key]) * 1000, 3)
+
+    return {
+        "throughput_on_over_off": _ratio(on["output_tokens_per_s"], off["output_tokens_per_s"]),
+        "ttft_p99_on_over_off": _ratio(on["ttft_p99_s"], off["ttft_p99_s"]),
+        "itl_p99_on_over_off": _ratio(on["itl_p99_s"], off["itl_p99_s"]),
+        "itl_p99_on_minus_off_ms": minus_ms("itl_p99_s"),
+        "itl_p50_on_minus_off_ms": minus_ms("itl_p50_s"),
     }
 
 

@@ -150,13 +150,17 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
     if off["itl_p50_s"]:
         out["capture_share_of_decode_step_pct"] = 100.0 * layers * cost["tokens_16"] / (off["itl_p50_s"] * 1e6)
     if "moeslo" in runs:
-        ours = runs["moeslo"]
-        ours["dtype"] = OURS_DTYPE
-        out["moeslo_over_vllm_tokens_per_s"] = ours["output_tokens_per_s"] / off["output_tokens_per_s"]
-        out["moeslo_over_vllm_median_tokens_per_s"] = (ours["median_output_tokens_per_s"]
-                                                       / off["median_output_tokens_per_s"])
-        out["moeslo_itl_p50_over_vllm"] = (ours["itl_p50_s"] / off["itl_p50_s"]) if off["itl_p50_s"] else None
+        out.update(_ours_over_vllm(runs["moeslo"], off))
     return out
+
+
+def _ours_over_vllm(ours: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
+    ours["dtype"] = OURS_DTYPE
+    return {
+        "moeslo_over_vllm_tokens_per_s": ours["output_tokens_per_s"] / off["output_tokens_per_s"],
+        "moeslo_over_vllm_median_tokens_per_s": ours["median_output_tokens_per_s"] / off["median_output_tokens_per_s"],
+        "moeslo_itl_p50_over_vllm": (ours["itl_p50_s"] / off["itl_p50_s"]) if off["itl_p50_s"] else None,
+    }
 
 
 def capture_cost_us(num_experts: int = 32, top_k: int = 4, layers: int = 4, calls: int = 2000) -> dict[str, float]:

@@ -129,6 +129,10 @@ def bench_engine(
     json_out: Annotated[bool, typer.Option("--json", help="Print the JSON figures.")] = False,
 ) -> None:
     """Prefill/decode tokens/s of our engine vs transformers' generate (baseline), routing stats on and off."""
+    import os
+
+    # Both engines run with OpenMP workers that sleep at barriers, as `moeslo serve`'s engine core does.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     with cli_errors():
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 

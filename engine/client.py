@@ -128,7 +128,11 @@ class EngineCoreClient:
             parent_pid=os.getpid(), die_with_parent=threading.current_thread() is threading.main_thread(),
             log_level=logging.getLevelName(max(logging.getLogger().getEffectiveLevel(), logging.INFO)),
         )
-        self._proc = subprocess.Popen([sys.executable, "-m", "engine.core_proc"], stdin=subprocess.PIPE)
+        # OpenMP workers that sleep at barriers instead of spinning: a replica's processes share one CPU set,
+        # and spinning workers measured 10x slower steps whenever another process wanted the same CPUs.
+        env = {**os.environ}
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        self._proc = subprocess.Popen([sys.executable, "-m", "engine.core_proc"], stdin=subprocess.PIPE, env=env)
         assert self._proc.stdin is not None
         self._proc.stdin.write(options.to_json().encode())
         self._proc.stdin.close()

@@ -188,6 +188,13 @@ class EngineCore:
 
     # ----------------------------------------------------------------- the step
 
+    def flush(self) -> StepResult:
+        """What happened outside a step (aborts, a placement swap), as outputs and stats, without running one."""
+        result = StepResult(outputs=self.take_outputs())
+        if result.outputs or self._state_changed or self._pending_finished:
+            result.stats = self._stats(self._clock(), 0.0, None, 0, (), ())
+        return result
+
     def step(self) -> StepResult:
         """Run one step if there is work; else report what changed while idle."""
         result = StepResult(outputs=self.take_outputs())

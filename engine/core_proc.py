@@ -32,7 +32,7 @@ import zmq
 from contracts.errors import MoesloError
 from contracts.placement import Placement
 from engine import wire
-from engine.core import EngineCore
+from engine.core import EngineCore, StepResult
 from engine.engine_types import EngineConfig
 from engine.executors import ExecutorOptions, create_executor
 from engine.scheduler import SchedulerConfig
@@ -138,7 +138,9 @@ class CoreLoop:
                                    "num_requests": list(self.core.num_requests())}])
 
     def _step(self) -> None:
-        result = self.core.step()
+        self._publish(self.core.step())
+
+    def _publish(self, result: StepResult) -> None:
         if result.outputs or result.stats is not None:
             stats = None if result.stats is None else wire.stats_to_wire(result.stats)
             self._send([wire.STEP, [wire.output_to_wire(o) for o in result.outputs], stats])
@@ -171,6 +173,9 @@ class CoreLoop:
 
     def _call(self, call_id: int, method: str, args: list[Any]) -> None:
         fn = self._calls.get(method)
+        # Aborts handled in this same drain publish their outputs and stats first: a caller that reads
+        # state after its reply (KV blocks free, no request running) finds the metrics already agree.
+        self._publish(self.core.flush())
         try:
             if fn is None:
                 raise MoesloError(f"unknown engine call {method!r}")
