@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -42,7 +43,7 @@ from engine import wire
 from engine.core_proc import CoreOptions
 from engine.engine_types import EngineConfig, ExpertLoad, RequestOutput
 from engine.errors import PromptTooLongError
-from engine.executors.options import ExecutorOptions
+from engine.executors.options import ExecutorOptions, default_threads
 from engine.expert_load import ExpertLoadTracker
 from engine.sampling import SamplingParams
 from engine.stats import PlacementSwapStats, StatsSink, StepStats
@@ -123,8 +124,13 @@ class EngineCoreClient:
         in_addr, out_addr = (f"ipc://{Path(self._tmp.name) / name}" for name in ("in.sock", "out.sock"))
         self._inputs.bind(in_addr)
         self._outputs.bind(out_addr)
+        executor = self.executor_options
+        if executor.threads_per_rank is None:
+            # One CPU of the replica's set stays with this process (HTTP, SSE, tokenizer, exporters): engine threads
+            # that share it with the API process measured slower steps than one thread fewer.
+            executor = dataclasses.replace(executor, threads_per_rank=default_threads(executor.ep, reserve=1))
         options = CoreOptions(
-            executor=self.executor_options, engine=self.config, input_address=in_addr, output_address=out_addr,
+            executor=executor, engine=self.config, input_address=in_addr, output_address=out_addr,
             parent_pid=os.getpid(), die_with_parent=threading.current_thread() is threading.main_thread(),
             log_level=logging.getLevelName(max(logging.getLogger().getEffectiveLevel(), logging.INFO)),
         )

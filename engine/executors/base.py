@@ -9,7 +9,6 @@ this process; ``engine.executors.multiproc``: across EP rank processes).
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -20,7 +19,7 @@ from contracts.placement import Placement
 from engine.batch import StepPlan
 from engine.checkpoint import CheckpointReader, torch_dtype
 from engine.config import ModelConfig
-from engine.executors.options import Executor, ExecutorOptions
+from engine.executors.options import Executor, ExecutorOptions, default_threads
 from engine.experts import ReplicaTable
 from engine.model import Qwen3MoeModel, StepMetadata
 from engine.stats import PlacementSwapStats, RoutingDelta
@@ -178,15 +177,6 @@ class DriverBase:
 
     def shutdown(self) -> None:
         self.reader.close()
-
-
-def default_threads(num_ranks: int) -> int:
-    """torch threads per rank: the CPUs this process may run on (its affinity set), shared among ranks."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, cpus // num_ranks)
 
 
 def expert_bytes(config: ModelConfig, dtype: torch.dtype) -> int:

@@ -6,6 +6,7 @@ name these without importing torch.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -84,4 +85,16 @@ class Executor(Protocol):
 
 
 
-__all__ = ["Executor", "ExecutorOptions"]
+def default_threads(num_ranks: int, *, reserve: int = 0) -> int:
+    """torch threads per rank: the CPUs this process may run on (its affinity set), less ``reserve`` CPUs
+    kept for other work (the API process), shared among the ranks; at least one."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    if cpus > reserve:
+        cpus -= reserve
+    return max(1, cpus // num_ranks)
+
+
+__all__ = ["Executor", "ExecutorOptions", "default_threads"]
