@@ -1,7 +1,8 @@
 """Model executors: the interface the scheduler drives, and where the expert MLPs run.
 
-- :mod:`engine.executors.base`: ``ExecutorOptions``, the ``Executor`` protocol and the
-  rank-0 driver every executor builds on;
+- :mod:`engine.executors.options`: ``ExecutorOptions``, the ``Executor`` protocol and the
+  default thread count (no torch: the API process names them);
+- :mod:`engine.executors.base`: the rank-0 driver every executor builds on;
 - :mod:`engine.executors.local`: one process (``--ep 1``);
 - :mod:`engine.executors.multiproc`: N rank processes in a torch.distributed group (``--ep N``).
 
