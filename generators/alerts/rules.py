@@ -25,6 +25,7 @@ from typing import Literal
 from contracts.catalogue import (
     BUCKETS_BY_METRIC,
     ERROR_RATIO_RECORD,
+    FORECAST_RELIABLE,
     GOOD_EVENTS_RECORD,
     ITL_HISTOGRAM,
     LAYER_IMBALANCE_CV,
@@ -63,6 +64,8 @@ class AlertOptions:
     imbalance_for: str = "10m"
     """Least ``for:`` of the imbalance alert; it is at least twice the policy's imbalance ``sustain_s``."""
     absent_for: str = "10m"
+    forecast_for: str = "30m"
+    """How long sizing must have been reactive (forecast unreliable) before a ticket."""
     for_override: str | None = None
     """Use this ``for:`` on every alert (end-to-end tests that cannot wait minutes)."""
 
@@ -184,6 +187,8 @@ def build_rule_groups(policies: Sequence[Policy], options: AlertOptions | None =
         for sli in latency_slis(policy):
             rules.extend(_burn_rate_alerts(policy, sli, windows, options))
         rules.append(_imbalance_alert(policy, options))
+        if policy.forecast.enabled:
+            rules.append(_forecast_alert(policy, options))
         rules.extend(_absent_alerts(policy, options))
         groups.append(
             RuleGroup(name=f"moeslo-slo-{policy.name}", interval=options.evaluation_interval, rules=tuple(rules))
@@ -291,6 +296,26 @@ def _imbalance_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
                 "The most imbalanced MoE layer of {{ $labels.model_name }} has per-rank load CV "
                 f"{{{{ printf `%.3g` $value }}}} > {max_cv} for {imbalance_for}; the rebalancer "
                 "has not brought it back."
+            ),
+        },
+    )
+
+
+def _forecast_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
+    """A ticket when the controller has sized the fleet reactively (its forecast unreliable) for a while."""
+    settings = policy.forecast
+    return AlertingRule(
+        alert="MoesloForecastUnreliable",
+        expr=f'{FORECAST_RELIABLE}{{policy="{_selector_value(policy.name)}"}} == 0',
+        for_=options.for_override or options.forecast_for,
+        labels={"severity": "ticket", "policy": policy.name, "slo": "forecast"},
+        annotations={
+            "summary": f"The traffic forecast of policy {policy.name} is unreliable: sizing is reactive",
+            "description": (
+                f"For {options.forecast_for} the controller has not trusted its forecast of policy {policy.name} "
+                f"(warming up, or its rolling WAPE above {_num(settings.max_wape)} or interval coverage below "
+                f"{_num(settings.min_coverage)}): it sizes from the load it sees, so peaks are met late. "
+                "See moeslo_forecast_wape and moeslo_forecast_interval_coverage, and /v1/status."
             ),
         },
     )
