@@ -80,6 +80,11 @@ def test_unknown_engine_is_refused() -> None:
         engine_buckets("sglang")
 
 
+def _flat(text: str) -> str:
+    """Console output without the terminal's line wrapping."""
+    return " ".join(text.split())
+
+
 def test_cli_generators_take_the_engine(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
@@ -87,13 +92,13 @@ def test_cli_generators_take_the_engine(tmp_path: Path) -> None:
 
     runner = CliRunner()
     refused = runner.invoke(app, ["alerts", "generate", "--out", str(tmp_path / "a"), "--engine", "vllm"])
-    assert refused.exit_code == 2 and "the nearest edges are 0.01 and 0.025" in " ".join(refused.output.split())
+    assert refused.exit_code == 2 and "the nearest edges are 0.01 and 0.025" in _flat(refused.output)
     accepted = runner.invoke(app, ["alerts", "generate", "--out", str(tmp_path / "a"), "--engine", "vllm-slo-buckets"])
     assert accepted.exit_code == 0, accepted.output
     refused = runner.invoke(app, ["dashboards", "generate", "--out", str(tmp_path / "d"), "--engine", "vllm"])
-    assert refused.exit_code == 2 and "not a bucket edge" in refused.output
+    assert refused.exit_code == 2 and "not a bucket edge" in _flat(refused.output)
     accepted = runner.invoke(app, ["dashboards", "generate", "--out", str(tmp_path / "d"),
                                    "--engine", "vllm-slo-buckets"])
     assert accepted.exit_code == 0, accepted.output
     unknown = runner.invoke(app, ["alerts", "generate", "--out", str(tmp_path / "a"), "--engine", "sglang"])
-    assert unknown.exit_code == 2 and "engine must be one of" in unknown.output
+    assert unknown.exit_code == 2 and "engine must be one of" in _flat(unknown.output)
