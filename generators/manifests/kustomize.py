@@ -61,11 +61,11 @@ def build(directory: str | Path) -> list[dict[str, Any]]:
         if target.is_dir():
             resources.extend(build(target))
         else:
-            resources.extend(_load_documents(target))
+            resources.extend(load_documents(target))
     for entry in kustomization.get("components", []):
         component = root / entry
         spec = _load_kustomization(component, kind="Component")
-        resources.extend(doc for item in spec.get("resources", []) for doc in _load_documents(component / item))
+        resources.extend(doc for item in spec.get("resources", []) for doc in load_documents(component / item))
         _transform(resources, component, spec)
     _transform(resources, root, kustomization)
     return resources
@@ -93,7 +93,7 @@ def _transform(resources: list[dict[str, Any]], root: Path, kustomization: dict[
     for patch_entry in kustomization.get("patches", []):
         if set(patch_entry) != {"path"}:
             raise DataError(f"only `patches: - path:` is supported, got {patch_entry}", path=str(path))
-        for patch in _load_documents(root / patch_entry["path"]):
+        for patch in load_documents(root / patch_entry["path"]):
             _apply_patch(resources, patch, str(root / patch_entry["path"]))
     namespace = kustomization.get("namespace")
     for resource in resources:
@@ -150,7 +150,7 @@ def _retag(reference: str, image: dict[str, str]) -> str:
     return name + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
 
 
-def _load_documents(path: Path) -> list[dict[str, Any]]:
+def load_documents(path: Path) -> list[dict[str, Any]]:
     try:
         return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
     except OSError as exc:
@@ -199,4 +199,4 @@ def _named_list(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(i, dict) and "name" in i for i in value)
 
 
-__all__ = ["build", "split_image", "strategic_merge"]
+__all__ = ["build", "load_documents", "split_image", "strategic_merge"]
