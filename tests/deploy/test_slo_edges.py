@@ -40,7 +40,7 @@ def test_every_overlay_keeps_the_missions_objectives() -> None:
             assert objectives.imbalance.max_cv == MAX_IMBALANCE_CV, name
             rendered = build(DEPLOY / "overlays" / name)
             rules = json.dumps([r for r in rendered if r["kind"] == "PrometheusRule"])
-            assert 'le=\\\\"0.02\\\\"' in rules and 'le=\\\\"0.5\\\\"' in rules, name
+            assert 'le=\\"0.02\\"' in rules and 'le=\\"0.5\\"' in rules, name
 
 
 @pytest.mark.parametrize("overlay", ["vllm-gpu", "vllm-multinode"])
