@@ -89,25 +89,28 @@ def test_every_manifest_validates(tree: str) -> None:
             "ServiceMonitor", "PrometheusRule"} <= kinds
 
 
-@pytest.mark.parametrize("overlay", ["vllm-gpu", "embedded-cpu"])
+KINDS = {"deployment": "Deployment", "leaderworkerset": "LeaderWorkerSet"}
+
+
+@pytest.mark.parametrize("overlay", sorted(load_overlays(DEPLOY)))
 def test_scaled_workloads_leave_replicas_to_their_scaler(overlay: str) -> None:
-    """A Deployment the controller or an HPA scales must not pin spec.replicas: every
-    ``kubectl apply -k`` would reset the scaled fleet to that number."""
+    """A Deployment or LeaderWorkerSet the controller or an HPA scales must not pin spec.replicas:
+    every ``kubectl apply -k`` would reset the scaled fleet to that number."""
     rendered = _rendered(f"overlays/{overlay}")
     scaled = {
-        (target.namespace, target.name)
+        (KINDS[target.kind], target.namespace, target.name)
         for policy in _overlay_policies()[overlay]
-        if isinstance(target := policy.target, KubernetesTarget) and target.kind == "deployment"
+        if isinstance(target := policy.target, KubernetesTarget)
     }
     scaled |= {
-        (key[1], resource["spec"]["scaleTargetRef"]["name"])
+        (resource["spec"]["scaleTargetRef"]["kind"], key[1], resource["spec"]["scaleTargetRef"]["name"])
         for key, resource in rendered.items()
-        if key[0] == "HorizontalPodAutoscaler" and resource["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+        if key[0] == "HorizontalPodAutoscaler"
     }
     assert scaled, "the overlay scales nothing"
-    for namespace, name in sorted(scaled):
-        deployment = rendered[("Deployment", namespace, name)]
-        assert "replicas" not in deployment["spec"], f"{overlay}: Deployment {name} pins spec.replicas"
+    for kind, namespace, name in sorted(scaled):
+        workload = rendered[(kind, namespace, name)]
+        assert "replicas" not in workload["spec"], f"{overlay}: {kind} {name} pins spec.replicas"
 
 
 def test_validation_can_fail() -> None:
@@ -185,11 +188,10 @@ def test_controller_config_and_policies_load(tree: str, tmp_path: Path) -> None:
     # Every policy of an overlay governs a workload that the overlay deploys.
     for policy in expected:
         target = policy.target
-        if getattr(target, "kind", "") == "deployment":
-            assert ("Deployment", "moeslo", target.name) in resources  # type: ignore[union-attr]
-            hpa = getattr(target, "hpa", None)
-            if hpa:
-                assert ("HorizontalPodAutoscaler", "moeslo", hpa) in resources
+        if isinstance(target, KubernetesTarget):
+            assert (KINDS[target.kind], target.namespace, target.name) in resources
+            if target.hpa:
+                assert ("HorizontalPodAutoscaler", target.namespace, target.hpa) in resources
 
 
 def test_vllm_overlay_wiring() -> None:
