@@ -68,6 +68,14 @@ def test_hadolint_is_clean_at_its_default_threshold() -> None:
     assert broken.returncode != 0 and "DL3006" in broken.stdout  # it does find problems
 
 
+def test_build_script_passes_shellcheck() -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+    result = subprocess.run([shellcheck, str(BUILD_SH)], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_make_images_builds_what_the_component_names() -> None:
     component = yaml.safe_load((DEPLOY / "components" / "images" / "kustomization.yaml").read_text())
     assert component["kind"] == "Component"
