@@ -20,10 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from contracts.catalogue import (
-    BUCKETS_BY_METRIC,
     ERROR_RATIO_RECORD,
     FORECAST_RELIABLE,
     GOOD_EVENTS_RECORD,
@@ -31,9 +29,6 @@ from contracts.catalogue import (
     LAYER_IMBALANCE_CV,
     TOTAL_EVENTS_RECORD,
     TTFT_HISTOGRAM,
-    VLLM_BUCKETS_BY_METRIC,
-    format_le,
-    is_bucket_edge,
     le_matcher,
 )
 from contracts.errors import ValidationError
@@ -47,14 +42,16 @@ from controller.slo import (
     standard_burn_rate_windows,
 )
 from generators.alerts.model import AlertingRule, RecordingRule, Rule, RuleGroup
+from generators.buckets import EngineBuckets, EngineName, check_thresholds
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AlertOptions:
     """Knobs of the generated rules that are not part of an SLO policy."""
 
-    engine: Literal["moeslo", "vllm"] = "moeslo"
-    """Whose histogram buckets the engines write: moeslo's (ITL has 0.02) or stock vLLM's."""
+    engine: EngineName | EngineBuckets = "moeslo"
+    """Whose histogram buckets the engines write (:mod:`generators.buckets`): moeslo's (ITL has 0.02),
+    stock vLLM's (no 0.02), or vLLM's started with the SLO edges (``vllm-slo-buckets``)."""
     evaluation_interval: str = "30s"
     min_request_rate_per_s: float = 0.1
     """Low-traffic guard: burn-rate alerts need this many requests/s over their short window."""
@@ -91,33 +88,6 @@ def latency_slis(policy: Policy) -> tuple[LatencySli, ...]:
         LatencySli(slo="ttft", title="TTFT", metric=TTFT_HISTOGRAM, objective=policy.objectives.ttft),
         LatencySli(slo="itl", title="ITL", metric=ITL_HISTOGRAM, objective=policy.objectives.itl),
     )
-
-
-def bucket_edges(engine: str) -> dict[str, tuple[float, ...]]:
-    return VLLM_BUCKETS_BY_METRIC if engine == "vllm" else BUCKETS_BY_METRIC
-
-
-def check_thresholds(policies: Sequence[Policy], engine: str = "moeslo") -> None:
-    """Refuse latency thresholds that are not bucket edges of their histogram; report all at once.
-
-    Good events are read from the cumulative bucket ``le=<threshold>``; a
-    threshold between two edges has no such series and would count nothing.
-    """
-    problems: list[str] = []
-    for policy in policies:
-        for sli in latency_slis(policy):
-            edges = bucket_edges(engine)[sli.metric]
-            if not is_bucket_edge(sli.objective.threshold_s, edges):
-                problems.append(
-                    f"policy {policy.name!r}: objectives.{sli.slo}.threshold_s = {sli.objective.threshold_s!r} "
-                    f"is not a bucket edge of {sli.metric} ({engine}); good events are counted from the bucket at the "
-                    f"threshold, so it must be one of {', '.join(format_le(e) for e in edges)}"
-                )
-    names = [policy.name for policy in policies]
-    for name in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(f"policy name {name!r} appears more than once")
-    if problems:
-        raise ValidationError(problems)
 
 
 def burn_windows(policy: Policy) -> tuple[BurnRateWindow, ...]:
@@ -372,7 +342,6 @@ __all__ = [
     "TOTAL_EVENTS_RECORD",
     "AlertOptions",
     "LatencySli",
-    "bucket_edges",
     "build_rule_groups",
     "burn_windows",
     "check_thresholds",
