@@ -126,9 +126,9 @@ class EngineCoreClient:
         self._outputs.bind(out_addr)
         executor = self.executor_options
         if executor.threads_per_rank is None:
-            # One CPU of the replica's set stays with this process (HTTP, SSE, tokenizer, exporters): engine threads
-            # that share it with the API process measured slower steps than one thread fewer.
-            executor = dataclasses.replace(executor, threads_per_rank=default_threads(executor.ep, reserve=1))
+            # Every CPU of the replica's set (the API process's work is small and the engine's OpenMP workers
+            # sleep while it runs): one thread fewer measured a 2-4x slower prefill on 2 CPUs.
+            executor = dataclasses.replace(executor, threads_per_rank=default_threads(executor.ep))
         options = CoreOptions(
             executor=executor, engine=self.config, input_address=in_addr, output_address=out_addr,
             parent_pid=os.getpid(), die_with_parent=threading.current_thread() is threading.main_thread(),
