@@ -6,6 +6,7 @@ in the same run; progress goes to stderr so stdout stays parseable.
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -248,6 +249,30 @@ def bench_serve(
         )
         result = run_serve_bench(options, progress=dim)
         if json_out:
+            print_json(result)
+        else:
+            console.print_json(data=result)
+
+
+@bench_app.command("vllm-eplb")
+def bench_vllm_eplb(
+    data: Annotated[
+        Path | None, typer.Option("--data", help="Folder of SGLang expert-load JSON files (default: shared data).")
+    ] = None,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed calls per plan (the best is kept).")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Our planner as vLLM's EPLB policy against vLLM's default policy, through vLLM's policy interface."""
+    with cli_errors():
+        from bench.vllm_eplb import run_vllm_eplb_bench
+
+        with console.status("planning every file with both policies inside the vLLM venv"):
+            try:
+                result = run_vllm_eplb_bench(data, repeat=repeat)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                console.print(f"[bold red]error:[/] {exc}")
+                raise typer.Exit(code=2) from exc
+        if as_json:
             print_json(result)
         else:
             console.print_json(data=result)
