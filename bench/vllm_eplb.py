@@ -124,7 +124,8 @@ def measure(folder: Path, repeat: int, progress: Callable[[str], None] = lambda 
             per_file: dict[str, Any] = {}
             for name, load in loads.items():
                 progress(f"{config_name} {start} {name}")
-                old = initial_map(load.shape[0], load.shape[1], config["num_replicas"]) if start == "from_initial_map" else None
+                fresh = start == "fresh"
+                old = None if fresh else initial_map(load.shape[0], load.shape[1], config["num_replicas"])
                 row = {who: _run_policy(p, load, config, old, repeat) for who, p in policies.items()}
                 ours, theirs = row["moeslo"], row["vllm_default"]
                 row["ratios_moeslo_over_vllm_default"] = {
