@@ -109,7 +109,8 @@ class ControllerSettings(BaseSettings):
     decisions_keep: Annotated[int, Field(ge=1000)] = 500_000
     """The decision log keeps this many newest decisions (older ones are pruned every 100 ticks)."""
     rebalance: bool = True
-    """Rebalance experts of engines that expose ``/v1/expert-load`` and ``/v1/placement``."""
+    """Rebalance experts of engines that expose ``/v1/expert-load`` and ``/v1/placement`` (the embedded engine)
+    or ``/moeslo/eplb`` (vLLM with the moeslo plugin)."""
 
     @classmethod
     def settings_customise_sources(

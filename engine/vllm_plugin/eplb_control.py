@@ -159,7 +159,7 @@ class EplbControl:
         policy = state.policy if state is not None else self._safe_default_policy()
         out: dict[str, Any] = {
             "eplb": None if state is None else eplb_info(state),
-            "policy": None if policy is None else policy.__qualname__,
+            "policy": None if policy is None else policy.__name__,
             "num_ranks": None if current is None else current.num_ranks,
             "phy2log": None,
             "placement_source": None if current is None else current.source,
@@ -216,7 +216,7 @@ class EplbControl:
             source = "request"
         else:
             phy2log = self._policy_plan(policy, load, current, state is not None)
-            source = policy.__qualname__
+            source = policy.__name__
         plan_s = time.perf_counter() - started
         check_plan(phy2log, current.phy2log.shape, current.num_experts)
         reply: dict[str, Any] = {
@@ -294,7 +294,7 @@ def eplb_info(state: Any) -> dict[str, Any]:
         "num_redundant_experts": int(model.num_redundant_experts),
         "num_expert_groups": int(model.num_expert_groups),
         "async": bool(state.is_async),
-        "policy": state.policy.__qualname__,
+        "policy": state.policy.__name__,
     }
 
 
