@@ -128,6 +128,9 @@ class EplbControl:
             action = str(request.get("action"))
             if action == "status":
                 return self.status(runner)
+            if action == "plan" and find_eplb_state(runner) is None and self._flusher() is None:
+                # EPLB off and this worker does not count (a TP rank > 0): the counting worker answers.
+                return {"skipped": "EPLB is off and this worker does not count"}
             if action == "plan":
                 reply = self.plan(runner, request)[0]
                 self._count(action, "ok")

@@ -215,9 +215,12 @@ def merge_status(replies: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def merge_replies(replies: list[dict[str, Any]]) -> dict[str, Any]:
-    """Rank 0's answer to ``plan`` or ``apply``, with the longest stall of any rank."""
+    """Rank 0's answer to ``plan`` or ``apply`` (the first worker that answered), with the longest stall of any rank."""
     _check_replies(replies)
-    out = dict(replies[0])
+    answers = [r for r in replies if not r.get("skipped")]
+    if not answers:
+        raise EplbRefusedError("no_placement", f"no worker could plan: {replies[0]['skipped']}")
+    out = dict(answers[0])
     stalls = [float(r["stall_s"]) for r in replies if r.get("stall_s") is not None]
     if stalls:
         out["stall_s"] = max(stalls)
