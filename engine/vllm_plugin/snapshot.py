@@ -140,8 +140,12 @@ class SnapshotBuilder:
         return self._rank_weights()
 
     def mark_rearrangement(self) -> None:
-        """Measure balance "after" from the counts routed from now on (call right after a rearrangement)."""
+        """Measure balance "after" from the counts routed from now on (call right after a rearrangement).
+
+        The routing window restarts too, as the embedded engine's does after a placement change: the
+        gauges then measure the new placement on routing it served, not old loads on a new map."""
         self._mark = None if self._last is None else self._last.copy()
+        self._window = LoadWindow(self._window.size)
 
     def build(self, counts: IntArray) -> ExpertLoadSnapshot:
         delta = counts if self._last is None else counts - self._last

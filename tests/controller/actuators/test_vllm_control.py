@@ -16,7 +16,7 @@ from controller.actuators.placement import Rebalancer
 from controller.actuators.vllm_control import AutoEngineControl, VllmEngineControl, swap_summary
 from controller.policy import ImbalanceObjective, LocalTarget, Mode, Objectives, Policy
 from controller.rebalance import TriggerSettings
-from tests.engine.eplb_standin import EXPERTS, LAYERS, SLOTS
+from tests.engine.eplb_standin import EXPERTS, LAYERS, SLOTS, route
 from tests.exporters.test_vllm_eplb_http import StandinEngineClient, app_for
 
 VLLM, EMBEDDED = "http://vllm", "http://embedded"
@@ -86,6 +86,7 @@ def test_auto_control_picks_the_adapter_per_endpoint_and_rebalances_vllm() -> No
         events = []
         for now in (0.0, 2.0):
             events += await rebalancer.tick(policy, [VLLM], now)
+            route(engine.flusher.counter)  # routing on the new placement (the window restarted)
         assert (await control.expert_load(EMBEDDED)).steps_in_window == 20
         await control.aclose()
         return control, events
