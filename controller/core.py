@@ -19,6 +19,7 @@ Per policy, in order (the first guardrail that holds ends the evaluation)::
       otherwise                       -> hold  [stale_data / insufficient_data]
     need = max over advisors (reasons of each)
     clamp need to [min_replicas, max_replicas]           [at_min / at_max]
+    no more replicas than the actuator has room for      [host_budget]
     want fewer replicas, but the source reported errors -> hold [partial_data]
     want fewer replicas inside the cooldown since the last change
                                       -> hold  [cooldown]
@@ -42,9 +43,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controller.advisors import ReactiveAdvisor
+from controller.decision_inputs import record_advice as _record_advice
+from controller.decision_inputs import record_observation as _record_observation
 from controller.observation_checks import sanitize_observation
 from controller.policy import KubernetesTarget, LocalTarget, Mode, Policy, Scaling
 from controller.types import (
@@ -52,6 +55,8 @@ from controller.types import (
     Advice,
     Decision,
     Effects,
+    ForecastView,
+    LoadHistory,
     PolicyObservation,
     Reason,
     Scalar,
@@ -121,6 +126,7 @@ class DecisionCore:
             raise ValueError(f"advisor names must be unique, got {names}")
         self.config = config or CoreConfig()
         self.state: dict[str, PolicyState] = dict(state or {})
+        self._forecast: ForecastView | None = None
 
     def tick(self, inp: TickInput) -> Effects:
         decisions = tuple(
@@ -128,6 +134,10 @@ class DecisionCore:
         )
         for gone in self.state.keys() - inp.policies.keys():
             del self.state[gone]
+            for advisor in self.advisors:
+                forget = getattr(advisor, "forget", None)
+                if forget is not None:
+                    forget(gone)  # advisors keep per-policy history; a deleted policy's goes with it
         diagnostics: dict[str, Scalar] = {"policies": len(decisions)}
         actions = Counter(d.action for d in decisions)
         for action in ("hold", "scale_up", "scale_down"):
@@ -139,6 +149,16 @@ class DecisionCore:
             decisions=decisions, next_tick_s=inp.now_s + self.config.tick_interval_s, diagnostics=diagnostics
         )
 
+    def warm_start(self, policy: Policy, history: LoadHistory) -> int:
+        """Seed the advisors' per-policy history (oldest first, one value per tick); returns advisors seeded."""
+        seeded = 0
+        for advisor in self.advisors:
+            seed = getattr(advisor, "warm_start", None)
+            if seed is not None:
+                seed(policy, history)
+                seeded += 1
+        return seeded
+
     def record_change(self, policy: str, at_s: float) -> None:
         """Tell the core the replica count changed at ``at_s`` (e.g. an actuator applied it late)."""
         state = self.state.setdefault(policy, PolicyState())
@@ -149,7 +169,10 @@ class DecisionCore:
         state = self.state.get(policy.name)
         if state is None:
             state = self.state[policy.name] = PolicyState()
+        self._forecast = None
         decision = self._evaluate(policy, observation, now_s, state)
+        if self._forecast is not None:
+            decision = replace(decision, forecast=self._forecast)
         if decision.apply and decision.action != "hold":
             state.last_change_s = now_s
             if decision.action == "scale_up":
@@ -179,6 +202,12 @@ class DecisionCore:
             return consensus
         need, why, notes = consensus
         desired, guards = _clamp(need, current, scaling)
+        budget = obs.replica_budget
+        if budget is not None and desired > current and desired > budget:
+            hold.inputs["replica_budget"] = budget
+            desired = max(current, budget)
+            guards.append(Reason.HOST_BUDGET)
+            notes.append(f"the actuator has room for {budget} replicas")
         if desired < current:
             gated = self._gate_scale_down(policy, obs, now_s, state, current, desired, why, guards, hold)
             if isinstance(gated, Decision):
@@ -246,6 +275,8 @@ class DecisionCore:
             advices = [(advisor.name, advisor.advise(policy, obs, now_s)) for advisor in self.advisors]
         for name, advice in advices:
             _record_advice(inputs, name, advice)
+            if advice.forecast is not None and self._forecast is None:
+                self._forecast = advice.forecast
         opinions = [(name, advice) for name, advice in advices if advice.replicas_needed is not None]
         if not opinions:
             errors = [name for name, advice in advices if Reason.ADVISOR_ERROR in advice.reasons]
@@ -440,39 +471,3 @@ def _remember_need(state: PolicyState, now_s: float, need: int, window_s: float)
 def _codes(reasons: Sequence[str]) -> tuple[str, ...]:
     """Plain strings (not enum members), so decisions serialize and compare as data; duplicates dropped."""
     return tuple(dict.fromkeys(str(reason) for reason in reasons))
-
-
-def _record_observation(inputs: dict[str, Scalar], obs: PolicyObservation, now_s: float) -> None:
-    inputs["observed_at_s"] = obs.observed_at_s
-    inputs["data_age_s"] = now_s - obs.observed_at_s
-    inputs["current_replicas"] = obs.current_replicas
-    inputs["ready_replicas"] = obs.ready_replicas
-    inputs["queue_depth"] = obs.queue_depth
-    inputs["running_requests"] = obs.running_requests
-    inputs["request_rate_rps"] = obs.request_rate_rps
-    inputs["prompt_tokens_per_s"] = obs.prompt_tokens_per_s
-    inputs["output_tokens_per_s"] = obs.output_tokens_per_s
-    inputs["kv_cache_usage"] = obs.kv_cache_usage
-    inputs["source_errors"] = len(obs.errors)
-    sli = obs.sli
-    if sli is not None:
-        inputs["sli_age_s"] = now_s - sli.observed_at_s
-        inputs["sli_requests_in_window"] = sli.requests_in_window
-        inputs["ttft_good_ratio"] = sli.ttft_good_ratio
-        inputs["itl_good_ratio"] = sli.itl_good_ratio
-        inputs["ttft_p99_s"] = sli.ttft_p99_s
-        inputs["itl_p99_s"] = sli.itl_p99_s
-        inputs["imbalance_cv_max"] = sli.imbalance_cv_max
-
-
-def _record_advice(inputs: dict[str, Scalar], name: str, advice: Advice) -> None:
-    inputs[f"{name}.replicas_needed"] = advice.replicas_needed
-    inputs[f"{name}.reasons"] = ",".join(advice.reasons)
-    if advice.forecast_request_rate_rps is not None:
-        inputs[f"{name}.forecast_request_rate_rps"] = advice.forecast_request_rate_rps
-    if advice.forecast_request_rate_upper_rps is not None:
-        inputs[f"{name}.forecast_request_rate_upper_rps"] = advice.forecast_request_rate_upper_rps
-    if advice.forecast_horizon_s is not None:
-        inputs[f"{name}.forecast_horizon_s"] = advice.forecast_horizon_s
-    for key, value in advice.details.items():
-        inputs[f"{name}.{key}"] = value

@@ -9,8 +9,8 @@
   of the next interval's request rate and prompt/output lengths, turned into replicas by
   throughput interpolation against the profile (no lead time, no interval, immediate
   scale-down).
-- ``moeslo``: the production :class:`controller.core.DecisionCore` with the
-  :class:`controller.predictive.PredictiveAdvisor` (not a copy of either).
+- ``moeslo``: the production decision core, built by
+  :func:`controller.builder.build_decision_core`, what the service runs (not a copy).
 - ``oracle``: knows the future load; orders each replica one start-up time before it
   is needed and drops it as soon as it is not: the lower bound of replica-hours.
 """
@@ -25,11 +25,11 @@ from typing import Protocol
 import numpy as np
 
 from contracts.traces import FloatArray
-from controller.capacity import CapacityModel
-from controller.core import CoreConfig, DecisionCore
+from controller.builder import CoreOptions, build_decision_core
+from controller.capacity import CapacityModel, ReplicaProfile
 from controller.forecast.models import Arima
-from controller.policy import LocalTarget, Policy, Scaling
-from controller.predictive import PredictiveAdvisor, PredictiveConfig
+from controller.policy import ForecastSettings, LocalTarget, Policy, Scaling
+from controller.sizing import SizingAdvisor
 from controller.types import PolicyObservation
 
 STRATEGY_NAMES = ("static", "hpa", "dynamo", "moeslo", "oracle")
@@ -187,22 +187,33 @@ class DynamoStyleStrategy:
 
 
 class CoreStrategy:
-    """The production decision core with the predictive advisor, driven tick by tick."""
+    """The production decision core (:func:`controller.builder.build_decision_core`), driven tick by tick."""
 
     name = "moeslo"
 
     def __init__(
         self,
-        capacity: CapacityModel,
+        profile: ReplicaProfile,
         *,
         tick_s: float,
         lead_time_s: int,
         cooldown_s: int,
         max_replicas: int,
-        predictive: PredictiveConfig,
+        quantile: float,
+        refit_every_ticks: int,
+        season_s: float | None,
     ) -> None:
-        self.advisor = PredictiveAdvisor(capacity, predictive)
-        self.core = DecisionCore([self.advisor], CoreConfig(tick_interval_s=tick_s))
+        options = CoreOptions(
+            tick_interval_s=tick_s,
+            profile=profile,
+            refit_every_ticks=refit_every_ticks,
+            season_s=season_s,
+            isolate_advisor_errors=False,
+        )
+        self.core = build_decision_core(options)
+        sizing = self.core.advisors[0]
+        assert isinstance(sizing, SizingAdvisor)
+        self.advisor = sizing.predictive
         self.policy = Policy(
             name="replay",
             target=LocalTarget(),
@@ -213,6 +224,7 @@ class CoreStrategy:
                 max_step=max_replicas,
             ),
             lead_time_s=lead_time_s,
+            forecast=ForecastSettings(quantile=quantile),
         )
         self.reasons: dict[str, int] = {}
 

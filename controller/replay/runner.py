@@ -17,8 +17,6 @@ import numpy as np
 from contracts.slo_defaults import LEAD_TIME_S, SCALE_DOWN_COOLDOWN_S
 from contracts.traces import FloatArray
 from controller.capacity import CapacityModel, Load, ReplicaProfile, Targets
-from controller.forecast import ForecastConfig
-from controller.predictive import PredictiveConfig
 from controller.replay.baselines import (
     STRATEGY_NAMES,
     CoreStrategy,
@@ -128,19 +126,15 @@ def build_policy(
     if name == "dynamo":
         return DynamoStyleStrategy(capacity, interval_s=config.dynamo_interval_s)
     if name == "moeslo":
-        forecast = ForecastConfig(
-            bin_s=config.tick_s,
-            horizon_s=config.startup_s,
-            refit_every_bins=config.refit_every_ticks,
-            season_s=config.season_s,
-        )
         return CoreStrategy(
-            capacity,
+            profile,
             tick_s=config.tick_s,
             lead_time_s=int(config.startup_s),
             cooldown_s=config.cooldown_s,
             max_replicas=config.max_replicas,
-            predictive=PredictiveConfig(quantile=config.quantile, forecast=forecast),
+            quantile=config.quantile,
+            refit_every_ticks=config.refit_every_ticks,
+            season_s=config.season_s,
         )
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
 

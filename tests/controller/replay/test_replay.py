@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from contracts.traces import LengthDistribution, RequestTrace
+from controller.builder import build_decision_core
 from controller.capacity import DEFAULT_PROFILE, CapacityModel
 from controller.core import DecisionCore
 from controller.replay.baselines import CoreStrategy, HpaStrategy, OracleStrategy
@@ -62,14 +63,17 @@ def test_moeslo_policy_is_the_production_core() -> None:
     run = run_policy("moeslo", workload, DEFAULT_PROFILE, ReplayConfig(refit_every_ticks=20), needs=needs)
     assert run.reasons.get("forecast", 0) > 0  # decisions carried the predictive advisor's reasons
     policy = CoreStrategy(
-        CapacityModel(),
+        DEFAULT_PROFILE,
         tick_s=15.0,
         lead_time_s=120,
         cooldown_s=180,
         max_replicas=100,
-        predictive=__import__("controller.predictive").predictive.PredictiveConfig(),
+        quantile=0.9,
+        refit_every_ticks=240,
+        season_s=None,
     )
     assert type(policy.core) is DecisionCore
+    assert [type(a) for a in policy.core.advisors] == [type(a) for a in build_decision_core().advisors]
 
 
 def test_oracle_orders_one_lead_time_ahead() -> None:
