@@ -102,37 +102,7 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
     with tempfile.TemporaryDirectory(prefix="moeslo-bench-vllm-") as tmp:
         checkpoint = options.checkpoint or make_checkpoint(Path(tmp) / "ckpt", progress)
         config = json.loads((checkpoint / "config.json").read_text())
-        vocab, layers = int(config["vocab_size"]), int(config["num_hidden_layers"])
-        servers = {
-            "off": VllmServer(checkpoint, log_path=Path(tmp) / "off.log", extra_args=BATCH_ARGS),
-            "on": VllmServer(checkpoint, env={"MOESLO_VLLM_PLUGIN": "1"}, log_path=Path(tmp) / "on.log",
-                             extra_args=BATCH_ARGS),
-        }
-        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
-
-        def run_round(name: str, seed: int) -> dict[str, Any]:
-            server = servers[name]
-            assert server.proc is not None
-            cpu = tree_cpu_s(server.proc.pid)
-            figures = measure_round(server.base_url, server.model_name, options, vocab, seed)
-            figures["cpu_s"] = tree_cpu_s(server.proc.pid) - cpu
-            figures["cpu_s_per_token"] = figures["cpu_s"] / max(figures["output_tokens"], 1)
-            rounds[name].append(figures)
-            return figures
-
-        try:
-            progress("starting vLLM twice (plugin off, plugin on)")
-            for server in servers.values():
-                server.start()
-            for server in servers.values():
-                server.wait_healthy(options.startup_timeout_s)
-                warm_up(server.base_url, server.model_name, vocab)
-            overhead = run_pairs(run_round, options.overhead, progress)
-            time.sleep(2.5)  # the workers flush every second
-            published = _expert_tokens_published(servers["on"].base_url)
-        finally:
-            for server in servers.values():
-                server.stop()
+        rounds, overhead, published = _plugin_pairs(checkpoint, Path(tmp), options, config, progress)
         runs: dict[str, Any] = {f"vllm_plugin_{name}": best_of(r) for name, r in rounds.items()}
         for name, r in rounds.items():
             runs[f"vllm_plugin_{name}"]["median_cpu_s_per_token"] = statistics.median(x["cpu_s_per_token"] for x in r)
@@ -141,11 +111,10 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
         # Warm-up (2 x (32 + 4 - 1)) and every round: each routed token counts top-k times in every layer.
         per_round = options.prompts * (options.prompt_tokens + options.new_tokens - 1)
         on["moe_expert_tokens_expected"] = ((2 * (32 + 4 - 1) + len(rounds["on"]) * per_round)
-                                            * int(config["num_experts_per_tok"]) * layers)  # fmt: skip
+                                            * int(config["num_experts_per_tok"]) * int(config["num_hidden_layers"]))
         if options.ours:
             progress("moeslo: starting our engine")
-            runs["moeslo"] = _run_ours(checkpoint, options, vocab)
-    off = runs["vllm_plugin_off"]
+            runs["moeslo"] = _run_ours(checkpoint, options, int(config["vocab_size"]))
     out: dict[str, Any] = {
         "workload": {"prompts": options.prompts, "prompt_tokens": options.prompt_tokens,
                      "new_tokens": options.new_tokens, "greedy": True},
@@ -156,18 +125,61 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
         "plugin_overhead_pct": overhead["overhead_pct"]["tokens_per_s"],
         "plugin_cpu_overhead_pct": overhead["overhead_pct"]["cpu_s_per_token"],
     }  # fmt: skip
-    # The plugin's hot path against a decode step: one callback per MoE layer per step.
+    out.update(_hot_path_share(rounds["off"], options, int(config["num_hidden_layers"])))
+    if "moeslo" in runs:
+        out["moeslo_over_vllm_tokens_per_s"] = (runs["moeslo"]["output_tokens_per_s"]
+                                                / runs["vllm_plugin_off"]["output_tokens_per_s"])  # fmt: skip
+    return out
+
+
+def _plugin_pairs(
+    checkpoint: Path, tmp: Path, options: VllmBenchOptions, config: dict[str, Any], progress: Callable[[str], None]
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any], float]:
+    """Both vLLM servers up and warm, then the interleaved pairs: (rounds per server, overhead, counts published)."""
+    vocab = int(config["vocab_size"])
+    servers = {
+        "off": VllmServer(checkpoint, log_path=tmp / "off.log", extra_args=BATCH_ARGS),
+        "on": VllmServer(checkpoint, env={"MOESLO_VLLM_PLUGIN": "1"}, log_path=tmp / "on.log", extra_args=BATCH_ARGS),
+    }
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+
+    def run_round(name: str, seed: int) -> dict[str, Any]:
+        server = servers[name]
+        assert server.proc is not None
+        cpu = tree_cpu_s(server.proc.pid)
+        figures = measure_round(server.base_url, server.model_name, options, vocab, seed)
+        figures["cpu_s"] = tree_cpu_s(server.proc.pid) - cpu
+        figures["cpu_s_per_token"] = figures["cpu_s"] / max(figures["output_tokens"], 1)
+        rounds[name].append(figures)
+        return figures
+
+    try:
+        progress("starting vLLM twice (plugin off, plugin on)")
+        for server in servers.values():
+            server.start()
+        for server in servers.values():
+            server.wait_healthy(options.startup_timeout_s)
+            warm_up(server.base_url, server.model_name, vocab)
+        overhead = run_pairs(run_round, options.overhead, progress)
+        time.sleep(2.5)  # the workers flush every second
+        published = _expert_tokens_published(servers["on"].base_url)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return rounds, overhead, published
+
+
+def _hot_path_share(off_rounds: list[dict[str, Any]], options: VllmBenchOptions, layers: int) -> dict[str, Any]:
+    """The plugin's hot path against a decode step: one router callback per MoE layer per step."""
     cost = capture_cost_us()
-    out["capture_call_us"] = cost
+    out: dict[str, Any] = {"capture_call_us": cost}
     # A decode step from the rounds themselves (every sequence gets one token per step): streamed chunks
     # arrive in bursts, so client-side ITL percentiles can be near zero and say nothing about the step.
     step_s = statistics.median(max(r["wall_s"] - r["ttft_p50_s"], 0.0) / max(options.new_tokens - 1, 1)
-                               for r in rounds["off"])  # fmt: skip
+                               for r in off_rounds)  # fmt: skip
     out["decode_step_s_median"] = step_s
     if step_s > 0:
         out["capture_share_of_decode_step_pct"] = 100.0 * layers * cost["tokens_16"] / (step_s * 1e6)
-    if "moeslo" in runs:
-        out["moeslo_over_vllm_tokens_per_s"] = runs["moeslo"]["output_tokens_per_s"] / off["output_tokens_per_s"]
     return out
 
 

@@ -37,7 +37,7 @@ def build(policy: Policy) -> Dashboard:
         .refresh("30s").time("now-1h", "now").timezone("browser")
     )
     dashboard = variables(dashboard, policy=True)
-    return (
+    dashboard = (
         dashboard
         .with_row(Row("Routing"))
         .with_panel(heatmap(
@@ -63,6 +63,14 @@ def build(policy: Policy) -> Dashboard:
         .with_panel(timeseries("Assignments per second by EP rank", [
             query(f"sum by (rank) (rate({total(RANK_TOKENS)}{{{MODEL}}}[{RATE}]))", "rank {{rank}}"),
         ], min_value=0, stack=True, width=8))
+    )
+    return _placement(dashboard, max_cv)
+
+
+def _placement(dashboard: Dashboard, max_cv: float) -> Dashboard:
+    """Placement changes (both engines), their balance and the trigger's requests (the vLLM plugin)."""
+    return (
+        dashboard
         .with_row(Row("Placement"))
         .with_panel(timeseries("Placement swaps and experts moved", [
             query(f"sum(increase({total(PLACEMENT_SWAPS)}{{{MODEL}}}[{RATE}]))", "swaps"),
