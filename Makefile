@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 VLLM_VENV ?= .venv-vllm
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast lint demo bench vllm-venv clean
+.PHONY: install test test-fast lint demo bench vllm-venv images clean
 
 install: $(VENV)/.installed
 
@@ -60,6 +60,11 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	# Our planner (the EPLB policy the plugin offers vLLM) needs scipy, which vLLM does not pull in.
 	$(VLLM_VENV)/bin/pip install --quiet 'scipy>=1.13,<2'
 	touch $@
+
+# The images deploy/ names (moeslo; vLLM with the plugin), tagged as deploy/components/images/ says,
+# built with whichever of docker, podman or buildah works here (CONTAINER_ENGINE=... to choose).
+images:
+	deploy/images/build.sh
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache
