@@ -145,7 +145,7 @@ def num(value: float | int | None, text: str, *, tag: str = "td", **attrs: str |
     """A cell (or span) showing ``text`` with the exact value in ``data-value`` (empty when None)."""
     exact = "" if value is None else repr(value)
     css = attrs.pop("class_", None)
-    return el(tag, text, data_value=exact, class_=css or ("num" if tag == "td" else None), **attrs)
+    return el(tag, text, data_value=exact, **attrs, class_=css or ("num" if tag == "td" else None))
 
 
 def budget_bar(value: float | None) -> Markup:
