@@ -44,9 +44,11 @@ class SyntheticFleet:
 class FleetView:
     """The part of the controller service the read API needs, answering from memory."""
 
-    def __init__(self, runtimes: dict[str, PolicyRuntime], last_tick_at: datetime) -> None:
+    def __init__(self, runtimes: dict[str, PolicyRuntime], last_tick_at: datetime, decisions: int = 0) -> None:
         self.runtimes = runtimes
         self._last_tick_at = last_tick_at
+        self.decisions = decisions
+        """Decisions written into the log."""
 
     @property
     def is_leader(self) -> bool:
@@ -203,14 +205,16 @@ def build_fleet(
     """Write the fleet's policies and decision log into ``store`` (SQLite); return its runtime view."""
     end = end or datetime.now(UTC)
     runtimes: dict[str, PolicyRuntime] = {}
+    written = 0
     for i in range(fleet.policies):
         store.create_policy(_policy(i))
         rows, last = _policy_rows(i, fleet, end)
         with store.engine.begin() as conn:
             conn.exec_driver_sql(_INSERT, rows)
+        written += len(rows)
         runtime = _runtime(i, last, end)
         if runtime is not None:
             runtimes[f"policy-{i:03d}"] = runtime
         if progress is not None:
             progress(i + 1, fleet.policies)
-    return FleetView(runtimes, end)
+    return FleetView(runtimes, end, written)

@@ -4,9 +4,10 @@ Each decision's ``inputs`` hold what the core saw and forecast that tick
 (``request_rate_rps``, ``ttft_good_ratio``, ``sizing.forecast_request_rate_rps``,
 ...).  Charts need a handful of those keys over thousands of rows, so the keys
 are read inside the database instead of parsing every row's whole JSON in
-Python: on SQLite one ``json_extract`` with every path (one parse per row, the
-answer a short JSON array), elsewhere SQLAlchemy's JSON index per key (``->>``
-on PostgreSQL).  ``at`` comes back as the database's text when it stores text.
+Python.  On SQLite, one ``json_extract`` per row reads every key (one parse of
+the row's JSON) and the whole answer comes back as one JSON text (one
+``json.loads``).  Elsewhere, SQLAlchemy's JSON index
+reads each key (``->>`` on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -67,40 +68,51 @@ class PointQuery:
         return list(dict.fromkeys(key for keys in self.fields.values() for key in keys))
 
     def select(self, policy: str, *, since: datetime, exclude_actions: Sequence[str], limit: int) -> Select[Any]:
-        """The newest ``limit`` decisions of ``policy`` at or after ``since``, newest first."""
-        if self.sqlite:
-            paths = [f'$."{key.replace(chr(34), "")}"' for key in self._keys]
-            paths += paths[:1] * (2 - len(paths))  # two paths or more: json_extract answers an array
-            values: list[Any] = [type_coerce(func.json_extract(DecisionRow.inputs, *paths), String)]
-        else:
-            values = [DecisionRow.inputs[key].as_float() for key in self._keys]
-        query = (
-            select(DecisionRow.id, type_coerce(DecisionRow.at, String), DecisionRow.action,
-                   DecisionRow.current_replicas, DecisionRow.desired_replicas, DecisionRow.outcome, *values)
+        """The newest ``limit`` decisions of ``policy`` at or after ``since``."""
+        rows = (
+            select(DecisionRow.id, DecisionRow.at, DecisionRow.action, DecisionRow.current_replicas,
+                   DecisionRow.desired_replicas, DecisionRow.outcome, DecisionRow.inputs)
             .where(DecisionRow.policy == policy, DecisionRow.at >= since)
             .order_by(DecisionRow.id.desc())
             .limit(limit)
         )
         if exclude_actions:
-            query = query.where(DecisionRow.action.not_in(list(exclude_actions)))
-        return query
+            rows = rows.where(DecisionRow.action.not_in(list(exclude_actions)))
+        if not self.sqlite:
+            inner = rows.subquery()
+            values = [inner.c.inputs[key] for key in self._keys]  # JSON values: numbers kept, others dropped
+            return select(inner.c.id, inner.c.at, inner.c.action, inner.c.current_replicas, inner.c.desired_replicas,
+                          inner.c.outcome, *values)
+        # SQLite: the whole answer as one JSON text (one json.loads in Python), every key read with
+        # one json_extract per row.
+        inner = rows.subquery()
+        paths = [f'$."{key.replace(chr(34), "")}"' for key in self._keys]
+        paths += paths[:1] * (2 - len(paths))  # two paths or more: json_extract answers an array
+        row = func.json_array(inner.c.id, type_coerce(inner.c.at, String), inner.c.action, inner.c.current_replicas,
+                              inner.c.desired_replicas, inner.c.outcome, func.json_extract(inner.c.inputs, *paths))
+        return select(type_coerce(func.json_group_array(row), String))
 
     def points(self, rows: Sequence[Sequence[Any]]) -> list[DecisionPoint]:
-        """The rows as points, oldest first."""
+        """The rows (or, on SQLite, the one JSON row) as points, oldest first."""
         index = {key: i for i, key in enumerate(self._keys)}
         picks = [[index[key] for key in keys] for keys in self.fields.values()]
-        out = []
-        for row in reversed(rows):  # plain loops: a day of ticks is thousands of rows
-            raw = json.loads(row[6]) if self.sqlite else row[6:]
-            values: list[float | None] = []
-            for pick in picks:
-                found = None
-                for i in pick:
-                    value = raw[i]
-                    if type(value) in _NUMBERS:
-                        found = float(value)
-                        break
-                values.append(found)
-            out.append(DecisionPoint(id=row[0], at_s=_seconds(row[1]), action=row[2], current_replicas=row[3],
-                                     desired_replicas=row[4], outcome=row[5], values=tuple(values)))
-        return out
+        if self.sqlite:
+            table = json.loads(rows[0][0]) if rows and rows[0][0] else []
+            table.sort(key=lambda r: r[0])
+            return [_point(r[0], _seconds(r[1]), r[2:6], r[6], picks) for r in table]
+        ordered = sorted(rows, key=lambda r: r[0])
+        return [_point(r[0], _seconds(r[1]), r[2:6], r[6:], picks) for r in ordered]
+
+
+def _point(id_: int, at_s: float, head: Sequence[Any], raw: Sequence[Any], picks: list[list[int]]) -> DecisionPoint:
+    values: list[float | None] = []
+    for pick in picks:  # plain loops: a day of ticks is thousands of rows
+        found = None
+        for i in pick:
+            value = raw[i]
+            if type(value) in _NUMBERS:
+                found = float(value)
+                break
+        values.append(found)
+    return DecisionPoint(id=id_, at_s=at_s, action=head[0], current_replicas=head[1], desired_replicas=head[2],
+                         outcome=head[3], values=tuple(values))

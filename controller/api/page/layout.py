@@ -70,7 +70,7 @@ border:1px solid var(--line)}
 .chart .reflab{text-anchor:end;font-size:10px}.chart .mark{text-anchor:middle;font-size:11px;font-weight:700}
 .legend{display:flex;gap:12px;flex-wrap:wrap;font-size:12px;color:var(--muted);margin:2px 0}
 .legend i{display:inline-block;width:14px;height:3px;vertical-align:middle;margin-right:4px}
-.legend i.box{height:10px;opacity:.35}
+.legend i.box{height:10px;opacity:.35}.heat+.legend i.box{opacity:1;border:1px solid #dadce0}
 .source{font-size:11px;color:var(--muted);font-weight:400;margin-left:6px}
 .empty{padding:18px;text-align:center;color:var(--muted);background:var(--panel);border-radius:6px}
 form.filter{display:flex;gap:6px;align-items:center;margin:6px 0}

@@ -14,7 +14,7 @@ from typing import Any
 
 from controller.api.page.html import Child, Markup, el
 from controller.api.page.policy_data import LOG_FIELDS, PolicyData
-from controller.api.page.svg import Band, Heatmap, HLine, Marker, Series, heatmap, time_chart
+from controller.api.page.svg import Band, Heatmap, HLine, Marker, Series, heat_legend, heatmap, time_chart
 from controller.store import DecisionRecord
 
 __all__ = ["good_ratio_chart", "imbalance_chart", "load_chart", "rebalance_chart", "replica_chart"]
@@ -76,7 +76,7 @@ def good_ratio_chart(data: PolicyData) -> Markup:
     gap = (prom.step_s if use_prom and prom is not None else data.tick_interval_s) * 3.5
     hlines = [HLine(t, f"objective {t * 100:g} %", COLORS["objective"]) for t in sorted(targets)]
     chart = time_chart(
-        "good_ratio", t0=data.now.timestamp() - data.span_s, t1=data.now.timestamp(),
+        "good_ratio", t0=data.t0_s, t1=data.now.timestamp(),
         series=[Series("ttft", f"TTFT ≤ {policy.objectives.ttft.threshold_s * 1000:g} ms", ttft, COLORS["ttft"],
                        gap_s=gap),
                 Series("itl", f"ITL ≤ {policy.objectives.itl.threshold_s * 1000:g} ms", itl, COLORS["itl"], gap_s=gap)],
@@ -120,7 +120,7 @@ def load_chart(data: PolicyData) -> Markup:
     horizon = max((t for t, _ in point), default=now_s) - now_s
     gap = (prom.step_s if use_prom and prom is not None else data.tick_interval_s) * 3.5
     chart = time_chart(
-        "load", t0=now_s - data.span_s, t1=now_s + max(0.0, horizon),
+        "load", t0=data.t0_s, t1=now_s + max(0.0, horizon),
         series=[Series("actual", "actual", actual, COLORS["load"], gap_s=gap),
                 Series("forecast", "forecast", point, COLORS["forecast"], dash=True, gap_s=data.tick_interval_s * 3.5)],
         bands=[Band("forecast_band", "forecast interval", lower, upper, COLORS["forecast"])],
@@ -154,7 +154,7 @@ def replica_chart(data: PolicyData) -> Markup:
         return panel("replicas", "Replicas and decisions", LOG,
                      empty(f"No decisions in the last {data.range_key}: the controller logs one per tick once it "
                            "evaluates this policy."))
-    t0 = data.now.timestamp() - data.span_s
+    t0 = data.t0_s
     versions = [Marker(v.at.timestamp(), f"v{v.version}", f"policy version {v.version} ({v.operation}) at "
                        f"{v.at:%Y-%m-%d %H:%M:%S}", COLORS["version"]) for v in data.history if v.at.timestamp() >= t0]
     gap = data.tick_interval_s * 3.5
@@ -175,7 +175,7 @@ def replica_chart(data: PolicyData) -> Markup:
 def imbalance_chart(data: PolicyData) -> Markup:
     policy = data.stored.policy
     max_cv = policy.objectives.imbalance.max_cv
-    t0, t1 = data.now.timestamp() - data.span_s, data.now.timestamp()
+    t0, t1 = data.t0_s, data.now.timestamp()
     prom = data.prom
     if prom is not None and prom.layer_cv:
         times = sorted({t for points in prom.layer_cv.values() for t, _ in points})
@@ -189,8 +189,9 @@ def imbalance_chart(data: PolicyData) -> Markup:
             values.append(row)
         chart = heatmap(Heatmap("imbalance", rows, times, values, vmax=max_cv, step_s=prom.step_s), t0=t0, t1=t1,
                         label="per-layer expert imbalance CV")
+        scale = legend(*((f"CV {text}", color, True) for text, color in heat_legend(max_cv)))
         return panel("imbalance", f"Expert imbalance CV per layer (red at the objective, {max_cv:g})",
-                     f"{PROM} (moe_layer_imbalance_cv)", chart)
+                     f"{PROM} (moe_layer_imbalance_cv)", chart, legend=scale)
     worst = data.log_series("imbalance_cv_max")
     note = ("The per-layer heatmap needs Prometheus with the engine's moe_layer_imbalance_cv series; "
             "this is the worst layer's CV as the core saw it.")
@@ -229,7 +230,7 @@ def rebalance_chart(data: PolicyData) -> Markup:
     points = _rebalance_points(events)
     max_cv = data.stored.policy.objectives.imbalance.max_cv
     chart = time_chart(
-        "rebalances", t0=data.now.timestamp() - data.span_s, t1=data.now.timestamp(),
+        "rebalances", t0=data.t0_s, t1=data.now.timestamp(),
         series=[Series("predicted", "predicted after", points["predicted"], COLORS["forecast"], kind="points"),
                 Series("measured", "measured", points["measured"], COLORS["scale_down"], kind="points"),
                 Series("noise", "noise floor", points["noise"], COLORS["noise"], kind="points")],

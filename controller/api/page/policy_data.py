@@ -87,6 +87,21 @@ class PolicyData:
     def span_s(self) -> float:
         return float(RANGES[self.range_key])
 
+    @property
+    def t0_s(self) -> float:
+        """Where the charts start: the range's start, or a little before the first data when it came later
+        (a new policy's half hour is not squeezed into the right edge of six hours)."""
+        now_s = self.now.timestamp()
+        start_s = now_s - self.span_s
+        firsts = [self.log[0].at_s] if self.log else []
+        firsts += [self.events[-1].at.timestamp()] if self.events else []
+        if self.prom is not None:
+            firsts += [points[0][0] for points in (self.prom.ttft_good, self.prom.load) if points]
+        if not firsts:
+            return start_s
+        first_s = min(firsts)
+        return max(start_s, first_s - max(60.0, 0.03 * (now_s - first_s)))
+
     def log_series(self, name: str) -> list[tuple[float, float | None]]:
         index = list(LOG_FIELDS).index(name)
         return [(p.at_s, p.values[index]) for p in self.log]

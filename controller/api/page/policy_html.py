@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -184,6 +185,12 @@ def _range_links(data: PolicyData) -> Markup:
                                        el("a", key, href=f"/ui/policies/{name}?range={key}") for key in RANGES), " · "))
 
 
+def _zoomed(data: PolicyData) -> Markup | None:
+    if data.t0_s <= data.now.timestamp() - data.span_s:
+        return None
+    return el("span", f"data since {fmt_time(datetime.fromtimestamp(data.t0_s, UTC))} UTC", class_="source")
+
+
 def render_policy(data: PolicyData, *, refresh_s: int | None) -> str:
     policy, status = data.stored.policy, data.status
     v = verdict(status, policy, pair_states(status, policy))
@@ -201,7 +208,7 @@ def render_policy(data: PolicyData, *, refresh_s: int | None) -> str:
         el("div", el("div", el("h2", "Now"), _now_panel(data)), el("div", el("h2", "Forecast"), _forecast_panel(data)),
            class_="grid2"),
         el("h2", "Alerts firing"), _alerts(data),
-        el("h2", f"Last {data.range_key}"),
+        el("h2", f"Last {data.range_key}", _zoomed(data)),
         el("div", good_ratio_chart(data), load_chart(data), replica_chart(data), imbalance_chart(data),
            rebalance_chart(data), class_="charts"),
         el("h2", "Decisions (newest first)"), _decisions(data),

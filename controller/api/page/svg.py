@@ -20,7 +20,19 @@ from typing import Literal
 
 from controller.api.page.html import AttrValue, Markup, el, join
 
-__all__ = ["Band", "HLine", "Heatmap", "Marker", "Series", "changes", "decimate", "heatmap", "nice_ticks", "time_chart"]
+__all__ = [
+    "Band",
+    "HLine",
+    "Heatmap",
+    "Marker",
+    "Series",
+    "changes",
+    "decimate",
+    "heat_legend",
+    "heatmap",
+    "nice_ticks",
+    "time_chart",
+]
 
 Point = tuple[float, float | None]
 """(Unix seconds, value); a None value breaks the line."""
@@ -322,6 +334,12 @@ def time_chart(
         data_chart=key, data_t0=f"{t0:.3f}", data_t1=f"{t1:.3f}", data_y0=repr(low), data_y1=repr(high),
         data_plot=plot, xmlns="http://www.w3.org/2000/svg",
     )
+
+
+def heat_legend(vmax: float, label_format: Callable[[float], str] = lambda v: f"{v:g}") -> list[tuple[str, str]]:
+    """(label, colour) swatches of the heatmap's scale."""
+    return [(("≥ " if f == 1.0 else "") + label_format(vmax * f), _heat_color(vmax * f, vmax))
+            for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
 
 
 def _heat_color(value: float, vmax: float) -> str:
