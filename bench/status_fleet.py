@@ -145,6 +145,8 @@ def _policy_rows(i: int, fleet: SyntheticFleet, end: datetime) -> tuple[list[tup
     rows: list[tuple[Any, ...]] = []
     replicas = 2
     last: dict[str, Any] = {}
+    every = max(1, int(4 * 3600 / fleet.tick_s))
+    first = min(int(3600 / fleet.tick_s), ticks // 2)
     for k in range(ticks):
         t_s = end_s - (ticks - k) * fleet.tick_s
         at = datetime.fromtimestamp(t_s, UTC)
@@ -161,7 +163,7 @@ def _policy_rows(i: int, fleet: SyntheticFleet, end: datetime) -> tuple[list[tup
         inputs = {**_inputs(load, forecast, ratio, replicas, desired, cv), "reasons": reasons}
         rows.append((name, _sql_time(at), t_s, action, reasons[1], replicas, desired,
                      "held" if action == "hold" else "applied", detail, json.dumps(inputs)))
-        if k % int(4 * 3600 / fleet.tick_s) == int(3600 / fleet.tick_s) and i % 3 == 0:
+        if k % every == first and i % 3 == 0:  # a rebalance and its check every 4 h, one policy in three
             rows.extend(_rebalance_rows(name, at, t_s, cv + 0.1, rng))
         replicas = desired
         last = {"load": load, "forecast": forecast, "ratio": ratio, "replicas": replicas, "cv": cv, "reasons": reasons,
