@@ -11,8 +11,9 @@ machine's noise), each of these is requested in-process (FastAPI's test client, 
 - ``policy_6h`` and ``policy_1d``: ``GET /ui/policies/<name>`` over the default range (6 h)
   and over the whole day (5,760 ticks drawn), for a policy that pages and rebalances.
 
-Each figure is wall time per request (what the browser waits for, less the network) and
-the page's own ``Server-Timing`` (the route's time, from the first line to the rendered HTML).
+Each figure is wall time per request (what the browser waits for, less the network), the
+process's CPU time for it (the wall time less any wait for a CPU the machine's other work
+caused), and the page's own ``Server-Timing`` (the route, from its first line to the HTML).
 """
 
 from __future__ import annotations
@@ -54,15 +55,19 @@ class StatusPageBenchConfig:
             raise ValueError(f"requests must be >= 1 and warmup >= 0, got {self.requests}, {self.warmup}")
 
 
-def _summary(name: str, path: str, wall_s: list[float], server_ms: list[float], size: int) -> dict[str, object]:
+def _summary(
+    name: str, path: str, wall_s: list[float], cpu_s: list[float], server_ms: list[float], size: int
+) -> dict[str, object]:
     wall_ms = sorted(v * 1000 for v in wall_s)
+    cpu_ms = sorted(v * 1000 for v in cpu_s)
     server = sorted(server_ms)
 
     def p99(values: list[float]) -> float:
         return values[min(len(values) - 1, round(0.99 * (len(values) - 1)))]
 
     out: dict[str, object] = {"name": name, "path": path, "requests": len(wall_ms), "bytes": size,
-                              "median_ms": statistics.median(wall_ms), "p99_ms": p99(wall_ms)}
+                              "median_ms": statistics.median(wall_ms), "p99_ms": p99(wall_ms),
+                              "cpu_median_ms": statistics.median(cpu_ms), "cpu_p99_ms": p99(cpu_ms)}
     if server:
         out.update(server_median_ms=statistics.median(server), server_p99_ms=p99(server))
     return out
@@ -71,24 +76,25 @@ def _summary(name: str, path: str, wall_s: list[float], server_ms: list[float], 
 def _time_pages(
     client: TestClient, paths: dict[str, str], cfg: StatusPageBenchConfig, progress: Callable[[int, int], None] | None
 ) -> dict[str, dict[str, object]]:
-    times: dict[str, tuple[list[float], list[float], int]] = {name: ([], [], 0) for name in paths}
+    times: dict[str, tuple[list[float], list[float], list[float], int]] = {name: ([], [], [], 0) for name in paths}
     total = (cfg.warmup + cfg.requests) * len(paths)
     done = 0
     for round_no in range(cfg.warmup + cfg.requests):
         for name, path in paths.items():  # interleaved: every page sees the same background load
             gc.collect()
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             response = client.get(path)
-            elapsed = time.perf_counter() - started
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
             if response.status_code != 200:
                 raise RuntimeError(f"GET {path}: HTTP {response.status_code}")
             if round_no >= cfg.warmup:
-                wall, server, _ = times[name]
+                wall, cpus, server, _ = times[name]
                 wall.append(elapsed)
+                cpus.append(cpu)
                 timing = response.headers.get("server-timing", "")
                 if "dur=" in timing:
                     server.append(float(timing.split("dur=", 1)[1]))
-                times[name] = (wall, server, len(response.content))
+                times[name] = (wall, cpus, server, len(response.content))
             done += 1
             if progress is not None:
                 progress(done, total)

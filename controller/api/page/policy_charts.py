@@ -77,9 +77,9 @@ def good_ratio_chart(data: PolicyData) -> Markup:
     hlines = [HLine(t, f"objective {t * 100:g} %", COLORS["objective"]) for t in sorted(targets)]
     chart = time_chart(
         "good_ratio", t0=data.t0_s, t1=data.now.timestamp(),
-        series=[Series("ttft", f"TTFT ≤ {policy.objectives.ttft.threshold_s * 1000:g} ms", ttft, COLORS["ttft"],
-                       gap_s=gap),
-                Series("itl", f"ITL ≤ {policy.objectives.itl.threshold_s * 1000:g} ms", itl, COLORS["itl"], gap_s=gap)],
+        series=[Series("itl", f"ITL ≤ {policy.objectives.itl.threshold_s * 1000:g} ms", itl, COLORS["itl"], gap_s=gap),
+                Series("ttft", f"TTFT ≤ {policy.objectives.ttft.threshold_s * 1000:g} ms", ttft, COLORS["ttft"],
+                       gap_s=gap)],
         hlines=hlines, y_min=y_min, y_max=1.0, y_format=lambda v: f"{v * 100:.{digits}f}%",
         label="good ratio of TTFT and ITL",
     )

@@ -30,6 +30,7 @@ __all__ = [
     "decimate",
     "heat_legend",
     "heatmap",
+    "mark_gaps",
     "nice_ticks",
     "time_chart",
 ]
@@ -145,15 +146,22 @@ def decimate(points: Sequence[Point], columns: int = (WIDTH - LEFT - RIGHT) // 2
 
 
 def _flush(out: list[Point], low: Point | None, high: Point | None, gap: Point | None) -> None:
-    if low is None or high is None:
-        if gap is not None:
-            out.append(gap)
-    elif low is high:
-        out.append(low)
-    elif low[0] < high[0]:
-        out.extend((low, high))
-    else:
-        out.extend((high, low))
+    kept = [p for p in (low, high, gap) if p is not None]
+    if low is not None and low is high:
+        kept = kept[1:]
+    out.extend(sorted(kept, key=lambda p: p[0]))
+
+
+def mark_gaps(points: Sequence[Point], gap_s: float | None) -> list[Point]:
+    """``points`` with a None after each point followed by silence longer than ``gap_s`` (the line breaks)."""
+    if gap_s is None:
+        return list(points)
+    out: list[Point] = []
+    for point in points:
+        if out and point[0] - out[-1][0] > gap_s:
+            out.append((out[-1][0], None))
+        out.append(point)
+    return out
 
 
 def changes(points: Sequence[Point], gap_s: float | None = None) -> list[Point]:
@@ -216,11 +224,9 @@ def _axes(scale: _Scale, y_format: Callable[[float], str], ticks: Sequence[float
 def _path_data(series: Series, scale: _Scale, points: Sequence[Point]) -> str:
     out: list[str] = []
     pen_up = True
-    last_t: float | None = None
     last_y = 0.0
     for t, v in points:
-        broken = series.kind == "line" and series.gap_s is not None and last_t is not None and t - last_t > series.gap_s
-        if v is None or broken:
+        if v is None:
             pen_up = True
         if v is None:
             continue
@@ -232,13 +238,13 @@ def _path_data(series: Series, scale: _Scale, points: Sequence[Point]) -> str:
             out.append(f"H{x:.1f}" if y == last_y else f"H{x:.1f}V{y:.1f}")
         else:
             out.append(f"L{x:.1f} {y:.1f}")
-        last_t, last_y = t, y
+        last_y = y
     return "".join(out)
 
 
 def _series(series: Series, scale: _Scale) -> Markup:
     if series.kind == "line":
-        points = decimate(series.points)
+        points = decimate(mark_gaps(series.points, series.gap_s))
     elif series.kind == "step":
         points = changes(series.points, series.gap_s)
     else:

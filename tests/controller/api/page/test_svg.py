@@ -16,6 +16,7 @@ from controller.api.page.svg import (
     changes,
     decimate,
     heatmap,
+    mark_gaps,
     nice_ticks,
     time_chart,
 )
@@ -39,6 +40,15 @@ def test_changes_keeps_steps_and_breaks_at_gaps() -> None:
     assert changes(points, gap_s=60.0) == [(0.0, 1.0), (30.0, 2.0), (45.0, 2.0), (45.0, None), (500.0, 2.0),
                                            (515.0, 3.0)]
     assert changes([(0.0, 1.0), (15.0, 1.0)]) == [(0.0, 1.0), (15.0, 1.0)]
+
+
+def test_gaps_break_lines_even_after_thinning() -> None:
+    points = [(float(t), 1.0) for t in range(0, 3000, 15)] + [(float(t), 2.0) for t in range(6000, 9000, 15)]
+    marked = mark_gaps(points, gap_s=50.0)
+    assert marked[len(points) // 2] == (2985.0, None) and len(marked) == len(points) + 1
+    svg = time_chart("c", t0=0.0, t1=9000.0, series=[Series("s", "s", points, "#000", gap_s=50.0)])
+    path = re.search(r'<path d="([^"]+)"', svg)
+    assert path is not None and path.group(1).count("M") == 2  # one break, not one per thinned column
 
 
 def test_nice_ticks() -> None:
