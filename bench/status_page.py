@@ -9,7 +9,10 @@ machine's noise), each of these is requested in-process (FastAPI's test client, 
 - ``status_json`` (the baseline): ``GET /v1/status``, every policy's status as JSON;
 - ``overview``: ``GET /ui/?per_page=100``, every policy on one page;
 - ``policy_6h`` and ``policy_1d``: ``GET /ui/policies/<name>`` over the default range (6 h)
-  and over the whole day (5,760 ticks drawn), for a policy that pages and rebalances.
+  and over the whole day (5,760 ticks drawn), for a policy that pages and rebalances, as a
+  page that reloads itself sees them (its series cache holds what earlier loads read);
+- ``policy_1d_cold``: the day's page with that cache emptied first (a first visit: every
+  decision of the day read and parsed).
 
 Each figure is wall time per request (what the browser waits for, less the network), the
 process's CPU time for it (the wall time less any wait for a CPU the machine's other work
@@ -76,11 +79,14 @@ def _summary(
 def _time_pages(
     client: TestClient, paths: dict[str, str], cfg: StatusPageBenchConfig, progress: Callable[[int, int], None] | None
 ) -> dict[str, dict[str, object]]:
+    """Each path ``requests`` times, interleaved; a name ending in ``_cold`` empties the page cache first."""
     times: dict[str, tuple[list[float], list[float], list[float], int]] = {name: ([], [], [], 0) for name in paths}
     total = (cfg.warmup + cfg.requests) * len(paths)
     done = 0
     for round_no in range(cfg.warmup + cfg.requests):
         for name, path in paths.items():  # interleaved: every page sees the same background load
+            if name.endswith("_cold"):
+                client.app.state.page_series.clear()  # type: ignore[attr-defined]
             gc.collect()
             started, cpu_started = time.perf_counter(), time.process_time()
             response = client.get(path)
@@ -112,7 +118,8 @@ def run_status_page_bench(
         view = build_fleet(store, fleet, progress=None if progress is None else lambda d, t: progress("fleet", d, t))
         name = "policy-006" if cfg.policies > 6 else "policy-000"
         paths = {"status_json": "/v1/status", "overview": f"/ui/?per_page={min(500, cfg.policies)}",
-                 "policy_6h": f"/ui/policies/{name}", "policy_1d": f"/ui/policies/{name}?range=1d"}
+                 "policy_6h": f"/ui/policies/{name}", "policy_1d": f"/ui/policies/{name}?range=1d",
+                 "policy_1d_cold": f"/ui/policies/{name}?range=1d"}
         with TestClient(create_app(settings, store, service=view)) as client:
             figures = _time_pages(client, paths, cfg,
                                   None if progress is None else lambda d, t: progress("requests", d, t))
@@ -121,7 +128,8 @@ def run_status_page_bench(
     base_median = float(str(baseline["median_ms"]))
     for result in figures.values():
         result["median_ratio_vs_baseline"] = float(str(result["median_ms"])) / max(base_median, 1e-9)
-    meets = all(float(str(r["p99_ms"])) <= cfg.goal_ms for r in figures.values())
+    # The goal is server time: each page's own Server-Timing (the wall figures add the test client).
+    meets = all(float(str(r["server_p99_ms"])) <= cfg.goal_ms for r in figures.values())
     return {
         "benchmark": "status_page",
         "config": {"policies": cfg.policies, "hours": cfg.hours, "tick_s": cfg.tick_s, "requests": cfg.requests,

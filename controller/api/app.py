@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
 from controller.api.page import router as page_router
+from controller.api.page.cache import SeriesCache
 from controller.api.policy_routes import router as policy_router
 from controller.api.status import RuntimeView
 from controller.api.status import router as status_router
@@ -62,6 +63,7 @@ def create_app(
     app.state.registry = registry if registry is not None else CollectorRegistry()
     app.state.service = service
     app.state.page_transport = page_transport
+    app.state.page_series = SeriesCache()
     if service is not None:
         app.state.check_target = service.check_target
     install_error_handlers(app)

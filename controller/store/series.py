@@ -67,8 +67,10 @@ class PointQuery:
     def _keys(self) -> list[str]:
         return list(dict.fromkeys(key for keys in self.fields.values() for key in keys))
 
-    def select(self, policy: str, *, since: datetime, exclude_actions: Sequence[str], limit: int) -> Select[Any]:
-        """The newest ``limit`` decisions of ``policy`` at or after ``since``."""
+    def select(
+        self, policy: str, *, since: datetime, exclude_actions: Sequence[str], limit: int, after_id: int | None = None
+    ) -> Select[Any]:
+        """The newest ``limit`` decisions of ``policy`` at or after ``since`` (with ids above ``after_id``)."""
         rows = (
             select(DecisionRow.id, DecisionRow.at, DecisionRow.action, DecisionRow.current_replicas,
                    DecisionRow.desired_replicas, DecisionRow.outcome, DecisionRow.inputs)
@@ -78,6 +80,8 @@ class PointQuery:
         )
         if exclude_actions:
             rows = rows.where(DecisionRow.action.not_in(list(exclude_actions)))
+        if after_id is not None:
+            rows = rows.where(DecisionRow.id > after_id)
         if not self.sqlite:
             inner = rows.subquery()
             values = [inner.c.inputs[key] for key in self._keys]  # JSON values: numbers kept, others dropped

@@ -288,10 +288,12 @@ class Store:
         fields: Mapping[str, Sequence[str]],
         exclude_actions: Sequence[str] = (),
         limit: int = 50_000,
+        after_id: int | None = None,
     ) -> list[DecisionPoint]:
-        """A policy's decisions since ``since`` as numbers, oldest first (see :mod:`controller.store.series`)."""
+        """A policy's decisions since ``since`` (and after ``after_id``) as numbers, oldest first
+        (see :mod:`controller.store.series`)."""
         reader = PointQuery(fields, sqlite=self.engine.dialect.name == "sqlite")
-        query = reader.select(policy, since=since, exclude_actions=exclude_actions, limit=limit)
+        query = reader.select(policy, since=since, exclude_actions=exclude_actions, limit=limit, after_id=after_id)
         with self._session() as session:
             rows = session.execute(query).all()
         return reader.points(rows)

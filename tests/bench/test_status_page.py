@@ -23,7 +23,7 @@ def test_the_bench_reports_every_page_against_the_json_baseline() -> None:
     assert isinstance(baseline, dict) and isinstance(listed, list)
     assert baseline["name"] == "status_json"
     results = {r["name"]: r for r in listed}
-    assert set(results) == {"overview", "policy_6h", "policy_1d"}
+    assert set(results) == {"overview", "policy_6h", "policy_1d", "policy_1d_cold"}
     for result in results.values():
         assert result["requests"] == 2 and result["p99_ms"] >= result["median_ms"] > 0
         assert result["server_median_ms"] > 0 and result["median_ratio_vs_baseline"] > 0

@@ -20,6 +20,7 @@ from starlette.requests import Request
 
 from contracts.errors import UnavailableError
 from controller.api.page.alerts import FiringAlert, firing_alerts
+from controller.api.page.cache import SeriesCache
 from controller.api.page.prom import PromSeries, prometheus_series, range_step_s
 from controller.api.schemas import PolicyStatus
 from controller.api.status import build_policy_status, runtime_view
@@ -147,12 +148,13 @@ async def _read_prometheus(
 
 
 def _read_store(
-    store: Store, request: Request, stored: StoredPolicy, since: datetime
+    store: Store, request: Request, stored: StoredPolicy, since: datetime, range_key: str
 ) -> tuple[PolicyStatus, list[PolicyVersion], list[DecisionPoint], list[DecisionRecord]]:
     name = stored.policy.name
     status = build_policy_status(store, stored, runtime_view(request))
     history = store.policy_history(name)
-    log = store.decision_points(name, since=since, fields=LOG_FIELDS, exclude_actions=REBALANCE_ACTIONS)
+    cache: SeriesCache = request.app.state.page_series
+    log = cache.points(store, name, range_key, since=since, fields=LOG_FIELDS, exclude_actions=REBALANCE_ACTIONS)
     events = store.list_decisions(policy=name, since=since, exclude_actions=("hold",), limit=EVENTS_MAX)
     return status, history, log, events
 
@@ -166,7 +168,7 @@ async def gather_policy(request: Request, name: str, range_key: str) -> PolicyDa
     stored = await asyncio.to_thread(store.get_policy, name)
     async with outside_client(request) as client:
         (status, history, log, events), (prom, prometheus), (alerts, alertmanager) = await asyncio.gather(
-            asyncio.to_thread(_read_store, store, request, stored, now - timedelta(seconds=span_s)),
+            asyncio.to_thread(_read_store, store, request, stored, now - timedelta(seconds=span_s), range_key),
             _read_prometheus(client, settings, stored, now, span_s),
             read_alerts(client, settings.alertmanager_url),
         )
