@@ -53,9 +53,9 @@ def empty(text: str) -> Markup:
     return el("div", text, class_="empty")
 
 
-def _pct_axis(low: float, high: float) -> tuple[int, float]:
-    digits = 2 if high - low < 0.02 else (1 if high - low < 0.2 else 0)
-    return digits, low
+def _pct_digits(low: float, high: float) -> int:
+    """Decimals a percent axis from ``low`` to ``high`` needs to tell its ticks apart."""
+    return 2 if high - low < 0.02 else (1 if high - low < 0.2 else 0)
 
 
 def good_ratio_chart(data: PolicyData) -> Markup:
@@ -72,7 +72,7 @@ def good_ratio_chart(data: PolicyData) -> Markup:
     values = [v for _, v in (*ttft, *itl) if v is not None] + list(targets)
     low = min(values)
     y_min = max(0.0, low - (1.0 - low) * 0.3 - 1e-4)
-    digits, _ = _pct_axis(y_min, 1.0)
+    digits = _pct_digits(y_min, 1.0)
     gap = (prom.step_s if use_prom and prom is not None else data.tick_interval_s) * 3.5
     hlines = [HLine(t, f"objective {t * 100:g} %", COLORS["objective"]) for t in sorted(targets)]
     chart = time_chart(

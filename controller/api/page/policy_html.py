@@ -115,11 +115,16 @@ def _now_panel(data: PolicyData) -> Markup:
     ])
 
 
+_SEEN = (("request_rate_rps", "{} req/s"), ("queue_depth", "queue {}"), ("kv_cache_usage", "KV cache {}"),
+         ("ready_replicas", "{} ready"), ("replica_budget", "room for {} replicas"))
+
+
 def _seen(seen: dict[str, Any]) -> Markup:
-    parts = [(k, seen.get(k)) for k in ("request_rate_rps", "queue_depth", "kv_cache_usage", "ready_replicas",
-                                        "replica_budget")]
-    shown = [f"{k.replace('_', ' ')} {fmt_num(v) if isinstance(v, int | float) else v}" for k, v in parts
-             if v is not None]
+    shown = []
+    for key, text in _SEEN:
+        value = seen.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            shown.append(text.format(fmt_pct(value, 0) if key == "kv_cache_usage" else fmt_num(value)))
     return el("span", ", ".join(shown) or NO_VALUE, class_="small")
 
 
