@@ -359,3 +359,47 @@ def bench_vllm(
         for key, label in (("tokens_per_s", "tokens/s"), ("cpu_s_per_token", "CPU s per token")):
             console.print(f"plugin on/off, {label}: median {ratios[key]['median']:.4f}, "
                           f"spread ±{ratios[key]['spread_pct']:.2f} % over {ratios[key]['pairs']} pairs")
+
+
+@bench_app.command("status-page")
+def bench_status_page(
+    policies: Annotated[int, typer.Option(min=1, help="SLO policies.")] = 100,
+    hours: Annotated[float, typer.Option(min=0.01, help="Hours of decisions in the log.")] = 24.0,
+    tick_s: Annotated[float, typer.Option("--tick-s", min=0.1, help="Seconds between logged ticks.")] = 15.0,
+    requests: Annotated[int, typer.Option(min=1, help="Timed requests of each page (after the warm-up).")] = 50,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed requests of each page first.")] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic fleet.")] = 0,
+    goal_ms: Annotated[float, typer.Option(min=0.0, help="Goal for the p99 of one page.")] = 300.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The status pages (overview, one policy over 6 h and 1 d, cached and cold) against GET /v1/status."""
+    from rich.progress import Progress
+
+    from bench.status_page import StatusPageBenchConfig, run_status_page_bench
+
+    cfg = _config(StatusPageBenchConfig, policies=policies, hours=hours, tick_s=tick_s, requests=requests,
+                  warmup=warmup, seed=seed, goal_ms=goal_ms)
+    with Progress(console=console, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task("writing the decision log" if stage == "fleet" else "requests", total=total)
+            bar.update(tasks[stage], completed=done)
+
+        figures = run_status_page_bench(cfg, progress=progress)
+    if json_out:
+        print_json(figures)
+        return
+    results = figures["results"]
+    assert isinstance(results, list)
+    for entry in [figures["baseline"], *results]:
+        assert isinstance(entry, dict)
+        server = f", server {entry['server_median_ms']:.1f} / {entry['server_p99_ms']:.1f} ms" if (
+            "server_median_ms" in entry) else ""
+        console.print(f"{entry['name']} ({entry['path']}): median {entry['median_ms']:.1f} ms, "
+                      f"p99 {entry['p99_ms']:.1f} ms (cpu {entry['cpu_median_ms']:.1f} / {entry['cpu_p99_ms']:.1f} ms)"
+                      f"{server}, {entry['bytes'] / 1024:.0f} KiB")
+    verdict = "meets" if figures["meets_goal"] else "MISSES"
+    console.print(f"{verdict} the goal: p99 server time of every page <= {cfg.goal_ms:g} ms "
+                  f"({figures['decisions_logged']} decisions logged)")

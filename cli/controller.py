@@ -35,6 +35,9 @@ def serve(
     port: Annotated[int | None, typer.Option("--port", help="Port to listen on.")] = None,
     actuator: Annotated[str | None, typer.Option("--actuator", help="dryrun, local or kubernetes.")] = None,
     tick_interval_s: Annotated[float | None, typer.Option("--tick-interval-s", help="Seconds between ticks.")] = None,
+    alertmanager: Annotated[
+        str | None, typer.Option("--alertmanager", help="Alertmanager base URL (the status page lists its alerts).")
+    ] = None,
 ) -> None:
     """Serve the REST API and run the tick loop until interrupted."""
     with cli_errors():
@@ -54,6 +57,7 @@ def serve(
             port=port,
             actuator=actuator,
             tick_interval_s=tick_interval_s,
+            alertmanager_url=alertmanager,
         )
         store = Store(settings.db_url)
         registry = CollectorRegistry()
@@ -65,6 +69,7 @@ def serve(
             f"controller on http://{settings.host}:{settings.port} (db {store.engine.url.render_as_string()}, "
             f"SLIs from {source}, actuator {settings.actuator})"
         )
+        console.print(f"status page: http://{settings.host}:{settings.port}/ui/")
         try:
             uvicorn.run(api, host=settings.host, port=settings.port, log_level="warning")
         finally:

@@ -99,6 +99,8 @@ class ControllerSettings(BaseSettings):
     """When true, PUT/PATCH/DELETE of an existing policy without If-Match get 428."""
     prometheus_url: str | None = None
     """Prometheus HTTP API base URL; None scrapes the engines' /metrics directly."""
+    alertmanager_url: str | None = None
+    """Alertmanager base URL: the status page lists the alerts firing for each policy (None: not shown)."""
     prometheus_selector: str = ""
     """Extra PromQL label matchers added to every selector, e.g. ``namespace="prod"``."""
     scrape_endpoints: dict[str, tuple[str, ...]] = {}

@@ -106,6 +106,7 @@ class LocalStack:
             self._start_monitoring(controller_port, checkpoint, progress)
         progress("starting the controller (SQLite, local actuator, forecasting core)")
         controller = self._start_controller(controller_port, first_port, checkpoint)
+        state.event(f"status page: {state.controller_url}/ui/ (open it in a browser while the run lasts)")
         self._put_policy(policy_document(checkpoint, opts, max_replicas=1))
         state.event(f"policy {POLICY_NAME} applied: TTFT<={TTFT_THRESHOLD_S * 1000:g}ms, "
                     f"ITL<={ITL_THRESHOLD_S * 1000:g}ms ({LATENCY_TARGET:.0%}), CV<={MAX_IMBALANCE_CV:g}; "

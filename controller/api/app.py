@@ -6,11 +6,14 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 
 from controller.api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
+from controller.api.page import router as page_router
+from controller.api.page.cache import SeriesCache
 from controller.api.policy_routes import router as policy_router
 from controller.api.status import RuntimeView
 from controller.api.status import router as status_router
@@ -27,11 +30,13 @@ def create_app(
     registry: CollectorRegistry | None = None,
     service: RuntimeView | None = None,
     lifespan_hooks: tuple[Callable[[], Any], Callable[[], Any]] | None = None,
+    page_transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """The controller's REST API over ``store``; ``service`` (the tick loop) feeds /v1/status.
 
     ``lifespan_hooks`` is an (async start, async stop) pair run with the server,
     which is how the service's tick loop shares the server's event loop.
+    ``page_transport`` carries the status page's calls to Prometheus and Alertmanager (tests mock it).
     """
 
     @asynccontextmanager
@@ -57,11 +62,14 @@ def create_app(
     app.state.store = store
     app.state.registry = registry if registry is not None else CollectorRegistry()
     app.state.service = service
+    app.state.page_transport = page_transport
+    app.state.page_series = SeriesCache()
     if service is not None:
         app.state.check_target = service.check_target
     install_error_handlers(app)
     app.include_router(policy_router)
     app.include_router(status_router)
+    app.include_router(page_router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -41,15 +41,18 @@ class RuntimeView(Protocol):
     def check_target(self, policy: Policy) -> list[str]: ...
 
 
-def _view(request: Request) -> RuntimeView | None:
+def runtime_view(request: Request) -> RuntimeView | None:
     view: RuntimeView | None = getattr(request.app.state, "service", None)
     return view
 
 
-def _policy_status(store: Store, stored: StoredPolicy, view: RuntimeView | None) -> PolicyStatus:
+def build_policy_status(
+    store: Store, stored: StoredPolicy, view: RuntimeView | None, *, last: int = LAST_DECISIONS
+) -> PolicyStatus:
+    """What ``/v1/status/{name}`` serves (the status page renders the same object); ``last`` decisions."""
     name = stored.policy.name
     runtime = (view.runtime(name) if view is not None else None) or PolicyRuntime()
-    decisions = store.list_decisions(policy=name, limit=LAST_DECISIONS)
+    decisions = store.list_decisions(policy=name, limit=last) if last > 0 else []
     return PolicyStatus(
         name=name,
         mode=str(stored.policy.mode),
@@ -69,10 +72,13 @@ def _policy_status(store: Store, stored: StoredPolicy, view: RuntimeView | None)
     )
 
 
-def _controller_status(request: Request, policies: list[StoredPolicy]) -> ControllerStatus:
+def build_controller_status(
+    request: Request, policies: list[StoredPolicy], *, last: int = LAST_DECISIONS
+) -> ControllerStatus:
+    """What ``/v1/status`` serves for ``policies`` (the status page renders the same object)."""
     settings: ControllerSettings = request.app.state.settings
     store: Store = request.app.state.store
-    view = _view(request)
+    view = runtime_view(request)
     leader = view.is_leader if view is not None else False
     return ControllerStatus(
         leader=leader,
@@ -80,7 +86,7 @@ def _controller_status(request: Request, policies: list[StoredPolicy]) -> Contro
         mode="leader" if leader else "standby",
         last_tick_at=view.last_tick_at if view is not None else None,
         tick_interval_s=settings.tick_interval_s,
-        policies=[_policy_status(store, stored, view) for stored in policies],
+        policies=[build_policy_status(store, stored, view, last=last) for stored in policies],
     )
 
 
@@ -88,13 +94,13 @@ def _controller_status(request: Request, policies: list[StoredPolicy]) -> Contro
 def status(request: Request) -> ControllerStatus:
     """Per policy: SLIs, error budget left, burn rates, current and desired replicas, last decisions."""
     store: Store = request.app.state.store
-    return _controller_status(request, store.list_policies())
+    return build_controller_status(request, store.list_policies())
 
 
 @router.get("/v1/status/{name}", response_model=PolicyStatus, responses=problem_responses(404, 422, 503))
 def policy_status(request: Request, name: str) -> PolicyStatus:
     store: Store = request.app.state.store
-    return _policy_status(store, store.get_policy(name), _view(request))
+    return build_policy_status(store, store.get_policy(name), runtime_view(request))
 
 
 @router.get("/v1/decisions", response_model=DecisionPage, responses=problem_responses(422, 503))
@@ -117,7 +123,7 @@ def decisions(
 def health(request: Request, response: Response) -> Health:
     """200 while the store answers; 503 otherwise."""
     store: Store = request.app.state.store
-    view = _view(request)
+    view = runtime_view(request)
     try:
         store.list_decisions(limit=1)
         store_state = "ok"

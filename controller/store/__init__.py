@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from controller.store.series import DecisionPoint
 from controller.store.store import (
     DecisionRecord,
     PolicyVersion,
@@ -11,4 +12,12 @@ from controller.store.store import (
     make_engine,
 )
 
-__all__ = ["DecisionRecord", "PolicyVersion", "StaleVersionError", "Store", "StoredPolicy", "make_engine"]
+__all__ = [
+    "DecisionPoint",
+    "DecisionRecord",
+    "PolicyVersion",
+    "StaleVersionError",
+    "Store",
+    "StoredPolicy",
+    "make_engine",
+]

@@ -10,7 +10,7 @@ overwrite.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,6 +23,7 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from contracts.errors import ConflictError, NotFoundError, UnavailableError
 from controller.policy import Policy
+from controller.store.series import DecisionPoint, PointQuery
 from controller.store.tables import Base, DecisionRow, LoadHistoryRow, PolicyRow, PolicyVersionRow
 
 
@@ -257,16 +258,45 @@ class Store:
             return [row.id for row in rows]
 
     def list_decisions(
-        self, *, policy: str | None = None, before_id: int | None = None, limit: int = 50
+        self,
+        *,
+        policy: str | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+        since: datetime | None = None,
+        exclude_actions: Sequence[str] = (),
     ) -> list[DecisionRecord]:
-        """Newest first; ``before_id`` pages backwards (keyset pagination)."""
+        """Newest first; ``before_id`` pages backwards (keyset pagination); ``since`` and
+        ``exclude_actions`` narrow to decisions at or after a time and of other actions."""
         query = select(DecisionRow).order_by(DecisionRow.id.desc()).limit(limit)
         if policy is not None:
             query = query.where(DecisionRow.policy == policy)
         if before_id is not None:
             query = query.where(DecisionRow.id < before_id)
+        if since is not None:
+            query = query.where(DecisionRow.at >= since)
+        if exclude_actions:
+            query = query.where(DecisionRow.action.not_in(list(exclude_actions)))
         with self._session() as session:
             return [self._record(row) for row in session.scalars(query).all()]
+
+    def decision_points(
+        self,
+        policy: str,
+        *,
+        since: datetime,
+        fields: Mapping[str, Sequence[str]],
+        exclude_actions: Sequence[str] = (),
+        limit: int = 50_000,
+        after_id: int | None = None,
+    ) -> list[DecisionPoint]:
+        """A policy's decisions since ``since`` (and after ``after_id``) as numbers, oldest first
+        (see :mod:`controller.store.series`)."""
+        reader = PointQuery(fields, sqlite=self.engine.dialect.name == "sqlite")
+        query = reader.select(policy, since=since, exclude_actions=exclude_actions, limit=limit, after_id=after_id)
+        with self._session() as session:
+            rows = session.execute(query).all()
+        return reader.points(rows)
 
     def prune_decisions(self, *, keep_last: int) -> int:
         """Delete all but the newest ``keep_last`` decisions; returns how many went."""

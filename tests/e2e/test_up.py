@@ -33,3 +33,4 @@ def test_up_runs_the_whole_loop_and_summarizes(tmp_path: Path) -> None:
     assert summary["decisions"].get("rebalance:rebalance", 0) >= 1, summary["decisions"]
     assert any("rebalance:rebalance applied" in line for line in summary["events"]), summary["events"]
     assert (out / "moeslo-up.png").stat().st_size > 10_000
+    assert any("status page: http://127.0.0.1:" in line for line in summary["events"]), summary["events"]

@@ -78,8 +78,12 @@ def test_serve_apply_get_list_delete_and_restart(tmp_path: Path) -> None:
         assert status["leader"] and [p["name"] for p in status["policies"]] == ["chat"]
         assert status["policies"][0]["stale"] is True  # no engines to scrape: held, reported stale
         assert "moeslo_evaluation_duration_seconds_count" in httpx.get(f"{url}/metrics").text
+        page = httpx.get(f"{url}/ui/")
+        assert page.status_code == 200 and 'data-policy="chat"' in page.text
     finally:
         _stop(server)
+    assert server.stderr is not None
+    assert f"status page: {url}/ui/" in server.stderr.read().decode()  # the console writes to stderr
     # The process is gone; a new one (here: the app in this process) finds everything in the file.
     settings = ControllerSettings(db=str(db))
     with TestClient(create_app(settings, Store(settings.db_url))) as client:

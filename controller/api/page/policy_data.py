@@ -1,0 +1,179 @@
+"""Everything one policy page shows, gathered at one instant: store, runtime view, Prometheus, Alertmanager.
+
+No new source of truth: the status object is the one ``/v1/status/{name}`` serves, the series
+come from the decision log (each tick's ``inputs``) and, when ``prometheus_url`` is set, from
+Prometheus range queries; alerts from Alertmanager when ``alertmanager_url`` is set.  The
+outside calls run concurrently with the store's reads, each with a short timeout, and a
+failure becomes a message on the page, never an error page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import httpx
+from starlette.requests import Request
+
+from contracts.errors import UnavailableError
+from controller.api.page.alerts import FiringAlert, firing_alerts
+from controller.api.page.cache import SeriesCache
+from controller.api.page.prom import PromSeries, prometheus_series, range_step_s
+from controller.api.schemas import PolicyStatus
+from controller.api.status import build_policy_status, runtime_view
+from controller.config import ControllerSettings
+from controller.sources.prometheus import PrometheusClient
+from controller.store import DecisionPoint, DecisionRecord, PolicyVersion, Store, StoredPolicy
+
+__all__ = [
+    "DEFAULT_RANGE",
+    "LOG_FIELDS",
+    "RANGES",
+    "Outside",
+    "PolicyData",
+    "gather_policy",
+    "outside_client",
+    "read_alerts",
+]
+
+RANGES = {"1h": 3600, "6h": 6 * 3600, "1d": 86400, "3d": 3 * 86400}
+DEFAULT_RANGE = "6h"
+OUTSIDE_TIMEOUT_S = 3.0
+"""Prometheus and Alertmanager get this long per page: a slow one makes a message, not a slow page."""
+EVENTS_MAX = 400
+REBALANCE_ACTIONS = ("rebalance", "verify_rebalance")
+
+LOG_FIELDS: dict[str, tuple[str, ...]] = {
+    "load": ("request_rate_rps",),
+    "ttft_good": ("ttft_good_ratio",),
+    "itl_good": ("itl_good_ratio",),
+    "forecast": ("sizing.forecast_request_rate_rps", "predictive.forecast_request_rate_rps"),
+    "forecast_upper": ("sizing.forecast_request_rate_upper_rps", "predictive.forecast_request_rate_upper_rps"),
+    "forecast_lower": ("sizing.predictive.forecast_lower_rps", "predictive.forecast_lower_rps"),
+    "horizon_s": ("sizing.forecast_horizon_s", "predictive.forecast_horizon_s"),
+    "imbalance_cv_max": ("imbalance_cv_max",),
+}
+"""Decision-log inputs the charts read (name -> keys tried in order: the service's core, then a plain one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outside:
+    """What an outside service answered: data, or why not (None and None: not configured)."""
+
+    url: str | None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyData:
+    stored: StoredPolicy
+    status: PolicyStatus
+    history: list[PolicyVersion]
+    log: list[DecisionPoint]
+    """Scaling decisions in range, oldest first (rebalances are in ``events``)."""
+    events: list[DecisionRecord]
+    """Decisions other than hold in range, newest first."""
+    now: datetime
+    range_key: str
+    prom: PromSeries | None
+    prometheus: Outside
+    alerts: list[FiringAlert]
+    alertmanager: Outside
+    tick_interval_s: float
+
+    @property
+    def span_s(self) -> float:
+        return float(RANGES[self.range_key])
+
+    @property
+    def t0_s(self) -> float:
+        """Where the charts start: the range's start, or a little before the first data when it came later
+        (a new policy's half hour is not squeezed into the right edge of six hours)."""
+        now_s = self.now.timestamp()
+        start_s = now_s - self.span_s
+        firsts = [self.log[0].at_s] if self.log else []
+        firsts += [self.events[-1].at.timestamp()] if self.events else []
+        if self.prom is not None:
+            firsts += [points[0][0] for points in (self.prom.ttft_good, self.prom.load) if points]
+        if not firsts:
+            return start_s
+        first_s = min(firsts)
+        return max(start_s, first_s - max(60.0, 0.03 * (now_s - first_s)))
+
+    def log_series(self, name: str) -> list[tuple[float, float | None]]:
+        index = list(LOG_FIELDS).index(name)
+        return [(p.at_s, p.values[index]) for p in self.log]
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    # Built once: a fresh client would load the CA bundle again, ~100 ms of every page.
+    return httpx.create_ssl_context()
+
+
+def outside_client(request: Request) -> httpx.AsyncClient:
+    """A client for Prometheus and Alertmanager (tests put a mock transport in ``app.state.page_transport``)."""
+    transport: httpx.AsyncBaseTransport | None = getattr(request.app.state, "page_transport", None)
+    return httpx.AsyncClient(transport=transport, timeout=OUTSIDE_TIMEOUT_S, verify=_tls())
+
+
+async def read_alerts(client: httpx.AsyncClient, url: str | None) -> tuple[list[FiringAlert], Outside]:
+    if url is None:
+        return [], Outside(None)
+    try:
+        return await firing_alerts(client, url), Outside(url)
+    except UnavailableError as exc:
+        return [], Outside(url, str(exc))
+
+
+async def _read_prometheus(
+    client: httpx.AsyncClient, settings: ControllerSettings, stored: StoredPolicy, now: datetime, span_s: float
+) -> tuple[PromSeries | None, Outside]:
+    url = settings.prometheus_url
+    if url is None:
+        return None, Outside(None)
+    end_s = now.timestamp()
+    step_s = range_step_s(span_s)
+    try:
+        series = await prometheus_series(
+            PrometheusClient(url, client=client), stored.policy, selector=settings.prometheus_selector,
+            start_s=end_s - span_s, end_s=end_s, step_s=step_s,
+        )
+    except UnavailableError as exc:
+        return None, Outside(url, str(exc))
+    return series, Outside(url)
+
+
+def _read_store(
+    store: Store, request: Request, stored: StoredPolicy, since: datetime, range_key: str
+) -> tuple[PolicyStatus, list[PolicyVersion], list[DecisionPoint], list[DecisionRecord]]:
+    name = stored.policy.name
+    status = build_policy_status(store, stored, runtime_view(request))
+    history = store.policy_history(name)
+    cache: SeriesCache = request.app.state.page_series
+    log = cache.points(store, name, range_key, since=since, fields=LOG_FIELDS, exclude_actions=REBALANCE_ACTIONS)
+    events = store.list_decisions(policy=name, since=since, exclude_actions=("hold",), limit=EVENTS_MAX)
+    return status, history, log, events
+
+
+async def gather_policy(request: Request, name: str, range_key: str) -> PolicyData:
+    """The page's data; :class:`NotFoundError` when there is no such policy."""
+    store: Store = request.app.state.store
+    settings: ControllerSettings = request.app.state.settings
+    now = datetime.now(UTC)
+    span_s = float(RANGES[range_key])
+    stored = await asyncio.to_thread(store.get_policy, name)
+    async with outside_client(request) as client:
+        (status, history, log, events), (prom, prometheus), (alerts, alertmanager) = await asyncio.gather(
+            asyncio.to_thread(_read_store, store, request, stored, now - timedelta(seconds=span_s), range_key),
+            _read_prometheus(client, settings, stored, now, span_s),
+            read_alerts(client, settings.alertmanager_url),
+        )
+    return PolicyData(
+        stored=stored, status=status, history=history, log=log, events=events, now=now, range_key=range_key,
+        prom=prom, prometheus=prometheus, alerts=[a for a in alerts if a.policy == name],
+        alertmanager=alertmanager, tick_interval_s=settings.tick_interval_s,
+    )

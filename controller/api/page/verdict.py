@@ -1,0 +1,136 @@
+"""Where a policy stands, from the same :class:`PolicyStatus` that ``/v1/status`` serves.
+
+The multiwindow alerting pairs are the SRE workbook's (:func:`controller.slo.standard_burn_rate_windows`
+for the policy's compliance window), evaluated on the burn rates the controller computed
+this tick, so the page says "burning" exactly when the generated alert rules would.
+Compliance over the window is the good ratio the error budget left was computed from:
+``remaining = 1 - (1 - ratio) / (1 - target)``, so ``ratio = 1 - (1 - remaining)(1 - target)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+from controller.api.schemas import PolicyStatus
+from controller.policy import Policy
+from controller.slo import BurnRateWindow, Severity, is_burning, standard_burn_rate_windows
+
+__all__ = ["SLOS", "Level", "PairState", "Verdict", "compliance", "pair_states", "verdict", "worst_pair"]
+
+SLOS = ("ttft", "itl")
+
+
+class Level(IntEnum):
+    """Most urgent first (the overview sorts by it)."""
+
+    PAGE = 0
+    TICKET = 1
+    BLIND = 2
+    BUDGET_SPENT = 3
+    NO_DATA = 4
+    OK = 5
+
+
+_TEXT = {
+    Level.PAGE: "paging",
+    Level.TICKET: "ticket",
+    Level.BLIND: "stale",
+    Level.BUDGET_SPENT: "budget spent",
+    Level.NO_DATA: "no data yet",
+    Level.OK: "ok",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PairState:
+    """One multiwindow alert of one SLO: its windows, threshold and the burn rates now."""
+
+    slo: str
+    window: BurnRateWindow
+    long_rate: float | None
+    short_rate: float | None
+
+    @property
+    def severity(self) -> Severity:
+        return self.window.severity
+
+    @property
+    def firing(self) -> bool:
+        if self.long_rate is None or self.short_rate is None:
+            return False
+        return is_burning(self.long_rate, self.short_rate, self.window.burn_rate)
+
+    @property
+    def pressure(self) -> float | None:
+        """How close to firing: the lesser of the two rates over the threshold (above 1: firing)."""
+        if self.long_rate is None or self.short_rate is None:
+            return None
+        return min(self.long_rate, self.short_rate) / self.window.burn_rate
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    level: Level
+    why: str
+    """One line: which SLO and pair, or what is missing."""
+
+    @property
+    def text(self) -> str:
+        return _TEXT[self.level]
+
+    @property
+    def css(self) -> str:
+        return self.level.name.lower().replace("_", "-")
+
+
+def compliance(status: PolicyStatus, policy: Policy, slo: str) -> float | None:
+    """The good ratio over the compliance window (None: no data over it yet)."""
+    remaining = status.error_budget_remaining.get(slo)
+    if remaining is None:
+        return None
+    target: float = getattr(policy.objectives, slo).target
+    return 1.0 - (1.0 - remaining) * (1.0 - target)
+
+
+def pair_states(status: PolicyStatus, policy: Policy) -> list[PairState]:
+    windows = standard_burn_rate_windows(policy.window_s)
+    out = []
+    for slo in SLOS:
+        rates = status.burn_rates.get(slo, {})
+        for window in windows:
+            out.append(PairState(slo, window, rates.get(window.long_window), rates.get(window.short_window)))
+    return out
+
+
+def worst_pair(pairs: list[PairState]) -> PairState | None:
+    """The pair to show first: a firing page pair, else a firing ticket pair (each in window order, as
+    :func:`verdict` names them), else the one closest to firing."""
+    for severity in ("page", "ticket"):
+        firing = [p for p in pairs if p.firing and p.severity == severity]
+        if firing:
+            return firing[0]
+    rated = [p for p in pairs if p.pressure is not None]
+    return max(rated, key=lambda p: p.pressure or 0.0) if rated else None
+
+
+def verdict(status: PolicyStatus, policy: Policy, pairs: list[PairState]) -> Verdict:
+    """The most urgent thing about a policy."""
+    for severity, level in (("page", Level.PAGE), ("ticket", Level.TICKET)):
+        firing = [p for p in pairs if p.firing and p.severity == severity]
+        if firing:
+            p = firing[0]
+            w = p.window
+            return Verdict(level, f"{p.slo.upper()} burning {p.long_rate:.1f}x over {w.long_window} and "
+                                  f"{p.short_rate:.1f}x over {w.short_window} (alert at {w.burn_rate:g}x)")
+    has_data = status.observed_at is not None or any(v is not None for v in status.sli.values())
+    if not has_data:
+        return Verdict(Level.NO_DATA, "no observation yet: the controller has not evaluated this policy")
+    if status.stale or status.errors:
+        first = status.errors[0] if status.errors else "the last observation is too old"
+        return Verdict(Level.BLIND, f"SLI source: {first}")
+    left = [(slo, status.error_budget_remaining.get(slo)) for slo in SLOS]
+    spent = [slo.upper() for slo, remaining in left if remaining is not None and remaining <= 0.0]
+    if spent:
+        return Verdict(Level.BUDGET_SPENT, f"{', '.join(spent)} error budget spent over {policy.window}")
+    return Verdict(Level.OK, "within every objective")

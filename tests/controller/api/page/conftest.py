@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from controller.api import create_app
+from controller.config import ControllerSettings
+from controller.store import Store
+from tests.controller.api.page.fakes import Upstream, View
+
+
+@dataclass
+class Page:
+    client: TestClient
+    store: Store
+    view: View
+    upstream: Upstream
+
+
+@pytest.fixture()
+def make_page(tmp_path: Path) -> Iterator[Any]:
+    made: list[Store] = []
+
+    def make(*, prometheus: bool = False, alertmanager: bool = False, **settings: Any) -> Page:
+        config = ControllerSettings(
+            db=str(tmp_path / f"c{len(made)}.db"),
+            prometheus_url="http://prometheus.test:9090" if prometheus else None,
+            alertmanager_url="http://alertmanager.test:9093" if alertmanager else None,
+            **settings,
+        )
+        store = Store(config.db_url)
+        made.append(store)
+        view, upstream = View(), Upstream()
+        app = create_app(config, store, service=view, page_transport=upstream.transport())
+        return Page(TestClient(app), store, view, upstream)
+
+    yield make
+    for store in made:
+        store.close()

@@ -1,0 +1,182 @@
+"""A policy's page: the numbers of /v1/status/{name}, charts from Prometheus or the decision log, escaping."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from controller.policy import Policy
+from controller.store import DecisionRecord
+from tests.controller.api.page.fakes import LAYERS, alert, burning_runtime
+
+HOSTILE = '<img src=x onerror="alert(1)">'
+
+
+def _policy(name: str = "qwen", **extra: Any) -> Policy:
+    return Policy.model_validate({"name": name, "target": {"kind": "model", "model": "m"}, **extra})
+
+
+def _decision(at: datetime, action: str = "hold", *, rate: float = 5.0, replicas: int = 2, desired: int = 2,
+              detail: str = "hold at 2", **inputs: Any) -> DecisionRecord:
+    return DecisionRecord(
+        policy="qwen", policy_version=1, at=at, tick_s=at.timestamp(), action=action,
+        reason="forecast" if action != "hold" else "steady", current_replicas=replicas, desired_replicas=desired,
+        mode="enforce", outcome="held" if action == "hold" else "applied", detail=detail,
+        inputs={"request_rate_rps": rate, "ttft_good_ratio": 0.995, "itl_good_ratio": 0.999,
+                "sizing.forecast_request_rate_rps": rate * 1.1, "sizing.forecast_request_rate_upper_rps": rate * 1.3,
+                "sizing.predictive.forecast_lower_rps": rate * 0.9, "sizing.forecast_horizon_s": 120,
+                "imbalance_cv_max": 0.08, "reasons": [action, "forecast"], **inputs},
+    )
+
+
+def _ticks(n: int = 60, tick_s: float = 15.0) -> list[DecisionRecord]:
+    now = datetime.now(UTC)
+    out = [_decision(now - timedelta(seconds=(n - k) * tick_s), rate=4.0 + k * 0.1) for k in range(n)]
+    out[30] = _decision(out[30].at, "scale_up", replicas=2, desired=3, detail="scale up 2 -> 3: forecast")
+    return out
+
+
+def _series(html: str, chart: str, series: str) -> dict[str, str]:
+    svg = re.search(rf'<svg [^>]*data-chart="{chart}".*?</svg>', html, re.S)
+    assert svg is not None, chart
+    found = re.search(rf'<[a-z]+ [^>]*data-series="{series}"[^>]*>', svg.group(0))
+    assert found is not None, series
+    return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', found.group(0)))
+
+
+def _source(html: str, panel: str) -> str:
+    found = re.search(rf'data-panel="{panel}".*?data-source="([^"]*)"', html, re.S)
+    assert found is not None, panel
+    return found.group(1)
+
+
+def test_the_numbers_are_those_of_the_status_api(make_page: Any) -> None:
+    page = make_page()
+    page.store.create_policy(_policy())
+    page.view.runtimes["qwen"] = burning_runtime()
+    html = page.client.get("/ui/policies/qwen").text
+    api = page.client.get("/v1/status/qwen").json()
+    fields = {f: v for v, f in re.findall(r'data-value="([^"]*)" data-field="([^"]*)"', html)}
+    for slo in ("ttft", "itl"):
+        assert float(fields[f"error_budget_remaining.{slo}"]) == api["error_budget_remaining"][slo]
+        assert float(fields[f"sli.{slo}_good_ratio"]) == api["sli"][f"{slo}_good_ratio"]
+    for key in ("request_rate_rps", "wape", "coverage", "sized_request_rate_rps"):
+        assert float(fields[f"forecast.{key}"]) == api["forecast"][key]
+    assert int(fields["current_replicas"]) == api["current_replicas"]
+    firing = dict(re.findall(r'data-pair="([^"]+)" data-firing="(true|false)"', html))
+    assert firing["ttft:1h/5m"] == "true" and firing["ttft:6h/30m"] == "false" and firing["itl:1h/5m"] == "false"
+    assert 'data-verdict="PAGE"' in html
+
+
+def test_a_policy_without_data_renders_clear_empty_states(make_page: Any) -> None:
+    page = make_page()
+    page.store.create_policy(_policy())
+    response = page.client.get("/ui/policies/qwen")
+    assert response.status_code == 200
+    html = response.text
+    assert 'data-verdict="NO_DATA"' in html
+    assert "No SLI samples in the last 6h" in html and "No decisions in the last 6h" in html
+    assert "No load observed and no forecast made" in html and "No expert rebalance" in html
+    assert "No forecast yet" in html and "<svg" not in html
+
+
+def test_charts_from_the_decision_log_match_it(make_page: Any) -> None:
+    page = make_page()
+    page.store.create_policy(_policy())
+    page.store.append_decisions(_ticks())
+    html = page.client.get("/ui/policies/qwen").text
+    newest = page.client.get("/v1/decisions", params={"policy": "qwen", "limit": 1}).json()["items"][0]
+    load = _series(html, "load", "actual")
+    assert float(load["last-v"]) == newest["inputs"]["request_rate_rps"] and load["n"] == "60"
+    assert float(load["last-t"]) == pytest.approx(datetime.fromisoformat(newest["at"]).timestamp(), abs=1e-3)
+    forecast = _series(html, "load", "forecast")
+    assert float(forecast["last-v"]) == pytest.approx(newest["inputs"]["sizing.forecast_request_rate_rps"])
+    assert float(forecast["last-t"]) == pytest.approx(float(load["last-t"]) + 120, abs=1e-3)  # drawn at its horizon
+    assert float(_series(html, "replicas", "current")["last-v"]) == newest["current_replicas"]
+    assert float(_series(html, "good_ratio", "ttft")["last-v"]) == newest["inputs"]["ttft_good_ratio"]
+    assert "decision log" in _source(html, "good_ratio") and "decision log" in _source(html, "replicas")
+    replicas = re.search(r'<svg [^>]*data-chart="replicas".*?</svg>', html, re.S)
+    assert replicas is not None and replicas.group(0).count('class="marker"') == 2  # the scale-up; policy v1
+    assert "scale up 2 -&gt; 3: forecast" in html
+
+
+def test_decision_details_and_descriptions_are_escaped(make_page: Any) -> None:
+    page = make_page()
+    page.store.create_policy(_policy(description=HOSTILE))
+    now = datetime.now(UTC)
+    page.store.append_decisions([_decision(now, "scale_up", detail=HOSTILE, reasons=["scale_up", HOSTILE])])
+    html = page.client.get("/ui/policies/qwen").text
+    assert "<img" not in html
+    assert html.count("&lt;img src=x onerror=") >= 4  # description, the marker's tooltip, reasons, detail
+
+
+def test_prometheus_draws_good_ratios_load_and_the_layer_heatmap(make_page: Any) -> None:
+    page = make_page(prometheus=True)
+    page.store.create_policy(_policy())
+    page.store.append_decisions(_ticks())
+    html = page.client.get("/ui/policies/qwen").text
+    assert float(_series(html, "good_ratio", "ttft")["last-v"]) == pytest.approx(page.upstream.ttft_good)
+    assert float(_series(html, "good_ratio", "itl")["last-v"]) == pytest.approx(page.upstream.itl_good)
+    assert float(_series(html, "load", "actual")["last-v"]) == page.upstream.load_rps
+    assert _source(html, "good_ratio").startswith("Prometheus") and _source(html, "load").startswith("actual: Prom")
+    assert re.search(rf'data-chart="imbalance" data-rows="{LAYERS}"', html)
+    assert any('model_name="m"' in q for q in page.upstream.queries)
+
+
+def test_prometheus_down_falls_back_to_the_log_and_says_so(make_page: Any) -> None:
+    page = make_page(prometheus=True)
+    page.store.create_policy(_policy())
+    page.store.append_decisions(_ticks())
+    page.upstream.prometheus_down = True
+    response = page.client.get("/ui/policies/qwen")
+    assert response.status_code == 200
+    html = response.text
+    assert 'data-banner="prometheus"' in html and "Prometheus unreachable" in html
+    assert _source(html, "good_ratio").startswith("decision log")
+    assert "The per-layer heatmap needs Prometheus" in html
+
+
+def test_alerts_firing_for_this_policy(make_page: Any) -> None:
+    page = make_page(alertmanager=True)
+    page.store.create_policy(_policy())
+    page.upstream.alerts = [alert("qwen", summary="TTFT <b>budget</b> burning"), alert("other")]
+    html = page.client.get("/ui/policies/qwen").text
+    assert 'data-alerts="1"' in html and "TTFT &lt;b&gt;budget&lt;/b&gt; burning" in html
+    page.upstream.alertmanager_down = True
+    assert "Alertmanager unreachable" in page.client.get("/ui/policies/qwen").text
+
+
+def test_rebalances_show_predicted_measured_and_the_noise_floor(make_page: Any) -> None:
+    page = make_page()
+    page.store.create_policy(_policy())
+    now = datetime.now(UTC)
+    plan = {"imbalance_before_cv": 0.31, "imbalance_after_cv": 0.07, "moves": 9}
+    verify = {"ok": True, "reason": "verified", "measured_cv": 0.09, "predicted_cv": 0.07, "noise_cv": 0.02}
+    page.store.append_decisions([
+        DecisionRecord(policy="qwen", policy_version=1, at=now - timedelta(minutes=3), tick_s=1.0,
+                       action="rebalance", reason="imbalance_sustained", current_replicas=None,
+                       desired_replicas=None, mode="enforce", outcome="applied", detail="predicted",
+                       inputs={"kind": "rebalance", "plan": plan}),
+        DecisionRecord(policy="qwen", policy_version=1, at=now - timedelta(minutes=2), tick_s=2.0,
+                       action="verify_rebalance", reason="verified", current_replicas=None, desired_replicas=None,
+                       mode="enforce", outcome="verified", detail="measured", inputs={"kind": "verify",
+                                                                                       "plan": plan,
+                                                                                       "verify": verify}),
+    ])
+    html = page.client.get("/ui/policies/qwen").text
+    assert float(_series(html, "rebalances", "predicted")["last-v"]) == 0.07
+    assert float(_series(html, "rebalances", "measured")["last-v"]) == 0.09
+    assert float(_series(html, "rebalances", "noise")["last-v"]) == 0.02
+    assert "No decisions in the last 6h" in html  # rebalances are no scaling decisions
+
+
+def test_unknown_policy_and_ranges(make_page: Any) -> None:
+    page = make_page()
+    missing = page.client.get("/ui/policies/%3Cb%3Eghost")
+    assert missing.status_code == 404 and "&lt;b&gt;ghost" in missing.text and "<b>ghost" not in missing.text
+    page.store.create_policy(_policy())
+    assert page.client.get("/ui/policies/qwen?range=1d").status_code == 200
+    assert page.client.get("/ui/policies/qwen?range=2y").status_code == 422
