@@ -40,6 +40,7 @@ EXPERT_TOKENS = "moe_expert_tokens"
 RANK_TOKENS = "moe_rank_tokens"
 LAYER_IMBALANCE_CV = "moe_layer_imbalance_cv"
 LAYER_BALANCEDNESS = "moe_layer_balancedness"
+LAYER_IMBALANCE_CV_NOISE = "moe_layer_imbalance_cv_noise_floor"
 IMBALANCE_CV_ACROSS_LAYERS = "moe_imbalance_cv_across_layers"
 BALANCEDNESS_ACROSS_LAYERS = "moe_balancedness_across_layers"
 PLACEMENT_SWAPS = "moe_placement_swaps"
@@ -57,6 +58,12 @@ ERRORS = "moeslo_errors"
 LEADER = "moeslo_leader"
 REBALANCES = "moeslo_rebalances"
 FORECAST_REQUESTS_PER_SECOND = "moeslo_forecast_requests_per_second"
+FORECAST_TOKENS_PER_SECOND = "moeslo_forecast_tokens_per_second"
+FORECAST_WAPE = "moeslo_forecast_wape"
+FORECAST_COVERAGE = "moeslo_forecast_interval_coverage"
+FORECAST_RELIABLE = "moeslo_forecast_reliable"
+FORECAST_HISTORY = "moeslo_forecast_history_seconds"
+HOST_REPLICA_BUDGET = "moeslo_replica_budget"
 
 OTEL_TTFT_HISTOGRAM = "gen_ai.server.time_to_first_token"
 OTEL_TIME_PER_OUTPUT_TOKEN_HISTOGRAM = "gen_ai.server.time_per_output_token"
@@ -73,6 +80,8 @@ MOE_HELP: dict[str, str] = {
     RANK_TOKENS: "Expert assignments processed by each EP rank, all layers.",
     LAYER_IMBALANCE_CV: "CV (stddev/mean) of per-rank expert load over the routing window.",
     LAYER_BALANCEDNESS: "mean/max of per-rank expert load over the routing window.",
+    LAYER_IMBALANCE_CV_NOISE: "CV that sampling alone gives the window's routed assignments "
+    "(multinomial routing at the measured rank shares): a measured CV within it is noise.",
     IMBALANCE_CV_ACROSS_LAYERS: "Min, median and max of the per-layer CV.",
     BALANCEDNESS_ACROSS_LAYERS: "Min, median and max of the per-layer balancedness.",
 }
@@ -189,15 +198,22 @@ __all__ = [
     "EXPERT_LABEL",
     "EXPERT_TOKENS",
     "FINISHED_REASON_LABEL",
+    "FORECAST_COVERAGE",
+    "FORECAST_HISTORY",
+    "FORECAST_RELIABLE",
     "FORECAST_REQUESTS_PER_SECOND",
+    "FORECAST_TOKENS_PER_SECOND",
+    "FORECAST_WAPE",
     "GENERATION_TOKENS",
     "GOOD_EVENTS_RECORD",
+    "HOST_REPLICA_BUDGET",
     "IMBALANCE_CV_ACROSS_LAYERS",
     "ITL_BUCKETS_S",
     "ITL_HISTOGRAM",
     "KV_CACHE_USAGE",
     "LAYER_BALANCEDNESS",
     "LAYER_IMBALANCE_CV",
+    "LAYER_IMBALANCE_CV_NOISE",
     "LAYER_LABEL",
     "LEADER",
     "MODEL_LABEL",

@@ -47,6 +47,35 @@ def max_over_mean(load: npt.ArrayLike) -> npt.NDArray[np.float64]:
         return np.where(mean > 0, arr.max(axis=-1) / np.where(mean > 0, mean, 1.0), 1.0)
 
 
+def sampling_noise_cv(assignments: npt.ArrayLike, num_ranks: int, shares: npt.ArrayLike | None = None) -> FloatArray:
+    """The CV a window of ``assignments`` routed tokens shows from sampling alone.
+
+    Routing each assignment to rank ``r`` with probability ``p_r`` makes the per-rank counts
+    multinomial, and the squared CV measured over the window is, in expectation, the squared CV
+    of ``p`` plus ``R (1 - sum p_r^2) / N``.  With ``shares`` None the routing is taken as
+    perfectly balanced (``p_r = 1/R``), which gives the floor ``sqrt((R - 1) / N)``: what a
+    balanced placement still measures over a short, low-traffic window.  Infinite where N is 0.
+    """
+    n = np.asarray(assignments, dtype=np.float64)
+    if shares is None:
+        spread = np.full_like(n, (num_ranks - 1) / max(num_ranks, 1), dtype=np.float64)
+    else:
+        p = np.asarray(shares, dtype=np.float64)
+        total = p.sum(axis=-1, keepdims=True)
+        p = np.divide(p, total, out=np.full_like(p, 1.0 / max(num_ranks, 1)), where=total > 0)
+        spread = 1.0 - (p * p).sum(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(n > 0, np.sqrt(num_ranks * spread / np.where(n > 0, n, 1.0)), np.inf)
+
+
+def denoised_cv(measured_cv: npt.ArrayLike, noise_cv: npt.ArrayLike) -> FloatArray:
+    """The CV of the routing itself: the measured CV with the sampling noise taken out (never below 0)."""
+    measured = np.asarray(measured_cv, dtype=np.float64)
+    noise = np.nan_to_num(np.asarray(noise_cv, dtype=np.float64), posinf=np.inf)
+    out: FloatArray = np.sqrt(np.maximum(measured * measured - noise * noise, 0.0))
+    return out
+
+
 def across_layers(per_layer: npt.ArrayLike) -> dict[str, float]:
     """Min, median and max of a per-layer figure; empty when there are no layers."""
     arr = np.asarray(per_layer, dtype=np.float64)
@@ -103,7 +132,9 @@ __all__ = [
     "Imbalance",
     "across_layers",
     "balancedness",
+    "denoised_cv",
     "imbalance_cv",
     "max_over_mean",
     "rank_load",
+    "sampling_noise_cv",
 ]

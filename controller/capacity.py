@@ -38,7 +38,7 @@ MAX_REPLICAS = 100_000
 class ProfilePoint(BaseModel):
     """One load level of a profiling sweep."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     request_rate_rps: float
     prompt_tokens_per_s: float
@@ -53,7 +53,7 @@ class ProfilePoint(BaseModel):
 class ReplicaProfile(BaseModel):
     """Per-replica capacity, as ``moeslo profile`` writes it (JSON)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str = "default"
     source: str = ""
@@ -89,7 +89,8 @@ class ReplicaProfile(BaseModel):
         except OSError as exc:
             raise DataError(f"cannot read profile: {exc.strerror}", path=str(path)) from exc
         try:
-            return cls.model_validate(json.loads(text))
+            json.loads(text)  # for the line number of a syntax error
+            return cls.model_validate_json(text)  # JSON mode: strict types, arrays for tuples
         except json.JSONDecodeError as exc:
             raise DataError(f"not valid JSON: {exc.msg}", path=str(path), line=exc.lineno) from None
         except PydanticValidationError as exc:

@@ -30,8 +30,8 @@ class LocalActuatorConfig(_Section):
         "{moeslo}", "serve", "--checkpoint", "{checkpoint}", "--host", "{host}", "--port", "{port}",
         "--model-name", "{model}", "--engine-id", "{port}",
     )  # fmt: skip
-    """argv template; ``{moeslo}`` (this venv's ``moeslo``), ``{checkpoint}``, ``{port}``, ``{model}``
-    and ``{host}`` are filled in."""
+    """argv template; ``{moeslo}`` (this venv's ``moeslo``), ``{checkpoint}``, ``{port}``, ``{model}``,
+    ``{host}`` and ``{threads}`` (``cpus_per_replica``, else 1) are filled in."""
     checkpoint: str | None = None
     """Default checkpoint directory when a policy's local target names none."""
     host: str = "127.0.0.1"
@@ -39,6 +39,12 @@ class LocalActuatorConfig(_Section):
     stop_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
     log_dir: str | None = None
     """Where replica stdout/stderr go (None: discarded)."""
+    cpus_per_replica: Annotated[int | None, Field(ge=1, le=1024)] = None
+    """CPUs pinned to each replica (all its processes: API, engine core, EP ranks).  Set, the
+    actuator gives each replica its own CPUs and refuses a replica for which none are left (the
+    host budget); None: replicas are not pinned and share the machine without a budget."""
+    cpus: tuple[int, ...] | None = None
+    """CPUs the replicas may use (None: every CPU the controller itself may run on)."""
 
 
 class KubernetesConfig(_Section):
@@ -108,6 +114,12 @@ class ControllerSettings(BaseSettings):
     decisions_page_max: Annotated[int, Field(ge=1, le=10000)] = 500
     decisions_keep: Annotated[int, Field(ge=1000)] = 500_000
     """The decision log keeps this many newest decisions (older ones are pruned every 100 ticks)."""
+    profile: str | None = None
+    """A replica profile (JSON, as ``moeslo profile`` writes it) for policies that name none;
+    None: the documented default profile."""
+    forecast_history_s: Annotated[float, Field(ge=0, le=30 * 86400)] = 3 * 86400.0
+    """Load history kept for the forecasters (in the store) and read back at start-up
+    (from Prometheus when configured, else from the store)."""
     rebalance: bool = True
     """Rebalance experts of engines that expose ``/v1/expert-load`` and ``/v1/placement``."""
 

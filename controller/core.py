@@ -19,6 +19,7 @@ Per policy, in order (the first guardrail that holds ends the evaluation)::
       otherwise                       -> hold  [stale_data / insufficient_data]
     need = max over advisors (reasons of each)
     clamp need to [min_replicas, max_replicas]           [at_min / at_max]
+    no more replicas than the actuator has room for      [host_budget]
     want fewer replicas, but the source reported errors -> hold [partial_data]
     want fewer replicas inside the cooldown since the last change
                                       -> hold  [cooldown]
@@ -42,7 +43,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controller.advisors import ReactiveAdvisor
 from controller.observation_checks import sanitize_observation
@@ -52,6 +53,8 @@ from controller.types import (
     Advice,
     Decision,
     Effects,
+    ForecastView,
+    LoadHistory,
     PolicyObservation,
     Reason,
     Scalar,
@@ -121,6 +124,7 @@ class DecisionCore:
             raise ValueError(f"advisor names must be unique, got {names}")
         self.config = config or CoreConfig()
         self.state: dict[str, PolicyState] = dict(state or {})
+        self._forecast: ForecastView | None = None
 
     def tick(self, inp: TickInput) -> Effects:
         decisions = tuple(
@@ -128,6 +132,10 @@ class DecisionCore:
         )
         for gone in self.state.keys() - inp.policies.keys():
             del self.state[gone]
+            for advisor in self.advisors:
+                forget = getattr(advisor, "forget", None)
+                if forget is not None:
+                    forget(gone)  # advisors keep per-policy history; a deleted policy's goes with it
         diagnostics: dict[str, Scalar] = {"policies": len(decisions)}
         actions = Counter(d.action for d in decisions)
         for action in ("hold", "scale_up", "scale_down"):
@@ -139,6 +147,16 @@ class DecisionCore:
             decisions=decisions, next_tick_s=inp.now_s + self.config.tick_interval_s, diagnostics=diagnostics
         )
 
+    def warm_start(self, policy: Policy, history: LoadHistory) -> int:
+        """Seed the advisors' per-policy history (oldest first, one value per tick); returns advisors seeded."""
+        seeded = 0
+        for advisor in self.advisors:
+            seed = getattr(advisor, "warm_start", None)
+            if seed is not None:
+                seed(policy, history)
+                seeded += 1
+        return seeded
+
     def record_change(self, policy: str, at_s: float) -> None:
         """Tell the core the replica count changed at ``at_s`` (e.g. an actuator applied it late)."""
         state = self.state.setdefault(policy, PolicyState())
@@ -149,7 +167,10 @@ class DecisionCore:
         state = self.state.get(policy.name)
         if state is None:
             state = self.state[policy.name] = PolicyState()
+        self._forecast = None
         decision = self._evaluate(policy, observation, now_s, state)
+        if self._forecast is not None:
+            decision = replace(decision, forecast=self._forecast)
         if decision.apply and decision.action != "hold":
             state.last_change_s = now_s
             if decision.action == "scale_up":
@@ -179,6 +200,12 @@ class DecisionCore:
             return consensus
         need, why, notes = consensus
         desired, guards = _clamp(need, current, scaling)
+        budget = obs.replica_budget
+        if budget is not None and desired > current and desired > budget:
+            hold.inputs["replica_budget"] = budget
+            desired = max(current, budget)
+            guards.append(Reason.HOST_BUDGET)
+            notes.append(f"the actuator has room for {budget} replicas")
         if desired < current:
             gated = self._gate_scale_down(policy, obs, now_s, state, current, desired, why, guards, hold)
             if isinstance(gated, Decision):
@@ -246,6 +273,8 @@ class DecisionCore:
             advices = [(advisor.name, advisor.advise(policy, obs, now_s)) for advisor in self.advisors]
         for name, advice in advices:
             _record_advice(inputs, name, advice)
+            if advice.forecast is not None and self._forecast is None:
+                self._forecast = advice.forecast
         opinions = [(name, advice) for name, advice in advices if advice.replicas_needed is not None]
         if not opinions:
             errors = [name for name, advice in advices if Reason.ADVISOR_ERROR in advice.reasons]

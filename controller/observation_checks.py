@@ -60,6 +60,7 @@ def _plausible(obs: PolicyObservation) -> bool:
         and (kv is None or 0.0 <= kv <= _RATIO_MAX)
         and (obs.current_replicas is None or obs.current_replicas >= 0)
         and (obs.ready_replicas is None or obs.ready_replicas >= 0)
+        and (obs.replica_budget is None or obs.replica_budget >= 0)
     ):
         return False
     sli = obs.sli
@@ -87,7 +88,7 @@ def sanitize_observation(obs: PolicyObservation) -> tuple[PolicyObservation, tup
         return obs, ()
     invalid = [name for name in _OBSERVATION_FIELDS if _invalid(name, getattr(obs, name))]
     changes: dict[str, Any] = dict.fromkeys(invalid)
-    for name in ("current_replicas", "ready_replicas"):
+    for name in ("current_replicas", "ready_replicas", "replica_budget"):
         value = getattr(obs, name)
         if value is not None and value < 0:
             invalid.append(name)

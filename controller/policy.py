@@ -2,7 +2,9 @@
 
 A policy names what it governs (``target``), what good looks like
 (``objectives``), over which compliance window, and how far the controller
-may go to keep it (``scaling``, ``lead_time_s``, ``mode``).  Defaults are
+may go to keep it (``scaling``, ``lead_time_s``, ``mode``), and how it sizes
+the fleet (``forecast``: pre-scaling from a traffic forecast, with a reactive
+fallback; ``profile``: the measured capacity of one replica).  Defaults are
 the mission's numbers: TTFT <= 500 ms and ITL <= 20 ms for 99 % of requests,
 expert-imbalance CV <= 0.15, a 30-day window, 180 s scale-down cooldown and
 120 s lead time.
@@ -25,6 +27,7 @@ from contracts.slo_defaults import (
     SCALE_DOWN_COOLDOWN_S,
     TTFT_THRESHOLD_S,
 )
+from controller.capacity import ReplicaProfile
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
@@ -127,6 +130,29 @@ class Scaling(_Strict):
         return self
 
 
+class ForecastSettings(_Strict):
+    """How the controller forecasts this policy's traffic, and when it stops trusting the forecast.
+
+    With ``enabled``, the fleet is sized one lead time ahead for the upper ``quantile`` of the
+    forecast interval, never below what the load and queue need now.  Every forecast is scored
+    against what arrived: when the rolling WAPE rises above ``max_wape`` or the share of actuals
+    inside the interval falls below ``min_coverage``, sizing falls back to reactive
+    (``forecast_unreliable``) until both recover.
+    """
+
+    enabled: Annotated[bool, Field(strict=True)] = True
+    quantile: Annotated[float, Field(strict=True, ge=0.5, lt=1)] = 0.9
+    """Upper quantile of the forecast interval the fleet is sized for."""
+    min_history_s: Annotated[int, Field(strict=True, ge=0, le=30 * 86400)] = 240
+    """History the forecaster needs before its forecasts are used (until then: reactive)."""
+    max_wape: Annotated[float, Field(strict=True, gt=0, le=10)] = 0.5
+    """Rolling weighted absolute percentage error above which the forecast is not trusted."""
+    min_coverage: Annotated[float, Field(strict=True, ge=0, le=1)] = 0.5
+    """Share of actuals that must fall inside the forecast interval (nominal: 2 x quantile - 1)."""
+    audit_forecasts: Annotated[int, Field(strict=True, ge=4, le=10000)] = 40
+    """How many scored forecasts the rolling WAPE and coverage cover."""
+
+
 class Policy(_Strict):
     """One SLO policy."""
 
@@ -139,6 +165,9 @@ class Policy(_Strict):
     scaling: Scaling = Scaling()
     lead_time_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = LEAD_TIME_S
     """Replica start-up time: how far ahead scale-ups must happen."""
+    forecast: ForecastSettings = ForecastSettings()
+    profile: ReplicaProfile | None = None
+    """Capacity of one replica (``moeslo profile`` writes it); None: the controller's default profile."""
     mode: Mode = Mode.ENFORCE
 
     @field_validator("window")

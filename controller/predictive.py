@@ -1,34 +1,39 @@
-"""Predictive pre-scaling: a ScalingAdvisor that sizes the fleet for the forecast load.
+"""Predictive pre-scaling: replicas for the load forecast one lead time ahead.
 
 Per policy it forecasts the request rate (:class:`controller.forecast.AutoForecaster`,
 one observation per tick) and derives prompt and output tokens/s from it with the
 smoothed tokens per request (lengths drift far more slowly than arrivals, and one
-forecaster instead of three keeps refits cheap), then asks
-the capacity model how many replicas each forecast bin needs at the *upper*
-quantile of its prediction interval.  The advice is the most any bin over the
-next lead time needs, so:
+forecaster instead of three keeps refits cheap), then asks the policy's capacity
+model how many replicas the busiest bin of the next lead time needs at the
+*upper* quantile of its prediction interval (``policy.forecast.quantile``).  So:
 
-- scale-ups happen one lead time (pod start-up) before the forecast need arrives;
+- scale-ups happen one lead time (replica start-up) before the forecast need arrives;
 - a scale-down is advised only when the forecast over the whole next lead time
   stays below the current fleet (the core then enforces the cooldown).
 
-Floors: the need of the load observed now, and the reactive queue-depth floor.
-Observed p99 latencies correct the capacity model online.
+Floors: the need of the load observed now, and the queue-depth floor.  Observed
+p99 latencies correct the capacity model online (per policy).  Every forecast is
+audited against what arrived (:class:`controller.forecast.audit.ForecastAudit`);
+the advice says whether the forecast is ``warming_up`` or ``forecast_unreliable``,
+and :class:`controller.sizing.SizingAdvisor` then sizes reactively instead.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from controller.capacity import CapacityModel, Load
+from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaProfile, Targets
 from controller.forecast import AutoForecaster, ForecastConfig
+from controller.forecast.audit import AuditBounds, ForecastAudit
 from controller.policy import Policy
-from controller.types import Advice, PolicyObservation, Reason, Scalar
+from controller.types import Advice, ForecastView, LoadHistory, PolicyObservation, Reason, Scalar
 
-__all__ = ["PredictiveAdvisor", "PredictiveConfig"]
+__all__ = ["Assessment", "PredictiveAdvisor", "PredictiveConfig"]
 
 LENGTH_SMOOTHING = 0.05
 """EWMA weight of each tick's mean prompt and output tokens per request."""
@@ -36,25 +41,34 @@ LENGTH_SMOOTHING = 0.05
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PredictiveConfig:
-    quantile: float = 0.9
-    """Upper quantile of the forecast interval that the fleet is sized for."""
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
-    """Bin width should equal the controller's tick; horizon is raised to the policy's lead time."""
+    """Bin width should equal the controller's tick; horizon is raised to each policy's lead time
+    and the minimum history to its ``forecast.min_history_s``."""
+    profile: ReplicaProfile = DEFAULT_PROFILE
+    """Capacity of one replica for policies that name no profile of their own."""
+    headroom: float = 0.85
+    """Size for this fraction of each latency objective (see :class:`controller.capacity.Targets`)."""
     correct_online: bool = True
-
-    def __post_init__(self) -> None:
-        if not 0.5 <= self.quantile < 1:
-            raise ValueError(f"quantile must be in [0.5, 1), got {self.quantile}")
 
 
 @dataclass
-class _PolicyForecasts:
+class _PolicyForecast:
+    """Everything the advisor keeps for one policy (rebuilt when the policy's sizing settings change)."""
+
+    key: tuple[object, ...]
     rate: AutoForecaster
+    capacity: CapacityModel
+    audit: ForecastAudit
+    min_history_bins: int
+    bins: int = 0
     last_observed_at_s: float | None = None
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
 
-    def observe_lengths(self, rate: float, prompt: float, output: float) -> None:
+    def observe(self, rate: float, prompt: float, output: float) -> None:
+        self.audit.observe(self.bins, rate)
+        self.rate.observe(rate)
+        self.bins += 1
         if rate <= 0:
             return
         if self.mean_prompt_tokens is None or self.mean_output_tokens is None:
@@ -64,83 +78,162 @@ class _PolicyForecasts:
         self.mean_prompt_tokens = (1 - w) * self.mean_prompt_tokens + w * prompt / rate
         self.mean_output_tokens = (1 - w) * self.mean_output_tokens + w * output / rate
 
+    @property
+    def warm(self) -> bool:
+        return len(self.rate.history) >= self.min_history_bins
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Assessment:
+    """What the predictive advisor sees for one policy this tick."""
+
+    needs: tuple[tuple[int, str], ...]
+    """(replicas, reason): the current load, the queue's drain, and the forecast when it is warm."""
+    forecast: ForecastView | None
+    """None while the forecaster warms up."""
+    details: dict[str, Scalar]
+
+    @property
+    def forecast_status(self) -> tuple[str, ...]:
+        """``(warming_up,)``, ``(forecast_unreliable,)``, or ``()`` when the forecast may be used."""
+        if self.forecast is None:
+            return (Reason.WARMING_UP,)
+        return () if self.forecast.reliable else (Reason.FORECAST_UNRELIABLE,)
+
+    @property
+    def observed_needs(self) -> tuple[tuple[int, str], ...]:
+        """The needs of what is observed now (no forecast)."""
+        return tuple((n, r) for n, r in self.needs if r != Reason.FORECAST)
+
+    @staticmethod
+    def most(needs: Sequence[tuple[int, str]]) -> tuple[int, tuple[str, ...]]:
+        need = max(n for n, _ in needs)
+        return need, tuple(dict.fromkeys(str(r) for n, r in needs if n == need))
+
+
+def _sizing_key(policy: Policy) -> tuple[object, ...]:
+    objectives = policy.objectives
+    thresholds = (objectives.ttft.threshold_s, objectives.itl.threshold_s)
+    return (policy.forecast, policy.profile, policy.lead_time_s, thresholds)
+
 
 class PredictiveAdvisor:
     """Replicas needed over the next lead time at the forecast's upper quantile."""
 
     name = "predictive"
 
-    def __init__(self, capacity: CapacityModel | None = None, config: PredictiveConfig | None = None) -> None:
-        self.capacity = capacity or CapacityModel()
+    def __init__(self, config: PredictiveConfig | None = None) -> None:
         self.config = config or PredictiveConfig()
-        self._state: dict[str, _PolicyForecasts] = {}
+        self._state: dict[str, _PolicyForecast] = {}
         self.last_forecast: dict[str, tuple[float, float, float]] = {}
         """Per policy: (point, lower, upper) request-rate forecast one lead time ahead (for plots)."""
 
-    def _forecasts(self, policy: Policy) -> _PolicyForecasts:
+    def capacity(self, policy: Policy) -> CapacityModel:
+        """The policy's capacity model (with its online corrections)."""
+        return self._policy_state(policy).capacity
+
+    def warm_start(self, policy: Policy, history: LoadHistory) -> None:
+        """Seed a policy's history (one value per tick, oldest first), e.g. after a restart."""
+        state = self._policy_state(policy)
+        for r, p, o in zip(history.rates_rps, history.prompt_tokens_per_s, history.output_tokens_per_s, strict=True):
+            state.observe(float(r), float(p), float(o))
+
+    def history_bins(self, policy_name: str) -> int:
+        state = self._state.get(policy_name)
+        return 0 if state is None else len(state.rate.history)
+
+    def _policy_state(self, policy: Policy) -> _PolicyForecast:
+        key = _sizing_key(policy)
         state = self._state.get(policy.name)
-        if state is None:
-            base = self.config.forecast
-            horizon_s = max(base.horizon_s, float(policy.lead_time_s), base.bin_s)
-            config = ForecastConfig(
-                bin_s=base.bin_s,
-                horizon_s=horizon_s,
-                keep_s=base.keep_s,
-                refit_every_bins=base.refit_every_bins,
-                fit_window_bins=base.fit_window_bins,
-                selection_bins=base.selection_bins,
-                season_s=base.season_s,
-                min_history_bins=base.min_history_bins,
-                candidates=base.candidates,
-                ma_window_bins=base.ma_window_bins,
-            )
-            state = _PolicyForecasts(AutoForecaster(config))
-            self._state[policy.name] = state
+        if state is not None and state.key == key:
+            return state
+        base = self.config.forecast
+        settings = policy.forecast
+        min_bins = max(4, math.ceil(settings.min_history_s / base.bin_s))
+        forecast_config = replace(
+            base,
+            horizon_s=max(base.horizon_s, float(policy.lead_time_s), base.bin_s),
+            min_history_bins=min(min_bins, base.min_history_bins),
+        )
+        objectives = policy.objectives
+        targets = Targets(
+            ttft_s=objectives.ttft.threshold_s, itl_s=objectives.itl.threshold_s, headroom=self.config.headroom
+        )
+        rate = AutoForecaster(forecast_config, refit_phase=zlib.crc32(policy.name.encode()))
+        if state is not None:
+            rate.history.extend(state.rate.history.values())  # a settings change keeps the history
+        state = _PolicyForecast(
+            key=key,
+            rate=rate,
+            capacity=CapacityModel(policy.profile or self.config.profile, targets),
+            audit=ForecastAudit(
+                AuditBounds(
+                    max_wape=settings.max_wape, min_coverage=settings.min_coverage, window=settings.audit_forecasts
+                )
+            ),
+            min_history_bins=min_bins,
+        )
+        self._state[policy.name] = state
         return state
 
-    def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
+    def forget(self, policy_name: str) -> None:
+        self._state.pop(policy_name, None)
+        self.last_forecast.pop(policy_name, None)
+
+    def assess(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Assessment | None:
+        """Every need this advisor sees for the policy (None without request and token rates)."""
         obs = observation
         values = (obs.request_rate_rps, obs.prompt_tokens_per_s, obs.output_tokens_per_s)
         if any(v is None or not math.isfinite(v) or v < 0 for v in values):
-            return Advice(replicas_needed=None, reasons=(Reason.INSUFFICIENT_DATA,))
+            return None
         rate, prompt, output = (float(v) for v in values if v is not None)
         now_load = Load(request_rate_rps=rate, prompt_tokens_per_s=prompt, output_tokens_per_s=output)
-        state = self._forecasts(policy)
+        state = self._policy_state(policy)
         if state.last_observed_at_s is None or obs.observed_at_s > state.last_observed_at_s:
-            state.rate.observe(rate)
-            state.observe_lengths(rate, prompt, output)
+            state.observe(rate, prompt, output)
             state.last_observed_at_s = obs.observed_at_s
         ready = obs.ready_replicas if obs.ready_replicas is not None else obs.current_replicas or 0
+        capacity = state.capacity
         if self.config.correct_online and obs.sli is not None:
-            self.capacity.correct(
+            capacity.correct(
                 load=now_load, ready_replicas=ready, ttft_p99_s=obs.sli.ttft_p99_s, itl_p99_s=obs.sli.itl_p99_s
             )
-
         details: dict[str, Scalar] = {
-            "ttft_correction": round(self.capacity.ttft_correction, 4),
-            "itl_correction": round(self.capacity.itl_correction, 4),
+            "ttft_correction": round(capacity.ttft_correction, 4),
+            "itl_correction": round(capacity.itl_correction, 4),
         }
-        needs = self._load_needs(policy, obs, now_load, ready)
-        point, upper, horizon_s = self._forecast_need(policy, state, obs, needs, details)
-        need = max(n for n, _ in needs)
-        reasons = tuple(dict.fromkeys(str(r) for n, r in needs if n == need))
+        needs = self._load_needs(policy, capacity, obs, now_load, ready)
+        view = self._forecast_need(policy, state, needs, details)
+        if view is not None and not view.reliable:
+            details["forecast_audit"] = state.audit.why_unreliable()
+        return Assessment(needs=tuple(needs), forecast=view, details=details)
+
+    def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
+        """The most any need asks for; ``warming_up`` / ``forecast_unreliable`` say what the forecast is worth."""
+        assessment = self.assess(policy, observation, now_s)
+        if assessment is None:
+            return Advice(replicas_needed=None, reasons=(Reason.INSUFFICIENT_DATA,))
+        need, reasons = assessment.most(assessment.needs)
+        view = assessment.forecast
         return Advice(
             replicas_needed=need,
-            reasons=reasons,
-            forecast_request_rate_rps=point,
-            forecast_request_rate_upper_rps=upper,
-            forecast_horizon_s=horizon_s,
-            details=details,
+            reasons=(*reasons, *assessment.forecast_status),
+            forecast_request_rate_rps=None if view is None else view.request_rate_rps,
+            forecast_request_rate_upper_rps=None if view is None else view.sized_request_rate_rps,
+            forecast_horizon_s=None if view is None else view.horizon_s,
+            forecast=view,
+            details=assessment.details,
         )
 
+    @staticmethod
     def _load_needs(
-        self, policy: Policy, obs: PolicyObservation, now_load: Load, ready: int
+        policy: Policy, capacity: CapacityModel, obs: PolicyObservation, now_load: Load, ready: int
     ) -> list[tuple[int, str]]:
         """Replicas the current load needs, and those that drain the queue within the lead time."""
-        needs: list[tuple[int, str]] = [(self.capacity.replicas_needed(now_load), "current_load")]
+        needs: list[tuple[int, str]] = [(capacity.replicas_needed(now_load), Reason.CURRENT_LOAD)]
         queue = obs.queue_depth
         if queue is not None and queue > 0:
-            floor = self.capacity.queue_floor(
+            floor = capacity.queue_floor(
                 queue_depth=queue, ready_replicas=ready, load=now_load, drain_s=float(policy.lead_time_s)
             )
             if floor > 0:
@@ -148,29 +241,23 @@ class PredictiveAdvisor:
         return needs
 
     def _forecast_need(
-        self,
-        policy: Policy,
-        state: _PolicyForecasts,
-        obs: PolicyObservation,
-        needs: list[tuple[int, str]],
-        details: dict[str, Scalar],
-    ) -> tuple[float | None, float | None, float | None]:
-        """Add what the forecast of the next lead time needs to ``needs``; (point, upper, horizon_s) of it.
+        self, policy: Policy, state: _PolicyForecast, needs: list[tuple[int, str]], details: dict[str, Scalar]
+    ) -> ForecastView | None:
+        """Add what the forecast of the next lead time needs to ``needs``, and describe the forecast.
 
-        Without a forecast yet, the current count is a need: nothing says the load will stay low.
+        None while the forecaster warms up (no forecast, or less history than the policy asks for).
         """
-        rate_fc = state.rate.forecast(quantile=self.config.quantile)
+        quantile = policy.forecast.quantile
+        rate_fc = state.rate.forecast(quantile=quantile)
         prompt_per_request = state.mean_prompt_tokens
         output_per_request = state.mean_output_tokens
-        if rate_fc is None or prompt_per_request is None or output_per_request is None:
+        if rate_fc is None or prompt_per_request is None or output_per_request is None or not state.warm:
             details["model"] = "warming_up"
-            if obs.current_replicas is not None:
-                needs.append((obs.current_replicas, "warming_up"))
-            return None, None, None
+            return None
         # Every bin has the same lengths, so the need grows with the rate: the busiest bin of
         # the next lead time decides (one capacity inversion instead of one per bin).
-        upper_rate = float(np.max(rate_fc.upper))
-        forecast_need = self.capacity.replicas_needed(
+        upper_rate = max(float(np.max(rate_fc.upper)), 0.0)
+        forecast_need = state.capacity.replicas_needed(
             Load(
                 request_rate_rps=upper_rate,
                 prompt_tokens_per_s=upper_rate * prompt_per_request,
@@ -178,9 +265,28 @@ class PredictiveAdvisor:
             )
         )
         needs.append((forecast_need, Reason.FORECAST))
-        point = float(rate_fc.point[-1])
+        point = max(float(rate_fc.point[-1]), 0.0)
         lower = float(rate_fc.lower[-1])
+        state.audit.expect(state.bins - 1 + len(rate_fc.point), point=point, lower=lower,
+                           upper=float(rate_fc.upper[-1]))
         self.last_forecast[policy.name] = (point, lower, float(rate_fc.upper[-1]))
         details["model"] = rate_fc.model
         details["forecast_lower_rps"] = lower
-        return point, upper_rate, len(rate_fc.upper) * rate_fc.bin_s
+        audit = state.audit
+        return ForecastView(
+            model=rate_fc.model,
+            horizon_s=len(rate_fc.point) * rate_fc.bin_s,
+            quantile=quantile,
+            request_rate_rps=point,
+            request_rate_lower_rps=lower,
+            request_rate_upper_rps=float(rate_fc.upper[-1]),
+            sized_request_rate_rps=upper_rate,
+            prompt_tokens_per_s=point * prompt_per_request,
+            output_tokens_per_s=point * output_per_request,
+            sized_prompt_tokens_per_s=upper_rate * prompt_per_request,
+            sized_output_tokens_per_s=upper_rate * output_per_request,
+            wape=audit.wape,
+            coverage=audit.coverage,
+            reliable=audit.reliable,
+            history_s=len(state.rate.history) * rate_fc.bin_s,
+        )

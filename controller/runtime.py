@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
+
+FORECAST_NOT_IN_USE = ("warming_up", "forecast_unreliable", "forecast_disabled")
+"""Reasons that say the forecast did not size the fleet this tick."""
 
 
 @dataclass
@@ -18,6 +22,12 @@ class PolicyRuntime:
     error_budget_remaining: dict[str, float | None] = field(default_factory=dict)
     burn_rates: dict[str, dict[str, float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    seen: dict[str, Any] = field(default_factory=dict)
+    """What the core saw: load, queue, running batch, KV usage, ready replicas, replica budget."""
+    forecast: dict[str, Any] | None = None
+    """The forecast (``ForecastView`` as JSON) and whether it sized the fleet (``in_use``)."""
+    decision: dict[str, Any] | None = None
+    """The last decision: action, reasons, detail."""
 
 
 __all__ = ["PolicyRuntime"]

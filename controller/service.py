@@ -36,11 +36,11 @@ from prometheus_client import CollectorRegistry
 from contracts.errors import MoesloError, UnavailableError
 from controller.actuators.base import Actuator
 from controller.config import ControllerSettings
-from controller.core import CoreConfig, DecisionCore
+from controller.core import DecisionCore
 from controller.errors import ActuationError
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.policy import LocalTarget, Mode, Policy
-from controller.runtime import PolicyRuntime
+from controller.runtime import FORECAST_NOT_IN_USE, PolicyRuntime
 from controller.slo import error_budget_remaining
 from controller.sources import BURN_WINDOWS, PrometheusClient, PrometheusSource, ScrapeSource, SliSource
 from controller.sources.base import burn_rates_of
@@ -50,6 +50,7 @@ from controller.types import Decision, Effects, PolicyObservation, TickInput
 
 if TYPE_CHECKING:
     from controller.actuators.placement import Rebalancer
+    from controller.load_history import LoadHistoryKeeper
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,11 @@ class ControllerService:
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         rebalancer: Rebalancer | None = None,
         decisions_keep: int = 500_000,
+        history: LoadHistoryKeeper | None = None,
     ) -> None:
         self.decisions_keep = decisions_keep
+        self.history = history
+        """Load history for the forecasters: recorded, persisted, warm-started (None: kept in memory only)."""
         self.rebalancer = rebalancer
         """Expert rebalancing of engines that expose the placement API (None: off)."""
         self.store = store
@@ -134,11 +138,17 @@ class ControllerService:
         for gone in self._runtime.keys() - by_name.keys():
             del self._runtime[gone]
             self.metrics.forget_policy(gone)
+            if self.history is not None:
+                self.history.forget(gone)
         policies = [s.policy for s in stored]
+        if self.history is not None:
+            await self.history.warm_start(self.core, policies)
         now_s = self.clock()
         observations = await self._observe(policies, now_s)
         counted = await asyncio.gather(*(self._with_replicas(p, observations.get(p.name), now_s) for p in policies))
         observations = {obs.policy: obs for obs in counted}
+        if self.history is not None:
+            self.history.record(observations)
         tick_input = TickInput(now_s=now_s, policies={p.name: p for p in policies}, observations=observations)
         effects = self.core.tick(tick_input)
         leader = self.is_leader
@@ -156,6 +166,8 @@ class ControllerService:
             except MoesloError as exc:
                 log.warning("decision log write failed: %s", exc)
                 self.metrics.error("store")
+        if self.history is not None:
+            await self.history.after_tick(leader=leader, policies=list(by_name))
         self._last_tick_at = self.wall_clock()
         self.ticks += 1
         if leader and self.ticks % PRUNE_EVERY_TICKS == 0:
@@ -186,6 +198,7 @@ class ControllerService:
 
     async def _with_replicas(self, policy: Policy, obs: PolicyObservation | None, now_s: float) -> PolicyObservation:
         base = obs or PolicyObservation(policy=policy.name, observed_at_s=now_s, errors=("no observation",))
+        base = replace(base, replica_budget=self.actuator.replica_budget(policy))
         if not self.actuator.manages(policy):
             # Read-only target: the engines the source saw are the fleet.
             return replace(base, current_replicas=base.ready_replicas)
@@ -278,6 +291,7 @@ class ControllerService:
         runtime.current_replicas = decision.current_replicas
         runtime.desired_replicas = decision.desired_replicas
         runtime.errors = list(obs.errors) if obs is not None else ["no observation"]
+        self._update_forecast(policy, obs, decision, runtime)
         sli = obs.sli if obs is not None else None
         age_s = None if obs is None else now_s - obs.observed_at_s
         # Stale: nothing observed, too old, or the source failed and only held (older) values are left.
@@ -309,6 +323,30 @@ class ControllerService:
             runtime.burn_rates[slo] = burns
             for window in BURN_WINDOWS:
                 self.metrics.set_burn_rate(policy.name, slo, window, burns.get(window))
+
+    def _update_forecast(
+        self, policy: Policy, obs: PolicyObservation | None, decision: Decision, runtime: PolicyRuntime
+    ) -> None:
+        """What the core saw, forecast and decided, for /v1/status and the forecast gauges."""
+        view = decision.forecast
+        in_use = view is not None and not any(r in FORECAST_NOT_IN_USE for r in decision.reasons)
+        self.metrics.set_forecast(policy.name, view, in_use=in_use)
+        self.metrics.set_replica_budget(policy.name, None if obs is None else obs.replica_budget)
+        runtime.forecast = None if view is None else _json_safe({**view.to_json(), "in_use": in_use})
+        runtime.decision = {"action": decision.action, "reasons": list(decision.reasons), "detail": decision.detail}
+        runtime.seen = {} if obs is None else _json_safe({
+            "request_rate_rps": obs.request_rate_rps,
+            "prompt_tokens_per_s": obs.prompt_tokens_per_s,
+            "output_tokens_per_s": obs.output_tokens_per_s,
+            "queue_depth": obs.queue_depth,
+            "running_requests": obs.running_requests,
+            "kv_cache_usage": obs.kv_cache_usage,
+            "ready_replicas": obs.ready_replicas,
+            "replica_budget": obs.replica_budget,
+        })
+        if self.history is not None and policy.name in self.history.warmed:
+            origin, ticks = self.history.warmed[policy.name]
+            runtime.seen["history_warm_start"] = f"{ticks} ticks from the {origin}" if ticks else "none"
 
     # ---- lifecycle ---------------------------------------------------------
     def restore_state(self) -> None:
@@ -364,7 +402,10 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
     # Imported here: the kubernetes client and the rebalancer's numerics take seconds to import.
     from controller.actuators import api_client, build_actuator
     from controller.actuators.placement import HttpEngineControl, Rebalancer
+    from controller.builder import CoreOptions, build_decision_core
+    from controller.capacity import DEFAULT_PROFILE, ReplicaProfile
     from controller.leader import LeaseElector
+    from controller.load_history import LoadHistoryKeeper
 
     actuator = build_actuator(settings)
     metrics = ControllerMetrics(registry)
@@ -374,6 +415,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         return service_ref[0].endpoints_for(policy)
 
     source: SliSource
+    client: PrometheusClient | None = None
     if settings.prometheus_url is not None:
         client = PrometheusClient(settings.prometheus_url, timeout_s=settings.source_timeout_s)
         source = PrometheusSource(client, selector=settings.prometheus_selector)
@@ -386,8 +428,13 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         if not settings.embedded:
             log.warning("leader election is off with a shared database: run one controller replica only")
         elector = AlwaysLeader()
-    core = DecisionCore(
-        config=CoreConfig(tick_interval_s=settings.tick_interval_s, stale_after_s=settings.stale_after_s)
+    profile = DEFAULT_PROFILE if settings.profile is None else ReplicaProfile.load(settings.profile)
+    core = build_decision_core(
+        CoreOptions(tick_interval_s=settings.tick_interval_s, stale_after_s=settings.stale_after_s, profile=profile)
+    )
+    history = LoadHistoryKeeper(
+        store, bin_s=settings.tick_interval_s, keep_s=settings.forecast_history_s, prometheus=client,
+        selector=settings.prometheus_selector,
     )
     service = ControllerService(
         store=store,
@@ -401,6 +448,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         static_endpoints=settings.scrape_endpoints,
         decisions_keep=settings.decisions_keep,
         rebalancer=Rebalancer(HttpEngineControl(timeout_s=settings.source_timeout_s)) if settings.rebalance else None,
+        history=history,
     )
     service_ref.append(service)
     return service

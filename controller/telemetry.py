@@ -22,11 +22,19 @@ from contracts.catalogue import (
     ERRORS,
     EVALUATION_BUCKETS_S,
     EVALUATION_DURATION_HISTOGRAM,
+    FORECAST_COVERAGE,
+    FORECAST_HISTORY,
+    FORECAST_RELIABLE,
+    FORECAST_REQUESTS_PER_SECOND,
+    FORECAST_TOKENS_PER_SECOND,
+    FORECAST_WAPE,
+    HOST_REPLICA_BUDGET,
     LEADER,
     REBALANCES,
     SLI,
     total,
 )
+from controller.types import ForecastView
 
 ERROR_COMPONENTS = ("prometheus", "scrape", "actuator", "store")
 
@@ -70,6 +78,34 @@ class ControllerMetrics:
         )
         self.rebalances = Counter(
             total(REBALANCES), "Expert rebalances by outcome", ["policy", "outcome"], registry=registry
+        )
+        self.forecast_requests = Gauge(
+            FORECAST_REQUESTS_PER_SECOND, "Forecast request rate one lead time ahead "
+            "(point, interval bounds, and sized: the most the next lead time may see at the sizing quantile)",
+            ["policy", "bound"], registry=registry,
+        )
+        self.forecast_tokens = Gauge(
+            FORECAST_TOKENS_PER_SECOND, "Forecast prompt and output tokens per second (point and sized)",
+            ["policy", "kind", "bound"], registry=registry,
+        )
+        self.forecast_wape = Gauge(
+            FORECAST_WAPE, "Rolling WAPE of the request-rate forecasts scored against what arrived",
+            ["policy"], registry=registry,
+        )
+        self.forecast_coverage = Gauge(
+            FORECAST_COVERAGE, "Share of actual request rates that fell inside the forecast interval",
+            ["policy"], registry=registry,
+        )
+        self.forecast_reliable = Gauge(
+            FORECAST_RELIABLE, "1 while the forecast sizes the fleet, 0 while sizing is reactive",
+            ["policy"], registry=registry,
+        )
+        self.forecast_history = Gauge(
+            FORECAST_HISTORY, "History the policy's forecaster holds", ["policy"], registry=registry
+        )
+        self.replica_budget = Gauge(
+            HOST_REPLICA_BUDGET, "Most replicas the actuator has room for (local host CPUs)",
+            ["policy"], registry=registry,
         )
         # Labelled children by (metric name, label values): prometheus_client's labels() validates and
         # locks on every call, which costs more than the whole decision core at 100 policies a tick.
@@ -122,6 +158,23 @@ class ControllerMetrics:
     def set_burn_rate(self, policy: str, slo: str, window: str, rate: float | None) -> None:
         self._set_or_drop(self.burn_rate, rate, policy, slo, window)
 
+    def set_forecast(self, policy: str, view: ForecastView | None, *, in_use: bool) -> None:
+        """The forecast gauges of one policy (all dropped while it has no forecast)."""
+        get = (lambda _name: None) if view is None else (lambda name: getattr(view, name))
+        for bound, name in (("point", "request_rate_rps"), ("lower", "request_rate_lower_rps"),
+                            ("upper", "request_rate_upper_rps"), ("sized", "sized_request_rate_rps")):
+            self._set_or_drop(self.forecast_requests, get(name), policy, bound)
+        for kind in ("prompt", "output"):
+            self._set_or_drop(self.forecast_tokens, get(f"{kind}_tokens_per_s"), policy, kind, "point")
+            self._set_or_drop(self.forecast_tokens, get(f"sized_{kind}_tokens_per_s"), policy, kind, "sized")
+        self._set_or_drop(self.forecast_wape, get("wape"), policy)
+        self._set_or_drop(self.forecast_coverage, get("coverage"), policy)
+        self._set_or_drop(self.forecast_history, get("history_s"), policy)
+        self._set_or_drop(self.forecast_reliable, None if view is None else float(in_use), policy)
+
+    def set_replica_budget(self, policy: str, budget: int | None) -> None:
+        self._set_or_drop(self.replica_budget, None if budget is None else float(budget), policy)
+
     def observe_evaluation(self, duration_s: float) -> None:
         self.evaluation_duration.observe(duration_s)
 
@@ -137,6 +190,8 @@ class ControllerMetrics:
     def forget_policy(self, policy: str) -> None:
         """Drop every per-policy gauge of a deleted policy (counters stay: they are history)."""
         gauges = {g._name: g for g in (self.desired_replicas, self.current_replicas, self.sli,
-                                       self.error_budget_remaining, self.burn_rate)}
+                                       self.error_budget_remaining, self.burn_rate, self.forecast_requests,
+                                       self.forecast_tokens, self.forecast_wape, self.forecast_coverage,
+                                       self.forecast_reliable, self.forecast_history, self.replica_budget)}
         for name, values in [key for key in self._children if key[0] in gauges and key[1][0] == policy]:
             self._drop(gauges[name], *values)

@@ -22,7 +22,7 @@ Flow::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol, runtime_checkable
@@ -35,6 +35,8 @@ __all__ = [
     "Advice",
     "Decision",
     "Effects",
+    "ForecastView",
+    "LoadHistory",
     "PolicyObservation",
     "Reason",
     "Scalar",
@@ -78,6 +80,13 @@ class Reason(StrEnum):
     """The load observed now, through the capacity model, needs this many replicas."""
     WARMING_UP = "warming_up"
     """The forecaster has too little history yet: the predictive advisor holds the current count."""
+    FORECAST_UNRELIABLE = "forecast_unreliable"
+    """The forecast's rolling error or interval coverage drifted past the policy's bounds:
+    sizing is reactive until it recovers."""
+    FORECAST_DISABLED = "forecast_disabled"
+    """The policy turned forecasting off: sizing is reactive."""
+    SCALE_INEFFECTIVE = "scale_ineffective"
+    """A scale-up for this cause bought nothing measurable: more for the same cause is held."""
     ADVISOR_ERROR = "advisor_error"
     """An advisor raised; its error is in the decision's inputs and the others decided."""
     SLI_MISSING = "sli_missing"
@@ -101,6 +110,8 @@ class Reason(StrEnum):
     MODE_OFF = "mode_off"
     READ_ONLY_TARGET = "read_only_target"
     """The policy targets engines found by model name: nothing to actuate."""
+    HOST_BUDGET = "host_budget"
+    """The actuator has no room for more replicas (e.g. the local host's CPUs are all pinned)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -150,9 +161,23 @@ class PolicyObservation:
     output_tokens_per_s: float | None = None
     kv_cache_usage: float | None = None
     """Mean KV-cache usage over ready replicas, a fraction in [0, 1]."""
+    replica_budget: int | None = None
+    """Most replicas the actuator can run for this policy now (None: no limit it knows of)."""
     sli: SliSnapshot | None = None
     errors: tuple[str, ...] = ()
     """Problems the source met (a failed query, an unreachable replica); empty when all went well."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadHistory:
+    """A policy's past load, one value per tick, oldest first (what forecasters warm-start from)."""
+
+    rates_rps: Sequence[float]
+    prompt_tokens_per_s: Sequence[float]
+    output_tokens_per_s: Sequence[float]
+
+    def __len__(self) -> int:
+        return len(self.rates_rps)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -164,6 +189,38 @@ class TickInput:
     """Policies by name."""
     observations: Mapping[str, PolicyObservation]
     """Observations by policy name; a policy without one holds with ``insufficient_data``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ForecastView:
+    """What the forecast of a policy's load says now, and how far it has been right.
+
+    ``request_rate_*`` are for the bin one lead time ahead (``horizon_s``): the point and its
+    interval at ``quantile``.  ``sized_*`` are the most any bin of the next lead time may see at
+    the upper quantile: what the fleet is sized for.
+    """
+
+    model: str
+    horizon_s: float
+    quantile: float
+    request_rate_rps: float
+    request_rate_lower_rps: float
+    request_rate_upper_rps: float
+    sized_request_rate_rps: float
+    prompt_tokens_per_s: float
+    output_tokens_per_s: float
+    sized_prompt_tokens_per_s: float
+    sized_output_tokens_per_s: float
+    wape: float | None
+    """Rolling WAPE of the forecasts scored so far (None: too few yet)."""
+    coverage: float | None
+    """Share of actuals that fell inside the forecast interval (None: too few yet)."""
+    reliable: bool
+    history_s: float
+    """How much history the forecaster holds."""
+
+    def to_json(self) -> dict[str, float | str | bool | None]:
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -181,6 +238,8 @@ class Advice:
     forecast_request_rate_rps: float | None = None
     forecast_request_rate_upper_rps: float | None = None
     forecast_horizon_s: float | None = None
+    forecast: ForecastView | None = None
+    """The forecast behind this advice (an advisor that forecasts fills it, even when unused)."""
     details: Mapping[str, Scalar] = field(default_factory=dict)
     """Anything else worth logging with the decision (flat, JSON-safe)."""
 
@@ -214,6 +273,8 @@ class Decision:
     inputs: Mapping[str, Scalar]
     decided_at_s: float
     apply: bool = False
+    forecast: ForecastView | None = None
+    """The forecast an advisor made this tick (for metrics, status and plots; None: none made)."""
 
     @property
     def delta_replicas(self) -> int:

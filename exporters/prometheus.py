@@ -38,6 +38,7 @@ from contracts.catalogue import (
     KV_CACHE_USAGE,
     LAYER_BALANCEDNESS,
     LAYER_IMBALANCE_CV,
+    LAYER_IMBALANCE_CV_NOISE,
     LAYER_LABEL,
     MOE_HELP,
     PLACEMENT_EXPERTS_MOVED,
@@ -59,7 +60,7 @@ from contracts.catalogue import (
     WAITING,
     total,
 )
-from contracts.imbalance import across_layers, balancedness, imbalance_cv
+from contracts.imbalance import across_layers, balancedness, imbalance_cv, sampling_noise_cv
 from engine.stats import IntArray, RoutingDelta, RoutingWindow, StepStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -265,9 +266,14 @@ class _MoECollector(Collector):
             return
         cv = imbalance_cv(rank_window)
         bal = balancedness(rank_window)
+        noise = sampling_noise_cv(rank_window.sum(axis=1), rank_window.shape[1], rank_window)
         yield _gauge(
             LAYER_IMBALANCE_CV, MOE_HELP[LAYER_IMBALANCE_CV],
             [*labels, LAYER_LABEL], [([*self._labels, str(i)], float(v)) for i, v in enumerate(cv)],
+        )
+        yield _gauge(
+            LAYER_IMBALANCE_CV_NOISE, MOE_HELP[LAYER_IMBALANCE_CV_NOISE],
+            [*labels, LAYER_LABEL], [([*self._labels, str(i)], float(v)) for i, v in enumerate(noise)],
         )
         yield _gauge(
             LAYER_BALANCEDNESS, MOE_HELP[LAYER_BALANCEDNESS],

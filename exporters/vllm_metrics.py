@@ -44,6 +44,7 @@ from contracts.catalogue import (
     IMBALANCE_CV_ACROSS_LAYERS,
     LAYER_BALANCEDNESS,
     LAYER_IMBALANCE_CV,
+    LAYER_IMBALANCE_CV_NOISE,
     LAYER_LABEL,
     MOE_HELP,
     RANK_LABEL,
@@ -148,7 +149,7 @@ def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot]) -> list[Metric]:
     ranks = CounterMetricFamily(RANK_TOKENS, MOE_HELP[RANK_TOKENS], labels=[*BASE_LABELS, RANK_LABEL])
     gauges = {
         name: GaugeMetricFamily(name, MOE_HELP[name], labels=[*BASE_LABELS, LAYER_LABEL])
-        for name in (LAYER_IMBALANCE_CV, LAYER_BALANCEDNESS)
+        for name in (LAYER_IMBALANCE_CV, LAYER_IMBALANCE_CV_NOISE, LAYER_BALANCEDNESS)
     }
     summaries = {
         name: GaugeMetricFamily(name, MOE_HELP[name], labels=[*BASE_LABELS, STAT_LABEL])
@@ -166,6 +167,7 @@ def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot]) -> list[Metric]:
             key = (snap.model_name, snap.engine, str(rank))
             rank_sums[key] = rank_sums.get(key, 0.0) + float(load)
         for name, per_layer in ((LAYER_IMBALANCE_CV, snap.imbalance_cv),
+                                (LAYER_IMBALANCE_CV_NOISE, snap.imbalance_cv_noise),
                                 (LAYER_BALANCEDNESS, snap.balancedness)):  # fmt: skip
             for layer, value in zip(snap.layer_ids, per_layer, strict=True):
                 gauges[name].add_metric([*base, str(layer)], float(value))
@@ -194,7 +196,7 @@ class MultiprocessSink:
         self.gauges = {
             name: Gauge(name, MOE_HELP[name], [*BASE_LABELS, LAYER_LABEL], registry=registry,
                         multiprocess_mode="mostrecent")
-            for name in (LAYER_IMBALANCE_CV, LAYER_BALANCEDNESS)
+            for name in (LAYER_IMBALANCE_CV, LAYER_IMBALANCE_CV_NOISE, LAYER_BALANCEDNESS)
         }
         self.summaries = {
             name: Gauge(name, MOE_HELP[name], [*BASE_LABELS, STAT_LABEL], registry=registry,
@@ -227,6 +229,7 @@ class MultiprocessSink:
                 self.rank_tokens.labels(*base, str(rank)).inc(float(load))
         self._published_ranks = ranks.copy()
         for name, per_layer in ((LAYER_IMBALANCE_CV, snapshot.imbalance_cv),
+                                (LAYER_IMBALANCE_CV_NOISE, snapshot.imbalance_cv_noise),
                                 (LAYER_BALANCEDNESS, snapshot.balancedness)):  # fmt: skip
             for layer, value in zip(snapshot.layer_ids, per_layer, strict=True):
                 self.gauges[name].labels(*base, str(layer)).set(float(value))

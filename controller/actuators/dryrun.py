@@ -35,6 +35,9 @@ class DryRunActuator:
             self.calls.append((policy.name, replicas))
         return ScaleResult(previous=previous, replicas=replicas, changed=previous != replicas)
 
+    def replica_budget(self, policy: Policy) -> int | None:
+        return None  # it starts nothing, so nothing limits it
+
     def endpoints(self, policy: Policy) -> Sequence[str]:
         return ()
 

@@ -96,6 +96,9 @@ class KubernetesActuator:
     def manages(self, policy: Policy) -> bool:
         return isinstance(policy.target, KubernetesTarget)
 
+    def replica_budget(self, policy: Policy) -> int | None:
+        return None  # a cluster's capacity is the cluster autoscaler's business
+
     def endpoints(self, policy: Policy) -> Sequence[str]:
         return ()
 

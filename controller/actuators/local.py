@@ -8,6 +8,13 @@ processes still alive (crashed ones are reaped first), starts the missing
 ones, and stops the newest surplus ones (SIGTERM, then SIGKILL after
 ``stop_timeout_s``).  A replica counts as ready once its port answers HTTP.
 Every replica is stopped when the controller shuts down.
+
+The host budget: with ``cpus_per_replica`` set, each replica is pinned to its own
+slice of the host's CPUs (every process it starts inherits them), the argv's
+``{threads}`` is that slice's size, and a replica for which no slice is left is
+refused: the actuator reports its ``replica_budget`` to the decision core, which
+then holds scale-ups at the budget with the reason ``host_budget`` instead of
+oversubscribing the machine (two replicas on one core serve no faster than one).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -42,6 +49,8 @@ class LocalReplica:
     host: str
     started_s: float
     log: IO[bytes] | None = None
+    cpus: tuple[int, ...] = ()
+    """The CPUs this replica is pinned to (empty: not pinned)."""
 
     @property
     def endpoint(self) -> str:
@@ -50,6 +59,19 @@ class LocalReplica:
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
+
+
+def _cpu_list(cpus: Iterable[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def cpu_slices(config: LocalActuatorConfig) -> list[tuple[int, ...]] | None:
+    """The host's CPUs cut into one slice per replica (None: replicas are not pinned)."""
+    per = config.cpus_per_replica
+    if per is None:
+        return None
+    available = sorted(config.cpus if config.cpus is not None else os.sched_getaffinity(0))
+    return [tuple(available[i : i + per]) for i in range(0, len(available) - per + 1, per)]
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -71,6 +93,30 @@ class LocalActuator:
         self.cwd = Path(cwd) if cwd is not None else Path.cwd()
         self.replicas_by_policy: dict[str, list[LocalReplica]] = {}
         self._lock = asyncio.Lock()
+        self.cpu_slices = cpu_slices(self.config)
+        """Disjoint CPU sets, one per replica the host has room for (None: no budget)."""
+
+    def replica_budget(self, policy: Policy) -> int | None:
+        """Most replicas ``policy`` may run: the CPU slices not held by other policies' replicas."""
+        if self.cpu_slices is None or not self.manages(policy):
+            return None
+        others = sum(
+            1 for name, rs in self.replicas_by_policy.items() if name != policy.name for r in rs if r.alive
+        )
+        return max(0, len(self.cpu_slices) - others)
+
+    def _free_slice(self) -> tuple[int, ...]:
+        if self.cpu_slices is None:
+            return ()
+        taken = {r.cpus for rs in self.replicas_by_policy.values() for r in rs if r.alive}
+        for cpus in self.cpu_slices:
+            if cpus not in taken:
+                return cpus
+        per = self.config.cpus_per_replica
+        raise ActuationError(
+            f"host budget: every CPU slice is in use ({len(self.cpu_slices)} replicas of {per} CPU(s) on CPUs "
+            f"{_cpu_list(c for s in self.cpu_slices for c in s)}); a replica more would oversubscribe the machine"
+        )
 
     def check(self, policy: Policy) -> list[str]:
         target = policy.target
@@ -131,7 +177,9 @@ class LocalActuator:
         target = policy.target
         assert isinstance(target, LocalTarget)
         checkpoint = target.checkpoint or self.config.checkpoint or ""
+        threads = self.config.cpus_per_replica or 1
         values = {
+            "threads": str(threads),
             "checkpoint": checkpoint,
             "port": str(port),
             "model": target.model,
@@ -155,6 +203,7 @@ class LocalActuator:
         problems = self.check(policy)
         if problems:
             raise ActuationError(f"policy {policy.name!r}: {'; '.join(problems)}")
+        cpus = self._free_slice()
         port = self._next_port()
         argv = self._argv(policy, port)
         log: IO[bytes] | None = None
@@ -170,12 +219,16 @@ class LocalActuator:
                 stdout=log if log is not None else subprocess.DEVNULL,
                 stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: stopping it stops its children too
+                # Pinned before exec, so every process the replica starts (EP ranks) inherits its CPUs.
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,  # noqa: PLW1509
             )
         except OSError as exc:
             if log is not None:
                 log.close()
             raise ActuationError(f"cannot start {argv[0]!r} for {policy.name!r}: {exc.strerror}") from exc
-        return LocalReplica(process=process, port=port, host=self.config.host, started_s=time.monotonic(), log=log)
+        return LocalReplica(
+            process=process, port=port, host=self.config.host, started_s=time.monotonic(), log=log, cpus=cpus
+        )
 
     def _stop(self, replica: LocalReplica) -> None:
         process = replica.process

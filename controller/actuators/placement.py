@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.errors import UnavailableError
+from contracts.imbalance import rank_load, sampling_noise_cv
 from contracts.placement import Placement
 from controller.policy import Mode, Policy
 from controller.rebalance import (
@@ -32,6 +33,10 @@ from controller.rebalance import (
     plan_rebalance,
     verify_rebalance,
 )
+
+VERIFY_PATIENCE = 10
+"""A rebalance whose window stays too small to judge is given up on (``unverified``) after this many
+verification delays."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,11 +184,22 @@ class Rebalancer:
             return None  # the scaling side reports stale data; nothing to decide here
         if snap.steps_in_window < self.min_window_steps:
             return None
-        state.history.append(CvObservation.of(now_s, snap.imbalance_cv))
+        assignments = snap.expert_tokens.sum(axis=1)
+        placement = snap.placement
+        noise = sampling_noise_cv(
+            assignments, placement.num_ranks, rank_load(placement.phy2log, snap.expert_tokens.astype(float),
+                                                        placement.num_ranks)
+        )
+        state.history.append(CvObservation.of(now_s, snap.imbalance_cv, noise))
         if state.pending is not None and now_s - state.applied_at_s >= self.verify_after_s:
             applied = state.pending
+            result = verify_rebalance(
+                plan=applied, measured_cv=snap.imbalance_cv, objective=objective, assignments=assignments
+            )
+            waited_s = now_s - state.applied_at_s
+            if result.reason == "insufficient_traffic" and waited_s < VERIFY_PATIENCE * self.verify_after_s:
+                return None  # too few routed tokens yet to tell: measure again next tick
             state.pending = None
-            result = verify_rebalance(plan=applied, measured_cv=snap.imbalance_cv, objective=objective)
             return RebalanceEvent(
                 policy=policy.name,
                 endpoint=endpoint,
@@ -197,7 +213,7 @@ class Rebalancer:
             return None
         plan: RebalancePlan | None = None
         plan_ms = 0.0
-        if state.history[-1].worst_cv > objective.max_cv:
+        if state.history[-1].worst_denoised_cv > objective.max_cv:
             current = snap.placement
             started = time.perf_counter()
             plan = plan_rebalance(

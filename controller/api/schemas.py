@@ -114,6 +114,13 @@ class PolicyStatus(_Out):
     error_budget_remaining: dict[str, float | None]
     burn_rates: dict[str, dict[str, float]]
     errors: list[str]
+    seen: dict[str, float | int | str | None] = {}
+    """What the core saw this tick: load, queue, running batch, KV usage, ready replicas, replica budget."""
+    forecast: dict[str, float | str | bool | None] | None = None
+    """The forecast one lead time ahead (point, interval, sized), its rolling WAPE and interval
+    coverage, and ``in_use``: whether it sized the fleet (false while warming up, unreliable or off)."""
+    decision: dict[str, str | list[str]] | None = None
+    """The last decision this replica made: action, reasons, detail."""
     last_decisions: list[DecisionOut]
 
 

@@ -62,6 +62,9 @@ def _policy_status(store: Store, stored: StoredPolicy, view: RuntimeView | None)
         error_budget_remaining=dict(runtime.error_budget_remaining),
         burn_rates={slo: dict(rates) for slo, rates in runtime.burn_rates.items()},
         errors=list(runtime.errors),
+        seen=dict(runtime.seen),
+        forecast=None if runtime.forecast is None else dict(runtime.forecast),
+        decision=None if runtime.decision is None else dict(runtime.decision),
         last_decisions=[DecisionOut.of(record) for record in decisions],
     )
 

@@ -70,16 +70,26 @@ class Forecast:
     bin_s: float
 
 
+SCALE_FLOOR_SHARE = 0.05
+"""Residuals are scaled by sqrt(max(forecast, this share of the mean)): arrival counts are roughly
+Poisson, so errors grow with the square root of the level, and an interval learnt at night still
+fits the afternoon peak (and a step to a new level)."""
+
+
 class AutoForecaster:
     """Ring-buffer history, periodic model selection and refit, cheap forecasts in between."""
 
-    def __init__(self, config: ForecastConfig | None = None) -> None:
+    def __init__(self, config: ForecastConfig | None = None, *, refit_phase: int = 0) -> None:
         self.config = config or ForecastConfig()
+        self.refit_phase = refit_phase % self.config.refit_every_bins
+        """Offsets the periodic refits (e.g. a hash of the policy name), so that many forecasters
+        started together do not all refit in the same tick."""
         self.history = RingSeries(self.config.bin_s, keep_s=self.config.keep_s)
         self._model: ForecastModel | None = None
         self._residuals: dict[int, FloatArray] = {}
         self._offset_cache: dict[tuple[float, int], tuple[FloatArray, FloatArray]] = {}
         self._since_fit = 0
+        self._scale_floor = 1e-9
         self.last_selection: list[BacktestResult] = []
         self.fits = 0
 
@@ -96,9 +106,16 @@ class AutoForecaster:
             self._model.update(value)
             self._since_fit += 1
         # Refit when the history has doubled since the last fit (early on, every few bins count),
-        # and every refit_every_bins once it is long.
-        due = min(self.config.refit_every_bins, max(len(self.history) // 2, 1))
-        if len(self.history) >= self.config.min_history_bins and (self._model is None or self._since_fit >= due):
+        # and every refit_every_bins once it is long, at this forecaster's phase of that period.
+        every = self.config.refit_every_bins
+        if len(self.history) < self.config.min_history_bins:
+            return
+        if self._model is None:
+            self.refit()
+        elif len(self.history) < 2 * every:
+            if self._since_fit >= max(len(self.history) // 2, 1):
+                self.refit()
+        elif (self.history.total_appended + self.refit_phase) % every == 0 or self._since_fit >= 2 * every:
             self.refit()
 
     def refit(self) -> None:
@@ -124,7 +141,11 @@ class AutoForecaster:
             )
             chosen = best(results)
             self.last_selection = results
-            self._residuals = chosen.residuals
+            self._scale_floor = max(SCALE_FLOOR_SHARE * float(np.mean(series)), 1e-9)
+            self._residuals = {
+                h: r / np.sqrt(np.maximum(chosen.predictions[h], self._scale_floor))
+                for h, r in chosen.residuals.items()
+            }
             kind = chosen.kind
         else:
             kind = "last_value"
@@ -136,7 +157,7 @@ class AutoForecaster:
         self.fits += 1
 
     def _offsets(self, quantile: float, steps: int) -> tuple[FloatArray, FloatArray]:
-        """Residual quantiles per horizon (cached until the next refit): (lower <= 0, upper >= 0)."""
+        """Quantiles of the scaled residuals per horizon (cached until the next refit): (lower <= 0, upper >= 0)."""
         key = (quantile, steps)
         cached = self._offset_cache.get(key)
         if cached is not None:
@@ -160,8 +181,9 @@ class AutoForecaster:
         n = steps or self.config.horizon_bins
         point = self._model.forecast(n)
         below, above = self._offsets(quantile, n)
-        upper = point + above
-        lower = point + below
+        scale = np.sqrt(np.maximum(point, self._scale_floor))
+        upper = point + above * scale
+        lower = point + below * scale
         return Forecast(
             model=self._model.name,
             point=point,

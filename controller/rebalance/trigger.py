@@ -12,6 +12,15 @@ and the first that fails is the reason::
 the plan's prediction.  Time comes in as ``now_s`` (any monotonic clock), so a
 replay clock works.  Whether to apply (enforce) or only log (advisory) is the
 caller's business: the decision is the same.
+
+Both account for sampling noise.  A CV measured over a window of N routed
+assignments is inflated by chance alone (:func:`contracts.imbalance.sampling_noise_cv`:
+a perfectly balanced placement measures ``sqrt((R - 1) / N)`` on R ranks), so
+the trigger judges the *denoised* CV of each layer against the objective, and
+verification expects ``sqrt(predicted^2 + noise^2)`` and allows ``NOISE_SIGMAS``
+noise widths on top of it.  A short, quiet window neither triggers a rebalance
+nor fails one; a window too short to tell a met objective from a missed one
+is ``insufficient_traffic`` and is measured again later.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.errors import ValidationError
+from contracts.imbalance import denoised_cv, sampling_noise_cv
 from contracts.slo_defaults import SCALE_DOWN_COOLDOWN_S
 from controller.policy import ImbalanceObjective
 from controller.rebalance.planner import RebalancePlan
@@ -31,23 +41,43 @@ from controller.rebalance.planner import RebalancePlan
 TriggerReason = Literal[
     "no_observations", "imbalance_ok", "not_sustained", "cooldown", "insufficient_improvement", "rebalance"
 ]
-VerifyReason = Literal["verified", "worse_than_predicted", "still_violating", "no_observations"]
+VerifyReason = Literal[
+    "verified", "worse_than_predicted", "still_violating", "no_observations", "insufficient_traffic"
+]
+
+NOISE_SIGMAS = 3.0
+"""Noise widths a measured CV may exceed its expectation by before a plan counts as not working
+(for one layer on two ranks, chance exceeds it 0.3 % of the time)."""
 
 
 @dataclass(frozen=True)
 class CvObservation:
-    """Per-layer CV of per-rank expert load, measured over a window ending at ``now_s``."""
+    """Per-layer CV of per-rank expert load, measured over a window ending at ``now_s``.
+
+    ``noise_cv`` is each layer's sampling-noise floor for the window's assignments
+    (all zero when unknown: the CV is then taken at face value).
+    """
 
     now_s: float
     cv: tuple[float, ...]
+    noise_cv: tuple[float, ...] = ()
 
     @classmethod
-    def of(cls, now_s: float, cv: npt.ArrayLike) -> CvObservation:
-        return cls(float(now_s), tuple(float(x) for x in np.asarray(cv, dtype=np.float64).ravel()))
+    def of(cls, now_s: float, cv: npt.ArrayLike, noise_cv: npt.ArrayLike | None = None) -> CvObservation:
+        values = tuple(float(x) for x in np.asarray(cv, dtype=np.float64).ravel())
+        noise = () if noise_cv is None else tuple(float(x) for x in np.asarray(noise_cv, dtype=np.float64).ravel())
+        return cls(float(now_s), values, noise)
 
     @property
     def worst_cv(self) -> float:
         return max(self.cv, default=0.0)
+
+    @property
+    def worst_denoised_cv(self) -> float:
+        """The worst layer's CV with its sampling noise taken out (what the objective is judged on)."""
+        if not self.noise_cv:
+            return self.worst_cv
+        return float(np.max(denoised_cv(self.cv, self.noise_cv), initial=0.0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +98,8 @@ class RebalanceDecision:
     now_s: float
     worst_cv: float | None
     """Worst layer's CV in the latest observation."""
+    worst_denoised_cv: float | None
+    """The same with each layer's sampling noise taken out (what is compared with ``max_cv``)."""
     max_cv: float
     violating_since_s: float | None
     """Start of the current unbroken run of violating observations."""
@@ -106,6 +138,7 @@ def decide_rebalance(
             reason=reason,
             now_s=now_s,
             worst_cv=worst,
+            worst_denoised_cv=seen[-1].worst_denoised_cv if seen else None,
             max_cv=objective.max_cv,
             violating_since_s=since,
             cooldown_left_s=cooldown_left,
@@ -132,7 +165,7 @@ def _violating_since(history: Sequence[CvObservation], max_cv: float) -> float |
     """Time of the first observation of the latest unbroken run above ``max_cv`` (None: latest is fine)."""
     since = None
     for obs in reversed(history):
-        if obs.worst_cv <= max_cv:
+        if obs.worst_denoised_cv <= max_cv:
             break
         since = obs.now_s
     return since
@@ -148,6 +181,12 @@ class VerifyResult:
     """Worst layer's CV measured after the rebalance."""
     predicted_cv: float
     measured_minus_predicted: float | None
+    """The most any layer's measured CV exceeds what it should measure: its prediction with the
+    sampling noise of the window (``sqrt(predicted^2 + noise^2)``)."""
+    noise_cv: float | None = None
+    """The worst layer's sampling-noise floor over the window (None: unknown, taken as 0)."""
+    denoised_cv: float | None = None
+    """The worst layer's measured CV with its noise taken out."""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -158,14 +197,17 @@ def verify_rebalance(
     plan: RebalancePlan,
     measured_cv: npt.ArrayLike | None,
     objective: ImbalanceObjective,
+    assignments: npt.ArrayLike | None = None,
     tolerance: float = 0.05,
 ) -> VerifyResult:
-    """Check the per-layer CV measured after applying ``plan``.
+    """Check the per-layer CV measured after applying ``plan`` over a window of ``assignments`` per layer.
 
-    ``worse_than_predicted``: some layer's measured CV exceeds its prediction by
-    more than ``tolerance`` (routing drifted, or the plan was not applied);
-    ``still_violating``: within the prediction but above the objective (the
-    best a plan could do under that load); ``verified`` otherwise.
+    ``worse_than_predicted``: some layer's measured CV exceeds its noisy expectation by more
+    than ``tolerance`` plus ``NOISE_SIGMAS`` noise widths (routing drifted, or the plan was not
+    applied); ``still_violating``: within the prediction but, noise taken out, above the objective
+    (the best a plan could do under that load); ``insufficient_traffic``: the window is too small
+    to tell (the noise alone is half the objective); ``verified`` otherwise.  Without
+    ``assignments`` the noise is taken as 0.
     """
     predicted = plan.imbalance_after.cv
     active = plan.active
@@ -176,13 +218,27 @@ def verify_rebalance(
     measured = np.asarray(measured_cv, dtype=np.float64).ravel()
     if measured.shape != predicted.shape:
         raise ValidationError(f"measured CV has {measured.size} layers, the plan has {predicted.size}")
-    measured_worst = float(measured[active].max()) if active.any() else 0.0
-    excess = float((measured - predicted)[active].max()) if active.any() else 0.0
+    noise = np.zeros_like(measured)
+    if assignments is not None:
+        noise = sampling_noise_cv(assignments, plan.placement.num_ranks, plan.rank_load)
+    if not active.any():
+        return VerifyResult(ok=True, reason="verified", measured_cv=0.0, predicted_cv=0.0, measured_minus_predicted=0.0)
+    expected = np.sqrt(predicted * predicted + noise * noise)
+    gap = float((measured - expected)[active].max())
+    excess = float((measured - expected - NOISE_SIGMAS * noise)[active].max())
+    clean = denoised_cv(measured, noise)
+    worst_noise = float(noise[active].max())
+    reason: VerifyReason
     if excess > tolerance:
-        reason: VerifyReason = "worse_than_predicted"
-    elif measured_worst > objective.max_cv:
+        reason = "worse_than_predicted"
+    elif worst_noise > objective.max_cv / 2:
+        reason = "insufficient_traffic"
+    elif float(clean[active].max()) > objective.max_cv:
         reason = "still_violating"
     else:
         reason = "verified"
-    return VerifyResult(ok=reason == "verified", reason=reason, measured_cv=measured_worst,
-                        predicted_cv=predicted_worst, measured_minus_predicted=excess)
+    return VerifyResult(
+        ok=reason == "verified", reason=reason, measured_cv=float(measured[active].max()),
+        predicted_cv=predicted_worst, measured_minus_predicted=gap,
+        noise_cv=worst_noise if assignments is not None else None, denoised_cv=float(clean[active].max()),
+    )

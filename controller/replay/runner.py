@@ -20,7 +20,6 @@ import numpy as np
 from contracts.slo_defaults import LEAD_TIME_S
 from contracts.traces import FloatArray
 from controller.capacity import CapacityModel, Load, ReplicaProfile, Targets
-from controller.forecast import ForecastConfig
 from controller.replay.dynamo import DynamoPlanner, PlannerSettings
 from controller.replay.fleet import RequestFleet
 from controller.replay.fluid import FluidFleet
@@ -170,24 +169,15 @@ def build_strategy(setting: Setting, ctx: ReplayContext) -> ReplayStrategy:
             max_replicas=ctx.max_replicas,
         )
         return DynamoStrategy(DynamoPlanner(ctx.profile, settings), scrape_s=config.dynamo_scrape_s)
-    forecast = ForecastConfig(
-        bin_s=config.tick_s,
-        horizon_s=config.startup_s,
-        refit_every_bins=config.refit_every_ticks,
-        season_s=config.season_s,
-    )
     core = production_core(
-        profile=ctx.profile,
-        capacity=ctx.nominal_capacity(),
-        tick_s=config.tick_s,
-        quantile=setting.number("quantile"),
-        forecast=forecast,
+        profile=ctx.profile, tick_s=config.tick_s, refit_every_ticks=config.refit_every_ticks, season_s=config.season_s
     )
     return CoreStrategy.for_replay(
         core,
         lead_time_s=round(config.startup_s),
         cooldown_s=round(setting.number("cooldown_s")),
         max_replicas=ctx.max_replicas,
+        quantile=setting.number("quantile"),
     )
 
 

@@ -31,11 +31,11 @@ from typing import Protocol
 import numpy as np
 
 from contracts.traces import FloatArray
-from controller.capacity import CapacityModel, ReplicaProfile
-from controller.core import CoreConfig, DecisionCore
-from controller.forecast import ForecastConfig
-from controller.policy import LocalTarget, Policy, Scaling
-from controller.predictive import PredictiveAdvisor, PredictiveConfig
+from controller.builder import CoreOptions, build_decision_core
+from controller.capacity import ReplicaProfile
+from controller.core import DecisionCore
+from controller.policy import ForecastSettings, LocalTarget, Policy, Scaling
+from controller.predictive import PredictiveAdvisor
 from controller.replay.dynamo import DynamoPlanner
 from controller.replay.hpa import (
     DEFAULT_BEHAVIOR,
@@ -187,11 +187,17 @@ class DynamoStrategy:
 
 
 def production_core(
-    *, profile: ReplicaProfile, capacity: CapacityModel, tick_s: float, quantile: float, forecast: ForecastConfig
+    *, profile: ReplicaProfile, tick_s: float, refit_every_ticks: int, season_s: float | None
 ) -> DecisionCore:
-    """The decision core as the service builds it (the one place a replay builds it)."""
-    advisor = PredictiveAdvisor(capacity, PredictiveConfig(quantile=quantile, forecast=forecast))
-    return DecisionCore([advisor], CoreConfig(tick_interval_s=tick_s))
+    """The decision core as the service builds it (:func:`controller.builder.build_decision_core`)."""
+    options = CoreOptions(
+        tick_interval_s=tick_s,
+        profile=profile,
+        refit_every_ticks=refit_every_ticks,
+        season_s=season_s,
+        isolate_advisor_errors=False,
+    )
+    return build_decision_core(options)
 
 
 class CoreStrategy:
@@ -212,7 +218,9 @@ class CoreStrategy:
         lead_time_s: int,
         cooldown_s: int,
         max_replicas: int,
+        quantile: float,
     ) -> CoreStrategy:
+        """The policy a user would write: the replay's bounds and lead time, the knobs' quantile and cooldown."""
         policy = Policy(
             name="replay",
             target=LocalTarget(),
@@ -220,6 +228,7 @@ class CoreStrategy:
                 min_replicas=1, max_replicas=max_replicas, scale_down_cooldown_s=cooldown_s, max_step=max_replicas
             ),
             lead_time_s=lead_time_s,
+            forecast=ForecastSettings(quantile=quantile),
         )
         return cls(core, policy)
 
@@ -228,6 +237,9 @@ class CoreStrategy:
         for advisor in self.core.advisors:
             if isinstance(advisor, PredictiveAdvisor):
                 return advisor
+            inner = getattr(advisor, "predictive", None)
+            if isinstance(inner, PredictiveAdvisor):
+                return inner
         return None
 
     def last_forecast(self) -> tuple[float, float, float] | None:

@@ -31,6 +31,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import httpx
 
@@ -67,21 +68,7 @@ class PrometheusClient:
         form = {"query": promql}
         if at_unix_s is not None:
             form["time"] = f"{at_unix_s:.3f}"
-        try:
-            response = await self._client.post(f"{self.base_url}/api/v1/query", data=form)
-        except httpx.HTTPError as exc:
-            raise UnavailableError(f"prometheus {self.base_url}: {type(exc).__name__}: {exc}") from exc
-        try:
-            body = response.json()
-        except ValueError as exc:
-            raise UnavailableError(
-                f"prometheus {self.base_url}: HTTP {response.status_code}, body is not JSON"
-            ) from exc
-        if response.status_code != 200 or body.get("status") != "success":
-            raise UnavailableError(
-                f"prometheus {self.base_url}: HTTP {response.status_code} "
-                f"{body.get('errorType', '')}: {body.get('error', '')} (query: {promql})"
-            )
+        body = await self._post("query", form, promql)
         data = body.get("data", {})
         if data.get("resultType") != "vector":
             raise UnavailableError(f"prometheus: expected a vector, got {data.get('resultType')!r}")
@@ -91,6 +78,38 @@ class PrometheusClient:
             if math.isfinite(value):
                 out.append((dict(item["metric"]), value))
         return out
+
+    async def query_range(
+        self, promql: str, *, start_s: float, end_s: float, step_s: float
+    ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        """A range query (``/api/v1/query_range``): per series, its labels and (time, value) points."""
+        form = {"query": promql, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}", "step": f"{step_s:g}"}
+        body = await self._post("query_range", form, promql)
+        data = body.get("data", {})
+        if data.get("resultType") != "matrix":
+            raise UnavailableError(f"prometheus: expected a matrix, got {data.get('resultType')!r}")
+        return [
+            (dict(item["metric"]), [(float(t), float(v)) for t, v in item["values"] if math.isfinite(float(v))])
+            for item in data.get("result", [])
+        ]
+
+    async def _post(self, endpoint: str, form: dict[str, str], promql: str) -> dict[str, Any]:
+        try:
+            response = await self._client.post(f"{self.base_url}/api/v1/{endpoint}", data=form)
+        except httpx.HTTPError as exc:
+            raise UnavailableError(f"prometheus {self.base_url}: {type(exc).__name__}: {exc}") from exc
+        try:
+            body: dict[str, Any] = response.json()
+        except ValueError as exc:
+            raise UnavailableError(
+                f"prometheus {self.base_url}: HTTP {response.status_code}, body is not JSON"
+            ) from exc
+        if response.status_code != 200 or body.get("status") != "success":
+            raise UnavailableError(
+                f"prometheus {self.base_url}: HTTP {response.status_code} "
+                f"{body.get('errorType', '')}: {body.get('error', '')} (query: {promql})"
+            )
+        return body
 
     async def aclose(self) -> None:
         if self._owns_client:

@@ -1,4 +1,4 @@
-"""The controller's persistence: policies with versions, and the decision log.
+"""The controller's persistence: policies with versions, the decision log, and the load history.
 
 SQLite (WAL journal, one file) is the embedded default; any SQLAlchemy URL
 works for production.  Versions grow monotonically per name, across deletes
@@ -23,7 +23,7 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from contracts.errors import ConflictError, NotFoundError, UnavailableError
 from controller.policy import Policy
-from controller.store.tables import Base, DecisionRow, PolicyRow, PolicyVersionRow
+from controller.store.tables import Base, DecisionRow, LoadHistoryRow, PolicyRow, PolicyVersionRow
 
 
 class StaleVersionError(ConflictError):
@@ -278,6 +278,35 @@ class Store:
                 return 0
             result = session.execute(delete(DecisionRow).where(DecisionRow.id <= cutoff))
             return int(getattr(result, "rowcount", 0) or 0)
+
+    # ---- load history (what the forecasters learn from; survives restarts) -----
+    def save_load_history(self, chunks: Sequence[tuple[str, float, list[list[float]]]]) -> None:
+        """Write (policy, chunk start, samples) chunks, replacing chunks already stored."""
+        with self._session() as session:
+            for policy, start_s, samples in chunks:
+                session.merge(LoadHistoryRow(policy=policy, chunk_start_s=start_s, samples=samples))
+
+    def load_history(self, policy: str, *, since_s: float) -> list[list[float]]:
+        """The policy's samples from chunks starting at or after ``since_s``, oldest first."""
+        query = (
+            select(LoadHistoryRow.samples)
+            .where(LoadHistoryRow.policy == policy, LoadHistoryRow.chunk_start_s >= since_s)
+            .order_by(LoadHistoryRow.chunk_start_s)
+        )
+        with self._session() as session:
+            return [sample for samples in session.scalars(query).all() for sample in samples]
+
+    def prune_load_history(self, *, before_s: float, keep_policies: Sequence[str] | None = None) -> int:
+        """Delete chunks that started before ``before_s`` (and every chunk of policies not kept)."""
+        with self._session() as session:
+            removed = session.execute(delete(LoadHistoryRow).where(LoadHistoryRow.chunk_start_s < before_s))
+            count = int(getattr(removed, "rowcount", 0) or 0)
+            if keep_policies is not None:
+                gone = session.execute(
+                    delete(LoadHistoryRow).where(LoadHistoryRow.policy.not_in(list(keep_policies)))
+                )
+                count += int(getattr(gone, "rowcount", 0) or 0)
+            return count
 
     @staticmethod
     def _record(row: DecisionRow) -> DecisionRecord:

@@ -1,4 +1,4 @@
-"""SQLAlchemy tables: policies, their version history, and the decision log."""
+"""SQLAlchemy tables: policies, their version history, the decision log, and the load history."""
 
 from __future__ import annotations
 
@@ -61,3 +61,18 @@ class DecisionRow(Base):
     inputs: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
 
     __table_args__ = (Index("ix_decisions_policy_id", "policy", "id"),)
+
+
+class LoadHistoryRow(Base):
+    """One chunk of a policy's observed load, one sample per tick: what its forecaster learns from.
+
+    ``samples`` is a list of ``[wall_time_s, request_rate_rps, prompt_tokens_per_s, output_tokens_per_s]``;
+    a chunk covers ``LOAD_HISTORY_CHUNK_S`` from ``chunk_start_s`` (Unix seconds), so a day of
+    15-second ticks is 24 rows per policy, rewritten while the current chunk fills.
+    """
+
+    __tablename__ = "load_history"
+
+    policy: Mapped[str] = mapped_column(String(63), primary_key=True)
+    chunk_start_s: Mapped[float] = mapped_column(Float, primary_key=True)
+    samples: Mapped[list[list[float]]] = mapped_column(JSON, nullable=False)

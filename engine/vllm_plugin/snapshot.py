@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from contracts.imbalance import balancedness, imbalance_cv
+from contracts.imbalance import balancedness, imbalance_cv, sampling_noise_cv
 from engine.stats import FloatArray, IntArray
 from engine.vllm_plugin.ranks import rank_loads
 
@@ -42,6 +42,12 @@ class ExpertLoadSnapshot:
     def imbalance_cv(self) -> FloatArray:
         """Per-layer CV of per-rank load within the window."""
         return imbalance_cv(self.window_rank_tokens)
+
+    @property
+    def imbalance_cv_noise(self) -> FloatArray:
+        """Per-layer CV that sampling alone gives the window's assignments (its noise floor)."""
+        window = self.window_rank_tokens
+        return sampling_noise_cv(window.sum(axis=1), window.shape[1], window)
 
     @property
     def balancedness(self) -> FloatArray:

@@ -13,6 +13,7 @@ import pytest
 
 from controller.actuators import LocalActuator
 from controller.config import LocalActuatorConfig
+from controller.errors import ActuationError
 from controller.policy import Policy
 from harness.processes import free_port
 
@@ -101,3 +102,26 @@ def test_checkpoint_is_required_and_must_exist(tmp_path) -> None:
     assert actuator.check(ok) == []
     k8s = Policy.model_validate({"name": "k", "target": {"kind": "deployment", "namespace": "a", "name": "b"}})
     assert actuator.check(k8s) == ["target.kind: 'deployment' cannot be scaled by the local actuator"]
+
+
+def test_the_host_budget_pins_replicas_and_refuses_one_too_many() -> None:
+    """One replica per CPU, each pinned to its own; one more is refused, and the budget says so."""
+    cpus = sorted(os.sched_getaffinity(0))
+    config = LocalActuatorConfig(command=("sleep", "60"), first_port=free_port(), cpus_per_replica=1)
+    actuator = LocalActuator(config)
+    assert actuator.cpu_slices == [(cpu,) for cpu in cpus]
+    first, other = _policy("first"), _policy("other")
+    assert actuator.replica_budget(first) == len(cpus)
+
+    async def scenario() -> None:
+        await actuator.scale(first, len(cpus))
+        pinned = [os.sched_getaffinity(r.process.pid) for r in actuator.replicas_by_policy["first"]]
+        assert pinned == [{cpu} for cpu in cpus]  # pinned before exec, each to its own CPU
+        assert actuator.replica_budget(first) == len(cpus)  # its own replicas are room it holds
+        assert actuator.replica_budget(other) == 0
+        with pytest.raises(ActuationError, match="host budget: every CPU slice is in use"):
+            await actuator.scale(other, 1)
+        await actuator.aclose()
+
+    asyncio.run(scenario())
+    assert LocalActuator(LocalActuatorConfig()).replica_budget(first) is None  # no cpus_per_replica: no budget

@@ -113,3 +113,55 @@ def test_verify_reasons(skewed_plan) -> None:  # type: ignore[no-untyped-def]
     assert (missing.ok, missing.reason) == (False, "no_observations")
     with pytest.raises(ValidationError, match="3 layers, the plan has 2"):
         verify_rebalance(plan=skewed_plan, measured_cv=[0.1, 0.1, 0.1], objective=OBJECTIVE)
+
+
+def _measure(plan, tokens_per_layer: int, shares: np.ndarray | None, seed: int) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    """A window of ``tokens_per_layer`` routed assignments per layer drawn from the plan's rank shares
+    (or from ``shares``): per-layer measured CV and assignments."""
+    from contracts.imbalance import imbalance_cv
+
+    rng = np.random.default_rng(seed)
+    predicted = plan.rank_load / plan.rank_load.sum(axis=1, keepdims=True)
+    p = predicted if shares is None else shares
+    counts = np.stack([rng.multinomial(tokens_per_layer, row) for row in p])
+    return imbalance_cv(counts), counts.sum(axis=1)
+
+
+def test_noise_floor_verification_at_low_traffic(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    """A balanced placement measured over a few hundred tokens looks imbalanced by chance alone:
+    with the noise floor it verifies, 50 windows out of 50, while a truly imbalanced one fails."""
+    naive, floored = 0, 0
+    for seed in range(50):
+        cv, assignments = _measure(skewed_plan, 200, None, seed)  # noise floor sqrt(3/200) = 0.12
+        naive += verify_rebalance(plan=skewed_plan, measured_cv=cv, objective=OBJECTIVE, tolerance=0.02).ok
+        result = verify_rebalance(plan=skewed_plan, measured_cv=cv, objective=OBJECTIVE, assignments=assignments,
+                                  tolerance=0.02)
+        floored += result.reason in ("verified", "insufficient_traffic")
+        assert result.reason != "worse_than_predicted"
+    assert floored == 50
+    assert naive < 40  # without the floor, chance fails a good plan often
+    wrong = np.array([[0.55, 0.15, 0.15, 0.15]] * 2)  # the plan was not applied: rank 0 carries the hot experts
+    cv, assignments = _measure(skewed_plan, 2000, wrong, 1)
+    bad = verify_rebalance(plan=skewed_plan, measured_cv=cv, objective=OBJECTIVE, assignments=assignments)
+    assert bad.reason == "worse_than_predicted"
+    assert bad.noise_cv is not None and bad.noise_cv < 0.05
+
+
+def test_enough_traffic_verifies_and_too_little_waits(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    cv, assignments = _measure(skewed_plan, 20_000, None, 3)
+    good = verify_rebalance(plan=skewed_plan, measured_cv=cv, objective=OBJECTIVE, assignments=assignments)
+    assert good.reason == "verified" and good.ok
+    cv, assignments = _measure(skewed_plan, 40, None, 3)  # noise sqrt(3/40) = 0.27 > max_cv / 2
+    quiet = verify_rebalance(plan=skewed_plan, measured_cv=cv, objective=OBJECTIVE, assignments=assignments)
+    assert quiet.reason == "insufficient_traffic" and not quiet.ok
+
+
+def test_the_trigger_ignores_a_violation_that_is_only_noise(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    noisy = [CvObservation.of(t, [0.01, 0.2], [0.0, 0.18]) for t in (0, 200, 400)]  # denoised 0.087
+    d = decide_rebalance(objective=OBJECTIVE, history=noisy, now_s=400, last_rebalance_s=None, plan=skewed_plan)
+    assert d.reason == "imbalance_ok"
+    assert d.worst_cv == pytest.approx(0.2)
+    assert d.worst_denoised_cv == pytest.approx((0.2**2 - 0.18**2) ** 0.5)
+    real = [CvObservation.of(t, [0.01, 0.4], [0.0, 0.05]) for t in (0, 200, 400)]
+    d = decide_rebalance(objective=OBJECTIVE, history=real, now_s=400, last_rebalance_s=None, plan=skewed_plan)
+    assert d.reason == "rebalance"

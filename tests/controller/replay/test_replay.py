@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from contracts.traces import CountTrace, LengthDistribution, RequestTrace
+from controller.builder import build_decision_core
 from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, Targets
 from controller.core import DecisionCore
 from controller.replay.fluid import FluidFleet
@@ -70,7 +71,9 @@ def test_moeslo_policy_is_the_production_core() -> None:
     strategy = build_strategy(Setting.of("moeslo"), ctx)
     assert isinstance(strategy, CoreStrategy)
     assert type(strategy.core) is DecisionCore
+    assert [type(a) for a in strategy.core.advisors] == [type(a) for a in build_decision_core().advisors]
     assert strategy.policy.lead_time_s == 120 and strategy.policy.scaling.scale_down_cooldown_s == 180
+    assert strategy.policy.forecast.quantile == 0.9
 
 
 def test_oracle_orders_one_lead_time_ahead() -> None:

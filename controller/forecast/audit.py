@@ -1,0 +1,150 @@
+"""Forecasts that audit themselves: every forecast is scored against what arrived.
+
+Each tick the controller forecasts the bin one lead time ahead; when that bin's
+actual value arrives, the forecast is scored.  Over the last ``window`` scored
+forecasts the audit keeps the WAPE (sum of absolute errors over sum of actuals)
+and the empirical coverage of the prediction interval (the share of actuals
+between its lower and upper bounds).  A forecast whose error or coverage drifts
+past its bounds is *unreliable*; it becomes reliable again only when both are
+back inside with a margin (hysteresis, so the controller does not flap between
+forecast and reactive sizing).
+
+Pure and O(1) per bin: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = ["AuditBounds", "ForecastAudit", "ScoredForecast"]
+
+RECOVERY_MARGIN = 0.8
+"""A drifted forecast is trusted again once its WAPE is below this share of the bound (and its
+coverage above the bound by the same relative margin)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuditBounds:
+    max_wape: float = 0.5
+    min_coverage: float = 0.5
+    window: int = 40
+    """Scored forecasts the rolling figures cover."""
+    min_scored: int = 8
+    """Fewer scored forecasts than this: too early to distrust the forecast."""
+    min_actual_mean: float = 1e-6
+    """Mean actual below this (an idle service): WAPE is undefined, the forecast is not judged."""
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.min_scored < 1:
+            raise ValueError("window and min_scored must be >= 1")
+        if not 0 <= self.min_coverage <= 1:
+            raise ValueError(f"min_coverage must be in [0, 1], got {self.min_coverage}")
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredForecast:
+    target_bin: int
+    actual: float
+    point: float
+    lower: float
+    upper: float
+
+    @property
+    def has_interval(self) -> bool:
+        """False for a point forecast (no error distribution yet): it says nothing about coverage."""
+        return self.upper > self.lower
+
+    @property
+    def covered(self) -> bool:
+        return self.has_interval and self.lower <= self.actual <= self.upper
+
+
+class ForecastAudit:
+    """Predicted against actual for one series, bin by bin."""
+
+    def __init__(self, bounds: AuditBounds | None = None) -> None:
+        self.bounds = bounds or AuditBounds()
+        self._pending: deque[tuple[int, float, float, float]] = deque()
+        self._scored: deque[ScoredForecast] = deque(maxlen=self.bounds.window)
+        self._abs_error = 0.0
+        self._actual = 0.0
+        self._covered = 0
+        self._with_interval = 0
+        self.reliable = True
+        """Current verdict (with hysteresis)."""
+
+    def expect(self, target_bin: int, *, point: float, lower: float, upper: float) -> None:
+        """Record the forecast made now for ``target_bin`` (bins are counted by the caller)."""
+        if self._pending and target_bin <= self._pending[-1][0]:
+            return  # one forecast per target bin: the first one made a lead time ahead
+        self._pending.append((target_bin, point, lower, upper))
+
+    def observe(self, bin_index: int, actual: float) -> ScoredForecast | None:
+        """The actual value of ``bin_index``: score the forecast made for it, if any."""
+        while self._pending and self._pending[0][0] < bin_index:
+            self._pending.popleft()  # bins that were never observed (a gap): nothing to score
+        if not self._pending or self._pending[0][0] != bin_index:
+            return None
+        _, point, lower, upper = self._pending.popleft()
+        scored = ScoredForecast(bin_index, actual, point, lower, upper)
+        if len(self._scored) == self._scored.maxlen:
+            self._forget(self._scored[0])
+        self._scored.append(scored)
+        self._abs_error += abs(actual - point)
+        self._actual += abs(actual)
+        self._covered += scored.covered
+        self._with_interval += scored.has_interval
+        self._judge()
+        return scored
+
+    def _forget(self, old: ScoredForecast) -> None:
+        self._abs_error -= abs(old.actual - old.point)
+        self._actual -= abs(old.actual)
+        self._covered -= old.covered
+        self._with_interval -= old.has_interval
+
+    @property
+    def scored(self) -> int:
+        return len(self._scored)
+
+    @property
+    def wape(self) -> float | None:
+        """Rolling WAPE, or None while too few forecasts were scored or the series is idle."""
+        n = len(self._scored)
+        if n < self.bounds.min_scored or self._actual / n < self.bounds.min_actual_mean:
+            return None
+        return max(self._abs_error, 0.0) / self._actual
+
+    @property
+    def coverage(self) -> float | None:
+        """Share of actuals inside the interval, over the scored forecasts that had one."""
+        n = self._with_interval
+        return None if n < self.bounds.min_scored else self._covered / n
+
+    def _judge(self) -> None:
+        wape, coverage = self.wape, self.coverage
+        bounds = self.bounds
+        if self.reliable:
+            drifted = (wape is not None and wape > bounds.max_wape) or (
+                coverage is not None and coverage < bounds.min_coverage
+            )
+            self.reliable = not drifted
+            return
+        recovered_wape = wape is None or wape <= RECOVERY_MARGIN * bounds.max_wape
+        recovered_coverage = coverage is None or coverage >= self._recovery_coverage()
+        self.reliable = recovered_wape and recovered_coverage
+
+    def _recovery_coverage(self) -> float:
+        low = self.bounds.min_coverage
+        return low + (1 - RECOVERY_MARGIN) * (1 - low)
+
+    def why_unreliable(self) -> str:
+        """What keeps the forecast distrusted (for the decision's detail)."""
+        wape, coverage = self.wape, self.coverage
+        parts = []
+        if wape is not None and wape > RECOVERY_MARGIN * self.bounds.max_wape:
+            parts.append(f"WAPE {wape:.2f} (bound {self.bounds.max_wape:.2f})")
+        if coverage is not None and coverage < self._recovery_coverage():
+            parts.append(f"interval coverage {coverage:.2f} (bound {self.bounds.min_coverage:.2f})")
+        return ", ".join(parts) or "recovering"

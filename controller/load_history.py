@@ -1,0 +1,212 @@
+"""The load history the forecasters learn from, kept across restarts and leader takeovers.
+
+Each tick the service records every policy's observed request and token rates
+(one sample per tick, at wall-clock time: monotonic clocks do not survive a
+restart).  The leader writes them to the store in hourly chunks; a controller
+that starts (or a policy seen for the first time) warm-starts its forecaster
+from Prometheus when one is configured (``query_range`` over the same rate
+queries the source uses), else from the store.  Samples are resampled onto the
+tick grid, and bins the controller did not see (it was down) are filled with the
+last value before them, so a daily season stays aligned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from contracts.errors import MoesloError, UnavailableError
+from controller.core import DecisionCore
+from controller.policy import Policy
+from controller.sources.base import GENERATION_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL, REQUESTS_TOTAL, model_matcher
+from controller.sources.prometheus import PrometheusClient
+from controller.store import Store
+from controller.types import LoadHistory, PolicyObservation
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LOAD_HISTORY_CHUNK_S", "LoadHistoryKeeper", "LoadHistoryRecorder", "prometheus_load_history", "resample"]
+
+LOAD_HISTORY_CHUNK_S = 3600.0
+MAX_POINTS_PER_QUERY = 10_000
+"""Prometheus refuses a range query of more than 11,000 points per series."""
+
+Sample = list[float]
+"""``[wall_time_s, request_rate_rps, prompt_tokens_per_s, output_tokens_per_s]``"""
+
+
+def resample(samples: Sequence[Sequence[float]], *, bin_s: float, until_s: float | None = None) -> LoadHistory:
+    """Samples at wall times onto bins of ``bin_s`` ending at ``until_s`` (default: the last sample).
+
+    Each bin takes the last sample that falls in it; empty bins repeat the value before them.
+    """
+    rows = sorted((s for s in samples if all(math.isfinite(x) for x in s[:4])), key=lambda s: s[0])
+    if not rows:
+        return LoadHistory((), (), ())
+    start = rows[0][0]
+    end = rows[-1][0] if until_s is None else max(until_s, rows[-1][0])
+    n = int((end - start) // bin_s) + 1
+    values = np.full((n, 3), np.nan)
+    for t, *rest in rows:
+        values[min(int((t - start) // bin_s), n - 1)] = rest[:3]
+    for i in range(1, n):  # forward fill what the controller did not see
+        if np.isnan(values[i, 0]):
+            values[i] = values[i - 1]
+    return LoadHistory(values[:, 0].tolist(), values[:, 1].tolist(), values[:, 2].tolist())
+
+
+@dataclass
+class LoadHistoryRecorder:
+    """The current chunk of every policy's samples; :meth:`dirty_chunks` says what to write."""
+
+    chunk_s: float = LOAD_HISTORY_CHUNK_S
+    _chunks: dict[str, tuple[float, list[Sample]]] = field(default_factory=dict)
+    _dirty: dict[tuple[str, float], list[Sample]] = field(default_factory=dict)
+
+    def record(self, policy: str, wall_s: float, rate: float, prompt: float, output: float) -> None:
+        start = wall_s - wall_s % self.chunk_s
+        chunk = self._chunks.get(policy)
+        if chunk is None or chunk[0] != start:
+            chunk = self._chunks[policy] = (start, [])
+        chunk[1].append([round(wall_s, 3), rate, prompt, output])
+        self._dirty[(policy, start)] = chunk[1]
+
+    def dirty_chunks(self) -> list[tuple[str, float, list[Sample]]]:
+        """Chunks changed since the last call (the current chunk is rewritten whole)."""
+        out = [(policy, start, list(samples)) for (policy, start), samples in self._dirty.items()]
+        self._dirty.clear()
+        return out
+
+    def forget(self, policy: str) -> None:
+        self._chunks.pop(policy, None)
+        self._dirty = {k: v for k, v in self._dirty.items() if k[0] != policy}
+
+
+async def prometheus_load_history(
+    client: PrometheusClient,
+    policies: Sequence[Policy],
+    *,
+    start_s: float,
+    end_s: float,
+    step_s: float,
+    selector: str = "",
+) -> Mapping[str, list[Sample]]:
+    """Per policy, the request and token rates Prometheus holds over ``[start_s, end_s]`` (wall clock).
+
+    The same rates the source reads each tick, in chunks under Prometheus's point limit.
+    """
+    if not policies:
+        return {}
+    matchers = ",".join(m for m in (model_matcher([p.model_name for p in policies]), selector.strip(",")) if m)
+    queries = [f"sum by (model_name) (rate({metric}{{{matchers}}}[1m]))"
+               for metric in (REQUESTS_TOTAL, PROMPT_TOKENS_TOTAL, GENERATION_TOKENS_TOTAL)]
+    span = MAX_POINTS_PER_QUERY * step_s
+    windows = [(t, min(t + span, end_s)) for t in np.arange(start_s, end_s, span)]
+    by_model: dict[str, dict[float, list[float]]] = {}
+    for index, promql in enumerate(queries):
+        answers = await asyncio.gather(
+            *(client.query_range(promql, start_s=float(a), end_s=float(b), step_s=step_s) for a, b in windows)
+        )
+        for answer in answers:
+            for labels, points in answer:
+                series = by_model.setdefault(labels.get("model_name", ""), {})
+                for t, value in points:
+                    series.setdefault(t, [math.nan, math.nan, math.nan])[index] = value
+    out: dict[str, list[Sample]] = {}
+    for policy in policies:
+        by_time = by_model.get(policy.model_name)
+        if by_time:
+            out[policy.name] = [[t, *values] for t, values in sorted(by_time.items()) if not math.isnan(values[0])]
+    return out
+
+
+class LoadHistoryKeeper:
+    """Records every policy's load each tick, writes it (leader), and warm-starts new policies."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        bin_s: float,
+        keep_s: float,
+        wall_clock: Callable[[], float] = time.time,
+        prometheus: PrometheusClient | None = None,
+        selector: str = "",
+        flush_every_ticks: int = 4,
+    ) -> None:
+        self.store = store
+        self.bin_s = bin_s
+        self.keep_s = keep_s
+        self.wall_clock = wall_clock
+        self.prometheus = prometheus
+        self.selector = selector
+        self.flush_every_ticks = flush_every_ticks
+        self.recorder = LoadHistoryRecorder()
+        self.warmed: dict[str, tuple[str, int]] = {}
+        """Per policy warm-started in this process: (where the history came from, ticks of it)."""
+        self._ticks = 0
+
+    async def warm_start(self, core: DecisionCore, policies: Sequence[Policy]) -> None:
+        """Seed the forecasters of policies this process has not seen yet."""
+        new = [p for p in policies if p.name not in self.warmed]
+        if not new:
+            return
+        now = self.wall_clock()
+        start = now - self.keep_s
+        found: dict[str, list[Sample]] = {}
+        origin = "store"
+        if self.prometheus is not None:
+            try:
+                found = dict(await prometheus_load_history(
+                    self.prometheus, new, start_s=start, end_s=now, step_s=self.bin_s, selector=self.selector
+                ))
+                origin = "prometheus"
+            except UnavailableError as exc:
+                log.warning("warm start from Prometheus failed (%s); using the store", exc)
+        for policy in new:
+            samples = found.get(policy.name)
+            where = origin
+            if not samples:
+                where = "store"
+                try:
+                    samples = await asyncio.to_thread(self.store.load_history, policy.name, since_s=start)
+                except MoesloError as exc:
+                    log.warning("load history of %s unreadable: %s", policy.name, exc)
+                    samples = []
+            history = resample(samples, bin_s=self.bin_s, until_s=now - self.bin_s)
+            if len(history):
+                core.warm_start(policy, history)
+            self.warmed[policy.name] = (where, len(history))
+
+    def record(self, observations: Mapping[str, PolicyObservation]) -> None:
+        wall_s = self.wall_clock()
+        for name, obs in observations.items():
+            values = (obs.request_rate_rps, obs.prompt_tokens_per_s, obs.output_tokens_per_s)
+            if all(v is not None and math.isfinite(v) for v in values):
+                rate, prompt, output = (float(v) for v in values if v is not None)
+                self.recorder.record(name, wall_s, rate, prompt, output)
+
+    async def after_tick(self, *, leader: bool, policies: Sequence[str]) -> None:
+        """Write changed chunks every few ticks, and prune old ones now and then (leader only)."""
+        self._ticks += 1
+        if not leader or self._ticks % self.flush_every_ticks:
+            return
+        chunks = self.recorder.dirty_chunks()
+        try:
+            if chunks:
+                await asyncio.to_thread(self.store.save_load_history, chunks)
+            if self._ticks % (25 * self.flush_every_ticks) == 0:
+                before = self.wall_clock() - self.keep_s - LOAD_HISTORY_CHUNK_S
+                await asyncio.to_thread(self.store.prune_load_history, before_s=before, keep_policies=policies)
+        except MoesloError as exc:
+            log.warning("load history write failed: %s", exc)
+
+    def forget(self, policy: str) -> None:
+        self.recorder.forget(policy)
+        self.warmed.pop(policy, None)

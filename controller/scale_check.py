@@ -1,0 +1,222 @@
+"""Scale-ups checked against what they were meant to buy.
+
+A scale-up made under pressure (a queue, a burning SLO, a p99 over its objective,
+a KV cache about to fill) is meant to relieve it.  Once the new replicas are
+ready and have had ``settle_s`` to take load, the checker compares the fleet with
+what the capacity model predicted: the worst p99 / objective ratio should drop by
+at least ``min_gain`` of the predicted drop, or the served throughput should grow
+by at least ``min_gain`` of the added capacity while a queue was waiting.  A
+scale-up that bought neither is *ineffective* (``scale_ineffective``): the CPUs
+were oversubscribed, a shared dependency is the bottleneck, or the load is not
+what the fleet can fix.  More replicas for the same causes are then held until
+the signal changes: the offered load moves by ``load_change``, the pressure goes
+away, the replica count is changed by someone else, or ``hold_s`` passes.
+
+Pure: observations and time in, verdicts out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from controller.capacity import CapacityModel, Load
+from controller.policy import Policy
+from controller.types import PolicyObservation, Reason
+
+__all__ = ["PRESSURE_REASONS", "HeldCause", "ScaleCheckConfig", "ScaleChecker", "latency_ratio"]
+
+PRESSURE_REASONS = frozenset(
+    {Reason.QUEUE_DEPTH, Reason.SLO_BURN, Reason.LATENCY_P99, Reason.HIGH_UTILIZATION}
+)
+"""Reasons that say the fleet is short *now* (as opposed to a forecast of later need)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScaleCheckConfig:
+    settle_s: float = 60.0
+    """Time the new replicas get, once ready, before their effect is judged."""
+    min_gain: float = 0.25
+    """Share of the predicted improvement that must show for a scale-up to count as effective."""
+    hold_s: float = 1800.0
+    """Longest a cause stays held without any change in the signal."""
+    load_change: float = 0.25
+    """Relative change of the offered request rate that re-arms a held cause."""
+    ready_timeout_s: float = 900.0
+    """A scale-up whose replicas are not ready by then is not judged (start-up failures are another story)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HeldCause:
+    causes: frozenset[str]
+    since_s: float
+    request_rate_rps: float
+    replicas: int
+    detail: str
+
+
+@dataclass(kw_only=True, slots=True)
+class _Pending:
+    before: int
+    after: int
+    causes: frozenset[str]
+    started_s: float
+    ready_s: float | None
+    ratio_before: float | None
+    served_before: float | None
+    queue_before: float
+    predicted_gain: float
+    """Predicted relative drop of the worst latency ratio, in [0, 1]."""
+
+
+@dataclass(kw_only=True, slots=True)
+class _PolicyChecks:
+    last_current: int | None = None
+    last_need: int | None = None
+    last_causes: frozenset[str] = frozenset()
+    pending: _Pending | None = None
+    held: HeldCause | None = None
+    verdicts: int = 0
+
+
+def latency_ratio(policy: Policy, obs: PolicyObservation) -> float | None:
+    """The worst p99 / objective of TTFT and ITL (None: no p99 observed)."""
+    sli = obs.sli
+    if sli is None:
+        return None
+    ratios = [
+        p99 / objective.threshold_s
+        for p99, objective in ((sli.ttft_p99_s, policy.objectives.ttft), (sli.itl_p99_s, policy.objectives.itl))
+        if p99 is not None and math.isfinite(p99)
+    ]
+    return max(ratios) if ratios else None
+
+
+def _load(obs: PolicyObservation) -> Load | None:
+    if obs.request_rate_rps is None or obs.prompt_tokens_per_s is None or obs.output_tokens_per_s is None:
+        return None
+    return Load(
+        request_rate_rps=obs.request_rate_rps,
+        prompt_tokens_per_s=obs.prompt_tokens_per_s,
+        output_tokens_per_s=obs.output_tokens_per_s,
+    )
+
+
+def _predicted_gain(capacity: CapacityModel, load: Load | None, before: int, after: int) -> float:
+    """Relative drop of the worst p99 ratio the capacity model predicts from ``before`` to ``after`` replicas."""
+    if load is None or load.request_rate_rps <= 0 or before <= 0:
+        return 1.0
+    was, will = capacity.predict(load, before), capacity.predict(load, after)
+    if not was.stable:
+        return 1.0
+    t = capacity.targets
+    ratio_was = max(was.ttft_p99_s / t.ttft_s, was.itl_p99_s / t.itl_s)
+    ratio_will = max(will.ttft_p99_s / t.ttft_s, will.itl_p99_s / t.itl_s)
+    return min(1.0, max(0.0, 1.0 - ratio_will / ratio_was)) if ratio_was > 0 else 0.0
+
+
+class ScaleChecker:
+    """Per policy: notices scale-ups taking effect, judges them, and holds causes that did not pay."""
+
+    def __init__(self, config: ScaleCheckConfig | None = None) -> None:
+        self.config = config or ScaleCheckConfig()
+        self._state: dict[str, _PolicyChecks] = {}
+
+    def forget(self, policy_name: str) -> None:
+        self._state.pop(policy_name, None)
+
+    def observe(
+        self, policy: Policy, obs: PolicyObservation, now_s: float, capacity: CapacityModel
+    ) -> str | None:
+        """Update with this tick's observation; returns a verdict line when a scale-up was judged now."""
+        state = self._state.setdefault(policy.name, _PolicyChecks())
+        current = obs.current_replicas
+        previous, state.last_current = state.last_current, current
+        if current is None:
+            return None
+        if previous is not None and current != previous:
+            state.pending = None
+            if state.held is not None and current != state.held.replicas:
+                state.held = None  # someone changed the fleet: the held signal is stale
+            need = state.last_need or 0
+            if current > previous and need >= current and state.last_causes:
+                state.pending = _Pending(
+                    before=previous, after=current, causes=state.last_causes, started_s=now_s, ready_s=None,
+                    ratio_before=latency_ratio(policy, obs), served_before=obs.output_tokens_per_s,
+                    queue_before=obs.queue_depth or 0.0,
+                    predicted_gain=_predicted_gain(capacity, _load(obs), previous, current),
+                )
+        return self._judge(policy, obs, now_s, state)
+
+    def _judge(self, policy: Policy, obs: PolicyObservation, now_s: float, state: _PolicyChecks) -> str | None:
+        pending = state.pending
+        if pending is None:
+            return None
+        cfg = self.config
+        if pending.ready_s is None:
+            if obs.ready_replicas is not None and obs.ready_replicas >= pending.after:
+                pending.ready_s = now_s
+            elif now_s - pending.started_s > cfg.ready_timeout_s:
+                state.pending = None
+            return None
+        if now_s - pending.ready_s < cfg.settle_s:
+            return None
+        state.pending = None
+        state.verdicts += 1
+        effective, detail = self._effective(policy, obs, pending)
+        if effective:
+            return f"scale-up {pending.before} -> {pending.after} effective: {detail}"
+        state.held = HeldCause(
+            causes=pending.causes, since_s=now_s, request_rate_rps=obs.request_rate_rps or 0.0,
+            replicas=pending.after, detail=f"scale-up {pending.before} -> {pending.after} bought nothing: {detail}",
+        )
+        return state.held.detail
+
+    def _effective(self, policy: Policy, obs: PolicyObservation, pending: _Pending) -> tuple[bool, str]:
+        gain_needed = self.config.min_gain
+        ratio_now = latency_ratio(policy, obs)
+        parts = []
+        if ratio_now is not None and ratio_now <= 1.0:
+            return True, f"p99 within the objectives (worst p99/objective {ratio_now:.2f})"
+        if ratio_now is not None and pending.ratio_before is not None and pending.ratio_before > 0:
+            gain = 1.0 - ratio_now / pending.ratio_before
+            parts.append(f"worst p99/objective {pending.ratio_before:.2f} -> {ratio_now:.2f} "
+                         f"({gain:+.0%}, predicted {pending.predicted_gain:+.0%})")
+            if gain >= gain_needed * pending.predicted_gain and gain > 0:
+                return True, "; ".join(parts)
+        served_now = obs.output_tokens_per_s
+        if pending.queue_before > 0 and served_now is not None and pending.served_before:
+            growth = served_now / pending.served_before - 1.0
+            expected = pending.after / max(pending.before, 1) - 1.0
+            parts.append(f"served output tokens/s {pending.served_before:.0f} -> {served_now:.0f} "
+                         f"({growth:+.0%}, capacity added {expected:+.0%})")
+            if growth >= gain_needed * expected:
+                return True, "; ".join(parts)
+        if not parts:
+            return True, "no latency or throughput signal to judge by"
+        return False, "; ".join(parts)
+
+    def note_advice(self, policy_name: str, need: int | None, reasons: tuple[str, ...]) -> None:
+        """What the advisor asked for this tick (a later rise of the replica count is judged against it)."""
+        state = self._state.setdefault(policy_name, _PolicyChecks())
+        state.last_need = need
+        state.last_causes = frozenset(r for r in reasons if r in PRESSURE_REASONS)
+
+    def held(self, policy: Policy, obs: PolicyObservation, now_s: float) -> HeldCause | None:
+        """The cause held now, if the signal has not changed since it was held."""
+        state = self._state.get(policy.name)
+        if state is None or state.held is None:
+            return None
+        held = state.held
+        rate = obs.request_rate_rps
+        ratio = latency_ratio(policy, obs)
+        changed = (
+            now_s - held.since_s > self.config.hold_s
+            or (rate is not None and abs(rate - held.request_rate_rps) > self.config.load_change * max(
+                held.request_rate_rps, 1e-9))
+            or (ratio is not None and ratio <= 1.0 and not (obs.queue_depth or 0) > 0)
+        )
+        if changed:
+            state.held = None
+            return None
+        return held

@@ -1,0 +1,131 @@
+"""The production sizing advisor: forecast first, reactive when the forecast cannot be trusted.
+
+Per policy, each tick:
+
+- forecasting enabled, warm and reliable: the predictive advisor sizes the fleet for
+  the forecast one lead time ahead (never below the current load and queue); the
+  reactive advisor adds only *pressure* (a queue, a burning SLO, a p99 over its
+  objective, a KV cache about to fill), so feedback still catches what the capacity
+  model got wrong, but cannot hold the fleet up once the forecast says it may shrink;
+- forecasting disabled (``forecast_disabled``), still warming up (``warming_up``) or
+  unreliable (``forecast_unreliable``, its rolling WAPE or interval coverage past the
+  policy's bounds): the reactive advisor alone sizes the fleet;
+- a pressure-driven scale-up that bought nothing (:mod:`controller.scale_check`) holds
+  further scale-ups for the same causes (``scale_ineffective``) until the signal changes.
+
+This is the advisor ``moeslo controller serve``, ``moeslo up``, the replay and the
+benchmarks all run (built by :func:`controller.builder.build_decision_core`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.advisors import ReactiveAdvisor
+from controller.policy import Policy
+from controller.predictive import Assessment, PredictiveAdvisor
+from controller.scale_check import PRESSURE_REASONS, ScaleChecker
+from controller.types import Advice, LoadHistory, PolicyObservation, Reason, Scalar
+
+__all__ = ["SizingAdvisor"]
+
+
+def _prefixed(prefix: str, details: Mapping[str, Scalar]) -> dict[str, Scalar]:
+    return {f"{prefix}.{key}": value for key, value in details.items()}
+
+
+class SizingAdvisor:
+    """Forecast-first sizing with a reactive fallback and scale-up checks (see the module docstring)."""
+
+    name = "sizing"
+
+    def __init__(
+        self, predictive: PredictiveAdvisor, reactive: ReactiveAdvisor, checker: ScaleChecker | None = None
+    ) -> None:
+        self.predictive = predictive
+        self.reactive = reactive
+        self.checker = checker or ScaleChecker()
+
+    def warm_start(self, policy: Policy, history: LoadHistory) -> None:
+        self.predictive.warm_start(policy, history)
+
+    def forget(self, policy_name: str) -> None:
+        self.predictive.forget(policy_name)
+        self.checker.forget(policy_name)
+
+    def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
+        reactive = self.reactive.advise(policy, observation, now_s)
+        details = _prefixed("reactive", reactive.details)
+        assessment = self.predictive.assess(policy, observation, now_s)
+        if assessment is not None:
+            details |= _prefixed("predictive", assessment.details)
+        verdict = self.checker.observe(policy, observation, now_s, self.predictive.capacity(policy))
+        if verdict is not None:
+            details["scale_check"] = verdict
+        need, reasons = self._combine(policy, reactive, assessment)
+        need, reasons = self._hold_ineffective(policy, observation, now_s, need, reasons, details)
+        self.checker.note_advice(policy.name, need, reasons)
+        view = None if assessment is None else assessment.forecast
+        return Advice(
+            replicas_needed=need,
+            reasons=reasons,
+            forecast_request_rate_rps=None if view is None else view.request_rate_rps,
+            forecast_request_rate_upper_rps=None if view is None else view.sized_request_rate_rps,
+            forecast_horizon_s=None if view is None else view.horizon_s,
+            forecast=view,
+            details=details,
+        )
+
+    @staticmethod
+    def _combine(
+        policy: Policy, reactive: Advice, assessment: Assessment | None
+    ) -> tuple[int | None, tuple[str, ...]]:
+        """The need and its reasons, from the forecast with reactive pressure, or from what is observed now.
+
+        Reactive sizing (no forecast, or one not to be trusted) takes the most of the reactive
+        advice and the capacity model's need for the load and queue observed now: a scale-down
+        needs both to agree, so neither KV usage alone nor a latency model alone shrinks the fleet.
+        """
+        if assessment is None:
+            return reactive.replicas_needed, reactive.reasons
+        needs: list[tuple[int, tuple[str, ...]]] = []
+        status = assessment.forecast_status
+        if not policy.forecast.enabled or status:
+            marker = (Reason.FORECAST_DISABLED,) if not policy.forecast.enabled else status
+            needs.extend((n, (r,)) for n, r in assessment.observed_needs)
+            if reactive.replicas_needed is not None:
+                needs.append((reactive.replicas_needed, reactive.reasons))
+        else:
+            marker = ()
+            needs.extend((n, (r,)) for n, r in assessment.needs)
+            pressure = any(r in PRESSURE_REASONS for r in reactive.reasons) or (
+                Reason.SCALE_UP_PENDING in reactive.reasons
+            )
+            if pressure and reactive.replicas_needed is not None:
+                needs.append((reactive.replicas_needed, reactive.reasons))
+        need = max(n for n, _ in needs)
+        reasons = tuple(dict.fromkeys(r for n, rs in needs if n == need for r in rs))
+        return need, (*reasons, *marker)
+
+    def _hold_ineffective(
+        self,
+        policy: Policy,
+        obs: PolicyObservation,
+        now_s: float,
+        need: int | None,
+        reasons: tuple[str, ...],
+        details: dict[str, Scalar],
+    ) -> tuple[int | None, tuple[str, ...]]:
+        """Scale-ups for a cause that just proved ineffective are held until the signal changes."""
+        current = obs.current_replicas
+        if need is None or current is None or need <= current:
+            return need, reasons
+        held = self.checker.held(policy, obs, now_s)
+        if held is None:
+            return need, reasons
+        causes = {r for r in reasons if r in PRESSURE_REASONS}
+        if not causes or not causes <= held.causes:
+            return need, reasons  # a new cause (or a forecast) asks for this scale-up
+        details["scale_check"] = held.detail
+        kept = tuple(r for r in reasons if r not in PRESSURE_REASONS and r != Reason.SCALE_UP_PENDING)
+        return current, (*kept, *sorted(causes), Reason.SCALE_INEFFECTIVE)

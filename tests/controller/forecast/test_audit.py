@@ -1,0 +1,88 @@
+"""The forecast audit on hand-computed cases: WAPE, interval coverage, and the hysteresis of its verdict."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.forecast.audit import AuditBounds, ForecastAudit
+
+
+def test_scores_each_forecast_when_its_bin_arrives() -> None:
+    audit = ForecastAudit(AuditBounds(min_scored=2, window=10))
+    audit.expect(3, point=10.0, lower=8.0, upper=12.0)
+    audit.expect(4, point=10.0, lower=8.0, upper=12.0)
+    assert audit.observe(2, 99.0) is None  # no forecast was made for bin 2
+    first = audit.observe(3, 11.0)
+    assert first is not None and first.covered
+    second = audit.observe(4, 15.0)
+    assert second is not None and not second.covered
+    # WAPE = (1 + 5) / (11 + 15); one of two actuals inside its interval.
+    assert audit.wape == pytest.approx(6 / 26)
+    assert audit.coverage == pytest.approx(0.5)
+
+
+def test_one_forecast_per_target_bin_and_gaps_skip_forecasts() -> None:
+    audit = ForecastAudit(AuditBounds(min_scored=1))
+    audit.expect(5, point=1.0, lower=0.0, upper=2.0)
+    audit.expect(5, point=100.0, lower=0.0, upper=200.0)  # later forecast for the same bin: ignored
+    audit.expect(6, point=1.0, lower=0.0, upper=2.0)
+    assert audit.observe(6, 1.0) is not None  # bin 5 never observed: its forecast is dropped
+    assert audit.scored == 1
+    assert audit.wape == 0.0
+
+
+def test_point_forecasts_do_not_count_towards_coverage() -> None:
+    audit = ForecastAudit(AuditBounds(min_scored=1))
+    audit.expect(1, point=5.0, lower=5.0, upper=5.0)
+    audit.observe(1, 5.0)
+    assert audit.coverage is None
+    assert audit.wape == 0.0
+
+
+def test_too_few_scores_or_an_idle_series_are_not_judged() -> None:
+    audit = ForecastAudit(AuditBounds(min_scored=4))
+    for k in range(3):
+        audit.expect(k, point=1.0, lower=0.0, upper=2.0)
+        audit.observe(k, 50.0)
+    assert audit.wape is None and audit.reliable
+    idle = ForecastAudit(AuditBounds(min_scored=2))
+    for k in range(5):
+        idle.expect(k, point=0.5, lower=0.0, upper=1.0)
+        idle.observe(k, 0.0)
+    assert idle.wape is None and idle.reliable
+
+
+def test_unreliable_past_a_bound_and_back_only_with_a_margin() -> None:
+    bounds = AuditBounds(max_wape=0.5, min_coverage=0.0, window=4, min_scored=4)
+    audit = ForecastAudit(bounds)
+    k = 0
+
+    def score(actual: float) -> None:
+        nonlocal k
+        audit.expect(k, point=10.0, lower=9.0, upper=11.0)
+        audit.observe(k, actual)
+        k += 1
+
+    for _ in range(4):
+        score(10.0)
+    assert audit.reliable and audit.wape == 0.0
+    for _ in range(4):
+        score(30.0)  # error 20 per bin: WAPE 20/30 > 0.5
+    assert not audit.reliable
+    assert "WAPE 0.67" in audit.why_unreliable()
+    score(10.0)
+    score(10.0)  # window: 30, 30, 10, 10 -> WAPE 40/80 = 0.5: within the bound, not within the margin
+    assert audit.wape == pytest.approx(0.5)
+    assert not audit.reliable
+    score(10.0)  # 20/50 = 0.4 <= 0.8 x 0.5
+    assert audit.reliable
+
+
+def test_coverage_below_its_bound_is_unreliable() -> None:
+    audit = ForecastAudit(AuditBounds(max_wape=10.0, min_coverage=0.5, window=4, min_scored=4))
+    for k in range(4):
+        audit.expect(k, point=10.0, lower=9.5, upper=10.5)
+        audit.observe(k, 12.0 if k % 2 else 8.0)  # never inside a too-narrow interval
+    assert audit.coverage == 0.0
+    assert not audit.reliable
+    assert "coverage 0.00" in audit.why_unreliable()
