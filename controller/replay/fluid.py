@@ -20,22 +20,18 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
 
 import numpy as np
 
 from contracts.traces import FloatArray, IntArray
 from controller.capacity import CapacityModel, Load, Prediction
 from controller.replay.fleet import StartingReplicas, insert_ready_times
+from controller.replay.fluid_latency import ITL_GRID_S, TTFT_GRID_S, WindowTails, itl_tail, prompt_shape, ttft_tail
 from controller.replay.scoring import TickOutcomes
 from controller.replay.signals import SLI_WINDOW_S, TickSample
 from controller.replay.world import ProfileCache
 
 __all__ = ["FluidFleet", "count_loads"]
-
-
-def _normal_cdf(x: float) -> float:
-    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
 
 
 class FluidFleet:
@@ -71,8 +67,8 @@ class FluidFleet:
             output_tokens=0.0, ttft_sum_s=0.0, itl_sum_s=0.0, duration_sum_s=0.0, ttft_good=0.0, itl_good=0.0,
             ttft_p99_s=None, itl_p99_s=None,
         )  # fmt: skip
-        self._prompt_shape = _shape(prompt_samples)
-        self._p99s: deque[tuple[float, float]] = deque(maxlen=max(round(SLI_WINDOW_S / tick_s), 1))
+        self._prompt_shape = prompt_shape(prompt_samples)
+        self._window = WindowTails(round(SLI_WINDOW_S / tick_s))
 
     @property
     def provisioned(self) -> int:
@@ -114,7 +110,7 @@ class FluidFleet:
         count = rate * self.tick_s
         mean_prompt = prompt / rate if rate > 0 else 0.0
         mean_output = output / rate if rate > 0 else 0.0
-        ttft_p99 = itl_p99 = math.inf
+        ttft_tail = itl_tail_ = None
         good_ttft = good_itl = 0.0
         running = kv = waiting = 0.0
         served_fraction = 0.0
@@ -134,9 +130,9 @@ class FluidFleet:
             self._backlog_tokens = demand - served
             served_fraction = served / (prompt * self.tick_s) if prompt > 0 else 1.0
             backlog_wait_s = self._backlog_tokens / prefill_rate
-            ttft_p99, good_ttft, ttft_mean, queue = self._ttft(model, load, n, mean_prompt, prefill_rate / ready,
-                                                               backlog_wait_s)  # fmt: skip
-            itl_p99, good_itl, itl_mean = self._itl(model, prediction.prefill_utilization, running)
+            ttft_tail, good_ttft, ttft_mean, queue = self._ttft(model, load, n, mean_prompt, prefill_rate / ready,
+                                                                backlog_wait_s)  # fmt: skip
+            itl_tail_, good_itl, itl_mean = self._itl(model, prediction.prefill_utilization, running)
             waiting = queue * n + self._backlog_tokens / max(mean_prompt, 1.0)
         elif rate > 0:
             self._backlog_tokens += prompt * self.tick_s
@@ -145,7 +141,8 @@ class FluidFleet:
         self.good_itl[k] = count * good_itl
         self.good_both[k] = count * good_ttft * good_itl
         finished = count * served_fraction
-        self._p99s.append((ttft_p99, itl_p99) if finished > 0 else (math.nan, math.nan))
+        self._window.add(finished, ttft_tail, itl_tail_)
+        ttft_p99, itl_p99 = self._window.p99()
         self._sample = TickSample(
             ready=self.ready_count(until_s),
             waiting=waiting,
@@ -159,8 +156,8 @@ class FluidFleet:
             duration_sum_s=finished * (ttft_mean + mean_output * itl_mean) if finished > 0 else 0.0,
             ttft_good=finished * good_ttft,
             itl_good=finished * good_itl,
-            ttft_p99_s=self._window_p99(0),
-            itl_p99_s=self._window_p99(1),
+            ttft_p99_s=ttft_p99,
+            itl_p99_s=itl_p99,
         )
 
     def _saturated(self, prediction: Prediction, mean_prompt: float, mean_output: float) -> tuple[float, float]:
@@ -174,60 +171,32 @@ class FluidFleet:
         kv = prediction.kv_utilization if math.isfinite(prediction.kv_utilization) else 1.0
         return running, min(kv, 1.0)
 
-    def _window_p99(self, index: int) -> float | None:
-        """The window's p99 bounded by its worst tick (a mixture's p99 is at most its parts' max)."""
-        values = [p[index] for p in self._p99s if not math.isnan(p[index])]
-        return max(values) if values else None
-
     def _ttft(
         self, model: CapacityModel, load: Load, n: int, mean_prompt: float, per_replica_rate: float,
         backlog_wait_s: float,
-    ) -> tuple[float, float, float, float]:  # fmt: skip
-        """(p99, fraction within target, mean, mean queue length per replica) of TTFT."""
+    ) -> tuple[FloatArray, float, float, float]:  # fmt: skip
+        """(tail on the grid, fraction within target, mean, mean queue length per replica) of TTFT."""
         targets = self.targets
-        overhead = model.profile.ttft_overhead_s
-        target = targets.ttft_s - overhead - backlog_wait_s
+        fixed_s = model.profile.ttft_overhead_s + backlog_wait_s
         rate = load.request_rate_rps / n
         mean_service = mean_prompt / per_replica_rate
         rho = min(rate * mean_service, 0.999)
         mean_wait = rate * (1 + targets.prompt_cv2) * mean_service**2 / (2 * (1 - rho)) if rho > 0 else 0.0
-        mean = overhead + backlog_wait_s + mean_wait + mean_service
         # The steady-state queue is bounded: beyond rho ~ 0.95 the overload shows as backlog instead.
         rho_q = min(rho, 0.95)
         queue = rate * (1 + targets.prompt_cv2) * mean_service**2 * rate / (2 * (1 - rho_q)) if rho > 0 else 0.0
-        if target <= 0:
-            return backlog_wait_s + mean_service, 0.0, mean, queue
-        bad = self._tail(target, mean_service, rho, mean_wait)
-        wait_p99 = (mean_wait / rho) * math.log(rho / 0.01) if rho > 0.01 and mean_wait > 0 else 0.0
-        p99 = overhead + backlog_wait_s + wait_p99 + targets.prompt_p99_over_mean * mean_service
-        return p99, 1.0 - bad, mean, queue
+        service_s = self._prompt_shape * mean_service
+        tail = ttft_tail(np.r_[targets.ttft_s, TTFT_GRID_S], fixed_s=fixed_s, service_s=service_s, rho=rho,
+                         mean_wait_s=mean_wait)  # fmt: skip
+        return tail[1:], 1.0 - float(tail[0]), fixed_s + mean_wait + mean_service, queue
 
-    def _tail(self, target: float, mean_service: float, rho: float, mean_wait: float) -> float:
-        """P(wait + service > target): the M/G/1 wait's exponential tail over the prompts' own lengths.
-
-        With the true prompt lengths known (their quantiles, scaled to this tick's mean), the
-        service tail is theirs; otherwise it is an exponential with the lengths' spread.
-        """
-        if self._prompt_shape is None:
-            bad_wait = rho * math.exp(-rho * max(target - mean_service, 0.0) / mean_wait) if mean_wait > 0 else 0.0
-            bad_service = math.exp(-target / (mean_service * math.sqrt(1 + self.targets.prompt_cv2)))
-            return min(1.0, bad_wait + bad_service)
-        slack = target - self._prompt_shape * mean_service
-        if mean_wait > 0 and rho > 0:
-            late = np.minimum(rho * np.exp(-rho * np.maximum(slack, 0.0) / mean_wait), 1.0)
-        else:
-            late = np.zeros_like(slack)
-        return float(np.where(slack <= 0, 1.0, late).mean())
-
-    def _itl(self, model: CapacityModel, rho_prefill: float, running: float) -> tuple[float, float, float]:
-        """(p99, fraction within target, mean) of the inter-token latency."""
+    def _itl(self, model: CapacityModel, rho_prefill: float, running: float) -> tuple[FloatArray, float, float]:
+        """(tail on the grid, fraction within target, mean) of the inter-token latency."""
         p = model.profile
-        if rho_prefill >= 1:
-            return math.inf, 0.0, math.inf
-        spread = math.sqrt(max(running, 1.0))
-        p99 = p.step_s(running + 2.326 * spread) / (1 - rho_prefill)
-        ok_running = (self.targets.itl_s * (1 - rho_prefill) - p.itl_base_s) / max(p.itl_per_seq_s, 1e-12)
-        return p99, _normal_cdf((ok_running - running) / spread), p.step_s(running) / (1 - rho_prefill)
+        tail = itl_tail(np.r_[self.targets.itl_s, ITL_GRID_S], base_s=p.itl_base_s, per_seq_s=p.itl_per_seq_s,
+                        rho_prefill=rho_prefill, running=running)  # fmt: skip
+        mean = p.step_s(running) / (1 - rho_prefill) if rho_prefill < 1 else math.inf
+        return tail[1:], 1.0 - float(tail[0]), mean
 
     def sample(self, now_s: float) -> TickSample:
         """The sample of the tick that :meth:`advance` just served."""
@@ -245,15 +214,6 @@ class FluidFleet:
             ready=zeros,
             scaled=np.zeros(ticks, dtype=bool),
         )
-
-
-def _shape(prompts: IntArray | None, points: int = 256) -> FloatArray | None:
-    """Prompt lengths over their mean at ``points`` evenly spaced quantiles (None: unknown)."""
-    if prompts is None or len(prompts) == 0 or float(np.mean(prompts)) <= 0:
-        return None
-    levels = (np.arange(points) + 0.5) / points
-    shape: FloatArray = np.quantile(np.asarray(prompts, dtype=np.float64), levels) / float(np.mean(prompts))
-    return shape
 
 
 def count_loads(
