@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 VLLM_VENV ?= .venv-vllm
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast lint demo bench vllm-venv clean
+.PHONY: install test test-fast lint demo bench vllm-venv images clean
 
 install: $(VENV)/.installed
 
@@ -55,6 +55,11 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $@
+
+# The images deploy/ names (moeslo; vLLM with the plugin), tagged as deploy/components/images/ says,
+# built with whichever of docker, podman or buildah works here (CONTAINER_ENGINE=... to choose).
+images:
+	deploy/images/build.sh
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

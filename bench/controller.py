@@ -34,7 +34,7 @@ from functools import partial
 from controller.advisors import ReactiveAdvisor
 from controller.core import DecisionCore
 from controller.policy import Policy
-from controller.types import Effects, PolicyObservation, ScalingAdvisor, SliSnapshot, TickInput
+from controller.types import Effects, PolicyObservation, SliSnapshot, TickInput
 
 __all__ = ["ControllerBenchConfig", "ReplicaSample", "TimingSummary", "aggregate", "run_controller_bench"]
 
@@ -52,7 +52,7 @@ class ControllerBenchConfig:
     seed: int = 0
     goal_ms: float = 100.0
     predictive: bool = False
-    """Add the predictive advisor (forecast + capacity model) to the full tick, as production runs it."""
+    """Run the full tick with the core the service builds (forecasting, capacity model, reactive fallback)."""
 
     def __post_init__(self) -> None:
         if self.policies < 1 or self.replicas < self.policies:
@@ -233,7 +233,7 @@ def run_controller_bench(
     simulator closes that loop); what is measured is the cost of deciding.
     """
     cfg = cfg or ControllerBenchConfig()
-    core = DecisionCore(advisors=[ReactiveAdvisor(), *_extra_advisors(cfg)])
+    core = _production_core(cfg)
     watches = {name: _Stopwatch() for name in ("advisors_only", "core_tick", "aggregate_and_tick")}
     load_before = os.getloadavg()
     gc_was_enabled = gc.isenabled()
@@ -319,7 +319,8 @@ def _report(
         summary(
             "aggregate_and_tick",
             f"sum {cfg.replicas} per-replica samples into {cfg.policies} observations, then DecisionCore.tick"
-            + (" with the reactive and predictive advisors" if cfg.predictive else ""),
+            + (" with the production sizing advisor (forecast, capacity model, reactive pressure)"
+               if cfg.predictive else ""),
         ),
     ]
     headline = results[-1]
@@ -357,12 +358,13 @@ def _report(
     }
 
 
-def _extra_advisors(cfg: ControllerBenchConfig) -> list[ScalingAdvisor]:
+def _production_core(cfg: ControllerBenchConfig) -> DecisionCore:
+    """With ``predictive``, the core the service runs (forecast-first sizing); else the reactive advisor alone."""
     if not cfg.predictive:
-        return []
-    from controller.predictive import PredictiveAdvisor  # statsmodels: only when asked for
+        return DecisionCore(advisors=[ReactiveAdvisor()])
+    from controller.builder import CoreOptions, build_decision_core  # statsmodels: only when asked for
 
-    return [PredictiveAdvisor()]
+    return build_decision_core(CoreOptions(tick_interval_s=cfg.tick_interval_s))
 
 
 def _observations(

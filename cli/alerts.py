@@ -30,25 +30,26 @@ def generate(
     policies: PoliciesOption = None,
     page_webhook: Annotated[str | None, typer.Option(help="Webhook URL of the paging receiver.")] = None,
     ticket_webhook: Annotated[str | None, typer.Option(help="Webhook URL of the ticket receiver.")] = None,
-    engine: Annotated[str, typer.Option(help="Whose histogram buckets: moeslo (ITL has 0.02) or vllm.")] = "moeslo",
+    engine: Annotated[str, typer.Option(help="Whose histogram buckets: moeslo (ITL has 0.02), vllm (stock: no "
+                                             "0.02) or vllm-slo-buckets (vLLM with --custom-histogram-buckets).")
+                      ] = "moeslo",
     json_output: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
 ) -> None:
     """Write moeslo-rules.yaml and alertmanager.yaml for the given policies."""
-    from contracts.errors import ValidationError
     from controller.policy_files import DEFAULT_POLICIES, load_policies
     from generators.alerts import AlertOptions, ReceiverOptions, render_alert_files
+    from generators.buckets import engine_buckets
     from generators.manifests.files import write_text_files
 
     with cli_errors():
-        if engine not in ("moeslo", "vllm"):
-            raise ValidationError(f"--engine must be moeslo or vllm, got {engine!r}")
+        engine_described = engine_buckets(engine)
         chosen = DEFAULT_POLICIES if policies is None else load_policies(policies)
         defaults = ReceiverOptions()
         receivers = ReceiverOptions(
             page_webhook_url=page_webhook or defaults.page_webhook_url,
             ticket_webhook_url=ticket_webhook or defaults.ticket_webhook_url,
         )
-        options = AlertOptions(engine="vllm" if engine == "vllm" else "moeslo")
+        options = AlertOptions(engine=engine_described)
         files = render_alert_files(chosen, options=options, receivers=receivers)
         written = write_text_files(out, files)
     if json_output:

@@ -79,7 +79,8 @@ def bench_controller(
     seed: Annotated[int, typer.Option(help="Seed of the synthetic fleet.")] = 0,
     goal_ms: Annotated[float, typer.Option(min=0.0, help="Goal for the p99 of one full tick.")] = 100.0,
     predictive: Annotated[
-        bool, typer.Option("--predictive", help="Add the predictive advisor (forecasts) to the full tick.")
+        bool,
+        typer.Option("--predictive", help="Time the core the service builds (forecasts, capacity model, fallback)."),
     ] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:

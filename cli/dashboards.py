@@ -23,16 +23,19 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JS
 def generate(
     out: Annotated[Path, typer.Option("--out", help="Directory for the JSON files.")] = Path("dashboards"),
     policies: PoliciesOption = None,
+    engine: Annotated[str, typer.Option(help="Whose histogram buckets: moeslo, vllm (stock) or vllm-slo-buckets "
+                                             "(vLLM with --custom-histogram-buckets).")] = "moeslo",
     json_output: JsonOption = False,
 ) -> None:
     """Write the SLO overview, engine, experts and controller dashboards as JSON."""
     from controller.policy_files import DEFAULT_POLICIES, load_policies
+    from generators.buckets import engine_buckets
     from generators.dashboards import render_dashboard_files
     from generators.manifests.files import write_text_files
 
     with cli_errors():
         chosen = DEFAULT_POLICIES if policies is None else load_policies(policies)
-        written = write_text_files(out, render_dashboard_files(chosen))
+        written = write_text_files(out, render_dashboard_files(chosen, engine_buckets(engine)))
     if json_output:
         print_json({"written": [str(path) for path in written]})
     else:

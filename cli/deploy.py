@@ -18,16 +18,17 @@ DirOption = Annotated[Path, typer.Option("--dir", help="The deploy/ directory.")
 @deploy_app.command("render")
 def render(deploy_dir: DirOption = Path("deploy"),
            json_output: Annotated[bool, typer.Option("--json", help="Print what was written.")] = False) -> None:
-    """Regenerate deploy/*/generated/ from the default policies and each overlay's policies.yaml."""
-    from controller.policy_files import DEFAULT_POLICIES, load_policies
-    from generators.manifests import deploy_files
+    """Regenerate deploy/*/generated/ from the default policies and each overlay's policies.yaml.
+
+    Each policy's thresholds must be bucket edges of its target's engine, as the
+    overlay's workload starts it (vLLM: its --custom-histogram-buckets).
+    """
+    from controller.policy_files import DEFAULT_POLICIES
+    from generators.manifests import deploy_files, load_overlays
     from generators.manifests.files import write_text_files
 
     with cli_errors():
-        overlays = {
-            path.parent.name: load_policies(path)
-            for path in sorted((deploy_dir / "overlays").glob("*/policies.yaml"))
-        }
+        overlays = load_overlays(deploy_dir)
         written = write_text_files(deploy_dir, deploy_files(DEFAULT_POLICIES, overlays))
     if json_output:
         print_json({"written": [str(path) for path in written], "overlays": sorted(overlays)})

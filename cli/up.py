@@ -18,8 +18,19 @@ def up(
     checkpoint: Annotated[Path | None, typer.Option(help="Checkpoint (default: random, skewed router).")] = None,
     ep: Annotated[int, typer.Option(help="Expert-parallel ranks per engine replica.")] = 2,
     max_replicas: Annotated[int, typer.Option(help="Most engine replicas the controller may start.")] = 2,
-    speedup: Annotated[float, typer.Option(help="Trace time compression.")] = 1.0,
-    trace: Annotated[Path | None, typer.Option(help="Trace file (default: Azure 2023 conversation).")] = None,
+    cpus_per_replica: Annotated[int, typer.Option(help="CPUs pinned to each replica (the host budget).")] = 1,
+    speedup: Annotated[float, typer.Option(help="Time compression of a request trace (--trace).")] = 1.0,
+    trace: Annotated[
+        Path | None, typer.Option(help="Trace file (default: a bundled day of Azure 2024 counts, its morning rise).")
+    ] = None,
+    base_load: Annotated[
+        float, typer.Option(help="The quiet start of the load, as a share of one replica's measured capacity.")
+    ] = 0.55,
+    inject_slowdown: Annotated[
+        bool, typer.Option(help="Throttle every replica's CPU part-way through (a fault that pages).")
+    ] = True,
+    slowdown_at: Annotated[float, typer.Option(help="Seconds into the load when the fault starts.")] = 62.0,
+    slowdown_for: Annotated[float, typer.Option(help="Seconds the fault lasts.")] = 28.0,
     prometheus: Annotated[bool, typer.Option(help="Start Prometheus and Alertmanager when installed.")] = True,
     live: Annotated[bool, typer.Option(help="Live terminal view.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -31,7 +42,9 @@ def up(
     from stack.view import print_status_line, render
 
     options = StackOptions(duration_s=duration, out=out, checkpoint=checkpoint, ep=ep, max_replicas=max_replicas,
-                           speedup=speedup, trace=trace, prometheus=prometheus)
+                           cpus_per_replica=cpus_per_replica, speedup=speedup, trace=trace, base_load=base_load,
+                           inject_slowdown=inject_slowdown, slowdown_at_s=slowdown_at, slowdown_for_s=slowdown_for,
+                           prometheus=prometheus)
     with cli_errors():
         if live and console.is_terminal:
             with Live(console=console, refresh_per_second=2, transient=False) as view:
@@ -43,7 +56,7 @@ def up(
     if json_out:
         print_json(summary)
         return
-    table_rows = [(k, v) for k, v in summary.items() if k not in ("events", "plots")]
+    table_rows = [(k, v) for k, v in summary.items() if k not in ("events", "plots", "profile", "pages")]
     for key, value in table_rows:
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
         console.print(f"  {key:28} {shown}")

@@ -5,6 +5,7 @@
 - :mod:`contracts.imbalance`: CV, balancedness and max/mean of per-rank expert load;
 - :mod:`contracts.catalogue`: metric names, label names, histogram bucket edges;
 - :mod:`contracts.slo_defaults`: the mission's numbers (500 ms TTFT, 20 ms ITL, CV 0.15, ...);
+- :mod:`contracts.attainment`: whether one request met the latency objectives;
 - :mod:`contracts.traces`: the request-trace formats (Azure, Mooncake, BurstGPT, counts), read once;
 - :mod:`contracts.datadir`: where the shared data folder is.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["catalogue", "datadir", "errors", "imbalance", "placement", "slo_defaults", "traces"]
+__all__ = ["attainment", "catalogue", "datadir", "errors", "imbalance", "placement", "slo_defaults", "traces"]
 
 
 def __getattr__(name: str) -> ModuleType:

@@ -10,12 +10,15 @@ edge of the histogram the exporter writes.  Edges are vLLM's
 (``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``): TTFT uses vLLM's
 list unchanged (it already contains 0.5).  vLLM's ITL list starts 0.01, 0.025
 and has no 0.02 edge, so ours adds 0.02 for the mission's 20 ms ITL objective;
-everything else is unchanged so dashboards built for vLLM keep working.
+everything else is unchanged so dashboards built for vLLM keep working.  vLLM
+0.32 takes the same edges with ``--custom-histogram-buckets``
+(:func:`vllm_slo_bucket_args`); every vLLM that moeslo deploys is started so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 
 # ---------------------------------------------------------------- metric names
 # vLLM's names for what vLLM also measures (existing dashboards keep working); ``moe_`` for the
@@ -156,6 +159,40 @@ VLLM_BUCKETS_BY_METRIC: dict[str, tuple[float, ...]] = {
 }
 """The edges a stock vLLM server writes (the moeslo plugin leaves its histograms alone)."""
 
+VLLM_BUCKET_FAMILIES: dict[str, str] = {
+    TTFT_HISTOGRAM: "time_to_first_token",
+    ITL_HISTOGRAM: "inter_token_latency",
+}
+"""The ``--custom-histogram-buckets`` family key (vLLM 0.32, ``vllm/v1/metrics/buckets.py``) of each SLO histogram."""
+
+VLLM_SLO_CUSTOM_BUCKETS: dict[str, tuple[float, ...]] = {"inter_token_latency": ITL_BUCKETS_S}
+"""What vLLM must be started with so every SLO threshold is an edge: our ITL edges (vLLM's plus 0.02)."""
+
+VLLM_CUSTOM_BUCKETS_FLAG = "--custom-histogram-buckets"
+
+
+def vllm_custom_buckets_json(custom: Mapping[str, Sequence[float]] = VLLM_SLO_CUSTOM_BUCKETS) -> str:
+    """The flag's value: compact JSON, one shell word (``{"inter_token_latency":[0.01,0.02,...]}``)."""
+    return json.dumps({family: list(edges) for family, edges in custom.items()}, separators=(",", ":"))
+
+
+def vllm_slo_bucket_args() -> list[str]:
+    """vLLM flags that put every SLO threshold (the 20 ms ITL too) on a bucket edge, as our engine does."""
+    return [VLLM_CUSTOM_BUCKETS_FLAG, vllm_custom_buckets_json()]
+
+
+def vllm_buckets_by_metric(custom: Mapping[str, Sequence[float]] | None = None) -> dict[str, tuple[float, ...]]:
+    """The edges a vLLM server writes for the SLO histograms, given its ``--custom-histogram-buckets``.
+
+    A family present in ``custom`` replaces vLLM's defaults for that histogram, as vLLM does.
+    """
+    custom = custom or {}
+    return {
+        metric: tuple(float(edge) for edge in custom[family]) if family in custom else VLLM_BUCKETS_BY_METRIC[metric]
+        for metric, family in VLLM_BUCKET_FAMILIES.items()
+    }
+
+
 
 def format_le(edge_s: float) -> str:
     """The ``le`` label value prometheus_client writes for an edge (``0.5``, ``1.0``, ``2560.0``)."""
@@ -177,6 +214,13 @@ def le_matcher(edge_s: float) -> str:
 def is_bucket_edge(threshold_s: float, edges_s: Sequence[float]) -> bool:
     """True when ``threshold_s`` equals one of ``edges_s`` exactly (as the ``le`` label would)."""
     return any(format_le(edge) == format_le(threshold_s) for edge in edges_s)
+
+
+def nearest_edges(value_s: float, edges_s: Sequence[float]) -> tuple[float | None, float | None]:
+    """The largest edge below ``value_s`` and the smallest above it (None where there is none)."""
+    below = [edge for edge in edges_s if edge < value_s]
+    above = [edge for edge in edges_s if edge > value_s]
+    return (max(below) if below else None, min(above) if above else None)
 
 
 __all__ = [
@@ -241,12 +285,19 @@ __all__ = [
     "TTFT_BUCKETS_S",
     "TTFT_HISTOGRAM",
     "VLLM_BUCKETS_BY_METRIC",
+    "VLLM_BUCKET_FAMILIES",
+    "VLLM_CUSTOM_BUCKETS_FLAG",
     "VLLM_ITL_BUCKETS_S",
+    "VLLM_SLO_CUSTOM_BUCKETS",
     "VLLM_TTFT_BUCKETS_S",
     "WAITING",
     "bucket",
     "format_le",
     "is_bucket_edge",
     "le_matcher",
+    "nearest_edges",
     "total",
+    "vllm_buckets_by_metric",
+    "vllm_custom_buckets_json",
+    "vllm_slo_bucket_args",
 ]

@@ -18,6 +18,7 @@ from controller.capacity import DEFAULT_PROFILE, ReplicaProfile
 from controller.core import CoreConfig, DecisionCore
 from controller.forecast import ForecastConfig
 from controller.forecast.history import DAY_S, TWO_WEEKS_S
+from controller.forecast.models import preload_fitters
 from controller.predictive import PredictiveAdvisor, PredictiveConfig
 from controller.scale_check import ScaleCheckConfig, ScaleChecker
 from controller.sizing import SizingAdvisor
@@ -57,6 +58,7 @@ def sizing_advisor(options: CoreOptions) -> SizingAdvisor:
 def build_decision_core(options: CoreOptions | None = None) -> DecisionCore:
     """The production decision core: guardrails over the forecast-first sizing advisor."""
     options = options or CoreOptions()
+    preload_fitters()
     return DecisionCore(
         [sizing_advisor(options)],
         CoreConfig(

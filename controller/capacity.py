@@ -35,38 +35,43 @@ _Z99 = 2.326  # standard normal 99th percentile
 MAX_REPLICAS = 100_000
 
 
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+"""A float where JSON says a number (``true`` or ``"1"`` is refused, as everywhere in a policy)."""
+Count = Annotated[int, Field(strict=True)]
+
+
 class ProfilePoint(BaseModel):
     """One load level of a profiling sweep."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    request_rate_rps: float
-    prompt_tokens_per_s: float
-    output_tokens_per_s: float
-    ttft_p99_s: float
-    itl_p99_s: float
-    ttft_p50_s: float | None = None
-    itl_p50_s: float | None = None
-    requests: int = 0
+    request_rate_rps: Number
+    prompt_tokens_per_s: Number
+    output_tokens_per_s: Number
+    ttft_p99_s: Number
+    itl_p99_s: Number
+    ttft_p50_s: Number | None = None
+    itl_p50_s: Number | None = None
+    requests: Count = 0
 
 
 class ReplicaProfile(BaseModel):
     """Per-replica capacity, as ``moeslo profile`` writes it (JSON)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = "default"
-    source: str = ""
+    name: Annotated[str, Field(strict=True, max_length=253)] = "default"
+    source: Annotated[str, Field(strict=True, max_length=4096)] = ""
     """Where the numbers come from (a measurement, or how they were estimated)."""
-    prefill_tokens_per_s: Annotated[float, Field(gt=0)]
-    itl_base_s: Annotated[float, Field(gt=0)]
-    itl_per_seq_s: Annotated[float, Field(ge=0)]
-    prefill_chunk_tokens: Annotated[int, Field(ge=1)] = 2048
-    kv_capacity_tokens: Annotated[int, Field(ge=1)]
-    max_num_seqs: Annotated[int, Field(ge=1)] = 256
-    ttft_overhead_s: Annotated[float, Field(ge=0)] = 0.01
+    prefill_tokens_per_s: Annotated[Number, Field(gt=0)]
+    itl_base_s: Annotated[Number, Field(gt=0)]
+    itl_per_seq_s: Annotated[Number, Field(ge=0)]
+    prefill_chunk_tokens: Annotated[Count, Field(ge=1)] = 2048
+    kv_capacity_tokens: Annotated[Count, Field(ge=1)]
+    max_num_seqs: Annotated[Count, Field(ge=1)] = 256
+    ttft_overhead_s: Annotated[Number, Field(ge=0)] = 0.01
     """Fixed per-request cost before prefill (tokenization, scheduling, network)."""
-    points: tuple[ProfilePoint, ...] = ()
+    points: Annotated[tuple[ProfilePoint, ...], Field(max_length=1000)] = ()
     """The sweep the parameters were fitted to, for the record."""
 
     def step_s(self, running: float) -> float:
@@ -89,8 +94,7 @@ class ReplicaProfile(BaseModel):
         except OSError as exc:
             raise DataError(f"cannot read profile: {exc.strerror}", path=str(path)) from exc
         try:
-            json.loads(text)  # for the line number of a syntax error
-            return cls.model_validate_json(text)  # JSON mode: strict types, arrays for tuples
+            return cls.model_validate(json.loads(text))
         except json.JSONDecodeError as exc:
             raise DataError(f"not valid JSON: {exc.msg}", path=str(path), line=exc.lineno) from None
         except PydanticValidationError as exc:
@@ -183,6 +187,9 @@ class CapacityModel:
         self.targets = targets or Targets()
         self.ttft_correction = 1.0
         self.itl_correction = 1.0
+        self._last_needed = 1
+        """The last answer of :meth:`replicas_needed`: consecutive loads need about as many replicas, so the
+        search starts there (two predictions instead of a dozen; the answer does not depend on it)."""
 
     def predict(self, load: Load, replicas: int) -> Prediction:
         """Latencies of ``replicas`` under ``load``, with the online corrections applied.
@@ -279,22 +286,35 @@ class CapacityModel:
         )
 
     def replicas_needed(self, load: Load) -> int:
-        """The fewest replicas whose predicted p99 TTFT and ITL meet the targets (with headroom)."""
+        """The fewest replicas whose predicted p99 TTFT and ITL meet the targets (with headroom).
+
+        Meeting the targets is monotonic in the replica count, so the answer is the edge between
+        counts that fail and counts that pass, searched for outward from the last answer.
+        """
         if load.request_rate_rps <= 0:
             return 0
-        if self.meets_targets(self.predict(load, 1)):
-            return 1
-        low, high = 1, 2
-        while not self.meets_targets(self.predict(load, high)):
-            low, high = high, high * 2
-            if high >= MAX_REPLICAS:
-                return MAX_REPLICAS  # nothing meets the targets (an absurd load): ask for the most
-        while high - low > 1:
+
+        def meets(replicas: int) -> bool:
+            return self.meets_targets(self.predict(load, replicas))
+
+        guess = min(max(self._last_needed, 1), MAX_REPLICAS)
+        if meets(guess):
+            low, high, step = guess - 1, guess, 1
+            while low >= 1 and meets(low):  # walk down, doubling the stride: low fails or is 0
+                high, low, step = low, max(low - 2 * step, 0), 2 * step
+        else:
+            low, high, step = guess, guess + 1, 1
+            while not meets(high):
+                if high >= MAX_REPLICAS:
+                    return MAX_REPLICAS  # nothing meets the targets (an absurd load): ask for the most
+                low, high, step = high, min(high + 2 * step, MAX_REPLICAS), 2 * step
+        while high - low > 1:  # low fails (or is 0), high meets
             middle = (low + high) // 2
-            if self.meets_targets(self.predict(load, middle)):
+            if meets(middle):
                 high = middle
             else:
                 low = middle
+        self._last_needed = high
         return high
 
     def sustainable_rates(self, *, mean_prompt_tokens: float, mean_output_tokens: float) -> tuple[float, float]:

@@ -46,6 +46,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from controller.advisors import ReactiveAdvisor
+from controller.decision_inputs import record_advice as _record_advice
+from controller.decision_inputs import record_observation as _record_observation
 from controller.observation_checks import sanitize_observation
 from controller.policy import KubernetesTarget, LocalTarget, Mode, Policy, Scaling
 from controller.types import (
@@ -469,39 +471,3 @@ def _remember_need(state: PolicyState, now_s: float, need: int, window_s: float)
 def _codes(reasons: Sequence[str]) -> tuple[str, ...]:
     """Plain strings (not enum members), so decisions serialize and compare as data; duplicates dropped."""
     return tuple(dict.fromkeys(str(reason) for reason in reasons))
-
-
-def _record_observation(inputs: dict[str, Scalar], obs: PolicyObservation, now_s: float) -> None:
-    inputs["observed_at_s"] = obs.observed_at_s
-    inputs["data_age_s"] = now_s - obs.observed_at_s
-    inputs["current_replicas"] = obs.current_replicas
-    inputs["ready_replicas"] = obs.ready_replicas
-    inputs["queue_depth"] = obs.queue_depth
-    inputs["running_requests"] = obs.running_requests
-    inputs["request_rate_rps"] = obs.request_rate_rps
-    inputs["prompt_tokens_per_s"] = obs.prompt_tokens_per_s
-    inputs["output_tokens_per_s"] = obs.output_tokens_per_s
-    inputs["kv_cache_usage"] = obs.kv_cache_usage
-    inputs["source_errors"] = len(obs.errors)
-    sli = obs.sli
-    if sli is not None:
-        inputs["sli_age_s"] = now_s - sli.observed_at_s
-        inputs["sli_requests_in_window"] = sli.requests_in_window
-        inputs["ttft_good_ratio"] = sli.ttft_good_ratio
-        inputs["itl_good_ratio"] = sli.itl_good_ratio
-        inputs["ttft_p99_s"] = sli.ttft_p99_s
-        inputs["itl_p99_s"] = sli.itl_p99_s
-        inputs["imbalance_cv_max"] = sli.imbalance_cv_max
-
-
-def _record_advice(inputs: dict[str, Scalar], name: str, advice: Advice) -> None:
-    inputs[f"{name}.replicas_needed"] = advice.replicas_needed
-    inputs[f"{name}.reasons"] = ",".join(advice.reasons)
-    if advice.forecast_request_rate_rps is not None:
-        inputs[f"{name}.forecast_request_rate_rps"] = advice.forecast_request_rate_rps
-    if advice.forecast_request_rate_upper_rps is not None:
-        inputs[f"{name}.forecast_request_rate_upper_rps"] = advice.forecast_request_rate_upper_rps
-    if advice.forecast_horizon_s is not None:
-        inputs[f"{name}.forecast_horizon_s"] = advice.forecast_horizon_s
-    for key, value in advice.details.items():
-        inputs[f"{name}.{key}"] = value

@@ -35,6 +35,8 @@ from controller.types import Advice, ForecastView, LoadHistory, PolicyObservatio
 
 __all__ = ["Assessment", "PredictiveAdvisor", "PredictiveConfig"]
 
+CHEAP_REFIT_BINS = 256
+"""A refit over fewer bins costs well under 10 ms: it does not use the per-tick refit budget."""
 LENGTH_SMOOTHING = 0.05
 """EWMA weight of each tick's mean prompt and output tokens per request."""
 
@@ -49,6 +51,10 @@ class PredictiveConfig:
     headroom: float = 0.85
     """Size for this fraction of each latency objective (see :class:`controller.capacity.Targets`)."""
     correct_online: bool = True
+    refits_per_tick: int = 1
+    """Most model refits (backtest, selection, fit: tens of milliseconds each once the history is
+    long) one tick spends over all policies; a forecaster whose refit waits keeps forecasting with its
+    current model.  Refits of short histories (under ``CHEAP_REFIT_BINS``) do not count."""
 
 
 @dataclass
@@ -127,6 +133,23 @@ class PredictiveAdvisor:
         self._state: dict[str, _PolicyForecast] = {}
         self.last_forecast: dict[str, tuple[float, float, float]] = {}
         """Per policy: (point, lower, upper) request-rate forecast one lead time ahead (for plots)."""
+        self._budget_tick_s: float | None = None
+        self._refits_left = 0
+        self.refits_deferred = 0
+        """Refits that waited for a later tick's budget (since start)."""
+
+    def _refit_if_due(self, forecaster: AutoForecaster, now_s: float) -> None:
+        if now_s != self._budget_tick_s:
+            self._budget_tick_s, self._refits_left = now_s, self.config.refits_per_tick
+        if not forecaster.refit_due:
+            return
+        cheap = len(forecaster.history) < CHEAP_REFIT_BINS
+        if not cheap and self._refits_left <= 0:
+            self.refits_deferred += 1
+            return
+        forecaster.refit()
+        if not cheap:
+            self._refits_left -= 1
 
     def capacity(self, policy: Policy) -> CapacityModel:
         """The policy's capacity model (with its online corrections)."""
@@ -137,6 +160,7 @@ class PredictiveAdvisor:
         state = self._policy_state(policy)
         for r, p, o in zip(history.rates_rps, history.prompt_tokens_per_s, history.output_tokens_per_s, strict=True):
             state.observe(float(r), float(p), float(o))
+        state.rate.quick_fit()  # forecasts at once; the full refit waits for a tick's refit budget
 
     def history_bins(self, policy_name: str) -> int:
         state = self._state.get(policy_name)
@@ -159,7 +183,7 @@ class PredictiveAdvisor:
         targets = Targets(
             ttft_s=objectives.ttft.threshold_s, itl_s=objectives.itl.threshold_s, headroom=self.config.headroom
         )
-        rate = AutoForecaster(forecast_config, refit_phase=zlib.crc32(policy.name.encode()))
+        rate = AutoForecaster(forecast_config, refit_phase=zlib.crc32(policy.name.encode()), auto_refit=False)
         if state is not None:
             rate.history.extend(state.rate.history.values())  # a settings change keeps the history
         state = _PolicyForecast(
@@ -192,6 +216,7 @@ class PredictiveAdvisor:
         if state.last_observed_at_s is None or obs.observed_at_s > state.last_observed_at_s:
             state.observe(rate, prompt, output)
             state.last_observed_at_s = obs.observed_at_s
+        self._refit_if_due(state.rate, now_s)
         ready = obs.ready_replicas if obs.ready_replicas is not None else obs.current_replicas or 0
         capacity = state.capacity
         if self.config.correct_online and obs.sli is not None:

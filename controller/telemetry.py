@@ -79,6 +79,13 @@ class ControllerMetrics:
         self.rebalances = Counter(
             total(REBALANCES), "Expert rebalances by outcome", ["policy", "outcome"], registry=registry
         )
+        self._forecast_gauges(registry)
+        # Labelled children by (metric name, label values): prometheus_client's labels() validates and
+        # locks on every call, which costs more than the whole decision core at 100 policies a tick.
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._last: dict[tuple[str, tuple[str, ...]], float] = {}
+
+    def _forecast_gauges(self, registry: CollectorRegistry) -> None:
         self.forecast_requests = Gauge(
             FORECAST_REQUESTS_PER_SECOND, "Forecast request rate one lead time ahead "
             "(point, interval bounds, and sized: the most the next lead time may see at the sizing quantile)",
@@ -107,10 +114,6 @@ class ControllerMetrics:
             HOST_REPLICA_BUDGET, "Most replicas the actuator has room for (local host CPUs)",
             ["policy"], registry=registry,
         )
-        # Labelled children by (metric name, label values): prometheus_client's labels() validates and
-        # locks on every call, which costs more than the whole decision core at 100 policies a tick.
-        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
-        self._last: dict[tuple[str, tuple[str, ...]], float] = {}
 
     def _child(self, metric: Gauge | Counter, *values: str) -> Any:
         key = (metric._name, values)

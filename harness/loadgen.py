@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from contracts.traces import RequestTrace
+from contracts.traces import CountTrace, LengthDistribution, RequestTrace
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +87,47 @@ def plan_from_trace(
     return [
         LoadRequest(arrival_s=float(a), prompt_tokens=int(p), max_tokens=int(o))
         for a, p, o in zip(fast.arrival_s, prompts, outputs, strict=True)
+    ]
+
+
+def plan_from_counts(
+    counts: CountTrace,
+    lengths: LengthDistribution,
+    *,
+    start_s: float,
+    span_s: float,
+    duration_s: float,
+    base_rate_rps: float,
+    length_scale: float = 1.0,
+    max_prompt_tokens: int = 1024,
+    max_output_tokens: int = 256,
+    seed: int = 0,
+) -> list[LoadRequest]:
+    """The shape of a count trace over ``[start_s, start_s + span_s)``, compressed into ``duration_s``.
+
+    Rates keep the trace's shape and are scaled so the first tenth of the window averages
+    ``base_rate_rps`` (the run is sized from its quiet start); arrivals are Poisson within each
+    compressed bin, lengths drawn from ``lengths`` (then scaled and clipped as in :func:`plan_from_trace`).
+    """
+    first = int(start_s // counts.bin_s)
+    last = int(np.ceil((start_s + span_s) / counts.bin_s))
+    shape = np.asarray(counts.counts[first:last], dtype=np.float64)
+    if len(shape) == 0 or shape.sum() <= 0:
+        raise ValueError(f"the count trace has no requests in [{start_s}, {start_s + span_s}) s")
+    bin_s = duration_s / len(shape)
+    head = shape[: max(1, len(shape) // 10)]
+    rates = shape / max(float(head.mean()), 1e-9) * base_rate_rps
+    rng = np.random.default_rng(seed)
+    per_bin = rng.poisson(rates * bin_s)
+    arrivals = np.sort(np.concatenate([
+        (i + np.sort(rng.random(n))) * bin_s for i, n in enumerate(per_bin) if n
+    ])) if per_bin.sum() else np.zeros(0)
+    prompt, output = lengths.sample(len(arrivals), rng)
+    prompts = np.clip(np.round(prompt * length_scale), 1, max_prompt_tokens).astype(int)
+    outputs = np.clip(np.round(output * length_scale), 1, max_output_tokens).astype(int)
+    return [
+        LoadRequest(arrival_s=float(a), prompt_tokens=int(p), max_tokens=int(o))
+        for a, p, o in zip(arrivals, prompts, outputs, strict=True)
     ]
 
 
@@ -205,4 +246,13 @@ def summarize(records: Sequence[RequestRecord], *, wall_s: float) -> dict[str, A
     }
 
 
-__all__ = ["LoadRequest", "RequestRecord", "percentile", "plan_from_trace", "run_load", "send_request", "summarize"]
+__all__ = [
+    "LoadRequest",
+    "RequestRecord",
+    "percentile",
+    "plan_from_counts",
+    "plan_from_trace",
+    "run_load",
+    "send_request",
+    "summarize",
+]

@@ -51,8 +51,10 @@ def sweep_rates(
     seed: int,
     ttft_limit_s: float,
     progress: Callable[[str], None] = lambda _: None,
+    min_levels: int = 1,
 ) -> list[dict[str, Any]]:
-    """Summaries of the rates that had a successful request, lightest first."""
+    """Summaries of the rates that had a successful request, lightest first (at least ``min_levels``
+    of them are measured even past the TTFT limit)."""
     summaries: list[dict[str, Any]] = []
     for i, rate in enumerate(rates_rps):
         stats = measure_rate(url, rate, duration_s=duration_s, prompt_tokens=prompt_tokens,
@@ -63,7 +65,7 @@ def sweep_rates(
         summaries.append(stats)
         progress(f"rate {rate:g} req/s: {stats['output_tokens_per_s']:.1f} output tok/s, "
                  f"TTFT p99 {stats['ttft_p99_s']:.3f} s, ITL p99 {stats['itl_p99_s']:.4f} s")
-        if (stats["ttft_p99_s"] or 0.0) > ttft_limit_s:
+        if (stats["ttft_p99_s"] or 0.0) > ttft_limit_s and len(summaries) >= min_levels:
             break
     return summaries
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contracts.catalogue import ITL_BUCKETS_S
+from contracts.catalogue import vllm_slo_bucket_args
 from harness.processes import free_port, start_process, stop_process, wait_healthy
 
 VLLM_VENV = Path(__file__).resolve().parents[1] / ".venv-vllm"
@@ -27,9 +26,10 @@ def slo_bucket_args() -> list[str]:
     """vLLM flags that put the 20 ms ITL objective on a bucket edge, as our engine does.
 
     vLLM 0.32's ITL edges go 0.01, 0.025: without this the controller can
-    compute p99 but not the exact good-ratio at 0.02 s.
+    compute p99 but not the exact good-ratio at 0.02 s.  The deploy/ manifests
+    pass the same flag (:func:`contracts.catalogue.vllm_slo_bucket_args`).
     """
-    return ["--custom-histogram-buckets", json.dumps({"inter_token_latency": list(ITL_BUCKETS_S)})]
+    return vllm_slo_bucket_args()
 
 
 @dataclass

@@ -19,13 +19,29 @@ class StackOptions:
     ep: int = 2
     min_replicas: int = 1
     max_replicas: int = 2
+    cpus_per_replica: int = 1
+    """CPUs pinned to each replica (its API, engine core and EP ranks share them): the host budget."""
+    trace: Path | None = None
+    """None: the bundled day of Azure 2024 request counts (its morning rise); a request trace
+    (Azure 2023 format) is replayed as it is, time-compressed by ``speedup``."""
+    trace_start_h: float = 4.0
+    trace_span_h: float = 12.0
+    """The window of a count trace compressed into ``duration_s`` (04:00 to 16:00: the morning rise)."""
     speedup: float = 1.0
-    """Trace time compression."""
+    """Time compression of a request trace."""
+    base_load: float = 0.55
+    """The quiet start of a count trace, as a share of the request rate one replica sustains within
+    the objectives (from the profile the stack measures): the rise then needs a second replica."""
     length_scale: float = 0.1
     """Prompt and output lengths scaled down for a small CPU model."""
-    trace: Path | None = None
+    inject_slowdown: bool = True
+    slowdown_at_s: float = 62.0
+    slowdown_for_s: float = 28.0
+    """The injected fault: every replica's CPU throttled (as a CFS quota or a noisy neighbour would)."""
+    profile_s: float = 5.0
+    """Seconds of load per level of the start-up profile of the first replica."""
     prometheus: bool = True
-    tick_interval_s: float = 5.0
+    tick_interval_s: float = 2.0
     sample_interval_s: float = 2.0
     seed: int = 0
 
@@ -44,6 +60,11 @@ class Sample:
     desired_replicas: int | None
     ready_engines: int
     alerts: list[str]
+    arrival_rps: float = 0.0
+    """Requests sent per second over the last 10 s (what the forecast is scored against)."""
+    noise_cv: list[float] = field(default_factory=list)
+    forecast: dict[str, Any] | None = None
+    """The controller's forecast (``/v1/status``): point, interval and sized rates one horizon ahead."""
 
 
 @dataclass
@@ -64,6 +85,12 @@ class StackState:
     controller_url: str = ""
     printed_events: int = 0
     load_started_s: float = 0.0
+    planned_arrivals_s: list[float] = field(default_factory=list)
+    """When each request of the plan is sent, from the start of the load."""
+    fault: tuple[float, float] | None = None
+    """(start, end) of the injected fault, in stack seconds."""
+    profile: dict[str, Any] | None = None
+    """The first replica's measured profile and the load sized from it."""
     unfinished: int = 0
     """Requests still in flight when the run ended (cancelled, counted apart from failures)."""
 

@@ -14,7 +14,7 @@ from contracts.slo_defaults import ITL_THRESHOLD_S, MAX_IMBALANCE_CV, TTFT_THRES
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from stack.state import StackState
+    from stack.state import Sample, StackState
 
 
 def _ms(value: float | None, slo_s: float) -> Text:
@@ -23,10 +23,20 @@ def _ms(value: float | None, slo_s: float) -> Text:
     return Text(f"{value * 1000:.0f} ms", style="green" if value <= slo_s else "bold red")
 
 
+def _forecast(sample: Sample) -> Text:
+    forecast = sample.forecast
+    if not forecast:
+        return Text(f"{sample.arrival_rps:.2f} / warming up", style="dim")
+    style = "" if forecast.get("in_use") else "yellow"
+    return Text(f"{sample.arrival_rps:.2f} / {forecast['request_rate_rps']:.2f} "
+                f"(sized {forecast['sized_request_rate_rps']:.2f})", style=style)
+
+
 def render(state: StackState) -> Group:
     sample = state.samples[-1] if state.samples else None
     slo = Table(title="SLOs (client side, last 30 s)", expand=True)
-    for column in ("TTFT p99", "ITL p99", "requests ok / failed", "replicas (current/desired)", "engines"):
+    for column in ("TTFT p99", "ITL p99", "requests ok / failed", "replicas (current/desired)", "engines",
+                   "load / forecast (req/s)"):
         slo.add_column(column)
     if sample is not None:
         slo.add_row(
@@ -35,6 +45,7 @@ def render(state: StackState) -> Group:
             f"{sample.requests_ok} / {sample.requests_failed}",
             f"{sample.current_replicas} / {sample.desired_replicas}",
             str(sample.ready_engines),
+            _forecast(sample),
         )
     layers = Table(title=f"Expert imbalance per layer (CV of per-rank load; SLO {MAX_IMBALANCE_CV})", expand=True)
     layers.add_column("layer")
@@ -44,8 +55,8 @@ def render(state: StackState) -> Group:
         bar = "█" * min(40, round(cv * 40))
         layers.add_row(str(layer), f"{cv:.3f}", Text(bar, style="green" if cv <= MAX_IMBALANCE_CV else "red"))
     events = Text()
-    for when, text in state.events[-10:]:
-        events.append(f"{when:6.1f}s  {text}\n")
+    for when, text in state.events[-12:]:
+        events.append(f"{when - state.load_started_s:6.1f}s  {text}\n")
     alerts = ", ".join(sample.alerts) if sample and sample.alerts else "none"
     head = Text(f"moeslo up: {state.elapsed():.0f} / {state.options.duration_s:.0f} s   alerts firing: {alerts}",
                 style="bold")
@@ -55,7 +66,7 @@ def render(state: StackState) -> Group:
 def print_status_line(state: StackState, console: Console, every: int = 5) -> None:
     """Without a terminal: one line every ``every`` samples, plus each new event."""
     for when, text in state.events[state.printed_events:]:
-        console.print(f"{when:6.1f}s  {text}")
+        console.print(f"{when - state.load_started_s:6.1f}s  {text}")
     state.printed_events = len(state.events)
     if not state.samples or len(state.samples) % every:
         return
@@ -63,5 +74,7 @@ def print_status_line(state: StackState, console: Console, every: int = 5) -> No
     ttft = "-" if s.ttft_p99_s is None else f"{s.ttft_p99_s * 1000:.0f}ms"
     itl = "-" if s.itl_p99_s is None else f"{s.itl_p99_s * 1000:.1f}ms"
     cv = "-" if not s.imbalance_cv else f"{max(s.imbalance_cv):.3f}"
-    console.print(f"{s.t_s:6.1f}s  TTFT p99 {ttft}  ITL p99 {itl}  max CV {cv}  ok {s.requests_ok} "
-                  f"failed {s.requests_failed}  replicas {s.current_replicas}/{s.desired_replicas}")
+    forecast = "-" if not s.forecast else f"{s.forecast['request_rate_rps']:.2f}"
+    console.print(f"{s.t_s - state.load_started_s:6.1f}s  TTFT p99 {ttft}  ITL p99 {itl}  max CV {cv}  "
+                  f"ok {s.requests_ok} failed {s.requests_failed}  replicas {s.current_replicas}/{s.desired_replicas}"
+                  f"  load {s.arrival_rps:.2f} forecast {forecast} req/s")

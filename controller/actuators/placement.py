@@ -175,6 +175,31 @@ class Rebalancer:
                 events.append(event)
         return events
 
+    def _verify(
+        self, policy: Policy, endpoint: str, state: _EngineState, snap: ExpertLoadSnapshot,
+        assignments: npt.NDArray[np.int64], now_s: float,
+    ) -> RebalanceEvent | None:
+        """Judge the pending plan on the window measured since it was applied (None: too few tokens yet)."""
+        applied = state.pending
+        assert applied is not None
+        result = verify_rebalance(
+            plan=applied, measured_cv=snap.imbalance_cv, objective=policy.objectives.imbalance,
+            assignments=assignments,
+        )
+        waited_s = now_s - state.applied_at_s
+        if result.reason == "insufficient_traffic" and waited_s < VERIFY_PATIENCE * self.verify_after_s:
+            return None  # too few routed tokens yet to tell: measure again next tick
+        state.pending = None
+        return RebalanceEvent(
+            policy=policy.name,
+            endpoint=endpoint,
+            kind="verify",
+            outcome="verified" if result.ok else "unverified",
+            decision=None,
+            plan=_plan_summary(applied),
+            verify=result,
+        )
+
     async def _tick_engine(self, policy: Policy, endpoint: str, now_s: float) -> RebalanceEvent | None:
         state = self.state(policy.name, endpoint)
         objective = policy.objectives.imbalance
@@ -192,23 +217,7 @@ class Rebalancer:
         )
         state.history.append(CvObservation.of(now_s, snap.imbalance_cv, noise))
         if state.pending is not None and now_s - state.applied_at_s >= self.verify_after_s:
-            applied = state.pending
-            result = verify_rebalance(
-                plan=applied, measured_cv=snap.imbalance_cv, objective=objective, assignments=assignments
-            )
-            waited_s = now_s - state.applied_at_s
-            if result.reason == "insufficient_traffic" and waited_s < VERIFY_PATIENCE * self.verify_after_s:
-                return None  # too few routed tokens yet to tell: measure again next tick
-            state.pending = None
-            return RebalanceEvent(
-                policy=policy.name,
-                endpoint=endpoint,
-                kind="verify",
-                outcome="verified" if result.ok else "unverified",
-                decision=None,
-                plan=_plan_summary(applied),
-                verify=result,
-            )
+            return self._verify(policy, endpoint, state, snap, assignments, now_s)
         if state.pending is not None:
             return None
         plan: RebalancePlan | None = None

@@ -79,8 +79,12 @@ fits the afternoon peak (and a step to a new level)."""
 class AutoForecaster:
     """Ring-buffer history, periodic model selection and refit, cheap forecasts in between."""
 
-    def __init__(self, config: ForecastConfig | None = None, *, refit_phase: int = 0) -> None:
+    def __init__(
+        self, config: ForecastConfig | None = None, *, refit_phase: int = 0, auto_refit: bool = True
+    ) -> None:
         self.config = config or ForecastConfig()
+        self.auto_refit = auto_refit
+        """False: the caller refits when :attr:`refit_due` (e.g. within a per-tick budget over many series)."""
         self.refit_phase = refit_phase % self.config.refit_every_bins
         """Offsets the periodic refits (e.g. a hash of the policy name), so that many forecasters
         started together do not all refit in the same tick."""
@@ -98,25 +102,43 @@ class AutoForecaster:
         return None if self._model is None else self._model.name
 
     def observe(self, value: float) -> None:
-        """The next bin's value (call once per bin, in order)."""
+        """The next bin's value (call once per bin, in order); refits when due unless ``auto_refit`` is off."""
         if not np.isfinite(value):
             value = self.history.last() if len(self.history) else 0.0
         self.history.append(value)
         if self._model is not None:
             self._model.update(value)
             self._since_fit += 1
-        # Refit when the history has doubled since the last fit (early on, every few bins count),
-        # and every refit_every_bins once it is long, at this forecaster's phase of that period.
-        every = self.config.refit_every_bins
-        if len(self.history) < self.config.min_history_bins:
-            return
+        if self.auto_refit and self.refit_due:
+            self.refit()
+
+    @property
+    def refit_due(self) -> bool:
+        """Whether a refit is due: when the history has doubled since the last fit (early on, every few
+        bins count), and every ``refit_every_bins`` once it is long, each at this forecaster's phase."""
+        n = len(self.history)
+        if n < self.config.min_history_bins:
+            return False
         if self._model is None:
-            self.refit()
-        elif len(self.history) < 2 * every:
-            if self._since_fit >= max(len(self.history) // 2, 1):
-                self.refit()
-        elif (self.history.total_appended + self.refit_phase) % every == 0 or self._since_fit >= 2 * every:
-            self.refit()
+            return True
+        every = self.config.refit_every_bins
+        if n < 2 * every:
+            half = max(n // 2, 1)
+            return self._since_fit >= half + self.refit_phase % max(half // 4, 1)
+        if self._since_fit >= every:
+            return True
+        return (self.history.total_appended + self.refit_phase) % every == 0 and self._since_fit >= every // 2
+
+    def quick_fit(self) -> None:
+        """A moving average over the history, at once and without selection (after a warm start), so
+        forecasts are available before the full refit, which stays due."""
+        if len(self.history) < self.config.min_history_bins or self._model is not None:
+            return
+        self._model = model_factory("moving_average", period=None, ma_window=self.config.ma_window_bins)()
+        self._model.fit(self.history.values())
+        self._residuals = {}
+        self._offset_cache.clear()
+        self._since_fit = max(len(self.history), self.config.refit_every_bins)
 
     def refit(self) -> None:
         """Select the best candidate on recent history, fit it, and refresh the error distribution."""

@@ -209,8 +209,10 @@ class DampedHolt(_Deseasonalized):
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                # SLSQP: the same sum of squared errors as the default L-BFGS-B here, at a tenth of its
+                # time (L-BFGS-B spent ~5 ms per iteration inside scipy's setulb on these machines).
                 result = ExponentialSmoothing(z, trend="add", damped_trend=True, initialization_method="estimated").fit(
-                    use_brute=False
+                    use_brute=False, method="SLSQP"
                 )
             params = result.params
             # A floor on alpha: fitted on a flat stretch, alpha goes to 0 and the model would
@@ -334,3 +336,9 @@ def _inside_unit_circle(coefficients: FloatArray, sign: int, limit: float = 0.98
         return coefficients
     rho = limit / largest
     return coefficients * rho ** np.arange(1, len(coefficients) + 1)
+
+
+def preload_fitters() -> None:
+    """Import statsmodels' fitters now (about a second), not inside the first tick that refits."""
+    import statsmodels.tsa.arima.model
+    import statsmodels.tsa.holtwinters  # noqa: F401

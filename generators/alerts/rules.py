@@ -20,19 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from contracts.catalogue import (
-    BUCKETS_BY_METRIC,
     ERROR_RATIO_RECORD,
+    FORECAST_RELIABLE,
     GOOD_EVENTS_RECORD,
     ITL_HISTOGRAM,
     LAYER_IMBALANCE_CV,
     TOTAL_EVENTS_RECORD,
     TTFT_HISTOGRAM,
-    VLLM_BUCKETS_BY_METRIC,
-    format_le,
-    is_bucket_edge,
     le_matcher,
 )
 from contracts.errors import ValidationError
@@ -46,14 +42,16 @@ from controller.slo import (
     standard_burn_rate_windows,
 )
 from generators.alerts.model import AlertingRule, RecordingRule, Rule, RuleGroup
+from generators.buckets import EngineBuckets, EngineName, check_thresholds
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AlertOptions:
     """Knobs of the generated rules that are not part of an SLO policy."""
 
-    engine: Literal["moeslo", "vllm"] = "moeslo"
-    """Whose histogram buckets the engines write: moeslo's (ITL has 0.02) or stock vLLM's."""
+    engine: EngineName | EngineBuckets = "moeslo"
+    """Whose histogram buckets the engines write (:mod:`generators.buckets`): moeslo's (ITL has 0.02),
+    stock vLLM's (no 0.02), or vLLM's started with the SLO edges (``vllm-slo-buckets``)."""
     evaluation_interval: str = "30s"
     min_request_rate_per_s: float = 0.1
     """Low-traffic guard: burn-rate alerts need this many requests/s over their short window."""
@@ -63,6 +61,8 @@ class AlertOptions:
     imbalance_for: str = "10m"
     """Least ``for:`` of the imbalance alert; it is at least twice the policy's imbalance ``sustain_s``."""
     absent_for: str = "10m"
+    forecast_for: str = "30m"
+    """How long sizing must have been reactive (forecast unreliable) before a ticket."""
     for_override: str | None = None
     """Use this ``for:`` on every alert (end-to-end tests that cannot wait minutes)."""
 
@@ -88,33 +88,6 @@ def latency_slis(policy: Policy) -> tuple[LatencySli, ...]:
         LatencySli(slo="ttft", title="TTFT", metric=TTFT_HISTOGRAM, objective=policy.objectives.ttft),
         LatencySli(slo="itl", title="ITL", metric=ITL_HISTOGRAM, objective=policy.objectives.itl),
     )
-
-
-def bucket_edges(engine: str) -> dict[str, tuple[float, ...]]:
-    return VLLM_BUCKETS_BY_METRIC if engine == "vllm" else BUCKETS_BY_METRIC
-
-
-def check_thresholds(policies: Sequence[Policy], engine: str = "moeslo") -> None:
-    """Refuse latency thresholds that are not bucket edges of their histogram; report all at once.
-
-    Good events are read from the cumulative bucket ``le=<threshold>``; a
-    threshold between two edges has no such series and would count nothing.
-    """
-    problems: list[str] = []
-    for policy in policies:
-        for sli in latency_slis(policy):
-            edges = bucket_edges(engine)[sli.metric]
-            if not is_bucket_edge(sli.objective.threshold_s, edges):
-                problems.append(
-                    f"policy {policy.name!r}: objectives.{sli.slo}.threshold_s = {sli.objective.threshold_s!r} "
-                    f"is not a bucket edge of {sli.metric} ({engine}); good events are counted from the bucket at the "
-                    f"threshold, so it must be one of {', '.join(format_le(e) for e in edges)}"
-                )
-    names = [policy.name for policy in policies]
-    for name in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(f"policy name {name!r} appears more than once")
-    if problems:
-        raise ValidationError(problems)
 
 
 def burn_windows(policy: Policy) -> tuple[BurnRateWindow, ...]:
@@ -184,6 +157,8 @@ def build_rule_groups(policies: Sequence[Policy], options: AlertOptions | None =
         for sli in latency_slis(policy):
             rules.extend(_burn_rate_alerts(policy, sli, windows, options))
         rules.append(_imbalance_alert(policy, options))
+        if policy.forecast.enabled:
+            rules.append(_forecast_alert(policy, options))
         rules.extend(_absent_alerts(policy, options))
         groups.append(
             RuleGroup(name=f"moeslo-slo-{policy.name}", interval=options.evaluation_interval, rules=tuple(rules))
@@ -296,6 +271,26 @@ def _imbalance_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     )
 
 
+def _forecast_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
+    """A ticket when the controller has sized the fleet reactively (its forecast unreliable) for a while."""
+    settings = policy.forecast
+    return AlertingRule(
+        alert="MoesloForecastUnreliable",
+        expr=f'{FORECAST_RELIABLE}{{policy="{_selector_value(policy.name)}"}} == 0',
+        for_=options.for_override or options.forecast_for,
+        labels={"severity": "ticket", "policy": policy.name, "slo": "forecast"},
+        annotations={
+            "summary": f"The traffic forecast of policy {policy.name} is unreliable: sizing is reactive",
+            "description": (
+                f"For {options.forecast_for} the controller has not trusted its forecast of policy {policy.name} "
+                f"(warming up, or its rolling WAPE above {_num(settings.max_wape)} or interval coverage below "
+                f"{_num(settings.min_coverage)}): it sizes from the load it sees, so peaks are met late. "
+                "See moeslo_forecast_wape and moeslo_forecast_interval_coverage, and /v1/status."
+            ),
+        },
+    )
+
+
 def _absent_alerts(policy: Policy, options: AlertOptions) -> list[AlertingRule]:
     model = _selector_value(policy.model_name)
     watched = (
@@ -347,7 +342,6 @@ __all__ = [
     "TOTAL_EVENTS_RECORD",
     "AlertOptions",
     "LatencySli",
-    "bucket_edges",
     "build_rule_groups",
     "burn_windows",
     "check_thresholds",

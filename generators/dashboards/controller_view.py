@@ -10,7 +10,10 @@ from contracts.catalogue import (
     DESIRED_REPLICAS,
     ERRORS,
     EVALUATION_DURATION_HISTOGRAM,
+    FORECAST_COVERAGE,
+    FORECAST_RELIABLE,
     FORECAST_REQUESTS_PER_SECOND,
+    FORECAST_WAPE,
     LEADER,
     REQUEST_SUCCESS,
     SLI,
@@ -48,9 +51,18 @@ def build(policy: Policy) -> Dashboard:
             query(f'{forecast}{{{POLICY},bound="point"}} offset {lead_s}s', "forecast {{policy}}"),
             query(f'{forecast}{{{POLICY},bound="lower"}} offset {lead_s}s', "lower {{policy}}"),
             query(f'{forecast}{{{POLICY},bound="upper"}} offset {lead_s}s', "upper {{policy}}"),
+            query(f'{forecast}{{{POLICY},bound="sized"}}', "sized for {{policy}}"),
         ], unit="reqps", min_value=0,
             description="The forecast one lead time ahead, shifted by the lead time so it lines up with what "
-                        "happened; lower/upper: the prediction interval."))
+                        "happened; lower/upper: the prediction interval; sized for: the most the next lead time "
+                        "may see at the policy's quantile, unshifted (what the fleet is being sized for now)."))
+        .with_panel(timeseries("Forecast quality: rolling WAPE and interval coverage", [
+            query(f"{FORECAST_WAPE}{{{POLICY}}}", "WAPE {{policy}}"),
+            query(f"{FORECAST_COVERAGE}{{{POLICY}}}", "coverage {{policy}}"),
+            query(f"{FORECAST_RELIABLE}{{{POLICY}}}", "forecast in use {{policy}}"),
+        ], unit="percentunit", min_value=0,
+            description="Each forecast scored when its bin arrived. While 'forecast in use' is 0 the controller "
+                        "sizes reactively (warming up, or WAPE / coverage past the policy's bounds)."))
         .with_panel(timeseries("Desired vs current replicas", [
             query(f"{DESIRED_REPLICAS}{{{POLICY}}}", "desired {{policy}}"),
             query(f"{CURRENT_REPLICAS}{{{POLICY}}}", "current {{policy}}"),

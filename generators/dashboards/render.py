@@ -8,6 +8,7 @@ from typing import Any
 
 from contracts.errors import ValidationError
 from controller.policy import Policy
+from generators.buckets import EngineBuckets, EngineName, check_thresholds
 from generators.dashboards.controller_view import build as controller_dashboard
 from generators.dashboards.engine import build as engine_dashboard
 from generators.dashboards.experts import build as experts_dashboard
@@ -15,10 +16,17 @@ from generators.dashboards.panels import GRAFANA_VERSION, to_json_dict
 from generators.dashboards.slo_overview import build as slo_overview_dashboard
 
 
-def build_dashboards(policies: Sequence[Policy]) -> dict[str, dict[str, Any]]:
-    """File name -> Grafana dashboard JSON; SLO lines come from the first policy."""
+def build_dashboards(
+    policies: Sequence[Policy], engine: EngineName | EngineBuckets = "moeslo"
+) -> dict[str, dict[str, Any]]:
+    """File name -> Grafana dashboard JSON; SLO lines come from the first policy.
+
+    The good-ratio panels read the bucket at each threshold, so thresholds must be
+    bucket edges of ``engine``'s histograms (:mod:`generators.buckets`).
+    """
     if not policies:
         raise ValidationError("dashboards need at least one SLO policy (its thresholds draw the SLO lines)")
+    check_thresholds(policies, engine)
     policy = policies[0]
     documents = {
         "moeslo-slo-overview.json": to_json_dict(slo_overview_dashboard(policy)),
@@ -32,11 +40,13 @@ def build_dashboards(policies: Sequence[Policy]) -> dict[str, dict[str, Any]]:
     return documents
 
 
-def render_dashboard_files(policies: Sequence[Policy]) -> dict[str, str]:
+def render_dashboard_files(
+    policies: Sequence[Policy], engine: EngineName | EngineBuckets = "moeslo"
+) -> dict[str, str]:
     """File name -> JSON text (sorted keys, 2-space indent, trailing newline)."""
     return {
         name: json.dumps(document, indent=2, sort_keys=True) + "\n"
-        for name, document in build_dashboards(policies).items()
+        for name, document in build_dashboards(policies, engine).items()
     }
 
 

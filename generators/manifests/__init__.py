@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from generators.manifests.generated import OVERLAY_ENGINES, deploy_files
+from generators.manifests.generated import deploy_files, policy_engines
 from generators.manifests.kustomize import build, strategic_merge
+from generators.manifests.overlays import Overlay, load_overlays
 
-__all__ = ["OVERLAY_ENGINES", "build", "deploy_files", "strategic_merge"]
+__all__ = ["Overlay", "build", "deploy_files", "load_overlays", "policy_engines", "strategic_merge"]

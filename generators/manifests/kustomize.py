@@ -1,13 +1,18 @@
 """A small kustomize in Python, for machines without the kustomize binary (CI, tests).
 
 Supports what deploy/ uses and refuses the rest: ``resources`` (files, and
-directories holding a kustomization), ``namespace``, ``labels`` (``pairs``,
-metadata only, as with ``includeSelectors: false``) and ``patches`` given by
-``path`` (strategic-merge patches matched by kind and name).  Merging follows
-kustomize: maps merge; for built-in kinds, lists of named items (containers,
-env, volumes, ...) merge by ``name``; custom resources (no schema) take
-JSON-merge-patch semantics, so their lists are replaced whole.  The tests
-compare its output with ``kubectl kustomize`` where kubectl is installed.
+directories holding a kustomization), ``components`` (directories holding a
+``kind: Component`` kustomization, applied to everything accumulated so far),
+``namespace``, ``labels`` (``pairs``, metadata only, as with
+``includeSelectors: false``), ``patches`` given by ``path`` (strategic-merge
+patches matched by kind and name) and ``images`` (``name`` with ``newName``,
+``newTag`` or ``digest``, applied to every ``containers``/``initContainers``
+list at any depth, as kustomize's image transformer does, so the pod templates
+inside a LeaderWorkerSet are covered too).  Merging follows kustomize: maps
+merge; for built-in kinds, lists of named items (containers, env, volumes, ...)
+merge by ``name``; custom resources (no schema) take JSON-merge-patch
+semantics, so their lists are replaced whole.  The tests compare its output
+with ``kubectl kustomize`` where kubectl is installed.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import yaml
 
 from contracts.errors import DataError
 
-SUPPORTED_FIELDS = {"apiVersion", "kind", "namespace", "labels", "resources", "patches"}
+SUPPORTED_FIELDS = {"apiVersion", "kind", "namespace", "labels", "resources", "components", "patches", "images"}
+IMAGE_FIELDS = {"name", "newName", "newTag", "digest"}
+CONTAINER_LISTS = ("containers", "initContainers")
 CLUSTER_SCOPED_KINDS = {
     "Namespace",
     "ClusterRole",
@@ -47,26 +54,46 @@ BUILTIN_GROUPS = {
 def build(directory: str | Path) -> list[dict[str, Any]]:
     """The resources ``kustomize build directory`` would emit (in resource order)."""
     root = Path(directory)
-    path = root / "kustomization.yaml"
-    try:
-        kustomization = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise DataError(f"cannot read kustomization: {exc.strerror}", path=str(path)) from exc
-    unsupported = sorted(set(kustomization) - SUPPORTED_FIELDS)
-    if unsupported:
-        raise DataError(f"unsupported kustomization fields: {', '.join(unsupported)}", path=str(path))
-
+    kustomization = _load_kustomization(root, kind="Kustomization")
     resources: list[dict[str, Any]] = []
     for entry in kustomization.get("resources", []):
         target = root / entry
         if target.is_dir():
             resources.extend(build(target))
         else:
-            resources.extend(_load_documents(target))
+            resources.extend(load_documents(target))
+    for entry in kustomization.get("components", []):
+        component = root / entry
+        spec = _load_kustomization(component, kind="Component")
+        resources.extend(doc for item in spec.get("resources", []) for doc in load_documents(component / item))
+        _transform(resources, component, spec)
+    _transform(resources, root, kustomization)
+    return resources
+
+
+def _load_kustomization(root: Path, *, kind: str) -> dict[str, Any]:
+    path = root / "kustomization.yaml"
+    try:
+        kustomization: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise DataError(f"cannot read kustomization: {exc.strerror}", path=str(path)) from exc
+    unsupported = sorted(set(kustomization) - SUPPORTED_FIELDS)
+    if unsupported:
+        raise DataError(f"unsupported kustomization fields: {', '.join(unsupported)}", path=str(path))
+    if kustomization.get("kind", "Kustomization") != kind:
+        raise DataError(f"expected kind {kind}, got {kustomization.get('kind')}", path=str(path))
+    if kind == "Component" and kustomization.get("components"):
+        raise DataError("components inside a component are not supported", path=str(path))
+    return kustomization
+
+
+def _transform(resources: list[dict[str, Any]], root: Path, kustomization: dict[str, Any]) -> None:
+    """This kustomization's own transformers, in kustomize's order: patches, namespace, labels, images."""
+    path = root / "kustomization.yaml"
     for patch_entry in kustomization.get("patches", []):
         if set(patch_entry) != {"path"}:
             raise DataError(f"only `patches: - path:` is supported, got {patch_entry}", path=str(path))
-        for patch in _load_documents(root / patch_entry["path"]):
+        for patch in load_documents(root / patch_entry["path"]):
             _apply_patch(resources, patch, str(root / patch_entry["path"]))
     namespace = kustomization.get("namespace")
     for resource in resources:
@@ -77,10 +104,53 @@ def build(directory: str | Path) -> list[dict[str, Any]]:
             if set(label_set) - {"pairs"}:
                 raise DataError("only `labels: - pairs:` is supported", path=str(path))
             metadata.setdefault("labels", {}).update(label_set["pairs"])
-    return resources
+    for image in kustomization.get("images", []):
+        if not isinstance(image, dict) or "name" not in image or set(image) - IMAGE_FIELDS:
+            raise DataError(f"images entries take {', '.join(sorted(IMAGE_FIELDS))} (name required), got {image}",
+                            path=str(path))
+        for resource in resources:
+            _set_images(resource, image)
 
 
-def _load_documents(path: Path) -> list[dict[str, Any]]:
+def split_image(reference: str) -> tuple[str, str | None, str | None]:
+    """``registry/name:tag@digest`` -> (``registry/name``, tag or None, digest or None)."""
+    name, _, digest = reference.partition("@")
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    if colon > slash:
+        return name[:colon], name[colon + 1:], digest or None
+    return name, None, digest or None
+
+
+def _set_images(node: Any, image: dict[str, str]) -> None:
+    """Rewrite every container image named ``image["name"]`` below ``node``."""
+    if isinstance(node, list):
+        for item in node:
+            _set_images(item, image)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        if key in CONTAINER_LISTS and isinstance(value, list):
+            for container in value:
+                if isinstance(container, dict) and isinstance(container.get("image"), str):
+                    container["image"] = _retag(container["image"], image)
+        _set_images(value, image)
+
+
+def _retag(reference: str, image: dict[str, str]) -> str:
+    name, tag, digest = split_image(reference)
+    if name != image["name"]:
+        return reference
+    name = image.get("newName", name)
+    if "digest" in image:
+        return f"{name}@{image['digest']}"
+    if "newTag" in image:
+        return f"{name}:{image['newTag']}"
+    return name + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
+
+
+def load_documents(path: Path) -> list[dict[str, Any]]:
     try:
         return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
     except OSError as exc:
@@ -129,4 +199,4 @@ def _named_list(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(i, dict) and "name" in i for i in value)
 
 
-__all__ = ["build", "strategic_merge"]
+__all__ = ["build", "load_documents", "split_image", "strategic_merge"]

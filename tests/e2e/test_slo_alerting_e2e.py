@@ -50,6 +50,7 @@ MAY_BE_EMPTY = {
     "Preemptions per second",  # no KV pressure
     "Placement swaps and experts moved", "Swap duration p99", "Rebalances by outcome (controller)",
     "Forecast (made 120 s earlier) vs actual requests per second",  # forecaster warm-up, 120 s offset
+    "Forecast quality: rolling WAPE and interval coverage",  # no forecast scored within the run
     "Controller decisions",  # annotation: only when a decision changes
     "Errors per second by component",  # no errors
 }

@@ -168,6 +168,7 @@ def test_disabled_plugin_adds_nothing_and_enabled_adds_only_moe_families(servers
     assert not {name for name in families["off"] if name.startswith("moe_")}
     added = families["on"] - families["off"]
     assert added == {"moe_expert_tokens", "moe_rank_tokens", "moe_layer_imbalance_cv", "moe_layer_balancedness",
+                     "moe_layer_imbalance_cv_noise_floor",
                      "moe_imbalance_cv_across_layers", "moe_balancedness_across_layers"}
     assert families["off"] <= families["on"]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.loadgen import RequestRecord
-from stack.report import summarize, write_plots
+from stack.plots import write_plots
+from stack.report import summarize
 from stack.state import Sample, StackOptions, StackState
 
 
@@ -45,3 +46,26 @@ def test_plots_are_written(tmp_path: Path) -> None:
     assert path == tmp_path / "moeslo-up.png"
     assert path.stat().st_size > 10_000
     assert write_plots(StackState(StackOptions()), tmp_path) == []
+
+
+def test_requests_during_the_fault_are_counted_apart() -> None:
+    """Within both objectives outside the fault: TTFT and the mean gap, for requests clear of the fault."""
+    state = StackState(StackOptions(duration_s=60.0))
+    state.load_started_s = 10.0
+    state.fault = (30.0, 40.0)  # stack seconds: load seconds 20..30, plus a 5 s margin
+    def record(arrival: float, ttft: float, gaps: list[float]) -> RequestRecord:
+        return RequestRecord(arrival_s=arrival, prompt_tokens=8, max_tokens=4, status=200, ttft_s=ttft,
+                             itls_s=gaps, output_tokens=len(gaps) + 1)
+    state.records = [
+        record(1.0, 0.1, [0.01, 0.03]),  # mean gap 20 ms: within; one gap over: not within every gap
+        record(5.0, 0.6, [0.01]),  # TTFT over
+        record(21.0, 2.0, [0.3]),  # in the fault
+        record(33.0, 0.2, [0.2]),  # in the margin after it
+        record(40.0, 0.1, [0.01]),
+    ]
+    state.done_at_s = [12.0, 16.0, 33.0, 44.0, 51.0]
+    summary = summarize(state)
+    assert summary["requests_outside_fault"] == 3
+    assert summary["requests_within_both_slos_outside_fault"] == 2 / 3
+    assert summary["requests_within_both_slos_outside_fault_every_gap"] == 1 / 3
+    assert summary["fault_window_s"] == [20.0, 30.0]

@@ -1,0 +1,105 @@
+"""The load ``moeslo up`` sends: a real day's rise of traffic, sized from the replica it measured.
+
+The bundled trace is a day of the Azure LLM inference trace 2024 (request counts
+per 10 s); its morning rise (04:00 to 16:00 by default, about 1.9x from trough to
+peak) is compressed into the run, with prompt and output lengths drawn from the
+Azure 2023 conversation trace and scaled down for a small CPU model.  The rate is
+set from the profile the stack measured on the first replica: the quiet start is
+``base_load`` of what one replica sustains within the objectives, so the rise
+needs a second replica, and the forecast has a real ramp to scale ahead of.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from contracts.traces import CountTrace, LengthDistribution, load_request_trace, load_trace
+from controller.capacity import CapacityModel, Load, ReplicaProfile
+from harness.loadgen import LoadRequest, plan_from_counts, plan_from_trace, send_request
+from harness.traces import DAILY_RAMP, conversation_trace
+from stack.state import StackOptions, StackState
+
+__all__ = ["MAX_OUTPUT_TOKENS", "MAX_PROMPT_TOKENS", "demo_lengths", "drive", "load_plan", "sustainable_rate_rps"]
+
+MAX_PROMPT_TOKENS = 512
+MAX_OUTPUT_TOKENS = 64
+
+
+def demo_lengths(options: StackOptions) -> tuple[LengthDistribution, float, float]:
+    """The (scaled) length distribution and its mean prompt and output tokens after scaling and clipping."""
+    lengths = LengthDistribution.from_trace(load_request_trace(conversation_trace()))
+    prompt = np.clip(np.round(lengths.prompt_tokens * options.length_scale), 1, MAX_PROMPT_TOKENS)
+    output = np.clip(np.round(lengths.output_tokens * options.length_scale), 1, MAX_OUTPUT_TOKENS)
+    return lengths, float(prompt.mean()), float(output.mean())
+
+
+def sustainable_rate_rps(profile: ReplicaProfile, *, prompt_tokens: float, output_tokens: float) -> float:
+    """The request rate one replica serves within the objectives (with the capacity model's headroom)."""
+    model = CapacityModel(profile)
+
+    def fits(rate: float) -> bool:
+        return model.replicas_needed(
+            Load(request_rate_rps=rate, prompt_tokens_per_s=rate * prompt_tokens,
+                 output_tokens_per_s=rate * output_tokens)
+        ) <= 1
+
+    low, high = 0.0, 1.0
+    while fits(high) and high < 1e6:
+        low, high = high, high * 2
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def load_plan(options: StackOptions, base_rate_rps: float) -> tuple[list[LoadRequest], str]:
+    """The requests to send, and a line saying what they are."""
+    path: Path = options.trace or DAILY_RAMP
+    trace = load_trace(path)
+    lengths, _, _ = demo_lengths(options)
+    if isinstance(trace, CountTrace):
+        plan = plan_from_counts(
+            trace, lengths, start_s=options.trace_start_h * 3600, span_s=options.trace_span_h * 3600,
+            duration_s=options.duration_s, base_rate_rps=base_rate_rps, length_scale=options.length_scale,
+            max_prompt_tokens=MAX_PROMPT_TOKENS, max_output_tokens=MAX_OUTPUT_TOKENS, seed=options.seed,
+        )
+        start, end = options.trace_start_h, options.trace_start_h + options.trace_span_h
+        what = (f"{path.name}: {start:02.0f}:00-{end:02.0f}:00 compressed into {options.duration_s:.0f} s, "
+                f"starting at {base_rate_rps:.2f} requests/s")
+        return plan, what
+    plan = plan_from_trace(
+        trace, duration_s=options.duration_s, speedup=options.speedup, length_scale=options.length_scale,
+        max_prompt_tokens=MAX_PROMPT_TOKENS, max_output_tokens=MAX_OUTPUT_TOKENS,
+    )
+    return plan, f"{path.name} at {options.speedup:g}x over {options.duration_s:.0f} s"
+
+
+async def drive(state: StackState, plan: list[LoadRequest], vocab_size: int, fallback_url: str) -> None:
+    """Send every planned request at its time to the serving replica with the fewest in flight."""
+    rng = np.random.default_rng(state.options.seed)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    state.planned_arrivals_s = [state.elapsed() + r.arrival_s for r in plan]
+    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+        start = time.monotonic()
+
+        async def one(req: LoadRequest) -> None:
+            delay = start + req.arrival_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            engines = state.engines or [fallback_url]
+            url = min(engines, key=lambda u: state.in_flight.get(u, 0))
+            state.in_flight[url] = state.in_flight.get(url, 0) + 1
+            prompt = rng.integers(0, vocab_size, size=req.prompt_tokens).tolist()
+            try:
+                record = await send_request(client, req, prompt, start + req.arrival_s, None, 0.0, base_url=url)
+            finally:
+                state.in_flight[url] -= 1
+            state.records.append(record)
+            state.done_at_s.append(state.elapsed())
+
+        await asyncio.gather(*(one(r) for r in plan))

@@ -1,0 +1,150 @@
+"""Each look at the running stack: client latencies, expert imbalance, the controller's forecast and
+decisions, alerts firing and pages delivered."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import numpy as np
+
+from harness.webhook import WebhookReceiver
+from stack.state import Sample, StackState
+
+__all__ = ["Sampler"]
+
+RECENT_S = 30.0
+"""Client-side latency percentiles cover the requests that finished in the last 30 s."""
+RATE_WINDOW_S = 10.0
+GUARD_REASONS = ("host_budget", "scale_ineffective", "at_max", "forecast_unreliable")
+
+
+def _engine_imbalance(load: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """Per-layer CV and its sampling-noise floor from an engine's ``/v1/expert-load``."""
+    from contracts.imbalance import sampling_noise_cv
+
+    cv = [float(x) for x in load["imbalance_cv"]]
+    rank_tokens = np.asarray(load["rank_tokens"], dtype=np.float64)
+    noise = sampling_noise_cv(rank_tokens.sum(axis=1), rank_tokens.shape[1], rank_tokens)
+    return cv, [float(x) for x in noise]
+
+
+class Sampler:
+    """Polls the engines, the controller, Alertmanager and the pager every ``interval_s``."""
+
+    def __init__(
+        self, state: StackState, policy: str, pager: WebhookReceiver | None, probe: Callable[[], list[str]]
+    ) -> None:
+        self.state = state
+        self.policy = policy
+        self.pager = pager
+        self.probe = probe
+        self._last_hold: str | None = None
+
+    async def loop(self, stop: asyncio.Event, on_update: Callable[[StackState], None]) -> None:
+        async with httpx.AsyncClient(timeout=3.0) as client:
+            while not stop.is_set():
+                with contextlib.suppress(Exception):
+                    await self.sample(client)
+                on_update(self.state)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.state.options.sample_interval_s)
+
+    async def sample(self, client: httpx.AsyncClient) -> None:
+        state = self.state
+        await asyncio.to_thread(self.probe)
+        cvs, noises = await self._imbalance(client)
+        status = await self._controller(client)
+        alerts = await self._alerts(client)
+        self._pages()
+        now = state.elapsed()
+        recent = [r for r, t in zip(state.records, state.done_at_s, strict=True) if t >= now - RECENT_S]
+        ttfts = [r.ttft_s for r in recent if r.ttft_s is not None]
+        itls = [x for r in recent for x in r.itls_s]
+        ok = sum(r.ok for r in state.records)
+        sent = bisect.bisect_right(state.planned_arrivals_s, now) - bisect.bisect_right(
+            state.planned_arrivals_s, now - RATE_WINDOW_S
+        )
+        state.samples.append(Sample(
+            t_s=now,
+            ttft_p99_s=float(np.percentile(ttfts, 99)) if ttfts else None,
+            itl_p99_s=float(np.percentile(itls, 99)) if itls else None,
+            requests_ok=ok, requests_failed=len(state.records) - ok,
+            imbalance_cv=np.max(np.array(cvs), axis=0).tolist() if cvs else [],
+            noise_cv=np.max(np.array(noises), axis=0).tolist() if noises else [],
+            current_replicas=status.get("current_replicas"), desired_replicas=status.get("desired_replicas"),
+            ready_engines=len(state.engines), alerts=alerts, arrival_rps=sent / RATE_WINDOW_S,
+            forecast=status.get("forecast"),
+        ))
+
+    async def _imbalance(self, client: httpx.AsyncClient) -> tuple[list[list[float]], list[list[float]]]:
+        cvs: list[list[float]] = []
+        noises: list[list[float]] = []
+        for url in self.state.engines:
+            with contextlib.suppress(httpx.HTTPError, KeyError, ValueError, TypeError):
+                load = (await client.get(f"{url}/v1/expert-load")).json()
+                if load.get("steps_in_window"):
+                    cv, noise = _engine_imbalance(load)
+                    cvs.append(cv)
+                    noises.append(noise)
+        return cvs, noises
+
+    async def _controller(self, client: httpx.AsyncClient) -> dict[str, Any]:
+        state = self.state
+        status: dict[str, Any] = {}
+        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+            status = (await client.get(f"{state.controller_url}/v1/status/{self.policy}")).json()
+        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+            page = (await client.get(f"{state.controller_url}/v1/decisions",
+                                     params={"policy": self.policy, "limit": 50})).json()
+            for decision in reversed(page.get("items", [])):
+                self._decision(decision)
+        return status
+
+    def _decision(self, decision: dict[str, Any]) -> None:
+        state = self.state
+        key = str(decision.get("id"))
+        if key in state.seen_decisions:
+            return
+        state.seen_decisions.add(key)
+        decision["seen_at_s"] = state.elapsed()
+        state.decisions.append(decision)
+        action = decision.get("action")
+        if action in ("rebalance", "verify_rebalance"):
+            state.event(f"{action}:{decision.get('reason')} {decision.get('outcome')}: {decision.get('detail')}")
+            return
+        reasons = (decision.get("inputs") or {}).get("reasons", [])[1:]
+        if action == "hold":
+            # A hold is worth an event when a guardrail stops a wanted change, once per guardrail.
+            guard = next((r for r in reasons if r in GUARD_REASONS), None)
+            if guard is None or guard == self._last_hold:
+                return
+            self._last_hold = guard
+        else:
+            self._last_hold = None
+        state.event(f"{action}:{decision.get('reason')} ({', '.join(reasons) or '-'}) "
+                    f"{decision.get('current_replicas')} -> {decision.get('desired_replicas')}, "
+                    f"{decision.get('outcome')}")
+
+    async def _alerts(self, client: httpx.AsyncClient) -> list[str]:
+        if self.state.alertmanager_url is None:
+            return []
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            active = (await client.get(f"{self.state.alertmanager_url}/api/v2/alerts")).json()
+            return sorted({a["labels"].get("alertname", "?") for a in active})
+        return []
+
+    def _pages(self) -> None:
+        state = self.state
+        if self.pager is None:
+            return
+        for path, note in self.pager.posts[len(state.pages):]:
+            note["receiver"] = path.strip("/")
+            note["delivered_at_s"] = state.elapsed()
+            state.pages.append(note)
+            names = ", ".join(sorted({a["labels"].get("alertname", "?") for a in note.get("alerts", [])}))
+            state.event(f"{path.strip('/')} delivered ({note.get('status')}): {names}")
