@@ -1,96 +1,127 @@
-"""``moeslo replay``: one trace, several scaling strategies, identical simulated fleets."""
+"""``moeslo replay``: one trace, several scaling strategies (or every knob of each: ``--sweep``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, Any
 
 import typer
 
 from cli.common import cli_errors, console, print_json
-from contracts.slo_defaults import LEAD_TIME_S, SCALE_DOWN_COOLDOWN_S
+from contracts.slo_defaults import LEAD_TIME_S
 
-if TYPE_CHECKING:
-    from controller.capacity import ReplicaProfile
-    from controller.replay.runner import PolicyRun, ReplayConfig
-    from controller.replay.workload import Workload
-
-DEFAULT_POLICIES = "static,hpa,dynamo,moeslo,oracle"
+DEFAULT_POLICIES = "static,hpa,keda-queue,keda-kv,dynamo,moeslo,oracle"
 
 
+# long: a typer command is its option list; the work is in controller.replay.
 def replay(
     trace: Annotated[Path, typer.Option(help="Trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV, counts CSV).")],
-    policies: Annotated[str, typer.Option(help="Comma-separated policies to compare.")] = DEFAULT_POLICIES,
-    out: Annotated[Path, typer.Option(help="Directory for summary.json and the PNG plots.")] = Path("replay-out"),
+    policies: Annotated[
+        str, typer.Option(help="Comma-separated policies, each optionally with knobs: hpa:target=0.6 (';' between).")
+    ] = DEFAULT_POLICIES,
+    sweep: Annotated[bool, typer.Option("--sweep", help="Run each policy over its knob grid; draw frontiers.")] = False,
+    out: Annotated[Path, typer.Option(help="Directory for the JSON summary and the PNG plots.")] = Path("replay-out"),
     speedup: Annotated[float, typer.Option(help="Replay this many times faster (arrival times divided).")] = 1.0,
     rate_scale: Annotated[float, typer.Option(help="This many times the requests over the same span.")] = 1.0,
     tokens_per_s: Annotated[
         float | None, typer.Option(help="Scale the rate so prompt + output tokens/s average this.")
     ] = None,
-    profile: Annotated[Path | None, typer.Option(help="Replica profile JSON (moeslo profile).")] = None,
+    profile: Annotated[Path | None, typer.Option(help="Replica profile JSON the controllers hold.")] = None,
     lengths: Annotated[
         str, typer.Option(help="Token lengths for count traces: azure-2023-conv, azure-2023-code, fixed:P,O, a path.")
     ] = "azure-2023-conv",
     mode: Annotated[str, typer.Option(help="request (every request), fluid (per-tick aggregate) or auto.")] = "auto",
-    tick: Annotated[float, typer.Option(help="Controller tick (s).")] = 15.0,
-    startup: Annotated[float, typer.Option(help="Replica start-up time = lead time (s).")] = float(LEAD_TIME_S),
-    cooldown: Annotated[int, typer.Option(help="Scale-down cooldown of moeslo (s).")] = SCALE_DOWN_COOLDOWN_S,
-    quantile: Annotated[float, typer.Option(help="Forecast quantile moeslo sizes for.")] = 0.9,
+    tick: Annotated[float, typer.Option(help="Controller tick and HPA sync period (s).")] = 15.0,
+    startup: Annotated[float, typer.Option(help="Replica start-up time, also every lead time (s).")] = float(
+        LEAD_TIME_S
+    ),
+    startup_jitter: Annotated[float, typer.Option(help="Each start-up is startup x U(1-j, 1+j).")] = 0.0,
+    capacity_error: Annotated[float, typer.Option(help="True capacity over the profile's, minus 1 (-0.2).")] = 0.0,
+    drift_per_day: Annotated[float, typer.Option(help="True capacity drift per simulated day (-0.05).")] = 0.0,
+    prompt_tail: Annotated[float, typer.Option(help="Prompts beyond their p90 get the excess x this.")] = 1.0,
+    scrape: Annotated[float, typer.Option(help="Prometheus scrape interval (s).")] = 30.0,
+    warmup: Annotated[float, typer.Option(help="Scored apart at the start (s).")] = 1800.0,
+    window: Annotated[
+        list[str] | None, typer.Option(help="Extra scoring windows NAME=START:END in seconds (END may be empty).")
+    ] = None,
+    tuned_from: Annotated[
+        Path | None, typer.Option(help="A sweep.json to take each policy's tuned knobs from (with --sweep).")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Worker processes for --sweep.")] = 2,
     refit_every: Annotated[int, typer.Option(help="Refit moeslo's forecaster every this many ticks.")] = 240,
     start: Annotated[float, typer.Option(help="Start this many seconds into the trace.")] = 0.0,
     duration: Annotated[float | None, typer.Option(help="Replay only this many seconds of the trace.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for rate scaling and length draws.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed for rate scaling, length draws and start-up draws.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary JSON to stdout.")] = False,
 ) -> None:
-    """Compare static, HPA, Dynamo-style, moeslo and oracle scaling on a trace."""
+    """Compare scaling strategies on a trace in a world the controllers do not know."""
     with cli_errors():
-        import time
+        from controller.replay.protocol import ReplayRequest, replay_once, replay_sweep
 
-        from controller.capacity import DEFAULT_PROFILE, ReplicaProfile
-        from controller.replay.report import write_report
-        from controller.replay.runner import ReplayConfig
-        from controller.replay.workload import prepare_workload
-
-        names = [p.strip() for p in policies.split(",") if p.strip()]
-        replica = ReplicaProfile.load(profile) if profile is not None else DEFAULT_PROFILE
-        began, began_cpu = time.perf_counter(), time.process_time()
-        workload = prepare_workload(
-            trace, tick_s=tick, mode=mode, lengths=lengths, speedup=speedup, rate_scale=rate_scale, start_s=start,
-            duration_s=duration, tokens_per_s=tokens_per_s, seed=seed,
-        )
-        config = ReplayConfig(
-            tick_s=tick, startup_s=startup, cooldown_s=cooldown, quantile=quantile, refit_every_ticks=refit_every
-        )
-        runs = _run_with_progress(workload, names, replica, config, transient=not json_out)
-        timings = {"wall_s": round(time.perf_counter() - began, 2), "cpu_s": round(time.process_time() - began_cpu, 2)}
-        summary = write_report(workload, runs, replica, out, startup_s=startup, timings=timings)
+        request = ReplayRequest(
+            trace=trace, speedup=speedup, rate_scale=rate_scale, tokens_per_s=tokens_per_s, profile=profile,
+            lengths=lengths, mode=mode, tick_s=tick, startup_s=startup, startup_jitter=startup_jitter,
+            capacity_error=capacity_error, drift_per_day=drift_per_day, prompt_tail=prompt_tail, scrape_s=scrape,
+            warmup_s=warmup, refit_every=refit_every, start_s=start, duration_s=duration, seed=seed,
+        )  # fmt: skip
+        if sweep:
+            names = [p.strip() for p in policies.split(",") if p.strip()]
+            with _progress(transient=json_out) as progress:
+                summary = replay_sweep(
+                    request, names, out, windows=window or [], tuned_from=tuned_from, workers=workers,
+                    progress=progress,
+                )  # fmt: skip
+            _print_sweep(summary, out, json_out=json_out)
+            return
+        with _progress(transient=json_out) as progress:
+            summary = replay_once(request, policies, out, progress=progress)
         if json_out:
             print_json(summary)
             return
         for name, entry in summary["policies"].items():
+            s = entry["scored"]
             console.print(
-                f"{name:>8}: {entry['attainment_both']:.4f} within both SLOs, "
-                f"{entry['replica_hours']:.2f} replica-h, {entry['scale_events']} scale events"
+                f"{name:>40}: {s['attainment_both']:.4f} within both SLOs, {s['replica_hours']:.2f} replica-h, "
+                f"worst hour {s['worst_hour_attainment']}, {s['scale_events_per_hour']:.1f} scale events/h"
             )
         console.print(f"wrote {out / 'summary.json'} and {len(summary['plots'])} plot(s)")
 
 
-def _run_with_progress(
-    workload: Workload, names: list[str], replica: ReplicaProfile, config: ReplayConfig, *, transient: bool
-) -> list[PolicyRun]:
-    """Run every strategy with one progress bar each."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+@contextmanager
+def _progress(*, transient: bool) -> Iterator[Callable[[str, int, int], None]]:
+    """One bar over the runs (each run is one policy setting over the whole trace)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from controller.replay.runner import run_replay
+    columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=transient) as bar:
+        task = bar.add_task("replaying", total=None)
 
-    columns = (TextColumn("{task.description:>8}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=transient) as progress:
-        tasks = {name: progress.add_task(name, total=workload.ticks) for name in names}
-        step = max(1, workload.ticks // 200)
+        def update(label: str, done: int, total: int) -> None:
+            bar.update(task, description=label[:44], completed=done, total=total)
 
-        def on_tick(name: str, k: int) -> None:
-            if k % step == 0 or k == workload.ticks - 1:
-                progress.update(tasks[name], completed=k + 1)
+        yield update
 
-        return run_replay(workload, names, replica, config, on_tick=on_tick)
+
+def _print_sweep(summary: dict[str, Any], out: Path, *, json_out: bool) -> None:
+    if json_out:
+        print_json(summary)
+        return
+    windows = summary["windows"]
+    assert isinstance(windows, dict)
+    for name, body in windows.items():
+        console.print(f"[bold]{name}[/bold]")
+        for level, entry in body["at_attainment"].items():
+            parts = []
+            for policy, value in entry["policies"].items():
+                hours = value["replica_hours"]
+                mark = {"at_most": "<=", "unreachable": "", "interpolated": ""}[value["kind"]]
+                parts.append(f"{policy} {mark}{hours:.1f}" if hours is not None else f"{policy} -")
+            ratio = entry["ratio_to_best_baseline"]
+            tail = f" | moeslo / best baseline: {ratio} ({entry['ratio_kind']})"
+            console.print(f"  {level}: " + ", ".join(parts) + tail)
+    console.print(f"wrote {out / 'sweep.json'} and {len(summary['plots'])} plot(s) in {summary['wall_s']} s")
+
+
+__all__ = ["DEFAULT_POLICIES", "replay"]

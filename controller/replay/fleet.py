@@ -1,7 +1,8 @@
-"""The simulated fleet, request by request: replicas as queues with the profiled capacity.
+"""The simulated fleet, request by request: replicas as queues with the true world's capacity.
 
-Each replica follows the latency model of :mod:`controller.capacity` (the same
-profile, the same equations, but per request rather than on average):
+Each replica follows the latency model of :mod:`controller.capacity`, per request
+rather than on average, with the *true* profile of :mod:`controller.replay.world`
+(which the controllers do not know):
 
 - prompts wait FIFO for the replica's prefill; a prompt is prefilled at
   ``profile.prefill_rate(b)`` with ``b`` sequences decoding beside it;
@@ -9,26 +10,31 @@ profile, the same equations, but per request rather than on average):
   sequence slot is free; otherwise it waits for the earliest decoding request to end;
 - its mean inter-token latency is ``step(b) / (1 - rho_p)``, with ``rho_p`` the
   replica's prefill share of the last tick;
-- new replicas serve after ``startup_s``; removed replicas take no new requests.
+- new replicas serve after their start-up; removed replicas take no new requests.
 
 Requests go to the least-loaded ready replica (prefill backlog plus decode work).
-Replica time is billed from the scale-up order (a starting pod holds its GPU) to the
-scale-down order.
+At the end of each tick the fleet reports a :class:`TickSample` (gauges, and what
+finished in the tick) for :class:`controller.replay.signals.MetricsPipeline`.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
 from contracts.traces import FloatArray, RequestTrace
-from controller.capacity import ReplicaProfile
-from controller.types import PolicyObservation, SliSnapshot
+from controller.replay.scoring import TickOutcomes
+from controller.replay.signals import SLI_WINDOW_S, TickSample
+from controller.replay.world import ProfileCache, World, startup_times
+
+__all__ = ["RequestFleet", "StartingReplicas", "tick_loads"]
 
 
 @dataclass(eq=False, slots=True)
@@ -47,29 +53,15 @@ class _Replica:
             self.kv_used -= heapq.heappop(heap)[1]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FleetTotals:
-    requests: int
-    good_both: int
-    good_ttft: int
-    good_itl: int
-    replica_seconds: float
-    scale_events: int
+class StartingReplicas:
+    """Start-up draws shared by both fleets: every policy's n-th new replica takes the same time."""
 
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self._rng = world.startup_draws()
 
-class Provisioned:
-    """Replica count bookkeeping shared by both fleets: orders, start-up, billing, events."""
-
-    def __init__(self, startup_s: float) -> None:
-        self.startup_s = startup_s
-        self.replica_seconds = 0.0
-        self.scale_events = 0
-        self._billed_until_s = 0.0
-
-    def bill(self, now_s: float, provisioned: int) -> None:
-        if now_s > self._billed_until_s:
-            self.replica_seconds += provisioned * (now_s - self._billed_until_s)
-            self._billed_until_s = now_s
+    def ready_times(self, now_s: float, count: int) -> list[float]:
+        return [now_s + s for s in startup_times(self.world, self._rng, count)]
 
 
 class RequestFleet:
@@ -78,33 +70,30 @@ class RequestFleet:
     def __init__(
         self,
         trace: RequestTrace,
-        profile: ReplicaProfile,
+        world: ProfileCache,
         *,
         initial_replicas: int,
-        startup_s: float,
         tick_s: float,
         ttft_target_s: float = TTFT_THRESHOLD_S,
         itl_target_s: float = ITL_THRESHOLD_S,
-        sli_window_s: float = 60.0,
     ) -> None:
         self.trace = trace
-        self.profile = profile
+        self.world = world
         self.tick_s = tick_s
         self.ttft_target_s = ttft_target_s
         self.itl_target_s = itl_target_s
-        self.book = Provisioned(startup_s)
+        self.starting = StartingReplicas(world.world)
         self.replicas: list[_Replica] = [_Replica(ready_at_s=0.0) for _ in range(initial_replicas)]
-        self.ttft_s = np.full(len(trace), np.nan)
-        self.itl_s = np.full(len(trace), np.nan)
-        self.start_s = np.full(len(trace), np.nan)
+        n = len(trace)
+        self.ttft_s = np.full(n, np.inf)
+        self.itl_s = np.full(n, np.inf)
+        self.start_s = np.full(n, np.inf)
+        self.finish_s = np.full(n, np.inf)
         self._next = 0
-        self._last_observe_s = 0.0
-        self._since_observe = 0
-        self._recent: deque[tuple[float, int, int]] = deque()
-        self._sli_window_s = sli_window_s
-        self._kv_cap = profile.kv_capacity_tokens
-        self._chunk = float(profile.prefill_chunk_tokens)
-        self._raw_prefill = profile.prefill_tokens_per_s
+        self._last_sample_s = 0.0
+        self._unfinished: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self._unprefilled: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self._window: deque[tuple[float, FloatArray, FloatArray]] = deque()
 
     @property
     def provisioned(self) -> int:
@@ -113,56 +102,57 @@ class RequestFleet:
     def ready(self, now_s: float) -> list[_Replica]:
         return [r for r in self.replicas if r.ready_at_s <= now_s]
 
-    def scale_to(self, replicas: int, now_s: float) -> None:
+    def ready_count(self, now_s: float) -> int:
+        return sum(1 for r in self.replicas if r.ready_at_s <= now_s)
+
+    def scale_to(self, replicas: int, now_s: float) -> bool:
+        """Order or remove replicas; True when the count changed."""
         replicas = max(replicas, 0)
         current = len(self.replicas)
         if replicas == current:
-            return
-        self.book.bill(now_s, current)
-        self.book.scale_events += 1
+            return False
         if replicas > current:
-            self.replicas.extend(_Replica(ready_at_s=now_s + self.book.startup_s) for _ in range(replicas - current))
-            return
+            self.replicas.extend(_Replica(ready_at_s=t) for t in self.starting.ready_times(now_s, replicas - current))
+            return True
+        slope = self.world.nominal.itl_per_seq_s
 
-        # Cancel starting replicas first (newest first), then drop the least-loaded ready ones.
+        # Cancel starting replicas first (latest first), then drop the least-loaded ready ones.
         def load(r: _Replica) -> tuple[int, float, float]:
+            starting = r.ready_at_s > now_s
             return (
-                0 if r.ready_at_s > now_s else 1,
-                -r.ready_at_s if r.ready_at_s > now_s else 0.0,
-                max(r.prefill_free_s - now_s, 0.0) + len(r.decoding) * self.profile.itl_per_seq_s,
+                0 if starting else 1,
+                -r.ready_at_s if starting else 0.0,
+                max(r.prefill_free_s - now_s, 0.0) + len(r.decoding) * slope,
             )
 
         self.replicas.sort(key=load)
         del self.replicas[: current - replicas]
+        return True
 
     # long: the per-request hot loop of a replay (millions of requests); its locals are hoisted for speed.
     def advance(self, until_s: float) -> None:
         """Route and serve every request arriving before ``until_s``."""
         trace = self.trace
-        arrival = trace.arrival_s
-        end = int(np.searchsorted(arrival, until_s, side="left"))
+        end = int(np.searchsorted(trace.arrival_s, until_s, side="left"))
         start_index = self._next
         if end <= start_index:
             self._next = max(end, start_index)
             return
+        arrival = trace.arrival_s
         prompts = trace.prompt_tokens
         outputs = trace.output_tokens
-        profile = self.profile
+        profile = self.world.profile_at(until_s - self.tick_s)
         base = profile.itl_base_s
         slope = profile.itl_per_seq_s
         overhead = profile.ttft_overhead_s
-        chunk = self._chunk
-        raw = self._raw_prefill
-        kv_cap = self._kv_cap
+        chunk = float(profile.prefill_chunk_tokens)
+        raw = profile.prefill_tokens_per_s
+        kv_cap = profile.kv_capacity_tokens
         max_seqs = profile.max_num_seqs
-        refresh_every_s = 0.5
         next_refresh = -math.inf
         ready: list[_Replica] = []
         backlog = np.zeros(0)
         decoders = np.zeros(0)
-        ttft_out = self.ttft_s
-        itl_out = self.itl_s
-        start_out = self.start_s
         for i in range(start_index, end):
             t = float(arrival[i])
             if t >= next_refresh:
@@ -171,19 +161,15 @@ class RequestFleet:
                     replica.release_until(t)
                 backlog = np.array([r.prefill_free_s for r in ready], dtype=np.float64)
                 decoders = np.array([len(r.decoding) for r in ready], dtype=np.float64)
-                next_refresh = t + refresh_every_s
+                next_refresh = t + 0.5
             if not ready:
+                if not self.replicas:
+                    continue  # no replica at all: the request is never served (inf everywhere)
                 # No replica serves yet: the request waits for the first one to come up.
-                pending = [r for r in self.replicas]
-                if not pending:
-                    ttft_out[i] = math.inf
-                    itl_out[i] = math.inf
-                    continue
-                replica = min(pending, key=lambda r: r.ready_at_s)
+                replica = min(self.replicas, key=lambda r: r.ready_at_s)
                 choice = -1
             else:
-                score = np.maximum(backlog - t, 0.0) + decoders * slope
-                choice = int(np.argmin(score))
+                choice = int(np.argmin(np.maximum(backlog - t, 0.0) + decoders * slope))
                 replica = ready[choice]
             prompt = int(prompts[i])
             output = int(outputs[i])
@@ -195,90 +181,89 @@ class RequestFleet:
                 ended, tokens = heapq.heappop(heap)
                 replica.kv_used -= tokens
                 begin = max(begin, ended)
-            running = len(heap) + 1
-            step = base + slope * running
-            prefill_rate = chunk / (step + chunk / raw)
-            first_token = begin + overhead + prompt / prefill_rate
+            step = base + slope * (len(heap) + 1)
+            first_token = begin + overhead + prompt / (chunk / (step + chunk / raw))
             replica.prefill_free_s = first_token
             replica.prefill_tokens_tick += prompt
             itl = step / (1.0 - min(replica.rho_prefill, 0.95))
-            heapq.heappush(heap, (first_token + max(output - 1, 0) * itl, need))
+            finish = first_token + max(output - 1, 0) * itl
+            heapq.heappush(heap, (finish, need))
             replica.kv_used += need
-            ttft_out[i] = first_token - t
-            itl_out[i] = itl
-            start_out[i] = begin
+            self.ttft_s[i] = first_token - t
+            self.itl_s[i] = itl
+            self.start_s[i] = begin
+            self.finish_s[i] = finish
             if choice >= 0:
                 backlog[choice] = first_token
                 decoders[choice] += 1
+        new = np.arange(start_index, end, dtype=np.int64)
+        self._unfinished = np.r_[self._unfinished, new]
+        self._unprefilled = np.r_[self._unprefilled, new]
         self._next = end
 
-    def observe(self, now_s: float) -> PolicyObservation:
-        """What a metrics source would report now: rates over the last tick, queue, SLIs."""
-        self.book.bill(now_s, len(self.replicas))
-        elapsed = max(now_s - self._last_observe_s, 1e-9)
-        lo = int(np.searchsorted(self.trace.arrival_s, self._last_observe_s, side="left"))
-        hi = self._next
-        rate = (hi - lo) / elapsed
-        prompt_rate = float(self.trace.prompt_tokens[lo:hi].sum()) / elapsed
-        output_rate = float(self.trace.output_tokens[lo:hi].sum()) / elapsed
+    def sample(self, now_s: float) -> TickSample:
+        """Gauges now, and the counters' increments since the last sample."""
+        elapsed = max(now_s - self._last_sample_s, 1e-9)
         ready = self.ready(now_s)
-        running = 0
-        kv = 0.0
+        kv_sum = 0.0
+        raw = self.world.profile_at(now_s - self.tick_s).prefill_tokens_per_s
         for replica in ready:
             replica.release_until(now_s)
-            running += len(replica.decoding)
-            kv += replica.kv_used / self._kv_cap
-            replica.rho_prefill = min(replica.prefill_tokens_tick / (elapsed * self._raw_prefill), 0.95)
+            kv_sum += replica.kv_used / self.world.nominal.kv_capacity_tokens
+            replica.rho_prefill = min(replica.prefill_tokens_tick / (elapsed * raw), 0.95)
             replica.prefill_tokens_tick = 0.0
-        window_lo = int(np.searchsorted(self.trace.arrival_s, now_s - self._sli_window_s, side="left"))
-        starts = self.start_s[window_lo:hi]
-        queue = int(np.count_nonzero(starts > now_s))
-        # SLIs over requests whose first token came in the window (a scrape sees finished timings).
-        ttft = self.ttft_s[window_lo:hi]
-        itl = self.itl_s[window_lo:hi]
-        done = np.isfinite(ttft) & (self.trace.arrival_s[window_lo:hi] + ttft <= now_s)
-        sli = None
-        if np.count_nonzero(done) >= 1:
-            t_done = ttft[done]
-            i_done = itl[done]
-            sli = SliSnapshot(
-                observed_at_s=now_s,
-                window_s=self._sli_window_s,
-                requests_in_window=float(len(t_done)),
-                ttft_good_ratio=float(np.mean(t_done <= self.ttft_target_s)),
-                itl_good_ratio=float(np.mean(i_done <= self.itl_target_s)),
-                ttft_p99_s=float(np.quantile(t_done, 0.99)),
-                itl_p99_s=float(np.quantile(i_done, 0.99)),
-            )
-        self._last_observe_s = now_s
-        return PolicyObservation(
-            policy="replay",
-            observed_at_s=now_s,
-            current_replicas=len(self.replicas),
-            ready_replicas=len(ready),
-            queue_depth=float(queue),
-            running_requests=float(running),
-            request_rate_rps=rate,
-            prompt_tokens_per_s=prompt_rate,
-            output_tokens_per_s=output_rate,
-            kv_cache_usage=kv / len(ready) if ready else None,
-            sli=sli,
+        prefilled_mask = self.start_s[self._unprefilled] + self.ttft_s[self._unprefilled] <= now_s + 1e-9
+        prefilled = self._unprefilled[prefilled_mask & np.isfinite(self.ttft_s[self._unprefilled])]
+        self._unprefilled = self._unprefilled[~prefilled_mask]
+        done_mask = self.finish_s[self._unfinished] <= now_s
+        done = self._unfinished[done_mask]
+        self._unfinished = self._unfinished[~done_mask]
+        started = self.start_s[self._unfinished] <= now_s
+        ttft = self.ttft_s[done]
+        itl = self.itl_s[done]
+        self._window.append((now_s, ttft, itl))
+        while self._window and self._window[0][0] <= now_s - SLI_WINDOW_S + 1e-9:
+            self._window.popleft()
+        window_ttft = np.concatenate([w[1] for w in self._window])
+        window_itl = np.concatenate([w[2] for w in self._window])
+        self._last_sample_s = now_s
+        arrival = self.trace.arrival_s
+        return TickSample(
+            ready=len(ready),
+            waiting=float(np.count_nonzero(~started)),
+            running=float(np.count_nonzero(started)),
+            kv_usage_sum=kv_sum,
+            finished=float(len(done)),
+            prompt_tokens=float(self.trace.prompt_tokens[prefilled].sum()),
+            output_tokens=float(self.trace.output_tokens[done].sum()),
+            ttft_sum_s=float(ttft.sum()),
+            itl_sum_s=float(itl.sum()),
+            duration_sum_s=float((self.finish_s[done] - arrival[done]).sum()),
+            ttft_good=float(np.count_nonzero(ttft <= self.ttft_target_s)),
+            itl_good=float(np.count_nonzero(itl <= self.itl_target_s)),
+            ttft_p99_s=float(np.quantile(window_ttft, 0.99)) if len(window_ttft) else None,
+            itl_p99_s=float(np.quantile(window_itl, 0.99)) if len(window_itl) else None,
         )
 
-    def totals(self, end_s: float) -> FleetTotals:
-        self.book.bill(end_s, len(self.replicas))
-        served = self._next
-        ttft = self.ttft_s[:served]
-        itl = self.itl_s[:served]
-        good_ttft = ttft <= self.ttft_target_s
-        good_itl = itl <= self.itl_target_s
-        return FleetTotals(
-            requests=served,
-            good_both=int(np.count_nonzero(good_ttft & good_itl)),
-            good_ttft=int(np.count_nonzero(good_ttft)),
-            good_itl=int(np.count_nonzero(good_itl)),
-            replica_seconds=self.book.replica_seconds,
-            scale_events=self.book.scale_events,
+    def outcomes(self, ticks: int) -> TickOutcomes:
+        """Per arrival tick: requests and how many met each SLO (provisioning filled in by the runner)."""
+        index = np.minimum((self.trace.arrival_s // self.tick_s).astype(np.int64), ticks - 1)
+        good_ttft = self.ttft_s <= self.ttft_target_s
+        good_itl = self.itl_s <= self.itl_target_s
+
+        def per_tick(weights: npt.NDArray[np.bool_] | None) -> FloatArray:
+            return np.bincount(index, weights=weights, minlength=ticks)[:ticks].astype(np.float64)
+
+        zeros = np.zeros(ticks, dtype=np.int64)
+        return TickOutcomes(
+            tick_s=self.tick_s,
+            requests=per_tick(None),
+            good_both=per_tick(good_ttft & good_itl),
+            good_ttft=per_tick(good_ttft),
+            good_itl=per_tick(good_itl),
+            provisioned=zeros,
+            ready=zeros,
+            scaled=np.zeros(ticks, dtype=bool),
         )
 
 
@@ -289,3 +274,9 @@ def tick_loads(trace: RequestTrace, tick_s: float, n_ticks: int) -> tuple[FloatA
     prompt = np.bincount(index, weights=trace.prompt_tokens, minlength=n_ticks)[:n_ticks] / tick_s
     output = np.bincount(index, weights=trace.output_tokens, minlength=n_ticks)[:n_ticks] / tick_s
     return count.astype(np.float64), prompt.astype(np.float64), output.astype(np.float64)
+
+
+def insert_ready_times(ready_at: list[float], times: list[float]) -> None:
+    """Keep ``ready_at`` sorted while adding new replicas' ready times."""
+    for t in times:
+        bisect.insort(ready_at, t)

@@ -10,8 +10,10 @@ and estimates the fraction of the tick's requests within each SLO:
   to clear the backlog;
 - ITL: the Poisson spread of running sequences around their mean.
 
-It uses the same latency model as the request-level fleet, so it is a check of
-scaling behaviour and replica-hours at scale, not an independent latency measurement.
+It uses the *true* world (:mod:`controller.replay.world`: capacity error, drift,
+prompt-length tail), which the controllers do not know, but the same family of
+equations as their capacity model: it checks scaling behaviour and replica-hours
+at scale, it is not an independent latency measurement.
 """
 
 from __future__ import annotations
@@ -21,47 +23,52 @@ import math
 
 import numpy as np
 
-from contracts.traces import FloatArray
-from controller.capacity import CapacityModel, Load, ReplicaProfile, Targets
-from controller.replay.fleet import FleetTotals, Provisioned
-from controller.types import PolicyObservation, SliSnapshot
+from contracts.traces import FloatArray, IntArray
+from controller.capacity import CapacityModel, Load, Prediction
+from controller.replay.fleet import StartingReplicas, insert_ready_times
+from controller.replay.fluid_latency import ITL_GRID_S, TTFT_GRID_S, WindowTails, itl_tail, prompt_shape, ttft_tail
+from controller.replay.scoring import TickOutcomes
+from controller.replay.signals import SLI_WINDOW_S, TickSample
+from controller.replay.world import ProfileCache
 
-
-def _normal_cdf(x: float) -> float:
-    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+__all__ = ["FluidFleet", "count_loads"]
 
 
 class FluidFleet:
-    """Per-tick aggregate replay; ``loads`` are per-tick rates (same length, one per tick)."""
+    """Per-tick aggregate replay; the load arrays hold one rate per tick."""
 
     def __init__(
         self,
         rates_rps: FloatArray,
         prompt_tokens_per_s: FloatArray,
         output_tokens_per_s: FloatArray,
-        profile: ReplicaProfile,
+        world: ProfileCache,
         *,
         initial_replicas: int,
-        startup_s: float,
         tick_s: float,
-        targets: Targets | None = None,
+        prompt_samples: IntArray | None = None,
     ) -> None:
         self.rates = rates_rps
         self.prompt = prompt_tokens_per_s
         self.output = output_tokens_per_s
-        self.profile = profile
+        self.world = world
+        self.targets = world.targets
         self.tick_s = tick_s
-        self.targets = targets or Targets()
-        self.model = CapacityModel(profile, self.targets)
-        self.book = Provisioned(startup_s)
+        self.starting = StartingReplicas(world.world)
         self._ready_at: list[float] = [0.0] * initial_replicas
         self._tick = 0
         self._backlog_tokens = 0.0
-        self.requests = 0.0
-        self.good_ttft = 0.0
-        self.good_itl = 0.0
-        self.good_both = 0.0
-        self._last: tuple[float, float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        n = len(rates_rps)
+        self.good_ttft = np.zeros(n)
+        self.good_itl = np.zeros(n)
+        self.good_both = np.zeros(n)
+        self._sample = TickSample(
+            ready=initial_replicas, waiting=0.0, running=0.0, kv_usage_sum=0.0, finished=0.0, prompt_tokens=0.0,
+            output_tokens=0.0, ttft_sum_s=0.0, itl_sum_s=0.0, duration_sum_s=0.0, ttft_good=0.0, itl_good=0.0,
+            ttft_p99_s=None, itl_p99_s=None,
+        )  # fmt: skip
+        self._prompt_shape = prompt_shape(prompt_samples)
+        self._window = WindowTails(round(SLI_WINDOW_S / tick_s))
 
     @property
     def provisioned(self) -> int:
@@ -70,19 +77,25 @@ class FluidFleet:
     def ready_count(self, now_s: float) -> int:
         return bisect.bisect_right(self._ready_at, now_s)
 
-    def scale_to(self, replicas: int, now_s: float) -> None:
+    def scale_to(self, replicas: int, now_s: float) -> bool:
+        """Order or remove replicas; True when the count changed."""
         replicas = max(replicas, 0)
         current = len(self._ready_at)
         if replicas == current:
-            return
-        self.book.bill(now_s, current)
-        self.book.scale_events += 1
+            return False
         if replicas > current:
-            self._ready_at.extend([now_s + self.book.startup_s] * (replicas - current))
+            insert_ready_times(self._ready_at, self.starting.ready_times(now_s, replicas - current))
         else:
-            # Starting replicas (latest ready time, at the end) go first.
-            del self._ready_at[replicas:]
+            del self._ready_at[replicas:]  # sorted: the replicas that would be ready last go first
+        return True
 
+    def _ready_during(self, start_s: float, end_s: float) -> float:
+        """Replicas serving during the tick; those coming up mid-tick count for the part they serve."""
+        full = bisect.bisect_right(self._ready_at, start_s)
+        partial = self._ready_at[full : bisect.bisect_right(self._ready_at, end_s)]
+        return full + sum((end_s - t) / self.tick_s for t in partial)
+
+    # long: one tick of the fluid model, from load to SLO fractions and the tick's sample, in order.
     def advance(self, until_s: float) -> None:
         """Serve the tick that ends at ``until_s``."""
         k = self._tick
@@ -90,113 +103,116 @@ class FluidFleet:
             return
         self._tick += 1
         start_s = until_s - self.tick_s
-        # Replicas that come up mid-tick count for the part of the tick they serve.
-        # _ready_at stays sorted: scale-ups append now + startup (never earlier than what is
-        # there), scale-downs cut from the end.
-        full = bisect.bisect_right(self._ready_at, start_s)
-        partial = self._ready_at[full : bisect.bisect_right(self._ready_at, until_s)]
-        ready = full + sum((until_s - t) / self.tick_s for t in partial)
-        rate = float(self.rates[k])
-        prompt = float(self.prompt[k])
-        output = float(self.output[k])
+        model = self.world.model_at(start_s)
+        profile = model.profile
+        ready = self._ready_during(start_s, until_s)
+        rate, prompt, output = float(self.rates[k]), float(self.prompt[k]), float(self.output[k])
         count = rate * self.tick_s
-        self.requests += count
-        ttft_p99 = itl_p99 = math.inf
+        mean_prompt = prompt / rate if rate > 0 else 0.0
+        mean_output = output / rate if rate > 0 else 0.0
+        ttft_tail = itl_tail_ = None
         good_ttft = good_itl = 0.0
-        running = kv = 0.0
+        running = kv = waiting = 0.0
+        served_fraction = 0.0
+        ttft_mean = itl_mean = math.inf
         if ready > 0 and rate > 0:
-            n = max(math.floor(ready), 1) if ready >= 1 else 1
+            n = max(math.floor(ready), 1)
             scale = ready / n
             load = Load(
                 request_rate_rps=rate / scale, prompt_tokens_per_s=prompt / scale, output_tokens_per_s=output / scale
             )
-            mean_prompt = load.mean_prompt_tokens
-            prediction = self.model.predict(load, n)
-            running = prediction.running_per_replica if math.isfinite(prediction.running_per_replica) else 0.0
-            prefill_rate = self.profile.prefill_rate(running) * ready
+            prediction = model.predict(load, n)
+            running, kv = self._saturated(prediction, mean_prompt, mean_output)
+            prefill_rate = profile.prefill_rate(running) * ready
             # Backlog: prompt tokens beyond what the fleet prefills this tick wait for the next.
             demand = self._backlog_tokens + prompt * self.tick_s
             served = min(demand, prefill_rate * self.tick_s * 0.95)
             self._backlog_tokens = demand - served
+            served_fraction = served / (prompt * self.tick_s) if prompt > 0 else 1.0
             backlog_wait_s = self._backlog_tokens / prefill_rate
-            ttft_p99, good_ttft = self._ttft(load, n, mean_prompt, prefill_rate / ready, backlog_wait_s)
-            itl_p99, good_itl = self._itl(prediction.prefill_utilization, running)
-            kv = prediction.kv_utilization if math.isfinite(prediction.kv_utilization) else 1.0
+            ttft_tail, good_ttft, ttft_mean, queue = self._ttft(model, load, n, mean_prompt, prefill_rate / ready,
+                                                                backlog_wait_s)  # fmt: skip
+            itl_tail_, good_itl, itl_mean = self._itl(model, prediction.prefill_utilization, running)
+            waiting = queue * n + self._backlog_tokens / max(mean_prompt, 1.0)
         elif rate > 0:
             self._backlog_tokens += prompt * self.tick_s
-        self.good_ttft += count * good_ttft
-        self.good_itl += count * good_itl
-        self.good_both += count * good_ttft * good_itl
-        queue = self._backlog_tokens / max(prompt / rate if rate > 0 else 1.0, 1.0)
-        self._last = (start_s, ttft_p99, itl_p99, running * ready, kv, queue)
+            waiting = self._backlog_tokens / max(mean_prompt, 1.0)
+        self.good_ttft[k] = count * good_ttft
+        self.good_itl[k] = count * good_itl
+        self.good_both[k] = count * good_ttft * good_itl
+        finished = count * served_fraction
+        self._window.add(finished, ttft_tail, itl_tail_)
+        ttft_p99, itl_p99 = self._window.p99()
+        self._sample = TickSample(
+            ready=self.ready_count(until_s),
+            waiting=waiting,
+            running=running * ready,
+            kv_usage_sum=kv * ready,
+            finished=finished,
+            prompt_tokens=prompt * self.tick_s * served_fraction,
+            output_tokens=output * self.tick_s * served_fraction,
+            ttft_sum_s=finished * ttft_mean if finished > 0 else 0.0,
+            itl_sum_s=finished * itl_mean if finished > 0 else 0.0,
+            duration_sum_s=finished * (ttft_mean + mean_output * itl_mean) if finished > 0 else 0.0,
+            ttft_good=finished * good_ttft,
+            itl_good=finished * good_itl,
+            ttft_p99_s=ttft_p99,
+            itl_p99_s=itl_p99,
+        )
+
+    def _saturated(self, prediction: Prediction, mean_prompt: float, mean_output: float) -> tuple[float, float]:
+        """Running sequences and KV usage per replica; an overloaded replica runs full."""
+        profile = self.world.nominal
+        running = prediction.running_per_replica
+        if not math.isfinite(running):
+            by_kv = profile.kv_capacity_tokens / max(mean_prompt + mean_output / 2.0, 1.0)
+            running = float(min(profile.max_num_seqs, by_kv))
+        running = min(running, float(profile.max_num_seqs))
+        kv = prediction.kv_utilization if math.isfinite(prediction.kv_utilization) else 1.0
+        return running, min(kv, 1.0)
 
     def _ttft(
-        self, load: Load, n: int, mean_prompt: float, per_replica_rate: float, backlog_wait_s: float
-    ) -> tuple[float, float]:
-        target = self.targets.ttft_s - self.profile.ttft_overhead_s - backlog_wait_s
+        self, model: CapacityModel, load: Load, n: int, mean_prompt: float, per_replica_rate: float,
+        backlog_wait_s: float,
+    ) -> tuple[FloatArray, float, float, float]:  # fmt: skip
+        """(tail on the grid, fraction within target, mean, mean queue length per replica) of TTFT."""
+        targets = self.targets
+        fixed_s = model.profile.ttft_overhead_s + backlog_wait_s
         rate = load.request_rate_rps / n
         mean_service = mean_prompt / per_replica_rate
         rho = min(rate * mean_service, 0.999)
-        if target <= 0:
-            return backlog_wait_s + mean_service, 0.0
-        mean_wait = rate * (1 + self.targets.prompt_cv2) * mean_service**2 / (2 * (1 - rho)) if rho > 0 else 0.0
-        # Tail of wait + service: the queue's exponential tail plus the prompt-length tail.
-        bad_wait = rho * math.exp(-rho * max(target - mean_service, 0.0) / mean_wait) if mean_wait > 0 else 0.0
-        bad_service = math.exp(-target / (mean_service * math.sqrt(1 + self.targets.prompt_cv2)))
-        bad = min(1.0, bad_wait + bad_service)
-        wait_p99 = (mean_wait / rho) * math.log(rho / 0.01) if rho > 0.01 and mean_wait > 0 else 0.0
-        p99 = (
-            self.profile.ttft_overhead_s + backlog_wait_s + wait_p99 + self.targets.prompt_p99_over_mean * mean_service
-        )
-        return p99, 1.0 - bad
+        mean_wait = rate * (1 + targets.prompt_cv2) * mean_service**2 / (2 * (1 - rho)) if rho > 0 else 0.0
+        # The steady-state queue is bounded: beyond rho ~ 0.95 the overload shows as backlog instead.
+        rho_q = min(rho, 0.95)
+        queue = rate * (1 + targets.prompt_cv2) * mean_service**2 * rate / (2 * (1 - rho_q)) if rho > 0 else 0.0
+        service_s = self._prompt_shape * mean_service
+        tail = ttft_tail(np.r_[targets.ttft_s, TTFT_GRID_S], fixed_s=fixed_s, service_s=service_s, rho=rho,
+                         mean_wait_s=mean_wait)  # fmt: skip
+        return tail[1:], 1.0 - float(tail[0]), fixed_s + mean_wait + mean_service, queue
 
-    def _itl(self, rho_prefill: float, running: float) -> tuple[float, float]:
-        p = self.profile
-        if rho_prefill >= 1:
-            return math.inf, 0.0
-        spread = math.sqrt(max(running, 1.0))
-        p99 = p.step_s(running + 2.326 * spread) / (1 - rho_prefill)
-        ok_running = (self.targets.itl_s * (1 - rho_prefill) - p.itl_base_s) / max(p.itl_per_seq_s, 1e-12)
-        return p99, _normal_cdf((ok_running - running) / spread)
+    def _itl(self, model: CapacityModel, rho_prefill: float, running: float) -> tuple[FloatArray, float, float]:
+        """(tail on the grid, fraction within target, mean) of the inter-token latency."""
+        p = model.profile
+        tail = itl_tail(np.r_[self.targets.itl_s, ITL_GRID_S], base_s=p.itl_base_s, per_seq_s=p.itl_per_seq_s,
+                        rho_prefill=rho_prefill, running=running)  # fmt: skip
+        mean = p.step_s(running) / (1 - rho_prefill) if rho_prefill < 1 else math.inf
+        return tail[1:], 1.0 - float(tail[0]), mean
 
-    def observe(self, now_s: float) -> PolicyObservation:
-        self.book.bill(now_s, len(self._ready_at))
-        k = min(self._tick - 1, len(self.rates) - 1)
-        _, ttft_p99, itl_p99, running, kv, queue = self._last
-        rate = float(self.rates[k]) if k >= 0 else 0.0
-        count = rate * self.tick_s
-        sli = None
-        if count > 0 and math.isfinite(ttft_p99) and math.isfinite(itl_p99):
-            sli = SliSnapshot(
-                observed_at_s=now_s,
-                window_s=self.tick_s,
-                requests_in_window=count,
-                ttft_p99_s=ttft_p99,
-                itl_p99_s=itl_p99,
-            )
-        return PolicyObservation(
-            policy="replay",
-            observed_at_s=now_s,
-            current_replicas=len(self._ready_at),
-            ready_replicas=self.ready_count(now_s),
-            queue_depth=queue,
-            running_requests=running,
-            request_rate_rps=rate,
-            prompt_tokens_per_s=float(self.prompt[k]) if k >= 0 else 0.0,
-            output_tokens_per_s=float(self.output[k]) if k >= 0 else 0.0,
-            kv_cache_usage=kv,
-            sli=sli,
-        )
+    def sample(self, now_s: float) -> TickSample:
+        """The sample of the tick that :meth:`advance` just served."""
+        return self._sample
 
-    def totals(self, end_s: float) -> FleetTotals:
-        self.book.bill(end_s, len(self._ready_at))
-        return FleetTotals(
-            requests=round(self.requests),
-            good_both=round(self.good_both),
-            good_ttft=round(self.good_ttft),
-            good_itl=round(self.good_itl),
-            replica_seconds=self.book.replica_seconds,
-            scale_events=self.book.scale_events,
+    def outcomes(self, ticks: int) -> TickOutcomes:
+        zeros = np.zeros(ticks, dtype=np.int64)
+        return TickOutcomes(
+            tick_s=self.tick_s,
+            requests=self.rates[:ticks] * self.tick_s,
+            good_both=self.good_both[:ticks].copy(),
+            good_ttft=self.good_ttft[:ticks].copy(),
+            good_itl=self.good_itl[:ticks].copy(),
+            provisioned=zeros,
+            ready=zeros,
+            scaled=np.zeros(ticks, dtype=bool),
         )
 
 

@@ -1,255 +1,259 @@
-"""Run one workload through every scaling strategy on identical simulated fleets, and summarise.
+"""Run one workload through scaling strategies on identical simulated fleets.
 
-Each policy gets a fresh fleet (same profile, same start-up delay, same initial
-size: what the first two minutes of load need) and is asked for a replica count
-at the end of every tick, from what a metrics source would have reported.
+Each setting gets a fresh fleet in the same true world (same start-up draws, same
+initial size: what the first start-up time of load needs), and is asked for a
+replica count at the end of every tick, from what its real counterpart would read
+(:mod:`controller.replay.signals`).  Every policy starts at the same moment with the
+same empty history; the first ``warmup_s`` (30 minutes) are scored apart.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
-from contracts.slo_defaults import LEAD_TIME_S, SCALE_DOWN_COOLDOWN_S
+from contracts.slo_defaults import LEAD_TIME_S
 from contracts.traces import FloatArray
 from controller.capacity import CapacityModel, Load, ReplicaProfile, Targets
-from controller.replay.baselines import (
-    STRATEGY_NAMES,
+from controller.replay.dynamo import DynamoPlanner, PlannerSettings
+from controller.replay.fleet import RequestFleet
+from controller.replay.fluid import FluidFleet
+from controller.replay.scoring import Score, TickOutcomes, score
+from controller.replay.settings import Setting
+from controller.replay.signals import FleetView, MetricsPipeline
+from controller.replay.strategies import (
     CoreStrategy,
-    DynamoStyleStrategy,
-    HpaStrategy,
+    DynamoStrategy,
+    HpaLoadStrategy,
+    KedaStrategy,
     OracleStrategy,
     ReplayStrategy,
     StaticStrategy,
+    production_core,
 )
-from controller.replay.fleet import FleetTotals, RequestFleet
-from controller.replay.fluid import FluidFleet
 from controller.replay.workload import Workload
+from controller.replay.world import ProfileCache, World, true_targets
+
+__all__ = ["PolicyRun", "ReplayConfig", "ReplayContext", "run_setting"]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class ReplayConfig:
     tick_s: float = 15.0
-    startup_s: float = float(LEAD_TIME_S)
-    """Pod start-up time; also the policies' lead time."""
-    cooldown_s: int = SCALE_DOWN_COOLDOWN_S
-    quantile: float = 0.9
+    world: World = field(default_factory=lambda: World(startup_s=float(LEAD_TIME_S)))
+    """The true world; its ``startup_s`` is also every controller's lead time."""
+    scrape_s: float = 30.0
+    """Prometheus scrape interval of the replicas' metrics (kube-prometheus-stack's default)."""
+    dynamo_scrape_s: float = 5.0
+    """Dynamo's frontend PodMonitor interval."""
+    adapter_rate_window_s: float = 120.0
+    """``rate(...[2m])`` of prometheus-adapter's sample rule, for the HPA's custom metric."""
     refit_every_ticks: int = 240
     """Refit moeslo's forecaster at most this often (every hour at 15 s ticks; sooner while history is short)."""
-    hpa_target_utilization: float = 0.7
-    hpa_stabilization_s: float = 180.0
-    dynamo_interval_s: float = 180.0
-    max_replicas: int = 10_000
+    max_replicas: int | None = None
+    """Every policy's upper bound; None: twice what the controllers' model asks for the trace's peak
+    (an operator's quota; KEDA's own default is 100)."""
     targets: Targets = field(default_factory=Targets)
+    """The SLO targets and the length tail the controllers assume (the nominal ones)."""
     season_s: float | None = 86_400.0
+    warmup_s: float = 1800.0
+    reference_lengths: tuple[float, float] = (1155.0, 211.0)
+    """Mean prompt and output tokens an operator benchmarks with (Azure 2023 conversation):
+    the mix at which the HPA's custom metric converts tokens/s to a load share."""
+
+    @property
+    def startup_s(self) -> float:
+        return self.world.startup_s
+
+    @property
+    def lead_ticks(self) -> int:
+        return math.ceil(self.world.startup_s / self.tick_s)
+
+
+def _needs(loads: tuple[FloatArray, FloatArray, FloatArray], model_at: Callable[[float], CapacityModel],
+           tick_s: float) -> FloatArray:  # fmt: skip
+    rates, prompt, output = loads
+    out = np.zeros(len(rates))
+    for k in range(len(rates)):
+        load = Load(request_rate_rps=float(rates[k]), prompt_tokens_per_s=float(prompt[k]),
+                    output_tokens_per_s=float(output[k]))  # fmt: skip
+        out[k] = model_at(k * tick_s).replicas_needed(load)
+    return out
+
+
+class ReplayContext:
+    """What every run of one workload shares: the true world, the nominal profile, derived sizes."""
+
+    def __init__(self, workload: Workload, profile: ReplicaProfile, config: ReplayConfig) -> None:
+        self.workload = workload
+        self.profile = profile
+        self.config = config
+        self.true_targets = true_targets(config.targets, workload.prompt_samples)
+        self.truth = ProfileCache(profile, config.world, self.true_targets)
+        self._true_needs: dict[float, FloatArray] = {}
+        loads = self._loads
+        first = slice(0, min(config.lead_ticks + 1, workload.ticks))
+        head = _needs((loads[0][first], loads[1][first], loads[2][first]), self.truth.model_at, config.tick_s)
+        self.initial_replicas = max(int(head.max()), 1)
+        self.max_replicas = config.max_replicas or min(2 * self.peak_need(config.targets.headroom), 10_000)
+
+    @property
+    def _loads(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        w = self.workload
+        return w.rates_rps, w.prompt_tokens_per_s, w.output_tokens_per_s
+
+    def nominal_capacity(self, headroom: float | None = None) -> CapacityModel:
+        targets = self.config.targets
+        if headroom is not None:
+            targets = Targets(**{**_targets_dict(targets), "headroom": headroom})
+        return CapacityModel(self.profile, targets)
+
+    def true_needs(self, headroom: float) -> FloatArray:
+        """Replicas the true world needs for each tick's true load, at ``headroom``."""
+        if headroom not in self._true_needs:
+            targets = Targets(**{**_targets_dict(self.true_targets), "headroom": headroom})
+            cache = ProfileCache(self.profile, self.config.world, targets)
+            self._true_needs[headroom] = _needs(self._loads, cache.model_at, self.config.tick_s)
+        return self._true_needs[headroom]
+
+    def peak_need(self, headroom: float) -> int:
+        """Replicas the controllers' model asks for the busiest ticks (the top 1 % by tokens/s)."""
+        w = self.workload
+        tokens = w.prompt_tokens_per_s + w.output_tokens_per_s
+        top = np.argsort(tokens)[-max(len(tokens) // 100, 1) :]
+        model = self.nominal_capacity(headroom)
+        loads = self._loads
+        return max(int(_needs((loads[0][top], loads[1][top], loads[2][top]), lambda _: model, 1.0).max()), 1)
+
+    @cached_property
+    def reference_rates(self) -> tuple[float, float]:
+        prompt, output = self.config.reference_lengths
+        return self.nominal_capacity().sustainable_rates(mean_prompt_tokens=prompt, mean_output_tokens=output)
+
+
+def _targets_dict(targets: Targets) -> dict[str, float]:
+    return {name: getattr(targets, name) for name in Targets.__dataclass_fields__}
+
+
+def build_strategy(setting: Setting, ctx: ReplayContext) -> ReplayStrategy:
+    config = ctx.config
+    policy = setting.policy
+    if policy == "static":
+        return StaticStrategy(ctx.peak_need(setting.number("headroom")))
+    if policy == "oracle":
+        return OracleStrategy(np.maximum(ctx.true_needs(setting.number("headroom")), 1), lead_ticks=config.lead_ticks)
+    if policy == "hpa":
+        prefill, decode = ctx.reference_rates
+        return HpaLoadStrategy(
+            target=setting.number("target"),
+            prefill_tokens_per_s_at_slo=prefill,
+            decode_tokens_per_s_at_slo=decode,
+            max_replicas=ctx.max_replicas,
+            rate_window_s=config.adapter_rate_window_s,
+        )
+    if policy in ("keda-queue", "keda-kv"):
+        gauge = "waiting" if policy == "keda-queue" else "kv_usage_sum"
+        return KedaStrategy(name=policy, gauge=gauge, threshold=setting.number("threshold"),
+                            max_replicas=ctx.max_replicas)  # fmt: skip
+    if policy == "dynamo":
+        settings = PlannerSettings(
+            predictor=setting.text("predictor"),
+            headroom=setting.number("headroom"),
+            ttft_target_ms=config.targets.ttft_s * 1000.0,
+            itl_target_ms=config.targets.itl_s * 1000.0,
+            max_replicas=ctx.max_replicas,
+        )
+        return DynamoStrategy(DynamoPlanner(ctx.profile, settings), scrape_s=config.dynamo_scrape_s)
+    core = production_core(
+        profile=ctx.profile, tick_s=config.tick_s, refit_every_ticks=config.refit_every_ticks, season_s=config.season_s
+    )
+    return CoreStrategy.for_replay(
+        core,
+        lead_time_s=round(config.startup_s),
+        cooldown_s=round(setting.number("cooldown_s")),
+        max_replicas=ctx.max_replicas,
+        quantile=setting.number("quantile"),
+    )
 
 
 @dataclass(kw_only=True)
 class PolicyRun:
-    name: str
-    totals: FleetTotals
+    setting: Setting
+    outcomes: TickOutcomes
     wall_s: float
     cpu_s: float
-    """CPU time of this process (on a shared machine, wall time also counts other people's work)."""
-    times_s: FloatArray
-    provisioned: np.ndarray
-    ready: np.ndarray
-    forecast_point_rps: FloatArray | None = None
-    forecast_lower_rps: FloatArray | None = None
-    forecast_upper_rps: FloatArray | None = None
+    """CPU time of the process that ran it (on a shared machine, wall time also counts other people's work)."""
+    forecast_rps: FloatArray | None = None
+    """(point, lower, upper) request-rate forecast one lead time ahead, per tick (moeslo only)."""
     reasons: dict[str, int] = field(default_factory=dict)
 
     @property
-    def replica_hours(self) -> float:
-        return self.totals.replica_seconds / 3600.0
+    def name(self) -> str:
+        return self.setting.label
 
-    @property
-    def attainment(self) -> float:
-        return self.totals.good_both / self.totals.requests if self.totals.requests else float("nan")
-
-    def summary(self) -> dict[str, object]:
-        t = self.totals
-        n = max(t.requests, 1)
-        return {
-            "requests": t.requests,
-            "attainment_both": round(t.good_both / n, 5),
-            "attainment_ttft": round(t.good_ttft / n, 5),
-            "attainment_itl": round(t.good_itl / n, 5),
-            "replica_hours": round(self.replica_hours, 3),
-            "scale_events": t.scale_events,
-            "peak_replicas": int(self.provisioned.max()) if len(self.provisioned) else 0,
-            "wall_s": round(self.wall_s, 2),
-            "cpu_s": round(self.cpu_s, 2),
-            **({"reasons": self.reasons} if self.reasons else {}),
-        }
+    def score(self, start_s: float = 0.0, end_s: float = math.inf) -> Score:
+        return score(self.outcomes, start_s, end_s)
 
 
-def needs_per_tick(workload: Workload, capacity: CapacityModel) -> FloatArray:
-    return np.array(
-        [
-            capacity.replicas_needed(
-                Load(request_rate_rps=float(r), prompt_tokens_per_s=float(p), output_tokens_per_s=float(o))
-            )
-            for r, p, o in zip(
-                workload.rates_rps, workload.prompt_tokens_per_s, workload.output_tokens_per_s, strict=True
-            )
-        ],
-        dtype=np.float64,
-    )
-
-
-def build_policy(
-    name: str, workload: Workload, profile: ReplicaProfile, config: ReplayConfig, needs: FloatArray
-) -> ReplayStrategy:
-    capacity = CapacityModel(profile, config.targets)
-    lead_ticks = math.ceil(config.startup_s / config.tick_s)
-    if name == "static":
-        return StaticStrategy(max(int(needs.max()), 1))
-    if name == "oracle":
-        return OracleStrategy(np.maximum(needs, 1), lead_ticks=lead_ticks)
-    if name == "hpa":
-        active = workload.rates_rps > 0
-        rate_sum = max(float(workload.rates_rps[active].sum()), 1e-9)
-        mean_prompt = float(workload.prompt_tokens_per_s[active].sum()) / rate_sum
-        mean_output = float(workload.output_tokens_per_s[active].sum()) / rate_sum
-        prefill, decode = capacity.sustainable_rates(mean_prompt_tokens=mean_prompt, mean_output_tokens=mean_output)
-        return HpaStrategy(
-            prefill_tokens_per_s_at_slo=prefill,
-            decode_tokens_per_s_at_slo=decode,
-            target_utilization=config.hpa_target_utilization,
-            scale_down_stabilization_s=config.hpa_stabilization_s,
-        )
-    if name == "dynamo":
-        return DynamoStyleStrategy(capacity, interval_s=config.dynamo_interval_s)
-    if name == "moeslo":
-        return CoreStrategy(
-            profile,
-            tick_s=config.tick_s,
-            lead_time_s=int(config.startup_s),
-            cooldown_s=config.cooldown_s,
-            max_replicas=config.max_replicas,
-            quantile=config.quantile,
-            refit_every_ticks=config.refit_every_ticks,
-            season_s=config.season_s,
-        )
-    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
-
-
-def _make_fleet(
-    workload: Workload, profile: ReplicaProfile, config: ReplayConfig, initial: int
-) -> RequestFleet | FluidFleet:
+def make_fleet(ctx: ReplayContext) -> RequestFleet | FluidFleet:
     """Every request simulated (request mode), or per-tick aggregates (fluid mode)."""
-    if workload.requests is not None:
+    w, config = ctx.workload, ctx.config
+    if w.requests is not None:
         return RequestFleet(
-            workload.requests,
-            profile,
-            initial_replicas=initial,
-            startup_s=config.startup_s,
+            w.requests,
+            ctx.truth,
+            initial_replicas=ctx.initial_replicas,
             tick_s=config.tick_s,
             ttft_target_s=config.targets.ttft_s,
             itl_target_s=config.targets.itl_s,
         )
     return FluidFleet(
-        workload.rates_rps,
-        workload.prompt_tokens_per_s,
-        workload.output_tokens_per_s,
-        profile,
-        initial_replicas=initial,
-        startup_s=config.startup_s,
-        tick_s=config.tick_s,
-        targets=config.targets,
-    )
+        w.rates_rps, w.prompt_tokens_per_s, w.output_tokens_per_s, ctx.truth,
+        initial_replicas=ctx.initial_replicas, tick_s=config.tick_s, prompt_samples=w.prompt_samples,
+    )  # fmt: skip
 
 
-def run_policy(
-    name: str,
-    workload: Workload,
-    profile: ReplicaProfile,
-    config: ReplayConfig,
-    *,
-    needs: FloatArray,
-    on_tick: Callable[[int], None] | None = None,
-) -> PolicyRun:
-    began = time.perf_counter()
-    began_cpu = time.process_time()
-    policy = build_policy(name, workload, profile, config, needs)
-    lead_ticks = math.ceil(config.startup_s / config.tick_s)
-    initial = max(int(needs[: lead_ticks + 1].max()), 1)
-    tick_s = config.tick_s
-    fleet = _make_fleet(workload, profile, config, initial)
-    n = workload.ticks
-    times: FloatArray = np.arange(1, n + 1, dtype=np.float64) * tick_s
+def run_setting(setting: Setting, ctx: ReplayContext, *, on_tick: Callable[[int], None] | None = None) -> PolicyRun:
+    began, began_cpu = time.perf_counter(), time.process_time()
+    strategy = build_strategy(setting, ctx)
+    config = ctx.config
+    fleet = make_fleet(ctx)
+    n = ctx.workload.ticks
+    pipeline = MetricsPipeline(tick_s=config.tick_s, ticks=n, scrape_s=config.scrape_s)
     provisioned = np.zeros(n, dtype=np.int64)
     ready = np.zeros(n, dtype=np.int64)
-    forecasts = np.full((3, n), np.nan) if isinstance(policy, CoreStrategy) else None
+    scaled = np.zeros(n, dtype=bool)
+    forecasts = np.full((3, n), np.nan) if isinstance(strategy, CoreStrategy) else None
     for k in range(n):
-        now_s = float(times[k])
+        now_s = (k + 1) * config.tick_s
         fleet.advance(now_s)
-        observation = fleet.observe(now_s)
+        pipeline.record(k, fleet.sample(now_s))
         provisioned[k] = fleet.provisioned
-        ready[k] = observation.ready_replicas or 0
-        fleet.scale_to(policy.desired(observation, now_s, k), now_s)
-        if forecasts is not None and isinstance(policy, CoreStrategy):
-            last = policy.advisor.last_forecast.get(policy.policy.name)
+        ready[k] = fleet.ready_count(now_s)
+        view = FleetView(pipeline=pipeline, tick=k, now_s=now_s, spec_replicas=fleet.provisioned,
+                         ready_replicas=int(ready[k]))  # fmt: skip
+        scaled[k] = fleet.scale_to(strategy.desired(view), now_s)
+        if forecasts is not None and isinstance(strategy, CoreStrategy):
+            last = strategy.last_forecast()
             if last is not None:
                 forecasts[:, k] = last
         if on_tick is not None:
             on_tick(k)
-    totals = fleet.totals(float(times[-1]))
+    base = fleet.outcomes(n)
+    outcomes = TickOutcomes(
+        tick_s=config.tick_s, requests=base.requests, good_both=base.good_both, good_ttft=base.good_ttft,
+        good_itl=base.good_itl, provisioned=provisioned, ready=ready, scaled=scaled,
+    )  # fmt: skip
     return PolicyRun(
-        name=name,
-        totals=totals,
+        setting=setting,
+        outcomes=outcomes,
         wall_s=time.perf_counter() - began,
         cpu_s=time.process_time() - began_cpu,
-        times_s=times,
-        provisioned=provisioned,
-        ready=ready,
-        forecast_point_rps=None if forecasts is None else forecasts[0],
-        forecast_lower_rps=None if forecasts is None else forecasts[1],
-        forecast_upper_rps=None if forecasts is None else forecasts[2],
-        reasons=dict(sorted(policy.reasons.items())) if isinstance(policy, CoreStrategy) else {},
+        forecast_rps=forecasts,
+        reasons=dict(sorted(strategy.reasons.items())) if isinstance(strategy, CoreStrategy) else {},
     )
-
-
-def run_replay(
-    workload: Workload,
-    policies: Sequence[str],
-    profile: ReplicaProfile,
-    config: ReplayConfig,
-    *,
-    on_tick: Callable[[str, int], None] | None = None,
-) -> list[PolicyRun]:
-    unknown = [p for p in policies if p not in STRATEGY_NAMES]
-    if unknown:
-        raise ValueError(f"unknown policies {', '.join(unknown)}; choose from {', '.join(STRATEGY_NAMES)}")
-    needs = needs_per_tick(workload, CapacityModel(profile, config.targets))
-    runs = []
-    for name in policies:
-        callback = None if on_tick is None else (lambda k, n=name: on_tick(n, k))
-        runs.append(run_policy(name, workload, profile, config, needs=needs, on_tick=callback))
-    return runs
-
-
-def summarise(workload: Workload, runs: Sequence[PolicyRun], profile: ReplicaProfile) -> dict[str, object]:
-    by_name = {run.name: run for run in runs}
-    oracle = by_name.get("oracle")
-    policies: dict[str, object] = {}
-    for run in runs:
-        entry = run.summary()
-        if oracle is not None and oracle.replica_hours > 0:
-            entry["replica_hours_vs_oracle"] = round(run.replica_hours / oracle.replica_hours, 4)
-        policies[run.name] = entry
-    return {
-        "trace": workload.name,
-        "mode": "request" if workload.requests is not None else "fluid",
-        "duration_s": workload.duration_s,
-        "tick_s": workload.tick_s,
-        "requests": round(float(workload.rates_rps.sum()) * workload.tick_s),
-        "mean_tokens_per_s": round(workload.total_tokens / workload.duration_s, 1),
-        "profile": profile.name,
-        "policies": policies,
-    }

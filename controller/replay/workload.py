@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Literal
 
 from contracts.errors import ValidationError
-from contracts.traces import CountTrace, FloatArray, LengthDistribution, RequestTrace, load_trace
+from contracts.traces import CountTrace, FloatArray, IntArray, LengthDistribution, RequestTrace, load_trace
 from controller.replay.fleet import tick_loads
 from controller.replay.fluid import count_loads
 from controller.replay.lengths import resolve_lengths
+from controller.replay.world import World, perturb_lengths, perturb_trace
 
 Mode = Literal["request", "fluid"]
 
@@ -26,6 +27,8 @@ class Workload:
     prompt_tokens_per_s: FloatArray
     output_tokens_per_s: FloatArray
     requests: RequestTrace | None = None
+    prompt_samples: IntArray | None = None
+    """Prompt lengths the load is made of (the trace's, or the length distribution's): the true tail."""
 
     @property
     def ticks(self) -> int:
@@ -47,11 +50,14 @@ def make_workload(
     mode: Mode,
     lengths: LengthDistribution | None = None,
     seed: int = 0,
+    world: World | None = None,
 ) -> Workload:
-    """Per-tick loads of a trace; request mode expands count traces into requests first."""
+    """Per-tick loads of a trace as the true ``world`` sends it; request mode expands count traces first."""
     if isinstance(trace, CountTrace):
         if lengths is None:
             raise ValueError("a count trace needs a length distribution")
+        if world is not None:
+            lengths = perturb_lengths(lengths, world)
         if mode == "request":
             trace = trace.expand(lengths, seed=seed)
         else:
@@ -64,7 +70,10 @@ def make_workload(
                 rates_rps=rates,
                 prompt_tokens_per_s=prompt,
                 output_tokens_per_s=output,
+                prompt_samples=lengths.prompt_tokens,
             )
+    elif world is not None:
+        trace = perturb_trace(trace, world)
     n_ticks = max(1, math.ceil((trace.duration_s + 1e-9) / tick_s))
     rates, prompt, output = tick_loads(trace, tick_s, n_ticks)
     return Workload(
@@ -74,6 +83,7 @@ def make_workload(
         prompt_tokens_per_s=prompt,
         output_tokens_per_s=output,
         requests=trace if mode == "request" else None,
+        prompt_samples=trace.prompt_tokens,
     )
 
 
@@ -89,6 +99,7 @@ def prepare_workload(
     duration_s: float | None,
     tokens_per_s: float | None,
     seed: int,
+    world: World | None = None,
 ) -> Workload:
     """Load, window, speed up and scale a trace into a :class:`Workload`."""
     trace: RequestTrace | CountTrace = load_trace(trace_path)
@@ -117,7 +128,9 @@ def prepare_workload(
         mode = "fluid" if isinstance(trace, CountTrace) else "request"
     if mode not in ("request", "fluid"):
         raise ValidationError(f"mode must be request, fluid or auto, got {mode!r}")
-    return make_workload(trace, tick_s=tick_s, mode=mode, lengths=length_dist, seed=seed)  # type: ignore[arg-type]
+    return make_workload(
+        trace, tick_s=tick_s, mode=mode, lengths=length_dist, seed=seed, world=world  # type: ignore[arg-type]
+    )
 
 
 __all__ = ["Mode", "Workload", "make_workload", "prepare_workload"]

@@ -14,7 +14,7 @@ from controller.capacity import DEFAULT_PROFILE
 from controller.config import ControllerSettings
 from controller.load_history import LoadHistoryRecorder, resample
 from controller.policy import KubernetesTarget, Policy
-from controller.replay.baselines import CoreStrategy
+from controller.replay.strategies import CoreStrategy, production_core
 from controller.service import ControllerService, build_service
 from controller.store import Store
 from controller.types import PolicyObservation, SliSnapshot, TickInput
@@ -35,10 +35,10 @@ def sequence(n: int, seed: int = 1) -> list[tuple[float, float, float, int, floa
 def test_service_and_replay_build_the_same_core(tmp_path: Path) -> None:
     settings = ControllerSettings(db=str(tmp_path / "c.db"), tick_interval_s=TICK_S)
     service = build_service(settings, Store(settings.db_url), CollectorRegistry())
-    strategy = CoreStrategy(
-        DEFAULT_PROFILE, tick_s=TICK_S, lead_time_s=120, cooldown_s=180, max_replicas=50, quantile=0.9,
-        refit_every_ticks=240, season_s=86_400.0,
-    )
+    strategy = CoreStrategy.for_replay(
+        production_core(profile=DEFAULT_PROFILE, tick_s=TICK_S, refit_every_ticks=240, season_s=86_400.0),
+        lead_time_s=120, cooldown_s=180, max_replicas=50, quantile=0.9,
+    )  # fmt: skip
     policy = strategy.policy
     decisions = []
     for k, (rate, prompt, output, replicas, queue) in enumerate(sequence(300)):

@@ -9,6 +9,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from cli.main import app
+from controller.replay.settings import SWEEP_GRIDS
 
 
 def write_azure(path: Path, minutes: int = 12, seed: int = 0) -> Path:
@@ -55,14 +56,42 @@ def test_replay_writes_summary_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = CliRunner().invoke(
         app,
-        ["replay", "--trace", str(trace), "--policies", "static,hpa,oracle", "--out", str(out), "--json"],
-    )
+        ["replay", "--trace", str(trace), "--policies", "static,hpa:target=0.5,oracle", "--out", str(out),
+         "--warmup", "120", "--json"],
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert set(summary["policies"]) == {"static", "hpa", "oracle"}
+    assert set(summary["policies"]) == {"static:headroom=0.85", "hpa:target=0.5", "oracle:headroom=0.85"}
     assert summary["mode"] == "request"
+    assert set(summary["policies"]["hpa:target=0.5"]) >= {"scored", "warmup"}
     assert json.loads((out / "summary.json").read_text())["policies"] == summary["policies"]
     assert (out / "replicas.png").stat().st_size > 1000
+
+
+def test_replay_sweep_draws_frontiers_and_reads_them_at_fixed_attainments(tmp_path: Path) -> None:
+    trace = write_azure(tmp_path / "t.csv")
+    out = tmp_path / "sweep"
+    result = CliRunner().invoke(
+        app,
+        ["replay", "--sweep", "--trace", str(trace), "--policies", "static,hpa,oracle", "--out", str(out),
+         "--warmup", "120", "--capacity-error", "-0.2", "--workers", "1", "--window", "late=360:", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["world"]["capacity_error"] == -0.2
+    assert set(summary["windows"]) == {"warmup", "scored", "late"}
+    scored = summary["windows"]["scored"]
+    assert set(scored["frontiers"]) == {"static", "hpa", "oracle"}
+    assert set(scored["at_attainment"]) == {"99.5%", "99.8%", "99.9%"}
+    assert len(summary["points"]) == sum(len(SWEEP_GRIDS[p]) for p in ("static", "hpa", "oracle"))
+    assert (out / "frontier_scored.png").stat().st_size > 1000
+    again = CliRunner().invoke(
+        app,
+        ["replay", "--sweep", "--trace", str(trace), "--policies", "static,hpa", "--out", str(tmp_path / "s2"),
+         "--warmup", "120", "--workers", "1", "--tuned-from", str(out / "sweep.json"), "--json"],
+    )  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert set(json.loads(again.stdout)["tuned_from"]["by_attainment"]["99.5%"]) == {"static", "hpa", "oracle"}
 
 
 def test_replay_bad_trace_is_a_clear_error(tmp_path: Path) -> None:

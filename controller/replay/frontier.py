@@ -1,0 +1,131 @@
+"""Pareto frontiers of replica-hours against SLO violations, and their values at fixed attainments.
+
+Each policy run over its knob gives points (attainment, replica-hours).  Its frontier
+keeps the points no other point of the same policy beats on both.  Comparing
+policies at *equal attainment* means reading each frontier at the same attainment:
+between two frontier points, replica-hours are interpolated linearly in the
+logarithm of the violation rate (``1 - attainment``), the axis the frontiers are
+drawn on, where they are close to straight.
+
+At an attainment below the policy's cheapest point, the cheapest point's
+replica-hours are an *upper bound* (``kind="at_most"``: it would need at most that);
+above its best point the attainment is ``unreachable`` for that policy's knob range.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["AtAttainment", "Point", "at_attainment", "compare_at", "pareto"]
+
+MIN_VIOLATION = 1e-7
+"""Violation rates are floored here before taking logarithms (a perfect run is 1e-7, not 0)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Point:
+    label: str
+    attainment: float
+    replica_hours: float
+
+    @property
+    def violation(self) -> float:
+        return max(1.0 - self.attainment, MIN_VIOLATION)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AtAttainment:
+    attainment: float
+    replica_hours: float | None
+    kind: Literal["interpolated", "at_most", "unreachable"]
+    between: tuple[str, ...] = ()
+    """Labels of the frontier points it was read from."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "replica_hours": None if self.replica_hours is None else round(self.replica_hours, 3),
+            "kind": self.kind,
+            "from": list(self.between),
+        }
+
+
+def pareto(points: Sequence[Point]) -> list[Point]:
+    """The points no other beats (fewer or equal replica-hours and higher attainment), cheapest first."""
+    finite = [p for p in points if math.isfinite(p.attainment) and math.isfinite(p.replica_hours)]
+    ordered = sorted(finite, key=lambda p: (p.replica_hours, -p.attainment))
+    frontier: list[Point] = []
+    for point in ordered:
+        if not frontier or point.attainment > frontier[-1].attainment:
+            frontier.append(point)
+    return frontier
+
+
+def at_attainment(frontier: Sequence[Point], attainment: float) -> AtAttainment:
+    """Replica-hours the frontier needs to reach ``attainment``."""
+    if not frontier:
+        return AtAttainment(attainment=attainment, replica_hours=None, kind="unreachable")
+    cheapest, best = frontier[0], frontier[-1]
+    if attainment <= cheapest.attainment:
+        return AtAttainment(
+            attainment=attainment, replica_hours=cheapest.replica_hours, kind="at_most", between=(cheapest.label,)
+        )
+    if attainment > best.attainment:
+        return AtAttainment(attainment=attainment, replica_hours=None, kind="unreachable")
+    target = math.log10(max(1.0 - attainment, MIN_VIOLATION))
+    for low, high in itertools.pairwise(frontier):
+        if low.attainment < attainment <= high.attainment:
+            x0, x1 = math.log10(low.violation), math.log10(high.violation)
+            share = 1.0 if x0 == x1 else (target - x0) / (x1 - x0)
+            hours = low.replica_hours + share * (high.replica_hours - low.replica_hours)
+            return AtAttainment(
+                attainment=attainment, replica_hours=hours, kind="interpolated", between=(low.label, high.label)
+            )
+    raise AssertionError("unreachable: the frontier brackets the attainment")
+
+
+def compare_at(
+    frontiers: Mapping[str, Sequence[Point]],
+    attainment: float,
+    *,
+    ours: str,
+    baselines: Sequence[str],
+) -> dict[str, object]:
+    """Each policy's replica-hours at ``attainment``, and ours over the best baseline's.
+
+    The ratio is ``exact`` when both values are interpolated; ``at_most`` when ours is an
+    upper bound and the baseline's is not (we need at most that); None when either side
+    cannot reach the attainment or only the baseline's value is a bound.
+    """
+    values = {name: at_attainment(frontier, attainment) for name, frontier in frontiers.items()}
+    candidates = {
+        name: v for name, v in values.items() if name in baselines and v.replica_hours is not None
+    }
+    entry: dict[str, object] = {"policies": {name: v.as_dict() for name, v in values.items()}}
+    if not candidates or ours not in values or values[ours].replica_hours is None:
+        entry.update({"best_baseline": None, "ratio_to_best_baseline": None, "ratio_kind": None})
+        return entry
+    best_name = min(candidates, key=lambda n: candidates[n].replica_hours or math.inf)
+    best = candidates[best_name]
+    mine = values[ours]
+    assert best.replica_hours is not None and mine.replica_hours is not None
+    if best.kind == "interpolated" and mine.kind == "interpolated":
+        kind: str | None = "exact"
+    elif mine.kind == "at_most" and best.kind == "interpolated":
+        kind = "at_most"
+    elif mine.kind == "at_most" and best.kind == "at_most":
+        kind = "both_bounds"
+    else:
+        kind = None
+    ratio = mine.replica_hours / best.replica_hours if kind is not None and best.replica_hours > 0 else None
+    entry.update(
+        {
+            "best_baseline": best_name,
+            "ratio_to_best_baseline": None if ratio is None else round(ratio, 4),
+            "ratio_kind": kind,
+        }
+    )
+    return entry

@@ -1,0 +1,167 @@
+"""What ``moeslo replay`` does, from its options to the files it writes (the CLI only parses and prints)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from contracts.errors import DataError, ValidationError
+from controller.capacity import DEFAULT_PROFILE, ReplicaProfile
+from controller.replay.report import write_report, write_sweep
+from controller.replay.runner import ReplayConfig, ReplayContext, run_setting
+from controller.replay.settings import Setting, parse_setting, sweep_settings
+from controller.replay.sweep import SweepPoint, Window, WorkloadSpec, run_sweep, transfer
+from controller.replay.world import World
+
+__all__ = ["Progress", "ReplayRequest", "parse_policies", "parse_windows", "replay_once", "replay_sweep"]
+
+Progress = Callable[[str, int, int], None]
+"""Called as (what finished, how many done, how many in all)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayRequest:
+    """One trace, prepared one way, in one world (the options of ``moeslo replay``)."""
+
+    trace: Path
+    speedup: float = 1.0
+    rate_scale: float = 1.0
+    tokens_per_s: float | None = None
+    profile: Path | None = None
+    lengths: str = "azure-2023-conv"
+    mode: str = "auto"
+    tick_s: float = 15.0
+    startup_s: float = 120.0
+    startup_jitter: float = 0.0
+    capacity_error: float = 0.0
+    drift_per_day: float = 0.0
+    prompt_tail: float = 1.0
+    scrape_s: float = 30.0
+    warmup_s: float = 1800.0
+    refit_every: int = 240
+    start_s: float = 0.0
+    duration_s: float | None = None
+    seed: int = 0
+
+    @property
+    def world(self) -> World:
+        return World(
+            capacity_error=self.capacity_error,
+            drift_per_day=self.drift_per_day,
+            prompt_tail_factor=self.prompt_tail,
+            startup_s=self.startup_s,
+            startup_jitter=self.startup_jitter,
+            seed=self.seed,
+        )
+
+    def config(self) -> ReplayConfig:
+        return ReplayConfig(
+            tick_s=self.tick_s,
+            world=self.world,
+            scrape_s=self.scrape_s,
+            refit_every_ticks=self.refit_every,
+            warmup_s=self.warmup_s,
+        )
+
+    def workload_spec(self) -> WorkloadSpec:
+        return WorkloadSpec(
+            arguments={
+                "trace_path": self.trace, "tick_s": self.tick_s, "mode": self.mode, "lengths": self.lengths,
+                "speedup": self.speedup, "rate_scale": self.rate_scale, "start_s": self.start_s,
+                "duration_s": self.duration_s, "tokens_per_s": self.tokens_per_s, "seed": self.seed,
+                "world": self.world,
+            }
+        )  # fmt: skip
+
+    def replica_profile(self) -> ReplicaProfile:
+        return ReplicaProfile.load(self.profile) if self.profile is not None else DEFAULT_PROFILE
+
+
+def parse_policies(text: str) -> list[Setting]:
+    """Policies separated by ``;`` (or by ``,`` when no ``;`` is given), each ``name[:knob=v,...]``."""
+    parts = text.split(";") if ";" in text else text.split(",")
+    return [parse_setting(p) for p in parts if p.strip()]
+
+
+def parse_windows(texts: Sequence[str], *, warmup_s: float) -> list[Window]:
+    """The default windows (``warmup``, ``scored``) and any ``NAME=START:END`` given."""
+    windows = [Window(name="warmup", start_s=0.0, end_s=warmup_s), Window(name="scored", start_s=warmup_s)]
+    problems = []
+    for text in texts:
+        name, _, span = text.partition("=")
+        start, _, end = span.partition(":")
+        try:
+            windows.append(Window(name=name.strip(), start_s=float(start), end_s=float(end) if end else math.inf))
+        except ValueError:
+            problems.append(f"window {text!r} must look like NAME=START:END (seconds; END may be empty)")
+    if problems:
+        raise ValidationError(problems)
+    return windows
+
+
+def replay_once(
+    request: ReplayRequest, policies: str, out: Path, *, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Each policy once (its default knobs unless given), per-tick plots, ``summary.json``."""
+    began, began_cpu = time.perf_counter(), time.process_time()
+    settings = parse_policies(policies)
+    profile = request.replica_profile()
+    ctx = ReplayContext(request.workload_spec().build(), profile, request.config())
+    runs = []
+    for i, setting in enumerate(settings):
+        runs.append(run_setting(setting, ctx))
+        if progress is not None:
+            progress(setting.label, i + 1, len(settings))
+    timings = {"wall_s": round(time.perf_counter() - began, 2), "cpu_s": round(time.process_time() - began_cpu, 2)}
+    return write_report(ctx, runs, out, timings=timings)
+
+
+def replay_sweep(
+    request: ReplayRequest,
+    policies: Sequence[str],
+    out: Path,
+    *,
+    windows: Sequence[str] = (),
+    tuned_from: Path | None = None,
+    workers: int = 2,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Every policy over its knob grid; frontiers per window; with ``tuned_from``, the transferred knobs."""
+    began = time.perf_counter()
+    settings = sweep_settings(policies)
+    profile = request.replica_profile()
+    spec = request.workload_spec()
+    config = request.config()
+    scoring = parse_windows(windows, warmup_s=config.warmup_s)
+    done: list[SweepPoint] = []
+
+    def on_done(point: SweepPoint) -> None:
+        done.append(point)
+        if progress is not None:
+            progress(point.setting.label, len(done), len(settings))
+
+    points = run_sweep(spec, settings, profile, config, scoring, workers=workers, on_done=on_done)
+    ctx = ReplayContext(spec.build(), profile, config)
+    timings = {"wall_s": round(time.perf_counter() - began, 1), "cpu_s": round(sum(p.cpu_s for p in points), 1)}
+    extra: dict[str, Any] = {}
+    if tuned_from is not None:
+        extra["tuned_from"] = _transferred(tuned_from, points)
+    return write_sweep(ctx, points, out, windows=[w.name for w in scoring], timings=timings, extra=extra)
+
+
+def _transferred(path: Path, points: Sequence[SweepPoint]) -> dict[str, Any]:
+    try:
+        tuned = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(f"cannot read a tuning sweep: {exc}", path=str(path)) from None
+    tune_window = "tune" if "tune" in tuned.get("windows", {}) else "scored"
+    return {
+        "trace": tuned.get("trace"),
+        "window": tune_window,
+        "by_attainment": transfer(tuned["points"], tune_window, [p.as_dict() for p in points], "scored"),
+    }

@@ -1,0 +1,122 @@
+"""Policy settings: each strategy with its knob values, the defaults, and the sweep grids.
+
+A setting is written ``policy`` or ``policy:knob=value,knob=value`` (``hpa:target=0.6``,
+``dynamo:predictor=kalman,headroom=0.8``).  Every policy is tuned on one knob (Dynamo's
+is the pair predictor x headroom, ours the pair quantile x cooldown); the grids are
+chosen on the tuning trace (the 2024 conversation week: each grid spans the settings where
+that policy goes from cheap and violating to expensive and compliant), the same for every trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from contracts.errors import ValidationError
+from controller.replay.strategies import STRATEGY_NAMES
+
+__all__ = ["DEFAULT_KNOBS", "SWEEP_GRIDS", "Setting", "parse_setting", "sweep_settings"]
+
+Knob = float | str
+
+DEFAULT_KNOBS: Mapping[str, Mapping[str, Knob]] = {
+    "static": {"headroom": 0.85},
+    "hpa": {"target": 0.7},
+    "keda-queue": {"threshold": 5.0},
+    "keda-kv": {"threshold": 0.7},
+    "dynamo": {"predictor": "arima", "headroom": 1.0},
+    "moeslo": {"quantile": 0.9, "cooldown_s": 180.0},
+    "oracle": {"headroom": 0.85},
+}
+"""What each policy runs with outside a sweep: its documented or most common setting.
+
+KEDA's threshold 5 waiting requests per pod is vllm-project/production-stack's KEDA
+example; 0.7 KV usage sits between aibrix's 0.5 and llm-d's 0.8.
+"""
+
+
+def _grid(policy: str, knob: str, values: Sequence[Knob]) -> tuple[dict[str, Knob], ...]:
+    return tuple({**DEFAULT_KNOBS[policy], knob: v} for v in values)
+
+
+SWEEP_GRIDS: Mapping[str, tuple[dict[str, Knob], ...]] = {
+    "static": _grid("static", "headroom", (0.6, 0.7, 0.8, 0.9, 1.0)),
+    "hpa": _grid("hpa", "target", (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)),
+    "keda-queue": _grid("keda-queue", "threshold", (0.02, 0.05, 0.1, 0.25, 1.0, 5.0)),
+    "keda-kv": _grid("keda-kv", "threshold", (0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5)),
+    "dynamo": tuple(
+        {"predictor": predictor, "headroom": headroom}
+        for predictor in ("constant", "kalman", "arima")
+        for headroom in (0.4, 0.5, 0.6, 0.8, 1.0)
+    ),
+    "moeslo": tuple(
+        {"quantile": quantile, "cooldown_s": cooldown}
+        for cooldown in (0.0, 180.0, 900.0)
+        for quantile in (0.75, 0.9, 0.97)
+    ),
+    "oracle": _grid("oracle", "headroom", (0.7, 0.8, 0.9, 1.0, 1.1)),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    policy: str
+    knobs: tuple[tuple[str, Knob], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.policy not in STRATEGY_NAMES:
+            raise ValidationError(f"unknown policy {self.policy!r}; choose from {', '.join(STRATEGY_NAMES)}")
+        allowed = set(DEFAULT_KNOBS[self.policy])
+        unknown = sorted(k for k, _ in self.knobs if k not in allowed)
+        if unknown:
+            known = ", ".join(sorted(allowed))
+            raise ValidationError(f"{self.policy} has no knob {', '.join(unknown)}; its knobs: {known}")
+
+    @classmethod
+    def of(cls, policy: str, knobs: Mapping[str, Knob] | None = None) -> Setting:
+        merged = {**DEFAULT_KNOBS.get(policy, {}), **(knobs or {})}
+        return cls(policy, tuple(sorted(merged.items())))
+
+    def number(self, name: str) -> float:
+        value = dict(self.knobs).get(name, DEFAULT_KNOBS[self.policy][name])
+        return float(value)
+
+    def text(self, name: str) -> str:
+        return str(dict(self.knobs).get(name, DEFAULT_KNOBS[self.policy][name]))
+
+    @property
+    def label(self) -> str:
+        if not self.knobs:
+            return self.policy
+        return self.policy + ":" + ",".join(f"{k}={_format(v)}" for k, v in self.knobs)
+
+
+def _format(value: Knob) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def parse_setting(text: str) -> Setting:
+    """``policy`` or ``policy:knob=value,...`` (numbers where they parse)."""
+    policy, _, rest = text.strip().partition(":")
+    knobs: dict[str, Knob] = {}
+    problems = []
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep:
+            problems.append(f"knob {item!r} must look like name=value")
+            continue
+        try:
+            knobs[name.strip()] = float(value)
+        except ValueError:
+            knobs[name.strip()] = value.strip()
+    if problems:
+        raise ValidationError(problems)
+    return Setting.of(policy, knobs)
+
+
+def sweep_settings(policies: Sequence[str]) -> list[Setting]:
+    """Every policy over its grid, in the order given."""
+    unknown = [p for p in policies if p not in SWEEP_GRIDS]
+    if unknown:
+        raise ValidationError(f"unknown policies {', '.join(unknown)}; choose from {', '.join(STRATEGY_NAMES)}")
+    return [Setting.of(p, knobs) for p in policies for knobs in SWEEP_GRIDS[p]]

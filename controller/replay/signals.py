@@ -1,0 +1,259 @@
+"""What the controllers of a replay can see: the simulated fleet's metrics, scraped late.
+
+The simulated fleet records a :class:`TickSample` at the end of every tick: the
+gauges a vLLM replica exports (``vllm:num_requests_waiting``,
+``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``, summed over ready
+replicas) and what finished during the tick (the increments of the request,
+token and latency counters).  Nothing in a sample is *offered* load: a fleet
+that is overloaded serves less than arrives, and the rates saturate, exactly
+as the counters of a real fleet do.
+
+:class:`MetricsPipeline` keeps those samples as Prometheus would and answers
+each controller with what its real counterpart reads (sources in
+``docs/replay-model.md``):
+
+- a scrape every ``scrape_s`` (30 s, kube-prometheus-stack's default; Dynamo's
+  frontend PodMonitor scrapes every 5 s): a query sees the newest scrape at or
+  before ``now``;
+- ``rate(x[W])`` and ``increase(x[W])`` are counter differences between two
+  scrapes ``W`` apart (no extrapolation);
+- :meth:`MetricsPipeline.observation` is the production source's view
+  (:mod:`controller.sources.prometheus`): sums of the gauges, ``rate(...[1m])``
+  of requests and tokens, a :class:`SliSnapshot` over the last 5 minutes (good
+  ratios, p99s, requests in the window) and good ratios over the burn windows,
+  the engine count from the scrape, the replica count asked for from the
+  orchestrator (no lag);
+- :meth:`MetricsPipeline.frontend_window` is what Dynamo's planner reads
+  (``increase()`` of the frontend histograms' sums and counts over its interval);
+- :meth:`MetricsPipeline.gauge` and :meth:`MetricsPipeline.rate` answer the
+  single PromQL queries of KEDA triggers and custom-metrics adapters.
+
+This module is the one observation builder of the replay: every strategy reads
+the fleet through it and through nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from contracts.errors import ValidationError
+from controller.policy import parse_duration_s
+from controller.sources.base import BURN_WINDOWS, RATE_WINDOW_S, SHORT_WINDOW
+from controller.types import PolicyObservation, SliSnapshot
+
+__all__ = ["FleetView", "FrontendWindow", "MetricsPipeline", "TickSample"]
+
+SLI_WINDOW_S = float(parse_duration_s(SHORT_WINDOW))
+_SLI_BY_WINDOW = tuple(w for w in BURN_WINDOWS if parse_duration_s(w) <= 6 * 3600)
+"""Burn windows a replay keeps good ratios for (the longer ones only matter over days)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TickSample:
+    """The fleet at the end of one tick (gauges) and what finished during it (counter increments)."""
+
+    ready: int
+    """Replicas serving (each exports its own series)."""
+    waiting: float
+    """Requests arrived and not yet scheduled, summed over replicas."""
+    running: float
+    """Requests in the running batches, summed over replicas."""
+    kv_usage_sum: float
+    """Sum over ready replicas of the KV-cache usage fraction."""
+    finished: float
+    """Requests that finished in the tick."""
+    prompt_tokens: float
+    """Prompt tokens prefilled in the tick."""
+    output_tokens: float
+    """Output tokens of the requests that finished in the tick."""
+    ttft_sum_s: float
+    itl_sum_s: float
+    """Sum of the finished requests' mean inter-token latencies."""
+    duration_sum_s: float
+    """Sum of the finished requests' durations (arrival to last token)."""
+    ttft_good: float
+    itl_good: float
+    ttft_p99_s: float | None
+    """p99 TTFT of the requests that finished in the SLI window ending now (None: none did)."""
+    itl_p99_s: float | None
+
+
+_COUNTERS = (
+    "finished",
+    "prompt_tokens",
+    "output_tokens",
+    "ttft_sum_s",
+    "itl_sum_s",
+    "duration_sum_s",
+    "ttft_good",
+    "itl_good",
+)
+_GAUGES = ("ready", "waiting", "running", "kv_usage_sum", "ttft_p99_s", "itl_p99_s")
+assert set(_COUNTERS) | set(_GAUGES) == {f.name for f in fields(TickSample)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FrontendWindow:
+    """Means over an interval from ``increase()`` of a frontend's histograms (Dynamo's observation)."""
+
+    requests: float
+    """``increase(requests_total[W])``: a count, not a rate."""
+    ttft_mean_s: float | None
+    itl_mean_s: float | None
+    duration_mean_s: float | None
+    prompt_mean_tokens: float | None
+    output_mean_tokens: float | None
+
+    @property
+    def valid(self) -> bool:
+        """Dynamo's ``Metrics.is_valid``: every mean defined (some traffic finished)."""
+        values = (self.ttft_mean_s, self.itl_mean_s, self.prompt_mean_tokens, self.output_mean_tokens)
+        return all(v is not None and math.isfinite(v) for v in values)
+
+
+class MetricsPipeline:
+    """Per-tick samples kept as Prometheus keeps scrapes; queries answered as of a tick."""
+
+    def __init__(
+        self,
+        *,
+        tick_s: float,
+        ticks: int,
+        scrape_s: float = 30.0,
+        rate_window_s: float = RATE_WINDOW_S,
+    ) -> None:
+        if tick_s <= 0 or ticks <= 0:
+            raise ValidationError(f"tick_s and ticks must be > 0, got {tick_s} and {ticks}")
+        self.tick_s = tick_s
+        self.ticks = ticks
+        self.scrape_s = scrape_s
+        self.rate_window_s = rate_window_s
+        # Row k + 1 holds the counters after tick k (row 0: before the first tick).
+        self._counters = np.zeros((ticks + 1, len(_COUNTERS)))
+        self._gauges = np.full((ticks + 1, len(_GAUGES)), np.nan)
+        self._recorded = 0
+        self._column = {name: i for i, name in enumerate(_COUNTERS)}
+        self._gauge_column = {name: i for i, name in enumerate(_GAUGES)}
+
+    def record(self, tick: int, sample: TickSample) -> None:
+        """Store the sample taken at the end of ``tick`` (ticks in order, from 0)."""
+        if tick != self._recorded:
+            raise ValidationError(f"samples must come in tick order: expected tick {self._recorded}, got {tick}")
+        row = tick + 1
+        self._counters[row] = self._counters[tick] + [getattr(sample, name) for name in _COUNTERS]
+        self._gauges[row] = [_nan_if_none(getattr(sample, name)) for name in _GAUGES]
+        self._recorded += 1
+
+    def scrape_row(self, tick: int, scrape_s: float | None = None) -> int:
+        """The row of the newest scrape visible at the end of ``tick`` (0: none yet)."""
+        every = self.scrape_s if scrape_s is None else scrape_s
+        now_s = (tick + 1) * self.tick_s
+        scraped_s = math.floor(now_s / every + 1e-9) * every
+        return min(max(math.floor(scraped_s / self.tick_s + 1e-9), 0), self._recorded)
+
+    def _back(self, row: int, window_s: float) -> int:
+        return max(row - round(window_s / self.tick_s), 0)
+
+    def increase(self, tick: int, name: str, window_s: float, scrape_s: float | None = None) -> float:
+        row = self.scrape_row(tick, scrape_s)
+        column = self._column[name]
+        return float(self._counters[row, column] - self._counters[self._back(row, window_s), column])
+
+    def rate(self, tick: int, name: str, window_s: float, scrape_s: float | None = None) -> float:
+        """``rate(name[window])`` as of the newest scrape (over the history there is, if shorter)."""
+        row = self.scrape_row(tick, scrape_s)
+        covered_s = (row - self._back(row, window_s)) * self.tick_s
+        return self.increase(tick, name, window_s, scrape_s) / covered_s if covered_s > 0 else 0.0
+
+    def gauge(self, tick: int, name: str, scrape_s: float | None = None) -> float | None:
+        """The gauge as of the newest scrape (None before the first one, or when the fleet had no value)."""
+        row = self.scrape_row(tick, scrape_s)
+        if row == 0:
+            return None
+        value = float(self._gauges[row, self._gauge_column[name]])
+        return None if math.isnan(value) else value
+
+    def frontend_window(self, tick: int, window_s: float, scrape_s: float | None = None) -> FrontendWindow:
+        """Means of the requests that finished in the window ending at the newest scrape."""
+        count = self.increase(tick, "finished", window_s, scrape_s)
+
+        def mean(name: str) -> float | None:
+            return self.increase(tick, name, window_s, scrape_s) / count if count > 0 else None
+
+        return FrontendWindow(
+            requests=count,
+            ttft_mean_s=mean("ttft_sum_s"),
+            itl_mean_s=mean("itl_sum_s"),
+            duration_mean_s=mean("duration_sum_s"),
+            prompt_mean_tokens=mean("prompt_tokens"),
+            output_mean_tokens=mean("output_tokens"),
+        )
+
+    def observation(self, tick: int, now_s: float, *, current_replicas: int) -> PolicyObservation:
+        """What the production Prometheus source reports for the fleet at the end of ``tick``."""
+        ready = self.gauge(tick, "ready")
+        if ready is None:
+            return PolicyObservation(policy="replay", observed_at_s=now_s, current_replicas=current_replicas)
+        kv_sum = self.gauge(tick, "kv_usage_sum")
+        window = self.rate_window_s
+        return PolicyObservation(
+            policy="replay",
+            observed_at_s=now_s,
+            current_replicas=current_replicas,
+            ready_replicas=int(ready),
+            queue_depth=self.gauge(tick, "waiting"),
+            running_requests=self.gauge(tick, "running"),
+            request_rate_rps=self.rate(tick, "finished", window),
+            prompt_tokens_per_s=self.rate(tick, "prompt_tokens", window),
+            output_tokens_per_s=self.rate(tick, "output_tokens", window),
+            kv_cache_usage=kv_sum / ready if kv_sum is not None and ready > 0 else None,
+            sli=self.sli(tick, now_s),
+        )
+
+    def sli(self, tick: int, now_s: float) -> SliSnapshot | None:
+        """Good ratios and p99s over the short window, good ratios over the burn windows."""
+        ttft_by: dict[str, float] = {}
+        itl_by: dict[str, float] = {}
+        for name in _SLI_BY_WINDOW:
+            window_s = float(parse_duration_s(name))
+            total = self.increase(tick, "finished", window_s)
+            if total > 0:
+                ttft_by[name] = min(self.increase(tick, "ttft_good", window_s) / total, 1.0)
+                itl_by[name] = min(self.increase(tick, "itl_good", window_s) / total, 1.0)
+        requests = self.increase(tick, "finished", SLI_WINDOW_S)
+        if requests <= 0:
+            return None
+        return SliSnapshot(
+            observed_at_s=now_s,
+            window_s=SLI_WINDOW_S,
+            requests_in_window=requests,
+            ttft_good_ratio=ttft_by.get(SHORT_WINDOW),
+            itl_good_ratio=itl_by.get(SHORT_WINDOW),
+            ttft_p99_s=self.gauge(tick, "ttft_p99_s"),
+            itl_p99_s=self.gauge(tick, "itl_p99_s"),
+            ttft_good_ratio_by_window=ttft_by,
+            itl_good_ratio_by_window=itl_by,
+        )
+
+
+def _nan_if_none(value: float | int | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FleetView:
+    """One tick's view of the fleet: the metrics pipeline, and what the orchestrator says now (no lag)."""
+
+    pipeline: MetricsPipeline
+    tick: int
+    now_s: float
+    spec_replicas: int
+    """Replicas asked for (the workload's ``spec.replicas``; ``status.replicas`` counts the same pods)."""
+    ready_replicas: int
+    """Pods ready now (the orchestrator's view, ahead of any scrape)."""
+
+    def observation(self) -> PolicyObservation:
+        return self.pipeline.observation(self.tick, self.now_s, current_replicas=self.spec_replicas)

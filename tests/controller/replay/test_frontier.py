@@ -1,0 +1,53 @@
+"""Pareto frontiers and their values at fixed attainments, on hand-made curves."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from controller.replay.frontier import Point, at_attainment, compare_at, pareto
+
+
+def curve(name: str, *pairs: tuple[float, float]) -> list[Point]:
+    return [Point(label=f"{name}{i}", attainment=a, replica_hours=h) for i, (a, h) in enumerate(pairs)]
+
+
+def test_pareto_drops_dominated_points() -> None:
+    points = curve("p", (0.99, 100.0), (0.995, 120.0), (0.993, 130.0), (0.999, 200.0), (0.98, 110.0))
+    assert [p.label for p in pareto(points)] == ["p0", "p1", "p3"]
+
+
+def test_interpolation_is_linear_in_log_violation() -> None:
+    # Violations 1e-2 and 1e-3: 99.68377 % (violation 10**-2.5) lies half way in log space.
+    front = pareto(curve("p", (0.99, 100.0), (0.999, 200.0)))
+    middle = at_attainment(front, 1 - 10**-2.5)
+    assert middle.kind == "interpolated"
+    assert middle.replica_hours == pytest.approx(150.0)
+    assert middle.between == ("p0", "p1")
+    assert at_attainment(front, 0.999).replica_hours == pytest.approx(200.0)
+    # 99.5 %: log10(0.005) = -2.301 -> 30.1 % of the way.
+    assert at_attainment(front, 0.995).replica_hours == pytest.approx(100.0 - 100.0 * (math.log10(0.005) + 2))
+
+
+def test_outside_the_knob_range() -> None:
+    front = pareto(curve("p", (0.996, 100.0), (0.998, 150.0)))
+    below = at_attainment(front, 0.995)
+    assert below.kind == "at_most" and below.replica_hours == 100.0
+    above = at_attainment(front, 0.999)
+    assert above.kind == "unreachable" and above.replica_hours is None
+
+
+def test_compare_at_equal_attainment() -> None:
+    fronts = {
+        "moeslo": pareto(curve("m", (0.99, 90.0), (0.999, 180.0))),
+        "hpa": pareto(curve("h", (0.99, 100.0), (0.999, 200.0))),
+        "static": pareto(curve("s", (0.999, 400.0))),
+        "oracle": pareto(curve("o", (0.99, 10.0), (0.999, 20.0))),
+    }
+    entry = compare_at(fronts, 1 - 10**-2.5, ours="moeslo", baselines=("hpa", "static"))
+    assert entry["best_baseline"] == "hpa"  # the oracle is not a baseline
+    assert entry["ratio_to_best_baseline"] == pytest.approx(135.0 / 150.0, abs=1e-4)
+    assert entry["ratio_kind"] == "exact"
+    unreachable = compare_at(fronts, 0.9995, ours="moeslo", baselines=("hpa", "static"))
+    assert unreachable["ratio_to_best_baseline"] is None

@@ -1,0 +1,64 @@
+"""What the controllers can see: scraped late, rates over windows, served (not offered) load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.capacity import DEFAULT_PROFILE, Targets
+from controller.replay.fluid import FluidFleet
+from controller.replay.signals import MetricsPipeline, TickSample
+from controller.replay.world import ProfileCache, World
+
+
+def sample(**values: float) -> TickSample:
+    base = dict(
+        ready=2, waiting=0.0, running=10.0, kv_usage_sum=0.6, finished=15.0, prompt_tokens=15_000.0,
+        output_tokens=3_000.0, ttft_sum_s=3.0, itl_sum_s=0.15, duration_sum_s=30.0, ttft_good=15.0, itl_good=14.0,
+        ttft_p99_s=0.4, itl_p99_s=0.018,
+    )  # fmt: skip
+    base.update(values)
+    return TickSample(**base)  # type: ignore[arg-type]
+
+
+def test_a_query_sees_the_newest_scrape() -> None:
+    pipeline = MetricsPipeline(tick_s=15.0, ticks=6, scrape_s=30.0)
+    seen = []
+    for k in range(6):
+        pipeline.record(k, sample(waiting=float(k)))
+        seen.append(pipeline.gauge(k, "waiting"))
+    # Scrapes at 30, 60, 90 s: the ends of ticks 1, 3, 5.
+    assert seen == [None, 1.0, 1.0, 3.0, 3.0, 5.0]
+    assert pipeline.gauge(4, "waiting", scrape_s=15.0) == 4.0
+
+
+def test_rates_and_the_observation_of_the_production_source() -> None:
+    pipeline = MetricsPipeline(tick_s=15.0, ticks=8, scrape_s=30.0)
+    for k in range(8):
+        pipeline.record(k, sample())
+    obs = pipeline.observation(7, 120.0, current_replicas=3)
+    assert obs.request_rate_rps == pytest.approx(1.0)  # 15 per 15 s, over rate(...[1m])
+    assert obs.prompt_tokens_per_s == pytest.approx(1000.0)
+    assert obs.kv_cache_usage == pytest.approx(0.3)  # mean over the 2 replicas with series
+    assert obs.current_replicas == 3 and obs.ready_replicas == 2
+    assert obs.sli is not None
+    assert obs.sli.requests_in_window == pytest.approx(120.0)  # 8 ticks so far, under the 5-minute window
+    assert obs.sli.itl_good_ratio == pytest.approx(14 / 15)
+    window = pipeline.frontend_window(7, 60.0)
+    assert window.requests == pytest.approx(60.0) and window.ttft_mean_s == pytest.approx(0.2)
+    assert window.prompt_mean_tokens == pytest.approx(1000.0)
+
+
+def test_an_overloaded_fleet_reports_what_it_serves() -> None:
+    ticks = 20
+    rates = np.full(ticks, 100.0)
+    truth = ProfileCache(DEFAULT_PROFILE, World(), Targets())
+    fleet = FluidFleet(rates, rates * 1000.0, rates * 200.0, truth, initial_replicas=1, tick_s=15.0)
+    pipeline = MetricsPipeline(tick_s=15.0, ticks=ticks, scrape_s=15.0)
+    for k in range(ticks):
+        fleet.advance((k + 1) * 15.0)
+        pipeline.record(k, fleet.sample((k + 1) * 15.0))
+    obs = pipeline.observation(ticks - 1, ticks * 15.0, current_replicas=1)
+    assert obs.request_rate_rps is not None and obs.request_rate_rps < 30.0  # 100 offered
+    assert obs.queue_depth is not None and obs.queue_depth > 1000.0
+    assert obs.kv_cache_usage is not None and obs.kv_cache_usage <= 1.0
