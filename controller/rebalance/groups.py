@@ -127,6 +127,53 @@ def _choose_enumerated(
     return group_node, cv_floor, best_worst[:, 0]
 
 
+def split_candidates(
+    load: FloatArray, best: IntArray, num_nodes: int, ranks_per_node: int, slots_per_node: int, count: int
+) -> tuple[IntArray, FloatArray]:
+    """Splits worth packing, per layer: ``best`` first, then the next best by bound, then groups in order.
+
+    The bound ignores how replicas fit ``slots_per_node / ranks_per_node`` slots per rank, so
+    the split with the best bound does not always pack best (few experts per rank, no spare
+    slots); the caller packs these candidates where the bound leaves room and keeps the best.
+    Returns ``(splits (layers, candidates, groups), bounds (layers, candidates))``.
+    """
+    layers, num_groups = best.shape
+    group_size = load.shape[1] // num_groups
+    per_node = num_groups // num_nodes
+    extra: list[IntArray] = []
+    if _count_partitions(num_groups, num_nodes) <= MAX_ENUMERATED_PARTITIONS and count > 2:
+        subsets = np.asarray(_subsets(num_groups, per_node), dtype=np.int64)
+        members = (subsets[:, :, None] * group_size + np.arange(group_size)).reshape(len(subsets), -1)
+        bound = node_bound(load, members, ranks_per_node, slots_per_node)
+        parts = np.asarray(_partitions(num_groups, num_nodes), dtype=np.int64)
+        order = np.argsort(bound[:, parts].max(axis=2), axis=1, kind="stable")[:, : count - 1]
+        for rank in range(order.shape[1]):
+            split = np.empty((layers, num_groups), dtype=np.int64)
+            for node in range(num_nodes):
+                np.put_along_axis(split, subsets[parts[order[:, rank], node]], node, axis=1)
+            extra.append(split)
+    extra.append(np.broadcast_to(np.arange(num_groups) // per_node, (layers, num_groups)).astype(np.int64))
+    splits = np.stack([best, *extra], axis=1)
+    bounds = np.stack([split_bound(load, splits[:, c], ranks_per_node, slots_per_node)
+                       for c in range(splits.shape[1])], axis=1)
+    return splits, bounds
+
+
+def split_bound(load: FloatArray, group_node: IntArray, ranks_per_node: int, slots_per_node: int) -> FloatArray:
+    """(layers,) the busiest-rank bound of a given group -> node split (the worst node's :func:`node_bound`)."""
+    layers, num_experts = load.shape
+    num_groups = group_node.shape[1]
+    expert_node = np.repeat(group_node, num_experts // num_groups, axis=1)
+    members = np.argsort(expert_node, axis=1, kind="stable")
+    num_nodes = int(expert_node.max(initial=0)) + 1
+    node_load = np.take_along_axis(load, members, axis=1).reshape(layers * num_nodes, -1)
+    counts = replica_counts(node_load, slots_per_node)
+    heaviest = (node_load / counts).max(axis=1)
+    bound = np.maximum(node_load.sum(axis=1) / ranks_per_node, heaviest).reshape(layers, num_nodes)
+    out: FloatArray = bound.max(axis=1)
+    return out
+
+
 def _cv(node_load: FloatArray) -> FloatArray:
     mean = node_load.mean(axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
