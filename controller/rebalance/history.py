@@ -61,7 +61,8 @@ def stack_windows(windows: Sequence[npt.ArrayLike]) -> FloatArray:
 
 def window_scores(phy2log: IntArray, windows: FloatArray, num_ranks: int) -> FloatArray:
     """(layers,) mean over windows of each window's max/mean rank load (windows without load count as 1)."""
-    return np.mean([max_over_mean(rank_load(phy2log, w, num_ranks)) for w in windows], axis=0)
+    scores: FloatArray = np.mean([max_over_mean(rank_load(phy2log, w, num_ranks)) for w in windows], axis=0)
+    return scores
 
 
 def plan_over_windows(
