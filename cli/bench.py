@@ -181,15 +181,20 @@ def bench_rebalance(
     ] = None,
     max_files: Annotated[int, typer.Option("--max-files", help="Use at most this many files (0: all).")] = 0,
     repeat: Annotated[int, typer.Option("--repeat", help="Timed runs of our planner per plan (best is kept).")] = 3,
+    out_of_sample_only: Annotated[
+        bool, typer.Option("--out-of-sample-only", help="Only the leave-one-out and ordered-pair section.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
-    """Our planner against DeepSeek's EPLB on real expert-load files: balance, plan time, re-plan moves."""
+    """Our planner against DeepSeek's EPLB on real expert-load files: balance in and out of sample, plan time,
+    re-plan moves."""
     with cli_errors():
-        from bench.rebalance import expert_load_dir, run_benchmark
+        from bench.rebalance import expert_load_dir
+        from bench.rebalance_oos import run_all
 
         with console.status("planning every file with both planners") as status:
-            result = run_benchmark(data or expert_load_dir(), max_files=max_files, repeat=repeat,
-                                   progress=status.update)
+            result = run_all(data or expert_load_dir(), max_files=max_files, repeat=repeat,
+                             out_of_sample_only=out_of_sample_only, progress=status.update)
         if as_json:
             print_json(result)
         else:
