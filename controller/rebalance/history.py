@@ -20,7 +20,9 @@ ranks (inside their node) to overlap it most.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +33,7 @@ from contracts.placement import Placement
 from controller.rebalance.checks import groups_within_nodes, validate_plan_inputs
 from controller.rebalance.groups import choose_groups, window_split
 from controller.rebalance.moves import align_slots, max_over_mean_lower_bound, rank_moves, relabel_ranks
+from controller.rebalance.out_of_sample import HeldOutGain, held_out_gain
 from controller.rebalance.packing import FloatArray, IntArray, replica_counts
 from controller.rebalance.planner import RebalanceConfig, RebalancePlan, plan_rebalance
 from controller.rebalance.robust import solve_rows_windows, window_shares
@@ -169,3 +172,61 @@ def _plan_nodes(
     local, _ = solve_rows_windows(node_shares, ranks_per_node, slots_per_node)
     phy2log: IntArray = np.take_along_axis(members, local.reshape(rows, num_nodes, slots_per_node), axis=2)
     return phy2log.reshape(rows, -1).astype(np.int64), peak_floor, cv_floor
+
+
+@dataclass
+class LoadHistory:
+    """A bounded history of per-window expert loads of one engine, oldest first (time is passed in).
+
+    An engine reports a sliding window of routed tokens.  :meth:`observe` starts a new entry
+    when ``window_every_s`` has passed since the newest one started, and otherwise refreshes the
+    newest with the latest reading, so entries are readings about ``window_every_s`` apart (they
+    overlap where the engine steps fewer than its window in that time).  Loads are logical (per
+    expert), so they stay valid across placement changes; a change of shape (another model)
+    starts the history afresh.
+    """
+
+    max_windows: int = 8
+    window_every_s: float = 30.0
+    _windows: deque[FloatArray] = field(init=False, repr=False)
+    _newest_s: float = field(default=float("-inf"), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_windows < 1:
+            raise ValidationError(f"max_windows must be >= 1, got {self.max_windows}")
+        self._windows = deque(maxlen=self.max_windows)
+
+    def observe(self, now_s: float, expert_tokens: npt.ArrayLike) -> None:
+        load = np.asarray(expert_tokens, dtype=np.float64)
+        if self._windows and self._windows[-1].shape != load.shape:
+            self._windows.clear()
+        if self._windows and now_s - self._newest_s < self.window_every_s:
+            self._windows[-1] = load
+            return
+        self._windows.append(load)
+        self._newest_s = now_s
+
+    def windows(self) -> list[FloatArray]:
+        return list(self._windows)
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+
+def plan_from_history(
+    windows: Sequence[FloatArray], current: Placement, *, config: RebalanceConfig | None = None
+) -> tuple[RebalancePlan, HeldOutGain | None]:
+    """The plan to apply (every window, re-planned from ``current``) and its out-of-sample prediction.
+
+    With two windows or more, a second plan is made without the latest window and scored,
+    against ``current``, on that window (:func:`~controller.rebalance.out_of_sample.held_out_gain`):
+    the gain a plan makes on load it did not see, which the trigger judges.  None with one window.
+    """
+    def plan(some: Sequence[FloatArray]) -> RebalancePlan:
+        return plan_over_windows(some, num_ranks=current.num_ranks, slots_per_rank=current.slots_per_rank,
+                                 previous=current, config=config)
+
+    if len(windows) < 2:
+        return plan(windows), None
+    blind = plan(windows[:-1])
+    return plan(windows), held_out_gain(current.phy2log, blind.placement.phy2log, windows[-1], current.num_ranks)

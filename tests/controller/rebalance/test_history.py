@@ -140,3 +140,32 @@ def test_replan_keeps_a_placement_that_is_as_good(seed: int) -> None:
     assert again.total_moves == 0 and again.placement == first.placement
     assert again.replanned.all()
     assert isinstance(again.previous, Placement)
+
+
+def test_load_history_keeps_spaced_windows_and_refreshes_the_newest() -> None:
+    from controller.rebalance.history import LoadHistory
+
+    history = LoadHistory(max_windows=3, window_every_s=10)
+    history.observe(0.0, np.full((2, 4), 1))
+    history.observe(4.0, np.full((2, 4), 2))  # within 10 s: replaces the newest reading
+    assert len(history) == 1 and history.windows()[0][0, 0] == 2
+    for step, now in enumerate((10.0, 20.0, 30.0), start=3):
+        history.observe(now, np.full((2, 4), step))
+    assert [w[0, 0] for w in history.windows()] == [3, 4, 5]  # bounded: the oldest went
+    history.observe(31.0, np.ones((3, 4)))  # another model: start afresh
+    assert len(history) == 1
+    with pytest.raises(ValidationError):
+        LoadHistory(max_windows=0)
+
+
+def test_plan_from_history_predicts_on_the_window_it_did_not_see() -> None:
+    from controller.rebalance.history import plan_from_history
+
+    a, b = alternating_hot_sets(layers=1)
+    current = Placement.contiguous(1, 16, 8, 3)
+    plan, held_out = plan_from_history([a, b, a], current)
+    assert held_out is not None and held_out.worst_after < 0.02  # planned on a and b, scored on the last a
+    assert held_out.worst_before > 0.5
+    assert len(plan.window_imbalance) == 3
+    only, none = plan_from_history([b], current)
+    assert none is None and only.window_imbalance == ()
