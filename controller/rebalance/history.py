@@ -105,7 +105,8 @@ def plan_over_windows(
             new = solve_rows_windows(shares, num_ranks, num_ranks * slots_per_rank)[0]
             counts = replica_counts(total[rows], num_ranks * slots_per_rank)
             lower[rows] = max_over_mean_lower_bound(total[rows], counts, num_ranks)
-        new = _renumber(base.phy2log[rows], new, num_ranks, num_nodes)
+        if previous is not None:
+            new = _renumber(base.phy2log[rows], new, num_ranks, num_nodes)
         tolerance = config.replan_tolerance if previous is not None else 1e-12
         keep = window_scores(base.phy2log[rows], shares, num_ranks) <= window_scores(new, shares, num_ranks) * (
             1 + tolerance

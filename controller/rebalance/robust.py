@@ -178,12 +178,16 @@ def _best_swaps(packing: VectorPacking, active: IntArray, ps: IntArray) -> tuple
     on_p = np.take_along_axis(packing.bin_items[active], ps[:, :, None], axis=1).reshape(n, m * k)
     w_a = np.take_along_axis(w, on_p[:, :, None], axis=1)  # (n, mk, T)
     lp = np.repeat(np.take_along_axis(load, ps[:, :, None], axis=1), k, axis=1)  # (n, mk, T)
-    ones = np.ones((n, m * k, 1))
-    c_a = ((w_a - lp) * w_a).sum(axis=2, keepdims=True)
-    left = np.concatenate([w_a, lp, ones, c_a], axis=2).astype(np.float32)
-    c_x = ((w - lq) * w).sum(axis=2, keepdims=True)
-    right = np.concatenate([lq - 2.0 * w, w, c_x, np.ones((n, num_slots, 1))], axis=2).astype(np.float32)
-    flat = np.matmul(left, np.swapaxes(right, 1, 2)).reshape(n * m, k * num_slots)
+    windows = w.shape[2]
+    left = np.empty((n, m * k, 2 * windows + 2), dtype=np.float32)
+    left[:, :, :windows], left[:, :, windows : 2 * windows] = w_a, lp
+    left[:, :, 2 * windows], left[:, :, 2 * windows + 1] = 1.0, ((w_a - lp) * w_a).sum(axis=2)
+    # Built transposed, so matmul's right operand is contiguous (BLAS); a transposed view is much slower.
+    right = np.empty((n, 2 * windows + 2, num_slots), dtype=np.float32)
+    right[:, :windows] = np.swapaxes(lq - 2.0 * w, 1, 2)
+    right[:, windows : 2 * windows] = np.swapaxes(w, 1, 2)
+    right[:, 2 * windows], right[:, 2 * windows + 1] = ((w - lq) * w).sum(axis=2), 1.0
+    flat = np.matmul(left, right).reshape(n * m, k * num_slots)
     local = np.repeat(np.arange(n), m)
     rows, p_flat = active[local], ps.ravel()
     e = packing.experts[active]
