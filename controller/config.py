@@ -121,7 +121,8 @@ class ControllerSettings(BaseSettings):
     """Load history kept for the forecasters (in the store) and read back at start-up
     (from Prometheus when configured, else from the store)."""
     rebalance: bool = True
-    """Rebalance experts of engines that expose ``/v1/expert-load`` and ``/v1/placement``."""
+    """Rebalance experts of engines that expose ``/v1/expert-load`` and ``/v1/placement`` (the embedded engine)
+    or ``/moeslo/eplb`` (vLLM with the moeslo plugin)."""
 
     @classmethod
     def settings_customise_sources(

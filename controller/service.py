@@ -401,7 +401,8 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
     """The service the configuration describes: source, actuator, elector, core and metrics."""
     # Imported here: the kubernetes client and the rebalancer's numerics take seconds to import.
     from controller.actuators import api_client, build_actuator
-    from controller.actuators.placement import HttpEngineControl, Rebalancer
+    from controller.actuators.placement import Rebalancer
+    from controller.actuators.vllm_control import AutoEngineControl
     from controller.builder import CoreOptions, build_decision_core
     from controller.capacity import DEFAULT_PROFILE, ReplicaProfile
     from controller.leader import LeaseElector
@@ -447,7 +448,9 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         stale_after_s=settings.stale_after_s,
         static_endpoints=settings.scrape_endpoints,
         decisions_keep=settings.decisions_keep,
-        rebalancer=Rebalancer(HttpEngineControl(timeout_s=settings.source_timeout_s)) if settings.rebalance else None,
+        # One rebalancer for both engines: each endpoint is driven through the embedded engine's
+        # placement API or vLLM's /moeslo/eplb routes, by what it answers.
+        rebalancer=Rebalancer(AutoEngineControl(timeout_s=settings.source_timeout_s)) if settings.rebalance else None,
         history=history,
     )
     service_ref.append(service)

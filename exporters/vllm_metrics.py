@@ -54,7 +54,9 @@ from contracts.catalogue import (
 from contracts.errors import ValidationError
 from contracts.imbalance import across_layers
 from engine.vllm_plugin import ExpertLoadSnapshot, PluginSettings, PluginState, SnapshotSink, activate
+from engine.vllm_plugin.eplb_control import EplbControl, install_worker_method
 from engine.vllm_plugin.settings import METRICS_DIR_ENV
+from exporters.vllm_placement import PlacementMetrics, placement_families
 
 logger = logging.getLogger("moeslo.vllm_plugin")
 
@@ -79,7 +81,9 @@ def register() -> None:
         atexit.register(shutil.rmtree, directory, True)
         os.environ[METRICS_DIR_ENV] = directory
         REGISTRY.register(SnapshotCollector(directory, max_age_s=stale_after_s(settings)))
-    ARMED["state"] = activate(settings, make_sink)
+    state = ARMED["state"] = activate(settings, make_sink)
+    # The trigger's worker method (exporters.vllm_eplb_http calls it through collective_rpc).
+    install_worker_method(EplbControl(lambda: state.flusher))
 
 
 def stale_after_s(settings: PluginSettings) -> float:
@@ -127,7 +131,8 @@ class SnapshotCollector:
         return []  # families appear only once a worker has counted; nothing to pre-declare
 
     def collect(self) -> Iterator[Metric]:
-        return iter(snapshot_families(self._read()))
+        snapshots = self._read()
+        return iter([*snapshot_families(snapshots), *placement_families(snapshots)])
 
     def _read(self) -> list[ExpertLoadSnapshot]:
         now = time.time()
@@ -203,10 +208,12 @@ class MultiprocessSink:
                         multiprocess_mode="mostrecent")
             for name in (IMBALANCE_CV_ACROSS_LAYERS, BALANCEDNESS_ACROSS_LAYERS)
         }
+        self.placement = PlacementMetrics(registry)
         self._published_experts: np.ndarray[tuple[int, int], np.dtype[np.int64]] | None = None
         self._published_ranks: np.ndarray[tuple[int], np.dtype[np.float64]] | None = None
 
     def publish(self, snapshot: ExpertLoadSnapshot) -> None:
+        self.placement.publish(snapshot)
         base = (snapshot.model_name, snapshot.engine)
         counts = snapshot.expert_tokens_total
         old = self._published_experts

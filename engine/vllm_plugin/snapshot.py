@@ -18,6 +18,7 @@ import numpy as np
 
 from contracts.imbalance import balancedness, imbalance_cv, sampling_noise_cv
 from engine.stats import FloatArray, IntArray
+from engine.vllm_plugin.placement_log import PlacementLog, balance_summary
 from engine.vllm_plugin.ranks import rank_loads
 
 
@@ -37,6 +38,8 @@ class ExpertLoadSnapshot:
     """(layers, ranks) per-rank load within the routing window."""
     rank_source: str
     """``ep`` (vLLM's EP layout), ``eplb`` (EPLB's map) or ``virtual`` (EP off)."""
+    placement: dict[str, Any] | None = None
+    """Rearrangements asked of this worker (:meth:`PlacementLog.to_json`); None before the first request."""
 
     @property
     def imbalance_cv(self) -> FloatArray:
@@ -64,6 +67,7 @@ class ExpertLoadSnapshot:
                 "rank_tokens_total": self.rank_tokens_total.tolist(),
                 "window_rank_tokens": self.window_rank_tokens.tolist(),
                 "rank_source": self.rank_source,
+                "placement": self.placement,
             }
         )
 
@@ -78,6 +82,7 @@ class ExpertLoadSnapshot:
             rank_tokens_total=np.asarray(raw["rank_tokens_total"], dtype=np.float64),
             window_rank_tokens=np.asarray(raw["window_rank_tokens"], dtype=np.float64),
             rank_source=str(raw["rank_source"]),
+            placement=raw.get("placement"),
         )
 
 
@@ -102,6 +107,11 @@ class LoadWindow:
             self._sum = self._sum - self._deltas.popleft()
         return self._sum.copy()
 
+    @property
+    def active_flushes(self) -> int:
+        """Flushes in the window that saw routed tokens."""
+        return sum(1 for delta in self._deltas if delta.any())
+
 
 RankWeights = Callable[[], tuple[FloatArray, str]]
 """Returns the current (experts x ranks) or (layers x experts x ranks) weights and their source."""
@@ -121,12 +131,34 @@ class SnapshotBuilder:
         self._rank_weights = rank_weights
         self._last: IntArray | None = None
         self._rank_total: FloatArray | None = None
+        self.window_expert_tokens: IntArray | None = None
+        """(layers, experts) tokens routed within the window, as of the last build."""
+        self.placement_log: PlacementLog | None = None
+        """Rearrangements asked of this worker (set by the trigger on its first request)."""
+        self._mark: IntArray | None = None
+
+    @property
+    def window_active_flushes(self) -> int:
+        return self._window.active_flushes
+
+    def rank_weights(self) -> tuple[FloatArray, str]:
+        """The rank map the gauges use now (EPLB's live map, vLLM's EP layout or virtual EP) and its source."""
+        return self._rank_weights()
+
+    def mark_rearrangement(self) -> None:
+        """Measure balance "after" from the counts routed from now on (call right after a rearrangement).
+
+        The routing window restarts too, as the embedded engine's does after a placement change: the
+        gauges then measure the new placement on routing it served, not old loads on a new map."""
+        self._mark = None if self._last is None else self._last.copy()
+        self._window = LoadWindow(self._window.size)
 
     def build(self, counts: IntArray) -> ExpertLoadSnapshot:
         delta = counts if self._last is None else counts - self._last
         self._last = counts.copy()
         weights, source = self._rank_weights()
         window = self._window.add(delta)
+        self.window_expert_tokens = window
         step_ranks = rank_loads(delta, weights).sum(axis=0)
         if self._rank_total is None or self._rank_total.shape != step_ranks.shape:
             self._rank_total = np.zeros_like(step_ranks)
@@ -139,4 +171,13 @@ class SnapshotBuilder:
             rank_tokens_total=self._rank_total.copy(),
             window_rank_tokens=rank_loads(window, weights),
             rank_source=source,
+            placement=self._placement_json(counts, weights),
         )
+
+    def _placement_json(self, counts: IntArray, weights: FloatArray) -> dict[str, Any] | None:
+        if self.placement_log is None:
+            return None
+        after = None
+        if self._mark is not None and self._mark.shape == counts.shape and (counts - self._mark).any():
+            after = balance_summary(rank_loads(counts - self._mark, weights))
+        return self.placement_log.to_json(measured_after=after)

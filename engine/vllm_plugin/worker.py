@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
+from engine.stats import FloatArray, IntArray
 from engine.vllm_plugin.binding import (
     LabelProbe,
     VllmLabels,
@@ -28,6 +30,7 @@ from engine.vllm_plugin.binding import (
     vllm_row_filter,
 )
 from engine.vllm_plugin.counter import ExpertLoadCounter, RowFilter
+from engine.vllm_plugin.placement_log import PlacementLog
 from engine.vllm_plugin.settings import PluginSettings
 from engine.vllm_plugin.snapshot import ExpertLoadSnapshot, SnapshotBuilder
 
@@ -38,6 +41,20 @@ class SnapshotSink(Protocol):
     """Where snapshots go (an exporter)."""
 
     def publish(self, snapshot: ExpertLoadSnapshot) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class WindowView:
+    """The routing window one counting worker holds."""
+
+    layer_ids: tuple[int, ...]
+    expert_tokens: IntArray
+    """(layers, experts) tokens routed within the window."""
+    active_flushes: int
+    """Flush intervals in the window that saw routed tokens (a lower bound on the steps in it)."""
+    rank_weights: FloatArray
+    """(experts, ranks) or (layers, experts, ranks): the rank map of the gauges."""
+    rank_source: str
 
 
 class Flusher:
@@ -59,9 +76,43 @@ class Flusher:
 
     def flush(self) -> ExpertLoadSnapshot:
         with self._lock:
-            snapshot = self.builder.build(self.counter.snapshot())
-            self.sink.publish(snapshot)
-            return snapshot
+            return self._flush_locked()
+
+    def window(self) -> WindowView:
+        """Flush now and return the routing window (the trigger's load and rank map)."""
+        with self._lock:
+            snapshot = self._flush_locked()
+            weights, source = self.builder.rank_weights()
+            tokens = self.builder.window_expert_tokens
+            assert tokens is not None
+            return WindowView(
+                layer_ids=snapshot.layer_ids, expert_tokens=tokens.copy(),
+                active_flushes=self.builder.window_active_flushes, rank_weights=weights, rank_source=source,
+            )  # fmt: skip
+
+    def request(self, action: str, outcome: str) -> None:
+        """Count a trigger request (``moe_placement_requests_total``)."""
+        with self._lock:
+            self._log().request(action, outcome)
+            self._flush_locked()
+
+    def rearranged(self, *, duration_s: float, experts_moved: int, balance: dict[str, dict[str, Any]]) -> None:
+        """Record a rearrangement; balance measured from now on is its "after"."""
+        with self._lock:
+            self._flush_locked()  # counts so far belong to the old placement
+            self._log().rearranged(duration_s=duration_s, experts_moved=experts_moved, balance=balance)
+            self.builder.mark_rearrangement()
+            self._flush_locked()
+
+    def _log(self) -> PlacementLog:
+        if self.builder.placement_log is None:
+            self.builder.placement_log = PlacementLog()
+        return self.builder.placement_log
+
+    def _flush_locked(self) -> ExpertLoadSnapshot:
+        snapshot = self.builder.build(self.counter.snapshot())
+        self.sink.publish(snapshot)
+        return snapshot
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,4 +1,9 @@
-"""Experts: layer x expert load, imbalance per layer, per-rank load, placement swaps, rebalances."""
+"""Experts: layer x expert load, imbalance per layer, per-rank load, placement swaps, rebalances.
+
+The placement panels serve both engines: the embedded engine's placement API and the vLLM
+plugin's trigger write ``moe_placement_swaps_total`` and friends; the balance around the last
+change and the trigger's requests come from the vLLM plugin.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,10 @@ from contracts.catalogue import (
     EXPERT_TOKENS,
     LAYER_BALANCEDNESS,
     LAYER_IMBALANCE_CV,
+    PLACEMENT_BALANCEDNESS,
     PLACEMENT_EXPERTS_MOVED,
+    PLACEMENT_IMBALANCE_CV,
+    PLACEMENT_REQUESTS,
     PLACEMENT_SWAP_DURATION_HISTOGRAM,
     PLACEMENT_SWAPS,
     RANK_TOKENS,
@@ -29,7 +37,7 @@ def build(policy: Policy) -> Dashboard:
         .refresh("30s").time("now-1h", "now").timezone("browser")
     )
     dashboard = variables(dashboard, policy=True)
-    return (
+    dashboard = (
         dashboard
         .with_row(Row("Routing"))
         .with_panel(heatmap(
@@ -55,6 +63,14 @@ def build(policy: Policy) -> Dashboard:
         .with_panel(timeseries("Assignments per second by EP rank", [
             query(f"sum by (rank) (rate({total(RANK_TOKENS)}{{{MODEL}}}[{RATE}]))", "rank {{rank}}"),
         ], min_value=0, stack=True, width=8))
+    )
+    return _placement(dashboard, max_cv)
+
+
+def _placement(dashboard: Dashboard, max_cv: float) -> Dashboard:
+    """Placement changes (both engines), their balance and the trigger's requests (the vLLM plugin)."""
+    return (
+        dashboard
         .with_row(Row("Placement"))
         .with_panel(timeseries("Placement swaps and experts moved", [
             query(f"sum(increase({total(PLACEMENT_SWAPS)}{{{MODEL}}}[{RATE}]))", "swaps"),
@@ -67,4 +83,17 @@ def build(policy: Policy) -> Dashboard:
         .with_panel(timeseries("Rebalances by outcome (controller)", [
             query(f"sum by (outcome) (increase({total(REBALANCES)}{{{POLICY}}}[{RATE}]))", "{{outcome}}"),
         ], min_value=0, width=8))
+        .with_panel(timeseries(f"Worst-layer CV around the last placement change (SLO {max_cv})", [
+            query(f"max by (when, source) ({PLACEMENT_IMBALANCE_CV}{{{MODEL}}})", "{{source}} {{when}}"),
+        ], slo_line=max_cv, min_value=0, width=8,
+            description="vLLM plugin: predicted (the plan's load) and measured (routing counted before the change, "
+                        "and after it on the new placement), before and after the last rearrangement."))
+        .with_panel(timeseries("Lowest-layer balancedness around the last placement change", [
+            query(f"min by (when, source) ({PLACEMENT_BALANCEDNESS}{{{MODEL}}})", "{{source}} {{when}}"),
+        ], unit="percentunit", min_value=0, width=8))
+        .with_panel(timeseries("Rebalance requests by action and outcome (vLLM plugin)", [
+            query(f"sum by (action, outcome) (increase({total(PLACEMENT_REQUESTS)}{{{MODEL}}}[{RATE}]))",
+                  "{{action}} {{outcome}}"),
+        ], min_value=0, width=8,
+            description="plan: dry runs; apply: rearrangements. refused: EPLB off or not allowed (HTTP 409)."))
     )

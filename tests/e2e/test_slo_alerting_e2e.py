@@ -49,6 +49,10 @@ ROOT = Path(__file__).resolve().parents[2]
 MAY_BE_EMPTY = {
     "Preemptions per second",  # no KV pressure
     "Placement swaps and experts moved", "Swap duration p99", "Rebalances by outcome (controller)",
+    # The vLLM plugin's rebalance trigger (the embedded engine writes none of these).
+    "Worst-layer CV around the last placement change (SLO 0.15)",
+    "Lowest-layer balancedness around the last placement change",
+    "Rebalance requests by action and outcome (vLLM plugin)",
     "Forecast (made 120 s earlier) vs actual requests per second",  # forecaster warm-up, 120 s offset
     "Forecast quality: rolling WAPE and interval coverage",  # no forecast scored within the run
     "Controller decisions",  # annotation: only when a decision changes

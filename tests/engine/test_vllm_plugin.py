@@ -1,4 +1,5 @@
-"""The vLLM plugin inside a real vLLM CPU server (``make vllm-venv``), and the controller's source on it.
+"""The vLLM plugin inside a real vLLM CPU server (``make vllm-venv``), and the controller's source and
+rebalancer on it.
 
 Two servers start once for the module, concurrently: the plugin enabled and
 disabled, both with multiprocess Prometheus (``PROMETHEUS_MULTIPROC_DIR``),
@@ -63,6 +64,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpReceiver) -> Ite
             "MOESLO_VLLM_OTEL": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
             "OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
             "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "cumulative", "OTEL_BSP_SCHEDULE_DELAY": "500",
+            # The trigger's routes and our EPLB policy (EPLB itself cannot run on vLLM CPU).
+            "VLLM_PLUGINS": "moeslo,moeslo_otel,moeslo_eplb,moeslo_eplb_policy", "MOESLO_VLLM_EPLB_POLICY": "1",
         },
     )  # fmt: skip
     off = VllmServer(checkpoint, model_name=MODEL, log_path=tmp / "off.log",
@@ -330,3 +333,62 @@ def test_controller_prometheus_source_reads_slis_from_vllm(servers: dict[str, Vl
     assert len(sli.imbalance_cv_per_layer) == LAYERS
     assert obs.ready_replicas == 1 and obs.queue_depth == 0
     assert obs.kv_cache_usage is not None
+
+
+# ---- the rebalance trigger on a real server (one rank, EPLB off: vLLM CPU cannot run EPLB) ----------------
+
+
+def test_eplb_routes_dry_run_and_refuse_without_eplb(servers: dict[str, VllmServer]) -> None:
+    base = servers["on"].base_url
+    complete(base, prompts_for(8, [40, 30, 20]), [6, 6, 6])
+    status = httpx.get(f"{base}/moeslo/eplb", timeout=60).json()
+    assert status["eplb"] is None and status["policy"] == "MoesloEplbPolicy"  # registered in the worker
+    assert status["placement_source"] == "virtual" and status["num_ranks"] == VIRTUAL_RANKS
+    assert status["counting_workers"] == 1 and np.asarray(status["expert_tokens"]).shape == (LAYERS, EXPERTS)
+    dry = httpx.post(f"{base}/moeslo/eplb/rebalance", json={"dry_run": True}, timeout=60)
+    assert dry.status_code == 200, dry.text
+    plan = dry.json()
+    assert plan["dry_run"] is True and plan["eplb"] is False and plan["plan_source"] == "MoesloEplbPolicy"
+    assert np.asarray(plan["phy2log"]).shape == (LAYERS, EXPERTS)
+    assert plan["predicted_after"]["cv_max"] <= plan["predicted_before"]["cv_max"]
+    refused = httpx.post(f"{base}/moeslo/eplb/rebalance", json={}, timeout=60)
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert error["reason"] == "eplb_off" and "--enable-eplb" in error["message"]
+    bad = httpx.post(f"{base}/moeslo/eplb/rebalance", json={"dry_run": "yes", "when": "soon"}, timeout=60)
+    assert bad.status_code == 400 and len(bad.json()["error"]["problems"]) == 2
+    deadline = time.monotonic() + 10
+    while True:  # the worker publishes every flush (multiprocess Prometheus here)
+        found = {(lab["action"], lab["outcome"]): v for lab, v in samples(base).get("moe_placement_requests_total", [])}
+        if found.get(("apply", "refused")) or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    assert found[("plan", "ok")] >= 1 and found[("apply", "refused")] >= 1
+
+
+def test_controller_rebalancer_drives_vllm_and_logs_the_refusal(servers: dict[str, VllmServer]) -> None:
+    from controller.actuators.placement import Rebalancer
+    from controller.actuators.vllm_control import AutoEngineControl
+    from controller.policy import ImbalanceObjective, Mode, ModelTarget, Objectives, Policy
+    from controller.rebalance import TriggerSettings
+
+    base = servers["on"].base_url
+    complete(base, prompts_for(9, [40, 30, 20]), [6, 6, 6])
+    objective = ImbalanceObjective(max_cv=0.001, sustain_s=0)  # any imbalance triggers
+    policies = {mode: Policy(name=f"vllm-{mode}", target=ModelTarget(model=MODEL), mode=mode,
+                             objectives=Objectives(imbalance=objective)) for mode in (Mode.ADVISORY, Mode.ENFORCE)}
+
+    async def tick() -> list:  # type: ignore[type-arg]
+        control = AutoEngineControl(timeout_s=60)
+        rebalancer = Rebalancer(control, TriggerSettings(cooldown_s=600, margin=0.0), min_window_steps=1)
+        try:
+            return [e for p in policies.values() for e in await rebalancer.tick(p, [base], time.monotonic())]
+        finally:
+            assert control.kind(base) == "vllm"
+            await control.aclose()
+
+    advisory, failed = asyncio.run(tick())
+    assert (advisory.kind, advisory.outcome) == ("rebalance", "advisory")
+    assert advisory.plan["imbalance_after_cv"] <= advisory.plan["imbalance_before_cv"]
+    assert (failed.kind, failed.outcome) == ("rebalance", "failed")
+    assert "HTTP 409: eplb_off: EPLB is off" in failed.error

@@ -1,0 +1,152 @@
+"""The rebalancer's engine control for vLLM: the moeslo plugin's routes, and picking the adapter per endpoint.
+
+:class:`VllmEngineControl` is :class:`~controller.actuators.placement.EngineControl`
+over a vLLM server that runs the moeslo plugin with its endpoint
+(``VLLM_PLUGINS=moeslo,moeslo_eplb``, ``MOESLO_VLLM_PLUGIN=1``):
+
+* ``expert_load`` reads ``GET /moeslo/eplb``: the routing window the plugin
+  counted (summed over vLLM's workers), its per-layer CV, the flush
+  intervals with traffic (``steps_in_window``: a lower bound on steps) and
+  the current placement (EPLB's live map; with EPLB off, vLLM's static EP
+  layout, so advisory mode works everywhere);
+* ``apply_placement`` posts the controller's plan to
+  ``POST /moeslo/eplb/rebalance``; vLLM rearranges with its own code between
+  two steps.  With EPLB off vLLM answers 409 ``eplb_off``, which becomes an
+  :class:`~contracts.errors.UnavailableError` naming the reason (a ``failed``
+  rebalance in the decision log);
+* ``dry_run`` (vLLM only) returns the plan vLLM's policy would make and its
+  predicted balance.
+
+:class:`AutoEngineControl` lets one rebalancer govern both kinds of engine:
+it asks each endpoint once for ``/moeslo/eplb`` (404 means the embedded
+engine) and keeps the answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import numpy as np
+
+from contracts.errors import UnavailableError
+from contracts.placement import Placement
+from controller.actuators.placement import EngineControl, ExpertLoadSnapshot, HttpEngineControl
+
+STATUS_PATH = "/moeslo/eplb"
+REBALANCE_PATH = "/moeslo/eplb/rebalance"
+APPLY_TIMEOUT_S = 300.0
+SWAP_KEYS = ("applied", "experts_moved", "slots_changed", "stall_s", "plan_source", "async", "workers")
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        body = response.json()["error"]
+        reason = f"{body['reason']}: " if body.get("reason") else ""
+        return f"HTTP {response.status_code}: {reason}{body['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}: {response.text[:300]}"
+
+
+def swap_summary(reply: dict[str, Any]) -> dict[str, Any]:
+    """What the decision log keeps of vLLM's answer (not the plan's matrix)."""
+    out = {k: reply[k] for k in SWAP_KEYS if k in reply}
+    for key in ("predicted_before", "predicted_after", "measured_before"):
+        if isinstance(reply.get(key), dict):
+            out[f"{key}_cv_max"] = reply[key]["cv_max"]
+            out[f"{key}_balancedness_min"] = reply[key]["balancedness_min"]
+    return out
+
+
+class VllmEngineControl:
+    """:class:`EngineControl` over vLLM with the moeslo plugin's ``/moeslo/eplb`` routes."""
+
+    def __init__(self, client: httpx.AsyncClient | None = None, timeout_s: float = 10.0) -> None:
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+
+    async def _call(self, method: str, url: str, **kwargs: Any) -> Any:
+        try:
+            response = await self._client.request(method, url, **kwargs)
+        except httpx.HTTPError as exc:
+            raise UnavailableError(f"{method} {url}: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise UnavailableError(f"{method} {url}: {_error_text(response)}")
+        return response.json()
+
+    async def status(self, endpoint: str) -> dict[str, Any]:
+        status: dict[str, Any] = await self._call("GET", f"{endpoint}{STATUS_PATH}")
+        return status
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
+        status = await self.status(endpoint)
+        if status.get("expert_tokens") is None:
+            raise UnavailableError(f"vLLM at {endpoint} counts no routed tokens (set MOESLO_VLLM_PLUGIN=1)")
+        if status.get("phy2log") is None or not status.get("num_ranks"):
+            raise UnavailableError(f"vLLM at {endpoint} reports no placement to plan from")
+        placement = Placement(np.asarray(status["phy2log"], dtype=np.int64), int(status["num_ranks"]))
+        measured = status.get("measured") or {}
+        return ExpertLoadSnapshot(
+            expert_tokens=np.asarray(status["expert_tokens"], dtype=np.int64),
+            imbalance_cv=tuple(float(x) for x in measured.get("cv", ())),
+            steps_in_window=int(status.get("steps_in_window") or 0),
+            placement=placement,
+        )
+
+    async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
+        reply = await self._call("POST", f"{endpoint}{REBALANCE_PATH}", json={"placement": placement.to_json()},
+                                 timeout=APPLY_TIMEOUT_S)  # fmt: skip
+        if not reply.get("applied"):
+            raise UnavailableError(f"vLLM at {endpoint} did not commit the placement: {swap_summary(reply)}")
+        return swap_summary(reply)
+
+    async def dry_run(self, endpoint: str, placement: Placement | None = None) -> dict[str, Any]:
+        """The plan vLLM would carry out (its EPLB policy's, or ``placement``) with its predicted balance."""
+        body: dict[str, Any] = {"dry_run": True}
+        if placement is not None:
+            body["placement"] = placement.to_json()
+        reply: dict[str, Any] = await self._call("POST", f"{endpoint}{REBALANCE_PATH}", json=body,
+                                                 timeout=APPLY_TIMEOUT_S)  # fmt: skip
+        return reply
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class AutoEngineControl:
+    """Per endpoint, vLLM's adapter or the embedded engine's, by whether it serves ``/moeslo/eplb``."""
+
+    def __init__(self, client: httpx.AsyncClient | None = None, timeout_s: float = 10.0) -> None:
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+        self.embedded = HttpEngineControl(self._client)
+        self.vllm = VllmEngineControl(self._client)
+        self._kind: dict[str, EngineControl] = {}
+
+    async def control_for(self, endpoint: str) -> EngineControl:
+        known = self._kind.get(endpoint)
+        if known is not None:
+            return known
+        try:
+            response = await self._client.get(f"{endpoint}{STATUS_PATH}")
+        except httpx.HTTPError as exc:
+            raise UnavailableError(f"GET {endpoint}{STATUS_PATH}: {exc!r}") from exc
+        # Any answer but 404 (200, or 409/503 from the plugin) means the route exists: vLLM with the plugin.
+        control: EngineControl = self.embedded if response.status_code == 404 else self.vllm
+        self._kind[endpoint] = control
+        return control
+
+    def kind(self, endpoint: str) -> str | None:
+        """``vllm``, ``embedded``, or None before the first contact."""
+        control = self._kind.get(endpoint)
+        return None if control is None else ("vllm" if control is self.vllm else "embedded")
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
+        return await (await self.control_for(endpoint)).expert_load(endpoint)
+
+    async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
+        return await (await self.control_for(endpoint)).apply_placement(endpoint, placement)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+__all__ = ["AutoEngineControl", "VllmEngineControl", "swap_summary"]

@@ -1,0 +1,130 @@
+"""The trigger's HTTP side: routes the plugin adds to vLLM's API server (``vllm.endpoint_plugins``).
+
+vLLM 0.32 loads an endpoint plugin only when ``VLLM_PLUGINS`` names it
+(``VLLM_PLUGINS=moeslo,moeslo_eplb``, plus ``moeslo_eplb_policy`` and
+``moeslo_otel`` where used).  :class:`EplbEndpoint` adds:
+
+* ``GET /moeslo/eplb``: EPLB's state, the current placement, the routing
+  window summed over the workers that count, its measured balance, and the
+  log of rearrangements (what the controller's ``VllmEngineControl`` reads);
+* ``POST /moeslo/eplb/rebalance``: body ``{"dry_run": false, "when": "now",
+  "placement": null, "load": null}`` (all optional).  A dry run returns the
+  plan and its predicted balance (CV and balancedness per layer, before and
+  after), the experts it would move, and moves nothing.  Otherwise vLLM
+  rearranges (see ``engine.vllm_plugin.eplb_control``) and the reply adds
+  the step stall.
+
+Both reach the workers through ``engine_client.collective_rpc`` (vLLM's way
+for an endpoint plugin, paired with the general plugin that installs the
+worker method).  Errors are JSON ``{"error": {"type", "message", "code",
+"reason"?, "problems"?}}``: 400 for a bad body, 409 when vLLM's state
+refuses (``eplb_off``: EPLB is not enabled; ``eplb_data_parallel``;
+``no_window``; ``no_placement``), 503 when a worker fails.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from argparse import Namespace
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from contracts.errors import ConflictError, MoesloError, UnavailableError, ValidationError
+from engine.vllm_plugin.eplb_control import WORKER_METHOD
+from engine.vllm_plugin.eplb_requests import RebalanceRequest, load_for, merge_replies, merge_status
+
+logger = logging.getLogger("moeslo.vllm_plugin")
+
+STATUS_PATH = "/moeslo/eplb"
+REBALANCE_PATH = "/moeslo/eplb/rebalance"
+RPC_TIMEOUT_S = 300.0
+
+
+def status_code(exc: MoesloError) -> int:
+    if isinstance(exc, ValidationError):
+        return 400
+    if isinstance(exc, ConflictError):
+        return 409
+    return 503
+
+
+def error_body(exc: MoesloError) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc), "code": status_code(exc)}
+    reason = getattr(exc, "reason", None)
+    if reason is not None:
+        body["reason"] = reason
+    if isinstance(exc, ValidationError):
+        body["problems"] = list(exc.problems)
+    return {"error": body}
+
+
+class EplbService:
+    """The routes' logic over an engine client (anything with vLLM's ``collective_rpc``)."""
+
+    def __init__(self, engine_client: Any, *, timeout_s: float = RPC_TIMEOUT_S) -> None:
+        self.engine_client = engine_client
+        self.timeout_s = timeout_s
+
+    async def _call(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.engine_client is None:
+            raise UnavailableError("no engine behind this API server")
+        try:
+            replies = await self.engine_client.collective_rpc(
+                WORKER_METHOD, timeout=self.timeout_s, args=(json.dumps(payload),)
+            )
+        except AttributeError as exc:  # the worker method is missing: the general plugin is off there
+            raise ConflictError(f"the workers lack {WORKER_METHOD}: set MOESLO_VLLM_PLUGIN=1 ({exc})") from exc
+        return [dict(r) if isinstance(r, dict) else {"error": {"type": "BadReply", "message": repr(r)}}
+                for r in replies]  # fmt: skip
+
+    async def status(self) -> dict[str, Any]:
+        return merge_status(await self._call({"action": "status"}))
+
+    async def rebalance(self, request: RebalanceRequest) -> dict[str, Any]:
+        status = await self.status()
+        load = load_for(request, status)
+        reply = merge_replies(await self._call(request.worker_payload(load)))
+        reply["measured_status"] = {k: status.get(k) for k in ("steps_in_window", "measured", "counting_workers")}
+        return reply
+
+
+class EplbEndpoint:
+    """The ``vllm.endpoint_plugins`` entry point ``moeslo_eplb``."""
+
+    name = "moeslo_eplb"
+    required_tasks = None
+
+    def attach_router(self, app: FastAPI) -> None:
+        async def respond(request: Request, work: Any) -> JSONResponse:
+            service = getattr(request.app.state, "moeslo_eplb", None) or EplbService(
+                getattr(request.app.state, "engine_client", None)
+            )
+            try:
+                return JSONResponse(await work(service))
+            except MoesloError as exc:
+                return JSONResponse(error_body(exc), status_code=status_code(exc))
+
+        @app.get(STATUS_PATH)
+        async def eplb_status(request: Request) -> JSONResponse:
+            return await respond(request, lambda service: service.status())
+
+        @app.post(REBALANCE_PATH)
+        async def eplb_rebalance(request: Request) -> JSONResponse:
+            raw = await request.body()
+            try:
+                parsed = RebalanceRequest.from_json(json.loads(raw) if raw.strip() else {})
+            except json.JSONDecodeError as exc:
+                err = ValidationError(f"the body is not JSON: {exc.msg}")
+                return JSONResponse(error_body(err), status_code=400)
+            except ValidationError as exc:
+                return JSONResponse(error_body(exc), status_code=400)
+            return await respond(request, lambda service: service.rebalance(parsed))
+
+    async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
+        state.moeslo_eplb = EplbService(engine_client)
+
+
+__all__ = ["REBALANCE_PATH", "STATUS_PATH", "EplbEndpoint", "EplbService", "error_body", "status_code"]

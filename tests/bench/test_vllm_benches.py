@@ -1,0 +1,55 @@
+"""The vLLM benchmarks' pure parts: the overhead's pair loop and statistics, the EPLB benchmark's figures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.vllm_eplb import check_plan, figures, initial_map, run_vllm_eplb_bench
+from bench.vllm_overhead import OverheadOptions, median_ci95, ratio_stats, run_pairs, tree_cpu_s
+
+
+def test_median_ci_is_order_statistics() -> None:
+    assert median_ci95([3.0, 1.0, 2.0]) == (2.0, 1.0, 3.0)  # few values: min and max
+    med, low, high = median_ci95([float(x) for x in range(100)])
+    assert med == 49.5 and (low, high) == (40.0, 59.0)
+    stats = ratio_stats([0.99, 1.0, 1.01] * 10)
+    assert stats["median"] == 1.0 and stats["spread_pct"] == pytest.approx(1.0) and stats["overhead_pct"] == 0.0
+
+
+def test_pairs_alternate_and_stop_once_a_ratio_is_resolved() -> None:
+    rng = np.random.default_rng(0)
+    calls: list[str] = []
+
+    def run_round(name: str, seed: int) -> dict[str, Any]:
+        calls.append(name)
+        noise = float(rng.normal(1.0, 0.2))  # wall clock: very noisy; CPU per token: steady
+        return {"output_tokens_per_s": 100.0 * noise, "cpu_s_per_token": 0.010 * (1.002 if name == "on" else 1.0)}
+
+    out = run_pairs(run_round, OverheadOptions(min_pairs=6, max_pairs=50))
+    assert calls[:4] == ["off", "on", "on", "off"]  # ABBA
+    assert out["stopped"] == "resolved" and out["resolved_by"] == ["cpu_s_per_token"]
+    assert len(out["pairs"]) == 6 and out["overhead_pct"]["cpu_s_per_token"] == pytest.approx(0.2)
+    budget = run_pairs(run_round, OverheadOptions(min_pairs=100, max_pairs=3))
+    assert budget["stopped"] == "max_pairs" and len(budget["pairs"]) == 3
+
+
+def test_tree_cpu_counts_this_process() -> None:
+    assert tree_cpu_s(os.getpid()) > 0
+    assert tree_cpu_s(2**22 + 12345) == 0.0  # no such process
+
+
+def test_eplb_bench_figures_and_skips(tmp_path: Path) -> None:
+    load = np.array([[8.0, 4.0, 2.0, 2.0]])
+    p2l = initial_map(1, 4, 6)
+    assert p2l.tolist() == [[0, 1, 2, 3, 0, 1]]
+    check_plan(p2l, 1, 4, 6)
+    with pytest.raises(AssertionError, match="without a replica"):
+        check_plan(np.zeros((1, 6), dtype=np.int64), 1, 4, 6)
+    f = figures(p2l, load, 2)  # rank 0: 4 + 2 + 2 = 8, rank 1: 2 + 4 + 2 = 8
+    assert f["max_over_mean_avg"] == 1.0 and f["cv_avg"] == 0.0
+    assert "skipped" in run_vllm_eplb_bench(tmp_path)

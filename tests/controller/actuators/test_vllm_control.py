@@ -1,0 +1,104 @@
+"""The rebalancer's vLLM adapter over the plugin's real routes (stand-in workers, in-process ASGI), and the
+per-endpoint choice between vLLM and the embedded engine."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from contracts.errors import UnavailableError
+from contracts.placement import Placement
+from controller.actuators.placement import Rebalancer
+from controller.actuators.vllm_control import AutoEngineControl, VllmEngineControl, swap_summary
+from controller.policy import ImbalanceObjective, LocalTarget, Mode, Objectives, Policy
+from controller.rebalance import TriggerSettings
+from tests.engine.eplb_standin import EXPERTS, LAYERS, SLOTS, route
+from tests.exporters.test_vllm_eplb_http import StandinEngineClient, app_for
+
+VLLM, EMBEDDED = "http://vllm", "http://embedded"
+
+
+def _embedded(request: httpx.Request) -> httpx.Response:
+    if request.url.path == "/v1/expert-load":
+        return httpx.Response(200, json={"expert_tokens": [[5, 1]], "imbalance_cv": [0.6], "steps_in_window": 20})
+    if request.url.path == "/v1/placement":
+        return httpx.Response(200, json={"num_ranks": 2, "phy2log": [[0, 1]]})
+    return httpx.Response(404, json={"detail": "Not Found"})
+
+
+def _client(engine: StandinEngineClient) -> httpx.AsyncClient:
+    vllm = httpx.ASGITransport(app=app_for(engine))
+    embedded = httpx.MockTransport(_embedded)
+    return httpx.AsyncClient(mounts={f"{VLLM}": vllm, f"{EMBEDDED}": embedded})
+
+
+def test_vllm_control_reads_the_window_and_applies_the_controllers_placement() -> None:
+    engine = StandinEngineClient()
+
+    async def run() -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        control = VllmEngineControl(_client(engine))
+        try:
+            snap = await control.expert_load(VLLM)
+            plan = await control.dry_run(VLLM)
+            mine = Placement(np.tile(np.arange(SLOTS)[::-1] % EXPERTS, (LAYERS, 1)), 2)
+            return snap, plan, await control.apply_placement(VLLM, mine)
+        finally:
+            await control.aclose()
+
+    snap, plan, swap = asyncio.run(run())
+    assert snap.expert_tokens.shape == (LAYERS, EXPERTS) and snap.placement.num_ranks == 2
+    assert snap.steps_in_window >= 1 and max(snap.imbalance_cv) > 0.15
+    assert plan["dry_run"] is True
+    assert swap["applied"] is True and "phy2log" not in swap and swap["experts_moved"] > 0
+    assert set(swap) >= {"stall_s", "predicted_before_cv_max", "predicted_after_cv_max", "workers"}
+    assert engine.states[0].model_state.physical_to_logical_map.tolist() == np.tile(
+        np.arange(SLOTS)[::-1] % EXPERTS, (LAYERS, 1)).tolist()
+
+
+def test_refusals_become_unavailable_errors_naming_the_reason() -> None:
+    engine = StandinEngineClient(eplb=False)
+
+    async def run() -> None:
+        control = VllmEngineControl(_client(engine))
+        try:
+            snap = await control.expert_load(VLLM)  # EPLB off: the static layout, so advisory mode works
+            assert snap.placement.num_ranks == 2
+            with pytest.raises(UnavailableError, match="HTTP 409: eplb_off: EPLB is off"):
+                await control.apply_placement(VLLM, snap.placement)
+        finally:
+            await control.aclose()
+
+    asyncio.run(run())
+
+
+def test_auto_control_picks_the_adapter_per_endpoint_and_rebalances_vllm() -> None:
+    engine = StandinEngineClient()
+    policy = Policy(name="p", target=LocalTarget(), mode=Mode.ENFORCE,
+                    objectives=Objectives(imbalance=ImbalanceObjective(max_cv=0.15, sustain_s=0)))
+
+    async def run() -> tuple[AutoEngineControl, list[Any]]:
+        control = AutoEngineControl(_client(engine))
+        rebalancer = Rebalancer(control, TriggerSettings(cooldown_s=100), verify_after_s=1, min_window_steps=1)
+        events = []
+        for now in (0.0, 2.0):
+            events += await rebalancer.tick(policy, [VLLM], now)
+            route(engine.flusher.counter)  # routing on the new placement (the window restarted)
+        assert (await control.expert_load(EMBEDDED)).steps_in_window == 20
+        await control.aclose()
+        return control, events
+
+    control, events = asyncio.run(run())
+    assert control.kind(VLLM) == "vllm" and control.kind(EMBEDDED) == "embedded" and control.kind("x") is None
+    assert [(e.kind, e.outcome) for e in events] == [("rebalance", "applied"), ("verify", "verified")]
+    assert events[0].swap["applied"] is True and events[1].verify.measured_cv <= 0.15
+
+
+def test_swap_summary_keeps_figures_not_matrices() -> None:
+    reply = {"applied": True, "phy2log": [[0]], "experts_moved": 3, "predicted_after": {"cv_max": 0.1,
+             "balancedness_min": 0.9, "cv": [0.1]}}  # fmt: skip
+    assert swap_summary(reply) == {"applied": True, "experts_moved": 3, "predicted_after_cv_max": 0.1,
+                                   "predicted_after_balancedness_min": 0.9}  # fmt: skip

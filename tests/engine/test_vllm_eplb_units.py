@@ -1,0 +1,160 @@
+"""The trigger's pure parts and its worker side against a stand-in ``EplbState`` (no vLLM needed)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from contracts.errors import UnavailableError, ValidationError
+from engine.vllm_plugin import ExpertLoadSnapshot
+from engine.vllm_plugin.eplb_control import EplbControl, one_shot_policy
+from engine.vllm_plugin.eplb_requests import (
+    EplbRefusedError,
+    RebalanceRequest,
+    merge_replies,
+    merge_status,
+    plan_figures,
+    rank_moves,
+)
+from tests.engine.eplb_standin import (
+    EXPERTS,
+    LAYERS,
+    SLOTS,
+    PlannerPolicy,
+    StandinEnv,
+    StandinEplbState,
+    counting_flusher,
+    route,
+    runner,
+)
+
+
+def test_request_parsing_gathers_every_problem() -> None:
+    assert RebalanceRequest.from_json(None).dry_run is False
+    req = RebalanceRequest.from_json({"dry_run": True, "placement": {"num_ranks": 2, "phy2log": [[0, 1], [1, 0]]}})
+    assert req.placement is not None and req.placement.shape == (2, 2)
+    assert req.worker_payload(np.ones((1, 2)))["action"] == "plan"
+    with pytest.raises(ValidationError) as err:
+        RebalanceRequest.from_json({"dry_run": 1, "when": "soon", "load": [[-1]], "extra": 0})
+    assert len(err.value.problems) == 4
+    with pytest.raises(ValidationError, match="lets vLLM's policy plan"):
+        RebalanceRequest.from_json({"when": "next_window", "placement": [[0]]})
+    with pytest.raises(ValidationError, match="JSON object"):
+        RebalanceRequest.from_json([1])
+
+
+def test_moves_count_replicas_new_to_a_rank() -> None:
+    before = np.array([[0, 1, 2, 3]])
+    after = np.array([[1, 0, 3, 2]])  # slots swapped within ranks: nothing copied between ranks
+    assert rank_moves(before, after, 2).tolist() == [0]
+    assert rank_moves(before, np.array([[2, 1, 0, 3]]), 2).tolist() == [2]
+    figures = plan_figures(np.array([[10.0, 10.0, 1.0, 1.0]]), before, np.array([[0, 2, 1, 3]]), 2)
+    assert figures["predicted_before"]["cv_max"] > 0.5 and figures["predicted_after"]["cv_max"] == 0.0
+    assert figures["experts_moved"] == 2 and figures["slots_changed"] == 2
+
+
+def test_replies_merge_and_worker_errors_come_back_typed() -> None:
+    window = {"layer_ids": [0], "expert_tokens": [[3, 1]], "active_flushes": 4, "rank_source": "eplb"}
+    status = merge_status([
+        {"eplb": {"step": 1}, "policy": "P", "num_ranks": 2, "phy2log": [[0, 1]], "window": window},
+        {"eplb": {"step": 1}, "policy": "P", "num_ranks": 2, "phy2log": None,
+         "window": {**window, "active_flushes": 6}},
+    ])  # fmt: skip
+    assert status["expert_tokens"] == [[6, 2]] and status["steps_in_window"] == 6 and status["counting_workers"] == 2
+    assert status["measured"]["cv_max"] == pytest.approx(0.5)
+    merged = merge_replies([{"stall_s": 0.1, "applied": True}, {"stall_s": 0.3}])
+    assert merged["stall_s"] == 0.3 and merged["applied"] is True and merged["workers"] == 2
+    with pytest.raises(EplbRefusedError) as refused:
+        merge_replies([{"error": {"type": "EplbRefusedError", "reason": "eplb_off", "message": "off"}}])
+    assert refused.value.reason == "eplb_off"
+    with pytest.raises(ValidationError):
+        merge_replies([{}, {"error": {"type": "ValidationError", "message": "m", "problems": ["a", "b"]}}])
+    with pytest.raises(UnavailableError, match="RuntimeError: boom"):
+        merge_status([{"error": {"type": "RuntimeError", "message": "boom"}}])
+
+
+def _control(with_state: bool = True):  # type: ignore[no-untyped-def]
+    state = StandinEplbState() if with_state else None
+    flusher, counter, published = counting_flusher(state)
+    route(counter)
+    return state, EplbControl(lambda: flusher, env=StandinEnv()), flusher, published
+
+
+def test_status_and_dry_run_plan_with_vllms_policy_and_move_nothing() -> None:
+    state, control, _, _ = _control()
+    status = control.handle(runner(state), json.dumps({"action": "status"}))
+    assert status["eplb"]["policy"] == "PlannerPolicy" and status["placement_source"] == "eplb"
+    assert np.asarray(status["window"]["expert_tokens"]).sum() == LAYERS * 200 * 2
+    before = state.model_state.physical_to_logical_map.clone()
+    load = merge_status([status])["expert_tokens"]
+    reply = control.handle(runner(state), {"action": "plan", "load": load})
+    assert reply["dry_run"] and reply["plan_source"] == "PlannerPolicy" and reply["eplb"] is True
+    assert reply["predicted_before"]["cv_max"] > 0.15 >= reply["predicted_after"]["cv_max"]
+    assert reply["measured_before"]["cv_max"] == pytest.approx(reply["predicted_before"]["cv_max"])
+    assert PlannerPolicy.calls[-1] == ((LAYERS, EXPERTS), SLOTS, 1, 1, 2)
+    assert state.model_state.physical_to_logical_map.equal(before) and state.rearranged_with == []
+
+
+def test_apply_rearranges_with_the_plan_and_records_it() -> None:
+    state, control, flusher, published = _control()
+    load = np.asarray(control.handle(runner(state), {"action": "status"})["window"]["expert_tokens"])
+    plan = control.handle(runner(state), {"action": "plan", "load": load.tolist()})
+    reply = control.handle(runner(state), {"action": "apply", "load": load.tolist()})
+    assert reply["applied"] is True and reply["stall_s"] >= 0 and reply["experts_moved"] == plan["experts_moved"] > 0
+    assert reply["phy2log"] == plan["phy2log"] == state.model_state.physical_to_logical_map.tolist()
+    assert state.rearranged_with == ["OneShotPlan"] and state.policy is PlannerPolicy  # the one-shot put it back
+    assert state.expert_rearrangement_step == 0  # the next periodic rearrangement is an interval away
+    # A caller's placement (the controller's) is what vLLM commits.
+    mine = np.tile(np.arange(SLOTS)[::-1] % EXPERTS, (LAYERS, 1))
+    control.handle(runner(state), {"action": "apply", "load": load.tolist(), "placement": mine.tolist()})
+    assert state.model_state.physical_to_logical_map.tolist() == mine.tolist()
+    log = published[-1].placement
+    assert log["swaps"] == 2 and log["requests"] == {"plan/ok": 1, "apply/ok": 2}
+    assert log["balance"]["predicted_before"]["cv_max"] >= 0 and "measured_before" in log["balance"]
+    route(flusher.counter)
+    assert flusher.flush().placement["balance"]["measured_after"]["cv_max"] >= 0  # routing after the change
+
+
+def test_refusals_are_clear() -> None:
+    _, control, flusher, published = _control(with_state=False)
+    reply = control.handle(runner(None), {"action": "apply", "load": [[1] * EXPERTS] * LAYERS})
+    assert reply["error"]["reason"] == "eplb_off" and "--enable-eplb" in reply["error"]["message"]
+    dry = control.handle(runner(None), {"action": "plan", "load": [[1] * EXPERTS] * LAYERS})
+    assert dry["eplb"] is False and dry["placement_source"] == "virtual"  # a dry run works without EPLB
+    state = StandinEplbState()
+    dp = control.handle(runner(state, data_parallel_size=2), {"action": "apply", "load": [[1] * EXPERTS] * LAYERS})
+    assert dp["error"]["reason"] == "eplb_data_parallel"
+    no_load = control.handle(runner(state), {"action": "plan"})
+    assert no_load["error"]["reason"] == "no_window"
+    bad = control.handle(runner(state), {"action": "plan", "load": [[1] * 3]})
+    assert bad["error"]["type"] == "ValidationError"
+    assert control.handle(runner(state), "not json")["error"]["type"] == "JSONDecodeError"
+    assert control.handle(runner(state), {"action": "explode"})["error"]["type"] == "ValidationError"
+    flusher.flush()
+    assert published[-1].placement["requests"] == {"apply/refused": 2, "plan/ok": 1, "plan/refused": 1,
+                                                   "plan/invalid": 1}  # fmt: skip
+
+
+def test_next_window_moves_vllms_counter() -> None:
+    state, control, _, _ = _control()
+    reply = control.handle(runner(state), {"action": "apply", "when": "next_window"})
+    assert reply["scheduled"] and reply["steps_until_rearrangement"] == 32
+    assert state.expert_rearrangement_step == 1000 - 32 and state.rearranged_with == []
+
+
+def test_one_shot_policy_answers_once_then_restores() -> None:
+    state = StandinEplbState()
+    plan = np.zeros((LAYERS, SLOTS), dtype=np.int64)
+    state.policy = one_shot_policy(plan, state, PlannerPolicy)
+    assert issubclass(state.policy, PlannerPolicy)
+    assert state.policy.rebalance_experts(None).tolist() == plan.tolist()
+    assert state.policy is PlannerPolicy
+
+
+def test_snapshot_json_keeps_the_placement_log() -> None:
+    _, control, _, published = _control()
+    control.handle(runner(StandinEplbState()), {"action": "plan", "load": [[1] * EXPERTS] * LAYERS})
+    snapshot = published[-1]
+    assert ExpertLoadSnapshot.from_json(snapshot.to_json()).placement == snapshot.placement

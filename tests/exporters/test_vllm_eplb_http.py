@@ -1,0 +1,104 @@
+"""The trigger's routes (``/moeslo/eplb``) and the rebalance metrics, over stand-in workers (no vLLM)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from engine.vllm_plugin.eplb_control import EplbControl
+from exporters.vllm_eplb_http import EplbEndpoint, EplbService
+from exporters.vllm_placement import PlacementMetrics, placement_families
+from tests.engine.eplb_standin import SLOTS, StandinEnv, StandinEplbState, counting_flusher, route, runner
+
+
+class StandinEngineClient:
+    """``collective_rpc`` over two ranks: rank 0 counts (the first TP rank), rank 1 does not."""
+
+    def __init__(self, *, eplb: bool = True, missing_method: bool = False) -> None:
+        self.states = [StandinEplbState(), StandinEplbState()] if eplb else [None, None]
+        self.flusher, counter, self.published = counting_flusher(self.states[0])
+        route(counter)
+        self.controls = [EplbControl(lambda: self.flusher, env=StandinEnv()), EplbControl(env=StandinEnv())]
+        self.missing_method = missing_method
+        self.calls: list[dict[str, Any]] = []
+
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] = (),
+                             kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        if self.missing_method:
+            raise AttributeError(f"'WorkerWrapperBase' object has no attribute '{method}'")
+        self.calls.append(json.loads(args[0]))
+        return [c.handle(runner(s), args[0]) for c, s in zip(self.controls, self.states, strict=True)]
+
+
+def app_for(client: StandinEngineClient) -> FastAPI:
+    app = FastAPI()
+    EplbEndpoint().attach_router(app)
+    app.state.moeslo_eplb = EplbService(client)
+    return app
+
+
+def test_status_dry_run_and_rebalance_over_http() -> None:
+    engine = StandinEngineClient()
+    http = TestClient(app_for(engine))
+    status = http.get("/moeslo/eplb").json()
+    assert status["workers"] == 2 and status["counting_workers"] == 1 and status["measured"]["cv_max"] > 0.15
+    dry = http.post("/moeslo/eplb/rebalance", json={"dry_run": True}).json()
+    assert dry["dry_run"] and dry["predicted_after"]["cv_max"] < dry["predicted_before"]["cv_max"]
+    assert engine.states[0].rearranged_with == []
+    assert engine.calls[-1]["load"] == status["expert_tokens"]  # the summed window goes to every worker
+    applied = http.post("/moeslo/eplb/rebalance").json()
+    assert applied["applied"] and len(applied["stall_s_per_rank"]) == 2
+    maps = [state.model_state.physical_to_logical_map.tolist() for state in engine.states]
+    assert applied["phy2log"] == maps[0] == maps[1]
+    assert applied["measured_status"]["counting_workers"] == 1
+
+
+def test_errors_are_json_with_status_codes() -> None:
+    http = TestClient(app_for(StandinEngineClient(eplb=False)))
+    refused = http.post("/moeslo/eplb/rebalance", json={})
+    assert refused.status_code == 409
+    assert refused.json()["error"] | {"message": ""} == {"type": "EplbRefusedError", "message": "", "code": 409,
+                                                          "reason": "eplb_off"}  # fmt: skip
+    assert http.post("/moeslo/eplb/rebalance", json={"dry_run": True}).status_code == 200
+    bad = http.post("/moeslo/eplb/rebalance", content=b"{not json")
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "ValidationError"
+    wrong = http.post("/moeslo/eplb/rebalance", json={"dry_run": True, "placement": [[0] * SLOTS] * 2})
+    assert wrong.status_code == 400 and "vLLM runs 2 x 8" in wrong.text  # EPLB off: the 8-slot layout
+    missing = TestClient(app_for(StandinEngineClient(missing_method=True))).get("/moeslo/eplb")
+    assert missing.status_code == 409 and "MOESLO_VLLM_PLUGIN=1" in missing.json()["error"]["message"]
+
+
+def test_placement_metrics_from_snapshots() -> None:
+    engine = StandinEngineClient()
+    http = TestClient(app_for(engine))
+    http.post("/moeslo/eplb/rebalance")
+    route(engine.flusher.counter)
+    snapshot = engine.flusher.flush()
+    families = {f.name: f for f in placement_families([snapshot])}
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    base = (("engine", "0"), ("model_name", "m"))
+    assert values[("moe_placement_swaps_total", base)] == 1
+    assert values[("moe_placement_experts_moved_total", base)] > 0
+    assert values[("moe_placement_swap_duration_seconds_count", base)] == 1
+    assert values[("moe_placement_requests_total", (("action", "apply"), *base, ("outcome", "ok")))] == 1
+    cv = {(dict(labels)["when"], dict(labels)["source"]): v
+          for (name, labels), v in values.items() if name == "moe_placement_imbalance_cv"}
+    assert set(cv) == {("before", "predicted"), ("after", "predicted"), ("before", "measured"), ("after", "measured")}
+    assert cv[("before", "predicted")] > 0.15 >= cv[("after", "predicted")]
+    assert placement_families([]) == []
+    # The multiprocess route adds what changed since the last snapshot.
+    registry = CollectorRegistry()
+    metrics = PlacementMetrics(registry)
+    metrics.publish(snapshot)
+    metrics.publish(snapshot)
+    labels = {"model_name": "m", "engine": "0"}
+    assert registry.get_sample_value("moe_placement_swaps_total", labels) == 1
+    assert registry.get_sample_value("moe_placement_swap_duration_seconds_count", labels) == 1
+    assert registry.get_sample_value("moe_placement_imbalance_cv",
+                                     {**labels, "when": "after", "source": "measured"}) == cv[("after", "measured")]
+    assert np.isfinite(cv[("after", "measured")])
