@@ -101,6 +101,21 @@ def _kind_directions(config: ModelConfig, seed: int, kinds: int) -> tuple[torch.
     return directions, orders
 
 
+def _skewed_router(
+    noise: torch.Tensor, router_skew: float, skews: list[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """Router rows from standard-normal ``noise`` (experts x hidden) and, per prompt kind, a popularity
+    over the experts and the hidden direction its tokens carry."""
+    hidden = noise.shape[1]
+    # Unit-variance logits per token, like a trained router's spread.
+    router: torch.Tensor = noise / hidden**0.5
+    for popularity, direction in skews:
+        # Expert e gains about 2 * router_skew * popularity[e] nats for every token of the kind.
+        bias = 2.0 * router_skew * popularity / (0.7 * hidden**0.5)
+        router += bias[:, None] * direction[None, :]
+    return router
+
+
 def _random_tensors(
     config: ModelConfig, seed: int, router_skew: float, prompt_kinds: int = 1
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -121,15 +136,17 @@ def _random_tensors(
     # instead of the shared one, and the routers favour their own popularity order along it.
     kind_of = torch.arange(config.vocab_size) * prompt_kinds // config.vocab_size
     extra_dirs, extra_orders = _kind_directions(config, seed, prompt_kinds) if prompt_kinds > 1 else (None, None)
+    kind_dirs = [direction] if extra_dirs is None else [direction, *extra_dirs]
     if router_skew > 0:
         # As long as the random part: after RMSNorm every token has ~0.7 sqrt(hidden) along it.
-        embed[kind_of == 0] += std * hidden**0.5 * direction
-        for kind in range(1, prompt_kinds):
-            assert extra_dirs is not None
-            embed[kind_of == kind] += std * hidden**0.5 * extra_dirs[kind - 1]
+        for kind, kind_dir in enumerate(kind_dirs):
+            embed[kind_of == kind] += std * hidden**0.5 * kind_dir
     yield "model.embed_tokens.weight", embed
     zipf = 1.0 / torch.arange(1, config.num_experts + 1, dtype=torch.float32) ** 0.8
     popularity = zipf[torch.randperm(config.num_experts, generator=gen)]
+    # Per prompt kind, the experts' popularity and the direction its tokens carry (none: uniform router).
+    orders = [] if extra_orders is None else [zipf[order] for order in extra_orders]
+    skews = list(zip([popularity, *orders], kind_dirs, strict=True)) if router_skew > 0 else []
     for layer in range(config.num_hidden_layers):
         prefix = f"model.layers.{layer}"
         yield f"{prefix}.input_layernorm.weight", torch.ones(hidden)
@@ -141,17 +158,8 @@ def _random_tensors(
         yield f"{prefix}.self_attn.q_norm.weight", torch.ones(head_dim)
         yield f"{prefix}.self_attn.k_norm.weight", torch.ones(head_dim)
         if config.is_sparse_layer(layer):
-            # Unit-variance logits per token, like a trained router's spread.
-            router = torch.randn(config.num_experts, hidden, generator=gen) / hidden**0.5
-            if router_skew > 0:
-                # Expert e gains about 2 * router_skew * popularity[e] nats for every token.
-                bias = 2.0 * router_skew * popularity / (0.7 * hidden**0.5)
-                router += bias[:, None] * direction[None, :]
-                for kind in range(1, prompt_kinds):
-                    assert extra_dirs is not None and extra_orders is not None
-                    kind_bias = 2.0 * router_skew * zipf[extra_orders[kind - 1]] / (0.7 * hidden**0.5)
-                    router += kind_bias[:, None] * extra_dirs[kind - 1][None, :]
-            yield f"{prefix}.mlp.gate.weight", router
+            noise = torch.randn(config.num_experts, hidden, generator=gen)
+            yield f"{prefix}.mlp.gate.weight", _skewed_router(noise, router_skew, skews)
             inter = config.moe_intermediate_size
             for expert in range(config.num_experts):
                 yield expert_tensor_name(layer, expert, "gate_proj"), normal(inter, hidden)
