@@ -28,6 +28,8 @@ class ServeOptions:
 
     checkpoint: Path
     ep: int = 1
+    slots_per_rank: int | None = None
+    """Expert slots per rank; None: just enough for every expert once (more: room for replicas)."""
     kv_cache_mb: float = 64.0
     block_size: int = 16
     dtype: str | None = None
@@ -60,8 +62,9 @@ def build_stack(options: ServeOptions) -> ServingStack:
     """Start the executor and build the app (the engine loop starts with the app's lifespan)."""
     executor = create_executor(
         ExecutorOptions(
-            checkpoint=Path(options.checkpoint), ep=options.ep, kv_cache_mb=options.kv_cache_mb,
-            block_size=options.block_size, dtype=options.dtype, routing_stats=options.routing_stats,
+            checkpoint=Path(options.checkpoint), ep=options.ep, slots_per_rank=options.slots_per_rank,
+            kv_cache_mb=options.kv_cache_mb, block_size=options.block_size, dtype=options.dtype,
+            routing_stats=options.routing_stats,
         )
     )
     model_name = options.served_model_name
