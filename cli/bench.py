@@ -202,6 +202,29 @@ def bench_rebalance(
             console.print_json(data=result)
 
 
+@bench_app.command("live-rebalance")
+def bench_live_rebalance(
+    phase_s: Annotated[float, typer.Option(min=1.0, help="Seconds the load stays on one prompt kind.")] = 8.0,
+    phases: Annotated[int, typer.Option(min=2, help="Phases of each compare run (last window, history).")] = 7,
+    trials: Annotated[int, typer.Option(min=0, help="History-planned rebalances judged against a prediction.")] = 10,
+    history_windows: Annotated[int, typer.Option(min=2, help="Load windows the history planner keeps.")] = 4,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """The embedded engine's hot experts drift between prompt kinds: planning from history against planning
+    from the last window (CV at each phase's end), and each rebalance's CV against its held-out prediction."""
+    with cli_errors():
+        from bench.live_rebalance import LiveOptions, run_live
+
+        options = _config(LiveOptions, phase_s=phase_s, phases=phases, trials=trials,
+                          history_windows=history_windows)
+        with tempfile.TemporaryDirectory() as tmp, console.status("starting the engine") as status:
+            result = run_live(Path(tmp), options, trials=trials > 0, progress=status.update)
+        if json_out:
+            print_json(result)
+        else:
+            console.print_json(data=result)
+
+
 @bench_app.command("replay")
 def bench_replay(
     cases: Annotated[str, typer.Option(help="Comma-separated: conv10x, week, fluid_day.")] = "conv10x,week,fluid_day",
