@@ -13,6 +13,10 @@ from cli.common import cli_errors, console
 def serve(
     checkpoint: Annotated[Path, typer.Option(help="Checkpoint directory (config.json + model.safetensors).")],
     ep: Annotated[int, typer.Option(help="Expert-parallel ranks (processes).")] = 1,
+    slots_per_rank: Annotated[
+        int | None,
+        typer.Option(min=1, help="Expert slots per rank (default: every expert once; more: room for replicas)."),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     kv_cache_mb: Annotated[float, typer.Option(help="KV cache budget per rank, fixed at start (MiB).")] = 64.0,
@@ -46,8 +50,9 @@ def serve(
         from exporters.app import ServeOptions, build_stack
 
         options = ServeOptions(
-            checkpoint=checkpoint, ep=ep, kv_cache_mb=kv_cache_mb, block_size=block_size, dtype=dtype,
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
+            checkpoint=checkpoint, ep=ep, slots_per_rank=slots_per_rank, kv_cache_mb=kv_cache_mb,
+            block_size=block_size, dtype=dtype, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
             model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,
             otlp=otlp, port=port, threads=threads,
         )

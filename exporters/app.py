@@ -29,6 +29,8 @@ class ServeOptions:
 
     checkpoint: Path
     ep: int = 1
+    slots_per_rank: int | None = None
+    """Expert slots per rank; None: just enough for every expert once (more: room for replicas)."""
     kv_cache_mb: float = 64.0
     block_size: int = 16
     dtype: str | None = None
@@ -63,9 +65,9 @@ class ServingStack:
 def build_stack(options: ServeOptions) -> ServingStack:
     """Start the engine-core process (model loaded) and build the app around its client."""
     executor = ExecutorOptions(
-        checkpoint=Path(options.checkpoint), ep=options.ep, kv_cache_mb=options.kv_cache_mb,
-        block_size=options.block_size, dtype=options.dtype, routing_stats=options.routing_stats,
-        threads_per_rank=options.threads,
+        checkpoint=Path(options.checkpoint), ep=options.ep, slots_per_rank=options.slots_per_rank,
+        kv_cache_mb=options.kv_cache_mb, block_size=options.block_size, dtype=options.dtype,
+        routing_stats=options.routing_stats, threads_per_rank=options.threads,
     )
     model_name = options.served_model_name
     engine = EngineCoreClient(
