@@ -156,13 +156,18 @@ class CoreLoop:
         return self.core.has_work() or self.core.has_news()
 
     def _check_health(self) -> str | None:
-        """Why the engine cannot serve (None: it can); on a change, log it and tell the API process at once."""
-        broken = self._broken or self.core.executor.broken
+        """Why the engine cannot serve (None: it can); a broken engine fails every request it still holds."""
+        broken = self._report()
         if broken is not None and self.core.has_work():
             aborted = self.core.abort_all("error", error=UNAVAILABLE)
             result = self.core.flush()
             result.outputs[:0] = aborted
             self._publish(result)
+        return broken
+
+    def _report(self) -> str | None:
+        """On a change of health, log it and tell the API process at once (before any output it explains)."""
+        broken = self._broken or self.core.executor.broken
         if broken != self._reported:
             self._reported = broken
             log.error("engine core: broken (%s); every request fails with 503 until a restart", broken)
@@ -176,6 +181,7 @@ class CoreLoop:
             log.exception("engine core: a step failed")
             self._broken = "an engine step failed"
             return
+        self._report()  # a step the executor failed: the 503 reason reaches the API before the failed outputs
         self._publish(result)
 
     def _publish(self, result: StepResult) -> None:

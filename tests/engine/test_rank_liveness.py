@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -79,7 +80,14 @@ def test_a_rank_killed_mid_stream_fails_the_streams_and_health_within_a_second(t
                 with client.stream("POST", "/v1/completions", json=payload) as resp:
                     lines[i].extend(line for line in resp.iter_lines() if line.startswith("data: "))
 
+            whole: list[httpx.Response] = []
+
+            def collect() -> None:
+                payload = {"prompt": "busy whole", "max_tokens": 400, "ignore_eos": True}
+                whole.append(client.post("/v1/completions", json=payload))
+
             readers = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+            readers.append(threading.Thread(target=collect))
             for r in readers:
                 r.start()
             deadline = time.monotonic() + 20
@@ -92,7 +100,9 @@ def test_a_rank_killed_mid_stream_fails_the_streams_and_health_within_a_second(t
                 assert not r.is_alive(), "a stream hung after its rank died"
             for got in lines:
                 assert got[-1] == "data: [DONE]" and '"error"' in got[-2]
-                assert "/" not in got[-2].split('"message": ')[1].split('"')[1]
+                error = json.loads(got[-2].removeprefix("data: "))["error"]
+                assert error["code"] == 503 and "/" not in error["message"], error
+            assert whole[0].status_code == 503 and int(whole[0].headers["Retry-After"]) >= 1, whole[0].text
             _assert_refused_cleanly(client)
     finally:
         server.stop()
