@@ -314,6 +314,10 @@ class EngineCoreClient:
         """Fault injection for tests and drills: every model step takes ``delay_s`` longer."""
         self.call("set_step_delay", delay_s)
 
+    def fail_next_step(self) -> None:
+        """Fault injection for tests and drills: the core's next step raises, which breaks the engine."""
+        self.call("fail_next_step")
+
     def _raise_if_down(self) -> None:
         reason = self.health()
         if reason is not None:

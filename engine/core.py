@@ -83,6 +83,8 @@ class EngineCore:
         self._state_changed = False
         self.step_delay_s = 0.0
         """Fault injection for tests and drills: sleep this long before every model step."""
+        self.fail_next_step = False
+        """Fault injection for tests and drills: the next step raises outside the executor (a bug's shape)."""
 
     # ----------------------------------------------------------------- requests
 
@@ -209,6 +211,9 @@ class EngineCore:
             if self._state_changed or self._pending_finished or result.outputs:
                 result.stats = self._stats(self._clock(), 0.0, None, 0, (), ())
             return result
+        if self.fail_next_step:
+            self.fail_next_step = False
+            raise RuntimeError("injected step fault")
         out = self.scheduler.schedule()
         started_s = self._clock()
         for chunk in out.scheduled:

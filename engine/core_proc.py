@@ -116,6 +116,7 @@ class CoreLoop:
             "check_invariants": core.blocks.check_invariants,
             "set_routing_stats": core.executor.set_routing_stats,
             "set_step_delay": self._set_step_delay,
+            "fail_next_step": self._fail_next_step,
             "broken": lambda: core.executor.broken,
         }
 
@@ -128,6 +129,9 @@ class CoreLoop:
 
     def _set_step_delay(self, delay_s: float) -> None:
         self.core.step_delay_s = float(delay_s)
+
+    def _fail_next_step(self) -> None:
+        self.core.fail_next_step = True
 
     def run(self) -> None:
         last_check = last_beat = time.monotonic()

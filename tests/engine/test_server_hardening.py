@@ -150,3 +150,29 @@ def test_a_server_side_deadline_ends_requests_with_its_own_finish_reason(tiny_ch
     finally:
         server.stop()
     assert engine.kv_state()[0] == 0
+
+
+def test_a_step_that_raises_breaks_the_engine_with_503_and_retry_after_never_a_hang(tiny_checkpoint: Path) -> None:
+    server, engine = serve(tiny_checkpoint)
+    try:
+        engine.set_step_delay(0.02)
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            results: list[httpx.Response] = []
+            reader = threading.Thread(target=lambda: results.append(client.post(
+                "/v1/completions", json={"prompt": "in flight", "max_tokens": 400, "ignore_eos": True})))
+            reader.start()
+            deadline = time.monotonic() + 20
+            while engine.kv_state()[0] == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            engine.fail_next_step()
+            reader.join(10)
+            assert not reader.is_alive(), "the request hung after the engine broke"
+            assert results[0].status_code == 503 and int(results[0].headers["Retry-After"]) >= 1
+            assert _is_error_document(results[0])["type"] == "UnavailableError"
+            health = client.get("/health")
+            assert health.status_code == 503 and "an engine step failed" in health.json()["status"]
+            refused = client.post("/v1/completions", json={"prompt": "after", "max_tokens": 2})
+            assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+    finally:
+        server.stop()
+    assert engine.kv_state()[0] == 0  # as the core left it: the failed request's blocks were freed
