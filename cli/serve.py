@@ -41,6 +41,11 @@ def serve(
         typer.Option(help="torch threads per engine process (default: the CPUs of the inherited affinity set, "
                           "divided among EP ranks)."),
     ] = None,
+    request_deadline_s: Annotated[
+        float | None,
+        typer.Option(help="End a request still running this long after its arrival (finish reason "
+                          "`deadline`); default: no deadline."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
@@ -54,7 +59,7 @@ def serve(
             block_size=block_size, dtype=dtype, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
             model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,
-            otlp=otlp, port=port, threads=threads,
+            otlp=otlp, port=port, threads=threads, request_deadline_s=request_deadline_s,
         )
         stack = build_stack(options)
         console.print(

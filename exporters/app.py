@@ -48,6 +48,8 @@ class ServeOptions:
     port: int | None = None
     threads: int | None = None
     """torch threads per engine process; None: the inherited CPU affinity set, divided among EP ranks."""
+    request_deadline_s: float | None = None
+    """Requests still running this long after arrival end with finish reason ``deadline`` (None: off)."""
 
     @property
     def served_model_name(self) -> str:
@@ -77,7 +79,8 @@ def build_stack(options: ServeOptions) -> ServingStack:
                 max_num_seqs=options.max_num_seqs,
                 max_num_batched_tokens=options.max_num_batched_tokens,
                 max_waiting=options.max_waiting,
-            )
+            ),
+            request_deadline_s=options.request_deadline_s,
         ),
     )
     metrics: MetricsRenderer | None = None
