@@ -130,6 +130,11 @@ class ControllerSettings(BaseSettings):
     rebalance: bool = True
     """Rebalance experts of engines that expose ``/v1/expert-load`` and ``/v1/placement`` (the embedded engine)
     or ``/moeslo/eplb`` (vLLM with the moeslo plugin)."""
+    rebalance_window_s: Annotated[float, Field(gt=0, le=86400)] = 30.0
+    """Each engine's expert load is kept as a history of windows this long; plans balance them all."""
+    rebalance_min_windows: Annotated[int, Field(ge=1, le=64)] = 2
+    """Windows seen before the first plan: with two or more, the trigger judges the gain a plan makes
+    on a window it did not see (held out), which is what verification then expects."""
 
     @classmethod
     def settings_customise_sources(

@@ -450,7 +450,11 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         decisions_keep=settings.decisions_keep,
         # One rebalancer for both engines: each endpoint is driven through the embedded engine's
         # placement API or vLLM's /moeslo/eplb routes, by what it answers.
-        rebalancer=Rebalancer(AutoEngineControl(timeout_s=settings.source_timeout_s)) if settings.rebalance else None,
+        rebalancer=Rebalancer(
+            AutoEngineControl(timeout_s=settings.source_timeout_s),
+            window_every_s=settings.rebalance_window_s,
+            min_windows=settings.rebalance_min_windows,
+        ) if settings.rebalance else None,
         history=history,
     )
     service_ref.append(service)

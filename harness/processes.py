@@ -36,19 +36,23 @@ def start_process(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     new_session: bool = True,
+    cpus: Sequence[int] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` with stdout and stderr in ``log_path`` (discarded when None).
 
     ``new_session`` puts it in its own process group, so :func:`stop_process` with
     ``group=True`` reaches the children it spawns, and Ctrl-C in a terminal does not.
+    ``cpus`` pins it (and what it spawns) to those CPUs.
     """
+    pinned = frozenset(cpus) if cpus else None
     log: IO[bytes] | int = subprocess.DEVNULL
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = log_path.open("wb")
     try:
         return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=None if env is None else dict(env), cwd=cwd, start_new_session=new_session)
+                                env=None if env is None else dict(env), cwd=cwd, start_new_session=new_session,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, pinned)) if pinned else None)  # noqa: PLW1509
     finally:
         if not isinstance(log, int):
             log.close()  # the child holds its own descriptor

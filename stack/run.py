@@ -4,8 +4,10 @@ It starts, all on 127.0.0.1: Prometheus and Alertmanager when installed (the
 policy's generated burn-rate rules, pages to a webhook the stack runs); the
 controller (SQLite, the local actuator with a host budget of one pinned CPU per
 replica, the production decision core with forecasting, 2 s ticks), which starts
-the embedded engine (EP 2) as its first replica; a short profile of that replica,
-which sizes both the policy's capacity model and the load; and a load generator
+the embedded engine (EP 2) as its first replica.  Before any of that, a short profile
+of a replica started alone (same command, CPU and EP; stopped after), which sizes
+both the policy's capacity model and the load, so its deliberate overload never
+shows in the run's SLI windows, load history or alerts.  Then a load generator
 replaying the morning rise of a real day of traffic (Azure 2024), compressed into
 the run, on a checkpoint whose router is skewed so expert imbalance is real.
 Part-way through, an injected fault throttles every replica's CPU.  A live view
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,6 +100,10 @@ class LocalStack:
         opts.out.mkdir(parents=True, exist_ok=True)
         progress("writing the checkpoint (skewed router)")
         self.checkpoint = checkpoint = _checkpoint(opts)
+        # The profile runs on a replica of its own before anything scrapes: its deliberate
+        # overload must not show in the SLI windows, load history or alerts of the run.
+        measured = self._profile_a_replica(checkpoint, progress)
+        self.base_rate_rps = measured["base_rate_rps"]
         first_port = free_port()
         # The local actuator takes the first free ports from first_port on; scrape a few of them.
         self.engine_ports = [first_port + i for i in range(opts.max_replicas + 2)]
@@ -107,11 +114,11 @@ class LocalStack:
         progress("starting the controller (SQLite, local actuator, forecasting core)")
         controller = self._start_controller(controller_port, first_port, checkpoint)
         state.event(f"status page: {state.controller_url}/ui/ (open it in a browser while the run lasts)")
-        self._put_policy(policy_document(checkpoint, opts, max_replicas=1))
+        self._put_policy(policy_document(checkpoint, opts, measured["profile"]))
         state.event(f"policy {POLICY_NAME} applied: TTFT<={TTFT_THRESHOLD_S * 1000:g}ms, "
                     f"ITL<={ITL_THRESHOLD_S * 1000:g}ms ({LATENCY_TARGET:.0%}), CV<={MAX_IMBALANCE_CV:g}; "
-                    f"{opts.cpus_per_replica} pinned CPU per replica")
-        progress(f"waiting for the first engine replica (EP {opts.ep})")
+                    f"{opts.cpus_per_replica} pinned CPU per replica, capacity model from the profile")
+        progress(f"waiting for the controller's first engine replica (EP {opts.ep})")
         deadline = time.monotonic() + 180
         while not self._probe_engines():
             if not controller.alive():
@@ -120,18 +127,31 @@ class LocalStack:
                 raise UnavailableError(f"no engine replica became ready within 180 s; see {opts.out / 'logs'}")
             time.sleep(1.0)
         state.event(f"engine replica ready at {state.engines[0]}")
-        progress("profiling the first replica (the capacity model and the load are sized from it)")
-        # While the profile's load runs, the controller neither scales nor learns from it (mode off).
-        self._put_policy(policy_document(checkpoint, opts, mode="off", max_replicas=1))
-        measured = profile_first_replica(state, state.engines[0], progress)
-        self.base_rate_rps = measured["base_rate_rps"]
-        self._put_policy(policy_document(checkpoint, opts, measured["profile"]))
+
+    def _profile_a_replica(self, checkpoint: Path, progress: Callable[[str], None]) -> dict[str, Any]:
+        """Start a replica as the local actuator would (same command, CPUs and EP), profile it, stop it."""
+        opts = self.options
+        port = free_port()
+        cpus = sorted(os.sched_getaffinity(0))[: opts.cpus_per_replica]
+        argv = [*moeslo_command(), "serve", "--checkpoint", str(checkpoint), "--port", str(port),
+                "--ep", str(opts.ep), "--model-name", MODEL_NAME, "--engine-id", "profile"]
+        progress(f"starting a replica to profile (EP {opts.ep}, CPUs {cpus})")
+        replica = self.supervisor.start("profile-replica", argv, cwd=ROOT, cpus=cpus)
+        try:
+            replica.wait_ready(f"http://127.0.0.1:{port}/health", timeout_s=180)
+            progress("profiling a replica (the capacity model and the load are sized from it)")
+            return profile_first_replica(self.state, f"http://127.0.0.1:{port}", progress)
+        finally:
+            replica.stop()
 
     def _start_controller(self, port: int, first_port: int, checkpoint: Path) -> Any:
         opts, state = self.options, self.state
         settings: dict[str, Any] = {
             "host": "127.0.0.1", "port": port, "db": str((opts.out / "controller.db").resolve()),
             "actuator": "local", "tick_interval_s": opts.tick_interval_s, "stale_after_s": 30.0,
+            # Expert-load windows of 10 s (the day is compressed): a plan waits for two, so its
+            # prediction is judged on a window it did not see.
+            "rebalance_window_s": 10.0, "rebalance_min_windows": 2,
             # The local stack's engines listen on 127.0.0.1: policies may name them.
             "allowed_endpoint_addresses": ["loopback"],
             "local": {
@@ -249,7 +269,8 @@ class LocalStack:
     async def _fault(self) -> None:
         opts, state = self.options, self.state
         await asyncio.sleep(opts.slowdown_at_s)
-        throttle = CpuThrottle(self.engine_ports)
+        # 100 ms periods, as a CFS CPU quota throttles a container whose neighbours took its share.
+        throttle = CpuThrottle(self.engine_ports, period_s=0.1, stopped_s=0.07)
         start = state.elapsed()
         state.fault = (start, start + opts.slowdown_for_s)
         state.event(f"fault injected for {opts.slowdown_for_s:.0f} s: {throttle.describe()}")

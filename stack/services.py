@@ -50,9 +50,11 @@ class Supervisor:
         self.log_dir = log_dir
         self.processes: list[ManagedProcess] = []
 
-    def start(self, name: str, argv: Sequence[str], cwd: Path | None = None) -> ManagedProcess:
+    def start(
+        self, name: str, argv: Sequence[str], cwd: Path | None = None, cpus: Sequence[int] | None = None
+    ) -> ManagedProcess:
         log_path = self.log_dir / f"{name}.log"
-        managed = ManagedProcess(name, start_process(argv, log_path=log_path, cwd=cwd), log_path)
+        managed = ManagedProcess(name, start_process(argv, log_path=log_path, cwd=cwd, cpus=cpus), log_path)
         self.processes.append(managed)
         return managed
 

@@ -160,6 +160,7 @@ class Rebalancer:
         min_window_steps: int = 16,
         history_windows: int = 8,
         window_every_s: float = 30.0,
+        min_windows: int = 1,
     ) -> None:
         self.control = control
         self.settings = settings or TriggerSettings()
@@ -170,6 +171,8 @@ class Rebalancer:
         """Expert-load windows kept per engine and planned against (1: the latest window alone)."""
         self.window_every_s = window_every_s
         """A new history window starts this long after the last one (the newest is refreshed meanwhile)."""
+        self.min_windows = max(1, min(min_windows, history_windows))
+        """Windows seen before the first plan (2: every plan comes with a held-out prediction)."""
         self._state: dict[tuple[str, str], _EngineState] = {}
 
     def state(self, policy: str, endpoint: str) -> _EngineState:
@@ -242,7 +245,7 @@ class Rebalancer:
         plan: RebalancePlan | None = None
         held_out: HeldOutGain | None = None
         plan_ms = 0.0
-        if state.history[-1].worst_denoised_cv > objective.max_cv:
+        if state.history[-1].worst_denoised_cv > objective.max_cv and len(state.loads) >= self.min_windows:
             started = time.perf_counter()
             plan, held_out = plan_from_history(state.loads.windows(), snap.placement)
             plan_ms = 1000 * (time.perf_counter() - started)

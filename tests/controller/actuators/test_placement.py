@@ -142,3 +142,21 @@ def test_a_plan_from_the_last_window_alone_does_not_hold() -> None:
     assert events[0].kind == "rebalance" and events[0].decision.prediction == "in_sample"
     first = cvs.index(0.0)
     assert max(cvs[first:]) > 0.5  # the next phase's hot set lands on one rank again
+
+
+def test_with_min_windows_the_first_plan_waits_for_a_held_out_prediction() -> None:
+    engine = InMemoryEngine()
+    rebalancer = Rebalancer(engine, TriggerSettings(cooldown_s=100), verify_after_s=5, window_every_s=10,
+                            min_windows=2)
+
+    async def ticks() -> list[Any]:
+        events = []
+        for now in (0, 5, 9, 11, 16, 22):
+            events += await rebalancer.tick(_policy(Mode.ENFORCE), ["http://engine"], float(now))
+        return events
+
+    events = asyncio.run(ticks())
+    applied = [e for e in events if e.kind == "rebalance"]
+    assert len(applied) == 1  # sustained since 0 s, but planned only once a second window began (10 s)
+    assert applied[0].plan["windows"] == 2 and applied[0].decision.prediction == "held_out"
+    assert len(engine.applied) == 1
