@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("contracts", "engine", "exporters", "controller", "generators", "harness", "stack", "cli", "bench")
+PACKAGES = ("contracts", "engine", "exporters", "controller", "generators", "harness", "router", "stack", "cli", "bench")
 
 
 def _packages() -> list[str]:
