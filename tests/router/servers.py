@@ -1,0 +1,84 @@
+"""The router and stub upstreams on 127.0.0.1 for the proxy tests, each in a thread, each bounded in time."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from bench.stub_upstream import StubUpstream
+from router.app import RouterApp, create_app
+from router.config import RouterConfig
+
+WAITING_TEXT = """\
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="stub"}} {waiting}
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="stub"}} 0.0
+"""
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s} s")
+        time.sleep(0.02)
+
+
+@dataclass
+class RunningRouter:
+    url: str
+    app: RouterApp
+    registry: CollectorRegistry
+
+    def sample(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    def replicas(self) -> dict[str, dict[str, object]]:
+        states = httpx.get(self.url + "/router/replicas", timeout=5).json()["replicas"]
+        return {s["name"]: s for s in states}
+
+
+@contextmanager
+def stubs(count: int, **options: object) -> Iterator[list[StubUpstream]]:
+    started = [StubUpstream(**options) for _ in range(count)]  # type: ignore[arg-type]
+    for stub in started:
+        stub.start_in_thread()
+    try:
+        yield started
+    finally:
+        for stub in started:
+            stub.stop_in_thread()
+
+
+def url_of(stub: StubUpstream) -> str:
+    return f"http://127.0.0.1:{stub.port}"
+
+
+@contextmanager
+def router(upstreams: list[StubUpstream], **options: object) -> Iterator[RunningRouter]:
+    settings: dict[str, object] = {"scrape_interval_s": 0.05, "readmit_after": 2, **options}
+    config = RouterConfig(replicas=tuple(url_of(s) for s in upstreams), **settings)  # type: ignore[arg-type]
+    registry = CollectorRegistry()
+    app = create_app(config, registry=registry)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="router", daemon=True)
+    thread.start()
+    try:
+        eventually(lambda: server.started, 10, "router start")
+        yield RunningRouter(f"http://127.0.0.1:{sock.getsockname()[1]}", app, registry)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
