@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 import typer
@@ -30,7 +31,7 @@ def route(
     prefill_tokens_per_s: Annotated[float, typer.Option(help="Prompt tokens per second of each replica.")] = 4000.0,
     scrape_interval_s: Annotated[float, typer.Option(help="Read each replica's /metrics this often.")] = 0.5,
     max_queue_s: Annotated[float, typer.Option(help="Queue mode: longest hold before the 429.")] = 30.0,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    log_level: Annotated[str, typer.Option(help="Log level (debug, info, warning, error).")] = "warning",
 ) -> None:
     """Route OpenAI completions to the replica where each is predicted to be served soonest."""
     if (replicas is None) == (controller is None):
@@ -41,9 +42,7 @@ def route(
             "no route serves them); give --replicas"
         )
     with cli_errors():
-        import uvicorn
-
-        from router.app import create_app
+        from router.app import create_app, run
         from router.config import RouterConfig
         from router.types import CostModel
 
@@ -55,5 +54,5 @@ def route(
             scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s,
         )
         console.print(f"routing ({policy}) on http://{host}:{port} to {', '.join(config.replicas)}")
-        uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, lifespan="on",
-                    timeout_graceful_shutdown=5)  # fmt: skip
+        logging.basicConfig(level=log_level.upper())
+        run(create_app(config), host=host, port=port, shutdown_timeout=5)

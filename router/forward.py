@@ -12,22 +12,20 @@ A request's path::
       -> otherwise: read the whole answer, check it is what it claims, relay
     finally: pool.finish, one count of (replica, decision, outcome)
 
-The whole path runs as one task beside a watch on the client's connection:
-when the client goes away, the task is cancelled, and its ``finally``
-closes the upstream response, so the engine sees the disconnect and aborts.
+The server (:mod:`router.app`) cancels the path when the client goes away;
+its ``finally`` blocks then close the upstream response (its connection
+goes too), so the engine sees the disconnect and aborts the request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any
 
-import httpx
+import aiohttp
 from prometheus_client import CollectorRegistry
 
 from contracts.errors import MoesloError, OverloadedError, UnavailableError, ValidationError
@@ -38,9 +36,11 @@ from router.metrics import RouterMetrics
 from router.policies import admission, policy_named, predict
 from router.pool import ReplicaPool, Ticket
 from router.types import Choice, RequestFeatures
-from router.wire import Receive, Send, read_body, send_json, upstream_headers
+from router.wire import Send, send_bytes, send_json, upstream_headers
 
 _RELAYED_HEADERS = (b"content-type", b"retry-after", b"cache-control")
+UPSTREAM_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
+"""What a broken, garbled or silent upstream raises (a refused connection is one: ``ClientConnectorError``)."""
 
 
 @dataclass(slots=True)
@@ -56,7 +56,6 @@ class _Exchange:
 
 class Router:
     def __init__(self, config: RouterConfig, *, registry: CollectorRegistry | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
         self.config = config
         self.pool = ReplicaPool(config.replicas, prefill_tokens_per_s=config.prefill_tokens_per_s,
@@ -64,14 +63,25 @@ class Router:
         self.metrics = RouterMetrics(registry or CollectorRegistry(), config.replicas)
         self.policy = policy_named(config.policy, config.cost, affinity_blocks=config.affinity_blocks,
                                    load_factor=config.load_factor)  # fmt: skip
-        limits = httpx.Limits(max_connections=config.max_connections, max_keepalive_connections=config.max_connections)
-        timeout = httpx.Timeout(config.upstream_timeout_s, connect=config.connect_timeout_s)
-        self.client = httpx.AsyncClient(transport=transport, limits=limits, timeout=timeout)
+        self._session: aiohttp.ClientSession | None = None
         self.clock = clock
         self._turn = 0
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The upstream client (made on first use, inside the server's event loop)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0),
+                timeout=aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
+                                              sock_read=self.config.upstream_timeout_s),
+                auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
+            )  # fmt: skip
+        return self._session
+
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     # ------------------------------------------------------------------ decisions
 
@@ -112,30 +122,25 @@ class Router:
 
     # ------------------------------------------------------------------ completions
 
-    async def completion(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        """POST /v1/completions or /v1/chat/completions, watched for the client's disconnect."""
-        started_s = self.clock()
-        body = await read_body(receive)
-        features = _features(body, scope, self.config.block_tokens)
-        exchange = _Exchange(send)
-        work = asyncio.ensure_future(self._complete(scope, features, body, exchange, started_s))
-        watch = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (work, watch):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-        self.metrics.request(exchange.replica, exchange.decision, exchange.outcome)
-        if work.done() and not work.cancelled() and (failure := work.exception()) is not None:
-            raise failure
+    async def completion(self, path: str, raw_headers: Iterable[tuple[bytes, bytes]], body: bytes,
+                         send: Send) -> None:  # fmt: skip
+        """POST /v1/completions or /v1/chat/completions (``path`` with its query string).
 
-    async def _complete(self, scope: dict[str, Any], features: RequestFeatures, body: bytes, exchange: _Exchange,
-                        started_s: float) -> None:  # fmt: skip
-        path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
-        headers = upstream_headers(scope["headers"])
+        The server cancels this when the client goes away (a write to it may fail first):
+        either way the ``finally`` blocks close the upstream response.
+        """
+        started_s = self.clock()
+        features = _features(body, path, self.config.block_tokens)
+        exchange = _Exchange(send)
+        try:
+            await self._complete(path, upstream_headers(raw_headers), features, body, exchange, started_s)
+        except ConnectionResetError:
+            exchange.outcome = "client_disconnected"
+        finally:
+            self.metrics.request(exchange.replica, exchange.decision, exchange.outcome)
+
+    async def _complete(self, path: str, headers: list[tuple[str, str]], features: RequestFeatures, body: bytes,
+                        exchange: _Exchange, started_s: float) -> None:  # fmt: skip
         for _ in self.pool.names:
             try:
                 choice = await self.decide(features)
@@ -151,7 +156,7 @@ class Router:
         await _send_error(exchange, UnavailableError("every replica refused the connection"))
 
     async def _attempt(self, choice: Choice, features: RequestFeatures, path: str, body: bytes,
-                       headers: list[tuple[bytes, bytes]], exchange: _Exchange, started_s: float) -> bool:  # fmt: skip
+                       headers: list[tuple[str, str]], exchange: _Exchange, started_s: float) -> bool:  # fmt: skip
         """One try on the chosen replica; False when its connection was refused (try another)."""
         name = choice.replica
         assert name is not None
@@ -159,17 +164,16 @@ class Router:
         self.metrics.outstanding[name].inc()
         if choice.predicted_ttft_s is not None:
             self.metrics.predicted(name, choice.predicted_ttft_s)
-        request = self.client.build_request("POST", name + path, content=body, headers=headers)
         sent_s = self.clock()
         self.metrics.overhead.observe(sent_s - started_s)
         try:
-            upstream = await self.client.send(request, stream=True)
-        except httpx.ConnectError:
+            upstream = await self.session.post(name + path, data=body, headers=headers)
+        except aiohttp.ClientConnectorError:
             self._done(ticket)
             self.eject(name)
             self.metrics.request(name, choice.reason, "upstream_error")
             return False
-        except httpx.TransportError as exc:
+        except UPSTREAM_FAILURES as exc:
             self._done(ticket)
             self.eject(name)
             exchange.outcome = "upstream_error"
@@ -181,7 +185,10 @@ class Router:
             else:
                 await self._relay_whole(upstream, name, exchange)
         finally:
-            await upstream.aclose()
+            if exchange.outcome in ("ok", "upstream_status"):
+                upstream.release()
+            else:
+                upstream.close()  # the connection goes: the engine sees its client leave
             self._done(ticket)
         return True
 
@@ -190,33 +197,32 @@ class Router:
             self.pool.finish(ticket)
             self.metrics.outstanding[ticket.replica].dec()
 
-    async def _relay(self, upstream: httpx.Response, ticket: Ticket, choice: Choice, exchange: _Exchange,
+    async def _relay(self, upstream: aiohttp.ClientResponse, ticket: Ticket, choice: Choice, exchange: _Exchange,
                      sent_s: float) -> None:  # fmt: skip
         """Pass an SSE stream through chunk by chunk; a break ends it with an error event and ejects."""
         send = exchange.send
-        await send({"type": "http.response.start", "status": upstream.status_code,
-                    "headers": _relayed(upstream)})  # fmt: skip
+        await send({"type": "http.response.start", "status": upstream.status, "headers": _relayed(upstream)})
         exchange.started = True
         try:
-            async for chunk in upstream.aiter_raw():
+            async for chunk in upstream.content.iter_any():
                 if not ticket.started:
                     self.pool.first_token(ticket)
                     self.metrics.observed(ticket.replica, self.clock() - sent_s, choice.predicted_ttft_s)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.TransportError as exc:
+        except UPSTREAM_FAILURES as exc:
             self.eject(ticket.replica)
             exchange.outcome = "upstream_failed_mid_stream"
             await send({"type": "http.response.body", "body": sse_error_event(_upstream_error(exc, ticket.replica)),
                         "more_body": False})  # fmt: skip
             return
-        exchange.outcome = "ok" if upstream.status_code < 400 else "upstream_status"
+        exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _relay_whole(self, upstream: httpx.Response, name: str, exchange: _Exchange) -> None:
+    async def _relay_whole(self, upstream: aiohttp.ClientResponse, name: str, exchange: _Exchange) -> None:
         """Read a whole answer; relay it when it is the JSON it claims to be, else a 502 naming the replica."""
         try:
-            content = await upstream.aread()
-        except httpx.TransportError as exc:
+            content = await upstream.read()
+        except UPSTREAM_FAILURES as exc:
             self.eject(name)
             exchange.outcome = "upstream_error"
             await _send_error(exchange, _upstream_error(exc, name))
@@ -226,44 +232,42 @@ class Router:
             exchange.outcome = "upstream_error"
             await _send_error(exchange, UpstreamError(f"replica {name} answered {problem}", replica=name))
             return
-        exchange.outcome = "ok" if upstream.status_code < 400 else "upstream_status"
-        await exchange.send({"type": "http.response.start", "status": upstream.status_code,
-                             "headers": _relayed(upstream)})  # fmt: skip
+        exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
         exchange.started = True
-        await exchange.send({"type": "http.response.body", "body": content, "more_body": False})
+        await send_bytes(exchange.send, upstream.status, content, _relayed(upstream))
 
 
-def _features(body: bytes, scope: dict[str, Any], block_tokens: int) -> RequestFeatures:
+def _features(body: bytes, path: str, block_tokens: int) -> RequestFeatures:
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValidationError(f"body: not JSON ({exc})") from exc
     if not isinstance(payload, dict):
         raise ValidationError("body: must be a JSON object")
-    chat = scope["path"].endswith("/chat/completions")
+    chat = path.partition("?")[0].endswith("/chat/completions")
     return request_features(payload, chat=chat, block_tokens=block_tokens)
 
 
-def _check_answer(upstream: httpx.Response, content: bytes) -> str | None:
+def _check_answer(upstream: aiohttp.ClientResponse, content: bytes) -> str | None:
     """What is wrong with a whole answer (None: relay it): JSON that does not parse, or a non-JSON error."""
     is_json = "json" in upstream.headers.get("content-type", "")
     if is_json:
         try:
             json.loads(content)
         except (ValueError, UnicodeDecodeError):
-            return f"HTTP {upstream.status_code} with a body that is not the JSON it claims"
+            return f"HTTP {upstream.status} with a body that is not the JSON it claims"
         return None
-    if upstream.status_code >= 400 or upstream.status_code < 200:
-        return f"HTTP {upstream.status_code} without a JSON error document"
+    if upstream.status >= 400 or upstream.status < 200:
+        return f"HTTP {upstream.status} without a JSON error document"
     return None
 
 
-def _relayed(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in upstream.headers.raw if k.lower() in _RELAYED_HEADERS]
+def _relayed(upstream: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+    return [(k.lower(), v) for k, v in upstream.raw_headers if k.lower() in _RELAYED_HEADERS]
 
 
-def _upstream_error(exc: httpx.TransportError, name: str) -> UpstreamError:
-    if isinstance(exc, httpx.TimeoutException):
+def _upstream_error(exc: BaseException, name: str) -> UpstreamError:
+    if isinstance(exc, asyncio.TimeoutError):
         return UpstreamTimeoutError(f"replica {name} did not answer in time ({type(exc).__name__})", replica=name)
     return UpstreamError(f"replica {name} broke the connection ({type(exc).__name__}: {exc})", replica=name)
 
@@ -274,11 +278,6 @@ async def _send_error(exchange: _Exchange, exc: MoesloError) -> None:
     status, body, headers = error_document(exc)
     exchange.started = True
     await send_json(exchange.send, status, body, headers)
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 __all__ = ["Router"]

@@ -1,7 +1,9 @@
-"""ASGI plumbing the router needs without a framework: reading a body, writing JSON, filtering headers.
+"""How the proxy path writes to its client: ASGI-shaped messages through one ``send`` callable.
 
-The proxy speaks raw ASGI (no routing framework in the hot path); these are
-its few helpers.
+``http.response.start`` (status, headers), then ``http.response.body``
+messages (``more_body`` while more follows).  The server adapter
+(:class:`router.app.ResponseWriter`) turns them into aiohttp writes; tests
+may collect them in a list.  Plus the header filter for upstream requests.
 """
 
 from __future__ import annotations
@@ -10,10 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from contracts.errors import ValidationError
-
 Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _HOP_BY_HOP = frozenset({
@@ -24,27 +23,9 @@ _HOP_BY_HOP = frozenset({
 _JSON = [(b"content-type", b"application/json")]
 
 
-async def read_body(receive: Receive, *, limit_bytes: int = 64 << 20) -> bytes:
-    """The request body; a body over ``limit_bytes`` is a ValidationError."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit_bytes:
-            raise ValidationError(f"body: larger than {limit_bytes} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-def upstream_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The client's headers minus hop-by-hop ones."""
-    return [(k, v) for k, v in headers if k.lower() not in _HOP_BY_HOP]
+def upstream_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """The client's headers minus hop-by-hop ones (as the text pairs the upstream client takes)."""
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if k.lower() not in _HOP_BY_HOP]
 
 
 async def send_json(send: Send, status: int, body: object,
@@ -53,8 +34,10 @@ async def send_json(send: Send, status: int, body: object,
 
 
 async def send_bytes(send: Send, status: int, content: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": list(headers)})
+    """A whole response (with its Content-Length, so the server need not chunk it)."""
+    head = [*headers, (b"content-length", str(len(content)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": content, "more_body": False})
 
 
-__all__ = ["Message", "Receive", "Send", "read_body", "send_bytes", "send_json", "upstream_headers"]
+__all__ = ["Message", "Send", "send_bytes", "send_json", "upstream_headers"]

@@ -28,7 +28,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("contracts", "engine", "exporters", "controller", "generators", "harness", "router", "stack", "bench", "cli")
+PACKAGES = (
+    "contracts", "engine", "exporters", "controller", "generators", "harness", "router", "stack", "bench", "cli",
+)  # fmt: skip
 ALLOWED: Mapping[str, frozenset[str]] = {
     "contracts": frozenset(),
     "engine": frozenset({"contracts"}),

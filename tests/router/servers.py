@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -10,11 +11,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
-import uvicorn
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from bench.stub_upstream import StubUpstream
-from router.app import RouterApp, create_app
+from router.app import create_app
 from router.config import RouterConfig
 
 WAITING_TEXT = """\
@@ -36,7 +37,7 @@ def eventually(check: Callable[[], bool], timeout_s: float = 5.0, what: str = "c
 @dataclass
 class RunningRouter:
     url: str
-    app: RouterApp
+    app: web.Application
     registry: CollectorRegistry
 
     def sample(self, name: str, **labels: str) -> float:
@@ -72,13 +73,25 @@ def router(upstreams: list[StubUpstream], **options: object) -> Iterator[Running
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="router", daemon=True)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app, handler_cancellation=True)
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.SockSite(runner, sock).start())
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, name="router", daemon=True)
     thread.start()
     try:
-        eventually(lambda: server.started, 10, "router start")
+        assert ready.wait(10), "the router did not start"
         yield RunningRouter(f"http://127.0.0.1:{sock.getsockname()[1]}", app, registry)
     finally:
-        server.should_exit = True
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+        loop.close()
         sock.close()
