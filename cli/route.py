@@ -14,14 +14,15 @@ POLICIES = "cost|prefix|least-loaded|round-robin"
 
 def route(
     replicas: Annotated[
-        str | None, typer.Option(help="Replica base URLs, comma-separated (http://host:port,...).")
+        str | None,
+        typer.Option(envvar="MOESLO_ROUTER_REPLICAS", help="Replica base URLs, comma-separated (http://host:port,...)."),
     ] = None,
     controller: Annotated[
         str | None,
         typer.Option(help="Controller URL to read the replica set from (not available yet: its API lists no "
                           "replica URLs; use --replicas)."),
     ] = None,
-    policy: Annotated[str, typer.Option(help=f"Routing policy: {POLICIES}.")] = "cost",
+    policy: Annotated[str, typer.Option(envvar="MOESLO_ROUTER_POLICY", help=f"Routing policy: {POLICIES}.")] = "cost",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     admission: Annotated[

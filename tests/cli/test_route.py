@@ -22,3 +22,12 @@ def test_route_refuses_bad_options(argv: list[str], expected: str) -> None:
     result = CliRunner().invoke(app, ["route", *argv])
     assert result.exit_code == 2, result.output
     assert expected in " ".join(result.output.split())
+
+
+def test_route_reads_its_replicas_and_policy_from_the_environment() -> None:
+    """deploy/base sets MOESLO_ROUTER_REPLICAS and MOESLO_ROUTER_POLICY from the router's ConfigMap."""
+    env = {"MOESLO_ROUTER_REPLICAS": "ftp://engine:8000", "MOESLO_ROUTER_POLICY": "random"}
+    result = CliRunner().invoke(app, ["route"], env=env)
+    assert result.exit_code == 2, result.output
+    output = " ".join(result.output.split())
+    assert "'ftp://engine:8000' is not an http(s) URL" in output and "'random' is not one of" in output
