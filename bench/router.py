@@ -9,7 +9,9 @@ more CPUs the router gets CPU 0 to itself and the stub and client share CPU 1.
 * Overhead: one request at a time, short non-streaming completions, in
   interleaved rounds (direct, proxied, then proxied, direct, ...) so drift in
   the machine's load hits both alike.  Overhead = proxied minus direct latency,
-  at the median and the p99 of all requests of each path.
+  at the median and the p99 of all requests of each path; plus the share of
+  proxied requests slower than the direct median by more than the goal.  The
+  load averages before and after say how busy the machine was.
 * Throughput: ``connections`` clients sending back to back for
   ``throughput_s``, direct then proxied (interleaved likewise); the direct
   figure is the baseline, the ceiling the stub and client set.
@@ -168,6 +170,7 @@ def _free_port() -> int:
 
 def run_router_bench(cfg: RouterBenchConfig, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Start stub and router, measure both figures, return the JSON document."""
+    load_before = os.getloadavg()  # other work on the machine: the tail latencies depend on it
     cpus = sorted(os.sched_getaffinity(0))
     router_cpus, other_cpus = ({cpus[0]}, set(cpus[1:])) if len(cpus) >= 2 else (None, None)
     stub_port, router_port = _free_port(), _free_port()
@@ -185,7 +188,8 @@ def run_router_bench(cfg: RouterBenchConfig, progress: Callable[[str], None] = l
     finally:
         os.sched_setaffinity(0, set(cpus))
     layout = {"router_cpus": sorted(router_cpus or cpus), "stub_and_client_cpus": sorted(other_cpus or cpus)}
-    return {"benchmark": "router", "config": asdict(cfg), "layout": layout, "cpu_count": len(cpus), **figures}
+    return {"benchmark": "router", "config": asdict(cfg), "layout": layout, "cpu_count": len(cpus),
+            "load_average_before_after": [load_before, os.getloadavg()], **figures}  # fmt: skip
 
 
 async def _measure(cfg: RouterBenchConfig, stub_port: int, router_port: int, router_pid: int,
@@ -217,7 +221,9 @@ def _overhead(cfg: RouterBenchConfig, latencies: dict[str, list[float]], rounds:
     stats = {name: {"p50_ms": statistics.median(v) * 1e3, "p99_ms": _percentile(v, 0.99) * 1e3,
                     "requests": len(v)} for name, v in latencies.items()}  # fmt: skip
     p99 = stats["proxied"]["p99_ms"] - stats["direct"]["p99_ms"]
+    over = stats["direct"]["p50_ms"] / 1e3 + cfg.goal_overhead_p99_ms / 1e3
     return {
+        "proxied_share_over_goal": sum(v > over for v in latencies["proxied"]) / len(latencies["proxied"]),
         "baseline": "direct", "direct": stats["direct"], "proxied": stats["proxied"],
         "overhead_p50_ms": stats["proxied"]["p50_ms"] - stats["direct"]["p50_ms"], "overhead_p99_ms": p99,
         "goal_overhead_p99_ms": cfg.goal_overhead_p99_ms, "goal_met": p99 <= cfg.goal_overhead_p99_ms,
