@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from router.forward import UPSTREAM_FAILURES, Router
 from router.monitor import Monitor
 from router.wire import Message
 
+_log = logging.getLogger(__name__)
 ROUTER: web.AppKey[Router] = web.AppKey("router", Router)
 MONITOR: web.AppKey[Monitor | None] = web.AppKey("monitor", object)  # type: ignore[arg-type]
 
@@ -77,10 +79,14 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         return await handler(request)
     except MoesloError as exc:
         return _json(*error_document(exc))
-    except web.HTTPNotFound:
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
         return _json(*error_document(NotFoundError("route", f"{request.method} {request.path}")))
-    except web.HTTPMethodNotAllowed:
-        return _json(*error_document(NotFoundError("route", f"{request.method} {request.path}")))
+    except web.HTTPException as exc:  # aiohttp's own refusals (a body over client_max_size: 413)
+        return _json(exc.status, {"error": {"message": exc.reason, "type": type(exc).__name__, "code": exc.status}})
+    except Exception as exc:  # a bug of ours: logged, and still the error document, never a dropped connection
+        _log.exception("unexpected error on %s %s", request.method, request.path)
+        return _json(500, {"error": {"message": f"router error: {type(exc).__name__}", "type": "InternalError",
+                                     "code": 500}})  # fmt: skip
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:

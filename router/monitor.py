@@ -4,9 +4,9 @@ Every ``scrape_interval_s`` all replicas are checked concurrently (each
 bounded by ``scrape_timeout_s``):
 
 * a live replica's ``/metrics`` gives its queue, batch and KV usage; a
-  refused or broken connection ejects it; a 404 (exporters off) or a body
-  that does not parse keeps the last load (the router's own counts still
-  apply);
+  refused or broken connection ejects it; a timeout (a busy replica), a 404
+  (exporters off) or a body that does not parse keeps the last load (the
+  router's own counts still apply);
 * an ejected replica's ``/health`` must answer 200 ``readmit_after`` times
   in a row before it takes requests again.
 """
@@ -47,6 +47,8 @@ class Monitor:
             return
         try:
             answer = await self.client.get(name + "/metrics")
+        except httpx.TimeoutException:
+            return  # a busy replica renders /metrics late; its requests still flow (a dead one refuses)
         except httpx.HTTPError:
             self.router.eject(name)
             return
