@@ -21,7 +21,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -147,15 +146,12 @@ async def _cleanup(app: web.Application) -> None:
 
 
 def create_app(config: RouterConfig, *, registry: CollectorRegistry | None = None,
-               transport: httpx.AsyncBaseTransport | None = None, monitor: bool = True) -> web.Application:  # fmt: skip
-    """The router app for ``config`` (its replica monitor starts and stops with the app).
-
-    ``transport``: the monitor's (an ``httpx.MockTransport`` in tests); requests go out through aiohttp.
-    """
+               monitor: bool = True) -> web.Application:  # fmt: skip
+    """The router app for ``config`` (its replica monitor starts and stops with the app)."""
     router = Router(config, registry=registry)
     app = web.Application(middlewares=[_errors], client_max_size=64 << 20)
     app[ROUTER] = router
-    app[MONITOR] = Monitor(router, transport=transport) if monitor else None
+    app[MONITOR] = Monitor(router) if monitor else None
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _completions)
     app.router.add_get("/v1/models", _models)

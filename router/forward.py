@@ -76,12 +76,14 @@ class Router:
                 timeout=aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
                                               sock_read=self.config.upstream_timeout_s),
                 auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
+                cookie_jar=aiohttp.DummyCookieJar(),  # one client for every caller: no cookie may carry over
             )  # fmt: skip
         return self._session
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+            self._session = None
 
     # ------------------------------------------------------------------ decisions
 

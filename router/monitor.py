@@ -16,20 +16,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import httpx
+import aiohttp
 
 from contracts.errors import DataError
-from router.forward import Router
+from router.forward import UPSTREAM_FAILURES, Router
 from router.scrape import parse_load
 
 
 class Monitor:
-    def __init__(self, router: Router, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, router: Router) -> None:
         self.router = router
-        config = router.config
-        self.client = httpx.AsyncClient(transport=transport, timeout=config.scrape_timeout_s,
-                                        limits=httpx.Limits(max_connections=2 * len(config.replicas)))  # fmt: skip
+        self._timeout = aiohttp.ClientTimeout(total=router.config.scrape_timeout_s)
         self._task: asyncio.Task[None] | None = None
+
+    async def _get(self, url: str) -> tuple[int, bytes]:
+        async with self.router.session.get(url, timeout=self._timeout) as answer:
+            return answer.status, await answer.read()
 
     async def tick(self) -> None:
         """Check every replica once."""
@@ -39,23 +41,23 @@ class Monitor:
         pool = self.router.pool
         if not pool.is_healthy(name):
             try:
-                ok = (await self.client.get(name + "/health")).status_code == 200
-            except httpx.HTTPError:
+                ok = (await self._get(name + "/health"))[0] == 200
+            except UPSTREAM_FAILURES:
                 ok = False
             if pool.health_result(name, ok):
                 self.router.metrics.healthy[name].set(1)
             return
         try:
-            answer = await self.client.get(name + "/metrics")
-        except httpx.TimeoutException:
+            status, body = await self._get(name + "/metrics")
+        except TimeoutError:
             return  # a busy replica renders /metrics late; its requests still flow (a dead one refuses)
-        except httpx.HTTPError:
+        except UPSTREAM_FAILURES:
             self.router.eject(name)
             return
-        if answer.status_code != 200:
+        if status != 200:
             return
         with contextlib.suppress(DataError, UnicodeDecodeError):
-            pool.update_load(name, parse_load(answer.text))
+            pool.update_load(name, parse_load(body.decode()))
 
     async def _run(self) -> None:
         while True:
@@ -72,7 +74,6 @@ class Monitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await self.client.aclose()
 
 
 __all__ = ["Monitor"]

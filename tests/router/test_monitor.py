@@ -1,54 +1,54 @@
-"""The monitor against a mock transport: what ejects a replica, what does not, and readmission."""
+"""The monitor against stub replicas on 127.0.0.1: what ejects a replica, what does not, and readmission."""
 
 from __future__ import annotations
 
 import asyncio
 
-import httpx
+import pytest
 
 from router.config import RouterConfig
 from router.forward import Router
 from router.monitor import Monitor
+from tests.router.servers import WAITING_TEXT, stubs, url_of
 
-A = "http://a:8000"
-METRICS = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 4.0\n"
+pytestmark = pytest.mark.timeout(60)
 
 
-def run_ticks(behaviour: dict[str, object], ticks: int, router: Router) -> None:
-    def handle(request: httpx.Request) -> httpx.Response:
-        answer = behaviour[request.url.path]
-        if isinstance(answer, Exception):
-            raise answer
-        assert isinstance(answer, httpx.Response)
-        return answer
-
+def ticks(router: Router, count: int) -> None:
     async def go() -> None:
-        monitor = Monitor(router, transport=httpx.MockTransport(handle))
-        for _ in range(ticks):
+        monitor = Monitor(router)
+        for _ in range(count):
             await monitor.tick()
-        await monitor.stop()
+        await router.aclose()
 
     asyncio.run(go())
 
 
-def test_a_scrape_sets_the_load_and_a_slow_one_keeps_the_replica() -> None:
-    router = Router(RouterConfig(replicas=(A,)))
-    run_ticks({"/metrics": httpx.Response(200, text=METRICS)}, 1, router)
-    assert router.pool.snapshot()[0].waiting == 4
-    run_ticks({"/metrics": httpx.ReadTimeout("slow")}, 3, router)
-    assert router.pool.is_healthy(A) and router.pool.snapshot()[0].waiting == 4
-    run_ticks({"/metrics": httpx.Response(200, text="garbage{")}, 1, router)
-    assert router.pool.is_healthy(A)
+def test_a_scrape_sets_the_load_and_a_slow_or_garbled_one_keeps_the_replica() -> None:
+    with stubs(1, metrics_text=WAITING_TEXT.format(waiting=4)) as (stub,):
+        router = Router(RouterConfig(replicas=(url_of(stub),), scrape_timeout_s=0.2))
+        ticks(router, 1)
+        assert router.pool.snapshot()[0].waiting == 4
+        stub.metrics_delay_s = 0.5
+        ticks(router, 2)
+        assert router.pool.is_healthy(url_of(stub)) and router.pool.snapshot()[0].waiting == 4
+        stub.metrics_delay_s, stub.metrics_text = 0.0, "vllm:num_requests_waiting{garbage 1\n"
+        ticks(router, 1)
+        assert router.pool.is_healthy(url_of(stub)) and router.pool.snapshot()[0].waiting == 4
 
 
 def test_a_refused_scrape_ejects_and_passing_health_checks_readmit() -> None:
-    router = Router(RouterConfig(replicas=(A,), readmit_after=2))
-    run_ticks({"/metrics": httpx.ConnectError("refused")}, 1, router)
-    assert not router.pool.is_healthy(A)
-    assert router.metrics.registry.get_sample_value("moeslo_router_replica_healthy", {"replica": A}) == 0
-    run_ticks({"/health": httpx.Response(503)}, 3, router)
-    assert not router.pool.is_healthy(A)
-    run_ticks({"/health": httpx.Response(200)}, 2, router)
-    assert router.pool.is_healthy(A)
-    assert router.metrics.registry.get_sample_value("moeslo_router_replica_healthy", {"replica": A}) == 1
-    assert router.metrics.registry.get_sample_value("moeslo_router_ejections_total", {"replica": A}) == 1
+    with stubs(1) as (stub,):
+        url, port = url_of(stub), stub.port
+        router = Router(RouterConfig(replicas=(url,), readmit_after=2))
+        stub.stop_in_thread()
+        ticks(router, 3)  # the scrape is refused, then so are the health checks
+        assert not router.pool.is_healthy(url)
+        assert router.metrics.registry.get_sample_value("moeslo_router_replica_healthy", {"replica": url}) == 0
+        stub.start_in_thread(port)
+        ticks(router, 1)
+        assert not router.pool.is_healthy(url)  # one pass of two
+        ticks(router, 1)
+        assert router.pool.is_healthy(url)
+        assert router.metrics.registry.get_sample_value("moeslo_router_replica_healthy", {"replica": url}) == 1
+        assert router.metrics.registry.get_sample_value("moeslo_router_ejections_total", {"replica": url}) == 1

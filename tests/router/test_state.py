@@ -33,6 +33,13 @@ def test_parse_load_sums_queues_and_takes_the_fullest_kv_cache() -> None:
     assert parse_load("# nothing of ours\nother_metric 1\n") == ScrapedLoad()
 
 
+def test_parse_load_reads_only_the_three_series_wherever_they_stand() -> None:
+    text = ('vllm:num_requests_running 2\nvllm:num_requests_waiting_by_reason{r="x"} 9\n'
+            'vllm:num_requests_waiting{model_name="a}b",engine="0"} 3.0 1700000000000\n'
+            'vllm:num_requests_waiting{engine="1"} 4')  # first line, a longer name, braces in a value, timestamp
+    assert parse_load(text) == ScrapedLoad(waiting=7.0, running=2.0)
+
+
 def test_parse_load_rejects_a_body_that_is_not_prometheus_text() -> None:
     with pytest.raises(DataError, match="unparseable metrics"):
         parse_load('vllm:num_requests_waiting{engine="0" 3\n')
