@@ -65,9 +65,11 @@ def url_of(stub: StubUpstream) -> str:
 
 
 @contextmanager
-def router(upstreams: list[StubUpstream], **options: object) -> Iterator[RunningRouter]:
+def router(upstreams: list[StubUpstream] | list[str], **options: object) -> Iterator[RunningRouter]:
+    """The router on 127.0.0.1 in front of stubs (or replica URLs), its scrape interval short for the tests."""
     settings: dict[str, object] = {"scrape_interval_s": 0.05, "readmit_after": 2, **options}
-    config = RouterConfig(replicas=tuple(url_of(s) for s in upstreams), **settings)  # type: ignore[arg-type]
+    urls = tuple(u if isinstance(u, str) else url_of(u) for u in upstreams)
+    config = RouterConfig(replicas=urls, **settings)  # type: ignore[arg-type]
     registry = CollectorRegistry()
     app = create_app(config, registry=registry)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
