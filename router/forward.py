@@ -209,7 +209,10 @@ class Router:
             async for chunk in upstream.content.iter_any():
                 if not ticket.started:
                     self.pool.first_token(ticket)
-                    self.metrics.observed(ticket.replica, self.clock() - sent_s, choice.predicted_ttft_s)
+                    observed_s = self.clock() - sent_s
+                    self.metrics.observed(ticket.replica, observed_s, choice.predicted_ttft_s)
+                    if choice.predicted_ttft_s is not None:
+                        self.pool.calibrate(ticket.replica, choice.predicted_ttft_s, observed_s)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UPSTREAM_FAILURES as exc:
             self.eject(ticket.replica)

@@ -6,7 +6,8 @@ so no locks.  The scraped queue lags by up to a scrape interval; the
 router's own counts do not, so a replica's waiting and running are the
 larger of the two, and its pending prefill tokens are the router's own
 unstarted prompts plus the scraped queue the router did not send, at an
-assumed mean length.
+assumed mean length.  Each replica's prefill rate starts at the configured
+one and follows the observed TTFT of streamed requests (:meth:`calibrate`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from dataclasses import dataclass, field
 
 from router.scrape import ScrapedLoad
 from router.types import ReplicaState
+
+CALIBRATION_STEP = 0.2
+MIN_CALIBRATED_S = 0.05
+RATE_RANGE = 100.0
 
 
 @dataclass(slots=True)
@@ -45,6 +50,7 @@ class ReplicaPool:
     def __init__(self, names: tuple[str, ...], *, prefill_tokens_per_s: float, mean_prompt_tokens: float,
                  readmit_after: int = 2) -> None:  # fmt: skip
         self._replicas = {name: _Replica(name, prefill_tokens_per_s) for name in names}
+        self.configured_rate = prefill_tokens_per_s
         self.mean_prompt_tokens = mean_prompt_tokens
         self.readmit_after = readmit_after
 
@@ -90,6 +96,22 @@ class ReplicaPool:
         ticket.finished = True
         self._replicas[ticket.replica].outstanding -= 1
 
+    def calibrate(self, name: str, predicted_s: float, observed_s: float) -> None:
+        """Move a replica's prefill rate toward what its observed TTFT says (a step in log space).
+
+        A prediction is proportional to 1 / rate, so ``rate x predicted / observed`` would have
+        predicted what was observed; the rate moves ``CALIBRATION_STEP`` of the way there (in
+        log space, each step's ratio clamped to 0.5..2), and stays within ``RATE_RANGE`` of the
+        configured rate.  Predictions under ``MIN_CALIBRATED_S`` are skipped: there the network and
+        the router's own hop, not prefill, make the TTFT.
+        """
+        if predicted_s < MIN_CALIBRATED_S or observed_s <= 0:
+            return
+        r = self._replicas[name]
+        ratio = min(2.0, max(0.5, predicted_s / observed_s))
+        low, high = self.configured_rate / RATE_RANGE, self.configured_rate * RATE_RANGE
+        r.prefill_tokens_per_s = min(high, max(low, r.prefill_tokens_per_s * ratio**CALIBRATION_STEP))
+
     def update_load(self, name: str, load: ScrapedLoad) -> None:
         self._replicas[name].load = load
 
@@ -117,4 +139,4 @@ class ReplicaPool:
         return False
 
 
-__all__ = ["ReplicaPool", "Ticket"]
+__all__ = ["CALIBRATION_STEP", "MIN_CALIBRATED_S", "RATE_RANGE", "ReplicaPool", "Ticket"]

@@ -95,3 +95,22 @@ def test_config_gathers_every_problem() -> None:
     problems = "\n".join(caught.value.problems)
     for expected in ("not an http(s) URL", "listed twice", "'random' is not one of", "scrape_interval_s"):
         assert expected in problems
+
+
+def test_calibration_moves_the_prefill_rate_toward_the_observed_ttft() -> None:
+    pool = ReplicaPool(("a",), prefill_tokens_per_s=4000.0, mean_prompt_tokens=100.0)
+
+    def rate() -> float:
+        return pool.snapshot()[0].prefill_tokens_per_s
+
+    true_rate = 1000.0
+    for _ in range(60):  # 2000 tokens of work, predicted at the current rate, observed at the true one
+        pool.calibrate("a", 2000 / rate(), 2000 / true_rate)
+    assert rate() == pytest.approx(true_rate, rel=0.01)
+    pool.calibrate("a", 0.01, 1.0)  # too small a prediction to say anything about prefill
+    assert rate() == pytest.approx(true_rate, rel=0.01)
+    pool.calibrate("a", 1.0, 100.0)  # one outlier moves it at most 2 ** 0.2
+    assert rate() >= true_rate * 0.5**0.2 * 0.99
+    for _ in range(500):
+        pool.calibrate("a", 1.0, 0.0001)  # always far faster than predicted: the rate stops at 100x
+    assert rate() == pytest.approx(4000.0 * 100)
