@@ -29,7 +29,7 @@ from router.config import RouterConfig
 from router.errors import UpstreamError, error_document
 from router.forward import UPSTREAM_FAILURES, Router
 from router.monitor import Monitor
-from router.wire import Message
+from router.wire import ClientGone, Message
 
 _log = logging.getLogger(__name__)
 ROUTER: web.AppKey[Router] = web.AppKey("router", Router)
@@ -59,11 +59,17 @@ class ResponseWriter:
                 self.response.enable_chunked_encoding()
             else:
                 self.response.content_length = len(body)
-            await self.response.prepare(self.request)
-        if body:
-            await self.response.write(body)
-        if not more:
-            await self.response.write_eof()
+            try:
+                await self.response.prepare(self.request)
+            except ConnectionResetError as exc:
+                raise ClientGone(str(exc)) from None
+        try:
+            if body:
+                await self.response.write(body)
+            if not more:
+                await self.response.write_eof()
+        except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError too
+            raise ClientGone(str(exc)) from None
 
 
 def _json(status: int, body: object, headers: list[tuple[bytes, bytes]] | None = None) -> web.Response:

@@ -36,7 +36,7 @@ from router.metrics import RouterMetrics
 from router.policies import admission, policy_named, predict
 from router.pool import ReplicaPool, Ticket
 from router.types import Choice, RequestFeatures
-from router.wire import Send, send_bytes, send_json, upstream_headers
+from router.wire import ClientGone, Send, send_bytes, send_json, upstream_headers
 
 _RELAYED_HEADERS = (b"content-type", b"retry-after", b"cache-control")
 UPSTREAM_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -128,15 +128,16 @@ class Router:
                          send: Send) -> None:  # fmt: skip
         """POST /v1/completions or /v1/chat/completions (``path`` with its query string).
 
-        The server cancels this when the client goes away (a write to it may fail first):
-        either way the ``finally`` blocks close the upstream response.
+        The server cancels this when the client goes away (or a write to it raises
+        :class:`~router.wire.ClientGone` first): either way the ``finally`` blocks close the
+        upstream response, and the replica stays in.
         """
         started_s = self.clock()
         features = _features(body, path, self.config.block_tokens)
         exchange = _Exchange(send)
         try:
             await self._complete(path, upstream_headers(raw_headers), features, body, exchange, started_s)
-        except ConnectionResetError:
+        except ClientGone:
             exchange.outcome = "client_disconnected"
         finally:
             self.metrics.request(exchange.replica, exchange.decision, exchange.outcome)

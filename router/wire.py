@@ -1,7 +1,9 @@
 """How the proxy path writes to its client: ASGI-shaped messages through one ``send`` callable.
 
 ``http.response.start`` (status, headers), then ``http.response.body``
-messages (``more_body`` while more follows).  The server adapter
+messages (``more_body`` while more follows).  A ``send`` whose client has
+left raises :class:`ClientGone`: aiohttp's own write error is also an
+upstream-client error class, and a client leaving must never eject a replica.  The server adapter
 (:class:`router.app.ResponseWriter`) turns them into aiohttp writes; tests
 may collect them in a list.  Plus the header filter for upstream requests.
 """
@@ -13,6 +15,12 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 Message = MutableMapping[str, Any]
+
+
+class ClientGone(Exception):  # noqa: N818 (an event, not an error of ours: the client left)
+    """Raised by a ``send`` whose client has gone away (kept apart from the upstream client's errors)."""
+
+
 Send = Callable[[Message], Awaitable[None]]
 
 _HOP_BY_HOP = frozenset({
@@ -40,4 +48,4 @@ async def send_bytes(send: Send, status: int, content: bytes, headers: Iterable[
     await send({"type": "http.response.body", "body": content, "more_body": False})
 
 
-__all__ = ["Message", "Send", "send_bytes", "send_json", "upstream_headers"]
+__all__ = ["ClientGone", "Message", "Send", "send_bytes", "send_json", "upstream_headers"]

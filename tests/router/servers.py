@@ -65,8 +65,12 @@ def url_of(stub: StubUpstream) -> str:
 
 
 @contextmanager
-def router(upstreams: list[StubUpstream] | list[str], **options: object) -> Iterator[RunningRouter]:
-    """The router on 127.0.0.1 in front of stubs (or replica URLs), its scrape interval short for the tests."""
+def router(upstreams: list[StubUpstream] | list[str], *, handler_cancellation: bool = True,
+           **options: object) -> Iterator[RunningRouter]:  # fmt: skip
+    """The router on 127.0.0.1 in front of stubs (or replica URLs), its scrape interval short for the tests.
+
+    ``handler_cancellation=False``: a client's leaving shows only when a write to it fails.
+    """
     settings: dict[str, object] = {"scrape_interval_s": 0.05, "readmit_after": 2, **options}
     urls = tuple(u if isinstance(u, str) else url_of(u) for u in upstreams)
     config = RouterConfig(replicas=urls, **settings)  # type: ignore[arg-type]
@@ -76,7 +80,7 @@ def router(upstreams: list[StubUpstream] | list[str], **options: object) -> Iter
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app, handler_cancellation=True)
+    runner = web.AppRunner(app, handler_cancellation=handler_cancellation)
     ready = threading.Event()
 
     def serve() -> None:
