@@ -72,7 +72,9 @@ class Router:
         """The upstream client (made on first use, inside the server's event loop)."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0),
+                # Idle connections go after 4 s, before uvicorn's 5 s keep-alive closes them under a request.
+                connector=aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0,
+                                               keepalive_timeout=4.0),
                 timeout=aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
                                               sock_read=self.config.upstream_timeout_s),
                 auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
