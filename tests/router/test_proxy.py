@@ -154,3 +154,17 @@ def test_bad_requests_and_unknown_routes_get_the_error_document() -> None:
         assert stub.requests["/v1/completions"] == 0
         metrics = httpx.get(r.url + "/metrics", timeout=5).text
         assert "moeslo_router_requests_total" in metrics and "moeslo_router_replica_healthy" in metrics
+
+
+def test_503_when_no_replica_can_take_the_request() -> None:
+    with stubs(1) as (stub,), router([stub], readmit_after=1000) as r:
+        stub.stop_in_thread()
+        eventually(lambda: r.replicas()[url_of(stub)]["healthy"] is False, 5, "the scrape ejecting it")
+        answer = httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5)
+        assert answer.status_code == 503
+        assert (answer.json()["error"]["type"], answer.json()["error"]["message"]) == ("UnavailableError",
+                                                                                       "no healthy replica")
+        assert httpx.get(r.url + "/health", timeout=5).status_code == 503
+        assert httpx.get(r.url + "/v1/models", timeout=5).status_code == 503
+        labels = {"replica": "none", "decision": "no_healthy_replica", "outcome": "unavailable"}
+        eventually(lambda: r.sample("moeslo_router_requests_total", **labels) == 1, 5, "the refusal counted")
