@@ -220,16 +220,44 @@ def bench_rebalance(
     ] = None,
     max_files: Annotated[int, typer.Option("--max-files", help="Use at most this many files (0: all).")] = 0,
     repeat: Annotated[int, typer.Option("--repeat", help="Timed runs of our planner per plan (best is kept).")] = 3,
+    out_of_sample_only: Annotated[
+        bool, typer.Option("--out-of-sample-only", help="Only the leave-one-out and ordered-pair section.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
-    """Our planner against DeepSeek's EPLB on real expert-load files: balance, plan time, re-plan moves."""
+    """Our planner against DeepSeek's EPLB on real expert-load files: balance in and out of sample, plan time,
+    re-plan moves."""
     with cli_errors():
-        from bench.rebalance import expert_load_dir, run_benchmark
+        from bench.rebalance import expert_load_dir
+        from bench.rebalance_oos import run_all
 
         with console.status("planning every file with both planners") as status:
-            result = run_benchmark(data or expert_load_dir(), max_files=max_files, repeat=repeat,
-                                   progress=status.update)
+            result = run_all(data or expert_load_dir(), max_files=max_files, repeat=repeat,
+                             out_of_sample_only=out_of_sample_only, progress=status.update)
         if as_json:
+            print_json(result)
+        else:
+            console.print_json(data=result)
+
+
+@bench_app.command("live-rebalance")
+def bench_live_rebalance(
+    phase_s: Annotated[float, typer.Option(min=1.0, help="Seconds the load stays on one prompt kind.")] = 8.0,
+    phases: Annotated[int, typer.Option(min=2, help="Phases of each compare run (last window, history).")] = 7,
+    trials: Annotated[int, typer.Option(min=0, help="History-planned rebalances judged against a prediction.")] = 10,
+    history_windows: Annotated[int, typer.Option(min=2, help="Load windows the history planner keeps.")] = 4,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """The embedded engine's hot experts drift between prompt kinds: planning from history against planning
+    from the last window (CV at each phase's end), and each rebalance's CV against its held-out prediction."""
+    with cli_errors():
+        from bench.live_rebalance import LiveOptions, run_live
+
+        options = _config(LiveOptions, phase_s=phase_s, phases=phases, trials=trials,
+                          history_windows=history_windows)
+        with tempfile.TemporaryDirectory() as tmp, console.status("starting the engine") as status:
+            result = run_live(Path(tmp), options, trials=trials > 0, progress=status.update)
+        if json_out:
             print_json(result)
         else:
             console.print_json(data=result)

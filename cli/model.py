@@ -27,6 +27,9 @@ def init(
     max_positions: Annotated[int, typer.Option(help="Context length.")] = 4096,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     router_skew: Annotated[float, typer.Option(help="0: near-uniform routing; 1: Zipf-like hot experts.")] = 0.0,
+    prompt_kinds: Annotated[
+        int, typer.Option(help="Equal token ranges whose prompts favour different experts (with --router-skew).")
+    ] = 1,
     seed: Annotated[int, typer.Option(help="Random seed (fixed: same seed, same weights).")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
 ) -> None:
@@ -41,10 +44,11 @@ def init(
             num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_positions,
             torch_dtype=dtype, intermediate_size=3 * hidden,
         )
-        init_random_checkpoint(out, config, seed=seed, router_skew=router_skew)
+        init_random_checkpoint(out, config, seed=seed, router_skew=router_skew, prompt_kinds=prompt_kinds)
         params = count_parameters(config)
         summary = {"out": str(out), "parameters": sum(params.values()), "by_part": params,
-                   "layers": layers, "experts": experts, "top_k": top_k, "router_skew": router_skew}
+                   "layers": layers, "experts": experts, "top_k": top_k, "router_skew": router_skew,
+                   "prompt_kinds": prompt_kinds}
         if json_out:
             print_json(summary)
         else:

@@ -1,9 +1,11 @@
-"""``moeslo rebalance``: plan an expert placement from an expert-load file.
+"""``moeslo rebalance``: plan an expert placement from one or more expert-load files.
 
-The load file is read by :mod:`controller.rebalance.load_files` (SGLang's
-expert-distribution JSON, or a ``.npy`` / ``.csv`` matrix).  The output JSON
+Each load file is read by :mod:`controller.rebalance.load_files` (SGLang's
+expert-distribution JSON, or a ``.npy`` / ``.csv`` matrix).  Several ``--load``
+files are windows of one model's load (oldest first), planned against together
+(:func:`controller.rebalance.history.plan_over_windows`).  The output JSON
 loads with ``Placement.from_json`` and adds moves, imbalance before and
-after, and the planning time.
+after (on the summed windows, and per window), and the planning time.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from cli.common import cli_errors, console, print_json
 
 
 def rebalance(
-    load: Annotated[Path, typer.Option("--load", help="Expert load: SGLang JSON, .npy or .csv (layers x experts).")],
+    load: Annotated[
+        list[Path],
+        typer.Option("--load", help="Expert load: SGLang JSON, .npy or .csv (layers x experts); repeat for several "
+                                    "windows of the same model, oldest first, to plan against all of them."),
+    ],
     ranks: Annotated[int, typer.Option("--ranks", help="Expert-parallel ranks (GPUs).")],
     slots_per_rank: Annotated[int, typer.Option("--slots-per-rank", help="Expert slots per rank.")],
     out: Annotated[Path, typer.Option("--out", help="Where to write the placement JSON.")],
@@ -33,20 +39,21 @@ def rebalance(
     """Plan a balanced expert placement and write it as JSON (loadable as an engine placement)."""
     with cli_errors():
         from contracts.placement import Placement
-        from controller.rebalance import plan_rebalance
-        from controller.rebalance.load_files import read_expert_load
+        from controller.rebalance.history import plan_over_windows
+        from controller.rebalance.load_files import read_expert_loads
 
-        matrix = read_expert_load(load)
+        windows = read_expert_loads(load)
         current = Placement.load(previous) if previous is not None else None
         started = time.perf_counter()
-        plan = plan_rebalance(
-            matrix, num_ranks=ranks, slots_per_rank=slots_per_rank, num_nodes=nodes, num_groups=groups,
+        plan = plan_over_windows(
+            windows, num_ranks=ranks, slots_per_rank=slots_per_rank, num_nodes=nodes, num_groups=groups,
             previous=current,
         )
         plan_ms = (time.perf_counter() - started) * 1000.0
         document = plan.to_json()
         document["plan_ms"] = plan_ms
-        document["load_file"] = str(load)
+        document["load_file"] = str(load[0])
+        document["load_files"] = [str(path) for path in load]
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(document) + "\n")
         summary = _summary(document, out)
@@ -68,6 +75,8 @@ def _summary(document: dict[str, Any], out: Path) -> dict[str, Any]:
         "plan_ms": document["plan_ms"],
         "imbalance_before": document["imbalance_before"]["summary"],
         "imbalance_after": document["imbalance_after"]["summary"],
+        "windows": document.get("windows", 1),
+        "imbalance_after_per_window": document.get("imbalance_after_per_window", []),
     }
 
 

@@ -13,6 +13,10 @@ from cli.common import cli_errors, console
 def serve(
     checkpoint: Annotated[Path, typer.Option(help="Checkpoint directory (config.json + model.safetensors).")],
     ep: Annotated[int, typer.Option(help="Expert-parallel ranks (processes).")] = 1,
+    slots_per_rank: Annotated[
+        int | None,
+        typer.Option(min=1, help="Expert slots per rank (default: every expert once; more: room for replicas)."),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     kv_cache_mb: Annotated[float, typer.Option(help="KV cache budget per rank, fixed at start (MiB).")] = 64.0,
@@ -37,6 +41,11 @@ def serve(
         typer.Option(help="torch threads per engine process (default: the CPUs of the inherited affinity set, "
                           "divided among EP ranks)."),
     ] = None,
+    request_deadline_s: Annotated[
+        float | None,
+        typer.Option(help="End a request still running this long after its arrival (finish reason "
+                          "`deadline`); default: no deadline."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
@@ -46,10 +55,11 @@ def serve(
         from exporters.app import ServeOptions, build_stack
 
         options = ServeOptions(
-            checkpoint=checkpoint, ep=ep, kv_cache_mb=kv_cache_mb, block_size=block_size, dtype=dtype,
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
+            checkpoint=checkpoint, ep=ep, slots_per_rank=slots_per_rank, kv_cache_mb=kv_cache_mb,
+            block_size=block_size, dtype=dtype, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
             model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,
-            otlp=otlp, port=port, threads=threads,
+            otlp=otlp, port=port, threads=threads, request_deadline_s=request_deadline_s,
         )
         stack = build_stack(options)
         console.print(

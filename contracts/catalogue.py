@@ -47,6 +47,8 @@ LAYER_IMBALANCE_CV_NOISE = "moe_layer_imbalance_cv_noise_floor"
 IMBALANCE_CV_ACROSS_LAYERS = "moe_imbalance_cv_across_layers"
 BALANCEDNESS_ACROSS_LAYERS = "moe_balancedness_across_layers"
 PLACEMENT_SWAPS = "moe_placement_swaps"
+ENGINE_HEALTHY = "moe_engine_healthy"
+"""1 while the embedded engine can serve, 0 once it is broken (a dead EP rank, a failed step, the core gone)."""
 PLACEMENT_EXPERTS_MOVED = "moe_placement_experts_moved"
 PLACEMENT_SWAP_DURATION_HISTOGRAM = "moe_placement_swap_duration_seconds"
 PLACEMENT_REQUESTS = "moe_placement_requests"
@@ -274,6 +276,7 @@ __all__ = [
     "DECODE_TIME_HISTOGRAM",
     "DESIRED_REPLICAS",
     "E2E_LATENCY_HISTOGRAM",
+    "ENGINE_HEALTHY",
     "ENGINE_LABEL",
     "ERRORS",
     "ERROR_BUDGET_REMAINING",

@@ -17,6 +17,7 @@ from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.errors import DataError, ValidationError
+from controller.endpoints import AddressClass
 
 
 class _Section(BaseModel):
@@ -105,6 +106,10 @@ class ControllerSettings(BaseSettings):
     """Extra PromQL label matchers added to every selector, e.g. ``namespace="prod"``."""
     scrape_endpoints: dict[str, tuple[str, ...]] = {}
     """Static engine base URLs per model name for the direct-scrape source."""
+    allowed_endpoint_addresses: tuple[AddressClass, ...] = ()
+    """Special addresses a policy's ``target.endpoints`` may name (``loopback``, ``link-local``,
+    ``metadata``); none by default, so a policy written over REST cannot point the controller at
+    this host's services or a cloud metadata service. ``moeslo up`` allows ``loopback``."""
     source_timeout_s: Annotated[float, Field(gt=0, le=120)] = 5.0
     stale_after_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
     """Observations older than this are stale: the core holds."""

@@ -369,6 +369,11 @@ class DecisionCore:
         """
         previous = state.last_observed_replicas
         state.last_observed_replicas = current
+        if previous is None and not state.recent_needs:
+            # First sight (a new policy, or the controller restarted): the replicas running now
+            # count as needed, as Kubernetes seeds its HPA's recommendations, so a quiet first
+            # minute cannot shrink a fleet sized for what comes next before the window has passed.
+            state.recent_needs.append((observed_at_s, current))
         if previous is None or previous == current:
             return
         last = state.last_decision

@@ -28,8 +28,14 @@ from contracts.slo_defaults import (
     TTFT_THRESHOLD_S,
 )
 from controller.capacity import ReplicaProfile
+from controller.endpoints import check_endpoint_url
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+"""Names, models and paths: no control characters (NUL, newlines, escapes)."""
+_TEXT = r"^[^\x00-\x08\x0b-\x1f\x7f]*$"
+"""Free text: tabs and newlines, no other control characters."""
+ModelName = Annotated[str, Field(min_length=1, max_length=253, pattern=_NO_CONTROL)]
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
 _DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -62,7 +68,7 @@ class ModelTarget(_Strict):
     """Engines found by the model name they serve (read-only: nothing to scale)."""
 
     kind: Literal["model"] = "model"
-    model: Annotated[str, Field(min_length=1, max_length=253)]
+    model: ModelName
 
 
 class KubernetesTarget(_Strict):
@@ -71,9 +77,9 @@ class KubernetesTarget(_Strict):
     kind: Literal["deployment", "leaderworkerset"]
     namespace: Annotated[str, Field(pattern=_DNS_LABEL.pattern)]
     name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
-    model: str | None = None
+    model: ModelName | None = None
     """Model name used in metric label selectors; defaults to the workload name."""
-    hpa: str | None = None
+    hpa: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")] | None = None
     """Name of an HPA that owns the workload: the controller then patches its minReplicas."""
 
 
@@ -81,11 +87,17 @@ class LocalTarget(_Strict):
     """Embedded-engine processes on this machine."""
 
     kind: Literal["local"] = "local"
-    model: Annotated[str, Field(min_length=1, max_length=253)] = "moeslo-qwen3-moe"
-    checkpoint: str | None = None
+    model: ModelName = "moeslo-qwen3-moe"
+    checkpoint: Annotated[str, Field(min_length=1, max_length=4096, pattern=_NO_CONTROL)] | None = None
     """Checkpoint directory for new replicas (None: the controller's configured default)."""
-    endpoints: tuple[str, ...] = ()
-    """Metrics endpoints of replicas started outside the controller (``http://host:port``)."""
+    endpoints: Annotated[tuple[str, ...], Field(max_length=256)] = ()
+    """Metrics endpoints of replicas started outside the controller (``http://host:port``; loopback,
+    link-local and metadata addresses only where the controller's config allows them)."""
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(check_endpoint_url(url) for url in value)
 
 
 Target = Annotated[ModelTarget | KubernetesTarget | LocalTarget, Field(discriminator="kind")]
@@ -157,7 +169,7 @@ class Policy(_Strict):
     """One SLO policy."""
 
     name: Annotated[str, Field(pattern=_DNS_LABEL.pattern, max_length=63)]
-    description: Annotated[str, Field(max_length=1024)] = ""
+    description: Annotated[str, Field(max_length=1024, pattern=_TEXT)] = ""
     target: Target
     objectives: Objectives = Objectives()
     window: str = COMPLIANCE_WINDOW

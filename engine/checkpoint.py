@@ -89,7 +89,36 @@ class CheckpointReader:
         self.close()
 
 
-def _random_tensors(config: ModelConfig, seed: int, router_skew: float) -> Iterator[tuple[str, torch.Tensor]]:
+def _kind_directions(config: ModelConfig, seed: int, kinds: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per prompt kind after the first: a unit direction (kinds-1, hidden) and an expert popularity order.
+
+    Drawn from their own generator, so one kind gives exactly the tensors it always gave.
+    """
+    gen = torch.Generator().manual_seed(seed + 7919)
+    directions = torch.randn(kinds - 1, config.hidden_size, generator=gen)
+    directions /= directions.norm(dim=1, keepdim=True)
+    orders = torch.stack([torch.randperm(config.num_experts, generator=gen) for _ in range(kinds - 1)])
+    return directions, orders
+
+
+def _skewed_router(
+    noise: torch.Tensor, router_skew: float, skews: list[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """Router rows from standard-normal ``noise`` (experts x hidden) and, per prompt kind, a popularity
+    over the experts and the hidden direction its tokens carry."""
+    hidden = noise.shape[1]
+    # Unit-variance logits per token, like a trained router's spread.
+    router: torch.Tensor = noise / hidden**0.5
+    for popularity, direction in skews:
+        # Expert e gains about 2 * router_skew * popularity[e] nats for every token of the kind.
+        bias = 2.0 * router_skew * popularity / (0.7 * hidden**0.5)
+        router += bias[:, None] * direction[None, :]
+    return router
+
+
+def _random_tensors(
+    config: ModelConfig, seed: int, router_skew: float, prompt_kinds: int = 1
+) -> Iterator[tuple[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     std = 0.02
     hidden, head_dim = config.hidden_size, config.head_dim
@@ -103,12 +132,21 @@ def _random_tensors(config: ModelConfig, seed: int, router_skew: float) -> Itera
     direction = torch.randn(hidden, generator=gen)
     direction /= direction.norm()
     embed = normal(config.vocab_size, hidden)
+    # Prompt kinds: the vocabulary in equal token ranges; tokens of range j > 0 carry direction j
+    # instead of the shared one, and the routers favour their own popularity order along it.
+    kind_of = torch.arange(config.vocab_size) * prompt_kinds // config.vocab_size
+    extra_dirs, extra_orders = _kind_directions(config, seed, prompt_kinds) if prompt_kinds > 1 else (None, None)
+    kind_dirs = [direction] if extra_dirs is None else [direction, *extra_dirs]
     if router_skew > 0:
         # As long as the random part: after RMSNorm every token has ~0.7 sqrt(hidden) along it.
-        embed += std * hidden**0.5 * direction
+        for kind, kind_dir in enumerate(kind_dirs):
+            embed[kind_of == kind] += std * hidden**0.5 * kind_dir
     yield "model.embed_tokens.weight", embed
-    popularity = 1.0 / torch.arange(1, config.num_experts + 1, dtype=torch.float32) ** 0.8
-    popularity = popularity[torch.randperm(config.num_experts, generator=gen)]
+    zipf = 1.0 / torch.arange(1, config.num_experts + 1, dtype=torch.float32) ** 0.8
+    popularity = zipf[torch.randperm(config.num_experts, generator=gen)]
+    # Per prompt kind, the experts' popularity and the direction its tokens carry (none: uniform router).
+    orders = [] if extra_orders is None else [zipf[order] for order in extra_orders]
+    skews = list(zip([popularity, *orders], kind_dirs, strict=True)) if router_skew > 0 else []
     for layer in range(config.num_hidden_layers):
         prefix = f"model.layers.{layer}"
         yield f"{prefix}.input_layernorm.weight", torch.ones(hidden)
@@ -120,13 +158,8 @@ def _random_tensors(config: ModelConfig, seed: int, router_skew: float) -> Itera
         yield f"{prefix}.self_attn.q_norm.weight", torch.ones(head_dim)
         yield f"{prefix}.self_attn.k_norm.weight", torch.ones(head_dim)
         if config.is_sparse_layer(layer):
-            # Unit-variance logits per token, like a trained router's spread.
-            router = torch.randn(config.num_experts, hidden, generator=gen) / hidden**0.5
-            if router_skew > 0:
-                # Expert e gains about 2 * router_skew * popularity[e] nats for every token.
-                bias = 2.0 * router_skew * popularity / (0.7 * hidden**0.5)
-                router += bias[:, None] * direction[None, :]
-            yield f"{prefix}.mlp.gate.weight", router
+            noise = torch.randn(config.num_experts, hidden, generator=gen)
+            yield f"{prefix}.mlp.gate.weight", _skewed_router(noise, router_skew, skews)
             inter = config.moe_intermediate_size
             for expert in range(config.num_experts):
                 yield expert_tensor_name(layer, expert, "gate_proj"), normal(inter, hidden)
@@ -143,19 +176,29 @@ def _random_tensors(config: ModelConfig, seed: int, router_skew: float) -> Itera
 
 
 def init_random_checkpoint(
-    out_dir: str | Path, config: ModelConfig, *, seed: int = 0, router_skew: float = 0.0
+    out_dir: str | Path, config: ModelConfig, *, seed: int = 0, router_skew: float = 0.0, prompt_kinds: int = 1
 ) -> Path:
     """Write a random Qwen3-MoE checkpoint in the Hugging Face format; return its directory.
 
     ``router_skew`` > 0 makes some experts popular for every token, as real
-    routing is; 0 gives a nearly uniform router.
+    routing is; 0 gives a nearly uniform router.  ``prompt_kinds`` > 1 splits
+    the vocabulary into that many equal token ranges whose tokens favour
+    different experts (with ``router_skew`` > 0), so load that shifts between
+    kinds of prompt moves the hot experts; 1 gives the tensors it always gave.
     """
+    problems = []
     if router_skew < 0:
-        raise ValidationError(f"router_skew must be >= 0, got {router_skew}")
+        problems.append(f"router_skew must be >= 0, got {router_skew}")
+    if not 1 <= prompt_kinds <= config.vocab_size:
+        problems.append(f"prompt_kinds must be in [1, {config.vocab_size}], got {prompt_kinds}")
+    if problems:
+        raise ValidationError(problems)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dtype = torch_dtype(config.torch_dtype)
-    tensors = {name: t.to(dtype).contiguous() for name, t in _random_tensors(config, seed, router_skew)}
+    tensors = {
+        name: t.to(dtype).contiguous() for name, t in _random_tensors(config, seed, router_skew, prompt_kinds)
+    }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     raw = config.to_hf_dict()
     raw["rope_parameters"] = {"rope_type": "default", "rope_theta": config.rope_theta}

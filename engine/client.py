@@ -11,8 +11,11 @@ model or imports torch, so nothing in the HTTP process can stall a step.
 Failure of the core is found by the receiver (the process has exited, checked
 every 0.1 s): it logs one line naming the exit status, fails every request in
 flight with :class:`~contracts.errors.UnavailableError` and makes
-:meth:`EngineCoreClient.health` report why.  The core, for its part, exits
-when this process dies.
+:meth:`EngineCoreClient.health` report why.  A core that is alive but broken
+(a dead EP rank, a failed step) says so at once in a HEALTH message; either
+way the change is logged and handed to every sink that has
+``record_health(broken)`` (the Prometheus sink's ``moe_engine_healthy``).
+The core, for its part, exits when this process dies.
 """
 
 from __future__ import annotations
@@ -244,6 +247,9 @@ class EngineCoreClient:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValidationError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValidationError(f"stop_token_ids must be in [0, {vocab}); got {bad[:5]}")
         if not prompt_token_ids:
             raise ValidationError("prompt must have at least one token")
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
@@ -308,6 +314,10 @@ class EngineCoreClient:
         """Fault injection for tests and drills: every model step takes ``delay_s`` longer."""
         self.call("set_step_delay", delay_s)
 
+    def fail_next_step(self) -> None:
+        """Fault injection for tests and drills: the core's next step raises, which breaks the engine."""
+        self.call("fail_next_step")
+
     def _raise_if_down(self) -> None:
         reason = self.health()
         if reason is not None:
@@ -345,7 +355,7 @@ class EngineCoreClient:
         elif kind == wire.REPLY:
             self._reply(msg[1], msg[2], msg[3])
         elif kind == wire.HEALTH:
-            self._broken = msg[1]
+            self._set_broken(msg[1])
         elif kind == wire.GOODBYE:
             self._final = msg[1]
 
@@ -389,9 +399,27 @@ class EngineCoreClient:
         else:
             future.set_exception(wire.error_from_wire(value))
 
+    def _set_broken(self, reason: str | None) -> None:
+        if reason == self._broken:
+            return
+        self._broken = reason
+        if reason is not None:
+            log.error("engine broken: %s; /health answers 503 until the supervisor restarts the replica", reason)
+        self._record_health(self.health())
+
+    def _record_health(self, broken: str | None) -> None:
+        for sink in self._sinks:
+            record = getattr(sink, "record_health", None)
+            if record is not None:
+                try:
+                    record(broken)
+                except Exception:  # a broken exporter must not stop serving
+                    log.exception("stats sink %r failed", sink)
+
     def _on_core_exit(self, status: int | None) -> None:
         self._dead = f"the engine core process exited with status {status}"
         log.error("engine core died: %s; failing every request in flight, /health answers 503", self._dead)
+        self._record_health(self._dead)
         self._fail_all(UnavailableError(self._dead), finish_reason="error")
 
     def _fail_all(self, error: MoesloError, *, finish_reason: str) -> None:

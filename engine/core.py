@@ -8,7 +8,9 @@ engine-core process's loop in :mod:`engine.core_proc`, or the in-process
 and its :class:`~engine.stats.StepStats`.
 
 Every accepted request ends with exactly one final :class:`RequestOutput`
-whose ``finish_reason`` is ``length``, ``stop``, ``abort`` or ``error``.
+whose ``finish_reason`` is ``length``, ``stop``, ``abort``, ``error`` or
+``deadline`` (it was still running ``request_deadline_s`` after its arrival,
+when the config sets one).
 Routing counts stay in the executor's counters; the core reads them at its
 own rate (every ``routing_interval_s``, when requests finish, when it goes
 idle) and attaches them to that step's stats, never per step.
@@ -30,7 +32,7 @@ from contracts.placement import Placement
 from engine.engine_types import EngineConfig, RequestOutput
 from engine.executors import Executor
 from engine.kv_cache import BlockManager
-from engine.sampling import SamplingParams, sample
+from engine.sampling import SamplingParams, sample_each
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SeqStatus, Sequence
 from engine.stats import FinishedRequestStats, PlacementSwapStats, RequestTiming, RoutingDelta, StepStats
 
@@ -81,6 +83,8 @@ class EngineCore:
         self._state_changed = False
         self.step_delay_s = 0.0
         """Fault injection for tests and drills: sleep this long before every model step."""
+        self.fail_next_step = False
+        """Fault injection for tests and drills: the next step raises outside the executor (a bug's shape)."""
 
     # ----------------------------------------------------------------- requests
 
@@ -96,6 +100,9 @@ class EngineCore:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValidationError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValidationError(f"stop_token_ids must be in [0, {vocab}); got {bad[:5]}")
         if request_id in self._requests:
             raise ValidationError(f"request_id {request_id!r} is already in flight")
         now = self._clock() if arrival_s is None else arrival_s
@@ -197,11 +204,16 @@ class EngineCore:
 
     def step(self) -> StepResult:
         """Run one step if there is work; else report what changed while idle."""
+        if self.config.request_deadline_s is not None:
+            self._expire(self._clock() - self.config.request_deadline_s)
         result = StepResult(outputs=self.take_outputs())
         if not self.scheduler.has_work():
             if self._state_changed or self._pending_finished or result.outputs:
                 result.stats = self._stats(self._clock(), 0.0, None, 0, (), ())
             return result
+        if self.fail_next_step:
+            self.fail_next_step = False
+            raise RuntimeError("injected step fault")
         out = self.scheduler.schedule()
         started_s = self._clock()
         for chunk in out.scheduled:
@@ -213,15 +225,21 @@ class EngineCore:
             if self.step_delay_s:
                 time.sleep(self.step_delay_s)
             logits = self.executor.execute(out.plan)
-        except Exception as exc:
+        except Exception:
             log.exception("executor failed a step")
             for chunk in out.scheduled:
-                self.abort(chunk.seq.request_id, "error", error=f"model step failed: {exc}")
+                self.abort(chunk.seq.request_id, "error", error="the model step failed")
             result.outputs.extend(self.take_outputs())
             result.stats = self._stats(self._clock(), self._clock() - started_s, out, 0, (), ())
             return result
         self._finish_step(out, logits, started_s, result)
         return result
+
+    def _expire(self, arrived_before_s: float) -> None:
+        """End every request that arrived before ``arrived_before_s`` (its deadline has passed)."""
+        late = [rid for rid, seq in self._requests.items() if seq.timing.arrival_s <= arrived_before_s]
+        for request_id in late:
+            self.abort(request_id, "deadline")
 
     def _finish_step(self, out: SchedulerOutput, logits: object, started_s: float, result: StepResult) -> None:
         import torch
@@ -241,11 +259,16 @@ class EngineCore:
                 seq.num_computed += chunk.num_tokens
         if rows and len(rows) < logits.shape[0]:
             logits = logits[rows]
-        tokens = sample(logits, [s.sampler for s in sampled]) if rows else []
+        tokens, failures = sample_each(logits, [s.sampler for s in sampled]) if rows else ([], {})
         now = self._clock()
         ttfts: list[float] = []
         itls: list[float] = []
-        for seq, token in zip(sampled, tokens, strict=True):
+        for row, (seq, token) in enumerate(zip(sampled, tokens, strict=True)):
+            if row in failures:  # this request alone ends; the others in the batch go on
+                log.warning("sampling failed for %s: %s", seq.request_id, failures[row])
+                self.scheduler.finish(seq, "error")
+                result.outputs.append(self._finalize(seq, now, None, "error", error="sampling failed"))
+                continue
             timing = seq.timing
             if timing.first_token_s is None:
                 timing.first_token_s = now
@@ -260,7 +283,8 @@ class EngineCore:
                 continue
             self.scheduler.finish(seq, reason)
             result.outputs.append(self._finalize(seq, now, token, reason))
-        result.stats = self._stats(now, now - started_s, out, len(tokens), tuple(ttfts), tuple(itls))
+        generated = len(tokens) - len(failures)
+        result.stats = self._stats(now, now - started_s, out, generated, tuple(ttfts), tuple(itls))
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params

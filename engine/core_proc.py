@@ -8,6 +8,13 @@ READY and runs :class:`CoreLoop`: drain the input socket, run one step, send
 its outputs and stats, and while idle block on the socket with a heartbeat
 every second.  EP ranks (``--ep N``) are this process's children.
 
+Health is checked on every turn of the loop, idle or busy (at least every
+:data:`HEALTH_CHECK_S`): a dead EP rank or a step that raised marks the
+engine broken.  The loop then logs why, fails every request in flight, sends
+HEALTH at once and refuses new requests (503); it never runs another step.
+Restarting the replica is its supervisor's job (the local actuator, or
+Kubernetes through the failing ``/health`` probe).
+
 It exits when asked (SHUTDOWN), when the API process dies (parent-death
 signal, and a parent-pid check every second), or on SIGTERM.
 """
@@ -29,7 +36,7 @@ from typing import Any
 
 import zmq
 
-from contracts.errors import MoesloError
+from contracts.errors import MoesloError, UnavailableError
 from contracts.placement import Placement
 from engine import wire
 from engine.core import EngineCore, StepResult
@@ -39,6 +46,9 @@ from engine.scheduler import SchedulerConfig
 
 log = logging.getLogger("moeslo.engine_core")
 HEARTBEAT_S = 1.0
+HEALTH_CHECK_S = 0.2
+"""Longest wait between two health checks while idle (a dead rank shows in /health within ~0.3 s)."""
+UNAVAILABLE = "the engine is unavailable"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +105,9 @@ class CoreLoop:
         self.outputs = outputs
         self._parent_alive = parent_alive
         self._running = True
+        self._broken: str | None = None
+        """Why a step raised (the executor reports its own failures in ``executor.broken``)."""
+        self._reported: str | None = None
         self._calls: dict[str, Callable[..., Any]] = {
             "get_placement": self._placement_json,
             "apply_placement": self._apply_placement,
@@ -103,6 +116,7 @@ class CoreLoop:
             "check_invariants": core.blocks.check_invariants,
             "set_routing_stats": core.executor.set_routing_stats,
             "set_step_delay": self._set_step_delay,
+            "fail_next_step": self._fail_next_step,
             "broken": lambda: core.executor.broken,
         }
 
@@ -116,29 +130,63 @@ class CoreLoop:
     def _set_step_delay(self, delay_s: float) -> None:
         self.core.step_delay_s = float(delay_s)
 
+    def _fail_next_step(self) -> None:
+        self.core.fail_next_step = True
+
     def run(self) -> None:
-        last_check = time.monotonic()
+        last_check = last_beat = time.monotonic()
         while self._running:
-            busy = self.core.has_work() or self.core.has_news()
-            if self.inputs.poll(0 if busy else int(HEARTBEAT_S * 1000)):
+            busy = self._busy()
+            if self.inputs.poll(0 if busy else int(HEALTH_CHECK_S * 1000)):
                 self._drain()
-            elif not busy:
-                self._send([wire.HEALTH, self.core.executor.broken])
-            if busy or self.core.has_work() or self.core.has_news():
+            broken = self._check_health()
+            if broken is None and self._busy():
                 self._step()
             now = time.monotonic()
+            if not busy and now - last_beat >= HEARTBEAT_S:
+                last_beat = now
+                self._send([wire.HEALTH, broken])
             if now - last_check >= HEARTBEAT_S:
                 last_check = now
                 if not self._parent_alive():
                     log.error("engine core: the API process is gone; exiting")
                     return
         self.core.abort_all("abort")
-        self._step()  # the aborts' final outputs and stats
+        self._publish(self.core.flush())  # the aborts' final outputs and stats
         self._send([wire.GOODBYE, {"kv_state": list(self.core.kv_state()),
                                    "num_requests": list(self.core.num_requests())}])
 
+    def _busy(self) -> bool:
+        return self.core.has_work() or self.core.has_news()
+
+    def _check_health(self) -> str | None:
+        """Why the engine cannot serve (None: it can); a broken engine fails every request it still holds."""
+        broken = self._report()
+        if broken is not None and self.core.has_work():
+            aborted = self.core.abort_all("error", error=UNAVAILABLE)
+            result = self.core.flush()
+            result.outputs[:0] = aborted
+            self._publish(result)
+        return broken
+
+    def _report(self) -> str | None:
+        """On a change of health, log it and tell the API process at once (before any output it explains)."""
+        broken = self._broken or self.core.executor.broken
+        if broken != self._reported:
+            self._reported = broken
+            log.error("engine core: broken (%s); every request fails with 503 until a restart", broken)
+            self._send([wire.HEALTH, broken])
+        return broken
+
     def _step(self) -> None:
-        self._publish(self.core.step())
+        try:
+            result = self.core.step()
+        except Exception:  # a failure no request can be blamed for: the engine is broken, the loop goes on
+            log.exception("engine core: a step failed")
+            self._broken = "an engine step failed"
+            return
+        self._report()  # a step the executor failed: the 503 reason reaches the API before the failed outputs
+        self._publish(result)
 
     def _publish(self, result: StepResult) -> None:
         if result.outputs or result.stats is not None:
@@ -158,6 +206,8 @@ class CoreLoop:
         if kind == wire.ADD:
             _, request_id, prompt, params, arrival_s = msg
             try:
+                if self._reported is not None:
+                    raise UnavailableError(f"{UNAVAILABLE}: {self._reported}")
                 self.core.add_request(request_id, prompt, wire.params_from_wire(params), arrival_s=arrival_s)
             except MoesloError as exc:
                 self._send([wire.REJECT, request_id, wire.error_to_wire(exc)])

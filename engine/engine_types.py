@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from contracts.errors import ValidationError
 from engine.scheduler import SchedulerConfig
 from engine.stats import IntArray
 
@@ -18,6 +19,12 @@ class EngineConfig:
     """How long the idle loop sleeps between checks (it is woken early by new work)."""
     routing_interval_s: float = 0.1
     """How often the loop reads the routing counters (also when requests finish and when it goes idle)."""
+    request_deadline_s: float | None = None
+    """A request still unfinished this long after its arrival ends with finish reason ``deadline`` (None: off)."""
+
+    def __post_init__(self) -> None:
+        if self.request_deadline_s is not None and not self.request_deadline_s > 0:
+            raise ValidationError(f"request_deadline_s must be > 0, got {self.request_deadline_s}")
 
 
 @dataclass(frozen=True, slots=True)

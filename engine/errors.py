@@ -2,11 +2,13 @@
 
     contracts.errors.ValidationError
     └── PromptTooLongError     prompt longer than the context (400)
+    contracts.errors.MoesloError
+    └── RequestFailedError     the engine failed this one request; the others go on (500)
 """
 
 from __future__ import annotations
 
-from contracts.errors import ValidationError
+from contracts.errors import MoesloError, ValidationError
 
 
 class PromptTooLongError(ValidationError):
@@ -21,3 +23,7 @@ class PromptTooLongError(ValidationError):
             f"but the model's context is {max_model_len} tokens "
             f"(prompt_tokens + max_tokens must be <= {max_model_len})"
         )
+
+
+class RequestFailedError(MoesloError):
+    """The engine could not complete one request (its sampler failed); the others go on (500)."""

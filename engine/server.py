@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import logging
 import math
 import threading
 import time
@@ -36,7 +38,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from contracts.errors import (
@@ -51,33 +53,17 @@ from contracts.errors import (
 from contracts.placement import Placement
 from engine.client import EngineCoreClient, RequestStream
 from engine.engine_types import RequestOutput
-from engine.sampling import SamplingParams
+from engine.errors import RequestFailedError
+from engine.protocol import CompletionRequest, StopMatcher
 from engine.tokenizer import Tokenizer
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]
 """Returns the ``/metrics`` body and its media type."""
 
+UNAVAILABLE_RETRY_AFTER_S = 5
+"""``Retry-After`` of a 503: about what a supervisor needs to notice the failed probe and restart the replica."""
 
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
-class CompletionRequest(BaseModel):
-    """The subset of OpenAI's completion request the engine serves (one choice, no logprobs)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    prompt: str | list[int]
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=1, description="only one choice per request is served")
-    seed: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
+log = logging.getLogger("moeslo.engine_server")
 
 
 def status_for(exc: MoesloError) -> int:
@@ -97,7 +83,8 @@ def status_for(exc: MoesloError) -> int:
     return 500
 
 
-def error_response(exc: MoesloError) -> JSONResponse:
+def error_response(exc: MoesloError) -> Response:
+    """The one error document: ``{"error": {"message", "type", "code", ...}}``, ASCII-safe JSON."""
     status = status_for(exc)
     body: dict[str, Any] = {"message": str(exc), "type": type(exc).__name__, "code": status}
     if isinstance(exc, ValidationError):
@@ -106,7 +93,14 @@ def error_response(exc: MoesloError) -> JSONResponse:
     if isinstance(exc, OverloadedError):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
         body["retry_after_s"] = exc.retry_after_s
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
+    if isinstance(exc, UnavailableError):
+        headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER_S)
+    return _error_document(body, status, headers)
+
+
+def _error_document(body: dict[str, Any], status: int, headers: dict[str, str]) -> Response:
+    # ensure_ascii: a lone surrogate echoed in a message (a field name) must not break the encoding.
+    return Response(json.dumps({"error": body}), status_code=status, headers=headers, media_type="application/json")
 
 
 def create_app(
@@ -138,19 +132,32 @@ def create_app(
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    """Every MoesloError, and every invalid body, as the one error document (:func:`error_response`)."""
+    """Every failure as the one error document (:func:`error_response`); details of the unexpected go to the log."""
 
     @app.exception_handler(MoesloError)
-    async def _moeslo_error(_: Request, exc: MoesloError) -> JSONResponse:
+    async def _moeslo_error(_: Request, exc: MoesloError) -> Response:
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid_body(_: Request, exc: RequestValidationError) -> Response:
         problems = []
         for err in exc.errors():
-            loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-            problems.append(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid')}")
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+            if err.get("type") == "extra_forbidden":
+                problems.append(f"{loc}: not supported by this engine")
+            else:
+                problems.append(f"{loc}: {err.get('msg', 'invalid')}")
         return error_response(ValidationError(problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        body = {"message": str(exc.detail), "type": "HTTPError", "code": exc.status_code}
+        return _error_document(body, exc.status_code, dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.error("unexpected error serving %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(MoesloError("internal error (details are in the server log)"))
 
 
 def _add_control_routes(app: FastAPI, engine: EngineCoreClient, metrics: MetricsRenderer | None) -> None:
@@ -160,7 +167,8 @@ def _add_control_routes(app: FastAPI, engine: EngineCoreClient, metrics: Metrics
     async def health() -> JSONResponse:
         reason = engine.health()
         if reason is not None:
-            return JSONResponse({"status": reason}, status_code=503)
+            return JSONResponse({"status": reason}, status_code=503,
+                                headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)})
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -207,12 +215,9 @@ def _add_openai_routes(app: FastAPI, engine: EngineCoreClient, tokenizer: Tokeni
         arrival_s = time.monotonic()
         if body.model is not None and body.model != model_name:
             raise NotFoundError("model", body.model)
+        body.check()
         prompt_ids = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
-        params = SamplingParams(
-            max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-            stop_token_ids=tuple(body.stop_token_ids), ignore_eos=body.ignore_eos,
-        )
-        stream = engine.add_request(prompt_ids, params, arrival_s=arrival_s)
+        stream = engine.add_request(prompt_ids, body.sampling_params(), arrival_s=arrival_s)
         request_id = stream.request_id
 
         def end_early() -> None:
@@ -232,16 +237,17 @@ def _add_openai_routes(app: FastAPI, engine: EngineCoreClient, tokenizer: Tokeni
             watcher.cancel()
             end_early()
             raise
+        texts = _texts(first, stream, tokenizer, body.stop_strings, lambda: engine.abort(request_id, "stop"))
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return _EngineStreamingResponse(
-                _sse(_events(first, stream), tokenizer, request_id, model_name, include_usage),
+                _sse(texts, engine, request_id, model_name, include_usage),
                 on_close=close,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
             )
         try:
-            return await _collect(tokenizer, first, stream, model_name, disconnected=watcher)
+            return await _collect(texts, engine, request_id, model_name, disconnected=watcher)
         finally:
             close()
 
@@ -286,19 +292,57 @@ def _usage(out: RequestOutput) -> dict[str, int]:
             "total_tokens": out.prompt_tokens + out.generation_tokens}
 
 
-async def _sse(
-    events: AsyncIterator[RequestOutput], tokenizer: Tokenizer, request_id: str, model_name: str, include_usage: bool
-) -> AsyncIterator[str]:
-    """One SSE event per generated token, then ``[DONE]``."""
+async def _texts(
+    first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, stops: tuple[str, ...],
+    stop_request: Callable[[], None],
+) -> AsyncIterator[tuple[str, RequestOutput]]:
+    """(text to show, output) per output; a stop string ends the request in the core, finish reason ``stop``.
+
+    After a stop string, tokens the core generated before the stop reached it are dropped.
+    """
     decoder = tokenizer.stream()
-    async for out in events:
-        if out.finish_reason == "error" or (out.finish_reason == "abort" and out.token_id is None):
-            error = {"message": out.error or "request aborted by the engine", "type": out.finish_reason}
-            yield f"data: {json.dumps({'id': request_id, 'error': error})}\n\n"
-            break
+    matcher = StopMatcher(stops)
+    async for raw in _events(first, stream):
+        out = raw
+        stopped = matcher.stopped
         text = ""
         if out.token_id is not None and not out.is_stop_token:
-            text = decoder.step(out.token_id)
+            text = matcher.feed(decoder.step(out.token_id))
+        if out.finished:
+            text += matcher.flush()
+            if matcher.stopped and out.finish_reason != "error":
+                out = dataclasses.replace(out, finish_reason="stop")
+        elif matcher.stopped:
+            if stopped:
+                continue
+            stop_request()
+        yield text, out
+
+
+def _failure(engine: EngineCoreClient, out: RequestOutput) -> MoesloError | None:
+    """The error that ended a request (None: it ended normally); no internal detail, that is in the log."""
+    reason = engine.health()
+    if out.finish_reason == "error":
+        if reason is not None:
+            return UnavailableError(f"the engine is unavailable: {reason}")
+        return RequestFailedError(f"the engine could not complete request {out.request_id} ({out.error or 'failed'})")
+    if out.finish_reason == "abort":
+        return UnavailableError(f"request {out.request_id} was aborted by the engine"
+                                + (f": {reason}" if reason is not None else ""))
+    return None
+
+
+async def _sse(
+    texts: AsyncIterator[tuple[str, RequestOutput]], engine: EngineCoreClient, request_id: str, model_name: str,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """One SSE event per generated token, then ``[DONE]``; a failure is one ``error`` event (the error document)."""
+    async for text, out in texts:
+        error = _failure(engine, out)
+        if error is not None:
+            body = {"message": str(error), "type": type(error).__name__, "code": status_for(error)}
+            yield f"data: {json.dumps({'id': request_id, 'error': body})}\n\n"
+            break
         yield f"data: {json.dumps(_chunk(request_id, model_name, text, out.finish_reason))}\n\n"
         if out.finished and include_usage:
             usage = {**_chunk(request_id, model_name, "", None), "choices": [], "usage": _usage(out)}
@@ -312,27 +356,26 @@ async def _until_disconnect(request: Request) -> None:
 
 
 async def _collect(
-    tokenizer: Tokenizer,
-    first: RequestOutput,
-    stream: RequestStream,
+    texts: AsyncIterator[tuple[str, RequestOutput]],
+    engine: EngineCoreClient,
+    request_id: str,
     model_name: str,
     *,
     disconnected: asyncio.Future[None],
 ) -> Response:
     """Wait for the whole completion (the caller aborts it if the client goes away meanwhile)."""
-    request_id = stream.request_id
-    decoder = tokenizer.stream()
     pieces: list[str] = []
-    out = first
-    async for out in _events(first, stream):
-        if out.token_id is not None and not out.is_stop_token:
-            pieces.append(decoder.step(out.token_id))
-    if out.finish_reason == "error":
-        return error_response(UnavailableError(f"request {request_id} failed: {out.error}"))
-    if out.finish_reason == "abort":
-        if disconnected.done() and not disconnected.cancelled():
-            return Response(status_code=499)
-        return error_response(UnavailableError(f"request {request_id} was aborted by the engine"))
+    last: RequestOutput | None = None
+    async for text, out in texts:
+        pieces.append(text)
+        last = out
+    assert last is not None
+    out = last
+    if out.finish_reason == "abort" and disconnected.done() and not disconnected.cancelled():
+        return Response(status_code=499)
+    error = _failure(engine, out)
+    if error is not None:
+        return error_response(error)
     body = _chunk(request_id, model_name, "".join(pieces), out.finish_reason)
     body["usage"] = _usage(out)
     return JSONResponse(body)

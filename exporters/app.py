@@ -29,6 +29,8 @@ class ServeOptions:
 
     checkpoint: Path
     ep: int = 1
+    slots_per_rank: int | None = None
+    """Expert slots per rank; None: just enough for every expert once (more: room for replicas)."""
     kv_cache_mb: float = 64.0
     block_size: int = 16
     dtype: str | None = None
@@ -46,6 +48,8 @@ class ServeOptions:
     port: int | None = None
     threads: int | None = None
     """torch threads per engine process; None: the inherited CPU affinity set, divided among EP ranks."""
+    request_deadline_s: float | None = None
+    """Requests still running this long after arrival end with finish reason ``deadline`` (None: off)."""
 
     @property
     def served_model_name(self) -> str:
@@ -63,9 +67,9 @@ class ServingStack:
 def build_stack(options: ServeOptions) -> ServingStack:
     """Start the engine-core process (model loaded) and build the app around its client."""
     executor = ExecutorOptions(
-        checkpoint=Path(options.checkpoint), ep=options.ep, kv_cache_mb=options.kv_cache_mb,
-        block_size=options.block_size, dtype=options.dtype, routing_stats=options.routing_stats,
-        threads_per_rank=options.threads,
+        checkpoint=Path(options.checkpoint), ep=options.ep, slots_per_rank=options.slots_per_rank,
+        kv_cache_mb=options.kv_cache_mb, block_size=options.block_size, dtype=options.dtype,
+        routing_stats=options.routing_stats, threads_per_rank=options.threads,
     )
     model_name = options.served_model_name
     engine = EngineCoreClient(
@@ -75,7 +79,8 @@ def build_stack(options: ServeOptions) -> ServingStack:
                 max_num_seqs=options.max_num_seqs,
                 max_num_batched_tokens=options.max_num_batched_tokens,
                 max_waiting=options.max_waiting,
-            )
+            ),
+            request_deadline_s=options.request_deadline_s,
         ),
     )
     metrics: MetricsRenderer | None = None

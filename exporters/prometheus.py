@@ -29,6 +29,7 @@ from contracts.catalogue import (
     BASE_LABELS,
     DECODE_TIME_HISTOGRAM,
     E2E_LATENCY_HISTOGRAM,
+    ENGINE_HEALTHY,
     EXPERT_TOKENS,
     FINISHED_REASON_LABEL,
     GENERATION_TOKENS,
@@ -66,7 +67,7 @@ from engine.stats import IntArray, RoutingDelta, RoutingWindow, StepStats
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Media type of :meth:`PrometheusStatsSink.render` (the classic text format)."""
 
-FINISH_REASONS = ("length", "stop", "abort", "error")
+FINISH_REASONS = ("length", "stop", "abort", "error", "deadline")
 
 DEFAULT_MAX_EXPERT_SERIES = 4096
 
@@ -131,11 +132,17 @@ class PrometheusStatsSink:
         self._success = {reason: success.labels(model_name, engine, reason) for reason in FINISH_REASONS}
         self._swap_duration = bound.histogram(PLACEMENT_SWAP_DURATION_HISTOGRAM,
                                               "Wall time of one placement change, in seconds.", SWAP_DURATION_BUCKETS_S)
+        self._healthy = bound.gauge(ENGINE_HEALTHY, "1 while the engine can serve, 0 once it is broken.", "mostrecent")
+        self._healthy.set(1)
         self._moe = _MoECollector(model_name, engine, routing_window_steps)
         registry.register(self._moe)
         self._expert_template: tuple[tuple[int, ...], str] | None = None
 
     # ------------------------------------------------------------------ StatsSink
+
+    def record_health(self, broken: str | None) -> None:
+        """The engine's health changed: ``broken`` says why it cannot serve (None: it can again)."""
+        self._healthy.set(1 if broken is None else 0)
 
     def record(self, step: StepStats) -> None:
         self._running.set(step.num_running)

@@ -132,6 +132,8 @@ class LocalStack:
         settings: dict[str, Any] = {
             "host": "127.0.0.1", "port": port, "db": str((opts.out / "controller.db").resolve()),
             "actuator": "local", "tick_interval_s": opts.tick_interval_s, "stale_after_s": 30.0,
+            # The local stack's engines listen on 127.0.0.1: policies may name them.
+            "allowed_endpoint_addresses": ["loopback"],
             "local": {
                 "command": [*moeslo_command(), "serve", "--checkpoint", "{checkpoint}", "--port", "{port}",
                             "--ep", str(opts.ep), "--model-name", "{model}", "--engine-id", "{port}"],

@@ -7,7 +7,11 @@ bound to loopback on a free port.  Scaling compares the wanted count with the
 processes still alive (crashed ones are reaped first), starts the missing
 ones, and stops the newest surplus ones (SIGTERM, then SIGKILL after
 ``stop_timeout_s``).  A replica counts as ready once its port answers HTTP.
-Every replica is stopped when the controller shuts down.
+A replica whose ``/health`` answers 503 is broken (a dead EP rank, a failed
+step: it never serves again) and is stopped like a surplus one, so the count
+drops and the next decision starts a replacement: restarting is this
+supervisor's job, not the engine's.  Every replica is stopped when the
+controller shuts down.
 
 The host budget: with ``cpus_per_replica`` set, each replica is pinned to its own
 slice of the host's CPUs (every process it starts inherits them), the argv's
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -40,6 +45,7 @@ from controller.errors import ActuationError
 from controller.policy import LocalTarget, Policy
 
 READY_PROBE_TIMEOUT_S = 0.5
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -148,17 +154,26 @@ class LocalActuator:
 
     async def replicas(self, policy: Policy) -> ReplicaCount:
         replicas = self._reap(policy)
-        ready = await asyncio.gather(*(self._answers(r) for r in replicas))
-        return ReplicaCount(desired=len(replicas), ready=sum(ready))
+        states = await asyncio.gather(*(self._probe(r) for r in replicas))
+        broken = [r for r, state in zip(replicas, states, strict=True) if state == "broken"]
+        for replica in broken:  # the supervisor's part: a broken replica never serves again, so replace it
+            log.error("replica %s of %r is broken (/health answers 503); stopping it so a new one replaces it",
+                      replica.endpoint, policy.name)
+            replicas.remove(replica)
+        await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in broken))
+        return ReplicaCount(desired=len(replicas), ready=states.count("ready"))
 
     @staticmethod
-    async def _answers(replica: LocalReplica) -> bool:
+    async def _probe(replica: LocalReplica) -> str:
+        """``ready`` (answers HTTP), ``broken`` (``/health`` answers 503) or ``down`` (no answer yet)."""
         try:
             async with httpx.AsyncClient(timeout=READY_PROBE_TIMEOUT_S) as client:
-                response = await client.get(f"{replica.endpoint}/metrics")
+                response = await client.get(f"{replica.endpoint}/health")
         except httpx.HTTPError:
-            return False
-        return response.status_code < 500
+            return "down"
+        if response.status_code == 503:
+            return "broken"
+        return "ready" if response.status_code < 500 else "down"
 
     async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
         if replicas < 0:

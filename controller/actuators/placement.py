@@ -5,6 +5,11 @@ The decisions are pure (``controller.rebalance``: ``plan_rebalance``,
 them through :class:`EngineControl` (the engine's ``GET /v1/expert-load`` and
 ``POST /v1/placement``), keeps the per-engine history the trigger needs, and
 returns every step as a :class:`RebalanceEvent` for the decision log.
+
+Each engine also keeps a bounded history of its expert-load windows
+(:class:`~controller.rebalance.history.LoadHistory`): plans are made against all
+of them, and the trigger judges the gain a plan made without the latest window
+shows on that window; verification expects that out-of-sample prediction.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ from controller.rebalance import (
     TriggerSettings,
     VerifyResult,
     decide_rebalance,
-    plan_rebalance,
     verify_rebalance,
 )
+from controller.rebalance.history import LoadHistory, plan_from_history
+from controller.rebalance.out_of_sample import HeldOutGain
 
 VERIFY_PATIENCE = 10
 """A rebalance whose window stays too small to judge is given up on (``unverified``) after this many
@@ -125,8 +131,11 @@ class RebalanceEvent:
 @dataclass(slots=True)
 class _EngineState:
     history: deque[CvObservation] = field(default_factory=lambda: deque(maxlen=4096))
+    loads: LoadHistory = field(default_factory=LoadHistory)
     last_rebalance_s: float | None = None
     pending: RebalancePlan | None = None
+    pending_cv: npt.NDArray[np.float64] | None = None
+    """The applied plan's out-of-sample CV per layer (None: its in-sample prediction)."""
     applied_at_s: float = 0.0
 
 
@@ -149,16 +158,25 @@ class Rebalancer:
         *,
         verify_after_s: float = 30.0,
         min_window_steps: int = 16,
+        history_windows: int = 8,
+        window_every_s: float = 30.0,
     ) -> None:
         self.control = control
         self.settings = settings or TriggerSettings()
         self.verify_after_s = verify_after_s
         """Routing steps must accumulate under the new placement before its CV means anything."""
         self.min_window_steps = min_window_steps
+        self.history_windows = history_windows
+        """Expert-load windows kept per engine and planned against (1: the latest window alone)."""
+        self.window_every_s = window_every_s
+        """A new history window starts this long after the last one (the newest is refreshed meanwhile)."""
         self._state: dict[tuple[str, str], _EngineState] = {}
 
     def state(self, policy: str, endpoint: str) -> _EngineState:
-        return self._state.setdefault((policy, endpoint), _EngineState())
+        key = (policy, endpoint)
+        if key not in self._state:
+            self._state[key] = _EngineState(loads=LoadHistory(self.history_windows, self.window_every_s))
+        return self._state[key]
 
     async def aclose(self) -> None:
         close = getattr(self.control, "aclose", None)
@@ -184,7 +202,7 @@ class Rebalancer:
         assert applied is not None
         result = verify_rebalance(
             plan=applied, measured_cv=snap.imbalance_cv, objective=policy.objectives.imbalance,
-            assignments=assignments,
+            assignments=assignments, predicted_cv=state.pending_cv,
         )
         waited_s = now_s - state.applied_at_s
         if result.reason == "insufficient_traffic" and waited_s < VERIFY_PATIENCE * self.verify_after_s:
@@ -216,18 +234,17 @@ class Rebalancer:
                                                         placement.num_ranks)
         )
         state.history.append(CvObservation.of(now_s, snap.imbalance_cv, noise))
+        state.loads.observe(now_s, snap.expert_tokens)
         if state.pending is not None and now_s - state.applied_at_s >= self.verify_after_s:
             return self._verify(policy, endpoint, state, snap, assignments, now_s)
         if state.pending is not None:
             return None
         plan: RebalancePlan | None = None
+        held_out: HeldOutGain | None = None
         plan_ms = 0.0
         if state.history[-1].worst_denoised_cv > objective.max_cv:
-            current = snap.placement
             started = time.perf_counter()
-            plan = plan_rebalance(
-                snap.expert_tokens, num_ranks=current.num_ranks, slots_per_rank=current.slots_per_rank, previous=current
-            )
+            plan, held_out = plan_from_history(state.loads.windows(), snap.placement)
             plan_ms = 1000 * (time.perf_counter() - started)
         decision = decide_rebalance(
             objective=objective,
@@ -236,11 +253,14 @@ class Rebalancer:
             last_rebalance_s=state.last_rebalance_s,
             plan=plan,
             settings=self.settings,
+            held_out=held_out,
         )
         if decision.action != "rebalance" or plan is None:
             return None
         state.last_rebalance_s = now_s
-        summary = _plan_summary(plan) | {"plan_ms": plan_ms}
+        summary = _plan_summary(plan) | {"plan_ms": plan_ms, "windows": len(state.loads)}
+        if held_out is not None:
+            summary["held_out"] = {"worst_cv_before": held_out.worst_before, "worst_cv_after": held_out.worst_after}
         step = functools.partial(
             RebalanceEvent, policy=policy.name, endpoint=endpoint, kind="rebalance", decision=decision, plan=summary
         )
@@ -251,6 +271,7 @@ class Rebalancer:
         except UnavailableError as exc:
             return step(outcome="failed", error=str(exc))
         state.pending, state.applied_at_s = plan, now_s
+        state.pending_cv = None if held_out is None else held_out.cv_after
         state.history.clear()  # the old placement's CVs say nothing about the new one
         return step(outcome="applied", swap=swap)
 

@@ -28,8 +28,9 @@ from controller.api.schemas import (
     problem_responses,
 )
 from controller.config import ControllerSettings
+from controller.endpoints import endpoint_problems
 from controller.openslo import apply_imported, export_policy, parse_openslo
-from controller.policy import Policy
+from controller.policy import LocalTarget, Policy
 from controller.store import StaleVersionError, Store, StoredPolicy
 
 router = APIRouter(prefix="/v1", tags=["policies"])
@@ -57,12 +58,17 @@ def _settings(request: Request) -> ControllerSettings:
 
 
 def _check_target(request: Request, policy: Policy) -> None:
-    """Targets the configured actuator cannot carry out are refused, naming the field."""
+    """Targets the configured actuator cannot carry out, and endpoints at addresses the config does not
+    allow (loopback, link-local, metadata), are refused, naming the field."""
+    problems: list[str] = []
+    if isinstance(policy.target, LocalTarget):
+        allowed = _settings(request).allowed_endpoint_addresses
+        problems += endpoint_problems(policy.target.endpoints, allowed, field="target.endpoints")
     check = getattr(request.app.state, "check_target", None)
     if check is not None:
-        problems: list[str] = check(policy)
-        if problems:
-            raise ValidationError(problems)
+        problems += check(policy)
+    if problems:
+        raise ValidationError(problems)
 
 
 def parse_if_match(value: str | None) -> int | str | None:

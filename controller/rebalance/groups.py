@@ -68,10 +68,24 @@ def node_bound(load: FloatArray, members: IntArray, ranks_per_node: int, slots_p
     layers = load.shape[0]
     node_load = load[:, members]  # (layers, candidates, experts per node)
     flat = node_load.reshape(-1, members.shape[1])
-    counts = replica_counts(flat, slots_per_node)
-    heaviest = (flat / counts).max(axis=1).reshape(layers, -1)
+    heaviest = heaviest_replica(flat, slots_per_node).reshape(layers, -1)
     bound: FloatArray = np.maximum(node_load.sum(axis=2) / ranks_per_node, heaviest)
     return bound
+
+
+def heaviest_replica(load: FloatArray, num_slots: int) -> FloatArray:
+    """(rows,) the heaviest load per replica after the greedy replication of :func:`replica_counts`.
+
+    Only the ``extra + 1`` heaviest experts of a row can receive one of ``extra`` spare
+    slots, so the greedy runs on those alone (the others keep one replica each).
+    """
+    extra = num_slots - load.shape[1]
+    if extra + 1 >= load.shape[1]:
+        return np.asarray((load / replica_counts(load, num_slots)).max(axis=1), dtype=np.float64)
+    parted = -np.partition(-load, extra, axis=1)
+    top, rest = parted[:, : extra + 1], parted[:, extra + 1 :]
+    heaviest = (top / replica_counts(top, 2 * extra + 1)).max(axis=1)
+    return np.asarray(np.maximum(heaviest, rest.max(axis=1)), dtype=np.float64)
 
 
 def choose_groups(
@@ -125,6 +139,82 @@ def _choose_enumerated(
         np.put_along_axis(group_node, chosen, node, axis=1)
     cv_floor = _cv(subset_load[:, parts]).min(axis=1)
     return group_node, cv_floor, best_worst[:, 0]
+
+
+def window_split(
+    shares: FloatArray, num_groups: int, num_nodes: int, ranks_per_node: int, slots_per_node: int
+) -> IntArray:
+    """(rows, groups) node of each group for several windows (``shares``: windows x rows x experts).
+
+    Every split is scored in every window by its busiest-rank bound (in units of that window's
+    mean rank load), and the split with the smallest mean over windows wins (ties: the smaller
+    worst window).  With too many splits to enumerate, the split of the mean shares.
+    """
+    windows, rows, num_experts = shares.shape
+    mean = shares.mean(axis=0)
+    if _count_partitions(num_groups, num_nodes) > MAX_ENUMERATED_PARTITIONS:
+        return choose_groups(mean, num_groups, num_nodes, ranks_per_node, slots_per_node)[0]
+    group_size = num_experts // num_groups
+    per_node = num_groups // num_nodes
+    subsets = np.asarray(_subsets(num_groups, per_node), dtype=np.int64)
+    members = (subsets[:, :, None] * group_size + np.arange(group_size)).reshape(len(subsets), -1)
+    parts = np.asarray(_partitions(num_groups, num_nodes), dtype=np.int64)
+    flat = shares.reshape(windows * rows, num_experts)
+    per_rank = np.maximum(flat.sum(axis=1, keepdims=True), 1e-300) / (ranks_per_node * num_nodes)
+    bound = node_bound(flat, members, ranks_per_node, slots_per_node) / per_rank  # (windows * rows, C)
+    worst = bound[:, parts].max(axis=2).reshape(windows, rows, -1)  # (windows, rows, P)
+    score = worst.mean(axis=0) + 1e-6 * worst.max(axis=0)
+    choice = np.argmin(score, axis=1)
+    group_node = np.empty((rows, num_groups), dtype=np.int64)
+    for node in range(num_nodes):
+        np.put_along_axis(group_node, subsets[parts[choice, node]], node, axis=1)
+    return group_node
+
+
+def split_candidates(
+    load: FloatArray, best: IntArray, num_nodes: int, ranks_per_node: int, slots_per_node: int, count: int
+) -> tuple[IntArray, FloatArray]:
+    """Splits worth packing, per layer: ``best`` first, then the next best by bound, then groups in order.
+
+    The bound ignores how replicas fit ``slots_per_node / ranks_per_node`` slots per rank, so
+    the split with the best bound does not always pack best (few experts per rank, no spare
+    slots); the caller packs these candidates where the bound leaves room and keeps the best.
+    Returns ``(splits (layers, candidates, groups), bounds (layers, candidates))``.
+    """
+    layers, num_groups = best.shape
+    group_size = load.shape[1] // num_groups
+    per_node = num_groups // num_nodes
+    extra: list[IntArray] = []
+    if _count_partitions(num_groups, num_nodes) <= MAX_ENUMERATED_PARTITIONS and count > 2:
+        subsets = np.asarray(_subsets(num_groups, per_node), dtype=np.int64)
+        members = (subsets[:, :, None] * group_size + np.arange(group_size)).reshape(len(subsets), -1)
+        bound = node_bound(load, members, ranks_per_node, slots_per_node)
+        parts = np.asarray(_partitions(num_groups, num_nodes), dtype=np.int64)
+        order = np.argsort(bound[:, parts].max(axis=2), axis=1, kind="stable")[:, : count - 1]
+        for rank in range(order.shape[1]):
+            split = np.empty((layers, num_groups), dtype=np.int64)
+            for node in range(num_nodes):
+                np.put_along_axis(split, subsets[parts[order[:, rank], node]], node, axis=1)
+            extra.append(split)
+    extra.append(np.broadcast_to(np.arange(num_groups) // per_node, (layers, num_groups)).astype(np.int64))
+    splits = np.stack([best, *extra], axis=1)
+    bounds = np.stack([split_bound(load, splits[:, c], ranks_per_node, slots_per_node)
+                       for c in range(splits.shape[1])], axis=1)
+    return splits, bounds
+
+
+def split_bound(load: FloatArray, group_node: IntArray, ranks_per_node: int, slots_per_node: int) -> FloatArray:
+    """(layers,) the busiest-rank bound of a given group -> node split (the worst node's :func:`node_bound`)."""
+    layers, num_experts = load.shape
+    num_groups = group_node.shape[1]
+    expert_node = np.repeat(group_node, num_experts // num_groups, axis=1)
+    members = np.argsort(expert_node, axis=1, kind="stable")
+    num_nodes = int(expert_node.max(initial=0)) + 1
+    node_load = np.take_along_axis(load, members, axis=1).reshape(layers * num_nodes, -1)
+    heaviest = heaviest_replica(node_load, slots_per_node)
+    bound = np.maximum(node_load.sum(axis=1) / ranks_per_node, heaviest).reshape(layers, num_nodes)
+    out: FloatArray = bound.max(axis=1)
+    return out
 
 
 def _cv(node_load: FloatArray) -> FloatArray:

@@ -9,6 +9,7 @@ non-empty (layers, experts) matrix of finite, non-negative numbers, or a
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -103,4 +104,24 @@ def _check_matrix(matrix: FloatArray, where: str) -> FloatArray:
     return matrix
 
 
-__all__ = ["read_expert_load"]
+def read_expert_loads(paths: Sequence[str | Path]) -> list[FloatArray]:
+    """Several windows of one model's load: every file read, and all the same shape.
+
+    A file whose layers or experts differ from the first file's is a DataError
+    that names both files.
+    """
+    if not paths:
+        raise DataError("no expert-load file given")
+    matrices = [read_expert_load(path) for path in paths]
+    first, shape = paths[0], matrices[0].shape
+    for path, matrix in zip(paths[1:], matrices[1:], strict=True):
+        if matrix.shape != shape:
+            raise DataError(
+                f"{matrix.shape[0]} layers x {matrix.shape[1]} experts, but {first} has {shape[0]} layers x "
+                f"{shape[1]} experts: every load file must describe the same model",
+                path=str(path),
+            )
+    return matrices
+
+
+__all__ = ["read_expert_load", "read_expert_loads"]

@@ -36,6 +36,7 @@ from contracts.errors import ValidationError
 from contracts.imbalance import denoised_cv, sampling_noise_cv
 from contracts.slo_defaults import SCALE_DOWN_COOLDOWN_S
 from controller.policy import ImbalanceObjective
+from controller.rebalance.out_of_sample import HeldOutGain
 from controller.rebalance.planner import RebalancePlan
 
 TriggerReason = Literal[
@@ -105,8 +106,11 @@ class RebalanceDecision:
     """Start of the current unbroken run of violating observations."""
     cooldown_left_s: float
     predicted_cv_before: float | None
-    """Worst layer's CV of the current placement under the plan's load."""
+    """Worst layer's CV of the current placement under the plan's load (or the held-out window)."""
     predicted_cv_after: float | None
+    prediction: Literal["in_sample", "held_out"] = "in_sample"
+    """Where the predicted CVs come from: the load the plan was made from, or the latest window,
+    which a plan made without it is scored on (denoised); the second is what the next window will see."""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -120,15 +124,22 @@ def decide_rebalance(
     last_rebalance_s: float | None,
     plan: RebalancePlan | None,
     settings: TriggerSettings | None = None,
+    held_out: HeldOutGain | None = None,
 ) -> RebalanceDecision:
-    """Rebalance or hold.  ``history`` is in time order; ``plan`` is the candidate for the current load."""
+    """Rebalance or hold.  ``history`` is in time order; ``plan`` is the candidate for the current load.
+
+    With ``held_out`` (a plan made without the latest window, and the current placement, both
+    scored on that window) the gain is judged out of sample: its CVs replace the plan's own.
+    """
     settings = settings or TriggerSettings()
     seen = [obs for obs in history if obs.now_s <= now_s]
     cooldown_left = 0.0
     if last_rebalance_s is not None:
         cooldown_left = max(0.0, last_rebalance_s + settings.cooldown_s - now_s)
     before = after = None
-    if plan is not None and plan.active.any():
+    if plan is not None and held_out is not None:
+        before, after = held_out.worst_before, held_out.worst_after
+    elif plan is not None and plan.active.any():
         before = float(plan.imbalance_before.cv[plan.active].max())
         after = float(plan.imbalance_after.cv[plan.active].max())
 
@@ -144,6 +155,7 @@ def decide_rebalance(
             cooldown_left_s=cooldown_left,
             predicted_cv_before=before,
             predicted_cv_after=after,
+            prediction="held_out" if plan is not None and held_out is not None else "in_sample",
         )
 
     if not seen:
@@ -199,6 +211,7 @@ def verify_rebalance(
     objective: ImbalanceObjective,
     assignments: npt.ArrayLike | None = None,
     tolerance: float = 0.05,
+    predicted_cv: npt.ArrayLike | None = None,
 ) -> VerifyResult:
     """Check the per-layer CV measured after applying ``plan`` over a window of ``assignments`` per layer.
 
@@ -207,9 +220,10 @@ def verify_rebalance(
     applied); ``still_violating``: within the prediction but, noise taken out, above the objective
     (the best a plan could do under that load); ``insufficient_traffic``: the window is too small
     to tell (the noise alone is half the objective); ``verified`` otherwise.  Without
-    ``assignments`` the noise is taken as 0.
+    ``assignments`` the noise is taken as 0.  ``predicted_cv`` (per layer, noise-free) replaces
+    the plan's own prediction, e.g. its out-of-sample one (:class:`HeldOutGain`'s ``cv_after``).
     """
-    predicted = plan.imbalance_after.cv
+    predicted = plan.imbalance_after.cv if predicted_cv is None else np.asarray(predicted_cv, dtype=np.float64)
     active = plan.active
     predicted_worst = float(predicted[active].max()) if active.any() else 0.0
     if measured_cv is None:

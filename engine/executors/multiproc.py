@@ -23,6 +23,8 @@ need them; each rank builds its new slots aside and switches at the end.
 from __future__ import annotations
 
 import contextlib
+import logging
+import multiprocessing.connection
 import os
 import time
 from datetime import timedelta
@@ -42,6 +44,7 @@ from engine.executors.base import DriverBase, ExecutorOptions, default_threads, 
 from engine.experts import ExpertShard, ExpertWeights, Transfer, load_expert, plan_transfers
 from engine.model import StepMetadata
 
+log = logging.getLogger("moeslo.engine_core")
 _OP_STEP, _OP_PLACEMENT, _OP_SHUTDOWN = 1, 2, 3
 _TIMEOUT = timedelta(seconds=120)
 
@@ -196,10 +199,28 @@ class MultiprocExecutor(DriverBase):
 
     @property
     def broken(self) -> str | None:
+        """Why the group cannot run steps: a step or swap failed, or a rank process exited (checked on every
+        read: ``is_alive`` also reaps the exited process, so no zombie stays)."""
+        if self._broken is None and not self._closed:
+            self._broken = self._dead_rank()
         return self._broken
 
+    def _dead_rank(self, wait_s: float = 0.0) -> str | None:
+        """Which rank exited, waiting up to ``wait_s`` for one to (a collective fails before the exit is seen)."""
+        if wait_s > 0:
+            ready = multiprocessing.connection.wait([p.sentinel for p in self._procs], timeout=wait_s)
+            for proc in self._procs:
+                if proc.sentinel in ready:
+                    proc.join(wait_s)  # its pipe closes a moment before the process can be reaped
+        for rank, proc in enumerate(self._procs, start=1):
+            if not proc.is_alive():
+                reason = f"expert-parallel rank {rank} (pid {proc.pid}) exited with status {proc.exitcode}"
+                log.error("%s; the engine stops serving until its supervisor restarts it", reason)
+                return reason
+        return None
+
     def _guard(self) -> None:
-        if self._broken is not None:
+        if self.broken is not None:
             raise UnavailableError(f"the expert-parallel group is broken ({self._broken}); restart the engine")
 
     def _forward(self, meta: StepMetadata) -> torch.Tensor:
@@ -210,8 +231,10 @@ class MultiprocExecutor(DriverBase):
             return super()._forward(meta)
         except Exception as exc:
             # The ranks may be waiting inside this step's collectives: the group cannot be trusted again.
-            self._broken = f"a step failed: {exc!r}"
-            raise UnavailableError(f"expert-parallel step failed: {exc!r}") from exc
+            # The details (gloo's paths and addresses) go to the log, never to a client.
+            log.error("expert-parallel step failed: %r", exc)
+            self._broken = self._dead_rank(wait_s=0.5) or "an expert-parallel step failed"
+            raise UnavailableError(self._broken) from exc
 
     def _dispatch(
         self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor, counts: torch.Tensor
@@ -235,16 +258,18 @@ class MultiprocExecutor(DriverBase):
         except PlacementError:
             raise
         except Exception as exc:
-            self._broken = f"a placement swap failed: {exc!r}"
-            raise UnavailableError(f"expert-parallel placement swap failed: {exc!r}") from exc
+            log.error("expert-parallel placement swap failed: %r", exc)
+            self._broken = self._dead_rank(wait_s=0.5) or "an expert-parallel placement swap failed"
+            raise UnavailableError(self._broken) from exc
         return moved
 
     def shutdown(self) -> None:
         if self._closed:
             return
+        healthy = self.broken is None  # a dead rank would never answer the shutdown broadcast
         self._closed = True
         try:
-            if self._broken is None:
+            if healthy:
                 self._header[0], self._header[1] = _OP_SHUTDOWN, 0
                 dist.broadcast(self._header, src=0)
         finally:

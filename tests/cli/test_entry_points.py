@@ -53,3 +53,23 @@ def test_the_moeslo_entry_point() -> None:
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert "backtest" in result.stdout
+
+
+def test_serve_passes_slots_per_rank_to_the_stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import exporters.app
+
+    seen: list[exporters.app.ServeOptions] = []
+
+    class Stop(Exception):
+        pass
+
+    def build_stack(options: exporters.app.ServeOptions) -> None:
+        seen.append(options)
+        raise Stop
+
+    monkeypatch.setattr(exporters.app, "build_stack", build_stack)
+    result = CliRunner().invoke(app, ["serve", "--checkpoint", str(tmp_path), "--ep", "2", "--slots-per-rank", "6"])
+    assert isinstance(result.exception, Stop), result.output
+    assert seen[0].ep == 2 and seen[0].slots_per_rank == 6
+    result = CliRunner().invoke(app, ["serve", "--checkpoint", str(tmp_path)])
+    assert seen[1].slots_per_rank is None

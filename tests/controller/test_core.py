@@ -53,6 +53,14 @@ def idle(at_s: float, replicas: int = 4, **fields: object) -> PolicyObservation:
     return observe(at_s, replicas, running_requests=1.0, kv_cache_usage=0.05, **fields)
 
 
+def watched(replicas: int, *names: str, config: CoreConfig | None = None) -> DecisionCore:
+    """A core that has already watched these policies' fleets at ``replicas`` for longer than any window."""
+    core = DecisionCore(config=config)
+    for name in names or ("chat",):
+        core.state[name] = PolicyState(last_observed_replicas=replicas)
+    return core
+
+
 def tick(core: DecisionCore, now_s: float, obs: PolicyObservation | None, policy: Policy | None = None) -> Decision:
     policy = policy or make_policy()
     observations = {} if obs is None else {policy.name: obs}
@@ -100,7 +108,7 @@ def test_steady_load_holds() -> None:
 
 
 def test_idle_fleet_scales_down_on_kv_usage() -> None:
-    core = DecisionCore()
+    core = watched(4)
     decision = tick(core, 1000.0, idle(999.0))
     assert decision.action == "scale_down"
     assert decision.reasons == ("scale_down", "low_utilization")
@@ -127,7 +135,7 @@ def test_no_usable_signal_holds_with_insufficient_data() -> None:
 
 
 def test_stale_observation_holds_even_when_it_says_scale_down() -> None:
-    core = DecisionCore(config=CoreConfig(tick_interval_s=10.0))
+    core = watched(4, config=CoreConfig(tick_interval_s=10.0))
     fresh = tick(core, 1000.0, idle(975.0))  # 25 s old, limit is 3 x 10 s
     assert fresh.action == "scale_down"
     core = DecisionCore(config=CoreConfig(tick_interval_s=10.0))
@@ -188,7 +196,7 @@ def test_no_scale_down_inside_cooldown_after_scale_up() -> None:
 
 
 def test_cooldown_also_follows_a_scale_down() -> None:
-    core = DecisionCore()
+    core = watched(10)
     first = tick(core, 1000.0, idle(999.0, 10), make_policy(max_step=2))
     assert (first.action, first.desired_replicas) == ("scale_down", 8)
     second = tick(core, 1015.0, idle(1014.0, 8), make_policy(max_step=2))
@@ -215,7 +223,7 @@ def test_max_step_limits_each_tick() -> None:
     decision = tick(DecisionCore(), 1000.0, overloaded(999.0, 4), policy)
     assert (decision.action, decision.desired_replicas) == ("scale_up", 6)
     assert "max_step" in decision.reasons
-    down = tick(DecisionCore(), 1000.0, idle(999.0, 20), policy)
+    down = tick(watched(20), 1000.0, idle(999.0, 20), policy)
     assert (down.action, down.desired_replicas) == ("scale_down", 18)
     assert "max_step" in down.reasons
 
@@ -240,7 +248,7 @@ def test_fleet_above_max_returns_to_bound_even_in_cooldown() -> None:
 
 def test_never_below_min() -> None:
     policy = make_policy(min_replicas=3)
-    decision = tick(DecisionCore(), 1000.0, idle(999.0, 4), policy)
+    decision = tick(watched(4), 1000.0, idle(999.0, 4), policy)
     assert (decision.action, decision.desired_replicas) == ("scale_down", 3)
     assert "at_min" in decision.reasons
     below = tick(DecisionCore(), 1000.0, observe(999.0, 1), policy)
@@ -330,7 +338,7 @@ def test_core_rejects_bad_setup() -> None:
 
 
 def test_tick_covers_all_policies_counts_reasons_and_forgets_deleted_ones() -> None:
-    core = DecisionCore()
+    core = watched(4, "a", "b")
     policies = {name: make_policy(name) for name in ("a", "b", "c")}
     observations = {"a": replace(overloaded(999.0), policy="a"), "b": replace(idle(999.0), policy="b")}
     effects = core.tick(TickInput(now_s=1000.0, policies=policies, observations=observations))
@@ -390,7 +398,7 @@ def test_scale_down_is_stabilized_over_the_cooldown_window() -> None:
 
 
 def test_stabilization_partially_limits_a_scale_down() -> None:
-    core = DecisionCore()
+    core = watched(6)
     # Needs ceil(6 x 0.3 / 0.7) = 3; the source's error holds the scale-down, the need is remembered.
     assert tick(core, 1000.0, observe(999.0, 6, kv_cache_usage=0.3, errors=("x",))).action == "hold"
     decision = tick(core, 1015.0, idle(1014.0, 6))  # needs 1 now, but 3 within the window
@@ -445,3 +453,15 @@ def test_a_failing_advisor_does_not_stop_the_others() -> None:
     strict = DecisionCore(advisors=[BrokenAdvisor()], config=CoreConfig(isolate_advisor_errors=False))
     with pytest.raises(ZeroDivisionError, match="model blew up"):
         tick(strict, 1000.0, overloaded(999.0))
+
+
+def test_first_sight_counts_the_running_replicas_as_needed_for_one_window() -> None:
+    """As Kubernetes seeds its HPA's history: a quiet first tick cannot shrink the fleet at once."""
+    core, policy = DecisionCore(), make_policy(max_step=10)
+    first = tick(core, 1000.0, idle(999.0, 10), policy)
+    assert (first.action, first.desired_replicas) == ("hold", 10)
+    assert "stabilization" in first.reasons
+    within = tick(core, 1150.0, idle(1149.0, 10), policy)  # the default window is 180 s
+    assert within.action == "hold"
+    after = tick(core, 1200.0, idle(1199.0, 10), policy)
+    assert (after.action, after.desired_replicas) == ("scale_down", 1)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from controller.advisors import ReactiveAdvisor
-from controller.core import CoreConfig, DecisionCore
+from controller.core import CoreConfig, DecisionCore, PolicyState
 from controller.types import PolicyObservation
 from tests.controller.test_core import idle, make_policy, observe, tick
 
@@ -66,6 +66,7 @@ def test_idle_fleet_with_min_zero_never_scales_to_zero() -> None:
     advice = ReactiveAdvisor().advise(policy, observe(999.0, 1, running_requests=0.0, kv_cache_usage=0.0), 1000.0)
     assert advice.replicas_needed == 1
     core = DecisionCore()
+    core.state[policy.name] = PolicyState(last_observed_replicas=4)  # watched for longer than the window
     shrink = tick(core, 1000.0, observe(999.0, 4, running_requests=0.0, kv_cache_usage=0.0), policy)
     assert (shrink.action, shrink.desired_replicas) == ("scale_down", 1)
     assert "low_utilization" in shrink.reasons

@@ -170,3 +170,30 @@ def test_rope_settings_are_read_from_rope_parameters_and_unknown_types_refused(t
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ValidationError, match="'yarn' is not supported"):
         ModelConfig.load(tmp_path)
+
+
+def _first_router_favourites(checkpoint: Path, halves: int = 2) -> list[int]:
+    """The expert the first router favours most, on average, for the tokens of each vocabulary half."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    embed, router = weights["model.embed_tokens.weight"], weights["model.layers.0.mlp.gate.weight"]
+    x = embed / embed.pow(2).mean(dim=1, keepdim=True).sqrt()  # RMSNorm with unit weights
+    probs = torch.softmax(x @ router.T, dim=-1)
+    return [int(part.mean(dim=0).argmax()) for part in probs.chunk(halves)]
+
+
+def test_prompt_kinds_make_vocabulary_halves_favour_different_experts(tmp_path: Path) -> None:
+    config = ModelConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, num_experts=16, num_experts_per_tok=2, moe_intermediate_size=8,
+                         vocab_size=512)
+    one = init_random_checkpoint(tmp_path / "one", config, seed=5, router_skew=1.0)
+    two = init_random_checkpoint(tmp_path / "two", config, seed=5, router_skew=1.0, prompt_kinds=2)
+    first, second = _first_router_favourites(one)
+    assert first == second  # one kind: every token favours the same hot expert
+    first, second = _first_router_favourites(two)
+    assert first != second
+    explicit = init_random_checkpoint(tmp_path / "explicit", config, seed=5, router_skew=1.0, prompt_kinds=1)
+    assert (explicit / "model.safetensors").read_bytes() == (one / "model.safetensors").read_bytes()
+    with pytest.raises(ValidationError, match="prompt_kinds"):
+        init_random_checkpoint(tmp_path / "bad", config, prompt_kinds=0)

@@ -67,8 +67,10 @@ def test_a_killed_engine_core_gives_503_and_a_log_line_not_a_hang(
             health = client.get("/health")
             assert health.status_code == 503
             assert "engine core process exited" in health.json()["status"]
+            assert int(health.headers["Retry-After"]) >= 1
             refused = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
             assert refused.status_code == 503
+            assert int(refused.headers["Retry-After"]) >= 1 and refused.json()["error"]["code"] == 503
         assert any("engine core died" in r.getMessage() for r in caplog.records)
     finally:
         server.stop()

@@ -318,3 +318,18 @@ def test_expert_parallel_server_reports_ranks_and_moves_experts(tiny_checkpoint:
     finally:
         server.stop()
     assert engine.kv_state()[0] == 0
+
+
+def test_spare_slots_per_rank_start_with_replicas(tiny_checkpoint: Path) -> None:
+    server, engine = serve(tiny_checkpoint, slots_per_rank=10)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            placement = client.get("/v1/placement").json()
+            assert placement["slots_per_rank"] == 10
+            # 8 experts in 10 slots: the contiguous placement replicates experts 0 and 1.
+            assert placement["phy2log"] == [[0, 1, 2, 3, 4, 5, 6, 7, 0, 1]] * 2
+            resp = client.post("/v1/completions", json={"prompt": "replicas", "max_tokens": 3})
+            assert resp.status_code == 200, resp.text
+    finally:
+        server.stop()
+    assert engine.kv_state()[0] == 0

@@ -125,3 +125,55 @@ def test_the_host_budget_pins_replicas_and_refuses_one_too_many() -> None:
 
     asyncio.run(scenario())
     assert LocalActuator(LocalActuatorConfig()).replica_budget(first) is None  # no cpus_per_replica: no budget
+
+
+_REPLICA = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(int(sys.argv[2]) if self.path == "/health" else 200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def test_a_broken_replica_is_stopped_so_the_next_decision_replaces_it(tmp_path: Path) -> None:
+    """The supervisor's part: /health 503 (a dead EP rank, a failed step) means stop it; 200 means keep it."""
+    (tmp_path / "ckpt").mkdir()
+    import sys
+
+    def actuator_for(health: int) -> LocalActuator:
+        command = (sys.executable, "-c", _REPLICA, "{port}", str(health))
+        return LocalActuator(LocalActuatorConfig(command=command, first_port=free_port(), checkpoint="ckpt"),
+                             cwd=tmp_path)
+
+    healthy, broken = actuator_for(200), actuator_for(503)
+    policy = _policy()
+
+    async def scenario() -> None:
+        for actuator in (healthy, broken):
+            await actuator.scale(policy, 1)
+        assert await _wait_ready(healthy, policy, 1, timeout_s=20) == 1
+        pid = broken.replicas_by_policy[policy.name][0].process.pid
+        deadline = time.monotonic() + 20
+        while broken.replicas_by_policy[policy.name] and time.monotonic() < deadline:
+            count = await broken.replicas(policy)
+            await asyncio.sleep(0.1)
+        assert count.desired == 0 and count.ready == 0
+        assert not _alive(pid)
+        assert (await healthy.replicas(policy)).desired == 1
+
+    async def run() -> None:
+        try:
+            await scenario()
+        finally:
+            await healthy.aclose()
+            await broken.aclose()
+
+    asyncio.run(run())

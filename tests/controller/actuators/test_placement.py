@@ -84,3 +84,61 @@ def test_a_failed_apply_is_reported_and_not_verified() -> None:
 def test_off_mode_and_short_violations_do_nothing() -> None:
     assert _run(InMemoryEngine(), Mode.OFF, [0, 5, 11, 20]) == []
     assert _run(InMemoryEngine(), Mode.ENFORCE, [0, 5]) == []  # not sustained for 10 s yet
+
+
+# Two hot sets that alternate every 10 s; a placement from one window alone leaves the other unbalanced.
+HOT_A = np.full((1, 16), 500, dtype=np.int64)
+HOT_A[0, :4] = 10_000
+HOT_B = np.full((1, 16), 500, dtype=np.int64)
+HOT_B[0, [4, 5, 8, 9]] = 10_000
+
+
+class DriftingEngine(InMemoryEngine):
+    """Its routing window holds hot set A for 10 s, then B for 10 s, and so on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.placement = Placement.contiguous(1, 16, 4)
+        self.now_s = 0.0
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
+        load = HOT_A if int(self.now_s // 10) % 2 == 0 else HOT_B
+        ranks = rank_load(self.placement.phy2log, load.astype(float), self.placement.num_ranks)
+        return ExpertLoadSnapshot(expert_tokens=load, imbalance_cv=tuple(float(x) for x in imbalance_cv(ranks)),
+                                  steps_in_window=64, placement=self.placement)
+
+
+def _drift(history_windows: int) -> tuple[list[Any], list[float]]:
+    engine = DriftingEngine()
+    rebalancer = Rebalancer(engine, TriggerSettings(cooldown_s=25), verify_after_s=5,
+                            history_windows=history_windows, window_every_s=10)
+
+    async def ticks() -> tuple[list[Any], list[float]]:
+        events, cvs = [], []
+        for now in range(0, 100, 5):
+            engine.now_s = float(now)
+            cvs.append(max((await engine.expert_load("x")).imbalance_cv))
+            events += await rebalancer.tick(_policy(Mode.ENFORCE), ["http://engine"], float(now))
+        return events, cvs
+
+    return asyncio.run(ticks())
+
+
+def test_a_plan_from_the_history_holds_when_the_hot_set_drifts() -> None:
+    events, cvs = _drift(history_windows=4)
+    applied = [e for e in events if e.kind == "rebalance"]
+    assert len(applied) == 1 and applied[0].plan["windows"] == 3
+    decision = applied[0].decision
+    # Judged out of sample: a plan without the latest window (A), scored on it.
+    assert decision.prediction == "held_out" and decision.predicted_cv_after < 0.05
+    after = cvs[cvs.index(0.0):]
+    assert len(after) >= 10 and max(after) < 0.05  # both hot sets stay balanced
+    # Two windows were not enough: a plan from A alone does not balance B, so the trigger held then.
+    assert applied[0].plan["held_out"]["worst_cv_before"] > 0.15
+
+
+def test_a_plan_from_the_last_window_alone_does_not_hold() -> None:
+    events, cvs = _drift(history_windows=1)
+    assert events[0].kind == "rebalance" and events[0].decision.prediction == "in_sample"
+    first = cvs.index(0.0)
+    assert max(cvs[first:]) > 0.5  # the next phase's hot set lands on one rank again

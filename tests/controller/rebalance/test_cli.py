@@ -13,7 +13,7 @@ from cli.main import app
 from contracts.errors import DataError
 from contracts.imbalance import rank_load
 from contracts.placement import Placement
-from controller.rebalance.load_files import read_expert_load
+from controller.rebalance.load_files import read_expert_load, read_expert_loads
 
 
 def skewed_load(layers: int = 3, experts: int = 16, seed: int = 0) -> np.ndarray:
@@ -148,3 +148,40 @@ def test_bench_skips_cleanly_without_data(tmp_path: Path) -> None:
     code, stdout, output = run("bench", "rebalance", "--data", str(tmp_path / "none"), "--json")
     assert code == 0, output
     assert "no expert-load files" in json.loads(stdout)["skipped"]
+
+
+def test_several_load_files_are_planned_as_windows(tmp_path: Path) -> None:
+    first, second = np.ones((3, 16)), np.ones((3, 16))
+    first[:, :4], second[:, 8:12] = 10.0, 10.0
+    paths = [tmp_path / "first.npy", tmp_path / "second.json"]
+    np.save(paths[0], first)
+    paths[1].write_text(json.dumps({"logical_count": second.tolist()}))
+    out = tmp_path / "p.json"
+    code, stdout, output = run("rebalance", "--load", str(paths[0]), "--load", str(paths[1]), "--ranks", "8",
+                               "--slots-per-rank", "3", "--out", str(out), "--json")
+    assert code == 0, output
+    summary = json.loads(stdout)
+    assert summary["windows"] == 2 and len(summary["imbalance_after_per_window"]) == 2
+    assert all(w["cv_worst"] < 0.02 for w in summary["imbalance_after_per_window"])
+    doc = json.loads(out.read_text())
+    assert doc["load_files"] == [str(p) for p in paths]
+    placement = Placement.from_json(doc)
+    for load in (first, second):
+        measured = rank_load(placement.phy2log, load, 8)
+        assert (measured.std(axis=1) / measured.mean(axis=1)).max() < 0.02
+
+
+def test_load_files_of_different_models_are_refused(tmp_path: Path) -> None:
+    small, large = tmp_path / "small.npy", tmp_path / "large.npy"
+    np.save(small, np.ones((2, 16)))
+    np.save(large, np.ones((3, 16)))
+    with pytest.raises(DataError) as err:
+        read_expert_loads([small, large])
+    text = str(err.value)
+    assert str(small) in text and str(large) in text
+    assert "3 layers x 16 experts" in text and "2 layers x 16 experts" in text
+    out = tmp_path / "o.json"
+    code, stdout, output = run("rebalance", "--load", str(small), "--load", str(large), "--ranks", "4",
+                               "--slots-per-rank", "4", "--out", str(out), "--json")
+    assert code == 2 and stdout == "" and not out.exists()
+    assert "small.npy" in output and "large.npy" in output

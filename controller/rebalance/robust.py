@@ -1,0 +1,245 @@
+"""Packing for several windows of load at once: one placement that balances every window.
+
+A placement is applied to the load to come, not the load it was planned from.
+Given ``T`` recent windows (each row's load normalised to shares, so every
+window weighs the same), every replica carries a *vector* of ``T`` loads, and
+a rank's load is the sum of its replicas' vectors.  Three steps, vectorised
+across rows like :mod:`~controller.rebalance.packing`:
+
+1. :func:`window_counts` -- the greedy replica counts of the *largest* share each
+   expert has in any window: an expert that is hot in one window and cold in
+   another gets replicas before one that is merely as hot on average;
+2. :func:`vector_lpt` -- replicas, heaviest on average first, each to the rank
+   (with a free slot, without that expert) whose load vector it is least aligned
+   with (the smallest dot product: the least growth of the sum of squares);
+3. :func:`refine_windows` -- swaps between the ranks furthest from the mean and
+   any other rank, while the summed squared deviation of every rank in every
+   window (the windows' CVs squared) drops.  Each round every row applies its
+   best swap for each of its ``top`` worst ranks that touches no rank already
+   changed that round (the objective is a sum over ranks, so such swaps add up).
+
+Scores are in units of the mean rank load of each window (1.0 = balanced).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.rebalance.packing import FloatArray, IntArray, replica_counts
+
+REFINE_TOP = 8
+"""Ranks per row whose best swap each refine round looks for (the furthest from the mean)."""
+
+
+def window_shares(windows: FloatArray) -> FloatArray:
+    """(windows, rows, experts) loads scaled so each window's row sums to 1 (rows without load stay 0)."""
+    totals = windows.sum(axis=2, keepdims=True)
+    out: FloatArray = np.divide(windows, totals, out=np.zeros_like(windows), where=totals > 0)
+    return out
+
+
+def window_counts(shares: FloatArray, num_slots: int) -> IntArray:
+    """(rows, experts) replica counts: greedy on each expert's largest share in any window."""
+    return replica_counts(shares.max(axis=0), num_slots)
+
+
+@dataclass
+class VectorPacking:
+    """Packing state of a batch of rows under ``T`` windows; like :class:`~controller.rebalance.packing.Packing`."""
+
+    experts: IntArray
+    """(rows, slots) logical expert (row-local id) of each replica."""
+    weights: FloatArray
+    """(rows, slots, windows) load each replica carries in each window, in mean-rank units."""
+    item_bin: IntArray
+    """(rows, slots) rank each replica sits on."""
+    bin_items: IntArray
+    """(rows, ranks, slots_per_rank) replica indices on each rank."""
+    rank_load: FloatArray
+    """(rows, ranks, windows) summed replica load per rank and window."""
+    has_expert: npt.NDArray[np.int16]
+    """(rows, ranks, experts) replicas of each expert on each rank."""
+
+    def phy2log(self) -> IntArray:
+        rows, ranks, k = self.bin_items.shape
+        return np.take_along_axis(self.experts, self.bin_items.reshape(rows, ranks * k), axis=1)
+
+
+def replica_vectors(shares: FloatArray, counts: IntArray, num_ranks: int) -> tuple[IntArray, FloatArray]:
+    """Per row: each replica's expert and its (windows,) load in mean-rank units, heaviest on average first."""
+    _, rows, num_experts = shares.shape
+    num_slots = int(counts[0].sum()) if rows else 0
+    experts = np.empty((rows, num_slots), dtype=np.int64)
+    for row in range(rows):
+        experts[row] = np.repeat(np.arange(num_experts, dtype=np.int64), counts[row])
+    per_replica = np.moveaxis(shares, 0, 2) / counts[:, :, None] * num_ranks  # (rows, experts, windows)
+    weights = np.take_along_axis(per_replica, experts[:, :, None], axis=1)
+    order = np.argsort(-weights.mean(axis=2), axis=1, kind="stable")
+    return np.take_along_axis(experts, order, axis=1), np.take_along_axis(weights, order[:, :, None], axis=1)
+
+
+def vector_lpt(experts: IntArray, weights: FloatArray, num_ranks: int, num_experts: int) -> VectorPacking:
+    """Each replica, in the given order, to the free rank its load vector is least aligned with."""
+    rows, num_slots, _ = weights.shape
+    k = num_slots // num_ranks
+    row_ids = np.arange(rows)
+    rank_load = np.zeros((rows, num_ranks, weights.shape[2]))
+    fill = np.zeros((rows, num_ranks), dtype=np.int64)
+    has = np.zeros((rows, num_ranks, num_experts), dtype=np.int16)
+    item_bin = np.empty((rows, num_slots), dtype=np.int64)
+    bin_items = np.empty((rows, num_ranks, k), dtype=np.int64)
+    # Above any dot product: a rank with a copy of the expert only when every free rank has one.
+    copy_penalty = (2.0 * weights.sum(axis=(1, 2)) * weights.max(axis=(1, 2), initial=0.0) + 1.0)[:, None]
+    for item in range(num_slots):
+        w = weights[:, item]
+        expert = experts[:, item]
+        score = np.einsum("nrt,nt->nr", rank_load, w) + np.where(fill >= k, np.inf, 0.0)
+        score += has[row_ids, :, expert] * copy_penalty
+        rank = np.argmin(score, axis=1)
+        item_bin[:, item] = rank
+        bin_items[row_ids, rank, fill[row_ids, rank]] = item
+        fill[row_ids, rank] += 1
+        rank_load[row_ids, rank] += w
+        has[row_ids, rank, expert] += 1
+    return VectorPacking(experts.copy(), weights.copy(), item_bin, bin_items, rank_load, has)
+
+
+# long: one vectorised local-search loop over every row at once; its state is shared across the rounds.
+def refine_windows(
+    packing: VectorPacking, *, target: FloatArray | None = None, max_rounds: int | None = None, top: int = REFINE_TOP
+) -> int:
+    """Swap replicas while the summed squared deviation of rank load over all windows drops.
+
+    For a swap of replica ``a`` (rank ``p``) with ``x`` (rank ``q``) and ``d = w_a - w_x``
+    the objective changes by ``2 [(L_q - L_p) . d + |d|^2]``; each round scores every
+    ``x`` against the replicas of the ``top`` ranks furthest from the mean.  A replica
+    only moves to a rank holding fewer copies of its expert than the rank it leaves.
+    A row stops when none of those swaps helps, or when its busiest (rank, window) is at
+    or below ``target[row]``.  Returns the number of swaps made.
+    """
+    rows, ranks, k = packing.bin_items.shape
+    num_slots = ranks * k
+    windows = packing.rank_load.shape[2]
+    m = min(top, max(ranks // 2, 1))
+    max_rounds = 4 * num_slots if max_rounds is None else max_rounds
+    eps = 1e-12 * ranks * windows
+    active = np.arange(rows)
+    swaps = 0
+    for _ in range(max_rounds):
+        if target is not None and active.size:
+            active = active[packing.rank_load[active].max(axis=(1, 2)) > target[active]]
+        if active.size == 0:
+            break
+        n = active.size
+        load = packing.rank_load[active]  # (n, R, T)
+        dev = ((load - load.mean(axis=1, keepdims=True)) ** 2).sum(axis=2)
+        ps = np.argsort(-dev, axis=1, kind="stable")[:, :m]  # (n, m)
+        delta, a_item, x_item = _best_swaps(packing, active, ps)
+        improving = delta < -eps  # (n, m)
+        if not improving.any():
+            break
+        touched = np.zeros((n, ranks), dtype=bool)
+        order = np.argsort(delta, axis=1, kind="stable")
+        local = np.arange(n)
+        for j in range(m):
+            pick = order[:, j]
+            p = ps[local, pick]
+            a, x = a_item[local, pick], x_item[local, pick]
+            q = packing.item_bin[active, x]
+            go = improving[local, pick] & ~touched[local, p] & ~touched[local, q]
+            if not go.any():
+                continue
+            touched[local[go], p[go]] = True
+            touched[local[go], q[go]] = True
+            _apply(packing, active[go], p[go], a[go], x[go])
+            swaps += int(go.sum())
+        active = active[improving.any(axis=1)]
+    return swaps
+
+
+def _best_swaps(packing: VectorPacking, active: IntArray, ps: IntArray) -> tuple[FloatArray, IntArray, IntArray]:
+    """For each row and each rank in ``ps``: the best swap's objective change / 2 and its two replicas.
+
+    ``delta/2 = w_a.(L_q - 2 w_x) + L_p.w_x + (|w_x|^2 - L_q.w_x) + (|w_a|^2 - L_p.w_a)`` is one
+    product of a (replica a, rank p) vector with a replica-x vector, scored in float32 for speed;
+    the chosen swap's change is then recomputed exactly.  A replica of ``p`` paired with
+    another replica of ``p`` scores ``|d|^2 >= 0``, so it is never taken as an improvement.
+    """
+    n, m = ps.shape
+    k = packing.bin_items.shape[2]
+    num_slots = packing.experts.shape[1]
+    w = packing.weights[active]  # (n, S, T)
+    q = packing.item_bin[active]  # (n, S)
+    load = packing.rank_load[active]
+    lq = np.take_along_axis(load, q[:, :, None], axis=1)  # (n, S, T): load of each replica's rank
+    on_p = np.take_along_axis(packing.bin_items[active], ps[:, :, None], axis=1).reshape(n, m * k)
+    w_a = np.take_along_axis(w, on_p[:, :, None], axis=1)  # (n, mk, T)
+    lp = np.repeat(np.take_along_axis(load, ps[:, :, None], axis=1), k, axis=1)  # (n, mk, T)
+    windows = w.shape[2]
+    left = np.empty((n, m * k, 2 * windows + 2), dtype=np.float32)
+    left[:, :, :windows], left[:, :, windows : 2 * windows] = w_a, lp
+    left[:, :, 2 * windows], left[:, :, 2 * windows + 1] = 1.0, ((w_a - lp) * w_a).sum(axis=2)
+    # Built transposed, so matmul's right operand is contiguous (BLAS); a transposed view is much slower.
+    right = np.empty((n, 2 * windows + 2, num_slots), dtype=np.float32)
+    right[:, :windows] = np.swapaxes(lq - 2.0 * w, 1, 2)
+    right[:, windows : 2 * windows] = np.swapaxes(w, 1, 2)
+    right[:, 2 * windows], right[:, 2 * windows + 1] = ((w - lq) * w).sum(axis=2), 1.0
+    flat = np.matmul(left, right).reshape(n * m, k * num_slots)
+    local = np.repeat(np.arange(n), m)
+    rows, p_flat = active[local], ps.ravel()
+    e = packing.experts[active]
+    on_p = on_p.reshape(n * m, k)
+    has = packing.has_expert
+    best = np.argmin(flat, axis=1)
+    # Copies may not pile up; checked on the best candidate only, re-picking while it is invalid (rare).
+    check = np.arange(n * m)
+    for _ in range(k * num_slots):
+        slot_a, x = best[check] // num_slots, best[check] % num_slots
+        e_a, e_x = e[local[check], on_p[check, slot_a]], e[local[check], x]
+        q_x = q[local[check], x]
+        r, pf = rows[check], p_flat[check]
+        bad = (has[r, pf, e_x] >= has[r, q_x, e_x]) | (has[r, q_x, e_a] >= has[r, pf, e_a])
+        bad &= flat[check, best[check]] < 0
+        check = check[bad]
+        if check.size == 0:
+            break
+        flat[check, best[check]] = np.inf
+        best[check] = np.argmin(flat[check], axis=1)
+    a = on_p[np.arange(n * m), best // num_slots]
+    x = best % num_slots
+    d = w[local, a] - w[local, x]
+    exact = ((lq[local, x] - lp[local, (np.arange(n * m) % m) * k]) * d).sum(axis=1) + (d * d).sum(axis=1)
+    valid = np.isfinite(flat[np.arange(n * m), best])
+    value = np.where(valid, exact, np.inf)
+    return value.reshape(n, m), a.reshape(n, m), x.reshape(n, m)
+
+
+def _apply(packing: VectorPacking, rows: IntArray, p: IntArray, a: IntArray, x: IntArray) -> None:
+    q = packing.item_bin[rows, x]
+    slot_a = np.argmax(packing.bin_items[rows, p] == a[:, None], axis=1)
+    slot_x = np.argmax(packing.bin_items[rows, q] == x[:, None], axis=1)
+    w_a, w_x = packing.weights[rows, a], packing.weights[rows, x]
+    e_a, e_x = packing.experts[rows, a], packing.experts[rows, x]
+    packing.bin_items[rows, p, slot_a] = x
+    packing.bin_items[rows, q, slot_x] = a
+    packing.item_bin[rows, a] = q
+    packing.item_bin[rows, x] = p
+    packing.rank_load[rows, p] += w_x - w_a
+    packing.rank_load[rows, q] += w_a - w_x
+    packing.has_expert[rows, p, e_a] -= 1
+    packing.has_expert[rows, p, e_x] += 1
+    packing.has_expert[rows, q, e_x] -= 1
+    packing.has_expert[rows, q, e_a] += 1
+
+
+def solve_rows_windows(shares: FloatArray, num_ranks: int, num_slots: int) -> tuple[IntArray, IntArray]:
+    """From-scratch plan of every row against every window: (phy2log, replica counts)."""
+    num_experts = shares.shape[2]
+    counts = window_counts(shares, num_slots)
+    experts, weights = replica_vectors(shares, counts, num_ranks)
+    packing = vector_lpt(experts, weights, num_ranks, num_experts)
+    refine_windows(packing)
+    return packing.phy2log(), counts

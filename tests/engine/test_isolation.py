@@ -1,0 +1,129 @@
+"""One bad request never hurts another: sampling limits, per-row sampling failures, deadlines, stop strings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contracts.errors import ValidationError
+from engine.llm_engine import EngineConfig, LLMEngine
+from engine.protocol import CompletionRequest, StopMatcher
+from engine.sampling import RequestSampler, SamplingParams, sample, sample_each
+from tests.engine.fake_executor import FakeExecutor, reference_tokens
+from tests.engine.test_scheduler import PROMPTS, Collect
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [({"seed": 2**64}, "seed"), ({"seed": -(2**63) - 1}, "seed"), ({"temperature": 1e-300}, "temperature"),
+     ({"temperature": 0.009}, "temperature")],
+)
+def test_sampling_params_refuse_what_the_sampler_cannot_compute(fields: dict[str, float], needle: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        SamplingParams(**fields)  # type: ignore[arg-type]
+    assert needle in str(info.value)
+
+
+def test_the_extremes_the_sampler_takes_sample_a_token() -> None:
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(3))
+    for params in (SamplingParams(seed=2**64 - 1), SamplingParams(seed=-(2**63)),
+                   SamplingParams(temperature=0.01, seed=1), SamplingParams(top_p=1e-300, seed=1)):
+        assert 0 <= sample(logits, [RequestSampler(params)])[0] < 50
+    # A top_p below float32's resolution keeps the most likely token: greedy, not NaN.
+    assert sample(logits, [RequestSampler(SamplingParams(top_p=1e-300, seed=1))]) == [int(logits.argmax())]
+
+
+def _poisoned(params: SamplingParams) -> SamplingParams:
+    """Params that passed validation and still make the sampler throw (a seed torch cannot take)."""
+    object.__setattr__(params, "seed", 2**70)
+    return params
+
+
+def test_a_failing_row_fails_only_its_own_request() -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(4))
+    samplers = [RequestSampler(SamplingParams(temperature=0.0)), RequestSampler(_poisoned(SamplingParams())),
+                RequestSampler(SamplingParams(seed=5))]
+    tokens, failures = sample_each(logits, samplers)
+    assert list(failures) == [1]
+    assert tokens[0] == int(logits[0].argmax()) and 0 <= tokens[2] < 50
+
+
+def test_a_request_whose_sampler_fails_ends_alone_and_the_batch_goes_on() -> None:
+    engine = LLMEngine(FakeExecutor(step_delay_s=0.002))
+    engine.start()
+    collect = Collect()
+    try:
+        victims = [engine.add_request(p, SamplingParams(max_tokens=8, temperature=0.0), collect) for p in PROMPTS[:3]]
+        bad = engine.add_request(PROMPTS[3], _poisoned(SamplingParams(max_tokens=8)), collect)
+        collect.wait([*victims, bad])
+        assert collect.outputs[bad][-1].finish_reason == "error"
+        assert collect.outputs[bad][-1].error == "sampling failed"
+        for rid, prompt in zip(victims, PROMPTS[:3], strict=True):
+            assert collect.outputs[rid][-1].finish_reason == "length"
+            assert [o.token_id for o in collect.outputs[rid]] == reference_tokens(prompt, 8)
+        assert engine.kv_state()[0] == 0
+    finally:
+        engine.shutdown()
+
+
+def test_a_request_past_its_deadline_ends_with_finish_reason_deadline() -> None:
+    engine = LLMEngine(FakeExecutor(step_delay_s=0.01), EngineConfig(request_deadline_s=0.2))
+    engine.start()
+    collect = Collect()
+    try:
+        slow = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=200, temperature=0.0), collect)
+        collect.wait([slow], timeout_s=5)
+        last = collect.outputs[slow][-1]
+        assert last.finish_reason == "deadline"
+        assert 0 < last.generation_tokens < 200
+        assert engine.kv_state()[0] == 0
+    finally:
+        engine.shutdown()
+    with pytest.raises(ValidationError, match="request_deadline_s"):
+        EngineConfig(request_deadline_s=0)
+
+
+def test_stop_strings_are_found_across_token_boundaries_and_left_out() -> None:
+    matcher = StopMatcher(["STOP", "xy"])
+    shown = [matcher.feed(piece) for piece in ["ab", "cS", "T", "O", "Pzz"]]
+    assert "".join(shown) == "abc" and matcher.stopped
+    assert matcher.feed("more") == "" and matcher.flush() == ""
+    plain = StopMatcher(["STOP"])
+    assert "".join(plain.feed(p) for p in ["ST", "OW", "!"]) + plain.flush() == "STOW!"
+    assert not plain.stopped
+    earliest = StopMatcher(["long stop", "p"])
+    assert earliest.feed("a long stop") == "a "  # the stop string that begins first wins
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle"),
+    [
+        ({"prompt": [True, False]}, "prompt"),
+        ({"prompt": [1.0, 2.0]}, "prompt"),
+        ({"prompt": "x", "stop_token_ids": [True]}, "stop_token_ids"),
+        ({"prompt": "x", "best_of": 2}, "best_of"),
+        ({"prompt": "x", "n": 2}, "n"),
+        ({"prompt": "x", "stop": [""]}, "stop"),
+        ({"prompt": "x", "stop": ["a"] * 17}, "stop"),
+        ({"prompt": "x", "seed": 2**64}, "seed"),
+        ({"prompt": "x", "frobnicate": 1}, "frobnicate"),
+    ],
+)
+def test_completion_request_types_are_strict(payload: dict[str, object], needle: str) -> None:
+    from pydantic import ValidationError as PydanticError
+
+    with pytest.raises(PydanticError) as info:
+        CompletionRequest.model_validate(payload)
+    assert needle in str(info.value)
+
+
+def test_unimplemented_openai_fields_are_refused_by_name_and_their_no_op_values_accepted() -> None:
+    CompletionRequest.model_validate({"prompt": "x", "logprobs": None, "echo": False, "logit_bias": {},
+                                      "suffix": None, "presence_penalty": 0, "frequency_penalty": 0.0}).check()
+    asked = {"logprobs": 1, "echo": True, "logit_bias": {"1": 2.0}, "suffix": "s", "presence_penalty": 0.5,
+             "frequency_penalty": -1.0}
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"prompt": "x", **asked}).check()
+    assert [p.split(":")[0] for p in info.value.problems] == list(asked)
+    with pytest.raises(ValidationError, match="prompt: must be valid Unicode"):
+        CompletionRequest.model_validate({"prompt": "a\ud800"}).check()
