@@ -23,6 +23,9 @@ from typing import Any
 
 from contracts.errors import MoesloError, NotFoundError, OverloadedError, UnavailableError, ValidationError
 
+UNAVAILABLE_RETRY_AFTER_S = 1
+"""Retry-After of a 503 (no healthy replica); the engine's own 503 says 5."""
+
 
 class UpstreamError(UnavailableError):
     """A replica's answer could not be relayed (connection broken, not the HTTP or JSON it claimed)."""
@@ -65,6 +68,8 @@ def error_document(exc: MoesloError) -> tuple[int, dict[str, Any], list[tuple[by
         headers.append((b"retry-after", str(max(1, math.ceil(exc.retry_after_s))).encode()))
     if isinstance(exc, UpstreamError):
         body["replica"] = exc.replica
+    elif isinstance(exc, UnavailableError):  # no healthy replica: ejected ones are checked every scrape interval
+        headers.append((b"retry-after", str(UNAVAILABLE_RETRY_AFTER_S).encode()))
     return status, {"error": body}, headers
 
 
@@ -74,4 +79,11 @@ def sse_error_event(exc: MoesloError) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
 
 
-__all__ = ["UpstreamError", "UpstreamTimeoutError", "error_document", "sse_error_event", "status_for"]
+__all__ = [
+    "UNAVAILABLE_RETRY_AFTER_S",
+    "UpstreamError",
+    "UpstreamTimeoutError",
+    "error_document",
+    "sse_error_event",
+    "status_for",
+]

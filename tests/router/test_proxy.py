@@ -164,6 +164,7 @@ def test_503_when_no_replica_can_take_the_request() -> None:
         assert answer.status_code == 503
         assert (answer.json()["error"]["type"], answer.json()["error"]["message"]) == ("UnavailableError",
                                                                                        "no healthy replica")
+        assert answer.headers["retry-after"] == "1"
         assert httpx.get(r.url + "/health", timeout=5).status_code == 503
         assert httpx.get(r.url + "/v1/models", timeout=5).status_code == 503
         labels = {"replica": "none", "decision": "no_healthy_replica", "outcome": "unavailable"}
