@@ -446,3 +446,30 @@ def bench_status_page(
     verdict = "meets" if figures["meets_goal"] else "MISSES"
     console.print(f"{verdict} the goal: p99 server time of every page <= {cfg.goal_ms:g} ms "
                   f"({figures['decisions_logged']} decisions logged)")
+
+
+@bench_app.command("router")
+def bench_router(
+    policy: Annotated[str, typer.Option(help="The router's policy: cost|prefix|least-loaded|round-robin.")] = "cost",
+    rounds: Annotated[int, typer.Option(help="Interleaved latency rounds (direct, proxied).")] = 6,
+    requests_per_round: Annotated[int, typer.Option(help="Sequential requests per path and round.")] = 300,
+    throughput_rounds: Annotated[int, typer.Option(help="Interleaved throughput rounds.")] = 4,
+    throughput_s: Annotated[float, typer.Option(help="Seconds of each throughput run.")] = 3.0,
+    connections: Annotated[int, typer.Option(help="Concurrent client connections in throughput runs.")] = 32,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The router's overhead per request against direct calls to a stub upstream, and proxied requests/s."""
+    from bench.router import RouterBenchConfig, run_router_bench
+
+    cfg = _config(RouterBenchConfig, policy=policy, rounds=rounds, requests_per_round=requests_per_round,
+                  throughput_rounds=throughput_rounds, throughput_s=throughput_s, connections=connections)
+    figures = run_router_bench(cfg, progress=dim)
+    if json_out:
+        print_json(figures)
+        return
+    overhead, rate = figures["overhead"], figures["throughput"]
+    console.print(f"overhead: p50 {overhead['overhead_p50_ms']:.3f} ms, p99 {overhead['overhead_p99_ms']:.3f} ms "
+                  f"(goal <= {cfg.goal_overhead_p99_ms:g} ms: {'met' if overhead['goal_met'] else 'MISSED'})")
+    console.print(f"throughput: {rate['proxied_requests_per_s']:.0f} req/s proxied, "
+                  f"{rate['direct_requests_per_s']:.0f} direct "
+                  f"(goal >= {cfg.goal_requests_per_s:g}: {'met' if rate['goal_met'] else 'MISSED'})")

@@ -19,6 +19,7 @@ from cli.model import model_app
 from cli.profile import profile
 from cli.rebalance import rebalance
 from cli.replay import replay
+from cli.route import route
 from cli.serve import serve
 from cli.up import up
 
@@ -39,6 +40,7 @@ app.add_typer(model_app, name="model")
 app.command("profile")(profile)
 app.command("rebalance")(rebalance)
 app.command("replay")(replay)
+app.command("route")(route)
 app.command("serve")(serve)
 app.command("up")(up)
 

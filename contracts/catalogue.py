@@ -72,6 +72,16 @@ FORECAST_COVERAGE = "moeslo_forecast_interval_coverage"
 FORECAST_RELIABLE = "moeslo_forecast_reliable"
 FORECAST_HISTORY = "moeslo_forecast_history_seconds"
 HOST_REPLICA_BUDGET = "moeslo_replica_budget"
+ROUTER_REQUESTS = "moeslo_router_requests"
+ROUTER_PREDICTED_TTFT_HISTOGRAM = "moeslo_router_predicted_ttft_seconds"
+ROUTER_OBSERVED_TTFT_HISTOGRAM = "moeslo_router_observed_ttft_seconds"
+ROUTER_TTFT_ERROR_HISTOGRAM = "moeslo_router_ttft_prediction_error_seconds"
+ROUTER_OVERHEAD_HISTOGRAM = "moeslo_router_overhead_seconds"
+ROUTER_OUTSTANDING = "moeslo_router_outstanding_requests"
+ROUTER_REPLICA_HEALTHY = "moeslo_router_replica_healthy"
+ROUTER_EJECTIONS = "moeslo_router_ejections"
+ROUTER_QUEUED = "moeslo_router_queued_requests"
+"""The entry router's series (``router/metrics.py``)."""
 
 OTEL_TTFT_HISTOGRAM = "gen_ai.server.time_to_first_token"
 OTEL_TIME_PER_OUTPUT_TOKEN_HISTOGRAM = "gen_ai.server.time_per_output_token"
@@ -118,6 +128,8 @@ ACTION_LABEL = "action"
 OUTCOME_LABEL = "outcome"
 WHEN_LABEL = "when"
 SOURCE_LABEL = "source"
+REPLICA_LABEL = "replica"
+DECISION_LABEL = "decision"
 BASE_LABELS: tuple[str, str] = (MODEL_LABEL, ENGINE_LABEL)
 """On every engine series (embedded engine and vLLM plugin alike)."""
 
@@ -165,6 +177,16 @@ EVALUATION_BUCKETS_S: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 """Edges of ``moeslo_evaluation_duration_seconds`` (one controller tick)."""
+
+ROUTER_OVERHEAD_BUCKETS_S: tuple[float, ...] = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+)  # fmt: skip
+"""Edges of ``moeslo_router_overhead_seconds`` (the 1 ms goal is an edge)."""
+
+ROUTER_TTFT_ERROR_BUCKETS_S: tuple[float, ...] = (
+    -10.0, -2.5, -1.0, -0.5, -0.25, -0.1, -0.05, -0.01, 0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+)  # fmt: skip
+"""Edges of ``moeslo_router_ttft_prediction_error_seconds`` (observed - predicted, signed)."""
 
 BUCKETS_BY_METRIC: dict[str, tuple[float, ...]] = {
     TTFT_HISTOGRAM: TTFT_BUCKETS_S,
@@ -250,6 +272,7 @@ __all__ = [
     "BURN_RATE",
     "CURRENT_REPLICAS",
     "DECISIONS",
+    "DECISION_LABEL",
     "DECODE_TIME_HISTOGRAM",
     "DESIRED_REPLICAS",
     "E2E_LATENCY_HISTOGRAM",
@@ -301,8 +324,20 @@ __all__ = [
     "RANK_LABEL",
     "RANK_TOKENS",
     "REBALANCES",
+    "REPLICA_LABEL",
     "REQUEST_LATENCY_BUCKETS_S",
     "REQUEST_SUCCESS",
+    "ROUTER_EJECTIONS",
+    "ROUTER_OBSERVED_TTFT_HISTOGRAM",
+    "ROUTER_OUTSTANDING",
+    "ROUTER_OVERHEAD_BUCKETS_S",
+    "ROUTER_OVERHEAD_HISTOGRAM",
+    "ROUTER_PREDICTED_TTFT_HISTOGRAM",
+    "ROUTER_QUEUED",
+    "ROUTER_REPLICA_HEALTHY",
+    "ROUTER_REQUESTS",
+    "ROUTER_TTFT_ERROR_BUCKETS_S",
+    "ROUTER_TTFT_ERROR_HISTOGRAM",
     "RUNNING",
     "SLI",
     "SOURCE_LABEL",

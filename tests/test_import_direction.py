@@ -8,6 +8,7 @@ The layers, bottom up::
     controller      -> contracts     (its pure decision modules import none of its adapters)
     generators      -> controller, contracts
     harness         -> contracts
+    router          -> contracts     (its policies are pure: the replay may share them)
     stack           -> harness, engine, exporters, controller, generators, contracts
     bench           -> anything but cli and stack
     cli             -> anything; nothing imports cli
@@ -27,7 +28,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("contracts", "engine", "exporters", "controller", "generators", "harness", "stack", "bench", "cli")
+PACKAGES = (
+    "contracts", "engine", "exporters", "controller", "generators", "harness", "router", "stack", "bench", "cli",
+)  # fmt: skip
 ALLOWED: Mapping[str, frozenset[str]] = {
     "contracts": frozenset(),
     "engine": frozenset({"contracts"}),
@@ -35,8 +38,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "controller": frozenset({"contracts"}),
     "generators": frozenset({"controller", "contracts"}),
     "harness": frozenset({"contracts"}),
+    "router": frozenset({"contracts"}),
     "stack": frozenset({"harness", "engine", "exporters", "controller", "generators", "contracts"}),
-    "bench": frozenset({"contracts", "engine", "exporters", "controller", "generators", "harness"}),
+    "bench": frozenset({"contracts", "engine", "exporters", "controller", "generators", "harness", "router"}),
     "cli": frozenset(PACKAGES) - {"cli"},
 }
 PURE_CONTROLLER = ("core", "types", "policy", "slo", "advisors", "predictive", "capacity", "observation_checks",

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("contracts", "engine", "exporters", "controller", "generators", "harness", "stack", "cli", "bench")
+PACKAGES = (
+    "contracts", "engine", "exporters", "controller", "generators", "harness", "router", "stack", "cli", "bench",
+)  # fmt: skip
 
 
 def _packages() -> list[str]:

@@ -15,7 +15,7 @@ from cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("bench", "alerts", "controller", "policy", "dashboards", "deploy", "forecast", "model")
-COMMANDS = ("profile", "rebalance", "replay", "serve", "up")
+COMMANDS = ("profile", "rebalance", "replay", "route", "serve", "up")
 
 
 def _paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -237,8 +237,10 @@ def test_cli_render_is_idempotent_and_build_prints_the_overlay(tmp_path: Path) -
         assert (copy_dir / path.relative_to(DEPLOY)).read_text() == path.read_text()
     built = CliRunner().invoke(app, ["deploy", "build", "embedded-cpu", "--dir", str(copy_dir)])
     assert built.exit_code == 0, built.output
-    kinds = [doc["kind"] for doc in yaml.safe_load_all(built.stdout) if doc]
-    assert kinds.count("Deployment") == 2 and "PrometheusRule" in kinds
+    docs = [doc for doc in yaml.safe_load_all(built.stdout) if doc]
+    deployments = sorted(doc["metadata"]["name"] for doc in docs if doc["kind"] == "Deployment")
+    assert deployments == ["moeslo-controller", "moeslo-engine", "moeslo-router"]
+    assert "PrometheusRule" in [doc["kind"] for doc in docs]
     # Without --custom-histogram-buckets, vLLM has no 0.02 ITL edge: the 20 ms objective is refused.
     vllm = copy_dir / "overlays" / "vllm-gpu" / "vllm.yaml"
     vllm.write_text("\n".join(line for line in vllm.read_text().splitlines()

@@ -1,0 +1,59 @@
+"""``moeslo route``: the entry router in front of a set of replicas (engines or vLLM servers)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from cli.common import cli_errors, console
+
+POLICIES = "cost|prefix|least-loaded|round-robin"
+
+
+def route(
+    replicas: Annotated[
+        str | None,
+        typer.Option(envvar="MOESLO_ROUTER_REPLICAS", help="Replica base URLs, comma-separated (http://host:port,...)."),
+    ] = None,
+    controller: Annotated[
+        str | None,
+        typer.Option(help="Controller URL to read the replica set from (not available yet: its API lists no "
+                          "replica URLs; use --replicas)."),
+    ] = None,
+    policy: Annotated[str, typer.Option(envvar="MOESLO_ROUTER_POLICY", help=f"Routing policy: {POLICIES}.")] = "cost",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    admission: Annotated[
+        str, typer.Option(help="Every replica over the TTFT objective: reject (429 + Retry-After) or queue.")
+    ] = "reject",
+    ttft_objective_s: Annotated[float, typer.Option(help="TTFT objective admission and the cost policy use.")] = 0.5,
+    prefill_tokens_per_s: Annotated[float, typer.Option(help="Prompt tokens per second of each replica.")] = 4000.0,
+    scrape_interval_s: Annotated[float, typer.Option(help="Read each replica's /metrics this often.")] = 0.5,
+    max_queue_s: Annotated[float, typer.Option(help="Queue mode: longest hold before the 429.")] = 30.0,
+    log_level: Annotated[str, typer.Option(help="Log level (debug, info, warning, error).")] = "warning",
+) -> None:
+    """Route OpenAI completions to the replica where each is predicted to be served soonest."""
+    if (replicas is None) == (controller is None):
+        raise typer.BadParameter("give exactly one of --replicas and --controller")
+    if controller is not None:
+        raise typer.BadParameter(
+            "--controller: the controller's API does not list replica URLs yet (its actuators know them, "
+            "no route serves them); give --replicas"
+        )
+    with cli_errors():
+        from router.app import create_app, run
+        from router.config import RouterConfig
+        from router.types import CostModel
+
+        assert replicas is not None
+        config = RouterConfig(
+            replicas=tuple(url.strip().rstrip("/") for url in replicas.split(",") if url.strip()),
+            policy=policy, admission=admission,  # type: ignore[arg-type]  # RouterConfig validates it
+            cost=CostModel(ttft_objective_s=ttft_objective_s), prefill_tokens_per_s=prefill_tokens_per_s,
+            scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s,
+        )
+        console.print(f"routing ({policy}) on http://{host}:{port} to {', '.join(config.replicas)}")
+        logging.basicConfig(level=log_level.upper())
+        run(create_app(config), host=host, port=port, shutdown_timeout=5)

@@ -1,0 +1,177 @@
+"""The router's HTTP server (aiohttp): the OpenAI routes proxied, plus its own ``/health``, ``/metrics`` and state.
+
+Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (routed
+by the policy; a replica without chat answers its own 404, relayed),
+``GET /v1/models`` (from any healthy replica), ``GET /health`` (200 while a
+replica is healthy), ``GET /metrics`` (the ``moeslo_router_*`` series) and
+``GET /router/replicas`` (each replica's state as the policies see it).
+Every error leaves as the project's error document (:mod:`router.errors`).
+
+aiohttp rather than an ASGI server: its C HTTP parser keeps the router's
+cost per request well under uvicorn + h11's on the same core.  The server
+must run with ``handler_cancellation=True`` (:func:`run`, and the tests'
+runner do), so a client that goes away cancels its request's path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from contracts.errors import MoesloError, NotFoundError, UnavailableError
+from router.config import RouterConfig
+from router.errors import UpstreamError, error_document
+from router.forward import UPSTREAM_FAILURES, Router
+from router.monitor import Monitor
+from router.wire import ClientGone, Message
+
+_log = logging.getLogger(__name__)
+ROUTER: web.AppKey[Router] = web.AppKey("router", Router)
+MONITOR: web.AppKey[Monitor | None] = web.AppKey("monitor", object)  # type: ignore[arg-type]
+
+
+class ResponseWriter:
+    """The proxy path's ``send`` over an aiohttp response (Content-Length when the body comes whole)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+        self._start: Message | None = None
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self._start = message
+            return
+        body: bytes = message.get("body", b"")
+        more = bool(message.get("more_body", False))
+        if self.response is None:
+            assert self._start is not None, "body before start"
+            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._start["headers"]
+                       if k.lower() != b"content-length"]  # fmt: skip
+            self.response = web.StreamResponse(status=self._start["status"], headers=headers)
+            if more:
+                self.response.enable_chunked_encoding()
+            else:
+                self.response.content_length = len(body)
+            try:
+                await self.response.prepare(self.request)
+            except ConnectionResetError as exc:
+                raise ClientGone(str(exc)) from None
+        try:
+            if body:
+                await self.response.write(body)
+            if not more:
+                await self.response.write_eof()
+        except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError too
+            raise ClientGone(str(exc)) from None
+
+
+def _json(status: int, body: object, headers: list[tuple[bytes, bytes]] | None = None) -> web.Response:
+    extra = {k.decode(): v.decode() for k, v in headers or []}
+    return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json", headers=extra)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                  ) -> web.StreamResponse:  # fmt: skip
+    try:
+        return await handler(request)
+    except MoesloError as exc:
+        return _json(*error_document(exc))
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
+        return _json(*error_document(NotFoundError("route", f"{request.method} {request.path}")))
+    except web.HTTPException as exc:  # aiohttp's own refusals (a body over client_max_size: 413)
+        return _json(exc.status, {"error": {"message": exc.reason, "type": type(exc).__name__, "code": exc.status}})
+    except Exception as exc:  # a bug of ours: logged, and still the error document, never a dropped connection
+        _log.exception("unexpected error on %s %s", request.method, request.path)
+        return _json(500, {"error": {"message": f"router error: {type(exc).__name__}", "type": "InternalError",
+                                     "code": 500}})  # fmt: skip
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    writer = ResponseWriter(request)
+    await request.app[ROUTER].completion(request.path_qs, request.raw_headers, body, writer.send)
+    if writer.response is None:  # nothing was written (cannot happen short of a bug): say so, do not hang
+        raise UnavailableError("the router wrote no answer")
+    return writer.response
+
+
+async def _models(request: web.Request) -> web.StreamResponse:
+    """The model list of the first healthy replica that answers (refusing ones are ejected)."""
+    router = request.app[ROUTER]
+    names = [n for n in router.pool.names if router.pool.is_healthy(n)]
+    for name in names:
+        try:
+            async with router.session.get(name + "/v1/models") as answer:
+                content = await answer.read()
+                status, content_type = answer.status, answer.headers.get("content-type", "")
+        except UPSTREAM_FAILURES:
+            router.eject(name)
+            continue
+        if status != 200 or "json" not in content_type:
+            raise UpstreamError(f"replica {name} answered /v1/models with HTTP {status}", replica=name)
+        return web.Response(body=content, content_type="application/json")
+    raise UnavailableError("no healthy replica")
+
+
+async def _health(request: web.Request) -> web.StreamResponse:
+    pool = request.app[ROUTER].pool
+    live = sum(pool.is_healthy(n) for n in pool.names)
+    return _json(200 if live else 503, {"status": "ok" if live else "no healthy replica", "healthy_replicas": live})
+
+
+async def _metrics(request: web.Request) -> web.StreamResponse:
+    content = generate_latest(request.app[ROUTER].metrics.registry)
+    return web.Response(body=content, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _replicas(request: web.Request) -> web.StreamResponse:
+    router = request.app[ROUTER]
+    states = [dataclasses.asdict(s) for s in router.pool.snapshot()]
+    return _json(200, {"policy": router.config.policy, "replicas": states})
+
+
+async def _startup(app: web.Application) -> None:
+    monitor = app[MONITOR]
+    if monitor is not None:
+        monitor.start()
+
+
+async def _cleanup(app: web.Application) -> None:
+    monitor = app[MONITOR]
+    if monitor is not None:
+        await monitor.stop()
+    await app[ROUTER].aclose()
+
+
+def create_app(config: RouterConfig, *, registry: CollectorRegistry | None = None,
+               monitor: bool = True) -> web.Application:  # fmt: skip
+    """The router app for ``config`` (its replica monitor starts and stops with the app)."""
+    router = Router(config, registry=registry)
+    app = web.Application(middlewares=[_errors], client_max_size=64 << 20)
+    app[ROUTER] = router
+    app[MONITOR] = Monitor(router) if monitor else None
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/router/replicas", _replicas)
+    app.on_startup.append(_startup)
+    app.on_cleanup.append(_cleanup)
+    return app
+
+
+def run(app: web.Application, *, host: str, port: int, **options: Any) -> None:
+    """Serve until interrupted, cancelling a request's path when its client goes away."""
+    web.run_app(app, host=host, port=port, handler_cancellation=True, print=None, **options)
+
+
+__all__ = ["MONITOR", "ROUTER", "ResponseWriter", "create_app", "run"]

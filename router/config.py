@@ -1,0 +1,63 @@
+"""The router's configuration: one typed object, read once at the edge (``moeslo route``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from contracts.errors import ValidationError
+from router.policies import POLICY_NAMES
+from router.types import CostModel
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterConfig:
+    replicas: tuple[str, ...]
+    """Base URLs of the replicas (``http://host:port``), each also the replica's name and metric label."""
+    policy: str = "cost"
+    cost: CostModel = field(default_factory=CostModel)
+    prefill_tokens_per_s: float = 4000.0
+    """Prompt tokens per second each replica computes (the cost model's rate)."""
+    mean_prompt_tokens: float = 256.0
+    """Assumed prompt length of queued requests the router did not send itself."""
+    admission: Literal["reject", "queue"] = "reject"
+    """Every replica over the TTFT objective: 429 + Retry-After, or hold the request until one fits."""
+    max_queue_s: float = 30.0
+    """``queue``: how long a request is held before it gets the 429 after all."""
+    scrape_interval_s: float = 0.5
+    """How often each live replica's /metrics (and each ejected replica's /health) is read."""
+    scrape_timeout_s: float = 1.0
+    readmit_after: int = 2
+    """Consecutive passed health checks before an ejected replica takes requests again."""
+    connect_timeout_s: float = 1.0
+    upstream_timeout_s: float = 600.0
+    """Longest wait for an upstream's next byte (a non-streaming completion's whole answer)."""
+    affinity_blocks: int = 4
+    load_factor: float = 1.25
+    block_tokens: int = 16
+    max_connections: int = 512
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.replicas:
+            problems.append("replicas: at least one URL is needed")
+        for url in self.replicas:
+            if not url.startswith(("http://", "https://")):
+                problems.append(f"replicas: {url!r} is not an http(s) URL")
+        if len(set(self.replicas)) != len(self.replicas):
+            problems.append("replicas: a URL is listed twice")
+        if self.policy not in POLICY_NAMES:
+            problems.append(f"policy: {self.policy!r} is not one of {', '.join(POLICY_NAMES)}")
+        if self.admission not in ("reject", "queue"):
+            problems.append(f"admission: {self.admission!r} is not reject or queue")
+        for name in ("prefill_tokens_per_s", "scrape_interval_s", "scrape_timeout_s", "connect_timeout_s",
+                     "upstream_timeout_s", "load_factor", "mean_prompt_tokens"):  # fmt: skip
+            if not getattr(self, name) > 0:
+                problems.append(f"{name}: must be > 0")
+        if self.readmit_after < 1 or self.affinity_blocks < 1 or self.block_tokens < 1:
+            problems.append("readmit_after, affinity_blocks and block_tokens must be >= 1")
+        if problems:
+            raise ValidationError(problems)
+
+
+__all__ = ["RouterConfig"]

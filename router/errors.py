@@ -1,0 +1,89 @@
+"""The router's errors and their one mapping to HTTP status codes and the project's error document.
+
+::
+
+    MoesloError (contracts.errors)
+    ├── ValidationError      a body that is not a JSON object (400)
+    ├── NotFoundError        a route the router does not serve (404)
+    ├── OverloadedError      every replica predicted over the TTFT objective (429 + Retry-After)
+    └── UnavailableError     no healthy replica (503)
+        ├── UpstreamError    a replica answered garbage or broke the connection (502)
+        └── UpstreamTimeoutError  a replica did not answer in time (504)
+
+The document is the engine's and the controller's: ``{"error": {"message",
+"type", "code", ...}}`` (``problems`` for validation, ``retry_after_s`` for
+overload), so a client sees one shape whoever refused it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from contracts.errors import MoesloError, NotFoundError, OverloadedError, UnavailableError, ValidationError
+
+UNAVAILABLE_RETRY_AFTER_S = 1
+"""Retry-After of a 503 (no healthy replica); the engine's own 503 says 5."""
+
+
+class UpstreamError(UnavailableError):
+    """A replica's answer could not be relayed (connection broken, not the HTTP or JSON it claimed)."""
+
+    def __init__(self, message: str, *, replica: str) -> None:
+        self.replica = replica
+        super().__init__(message)
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """A replica did not answer within the upstream timeout."""
+
+
+def status_for(exc: MoesloError) -> int:
+    """The one mapping from errors to HTTP status codes in the router."""
+    if isinstance(exc, ValidationError):
+        return 400
+    if isinstance(exc, NotFoundError):
+        return 404
+    if isinstance(exc, OverloadedError):
+        return 429
+    if isinstance(exc, UpstreamTimeoutError):
+        return 504
+    if isinstance(exc, UpstreamError):
+        return 502
+    if isinstance(exc, UnavailableError):
+        return 503
+    return 500
+
+
+def error_document(exc: MoesloError) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]:
+    """(status, body, extra headers) of the error response for ``exc``."""
+    status = status_for(exc)
+    body: dict[str, Any] = {"message": str(exc), "type": type(exc).__name__, "code": status}
+    headers: list[tuple[bytes, bytes]] = []
+    if isinstance(exc, ValidationError):
+        body["problems"] = list(exc.problems)
+    if isinstance(exc, OverloadedError):
+        body["retry_after_s"] = exc.retry_after_s
+        headers.append((b"retry-after", str(max(1, math.ceil(exc.retry_after_s))).encode()))
+    if isinstance(exc, UpstreamError):
+        body["replica"] = exc.replica
+    elif isinstance(exc, UnavailableError):  # no healthy replica: ejected ones are checked every scrape interval
+        headers.append((b"retry-after", str(UNAVAILABLE_RETRY_AFTER_S).encode()))
+    return status, {"error": body}, headers
+
+
+def sse_error_event(exc: MoesloError) -> bytes:
+    """The error as the last events of a stream already under way (the engine's shape, then ``[DONE]``)."""
+    _, body, _ = error_document(exc)
+    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+__all__ = [
+    "UNAVAILABLE_RETRY_AFTER_S",
+    "UpstreamError",
+    "UpstreamTimeoutError",
+    "error_document",
+    "sse_error_event",
+    "status_for",
+]

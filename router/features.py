@@ -1,0 +1,56 @@
+"""A request body's routing features (pure): prompt length, output asked for, streaming, prefix blocks.
+
+The router does not tokenize: a token-id prompt's length is exact, a text
+prompt's is estimated at four characters a token.  Shapes it does not
+recognise count as empty prompts; validating requests is the engine's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from router.prefix import CHARS_PER_TOKEN, text_blocks, token_blocks
+from router.types import RequestFeatures
+
+
+def _is_token_ids(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _chat_text(messages: object) -> str:
+    """A chat request's messages as one text (``role: content`` lines); text parts of list contents only."""
+    if not isinstance(messages, list):
+        return ""
+    lines = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        lines.append(f"{message.get('role', '')}: {content if isinstance(content, str) else ''}\n")
+    return "".join(lines)
+
+
+def request_features(body: Mapping[str, Any], *, chat: bool = False, block_tokens: int = 16,
+                     max_blocks: int = 8) -> RequestFeatures:  # fmt: skip
+    """Features of a completions (``prompt``) or chat (``messages``) request body."""
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+        max_tokens = 16
+    stream = body.get("stream") is True
+    prompt: object = _chat_text(body.get("messages")) if chat else body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if _is_token_ids(prompt):
+        assert isinstance(prompt, list)
+        return RequestFeatures(prompt_tokens=len(prompt), max_tokens=max_tokens, stream=stream,
+                               prefix_blocks=token_blocks(prompt, block_tokens=block_tokens, max_blocks=max_blocks))
+    if isinstance(prompt, str):
+        return RequestFeatures(prompt_tokens=-(-len(prompt) // CHARS_PER_TOKEN), max_tokens=max_tokens, stream=stream,
+                               prefix_blocks=text_blocks(prompt, block_tokens=block_tokens, max_blocks=max_blocks))
+    return RequestFeatures(prompt_tokens=0, max_tokens=max_tokens, stream=stream)
+
+
+__all__ = ["request_features"]

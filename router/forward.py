@@ -1,0 +1,291 @@
+"""The proxy's request path: decide (admission, policy), send upstream, relay the answer.
+
+One :class:`Router` per process holds the pool, the metrics and the
+upstream client; the ASGI app (:mod:`router.app`) hands it each request.
+A request's path::
+
+    read body -> features -> admission (429 / queue) -> policy -> pool.begin
+      -> upstream send (a refused connection ejects the replica; the request
+         goes to the next choice, nothing having reached any engine)
+      -> streamed (SSE): relay chunk by chunk, as received; a break mid-stream
+         ejects the replica and ends the client's stream with an error event
+      -> otherwise: read the whole answer, check it is what it claims, relay
+    finally: pool.finish, one count of (replica, decision, outcome)
+
+The server (:mod:`router.app`) cancels the path when the client goes away;
+its ``finally`` blocks then close the upstream response (its connection
+goes too), so the engine sees the disconnect and aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+from contracts.errors import MoesloError, OverloadedError, UnavailableError, ValidationError
+from router.config import RouterConfig
+from router.errors import UpstreamError, UpstreamTimeoutError, error_document, sse_error_event
+from router.features import request_features
+from router.metrics import RouterMetrics
+from router.policies import admission, policy_named, predict
+from router.pool import ReplicaPool, Ticket
+from router.types import Choice, RequestFeatures
+from router.wire import ClientGone, Send, send_bytes, send_json, upstream_headers
+
+_RELAYED_HEADERS = (b"content-type", b"retry-after", b"cache-control")
+UPSTREAM_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
+"""What a broken, garbled or silent upstream raises (a refused connection is one: ``ClientConnectorError``)."""
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """One request's progress: what the client has been sent, and the outcome to count."""
+
+    send: Send
+    started: bool = False
+    outcome: str = "client_disconnected"
+    replica: str | None = None
+    decision: str = "none"
+
+
+class Router:
+    def __init__(self, config: RouterConfig, *, registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
+        self.config = config
+        self.pool = ReplicaPool(config.replicas, prefill_tokens_per_s=config.prefill_tokens_per_s,
+                                mean_prompt_tokens=config.mean_prompt_tokens, readmit_after=config.readmit_after)
+        self.metrics = RouterMetrics(registry or CollectorRegistry(), config.replicas)
+        self.policy = policy_named(config.policy, config.cost, affinity_blocks=config.affinity_blocks,
+                                   load_factor=config.load_factor)  # fmt: skip
+        self._session: aiohttp.ClientSession | None = None
+        self.clock = clock
+        self._turn = 0
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The upstream client (made on first use, inside the server's event loop)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                # Idle connections go after 4 s, before uvicorn's 5 s keep-alive closes them under a request.
+                connector=aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0,
+                                               keepalive_timeout=4.0),
+                timeout=aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
+                                              sock_read=self.config.upstream_timeout_s),
+                auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
+                cookie_jar=aiohttp.DummyCookieJar(),  # one client for every caller: no cookie may carry over
+            )  # fmt: skip
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ------------------------------------------------------------------ decisions
+
+    async def decide(self, features: RequestFeatures) -> Choice:
+        """Admission, then the policy; OverloadedError or UnavailableError when nobody can take it."""
+        deadline = self.clock() + self.config.max_queue_s
+        queued = False
+        try:
+            while (refusal := admission(features, self.pool.snapshot(), self.config.cost)) is not None:
+                if refusal.retry_after_s is None:
+                    raise UnavailableError("no healthy replica")
+                wait_s = min(refusal.retry_after_s, self.config.scrape_interval_s, deadline - self.clock())
+                if self.config.admission == "reject" or wait_s <= 0:
+                    raise OverloadedError(f"every replica is predicted over the {self.config.cost.ttft_objective_s} s "
+                                          f"TTFT objective (best {refusal.predicted_ttft_s:.3f} s)",
+                                          retry_after_s=refusal.retry_after_s)  # fmt: skip
+                if not queued:
+                    queued = True
+                    self.metrics.queued.inc()
+                await asyncio.sleep(wait_s)
+        finally:
+            if queued:
+                self.metrics.queued.dec()
+        states = self.pool.snapshot()
+        choice = self.policy(features, states, self._turn)
+        self._turn += 1
+        if choice.replica is None:
+            raise UnavailableError("no healthy replica")
+        if choice.predicted_ttft_s is None:
+            state = next(s for s in states if s.name == choice.replica)
+            choice = replace(choice, predicted_ttft_s=predict(state, features, self.config.cost).ttft_s)
+        return choice
+
+    def eject(self, name: str) -> None:
+        if self.pool.eject(name):
+            self.metrics.ejections[name].inc()
+            self.metrics.healthy[name].set(0)
+
+    # ------------------------------------------------------------------ completions
+
+    async def completion(self, path: str, raw_headers: Iterable[tuple[bytes, bytes]], body: bytes,
+                         send: Send) -> None:  # fmt: skip
+        """POST /v1/completions or /v1/chat/completions (``path`` with its query string).
+
+        The server cancels this when the client goes away (or a write to it raises
+        :class:`~router.wire.ClientGone` first): either way the ``finally`` blocks close the
+        upstream response, and the replica stays in.
+        """
+        started_s = self.clock()
+        features = _features(body, path, self.config.block_tokens)
+        exchange = _Exchange(send)
+        try:
+            await self._complete(path, upstream_headers(raw_headers), features, body, exchange, started_s)
+        except ClientGone:
+            exchange.outcome = "client_disconnected"
+        finally:
+            self.metrics.request(exchange.replica, exchange.decision, exchange.outcome)
+
+    async def _complete(self, path: str, headers: list[tuple[str, str]], features: RequestFeatures, body: bytes,
+                        exchange: _Exchange, started_s: float) -> None:  # fmt: skip
+        for _ in self.pool.names:
+            try:
+                choice = await self.decide(features)
+            except MoesloError as exc:
+                exchange.outcome = "rejected" if isinstance(exc, OverloadedError) else "unavailable"
+                exchange.decision = "all_over_budget" if isinstance(exc, OverloadedError) else "no_healthy_replica"
+                await _send_error(exchange, exc)
+                return
+            exchange.replica, exchange.decision = choice.replica, choice.reason
+            if await self._attempt(choice, features, path, body, headers, exchange, started_s):
+                return
+        exchange.outcome = "unavailable"
+        await _send_error(exchange, UnavailableError("every replica refused the connection"))
+
+    async def _attempt(self, choice: Choice, features: RequestFeatures, path: str, body: bytes,
+                       headers: list[tuple[str, str]], exchange: _Exchange, started_s: float) -> bool:  # fmt: skip
+        """One try on the chosen replica; False when its connection was refused (try another)."""
+        name = choice.replica
+        assert name is not None
+        ticket = self.pool.begin(name, features.prompt_tokens)
+        self.metrics.outstanding[name].inc()
+        if choice.predicted_ttft_s is not None:
+            self.metrics.predicted(name, choice.predicted_ttft_s)
+        sent_s = self.clock()
+        self.metrics.overhead.observe(sent_s - started_s)
+        try:
+            upstream = await self.session.post(name + path, data=body, headers=headers)
+        except aiohttp.ClientConnectorError:
+            self._done(ticket)
+            self.eject(name)
+            self.metrics.request(name, choice.reason, "upstream_error")
+            return False
+        except UPSTREAM_FAILURES as exc:
+            self._done(ticket)
+            self.eject(name)
+            exchange.outcome = "upstream_error"
+            await _send_error(exchange, _upstream_error(exc, name))
+            return True
+        try:
+            if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                await self._relay(upstream, ticket, choice, exchange, sent_s)
+            else:
+                await self._relay_whole(upstream, name, exchange)
+        finally:
+            if exchange.outcome in ("ok", "upstream_status"):
+                upstream.release()
+            else:
+                upstream.close()  # the connection goes: the engine sees its client leave
+            self._done(ticket)
+        return True
+
+    def _done(self, ticket: Ticket) -> None:
+        if not ticket.finished:
+            self.pool.finish(ticket)
+            self.metrics.outstanding[ticket.replica].dec()
+
+    async def _relay(self, upstream: aiohttp.ClientResponse, ticket: Ticket, choice: Choice, exchange: _Exchange,
+                     sent_s: float) -> None:  # fmt: skip
+        """Pass an SSE stream through chunk by chunk; a break ends it with an error event and ejects."""
+        send = exchange.send
+        await send({"type": "http.response.start", "status": upstream.status, "headers": _relayed(upstream)})
+        exchange.started = True
+        try:
+            async for chunk in upstream.content.iter_any():
+                if not ticket.started:
+                    self.pool.first_token(ticket)
+                    observed_s = self.clock() - sent_s
+                    self.metrics.observed(ticket.replica, observed_s, choice.predicted_ttft_s)
+                    if choice.predicted_ttft_s is not None:
+                        self.pool.calibrate(ticket.replica, choice.predicted_ttft_s, observed_s)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UPSTREAM_FAILURES as exc:
+            self.eject(ticket.replica)
+            exchange.outcome = "upstream_failed_mid_stream"
+            await send({"type": "http.response.body", "body": sse_error_event(_upstream_error(exc, ticket.replica)),
+                        "more_body": False})  # fmt: skip
+            return
+        exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _relay_whole(self, upstream: aiohttp.ClientResponse, name: str, exchange: _Exchange) -> None:
+        """Read a whole answer; relay it when it is the JSON it claims to be, else a 502 naming the replica."""
+        try:
+            content = await upstream.read()
+        except UPSTREAM_FAILURES as exc:
+            self.eject(name)
+            exchange.outcome = "upstream_error"
+            await _send_error(exchange, _upstream_error(exc, name))
+            return
+        problem = _check_answer(upstream, content)
+        if problem is not None:
+            exchange.outcome = "upstream_error"
+            await _send_error(exchange, UpstreamError(f"replica {name} answered {problem}", replica=name))
+            return
+        exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
+        exchange.started = True
+        await send_bytes(exchange.send, upstream.status, content, _relayed(upstream))
+
+
+def _features(body: bytes, path: str, block_tokens: int) -> RequestFeatures:
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationError(f"body: not JSON ({exc})") from exc
+    if not isinstance(payload, dict):
+        raise ValidationError("body: must be a JSON object")
+    chat = path.partition("?")[0].endswith("/chat/completions")
+    return request_features(payload, chat=chat, block_tokens=block_tokens)
+
+
+def _check_answer(upstream: aiohttp.ClientResponse, content: bytes) -> str | None:
+    """What is wrong with a whole answer (None: relay it): JSON that does not parse, or a non-JSON error."""
+    is_json = "json" in upstream.headers.get("content-type", "")
+    if is_json:
+        try:
+            json.loads(content)
+        except (ValueError, UnicodeDecodeError):
+            return f"HTTP {upstream.status} with a body that is not the JSON it claims"
+        return None
+    if upstream.status >= 400 or upstream.status < 200:
+        return f"HTTP {upstream.status} without a JSON error document"
+    return None
+
+
+def _relayed(upstream: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+    return [(k.lower(), v) for k, v in upstream.raw_headers if k.lower() in _RELAYED_HEADERS]
+
+
+def _upstream_error(exc: BaseException, name: str) -> UpstreamError:
+    if isinstance(exc, asyncio.TimeoutError):
+        return UpstreamTimeoutError(f"replica {name} did not answer in time ({type(exc).__name__})", replica=name)
+    return UpstreamError(f"replica {name} broke the connection ({type(exc).__name__}: {exc})", replica=name)
+
+
+async def _send_error(exchange: _Exchange, exc: MoesloError) -> None:
+    if exchange.started:
+        return
+    status, body, headers = error_document(exc)
+    exchange.started = True
+    await send_json(exchange.send, status, body, headers)
+
+
+__all__ = ["Router"]

@@ -1,0 +1,84 @@
+"""The router's Prometheus series, created once per registry (inject a fresh one per test).
+
+Labels are bounded: ``replica`` is one of the configured URLs, ``decision``
+a policy's reason word (:mod:`router.policies`), ``outcome`` one of
+:data:`OUTCOMES`.  Children are bound once per replica, so a request costs
+dictionary lookups, not label parsing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from contracts.catalogue import (
+    DECISION_LABEL,
+    OUTCOME_LABEL,
+    REPLICA_LABEL,
+    ROUTER_EJECTIONS,
+    ROUTER_OBSERVED_TTFT_HISTOGRAM,
+    ROUTER_OUTSTANDING,
+    ROUTER_OVERHEAD_BUCKETS_S,
+    ROUTER_OVERHEAD_HISTOGRAM,
+    ROUTER_PREDICTED_TTFT_HISTOGRAM,
+    ROUTER_QUEUED,
+    ROUTER_REPLICA_HEALTHY,
+    ROUTER_REQUESTS,
+    ROUTER_TTFT_ERROR_BUCKETS_S,
+    ROUTER_TTFT_ERROR_HISTOGRAM,
+    TTFT_BUCKETS_S,
+)
+
+OUTCOMES = ("ok", "upstream_status", "upstream_error", "upstream_failed_mid_stream", "client_disconnected",
+            "rejected", "unavailable")  # fmt: skip
+"""``ok``: relayed (any 2xx); ``upstream_status``: the replica's own 4xx/5xx relayed; ``upstream_error``: no
+usable answer (502/504); ``upstream_failed_mid_stream``: a stream broke after it began; ``rejected``: 429 at
+admission; ``unavailable``: no healthy replica (503)."""
+NO_REPLICA_LABEL = "none"
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry, replicas: Sequence[str]) -> None:
+        self.registry = registry
+        self._requests = Counter(ROUTER_REQUESTS, "Requests by replica, policy decision and outcome.",
+                                 [REPLICA_LABEL, DECISION_LABEL, OUTCOME_LABEL], registry=registry)  # fmt: skip
+        predicted = Histogram(ROUTER_PREDICTED_TTFT_HISTOGRAM, "TTFT the cost model predicted for the chosen replica.",
+                              [REPLICA_LABEL], buckets=TTFT_BUCKETS_S, registry=registry)  # fmt: skip
+        observed = Histogram(ROUTER_OBSERVED_TTFT_HISTOGRAM, "TTFT seen by the router (first streamed byte).",
+                             [REPLICA_LABEL], buckets=TTFT_BUCKETS_S, registry=registry)  # fmt: skip
+        error = Histogram(ROUTER_TTFT_ERROR_HISTOGRAM, "Observed minus predicted TTFT of streamed requests.",
+                          [REPLICA_LABEL], buckets=ROUTER_TTFT_ERROR_BUCKETS_S, registry=registry)  # fmt: skip
+        self.overhead = Histogram(ROUTER_OVERHEAD_HISTOGRAM,
+                                  "Router time per request before its upstream send (parse, state, policy).",
+                                  buckets=ROUTER_OVERHEAD_BUCKETS_S, registry=registry)  # fmt: skip
+        outstanding = Gauge(ROUTER_OUTSTANDING, "Requests in flight from the router.", [REPLICA_LABEL],
+                            registry=registry)  # fmt: skip
+        healthy = Gauge(ROUTER_REPLICA_HEALTHY, "1 while the replica takes requests, 0 while ejected.",
+                        [REPLICA_LABEL], registry=registry)  # fmt: skip
+        ejections = Counter(ROUTER_EJECTIONS, "Replicas taken out of routing after a failure.", [REPLICA_LABEL],
+                            registry=registry)  # fmt: skip
+        self.queued = Gauge(ROUTER_QUEUED, "Requests held at admission (queue mode): the router's own queue.",
+                            registry=registry)  # fmt: skip
+        self._predicted = {name: predicted.labels(name) for name in replicas}
+        self._observed = {name: observed.labels(name) for name in replicas}
+        self._error = {name: error.labels(name) for name in replicas}
+        self.outstanding = {name: outstanding.labels(name) for name in replicas}
+        self.healthy = {name: healthy.labels(name) for name in replicas}
+        self.ejections = {name: ejections.labels(name) for name in replicas}
+        for gauge in self.healthy.values():
+            gauge.set(1)
+
+    def request(self, replica: str | None, decision: str, outcome: str) -> None:
+        self._requests.labels(replica or NO_REPLICA_LABEL, decision, outcome).inc()
+
+    def predicted(self, replica: str, ttft_s: float) -> None:
+        self._predicted[replica].observe(ttft_s)
+
+    def observed(self, replica: str, ttft_s: float, predicted_s: float | None) -> None:
+        self._observed[replica].observe(ttft_s)
+        if predicted_s is not None:
+            self._error[replica].observe(ttft_s - predicted_s)
+
+
+__all__ = ["NO_REPLICA_LABEL", "OUTCOMES", "RouterMetrics"]

@@ -1,0 +1,79 @@
+"""The router's view of its replicas, refreshed: each live replica's ``/metrics``, each ejected one's ``/health``.
+
+Every ``scrape_interval_s`` all replicas are checked concurrently (each
+bounded by ``scrape_timeout_s``):
+
+* a live replica's ``/metrics`` gives its queue, batch and KV usage; a
+  refused or broken connection ejects it; a timeout (a busy replica), a 404
+  (exporters off) or a body that does not parse keeps the last load (the
+  router's own counts still apply);
+* an ejected replica's ``/health`` must answer 200 ``readmit_after`` times
+  in a row before it takes requests again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aiohttp
+
+from contracts.errors import DataError
+from router.forward import UPSTREAM_FAILURES, Router
+from router.scrape import parse_load
+
+
+class Monitor:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._timeout = aiohttp.ClientTimeout(total=router.config.scrape_timeout_s)
+        self._task: asyncio.Task[None] | None = None
+
+    async def _get(self, url: str) -> tuple[int, bytes]:
+        async with self.router.session.get(url, timeout=self._timeout) as answer:
+            return answer.status, await answer.read()
+
+    async def tick(self) -> None:
+        """Check every replica once."""
+        await asyncio.gather(*(self._check(name) for name in self.router.pool.names))
+
+    async def _check(self, name: str) -> None:
+        pool = self.router.pool
+        if not pool.is_healthy(name):
+            try:
+                ok = (await self._get(name + "/health"))[0] == 200
+            except UPSTREAM_FAILURES:
+                ok = False
+            if pool.health_result(name, ok):
+                self.router.metrics.healthy[name].set(1)
+            return
+        try:
+            status, body = await self._get(name + "/metrics")
+        except TimeoutError:
+            return  # a busy replica renders /metrics late; its requests still flow (a dead one refuses)
+        except UPSTREAM_FAILURES:
+            self.router.eject(name)
+            return
+        if status != 200:
+            return
+        with contextlib.suppress(DataError, UnicodeDecodeError):
+            pool.update_load(name, parse_load(body.decode()))
+
+    async def _run(self) -> None:
+        while True:
+            await self.tick()
+            await asyncio.sleep(self.router.config.scrape_interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+__all__ = ["Monitor"]

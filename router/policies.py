@@ -1,0 +1,163 @@
+"""Routing policies: pure functions of a request's features and the replicas' states, returning a Choice.
+
+Nothing here does I/O or reads a clock: the proxy and the replay call the
+same functions.  Every policy picks among healthy replicas only, and says
+why in ``Choice.reason`` (a fixed word per branch, so tests and metrics can
+count them):
+
+* :func:`round_robin`: ``next_in_turn``;
+* :func:`least_outstanding`: ``fewest_outstanding``;
+* :func:`estimated_cost`: ``lowest_predicted_ttft`` or ``avoids_itl_risk``;
+* :func:`prefix_affinity`: ``prefix_owner``, ``prefix_owner_full`` (bounded
+  load sent it further round the ring) or ``no_prefix`` (too short a prompt:
+  least outstanding);
+* :func:`admission`: ``all_over_budget`` (reject) or ``no_healthy_replica``.
+
+The cost model (:func:`predict`): a new request's TTFT on a replica is the
+prefill work queued ahead of it plus its own, at the replica's prefill rate,
+stretched by the running batch (decode steps share each iteration) and by KV
+pressure above a soft limit (block waits and preemptions).  ITL grows with the
+running batch; a replica whose predicted ITL breaks the objective is avoided
+when another within the TTFT objective has none.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from router.prefix import walk
+from router.types import Choice, CostModel, Prediction, ReplicaState, RequestFeatures
+
+NO_REPLICA = Choice(replica=None, reason="no_healthy_replica")
+
+
+def predict(state: ReplicaState, features: RequestFeatures, model: CostModel) -> Prediction:
+    """Predicted TTFT and ITL of ``features`` on ``state``'s replica."""
+    batch_factor = 1.0 + state.running / model.max_batch
+    over = max(0.0, state.kv_usage - model.kv_soft_limit) / max(1e-9, 1.0 - model.kv_soft_limit)
+    kv_factor = 1.0 + model.kv_full_penalty * min(1.0, over)
+    work = state.pending_prefill_tokens + features.prompt_tokens
+    ttft_s = work / max(state.prefill_tokens_per_s, 1e-9) * batch_factor * kv_factor
+    itl_s = model.decode_step_s * (1.0 + (state.running + 1) / model.max_batch)
+    return Prediction(ttft_s=ttft_s, itl_s=itl_s, itl_risk=itl_s > model.itl_objective_s)
+
+
+def healthy(replicas: Sequence[ReplicaState]) -> list[ReplicaState]:
+    return [r for r in replicas if r.healthy]
+
+
+def round_robin(turn: int, replicas: Sequence[ReplicaState]) -> Choice:
+    """The ``turn``-th healthy replica, cyclically (the caller counts turns)."""
+    live = healthy(replicas)
+    if not live:
+        return NO_REPLICA
+    return Choice(replica=live[turn % len(live)].name, reason="next_in_turn")
+
+
+def least_outstanding(replicas: Sequence[ReplicaState]) -> Choice:
+    """Fewest requests in flight from this router; ties: the smaller scraped queue, then the name."""
+    live = healthy(replicas)
+    if not live:
+        return NO_REPLICA
+    best = min(live, key=lambda r: (r.outstanding, r.waiting + r.running, r.name))
+    return Choice(replica=best.name, reason="fewest_outstanding", detail={r.name: float(r.outstanding) for r in live})
+
+
+def estimated_cost(features: RequestFeatures, replicas: Sequence[ReplicaState], model: CostModel) -> Choice:
+    """The replica predicted to serve the first token soonest, avoiding ITL risk when the TTFT budget allows."""
+    live = healthy(replicas)
+    if not live:
+        return NO_REPLICA
+    predictions = {r.name: predict(r, features, model) for r in live}
+
+    def key(r: ReplicaState) -> tuple[bool, bool, float, int, str]:
+        p = predictions[r.name]
+        return (p.ttft_s > model.ttft_objective_s, p.itl_risk, p.ttft_s, r.outstanding, r.name)
+
+    best = min(live, key=key)
+    fastest = min(live, key=lambda r: (predictions[r.name].ttft_s, r.outstanding, r.name))
+    reason = "lowest_predicted_ttft" if best.name == fastest.name else "avoids_itl_risk"
+    return Choice(
+        replica=best.name, reason=reason, predicted_ttft_s=predictions[best.name].ttft_s,
+        detail={name: p.ttft_s for name, p in predictions.items()},
+    )
+
+
+def prefix_affinity(
+    features: RequestFeatures, replicas: Sequence[ReplicaState], *, affinity_blocks: int = 4, load_factor: float = 1.25
+) -> Choice:
+    """Consistent hashing with bounded load over the leading ``affinity_blocks`` prompt blocks.
+
+    The key is the chained hash of the first ``affinity_blocks`` blocks (fewer when the
+    prompt is shorter), so prompts sharing that lead meet on one replica.  A replica
+    whose outstanding requests reach ``ceil(load_factor x mean)`` (the mean counting
+    this request) is passed over for the next one clockwise.
+    """
+    live = healthy(replicas)
+    if not live:
+        return NO_REPLICA
+    if not features.prefix_blocks:
+        fallback = least_outstanding(live)
+        return Choice(replica=fallback.replica, reason="no_prefix", detail=fallback.detail)
+    key = features.prefix_blocks[min(len(features.prefix_blocks), affinity_blocks) - 1]
+    by_name = {r.name: r for r in live}
+    cap = math.ceil(load_factor * (sum(r.outstanding for r in live) + 1) / len(live))
+    order = walk(key, tuple(by_name))
+    for position, name in enumerate(order):
+        if by_name[name].outstanding < cap:
+            return Choice(replica=name, reason="prefix_owner" if position == 0 else "prefix_owner_full",
+                          detail={"cap": float(cap), "position": float(position)})  # fmt: skip
+    return Choice(replica=order[0], reason="prefix_owner", detail={"cap": float(cap)})
+
+
+def admission(features: RequestFeatures, replicas: Sequence[ReplicaState], model: CostModel) -> Choice | None:
+    """None when some healthy replica is predicted within the TTFT objective; else a refusal with Retry-After.
+
+    ``retry_after_s``: the best replica's predicted excess over the objective (its
+    backlog has to drain that long before this request would fit).
+    """
+    live = healthy(replicas)
+    if not live:
+        return NO_REPLICA
+    predictions = {r.name: predict(r, features, model).ttft_s for r in live}
+    best = min(predictions.values())
+    if best <= model.ttft_objective_s:
+        return None
+    return Choice(replica=None, reason="all_over_budget", predicted_ttft_s=best,
+                  retry_after_s=best - model.ttft_objective_s, detail=predictions)  # fmt: skip
+
+
+Policy = Callable[[RequestFeatures, Sequence[ReplicaState], int], Choice]
+"""A policy as the proxy calls it: features, states, the turn counter."""
+
+
+def policy_named(name: str, model: CostModel, *, affinity_blocks: int = 4, load_factor: float = 1.25) -> Policy:
+    """``round-robin``, ``least-loaded``, ``cost`` or ``prefix`` as a :data:`Policy` (ValueError otherwise)."""
+    policies: dict[str, Policy] = {
+        "round-robin": lambda _f, replicas, turn: round_robin(turn, replicas),
+        "least-loaded": lambda _f, replicas, _t: least_outstanding(replicas),
+        "cost": lambda features, replicas, _t: estimated_cost(features, replicas, model),
+        "prefix": lambda features, replicas, _t: prefix_affinity(
+            features, replicas, affinity_blocks=affinity_blocks, load_factor=load_factor),
+    }  # fmt: skip
+    if name not in policies:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+    return policies[name]
+
+
+POLICY_NAMES = ("cost", "prefix", "least-loaded", "round-robin")
+
+__all__ = [
+    "NO_REPLICA",
+    "POLICY_NAMES",
+    "Policy",
+    "admission",
+    "estimated_cost",
+    "healthy",
+    "least_outstanding",
+    "policy_named",
+    "predict",
+    "prefix_affinity",
+    "round_robin",
+]

@@ -1,0 +1,142 @@
+"""The replicas' live state: last scrape, the router's own in-flight counts, ejection and readmission.
+
+The one mutable object of the router (the policies only read its
+:meth:`ReplicaPool.snapshot`).  Everything runs on the event loop's thread,
+so no locks.  The scraped queue lags by up to a scrape interval; the
+router's own counts do not, so a replica's waiting and running are the
+larger of the two, and its pending prefill tokens are the router's own
+unstarted prompts plus the scraped queue the router did not send, at an
+assumed mean length.  Each replica's prefill rate starts at the configured
+one and follows the observed TTFT of streamed requests (:meth:`calibrate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from router.scrape import ScrapedLoad
+from router.types import ReplicaState
+
+CALIBRATION_STEP = 0.2
+MIN_CALIBRATED_S = 0.05
+RATE_RANGE = 100.0
+
+
+@dataclass(slots=True)
+class _Replica:
+    name: str
+    prefill_tokens_per_s: float
+    healthy: bool = True
+    passes: int = 0
+    """Consecutive passed health checks while ejected."""
+    load: ScrapedLoad = field(default_factory=ScrapedLoad)
+    outstanding: int = 0
+    prefilling: int = 0
+    prefill_tokens: int = 0
+    ejections: int = 0
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One request in flight on one replica (its counts leave the pool exactly once)."""
+
+    replica: str
+    prompt_tokens: int
+    started: bool = False
+    finished: bool = False
+
+
+class ReplicaPool:
+    def __init__(self, names: tuple[str, ...], *, prefill_tokens_per_s: float, mean_prompt_tokens: float,
+                 readmit_after: int = 2) -> None:  # fmt: skip
+        self._replicas = {name: _Replica(name, prefill_tokens_per_s) for name in names}
+        self.configured_rate = prefill_tokens_per_s
+        self.mean_prompt_tokens = mean_prompt_tokens
+        self.readmit_after = readmit_after
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._replicas)
+
+    def is_healthy(self, name: str) -> bool:
+        return self._replicas[name].healthy
+
+    def snapshot(self) -> tuple[ReplicaState, ...]:
+        return tuple(self._state(r) for r in self._replicas.values())
+
+    def _state(self, r: _Replica) -> ReplicaState:
+        scraped_waiting = int(r.load.waiting or 0)
+        unseen_waiting = max(0, scraped_waiting - r.prefilling)
+        return ReplicaState(
+            name=r.name, healthy=r.healthy, waiting=max(scraped_waiting, r.prefilling),
+            running=max(int(r.load.running or 0), r.outstanding - r.prefilling), kv_usage=r.load.kv_usage or 0.0,
+            pending_prefill_tokens=r.prefill_tokens + int(unseen_waiting * self.mean_prompt_tokens),
+            outstanding=r.outstanding, prefill_tokens_per_s=r.prefill_tokens_per_s,
+        )
+
+    def begin(self, name: str, prompt_tokens: int) -> Ticket:
+        r = self._replicas[name]
+        r.outstanding += 1
+        r.prefilling += 1
+        r.prefill_tokens += prompt_tokens
+        return Ticket(name, prompt_tokens)
+
+    def first_token(self, ticket: Ticket) -> None:
+        if ticket.started or ticket.finished:
+            return
+        ticket.started = True
+        r = self._replicas[ticket.replica]
+        r.prefilling -= 1
+        r.prefill_tokens -= ticket.prompt_tokens
+
+    def finish(self, ticket: Ticket) -> None:
+        if ticket.finished:
+            return
+        self.first_token(ticket)
+        ticket.finished = True
+        self._replicas[ticket.replica].outstanding -= 1
+
+    def calibrate(self, name: str, predicted_s: float, observed_s: float) -> None:
+        """Move a replica's prefill rate toward what its observed TTFT says (a step in log space).
+
+        A prediction is proportional to 1 / rate, so ``rate x predicted / observed`` would have
+        predicted what was observed; the rate moves ``CALIBRATION_STEP`` of the way there (in
+        log space, each step's ratio clamped to 0.5..2), and stays within ``RATE_RANGE`` of the
+        configured rate.  Predictions under ``MIN_CALIBRATED_S`` are skipped: there the network and
+        the router's own hop, not prefill, make the TTFT.
+        """
+        if predicted_s < MIN_CALIBRATED_S or observed_s <= 0:
+            return
+        r = self._replicas[name]
+        ratio = min(2.0, max(0.5, predicted_s / observed_s))
+        low, high = self.configured_rate / RATE_RANGE, self.configured_rate * RATE_RANGE
+        r.prefill_tokens_per_s = min(high, max(low, r.prefill_tokens_per_s * ratio**CALIBRATION_STEP))
+
+    def update_load(self, name: str, load: ScrapedLoad) -> None:
+        self._replicas[name].load = load
+
+    def eject(self, name: str) -> bool:
+        """Take a replica out of routing until it passes its health checks; True when it was live."""
+        r = self._replicas[name]
+        r.passes = 0
+        r.load = ScrapedLoad()
+        if not r.healthy:
+            return False
+        r.healthy = False
+        r.ejections += 1
+        return True
+
+    def health_result(self, name: str, ok: bool) -> bool:
+        """Record an ejected replica's health check; True when this pass readmits it."""
+        r = self._replicas[name]
+        if r.healthy:
+            return False
+        r.passes = r.passes + 1 if ok else 0
+        if r.passes >= self.readmit_after:
+            r.healthy = True
+            r.passes = 0
+            return True
+        return False
+
+
+__all__ = ["CALIBRATION_STEP", "MIN_CALIBRATED_S", "RATE_RANGE", "ReplicaPool", "Ticket"]

@@ -1,0 +1,87 @@
+"""The values at the router's boundary: what a request looks like, what a replica's load is, what was chosen.
+
+Units sit in field names (``_s``, ``_tokens``); times are passed in, so the
+replay's clock works as well as the proxy's.  Everything here is frozen:
+policies read these and return a :class:`Choice`, they never mutate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestFeatures:
+    """What the router knows of one request before sending it."""
+
+    prompt_tokens: int
+    """Prompt length: exact for token-id prompts, estimated (characters / 4) for text."""
+    max_tokens: int = 16
+    """Output tokens asked for (the request's ``max_tokens``)."""
+    stream: bool = False
+    prefix_blocks: tuple[int, ...] = ()
+    """Hashes of the leading prompt blocks, each covering its block and all before it (chained)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaState:
+    """One replica's load as the router sees it: the last scrape, corrected by the router's own counts."""
+
+    name: str
+    healthy: bool = True
+    waiting: int = 0
+    """Requests waiting to be scheduled (``vllm:num_requests_waiting``, at least the router's own unstarted)."""
+    running: int = 0
+    """Requests in the running batch (``vllm:num_requests_running``, at least the router's own started)."""
+    kv_usage: float = 0.0
+    """Fraction of KV cache blocks in use, 0..1."""
+    pending_prefill_tokens: int = 0
+    """Prompt tokens queued ahead of a new request (the router's own exactly, the rest estimated)."""
+    outstanding: int = 0
+    """Requests the router has sent to this replica and not seen finish."""
+    prefill_tokens_per_s: float = 4000.0
+    """How fast this replica computes prompt tokens (configured, or learned from observed TTFT)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostModel:
+    """The constants of the estimated-cost policy (defaults: the mission's objectives)."""
+
+    ttft_objective_s: float = 0.5
+    itl_objective_s: float = 0.02
+    decode_step_s: float = 0.01
+    """ITL of a replica with an empty batch."""
+    max_batch: int = 128
+    """Running batch at which a step's decode work has grown to a full extra step."""
+    kv_soft_limit: float = 0.8
+    """KV usage above which a replica slows new prefills (block waits, preemption risk)."""
+    kv_full_penalty: float = 4.0
+    """Extra multiple of the predicted TTFT at 100 % KV usage (linear from the soft limit)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """What the cost model expects of one replica for one request."""
+
+    ttft_s: float
+    itl_s: float
+    itl_risk: bool
+    """The predicted ITL exceeds the objective (the running batch is too large)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Choice:
+    """A policy's answer: which replica (None: none can take it), why, and what it predicted."""
+
+    replica: str | None
+    reason: str
+    """A fixed word per branch (``lowest_predicted_ttft``, ``prefix_owner``, ``all_over_budget``, ...)."""
+    predicted_ttft_s: float | None = None
+    retry_after_s: float | None = None
+    """When ``replica`` is None: how long until the best replica is predicted back within the objective."""
+    detail: Mapping[str, float] = field(default_factory=dict)
+    """Per-replica figures behind the choice (predicted TTFT, load), for logs and tests."""
+
+
+__all__ = ["Choice", "CostModel", "Prediction", "ReplicaState", "RequestFeatures"]

@@ -1,0 +1,54 @@
+"""The monitor against stub replicas on 127.0.0.1: what ejects a replica, what does not, and readmission."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from router.config import RouterConfig
+from router.forward import Router
+from router.monitor import Monitor
+from tests.router.servers import WAITING_TEXT, stubs, url_of
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def ticks(router: Router, count: int) -> None:
+    async def go() -> None:
+        monitor = Monitor(router)
+        for _ in range(count):
+            await monitor.tick()
+        await router.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_scrape_sets_the_load_and_a_slow_or_garbled_one_keeps_the_replica() -> None:
+    with stubs(1, metrics_text=WAITING_TEXT.format(waiting=4)) as (stub,):
+        router = Router(RouterConfig(replicas=(url_of(stub),), scrape_timeout_s=0.2))
+        ticks(router, 1)
+        assert router.pool.snapshot()[0].waiting == 4
+        stub.metrics_delay_s = 0.5
+        ticks(router, 2)
+        assert router.pool.is_healthy(url_of(stub)) and router.pool.snapshot()[0].waiting == 4
+        stub.metrics_delay_s, stub.metrics_text = 0.0, "vllm:num_requests_waiting{garbage 1\n"
+        ticks(router, 1)
+        assert router.pool.is_healthy(url_of(stub)) and router.pool.snapshot()[0].waiting == 4
+
+
+def test_a_refused_scrape_ejects_and_passing_health_checks_readmit() -> None:
+    with stubs(1) as (stub,):
+        url, port = url_of(stub), stub.port
+        router = Router(RouterConfig(replicas=(url,), readmit_after=2))
+        stub.stop_in_thread()
+        ticks(router, 3)  # the scrape is refused, then so are the health checks
+        assert not router.pool.is_healthy(url)
+        assert router.metrics.registry.get_sample_value("moeslo_router_replica_healthy", {"replica": url}) == 0
+        stub.start_in_thread(port)
+        ticks(router, 1)
+        assert not router.pool.is_healthy(url)  # one pass of two
+        ticks(router, 1)
+        assert router.pool.is_healthy(url)
+        assert router.metrics.registry.get_sample_value("moeslo_router_replica_healthy", {"replica": url}) == 1
+        assert router.metrics.registry.get_sample_value("moeslo_router_ejections_total", {"replica": url}) == 1

@@ -1,0 +1,171 @@
+"""The proxy against stub upstreams on 127.0.0.1: relaying, streaming, failures, admission, bad answers.
+
+Every test is bounded (``timeout``) and every wait polls with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from bench.stub_upstream import COMPLETION, DEFAULT_CHUNKS
+from tests.router.servers import WAITING_TEXT, eventually, router, stubs, url_of
+
+pytestmark = pytest.mark.timeout(60)
+STREAM = {"prompt": "hello there", "max_tokens": 8, "stream": True}
+PLAIN = {"prompt": "hello there", "max_tokens": 1}
+
+
+def test_a_completion_and_the_model_list_are_relayed_as_the_replica_wrote_them() -> None:
+    with stubs(1) as (stub,), router([stub]) as r:
+        answer = httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5)
+        assert (answer.status_code, answer.content) == (200, COMPLETION)
+        assert answer.headers["content-type"] == "application/json"
+        models = httpx.get(r.url + "/v1/models", timeout=5).json()
+        assert models["data"][0]["id"] == "stub"
+        chat = httpx.post(r.url + "/v1/chat/completions", json={"messages": []}, timeout=5)
+        assert chat.status_code == 200  # the stub serves chat; an engine without it answers its own 404
+        labels = {"replica": url_of(stub), "decision": "lowest_predicted_ttft", "outcome": "ok"}
+        eventually(lambda: r.sample("moeslo_router_requests_total", **labels) == 2, 5, "two counted")  # after the reply
+        assert r.sample("moeslo_router_overhead_seconds_count") == 2
+
+
+def test_streaming_passes_through_byte_for_byte_as_it_arrives() -> None:
+    chunks = (b'data: {"text": "a"}\n\n', b'data: {"text": "\xc3\xa9"}\n\n', b"data: [DONE]\n\n")
+    with stubs(1, stream_chunks=chunks, chunk_delay_s=0.3) as (stub,), router([stub]) as r:
+        arrivals: list[tuple[float, bytes]] = []
+        with httpx.stream("POST", r.url + "/v1/completions", json=STREAM, timeout=5) as answer:
+            assert answer.headers["content-type"] == "text/event-stream"
+            for piece in answer.iter_raw():
+                arrivals.append((time.monotonic(), piece))
+        assert b"".join(p for _, p in arrivals) == b"".join(chunks)
+        assert arrivals[-1][0] - arrivals[0][0] > 0.4, "the first chunk waited for the last: buffered"
+        labels = {"replica": url_of(stub)}
+        assert r.sample("moeslo_router_observed_ttft_seconds_count", **labels) == 1
+        assert r.sample("moeslo_router_ttft_prediction_error_seconds_count", **labels) == 1
+
+
+def test_a_client_that_goes_away_closes_the_upstream_request() -> None:
+    chunks = tuple(f"data: {i}\n\n".encode() for i in range(100))
+    with stubs(1, stream_chunks=chunks, chunk_delay_s=0.05) as (stub,), router([stub]) as r:
+        with httpx.stream("POST", r.url + "/v1/completions", json=STREAM, timeout=5) as answer:
+            next(answer.iter_raw())
+        eventually(lambda: stub.peer_closed == 1, 5, "the upstream seeing the disconnect")
+        eventually(lambda: r.replicas()[url_of(stub)]["outstanding"] == 0, 5, "the request leaving the pool")
+        stub.mode = "hang"
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=0.5)
+        eventually(lambda: stub.peer_closed == 2, 5, "the upstream seeing the non-streaming disconnect")
+        labels = {"replica": url_of(stub), "decision": "lowest_predicted_ttft", "outcome": "client_disconnected"}
+        eventually(lambda: r.sample("moeslo_router_requests_total", **labels) == 2, 5, "two disconnects counted")
+
+
+def test_a_replica_dying_mid_stream_gives_a_clean_error_then_is_ejected_and_readmitted() -> None:
+    with stubs(2) as (dying, healthy), router([dying, healthy], policy="round-robin",
+                                                            readmit_after=20) as r:  # fmt: skip
+        dying.mode = "die_mid_stream"
+        with httpx.stream("POST", r.url + "/v1/completions", json=STREAM, timeout=5) as answer:
+            body = answer.read()  # a clean end: no protocol error on the client's side
+        assert body.startswith(DEFAULT_CHUNKS[0] + DEFAULT_CHUNKS[1])
+        error_event = body[len(DEFAULT_CHUNKS[0] + DEFAULT_CHUNKS[1]):]
+        assert error_event.endswith(b"data: [DONE]\n\n")
+        error = json.loads(error_event.split(b"\n\n")[0].removeprefix(b"data: "))["error"]
+        assert (error["type"], error["code"], error["replica"]) == ("UpstreamError", 502, url_of(dying))
+        assert r.replicas()[url_of(dying)]["healthy"] is False
+        for _ in range(3):  # the survivor takes everything meanwhile
+            assert httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5).status_code == 200
+        assert healthy.requests["/v1/completions"] == 3
+        eventually(lambda: r.replicas()[url_of(dying)]["healthy"] is True, 5, "readmission")  # 20 passes of /health
+        assert r.sample("moeslo_router_ejections_total", replica=url_of(dying)) == 1
+        labels = {"replica": url_of(dying), "decision": "next_in_turn", "outcome": "upstream_failed_mid_stream"}
+        eventually(lambda: r.sample("moeslo_router_requests_total", **labels) == 1, 5, "the failure counted")
+
+
+def test_a_replica_that_refuses_connections_is_skipped_without_the_client_noticing() -> None:
+    with stubs(2) as (gone, alive), router([gone, alive], policy="round-robin") as r:
+        port = gone.port
+        gone.stop_in_thread()
+        for _ in range(2):
+            assert httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5).status_code == 200
+        assert r.replicas()[url_of(gone)]["healthy"] is False
+        gone.start_in_thread(port)
+        eventually(lambda: r.replicas()[url_of(gone)]["healthy"] is True, 5, "readmission after restart")
+
+
+def test_429_with_retry_after_when_every_replica_is_over_budget() -> None:
+    busy = WAITING_TEXT.format(waiting=50)  # 50 x 256 assumed tokens / 4000 tok/s = 3.2 s predicted TTFT
+    with stubs(2, metrics_text=busy) as upstreams, router(upstreams) as r:
+        eventually(lambda: all(s["waiting"] == 50 for s in r.replicas().values()), 5, "the scrape")
+        answer = httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5)
+        assert answer.status_code == 429
+        assert answer.headers["retry-after"] == "3"  # ceil(3.2 s - 0.5 s)
+        error = answer.json()["error"]
+        assert (error["type"], error["code"]) == ("OverloadedError", 429)
+        assert error["retry_after_s"] == pytest.approx(2.7, abs=0.01)
+        assert sum(s.requests["/v1/completions"] for s in upstreams) == 0
+        labels = {"replica": "none", "decision": "all_over_budget", "outcome": "rejected"}
+        eventually(lambda: r.sample("moeslo_router_requests_total", **labels) == 1, 5, "the refusal counted")
+
+
+def test_queue_mode_holds_the_request_until_a_replica_fits() -> None:
+    with stubs(1, metrics_text=WAITING_TEXT.format(waiting=50)) as (stub,), \
+            router([stub], admission="queue", max_queue_s=5.0) as r:  # fmt: skip
+        eventually(lambda: r.replicas()[url_of(stub)]["waiting"] == 50, 5, "the scrape")
+        threading.Timer(0.3, lambda: setattr(stub, "metrics_text", WAITING_TEXT.format(waiting=0))).start()
+        started = time.monotonic()
+        answer = httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=10)
+        assert answer.status_code == 200
+        assert 0.25 < time.monotonic() - started < 4.0
+
+
+@pytest.mark.parametrize(
+    ("mode", "status", "message"),
+    [
+        ("garbage_json", 502, "not the JSON it claims"),
+        ("html_500", 502, "without a JSON error document"),
+        ("truncated", 502, "broke the connection"),
+        ("not_http", 502, "broke the connection"),
+        ("hang", 504, "did not answer in time"),
+    ],
+)
+def test_bad_upstream_answers_become_errors_and_the_router_carries_on(mode: str, status: int, message: str) -> None:
+    with stubs(1) as (stub,), router([stub], upstream_timeout_s=0.5, readmit_after=1) as r:
+        stub.mode = mode
+        answer = httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5)
+        assert answer.status_code == status
+        error = answer.json()["error"]
+        assert message in error["message"] and error["replica"] == url_of(stub)
+        stub.mode = "ok"
+        eventually(lambda: r.replicas()[url_of(stub)]["healthy"] is True, 5, "the replica back")
+        assert httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5).status_code == 200
+
+
+def test_bad_requests_and_unknown_routes_get_the_error_document() -> None:
+    with stubs(1) as (stub,), router([stub]) as r:
+        answer = httpx.post(r.url + "/v1/completions", content=b"{not json", timeout=5)
+        assert answer.status_code == 400
+        assert answer.json()["error"]["type"] == "ValidationError" and answer.json()["error"]["problems"]
+        missing = httpx.get(r.url + "/v2/nothing", timeout=5)
+        assert (missing.status_code, missing.json()["error"]["code"]) == (404, 404)
+        assert stub.requests["/v1/completions"] == 0
+        metrics = httpx.get(r.url + "/metrics", timeout=5).text
+        assert "moeslo_router_requests_total" in metrics and "moeslo_router_replica_healthy" in metrics
+
+
+def test_503_when_no_replica_can_take_the_request() -> None:
+    with stubs(1) as (stub,), router([stub], readmit_after=1000) as r:
+        stub.stop_in_thread()
+        eventually(lambda: r.replicas()[url_of(stub)]["healthy"] is False, 5, "the scrape ejecting it")
+        answer = httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5)
+        assert answer.status_code == 503
+        assert (answer.json()["error"]["type"], answer.json()["error"]["message"]) == ("UnavailableError",
+                                                                                       "no healthy replica")
+        assert answer.headers["retry-after"] == "1"
+        assert httpx.get(r.url + "/health", timeout=5).status_code == 503
+        assert httpx.get(r.url + "/v1/models", timeout=5).status_code == 503
+        labels = {"replica": "none", "decision": "no_healthy_replica", "outcome": "unavailable"}
+        eventually(lambda: r.sample("moeslo_router_requests_total", **labels) == 1, 5, "the refusal counted")

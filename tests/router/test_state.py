@@ -1,0 +1,116 @@
+"""Request features, the /metrics parse and the pool's corrected counts (no network)."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts.errors import DataError, ValidationError
+from router.config import RouterConfig
+from router.features import request_features
+from router.pool import ReplicaPool
+from router.scrape import ScrapedLoad, parse_load
+
+METRICS = """\
+# HELP vllm:num_requests_waiting Requests waiting to be scheduled.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 2.0
+# HELP vllm:num_requests_running Requests in the running batch.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 7.0
+# HELP vllm:kv_cache_usage_perc Fraction of KV cache blocks in use (0..1).
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+# HELP moe_expert_tokens_total Tokens routed.
+# TYPE moe_expert_tokens_total counter
+moe_expert_tokens_total{layer="0",expert="1"} 12.0
+"""
+
+
+def test_parse_load_sums_queues_and_takes_the_fullest_kv_cache() -> None:
+    assert parse_load(METRICS) == ScrapedLoad(waiting=5.0, running=7.0, kv_usage=0.5)
+    assert parse_load("# nothing of ours\nother_metric 1\n") == ScrapedLoad()
+
+
+def test_parse_load_reads_only_the_three_series_wherever_they_stand() -> None:
+    text = ('vllm:num_requests_running 2\nvllm:num_requests_waiting_by_reason{r="x"} 9\n'
+            'vllm:num_requests_waiting{model_name="a}b",engine="0"} 3.0 1700000000000\n'
+            'vllm:num_requests_waiting{engine="1"} 4')  # first line, a longer name, braces in a value, timestamp
+    assert parse_load(text) == ScrapedLoad(waiting=7.0, running=2.0)
+
+
+def test_parse_load_rejects_a_body_that_is_not_prometheus_text() -> None:
+    with pytest.raises(DataError, match="unparseable metrics"):
+        parse_load('vllm:num_requests_waiting{engine="0" 3\n')
+
+
+def test_features_of_token_text_and_chat_prompts() -> None:
+    tokens = request_features({"prompt": list(range(40)), "max_tokens": 7, "stream": True})
+    assert (tokens.prompt_tokens, tokens.max_tokens, tokens.stream, len(tokens.prefix_blocks)) == (40, 7, True, 2)
+    text = request_features({"prompt": "x" * 130})
+    assert (text.prompt_tokens, len(text.prefix_blocks)) == (33, 2)  # ceil(130 / 4); 64-character blocks
+    chat = request_features({"messages": [{"role": "user", "content": "hi " * 50}]}, chat=True)
+    assert chat.prompt_tokens > 30 and chat.prefix_blocks
+    odd = request_features({"prompt": {"not": "a prompt"}, "max_tokens": "many"})
+    assert (odd.prompt_tokens, odd.max_tokens, odd.prefix_blocks) == (0, 16, ())
+
+
+def test_prompts_sharing_leading_blocks_share_their_hashes() -> None:
+    a = request_features({"prompt": [1] * 32 + [2] * 16})
+    b = request_features({"prompt": [1] * 32 + [3] * 16})
+    assert a.prefix_blocks[:2] == b.prefix_blocks[:2] and a.prefix_blocks[2] != b.prefix_blocks[2]
+
+
+def test_pool_corrects_a_stale_scrape_with_its_own_counts() -> None:
+    pool = ReplicaPool(("a",), prefill_tokens_per_s=1000.0, mean_prompt_tokens=100.0)
+    first, second = pool.begin("a", 300), pool.begin("a", 200)
+    pool.update_load("a", ScrapedLoad(waiting=5, running=1, kv_usage=0.3))
+    (s,) = pool.snapshot()
+    assert (s.waiting, s.outstanding, s.kv_usage) == (5, 2, 0.3)
+    assert s.pending_prefill_tokens == 500 + 3 * 100  # its own two prompts + three it did not send
+    pool.first_token(first)
+    pool.finish(first)
+    pool.finish(first)  # counted once
+    (s,) = pool.snapshot()
+    assert (s.outstanding, s.pending_prefill_tokens) == (1, 200 + 4 * 100)
+    pool.update_load("a", ScrapedLoad())
+    assert pool.snapshot()[0].waiting == 1  # no scrape: its own unstarted request
+    pool.finish(second)
+    assert pool.snapshot()[0].pending_prefill_tokens == 0
+
+
+def test_an_ejected_replica_returns_after_consecutive_passes() -> None:
+    pool = ReplicaPool(("a",), prefill_tokens_per_s=1000.0, mean_prompt_tokens=100.0, readmit_after=2)
+    assert pool.eject("a") and not pool.eject("a")
+    assert not pool.health_result("a", True)
+    assert not pool.health_result("a", False)  # a failure starts the count again
+    assert not pool.health_result("a", True)
+    assert pool.health_result("a", True) and pool.is_healthy("a")
+
+
+def test_config_gathers_every_problem() -> None:
+    with pytest.raises(ValidationError) as caught:
+        RouterConfig(replicas=("ftp://x", "ftp://x"), policy="random", scrape_interval_s=0)
+    problems = "\n".join(caught.value.problems)
+    for expected in ("not an http(s) URL", "listed twice", "'random' is not one of", "scrape_interval_s"):
+        assert expected in problems
+
+
+def test_calibration_moves_the_prefill_rate_toward_the_observed_ttft() -> None:
+    pool = ReplicaPool(("a",), prefill_tokens_per_s=4000.0, mean_prompt_tokens=100.0)
+
+    def rate() -> float:
+        return pool.snapshot()[0].prefill_tokens_per_s
+
+    true_rate = 1000.0
+    for _ in range(60):  # 2000 tokens of work, predicted at the current rate, observed at the true one
+        pool.calibrate("a", 2000 / rate(), 2000 / true_rate)
+    assert rate() == pytest.approx(true_rate, rel=0.01)
+    pool.calibrate("a", 0.01, 1.0)  # too small a prediction to say anything about prefill
+    assert rate() == pytest.approx(true_rate, rel=0.01)
+    pool.calibrate("a", 1.0, 100.0)  # one outlier moves it at most 2 ** 0.2
+    assert rate() >= true_rate * 0.5**0.2 * 0.99
+    for _ in range(500):
+        pool.calibrate("a", 1.0, 0.0001)  # always far faster than predicted: the rate stops at 100x
+    assert rate() == pytest.approx(4000.0 * 100)
