@@ -397,12 +397,25 @@ def _json_safe(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()}
 
 
+def _rebalancer(settings: ControllerSettings) -> Rebalancer | None:
+    """One rebalancer for both engines: each endpoint is driven through the embedded engine's
+    placement API or vLLM's /moeslo/eplb routes, by what it answers."""
+    from controller.actuators.placement import Rebalancer
+    from controller.actuators.vllm_control import AutoEngineControl
+
+    if not settings.rebalance:
+        return None
+    return Rebalancer(
+        AutoEngineControl(timeout_s=settings.source_timeout_s),
+        window_every_s=settings.rebalance_window_s,
+        min_windows=settings.rebalance_min_windows,
+    )
+
+
 def build_service(settings: ControllerSettings, store: Store, registry: CollectorRegistry) -> ControllerService:
     """The service the configuration describes: source, actuator, elector, core and metrics."""
     # Imported here: the kubernetes client and the rebalancer's numerics take seconds to import.
     from controller.actuators import api_client, build_actuator
-    from controller.actuators.placement import Rebalancer
-    from controller.actuators.vllm_control import AutoEngineControl
     from controller.builder import CoreOptions, build_decision_core
     from controller.capacity import DEFAULT_PROFILE, ReplicaProfile
     from controller.leader import LeaseElector
@@ -448,13 +461,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         stale_after_s=settings.stale_after_s,
         static_endpoints=settings.scrape_endpoints,
         decisions_keep=settings.decisions_keep,
-        # One rebalancer for both engines: each endpoint is driven through the embedded engine's
-        # placement API or vLLM's /moeslo/eplb routes, by what it answers.
-        rebalancer=Rebalancer(
-            AutoEngineControl(timeout_s=settings.source_timeout_s),
-            window_every_s=settings.rebalance_window_s,
-            min_windows=settings.rebalance_min_windows,
-        ) if settings.rebalance else None,
+        rebalancer=_rebalancer(settings),
         history=history,
     )
     service_ref.append(service)
