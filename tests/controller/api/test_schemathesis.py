@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 import schemathesis
 import yaml
 from hypothesis import HealthCheck, settings
@@ -46,4 +47,12 @@ def _yaml_stream(_ctx: schemathesis.DeserializationContext, response: schemathes
 @schema.parametrize()
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_api_honours_its_schema(case: schemathesis.Case) -> None:
+    case.call_and_validate(headers=AUTH, excluded_checks=[schemathesis.checks.positive_data_acceptance])
+
+
+@pytest.mark.slow
+@schema.parametrize()
+@settings(max_examples=75, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_api_honours_its_schema_over_a_thousand_cases(case: schemathesis.Case) -> None:
+    """The campaign size the hardening work asks for: 14 operations x 75 examples, 1,050 cases."""
     case.call_and_validate(headers=AUTH, excluded_checks=[schemathesis.checks.positive_data_acceptance])
