@@ -20,6 +20,7 @@ Replicas of one expert split its load evenly, as the engine does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -209,14 +210,26 @@ def refine_swaps(
             break
         active, busiest = active[improving], busiest[improving]
         slot_a, item_x = slot_a[improving], item_x[improving]
-        _apply_swaps(packing, active, busiest, slot_a, item_x)
+        apply_swaps(packing, active, busiest, slot_a, item_x)
         swaps += int(active.size)
     return swaps
 
 
-def _apply_swaps(
-    packing: Packing, rows: IntArray, busiest: IntArray, slot_a: IntArray, item_x: IntArray
+class SwappablePacking(Protocol):
+    """What :func:`apply_swaps` touches: :class:`Packing`, or a packing whose loads have a window axis."""
+
+    experts: IntArray
+    weights: FloatArray
+    item_bin: IntArray
+    bin_items: IntArray
+    rank_load: FloatArray
+    has_expert: npt.NDArray[np.int16]
+
+
+def apply_swaps(
+    packing: SwappablePacking, rows: IntArray, busiest: IntArray, slot_a: IntArray, item_x: IntArray
 ) -> None:
+    """Swap the replica in ``slot_a`` of rank ``busiest`` with replica ``item_x``, row by row."""
     item_a = packing.bin_items[rows, busiest, slot_a]
     rank_q = packing.item_bin[rows, item_x]
     # Position of x inside rank q's slot list.

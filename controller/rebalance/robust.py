@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from controller.rebalance.packing import FloatArray, IntArray, replica_counts
+from controller.rebalance.packing import FloatArray, IntArray, apply_swaps, replica_counts
 
 REFINE_TOP = 8
 """Ranks per row whose best swap each refine round looks for (the furthest from the mean)."""
@@ -218,21 +218,8 @@ def _best_swaps(packing: VectorPacking, active: IntArray, ps: IntArray) -> tuple
 
 
 def _apply(packing: VectorPacking, rows: IntArray, p: IntArray, a: IntArray, x: IntArray) -> None:
-    q = packing.item_bin[rows, x]
     slot_a = np.argmax(packing.bin_items[rows, p] == a[:, None], axis=1)
-    slot_x = np.argmax(packing.bin_items[rows, q] == x[:, None], axis=1)
-    w_a, w_x = packing.weights[rows, a], packing.weights[rows, x]
-    e_a, e_x = packing.experts[rows, a], packing.experts[rows, x]
-    packing.bin_items[rows, p, slot_a] = x
-    packing.bin_items[rows, q, slot_x] = a
-    packing.item_bin[rows, a] = q
-    packing.item_bin[rows, x] = p
-    packing.rank_load[rows, p] += w_x - w_a
-    packing.rank_load[rows, q] += w_a - w_x
-    packing.has_expert[rows, p, e_a] -= 1
-    packing.has_expert[rows, p, e_x] += 1
-    packing.has_expert[rows, q, e_x] -= 1
-    packing.has_expert[rows, q, e_a] += 1
+    apply_swaps(packing, rows, p, slot_a, x)
 
 
 def solve_rows_windows(shares: FloatArray, num_ranks: int, num_slots: int) -> tuple[IntArray, IntArray]:
