@@ -64,7 +64,7 @@ def _figures(phy2log: IntArray, load: FloatArray, num_ranks: int) -> dict[str, f
     return Imbalance.of(rank_load(phy2log, load, num_ranks)).summary()
 
 
-def _timed(fn: Callable[[], Any], repeat: int) -> tuple[Any, float, float]:
+def timed(fn: Callable[[], Any], repeat: int) -> tuple[Any, float, float]:
     """Result, best wall-clock ms and best CPU ms (this process) over ``repeat`` runs.
 
     CPU time is reported too because the shared machine's wall clock includes
@@ -85,7 +85,7 @@ def _eplb(load: FloatArray, config: BenchConfig) -> tuple[IntArray, float, float
     from bench.eplb_reference import rebalance_experts
 
     weight = torch.from_numpy(load)
-    (phy2log, _, _), ms, cpu_ms = _timed(
+    (phy2log, _, _), ms, cpu_ms = timed(
         lambda: rebalance_experts(weight, config.num_slots, config.num_groups, config.num_nodes, config.num_ranks),
         1,
     )
@@ -93,7 +93,7 @@ def _eplb(load: FloatArray, config: BenchConfig) -> tuple[IntArray, float, float
 
 
 def _bench_file(load: FloatArray, config: BenchConfig, repeat: int) -> dict[str, Any]:
-    plan, ours_ms, ours_cpu_ms = _timed(
+    plan, ours_ms, ours_cpu_ms = timed(
         lambda: plan_rebalance(
             load, num_ranks=config.num_ranks, slots_per_rank=config.slots_per_rank,
             num_nodes=config.num_nodes, num_groups=config.num_groups,
@@ -185,7 +185,7 @@ def _bench_replan(loads: dict[str, FloatArray], repeat: int, config: BenchConfig
         start = plan(loads[p_name]).placement
         for d_name in decode:
             load = loads[d_name]
-            replan, replan_ms, replan_cpu_ms = _timed(lambda: plan(load, start), repeat)  # noqa: B023
+            replan, replan_ms, replan_cpu_ms = timed(lambda: plan(load, start), repeat)  # noqa: B023
             scratch = plan(load)
             eplb_p2l = eplb_plans[d_name]
             # Renumbering whole ranks (within their node in hierarchical mode) is free in balance.

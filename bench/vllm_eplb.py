@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bench.rebalance import expert_load_dir, load_files
+from bench.rebalance import expert_load_dir, load_files, timed
 from contracts.imbalance import balancedness, imbalance_cv, max_over_mean, rank_load
 from controller.rebalance.moves import rank_moves
 from harness.vllm_server import VLLM_VENV, vllm_python
@@ -75,18 +74,6 @@ def check_plan(phy2log: IntArray, layers: int, num_experts: int, num_replicas: i
     np.add.at(counts, (np.repeat(np.arange(layers), num_replicas), phy2log.ravel()), 1)
     if (counts == 0).any():
         raise AssertionError("plan leaves a logical expert without a replica")
-
-
-def timed(fn: Callable[[], Any], repeat: int) -> tuple[Any, float, float]:
-    """Result, best wall ms and best CPU ms (this process) of ``repeat`` calls."""
-    best_wall = best_cpu = float("inf")
-    result = None
-    for _ in range(max(repeat, 1)):
-        wall, cpu = time.perf_counter(), time.process_time()
-        result = fn()
-        best_cpu = min(best_cpu, (time.process_time() - cpu) * 1000.0)
-        best_wall = min(best_wall, (time.perf_counter() - wall) * 1000.0)
-    return result, best_wall, best_cpu
 
 
 def _run_policy(policy: Any, load: FloatArray, config: dict[str, int], old: IntArray | None,

@@ -47,7 +47,7 @@ from engine.core_proc import CoreOptions
 from engine.engine_types import EngineConfig, ExpertLoad, RequestOutput
 from engine.errors import PromptTooLongError
 from engine.executors.options import ExecutorOptions, default_threads
-from engine.expert_load import ExpertLoadTracker
+from engine.expert_load import ExpertLoadTracker, publish_step
 from engine.sampling import SamplingParams
 from engine.stats import PlacementSwapStats, StatsSink, StepStats
 
@@ -360,15 +360,7 @@ class EngineCoreClient:
             self._final = msg[1]
 
     def _record(self, stats: StepStats) -> None:
-        if stats.routing is not None:
-            self._load.add(stats.routing)
-        if stats.placement_swap is not None:
-            self._load.reset()
-        for sink in self._sinks:
-            try:
-                sink.record(stats)
-            except Exception:  # a broken exporter must not stop serving
-                log.exception("stats sink %r failed", sink)
+        publish_step(stats, self._load, self._sinks)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         """Hand outputs to their streams: one wake-up per event loop, not one per output."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Iterable
 
 from contracts.imbalance import balancedness, imbalance_cv
 from engine.engine_types import ExpertLoad
-from engine.stats import RoutingDelta, RoutingWindow
+from engine.stats import RoutingDelta, RoutingWindow, StatsSink, StepStats
 
 
 class ExpertLoadTracker:
@@ -48,4 +50,17 @@ class ExpertLoadTracker:
         )
 
 
-__all__ = ["ExpertLoadTracker"]
+__all__ = ["ExpertLoadTracker", "publish_step"]
+
+
+def publish_step(stats: StepStats, load: ExpertLoadTracker, sinks: Iterable[StatsSink]) -> None:
+    """One step's statistics into the expert-load window (reset by a placement swap) and every sink."""
+    if stats.routing is not None:
+        load.add(stats.routing)
+    if stats.placement_swap is not None:
+        load.reset()
+    for sink in sinks:
+        try:
+            sink.record(stats)
+        except Exception:  # a broken exporter must not stop serving
+            logging.getLogger(__name__).exception("stats sink %r failed", sink)

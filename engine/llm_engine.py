@@ -27,7 +27,7 @@ from contracts.placement import Placement
 from engine.core import EngineCore
 from engine.engine_types import EngineConfig, ExpertLoad, OutputCallback, RequestOutput
 from engine.executors import Executor
-from engine.expert_load import ExpertLoadTracker
+from engine.expert_load import ExpertLoadTracker, publish_step
 from engine.kv_cache import BlockManager
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
@@ -204,15 +204,7 @@ class LLMEngine:
                 log.exception("output callback failed for %s", event.request_id)
 
     def _emit(self, stats: StepStats) -> None:
-        if stats.routing is not None:
-            self._load.add(stats.routing)
-        if stats.placement_swap is not None:
-            self._load.reset()
-        for sink in self._sinks:
-            try:
-                sink.record(stats)
-            except Exception:  # a broken exporter must not stop serving
-                log.exception("stats sink %r failed", sink)
+        publish_step(stats, self._load, self._sinks)
 
 
 __all__ = ["EngineConfig", "ExpertLoad", "LLMEngine", "OutputCallback", "RequestOutput"]

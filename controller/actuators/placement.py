@@ -64,8 +64,18 @@ class EngineControl(Protocol):
     async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]: ...
 
 
-class HttpEngineControl:
-    """:class:`EngineControl` over the embedded engine's HTTP API."""
+def error_text(response: httpx.Response) -> str:
+    """``HTTP status: reason: message`` from the engines' ``{"error": ...}`` document, else the raw text."""
+    try:
+        body = response.json()["error"]
+        reason = f"{body['reason']}: " if body.get("reason") else ""
+        return f"HTTP {response.status_code}: {reason}{body['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}: {response.text[:300]}"
+
+
+class JsonHttpControl:
+    """An engine's JSON API over one shared client; failures become :class:`UnavailableError`."""
 
     def __init__(self, client: httpx.AsyncClient | None = None, timeout_s: float = 10.0) -> None:
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
@@ -76,8 +86,15 @@ class HttpEngineControl:
         except httpx.HTTPError as exc:
             raise UnavailableError(f"{method} {url}: {exc!r}") from exc
         if response.status_code >= 400:
-            raise UnavailableError(f"{method} {url}: HTTP {response.status_code}: {response.text[:300]}")
+            raise UnavailableError(f"{method} {url}: {error_text(response)}")
         return response.json()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class HttpEngineControl(JsonHttpControl):
+    """:class:`EngineControl` over the embedded engine's HTTP API."""
 
     async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
         load = await self._call("GET", f"{endpoint}/v1/expert-load")
@@ -94,9 +111,6 @@ class HttpEngineControl:
             "POST", f"{endpoint}/v1/placement", json=placement.to_json(), timeout=300.0
         )
         return result
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -279,4 +293,7 @@ class Rebalancer:
         return step(outcome="applied", swap=swap)
 
 
-__all__ = ["EngineControl", "ExpertLoadSnapshot", "HttpEngineControl", "RebalanceEvent", "Rebalancer"]
+__all__ = [
+    "EngineControl", "ExpertLoadSnapshot", "HttpEngineControl", "JsonHttpControl", "RebalanceEvent", "Rebalancer",
+    "error_text",
+]

@@ -31,21 +31,12 @@ import numpy as np
 
 from contracts.errors import UnavailableError
 from contracts.placement import Placement
-from controller.actuators.placement import EngineControl, ExpertLoadSnapshot, HttpEngineControl
+from controller.actuators.placement import EngineControl, ExpertLoadSnapshot, HttpEngineControl, JsonHttpControl
 
 STATUS_PATH = "/moeslo/eplb"
 REBALANCE_PATH = "/moeslo/eplb/rebalance"
 APPLY_TIMEOUT_S = 300.0
 SWAP_KEYS = ("applied", "experts_moved", "slots_changed", "stall_s", "plan_source", "async", "workers")
-
-
-def _error_text(response: httpx.Response) -> str:
-    try:
-        body = response.json()["error"]
-        reason = f"{body['reason']}: " if body.get("reason") else ""
-        return f"HTTP {response.status_code}: {reason}{body['message']}"
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {response.status_code}: {response.text[:300]}"
 
 
 def swap_summary(reply: dict[str, Any]) -> dict[str, Any]:
@@ -58,20 +49,8 @@ def swap_summary(reply: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class VllmEngineControl:
+class VllmEngineControl(JsonHttpControl):
     """:class:`EngineControl` over vLLM with the moeslo plugin's ``/moeslo/eplb`` routes."""
-
-    def __init__(self, client: httpx.AsyncClient | None = None, timeout_s: float = 10.0) -> None:
-        self._client = client or httpx.AsyncClient(timeout=timeout_s)
-
-    async def _call(self, method: str, url: str, **kwargs: Any) -> Any:
-        try:
-            response = await self._client.request(method, url, **kwargs)
-        except httpx.HTTPError as exc:
-            raise UnavailableError(f"{method} {url}: {exc!r}") from exc
-        if response.status_code >= 400:
-            raise UnavailableError(f"{method} {url}: {_error_text(response)}")
-        return response.json()
 
     async def status(self, endpoint: str) -> dict[str, Any]:
         status: dict[str, Any] = await self._call("GET", f"{endpoint}{STATUS_PATH}")
@@ -107,9 +86,6 @@ class VllmEngineControl:
         reply: dict[str, Any] = await self._call("POST", f"{endpoint}{REBALANCE_PATH}", json=body,
                                                  timeout=APPLY_TIMEOUT_S)  # fmt: skip
         return reply
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
 
 class AutoEngineControl:
