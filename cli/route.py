@@ -19,8 +19,12 @@ def route(
     ] = None,
     controller: Annotated[
         str | None,
-        typer.Option(help="Controller URL to read the replica set from (not available yet: its API lists no "
-                          "replica URLs; use --replicas)."),
+        typer.Option(help="Controller URL to read the replica set from (it follows the replicas the controller "
+                          "adds and removes)."),
+    ] = None,
+    controller_policy: Annotated[
+        str | None,
+        typer.Option(help="With --controller: the policy whose replicas to route to (default: its only one)."),
     ] = None,
     policy: Annotated[str, typer.Option(envvar="MOESLO_ROUTER_POLICY", help=f"Routing policy: {POLICIES}.")] = "cost",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -37,23 +41,19 @@ def route(
     """Route OpenAI completions to the replica where each is predicted to be served soonest."""
     if (replicas is None) == (controller is None):
         raise typer.BadParameter("give exactly one of --replicas and --controller")
-    if controller is not None:
-        raise typer.BadParameter(
-            "--controller: the controller's API does not list replica URLs yet (its actuators know them, "
-            "no route serves them); give --replicas"
-        )
     with cli_errors():
         from router.app import create_app, run
         from router.config import RouterConfig
         from router.types import CostModel
 
-        assert replicas is not None
         config = RouterConfig(
-            replicas=tuple(url.strip().rstrip("/") for url in replicas.split(",") if url.strip()),
+            replicas=tuple(url.strip().rstrip("/") for url in (replicas or "").split(",") if url.strip()),
+            controller_url=controller.rstrip("/") if controller else None, controller_policy=controller_policy,
             policy=policy, admission=admission,  # type: ignore[arg-type]  # RouterConfig validates it
             cost=CostModel(ttft_objective_s=ttft_objective_s), prefill_tokens_per_s=prefill_tokens_per_s,
             scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s,
         )
-        console.print(f"routing ({policy}) on http://{host}:{port} to {', '.join(config.replicas)}")
+        upstream = ", ".join(config.replicas) or f"the replicas {controller} lists"
+        console.print(f"routing ({policy}) on http://{host}:{port} to {upstream}")
         logging.basicConfig(level=log_level.upper())
         run(create_app(config), host=host, port=port, shutdown_timeout=5)

@@ -5,6 +5,8 @@ by the policy; a replica without chat answers its own 404, relayed),
 ``GET /v1/models`` (from any healthy replica), ``GET /health`` (200 while a
 replica is healthy), ``GET /metrics`` (the ``moeslo_router_*`` series) and
 ``GET /router/replicas`` (each replica's state as the policies see it).
+With a controller (``RouterConfig.controller_url``) the replica set follows
+the controller's list (:mod:`router.membership`).
 Every error leaves as the project's error document (:mod:`router.errors`).
 
 aiohttp rather than an ASGI server: its C HTTP parser keeps the router's
@@ -28,12 +30,14 @@ from contracts.errors import MoesloError, NotFoundError, UnavailableError
 from router.config import RouterConfig
 from router.errors import UpstreamError, error_document
 from router.forward import UPSTREAM_FAILURES, Router
+from router.membership import Membership
 from router.monitor import Monitor
 from router.wire import ClientGone, Message
 
 _log = logging.getLogger(__name__)
 ROUTER: web.AppKey[Router] = web.AppKey("router", Router)
 MONITOR: web.AppKey[Monitor | None] = web.AppKey("monitor", object)  # type: ignore[arg-type]
+MEMBERSHIP: web.AppKey[Membership | None] = web.AppKey("membership", object)  # type: ignore[arg-type]
 
 
 class ResponseWriter:
@@ -139,12 +143,19 @@ async def _replicas(request: web.Request) -> web.StreamResponse:
 
 
 async def _startup(app: web.Application) -> None:
+    membership = app[MEMBERSHIP]
+    if membership is not None:
+        await membership.refresh()  # serve with the controller's replicas from the first request
+        membership.start()
     monitor = app[MONITOR]
     if monitor is not None:
         monitor.start()
 
 
 async def _cleanup(app: web.Application) -> None:
+    membership = app[MEMBERSHIP]
+    if membership is not None:
+        await membership.stop()
     monitor = app[MONITOR]
     if monitor is not None:
         await monitor.stop()
@@ -153,11 +164,13 @@ async def _cleanup(app: web.Application) -> None:
 
 def create_app(config: RouterConfig, *, registry: CollectorRegistry | None = None,
                monitor: bool = True) -> web.Application:  # fmt: skip
-    """The router app for ``config`` (its replica monitor starts and stops with the app)."""
+    """The router app for ``config`` (its replica monitor, and with a controller its membership, start and stop
+    with the app)."""
     router = Router(config, registry=registry)
     app = web.Application(middlewares=[_errors], client_max_size=64 << 20)
     app[ROUTER] = router
     app[MONITOR] = Monitor(router) if monitor else None
+    app[MEMBERSHIP] = Membership(router) if monitor and config.controller_url is not None else None
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _completions)
     app.router.add_get("/v1/models", _models)
@@ -174,4 +187,4 @@ def run(app: web.Application, *, host: str, port: int, **options: Any) -> None:
     web.run_app(app, host=host, port=port, handler_cancellation=True, print=None, **options)
 
 
-__all__ = ["MONITOR", "ROUTER", "ResponseWriter", "create_app", "run"]
+__all__ = ["MEMBERSHIP", "MONITOR", "ROUTER", "ResponseWriter", "create_app", "run"]

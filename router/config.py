@@ -12,8 +12,14 @@ from router.types import CostModel
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RouterConfig:
-    replicas: tuple[str, ...]
+    replicas: tuple[str, ...] = ()
     """Base URLs of the replicas (``http://host:port``), each also the replica's name and metric label."""
+    controller_url: str | None = None
+    """Read the replica set from this controller instead (``/v1/policies/{policy}/endpoints``)."""
+    controller_policy: str | None = None
+    """The controller's policy whose replicas to route to (None: its only policy)."""
+    membership_interval_s: float = 1.0
+    """How often the replica set is read from the controller."""
     policy: str = "cost"
     cost: CostModel = field(default_factory=CostModel)
     prefill_tokens_per_s: float = 4000.0
@@ -39,9 +45,11 @@ class RouterConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if not self.replicas:
-            problems.append("replicas: at least one URL is needed")
-        for url in self.replicas:
+        if not self.replicas and self.controller_url is None:
+            problems.append("replicas: at least one URL is needed (or a controller to read them from)")
+        if self.replicas and self.controller_url is not None:
+            problems.append("replicas: give replica URLs or a controller, not both")
+        for url in (*self.replicas, *([self.controller_url] if self.controller_url else [])):
             if not url.startswith(("http://", "https://")):
                 problems.append(f"replicas: {url!r} is not an http(s) URL")
         if len(set(self.replicas)) != len(self.replicas):
@@ -51,7 +59,7 @@ class RouterConfig:
         if self.admission not in ("reject", "queue"):
             problems.append(f"admission: {self.admission!r} is not reject or queue")
         for name in ("prefill_tokens_per_s", "scrape_interval_s", "scrape_timeout_s", "connect_timeout_s",
-                     "upstream_timeout_s", "load_factor", "mean_prompt_tokens"):  # fmt: skip
+                     "upstream_timeout_s", "load_factor", "mean_prompt_tokens", "membership_interval_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 problems.append(f"{name}: must be > 0")
         if self.readmit_after < 1 or self.affinity_blocks < 1 or self.block_tokens < 1:

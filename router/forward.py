@@ -119,6 +119,15 @@ class Router:
             choice = replace(choice, predicted_ttft_s=predict(state, features, self.config.cost).ttft_s)
         return choice
 
+    def set_replicas(self, names: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """Make ``names`` the replica set (the controller added or removed replicas); returns (added, removed)."""
+        added, removed = self.pool.set_members(names)
+        for name in added:
+            self.metrics.add_replica(name)
+        for name in removed:
+            self.metrics.remove_replica(name)
+        return added, removed
+
     def eject(self, name: str) -> None:
         if self.pool.eject(name):
             self.metrics.ejections[name].inc()
@@ -146,7 +155,7 @@ class Router:
 
     async def _complete(self, path: str, headers: list[tuple[str, str]], features: RequestFeatures, body: bytes,
                         exchange: _Exchange, started_s: float) -> None:  # fmt: skip
-        for _ in self.pool.names:
+        for _ in range(max(1, len(self.pool.names))):  # an empty set: decide() says no healthy replica
             try:
                 choice = await self.decide(features)
             except MoesloError as exc:
@@ -200,7 +209,8 @@ class Router:
     def _done(self, ticket: Ticket) -> None:
         if not ticket.finished:
             self.pool.finish(ticket)
-            self.metrics.outstanding[ticket.replica].dec()
+            if (gauge := self.metrics.outstanding.get(ticket.replica)) is not None:
+                gauge.dec()
 
     async def _relay(self, upstream: aiohttp.ClientResponse, ticket: Ticket, choice: Choice, exchange: _Exchange,
                      sent_s: float) -> None:  # fmt: skip

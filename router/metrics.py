@@ -9,8 +9,10 @@ dictionary lookups, not label parsing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from contracts.catalogue import (
     DECISION_LABEL,
@@ -60,23 +62,44 @@ class RouterMetrics:
                             registry=registry)  # fmt: skip
         self.queued = Gauge(ROUTER_QUEUED, "Requests held at admission (queue mode): the router's own queue.",
                             registry=registry)  # fmt: skip
-        self._predicted = {name: predicted.labels(name) for name in replicas}
-        self._observed = {name: observed.labels(name) for name in replicas}
-        self._error = {name: error.labels(name) for name in replicas}
-        self.outstanding = {name: outstanding.labels(name) for name in replicas}
-        self.healthy = {name: healthy.labels(name) for name in replicas}
-        self.ejections = {name: ejections.labels(name) for name in replicas}
-        for gauge in self.healthy.values():
-            gauge.set(1)
+        self._families: tuple[MetricWrapperBase, ...] = (predicted, observed, error, outstanding, healthy, ejections)
+        self._predicted: dict[str, Histogram] = {}
+        self._observed: dict[str, Histogram] = {}
+        self._error: dict[str, Histogram] = {}
+        self.outstanding: dict[str, Gauge] = {}
+        self.healthy: dict[str, Gauge] = {}
+        self.ejections: dict[str, Counter] = {}
+        for name in replicas:
+            self.add_replica(name)
+
+    def _bindings(self) -> list[tuple[MetricWrapperBase, dict[str, Any]]]:
+        children: list[dict[str, Any]] = [self._predicted, self._observed, self._error, self.outstanding,
+                                          self.healthy, self.ejections]  # fmt: skip
+        return list(zip(self._families, children, strict=True))
+
+    def add_replica(self, name: str) -> None:
+        """Bind a replica's children (healthy until ejected)."""
+        for family, children in self._bindings():
+            children[name] = family.labels(name)
+        self.healthy[name].set(1)
+
+    def remove_replica(self, name: str) -> None:
+        """A replica left the set: its series go (its counts of requests stay in ``moeslo_router_requests``)."""
+        for family, children in self._bindings():
+            if children.pop(name, None) is not None:
+                family.remove(name)
 
     def request(self, replica: str | None, decision: str, outcome: str) -> None:
         self._requests.labels(replica or NO_REPLICA_LABEL, decision, outcome).inc()
 
     def predicted(self, replica: str, ttft_s: float) -> None:
-        self._predicted[replica].observe(ttft_s)
+        if (child := self._predicted.get(replica)) is not None:
+            child.observe(ttft_s)
 
     def observed(self, replica: str, ttft_s: float, predicted_s: float | None) -> None:
-        self._observed[replica].observe(ttft_s)
+        if (child := self._observed.get(replica)) is None:
+            return  # the replica left the set while this request ran
+        child.observe(ttft_s)
         if predicted_s is not None:
             self._error[replica].observe(ttft_s - predicted_s)
 

@@ -59,7 +59,22 @@ class ReplicaPool:
         return tuple(self._replicas)
 
     def is_healthy(self, name: str) -> bool:
-        return self._replicas[name].healthy
+        replica = self._replicas.get(name)
+        return replica is not None and replica.healthy
+
+    def set_members(self, names: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """Make ``names`` the replica set; returns (added, removed).
+
+        A removed replica's requests in flight finish normally: their tickets' counts
+        then have nowhere to go and are dropped (:meth:`first_token`, :meth:`finish`).
+        """
+        added = [n for n in names if n not in self._replicas]
+        removed = [n for n in self._replicas if n not in names]
+        for name in removed:
+            del self._replicas[name]
+        for name in added:
+            self._replicas[name] = _Replica(name, self.configured_rate)
+        return added, removed
 
     def snapshot(self) -> tuple[ReplicaState, ...]:
         return tuple(self._state(r) for r in self._replicas.values())
@@ -85,7 +100,9 @@ class ReplicaPool:
         if ticket.started or ticket.finished:
             return
         ticket.started = True
-        r = self._replicas[ticket.replica]
+        r = self._replicas.get(ticket.replica)
+        if r is None:
+            return
         r.prefilling -= 1
         r.prefill_tokens -= ticket.prompt_tokens
 
@@ -94,7 +111,8 @@ class ReplicaPool:
             return
         self.first_token(ticket)
         ticket.finished = True
-        self._replicas[ticket.replica].outstanding -= 1
+        if (r := self._replicas.get(ticket.replica)) is not None:
+            r.outstanding -= 1
 
     def calibrate(self, name: str, predicted_s: float, observed_s: float) -> None:
         """Move a replica's prefill rate toward what its observed TTFT says (a step in log space).
@@ -105,19 +123,22 @@ class ReplicaPool:
         configured rate.  Predictions under ``MIN_CALIBRATED_S`` are skipped: there the network and
         the router's own hop, not prefill, make the TTFT.
         """
-        if predicted_s < MIN_CALIBRATED_S or observed_s <= 0:
+        r = self._replicas.get(name)
+        if r is None or predicted_s < MIN_CALIBRATED_S or observed_s <= 0:
             return
-        r = self._replicas[name]
         ratio = min(2.0, max(0.5, predicted_s / observed_s))
         low, high = self.configured_rate / RATE_RANGE, self.configured_rate * RATE_RANGE
         r.prefill_tokens_per_s = min(high, max(low, r.prefill_tokens_per_s * ratio**CALIBRATION_STEP))
 
     def update_load(self, name: str, load: ScrapedLoad) -> None:
-        self._replicas[name].load = load
+        if (r := self._replicas.get(name)) is not None:
+            r.load = load
 
     def eject(self, name: str) -> bool:
         """Take a replica out of routing until it passes its health checks; True when it was live."""
-        r = self._replicas[name]
+        r = self._replicas.get(name)
+        if r is None:
+            return False
         r.passes = 0
         r.load = ScrapedLoad()
         if not r.healthy:
@@ -128,8 +149,8 @@ class ReplicaPool:
 
     def health_result(self, name: str, ok: bool) -> bool:
         """Record an ejected replica's health check; True when this pass readmits it."""
-        r = self._replicas[name]
-        if r.healthy:
+        r = self._replicas.get(name)
+        if r is None or r.healthy:
             return False
         r.passes = r.passes + 1 if ok else 0
         if r.passes >= self.readmit_after:

@@ -15,6 +15,7 @@ from controller.api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
 from controller.api.page import router as page_router
 from controller.api.page.cache import SeriesCache
 from controller.api.policy_routes import router as policy_router
+from controller.api.replica_routes import router as replica_router
 from controller.api.status import RuntimeView
 from controller.api.status import router as status_router
 from controller.config import ControllerSettings
@@ -68,6 +69,7 @@ def create_app(
         app.state.check_target = service.check_target
     install_error_handlers(app)
     app.include_router(policy_router)
+    app.include_router(replica_router)
     app.include_router(status_router)
     app.include_router(page_router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

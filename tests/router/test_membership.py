@@ -1,0 +1,121 @@
+"""The replica set read from a real controller API (on 127.0.0.1): replicas added and removed follow its list."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contracts.errors import DataError, ValidationError
+from controller.api import create_app as controller_app
+from controller.config import ControllerSettings
+from controller.policy import Policy
+from controller.runtime import PolicyRuntime
+from controller.store import Store
+from router.config import RouterConfig
+from router.forward import Router
+from router.membership import Membership, endpoints_from, only_policy
+from tests.controller.api.page.browser import serving
+from tests.router.servers import eventually, router, stubs, url_of
+
+pytestmark = pytest.mark.timeout(60)
+TOKEN = "t"
+
+
+class Replicas:
+    """A leader's view whose replica list the test changes, as scale-ups and scale-downs would."""
+
+    is_leader = True
+    last_tick_at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __init__(self) -> None:
+        self.urls: list[str] = []
+
+    def runtime(self, name: str) -> PolicyRuntime | None:
+        return None
+
+    def check_target(self, policy: Policy) -> list[str]:
+        return []
+
+    def endpoints_for(self, policy: Policy) -> list[str]:
+        return list(self.urls)
+
+
+
+
+def _add_policies(url: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        answer = httpx.post(f"{url}/v1/policies", json={"name": name, "target": {"kind": "local", "model": "m"}},
+                            headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        assert answer.status_code == 201, answer.text
+
+
+def test_the_answers_are_checked() -> None:
+    assert endpoints_from({"endpoints": ["http://a:1/", "http://a:1", "http://b:2"]}) == ("http://a:1", "http://b:2")
+    for bad in ({}, {"endpoints": "http://a:1"}, {"endpoints": ["ftp://a"]}, [1]):
+        with pytest.raises(DataError):
+            endpoints_from(bad)
+    assert only_policy({"items": [{"name": "qwen"}]}) == "qwen"
+    with pytest.raises(DataError, match="2 policies"):
+        only_policy({"items": [{"name": "a"}, {"name": "b"}]})
+    with pytest.raises(ValidationError, match="not both"):
+        RouterConfig(replicas=("http://a:1",), controller_url="http://c:2")
+    with pytest.raises(ValidationError, match="at least one URL"):
+        RouterConfig()
+
+
+def test_replicas_the_controller_adds_and_removes_take_and_stop_taking_requests(tmp_path: Path) -> None:
+    view = Replicas()
+    settings = ControllerSettings(db=str(tmp_path / "c.db"), api_token=TOKEN)
+    with serving(controller_app(settings, Store(settings.db_url), service=view)) as controller, \
+            stubs(2) as (one, two):  # fmt: skip
+        _add_policies(controller, ("qwen",))
+        view.urls = [url_of(one)]
+        with router([], controller_url=controller, membership_interval_s=0.05) as running:
+            assert set(running.replicas()) == {url_of(one)}  # read before the first request
+            body = {"model": "stub", "prompt": "hi", "max_tokens": 2}
+            assert httpx.post(running.url + "/v1/completions", json=body, timeout=10).status_code == 200
+            view.urls = [url_of(one), url_of(two)]
+            eventually(lambda: set(running.replicas()) == {url_of(one), url_of(two)}, what="the added replica")
+            view.urls = [url_of(two)]
+            eventually(lambda: set(running.replicas()) == {url_of(two)}, what="the removed replica gone")
+            for _ in range(3):
+                assert httpx.post(running.url + "/v1/completions", json=body, timeout=10).status_code == 200
+            served = [s for m in running.registry.collect() if m.name == "moeslo_router_requests"
+                      for s in m.samples if s.name.endswith("_total") and s.labels["outcome"] == "ok"]
+            assert sum(s.value for s in served if s.labels["replica"] == url_of(two)) == 3
+            assert sum(s.value for s in served if s.labels["replica"] == url_of(one)) == 1
+            assert running.sample("moeslo_router_replica_healthy", replica=url_of(one)) == 0  # series removed
+            view.urls = []
+            eventually(lambda: not running.replicas(), what="an empty set")
+            answer = httpx.post(running.url + "/v1/completions", json=body, timeout=10)
+            assert answer.status_code == 503 and "Retry-After" in answer.headers
+
+
+def test_several_policies_and_none_named_keep_the_set_and_say_why(tmp_path: Path) -> None:
+    view = Replicas()
+    view.urls = ["http://127.0.0.1:9"]
+    settings = ControllerSettings(db=str(tmp_path / "c.db"), api_token=TOKEN)
+    with serving(controller_app(settings, Store(settings.db_url), service=view)) as controller:
+        _add_policies(controller, ("a", "b"))
+
+        async def go() -> tuple[str | None, tuple[str, ...]]:
+            routing = Router(RouterConfig(controller_url=controller))
+            membership = Membership(routing)
+            await membership.refresh()
+            await routing.aclose()
+            return membership.last_error, routing.pool.names
+
+        error, names = asyncio.run(go())
+        assert error is not None and "2 policies" in error and names == ()
+
+        async def named() -> tuple[str, ...]:
+            routing = Router(RouterConfig(controller_url=controller, controller_policy="b"))
+            await Membership(routing).refresh()
+            await routing.aclose()
+            return routing.pool.names
+
+        assert asyncio.run(named()) == ("http://127.0.0.1:9",)
