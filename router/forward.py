@@ -124,6 +124,7 @@ class Router:
         added, removed = self.pool.set_members(names)
         for name in added:
             self.metrics.add_replica(name)
+            self.metrics.healthy[name].set(0)  # until its health checks pass
         for name in removed:
             self.metrics.remove_replica(name)
         return added, removed

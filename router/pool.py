@@ -65,6 +65,9 @@ class ReplicaPool:
     def set_members(self, names: tuple[str, ...]) -> tuple[list[str], list[str]]:
         """Make ``names`` the replica set; returns (added, removed).
 
+        An added replica starts as an ejected one does: it takes requests once it has passed
+        ``readmit_after`` health checks in a row (a replica the controller just started is
+        listed before its engine is ready).
         A removed replica's requests in flight finish normally: their tickets' counts
         then have nowhere to go and are dropped (:meth:`first_token`, :meth:`finish`).
         """
@@ -73,7 +76,7 @@ class ReplicaPool:
         for name in removed:
             del self._replicas[name]
         for name in added:
-            self._replicas[name] = _Replica(name, self.configured_rate)
+            self._replicas[name] = _Replica(name, self.configured_rate, healthy=False)
         return added, removed
 
     def snapshot(self) -> tuple[ReplicaState, ...]:

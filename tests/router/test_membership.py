@@ -76,10 +76,12 @@ def test_replicas_the_controller_adds_and_removes_take_and_stop_taking_requests(
         view.urls = [url_of(one)]
         with router([], controller_url=controller, membership_interval_s=0.05) as running:
             assert set(running.replicas()) == {url_of(one)}  # read before the first request
+            eventually(lambda: running.replicas()[url_of(one)]["healthy"] is True, what="admitted after checks")
             body = {"model": "stub", "prompt": "hi", "max_tokens": 2}
             assert httpx.post(running.url + "/v1/completions", json=body, timeout=10).status_code == 200
             view.urls = [url_of(one), url_of(two)]
             eventually(lambda: set(running.replicas()) == {url_of(one), url_of(two)}, what="the added replica")
+            eventually(lambda: running.replicas()[url_of(two)]["healthy"] is True, what="the added one admitted")
             view.urls = [url_of(two)]
             eventually(lambda: set(running.replicas()) == {url_of(two)}, what="the removed replica gone")
             for _ in range(3):
@@ -119,3 +121,15 @@ def test_several_policies_and_none_named_keep_the_set_and_say_why(tmp_path: Path
             return routing.pool.names
 
         assert asyncio.run(named()) == ("http://127.0.0.1:9",)
+
+
+def test_an_added_replica_takes_requests_only_after_its_health_checks() -> None:
+    from router.pool import ReplicaPool
+
+    pool = ReplicaPool(("http://a:1",), prefill_tokens_per_s=1000.0, mean_prompt_tokens=100.0, readmit_after=2)
+    ticket = pool.begin("http://a:1", 50)
+    assert pool.set_members(("http://b:2",)) == (["http://b:2"], ["http://a:1"])
+    assert not pool.is_healthy("http://b:2")
+    pool.finish(ticket)  # a request on a removed replica finishes without a trace
+    assert not pool.health_result("http://b:2", True) and pool.health_result("http://b:2", True)
+    assert [s.name for s in pool.snapshot() if s.healthy] == ["http://b:2"]
