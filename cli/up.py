@@ -32,6 +32,9 @@ def up(
     slowdown_at: Annotated[float, typer.Option(help="Seconds into the load when the fault starts.")] = 62.0,
     slowdown_for: Annotated[float, typer.Option(help="Seconds the fault lasts.")] = 28.0,
     prometheus: Annotated[bool, typer.Option(help="Start Prometheus and Alertmanager when installed.")] = True,
+    router: Annotated[
+        bool, typer.Option(help="Send the load through the entry router (cost policy); off: straight to replicas.")
+    ] = True,
     live: Annotated[bool, typer.Option(help="Live terminal view.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -44,7 +47,7 @@ def up(
     options = StackOptions(duration_s=duration, out=out, checkpoint=checkpoint, ep=ep, max_replicas=max_replicas,
                            cpus_per_replica=cpus_per_replica, speedup=speedup, trace=trace, base_load=base_load,
                            inject_slowdown=inject_slowdown, slowdown_at_s=slowdown_at, slowdown_for_s=slowdown_for,
-                           prometheus=prometheus)
+                           prometheus=prometheus, router=router)
     with cli_errors():
         if live and console.is_terminal:
             with Live(console=console, refresh_per_second=2, transient=False) as view:

@@ -39,6 +39,8 @@ from router.types import Choice, RequestFeatures
 from router.wire import ClientGone, Send, send_bytes, send_json, upstream_headers
 
 _RELAYED_HEADERS = (b"content-type", b"retry-after", b"cache-control")
+SSE_DONE = b"data: [DONE]\n\n"
+"""The OpenAI stream's last event."""
 UPSTREAM_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
 """What a broken, garbled or silent upstream raises (a refused connection is one: ``ClientConnectorError``)."""
 
@@ -52,6 +54,8 @@ class _Exchange:
     outcome: str = "client_disconnected"
     replica: str | None = None
     decision: str = "none"
+    answered: bool = False
+    """The client has the whole answer (a stream's ``[DONE]``): leaving afterwards is not a disconnect."""
 
 
 class Router:
@@ -150,7 +154,8 @@ class Router:
         try:
             await self._complete(path, upstream_headers(raw_headers), features, body, exchange, started_s)
         except ClientGone:
-            exchange.outcome = "client_disconnected"
+            if not exchange.answered:
+                exchange.outcome = "client_disconnected"
         finally:
             self.metrics.request(exchange.replica, exchange.decision, exchange.outcome)
 
@@ -219,6 +224,7 @@ class Router:
         send = exchange.send
         await send({"type": "http.response.start", "status": upstream.status, "headers": _relayed(upstream)})
         exchange.started = True
+        tail = b""
         try:
             async for chunk in upstream.content.iter_any():
                 if not ticket.started:
@@ -228,6 +234,10 @@ class Router:
                     if choice.predicted_ttft_s is not None:
                         self.pool.calibrate(ticket.replica, choice.predicted_ttft_s, observed_s)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                tail = (tail + chunk)[-len(SSE_DONE):]
+                if tail == SSE_DONE:  # the whole answer is out: a client that leaves now was served
+                    exchange.answered = True
+                    exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
         except UPSTREAM_FAILURES as exc:
             self.eject(ticket.replica)
             exchange.outcome = "upstream_failed_mid_stream"

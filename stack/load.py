@@ -80,7 +80,8 @@ def load_plan(options: StackOptions, base_rate_rps: float) -> tuple[list[LoadReq
 
 
 async def drive(state: StackState, plan: list[LoadRequest], vocab_size: int, fallback_url: str) -> None:
-    """Send every planned request at its time to the serving replica with the fewest in flight."""
+    """Send every planned request at its time: to the entry router, or without one to the serving replica
+    with the fewest in flight."""
     rng = np.random.default_rng(state.options.seed)
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
     state.planned_arrivals_s = [state.elapsed() + r.arrival_s for r in plan]
@@ -91,7 +92,7 @@ async def drive(state: StackState, plan: list[LoadRequest], vocab_size: int, fal
             delay = start + req.arrival_s - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            engines = state.engines or [fallback_url]
+            engines = [state.router_url] if state.router_url else state.engines or [fallback_url]
             url = min(engines, key=lambda u: state.in_flight.get(u, 0))
             state.in_flight[url] = state.in_flight.get(url, 0) + 1
             prompt = rng.integers(0, vocab_size, size=req.prompt_tokens).tolist()

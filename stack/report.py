@@ -92,5 +92,6 @@ def summarize(state: StackState) -> dict[str, Any]:
                   for p in pages],
         "profile": state.profile,
         "prometheus": state.prometheus_url is not None,
+        "router_requests": state.router_requests if state.router_url is not None else None,
         "events": [f"{t - state.load_started_s:6.1f}s {text}" for t, text in state.events],
     }

@@ -108,9 +108,10 @@ class LocalStack:
         # The local actuator takes the first free ports from first_port on; scrape a few of them.
         self.engine_ports = [first_port + i for i in range(opts.max_replicas + 2)]
         controller_port = free_port()
+        router_port = free_port() if opts.router else None
         state.controller_url = f"http://127.0.0.1:{controller_port}"
         if opts.prometheus:
-            self._start_monitoring(controller_port, checkpoint, progress)
+            self._start_monitoring(controller_port, router_port, checkpoint, progress)
         progress("starting the controller (SQLite, local actuator, forecasting core)")
         controller = self._start_controller(controller_port, first_port, checkpoint)
         state.event(f"status page: {state.controller_url}/ui/ (open it in a browser while the run lasts)")
@@ -127,6 +128,38 @@ class LocalStack:
                 raise UnavailableError(f"no engine replica became ready within 180 s; see {opts.out / 'logs'}")
             time.sleep(1.0)
         state.event(f"engine replica ready at {state.engines[0]}")
+        if router_port is not None:
+            self._start_router(router_port, measured["profile"], progress)
+
+    def _start_router(self, port: int, profile: dict[str, Any], progress: Callable[[str], None]) -> None:
+        """The entry router, reading the replica set from the controller: the load goes through it."""
+        state = self.state
+        argv = [*moeslo_command(), "route", "--controller", state.controller_url, "--controller-policy", POLICY_NAME,
+                "--port", str(port), "--policy", "cost", "--admission", "queue",
+                "--ttft-objective-s", f"{TTFT_THRESHOLD_S:g}",
+                "--prefill-tokens-per-s", f"{profile['prefill_tokens_per_s']:.0f}"]
+        progress("starting the entry router (cost policy, the replicas the controller lists)")
+        router = self.supervisor.start("router", argv, cwd=ROOT)
+        router.wait_ready(f"http://127.0.0.1:{port}/health", timeout_s=60)
+        state.router_url = f"http://127.0.0.1:{port}"
+        state.event(f"entry router at {state.router_url}: each request to the replica predicted to serve it "
+                    f"soonest (cost policy; replicas follow the controller's list)")
+
+    def _read_router(self) -> None:
+        """The router's request counts by replica, decision and outcome, for the summary."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        if self.state.router_url is None:
+            return
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            text = httpx.get(f"{self.state.router_url}/metrics", timeout=5).text
+            for family in text_string_to_metric_families(text):
+                if family.name != "moeslo_router_requests":
+                    continue
+                for sample in family.samples:
+                    if sample.name.endswith("_total") and sample.value:
+                        key = " ".join(sample.labels[k] for k in ("replica", "decision", "outcome"))
+                        self.state.router_requests[key] = int(sample.value)
 
     def _profile_a_replica(self, checkpoint: Path, progress: Callable[[str], None]) -> dict[str, Any]:
         """Start a replica as the local actuator would (same command, CPUs and EP), profile it, stop it."""
@@ -176,7 +209,8 @@ class LocalStack:
         if response.status_code >= 400:
             raise UnavailableError(f"the controller refused the demo policy: {response.text}")
 
-    def _start_monitoring(self, controller_port: int, checkpoint: Path, progress: Callable[[str], None]) -> None:
+    def _start_monitoring(self, controller_port: int, router_port: int | None, checkpoint: Path,
+                          progress: Callable[[str], None]) -> None:  # fmt: skip
         from controller.policy import Policy
         from generators.alerts import AlertOptions, build_rule_groups, dump_yaml, rules_document
         from generators.alerts.alertmanager import ReceiverOptions, build_alertmanager_config
@@ -203,7 +237,8 @@ class LocalStack:
         prom = start_prometheus(
             self.supervisor, opts.out / "prometheus", port=prom_port,
             targets={"moeslo-engine": [f"127.0.0.1:{p}" for p in self.engine_ports],
-                     "moeslo-controller": [f"127.0.0.1:{controller_port}"]},
+                     "moeslo-controller": [f"127.0.0.1:{controller_port}"],
+                     **({"moeslo-router": [f"127.0.0.1:{router_port}"]} if router_port is not None else {})},
             rule_files=[rules.resolve()], alertmanager_port=am_port if am is not None else None,
         )
         if prom is not None:
@@ -265,6 +300,7 @@ class LocalStack:
                     await fault
             stop.set()
             await sampling
+            await asyncio.to_thread(self._read_router)
 
     async def _fault(self) -> None:
         opts, state = self.options, self.state

@@ -59,6 +59,7 @@ class Sampler:
         await asyncio.to_thread(self.probe)
         cvs, noises = await self._imbalance(client)
         status = await self._controller(client)
+        await self._router(client)
         alerts = await self._alerts(client)
         self._pages()
         now = state.elapsed()
@@ -129,6 +130,20 @@ class Sampler:
         state.event(f"{action}:{decision.get('reason')} ({', '.join(reasons) or '-'}) "
                     f"{decision.get('current_replicas')} -> {decision.get('desired_replicas')}, "
                     f"{decision.get('outcome')}")
+
+    async def _router(self, client: httpx.AsyncClient) -> None:
+        """An event when the entry router starts or stops sending requests to a replica."""
+        state = self.state
+        if state.router_url is None:
+            return
+        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError, TypeError):
+            replicas = (await client.get(f"{state.router_url}/router/replicas")).json()["replicas"]
+            routed = {r["name"] for r in replicas if r["healthy"]}
+            for name in sorted(routed - state.routed):
+                state.event(f"router: {name} takes requests (listed by the controller, health checks passed)")
+            for name in sorted(state.routed - routed):
+                state.event(f"router: {name} no longer takes requests")
+            state.routed = routed
 
     async def _alerts(self, client: httpx.AsyncClient) -> list[str]:
         if self.state.alertmanager_url is None:

@@ -41,6 +41,9 @@ class StackOptions:
     profile_s: float = 5.0
     """Seconds of load per level of the start-up profile of the first replica."""
     prometheus: bool = True
+    router: bool = True
+    """Send the load through the entry router (``moeslo route --controller``, cost policy); False: the load
+    generator picks the replica with the fewest requests in flight itself."""
     tick_interval_s: float = 2.0
     sample_interval_s: float = 2.0
     seed: int = 0
@@ -83,6 +86,12 @@ class StackState:
     prometheus_url: str | None = None
     alertmanager_url: str | None = None
     controller_url: str = ""
+    router_url: str | None = None
+    """The entry router the load goes through (None: straight to the replicas)."""
+    routed: set[str] = field(default_factory=set)
+    """Replicas the router sends requests to, at the last look."""
+    router_requests: dict[str, int] = field(default_factory=dict)
+    """The router's request counts at the end, by ``replica decision outcome``."""
     printed_events: int = 0
     load_started_s: float = 0.0
     planned_arrivals_s: list[float] = field(default_factory=list)

@@ -34,3 +34,7 @@ def test_up_runs_the_whole_loop_and_summarizes(tmp_path: Path) -> None:
     assert any("rebalance:rebalance applied" in line for line in summary["events"]), summary["events"]
     assert (out / "moeslo-up.png").stat().st_size > 10_000
     assert any("status page: http://127.0.0.1:" in line for line in summary["events"]), summary["events"]
+    # The load went through the entry router, which read its replicas from the controller.
+    assert any("router: http://127.0.0.1:" in line and "takes requests" in line for line in summary["events"])
+    routed = summary["router_requests"]
+    assert sum(n for key, n in routed.items() if key.endswith(" ok")) == summary["ok"], routed

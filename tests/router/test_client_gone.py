@@ -22,3 +22,22 @@ def test_a_failed_write_to_a_departed_client_ejects_nothing() -> None:
         assert r.replicas()[url_of(stub)]["healthy"] is True
         assert r.sample("moeslo_router_ejections_total", replica=url_of(stub)) == 0
         eventually(lambda: stub.peer_closed == 1, 10, "the upstream closed")
+
+
+@pytest.mark.parametrize("handler_cancellation", [True, False])
+def test_a_client_that_leaves_after_done_was_served(handler_cancellation: bool) -> None:
+    # The stream's last bytes come late, after [DONE]: a client that stops reading at [DONE] (as most do)
+    # leaves before the upstream ends, and still counts as served.
+    chunks = (b"data: 1\n\n", b"data: [DONE]\n\n", b"\n")
+    with stubs(1, stream_chunks=chunks, chunk_delay_s=0.3) as (stub,), \
+            router([stub], handler_cancellation=handler_cancellation) as r:  # fmt: skip
+        with httpx.stream("POST", r.url + "/v1/completions", json={"prompt": "hi", "stream": True},
+                          timeout=5) as answer:  # fmt: skip
+            received = b""
+            for part in answer.iter_raw():
+                received += part
+                if received.endswith(b"data: [DONE]\n\n"):
+                    break
+        ok = {"replica": url_of(stub), "decision": "lowest_predicted_ttft", "outcome": "ok"}
+        eventually(lambda: r.sample("moeslo_router_requests_total", **ok) == 1, 10, "the request counted as served")
+        assert r.sample("moeslo_router_requests_total", **{**ok, "outcome": "client_disconnected"}) == 0
