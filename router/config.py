@@ -49,9 +49,11 @@ class RouterConfig:
             problems.append("replicas: at least one URL is needed (or a controller to read them from)")
         if self.replicas and self.controller_url is not None:
             problems.append("replicas: give replica URLs or a controller, not both")
-        for url in (*self.replicas, *([self.controller_url] if self.controller_url else [])):
+        for url in self.replicas:
             if not url.startswith(("http://", "https://")):
                 problems.append(f"replicas: {url!r} is not an http(s) URL")
+        if self.controller_url is not None and not self.controller_url.startswith(("http://", "https://")):
+            problems.append(f"controller_url: {self.controller_url!r} is not an http(s) URL")
         if len(set(self.replicas)) != len(self.replicas):
             problems.append("replicas: a URL is listed twice")
         if self.policy not in POLICY_NAMES:

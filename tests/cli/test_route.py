@@ -13,7 +13,7 @@ from cli.main import app
     [
         ([], "exactly one of --replicas and --controller"),
         (["--replicas", "http://a:1", "--controller", "http://c:1"], "exactly one of"),
-        (["--controller", "http://c:1"], "does not list replica URLs"),
+        (["--controller", "c:1"], "not an http(s) URL"),
         (["--replicas", "http://a:1", "--policy", "random"], "'random' is not one of"),
         (["--replicas", "a:1"], "not an http(s) URL"),
     ],
