@@ -7,12 +7,17 @@ overwritten by another sequence, changes the output and fails these tests.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine import wire
 from engine.batch import StepPlan
 from engine.core import EngineCore
+from engine.core_proc import CoreOptions
 from engine.engine_types import EngineConfig
+from engine.executors import ExecutorOptions
 from engine.sampling import SamplingParams
 from engine.scheduler import SchedulerConfig
 from engine.stats import StepStats
@@ -95,3 +100,15 @@ def test_random_workloads_match_the_reference_under_preemption_and_eviction(
         assert tokens[f"r{index}"] == reference_tokens(prompt, max_tokens)
     assert all(s.prefix_cache_hits <= s.prefix_cache_queries for s in stats)
     assert core.kv_state() == (0, 14)
+
+
+def test_the_switch_and_the_counts_cross_the_process_boundary() -> None:
+    options = CoreOptions(executor=ExecutorOptions(checkpoint=Path("ckpt")),
+                          engine=EngineConfig(enable_prefix_caching=False),
+                          input_address="ipc://in", output_address="ipc://out", parent_pid=1)
+    assert CoreOptions.from_json(options.to_json()).engine.enable_prefix_caching is False
+    assert EngineConfig().enable_prefix_caching is True  # vLLM V1's default
+    stats = StepStats(now_s=1.0, step_duration_s=0.1, num_running=1, num_waiting=0, kv_cache_usage=0.5,
+                      prompt_tokens=3, generation_tokens=1, prefix_cache_queries=35, prefix_cache_hits=32)
+    back = wire.stats_from_wire(wire.unpack(wire.pack([wire.stats_to_wire(stats)]))[0])
+    assert (back.prefix_cache_queries, back.prefix_cache_hits) == (35, 32)
