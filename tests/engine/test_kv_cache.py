@@ -146,6 +146,20 @@ def test_uncached_free_blocks_go_first_then_lru_eviction_tail_blocks_first() -> 
     bm.check_invariants()
 
 
+def test_a_cache_hit_makes_blocks_young_again() -> None:
+    bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
+    first = _compute(bm, 1, [1, 2, 3, 4])
+    second = _compute(bm, 2, [5, 6, 7, 8])
+    a, b = bm.block_table(1), bm.block_table(2)
+    bm.free(1)
+    bm.free(2)  # LRU order: A1 A0 B1 B0
+    bm.take_cached(3, bm.cached_prefix(first, 2))  # a hit takes A out of the pool...
+    bm.free(3)  # ...and puts it back at the young end: B1 B0 A1 A0
+    assert bm.ensure(4, 2) and bm.block_table(4) == (b[1],)
+    assert bm.cached_prefix(second, 2) == [b[0]] and bm.cached_prefix(first, 2) == list(a)
+    bm.check_invariants()
+
+
 def test_a_block_in_use_is_never_evicted_and_the_budget_never_grows() -> None:
     bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
     keys = _compute(bm, 1, [1, 2, 3, 4])  # 2 blocks keyed and in use
