@@ -473,3 +473,8 @@ def bench_router(
     console.print(f"throughput: {rate['proxied_requests_per_s']:.0f} req/s proxied, "
                   f"{rate['direct_requests_per_s']:.0f} direct "
                   f"(goal >= {cfg.goal_requests_per_s:g}: {'met' if rate['goal_met'] else 'MISSED'})")
+
+
+from cli.bench_prefix import bench_prefix  # noqa: E402  (its own module: this one is near its size limit)
+
+bench_app.command("prefix")(bench_prefix)

@@ -10,6 +10,7 @@ import typer
 from cli.common import cli_errors, console
 
 
+# long: a typer command is its option list; the work is in exporters.app.build_stack.
 def serve(
     checkpoint: Annotated[Path, typer.Option(help="Checkpoint directory (config.json + model.safetensors).")],
     ep: Annotated[int, typer.Option(help="Expert-parallel ranks (processes).")] = 1,
@@ -46,6 +47,12 @@ def serve(
         typer.Option(help="End a request still running this long after its arrival (finish reason "
                           "`deadline`); default: no deadline."),
     ] = None,
+    enable_prefix_caching: Annotated[
+        bool,
+        typer.Option("--enable-prefix-caching/--no-enable-prefix-caching",
+                     help="Share the KV blocks of equal prompt prefixes between requests (vLLM's automatic "
+                          "prefix caching), within the same KV budget."),
+    ] = True,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
@@ -60,11 +67,13 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
             model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,
             otlp=otlp, port=port, threads=threads, request_deadline_s=request_deadline_s,
+            enable_prefix_caching=enable_prefix_caching,
         )
         stack = build_stack(options)
         console.print(
             f"serving {options.served_model_name} on http://{host}:{port} "
-            f"({stack.engine.blocks.num_blocks} KV blocks of {stack.engine.blocks.block_size} tokens; "
+            f"({stack.engine.blocks.num_blocks} KV blocks of {stack.engine.blocks.block_size} tokens, prefix caching "
+            f"{'on' if enable_prefix_caching else 'off'}; "
             f"engine core pid {stack.engine.pid})"
         )
         uvicorn.run(stack.app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

@@ -37,6 +37,8 @@ KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 PROMPT_TOKENS = "vllm:prompt_tokens"
 GENERATION_TOKENS = "vllm:generation_tokens"
 PREEMPTIONS = "vllm:num_preemptions"
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 REQUEST_SUCCESS = "vllm:request_success"
 
 EXPERT_TOKENS = "moe_expert_tokens"

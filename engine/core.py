@@ -68,7 +68,8 @@ class EngineCore:
             max_waiting=self.config.scheduler.max_waiting,
             max_model_len=model_len,
         )
-        self.blocks = BlockManager(executor.num_blocks, executor.block_size)
+        self.blocks = BlockManager(executor.num_blocks, executor.block_size,
+                                   enable_prefix_caching=self.config.enable_prefix_caching)
         self.scheduler = Scheduler(sched_config, self.blocks)
         self.eos_token_id = executor.config.eos_token_id if eos_token_id is None else eos_token_id
         self._clock = clock
@@ -341,6 +342,8 @@ class EngineCore:
             ttfts_s=ttfts,
             itls_s=itls,
             num_preemptions=out.num_preemptions if out is not None else 0,
+            prefix_cache_queries=out.prefix_cache_queries if out is not None else 0,
+            prefix_cache_hits=out.prefix_cache_hits if out is not None else 0,
             finished=finished,
             routing=routing,
             placement_swap=swap,

@@ -21,6 +21,9 @@ class EngineConfig:
     """How often the loop reads the routing counters (also when requests finish and when it goes idle)."""
     request_deadline_s: float | None = None
     """A request still unfinished this long after its arrival ends with finish reason ``deadline`` (None: off)."""
+    enable_prefix_caching: bool = True
+    """Share the KV blocks of equal prompt prefixes between requests (vLLM's automatic prefix caching; on by
+    default as in vLLM V1).  The KV budget stays the same: cached blocks are evicted when it needs them."""
 
     def __post_init__(self) -> None:
         if self.request_deadline_s is not None and not self.request_deadline_s > 0:

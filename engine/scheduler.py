@@ -6,6 +6,13 @@ prompt still being prefilled), then waiting sequences in arrival order, whose
 prompts are cut into chunks that fit what is left of the budget.  Prefill
 chunks thus ride along with decode steps instead of stalling them.
 
+With prefix caching on, a waiting sequence first looks up its leading full
+blocks in the cache (:mod:`engine.kv_cache`): the blocks found join its table
+and its prefill starts after them.  At least its last token is always
+computed, so there are logits to sample from.  Blocks become cached once
+they are full of computed tokens (checked before each step, and when a
+sequence is preempted or finishes).
+
 When the KV cache has no block for a running sequence, the most recently
 admitted running sequence is preempted: its blocks are freed and it goes
 back to the head of the waiting queue, to be recomputed from its prompt and
@@ -24,7 +31,7 @@ from dataclasses import dataclass, field
 from contracts.errors import OverloadedError, ValidationError
 from engine.batch import SeqChunk, StepPlan
 from engine.errors import PromptTooLongError
-from engine.kv_cache import BlockManager
+from engine.kv_cache import BlockManager, blocks_for_tokens, extend_block_hashes
 from engine.sampling import RequestSampler, SamplingParams
 from engine.stats import RequestTiming
 
@@ -75,6 +82,8 @@ class Sequence:
     num_preemptions: int = 0
     counts_toward_queue_bound: bool = False
     """True while the request waits for its first admission (preempted ones do not count)."""
+    block_hashes: list[bytes] = field(default_factory=list)
+    """Prefix-cache keys of this sequence's full blocks so far (they depend on tokens only)."""
     sampler: RequestSampler = field(init=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +117,10 @@ class SchedulerOutput:
     scheduled: tuple[ScheduledChunk, ...]
     """Same order as ``plan.chunks``."""
     num_preemptions: int
+    prefix_cache_queries: int = 0
+    """Tokens of the new requests admitted in this step that looked up the prefix cache (vLLM's count)."""
+    prefix_cache_hits: int = 0
+    """Of those, tokens found in the cache (not computed)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -163,6 +176,7 @@ class Scheduler:
         else:
             self.waiting.remove(seq)
             self._leave_queue_bound(seq)
+        self._cache_computed(seq)
         self.blocks.free(seq.seq_id)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
@@ -170,7 +184,10 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledChunk] = []
-        preemptions = 0
+        preemptions = queries = hits = 0
+        if self.blocks.enable_prefix_caching:
+            for seq in self.running:  # blocks the last step filled become cached before anyone looks up
+                self._cache_computed(seq)
 
         # 1. Running sequences, oldest first; preempt the youngest when blocks run out.
         index = 0
@@ -192,9 +209,20 @@ class Scheduler:
         # 2. Waiting sequences in order (preempted ones sit at the head), while budget and blocks last.
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preemptions:
             seq = self.waiting[0]
-            want = min(seq.num_tokens - seq.num_computed, budget)
-            if not self.blocks.ensure(seq.seq_id, seq.num_computed + want):
+            cached = self._cached_prefix(seq)
+            cached_tokens = len(cached) * self.blocks.block_size
+            want = min(seq.num_tokens - cached_tokens, budget)
+            extra = blocks_for_tokens(cached_tokens + want, self.blocks.block_size) - len(cached)
+            if extra > self.blocks.num_free - self.blocks.num_evictable(cached):
                 break
+            if cached:
+                self.blocks.take_cached(seq.seq_id, cached)
+                seq.num_computed = cached_tokens
+            allocated = self.blocks.ensure(seq.seq_id, cached_tokens + want)
+            assert allocated, "the free count was checked above"
+            if self.blocks.enable_prefix_caching and seq.num_preemptions == 0:
+                queries += seq.num_tokens
+                hits += cached_tokens
             self.waiting.popleft()
             self._leave_queue_bound(seq)
             seq.status = SeqStatus.RUNNING
@@ -212,7 +240,23 @@ class Scheduler:
             )
             for c in scheduled
         )
-        return SchedulerOutput(StepPlan(chunks), tuple(scheduled), preemptions)
+        return SchedulerOutput(StepPlan(chunks), tuple(scheduled), preemptions, queries, hits)
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding ``seq``'s leading full blocks, its last token left out (it needs logits)."""
+        if not self.blocks.enable_prefix_caching:
+            return []
+        size = self.blocks.block_size
+        extend_block_hashes(seq.block_hashes, seq.token_at, seq.num_tokens, size)
+        return self.blocks.cached_prefix(seq.block_hashes, (seq.num_tokens - 1) // size)
+
+    def _cache_computed(self, seq: Sequence) -> None:
+        """Key ``seq``'s blocks that are full of computed tokens, so later prompts can share them."""
+        size = self.blocks.block_size
+        if not self.blocks.enable_prefix_caching or seq.num_computed // size <= self.blocks.num_keyed(seq.seq_id):
+            return
+        extend_block_hashes(seq.block_hashes, seq.token_at, seq.num_computed, size)
+        self.blocks.cache_full_blocks(seq.seq_id, seq.block_hashes, seq.num_computed)
 
     def _leave_queue_bound(self, seq: Sequence) -> None:
         if seq.counts_toward_queue_bound:
@@ -221,6 +265,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._cache_computed(seq)  # its recompute (or another prompt) may find these blocks again
         self.blocks.free(seq.seq_id)
         seq.num_computed = 0
         seq.num_preemptions += 1

@@ -128,6 +128,11 @@ class StepStats:
     itls_s: tuple[float, ...] = ()
     """Inter-token latency of each other token that came out in this step."""
     num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    """Prompt tokens of the requests first admitted in this step, when prefix caching is on
+    (``vllm:prefix_cache_queries``; recomputes after a preemption are not counted, as in vLLM)."""
+    prefix_cache_hits: int = 0
+    """Of those, tokens whose KV came from the prefix cache (``vllm:prefix_cache_hits``)."""
     finished: tuple[FinishedRequestStats, ...] = ()
     routing: RoutingDelta | None = None
     """Routing counts since the last ones, read at the engine's rate (most steps carry none).

@@ -50,6 +50,8 @@ class ServeOptions:
     """torch threads per engine process; None: the inherited CPU affinity set, divided among EP ranks."""
     request_deadline_s: float | None = None
     """Requests still running this long after arrival end with finish reason ``deadline`` (None: off)."""
+    enable_prefix_caching: bool = True
+    """Share the KV blocks of equal prompt prefixes between requests (vLLM's automatic prefix caching)."""
 
     @property
     def served_model_name(self) -> str:
@@ -81,6 +83,7 @@ def build_stack(options: ServeOptions) -> ServingStack:
                 max_waiting=options.max_waiting,
             ),
             request_deadline_s=options.request_deadline_s,
+            enable_prefix_caching=options.enable_prefix_caching,
         ),
     )
     metrics: MetricsRenderer | None = None

@@ -47,6 +47,8 @@ from contracts.catalogue import (
     PLACEMENT_SWAPS,
     PREEMPTIONS,
     PREFILL_TIME_HISTOGRAM,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
     PROMPT_TOKENS,
     QUEUE_TIME_HISTOGRAM,
     RANK_LABEL,
@@ -127,6 +129,9 @@ class PrometheusStatsSink:
         self._prompt_tokens = bound.counter(PROMPT_TOKENS, "Prompt tokens computed (recompute included).")
         self._generation_tokens = bound.counter(GENERATION_TOKENS, "Tokens generated.")
         self._preemptions = bound.counter(PREEMPTIONS, "Preemptions (recompute).")
+        self._prefix_queries = bound.counter(PREFIX_CACHE_QUERIES,
+                                             "Prefix cache queries, in terms of number of queried tokens.")
+        self._prefix_hits = bound.counter(PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens.")
         success = Counter(REQUEST_SUCCESS, "Finished requests by finish reason.", [*BASE_LABELS, FINISHED_REASON_LABEL],
                           registry=registry)
         self._success = {reason: success.labels(model_name, engine, reason) for reason in FINISH_REASONS}
@@ -154,6 +159,10 @@ class PrometheusStatsSink:
             self._generation_tokens.inc(step.generation_tokens)
         if step.num_preemptions:
             self._preemptions.inc(step.num_preemptions)
+        if step.prefix_cache_queries:
+            self._prefix_queries.inc(step.prefix_cache_queries)
+        if step.prefix_cache_hits:
+            self._prefix_hits.inc(step.prefix_cache_hits)
         for ttft in step.ttfts_s:
             self._ttft.observe(ttft)
         for itl in step.itls_s:

@@ -197,3 +197,55 @@ def test_prompt_kinds_make_vocabulary_halves_favour_different_experts(tmp_path: 
     assert (explicit / "model.safetensors").read_bytes() == (one / "model.safetensors").read_bytes()
     with pytest.raises(ValidationError, match="prompt_kinds"):
         init_random_checkpoint(tmp_path / "bad", config, prompt_kinds=0)
+
+
+class _LogitsTap:
+    """Forwards to a real executor and keeps every step's logits."""
+
+    def __init__(self, executor: object) -> None:
+        self._executor = executor
+        self.logits: list[torch.Tensor] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._executor, name)
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        out: torch.Tensor = self._executor.execute(plan)  # type: ignore[attr-defined]
+        self.logits.append(out.clone())
+        return out
+
+
+def _serve_in_turn(
+    checkpoint: Path, prompts: list[list[int]], caching: bool
+) -> tuple[list[list[int]], torch.Tensor, int]:
+    """Greedy tokens of each prompt served one after the other, the last one's logits, and the cache hits."""
+    from engine.core import EngineCore
+    from engine.engine_types import EngineConfig
+    from engine.sampling import SamplingParams
+
+    tap = _LogitsTap(create_executor(ExecutorOptions(checkpoint=checkpoint, kv_cache_mb=4)))
+    core = EngineCore(tap, EngineConfig(enable_prefix_caching=caching))  # type: ignore[arg-type]
+    tokens, hits = [], 0
+    for index, prompt in enumerate(prompts):
+        tap.logits.clear()
+        core.add_request(f"r{index}", prompt, SamplingParams(max_tokens=4, temperature=0.0))
+        out: list[int] = []
+        while core.has_work():
+            result = core.step()
+            out.extend(o.token_id for o in result.outputs if o.token_id is not None)
+            hits += result.stats.prefix_cache_hits if result.stats is not None else 0
+        tokens.append(out)
+    tap.shutdown()  # type: ignore[operator]
+    return tokens, torch.cat(tap.logits), hits
+
+
+def test_prefix_cache_hits_give_the_logits_of_a_cold_prefill(tiny_checkpoint: Path) -> None:
+    shared = _prompt(40, 512, seed=8)  # 2 full blocks of 16 and 8 more tokens
+    prompts = [[*shared, *_prompt(5, 512, seed=9)], [*shared, *_prompt(7, 512, seed=10)]]
+    warm_tokens, warm_logits, hits = _serve_in_turn(tiny_checkpoint, prompts, caching=True)
+    cold_tokens, cold_logits, cold_hits = _serve_in_turn(tiny_checkpoint, prompts, caching=False)
+    assert hits == 32 and cold_hits == 0
+    assert warm_tokens == cold_tokens
+    torch.testing.assert_close(warm_logits, cold_logits, atol=ATOL, rtol=0)
+    theirs = _hf_greedy_logits(tiny_checkpoint, prompts[1], new_tokens=3)
+    torch.testing.assert_close(warm_logits, theirs, atol=ATOL, rtol=0)

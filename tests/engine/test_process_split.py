@@ -147,9 +147,10 @@ def test_routing_statistics_equal_routed_tokens_times_top_k_exactly(tiny_checkpo
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:
             lengths = [(5, 7), (23, 3), (40, 11)]
-            for prompt_len, max_tokens in lengths:
-                resp = client.post("/v1/completions", json={"prompt": [3] * prompt_len, "max_tokens": max_tokens,
-                                                            "ignore_eos": True})
+            for index, (prompt_len, max_tokens) in enumerate(lengths):
+                # Prompts share no prefix: a prefix-cache hit would route (and count) fewer tokens.
+                resp = client.post("/v1/completions", json={"prompt": [3 + index] * prompt_len,
+                                                            "max_tokens": max_tokens, "ignore_eos": True})
                 assert resp.status_code == 200
             # The last generated token of each request is never fed back: it is not routed.
             computed = sum(p + n - 1 for p, n in lengths)

@@ -299,3 +299,53 @@ def test_full_queue_raises_overloaded_with_retry_after() -> None:
         assert info.value.retry_after_s >= 1.0
     finally:
         engine.shutdown()
+
+
+def _prefix_seq(seq_id: int, prompt: list[int]) -> Sequence:
+    return Sequence(seq_id=seq_id, request_id=f"r{seq_id}", prompt_token_ids=prompt, params=GREEDY,
+                    timing=RequestTiming(request_id=f"r{seq_id}", arrival_s=0.0, prompt_tokens=len(prompt)))
+
+
+def test_shared_prefix_is_taken_from_the_cache_and_only_the_rest_computed() -> None:
+    blocks = BlockManager(16, 4, enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), blocks)
+    first = _prefix_seq(0, list(range(1, 11)))  # 2 full blocks + 2 tokens
+    sched.add(first)
+    commit(sched)
+    sched.finish(first, "length")  # its full blocks stay cached, free
+    assert blocks.num_used == 0 and blocks.num_cached == 2
+    second = _prefix_seq(1, [*range(1, 9), 40, 41, 42])
+    sched.add(second)
+    out = sched.schedule()
+    (chunk,) = out.plan.chunks
+    assert chunk.num_computed == 8 and chunk.token_ids == (40, 41, 42)
+    assert chunk.block_table[:2] == tuple(blocks.cached_prefix(first.block_hashes, 2))
+    assert (out.prefix_cache_queries, out.prefix_cache_hits, out.prompt_tokens) == (11, 8, 3)
+    blocks.check_invariants()
+
+
+def test_the_last_prompt_token_is_always_computed() -> None:
+    blocks = BlockManager(16, 4, enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), blocks)
+    prompt = list(range(1, 9))  # exactly 2 blocks
+    sched.add(_prefix_seq(0, prompt))
+    commit(sched)
+    sched.add(_prefix_seq(1, list(prompt)))  # the first still runs: its blocks are shared
+    out = sched.schedule()
+    chunk = out.plan.chunks[-1]
+    assert chunk.block_table[0] == out.plan.chunks[0].block_table[0]
+    # Both blocks are cached, but the second holds the last token: it is recomputed into a new block.
+    assert chunk.num_computed == 4 and len(chunk.token_ids) == 4 and chunk.needs_logits
+    assert out.prefix_cache_hits == 4
+    blocks.check_invariants()
+
+
+def test_no_lookup_and_no_counts_with_prefix_caching_off() -> None:
+    blocks = BlockManager(16, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), blocks)
+    sched.add(_prefix_seq(0, list(range(1, 11))))
+    commit(sched)
+    sched.add(_prefix_seq(1, list(range(1, 11))))
+    out = sched.schedule()
+    assert out.plan.chunks[-1].num_computed == 0
+    assert (out.prefix_cache_queries, out.prefix_cache_hits) == (0, 0)

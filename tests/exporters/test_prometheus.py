@@ -41,6 +41,7 @@ def test_records_vllm_names_with_bound_labels() -> None:
     reg = CollectorRegistry()
     sink = PrometheusStatsSink(reg, model_name="m")
     sink.record(step(ttfts_s=(0.5,), itls_s=(0.02, 0.021), num_preemptions=1,
+                     prefix_cache_queries=40, prefix_cache_hits=32,
                      finished=(finished(), finished("abort"))))
     get = reg.get_sample_value
     assert get("vllm:num_requests_running", LABELS) == 3
@@ -49,6 +50,8 @@ def test_records_vllm_names_with_bound_labels() -> None:
     assert get("vllm:prompt_tokens_total", LABELS) == 10
     assert get("vllm:generation_tokens_total", LABELS) == 3
     assert get("vllm:num_preemptions_total", LABELS) == 1
+    assert get("vllm:prefix_cache_queries_total", LABELS) == 40
+    assert get("vllm:prefix_cache_hits_total", LABELS) == 32
     assert get("vllm:request_success_total", {**LABELS, "finished_reason": "length"}) == 1
     assert get("vllm:request_success_total", {**LABELS, "finished_reason": "abort"}) == 1
     # SLO thresholds are exact edges: 0.5 s TTFT lands in le="0.5", 20 ms ITL in le="0.02".
