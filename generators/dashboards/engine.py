@@ -1,4 +1,4 @@
-"""Engine: throughput, requests, queue, KV cache, preemptions, queue and end-to-end latency."""
+"""Engine: throughput, requests, queue, KV and prefix cache, preemptions, request phases, and the entry router."""
 
 from __future__ import annotations
 
@@ -9,9 +9,14 @@ from contracts.catalogue import (
     GENERATION_TOKENS,
     KV_CACHE_USAGE,
     PREEMPTIONS,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
     PROMPT_TOKENS,
     QUEUE_TIME_HISTOGRAM,
     REQUEST_SUCCESS,
+    ROUTER_OVERHEAD_HISTOGRAM,
+    ROUTER_REQUESTS,
+    ROUTER_TTFT_ERROR_HISTOGRAM,
     RUNNING,
     WAITING,
     bucket,
@@ -35,11 +40,16 @@ def build() -> Dashboard:
                   "generated {{model_name}}"),
             query(f"sum by (model_name) (rate({total(PROMPT_TOKENS)}{{{MODEL}}}[{RATE}]))",
                   "prompt {{model_name}}"),
-        ], unit="tps", min_value=0))
+        ], unit="tps", min_value=0, width=8))
         .with_panel(timeseries("Finished requests per second", [
             query(f"sum by (finished_reason) (rate({total(REQUEST_SUCCESS)}{{{MODEL}}}[{RATE}]))",
                   "{{finished_reason}}"),
-        ], unit="reqps", min_value=0, stack=True))
+        ], unit="reqps", min_value=0, stack=True, width=8))
+        .with_panel(timeseries("Prefix cache hit rate", [
+            query(f"sum by (model_name) (rate({total(PREFIX_CACHE_HITS)}{{{MODEL}}}[{RATE}])) / "
+                  f"sum by (model_name) (rate({total(PREFIX_CACHE_QUERIES)}{{{MODEL}}}[{RATE}]))", "{{model_name}}"),
+        ], unit="percentunit", min_value=0, width=8,
+            description="Prompt tokens served from cached KV blocks, of the prompt tokens of new requests."))
         .with_row(Row("Queue and memory"))
         .with_panel(timeseries("Requests running and waiting", [
             query(f"sum by (model_name) ({RUNNING}{{{MODEL}}})", "running {{model_name}}"),
@@ -63,4 +73,18 @@ def build() -> Dashboard:
                   f"[{RATE}])))", f"p{round(q * 100)}")
             for q in (0.5, 0.99)
         ], unit="s", min_value=0))
+        .with_row(Row("Entry router"))
+        .with_panel(timeseries("Routed requests per second, by replica and outcome", [
+            query(f"sum by (replica, outcome) (rate({total(ROUTER_REQUESTS)}[{RATE}]))", "{{replica}} {{outcome}}"),
+        ], unit="reqps", min_value=0, stack=True, width=8,
+            description="moeslo route: where requests went; rejected (429) and unavailable (503) show overload."))
+        .with_panel(timeseries("TTFT prediction error p10 / p50 / p90", [
+            query(f"histogram_quantile({q}, sum by (le) (rate({bucket(ROUTER_TTFT_ERROR_HISTOGRAM)}[{RATE}])))",
+                  f"p{round(q * 100)}")
+            for q in (0.1, 0.5, 0.9)
+        ], unit="s", width=8, description="Observed minus predicted TTFT of routed streams: drift of the cost model."))
+        .with_panel(timeseries("Router overhead p99", [
+            query(f"histogram_quantile(0.99, sum by (le) (rate({bucket(ROUTER_OVERHEAD_HISTOGRAM)}[{RATE}])))",
+                  "p99"),
+        ], unit="s", min_value=0, width=8))
     )
