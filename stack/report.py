@@ -21,7 +21,7 @@ from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
 from harness.loadgen import RequestRecord
 from stack.state import StackState
 
-__all__ = ["FAULT_MARGIN_S", "outside_fault", "summarize"]
+__all__ = ["FAULT_MARGIN_S", "outside_fault", "request_rows", "summarize"]
 
 FAULT_MARGIN_S = 5.0
 """After the fault ends, its backlog drains: requests arriving this soon after still count as in it."""
@@ -95,3 +95,22 @@ def summarize(state: StackState) -> dict[str, Any]:
         "router_requests": state.router_requests if state.router_url is not None else None,
         "events": [f"{t - state.load_started_s:6.1f}s {text}" for t, text in state.events],
     }
+
+
+def request_rows(state: StackState) -> list[dict[str, Any]]:
+    """One row per request, for ``requests.csv``: when it came, what it saw, and whether it met the objectives."""
+    clear = {id(r) for r in outside_fault(state, state.records, state.done_at_s)}
+    rows = []
+    for record in sorted(state.records, key=lambda r: r.arrival_s):
+        gaps = record.itls_s
+        rows.append({
+            "arrival_s": round(record.arrival_s, 3), "prompt_tokens": record.prompt_tokens,
+            "output_tokens": record.output_tokens, "status": record.status,
+            "ttft_s": None if record.ttft_s is None else round(record.ttft_s, 4),
+            "itl_mean_s": round(sum(gaps) / len(gaps), 4) if gaps else None,
+            "itl_max_s": round(max(gaps), 4) if gaps else None,
+            "within_both_slos": record.ok and within_objectives(record.ttft_s, gaps),
+            "outside_fault": id(record) in clear, "error": record.error or "",
+        })
+    return rows
+

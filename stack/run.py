@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import json
 import os
 import time
@@ -320,10 +321,16 @@ class LocalStack:
 
     def write_results(self) -> dict[str, Any]:
         from stack.plots import write_plots
-        from stack.report import summarize
+        from stack.report import request_rows, summarize
 
         summary = summarize(self.state)
         summary["plots"] = [str(p) for p in write_plots(self.state, self.options.out)]
+        rows = request_rows(self.state)
+        if rows:
+            with (self.options.out / "requests.csv").open("w", newline="") as out:
+                writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
         (self.options.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 

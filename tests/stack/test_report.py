@@ -6,7 +6,7 @@ from pathlib import Path
 
 from harness.loadgen import RequestRecord
 from stack.plots import write_plots
-from stack.report import summarize
+from stack.report import request_rows, summarize
 from stack.state import Sample, StackOptions, StackState
 
 
@@ -69,3 +69,8 @@ def test_requests_during_the_fault_are_counted_apart() -> None:
     assert summary["requests_within_both_slos_outside_fault"] == 2 / 3
     assert summary["requests_within_both_slos_outside_fault_every_gap"] == 1 / 3
     assert summary["fault_window_s"] == [20.0, 30.0]
+    rows = request_rows(state)
+    assert [r["arrival_s"] for r in rows] == [1.0, 5.0, 21.0, 33.0, 40.0]
+    assert [r["within_both_slos"] for r in rows] == [True, False, False, False, True]
+    assert [r["outside_fault"] for r in rows] == [True, True, False, False, True]
+    assert rows[0]["itl_mean_s"] == 0.02 and rows[0]["itl_max_s"] == 0.03
