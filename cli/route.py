@@ -19,12 +19,14 @@ def route(
     ] = None,
     controller: Annotated[
         str | None,
-        typer.Option(help="Controller URL to read the replica set from (it follows the replicas the controller "
+        typer.Option(envvar="MOESLO_ROUTER_CONTROLLER",
+                     help="Controller URL to read the replica set from (it follows the replicas the controller "
                           "adds and removes)."),
     ] = None,
     controller_policy: Annotated[
         str | None,
-        typer.Option(help="With --controller: the policy whose replicas to route to (default: its only one)."),
+        typer.Option(envvar="MOESLO_ROUTER_CONTROLLER_POLICY",
+                     help="With --controller: the policy whose replicas to route to (default: its only one)."),
     ] = None,
     policy: Annotated[str, typer.Option(envvar="MOESLO_ROUTER_POLICY", help=f"Routing policy: {POLICIES}.")] = "cost",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -34,6 +36,10 @@ def route(
     ] = "reject",
     ttft_objective_s: Annotated[float, typer.Option(help="TTFT objective admission and the cost policy use.")] = 0.5,
     prefill_tokens_per_s: Annotated[float, typer.Option(help="Prompt tokens per second of each replica.")] = 4000.0,
+    itl_base_s: Annotated[float, typer.Option(help="ITL of a replica with an empty batch (cost policy).")] = 0.01,
+    itl_per_seq_s: Annotated[
+        float | None, typer.Option(help="ITL each running sequence adds (default: a step doubling at 128).")
+    ] = None,
     scrape_interval_s: Annotated[float, typer.Option(help="Read each replica's /metrics this often.")] = 0.5,
     max_queue_s: Annotated[float, typer.Option(help="Queue mode: longest hold before the 429.")] = 30.0,
     log_level: Annotated[str, typer.Option(help="Log level (debug, info, warning, error).")] = "warning",
@@ -48,9 +54,11 @@ def route(
 
         config = RouterConfig(
             replicas=tuple(url.strip().rstrip("/") for url in (replicas or "").split(",") if url.strip()),
-            controller_url=controller.rstrip("/") if controller else None, controller_policy=controller_policy,
+            controller_url=controller.rstrip("/") if controller else None,
+            controller_policy=controller_policy or None,  # an empty ConfigMap value: the controller's only policy
             policy=policy, admission=admission,  # type: ignore[arg-type]  # RouterConfig validates it
-            cost=CostModel(ttft_objective_s=ttft_objective_s), prefill_tokens_per_s=prefill_tokens_per_s,
+            cost=CostModel(ttft_objective_s=ttft_objective_s, decode_step_s=itl_base_s, itl_per_seq_s=itl_per_seq_s),
+            prefill_tokens_per_s=prefill_tokens_per_s,
             scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s,
         )
         upstream = ", ".join(config.replicas) or f"the replicas {controller} lists"

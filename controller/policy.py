@@ -81,6 +81,9 @@ class KubernetesTarget(_Strict):
     """Model name used in metric label selectors; defaults to the workload name."""
     hpa: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")] | None = None
     """Name of an HPA that owns the workload: the controller then patches its minReplicas."""
+    port: Annotated[int, Field(strict=True, ge=1, le=65535)] = 8000
+    """Port the workload's engines serve on: its ready pods are listed as ``http://<pod IP>:<port>``
+    (``/v1/policies/{name}/endpoints``, what the entry router reads)."""
 
 
 class LocalTarget(_Strict):

@@ -39,7 +39,8 @@ def predict(state: ReplicaState, features: RequestFeatures, model: CostModel) ->
     kv_factor = 1.0 + model.kv_full_penalty * min(1.0, over)
     work = state.pending_prefill_tokens + features.prompt_tokens
     ttft_s = work / max(state.prefill_tokens_per_s, 1e-9) * batch_factor * kv_factor
-    itl_s = model.decode_step_s * (1.0 + (state.running + 1) / model.max_batch)
+    per_seq_s = model.itl_per_seq_s if model.itl_per_seq_s is not None else model.decode_step_s / model.max_batch
+    itl_s = model.decode_step_s + per_seq_s * (state.running + 1)
     return Prediction(ttft_s=ttft_s, itl_s=itl_s, itl_risk=itl_s > model.itl_objective_s)
 
 

@@ -54,6 +54,9 @@ class CostModel:
     """ITL of a replica with an empty batch."""
     max_batch: int = 128
     """Running batch at which a step's decode work has grown to a full extra step."""
+    itl_per_seq_s: float | None = None
+    """ITL added by each running sequence (a replica profile's ``itl_per_seq_s``; None:
+    ``decode_step_s / max_batch``, a step that doubles at ``max_batch``)."""
     kv_soft_limit: float = 0.8
     """KV usage above which a replica slows new prefills (block waits, preemption risk)."""
     kv_full_penalty: float = 4.0

@@ -138,7 +138,9 @@ class LocalStack:
         argv = [*moeslo_command(), "route", "--controller", state.controller_url, "--controller-policy", POLICY_NAME,
                 "--port", str(port), "--policy", "cost", "--admission", "queue",
                 "--ttft-objective-s", f"{TTFT_THRESHOLD_S:g}",
-                "--prefill-tokens-per-s", f"{profile['prefill_tokens_per_s']:.0f}"]
+                "--prefill-tokens-per-s", f"{profile['prefill_tokens_per_s']:.0f}",
+                # The profile's ITL line, so the cost policy sees a batch's ITL risk as this replica has it.
+                "--itl-base-s", f"{profile['itl_base_s']:.5f}", "--itl-per-seq-s", f"{profile['itl_per_seq_s']:.5f}"]
         progress("starting the entry router (cost policy, the replicas the controller lists)")
         router = self.supervisor.start("router", argv, cwd=ROOT)
         router.wait_ready(f"http://127.0.0.1:{port}/health", timeout_s=60)

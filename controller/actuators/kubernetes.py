@@ -7,6 +7,10 @@
   the replica count, so the controller raises or lowers its ``minReplicas``
   (and lifts ``maxReplicas`` when the new floor would exceed it).
 
+Each read also lists the workload's ready pods (the scale subresource's
+``status.selector``; for a LeaderWorkerSet that selects the group leaders),
+so :meth:`KubernetesActuator.endpoints` can name them to the entry router.
+
 Every write is a read-modify-replace carrying the object's
 ``resourceVersion``: a concurrent change is a 409, after which the actuator
 re-reads and, if the count is already right, stops.  5xx, 429 and connection
@@ -21,6 +25,7 @@ thread so the tick loop's event loop never blocks on the API server.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +46,7 @@ LWS_GROUP = "leaderworkerset.x-k8s.io"
 LWS_VERSION = "v1"
 LWS_PLURAL = "leaderworkersets"
 RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+log = logging.getLogger(__name__)
 
 
 def api_client(config: KubernetesConfig) -> k8s.ApiClient:
@@ -83,6 +89,9 @@ class KubernetesActuator:
         self.apps = k8s.AppsV1Api(client)
         self.custom = k8s.CustomObjectsApi(client)
         self.autoscaling = k8s.AutoscalingV2Api(client)
+        self.core = k8s.CoreV1Api(client)
+        self._endpoints: dict[str, tuple[str, ...]] = {}
+        """Per policy, its ready pods' base URLs at the last read."""
         self._sleep = sleep
         self.writes = 0
         """Replace calls sent (including ones that failed): tests check a retry never doubles them."""
@@ -100,7 +109,7 @@ class KubernetesActuator:
         return None  # a cluster's capacity is the cluster autoscaler's business
 
     def endpoints(self, policy: Policy) -> Sequence[str]:
-        return ()
+        return self._endpoints.get(policy.name, ())
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.client.close)
@@ -108,7 +117,22 @@ class KubernetesActuator:
     async def replicas(self, policy: Policy) -> ReplicaCount:
         target = self._target(policy)
         read = await asyncio.to_thread(self._with_retries, target, lambda: self._read(target), "read")
+        try:
+            self._endpoints[policy.name] = await asyncio.to_thread(self._ready_pods, target, read)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            # The count is what scaling needs; a failed pod list keeps the last addresses known.
+            log.warning("%s: listing ready pods failed: %s", _describe(target), exc)
         return ReplicaCount(desired=read.desired, ready=read.ready)
+
+    def _ready_pods(self, target: KubernetesTarget, read: _Read) -> tuple[str, ...]:
+        """``http://<pod IP>:<port>`` of the workload's pods that are Ready and not terminating."""
+        selector = _selector(read.obj) if target.hpa is None else _selector(self._read(
+            KubernetesTarget(kind=target.kind, namespace=target.namespace, name=target.name)).obj)
+        if not selector:
+            return ()
+        pods = self.core.list_namespaced_pod(target.namespace, label_selector=selector,
+                                             _request_timeout=self.config.request_timeout_s)  # fmt: skip
+        return tuple(sorted(f"http://{ip}:{target.port}" for pod in pods.items if (ip := _serving_ip(pod))))
 
     async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
         if replicas < 0:
@@ -217,6 +241,25 @@ class KubernetesActuator:
             self.custom.replace_namespaced_custom_object_scale(
                 LWS_GROUP, LWS_VERSION, target.namespace, LWS_PLURAL, target.name, body, _request_timeout=timeout
             )
+
+
+def _selector(scale: Any) -> str | None:
+    """The label selector a scale subresource reports (typed for Deployments, a dict for custom objects)."""
+    if isinstance(scale, dict):
+        value = (scale.get("status") or {}).get("selector")
+        return value if isinstance(value, str) else None
+    status = getattr(scale, "status", None)
+    value = getattr(status, "selector", None)
+    return value if isinstance(value, str) else None
+
+
+def _serving_ip(pod: k8s.V1Pod) -> str | None:
+    """The pod's IP when it is Ready and not terminating, else None."""
+    status = pod.status
+    if pod.metadata is None or pod.metadata.deletion_timestamp is not None or status is None or not status.pod_ip:
+        return None
+    ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+    return str(status.pod_ip) if ready else None
 
 
 def _describe(target: KubernetesTarget) -> str:

@@ -7,6 +7,7 @@ semantics that matter:
 - ``GET``/``PUT`` of a Deployment's and a LeaderWorkerSet's ``scale``
   subresource, an HPA (autoscaling/v2) and a Lease (coordination.k8s.io/v1),
   plus ``POST`` to create a Lease;
+- ``GET`` of a namespace's pods, filtered by an equality ``labelSelector``;
 - optimistic concurrency: a ``PUT`` whose ``metadata.resourceVersion`` is not
   the stored one gets ``409 Conflict``; every write bumps the version;
 - fault injection: queued 5xx answers (optionally *after* applying the write,
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 
 @dataclass
@@ -44,6 +46,14 @@ class StandInState:
     before_put: dict[str, Callable[[dict[str, Any]], None]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     next_version: int = 100
+    pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Pods by namespace (``add_pod``)."""
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    """An equality-based label selector (``a=b,c=d``), as the scale subresource reports it."""
+    wanted = [term.split("=", 1) for term in selector.split(",") if term]
+    return all(labels.get(key) == value for key, value in wanted)
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -79,9 +89,20 @@ class StandInApiServer:
                 path = self.path.split("?", 1)[0]
                 body = self._body() if method in ("PUT", "POST") else {}
                 with state.lock:
-                    code, answer = self._dispatch(method, path, body)
+                    if method == "GET" and path.startswith("/api/v1/namespaces/") and path.endswith("/pods"):
+                        code, answer = self._pods(path.split("/")[4])
+                    else:
+                        code, answer = self._dispatch(method, path, body)
                     state.log.append((method, path, code))
                 self._send(code, answer)
+
+            def _pods(self, namespace: str) -> tuple[int, dict[str, Any]]:
+                if (fault := self._fault("GET", f"/api/v1/namespaces/{namespace}/pods")) is not None:
+                    return fault.status, _status(fault.status, "InternalError", "injected fault")
+                query = parse_qs(urlsplit(self.path).query)
+                selector = query.get("labelSelector", [""])[0]
+                items = [p for p in state.pods.get(namespace, []) if _matches(p["metadata"]["labels"], selector)]
+                return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
 
             def _fault(self, method: str, path: str) -> Fault | None:
                 for fault in list(state.faults):
@@ -175,7 +196,8 @@ class StandInApiServer:
         self._put(path, {
             "apiVersion": "autoscaling/v1", "kind": "Scale",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"replicas": replicas}, "status": {"replicas": replicas},
+            "spec": {"replicas": replicas},
+            "status": {"replicas": replicas, "selector": f"lws={name},worker-index=0"},
         })
         return path
 
@@ -191,6 +213,17 @@ class StandInApiServer:
             "status": {"currentReplicas": current, "desiredReplicas": current},
         })
         return path
+
+    def add_pod(self, namespace: str, name: str, ip: str, labels: dict[str, str], *, ready: bool = True,
+                terminating: bool = False) -> None:  # fmt: skip
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+        if terminating:
+            metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "status": {
+            "phase": "Running", "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+        with self.state.lock:
+            self.state.pods.setdefault(namespace, []).append(pod)
 
     def lease_path(self, namespace: str, name: str) -> str:
         return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"

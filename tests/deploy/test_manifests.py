@@ -156,6 +156,7 @@ _CLIENT_CALL_VERBS = {
     "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
     "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),
     "patch_namespaced_lease": ("coordination.k8s.io", "leases", "patch"),
+    "list_namespaced_pod": ("", "pods", "list"),
 }
 
 

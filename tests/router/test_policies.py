@@ -69,6 +69,17 @@ def test_itl_risk_grows_with_the_running_batch() -> None:
     assert predict(state("a", running=130), features(1), MODEL).itl_risk  # 10 ms x (1 + 131/128) = 20.2 ms
 
 
+def test_a_profiled_itl_line_makes_a_small_batch_risky() -> None:
+    # A small CPU replica: 12 ms alone, 2.5 ms more per running sequence (a replica profile's line).
+    cpu = CostModel(decode_step_s=0.012, itl_per_seq_s=0.0025)
+    assert not predict(state("a", running=2), features(1), cpu).itl_risk  # 12 + 2.5 x 3 = 19.5 ms
+    assert predict(state("a", running=3), features(1), cpu).itl_risk  # 12 + 2.5 x 4 = 22 ms
+    busy, idle = state("a", running=3, prefill_tokens_per_s=1000.0), state("b", pending_prefill_tokens=100,
+                                                                             prefill_tokens_per_s=1000.0)
+    choice = estimated_cost(features(100), [busy, idle], cpu)
+    assert (choice.replica, choice.reason) == ("b", "avoids_itl_risk")
+
+
 def test_cost_picks_the_lowest_predicted_ttft() -> None:
     replicas = [state("a", pending_prefill_tokens=4000), state("b"), state("c", pending_prefill_tokens=1000)]
     choice = estimated_cost(features(1000), replicas, MODEL)

@@ -137,3 +137,37 @@ def test_non_kubernetes_targets_are_refused_for_enforcement() -> None:
     local = Policy.model_validate({"name": "p", "target": {"kind": "local"}})
     assert actuator.check(local) == ["target.kind: 'local' cannot be scaled by the kubernetes actuator"]
     assert actuator.check(_policy()) == []
+
+
+def test_the_ready_pods_of_the_workload_are_its_endpoints(server: StandInApiServer) -> None:
+    server.add_deployment_scale("prod", "qwen", 3)  # its scale reports the selector app=x
+    server.add_pod("prod", "a", "10.0.0.2", {"app": "x"})
+    server.add_pod("prod", "b", "10.0.0.3", {"app": "x"}, ready=False)  # starting: not yet
+    server.add_pod("prod", "c", "10.0.0.4", {"app": "x"}, terminating=True)  # leaving: no more
+    server.add_pod("prod", "d", "10.0.0.5", {"app": "y"})  # another workload
+    server.add_pod("dev", "e", "10.0.0.6", {"app": "x"})  # another namespace
+    actuator, policy = _actuator(server), _policy()
+    assert actuator.endpoints(policy) == ()  # nothing read yet
+    asyncio.run(actuator.replicas(policy))
+    assert actuator.endpoints(policy) == ("http://10.0.0.2:8000",)
+    server.add_pod("prod", "f", "10.0.0.7", {"app": "x"})
+    asyncio.run(actuator.replicas(policy))
+    assert actuator.endpoints(policy) == ("http://10.0.0.2:8000", "http://10.0.0.7:8000")
+
+
+def test_leaderworkerset_endpoints_are_the_group_leaders_and_a_failed_list_keeps_the_last(
+    server: StandInApiServer,
+) -> None:
+    server.add_lws_scale("prod", "qwen", 2)
+    server.add_pod("prod", "qwen-0", "10.0.1.1", {"lws": "qwen", "worker-index": "0"})
+    server.add_pod("prod", "qwen-0-1", "10.0.1.2", {"lws": "qwen", "worker-index": "1"})
+    actuator, policy = _actuator(server), _policy("leaderworkerset")
+    asyncio.run(actuator.replicas(policy))
+    assert actuator.endpoints(policy) == ("http://10.0.1.1:8000",)
+    server.state.faults.append(Fault("GET", "/pods", 500))
+    server.add_pod("prod", "qwen-1", "10.0.1.3", {"lws": "qwen", "worker-index": "0"})
+    assert asyncio.run(actuator.replicas(policy)).desired == 2  # the count is still read
+    assert actuator.endpoints(policy) == ("http://10.0.1.1:8000",)
+    assert ("GET", "/api/v1/namespaces/prod/pods", 500) in server.state.log
+    asyncio.run(actuator.replicas(policy))
+    assert actuator.endpoints(policy) == ("http://10.0.1.1:8000", "http://10.0.1.3:8000")
