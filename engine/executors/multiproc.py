@@ -2,20 +2,28 @@
 
 Rank 0 is this process: it runs attention, routers and dense layers, owns
 the KV cache, and holds its share of the experts.  Ranks 1..N-1 are spawned
-processes that hold only their own expert slots.  They are joined in one
-``torch.distributed`` group (gloo: the embedded engine runs on the CPU).
+processes that hold only their own expert slots.
 
-Per MoE layer and step:
+Per MoE layer and step, over shared memory (the ranks share one host):
 
-* **dispatch**: rank 0 broadcasts the normalized hidden states with each
-  token's top-k weights and physical slots (one packed tensor).  Every rank
-  picks the assignments whose slot it holds.  This is the all-to-all of EP
-  done as a broadcast: on one host the bytes are the same order, and ranks
-  need no per-peer sizes.
-* **combine**: each rank computes its experts' outputs into a zero tensor
-  and a sum-reduce brings them to rank 0.
+* **dispatch**: rank 0 writes the normalized hidden states with each token's
+  top-k weights and physical slots (one packed float32 tensor) into a buffer
+  every rank maps, and tells each rank the layer and token count through its
+  pipe.  Every rank picks the assignments whose slot it holds.  This is the
+  all-to-all of EP done as a broadcast: on one host the bytes are the same
+  order, and ranks need no per-peer sizes.
+* **combine**: each rank writes its experts' outputs into its own shared
+  output buffer and answers on its pipe; rank 0 sums them into its own.
 
-Placement changes move only the expert weights that change rank, with
+A step costs one small pipe message each way per rank and MoE layer.  gloo's
+collectives took several thread hand-offs each (the caller, the process
+group's worker, the transport's loop), which on ranks sharing a CPU cost
+about 1 ms per collective: a step of the demo's replica (EP 2 on one CPU)
+took 13 ms against 4 ms at EP 1.  A rank that exits closes its pipe, so rank
+0 sees it at once (EOF), not after a collective's timeout.
+
+Placement changes (rare) still go through a ``torch.distributed`` group
+(gloo): they move only the expert weights that change rank, with
 point-to-point sends between the ranks that hold them and the ranks that
 need them; each rank builds its new slots aside and switches at the end.
 """
@@ -26,8 +34,10 @@ import contextlib
 import logging
 import multiprocessing.connection
 import os
+import struct
 import time
 from datetime import timedelta
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 import numpy as np
@@ -45,8 +55,28 @@ from engine.experts import ExpertShard, ExpertWeights, Transfer, load_expert, pl
 from engine.model import StepMetadata
 
 log = logging.getLogger("moeslo.engine_core")
-_OP_STEP, _OP_PLACEMENT, _OP_SHUTDOWN = 1, 2, 3
+_OP_LAYER, _OP_PLACEMENT, _OP_SHUTDOWN, _OP_RESIZE = 1, 2, 3, 4
 _TIMEOUT = timedelta(seconds=120)
+_MESSAGE = struct.Struct("<iii")
+"""A pipe message from rank 0: (op, MoE layer, tokens)."""
+_DONE = b"d"
+_FIRST_CAPACITY = 512
+"""Tokens the shared buffers hold at first (the default step budget); they grow by doubling."""
+
+
+class _SharedBuffers:
+    """The packed dispatch rows (rank 0 writes) and one output buffer per rank (that rank writes)."""
+
+    def __init__(self, capacity: int, width: int, hidden: int, world: int) -> None:
+        self.capacity = capacity
+        self.inbox = _shared((capacity, width))
+        self.outboxes = [_shared((capacity, hidden)) for _ in range(world)]
+
+
+def _shared(shape: tuple[int, int]) -> torch.Tensor:
+    tensor = torch.empty(shape, dtype=torch.float32)
+    tensor.share_memory_()  # type: ignore[no-untyped-call]
+    return tensor
 
 
 def _backend() -> str:
@@ -117,7 +147,8 @@ class _RankState:
         return len(transfers), len(transfers) * expert_bytes(self.config, self.dtype)
 
 
-def _worker_main(rank: int, world: int, port: int, options: ExecutorOptions, placement: Placement) -> None:
+def _worker_main(rank: int, world: int, port: int, options: ExecutorOptions, placement: Placement,
+                 conn: Connection, buffers: _SharedBuffers) -> None:  # fmt: skip
     torch.set_num_threads(options.threads_per_rank or default_threads(world))
     config = ModelConfig.load(options.checkpoint)
     dtype = torch_dtype(options.dtype or config.torch_dtype)
@@ -129,19 +160,18 @@ def _worker_main(rank: int, world: int, port: int, options: ExecutorOptions, pla
                 config, placement, rank, lambda layer, expert: load_expert(reader, config.sparse_layers[layer], expert)
             )
         state = _RankState(config, shard, dtype)
-        moe_layers = placement.num_layers
-        width = config.hidden_size + 2 * config.num_experts_per_tok
-        header = torch.zeros(2, dtype=torch.long)
         dist.barrier()
-        with torch.inference_mode():
+        with torch.inference_mode(), contextlib.suppress(EOFError, ConnectionError):  # rank 0 went away: stop
             while True:
-                dist.broadcast(header, src=0)
-                op, tokens = int(header[0]), int(header[1])
-                if op == _OP_STEP:
-                    packed = torch.empty((tokens, width), dtype=torch.float32)
-                    for layer in range(moe_layers):
-                        dist.broadcast(packed, src=0)
-                        dist.reduce(state.compute(layer, packed), dst=0, op=dist.ReduceOp.SUM)
+                op, layer, tokens = _MESSAGE.unpack(conn.recv_bytes())
+                if op == _OP_LAYER:
+                    buffers.outboxes[rank][:tokens].copy_(state.compute(layer, buffers.inbox[:tokens]))
+                    conn.send_bytes(_DONE)
+                elif op == _OP_RESIZE:
+                    received = conn.recv()
+                    assert isinstance(received, _SharedBuffers)
+                    buffers = received
+                    conn.send_bytes(_DONE)
                 elif op == _OP_PLACEMENT:
                     box: list[object] = [None]
                     dist.broadcast_object_list(box, src=0)
@@ -167,9 +197,12 @@ class MultiprocExecutor(DriverBase):
         torch.set_num_threads(options.threads_per_rank or default_threads(world))
         super().__init__(options, num_ranks=world)
         self._procs: list[BaseProcess] = []
+        self._conns: list[Connection] = []
         self._closed = False
         self._broken: str | None = None
-        self._header = torch.zeros(2, dtype=torch.long)
+        cfg = self._config
+        self._buffers = _SharedBuffers(_FIRST_CAPACITY, cfg.hidden_size + 2 * cfg.num_experts_per_tok,
+                                       cfg.hidden_size, world)  # fmt: skip
         # Before spawning: children copy the environment, and every rank must bind loopback.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # Rank 0's rendezvous store takes a port the OS picks; the workers get its number.
@@ -178,14 +211,16 @@ class MultiprocExecutor(DriverBase):
         ctx = mp.get_context("spawn")
         try:
             for rank in range(1, world):
+                mine, theirs = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
-                    target=_worker_main, args=(rank, world, port, options, self._placement), daemon=True,
-                    name=f"moeslo-ep-rank{rank}",
+                    target=_worker_main, args=(rank, world, port, options, self._placement, theirs, self._buffers),
+                    daemon=True, name=f"moeslo-ep-rank{rank}",
                 )
                 proc.start()
+                theirs.close()  # the child holds its end: a rank that exits closes the pipe
                 self._procs.append(proc)
+                self._conns.append(mine)
             dist.init_process_group(_backend(), store=store, rank=0, world_size=world, timeout=_TIMEOUT)
-            cfg = self._config
             reader = self.reader
             shard = ExpertShard(
                 cfg, self._placement, 0, lambda layer, expert: load_expert(reader, cfg.sparse_layers[layer], expert)
@@ -226,30 +261,58 @@ class MultiprocExecutor(DriverBase):
     def _forward(self, meta: StepMetadata) -> torch.Tensor:
         self._guard()
         try:
-            self._header[0], self._header[1] = _OP_STEP, meta.token_ids.shape[0]
-            dist.broadcast(self._header, src=0)
+            self._fit(meta.token_ids.shape[0])
             return super()._forward(meta)
         except Exception as exc:
-            # The ranks may be waiting inside this step's collectives: the group cannot be trusted again.
-            # The details (gloo's paths and addresses) go to the log, never to a client.
+            # A rank may be inside this step's layer: the group cannot be trusted again.
             log.error("expert-parallel step failed: %r", exc)
             self._broken = self._dead_rank(wait_s=0.5) or "an expert-parallel step failed"
             raise UnavailableError(self._broken) from exc
 
+    def _send_all(self, op: int, layer: int = 0, tokens: int = 0) -> None:
+        message = _MESSAGE.pack(op, layer, tokens)
+        for conn in self._conns:
+            conn.send_bytes(message)
+
+    def _wait_all(self) -> None:
+        """Every rank's answer; EOFError when one exited, TimeoutError when one went silent."""
+        for rank, conn in enumerate(self._conns, start=1):
+            if not conn.poll(_TIMEOUT.total_seconds()):
+                raise TimeoutError(f"expert-parallel rank {rank} did not answer within {_TIMEOUT}")
+            if conn.recv_bytes() != _DONE:
+                raise ConnectionError(f"expert-parallel rank {rank} answered out of turn")
+
+    def _fit(self, tokens: int) -> None:
+        """Grow the shared buffers (by doubling) to hold a step of ``tokens``, and hand them to every rank."""
+        if tokens <= self._buffers.capacity:
+            return
+        capacity = self._buffers.capacity
+        while capacity < tokens:
+            capacity *= 2
+        old = self._buffers
+        self._buffers = _SharedBuffers(capacity, old.inbox.shape[1], old.outboxes[0].shape[1], len(old.outboxes))
+        self._send_all(_OP_RESIZE)
+        for conn in self._conns:
+            conn.send(self._buffers)
+        self._wait_all()
+
     def _dispatch(
         self, layer: int, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor, counts: torch.Tensor
     ) -> torch.Tensor:
-        packed = torch.cat([x.float(), weights.float(), physical.float()], dim=1)
-        dist.broadcast(packed, src=0)
-        out = self._state.compute(layer, packed)
-        dist.reduce(out, dst=0, op=dist.ReduceOp.SUM)
+        tokens = x.shape[0]
+        packed = self._buffers.inbox[:tokens]
+        torch.cat([x.float(), weights.float(), physical.float()], dim=1, out=packed)
+        self._send_all(_OP_LAYER, layer, tokens)
+        out = self._state.compute(layer, packed)  # rank 0's share, while the other ranks compute theirs
+        self._wait_all()
+        for outbox in self._buffers.outboxes[1:]:
+            out += outbox[:tokens]
         return out.to(x.dtype)
 
     def _swap(self, placement: Placement) -> tuple[int, int]:
         self._guard()
         try:
-            self._header[0], self._header[1] = _OP_PLACEMENT, 0
-            dist.broadcast(self._header, src=0)
+            self._send_all(_OP_PLACEMENT)
             dist.broadcast_object_list([placement.phy2log], src=0)
             try:
                 moved = self._state.apply(placement)
@@ -270,14 +333,16 @@ class MultiprocExecutor(DriverBase):
         self._closed = True
         try:
             if healthy:
-                self._header[0], self._header[1] = _OP_SHUTDOWN, 0
-                dist.broadcast(self._header, src=0)
+                with contextlib.suppress(OSError):  # a rank that just exited has closed its pipe
+                    self._send_all(_OP_SHUTDOWN)
         finally:
             self._teardown()
 
     def _teardown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        for conn in self._conns:
+            conn.close()
         deadline = time.monotonic() + 10
         for proc in self._procs:
             proc.join(timeout=max(0.1, deadline - time.monotonic()))

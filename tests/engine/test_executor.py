@@ -257,3 +257,16 @@ def test_replicas_take_turns_even_for_one_decoding_sequence() -> None:
     # Within one step, an expert's assignments alternate over its replicas.
     many = table.physical(0, torch.tensor([[3], [3], [3], [3]])).reshape(-1).tolist()
     assert sorted(many) == [3, 3, 4, 4]
+
+
+@pytest.mark.slow
+def test_ep2_steps_beyond_the_first_shared_buffers_equal_ep1(skewed_checkpoint: Path, ep2: Executor) -> None:
+    # 3 x 300 prompt tokens in one step: more than the 512 rows the ranks' shared buffers start with.
+    gen = torch.Generator().manual_seed(12)
+    long_prompts = [torch.randint(0, 512, (300,), generator=gen).tolist() for _ in range(3)]
+    one = create_executor(ExecutorOptions(checkpoint=skewed_checkpoint, kv_cache_mb=2))
+    try:
+        expected = run_sequences(one, long_prompts, decode_steps=2)
+    finally:
+        one.shutdown()
+    torch.testing.assert_close(run_sequences(ep2, long_prompts, decode_steps=2), expected, atol=ATOL, rtol=0)
