@@ -6,7 +6,7 @@ so no locks.  The scraped queue lags by up to a scrape interval; the
 router's own counts do not, so a replica's waiting and running are the
 larger of the two, and its pending prefill tokens are the router's own
 unstarted prompts plus the scraped queue the router did not send, at an
-assumed mean length.  Each replica's prefill rate starts at the configured
+assumed mean length.  The replicas' prefill rate starts at the configured
 one and follows the observed TTFT of streamed requests (:meth:`calibrate`).
 """
 
@@ -51,6 +51,8 @@ class ReplicaPool:
                  readmit_after: int = 2) -> None:  # fmt: skip
         self._replicas = {name: _Replica(name, prefill_tokens_per_s) for name in names}
         self.configured_rate = prefill_tokens_per_s
+        self.rate = prefill_tokens_per_s
+        """The calibrated prefill rate every replica is predicted with."""
         self.mean_prompt_tokens = mean_prompt_tokens
         self.readmit_after = readmit_after
 
@@ -76,7 +78,7 @@ class ReplicaPool:
         for name in removed:
             del self._replicas[name]
         for name in added:
-            self._replicas[name] = _Replica(name, self.configured_rate, healthy=False)
+            self._replicas[name] = _Replica(name, self.rate, healthy=False)
         return added, removed
 
     def snapshot(self) -> tuple[ReplicaState, ...]:
@@ -118,20 +120,27 @@ class ReplicaPool:
             r.outstanding -= 1
 
     def calibrate(self, name: str, predicted_s: float, observed_s: float) -> None:
-        """Move a replica's prefill rate toward what its observed TTFT says (a step in log space).
+        """Move the fleet's prefill rate toward what an observed TTFT says (a step in log space).
 
         A prediction is proportional to 1 / rate, so ``rate x predicted / observed`` would have
         predicted what was observed; the rate moves ``CALIBRATION_STEP`` of the way there (in
         log space, each step's ratio clamped to 0.5..2), and stays within ``RATE_RANGE`` of the
         configured rate.  Predictions under ``MIN_CALIBRATED_S`` are skipped: there the network and
         the router's own hop, not prefill, make the TTFT.
+
+        One rate for every replica: the replicas behind one router run one workload on one kind
+        of machine, and a rate learned per replica only from the requests it is sent is a trap:
+        the favoured replica's rate is the only one that moves, so once it drifts up the others
+        are never tried again (measured: 178 of 182 requests to one of two replicas).  A slow
+        replica still shows in its own queue and running batch.
         """
-        r = self._replicas.get(name)
-        if r is None or predicted_s < MIN_CALIBRATED_S or observed_s <= 0:
+        if name not in self._replicas or predicted_s < MIN_CALIBRATED_S or observed_s <= 0:
             return
         ratio = min(2.0, max(0.5, predicted_s / observed_s))
         low, high = self.configured_rate / RATE_RANGE, self.configured_rate * RATE_RANGE
-        r.prefill_tokens_per_s = min(high, max(low, r.prefill_tokens_per_s * ratio**CALIBRATION_STEP))
+        self.rate = min(high, max(low, self.rate * ratio**CALIBRATION_STEP))
+        for replica in self._replicas.values():
+            replica.prefill_tokens_per_s = self.rate
 
     def update_load(self, name: str, load: ScrapedLoad) -> None:
         if (r := self._replicas.get(name)) is not None:

@@ -25,6 +25,27 @@ from contracts.catalogue import (
 from generators.dashboards.panels import MODEL, RATE, query, timeseries, variables
 
 
+def with_router_row(dashboard: Dashboard) -> Dashboard:
+    """Where ``moeslo route`` sent requests, how well its cost model predicted TTFT, and what it cost."""
+    return (
+        dashboard
+        .with_row(Row("Entry router"))
+        .with_panel(timeseries("Routed requests per second, by replica and outcome", [
+            query(f"sum by (replica, outcome) (rate({total(ROUTER_REQUESTS)}[{RATE}]))", "{{replica}} {{outcome}}"),
+        ], unit="reqps", min_value=0, stack=True, width=8,
+            description="moeslo route: where requests went; rejected (429) and unavailable (503) show overload."))
+        .with_panel(timeseries("TTFT prediction error p10 / p50 / p90", [
+            query(f"histogram_quantile({q}, sum by (le) (rate({bucket(ROUTER_TTFT_ERROR_HISTOGRAM)}[{RATE}])))",
+                  f"p{round(q * 100)}")
+            for q in (0.1, 0.5, 0.9)
+        ], unit="s", width=8, description="Observed minus predicted TTFT of routed streams: drift of the cost model."))
+        .with_panel(timeseries("Router overhead p99", [
+            query(f"histogram_quantile(0.99, sum by (le) (rate({bucket(ROUTER_OVERHEAD_HISTOGRAM)}[{RATE}])))",
+                  "p99"),
+        ], unit="s", min_value=0, width=8))
+    )
+
+
 def build() -> Dashboard:
     dashboard = (
         Dashboard("moeslo / Engine").uid("moeslo-engine").tags(["moeslo", "engine"])
@@ -32,7 +53,7 @@ def build() -> Dashboard:
         .refresh("30s").time("now-1h", "now").timezone("browser")
     )
     dashboard = variables(dashboard, policy=False)
-    return (
+    return with_router_row(
         dashboard
         .with_row(Row("Throughput"))
         .with_panel(timeseries("Tokens per second", [
@@ -73,18 +94,4 @@ def build() -> Dashboard:
                   f"[{RATE}])))", f"p{round(q * 100)}")
             for q in (0.5, 0.99)
         ], unit="s", min_value=0))
-        .with_row(Row("Entry router"))
-        .with_panel(timeseries("Routed requests per second, by replica and outcome", [
-            query(f"sum by (replica, outcome) (rate({total(ROUTER_REQUESTS)}[{RATE}]))", "{{replica}} {{outcome}}"),
-        ], unit="reqps", min_value=0, stack=True, width=8,
-            description="moeslo route: where requests went; rejected (429) and unavailable (503) show overload."))
-        .with_panel(timeseries("TTFT prediction error p10 / p50 / p90", [
-            query(f"histogram_quantile({q}, sum by (le) (rate({bucket(ROUTER_TTFT_ERROR_HISTOGRAM)}[{RATE}])))",
-                  f"p{round(q * 100)}")
-            for q in (0.1, 0.5, 0.9)
-        ], unit="s", width=8, description="Observed minus predicted TTFT of routed streams: drift of the cost model."))
-        .with_panel(timeseries("Router overhead p99", [
-            query(f"histogram_quantile(0.99, sum by (le) (rate({bucket(ROUTER_OVERHEAD_HISTOGRAM)}[{RATE}])))",
-                  "p99"),
-        ], unit="s", min_value=0, width=8))
     )

@@ -114,3 +114,13 @@ def test_calibration_moves_the_prefill_rate_toward_the_observed_ttft() -> None:
     for _ in range(500):
         pool.calibrate("a", 1.0, 0.0001)  # always far faster than predicted: the rate stops at 100x
     assert rate() == pytest.approx(4000.0 * 100)
+
+
+def test_one_calibrated_rate_for_every_replica_so_none_is_starved() -> None:
+    pool = ReplicaPool(("a", "b"), prefill_tokens_per_s=1000.0, mean_prompt_tokens=100.0)
+    for _ in range(20):  # only "a" is ever sent requests, and they run faster than predicted
+        pool.calibrate("a", 0.2, 0.1)
+    rates = {s.name: s.prefill_tokens_per_s for s in pool.snapshot()}
+    assert rates["a"] == rates["b"] > 1500.0  # "b" is predicted as fast: the policy still tries it
+    pool.set_members(("a", "b", "c"))
+    assert {s.name: s.prefill_tokens_per_s for s in pool.snapshot()}["c"] == rates["a"]
