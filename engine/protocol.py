@@ -15,7 +15,7 @@ returns never includes the stop string, as OpenAI and vLLM do.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
@@ -25,15 +25,14 @@ from engine.sampling import MAX_SEED, MIN_SEED, SamplingParams
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 
-_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, 0),
-    "echo": (False,),
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}),
-    "suffix": (None, ""),
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
 }
 """OpenAI fields this engine does not implement, and the values that ask for nothing."""
+
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
 
 
 class StreamOptions(BaseModel):
@@ -42,32 +41,25 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class CompletionRequest(BaseModel):
-    """The subset of OpenAI's completion request the engine serves (one choice, no logprobs)."""
+class GenerationRequest(BaseModel):
+    """What completion and chat requests share: sampling, stopping, streaming."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = NO_OP_VALUES
 
     model: str | None = None
-    prompt: str | list[StrictInt]
-    max_tokens: Annotated[int, Field(strict=True, ge=1)] = 16
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     n: Annotated[int, Field(strict=True, ge=1, le=1, description="only one choice per request is served")] = 1
-    best_of: Annotated[int, Field(strict=True, ge=1, le=1)] | None = None
     seed: Annotated[int, Field(strict=True, ge=MIN_SEED, le=MAX_SEED)] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    stop: Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)] | list[
-        Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
-    ] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP_STRINGS)
     stop_token_ids: list[StrictInt] = Field(default_factory=list)
     ignore_eos: StrictBool = False
     user: str | None = None
-    # Accepted only at their no-op values (see _NO_OP_VALUES).
-    logprobs: int | None = None
-    echo: bool = False
+    # Accepted only at their no-op values (see no_op_values).
     logit_bias: dict[str, float] | None = None
-    suffix: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
 
@@ -77,25 +69,51 @@ class CompletionRequest(BaseModel):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def texts(self) -> list[tuple[str, str]]:
+        """(field, text) of every text the request carries, checked for lone surrogates."""
+        return [("stop", s) for s in self.stop_strings]
+
     def check(self) -> None:
         """Refuse what the model's types allow but this engine cannot serve (every problem at once)."""
         problems = [
             f"{name}: not implemented by this engine (send {values[0]!r} or leave it out)"
-            for name, values in _NO_OP_VALUES.items()
+            for name, values in self.no_op_values.items()
             if getattr(self, name) not in values
         ]
-        texts = [("prompt", self.prompt)] if isinstance(self.prompt, str) else []
-        texts += [("stop", s) for s in self.stop_strings]
         problems += [f"{name}: must be valid Unicode text (it holds a lone surrogate)"
-                     for name, text in texts if not _encodable(text)]
+                     for name, text in self.texts() if not _encodable(text)]
         if problems:
             raise ValidationError(problems)
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
         return SamplingParams(
-            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos,
         )
+
+
+class CompletionRequest(GenerationRequest):
+    """The subset of OpenAI's completion request the engine serves (one choice, no logprobs)."""
+
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "logprobs": (None, 0), "echo": (False,), "suffix": (None, ""), **NO_OP_VALUES,
+    }
+
+    prompt: str | list[StrictInt]
+    max_tokens: Annotated[int, Field(strict=True, ge=1)] = 16
+    best_of: Annotated[int, Field(strict=True, ge=1, le=1)] | None = None
+    # Accepted only at their no-op values (see no_op_values).
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    def texts(self) -> list[tuple[str, str]]:
+        prompt = [("prompt", self.prompt)] if isinstance(self.prompt, str) else []
+        return prompt + super().texts()
 
 
 def _encodable(text: str) -> bool:
@@ -137,4 +155,4 @@ class StopMatcher:
         return "" if self.stopped else out
 
 
-__all__ = ["CompletionRequest", "StopMatcher", "StreamOptions"]
+__all__ = ["CompletionRequest", "GenerationRequest", "StopMatcher", "StreamOptions"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from engine.chat_template import load_chat_template
 from engine.client import EngineCoreClient
 from engine.engine_types import EngineConfig
 from engine.executors import ExecutorOptions
@@ -105,7 +106,8 @@ def build_stack(options: ServeOptions) -> ServingStack:
         hooks.append(otel.shutdown)
     engine.start()
     tokenizer = load_tokenizer(Path(options.checkpoint), engine.vocab_size)
-    app = create_app(engine, tokenizer, model_name=model_name, metrics=metrics, on_shutdown=hooks)
+    app = create_app(engine, tokenizer, model_name=model_name, metrics=metrics, on_shutdown=hooks,
+                     chat_template=load_chat_template(Path(options.checkpoint)))
     return ServingStack(app=app, engine=engine, prometheus=prometheus)
 
 
