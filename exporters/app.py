@@ -87,16 +87,6 @@ def build_stack(options: ServeOptions) -> ServingStack:
             enable_prefix_caching=options.enable_prefix_caching,
         ),
     )
-    metrics: MetricsRenderer | None = None
-    prometheus = None
-    if options.prometheus:
-        prometheus = PrometheusStatsSink(
-            CollectorRegistry(), model_name=model_name, engine=options.engine_id,
-            expert_series=options.expert_metrics,
-        )
-        engine.add_sink(prometheus)
-        metrics = _renderer(prometheus)
-
     hooks: list[Callable[[], None]] = []
     if options.otlp:
         from exporters.otel import OtelStatsSink
@@ -105,6 +95,16 @@ def build_stack(options: ServeOptions) -> ServingStack:
         engine.add_sink(otel)
         hooks.append(otel.shutdown)
     engine.start()
+    metrics: MetricsRenderer | None = None
+    prometheus = None
+    if options.prometheus:
+        # After start: the per-request token histograms' edges reach the context the core serves.
+        prometheus = PrometheusStatsSink(
+            CollectorRegistry(), model_name=model_name, engine=options.engine_id,
+            expert_series=options.expert_metrics, max_model_len=engine.max_model_len,
+        )
+        engine.add_sink(prometheus)
+        metrics = _renderer(prometheus)
     tokenizer = load_tokenizer(Path(options.checkpoint), engine.vocab_size)
     app = create_app(engine, tokenizer, model_name=model_name, metrics=metrics, on_shutdown=hooks,
                      chat_template=load_chat_template(Path(options.checkpoint)))
