@@ -1,0 +1,141 @@
+"""The official ``openai`` client against a real engine server on 127.0.0.1: completions and chat, streamed
+and not, usage in tokens, stop strings, and errors in OpenAI's shape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.chat_template import load_chat_template
+from engine.server import ServerThread
+from engine.tokenizer import HFTokenizer, load_tokenizer
+from exporters.app import ServeOptions, build_stack
+from harness.processes import free_port
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.integration
+
+MODEL = "tiny-moe"
+MESSAGES: list[Any] = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a color."}]
+GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def client(tiny_checkpoint: Path) -> Iterator[Any]:
+    port = free_port()
+    stack = build_stack(ServeOptions(checkpoint=tiny_checkpoint, model_name=MODEL, kv_cache_mb=1.0, port=port))
+    with ServerThread(stack.app, port=port) as server:
+        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint: Path) -> HFTokenizer:
+    tok = load_tokenizer(tiny_checkpoint, vocab_size=512)
+    assert isinstance(tok, HFTokenizer)
+    return tok
+
+
+def test_models_list_and_retrieve(client: Any) -> None:
+    assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no-such-model")
+    assert info.value.body["type"] == "invalid_request_error" and info.value.body["param"] == "model"
+
+
+def test_completion_streamed_joins_to_the_whole_and_usage_counts_tokens(client: Any, tokenizer: HFTokenizer) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog."
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, **GREEDY)
+    assert whole.object == "text_completion" and whole.choices[0].finish_reason == "length"
+    assert whole.usage.prompt_tokens == len(tokenizer.encode(prompt)) < len(prompt.encode())
+    assert whole.usage.completion_tokens == 12 and whole.usage.total_tokens == whole.usage.prompt_tokens + 12
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, stream=True,
+                                            stream_options={"include_usage": True}, **GREEDY))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+
+def test_chat_whole_and_streamed(client: Any, tokenizer: HFTokenizer, tiny_checkpoint: Path) -> None:
+    template = load_chat_template(tiny_checkpoint)
+    assert template is not None
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, **GREEDY)
+    assert whole.object == "chat.completion"
+    choice = whole.choices[0]
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason == "length"
+    assert whole.usage.prompt_tokens == len(tokenizer.encode(template.render(MESSAGES)))
+    assert whole.usage.completion_tokens == 10
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, stream=True,
+                                                 stream_options={"include_usage": True}, **GREEDY))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_chat_max_completion_tokens_and_default_length(client: Any) -> None:
+    short = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=3, **GREEDY)
+    assert short.usage.completion_tokens == 3
+    # Left out, the completion may fill the context (the random model has no eos token).
+    full = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+    assert full.usage.prompt_tokens + full.usage.completion_tokens == 512
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_stop_string_cuts_the_text(client: Any, stream: bool) -> None:
+    reference = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, **GREEDY)
+    text = reference.choices[0].message.content
+    assert len(text) >= 8, text
+    stop = text[4:7]
+    expected = text[: text.find(stop)]
+    if stream:
+        chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, stop=[stop],
+                                                     stream=True, **GREEDY))
+        got = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        stopped = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, stop=stop, **GREEDY)
+        got, reason = stopped.choices[0].message.content, stopped.choices[0].finish_reason
+    assert (got, reason) == (expected, "stop")
+
+
+def test_completion_stop_string(client: Any) -> None:
+    text = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, **GREEDY).choices[0].text
+    stop = text[5:8]
+    cut = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, stop=stop, **GREEDY)
+    assert (cut.choices[0].text, cut.choices[0].finish_reason) == (text[: text.find(stop)], "stop")
+
+
+@pytest.mark.parametrize(
+    ("call", "param"),
+    [
+        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, n=2), "n"),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True), "logprobs"),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, frequency_penalty=0.5),
+         "frequency_penalty"),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), "tools"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", echo=True), "echo"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", logit_bias={"1": 5}), "logit_bias"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=100_000), "prompt"),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                             max_tokens=100_000), "prompt"),
+    ],
+)
+def test_unserved_requests_are_bad_requests_naming_the_field(client: Any, call: Any, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        call(client)
+    assert info.value.status_code == 400
+    assert info.value.body["type"] == "invalid_request_error" and info.value.body["param"] == param
+
+
+def test_unknown_model_is_not_found(client: Any) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    assert info.value.body["param"] == "model" and info.value.body["code"] == 404
