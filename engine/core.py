@@ -32,7 +32,7 @@ from contracts.placement import Placement
 from engine.engine_types import EngineConfig, RequestOutput
 from engine.executors import Executor
 from engine.kv_cache import BlockManager
-from engine.sampling import SamplingParams, sample_each
+from engine.sampling import SamplingParams, TokenHistory, sample_each
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SeqStatus, Sequence
 from engine.stats import FinishedRequestStats, PlacementSwapStats, RequestTiming, RoutingDelta, StepStats
 
@@ -260,7 +260,9 @@ class EngineCore:
                 seq.num_computed += chunk.num_tokens
         if rows and len(rows) < logits.shape[0]:
             logits = logits[rows]
-        tokens, failures = sample_each(logits, [s.sampler for s in sampled]) if rows else ([], {})
+        histories = [TokenHistory(s.prompt_token_ids, s.output_token_ids) for s in sampled]
+        tokens, failures = sample_each(logits, [s.sampler for s in sampled], histories,
+                                       eos_token_id=self.eos_token_id) if rows else ([], {})
         now = self._clock()
         ttfts: list[float] = []
         itls: list[float] = []

@@ -8,12 +8,17 @@ refusal (400/429, raised before any byte is sent) or the first token; stop
 strings are cut here (a stop found ends the request in the core with
 ``client.abort(request_id, "stop")``); a client that goes away has its
 request aborted in the core, which frees its KV blocks, before the next step.
+
+``n`` > 1 and lists of prompts fan out here: every choice is its own request
+in the core (the core schedules them like any others), and their outputs are
+merged as they come; a choice that fails fails the response.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -30,88 +35,115 @@ from engine.engine_types import RequestOutput
 from engine.errors import RequestFailedError
 from engine.openai_errors import error_body, error_response
 from engine.protocol import StopMatcher
-from engine.sampling import SamplingParams
+from engine.sampling import MAX_SEED, SamplingParams
 from engine.tokenizer import Tokenizer
 
 
 class ResponseFormat(Protocol):
     """The documents of one kind of response (completion or chat)."""
 
-    def opening(self, request_id: str) -> list[dict[str, Any]]:
-        """Chunks sent before the first token's (chat: the assistant's role)."""
+    def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
+        """Chunks sent before the first token's (chat: the assistant's role, per choice)."""
         ...
 
-    def chunk(self, request_id: str, text: str, finish_reason: str | None) -> dict[str, Any]: ...
+    def chunk(self, request_id: str, index: int, text: str, finish_reason: str | None) -> dict[str, Any]: ...
 
-    def whole(self, request_id: str, text: str, finish_reason: str | None) -> dict[str, Any]: ...
+    def whole(self, request_id: str, choices: list[tuple[str, str | None]]) -> dict[str, Any]:
+        """The whole response of (text, finish reason) per choice."""
+        ...
 
 
 @dataclass(frozen=True)
 class CompletionFormat:
     model_name: str
 
-    def opening(self, request_id: str) -> list[dict[str, Any]]:
+    def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
         return []
 
-    def chunk(self, request_id: str, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return _document(request_id, "text_completion", self.model_name,
-                         {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason})
+    def chunk(self, request_id: str, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return _document(request_id, "text_completion", self.model_name, [_text_choice(index, text, finish_reason)])
 
-    def whole(self, request_id: str, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return self.chunk(request_id, text, finish_reason)
+    def whole(self, request_id: str, choices: list[tuple[str, str | None]]) -> dict[str, Any]:
+        return _document(request_id, "text_completion", self.model_name,
+                         [_text_choice(i, text, reason) for i, (text, reason) in enumerate(choices)])
+
+
+def _text_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
 
 @dataclass(frozen=True)
 class ChatFormat:
     model_name: str
 
-    def opening(self, request_id: str) -> list[dict[str, Any]]:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        return [_document(request_id, "chat.completion.chunk", self.model_name, choice)]
+    def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
+        return [_document(request_id, "chat.completion.chunk", self.model_name, [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        ]) for i in range(choices)]
 
-    def chunk(self, request_id: str, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def chunk(self, request_id: str, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
         delta = {"content": text} if text or finish_reason is None else {}
         return _document(request_id, "chat.completion.chunk", self.model_name,
-                         {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason})
+                         [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
 
-    def whole(self, request_id: str, text: str, finish_reason: str | None) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text}
-        return _document(request_id, "chat.completion", self.model_name,
-                         {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason})
-
-
-def _document(request_id: str, kind: str, model_name: str, choice: dict[str, Any]) -> dict[str, Any]:
-    return {"id": request_id, "object": kind, "created": int(time.time()), "model": model_name,
-            "choices": [choice]}
+    def whole(self, request_id: str, choices: list[tuple[str, str | None]]) -> dict[str, Any]:
+        return _document(request_id, "chat.completion", self.model_name, [
+            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+            for i, (text, reason) in enumerate(choices)
+        ])
 
 
-def _usage(out: RequestOutput) -> dict[str, int]:
-    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.generation_tokens,
-            "total_tokens": out.prompt_tokens + out.generation_tokens}
+def _document(request_id: str, kind: str, model_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": request_id, "object": kind, "created": int(time.time()), "model": model_name, "choices": choices}
 
 
 @dataclass(frozen=True)
 class Generation:
-    """One request to run: its prompt, how it samples and stops, and how its response looks."""
+    """One API request to run: its prompts, how each samples and stops, and how the response looks.
 
-    prompt_ids: list[int]
+    Choice ``i`` is sample ``i % n`` of prompt ``i // n`` (OpenAI's order).
+    With a seed, sample ``j`` of a prompt draws with ``seed + j``, so the ``n``
+    choices differ and each is reproducible.
+    """
+
+    prompts: list[list[int]]
     params: SamplingParams
     stops: tuple[str, ...]
     stream: bool
     include_usage: bool
     format: ResponseFormat
+    n: int = 1
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    def choices(self) -> list[tuple[list[int], SamplingParams]]:
+        return [(prompt, self._sample_params(j)) for prompt in self.prompts for j in range(self.n)]
+
+    def _sample_params(self, j: int) -> SamplingParams:
+        seed = self.params.seed
+        if j == 0 or seed is None:
+            return self.params
+        return dataclasses.replace(self.params, seed=seed + j if seed + j <= MAX_SEED else seed - j)
+
+    def usage(self, last: list[RequestOutput]) -> dict[str, int]:
+        """Prompt tokens once per prompt, completion tokens of every choice."""
+        prompt = sum(out.prompt_tokens for i, out in enumerate(last) if i % self.n == 0)
+        completion = sum(out.generation_tokens for out in last)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 async def serve_generation(
     engine: EngineCoreClient, tokenizer: Tokenizer, gen: Generation, request: Request, arrival_s: float
 ) -> Response:
-    """Send ``gen`` to the core and answer with its completion, streamed or whole."""
-    stream = engine.add_request(gen.prompt_ids, gen.params, arrival_s=arrival_s)
-    request_id = stream.request_id
+    """Send every choice of ``gen`` to the core and answer with the completions, streamed or whole."""
+    streams: list[RequestStream] = []
 
     def end_early() -> None:
-        if not stream.finished:
-            engine.abort(request_id)
+        for stream in streams:
+            if not stream.finished:
+                engine.abort(stream.request_id)
 
     def close() -> None:
         watcher.cancel()
@@ -121,21 +153,26 @@ async def serve_generation(
     watcher = asyncio.ensure_future(_until_disconnect(request))
     watcher.add_done_callback(lambda w: None if w.cancelled() else end_early())
     try:
-        first = await stream.next()  # the core's refusal (400, 429) raises here, before any byte is sent
+        for prompt, params in gen.choices():
+            streams.append(engine.add_request(prompt, params, arrival_s=arrival_s))
+        # The core's refusal (400, 429) raises here, before any byte is sent.
+        firsts = [await stream.next() for stream in streams]
     except BaseException:
-        watcher.cancel()
-        end_early()
+        close()
         raise
-    texts = _texts(first, stream, tokenizer, gen.stops, lambda: engine.abort(request_id, "stop"))
+    texts = [_texts(first, stream, tokenizer, gen.stops, gen.params.min_tokens,
+                    functools.partial(engine.abort, stream.request_id, "stop"))
+             for first, stream in zip(firsts, streams, strict=True)]
+    request_id = streams[0].request_id
     if gen.stream:
         return _EngineStreamingResponse(
-            _sse(texts, engine, request_id, gen.format, gen.include_usage),
+            _sse(_merged(texts), engine, request_id, gen),
             on_close=close,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
         )
     try:
-        return await _collect(texts, engine, request_id, gen.format, disconnected=watcher)
+        return await _collect(_merged(texts), engine, request_id, gen, disconnected=watcher)
     finally:
         close()
 
@@ -169,21 +206,26 @@ async def _events(first: RequestOutput, stream: RequestStream) -> AsyncIterator[
 
 
 async def _texts(
-    first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, stops: tuple[str, ...],
+    first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, stops: tuple[str, ...], min_tokens: int,
     stop_request: Callable[[], None],
 ) -> AsyncIterator[tuple[str, RequestOutput]]:
     """(text to show, output) per output; a stop string ends the request in the core, finish reason ``stop``.
 
-    After a stop string, tokens the core generated before the stop reached it are dropped.
+    Stop strings are looked for in the text after the first ``min_tokens``
+    tokens (as vLLM does).  After a stop string, tokens the core generated
+    before the stop reached it are dropped.
     """
     decoder = tokenizer.stream()
     matcher = StopMatcher(stops)
+    tokens = 0
     async for raw in _events(first, stream):
         out = raw
         stopped = matcher.stopped
         text = ""
         if out.token_id is not None and not out.is_stop_token:
-            text = matcher.feed(decoder.step(out.token_id))
+            tokens += 1
+            piece = decoder.step(out.token_id)
+            text = piece if tokens <= min_tokens else matcher.feed(piece)
         if out.finished:
             text += matcher.flush()
             if matcher.stopped and out.finish_reason != "error":
@@ -193,6 +235,41 @@ async def _texts(
                 continue
             stop_request()
         yield text, out
+
+
+async def _merged(
+    texts: list[AsyncIterator[tuple[str, RequestOutput]]],
+) -> AsyncIterator[tuple[int, str, RequestOutput]]:
+    """(choice index, text, output) of every choice as they come; one choice is read directly."""
+    if len(texts) == 1:
+        async for text, out in texts[0]:
+            yield 0, text, out
+        return
+    queue: asyncio.Queue[tuple[int, str, RequestOutput] | BaseException | None] = asyncio.Queue()
+
+    async def pump(index: int, choice: AsyncIterator[tuple[str, RequestOutput]]) -> None:
+        try:
+            async for text, out in choice:
+                queue.put_nowait((index, text, out))
+        except Exception as exc:  # handed to the reader, which raises it
+            queue.put_nowait(exc)
+        finally:
+            queue.put_nowait(None)
+
+    tasks = [asyncio.ensure_future(pump(i, choice)) for i, choice in enumerate(texts)]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def _failure(engine: EngineCoreClient, out: RequestOutput) -> MoesloError | None:
@@ -209,21 +286,27 @@ def _failure(engine: EngineCoreClient, out: RequestOutput) -> MoesloError | None
 
 
 async def _sse(
-    texts: AsyncIterator[tuple[str, RequestOutput]], engine: EngineCoreClient, request_id: str,
-    fmt: ResponseFormat, include_usage: bool,
+    merged: AsyncIterator[tuple[int, str, RequestOutput]], engine: EngineCoreClient, request_id: str, gen: Generation,
 ) -> AsyncIterator[str]:
     """One SSE event per generated token, then ``[DONE]``; a failure is one ``error`` event (the error document)."""
-    for opening in fmt.opening(request_id):
+    fmt = gen.format
+    last: list[RequestOutput | None] = [None] * gen.num_choices
+    for opening in fmt.opening(request_id, gen.num_choices):
         yield f"data: {json.dumps(opening)}\n\n"
-    async for text, out in texts:
+    failed = False
+    async for index, text, out in merged:
         error = _failure(engine, out)
         if error is not None:
             yield f"data: {json.dumps({'id': request_id, 'error': error_body(error)})}\n\n"
+            failed = True
             break
-        yield f"data: {json.dumps(fmt.chunk(request_id, text, out.finish_reason))}\n\n"
-        if out.finished and include_usage:
-            usage = {**fmt.chunk(request_id, "", None), "choices": [], "usage": _usage(out)}
-            yield f"data: {json.dumps(usage)}\n\n"
+        yield f"data: {json.dumps(fmt.chunk(request_id, index, text, out.finish_reason))}\n\n"
+        if out.finished:
+            last[index] = out
+    if gen.include_usage and not failed:
+        done = [out for out in last if out is not None]
+        usage = {**fmt.chunk(request_id, 0, "", None), "choices": [], "usage": gen.usage(done)}
+        yield f"data: {json.dumps(usage)}\n\n"
     yield "data: [DONE]\n\n"
 
 
@@ -233,28 +316,29 @@ async def _until_disconnect(request: Request) -> None:
 
 
 async def _collect(
-    texts: AsyncIterator[tuple[str, RequestOutput]],
+    merged: AsyncIterator[tuple[int, str, RequestOutput]],
     engine: EngineCoreClient,
     request_id: str,
-    fmt: ResponseFormat,
+    gen: Generation,
     *,
     disconnected: asyncio.Future[None],
 ) -> Response:
-    """Wait for the whole completion (the caller aborts it if the client goes away meanwhile)."""
-    pieces: list[str] = []
-    last: RequestOutput | None = None
-    async for text, out in texts:
-        pieces.append(text)
-        last = out
-    assert last is not None
-    out = last
-    if out.finish_reason == "abort" and disconnected.done() and not disconnected.cancelled():
+    """Wait for every choice (the caller aborts them if the client goes away meanwhile)."""
+    pieces: list[list[str]] = [[] for _ in range(gen.num_choices)]
+    last: list[RequestOutput | None] = [None] * gen.num_choices
+    async for index, text, out in merged:
+        pieces[index].append(text)
+        last[index] = out
+    ended = [out for out in last if out is not None]
+    assert len(ended) == gen.num_choices
+    if any(out.finish_reason == "abort" for out in ended) and disconnected.done() and not disconnected.cancelled():
         return Response(status_code=499)
-    error = _failure(engine, out)
-    if error is not None:
-        return error_response(error)
-    body = fmt.whole(request_id, "".join(pieces), out.finish_reason)
-    body["usage"] = _usage(out)
+    for out in ended:
+        error = _failure(engine, out)
+        if error is not None:
+            return error_response(error)
+    body = gen.format.whole(request_id, [("".join(p), out.finish_reason) for p, out in zip(pieces, ended, strict=True)])
+    body["usage"] = gen.usage(ended)
     return JSONResponse(body)
 
 

@@ -190,9 +190,9 @@ def _add_openai_routes(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival_s = time.monotonic()
         check_model(body)
-        prompt_ids = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
-        gen = Generation(prompt_ids, body.sampling_params(body.max_tokens), body.stop_strings, body.stream,
-                         body.include_usage, CompletionFormat(model_name))
+        prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
+        gen = Generation(prompts, body.sampling_params(body.max_tokens), body.stop_strings, body.stream,
+                         body.include_usage, CompletionFormat(model_name), n=body.n)
         return await serve_generation(engine, tokenizer, gen, request, arrival_s)
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -206,8 +206,8 @@ def _add_openai_routes(
         prompt_ids = tokenizer.encode(prompt)
         # Left out, the completion may fill the context (as OpenAI and vLLM do); at least one token is asked.
         limit = body.token_limit or max(1, engine.max_model_len - len(prompt_ids))
-        gen = Generation(prompt_ids, body.sampling_params(limit), body.stop_strings, body.stream,
-                         body.include_usage, ChatFormat(model_name))
+        gen = Generation([prompt_ids], body.sampling_params(limit), body.stop_strings, body.stream,
+                         body.include_usage, ChatFormat(model_name), n=body.n)
         return await serve_generation(engine, tokenizer, gen, request, arrival_s)
 
 

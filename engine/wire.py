@@ -69,7 +69,8 @@ def params_to_wire(params: SamplingParams) -> dict[str, Any]:
 
 
 def params_from_wire(raw: dict[str, Any]) -> SamplingParams:
-    return SamplingParams(**{**raw, "stop_token_ids": tuple(raw.get("stop_token_ids", ()))})
+    bias = tuple((int(token), float(value)) for token, value in raw.get("logit_bias", ()))
+    return SamplingParams(**{**raw, "stop_token_ids": tuple(raw.get("stop_token_ids", ())), "logit_bias": bias})
 
 
 def output_to_wire(out: RequestOutput) -> list[Any]:

@@ -115,14 +115,19 @@ def test_completion_stop_string(client: Any) -> None:
 @pytest.mark.parametrize(
     ("call", "param"),
     [
-        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, n=2), "n"),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, n=33), "n"),
         (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True), "logprobs"),
-        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, frequency_penalty=0.5),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, frequency_penalty=2.5),
          "frequency_penalty"),
         (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[
             {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), "tools"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", echo=True), "echo"),
-        (lambda c: c.completions.create(model=MODEL, prompt="x", logit_bias={"1": 5}), "logit_bias"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", logprobs=2), "logprobs"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", suffix="y"), "suffix"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", n=2, best_of=3), "best_of"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", logit_bias={"99999": 5}), "logit_bias"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body={"min_tokens": 5}),
+         "min_tokens"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=100_000), "prompt"),
         (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                              max_tokens=100_000), "prompt"),
@@ -139,3 +144,68 @@ def test_unknown_model_is_not_found(client: Any) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
     assert info.value.body["param"] == "model" and info.value.body["code"] == 404
+
+
+def test_n_choices_and_prompt_lists_come_in_openais_order(client: Any, tokenizer: HFTokenizer) -> None:
+    prompts = ["one prompt", "and another, longer prompt"]
+    seeded: dict[str, Any] = {"temperature": 1.0, "seed": 7, "max_tokens": 6, "extra_body": {"ignore_eos": True}}
+    whole = client.completions.create(model=MODEL, prompt=prompts, n=2, **seeded)
+    assert [c.index for c in whole.choices] == [0, 1, 2, 3]
+    assert whole.usage.prompt_tokens == sum(len(tokenizer.encode(p)) for p in prompts)
+    assert whole.usage.completion_tokens == 4 * 6
+    # Choice i is sample i % n of prompt i // n: sample 0 of a prompt is that prompt alone with the same seed.
+    alone = client.completions.create(model=MODEL, prompt=prompts[1], **seeded)
+    assert whole.choices[2].text == alone.choices[0].text
+    chunks = list(client.completions.create(model=MODEL, prompt=prompts, n=2, stream=True,
+                                            stream_options={"include_usage": True}, **seeded))
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in range(4)]
+    assert streamed == [c.text for c in whole.choices]
+    assert chunks[-1].usage.completion_tokens == 24
+
+
+def test_chat_with_n_choices(client: Any) -> None:
+    seeded: dict[str, Any] = {"temperature": 1.0, "seed": 3, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=3, **seeded)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert len({c.message.content for c in whole.choices}) > 1  # seed + j per sample: the choices differ
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, n=3, stream=True, **seeded))
+    roles = [c.choices[0].index for c in chunks if c.choices[0].delta.role == "assistant"]
+    assert sorted(roles) == [0, 1, 2]
+    texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == i) for i in range(3)]
+    assert texts == [c.message.content for c in whole.choices]
+
+
+def _two_tokens(tokenizer: HFTokenizer) -> tuple[int, int]:
+    (a,), (b,) = tokenizer.encode("a"), tokenizer.encode("b")
+    return a, b
+
+
+@pytest.mark.parametrize(
+    ("penalty", "expected"),
+    [
+        ({}, "aaaa"),
+        ({"frequency_penalty": 2.0}, "abab"),  # a: 50, 48, 46 ...; b: 49, 47 ...
+        ({"presence_penalty": 2.0}, "abaa"),  # a: 50 then 48 for good; b: 49 then 47
+        ({"extra_body": {"repetition_penalty": 2.0}}, "abaa"),  # seen logits halve: a 25, b 24.5
+    ],
+)
+def test_penalties_and_logit_bias_steer_greedy_decoding(
+    client: Any, tokenizer: HFTokenizer, penalty: dict[str, Any], expected: str
+) -> None:
+    a, b = _two_tokens(tokenizer)
+    # The random model's own logits are within about +-1 of each other: the bias decides.
+    extra = {"ignore_eos": True, **penalty.pop("extra_body", {})}
+    out = client.completions.create(model=MODEL, prompt="xyz", max_tokens=4, temperature=0,
+                                    logit_bias={str(a): 50, str(b): 49}, extra_body=extra, **penalty)
+    assert out.choices[0].text == expected
+
+
+def test_min_tokens_holds_back_stop_tokens(client: Any, tokenizer: HFTokenizer) -> None:
+    a, b = _two_tokens(tokenizer)
+    body: dict[str, Any] = {"model": MODEL, "prompt": "xyz", "max_tokens": 8, "temperature": 0,
+                            "logit_bias": {str(a): 50, str(b): 40}}
+    eager = client.completions.create(**body, extra_body={"stop_token_ids": [a]})
+    assert (eager.choices[0].text, eager.choices[0].finish_reason, eager.usage.completion_tokens) == ("", "stop", 1)
+    held = client.completions.create(**body, extra_body={"stop_token_ids": [a], "min_tokens": 3})
+    # a cannot stop the request before 3 tokens are out: b (the next best) fills them, then a stops it.
+    assert (held.choices[0].text, held.choices[0].finish_reason, held.usage.completion_tokens) == ("bbb", "stop", 4)
