@@ -21,7 +21,7 @@ from typing import Annotated, Any, ClassVar, cast
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from contracts.errors import ValidationError
-from engine.sampling import MAX_SEED, MIN_SEED, SamplingParams
+from engine.sampling import MAX_SEED, MIN_REPETITION_PENALTY, MIN_SEED, SamplingParams
 
 MAX_N = 32
 """The most choices per prompt; with a list of prompts, at most ``MAX_CHOICES`` in all."""
@@ -64,7 +64,7 @@ class GenerationRequest(BaseModel):
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     # vLLM's extensions.
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] = 1.0
+    repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=100.0)] = 1.0
     min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0
 
     @property

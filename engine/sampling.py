@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 """The seeds ``torch.Generator.manual_seed`` takes."""
+MIN_REPETITION_PENALTY = 0.01
+"""Below it, dividing a logit by the penalty overflows what the sampler can compute."""
 MIN_TEMPERATURE = 0.01
 """The lowest non-zero temperature (below it, ``logits / temperature`` overflows float32); 0 is greedy."""
 
@@ -72,8 +74,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 problems.append(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if not 0.0 < self.repetition_penalty <= 100.0:
-            problems.append(f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= 100.0:
+            problems.append(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, 100], "
+                            f"got {self.repetition_penalty}")
         if any(not -100.0 <= bias <= 100.0 for _, bias in self.logit_bias):
             problems.append("logit_bias values must be in [-100, 100]")
         return problems
@@ -178,7 +181,7 @@ def adjust_logits(
         stops = list(params.stop_token_ids)
         if eos_token_id is not None and not params.ignore_eos:
             stops.append(eos_token_id)
-        if stops:
+        if stops and len(set(stops)) < vocab:  # (masking every token would leave nothing to sample)
             out[torch.tensor(stops, dtype=torch.long)] = float("-inf")
     output = torch.tensor(list(history.output_token_ids), dtype=torch.long)
     if params.repetition_penalty != 1.0:
