@@ -5,8 +5,10 @@ only ``{"type": "text", "text": ...}`` is served (joined with newlines, as
 vLLM does for text-only models).  ``max_tokens`` and OpenAI's newer
 ``max_completion_tokens`` mean the same; left out, the completion may fill the
 context.  ``add_generation_prompt`` (vLLM's extension, default true) ends the
-rendered prompt with the assistant's turn opening.  Tools, logprobs and the
-other fields this engine does not implement are refused by name (400).
+rendered prompt with the assistant's turn opening.  ``logprobs: true`` (with
+``top_logprobs`` alternatives) reports the generated tokens' log-probabilities.
+Tools and the other fields this engine does not implement are refused by name
+(400).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from contracts.errors import ValidationError
 from engine.protocol import NO_OP_VALUES, GenerationRequest
+from engine.sampling import MAX_LOGPROBS
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -53,17 +56,14 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(GenerationRequest):
     """The subset of OpenAI's chat completion request the engine serves (one choice, text only)."""
 
-    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "logprobs": (None, False), "top_logprobs": (None, 0), **NO_OP_VALUES,
-    }
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = NO_OP_VALUES
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
     add_generation_prompt: StrictBool = True
-    # Accepted only at their no-op values (see no_op_values).
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
 
     def texts(self) -> list[tuple[str, str]]:
         own = [(f"messages.{i}.content", m.text) for i, m in enumerate(self.messages)]
@@ -73,7 +73,13 @@ class ChatCompletionRequest(GenerationRequest):
         if self.max_tokens is not None and self.max_completion_tokens is not None \
                 and self.max_tokens != self.max_completion_tokens:
             raise ValidationError("max_completion_tokens: differs from max_tokens (send one of them)")
+        if self.top_logprobs and not self.logprobs:
+            raise ValidationError("top_logprobs: needs logprobs: true")
         super().check()
+
+    @property
+    def logprob_alternatives(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def token_limit(self) -> int | None:

@@ -23,7 +23,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -34,9 +34,22 @@ from engine.client import EngineCoreClient, RequestStream
 from engine.engine_types import RequestOutput
 from engine.errors import RequestFailedError
 from engine.openai_errors import error_body, error_response
+from engine.openai_logprobs import LogprobEntry, chat_logprobs, completion_logprobs, logprob_entry
 from engine.protocol import StopMatcher
 from engine.sampling import MAX_SEED, SamplingParams
 from engine.tokenizer import Tokenizer
+
+
+class Piece(NamedTuple):
+    """What one output of a choice shows: its text, the output, and its tokens' logprobs (None: not asked)."""
+
+    text: str
+    out: RequestOutput
+    logprobs: list[LogprobEntry] | None
+
+
+ChoiceResult = tuple[str, str | None, list[LogprobEntry] | None]
+"""A whole choice: its text, finish reason and logprobs."""
 
 
 class ResponseFormat(Protocol):
@@ -46,10 +59,12 @@ class ResponseFormat(Protocol):
         """Chunks sent before the first token's (chat: the assistant's role, per choice)."""
         ...
 
-    def chunk(self, request_id: str, index: int, text: str, finish_reason: str | None) -> dict[str, Any]: ...
+    def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]: ...
 
-    def whole(self, request_id: str, choices: list[tuple[str, str | None]]) -> dict[str, Any]:
-        """The whole response of (text, finish reason) per choice."""
+    def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]: ...
+
+    def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
+        """The last chunk of a stream that asked for usage: no choices."""
         ...
 
 
@@ -60,16 +75,21 @@ class CompletionFormat:
     def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
         return []
 
-    def chunk(self, request_id: str, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return _document(request_id, "text_completion", self.model_name, [_text_choice(index, text, finish_reason)])
+    def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]:
+        choice = _text_choice(index, (piece.text, piece.out.finish_reason, piece.logprobs))
+        return _document(request_id, "text_completion", self.model_name, [choice])
 
-    def whole(self, request_id: str, choices: list[tuple[str, str | None]]) -> dict[str, Any]:
+    def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]:
         return _document(request_id, "text_completion", self.model_name,
-                         [_text_choice(i, text, reason) for i, (text, reason) in enumerate(choices)])
+                         [_text_choice(i, choice) for i, choice in enumerate(choices)])
+
+    def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
+        return {**_document(request_id, "text_completion", self.model_name, []), "usage": usage}
 
 
-def _text_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def _text_choice(index: int, choice: ChoiceResult) -> dict[str, Any]:
+    text, finish_reason, logprobs = choice
+    return {"index": index, "text": text, "logprobs": completion_logprobs(logprobs), "finish_reason": finish_reason}
 
 
 @dataclass(frozen=True)
@@ -81,16 +101,22 @@ class ChatFormat:
             {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         ]) for i in range(choices)]
 
-    def chunk(self, request_id: str, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-        delta = {"content": text} if text or finish_reason is None else {}
-        return _document(request_id, "chat.completion.chunk", self.model_name,
-                         [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
-
-    def whole(self, request_id: str, choices: list[tuple[str, str | None]]) -> dict[str, Any]:
-        return _document(request_id, "chat.completion", self.model_name, [
-            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
-            for i, (text, reason) in enumerate(choices)
+    def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]:
+        reason = piece.out.finish_reason
+        delta = {"content": piece.text} if piece.text or reason is None else {}
+        return _document(request_id, "chat.completion.chunk", self.model_name, [
+            {"index": index, "delta": delta, "logprobs": chat_logprobs(piece.logprobs), "finish_reason": reason}
         ])
+
+    def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]:
+        return _document(request_id, "chat.completion", self.model_name, [
+            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": chat_logprobs(logprobs),
+             "finish_reason": reason}
+            for i, (text, reason, logprobs) in enumerate(choices)
+        ])
+
+    def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
+        return {**_document(request_id, "chat.completion.chunk", self.model_name, []), "usage": usage}
 
 
 def _document(request_id: str, kind: str, model_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -160,8 +186,7 @@ async def serve_generation(
     except BaseException:
         close()
         raise
-    texts = [_texts(first, stream, tokenizer, gen.stops, gen.params.min_tokens,
-                    functools.partial(engine.abort, stream.request_id, "stop"))
+    texts = [_texts(first, stream, tokenizer, gen, functools.partial(engine.abort, stream.request_id, "stop"))
              for first, stream in zip(firsts, streams, strict=True)]
     request_id = streams[0].request_id
     if gen.stream:
@@ -206,26 +231,31 @@ async def _events(first: RequestOutput, stream: RequestStream) -> AsyncIterator[
 
 
 async def _texts(
-    first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, stops: tuple[str, ...], min_tokens: int,
+    first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation,
     stop_request: Callable[[], None],
-) -> AsyncIterator[tuple[str, RequestOutput]]:
-    """(text to show, output) per output; a stop string ends the request in the core, finish reason ``stop``.
+) -> AsyncIterator[Piece]:
+    """What each output shows; a stop string ends the request in the core, finish reason ``stop``.
 
     Stop strings are looked for in the text after the first ``min_tokens``
     tokens (as vLLM does).  After a stop string, tokens the core generated
     before the stop reached it are dropped.
     """
     decoder = tokenizer.stream()
-    matcher = StopMatcher(stops)
-    tokens = 0
+    matcher = StopMatcher(gen.stops)
+    min_tokens, want_logprobs = gen.params.min_tokens, gen.params.logprobs is not None
+    tokens = decoded = 0
     async for raw in _events(first, stream):
         out = raw
         stopped = matcher.stopped
         text = ""
+        entries: list[LogprobEntry] | None = [] if want_logprobs else None
         if out.token_id is not None and not out.is_stop_token:
             tokens += 1
             piece = decoder.step(out.token_id)
             text = piece if tokens <= min_tokens else matcher.feed(piece)
+            if entries is not None and out.logprobs is not None and not stopped:
+                entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, decoded))
+            decoded += len(piece)
         if out.finished:
             text += matcher.flush()
             if matcher.stopped and out.finish_reason != "error":
@@ -234,23 +264,21 @@ async def _texts(
             if stopped:
                 continue
             stop_request()
-        yield text, out
+        yield Piece(text, out, entries)
 
 
-async def _merged(
-    texts: list[AsyncIterator[tuple[str, RequestOutput]]],
-) -> AsyncIterator[tuple[int, str, RequestOutput]]:
-    """(choice index, text, output) of every choice as they come; one choice is read directly."""
+async def _merged(texts: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:
+    """(choice index, piece) of every choice as they come; one choice is read directly."""
     if len(texts) == 1:
-        async for text, out in texts[0]:
-            yield 0, text, out
+        async for piece in texts[0]:
+            yield 0, piece
         return
-    queue: asyncio.Queue[tuple[int, str, RequestOutput] | BaseException | None] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, Piece] | BaseException | None] = asyncio.Queue()
 
-    async def pump(index: int, choice: AsyncIterator[tuple[str, RequestOutput]]) -> None:
+    async def pump(index: int, choice: AsyncIterator[Piece]) -> None:
         try:
-            async for text, out in choice:
-                queue.put_nowait((index, text, out))
+            async for piece in choice:
+                queue.put_nowait((index, piece))
         except Exception as exc:  # handed to the reader, which raises it
             queue.put_nowait(exc)
         finally:
@@ -286,7 +314,7 @@ def _failure(engine: EngineCoreClient, out: RequestOutput) -> MoesloError | None
 
 
 async def _sse(
-    merged: AsyncIterator[tuple[int, str, RequestOutput]], engine: EngineCoreClient, request_id: str, gen: Generation,
+    merged: AsyncIterator[tuple[int, Piece]], engine: EngineCoreClient, request_id: str, gen: Generation,
 ) -> AsyncIterator[str]:
     """One SSE event per generated token, then ``[DONE]``; a failure is one ``error`` event (the error document)."""
     fmt = gen.format
@@ -294,19 +322,18 @@ async def _sse(
     for opening in fmt.opening(request_id, gen.num_choices):
         yield f"data: {json.dumps(opening)}\n\n"
     failed = False
-    async for index, text, out in merged:
-        error = _failure(engine, out)
+    async for index, piece in merged:
+        error = _failure(engine, piece.out)
         if error is not None:
             yield f"data: {json.dumps({'id': request_id, 'error': error_body(error)})}\n\n"
             failed = True
             break
-        yield f"data: {json.dumps(fmt.chunk(request_id, index, text, out.finish_reason))}\n\n"
-        if out.finished:
-            last[index] = out
+        yield f"data: {json.dumps(fmt.chunk(request_id, index, piece))}\n\n"
+        if piece.out.finished:
+            last[index] = piece.out
     if gen.include_usage and not failed:
         done = [out for out in last if out is not None]
-        usage = {**fmt.chunk(request_id, 0, "", None), "choices": [], "usage": gen.usage(done)}
-        yield f"data: {json.dumps(usage)}\n\n"
+        yield f"data: {json.dumps(fmt.usage_chunk(request_id, gen.usage(done)))}\n\n"
     yield "data: [DONE]\n\n"
 
 
@@ -316,7 +343,7 @@ async def _until_disconnect(request: Request) -> None:
 
 
 async def _collect(
-    merged: AsyncIterator[tuple[int, str, RequestOutput]],
+    merged: AsyncIterator[tuple[int, Piece]],
     engine: EngineCoreClient,
     request_id: str,
     gen: Generation,
@@ -324,11 +351,14 @@ async def _collect(
     disconnected: asyncio.Future[None],
 ) -> Response:
     """Wait for every choice (the caller aborts them if the client goes away meanwhile)."""
-    pieces: list[list[str]] = [[] for _ in range(gen.num_choices)]
+    texts: list[list[str]] = [[] for _ in range(gen.num_choices)]
+    logprobs: list[list[LogprobEntry] | None] = [None] * gen.num_choices
     last: list[RequestOutput | None] = [None] * gen.num_choices
-    async for index, text, out in merged:
-        pieces[index].append(text)
-        last[index] = out
+    async for index, piece in merged:
+        texts[index].append(piece.text)
+        if piece.logprobs is not None:
+            logprobs[index] = (logprobs[index] or []) + piece.logprobs
+        last[index] = piece.out
     ended = [out for out in last if out is not None]
     assert len(ended) == gen.num_choices
     if any(out.finish_reason == "abort" for out in ended) and disconnected.done() and not disconnected.cancelled():
@@ -337,9 +367,12 @@ async def _collect(
         error = _failure(engine, out)
         if error is not None:
             return error_response(error)
-    body = gen.format.whole(request_id, [("".join(p), out.finish_reason) for p, out in zip(pieces, ended, strict=True)])
+    body = gen.format.whole(request_id, [("".join(t), out.finish_reason, lp)
+                                         for t, out, lp in zip(texts, ended, logprobs, strict=True)])
     body["usage"] = gen.usage(ended)
     return JSONResponse(body)
 
 
-__all__ = ["ChatFormat", "CompletionFormat", "Generation", "ResponseFormat", "serve_generation"]
+__all__ = [
+    "ChatFormat", "ChoiceResult", "CompletionFormat", "Generation", "Piece", "ResponseFormat", "serve_generation",
+]

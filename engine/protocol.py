@@ -3,10 +3,11 @@
 :class:`CompletionRequest` is strict: prompt token ids and ``stop_token_ids``
 are integers (``true`` is not a token); ``prompt`` is a text, a list of token
 ids, or a list of either (at most :data:`MAX_CHOICES` choices in all, prompts
-times ``n``); ``best_of`` equals ``n`` if sent; and a field this engine does
-not implement is refused with a 400 naming it rather than ignored.  Fields
-OpenAI defines whose no-op value changes nothing (``logprobs: null``,
-``echo: false``, ...) are accepted at that value only.
+times ``n``); ``best_of`` equals ``n`` if sent; ``logprobs`` (0..20
+alternatives) reports the generated tokens' log-probabilities; and a field
+this engine does not implement is refused with a 400 naming it rather than
+ignored.  Fields OpenAI defines whose no-op value changes nothing
+(``echo: false``, ``suffix: null``) are accepted at that value only.
 
 :class:`StopMatcher` finds stop strings in the streamed text across token
 boundaries (it holds back the tail that may begin one), and the text it
@@ -21,7 +22,7 @@ from typing import Annotated, Any, ClassVar, cast
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from contracts.errors import ValidationError
-from engine.sampling import MAX_SEED, MIN_REPETITION_PENALTY, MIN_SEED, SamplingParams
+from engine.sampling import MAX_LOGPROBS, MAX_SEED, MIN_REPETITION_PENALTY, MIN_SEED, SamplingParams
 
 MAX_N = 32
 """The most choices per prompt; with a list of prompts, at most ``MAX_CHOICES`` in all."""
@@ -95,9 +96,15 @@ class GenerationRequest(BaseModel):
         if problems:
             raise ValidationError(problems)
 
+    @property
+    def logprob_alternatives(self) -> int | None:
+        """How many alternatives per token to report log-probabilities of (None: no logprobs)."""
+        return None
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The core's parameters (``max_tokens`` decided by the route); a 400 for what they refuse."""
         return SamplingParams(
+            logprobs=self.logprob_alternatives,
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens, presence_penalty=self.presence_penalty,
@@ -109,16 +116,14 @@ class GenerationRequest(BaseModel):
 class CompletionRequest(GenerationRequest):
     """The subset of OpenAI's completion request the engine serves (one choice, no logprobs)."""
 
-    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "logprobs": (None, 0), "echo": (False,), "suffix": (None, ""), **NO_OP_VALUES,
-    }
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {"echo": (False,), "suffix": (None, ""), **NO_OP_VALUES}
 
     prompt: str | list[StrictInt] | Annotated[list[str], Field(min_length=1)] \
         | Annotated[list[list[StrictInt]], Field(min_length=1)]
     max_tokens: Annotated[int, Field(strict=True, ge=1)] = 16
     best_of: Annotated[int, Field(strict=True, ge=1)] | None = None
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     # Accepted only at their no-op values (see no_op_values).
-    logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
 
@@ -129,6 +134,10 @@ class CompletionRequest(GenerationRequest):
         if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
             return [cast("str | list[int]", prompt)]
         return list(prompt)
+
+    @property
+    def logprob_alternatives(self) -> int | None:
+        return self.logprobs
 
     def texts(self) -> list[tuple[str, str]]:
         prompts = [("prompt", p) for p in self.prompts if isinstance(p, str)]

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 """The seeds ``torch.Generator.manual_seed`` takes."""
+MAX_LOGPROBS = 20
+"""The most alternatives per token a request may ask log-probabilities of (vLLM's default limit)."""
 MIN_REPETITION_PENALTY = 0.01
 """Below it, dividing a logit by the penalty overflows what the sampler can compute."""
 MIN_TEMPERATURE = 0.01
@@ -53,6 +55,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias added to its logit)."""
+    logprobs: int | None = None
+    """Report each generated token's log-probability and this many most likely alternatives (None: off)."""
 
     def __post_init__(self) -> None:
         problems = self._penalty_problems()
@@ -79,6 +83,8 @@ class SamplingParams:
                             f"got {self.repetition_penalty}")
         if any(not -100.0 <= bias <= 100.0 for _, bias in self.logit_bias):
             problems.append("logit_bias values must be in [-100, 100]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            problems.append(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         return problems
 
     @property
@@ -90,6 +96,10 @@ class SamplingParams:
         """Whether the logits change before sampling (a bias, a penalty, or stop tokens held back)."""
         return bool(self.logit_bias or self.min_tokens or self.presence_penalty or self.frequency_penalty
                     or self.repetition_penalty != 1.0)
+
+
+TokenLogprob = tuple[float, tuple[tuple[int, float], ...]]
+"""A generated token's log-probability, and the most likely (token id, log-probability), most likely first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,3 +230,27 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     kept = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
     return kept / kept.sum()
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: Sequence[int], wanted: Sequence[int | None]
+) -> dict[int, TokenLogprob]:
+    """Per row that asks (``wanted[row]`` alternatives, not None): its token's log-probability and the top ones.
+
+    Computed from the model's own logits, before any adjustment or temperature (vLLM's default).
+    """
+    import torch
+
+    rows = [row for row, k in enumerate(wanted) if k is not None]
+    if not rows:
+        return {}
+    logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+    chosen = logprobs[torch.arange(len(rows)), torch.tensor([tokens[row] for row in rows])].tolist()
+    most = max(int(wanted[row] or 0) for row in rows)
+    top_values, top_ids = torch.topk(logprobs, most, dim=-1) if most else (logprobs[:, :0], logprobs[:, :0])
+    top_values_list, top_ids_list = top_values.tolist(), top_ids.long().tolist()
+    out: dict[int, TokenLogprob] = {}
+    for i, row in enumerate(rows):
+        k = int(wanted[row] or 0)
+        out[row] = (float(chosen[i]), tuple(zip(top_ids_list[i][:k], top_values_list[i][:k], strict=True)))
+    return out

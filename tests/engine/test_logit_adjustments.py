@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from contracts.errors import ValidationError
-from engine.sampling import RequestSampler, SamplingParams, TokenHistory, adjust_logits, sample_each
+from engine.sampling import RequestSampler, SamplingParams, TokenHistory, adjust_logits, sample_each, token_logprobs
 
 LOGITS = torch.tensor([2.0, -1.0, 0.5, 0.0, 3.0])
 NONE = TokenHistory((), ())
@@ -74,3 +74,27 @@ def test_greedy_with_a_frequency_penalty_stops_repeating() -> None:
 def test_out_of_range_adjustments_are_refused(kwargs: dict[str, object], name: str) -> None:
     with pytest.raises(ValidationError, match=name):
         SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_token_logprobs_are_the_models_own_with_the_top_alternatives() -> None:
+    logits = torch.stack([LOGITS, LOGITS.flip(0), LOGITS])
+    got = token_logprobs(logits, [4, 2, 0], [2, None, 0])
+    expected = torch.log_softmax(LOGITS, dim=-1)
+    assert set(got) == {0, 2}  # row 1 did not ask
+    chosen, top = got[0]
+    assert chosen == pytest.approx(float(expected[4]))
+    assert [t for t, _ in top] == [4, 0] and [v for _, v in top] == pytest.approx([float(expected[4]),
+                                                                                   float(expected[0])])
+    assert got[2] == (pytest.approx(float(expected[0])), ())
+
+
+def test_logprobs_cross_the_process_boundary() -> None:
+    from engine.engine_types import RequestOutput
+    from engine.wire import output_from_wire, output_to_wire, pack, unpack
+
+    out = RequestOutput("r", 7, logprobs=(-0.5, ((7, -0.5), (3, -1.25))))
+    assert output_from_wire(unpack(pack(["x", output_to_wire(out)]))[1]) == out
+    plain = RequestOutput("r", 7, finished=True, finish_reason="length", prompt_tokens=3, generation_tokens=1)
+    assert output_from_wire(unpack(pack(["x", output_to_wire(plain)]))[1]) == plain
+    with pytest.raises(ValidationError, match="logprobs"):
+        SamplingParams(logprobs=21)

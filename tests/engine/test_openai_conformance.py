@@ -116,13 +116,14 @@ def test_completion_stop_string(client: Any) -> None:
     ("call", "param"),
     [
         (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, n=33), "n"),
-        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True), "logprobs"),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=21),
+         "top_logprobs"),
         (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, frequency_penalty=2.5),
          "frequency_penalty"),
         (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[
             {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), "tools"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", echo=True), "echo"),
-        (lambda c: c.completions.create(model=MODEL, prompt="x", logprobs=2), "logprobs"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", logprobs=21), "logprobs"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", suffix="y"), "suffix"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", n=2, best_of=3), "best_of"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", logit_bias={"99999": 5}), "logit_bias"),
@@ -209,3 +210,58 @@ def test_min_tokens_holds_back_stop_tokens(client: Any, tokenizer: HFTokenizer) 
     held = client.completions.create(**body, extra_body={"stop_token_ids": [a], "min_tokens": 3})
     # a cannot stop the request before 3 tokens are out: b (the next best) fills them, then a stops it.
     assert (held.choices[0].text, held.choices[0].finish_reason, held.usage.completion_tokens) == ("bbb", "stop", 4)
+
+
+def _models_greedy_logprobs(checkpoint: Path, prompt_ids: list[int], steps: int, top: int) -> list[Any]:
+    """(chosen logprob, top logprobs) of each greedy step, from transformers' model on the same checkpoint."""
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    model = transformers.Qwen3MoeForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    ids = list(prompt_ids)
+    found = []
+    with torch.no_grad():
+        for _ in range(steps):
+            logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), dim=-1)
+            values, _ = torch.topk(logprobs, top)
+            token = int(logprobs.argmax())
+            found.append((float(logprobs[token]), values.tolist()))
+            ids.append(token)
+    return found
+
+
+def test_completion_logprobs_are_the_models_own(client: Any, tokenizer: HFTokenizer, tiny_checkpoint: Path) -> None:
+    prompt = "The router routes"
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, logprobs=2, **GREEDY)
+    logprobs = out.choices[0].logprobs
+    assert "".join(logprobs.tokens) == out.choices[0].text
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(5)]
+    reference = _models_greedy_logprobs(tiny_checkpoint, tokenizer.encode(prompt), 5, 2)
+    for i, (chosen, top) in enumerate(reference):
+        assert logprobs.token_logprobs[i] == pytest.approx(chosen, abs=1e-4)
+        # Greedy: the chosen token is the most likely one, listed with the next best.
+        assert sorted(logprobs.top_logprobs[i].values(), reverse=True) == pytest.approx(top, abs=1e-4)
+    streamed = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, logprobs=2, stream=True,
+                                              **GREEDY))
+    assert [t for c in streamed for t in c.choices[0].logprobs.token_logprobs] == logprobs.token_logprobs
+
+
+def test_chat_logprobs(client: Any) -> None:
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, logprobs=True, top_logprobs=3,
+                                         **GREEDY)
+    content = out.choices[0].logprobs.content
+    assert len(content) == 6 and "".join(c.token for c in content) == out.choices[0].message.content
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+        assert entry.bytes == list(entry.token.encode()) and entry.logprob <= 0
+        values = [t.logprob for t in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, **GREEDY)
+    assert plain.choices[0].logprobs is None
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, logprobs=True,
+                                                 stream=True, **GREEDY))
+    streamed = [e.logprob for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert streamed == pytest.approx([e.logprob for e in content])
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, top_logprobs=2)
+    assert info.value.body["param"] == "top_logprobs"

@@ -42,7 +42,7 @@ POISON = [
     ({"prompt": "x", "max_tokens": 2, "seed": 18446744073709551616}, "seed"),
     ({"prompt": "x", "max_tokens": 2, "temperature": 1e-300}, "temperature"),
     ({"prompt": "x", "max_tokens": 2, "stop_token_ids": [99999]}, "stop_token_ids"),
-    ({"prompt": "x", "max_tokens": 2, "logprobs": 3}, "logprobs"),
+    ({"prompt": "x", "max_tokens": 2, "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "max_tokens": 2, "echo": True}, "echo"),
     ({"prompt": [True, False], "max_tokens": 2}, "prompt"),
 ]
