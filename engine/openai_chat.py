@@ -17,7 +17,6 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from contracts.errors import ValidationError
 from engine.protocol import NO_OP_VALUES, GenerationRequest
 from engine.sampling import MAX_LOGPROBS
 
@@ -69,13 +68,14 @@ class ChatCompletionRequest(GenerationRequest):
         own = [(f"messages.{i}.content", m.text) for i, m in enumerate(self.messages)]
         return own + super().texts()
 
-    def check(self) -> None:
+    def problems(self) -> list[str]:
+        problems = super().problems()
         if self.max_tokens is not None and self.max_completion_tokens is not None \
                 and self.max_tokens != self.max_completion_tokens:
-            raise ValidationError("max_completion_tokens: differs from max_tokens (send one of them)")
+            problems.append("max_completion_tokens: differs from max_tokens (send one of them)")
         if self.top_logprobs and not self.logprobs:
-            raise ValidationError("top_logprobs: needs logprobs: true")
-        super().check()
+            problems.append("top_logprobs: needs logprobs: true")
+        return problems
 
     @property
     def logprob_alternatives(self) -> int | None:

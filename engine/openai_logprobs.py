@@ -7,8 +7,8 @@ their text (each token decoded alone, as vLLM does) and the offset of the
 token in the generated text, and are written as a completion's ``logprobs``
 (``tokens``, ``token_logprobs``, ``top_logprobs`` with the chosen token among
 them, ``text_offset``) or a chat choice's (``content``: ``token``,
-``logprob``, ``bytes``, ``top_logprobs``).  Prompt log-probabilities
-(``echo``) are not computed.
+``logprob``, ``bytes``, ``top_logprobs``).  Prompt log-probabilities are not
+computed (so ``echo`` with ``logprobs`` is refused).
 """
 
 from __future__ import annotations

@@ -139,6 +139,8 @@ class Generation:
     include_usage: bool
     format: ResponseFormat
     n: int = 1
+    echo: list[str] | None = None
+    """Per prompt, the text shown before its choices' text (a completion's ``echo``)."""
 
     @property
     def num_choices(self) -> int:
@@ -186,8 +188,9 @@ async def serve_generation(
     except BaseException:
         close()
         raise
-    texts = [_texts(first, stream, tokenizer, gen, functools.partial(engine.abort, stream.request_id, "stop"))
-             for first, stream in zip(firsts, streams, strict=True)]
+    texts = [_texts(first, stream, tokenizer, gen, functools.partial(engine.abort, stream.request_id, "stop"),
+                    prefix=gen.echo[i // gen.n] if gen.echo else "")
+             for i, (first, stream) in enumerate(zip(firsts, streams, strict=True))]
     request_id = streams[0].request_id
     if gen.stream:
         return _EngineStreamingResponse(
@@ -232,9 +235,9 @@ async def _events(first: RequestOutput, stream: RequestStream) -> AsyncIterator[
 
 async def _texts(
     first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation,
-    stop_request: Callable[[], None],
+    stop_request: Callable[[], None], *, prefix: str = "",
 ) -> AsyncIterator[Piece]:
-    """What each output shows; a stop string ends the request in the core, finish reason ``stop``.
+    """What each output shows (the first after ``prefix``); a stop string ends the request, finish reason ``stop``.
 
     Stop strings are looked for in the text after the first ``min_tokens``
     tokens (as vLLM does).  After a stop string, tokens the core generated
@@ -264,7 +267,8 @@ async def _texts(
             if stopped:
                 continue
             stop_request()
-        yield Piece(text, out, entries)
+        yield Piece(prefix + text, out, entries)
+        prefix = ""
 
 
 async def _merged(texts: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:

@@ -4,10 +4,10 @@
 are integers (``true`` is not a token); ``prompt`` is a text, a list of token
 ids, or a list of either (at most :data:`MAX_CHOICES` choices in all, prompts
 times ``n``); ``best_of`` equals ``n`` if sent; ``logprobs`` (0..20
-alternatives) reports the generated tokens' log-probabilities; and a field
-this engine does not implement is refused with a 400 naming it rather than
-ignored.  Fields OpenAI defines whose no-op value changes nothing
-(``echo: false``, ``suffix: null``) are accepted at that value only.
+alternatives) reports the generated tokens' log-probabilities; ``echo``
+puts the prompt before the text (not with ``logprobs``: the prompt's are not
+computed); and a field this engine does not implement is refused with a 400
+naming it rather than ignored (``suffix`` is accepted at ``null`` or ``""``).
 
 :class:`StopMatcher` finds stop strings in the streamed text across token
 boundaries (it holds back the tail that may begin one), and the text it
@@ -84,6 +84,12 @@ class GenerationRequest(BaseModel):
 
     def check(self) -> None:
         """Refuse what the model's types allow but this engine cannot serve (every problem at once)."""
+        problems = self.problems()
+        if problems:
+            raise ValidationError(problems)
+
+    def problems(self) -> list[str]:
+        """What :meth:`check` refuses, one line per problem, each starting with its field."""
         problems = [
             f"{name}: not implemented by this engine (send {values[0]!r} or leave it out)"
             for name, values in self.no_op_values.items()
@@ -93,8 +99,7 @@ class GenerationRequest(BaseModel):
                      for name, text in self.texts() if not _encodable(text)]
         if any(not key.lstrip("-").isdigit() for key in self.logit_bias or {}):
             problems.append("logit_bias: keys must be token ids (integers as strings)")
-        if problems:
-            raise ValidationError(problems)
+        return problems
 
     @property
     def logprob_alternatives(self) -> int | None:
@@ -116,15 +121,15 @@ class GenerationRequest(BaseModel):
 class CompletionRequest(GenerationRequest):
     """The subset of OpenAI's completion request the engine serves (one choice, no logprobs)."""
 
-    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {"echo": (False,), "suffix": (None, ""), **NO_OP_VALUES}
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {"suffix": (None, ""), **NO_OP_VALUES}
 
     prompt: str | list[StrictInt] | Annotated[list[str], Field(min_length=1)] \
         | Annotated[list[list[StrictInt]], Field(min_length=1)]
     max_tokens: Annotated[int, Field(strict=True, ge=1)] = 16
     best_of: Annotated[int, Field(strict=True, ge=1)] | None = None
     logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
-    # Accepted only at their no-op values (see no_op_values).
-    echo: bool = False
+    echo: StrictBool = False
+    # Accepted only at its no-op values (see no_op_values).
     suffix: str | None = None
 
     @property
@@ -143,15 +148,16 @@ class CompletionRequest(GenerationRequest):
         prompts = [("prompt", p) for p in self.prompts if isinstance(p, str)]
         return prompts + super().texts()
 
-    def check(self) -> None:
-        problems = []
+    def problems(self) -> list[str]:
+        problems = super().problems()
         if self.best_of is not None and self.best_of != self.n:
             problems.append(f"best_of: must equal n ({self.n}): ranking choices is not implemented")
+        if self.echo and self.logprobs is not None:
+            problems.append("echo: with logprobs it needs the prompt's log-probabilities, "
+                            "which this engine does not compute (send echo or logprobs)")
         if len(self.prompts) * self.n > MAX_CHOICES:
             problems.append(f"n: {len(self.prompts)} prompts x n={self.n} asks for more than {MAX_CHOICES} choices")
-        if problems:
-            raise ValidationError(problems)
-        super().check()
+        return problems
 
 
 def _encodable(text: str) -> bool:

@@ -191,8 +191,9 @@ def _add_openai_routes(
         arrival_s = time.monotonic()
         check_model(body)
         prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
+        echo = [p if isinstance(p, str) else tokenizer.decode(list(p)) for p in body.prompts] if body.echo else None
         gen = Generation(prompts, body.sampling_params(body.max_tokens), body.stop_strings, body.stream,
-                         body.include_usage, CompletionFormat(model_name), n=body.n)
+                         body.include_usage, CompletionFormat(model_name), n=body.n, echo=echo)
         return await serve_generation(engine, tokenizer, gen, request, arrival_s)
 
     @app.post("/v1/chat/completions", response_model=None)

@@ -122,7 +122,7 @@ def test_completion_stop_string(client: Any) -> None:
          "frequency_penalty"),
         (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[
             {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), "tools"),
-        (lambda c: c.completions.create(model=MODEL, prompt="x", echo=True), "echo"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", echo=True, logprobs=1), "echo"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", logprobs=21), "logprobs"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", suffix="y"), "suffix"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", n=2, best_of=3), "best_of"),
@@ -265,3 +265,16 @@ def test_chat_logprobs(client: Any) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, top_logprobs=2)
     assert info.value.body["param"] == "top_logprobs"
+
+
+def test_echo_puts_the_prompt_before_the_text(client: Any, tokenizer: HFTokenizer) -> None:
+    prompt = "Echo me, please."
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, **GREEDY).choices[0].text
+    echoed = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, echo=True, **GREEDY)
+    assert echoed.choices[0].text == prompt + plain and echoed.usage.completion_tokens == 5
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, echo=True, stream=True, **GREEDY))
+    assert chunks[0].choices[0].text.startswith(prompt)
+    assert "".join(c.choices[0].text for c in chunks) == prompt + plain
+    ids = tokenizer.encode(prompt)
+    by_ids = client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=5, echo=True, **GREEDY)
+    assert [c.text for c in by_ids.choices] == [prompt + plain] * 2
