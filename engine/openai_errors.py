@@ -70,13 +70,13 @@ def error_type(status: int) -> str:
 
 
 def error_param(exc: MoesloError) -> str | None:
-    """The request field at fault: the first problem's ``field:`` prefix, ``prompt`` for an over-long prompt."""
+    """The request field at fault: the first problem's ``field:`` prefix; for an over-long prompt, its field."""
     if isinstance(exc, NotFoundError) and exc.kind == "model":
         return "model"
     if not isinstance(exc, ValidationError):
         return None
     if isinstance(exc, PromptTooLongError):
-        return "prompt"
+        return exc.param
     for problem in exc.problems:
         match = _PARAM.match(problem)
         if match is not None:

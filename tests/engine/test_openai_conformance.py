@@ -131,7 +131,9 @@ def test_completion_stop_string(client: Any) -> None:
          "min_tokens"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=100_000), "prompt"),
         (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                             max_tokens=100_000), "prompt"),
+                                             max_tokens=100_000), "messages"),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 600}]),
+         "messages"),
     ],
 )
 def test_unserved_requests_are_bad_requests_naming_the_field(client: Any, call: Any, param: str) -> None:
