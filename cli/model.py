@@ -31,6 +31,8 @@ def init(
         int, typer.Option(help="Equal token ranges whose prompts favour different experts (with --router-skew).")
     ] = 1,
     seed: Annotated[int, typer.Option(help="Random seed (fixed: same seed, same weights).")] = 0,
+    tokenizer: Annotated[bool, typer.Option(
+        help="Also train a byte-level BPE tokenizer.json of the vocabulary size, with a chat template.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
 ) -> None:
     """Write a small random Qwen3-MoE checkpoint that transformers and vLLM load unchanged."""
@@ -44,11 +46,12 @@ def init(
             num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_positions,
             torch_dtype=dtype, intermediate_size=3 * hidden,
         )
-        init_random_checkpoint(out, config, seed=seed, router_skew=router_skew, prompt_kinds=prompt_kinds)
+        init_random_checkpoint(out, config, seed=seed, router_skew=router_skew, prompt_kinds=prompt_kinds,
+                               tokenizer=tokenizer)
         params = count_parameters(config)
         summary = {"out": str(out), "parameters": sum(params.values()), "by_part": params,
                    "layers": layers, "experts": experts, "top_k": top_k, "router_skew": router_skew,
-                   "prompt_kinds": prompt_kinds}
+                   "prompt_kinds": prompt_kinds, "tokenizer": tokenizer}
         if json_out:
             print_json(summary)
         else:

@@ -40,6 +40,10 @@ PREEMPTIONS = "vllm:num_preemptions"
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 REQUEST_SUCCESS = "vllm:request_success"
+REQUEST_PROMPT_TOKENS_HISTOGRAM = "vllm:request_prompt_tokens"
+REQUEST_GENERATION_TOKENS_HISTOGRAM = "vllm:request_generation_tokens"
+REQUEST_MAX_GENERATION_TOKENS_HISTOGRAM = "vllm:request_max_num_generation_tokens"
+"""Per request: the most tokens any of its choices generated (vLLM's parallel sampling; one choice: its count)."""
 
 EXPERT_TOKENS = "moe_expert_tokens"
 RANK_TOKENS = "moe_rank_tokens"
@@ -171,6 +175,21 @@ REQUEST_LATENCY_BUCKETS_S: tuple[float, ...] = (
     40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 """vLLM's request-latency edges (e2e, queue, prefill, decode), from vllm/v1/metrics/loggers.py."""
+
+def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's edges of the per-request token histograms: 1, 2, 5, 10, 20, 50, ... up to ``max_model_len``.
+
+    (``build_1_2_5_buckets`` in vllm/v1/metrics/buckets.py, the ``request_tokens`` family.)
+    """
+    edges: list[float] = []
+    power = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * power > max_model_len:
+                return tuple(edges)
+            edges.append(mantissa * power)
+        power *= 10
+
 
 SWAP_DURATION_BUCKETS_S: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Edges of ``moe_placement_swap_duration_seconds``."""

@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 
 from contracts.errors import ValidationError
 from engine.config import ModelConfig
+from engine.tokenizer_init import write_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -176,9 +177,15 @@ def _random_tensors(
 
 
 def init_random_checkpoint(
-    out_dir: str | Path, config: ModelConfig, *, seed: int = 0, router_skew: float = 0.0, prompt_kinds: int = 1
+    out_dir: str | Path, config: ModelConfig, *, seed: int = 0, router_skew: float = 0.0, prompt_kinds: int = 1,
+    tokenizer: bool = True,
 ) -> Path:
     """Write a random Qwen3-MoE checkpoint in the Hugging Face format; return its directory.
+
+    ``tokenizer`` also writes a byte-level BPE ``tokenizer.json`` of the
+    model's vocabulary size and a ``tokenizer_config.json`` with a chat
+    template (:mod:`engine.tokenizer_init`); without them the engine falls
+    back to its byte-level tokenizer and serves no chat.
 
     ``router_skew`` > 0 makes some experts popular for every token, as real
     routing is; 0 gives a nearly uniform router.  ``prompt_kinds`` > 1 splits
@@ -207,6 +214,8 @@ def init_random_checkpoint(
     if config.eos_token_id is not None:
         generation["eos_token_id"] = config.eos_token_id  # type: ignore[assignment]
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if tokenizer:
+        write_tokenizer(out, config.vocab_size, max_model_len=config.max_position_embeddings)
     return out
 
 

@@ -250,6 +250,9 @@ class EngineCoreClient:
         bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValidationError(f"stop_token_ids must be in [0, {vocab}); got {bad[:5]}")
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise ValidationError(f"logit_bias: token ids must be in [0, {vocab}); got {bad[:5]}")
         if not prompt_token_ids:
             raise ValidationError("prompt must have at least one token")
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:

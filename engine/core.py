@@ -18,6 +18,7 @@ idle) and attaches them to that step's stats, never per step.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -32,7 +33,7 @@ from contracts.placement import Placement
 from engine.engine_types import EngineConfig, RequestOutput
 from engine.executors import Executor
 from engine.kv_cache import BlockManager
-from engine.sampling import SamplingParams, sample_each
+from engine.sampling import SamplingParams, TokenHistory, sample_each, token_logprobs
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SeqStatus, Sequence
 from engine.stats import FinishedRequestStats, PlacementSwapStats, RequestTiming, RoutingDelta, StepStats
 
@@ -260,7 +261,11 @@ class EngineCore:
                 seq.num_computed += chunk.num_tokens
         if rows and len(rows) < logits.shape[0]:
             logits = logits[rows]
-        tokens, failures = sample_each(logits, [s.sampler for s in sampled]) if rows else ([], {})
+        histories = [TokenHistory(s.prompt_token_ids, s.output_token_ids) for s in sampled]
+        tokens, failures = sample_each(logits, [s.sampler for s in sampled], histories,
+                                       eos_token_id=self.eos_token_id) if rows else ([], {})
+        wanted = [s.params.logprobs for s in sampled]
+        logprobs = token_logprobs(logits, tokens, wanted) if any(k is not None for k in wanted) else {}
         now = self._clock()
         ttfts: list[float] = []
         itls: list[float] = []
@@ -280,10 +285,11 @@ class EngineCore:
             seq.output_token_ids.append(token)
             reason = self._stop_reason(seq, token)
             if reason is None:
-                result.outputs.append(RequestOutput(seq.request_id, token))
+                result.outputs.append(RequestOutput(seq.request_id, token, logprobs=logprobs.get(row)))
                 continue
             self.scheduler.finish(seq, reason)
-            result.outputs.append(self._finalize(seq, now, token, reason))
+            final = self._finalize(seq, now, token, reason)
+            result.outputs.append(dataclasses.replace(final, logprobs=logprobs[row]) if row in logprobs else final)
         generated = len(tokens) - len(failures)
         result.stats = self._stats(now, now - started_s, out, generated, tuple(ttfts), tuple(itls))
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from contracts.errors import ValidationError
+from engine.sampling import TokenLogprob
 from engine.scheduler import SchedulerConfig
 from engine.stats import IntArray
 
@@ -44,6 +45,8 @@ class RequestOutput:
     error: str | None = None
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    logprobs: TokenLogprob | None = None
+    """The token's log-probability and the top alternatives, when the request asked for them."""
 
 
 OutputCallback = Callable[[RequestOutput], None]

@@ -1,11 +1,13 @@
-"""The OpenAI completion request as this engine serves it, and stop strings.
+"""The OpenAI completion request as this engine serves it, what chat requests share with it, and stop strings.
 
 :class:`CompletionRequest` is strict: prompt token ids and ``stop_token_ids``
-are integers (``true`` is not a token), ``n`` and ``best_of`` are 1, and a
-field this engine does not implement is refused with a 400 naming it rather
-than ignored.  Fields OpenAI defines whose no-op value changes nothing
-(``logprobs: null``, ``echo: false``, ``presence_penalty: 0``, ...) are
-accepted at that value only.
+are integers (``true`` is not a token); ``prompt`` is a text, a list of token
+ids, or a list of either (at most :data:`MAX_CHOICES` choices in all, prompts
+times ``n``); ``best_of`` equals ``n`` if sent; ``logprobs`` (0..20
+alternatives) reports the generated tokens' log-probabilities; ``echo``
+puts the prompt before the text (not with ``logprobs``: the prompt's are not
+computed); and a field this engine does not implement is refused with a 400
+naming it rather than ignored (``suffix`` is accepted at ``null`` or ``""``).
 
 :class:`StopMatcher` finds stop strings in the streamed text across token
 boundaries (it holds back the tail that may begin one), and the text it
@@ -15,25 +17,25 @@ returns never includes the stop string, as OpenAI and vLLM do.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from contracts.errors import ValidationError
-from engine.sampling import MAX_SEED, MIN_SEED, SamplingParams
+from engine.sampling import MAX_LOGPROBS, MAX_SEED, MIN_REPETITION_PENALTY, MIN_SEED, SamplingParams
 
+MAX_N = 32
+"""The most choices per prompt; with a list of prompts, at most ``MAX_CHOICES`` in all."""
+MAX_CHOICES = 128
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 
-_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, 0),
-    "echo": (False,),
-    "logit_bias": (None, {}),
-    "suffix": (None, ""),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-}
-"""OpenAI fields this engine does not implement, and the values that ask for nothing."""
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {}
+"""OpenAI fields both kinds of request define but this engine does not implement, and their no-op values."""
+
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
 
 
 class StreamOptions(BaseModel):
@@ -42,34 +44,29 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class CompletionRequest(BaseModel):
-    """The subset of OpenAI's completion request the engine serves (one choice, no logprobs)."""
+class GenerationRequest(BaseModel):
+    """What completion and chat requests share: sampling, stopping, streaming."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = NO_OP_VALUES
 
     model: str | None = None
-    prompt: str | list[StrictInt]
-    max_tokens: Annotated[int, Field(strict=True, ge=1)] = 16
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    n: Annotated[int, Field(strict=True, ge=1, le=1, description="only one choice per request is served")] = 1
-    best_of: Annotated[int, Field(strict=True, ge=1, le=1)] | None = None
+    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
     seed: Annotated[int, Field(strict=True, ge=MIN_SEED, le=MAX_SEED)] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    stop: Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)] | list[
-        Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
-    ] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP_STRINGS)
     stop_token_ids: list[StrictInt] = Field(default_factory=list)
     ignore_eos: StrictBool = False
     user: str | None = None
-    # Accepted only at their no-op values (see _NO_OP_VALUES).
-    logprobs: int | None = None
-    echo: bool = False
-    logit_bias: dict[str, float] | None = None
-    suffix: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    # vLLM's extensions.
+    repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=100.0)] = 1.0
+    min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -77,25 +74,90 @@ class CompletionRequest(BaseModel):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def texts(self) -> list[tuple[str, str]]:
+        """(field, text) of every text the request carries, checked for lone surrogates."""
+        return [("stop", s) for s in self.stop_strings]
+
     def check(self) -> None:
         """Refuse what the model's types allow but this engine cannot serve (every problem at once)."""
-        problems = [
-            f"{name}: not implemented by this engine (send {values[0]!r} or leave it out)"
-            for name, values in _NO_OP_VALUES.items()
-            if getattr(self, name) not in values
-        ]
-        texts = [("prompt", self.prompt)] if isinstance(self.prompt, str) else []
-        texts += [("stop", s) for s in self.stop_strings]
-        problems += [f"{name}: must be valid Unicode text (it holds a lone surrogate)"
-                     for name, text in texts if not _encodable(text)]
+        problems = self.problems()
         if problems:
             raise ValidationError(problems)
 
-    def sampling_params(self) -> SamplingParams:
+    def problems(self) -> list[str]:
+        """What :meth:`check` refuses, one line per problem, each starting with its field."""
+        problems = [
+            f"{name}: not implemented by this engine (send {values[0]!r} or leave it out)"
+            for name, values in self.no_op_values.items()
+            if getattr(self, name) not in values
+        ]
+        problems += [f"{name}: must be valid Unicode text (it holds a lone surrogate)"
+                     for name, text in self.texts() if not _encodable(text)]
+        if any(not key.lstrip("-").isdigit() for key in self.logit_bias or {}):
+            problems.append("logit_bias: keys must be token ids (integers as strings)")
+        return problems
+
+    @property
+    def logprob_alternatives(self) -> int | None:
+        """How many alternatives per token to report log-probabilities of (None: no logprobs)."""
+        return None
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """The core's parameters (``max_tokens`` decided by the route); a 400 for what they refuse."""
         return SamplingParams(
-            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+            logprobs=self.logprob_alternatives,
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+            logit_bias=tuple(sorted((int(k), v) for k, v in (self.logit_bias or {}).items())),
         )
+
+
+class CompletionRequest(GenerationRequest):
+    """The subset of OpenAI's completion request the engine serves (one choice, no logprobs)."""
+
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {"suffix": (None, ""), **NO_OP_VALUES}
+
+    prompt: str | list[StrictInt] | Annotated[list[str], Field(min_length=1)] \
+        | Annotated[list[list[StrictInt]], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(strict=True, ge=1)] = 16
+    best_of: Annotated[int, Field(strict=True, ge=1)] | None = None
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: StrictBool = False
+    # Accepted only at its no-op values (see no_op_values).
+    suffix: str | None = None
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as a list: one text or token-id prompt, or each of a list of them."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+            return [cast("str | list[int]", prompt)]
+        return list(prompt)
+
+    @property
+    def logprob_alternatives(self) -> int | None:
+        return self.logprobs
+
+    def texts(self) -> list[tuple[str, str]]:
+        prompts = [("prompt", p) for p in self.prompts if isinstance(p, str)]
+        return prompts + super().texts()
+
+    def problems(self) -> list[str]:
+        problems = super().problems()
+        if self.best_of is not None and self.best_of != self.n:
+            problems.append(f"best_of: must equal n ({self.n}): ranking choices is not implemented")
+        if self.echo and self.logprobs is not None:
+            problems.append("echo: with logprobs it needs the prompt's log-probabilities, "
+                            "which this engine does not compute (send echo or logprobs)")
+        if len(self.prompts) * self.n > MAX_CHOICES:
+            problems.append(f"n: {len(self.prompts)} prompts x n={self.n} asks for more than {MAX_CHOICES} choices")
+        return problems
 
 
 def _encodable(text: str) -> bool:
@@ -137,4 +199,6 @@ class StopMatcher:
         return "" if self.stopped else out
 
 
-__all__ = ["CompletionRequest", "StopMatcher", "StreamOptions"]
+__all__ = [
+    "MAX_CHOICES", "MAX_N", "NO_OP_VALUES", "CompletionRequest", "GenerationRequest", "StopMatcher", "StreamOptions",
+]

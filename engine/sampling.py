@@ -1,5 +1,13 @@
 """Sampling parameters and the sampler: greedy or temperature, seeded per request.
 
+Before a token is picked, a request's logits may be adjusted as vLLM adjusts
+them, in vLLM's order: ``logit_bias`` added; the stop tokens (eos and
+``stop_token_ids``) masked until ``min_tokens`` tokens are out; then the
+repetition penalty (tokens of the prompt or the output: positive logits
+divided by it, negative ones multiplied), the frequency penalty (times each
+token's count in the output) and the presence penalty (once per token the
+output holds) subtracted.  Requests that ask for none of these pay nothing.
+
 Parameters are validated against what the sampler can compute (a seed torch's
 generator takes, a temperature of 0 or at least :data:`MIN_TEMPERATURE`), and
 :func:`sample_each` samples every row on its own: a row that still fails ends
@@ -9,6 +17,7 @@ only its own request (the caller gets the failure by row), never the batch.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,6 +28,10 @@ if TYPE_CHECKING:
 
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 """The seeds ``torch.Generator.manual_seed`` takes."""
+MAX_LOGPROBS = 20
+"""The most alternatives per token a request may ask log-probabilities of (vLLM's default limit)."""
+MIN_REPETITION_PENALTY = 0.01
+"""Below it, dividing a logit by the penalty overflows what the sampler can compute."""
 MIN_TEMPERATURE = 0.01
 """The lowest non-zero temperature (below it, ``logits / temperature`` overflows float32); 0 is greedy."""
 
@@ -35,9 +48,18 @@ class SamplingParams:
     """Seed of this request's generator; None draws one, so runs differ."""
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
+    """Stop tokens (eos, ``stop_token_ids``) cannot be sampled until this many tokens are out."""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias added to its logit)."""
+    logprobs: int | None = None
+    """Report each generated token's log-probability and this many most likely alternatives (None: off)."""
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = self._penalty_problems()
         if self.max_tokens < 1:
             problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not (self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature <= 100.0):
@@ -49,9 +71,43 @@ class SamplingParams:
         if problems:
             raise ValidationError(problems)
 
+    def _penalty_problems(self) -> list[str]:
+        problems = []
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            problems.append(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                problems.append(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= 100.0:
+            problems.append(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, 100], "
+                            f"got {self.repetition_penalty}")
+        if any(not -100.0 <= bias <= 100.0 for _, bias in self.logit_bias):
+            problems.append("logit_bias values must be in [-100, 100]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            problems.append(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        return problems
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the logits change before sampling (a bias, a penalty, or stop tokens held back)."""
+        return bool(self.logit_bias or self.min_tokens or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0)
+
+
+TokenLogprob = tuple[float, tuple[tuple[int, float], ...]]
+"""A generated token's log-probability, and the most likely (token id, log-probability), most likely first."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenHistory:
+    """A request's tokens so far: what penalties and ``min_tokens`` look at."""
+
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
 
 
 @dataclass(slots=True)
@@ -81,10 +137,15 @@ def sample(logits: torch.Tensor, samplers: list[RequestSampler]) -> list[int]:
     return tokens
 
 
-def sample_each(logits: torch.Tensor, samplers: list[RequestSampler]) -> tuple[list[int], dict[int, str]]:
+def sample_each(
+    logits: torch.Tensor, samplers: list[RequestSampler], histories: Sequence[TokenHistory] | None = None,
+    *, eos_token_id: int | None = None,
+) -> tuple[list[int], dict[int, str]]:
     """One token per row, each row on its own: (tokens, why each failed row failed).
 
-    A failed row's token is 0 and must not be used; the other rows are unaffected.
+    ``histories`` (per row) are needed by requests that adjust their logits
+    (without them, such rows are sampled unadjusted).  A failed row's token is
+    0 and must not be used; the other rows are unaffected.
     """
     import torch
 
@@ -92,19 +153,57 @@ def sample_each(logits: torch.Tensor, samplers: list[RequestSampler]) -> tuple[l
         raise ValueError(f"{logits.shape[0]} logit rows for {len(samplers)} samplers")
     out: list[int] = [0] * len(samplers)
     failures: dict[int, str] = {}
-    greedy_rows = [i for i, s in enumerate(samplers) if s.params.greedy]
+    adjusted: dict[int, torch.Tensor] = {}
+    for row, sampler in enumerate(samplers):
+        if histories is not None and sampler.params.adjusts_logits:
+            try:
+                adjusted[row] = adjust_logits(logits[row], sampler.params, histories[row], eos_token_id)
+            except (RuntimeError, ValueError, IndexError) as exc:
+                failures[row] = f"{type(exc).__name__}: {exc}"
+    greedy_rows = [i for i, s in enumerate(samplers) if s.params.greedy and i not in adjusted and i not in failures]
     if greedy_rows:
         picks = torch.argmax(logits[greedy_rows], dim=-1).tolist()
         for row, tok in zip(greedy_rows, picks, strict=True):
             out[row] = int(tok)
     for row, sampler in enumerate(samplers):
-        if sampler.params.greedy:
+        if row in failures or (sampler.params.greedy and row not in adjusted):
             continue
+        row_logits = adjusted.get(row, logits[row])
         try:
-            out[row] = _sample_row(logits[row], sampler)
+            out[row] = int(torch.argmax(row_logits)) if sampler.params.greedy else _sample_row(row_logits, sampler)
         except (RuntimeError, ValueError, OverflowError) as exc:
             failures[row] = f"{type(exc).__name__}: {exc}"
     return out, failures
+
+
+def adjust_logits(
+    logits: torch.Tensor, params: SamplingParams, history: TokenHistory, eos_token_id: int | None
+) -> torch.Tensor:
+    """One row's logits after bias, ``min_tokens`` and penalties (a new float32 tensor; see the module doc)."""
+    import torch
+
+    out = logits.float().clone()
+    vocab = out.shape[-1]
+    if params.logit_bias:
+        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long)
+        out.index_add_(0, ids, torch.tensor([b for _, b in params.logit_bias], dtype=out.dtype))
+    if len(history.output_token_ids) < params.min_tokens:
+        stops = list(params.stop_token_ids)
+        if eos_token_id is not None and not params.ignore_eos:
+            stops.append(eos_token_id)
+        if stops and len(set(stops)) < vocab:  # (masking every token would leave nothing to sample)
+            out[torch.tensor(stops, dtype=torch.long)] = float("-inf")
+    output = torch.tensor(list(history.output_token_ids), dtype=torch.long)
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab, dtype=torch.bool)
+        seen[torch.tensor(list(history.prompt_token_ids), dtype=torch.long)] = True
+        seen[output] = True
+        penalized = torch.where(out > 0, out / params.repetition_penalty, out * params.repetition_penalty)
+        out = torch.where(seen, penalized, out)
+    if params.frequency_penalty or params.presence_penalty:
+        counts = torch.bincount(output, minlength=vocab)[:vocab].to(out.dtype)
+        out -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(out.dtype)
+    return out
 
 
 def _sample_row(logits: torch.Tensor, sampler: RequestSampler) -> int:
@@ -131,3 +230,27 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     kept = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
     return kept / kept.sum()
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: Sequence[int], wanted: Sequence[int | None]
+) -> dict[int, TokenLogprob]:
+    """Per row that asks (``wanted[row]`` alternatives, not None): its token's log-probability and the top ones.
+
+    Computed from the model's own logits, before any adjustment or temperature (vLLM's default).
+    """
+    import torch
+
+    rows = [row for row, k in enumerate(wanted) if k is not None]
+    if not rows:
+        return {}
+    logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+    chosen = logprobs[torch.arange(len(rows)), torch.tensor([tokens[row] for row in rows])].tolist()
+    most = max(int(wanted[row] or 0) for row in rows)
+    top_values, top_ids = torch.topk(logprobs, most, dim=-1) if most else (logprobs[:, :0], logprobs[:, :0])
+    top_values_list, top_ids_list = top_values.tolist(), top_ids.long().tolist()
+    out: dict[int, TokenLogprob] = {}
+    for i, row in enumerate(rows):
+        k = int(wanted[row] or 0)
+        out[row] = (float(chosen[i]), tuple(zip(top_ids_list[i][:k], top_values_list[i][:k], strict=True)))
+    return out

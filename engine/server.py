@@ -1,34 +1,29 @@
 """The OpenAI-compatible HTTP API, in the API process, over an :class:`~engine.client.EngineCoreClient`.
 
-Routes: ``POST /v1/completions`` (text or token-id prompts, streaming as
-server-sent events or not), ``GET /v1/models``, ``GET /health``,
-``GET /metrics`` (rendered by whatever ``metrics`` callable the caller wires
-in: this module imports no exporter), and the controller's control routes
-``GET/POST /v1/placement`` and ``GET /v1/expert-load``.
+Routes: ``POST /v1/completions`` (text or token-id prompts) and ``POST
+/v1/chat/completions`` (messages rendered with the checkpoint's chat
+template), each streamed as server-sent events or whole; ``GET /v1/models``
+and ``GET /v1/models/{id}``; ``GET /health``; ``GET /metrics`` (rendered by
+whatever ``metrics`` callable the caller wires in: this module imports no
+exporter); and the controller's control routes ``GET/POST /v1/placement`` and
+``GET /v1/expert-load``.
 
 This process validates and tokenizes requests, detokenizes outputs and
 writes SSE; the engine core (its own process) schedules and runs the model.
-A request's path: validate (400 naming the field) -> tokenize -> check what
-the API side knows (vocabulary, context) -> send to the core -> the first
-event is either the core's refusal (400/429) or the first token -> stream
-or collect.  Stop strings, logprobs and other per-token work of the OpenAI
-API belong on this side, in :func:`_events` (the core's per-token output
-carries what they need; a stop found here ends the request in the core with
-``client.abort(request_id, "stop")``).
+A request's path: validate (400 naming the field) -> render the chat
+template -> tokenize -> check what the API side knows (vocabulary, context)
+-> send to the core -> stream or collect (:mod:`engine.openai_serving`).
 
-HTTP status codes are mapped from :mod:`engine.errors` in one place,
-:func:`status_for`.  A client that disconnects has its request aborted in
-the core, which frees its KV blocks, before the next step.
+Every failure, 404s included, is OpenAI's error document, and HTTP status
+codes are mapped from the error hierarchy in one place
+(:mod:`engine.openai_errors`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import json
 import logging
-import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -37,70 +32,30 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
 
-from contracts.errors import (
-    ConflictError,
-    MoesloError,
-    NotFoundError,
-    OverloadedError,
-    PlacementError,
-    UnavailableError,
-    ValidationError,
-)
+from contracts.errors import MoesloError, NotFoundError, PlacementError, UnavailableError, ValidationError
 from contracts.placement import Placement
-from engine.client import EngineCoreClient, RequestStream
-from engine.engine_types import RequestOutput
-from engine.errors import RequestFailedError
-from engine.protocol import CompletionRequest, StopMatcher
+from engine.chat_template import ChatTemplate
+from engine.client import EngineCoreClient
+from engine.errors import PromptTooLongError
+from engine.openai_chat import ChatCompletionRequest
+from engine.openai_errors import (
+    UNAVAILABLE_RETRY_AFTER_S,
+    error_document,
+    error_response,
+    http_error_body,
+    status_for,
+)
+from engine.openai_serving import ChatFormat, CompletionFormat, Generation, serve_generation
+from engine.protocol import CompletionRequest, GenerationRequest
 from engine.tokenizer import Tokenizer
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]
 """Returns the ``/metrics`` body and its media type."""
 
-UNAVAILABLE_RETRY_AFTER_S = 5
-"""``Retry-After`` of a 503: about what a supervisor needs to notice the failed probe and restart the replica."""
-
 log = logging.getLogger("moeslo.engine_server")
-
-
-def status_for(exc: MoesloError) -> int:
-    """The one mapping from moeslo errors to HTTP status codes."""
-    if isinstance(exc, PlacementError):
-        return 422
-    if isinstance(exc, ValidationError):
-        return 400
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, ConflictError):
-        return 409
-    if isinstance(exc, OverloadedError):
-        return 429
-    if isinstance(exc, UnavailableError):
-        return 503
-    return 500
-
-
-def error_response(exc: MoesloError) -> Response:
-    """The one error document: ``{"error": {"message", "type", "code", ...}}``, ASCII-safe JSON."""
-    status = status_for(exc)
-    body: dict[str, Any] = {"message": str(exc), "type": type(exc).__name__, "code": status}
-    if isinstance(exc, ValidationError):
-        body["problems"] = list(exc.problems)
-    headers = {}
-    if isinstance(exc, OverloadedError):
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
-        body["retry_after_s"] = exc.retry_after_s
-    if isinstance(exc, UnavailableError):
-        headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER_S)
-    return _error_document(body, status, headers)
-
-
-def _error_document(body: dict[str, Any], status: int, headers: dict[str, str]) -> Response:
-    # ensure_ascii: a lone surrogate echoed in a message (a field name) must not break the encoding.
-    return Response(json.dumps({"error": body}), status_code=status, headers=headers, media_type="application/json")
 
 
 def create_app(
@@ -110,8 +65,12 @@ def create_app(
     model_name: str,
     metrics: MetricsRenderer | None = None,
     on_shutdown: Iterable[Callable[[], None]] = (),
+    chat_template: ChatTemplate | None = None,
 ) -> FastAPI:
-    """The API app; it starts the engine core on startup (if not yet) and stops it (and ``on_shutdown``) on exit."""
+    """The API app; it starts the engine core on startup (if not yet) and stops it (and ``on_shutdown``) on exit.
+
+    Without a ``chat_template``, ``/v1/chat/completions`` answers 400.
+    """
     hooks = list(on_shutdown)
 
     @contextlib.asynccontextmanager
@@ -127,7 +86,7 @@ def create_app(
     app = FastAPI(title="moeslo engine", lifespan=lifespan)
     _install_error_handlers(app)
     _add_control_routes(app, engine, metrics)
-    _add_openai_routes(app, engine, tokenizer, model_name)
+    _add_openai_routes(app, engine, tokenizer, model_name, chat_template)
     return app
 
 
@@ -150,9 +109,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(ValidationError(problems))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        body = {"message": str(exc.detail), "type": "HTTPError", "code": exc.status_code}
-        return _error_document(body, exc.status_code, dict(exc.headers or {}))
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        message = str(exc.detail)
+        if exc.status_code in (404, 405):
+            message = f"{message}: {request.method} {request.url.path}"
+        body = http_error_body(exc.status_code, message)
+        return error_document(body, exc.status_code, dict(exc.headers or {}))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -200,185 +162,58 @@ def _add_control_routes(app: FastAPI, engine: EngineCoreClient, metrics: Metrics
         return _expert_load_json(engine)
 
 
-def _add_openai_routes(app: FastAPI, engine: EngineCoreClient, tokenizer: Tokenizer, model_name: str) -> None:
-    """``/v1/models`` and ``/v1/completions`` (streamed as server-sent events, or whole)."""
+def _add_openai_routes(
+    app: FastAPI, engine: EngineCoreClient, tokenizer: Tokenizer, model_name: str, chat_template: ChatTemplate | None,
+) -> None:
+    """``/v1/models``, ``/v1/models/{id}``, ``/v1/completions`` and ``/v1/chat/completions``."""
     created = int(time.time())
+
+    def card() -> dict[str, Any]:
+        return {"id": model_name, "object": "model", "created": created, "owned_by": "moeslo",
+                "max_model_len": engine.max_model_len}
+
+    def check_model(body: GenerationRequest) -> None:
+        if body.model is not None and body.model != model_name:
+            raise NotFoundError("model", body.model)
+        body.check()
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": model_name, "object": "model", "created": created, "owned_by": "moeslo",
-                "max_model_len": engine.max_model_len}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != model_name:
+            raise NotFoundError("model", model_id)
+        return card()
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival_s = time.monotonic()
-        if body.model is not None and body.model != model_name:
-            raise NotFoundError("model", body.model)
-        body.check()
-        prompt_ids = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
-        stream = engine.add_request(prompt_ids, body.sampling_params(), arrival_s=arrival_s)
-        request_id = stream.request_id
+        check_model(body)
+        prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
+        echo = [p if isinstance(p, str) else tokenizer.decode(list(p)) for p in body.prompts] if body.echo else None
+        gen = Generation(prompts, body.sampling_params(body.max_tokens), body.stop_strings, body.stream,
+                         body.include_usage, CompletionFormat(model_name), n=body.n, echo=echo)
+        return await serve_generation(engine, tokenizer, gen, request, arrival_s)
 
-        def end_early() -> None:
-            if not stream.finished:
-                engine.abort(request_id)
-
-        def close() -> None:
-            watcher.cancel()
-            end_early()
-
-        # From now until the request ends, a client that goes away aborts it in the core.
-        watcher = asyncio.ensure_future(_until_disconnect(request))
-        watcher.add_done_callback(lambda w: None if w.cancelled() else end_early())
-        try:
-            first = await stream.next()  # the core's refusal (400, 429) raises here, before any byte is sent
-        except BaseException:
-            watcher.cancel()
-            end_early()
-            raise
-        texts = _texts(first, stream, tokenizer, body.stop_strings, lambda: engine.abort(request_id, "stop"))
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _EngineStreamingResponse(
-                _sse(texts, engine, request_id, model_name, include_usage),
-                on_close=close,
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
-            )
-        try:
-            return await _collect(texts, engine, request_id, model_name, disconnected=watcher)
-        finally:
-            close()
-
-
-class _EngineStreamingResponse(StreamingResponse):
-    """A streamed completion that aborts its request in the core the moment the response ends early.
-
-    Starlette cancels the stream when the client disconnects; the abort here
-    does not wait for the generator to be finalized, so it reaches the core
-    before its next step.
-    """
-
-    def __init__(self, content: AsyncIterator[str], *, on_close: Callable[[], None], **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
-
-
-async def _events(first: RequestOutput, stream: RequestStream) -> AsyncIterator[RequestOutput]:
-    """The request's outputs in order, the first one already read."""
-    out = first
-    yield out
-    while not out.finished:
-        out = await stream.next()
-        yield out
-
-
-def _chunk(request_id: str, model_name: str, text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {
-        "id": request_id, "object": "text_completion", "created": int(time.time()), "model": model_name,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-    }
-
-
-def _usage(out: RequestOutput) -> dict[str, int]:
-    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.generation_tokens,
-            "total_tokens": out.prompt_tokens + out.generation_tokens}
-
-
-async def _texts(
-    first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, stops: tuple[str, ...],
-    stop_request: Callable[[], None],
-) -> AsyncIterator[tuple[str, RequestOutput]]:
-    """(text to show, output) per output; a stop string ends the request in the core, finish reason ``stop``.
-
-    After a stop string, tokens the core generated before the stop reached it are dropped.
-    """
-    decoder = tokenizer.stream()
-    matcher = StopMatcher(stops)
-    async for raw in _events(first, stream):
-        out = raw
-        stopped = matcher.stopped
-        text = ""
-        if out.token_id is not None and not out.is_stop_token:
-            text = matcher.feed(decoder.step(out.token_id))
-        if out.finished:
-            text += matcher.flush()
-            if matcher.stopped and out.finish_reason != "error":
-                out = dataclasses.replace(out, finish_reason="stop")
-        elif matcher.stopped:
-            if stopped:
-                continue
-            stop_request()
-        yield text, out
-
-
-def _failure(engine: EngineCoreClient, out: RequestOutput) -> MoesloError | None:
-    """The error that ended a request (None: it ended normally); no internal detail, that is in the log."""
-    reason = engine.health()
-    if out.finish_reason == "error":
-        if reason is not None:
-            return UnavailableError(f"the engine is unavailable: {reason}")
-        return RequestFailedError(f"the engine could not complete request {out.request_id} ({out.error or 'failed'})")
-    if out.finish_reason == "abort":
-        return UnavailableError(f"request {out.request_id} was aborted by the engine"
-                                + (f": {reason}" if reason is not None else ""))
-    return None
-
-
-async def _sse(
-    texts: AsyncIterator[tuple[str, RequestOutput]], engine: EngineCoreClient, request_id: str, model_name: str,
-    include_usage: bool,
-) -> AsyncIterator[str]:
-    """One SSE event per generated token, then ``[DONE]``; a failure is one ``error`` event (the error document)."""
-    async for text, out in texts:
-        error = _failure(engine, out)
-        if error is not None:
-            body = {"message": str(error), "type": type(error).__name__, "code": status_for(error)}
-            yield f"data: {json.dumps({'id': request_id, 'error': body})}\n\n"
-            break
-        yield f"data: {json.dumps(_chunk(request_id, model_name, text, out.finish_reason))}\n\n"
-        if out.finished and include_usage:
-            usage = {**_chunk(request_id, model_name, "", None), "choices": [], "usage": _usage(out)}
-            yield f"data: {json.dumps(usage)}\n\n"
-    yield "data: [DONE]\n\n"
-
-
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _collect(
-    texts: AsyncIterator[tuple[str, RequestOutput]],
-    engine: EngineCoreClient,
-    request_id: str,
-    model_name: str,
-    *,
-    disconnected: asyncio.Future[None],
-) -> Response:
-    """Wait for the whole completion (the caller aborts it if the client goes away meanwhile)."""
-    pieces: list[str] = []
-    last: RequestOutput | None = None
-    async for text, out in texts:
-        pieces.append(text)
-        last = out
-    assert last is not None
-    out = last
-    if out.finish_reason == "abort" and disconnected.done() and not disconnected.cancelled():
-        return Response(status_code=499)
-    error = _failure(engine, out)
-    if error is not None:
-        return error_response(error)
-    body = _chunk(request_id, model_name, "".join(pieces), out.finish_reason)
-    body["usage"] = _usage(out)
-    return JSONResponse(body)
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        arrival_s = time.monotonic()
+        check_model(body)
+        if chat_template is None:
+            raise ValidationError("messages: this model has no chat template (tokenizer_config.json's "
+                                  "chat_template), so it serves /v1/completions only")
+        prompt = chat_template.render(body.template_messages(), add_generation_prompt=body.add_generation_prompt)
+        prompt_ids = tokenizer.encode(prompt)
+        # Left out, the completion may fill the context (as OpenAI and vLLM do); at least one token is asked.
+        limit = body.token_limit or max(1, engine.max_model_len - len(prompt_ids))
+        if len(prompt_ids) + limit > engine.max_model_len:
+            raise PromptTooLongError(prompt_tokens=len(prompt_ids), max_tokens=limit,
+                                     max_model_len=engine.max_model_len, param="messages")
+        gen = Generation([prompt_ids], body.sampling_params(limit), body.stop_strings, body.stream,
+                         body.include_usage, ChatFormat(model_name), n=body.n)
+        return await serve_generation(engine, tokenizer, gen, request, arrival_s)
 
 
 def _expert_load_json(engine: EngineCoreClient) -> dict[str, Any]:
@@ -431,4 +266,7 @@ class ServerThread:
         self.stop()
 
 
-__all__ = ["CompletionRequest", "MetricsRenderer", "ServerThread", "create_app", "error_response", "status_for"]
+__all__ = [
+    "ChatCompletionRequest", "CompletionRequest", "MetricsRenderer", "ServerThread", "create_app", "error_response",
+    "status_for",
+]

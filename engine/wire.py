@@ -69,16 +69,21 @@ def params_to_wire(params: SamplingParams) -> dict[str, Any]:
 
 
 def params_from_wire(raw: dict[str, Any]) -> SamplingParams:
-    return SamplingParams(**{**raw, "stop_token_ids": tuple(raw.get("stop_token_ids", ()))})
+    bias = tuple((int(token), float(value)) for token, value in raw.get("logit_bias", ()))
+    return SamplingParams(**{**raw, "stop_token_ids": tuple(raw.get("stop_token_ids", ())), "logit_bias": bias})
 
 
 def output_to_wire(out: RequestOutput) -> list[Any]:
     return [out.request_id, out.token_id, out.finished, out.finish_reason, out.is_stop_token, out.error,
-            out.prompt_tokens, out.generation_tokens]  # fmt: skip
+            out.prompt_tokens, out.generation_tokens, out.logprobs]  # fmt: skip
 
 
 def output_from_wire(raw: list[Any]) -> RequestOutput:
-    return RequestOutput(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7])
+    logprobs = None
+    if len(raw) > 8 and raw[8] is not None:
+        chosen, top = raw[8]
+        logprobs = (float(chosen), tuple((int(token), float(value)) for token, value in top))
+    return RequestOutput(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7], logprobs)
 
 
 # ----------------------------------------------------------------- errors

@@ -14,6 +14,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from engine.chat_template import load_chat_template
 from engine.client import EngineCoreClient
 from engine.engine_types import EngineConfig
 from engine.executors import ExecutorOptions
@@ -86,16 +87,6 @@ def build_stack(options: ServeOptions) -> ServingStack:
             enable_prefix_caching=options.enable_prefix_caching,
         ),
     )
-    metrics: MetricsRenderer | None = None
-    prometheus = None
-    if options.prometheus:
-        prometheus = PrometheusStatsSink(
-            CollectorRegistry(), model_name=model_name, engine=options.engine_id,
-            expert_series=options.expert_metrics,
-        )
-        engine.add_sink(prometheus)
-        metrics = _renderer(prometheus)
-
     hooks: list[Callable[[], None]] = []
     if options.otlp:
         from exporters.otel import OtelStatsSink
@@ -104,8 +95,19 @@ def build_stack(options: ServeOptions) -> ServingStack:
         engine.add_sink(otel)
         hooks.append(otel.shutdown)
     engine.start()
+    metrics: MetricsRenderer | None = None
+    prometheus = None
+    if options.prometheus:
+        # After start: the per-request token histograms' edges reach the context the core serves.
+        prometheus = PrometheusStatsSink(
+            CollectorRegistry(), model_name=model_name, engine=options.engine_id,
+            expert_series=options.expert_metrics, max_model_len=engine.max_model_len,
+        )
+        engine.add_sink(prometheus)
+        metrics = _renderer(prometheus)
     tokenizer = load_tokenizer(Path(options.checkpoint), engine.vocab_size)
-    app = create_app(engine, tokenizer, model_name=model_name, metrics=metrics, on_shutdown=hooks)
+    app = create_app(engine, tokenizer, model_name=model_name, metrics=metrics, on_shutdown=hooks,
+                     chat_template=load_chat_template(Path(options.checkpoint)))
     return ServingStack(app=app, engine=engine, prometheus=prometheus)
 
 

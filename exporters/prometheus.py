@@ -53,7 +53,10 @@ from contracts.catalogue import (
     QUEUE_TIME_HISTOGRAM,
     RANK_LABEL,
     RANK_TOKENS,
+    REQUEST_GENERATION_TOKENS_HISTOGRAM,
     REQUEST_LATENCY_BUCKETS_S,
+    REQUEST_MAX_GENERATION_TOKENS_HISTOGRAM,
+    REQUEST_PROMPT_TOKENS_HISTOGRAM,
     REQUEST_SUCCESS,
     RUNNING,
     STAT_LABEL,
@@ -61,6 +64,7 @@ from contracts.catalogue import (
     TTFT_BUCKETS_S,
     TTFT_HISTOGRAM,
     WAITING,
+    request_tokens_buckets,
     total,
 )
 from contracts.imbalance import across_layers, balancedness, imbalance_cv, sampling_noise_cv
@@ -72,6 +76,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FINISH_REASONS = ("length", "stop", "abort", "error", "deadline")
 
 DEFAULT_MAX_EXPERT_SERIES = 4096
+
+DEFAULT_MAX_MODEL_LEN = 32768
+"""The context the per-request token histograms' edges reach when the sink is not told the model's."""
 
 
 class _BoundMetrics:
@@ -104,8 +111,12 @@ class PrometheusStatsSink:
         expert_series: bool | None = None,
         max_expert_series: int = DEFAULT_MAX_EXPERT_SERIES,
         routing_window_steps: int = 256,
+        max_model_len: int = DEFAULT_MAX_MODEL_LEN,
     ) -> None:
-        """``expert_series``: None switches per-(layer, expert) counters on up to ``max_expert_series``."""
+        """``expert_series``: None switches per-(layer, expert) counters on up to ``max_expert_series``.
+
+        ``max_model_len`` caps the edges of the per-request token histograms, as vLLM's do.
+        """
         self.registry = registry
         self.model_name = model_name
         self.engine = engine
@@ -123,6 +134,14 @@ class PrometheusStatsSink:
                                         REQUEST_LATENCY_BUCKETS_S)
         self._decode = bound.histogram(DECODE_TIME_HISTOGRAM, "Time from first token to finish, in seconds.",
                                        REQUEST_LATENCY_BUCKETS_S)
+        token_edges = request_tokens_buckets(max_model_len)
+        self._request_prompt = bound.histogram(REQUEST_PROMPT_TOKENS_HISTOGRAM, "Number of prefill tokens processed.",
+                                               token_edges)
+        self._request_generation = bound.histogram(REQUEST_GENERATION_TOKENS_HISTOGRAM,
+                                                   "Number of generation tokens processed.", token_edges)
+        self._request_max_generation = bound.histogram(
+            REQUEST_MAX_GENERATION_TOKENS_HISTOGRAM, "Histogram of maximum number of requested generation tokens.",
+            token_edges)
         self._running = bound.gauge(RUNNING, "Requests in the running batch.", "sum")
         self._waiting = bound.gauge(WAITING, "Requests waiting to be scheduled.", "sum")
         self._kv_usage = bound.gauge(KV_CACHE_USAGE, "Fraction of KV cache blocks in use (0..1).", "mostrecent")
@@ -172,6 +191,10 @@ class PrometheusStatsSink:
             self._queue.observe(fin.queue_s)
             self._prefill.observe(fin.prefill_s)
             self._decode.observe(fin.decode_s)
+            self._request_prompt.observe(fin.prompt_tokens)
+            self._request_generation.observe(fin.generation_tokens)
+            # vLLM observes the most tokens any choice of a request generated; each request here is one choice.
+            self._request_max_generation.observe(fin.generation_tokens)
             counter = self._success.get(fin.finish_reason)
             if counter is not None:
                 counter.inc()

@@ -17,7 +17,7 @@ from engine.executors import ExecutorOptions, create_executor
 from engine.llm_engine import LLMEngine, RequestOutput
 from engine.sampling import SamplingParams
 from engine.server import ServerThread
-from engine.tokenizer import ByteTokenizer
+from engine.tokenizer import load_tokenizer
 from exporters.app import ServeOptions, ServingStack, build_stack
 from harness.processes import free_port
 
@@ -123,8 +123,12 @@ def test_greedy_outputs_equal_across_the_process_split(tiny_checkpoint: Path) ->
            for p in prompts]
     assert done.wait(30)
     engine.shutdown()
-    tokenizer = ByteTokenizer(512)
-    in_process = [tokenizer.decode(outputs[i]) for i in ids]
+    # Detokenized as the server does: tokenizer.json when the checkpoint has one, streamed token by token.
+    tokenizer = load_tokenizer(tiny_checkpoint, 512)
+    in_process = []
+    for request_id in ids:
+        stream = tokenizer.stream()
+        in_process.append("".join(stream.step(t) for t in outputs[request_id]))
     server, _ = _serve(tiny_checkpoint)
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:

@@ -161,7 +161,8 @@ def test_models_health_and_metrics_routes(served: Served) -> None:
     [
         ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
         ({"prompt": "x", "temperature": -1}, 400, "temperature"),
-        ({"prompt": "x", "n": 2}, 400, "n:"),
+        ({"prompt": "x", "n": 33}, 400, "n:"),
+        ({"prompt": "x", "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens"),
         ({"prompt": "x", "top_p": 0}, 400, "top_p"),
         ({"max_tokens": 3}, 400, "prompt"),
         ({"prompt": [1, 99999], "max_tokens": 3}, 400, "[0, 512)"),

@@ -25,10 +25,15 @@ def served(tiny_checkpoint: Path) -> Iterator[Served]:
     server.stop()
 
 
+OPENAI_ERROR_TYPES = {"invalid_request_error", "rate_limit_error", "service_unavailable_error", "server_error"}
+
+
 def _is_error_document(resp: httpx.Response) -> dict[str, object]:
     assert resp.headers["content-type"].startswith("application/json"), resp.text
     error = resp.json()["error"]
     assert error["code"] == resp.status_code and error["message"]
+    # OpenAI's shape: a type from its set and the field at fault (or null).
+    assert error["type"] in OPENAI_ERROR_TYPES and "param" in error
     assert "Traceback" not in resp.text and "/site-packages/" not in resp.text
     return error  # type: ignore[no-any-return]
 
@@ -37,8 +42,8 @@ POISON = [
     ({"prompt": "x", "max_tokens": 2, "seed": 18446744073709551616}, "seed"),
     ({"prompt": "x", "max_tokens": 2, "temperature": 1e-300}, "temperature"),
     ({"prompt": "x", "max_tokens": 2, "stop_token_ids": [99999]}, "stop_token_ids"),
-    ({"prompt": "x", "max_tokens": 2, "logprobs": 3}, "logprobs"),
-    ({"prompt": "x", "max_tokens": 2, "echo": True}, "echo"),
+    ({"prompt": "x", "max_tokens": 2, "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "max_tokens": 2, "echo": True, "logprobs": 1}, "echo"),
     ({"prompt": [True, False], "max_tokens": 2}, "prompt"),
 ]
 
@@ -58,7 +63,8 @@ def test_poisoned_requests_get_400_naming_the_field_while_victims_stream_on(serv
     for payload, field in POISON:
         resp = served.client.post("/v1/completions", json=payload)
         assert resp.status_code == 400, resp.text
-        assert field in str(_is_error_document(resp)["message"])
+        error = _is_error_document(resp)
+        assert field in str(error["message"]) and error["param"] == field, error
     # Near-zero top_p is computable (the most likely token stays): served, not a poisoned batch.
     assert served.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "top_p": 1e-300,
                                                        "temperature": 0.5}).status_code == 200
@@ -168,7 +174,7 @@ def test_a_step_that_raises_breaks_the_engine_with_503_and_retry_after_never_a_h
             reader.join(10)
             assert not reader.is_alive(), "the request hung after the engine broke"
             assert results[0].status_code == 503 and int(results[0].headers["Retry-After"]) >= 1
-            assert _is_error_document(results[0])["type"] == "UnavailableError"
+            assert _is_error_document(results[0])["type"] == "service_unavailable_error"
             health = client.get("/health")
             assert health.status_code == 503 and "an engine step failed" in health.json()["status"]
             refused = client.post("/v1/completions", json={"prompt": "after", "max_tokens": 2})

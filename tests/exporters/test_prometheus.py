@@ -154,3 +154,26 @@ def test_each_sink_uses_only_its_own_registry() -> None:
     PrometheusStatsSink(b, model_name="m", engine="1")
     assert a.get_sample_value("vllm:prompt_tokens_total", LABELS) == 10
     assert b.get_sample_value("vllm:prompt_tokens_total", {"model_name": "m", "engine": "1"}) == 0
+
+
+def test_per_request_token_histograms_use_vllms_names_and_edges() -> None:
+    reg = CollectorRegistry()
+    sink = PrometheusStatsSink(reg, model_name="m", max_model_len=512)
+    sink.record(step(finished=(finished(), finished("stop"))))
+    get = reg.get_sample_value
+    for name, value in (("vllm:request_prompt_tokens", 5), ("vllm:request_generation_tokens", 3),
+                        ("vllm:request_max_num_generation_tokens", 3)):
+        assert get(f"{name}_count", LABELS) == 2 and get(f"{name}_sum", LABELS) == 2 * value
+        assert get(f"{name}_bucket", {**LABELS, "le": "5.0"}) == 2
+        assert get(f"{name}_bucket", {**LABELS, "le": "2.0"}) == 0
+        # vLLM's 1-2-5 edges, capped at the context: 500 is the last one below 512.
+        assert get(f"{name}_bucket", {**LABELS, "le": "500.0"}) == 2
+        assert get(f"{name}_bucket", {**LABELS, "le": "1000.0"}) is None
+
+
+def test_request_token_edges_are_vllms_build_1_2_5_buckets() -> None:
+    from contracts.catalogue import request_tokens_buckets
+
+    assert request_tokens_buckets(100) == (1, 2, 5, 10, 20, 50, 100)
+    assert request_tokens_buckets(4096)[-1] == 2000 and len(request_tokens_buckets(4096)) == 11
+    assert request_tokens_buckets(1) == (1,)

@@ -1,4 +1,4 @@
-"""A real Prometheus scrapes the engine's /metrics and answers histogram_quantile over the TTFT buckets."""
+"""A real Prometheus scrapes the engine's /metrics: the TTFT quantile, and vLLM's per-request token histograms."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from engine.server import ServerThread
+from engine.tokenizer import load_tokenizer
 from exporters.app import ServeOptions, build_stack
 from harness.monitoring import prometheus_command
 from harness.processes import free_port, log_tail, start_process, stop_process
@@ -67,6 +68,16 @@ def test_prometheus_scrapes_engine_and_computes_ttft_quantile(tiny_checkpoint: P
             assert float(count[0]["value"][1]) == 5
             experts = query(prom, 'count(moe_expert_tokens_total{model_name="tiny-moe"})')
             assert float(experts[0]["value"][1]) == 2 * 8
+            # vLLM's per-request token histograms, as vLLM's dashboard queries them.
+            labels = '{model_name="tiny-moe",engine="0"}'
+            generated = query(prom, f"vllm:request_generation_tokens_sum{labels}")
+            assert float(generated[0]["value"][1]) == 5 * 4
+            longest = query(prom, f"histogram_quantile(0.99, sum by (le) (vllm:request_max_num_generation_tokens_bucket"
+                                  f"{labels}))")
+            assert 2 < float(longest[0]["value"][1]) <= 5  # all in the (2, 5] bucket
+            prompt = query(prom, f"vllm:request_prompt_tokens_sum{labels}")
+            tokenizer = load_tokenizer(tiny_checkpoint, 512)
+            assert float(prompt[0]["value"][1]) == sum(len(tokenizer.encode(f"scrape {i}")) for i in range(5))
     finally:
         stop_process(proc, 10.0)
         server.stop()

@@ -46,7 +46,9 @@ def test_completions_stream_and_errors_pass_through_from_the_engine(engine: str)
         assert events[-1] == "data: [DONE]" and len(events) == 5
         assert json.loads(events[0].removeprefix("data: "))["object"] == "text_completion"
         bad = httpx.post(r.url + "/v1/completions", json={"prompt": "x", "max_tokens": 0}, timeout=60)
-        assert bad.status_code == 400 and bad.json()["error"]["type"] == "ValidationError"  # the engine's own
-        chat = httpx.post(r.url + "/v1/chat/completions", json={"messages": []}, timeout=60)
-        assert chat.status_code == 404  # the engine serves no chat: its 404, relayed
+        assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"  # the engine's own
+        assert bad.json()["error"]["param"] == "max_tokens"
+        chat = httpx.post(r.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                "max_tokens": 2}, timeout=60)
+        assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
         assert httpx.get(r.url + "/v1/models", timeout=10).json()["data"][0]["id"] == "tiny-moe"

@@ -1,0 +1,93 @@
+"""OpenAI's chat completion request as this engine serves it, and its messages as plain dicts.
+
+A message's ``content`` is a string, ``null``, or a list of parts of which
+only ``{"type": "text", "text": ...}`` is served (joined with newlines, as
+vLLM does for text-only models).  ``max_tokens`` and OpenAI's newer
+``max_completion_tokens`` mean the same; left out, the completion may fill the
+context.  ``add_generation_prompt`` (vLLM's extension, default true) ends the
+rendered prompt with the assistant's turn opening.  ``logprobs: true`` (with
+``top_logprobs`` alternatives) reports the generated tokens' log-probabilities.
+Tools and the other fields this engine does not implement are refused by name
+(400).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from engine.protocol import NO_OP_VALUES, GenerationRequest
+from engine.sampling import MAX_LOGPROBS
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Role
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+    def as_template_input(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """The subset of OpenAI's chat completion request the engine serves (one choice, text only)."""
+
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = NO_OP_VALUES
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
+    add_generation_prompt: StrictBool = True
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+
+    def texts(self) -> list[tuple[str, str]]:
+        own = [(f"messages.{i}.content", m.text) for i, m in enumerate(self.messages)]
+        return own + super().texts()
+
+    def problems(self) -> list[str]:
+        problems = super().problems()
+        if self.max_tokens is not None and self.max_completion_tokens is not None \
+                and self.max_tokens != self.max_completion_tokens:
+            problems.append("max_completion_tokens: differs from max_tokens (send one of them)")
+        if self.top_logprobs and not self.logprobs:
+            problems.append("top_logprobs: needs logprobs: true")
+        return problems
+
+    @property
+    def logprob_alternatives(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def token_limit(self) -> int | None:
+        """The most tokens to generate (None: as many as the context leaves)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.as_template_input() for m in self.messages]
+
+
+__all__ = ["ChatCompletionRequest", "ChatMessage", "TextPart"]

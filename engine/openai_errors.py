@@ -1,0 +1,140 @@
+"""The engine's error document, in OpenAI's shape, and the one mapping from errors to HTTP status.
+
+Every route answers a failure with::
+
+    {"error": {"message": ..., "type": ..., "param": ..., "code": <HTTP status>}}
+
+``type`` is OpenAI's (``invalid_request_error`` for anything the client can
+fix, 404s included; ``rate_limit_error``, ``service_unavailable_error``,
+``server_error``), ``param`` names the request field at fault when one is
+(else ``null``), and ``code`` is the HTTP status, as vLLM sends it.  moeslo's
+own detail rides along: ``problems`` (every validation failure) and
+``retry_after_s`` (429).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from fastapi.responses import Response
+
+from contracts.errors import (
+    ConflictError,
+    MoesloError,
+    NotFoundError,
+    OverloadedError,
+    PlacementError,
+    UnavailableError,
+    ValidationError,
+)
+from engine.errors import PromptTooLongError
+
+UNAVAILABLE_RETRY_AFTER_S = 5
+"""``Retry-After`` of a 503: about what a supervisor needs to notice the failed probe and restart the replica."""
+
+INVALID_REQUEST = "invalid_request_error"
+
+_PARAM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)(?::| must | token ids | has )")
+"""A problem that starts ``field:``, ``field.0.sub:`` or ``field must ...`` names its field."""
+
+
+def status_for(exc: MoesloError) -> int:
+    """The one mapping from moeslo errors to HTTP status codes."""
+    if isinstance(exc, PlacementError):
+        return 422
+    if isinstance(exc, ValidationError):
+        return 400
+    if isinstance(exc, NotFoundError):
+        return 404
+    if isinstance(exc, ConflictError):
+        return 409
+    if isinstance(exc, OverloadedError):
+        return 429
+    if isinstance(exc, UnavailableError):
+        return 503
+    return 500
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error ``type`` for an HTTP status."""
+    if status == 429:
+        return "rate_limit_error"
+    if status == 503:
+        return "service_unavailable_error"
+    if 400 <= status < 500:
+        return INVALID_REQUEST
+    return "server_error"
+
+
+def error_param(exc: MoesloError) -> str | None:
+    """The request field at fault: the first problem's ``field:`` prefix; for an over-long prompt, its field."""
+    if isinstance(exc, NotFoundError) and exc.kind == "model":
+        return "model"
+    if not isinstance(exc, ValidationError):
+        return None
+    if isinstance(exc, PromptTooLongError):
+        return exc.param
+    for problem in exc.problems:
+        match = _PARAM.match(problem)
+        if match is not None:
+            return _field_path(match.group(1))
+    return None
+
+
+def _field_path(loc: str) -> str:
+    """``messages.0.role`` as is; a union's type tag dropped (``prompt.str`` is ``prompt``)."""
+    kept: list[str] = []
+    for part in loc.split("."):
+        if kept and not part.isdigit() and not kept[-1].isdigit():
+            break
+        kept.append(part)
+    return ".".join(kept)
+
+
+def error_body(exc: MoesloError) -> dict[str, Any]:
+    """The inside of the error document (``{"error": error_body(exc)}``)."""
+    status = status_for(exc)
+    body: dict[str, Any] = {"message": str(exc), "type": error_type(status), "param": error_param(exc),
+                            "code": status}
+    if isinstance(exc, ValidationError):
+        body["problems"] = list(exc.problems)
+    if isinstance(exc, OverloadedError):
+        body["retry_after_s"] = exc.retry_after_s
+    return body
+
+
+def error_response(exc: MoesloError) -> Response:
+    """The error document of ``exc`` with its status (and ``Retry-After`` on 429 and 503)."""
+    headers = {}
+    if isinstance(exc, OverloadedError):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    if isinstance(exc, UnavailableError):
+        headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER_S)
+    return error_document(error_body(exc), status_for(exc), headers)
+
+
+def http_error_body(status: int, message: str) -> dict[str, Any]:
+    """The error document's inside for an HTTP-level failure (unknown route, wrong method)."""
+    return {"message": message, "type": error_type(status), "param": None, "code": status}
+
+
+def error_document(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
+    # ensure_ascii: a lone surrogate echoed in a message (a field name) must not break the encoding.
+    return Response(json.dumps({"error": body}), status_code=status, headers=headers or {},
+                    media_type="application/json")
+
+
+__all__ = [
+    "INVALID_REQUEST",
+    "UNAVAILABLE_RETRY_AFTER_S",
+    "error_body",
+    "error_document",
+    "error_param",
+    "error_response",
+    "error_type",
+    "http_error_body",
+    "status_for",
+]

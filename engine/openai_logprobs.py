@@ -1,0 +1,63 @@
+"""Generated tokens' log-probabilities in the OpenAI API's two shapes.
+
+The core reports, per generated token of a request that asked, the token's
+log-probability and the ``k`` most likely alternatives, from the model's own
+logits (before penalties and temperature, vLLM's default).  Here they get
+their text (each token decoded alone, as vLLM does) and the offset of the
+token in the generated text, and are written as a completion's ``logprobs``
+(``tokens``, ``token_logprobs``, ``top_logprobs`` with the chosen token among
+them, ``text_offset``) or a chat choice's (``content``: ``token``,
+``logprob``, ``bytes``, ``top_logprobs``).  Prompt log-probabilities are not
+computed (so ``echo`` with ``logprobs`` is refused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.sampling import TokenLogprob
+from engine.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobEntry:
+    """One generated token: its text, log-probability, the top alternatives, and where its text begins."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...]
+    text_offset: int
+
+
+def logprob_entry(tokenizer: Tokenizer, token_id: int, logprobs: TokenLogprob, text_offset: int) -> LogprobEntry:
+    chosen, top = logprobs
+    return LogprobEntry(token=tokenizer.decode([token_id]), logprob=chosen,
+                        top=tuple((tokenizer.decode([t]), value) for t, value in top), text_offset=text_offset)
+
+
+def completion_logprobs(entries: list[LogprobEntry] | None) -> dict[str, Any] | None:
+    """A completion choice's ``logprobs`` (None: not asked for)."""
+    if entries is None:
+        return None
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        # OpenAI's legacy completions list the chosen token among the most likely ones.
+        "top_logprobs": [{**dict(e.top), e.token: e.logprob} for e in entries],
+        "text_offset": [e.text_offset for e in entries],
+    }
+
+
+def chat_logprobs(entries: list[LogprobEntry] | None) -> dict[str, Any] | None:
+    """A chat choice's ``logprobs`` (None: not asked for)."""
+    if entries is None:
+        return None
+    return {"content": [
+        {"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode("utf-8")),
+         "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for t, v in e.top]}
+        for e in entries
+    ]}
+
+
+__all__ = ["LogprobEntry", "chat_logprobs", "completion_logprobs", "logprob_entry"]

@@ -1,0 +1,382 @@
+"""One request of the OpenAI API from its token ids to the HTTP response: streamed as SSE, or whole.
+
+Completions and chat completions differ only in their documents, which a
+:class:`ResponseFormat` builds (``text_completion`` choices with ``text``;
+``chat.completion`` choices with a ``message``, streamed as ``delta``s after
+one role chunk).  The rest is shared: the first event is either the core's
+refusal (400/429, raised before any byte is sent) or the first token; stop
+strings are cut here (a stop found ends the request in the core with
+``client.abort(request_id, "stop")``); a client that goes away has its
+request aborted in the core, which frees its KV blocks, before the next step.
+
+``n`` > 1 and lists of prompts fan out here: every choice is its own request
+in the core (the core schedules them like any others), and their outputs are
+merged as they come; a choice that fails fails the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from contracts.errors import MoesloError, UnavailableError
+from engine.client import EngineCoreClient, RequestStream
+from engine.engine_types import RequestOutput
+from engine.errors import RequestFailedError
+from engine.openai_errors import error_body, error_response
+from engine.openai_logprobs import LogprobEntry, chat_logprobs, completion_logprobs, logprob_entry
+from engine.protocol import StopMatcher
+from engine.sampling import MAX_SEED, SamplingParams
+from engine.tokenizer import Tokenizer
+
+
+class Piece(NamedTuple):
+    """What one output of a choice shows: its text, the output, and its tokens' logprobs (None: not asked)."""
+
+    text: str
+    out: RequestOutput
+    logprobs: list[LogprobEntry] | None
+
+
+ChoiceResult = tuple[str, str | None, list[LogprobEntry] | None]
+"""A whole choice: its text, finish reason and logprobs."""
+
+
+class ResponseFormat(Protocol):
+    """The documents of one kind of response (completion or chat)."""
+
+    def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
+        """Chunks sent before the first token's (chat: the assistant's role, per choice)."""
+        ...
+
+    def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]: ...
+
+    def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]: ...
+
+    def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
+        """The last chunk of a stream that asked for usage: no choices."""
+        ...
+
+
+@dataclass(frozen=True)
+class CompletionFormat:
+    model_name: str
+
+    def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
+        return []
+
+    def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]:
+        choice = _text_choice(index, (piece.text, piece.out.finish_reason, piece.logprobs))
+        return _document(request_id, "text_completion", self.model_name, [choice])
+
+    def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]:
+        return _document(request_id, "text_completion", self.model_name,
+                         [_text_choice(i, choice) for i, choice in enumerate(choices)])
+
+    def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
+        return {**_document(request_id, "text_completion", self.model_name, []), "usage": usage}
+
+
+def _text_choice(index: int, choice: ChoiceResult) -> dict[str, Any]:
+    text, finish_reason, logprobs = choice
+    return {"index": index, "text": text, "logprobs": completion_logprobs(logprobs), "finish_reason": finish_reason}
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    model_name: str
+
+    def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
+        return [_document(request_id, "chat.completion.chunk", self.model_name, [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        ]) for i in range(choices)]
+
+    def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]:
+        reason = piece.out.finish_reason
+        delta = {"content": piece.text} if piece.text or reason is None else {}
+        return _document(request_id, "chat.completion.chunk", self.model_name, [
+            {"index": index, "delta": delta, "logprobs": chat_logprobs(piece.logprobs), "finish_reason": reason}
+        ])
+
+    def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]:
+        return _document(request_id, "chat.completion", self.model_name, [
+            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": chat_logprobs(logprobs),
+             "finish_reason": reason}
+            for i, (text, reason, logprobs) in enumerate(choices)
+        ])
+
+    def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
+        return {**_document(request_id, "chat.completion.chunk", self.model_name, []), "usage": usage}
+
+
+def _document(request_id: str, kind: str, model_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": request_id, "object": kind, "created": int(time.time()), "model": model_name, "choices": choices}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One API request to run: its prompts, how each samples and stops, and how the response looks.
+
+    Choice ``i`` is sample ``i % n`` of prompt ``i // n`` (OpenAI's order).
+    With a seed, sample ``j`` of a prompt draws with ``seed + j``, so the ``n``
+    choices differ and each is reproducible.
+    """
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    stops: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    format: ResponseFormat
+    n: int = 1
+    echo: list[str] | None = None
+    """Per prompt, the text shown before its choices' text (a completion's ``echo``)."""
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    def choices(self) -> list[tuple[list[int], SamplingParams]]:
+        return [(prompt, self._sample_params(j)) for prompt in self.prompts for j in range(self.n)]
+
+    def _sample_params(self, j: int) -> SamplingParams:
+        seed = self.params.seed
+        if j == 0 or seed is None:
+            return self.params
+        return dataclasses.replace(self.params, seed=seed + j if seed + j <= MAX_SEED else seed - j)
+
+    def usage(self, last: list[RequestOutput]) -> dict[str, int]:
+        """Prompt tokens once per prompt, completion tokens of every choice."""
+        prompt = sum(out.prompt_tokens for i, out in enumerate(last) if i % self.n == 0)
+        completion = sum(out.generation_tokens for out in last)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def serve_generation(
+    engine: EngineCoreClient, tokenizer: Tokenizer, gen: Generation, request: Request, arrival_s: float
+) -> Response:
+    """Send every choice of ``gen`` to the core and answer with the completions, streamed or whole."""
+    streams: list[RequestStream] = []
+
+    def end_early() -> None:
+        for stream in streams:
+            if not stream.finished:
+                engine.abort(stream.request_id)
+
+    def close() -> None:
+        watcher.cancel()
+        end_early()
+
+    # From now until the request ends, a client that goes away aborts it in the core.
+    watcher = asyncio.ensure_future(_until_disconnect(request))
+    watcher.add_done_callback(lambda w: None if w.cancelled() else end_early())
+    try:
+        for prompt, params in gen.choices():
+            streams.append(engine.add_request(prompt, params, arrival_s=arrival_s))
+        # The core's refusal (400, 429) raises here, before any byte is sent.
+        firsts = [await stream.next() for stream in streams]
+    except BaseException:
+        close()
+        raise
+    texts = [_texts(first, stream, tokenizer, gen, functools.partial(engine.abort, stream.request_id, "stop"),
+                    prefix=gen.echo[i // gen.n] if gen.echo else "")
+             for i, (first, stream) in enumerate(zip(firsts, streams, strict=True))]
+    request_id = streams[0].request_id
+    if gen.stream:
+        return _EngineStreamingResponse(
+            _sse(_merged(texts), engine, request_id, gen),
+            on_close=close,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
+        )
+    try:
+        return await _collect(_merged(texts), engine, request_id, gen, disconnected=watcher)
+    finally:
+        close()
+
+
+class _EngineStreamingResponse(StreamingResponse):
+    """A streamed completion that aborts its request in the core the moment the response ends early.
+
+    Starlette cancels the stream when the client disconnects; the abort here
+    does not wait for the generator to be finalized, so it reaches the core
+    before its next step.
+    """
+
+    def __init__(self, content: AsyncIterator[str], *, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def _events(first: RequestOutput, stream: RequestStream) -> AsyncIterator[RequestOutput]:
+    """The request's outputs in order, the first one already read."""
+    out = first
+    yield out
+    while not out.finished:
+        out = await stream.next()
+        yield out
+
+
+async def _texts(
+    first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation,
+    stop_request: Callable[[], None], *, prefix: str = "",
+) -> AsyncIterator[Piece]:
+    """What each output shows (the first after ``prefix``); a stop string ends the request, finish reason ``stop``.
+
+    Stop strings are looked for in the text after the first ``min_tokens``
+    tokens (as vLLM does).  After a stop string, tokens the core generated
+    before the stop reached it are dropped.
+    """
+    decoder = tokenizer.stream()
+    matcher = StopMatcher(gen.stops)
+    min_tokens, want_logprobs = gen.params.min_tokens, gen.params.logprobs is not None
+    tokens = decoded = 0
+    async for raw in _events(first, stream):
+        out = raw
+        stopped = matcher.stopped
+        text = ""
+        entries: list[LogprobEntry] | None = [] if want_logprobs else None
+        if out.token_id is not None and not out.is_stop_token:
+            tokens += 1
+            piece = decoder.step(out.token_id)
+            text = piece if tokens <= min_tokens else matcher.feed(piece)
+            if entries is not None and out.logprobs is not None and not stopped:
+                entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, decoded))
+            decoded += len(piece)
+        if out.finished:
+            text += matcher.flush()
+            if matcher.stopped and out.finish_reason != "error":
+                out = dataclasses.replace(out, finish_reason="stop")
+        elif matcher.stopped:
+            if stopped:
+                continue
+            stop_request()
+        yield Piece(prefix + text, out, entries)
+        prefix = ""
+
+
+async def _merged(texts: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:
+    """(choice index, piece) of every choice as they come; one choice is read directly."""
+    if len(texts) == 1:
+        async for piece in texts[0]:
+            yield 0, piece
+        return
+    queue: asyncio.Queue[tuple[int, Piece] | BaseException | None] = asyncio.Queue()
+
+    async def pump(index: int, choice: AsyncIterator[Piece]) -> None:
+        try:
+            async for piece in choice:
+                queue.put_nowait((index, piece))
+        except Exception as exc:  # handed to the reader, which raises it
+            queue.put_nowait(exc)
+        finally:
+            queue.put_nowait(None)
+
+    tasks = [asyncio.ensure_future(pump(i, choice)) for i, choice in enumerate(texts)]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _failure(engine: EngineCoreClient, out: RequestOutput) -> MoesloError | None:
+    """The error that ended a request (None: it ended normally); no internal detail, that is in the log."""
+    reason = engine.health()
+    if out.finish_reason == "error":
+        if reason is not None:
+            return UnavailableError(f"the engine is unavailable: {reason}")
+        return RequestFailedError(f"the engine could not complete request {out.request_id} ({out.error or 'failed'})")
+    if out.finish_reason == "abort":
+        return UnavailableError(f"request {out.request_id} was aborted by the engine"
+                                + (f": {reason}" if reason is not None else ""))
+    return None
+
+
+async def _sse(
+    merged: AsyncIterator[tuple[int, Piece]], engine: EngineCoreClient, request_id: str, gen: Generation,
+) -> AsyncIterator[str]:
+    """One SSE event per generated token, then ``[DONE]``; a failure is one ``error`` event (the error document)."""
+    fmt = gen.format
+    last: list[RequestOutput | None] = [None] * gen.num_choices
+    for opening in fmt.opening(request_id, gen.num_choices):
+        yield f"data: {json.dumps(opening)}\n\n"
+    failed = False
+    async for index, piece in merged:
+        error = _failure(engine, piece.out)
+        if error is not None:
+            yield f"data: {json.dumps({'id': request_id, 'error': error_body(error)})}\n\n"
+            failed = True
+            break
+        yield f"data: {json.dumps(fmt.chunk(request_id, index, piece))}\n\n"
+        if piece.out.finished:
+            last[index] = piece.out
+    if gen.include_usage and not failed:
+        done = [out for out in last if out is not None]
+        yield f"data: {json.dumps(fmt.usage_chunk(request_id, gen.usage(done)))}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(
+    merged: AsyncIterator[tuple[int, Piece]],
+    engine: EngineCoreClient,
+    request_id: str,
+    gen: Generation,
+    *,
+    disconnected: asyncio.Future[None],
+) -> Response:
+    """Wait for every choice (the caller aborts them if the client goes away meanwhile)."""
+    texts: list[list[str]] = [[] for _ in range(gen.num_choices)]
+    logprobs: list[list[LogprobEntry] | None] = [None] * gen.num_choices
+    last: list[RequestOutput | None] = [None] * gen.num_choices
+    async for index, piece in merged:
+        texts[index].append(piece.text)
+        if piece.logprobs is not None:
+            logprobs[index] = (logprobs[index] or []) + piece.logprobs
+        last[index] = piece.out
+    ended = [out for out in last if out is not None]
+    assert len(ended) == gen.num_choices
+    if any(out.finish_reason == "abort" for out in ended) and disconnected.done() and not disconnected.cancelled():
+        return Response(status_code=499)
+    for out in ended:
+        error = _failure(engine, out)
+        if error is not None:
+            return error_response(error)
+    body = gen.format.whole(request_id, [("".join(t), out.finish_reason, lp)
+                                         for t, out, lp in zip(texts, ended, logprobs, strict=True)])
+    body["usage"] = gen.usage(ended)
+    return JSONResponse(body)
+
+
+__all__ = [
+    "ChatFormat", "ChoiceResult", "CompletionFormat", "Generation", "Piece", "ResponseFormat", "serve_generation",
+]
