@@ -38,6 +38,14 @@ PROMPT_TOKENS = "vllm:prompt_tokens"
 GENERATION_TOKENS = "vllm:generation_tokens"
 PREEMPTIONS = "vllm:num_preemptions"
 REQUEST_SUCCESS = "vllm:request_success"
+PROMPT_TOKENS_HISTOGRAM = "vllm:request_prompt_tokens"
+"""Prompt tokens per finished request (vLLM's name and buckets): the length distribution the controller
+reads to count requests no fleet can serve within a long-prompt TTFT objective."""
+TTFT_NORMALIZED_HISTOGRAM = "moeslo_ttft_normalized_seconds"
+"""TTFT minus the long-prompt allowance (``contracts.ttft_objective``), one series per allowance, labelled
+with it: its good count at ``le=threshold_s`` is the length-aware TTFT objective's."""
+REFERENCE_PROMPT_TOKENS_LABEL = "reference_prompt_tokens"
+PER_1K_PROMPT_TOKENS_LABEL = "per_1k_prompt_tokens_s"
 
 EXPERT_TOKENS = "moe_expert_tokens"
 RANK_TOKENS = "moe_rank_tokens"
@@ -170,6 +178,11 @@ REQUEST_LATENCY_BUCKETS_S: tuple[float, ...] = (
 )  # fmt: skip
 """vLLM's request-latency edges (e2e, queue, prefill, decode), from vllm/v1/metrics/loggers.py."""
 
+PROMPT_TOKENS_BUCKETS: tuple[float, ...] = (
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000, 500000, 1000000,
+)  # fmt: skip
+"""vLLM's 1-2-5 edges of ``vllm:request_prompt_tokens`` (it stops at ``max_model_len``)."""
+
 SWAP_DURATION_BUCKETS_S: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Edges of ``moe_placement_swap_duration_seconds``."""
 
@@ -190,6 +203,7 @@ ROUTER_TTFT_ERROR_BUCKETS_S: tuple[float, ...] = (
 
 BUCKETS_BY_METRIC: dict[str, tuple[float, ...]] = {
     TTFT_HISTOGRAM: TTFT_BUCKETS_S,
+    TTFT_NORMALIZED_HISTOGRAM: TTFT_BUCKETS_S,
     ITL_HISTOGRAM: ITL_BUCKETS_S,
 }
 """The edges moeslo's exporter writes, by histogram name."""
@@ -310,6 +324,7 @@ __all__ = [
     "OTEL_TIME_PER_OUTPUT_TOKEN_HISTOGRAM",
     "OTEL_TTFT_HISTOGRAM",
     "OUTCOME_LABEL",
+    "PER_1K_PROMPT_TOKENS_LABEL",
     "PLACEMENT_BALANCEDNESS",
     "PLACEMENT_EXPERTS_MOVED",
     "PLACEMENT_HELP",
@@ -320,10 +335,13 @@ __all__ = [
     "PREEMPTIONS",
     "PREFILL_TIME_HISTOGRAM",
     "PROMPT_TOKENS",
+    "PROMPT_TOKENS_BUCKETS",
+    "PROMPT_TOKENS_HISTOGRAM",
     "QUEUE_TIME_HISTOGRAM",
     "RANK_LABEL",
     "RANK_TOKENS",
     "REBALANCES",
+    "REFERENCE_PROMPT_TOKENS_LABEL",
     "REPLICA_LABEL",
     "REQUEST_LATENCY_BUCKETS_S",
     "REQUEST_SUCCESS",
@@ -346,6 +364,7 @@ __all__ = [
     "TOTAL_EVENTS_RECORD",
     "TTFT_BUCKETS_S",
     "TTFT_HISTOGRAM",
+    "TTFT_NORMALIZED_HISTOGRAM",
     "VLLM_BUCKETS_BY_METRIC",
     "VLLM_BUCKET_FAMILIES",
     "VLLM_CUSTOM_BUCKETS_FLAG",
