@@ -42,15 +42,19 @@ from contracts.catalogue import (
     LAYER_IMBALANCE_CV_NOISE,
     LAYER_LABEL,
     MOE_HELP,
+    PER_1K_PROMPT_TOKENS_LABEL,
     PLACEMENT_EXPERTS_MOVED,
     PLACEMENT_SWAP_DURATION_HISTOGRAM,
     PLACEMENT_SWAPS,
     PREEMPTIONS,
     PREFILL_TIME_HISTOGRAM,
     PROMPT_TOKENS,
+    PROMPT_TOKENS_BUCKETS,
+    PROMPT_TOKENS_HISTOGRAM,
     QUEUE_TIME_HISTOGRAM,
     RANK_LABEL,
     RANK_TOKENS,
+    REFERENCE_PROMPT_TOKENS_LABEL,
     REQUEST_LATENCY_BUCKETS_S,
     REQUEST_SUCCESS,
     RUNNING,
@@ -58,10 +62,13 @@ from contracts.catalogue import (
     SWAP_DURATION_BUCKETS_S,
     TTFT_BUCKETS_S,
     TTFT_HISTOGRAM,
+    TTFT_NORMALIZED_HISTOGRAM,
     WAITING,
     total,
 )
 from contracts.imbalance import across_layers, balancedness, imbalance_cv, sampling_noise_cv
+from contracts.slo_defaults import TTFT_PER_1K_PROMPT_TOKENS_S, TTFT_REFERENCE_PROMPT_TOKENS
+from contracts.ttft_objective import TtftAllowance
 from engine.stats import IntArray, RoutingDelta, RoutingWindow, StepStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -70,6 +77,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FINISH_REASONS = ("length", "stop", "abort", "error", "deadline")
 
 DEFAULT_MAX_EXPERT_SERIES = 4096
+
+DEFAULT_TTFT_ALLOWANCES = (TtftAllowance(TTFT_REFERENCE_PROMPT_TOKENS, TTFT_PER_1K_PROMPT_TOKENS_S),)
+"""The long-prompt allowances ``moeslo_ttft_normalized_seconds`` has a series for."""
 
 
 class _BoundMetrics:
@@ -102,6 +112,7 @@ class PrometheusStatsSink:
         expert_series: bool | None = None,
         max_expert_series: int = DEFAULT_MAX_EXPERT_SERIES,
         routing_window_steps: int = 256,
+        ttft_allowances: tuple[TtftAllowance, ...] = DEFAULT_TTFT_ALLOWANCES,
     ) -> None:
         """``expert_series``: None switches per-(layer, expert) counters on up to ``max_expert_series``."""
         self.registry = registry
@@ -121,6 +132,15 @@ class PrometheusStatsSink:
                                         REQUEST_LATENCY_BUCKETS_S)
         self._decode = bound.histogram(DECODE_TIME_HISTOGRAM, "Time from first token to finish, in seconds.",
                                        REQUEST_LATENCY_BUCKETS_S)
+        self._prompt_lengths = bound.histogram(PROMPT_TOKENS_HISTOGRAM, "Prompt tokens per finished request.",
+                                               PROMPT_TOKENS_BUCKETS)
+        normalized = Histogram(TTFT_NORMALIZED_HISTOGRAM, "TTFT minus the long-prompt allowance, in seconds.",
+                               [*BASE_LABELS, REFERENCE_PROMPT_TOKENS_LABEL, PER_1K_PROMPT_TOKENS_LABEL],
+                               registry=registry, buckets=TTFT_BUCKETS_S)  # fmt: skip
+        self._ttft_normalized = [
+            (allowance, normalized.labels(model_name, engine, *allowance.labels().values()))
+            for allowance in ttft_allowances
+        ]
         self._running = bound.gauge(RUNNING, "Requests in the running batch.", "sum")
         self._waiting = bound.gauge(WAITING, "Requests waiting to be scheduled.", "sum")
         self._kv_usage = bound.gauge(KV_CACHE_USAGE, "Fraction of KV cache blocks in use (0..1).", "mostrecent")
@@ -163,6 +183,10 @@ class PrometheusStatsSink:
             self._queue.observe(fin.queue_s)
             self._prefill.observe(fin.prefill_s)
             self._decode.observe(fin.decode_s)
+            self._prompt_lengths.observe(fin.prompt_tokens)
+            if fin.ttft_s is not None:
+                for allowance, histogram in self._ttft_normalized:
+                    histogram.observe(allowance.normalized_s(fin.ttft_s, fin.prompt_tokens))
             counter = self._success.get(fin.finish_reason)
             if counter is not None:
                 counter.inc()

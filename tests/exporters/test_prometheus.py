@@ -151,3 +151,24 @@ def test_each_sink_uses_only_its_own_registry() -> None:
     PrometheusStatsSink(b, model_name="m", engine="1")
     assert a.get_sample_value("vllm:prompt_tokens_total", LABELS) == 10
     assert b.get_sample_value("vllm:prompt_tokens_total", {"model_name": "m", "engine": "1"}) == 0
+
+
+def test_normalized_ttft_subtracts_the_long_prompt_allowance() -> None:
+    from dataclasses import replace
+
+    from contracts.ttft_objective import TtftAllowance
+
+    reg = CollectorRegistry()
+    allowance = TtftAllowance(1000, 0.05)
+    sink = PrometheusStatsSink(reg, model_name="m", ttft_allowances=(allowance,))
+    # 5,000-token prompt: 0.2 s allowance, so 0.7 s of TTFT is 0.5 normalized (good); 0.71 s is not.
+    long_good = replace(finished(), prompt_tokens=5000, ttft_s=0.7)
+    long_bad = replace(finished(), prompt_tokens=5000, ttft_s=0.76)
+    short = replace(finished(), prompt_tokens=800, ttft_s=0.5)
+    sink.record(step(finished=(long_good, long_bad, short)))
+    labels = {**LABELS, "reference_prompt_tokens": "1000", "per_1k_prompt_tokens_s": "0.05"}
+    get = reg.get_sample_value
+    assert get("moeslo_ttft_normalized_seconds_bucket", {**labels, "le": "0.5"}) == 2
+    assert get("moeslo_ttft_normalized_seconds_count", labels) == 3
+    assert get("vllm:request_prompt_tokens_bucket", {**LABELS, "le": "1000.0"}) == 1
+    assert get("vllm:request_prompt_tokens_count", LABELS) == 3
