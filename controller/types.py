@@ -136,6 +136,9 @@ class SliSnapshot:
     itl_good_ratio_by_window: Mapping[str, float] = field(default_factory=dict)
     imbalance_cv_per_layer: tuple[float, ...] = ()
     """CV (stddev / mean) of per-rank expert load, one value per MoE layer."""
+    prompt_tokens_buckets: tuple[tuple[float, float], ...] = ()
+    """Finished requests by prompt length over the window: (upper edge in tokens, cumulative count), in edge
+    order (``vllm:request_prompt_tokens``); the advisors count from it the requests no fleet can serve."""
 
     @property
     def imbalance_cv_max(self) -> float | None:
