@@ -64,10 +64,17 @@ class TtftAllowance:
         return self.normalized_s(ttft_s, prompt_tokens) <= threshold_s
 
     def is_infeasible(
-        self, prompt_tokens: float, threshold_s: float, *, overhead_s: float, prefill_tokens_per_s: float
+        self,
+        prompt_tokens: float,
+        threshold_s: float,
+        *,
+        overhead_s: float,
+        prefill_tokens_per_s: float,
+        uncached_tokens: float | None = None,
     ) -> bool:
-        """Even an idle replica prefilling ``prompt_tokens`` at full speed misses the objective."""
-        idle_ttft = overhead_s + prompt_tokens / prefill_tokens_per_s
+        """Even an idle replica prefilling the prompt's uncached tokens at full speed misses the objective."""
+        computed = prompt_tokens if uncached_tokens is None else uncached_tokens
+        idle_ttft = overhead_s + computed / prefill_tokens_per_s
         return idle_ttft - self.allowance_s(prompt_tokens) > threshold_s
 
     def longest_feasible_prompt(self, threshold_s: float, *, overhead_s: float, prefill_tokens_per_s: float) -> float:

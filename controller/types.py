@@ -166,6 +166,9 @@ class PolicyObservation:
     """Mean KV-cache usage over ready replicas, a fraction in [0, 1]."""
     replica_budget: int | None = None
     """Most replicas the actuator can run for this policy now (None: no limit it knows of)."""
+    prefix_cache_hit_rate: float | None = None
+    """Share of prompt tokens found in the engines' prefix caches over the SLI window (``vllm:prefix_cache_hits``
+    over ``vllm:prefix_cache_queries``); None: the engines do not report one."""
     sli: SliSnapshot | None = None
     errors: tuple[str, ...] = ()
     """Problems the source met (a failed query, an unreachable replica); empty when all went well."""
