@@ -38,6 +38,10 @@ PROMPT_TOKENS = "vllm:prompt_tokens"
 GENERATION_TOKENS = "vllm:generation_tokens"
 PREEMPTIONS = "vllm:num_preemptions"
 REQUEST_SUCCESS = "vllm:request_success"
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+"""Prompt tokens looked up in the prefix cache (vLLM's counter)."""
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+"""Of them, tokens found cached (vLLM's counter): hits over queries is the hit rate the capacity model uses."""
 PROMPT_TOKENS_HISTOGRAM = "vllm:request_prompt_tokens"
 """Prompt tokens per finished request (vLLM's name and buckets): the length distribution the controller
 reads to count requests no fleet can serve within a long-prompt TTFT objective."""
@@ -334,6 +338,8 @@ __all__ = [
     "PLACEMENT_SWAP_DURATION_HISTOGRAM",
     "PREEMPTIONS",
     "PREFILL_TIME_HISTOGRAM",
+    "PREFIX_CACHE_HITS",
+    "PREFIX_CACHE_QUERIES",
     "PROMPT_TOKENS",
     "PROMPT_TOKENS_BUCKETS",
     "PROMPT_TOKENS_HISTOGRAM",

@@ -11,8 +11,9 @@ or the documented default).  Its latency model, shared with the replay simulator
 - running sequences follow Little's law, ``b = rate * output_tokens * ITL``;
 - KV cache holds ``kv_capacity_tokens``.
 
-TTFT's quantile comes from an M/G/1 queue (Pollaczek-Khinchine mean wait, an
-exponential tail), ITL's from the Poisson spread of ``b``.  TTFT is the objective's
+TTFT's quantile comes from an M/G/N queue behind least-loaded routing (a request waits
+with the Erlang-C probability, then an exponential time of the Lee-Longton mean; one
+replica is the Pollaczek-Khinchine M/G/1 queue), ITL's from the Poisson spread of ``b``.  TTFT is the objective's
 *normalized* TTFT (:mod:`contracts.ttft_objective`): a prompt's long-prompt allowance is
 taken off its prefill.  Prompts no replica can serve within the objective (beyond
 :meth:`CapacityModel.longest_feasible_prompt`) cannot be helped by more replicas: the tail's
@@ -257,7 +258,8 @@ class CapacityModel:
         running = decode_tokens_per_s * p.itl_base_s / free
         itl_mean = p.step_s(running) / (1.0 - rho_p)
         itl_p99 = p.step_s(running + _Z99 * math.sqrt(max(running, 1.0))) / (1.0 - rho_p)
-        # TTFT: M/G/1 FIFO prefill queue, service at the prefill rate beside `running` decoders.
+        # TTFT: a prefill queue per replica (service at the prefill rate beside `running` decoders),
+        # requests routed to the least-loaded replica: M/G/N waits (see _waits).
         prefill_rate = p.prefill_rate(running)
         mean_service = load.mean_prompt_tokens * uncached / prefill_rate
         rho = rate * mean_service
@@ -267,9 +269,7 @@ class CapacityModel:
         if rho >= 1.0:
             ttft_p99 = inf
         else:
-            second_moment = (1.0 + t.prompt_cv2) * mean_service**2
-            mean_wait = rate * second_moment / (2.0 * (1.0 - rho)) if rho > 0 else 0.0
-            wait_p99 = (mean_wait / rho) * math.log(rho / 0.01) if rho > 0.01 else 0.0
+            mean_wait, wait_p99 = _waits(replicas, rho, mean_service, t.prompt_cv2)
             # The p99 of wait + service is dominated by whichever tail is heavier: a long queue,
             # or one of the longest prompts behind a typical queue.
             ttft_p99 = p.ttft_overhead_s + max(wait_p99 + typical, mean_wait + tail)
@@ -411,6 +411,30 @@ class CapacityModel:
             return 0
         drain_rate = queue_depth / max(drain_s, 1.0)
         return self.replicas_needed(load.scaled(1.0 + drain_rate / load.request_rate_rps))
+
+
+def _waits(replicas: int, rho: float, mean_service_s: float, service_cv2: float) -> tuple[float, float]:
+    """Mean and p99 prefill wait of ``replicas`` servers at utilization ``rho`` behind least-loaded routing.
+
+    M/G/N with the Lee-Longton approximation: a request waits with the Erlang-C probability
+    ``C(N, N rho)``, and then for an exponential time of mean ``(1 + cv2) / 2 * S / (N (1 - rho))``.
+    With one replica this is the Pollaczek-Khinchine M/G/1 queue.
+    """
+    if rho <= 0:
+        return 0.0, 0.0
+    waiting = _erlang_c(replicas, rho)
+    conditional = (1.0 + service_cv2) / 2.0 * mean_service_s / (replicas * (1.0 - rho))
+    p99 = conditional * math.log(waiting / 0.01) if waiting > 0.01 else 0.0
+    return waiting * conditional, p99
+
+
+def _erlang_c(servers: int, rho: float) -> float:
+    """Probability that an arrival waits in M/M/N at per-server utilization ``rho`` (Erlang B recursion)."""
+    offered = servers * rho
+    blocking = 1.0
+    for k in range(1, servers + 1):
+        blocking = offered * blocking / (k + offered * blocking)
+    return blocking / (1.0 - rho * (1.0 - blocking))
 
 
 def _ewma(previous: float, observed: float, weight: float = 0.2, low: float = 0.5, high: float = 2.0) -> float:

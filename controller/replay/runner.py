@@ -18,14 +18,14 @@ from functools import cached_property
 import numpy as np
 
 from contracts.slo_defaults import LEAD_TIME_S
-from contracts.traces import PREFIX_BLOCK_TOKENS, FloatArray
+from contracts.traces import PREFIX_BLOCK_TOKENS, FloatArray, IntArray
 from controller.capacity import CapacityModel, Load, ReplicaProfile, Targets
 from controller.replay.dynamo import DynamoPlanner, PlannerSettings
 from controller.replay.fleet import RequestFleet
 from controller.replay.fluid import FluidFleet
 from controller.replay.prefix_cache import pooled_hit_rate
 from controller.replay.scoring import Score, TickOutcomes, score
-from controller.replay.settings import Setting
+from controller.replay.settings import Setting, parse_setting
 from controller.replay.signals import FleetView, MetricsPipeline
 from controller.replay.strategies import (
     CoreStrategy,
@@ -99,13 +99,27 @@ class ReplayContext:
         self.truth = ProfileCache(profile, config.world, self.true_targets)
         self._true_needs: dict[float, FloatArray] = {}
         self.initial_replicas = self._initial_replicas()
+        self.max_replicas = config.max_replicas or min(2 * self.peak_need(config.targets.headroom), 10_000)
         requests = workload.requests
         if requests is not None and requests.prefix_blocks is not None:
-            pooled = self.initial_replicas * (profile.kv_capacity_tokens // PREFIX_BLOCK_TOKENS)
-            self.truth = ProfileCache(profile, config.world, self.true_targets,
-                                      pooled_hit_rate(requests.prompt_tokens, requests.prefix_blocks, pooled))
-            self.initial_replicas = self._initial_replicas()
-        self.max_replicas = config.max_replicas or min(2 * self.peak_need(config.targets.headroom), 10_000)
+            self._calibrate_hit_rate(requests.prompt_tokens, requests.prefix_blocks)
+
+    def _calibrate_hit_rate(self, prompts: IntArray, blocks: tuple[IntArray, ...]) -> None:
+        """The oracle's prefix-cache hit rate: what its own fleet achieves on this trace.
+
+        First guess: one LRU as large as the initial fleet's caches together; then the oracle runs once
+        with it, and the hit rate its fleet achieved is what the true world is sized with.
+        """
+        pooled = self.initial_replicas * (self.profile.kv_capacity_tokens // PREFIX_BLOCK_TOKENS)
+        self._set_hit_rate(pooled_hit_rate(prompts, blocks, pooled))
+        outcomes = run_setting(parse_setting("oracle"), self).outcomes
+        if outcomes.cached_tokens is not None and outcomes.prompt_tokens is not None:
+            self._set_hit_rate(float(outcomes.cached_tokens.sum()) / max(float(outcomes.prompt_tokens.sum()), 1.0))
+
+    def _set_hit_rate(self, hit_rate: float) -> None:
+        self.truth = ProfileCache(self.profile, self.config.world, self.true_targets, hit_rate)
+        self._true_needs.clear()
+        self.initial_replicas = self._initial_replicas()
 
     def _initial_replicas(self) -> int:
         """What the true load of the first start-up time needs (every policy starts with it)."""

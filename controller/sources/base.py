@@ -16,6 +16,8 @@ from typing import Protocol
 from contracts.catalogue import (
     GENERATION_TOKENS,
     ITL_HISTOGRAM,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
     PROMPT_TOKENS,
     REQUEST_SUCCESS,
     TTFT_HISTOGRAM,
@@ -30,6 +32,8 @@ HISTOGRAMS: Mapping[str, str] = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM}
 REQUESTS_TOTAL = total(REQUEST_SUCCESS)
 PROMPT_TOKENS_TOTAL = total(PROMPT_TOKENS)
 GENERATION_TOKENS_TOTAL = total(GENERATION_TOKENS)
+PREFIX_QUERIES_TOTAL = total(PREFIX_CACHE_QUERIES)
+PREFIX_HITS_TOTAL = total(PREFIX_CACHE_HITS)
 
 SHORT_WINDOW = "5m"
 """The window of ``SliSnapshot.ttft_good_ratio`` and the p99s."""

@@ -41,6 +41,8 @@ from controller.policy import Policy
 from controller.sources.base import (
     GENERATION_TOKENS_TOTAL,
     HISTOGRAMS,
+    PREFIX_HITS_TOTAL,
+    PREFIX_QUERIES_TOTAL,
     PROMPT_TOKENS_TOTAL,
     QUANTILE,
     REQUESTS_TOTAL,
@@ -157,6 +159,10 @@ class PrometheusSource:
         queries["prompt_lengths"] = (
             f"sum by (model_name, le) (increase({PROMPT_TOKENS_HISTOGRAM}_bucket{sel}[{SHORT_WINDOW}]))"
         )
+        queries["prefix_hit_rate"] = (
+            f"sum by (model_name) (increase({PREFIX_HITS_TOTAL}{sel}[{SHORT_WINDOW}])) "
+            f"/ sum by (model_name) (increase({PREFIX_QUERIES_TOTAL}{sel}[{SHORT_WINDOW}]))"
+        )
         queries["waiting"] = f"sum by (model_name) ({WAITING}{sel})"
         queries["running"] = f"sum by (model_name) ({RUNNING}{sel})"
         queries["engines"] = f"count by (model_name) ({RUNNING}{sel})"
@@ -253,6 +259,7 @@ class PrometheusSource:
             prompt_tokens_per_s=_value(results.get("prompt_tokens"), model),
             output_tokens_per_s=_value(results.get("output_tokens"), model),
             kv_cache_usage=_value(results.get("kv"), model),
+            prefix_cache_hit_rate=_value(results.get("prefix_hit_rate"), model),
             sli=sli,
             errors=tuple(dict.fromkeys(problems)),
         )

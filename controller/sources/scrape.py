@@ -36,6 +36,8 @@ from controller.policy import Policy, parse_duration_s
 from controller.sources.base import (
     GENERATION_TOKENS_TOTAL,
     HISTOGRAMS,
+    PREFIX_HITS_TOTAL,
+    PREFIX_QUERIES_TOTAL,
     PROMPT_TOKENS_TOTAL,
     QUANTILE,
     RATE_WINDOW_S,
@@ -54,7 +56,13 @@ from controller.types import PolicyObservation, SliSnapshot
 
 FINE_HISTORY_S = 3600.0
 COARSE_SPACING_S = 300.0
-_COUNTERS = {REQUESTS_TOTAL: "requests", PROMPT_TOKENS_TOTAL: "prompt_tokens", GENERATION_TOKENS_TOTAL: "output_tokens"}
+_COUNTERS = {
+    REQUESTS_TOTAL: "requests",
+    PROMPT_TOKENS_TOTAL: "prompt_tokens",
+    GENERATION_TOKENS_TOTAL: "output_tokens",
+    PREFIX_QUERIES_TOTAL: "prefix_queries",
+    PREFIX_HITS_TOTAL: "prefix_hits",
+}
 
 
 @dataclass
@@ -337,6 +345,7 @@ class ScrapeSource:
             prompt_tokens_per_s=_rate(history, "prompt_tokens", now_s),
             output_tokens_per_s=_rate(history, "output_tokens", now_s),
             kv_cache_usage=sum(kv_values) / len(kv_values) if kv_values else None,
+            prefix_cache_hit_rate=_hit_rate(history, now_s),
             sli=sli if live or by_window["ttft"] or by_window["itl"] else None,
             errors=tuple(errors),
         )
@@ -364,6 +373,16 @@ def _short_window_buckets(history: _ModelHistory, series: str, now_s: float) -> 
 def _edges(totals: Mapping[str, float], slo: str) -> list[float]:
     prefix = f"{slo}:le:"
     return [float(key[len(prefix) :]) for key in totals if key.startswith(prefix)]
+
+
+def _hit_rate(history: _ModelHistory, now_s: float) -> float | None:
+    """Prefix-cache hits over queries in the short window (None: the engines report no lookups)."""
+    window_s = float(parse_duration_s(SHORT_WINDOW))
+    queries = history.increase("prefix_queries", now_s, window_s)
+    hits = history.increase("prefix_hits", now_s, window_s)
+    if queries is None or hits is None or queries[0] <= 0:
+        return None
+    return min(max(hits[0] / queries[0], 0.0), 1.0)
 
 
 def _rate(history: _ModelHistory, key: str, now_s: float) -> float | None:
