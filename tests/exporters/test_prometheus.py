@@ -172,3 +172,19 @@ def test_normalized_ttft_subtracts_the_long_prompt_allowance() -> None:
     assert get("moeslo_ttft_normalized_seconds_count", labels) == 3
     assert get("vllm:request_prompt_tokens_bucket", {**LABELS, "le": "1000.0"}) == 1
     assert get("vllm:request_prompt_tokens_count", LABELS) == 3
+
+
+def test_the_vllm_observer_writes_the_engine_exporters_series() -> None:
+    from types import SimpleNamespace
+
+    from exporters.ttft_normalized import NormalizedTtftObserver, finished_ttfts
+
+    reg = CollectorRegistry()
+    observer = NormalizedTtftObserver(reg)
+    # vLLM's finished-request stats: TTFT is queue + prefill (0.7 s at 5,000 tokens: 0.5 normalized, good).
+    finished = [SimpleNamespace(queued_time=0.2, prefill_time=0.5, num_prompt_tokens=5000),
+                SimpleNamespace(queued_time=0.3, prefill_time=0.3, num_prompt_tokens=900)]
+    observer.observe("m", "0", finished_ttfts(finished))
+    labels = {**LABELS, "reference_prompt_tokens": "1000", "per_1k_prompt_tokens_s": "0.05"}
+    assert reg.get_sample_value("moeslo_ttft_normalized_seconds_bucket", {**labels, "le": "0.5"}) == 1
+    assert reg.get_sample_value("moeslo_ttft_normalized_seconds_count", labels) == 2
