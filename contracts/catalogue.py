@@ -84,6 +84,8 @@ FORECAST_COVERAGE = "moeslo_forecast_interval_coverage"
 FORECAST_RELIABLE = "moeslo_forecast_reliable"
 FORECAST_HISTORY = "moeslo_forecast_history_seconds"
 HOST_REPLICA_BUDGET = "moeslo_replica_budget"
+TTFT_INFEASIBLE_SHARE = "moeslo_ttft_infeasible_share"
+TTFT_INFEASIBLE_REQUESTS = "moeslo_ttft_infeasible_requests"
 ROUTER_REQUESTS = "moeslo_router_requests"
 ROUTER_PREDICTED_TTFT_HISTOGRAM = "moeslo_router_predicted_ttft_seconds"
 ROUTER_OBSERVED_TTFT_HISTOGRAM = "moeslo_router_observed_ttft_seconds"
@@ -370,6 +372,8 @@ __all__ = [
     "TOTAL_EVENTS_RECORD",
     "TTFT_BUCKETS_S",
     "TTFT_HISTOGRAM",
+    "TTFT_INFEASIBLE_REQUESTS",
+    "TTFT_INFEASIBLE_SHARE",
     "TTFT_NORMALIZED_HISTOGRAM",
     "VLLM_BUCKETS_BY_METRIC",
     "VLLM_BUCKET_FAMILIES",

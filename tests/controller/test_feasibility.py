@@ -58,3 +58,32 @@ def test_scale_up_signals_judge_ttft_over_the_feasible_requests() -> None:
     assert view.sli.ttft_p99_s is None  # the infeasible tail owns the p99
     assert view.sli.itl_good_ratio == 0.99
     assert feasible_view(obs, 0.0) is obs and feasible_view(obs, None) is obs
+
+
+def _tick(buckets: tuple[tuple[float, float], ...]) -> tuple[int | None, tuple[str, ...], object]:
+    from controller.builder import CoreOptions, build_decision_core
+    from controller.policy import ForecastSettings, LocalTarget, Policy
+    from controller.types import TickInput
+
+    core = build_decision_core(CoreOptions(isolate_advisor_errors=False))
+    policy = Policy(name="p", target=LocalTarget(), forecast=ForecastSettings(enabled=False))
+    # A fifth of the requests have 50k-token prompts (no replica prefills them in 500 ms) and all of
+    # them miss: the TTFT SLI burns at 20x, yet every feasible request met the objective.
+    sli = SliSnapshot(observed_at_s=100.0, requests_in_window=500.0, ttft_good_ratio=0.8, itl_good_ratio=1.0,
+                      ttft_p99_s=2.5, itl_p99_s=0.01, ttft_good_ratio_by_window={"5m": 0.8},
+                      prompt_tokens_buckets=buckets)  # fmt: skip
+    obs = PolicyObservation(policy="p", observed_at_s=100.0, current_replicas=4, ready_replicas=4, queue_depth=0.0,
+                            running_requests=8.0, request_rate_rps=2.0, prompt_tokens_per_s=2.0 * 11_000,
+                            output_tokens_per_s=200.0, kv_cache_usage=0.3, sli=sli)  # fmt: skip
+    decision = core.tick(TickInput(now_s=100.0, policies={"p": policy}, observations={"p": obs})).for_policy("p")
+    return decision.desired_replicas, decision.reasons, decision.inputs.get("sizing.ttft_infeasible_share")
+
+
+def test_infeasible_requests_never_drive_a_scale_up() -> None:
+    lengths = ((1000.0, 100.0), (2000.0, 400.0), (50000.0, 400.0), (100000.0, 500.0), (math.inf, 500.0))
+    desired, reasons, share = _tick(lengths)
+    assert share == pytest.approx(0.2)
+    assert "slo_burn" not in reasons and "latency_p99" not in reasons and desired is not None and desired <= 4
+    # The same SLIs without lengths to tell the infeasible requests apart: the burn asks for replicas.
+    desired, reasons, share = _tick(())
+    assert share is None and "slo_burn" in reasons and desired is not None and desired > 4
