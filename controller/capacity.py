@@ -7,7 +7,9 @@ or the documented default).  Its latency model, shared with the replay simulator
 - prefill runs in chunks of ``prefill_chunk_tokens`` inside decode steps, so a prompt
   is prefilled at ``chunk / (step(b) + chunk / prefill_tokens_per_s)`` tokens/s, FIFO;
 - the GPU spends ``rho_p = prompt tokens/s / prefill_tokens_per_s`` of its time on
-  prefill, which stretches every decode step: mean ITL = ``step(b) / (1 - rho_p)``;
+  prefill, which stretches every decode step: mean ITL = ``step(b) / (1 - rho_p)``; the
+  p99 ITL takes the p99 of that share over :data:`PREFILL_SHARE_WINDOW_S` (prefill arrives
+  in bursts, one prompt at a time: a compound Poisson sum);
 - running sequences follow Little's law, ``b = rate * output_tokens * ITL``;
 - KV cache holds ``kv_capacity_tokens``.
 
@@ -41,6 +43,8 @@ from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
 from contracts.ttft_objective import FLAT, TtftAllowance
 
 _Z99 = 2.326  # standard normal 99th percentile
+PREFILL_SHARE_WINDOW_S = 15.0
+"""Span over which a replica's prefill share stretches the decodes beside it (about a request's decode)."""
 MAX_REPLICAS = 100_000
 
 
@@ -257,24 +261,14 @@ class CapacityModel:
             )
         running = decode_tokens_per_s * p.itl_base_s / free
         itl_mean = p.step_s(running) / (1.0 - rho_p)
-        itl_p99 = p.step_s(running + _Z99 * math.sqrt(max(running, 1.0))) / (1.0 - rho_p)
-        # TTFT: a prefill queue per replica (service at the prefill rate beside `running` decoders),
-        # requests routed to the least-loaded replica: M/G/N waits (see _waits).
-        prefill_rate = p.prefill_rate(running)
-        mean_service = load.mean_prompt_tokens * uncached / prefill_rate
-        rho = rate * mean_service
-        # The objective's own service time of the mean prompt and of the tail prompt it is sized for.
-        typical = self._normalized_service(load.mean_prompt_tokens, prefill_rate)
-        tail = self._tail_service(load.mean_prompt_tokens, prefill_rate)
-        if rho >= 1.0:
-            ttft_p99 = inf
-        else:
-            mean_wait, wait_p99 = _waits(replicas, rho, mean_service, t.prompt_cv2)
-            # The p99 of wait + service is dominated by whichever tail is heavier: a long queue,
-            # or one of the longest prompts behind a typical queue.
-            ttft_p99 = p.ttft_overhead_s + max(wait_p99 + typical, mean_wait + tail)
+        # The prefill share differs between replicas and over time: one long prompt is a burst of
+        # prefill. Its p99 over a window (compound Poisson) stretches the slowest decodes.
+        prefill_s = load.mean_prompt_tokens * uncached / p.prefill_tokens_per_s
+        spread = math.sqrt(rate * (1.0 + t.prompt_cv2) * prefill_s**2 / PREFILL_SHARE_WINDOW_S)
+        rho_busy = min(rho_p + _Z99 * spread, 0.95)
+        itl_p99 = p.step_s(running + _Z99 * math.sqrt(max(running, 1.0))) / (1.0 - rho_busy)
+        ttft_p99, floor = self._ttft_p99(load, replicas, running)
         kv_tokens = running * (load.mean_prompt_tokens + load.mean_output_tokens / 2.0)
-        floor = p.ttft_overhead_s + max(tail, typical)
         return Prediction(
             replicas=replicas,
             ttft_p99_s=ttft_p99,
@@ -285,6 +279,27 @@ class CapacityModel:
             kv_utilization=kv_tokens / p.kv_capacity_tokens,
             ttft_floor_s=floor,
         )
+
+    def _ttft_p99(self, load: Load, replicas: int, running: float) -> tuple[float, float]:
+        """p99 of the objective's (normalized) TTFT, and its floor: the tail's own prefill with no queue.
+
+        A prefill queue per replica (service at the prefill rate beside ``running`` decoders), requests
+        routed to the least-loaded replica: M/G/N waits (see :func:`_waits`).
+        """
+        p, t = self.profile, self.targets
+        prefill_rate = p.prefill_rate(running)
+        mean_service = load.mean_prompt_tokens * (1.0 - self.prefix_hit_rate) / prefill_rate
+        rho = load.request_rate_rps / replicas * mean_service
+        # The objective's own service time of the mean prompt and of the p99 tail prompt.
+        typical = self._normalized_service(load.mean_prompt_tokens, prefill_rate)
+        tail = self._tail_service(load.mean_prompt_tokens, prefill_rate)
+        floor = p.ttft_overhead_s + max(tail, typical)
+        if rho >= 1.0:
+            return math.inf, floor
+        mean_wait, wait_p99 = _waits(replicas, rho, mean_service, t.prompt_cv2)
+        # The p99 of wait + service is dominated by whichever tail is heavier: a long queue,
+        # or one of the longest prompts behind a typical queue.
+        return p.ttft_overhead_s + max(wait_p99 + typical, mean_wait + tail), floor
 
     def _normalized_service(self, prompt_tokens: float, prefill_rate: float) -> float:
         """Prefill of a prompt's uncached tokens minus its long-prompt allowance (at least 0)."""

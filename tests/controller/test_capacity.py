@@ -88,8 +88,8 @@ def test_more_load_needs_more_replicas_and_zero_needs_none() -> None:
 
 
 def test_correction_from_slow_observations_raises_the_need() -> None:
-    model = CapacityModel()
-    heavy = load(50.0, prompt=2000.0, output=50.0)  # TTFT binds (not ITL)
+    model = CapacityModel(DEFAULT_PROFILE, Targets(itl_s=1.0))  # TTFT binds, not ITL
+    heavy = load(50.0, prompt=2000.0, output=50.0)
     base = model.replicas_needed(heavy)
     predicted = model.predict(heavy, base)
     for _ in range(10):
