@@ -75,3 +75,23 @@ def test_mooncake_hash_ids_are_read_and_kept_through_windows(tmp_path: Path) -> 
     doubled = trace.rate_scale(2.0, seed=1)
     assert doubled.prefix_blocks is not None and len(doubled.prefix_blocks) == 2 * len(trace)
     assert trace.speedup(2.0).prefix_blocks is trace.prefix_blocks
+
+
+def test_fluid_mode_judges_the_same_long_prompt_objective() -> None:
+    from contracts.ttft_objective import TtftAllowance
+    from controller.replay.fluid import FluidFleet
+
+    # 12k-token prompts: the flat 500 ms is out of reach for every one of them; with 50 ms per 1k beyond
+    # 1k tokens, a fleet with room meets it.
+    rates = np.full(20, 1.0)
+    prompts = np.full(200, 12_000, dtype=np.int64)
+    attained = {}
+    for per_1k in (0.0, 0.05):
+        targets = Targets(ttft_allowance=TtftAllowance(1000, per_1k))
+        fleet = FluidFleet(rates, rates * 12_000.0, rates * 50.0, ProfileCache(DEFAULT_PROFILE, World(), targets),
+                           initial_replicas=8, tick_s=15, prompt_samples=prompts)  # fmt: skip
+        for k in range(20):
+            fleet.advance((k + 1) * 15.0)
+        outcomes = fleet.outcomes(20)
+        attained[per_1k] = float(outcomes.good_ttft.sum() / outcomes.requests.sum())
+    assert attained[0.0] < 0.05 and attained[0.05] > 0.95
