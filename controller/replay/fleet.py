@@ -173,6 +173,7 @@ class RequestFleet:
         ready: list[_Replica] = []
         backlog = np.zeros(0)
         decoders = np.zeros(0)
+        hits = np.zeros(0, dtype=np.int64)
         for i in range(start_index, end):
             t = float(arrival[i])
             if t >= next_refresh:
@@ -198,7 +199,7 @@ class RequestFleet:
             prompt = int(prompts[i])
             cached = 0
             if blocks is not None and replica.cache is not None:
-                cached = replica.cache.cached_tokens(blocks[i], prompt)
+                cached = int(hits[choice]) if choice >= 0 else replica.cache.cached_tokens(blocks[i], prompt)
                 replica.cache.admit(blocks[i], prompt)
                 self.cached_tokens[i] = cached
             output = int(outputs[i])
