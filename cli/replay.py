@@ -42,6 +42,12 @@ def replay(
     drift_per_day: Annotated[float, typer.Option(help="True capacity drift per simulated day (-0.05).")] = 0.0,
     prompt_tail: Annotated[float, typer.Option(help="Prompts beyond their p90 get the excess x this.")] = 1.0,
     scrape: Annotated[float, typer.Option(help="Prometheus scrape interval (s).")] = 30.0,
+    ttft_per_1k: Annotated[
+        float, typer.Option(help="TTFT objective's allowance per 1,000 prompt tokens beyond the reference (s).")
+    ] = 0.0,
+    ttft_reference_tokens: Annotated[
+        int, typer.Option(help="Prompt length the TTFT threshold is stated for (tokens).")
+    ] = 1000,
     warmup: Annotated[float, typer.Option(help="Scored apart at the start (s).")] = 1800.0,
     window: Annotated[
         list[str] | None, typer.Option(help="Extra scoring windows NAME=START:END in seconds (END may be empty).")
@@ -65,6 +71,7 @@ def replay(
             lengths=lengths, mode=mode, tick_s=tick, startup_s=startup, startup_jitter=startup_jitter,
             capacity_error=capacity_error, drift_per_day=drift_per_day, prompt_tail=prompt_tail, scrape_s=scrape,
             warmup_s=warmup, refit_every=refit_every, start_s=start, duration_s=duration, seed=seed,
+            ttft_per_1k_s=ttft_per_1k, ttft_reference_tokens=ttft_reference_tokens,
         )  # fmt: skip
         if sweep:
             names = [p.strip() for p in policies.split(",") if p.strip()]

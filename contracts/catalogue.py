@@ -38,12 +38,21 @@ PROMPT_TOKENS = "vllm:prompt_tokens"
 GENERATION_TOKENS = "vllm:generation_tokens"
 PREEMPTIONS = "vllm:num_preemptions"
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+"""Prompt tokens looked up in the prefix cache (vLLM's counter)."""
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+"""Of them, tokens found cached (vLLM's counter): hits over queries is the hit rate the capacity model uses."""
 REQUEST_SUCCESS = "vllm:request_success"
 REQUEST_PROMPT_TOKENS_HISTOGRAM = "vllm:request_prompt_tokens"
+"""Prompt tokens per finished request (vLLM's name and buckets): also the length distribution the controller
+reads to count requests no fleet can serve within a long-prompt TTFT objective."""
 REQUEST_GENERATION_TOKENS_HISTOGRAM = "vllm:request_generation_tokens"
 REQUEST_MAX_GENERATION_TOKENS_HISTOGRAM = "vllm:request_max_num_generation_tokens"
 """Per request: the most tokens any of its choices generated (vLLM's parallel sampling; one choice: its count)."""
+TTFT_NORMALIZED_HISTOGRAM = "moeslo_ttft_normalized_seconds"
+"""TTFT minus the long-prompt allowance (``contracts.ttft_objective``), one series per allowance, labelled
+with it: its good count at ``le=threshold_s`` is the length-aware TTFT objective's."""
+REFERENCE_PROMPT_TOKENS_LABEL = "reference_prompt_tokens"
+PER_1K_PROMPT_TOKENS_LABEL = "per_1k_prompt_tokens_s"
 
 EXPERT_TOKENS = "moe_expert_tokens"
 RANK_TOKENS = "moe_rank_tokens"
@@ -78,6 +87,8 @@ FORECAST_COVERAGE = "moeslo_forecast_interval_coverage"
 FORECAST_RELIABLE = "moeslo_forecast_reliable"
 FORECAST_HISTORY = "moeslo_forecast_history_seconds"
 HOST_REPLICA_BUDGET = "moeslo_replica_budget"
+TTFT_INFEASIBLE_SHARE = "moeslo_ttft_infeasible_share"
+TTFT_INFEASIBLE_REQUESTS = "moeslo_ttft_infeasible_requests"
 ROUTER_REQUESTS = "moeslo_router_requests"
 ROUTER_PREDICTED_TTFT_HISTOGRAM = "moeslo_router_predicted_ttft_seconds"
 ROUTER_OBSERVED_TTFT_HISTOGRAM = "moeslo_router_observed_ttft_seconds"
@@ -191,6 +202,10 @@ def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
         power *= 10
 
 
+PROMPT_TOKENS_BUCKETS: tuple[float, ...] = request_tokens_buckets(1_000_000)
+"""vLLM's 1-2-5 edges of ``vllm:request_prompt_tokens`` to a million tokens (an engine stops at its
+``max_model_len``): the replay's simulated length histogram."""
+
 SWAP_DURATION_BUCKETS_S: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Edges of ``moe_placement_swap_duration_seconds``."""
 
@@ -211,6 +226,7 @@ ROUTER_TTFT_ERROR_BUCKETS_S: tuple[float, ...] = (
 
 BUCKETS_BY_METRIC: dict[str, tuple[float, ...]] = {
     TTFT_HISTOGRAM: TTFT_BUCKETS_S,
+    TTFT_NORMALIZED_HISTOGRAM: TTFT_BUCKETS_S,
     ITL_HISTOGRAM: ITL_BUCKETS_S,
 }
 """The edges moeslo's exporter writes, by histogram name."""
@@ -331,6 +347,7 @@ __all__ = [
     "OTEL_TIME_PER_OUTPUT_TOKEN_HISTOGRAM",
     "OTEL_TTFT_HISTOGRAM",
     "OUTCOME_LABEL",
+    "PER_1K_PROMPT_TOKENS_LABEL",
     "PLACEMENT_BALANCEDNESS",
     "PLACEMENT_EXPERTS_MOVED",
     "PLACEMENT_HELP",
@@ -340,11 +357,15 @@ __all__ = [
     "PLACEMENT_SWAP_DURATION_HISTOGRAM",
     "PREEMPTIONS",
     "PREFILL_TIME_HISTOGRAM",
+    "PREFIX_CACHE_HITS",
+    "PREFIX_CACHE_QUERIES",
     "PROMPT_TOKENS",
+    "PROMPT_TOKENS_BUCKETS",
     "QUEUE_TIME_HISTOGRAM",
     "RANK_LABEL",
     "RANK_TOKENS",
     "REBALANCES",
+    "REFERENCE_PROMPT_TOKENS_LABEL",
     "REPLICA_LABEL",
     "REQUEST_LATENCY_BUCKETS_S",
     "REQUEST_SUCCESS",
@@ -367,6 +388,9 @@ __all__ = [
     "TOTAL_EVENTS_RECORD",
     "TTFT_BUCKETS_S",
     "TTFT_HISTOGRAM",
+    "TTFT_INFEASIBLE_REQUESTS",
+    "TTFT_INFEASIBLE_SHARE",
+    "TTFT_NORMALIZED_HISTOGRAM",
     "VLLM_BUCKETS_BY_METRIC",
     "VLLM_BUCKET_FAMILIES",
     "VLLM_CUSTOM_BUCKETS_FLAG",

@@ -38,6 +38,8 @@ _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 _COUNT_COLUMNS = ("Time", "TIMESTAMP")
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
+PREFIX_BLOCK_TOKENS = 512
+"""Tokens per prefix block of Mooncake's ``hash_ids``."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,11 +52,23 @@ class RequestTrace:
     output_tokens: IntArray
     start_epoch_s: float | None = None
     """Wall-clock (Unix, UTC where the format says so) time of ``arrival_s == 0``, if known."""
+    prefix_blocks: tuple[IntArray, ...] | None = None
+    """Per request, the hash IDs of its prompt's KV blocks of :data:`PREFIX_BLOCK_TOKENS` tokens (Mooncake's
+    ``hash_ids``): requests with the same leading IDs share that prefix.  None: the format has none."""
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
         if len(self.prompt_tokens) != n or len(self.output_tokens) != n:
             raise ValueError("arrival_s, prompt_tokens and output_tokens must have the same length")
+        if self.prefix_blocks is not None and len(self.prefix_blocks) != n:
+            raise ValueError("prefix_blocks must have one entry per request")
+
+    def _blocks(self, index: IntArray | slice) -> tuple[IntArray, ...] | None:
+        if self.prefix_blocks is None:
+            return None
+        if isinstance(index, slice):
+            return self.prefix_blocks[index]
+        return tuple(self.prefix_blocks[i] for i in index)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -85,6 +99,7 @@ class RequestTrace:
             self.prompt_tokens,
             self.output_tokens,
             self.start_epoch_s,
+            self.prefix_blocks,
         )
 
     def rate_scale(self, factor: float, *, seed: int = 0, jitter_s: float = 5.0) -> RequestTrace:
@@ -109,6 +124,7 @@ class RequestTrace:
             self.prompt_tokens[index][order],
             self.output_tokens[index][order],
             self.start_epoch_s,
+            self._blocks(index[order]),
         )
 
     def window(self, start_s: float, end_s: float) -> RequestTrace:
@@ -121,6 +137,7 @@ class RequestTrace:
             self.prompt_tokens[lo:hi],
             self.output_tokens[lo:hi],
             epoch,
+            self._blocks(slice(lo, hi)),
         )
 
 
@@ -335,6 +352,7 @@ class _Builder:
         self.times: list[float] = []
         self.prompt: list[int] = []
         self.output: list[int] = []
+        self.blocks: list[IntArray] = []
         self._last_line = 0
 
     def add(self, line: int, time_s: float, prompt: int, output: int) -> None:
@@ -361,6 +379,7 @@ class _Builder:
             np.asarray(self.prompt, dtype=np.int64),
             np.asarray(self.output, dtype=np.int64),
             start,
+            tuple(self.blocks) if self.blocks and len(self.blocks) == len(self.times) else None,
         )
 
 
@@ -459,4 +478,9 @@ def _read_mooncake(path: Path) -> RequestTrace:
                 _tokens(path, line, str(record["input_length"]), "input_length"),
                 _tokens(path, line, str(record["output_length"]), "output_length"),
             )
+            hashes = record.get("hash_ids")
+            if hashes is not None:
+                if not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
+                    raise DataError("hash_ids must be a list of integers", path=str(path), line=line)
+                builder.blocks.append(np.asarray(hashes, dtype=np.int64))
     return builder.build()

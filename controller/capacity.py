@@ -7,13 +7,23 @@ or the documented default).  Its latency model, shared with the replay simulator
 - prefill runs in chunks of ``prefill_chunk_tokens`` inside decode steps, so a prompt
   is prefilled at ``chunk / (step(b) + chunk / prefill_tokens_per_s)`` tokens/s, FIFO;
 - the GPU spends ``rho_p = prompt tokens/s / prefill_tokens_per_s`` of its time on
-  prefill, which stretches every decode step: mean ITL = ``step(b) / (1 - rho_p)``;
+  prefill, which stretches every decode step: mean ITL = ``step(b) / (1 - rho_p)``; the
+  p99 ITL takes the p99 of that share over :data:`PREFILL_SHARE_WINDOW_S` (prefill arrives
+  in bursts, one prompt at a time: a compound Poisson sum);
 - running sequences follow Little's law, ``b = rate * output_tokens * ITL``;
 - KV cache holds ``kv_capacity_tokens``.
 
-TTFT's quantile comes from an M/G/1 queue (Pollaczek-Khinchine mean wait, an
-exponential tail), ITL's from the Poisson spread of ``b``.  Online, the model is
-corrected by the ratio of observed to predicted latency (as NVIDIA Dynamo's planner
+TTFT's quantile comes from an M/G/N queue behind least-loaded routing (a request waits
+with the Erlang-C probability, then an exponential time of the Lee-Longton mean; one
+replica is the Pollaczek-Khinchine M/G/1 queue), ITL's from the Poisson spread of ``b``.  TTFT is the objective's
+*normalized* TTFT (:mod:`contracts.ttft_objective`): a prompt's long-prompt allowance is
+taken off its prefill.  Prompts no replica can serve within the objective (beyond
+:meth:`CapacityModel.longest_feasible_prompt`) cannot be helped by more replicas: the tail's
+own prefill sets a floor, and the queue may add a fifth of the objective on top of it.
+A prefix-cache hit rate ``h`` (observed: ``vllm:prefix_cache_hits`` over
+``vllm:prefix_cache_queries``) leaves ``1 - h`` of the prompt tokens to prefill.
+
+Online, the model is corrected by the ratio of observed to predicted latency (as NVIDIA Dynamo's planner
 does), and a reactive floor from the queue depth covers what no forecast saw coming.
 """
 
@@ -30,8 +40,11 @@ from pydantic import ValidationError as PydanticValidationError
 
 from contracts.errors import DataError
 from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
+from contracts.ttft_objective import FLAT, TtftAllowance
 
 _Z99 = 2.326  # standard normal 99th percentile
+PREFILL_SHARE_WINDOW_S = 15.0
+"""Span over which a replica's prefill share stretches the decodes beside it (about a request's decode)."""
 MAX_REPLICAS = 100_000
 
 
@@ -158,6 +171,8 @@ class Targets:
     """Squared coefficient of variation of prompt lengths (Azure 2023 conversation: ~0.8)."""
     prompt_p99_over_mean: float = 3.6
     """99th-percentile prompt over the mean prompt (Azure 2023 conversation: 4,142 / 1,155)."""
+    ttft_allowance: TtftAllowance = FLAT
+    """The TTFT objective's long-prompt allowance (flat: none)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -187,6 +202,8 @@ class CapacityModel:
         self.targets = targets or Targets()
         self.ttft_correction = 1.0
         self.itl_correction = 1.0
+        self.prefix_hit_rate = 0.0
+        """Share of prompt tokens served from the prefix cache (not prefilled); set from observations."""
         self._last_needed = 1
         """The last answer of :meth:`replicas_needed`: consecutive loads need about as many replicas, so the
         search starts there (two predictions instead of a dozen; the answer does not depend on it)."""
@@ -228,7 +245,8 @@ class CapacityModel:
                 kv_utilization=inf,
             )
         rate = load.request_rate_rps / replicas
-        rho_p = load.prompt_tokens_per_s / replicas / p.prefill_tokens_per_s
+        uncached = 1.0 - self.prefix_hit_rate
+        rho_p = load.prompt_tokens_per_s * uncached / replicas / p.prefill_tokens_per_s
         decode_tokens_per_s = load.output_tokens_per_s / replicas
         free = 1.0 - rho_p - decode_tokens_per_s * p.itl_per_seq_s
         if rho_p >= 1.0 or free <= 0:
@@ -243,24 +261,14 @@ class CapacityModel:
             )
         running = decode_tokens_per_s * p.itl_base_s / free
         itl_mean = p.step_s(running) / (1.0 - rho_p)
-        itl_p99 = p.step_s(running + _Z99 * math.sqrt(max(running, 1.0))) / (1.0 - rho_p)
-        # TTFT: M/G/1 FIFO prefill queue, service at the prefill rate beside `running` decoders.
-        prefill_rate = p.prefill_rate(running)
-        mean_service = load.mean_prompt_tokens / prefill_rate
-        rho = rate * mean_service
-        if rho >= 1.0:
-            ttft_p99 = inf
-        else:
-            second_moment = (1.0 + t.prompt_cv2) * mean_service**2
-            mean_wait = rate * second_moment / (2.0 * (1.0 - rho)) if rho > 0 else 0.0
-            wait_p99 = (mean_wait / rho) * math.log(rho / 0.01) if rho > 0.01 else 0.0
-            # The p99 of wait + service is dominated by whichever tail is heavier: a long queue,
-            # or one of the longest prompts behind a typical queue.
-            ttft_p99 = p.ttft_overhead_s + max(
-                wait_p99 + mean_service, mean_wait + t.prompt_p99_over_mean * mean_service
-            )
+        # The prefill share differs between replicas and over time: one long prompt is a burst of
+        # prefill. Its p99 over a window (compound Poisson) stretches the slowest decodes.
+        prefill_s = load.mean_prompt_tokens * uncached / p.prefill_tokens_per_s
+        spread = math.sqrt(rate * (1.0 + t.prompt_cv2) * prefill_s**2 / PREFILL_SHARE_WINDOW_S)
+        rho_busy = min(rho_p + _Z99 * spread, 0.95)
+        itl_p99 = p.step_s(running + _Z99 * math.sqrt(max(running, 1.0))) / (1.0 - rho_busy)
+        ttft_p99, floor = self._ttft_p99(load, replicas, running)
         kv_tokens = running * (load.mean_prompt_tokens + load.mean_output_tokens / 2.0)
-        floor = p.ttft_overhead_s + t.prompt_p99_over_mean * load.mean_prompt_tokens / prefill_rate
         return Prediction(
             replicas=replicas,
             ttft_p99_s=ttft_p99,
@@ -270,6 +278,55 @@ class CapacityModel:
             prefill_utilization=rho_p,
             kv_utilization=kv_tokens / p.kv_capacity_tokens,
             ttft_floor_s=floor,
+        )
+
+    def _ttft_p99(self, load: Load, replicas: int, running: float) -> tuple[float, float]:
+        """p99 of the objective's (normalized) TTFT, and its floor: the tail's own prefill with no queue.
+
+        A prefill queue per replica (service at the prefill rate beside ``running`` decoders), requests
+        routed to the least-loaded replica: M/G/N waits (see :func:`_waits`).
+        """
+        p, t = self.profile, self.targets
+        prefill_rate = p.prefill_rate(running)
+        mean_service = load.mean_prompt_tokens * (1.0 - self.prefix_hit_rate) / prefill_rate
+        rho = load.request_rate_rps / replicas * mean_service
+        # The objective's own service time of the mean prompt and of the p99 tail prompt.
+        typical = self._normalized_service(load.mean_prompt_tokens, prefill_rate)
+        tail = self._tail_service(load.mean_prompt_tokens, prefill_rate)
+        floor = p.ttft_overhead_s + max(tail, typical)
+        if rho >= 1.0:
+            return math.inf, floor
+        mean_wait, wait_p99 = _waits(replicas, rho, mean_service, t.prompt_cv2)
+        # The p99 of wait + service is dominated by whichever tail is heavier: a long queue,
+        # or one of the longest prompts behind a typical queue.
+        return p.ttft_overhead_s + max(wait_p99 + typical, mean_wait + tail), floor
+
+    def _normalized_service(self, prompt_tokens: float, prefill_rate: float) -> float:
+        """Prefill of a prompt's uncached tokens minus its long-prompt allowance (at least 0)."""
+        allowance = self.targets.ttft_allowance
+        service = prompt_tokens * (1.0 - self.prefix_hit_rate) / prefill_rate
+        return max(service - allowance.allowance_s(prompt_tokens), 0.0)
+
+    def _tail_service(self, mean_prompt_tokens: float, prefill_rate: float) -> float:
+        """The normalized service of the p99 tail prompt (infeasible ones included: they set the floor).
+
+        Normalized service rises up to the reference length, then at a slope that the allowance may
+        make negative, so its largest value up to the tail prompt is at one of the two.
+        """
+        tail_prompt = self.targets.prompt_p99_over_mean * mean_prompt_tokens
+        reference = float(self.targets.ttft_allowance.reference_prompt_tokens)
+        return max(
+            self._normalized_service(tail_prompt, prefill_rate),
+            self._normalized_service(min(reference, tail_prompt), prefill_rate),
+        )
+
+    def longest_feasible_prompt(self) -> float:
+        """Prompts longer than this miss the TTFT objective on an idle replica: no fleet size helps them."""
+        hit = min(max(self.prefix_hit_rate, 0.0), 0.99)
+        return self.targets.ttft_allowance.longest_feasible_prompt(
+            self.targets.ttft_s,
+            overhead_s=self.profile.ttft_overhead_s,
+            prefill_tokens_per_s=self.profile.prefill_tokens_per_s / (1.0 - hit),
         )
 
     def meets_targets(self, prediction: Prediction) -> bool:
@@ -369,6 +426,30 @@ class CapacityModel:
             return 0
         drain_rate = queue_depth / max(drain_s, 1.0)
         return self.replicas_needed(load.scaled(1.0 + drain_rate / load.request_rate_rps))
+
+
+def _waits(replicas: int, rho: float, mean_service_s: float, service_cv2: float) -> tuple[float, float]:
+    """Mean and p99 prefill wait of ``replicas`` servers at utilization ``rho`` behind least-loaded routing.
+
+    M/G/N with the Lee-Longton approximation: a request waits with the Erlang-C probability
+    ``C(N, N rho)``, and then for an exponential time of mean ``(1 + cv2) / 2 * S / (N (1 - rho))``.
+    With one replica this is the Pollaczek-Khinchine M/G/1 queue.
+    """
+    if rho <= 0:
+        return 0.0, 0.0
+    waiting = _erlang_c(replicas, rho)
+    conditional = (1.0 + service_cv2) / 2.0 * mean_service_s / (replicas * (1.0 - rho))
+    p99 = conditional * math.log(waiting / 0.01) if waiting > 0.01 else 0.0
+    return waiting * conditional, p99
+
+
+def _erlang_c(servers: int, rho: float) -> float:
+    """Probability that an arrival waits in M/M/N at per-server utilization ``rho`` (Erlang B recursion)."""
+    offered = servers * rho
+    blocking = 1.0
+    for k in range(1, servers + 1):
+        blocking = offered * blocking / (k + offered * blocking)
+    return blocking / (1.0 - rho * (1.0 - blocking))
 
 
 def _ewma(previous: float, observed: float, weight: float = 0.2, low: float = 0.5, high: float = 2.0) -> float:

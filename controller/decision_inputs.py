@@ -21,6 +21,7 @@ def record_observation(inputs: dict[str, Scalar], obs: PolicyObservation, now_s:
     inputs["prompt_tokens_per_s"] = obs.prompt_tokens_per_s
     inputs["output_tokens_per_s"] = obs.output_tokens_per_s
     inputs["kv_cache_usage"] = obs.kv_cache_usage
+    inputs["prefix_cache_hit_rate"] = obs.prefix_cache_hit_rate
     inputs["source_errors"] = len(obs.errors)
     sli = obs.sli
     if sli is not None:

@@ -4,7 +4,11 @@ Export writes one ``kind: SLO`` document per objective:
 
 - TTFT and ITL as ``ratioMetric`` SLOs (good = requests in the histogram
   bucket whose upper edge is the threshold, total = all requests),
-  ``budgetingMethod: Occurrences``, over the policy's rolling window;
+  ``budgetingMethod: Occurrences``, over the policy's rolling window.  A TTFT
+  objective with a long-prompt allowance counts from
+  ``moeslo_ttft_normalized_seconds`` with the allowance's label matchers
+  (``reference_prompt_tokens``, ``per_1k_prompt_tokens_s``), which import
+  reads back; the flat one from ``vllm:time_to_first_token_seconds``;
 - expert imbalance as a ``thresholdMetric`` SLO (``op: lte``,
   ``value: max_cv``) with ``budgetingMethod: Timeslices`` and
   ``timeSliceWindow`` = ``sustain_s``.  OpenSLO needs a ``target`` there;
@@ -28,9 +32,16 @@ from typing import Any
 import yaml
 from pydantic import ValidationError as PydanticValidationError
 
-from contracts.catalogue import ITL_HISTOGRAM, LAYER_IMBALANCE_CV, TTFT_HISTOGRAM, format_le
+from contracts.catalogue import (
+    ITL_HISTOGRAM,
+    LAYER_IMBALANCE_CV,
+    TTFT_HISTOGRAM,
+    TTFT_NORMALIZED_HISTOGRAM,
+    format_le,
+)
 from contracts.errors import ValidationError
-from controller.policy import LatencyObjective, Policy, parse_duration_s
+from controller.policy import LatencyObjective, Policy, TtftObjective, parse_duration_s
+from controller.ttft_series import allowance_from_labels, ttft_matchers, ttft_metric
 
 API_VERSION = "openslo/v1"
 POLICY_ANNOTATION = "moeslo.io/policy"
@@ -39,6 +50,7 @@ IMBALANCE_TARGET_INFORMATIONAL = 0.99
 
 HISTOGRAMS = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM}
 _LE = re.compile(r'le\s*=\s*"([^"]+)"')
+_LABEL = re.compile(r'([a-z_0-9]+)\s*=\s*"([^"]*)"')
 
 
 def _selector(model: str, extra: str = "") -> str:
@@ -81,9 +93,12 @@ def _slo(policy: Policy, key: str, display_name: str, indicator: dict[str, Any],
 
 def _latency_slo(policy: Policy, key: str, objective: LatencyObjective) -> dict[str, Any]:
     """A good-ratio SLO: requests (TTFT) or gaps (ITL) within the threshold, from the histogram's buckets."""
-    metric, model = HISTOGRAMS[key], policy.model_name
-    good = f'sum(rate({metric}_bucket{{{_selector(model)},le="{format_le(objective.threshold_s)}"}}[5m]))'
-    total = f"sum(rate({metric}_count{{{_selector(model)}}}[5m]))"
+    metric, extra = HISTOGRAMS[key], ""
+    if isinstance(objective, TtftObjective):
+        metric, extra = ttft_metric(objective.allowance), ttft_matchers(objective.allowance)
+    selector = _selector(policy.model_name, extra)
+    good = f'sum(rate({metric}_bucket{{{selector},le="{format_le(objective.threshold_s)}"}}[5m]))'
+    total = f"sum(rate({metric}_count{{{selector}}}[5m]))"
     indicator = {
         "metadata": {"name": f"{policy.name}-{key}-good-ratio"},
         "spec": {
@@ -95,6 +110,9 @@ def _latency_slo(policy: Policy, key: str, objective: LatencyObjective) -> dict[
         },
     }
     display = f"{key.upper()} <= {objective.threshold_s * 1000:g} ms for {objective.target:.4%} of requests"
+    if isinstance(objective, TtftObjective) and not objective.allowance.flat:
+        display += (f" (+{objective.per_1k_prompt_tokens_s * 1000:g} ms per 1k prompt tokens beyond "
+                    f"{objective.reference_prompt_tokens})")  # fmt: skip
     return _slo(policy, key, display, indicator, "Occurrences",
                 {"displayName": f"{key} good ratio", "target": objective.target})
 
@@ -215,6 +233,8 @@ def _queries(indicator_spec: dict[str, Any]) -> dict[str, str]:
 
 def _objective_from_queries(queries: dict[str, str]) -> str | None:
     text = " ".join(queries.values())
+    if TTFT_NORMALIZED_HISTOGRAM in text:
+        return "ttft"
     for key, metric in HISTOGRAMS.items():
         if metric in text:
             return key
@@ -247,7 +267,20 @@ def _latency(entry: dict[str, Any], queries: dict[str, str], where: str) -> dict
         raise ValidationError(
             f"{where}.indicator.spec.ratioMetric.good: needs an le=\"<seconds>\" matcher naming the threshold"
         )
-    return {"threshold_s": threshold, "target": target}
+    out: dict[str, Any] = {"threshold_s": threshold, "target": target}
+    good = queries.get("good", "")
+    if TTFT_NORMALIZED_HISTOGRAM in good:
+        allowance = allowance_from_labels(dict(_LABEL.findall(good)))
+        if allowance is None:
+            raise ValidationError(
+                f"{where}.indicator.spec.ratioMetric.good: {TTFT_NORMALIZED_HISTOGRAM} needs "
+                'reference_prompt_tokens="<tokens>" and per_1k_prompt_tokens_s="<seconds>" matchers'
+            )
+        out |= {"reference_prompt_tokens": allowance.reference_prompt_tokens,
+                "per_1k_prompt_tokens_s": allowance.per_1k_prompt_tokens_s}  # fmt: skip
+    elif TTFT_HISTOGRAM in good:
+        out["per_1k_prompt_tokens_s"] = 0.0  # the flat objective, whatever the policy had before
+    return out
 
 
 def _imbalance(entry: dict[str, Any], where: str) -> dict[str, Any]:

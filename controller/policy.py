@@ -25,8 +25,10 @@ from contracts.slo_defaults import (
     LEAD_TIME_S,
     MAX_IMBALANCE_CV,
     SCALE_DOWN_COOLDOWN_S,
+    TTFT_REFERENCE_PROMPT_TOKENS,
     TTFT_THRESHOLD_S,
 )
+from contracts.ttft_objective import TtftAllowance
 from controller.capacity import ReplicaProfile
 from controller.endpoints import check_endpoint_url
 
@@ -113,6 +115,23 @@ class LatencyObjective(_Strict):
     target: Annotated[float, Field(strict=True, gt=0, lt=1)]
 
 
+class TtftObjective(LatencyObjective):
+    """TTFT at a reference prompt length: ``target`` of requests must see
+    ``TTFT - per_1k_prompt_tokens_s * max(0, prompt - reference_prompt_tokens) / 1000 <= threshold_s``.
+
+    The default allowance (0) is the flat objective; see :mod:`contracts.ttft_objective`.
+    """
+
+    reference_prompt_tokens: Annotated[int, Field(strict=True, ge=0, le=10_000_000)] = TTFT_REFERENCE_PROMPT_TOKENS
+    """The prompt length ``threshold_s`` is stated for."""
+    per_1k_prompt_tokens_s: Annotated[float, Field(strict=True, ge=0, le=60, allow_inf_nan=False)] = 0.0
+    """Extra TTFT allowed per 1,000 prompt tokens beyond the reference (0: a flat objective)."""
+
+    @property
+    def allowance(self) -> TtftAllowance:
+        return TtftAllowance(self.reference_prompt_tokens, self.per_1k_prompt_tokens_s)
+
+
 class ImbalanceObjective(_Strict):
     """Per-layer CV of per-rank expert load must stay at or below ``max_cv``."""
 
@@ -122,9 +141,17 @@ class ImbalanceObjective(_Strict):
 
 
 class Objectives(_Strict):
-    ttft: LatencyObjective = LatencyObjective(threshold_s=TTFT_THRESHOLD_S, target=LATENCY_TARGET)
+    ttft: TtftObjective = TtftObjective(threshold_s=TTFT_THRESHOLD_S, target=LATENCY_TARGET)
     itl: LatencyObjective = LatencyObjective(threshold_s=ITL_THRESHOLD_S, target=LATENCY_TARGET)
     imbalance: ImbalanceObjective = ImbalanceObjective()
+
+    @field_validator("ttft", mode="before")
+    @classmethod
+    def _flat_ttft(cls, value: object) -> object:
+        # A plain latency objective is the flat TTFT objective (code written before the allowance).
+        if isinstance(value, LatencyObjective) and not isinstance(value, TtftObjective):
+            return value.model_dump()
+        return value
 
 
 class Scaling(_Strict):

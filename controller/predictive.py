@@ -119,7 +119,7 @@ class Assessment:
 
 def _sizing_key(policy: Policy) -> tuple[object, ...]:
     objectives = policy.objectives
-    thresholds = (objectives.ttft.threshold_s, objectives.itl.threshold_s)
+    thresholds = (objectives.ttft.threshold_s, objectives.itl.threshold_s, objectives.ttft.allowance)
     return (policy.forecast, policy.profile, policy.lead_time_s, thresholds)
 
 
@@ -181,7 +181,10 @@ class PredictiveAdvisor:
         )
         objectives = policy.objectives
         targets = Targets(
-            ttft_s=objectives.ttft.threshold_s, itl_s=objectives.itl.threshold_s, headroom=self.config.headroom
+            ttft_s=objectives.ttft.threshold_s,
+            itl_s=objectives.itl.threshold_s,
+            headroom=self.config.headroom,
+            ttft_allowance=objectives.ttft.allowance,
         )
         rate = AutoForecaster(forecast_config, refit_phase=zlib.crc32(policy.name.encode()), auto_refit=False)
         if state is not None:

@@ -343,7 +343,13 @@ class ControllerService:
             "kv_cache_usage": obs.kv_cache_usage,
             "ready_replicas": obs.ready_replicas,
             "replica_budget": obs.replica_budget,
+            "prefix_cache_hit_rate": obs.prefix_cache_hit_rate,
         })
+        share = decision.inputs.get("sizing.ttft_infeasible_share")
+        share = float(share) if isinstance(share, int | float) else None
+        runtime.seen["ttft_infeasible_share"] = share
+        rate = 0.0 if obs is None or obs.request_rate_rps is None else obs.request_rate_rps
+        self.metrics.record_infeasible(policy.name, share, rate * self.tick_interval_s)
         if self.history is not None and policy.name in self.history.warmed:
             origin, ticks = self.history.warmed[policy.name]
             runtime.seen["history_warm_start"] = f"{ticks} ticks from the {origin}" if ticks else "none"

@@ -19,9 +19,11 @@ benchmarks all run (built by :func:`controller.builder.build_decision_core`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from controller.advisors import ReactiveAdvisor
+from controller.feasibility import feasible_view, infeasible_share
 from controller.policy import Policy
 from controller.predictive import Assessment, PredictiveAdvisor
 from controller.scale_check import PRESSURE_REASONS, ScaleChecker
@@ -53,9 +55,21 @@ class SizingAdvisor:
         self.predictive.forget(policy_name)
         self.checker.forget(policy_name)
 
+    def _feasible(self, policy: Policy, observation: PolicyObservation) -> tuple[PolicyObservation, float | None]:
+        """The observation with TTFT judged over the requests some fleet can serve (see controller.feasibility)."""
+        capacity = self.predictive.capacity(policy)
+        if observation.prefix_cache_hit_rate is not None and math.isfinite(observation.prefix_cache_hit_rate):
+            capacity.prefix_hit_rate = min(max(observation.prefix_cache_hit_rate, 0.0), 0.99)
+        sli = observation.sli
+        share = None if sli is None else infeasible_share(sli.prompt_tokens_buckets, capacity.longest_feasible_prompt())
+        return feasible_view(observation, share), share
+
     def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
+        observation, share = self._feasible(policy, observation)
         reactive = self.reactive.advise(policy, observation, now_s)
         details = _prefixed("reactive", reactive.details)
+        if share is not None:
+            details["ttft_infeasible_share"] = round(share, 6)
         assessment = self.predictive.assess(policy, observation, now_s)
         if assessment is not None:
             details |= _prefixed("predictive", assessment.details)

@@ -32,6 +32,8 @@ from contracts.catalogue import (
     LEADER,
     REBALANCES,
     SLI,
+    TTFT_INFEASIBLE_REQUESTS,
+    TTFT_INFEASIBLE_SHARE,
     total,
 )
 from controller.types import ForecastView
@@ -114,6 +116,14 @@ class ControllerMetrics:
             HOST_REPLICA_BUDGET, "Most replicas the actuator has room for (local host CPUs)",
             ["policy"], registry=registry,
         )
+        self.ttft_infeasible_share = Gauge(
+            TTFT_INFEASIBLE_SHARE, "Share of requests no fleet can serve within the TTFT objective",
+            ["policy"], registry=registry,
+        )
+        self.ttft_infeasible = Counter(
+            TTFT_INFEASIBLE_REQUESTS, "Requests no fleet can serve within the TTFT objective (share x rate x tick)",
+            ["policy"], registry=registry,
+        )
 
     def _child(self, metric: Gauge | Counter, *values: str) -> Any:
         key = (metric._name, values)
@@ -177,6 +187,12 @@ class ControllerMetrics:
 
     def set_replica_budget(self, policy: str, budget: int | None) -> None:
         self._set_or_drop(self.replica_budget, None if budget is None else float(budget), policy)
+
+    def record_infeasible(self, policy: str, share: float | None, requests: float) -> None:
+        """The infeasible share now, and the requests it stands for since the last tick (an estimate)."""
+        self._set_or_drop(self.ttft_infeasible_share, share, policy)
+        if share is not None and requests > 0:
+            self.ttft_infeasible.labels(policy=policy).inc(share * requests)
 
     def observe_evaluation(self, duration_s: float) -> None:
         self.evaluation_duration.observe(duration_s)

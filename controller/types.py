@@ -136,6 +136,9 @@ class SliSnapshot:
     itl_good_ratio_by_window: Mapping[str, float] = field(default_factory=dict)
     imbalance_cv_per_layer: tuple[float, ...] = ()
     """CV (stddev / mean) of per-rank expert load, one value per MoE layer."""
+    prompt_tokens_buckets: tuple[tuple[float, float], ...] = ()
+    """Finished requests by prompt length over the window: (upper edge in tokens, cumulative count), in edge
+    order (``vllm:request_prompt_tokens``); the advisors count from it the requests no fleet can serve."""
 
     @property
     def imbalance_cv_max(self) -> float | None:
@@ -163,6 +166,9 @@ class PolicyObservation:
     """Mean KV-cache usage over ready replicas, a fraction in [0, 1]."""
     replica_budget: int | None = None
     """Most replicas the actuator can run for this policy now (None: no limit it knows of)."""
+    prefix_cache_hit_rate: float | None = None
+    """Share of prompt tokens found in the engines' prefix caches over the SLI window (``vllm:prefix_cache_hits``
+    over ``vllm:prefix_cache_queries``); None: the engines do not report one."""
     sli: SliSnapshot | None = None
     errors: tuple[str, ...] = ()
     """Problems the source met (a failed query, an unreachable replica); empty when all went well."""

@@ -42,6 +42,7 @@ from contracts.catalogue import (
     LAYER_IMBALANCE_CV_NOISE,
     LAYER_LABEL,
     MOE_HELP,
+    PER_1K_PROMPT_TOKENS_LABEL,
     PLACEMENT_EXPERTS_MOVED,
     PLACEMENT_SWAP_DURATION_HISTOGRAM,
     PLACEMENT_SWAPS,
@@ -53,6 +54,7 @@ from contracts.catalogue import (
     QUEUE_TIME_HISTOGRAM,
     RANK_LABEL,
     RANK_TOKENS,
+    REFERENCE_PROMPT_TOKENS_LABEL,
     REQUEST_GENERATION_TOKENS_HISTOGRAM,
     REQUEST_LATENCY_BUCKETS_S,
     REQUEST_MAX_GENERATION_TOKENS_HISTOGRAM,
@@ -63,11 +65,14 @@ from contracts.catalogue import (
     SWAP_DURATION_BUCKETS_S,
     TTFT_BUCKETS_S,
     TTFT_HISTOGRAM,
+    TTFT_NORMALIZED_HISTOGRAM,
     WAITING,
     request_tokens_buckets,
     total,
 )
 from contracts.imbalance import across_layers, balancedness, imbalance_cv, sampling_noise_cv
+from contracts.slo_defaults import TTFT_PER_1K_PROMPT_TOKENS_S, TTFT_REFERENCE_PROMPT_TOKENS
+from contracts.ttft_objective import TtftAllowance
 from engine.stats import IntArray, RoutingDelta, RoutingWindow, StepStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -79,6 +84,8 @@ DEFAULT_MAX_EXPERT_SERIES = 4096
 
 DEFAULT_MAX_MODEL_LEN = 32768
 """The context the per-request token histograms' edges reach when the sink is not told the model's."""
+DEFAULT_TTFT_ALLOWANCES = (TtftAllowance(TTFT_REFERENCE_PROMPT_TOKENS, TTFT_PER_1K_PROMPT_TOKENS_S),)
+"""The long-prompt allowances ``moeslo_ttft_normalized_seconds`` has a series for."""
 
 
 class _BoundMetrics:
@@ -112,6 +119,7 @@ class PrometheusStatsSink:
         max_expert_series: int = DEFAULT_MAX_EXPERT_SERIES,
         routing_window_steps: int = 256,
         max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+        ttft_allowances: tuple[TtftAllowance, ...] = DEFAULT_TTFT_ALLOWANCES,
     ) -> None:
         """``expert_series``: None switches per-(layer, expert) counters on up to ``max_expert_series``.
 
@@ -134,14 +142,7 @@ class PrometheusStatsSink:
                                         REQUEST_LATENCY_BUCKETS_S)
         self._decode = bound.histogram(DECODE_TIME_HISTOGRAM, "Time from first token to finish, in seconds.",
                                        REQUEST_LATENCY_BUCKETS_S)
-        token_edges = request_tokens_buckets(max_model_len)
-        self._request_prompt = bound.histogram(REQUEST_PROMPT_TOKENS_HISTOGRAM, "Number of prefill tokens processed.",
-                                               token_edges)
-        self._request_generation = bound.histogram(REQUEST_GENERATION_TOKENS_HISTOGRAM,
-                                                   "Number of generation tokens processed.", token_edges)
-        self._request_max_generation = bound.histogram(
-            REQUEST_MAX_GENERATION_TOKENS_HISTOGRAM, "Histogram of maximum number of requested generation tokens.",
-            token_edges)
+        self._request_histograms(bound, max_model_len, ttft_allowances)
         self._running = bound.gauge(RUNNING, "Requests in the running batch.", "sum")
         self._waiting = bound.gauge(WAITING, "Requests waiting to be scheduled.", "sum")
         self._kv_usage = bound.gauge(KV_CACHE_USAGE, "Fraction of KV cache blocks in use (0..1).", "mostrecent")
@@ -161,6 +162,25 @@ class PrometheusStatsSink:
         self._moe = _MoECollector(model_name, engine, routing_window_steps)
         registry.register(self._moe)
         self._expert_template: tuple[tuple[int, ...], str] | None = None
+
+    def _request_histograms(self, bound: _BoundMetrics, max_model_len: int,
+                            ttft_allowances: tuple[TtftAllowance, ...]) -> None:  # fmt: skip
+        """vLLM's per-request token histograms, and the TTFT normalised to each long-prompt allowance."""
+        token_edges = request_tokens_buckets(max_model_len)
+        self._request_prompt = bound.histogram(REQUEST_PROMPT_TOKENS_HISTOGRAM, "Number of prefill tokens processed.",
+                                               token_edges)
+        self._request_generation = bound.histogram(REQUEST_GENERATION_TOKENS_HISTOGRAM,
+                                                   "Number of generation tokens processed.", token_edges)
+        self._request_max_generation = bound.histogram(
+            REQUEST_MAX_GENERATION_TOKENS_HISTOGRAM, "Histogram of maximum number of requested generation tokens.",
+            token_edges)
+        normalized = Histogram(TTFT_NORMALIZED_HISTOGRAM, "TTFT minus the long-prompt allowance, in seconds.",
+                               [*BASE_LABELS, REFERENCE_PROMPT_TOKENS_LABEL, PER_1K_PROMPT_TOKENS_LABEL],
+                               registry=bound.registry, buckets=TTFT_BUCKETS_S)  # fmt: skip
+        self._ttft_normalized = [
+            (allowance, normalized.labels(*bound.values, *allowance.labels().values()))
+            for allowance in ttft_allowances
+        ]
 
     # ------------------------------------------------------------------ StatsSink
 
@@ -195,6 +215,9 @@ class PrometheusStatsSink:
             self._request_generation.observe(fin.generation_tokens)
             # vLLM observes the most tokens any choice of a request generated; each request here is one choice.
             self._request_max_generation.observe(fin.generation_tokens)
+            if fin.ttft_s is not None:
+                for allowance, histogram in self._ttft_normalized:
+                    histogram.observe(allowance.normalized_s(fin.ttft_s, fin.prompt_tokens))
             counter = self._success.get(fin.finish_reason)
             if counter is not None:
                 counter.inc()

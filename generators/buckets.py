@@ -39,6 +39,7 @@ from contracts.catalogue import (
 )
 from contracts.errors import ValidationError
 from controller.policy import Policy
+from controller.ttft_series import ttft_metric
 
 EngineName = Literal["moeslo", "vllm", "vllm-slo-buckets"]
 ENGINE_NAMES: tuple[EngineName, ...] = ("moeslo", "vllm", "vllm-slo-buckets")
@@ -93,10 +94,11 @@ def threshold_problems(policy: Policy, engine: str | EngineBuckets) -> list[str]
     described = engine_buckets(engine)
     problems: list[str] = []
     for slo, metric, threshold_s in (
-        ("ttft", TTFT_HISTOGRAM, policy.objectives.ttft.threshold_s),
+        ("ttft", ttft_metric(policy.objectives.ttft.allowance), policy.objectives.ttft.threshold_s),
         ("itl", ITL_HISTOGRAM, policy.objectives.itl.threshold_s),
     ):
-        edges = described.edges[metric]
+        # The normalized TTFT histogram has the TTFT edges wherever it is written.
+        edges = described.edges.get(metric) or described.edges[TTFT_HISTOGRAM]
         if is_bucket_edge(threshold_s, edges):
             continue
         below, above = nearest_edges(threshold_s, edges)

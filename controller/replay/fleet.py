@@ -10,9 +10,15 @@ rather than on average, with the *true* profile of :mod:`controller.replay.world
   sequence slot is free; otherwise it waits for the earliest decoding request to end;
 - its mean inter-token latency is ``step(b) / (1 - rho_p)``, with ``rho_p`` the
   replica's prefill share of the last tick;
-- new replicas serve after their start-up; removed replicas take no new requests.
+- new replicas serve after their start-up; removed replicas take no new requests;
+- for traces that name their prompts' KV blocks (Mooncake's ``hash_ids``), each replica
+  keeps an LRU cache of blocks (:mod:`controller.replay.prefix_cache`) and prefills only
+  a prompt's uncached tokens.
 
-Requests go to the least-loaded ready replica (prefill backlog plus decode work).
+Requests go to the least-loaded ready replica (prefill backlog plus decode work, plus
+the prefill of the prompt's uncached tokens there when blocks are known: Mooncake's
+cache-aware scheduling).  TTFT is judged by the objective's long-prompt allowance
+(:mod:`contracts.ttft_objective`), the same definition the engines' histogram uses.
 At the end of each tick the fleet reports a :class:`TickSample` (gauges, and what
 finished in the tick) for :class:`controller.replay.signals.MetricsPipeline`.
 """
@@ -28,8 +34,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from contracts.catalogue import PROMPT_TOKENS_BUCKETS
 from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
-from contracts.traces import FloatArray, RequestTrace
+from contracts.traces import PREFIX_BLOCK_TOKENS, FloatArray, IntArray, RequestTrace
+from contracts.ttft_objective import FLAT, TtftAllowance
+from controller.replay.prefix_cache import BlockCache, best_case_uncached
 from controller.replay.scoring import TickOutcomes
 from controller.replay.signals import SLI_WINDOW_S, TickSample
 from controller.replay.world import ProfileCache, World, startup_times
@@ -46,6 +55,7 @@ class _Replica:
     """Heap of (end time, KV tokens) of admitted requests."""
     prefill_tokens_tick: float = 0.0
     rho_prefill: float = 0.0
+    cache: BlockCache | None = None
 
     def release_until(self, t: float) -> None:
         heap = self.decoding
@@ -76,15 +86,20 @@ class RequestFleet:
         tick_s: float,
         ttft_target_s: float = TTFT_THRESHOLD_S,
         itl_target_s: float = ITL_THRESHOLD_S,
+        ttft_allowance: TtftAllowance = FLAT,
     ) -> None:
         self.trace = trace
         self.world = world
         self.tick_s = tick_s
         self.ttft_target_s = ttft_target_s
         self.itl_target_s = itl_target_s
+        self.ttft_allowance = ttft_allowance
         self.starting = StartingReplicas(world.world)
-        self.replicas: list[_Replica] = [_Replica(ready_at_s=0.0) for _ in range(initial_replicas)]
+        self._cache_blocks = world.nominal.kv_capacity_tokens // PREFIX_BLOCK_TOKENS
+        self.replicas: list[_Replica] = [self._replica(0.0) for _ in range(initial_replicas)]
         n = len(trace)
+        self.cached_tokens = np.zeros(n, dtype=np.int64)
+        """Prompt tokens each request found in its replica's prefix cache."""
         self.ttft_s = np.full(n, np.inf)
         self.itl_s = np.full(n, np.inf)
         self.start_s = np.full(n, np.inf)
@@ -94,6 +109,10 @@ class RequestFleet:
         self._unfinished: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self._unprefilled: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self._window: deque[tuple[float, FloatArray, FloatArray]] = deque()
+
+    def _replica(self, ready_at_s: float) -> _Replica:
+        with_cache = self.trace.prefix_blocks is not None
+        return _Replica(ready_at_s=ready_at_s, cache=BlockCache(self._cache_blocks) if with_cache else None)
 
     @property
     def provisioned(self) -> int:
@@ -112,7 +131,7 @@ class RequestFleet:
         if replicas == current:
             return False
         if replicas > current:
-            self.replicas.extend(_Replica(ready_at_s=t) for t in self.starting.ready_times(now_s, replicas - current))
+            self.replicas.extend(self._replica(t) for t in self.starting.ready_times(now_s, replicas - current))
             return True
         slope = self.world.nominal.itl_per_seq_s
 
@@ -149,10 +168,12 @@ class RequestFleet:
         raw = profile.prefill_tokens_per_s
         kv_cap = profile.kv_capacity_tokens
         max_seqs = profile.max_num_seqs
+        blocks = trace.prefix_blocks
         next_refresh = -math.inf
         ready: list[_Replica] = []
         backlog = np.zeros(0)
         decoders = np.zeros(0)
+        hits = np.zeros(0, dtype=np.int64)
         for i in range(start_index, end):
             t = float(arrival[i])
             if t >= next_refresh:
@@ -168,10 +189,19 @@ class RequestFleet:
                 # No replica serves yet: the request waits for the first one to come up.
                 replica = min(self.replicas, key=lambda r: r.ready_at_s)
                 choice = -1
-            else:
+            elif blocks is None:
                 choice = int(np.argmin(np.maximum(backlog - t, 0.0) + decoders * slope))
                 replica = ready[choice]
+            else:
+                hits = np.array([r.cache.cached_tokens(blocks[i], int(prompts[i])) if r.cache else 0 for r in ready])
+                choice = int(np.argmin(np.maximum(backlog - t, 0.0) + decoders * slope + (prompts[i] - hits) / raw))
+                replica = ready[choice]
             prompt = int(prompts[i])
+            cached = 0
+            if blocks is not None and replica.cache is not None:
+                cached = int(hits[choice]) if choice >= 0 else replica.cache.cached_tokens(blocks[i], prompt)
+                replica.cache.admit(blocks[i], prompt)
+                self.cached_tokens[i] = cached
             output = int(outputs[i])
             need = min(prompt + output, kv_cap)
             begin = max(t, replica.prefill_free_s, replica.ready_at_s)
@@ -182,9 +212,9 @@ class RequestFleet:
                 replica.kv_used -= tokens
                 begin = max(begin, ended)
             step = base + slope * (len(heap) + 1)
-            first_token = begin + overhead + prompt / (chunk / (step + chunk / raw))
+            first_token = begin + overhead + (prompt - cached) / (chunk / (step + chunk / raw))
             replica.prefill_free_s = first_token
-            replica.prefill_tokens_tick += prompt
+            replica.prefill_tokens_tick += prompt - cached
             itl = step / (1.0 - min(replica.rho_prefill, 0.95))
             finish = first_token + max(output - 1, 0) * itl
             heapq.heappush(heap, (finish, need))
@@ -219,7 +249,8 @@ class RequestFleet:
         done = self._unfinished[done_mask]
         self._unfinished = self._unfinished[~done_mask]
         started = self.start_s[self._unfinished] <= now_s
-        ttft = self.ttft_s[done]
+        ttft = self.normalized_ttft_s(done)
+        raw_ttft = self.ttft_s[done]
         itl = self.itl_s[done]
         self._window.append((now_s, ttft, itl))
         while self._window and self._window[0][0] <= now_s - SLI_WINDOW_S + 1e-9:
@@ -235,8 +266,11 @@ class RequestFleet:
             kv_usage_sum=kv_sum,
             finished=float(len(done)),
             prompt_tokens=float(self.trace.prompt_tokens[prefilled].sum()),
+            prefix_queries=float(self.trace.prompt_tokens[prefilled].sum()),
+            prefix_hits=float(self.cached_tokens[prefilled].sum()),
+            prompt_le=_prompt_histogram(self.trace.prompt_tokens[done]),
             output_tokens=float(self.trace.output_tokens[done].sum()),
-            ttft_sum_s=float(ttft.sum()),
+            ttft_sum_s=float(raw_ttft.sum()),
             itl_sum_s=float(itl.sum()),
             duration_sum_s=float((self.finish_s[done] - arrival[done]).sum()),
             ttft_good=float(np.count_nonzero(ttft <= self.ttft_target_s)),
@@ -245,13 +279,38 @@ class RequestFleet:
             itl_p99_s=float(np.quantile(window_itl, 0.99)) if len(window_itl) else None,
         )
 
+    def normalized_ttft_s(self, index: IntArray | None = None) -> FloatArray:
+        """TTFT minus each request's long-prompt allowance (as the engines' normalized histogram records it)."""
+        ttft = self.ttft_s if index is None else self.ttft_s[index]
+        prompts = self.trace.prompt_tokens if index is None else self.trace.prompt_tokens[index]
+        allowance = self.ttft_allowance
+        if allowance.flat:
+            return ttft
+        extra = np.maximum(prompts - allowance.reference_prompt_tokens, 0) * allowance.per_1k_prompt_tokens_s / 1000.0
+        return np.asarray(np.maximum(ttft - extra, 0.0), dtype=np.float64)
+
+    def infeasible(self) -> npt.NDArray[np.bool_]:
+        """Requests an idle replica of the true world misses even with every earlier prefix cached."""
+        uncached = best_case_uncached(self.trace.prompt_tokens, self.trace.prefix_blocks)
+        allowance = self.ttft_allowance
+        out = np.zeros(len(uncached), dtype=bool)
+        for i, (prompt, computed, arrival) in enumerate(
+            zip(self.trace.prompt_tokens.tolist(), uncached.tolist(), self.trace.arrival_s.tolist(), strict=True)
+        ):
+            profile = self.world.profile_at(arrival)
+            out[i] = allowance.is_infeasible(
+                prompt, self.ttft_target_s, overhead_s=profile.ttft_overhead_s,
+                prefill_tokens_per_s=profile.prefill_tokens_per_s, uncached_tokens=computed,
+            )  # fmt: skip
+        return out
+
     def outcomes(self, ticks: int) -> TickOutcomes:
         """Per arrival tick: requests and how many met each SLO (provisioning filled in by the runner)."""
         index = np.minimum((self.trace.arrival_s // self.tick_s).astype(np.int64), ticks - 1)
-        good_ttft = self.ttft_s <= self.ttft_target_s
+        good_ttft = self.normalized_ttft_s() <= self.ttft_target_s
         good_itl = self.itl_s <= self.itl_target_s
 
-        def per_tick(weights: npt.NDArray[np.bool_] | None) -> FloatArray:
+        def per_tick(weights: npt.NDArray[np.bool_] | FloatArray | None) -> FloatArray:
             return np.bincount(index, weights=weights, minlength=ticks)[:ticks].astype(np.float64)
 
         zeros = np.zeros(ticks, dtype=np.int64)
@@ -261,10 +320,20 @@ class RequestFleet:
             good_both=per_tick(good_ttft & good_itl),
             good_ttft=per_tick(good_ttft),
             good_itl=per_tick(good_itl),
+            infeasible=per_tick(self.infeasible()),
+            prompt_tokens=per_tick(self.trace.prompt_tokens.astype(np.float64)),
+            cached_tokens=per_tick(self.cached_tokens.astype(np.float64)) if self.trace.prefix_blocks else None,
             provisioned=zeros,
             ready=zeros,
             scaled=np.zeros(ticks, dtype=bool),
         )
+
+
+def _prompt_histogram(prompts: IntArray) -> tuple[float, ...]:
+    """Cumulative counts of prompt lengths at each ``vllm:request_prompt_tokens`` edge, then +Inf."""
+    sorted_prompts = np.sort(prompts)
+    edges = np.searchsorted(sorted_prompts, PROMPT_TOKENS_BUCKETS, side="right")
+    return (*(float(c) for c in edges), float(len(prompts)))
 
 
 def tick_loads(trace: RequestTrace, tick_s: float, n_ticks: int) -> tuple[FloatArray, FloatArray, FloatArray]:

@@ -6,8 +6,9 @@ prompt and output tokens/s), spreads it evenly over the ready replicas, carries
 prompt tokens that exceed the prefill capacity over to the next tick as a backlog,
 and estimates the fraction of the tick's requests within each SLO:
 
-- TTFT: the M/G/1 tail of :class:`controller.capacity.CapacityModel` plus the wait
-  to clear the backlog;
+- TTFT: an M/G/1 tail per replica (the load is spread evenly, so no routing pools
+  the replicas) plus the wait to clear the backlog, judged by the objective's
+  normalized TTFT (each prompt's long-prompt allowance off its prefill);
 - ITL: the Poisson spread of running sequences around their mean.
 
 It uses the *true* world (:mod:`controller.replay.world`: capacity error, drift,
@@ -185,7 +186,11 @@ class FluidFleet:
         # The steady-state queue is bounded: beyond rho ~ 0.95 the overload shows as backlog instead.
         rho_q = min(rho, 0.95)
         queue = rate * (1 + targets.prompt_cv2) * mean_service**2 * rate / (2 * (1 - rho_q)) if rho > 0 else 0.0
-        service_s = self._prompt_shape * mean_service
+        # The objective's normalized TTFT: each prompt quantile's long-prompt allowance comes off its prefill.
+        allowance = targets.ttft_allowance
+        prompts = self._prompt_shape * mean_prompt
+        extra = allowance.per_1k_prompt_tokens_s * np.maximum(prompts - allowance.reference_prompt_tokens, 0) / 1000
+        service_s = self._prompt_shape * mean_service - extra
         tail = ttft_tail(np.r_[targets.ttft_s, TTFT_GRID_S], fixed_s=fixed_s, service_s=service_s, rho=rho,
                          mean_wait_s=mean_wait)  # fmt: skip
         return tail[1:], 1.0 - float(tail[0]), fixed_s + mean_wait + mean_service, queue

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import DataError, ValidationError
-from controller.capacity import DEFAULT_PROFILE, ReplicaProfile
+from contracts.slo_defaults import TTFT_REFERENCE_PROMPT_TOKENS
+from contracts.ttft_objective import TtftAllowance
+from controller.capacity import DEFAULT_PROFILE, ReplicaProfile, Targets
 from controller.replay.report import write_report, write_sweep
 from controller.replay.runner import ReplayConfig, ReplayContext, run_setting
 from controller.replay.settings import Setting, parse_setting, sweep_settings
@@ -47,6 +49,9 @@ class ReplayRequest:
     start_s: float = 0.0
     duration_s: float | None = None
     seed: int = 0
+    ttft_per_1k_s: float = 0.0
+    """The TTFT objective's long-prompt allowance per 1,000 prompt tokens (0: the flat objective)."""
+    ttft_reference_tokens: int = TTFT_REFERENCE_PROMPT_TOKENS
 
     @property
     def world(self) -> World:
@@ -66,7 +71,15 @@ class ReplayRequest:
             scrape_s=self.scrape_s,
             refit_every_ticks=self.refit_every,
             warmup_s=self.warmup_s,
+            targets=Targets(ttft_allowance=self.ttft_allowance),
         )
+
+    @property
+    def ttft_allowance(self) -> TtftAllowance:
+        try:
+            return TtftAllowance(self.ttft_reference_tokens, self.ttft_per_1k_s)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
 
     def workload_spec(self) -> WorkloadSpec:
         return WorkloadSpec(

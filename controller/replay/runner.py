@@ -12,19 +12,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
 
 from contracts.slo_defaults import LEAD_TIME_S
-from contracts.traces import FloatArray
+from contracts.traces import PREFIX_BLOCK_TOKENS, FloatArray, IntArray
 from controller.capacity import CapacityModel, Load, ReplicaProfile, Targets
 from controller.replay.dynamo import DynamoPlanner, PlannerSettings
 from controller.replay.fleet import RequestFleet
 from controller.replay.fluid import FluidFleet
+from controller.replay.prefix_cache import pooled_hit_rate
 from controller.replay.scoring import Score, TickOutcomes, score
-from controller.replay.settings import Setting
+from controller.replay.settings import Setting, parse_setting
 from controller.replay.signals import FleetView, MetricsPipeline
 from controller.replay.strategies import (
     CoreStrategy,
@@ -59,7 +60,8 @@ class ReplayConfig:
     """Every policy's upper bound; None: twice what the controllers' model asks for the trace's peak
     (an operator's quota; KEDA's own default is 100)."""
     targets: Targets = field(default_factory=Targets)
-    """The SLO targets and the length tail the controllers assume (the nominal ones)."""
+    """The SLO targets and the length tail the controllers assume (the nominal ones); ``targets.ttft_allowance``
+    is the TTFT objective's long-prompt allowance, by which the fleet judges every request."""
     season_s: float | None = 86_400.0
     warmup_s: float = 1800.0
     reference_lengths: tuple[float, float] = (1155.0, 211.0)
@@ -96,11 +98,35 @@ class ReplayContext:
         self.true_targets = true_targets(config.targets, workload.prompt_samples)
         self.truth = ProfileCache(profile, config.world, self.true_targets)
         self._true_needs: dict[float, FloatArray] = {}
-        loads = self._loads
-        first = slice(0, min(config.lead_ticks + 1, workload.ticks))
-        head = _needs((loads[0][first], loads[1][first], loads[2][first]), self.truth.model_at, config.tick_s)
-        self.initial_replicas = max(int(head.max()), 1)
+        self.initial_replicas = self._initial_replicas()
         self.max_replicas = config.max_replicas or min(2 * self.peak_need(config.targets.headroom), 10_000)
+        requests = workload.requests
+        if requests is not None and requests.prefix_blocks is not None:
+            self._calibrate_hit_rate(requests.prompt_tokens, requests.prefix_blocks)
+
+    def _calibrate_hit_rate(self, prompts: IntArray, blocks: tuple[IntArray, ...]) -> None:
+        """The oracle's prefix-cache hit rate: what its own fleet achieves on this trace.
+
+        First guess: one LRU as large as the initial fleet's caches together; then the oracle runs once
+        with it, and the hit rate its fleet achieved is what the true world is sized with.
+        """
+        pooled = self.initial_replicas * (self.profile.kv_capacity_tokens // PREFIX_BLOCK_TOKENS)
+        self._set_hit_rate(pooled_hit_rate(prompts, blocks, pooled))
+        outcomes = run_setting(parse_setting("oracle"), self).outcomes
+        if outcomes.cached_tokens is not None and outcomes.prompt_tokens is not None:
+            self._set_hit_rate(float(outcomes.cached_tokens.sum()) / max(float(outcomes.prompt_tokens.sum()), 1.0))
+
+    def _set_hit_rate(self, hit_rate: float) -> None:
+        self.truth = ProfileCache(self.profile, self.config.world, self.true_targets, hit_rate)
+        self._true_needs.clear()
+        self.initial_replicas = self._initial_replicas()
+
+    def _initial_replicas(self) -> int:
+        """What the true load of the first start-up time needs (every policy starts with it)."""
+        loads, config = self._loads, self.config
+        first = slice(0, min(config.lead_ticks + 1, self.workload.ticks))
+        head = _needs((loads[0][first], loads[1][first], loads[2][first]), self.truth.model_at, config.tick_s)
+        return max(int(head.max()), 1)
 
     @property
     def _loads(self) -> tuple[FloatArray, FloatArray, FloatArray]:
@@ -110,14 +136,14 @@ class ReplayContext:
     def nominal_capacity(self, headroom: float | None = None) -> CapacityModel:
         targets = self.config.targets
         if headroom is not None:
-            targets = Targets(**{**_targets_dict(targets), "headroom": headroom})
+            targets = replace(targets, headroom=headroom)
         return CapacityModel(self.profile, targets)
 
     def true_needs(self, headroom: float) -> FloatArray:
         """Replicas the true world needs for each tick's true load, at ``headroom``."""
         if headroom not in self._true_needs:
-            targets = Targets(**{**_targets_dict(self.true_targets), "headroom": headroom})
-            cache = ProfileCache(self.profile, self.config.world, targets)
+            targets = replace(self.true_targets, headroom=headroom)
+            cache = ProfileCache(self.profile, self.config.world, targets, self.truth.prefix_hit_rate)
             self._true_needs[headroom] = _needs(self._loads, cache.model_at, self.config.tick_s)
         return self._true_needs[headroom]
 
@@ -130,14 +156,18 @@ class ReplayContext:
         loads = self._loads
         return max(int(_needs((loads[0][top], loads[1][top], loads[2][top]), lambda _: model, 1.0).max()), 1)
 
+    @property
+    def dynamo_ttft_target_s(self) -> float:
+        """The TTFT target an operator gives Dynamo's planner (mean TTFT, no per-request allowance): the
+        objective at the trace's mean prompt."""
+        targets = self.config.targets
+        mean_prompt = float(np.mean(self.workload.prompt_samples)) if self.workload.prompt_samples is not None else 0.0
+        return targets.ttft_s + targets.ttft_allowance.allowance_s(mean_prompt)
+
     @cached_property
     def reference_rates(self) -> tuple[float, float]:
         prompt, output = self.config.reference_lengths
         return self.nominal_capacity().sustainable_rates(mean_prompt_tokens=prompt, mean_output_tokens=output)
-
-
-def _targets_dict(targets: Targets) -> dict[str, float]:
-    return {name: getattr(targets, name) for name in Targets.__dataclass_fields__}
 
 
 def build_strategy(setting: Setting, ctx: ReplayContext) -> ReplayStrategy:
@@ -164,7 +194,7 @@ def build_strategy(setting: Setting, ctx: ReplayContext) -> ReplayStrategy:
         settings = PlannerSettings(
             predictor=setting.text("predictor"),
             headroom=setting.number("headroom"),
-            ttft_target_ms=config.targets.ttft_s * 1000.0,
+            ttft_target_ms=ctx.dynamo_ttft_target_s * 1000.0,
             itl_target_ms=config.targets.itl_s * 1000.0,
             max_replicas=ctx.max_replicas,
         )
@@ -178,6 +208,7 @@ def build_strategy(setting: Setting, ctx: ReplayContext) -> ReplayStrategy:
         cooldown_s=round(setting.number("cooldown_s")),
         max_replicas=ctx.max_replicas,
         quantile=setting.number("quantile"),
+        ttft=config.targets,
     )
 
 
@@ -211,6 +242,7 @@ def make_fleet(ctx: ReplayContext) -> RequestFleet | FluidFleet:
             tick_s=config.tick_s,
             ttft_target_s=config.targets.ttft_s,
             itl_target_s=config.targets.itl_s,
+            ttft_allowance=config.targets.ttft_allowance,
         )
     return FluidFleet(
         w.rates_rps, w.prompt_tokens_per_s, w.output_tokens_per_s, ctx.truth,
@@ -245,10 +277,7 @@ def run_setting(setting: Setting, ctx: ReplayContext, *, on_tick: Callable[[int]
         if on_tick is not None:
             on_tick(k)
     base = fleet.outcomes(n)
-    outcomes = TickOutcomes(
-        tick_s=config.tick_s, requests=base.requests, good_both=base.good_both, good_ttft=base.good_ttft,
-        good_itl=base.good_itl, provisioned=provisioned, ready=ready, scaled=scaled,
-    )  # fmt: skip
+    outcomes = replace(base, provisioned=provisioned, ready=ready, scaled=scaled)
     return PolicyRun(
         setting=setting,
         outcomes=outcomes,

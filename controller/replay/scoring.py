@@ -40,6 +40,11 @@ class TickOutcomes:
     """Replicas serving at the end of the tick."""
     scaled: npt.NDArray[np.bool_]
     """The replica count changed at the end of the tick."""
+    infeasible: FloatArray | None = None
+    """Requests no fleet could serve within the TTFT objective (None: not known, as in fluid mode)."""
+    prompt_tokens: FloatArray | None = None
+    cached_tokens: FloatArray | None = None
+    """Prompt tokens found in a replica's prefix cache (None: the trace names no blocks)."""
 
     @property
     def ticks(self) -> int:
@@ -62,6 +67,12 @@ class Score:
     scale_events_per_hour: float
     peak_replicas: int
     mean_replicas: float
+    infeasible_share: float = float("nan")
+    """Share of requests no fleet could serve within the TTFT objective (NaN: not known)."""
+    attainment_feasible: float = float("nan")
+    """Attainment (both SLOs) over the feasible requests only."""
+    prefix_hit_rate: float = float("nan")
+    """Share of prompt tokens found in a replica's prefix cache (NaN: the trace names no blocks)."""
 
     @property
     def violation_rate(self) -> float:
@@ -83,6 +94,9 @@ class Score:
             "scale_events_per_hour": round(self.scale_events_per_hour, 3),
             "peak_replicas": self.peak_replicas,
             "mean_replicas": round(self.mean_replicas, 3),
+            "infeasible_share": _finite(self.infeasible_share, 6),
+            "attainment_feasible": _finite(self.attainment_feasible, 6),
+            "prefix_hit_rate": _finite(self.prefix_hit_rate, 6),
         }
 
 
@@ -120,6 +134,7 @@ def score(outcomes: TickOutcomes, start_s: float, end_s: float, *, objective: fl
     hourly = good_hour[per_hour > 0] / per_hour[per_hour > 0]
     provisioned = outcomes.provisioned[lo:hi]
     hours = (hi - lo) * tick_s / 3600.0
+    extra = _long_prompt_scores(outcomes, lo, hi, total, float(both.sum()))
     return Score(
         start_s=lo * tick_s,
         end_s=hi * tick_s,
@@ -133,4 +148,20 @@ def score(outcomes: TickOutcomes, start_s: float, end_s: float, *, objective: fl
         scale_events_per_hour=float(np.count_nonzero(outcomes.scaled[lo:hi])) / hours if hours > 0 else 0.0,
         peak_replicas=int(provisioned.max()) if len(provisioned) else 0,
         mean_replicas=float(provisioned.mean()) if len(provisioned) else 0.0,
+        **extra,
     )
+
+
+def _long_prompt_scores(outcomes: TickOutcomes, lo: int, hi: int, total: float, good: float) -> dict[str, float]:
+    """Infeasible share, attainment over the feasible requests, prefix-cache hit rate (NaN where unknown)."""
+    out: dict[str, float] = {}
+    if outcomes.infeasible is not None and total > 0:
+        infeasible = float(outcomes.infeasible[lo:hi].sum())
+        out["infeasible_share"] = infeasible / total
+        # Infeasible requests are bad by definition (their idle TTFT already misses), so good ones are feasible.
+        out["attainment_feasible"] = good / (total - infeasible) if total > infeasible else float("nan")
+    if outcomes.prompt_tokens is not None and outcomes.cached_tokens is not None:
+        prompt = float(outcomes.prompt_tokens[lo:hi].sum())
+        if prompt > 0:
+            out["prefix_hit_rate"] = float(outcomes.cached_tokens[lo:hi].sum()) / prompt
+    return out

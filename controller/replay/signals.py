@@ -39,6 +39,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from contracts.catalogue import PROMPT_TOKENS_BUCKETS
 from contracts.errors import ValidationError
 from controller.policy import parse_duration_s
 from controller.sources.base import BURN_WINDOWS, RATE_WINDOW_S, SHORT_WINDOW
@@ -79,6 +80,13 @@ class TickSample:
     ttft_p99_s: float | None
     """p99 TTFT of the requests that finished in the SLI window ending now (None: none did)."""
     itl_p99_s: float | None
+    prefix_queries: float = 0.0
+    """Prompt tokens looked up in the prefix cache (``vllm:prefix_cache_queries``) in the tick."""
+    prefix_hits: float = 0.0
+    """Of them, tokens found cached (``vllm:prefix_cache_hits``)."""
+    prompt_le: tuple[float, ...] = ()
+    """Finished requests of the tick at each ``vllm:request_prompt_tokens`` edge, cumulative, then +Inf
+    (empty: the fleet does not know its requests' lengths)."""
 
 
 _COUNTERS = (
@@ -90,9 +98,12 @@ _COUNTERS = (
     "duration_sum_s",
     "ttft_good",
     "itl_good",
+    "prefix_queries",
+    "prefix_hits",
 )
 _GAUGES = ("ready", "waiting", "running", "kv_usage_sum", "ttft_p99_s", "itl_p99_s")
-assert set(_COUNTERS) | set(_GAUGES) == {f.name for f in fields(TickSample)}
+assert set(_COUNTERS) | set(_GAUGES) | {"prompt_le"} == {f.name for f in fields(TickSample)}
+_PROMPT_EDGES = (*PROMPT_TOKENS_BUCKETS, math.inf)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,6 +145,7 @@ class MetricsPipeline:
         # Row k + 1 holds the counters after tick k (row 0: before the first tick).
         self._counters = np.zeros((ticks + 1, len(_COUNTERS)))
         self._gauges = np.full((ticks + 1, len(_GAUGES)), np.nan)
+        self._prompt_le = np.zeros((ticks + 1, len(_PROMPT_EDGES)))
         self._recorded = 0
         self._column = {name: i for i, name in enumerate(_COUNTERS)}
         self._gauge_column = {name: i for i, name in enumerate(_GAUGES)}
@@ -145,6 +157,7 @@ class MetricsPipeline:
         row = tick + 1
         self._counters[row] = self._counters[tick] + [getattr(sample, name) for name in _COUNTERS]
         self._gauges[row] = [_nan_if_none(getattr(sample, name)) for name in _GAUGES]
+        self._prompt_le[row] = self._prompt_le[tick] + (sample.prompt_le or 0.0)
         self._recorded += 1
 
     def scrape_row(self, tick: int, scrape_s: float | None = None) -> int:
@@ -211,7 +224,21 @@ class MetricsPipeline:
             output_tokens_per_s=self.rate(tick, "output_tokens", window),
             kv_cache_usage=kv_sum / ready if kv_sum is not None and ready > 0 else None,
             sli=self.sli(tick, now_s),
+            prefix_cache_hit_rate=self._hit_rate(tick),
         )
+
+    def _hit_rate(self, tick: int) -> float | None:
+        """``rate(prefix_cache_hits[5m]) / rate(prefix_cache_queries[5m])`` (None: nothing looked up)."""
+        queries = self.increase(tick, "prefix_queries", SLI_WINDOW_S)
+        return self.increase(tick, "prefix_hits", SLI_WINDOW_S) / queries if queries > 0 else None
+
+    def prompt_buckets(self, tick: int, window_s: float) -> tuple[tuple[float, float], ...]:
+        """``increase(vllm:request_prompt_tokens_bucket[W])`` by edge (empty when no lengths were recorded)."""
+        row = self.scrape_row(tick)
+        counts = self._prompt_le[row] - self._prompt_le[self._back(row, window_s)]
+        if not counts[-1] > 0:
+            return ()
+        return tuple(zip(_PROMPT_EDGES, (float(c) for c in counts), strict=True))
 
     def sli(self, tick: int, now_s: float) -> SliSnapshot | None:
         """Good ratios and p99s over the short window, good ratios over the burn windows."""
@@ -236,6 +263,7 @@ class MetricsPipeline:
             itl_p99_s=self.gauge(tick, "itl_p99_s"),
             ttft_good_ratio_by_window=ttft_by,
             itl_good_ratio_by_window=itl_by,
+            prompt_tokens_buckets=self.prompt_buckets(tick, SLI_WINDOW_S),
         )
 
 

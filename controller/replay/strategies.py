@@ -30,11 +30,20 @@ from typing import Protocol
 
 import numpy as np
 
+from contracts.slo_defaults import LATENCY_TARGET
 from contracts.traces import FloatArray
 from controller.builder import CoreOptions, build_decision_core
-from controller.capacity import ReplicaProfile
+from controller.capacity import ReplicaProfile, Targets
 from controller.core import DecisionCore
-from controller.policy import ForecastSettings, LocalTarget, Policy, Scaling
+from controller.policy import (
+    ForecastSettings,
+    LatencyObjective,
+    LocalTarget,
+    Objectives,
+    Policy,
+    Scaling,
+    TtftObjective,
+)
 from controller.predictive import PredictiveAdvisor
 from controller.replay.dynamo import DynamoPlanner
 from controller.replay.hpa import (
@@ -219,11 +228,24 @@ class CoreStrategy:
         cooldown_s: int,
         max_replicas: int,
         quantile: float,
+        ttft: Targets | None = None,
     ) -> CoreStrategy:
-        """The policy a user would write: the replay's bounds and lead time, the knobs' quantile and cooldown."""
+        """The policy a user would write: the replay's bounds and lead time, the knobs' quantile and cooldown,
+        and the replay's TTFT objective (threshold and long-prompt allowance)."""
+        targets = ttft or Targets()
+        allowance = targets.ttft_allowance
+        objectives = Objectives(
+            ttft=TtftObjective(
+                threshold_s=targets.ttft_s, target=LATENCY_TARGET,
+                reference_prompt_tokens=allowance.reference_prompt_tokens,
+                per_1k_prompt_tokens_s=allowance.per_1k_prompt_tokens_s,
+            ),
+            itl=LatencyObjective(threshold_s=targets.itl_s, target=LATENCY_TARGET),
+        )  # fmt: skip
         policy = Policy(
             name="replay",
             target=LocalTarget(),
+            objectives=objectives,
             scaling=Scaling(
                 min_replicas=1, max_replicas=max_replicas, scale_down_cooldown_s=cooldown_s, max_step=max_replicas
             ),

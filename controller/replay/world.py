@@ -151,6 +151,7 @@ def perturb_trace(trace: RequestTrace, world: World) -> RequestTrace:
         prompts,
         trace.output_tokens,
         trace.start_epoch_s,
+        trace.prefix_blocks,
     )
 
 
@@ -172,16 +173,19 @@ def true_targets(nominal: Targets, prompts: IntArray | None) -> Targets:
         headroom=nominal.headroom,
         prompt_cv2=cv2,
         prompt_p99_over_mean=p99_over_mean,
+        ttft_allowance=nominal.ttft_allowance,
     )
 
 
 class ProfileCache:
     """The true profile and capacity model at a time, cached by quantized capacity factor."""
 
-    def __init__(self, nominal: ReplicaProfile, world: World, targets: Targets) -> None:
+    def __init__(self, nominal: ReplicaProfile, world: World, targets: Targets, prefix_hit_rate: float = 0.0) -> None:
         self.nominal = nominal
         self.world = world
         self.targets = targets
+        self.prefix_hit_rate = prefix_hit_rate
+        """The fleet's prefix-cache hit rate the true models assume (the oracle's knowledge)."""
         self._models: dict[int, CapacityModel] = {}
 
     def model_at(self, t_s: float) -> CapacityModel:
@@ -189,6 +193,7 @@ class ProfileCache:
         model = self._models.get(key)
         if model is None:
             model = CapacityModel(scaled_profile(self.nominal, key * _FACTOR_STEP), self.targets)
+            model.prefix_hit_rate = self.prefix_hit_rate
             self._models[key] = model
         return model
 

@@ -16,18 +16,24 @@ from typing import Protocol
 from contracts.catalogue import (
     GENERATION_TOKENS,
     ITL_HISTOGRAM,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
     PROMPT_TOKENS,
     REQUEST_SUCCESS,
     TTFT_HISTOGRAM,
     total,
 )
+from contracts.ttft_objective import TtftAllowance
 from controller.policy import Policy
+from controller.ttft_series import ttft_matchers, ttft_metric
 from controller.types import PolicyObservation
 
 HISTOGRAMS: Mapping[str, str] = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM}
 REQUESTS_TOTAL = total(REQUEST_SUCCESS)
 PROMPT_TOKENS_TOTAL = total(PROMPT_TOKENS)
 GENERATION_TOKENS_TOTAL = total(GENERATION_TOKENS)
+PREFIX_QUERIES_TOTAL = total(PREFIX_CACHE_QUERIES)
+PREFIX_HITS_TOTAL = total(PREFIX_CACHE_HITS)
 
 SHORT_WINDOW = "5m"
 """The window of ``SliSnapshot.ttft_good_ratio`` and the p99s."""
@@ -46,6 +52,27 @@ class SliSource(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+def ttft_key(policy: Policy) -> str:
+    """The key of the TTFT series a policy reads: ``ttft``, or ``ttft[<reference>,<per 1k>]`` with an allowance."""
+    return allowance_key(policy.objectives.ttft.allowance)
+
+
+def allowance_key(allowance: TtftAllowance) -> str:
+    if allowance.flat:
+        return "ttft"
+    labels = allowance.labels()
+    return f"ttft[{labels['reference_prompt_tokens']},{labels['per_1k_prompt_tokens_s']}]"
+
+
+def sli_series(policies: Sequence[Policy]) -> dict[str, tuple[str, str]]:
+    """Every latency series the policies read, by key: (histogram name, extra label matchers)."""
+    series = {slo: (metric, "") for slo, metric in HISTOGRAMS.items()}
+    for policy in policies:
+        allowance = policy.objectives.ttft.allowance
+        series.setdefault(ttft_key(policy), (ttft_metric(allowance), ttft_matchers(allowance)))
+    return series
 
 
 def windows_for(policies: Sequence[Policy]) -> tuple[str, ...]:

@@ -35,12 +35,14 @@ from typing import Any
 
 import httpx
 
-from contracts.catalogue import KV_CACHE_USAGE, LAYER_IMBALANCE_CV, RUNNING, WAITING
+from contracts.catalogue import KV_CACHE_USAGE, LAYER_IMBALANCE_CV, REQUEST_PROMPT_TOKENS_HISTOGRAM, RUNNING, WAITING
 from contracts.errors import UnavailableError
 from controller.policy import Policy
 from controller.sources.base import (
     GENERATION_TOKENS_TOTAL,
     HISTOGRAMS,
+    PREFIX_HITS_TOTAL,
+    PREFIX_QUERIES_TOTAL,
     PROMPT_TOKENS_TOTAL,
     QUANTILE,
     REQUESTS_TOTAL,
@@ -48,6 +50,8 @@ from controller.sources.base import (
     good_count_at,
     model_matcher,
     parse_le,
+    sli_series,
+    ttft_key,
     windows_for,
 )
 from controller.types import PolicyObservation, SliSnapshot
@@ -138,8 +142,8 @@ class PrometheusSource:
         """Every PromQL query one tick sends, by key."""
         models = model_matcher([p.model_name for p in policies])
         queries: dict[str, str] = {}
-        for slo, metric in HISTOGRAMS.items():
-            bucket_sel = count_sel = self._sel(models)
+        for slo, (metric, extra) in sli_series(policies).items():
+            bucket_sel = count_sel = self._sel(models, extra)
             for window in windows_for(policies):
                 queries[f"{slo}:good:{window}"] = (
                     f"sum by (model_name, le) (increase({metric}_bucket{bucket_sel}[{window}]))"
@@ -152,6 +156,13 @@ class PrometheusSource:
                 f"(rate({metric}_bucket{count_sel}[{SHORT_WINDOW}])))"
             )
         sel = self._sel(models)
+        queries["prompt_lengths"] = (
+            f"sum by (model_name, le) (increase({REQUEST_PROMPT_TOKENS_HISTOGRAM}_bucket{sel}[{SHORT_WINDOW}]))"
+        )
+        queries["prefix_hit_rate"] = (
+            f"sum by (model_name) (increase({PREFIX_HITS_TOTAL}{sel}[{SHORT_WINDOW}])) "
+            f"/ sum by (model_name) (increase({PREFIX_QUERIES_TOTAL}{sel}[{SHORT_WINDOW}]))"
+        )
         queries["waiting"] = f"sum by (model_name) ({WAITING}{sel})"
         queries["running"] = f"sum by (model_name) ({RUNNING}{sel})"
         queries["engines"] = f"count by (model_name) ({RUNNING}{sel})"
@@ -205,16 +216,17 @@ class PrometheusSource:
         problems = list(errors)
         for slo in HISTOGRAMS:
             threshold = getattr(policy.objectives, slo).threshold_s
+            series = ttft_key(policy) if slo == "ttft" else slo
             for key in results:
-                if not key.startswith(f"{slo}:good:"):
+                if not key.startswith(f"{series}:good:"):
                     continue
                 window = key.rsplit(":", 1)[1]
                 good = _good_at(results[key], model, threshold)
-                total = _value(results.get(f"{slo}:total:{window}"), model)
+                total = _value(results.get(f"{series}:total:{window}"), model)
                 if total is None or total <= 0:
                     continue
                 if good is None:
-                    problems.append(f"{HISTOGRAMS[slo]}: no finite bucket edge above {threshold} s for {model!r}")
+                    problems.append(f"{series}: no finite bucket edge above {threshold} s for {model!r}")
                     break
                 by_window[slo][window] = min(1.0, max(0.0, good / total))
                 if slo == "ttft" and window == SHORT_WINDOW:
@@ -229,11 +241,12 @@ class PrometheusSource:
             requests_in_window=requests_short,
             ttft_good_ratio=by_window["ttft"].get(SHORT_WINDOW),
             itl_good_ratio=by_window["itl"].get(SHORT_WINDOW),
-            ttft_p99_s=_value(results.get("ttft:p99"), model),
+            ttft_p99_s=_value(results.get(f"{ttft_key(policy)}:p99"), model),
             itl_p99_s=_value(results.get("itl:p99"), model),
             ttft_good_ratio_by_window=by_window["ttft"],
             itl_good_ratio_by_window=by_window["itl"],
             imbalance_cv_per_layer=tuple(value for _, value in layers),
+            prompt_tokens_buckets=_buckets(results.get("prompt_lengths"), model),
         )
         engines = _value(results.get("engines"), model)
         return PolicyObservation(
@@ -246,6 +259,7 @@ class PrometheusSource:
             prompt_tokens_per_s=_value(results.get("prompt_tokens"), model),
             output_tokens_per_s=_value(results.get("output_tokens"), model),
             kv_cache_usage=_value(results.get("kv"), model),
+            prefix_cache_hit_rate=_value(results.get("prefix_hit_rate"), model),
             sli=sli,
             errors=tuple(dict.fromkeys(problems)),
         )
@@ -260,11 +274,20 @@ def _value(vector: Vector | None, model: str) -> float | None:
     return None
 
 
-def _good_at(vector: Vector, model: str, threshold_s: float) -> float | None:
-    """Requests at or under the threshold (see :func:`good_count_at`)."""
+def _bucket_map(vector: Vector, model: str) -> dict[float, float]:
     buckets: dict[float, float] = {}
     for labels, value in vector:
         le = parse_le(labels.get("le", ""))
         if labels.get("model_name") == model and le is not None:
             buckets[le] = buckets.get(le, 0.0) + value
-    return good_count_at(buckets, threshold_s)
+    return buckets
+
+
+def _good_at(vector: Vector, model: str, threshold_s: float) -> float | None:
+    """Requests at or under the threshold (see :func:`good_count_at`)."""
+    return good_count_at(_bucket_map(vector, model), threshold_s)
+
+
+def _buckets(vector: Vector | None, model: str) -> tuple[tuple[float, float], ...]:
+    """Cumulative counts by upper edge, in edge order (empty without data)."""
+    return tuple(sorted(_bucket_map(vector, model).items())) if vector else ()

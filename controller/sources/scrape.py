@@ -24,27 +24,45 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.catalogue import KV_CACHE_USAGE, LAYER_IMBALANCE_CV, RUNNING, WAITING
+from contracts.catalogue import (
+    KV_CACHE_USAGE,
+    LAYER_IMBALANCE_CV,
+    REQUEST_PROMPT_TOKENS_HISTOGRAM,
+    RUNNING,
+    TTFT_NORMALIZED_HISTOGRAM,
+    WAITING,
+)
 from controller.policy import Policy, parse_duration_s
 from controller.sources.base import (
     GENERATION_TOKENS_TOTAL,
     HISTOGRAMS,
+    PREFIX_HITS_TOTAL,
+    PREFIX_QUERIES_TOTAL,
     PROMPT_TOKENS_TOTAL,
     QUANTILE,
     RATE_WINDOW_S,
     REQUESTS_TOTAL,
     SHORT_WINDOW,
+    allowance_key,
     edges_around,
     good_count_at,
     histogram_quantile,
     parse_le,
+    ttft_key,
     windows_for,
 )
+from controller.ttft_series import allowance_from_labels
 from controller.types import PolicyObservation, SliSnapshot
 
 FINE_HISTORY_S = 3600.0
 COARSE_SPACING_S = 300.0
-_COUNTERS = {REQUESTS_TOTAL: "requests", PROMPT_TOKENS_TOTAL: "prompt_tokens", GENERATION_TOKENS_TOTAL: "output_tokens"}
+_COUNTERS = {
+    REQUESTS_TOTAL: "requests",
+    PROMPT_TOKENS_TOTAL: "prompt_tokens",
+    GENERATION_TOKENS_TOTAL: "output_tokens",
+    PREFIX_QUERIES_TOTAL: "prefix_queries",
+    PREFIX_HITS_TOTAL: "prefix_hits",
+}
 
 
 @dataclass
@@ -59,11 +77,24 @@ class EngineSample:
     imbalance_by_layer: dict[int, float] = field(default_factory=dict)
 
 
+PROMPT_LENGTHS = "prompt_len"
+"""Key prefix of the prompt-length histogram's counters."""
+
+
+def _series_key(name: str, labels: Mapping[str, str]) -> str | None:
+    """The counter key prefix of a latency or prompt-length histogram family (None: not one)."""
+    for slo, metric in HISTOGRAMS.items():
+        if name == metric:
+            return slo
+    if name == TTFT_NORMALIZED_HISTOGRAM:
+        allowance = allowance_from_labels(labels)
+        return None if allowance is None else allowance_key(allowance)
+    return PROMPT_LENGTHS if name == REQUEST_PROMPT_TOKENS_HISTOGRAM else None
+
+
 def parse_metrics(text: str) -> dict[str, EngineSample]:
     """Engine samples per ``model_name`` from a /metrics page (``ValueError`` if malformed)."""
     samples: dict[str, EngineSample] = {}
-    histograms = {f"{metric}_bucket": slo for slo, metric in HISTOGRAMS.items()}
-    counts = {f"{metric}_count": slo for slo, metric in HISTOGRAMS.items()}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             model = sample.labels.get("model_name")
@@ -71,13 +102,14 @@ def parse_metrics(text: str) -> dict[str, EngineSample]:
                 continue
             out = samples.setdefault(model, EngineSample())
             name, value = sample.name, float(sample.value)
-            if name in histograms:
+            series = _series_key(family.name, sample.labels) if name.endswith(("_bucket", "_count")) else None
+            if series is not None and name.endswith("_bucket"):
                 le = parse_le(sample.labels.get("le", ""))
                 if le is not None:
-                    key = f"{histograms[name]}:le:{le!r}"
+                    key = f"{series}:le:{le!r}"
                     out.counters[key] = out.counters.get(key, 0.0) + value
-            elif name in counts:
-                key = f"{counts[name]}:count"
+            elif series is not None:
+                key = f"{series}:count"
                 out.counters[key] = out.counters.get(key, 0.0) + value
             elif name in _COUNTERS:
                 key = _COUNTERS[name]
@@ -147,16 +179,17 @@ def _good_ratios(
     threshold is reported in ``errors``.
     """
     threshold = getattr(policy.objectives, slo).threshold_s
-    needed = edges_around(_edges(history.totals, slo), threshold)
-    if any(k.startswith(f"{slo}:le:") for k in history.totals) and (not needed or threshold > max(needed)):
-        errors.append(f"{HISTOGRAMS[slo]}: no finite bucket edge above {threshold} s for {policy.model_name!r}")
+    series = ttft_key(policy) if slo == "ttft" else slo
+    needed = edges_around(_edges(history.totals, series), threshold)
+    if any(k.startswith(f"{series}:le:") for k in history.totals) and (not needed or threshold > max(needed)):
+        errors.append(f"{series}: no finite bucket edge above {threshold} s for {policy.model_name!r}")
         needed = ()
     ratios: dict[str, float] = {}
     short_total: float | None = None
     for window in windows_for([policy]):
         window_s = parse_duration_s(window)
-        total = history.increase(f"{slo}:count", now_s, window_s)
-        deltas = {e: history.increase(f"{slo}:le:{e!r}", now_s, window_s) for e in needed}
+        total = history.increase(f"{series}:count", now_s, window_s)
+        deltas = {e: history.increase(f"{series}:le:{e!r}", now_s, window_s) for e in needed}
         if total is None or total[0] <= 0 or not deltas or any(d is None for d in deltas.values()):
             continue
         good_count = good_count_at({e: d[0] for e, d in deltas.items() if d is not None}, threshold)
@@ -249,13 +282,12 @@ class ScrapeSource:
                 before = previous[key]
                 history.totals[key] += value if value < before else value - before
             self._last[(endpoint, model)] = dict(sample.counters)
-        edges_by_slo = {slo: _edges(history.totals, slo) for slo in HISTOGRAMS}
         kept = {
-            f"{slo}:le:{edge!r}"
+            f"{series}:le:{edge!r}"
             for p in policies
             if p.model_name == model
-            for slo in HISTOGRAMS
-            for edge in edges_around(edges_by_slo[slo], getattr(p.objectives, slo).threshold_s)
+            for slo, series in (("ttft", ttft_key(p)), ("itl", "itl"))
+            for edge in edges_around(_edges(history.totals, series), getattr(p.objectives, slo).threshold_s)
         }
 
         def keep(key: str) -> bool:
@@ -287,7 +319,7 @@ class ScrapeSource:
         p99: dict[str, float | None] = {}
         for slo in HISTOGRAMS:
             by_window[slo], requests[slo] = _good_ratios(history, policy, slo, now_s, errors)
-            p99[slo] = self._quantile(history, slo, now_s)
+            p99[slo] = self._quantile(history, ttft_key(policy) if slo == "ttft" else slo, now_s)
         kv_values = [s.kv_usage for s in live if s.kv_usage is not None]
         layers = _worst_cv_per_layer(live)
         sli = SliSnapshot(
@@ -301,6 +333,7 @@ class ScrapeSource:
             ttft_good_ratio_by_window=by_window["ttft"],
             itl_good_ratio_by_window=by_window["itl"],
             imbalance_cv_per_layer=tuple(layers[k] for k in sorted(layers)),
+            prompt_tokens_buckets=_short_window_buckets(history, PROMPT_LENGTHS, now_s),
         )
         return PolicyObservation(
             policy=policy.name,
@@ -312,27 +345,44 @@ class ScrapeSource:
             prompt_tokens_per_s=_rate(history, "prompt_tokens", now_s),
             output_tokens_per_s=_rate(history, "output_tokens", now_s),
             kv_cache_usage=sum(kv_values) / len(kv_values) if kv_values else None,
+            prefix_cache_hit_rate=_hit_rate(history, now_s),
             sli=sli if live or by_window["ttft"] or by_window["itl"] else None,
             errors=tuple(errors),
         )
 
     @staticmethod
     def _quantile(history: _ModelHistory, slo: str, now_s: float) -> float | None:
-        window_s = float(parse_duration_s(SHORT_WINDOW))
-        buckets: dict[float, float] = {}
-        for key in history.totals:
-            if key.startswith(f"{slo}:le:"):
-                delta = history.increase(key, now_s, window_s)
-                if delta is not None:
-                    buckets[float(key.split(":")[2])] = delta[0]
+        buckets = dict(_short_window_buckets(history, slo, now_s))
         if not any(math.isinf(edge) for edge in buckets):
             return None
         return histogram_quantile(QUANTILE, buckets)
 
 
+def _short_window_buckets(history: _ModelHistory, series: str, now_s: float) -> tuple[tuple[float, float], ...]:
+    """Increase of each bucket of ``series`` over the short window, in edge order."""
+    window_s = float(parse_duration_s(SHORT_WINDOW))
+    buckets: dict[float, float] = {}
+    for key in history.totals:
+        if key.startswith(f"{series}:le:"):
+            delta = history.increase(key, now_s, window_s)
+            if delta is not None:
+                buckets[float(key.split(":")[2])] = delta[0]
+    return tuple(sorted(buckets.items()))
+
+
 def _edges(totals: Mapping[str, float], slo: str) -> list[float]:
     prefix = f"{slo}:le:"
     return [float(key[len(prefix) :]) for key in totals if key.startswith(prefix)]
+
+
+def _hit_rate(history: _ModelHistory, now_s: float) -> float | None:
+    """Prefix-cache hits over queries in the short window (None: the engines report no lookups)."""
+    window_s = float(parse_duration_s(SHORT_WINDOW))
+    queries = history.increase("prefix_queries", now_s, window_s)
+    hits = history.increase("prefix_hits", now_s, window_s)
+    if queries is None or hits is None or queries[0] <= 0:
+        return None
+    return min(max(hits[0] / queries[0], 0.0), 1.0)
 
 
 def _rate(history: _ModelHistory, key: str, now_s: float) -> float | None:

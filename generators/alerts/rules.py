@@ -28,7 +28,6 @@ from contracts.catalogue import (
     ITL_HISTOGRAM,
     LAYER_IMBALANCE_CV,
     TOTAL_EVENTS_RECORD,
-    TTFT_HISTOGRAM,
     le_matcher,
 )
 from contracts.errors import ValidationError
@@ -41,6 +40,7 @@ from controller.slo import (
     format_duration,
     standard_burn_rate_windows,
 )
+from controller.ttft_series import ttft_matchers, ttft_metric
 from generators.alerts.model import AlertingRule, RecordingRule, Rule, RuleGroup
 from generators.buckets import EngineBuckets, EngineName, check_thresholds
 
@@ -76,6 +76,8 @@ class LatencySli:
     title: str
     metric: str
     objective: LatencyObjective
+    matchers: str = ""
+    """Extra label matchers of the series (a TTFT allowance's labels on the normalized histogram)."""
 
     @property
     def le(self) -> str:
@@ -84,8 +86,10 @@ class LatencySli:
 
 
 def latency_slis(policy: Policy) -> tuple[LatencySli, ...]:
+    ttft = policy.objectives.ttft
     return (
-        LatencySli(slo="ttft", title="TTFT", metric=TTFT_HISTOGRAM, objective=policy.objectives.ttft),
+        LatencySli(slo="ttft", title="TTFT", metric=ttft_metric(ttft.allowance), objective=ttft,
+                   matchers=ttft_matchers(ttft.allowance)),
         LatencySli(slo="itl", title="ITL", metric=ITL_HISTOGRAM, objective=policy.objectives.itl),
     )
 
@@ -171,6 +175,7 @@ def build_rule_groups(policies: Sequence[Policy], options: AlertOptions | None =
 def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) -> list[RecordingRule]:
     labels = {"policy": policy.name, "slo": sli.slo}
     model = _selector_value(policy.model_name)
+    series = f'model_name="{model}"' + (f",{sli.matchers}" if sli.matchers else "")
     mine = _own_selector(policy, sli)
     rules: list[RecordingRule] = []
     for window in windows:
@@ -178,14 +183,14 @@ def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) ->
         rules.append(
             RecordingRule(
                 record=good,
-                expr=f'sum by (model_name) (rate({sli.metric}_bucket{{model_name="{model}",{sli.le}}}[{window}]))',
+                expr=f"sum by (model_name) (rate({sli.metric}_bucket{{{series},{sli.le}}}[{window}]))",
                 labels=labels,
             )
         )
         rules.append(
             RecordingRule(
                 record=total,
-                expr=f'sum by (model_name) (rate({sli.metric}_count{{model_name="{model}"}}[{window}]))',
+                expr=f"sum by (model_name) (rate({sli.metric}_count{{{series}}}[{window}]))",
                 labels=labels,
             )
         )
@@ -293,27 +298,28 @@ def _forecast_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
 
 def _absent_alerts(policy: Policy, options: AlertOptions) -> list[AlertingRule]:
     model = _selector_value(policy.model_name)
+    allowance = policy.objectives.ttft.allowance
     watched = (
-        ("MoesloTTFTMetricAbsent", "ttft", f"{TTFT_HISTOGRAM}_count"),
-        ("MoesloITLMetricAbsent", "itl", f"{ITL_HISTOGRAM}_count"),
-        ("MoesloExpertMetricsAbsent", "imbalance", LAYER_IMBALANCE_CV),
+        ("MoesloTTFTMetricAbsent", "ttft", f"{ttft_metric(allowance)}_count", ttft_matchers(allowance)),
+        ("MoesloITLMetricAbsent", "itl", f"{ITL_HISTOGRAM}_count", ""),
+        ("MoesloExpertMetricsAbsent", "imbalance", LAYER_IMBALANCE_CV, ""),
     )
     return [
         AlertingRule(
             alert=alert,
-            expr=f'absent({metric}{{model_name="{model}"}})',
+            expr=f'absent({metric}{{model_name="{model}"{"," + extra if extra else ""}}})',
             for_=options.for_override or options.absent_for,
             labels={"severity": "ticket", "policy": policy.name, "slo": slo},
             annotations={
                 "summary": f"No {metric} series for model {policy.model_name} (policy {policy.name})",
                 "description": (
-                    f"Prometheus has had no {metric} series with model_name={policy.model_name!r} for "
-                    f"{options.absent_for}: the engine is down, not scraped, or renamed; the "
-                    f"{slo} SLO cannot be evaluated."
+                    f"Prometheus has had no {metric} series with model_name={policy.model_name!r}"
+                    f"{' and ' + extra if extra else ''} for {options.absent_for}: the engine is down, not "
+                    f"scraped, or renamed; the {slo} SLO cannot be evaluated."
                 ),
             },
         )
-        for alert, slo, metric in watched
+        for alert, slo, metric, extra in watched
     ]
 
 

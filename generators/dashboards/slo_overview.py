@@ -10,28 +10,39 @@ from contracts.catalogue import (
     ERROR_BUDGET_REMAINING,
     ERROR_RATIO_RECORD,
     ITL_HISTOGRAM,
-    TTFT_HISTOGRAM,
     le_matcher,
 )
-from controller.policy import Policy
+from controller.policy import Policy, TtftObjective
 from controller.slo import error_budget, standard_burn_rate_windows
+from controller.ttft_series import ttft_matchers, ttft_metric
 from generators.dashboards.panels import MODEL, POLICY, RATE, query, stat, target_line, timeseries, variables
 
 QUANTILES = (0.5, 0.9, 0.99)
 
 
-def _quantiles(metric: str) -> list[Dataquery]:
+def _quantiles(metric: str, extra: str = "") -> list[Dataquery]:
+    sel = ",".join(m for m in (MODEL, extra) if m)
     return [
-        query(f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{MODEL}}}[{RATE}])))", f"p{round(q * 100)}")
+        query(f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{sel}}}[{RATE}])))", f"p{round(q * 100)}")
         for q in QUANTILES
     ]
 
 
-def _good_ratio(metric: str, threshold_s: float) -> str:
+def _good_ratio(metric: str, threshold_s: float, extra: str = "") -> str:
+    sel = ",".join(m for m in (MODEL, extra) if m)
     return (
-        f"sum(rate({metric}_bucket{{{MODEL},{le_matcher(threshold_s)}}}[{RATE}]))"
-        f" / sum(rate({metric}_count{{{MODEL}}}[{RATE}]))"
+        f"sum(rate({metric}_bucket{{{sel},{le_matcher(threshold_s)}}}[{RATE}]))"
+        f" / sum(rate({metric}_count{{{sel}}}[{RATE}]))"
     )
+
+
+def _normalized(ttft: TtftObjective) -> str:
+    """How the TTFT panels name a length-normalized TTFT (nothing for the flat objective)."""
+    allowance = ttft.allowance
+    if allowance.flat:
+        return ""
+    return (f" (minus {allowance.per_1k_prompt_tokens_s * 1000:g} ms per 1k prompt tokens beyond "
+            f"{allowance.reference_prompt_tokens})")  # fmt: skip
 
 
 def _recorded_burn_rates(policy: Policy) -> list[Dataquery]:
@@ -73,8 +84,8 @@ def _latency_row(dashboard: Dashboard, policy: Policy) -> Dashboard:
         dashboard.with_row(Row("Latency against the SLO"))
         .with_panel(
             timeseries(
-                f"TTFT p50 / p90 / p99 (SLO {ttft.threshold_s} s)",
-                _quantiles(TTFT_HISTOGRAM),
+                f"TTFT{_normalized(ttft)} p50 / p90 / p99 (SLO {ttft.threshold_s} s)",
+                _quantiles(ttft_metric(ttft.allowance), ttft_matchers(ttft.allowance)),
                 unit="s",
                 slo_line=ttft.threshold_s,
                 min_value=0,
@@ -103,7 +114,8 @@ def _budget_row(dashboard: Dashboard, policy: Policy) -> Dashboard:
             timeseries(
                 "Good-event ratio",
                 [
-                    query(_good_ratio(TTFT_HISTOGRAM, ttft.threshold_s), f"TTFT <= {ttft.threshold_s} s"),
+                    query(_good_ratio(ttft_metric(ttft.allowance), ttft.threshold_s, ttft_matchers(ttft.allowance)),
+                          f"TTFT{_normalized(ttft)} <= {ttft.threshold_s} s"),
                     query(_good_ratio(ITL_HISTOGRAM, itl.threshold_s), f"ITL <= {itl.threshold_s} s"),
                     target_line("TTFT", ttft.target),
                     target_line("ITL", itl.target),

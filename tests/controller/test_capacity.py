@@ -35,18 +35,37 @@ def test_replicas_needed_is_the_smallest_fleet_that_meets_the_targets() -> None:
         assert n == 1 or not model.meets_targets(model.predict(load(rate), n - 1))
 
 
-def test_inverts_a_known_profile() -> None:
-    # Per replica the profile sustains r* requests/s within the targets; n*r* needs exactly n replicas.
+def test_inverts_a_known_profile_and_pools_replicas() -> None:
+    # One replica sustains r* requests/s within the targets.  n * r* needs at most n replicas: behind
+    # least-loaded routing a request waits only when every replica is busy (M/G/N), so pooling helps.
     model = CapacityModel(SIMPLE)
     prefill_at_slo, _ = model.sustainable_rates(mean_prompt_tokens=1000.0, mean_output_tokens=1.0)
     per_replica = prefill_at_slo / 1000.0
+    needs = []
     for n in (1, 3, 17, 250):
         unit = Load(
             request_rate_rps=per_replica * n * 0.999,
             prompt_tokens_per_s=per_replica * n * 999.0,
             output_tokens_per_s=0.0,
         )
-        assert model.replicas_needed(unit) == n
+        needs.append(model.replicas_needed(unit))
+    assert needs[0] == 1
+    assert all(need <= n for need, n in zip(needs, (1, 3, 17, 250), strict=True))
+    assert needs == sorted(needs) and needs[-1] < 250
+
+
+def test_erlang_c_by_hand() -> None:
+    from controller.capacity import _erlang_c, _waits
+
+    # Two servers at rho 0.5 (offered 1 Erlang): B(2, 1) = 0.5 / 2.5 = 0.2, C = 0.2 / (1 - 0.5 * 0.8) = 1/3.
+    assert _erlang_c(2, 0.5) == pytest.approx(1 / 3)
+    assert _erlang_c(1, 0.3) == pytest.approx(0.3)  # M/M/1: an arrival waits with probability rho
+    mean_wait, p99 = _waits(2, 0.5, 0.1, 1.0)
+    conditional = 0.1 / (2 * 0.5)
+    assert mean_wait == pytest.approx(conditional / 3)
+    import math
+
+    assert p99 == pytest.approx(conditional * math.log((1 / 3) / 0.01))
 
 
 def test_mm1_like_numbers_by_hand() -> None:
@@ -69,15 +88,16 @@ def test_more_load_needs_more_replicas_and_zero_needs_none() -> None:
 
 
 def test_correction_from_slow_observations_raises_the_need() -> None:
-    model = CapacityModel()
-    base = model.replicas_needed(load(50.0))
-    predicted = model.predict(load(50.0), base)
+    model = CapacityModel(DEFAULT_PROFILE, Targets(itl_s=1.0))  # TTFT binds, not ITL
+    heavy = load(50.0, prompt=2000.0, output=50.0)
+    base = model.replicas_needed(heavy)
+    predicted = model.predict(heavy, base)
     for _ in range(10):
-        model.correct(load=load(50.0), ready_replicas=base, ttft_p99_s=predicted.ttft_p99_s * 1.8, itl_p99_s=None)
+        model.correct(load=heavy, ready_replicas=base, ttft_p99_s=predicted.ttft_p99_s * 1.8, itl_p99_s=None)
     assert model.ttft_correction > 1.5
-    assert model.replicas_needed(load(50.0)) > base
+    assert model.replicas_needed(heavy) > base
     for _ in range(40):
-        model.correct(load=load(50.0), ready_replicas=base, ttft_p99_s=predicted.ttft_p99_s, itl_p99_s=None)
+        model.correct(load=heavy, ready_replicas=base, ttft_p99_s=predicted.ttft_p99_s, itl_p99_s=None)
     assert model.ttft_correction == pytest.approx(1.0, abs=0.05)
 
 

@@ -177,3 +177,40 @@ def test_request_token_edges_are_vllms_build_1_2_5_buckets() -> None:
     assert request_tokens_buckets(100) == (1, 2, 5, 10, 20, 50, 100)
     assert request_tokens_buckets(4096)[-1] == 2000 and len(request_tokens_buckets(4096)) == 11
     assert request_tokens_buckets(1) == (1,)
+
+
+def test_normalized_ttft_subtracts_the_long_prompt_allowance() -> None:
+    from dataclasses import replace
+
+    from contracts.ttft_objective import TtftAllowance
+
+    reg = CollectorRegistry()
+    allowance = TtftAllowance(1000, 0.05)
+    sink = PrometheusStatsSink(reg, model_name="m", ttft_allowances=(allowance,))
+    # 5,000-token prompt: 0.2 s allowance, so 0.7 s of TTFT is 0.5 normalized (good); 0.71 s is not.
+    long_good = replace(finished(), prompt_tokens=5000, ttft_s=0.7)
+    long_bad = replace(finished(), prompt_tokens=5000, ttft_s=0.76)
+    short = replace(finished(), prompt_tokens=800, ttft_s=0.5)
+    sink.record(step(finished=(long_good, long_bad, short)))
+    labels = {**LABELS, "reference_prompt_tokens": "1000", "per_1k_prompt_tokens_s": "0.05"}
+    get = reg.get_sample_value
+    assert get("moeslo_ttft_normalized_seconds_bucket", {**labels, "le": "0.5"}) == 2
+    assert get("moeslo_ttft_normalized_seconds_count", labels) == 3
+    assert get("vllm:request_prompt_tokens_bucket", {**LABELS, "le": "1000.0"}) == 1
+    assert get("vllm:request_prompt_tokens_count", LABELS) == 3
+
+
+def test_the_vllm_observer_writes_the_engine_exporters_series() -> None:
+    from types import SimpleNamespace
+
+    from exporters.ttft_normalized import NormalizedTtftObserver, finished_ttfts
+
+    reg = CollectorRegistry()
+    observer = NormalizedTtftObserver(reg)
+    # vLLM's finished-request stats: TTFT is queue + prefill (0.7 s at 5,000 tokens: 0.5 normalized, good).
+    finished = [SimpleNamespace(queued_time=0.2, prefill_time=0.5, num_prompt_tokens=5000),
+                SimpleNamespace(queued_time=0.3, prefill_time=0.3, num_prompt_tokens=900)]
+    observer.observe("m", "0", finished_ttfts(finished))
+    labels = {**LABELS, "reference_prompt_tokens": "1000", "per_1k_prompt_tokens_s": "0.05"}
+    assert reg.get_sample_value("moeslo_ttft_normalized_seconds_bucket", {**labels, "le": "0.5"}) == 1
+    assert reg.get_sample_value("moeslo_ttft_normalized_seconds_count", labels) == 2

@@ -30,7 +30,9 @@ def test_create_get_list_with_etag_and_defaults(client: TestClient) -> None:
     assert created.headers["location"] == "/v1/policies/qwen"
     body = created.json()
     assert body["version"] == 1
-    assert body["policy"]["objectives"]["ttft"] == {"threshold_s": 0.5, "target": 0.99}
+    assert body["policy"]["objectives"]["ttft"] == {
+        "threshold_s": 0.5, "target": 0.99, "reference_prompt_tokens": 1000, "per_1k_prompt_tokens_s": 0.0,
+    }
     assert body["policy"]["scaling"]["scale_down_cooldown_s"] == 180 and body["policy"]["lead_time_s"] == 120
     got = client.get("/v1/policies/qwen")
     assert got.status_code == 200 and got.headers["etag"] == '"1"'
@@ -50,6 +52,26 @@ def test_create_get_list_with_etag_and_defaults(client: TestClient) -> None:
         ),
         ({"objectives": {"ttft": {"threshold_s": 0.5, "target": 1.5}}}, "objectives.ttft.target", "less than 1"),
         ({"objectives": {"itl": {"threshold_s": 0.02, "target": 0}}}, "objectives.itl.target", "greater than 0"),
+        (
+            {"objectives": {"ttft": {"threshold_s": 0.5, "target": 0.99, "per_1k_prompt_tokens_s": -0.1}}},
+            "objectives.ttft.per_1k_prompt_tokens_s",
+            "greater than or equal to 0",
+        ),
+        (
+            {"objectives": {"ttft": {"threshold_s": 0.5, "target": 0.99, "per_1k_prompt_tokens_s": "fast"}}},
+            "objectives.ttft.per_1k_prompt_tokens_s",
+            "valid number",
+        ),
+        (
+            {"objectives": {"ttft": {"threshold_s": 0.5, "target": 0.99, "reference_prompt_tokens": 1.5}}},
+            "objectives.ttft.reference_prompt_tokens",
+            "valid integer",
+        ),
+        (
+            {"objectives": {"itl": {"threshold_s": 0.02, "target": 0.99, "per_1k_prompt_tokens_s": 0.1}}},
+            "objectives.itl.per_1k_prompt_tokens_s",
+            "Extra inputs are not permitted",
+        ),
         ({"target": {"kind": "statefulset", "name": "x"}}, "target", "does not match any of the expected tags"),
         ({"surprise": 1}, "surprise", "Extra inputs are not permitted"),
         ({"scaling": {"max_replicas": "many"}}, "scaling.max_replicas", "valid integer"),
@@ -151,6 +173,21 @@ def test_delete_and_history(client: TestClient) -> None:
     assert client.get("/v1/policies/ghost/history").status_code == 404
 
 
+def test_openslo_round_trip_keeps_the_long_prompt_allowance(client: TestClient) -> None:
+    ttft = {"threshold_s": 0.5, "target": 0.99, "reference_prompt_tokens": 2000, "per_1k_prompt_tokens_s": 0.05}
+    _create(client, {**POLICY, "objectives": {"ttft": ttft}})
+    docs = list(yaml.safe_load_all(client.get("/v1/policies/qwen/openslo").text))
+    good = docs[0]["spec"]["indicator"]["spec"]["ratioMetric"]["good"]["metricSource"]["spec"]["query"]
+    assert "moeslo_ttft_normalized_seconds_bucket" in good
+    assert 'reference_prompt_tokens="2000"' in good and 'per_1k_prompt_tokens_s="0.05"' in good
+    client.delete("/v1/policies/qwen", headers=AUTH)
+    _create(client, POLICY)  # flat; importing the documents brings the allowance back
+    imported = client.post("/v1/openslo", content=yaml.safe_dump_all(docs),
+                           headers={**AUTH, "Content-Type": "application/yaml"})  # fmt: skip
+    assert imported.status_code == 200, imported.text
+    assert client.get("/v1/policies/qwen").json()["policy"]["objectives"]["ttft"] == ttft
+
+
 def test_openslo_export_and_import_round_trip(client: TestClient) -> None:
     _create(client, {**POLICY, "target": {**POLICY["target"], "model": "Qwen/Qwen3-30B-A3B"}})
     exported = client.get("/v1/policies/qwen/openslo")
@@ -171,7 +208,9 @@ def test_openslo_export_and_import_round_trip(client: TestClient) -> None:
     imported = client.post("/v1/openslo", content=body, headers={**AUTH, "Content-Type": "application/yaml"})
     assert imported.status_code == 200, imported.text
     policy = client.get("/v1/policies/qwen").json()["policy"]
-    assert policy["objectives"]["ttft"] == {"threshold_s": 0.3, "target": 0.999}
+    assert policy["objectives"]["ttft"] == {
+        "threshold_s": 0.3, "target": 0.999, "reference_prompt_tokens": 1000, "per_1k_prompt_tokens_s": 0.0,
+    }
     assert policy["objectives"]["imbalance"]["max_cv"] == 0.2
     assert policy["target"]["kind"] == "deployment"
     # Documents for an unknown policy create a read-only model policy.

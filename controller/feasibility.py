@@ -1,0 +1,66 @@
+"""Requests no fleet can serve within the TTFT objective: counted apart, never a reason to scale up.
+
+A request is infeasible when an idle replica, prefilling its uncached tokens at
+full speed, already misses the objective (:mod:`contracts.ttft_objective`): its
+prompt is longer than :meth:`controller.capacity.CapacityModel.longest_feasible_prompt`.
+The engines report finished requests by prompt length (``vllm:request_prompt_tokens``),
+so the share beyond that length is read from the histogram (interpolated inside the
+bucket that holds the limit, as ``histogram_quantile`` does).
+
+Such requests count against the SLO as they are (the status shows both), but the
+signals that drive scale-ups judge only the feasible ones: the TTFT good ratios are
+taken over the feasible requests, and a p99 TTFT that the infeasible tail reaches is
+not used for pressure or for correcting the capacity model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from controller.types import PolicyObservation
+
+__all__ = ["P99_TAIL_SHARE", "feasible_view", "infeasible_share"]
+
+P99_TAIL_SHARE = 0.002
+"""Infeasible share from which the observed p99 TTFT is taken to be theirs (a fifth of the 1 % tail)."""
+
+
+def infeasible_share(buckets: Sequence[tuple[float, float]], longest_prompt: float) -> float | None:
+    """Share of requests with prompts longer than ``longest_prompt`` (None without data)."""
+    if not buckets or math.isinf(longest_prompt):
+        return 0.0 if buckets and buckets[-1][1] > 0 else None
+    total = buckets[-1][1]
+    if total <= 0:
+        return None
+    below_edge, below_count = 0.0, 0.0
+    for edge, count in buckets:
+        if edge >= longest_prompt:
+            if math.isinf(edge):
+                within = below_count  # beyond the last finite edge: nothing to interpolate with
+            else:
+                within = below_count + (count - below_count) * (longest_prompt - below_edge) / (edge - below_edge)
+            return min(max(1.0 - within / total, 0.0), 1.0)
+        below_edge, below_count = edge, count
+    return 0.0
+
+
+def feasible_view(observation: PolicyObservation, share: float | None) -> PolicyObservation:
+    """The observation as the scale-up signals should see it: TTFT judged over the feasible requests."""
+    sli = observation.sli
+    if sli is None or share is None or share <= 0:
+        return observation
+    if share >= 1.0:
+        feasible_ratio: dict[str, float] = {}
+        ratio_now = None
+    else:
+        feasible_ratio = {w: min(r / (1.0 - share), 1.0) for w, r in sli.ttft_good_ratio_by_window.items()}
+        ratio_now = None if sli.ttft_good_ratio is None else min(sli.ttft_good_ratio / (1.0 - share), 1.0)
+    adjusted = replace(
+        sli,
+        ttft_good_ratio=ratio_now,
+        ttft_good_ratio_by_window=feasible_ratio,
+        ttft_p99_s=None if share >= P99_TAIL_SHARE else sli.ttft_p99_s,
+    )
+    return replace(observation, sli=adjusted)

@@ -1,0 +1,59 @@
+"""``moeslo_ttft_normalized_seconds`` for engines we do not own (vLLM): one observer, fed finished requests.
+
+The embedded engine's exporter (:mod:`exporters.prometheus`) observes the same
+histogram from its own stats; this observer gives the vLLM stat-logger plugin
+(:mod:`exporters.vllm_ttft`) the same names, labels, buckets and definition
+(:mod:`contracts.ttft_objective`), without importing vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+
+from contracts.catalogue import (
+    BASE_LABELS,
+    PER_1K_PROMPT_TOKENS_LABEL,
+    REFERENCE_PROMPT_TOKENS_LABEL,
+    TTFT_BUCKETS_S,
+    TTFT_NORMALIZED_HISTOGRAM,
+)
+from contracts.slo_defaults import TTFT_PER_1K_PROMPT_TOKENS_S, TTFT_REFERENCE_PROMPT_TOKENS
+from contracts.ttft_objective import TtftAllowance
+
+__all__ = ["DEFAULT_ALLOWANCES", "NormalizedTtftObserver", "finished_ttfts"]
+
+DEFAULT_ALLOWANCES: tuple[TtftAllowance, ...] = (
+    TtftAllowance(TTFT_REFERENCE_PROMPT_TOKENS, TTFT_PER_1K_PROMPT_TOKENS_S),
+)
+
+
+class NormalizedTtftObserver:
+    """Observes each finished request's normalized TTFT, once per exported allowance."""
+
+    def __init__(
+        self, registry: CollectorRegistry, *, allowances: Sequence[TtftAllowance] = DEFAULT_ALLOWANCES
+    ) -> None:
+        self._histogram = Histogram(
+            TTFT_NORMALIZED_HISTOGRAM, "TTFT minus the long-prompt allowance, in seconds.",
+            [*BASE_LABELS, REFERENCE_PROMPT_TOKENS_LABEL, PER_1K_PROMPT_TOKENS_LABEL],
+            registry=registry, buckets=TTFT_BUCKETS_S,
+        )  # fmt: skip
+        self._allowances = tuple(allowances)
+
+    def observe(self, model_name: str, engine: str, requests: Iterable[tuple[float, int]]) -> None:
+        """``(ttft_s, prompt_tokens)`` of requests that finished on one engine."""
+        series = [
+            (allowance, self._histogram.labels(model_name, engine, *allowance.labels().values()))
+            for allowance in self._allowances
+        ]
+        for ttft_s, prompt_tokens in requests:
+            for allowance, histogram in series:
+                histogram.observe(allowance.normalized_s(ttft_s, prompt_tokens))
+
+
+def finished_ttfts(finished: Iterable[Any]) -> list[tuple[float, int]]:
+    """``(ttft_s, prompt_tokens)`` of vLLM's finished-request stats: engine-core queue time plus prefill time."""
+    return [(float(f.queued_time) + float(f.prefill_time), int(f.num_prompt_tokens)) for f in finished]

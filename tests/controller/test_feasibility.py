@@ -1,0 +1,89 @@
+"""Requests no fleet can serve within the TTFT objective: their share, and signals that ignore them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from contracts.ttft_objective import TtftAllowance
+from controller.capacity import DEFAULT_PROFILE, CapacityModel, Targets
+from controller.feasibility import feasible_view, infeasible_share
+from controller.types import PolicyObservation, SliSnapshot
+
+BUCKETS = ((1000.0, 10.0), (10000.0, 60.0), (20000.0, 90.0), (math.inf, 100.0))
+
+
+def test_longest_feasible_prompt_from_the_objective_and_the_profile() -> None:
+    flat = TtftAllowance()
+    # 10 ms overhead, 24k tokens/s: 0.49 s of prefill is 11,760 tokens.
+    assert flat.longest_feasible_prompt(0.5, overhead_s=0.01, prefill_tokens_per_s=24_000) == pytest.approx(11_760)
+    assert not flat.is_infeasible(11_000, 0.5, overhead_s=0.01, prefill_tokens_per_s=24_000)
+    assert flat.is_infeasible(12_000, 0.5, overhead_s=0.01, prefill_tokens_per_s=24_000)
+    assert not flat.is_infeasible(12_000, 0.5, overhead_s=0.01, prefill_tokens_per_s=24_000, uncached_tokens=4000)
+    # An allowance above the prefill time per token makes every length feasible.
+    generous = TtftAllowance(1000, 0.05)
+    assert math.isinf(generous.longest_feasible_prompt(0.5, overhead_s=0.01, prefill_tokens_per_s=24_000))
+    # 20 ms per 1k against 41.7 ms of prefill per 1k: 0.49 - 1000 / 24000 = 0.448 s left at 21.7 ms per 1k.
+    slow = TtftAllowance(1000, 0.02)
+    limit = slow.longest_feasible_prompt(0.5, overhead_s=0.01, prefill_tokens_per_s=24_000)
+    assert limit == pytest.approx(1000 + (0.49 - 1000 / 24000) / (1 / 24000 - 0.02 / 1000))
+    assert slow.is_infeasible(limit + 10, 0.5, overhead_s=0.01, prefill_tokens_per_s=24_000)
+    assert not slow.is_infeasible(limit - 10, 0.5, overhead_s=0.01, prefill_tokens_per_s=24_000)
+
+
+def test_the_capacity_model_counts_cached_tokens_as_free() -> None:
+    model = CapacityModel(DEFAULT_PROFILE, Targets())
+    flat_limit = model.longest_feasible_prompt()
+    model.prefix_hit_rate = 0.5
+    assert model.longest_feasible_prompt() == pytest.approx(2 * flat_limit)
+
+
+def test_infeasible_share_from_the_prompt_length_histogram() -> None:
+    assert infeasible_share(BUCKETS, 15000.0) == pytest.approx(1 - 75 / 100)  # halfway into (10k, 20k]
+    assert infeasible_share(BUCKETS, 500.0) == pytest.approx(0.95)
+    assert infeasible_share(BUCKETS, 50000.0) == pytest.approx(0.10)  # beyond the last edge: all of +Inf
+    assert infeasible_share(BUCKETS, math.inf) == 0.0
+    assert infeasible_share((), 1000.0) is None
+
+
+def test_scale_up_signals_judge_ttft_over_the_feasible_requests() -> None:
+    sli = SliSnapshot(observed_at_s=0.0, ttft_good_ratio=0.72, ttft_p99_s=3.0,
+                      ttft_good_ratio_by_window={"5m": 0.72, "1h": 0.8}, itl_good_ratio=0.99)  # fmt: skip
+    obs = PolicyObservation(policy="p", observed_at_s=0.0, sli=sli)
+    view = feasible_view(obs, 0.2)
+    assert view.sli is not None
+    assert view.sli.ttft_good_ratio == pytest.approx(0.9)
+    assert view.sli.ttft_good_ratio_by_window == {"5m": pytest.approx(0.9), "1h": 1.0}
+    assert view.sli.ttft_p99_s is None  # the infeasible tail owns the p99
+    assert view.sli.itl_good_ratio == 0.99
+    assert feasible_view(obs, 0.0) is obs and feasible_view(obs, None) is obs
+
+
+def _tick(buckets: tuple[tuple[float, float], ...]) -> tuple[int | None, tuple[str, ...], object]:
+    from controller.builder import CoreOptions, build_decision_core
+    from controller.policy import ForecastSettings, LocalTarget, Policy
+    from controller.types import TickInput
+
+    core = build_decision_core(CoreOptions(isolate_advisor_errors=False))
+    policy = Policy(name="p", target=LocalTarget(), forecast=ForecastSettings(enabled=False))
+    # A fifth of the requests have 50k-token prompts (no replica prefills them in 500 ms) and all of
+    # them miss: the TTFT SLI burns at 20x, yet every feasible request met the objective.
+    sli = SliSnapshot(observed_at_s=100.0, requests_in_window=500.0, ttft_good_ratio=0.8, itl_good_ratio=1.0,
+                      ttft_p99_s=2.5, itl_p99_s=0.01, ttft_good_ratio_by_window={"5m": 0.8},
+                      prompt_tokens_buckets=buckets)  # fmt: skip
+    obs = PolicyObservation(policy="p", observed_at_s=100.0, current_replicas=4, ready_replicas=4, queue_depth=0.0,
+                            running_requests=8.0, request_rate_rps=2.0, prompt_tokens_per_s=2.0 * 11_000,
+                            output_tokens_per_s=200.0, kv_cache_usage=0.3, sli=sli)  # fmt: skip
+    decision = core.tick(TickInput(now_s=100.0, policies={"p": policy}, observations={"p": obs})).for_policy("p")
+    return decision.desired_replicas, decision.reasons, decision.inputs.get("sizing.ttft_infeasible_share")
+
+
+def test_infeasible_requests_never_drive_a_scale_up() -> None:
+    lengths = ((1000.0, 100.0), (2000.0, 400.0), (50000.0, 400.0), (100000.0, 500.0), (math.inf, 500.0))
+    desired, reasons, share = _tick(lengths)
+    assert share == pytest.approx(0.2)
+    assert "slo_burn" not in reasons and "latency_p99" not in reasons and desired is not None and desired <= 4
+    # The same SLIs without lengths to tell the infeasible requests apart: the burn asks for replicas.
+    desired, reasons, share = _tick(())
+    assert share is None and "slo_burn" in reasons and desired is not None and desired > 4
