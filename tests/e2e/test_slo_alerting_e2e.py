@@ -57,6 +57,9 @@ MAY_BE_EMPTY = {
     "Forecast quality: rolling WAPE and interval coverage",  # no forecast scored within the run
     "Controller decisions",  # annotation: only when a decision changes
     "Errors per second by component",  # no errors
+    # The entry router's row: this stack sends straight to the engine (tests/router and the demo cover it).
+    "Routed requests per second, by replica and outcome", "TTFT prediction error p10 / p50 / p90",
+    "Router overhead p99",
 }
 
 
