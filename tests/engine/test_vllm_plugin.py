@@ -65,7 +65,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpReceiver) -> Ite
             "OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
             "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "cumulative", "OTEL_BSP_SCHEDULE_DELAY": "500",
             # The trigger's routes and our EPLB policy (EPLB itself cannot run on vLLM CPU).
-            "VLLM_PLUGINS": "moeslo,moeslo_otel,moeslo_eplb,moeslo_eplb_policy", "MOESLO_VLLM_EPLB_POLICY": "1",
+            "VLLM_PLUGINS": "moeslo,moeslo_otel,moeslo_ttft,moeslo_eplb,moeslo_eplb_policy", "MOESLO_VLLM_EPLB_POLICY": "1",
         },
     )  # fmt: skip
     off = VllmServer(checkpoint, model_name=MODEL, log_path=tmp / "off.log",
@@ -172,7 +172,8 @@ def test_disabled_plugin_adds_nothing_and_enabled_adds_only_moe_families(servers
     added = families["on"] - families["off"]
     assert added == {"moe_expert_tokens", "moe_rank_tokens", "moe_layer_imbalance_cv", "moe_layer_balancedness",
                      "moe_layer_imbalance_cv_noise_floor",
-                     "moe_imbalance_cv_across_layers", "moe_balancedness_across_layers"}
+                     "moe_imbalance_cv_across_layers", "moe_balancedness_across_layers",
+                     "moeslo_ttft_normalized_seconds"}  # the length-aware TTFT objective's series
     assert families["off"] <= families["on"]
 
 
