@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import logging
 import os
@@ -262,6 +263,10 @@ def serve(options: CoreOptions) -> int:
             log.exception("engine core: the model did not load")
             outputs.send(wire.pack([wire.READY, {"error": wire.error_to_wire(exc)}]))
             return 1
+        # What start-up allocated lives as long as the process: out of the collector's sight, a full
+        # collection never walks it mid-step (as vLLM's engine core does after its start-up).
+        gc.collect()
+        gc.freeze()
         try:
             outputs.send(wire.pack([wire.READY, _ready_info(core)]))
             CoreLoop(core, inputs, outputs, lambda: os.getppid() == options.parent_pid).run()

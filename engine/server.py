@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import threading
 import time
@@ -76,6 +77,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(engine.start)
+        gc.collect()
+        gc.freeze()  # start-up's objects stay: full collections need not walk them while streaming
         try:
             yield
         finally:

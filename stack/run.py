@@ -170,7 +170,8 @@ class LocalStack:
         port = free_port()
         cpus = sorted(os.sched_getaffinity(0))[: opts.cpus_per_replica]
         argv = [*moeslo_command(), "serve", "--checkpoint", str(checkpoint), "--port", str(port),
-                "--ep", str(opts.ep), "--model-name", MODEL_NAME, "--engine-id", "profile"]
+                "--ep", str(opts.ep), "--model-name", MODEL_NAME, "--engine-id", "profile",
+                "--max-num-batched-tokens", str(opts.max_num_batched_tokens)]
         progress(f"starting a replica to profile (EP {opts.ep}, CPUs {cpus})")
         replica = self.supervisor.start("profile-replica", argv, cwd=ROOT, cpus=cpus)
         try:
@@ -192,7 +193,8 @@ class LocalStack:
             "allowed_endpoint_addresses": ["loopback"],
             "local": {
                 "command": [*moeslo_command(), "serve", "--checkpoint", "{checkpoint}", "--port", "{port}",
-                            "--ep", str(opts.ep), "--model-name", "{model}", "--engine-id", "{port}"],
+                            "--ep", str(opts.ep), "--model-name", "{model}", "--engine-id", "{port}",
+                            "--max-num-batched-tokens", str(opts.max_num_batched_tokens)],
                 "checkpoint": str(checkpoint), "first_port": first_port,
                 "log_dir": str((opts.out / "logs").resolve()), "cpus_per_replica": opts.cpus_per_replica,
             },
