@@ -311,7 +311,7 @@ class LocalStack:
         opts, state = self.options, self.state
         await asyncio.sleep(opts.slowdown_at_s)
         # 100 ms periods, as a CFS CPU quota throttles a container whose neighbours took its share.
-        throttle = CpuThrottle(self.engine_ports, period_s=0.1, stopped_s=0.07)
+        throttle = CpuThrottle(self.engine_ports, period_s=0.1, stopped_s=0.085)
         start = state.elapsed()
         state.fault = (start, start + opts.slowdown_for_s)
         state.event(f"fault injected for {opts.slowdown_for_s:.0f} s: {throttle.describe()}")
