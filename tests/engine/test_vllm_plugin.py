@@ -65,7 +65,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpReceiver) -> Ite
             "OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
             "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "cumulative", "OTEL_BSP_SCHEDULE_DELAY": "500",
             # The trigger's routes and our EPLB policy (EPLB itself cannot run on vLLM CPU).
-            "VLLM_PLUGINS": "moeslo,moeslo_otel,moeslo_ttft,moeslo_eplb,moeslo_eplb_policy", "MOESLO_VLLM_EPLB_POLICY": "1",
+            "VLLM_PLUGINS": "moeslo,moeslo_otel,moeslo_ttft,moeslo_eplb,moeslo_eplb_policy",
+            "MOESLO_VLLM_EPLB_POLICY": "1",
         },
     )  # fmt: skip
     off = VllmServer(checkpoint, model_name=MODEL, log_path=tmp / "off.log",
