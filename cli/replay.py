@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli.common import cli_errors, console, print_json
 from contracts.slo_defaults import LEAD_TIME_S
+
+if TYPE_CHECKING:
+    from controller.replay.protocol import ReplayRequest
 
 DEFAULT_POLICIES = "static,hpa,keda-queue,keda-kv,dynamo,moeslo,oracle"
 
@@ -60,6 +64,13 @@ def replay(
     start: Annotated[float, typer.Option(help="Start this many seconds into the trace.")] = 0.0,
     duration: Annotated[float | None, typer.Option(help="Replay only this many seconds of the trace.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for rate scaling, length draws and start-up draws.")] = 0,
+    router: Annotated[
+        str | None, typer.Option(help="Compare the entry router's policies at fixed fleet sizes instead: "
+                                      "cost,least-loaded,round-robin,prefix (any of them).")
+    ] = None,
+    replicas: Annotated[
+        str | None, typer.Option(help="With --router: fleet sizes, comma-separated (default: around the peak need).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary JSON to stdout.")] = False,
 ) -> None:
     """Compare scaling strategies on a trace in a world the controllers do not know."""
@@ -73,6 +84,9 @@ def replay(
             warmup_s=warmup, refit_every=refit_every, start_s=start, duration_s=duration, seed=seed,
             ttft_per_1k_s=ttft_per_1k, ttft_reference_tokens=ttft_reference_tokens,
         )  # fmt: skip
+        if router is not None:
+            _compare_routers(request, router, replicas, out, json_out=json_out)
+            return
         if sweep:
             names = [p.strip() for p in policies.split(",") if p.strip()]
             with _progress(transient=json_out) as progress:
@@ -94,6 +108,23 @@ def replay(
                 f"worst hour {s['worst_hour_attainment']}, {s['scale_events_per_hour']:.1f} scale events/h"
             )
         console.print(f"wrote {out / 'summary.json'} and {len(summary['plots'])} plot(s)")
+
+
+def _compare_routers(request: ReplayRequest, router: str, replicas: str | None, out: Path, *, json_out: bool) -> None:
+    from bench.router_replay import compare_routers
+
+    sizes = [int(n) for n in replicas.split(",")] if replicas else None
+    summary = compare_routers(request, [p.strip() for p in router.split(",") if p.strip()], sizes)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "routers.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if json_out:
+        print_json(summary)
+        return
+    for name, rows in summary["results"].items():
+        cells = "  ".join(f"{r['replicas']}: {r['attainment_both']:.4f} p99 {r['ttft_p99_s']}" for r in rows)
+        console.print(f"{name:>20}  {cells}")
+    console.print(f"replicas for {summary['goal_attainment']:.0%}: {summary['replicas_for_goal']}; "
+                  f"ratios {summary['ratios']}; wrote {out / 'routers.json'}")
 
 
 @contextmanager

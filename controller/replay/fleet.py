@@ -15,7 +15,8 @@ rather than on average, with the *true* profile of :mod:`controller.replay.world
   keeps an LRU cache of blocks (:mod:`controller.replay.prefix_cache`) and prefills only
   a prompt's uncached tokens.
 
-Requests go to the least-loaded ready replica (prefill backlog plus decode work, plus
+Requests go to the least-loaded ready replica, or where a routing hook says (``route``: the entry
+router's own policies, :mod:`bench.router_replay`) (prefill backlog plus decode work, plus
 the prefill of the prompt's uncached tokens there when blocks are known: Mooncake's
 cache-aware scheduling).  TTFT is judged by the objective's long-prompt allowance
 (:mod:`contracts.ttft_objective`), the same definition the engines' histogram uses.
@@ -29,6 +30,7 @@ import bisect
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +45,11 @@ from controller.replay.scoring import TickOutcomes
 from controller.replay.signals import SLI_WINDOW_S, TickSample
 from controller.replay.world import ProfileCache, World, startup_times
 
-__all__ = ["RequestFleet", "StartingReplicas", "tick_loads"]
+__all__ = ["RequestFleet", "RouteHook", "StartingReplicas", "tick_loads"]
+
+RouteHook = Callable[[int, float, FloatArray, FloatArray, FloatArray], int]
+"""(request index, arrival s, each ready replica's prefill-free time s, its admitted requests, its KV tokens
+in use) -> the index of the ready replica to send the request to."""
 
 
 @dataclass(eq=False, slots=True)
@@ -87,8 +93,10 @@ class RequestFleet:
         ttft_target_s: float = TTFT_THRESHOLD_S,
         itl_target_s: float = ITL_THRESHOLD_S,
         ttft_allowance: TtftAllowance = FLAT,
+        route: RouteHook | None = None,
     ) -> None:
         self.trace = trace
+        self.route = route
         self.world = world
         self.tick_s = tick_s
         self.ttft_target_s = ttft_target_s
@@ -174,6 +182,7 @@ class RequestFleet:
         backlog = np.zeros(0)
         decoders = np.zeros(0)
         hits = np.zeros(0, dtype=np.int64)
+        kv_used = np.zeros(0)
         for i in range(start_index, end):
             t = float(arrival[i])
             if t >= next_refresh:
@@ -182,6 +191,7 @@ class RequestFleet:
                     replica.release_until(t)
                 backlog = np.array([r.prefill_free_s for r in ready], dtype=np.float64)
                 decoders = np.array([len(r.decoding) for r in ready], dtype=np.float64)
+                kv_used = np.array([r.kv_used for r in ready], dtype=np.float64)
                 next_refresh = t + 0.5
             if not ready:
                 if not self.replicas:
@@ -189,6 +199,12 @@ class RequestFleet:
                 # No replica serves yet: the request waits for the first one to come up.
                 replica = min(self.replicas, key=lambda r: r.ready_at_s)
                 choice = -1
+            elif self.route is not None:
+                choice = self.route(i, t, backlog, decoders, kv_used)
+                replica = ready[choice]
+                if blocks is not None:
+                    hits = np.array([r.cache.cached_tokens(blocks[i], int(prompts[i])) if r.cache else 0
+                                     for r in ready])  # fmt: skip
             elif blocks is None:
                 choice = int(np.argmin(np.maximum(backlog - t, 0.0) + decoders * slope))
                 replica = ready[choice]
@@ -226,6 +242,7 @@ class RequestFleet:
             if choice >= 0:
                 backlog[choice] = first_token
                 decoders[choice] += 1
+                kv_used[choice] += need
         new = np.arange(start_index, end, dtype=np.int64)
         self._unfinished = np.r_[self._unfinished, new]
         self._unprefilled = np.r_[self._unprefilled, new]

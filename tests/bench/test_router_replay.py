@@ -1,0 +1,55 @@
+"""The entry router's policies on a replayed trace: the router's own code steers the simulated fleet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from bench.router_replay import BASELINE, compare_routers, router_hook
+from contracts.traces import RequestTrace
+from controller.capacity import ReplicaProfile
+from controller.replay.protocol import ReplayRequest
+
+PROFILE = ReplicaProfile(name="t", prefill_tokens_per_s=2000.0, itl_base_s=0.01, itl_per_seq_s=0.001,
+                         ttft_overhead_s=0.02, kv_capacity_tokens=100_000, max_num_seqs=64,
+                         prefill_chunk_tokens=512)  # fmt: skip
+
+
+def _trace(n: int = 3, blocks: bool = False) -> RequestTrace:
+    return RequestTrace(source="t", arrival_s=np.arange(n, dtype=np.float64), prompt_tokens=np.full(n, 1000),
+                        output_tokens=np.full(n, 10),
+                        prefix_blocks=tuple(np.array([7, 8 + i]) for i in range(n)) if blocks else None)  # fmt: skip
+
+
+def test_the_hook_is_the_routers_policy() -> None:
+    idle = (np.zeros(3), np.zeros(3), np.zeros(3))
+    rr = router_hook("round-robin", _trace(), PROFILE, 0.5)
+    assert [rr(0, 0.0, *idle) for _ in range(4)] == [0, 1, 2, 0]
+    cost = router_hook("cost", _trace(), PROFILE, 0.5)
+    # Replica 0 has 0.4 s of prefill queued and replica 1 a busy batch: replica 2 serves soonest.
+    assert cost(0, 0.0, np.array([0.4, 0.0, 0.0]), np.array([0.0, 6.0, 0.0]), np.zeros(3)) == 2
+    prefix = router_hook("prefix", _trace(blocks=True), PROFILE, 0.5)
+    # Requests sharing their leading block meet on one replica while its load allows.
+    assert prefix(0, 0.0, *idle) == prefix(1, 0.0, *idle)
+
+
+def test_policies_at_fixed_fleets_on_a_trace(tmp_path: Path) -> None:
+    # Two bursts of 60 requests a minute apart, 900-token prompts: one replica cannot hold them.
+    rows = []
+    for burst in (0, 60):
+        rows += [json.dumps({"timestamp": int((burst + i * 0.05) * 1000), "input_length": 900,
+                             "output_length": 20}) for i in range(60)]  # fmt: skip
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(rows) + "\n")
+    profile = tmp_path / "profile.json"
+    profile.write_text(PROFILE.model_dump_json())
+    request = ReplayRequest(trace=trace, profile=profile, warmup_s=0.0, tick_s=5.0, startup_s=10.0)
+    summary = compare_routers(request, ["cost", "round-robin", "least-loaded"], sizes=[1, 2, 4])
+    assert set(summary["results"]) == {BASELINE, "cost", "round-robin", "least-loaded"}
+    cost = {r["replicas"]: r for r in summary["results"]["cost"]}
+    assert cost[4]["attainment_both"] > cost[1]["attainment_both"]
+    assert cost[4]["ttft_p99_s"] < cost[1]["ttft_p99_s"]
+    assert all(r["unserved"] == 0 for rows in summary["results"].values() for r in rows)
+    assert set(summary["ratios"]) >= {"ttft_p99_cost_over_round-robin", "ttft_p99_cost_over_least-loaded"}
