@@ -105,16 +105,34 @@ def plan_over_windows(
             new = solve_rows_windows(shares, num_ranks, num_ranks * slots_per_rank)[0]
             counts = replica_counts(total[rows], num_ranks * slots_per_rank)
             lower[rows] = max_over_mean_lower_bound(total[rows], counts, num_ranks)
+        scratch = window_scores(new, shares, num_ranks)
         if previous is not None:
             new = _renumber(base.phy2log[rows], new, num_ranks, num_nodes)
+            new, scratch = _no_worse_than_contiguous(new, shares, num_ranks, slots_per_rank, num_nodes, num_groups)
         tolerance = config.replan_tolerance if previous is not None else 1e-12
-        keep = window_scores(base.phy2log[rows], shares, num_ranks) <= window_scores(new, shares, num_ranks) * (
-            1 + tolerance
-        )
+        keep = window_scores(base.phy2log[rows], shares, num_ranks) <= scratch * (1 + tolerance)
         if num_nodes > 1:
             keep &= groups_within_nodes(base.phy2log[rows], num_experts // num_groups, num_nodes)
         phy2log[rows] = np.where(keep[:, None], base.phy2log[rows], new)
     return _plan(phy2log, base, stack, total, active, lower, cv_lower, num_ranks, previous is not None, num_nodes)
+
+
+def _no_worse_than_contiguous(new: IntArray, shares: FloatArray, num_ranks: int, slots_per_rank: int,
+                              num_nodes: int, num_groups: int) -> tuple[IntArray, FloatArray]:  # fmt: skip
+    """Per row, the contiguous layout where it scores better than the plan (and keeps groups in nodes).
+
+    A plan from scratch starts from the contiguous layout and keeps it where the planner does no
+    better; a re-plan takes the same candidate, so it stays within tolerance of the plan from scratch.
+    """
+    rows, width = new.shape
+    num_experts = shares.shape[-1]
+    fresh = Placement.contiguous(rows, num_experts, num_ranks, slots_per_rank).phy2log
+    assert fresh.shape[1] == width
+    planned, contiguous = window_scores(new, shares, num_ranks), window_scores(fresh, shares, num_ranks)
+    better = contiguous < planned
+    if num_nodes > 1:
+        better &= groups_within_nodes(fresh, num_experts // num_groups, num_nodes)
+    return np.where(better[:, None], fresh, new), np.where(better, contiguous, planned)
 
 
 def _plan(
