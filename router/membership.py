@@ -11,14 +11,13 @@ goes on to the replicas already known.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
 import aiohttp
 
 from contracts.errors import DataError
 from router.forward import UPSTREAM_FAILURES, Router
+from router.monitor import Repeating
 
 _log = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ def only_policy(document: object) -> str:
     return names[0]
 
 
-class Membership:
+class Membership(Repeating):
     """Keeps ``router``'s replica set equal to the controller's list for one policy."""
 
     def __init__(self, router: Router) -> None:
@@ -51,7 +50,6 @@ class Membership:
         self.base = router.config.controller_url.rstrip("/")
         self.policy = router.config.controller_policy
         self._timeout = aiohttp.ClientTimeout(total=router.config.scrape_timeout_s * 2)
-        self._task: asyncio.Task[None] | None = None
         self.last_error: str | None = None
 
     async def _get_json(self, path: str) -> object:
@@ -79,21 +77,12 @@ class Membership:
         for name in removed:
             _log.info("replica %s removed by the controller", name)
 
-    async def _run(self) -> None:
-        while True:
-            await self.refresh()
-            await asyncio.sleep(self.router.config.membership_interval_s)
+    async def once(self) -> None:
+        await self.refresh()
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    @property
+    def interval_s(self) -> float:
+        return self.router.config.membership_interval_s
 
 
 __all__ = ["Membership", "endpoints_from", "only_policy"]

@@ -23,11 +23,39 @@ from router.forward import UPSTREAM_FAILURES, Router
 from router.scrape import parse_load
 
 
-class Monitor:
+class Repeating:
+    """A task on the server's event loop that runs :meth:`once` every :attr:`interval_s` until stopped."""
+
+    _task: asyncio.Task[None] | None = None
+
+    async def once(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def interval_s(self) -> float:
+        raise NotImplementedError
+
+    async def _run(self) -> None:
+        while True:
+            await self.once()
+            await asyncio.sleep(self.interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+class Monitor(Repeating):
     def __init__(self, router: Router) -> None:
         self.router = router
         self._timeout = aiohttp.ClientTimeout(total=router.config.scrape_timeout_s)
-        self._task: asyncio.Task[None] | None = None
 
     async def _get(self, url: str) -> tuple[int, bytes]:
         async with self.router.session.get(url, timeout=self._timeout) as answer:
@@ -59,21 +87,12 @@ class Monitor:
         with contextlib.suppress(DataError, UnicodeDecodeError):
             pool.update_load(name, parse_load(body.decode()))
 
-    async def _run(self) -> None:
-        while True:
-            await self.tick()
-            await asyncio.sleep(self.router.config.scrape_interval_s)
+    async def once(self) -> None:
+        await self.tick()
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    @property
+    def interval_s(self) -> float:
+        return self.router.config.scrape_interval_s
 
 
-__all__ = ["Monitor"]
+__all__ = ["Monitor", "Repeating"]
