@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from contracts.errors import DataError, ValidationError
 from controller.endpoints import AddressClass
+from controller.sources.base import RATE_WINDOW_S
 
 
 class _Section(BaseModel):
@@ -114,6 +115,9 @@ class ControllerSettings(BaseSettings):
     stale_after_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
     """Observations older than this are stale: the core holds."""
     tick_interval_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    rate_window_s: Annotated[int, Field(ge=2, le=3600)] = round(RATE_WINDOW_S)
+    """Whole seconds the request and token rates are averaged over (``rate(...[1m])`` in PromQL).
+    Longer is smoother; shorter follows a ramp sooner. Keep it at least four scrape intervals."""
     actuator: Literal["dryrun", "local", "kubernetes"] = "dryrun"
     local: LocalActuatorConfig = LocalActuatorConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()

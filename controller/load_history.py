@@ -24,7 +24,14 @@ import numpy as np
 from contracts.errors import MoesloError, UnavailableError
 from controller.core import DecisionCore
 from controller.policy import Policy
-from controller.sources.base import GENERATION_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL, REQUESTS_TOTAL, model_matcher
+from controller.slo import format_duration
+from controller.sources.base import (
+    GENERATION_TOKENS_TOTAL,
+    PROMPT_TOKENS_TOTAL,
+    RATE_WINDOW_S,
+    REQUESTS_TOTAL,
+    model_matcher,
+)
 from controller.sources.prometheus import PrometheusClient
 from controller.store import Store
 from controller.types import LoadHistory, PolicyObservation
@@ -96,6 +103,7 @@ async def prometheus_load_history(
     end_s: float,
     step_s: float,
     selector: str = "",
+    rate_window_s: float = RATE_WINDOW_S,
 ) -> Mapping[str, list[Sample]]:
     """Per policy, the request and token rates Prometheus holds over ``[start_s, end_s]`` (wall clock).
 
@@ -104,7 +112,8 @@ async def prometheus_load_history(
     if not policies:
         return {}
     matchers = ",".join(m for m in (model_matcher([p.model_name for p in policies]), selector.strip(",")) if m)
-    queries = [f"sum by (model_name) (rate({metric}{{{matchers}}}[1m]))"
+    window = format_duration(rate_window_s)
+    queries = [f"sum by (model_name) (rate({metric}{{{matchers}}}[{window}]))"
                for metric in (REQUESTS_TOTAL, PROMPT_TOKENS_TOTAL, GENERATION_TOKENS_TOTAL)]
     span = MAX_POINTS_PER_QUERY * step_s
     windows = [(t, min(t + span, end_s)) for t in np.arange(start_s, end_s, span)]
@@ -138,8 +147,10 @@ class LoadHistoryKeeper:
         wall_clock: Callable[[], float] = time.time,
         prometheus: PrometheusClient | None = None,
         selector: str = "",
+        rate_window_s: float = RATE_WINDOW_S,
         flush_every_ticks: int = 4,
     ) -> None:
+        self.rate_window_s = rate_window_s
         self.store = store
         self.bin_s = bin_s
         self.keep_s = keep_s
@@ -164,7 +175,8 @@ class LoadHistoryKeeper:
         if self.prometheus is not None:
             try:
                 found = dict(await prometheus_load_history(
-                    self.prometheus, new, start_s=start, end_s=now, step_s=self.bin_s, selector=self.selector
+                    self.prometheus, new, start_s=start, end_s=now, step_s=self.bin_s, selector=self.selector,
+                    rate_window_s=self.rate_window_s,
                 ))
                 origin = "prometheus"
             except UnavailableError as exc:

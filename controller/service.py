@@ -438,9 +438,13 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
     client: PrometheusClient | None = None
     if settings.prometheus_url is not None:
         client = PrometheusClient(settings.prometheus_url, timeout_s=settings.source_timeout_s)
-        source = PrometheusSource(client, selector=settings.prometheus_selector)
+        source = PrometheusSource(
+            client, selector=settings.prometheus_selector, rate_window_s=settings.rate_window_s
+        )
     else:
-        source = ScrapeSource(endpoints_for, timeout_s=settings.source_timeout_s)
+        source = ScrapeSource(
+            endpoints_for, timeout_s=settings.source_timeout_s, rate_window_s=settings.rate_window_s
+        )
     elector: LeaderElector
     if settings.leader_election.enabled:
         elector = LeaseElector(api_client(settings.kubernetes), settings.leader_election)
@@ -454,7 +458,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
     )
     history = LoadHistoryKeeper(
         store, bin_s=settings.tick_interval_s, keep_s=settings.forecast_history_s, prometheus=client,
-        selector=settings.prometheus_selector,
+        selector=settings.prometheus_selector, rate_window_s=settings.rate_window_s,
     )
     service = ControllerService(
         store=store,

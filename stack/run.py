@@ -189,6 +189,9 @@ class LocalStack:
             # Expert-load windows of 10 s (the day is compressed): a plan waits for two, so its
             # prediction is judged on a window it did not see.
             "rebalance_window_s": 10.0, "rebalance_min_windows": 2,
+            # Rates over 10 s (five 2 s scrapes), not a minute: over a minute the compressed ramp is seen
+            # half a minute late, and the first minute's rates read low (the counters start with the run).
+            "rate_window_s": 10,
             # The local stack's engines listen on 127.0.0.1: policies may name them.
             "allowed_endpoint_addresses": ["loopback"],
             "local": {

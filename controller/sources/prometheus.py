@@ -38,6 +38,7 @@ import httpx
 from contracts.catalogue import KV_CACHE_USAGE, LAYER_IMBALANCE_CV, REQUEST_PROMPT_TOKENS_HISTOGRAM, RUNNING, WAITING
 from contracts.errors import UnavailableError
 from controller.policy import Policy
+from controller.slo import format_duration
 from controller.sources.base import (
     GENERATION_TOKENS_TOTAL,
     HISTOGRAMS,
@@ -45,6 +46,7 @@ from controller.sources.base import (
     PREFIX_QUERIES_TOTAL,
     PROMPT_TOKENS_TOTAL,
     QUANTILE,
+    RATE_WINDOW_S,
     REQUESTS_TOTAL,
     SHORT_WINDOW,
     good_count_at,
@@ -124,9 +126,16 @@ class PrometheusSource:
     """Observations for policies from PromQL; see the module docstring."""
 
     def __init__(
-        self, client: PrometheusClient, *, selector: str = "", wall_clock: Callable[[], float] = time.time
+        self,
+        client: PrometheusClient,
+        *,
+        selector: str = "",
+        rate_window_s: float = RATE_WINDOW_S,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
+        self.rate_window = format_duration(rate_window_s)
+        """The PromQL range of the request and token rates (whole seconds)."""
         self.wall_clock = wall_clock
         self.selector = selector.strip().strip(",")
         self._last_good: dict[str, PolicyObservation] = {}
@@ -167,9 +176,9 @@ class PrometheusSource:
         queries["running"] = f"sum by (model_name) ({RUNNING}{sel})"
         queries["engines"] = f"count by (model_name) ({RUNNING}{sel})"
         queries["kv"] = f"avg by (model_name) ({KV_CACHE_USAGE}{sel})"
-        queries["requests"] = f"sum by (model_name) (rate({REQUESTS_TOTAL}{sel}[1m]))"
-        queries["prompt_tokens"] = f"sum by (model_name) (rate({PROMPT_TOKENS_TOTAL}{sel}[1m]))"
-        queries["output_tokens"] = f"sum by (model_name) (rate({GENERATION_TOKENS_TOTAL}{sel}[1m]))"
+        queries["requests"] = f"sum by (model_name) (rate({REQUESTS_TOTAL}{sel}[{self.rate_window}]))"
+        queries["prompt_tokens"] = f"sum by (model_name) (rate({PROMPT_TOKENS_TOTAL}{sel}[{self.rate_window}]))"
+        queries["output_tokens"] = f"sum by (model_name) (rate({GENERATION_TOKENS_TOTAL}{sel}[{self.rate_window}]))"
         queries["imbalance"] = f"max by (model_name, layer) ({LAYER_IMBALANCE_CV}{sel})"
         return queries
 

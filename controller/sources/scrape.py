@@ -221,9 +221,11 @@ class ScrapeSource:
         endpoints_for: EndpointsFor,
         *,
         timeout_s: float = 5.0,
+        rate_window_s: float = RATE_WINDOW_S,
         client: httpx.AsyncClient | None = None,
     ) -> None:
         self.endpoints_for = endpoints_for
+        self.rate_window_s = rate_window_s
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
         self._owns_client = client is None
         self._last: dict[tuple[str, str], dict[str, float]] = {}
@@ -341,9 +343,9 @@ class ScrapeSource:
             ready_replicas=len(live),
             queue_depth=sum(s.waiting for s in live) if live else None,
             running_requests=sum(s.running for s in live) if live else None,
-            request_rate_rps=_rate(history, "requests", now_s),
-            prompt_tokens_per_s=_rate(history, "prompt_tokens", now_s),
-            output_tokens_per_s=_rate(history, "output_tokens", now_s),
+            request_rate_rps=_rate(history, "requests", now_s, self.rate_window_s),
+            prompt_tokens_per_s=_rate(history, "prompt_tokens", now_s, self.rate_window_s),
+            output_tokens_per_s=_rate(history, "output_tokens", now_s, self.rate_window_s),
             kv_cache_usage=sum(kv_values) / len(kv_values) if kv_values else None,
             prefix_cache_hit_rate=_hit_rate(history, now_s),
             sli=sli if live or by_window["ttft"] or by_window["itl"] else None,
@@ -385,8 +387,8 @@ def _hit_rate(history: _ModelHistory, now_s: float) -> float | None:
     return min(max(hits[0] / queries[0], 0.0), 1.0)
 
 
-def _rate(history: _ModelHistory, key: str, now_s: float) -> float | None:
-    delta = history.increase(key, now_s, RATE_WINDOW_S)
+def _rate(history: _ModelHistory, key: str, now_s: float, window_s: float) -> float | None:
+    delta = history.increase(key, now_s, window_s)
     if delta is None or delta[1] <= 0:
         return None
     return delta[0] / delta[1]

@@ -54,3 +54,14 @@ def test_unreadable_or_malformed_files_name_the_file(tmp_path: Path) -> None:
     listing.write_text("- 1\n- 2\n")
     with pytest.raises(DataError, match="must be a mapping"):
         load_settings(listing)
+
+
+def test_rate_window_is_whole_seconds_of_at_least_two(tmp_path: Path) -> None:
+    assert load_settings().rate_window_s == 60
+    path = tmp_path / "c.yaml"
+    path.write_text("rate_window_s: 10\n")
+    assert load_settings(path).rate_window_s == 10
+    for bad in ("1", "2.5"):
+        path.write_text(f"rate_window_s: {bad}\n")
+        with pytest.raises(ValidationError, match="rate_window_s"):
+            load_settings(path)

@@ -48,6 +48,19 @@ def test_queries_are_grouped_by_model_and_carry_the_selector() -> None:
     asyncio.run(source.aclose())
 
 
+def test_rates_are_taken_over_the_configured_window() -> None:
+    default = PrometheusSource(PrometheusClient("http://prom.invalid"))
+    short = PrometheusSource(PrometheusClient("http://prom.invalid"), rate_window_s=10)
+    for key in ("requests", "prompt_tokens", "output_tokens"):
+        assert default.queries([POLICY])[key].endswith("[1m]))")
+        assert short.queries([POLICY])[key].endswith("[10s]))")
+    assert short.queries([POLICY])["ttft:p99"] == default.queries([POLICY])["ttft:p99"]  # SLI windows unchanged
+    with pytest.raises(ValueError, match="whole number of seconds"):
+        PrometheusSource(PrometheusClient("http://prom.invalid"), rate_window_s=2.5)
+    for source in (default, short):
+        asyncio.run(source.aclose())
+
+
 def test_prometheus_errors_hold_the_last_good_values_and_recover() -> None:
     state = {"mode": "ok"}
 

@@ -74,6 +74,27 @@ def test_good_ratio_between_scrapes_and_across_an_engine_restart() -> None:
         asyncio.run(source.aclose())
 
 
+def test_rates_cover_the_configured_window_only() -> None:
+    engine = EngineMetrics(MODEL)
+    server = MetricsServer(engine)
+    policy = _policy([server.url])
+    source = ScrapeSource(lambda p: p.target.endpoints, rate_window_s=10.0)  # type: ignore[union-attr]
+
+    async def scenario() -> None:
+        await source.observe([policy], 0.0)
+        engine.requests([0.1] * 100)  # 100 requests in the first 10 s, then 10 in the next 10 s
+        await source.observe([policy], 10.0)
+        engine.requests([0.1] * 10)
+        latest = (await source.observe([policy], 20.0))["p"]
+        assert latest.request_rate_rps == pytest.approx(10 / 10)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+        asyncio.run(source.aclose())
+
+
 def test_a_down_endpoint_is_reported_and_the_others_still_count() -> None:
     up = EngineMetrics(MODEL)
     server = MetricsServer(up)
