@@ -24,13 +24,14 @@ from typing import Any
 import numpy as np
 
 from contracts.slo_defaults import LATENCY_TARGET
-from contracts.traces import FloatArray, RequestTrace
+from contracts.traces import PREFIX_BLOCK_TOKENS, FloatArray, RequestTrace
 from controller.capacity import ReplicaProfile
 from controller.replay.fleet import RequestFleet, RouteHook
 from controller.replay.protocol import ReplayRequest
 from controller.replay.runner import ReplayContext
 from controller.replay.scoring import score
 from router.policies import policy_named
+from router.prefix_index import PrefixIndex, with_cached_tokens
 from router.types import CostModel, ReplicaState, RequestFeatures
 
 BASELINE = "replay-least-loaded"
@@ -45,6 +46,8 @@ def router_hook(name: str, trace: RequestTrace, profile: ReplicaProfile, ttft_ob
     rate = profile.prefill_tokens_per_s
     kv_capacity = max(float(profile.kv_capacity_tokens), 1.0)
     blocks = trace.prefix_blocks
+    # What the router knows of each replica's cache: the blocks it sent there (as `moeslo route` keeps it).
+    sent = PrefixIndex(max(1, profile.kv_capacity_tokens // PREFIX_BLOCK_TOKENS))
 
     def route(i: int, t: float, backlog: FloatArray, decoders: FloatArray, kv_used: FloatArray) -> int:
         states = []
@@ -57,9 +60,11 @@ def router_hook(name: str, trace: RequestTrace, profile: ReplicaProfile, ttft_ob
             ))  # fmt: skip
         prefix = tuple(int(h) for h in blocks[i]) if blocks is not None else ()
         features = RequestFeatures(prompt_tokens=int(trace.prompt_tokens[i]), max_tokens=int(trace.output_tokens[i]),
-                                   stream=True, prefix_blocks=prefix)  # fmt: skip
-        choice = choose(features, states, next(turns))
-        return int(choice.replica) if choice.replica is not None else 0
+                                   stream=True, prefix_blocks=prefix, block_tokens=PREFIX_BLOCK_TOKENS)  # fmt: skip
+        choice = choose(features, with_cached_tokens(states, features, sent), next(turns))
+        chosen = choice.replica if choice.replica is not None else "0"
+        sent.record(chosen, prefix)
+        return int(chosen)
 
     return route
 

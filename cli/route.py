@@ -40,6 +40,9 @@ def route(
     itl_per_seq_s: Annotated[
         float | None, typer.Option(help="ITL each running sequence adds (default: a step doubling at 128).")
     ] = None,
+    prefix_cache_tokens: Annotated[
+        int, typer.Option(help="Prompt tokens each replica's prefix cache is assumed to hold (cost policy).")
+    ] = 262_144,
     scrape_interval_s: Annotated[float, typer.Option(help="Read each replica's /metrics this often.")] = 0.5,
     max_queue_s: Annotated[float, typer.Option(help="Queue mode: longest hold before the 429.")] = 30.0,
     log_level: Annotated[str, typer.Option(help="Log level (debug, info, warning, error).")] = "warning",
@@ -59,7 +62,7 @@ def route(
             policy=policy, admission=admission,  # type: ignore[arg-type]  # RouterConfig validates it
             cost=CostModel(ttft_objective_s=ttft_objective_s, decode_step_s=itl_base_s, itl_per_seq_s=itl_per_seq_s),
             prefill_tokens_per_s=prefill_tokens_per_s,
-            scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s,
+            scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s, prefix_cache_tokens=prefix_cache_tokens,
         )
         upstream = ", ".join(config.replicas) or f"the replicas {controller} lists"
         console.print(f"routing ({policy}) on http://{host}:{port} to {upstream}")

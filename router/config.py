@@ -41,6 +41,12 @@ class RouterConfig:
     affinity_blocks: int = 4
     load_factor: float = 1.25
     block_tokens: int = 16
+    """Prompt tokens per prefix block (vLLM's default KV block size)."""
+    prefix_max_blocks: int = 64
+    """Leading blocks hashed per request: prefix affinity keys on the first ``affinity_blocks``, the cost
+    policy discounts the cached ones (64 blocks of 16: the first 1,024 tokens)."""
+    prefix_cache_tokens: int = 262_144
+    """Prompt tokens each replica's prefix cache is assumed to hold (the router's LRU record of what it sent)."""
     max_connections: int = 512
 
     def __post_init__(self) -> None:
@@ -64,8 +70,9 @@ class RouterConfig:
                      "upstream_timeout_s", "load_factor", "mean_prompt_tokens", "membership_interval_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 problems.append(f"{name}: must be > 0")
-        if self.readmit_after < 1 or self.affinity_blocks < 1 or self.block_tokens < 1:
-            problems.append("readmit_after, affinity_blocks and block_tokens must be >= 1")
+        for name in ("readmit_after", "affinity_blocks", "block_tokens", "prefix_max_blocks", "prefix_cache_tokens"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: must be >= 1")
         if problems:
             raise ValidationError(problems)
 

@@ -46,9 +46,11 @@ def request_features(body: Mapping[str, Any], *, chat: bool = False, block_token
     if _is_token_ids(prompt):
         assert isinstance(prompt, list)
         return RequestFeatures(prompt_tokens=len(prompt), max_tokens=max_tokens, stream=stream,
+                               block_tokens=block_tokens,
                                prefix_blocks=token_blocks(prompt, block_tokens=block_tokens, max_blocks=max_blocks))
     if isinstance(prompt, str):
         return RequestFeatures(prompt_tokens=-(-len(prompt) // CHARS_PER_TOKEN), max_tokens=max_tokens, stream=stream,
+                               block_tokens=block_tokens,
                                prefix_blocks=text_blocks(prompt, block_tokens=block_tokens, max_blocks=max_blocks))
     return RequestFeatures(prompt_tokens=0, max_tokens=max_tokens, stream=stream)
 

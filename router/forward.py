@@ -35,7 +35,8 @@ from router.features import request_features
 from router.metrics import RouterMetrics
 from router.policies import admission, policy_named, predict
 from router.pool import ReplicaPool, Ticket
-from router.types import Choice, RequestFeatures
+from router.prefix_index import PrefixIndex, with_cached_tokens
+from router.types import Choice, ReplicaState, RequestFeatures
 from router.wire import ClientGone, Send, send_bytes, send_json, upstream_headers
 
 _RELAYED_HEADERS = (b"content-type", b"retry-after", b"cache-control")
@@ -67,6 +68,8 @@ class Router:
         self.metrics = RouterMetrics(registry or CollectorRegistry(), config.replicas)
         self.policy = policy_named(config.policy, config.cost, affinity_blocks=config.affinity_blocks,
                                    load_factor=config.load_factor)  # fmt: skip
+        self.prefixes = PrefixIndex(max(1, config.prefix_cache_tokens // config.block_tokens))
+        """The prompt blocks sent to each replica: what its prefix cache likely holds."""
         self._session: aiohttp.ClientSession | None = None
         self.clock = clock
         self._turn = 0
@@ -98,7 +101,7 @@ class Router:
         deadline = self.clock() + self.config.max_queue_s
         queued = False
         try:
-            while (refusal := admission(features, self.pool.snapshot(), self.config.cost)) is not None:
+            while (refusal := admission(features, self._states(features), self.config.cost)) is not None:
                 if refusal.retry_after_s is None:
                     raise UnavailableError("no healthy replica")
                 wait_s = min(refusal.retry_after_s, self.config.scrape_interval_s, deadline - self.clock())
@@ -113,7 +116,7 @@ class Router:
         finally:
             if queued:
                 self.metrics.queued.dec()
-        states = self.pool.snapshot()
+        states = self._states(features)
         choice = self.policy(features, states, self._turn)
         self._turn += 1
         if choice.replica is None:
@@ -123,9 +126,13 @@ class Router:
             choice = replace(choice, predicted_ttft_s=predict(state, features, self.config.cost).ttft_s)
         return choice
 
+    def _states(self, features: RequestFeatures) -> tuple[ReplicaState, ...]:
+        return with_cached_tokens(self.pool.snapshot(), features, self.prefixes)
+
     def set_replicas(self, names: tuple[str, ...]) -> tuple[list[str], list[str]]:
         """Make ``names`` the replica set (the controller added or removed replicas); returns (added, removed)."""
         added, removed = self.pool.set_members(names)
+        self.prefixes.retain(self.pool.names)
         for name in added:
             self.metrics.add_replica(name)
             self.metrics.healthy[name].set(0)  # until its health checks pass
@@ -134,6 +141,7 @@ class Router:
         return added, removed
 
     def eject(self, name: str) -> None:
+        self.prefixes.forget(name)  # a replica that failed may come back restarted, its cache empty
         if self.pool.eject(name):
             self.metrics.ejections[name].inc()
             self.metrics.healthy[name].set(0)
@@ -149,7 +157,7 @@ class Router:
         upstream response, and the replica stays in.
         """
         started_s = self.clock()
-        features = _features(body, path, self.config.block_tokens)
+        features = _features(body, path, self.config.block_tokens, self.config.prefix_max_blocks)
         exchange = _Exchange(send)
         try:
             await self._complete(path, upstream_headers(raw_headers), features, body, exchange, started_s)
@@ -180,7 +188,9 @@ class Router:
         """One try on the chosen replica; False when its connection was refused (try another)."""
         name = choice.replica
         assert name is not None
-        ticket = self.pool.begin(name, features.prompt_tokens)
+        cached = self.prefixes.cached_blocks(name, features.prefix_blocks) * features.block_tokens
+        ticket = self.pool.begin(name, max(features.prompt_tokens - cached, min(features.prompt_tokens, 1)))
+        self.prefixes.record(name, features.prefix_blocks)
         self.metrics.outstanding[name].inc()
         if choice.predicted_ttft_s is not None:
             self.metrics.predicted(name, choice.predicted_ttft_s)
@@ -266,7 +276,7 @@ class Router:
         await send_bytes(exchange.send, upstream.status, content, _relayed(upstream))
 
 
-def _features(body: bytes, path: str, block_tokens: int) -> RequestFeatures:
+def _features(body: bytes, path: str, block_tokens: int, max_blocks: int) -> RequestFeatures:
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -274,7 +284,7 @@ def _features(body: bytes, path: str, block_tokens: int) -> RequestFeatures:
     if not isinstance(payload, dict):
         raise ValidationError("body: must be a JSON object")
     chat = path.partition("?")[0].endswith("/chat/completions")
-    return request_features(payload, chat=chat, block_tokens=block_tokens)
+    return request_features(payload, chat=chat, block_tokens=block_tokens, max_blocks=max_blocks)
 
 
 def _check_answer(upstream: aiohttp.ClientResponse, content: bytes) -> str | None:

@@ -14,7 +14,8 @@ count them):
 * :func:`admission`: ``all_over_budget`` (reject) or ``no_healthy_replica``.
 
 The cost model (:func:`predict`): a new request's TTFT on a replica is the
-prefill work queued ahead of it plus its own, at the replica's prefill rate,
+prefill work queued ahead of it plus its own (less the leading tokens the
+replica likely holds in its prefix cache), at the replica's prefill rate,
 stretched by the running batch (decode steps share each iteration) and by KV
 pressure above a soft limit (block waits and preemptions).  ITL grows with the
 running batch; a replica whose predicted ITL breaks the objective is avoided
@@ -37,7 +38,9 @@ def predict(state: ReplicaState, features: RequestFeatures, model: CostModel) ->
     batch_factor = 1.0 + state.running / model.max_batch
     over = max(0.0, state.kv_usage - model.kv_soft_limit) / max(1e-9, 1.0 - model.kv_soft_limit)
     kv_factor = 1.0 + model.kv_full_penalty * min(1.0, over)
-    work = state.pending_prefill_tokens + features.prompt_tokens
+    # Cached leading tokens are not prefilled again; the last prompt token always is (its logits).
+    own = max(features.prompt_tokens - state.cached_prompt_tokens, min(features.prompt_tokens, 1))
+    work = state.pending_prefill_tokens + own
     ttft_s = work / max(state.prefill_tokens_per_s, 1e-9) * batch_factor * kv_factor
     per_seq_s = model.itl_per_seq_s if model.itl_per_seq_s is not None else model.decode_step_s / model.max_batch
     itl_s = model.decode_step_s + per_seq_s * (state.running + 1)

@@ -22,6 +22,8 @@ class RequestFeatures:
     stream: bool = False
     prefix_blocks: tuple[int, ...] = ()
     """Hashes of the leading prompt blocks, each covering its block and all before it (chained)."""
+    block_tokens: int = 16
+    """Prompt tokens per prefix block."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +44,9 @@ class ReplicaState:
     """Requests the router has sent to this replica and not seen finish."""
     prefill_tokens_per_s: float = 4000.0
     """How fast this replica computes prompt tokens (configured, or learned from observed TTFT)."""
+    cached_prompt_tokens: int = 0
+    """Of the request being routed, the leading prompt tokens this replica likely holds in its prefix
+    cache (the router's record of the prompts it sent there: :mod:`router.prefix_index`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -98,6 +98,28 @@ def test_cost_avoids_itl_risk_while_the_ttft_budget_allows() -> None:
     assert estimated_cost(features(400), replicas, MODEL).replica == "a"
 
 
+def test_cached_prompt_tokens_are_not_predicted_as_prefill() -> None:
+    model = CostModel()
+    features = RequestFeatures(prompt_tokens=2000)
+    cold = predict(ReplicaState(name="a", prefill_tokens_per_s=1000.0), features, model).ttft_s
+    warm = predict(ReplicaState(name="a", prefill_tokens_per_s=1000.0, cached_prompt_tokens=1500), features, model)
+    assert (cold, warm.ttft_s) == (pytest.approx(2.0), pytest.approx(0.5))
+    whole = ReplicaState(name="a", prefill_tokens_per_s=1000.0, cached_prompt_tokens=4096)
+    assert predict(whole, features, model).ttft_s == pytest.approx(0.001)  # the last token is always computed
+
+
+def test_cost_sends_a_cached_prefix_home_unless_its_queue_costs_more() -> None:
+    model = CostModel(ttft_objective_s=5.0)
+    features = RequestFeatures(prompt_tokens=2000)
+    holder = ReplicaState(name="holder", prefill_tokens_per_s=1000.0, cached_prompt_tokens=1500,
+                          pending_prefill_tokens=1000)  # fmt: skip
+    idle = ReplicaState(name="idle", prefill_tokens_per_s=1000.0)
+    assert estimated_cost(features, [holder, idle], model).replica == "holder"  # 1.5 s against 2.0 s
+    busy_holder = ReplicaState(name="holder", prefill_tokens_per_s=1000.0, cached_prompt_tokens=1500,
+                               pending_prefill_tokens=3000)  # fmt: skip
+    assert estimated_cost(features, [busy_holder, idle], model).replica == "idle"  # 3.5 s against 2.0 s
+
+
 def test_admission_refuses_only_when_every_replica_is_over_budget() -> None:
     busy = [state("a", pending_prefill_tokens=4000), state("b", pending_prefill_tokens=8000)]
     refusal = admission(features(0), busy, MODEL)

@@ -169,3 +169,28 @@ def test_503_when_no_replica_can_take_the_request() -> None:
         assert httpx.get(r.url + "/v1/models", timeout=5).status_code == 503
         labels = {"replica": "none", "decision": "no_healthy_replica", "outcome": "unavailable"}
         eventually(lambda: r.sample("moeslo_router_requests_total", **labels) == 1, 5, "the refusal counted")
+
+
+def test_the_cost_policy_sends_a_cached_prefix_back_to_the_replica_that_holds_it() -> None:
+    shared = list(range(1000, 2008))  # 63 blocks of 16 tokens
+    busy = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"stub\"} 8\n"
+    with stubs(2) as pair, router(pair, policy="cost") as r:
+        urls = [url_of(s) for s in pair]
+
+        def served() -> dict[str, float]:
+            return {u: r.sample("moeslo_router_requests_total", replica=u, decision="lowest_predicted_ttft",
+                                outcome="ok") for u in urls}  # fmt: skip
+
+        def sent_to(prompt: list[int]) -> str:
+            before = served()
+            answer = httpx.post(r.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1}, timeout=5)
+            assert answer.status_code == 200
+            eventually(lambda: sum(served().values()) == sum(before.values()) + 1, 5, "the request counted")
+            return next(u for u, n in served().items() if n > before[u])
+
+        holder = sent_to([*shared, 1, 2, 3, 4])
+        other = next(u for u in urls if u != holder)
+        pair[urls.index(holder)].metrics_text = busy  # the holder is now the busier replica
+        eventually(lambda: r.replicas()[holder]["running"] == 8, 5, "the holder's batch scraped")
+        assert sent_to(list(range(5000, 6012))) == other  # a cold prompt avoids the busier replica
+        assert sent_to([*shared, 9, 9, 9, 9]) == holder  # its cached lead outweighs the batch
