@@ -240,7 +240,10 @@ class Scheduler:
             scheduled.append(ScheduledChunk(seq, want, is_prompt=True))
             budget -= want
 
-        chunks = tuple(
+        return SchedulerOutput(self._plan(scheduled), tuple(scheduled), preemptions, queries, hits)
+
+    def _plan(self, scheduled: list[ScheduledChunk]) -> StepPlan:
+        return StepPlan(tuple(
             SeqChunk(
                 seq_id=c.seq.seq_id,
                 num_computed=c.seq.num_computed,
@@ -250,8 +253,7 @@ class Scheduler:
                 all_logits=c.seq.wants_prompt_logits,
             )
             for c in scheduled
-        )
-        return SchedulerOutput(StepPlan(chunks), tuple(scheduled), preemptions, queries, hits)
+        ))
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding ``seq``'s leading full blocks, its last token left out (it needs logits)."""
