@@ -25,17 +25,22 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from contracts.errors import ValidationError
 from contracts.placement import Placement
+from engine.batch import SeqChunk
 from engine.engine_types import EngineConfig, RequestOutput
 from engine.executors import Executor
 from engine.kv_cache import BlockManager
 from engine.sampling import SamplingParams, TokenHistory, sample_each, token_logprobs
 from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SeqStatus, Sequence
 from engine.stats import FinishedRequestStats, PlacementSwapStats, RequestTiming, RoutingDelta, StepStats
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -249,16 +254,21 @@ class EngineCore:
         assert isinstance(logits, torch.Tensor)
         rows: list[int] = []
         sampled: list[Sequence] = []
+        prompt_rows: list[tuple[Sequence, int, SeqChunk]] = []
         row = 0
         for chunk, plan_chunk in zip(out.scheduled, out.plan.chunks, strict=True):
             seq = chunk.seq
-            if plan_chunk.needs_logits:
-                if seq.status is SeqStatus.RUNNING:
-                    rows.append(row)
-                    sampled.append(seq)
-                row += 1
-            if seq.status is SeqStatus.RUNNING:
+            running = seq.status is SeqStatus.RUNNING
+            if plan_chunk.all_logits and running:
+                prompt_rows.append((seq, row, plan_chunk))
+            row += plan_chunk.num_logits
+            if plan_chunk.needs_logits and running:
+                rows.append(row - 1)
+                sampled.append(seq)
+            if running:
                 seq.num_computed += chunk.num_tokens
+        for seq, first_row, plan_chunk in prompt_rows:
+            _record_prompt_logprobs(seq, logits, first_row, plan_chunk)
         if rows and len(rows) < logits.shape[0]:
             logits = logits[rows]
         histories = [TokenHistory(s.prompt_token_ids, s.output_token_ids) for s in sampled]
@@ -283,13 +293,17 @@ class EngineCore:
                 itls.append(now - timing.token_times_s[-1])
             timing.token_times_s.append(now)
             seq.output_token_ids.append(token)
+            # The prompt's log-probabilities come with the first token (as vLLM sends them).
+            prompt = tuple(seq.prompt_logprobs) \
+                if seq.params.prompt_logprobs is not None and len(seq.output_token_ids) == 1 else None
             reason = self._stop_reason(seq, token)
             if reason is None:
-                result.outputs.append(RequestOutput(seq.request_id, token, logprobs=logprobs.get(row)))
+                result.outputs.append(RequestOutput(seq.request_id, token, logprobs=logprobs.get(row),
+                                                    prompt_logprobs=prompt))
                 continue
             self.scheduler.finish(seq, reason)
             final = self._finalize(seq, now, token, reason)
-            result.outputs.append(dataclasses.replace(final, logprobs=logprobs[row]) if row in logprobs else final)
+            result.outputs.append(dataclasses.replace(final, logprobs=logprobs.get(row), prompt_logprobs=prompt))
         generated = len(tokens) - len(failures)
         result.stats = self._stats(now, now - started_s, out, generated, tuple(ttfts), tuple(itls))
 
@@ -354,6 +368,23 @@ class EngineCore:
             routing=routing,
             placement_swap=swap,
         )
+
+
+def _record_prompt_logprobs(seq: Sequence, logits: torch.Tensor, first_row: int, chunk: SeqChunk) -> None:
+    """Append the log-probabilities of the prompt tokens this chunk's logits predict (rows from ``first_row``).
+
+    The logits at position ``p`` predict prompt token ``p + 1``; positions
+    already recorded (a chunk recomputed after a preemption) are skipped.
+    """
+    start = len(seq.prompt_logprobs)
+    stop = min(chunk.num_computed + len(chunk.token_ids), len(seq.prompt_token_ids) - 1)
+    if start < chunk.num_computed or stop <= start:
+        return
+    first = first_row + start - chunk.num_computed
+    count = stop - start
+    k = seq.params.prompt_logprobs
+    found = token_logprobs(logits[first : first + count], seq.prompt_token_ids[start + 1 : stop + 1], [k] * count)
+    seq.prompt_logprobs.extend(found[i] for i in range(count))
 
 
 def _merge(a: RoutingDelta | None, b: RoutingDelta | None) -> RoutingDelta | None:

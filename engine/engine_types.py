@@ -47,6 +47,8 @@ class RequestOutput:
     generation_tokens: int = 0
     logprobs: TokenLogprob | None = None
     """The token's log-probability and the top alternatives, when the request asked for them."""
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    """With the first token of a request that asked: prompt tokens 1.. (the first has none), each as above."""
 
 
 OutputCallback = Callable[[RequestOutput], None]

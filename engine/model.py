@@ -158,6 +158,10 @@ class Qwen3MoeModel:
         slots = tables[which, positions // block_size] * block_size + positions % block_size
         needs = np.fromiter((c.needs_logits for c in chunks), dtype=bool, count=len(chunks))
         logits_rows = (row_start + lens - 1)[needs]
+        if any(c.all_logits for c in chunks):  # only these chunks pay for every position's logits
+            logits_rows = np.concatenate([np.arange(row_start[i], row_start[i] + lens[i]) if c.all_logits
+                                          else (row_start[i : i + 1] + lens[i] - 1)[: int(c.needs_logits)]
+                                          for i, c in enumerate(chunks)])
         decode = lens == 1
         decode_rows = decode_tables = decode_mask = None
         if decode.any():

@@ -7,8 +7,12 @@ their text (each token decoded alone, as vLLM does) and the offset of the
 token in the generated text, and are written as a completion's ``logprobs``
 (``tokens``, ``token_logprobs``, ``top_logprobs`` with the chosen token among
 them, ``text_offset``) or a chat choice's (``content``: ``token``,
-``logprob``, ``bytes``, ``top_logprobs``).  Prompt log-probabilities are not
-computed (so ``echo`` with ``logprobs`` is refused).
+``logprob``, ``bytes``, ``top_logprobs``).
+
+A completion with ``echo`` and ``logprobs`` also gets its prompt's tokens
+first (the core computes them, vLLM's ``prompt_logprobs``): the first prompt
+token has ``null`` for its log-probability and alternatives, as in OpenAI's
+and vLLM's answers, since nothing predicts it.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ class LogprobEntry:
     """One generated token: its text, log-probability, the top alternatives, and where its text begins."""
 
     token: str
-    logprob: float
-    top: tuple[tuple[str, float], ...]
+    logprob: float | None
+    """None only for a prompt's first token."""
+    top: tuple[tuple[str, float], ...] | None
     text_offset: int
 
 
@@ -34,6 +39,25 @@ def logprob_entry(tokenizer: Tokenizer, token_id: int, logprobs: TokenLogprob, t
     chosen, top = logprobs
     return LogprobEntry(token=tokenizer.decode([token_id]), logprob=chosen,
                         top=tuple((tokenizer.decode([t]), value) for t, value in top), text_offset=text_offset)
+
+
+def prompt_entries(
+    tokenizer: Tokenizer, prompt: list[int], logprobs: tuple[TokenLogprob, ...]
+) -> tuple[list[LogprobEntry], int]:
+    """The prompt's entries (tokens 1.. from ``logprobs``) and the length of the prompt's decoded text.
+
+    Offsets are where each token's text begins in the prompt's text, decoded as a stream (as generated tokens').
+    """
+    decoder = tokenizer.stream()
+    entries: list[LogprobEntry] = []
+    offset = 0
+    for i, token_id in enumerate(prompt):
+        if i == 0 or i > len(logprobs):
+            entries.append(LogprobEntry(tokenizer.decode([token_id]), None, None, offset))
+        else:
+            entries.append(logprob_entry(tokenizer, token_id, logprobs[i - 1], offset))
+        offset += len(decoder.step(token_id))
+    return entries, offset
 
 
 def completion_logprobs(entries: list[LogprobEntry] | None) -> dict[str, Any] | None:
@@ -44,7 +68,7 @@ def completion_logprobs(entries: list[LogprobEntry] | None) -> dict[str, Any] | 
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
         # OpenAI's legacy completions list the chosen token among the most likely ones.
-        "top_logprobs": [{**dict(e.top), e.token: e.logprob} for e in entries],
+        "top_logprobs": [None if e.top is None else {**dict(e.top), e.token: e.logprob} for e in entries],
         "text_offset": [e.text_offset for e in entries],
     }
 
@@ -55,9 +79,9 @@ def chat_logprobs(entries: list[LogprobEntry] | None) -> dict[str, Any] | None:
         return None
     return {"content": [
         {"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode("utf-8")),
-         "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for t, v in e.top]}
+         "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for t, v in e.top or ()]}
         for e in entries
     ]}
 
 
-__all__ = ["LogprobEntry", "chat_logprobs", "completion_logprobs", "logprob_entry"]
+__all__ = ["LogprobEntry", "chat_logprobs", "completion_logprobs", "logprob_entry", "prompt_entries"]

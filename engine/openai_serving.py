@@ -34,7 +34,7 @@ from engine.client import EngineCoreClient, RequestStream
 from engine.engine_types import RequestOutput
 from engine.errors import RequestFailedError
 from engine.openai_errors import error_body, error_response
-from engine.openai_logprobs import LogprobEntry, chat_logprobs, completion_logprobs, logprob_entry
+from engine.openai_logprobs import LogprobEntry, chat_logprobs, completion_logprobs, logprob_entry, prompt_entries
 from engine.protocol import StopMatcher
 from engine.sampling import MAX_SEED, SamplingParams
 from engine.tokenizer import Tokenizer
@@ -141,6 +141,8 @@ class Generation:
     n: int = 1
     echo: list[str] | None = None
     """Per prompt, the text shown before its choices' text (a completion's ``echo``)."""
+    echo_only: bool = False
+    """Show the echoed prompt alone (``max_tokens`` 0): the token the core generates is dropped."""
 
     @property
     def num_choices(self) -> int:
@@ -188,8 +190,8 @@ async def serve_generation(
     except BaseException:
         close()
         raise
-    texts = [_texts(first, stream, tokenizer, gen, functools.partial(engine.abort, stream.request_id, "stop"),
-                    prefix=gen.echo[i // gen.n] if gen.echo else "")
+    texts = [_choice(first, stream, tokenizer, gen, i // gen.n, functools.partial(engine.abort, stream.request_id,
+                                                                                   "stop"))
              for i, (first, stream) in enumerate(zip(firsts, streams, strict=True))]
     request_id = streams[0].request_id
     if gen.stream:
@@ -233,31 +235,66 @@ async def _events(first: RequestOutput, stream: RequestStream) -> AsyncIterator[
         yield out
 
 
+def _choice(first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation, prompt_index: int,
+            stop_request: Callable[[], None]) -> AsyncIterator[Piece]:
+    """What one choice shows, output by output (with ``echo``, its prompt first)."""
+    if gen.echo is None:
+        return _texts(first, stream, tokenizer, gen, stop_request)
+    prefix, prompt = gen.echo[prompt_index], gen.prompts[prompt_index]
+    if gen.echo_only:
+        return _echo_only(first, stream, tokenizer, gen, prefix, prompt)
+    return _texts(first, stream, tokenizer, gen, stop_request, prefix=prefix, prompt=prompt)
+
+
+def _echoed_entries(tokenizer: Tokenizer, gen: Generation, prompt: list[int] | None,
+                    out: RequestOutput) -> list[LogprobEntry]:
+    """The prompt's logprob entries, for an echoing request that asked for logprobs (else none)."""
+    if prompt is None or gen.params.prompt_logprobs is None or out.prompt_logprobs is None:
+        return []
+    return prompt_entries(tokenizer, prompt, out.prompt_logprobs)[0]
+
+
+async def _echo_only(first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation,
+                     prefix: str, prompt: list[int]) -> AsyncIterator[Piece]:
+    """The prompt alone (``max_tokens`` 0), once the core's one token is out; finish reason ``length``."""
+    entries = _echoed_entries(tokenizer, gen, prompt, first)
+    out = first
+    async for event in _events(first, stream):
+        out = event
+    if out.finish_reason in ("stop", "length"):
+        out = dataclasses.replace(out, finish_reason="length", is_stop_token=False, generation_tokens=0)
+    yield Piece(prefix, out, entries if gen.params.logprobs is not None else None)
+
+
 async def _texts(
     first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation,
-    stop_request: Callable[[], None], *, prefix: str = "",
+    stop_request: Callable[[], None], *, prefix: str = "", prompt: list[int] | None = None,
 ) -> AsyncIterator[Piece]:
     """What each output shows (the first after ``prefix``); a stop string ends the request, finish reason ``stop``.
 
     Stop strings are looked for in the text after the first ``min_tokens``
     tokens (as vLLM does).  After a stop string, tokens the core generated
-    before the stop reached it are dropped.
+    before the stop reached it are dropped.  An echoed ``prompt``'s logprobs come first, with the first
+    output (as vLLM's), and the generated tokens' text offsets count from the end of ``prefix``.
     """
     decoder = tokenizer.stream()
     matcher = StopMatcher(gen.stops)
     min_tokens, want_logprobs = gen.params.min_tokens, gen.params.logprobs is not None
     tokens = decoded = 0
+    base = len(prefix)
     async for raw in _events(first, stream):
         out = raw
         stopped = matcher.stopped
         text = ""
         entries: list[LogprobEntry] | None = [] if want_logprobs else None
+        if entries is not None and out is first:
+            entries += _echoed_entries(tokenizer, gen, prompt, out)
         if out.token_id is not None and not out.is_stop_token:
             tokens += 1
             piece = decoder.step(out.token_id)
             text = piece if tokens <= min_tokens else matcher.feed(piece)
             if entries is not None and out.logprobs is not None and not stopped:
-                entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, decoded))
+                entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, base + decoded))
             decoded += len(piece)
         if out.finished:
             text += matcher.flush()

@@ -5,9 +5,12 @@ are integers (``true`` is not a token); ``prompt`` is a text, a list of token
 ids, or a list of either (at most :data:`MAX_CHOICES` choices in all, prompts
 times ``n``); ``best_of`` equals ``n`` if sent; ``logprobs`` (0..20
 alternatives) reports the generated tokens' log-probabilities; ``echo``
-puts the prompt before the text (not with ``logprobs``: the prompt's are not
-computed); and a field this engine does not implement is refused with a 400
-naming it rather than ignored (``suffix`` is accepted at ``null`` or ``""``).
+puts the prompt before the text (with ``logprobs``, the prompt's tokens'
+log-probabilities too: the core computes them, vLLM's ``prompt_logprobs``),
+and ``max_tokens`` 0 is allowed with ``echo`` only (the prompt alone comes
+back; one token is computed and dropped, as vLLM does); and a field this
+engine does not implement is refused with a 400 naming it rather than
+ignored (``suffix`` is accepted at ``null`` or ``""``).
 
 :class:`StopMatcher` finds stop strings in the streamed text across token
 boundaries (it holds back the tail that may begin one), and the text it
@@ -106,10 +109,15 @@ class GenerationRequest(BaseModel):
         """How many alternatives per token to report log-probabilities of (None: no logprobs)."""
         return None
 
+    @property
+    def prompt_logprob_alternatives(self) -> int | None:
+        """The same for the prompt's tokens (None: the prompt's log-probabilities are not asked)."""
+        return None
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The core's parameters (``max_tokens`` decided by the route); a 400 for what they refuse."""
         return SamplingParams(
-            logprobs=self.logprob_alternatives,
+            logprobs=self.logprob_alternatives, prompt_logprobs=self.prompt_logprob_alternatives,
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens, presence_penalty=self.presence_penalty,
@@ -119,13 +127,13 @@ class GenerationRequest(BaseModel):
 
 
 class CompletionRequest(GenerationRequest):
-    """The subset of OpenAI's completion request the engine serves (one choice, no logprobs)."""
+    """OpenAI's completion request as the engine serves it (see the module doc)."""
 
     no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {"suffix": (None, ""), **NO_OP_VALUES}
 
     prompt: str | list[StrictInt] | Annotated[list[str], Field(min_length=1)] \
         | Annotated[list[list[StrictInt]], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(strict=True, ge=1)] = 16
+    max_tokens: Annotated[int, Field(strict=True, ge=0)] = 16
     best_of: Annotated[int, Field(strict=True, ge=1)] | None = None
     logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     echo: StrictBool = False
@@ -144,6 +152,15 @@ class CompletionRequest(GenerationRequest):
     def logprob_alternatives(self) -> int | None:
         return self.logprobs
 
+    @property
+    def prompt_logprob_alternatives(self) -> int | None:
+        return self.logprobs if self.echo else None
+
+    @property
+    def tokens_to_generate(self) -> int:
+        """What the core generates: ``max_tokens``, or one (dropped) for ``echo`` alone, as vLLM does."""
+        return max(1, self.max_tokens)
+
     def texts(self) -> list[tuple[str, str]]:
         prompts = [("prompt", p) for p in self.prompts if isinstance(p, str)]
         return prompts + super().texts()
@@ -152,9 +169,8 @@ class CompletionRequest(GenerationRequest):
         problems = super().problems()
         if self.best_of is not None and self.best_of != self.n:
             problems.append(f"best_of: must equal n ({self.n}): ranking choices is not implemented")
-        if self.echo and self.logprobs is not None:
-            problems.append("echo: with logprobs it needs the prompt's log-probabilities, "
-                            "which this engine does not compute (send echo or logprobs)")
+        if self.max_tokens == 0 and not self.echo:
+            problems.append("max_tokens: must be >= 1 (0 only with echo, to get the prompt back alone)")
         if len(self.prompts) * self.n > MAX_CHOICES:
             problems.append(f"n: {len(self.prompts)} prompts x n={self.n} asks for more than {MAX_CHOICES} choices")
         return problems

@@ -57,6 +57,9 @@ class SamplingParams:
     """(token id, bias added to its logit)."""
     logprobs: int | None = None
     """Report each generated token's log-probability and this many most likely alternatives (None: off)."""
+    prompt_logprobs: int | None = None
+    """Report each prompt token's log-probability (after the first) and this many alternatives (None: off;
+    vLLM's ``prompt_logprobs``).  Such a request computes its whole prompt: no prefix-cache hits."""
 
     def __post_init__(self) -> None:
         problems = self._penalty_problems()
@@ -83,8 +86,10 @@ class SamplingParams:
                             f"got {self.repetition_penalty}")
         if any(not -100.0 <= bias <= 100.0 for _, bias in self.logit_bias):
             problems.append("logit_bias values must be in [-100, 100]")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            problems.append(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                problems.append(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
         return problems
 
     @property

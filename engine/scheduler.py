@@ -9,7 +9,10 @@ chunks thus ride along with decode steps instead of stalling them.
 With prefix caching on, a waiting sequence first looks up its leading full
 blocks in the cache (:mod:`engine.kv_cache`): the blocks found join its table
 and its prefill starts after them.  At least its last token is always
-computed, so there are logits to sample from.  Blocks become cached once
+computed, so there are logits to sample from.  A request that asked for its
+prompt's log-probabilities takes no cached blocks until they are all computed
+(each prompt position's logits are needed); its own blocks are still cached
+for others.  Blocks become cached once
 they are full of computed tokens (checked before each step, and when a
 sequence is preempted or finishes).
 
@@ -32,7 +35,7 @@ from contracts.errors import OverloadedError, ValidationError
 from engine.batch import SeqChunk, StepPlan
 from engine.errors import PromptTooLongError
 from engine.kv_cache import BlockManager, blocks_for_tokens, extend_block_hashes
-from engine.sampling import RequestSampler, SamplingParams
+from engine.sampling import RequestSampler, SamplingParams, TokenLogprob
 from engine.stats import RequestTiming
 
 
@@ -84,10 +87,17 @@ class Sequence:
     """True while the request waits for its first admission (preempted ones do not count)."""
     block_hashes: list[bytes] = field(default_factory=list)
     """Prefix-cache keys of this sequence's full blocks so far (they depend on tokens only)."""
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    """Prompt tokens 1.. so far: their log-probabilities, when the request asked (filled in position order)."""
     sampler: RequestSampler = field(init=False)
 
     def __post_init__(self) -> None:
         self.sampler = RequestSampler(self.params)
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Whether the prompt's log-probabilities were asked and are not all computed yet."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids) - 1
 
     @property
     def num_tokens(self) -> int:
@@ -220,7 +230,7 @@ class Scheduler:
                 seq.num_computed = cached_tokens
             allocated = self.blocks.ensure(seq.seq_id, cached_tokens + want)
             assert allocated, "the free count was checked above"
-            if self.blocks.enable_prefix_caching and seq.num_preemptions == 0:
+            if self.blocks.enable_prefix_caching and seq.num_preemptions == 0 and not seq.wants_prompt_logits:
                 queries += seq.num_tokens
                 hits += cached_tokens
             self.waiting.popleft()
@@ -230,22 +240,25 @@ class Scheduler:
             scheduled.append(ScheduledChunk(seq, want, is_prompt=True))
             budget -= want
 
-        chunks = tuple(
+        return SchedulerOutput(self._plan(scheduled), tuple(scheduled), preemptions, queries, hits)
+
+    def _plan(self, scheduled: list[ScheduledChunk]) -> StepPlan:
+        return StepPlan(tuple(
             SeqChunk(
                 seq_id=c.seq.seq_id,
                 num_computed=c.seq.num_computed,
                 token_ids=c.seq.token_at(c.seq.num_computed, c.seq.num_computed + c.num_tokens),
                 block_table=self.blocks.block_table(c.seq.seq_id),
                 needs_logits=c.seq.num_computed + c.num_tokens == c.seq.num_tokens,
+                all_logits=c.seq.wants_prompt_logits,
             )
             for c in scheduled
-        )
-        return SchedulerOutput(StepPlan(chunks), tuple(scheduled), preemptions, queries, hits)
+        ))
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding ``seq``'s leading full blocks, its last token left out (it needs logits)."""
-        if not self.blocks.enable_prefix_caching:
-            return []
+        if not self.blocks.enable_prefix_caching or seq.wants_prompt_logits:
+            return []  # (vLLM's rule: the positions whose logits are wanted must be computed)
         size = self.blocks.block_size
         extend_block_hashes(seq.block_hashes, seq.token_at, seq.num_tokens, size)
         return self.blocks.cached_prefix(seq.block_hashes, (seq.num_tokens - 1) // size)

@@ -196,8 +196,9 @@ def _add_openai_routes(
         check_model(body)
         prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
         echo = [p if isinstance(p, str) else tokenizer.decode(list(p)) for p in body.prompts] if body.echo else None
-        gen = Generation(prompts, body.sampling_params(body.max_tokens), body.stop_strings, body.stream,
-                         body.include_usage, CompletionFormat(model_name), n=body.n, echo=echo)
+        gen = Generation(prompts, body.sampling_params(body.tokens_to_generate), body.stop_strings, body.stream,
+                         body.include_usage, CompletionFormat(model_name), n=body.n, echo=echo,
+                         echo_only=body.max_tokens == 0)
         return await serve_generation(engine, tokenizer, gen, request, arrival_s)
 
     @app.post("/v1/chat/completions", response_model=None)

@@ -18,8 +18,9 @@ core -> API (one PUSH/PULL socket, in order)::
     [GOODBYE, final state (map)]           last, after SHUTDOWN: every request aborted, blocks freed
 
 An output is ``[request_id, token_id, finished, finish_reason, is_stop_token,
-error, prompt_tokens, generation_tokens]``; new per-token fields (logprobs)
-go at the end, so older readers still read the first eight.  Times are
+error, prompt_tokens, generation_tokens]``; new per-token fields (logprobs,
+then the prompt's logprobs with a request's first token) go at the end, so
+older readers still read the first eight.  Times are
 ``time.monotonic()`` seconds, which both processes share on one host.
 """
 
@@ -41,7 +42,7 @@ from contracts.errors import (
 )
 from engine.engine_types import RequestOutput
 from engine.errors import PromptTooLongError
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, TokenLogprob
 from engine.stats import FinishedRequestStats, PlacementSwapStats, RoutingDelta, StepStats
 
 ADD, ABORT, CALL, SHUTDOWN = 1, 2, 3, 4
@@ -75,15 +76,18 @@ def params_from_wire(raw: dict[str, Any]) -> SamplingParams:
 
 def output_to_wire(out: RequestOutput) -> list[Any]:
     return [out.request_id, out.token_id, out.finished, out.finish_reason, out.is_stop_token, out.error,
-            out.prompt_tokens, out.generation_tokens, out.logprobs]  # fmt: skip
+            out.prompt_tokens, out.generation_tokens, out.logprobs, out.prompt_logprobs]  # fmt: skip
+
+
+def _logprob_from_wire(raw: list[Any]) -> TokenLogprob:
+    chosen, top = raw
+    return float(chosen), tuple((int(token), float(value)) for token, value in top)
 
 
 def output_from_wire(raw: list[Any]) -> RequestOutput:
-    logprobs = None
-    if len(raw) > 8 and raw[8] is not None:
-        chosen, top = raw[8]
-        logprobs = (float(chosen), tuple((int(token), float(value)) for token, value in top))
-    return RequestOutput(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7], logprobs)
+    logprobs = _logprob_from_wire(raw[8]) if len(raw) > 8 and raw[8] is not None else None
+    prompt = tuple(_logprob_from_wire(p) for p in raw[9]) if len(raw) > 9 and raw[9] is not None else None
+    return RequestOutput(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7], logprobs, prompt)
 
 
 # ----------------------------------------------------------------- errors

@@ -75,10 +75,11 @@ class FakeExecutor:
             for i, tok in enumerate(chunk.token_ids):
                 pos = chunk.num_computed + i
                 self.kv[chunk.block_table[pos // bs], pos % bs] = tok
-            if chunk.needs_logits:
-                context = [int(self.kv[chunk.block_table[p // bs], p % bs]) for p in range(end)]
+            ends = range(chunk.num_computed + 1, end + 1) if chunk.all_logits else [end] if chunk.needs_logits else []
+            for stop in ends:
+                context = [int(self.kv[chunk.block_table[p // bs], p % bs]) for p in range(stop)]
                 assert min(context) >= 0, "read a KV slot that was never written"
-                nxt = (sum(context) * 31 + end) % self._config.vocab_size
+                nxt = (sum(context) * 31 + stop) % self._config.vocab_size
                 row = torch.full((self._config.vocab_size,), -10.0)
                 row[nxt] = 10.0
                 rows.append(row)

@@ -124,10 +124,11 @@ def test_completion_request_types_are_strict(payload: dict[str, object], needle:
 def test_unimplemented_openai_fields_are_refused_by_name_and_their_no_op_values_accepted() -> None:
     CompletionRequest.model_validate({"prompt": "x", "logprobs": 3, "echo": False, "suffix": None}).check()
     CompletionRequest.model_validate({"prompt": "x", "echo": True, "suffix": ""}).check()
-    asked = {"echo": True, "suffix": "s", "logprobs": 1}
+    CompletionRequest.model_validate({"prompt": "x", "echo": True, "logprobs": 1, "max_tokens": 0}).check()
+    asked = {"max_tokens": 0, "suffix": "s", "logprobs": 1}
     with pytest.raises(ValidationError) as info:
         CompletionRequest.model_validate({"prompt": "x", **asked}).check()
-    assert sorted(p.split(":")[0] for p in info.value.problems) == ["echo", "suffix"]
+    assert sorted(p.split(":")[0] for p in info.value.problems) == ["max_tokens", "suffix"]
     with pytest.raises(ValidationError, match="best_of: must equal n"):
         CompletionRequest.model_validate({"prompt": "x", "n": 2, "best_of": 3}).check()
     CompletionRequest.model_validate({"prompt": "x", "n": 2, "best_of": 2}).check()

@@ -122,7 +122,7 @@ def test_completion_stop_string(client: Any) -> None:
          "frequency_penalty"),
         (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[
             {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), "tools"),
-        (lambda c: c.completions.create(model=MODEL, prompt="x", echo=True, logprobs=1), "echo"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=0), "max_tokens"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", logprobs=21), "logprobs"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", suffix="y"), "suffix"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", n=2, best_of=3), "best_of"),
@@ -280,3 +280,38 @@ def test_echo_puts_the_prompt_before_the_text(client: Any, tokenizer: HFTokenize
     ids = tokenizer.encode(prompt)
     by_ids = client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=5, echo=True, **GREEDY)
     assert [c.text for c in by_ids.choices] == [prompt + plain] * 2
+
+
+def test_echo_with_logprobs_scores_the_prompt_with_the_models_own(client: Any, tokenizer: HFTokenizer,
+                                                                  tiny_checkpoint: Path) -> None:
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    prompt = "Score every token of this prompt."
+    ids = tokenizer.encode(prompt)
+    model = transformers.Qwen3MoeForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, **GREEDY)  # its prefix is now cached
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, echo=True, logprobs=1, **GREEDY)
+    choice = out.choices[0]
+    lp = choice.logprobs
+    assert choice.text.startswith(prompt) and len(lp.tokens) == len(ids) + 1
+    assert lp.tokens[: len(ids)] == [tokenizer.decode([t]) for t in ids]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+    assert lp.text_offset[len(ids)] == len(prompt) and choice.text[len(prompt):] == lp.tokens[-1]
+    for i in range(1, len(ids)):
+        assert lp.token_logprobs[i] == pytest.approx(float(reference[i - 1, ids[i]]), abs=1e-4)
+        best = int(reference[i - 1].argmax())
+        # The chosen token and the one most likely alternative (the argmax), OpenAI's legacy shape.
+        assert tokenizer.decode([best]) in lp.top_logprobs[i]
+        assert max(lp.top_logprobs[i].values()) == pytest.approx(float(reference[i - 1, best]), abs=1e-4)
+    assert lp.token_logprobs[-1] == pytest.approx(float(reference[-1].max()), abs=1e-4)  # greedy: the argmax
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, echo=True, logprobs=1,
+                                            stream=True, **GREEDY))
+    assert chunks[0].choices[0].logprobs.tokens == lp.tokens  # the prompt's come in the first chunk
+    assert [t for c in chunks for t in c.choices[0].logprobs.token_logprobs] == lp.token_logprobs
+    alone = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=1, **GREEDY)
+    assert alone.choices[0].text == prompt and alone.choices[0].finish_reason == "length"
+    assert alone.choices[0].logprobs.token_logprobs == lp.token_logprobs[:-1]
+    assert alone.usage.completion_tokens == 0 and alone.usage.prompt_tokens == len(ids)

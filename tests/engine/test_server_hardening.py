@@ -43,7 +43,7 @@ POISON = [
     ({"prompt": "x", "max_tokens": 2, "temperature": 1e-300}, "temperature"),
     ({"prompt": "x", "max_tokens": 2, "stop_token_ids": [99999]}, "stop_token_ids"),
     ({"prompt": "x", "max_tokens": 2, "logprobs": 21}, "logprobs"),
-    ({"prompt": "x", "max_tokens": 2, "echo": True, "logprobs": 1}, "echo"),
+    ({"prompt": "x", "max_tokens": 0, "logprobs": 1}, "max_tokens"),
     ({"prompt": [True, False], "max_tokens": 2}, "prompt"),
 ]
 
