@@ -27,7 +27,7 @@ from controller.types import PolicyObservation, Reason
 __all__ = ["PRESSURE_REASONS", "HeldCause", "ScaleCheckConfig", "ScaleChecker", "latency_ratio"]
 
 PRESSURE_REASONS = frozenset(
-    {Reason.QUEUE_DEPTH, Reason.SLO_BURN, Reason.LATENCY_P99, Reason.HIGH_UTILIZATION}
+    {Reason.QUEUE_DEPTH, Reason.ROUTER_QUEUE, Reason.SLO_BURN, Reason.LATENCY_P99, Reason.HIGH_UTILIZATION}
 )
 """Reasons that say the fleet is short *now* (as opposed to a forecast of later need)."""
 
