@@ -105,18 +105,8 @@ class ReactiveAdvisor:
         if queue is None and observation.router_queued is None and sli is None:
             return Advice(replicas_needed=None, reasons=(Reason.INSUFFICIENT_DATA,))
 
-        up_needs: list[tuple[int, str]] = []
         ceiling = math.ceil(ready * cfg.max_up_factor) + 1
-        waiting = (queue or 0.0) + at_entry
-        causes = [r for r, n in ((Reason.QUEUE_DEPTH, queue or 0.0), (Reason.ROUTER_QUEUE, at_entry)) if n > 0]
-        if waiting > 0:
-            if ready == 0:
-                up_needs.extend((1, cause) for cause in causes)
-            elif waiting / ready > cfg.queue_per_replica_high:
-                running = observation.running_requests or 0.0
-                per_replica = max(running / ready, 1.0)
-                wanted = min(ceiling, math.ceil((running + waiting) / per_replica))
-                up_needs.extend((wanted, cause) for cause in causes)
+        up_needs = self._queue_needs(observation, ready, ceiling)
         kv = observation.kv_cache_usage
         if kv is not None and ready > 0 and kv > cfg.kv_scale_up_usage:
             sized = math.ceil(round(ready * kv / cfg.target_kv_usage, 9))
@@ -157,6 +147,22 @@ class ReactiveAdvisor:
                 details["kv_cache_usage"] = kv
                 return Advice(replicas_needed=need, reasons=(Reason.LOW_UTILIZATION,), details=details)
         return Advice(replicas_needed=current, reasons=(Reason.WITHIN_SLO,), details=details)
+
+    def _queue_needs(self, observation: PolicyObservation, ready: int, ceiling: int) -> list[tuple[int, str]]:
+        """The queue rule over every waiting request: the engines' queue and the entry router's."""
+        queue, at_entry = observation.queue_depth or 0.0, router_waiting(observation)
+        waiting = queue + at_entry
+        causes = [r for r, n in ((Reason.QUEUE_DEPTH, queue), (Reason.ROUTER_QUEUE, at_entry)) if n > 0]
+        if waiting <= 0:
+            return []
+        if ready == 0:
+            return [(1, cause) for cause in causes]
+        if waiting / ready <= self.config.queue_per_replica_high:
+            return []
+        running = observation.running_requests or 0.0
+        per_replica = max(running / ready, 1.0)
+        wanted = min(ceiling, math.ceil((running + waiting) / per_replica))
+        return [(wanted, cause) for cause in causes]
 
     def _one_sli_step_per_window(
         self, policy: str, window_s: float, needs: list[tuple[int, str]], current: int, now_s: float
