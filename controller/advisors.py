@@ -9,7 +9,9 @@ replicas already asked for but still starting are counted as coming):
 
 - ``queue_depth``: more than ``queue_per_replica_high`` waiting requests per
   ready replica.  A replica with a queue is saturated, so its running batch is
-  its capacity: need = ceil((running + waiting) / (running / ready));
+  its capacity: need = ceil((running + waiting) / (running / ready)).  Requests
+  held at the entry router (``router_queued``) wait too and count with the
+  engines' queue (``router_queue``);
 - ``slo_burn``: the short-window burn rate of TTFT or ITL exceeds
   ``burn_rate_scale_up`` (budget spent faster than the window allows);
 - ``latency_p99``: p99 TTFT or ITL above its threshold: need grows by the ratio;
@@ -23,11 +25,12 @@ it only for what they asked already (``scale_up_pending`` once it is there).
 Scale down (``low_utilization``) only when the SLIs are trusted and healthy
 (burn rate below ``burn_rate_scale_down``, p99 under ``latency_headroom`` of
 the threshold), nothing waits, and KV-cache usage says the load fits in
-fewer replicas at ``target_kv_usage``.  It never asks for fewer than one
-replica, whatever ``min_replicas`` says: a fleet at zero has no engines and so
-no signals to bring it back.  Scale-to-zero (``min_replicas: 0``) needs an
-external demand signal (e.g. a request gateway's queue) to wake the fleet; the
-core brings a fleet below ``min_replicas`` back to the bound without data.
+fewer replicas at ``target_kv_usage``, and nothing waits at the entry router
+either.  It asks for fewer than one replica only when the policy allows zero and
+names its entry router, and the router and the engines are idle
+(:func:`controller.entry_demand.entry_idle`): a fleet at zero has no engines and
+so no engine signals, and the router's queue is what wakes it.  The core brings
+a fleet below ``min_replicas`` back to the bound without data.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from controller.entry_demand import entry_idle, router_waiting
 from controller.policy import Policy
 from controller.slo import burn_rate
 from controller.types import Advice, PolicyObservation, Reason, SliSnapshot
@@ -97,18 +101,12 @@ class ReactiveAdvisor:
         ready = current if observation.ready_replicas is None else min(observation.ready_replicas, current)
         sli = self._trusted_sli(observation.sli, now_s)
         queue = observation.queue_depth
-        if queue is None and sli is None:
+        at_entry = router_waiting(observation)
+        if queue is None and observation.router_queued is None and sli is None:
             return Advice(replicas_needed=None, reasons=(Reason.INSUFFICIENT_DATA,))
 
-        up_needs: list[tuple[int, str]] = []
         ceiling = math.ceil(ready * cfg.max_up_factor) + 1
-        if queue is not None and queue > 0:
-            if ready == 0:
-                up_needs.append((1, Reason.QUEUE_DEPTH))
-            elif queue / ready > cfg.queue_per_replica_high:
-                running = observation.running_requests or 0.0
-                per_replica = max(running / ready, 1.0)
-                up_needs.append((min(ceiling, math.ceil((running + queue) / per_replica)), Reason.QUEUE_DEPTH))
+        up_needs = self._queue_needs(observation, ready, ceiling)
         kv = observation.kv_cache_usage
         if kv is not None and ready > 0 and kv > cfg.kv_scale_up_usage:
             sized = math.ceil(round(ready * kv / cfg.target_kv_usage, 9))
@@ -141,13 +139,30 @@ class ReactiveAdvisor:
         healthy = (worst_burn is None or worst_burn < cfg.burn_rate_scale_down) and (
             worst_latency_ratio is None or worst_latency_ratio < cfg.latency_headroom
         )
-        if healthy and queue is not None and queue == 0 and kv is not None and ready == current:
-            # At least one: engine-side signals cannot bring a fleet back from zero.
-            need = max(1, math.ceil(round(ready * kv / cfg.target_kv_usage, 9)))
+        if healthy and queue is not None and queue == 0 and at_entry == 0 and kv is not None and ready == current:
+            # At least one unless the router is watched and idle: engine signals cannot bring a fleet back from zero.
+            floor = 0 if entry_idle(policy, observation) else 1
+            need = max(floor, math.ceil(round(ready * kv / cfg.target_kv_usage, 9)))
             if need < current:
                 details["kv_cache_usage"] = kv
                 return Advice(replicas_needed=need, reasons=(Reason.LOW_UTILIZATION,), details=details)
         return Advice(replicas_needed=current, reasons=(Reason.WITHIN_SLO,), details=details)
+
+    def _queue_needs(self, observation: PolicyObservation, ready: int, ceiling: int) -> list[tuple[int, str]]:
+        """The queue rule over every waiting request: the engines' queue and the entry router's."""
+        queue, at_entry = observation.queue_depth or 0.0, router_waiting(observation)
+        waiting = queue + at_entry
+        causes = [r for r, n in ((Reason.QUEUE_DEPTH, queue), (Reason.ROUTER_QUEUE, at_entry)) if n > 0]
+        if waiting <= 0:
+            return []
+        if ready == 0:
+            return [(1, cause) for cause in causes]
+        if waiting / ready <= self.config.queue_per_replica_high:
+            return []
+        running = observation.running_requests or 0.0
+        per_replica = max(running / ready, 1.0)
+        wanted = min(ceiling, math.ceil((running + waiting) / per_replica))
+        return [(wanted, cause) for cause in causes]
 
     def _one_sli_step_per_window(
         self, policy: str, window_s: float, needs: list[tuple[int, str]], current: int, now_s: float

@@ -18,6 +18,9 @@ Per policy, in order (the first guardrail that holds ends the evaluation)::
                                          [stale_data / insufficient_data, below_min / above_max]
       otherwise                       -> hold  [stale_data / insufficient_data]
     need = max over advisors (reasons of each)
+    the rules about zero (controller.entry_demand): requests at the entry
+      router wake a fleet at zero [router_queue]; the need goes to zero only
+      with min_replicas 0 and an idle router in view [router_idle], else >= 1
     clamp need to [min_replicas, max_replicas]           [at_min / at_max]
     no more replicas than the actuator has room for      [host_budget]
     want fewer replicas, but the source reported errors -> hold [partial_data]
@@ -48,6 +51,7 @@ from dataclasses import dataclass, field, replace
 from controller.advisors import ReactiveAdvisor
 from controller.decision_inputs import record_advice as _record_advice
 from controller.decision_inputs import record_observation as _record_observation
+from controller.entry_demand import entry_floor, router_waiting
 from controller.observation_checks import sanitize_observation
 from controller.policy import KubernetesTarget, LocalTarget, Mode, Policy, Scaling
 from controller.types import (
@@ -278,6 +282,9 @@ class DecisionCore:
             if advice.forecast is not None and self._forecast is None:
                 self._forecast = advice.forecast
         opinions = [(name, advice) for name, advice in advices if advice.replicas_needed is not None]
+        if not opinions and current == 0 and router_waiting(obs) > 0:
+            # A fleet at zero has no engines to tell the advisors anything; the router's queue is demand.
+            opinions = [("entry", Advice(replicas_needed=0, reasons=(Reason.INSUFFICIENT_DATA,)))]
         if not opinions:
             errors = [name for name, advice in advices if Reason.ADVISOR_ERROR in advice.reasons]
             extra = (Reason.ADVISOR_ERROR,) if errors else ()
@@ -289,11 +296,14 @@ class DecisionCore:
         failed = [name for name, advice in advices if Reason.ADVISOR_ERROR in advice.reasons]
         if failed:
             why = (*why, Reason.ADVISOR_ERROR)
-        inputs["replicas_needed"] = need
-        _remember_need(state, now_s, need, policy.scaling.scale_down_cooldown_s)
         notes = [
             f"{name} needs {advice.replicas_needed} ({','.join(advice.reasons) or '-'})" for name, advice in opinions
         ]
+        need, why, entry_note = entry_floor(policy, obs, current, need, why)  # the rules about zero
+        if entry_note is not None:
+            notes.append(entry_note)
+        inputs["replicas_needed"] = need
+        _remember_need(state, now_s, need, policy.scaling.scale_down_cooldown_s)
         return need, why, notes
 
     def _gate_scale_down(

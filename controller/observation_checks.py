@@ -16,6 +16,7 @@ __all__ = ["sanitize_observation"]
 
 _OBSERVATION_FIELDS = (
     "queue_depth",
+    "router_queued",
     "running_requests",
     "request_rate_rps",
     "prompt_tokens_per_s",
@@ -58,6 +59,7 @@ def _plausible(obs: PolicyObservation) -> bool:
         and (pt is None or 0.0 <= pt < inf)
         and (ot is None or 0.0 <= ot < inf)
         and (kv is None or 0.0 <= kv <= _RATIO_MAX)
+        and (obs.router_queued is None or 0.0 <= obs.router_queued < inf)
         and (obs.current_replicas is None or obs.current_replicas >= 0)
         and (obs.ready_replicas is None or obs.ready_replicas >= 0)
         and (obs.replica_budget is None or obs.replica_budget >= 0)

@@ -107,6 +107,46 @@ class LocalTarget(_Strict):
 
 Target = Annotated[ModelTarget | KubernetesTarget | LocalTarget, Field(discriminator="kind")]
 
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+ROUTER_JOB = "moeslo-router"
+"""The ``job`` label of the entry router's series, as deploy/'s PodMonitor and ``moeslo up``'s Prometheus set it."""
+
+
+class EntryRouter(_Strict):
+    """The entry router (``moeslo route``) in front of this policy's replicas.
+
+    Requests it holds at admission (``moeslo_router_queued_requests``, queue mode) are demand the
+    engines do not see yet: they add to the engines' queue, and they are what scales a fleet up from
+    zero replicas.  The Prometheus source reads the series its ``prometheus_labels`` select; the
+    direct-scrape source reads ``<endpoint>/metrics`` of each of its ``endpoints``.
+    """
+
+    endpoints: Annotated[tuple[str, ...], Field(max_length=64)] = ()
+    """Base URLs of the router replicas (``http://host:port``) for the direct-scrape source (the same
+    address rules as ``target.endpoints``)."""
+    prometheus_labels: Annotated[dict[str, str], Field(min_length=1, max_length=16)] = {"job": ROUTER_JOB}
+    """Exact-match labels that pick the router's series in Prometheus (summed over what matches)."""
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("a router endpoint is listed twice")
+        return tuple(check_endpoint_url(url) for url in value)
+
+    @field_validator("prometheus_labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, label_value in value.items():
+            if not _LABEL_NAME.match(name) or name.startswith("__"):
+                raise ValueError(f"{name!r} is not a Prometheus label name (letters, digits, _; no leading __)")
+            if len(label_value) > 1024 or re.search(r"[\x00-\x1f\x7f]", label_value):
+                raise ValueError(f"the value of label {name!r} must be at most 1024 characters, no control characters")
+        return value
+
+    def __hash__(self) -> int:  # a frozen model with a dict field: hash what identifies it
+        return hash((self.endpoints, tuple(sorted(self.prometheus_labels.items()))))
+
 
 class LatencyObjective(_Strict):
     """``target`` of requests must see the latency at or below ``threshold_s``."""
@@ -156,8 +196,9 @@ class Objectives(_Strict):
 
 class Scaling(_Strict):
     min_replicas: Annotated[int, Field(strict=True, ge=0, le=10000)] = 1
-    """0 is allowed, but the engine-side advisors never scale below 1 replica: a fleet at zero has
-    no engines and so no signals to wake it.  Scale-to-zero needs an external demand signal."""
+    """0 lets the fleet go to zero replicas, but only for a policy that names its entry ``router``: a
+    fleet at zero has no engines and so no engine signals, and the router's queue is what wakes it.
+    Without a router the controller never goes below 1 (see ``Policy.router``)."""
     max_replicas: Annotated[int, Field(strict=True, ge=1, le=10000)] = 8
     scale_down_cooldown_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = SCALE_DOWN_COOLDOWN_S
     max_step: Annotated[int, Field(strict=True, ge=1, le=10000)] = 4
@@ -210,6 +251,8 @@ class Policy(_Strict):
     forecast: ForecastSettings = ForecastSettings()
     profile: ReplicaProfile | None = None
     """Capacity of one replica (``moeslo profile`` writes it); None: the controller's default profile."""
+    router: EntryRouter | None = None
+    """The entry router in front of the replicas: its queue counts as demand (None: engine signals only)."""
     mode: Mode = Mode.ENFORCE
 
     @field_validator("window")

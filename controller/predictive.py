@@ -11,7 +11,8 @@ model how many replicas the busiest bin of the next lead time needs at the
 - a scale-down is advised only when the forecast over the whole next lead time
   stays below the current fleet (the core then enforces the cooldown).
 
-Floors: the need of the load observed now, and the queue-depth floor.  Observed
+Floors: the need of the load observed now, and the queue-depth floor (the engines'
+queue plus the entry router's, ``router_queued``).  Observed
 p99 latencies correct the capacity model online (per policy).  Every forecast is
 audited against what arrived (:class:`controller.forecast.audit.ForecastAudit`);
 the advice says whether the forecast is ``warming_up`` or ``forecast_unreliable``,
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaProfile, Targets
+from controller.entry_demand import router_waiting
 from controller.forecast import AutoForecaster, ForecastConfig
 from controller.forecast.audit import AuditBounds, ForecastAudit
 from controller.policy import Policy
@@ -259,13 +261,15 @@ class PredictiveAdvisor:
     ) -> list[tuple[int, str]]:
         """Replicas the current load needs, and those that drain the queue within the lead time."""
         needs: list[tuple[int, str]] = [(capacity.replicas_needed(now_load), Reason.CURRENT_LOAD)]
-        queue = obs.queue_depth
-        if queue is not None and queue > 0:
+        engines, at_entry = obs.queue_depth or 0.0, router_waiting(obs)
+        if engines + at_entry > 0:
+            # Requests held at the entry router wait for this fleet as much as the engines' own queue.
             floor = capacity.queue_floor(
-                queue_depth=queue, ready_replicas=ready, load=now_load, drain_s=float(policy.lead_time_s)
+                queue_depth=engines + at_entry, ready_replicas=ready, load=now_load, drain_s=float(policy.lead_time_s)
             )
             if floor > 0:
-                needs.append((floor, Reason.QUEUE_DEPTH))
+                needs.extend((floor, r) for r, n in ((Reason.QUEUE_DEPTH, engines), (Reason.ROUTER_QUEUE, at_entry))
+                             if n > 0)  # fmt: skip
         return needs
 
     def _forecast_need(

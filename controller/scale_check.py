@@ -21,13 +21,14 @@ import math
 from dataclasses import dataclass
 
 from controller.capacity import CapacityModel, Load
+from controller.entry_demand import router_waiting
 from controller.policy import Policy
 from controller.types import PolicyObservation, Reason
 
 __all__ = ["PRESSURE_REASONS", "HeldCause", "ScaleCheckConfig", "ScaleChecker", "latency_ratio"]
 
 PRESSURE_REASONS = frozenset(
-    {Reason.QUEUE_DEPTH, Reason.SLO_BURN, Reason.LATENCY_P99, Reason.HIGH_UTILIZATION}
+    {Reason.QUEUE_DEPTH, Reason.ROUTER_QUEUE, Reason.SLO_BURN, Reason.LATENCY_P99, Reason.HIGH_UTILIZATION}
 )
 """Reasons that say the fleet is short *now* (as opposed to a forecast of later need)."""
 
@@ -92,6 +93,11 @@ def latency_ratio(policy: Policy, obs: PolicyObservation) -> float | None:
     return max(ratios) if ratios else None
 
 
+def _waiting(obs: PolicyObservation) -> float:
+    """Requests waiting for the fleet: the engines' queue and the entry router's."""
+    return (obs.queue_depth or 0.0) + router_waiting(obs)
+
+
 def _load(obs: PolicyObservation) -> Load | None:
     if obs.request_rate_rps is None or obs.prompt_tokens_per_s is None or obs.output_tokens_per_s is None:
         return None
@@ -143,7 +149,7 @@ class ScaleChecker:
                 state.pending = _Pending(
                     before=previous, after=current, causes=state.last_causes, started_s=now_s, ready_s=None,
                     ratio_before=latency_ratio(policy, obs), served_before=obs.output_tokens_per_s,
-                    queue_before=obs.queue_depth or 0.0,
+                    queue_before=_waiting(obs),
                     predicted_gain=_predicted_gain(capacity, _load(obs), previous, current),
                 )
         return self._judge(policy, obs, now_s, state)
@@ -214,7 +220,7 @@ class ScaleChecker:
             now_s - held.since_s > self.config.hold_s
             or (rate is not None and abs(rate - held.request_rate_rps) > self.config.load_change * max(
                 held.request_rate_rps, 1e-9))
-            or (ratio is not None and ratio <= 1.0 and not (obs.queue_depth or 0) > 0)
+            or (ratio is not None and ratio <= 1.0 and not _waiting(obs) > 0)
         )
         if changed:
             state.held = None

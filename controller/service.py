@@ -309,6 +309,7 @@ class ControllerService:
             "itl_p99_seconds": sli.itl_p99_s if sli else None,
             "imbalance_cv_max": sli.imbalance_cv_max if sli else None,
             "queue_depth": obs.queue_depth if obs else None,
+            "router_queued": obs.router_queued if obs else None,
             "requests_in_window": sli.requests_in_window if sli else None,
         })
         self.metrics.set_slis(policy.name, {k: v for k, v in runtime.sli.items() if k != "requests_in_window"})
@@ -339,6 +340,7 @@ class ControllerService:
             "prompt_tokens_per_s": obs.prompt_tokens_per_s,
             "output_tokens_per_s": obs.output_tokens_per_s,
             "queue_depth": obs.queue_depth,
+            "router_queued": obs.router_queued,
             "running_requests": obs.running_requests,
             "kv_cache_usage": obs.kv_cache_usage,
             "ready_replicas": obs.ready_replicas,

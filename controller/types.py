@@ -68,6 +68,11 @@ class Reason(StrEnum):
     STEADY = "steady"
     """The advisors' need equals the current replica count."""
     QUEUE_DEPTH = "queue_depth"
+    ROUTER_QUEUE = "router_queue"
+    """Requests wait at the entry router (``moeslo_router_queued_requests``): demand the engines do not see yet,
+    and the one signal that wakes a fleet at zero replicas."""
+    ROUTER_IDLE = "router_idle"
+    """The entry router holds nothing and the engines are idle: with ``min_replicas: 0`` the fleet may go to zero."""
     SLO_BURN = "slo_burn"
     LATENCY_P99 = "latency_p99"
     LOW_UTILIZATION = "low_utilization"
@@ -157,6 +162,10 @@ class PolicyObservation:
     """Replicas serving traffic now (ready pods, healthy processes)."""
     queue_depth: float | None = None
     """Requests waiting, summed over replicas (``vllm:num_requests_waiting``)."""
+    router_queued: float | None = None
+    """Requests held at the entry router's admission (``moeslo_router_queued_requests``), summed over the
+    policy's routers: demand that has reached no engine yet.  None: the policy names no router, or it could
+    not be read (the source then says why in ``errors``)."""
     running_requests: float | None = None
     """Requests in the running batch, summed over replicas (``vllm:num_requests_running``)."""
     request_rate_rps: float | None = None

@@ -126,9 +126,16 @@ async def _models(request: web.Request) -> web.StreamResponse:
 
 
 async def _health(request: web.Request) -> web.StreamResponse:
-    pool = request.app[ROUTER].pool
+    router = request.app[ROUTER]
+    pool = router.pool
     live = sum(pool.is_healthy(n) for n in pool.names)
-    return _json(200 if live else 503, {"status": "ok" if live else "no healthy replica", "healthy_replicas": live})
+    if live:
+        return _json(200, {"status": "ok", "healthy_replicas": live})
+    if router.config.admission == "queue":
+        # Queue mode takes requests with no replica (a fleet at zero): it holds them, and that queue is
+        # what the controller scales up on, so the router must stay in its Service.
+        return _json(200, {"status": "queueing: no healthy replica", "healthy_replicas": 0})
+    return _json(503, {"status": "no healthy replica", "healthy_replicas": 0})
 
 
 async def _metrics(request: web.Request) -> web.StreamResponse:

@@ -102,13 +102,20 @@ class Router:
         queued = False
         try:
             while (refusal := admission(features, self._states(features), self.config.cost)) is not None:
+                queueing = self.config.admission == "queue"
                 if refusal.retry_after_s is None:
-                    raise UnavailableError("no healthy replica")
-                wait_s = min(refusal.retry_after_s, self.config.scrape_interval_s, deadline - self.clock())
-                if self.config.admission == "reject" or wait_s <= 0:
-                    raise OverloadedError(f"every replica is predicted over the {self.config.cost.ttft_objective_s} s "
-                                          f"TTFT objective (best {refusal.predicted_ttft_s:.3f} s)",
-                                          retry_after_s=refusal.retry_after_s)  # fmt: skip
+                    # Queue mode holds a request while no replica is healthy too (a fleet scaled to zero, or
+                    # starting): the controller reads this queue as demand and starts one.
+                    wait_s = min(self.config.scrape_interval_s, deadline - self.clock())
+                    if not queueing or wait_s <= 0:
+                        raise UnavailableError("no healthy replica")
+                else:
+                    wait_s = min(refusal.retry_after_s, self.config.scrape_interval_s, deadline - self.clock())
+                    if not queueing or wait_s <= 0:
+                        objective_s = self.config.cost.ttft_objective_s
+                        raise OverloadedError(f"every replica is predicted over the {objective_s} s TTFT objective "
+                                              f"(best {refusal.predicted_ttft_s:.3f} s)",
+                                              retry_after_s=refusal.retry_after_s)  # fmt: skip
                 if not queued:
                     queued = True
                     self.metrics.queued.inc()

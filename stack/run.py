@@ -63,9 +63,13 @@ def _checkpoint(options: StackOptions) -> Path:
 
 def policy_document(
     checkpoint: Path, options: StackOptions, profile: dict[str, Any] | None = None, *, mode: str = "enforce",
-    max_replicas: int | None = None,
+    max_replicas: int | None = None, router_url: str | None = None,
 ) -> dict[str, Any]:
-    """The demo's policy: the mission's objectives, 1..max replicas, forecasting on 2 s ticks."""
+    """The demo's policy: the mission's objectives, 1..max replicas, forecasting on 2 s ticks.
+
+    With the entry router (``router_url``), its queue counts as demand: the controller reads it from
+    the router's /metrics (direct scrape) or from Prometheus, whose job for it is ``moeslo-router``.
+    """
     document: dict[str, Any] = {
         "name": POLICY_NAME,
         "description": "The mission's SLOs for the local embedded engine (moeslo up).",
@@ -79,6 +83,8 @@ def policy_document(
     }
     if profile is not None:
         document["profile"] = profile
+    if router_url is not None:
+        document["router"] = {"endpoints": [router_url], "prometheus_labels": {"job": "moeslo-router"}}
     return document
 
 
@@ -116,7 +122,8 @@ class LocalStack:
         progress("starting the controller (SQLite, local actuator, forecasting core)")
         controller = self._start_controller(controller_port, first_port, checkpoint)
         state.event(f"status page: {state.controller_url}/ui/ (open it in a browser while the run lasts)")
-        self._put_policy(policy_document(checkpoint, opts, measured["profile"]))
+        router_url = None if router_port is None else f"http://127.0.0.1:{router_port}"
+        self._put_policy(policy_document(checkpoint, opts, measured["profile"], router_url=router_url))
         state.event(f"policy {POLICY_NAME} applied: TTFT<={TTFT_THRESHOLD_S * 1000:g}ms, "
                     f"ITL<={ITL_THRESHOLD_S * 1000:g}ms ({LATENCY_TARGET:.0%}), CV<={MAX_IMBALANCE_CV:g}; "
                     f"{opts.cpus_per_replica} pinned CPU per replica, capacity model from the profile")

@@ -61,9 +61,11 @@ def _check_target(request: Request, policy: Policy) -> None:
     """Targets the configured actuator cannot carry out, and endpoints at addresses the config does not
     allow (loopback, link-local, metadata), are refused, naming the field."""
     problems: list[str] = []
+    allowed = _settings(request).allowed_endpoint_addresses
     if isinstance(policy.target, LocalTarget):
-        allowed = _settings(request).allowed_endpoint_addresses
         problems += endpoint_problems(policy.target.endpoints, allowed, field="target.endpoints")
+    if policy.router is not None:
+        problems += endpoint_problems(policy.router.endpoints, allowed, field="router.endpoints")
     check = getattr(request.app.state, "check_target", None)
     if check is not None:
         problems += check(policy)

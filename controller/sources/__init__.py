@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from controller.sources.base import BURN_WINDOWS, SliSource, histogram_quantile, windows_for
 from controller.sources.prometheus import PrometheusClient, PrometheusSource
-from controller.sources.scrape import EngineSample, ScrapeSource, parse_metrics
+from controller.sources.scrape import EngineSample, ScrapeSource, parse_metrics, parse_router_queue
 
 __all__ = [
     "BURN_WINDOWS",
@@ -15,5 +15,6 @@ __all__ = [
     "SliSource",
     "histogram_quantile",
     "parse_metrics",
+    "parse_router_queue",
     "windows_for",
 ]

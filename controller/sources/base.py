@@ -170,6 +170,11 @@ def model_matcher(models: Sequence[str]) -> str:
     return f'model_name=~"{_promql_string(pattern)}"'
 
 
+def label_matchers(labels: Mapping[str, str]) -> str:
+    """Exact-match PromQL matchers for ``labels`` (names already validated), values escaped."""
+    return ",".join(f'{name}="{_promql_string(value)}"' for name, value in sorted(labels.items()))
+
+
 _REGEX_SPECIAL = set(r".^$*+?()[]{}|\\")
 
 

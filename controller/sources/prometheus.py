@@ -16,7 +16,10 @@ so their number does not grow with the number of policies:
 
 - p99s with ``histogram_quantile(0.99, sum by (model_name, le) (rate(..._bucket[5m])))``;
 - queue, running batch, KV usage, request and token rates, engine count;
-- per-layer expert imbalance (``moe_layer_imbalance_cv``).
+- per-layer expert imbalance (``moe_layer_imbalance_cv``);
+- the entry router's queue, for policies that name a router: one
+  ``sum(moeslo_router_queued_requests{<router labels>})`` per distinct label set
+  (the router's series carry no model label; its ``prometheus_labels`` pick it).
 
 Prometheus down or answering with an error: the source keeps each policy's
 last good observation (with its old ``observed_at_s``, so the core sees it
@@ -35,7 +38,14 @@ from typing import Any
 
 import httpx
 
-from contracts.catalogue import KV_CACHE_USAGE, LAYER_IMBALANCE_CV, REQUEST_PROMPT_TOKENS_HISTOGRAM, RUNNING, WAITING
+from contracts.catalogue import (
+    KV_CACHE_USAGE,
+    LAYER_IMBALANCE_CV,
+    REQUEST_PROMPT_TOKENS_HISTOGRAM,
+    ROUTER_QUEUED,
+    RUNNING,
+    WAITING,
+)
 from contracts.errors import UnavailableError
 from controller.policy import Policy
 from controller.slo import format_duration
@@ -50,6 +60,7 @@ from controller.sources.base import (
     REQUESTS_TOTAL,
     SHORT_WINDOW,
     good_count_at,
+    label_matchers,
     model_matcher,
     parse_le,
     sli_series,
@@ -180,6 +191,10 @@ class PrometheusSource:
         queries["prompt_tokens"] = f"sum by (model_name) (rate({PROMPT_TOKENS_TOTAL}{sel}[{self.rate_window}]))"
         queries["output_tokens"] = f"sum by (model_name) (rate({GENERATION_TOKENS_TOTAL}{sel}[{self.rate_window}]))"
         queries["imbalance"] = f"max by (model_name, layer) ({LAYER_IMBALANCE_CV}{sel})"
+        for policy in policies:
+            if policy.router is not None:
+                router_sel = self._sel(label_matchers(policy.router.prometheus_labels))
+                queries.setdefault(_router_key(policy), f"sum({ROUTER_QUEUED}{router_sel})")
         return queries
 
     async def observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
@@ -263,6 +278,7 @@ class PrometheusSource:
             observed_at_s=now_s,
             ready_replicas=None if engines is None else int(engines),
             queue_depth=_value(results.get("waiting"), model),
+            router_queued=_router_queued(policy, results, problems),
             running_requests=_value(results.get("running"), model),
             request_rate_rps=_value(results.get("requests"), model),
             prompt_tokens_per_s=_value(results.get("prompt_tokens"), model),
@@ -272,6 +288,26 @@ class PrometheusSource:
             sli=sli,
             errors=tuple(dict.fromkeys(problems)),
         )
+
+
+def _router_key(policy: Policy) -> str:
+    """The query key of a policy's router queue: one per distinct label set, shared by the policies naming it."""
+    labels = {} if policy.router is None else policy.router.prometheus_labels
+    return "router_queued:" + ",".join(f"{name}={value!r}" for name, value in sorted(labels.items()))
+
+
+def _router_queued(policy: Policy, results: Mapping[str, Vector], problems: list[str]) -> float | None:
+    """The policy's router queue; None (and a problem) when its router's series are not in Prometheus."""
+    if policy.router is None:
+        return None
+    key = _router_key(policy)
+    if key not in results:
+        return None  # the query failed: its error is already in the problems
+    vector = results[key]
+    if not vector:
+        problems.append(f"router: no {ROUTER_QUEUED} series with labels {policy.router.prometheus_labels}")
+        return None
+    return vector[0][1]
 
 
 def _value(vector: Vector | None, model: str) -> float | None:

@@ -11,6 +11,10 @@ erase what it served.
 
 History stays bounded: every scrape is kept for the last hour, older points
 are thinned to one per five minutes and keep only the counters the SLOs use.
+
+A policy that names an entry router with ``endpoints`` also has each router's
+``/metrics`` read once per tick: ``moeslo_router_queued_requests`` summed over
+them is the observation's ``router_queued``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,6 +32,7 @@ from contracts.catalogue import (
     KV_CACHE_USAGE,
     LAYER_IMBALANCE_CV,
     REQUEST_PROMPT_TOKENS_HISTOGRAM,
+    ROUTER_QUEUED,
     RUNNING,
     TTFT_NORMALIZED_HISTOGRAM,
     WAITING,
@@ -123,6 +128,22 @@ def parse_metrics(text: str) -> dict[str, EngineSample]:
             elif name == LAYER_IMBALANCE_CV and sample.labels.get("layer", "").isdigit():
                 out.imbalance_by_layer[int(sample.labels["layer"])] = value
     return samples
+
+
+def parse_router_queue(text: str) -> float | None:
+    """``moeslo_router_queued_requests`` summed from a router's /metrics page (None: the page has no such
+    series; ``ValueError`` if malformed)."""
+    values = [
+        float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == ROUTER_QUEUED
+    ]
+    return sum(values) if values else None
+
+
+def _router_endpoints(policy: Policy) -> tuple[str, ...]:
+    return () if policy.router is None else policy.router.endpoints
 
 
 @dataclass
@@ -242,7 +263,36 @@ class ScrapeSource:
         response.raise_for_status()
         return parse_metrics(response.text)
 
+    async def _scrape_router(self, endpoint: str) -> float:
+        response = await self._client.get(endpoint.rstrip("/") + "/metrics")
+        response.raise_for_status()
+        queued = parse_router_queue(response.text)
+        if queued is None:
+            raise ValueError(f"the page has no {ROUTER_QUEUED} series (not a moeslo router?)")
+        return queued
+
+    async def _router_queues(self, policies: Sequence[Policy]) -> dict[str, float | str]:
+        """Per router endpoint any policy names: its queue, or the error line of a failed read."""
+        endpoints = sorted({e for p in policies for e in _router_endpoints(p)})
+        answers = await asyncio.gather(*(self._scrape_router(e) for e in endpoints), return_exceptions=True)
+        queues: dict[str, float | str] = {}
+        for endpoint, answer in zip(endpoints, answers, strict=True):
+            if isinstance(answer, (httpx.HTTPError, ValueError)):
+                queues[endpoint] = f"router {endpoint}: {type(answer).__name__}: {answer}"
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                queues[endpoint] = answer
+        return queues
+
     async def observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
+        if not any(p.router is not None for p in policies):
+            return await self._observe_engines(policies, now_s)
+        observations, queues = await asyncio.gather(self._observe_engines(policies, now_s),
+                                                    self._router_queues(policies))  # fmt: skip
+        return {p.name: _with_router(observations[p.name], p, queues) for p in policies}
+
+    async def _observe_engines(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
         endpoints_by_policy = {p.name: tuple(self.endpoints_for(p)) for p in policies}
         endpoints = sorted({e for es in endpoints_by_policy.values() for e in es})
         answers = await asyncio.gather(*(self._scrape(e) for e in endpoints), return_exceptions=True)
@@ -358,6 +408,20 @@ class ScrapeSource:
         if not any(math.isinf(edge) for edge in buckets):
             return None
         return histogram_quantile(QUANTILE, buckets)
+
+
+def _with_router(obs: PolicyObservation, policy: Policy, queues: Mapping[str, float | str]) -> PolicyObservation:
+    """The observation with its policy's router queue (None, with the reasons in ``errors``, unless all read)."""
+    if policy.router is None:
+        return obs
+    endpoints = policy.router.endpoints
+    if not endpoints:
+        return replace(obs, errors=(*obs.errors, "router: no endpoints to scrape (router.endpoints is empty)"))
+    read = [queues[e] for e in endpoints]
+    failed = [q for q in read if isinstance(q, str)]
+    if failed:
+        return replace(obs, errors=(*obs.errors, *failed))
+    return replace(obs, router_queued=sum(q for q in read if not isinstance(q, str)))
 
 
 def _short_window_buckets(history: _ModelHistory, series: str, now_s: float) -> tuple[tuple[float, float], ...]:

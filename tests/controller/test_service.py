@@ -21,7 +21,7 @@ from controller.sources import ScrapeSource
 from controller.store import Store
 from controller.telemetry import ControllerMetrics
 from controller.types import PolicyObservation, SliSnapshot
-from tests.controller.sources.engine_page import EngineMetrics, MetricsServer
+from tests.controller.sources.engine_page import EngineMetrics, MetricsServer, RouterPage
 
 
 class Clock:
@@ -300,6 +300,40 @@ def test_ticks_over_real_metrics_pages(tmp_path: Path) -> None:
     assert runtime.burn_rates["ttft"]["5m"] == pytest.approx(5.0)
     assert registry.get_sample_value("moeslo_sli", {"policy": "local", "sli": "itl_good_ratio"}) == 1.0
     assert len(store.list_decisions()) == 2
+
+
+def test_a_fleet_at_zero_scales_up_on_the_routers_queue(tmp_path: Path) -> None:
+    """``controller serve`` with the direct-scrape source: the policy names the router, whose queue wakes the fleet."""
+    router = RouterPage()
+    server = MetricsServer(router)  # type: ignore[arg-type]
+    clock, actuator = Clock(), DryRunActuator()
+    policy = Policy.model_validate({
+        "name": "zero", "target": {"kind": "deployment", "namespace": "prod", "name": "zero"},
+        "scaling": {"min_replicas": 0, "max_replicas": 4}, "router": {"endpoints": [server.url]},
+    })  # fmt: skip
+    actuator.counts["zero"] = 0
+    source = ScrapeSource(lambda _policy: ())  # a fleet at zero: no engine to scrape
+    service, store, registry = _service(tmp_path, clock, actuator=actuator, source=source)
+    store.create_policy(policy)
+
+    async def scenario() -> None:
+        await service.tick()  # nothing waits: stays at zero
+        router.hold(2)
+        clock.now_s += 15
+        await service.tick()
+        await source.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+    assert actuator.calls == [("zero", 1)]
+    idle, woken = sorted(store.list_decisions(), key=lambda d: d.id or 0)
+    assert (idle.action, woken.action, woken.reason) == ("hold", "scale_up", "router_queue")
+    assert woken.inputs["router_queued"] == 2.0
+    runtime = service.runtime("zero")
+    assert runtime is not None and runtime.seen["router_queued"] == 2.0
+    assert registry.get_sample_value("moeslo_sli", {"policy": "zero", "sli": "router_queued"}) == 2.0
 
 
 def test_observation_template_is_complete() -> None:

@@ -251,3 +251,15 @@ def test_cli_render_is_idempotent_and_build_prints_the_overlay(tmp_path: Path) -
     message = " ".join(refused.output.split())
     assert "overlay vllm-gpu: policy 'qwen3-moe': objectives.itl.threshold_s = 0.02 is not a bucket edge" in message
     assert "the nearest edges are 0.01 and 0.025" in message
+
+
+@pytest.mark.parametrize("overlay", sorted(load_overlays(DEPLOY)))
+def test_the_controller_finds_the_routers_queue_by_the_job_its_pod_monitor_sets(overlay: str) -> None:
+    """Each overlay's policies name the router by labels its series carry in Prometheus (job from the pod label)."""
+    rendered = _rendered(f"overlays/{overlay}")
+    monitor = rendered[("PodMonitor", "moeslo", "moeslo-router")]["spec"]
+    router = rendered[("Deployment", "moeslo", "moeslo-router")]
+    job = router["spec"]["template"]["metadata"]["labels"][monitor["jobLabel"]]
+    for policy in _overlay_policies()[overlay]:
+        assert policy.router is not None, f"{overlay}: {policy.name} does not read the router's queue"
+        assert policy.router.prometheus_labels == {"job": job}

@@ -136,3 +136,32 @@ def test_an_added_replica_takes_requests_only_after_its_health_checks() -> None:
     pool.finish(ticket)  # a request on a removed replica finishes without a trace
     assert not pool.health_result("http://b:2", True) and pool.health_result("http://b:2", True)
     assert [s.name for s in pool.snapshot() if s.healthy] == ["http://b:2"]
+
+
+def test_queue_mode_holds_requests_while_the_fleet_is_at_zero(tmp_path: Path) -> None:
+    """Scale from zero: the router holds requests with no replica, the controller reads that queue, a replica comes."""
+    import threading
+
+    from controller.sources.scrape import parse_router_queue
+
+    view = Replicas()
+    settings = ControllerSettings(db=str(tmp_path / "c.db"), api_token=TOKEN)
+    with serving(controller_app(settings, Store(settings.db_url), service=view)) as controller, \
+            stubs(1) as (one,), router([], controller_url=controller, membership_interval_s=0.05,
+                                     admission="queue", max_queue_s=20.0) as running:  # fmt: skip
+        _add_policies(controller, ("qwen",))
+        health = httpx.get(running.url + "/health", timeout=5)
+        assert (health.status_code, health.json()["healthy_replicas"]) == (200, 0)  # stays in its Service
+        answers: list[httpx.Response] = []
+        body = {"model": "stub", "prompt": "hi", "max_tokens": 2}
+        sender = threading.Thread(target=lambda: answers.append(
+            httpx.post(running.url + "/v1/completions", json=body, timeout=30)))  # fmt: skip
+        sender.start()
+        eventually(lambda: running.sample("moeslo_router_queued_requests") == 1, what="the request held")
+        page = httpx.get(running.url + "/metrics", timeout=5).text
+        assert parse_router_queue(page) == 1.0  # what the controller's scrape source reads
+        assert not answers
+        view.urls = [url_of(one)]  # the controller started a replica
+        sender.join(15)
+        assert [a.status_code for a in answers] == [200]
+        assert running.sample("moeslo_router_queued_requests") == 0

@@ -85,3 +85,20 @@ class MetricsServer:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)
+
+
+class RouterPage:
+    """The entry router's own /metrics series (its real :class:`router.metrics.RouterMetrics`), for source tests."""
+
+    def __init__(self, replicas: tuple[str, ...] = ("http://engine:8000",)) -> None:
+        from router.metrics import RouterMetrics
+
+        self.registry = CollectorRegistry()
+        self.metrics = RouterMetrics(self.registry, replicas)
+
+    def hold(self, requests: int) -> None:
+        """``requests`` held at admission (queue mode)."""
+        self.metrics.queued.set(requests)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -15,9 +15,10 @@ import pytest
 
 from controller.policy import Policy
 from controller.sources import PrometheusClient, PrometheusSource
+from controller.types import PolicyObservation
 from harness.monitoring import prometheus_command
 from harness.processes import free_port, start_process, stop_process, wait_healthy
-from tests.controller.sources.engine_page import EngineMetrics, MetricsServer
+from tests.controller.sources.engine_page import EngineMetrics, MetricsServer, RouterPage
 
 MODEL = "Qwen/Qwen3-30B-A3B"
 POLICY = Policy.model_validate({"name": "p", "target": {"kind": "model", "model": MODEL}})
@@ -98,17 +99,55 @@ def test_never_seen_prometheus_down_reports_nothing_known() -> None:
     assert obs.queue_depth is None and obs.sli is None and obs.errors
 
 
+ROUTED = Policy.model_validate({"name": "routed", "target": {"kind": "model", "model": MODEL}, "router": {}})
+
+
+def test_a_policy_naming_its_router_queries_the_router_queue_by_its_labels() -> None:
+    source = PrometheusSource(PrometheusClient("http://prom.invalid"), selector='namespace="prod"')
+    other = ROUTED.model_copy(update={"name": "other"})  # the same router: one query for both
+    own = Policy.model_validate({"name": "own", "target": {"kind": "model", "model": MODEL},
+                                 "router": {"prometheus_labels": {"service": 'a"b', "job": "r"}}})  # fmt: skip
+    queries = source.queries([POLICY, ROUTED, other, own])
+    router_queries = sorted(q for k, q in queries.items() if k.startswith("router_queued:"))
+    assert router_queries == [
+        'sum(moeslo_router_queued_requests{job="moeslo-router",namespace="prod"})',
+        'sum(moeslo_router_queued_requests{job="r",service="a\\"b",namespace="prod"})',
+    ]
+    assert not any(k.startswith("router_queued:") for k in source.queries([POLICY]))
+    asyncio.run(source.aclose())
+
+
+def test_the_router_queue_from_prometheus_and_a_router_it_does_not_see() -> None:
+    answer: dict[str, list[dict]] = {"router": [{"metric": {}, "value": [0, "4"]}]}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        query = request.content.decode()
+        result = answer["router"] if "moeslo_router_queued_requests" in query else []
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    source = _mock_source(httpx.MockTransport(handle))
+    seen = asyncio.run(source.observe([POLICY, ROUTED], 10.0))
+    assert seen["routed"].router_queued == 4.0 and seen["routed"].errors == ()
+    assert seen["p"].router_queued is None
+    answer["router"] = []  # no series: the router is down or not scraped, which is not a zero
+    unseen = asyncio.run(source.observe([ROUTED], 20.0))["routed"]
+    assert unseen.router_queued is None
+    assert unseen.errors == ("router: no moeslo_router_queued_requests series with labels {'job': 'moeslo-router'}",)
+
+
 # ---- a real Prometheus ------------------------------------------------------------------------
 
 
 class Prometheus:
-    def __init__(self, target: str, tmp: Path) -> None:
+    def __init__(self, target: str, tmp: Path, *, router: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = tmp / "prometheus.yml"
+        jobs = {"engine": target} | ({"moeslo-router": router} if router is not None else {})
         config.write_text(
-            f"global:\n  scrape_interval: {SCRAPE_S}s\n  evaluation_interval: {SCRAPE_S}s\n"
-            f"scrape_configs:\n  - job_name: engine\n    static_configs:\n      - targets: ['{target}']\n"
+            f"global:\n  scrape_interval: {SCRAPE_S}s\n  evaluation_interval: {SCRAPE_S}s\nscrape_configs:\n"
+            + "".join(f"  - job_name: {job}\n    static_configs:\n      - targets: ['{url}']\n"
+                      for job, url in jobs.items())
         )
         self.argv = prometheus_command(shutil.which("prometheus") or "prometheus", tmp, port=self.port,
                                        config=config.read_text())
@@ -187,3 +226,31 @@ def test_slis_from_a_real_prometheus(prometheus_and_engine: tuple[Prometheus, En
         await source.aclose()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.integration
+def test_the_router_queue_through_a_real_prometheus(tmp_path: Path) -> None:
+    """deploy/ and ``moeslo up`` scrape the router as job moeslo-router: the default router labels find it."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus binary not installed (apt-get install prometheus)")
+    engine, router = MetricsServer(EngineMetrics(MODEL)), RouterPage()
+    router_server = MetricsServer(router)  # type: ignore[arg-type]
+    router.hold(5)
+    prom = Prometheus(engine.url.removeprefix("http://"), tmp_path, router=router_server.url.removeprefix("http://"))
+
+    async def observe() -> PolicyObservation:
+        source = PrometheusSource(PrometheusClient(prom.url))
+        try:
+            return (await source.observe([ROUTED], 100.0))["routed"]
+        finally:
+            await source.aclose()
+
+    try:
+        prom.start()
+        prom.wait_for_scrapes(2)
+        obs = asyncio.run(observe())
+        assert obs.router_queued == 5.0 and obs.queue_depth == 0 and obs.errors == ()
+    finally:
+        prom.stop()
+        engine.stop()
+        router_server.stop()

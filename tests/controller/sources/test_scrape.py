@@ -8,9 +8,9 @@ import math
 import pytest
 
 from controller.policy import Policy
-from controller.sources import ScrapeSource, histogram_quantile, parse_metrics
+from controller.sources import ScrapeSource, histogram_quantile, parse_metrics, parse_router_queue
 from controller.sources.base import good_count_at
-from tests.controller.sources.engine_page import EngineMetrics, MetricsServer
+from tests.controller.sources.engine_page import EngineMetrics, MetricsServer, RouterPage
 
 MODEL = "Qwen/Qwen3-30B-A3B"
 
@@ -161,3 +161,48 @@ def test_histogram_math_matches_prometheus() -> None:
     assert good_count_at(buckets, 0.3) == pytest.approx(10 + 50 * 0.5)
     assert good_count_at(buckets, 0.05) == pytest.approx(5.0)
     assert good_count_at(buckets, 2.0) is None
+
+
+def test_the_router_queue_is_read_from_the_routers_page() -> None:
+    page = RouterPage()
+    assert parse_router_queue(page.render().decode()) == 0.0
+    page.hold(3)
+    assert parse_router_queue(page.render().decode()) == 3.0
+    assert parse_router_queue(EngineMetrics(MODEL).render().decode()) is None  # not a router
+
+
+def test_a_policy_naming_its_router_gets_the_router_queue() -> None:
+    engine, routers = EngineMetrics(MODEL), [RouterPage(), RouterPage()]
+    servers = [MetricsServer(engine), *(MetricsServer(r) for r in routers)]  # type: ignore[arg-type]
+    engine_url, router_urls = servers[0].url, [s.url for s in servers[1:]]
+    routed = Policy.model_validate({"name": "p", "target": {"kind": "local", "model": MODEL, "endpoints": [engine_url]},
+                                    "router": {"endpoints": router_urls}})  # fmt: skip
+    unrouted = _policy([engine_url], name="q")
+    assert routed.router is not None
+    empty = routed.model_copy(update={"name": "r", "router": routed.router.model_copy(update={"endpoints": ()})})
+    source = ScrapeSource(lambda p: p.target.endpoints)  # type: ignore[union-attr]
+
+    async def scenario() -> None:
+        routers[0].hold(2)
+        routers[1].hold(1)
+        seen = await source.observe([routed, unrouted, empty], 0.0)
+        assert seen["p"].router_queued == 3.0 and seen["p"].errors == ()
+        assert seen["p"].ready_replicas == 1  # the routers are not engines
+        assert seen["q"].router_queued is None and seen["q"].errors == ()
+        assert seen["r"].router_queued is None and "router.endpoints is empty" in seen["r"].errors[0]
+        servers[2].stop()  # one router down: the sum would understate the demand, so it is unknown
+        down = (await source.observe([routed], 15.0))["p"]
+        assert down.router_queued is None and down.queue_depth == 0
+        assert len(down.errors) == 1 and down.errors[0].startswith(f"router {router_urls[1]}:")
+        # An engine page where a router is expected is an error too, not a zero.
+        assert routed.router is not None
+        wrong = routed.model_copy(update={"router": routed.router.model_copy(update={"endpoints": (engine_url,)})})
+        mistaken = (await source.observe([wrong], 30.0))["p"]
+        assert mistaken.router_queued is None and "no moeslo_router_queued_requests series" in mistaken.errors[0]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for server in servers[:2]:
+            server.stop()
+        asyncio.run(source.aclose())

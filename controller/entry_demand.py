@@ -1,0 +1,58 @@
+"""Demand at the entry router: the one signal that reaches a fleet at zero replicas.
+
+A policy that names its entry ``router`` gets the router's queue in its observations
+(``router_queued``: requests held at admission).  The advisors count it as waiting
+requests next to the engines' queue; this module holds the two rules about zero,
+which the decision core applies to the advisors' need (pure functions, no I/O):
+
+- **scale from zero**: requests wait at the router and the advisors need no
+  replica (a fleet at zero has no engines, so they see nothing else): need one
+  (``router_queue``).  Once it runs, the queue rules size the rest;
+- **down to zero** only when the policy allows it (``min_replicas: 0``) and the
+  entry is idle: the router was read and holds nothing, and the engines report
+  no queue, no running request and no arrivals (``router_idle``).  Otherwise a
+  need of zero is raised to one, because nothing could wake the fleet again.
+  The core's scale-down guardrails still apply: the need must have been zero for
+  the whole ``scale_down_cooldown_s`` (stabilization) and the last change must be
+  that long ago, and a source reporting errors (an unreadable router) holds it.
+"""
+
+from __future__ import annotations
+
+from controller.policy import Policy
+from controller.types import PolicyObservation, Reason
+
+__all__ = ["entry_floor", "entry_idle", "router_waiting"]
+
+
+def router_waiting(obs: PolicyObservation) -> float:
+    """Requests the router holds (0 when unknown)."""
+    return obs.router_queued if obs.router_queued is not None and obs.router_queued > 0 else 0.0
+
+
+def entry_idle(policy: Policy, obs: PolicyObservation) -> bool:
+    """Whether the fleet may go to zero now: allowed, the router read and empty, the engines known idle."""
+    return (
+        policy.scaling.min_replicas == 0
+        and policy.router is not None
+        and obs.router_queued == 0
+        and obs.queue_depth == 0
+        and obs.running_requests == 0
+        and obs.request_rate_rps == 0
+    )
+
+
+def entry_floor(
+    policy: Policy, obs: PolicyObservation, current: int, need: int, why: tuple[str, ...]
+) -> tuple[int, tuple[str, ...], str | None]:
+    """The need and its reasons after the rules about zero, and a note when a rule changed them."""
+    if need >= 1:
+        return need, why, None
+    queued = router_waiting(obs)
+    if queued > 0:
+        return 1, (*why, Reason.ROUTER_QUEUE), f"the entry router holds {queued:g} requests: at least 1 replica"
+    if current < 1:
+        return need, why, None  # already at zero, nothing waiting: stay
+    if entry_idle(policy, obs):
+        return 0, (*why, Reason.ROUTER_IDLE), "the entry router and the engines are idle: zero replicas allowed"
+    return 1, why, None  # without an idle router in view, nothing could wake a fleet at zero
