@@ -3,7 +3,8 @@
 Poisson load at rising rates with the demo's mean prompt and output lengths (after a
 warm-up of a few unmeasured requests), until p99 TTFT passes the objective, then the
 prefix probe (ten cold and ten cached-prefix prompts, one at a time, each stopping at
-its first token: about half a second at the demo's lengths, so it stays in the start-up);
+its first token: 0.7-1.3 s at the demo's lengths on a busy two-core machine, so it stays
+in the start-up);
 the fitted :class:`ReplicaProfile` goes into the
 policy (the controller's capacity model sizes this machine's replicas from it), and
 the load is sized from what it says one replica sustains within the objectives.

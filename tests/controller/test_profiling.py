@@ -164,7 +164,7 @@ def test_profile_against_moeslo_serve(tiny_checkpoint: Path, tmp_path: Path) -> 
                 "--duration",
                 "3",
                 "--prompt-tokens",
-                "16",
+                "64",
                 "--output-tokens",
                 "8",
                 "--vocab-size",
@@ -184,8 +184,11 @@ def test_profile_against_moeslo_serve(tiny_checkpoint: Path, tmp_path: Path) -> 
         assert len(profile.points) == 2
         assert profile.prefill_tokens_per_s > 0 and profile.itl_base_s > 0
         assert profile.prefix_probe is not None and profile.prefix_probe.requests == 3
+        # 48 of 64 tokens shared: three whole 16-token blocks, found in the cache by the engine's own count.
+        assert profile.prefix_probe.cached_share == pytest.approx(0.75)
+        said = " ".join(result.stderr.split())  # the console wraps long lines
+        assert "prefix probe: TTFT p50" in said and "(engine counters)" in said
         assert 0.0 <= profile.cached_token_cost <= 1.0
-        assert "prefix probe: TTFT p50" in result.stderr
     finally:
         server.terminate()
         server.wait(timeout=10)
