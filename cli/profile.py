@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.common import cli_errors, console, print_json
+
+if TYPE_CHECKING:
+    from controller.capacity import PrefixProbe, ReplicaProfile
 
 
 def profile(
@@ -26,6 +29,12 @@ def profile(
     ttft_limit: Annotated[float, typer.Option(help="Stop the sweep once p99 TTFT exceeds this (s).")] = 5.0,
     name: Annotated[str, typer.Option(help="Profile name.")] = "measured",
     seed: Annotated[int, typer.Option(help="Seed for arrivals and prompts.")] = 0,
+    warmup: Annotated[int, typer.Option(help="Requests sent one at a time before the sweep, not measured.")] = 3,
+    prefix_probe: Annotated[bool, typer.Option(
+        "--prefix-probe/--no-prefix-probe",
+        help="Also time cold prompts against prompts whose first 75 % is cached (idle replica, one at a time) "
+             "and fit what a cached prompt token still costs.")] = True,
+    probe_pairs: Annotated[int, typer.Option(help="Requests of each kind in the prefix probe.")] = 10,
     json_out: Annotated[bool, typer.Option("--json", help="Print the profile JSON to stdout.")] = False,
 ) -> None:
     """Record TTFT and ITL against throughput at each rate and fit the per-replica profile."""
@@ -37,7 +46,7 @@ def profile(
 
         levels = [float(r) for r in rates.split(",") if r.strip()]
         with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("profiling", total=len(levels))
+            task = bar.add_task("profiling", total=len(levels) + (warmup > 0))
 
             def progress(line: str) -> None:
                 bar.advance(task)
@@ -45,14 +54,41 @@ def profile(
 
             summaries = sweep_rates(url, levels, duration_s=duration, prompt_tokens=prompt_tokens,
                                     output_tokens=output_tokens, vocab_size=vocab_size, model=model, seed=seed,
-                                    ttft_limit_s=ttft_limit, progress=progress)
+                                    ttft_limit_s=ttft_limit, progress=progress, warmup_requests=warmup)
+        probe = _probe(url, prompt_tokens, vocab_size, model, seed, probe_pairs) if prefix_probe else None
         points = [profile_point(stats) for stats in summaries]
         fitted = fit_profile(
             points, prompt_tokens=prompt_tokens, kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs,
-            name=name,
+            name=name, prefix_probe=probe,
             source=f"moeslo profile against {url}: {len(points)} rates, {prompt_tokens}/{output_tokens} tokens",
         )
         out.write_text(fitted.to_json() + "\n")
+        console.print(_describe_fit(fitted))
         console.print(f"wrote {out}")
         if json_out:
             print_json(fitted.model_dump(mode="json"))
+
+
+def _probe(
+    url: str, prompt_tokens: int, vocab_size: int, model: str | None, seed: int, pairs: int
+) -> PrefixProbe | None:
+    """Run the prefix probe and say what it measured."""
+    from controller.profiling import prefix_probe_record
+    from harness.prefix_probe import prefix_probe
+
+    stats = prefix_probe(url, prompt_tokens=prompt_tokens, vocab_size=vocab_size, model=model, seed=seed, pairs=pairs)
+    probe = prefix_probe_record(stats)
+    if probe is None:
+        console.print("prefix probe: no successful request of one kind; cached tokens are taken to cost nothing")
+    else:
+        console.print(f"prefix probe: TTFT p50 {probe.cold_ttft_p50_s * 1000:.1f} ms cold, "
+                      f"{probe.cached_ttft_p50_s * 1000:.1f} ms with {probe.cached_share:.0%} of the prompt cached "
+                      f"({stats['cached_share_source']})")
+    return probe
+
+
+def _describe_fit(fitted: ReplicaProfile) -> str:
+    cost = "" if fitted.prefix_probe is None else (
+        f", a cached prompt token costs {fitted.cached_token_cost:.2f} of a computed one")
+    return (f"prefill {fitted.prefill_tokens_per_s:.0f} tokens/s, ITL {fitted.itl_base_s * 1000:.1f} ms "
+            f"+ {fitted.itl_per_seq_s * 1000:.3f} ms per sequence{cost}")

@@ -21,7 +21,8 @@ taken off its prefill.  Prompts no replica can serve within the objective (beyon
 :meth:`CapacityModel.longest_feasible_prompt`) cannot be helped by more replicas: the tail's
 own prefill sets a floor, and the queue may add a fifth of the objective on top of it.
 A prefix-cache hit rate ``h`` (observed: ``vllm:prefix_cache_hits`` over
-``vllm:prefix_cache_queries``) leaves ``1 - h`` of the prompt tokens to prefill.
+``vllm:prefix_cache_queries``) leaves ``1 - h (1 - c)`` of the prompt's prefill work, ``c``
+being the profile's ``cached_token_cost`` (what a cached token still costs; 0: nothing).
 
 Online, the model is corrected by the ratio of observed to predicted latency (as NVIDIA Dynamo's planner
 does), and a reactive floor from the queue depth covers what no forecast saw coming.
@@ -68,6 +69,21 @@ class ProfilePoint(BaseModel):
     requests: Count = 0
 
 
+class PrefixProbe(BaseModel):
+    """``moeslo profile``'s prefix-cache measurement on an idle replica, for the record."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cold_ttft_p50_s: Number
+    """Median TTFT of prompts that share nothing with earlier ones."""
+    cached_ttft_p50_s: Number
+    """Median TTFT of prompts of the same length whose leading part was in the prefix cache."""
+    cached_share: Annotated[Number, Field(ge=0, le=1)]
+    """Share of each such prompt found in the cache (the engine's counters; as sent when it has none)."""
+    requests: Count = 0
+    """Requests of each kind."""
+
+
 class ReplicaProfile(BaseModel):
     """Per-replica capacity, as ``moeslo profile`` writes it (JSON)."""
 
@@ -86,6 +102,14 @@ class ReplicaProfile(BaseModel):
     """Fixed per-request cost before prefill (tokenization, scheduling, network)."""
     points: Annotated[tuple[ProfilePoint, ...], Field(max_length=1000)] = ()
     """The sweep the parameters were fitted to, for the record."""
+    cached_token_cost: Annotated[Number, Field(ge=0, le=1)] = 0.0
+    """Prefill time a prompt token found in the prefix cache still costs, relative to a computed one."""
+    prefix_probe: PrefixProbe | None = None
+    """The measurement ``cached_token_cost`` was fitted to (None: not measured)."""
+
+    def uncached_share(self, prefix_hit_rate: float) -> float:
+        """Share of a prompt's prefill work left at a prefix-cache hit rate (cached tokens cost their share)."""
+        return 1.0 - prefix_hit_rate * (1.0 - self.cached_token_cost)
 
     def step_s(self, running: float) -> float:
         return self.itl_base_s + self.itl_per_seq_s * running
@@ -203,7 +227,8 @@ class CapacityModel:
         self.ttft_correction = 1.0
         self.itl_correction = 1.0
         self.prefix_hit_rate = 0.0
-        """Share of prompt tokens served from the prefix cache (not prefilled); set from observations."""
+        """Share of prompt tokens served from the prefix cache (prefilled at the profile's
+        ``cached_token_cost``); set from observations."""
         self._last_needed = 1
         """The last answer of :meth:`replicas_needed`: consecutive loads need about as many replicas, so the
         search starts there (two predictions instead of a dozen; the answer does not depend on it)."""
@@ -245,7 +270,7 @@ class CapacityModel:
                 kv_utilization=inf,
             )
         rate = load.request_rate_rps / replicas
-        uncached = 1.0 - self.prefix_hit_rate
+        uncached = p.uncached_share(self.prefix_hit_rate)
         rho_p = load.prompt_tokens_per_s * uncached / replicas / p.prefill_tokens_per_s
         decode_tokens_per_s = load.output_tokens_per_s / replicas
         free = 1.0 - rho_p - decode_tokens_per_s * p.itl_per_seq_s
@@ -288,7 +313,7 @@ class CapacityModel:
         """
         p, t = self.profile, self.targets
         prefill_rate = p.prefill_rate(running)
-        mean_service = load.mean_prompt_tokens * (1.0 - self.prefix_hit_rate) / prefill_rate
+        mean_service = load.mean_prompt_tokens * p.uncached_share(self.prefix_hit_rate) / prefill_rate
         rho = load.request_rate_rps / replicas * mean_service
         # The objective's own service time of the mean prompt and of the p99 tail prompt.
         typical = self._normalized_service(load.mean_prompt_tokens, prefill_rate)
@@ -304,7 +329,7 @@ class CapacityModel:
     def _normalized_service(self, prompt_tokens: float, prefill_rate: float) -> float:
         """Prefill of a prompt's uncached tokens minus its long-prompt allowance (at least 0)."""
         allowance = self.targets.ttft_allowance
-        service = prompt_tokens * (1.0 - self.prefix_hit_rate) / prefill_rate
+        service = prompt_tokens * self.profile.uncached_share(self.prefix_hit_rate) / prefill_rate
         return max(service - allowance.allowance_s(prompt_tokens), 0.0)
 
     def _tail_service(self, mean_prompt_tokens: float, prefill_rate: float) -> float:
@@ -326,7 +351,7 @@ class CapacityModel:
         return self.targets.ttft_allowance.longest_feasible_prompt(
             self.targets.ttft_s,
             overhead_s=self.profile.ttft_overhead_s,
-            prefill_tokens_per_s=self.profile.prefill_tokens_per_s / (1.0 - hit),
+            prefill_tokens_per_s=self.profile.prefill_tokens_per_s / self.profile.uncached_share(hit),
         )
 
     def meets_targets(self, prediction: Prediction) -> bool:

@@ -1,8 +1,15 @@
 """A load sweep: Poisson load at increasing rates against one server, a summary per rate.
 
 ``moeslo profile`` fits a replica profile to what this measures.  The sweep
+first warms the replica up (a few requests of the same lengths, one at a time,
+not measured: a replica's first request pays for allocations and lazy
+initialization, and at the lightest rate it could be the level's only one), then
 stops early when no request succeeds or when p99 TTFT passes a limit (the
 replica is past saturation; heavier rates teach nothing more).
+
+Prompts are fresh random tokens on every run (arrivals follow the seed): a second
+profile of the same engine would otherwise send the first one's prompts again, find
+them in the prefix cache and measure the prefill too fast.
 """
 
 from __future__ import annotations
@@ -12,9 +19,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import httpx
 import numpy as np
 
-from harness.loadgen import LoadRequest, run_load, summarize
+from harness.loadgen import LoadRequest, run_load, send_request, summarize
+
+WARMUP_REQUESTS = 3
+"""Requests sent one at a time before the sweep, their results discarded."""
 
 
 def poisson_arrivals(rate_rps: float, duration_s: float, seed: int) -> list[float]:
@@ -27,16 +38,46 @@ def poisson_arrivals(rate_rps: float, duration_s: float, seed: int) -> list[floa
     return [float(t) for t in times[times < duration_s]]
 
 
+def fresh_seed() -> int:
+    """A seed drawn from the operating system's entropy (prompts no earlier run sent)."""
+    return int(np.random.SeedSequence().generate_state(1)[0])
+
+
 def measure_rate(
     url: str, rate_rps: float, *, duration_s: float, prompt_tokens: int, output_tokens: int, vocab_size: int,
-    model: str | None, seed: int,
+    model: str | None, seed: int, prompt_seed: int | None = None,
 ) -> dict[str, Any]:
-    """One rate: Poisson arrivals with fixed lengths; :func:`harness.loadgen.summarize`'s figures."""
+    """One rate: Poisson arrivals with fixed lengths; :func:`harness.loadgen.summarize`'s figures.
+
+    Arrivals follow ``seed``, prompts ``prompt_seed`` (None: ``seed`` too)."""
     plan = [LoadRequest(arrival_s=t, prompt_tokens=prompt_tokens, max_tokens=output_tokens)
             for t in poisson_arrivals(rate_rps, duration_s, seed)]  # fmt: skip
     began = time.monotonic()
-    records = asyncio.run(run_load(url, plan, vocab_size=vocab_size, model=model, seed=seed))
+    prompts = seed if prompt_seed is None else prompt_seed
+    records = asyncio.run(run_load(url, plan, vocab_size=vocab_size, model=model, seed=prompts))
     return summarize(records, wall_s=time.monotonic() - began)
+
+
+def warm_up(
+    url: str, requests: int, *, prompt_tokens: int, output_tokens: int, vocab_size: int, model: str | None, seed: int,
+) -> int:
+    """Send ``requests`` requests one after the other and forget them; how many succeeded.
+
+    Their prompts come from their own random stream, so no measured prompt finds them in the prefix cache.
+    """
+    rng = np.random.default_rng([seed, 1, fresh_seed()])
+
+    async def send_all() -> int:
+        ok = 0
+        async with httpx.AsyncClient(base_url=url, timeout=300.0) as client:
+            for _ in range(requests):
+                prompt = rng.integers(0, vocab_size, size=prompt_tokens).tolist()
+                req = LoadRequest(arrival_s=0.0, prompt_tokens=prompt_tokens, max_tokens=output_tokens)
+                record = await send_request(client, req, prompt, time.monotonic(), model, 0.0)
+                ok += record.ok
+        return ok
+
+    return asyncio.run(send_all()) if requests > 0 else 0
 
 
 def sweep_rates(
@@ -52,13 +93,20 @@ def sweep_rates(
     ttft_limit_s: float,
     progress: Callable[[str], None] = lambda _: None,
     min_levels: int = 1,
+    warmup_requests: int = WARMUP_REQUESTS,
 ) -> list[dict[str, Any]]:
     """Summaries of the rates that had a successful request, lightest first (at least ``min_levels``
-    of them are measured even past the TTFT limit)."""
+    of them are measured even past the TTFT limit), after ``warmup_requests`` unmeasured ones."""
+    if warmup_requests > 0:
+        ok = warm_up(url, warmup_requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                     vocab_size=vocab_size, model=model, seed=seed)
+        progress(f"warm-up: {ok} of {warmup_requests} requests succeeded (not measured)")
     summaries: list[dict[str, Any]] = []
+    prompt_seed = fresh_seed()
     for i, rate in enumerate(rates_rps):
         stats = measure_rate(url, rate, duration_s=duration_s, prompt_tokens=prompt_tokens,
-                             output_tokens=output_tokens, vocab_size=vocab_size, model=model, seed=seed + i)
+                             output_tokens=output_tokens, vocab_size=vocab_size, model=model, seed=seed + i,
+                             prompt_seed=prompt_seed + i)
         if not stats["ok"]:
             progress(f"rate {rate:g}: no request succeeded ({stats['status_counts']}); stopping")
             break
@@ -70,4 +118,4 @@ def sweep_rates(
     return summaries
 
 
-__all__ = ["measure_rate", "poisson_arrivals", "sweep_rates"]
+__all__ = ["WARMUP_REQUESTS", "fresh_seed", "measure_rate", "poisson_arrivals", "sweep_rates", "warm_up"]

@@ -13,7 +13,8 @@ rather than on average, with the *true* profile of :mod:`controller.replay.world
 - new replicas serve after their start-up; removed replicas take no new requests;
 - for traces that name their prompts' KV blocks (Mooncake's ``hash_ids``), each replica
   keeps an LRU cache of blocks (:mod:`controller.replay.prefix_cache`) and prefills only
-  a prompt's uncached tokens.
+  a prompt's uncached tokens (a cached token still costs the profile's ``cached_token_cost``
+  of a computed one, as in the capacity model).
 
 Requests go to the least-loaded ready replica, or where a routing hook says (``route``: the entry
 router's own policies, :mod:`bench.router_replay`) (prefill backlog plus decode work, plus
@@ -174,6 +175,7 @@ class RequestFleet:
         overhead = profile.ttft_overhead_s
         chunk = float(profile.prefill_chunk_tokens)
         raw = profile.prefill_tokens_per_s
+        saved = 1.0 - profile.cached_token_cost  # of a cached token's prefill
         kv_cap = profile.kv_capacity_tokens
         max_seqs = profile.max_num_seqs
         blocks = trace.prefix_blocks
@@ -210,7 +212,8 @@ class RequestFleet:
                 replica = ready[choice]
             else:
                 hits = np.array([r.cache.cached_tokens(blocks[i], int(prompts[i])) if r.cache else 0 for r in ready])
-                choice = int(np.argmin(np.maximum(backlog - t, 0.0) + decoders * slope + (prompts[i] - hits) / raw))
+                prefill_there = (prompts[i] - saved * hits) / raw
+                choice = int(np.argmin(np.maximum(backlog - t, 0.0) + decoders * slope + prefill_there))
                 replica = ready[choice]
             prompt = int(prompts[i])
             cached = 0
@@ -228,9 +231,10 @@ class RequestFleet:
                 replica.kv_used -= tokens
                 begin = max(begin, ended)
             step = base + slope * (len(heap) + 1)
-            first_token = begin + overhead + (prompt - cached) / (chunk / (step + chunk / raw))
+            work = prompt - saved * cached
+            first_token = begin + overhead + work / (chunk / (step + chunk / raw))
             replica.prefill_free_s = first_token
-            replica.prefill_tokens_tick += prompt - cached
+            replica.prefill_tokens_tick += work
             itl = step / (1.0 - min(replica.rho_prefill, 0.95))
             finish = first_token + max(output - 1, 0) * itl
             heapq.heappush(heap, (finish, need))
@@ -317,7 +321,8 @@ class RequestFleet:
             profile = self.world.profile_at(arrival)
             out[i] = allowance.is_infeasible(
                 prompt, self.ttft_target_s, overhead_s=profile.ttft_overhead_s,
-                prefill_tokens_per_s=profile.prefill_tokens_per_s, uncached_tokens=computed,
+                prefill_tokens_per_s=profile.prefill_tokens_per_s,
+                uncached_tokens=computed + profile.cached_token_cost * (prompt - computed),
             )  # fmt: skip
         return out
 

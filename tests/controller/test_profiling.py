@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from contracts.errors import ValidationError
-from controller.capacity import ProfilePoint, ReplicaProfile
-from controller.profiling import fit_profile
+from controller.capacity import PrefixProbe, ProfilePoint, ReplicaProfile
+from controller.profiling import fit_cached_token_cost, fit_profile
 from harness.processes import free_port, wait_healthy
 
 MOESLO = str(Path(sys.executable).parent / "moeslo")
@@ -65,6 +65,80 @@ def test_fit_needs_two_levels() -> None:
         )
 
 
+def level(rate: float, requests: int, ttft: float, itl: float, output: int = 64) -> ProfilePoint:
+    """A measured level: ``requests`` of ``output`` tokens each over ``requests / rate`` seconds."""
+    return ProfilePoint(request_rate_rps=rate, prompt_tokens_per_s=rate * 256, output_tokens_per_s=rate * output,
+                        ttft_p99_s=ttft * 2, itl_p99_s=itl * 2, ttft_p50_s=ttft, itl_p50_s=itl, requests=requests)
+
+
+def fit(points: list[ProfilePoint], probe: PrefixProbe | None = None) -> ReplicaProfile:
+    return fit_profile(points, prompt_tokens=256, kv_capacity_tokens=50_000, max_num_seqs=64, name="t", source="s",
+                       prefix_probe=probe)
+
+
+# A replica with an 8 ms decode step plus 0.5 ms per sequence and 22 ms of prefill for 256 tokens.
+HEAVIER = [level(4.0, 80, 0.040, 0.0105), level(8.0, 160, 0.060, 0.0125)]  # 2.7 and 6.4 running
+
+
+def test_a_cold_single_request_at_the_lightest_level_does_not_drag_prefill_down() -> None:
+    warm = fit([level(0.25, 5, 0.030, 0.0081), level(0.5, 10, 0.030, 0.0082), *HEAVIER])
+    # The lightest level's one request was the replica's first: 120 ms instead of 30.
+    cold = fit([level(0.2, 1, 0.120, 0.0080), level(0.5, 10, 0.030, 0.0082), *HEAVIER])
+    assert cold.prefill_tokens_per_s == pytest.approx(256 / (0.030 - 0.0082), rel=1e-9)
+    assert cold.prefill_tokens_per_s == pytest.approx(warm.prefill_tokens_per_s, rel=0.02)
+    assert cold.itl_base_s == pytest.approx(0.0082)
+
+
+def test_noise_in_one_level_moves_the_fit_little() -> None:
+    light = [level(0.25, 6, 0.030, 0.0081), level(0.5, 10, 0.031, 0.0082), level(1.0, 20, 0.032, 0.0084)]
+    clean = fit([*light, *HEAVIER])
+    for i, p in enumerate(light):  # a hiccup in any one light level: three times the TTFT, half again the ITL
+        noisy_level = p.model_copy(update={"ttft_p50_s": 0.090, "itl_p50_s": 0.0120})
+        noisy = fit([*light[:i], noisy_level, *light[i + 1 :], *HEAVIER])
+        assert noisy.prefill_tokens_per_s == pytest.approx(clean.prefill_tokens_per_s, rel=0.1)
+        assert noisy.itl_base_s == pytest.approx(clean.itl_base_s, rel=0.05)
+        assert noisy.itl_per_seq_s == pytest.approx(clean.itl_per_seq_s, rel=0.3)
+
+
+def test_a_lone_light_level_is_still_used_when_nothing_light_has_more() -> None:
+    fitted = fit([level(0.2, 1, 0.030, 0.0080), *HEAVIER])  # the next level is no longer light (b > 2)
+    assert fitted.prefill_tokens_per_s == pytest.approx(256 / (0.030 - 0.0080))
+
+
+def test_fewer_than_two_levels_with_latencies_are_refused() -> None:
+    no_latency = ProfilePoint(request_rate_rps=1.0, prompt_tokens_per_s=256.0, output_tokens_per_s=64.0,
+                              ttft_p99_s=0.0, itl_p99_s=0.0, requests=0)
+    with pytest.raises(ValidationError, match="two load levels with latencies, got 1"):
+        fit([level(0.5, 10, 0.030, 0.0082), no_latency])
+
+
+def test_a_level_that_queues_for_prefill_is_not_light() -> None:
+    # Short outputs keep the batch small at every rate, but at 12 req/s the median request waits for
+    # other prompts (12 * 0.2 s of prefill per second): its TTFT is no prefill time.
+    light = [level(0.5, 10, 0.030, 0.0082, output=4), level(1.0, 20, 0.031, 0.0082, output=4)]
+    queued = level(12.0, 240, 0.200, 0.0090, output=4)
+    assert fit([*light, queued]).prefill_tokens_per_s == pytest.approx(256 / (0.0305 - 0.0082))
+
+
+def test_cached_token_cost_from_two_medians() -> None:
+    # 100 ms of prefill cold; 75 % cached at a fifth of the cost: 100 * (0.25 + 0.75 * 0.2) = 40 ms.
+    assert fit_cached_token_cost(0.110, 0.050, cached_share=0.75, fixed_s=0.010) == pytest.approx(0.2)
+    assert fit_cached_token_cost(0.110, 0.035, cached_share=0.75, fixed_s=0.010) == pytest.approx(0.0)
+    assert fit_cached_token_cost(0.110, 0.020, cached_share=0.75, fixed_s=0.010) == 0.0  # faster than possible
+    assert fit_cached_token_cost(0.110, 0.130, cached_share=0.75, fixed_s=0.010) == 1.0  # slower than cold
+    assert fit_cached_token_cost(0.110, 0.050, cached_share=0.0, fixed_s=0.010) == 0.0  # nothing was cached
+    assert fit_cached_token_cost(0.008, 0.005, cached_share=0.75, fixed_s=0.010) == 0.0  # no prefill to compare
+
+
+def test_the_fit_records_the_probe_and_its_cost() -> None:
+    probe = PrefixProbe(cold_ttft_p50_s=0.0302, cached_ttft_p50_s=0.0152, cached_share=0.75, requests=5)
+    fitted = fit([level(0.5, 10, 0.030, 0.0082), *HEAVIER], probe)
+    # Less the 8.2 ms step: 22 ms cold, 7 ms cached, so 7 / 22 = 0.25 + 0.75 c.
+    assert fitted.cached_token_cost == pytest.approx((7 / 22 - 0.25) / 0.75)
+    assert fitted.prefix_probe == probe
+    assert fit([level(0.5, 10, 0.030, 0.0082), *HEAVIER]).cached_token_cost == 0.0
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_profile_against_moeslo_serve(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -90,11 +164,15 @@ def test_profile_against_moeslo_serve(tiny_checkpoint: Path, tmp_path: Path) -> 
                 "--duration",
                 "3",
                 "--prompt-tokens",
-                "16",
+                "64",
                 "--output-tokens",
                 "8",
                 "--vocab-size",
                 "500",
+                "--warmup",
+                "2",
+                "--probe-pairs",
+                "3",
             ],
             check=False,
             capture_output=True,
@@ -105,6 +183,12 @@ def test_profile_against_moeslo_serve(tiny_checkpoint: Path, tmp_path: Path) -> 
         profile = ReplicaProfile.model_validate(json.loads(out.read_text()))
         assert len(profile.points) == 2
         assert profile.prefill_tokens_per_s > 0 and profile.itl_base_s > 0
+        assert profile.prefix_probe is not None and profile.prefix_probe.requests == 3
+        # 48 of 64 tokens shared: three whole 16-token blocks, found in the cache by the engine's own count.
+        assert profile.prefix_probe.cached_share == pytest.approx(0.75)
+        said = " ".join(result.stderr.split())  # the console wraps long lines
+        assert "prefix probe: TTFT p50" in said and "(engine counters)" in said
+        assert 0.0 <= profile.cached_token_cost <= 1.0
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from contracts.traces import RequestTrace, load_trace
 from controller.capacity import DEFAULT_PROFILE, Targets
@@ -59,6 +60,23 @@ def test_replicas_prefill_only_uncached_tokens() -> None:
     assert fleet.ttft_s[1] < fleet.ttft_s[0] / 10
     outcomes = fleet.outcomes(8)
     assert outcomes.cached_tokens is not None and outcomes.cached_tokens.sum() == 4095
+
+
+def test_a_cached_token_costs_the_profiles_share_of_its_prefill() -> None:
+    same = (blocks(*range(8)), blocks(*range(8)))
+    two = np.array([4096, 4096], dtype=np.int64)
+    trace = RequestTrace("t", np.array([0.0, 60.0]), two, np.array([1, 1], dtype=np.int64), prefix_blocks=same)
+    ttft = {}
+    for cost in (0.0, 0.5, 1.0):
+        profile = DEFAULT_PROFILE.model_copy(update={"cached_token_cost": cost})
+        fleet = RequestFleet(trace, ProfileCache(profile, World(), Targets()), initial_replicas=1, tick_s=15.0)
+        fleet.advance(120.0)
+        assert fleet.cached_tokens.tolist() == [0, 4095]  # hits are hits, whatever they cost
+        ttft[cost] = fleet.ttft_s[1]
+        assert ttft[cost] <= fleet.ttft_s[0] * (1 + 1e-9)
+    assert ttft[0.0] < ttft[0.5] < ttft[1.0]
+    # Half of 4095 cached tokens' prefill, at the rate beside one decoding sequence (its own first step).
+    assert ttft[1.0] - ttft[0.5] == pytest.approx(0.5 * 4095 / DEFAULT_PROFILE.prefill_rate(1.0), rel=1e-6)
 
 
 def test_mooncake_hash_ids_are_read_and_kept_through_windows(tmp_path: Path) -> None:
