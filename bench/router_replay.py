@@ -41,7 +41,8 @@ BASELINE = "replay-least-loaded"
 def router_hook(name: str, trace: RequestTrace, profile: ReplicaProfile, ttft_objective_s: float) -> RouteHook:
     """The router's policy ``name`` as the replay's routing hook."""
     choose = policy_named(name, CostModel(ttft_objective_s=ttft_objective_s, decode_step_s=profile.itl_base_s,
-                                          itl_per_seq_s=profile.itl_per_seq_s))  # fmt: skip
+                                          itl_per_seq_s=profile.itl_per_seq_s,
+                                          cached_token_cost=profile.cached_token_cost))  # fmt: skip
     turns = itertools.count()
     rate = profile.prefill_tokens_per_s
     kv_capacity = max(float(profile.kv_capacity_tokens), 1.0)

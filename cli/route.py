@@ -40,6 +40,10 @@ def route(
     itl_per_seq_s: Annotated[
         float | None, typer.Option(help="ITL each running sequence adds (default: a step doubling at 128).")
     ] = None,
+    cached_token_cost: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Prefill a cached prompt token still costs, relative to an "
+                                                   "uncached one (a replica profile's cached_token_cost).")
+    ] = 0.0,
     prefix_cache_tokens: Annotated[
         int, typer.Option(help="Prompt tokens each replica's prefix cache is assumed to hold (cost policy).")
     ] = 262_144,
@@ -60,7 +64,8 @@ def route(
             controller_url=controller.rstrip("/") if controller else None,
             controller_policy=controller_policy or None,  # an empty ConfigMap value: the controller's only policy
             policy=policy, admission=admission,  # type: ignore[arg-type]  # RouterConfig validates it
-            cost=CostModel(ttft_objective_s=ttft_objective_s, decode_step_s=itl_base_s, itl_per_seq_s=itl_per_seq_s),
+            cost=CostModel(ttft_objective_s=ttft_objective_s, decode_step_s=itl_base_s, itl_per_seq_s=itl_per_seq_s,
+                           cached_token_cost=cached_token_cost),
             prefill_tokens_per_s=prefill_tokens_per_s,
             scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s, prefix_cache_tokens=prefix_cache_tokens,
         )

@@ -33,7 +33,7 @@ from router.config import RouterConfig
 from router.errors import UpstreamError, UpstreamTimeoutError, error_document, sse_error_event
 from router.features import request_features
 from router.metrics import RouterMetrics
-from router.policies import admission, policy_named, predict
+from router.policies import admission, policy_named, predict, prefill_work
 from router.pool import ReplicaPool, Ticket
 from router.prefix_index import PrefixIndex, with_cached_tokens
 from router.types import Choice, ReplicaState, RequestFeatures
@@ -196,7 +196,7 @@ class Router:
         name = choice.replica
         assert name is not None
         cached = self.prefixes.cached_blocks(name, features.prefix_blocks) * features.block_tokens
-        ticket = self.pool.begin(name, max(features.prompt_tokens - cached, min(features.prompt_tokens, 1)))
+        ticket = self.pool.begin(name, round(prefill_work(features, cached, self.config.cost)))
         self.prefixes.record(name, features.prefix_blocks)
         self.metrics.outstanding[name].inc()
         if choice.predicted_ttft_s is not None:

@@ -38,13 +38,21 @@ def predict(state: ReplicaState, features: RequestFeatures, model: CostModel) ->
     batch_factor = 1.0 + state.running / model.max_batch
     over = max(0.0, state.kv_usage - model.kv_soft_limit) / max(1e-9, 1.0 - model.kv_soft_limit)
     kv_factor = 1.0 + model.kv_full_penalty * min(1.0, over)
-    # Cached leading tokens are not prefilled again; the last prompt token always is (its logits).
-    own = max(features.prompt_tokens - state.cached_prompt_tokens, min(features.prompt_tokens, 1))
-    work = state.pending_prefill_tokens + own
+    work = state.pending_prefill_tokens + prefill_work(features, state.cached_prompt_tokens, model)
     ttft_s = work / max(state.prefill_tokens_per_s, 1e-9) * batch_factor * kv_factor
     per_seq_s = model.itl_per_seq_s if model.itl_per_seq_s is not None else model.decode_step_s / model.max_batch
     itl_s = model.decode_step_s + per_seq_s * (state.running + 1)
     return Prediction(ttft_s=ttft_s, itl_s=itl_s, itl_risk=itl_s > model.itl_objective_s)
+
+
+def prefill_work(features: RequestFeatures, cached_prompt_tokens: int, model: CostModel) -> float:
+    """Prompt tokens' worth of prefill a request costs on a replica holding its first ``cached_prompt_tokens``.
+
+    A cached token costs ``model.cached_token_cost`` of a computed one; the last prompt token is
+    always computed (its logits give the first output token).
+    """
+    cached = min(cached_prompt_tokens, max(features.prompt_tokens - 1, 0))
+    return features.prompt_tokens - cached * (1.0 - model.cached_token_cost)
 
 
 def healthy(replicas: Sequence[ReplicaState]) -> list[ReplicaState]:
@@ -162,6 +170,7 @@ __all__ = [
     "least_outstanding",
     "policy_named",
     "predict",
+    "prefill_work",
     "prefix_affinity",
     "round_robin",
 ]

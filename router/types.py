@@ -62,6 +62,9 @@ class CostModel:
     itl_per_seq_s: float | None = None
     """ITL added by each running sequence (a replica profile's ``itl_per_seq_s``; None:
     ``decode_step_s / max_batch``, a step that doubles at ``max_batch``)."""
+    cached_token_cost: float = 0.0
+    """Prefill time a cached prompt token still costs, relative to an uncached one (a replica profile's
+    ``cached_token_cost``, as ``moeslo profile`` measures it; 0: a cache hit is free)."""
     kv_soft_limit: float = 0.8
     """KV usage above which a replica slows new prefills (block waits, preemption risk)."""
     kv_full_penalty: float = 4.0

@@ -147,7 +147,8 @@ class LocalStack:
                 "--ttft-objective-s", f"{TTFT_THRESHOLD_S:g}",
                 "--prefill-tokens-per-s", f"{profile['prefill_tokens_per_s']:.0f}",
                 # The profile's ITL line, so the cost policy sees a batch's ITL risk as this replica has it.
-                "--itl-base-s", f"{profile['itl_base_s']:.5f}", "--itl-per-seq-s", f"{profile['itl_per_seq_s']:.5f}"]
+                "--itl-base-s", f"{profile['itl_base_s']:.5f}", "--itl-per-seq-s", f"{profile['itl_per_seq_s']:.5f}",
+                "--cached-token-cost", f"{profile.get('cached_token_cost', 0.0):.3f}"]
         progress("starting the entry router (cost policy, the replicas the controller lists)")
         router = self.supervisor.start("router", argv, cwd=ROOT)
         router.wait_ready(f"http://127.0.0.1:{port}/health", timeout_s=60)

@@ -106,6 +106,9 @@ def test_cached_prompt_tokens_are_not_predicted_as_prefill() -> None:
     assert (cold, warm.ttft_s) == (pytest.approx(2.0), pytest.approx(0.5))
     whole = ReplicaState(name="a", prefill_tokens_per_s=1000.0, cached_prompt_tokens=4096)
     assert predict(whole, features, model).ttft_s == pytest.approx(0.001)  # the last token is always computed
+    costly = CostModel(cached_token_cost=0.2)  # a hit still costs a fifth of a prefilled token
+    warm_costly = ReplicaState(name="a", prefill_tokens_per_s=1000.0, cached_prompt_tokens=1500)
+    assert predict(warm_costly, features, costly).ttft_s == pytest.approx(0.5 + 0.3)
 
 
 def test_cost_sends_a_cached_prefix_home_unless_its_queue_costs_more() -> None:
