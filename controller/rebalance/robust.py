@@ -3,7 +3,7 @@
 A placement is applied to the load to come, not the load it was planned from.
 Given ``T`` recent windows (each row's load normalised to shares, so every
 window weighs the same), every replica carries a *vector* of ``T`` loads, and
-a rank's load is the sum of its replicas' vectors.  Three steps, vectorised
+a rank's load is the sum of its replicas' vectors.  Four steps, vectorised
 across rows like :mod:`~controller.rebalance.packing`:
 
 1. :func:`window_counts` -- the greedy replica counts of the *largest* share each
@@ -16,7 +16,10 @@ across rows like :mod:`~controller.rebalance.packing`:
    any other rank, while the summed squared deviation of every rank in every
    window (the windows' CVs squared) drops.  Each round every row applies its
    best swap for each of its ``top`` worst ranks that touches no rank already
-   changed that round (the objective is a sum over ranks, so such swaps add up).
+   changed that round (the objective is a sum over ranks, so such swaps add up);
+4. :func:`refine_overload` -- the same swaps, while the summed squared *overload*
+   (deviation above the mean only) drops: a window's max is set by its overloaded
+   ranks, and step 3 also pays for underloaded ones.
 
 Scores are in units of the mean rank load of each window (1.0 = balanced).
 """
