@@ -5,7 +5,9 @@ applied to the next, whose hot experts have moved.  :func:`plan_over_windows`
 plans against several recent windows at once (:mod:`~controller.rebalance.robust`):
 each window is normalised to shares, replica counts follow each expert's
 largest share in any window (volatile hot experts get replicas first), and the
-packing balances every window together.  With one window it is
+packing balances every window together, ending with swaps that lower only the
+ranks above each window's mean (the max is theirs).  Rank load is linear in
+expert load, so a placement balanced in every window is balanced on any mix of them.  With one window it is
 :func:`~controller.rebalance.planner.plan_rebalance` exactly.
 
 The plan's figures (``rank_load``, ``imbalance_before`` / ``imbalance_after``,

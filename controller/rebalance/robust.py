@@ -3,7 +3,7 @@
 A placement is applied to the load to come, not the load it was planned from.
 Given ``T`` recent windows (each row's load normalised to shares, so every
 window weighs the same), every replica carries a *vector* of ``T`` loads, and
-a rank's load is the sum of its replicas' vectors.  Three steps, vectorised
+a rank's load is the sum of its replicas' vectors.  Four steps, vectorised
 across rows like :mod:`~controller.rebalance.packing`:
 
 1. :func:`window_counts` -- the greedy replica counts of the *largest* share each
@@ -16,7 +16,10 @@ across rows like :mod:`~controller.rebalance.packing`:
    any other rank, while the summed squared deviation of every rank in every
    window (the windows' CVs squared) drops.  Each round every row applies its
    best swap for each of its ``top`` worst ranks that touches no rank already
-   changed that round (the objective is a sum over ranks, so such swaps add up).
+   changed that round (the objective is a sum over ranks, so such swaps add up);
+4. :func:`refine_overload` -- the same swaps, while the summed squared *overload*
+   (deviation above the mean only) drops: a window's max is set by its overloaded
+   ranks, and step 3 also pays for underloaded ones.
 
 Scores are in units of the mean rank load of each window (1.0 = balanced).
 """
@@ -222,6 +225,137 @@ def _apply(packing: VectorPacking, rows: IntArray, p: IntArray, a: IntArray, x: 
     apply_swaps(packing, rows, p, slot_a, x)
 
 
+def overload(packing: VectorPacking) -> FloatArray:
+    """(rows,) the summed squared overload: how far each rank sits above the mean, squared, over every window."""
+    load = packing.rank_load
+    over = np.maximum(load - load.mean(axis=1, keepdims=True), 0.0)
+    out: FloatArray = (over * over).sum(axis=(1, 2))
+    return out
+
+
+# long: one vectorised local-search loop over every row at once, like refine_windows.
+def refine_overload(packing: VectorPacking, *, max_rounds: int | None = None, top: int = REFINE_TOP) -> int:
+    """Swap replicas while the summed squared *overload* (:func:`overload`) drops.
+
+    A rank's max is set by the ranks above the mean; a rank below it costs nothing.
+    The squared deviation of :func:`refine_windows` also pays for underloaded ranks,
+    so it trades overload for underload; this pass, started from its result, removes
+    overload only.  Each round scores every replica ``x`` against the replicas of the
+    ``top`` most overloaded ranks with the objective's second-order expansion (exact
+    while no rank crosses the mean), then checks the chosen swap's exact change.
+    Returns the number of swaps made.
+    """
+    rows, ranks, k = packing.bin_items.shape
+    windows = packing.rank_load.shape[2]
+    m = min(top, max(ranks // 2, 1))
+    max_rounds = 4 * ranks * k if max_rounds is None else max_rounds
+    eps = 1e-12 * ranks * windows
+    active = np.arange(rows)
+    swaps = 0
+    for _ in range(max_rounds):
+        if active.size == 0:
+            break
+        n = active.size
+        load = packing.rank_load[active]
+        excess = load - load.mean(axis=1, keepdims=True)  # (n, R, T)
+        ps = np.argsort(-(np.maximum(excess, 0.0) ** 2).sum(axis=2), axis=1, kind="stable")[:, :m]
+        delta, a_item, x_item = _overload_swaps(packing, active, ps, excess)
+        improving = delta < -eps
+        if not improving.any():
+            break
+        touched = np.zeros((n, ranks), dtype=bool)
+        order = np.argsort(delta, axis=1, kind="stable")
+        local = np.arange(n)
+        for j in range(m):
+            pick = order[:, j]
+            p = ps[local, pick]
+            a, x = a_item[local, pick], x_item[local, pick]
+            q = packing.item_bin[active, x]
+            go = improving[local, pick] & ~touched[local, p] & ~touched[local, q]
+            if not go.any():
+                continue
+            touched[local[go], p[go]] = True
+            touched[local[go], q[go]] = True
+            _apply(packing, active[go], p[go], a[go], x[go])
+            swaps += int(go.sum())
+        active = active[improving.any(axis=1)]
+    return swaps
+
+
+def _overload_swaps(
+    packing: VectorPacking, active: IntArray, ps: IntArray, excess: FloatArray
+) -> tuple[FloatArray, IntArray, IntArray]:
+    """For each row and rank in ``ps``: the best swap's exact change of overload, and its two replicas.
+
+    With ``f(e) = max(e, 0)^2`` per (rank, window), gradient ``g`` and curvature ``h``, a
+    swap moving ``d = w_a - w_x`` from ``p`` to ``q`` changes the objective by about
+    ``sum_t (g_q - g_p) d + (h_p + h_q) d^2 / 2``: one product of an (a, p) feature vector
+    with an x feature vector, as in :func:`_best_swaps`.
+    """
+    n, m = ps.shape
+    k = packing.bin_items.shape[2]
+    num_slots = packing.experts.shape[1]
+    w = packing.weights[active]  # (n, S, T)
+    q = packing.item_bin[active]
+    grad, curv = 2.0 * np.maximum(excess, 0.0), 2.0 * (excess > 0)
+    g_q, h_q = np.take_along_axis(grad, q[:, :, None], axis=1), np.take_along_axis(curv, q[:, :, None], axis=1)
+    on_p = np.take_along_axis(packing.bin_items[active], ps[:, :, None], axis=1).reshape(n, m * k)
+    w_a = np.take_along_axis(w, on_p[:, :, None], axis=1)  # (n, mk, T)
+    g_p = np.repeat(np.take_along_axis(grad, ps[:, :, None], axis=1), k, axis=1)
+    h_p = np.repeat(np.take_along_axis(curv, ps[:, :, None], axis=1), k, axis=1)
+    # Features in float32 and the right operand built transposed (contiguous for BLAS), as in _best_swaps;
+    # the chosen swap's change is recomputed exactly below.
+    t = w.shape[2]
+    left = np.empty((n, m * k, 4 * t + 2), dtype=np.float32)
+    left[:, :, :t], left[:, :, t : 2 * t] = w_a, g_p - h_p * w_a
+    left[:, :, 2 * t : 3 * t], left[:, :, 3 * t : 4 * t] = h_p / 2, w_a * w_a / 2
+    left[:, :, 4 * t], left[:, :, 4 * t + 1] = ((h_p * w_a / 2 - g_p) * w_a).sum(axis=2), 1.0
+    right = np.empty((n, 4 * t + 2, num_slots), dtype=np.float32)
+    right[:, :t], right[:, t : 2 * t] = np.swapaxes(g_q - h_q * w, 1, 2), np.swapaxes(w, 1, 2)
+    right[:, 2 * t : 3 * t], right[:, 3 * t : 4 * t] = np.swapaxes(w * w, 1, 2), np.swapaxes(h_q, 1, 2)
+    right[:, 4 * t], right[:, 4 * t + 1] = 1.0, ((h_q * w / 2 - g_q) * w).sum(axis=2)
+    flat = np.matmul(left, right).reshape(n, m, k, num_slots)
+    same_rank = q[:, None, None, :] == ps[:, :, None, None]  # a swap inside one rank changes nothing
+    flat = np.where(same_rank, np.inf, flat).reshape(n * m, k * num_slots)
+    local, p_flat = np.repeat(np.arange(n), m), ps.ravel()
+    best = _valid_best(packing, active, local, p_flat, on_p.reshape(n * m, k), flat)
+    a = on_p.reshape(n * m, k)[np.arange(n * m), best // num_slots]
+    x = best % num_slots
+    d = w[local, a] - w[local, x]
+    e_p, e_q = excess[local, p_flat], excess[local, q[local, x]]
+
+    def f(e: FloatArray) -> FloatArray:
+        return np.maximum(e, 0.0) ** 2
+
+    exact = (f(e_p - d) - f(e_p) + f(e_q + d) - f(e_q)).sum(axis=1)
+    value = np.where(np.isfinite(flat[np.arange(n * m), best]), exact, np.inf)
+    return value.reshape(n, m), a.reshape(n, m), x.reshape(n, m)
+
+
+def _valid_best(packing: VectorPacking, active: IntArray, local: IntArray, p_flat: IntArray, on_p: IntArray,
+                flat: FloatArray) -> IntArray:  # fmt: skip
+    """Per candidate row of ``flat``: its best swap that piles no copies up, re-picking while invalid (rare)."""
+    num_slots = packing.experts.shape[1]
+    e, q, has = packing.experts[active], packing.item_bin[active], packing.has_expert
+    rows = active[local]
+    best = np.argmin(flat, axis=1)
+    check = np.arange(flat.shape[0])
+    for _ in range(flat.shape[1]):
+        slot_a, x = best[check] // num_slots, best[check] % num_slots
+        e_a, e_x = e[local[check], on_p[check, slot_a]], e[local[check], x]
+        q_x = q[local[check], x]
+        r, pf = rows[check], p_flat[check]
+        bad = (has[r, pf, e_x] >= has[r, q_x, e_x]) | (has[r, q_x, e_a] >= has[r, pf, e_a])
+        bad &= flat[check, best[check]] < 0
+        check = check[bad]
+        if check.size == 0:
+            break
+        flat[check, best[check]] = np.inf
+        best[check] = np.argmin(flat[check], axis=1)
+    out: IntArray = best
+    return out
+
+
 def solve_rows_windows(shares: FloatArray, num_ranks: int, num_slots: int) -> tuple[IntArray, IntArray]:
     """From-scratch plan of every row against every window: (phy2log, replica counts)."""
     num_experts = shares.shape[2]
@@ -229,4 +363,5 @@ def solve_rows_windows(shares: FloatArray, num_ranks: int, num_slots: int) -> tu
     experts, weights = replica_vectors(shares, counts, num_ranks)
     packing = vector_lpt(experts, weights, num_ranks, num_experts)
     refine_windows(packing)
+    refine_overload(packing)
     return packing.phy2log(), counts

@@ -1,0 +1,89 @@
+"""The overload pass of history planning: hand-made cases with a known optimum, and invariants."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from controller.rebalance.robust import (
+    VectorPacking,
+    overload,
+    refine_overload,
+    refine_windows,
+    replica_vectors,
+    vector_lpt,
+    window_counts,
+    window_shares,
+)
+
+# Two windows, six single-replica experts, three ranks of two slots (loads per window).
+TWO_WINDOWS = np.array([[[5.0, 4.0], [5.0, 3.0], [3.0, 4.0], [3.0, 4.0], [4.0, 3.0], [1.0, 0.0]]])
+
+
+def _packed(weights: np.ndarray, ranks: int) -> VectorPacking:
+    rows, slots, _ = weights.shape
+    experts = np.broadcast_to(np.arange(slots, dtype=np.int64), (rows, slots)).copy()
+    return vector_lpt(experts, weights, ranks, slots)
+
+
+def _best_overload(weights: np.ndarray, ranks: int) -> float:
+    """Brute force: the smallest summed squared overload of any placement."""
+    slots = weights.shape[0]
+    k = slots // ranks
+    best = np.inf
+    for perm in itertools.permutations(range(slots)):
+        load = weights[list(perm)].reshape(ranks, k, -1).sum(axis=1)
+        best = min(best, float((np.maximum(load - load.mean(axis=0), 0.0) ** 2).sum()))
+    return best
+
+
+def test_overload_counts_only_ranks_above_the_mean() -> None:
+    packing = _packed(TWO_WINDOWS, 3)
+    load = packing.rank_load[0]  # (ranks, windows); the mean is 7 then 6
+    expected = (np.maximum(load - np.array([7.0, 6.0]), 0.0) ** 2).sum()
+    assert overload(packing)[0] == pytest.approx(expected)
+
+
+def test_the_pass_reaches_the_best_overload_where_squared_deviation_stops() -> None:
+    packing = _packed(TWO_WINDOWS, 3)
+    refine_windows(packing)
+    before = overload(packing)[0]
+    assert before == pytest.approx(8.0)  # squared deviation's local search stops here
+    assert refine_overload(packing) > 0
+    assert overload(packing)[0] == pytest.approx(_best_overload(TWO_WINDOWS[0], 3)) == pytest.approx(3.0)
+
+
+def test_alternating_hot_experts_share_a_rank() -> None:
+    # Expert 0 is hot in window A (6, cold 1 in B), expert 1 the other way round: together they
+    # carry 7 in both windows, next to a mean of 6; any other companion of expert 0 gives its
+    # rank at least 8 in window A (overload 4), so sharing a rank is the one best placement.
+    a = np.array([6.0, 1, 2, 2, 3, 3, 4, 3])
+    b = np.array([1.0, 6, 2, 2, 3, 3, 4, 3])
+    weights = np.stack([a, b], axis=1)[None] / 6.0
+    packing = _packed(weights, 4)
+    refine_windows(packing)
+    refine_overload(packing)
+    assert overload(packing)[0] == pytest.approx(_best_overload(weights[0], 4))
+    ranks = packing.item_bin[0]
+    assert ranks[0] == ranks[1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_pass_never_adds_overload_nor_copies(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    loads = rng.pareto(1.1, (5, 3, 24)) + 0.05  # windows x rows x experts
+    shares = window_shares(loads)
+    counts = window_counts(shares, 32)
+    experts, weights = replica_vectors(shares, counts, 8)
+    packing = vector_lpt(experts, weights, 8, 24)
+    refine_windows(packing)
+    before = overload(packing)
+    refine_overload(packing)
+    assert (overload(packing) <= before + 1e-12).all()
+    assert (packing.has_expert <= 1).all()  # at most one copy of an expert per rank, as before
+    assert np.allclose(packing.rank_load, np.take_along_axis(
+        packing.weights[:, :, None, :], packing.bin_items.reshape(3, -1)[:, :, None, None], axis=1
+    ).reshape(3, 8, 4, 5).sum(axis=2))
+    assert sorted(packing.bin_items.ravel().tolist()) == sorted(np.tile(np.arange(32), 3).tolist())
