@@ -7,7 +7,9 @@ those points with the capacity model's own equations:
 
 - ``itl_base_s``: the median ITL at light load (a batch of about one);
 - ``itl_per_seq_s``: the least-squares slope of median ITL against the running
-  sequences, ``b = output tokens/s * ITL`` (Little's law);
+  sequences, ``b = output tokens/s * ITL`` (Little's law), or, when steeper, the slope at
+  which the model's p99 ITL meets the measured p99s (:func:`tail_slope`: the objective is
+  on the tail, and on a small machine the tail rises with load much faster than the median);
 - ``prefill_tokens_per_s``: prompt length over the median TTFT at light load, less
   one decode step (the first token comes after the prefill and one step).
 
@@ -37,17 +39,19 @@ from typing import Any
 import numpy as np
 
 from contracts.errors import ValidationError
-from controller.capacity import PrefixProbe, ProfilePoint, ReplicaProfile
+from controller.capacity import CapacityModel, Load, PrefixProbe, ProfilePoint, ReplicaProfile, Targets
 
 __all__ = [
     "LIGHT_RUNNING_SEQS",
     "MAX_PREFILL_BUSY",
     "MIN_LEVEL_REQUESTS",
+    "MIN_TAIL_REQUESTS",
     "fit_cached_token_cost",
     "fit_profile",
     "light_levels",
     "prefix_probe_record",
     "profile_point",
+    "tail_slope",
 ]
 
 LIGHT_RUNNING_SEQS = 2.0
@@ -56,6 +60,8 @@ MIN_LEVEL_REQUESTS = 5
 """Light levels with fewer requests are left out when another light level has this many."""
 MAX_PREFILL_BUSY = 0.5
 """Light levels prefill less than this share of the time (most requests then wait for no other prompt)."""
+MIN_TAIL_REQUESTS = 10
+"""Levels with fewer requests have too few gaps for a p99 worth fitting the tail to."""
 
 
 def profile_point(stats: Mapping[str, Any]) -> ProfilePoint:
@@ -114,6 +120,42 @@ def fit_cached_token_cost(cold_ttft_s: float, cached_ttft_s: float, *, cached_sh
     return min(max((ratio - (1.0 - cached_share)) / cached_share, 0.0), 1.0)
 
 
+def tail_slope(points: Sequence[ProfilePoint], *, itl_base_s: float, prefill_tokens_per_s: float) -> float:
+    """The per-sequence ITL slope at which the capacity model's p99 ITL meets the measured p99s (median over levels).
+
+    The median line says little about the tail the objective is on: on a small machine a step
+    now and then takes far longer than the median one (a prefill chunk beside the decodes,
+    another process on the CPU), and the p99 ITL rises with load much faster than the median.
+    Per level with at least :data:`MIN_TAIL_REQUESTS` requests, the slope that makes the model
+    predict that level's measured p99 (bisection: the prediction grows with the slope), with
+    the sweep's fixed prompt lengths; the median over levels, so one noisy level does not set it.
+    """
+    slopes = [
+        _level_tail_slope(point, itl_base_s=itl_base_s, prefill_tokens_per_s=prefill_tokens_per_s)
+        for point in points
+        if point.requests >= MIN_TAIL_REQUESTS and point.itl_p99_s > 0 and point.request_rate_rps > 0
+    ]
+    return float(np.median(slopes)) if slopes else 0.0
+
+
+def _level_tail_slope(point: ProfilePoint, *, itl_base_s: float, prefill_tokens_per_s: float) -> float:
+    load = Load(request_rate_rps=point.request_rate_rps, prompt_tokens_per_s=point.prompt_tokens_per_s,
+                output_tokens_per_s=point.output_tokens_per_s)  # fmt: skip
+
+    def predicted(slope: float) -> float:
+        profile = ReplicaProfile(prefill_tokens_per_s=prefill_tokens_per_s, itl_base_s=itl_base_s,
+                                 itl_per_seq_s=slope, kv_capacity_tokens=1 << 30)  # fmt: skip
+        return CapacityModel(profile, Targets(prompt_cv2=0.0)).predict(load, 1).itl_p99_s
+
+    low, high = 0.0, max(point.itl_p99_s, 1e-3)
+    if predicted(low) >= point.itl_p99_s:
+        return 0.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if predicted(middle) < point.itl_p99_s else (low, middle)
+    return low
+
+
 def fit_profile(
     points: Sequence[ProfilePoint],
     *,
@@ -139,6 +181,7 @@ def fit_profile(
     excess = itl - itl_base
     denominator = float((running**2).sum())
     slope = max(float((excess * running).sum()) / denominator, 0.0) if denominator > 0 else 0.0
+    slope = max(slope, tail_slope(usable, itl_base_s=itl_base, prefill_tokens_per_s=prompt_tokens / prefill_s))
     cost = 0.0
     if prefix_probe is not None:
         cost = fit_cached_token_cost(prefix_probe.cold_ttft_p50_s, prefix_probe.cached_ttft_p50_s,

@@ -1,18 +1,21 @@
-"""The stack's first measurement: a short profile of the first replica, as ``moeslo profile`` takes one.
+"""The stack's first measurement: a short profile of its replicas, as ``moeslo profile`` takes one.
 
-Poisson load at rising rates with the demo's mean prompt and output lengths (after a
-warm-up of a few unmeasured requests), until p99 TTFT passes the objective, then the
-prefix probe (ten cold and ten cached-prefix prompts, one at a time, each stopping at
-its first token: 0.7-1.3 s at the demo's lengths on a busy two-core machine, so it stays
-in the start-up);
-the fitted :class:`ReplicaProfile` goes into the
-policy (the controller's capacity model sizes this machine's replicas from it), and
-the load is sized from what it says one replica sustains within the objectives.
+Every replica the run may have (as many as the CPUs hold, each pinned as the local actuator
+pins it) is swept at once, with Poisson load at rising rates with the demo's mean prompt and
+output lengths (after a warm-up of a few unmeasured requests), until p99 TTFT passes the
+objective: in the run, the replicas share the machine with each other and with the load
+generator, and one replica measured alone on an idle machine sustained about twice what it
+does there.  Then the prefix probe on one replica (ten cold and ten cached-prefix prompts,
+one at a time, each stopping at its first token: 0.7-1.3 s at the demo's lengths).  The
+fitted :class:`ReplicaProfile` goes into the policy (the controller's capacity model sizes
+this machine's replicas from it), and the load is sized from what it says one replica
+sustains within the objectives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from contracts.slo_defaults import TTFT_THRESHOLD_S
@@ -22,33 +25,51 @@ from harness.sweep import sweep_rates
 from stack.load import demo_lengths, sustainable_rate_rps
 from stack.state import StackState
 
-__all__ = ["PROFILE_RATES_RPS", "profile_first_replica"]
+__all__ = ["PROFILE_RATES_RPS", "profile_replicas"]
 
 PROFILE_RATES_RPS = (0.3, 1.0, 3.0, 8.0)
 """Load levels, lightest first; the sweep stops at the first past twice the TTFT objective (two at least)."""
 
 
-def profile_first_replica(state: StackState, url: str, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Measure the replica at ``url``; returns the profile (JSON) and the load's base rate."""
+def _sweep_all(state: StackState, urls: list[str], prompt: float, output: float, vocab_size: int,
+               progress: Callable[[str], None]) -> list[dict[str, Any]]:  # fmt: skip
+    """The same sweep against every replica at once (a thread each): every level's summary, replica by replica."""
+    options = state.options
+
+    def sweep(index: int) -> list[dict[str, Any]]:
+        say = progress if len(urls) == 1 else (lambda line: progress(f"replica {index + 1}: {line}"))
+        return sweep_rates(
+            urls[index], PROFILE_RATES_RPS, duration_s=options.profile_s, prompt_tokens=round(prompt),
+            output_tokens=max(2, round(output)), vocab_size=vocab_size, model=None,
+            seed=options.seed + 1000 * index, ttft_limit_s=2 * TTFT_THRESHOLD_S, progress=say, min_levels=2,
+        )
+
+    with ThreadPoolExecutor(max_workers=len(urls)) as pool:
+        return [summary for summaries in pool.map(sweep, range(len(urls))) for summary in summaries]
+
+
+def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str], None]) -> dict[str, Any]:
+    """Measure the replicas at ``urls`` under load at once; returns the profile (JSON) and the load's base rate.
+
+    Every replica's levels are points of one profile (the fit takes medians over its light levels),
+    so the profile describes a replica while the others are as busy as it is, as in the run.
+    """
     from engine.config import ModelConfig
 
     options = state.options
     checkpoint = options.checkpoint or options.out / "checkpoint"
     _, prompt, output = demo_lengths(options)
     vocab_size = ModelConfig.load(checkpoint).vocab_size
-    summaries = sweep_rates(
-        url, PROFILE_RATES_RPS, duration_s=options.profile_s, prompt_tokens=round(prompt),
-        output_tokens=max(2, round(output)), vocab_size=vocab_size, model=None,
-        seed=options.seed, ttft_limit_s=2 * TTFT_THRESHOLD_S, progress=progress, min_levels=2,
-    )
-    probe = prefix_probe_record(prefix_probe(url, prompt_tokens=round(prompt), vocab_size=vocab_size, model=None,
-                                             seed=options.seed))
+    summaries = _sweep_all(state, urls, prompt, output, vocab_size, progress)
+    probe = prefix_probe_record(prefix_probe(urls[0], prompt_tokens=round(prompt), vocab_size=vocab_size,
+                                             model=None, seed=options.seed))  # fmt: skip
     points = [profile_point(stats) for stats in summaries]
     profile = fit_profile(
-        points, prompt_tokens=round(prompt), kv_capacity_tokens=100_000, max_num_seqs=64, prefill_chunk_tokens=512,
-        name="moeslo-up-replica", prefix_probe=probe,
-        source=f"moeslo up: {len(points)} load levels of {options.profile_s:g} s against {url} "
-               f"(one pinned CPU, EP {options.ep}), {round(prompt)}/{max(2, round(output))} tokens",
+        points, prompt_tokens=round(prompt), kv_capacity_tokens=100_000, max_num_seqs=64,
+        prefill_chunk_tokens=options.max_num_batched_tokens, name="moeslo-up-replica", prefix_probe=probe,
+        source=f"moeslo up: {len(points)} load levels of {options.profile_s:g} s over {len(urls)} replica(s) "
+               f"loaded at once (one pinned CPU each, EP {options.ep}), {round(prompt)}/{max(2, round(output))} "
+               f"tokens",
     )
     capacity = sustainable_rate_rps(profile, prompt_tokens=prompt, output_tokens=output)
     if capacity <= 0:
@@ -60,7 +81,7 @@ def profile_first_replica(state: StackState, url: str, progress: Callable[[str],
     base = options.base_load * capacity
     state.profile = {"profile": profile.model_dump(mode="json"), "replica_rate_rps": capacity,
                      "base_rate_rps": base}
-    state.event(f"profiled the first replica: {capacity:.2f} requests/s within the objectives "
+    state.event(f"profiled {len(urls)} replica(s) loaded at once: {capacity:.2f} requests/s each within the objectives "
                 f"(ITL {profile.itl_base_s * 1000:.1f} ms + {profile.itl_per_seq_s * 1000:.2f} ms per sequence, "
                 f"prefill {profile.prefill_tokens_per_s:.0f} tokens/s, a cached prompt token costing "
                 f"{profile.cached_token_cost:.2f} of a computed one); the load starts at {base:.2f} requests/s")

@@ -37,7 +37,7 @@ from harness.processes import free_port, moeslo_command
 from harness.webhook import WebhookReceiver
 from stack.faults import CpuThrottle
 from stack.load import drive, load_plan
-from stack.profile import profile_first_replica
+from stack.profile import profile_replicas
 from stack.sampler import Sampler
 from stack.services import Supervisor, start_alertmanager, start_prometheus
 from stack.state import StackOptions, StackState
@@ -109,7 +109,7 @@ class LocalStack:
         self.checkpoint = checkpoint = _checkpoint(opts)
         # The profile runs on a replica of its own before anything scrapes: its deliberate
         # overload must not show in the SLI windows, load history or alerts of the run.
-        measured = self._profile_a_replica(checkpoint, progress)
+        measured = self._profile_replicas(checkpoint, progress)
         self.base_rate_rps = measured["base_rate_rps"]
         first_port = free_port()
         # The local actuator takes the first free ports from first_port on; scrape a few of them.
@@ -172,22 +172,34 @@ class LocalStack:
                         key = " ".join(sample.labels[k] for k in ("replica", "decision", "outcome"))
                         self.state.router_requests[key] = int(sample.value)
 
-    def _profile_a_replica(self, checkpoint: Path, progress: Callable[[str], None]) -> dict[str, Any]:
-        """Start a replica as the local actuator would (same command, CPUs and EP), profile it, stop it."""
+    def _profile_replicas(self, checkpoint: Path, progress: Callable[[str], None]) -> dict[str, Any]:
+        """Start replicas as the local actuator would (same command, CPUs and EP), profile them at once, stop them.
+
+        As many replicas as the run may have (and the CPUs hold), each on CPUs of its own: the run's
+        replicas share the machine with each other and with the load generator, and a replica
+        profiled alone on an idle machine measured about twice the rate it sustains in the run.
+        """
         opts = self.options
-        port = free_port()
-        cpus = sorted(os.sched_getaffinity(0))[: opts.cpus_per_replica]
-        argv = [*moeslo_command(), "serve", "--checkpoint", str(checkpoint), "--port", str(port),
-                "--ep", str(opts.ep), "--model-name", MODEL_NAME, "--engine-id", "profile",
-                "--max-num-batched-tokens", str(opts.max_num_batched_tokens)]
-        progress(f"starting a replica to profile (EP {opts.ep}, CPUs {cpus})")
-        replica = self.supervisor.start("profile-replica", argv, cwd=ROOT, cpus=cpus)
+        available = sorted(os.sched_getaffinity(0))
+        count = max(1, min(opts.max_replicas, len(available) // opts.cpus_per_replica))
+        replicas, urls = [], []
         try:
-            replica.wait_ready(f"http://127.0.0.1:{port}/health", timeout_s=180)
-            progress("profiling a replica (the capacity model and the load are sized from it)")
-            return profile_first_replica(self.state, f"http://127.0.0.1:{port}", progress)
+            for i in range(count):
+                port = free_port()
+                cpus = available[i * opts.cpus_per_replica: (i + 1) * opts.cpus_per_replica] or available[:1]
+                argv = [*moeslo_command(), "serve", "--checkpoint", str(checkpoint), "--port", str(port),
+                        "--ep", str(opts.ep), "--model-name", MODEL_NAME, "--engine-id", f"profile-{i}",
+                        "--max-num-batched-tokens", str(opts.max_num_batched_tokens)]
+                progress(f"starting a replica to profile (EP {opts.ep}, CPUs {cpus})")
+                replicas.append(self.supervisor.start(f"profile-replica-{i}", argv, cwd=ROOT, cpus=cpus))
+                urls.append(f"http://127.0.0.1:{port}")
+            for replica, url in zip(replicas, urls, strict=True):
+                replica.wait_ready(f"{url}/health", timeout_s=180)
+            progress(f"profiling {count} replica(s) at once (the capacity model and the load are sized from them)")
+            return profile_replicas(self.state, urls, progress)
         finally:
-            replica.stop()
+            for replica in replicas:
+                replica.stop()
 
     def _start_controller(self, port: int, first_port: int, checkpoint: Path) -> Any:
         opts, state = self.options, self.state

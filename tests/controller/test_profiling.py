@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from contracts.errors import ValidationError
-from controller.capacity import PrefixProbe, ProfilePoint, ReplicaProfile
-from controller.profiling import fit_cached_token_cost, fit_profile
+from controller.capacity import CapacityModel, Load, PrefixProbe, ProfilePoint, ReplicaProfile, Targets
+from controller.profiling import MIN_TAIL_REQUESTS, fit_cached_token_cost, fit_profile, tail_slope
 from harness.processes import free_port, wait_healthy
 
 MOESLO = str(Path(sys.executable).parent / "moeslo")
@@ -192,3 +192,36 @@ def test_profile_against_moeslo_serve(tiny_checkpoint: Path, tmp_path: Path) -> 
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def _tail_points(slope: float, *, base: float = 0.006, prefill: float = 5000.0, prompt: int = 115,
+                 output: int = 21) -> list[ProfilePoint]:  # fmt: skip
+    """Levels whose median ITL stays flat but whose p99 is what the model predicts with ``slope``."""
+    truth = ReplicaProfile(prefill_tokens_per_s=prefill, itl_base_s=base, itl_per_seq_s=slope,
+                           kv_capacity_tokens=1 << 30)
+    model = CapacityModel(truth, Targets(prompt_cv2=0.0))
+    points = []
+    for rate in (0.3, 1.0, 3.0, 8.0):
+        load = Load(request_rate_rps=rate, prompt_tokens_per_s=rate * prompt, output_tokens_per_s=rate * output)
+        points.append(ProfilePoint(
+            request_rate_rps=rate, prompt_tokens_per_s=rate * prompt, output_tokens_per_s=rate * output,
+            ttft_p99_s=0.05, itl_p99_s=model.predict(load, 1).itl_p99_s, ttft_p50_s=prompt / prefill + base,
+            itl_p50_s=base, requests=max(2, round(rate * 10)),
+        ))  # fmt: skip
+    return points
+
+
+def test_the_slope_follows_the_measured_p99_when_the_median_stays_flat() -> None:
+    points = _tail_points(0.002)
+    fitted = fit_profile(points, prompt_tokens=115, kv_capacity_tokens=100_000, max_num_seqs=64, name="t", source="s")
+    assert fitted.itl_per_seq_s == pytest.approx(0.002, rel=0.02)  # the p50 line alone says 0
+    assert tail_slope(points, itl_base_s=0.006, prefill_tokens_per_s=5000.0) == pytest.approx(0.002, rel=0.02)
+
+
+def test_the_tail_fit_skips_thin_levels_and_one_wild_level() -> None:
+    points = _tail_points(0.002)
+    wild = points[2].model_copy(update={"itl_p99_s": 0.5})  # one level's p99 hit by a stall
+    thin = points[0].model_copy(update={"itl_p99_s": 0.9, "requests": MIN_TAIL_REQUESTS - 1})
+    fitted = tail_slope([thin, points[1], wild, points[3]], itl_base_s=0.006, prefill_tokens_per_s=5000.0)
+    assert 0.0015 < fitted < 0.05  # the median of three levels, the thin one left out
+    assert tail_slope(points[:1], itl_base_s=0.006, prefill_tokens_per_s=5000.0) == 0.0  # nothing thick enough
