@@ -45,13 +45,19 @@ def fresh_seed() -> int:
 
 def measure_rate(
     url: str, rate_rps: float, *, duration_s: float, prompt_tokens: int, output_tokens: int, vocab_size: int,
-    model: str | None, seed: int, prompt_seed: int | None = None,
+    model: str | None, seed: int, prompt_seed: int | None = None, lengths: Sequence[tuple[int, int]] = (),
 ) -> dict[str, Any]:
-    """One rate: Poisson arrivals with fixed lengths; :func:`harness.loadgen.summarize`'s figures.
+    """One rate: Poisson arrivals; :func:`harness.loadgen.summarize`'s figures.
 
-    Arrivals follow ``seed``, prompts ``prompt_seed`` (None: ``seed`` too)."""
-    plan = [LoadRequest(arrival_s=t, prompt_tokens=prompt_tokens, max_tokens=output_tokens)
-            for t in poisson_arrivals(rate_rps, duration_s, seed)]  # fmt: skip
+    Every request has the fixed lengths, or, given ``lengths`` (prompt, output pairs), a pair drawn
+    from them. Arrivals and draws follow ``seed``, prompts ``prompt_seed`` (None: ``seed`` too)."""
+    arrivals = poisson_arrivals(rate_rps, duration_s, seed)
+    if lengths:
+        picks = np.random.default_rng([seed, 2]).integers(0, len(lengths), size=len(arrivals))
+        pairs = [lengths[int(i)] for i in picks]
+    else:
+        pairs = [(prompt_tokens, output_tokens)] * len(arrivals)
+    plan = [LoadRequest(arrival_s=t, prompt_tokens=p, max_tokens=o) for t, (p, o) in zip(arrivals, pairs, strict=True)]
     began = time.monotonic()
     prompts = seed if prompt_seed is None else prompt_seed
     records = asyncio.run(run_load(url, plan, vocab_size=vocab_size, model=model, seed=prompts))
@@ -94,6 +100,7 @@ def sweep_rates(
     progress: Callable[[str], None] = lambda _: None,
     min_levels: int = 1,
     warmup_requests: int = WARMUP_REQUESTS,
+    lengths: Sequence[tuple[int, int]] = (),
 ) -> list[dict[str, Any]]:
     """Summaries of the rates that had a successful request, lightest first (at least ``min_levels``
     of them are measured even past the TTFT limit), after ``warmup_requests`` unmeasured ones."""
@@ -106,7 +113,7 @@ def sweep_rates(
     for i, rate in enumerate(rates_rps):
         stats = measure_rate(url, rate, duration_s=duration_s, prompt_tokens=prompt_tokens,
                              output_tokens=output_tokens, vocab_size=vocab_size, model=model, seed=seed + i,
-                             prompt_seed=prompt_seed + i)
+                             prompt_seed=prompt_seed + i, lengths=lengths)
         if not stats["ok"]:
             progress(f"rate {rate:g}: no request succeeded ({stats['status_counts']}); stopping")
             break

@@ -24,7 +24,10 @@ from harness.loadgen import LoadRequest, plan_from_counts, plan_from_trace, send
 from harness.traces import DAILY_RAMP, conversation_trace
 from stack.state import StackOptions, StackState
 
-__all__ = ["MAX_OUTPUT_TOKENS", "MAX_PROMPT_TOKENS", "demo_lengths", "drive", "load_plan", "sustainable_rate_rps"]
+__all__ = [
+    "MAX_OUTPUT_TOKENS", "MAX_PROMPT_TOKENS", "demo_length_pairs", "demo_lengths", "drive", "load_plan",
+    "sustainable_rate_rps",
+]
 
 MAX_PROMPT_TOKENS = 512
 MAX_OUTPUT_TOKENS = 64
@@ -33,9 +36,16 @@ MAX_OUTPUT_TOKENS = 64
 def demo_lengths(options: StackOptions) -> tuple[LengthDistribution, float, float]:
     """The (scaled) length distribution and its mean prompt and output tokens after scaling and clipping."""
     lengths = LengthDistribution.from_trace(load_request_trace(conversation_trace()))
+    pairs = demo_length_pairs(options, lengths)
+    return lengths, float(np.mean([p for p, _ in pairs])), float(np.mean([o for _, o in pairs]))
+
+
+def demo_length_pairs(options: StackOptions, lengths: LengthDistribution | None = None) -> list[tuple[int, int]]:
+    """Every (prompt, output) length pair of the trace, scaled and clipped as the load sends them."""
+    lengths = lengths or LengthDistribution.from_trace(load_request_trace(conversation_trace()))
     prompt = np.clip(np.round(lengths.prompt_tokens * options.length_scale), 1, MAX_PROMPT_TOKENS)
     output = np.clip(np.round(lengths.output_tokens * options.length_scale), 1, MAX_OUTPUT_TOKENS)
-    return lengths, float(prompt.mean()), float(output.mean())
+    return [(int(p), int(o)) for p, o in zip(prompt, output, strict=True)]
 
 
 def sustainable_rate_rps(profile: ReplicaProfile, *, prompt_tokens: float, output_tokens: float) -> float:

@@ -22,7 +22,7 @@ from contracts.slo_defaults import TTFT_THRESHOLD_S
 from controller.profiling import fit_profile, prefix_probe_record, profile_point
 from harness.prefix_probe import prefix_probe
 from harness.sweep import sweep_rates
-from stack.load import demo_lengths, sustainable_rate_rps
+from stack.load import demo_length_pairs, demo_lengths, sustainable_rate_rps
 from stack.state import StackState
 
 __all__ = ["PROFILE_RATES_RPS", "profile_replicas"]
@@ -35,6 +35,7 @@ def _sweep_all(state: StackState, urls: list[str], prompt: float, output: float,
                progress: Callable[[str], None]) -> list[dict[str, Any]]:  # fmt: skip
     """The same sweep against every replica at once (a thread each): every level's summary, replica by replica."""
     options = state.options
+    pairs = demo_length_pairs(options)  # the run's own lengths: long prompts' prefill chunks stretch decodes
 
     def sweep(index: int) -> list[dict[str, Any]]:
         say = progress if len(urls) == 1 else (lambda line: progress(f"replica {index + 1}: {line}"))
@@ -42,6 +43,7 @@ def _sweep_all(state: StackState, urls: list[str], prompt: float, output: float,
             urls[index], PROFILE_RATES_RPS, duration_s=options.profile_s, prompt_tokens=round(prompt),
             output_tokens=max(2, round(output)), vocab_size=vocab_size, model=None,
             seed=options.seed + 1000 * index, ttft_limit_s=2 * TTFT_THRESHOLD_S, progress=say, min_levels=2,
+            lengths=pairs,
         )
 
     with ThreadPoolExecutor(max_workers=len(urls)) as pool:
