@@ -23,6 +23,8 @@ import contextlib
 import csv
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -369,9 +371,24 @@ def run_stack(
 ) -> dict[str, Any]:
     """Run the stack for ``options.duration_s``; return the summary (also written to ``out/summary.json``)."""
     stack = LocalStack(options, on_update)
+    previous = _stop_on_sigterm()
     try:
         stack.start(progress)
         asyncio.run(stack.run_load())
     finally:
         stack.stop()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return stack.write_results()
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _stop_on_sigterm() -> Any:
+    """SIGTERM (``kill``, a CI timeout) ends the run as Ctrl-C does: the ``finally`` stops every process
+    it started, where the default action would leave the engines, controller and Prometheus running."""
+    if threading.current_thread() is not threading.main_thread():
+        return None  # only the main thread may set handlers (a run inside a test's thread keeps the default)
+    return signal.signal(signal.SIGTERM, _terminated)
