@@ -12,6 +12,7 @@ from cli.common import cli_errors, console
 POLICIES = "cost|prefix|least-loaded|round-robin"
 
 
+# long: a typer command is its option list; the work is in router.app.
 def route(
     replicas: Annotated[
         str | None,
