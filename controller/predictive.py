@@ -53,6 +53,10 @@ class PredictiveConfig:
     headroom: float = 0.85
     """Size for this fraction of each latency objective (see :class:`controller.capacity.Targets`)."""
     correct_online: bool = True
+    min_requests_for_correction: float = 20.0
+    """Fewer finished requests than this in the SLI window: its p99s are a few requests' worst (a fresh
+    replica's first ones among them), so they do not correct the capacity model (the reactive advisor
+    distrusts such an SLI the same way)."""
     refits_per_tick: int = 1
     """Most model refits (backtest, selection, fit: tens of milliseconds each once the history is
     long) one tick spends over all policies; a forecaster whose refit waits keeps forecasting with its
@@ -224,7 +228,7 @@ class PredictiveAdvisor:
         self._refit_if_due(state.rate, now_s)
         ready = obs.ready_replicas if obs.ready_replicas is not None else obs.current_replicas or 0
         capacity = state.capacity
-        if self.config.correct_online and obs.sli is not None:
+        if self.config.correct_online and obs.sli is not None and self._enough_requests(obs.sli.requests_in_window):
             capacity.correct(
                 load=now_load, ready_replicas=ready, ttft_p99_s=obs.sli.ttft_p99_s, itl_p99_s=obs.sli.itl_p99_s
             )
@@ -237,6 +241,9 @@ class PredictiveAdvisor:
         if view is not None and not view.reliable:
             details["forecast_audit"] = state.audit.why_unreliable()
         return Assessment(needs=tuple(needs), forecast=view, details=details)
+
+    def _enough_requests(self, requests_in_window: float | None) -> bool:
+        return requests_in_window is None or requests_in_window >= self.config.min_requests_for_correction
 
     def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
         """The most any need asks for; ``warming_up`` / ``forecast_unreliable`` say what the forecast is worth."""

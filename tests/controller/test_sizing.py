@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from controller.builder import CoreOptions, build_decision_core, sizing_advisor
@@ -146,3 +148,19 @@ def test_the_core_holds_scale_ups_at_the_replica_budget() -> None:
     full = core.tick(TickInput(now_s=15.0, policies={"p": pol}, observations={
         "p": replace(observe(15.0, 30.0, 2, queue=50.0), replica_budget=2)})).for_policy("p")
     assert full.action == "hold" and "host_budget" in full.reasons
+
+
+def test_a_p99_of_a_few_requests_does_not_correct_the_capacity_model() -> None:
+    from controller.predictive import PredictiveAdvisor
+
+    pol = policy()
+    few, many = PredictiveAdvisor(), PredictiveAdvisor()
+    for k in range(5):
+        t = k * TICK_S
+        thin = observe(t, 10.0, 5, itl_p99_s=0.2)
+        assert thin.sli is not None
+        seen_few = few.assess(pol, replace(thin, sli=replace(thin.sli, requests_in_window=8.0)), t)
+        seen_many = many.assess(pol, observe(t, 10.0, 5, itl_p99_s=0.2), t)
+    assert seen_few is not None and seen_many is not None
+    assert seen_few.details["itl_correction"] == 1.0  # eight requests' worst gap says little
+    assert float(seen_many.details["itl_correction"]) > 1.5
