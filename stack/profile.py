@@ -74,12 +74,14 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
                f"tokens",
     )
     capacity = sustainable_rate_rps(profile, prompt_tokens=prompt, output_tokens=output)
-    if capacity <= 0:
-        # Even a lone request misses an objective here (a slow or busy machine): run at the lightest
-        # measured rate, and say that no fleet size can hold the objectives on this machine.
-        capacity = points[0].request_rate_rps
-        state.event(f"this machine's replica misses the ITL objective even at light load "
-                    f"(ITL {profile.itl_base_s * 1000:.1f} ms at {capacity:.2f} requests/s): no fleet size holds it")
+    lightest = min(p.request_rate_rps for p in points)
+    if capacity < lightest:
+        # The model says a replica holds the objectives only below the lightest rate measured (a slow or
+        # busy machine): run at that rate rather than at next to nothing, and say what to expect.
+        capacity = lightest
+        state.event(f"this machine's replica holds the objectives only below {lightest:.2f} requests/s "
+                    f"(ITL {profile.itl_base_s * 1000:.1f} ms at light load): the load runs at that rate, "
+                    f"and no fleet size here may hold them")
     base = options.base_load * capacity
     state.profile = {"profile": profile.model_dump(mode="json"), "replica_rate_rps": capacity,
                      "base_rate_rps": base}

@@ -206,7 +206,7 @@ def _tail_points(slope: float, *, base: float = 0.006, prefill: float = 5000.0, 
         points.append(ProfilePoint(
             request_rate_rps=rate, prompt_tokens_per_s=rate * prompt, output_tokens_per_s=rate * output,
             ttft_p99_s=0.05, itl_p99_s=model.predict(load, 1).itl_p99_s, ttft_p50_s=prompt / prefill + base,
-            itl_p50_s=base, requests=max(2, round(rate * 10)),
+            itl_p50_s=base, requests=max(2, round(rate * 200)),
         ))  # fmt: skip
     return points
 
