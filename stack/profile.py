@@ -1,7 +1,7 @@
 """The stack's first measurement: a short profile of its replicas, as ``moeslo profile`` takes one.
 
 Every replica the run may have (as many as the CPUs hold, each pinned as the local actuator
-pins it) is swept at once, with Poisson load at rising rates with the demo's mean prompt and
+pins it) is swept at once, with Poisson load at rising rates with the run's own prompt and
 output lengths (after a warm-up of a few unmeasured requests), until p99 TTFT passes the
 objective: in the run, the replicas share the machine with each other and with the load
 generator, and one replica measured alone on an idle machine sustained about twice what it
