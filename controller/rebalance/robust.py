@@ -136,7 +136,6 @@ def refine_windows(
             active = active[packing.rank_load[active].max(axis=(1, 2)) > target[active]]
         if active.size == 0:
             break
-        n = active.size
         load = packing.rank_load[active]  # (n, R, T)
         dev = ((load - load.mean(axis=1, keepdims=True)) ** 2).sum(axis=2)
         ps = np.argsort(-dev, axis=1, kind="stable")[:, :m]  # (n, m)
@@ -144,21 +143,7 @@ def refine_windows(
         improving = delta < -eps  # (n, m)
         if not improving.any():
             break
-        touched = np.zeros((n, ranks), dtype=bool)
-        order = np.argsort(delta, axis=1, kind="stable")
-        local = np.arange(n)
-        for j in range(m):
-            pick = order[:, j]
-            p = ps[local, pick]
-            a, x = a_item[local, pick], x_item[local, pick]
-            q = packing.item_bin[active, x]
-            go = improving[local, pick] & ~touched[local, p] & ~touched[local, q]
-            if not go.any():
-                continue
-            touched[local[go], p[go]] = True
-            touched[local[go], q[go]] = True
-            _apply(packing, active[go], p[go], a[go], x[go])
-            swaps += int(go.sum())
+        swaps += _apply_disjoint(packing, active, ps, delta, a_item, x_item, improving, ranks)
         active = active[improving.any(axis=1)]
     return swaps
 
@@ -255,7 +240,6 @@ def refine_overload(packing: VectorPacking, *, max_rounds: int | None = None, to
     for _ in range(max_rounds):
         if active.size == 0:
             break
-        n = active.size
         load = packing.rank_load[active]
         excess = load - load.mean(axis=1, keepdims=True)  # (n, R, T)
         ps = np.argsort(-(np.maximum(excess, 0.0) ** 2).sum(axis=2), axis=1, kind="stable")[:, :m]
@@ -263,21 +247,7 @@ def refine_overload(packing: VectorPacking, *, max_rounds: int | None = None, to
         improving = delta < -eps
         if not improving.any():
             break
-        touched = np.zeros((n, ranks), dtype=bool)
-        order = np.argsort(delta, axis=1, kind="stable")
-        local = np.arange(n)
-        for j in range(m):
-            pick = order[:, j]
-            p = ps[local, pick]
-            a, x = a_item[local, pick], x_item[local, pick]
-            q = packing.item_bin[active, x]
-            go = improving[local, pick] & ~touched[local, p] & ~touched[local, q]
-            if not go.any():
-                continue
-            touched[local[go], p[go]] = True
-            touched[local[go], q[go]] = True
-            _apply(packing, active[go], p[go], a[go], x[go])
-            swaps += int(go.sum())
+        swaps += _apply_disjoint(packing, active, ps, delta, a_item, x_item, improving, ranks)
         active = active[improving.any(axis=1)]
     return swaps
 
@@ -365,3 +335,35 @@ def solve_rows_windows(shares: FloatArray, num_ranks: int, num_slots: int) -> tu
     refine_windows(packing)
     refine_overload(packing)
     return packing.phy2log(), counts
+
+
+def _apply_disjoint(
+    packing: VectorPacking,
+    active: IntArray,
+    ps: IntArray,
+    delta: FloatArray,
+    a_item: IntArray,
+    x_item: IntArray,
+    improving: npt.NDArray[np.bool_],
+    ranks: int,
+) -> int:
+    """Apply each row's improving swaps, best first, skipping any that touches a rank already changed this round
+    (its scored delta no longer holds); the number applied."""
+    n, m = ps.shape
+    touched = np.zeros((n, ranks), dtype=bool)
+    order = np.argsort(delta, axis=1, kind="stable")
+    local = np.arange(n)
+    swaps = 0
+    for j in range(m):
+        pick = order[:, j]
+        p = ps[local, pick]
+        a, x = a_item[local, pick], x_item[local, pick]
+        q = packing.item_bin[active, x]
+        go = improving[local, pick] & ~touched[local, p] & ~touched[local, q]
+        if not go.any():
+            continue
+        touched[local[go], p[go]] = True
+        touched[local[go], q[go]] = True
+        _apply(packing, active[go], p[go], a[go], x[go])
+        swaps += int(go.sum())
+    return swaps
