@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -58,6 +59,9 @@ from controller.sources.base import (
 )
 from controller.ttft_series import allowance_from_labels
 from controller.types import PolicyObservation, SliSnapshot
+
+Page = TypeVar("Page")
+"""What one endpoint's read gives (an engine's samples, a router's queue)."""
 
 FINE_HISTORY_S = 3600.0
 COARSE_SPACING_S = 300.0
@@ -274,16 +278,8 @@ class ScrapeSource:
     async def _router_queues(self, policies: Sequence[Policy]) -> dict[str, float | str]:
         """Per router endpoint any policy names: its queue, or the error line of a failed read."""
         endpoints = sorted({e for p in policies for e in _router_endpoints(p)})
-        answers = await asyncio.gather(*(self._scrape_router(e) for e in endpoints), return_exceptions=True)
-        queues: dict[str, float | str] = {}
-        for endpoint, answer in zip(endpoints, answers, strict=True):
-            if isinstance(answer, (httpx.HTTPError, ValueError)):
-                queues[endpoint] = f"router {endpoint}: {type(answer).__name__}: {answer}"
-            elif isinstance(answer, BaseException):
-                raise answer
-            else:
-                queues[endpoint] = answer
-        return queues
+        queues, failures = await _read_all(self._scrape_router, endpoints, "router")
+        return {**queues, **failures}
 
     async def observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
         if not any(p.router is not None for p in policies):
@@ -295,16 +291,7 @@ class ScrapeSource:
     async def _observe_engines(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
         endpoints_by_policy = {p.name: tuple(self.endpoints_for(p)) for p in policies}
         endpoints = sorted({e for es in endpoints_by_policy.values() for e in es})
-        answers = await asyncio.gather(*(self._scrape(e) for e in endpoints), return_exceptions=True)
-        pages: dict[str, dict[str, EngineSample]] = {}
-        failures: dict[str, str] = {}
-        for endpoint, answer in zip(endpoints, answers, strict=True):
-            if isinstance(answer, (httpx.HTTPError, ValueError)):
-                failures[endpoint] = f"scrape {endpoint}: {type(answer).__name__}: {answer}"
-            elif isinstance(answer, BaseException):
-                raise answer
-            else:
-                pages[endpoint] = answer
+        pages, failures = await _read_all(self._scrape, endpoints, "scrape")
         max_window_s = max((parse_duration_s(w) for w in windows_for(policies)), default=0)
         models = {p.model_name for p in policies}
         for model in models:
@@ -449,6 +436,23 @@ def _hit_rate(history: _ModelHistory, now_s: float) -> float | None:
     if queries is None or hits is None or queries[0] <= 0:
         return None
     return min(max(hits[0] / queries[0], 0.0), 1.0)
+
+
+async def _read_all(
+    read: Callable[[str], Awaitable[Page]], endpoints: Sequence[str], what: str
+) -> tuple[dict[str, Page], dict[str, str]]:
+    """Read every endpoint at once: the answers, and an error line per endpoint that failed (HTTP or parsing)."""
+    answers = await asyncio.gather(*(read(e) for e in endpoints), return_exceptions=True)
+    ok: dict[str, Page] = {}
+    failures: dict[str, str] = {}
+    for endpoint, answer in zip(endpoints, answers, strict=True):
+        if isinstance(answer, (httpx.HTTPError, ValueError)):
+            failures[endpoint] = f"{what} {endpoint}: {type(answer).__name__}: {answer}"
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            ok[endpoint] = answer
+    return ok, failures
 
 
 def _rate(history: _ModelHistory, key: str, now_s: float, window_s: float) -> float | None:
