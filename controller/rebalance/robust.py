@@ -177,25 +177,8 @@ def _best_swaps(packing: VectorPacking, active: IntArray, ps: IntArray) -> tuple
     right[:, 2 * windows], right[:, 2 * windows + 1] = ((w - lq) * w).sum(axis=2), 1.0
     flat = np.matmul(left, right).reshape(n * m, k * num_slots)
     local = np.repeat(np.arange(n), m)
-    rows, p_flat = active[local], ps.ravel()
-    e = packing.experts[active]
     on_p = on_p.reshape(n * m, k)
-    has = packing.has_expert
-    best = np.argmin(flat, axis=1)
-    # Copies may not pile up; checked on the best candidate only, re-picking while it is invalid (rare).
-    check = np.arange(n * m)
-    for _ in range(k * num_slots):
-        slot_a, x = best[check] // num_slots, best[check] % num_slots
-        e_a, e_x = e[local[check], on_p[check, slot_a]], e[local[check], x]
-        q_x = q[local[check], x]
-        r, pf = rows[check], p_flat[check]
-        bad = (has[r, pf, e_x] >= has[r, q_x, e_x]) | (has[r, q_x, e_a] >= has[r, pf, e_a])
-        bad &= flat[check, best[check]] < 0
-        check = check[bad]
-        if check.size == 0:
-            break
-        flat[check, best[check]] = np.inf
-        best[check] = np.argmin(flat[check], axis=1)
+    best = _valid_best(packing, active, local, ps.ravel(), on_p, flat)  # copies may not pile up
     a = on_p[np.arange(n * m), best // num_slots]
     x = best % num_slots
     d = w[local, a] - w[local, x]
