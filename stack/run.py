@@ -102,6 +102,8 @@ class LocalStack:
         self.engine_ports: list[int] = []
         self.checkpoint: Path | None = None
         self.base_rate_rps = 1.0
+        self._http = httpx.Client(timeout=1.0)
+        """The engines' health probes share one client (a new one per probe reads the CA bundle each time)."""
 
     # ------------------------------------------------------------------ start
     def start(self, progress: Callable[[str], None]) -> None:
@@ -282,7 +284,7 @@ class LocalStack:
         for port in self.engine_ports:
             url = f"http://127.0.0.1:{port}"
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                if self._http.get(f"{url}/health").status_code == 200:
                     ready.append(url)
         for url in ready:
             if url not in self.state.engines:
@@ -345,6 +347,7 @@ class LocalStack:
 
     def stop(self) -> None:
         self.supervisor.stop_all()
+        self._http.close()
         if self.pager is not None:
             self.pager.stop()
 

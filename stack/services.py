@@ -6,6 +6,7 @@ stopped (SIGTERM, then SIGKILL after a bounded wait) when the stack ends.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,10 @@ from harness.monitoring import (
     scrape_config,
 )
 from harness.processes import log_tail, start_process, stop_process, wait_healthy
+
+MONITORING_NICE = 10
+"""Prometheus and Alertmanager run at a lower CPU priority: on one machine they share the CPUs the
+replicas are pinned to, where in a cluster they would run on nodes of their own."""
 
 
 @dataclass
@@ -51,9 +56,13 @@ class Supervisor:
         self.processes: list[ManagedProcess] = []
 
     def start(
-        self, name: str, argv: Sequence[str], cwd: Path | None = None, cpus: Sequence[int] | None = None
+        self, name: str, argv: Sequence[str], cwd: Path | None = None, cpus: Sequence[int] | None = None,
+        *, nice: int = 0,
     ) -> ManagedProcess:
+        """Start ``argv`` (pinned to ``cpus`` when given; at a lower CPU priority when ``nice`` > 0)."""
         log_path = self.log_dir / f"{name}.log"
+        if nice > 0 and (nice_exe := shutil.which("nice")) is not None:
+            argv = [nice_exe, "-n", str(nice), *argv]
         managed = ManagedProcess(name, start_process(argv, log_path=log_path, cwd=cwd, cpus=cpus), log_path)
         self.processes.append(managed)
         return managed
@@ -73,7 +82,8 @@ def start_prometheus(
         return None
     config = scrape_config(targets, interval_s=scrape_interval_s, rule_files=list(rule_files),
                            alertmanager_port=alertmanager_port)
-    proc = supervisor.start("prometheus", prometheus_command(exe, workdir, port=port, config=config))
+    proc = supervisor.start("prometheus", prometheus_command(exe, workdir, port=port, config=config),
+                            nice=MONITORING_NICE)
     proc.wait_ready(f"http://127.0.0.1:{port}/-/ready", timeout_s=60)
     return proc
 
@@ -85,6 +95,7 @@ def start_alertmanager(
     exe = find_binary(*ALERTMANAGER_BINARIES)
     if exe is None:
         return None
-    proc = supervisor.start("alertmanager", alertmanager_command(exe, workdir, port=port, config=config))
+    proc = supervisor.start("alertmanager", alertmanager_command(exe, workdir, port=port, config=config),
+                            nice=MONITORING_NICE)
     proc.wait_ready(f"http://127.0.0.1:{port}/-/ready", timeout_s=60)
     return proc
