@@ -232,6 +232,11 @@ class EngineCoreClient:
         return int(self._info["num_experts"])
 
     @property
+    def warmup_steps(self) -> int:
+        """Model steps the core ran to warm up before it said ready (0: no warm-up)."""
+        return int(self._info.get("warmup_steps", 0))
+
+    @property
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 

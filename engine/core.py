@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+WARMUP_LONGEST_PROMPT = 128
+"""The warm-up's longest prompt (tokens; at most one step's budget): its start-up stays a fraction of a second."""
+
+
 @dataclass(slots=True)
 class StepResult:
     """What one call of :meth:`EngineCore.step` produced."""
@@ -199,6 +203,35 @@ class EngineCore:
         if delta is None or (delta.steps == 0 and self._pending_swap is None):
             return None
         return delta
+
+    def warm_up(self, requests: int, *, output_tokens: int = 8) -> int:
+        """Run ``requests`` requests through the model and forget them; the steps it took.
+
+        Prompts of rising lengths, all at once, so prefill chunks up to a full step's budget and
+        growing decode batches pass through the model.  Nothing of them is left to see: no outputs, no
+        finished-request or routing statistics, no cached prefix blocks, no finish times.
+        """
+        longest = min(self.scheduler.config.max_num_batched_tokens, WARMUP_LONGEST_PROMPT,
+                      self.max_model_len - output_tokens)
+        vocab = self.executor.config.vocab_size
+        params = SamplingParams(max_tokens=output_tokens, temperature=0.0, ignore_eos=True)
+        prompts = [[(7 * i + j) % vocab for j in range(max(1, (i + 1) * longest // requests))]
+                   for i in range(requests)]
+        steps = 0
+        while prompts or self.scheduler.has_work():
+            # As the queue takes them: a small ``max_waiting`` would refuse them all at once.
+            while prompts and self.scheduler.can_admit():
+                self.add_request(f"warmup-{requests - len(prompts)}", prompts.pop(0), params)
+            self.step()
+            steps += 1
+        self.take_outputs()
+        self._pending_finished.clear()
+        self._pending_routing = None
+        self.executor.take_routing()
+        self.blocks.reset_prefix_cache()
+        self._finish_times_s.clear()
+        self._state_changed = False
+        return steps
 
     # ----------------------------------------------------------------- the step
 

@@ -3,7 +3,8 @@
 Started by :class:`engine.client.EngineCoreClient` as ``python -m
 engine.core_proc`` with its :class:`CoreOptions` as JSON on stdin.  It
 connects to the API process's two IPC sockets (requests in, outputs and
-statistics out; :mod:`engine.wire` has the messages), loads the model, says
+statistics out; :mod:`engine.wire` has the messages), loads the model, warms
+it up (a few requests nobody sees, as vLLM warms up before it serves), says
 READY and runs :class:`CoreLoop`: drain the input socket, run one step, send
 its outputs and stats, and while idle block on the socket with a heartbeat
 every second.  EP ranks (``--ep N``) are this process's children.
@@ -259,6 +260,12 @@ def serve(options: CoreOptions) -> int:
         try:
             executor = create_executor(options.executor)
             core = EngineCore(executor, options.engine)
+            warmup_steps = 0
+            if options.engine.warmup_requests:
+                began = time.monotonic()
+                warmup_steps = core.warm_up(options.engine.warmup_requests)
+                log.info("engine core: warmed up with %d requests in %d steps, %.2f s",
+                         options.engine.warmup_requests, warmup_steps, time.monotonic() - began)
         except Exception as exc:
             log.exception("engine core: the model did not load")
             outputs.send(wire.pack([wire.READY, {"error": wire.error_to_wire(exc)}]))
@@ -268,7 +275,7 @@ def serve(options: CoreOptions) -> int:
         gc.collect()
         gc.freeze()
         try:
-            outputs.send(wire.pack([wire.READY, _ready_info(core)]))
+            outputs.send(wire.pack([wire.READY, {**_ready_info(core), "warmup_steps": warmup_steps}]))
             CoreLoop(core, inputs, outputs, lambda: os.getppid() == options.parent_pid).run()
         finally:
             executor.shutdown()

@@ -25,10 +25,19 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     """Share the KV blocks of equal prompt prefixes between requests (vLLM's automatic prefix caching; on by
     default as in vLLM V1).  The KV budget stays the same: cached blocks are evicted when it needs them."""
+    warmup_requests: int = 8
+    """Requests the engine-core process runs through the model before it says ready (0: none), so the
+    first users' steps do not pay for first-call allocations and kernel selection.  Measured on the
+    demo's replica (EP 2, one CPU), twelve 64-token prompts one after another, three interleaved
+    rounds: median TTFT 24-32 ms and ITL 7.8-9.8 ms with it, 28-35 ms and 9.2-11.6 ms without (in
+    the third round no difference); the first request's TTFT (64-87 ms) is the API process's first
+    request either way."""
 
     def __post_init__(self) -> None:
         if self.request_deadline_s is not None and not self.request_deadline_s > 0:
             raise ValidationError(f"request_deadline_s must be > 0, got {self.request_deadline_s}")
+        if self.warmup_requests < 0:
+            raise ValidationError(f"warmup_requests must be >= 0, got {self.warmup_requests}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,6 +170,10 @@ class Scheduler:
                 retry_after_s=retry_after_s,
             )
 
+    def can_admit(self) -> bool:
+        """Whether the waiting queue has room for one more request."""
+        return self._num_new_waiting < self.config.max_waiting
+
     def add(self, seq: Sequence, retry_after_s: float = 1.0) -> None:
         self.check_admission(len(seq.prompt_token_ids), seq.params.max_tokens, retry_after_s)
         seq.status = SeqStatus.WAITING

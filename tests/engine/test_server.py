@@ -230,6 +230,20 @@ def test_placement_routes_apply_valid_and_refuse_invalid(served: Served) -> None
     assert value(metrics, "moe_placement_swaps_total") >= 1
 
 
+def test_a_fresh_server_warmed_up_and_shows_nothing_of_it(tiny_checkpoint: Path) -> None:
+    server, engine = serve(tiny_checkpoint)
+    try:
+        assert engine.warmup_steps > 0
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            samples = metric_samples(client.get("/metrics").text)
+            for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total"):
+                assert value(samples, name) == 0, name
+            load = client.get("/v1/expert-load").json()
+            assert load["steps_in_window"] == 0 and sum(map(sum, load["expert_tokens"])) == 0
+    finally:
+        server.stop()
+
+
 def test_expert_load_reports_window_counts_and_imbalance(served: Served) -> None:
     served.client.post("/v1/completions", json={"prompt": "load " * 10, "max_tokens": 4})
     load = served.client.get("/v1/expert-load").json()

@@ -1,0 +1,65 @@
+"""The engine core's warm-up: requests through the model that leave nothing behind."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts.errors import ValidationError
+from engine.core import WARMUP_LONGEST_PROMPT, EngineCore
+from engine.engine_types import EngineConfig
+from engine.sampling import SamplingParams
+from engine.scheduler import SchedulerConfig
+from tests.engine.fake_executor import FakeExecutor, reference_tokens
+
+
+def _core(budget: int = 16) -> tuple[EngineCore, FakeExecutor]:
+    executor = FakeExecutor(num_blocks=128)
+    return EngineCore(executor, EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=budget))), executor
+
+
+def test_warm_up_runs_full_prefill_chunks_and_growing_decode_batches() -> None:
+    core, executor = _core(budget=16)
+    steps = core.warm_up(4, output_tokens=3)
+    assert steps == executor.steps > 0
+    decode_batches = {sum(1 for c in plan.chunks if len(c.token_ids) == 1) for plan in executor.plans}
+    assert {1, 2, 3} <= decode_batches
+    prompt_sizes = [sum(len(c.token_ids) for c in plan.chunks) for plan in executor.plans]
+    assert max(prompt_sizes) == 16  # a full chunk went through
+
+
+def test_nothing_of_the_warm_up_is_left_to_see() -> None:
+    core, executor = _core()
+    core.warm_up(8)
+    assert not core.has_work() and not core.has_news()
+    assert core.blocks.num_used == 0
+    idle = core.step()
+    assert idle.outputs == [] and idle.stats is None
+    # The longest warm-up prompt again (the eighth: 16 tokens, four full blocks): no prefix-cache hit,
+    # its blocks were dropped; the right tokens out.
+    prompt = [(7 * 7 + j) % executor.config.vocab_size for j in range(16)]
+    core.add_request("user", prompt, SamplingParams(max_tokens=4, temperature=0.0))
+    tokens, hits = [], 0
+    while core.has_work():
+        result = core.step()
+        tokens += [o.token_id for o in result.outputs if o.token_id is not None]
+        hits += result.stats.prefix_cache_hits if result.stats is not None else 0
+    assert hits == 0
+    assert tokens == reference_tokens(prompt, 4)
+
+
+def test_the_warm_up_prompts_fit_the_model_and_the_budget() -> None:
+    core, _ = _core(budget=512)
+    core.warm_up(8, output_tokens=2)  # prompts up to WARMUP_LONGEST_PROMPT, under the fake's 256 positions
+    assert WARMUP_LONGEST_PROMPT < 256
+
+
+def test_a_negative_warm_up_is_refused() -> None:
+    with pytest.raises(ValidationError, match="warmup_requests"):
+        EngineConfig(warmup_requests=-1)
+
+
+def test_the_warm_up_waits_for_room_in_a_small_queue() -> None:
+    executor = FakeExecutor(num_blocks=128)
+    core = EngineCore(executor, EngineConfig(scheduler=SchedulerConfig(max_num_seqs=1, max_waiting=1)))
+    assert core.warm_up(8, output_tokens=2) > 0
+    assert not core.has_work()
