@@ -13,6 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from contracts.placement import Placement
 from engine.client import EngineCoreClient
 from engine.server import ServerThread
 from exporters.app import ServeOptions, build_stack
@@ -230,14 +231,17 @@ def test_placement_routes_apply_valid_and_refuse_invalid(served: Served) -> None
     assert value(metrics, "moe_placement_swaps_total") >= 1
 
 
-def test_a_fresh_server_warmed_up_and_shows_nothing_of_it(tiny_checkpoint: Path) -> None:
-    server, engine = serve(tiny_checkpoint)
+@pytest.mark.parametrize("ep", [1, 2])
+def test_a_fresh_server_warmed_up_and_shows_nothing_of_it(tiny_checkpoint: Path, ep: int) -> None:
+    server, engine = serve(tiny_checkpoint, ep=ep)
     try:
         assert engine.warmup_steps > 0
         with httpx.Client(base_url=server.url, timeout=30) as client:
             samples = metric_samples(client.get("/metrics").text)
-            for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total"):
+            for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total",
+                         "moe_placement_swaps_total"):
                 assert value(samples, name) == 0, name
+            assert client.get("/v1/placement").json()["phy2log"] == Placement.contiguous(2, 8, ep).phy2log.tolist()
             load = client.get("/v1/expert-load").json()
             assert load["steps_in_window"] == 0 and sum(map(sum, load["expert_tokens"])) == 0
     finally:

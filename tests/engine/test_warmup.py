@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from contracts.errors import ValidationError
+from contracts.placement import Placement
 from engine.core import WARMUP_LONGEST_PROMPT, EngineCore
 from engine.engine_types import EngineConfig
 from engine.sampling import SamplingParams
 from engine.scheduler import SchedulerConfig
+from engine.stats import PlacementSwapStats
 from tests.engine.fake_executor import FakeExecutor, reference_tokens
 
 
@@ -63,3 +65,34 @@ def test_the_warm_up_waits_for_room_in_a_small_queue() -> None:
     core = EngineCore(executor, EngineConfig(scheduler=SchedulerConfig(max_num_seqs=1, max_waiting=1)))
     assert core.warm_up(8, output_tokens=2) > 0
     assert not core.has_work()
+
+
+class TwoRanks(FakeExecutor):
+    """The fake with two EP ranks: it records the placements it is asked to apply."""
+
+    def __init__(self) -> None:
+        super().__init__(num_blocks=128)
+        self._placement = Placement.contiguous(2, 4, 2)
+        self.applied: list[Placement] = []
+
+    @property
+    def num_ranks(self) -> int:
+        return 2
+
+    def apply_placement(self, placement: Placement) -> PlacementSwapStats:
+        placement.validate(num_layers=2, num_experts=4, num_ranks=2)
+        self.applied.append(placement)
+        self._placement = placement
+        return PlacementSwapStats(duration_s=0.001, experts_moved=4, bytes_moved=100)
+
+
+def test_with_two_ranks_the_warm_up_swaps_every_expert_away_and_back() -> None:
+    executor = TwoRanks()
+    core = EngineCore(executor, EngineConfig())
+    original = executor.placement
+    core.warm_up(2)
+    away, back = executor.applied
+    for layer in range(2):
+        assert set(away.experts_on_rank(layer, 0).tolist()) == set(original.experts_on_rank(layer, 1).tolist())
+    assert back == original and core.placement == original
+    assert not core.has_news() and core.step().stats is None  # no swap statistics left to publish
