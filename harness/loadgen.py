@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from contracts.attainment import within_objectives
 from contracts.traces import CountTrace, LengthDistribution, RequestTrace
 
 
@@ -243,6 +244,9 @@ def summarize(records: Sequence[RequestRecord], *, wall_s: float) -> dict[str, A
         "itl_p50_s": percentile(itls, 50),
         "itl_p99_s": percentile(itls, 99),
         "e2e_p50_s": percentile([r.e2e_s for r in ok if r.e2e_s is not None], 50),
+        # Share of the requests within both objectives (TTFT, mean gap), as the replay and the demo score them.
+        "within_objectives": (sum(within_objectives(r.ttft_s, r.itls_s) for r in records) / len(records)
+                              if records else None),
     }
 
 

@@ -18,22 +18,29 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 from contracts.slo_defaults import TTFT_THRESHOLD_S
+from controller.capacity import ReplicaProfile
 from controller.profiling import fit_profile, prefix_probe_record, profile_point
 from harness.prefix_probe import prefix_probe
 from harness.sweep import sweep_rates
 from stack.load import demo_length_pairs, demo_lengths, sustainable_rate_rps
 from stack.state import StackState
 
-__all__ = ["PROFILE_RATES_RPS", "profile_replicas"]
+__all__ = ["HELD_SHARE", "PROFILE_RATES_RPS", "held_rate_rps", "profile_replicas"]
 
+HELD_SHARE = 0.99
+"""A level held when this share of its requests was within both objectives (the demo's own score)."""
+MIN_HELD_REQUESTS = 10
+"""Pooled requests a level needs to count towards the held rate."""
 PROFILE_RATES_RPS = (0.3, 1.0, 3.0, 8.0)
 """Load levels, lightest first; the sweep stops at the first past twice the TTFT objective (two at least)."""
 
 
 def _sweep_all(state: StackState, urls: list[str], prompt: float, output: float, vocab_size: int,
-               progress: Callable[[str], None]) -> list[dict[str, Any]]:  # fmt: skip
-    """The same sweep against every replica at once (a thread each): every level's summary, replica by replica."""
+               progress: Callable[[str], None]) -> list[list[dict[str, Any]]]:  # fmt: skip
+    """The same sweep against every replica at once (a thread each): each replica's level summaries."""
     options = state.options
     pairs = demo_length_pairs(options)  # the run's own lengths: long prompts' prefill chunks stretch decodes
 
@@ -47,7 +54,54 @@ def _sweep_all(state: StackState, urls: list[str], prompt: float, output: float,
         )
 
     with ThreadPoolExecutor(max_workers=len(urls)) as pool:
-        return [summary for summaries in pool.map(sweep, range(len(urls))) for summary in summaries]
+        return list(pool.map(sweep, range(len(urls))))
+
+
+def held_rate_rps(by_replica: list[list[dict[str, Any]]], share: float = HELD_SHARE) -> float | None:
+    """The request rate per replica up to which the levels kept ``share`` of their requests within
+    both objectives, the replicas' levels pooled: the last such level's rate, carried towards the
+    first level that did not (linear in the share).  Levels with fewer than
+    :data:`MIN_HELD_REQUESTS` pooled requests are passed over (one request decides nothing); None
+    when no level counts or the first that counts did not hold."""
+    held: float | None = None
+    for level in range(max(len(levels) for levels in by_replica)):
+        present = [levels[level] for levels in by_replica if len(levels) > level]
+        requests = sum(summary["requests"] for summary in present)
+        if requests < MIN_HELD_REQUESTS or any(summary.get("within_objectives") is None for summary in present):
+            continue
+        rate = float(np.mean([summary["requests_per_s"] or 0.0 for summary in present]))
+        within = sum(summary["within_objectives"] * summary["requests"] for summary in present) / requests
+        if within >= share:
+            held = rate
+            continue
+        if held is not None and rate > held:
+            held += (rate - held) * (1.0 - share) / max(1.0 - within, 1e-9)
+        break
+    return held
+
+
+def _load_capacity(state: StackState, by_replica: list[list[dict[str, Any]]], profile: ReplicaProfile, *,
+                   prompt: float, output: float, lightest: float) -> float:  # fmt: skip
+    """The rate per replica the load is sized from: what the replicas held when a level says so.
+
+    The capacity model's ITL line comes from a few medians; near the objective it swung the load
+    from 0.2 to 6.8 requests/s between runs.  Without a level that counts, the model decides.
+    """
+    modelled = sustainable_rate_rps(profile, prompt_tokens=prompt, output_tokens=output)
+    held = held_rate_rps(by_replica)
+    if held is not None:
+        state.event(f"the replicas held {HELD_SHARE:.0%} of their requests within both objectives up to "
+                    f"{held:.2f} requests/s each: the load is sized from that (the capacity model says "
+                    f"{modelled:.2f})")
+        return held
+    if modelled < lightest:
+        # The model says a replica holds the objectives only below the lightest rate measured (a slow or
+        # busy machine): run at that rate rather than at next to nothing, and say what to expect.
+        state.event(f"this machine's replica holds the objectives only below {lightest:.2f} requests/s "
+                    f"(ITL {profile.itl_base_s * 1000:.1f} ms at light load): the load runs at that rate, "
+                    f"and no fleet size here may hold them")
+        return lightest
+    return modelled
 
 
 def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str], None]) -> dict[str, Any]:
@@ -62,7 +116,8 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
     checkpoint = options.checkpoint or options.out / "checkpoint"
     _, prompt, output = demo_lengths(options)
     vocab_size = ModelConfig.load(checkpoint).vocab_size
-    summaries = _sweep_all(state, urls, prompt, output, vocab_size, progress)
+    by_replica = _sweep_all(state, urls, prompt, output, vocab_size, progress)
+    summaries = [summary for levels in by_replica for summary in levels]
     probe = prefix_probe_record(prefix_probe(urls[0], prompt_tokens=round(prompt), vocab_size=vocab_size,
                                              model=None, seed=options.seed))  # fmt: skip
     points = [profile_point(stats) for stats in summaries]
@@ -73,15 +128,8 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
                f"loaded at once (one pinned CPU each, EP {options.ep}), {round(prompt)}/{max(2, round(output))} "
                f"tokens",
     )
-    capacity = sustainable_rate_rps(profile, prompt_tokens=prompt, output_tokens=output)
-    lightest = min(p.request_rate_rps for p in points)
-    if capacity < lightest:
-        # The model says a replica holds the objectives only below the lightest rate measured (a slow or
-        # busy machine): run at that rate rather than at next to nothing, and say what to expect.
-        capacity = lightest
-        state.event(f"this machine's replica holds the objectives only below {lightest:.2f} requests/s "
-                    f"(ITL {profile.itl_base_s * 1000:.1f} ms at light load): the load runs at that rate, "
-                    f"and no fleet size here may hold them")
+    capacity = _load_capacity(state, by_replica, profile, prompt=prompt, output=output,
+                              lightest=min(p.request_rate_rps for p in points))
     base = options.base_load * capacity
     state.profile = {"profile": profile.model_dump(mode="json"), "replica_rate_rps": capacity,
                      "base_rate_rps": base}
