@@ -8,8 +8,8 @@ generator, and one replica measured alone on an idle machine sustained about twi
 does there.  Then the prefix probe on one replica (ten cold and ten cached-prefix prompts,
 one at a time, each stopping at its first token: 0.7-1.3 s at the demo's lengths).  The
 fitted :class:`ReplicaProfile` goes into the policy (the controller's capacity model sizes
-this machine's replicas from it), and the load is sized from what it says one replica
-sustains within the objectives.
+this machine's replicas from it).  The load is sized from the rate the replicas held within
+both objectives (:func:`held_rate_rps`), and from the capacity model only when no level says.
 """
 
 from __future__ import annotations
