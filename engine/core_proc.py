@@ -267,7 +267,7 @@ def serve(options: CoreOptions) -> int:
                 log.info("engine core: warmed up with %d requests in %d steps, %.2f s",
                          options.engine.warmup_requests, warmup_steps, time.monotonic() - began)
         except Exception as exc:
-            log.exception("engine core: the model did not load")
+            log.exception("engine core: the model did not load or warm up")
             outputs.send(wire.pack([wire.READY, {"error": wire.error_to_wire(exc)}]))
             return 1
         # What start-up allocated lives as long as the process: out of the collector's sight, a full

@@ -77,6 +77,8 @@ from controller.types import PolicyObservation, SliSnapshot
 Vector = list[tuple[dict[str, str], float]]
 WINDOW_LABEL = "moeslo_window"
 """The label a windowed query's terms carry, so one query answers for every window."""
+WINDOWED_KEYS = (":good", ":total")
+"""Query keys whose answer carries every window (split by :data:`WINDOW_LABEL` into ``<key>:<window>``)."""
 
 
 class PrometheusClient:
@@ -220,7 +222,7 @@ class PrometheusSource:
                 if not isinstance(answer, UnavailableError):
                     raise answer
                 errors.append(f"{key}: {answer}")
-            elif WINDOW_LABEL in queries[key]:
+            elif key.endswith(WINDOWED_KEYS):
                 results.update(_split_windows(key, answer))
             else:
                 results[key] = answer

@@ -49,10 +49,14 @@ def test_nothing_of_the_warm_up_is_left_to_see() -> None:
     assert tokens == reference_tokens(prompt, 4)
 
 
-def test_the_warm_up_prompts_fit_the_model_and_the_budget() -> None:
-    core, _ = _core(budget=512)
-    core.warm_up(8, output_tokens=2)  # prompts up to WARMUP_LONGEST_PROMPT, under the fake's 256 positions
-    assert WARMUP_LONGEST_PROMPT < 256
+def test_a_large_budget_caps_the_warm_up_prompts_at_the_longest() -> None:
+    core, executor = _core(budget=512)
+    assert core.warm_up(8, output_tokens=2) > 0  # under the fake's 256 positions, so nothing refused
+    # A sequence's first logits come at the end of its prompt: its length is where that chunk ends.
+    prompt_lengths = {chunk.seq_id: chunk.num_computed + len(chunk.token_ids)
+                      for plan in reversed(executor.plans) for chunk in plan.chunks if chunk.needs_logits}
+    assert sorted(prompt_lengths.values()) == [16 * (i + 1) for i in range(8)]
+    assert max(prompt_lengths.values()) == WARMUP_LONGEST_PROMPT
 
 
 def test_a_negative_warm_up_is_refused() -> None:
