@@ -59,8 +59,12 @@ class StubUpstream:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._closing = False
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closing:  # accepted just before the stop, handled just after: it must not outlive the loop
+            writer.transport.abort()
+            return
         self._writers.add(writer)
         try:
             while True:
@@ -146,6 +150,7 @@ class StubUpstream:
     # ------------------------------------------------------------------ running it
 
     async def start(self, port: int = 0) -> int:
+        self._closing = False
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
@@ -178,7 +183,9 @@ class StubUpstream:
         server = self._server
 
         async def close() -> None:
+            self._closing = True
             server.close()
+            await asyncio.sleep(0.05)  # connections accepted before the close run their handlers, which see _closing
             for writer in list(self._writers):
                 writer.transport.abort()
             await server.wait_closed()
