@@ -32,6 +32,7 @@ import httpx
 import numpy as np
 
 from contracts.attainment import within_objectives
+from contracts.slo_defaults import ITL_THRESHOLD_S
 from contracts.traces import CountTrace, LengthDistribution, RequestTrace
 
 
@@ -247,6 +248,9 @@ def summarize(records: Sequence[RequestRecord], *, wall_s: float) -> dict[str, A
         # Share of the requests within both objectives (TTFT, mean gap), as the replay and the demo score them.
         "within_objectives": (sum(within_objectives(r.ttft_s, r.itls_s) for r in records) / len(records)
                               if records else None),
+        # Share of the token gaps within the ITL objective: the controller's ITL SLI (from the histogram).
+        "token_gaps": len(itls),
+        "gaps_within_objective": sum(gap <= ITL_THRESHOLD_S for gap in itls) / len(itls) if itls else None,
     }
 
 

@@ -9,7 +9,8 @@ does there.  Then the prefix probe on one replica (ten cold and ten cached-prefi
 one at a time, each stopping at its first token: 0.7-1.3 s at the demo's lengths).  The
 fitted :class:`ReplicaProfile` goes into the policy (the controller's capacity model sizes
 this machine's replicas from it).  The load is sized from the rate the replicas held within
-both objectives (:func:`held_rate_rps`), and from the capacity model only when no level says.
+both objectives, per request and per token gap (:func:`held_rate_rps`), and from the capacity model
+only when no level says.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ HELD_SHARE = 0.99
 """A level held when this share of its requests was within both objectives (the demo's own score)."""
 MIN_HELD_REQUESTS = 10
 """Pooled requests a level needs to count towards the held rate."""
-PROFILE_RATES_RPS = (0.3, 1.0, 3.0, 8.0)
+PROFILE_RATES_RPS = (0.3, 1.0, 2.0, 3.0, 8.0)
 """Load levels, lightest first; the sweep stops at the first past twice the TTFT objective (two at least)."""
 
 
@@ -59,8 +60,10 @@ def _sweep_all(state: StackState, urls: list[str], prompt: float, output: float,
 
 def held_rate_rps(by_replica: list[list[dict[str, Any]]], share: float = HELD_SHARE) -> float | None:
     """The request rate per replica up to which the levels kept ``share`` of their requests within
-    both objectives, the replicas' levels pooled: the last such level's rate, carried towards the
-    first level that did not (linear in the share).  Levels with fewer than
+    both objectives *and* ``share`` of their token gaps within the ITL objective (the controller's
+    ITL SLI: a load the requests hold on average but whose gaps burn the error budget would have the
+    controller scale up at the start), the replicas' levels pooled: the last such level's rate,
+    carried towards the first level that did not (linear in the worse share).  Levels with fewer than
     :data:`MIN_HELD_REQUESTS` pooled requests are passed over (one request decides nothing); None
     when no level counts or the first that counts did not hold."""
     held: float | None = None
@@ -70,7 +73,8 @@ def held_rate_rps(by_replica: list[list[dict[str, Any]]], share: float = HELD_SH
         if requests < MIN_HELD_REQUESTS or any(summary.get("within_objectives") is None for summary in present):
             continue
         rate = float(np.mean([summary["requests_per_s"] or 0.0 for summary in present]))
-        within = sum(summary["within_objectives"] * summary["requests"] for summary in present) / requests
+        within = min(sum(summary["within_objectives"] * summary["requests"] for summary in present) / requests,
+                     _gaps_within(present))  # fmt: skip
         if within >= share:
             held = rate
             continue
@@ -78,6 +82,13 @@ def held_rate_rps(by_replica: list[list[dict[str, Any]]], share: float = HELD_SH
             held += (rate - held) * (1.0 - share) / max(1.0 - within, 1e-9)
         break
     return held
+
+
+def _gaps_within(levels: list[dict[str, Any]]) -> float:
+    """The pooled share of token gaps within the ITL objective (1.0 when no level counted its gaps)."""
+    counted = [s for s in levels if s.get("gaps_within_objective") is not None and s.get("token_gaps")]
+    gaps = sum(s["token_gaps"] for s in counted)
+    return sum(s["gaps_within_objective"] * s["token_gaps"] for s in counted) / gaps if gaps else 1.0
 
 
 def _load_capacity(state: StackState, by_replica: list[list[dict[str, Any]]], profile: ReplicaProfile, *,
@@ -90,9 +101,9 @@ def _load_capacity(state: StackState, by_replica: list[list[dict[str, Any]]], pr
     modelled = sustainable_rate_rps(profile, prompt_tokens=prompt, output_tokens=output)
     held = held_rate_rps(by_replica)
     if held is not None:
-        state.event(f"the replicas held {HELD_SHARE:.0%} of their requests within both objectives up to "
-                    f"{held:.2f} requests/s each: the load is sized from that (the capacity model says "
-                    f"{modelled:.2f})")
+        state.event(f"the replicas held {HELD_SHARE:.0%} of their requests within both objectives, and of "
+                    f"their token gaps within the ITL objective, up to {held:.2f} requests/s each: the load is "
+                    f"sized from that (the capacity model says {modelled:.2f})")
         return held
     if modelled < lightest:
         # The model says a replica holds the objectives only below the lightest rate measured (a slow or

@@ -34,3 +34,15 @@ def test_no_held_rate_when_the_first_level_that_counts_failed_or_none_counts() -
     assert held_rate_rps([failing, failing]) is None
     assert held_rate_rps([[_level(0.3, 2, 1.0)], [_level(0.3, 2, 1.0)]]) is None
     assert held_rate_rps([[_level(1.0, 20, None)]]) is None
+
+
+def test_a_level_whose_gaps_burn_the_itl_budget_is_not_held_though_its_requests_are() -> None:
+    # Every request within (mean gap), but 2 % of the gaps over 20 ms at 3 req/s: the controller's
+    # ITL SLI would burn there, so the held rate is carried from 1 req/s, not from 3.
+    def level(rate: float, gaps_within: float) -> dict[str, Any]:
+        return {**_level(rate, 15, 1.0), "token_gaps": 300, "gaps_within_objective": gaps_within}
+
+    replica = [level(1.0, 1.0), level(3.0, 0.98), level(8.0, 0.9)]
+    assert held_rate_rps([replica, replica]) == pytest.approx(1.0 + 2.0 * 0.01 / 0.02)
+    unmeasured = [_level(1.0, 15, 1.0), _level(3.0, 15, 1.0)]  # summaries without gap counts: requests decide
+    assert held_rate_rps([unmeasured]) == 3.0
