@@ -337,8 +337,11 @@ class LocalStack:
     async def _fault(self) -> None:
         opts, state = self.options, self.state
         await asyncio.sleep(opts.slowdown_at_s)
-        # 100 ms periods, as a CFS CPU quota throttles a container whose neighbours took its share.
-        throttle = CpuThrottle(self.engine_ports, period_s=0.1, stopped_s=0.085)
+        # A quarter of each 20 ms, as a CFS CPU quota throttles a container whose neighbours took its share.
+        # Periods shorter than a step stretch every step (a 100 ms period left a step in each run window
+        # unharmed), and a quarter still flows: the fault's slow tokens are enough of the run's to burn
+        # the ITL budget past the page threshold at the demo's light load (85 % of 100 ms peaked at 13.6 %).
+        throttle = CpuThrottle(self.engine_ports, period_s=0.02, stopped_s=0.015)
         start = state.elapsed()
         state.fault = (start, start + opts.slowdown_for_s)
         state.event(f"fault injected for {opts.slowdown_for_s:.0f} s: {throttle.describe()}")
