@@ -112,6 +112,8 @@ def _load_capacity(state: StackState, by_replica: list[list[dict[str, Any]]], pr
                     f"(ITL {profile.itl_base_s * 1000:.1f} ms at light load): the load runs at that rate, "
                     f"and no fleet size here may hold them")
         return lightest
+    state.event(f"no profile level held {HELD_SHARE:.0%} of its requests and token gaps within the objectives: the "
+                f"load is sized from the capacity model ({modelled:.2f} requests/s a replica)")
     return modelled
 
 
