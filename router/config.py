@@ -33,6 +33,10 @@ class RouterConfig:
     scrape_interval_s: float = 0.5
     """How often each live replica's /metrics (and each ejected replica's /health) is read."""
     scrape_timeout_s: float = 1.0
+    eject_after_silent: int = 10
+    """Consecutive /metrics scrapes that time out before a replica is ejected: a frozen process still
+    accepts connections but never answers (its requests would wait ``upstream_timeout_s``), while a
+    busy one answers late now and then."""
     readmit_after: int = 2
     """Consecutive passed health checks before an ejected replica takes requests again."""
     connect_timeout_s: float = 1.0
@@ -70,7 +74,8 @@ class RouterConfig:
                      "upstream_timeout_s", "load_factor", "mean_prompt_tokens", "membership_interval_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 problems.append(f"{name}: must be > 0")
-        for name in ("readmit_after", "affinity_blocks", "block_tokens", "prefix_max_blocks", "prefix_cache_tokens"):
+        for name in ("readmit_after", "eject_after_silent", "affinity_blocks", "block_tokens", "prefix_max_blocks",
+                     "prefix_cache_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: must be >= 1")
         if problems:

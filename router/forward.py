@@ -64,7 +64,8 @@ class Router:
                  clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
         self.config = config
         self.pool = ReplicaPool(config.replicas, prefill_tokens_per_s=config.prefill_tokens_per_s,
-                                mean_prompt_tokens=config.mean_prompt_tokens, readmit_after=config.readmit_after)
+                                mean_prompt_tokens=config.mean_prompt_tokens, readmit_after=config.readmit_after,
+                                eject_after_silent=config.eject_after_silent)
         self.metrics = RouterMetrics(registry or CollectorRegistry(), config.replicas)
         self.policy = policy_named(config.policy, config.cost, affinity_blocks=config.affinity_blocks,
                                    load_factor=config.load_factor)  # fmt: skip

@@ -6,7 +6,8 @@ bounded by ``scrape_timeout_s``):
 * a live replica's ``/metrics`` gives its queue, batch and KV usage; a
   refused or broken connection ejects it; a timeout (a busy replica), a 404
   (exporters off) or a body that does not parse keeps the last load (the
-  router's own counts still apply);
+  router's own counts still apply), but ``eject_after_silent`` timeouts in a
+  row eject it (a frozen process accepts connections and never answers);
 * an ejected replica's ``/health`` must answer 200 ``readmit_after`` times
   in a row before it takes requests again.
 """
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import aiohttp
 
 from contracts.errors import DataError
 from router.forward import UPSTREAM_FAILURES, Router
 from router.scrape import parse_load
+
+_log = logging.getLogger(__name__)
 
 
 class Repeating:
@@ -78,10 +82,16 @@ class Monitor(Repeating):
         try:
             status, body = await self._get(name + "/metrics")
         except TimeoutError:
-            return  # a busy replica renders /metrics late; its requests still flow (a dead one refuses)
+            # A busy replica renders /metrics late and its requests still flow; one silent for
+            # eject_after_silent scrapes in a row is frozen (a dead one refuses at once).
+            if pool.scrape_timed_out(name):
+                _log.warning("replica %s answered none of its last %d scrapes: ejected", name, pool.eject_after_silent)
+                self.router.eject(name)
+            return
         except UPSTREAM_FAILURES:
             self.router.eject(name)
             return
+        pool.scrape_answered(name)
         if status != 200:
             return
         with contextlib.suppress(DataError, UnicodeDecodeError):

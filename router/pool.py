@@ -29,6 +29,8 @@ class _Replica:
     healthy: bool = True
     passes: int = 0
     """Consecutive passed health checks while ejected."""
+    silent: int = 0
+    """Consecutive /metrics scrapes that timed out while live."""
     load: ScrapedLoad = field(default_factory=ScrapedLoad)
     outstanding: int = 0
     prefilling: int = 0
@@ -48,13 +50,14 @@ class Ticket:
 
 class ReplicaPool:
     def __init__(self, names: tuple[str, ...], *, prefill_tokens_per_s: float, mean_prompt_tokens: float,
-                 readmit_after: int = 2) -> None:  # fmt: skip
+                 readmit_after: int = 2, eject_after_silent: int = 10) -> None:  # fmt: skip
         self._replicas = {name: _Replica(name, prefill_tokens_per_s) for name in names}
         self.configured_rate = prefill_tokens_per_s
         self.rate = prefill_tokens_per_s
         """The calibrated prefill rate every replica is predicted with."""
         self.mean_prompt_tokens = mean_prompt_tokens
         self.readmit_after = readmit_after
+        self.eject_after_silent = eject_after_silent
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -146,12 +149,24 @@ class ReplicaPool:
         if (r := self._replicas.get(name)) is not None:
             r.load = load
 
+    def scrape_answered(self, name: str) -> None:
+        if (r := self._replicas.get(name)) is not None:
+            r.silent = 0
+
+    def scrape_timed_out(self, name: str) -> bool:
+        """Count a live replica's silent scrape; True when it has been silent ``eject_after_silent`` times running."""
+        r = self._replicas.get(name)
+        if r is None or not r.healthy:
+            return False
+        r.silent += 1
+        return r.silent >= self.eject_after_silent
+
     def eject(self, name: str) -> bool:
         """Take a replica out of routing until it passes its health checks; True when it was live."""
         r = self._replicas.get(name)
         if r is None:
             return False
-        r.passes = 0
+        r.passes = r.silent = 0
         r.load = ScrapedLoad()
         if not r.healthy:
             return False

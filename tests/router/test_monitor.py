@@ -52,3 +52,25 @@ def test_a_refused_scrape_ejects_and_passing_health_checks_readmit() -> None:
         assert router.pool.is_healthy(url)
         assert router.metrics.registry.get_sample_value("moeslo_router_replica_healthy", {"replica": url}) == 1
         assert router.metrics.registry.get_sample_value("moeslo_router_ejections_total", {"replica": url}) == 1
+
+
+def test_a_replica_silent_for_several_scrapes_in_a_row_is_ejected_and_readmitted_when_it_answers() -> None:
+    with stubs(1, metrics_text=WAITING_TEXT.format(waiting=1)) as (stub,):
+        url = url_of(stub)
+        router = Router(RouterConfig(replicas=(url,), scrape_timeout_s=0.1, eject_after_silent=3, readmit_after=1))
+        ticks(router, 1)
+        assert router.pool.snapshot()[0].waiting == 1
+        stub.metrics_delay_s = 0.3
+        ticks(router, 2)
+        assert router.pool.is_healthy(url)  # late twice: busy, not frozen
+        ticks(router, 1)
+        assert not router.pool.is_healthy(url)  # the third silent scrape in a row
+        assert router.pool.snapshot()[0].waiting == 0  # its last load goes with it
+        ticks(router, 1)  # /health answers (only /metrics is slow): readmitted
+        assert router.pool.is_healthy(url)
+        ticks(router, 2)
+        stub.metrics_delay_s = 0.0
+        ticks(router, 1)  # an answer: the count starts again
+        stub.metrics_delay_s = 0.3
+        ticks(router, 2)
+        assert router.pool.is_healthy(url)
