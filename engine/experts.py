@@ -163,10 +163,6 @@ class ExpertShard:
 
 GROUPED_MM_MAX_ROWS = 1024
 """Up to this many assignments, one grouped GEMM kernel; above (prefill), a GEMM per slot with tokens."""
-GROUPED_MM_MIN_ROWS = 5
-"""Below this many assignments (a rank's share of a small decode batch), a GEMM per slot too: the
-grouped kernel's fixed cost is larger there (2 rows: 81 against 52 µs over 16 slots; 4 rows: 132
-against 123 µs; 8 rows: 235 against 316 µs, this model's expert shapes, one thread)."""
 
 
 def grouped_swiglu(xs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -174,10 +170,9 @@ def grouped_swiglu(xs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, counts
 
     ``w13`` is (slots, hidden, 2*inter), ``w2`` (slots, inter, hidden).  Decode-sized batches use
     ``torch._grouped_mm`` (one kernel for every slot, no host sync); prefill-sized ones loop over
-    the slots that have rows, where a GEMM per slot is big enough to amortize the loop, and so do
-    the few rows of a tiny batch, where the grouped kernel's fixed cost is the larger.
+    the slots that have rows, where a GEMM per slot is big enough to amortize the loop.
     """
-    if GROUPED_MM_MIN_ROWS <= xs.shape[0] <= GROUPED_MM_MAX_ROWS:
+    if xs.shape[0] <= GROUPED_MM_MAX_ROWS:
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
         gate, up = torch._grouped_mm(xs, w13, offs=offsets).chunk(2, dim=-1)
         return torch._grouped_mm(F.silu(gate) * up, w2, offs=offsets)
