@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
 
-__all__ = ["every_gap_within", "mean_itl_s", "within_objectives"]
+__all__ = ["every_gap_within", "gaps_within_share", "mean_itl_s", "within_objectives"]
 
 
 def mean_itl_s(itls_s: Sequence[float]) -> float | None:
@@ -46,3 +46,8 @@ def every_gap_within(
 ) -> bool:
     """The strict reading: TTFT within, and no single gap over the ITL threshold."""
     return ttft_s is not None and ttft_s <= ttft_threshold_s and all(x <= itl_threshold_s for x in itls_s)
+
+
+def gaps_within_share(itls_s: Sequence[float], *, itl_threshold_s: float = ITL_THRESHOLD_S) -> float | None:
+    """The share of token gaps at or under the ITL threshold: the controller's ITL SLI (None: no gaps)."""
+    return sum(x <= itl_threshold_s for x in itls_s) / len(itls_s) if itls_s else None

@@ -31,8 +31,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from contracts.attainment import within_objectives
-from contracts.slo_defaults import ITL_THRESHOLD_S
+from contracts.attainment import gaps_within_share, within_objectives
 from contracts.traces import CountTrace, LengthDistribution, RequestTrace
 
 
@@ -250,7 +249,7 @@ def summarize(records: Sequence[RequestRecord], *, wall_s: float) -> dict[str, A
                               if records else None),
         # Share of the token gaps within the ITL objective: the controller's ITL SLI (from the histogram).
         "token_gaps": len(itls),
-        "gaps_within_objective": sum(gap <= ITL_THRESHOLD_S for gap in itls) / len(itls) if itls else None,
+        "gaps_within_objective": gaps_within_share(itls),
     }
 
 

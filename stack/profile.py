@@ -32,7 +32,8 @@ from stack.state import StackState
 __all__ = ["HELD_SHARE", "PROFILE_RATES_RPS", "held_rate_rps", "profile_replicas"]
 
 HELD_SHARE = 0.99
-"""A level held when this share of its requests was within both objectives (the demo's own score)."""
+"""A level held when this share of its requests was within both objectives (the demo's own score) and
+this share of its token gaps within the ITL objective (the controller's SLI)."""
 MIN_HELD_REQUESTS = 10
 """Pooled requests a level needs to count towards the held rate."""
 PROFILE_RATES_RPS = (0.3, 1.0, 2.0, 3.0, 8.0)

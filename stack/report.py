@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from contracts.attainment import every_gap_within, within_objectives
-from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
+from contracts.attainment import every_gap_within, gaps_within_share, within_objectives
+from contracts.slo_defaults import TTFT_THRESHOLD_S
 from harness.loadgen import RequestRecord
 from stack.state import StackState
 
@@ -70,13 +70,13 @@ def summarize(state: StackState) -> dict[str, Any]:
         "ttft_p50_s": _pct(ttfts, 50), "ttft_p99_s": _pct(ttfts, 99),
         "itl_p50_s": _pct(itls, 50), "itl_p99_s": _pct(itls, 99),
         "ttft_good_ratio": _share(sum(t <= TTFT_THRESHOLD_S for t in ttfts), len(ttfts)),
-        "itl_good_ratio": _share(sum(x <= ITL_THRESHOLD_S for x in itls), len(itls)),
+        "itl_good_ratio": gaps_within_share(itls),
         "requests_within_both_slos": _share(sum(every_gap_within(r.ttft_s, r.itls_s) for r in ok), len(ok)),
         "requests_within_both_slos_outside_fault": _share(
             sum(within_objectives(r.ttft_s, r.itls_s) for r in clear), len(clear)),
         "requests_within_both_slos_outside_fault_every_gap": _share(
             sum(every_gap_within(r.ttft_s, r.itls_s) for r in clear), len(clear)),
-        "itl_good_ratio_outside_fault": _share(sum(x <= ITL_THRESHOLD_S for x in clear_itls), len(clear_itls)),
+        "itl_good_ratio_outside_fault": gaps_within_share(clear_itls),
         "requests_outside_fault": len(clear),
         "fault_window_s": None if state.fault is None else [round(t - state.load_started_s, 1) for t in state.fault],
         "imbalance_cv_max_first": max(cv_series[0]) if cv_series else None,
