@@ -14,6 +14,12 @@ from cli.common import cli_errors, console
 def serve(
     checkpoint: Annotated[Path, typer.Option(help="Checkpoint directory (config.json + model.safetensors).")],
     ep: Annotated[int, typer.Option(help="Expert-parallel ranks (processes).")] = 1,
+    colocate_ranks: Annotated[
+        bool,
+        typer.Option("--colocate-ranks", help="Keep the EP ranks' expert slots in one process (placement, per-rank "
+                                               "loads and rebalancing as with --ep ranks): for ranks that would "
+                                               "share one CPU."),
+    ] = False,
     slots_per_rank: Annotated[
         int | None,
         typer.Option(min=1, help="Expert slots per rank (default: every expert once; more: room for replicas)."),
@@ -62,7 +68,8 @@ def serve(
         from exporters.app import ServeOptions, build_stack
 
         options = ServeOptions(
-            checkpoint=checkpoint, ep=ep, slots_per_rank=slots_per_rank, kv_cache_mb=kv_cache_mb,
+            checkpoint=checkpoint, ep=ep, colocate_ranks=colocate_ranks, slots_per_rank=slots_per_rank,
+            kv_cache_mb=kv_cache_mb,
             block_size=block_size, dtype=dtype, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
             model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,

@@ -131,7 +131,8 @@ class EngineCoreClient:
         if executor.threads_per_rank is None:
             # Every CPU of the replica's set (the API process's work is small and the engine's OpenMP workers
             # sleep while it runs): one thread fewer measured a 2-4x slower prefill on 2 CPUs.
-            executor = dataclasses.replace(executor, threads_per_rank=default_threads(executor.ep))
+            executor = dataclasses.replace(executor, threads_per_rank=default_threads(
+                1 if executor.colocate_ranks else executor.ep))
         options = CoreOptions(
             executor=executor, engine=self.config, input_address=in_addr, output_address=out_addr,
             parent_pid=os.getpid(), die_with_parent=threading.current_thread() is threading.main_thread(),

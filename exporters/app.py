@@ -30,6 +30,8 @@ class ServeOptions:
 
     checkpoint: Path
     ep: int = 1
+    colocate_ranks: bool = False
+    """All ranks' expert slots in the engine-core process (see ``ExecutorOptions.colocate_ranks``)."""
     slots_per_rank: int | None = None
     """Expert slots per rank; None: just enough for every expert once (more: room for replicas)."""
     kv_cache_mb: float = 64.0
@@ -70,7 +72,8 @@ class ServingStack:
 def build_stack(options: ServeOptions) -> ServingStack:
     """Start the engine-core process (model loaded) and build the app around its client."""
     executor = ExecutorOptions(
-        checkpoint=Path(options.checkpoint), ep=options.ep, slots_per_rank=options.slots_per_rank,
+        checkpoint=Path(options.checkpoint), ep=options.ep, colocate_ranks=options.colocate_ranks,
+        slots_per_rank=options.slots_per_rank,
         kv_cache_mb=options.kv_cache_mb, block_size=options.block_size, dtype=options.dtype,
         routing_stats=options.routing_stats, threads_per_rank=options.threads,
     )

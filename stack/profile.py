@@ -139,7 +139,7 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
         points, prompt_tokens=round(prompt), kv_capacity_tokens=100_000, max_num_seqs=64,
         prefill_chunk_tokens=options.max_num_batched_tokens, name="moeslo-up-replica", prefix_probe=probe,
         source=f"moeslo up: {len(points)} load levels of {options.profile_s:g} s over {len(urls)} replica(s) "
-               f"loaded at once (one pinned CPU each, EP {options.ep}), {round(prompt)}/{max(2, round(output))} "
+               f"loaded at once (one pinned CPU each, {options.ep_label}), {round(prompt)}/{max(2, round(output))} "
                f"tokens",
     )
     capacity = _load_capacity(state, by_replica, profile, prompt=prompt, output=output,

@@ -63,6 +63,14 @@ def _checkpoint(options: StackOptions) -> Path:
     return init_random_checkpoint(options.out / "checkpoint", ModelConfig(), seed=options.seed, router_skew=1.0)
 
 
+def _engine_flags(opts: StackOptions) -> list[str]:
+    """What every replica is started with, beyond its address and names (the profiled ones alike)."""
+    flags = ["--ep", str(opts.ep), "--max-num-batched-tokens", str(opts.max_num_batched_tokens)]
+    if opts.colocate_ranks:
+        flags.append("--colocate-ranks")
+    return flags
+
+
 def policy_document(
     checkpoint: Path, options: StackOptions, profile: dict[str, Any] | None = None, *, mode: str = "enforce",
     max_replicas: int | None = None, router_url: str | None = None,
@@ -131,7 +139,7 @@ class LocalStack:
         state.event(f"policy {POLICY_NAME} applied: TTFT<={TTFT_THRESHOLD_S * 1000:g}ms, "
                     f"ITL<={ITL_THRESHOLD_S * 1000:g}ms ({LATENCY_TARGET:.0%}), CV<={MAX_IMBALANCE_CV:g}; "
                     f"{opts.cpus_per_replica} pinned CPU per replica, capacity model from the profile")
-        progress(f"waiting for the controller's first engine replica (EP {opts.ep})")
+        progress(f"waiting for the controller's first engine replica ({opts.ep_label})")
         deadline = time.monotonic() + 180
         while not self._probe_engines():
             if not controller.alive():
@@ -192,9 +200,8 @@ class LocalStack:
                 port = free_port()
                 cpus = available[i * opts.cpus_per_replica: (i + 1) * opts.cpus_per_replica] or available[:1]
                 argv = [*moeslo_command(), "serve", "--checkpoint", str(checkpoint), "--port", str(port),
-                        "--ep", str(opts.ep), "--model-name", MODEL_NAME, "--engine-id", f"profile-{i}",
-                        "--max-num-batched-tokens", str(opts.max_num_batched_tokens)]
-                progress(f"starting a replica to profile (EP {opts.ep}, CPUs {cpus})")
+                        "--model-name", MODEL_NAME, "--engine-id", f"profile-{i}", *_engine_flags(opts)]
+                progress(f"starting a replica to profile ({opts.ep_label}, CPUs {cpus})")
                 replicas.append(self.supervisor.start(f"profile-replica-{i}", argv, cwd=ROOT, cpus=cpus))
                 urls.append(f"http://127.0.0.1:{port}")
             for replica, url in zip(replicas, urls, strict=True):
@@ -220,8 +227,7 @@ class LocalStack:
             "allowed_endpoint_addresses": ["loopback"],
             "local": {
                 "command": [*moeslo_command(), "serve", "--checkpoint", "{checkpoint}", "--port", "{port}",
-                            "--ep", str(opts.ep), "--model-name", "{model}", "--engine-id", "{port}",
-                            "--max-num-batched-tokens", str(opts.max_num_batched_tokens)],
+                            "--model-name", "{model}", "--engine-id", "{port}", *_engine_flags(opts)],
                 "checkpoint": str(checkpoint), "first_port": first_port,
                 "log_dir": str((opts.out / "logs").resolve()), "cpus_per_replica": opts.cpus_per_replica,
             },

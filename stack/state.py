@@ -55,6 +55,17 @@ class StackOptions:
     sample_interval_s: float = 2.0
     seed: int = 0
 
+    @property
+    def colocate_ranks(self) -> bool:
+        """Fewer CPUs than ranks: the ranks' slots stay in the engine-core process (``--colocate-ranks``);
+        rank processes sharing a CPU only take turns, with hand-offs between them."""
+        return self.cpus_per_replica < self.ep
+
+    @property
+    def ep_label(self) -> str:
+        """How a replica's expert parallelism reads in progress lines."""
+        return f"EP {self.ep}" + (", ranks in one process" if self.colocate_ranks else "")
+
 
 @dataclass
 class Sample:

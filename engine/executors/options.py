@@ -26,7 +26,11 @@ class ExecutorOptions:
 
     checkpoint: Path
     ep: int = 1
-    """Expert-parallel ranks (processes)."""
+    """Expert-parallel ranks (processes, unless ``colocate_ranks``)."""
+    colocate_ranks: bool = False
+    """Hold every rank's expert slots in this one process: placements, per-rank loads and rebalancing
+    behave as with ``ep`` rank processes, and the experts run as one grouped kernel over all slots.
+    For ranks that would share one CPU, where rank processes add only hand-offs, never parallelism."""
     kv_cache_mb: float = 64.0
     """KV cache budget per rank, fixed at start (MiB)."""
     block_size: int = 16

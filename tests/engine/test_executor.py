@@ -56,11 +56,13 @@ def _random_placement(layers: int, ranks: int, slots_per_rank: int, seed: int) -
     return Placement(np.stack(rows).astype(np.int64), ranks)
 
 
-@pytest.fixture
-def ep2(skewed_checkpoint: Path) -> Iterator[Executor]:
-    executor = create_executor(
-        ExecutorOptions(checkpoint=skewed_checkpoint, kv_cache_mb=2, ep=2, slots_per_rank=5)
-    )
+@pytest.fixture(params=["rank-processes", "colocated-ranks"])
+def ep2(skewed_checkpoint: Path, request: pytest.FixtureRequest) -> Iterator[Executor]:
+    """Two EP ranks: as processes, or kept in this process (``colocate_ranks``): every test holds for both."""
+    executor = create_executor(ExecutorOptions(
+        checkpoint=skewed_checkpoint, kv_cache_mb=2, ep=2, slots_per_rank=5,
+        colocate_ranks=request.param == "colocated-ranks",
+    ))
     yield executor
     executor.shutdown()
 
@@ -118,6 +120,30 @@ def test_ep2_routing_counts(ep2: Executor, prompts: list[list[int]]) -> None:
     assert delta.expert_tokens.sum(axis=1).tolist() == [tokens * CONFIG.num_experts_per_tok] * 2
     assert delta.rank_tokens.shape == (2, 2)
     assert delta.rank_tokens.sum(axis=1).tolist() == [tokens * CONFIG.num_experts_per_tok] * 2
+
+
+@pytest.mark.slow
+def test_colocated_ranks_count_per_rank_as_rank_processes_do(
+    skewed_checkpoint: Path, prompts: list[list[int]]
+) -> None:
+    placement = _random_placement(2, 2, 5, 9)
+    deltas = []
+    for colocate in (False, True):
+        executor = create_executor(ExecutorOptions(
+            checkpoint=skewed_checkpoint, kv_cache_mb=2, ep=2, slots_per_rank=5, placement=placement,
+            colocate_ranks=colocate,
+        ))
+        try:
+            run_sequences(executor, prompts, decode_steps=3)
+            deltas.append(executor.take_routing())
+        finally:
+            executor.shutdown()
+    processes, colocated = deltas
+    assert processes is not None and colocated is not None
+    np.testing.assert_array_equal(colocated.rank_tokens, processes.rank_tokens)
+    np.testing.assert_array_equal(colocated.expert_tokens, processes.expert_tokens)
+    # The placement is skewed on purpose: the ranks' loads differ, so the equality is not 50/50 by chance.
+    assert (colocated.rank_tokens[:, 0] != colocated.rank_tokens[:, 1]).any()
 
 
 def test_routed_counts_sum_to_tokens_times_top_k(skewed_checkpoint: Path, prompts: list[list[int]]) -> None:

@@ -315,8 +315,9 @@ def test_load_generator_replays_a_trace_slice_and_records_client_timings(served:
 
 
 @pytest.mark.slow
-def test_expert_parallel_server_reports_ranks_and_moves_experts(tiny_checkpoint: Path) -> None:
-    server, engine = serve(tiny_checkpoint, ep=2)
+@pytest.mark.parametrize("colocate_ranks", [False, True], ids=["rank-processes", "colocated-ranks"])
+def test_expert_parallel_server_reports_ranks_and_moves_experts(tiny_checkpoint: Path, colocate_ranks: bool) -> None:
+    server, engine = serve(tiny_checkpoint, ep=2, colocate_ranks=colocate_ranks)
     try:
         with httpx.Client(base_url=server.url, timeout=60) as client:
             payload = {"prompt": "two ranks", "max_tokens": 6, "temperature": 0}
