@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from stack.profile import held_rate_rps
+from stack.profile import held_rate_rps, lightest_failed_rps
 
 
 def _level(rate: float, requests: int, within: float | None) -> dict[str, Any]:
@@ -23,10 +23,28 @@ def test_the_held_rate_runs_from_the_last_level_held_towards_the_first_that_fail
 
 
 def test_replicas_are_pooled_before_the_share_is_taken() -> None:
-    # 79 of 80 at 8 req/s: 98.75 % pooled, so the rate stops short of 8.
-    one, other = _replica(1.0), _replica(39 / 40)
+    # 76 of 80 at 8 req/s pooled: four misses where 0.8 are expected, so the rate stops short of 8.
+    one, other = _replica(1.0), _replica(36 / 40)
     assert 3.0 < held_rate_rps([one, other]) < 8.0  # type: ignore[operator]
     assert held_rate_rps([_replica(1.0), _replica(1.0)]) == 8.0  # every level held: the heaviest measured
+
+
+def test_a_miss_that_chance_explains_does_not_fail_a_level() -> None:
+    # One miss in 80 requests (0.8 expected at 99 %) is 98.75 %, yet says nothing against 99 %.
+    assert held_rate_rps([_replica(1.0), _replica(39 / 40)]) == 8.0
+    # Gaps alike: 5 of 300 over (3 expected) holds, 12 of 300 does not.
+    def level(rate: float, over: int) -> dict[str, Any]:
+        return {**_level(rate, 15, 1.0), "token_gaps": 300, "gaps_within_objective": 1 - over / 300}
+
+    assert held_rate_rps([[level(1.0, 0), level(3.0, 5)]]) == 3.0
+    assert held_rate_rps([[level(1.0, 0), level(3.0, 12)]]) == pytest.approx(1.0 + 2.0 * 0.01 / 0.04)
+
+
+def test_the_lightest_level_that_missed_caps_what_the_load_is_sized_from() -> None:
+    missed = [_level(0.3, 1, 1.0), _level(1.0, 20, 0.8), _level(3.0, 15, 1.0)]
+    assert held_rate_rps([missed]) is None
+    assert lightest_failed_rps([missed]) == 1.0
+    assert lightest_failed_rps([_replica(1.0)]) is None  # every level that counted held
 
 
 def test_no_held_rate_when_the_first_level_that_counts_failed_or_none_counts() -> None:
