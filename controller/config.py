@@ -118,6 +118,10 @@ class ControllerSettings(BaseSettings):
     rate_window_s: Annotated[int, Field(ge=2, le=3600)] = round(RATE_WINDOW_S)
     """Whole seconds the request and token rates are averaged over (``rate(...[1m])`` in PromQL).
     Longer is smoother; shorter follows a ramp sooner. Keep it at least four scrape intervals."""
+    sli_window_s: Annotated[int, Field(ge=10, le=86400)] = 300
+    """Whole seconds of the SLIs the reactive advisor reads (good ratios, p99s): 5 minutes, the short
+    window of the SRE workbook's multiwindow burn rates.  Shorter reacts to a burn sooner and forgets
+    it sooner (``moeslo up`` compresses its day, and its windows with it)."""
     actuator: Literal["dryrun", "local", "kubernetes"] = "dryrun"
     local: LocalActuatorConfig = LocalActuatorConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()

@@ -441,11 +441,13 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
     if settings.prometheus_url is not None:
         client = PrometheusClient(settings.prometheus_url, timeout_s=settings.source_timeout_s)
         source = PrometheusSource(
-            client, selector=settings.prometheus_selector, rate_window_s=settings.rate_window_s
+            client, selector=settings.prometheus_selector, rate_window_s=settings.rate_window_s,
+            sli_window_s=settings.sli_window_s,
         )
     else:
         source = ScrapeSource(
-            endpoints_for, timeout_s=settings.source_timeout_s, rate_window_s=settings.rate_window_s
+            endpoints_for, timeout_s=settings.source_timeout_s, rate_window_s=settings.rate_window_s,
+            sli_window_s=settings.sli_window_s,
         )
     elector: LeaderElector
     if settings.leader_election.enabled:

@@ -223,6 +223,9 @@ class LocalStack:
             # Rates over 10 s (five 2 s scrapes), not a minute: over a minute the compressed ramp is seen
             # half a minute late, and the first minute's rates read low (the counters start with the run).
             "rate_window_s": 10,
+            # SLIs over 30 s, not 5 minutes (a 2-minute run would carry its first requests to the end):
+            # the compressed day's five minutes are half an hour of trace.
+            "sli_window_s": 30,
             # The local stack's engines listen on 127.0.0.1: policies may name them.
             "allowed_endpoint_addresses": ["loopback"],
             "local": {

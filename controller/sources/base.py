@@ -36,7 +36,8 @@ PREFIX_QUERIES_TOTAL = total(PREFIX_CACHE_QUERIES)
 PREFIX_HITS_TOTAL = total(PREFIX_CACHE_HITS)
 
 SHORT_WINDOW = "5m"
-"""The window of ``SliSnapshot.ttft_good_ratio`` and the p99s."""
+"""The window of ``SliSnapshot.ttft_good_ratio`` and the p99s unless the controller sets ``sli_window_s``
+(the short window of the SRE workbook's multiwindow burn rates)."""
 BURN_WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 """Burn-rate windows: the short and long windows of the SRE workbook's multiwindow alerts."""
 QUANTILE = 0.99
@@ -75,9 +76,9 @@ def sli_series(policies: Sequence[Policy]) -> dict[str, tuple[str, str]]:
     return series
 
 
-def windows_for(policies: Sequence[Policy]) -> tuple[str, ...]:
-    """The burn-rate windows plus every policy's compliance window."""
-    return tuple(dict.fromkeys((*BURN_WINDOWS, *sorted({p.window for p in policies}))))
+def windows_for(policies: Sequence[Policy], sli_window: str = SHORT_WINDOW) -> tuple[str, ...]:
+    """The SLI window, the burn-rate windows and every policy's compliance window."""
+    return tuple(dict.fromkeys((sli_window, *BURN_WINDOWS, *sorted({p.window for p in policies}))))
 
 
 def same_edge(le: float, threshold_s: float) -> bool:

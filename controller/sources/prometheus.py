@@ -52,7 +52,7 @@ from contracts.catalogue import (
     WAITING,
 )
 from contracts.errors import UnavailableError
-from controller.policy import Policy
+from controller.policy import Policy, parse_duration_s
 from controller.slo import format_duration
 from controller.sources.base import (
     GENERATION_TOKENS_TOTAL,
@@ -151,11 +151,14 @@ class PrometheusSource:
         *,
         selector: str = "",
         rate_window_s: float = RATE_WINDOW_S,
+        sli_window_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
         self.rate_window = format_duration(rate_window_s)
         """The PromQL range of the request and token rates (whole seconds)."""
+        self.sli_window = SHORT_WINDOW if sli_window_s is None else format_duration(sli_window_s)
+        """The PromQL range of the SLI snapshot's good ratios, p99s, prompt lengths and prefix hits."""
         self.wall_clock = wall_clock
         self.selector = selector.strip().strip(",")
         self._last_good: dict[str, PolicyObservation] = {}
@@ -173,7 +176,7 @@ class PrometheusSource:
         queries: dict[str, str] = {}
         for slo, (metric, extra) in sli_series(policies).items():
             bucket_sel = count_sel = self._sel(models, extra)
-            windows = windows_for(policies)
+            windows = windows_for(policies, self.sli_window)
             queries[f"{slo}:good"] = _by_window(
                 windows, f"sum by (model_name, le) (increase({metric}_bucket{bucket_sel}[", "]))"
             )
@@ -182,15 +185,15 @@ class PrometheusSource:
             )
             queries[f"{slo}:p99"] = (
                 f"histogram_quantile({QUANTILE}, sum by (model_name, le) "
-                f"(rate({metric}_bucket{count_sel}[{SHORT_WINDOW}])))"
+                f"(rate({metric}_bucket{count_sel}[{self.sli_window}])))"
             )
         sel = self._sel(models)
         queries["prompt_lengths"] = (
-            f"sum by (model_name, le) (increase({REQUEST_PROMPT_TOKENS_HISTOGRAM}_bucket{sel}[{SHORT_WINDOW}]))"
+            f"sum by (model_name, le) (increase({REQUEST_PROMPT_TOKENS_HISTOGRAM}_bucket{sel}[{self.sli_window}]))"
         )
         queries["prefix_hit_rate"] = (
-            f"sum by (model_name) (increase({PREFIX_HITS_TOTAL}{sel}[{SHORT_WINDOW}])) "
-            f"/ sum by (model_name) (increase({PREFIX_QUERIES_TOTAL}{sel}[{SHORT_WINDOW}]))"
+            f"sum by (model_name) (increase({PREFIX_HITS_TOTAL}{sel}[{self.sli_window}])) "
+            f"/ sum by (model_name) (increase({PREFIX_QUERIES_TOTAL}{sel}[{self.sli_window}]))"
         )
         queries["waiting"] = f"sum by (model_name) ({WAITING}{sel})"
         queries["running"] = f"sum by (model_name) ({RUNNING}{sel})"
@@ -264,7 +267,7 @@ class PrometheusSource:
                     problems.append(f"{series}: no finite bucket edge above {threshold} s for {model!r}")
                     break
                 by_window[slo][window] = min(1.0, max(0.0, good / total))
-                if slo == "ttft" and window == SHORT_WINDOW:
+                if slo == "ttft" and window == self.sli_window:
                     requests_short = total
         layers = sorted(
             ((int(labels.get("layer", "0")), value) for labels, value in results.get("imbalance", [])
@@ -272,10 +275,10 @@ class PrometheusSource:
         )
         sli = SliSnapshot(
             observed_at_s=now_s,
-            window_s=300.0,
+            window_s=float(parse_duration_s(self.sli_window)),
             requests_in_window=requests_short,
-            ttft_good_ratio=by_window["ttft"].get(SHORT_WINDOW),
-            itl_good_ratio=by_window["itl"].get(SHORT_WINDOW),
+            ttft_good_ratio=by_window["ttft"].get(self.sli_window),
+            itl_good_ratio=by_window["itl"].get(self.sli_window),
             ttft_p99_s=_value(results.get(f"{ttft_key(policy)}:p99"), model),
             itl_p99_s=_value(results.get("itl:p99"), model),
             ttft_good_ratio_by_window=by_window["ttft"],

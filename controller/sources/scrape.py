@@ -39,6 +39,7 @@ from contracts.catalogue import (
     WAITING,
 )
 from controller.policy import Policy, parse_duration_s
+from controller.slo import format_duration
 from controller.sources.base import (
     GENERATION_TOKENS_TOTAL,
     HISTOGRAMS,
@@ -195,9 +196,10 @@ class _ModelHistory:
 
 
 def _good_ratios(
-    history: _ModelHistory, policy: Policy, slo: str, now_s: float, errors: list[str]
+    history: _ModelHistory, policy: Policy, slo: str, now_s: float, errors: list[str], sli_window: str
 ) -> tuple[dict[str, float], float | None]:
-    """Good ratio of ``slo`` per burn window, and the events counted over the short window.
+    """Good ratio of ``slo`` per window (the SLI window, the burn windows), and the events counted over
+    the SLI window.
 
     The good count is read at the threshold from the bucket edges around it
     (interpolated when the threshold is not an edge); a missing edge above the
@@ -211,7 +213,7 @@ def _good_ratios(
         needed = ()
     ratios: dict[str, float] = {}
     short_total: float | None = None
-    for window in windows_for([policy]):
+    for window in windows_for([policy], sli_window):
         window_s = parse_duration_s(window)
         total = history.increase(f"{series}:count", now_s, window_s)
         deltas = {e: history.increase(f"{series}:le:{e!r}", now_s, window_s) for e in needed}
@@ -221,7 +223,7 @@ def _good_ratios(
         if good_count is None:
             continue
         ratios[window] = min(1.0, max(0.0, good_count / total[0]))
-        if window == SHORT_WINDOW:
+        if window == sli_window:
             short_total = total[0]
     return ratios, short_total
 
@@ -247,10 +249,13 @@ class ScrapeSource:
         *,
         timeout_s: float = 5.0,
         rate_window_s: float = RATE_WINDOW_S,
+        sli_window_s: float | None = None,
         client: httpx.AsyncClient | None = None,
     ) -> None:
         self.endpoints_for = endpoints_for
         self.rate_window_s = rate_window_s
+        self.sli_window = SHORT_WINDOW if sli_window_s is None else format_duration(sli_window_s)
+        """The window of the SLI snapshot's good ratios, p99s, prompt lengths and prefix hits."""
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
         self._owns_client = client is None
         self._last: dict[tuple[str, str], dict[str, float]] = {}
@@ -292,7 +297,7 @@ class ScrapeSource:
         endpoints_by_policy = {p.name: tuple(self.endpoints_for(p)) for p in policies}
         endpoints = sorted({e for es in endpoints_by_policy.values() for e in es})
         pages, failures = await _read_all(self._scrape, endpoints, "scrape")
-        max_window_s = max((parse_duration_s(w) for w in windows_for(policies)), default=0)
+        max_window_s = max((parse_duration_s(w) for w in windows_for(policies, self.sli_window)), default=0)
         models = {p.model_name for p in policies}
         for model in models:
             self._accumulate(model, pages, now_s, policies, max_window_s)
@@ -343,6 +348,7 @@ class ScrapeSource:
         now_s: float,
     ) -> PolicyObservation:
         model = policy.model_name
+        sli_window_s = float(parse_duration_s(self.sli_window))
         errors = [failures[e] for e in endpoints if e in failures]
         if not endpoints:
             errors.append(f"no endpoints to scrape for model {model!r}")
@@ -357,22 +363,22 @@ class ScrapeSource:
         requests: dict[str, float | None] = {}
         p99: dict[str, float | None] = {}
         for slo in HISTOGRAMS:
-            by_window[slo], requests[slo] = _good_ratios(history, policy, slo, now_s, errors)
-            p99[slo] = self._quantile(history, ttft_key(policy) if slo == "ttft" else slo, now_s)
+            by_window[slo], requests[slo] = _good_ratios(history, policy, slo, now_s, errors, self.sli_window)
+            p99[slo] = self._quantile(history, ttft_key(policy) if slo == "ttft" else slo, now_s, sli_window_s)
         kv_values = [s.kv_usage for s in live if s.kv_usage is not None]
         layers = _worst_cv_per_layer(live)
         sli = SliSnapshot(
             observed_at_s=now_s,
-            window_s=float(parse_duration_s(SHORT_WINDOW)),
+            window_s=sli_window_s,
             requests_in_window=requests["ttft"],
-            ttft_good_ratio=by_window["ttft"].get(SHORT_WINDOW),
-            itl_good_ratio=by_window["itl"].get(SHORT_WINDOW),
+            ttft_good_ratio=by_window["ttft"].get(self.sli_window),
+            itl_good_ratio=by_window["itl"].get(self.sli_window),
             ttft_p99_s=p99["ttft"],
             itl_p99_s=p99["itl"],
             ttft_good_ratio_by_window=by_window["ttft"],
             itl_good_ratio_by_window=by_window["itl"],
             imbalance_cv_per_layer=tuple(layers[k] for k in sorted(layers)),
-            prompt_tokens_buckets=_short_window_buckets(history, PROMPT_LENGTHS, now_s),
+            prompt_tokens_buckets=_window_buckets(history, PROMPT_LENGTHS, now_s, sli_window_s),
         )
         return PolicyObservation(
             policy=policy.name,
@@ -384,14 +390,14 @@ class ScrapeSource:
             prompt_tokens_per_s=_rate(history, "prompt_tokens", now_s, self.rate_window_s),
             output_tokens_per_s=_rate(history, "output_tokens", now_s, self.rate_window_s),
             kv_cache_usage=sum(kv_values) / len(kv_values) if kv_values else None,
-            prefix_cache_hit_rate=_hit_rate(history, now_s),
+            prefix_cache_hit_rate=_hit_rate(history, now_s, sli_window_s),
             sli=sli if live or by_window["ttft"] or by_window["itl"] else None,
             errors=tuple(errors),
         )
 
     @staticmethod
-    def _quantile(history: _ModelHistory, slo: str, now_s: float) -> float | None:
-        buckets = dict(_short_window_buckets(history, slo, now_s))
+    def _quantile(history: _ModelHistory, slo: str, now_s: float, window_s: float) -> float | None:
+        buckets = dict(_window_buckets(history, slo, now_s, window_s))
         if not any(math.isinf(edge) for edge in buckets):
             return None
         return histogram_quantile(QUANTILE, buckets)
@@ -411,9 +417,10 @@ def _with_router(obs: PolicyObservation, policy: Policy, queues: Mapping[str, fl
     return replace(obs, router_queued=sum(q for q in read if not isinstance(q, str)))
 
 
-def _short_window_buckets(history: _ModelHistory, series: str, now_s: float) -> tuple[tuple[float, float], ...]:
-    """Increase of each bucket of ``series`` over the short window, in edge order."""
-    window_s = float(parse_duration_s(SHORT_WINDOW))
+def _window_buckets(
+    history: _ModelHistory, series: str, now_s: float, window_s: float
+) -> tuple[tuple[float, float], ...]:
+    """Increase of each bucket of ``series`` over ``window_s`` (the SLI window), in edge order."""
     buckets: dict[float, float] = {}
     for key in history.totals:
         if key.startswith(f"{series}:le:"):
@@ -428,9 +435,8 @@ def _edges(totals: Mapping[str, float], slo: str) -> list[float]:
     return [float(key[len(prefix) :]) for key in totals if key.startswith(prefix)]
 
 
-def _hit_rate(history: _ModelHistory, now_s: float) -> float | None:
-    """Prefix-cache hits over queries in the short window (None: the engines report no lookups)."""
-    window_s = float(parse_duration_s(SHORT_WINDOW))
+def _hit_rate(history: _ModelHistory, now_s: float, window_s: float) -> float | None:
+    """Prefix-cache hits over queries in the SLI window (None: the engines report no lookups)."""
     queries = history.increase("prefix_queries", now_s, window_s)
     hits = history.increase("prefix_hits", now_s, window_s)
     if queries is None or hits is None or queries[0] <= 0:

@@ -62,6 +62,18 @@ def test_rates_are_taken_over_the_configured_window() -> None:
         asyncio.run(source.aclose())
 
 
+def test_the_sli_window_is_taken_from_the_settings_beside_the_burn_windows() -> None:
+    source = PrometheusSource(PrometheusClient("http://prom.invalid"), sli_window_s=30)
+    queries = source.queries([POLICY])
+    assert "[30s]" in queries["ttft:p99"] and "[30s]" in queries["prompt_lengths"]
+    for slo in ("ttft", "itl"):
+        assert "[30s]" in queries[f"{slo}:good"] and "[5m]" in queries[f"{slo}:good"]  # the burn windows stay
+    default = PrometheusSource(PrometheusClient("http://prom.invalid"))
+    assert "[5m]" in default.queries([POLICY])["ttft:p99"] and "[30s]" not in default.queries([POLICY])["itl:good"]
+    for one in (source, default):
+        asyncio.run(one.aclose())
+
+
 def test_prometheus_errors_hold_the_last_good_values_and_recover() -> None:
     state = {"mode": "ok"}
 

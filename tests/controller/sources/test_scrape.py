@@ -95,6 +95,36 @@ def test_rates_cover_the_configured_window_only() -> None:
         asyncio.run(source.aclose())
 
 
+def test_the_sli_window_is_the_configured_one_and_forgets_an_old_burn() -> None:
+    engine = EngineMetrics(MODEL)
+    server = MetricsServer(engine)
+    policy = _policy([server.url])
+    source = ScrapeSource(lambda p: p.target.endpoints, sli_window_s=30.0)  # type: ignore[union-attr]
+
+    async def scenario() -> None:
+        await source.observe([policy], 0.0)
+        engine.requests([0.9] * 20, [0.05] * 20)  # a bad start: every TTFT and gap over its threshold
+        burning = (await source.observe([policy], 10.0))["p"]
+        assert burning.sli is not None and burning.sli.window_s == 30.0
+        assert burning.sli.ttft_good_ratio == 0.0 and burning.sli.itl_good_ratio == 0.0
+        engine.requests([0.1] * 40, [0.01] * 40)
+        await source.observe([policy], 30.0)
+        engine.requests([0.1] * 40, [0.01] * 40)
+        later = (await source.observe([policy], 50.0))["p"]
+        assert later.sli is not None
+        # 30 s back from 50 s starts at the scrape at 10 s (the last at or before 20 s): the bad start
+        # is out of the SLI window, and still in the 5-minute burn window.
+        assert later.sli.ttft_good_ratio == 1.0 and later.sli.itl_good_ratio == 1.0
+        assert later.sli.requests_in_window == 80
+        assert later.sli.ttft_good_ratio_by_window["5m"] == pytest.approx(80 / 100)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+        asyncio.run(source.aclose())
+
+
 def test_a_down_endpoint_is_reported_and_the_others_still_count() -> None:
     up = EngineMetrics(MODEL)
     server = MetricsServer(up)
