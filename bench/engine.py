@@ -176,6 +176,7 @@ def run(
     dtype: str = "float32",
     repeats: int = 3,
     ep: int = 1,
+    colocate_ranks: bool = False,
     threads: int | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
@@ -184,7 +185,7 @@ def run(
 
     from engine.executors.base import default_threads
 
-    torch.set_num_threads(threads or default_threads(ep))
+    torch.set_num_threads(threads or default_threads(1 if colocate_ranks else ep))
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     hf = transformers.Qwen3MoeForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
@@ -192,9 +193,10 @@ def run(
     max_batch = max(batches)
     kv_mb = _kv_mb_needed(checkpoint, max_batch, prompt_len + new_tokens, dtype)
     executor = create_executor(ExecutorOptions(checkpoint=checkpoint, dtype=dtype, kv_cache_mb=kv_mb, ep=ep,
-                                               threads_per_rank=threads))
+                                               colocate_ranks=colocate_ranks, threads_per_rank=threads))
     results: dict[str, Any] = {"checkpoint": str(checkpoint), "dtype": dtype, "prompt_len": prompt_len,
-                               "new_tokens": new_tokens, "ep": ep, "threads": torch.get_num_threads(),
+                               "new_tokens": new_tokens, "ep": ep, "colocate_ranks": colocate_ranks,
+                               "threads": torch.get_num_threads(),
                                "baseline": "transformers.generate", "batches": {},
                                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")}
     try:

@@ -124,6 +124,9 @@ def bench_engine(
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     repeats: Annotated[int, typer.Option(help="Runs per configuration; the median is reported.")] = 3,
     ep: Annotated[int, typer.Option(help="Expert-parallel ranks for our engine.")] = 1,
+    colocate_ranks: Annotated[
+        bool, typer.Option("--colocate-ranks", help="Keep the EP ranks' expert slots in one process.")
+    ] = False,
     threads: Annotated[
         int | None, typer.Option(help="torch threads for both engines (default: the CPU affinity set).")
     ] = None,
@@ -148,7 +151,7 @@ def bench_engine(
             task = progress.add_task("preparing", total=None)
             ckpt = checkpoint or init_random_checkpoint(Path(tmp) / "ckpt", ModelConfig(), seed=0)
             result = run(ckpt, batches=sizes, prompt_len=prompt_len, new_tokens=new_tokens, dtype=dtype,
-                         repeats=repeats, ep=ep, threads=threads,
+                         repeats=repeats, ep=ep, colocate_ranks=colocate_ranks, threads=threads,
                          progress=lambda text: progress.update(task, description=text))
         if json_out:
             print_json(result)
