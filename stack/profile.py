@@ -192,7 +192,8 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
     state.profile = {"profile": profile.model_dump(mode="json"), "replica_rate_rps": capacity,
                      "base_rate_rps": base}
     state.event(f"profiled {len(urls)} replica(s) loaded at once: the load is sized from {capacity:.2f} requests/s "
-                f"a replica (ITL {profile.itl_base_s * 1000:.1f} ms + {profile.itl_per_seq_s * 1000:.2f} ms per sequence, "
+                f"a replica (ITL {profile.itl_base_s * 1000:.1f} ms + {profile.itl_per_seq_s * 1000:.2f} ms per "
+                f"sequence, "
                 f"prefill {profile.prefill_tokens_per_s:.0f} tokens/s, a cached prompt token costing "
                 f"{profile.cached_token_cost:.2f} of a computed one); the load starts at {base:.2f} requests/s")
     return {"profile": profile.model_dump(mode="json"), "base_rate_rps": base}
