@@ -40,7 +40,7 @@ MIN_HELD_REQUESTS = 10
 """Pooled requests a level needs to count towards the held rate."""
 MISS_SIGNIFICANCE = 0.05
 """A level did not hold when that many misses (or more) had less than this chance at the held share."""
-PROFILE_RATES_RPS = (0.3, 1.0, 2.0, 3.0, 8.0)
+PROFILE_RATES_RPS = (0.3, 1.0, 2.0, 3.0, 5.0, 8.0)
 """Load levels, lightest first; the sweep stops at the first past twice the TTFT objective (two at least)."""
 
 
@@ -102,18 +102,22 @@ def held_rate_rps(by_replica: list[list[dict[str, Any]]], share: float = HELD_SH
     ITL SLI: a load the requests hold on average but whose gaps burn the error budget would have the
     controller scale up at the start), the replicas' levels pooled, and a level's misses judged against
     the chance of that many at ``share`` (:func:`_not_worse`): the last held level's rate, carried towards
-    the first level that did not hold (linear in the worse share).  Levels with fewer than
+    the first level that did not hold to where the worse miss share, linear between the two levels'
+    own, crosses ``1 - share``.  Levels with fewer than
     :data:`MIN_HELD_REQUESTS` pooled requests are passed over (one request decides nothing); None
     when no level counts or the first that counts did not hold."""
-    held: float | None = None
+    held: _Level | None = None
     for level in _pooled_levels(by_replica, share):
         if level.held:
-            held = level.rate_rps
+            held = level
             continue
-        if held is not None and level.rate_rps > held:
-            held += (level.rate_rps - held) * (1.0 - share) / max(1.0 - level.within, 1e-9)
-        break
-    return held
+        if held is None or level.rate_rps <= held.rate_rps:
+            break
+        # Where the miss share, linear between the two levels' own, crosses what ``share`` allows.
+        held_miss, failed_miss = 1.0 - held.within, 1.0 - level.within
+        towards = ((1.0 - share) - held_miss) / max(failed_miss - held_miss, 1e-9)
+        return held.rate_rps + (level.rate_rps - held.rate_rps) * min(max(towards, 0.0), 1.0)
+    return None if held is None else held.rate_rps
 
 
 def lightest_failed_rps(by_replica: list[list[dict[str, Any]]], share: float = HELD_SHARE) -> float | None:

@@ -40,6 +40,19 @@ def test_a_miss_that_chance_explains_does_not_fail_a_level() -> None:
     assert held_rate_rps([[level(1.0, 0), level(3.0, 12)]]) == pytest.approx(1.0 + 2.0 * 0.01 / 0.04)
 
 
+def test_the_carry_starts_from_the_held_levels_own_misses() -> None:
+    # 3 req/s held with 0.6 % of its gaps over, 8 req/s missed with 1.6 % (32 of 2,000, past chance):
+    # the miss share crosses 1 % at 3 + 5 * 0.4 / 1.0, not at 3 + 5 * 1 / 1.6 as from no misses.
+    def level(rate: float, over: float) -> dict[str, Any]:
+        return {**_level(rate, 40, 1.0), "token_gaps": 2000, "gaps_within_objective": 1 - over}
+
+    replica = [level(1.0, 0.0), level(3.0, 0.006), level(8.0, 0.016)]
+    assert held_rate_rps([replica]) == pytest.approx(5.0)
+    # A held level already past 1 % (within chance) carries nothing towards the one that missed.
+    past = [level(1.0, 0.0), level(3.0, 0.0125), level(8.0, 0.05)]
+    assert held_rate_rps([[{**x, "token_gaps": 400} for x in past]]) == 3.0
+
+
 def test_the_lightest_level_that_missed_caps_what_the_load_is_sized_from() -> None:
     missed = [_level(0.3, 1, 1.0), _level(1.0, 20, 0.8), _level(3.0, 15, 1.0)]
     assert held_rate_rps([missed]) is None
