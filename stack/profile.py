@@ -9,8 +9,8 @@ does there.  Then the prefix probe on one replica (ten cold and ten cached-prefi
 one at a time, each stopping at its first token: 0.7-1.3 s at the demo's lengths).  The
 fitted :class:`ReplicaProfile` goes into the policy (the controller's capacity model sizes
 this machine's replicas from it).  The load is sized from the rate the replicas held within
-both objectives, per request and per token gap (:func:`held_rate_rps`, misses judged against
-chance), and from the capacity model only when no level says, capped by the lightest level that missed.
+both objectives, per request (misses judged against chance) and per token gap (:func:`held_rate_rps`),
+and from the capacity model only when no level says, capped by the lightest level that missed.
 """
 
 from __future__ import annotations
@@ -81,8 +81,10 @@ def _pooled_levels(by_replica: list[list[dict[str, Any]]], share: float) -> list
         if requests < MIN_HELD_REQUESTS or any(summary.get("within_objectives") is None for summary in present):
             continue
         within_requests = sum(summary["within_objectives"] * summary["requests"] for summary in present) / requests
-        within_gaps, gaps = _gaps_within(present)
-        held = _not_worse(within_requests, requests, share) and _not_worse(within_gaps, gaps, share)
+        within_gaps = _gaps_within(present)
+        # Requests are few a level (one miss in 40 says nothing), gaps are hundreds: a gap share is taken
+        # as measured, since the run adds the rest of the stack to the CPUs the profile had to itself.
+        held = _not_worse(within_requests, requests, share) and within_gaps >= share
         rate = float(np.mean([summary["requests_per_s"] or 0.0 for summary in present]))
         out.append(_Level(rate, min(within_requests, within_gaps), held))
     return out
@@ -91,7 +93,7 @@ def _pooled_levels(by_replica: list[list[dict[str, Any]]], share: float) -> list
 def _not_worse(within: float, count: int, share: float) -> bool:
     """Whether ``within`` of ``count`` is consistent with ``share`` (one-sided binomial test at
     :data:`MISS_SIGNIFICANCE`): at the profile's few seconds a level, one miss in 40 requests is 97.5 %
-    and says nothing; six in 200 gaps (three expected) does not say a replica misses either."""
+    and says nothing."""
     misses = round((1.0 - within) * count)
     return misses == 0 or float(binom.sf(misses - 1, count, 1.0 - share)) >= MISS_SIGNIFICANCE
 
@@ -100,8 +102,8 @@ def held_rate_rps(by_replica: list[list[dict[str, Any]]], share: float = HELD_SH
     """The request rate per replica up to which the levels kept ``share`` of their requests within
     both objectives *and* ``share`` of their token gaps within the ITL objective (the controller's
     ITL SLI: a load the requests hold on average but whose gaps burn the error budget would have the
-    controller scale up at the start), the replicas' levels pooled, and a level's misses judged against
-    the chance of that many at ``share`` (:func:`_not_worse`): the last held level's rate, carried towards
+    controller scale up at the start), the replicas' levels pooled, and a level's request misses judged
+    against the chance of that many at ``share`` (:func:`_not_worse`): the last held level's rate, carried towards
     the first level that did not hold to where the worse miss share, linear between the two levels'
     own, crosses ``1 - share``.  Levels with fewer than
     :data:`MIN_HELD_REQUESTS` pooled requests are passed over (one request decides nothing); None
@@ -125,12 +127,11 @@ def lightest_failed_rps(by_replica: list[list[dict[str, Any]]], share: float = H
     return next((level.rate_rps for level in _pooled_levels(by_replica, share) if not level.held), None)
 
 
-def _gaps_within(levels: list[dict[str, Any]]) -> tuple[float, int]:
-    """The pooled share of token gaps within the ITL objective, and how many gaps (1.0 of 0 when no
-    level counted its gaps)."""
+def _gaps_within(levels: list[dict[str, Any]]) -> float:
+    """The pooled share of token gaps within the ITL objective (1.0 when no level counted its gaps)."""
     counted = [s for s in levels if s.get("gaps_within_objective") is not None and s.get("token_gaps")]
     gaps = sum(s["token_gaps"] for s in counted)
-    return (sum(s["gaps_within_objective"] * s["token_gaps"] for s in counted) / gaps if gaps else 1.0), gaps
+    return sum(s["gaps_within_objective"] * s["token_gaps"] for s in counted) / gaps if gaps else 1.0
 
 
 def _load_capacity(state: StackState, by_replica: list[list[dict[str, Any]]], profile: ReplicaProfile, *,

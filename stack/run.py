@@ -110,7 +110,6 @@ class LocalStack:
         self.engine_ports: list[int] = []
         self.checkpoint: Path | None = None
         self.base_rate_rps = 1.0
-        self.replica_cpus: tuple[int, ...] = ()
         self._http = httpx.Client(timeout=1.0)
         """The engines' health probes share one client (a new one per probe reads the CA bundle each time)."""
 
@@ -124,7 +123,6 @@ class LocalStack:
         # overload must not show in the SLI windows, load history or alerts of the run.
         measured = self._profile_replicas(checkpoint, progress)
         self.base_rate_rps = measured["base_rate_rps"]
-        self.replica_cpus = self._control_plane_off_the_first_replica()
         first_port = free_port()
         # The local actuator takes the first free ports from first_port on; scrape a few of them.
         self.engine_ports = [first_port + i for i in range(opts.max_replicas + 2)]
@@ -214,17 +212,6 @@ class LocalStack:
             for replica in replicas:
                 replica.stop()
 
-    def _control_plane_off_the_first_replica(self) -> tuple[int, ...]:
-        """Pin this process (the load generator) and what it starts from now on (Prometheus, Alertmanager,
-        the controller, the router) to the CPUs after the first replica's; returns every CPU, for the
-        replicas.  The first replica then runs alone on its CPU, as a replica on a node of its own
-        would; the others share theirs with the control plane (on two CPUs, the second does)."""
-        cpus = tuple(sorted(os.sched_getaffinity(0)))
-        per = self.options.cpus_per_replica
-        if len(cpus) > per:
-            os.sched_setaffinity(0, cpus[per:])
-        return cpus
-
     def _start_controller(self, port: int, first_port: int, checkpoint: Path) -> Any:
         opts, state = self.options, self.state
         settings: dict[str, Any] = {
@@ -246,7 +233,6 @@ class LocalStack:
                             "--model-name", "{model}", "--engine-id", "{port}", *_engine_flags(opts)],
                 "checkpoint": str(checkpoint), "first_port": first_port,
                 "log_dir": str((opts.out / "logs").resolve()), "cpus_per_replica": opts.cpus_per_replica,
-                "cpus": list(self.replica_cpus),
             },
         }
         if state.prometheus_url is not None:
