@@ -106,6 +106,9 @@ class ReplicaProfile(BaseModel):
     """Prefill time a prompt token found in the prefix cache still costs, relative to a computed one."""
     prefix_probe: PrefixProbe | None = None
     """The measurement ``cached_token_cost`` was fitted to (None: not measured)."""
+    max_request_rate_rps: Annotated[Number, Field(gt=0)] | None = None
+    """The request rate one replica was measured to hold within the objectives, tails included (None:
+    not measured): the model never sizes a replica for more, whatever its latency lines say."""
 
     def uncached_share(self, prefix_hit_rate: float) -> float:
         """Share of a prompt's prefill work left at a prefix-cache hit rate (cached tokens cost their share)."""
@@ -397,6 +400,9 @@ class CapacityModel:
             else:
                 low = middle
         self._last_needed = high
+        ceiling = self.profile.max_request_rate_rps
+        if ceiling is not None:
+            return min(MAX_REPLICAS, max(high, math.ceil(round(load.request_rate_rps / ceiling, 9))))
         return high
 
     def sustainable_rates(self, *, mean_prompt_tokens: float, mean_output_tokens: float) -> tuple[float, float]:

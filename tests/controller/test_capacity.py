@@ -130,3 +130,16 @@ def test_prompts_longer_than_the_ttft_budget_still_get_a_finite_fleet() -> None:
     assert need < 1000 < MAX_REPLICAS
     prediction = model.predict(load(50.0, prompt=14_000.0, output=30.0), need)
     assert prediction.ttft_p99_s <= prediction.ttft_floor_s + 0.2 * 0.5
+
+
+def test_a_measured_rate_per_replica_caps_what_the_latency_lines_say() -> None:
+    profile = ReplicaProfile(prefill_tokens_per_s=20_000, itl_base_s=0.004, itl_per_seq_s=0.0001,
+                             kv_capacity_tokens=1_000_000)
+    load = Load(request_rate_rps=5.0, prompt_tokens_per_s=500.0, output_tokens_per_s=100.0)
+    assert CapacityModel(profile).replicas_needed(load) == 1  # the lines alone: one replica is plenty
+    capped = CapacityModel(profile.model_copy(update={"max_request_rate_rps": 2.0}))
+    assert capped.replicas_needed(load) == 3
+    assert capped.replicas_needed(Load(request_rate_rps=4.0, prompt_tokens_per_s=400.0,
+                                       output_tokens_per_s=80.0)) == 2  # exactly two replicas' worth
+    with pytest.raises(ValueError, match="greater than 0"):
+        ReplicaProfile.model_validate({**profile.model_dump(), "max_request_rate_rps": 0})
