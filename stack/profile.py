@@ -194,7 +194,7 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
     capacity = _load_capacity(state, by_replica, profile, prompt=prompt, output=output,
                               lightest=min(p.request_rate_rps for p in points))
     # The controller sizes a replica for no more than the load is sized from: its latency lines come
-    # from medians, and near the objective they said 1.3-3.9x what the replicas held per token gap.
+    # from medians, and said 1.6-4.5x what the replicas held in six runs (docs/benchmarks.md).
     profile = profile.model_copy(update={"max_request_rate_rps": capacity})
     base = options.base_load * capacity
     state.profile = {"profile": profile.model_dump(mode="json"), "replica_rate_rps": capacity,
