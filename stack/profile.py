@@ -102,10 +102,10 @@ def held_rate_rps(by_replica: list[list[dict[str, Any]]], share: float = HELD_SH
     """The request rate per replica up to which the levels kept ``share`` of their requests within
     both objectives *and* ``share`` of their token gaps within the ITL objective (the controller's
     ITL SLI: a load the requests hold on average but whose gaps burn the error budget would have the
-    controller scale up at the start), the replicas' levels pooled, and a level's request misses judged
-    against the chance of that many at ``share`` (:func:`_not_worse`): the last held level's rate, carried towards
-    the first level that did not hold to where the worse miss share, linear between the two levels'
-    own, crosses ``1 - share``.  Levels with fewer than
+    controller scale up at the start), the replicas' levels pooled, and a level's request misses
+    judged against the chance of that many at ``share`` (:func:`_not_worse`): the last held level's
+    rate, carried towards the first level that did not hold, to where the worse miss share (linear
+    between the two levels' own) crosses ``1 - share``.  Levels with fewer than
     :data:`MIN_HELD_REQUESTS` pooled requests are passed over (one request decides nothing); None
     when no level counts or the first that counts did not hold."""
     held: _Level | None = None

@@ -3,9 +3,9 @@
 With ``--ep 1`` it is one rank.  With ``--ep N --colocate-ranks`` it keeps N
 ranks' worth of slots (the placement, the per-rank loads and every rebalance
 are those of N ranks) but computes all slots as one grouped kernel: on ranks
-that would share one CPU, rank processes only add hand-offs.  Measured on the
-demo's replica (one CPU, batch-1 decode): a step of EP 2 across processes took
-about twice that of one process, with five times its share of steps over 20 ms.
+that would share one CPU, rank processes only add hand-offs.  Measured on one
+CPU (batch-1 decode, five rounds): EP 2 across rank processes took 9.08 ms a
+step against 5.45 ms colocated, with 21 of 1,796 steps over 20 ms against 8.
 """
 
 from __future__ import annotations
