@@ -22,9 +22,10 @@ class StackOptions:
     max_num_batched_tokens: int = 32
     """Each replica's step budget: prompts are prefilled in chunks of at most this many tokens beside the
     decodes, so a prefill step stays under the ITL objective (as Sarathi-Serve sizes its token budget
-    from the inter-token SLO).  Here a decode step takes about 10 ms and a prompt token 0.3 ms: a
-    64-token chunk made a 28 ms step, a 32-token one about 19 ms.  Measured on one replica (EP 2, one
-    CPU) at 3 requests/s, two rounds: 100 % of requests within both objectives with 32 against
+    from the inter-token SLO).  With rank processes a decode step took about 10 ms and a prompt token
+    0.3 ms: a 64-token chunk made a 28 ms step, a 32-token one about 19 ms (colocated ranks halve the
+    decode step; the budget was not measured again).  Measured on one replica (EP 2, one CPU) at
+    3 requests/s, two rounds: 100 % of requests within both objectives with 32 against
     96-97 % with 64, and 98.5 % of gaps within 20 ms against 96.5 %; 24 raised TTFT and did worse."""
     cpus_per_replica: int = 1
     """CPUs pinned to each replica (its API, engine core and EP ranks share them): the host budget."""
