@@ -37,6 +37,7 @@ from contracts.errors import UnavailableError
 from contracts.slo_defaults import ITL_THRESHOLD_S, LATENCY_TARGET, MAX_IMBALANCE_CV, TTFT_THRESHOLD_S
 from harness.processes import free_port, moeslo_command
 from harness.webhook import WebhookReceiver
+from stack.cpu_pool import SharedCpuPool
 from stack.faults import CpuThrottle
 from stack.load import drive, load_plan
 from stack.profile import profile_replicas
@@ -112,6 +113,8 @@ class LocalStack:
         self.base_rate_rps = 1.0
         self._http = httpx.Client(timeout=1.0)
         """The engines' health probes share one client (a new one per probe reads the CA bundle each time)."""
+        self._controller: Any = None
+        self.cpu_pool = SharedCpuPool(os.sched_getaffinity(0), self._controller_pid, self._control_plane_pids)
 
     # ------------------------------------------------------------------ start
     def start(self, progress: Callable[[str], None]) -> None:
@@ -132,7 +135,7 @@ class LocalStack:
         if opts.prometheus:
             self._start_monitoring(controller_port, router_port, checkpoint, progress)
         progress("starting the controller (SQLite, local actuator, forecasting core)")
-        controller = self._start_controller(controller_port, first_port, checkpoint)
+        self._controller = controller = self._start_controller(controller_port, first_port, checkpoint)
         state.event(f"status page: {state.controller_url}/ui/ (open it in a browser while the run lasts)")
         router_url = None if router_port is None else f"http://127.0.0.1:{router_port}"
         self._put_policy(policy_document(checkpoint, opts, measured["profile"], router_url=router_url))
@@ -142,12 +145,14 @@ class LocalStack:
         progress(f"waiting for the controller's first engine replica ({opts.ep_label})")
         deadline = time.monotonic() + 180
         while not self._probe_engines():
+            self._follow_replicas_cpus()
             if not controller.alive():
                 raise UnavailableError(f"the controller exited:\n{controller.log_tail()}")
             if time.monotonic() > deadline:
                 raise UnavailableError(f"no engine replica became ready within 180 s; see {opts.out / 'logs'}")
             time.sleep(1.0)
         state.event(f"engine replica ready at {state.engines[0]}")
+        self._follow_replicas_cpus()
         if router_port is not None:
             self._start_router(router_port, measured["profile"], progress)
 
@@ -306,6 +311,25 @@ class LocalStack:
         self.state.engines = ready
         return ready
 
+    def _controller_pid(self) -> int | None:
+        return None if self._controller is None or not self._controller.alive() else int(self._controller.process.pid)
+
+    def _control_plane_pids(self) -> list[int]:
+        """Every process the stack started that is still running (the profile's replicas are gone by now)."""
+        return [int(p.process.pid) for p in self.supervisor.processes if p.alive()]
+
+    def _follow_replicas_cpus(self) -> None:
+        """The control plane onto the CPUs the replicas leave free (see :mod:`stack.cpu_pool`)."""
+        line = self.cpu_pool.update()
+        if line is not None:
+            self.state.event(line)
+
+    async def _keep_cpu_pool(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.to_thread(self._follow_replicas_cpus)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+
     def _in_fault(self) -> bool:
         assert self.state.fault is not None
         start, end = self.state.fault
@@ -324,6 +348,7 @@ class LocalStack:
         stop = asyncio.Event()
         sampler = Sampler(state, POLICY_NAME, self.pager, self._probe_engines)
         sampling = asyncio.create_task(sampler.loop(stop, self.on_update))
+        pooling = asyncio.create_task(self._keep_cpu_pool(stop))
         fault = asyncio.create_task(self._fault()) if opts.inject_slowdown else None
         driving = asyncio.create_task(drive(state, plan, vocab, f"http://127.0.0.1:{self.engine_ports[0]}"))
         try:
@@ -341,6 +366,7 @@ class LocalStack:
                     await fault
             stop.set()
             await sampling
+            await pooling
             await asyncio.to_thread(self._read_router)
 
     async def _fault(self) -> None:
@@ -359,6 +385,7 @@ class LocalStack:
 
     def stop(self) -> None:
         self.supervisor.stop_all()
+        self.cpu_pool.release()
         self._http.close()
         if self.pager is not None:
             self.pager.stop()
