@@ -22,6 +22,7 @@ from controller.forecast.models import preload_fitters
 from controller.predictive import PredictiveAdvisor, PredictiveConfig
 from controller.scale_check import ScaleCheckConfig, ScaleChecker
 from controller.sizing import SizingAdvisor
+from controller.sources.base import RATE_WINDOW_S
 
 __all__ = ["CoreOptions", "build_decision_core", "sizing_advisor"]
 
@@ -38,6 +39,9 @@ class CoreOptions:
     refit_every_ticks: int = 240
     """Refit each policy's forecaster at most this often once its history is long (refits are staggered)."""
     season_s: float | None = DAY_S
+    rate_window_s: float | None = RATE_WINDOW_S
+    """The window the observed request rates count arrivals over (the source's): the forecast audit
+    judges the forecast's error above the counts' Poisson noise."""
     history_keep_s: float = TWO_WEEKS_S
     isolate_advisor_errors: bool = True
     """False lets an advisor's exception through (replays and tests, where bugs should surface)."""
@@ -51,7 +55,9 @@ def sizing_advisor(options: CoreOptions) -> SizingAdvisor:
         refit_every_bins=options.refit_every_ticks,
         season_s=options.season_s,
     )
-    predictive = PredictiveAdvisor(PredictiveConfig(forecast=forecast, profile=options.profile))
+    predictive = PredictiveAdvisor(
+        PredictiveConfig(forecast=forecast, profile=options.profile, rate_window_s=options.rate_window_s)
+    )
     return SizingAdvisor(predictive, ReactiveAdvisor(options.reactive), ScaleChecker(options.scale_check))
 
 

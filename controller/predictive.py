@@ -50,6 +50,9 @@ class PredictiveConfig:
     and the minimum history to its ``forecast.min_history_s``."""
     profile: ReplicaProfile = DEFAULT_PROFILE
     """Capacity of one replica for policies that name no profile of their own."""
+    rate_window_s: float | None = None
+    """The observed request rates are arrivals counted over this window: the forecast audit does not hold
+    their Poisson noise against the forecast (None: rates taken as exact)."""
     headroom: float = 0.85
     """Size for this fraction of each latency objective (see :class:`controller.capacity.Targets`)."""
     correct_online: bool = True
@@ -201,7 +204,8 @@ class PredictiveAdvisor:
             capacity=CapacityModel(policy.profile or self.config.profile, targets),
             audit=ForecastAudit(
                 AuditBounds(
-                    max_wape=settings.max_wape, min_coverage=settings.min_coverage, window=settings.audit_forecasts
+                    max_wape=settings.max_wape, min_coverage=settings.min_coverage, window=settings.audit_forecasts,
+                    count_window_s=self.config.rate_window_s,
                 )
             ),
             min_history_bins=min_bins,

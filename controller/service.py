@@ -458,7 +458,8 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         elector = AlwaysLeader()
     profile = DEFAULT_PROFILE if settings.profile is None else ReplicaProfile.load(settings.profile)
     core = build_decision_core(
-        CoreOptions(tick_interval_s=settings.tick_interval_s, stale_after_s=settings.stale_after_s, profile=profile)
+        CoreOptions(tick_interval_s=settings.tick_interval_s, stale_after_s=settings.stale_after_s, profile=profile,
+                    rate_window_s=settings.rate_window_s)
     )
     history = LoadHistoryKeeper(
         store, bin_s=settings.tick_interval_s, keep_s=settings.forecast_history_s, prometheus=client,

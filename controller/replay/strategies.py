@@ -54,6 +54,7 @@ from controller.replay.hpa import (
     pods_average_value_replicas,
 )
 from controller.replay.signals import FleetView
+from controller.sources.base import RATE_WINDOW_S
 from controller.types import TickInput
 
 __all__ = [
@@ -196,7 +197,8 @@ class DynamoStrategy:
 
 
 def production_core(
-    *, profile: ReplicaProfile, tick_s: float, refit_every_ticks: int, season_s: float | None
+    *, profile: ReplicaProfile, tick_s: float, refit_every_ticks: int, season_s: float | None,
+    rate_window_s: float = RATE_WINDOW_S,
 ) -> DecisionCore:
     """The decision core as the service builds it (:func:`controller.builder.build_decision_core`)."""
     options = CoreOptions(
@@ -204,6 +206,7 @@ def production_core(
         profile=profile,
         refit_every_ticks=refit_every_ticks,
         season_s=season_s,
+        rate_window_s=rate_window_s,
         isolate_advisor_errors=False,
     )
     return build_decision_core(options)

@@ -1,10 +1,13 @@
-"""The forecast audit on hand-computed cases: WAPE, interval coverage, and the hysteresis of its verdict."""
+"""The forecast audit on hand-computed cases: WAPE, its noise floor, interval coverage, its verdict's hysteresis."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
-from controller.forecast.audit import AuditBounds, ForecastAudit
+from controller.forecast.audit import AuditBounds, ForecastAudit, poisson_mean_abs_deviation
 
 
 def test_scores_each_forecast_when_its_bin_arrives() -> None:
@@ -86,3 +89,36 @@ def test_coverage_below_its_bound_is_unreliable() -> None:
     assert audit.coverage == 0.0
     assert not audit.reliable
     assert "coverage 0.00" in audit.why_unreliable()
+
+
+def test_poisson_mean_absolute_deviation_on_hand_computed_means() -> None:
+    assert poisson_mean_abs_deviation(0.0) == 0.0
+    assert poisson_mean_abs_deviation(1.0) == pytest.approx(2 / math.e)  # 2 e^-1 1^2 / 1!
+    assert poisson_mean_abs_deviation(2.5) == pytest.approx(2 * math.exp(-2.5) * 2.5**3 / 2)
+    # Large means: the normal limit sigma * sqrt(2 / pi), without overflow.
+    assert poisson_mean_abs_deviation(1e6) == pytest.approx(1e3 * math.sqrt(2 / math.pi), rel=1e-3)
+
+
+def _audit_poisson(point_share: float, *, count_window_s: float | None, rate: float = 0.3) -> ForecastAudit:
+    """Forecasts of ``point_share`` x the true rate, scored against arrivals counted over 10 s."""
+    audit = ForecastAudit(AuditBounds(max_wape=0.5, window=200, min_scored=8, count_window_s=count_window_s))
+    rng = np.random.default_rng(7)
+    for k in range(200):
+        audit.expect(k, point=point_share * rate, lower=0.0, upper=2 * rate)
+        audit.observe(k, rng.poisson(rate * 10.0) / 10.0)
+    return audit
+
+
+def test_a_perfect_forecast_of_few_arrivals_is_trusted_once_their_noise_is_known() -> None:
+    naive = _audit_poisson(1.0, count_window_s=None)  # three arrivals a window: the counts alone score ~0.45
+    assert naive.wape is not None and naive.wape > 0.4
+    floored = _audit_poisson(1.0, count_window_s=10.0)
+    assert floored.noise_floor is not None and floored.noise_floor == pytest.approx(naive.wape, abs=0.08)
+    assert floored.excess_wape is not None and floored.excess_wape < 0.1 and floored.reliable
+
+
+def test_a_wrong_forecast_stays_distrusted_above_the_noise_floor() -> None:
+    wrong = _audit_poisson(3.0, count_window_s=10.0)  # three times the rate
+    assert wrong.excess_wape is not None and wrong.excess_wape > 0.5
+    assert not wrong.reliable
+    assert "above the noise floor" in wrong.why_unreliable()
