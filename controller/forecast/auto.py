@@ -70,6 +70,9 @@ class Forecast:
     bin_s: float
 
 
+MIN_SELECTION_ORIGINS = 4
+"""Fewest backtest origins a selection (and an error distribution, so an interval) is made from."""
+
 SCALE_FLOOR_SHARE = 0.05
 """Residuals are scaled by sqrt(max(forecast, this share of the mean)): arrival counts are roughly
 Poisson, so errors grow with the square root of the level, and an interval learnt at night still
@@ -112,14 +115,21 @@ class AutoForecaster:
         if self.auto_refit and self.refit_due:
             self.refit()
 
+    def _selection_origins(self, n: int) -> int:
+        cfg = self.config
+        return min(cfg.selection_bins, n - cfg.horizon_bins - cfg.min_history_bins // 2)
+
     @property
     def refit_due(self) -> bool:
         """Whether a refit is due: when the history has doubled since the last fit (early on, every few
-        bins count), and every ``refit_every_bins`` once it is long, each at this forecaster's phase."""
+        bins count), and every ``refit_every_bins`` once it is long, each at this forecaster's phase;
+        and as soon as a model without an error distribution (no interval yet) can be given one."""
         n = len(self.history)
         if n < self.config.min_history_bins:
             return False
         if self._model is None:
+            return True
+        if not self._residuals and self._selection_origins(n) >= MIN_SELECTION_ORIGINS:
             return True
         every = self.config.refit_every_bins
         if n < 2 * every:
@@ -146,9 +156,9 @@ class AutoForecaster:
         series = self.history.values()
         horizons = list(range(1, cfg.horizon_bins + 1))
         period = cfg.period_bins if cfg.period_bins is not None and len(series) >= 2 * cfg.period_bins else None
-        origins = min(cfg.selection_bins, len(series) - cfg.horizon_bins - cfg.min_history_bins // 2)
+        origins = self._selection_origins(len(series))
         kinds = [k for k in cfg.candidates if k != "seasonal_naive" or period is not None]
-        if origins >= 4:
+        if origins >= MIN_SELECTION_ORIGINS:
             start = len(series) - cfg.horizon_bins - origins + 1
             results = compare_models(
                 series,

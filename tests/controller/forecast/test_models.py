@@ -152,3 +152,20 @@ def test_auto_forecaster_needs_history_first() -> None:
         for value in range(20):
             forecaster.observe(float(value))
         forecaster.forecast(quantile=1.5)
+
+
+def test_an_interval_as_soon_as_the_history_allows_one_backtest() -> None:
+    """A young forecaster has no error distribution: it refits the first bin four backtest origins
+    fit (not when its history next doubles), so its interval is there one lead time earlier."""
+    config = ForecastConfig(bin_s=2.0, horizon_s=16.0, min_history_bins=8, refit_every_bins=240, season_s=None)
+    forecaster = AutoForecaster(config)
+    rng = np.random.default_rng(3)
+    first_interval = None
+    for n in range(1, 40):
+        forecaster.observe(float(rng.poisson(10)) / 10.0)
+        forecast = forecaster.forecast(quantile=0.9)
+        has_interval = forecast is not None and float(forecast.upper.max()) > float(forecast.point.max())
+        if first_interval is None and has_interval:
+            first_interval = n
+    # 8 bins of horizon + half the minimum history + 4 origins: 16 bins (the doubling schedule: 31).
+    assert first_interval == 16
