@@ -24,6 +24,7 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -57,6 +58,8 @@ class _Exchange:
     decision: str = "none"
     answered: bool = False
     """The client has the whole answer (a stream's ``[DONE]``): leaving afterwards is not a disconnect."""
+    abandoned: bool = False
+    """Its replica stopped answering (ejected as frozen): the wait was cancelled, the client gets an error."""
 
 
 class Router:
@@ -74,6 +77,8 @@ class Router:
         self._session: aiohttp.ClientSession | None = None
         self.clock = clock
         self._turn = 0
+        self._in_flight: dict[str, dict[asyncio.Task[Any], _Exchange]] = {}
+        """Per replica, the requests waiting on it (their tasks): a frozen replica's are ended, not left waiting."""
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -148,11 +153,17 @@ class Router:
             self.metrics.remove_replica(name)
         return added, removed
 
-    def eject(self, name: str) -> None:
+    def eject(self, name: str, *, frozen: bool = False) -> None:
+        """Take ``name`` out of routing; ``frozen`` (it answered none of its last scrapes): end the requests
+        waiting on it too, with a 504 or a stream error event, instead of leaving them ``upstream_timeout_s``."""
         self.prefixes.forget(name)  # a replica that failed may come back restarted, its cache empty
         if self.pool.eject(name):
             self.metrics.ejections[name].inc()
             self.metrics.healthy[name].set(0)
+        if frozen:
+            for task, exchange in list(self._in_flight.get(name, {}).items()):
+                exchange.abandoned = True
+                task.cancel()
 
     # ------------------------------------------------------------------ completions
 
@@ -204,6 +215,37 @@ class Router:
             self.metrics.predicted(name, choice.predicted_ttft_s)
         sent_s = self.clock()
         self.metrics.overhead.observe(sent_s - started_s)
+        task = asyncio.current_task()
+        flights = self._in_flight.setdefault(name, {})
+        if task is not None:
+            flights[task] = exchange
+        try:
+            return await self._exchange(name, path, body, headers, choice, ticket, exchange, sent_s)
+        except asyncio.CancelledError:
+            if not exchange.abandoned or task is None or task.uncancel() > 0:
+                raise  # the client went away (the server cancels the request), not only the replica
+            self._done(ticket)
+            if not exchange.answered:  # a stream whose [DONE] is out was served: nothing to tell
+                await self._answer_abandoned(name, exchange)
+            return True
+        finally:
+            if task is not None:
+                flights.pop(task, None)
+
+    async def _answer_abandoned(self, name: str, exchange: _Exchange) -> None:
+        error = UpstreamTimeoutError(f"replica {name} stopped answering (ejected after "
+                                     f"{self.config.eject_after_silent} scrapes in a row without an answer)",
+                                     replica=name)  # fmt: skip
+        if not exchange.started:
+            exchange.outcome = "upstream_error"
+            await _send_error(exchange, error)
+            return
+        exchange.outcome = "upstream_failed_mid_stream"
+        await exchange.send({"type": "http.response.body", "body": sse_error_event(error), "more_body": False})
+
+    async def _exchange(self, name: str, path: str, body: bytes, headers: list[tuple[str, str]], choice: Choice,
+                        ticket: Ticket, exchange: _Exchange, sent_s: float) -> bool:  # fmt: skip
+        """Send the request to ``name`` and relay its answer; False when the connection was refused."""
         try:
             upstream = await self.session.post(name + path, data=body, headers=headers)
         except aiohttp.ClientConnectorError:

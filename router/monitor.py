@@ -85,8 +85,9 @@ class Monitor(Repeating):
             # A busy replica renders /metrics late and its requests still flow; one silent for
             # eject_after_silent scrapes in a row is frozen (a dead one refuses at once).
             if pool.scrape_timed_out(name):
-                _log.warning("replica %s answered none of its last %d scrapes: ejected", name, pool.eject_after_silent)
-                self.router.eject(name)
+                _log.warning("replica %s answered none of its last %d scrapes: ejected, and the requests waiting on "
+                             "it ended", name, pool.eject_after_silent)
+                self.router.eject(name, frozen=True)
             return
         except UPSTREAM_FAILURES:
             self.router.eject(name)

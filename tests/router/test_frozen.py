@@ -1,0 +1,60 @@
+"""A replica that freezes (accepts connections, answers nothing): its requests end when it is ejected.
+
+Without this they would wait ``upstream_timeout_s`` (600 s by default).  The stub answers no
+scrape in time and no completion at all; the router ejects it after ``eject_after_silent``
+silent scrapes and ends what waits on it with a 504, or an error event on a stream already begun.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.router.servers import eventually, router, stubs, url_of
+
+pytestmark = pytest.mark.timeout(60)
+STREAM = {"prompt": "hello there", "max_tokens": 8, "stream": True}
+PLAIN = {"prompt": "hello there", "max_tokens": 1}
+FROZEN = {"scrape_timeout_s": 0.1, "eject_after_silent": 3, "upstream_timeout_s": 30.0, "readmit_after": 1000}
+
+
+def test_a_request_waiting_on_a_frozen_replica_gets_a_504_when_it_is_ejected() -> None:
+    with stubs(1, metrics_delay_s=5.0) as (frozen,), router([frozen], **FROZEN) as r:  # type: ignore[arg-type]
+        frozen.mode = "hang"
+        began = time.monotonic()
+        answer = httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=20)
+        waited_s = time.monotonic() - began
+        assert answer.status_code == 504
+        error = answer.json()["error"]
+        assert error["replica"] == url_of(frozen) and "stopped answering" in error["message"]
+        assert waited_s < 10, "ended by the ejection, not by upstream_timeout_s"
+        assert r.replicas()[url_of(frozen)]["healthy"] is False
+        labels = {"replica": url_of(frozen), "outcome": "upstream_error"}
+        eventually(lambda: r.sample("moeslo_router_requests_total", decision="lowest_predicted_ttft", **labels) == 1,
+                   5, "the request counted")
+        eventually(lambda: frozen.peer_closed == 1, 5, "the upstream connection closed")
+
+
+def test_a_stream_begun_on_a_replica_that_freezes_ends_with_an_error_event() -> None:
+    with stubs(1, metrics_delay_s=5.0, chunk_delay_s=20.0) as (frozen,), router([frozen], **FROZEN) as r:  # type: ignore[arg-type]
+        began = time.monotonic()
+        with httpx.stream("POST", r.url + "/v1/completions", json=STREAM, timeout=20) as answer:
+            assert answer.status_code == 200  # the headers came before the replica froze
+            body = answer.read()
+        assert time.monotonic() - began < 10
+        events = [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
+        assert events[-1] == b"[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert (error["code"], error["replica"]) == (504, url_of(frozen))
+
+
+def test_a_slow_but_answering_replica_keeps_its_requests() -> None:
+    # Late scrapes that are not all late in a row: the replica stays in, its stream goes on to the end.
+    with stubs(1, chunk_delay_s=0.2) as (slow,), router([slow], **FROZEN) as r:  # type: ignore[arg-type]
+        with httpx.stream("POST", r.url + "/v1/completions", json=STREAM, timeout=20) as answer:
+            body = answer.read()
+        assert body.endswith(b"data: [DONE]\n\n") and b"error" not in body
+        assert r.replicas()[url_of(slow)]["healthy"] is True
