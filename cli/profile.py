@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -62,6 +62,7 @@ def profile(
             name=name, prefix_probe=probe,
             source=f"moeslo profile against {url}: {len(points)} rates, {prompt_tokens}/{output_tokens} tokens",
         )
+        fitted = _with_held_rate(fitted, summaries)
         out.write_text(fitted.to_json() + "\n")
         console.print(_describe_fit(fitted))
         console.print(f"wrote {out}")
@@ -85,6 +86,20 @@ def _probe(
                       f"{probe.cached_ttft_p50_s * 1000:.1f} ms with {probe.cached_share:.0%} of the prompt cached "
                       f"({stats['cached_share_source']})")
     return probe
+
+
+def _with_held_rate(fitted: ReplicaProfile, summaries: list[dict[str, Any]]) -> ReplicaProfile:
+    """The profile with its measured ceiling, and a line saying what it is."""
+    from controller.profile_levels import GAP_SHARE, HELD_SHARE, with_held_ceiling
+
+    ceiled = with_held_ceiling(fitted, summaries)
+    if ceiled.max_request_rate_rps is None:
+        console.print(f"no level held {HELD_SHARE:.0%} of its requests within both objectives and {GAP_SHARE:.1%} "
+                      "of its token gaps within the ITL objective: the profile has no measured ceiling")
+    else:
+        console.print(f"held the objectives up to {ceiled.max_request_rate_rps:.2f} requests/s: the capacity "
+                      "model's ceiling (max_request_rate_rps)")
+    return ceiled
 
 
 def _describe_fit(fitted: ReplicaProfile) -> str:

@@ -420,6 +420,18 @@ def _rebalancer(settings: ControllerSettings) -> Rebalancer | None:
     )
 
 
+def _source(
+    settings: ControllerSettings, endpoints_for: Callable[[Policy], list[str]]
+) -> tuple[SliSource, PrometheusClient | None]:
+    """Prometheus when the configuration names one (and its client, for the load history), else direct scrapes."""
+    if settings.prometheus_url is None:
+        return ScrapeSource(endpoints_for, timeout_s=settings.source_timeout_s, rate_window_s=settings.rate_window_s,
+                            sli_window_s=settings.sli_window_s), None  # fmt: skip
+    client = PrometheusClient(settings.prometheus_url, timeout_s=settings.source_timeout_s)
+    return PrometheusSource(client, selector=settings.prometheus_selector, rate_window_s=settings.rate_window_s,
+                            sli_window_s=settings.sli_window_s), client  # fmt: skip
+
+
 def build_service(settings: ControllerSettings, store: Store, registry: CollectorRegistry) -> ControllerService:
     """The service the configuration describes: source, actuator, elector, core and metrics."""
     # Imported here: the kubernetes client and the rebalancer's numerics take seconds to import.
@@ -436,19 +448,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
     def endpoints_for(policy: Policy) -> list[str]:
         return service_ref[0].endpoints_for(policy)
 
-    source: SliSource
-    client: PrometheusClient | None = None
-    if settings.prometheus_url is not None:
-        client = PrometheusClient(settings.prometheus_url, timeout_s=settings.source_timeout_s)
-        source = PrometheusSource(
-            client, selector=settings.prometheus_selector, rate_window_s=settings.rate_window_s,
-            sli_window_s=settings.sli_window_s,
-        )
-    else:
-        source = ScrapeSource(
-            endpoints_for, timeout_s=settings.source_timeout_s, rate_window_s=settings.rate_window_s,
-            sli_window_s=settings.sli_window_s,
-        )
+    source, client = _source(settings, endpoints_for)
     elector: LeaderElector
     if settings.leader_election.enabled:
         elector = LeaseElector(api_client(settings.kubernetes), settings.leader_election)

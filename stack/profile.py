@@ -10,7 +10,7 @@ one at a time, each stopping at its first token: 0.7-1.3 s at the demo's lengths
 fitted :class:`ReplicaProfile` goes into the policy (the controller's capacity model sizes
 this machine's replicas from it).  The load is sized from the rate the replicas held within
 both objectives, per request (misses judged against chance) and per token gap (half the ITL SLI's
-budget: :func:`held_rate_rps`),
+budget: :func:`controller.profile_levels.held_rate_rps`),
 and from the capacity model only when no level says, capped by the lightest level that missed.
 """
 
@@ -18,35 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
-from scipy.stats import binom
 
 from contracts.slo_defaults import TTFT_THRESHOLD_S
 from controller.capacity import ReplicaProfile
+from controller.profile_levels import GAP_SHARE, HELD_SHARE, held_rate_rps, lightest_failed_rps
 from controller.profiling import fit_profile, prefix_probe_record, profile_point
 from harness.prefix_probe import prefix_probe
 from harness.sweep import sweep_rates
 from stack.load import demo_length_pairs, demo_lengths, sustainable_rate_rps
 from stack.state import StackState
 
-__all__ = ["GAP_SHARE", "HELD_SHARE", "PROFILE_RATES_RPS", "held_rate_rps", "lightest_failed_rps", "profile_replicas"]
+__all__ = ["PROFILE_RATES_RPS", "profile_replicas"]
 
-HELD_SHARE = 0.99
-"""A level held when this share of its requests was within both objectives (the demo's own score) and
-:data:`GAP_SHARE` of its token gaps within the ITL objective."""
-GAP_SHARE = 0.995
-"""Token gaps a level must keep within the ITL objective: half the controller's SLI budget (99 %).  The
-SLI is judged over 30 s windows, which swing around a level's mean, and the run adds the rest of the
-stack to the replicas' CPUs at times; a replica profiled at 99.0-99.5 % read 96.6-97.8 % in the run's
-first windows (runs P-2 and P-3, sized from 5.90 and 6.06 requests/s), where one profiled at 2.01 read
-99.2-99.6 % (P-1)."""
-MIN_HELD_REQUESTS = 10
-"""Pooled requests a level needs to count towards the held rate."""
-MISS_SIGNIFICANCE = 0.05
-"""A level did not hold when that many misses (or more) had less than this chance at the held share."""
 PROFILE_RATES_RPS = (0.3, 1.0, 2.0, 3.0, 5.0, 8.0)
 """Load levels, lightest first; the sweep stops at the first past twice the TTFT objective (two at least)."""
 
@@ -68,82 +52,6 @@ def _sweep_all(state: StackState, urls: list[str], prompt: float, output: float,
 
     with ThreadPoolExecutor(max_workers=len(urls)) as pool:
         return list(pool.map(sweep, range(len(urls))))
-
-
-@dataclass(frozen=True, slots=True)
-class _Level:
-    """One load level, the replicas pooled: its rate, and the larger share of its two error budgets
-    (requests, gaps) its misses used."""
-
-    rate_rps: float
-    budget_used: float
-    held: bool
-
-
-def _pooled_levels(by_replica: list[list[dict[str, Any]]], share: float, gap_share: float) -> list[_Level]:
-    """The levels that count (at least :data:`MIN_HELD_REQUESTS` pooled requests), lightest first."""
-    out = []
-    for level in range(max(len(levels) for levels in by_replica)):
-        present = [levels[level] for levels in by_replica if len(levels) > level]
-        requests = sum(summary["requests"] for summary in present)
-        if requests < MIN_HELD_REQUESTS or any(summary.get("within_objectives") is None for summary in present):
-            continue
-        within_requests = sum(summary["within_objectives"] * summary["requests"] for summary in present) / requests
-        within_gaps = _gaps_within(present)
-        # Requests are few a level (one miss in 40 says nothing), gaps are hundreds: a gap share is taken
-        # as measured, since the run adds the rest of the stack to the CPUs the profile had to itself.
-        held = _not_worse(within_requests, requests, share) and within_gaps >= gap_share
-        rate = float(np.mean([summary["requests_per_s"] or 0.0 for summary in present]))
-        used = max((1.0 - within_requests) / (1.0 - share), (1.0 - within_gaps) / (1.0 - gap_share))
-        out.append(_Level(rate, used, held))
-    return out
-
-
-def _not_worse(within: float, count: int, share: float) -> bool:
-    """Whether ``within`` of ``count`` is consistent with ``share`` (one-sided binomial test at
-    :data:`MISS_SIGNIFICANCE`): at the profile's few seconds a level, one miss in 40 requests is 97.5 %
-    and says nothing."""
-    misses = round((1.0 - within) * count)
-    return misses == 0 or float(binom.sf(misses - 1, count, 1.0 - share)) >= MISS_SIGNIFICANCE
-
-
-def held_rate_rps(
-    by_replica: list[list[dict[str, Any]]], share: float = HELD_SHARE, gap_share: float = GAP_SHARE
-) -> float | None:
-    """The request rate per replica up to which the levels kept ``share`` of their requests within
-    both objectives *and* ``gap_share`` of their token gaps within the ITL objective (the controller's
-    ITL SLI: a load the requests hold on average but whose gaps burn the error budget would have the
-    controller scale up at the start), the replicas' levels pooled, and a level's request misses
-    judged against the chance of that many at ``share`` (:func:`_not_worse`): the last held level's
-    rate, carried towards the first level that did not hold, to where the larger share of an error
-    budget used (linear between the two levels' own) reaches the whole budget.  Levels with fewer than
-    :data:`MIN_HELD_REQUESTS` pooled requests are passed over (one request decides nothing); None
-    when no level counts or the first that counts did not hold."""
-    held: _Level | None = None
-    for level in _pooled_levels(by_replica, share, gap_share):
-        if level.held:
-            held = level
-            continue
-        if held is None or level.rate_rps <= held.rate_rps:
-            break
-        # Where the budget used, linear between the two levels' own, reaches the whole budget.
-        towards = (1.0 - held.budget_used) / max(level.budget_used - held.budget_used, 1e-9)
-        return held.rate_rps + (level.rate_rps - held.rate_rps) * min(max(towards, 0.0), 1.0)
-    return None if held is None else held.rate_rps
-
-
-def lightest_failed_rps(
-    by_replica: list[list[dict[str, Any]]], share: float = HELD_SHARE, gap_share: float = GAP_SHARE
-) -> float | None:
-    """The rate of the lightest level that counted and did not hold (None: every counted level held)."""
-    return next((lv.rate_rps for lv in _pooled_levels(by_replica, share, gap_share) if not lv.held), None)
-
-
-def _gaps_within(levels: list[dict[str, Any]]) -> float:
-    """The pooled share of token gaps within the ITL objective (1.0 when no level counted its gaps)."""
-    counted = [s for s in levels if s.get("gaps_within_objective") is not None and s.get("token_gaps")]
-    gaps = sum(s["token_gaps"] for s in counted)
-    return sum(s["gaps_within_objective"] * s["token_gaps"] for s in counted) / gaps if gaps else 1.0
 
 
 def _load_capacity(state: StackState, by_replica: list[list[dict[str, Any]]], profile: ReplicaProfile, *,

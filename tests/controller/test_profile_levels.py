@@ -1,4 +1,4 @@
-"""The rate the demo's load is sized from: what the profiled replicas held, their levels pooled."""
+"""The rate a replica holds up to: what the profiled replicas held, their levels pooled (moeslo profile, moeslo up)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from stack.profile import GAP_SHARE, held_rate_rps, lightest_failed_rps
+from controller.capacity import DEFAULT_PROFILE
+from controller.profile_levels import GAP_SHARE, held_rate_rps, lightest_failed_rps, with_held_ceiling
 
 
 def _level(rate: float, requests: int, within: float | None) -> dict[str, Any]:
@@ -87,3 +88,18 @@ def test_a_level_whose_gaps_burn_the_itl_budget_is_not_held_though_its_requests_
     assert held_rate_rps([replica, replica]) == pytest.approx(1.0 + 2.0 * 0.005 / 0.02)
     unmeasured = [_level(1.0, 15, 1.0), _level(3.0, 15, 1.0)]  # summaries without gap counts: requests decide
     assert held_rate_rps([unmeasured]) == 3.0
+
+
+def _swept(rate: float, within: float, gaps_within: float) -> dict[str, Any]:
+    return {"requests_per_s": rate, "requests": 40, "within_objectives": within, "token_gaps": 1000,
+            "gaps_within_objective": gaps_within}
+
+
+def test_moeslo_profile_writes_the_held_rate_as_the_profiles_ceiling() -> None:
+    summaries = [_swept(1.0, 1.0, 1.0), _swept(2.0, 1.0, 0.998), _swept(4.0, 1.0, 0.98)]
+    ceiled = with_held_ceiling(DEFAULT_PROFILE, summaries)
+    # 2 req/s used 0.4 of the 0.5 % gap budget, 4 req/s four times it: the carry reaches it at 2 + 2 * 0.6 / 3.6.
+    assert ceiled.max_request_rate_rps == pytest.approx(2.0 + 2.0 * 0.6 / 3.6)
+    assert ceiled.itl_base_s == DEFAULT_PROFILE.itl_base_s  # the fit itself is left as it was
+    missed = [_swept(1.0, 0.5, 0.9), _swept(2.0, 0.5, 0.9)]
+    assert with_held_ceiling(DEFAULT_PROFILE, missed).max_request_rate_rps == DEFAULT_PROFILE.max_request_rate_rps
