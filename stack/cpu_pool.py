@@ -90,7 +90,6 @@ class SharedCpuPool:
             return f"control plane on CPU(s) {where}, off the replicas' CPU(s) {_cpu_list(held)}"
         return f"control plane on CPUs {where}"
 
-
     def release(self) -> None:
         """This process back onto the whole machine (the stack's other processes are stopping)."""
         if self.cpus != self.machine_cpus:

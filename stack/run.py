@@ -42,7 +42,7 @@ from stack.faults import CpuThrottle
 from stack.load import drive, load_plan
 from stack.profile import profile_replicas
 from stack.sampler import Sampler
-from stack.services import Supervisor, start_alertmanager, start_prometheus
+from stack.services import ManagedProcess, Supervisor, start_alertmanager, start_prometheus
 from stack.state import StackOptions, StackState
 
 POLICY_NAME = "qwen3-moe-local"
@@ -113,7 +113,7 @@ class LocalStack:
         self.base_rate_rps = 1.0
         self._http = httpx.Client(timeout=1.0)
         """The engines' health probes share one client (a new one per probe reads the CA bundle each time)."""
-        self._controller: Any = None
+        self._controller: ManagedProcess | None = None
         self.cpu_pool = SharedCpuPool(os.sched_getaffinity(0), self._controller_pid, self._control_plane_pids)
 
     # ------------------------------------------------------------------ start
@@ -217,7 +217,7 @@ class LocalStack:
             for replica in replicas:
                 replica.stop()
 
-    def _start_controller(self, port: int, first_port: int, checkpoint: Path) -> Any:
+    def _start_controller(self, port: int, first_port: int, checkpoint: Path) -> ManagedProcess:
         opts, state = self.options, self.state
         settings: dict[str, Any] = {
             "host": "127.0.0.1", "port": port, "db": str((opts.out / "controller.db").resolve()),
@@ -312,7 +312,8 @@ class LocalStack:
         return ready
 
     def _controller_pid(self) -> int | None:
-        return None if self._controller is None or not self._controller.alive() else int(self._controller.process.pid)
+        controller = self._controller
+        return None if controller is None or not controller.alive() else controller.process.pid
 
     def _control_plane_pids(self) -> list[int]:
         """Every process the stack started that is still running (the profile's replicas are gone by now)."""
