@@ -25,6 +25,7 @@ import json
 import socket
 import threading
 from collections import Counter
+from typing import Any
 
 COMPLETION = json.dumps({
     "id": "cmpl-stub", "object": "text_completion", "created": 0, "model": "stub",
@@ -59,6 +60,7 @@ class StubUpstream:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
         self._closing = False
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -66,6 +68,9 @@ class StubUpstream:
             writer.transport.abort()
             return
         self._writers.add(writer)
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
         try:
             while True:
                 line = await reader.readline()
@@ -87,6 +92,8 @@ class StubUpstream:
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
         finally:
+            if task is not None:
+                self._handlers.discard(task)
             self._writers.discard(writer)
             with contextlib.suppress(ConnectionError, RuntimeError):
                 writer.close()
@@ -188,6 +195,10 @@ class StubUpstream:
             await asyncio.sleep(0.05)  # connections accepted before the close run their handlers, which see _closing
             for writer in list(self._writers):
                 writer.transport.abort()
+            # Handlers still waiting (a slow /metrics, a hanging completion) end with the loop, not after it.
+            for handler in list(self._handlers):
+                handler.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
             await server.wait_closed()
 
         asyncio.run_coroutine_threadsafe(close(), loop).result(10)
