@@ -216,21 +216,22 @@ class Router:
         sent_s = self.clock()
         self.metrics.overhead.observe(sent_s - started_s)
         task = asyncio.current_task()
+        assert task is not None  # the server runs every request in a task of its own
         flights = self._in_flight.setdefault(name, {})
-        if task is not None:
-            flights[task] = exchange
+        flights[task] = exchange
         try:
             return await self._exchange(name, path, body, headers, choice, ticket, exchange, sent_s)
         except asyncio.CancelledError:
-            if not exchange.abandoned or task is None or task.uncancel() > 0:
+            if not exchange.abandoned or task.uncancel() > 0:
                 raise  # the client went away (the server cancels the request), not only the replica
             self._done(ticket)
             if not exchange.answered:  # a stream whose [DONE] is out was served: nothing to tell
                 await self._answer_abandoned(name, exchange)
             return True
         finally:
-            if task is not None:
-                flights.pop(task, None)
+            del flights[task]
+            if not flights and self._in_flight.get(name) is flights:
+                del self._in_flight[name]  # replicas come and go: no record of those with nothing in flight
 
     async def _answer_abandoned(self, name: str, exchange: _Exchange) -> None:
         error = UpstreamTimeoutError(f"replica {name} stopped answering (ejected after "

@@ -317,7 +317,7 @@ class LocalStack:
 
     def _control_plane_pids(self) -> list[int]:
         """Every process the stack started that is still running (the profile's replicas are gone by now)."""
-        return [int(p.process.pid) for p in self.supervisor.processes if p.alive()]
+        return [p.process.pid for p in self.supervisor.processes if p.alive()]
 
     def _follow_replicas_cpus(self) -> None:
         """The control plane onto the CPUs the replicas leave free (see :mod:`stack.cpu_pool`)."""

@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from router.app import ROUTER
 from tests.router.servers import eventually, router, stubs, url_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,6 +37,7 @@ def test_a_request_waiting_on_a_frozen_replica_gets_a_504_when_it_is_ejected() -
         eventually(lambda: r.sample("moeslo_router_requests_total", decision="lowest_predicted_ttft", **labels) == 1,
                    5, "the request counted")
         eventually(lambda: frozen.peer_closed == 1, 5, "the upstream connection closed")
+        assert r.app[ROUTER]._in_flight == {}  # nothing in flight: no record kept of the replica
 
 
 def test_a_stream_begun_on_a_replica_that_freezes_ends_with_an_error_event() -> None:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from stack.cpu_pool import SharedCpuPool, replica_cpus
@@ -58,8 +59,6 @@ def sleeper() -> Iterator[subprocess.Popen[str]]:
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
-    import psutil
-
     for child in psutil.Process(proc.pid).children(recursive=True):
         child.kill()
     proc.kill()
