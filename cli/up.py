@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
 from cli.common import cli_errors, console, print_json
+
+if TYPE_CHECKING:
+    from harness.loadgen import ArrivalProcess
+
+
+def _arrivals(value: str) -> ArrivalProcess:
+    if value not in ("even", "poisson"):
+        raise typer.BadParameter(f"--arrivals must be even or poisson, got {value!r}")
+    return cast("ArrivalProcess", value)
 
 
 def up(
@@ -26,6 +35,9 @@ def up(
     base_load: Annotated[
         float, typer.Option(help="The quiet start of the load, as a share of one replica's measured capacity.")
     ] = 0.55,
+    arrivals: Annotated[
+        str, typer.Option(help="Arrivals of the count trace: even (its shape at full volume) or poisson.")
+    ] = "even",
     inject_slowdown: Annotated[
         bool, typer.Option(help="Throttle every replica's CPU part-way through (a fault that pages).")
     ] = True,
@@ -46,6 +58,7 @@ def up(
 
     options = StackOptions(duration_s=duration, out=out, checkpoint=checkpoint, ep=ep, max_replicas=max_replicas,
                            cpus_per_replica=cpus_per_replica, speedup=speedup, trace=trace, base_load=base_load,
+                           arrivals=_arrivals(arrivals),
                            inject_slowdown=inject_slowdown, slowdown_at_s=slowdown_at, slowdown_for_s=slowdown_for,
                            prometheus=prometheus, router=router)
     with cli_errors():

@@ -26,7 +26,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import numpy as np
@@ -91,6 +91,14 @@ def plan_from_trace(
     ]
 
 
+ArrivalProcess = Literal["poisson", "even"]
+"""How arrivals fill a count trace's rates: ``poisson`` within each bin, or ``even``: the k-th arrival at a
+uniform point of the k-th unit of expected arrivals, so any window holds its expected count to within
+two.  A trace scaled down a thousandfold keeps its shape either way; ``poisson`` adds the counting
+noise of a small service (+-25 % over ten arrivals), ``even`` keeps the relative smoothness the
+trace had at full volume."""
+
+
 def plan_from_counts(
     counts: CountTrace,
     lengths: LengthDistribution,
@@ -103,26 +111,48 @@ def plan_from_counts(
     max_prompt_tokens: int = 1024,
     max_output_tokens: int = 256,
     seed: int = 0,
+    arrivals: ArrivalProcess = "poisson",
 ) -> list[LoadRequest]:
     """The shape of a count trace over ``[start_s, start_s + span_s)``, compressed into ``duration_s``.
 
     Rates keep the trace's shape and are scaled so the first tenth of the window averages
-    ``base_rate_rps`` (the run is sized from its quiet start); arrivals are Poisson within each
-    compressed bin, lengths drawn from ``lengths`` (then scaled and clipped as in :func:`plan_from_trace`).
+    ``base_rate_rps`` (the run is sized from its quiet start); arrivals follow ``arrivals``
+    (:data:`ArrivalProcess`), lengths drawn from ``lengths`` (then scaled and clipped as in
+    :func:`plan_from_trace`).
     """
     first = int(start_s // counts.bin_s)
     last = int(np.ceil((start_s + span_s) / counts.bin_s))
     shape = np.asarray(counts.counts[first:last], dtype=np.float64)
     if len(shape) == 0 or shape.sum() <= 0:
         raise ValueError(f"the count trace has no requests in [{start_s}, {start_s + span_s}) s")
+    if arrivals not in ("poisson", "even"):
+        raise ValueError(f"arrivals must be 'poisson' or 'even', got {arrivals!r}")
     bin_s = duration_s / len(shape)
     head = shape[: max(1, len(shape) // 10)]
     rates = shape / max(float(head.mean()), 1e-9) * base_rate_rps
     rng = np.random.default_rng(seed)
+    times = _even_arrivals(rates, bin_s, rng) if arrivals == "even" else _poisson_arrivals(rates, bin_s, rng)
+    return _with_lengths(times, lengths, rng, length_scale, max_prompt_tokens, max_output_tokens)
+
+
+def _poisson_arrivals(rates: np.ndarray, bin_s: float, rng: np.random.Generator) -> np.ndarray:
     per_bin = rng.poisson(rates * bin_s)
-    arrivals = np.sort(np.concatenate([
-        (i + np.sort(rng.random(n))) * bin_s for i, n in enumerate(per_bin) if n
-    ])) if per_bin.sum() else np.zeros(0)
+    if not per_bin.sum():
+        return np.zeros(0)
+    return np.sort(np.concatenate([(i + np.sort(rng.random(n))) * bin_s for i, n in enumerate(per_bin) if n]))
+
+
+def _even_arrivals(rates: np.ndarray, bin_s: float, rng: np.random.Generator) -> np.ndarray:
+    expected = np.concatenate([[0.0], np.cumsum(rates * bin_s)])
+    count = int(np.floor(expected[-1]))
+    units = np.arange(count) + rng.random(count)
+    return np.asarray(np.interp(units, expected, np.arange(len(rates) + 1) * bin_s), dtype=np.float64)
+
+
+def _with_lengths(
+    arrivals: np.ndarray, lengths: LengthDistribution, rng: np.random.Generator, length_scale: float,
+    max_prompt_tokens: int, max_output_tokens: int,
+) -> list[LoadRequest]:
     prompt, output = lengths.sample(len(arrivals), rng)
     prompts = np.clip(np.round(prompt * length_scale), 1, max_prompt_tokens).astype(int)
     outputs = np.clip(np.round(output * length_scale), 1, max_output_tokens).astype(int)
@@ -254,6 +284,7 @@ def summarize(records: Sequence[RequestRecord], *, wall_s: float) -> dict[str, A
 
 
 __all__ = [
+    "ArrivalProcess",
     "LoadRequest",
     "RequestRecord",
     "percentile",

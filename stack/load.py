@@ -77,10 +77,11 @@ def load_plan(options: StackOptions, base_rate_rps: float) -> tuple[list[LoadReq
             trace, lengths, start_s=options.trace_start_h * 3600, span_s=options.trace_span_h * 3600,
             duration_s=options.duration_s, base_rate_rps=base_rate_rps, length_scale=options.length_scale,
             max_prompt_tokens=MAX_PROMPT_TOKENS, max_output_tokens=MAX_OUTPUT_TOKENS, seed=options.seed,
+            arrivals=options.arrivals,
         )
         start, end = options.trace_start_h, options.trace_start_h + options.trace_span_h
         what = (f"{path.name}: {start:02.0f}:00-{end:02.0f}:00 compressed into {options.duration_s:.0f} s, "
-                f"starting at {base_rate_rps:.2f} requests/s")
+                f"starting at {base_rate_rps:.2f} requests/s, {options.arrivals} arrivals")
         return plan, what
     plan = plan_from_trace(
         trace, duration_s=options.duration_s, speedup=options.speedup, length_scale=options.length_scale,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.loadgen import RequestRecord
+from harness.loadgen import ArrivalProcess, RequestRecord
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +37,10 @@ class StackOptions:
     """The window of a count trace compressed into ``duration_s`` (04:00 to 16:00: the morning rise)."""
     speedup: float = 1.0
     """Time compression of a request trace."""
+    arrivals: ArrivalProcess = "even"
+    """How a count trace's rates become arrivals: ``even`` keeps the smoothness of the trace at full volume
+    (a day of a large service scaled down a thousandfold); ``poisson`` adds a small service's counting noise
+    (:data:`harness.loadgen.ArrivalProcess`)."""
     base_load: float = 0.55
     """The quiet start of a count trace, as a share of the request rate one replica sustains within
     the objectives (from the profile the stack measures): the rise then needs a second replica."""
