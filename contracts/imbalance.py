@@ -127,6 +127,33 @@ def rank_load(phy2log: IntArray, load: FloatArray, num_ranks: int) -> FloatArray
     return out
 
 
+def rank_dispersion(windows: npt.ArrayLike, phy2log: IntArray, num_ranks: int) -> float:
+    """How much more the ranks' shares vary between windows than independent routing explains (at least 1).
+
+    :func:`sampling_noise_cv` takes every routed assignment as an independent draw.  They are not:
+    a token's top-k assignments go together, a request's decode tokens route alike, and the hot
+    experts drift.  Over windows of expert load ``(windows, layers, experts)`` mapped to ranks by
+    ``phy2log``, this is Pearson's chi-square of homogeneity (windows x ranks, per layer) over its
+    degrees of freedom, pooled over layers: the overdispersion of quasi-likelihood models, about 1
+    for independent draws.  Noise widths scale with its square root.  1 with fewer than two windows.
+    """
+    loads = np.asarray(windows, dtype=np.float64)
+    if loads.ndim != 3 or loads.shape[0] < 2 or num_ranks < 2:
+        return 1.0
+    table = np.stack([rank_load(phy2log, w, num_ranks) for w in loads], axis=1)  # (layers, windows, ranks)
+    rows = table.sum(axis=2, keepdims=True)
+    cols = table.sum(axis=1, keepdims=True)
+    total = rows.sum(axis=1, keepdims=True)
+    expected = np.divide(rows * cols, total, out=np.zeros_like(table), where=total > 0)
+    cells = np.divide((table - expected) ** 2, expected, out=np.zeros_like(table), where=expected > 0)
+    windows_with_load = (rows[..., 0] > 0).sum(axis=1)
+    ranks_with_load = (cols[:, 0, :] > 0).sum(axis=1)
+    dof = np.maximum(windows_with_load - 1, 0) * np.maximum(ranks_with_load - 1, 0)
+    if dof.sum() == 0:
+        return 1.0
+    return max(1.0, float(cells.sum() / dof.sum()))
+
+
 __all__ = [
     "ACROSS_LAYER_STATS",
     "Imbalance",
@@ -135,6 +162,7 @@ __all__ = [
     "denoised_cv",
     "imbalance_cv",
     "max_over_mean",
+    "rank_dispersion",
     "rank_load",
     "sampling_noise_cv",
 ]

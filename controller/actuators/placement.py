@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.errors import UnavailableError
-from contracts.imbalance import rank_load, sampling_noise_cv
+from contracts.imbalance import rank_dispersion, rank_load, sampling_noise_cv
 from contracts.placement import Placement
 from controller.policy import Mode, Policy
 from controller.rebalance import (
@@ -217,9 +217,13 @@ class Rebalancer:
         """Judge the pending plan on the window measured since it was applied (None: too few tokens yet)."""
         applied = state.pending
         assert applied is not None
+        # The windows seen before and since the swap, as the new placement splits them: how far the
+        # ranks' shares wander between windows beyond what independent draws explain.
+        dispersion = rank_dispersion(np.asarray(state.loads.windows()), applied.placement.phy2log,
+                                     applied.placement.num_ranks)
         result = verify_rebalance(
             plan=applied, measured_cv=snap.imbalance_cv, objective=policy.objectives.imbalance,
-            assignments=assignments, predicted_cv=state.pending_cv,
+            assignments=assignments, predicted_cv=state.pending_cv, dispersion=dispersion,
         )
         waited_s = now_s - state.applied_at_s
         if result.reason == "insufficient_traffic" and waited_s < VERIFY_PATIENCE * self.verify_after_s:

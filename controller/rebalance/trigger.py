@@ -199,6 +199,8 @@ class VerifyResult:
     """The worst layer's sampling-noise floor over the window (None: unknown, taken as 0)."""
     denoised_cv: float | None = None
     """The worst layer's measured CV with its noise taken out."""
+    noise_dispersion: float = 1.0
+    """How many times the independent-draw variance the noise was taken as (:func:`rank_dispersion`)."""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -212,6 +214,7 @@ def verify_rebalance(
     assignments: npt.ArrayLike | None = None,
     tolerance: float = 0.05,
     predicted_cv: npt.ArrayLike | None = None,
+    dispersion: float = 1.0,
 ) -> VerifyResult:
     """Check the per-layer CV measured after applying ``plan`` over a window of ``assignments`` per layer.
 
@@ -222,6 +225,8 @@ def verify_rebalance(
     to tell (the noise alone is half the objective); ``verified`` otherwise.  Without
     ``assignments`` the noise is taken as 0.  ``predicted_cv`` (per layer, noise-free) replaces
     the plan's own prediction, e.g. its out-of-sample one (:class:`HeldOutGain`'s ``cv_after``).
+    ``dispersion`` (:func:`contracts.imbalance.rank_dispersion` over the engine's recent windows)
+    widens the noise where routed assignments are not independent draws.
     """
     predicted = plan.imbalance_after.cv if predicted_cv is None else np.asarray(predicted_cv, dtype=np.float64)
     active = plan.active
@@ -234,7 +239,7 @@ def verify_rebalance(
         raise ValidationError(f"measured CV has {measured.size} layers, the plan has {predicted.size}")
     noise = np.zeros_like(measured)
     if assignments is not None:
-        noise = sampling_noise_cv(assignments, plan.placement.num_ranks, plan.rank_load)
+        noise = sampling_noise_cv(assignments, plan.placement.num_ranks, plan.rank_load) * np.sqrt(max(dispersion, 1.0))
     if not active.any():
         return VerifyResult(ok=True, reason="verified", measured_cv=0.0, predicted_cv=0.0, measured_minus_predicted=0.0)
     expected = np.sqrt(predicted * predicted + noise * noise)
@@ -255,4 +260,5 @@ def verify_rebalance(
         ok=reason == "verified", reason=reason, measured_cv=float(measured[active].max()),
         predicted_cv=predicted_worst, measured_minus_predicted=gap,
         noise_cv=worst_noise if assignments is not None else None, denoised_cv=float(clean[active].max()),
+        noise_dispersion=max(dispersion, 1.0),
     )

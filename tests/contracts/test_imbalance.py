@@ -28,3 +28,45 @@ def test_the_sampling_noise_floor_matches_multinomial_routing() -> None:
     assert float(sampling_noise_cv(300, 2)) == pytest.approx((1 / 300) ** 0.5)
     assert float(sampling_noise_cv(0, 2)) == float("inf")
     assert denoised_cv([0.5, 0.1], [0.3, 0.2]).tolist() == pytest.approx([0.4, 0.0])
+
+
+def test_rank_dispersion_is_one_for_independent_draws_and_the_clump_size_for_clumped_ones() -> None:
+    """Windows of multinomial routing: about 1 (floored there); every draw counted k times: about k.
+    A clumped window's CV spreads k times the variance the independent-draw floor gives it."""
+    from contracts.imbalance import imbalance_cv, rank_dispersion, rank_load, sampling_noise_cv
+
+    rng = np.random.default_rng(7)
+    layers, experts, ranks = 4, 16, 2
+    phy2log = np.tile(np.arange(experts), (layers, 1))
+    p = rng.dirichlet(np.ones(experts), size=layers)
+
+    def window(draws: int, clump: int) -> np.ndarray:
+        return np.stack([clump * rng.multinomial(draws, row) for row in p]).astype(float)
+
+    independent = [rank_dispersion(np.stack([window(2000, 1) for _ in range(6)]), phy2log, ranks) for _ in range(20)]
+    assert np.median(independent) == pytest.approx(1.0, abs=0.15)
+    clumped = [rank_dispersion(np.stack([window(250, 8) for _ in range(6)]), phy2log, ranks) for _ in range(20)]
+    assert np.median(clumped) == pytest.approx(8.0, rel=0.25)
+    # What the factor is for: the measured CV of a clumped window spreads sqrt(k) times as wide as an
+    # independent window's of as many assignments, which the floor (counting assignments) cannot see.
+    def spread(draws: int, clump: int) -> np.ndarray:
+        cvs = [imbalance_cv(rank_load(phy2log, window(draws, clump), ranks)) for _ in range(400)]
+        return np.std(cvs, axis=0)
+
+    assert float(np.mean(spread(250, 8) / spread(2000, 1))) == pytest.approx(np.sqrt(8.0), rel=0.2)
+    floor = sampling_noise_cv(np.full(layers, 2000.0), ranks, rank_load(phy2log, p, ranks))
+    assert np.all(floor == sampling_noise_cv(np.full(layers, 250.0 * 8), ranks, rank_load(phy2log, p, ranks)))
+
+
+def test_rank_dispersion_needs_two_windows_with_load() -> None:
+    from contracts.imbalance import rank_dispersion
+
+    phy2log = np.tile(np.arange(4), (1, 1))
+    one = np.ones((1, 1, 4))
+    assert rank_dispersion(one, phy2log, 2) == 1.0
+    assert rank_dispersion(np.zeros((3, 1, 4)), phy2log, 2) == 1.0
+    assert rank_dispersion(np.ones((3, 1, 4)), phy2log, 1) == 1.0
+    steady = np.array([[[100.0, 0.0, 100.0, 0.0]], [[0.0, 100.0, 100.0, 0.0]], [[100.0, 0.0, 0.0, 100.0]]])
+    assert rank_dispersion(steady, phy2log, 2) == 1.0  # experts 0-1 on rank 0, 2-3 on rank 1: even every window
+    drifting = np.array([[[200.0, 0.0, 0.0, 0.0]], [[0.0, 0.0, 200.0, 0.0]], [[0.0, 100.0, 0.0, 100.0]]])
+    assert rank_dispersion(drifting, phy2log, 2) > 100  # the hot expert moves from rank to rank

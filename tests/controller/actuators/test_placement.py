@@ -160,3 +160,43 @@ def test_with_min_windows_the_first_plan_waits_for_a_held_out_prediction() -> No
     assert len(applied) == 1  # sustained since 0 s, but planned only once a second window began (10 s)
     assert applied[0].plan["windows"] == 2 and applied[0].decision.prediction == "held_out"
     assert len(engine.applied) == 1
+
+
+class SwappingEngine(InMemoryEngine):
+    """Fifty times the load, and 400 tokens move from one hot expert to the other every other read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
+        self.reads += 1
+        load = LOAD * 50
+        if self.reads % 2 == 0:
+            load[0, 0] -= 400
+            load[0, 1] += 400
+        ranks = rank_load(self.placement.phy2log, load.astype(float), self.placement.num_ranks)
+        return ExpertLoadSnapshot(expert_tokens=load, imbalance_cv=tuple(float(x) for x in imbalance_cv(ranks)),
+                                  steps_in_window=64, placement=self.placement)
+
+
+def test_verification_widens_its_noise_by_the_windows_dispersion() -> None:
+    """Windows whose rank shares move more than independent draws explain widen the verification's noise;
+    identical windows leave it as it was."""
+    steady = _run(InMemoryEngine(), Mode.ENFORCE, [0, 5, 11, 20, 30])[1].verify
+    assert steady.noise_dispersion == 1.0
+    engine = SwappingEngine()
+    rebalancer = Rebalancer(engine, TriggerSettings(cooldown_s=100), verify_after_s=5, window_every_s=4)
+
+    async def ticks() -> list[Any]:
+        events = []
+        for now in (0, 5, 11, 20, 30):
+            events += await rebalancer.tick(_policy(Mode.ENFORCE), ["http://engine"], float(now))
+        return events
+
+    verify = next(e for e in asyncio.run(ticks()) if e.kind == "verify").verify
+    assert verify.ok and verify.noise_dispersion > 5
+    assert verify.to_json()["noise_dispersion"] == verify.noise_dispersion
+    # Fifty times the tokens: the independent-draw floor alone would be sqrt(50) times narrower than steady's.
+    assert verify.noise_cv is not None and steady.noise_cv is not None
+    assert verify.noise_cv > steady.noise_cv / 50**0.5 * 2

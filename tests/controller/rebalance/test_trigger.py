@@ -165,3 +165,40 @@ def test_the_trigger_ignores_a_violation_that_is_only_noise(skewed_plan) -> None
     real = [CvObservation.of(t, [0.01, 0.4], [0.0, 0.05]) for t in (0, 200, 400)]
     d = decide_rebalance(objective=OBJECTIVE, history=real, now_s=400, last_rebalance_s=None, plan=skewed_plan)
     assert d.reason == "rebalance"
+
+
+def test_clumped_routing_verifies_with_its_measured_dispersion(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    """Every routed draw counted 16 times (a request's decode tokens routing alike): the independent-draw
+    floor is too narrow and a good plan fails by chance; the dispersion measured over the windows
+    widens it, and a plan that was not applied still fails."""
+    from contracts.imbalance import imbalance_cv, rank_dispersion, rank_load
+
+    rng = np.random.default_rng(11)
+    experts = skewed_plan.placement.phy2log
+    load = np.ones((2, 16))
+    load[:, 0:4] = 10.0
+
+    def windows(expert_load: np.ndarray, draws: int = 60) -> np.ndarray:
+        p = expert_load / expert_load.sum(axis=1, keepdims=True)
+        return np.stack([np.stack([16 * rng.multinomial(draws, row) for row in p]) for _ in range(4)]).astype(float)
+
+    def verify(seen: np.ndarray, placement: np.ndarray, dispersion: float = 1.0):  # type: ignore[no-untyped-def]
+        cv = imbalance_cv(rank_load(placement, seen[-1], 4))
+        return verify_rebalance(plan=skewed_plan, measured_cv=cv, objective=OBJECTIVE, tolerance=0.0,
+                                assignments=seen[-1].sum(axis=1), dispersion=dispersion)
+
+    naive = widened = 0
+    for _ in range(40):
+        seen = windows(load)
+        dispersion = rank_dispersion(seen, experts, 4)
+        naive += verify(seen, experts).reason == "worse_than_predicted"
+        result = verify(seen, experts, dispersion)
+        widened += result.reason == "worse_than_predicted"
+        assert result.noise_dispersion == pytest.approx(dispersion) and dispersion > 1.5
+    assert naive >= 8 and widened <= 1
+    # The plan was not applied: the four hot experts still sit on rank 0 (60 draws a window are too few
+    # to tell once the noise is widened: insufficient traffic; 600 are enough).
+    contiguous = Placement.contiguous(2, 16, 4, 5).phy2log
+    seen = windows(load, 600)
+    bad = verify(seen, contiguous, rank_dispersion(seen, contiguous, 4))
+    assert bad.reason == "worse_than_predicted"
