@@ -58,9 +58,8 @@ def up(
 
     options = StackOptions(duration_s=duration, out=out, checkpoint=checkpoint, ep=ep, max_replicas=max_replicas,
                            cpus_per_replica=cpus_per_replica, speedup=speedup, trace=trace, base_load=base_load,
-                           arrivals=_arrivals(arrivals),
-                           inject_slowdown=inject_slowdown, slowdown_at_s=slowdown_at, slowdown_for_s=slowdown_for,
-                           prometheus=prometheus, router=router)
+                           arrivals=_arrivals(arrivals), inject_slowdown=inject_slowdown,
+                           slowdown_at_s=slowdown_at, slowdown_for_s=slowdown_for, prometheus=prometheus, router=router)
     with cli_errors():
         if live and console.is_terminal:
             with Live(console=console, refresh_per_second=2, transient=False) as view:
