@@ -27,6 +27,7 @@ from contracts.catalogue import (
     GOOD_EVENTS_RECORD,
     ITL_HISTOGRAM,
     LAYER_IMBALANCE_CV,
+    LAYER_IMBALANCE_CV_NOISE,
     TOTAL_EVENTS_RECORD,
     le_matcher,
 )
@@ -257,20 +258,22 @@ def _imbalance_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     # The rebalancer acts after sustain_s of imbalance: give it that long twice before a ticket.
     sustain_s = policy.objectives.imbalance.sustain_s
     imbalance_for = format_duration(max(parse_duration_s(options.imbalance_for), 2 * sustain_s))
+    selector = f'{{model_name="{_selector_value(policy.model_name)}"}}'
+    cv, noise = f"{LAYER_IMBALANCE_CV}{selector}", f"{LAYER_IMBALANCE_CV_NOISE}{selector}"
+    # Judged as the rebalancer judges it: the CV with the window's sampling noise taken out
+    # (sqrt(CV^2 - noise^2)), so a quiet engine's short windows do not open tickets; an engine
+    # that exports no noise floor is judged on its CV as measured.
     return AlertingRule(
         alert="MoesloExpertImbalance",
-        expr=(
-            f'max by (model_name) ({LAYER_IMBALANCE_CV}{{model_name="{_selector_value(policy.model_name)}"}})'
-            f" > {max_cv}"
-        ),
+        expr=f"max by (model_name) (sqrt(clamp_min(({cv} ^ 2 - {noise} ^ 2) or {cv} ^ 2, 0))) > {max_cv}",
         for_=options.for_override or imbalance_for,
         labels={"severity": "ticket", "policy": policy.name, "slo": "imbalance"},
         annotations={
             "summary": f"Expert load imbalance of policy {policy.name} above CV {max_cv}",
             "description": (
                 "The most imbalanced MoE layer of {{ $labels.model_name }} has per-rank load CV "
-                f"{{{{ printf `%.3g` $value }}}} > {max_cv} for {imbalance_for}; the rebalancer "
-                "has not brought it back."
+                f"{{{{ printf `%.3g` $value }}}} (sampling noise taken out) > {max_cv} for {imbalance_for}; "
+                "the rebalancer has not brought it back."
             ),
         },
     )
