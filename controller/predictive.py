@@ -40,7 +40,7 @@ __all__ = ["Assessment", "PredictiveAdvisor", "PredictiveConfig"]
 CHEAP_REFIT_BINS = 256
 """A refit over fewer bins costs well under 10 ms: it does not use the per-tick refit budget."""
 LENGTH_SMOOTHING = 0.05
-"""EWMA weight of each tick's mean prompt and output tokens per request."""
+"""Weight of each tick's tokens and requests in the decayed sums that give tokens per request."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,21 +77,29 @@ class _PolicyForecast:
     min_history_bins: int
     bins: int = 0
     last_observed_at_s: float | None = None
-    mean_prompt_tokens: float | None = None
-    mean_output_tokens: float | None = None
+    _decayed_requests: float = 0.0
+    _decayed_prompt: float = 0.0
+    _decayed_output: float = 0.0
 
     def observe(self, rate: float, prompt: float, output: float) -> None:
         self.audit.observe(self.bins, rate)
         self.rate.observe(rate)
         self.bins += 1
-        if rate <= 0:
-            return
-        if self.mean_prompt_tokens is None or self.mean_output_tokens is None:
-            self.mean_prompt_tokens, self.mean_output_tokens = prompt / rate, output / rate
-            return
-        w = LENGTH_SMOOTHING
-        self.mean_prompt_tokens = (1 - w) * self.mean_prompt_tokens + w * prompt / rate
-        self.mean_output_tokens = (1 - w) * self.mean_output_tokens + w * output / rate
+        # Tokens per request as decayed sums of tokens over decayed sums of requests: each tick
+        # weighs by its volume, so the first ticks' handful of requests (prompts counted as they
+        # are admitted, requests as they finish) do not set the lengths for the next twenty ticks.
+        keep = 1.0 - LENGTH_SMOOTHING
+        self._decayed_requests = keep * self._decayed_requests + rate
+        self._decayed_prompt = keep * self._decayed_prompt + prompt
+        self._decayed_output = keep * self._decayed_output + output
+
+    @property
+    def mean_prompt_tokens(self) -> float | None:
+        return self._decayed_prompt / self._decayed_requests if self._decayed_requests > 0 else None
+
+    @property
+    def mean_output_tokens(self) -> float | None:
+        return self._decayed_output / self._decayed_requests if self._decayed_requests > 0 else None
 
     @property
     def warm(self) -> bool:

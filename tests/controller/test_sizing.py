@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from controller.builder import CoreOptions, build_decision_core, sizing_advisor
 from controller.capacity import Load
@@ -164,3 +165,20 @@ def test_a_p99_of_a_few_requests_does_not_correct_the_capacity_model() -> None:
     assert seen_few is not None and seen_many is not None
     assert seen_few.details["itl_correction"] == 1.0  # eight requests' worst gap says little
     assert float(seen_many.details["itl_correction"]) > 1.5
+
+
+def test_the_first_ticks_handful_of_requests_does_not_set_the_forecasts_lengths() -> None:
+    """A first window of two long prompts (0.2 requests/s at 4,000 tokens), then a steady 1,000 tokens a
+    request: the forecast sizes with lengths weighed by volume (about 1,000), not the first tick's."""
+    advisor, pol = sizing(), policy()
+    first = replace(observe(0.0, 0.2, 5), prompt_tokens_per_s=0.2 * 4 * PROMPT)
+    advisor.advise(pol, first, 0.0)
+    for k in range(1, 20):
+        advisor.advise(pol, observe(k * TICK_S, 10.0, 5), k * TICK_S)
+    view = advisor.predictive.assess(pol, observe(20 * TICK_S, 10.0, 5), 20 * TICK_S)
+    assert view is not None and view.forecast is not None
+    per_request = view.forecast.sized_prompt_tokens_per_s / view.forecast.sized_request_rate_rps
+    first_weight = 0.95**20  # decayed by each of the 20 ticks since
+    expected = PROMPT * (1 + 3 * 0.2 * first_weight / (0.2 * first_weight + 10 * sum(0.95**k for k in range(20))))
+    assert per_request == pytest.approx(expected, rel=1e-9)
+    assert abs(per_request - PROMPT) < 0.01 * PROMPT
