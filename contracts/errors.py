@@ -2,8 +2,11 @@
 
 Every error the project raises on purpose derives from :class:`MoesloError`
 and carries structured fields.  HTTP status codes are mapped from these
-classes in one place per server (``controller.api.errors`` and
-``engine.server``), so no handler invents its own.  Errors only one package
+classes by one function over two tables (:func:`http_status`): the OpenAI
+dialect of the engine and the router (:data:`OPENAI_STATUS`: bad input is
+400, as OpenAI's API answers), and the controller's REST API, which extends
+it with its own classes (``controller.api.errors``: bad input is 422, as
+FastAPI answers), so no handler invents its own.  Errors only one package
 raises live in that package and subclass these (``engine.errors``,
 ``controller.errors``)::
 
@@ -77,13 +80,36 @@ class DataError(MoesloError):
         super().__init__(where + message)
 
 
+StatusTable = tuple[tuple[type[MoesloError], int], ...]
+"""(class, HTTP status), most specific first: the first class the error is an instance of decides."""
+
+OPENAI_STATUS: StatusTable = (
+    (PlacementError, 422),
+    (ValidationError, 400),
+    (NotFoundError, 404),
+    (ConflictError, 409),
+    (OverloadedError, 429),
+    (UnavailableError, 503),
+    (MoesloError, 500),
+)
+"""The engine's and the router's statuses (the router puts its upstream errors in front)."""
+
+
+def http_status(exc: MoesloError, table: StatusTable = OPENAI_STATUS) -> int:
+    """The HTTP status of ``exc`` under ``table`` (500 for a class the table does not name)."""
+    return next((status for cls, status in table if isinstance(exc, cls)), 500)
+
+
 __all__ = [
+    "OPENAI_STATUS",
     "ConflictError",
     "DataError",
     "MoesloError",
     "NotFoundError",
     "OverloadedError",
     "PlacementError",
+    "StatusTable",
     "UnavailableError",
     "ValidationError",
+    "http_status",
 ]

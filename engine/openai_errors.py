@@ -22,13 +22,12 @@ from typing import Any
 from fastapi.responses import Response
 
 from contracts.errors import (
-    ConflictError,
     MoesloError,
     NotFoundError,
     OverloadedError,
-    PlacementError,
     UnavailableError,
     ValidationError,
+    http_status,
 )
 from engine.errors import PromptTooLongError
 
@@ -42,20 +41,8 @@ _PARAM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)(?::| must | 
 
 
 def status_for(exc: MoesloError) -> int:
-    """The one mapping from moeslo errors to HTTP status codes."""
-    if isinstance(exc, PlacementError):
-        return 422
-    if isinstance(exc, ValidationError):
-        return 400
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, ConflictError):
-        return 409
-    if isinstance(exc, OverloadedError):
-        return 429
-    if isinstance(exc, UnavailableError):
-        return 503
-    return 500
+    """The engine's HTTP status for ``exc`` (:data:`contracts.errors.OPENAI_STATUS`)."""
+    return http_status(exc)
 
 
 def error_type(status: int) -> str:

@@ -21,7 +21,15 @@ import json
 import math
 from typing import Any
 
-from contracts.errors import MoesloError, NotFoundError, OverloadedError, UnavailableError, ValidationError
+from contracts.errors import (
+    OPENAI_STATUS,
+    MoesloError,
+    OverloadedError,
+    StatusTable,
+    UnavailableError,
+    ValidationError,
+    http_status,
+)
 
 UNAVAILABLE_RETRY_AFTER_S = 1
 """Retry-After of a 503 (no healthy replica); the engine's own 503 says 5."""
@@ -39,21 +47,13 @@ class UpstreamTimeoutError(UpstreamError):
     """A replica did not answer within the upstream timeout."""
 
 
+ROUTER_STATUS: StatusTable = ((UpstreamTimeoutError, 504), (UpstreamError, 502), *OPENAI_STATUS)
+"""The router's statuses: a replica that did not answer in time 504, one whose answer broke 502."""
+
+
 def status_for(exc: MoesloError) -> int:
-    """The one mapping from errors to HTTP status codes in the router."""
-    if isinstance(exc, ValidationError):
-        return 400
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, OverloadedError):
-        return 429
-    if isinstance(exc, UpstreamTimeoutError):
-        return 504
-    if isinstance(exc, UpstreamError):
-        return 502
-    if isinstance(exc, UnavailableError):
-        return 503
-    return 500
+    """The router's HTTP status for ``exc`` (:data:`ROUTER_STATUS`)."""
+    return http_status(exc, ROUTER_STATUS)
 
 
 def error_document(exc: MoesloError) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]:
@@ -80,6 +80,7 @@ def sse_error_event(exc: MoesloError) -> bytes:
 
 
 __all__ = [
+    "ROUTER_STATUS",
     "UNAVAILABLE_RETRY_AFTER_S",
     "UpstreamError",
     "UpstreamTimeoutError",

@@ -30,8 +30,10 @@ from contracts.errors import (
     MoesloError,
     NotFoundError,
     OverloadedError,
+    StatusTable,
     UnavailableError,
     ValidationError,
+    http_status,
 )
 from controller.errors import ActuationError
 from controller.store import StaleVersionError
@@ -47,8 +49,8 @@ class PreconditionRequiredError(MoesloError):
     """A conditional write (If-Match) is required by the configuration but was not sent."""
 
 
-# Most specific first: the first matching class decides.
-STATUS_BY_ERROR: tuple[tuple[type[MoesloError], int], ...] = (
+# The REST dialect: bad input 422 (as FastAPI answers it), and the controller's own classes first.
+STATUS_BY_ERROR: StatusTable = (
     (UnauthorizedError, 401),
     (PreconditionRequiredError, 428),
     (StaleVersionError, 412),
@@ -64,10 +66,7 @@ STATUS_BY_ERROR: tuple[tuple[type[MoesloError], int], ...] = (
 
 
 def status_for(exc: MoesloError) -> int:
-    for cls, status in STATUS_BY_ERROR:
-        if isinstance(exc, cls):
-            return status
-    raise AssertionError("unreachable: MoesloError is the last entry")
+    return http_status(exc, STATUS_BY_ERROR)
 
 
 class FieldProblem(BaseModel):
