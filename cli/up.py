@@ -34,7 +34,7 @@ def up(
     ] = None,
     base_load: Annotated[
         float, typer.Option(help="The quiet start of the load, as a share of one replica's measured capacity.")
-    ] = 0.55,
+    ] = 0.7,
     arrivals: Annotated[
         str, typer.Option(help="Arrivals of the count trace: even (its shape at full volume) or poisson.")
     ] = "even",
