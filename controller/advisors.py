@@ -15,6 +15,10 @@ replicas already asked for but still starting are counted as coming):
 - ``slo_burn``: the short-window burn rate of TTFT or ITL exceeds
   ``burn_rate_scale_up`` (budget spent faster than the window allows);
 - ``latency_p99``: p99 TTFT or ITL above its threshold: need grows by the ratio;
+- both only for an SLI whose misses are beyond chance at its objective
+  (:func:`controller.slo.misses_beyond_chance`; ``burn_within_chance`` in the details
+  says one was left out): over a 30 s window a replica's few hundred token gaps burn
+  above 1 by chance alone;
 - ``high_utilization``: mean KV-cache usage above ``kv_scale_up_usage``: size
   the ready replicas for ``target_kv_usage`` (HPA-style, before queues form).
 
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 
 from controller.entry_demand import entry_idle, router_waiting
 from controller.policy import Policy
-from controller.slo import burn_rate
+from controller.slo import burn_rate, misses_beyond_chance
 from controller.types import Advice, PolicyObservation, Reason, SliSnapshot
 
 __all__ = ["ReactiveAdvisor", "ReactiveConfig"]
@@ -111,12 +115,13 @@ class ReactiveAdvisor:
         if kv is not None and ready > 0 and kv > cfg.kv_scale_up_usage:
             sized = math.ceil(round(ready * kv / cfg.target_kv_usage, 9))
             up_needs.append((min(ceiling, max(ready + 1, sized)), Reason.HIGH_UTILIZATION))
-        worst_burn, worst_latency_ratio = self._sli_pressure(policy, sli)
+        pressure = _sli_pressure(policy, sli, max(1.0, (observation.running_requests or 0.0) / max(ready, 1)))
+        worst_burn, worst_latency_ratio = pressure.worst_burn, pressure.worst_latency_ratio
         sli_needs: list[tuple[int, str]] = []
-        if worst_burn is not None and worst_burn > cfg.burn_rate_scale_up:
+        if pressure.up_burn is not None and pressure.up_burn > cfg.burn_rate_scale_up:
             sli_needs.append((ready + max(1, math.ceil(ready * cfg.up_step_fraction)), Reason.SLO_BURN))
-        if worst_latency_ratio is not None and worst_latency_ratio > 1.0:
-            grown = math.ceil(ready * min(worst_latency_ratio, cfg.max_up_factor))
+        if pressure.up_latency_ratio is not None and pressure.up_latency_ratio > 1.0:
+            grown = math.ceil(ready * min(pressure.up_latency_ratio, cfg.max_up_factor))
             sli_needs.append((max(ready + 1, grown), Reason.LATENCY_P99))
         if sli is not None and sli_needs:
             up_needs.extend(self._one_sli_step_per_window(policy.name, sli.window_s, sli_needs, current, now_s))
@@ -125,6 +130,7 @@ class ReactiveAdvisor:
             "ready_replicas": ready,
             "worst_burn_rate": worst_burn,
             "worst_latency_ratio": worst_latency_ratio,
+            "burn_within_chance": pressure.within_chance,
         }
         if up_needs:
             need = max(n for n, _ in up_needs)
@@ -189,23 +195,52 @@ class ReactiveAdvisor:
             return None
         return sli
 
-    @staticmethod
-    def _sli_pressure(policy: Policy, sli: SliSnapshot | None) -> tuple[float | None, float | None]:
-        """The worst short-window burn rate and the worst p99 / threshold ratio over TTFT and ITL."""
-        if sli is None:
-            return None, None
-        objectives = policy.objectives
-        burns = [
-            burn_rate(min(max(ratio, 0.0), 1.0), objective.target)
-            for ratio, objective in (
-                (sli.ttft_good_ratio, objectives.ttft),
-                (sli.itl_good_ratio, objectives.itl),
-            )
-            if ratio is not None
-        ]
-        latency_ratios = [
-            p99_s / objective.threshold_s
-            for p99_s, objective in ((sli.ttft_p99_s, objectives.ttft), (sli.itl_p99_s, objectives.itl))
-            if p99_s is not None
-        ]
-        return (max(burns) if burns else None, max(latency_ratios) if latency_ratios else None)
+
+
+@dataclass(frozen=True, slots=True)
+class _SliPressure:
+    worst_burn: float | None = None
+    """The worst short-window burn rate over TTFT and ITL (the scale-down health check reads it)."""
+    worst_latency_ratio: float | None = None
+    """The worst p99 / threshold."""
+    up_burn: float | None = None
+    """The same over the SLIs whose misses are beyond chance: what scale-ups answer."""
+    up_latency_ratio: float | None = None
+    within_chance: bool = False
+    """A burn above 1 or a p99 over its threshold was left out: chance at the objective explains it."""
+
+
+def _sli_pressure(policy: Policy, sli: SliSnapshot | None, itl_clump: float) -> _SliPressure:
+    """Burn rates and p99 ratios of the SLI window; a scale-up answers only misses beyond chance
+    (:func:`controller.slo.misses_beyond_chance`: ITL gaps in clumps of ``itl_clump``, the running
+    requests per replica, as one stalled step delays each one's next token)."""
+    if sli is None:
+        return _SliPressure()
+    objectives = policy.objectives
+    itl_events, clump = sli.itl_events_in_window, itl_clump
+    if itl_events is None:
+        itl_events, clump = sli.requests_in_window, 1.0
+    burns: list[float] = []
+    ratios: list[float] = []
+    up_burns: list[float] = []
+    up_ratios: list[float] = []
+    within_chance = False
+    for good, p99_s, objective, events, per in (
+        (sli.ttft_good_ratio, sli.ttft_p99_s, objectives.ttft, sli.requests_in_window, 1.0),
+        (sli.itl_good_ratio, sli.itl_p99_s, objectives.itl, itl_events, clump),
+    ):
+        burn = None if good is None else burn_rate(min(max(good, 0.0), 1.0), objective.target)
+        ratio = None if p99_s is None else p99_s / objective.threshold_s
+        burns += [] if burn is None else [burn]
+        ratios += [] if ratio is None else [ratio]
+        if good is not None and events is not None and not misses_beyond_chance(good, events, objective.target,
+                                                                                 clump=per):
+            within_chance = within_chance or (burn or 0.0) > 1.0 or (ratio or 0.0) > 1.0
+            continue
+        up_burns += [] if burn is None else [burn]
+        up_ratios += [] if ratio is None else [ratio]
+    return _SliPressure(
+        worst_burn=max(burns, default=None), worst_latency_ratio=max(ratios, default=None),
+        up_burn=max(up_burns, default=None), up_latency_ratio=max(up_ratios, default=None),
+        within_chance=within_chance,
+    )

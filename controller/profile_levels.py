@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.stats import binom
 
+from controller.slo import MISS_SIGNIFICANCE
+
 if TYPE_CHECKING:
     from controller.capacity import ReplicaProfile
 
@@ -32,8 +34,6 @@ its machine with more than the sweep did: in ``moeslo up`` runs, replicas profil
 sized from 2.01 read 99.2-100 % (docs/benchmarks.md, sixth stop)."""
 MIN_HELD_REQUESTS = 10
 """Pooled requests a level needs to count towards the held rate."""
-MISS_SIGNIFICANCE = 0.05
-"""A level did not hold when that many misses (or more) had less than this chance at the held share."""
 
 
 @dataclass(frozen=True, slots=True)

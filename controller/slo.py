@@ -32,10 +32,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from scipy.stats import binom
+
 from controller.policy import parse_duration_s
 
 __all__ = [
     "MIN_ALERT_BURN_RATE",
+    "MISS_SIGNIFICANCE",
     "SHORT_WINDOW_DIVISOR",
     "BurnRateWindow",
     "ObjectiveStatus",
@@ -50,6 +53,7 @@ __all__ = [
     "format_duration",
     "good_ratio",
     "is_burning",
+    "misses_beyond_chance",
     "objective_status",
     "standard_burn_rate_windows",
 ]
@@ -91,6 +95,25 @@ def burn_rate(good_ratio_value: float, target: float) -> float:
     if not 0.0 <= good_ratio_value <= 1.0:
         raise ValueError(f"good ratio must be in [0, 1], got {good_ratio_value!r}")
     return (1.0 - good_ratio_value) / error_budget(target)
+
+
+MISS_SIGNIFICANCE = 0.05
+"""Misses beyond the objective's share count as a burn only when chance at that share would give as
+many less than one time in twenty (one-sided binomial test)."""
+
+
+def misses_beyond_chance(good_ratio_value: float, events: float, target: float, *, clump: float = 1.0) -> bool:
+    """Whether ``1 - good_ratio`` of ``events`` misses are more than chance gives at the objective's ``target``.
+
+    Misses that come together (one stalled step delays the next token of every running request:
+    ``clump`` of them at once) are counted as ``events / clump`` draws.  A burn rate above 1 over a
+    handful of events says nothing: at 0.99, 2 misses in 100 gaps happen by chance 26 % of the time.
+    """
+    draws = events / max(clump, 1.0)
+    misses = round((1.0 - min(max(good_ratio_value, 0.0), 1.0)) * draws)
+    if misses == 0 or draws < 1:
+        return False
+    return float(binom.sf(misses - 1, max(round(draws), misses), error_budget(target))) < MISS_SIGNIFICANCE
 
 
 def error_budget_remaining(window_good_ratio: float, target: float) -> float:

@@ -133,6 +133,9 @@ class SliSnapshot:
     window_s: float = 300.0
     requests_in_window: float | None = None
     """Requests finished in the window: good ratios over a handful of requests are noise."""
+    itl_events_in_window: float | None = None
+    """Token gaps the ITL histogram counted in the window (None: unknown; the ITL good ratio is then
+    taken as one figure per request, as the replay's is)."""
     ttft_good_ratio: float | None = None
     itl_good_ratio: float | None = None
     ttft_p99_s: float | None = None

@@ -250,7 +250,7 @@ class PrometheusSource:
     ) -> PolicyObservation:
         model = policy.model_name
         by_window: dict[str, dict[str, float]] = {"ttft": {}, "itl": {}}
-        requests_short: float | None = None
+        events: dict[str, float] = {}  # per SLI over its window: requests (TTFT), token gaps (ITL)
         problems = list(errors)
         for slo in HISTOGRAMS:
             threshold = getattr(policy.objectives, slo).threshold_s
@@ -267,8 +267,8 @@ class PrometheusSource:
                     problems.append(f"{series}: no finite bucket edge above {threshold} s for {model!r}")
                     break
                 by_window[slo][window] = min(1.0, max(0.0, good / total))
-                if slo == "ttft" and window == self.sli_window:
-                    requests_short = total
+                if window == self.sli_window:
+                    events[slo] = total
         layers = sorted(
             ((int(labels.get("layer", "0")), value) for labels, value in results.get("imbalance", [])
              if labels.get("model_name") == model and labels.get("layer", "").isdigit()),
@@ -276,7 +276,8 @@ class PrometheusSource:
         sli = SliSnapshot(
             observed_at_s=now_s,
             window_s=float(parse_duration_s(self.sli_window)),
-            requests_in_window=requests_short,
+            requests_in_window=events.get("ttft"),
+            itl_events_in_window=events.get("itl"),
             ttft_good_ratio=by_window["ttft"].get(self.sli_window),
             itl_good_ratio=by_window["itl"].get(self.sli_window),
             ttft_p99_s=_value(results.get(f"{ttft_key(policy)}:p99"), model),

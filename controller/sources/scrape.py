@@ -371,6 +371,7 @@ class ScrapeSource:
             observed_at_s=now_s,
             window_s=sli_window_s,
             requests_in_window=requests["ttft"],
+            itl_events_in_window=requests["itl"],
             ttft_good_ratio=by_window["ttft"].get(self.sli_window),
             itl_good_ratio=by_window["itl"].get(self.sli_window),
             ttft_p99_s=p99["ttft"],

@@ -465,3 +465,26 @@ def test_first_sight_counts_the_running_replicas_as_needed_for_one_window() -> N
     assert within.action == "hold"
     after = tick(core, 1200.0, idle(1199.0, 10), policy)
     assert (after.action, after.desired_replicas) == ("scale_down", 1)
+
+
+def test_a_burn_that_chance_explains_does_not_scale_up() -> None:
+    """ITL at 98.9 % over 1,300 gaps in a 30 s window (target 99 %): burn 1.1 and p99 over 20 ms, but 14
+    misses where 13 are expected; the core holds and says why.  At 96 % it scales up; counted as requests
+    (no gap count) the same 98.9 % over 40 requests is chance too."""
+
+    def window(itl_good: float, **fields: object) -> SliSnapshot:
+        values: dict[str, object] = {"observed_at_s": 999.0, "window_s": 30.0, "requests_in_window": 65,
+                                     "ttft_good_ratio": 1.0, "itl_good_ratio": itl_good, "ttft_p99_s": 0.1,
+                                     "itl_p99_s": 0.021, "itl_events_in_window": 1300.0} | fields
+        return SliSnapshot(**values)  # type: ignore[arg-type]
+
+    one = make_policy()
+    chance = tick(watched(1), 1000.0, observe(999.0, replicas=1, running_requests=2.0, sli=window(0.989)), one)
+    assert chance.action == "hold" and "slo_burn" not in chance.reasons and "latency_p99" not in chance.reasons
+    assert chance.inputs["reactive.burn_within_chance"] is True
+    assert chance.inputs["reactive.worst_burn_rate"] == pytest.approx(1.1)
+    burning = tick(watched(1), 1000.0, observe(999.0, replicas=1, running_requests=2.0, sli=window(0.96)), one)
+    assert burning.action == "scale_up" and {"slo_burn", "latency_p99"} <= set(burning.reasons)
+    assert burning.inputs["reactive.burn_within_chance"] is False
+    by_request = window(0.989, itl_events_in_window=None, requests_in_window=40)
+    assert tick(watched(1), 1000.0, observe(999.0, replicas=1, sli=by_request), one).action == "hold"

@@ -148,3 +148,18 @@ def test_objective_status_matches_windows_by_seconds_not_spelling() -> None:
     assert [w.long_window for w in spelled.firing] == ["1h"]
     assert spelled.burn_rates["all"] == pytest.approx(50.0)
     assert slo.objective_status({}, 0.99, 7 * 86400).compliance_window == "1w"
+
+
+def test_misses_beyond_chance_is_a_one_sided_binomial_test() -> None:
+    # At 0.99: 2 misses in 100 happen by chance 26 % of the time, 5 in 100 0.3 %.
+    assert not slo.misses_beyond_chance(0.98, 100, 0.99)
+    assert slo.misses_beyond_chance(0.95, 100, 0.99)
+    assert not slo.misses_beyond_chance(1.0, 10_000, 0.99)
+    # 1.3 % of 1,300 gaps (17 against 13 expected) is chance; 2 % of them (26) is not.
+    assert not slo.misses_beyond_chance(0.987, 1300, 0.99)
+    assert slo.misses_beyond_chance(0.98, 1300, 0.99)
+    # About the same in clumps of four (one stall delaying four running requests): 325 draws, 6 misses
+    # against 3.25 expected, which chance gives 11 % of the time.
+    assert not slo.misses_beyond_chance(0.981, 1300, 0.99, clump=4)
+    assert slo.misses_beyond_chance(0.96, 1300, 0.99, clump=4)
+    assert not slo.misses_beyond_chance(0.5, 0.5, 0.99)  # less than one event

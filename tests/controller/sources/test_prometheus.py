@@ -225,6 +225,9 @@ def test_slis_from_a_real_prometheus(prometheus_and_engine: tuple[Prometheus, En
         assert obs.sli.ttft_good_ratio_by_window["3d"] == pytest.approx(0.9, abs=1e-9)
         # Stock vLLM ITL buckets (no 0.02 edge): 60 at <= 0.01, 40 in (0.025, 0.05]: 0.6 at 0.02.
         assert obs.sli.itl_good_ratio == pytest.approx(0.6, abs=1e-9)
+        # 100 token gaps against 200 requests over the same window (the ITL burn is judged over the gaps).
+        assert obs.sli.itl_events_in_window is not None and obs.sli.requests_in_window is not None
+        assert obs.sli.itl_events_in_window / obs.sli.requests_in_window == pytest.approx(0.5, rel=1e-6)
         assert obs.sli.ttft_p99_s is not None and 0.75 < obs.sli.ttft_p99_s <= 1.0
         assert obs.queue_depth == 6 and obs.kv_cache_usage == 0.4 and obs.ready_replicas == 1
         assert obs.sli.imbalance_cv_per_layer == (0.08, 0.31)

@@ -55,6 +55,7 @@ def test_good_ratio_between_scrapes_and_across_an_engine_restart() -> None:
         assert second.sli.ttft_good_ratio == pytest.approx(190 / 200)
         assert second.sli.itl_good_ratio == pytest.approx(95 / 100)
         assert second.sli.requests_in_window == 200
+        assert second.sli.itl_events_in_window == 100  # token gaps, which the ITL burn is judged over
         assert second.queue_depth == 5
         assert second.sli.imbalance_cv_max == 0.2
         assert second.request_rate_rps == pytest.approx(200 / 30)
