@@ -196,7 +196,6 @@ class ReactiveAdvisor:
         return sli
 
 
-
 @dataclass(frozen=True, slots=True)
 class _SliPressure:
     worst_burn: float | None = None
