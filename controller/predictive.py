@@ -85,9 +85,11 @@ class _PolicyForecast:
         self.audit.observe(self.bins, rate)
         self.rate.observe(rate)
         self.bins += 1
+        if rate <= 0:
+            return  # prompts are counted as they are admitted, requests as they finish: none yet
         # Tokens per request as decayed sums of tokens over decayed sums of requests: each tick
-        # weighs by its volume, so the first ticks' handful of requests (prompts counted as they
-        # are admitted, requests as they finish) do not set the lengths for the next twenty ticks.
+        # weighs by its volume, so the first ticks' handful of requests do not set the lengths
+        # for the next twenty ticks.
         keep = 1.0 - LENGTH_SMOOTHING
         self._decayed_requests = keep * self._decayed_requests + rate
         self._decayed_prompt = keep * self._decayed_prompt + prompt

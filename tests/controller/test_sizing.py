@@ -171,6 +171,8 @@ def test_the_first_ticks_handful_of_requests_does_not_set_the_forecasts_lengths(
     """A first window of two long prompts (0.2 requests/s at 4,000 tokens), then a steady 1,000 tokens a
     request: the forecast sizes with lengths weighed by volume (about 1,000), not the first tick's."""
     advisor, pol = sizing(), policy()
+    # Before it, a tick of prompts admitted while no request has finished yet: it sets no length.
+    advisor.advise(pol, replace(observe(-TICK_S, 0.0, 5), prompt_tokens_per_s=3 * PROMPT), -TICK_S)
     first = replace(observe(0.0, 0.2, 5), prompt_tokens_per_s=0.2 * 4 * PROMPT)
     advisor.advise(pol, first, 0.0)
     for k in range(1, 20):
