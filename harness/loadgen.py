@@ -95,7 +95,7 @@ ArrivalProcess = Literal["poisson", "even"]
 """How arrivals fill a count trace's rates: ``poisson`` within each bin, or ``even``: the k-th arrival at a
 uniform point of the k-th unit of expected arrivals, so any window holds its expected count to within
 two.  A trace scaled down a thousandfold keeps its shape either way; ``poisson`` adds the counting
-noise of a small service (+-25 % over ten arrivals), ``even`` keeps the relative smoothness the
+noise of a small service (a spread of about 30 % over ten arrivals), ``even`` keeps the relative smoothness the
 trace had at full volume."""
 
 

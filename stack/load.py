@@ -2,8 +2,9 @@
 
 The bundled trace is a day of the Azure LLM inference trace 2024 (request counts
 per 10 s); its morning rise (04:00 to 16:00 by default, about 1.9x from trough to
-peak) is compressed into the run, with prompt and output lengths drawn from the
-Azure 2023 conversation trace and scaled down for a small CPU model.  The rate is
+peak) is compressed into the run, arriving evenly by default (the day's shape as a large
+service saw it, without the counting noise of scaling it down), with prompt and output lengths
+drawn from the Azure 2023 conversation trace and scaled down for a small CPU model.  The rate is
 set from the profile the stack measured on the first replica: the quiet start is
 ``base_load`` of what one replica sustains within the objectives, so the rise
 needs a second replica, and the forecast has a real ramp to scale ahead of.
