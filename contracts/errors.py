@@ -2,11 +2,11 @@
 
 Every error the project raises on purpose derives from :class:`MoesloError`
 and carries structured fields.  HTTP status codes are mapped from these
-classes by one function over two tables (:func:`http_status`): the OpenAI
-dialect of the engine and the router (:data:`OPENAI_STATUS`: bad input is
-400, as OpenAI's API answers), and the controller's REST API, which extends
-it with its own classes (``controller.api.errors``: bad input is 422, as
-FastAPI answers), so no handler invents its own.  Errors only one package
+classes by one function over a table per dialect (:func:`http_status`): the
+OpenAI dialect of the engine and the router (:data:`OPENAI_STATUS`: bad input
+is 400, as OpenAI's API answers; the router puts its upstream errors in front)
+and the controller's REST API (``controller.api.errors``: its own classes
+first, bad input 422, as FastAPI answers), so no handler invents its own.  Errors only one package
 raises live in that package and subclass these (``engine.errors``,
 ``controller.errors``)::
 

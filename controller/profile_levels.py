@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.stats import binom
 
-from controller.slo import MISS_SIGNIFICANCE
+from controller.slo import misses_beyond_chance
 
 if TYPE_CHECKING:
     from controller.capacity import ReplicaProfile
@@ -56,21 +55,13 @@ def _pooled_levels(by_replica: list[list[dict[str, Any]]], share: float, gap_sha
             continue
         within_requests = sum(summary["within_objectives"] * summary["requests"] for summary in present) / requests
         within_gaps = _gaps_within(present)
-        # Requests are few a level (one miss in 40 says nothing), gaps are hundreds: a gap share is taken
+        # Requests are few a level (one miss in 40, 97.5 %, says nothing), gaps are hundreds: a gap share is taken
         # as measured, since in service a replica shares its machine with more than the sweep did.
-        held = _not_worse(within_requests, requests, share) and within_gaps >= gap_share
+        held = not misses_beyond_chance(within_requests, requests, share) and within_gaps >= gap_share
         rate = float(np.mean([summary["requests_per_s"] or 0.0 for summary in present]))
         used = max((1.0 - within_requests) / (1.0 - share), (1.0 - within_gaps) / (1.0 - gap_share))
         out.append(_Level(rate, used, held))
     return out
-
-
-def _not_worse(within: float, count: int, share: float) -> bool:
-    """Whether ``within`` of ``count`` is consistent with ``share`` (one-sided binomial test at
-    :data:`MISS_SIGNIFICANCE`): at tens of requests a level, one miss in 40 requests is 97.5 % and
-    says nothing."""
-    misses = round((1.0 - within) * count)
-    return misses == 0 or float(binom.sf(misses - 1, count, 1.0 - share)) >= MISS_SIGNIFICANCE
 
 
 def held_rate_rps(
@@ -80,8 +71,8 @@ def held_rate_rps(
     both objectives *and* ``gap_share`` of their token gaps within the ITL objective (the controller's
     ITL SLI: a load the requests hold on average but whose gaps burn the error budget would have the
     controller scale up at the start), the replicas' levels pooled, and a level's request misses
-    judged against the chance of that many at ``share`` (:func:`_not_worse`): the last held level's
-    rate, carried towards the first level that did not hold, to where the larger share of an error
+    judged against the chance of that many at ``share`` (:func:`controller.slo.misses_beyond_chance`):
+    the last held level's rate, carried towards the first level that did not hold, to where the larger share of an error
     budget used (linear between the two levels' own) reaches the whole budget.  Levels with fewer than
     :data:`MIN_HELD_REQUESTS` pooled requests are passed over (one request decides nothing); None
     when no level counts or the first that counts did not hold."""

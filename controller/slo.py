@@ -113,7 +113,7 @@ def misses_beyond_chance(good_ratio_value: float, events: float, target: float, 
     misses = round((1.0 - min(max(good_ratio_value, 0.0), 1.0)) * draws)
     if misses == 0 or draws < 1:
         return False
-    return float(binom.sf(misses - 1, max(round(draws), misses), error_budget(target))) < MISS_SIGNIFICANCE
+    return float(binom.sf(misses - 1, round(draws), error_budget(target))) < MISS_SIGNIFICANCE
 
 
 def error_budget_remaining(window_good_ratio: float, target: float) -> float:
