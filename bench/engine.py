@@ -185,18 +185,21 @@ def run(
 
     from engine.executors.base import default_threads
 
-    torch.set_num_threads(threads or default_threads(1 if colocate_ranks else ep))
+    baseline_threads = threads or default_threads(1 if colocate_ranks else ep)
+    torch.set_num_threads(baseline_threads)
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     hf = transformers.Qwen3MoeForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
     hf.eval()  # type: ignore[no-untyped-call]
     max_batch = max(batches)
     kv_mb = _kv_mb_needed(checkpoint, max_batch, prompt_len + new_tokens, dtype)
-    executor = create_executor(ExecutorOptions(checkpoint=checkpoint, dtype=dtype, kv_cache_mb=kv_mb, ep=ep,
-                                               colocate_ranks=colocate_ranks, threads_per_rank=threads))
+    executor_options = ExecutorOptions(checkpoint=checkpoint, dtype=dtype, kv_cache_mb=kv_mb, ep=ep,
+                                       colocate_ranks=colocate_ranks, threads_per_rank=threads)
+    executor = create_executor(executor_options)
     results: dict[str, Any] = {"checkpoint": str(checkpoint), "dtype": dtype, "prompt_len": prompt_len,
                                "new_tokens": new_tokens, "ep": ep, "colocate_ranks": colocate_ranks,
-                               "threads": torch.get_num_threads(),
+                               "threads": baseline_threads,
+                               "parallel_min_tokens": executor_options.parallel_min_tokens,
                                "baseline": "transformers.generate", "batches": {},
                                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")}
     try:
@@ -206,6 +209,9 @@ def run(
             hf_runs, on_runs, off_runs = [], [], []
             for round_ in range(repeats):
                 progress(f"batch {batch}, round {round_ + 1}/{repeats}: transformers, moeslo stats on, off")
+                # Our executor runs small steps on one thread (torch's setting is per process): transformers
+                # gets every thread back for each of its runs.
+                torch.set_num_threads(baseline_threads)
                 hf_runs.append(transformers_generate(hf, prompts, new_tokens))
                 executor.set_routing_stats(True)
                 on_runs.append(ours_generate(executor, prompts, new_tokens))

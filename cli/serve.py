@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from cli.common import cli_errors, console
+from engine.executors.options import PARALLEL_MIN_TOKENS
 
 
 # long: a typer command is its option list; the work is in exporters.app.build_stack.
@@ -48,6 +49,12 @@ def serve(
         typer.Option(help="torch threads per engine process (default: the CPUs of the inherited affinity set, "
                           "divided among EP ranks)."),
     ] = None,
+    parallel_min_tokens: Annotated[
+        int,
+        typer.Option(min=0, help="Steps with fewer tokens run on one thread, larger ones on --threads (0: every "
+                                 "step on all): waking sleeping OpenMP workers costs a small step more than they "
+                                 "give it."),
+    ] = PARALLEL_MIN_TOKENS,
     request_deadline_s: Annotated[
         float | None,
         typer.Option(help="End a request still running this long after its arrival (finish reason "
@@ -73,7 +80,8 @@ def serve(
             block_size=block_size, dtype=dtype, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
             model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,
-            otlp=otlp, port=port, threads=threads, request_deadline_s=request_deadline_s,
+            otlp=otlp, port=port, threads=threads, parallel_min_tokens=parallel_min_tokens,
+            request_deadline_s=request_deadline_s,
             enable_prefix_caching=enable_prefix_caching,
         )
         stack = build_stack(options)

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from engine.chat_template import load_chat_template
 from engine.client import EngineCoreClient
 from engine.engine_types import EngineConfig
-from engine.executors import ExecutorOptions
+from engine.executors.options import PARALLEL_MIN_TOKENS, ExecutorOptions
 from engine.scheduler import SchedulerConfig
 from engine.server import MetricsRenderer, create_app
 from engine.tokenizer import load_tokenizer
@@ -51,6 +51,8 @@ class ServeOptions:
     port: int | None = None
     threads: int | None = None
     """torch threads per engine process; None: the inherited CPU affinity set, divided among EP ranks."""
+    parallel_min_tokens: int = PARALLEL_MIN_TOKENS
+    """Steps with fewer tokens run on one thread (see ``ExecutorOptions.parallel_min_tokens``)."""
     request_deadline_s: float | None = None
     """Requests still running this long after arrival end with finish reason ``deadline`` (None: off)."""
     enable_prefix_caching: bool = True
@@ -76,6 +78,7 @@ def build_stack(options: ServeOptions) -> ServingStack:
         slots_per_rank=options.slots_per_rank,
         kv_cache_mb=options.kv_cache_mb, block_size=options.block_size, dtype=options.dtype,
         routing_stats=options.routing_stats, threads_per_rank=options.threads,
+        parallel_min_tokens=options.parallel_min_tokens,
     )
     model_name = options.served_model_name
     engine = EngineCoreClient(

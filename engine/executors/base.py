@@ -48,6 +48,10 @@ class DriverBase:
         self._block_size = options.block_size
         if options.block_size < 1:
             raise ValidationError(f"block_size must be >= 1, got {options.block_size}")
+        if options.parallel_min_tokens < 0:
+            raise ValidationError(f"parallel_min_tokens must be >= 0, got {options.parallel_min_tokens}")
+        self._threads = torch.get_num_threads()
+        """The threads a large step runs on (the subclass set them before this)."""
         self._num_blocks = kv_cache_blocks(self._config, options.kv_cache_mb, options.block_size, self.dtype)
         cfg = self._config
         self.moe_layers = len(cfg.sparse_layers)
@@ -103,8 +107,16 @@ class DriverBase:
         meta = self.model.step_metadata(plan, self._block_size, self._num_blocks)
         if self._routing_on:
             self._steps += 1
+        self._use_threads(plan.num_tokens)
         with torch.inference_mode():
             return self._forward(meta)
+
+    def _use_threads(self, tokens: int) -> None:
+        """One thread for a step under ``parallel_min_tokens``: its many small parallel regions would each
+        wait for sleeping OpenMP workers to wake (see ``PARALLEL_MIN_TOKENS``)."""
+        wanted = self._threads if tokens >= self.options.parallel_min_tokens else 1
+        if torch.get_num_threads() != wanted:  # the process's setting: whoever embeds us may change it too
+            torch.set_num_threads(wanted)
 
     def _forward(self, meta: StepMetadata) -> torch.Tensor:
         return self.model.forward(meta, self.kv_cache, self._experts)
