@@ -219,7 +219,7 @@ class ForecastSettings(_Strict):
     With ``enabled``, the fleet is sized one lead time ahead for the upper ``quantile`` of the
     forecast interval, never below what the load and queue need now.  Every forecast is scored
     against what arrived: when the rolling WAPE rises above ``max_wape`` or the share of actuals
-    inside the interval falls below ``min_coverage``, sizing falls back to reactive
+    inside its 80 % interval falls below ``min_coverage``, sizing falls back to reactive
     (``forecast_unreliable``) until both recover.
     """
 
@@ -231,7 +231,8 @@ class ForecastSettings(_Strict):
     max_wape: Annotated[float, Field(strict=True, gt=0, le=10)] = 0.5
     """Rolling weighted absolute percentage error above which the forecast is not trusted."""
     min_coverage: Annotated[float, Field(strict=True, ge=0, le=1)] = 0.5
-    """Share of actuals that must fall inside the forecast interval (nominal: 2 x quantile - 1)."""
+    """Share of actuals that must fall inside the forecast's 80 % interval (its quantile-0.9 one, nominally
+    80 % covered), whatever ``quantile`` the fleet is sized for."""
     audit_forecasts: Annotated[int, Field(strict=True, ge=4, le=10000)] = 40
     """How many scored forecasts the rolling WAPE and coverage cover."""
 

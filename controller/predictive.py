@@ -35,10 +35,13 @@ from controller.forecast.audit import AuditBounds, ForecastAudit
 from controller.policy import Policy
 from controller.types import Advice, ForecastView, LoadHistory, PolicyObservation, Reason, Scalar
 
-__all__ = ["Assessment", "PredictiveAdvisor", "PredictiveConfig"]
+__all__ = ["AUDIT_QUANTILE", "Assessment", "PredictiveAdvisor", "PredictiveConfig"]
 
 CHEAP_REFIT_BINS = 256
 """A refit over fewer bins costs well under 10 ms: it does not use the per-tick refit budget."""
+AUDIT_QUANTILE = 0.9
+"""The forecast audit scores the coverage of the central interval at this quantile (nominally 80 %),
+whatever quantile the policy sizes for."""
 LENGTH_SMOOTHING = 0.05
 """Weight of each tick's tokens and requests in the decayed sums that give tokens per request."""
 
@@ -320,8 +323,12 @@ class PredictiveAdvisor:
         needs.append((forecast_need, Reason.FORECAST))
         point = max(float(rate_fc.point[-1]), 0.0)
         lower = float(rate_fc.lower[-1])
-        state.audit.expect(state.bins - 1 + len(rate_fc.point), point=point, lower=lower,
-                           upper=float(rate_fc.upper[-1]))
+        # The audit judges one interval whatever the fleet is sized for: a coverage bound on the sizing
+        # interval would flag a quantile-0.75 forecast (nominally 50 % covered) half the time, and a
+        # quantile-0.5 one (no interval) always.
+        audited = rate_fc if quantile == AUDIT_QUANTILE else state.rate.at_quantile(rate_fc, AUDIT_QUANTILE)
+        state.audit.expect(state.bins - 1 + len(rate_fc.point), point=point, lower=float(audited.lower[-1]),
+                           upper=float(audited.upper[-1]))
         self.last_forecast[policy.name] = (point, lower, float(rate_fc.upper[-1]))
         details["model"] = rate_fc.model
         details["forecast_lower_rps"] = lower

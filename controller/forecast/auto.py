@@ -9,7 +9,7 @@ value is an O(1) ``update`` and forecasts are cheap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -212,15 +212,19 @@ class AutoForecaster:
             raise ValueError(f"quantile must be in [0.5, 1), got {quantile}")
         n = steps or self.config.horizon_bins
         point = self._model.forecast(n)
-        below, above = self._offsets(quantile, n)
-        scale = np.sqrt(np.maximum(point, self._scale_floor))
-        upper = point + above * scale
-        lower = point + below * scale
-        return Forecast(
-            model=self._model.name,
-            point=point,
-            lower=np.maximum(lower, 0.0),
-            upper=upper,
-            quantile=quantile,
-            bin_s=self.config.bin_s,
+        empty = np.zeros(0)
+        return self.at_quantile(
+            Forecast(model=self._model.name, point=point, lower=empty, upper=empty, quantile=quantile,
+                     bin_s=self.config.bin_s),
+            quantile,
         )
+
+    def at_quantile(self, forecast: Forecast, quantile: float) -> Forecast:
+        """``forecast``'s point forecasts with their central interval at ``quantile`` (no second model call)."""
+        if not 0.5 <= quantile < 1:
+            raise ValueError(f"quantile must be in [0.5, 1), got {quantile}")
+        point = forecast.point
+        below, above = self._offsets(quantile, len(point))
+        scale = np.sqrt(np.maximum(point, self._scale_floor))
+        return replace(forecast, lower=np.maximum(point + below * scale, 0.0), upper=point + above * scale,
+                       quantile=quantile)

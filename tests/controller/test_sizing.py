@@ -65,6 +65,24 @@ def test_falls_back_to_reactive_on_a_regime_change_and_returns() -> None:
     assert abs(view.forecast.request_rate_rps - 40.0) < 8.0
 
 
+@pytest.mark.parametrize("quantile", [0.5, 0.75, 0.9])
+def test_the_sizing_quantile_does_not_decide_whether_a_steady_forecast_is_trusted(quantile: float) -> None:
+    # Steady Poisson arrivals: the 80 % interval covers about 80 % whatever the fleet is sized for. Audited on
+    # the sizing interval, quantile 0.75 (nominally 50 % covered) was distrusted on about half of these ticks
+    # and quantile 0.5 (no interval at all) on every one.
+    advisor, pol = sizing(), policy(forecast=ForecastSettings(quantile=quantile))
+    rng = np.random.default_rng(1)
+    reasons = [
+        advisor.advise(pol, observe(k * TICK_S, rng.poisson(10.0 * TICK_S) / TICK_S, 5), k * TICK_S).reasons
+        for k in range(200)
+    ]
+    distrusted = sum("forecast_unreliable" in r for r in reasons[60:])
+    assert distrusted <= 14  # 10 % of 140 ticks
+    view = advisor.predictive.assess(pol, observe(200 * TICK_S, 10.0, 5), 200 * TICK_S)
+    assert view is not None and view.forecast is not None
+    assert view.forecast.coverage is not None and view.forecast.coverage >= 0.6
+
+
 def test_forecast_disabled_sizes_on_what_is_observed() -> None:
     advisor, pol = sizing(), policy(forecast=ForecastSettings(enabled=False))
     advice = None
