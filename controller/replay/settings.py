@@ -52,7 +52,7 @@ SWEEP_GRIDS: Mapping[str, tuple[dict[str, Knob], ...]] = {
     "moeslo": tuple(
         {"quantile": quantile, "cooldown_s": cooldown}
         for cooldown in (0.0, 180.0, 900.0)
-        for quantile in (0.75, 0.9, 0.97)
+        for quantile in (0.5, 0.75, 0.9, 0.97)
     ),
     "oracle": _grid("oracle", "headroom", (0.7, 0.8, 0.9, 1.0, 1.1)),
 }
