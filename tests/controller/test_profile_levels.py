@@ -64,14 +64,25 @@ def test_the_carry_starts_from_the_held_levels_own_misses() -> None:
 
 
 def test_the_lightest_level_that_missed_caps_what_the_load_is_sized_from() -> None:
-    missed = [_level(0.3, 1, 1.0), _level(1.0, 20, 0.8), _level(3.0, 15, 1.0)]
+    missed = [_level(0.3, 1, 1.0), _level(1.0, 20, 0.8), _level(3.0, 15, 0.6)]
     assert held_rate_rps([missed]) is None
     assert lightest_failed_rps([missed]) == 1.0
     assert lightest_failed_rps([_replica(1.0)]) is None  # every level that counted held
 
 
+def test_a_miss_that_a_heavier_level_does_not_repeat_is_passed_over() -> None:
+    # More load cannot make a replica faster: 1 req/s missing while 3 and 5 held is the machine's noise.
+    noisy = [_level(1.0, 20, 0.8), _level(3.0, 30, 1.0), _level(5.0, 50, 1.0), _level(8.0, 80, 0.9)]
+    assert held_rate_rps([noisy]) == held_rate_rps([[_level(1.0, 20, 1.0), *noisy[1:]]])
+    assert 5.0 < held_rate_rps([noisy]) < 8.0  # type: ignore[operator]
+    assert lightest_failed_rps([noisy]) == 8.0
+    # A miss at 3 after 1 held, with nothing heavier holding, still caps the rate where it did.
+    capped = [_level(1.0, 20, 1.0), _level(3.0, 30, 0.8), _level(5.0, 50, 0.7)]
+    assert 1.0 <= held_rate_rps([capped]) < 3.0  # type: ignore[operator]
+
+
 def test_no_held_rate_when_the_first_level_that_counts_failed_or_none_counts() -> None:
-    failing = [_level(0.3, 1, 1.0), _level(1.0, 6, 0.5), _level(3.0, 15, 1.0)]
+    failing = [_level(0.3, 1, 1.0), _level(1.0, 6, 0.5), _level(3.0, 15, 0.5)]
     assert held_rate_rps([failing, failing]) is None
     assert held_rate_rps([[_level(0.3, 2, 1.0)], [_level(0.3, 2, 1.0)]]) is None
     assert held_rate_rps([[_level(1.0, 20, None)]]) is None
