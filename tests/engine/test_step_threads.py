@@ -70,3 +70,12 @@ def test_logits_do_not_depend_on_the_threads_a_step_ran_on(tiny_checkpoint: Path
 def test_negative_threshold_is_refused(tiny_checkpoint: Path) -> None:
     with pytest.raises(ValidationError, match="parallel_min_tokens"):
         create_executor(ExecutorOptions(checkpoint=tiny_checkpoint, kv_cache_mb=2, parallel_min_tokens=-1))
+
+
+def test_the_threshold_reaches_the_engine_core_process() -> None:
+    from engine.core_proc import CoreOptions
+    from engine.engine_types import EngineConfig
+
+    options = CoreOptions(executor=ExecutorOptions(checkpoint=Path("ckpt"), parallel_min_tokens=5),
+                          engine=EngineConfig(), input_address="ipc://in", output_address="ipc://out", parent_pid=1)
+    assert CoreOptions.from_json(options.to_json()).executor.parallel_min_tokens == 5
