@@ -88,7 +88,8 @@ def _replica_panel(ax: Any, state: StackState, samples: list[Sample], t: list[fl
                         xytext=(3, 6), textcoords="offset points", fontsize="small", color="tab:purple")
             ax.axvline(when, color="tab:purple", alpha=0.3)
     ax.set_ylabel("replicas")
-    ax.set_ylim(bottom=0)
+    top = max([*(s.desired_replicas or 0 for s in samples), *(s.current_replicas or 0 for s in samples), 1])
+    ax.set_ylim(0, top + 0.6)  # room above the highest step for its reason, under the title
     ax.set_title("Replicas: decisions with their reasons")
     ax.legend(loc="upper left", fontsize="small")
 
@@ -115,12 +116,13 @@ def _imbalance_panel(ax: Any, state: StackState, samples: list[Sample], t: list[
     noise = [max(s.noise_cv) if s.noise_cv else np.nan for s in samples]
     ax.plot(t, noise, color="grey", linestyle=":", label="sampling-noise floor (worst layer)")
     ax.axhline(MAX_IMBALANCE_CV, color="tab:red", linestyle="--", label=f"objective {MAX_IMBALANCE_CV}")
-    for decision in state.decisions:
-        if decision.get("action") in ("rebalance", "verify_rebalance"):
-            when = float(decision.get("seen_at_s", t0)) - t0
-            ax.axvline(when, color="tab:purple", alpha=0.5)
-            ax.annotate(f"{decision['action']}:{decision.get('reason')}", (when, MAX_IMBALANCE_CV),
-                        xytext=(3, 10), textcoords="offset points", fontsize="small", color="tab:purple")
+    marked = [d for d in state.decisions if d.get("action") in ("rebalance", "verify_rebalance")]
+    for i, decision in enumerate(marked):
+        when = float(decision.get("seen_at_s", t0)) - t0
+        ax.axvline(when, color="tab:purple", alpha=0.5)
+        # Staggered: a rebalance of the second replica often lands seconds after the first one's verdict.
+        ax.annotate(f"{decision['action']}:{decision.get('reason')}", (when, MAX_IMBALANCE_CV),
+                    xytext=(3, 10 + 12 * (i % 3)), textcoords="offset points", fontsize="small", color="tab:purple")
     ax.set_ylabel("CV of per-rank load")
     ax.set_title("Expert imbalance per layer; rebalances marked")
     ax.legend(loc="upper right", fontsize="small", ncol=2)
