@@ -93,8 +93,9 @@ def held_rate_rps(
     judged against the chance of that many at ``share`` (:func:`controller.slo.misses_beyond_chance`):
     the last held level's rate, carried towards the first level that did not hold, to where the larger share of an error
     budget used (linear between the two levels' own) reaches the whole budget.  Levels with fewer than
-    :data:`MIN_HELD_REQUESTS` pooled requests are passed over (one request decides nothing); None
-    when no level counts or the first that counts did not hold."""
+    :data:`MIN_HELD_REQUESTS` pooled requests are passed over (one request decides nothing), and so is a
+    miss that a heavier level's hold undoes (:func:`_past_noise`); None when no level counts or the first
+    that counts did not hold and nothing heavier did."""
     held: _Level | None = None
     for level in _pooled_levels(by_replica, share, gap_share):
         if level.held:
@@ -111,7 +112,8 @@ def held_rate_rps(
 def lightest_failed_rps(
     by_replica: list[list[dict[str, Any]]], share: float = HELD_SHARE, gap_share: float = GAP_SHARE
 ) -> float | None:
-    """The rate of the lightest level that counted and did not hold (None: every counted level held)."""
+    """The rate of the lightest level that counted and did not hold, a miss a heavier level undid passed
+    over (None: every counted level held)."""
     return next((lv.rate_rps for lv in _pooled_levels(by_replica, share, gap_share) if not lv.held), None)
 
 

@@ -212,19 +212,19 @@ class AutoForecaster:
             raise ValueError(f"quantile must be in [0.5, 1), got {quantile}")
         n = steps or self.config.horizon_bins
         point = self._model.forecast(n)
-        empty = np.zeros(0)
-        return self.at_quantile(
-            Forecast(model=self._model.name, point=point, lower=empty, upper=empty, quantile=quantile,
-                     bin_s=self.config.bin_s),
-            quantile,
-        )
+        lower, upper = self._interval(point, quantile)
+        return Forecast(model=self._model.name, point=point, lower=lower, upper=upper, quantile=quantile,
+                        bin_s=self.config.bin_s)
 
     def at_quantile(self, forecast: Forecast, quantile: float) -> Forecast:
         """``forecast``'s point forecasts with their central interval at ``quantile`` (no second model call)."""
         if not 0.5 <= quantile < 1:
             raise ValueError(f"quantile must be in [0.5, 1), got {quantile}")
-        point = forecast.point
+        lower, upper = self._interval(forecast.point, quantile)
+        return replace(forecast, lower=lower, upper=upper, quantile=quantile)
+
+    def _interval(self, point: FloatArray, quantile: float) -> tuple[FloatArray, FloatArray]:
+        """(lower >= 0, upper) of the central interval at ``quantile`` around ``point``."""
         below, above = self._offsets(quantile, len(point))
         scale = np.sqrt(np.maximum(point, self._scale_floor))
-        return replace(forecast, lower=np.maximum(point + below * scale, 0.0), upper=point + above * scale,
-                       quantile=quantile)
+        return np.maximum(point + below * scale, 0.0), point + above * scale

@@ -25,6 +25,15 @@ from engine.model import Qwen3MoeModel, StepMetadata
 from engine.stats import PlacementSwapStats, RoutingDelta
 
 
+def use_step_threads(tokens: int, threads: int, min_tokens: int) -> None:
+    """Run the coming step on ``threads`` if it has ``min_tokens`` tokens or more, else on one: a small
+    step's many parallel regions would each wait for sleeping OpenMP workers to wake
+    (``engine.executors.options.PARALLEL_MIN_TOKENS``)."""
+    wanted = threads if tokens >= min_tokens else 1
+    if torch.get_num_threads() != wanted:  # the process's setting: whoever embeds us may change it too
+        torch.set_num_threads(wanted)
+
+
 def kv_cache_blocks(config: ModelConfig, kv_cache_mb: float, block_size: int, dtype: torch.dtype) -> int:
     """KV blocks that fit the budget; raises if fewer than one sequence of one block fits."""
     elem = torch.empty((), dtype=dtype).element_size()
@@ -107,16 +116,9 @@ class DriverBase:
         meta = self.model.step_metadata(plan, self._block_size, self._num_blocks)
         if self._routing_on:
             self._steps += 1
-        self._use_threads(plan.num_tokens)
+        use_step_threads(plan.num_tokens, self._threads, self.options.parallel_min_tokens)
         with torch.inference_mode():
             return self._forward(meta)
-
-    def _use_threads(self, tokens: int) -> None:
-        """One thread for a step under ``parallel_min_tokens``: its many small parallel regions would each
-        wait for sleeping OpenMP workers to wake (see ``PARALLEL_MIN_TOKENS``)."""
-        wanted = self._threads if tokens >= self.options.parallel_min_tokens else 1
-        if torch.get_num_threads() != wanted:  # the process's setting: whoever embeds us may change it too
-            torch.set_num_threads(wanted)
 
     def _forward(self, meta: StepMetadata) -> torch.Tensor:
         return self.model.forward(meta, self.kv_cache, self._experts)
@@ -196,4 +198,7 @@ def expert_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
     return 3 * config.hidden_size * config.moe_intermediate_size * elem
 
 
-__all__ = ["DriverBase", "Executor", "ExecutorOptions", "default_threads", "expert_bytes", "kv_cache_blocks"]
+__all__ = [
+    "DriverBase", "Executor", "ExecutorOptions", "default_threads", "expert_bytes", "kv_cache_blocks",
+    "use_step_threads",
+]

@@ -50,7 +50,7 @@ from contracts.errors import PlacementError, UnavailableError, ValidationError
 from contracts.placement import Placement
 from engine.checkpoint import CheckpointReader, torch_dtype
 from engine.config import ModelConfig
-from engine.executors.base import DriverBase, ExecutorOptions, default_threads, expert_bytes
+from engine.executors.base import DriverBase, ExecutorOptions, default_threads, expert_bytes, use_step_threads
 from engine.experts import ExpertShard, ExpertWeights, Transfer, load_expert, plan_transfers
 from engine.model import StepMetadata
 
@@ -149,7 +149,8 @@ class _RankState:
 
 def _worker_main(rank: int, world: int, port: int, options: ExecutorOptions, placement: Placement,
                  conn: Connection, buffers: _SharedBuffers) -> None:  # fmt: skip
-    torch.set_num_threads(options.threads_per_rank or default_threads(world))
+    threads = options.threads_per_rank or default_threads(world)
+    torch.set_num_threads(threads)
     config = ModelConfig.load(options.checkpoint)
     dtype = torch_dtype(options.dtype or config.torch_dtype)
     store = TCPStore("127.0.0.1", port, world, is_master=False, timeout=_TIMEOUT)
@@ -165,6 +166,7 @@ def _worker_main(rank: int, world: int, port: int, options: ExecutorOptions, pla
             while True:
                 op, layer, tokens = _MESSAGE.unpack(conn.recv_bytes())
                 if op == _OP_LAYER:
+                    use_step_threads(tokens, threads, options.parallel_min_tokens)  # as rank 0 runs the step
                     buffers.outboxes[rank][:tokens].copy_(state.compute(layer, buffers.inbox[:tokens]))
                     conn.send_bytes(_DONE)
                 elif op == _OP_RESIZE:
