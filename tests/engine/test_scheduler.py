@@ -240,7 +240,14 @@ def test_abort_frees_blocks_and_finishes_with_abort() -> None:
 
 def test_executor_failure_finishes_requests_with_error_and_engine_keeps_serving() -> None:
     executor = FakeExecutor(fail_on_step=2)
-    collect, _, engine, ids = run_engine(executor, PROMPTS[:2], max_tokens=4)
+    engine = LLMEngine(executor)
+    engine.start()
+    collect = Collect()
+    # The loop steps under the engine's (reentrant) lock: holding it, both requests are in before the first
+    # step, so the failing second step holds both (a slow test thread had added the second after it).
+    with engine._lock:
+        ids = [engine.add_request(p, SamplingParams(max_tokens=4, temperature=0.0), collect) for p in PROMPTS[:2]]
+    collect.wait(ids)
     assert {collect.outputs[i][-1].finish_reason for i in ids} == {"error"}
     again = engine.add_request(PROMPTS[0], GREEDY, collect)
     collect.wait([again])
