@@ -143,6 +143,8 @@ STAT_LABEL = "stat"
 FINISHED_REASON_LABEL = "finished_reason"
 ACTION_LABEL = "action"
 OUTCOME_LABEL = "outcome"
+REJECTED_OUTCOME = "rejected"
+"""The router's ``outcome`` of a request refused at admission (429 + Retry-After)."""
 WHEN_LABEL = "when"
 SOURCE_LABEL = "source"
 REPLICA_LABEL = "replica"
@@ -366,6 +368,7 @@ __all__ = [
     "RANK_TOKENS",
     "REBALANCES",
     "REFERENCE_PROMPT_TOKENS_LABEL",
+    "REJECTED_OUTCOME",
     "REPLICA_LABEL",
     "REQUEST_LATENCY_BUCKETS_S",
     "REQUEST_SUCCESS",

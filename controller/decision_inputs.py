@@ -18,6 +18,8 @@ def record_observation(inputs: dict[str, Scalar], obs: PolicyObservation, now_s:
     inputs["queue_depth"] = obs.queue_depth
     if obs.router_queued is not None:
         inputs["router_queued"] = obs.router_queued
+    if obs.router_refused_rps is not None:
+        inputs["router_refused_rps"] = obs.router_refused_rps
     inputs["running_requests"] = obs.running_requests
     inputs["request_rate_rps"] = obs.request_rate_rps
     inputs["prompt_tokens_per_s"] = obs.prompt_tokens_per_s

@@ -15,19 +15,56 @@ which the decision core applies to the advisors' need (pure functions, no I/O):
   The core's scale-down guardrails still apply: the need must have been zero for
   the whole ``scale_down_cooldown_s`` (stabilization) and the last change must be
   that long ago, and a source reporting errors (an unreadable router) holds it.
+
+In its reject mode the router answers 429 when every replica is predicted over the
+TTFT objective (``router_refused_rps``).  Those requests never reach an engine, so
+the engines' rates leave them out, and a forecast of served load alone would size
+the fleet for what it already serves.  :func:`offered_load` adds them back: the
+load the forecaster learns, the capacity model sizes and the scale checks hold
+still is what clients asked for.  A client that retries after ``Retry-After`` is
+counted once per try: in overload the offered load errs high, not low.
 """
 
 from __future__ import annotations
 
+import math
+
+from controller.capacity import Load
 from controller.policy import Policy
 from controller.types import PolicyObservation, Reason
 
-__all__ = ["entry_floor", "entry_idle", "router_waiting"]
+__all__ = ["entry_floor", "entry_idle", "offered_load", "router_waiting"]
 
 
 def router_waiting(obs: PolicyObservation) -> float:
     """Requests the router holds (0 when unknown)."""
     return obs.router_queued if obs.router_queued is not None and obs.router_queued > 0 else 0.0
+
+
+def router_refused(obs: PolicyObservation) -> float:
+    """Requests per second the router refused (0 when unknown)."""
+    refused = obs.router_refused_rps
+    return refused if refused is not None and refused > 0 else 0.0
+
+
+def offered_load(obs: PolicyObservation) -> Load | None:
+    """What clients asked for: the engines' rates plus the requests the router refused (None without rates).
+
+    A refused request is taken to carry the served ones' mean prompt and output tokens (the router
+    refuses by predicted wait, not by length); with nothing served, its tokens are unknown and only
+    its rate counts.
+    """
+    values = (obs.request_rate_rps, obs.prompt_tokens_per_s, obs.output_tokens_per_s)
+    if any(v is None or not math.isfinite(v) or v < 0 for v in values):
+        return None
+    rate, prompt, output = (float(v) for v in values if v is not None)
+    served = Load(request_rate_rps=rate, prompt_tokens_per_s=prompt, output_tokens_per_s=output)
+    refused = router_refused(obs)
+    if refused <= 0:
+        return served
+    if rate <= 0:
+        return Load(request_rate_rps=refused, prompt_tokens_per_s=0.0, output_tokens_per_s=0.0)
+    return served.scaled(1.0 + refused / rate)
 
 
 def entry_idle(policy: Policy, obs: PolicyObservation) -> bool:
@@ -39,6 +76,7 @@ def entry_idle(policy: Policy, obs: PolicyObservation) -> bool:
         and obs.queue_depth == 0
         and obs.running_requests == 0
         and obs.request_rate_rps == 0
+        and not router_refused(obs) > 0
     )
 
 

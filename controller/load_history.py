@@ -23,6 +23,7 @@ import numpy as np
 
 from contracts.errors import MoesloError, UnavailableError
 from controller.core import DecisionCore
+from controller.entry_demand import offered_load
 from controller.policy import Policy
 from controller.slo import format_duration
 from controller.sources.base import (
@@ -199,10 +200,10 @@ class LoadHistoryKeeper:
     def record(self, observations: Mapping[str, PolicyObservation]) -> None:
         wall_s = self.wall_clock()
         for name, obs in observations.items():
-            values = (obs.request_rate_rps, obs.prompt_tokens_per_s, obs.output_tokens_per_s)
-            if all(v is not None and math.isfinite(v) for v in values):
-                rate, prompt, output = (float(v) for v in values if v is not None)
-                self.recorder.record(name, wall_s, rate, prompt, output)
+            load = offered_load(obs)  # what clients asked for, refusals at the entry router included
+            if load is not None:
+                self.recorder.record(name, wall_s, load.request_rate_rps, load.prompt_tokens_per_s,
+                                     load.output_tokens_per_s)
 
     async def after_tick(self, *, leader: bool, policies: Sequence[str]) -> None:
         """Write changed chunks every few ticks, and prune old ones now and then (leader only)."""

@@ -17,6 +17,7 @@ __all__ = ["sanitize_observation"]
 _OBSERVATION_FIELDS = (
     "queue_depth",
     "router_queued",
+    "router_refused_rps",
     "running_requests",
     "request_rate_rps",
     "prompt_tokens_per_s",
@@ -60,6 +61,7 @@ def _plausible(obs: PolicyObservation) -> bool:
         and (ot is None or 0.0 <= ot < inf)
         and (kv is None or 0.0 <= kv <= _RATIO_MAX)
         and (obs.router_queued is None or 0.0 <= obs.router_queued < inf)
+        and (obs.router_refused_rps is None or 0.0 <= obs.router_refused_rps < inf)
         and (obs.current_replicas is None or obs.current_replicas >= 0)
         and (obs.ready_replicas is None or obs.ready_replicas >= 0)
         and (obs.replica_budget is None or obs.replica_budget >= 0)

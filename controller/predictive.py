@@ -1,7 +1,8 @@
 """Predictive pre-scaling: replicas for the load forecast one lead time ahead.
 
-Per policy it forecasts the request rate (:class:`controller.forecast.AutoForecaster`,
-one observation per tick) and derives prompt and output tokens/s from it with the
+Per policy it forecasts the offered request rate (:class:`controller.forecast.AutoForecaster`,
+one observation per tick: the engines' rate plus what the entry router refused,
+:func:`controller.entry_demand.offered_load`) and derives prompt and output tokens/s from it with the
 smoothed tokens per request (lengths drift far more slowly than arrivals, and one
 forecaster instead of three keeps refits cheap), then asks the policy's capacity
 model how many replicas the busiest bin of the next lead time needs at the
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaProfile, Targets
-from controller.entry_demand import router_waiting
+from controller.entry_demand import offered_load, router_waiting
 from controller.forecast import AutoForecaster, ForecastConfig
 from controller.forecast.audit import AuditBounds, ForecastAudit
 from controller.policy import Policy
@@ -233,11 +234,10 @@ class PredictiveAdvisor:
     def assess(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Assessment | None:
         """Every need this advisor sees for the policy (None without request and token rates)."""
         obs = observation
-        values = (obs.request_rate_rps, obs.prompt_tokens_per_s, obs.output_tokens_per_s)
-        if any(v is None or not math.isfinite(v) or v < 0 for v in values):
+        now_load = offered_load(obs)  # the engines' rates and what the entry router refused
+        if now_load is None:
             return None
-        rate, prompt, output = (float(v) for v in values if v is not None)
-        now_load = Load(request_rate_rps=rate, prompt_tokens_per_s=prompt, output_tokens_per_s=output)
+        rate, prompt, output = now_load.request_rate_rps, now_load.prompt_tokens_per_s, now_load.output_tokens_per_s
         state = self._policy_state(policy)
         if state.last_observed_at_s is None or obs.observed_at_s > state.last_observed_at_s:
             state.observe(rate, prompt, output)

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from controller.capacity import CapacityModel, Load
-from controller.entry_demand import router_waiting
+from controller.entry_demand import offered_load, router_waiting
 from controller.policy import Policy
 from controller.types import PolicyObservation, Reason
 
@@ -98,14 +98,6 @@ def _waiting(obs: PolicyObservation) -> float:
     return (obs.queue_depth or 0.0) + router_waiting(obs)
 
 
-def _load(obs: PolicyObservation) -> Load | None:
-    if obs.request_rate_rps is None or obs.prompt_tokens_per_s is None or obs.output_tokens_per_s is None:
-        return None
-    return Load(
-        request_rate_rps=obs.request_rate_rps,
-        prompt_tokens_per_s=obs.prompt_tokens_per_s,
-        output_tokens_per_s=obs.output_tokens_per_s,
-    )
 
 
 def _predicted_gain(capacity: CapacityModel, load: Load | None, before: int, after: int) -> float:
@@ -150,7 +142,7 @@ class ScaleChecker:
                     before=previous, after=current, causes=state.last_causes, started_s=now_s, ready_s=None,
                     ratio_before=latency_ratio(policy, obs), served_before=obs.output_tokens_per_s,
                     queue_before=_waiting(obs),
-                    predicted_gain=_predicted_gain(capacity, _load(obs), previous, current),
+                    predicted_gain=_predicted_gain(capacity, offered_load(obs), previous, current),
                 )
         return self._judge(policy, obs, now_s, state)
 
@@ -172,8 +164,9 @@ class ScaleChecker:
         effective, detail = self._effective(policy, obs, pending)
         if effective:
             return f"scale-up {pending.before} -> {pending.after} effective: {detail}"
+        offered = offered_load(obs)
         state.held = HeldCause(
-            causes=pending.causes, since_s=now_s, request_rate_rps=obs.request_rate_rps or 0.0,
+            causes=pending.causes, since_s=now_s, request_rate_rps=0.0 if offered is None else offered.request_rate_rps,
             replicas=pending.after, detail=f"scale-up {pending.before} -> {pending.after} bought nothing: {detail}",
         )
         return state.held.detail
@@ -214,7 +207,8 @@ class ScaleChecker:
         if state is None or state.held is None:
             return None
         held = state.held
-        rate = obs.request_rate_rps
+        offered = offered_load(obs)  # a scale-up that ends refusals moves load from refused to served: no change
+        rate = None if offered is None else offered.request_rate_rps
         ratio = latency_ratio(policy, obs)
         changed = (
             now_s - held.since_s > self.config.hold_s

@@ -341,6 +341,7 @@ class ControllerService:
             "output_tokens_per_s": obs.output_tokens_per_s,
             "queue_depth": obs.queue_depth,
             "router_queued": obs.router_queued,
+            "router_refused_rps": obs.router_refused_rps,
             "running_requests": obs.running_requests,
             "kv_cache_usage": obs.kv_cache_usage,
             "ready_replicas": obs.ready_replicas,

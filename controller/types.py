@@ -169,6 +169,10 @@ class PolicyObservation:
     """Requests held at the entry router's admission (``moeslo_router_queued_requests``), summed over the
     policy's routers: demand that has reached no engine yet.  None: the policy names no router, or it could
     not be read (the source then says why in ``errors``)."""
+    router_refused_rps: float | None = None
+    """Requests per second the entry router refused at admission (429, its reject mode; ``outcome="rejected"``
+    of ``moeslo_router_requests_total``), summed over the policy's routers: demand that reached no engine, so
+    the engines' rates leave it out.  None: no router named, or not read."""
     running_requests: float | None = None
     """Requests in the running batch, summed over replicas (``vllm:num_requests_running``)."""
     request_rate_rps: float | None = None

@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry
 
+from contracts.catalogue import REJECTED_OUTCOME
 from contracts.errors import MoesloError, OverloadedError, UnavailableError, ValidationError
 from router.config import RouterConfig
 from router.errors import UpstreamError, UpstreamTimeoutError, error_document, sse_error_event
@@ -192,7 +193,7 @@ class Router:
             try:
                 choice = await self.decide(features)
             except MoesloError as exc:
-                exchange.outcome = "rejected" if isinstance(exc, OverloadedError) else "unavailable"
+                exchange.outcome = REJECTED_OUTCOME if isinstance(exc, OverloadedError) else "unavailable"
                 exchange.decision = "all_over_budget" if isinstance(exc, OverloadedError) else "no_healthy_replica"
                 await _send_error(exchange, exc)
                 return

@@ -17,6 +17,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from contracts.catalogue import (
     DECISION_LABEL,
     OUTCOME_LABEL,
+    REJECTED_OUTCOME,
     REPLICA_LABEL,
     ROUTER_EJECTIONS,
     ROUTER_OBSERVED_TTFT_HISTOGRAM,
@@ -33,7 +34,7 @@ from contracts.catalogue import (
 )
 
 OUTCOMES = ("ok", "upstream_status", "upstream_error", "upstream_failed_mid_stream", "client_disconnected",
-            "rejected", "unavailable")  # fmt: skip
+            REJECTED_OUTCOME, "unavailable")  # fmt: skip
 """``ok``: relayed (any 2xx); ``upstream_status``: the replica's own 4xx/5xx relayed; ``upstream_error``: no
 usable answer (502/504); ``upstream_failed_mid_stream``: a stream broke after it began; ``rejected``: 429 at
 admission; ``unavailable``: no healthy replica (503)."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from controller.sources.base import BURN_WINDOWS, SliSource, histogram_quantile, windows_for
 from controller.sources.prometheus import PrometheusClient, PrometheusSource
-from controller.sources.scrape import EngineSample, ScrapeSource, parse_metrics, parse_router_queue
+from controller.sources.router_page import parse_router_queue
+from controller.sources.scrape import EngineSample, ScrapeSource, parse_metrics
 
 __all__ = [
     "BURN_WINDOWS",

@@ -22,9 +22,11 @@ so their number does not grow with the number of policies:
 - p99s with ``histogram_quantile(0.99, sum by (model_name, le) (rate(..._bucket[5m])))``;
 - queue, running batch, KV usage, request and token rates, engine count;
 - per-layer expert imbalance (``moe_layer_imbalance_cv``);
-- the entry router's queue, for policies that name a router: one
-  ``sum(moeslo_router_queued_requests{<router labels>})`` per distinct label set
-  (the router's series carry no model label; its ``prometheus_labels`` pick it).
+- the entry router's queue and its refusals, for policies that name a router: one
+  ``sum(moeslo_router_queued_requests{<router labels>})`` and one
+  ``sum(rate(moeslo_router_requests_total{outcome="rejected",<router labels>}[1m]))``
+  per distinct label set (the router's series carry no model label; its
+  ``prometheus_labels`` pick it).
 
 Prometheus down or answering with an error: the source keeps each policy's
 last good observation (with its old ``observed_at_s``, so the core sees it
@@ -46,10 +48,14 @@ import httpx
 from contracts.catalogue import (
     KV_CACHE_USAGE,
     LAYER_IMBALANCE_CV,
+    OUTCOME_LABEL,
+    REJECTED_OUTCOME,
     REQUEST_PROMPT_TOKENS_HISTOGRAM,
     ROUTER_QUEUED,
+    ROUTER_REQUESTS,
     RUNNING,
     WAITING,
+    total,
 )
 from contracts.errors import UnavailableError
 from controller.policy import Policy, parse_duration_s
@@ -78,6 +84,9 @@ Vector = list[tuple[dict[str, str], float]]
 WINDOW_LABEL = "moeslo_window"
 """The label a windowed query's terms carry, so one query answers for every window."""
 WINDOWED_KEYS = (":good", ":total")
+REFUSED_KEY = "router_refused"
+REFUSED_MATCHER = f'{OUTCOME_LABEL}="{REJECTED_OUTCOME}"'
+"""The router's 429s at admission (its reject mode)."""
 """Query keys whose answer carries every window (split by :data:`WINDOW_LABEL` into ``<key>:<window>``)."""
 
 
@@ -207,6 +216,9 @@ class PrometheusSource:
             if policy.router is not None:
                 router_sel = self._sel(label_matchers(policy.router.prometheus_labels))
                 queries.setdefault(_router_key(policy), f"sum({ROUTER_QUEUED}{router_sel})")
+                refused_sel = self._sel(label_matchers(policy.router.prometheus_labels), REFUSED_MATCHER)
+                queries.setdefault(_router_key(policy, REFUSED_KEY),
+                                   f"sum(rate({total(ROUTER_REQUESTS)}{refused_sel}[{self.rate_window}]))")
         return queries
 
     async def observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
@@ -288,12 +300,14 @@ class PrometheusSource:
             prompt_tokens_buckets=_buckets(results.get("prompt_lengths"), model),
         )
         engines = _value(results.get("engines"), model)
+        queued = _router_queued(policy, results, problems)
         return PolicyObservation(
             policy=policy.name,
             observed_at_s=now_s,
             ready_replicas=None if engines is None else int(engines),
             queue_depth=_value(results.get("waiting"), model),
-            router_queued=_router_queued(policy, results, problems),
+            router_queued=queued,
+            router_refused_rps=_router_refused(policy, results, queued),
             running_requests=_value(results.get("running"), model),
             request_rate_rps=_value(results.get("requests"), model),
             prompt_tokens_per_s=_value(results.get("prompt_tokens"), model),
@@ -320,10 +334,10 @@ def _split_windows(key: str, vector: Vector) -> dict[str, Vector]:
     return out
 
 
-def _router_key(policy: Policy) -> str:
-    """The query key of a policy's router queue: one per distinct label set, shared by the policies naming it."""
+def _router_key(policy: Policy, what: str = "router_queued") -> str:
+    """The query key of a policy's router series: one per distinct label set, shared by the policies naming it."""
     labels = {} if policy.router is None else policy.router.prometheus_labels
-    return "router_queued:" + ",".join(f"{name}={value!r}" for name, value in sorted(labels.items()))
+    return f"{what}:" + ",".join(f"{name}={value!r}" for name, value in sorted(labels.items()))
 
 
 def _router_queued(policy: Policy, results: Mapping[str, Vector], problems: list[str]) -> float | None:
@@ -338,6 +352,17 @@ def _router_queued(policy: Policy, results: Mapping[str, Vector], problems: list
         problems.append(f"router: no {ROUTER_QUEUED} series with labels {policy.router.prometheus_labels}")
         return None
     return vector[0][1]
+
+
+def _router_refused(policy: Policy, results: Mapping[str, Vector], queued: float | None) -> float | None:
+    """Requests/s the policy's router refused.  The counter's ``rejected`` series exists only after a first
+    refusal, so no series reads as 0 once the router itself was read (its queue), and as unknown otherwise."""
+    if policy.router is None or queued is None:
+        return None
+    vector = results.get(_router_key(policy, REFUSED_KEY))
+    if vector is None:
+        return None  # the query failed: its error is already in the problems
+    return vector[0][1] if vector else 0.0
 
 
 def _value(vector: Vector | None, model: str) -> float | None:

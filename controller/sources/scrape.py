@@ -13,8 +13,8 @@ History stays bounded: every scrape is kept for the last hour, older points
 are thinned to one per five minutes and keep only the counters the SLOs use.
 
 A policy that names an entry router with ``endpoints`` also has each router's
-``/metrics`` read once per tick: ``moeslo_router_queued_requests`` summed over
-them is the observation's ``router_queued``.
+``/metrics`` read once per tick, for its queue and its refusals
+(:mod:`controller.sources.router_page`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import httpx
@@ -58,6 +58,7 @@ from controller.sources.base import (
     ttft_key,
     windows_for,
 )
+from controller.sources.router_page import RefusalRates, RouterReading, parse_router_page, with_router
 from controller.ttft_series import allowance_from_labels
 from controller.types import PolicyObservation, SliSnapshot
 
@@ -133,18 +134,6 @@ def parse_metrics(text: str) -> dict[str, EngineSample]:
             elif name == LAYER_IMBALANCE_CV and sample.labels.get("layer", "").isdigit():
                 out.imbalance_by_layer[int(sample.labels["layer"])] = value
     return samples
-
-
-def parse_router_queue(text: str) -> float | None:
-    """``moeslo_router_queued_requests`` summed from a router's /metrics page (None: the page has no such
-    series; ``ValueError`` if malformed)."""
-    values = [
-        float(sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == ROUTER_QUEUED
-    ]
-    return sum(values) if values else None
 
 
 def _router_endpoints(policy: Policy) -> tuple[str, ...]:
@@ -261,6 +250,7 @@ class ScrapeSource:
         self._last: dict[tuple[str, str], dict[str, float]] = {}
         """Last cumulative counters per (endpoint, model)."""
         self._history: dict[str, _ModelHistory] = {}
+        self._refusals = RefusalRates(rate_window_s)
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -272,26 +262,28 @@ class ScrapeSource:
         response.raise_for_status()
         return parse_metrics(response.text)
 
-    async def _scrape_router(self, endpoint: str) -> float:
+    async def _scrape_router(self, endpoint: str) -> RouterReading:
         response = await self._client.get(endpoint.rstrip("/") + "/metrics")
         response.raise_for_status()
-        queued = parse_router_queue(response.text)
-        if queued is None:
+        reading = parse_router_page(response.text)
+        if reading is None:
             raise ValueError(f"the page has no {ROUTER_QUEUED} series (not a moeslo router?)")
-        return queued
+        return reading
 
-    async def _router_queues(self, policies: Sequence[Policy]) -> dict[str, float | str]:
-        """Per router endpoint any policy names: its queue, or the error line of a failed read."""
+    async def _read_routers(self, policies: Sequence[Policy], now_s: float) -> dict[str, RouterReading | str]:
+        """Per router endpoint any policy names: its reading, or the error line of a failed read."""
         endpoints = sorted({e for p in policies for e in _router_endpoints(p)})
-        queues, failures = await _read_all(self._scrape_router, endpoints, "router")
-        return {**queues, **failures}
+        readings, failures = await _read_all(self._scrape_router, endpoints, "router")
+        for endpoint, reading in readings.items():
+            self._refusals.record(endpoint, now_s, reading.refused_total)
+        return {**readings, **failures}
 
     async def observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
         if not any(p.router is not None for p in policies):
             return await self._observe_engines(policies, now_s)
-        observations, queues = await asyncio.gather(self._observe_engines(policies, now_s),
-                                                    self._router_queues(policies))  # fmt: skip
-        return {p.name: _with_router(observations[p.name], p, queues) for p in policies}
+        observations, readings = await asyncio.gather(self._observe_engines(policies, now_s),
+                                                      self._read_routers(policies, now_s))  # fmt: skip
+        return {p.name: with_router(observations[p.name], p, readings, self._refusals) for p in policies}
 
     async def _observe_engines(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
         endpoints_by_policy = {p.name: tuple(self.endpoints_for(p)) for p in policies}
@@ -402,20 +394,6 @@ class ScrapeSource:
         if not any(math.isinf(edge) for edge in buckets):
             return None
         return histogram_quantile(QUANTILE, buckets)
-
-
-def _with_router(obs: PolicyObservation, policy: Policy, queues: Mapping[str, float | str]) -> PolicyObservation:
-    """The observation with its policy's router queue (None, with the reasons in ``errors``, unless all read)."""
-    if policy.router is None:
-        return obs
-    endpoints = policy.router.endpoints
-    if not endpoints:
-        return replace(obs, errors=(*obs.errors, "router: no endpoints to scrape (router.endpoints is empty)"))
-    read = [queues[e] for e in endpoints]
-    failed = [q for q in read if isinstance(q, str)]
-    if failed:
-        return replace(obs, errors=(*obs.errors, *failed))
-    return replace(obs, router_queued=sum(q for q in read if not isinstance(q, str)))
 
 
 def _window_buckets(

@@ -7,8 +7,9 @@ from dataclasses import replace
 import pytest
 
 from controller.builder import CoreOptions, build_decision_core
+from controller.capacity import Load
 from controller.core import DecisionCore, sanitize_observation
-from controller.entry_demand import entry_floor, entry_idle
+from controller.entry_demand import entry_floor, entry_idle, offered_load
 from controller.policy import Policy
 from controller.predictive import PredictiveAdvisor
 from controller.types import Advice, PolicyObservation, Reason
@@ -134,6 +135,7 @@ def test_down_to_zero_only_after_an_idle_router_for_the_whole_window() -> None:
         (routed_policy(), quiet(999.0, 1, router_queued=None), "the router was not read"),
         (routed_policy(), replace(quiet(999.0), running_requests=1.0), "a request runs"),
         (routed_policy(), replace(quiet(999.0), request_rate_rps=None), "arrivals unknown"),
+        (routed_policy(), replace(quiet(999.0), router_refused_rps=0.5), "the router refuses requests"),
     ],
 )
 def test_an_idle_fleet_keeps_one_replica_unless_the_router_says_the_entry_is_idle(
@@ -156,3 +158,39 @@ def test_a_router_queue_that_is_not_a_count_is_unknown() -> None:
     for bad in (float("nan"), float("inf"), -1.0):
         clean, invalid = sanitize_observation(quiet(999.0, router_queued=bad))
         assert clean.router_queued is None and invalid == ("router_queued",)
+
+
+SERVED = {"request_rate_rps": 10.0, "prompt_tokens_per_s": 5000.0, "output_tokens_per_s": 1000.0}
+
+
+def test_the_offered_load_adds_what_the_router_refused_at_the_served_lengths() -> None:
+    served = observe(999.0, 2, **SERVED)
+    assert offered_load(served) == Load(request_rate_rps=10.0, prompt_tokens_per_s=5000.0, output_tokens_per_s=1000.0)
+    refusing = replace(served, router_refused_rps=5.0)
+    assert offered_load(refusing) == Load(request_rate_rps=15.0, prompt_tokens_per_s=7500.0,
+                                          output_tokens_per_s=1500.0)  # fmt: skip
+    # Nothing served: the refused requests' lengths are unknown, their rate is not.
+    idle = replace(refusing, request_rate_rps=0.0, prompt_tokens_per_s=0.0, output_tokens_per_s=0.0)
+    assert offered_load(idle) == Load(request_rate_rps=5.0, prompt_tokens_per_s=0.0, output_tokens_per_s=0.0)
+    assert offered_load(replace(refusing, request_rate_rps=None)) is None
+
+
+def test_the_forecast_learns_and_sizes_for_the_requests_the_router_refused() -> None:
+    """A fleet that serves 10 req/s while its router refuses 10 more: sized for 20, not for the 10 it serves."""
+    policy = routed_policy(1)
+    served = observe(999.0, 2, **SERVED)
+    refusing = replace(served, router_refused_rps=10.0)
+    alone = PredictiveAdvisor().assess(policy, served, 1000.0)
+    offered = PredictiveAdvisor().assess(policy, refusing, 1000.0)
+    assert alone is not None and offered is not None
+    need_alone = next(n for n, r in alone.needs if r == Reason.CURRENT_LOAD)
+    need_offered = next(n for n, r in offered.needs if r == Reason.CURRENT_LOAD)
+    capacity = PredictiveAdvisor().capacity(policy)
+    assert need_alone == capacity.replicas_needed(Load(**SERVED))
+    assert need_offered == capacity.replicas_needed(Load(**SERVED).scaled(2.0)) > need_alone
+
+
+def test_a_refusal_rate_that_is_not_a_rate_is_unknown() -> None:
+    for bad in (float("nan"), float("inf"), -1.0):
+        clean, invalid = sanitize_observation(replace(quiet(999.0), router_refused_rps=bad))
+        assert clean.router_refused_rps is None and invalid == ("router_refused_rps",)

@@ -319,6 +319,7 @@ def test_a_fleet_at_zero_scales_up_on_the_routers_queue(tmp_path: Path) -> None:
     async def scenario() -> None:
         await service.tick()  # nothing waits: stays at zero
         router.hold(2)
+        router.refuse(3)  # and refused 3 over the 15 s: demand the status shows
         clock.now_s += 15
         await service.tick()
         await source.aclose()
@@ -333,6 +334,7 @@ def test_a_fleet_at_zero_scales_up_on_the_routers_queue(tmp_path: Path) -> None:
     assert woken.inputs["router_queued"] == 2.0
     runtime = service.runtime("zero")
     assert runtime is not None and runtime.seen["router_queued"] == 2.0
+    assert woken.inputs["router_refused_rps"] == pytest.approx(0.2) == runtime.seen["router_refused_rps"]
     assert registry.get_sample_value("moeslo_sli", {"policy": "zero", "sli": "router_queued"}) == 2.0
 
 

@@ -142,7 +142,7 @@ def test_queue_mode_holds_requests_while_the_fleet_is_at_zero(tmp_path: Path) ->
     """Scale from zero: the router holds requests with no replica, the controller reads that queue, a replica comes."""
     import threading
 
-    from controller.sources.scrape import parse_router_queue
+    from controller.sources.router_page import parse_router_queue
 
     view = Replicas()
     settings = ControllerSettings(db=str(tmp_path / "c.db"), api_token=TOKEN)

@@ -100,5 +100,12 @@ class RouterPage:
         """``requests`` held at admission (queue mode)."""
         self.metrics.queued.set(requests)
 
+    def refuse(self, requests: int) -> None:
+        """``requests`` refused at admission (reject mode: 429), counted as the router counts them."""
+        from contracts.catalogue import REJECTED_OUTCOME
+
+        for _ in range(requests):
+            self.metrics.request(None, "all_over_budget", REJECTED_OUTCOME)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

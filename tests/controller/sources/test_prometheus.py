@@ -126,24 +126,34 @@ def test_a_policy_naming_its_router_queries_the_router_queue_by_its_labels() -> 
         'sum(moeslo_router_queued_requests{job="r",service="a\\"b",namespace="prod"})',
     ]
     assert not any(k.startswith("router_queued:") for k in source.queries([POLICY]))
+    refused = sorted(q for k, q in queries.items() if k.startswith("router_refused:"))
+    assert refused == [
+        'sum(rate(moeslo_router_requests_total{job="moeslo-router",outcome="rejected",namespace="prod"}[1m]))',
+        'sum(rate(moeslo_router_requests_total{job="r",service="a\\"b",outcome="rejected",namespace="prod"}[1m]))',
+    ]
     asyncio.run(source.aclose())
 
 
 def test_the_router_queue_from_prometheus_and_a_router_it_does_not_see() -> None:
-    answer: dict[str, list[dict]] = {"router": [{"metric": {}, "value": [0, "4"]}]}
+    answer: dict[str, list[dict]] = {"router": [{"metric": {}, "value": [0, "4"]}], "refused": []}
 
     def handle(request: httpx.Request) -> httpx.Response:
         query = request.content.decode()
-        result = answer["router"] if "moeslo_router_queued_requests" in query else []
+        result = (answer["router"] if "moeslo_router_queued_requests" in query
+                  else answer["refused"] if "moeslo_router_requests_total" in query else [])  # fmt: skip
         return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
 
     source = _mock_source(httpx.MockTransport(handle))
     seen = asyncio.run(source.observe([POLICY, ROUTED], 10.0))
     assert seen["routed"].router_queued == 4.0 and seen["routed"].errors == ()
-    assert seen["p"].router_queued is None
+    # No rejected series yet: the router was read and has refused nothing.
+    assert seen["routed"].router_refused_rps == 0.0
+    assert seen["p"].router_queued is None and seen["p"].router_refused_rps is None
+    answer["refused"] = [{"metric": {}, "value": [0, "2.5"]}]
+    assert asyncio.run(source.observe([ROUTED], 15.0))["routed"].router_refused_rps == 2.5
     answer["router"] = []  # no series: the router is down or not scraped, which is not a zero
     unseen = asyncio.run(source.observe([ROUTED], 20.0))["routed"]
-    assert unseen.router_queued is None
+    assert unseen.router_queued is None and unseen.router_refused_rps is None
     assert unseen.errors == ("router: no moeslo_router_queued_requests series with labels {'job': 'moeslo-router'}",)
 
 
@@ -265,6 +275,13 @@ def test_the_router_queue_through_a_real_prometheus(tmp_path: Path) -> None:
         prom.wait_for_scrapes(2)
         obs = asyncio.run(observe())
         assert obs.router_queued == 5.0 and obs.queue_depth == 0 and obs.errors == ()
+        assert obs.router_refused_rps == 0.0  # nothing refused yet: no rejected series, read as zero
+        router.refuse(1)  # the rejected series is born here; rate() counts increases after its first sample
+        prom.wait_for_scrapes(2)
+        router.refuse(40)
+        prom.wait_for_scrapes(2)
+        refusing = asyncio.run(observe())
+        assert refusing.router_refused_rps is not None and refusing.router_refused_rps > 0
     finally:
         prom.stop()
         engine.stop()
