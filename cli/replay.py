@@ -23,7 +23,8 @@ DEFAULT_POLICIES = "static,hpa,keda-queue,keda-kv,dynamo,moeslo,oracle"
 def replay(
     trace: Annotated[Path, typer.Option(help="Trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV, counts CSV).")],
     policies: Annotated[
-        str, typer.Option(help="Comma-separated policies, each optionally with knobs: hpa:target=0.6 (';' between).")
+        str, typer.Option(help="Policies, each optionally with knobs: 'static,hpa:target=0.6'; when a policy has "
+                               "several knobs, ';' separates the policies: 'moeslo:cooldown_s=180,quantile=0.9;hpa'.")
     ] = DEFAULT_POLICIES,
     sweep: Annotated[bool, typer.Option("--sweep", help="Run each policy over its knob grid; draw frontiers.")] = False,
     out: Annotated[Path, typer.Option(help="Directory for the JSON summary and the PNG plots.")] = Path("replay-out"),
