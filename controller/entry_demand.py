@@ -33,7 +33,7 @@ from controller.capacity import Load
 from controller.policy import Policy
 from controller.types import PolicyObservation, Reason
 
-__all__ = ["entry_floor", "entry_idle", "offered_load", "router_waiting"]
+__all__ = ["entry_floor", "entry_idle", "offered_load", "router_refused", "router_waiting", "served_load"]
 
 
 def router_waiting(obs: PolicyObservation) -> float:
@@ -47,24 +47,31 @@ def router_refused(obs: PolicyObservation) -> float:
     return refused if refused is not None and refused > 0 else 0.0
 
 
-def offered_load(obs: PolicyObservation) -> Load | None:
-    """What clients asked for: the engines' rates plus the requests the router refused (None without rates).
-
-    A refused request is taken to carry the served ones' mean prompt and output tokens (the router
-    refuses by predicted wait, not by length); with nothing served, its tokens are unknown and only
-    its rate counts.
-    """
+def served_load(obs: PolicyObservation) -> Load | None:
+    """What the engines served: their request and token rates (None without them)."""
     values = (obs.request_rate_rps, obs.prompt_tokens_per_s, obs.output_tokens_per_s)
     if any(v is None or not math.isfinite(v) or v < 0 for v in values):
         return None
     rate, prompt, output = (float(v) for v in values if v is not None)
-    served = Load(request_rate_rps=rate, prompt_tokens_per_s=prompt, output_tokens_per_s=output)
+    return Load(request_rate_rps=rate, prompt_tokens_per_s=prompt, output_tokens_per_s=output)
+
+
+def offered_load(obs: PolicyObservation) -> Load | None:
+    """What clients asked for: the engines' rates plus the requests the router refused (None without rates).
+
+    A refused request is taken to carry the served ones' mean prompt and output tokens (the router
+    refuses by predicted wait, not by length).  With no request counted served (requests count as
+    they finish, tokens as they are processed), the refused ones' tokens are unknown: the rate is
+    the refused one and the tokens are the engines'.
+    """
+    served = served_load(obs)
     refused = router_refused(obs)
-    if refused <= 0:
+    if served is None or refused <= 0:
         return served
-    if rate <= 0:
-        return Load(request_rate_rps=refused, prompt_tokens_per_s=0.0, output_tokens_per_s=0.0)
-    return served.scaled(1.0 + refused / rate)
+    if served.request_rate_rps <= 0:
+        return Load(request_rate_rps=refused, prompt_tokens_per_s=served.prompt_tokens_per_s,
+                    output_tokens_per_s=served.output_tokens_per_s)  # fmt: skip
+    return served.scaled(1.0 + refused / served.request_rate_rps)
 
 
 def entry_idle(policy: Policy, obs: PolicyObservation) -> bool:

@@ -1,11 +1,13 @@
 """The load history the forecasters learn from, kept across restarts and leader takeovers.
 
-Each tick the service records every policy's observed request and token rates
+Each tick the service records every policy's offered request and token rates
+(the engines' plus what an entry router refused, :func:`controller.entry_demand.offered_load`)
 (one sample per tick, at wall-clock time: monotonic clocks do not survive a
 restart).  The leader writes them to the store in hourly chunks; a controller
 that starts (or a policy seen for the first time) warm-starts its forecaster
 from Prometheus when one is configured (``query_range`` over the same rate
-queries the source uses), else from the store.  Samples are resampled onto the
+queries the source uses: the engines' rates, without the requests an entry
+router refused, which the store's history includes), else from the store.  Samples are resampled onto the
 tick grid, and bins the controller did not see (it was down) are filled with the
 last value before them, so a daily season stays aligned.
 """

@@ -117,8 +117,11 @@ class EntryRouter(_Strict):
 
     Requests it holds at admission (``moeslo_router_queued_requests``, queue mode) are demand the
     engines do not see yet: they add to the engines' queue, and they are what scales a fleet up from
-    zero replicas.  The Prometheus source reads the series its ``prometheus_labels`` select; the
-    direct-scrape source reads ``<endpoint>/metrics`` of each of its ``endpoints``.
+    zero replicas.  Requests it refuses with 429 (``outcome="rejected"``) are demand too: their rate
+    adds to the engines' (:func:`controller.entry_demand.offered_load`).  The Prometheus source reads
+    the series its ``prometheus_labels`` select; the direct-scrape source reads ``<endpoint>/metrics``
+    of each of its ``endpoints``.  The router's series carry no model label, so a router named by
+    several policies counts its whole queue and refusals for each of them.
     """
 
     endpoints: Annotated[tuple[str, ...], Field(max_length=64)] = ()
@@ -253,7 +256,8 @@ class Policy(_Strict):
     profile: ReplicaProfile | None = None
     """Capacity of one replica (``moeslo profile`` writes it); None: the controller's default profile."""
     router: EntryRouter | None = None
-    """The entry router in front of the replicas: its queue counts as demand (None: engine signals only)."""
+    """The entry router in front of the replicas: its queue and refusals count as demand (None: engine signals
+    only)."""
     mode: Mode = Mode.ENFORCE
 
     @field_validator("window")

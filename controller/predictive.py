@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaProfile, Targets
-from controller.entry_demand import offered_load, router_waiting
+from controller.entry_demand import offered_load, router_waiting, served_load
 from controller.forecast import AutoForecaster, ForecastConfig
 from controller.forecast.audit import AuditBounds, ForecastAudit
 from controller.policy import Policy
@@ -85,17 +85,20 @@ class _PolicyForecast:
     _decayed_prompt: float = 0.0
     _decayed_output: float = 0.0
 
-    def observe(self, rate: float, prompt: float, output: float) -> None:
+    def observe(self, rate: float, prompt: float, output: float, *, served_rate: float | None = None) -> None:
+        """One tick: ``rate`` is what the forecaster learns (the offered rate); the lengths are ``prompt`` and
+        ``output`` tokens/s over ``served_rate`` requests/s (default ``rate``), the requests the tokens are of."""
         self.audit.observe(self.bins, rate)
         self.rate.observe(rate)
         self.bins += 1
-        if rate <= 0:
+        served = rate if served_rate is None else served_rate
+        if served <= 0:
             return  # prompts are counted as they are admitted, requests as they finish: none yet
         # Tokens per request as decayed sums of tokens over decayed sums of requests: each tick
         # weighs by its volume, so the first ticks' handful of requests do not set the lengths
         # for the next twenty ticks.
         keep = 1.0 - LENGTH_SMOOTHING
-        self._decayed_requests = keep * self._decayed_requests + rate
+        self._decayed_requests = keep * self._decayed_requests + served
         self._decayed_prompt = keep * self._decayed_prompt + prompt
         self._decayed_output = keep * self._decayed_output + output
 
@@ -234,26 +237,32 @@ class PredictiveAdvisor:
     def assess(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Assessment | None:
         """Every need this advisor sees for the policy (None without request and token rates)."""
         obs = observation
-        now_load = offered_load(obs)  # the engines' rates and what the entry router refused
-        if now_load is None:
+        served, offered = served_load(obs), offered_load(obs)  # offered: and what the entry router refused
+        if served is None or offered is None:
             return None
-        rate, prompt, output = now_load.request_rate_rps, now_load.prompt_tokens_per_s, now_load.output_tokens_per_s
         state = self._policy_state(policy)
         if state.last_observed_at_s is None or obs.observed_at_s > state.last_observed_at_s:
-            state.observe(rate, prompt, output)
+            # The forecaster learns the offered rate; lengths come from the requests the tokens are of.
+            state.observe(offered.request_rate_rps, served.prompt_tokens_per_s, served.output_tokens_per_s,
+                          served_rate=served.request_rate_rps)  # fmt: skip
             state.last_observed_at_s = obs.observed_at_s
         self._refit_if_due(state.rate, now_s)
         ready = obs.ready_replicas if obs.ready_replicas is not None else obs.current_replicas or 0
         capacity = state.capacity
         if self.config.correct_online and obs.sli is not None and self._enough_requests(obs.sli.requests_in_window):
+            # The p99s are of the served requests: the model is corrected against the load that made them.
             capacity.correct(
-                load=now_load, ready_replicas=ready, ttft_p99_s=obs.sli.ttft_p99_s, itl_p99_s=obs.sli.itl_p99_s
+                load=served, ready_replicas=ready, ttft_p99_s=obs.sli.ttft_p99_s, itl_p99_s=obs.sli.itl_p99_s
             )
         details: dict[str, Scalar] = {
             "ttft_correction": round(capacity.ttft_correction, 4),
             "itl_correction": round(capacity.itl_correction, 4),
         }
-        needs = self._load_needs(policy, capacity, obs, now_load, ready)
+        needs = self._load_needs(policy, capacity, obs, served, ready)
+        if offered.request_rate_rps > served.request_rate_rps:
+            # Refusals at the entry router are demand now: their need carries its own reason, a pressure
+            # reason, so a scale-up for it that buys nothing is held like one for a queue.
+            needs.append((capacity.replicas_needed(offered), Reason.ROUTER_REFUSED))
         view = self._forecast_need(policy, state, needs, details)
         if view is not None and not view.reliable:
             details["forecast_audit"] = state.audit.why_unreliable()

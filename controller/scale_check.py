@@ -21,15 +21,16 @@ import math
 from dataclasses import dataclass
 
 from controller.capacity import CapacityModel, Load
-from controller.entry_demand import offered_load, router_waiting
+from controller.entry_demand import offered_load, router_refused, router_waiting
 from controller.policy import Policy
 from controller.types import PolicyObservation, Reason
 
 __all__ = ["PRESSURE_REASONS", "HeldCause", "ScaleCheckConfig", "ScaleChecker", "latency_ratio"]
 
-PRESSURE_REASONS = frozenset(
-    {Reason.QUEUE_DEPTH, Reason.ROUTER_QUEUE, Reason.SLO_BURN, Reason.LATENCY_P99, Reason.HIGH_UTILIZATION}
-)
+PRESSURE_REASONS = frozenset({
+    Reason.QUEUE_DEPTH, Reason.ROUTER_QUEUE, Reason.ROUTER_REFUSED, Reason.SLO_BURN, Reason.LATENCY_P99,
+    Reason.HIGH_UTILIZATION,
+})
 """Reasons that say the fleet is short *now* (as opposed to a forecast of later need)."""
 
 
@@ -66,6 +67,8 @@ class _Pending:
     ratio_before: float | None
     served_before: float | None
     queue_before: float
+    refused_before: float
+    """Requests/s the entry router refused: like a queue, demand the added replicas should now serve."""
     predicted_gain: float
     """Predicted relative drop of the worst latency ratio, in [0, 1]."""
 
@@ -96,8 +99,6 @@ def latency_ratio(policy: Policy, obs: PolicyObservation) -> float | None:
 def _waiting(obs: PolicyObservation) -> float:
     """Requests waiting for the fleet: the engines' queue and the entry router's."""
     return (obs.queue_depth or 0.0) + router_waiting(obs)
-
-
 
 
 def _predicted_gain(capacity: CapacityModel, load: Load | None, before: int, after: int) -> float:
@@ -141,7 +142,7 @@ class ScaleChecker:
                 state.pending = _Pending(
                     before=previous, after=current, causes=state.last_causes, started_s=now_s, ready_s=None,
                     ratio_before=latency_ratio(policy, obs), served_before=obs.output_tokens_per_s,
-                    queue_before=_waiting(obs),
+                    queue_before=_waiting(obs), refused_before=router_refused(obs),
                     predicted_gain=_predicted_gain(capacity, offered_load(obs), previous, current),
                 )
         return self._judge(policy, obs, now_s, state)
@@ -183,8 +184,11 @@ class ScaleChecker:
                          f"({gain:+.0%}, predicted {pending.predicted_gain:+.0%})")
             if gain >= gain_needed * pending.predicted_gain and gain > 0:
                 return True, "; ".join(parts)
+        if pending.refused_before > 0 and obs.router_refused_rps == 0:
+            return True, f"the entry router no longer refuses (was {pending.refused_before:.2f} req/s)"
         served_now = obs.output_tokens_per_s
-        if pending.queue_before > 0 and served_now is not None and pending.served_before:
+        pressed = pending.queue_before > 0 or pending.refused_before > 0
+        if pressed and served_now is not None and pending.served_before:
             growth = served_now / pending.served_before - 1.0
             expected = pending.after / max(pending.before, 1) - 1.0
             parts.append(f"served output tokens/s {pending.served_before:.0f} -> {served_now:.0f} "

@@ -71,6 +71,8 @@ class Reason(StrEnum):
     ROUTER_QUEUE = "router_queue"
     """Requests wait at the entry router (``moeslo_router_queued_requests``): demand the engines do not see yet,
     and the one signal that wakes a fleet at zero replicas."""
+    ROUTER_REFUSED = "router_refused"
+    """The entry router refuses requests (429): the load offered, refusals included, needs this many replicas."""
     ROUTER_IDLE = "router_idle"
     """The entry router holds nothing and the engines are idle: with ``min_replicas: 0`` the fleet may go to zero."""
     SLO_BURN = "slo_burn"

@@ -84,10 +84,10 @@ Vector = list[tuple[dict[str, str], float]]
 WINDOW_LABEL = "moeslo_window"
 """The label a windowed query's terms carry, so one query answers for every window."""
 WINDOWED_KEYS = (":good", ":total")
+"""Query keys whose answer carries every window (split by :data:`WINDOW_LABEL` into ``<key>:<window>``)."""
 REFUSED_KEY = "router_refused"
 REFUSED_MATCHER = f'{OUTCOME_LABEL}="{REJECTED_OUTCOME}"'
-"""The router's 429s at admission (its reject mode)."""
-"""Query keys whose answer carries every window (split by :data:`WINDOW_LABEL` into ``<key>:<window>``)."""
+"""The router's 429s at admission (reject mode, or queue mode past ``--max-queue-s``)."""
 
 
 class PrometheusClient:

@@ -12,7 +12,7 @@ from controller.core import DecisionCore, sanitize_observation
 from controller.entry_demand import entry_floor, entry_idle, offered_load
 from controller.policy import Policy
 from controller.predictive import PredictiveAdvisor
-from controller.types import Advice, PolicyObservation, Reason
+from controller.types import Advice, PolicyObservation, Reason, SliSnapshot
 from tests.controller.test_core import observe, tick
 
 ROUTER = {"endpoints": ["http://router:8080"]}
@@ -169,9 +169,9 @@ def test_the_offered_load_adds_what_the_router_refused_at_the_served_lengths() -
     refusing = replace(served, router_refused_rps=5.0)
     assert offered_load(refusing) == Load(request_rate_rps=15.0, prompt_tokens_per_s=7500.0,
                                           output_tokens_per_s=1500.0)  # fmt: skip
-    # Nothing served: the refused requests' lengths are unknown, their rate is not.
-    idle = replace(refusing, request_rate_rps=0.0, prompt_tokens_per_s=0.0, output_tokens_per_s=0.0)
-    assert offered_load(idle) == Load(request_rate_rps=5.0, prompt_tokens_per_s=0.0, output_tokens_per_s=0.0)
+    # No request counted served yet (they count as they finish): the refused requests' rate, the engines' tokens.
+    idle = replace(refusing, request_rate_rps=0.0, prompt_tokens_per_s=4000.0, output_tokens_per_s=0.0)
+    assert offered_load(idle) == Load(request_rate_rps=5.0, prompt_tokens_per_s=4000.0, output_tokens_per_s=0.0)
     assert offered_load(replace(refusing, request_rate_rps=None)) is None
 
 
@@ -183,11 +183,40 @@ def test_the_forecast_learns_and_sizes_for_the_requests_the_router_refused() -> 
     alone = PredictiveAdvisor().assess(policy, served, 1000.0)
     offered = PredictiveAdvisor().assess(policy, refusing, 1000.0)
     assert alone is not None and offered is not None
-    need_alone = next(n for n, r in alone.needs if r == Reason.CURRENT_LOAD)
-    need_offered = next(n for n, r in offered.needs if r == Reason.CURRENT_LOAD)
     capacity = PredictiveAdvisor().capacity(policy)
-    assert need_alone == capacity.replicas_needed(Load(**SERVED))
-    assert need_offered == capacity.replicas_needed(Load(**SERVED).scaled(2.0)) > need_alone
+    need_served = capacity.replicas_needed(Load(**SERVED))
+    need_offered = capacity.replicas_needed(Load(**SERVED).scaled(2.0))
+    assert need_offered > need_served
+    assert dict((r, n) for n, r in alone.needs) == {Reason.CURRENT_LOAD: need_served}
+    # The served load keeps its reason; the refusals' need is added with theirs.
+    assert dict((r, n) for n, r in offered.needs) == {Reason.CURRENT_LOAD: need_served,
+                                                      Reason.ROUTER_REFUSED: need_offered}  # fmt: skip
+
+
+def test_the_forecaster_learns_the_offered_rate_at_the_served_lengths() -> None:
+    policy, advisor = routed_policy(1), PredictiveAdvisor()
+    for k in range(40):
+        obs = replace(observe(k * 15.0, 2, **SERVED), router_refused_rps=10.0)
+        if k % 4 == 3:  # now and then no request finished this tick, while tokens flowed and refusals went on
+            obs = replace(obs, request_rate_rps=0.0)
+        advisor.assess(policy, obs, k * 15.0 + 1.0)
+    state = advisor._state[policy.name]
+    assert list(state.rate.history.values(4)) == [20.0, 20.0, 20.0, 10.0]  # offered: served plus refused
+    assert state.mean_prompt_tokens == pytest.approx(500.0)  # 5000 tok/s over 10 served req/s, not over 20
+    assert state.mean_output_tokens == pytest.approx(100.0)
+
+
+def test_the_online_correction_is_against_the_served_load() -> None:
+    """p99s exactly what the model predicts for the served load: no correction, whatever was refused."""
+    policy, advisor = routed_policy(1), PredictiveAdvisor()
+    capacity = advisor.capacity(policy)
+    predicted = capacity.predict(Load(**SERVED), 2)
+    for k in range(20):
+        obs = replace(observe(k * 15.0, 2, **SERVED), router_refused_rps=4.0)
+        sli = SliSnapshot(observed_at_s=k * 15.0, window_s=60.0, requests_in_window=600.0,
+                          ttft_p99_s=predicted.ttft_p99_s, itl_p99_s=predicted.itl_p99_s)  # fmt: skip
+        advisor.assess(policy, replace(obs, sli=sli), k * 15.0 + 1.0)
+    assert capacity.itl_correction == pytest.approx(1.0) and capacity.ttft_correction == pytest.approx(1.0)
 
 
 def test_a_refusal_rate_that_is_not_a_rate_is_unknown() -> None:

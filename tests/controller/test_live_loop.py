@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -142,3 +143,19 @@ def test_the_recorder_writes_hourly_chunks(tmp_path: Path) -> None:
     assert [s[1] for s in samples] == [float(k) for k in range(301)]
     assert store.prune_load_history(before_s=start + 1, keep_policies=["p"]) == 1
     assert len(store.load_history("p", since_s=0.0)) == 61
+
+
+def test_the_keeper_records_the_offered_load_refusals_included(tmp_path: Path) -> None:
+    from controller.load_history import LoadHistoryKeeper
+    from controller.types import PolicyObservation
+
+    keeper = LoadHistoryKeeper(Store(f"sqlite+pysqlite:///{tmp_path / 'h.db'}"), bin_s=TICK_S, keep_s=3600.0,
+                               wall_clock=lambda: 1_700_000_000.0)  # fmt: skip
+    served = PolicyObservation(policy="p", observed_at_s=0.0, request_rate_rps=10.0, prompt_tokens_per_s=5000.0,
+                               output_tokens_per_s=1000.0)  # fmt: skip
+    keeper.record({"p": replace(served, router_refused_rps=5.0), "q": replace(served, policy="q"),
+                   "r": replace(served, policy="r", request_rate_rps=None)})  # fmt: skip
+    chunks = {policy: samples for policy, _, samples in keeper.recorder.dirty_chunks()}
+    assert chunks["p"] == [[1_700_000_000.0, 15.0, 7500.0, 1500.0]]  # 5 refused at the served lengths
+    assert chunks["q"] == [[1_700_000_000.0, 10.0, 5000.0, 1000.0]]
+    assert "r" not in chunks  # no rates, nothing recorded

@@ -39,6 +39,14 @@ def test_the_refusal_rate_covers_the_window_and_survives_a_restart() -> None:
     assert rates.rate("other") is None
 
 
+def test_the_refusal_rate_starts_at_the_last_read_at_or_before_the_window() -> None:
+    rates = RefusalRates(window_s=60.0)
+    for t in range(0, 90, 10):
+        rates.record("r", float(t), float(min(t, 40)))  # one refusal a second until 40 s, then none
+    # At 80 s the window starts at 20 s (20 refused then, 40 now): 20 over 60 s.
+    assert rates.rate("r") == pytest.approx(20 / 60)
+
+
 def test_a_policy_naming_its_router_gets_the_refusal_rate() -> None:
     engine, routers = EngineMetrics(MODEL), [RouterPage(), RouterPage()]
     servers = [MetricsServer(engine), *(MetricsServer(r) for r in routers)]  # type: ignore[arg-type]

@@ -1,0 +1,56 @@
+"""The scale check with an entry router that refuses: a scale-up that ends the refusals is effective."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from controller.capacity import CapacityModel
+from controller.policy import Policy
+from controller.scale_check import ScaleChecker
+from controller.types import PolicyObservation, Reason, SliSnapshot
+from tests.controller.test_core import observe
+
+POLICY = Policy.model_validate({"name": "chat", "target": {"kind": "deployment", "namespace": "llm", "name": "chat"},
+                                "router": {"endpoints": ["http://router:8080"]}})  # fmt: skip
+CAPACITY = CapacityModel()
+
+
+def slow(at_s: float) -> SliSnapshot:
+    """p99s 1.2x the objectives: what an overloaded fleet shows while its router refuses the rest."""
+    return SliSnapshot(observed_at_s=at_s, window_s=60.0, requests_in_window=600.0, ttft_p99_s=0.6, itl_p99_s=0.024)
+
+
+def refusing(at_s: float, replicas: int, served_rps: float, refused_rps: float) -> PolicyObservation:
+    return observe(at_s, replicas, request_rate_rps=served_rps, prompt_tokens_per_s=500.0 * served_rps,
+                   output_tokens_per_s=100.0 * served_rps, router_refused_rps=refused_rps, sli=slow(at_s))  # fmt: skip
+
+
+def scale_up_judged(after: PolicyObservation) -> tuple[ScaleChecker, str | None]:
+    """2 -> 4 replicas asked for the router's refusals; ``after`` is seen once the new replicas settled."""
+    checker = ScaleChecker()
+    checker.note_advice("chat", 4, (Reason.SCALE_UP, Reason.ROUTER_REFUSED))
+    checker.observe(POLICY, refusing(0.0, 2, 10.0, 10.0), 0.0, CAPACITY)
+    checker.observe(POLICY, replace(refusing(15.0, 2, 10.0, 10.0), current_replicas=4), 15.0, CAPACITY)
+    checker.observe(POLICY, refusing(75.0, 4, 10.0, 10.0), 75.0, CAPACITY)  # ready
+    return checker, checker.observe(POLICY, after, 200.0, CAPACITY)
+
+
+def test_a_scale_up_that_ends_the_refusals_is_effective() -> None:
+    checker, verdict = scale_up_judged(refusing(200.0, 4, 20.0, 0.0))  # p99 unchanged, refusals gone
+    assert verdict is not None and "effective" in verdict and "no longer refuses" in verdict
+    assert checker.held(POLICY, refusing(215.0, 4, 20.0, 0.0), 215.0) is None
+
+
+def test_a_scale_up_that_serves_more_of_the_refused_load_is_effective() -> None:
+    _, verdict = scale_up_judged(refusing(200.0, 4, 18.0, 2.0))  # served output +80 % for +100 % capacity
+    assert verdict is not None and "effective" in verdict and "served output tokens/s" in verdict
+
+
+def test_a_scale_up_the_router_goes_on_refusing_around_is_held() -> None:
+    """A router that refuses whatever the fleet size: the added replicas serve nothing more."""
+    checker, verdict = scale_up_judged(refusing(200.0, 4, 10.0, 10.0))
+    assert verdict is not None and "bought nothing" in verdict
+    held = checker.held(POLICY, refusing(215.0, 4, 10.0, 10.0), 215.0)
+    assert held is not None and Reason.ROUTER_REFUSED in held.causes
+    # The offered demand doubles: the hold is released.
+    assert checker.held(POLICY, refusing(230.0, 4, 10.0, 30.0), 230.0) is None
