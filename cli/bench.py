@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from cli.common import cli_errors, console, dim, print_json
+from cli.common import cli_errors, console, dim, print_error, print_json
 
 bench_app = typer.Typer(
     help="Benchmarks: JSON figures as ratios against a named baseline measured in the same run.",
@@ -123,12 +123,12 @@ def bench_engine(
     new_tokens: Annotated[int, typer.Option(help="Tokens generated per sequence (greedy, no early stop).")] = 32,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     repeats: Annotated[int, typer.Option(help="Runs per configuration; the median is reported.")] = 3,
-    ep: Annotated[int, typer.Option(help="Expert-parallel ranks for our engine.")] = 1,
+    ep: Annotated[int, typer.Option(min=1, help="Expert-parallel ranks for our engine.")] = 1,
     colocate_ranks: Annotated[
         bool, typer.Option("--colocate-ranks", help="Keep the EP ranks' expert slots in one process.")
     ] = False,
     threads: Annotated[
-        int | None, typer.Option(help="torch threads for both engines (default: the CPU affinity set).")
+        int | None, typer.Option(min=1, help="torch threads for both engines (default: the CPU affinity set).")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the JSON figures.")] = False,
 ) -> None:
@@ -173,7 +173,7 @@ def bench_step_profile(
     prompt_len: Annotated[int, typer.Option(min=1, help="Prompt tokens per sequence.")] = 199,
     steps: Annotated[int, typer.Option(min=2, help="Decode steps (half timed, half profiled).")] = 20,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
-    threads: Annotated[int | None, typer.Option(help="torch threads (default: the affinity set).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: the affinity set).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the JSON figures.")] = False,
 ) -> None:
     """Where a decode step's time goes (torch.profiler): self-CPU time per step by category and top ops."""
@@ -355,7 +355,7 @@ def bench_vllm_eplb(
             try:
                 result = run_vllm_eplb_bench(data, repeat=repeat)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                console.print(f"[bold red]error:[/] {exc}")
+                print_error(exc)
                 raise typer.Exit(code=2) from exc
         if as_json:
             print_json(result)
@@ -393,7 +393,7 @@ def bench_vllm(
         try:
             result = run_vllm_bench(options, progress=dim)
         except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
-            console.print(f"[bold red]error:[/] {exc}")
+            print_error(exc)
             raise typer.Exit(code=2) from exc
         if json_out:
             print_json(result)

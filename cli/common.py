@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,8 +13,26 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from contracts.errors import MoesloError
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+"""The log levels ``--log-level`` takes (those of Python's logging and of uvicorn)."""
+
+
+def positive(value: float | None) -> float | None:
+    """An option's callback: a number above zero (a duration, a rate, a scale; typer's ``min`` admits the bound)."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be above 0, got {value}")
+    return value
+
+
+def log_level(value: str) -> str:
+    """An option's callback: one of :data:`LOG_LEVELS`, in any case."""
+    if value.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return value.lower()
 
 console = Console(stderr=True)
 """Human-readable progress and messages go to stderr, so stdout stays parseable."""
@@ -32,14 +53,43 @@ def _jsonable(value: Any) -> Any:
 
 def dim(text: str) -> None:
     """A progress line on the console (the benchmarks' and the stack's progress callback)."""
-    console.print(f"[dim]{text}[/]")
+    console.print(f"[dim]{escape(text)}[/]")
+
+
+def print_error(message: object) -> None:
+    """``error: <message>`` on the console, the message as written (brackets in it are not markup)."""
+    console.print(f"[bold red]error:[/] {escape(str(message))}")
+
+
+_PATH_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
+"""What a path the user gave can be: missing, taken by a file or a folder, not ours to write."""
 
 
 @contextmanager
 def cli_errors() -> Iterator[None]:
-    """Turn a MoesloError into a one-line message and exit status 2."""
+    """Turn what bad input raises into a one-line message and exit status 2, never a traceback.
+
+    Our own errors (:class:`MoesloError`), a path that is missing or of the wrong kind, an address
+    already in use, and a ``ValueError`` from parsing what was typed (a knob, a number, a list) all
+    end as ``error: ...``.  ``MOESLO_DEBUG=1`` shows the traceback of the last two instead.
+    """
     try:
         yield
     except MoesloError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        print_error(exc)
         raise typer.Exit(code=2) from exc
+    except _PATH_ERRORS as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        print_error(f"{exc.strerror or exc}{where}")
+        raise typer.Exit(code=2) from exc
+    except (OSError, ValueError) as exc:
+        unexpected = (isinstance(exc, OSError) and not isinstance(exc, socket.gaierror)
+                      and exc.errno not in _ADDRESS_ERRORS)  # fmt: skip
+        if os.environ.get("MOESLO_DEBUG") or unexpected:
+            raise
+        print_error(exc)
+        raise typer.Exit(code=2) from exc
+
+
+_ADDRESS_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
+"""Listening failures that are the user's choice of host or port, not a fault of ours."""

@@ -32,7 +32,7 @@ def serve(
         str | None, typer.Option("--prometheus", help="Prometheus base URL (default: scrape engines).")
     ] = None,
     host: Annotated[str | None, typer.Option("--host", help="Address to listen on.")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="Port to listen on.")] = None,
+    port: Annotated[int | None, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = None,
     actuator: Annotated[str | None, typer.Option("--actuator", help="dryrun, local or kubernetes.")] = None,
     tick_interval_s: Annotated[float | None, typer.Option("--tick-interval-s", help="Seconds between ticks.")] = None,
     alertmanager: Annotated[

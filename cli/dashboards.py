@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import cli_errors, console, positive, print_json
 
 dashboards_app = typer.Typer(help="Grafana dashboards generated with grafana-foundation-sdk (Grafana 10.1).",
                              no_args_is_help=True)
@@ -50,7 +50,9 @@ def push(
                                               help="Service-account token.")] = None,
     source: Annotated[Path, typer.Option("--dir", help="Directory of dashboard JSON files.")] = Path("dashboards"),
     folder: Annotated[str | None, typer.Option("--folder-uid", help="Put the dashboards in this folder.")] = None,
-    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Per-request timeout.")] = 10.0,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout-s", callback=positive, help="Per-request timeout.")
+    ] = 10.0,
     json_output: JsonOption = False,
 ) -> None:
     """Upload every dashboard JSON in --dir to Grafana (overwriting by uid)."""

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import cli_errors, console, positive, print_json
 
 forecast_app = typer.Typer(help="Forecasting of request rates.", no_args_is_help=True)
 
@@ -15,11 +15,15 @@ forecast_app = typer.Typer(help="Forecasting of request rates.", no_args_is_help
 @forecast_app.command("backtest")
 def backtest(
     trace: Annotated[Path, typer.Option(help="Trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV, counts CSV).")],
-    bin: Annotated[float, typer.Option("--bin", help="Bin width of the request-count series (s).")] = 30.0,
+    bin: Annotated[
+        float, typer.Option("--bin", callback=positive, help="Bin width of the request-count series (s).")
+    ] = 30.0,
     horizon: Annotated[
         list[float], typer.Option(help="Forecast horizon (s); repeat for several.", show_default=True)
     ] = [120.0],  # noqa: B006 -- typer needs a literal default
-    refit_every: Annotated[float, typer.Option(help="Refit the models every this many seconds.")] = 3600.0,
+    refit_every: Annotated[
+        float, typer.Option(callback=positive, help="Refit the models every this many seconds.")
+    ] = 3600.0,
     models: Annotated[
         str, typer.Option(help="Comma-separated: last_value,moving_average,seasonal_naive,holt_damped,arima.")
     ] = "last_value,moving_average,seasonal_naive,holt_damped,arima",

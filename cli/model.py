@@ -23,7 +23,7 @@ def init(
     vocab: Annotated[int, typer.Option(help="Vocabulary size.")] = 4096,
     heads: Annotated[int, typer.Option(help="Attention heads.")] = 8,
     kv_heads: Annotated[int, typer.Option(help="Key/value heads (GQA).")] = 4,
-    head_dim: Annotated[int, typer.Option(help="Per-head dimension.")] = 32,
+    head_dim: Annotated[int, typer.Option(help="Per-head dimension (even: rotary embeddings pair its halves).")] = 32,
     max_positions: Annotated[int, typer.Option(help="Context length.")] = 4096,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     router_skew: Annotated[float, typer.Option(help="0: near-uniform routing; 1: Zipf-like hot experts.")] = 0.0,
@@ -39,6 +39,7 @@ def init(
     with cli_errors():
         from engine.checkpoint import count_parameters, init_random_checkpoint
         from engine.config import ModelConfig
+        from engine.tokenizer_init import MIN_VOCAB_SIZE
 
         config = ModelConfig(
             num_hidden_layers=layers, hidden_size=hidden, num_experts=experts, num_experts_per_tok=top_k,
@@ -51,7 +52,7 @@ def init(
         params = count_parameters(config)
         summary = {"out": str(out), "parameters": sum(params.values()), "by_part": params,
                    "layers": layers, "experts": experts, "top_k": top_k, "router_skew": router_skew,
-                   "prompt_kinds": prompt_kinds, "tokenizer": tokenizer}
+                   "prompt_kinds": prompt_kinds, "tokenizer": tokenizer and vocab >= MIN_VOCAB_SIZE}
         if json_out:
             print_json(summary)
         else:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import cli_errors, console, positive, print_json
 
 if TYPE_CHECKING:
     from controller.capacity import PrefixProbe, ReplicaProfile
@@ -19,7 +19,7 @@ def profile(
     rates: Annotated[str, typer.Option(help="Comma-separated request rates (req/s) to sweep, lightest first.")] = (
         "0.25,0.5,1,2,4"
     ),
-    duration: Annotated[float, typer.Option(help="Seconds of load per rate.")] = 20.0,
+    duration: Annotated[float, typer.Option(callback=positive, help="Seconds of load per rate.")] = 20.0,
     prompt_tokens: Annotated[int, typer.Option(help="Prompt length of every request.")] = 256,
     output_tokens: Annotated[int, typer.Option(help="Output length of every request (ignore_eos).")] = 64,
     vocab_size: Annotated[int, typer.Option(help="Token ids are drawn below this.")] = 1000,
@@ -29,7 +29,7 @@ def profile(
     ttft_limit: Annotated[float, typer.Option(help="Stop the sweep once p99 TTFT exceeds this (s).")] = 5.0,
     name: Annotated[str, typer.Option(help="Profile name.")] = "measured",
     seed: Annotated[int, typer.Option(help="Seed for arrivals and prompts.")] = 0,
-    warmup: Annotated[int, typer.Option(help="Requests sent one at a time before the sweep, not measured.")] = 3,
+    warmup: Annotated[int, typer.Option(min=0, help="Requests sent one at a time before the sweep, not measured.")] = 3,
     prefix_probe: Annotated[bool, typer.Option(
         "--prefix-probe/--no-prefix-probe",
         help="Also time cold prompts against prompts whose first 75 % is cached (idle replica, one at a time) "

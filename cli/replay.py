@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import cli_errors, console, positive, print_json
 from contracts.slo_defaults import LEAD_TIME_S
 
 if TYPE_CHECKING:
@@ -28,8 +28,12 @@ def replay(
     ] = DEFAULT_POLICIES,
     sweep: Annotated[bool, typer.Option("--sweep", help="Run each policy over its knob grid; draw frontiers.")] = False,
     out: Annotated[Path, typer.Option(help="Directory for the JSON summary and the PNG plots.")] = Path("replay-out"),
-    speedup: Annotated[float, typer.Option(help="Replay this many times faster (arrival times divided).")] = 1.0,
-    rate_scale: Annotated[float, typer.Option(help="This many times the requests over the same span.")] = 1.0,
+    speedup: Annotated[
+        float, typer.Option(callback=positive, help="Replay this many times faster (arrival times divided).")
+    ] = 1.0,
+    rate_scale: Annotated[
+        float, typer.Option(callback=positive, help="This many times the requests over the same span.")
+    ] = 1.0,
     tokens_per_s: Annotated[
         float | None, typer.Option(help="Scale the rate so prompt + output tokens/s average this.")
     ] = None,
@@ -38,7 +42,9 @@ def replay(
         str, typer.Option(help="Token lengths for count traces: azure-2023-conv, azure-2023-code, fixed:P,O, a path.")
     ] = "azure-2023-conv",
     mode: Annotated[str, typer.Option(help="request (every request), fluid (per-tick aggregate) or auto.")] = "auto",
-    tick: Annotated[float, typer.Option(help="Controller tick and HPA sync period (s).")] = 15.0,
+    tick: Annotated[
+        float, typer.Option(callback=positive, help="Controller tick and HPA sync period (s).")
+    ] = 15.0,
     startup: Annotated[float, typer.Option(help="Replica start-up time, also every lead time (s).")] = float(
         LEAD_TIME_S
     ),
@@ -46,14 +52,14 @@ def replay(
     capacity_error: Annotated[float, typer.Option(help="True capacity over the profile's, minus 1 (-0.2).")] = 0.0,
     drift_per_day: Annotated[float, typer.Option(help="True capacity drift per simulated day (-0.05).")] = 0.0,
     prompt_tail: Annotated[float, typer.Option(help="Prompts beyond their p90 get the excess x this.")] = 1.0,
-    scrape: Annotated[float, typer.Option(help="Prometheus scrape interval (s).")] = 30.0,
+    scrape: Annotated[float, typer.Option(callback=positive, help="Prometheus scrape interval (s).")] = 30.0,
     ttft_per_1k: Annotated[
         float, typer.Option(help="TTFT objective's allowance per 1,000 prompt tokens beyond the reference (s).")
     ] = 0.0,
     ttft_reference_tokens: Annotated[
         int, typer.Option(help="Prompt length the TTFT threshold is stated for (tokens).")
     ] = 1000,
-    warmup: Annotated[float, typer.Option(help="Scored apart at the start (s).")] = 1800.0,
+    warmup: Annotated[float, typer.Option(min=0.0, help="Scored apart at the start (s).")] = 1800.0,
     window: Annotated[
         list[str] | None, typer.Option(help="Extra scoring windows NAME=START:END in seconds (END may be empty).")
     ] = None,
@@ -61,9 +67,11 @@ def replay(
         Path | None, typer.Option(help="A sweep.json to take each policy's tuned knobs from (with --sweep).")
     ] = None,
     workers: Annotated[int, typer.Option(help="Worker processes for --sweep.")] = 2,
-    refit_every: Annotated[int, typer.Option(help="Refit moeslo's forecaster every this many ticks.")] = 240,
-    start: Annotated[float, typer.Option(help="Start this many seconds into the trace.")] = 0.0,
-    duration: Annotated[float | None, typer.Option(help="Replay only this many seconds of the trace.")] = None,
+    refit_every: Annotated[int, typer.Option(min=1, help="Refit moeslo's forecaster every this many ticks.")] = 240,
+    start: Annotated[float, typer.Option(min=0.0, help="Start this many seconds into the trace.")] = 0.0,
+    duration: Annotated[
+        float | None, typer.Option(callback=positive, help="Replay only this many seconds of the trace.")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed for rate scaling, length draws and start-up draws.")] = 0,
     router: Annotated[
         str | None, typer.Option(help="Compare the entry router's policies at fixed fleet sizes instead: "

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console
+from cli.common import cli_errors, console, log_level, positive
 
 POLICIES = "cost|prefix|least-loaded|round-robin"
 
@@ -31,12 +31,14 @@ def route(
     ] = None,
     policy: Annotated[str, typer.Option(envvar="MOESLO_ROUTER_POLICY", help=f"Routing policy: {POLICIES}.")] = "cost",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8080,
     admission: Annotated[
         str, typer.Option(help="Every replica over the TTFT objective: reject (429 + Retry-After) or queue.")
     ] = "reject",
     ttft_objective_s: Annotated[float, typer.Option(help="TTFT objective admission and the cost policy use.")] = 0.5,
-    prefill_tokens_per_s: Annotated[float, typer.Option(help="Prompt tokens per second of each replica.")] = 4000.0,
+    prefill_tokens_per_s: Annotated[
+        float, typer.Option(callback=positive, help="Prompt tokens per second of each replica.")
+    ] = 4000.0,
     itl_base_s: Annotated[float, typer.Option(help="ITL of a replica with an empty batch (cost policy).")] = 0.01,
     itl_per_seq_s: Annotated[
         float | None, typer.Option(help="ITL each running sequence adds (default: a step doubling at 128).")
@@ -50,7 +52,9 @@ def route(
     ] = 262_144,
     scrape_interval_s: Annotated[float, typer.Option(help="Read each replica's /metrics this often.")] = 0.5,
     max_queue_s: Annotated[float, typer.Option(help="Queue mode: longest hold before the 429.")] = 30.0,
-    log_level: Annotated[str, typer.Option(help="Log level (debug, info, warning, error).")] = "warning",
+    log_level: Annotated[
+        str, typer.Option(callback=log_level, help="Log level (debug, info, warning, error).")
+    ] = "warning",
 ) -> None:
     """Route OpenAI completions to the replica where each is predicted to be served soonest."""
     if (replicas is None) == (controller is None):

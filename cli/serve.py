@@ -7,14 +7,14 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console
+from cli.common import cli_errors, console, log_level, positive
 from engine.executors.options import PARALLEL_MIN_TOKENS
 
 
 # long: a typer command is its option list; the work is in exporters.app.build_stack.
 def serve(
     checkpoint: Annotated[Path, typer.Option(help="Checkpoint directory (config.json + model.safetensors).")],
-    ep: Annotated[int, typer.Option(help="Expert-parallel ranks (processes).")] = 1,
+    ep: Annotated[int, typer.Option(min=1, help="Expert-parallel ranks (processes).")] = 1,
     colocate_ranks: Annotated[
         bool,
         typer.Option("--colocate-ranks", help="Keep the EP ranks' expert slots in one process (placement, per-rank "
@@ -26,9 +26,11 @@ def serve(
         typer.Option(min=1, help="Expert slots per rank (default: every expert once; more: room for replicas)."),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-    kv_cache_mb: Annotated[float, typer.Option(help="KV cache budget per rank, fixed at start (MiB).")] = 64.0,
-    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
+    kv_cache_mb: Annotated[
+        float, typer.Option(callback=positive, help="KV cache budget per rank, fixed at start (MiB).")
+    ] = 64.0,
+    block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block.")] = 16,
     max_num_seqs: Annotated[int, typer.Option(help="Sequences in the running batch at most.")] = 128,
     max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens computed per step at most.")] = 512,
     max_waiting: Annotated[int, typer.Option(help="Waiting requests at most; more get 429.")] = 256,
@@ -46,7 +48,7 @@ def serve(
     engine_id: Annotated[str, typer.Option(help="The `engine` label of every metric.")] = "0",
     threads: Annotated[
         int | None,
-        typer.Option(help="torch threads per engine process (default: the CPUs of the inherited affinity set, "
+        typer.Option(min=1, help="torch threads per engine process (default: the CPUs of the inherited affinity set, "
                           "divided among EP ranks)."),
     ] = None,
     parallel_min_tokens: Annotated[
@@ -66,7 +68,7 @@ def serve(
                      help="Share the KV blocks of equal prompt prefixes between requests (vLLM's automatic "
                           "prefix caching), within the same KV budget."),
     ] = True,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    log_level: Annotated[str, typer.Option(callback=log_level, help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
     with cli_errors():

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import cli_errors, console, positive, print_json
 
 if TYPE_CHECKING:
     from harness.loadgen import ArrivalProcess
@@ -20,15 +20,19 @@ def _arrivals(value: str) -> ArrivalProcess:
 
 
 def up(
-    duration: Annotated[float, typer.Option(help="Seconds of load before the summary.")] = 120.0,
+    duration: Annotated[
+        float, typer.Option(callback=positive, help="Seconds of load before the summary.")
+    ] = 120.0,
     out: Annotated[Path, typer.Option(help="Folder for logs, the database, summary.json and plots.")] = Path(
         "demo-out"
     ),
     checkpoint: Annotated[Path | None, typer.Option(help="Checkpoint (default: random, skewed router).")] = None,
-    ep: Annotated[int, typer.Option(help="Expert-parallel ranks per engine replica.")] = 2,
+    ep: Annotated[int, typer.Option(min=1, help="Expert-parallel ranks per engine replica.")] = 2,
     max_replicas: Annotated[int, typer.Option(help="Most engine replicas the controller may start.")] = 2,
     cpus_per_replica: Annotated[int, typer.Option(help="CPUs pinned to each replica (the host budget).")] = 1,
-    speedup: Annotated[float, typer.Option(help="Time compression of a request trace (--trace).")] = 1.0,
+    speedup: Annotated[
+        float, typer.Option(callback=positive, help="Time compression of a request trace (--trace).")
+    ] = 1.0,
     trace: Annotated[
         Path | None, typer.Option(help="Trace file (default: a bundled day of Azure 2024 counts, its morning rise).")
     ] = None,

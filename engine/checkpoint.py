@@ -10,6 +10,7 @@ tensors it holds: expert weights are looked up by name, one expert at a time.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -194,8 +195,8 @@ def init_random_checkpoint(
     kinds of prompt moves the hot experts; 1 gives the tensors it always gave.
     """
     problems = []
-    if router_skew < 0:
-        problems.append(f"router_skew must be >= 0, got {router_skew}")
+    if not (math.isfinite(router_skew) and router_skew >= 0):
+        problems.append(f"router_skew must be a finite number >= 0, got {router_skew}")
     if not 1 <= prompt_kinds <= config.vocab_size:
         problems.append(f"prompt_kinds must be in [1, {config.vocab_size}], got {prompt_kinds}")
     if problems:

@@ -27,6 +27,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -418,8 +419,15 @@ class EngineCoreClient:
                     log.exception("stats sink %r failed", sink)
 
     def _on_core_exit(self, status: int | None) -> None:
-        self._dead = f"the engine core process exited with status {status}"
-        log.error("engine core died: %s; failing every request in flight, /health answers 503", self._dead)
+        stopped = status is not None and -status in (signal.SIGINT, signal.SIGTERM)
+        if stopped:
+            assert status is not None
+            # Ctrl-C or a stop of the whole process group: the API process is going down with it.
+            self._dead = f"the engine core process was stopped by {signal.Signals(-status).name}"
+            log.warning("engine core stopped: %s; failing every request in flight, /health answers 503", self._dead)
+        else:
+            self._dead = f"the engine core process exited with status {status}"
+            log.error("engine core died: %s; failing every request in flight, /health answers 503", self._dead)
         self._record_health(self._dead)
         self._fail_all(UnavailableError(self._dead), finish_reason="error")
 

@@ -57,6 +57,8 @@ class ModelConfig:
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
+        if self.head_dim % 2:
+            problems.append(f"head_dim must be even (rotary embeddings pair its halves), got {self.head_dim}")
         if self.torch_dtype not in ("float32", "bfloat16", "float16"):
             problems.append(f"torch_dtype must be float32, bfloat16 or float16, got {self.torch_dtype!r}")
         if problems:

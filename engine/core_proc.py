@@ -266,6 +266,11 @@ def serve(options: CoreOptions) -> int:
                 warmup_steps = core.warm_up(options.engine.warmup_requests)
                 log.info("engine core: warmed up with %d requests in %d steps, %.2f s",
                          options.engine.warmup_requests, warmup_steps, time.monotonic() - began)
+        except MoesloError as exc:
+            # Bad input (a missing checkpoint, a budget too small): the API process prints the message.
+            log.info("engine core: the model did not load: %s", exc)
+            outputs.send(wire.pack([wire.READY, {"error": wire.error_to_wire(exc)}]))
+            return 1
         except Exception as exc:
             log.exception("engine core: the model did not load or warm up")
             outputs.send(wire.pack([wire.READY, {"error": wire.error_to_wire(exc)}]))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, delete, event, func, select
+from sqlalchemy import Engine, create_engine, delete, event, func, make_url, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -93,6 +93,14 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None
     cursor.close()
 
 
+def redacted(url: str) -> str:
+    """``url`` with its password hidden, for messages (as written when it does not parse)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (SQLAlchemyError, ValueError):
+        return url
+
+
 def make_engine(url: str) -> Engine:
     """An engine for ``url``; SQLite files get WAL and a busy timeout."""
     if url.startswith("sqlite"):
@@ -107,8 +115,13 @@ class Store:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.engine = make_engine(url)
-        Base.metadata.create_all(self.engine)
+        try:
+            self.engine = make_engine(url)
+            Base.metadata.create_all(self.engine)
+        except (SQLAlchemyError, ImportError) as exc:
+            # A path whose folder does not exist, an unknown scheme, a driver not installed: the user's setting.
+            first_line = str(exc).splitlines()[0]
+            raise UnavailableError(f"database {redacted(url)}: {type(exc).__name__}: {first_line}") from exc
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         # Parsed policies by (name, version): a version never changes, and the tick loop reads every
         # policy every tick, so validating the same JSON again would be wasted work.

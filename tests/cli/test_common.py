@@ -1,0 +1,75 @@
+"""Bad input on the command line ends in one ``error:`` line and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+
+TRACE = Path(__file__).resolve().parents[2] / "harness" / "data" / "AzureLLMInferenceTrace_conv_15min.csv"
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    assert "Traceback" not in result.output, result.output
+    return result.exit_code, " ".join(result.output.split())  # rich wraps long lines
+
+
+def test_brackets_in_a_message_are_printed_as_written(tmp_path: Path) -> None:
+    code, out = run("policy", "apply", "-f", str(tmp_path / "[/x]y.yaml"))
+    assert code == 2 and "[/x]y.yaml" in out and "error:" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("serve", "--checkpoint", ".", "--ep", "0"), "--ep"),
+        (("serve", "--checkpoint", ".", "--threads", "-3"), "--threads"),
+        (("serve", "--checkpoint", ".", "--port", "70000"), "--port"),
+        (("serve", "--checkpoint", ".", "--log-level", "bogus"), "must be one of"),
+        (("route", "--replicas", "http://127.0.0.1:9", "--port", "-1"), "--port"),
+        (("replay", "--trace", str(TRACE), "--duration", "0"), "must be above 0"),
+        (("replay", "--trace", str(TRACE), "--tick", "-1"), "must be above 0"),
+        (("forecast", "backtest", "--trace", str(TRACE), "--bin", "0"), "must be above 0"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_before_anything_runs(args: tuple[str, ...], says: str) -> None:
+    code, out = run(*args)
+    assert code == 2 and says in out
+
+
+def test_a_path_of_the_wrong_kind_is_one_line(tmp_path: Path) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("x")
+    code, out = run("model", "init", "--out", str(taken))
+    assert code == 2 and out.startswith("error: File exists") and str(taken) in out
+    code, out = run("replay", "--trace", str(tmp_path), "--out", str(tmp_path / "r"))
+    assert code == 2 and "error: Is a directory" in out
+
+
+def test_a_port_in_use_is_one_line() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, out = run("route", "--replicas", "http://127.0.0.1:9", "--port", str(port))
+    assert code == 2 and "address already in use" in out
+
+
+def test_a_database_that_cannot_open_is_one_line(tmp_path: Path) -> None:
+    code, out = run("controller", "serve", "--db", str(tmp_path / "missing" / "x.db"), "--port", "0")
+    assert code == 2 and "error: database" in out and "unable to open database file" in out
+    code, out = run("controller", "serve", "--db", "postgresql://u:secret@127.0.0.1:9/x", "--port", "0")
+    assert code == 2 and "secret" not in out and "***" in out
+
+
+def test_model_init_refuses_what_would_not_serve(tmp_path: Path) -> None:
+    code, out = run("model", "init", "--out", str(tmp_path / "a"), "--head-dim", "3")
+    assert code == 2 and "head_dim must be even" in out
+    for skew in ("inf", "nan", "-1"):
+        code, out = run("model", "init", "--out", str(tmp_path / "b"), "--router-skew", skew)
+        assert code == 2 and "router_skew must be a finite number" in out
