@@ -84,7 +84,7 @@ def apply(
     json_out: JsonOption = False,
 ) -> None:
     """Create or replace the policies in FILE (OpenSLO documents update the SLO part)."""
-    from controller.api_client import request
+    from controller.api_client import answer, request
     from controller.policy_files import read_documents
 
     with cli_errors():
@@ -100,12 +100,13 @@ def apply(
                 content=file.read_bytes(),
                 headers={"Content-Type": "application/yaml"},
             )
-            results = response.json()["items"]
+            results = answer(response, "items")["items"]
         else:
             for doc in docs:
                 if not isinstance(doc, dict) or "name" not in doc:
                     raise DataError("every policy document needs a name", path=str(file))
-                results.append(request("PUT", f"{url}/v1/policies/{doc['name']}", token, json=doc).json())
+                results.append(answer(request("PUT", f"{url}/v1/policies/{doc['name']}", token, json=doc),
+                                      "name", "version"))
         if json_out:
             print_json(results)
         else:
@@ -121,13 +122,13 @@ def get(
     json_out: JsonOption = False,
 ) -> None:
     """Show one policy."""
-    from controller.api_client import request
+    from controller.api_client import answer, request
 
     with cli_errors():
         if openslo:
             typer.echo(request("GET", f"{url}/v1/policies/{name}/openslo", None).text, nl=False)
             return
-        body = request("GET", f"{url}/v1/policies/{name}", None).json()
+        body = answer(request("GET", f"{url}/v1/policies/{name}", None), "version", "policy")
         if json_out:
             print_json(body)
         else:
@@ -140,10 +141,10 @@ def get(
 @policy_app.command("list")
 def list_(url: UrlOption = DEFAULT_URL, json_out: JsonOption = False) -> None:
     """List policies with their mode and replica bounds."""
-    from controller.api_client import request
+    from controller.api_client import answer, request
 
     with cli_errors():
-        items = request("GET", f"{url}/v1/policies", None).json()["items"]
+        items = answer(request("GET", f"{url}/v1/policies", None), "items")["items"]
         if json_out:
             print_json(items)
             return

@@ -26,11 +26,11 @@ def rebalance(
         typer.Option("--load", help="Expert load: SGLang JSON, .npy or .csv (layers x experts); repeat for several "
                                     "windows of the same model, oldest first, to plan against all of them."),
     ],
-    ranks: Annotated[int, typer.Option("--ranks", help="Expert-parallel ranks (GPUs).")],
-    slots_per_rank: Annotated[int, typer.Option("--slots-per-rank", help="Expert slots per rank.")],
+    ranks: Annotated[int, typer.Option("--ranks", min=1, help="Expert-parallel ranks (GPUs).")],
+    slots_per_rank: Annotated[int, typer.Option("--slots-per-rank", min=1, help="Expert slots per rank.")],
     out: Annotated[Path, typer.Option("--out", help="Where to write the placement JSON.")],
-    nodes: Annotated[int, typer.Option("--nodes", help="Nodes; > 1 keeps expert groups inside a node.")] = 1,
-    groups: Annotated[int, typer.Option("--groups", help="Expert groups (hierarchical mode).")] = 1,
+    nodes: Annotated[int, typer.Option("--nodes", min=1, help="Nodes; > 1 keeps expert groups inside a node.")] = 1,
+    groups: Annotated[int, typer.Option("--groups", min=1, help="Expert groups (hierarchical mode).")] = 1,
     previous: Annotated[
         Path | None, typer.Option("--previous", help="Current placement JSON: re-plan from it, moving few experts.")
     ] = None,

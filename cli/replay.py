@@ -57,7 +57,7 @@ def replay(
         float, typer.Option(help="TTFT objective's allowance per 1,000 prompt tokens beyond the reference (s).")
     ] = 0.0,
     ttft_reference_tokens: Annotated[
-        int, typer.Option(help="Prompt length the TTFT threshold is stated for (tokens).")
+        int, typer.Option(min=1, help="Prompt length the TTFT threshold is stated for (tokens).")
     ] = 1000,
     warmup: Annotated[float, typer.Option(min=0.0, help="Scored apart at the start (s).")] = 1800.0,
     window: Annotated[

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from contracts.errors import ConflictError, MoesloError, NotFoundError, UnavailableError, ValidationError
+from contracts.errors import ConflictError, DataError, MoesloError, NotFoundError, UnavailableError, ValidationError
 
 TIMEOUT_S = 30.0
 
@@ -30,6 +30,20 @@ def request(method: str, url: str, token: str | None = None, **kwargs: Any) -> h
     return response
 
 
+def answer(response: httpx.Response, *keys: str) -> Any:
+    """The JSON body of a 2xx answer, which must be an object with ``keys`` (DataError otherwise: the URL is
+    not a moeslo controller's, or not the API path meant)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    missing = [k for k in keys if not isinstance(body, dict) or k not in body]
+    if body is None or missing:
+        what = f"no {', '.join(repr(k) for k in missing)}" if body is not None else "not JSON"
+        raise DataError(f"the answer of {response.request.url} is not a moeslo controller's ({what})")
+    return body
+
+
 def _error(response: httpx.Response, url: str) -> MoesloError:
     try:
         detail = response.json().get("detail", response.text)
@@ -37,7 +51,7 @@ def _error(response: httpx.Response, url: str) -> MoesloError:
         detail = response.text
     status = response.status_code
     if status == 404:
-        return NotFoundError("resource", url.rsplit("/", 1)[-1])
+        return NotFoundError("resource", url.rstrip("/").rsplit("/", 1)[-1] + f" (at {url})")
     error: type[MoesloError] = MoesloError
     if status in (409, 412):
         error = ConflictError
@@ -48,4 +62,4 @@ def _error(response: httpx.Response, url: str) -> MoesloError:
     return error(f"HTTP {status}: {detail}")
 
 
-__all__ = ["TIMEOUT_S", "request"]
+__all__ = ["TIMEOUT_S", "answer", "request"]

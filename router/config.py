@@ -74,6 +74,14 @@ class RouterConfig:
                      "upstream_timeout_s", "load_factor", "mean_prompt_tokens", "membership_interval_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 problems.append(f"{name}: must be > 0")
+        if not self.max_queue_s >= 0:
+            problems.append("max_queue_s: must be >= 0")
+        cost = self.cost
+        for name in ("ttft_objective_s", "itl_objective_s", "decode_step_s", "max_batch"):
+            if not getattr(cost, name) > 0:
+                problems.append(f"cost.{name}: must be > 0")
+        if cost.itl_per_seq_s is not None and not cost.itl_per_seq_s >= 0:
+            problems.append("cost.itl_per_seq_s: must be >= 0")
         for name in ("readmit_after", "eject_after_silent", "affinity_blocks", "block_tokens", "prefix_max_blocks",
                      "prefix_cache_tokens"):
             if getattr(self, name) < 1:

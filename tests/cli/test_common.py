@@ -73,3 +73,39 @@ def test_model_init_refuses_what_would_not_serve(tmp_path: Path) -> None:
     for skew in ("inf", "nan", "-1"):
         code, out = run("model", "init", "--out", str(tmp_path / "b"), "--router-skew", skew)
         assert code == 2 and "router_skew must be a finite number" in out
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [("--ttft-objective-s", "-1", "cost.ttft_objective_s: must be > 0"), ("--max-queue-s", "-1", "max_queue_s"),
+     ("--scrape-interval-s", "0", "scrape_interval_s: must be > 0"), ("--itl-base-s", "0", "cost.decode_step_s")],
+)
+def test_the_router_refuses_settings_it_cannot_route_by(flag: str, value: str, says: str) -> None:
+    code, out = run("route", "--replicas", "http://127.0.0.1:9", flag, value)
+    assert code == 2 and says in out
+
+
+def test_a_url_that_is_not_a_controller_says_so() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NotAController(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 -- the http.server hook's name
+            body = b'{"status": "ok"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotAController)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        code, out = run("policy", "list", "--url", f"http://127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 2 and "is not a moeslo controller's (no 'items')" in out
