@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from cli.common import cli_errors, console, positive, print_json
+from contracts.errors import ValidationError
 
 forecast_app = typer.Typer(help="Forecasting of request rates.", no_args_is_help=True)
 
@@ -39,6 +40,13 @@ def backtest(
         from controller.forecast.trace_backtest import backtest_trace
 
         kinds = [m.strip() for m in models.split(",") if m.strip()]
+        problems = [f"--horizon: {h} s is not above 0" for h in horizon if not h > 0]
+        if not kinds:
+            problems.append("--models: name at least one model")
+        if test_fraction is not None and not 0 < test_fraction < 1:
+            problems.append(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
+        if problems:
+            raise ValidationError(problems)
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("backtesting", total=len(kinds))
             report = backtest_trace(

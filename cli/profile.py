@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.common import cli_errors, console, positive, print_json
+from contracts.errors import UnavailableError, ValidationError
 
 if TYPE_CHECKING:
     from controller.capacity import PrefixProbe, ReplicaProfile
@@ -45,6 +46,9 @@ def profile(
         from harness.sweep import sweep_rates
 
         levels = [float(r) for r in rates.split(",") if r.strip()]
+        if not levels or any(not rate > 0 for rate in levels):
+            raise ValidationError(f"--rates: request rates above 0 are needed, got {rates!r}")
+        _check_reachable(url)
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("profiling", total=len(levels) + (warmup > 0))
 
@@ -68,6 +72,18 @@ def profile(
         console.print(f"wrote {out}")
         if json_out:
             print_json(fitted.model_dump(mode="json"))
+
+
+def _check_reachable(url: str) -> None:
+    """Fail at once on an engine that does not answer, instead of after a sweep with no request served."""
+    import httpx
+
+    if not url.startswith(("http://", "https://")):
+        raise ValidationError(f"--url: {url!r} is not an http(s) URL")
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise UnavailableError(f"engine at {url}: {type(exc).__name__}: {exc}") from exc
 
 
 def _probe(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.common import cli_errors, console, positive, print_json
+from contracts.errors import ValidationError
 from contracts.slo_defaults import LEAD_TIME_S
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ def replay(
             warmup_s=warmup, refit_every=refit_every, start_s=start, duration_s=duration, seed=seed,
             ttft_per_1k_s=ttft_per_1k, ttft_reference_tokens=ttft_reference_tokens,
         )  # fmt: skip
+        if (window or tuned_from is not None) and not sweep:
+            raise ValidationError("--window and --tuned-from apply to --sweep only")
         if router is not None:
             _compare_routers(request, router, replicas, out, json_out=json_out)
             return
@@ -112,6 +115,9 @@ def replay(
             return
         for name, entry in summary["policies"].items():
             s = entry["scored"]
+            if s["attainment_both"] is None:  # the trace ends before the warm-up does
+                console.print(f"{name:>40}: no request in the scored window (after {warmup:g} s of warm-up)")
+                continue
             console.print(
                 f"{name:>40}: {s['attainment_both']:.4f} within both SLOs, {s['replica_hours']:.2f} replica-h, "
                 f"worst hour {s['worst_hour_attainment']}, {s['scale_events_per_hour']:.1f} scale events/h"
@@ -123,6 +129,8 @@ def _compare_routers(request: ReplayRequest, router: str, replicas: str | None, 
     from bench.router_replay import compare_routers
 
     sizes = [int(n) for n in replicas.split(",")] if replicas else None
+    if sizes is not None and any(n < 1 for n in sizes):
+        raise ValidationError(f"--replicas: fleet sizes of 1 or more are needed, got {replicas!r}")
     summary = compare_routers(request, [p.strip() for p in router.split(",") if p.strip()], sizes)
     out.mkdir(parents=True, exist_ok=True)
     (out / "routers.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -98,7 +98,10 @@ class ReplayRequest:
 def parse_policies(text: str) -> list[Setting]:
     """Policies separated by ``;`` (or by ``,`` when no ``;`` is given), each ``name[:knob=v,...]``."""
     parts = text.split(";") if ";" in text else text.split(",")
-    return [parse_setting(p) for p in parts if p.strip()]
+    settings = [parse_setting(p) for p in parts if p.strip()]
+    if not settings:
+        raise ValidationError(f"--policies: name at least one policy, got {text!r}")
+    return settings
 
 
 def parse_windows(texts: Sequence[str], *, warmup_s: float) -> list[Window]:
@@ -109,9 +112,13 @@ def parse_windows(texts: Sequence[str], *, warmup_s: float) -> list[Window]:
         name, _, span = text.partition("=")
         start, _, end = span.partition(":")
         try:
-            windows.append(Window(name=name.strip(), start_s=float(start), end_s=float(end) if end else math.inf))
+            window = Window(name=name.strip(), start_s=float(start), end_s=float(end) if end else math.inf)
         except ValueError:
             problems.append(f"window {text!r} must look like NAME=START:END (seconds; END may be empty)")
+            continue
+        if not (window.name and 0 <= window.start_s < window.end_s):
+            problems.append(f"window {text!r} needs a name and 0 <= START < END")
+        windows.append(window)
     if problems:
         raise ValidationError(problems)
     return windows

@@ -35,6 +35,14 @@ def test_brackets_in_a_message_are_printed_as_written(tmp_path: Path) -> None:
         (("replay", "--trace", str(TRACE), "--duration", "0"), "must be above 0"),
         (("replay", "--trace", str(TRACE), "--tick", "-1"), "must be above 0"),
         (("forecast", "backtest", "--trace", str(TRACE), "--bin", "0"), "must be above 0"),
+        (("forecast", "backtest", "--trace", str(TRACE), "--horizon", "0"), "--horizon: 0.0 s is not above 0"),
+        (("forecast", "backtest", "--trace", str(TRACE), "--models", ","), "name at least one model"),
+        (("replay", "--trace", str(TRACE), "--policies", ","), "name at least one policy"),
+        (("replay", "--trace", str(TRACE), "--window", "w=10:5"), "apply to --sweep only"),
+        (("replay", "--trace", str(TRACE), "--sweep", "--window", "w=10:5"), "0 <= START < END"),
+        (("replay", "--trace", str(TRACE), "--router", "cost", "--replicas", "0"), "fleet sizes of 1 or more"),
+        (("profile", "--url", "notaurl"), "is not an http(s) URL"),
+        (("profile", "--url", "http://127.0.0.1:9", "--rates", "0"), "request rates above 0"),
     ],
 )
 def test_numbers_out_of_range_are_refused_before_anything_runs(args: tuple[str, ...], says: str) -> None:
@@ -90,7 +98,7 @@ def test_a_url_that_is_not_a_controller_says_so() -> None:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class NotAController(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 -- the http.server hook's name
+        def do_GET(self) -> None:
             body = b'{"status": "ok"}'
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
