@@ -144,6 +144,14 @@ class ControllerSettings(BaseSettings):
     """Windows seen before the first plan: with two or more, the trigger judges the gain a plan makes
     on a window it did not see (held out), which is what verification then expects."""
 
+    @model_validator(mode="after")
+    def _http_urls(self) -> Self:
+        for name in ("prometheus_url", "alertmanager_url"):
+            url = getattr(self, name)
+            if url is not None and not url.startswith(("http://", "https://")):
+                raise ValueError(f"{name}: {url!r} is not an http(s) URL")
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.errors import ValidationError
+
 PAGE_RECEIVER = "moeslo-page"
 TICKET_RECEIVER = "moeslo-ticket"
 GROUP_BY = ("policy", "slo")
@@ -26,6 +28,14 @@ class ReceiverOptions:
     page_repeat_interval: str = "1h"
     ticket_repeat_interval: str = "12h"
     resolve_timeout: str = "5m"
+
+    def __post_init__(self) -> None:
+        bad = [f"{name}: {url!r} is not an http(s) URL"
+               for name, url in (("page_webhook_url", self.page_webhook_url),
+                                 ("ticket_webhook_url", self.ticket_webhook_url))
+               if not url.startswith(("http://", "https://"))]  # fmt: skip
+        if bad:
+            raise ValidationError(bad)  # Alertmanager would refuse the file at load
 
 
 def build_alertmanager_config(options: ReceiverOptions | None = None) -> dict[str, Any]:

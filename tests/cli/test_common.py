@@ -117,3 +117,10 @@ def test_a_url_that_is_not_a_controller_says_so() -> None:
         server.shutdown()
         server.server_close()
     assert code == 2 and "is not a moeslo controller's (no 'items')" in out
+
+
+def test_urls_that_are_not_http_are_refused(tmp_path: Path) -> None:
+    code, out = run("alerts", "generate", "--out", str(tmp_path / "a"), "--page-webhook", "not a url")
+    assert code == 2 and "page_webhook_url: 'not a url' is not an http(s) URL" in out
+    code, out = run("controller", "serve", "--prometheus", "not a url", "--db", str(tmp_path / "c.db"), "--port", "0")
+    assert code == 2 and "prometheus_url: 'not a url' is not an http(s) URL" in out
