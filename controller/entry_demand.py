@@ -9,7 +9,7 @@ which the decision core applies to the advisors' need (pure functions, no I/O):
   replica (a fleet at zero has no engines, so they see nothing else): need one
   (``router_queue``).  Once it runs, the queue rules size the rest;
 - **down to zero** only when the policy allows it (``min_replicas: 0``) and the
-  entry is idle: the router was read and holds nothing, and the engines report
+  entry is idle: the router was read, holds nothing and refuses nothing, and the engines report
   no queue, no running request and no arrivals (``router_idle``).  Otherwise a
   need of zero is raised to one, because nothing could wake the fleet again.
   The core's scale-down guardrails still apply: the need must have been zero for
@@ -83,7 +83,7 @@ def entry_idle(policy: Policy, obs: PolicyObservation) -> bool:
         and obs.queue_depth == 0
         and obs.running_requests == 0
         and obs.request_rate_rps == 0
-        and not router_refused(obs) > 0
+        and obs.router_refused_rps == 0  # unknown (not read yet) is not idle
     )
 
 

@@ -39,9 +39,9 @@ def at_zero(at_s: float, router_queued: float | None) -> PolicyObservation:
 
 
 def quiet(at_s: float, replicas: int = 1, router_queued: float | None = 0.0) -> PolicyObservation:
-    """Replicas with nothing to do: no queue, nothing running, no arrivals, an empty KV cache."""
+    """Replicas with nothing to do: no queue, nothing running, no arrivals, an empty KV cache, no refusals."""
     return observe(at_s, replicas, running_requests=0.0, kv_cache_usage=0.0, request_rate_rps=0.0,
-                   router_queued=router_queued)  # fmt: skip
+                   router_queued=router_queued, router_refused_rps=None if router_queued is None else 0.0)  # fmt: skip
 
 
 class Silent:
@@ -136,6 +136,7 @@ def test_down_to_zero_only_after_an_idle_router_for_the_whole_window() -> None:
         (routed_policy(), replace(quiet(999.0), running_requests=1.0), "a request runs"),
         (routed_policy(), replace(quiet(999.0), request_rate_rps=None), "arrivals unknown"),
         (routed_policy(), replace(quiet(999.0), router_refused_rps=0.5), "the router refuses requests"),
+        (routed_policy(), replace(quiet(999.0), router_refused_rps=None), "refusals not read yet"),
     ],
 )
 def test_an_idle_fleet_keeps_one_replica_unless_the_router_says_the_entry_is_idle(
