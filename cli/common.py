@@ -61,6 +61,17 @@ def print_error(message: object) -> None:
     console.print(f"[bold red]error:[/] {escape(str(message))}")
 
 
+def check_bindable(host: str, port: int) -> None:
+    """Raise the ``OSError`` listening on ``host:port`` would (a port in use, an unknown host) before anything
+    slow starts: a server that loads a model first would otherwise say it serves, then fail."""
+    if port == 0:
+        return
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and aiohttp bind
+        probe.bind((host, port))
+
+
 _PATH_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
 """What a path the user gave can be: missing, taken by a file or a folder, not ours to write."""
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import check_bindable, cli_errors, console, print_json
 from contracts.errors import DataError
 
 controller_app = typer.Typer(help="The SLO controller service (REST API + tick loop).", no_args_is_help=True)
@@ -59,6 +59,7 @@ def serve(
             tick_interval_s=tick_interval_s,
             alertmanager_url=alertmanager,
         )
+        check_bindable(settings.host, settings.port)
         store = Store(settings.db_url)
         registry = CollectorRegistry()
         service = build_service(settings, store, registry)

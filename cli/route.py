@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console, log_level, positive
+from cli.common import check_bindable, cli_errors, console, log_level, positive
 
 POLICIES = "cost|prefix|least-loaded|round-robin"
 
@@ -75,6 +75,7 @@ def route(
             scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s, prefix_cache_tokens=prefix_cache_tokens,
         )
         upstream = ", ".join(config.replicas) or f"the replicas {controller} lists"
+        check_bindable(host, port)
         console.print(f"routing ({policy}) on http://{host}:{port} to {upstream}")
         logging.basicConfig(level=log_level.upper())
         run(create_app(config), host=host, port=port, shutdown_timeout=5)

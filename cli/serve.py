@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console, log_level, positive
+from cli.common import check_bindable, cli_errors, console, log_level, positive
 from engine.executors.options import PARALLEL_MIN_TOKENS
 
 
@@ -86,6 +86,7 @@ def serve(
             request_deadline_s=request_deadline_s,
             enable_prefix_caching=enable_prefix_caching,
         )
+        check_bindable(host, port)
         stack = build_stack(options)
         console.print(
             f"serving {options.served_model_name} on http://{host}:{port} "

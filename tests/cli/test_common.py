@@ -65,7 +65,10 @@ def test_a_port_in_use_is_one_line() -> None:
         busy.listen()
         port = busy.getsockname()[1]
         code, out = run("route", "--replicas", "http://127.0.0.1:9", "--port", str(port))
-    assert code == 2 and "address already in use" in out
+        # Refused before the model loads: nothing says it serves, no engine core is started.
+        served, said = run("serve", "--checkpoint", "/nonexistent", "--port", str(port))
+    assert code == 2 and "address already in use" in out.lower()
+    assert served == 2 and "address already in use" in said.lower() and "serving" not in said
 
 
 def test_a_database_that_cannot_open_is_one_line(tmp_path: Path) -> None:
