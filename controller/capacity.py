@@ -42,6 +42,7 @@ from pydantic import ValidationError as PydanticValidationError
 from contracts.errors import DataError
 from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
 from contracts.ttft_objective import FLAT, TtftAllowance
+from controller.queueing import mgn_waits
 
 _Z99 = 2.326  # standard normal 99th percentile
 PREFILL_SHARE_WINDOW_S = 15.0
@@ -312,7 +313,7 @@ class CapacityModel:
         """p99 of the objective's (normalized) TTFT, and its floor: the tail's own prefill with no queue.
 
         A prefill queue per replica (service at the prefill rate beside ``running`` decoders), requests
-        routed to the least-loaded replica: M/G/N waits (see :func:`_waits`).
+        routed to the least-loaded replica: M/G/N waits (see :func:`controller.queueing.mgn_waits`).
         """
         p, t = self.profile, self.targets
         prefill_rate = p.prefill_rate(running)
@@ -324,7 +325,7 @@ class CapacityModel:
         floor = p.ttft_overhead_s + max(tail, typical)
         if rho >= 1.0:
             return math.inf, floor
-        mean_wait, wait_p99 = _waits(replicas, rho, mean_service, t.prompt_cv2)
+        mean_wait, wait_p99 = mgn_waits(replicas, rho, mean_service, t.prompt_cv2)
         # The p99 of wait + service is dominated by whichever tail is heavier: a long queue,
         # or one of the longest prompts behind a typical queue.
         return p.ttft_overhead_s + max(wait_p99 + typical, mean_wait + tail), floor
@@ -457,30 +458,6 @@ class CapacityModel:
             return 0
         drain_rate = queue_depth / max(drain_s, 1.0)
         return self.replicas_needed(load.scaled(1.0 + drain_rate / load.request_rate_rps))
-
-
-def _waits(replicas: int, rho: float, mean_service_s: float, service_cv2: float) -> tuple[float, float]:
-    """Mean and p99 prefill wait of ``replicas`` servers at utilization ``rho`` behind least-loaded routing.
-
-    M/G/N with the Lee-Longton approximation: a request waits with the Erlang-C probability
-    ``C(N, N rho)``, and then for an exponential time of mean ``(1 + cv2) / 2 * S / (N (1 - rho))``.
-    With one replica this is the Pollaczek-Khinchine M/G/1 queue.
-    """
-    if rho <= 0:
-        return 0.0, 0.0
-    waiting = _erlang_c(replicas, rho)
-    conditional = (1.0 + service_cv2) / 2.0 * mean_service_s / (replicas * (1.0 - rho))
-    p99 = conditional * math.log(waiting / 0.01) if waiting > 0.01 else 0.0
-    return waiting * conditional, p99
-
-
-def _erlang_c(servers: int, rho: float) -> float:
-    """Probability that an arrival waits in M/M/N at per-server utilization ``rho`` (Erlang B recursion)."""
-    offered = servers * rho
-    blocking = 1.0
-    for k in range(1, servers + 1):
-        blocking = offered * blocking / (k + offered * blocking)
-    return blocking / (1.0 - rho * (1.0 - blocking))
 
 
 def _ewma(previous: float, observed: float, weight: float = 0.2, low: float = 0.5, high: float = 2.0) -> float:

@@ -54,20 +54,6 @@ def test_inverts_a_known_profile_and_pools_replicas() -> None:
     assert needs == sorted(needs) and needs[-1] < 250
 
 
-def test_erlang_c_by_hand() -> None:
-    from controller.capacity import _erlang_c, _waits
-
-    # Two servers at rho 0.5 (offered 1 Erlang): B(2, 1) = 0.5 / 2.5 = 0.2, C = 0.2 / (1 - 0.5 * 0.8) = 1/3.
-    assert _erlang_c(2, 0.5) == pytest.approx(1 / 3)
-    assert _erlang_c(1, 0.3) == pytest.approx(0.3)  # M/M/1: an arrival waits with probability rho
-    mean_wait, p99 = _waits(2, 0.5, 0.1, 1.0)
-    conditional = 0.1 / (2 * 0.5)
-    assert mean_wait == pytest.approx(conditional / 3)
-    import math
-
-    assert p99 == pytest.approx(conditional * math.log((1 / 3) / 0.01))
-
-
 def test_mm1_like_numbers_by_hand() -> None:
     # One replica, 1000-token prompts at 10k tokens/s: service 0.1 s; at 5 req/s rho = 0.5.
     targets = Targets(prompt_cv2=0.0, prompt_p99_over_mean=1.0)
