@@ -22,8 +22,6 @@ signal, and a parent-pid check every second), or on SIGTERM.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import json
 import logging
@@ -44,6 +42,7 @@ from engine import wire
 from engine.core import EngineCore, StepResult
 from engine.engine_types import EngineConfig
 from engine.executors import ExecutorOptions, create_executor
+from engine.lifetime import die_with_parent
 from engine.scheduler import SchedulerConfig
 
 log = logging.getLogger("moeslo.engine_core")
@@ -88,13 +87,6 @@ class CoreOptions:
                    input_address=raw["input_address"], output_address=raw["output_address"],
                    parent_pid=int(raw["parent_pid"]), die_with_parent=bool(raw["die_with_parent"]),
                    log_level=str(raw["log_level"]))
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send ``sig`` when the parent goes away (no-op elsewhere)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, int(sig))  # PR_SET_PDEATHSIG
 
 
 class CoreLoop:
@@ -292,6 +284,9 @@ def serve(options: CoreOptions) -> int:
 
 
 def main() -> None:
+    # Ctrl-C reaches the whole foreground process group; the API process owns the shutdown and stops
+    # this one, so the core does not die mid-step (or mid-load) with a KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     options = CoreOptions.from_json(sys.stdin.read())
     logging.basicConfig(level=options.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(serve(options))

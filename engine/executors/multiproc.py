@@ -34,7 +34,9 @@ import contextlib
 import logging
 import multiprocessing.connection
 import os
+import signal
 import struct
+import threading
 import time
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -52,6 +54,7 @@ from engine.checkpoint import CheckpointReader, torch_dtype
 from engine.config import ModelConfig
 from engine.executors.base import DriverBase, ExecutorOptions, default_threads, expert_bytes, use_step_threads
 from engine.experts import ExpertShard, ExpertWeights, Transfer, load_expert, plan_transfers
+from engine.lifetime import die_with_parent
 from engine.model import StepMetadata
 
 log = logging.getLogger("moeslo.engine_core")
@@ -148,7 +151,12 @@ class _RankState:
 
 
 def _worker_main(rank: int, world: int, port: int, options: ExecutorOptions, placement: Placement,
-                 conn: Connection, buffers: _SharedBuffers) -> None:  # fmt: skip
+                 conn: Connection, buffers: _SharedBuffers, parent: int | None) -> None:  # fmt: skip
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the engine core: its parent stops it, not Ctrl-C
+    if parent is not None:  # a core killed before its ranks joined would otherwise leave them waiting
+        die_with_parent()
+        if os.getppid() != parent:
+            return  # it died before the request above could take effect
     threads = options.threads_per_rank or default_threads(world)
     torch.set_num_threads(threads)
     config = ModelConfig.load(options.checkpoint)
@@ -215,7 +223,9 @@ class MultiprocExecutor(DriverBase):
             for rank in range(1, world):
                 mine, theirs = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
-                    target=_worker_main, args=(rank, world, port, options, self._placement, theirs, self._buffers),
+                    target=_worker_main,
+                    args=(rank, world, port, options, self._placement, theirs, self._buffers,
+                          os.getpid() if threading.current_thread() is threading.main_thread() else None),
                     daemon=True, name=f"moeslo-ep-rank{rank}",
                 )
                 proc.start()
