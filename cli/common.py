@@ -15,10 +15,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from contracts.errors import MoesloError
+from contracts.errors import MoesloError, ValidationError
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-"""The log levels ``--log-level`` takes (those of Python's logging and of uvicorn)."""
+"""The log levels ``--log-level`` takes (Python's logging's)."""
+UVICORN_LOG_LEVELS = (*LOG_LEVELS, "trace")
+"""uvicorn's: Python's and ``trace``."""
 
 
 def positive(value: float | None) -> float | None:
@@ -30,8 +32,17 @@ def positive(value: float | None) -> float | None:
 
 def log_level(value: str) -> str:
     """An option's callback: one of :data:`LOG_LEVELS`, in any case."""
-    if value.lower() not in LOG_LEVELS:
-        raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return _one_of(value, LOG_LEVELS)
+
+
+def uvicorn_log_level(value: str) -> str:
+    """An option's callback: one of :data:`UVICORN_LOG_LEVELS`, in any case."""
+    return _one_of(value, UVICORN_LOG_LEVELS)
+
+
+def _one_of(value: str, levels: tuple[str, ...]) -> str:
+    if value.lower() not in levels:
+        raise typer.BadParameter(f"must be one of {', '.join(levels)}, got {value!r}")
     return value.lower()
 
 console = Console(stderr=True)
@@ -62,14 +73,30 @@ def print_error(message: object) -> None:
 
 
 def check_bindable(host: str, port: int) -> None:
-    """Raise the ``OSError`` listening on ``host:port`` would (a port in use, an unknown host) before anything
-    slow starts: a server that loads a model first would otherwise say it serves, then fail."""
+    """Refuse, before anything slow starts, an address the server could not listen on: a port in use or
+    not ours, an unknown host (a server that loads a model first would otherwise say it serves, then fail).
+
+    Every address the host resolves to is tried as asyncio's ``create_server`` binds (uvicorn's and
+    aiohttp's): ``""`` is every interface, IPv6 sockets are IPv6-only.  Any other failure is left to
+    the server itself, so the check never refuses what it would accept.
+    """
     if port == 0:
         return
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and aiohttp bind
-        probe.bind((host, port))
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ValidationError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno in _ADDRESS_ERRORS:
+                    raise ValidationError(f"cannot listen on {address[0]}:{port}: {exc.strerror}") from exc
+                return
 
 
 _PATH_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
@@ -80,9 +107,10 @@ _PATH_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirec
 def cli_errors() -> Iterator[None]:
     """Turn what bad input raises into a one-line message and exit status 2, never a traceback.
 
-    Our own errors (:class:`MoesloError`), a path that is missing or of the wrong kind, an address
-    already in use, and a ``ValueError`` from parsing what was typed (a knob, a number, a list) all
-    end as ``error: ...``.  ``MOESLO_DEBUG=1`` shows the traceback of the last two instead.
+    Our own errors (:class:`MoesloError`, an address that cannot be listened on among them), a path
+    that is missing or of the wrong kind, and a ``ValueError`` from parsing what was typed (a knob, a
+    number, a list) all end as ``error: ...``.  ``MOESLO_DEBUG=1`` shows the traceback of the last
+    two instead.
     """
     try:
         yield
@@ -90,15 +118,15 @@ def cli_errors() -> Iterator[None]:
         print_error(exc)
         raise typer.Exit(code=2) from exc
     except _PATH_ERRORS as exc:
+        if os.environ.get("MOESLO_DEBUG"):
+            raise
         where = f": {exc.filename}" if exc.filename else ""
         print_error(f"{exc.strerror or exc}{where}")
         raise typer.Exit(code=2) from exc
-    except (OSError, ValueError) as exc:
-        unexpected = (isinstance(exc, OSError) and not isinstance(exc, socket.gaierror)
-                      and exc.errno not in _ADDRESS_ERRORS)  # fmt: skip
-        if os.environ.get("MOESLO_DEBUG") or unexpected:
+    except ValueError as exc:
+        if os.environ.get("MOESLO_DEBUG"):
             raise
-        print_error(exc)
+        print_error(f"{exc} (MOESLO_DEBUG=1 shows where)")
         raise typer.Exit(code=2) from exc
 
 

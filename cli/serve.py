@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import check_bindable, cli_errors, console, log_level, positive
+from cli.common import check_bindable, cli_errors, console, positive, uvicorn_log_level
 from engine.executors.options import PARALLEL_MIN_TOKENS
 
 
@@ -68,7 +68,7 @@ def serve(
                      help="Share the KV blocks of equal prompt prefixes between requests (vLLM's automatic "
                           "prefix caching), within the same KV budget."),
     ] = True,
-    log_level: Annotated[str, typer.Option(callback=log_level, help="uvicorn log level.")] = "warning",
+    log_level: Annotated[str, typer.Option(callback=uvicorn_log_level, help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
     with cli_errors():

@@ -419,12 +419,11 @@ class EngineCoreClient:
                     log.exception("stats sink %r failed", sink)
 
     def _on_core_exit(self, status: int | None) -> None:
-        stopped = status is not None and -status in (signal.SIGINT, signal.SIGTERM)
-        if stopped:
-            assert status is not None
-            # Ctrl-C or a stop of the whole process group: the API process is going down with it.
-            self._dead = f"the engine core process was stopped by {signal.Signals(-status).name}"
-            log.warning("engine core stopped: %s; failing every request in flight, /health answers 503", self._dead)
+        if status == -signal.SIGTERM:
+            # A stop from outside (a whole process group or cgroup stopped at once): say so, not "died".
+            self._dead = "the engine core process was stopped by SIGTERM"
+            log.log(logging.INFO if self._closing else logging.ERROR,
+                    "engine core stopped: %s; failing every request in flight, /health answers 503", self._dead)
         else:
             self._dead = f"the engine core process exited with status {status}"
             log.error("engine core died: %s; failing every request in flight, /health answers 503", self._dead)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -9,8 +10,14 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from contracts.errors import ValidationError
 
 TRACE = Path(__file__).resolve().parents[2] / "harness" / "data" / "AzureLLMInferenceTrace_conv_15min.csv"
+
+
+@pytest.fixture(autouse=True)
+def _without_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MOESLO_DEBUG", raising=False)
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -127,3 +134,30 @@ def test_urls_that_are_not_http_are_refused(tmp_path: Path) -> None:
     assert code == 2 and "page_webhook_url: 'not a url' is not an http(s) URL" in out
     code, out = run("controller", "serve", "--prometheus", "not a url", "--db", str(tmp_path / "c.db"), "--port", "0")
     assert code == 2 and "prometheus_url: 'not a url' is not an http(s) URL" in out
+
+
+def test_moeslo_debug_shows_the_traceback_instead(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MOESLO_DEBUG", "1")
+    result = CliRunner().invoke(app, ["model", "init", "--out", str(tmp_path / "x"), "--layers", "1",
+                                      "--router-skew", "0", "--vocab", "600"])  # fmt: skip
+    assert result.exit_code == 0, result.output  # good input is unaffected
+    taken = tmp_path / "a-file"
+    taken.write_text("x")
+    result = CliRunner().invoke(app, ["model", "init", "--out", str(taken)])
+    assert isinstance(result.exception, FileExistsError)
+
+
+def test_the_listening_check_follows_the_servers_rules() -> None:
+    from cli.common import check_bindable
+
+    check_bindable("127.0.0.1", 0)  # the OS picks: nothing to check
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        if socket.has_ipv6:
+            check_bindable("::1", port)  # IPv6-only, as asyncio binds it: the IPv4 listener is no conflict
+        with pytest.raises(ValidationError, match=re.escape(f"cannot listen on 0.0.0.0:{port}")):
+            check_bindable("", port)  # every interface
+    with pytest.raises(ValidationError, match=re.escape("cannot listen on no-such-host.invalid")):
+        check_bindable("no-such-host.invalid", 8080)
