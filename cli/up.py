@@ -20,9 +20,7 @@ def _arrivals(value: str) -> ArrivalProcess:
 
 
 def up(
-    duration: Annotated[
-        float, typer.Option(callback=positive, help="Seconds of load before the summary.")
-    ] = 120.0,
+    duration: Annotated[float, typer.Option(callback=positive, help="Seconds of load before the summary.")] = 120.0,
     out: Annotated[Path, typer.Option(help="Folder for logs, the database, summary.json and plots.")] = Path(
         "demo-out"
     ),
@@ -30,9 +28,7 @@ def up(
     ep: Annotated[int, typer.Option(min=1, help="Expert-parallel ranks per engine replica.")] = 2,
     max_replicas: Annotated[int, typer.Option(help="Most engine replicas the controller may start.")] = 2,
     cpus_per_replica: Annotated[int, typer.Option(help="CPUs pinned to each replica (the host budget).")] = 1,
-    speedup: Annotated[
-        float, typer.Option(callback=positive, help="Time compression of a request trace (--trace).")
-    ] = 1.0,
+    speedup: Annotated[float, typer.Option(callback=positive, help="Time compression of a --trace.")] = 1.0,
     trace: Annotated[
         Path | None, typer.Option(help="Trace file (default: a bundled day of Azure 2024 counts, its morning rise).")
     ] = None,

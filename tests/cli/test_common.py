@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import socket
 from pathlib import Path
 
@@ -10,7 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from contracts.errors import ValidationError
 
 TRACE = Path(__file__).resolve().parents[2] / "harness" / "data" / "AzureLLMInferenceTrace_conv_15min.csv"
 
@@ -148,16 +146,11 @@ def test_moeslo_debug_shows_the_traceback_instead(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_listening_check_follows_the_servers_rules() -> None:
-    from cli.common import check_bindable
-
-    check_bindable("127.0.0.1", 0)  # the OS picks: nothing to check
     with socket.socket() as busy:
         busy.bind(("0.0.0.0", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        if socket.has_ipv6:
-            check_bindable("::1", port)  # IPv6-only, as asyncio binds it: the IPv4 listener is no conflict
-        with pytest.raises(ValidationError, match=re.escape(f"cannot listen on 0.0.0.0:{port}")):
-            check_bindable("", port)  # every interface
-    with pytest.raises(ValidationError, match=re.escape("cannot listen on no-such-host.invalid")):
-        check_bindable("no-such-host.invalid", 8080)
+        code, out = run("route", "--replicas", "http://127.0.0.1:9", "--host", "", "--port", str(port))
+    assert code == 2 and f"cannot listen on 0.0.0.0:{port}" in out  # an empty host is every interface
+    code, out = run("route", "--replicas", "http://127.0.0.1:9", "--host", "no-such-host.invalid", "--port", "8080")
+    assert code == 2 and "cannot listen on no-such-host.invalid:8080" in out
