@@ -35,6 +35,15 @@ example; 0.7 KV usage sits between aibrix's 0.5 and llm-d's 0.8.
 """
 
 
+KNOB_RANGES: Mapping[str, tuple[float, float]] = {
+    "headroom": (0.0, 10.0), "target": (0.0, 1.0 + 1e-9), "threshold": (0.0, 1e9), "quantile": (0.0, 1.0),
+    "cooldown_s": (-1e-9, 86400.0),
+}
+"""Open intervals of the numeric knobs (an HPA target may be 1, a cooldown 0): outside them a policy means
+nothing."""
+KNOB_CHOICES: Mapping[str, tuple[str, ...]] = {"predictor": ("constant", "kalman", "arima")}
+
+
 def _grid(policy: str, knob: str, values: Sequence[Knob]) -> tuple[dict[str, Knob], ...]:
     return tuple({**DEFAULT_KNOBS[policy], knob: v} for v in values)
 
@@ -71,6 +80,9 @@ class Setting:
         if unknown:
             known = ", ".join(sorted(allowed))
             raise ValidationError(f"{self.policy} has no knob {', '.join(unknown)}; its knobs: {known}")
+        problems = [_knob_problem(self.policy, name, value) for name, value in self.knobs]
+        if any(problems):
+            raise ValidationError([p for p in problems if p])
 
     @classmethod
     def of(cls, policy: str, knobs: Mapping[str, Knob] | None = None) -> Setting:
@@ -89,6 +101,19 @@ class Setting:
         if not self.knobs:
             return self.policy
         return self.policy + ":" + ",".join(f"{k}={_format(v)}" for k, v in self.knobs)
+
+
+def _knob_problem(policy: str, name: str, value: Knob) -> str | None:
+    """Why a knob's value means nothing for ``policy`` (None when it is fine)."""
+    if name in KNOB_CHOICES:
+        choices = KNOB_CHOICES[name]
+        return None if value in choices else f"{policy}:{name} must be one of {', '.join(choices)}, got {value!r}"
+    low, high = KNOB_RANGES[name]
+    if not isinstance(value, float) or not low < value < high:
+        lowest = "at least 0" if low < 0 else f"above {low:g}"
+        highest = f"at most {round(high):g}" if high != round(high) else f"below {high:g}"
+        return f"{policy}:{name} must be a number {lowest} and {highest}, got {value!r}"
+    return None
 
 
 def _format(value: Knob) -> str:
