@@ -16,14 +16,14 @@ understate the demand), with the reason in the observation's errors.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.catalogue import OUTCOME_LABEL, REJECTED_OUTCOME, ROUTER_QUEUED, ROUTER_REQUESTS, total
 from controller.policy import Policy
+from controller.sources.counters import CounterHistory, counter_rate
 from controller.types import PolicyObservation
 
 __all__ = ["RefusalRates", "RouterReading", "parse_router_page", "parse_router_queue", "with_router"]
@@ -62,13 +62,7 @@ def parse_router_queue(text: str) -> float | None:
     return None if reading is None else reading.queued
 
 
-@dataclass
-class _Refusals:
-    """One router's refusals, accumulated across its restarts, with their history over the rate window."""
-
-    last_total: float | None = None
-    accumulated: float = 0.0
-    points: deque[tuple[float, float]] = field(default_factory=deque)
+REFUSED = "refused"
 
 
 class RefusalRates:
@@ -76,26 +70,22 @@ class RefusalRates:
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._by_endpoint: dict[str, _Refusals] = {}
+        self._history: dict[str, CounterHistory] = {}
+        self._last: dict[str, float] = {}
 
     def record(self, endpoint: str, now_s: float, refused_total: float) -> None:
-        state = self._by_endpoint.setdefault(endpoint, _Refusals())
-        before = state.last_total
-        if before is not None:
-            state.accumulated += refused_total if refused_total < before else refused_total - before
-        state.last_total = refused_total
-        state.points.append((now_s, state.accumulated))
-        # Keep one point at or before the window's start, so the rate covers the whole window.
-        while len(state.points) > 2 and state.points[1][0] <= now_s - self.window_s:
-            state.points.popleft()
+        history = self._history.setdefault(endpoint, CounterHistory())
+        history.add(REFUSED, refused_total, self._last.get(endpoint))
+        self._last[endpoint] = refused_total
+        # Twice the window: the read at or before the window's start stays, so the rate covers all of it.
+        history.record(now_s, lambda _key: True, 2 * self.window_s)
 
     def rate(self, endpoint: str) -> float | None:
-        """Refusals per second over the window (None before a second read)."""
-        state = self._by_endpoint.get(endpoint)
-        if state is None or len(state.points) < 2:
+        """Refusals per second over the window up to the last read (None before a second read)."""
+        history = self._history.get(endpoint)
+        if history is None or not history.points:
             return None
-        (then_s, then), (now_s, now) = state.points[0], state.points[-1]
-        return (now - then) / (now_s - then_s) if now_s > then_s else None
+        return counter_rate(history, REFUSED, history.points[-1][0], self.window_s)
 
 
 def with_router(

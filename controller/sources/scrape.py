@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -58,6 +57,7 @@ from controller.sources.base import (
     ttft_key,
     windows_for,
 )
+from controller.sources.counters import CounterHistory, counter_rate
 from controller.sources.router_page import RefusalRates, RouterReading, parse_router_page, with_router
 from controller.ttft_series import allowance_from_labels
 from controller.types import PolicyObservation, SliSnapshot
@@ -65,8 +65,6 @@ from controller.types import PolicyObservation, SliSnapshot
 Page = TypeVar("Page")
 """What one endpoint's read gives (an engine's samples, a router's queue)."""
 
-FINE_HISTORY_S = 3600.0
-COARSE_SPACING_S = 300.0
 _COUNTERS = {
     REQUESTS_TOTAL: "requests",
     PROMPT_TOKENS_TOTAL: "prompt_tokens",
@@ -140,52 +138,8 @@ def _router_endpoints(policy: Policy) -> tuple[str, ...]:
     return () if policy.router is None else policy.router.endpoints
 
 
-@dataclass
-class _ModelHistory:
-    """Increase accumulators of one model and their history on the caller's clock."""
-
-    totals: dict[str, float] = field(default_factory=dict)
-    points: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)
-
-    def record(self, now_s: float, keep_coarse: Callable[[str], bool], max_age_s: float) -> None:
-        self.points.append((now_s, dict(self.totals)))
-        # Thin points older than the fine horizon to one per COARSE_SPACING_S, keeping SLO counters only.
-        fine_start = now_s - FINE_HISTORY_S
-        while self.points and self.points[0][0] < now_s - max_age_s:
-            self.points.popleft()
-        thinned: deque[tuple[float, dict[str, float]]] = deque()
-        last_kept: float | None = None
-        for at_s, totals in self.points:
-            if at_s >= fine_start:
-                thinned.append((at_s, totals))
-                continue
-            if last_kept is None or at_s - last_kept >= COARSE_SPACING_S:
-                thinned.append((at_s, {k: v for k, v in totals.items() if keep_coarse(k)}))
-                last_kept = at_s
-        self.points = thinned
-
-    def increase(self, key: str, now_s: float, window_s: float) -> tuple[float, float] | None:
-        """(increase of ``key`` over the window, seconds actually covered), None without history."""
-        if key not in self.totals or len(self.points) < 2:
-            return None
-        cutoff_s = now_s - window_s
-        then: tuple[float, float] | None = None
-        for at_s, totals in self.points:
-            if key not in totals:
-                continue
-            if at_s <= cutoff_s:
-                then = (at_s, totals[key])
-                continue
-            if then is None:
-                then = (at_s, totals[key])  # history shorter than the window: cover what exists
-            break
-        if then is None or then[0] >= now_s:
-            return None
-        return self.totals[key] - then[1], now_s - then[0]
-
-
 def _good_ratios(
-    history: _ModelHistory, policy: Policy, slo: str, now_s: float, errors: list[str], sli_window: str
+    history: CounterHistory, policy: Policy, slo: str, now_s: float, errors: list[str], sli_window: str
 ) -> tuple[dict[str, float], float | None]:
     """Good ratio of ``slo`` per window (the SLI window, the burn windows), and the events counted over
     the SLI window.
@@ -249,7 +203,7 @@ class ScrapeSource:
         self._owns_client = client is None
         self._last: dict[tuple[str, str], dict[str, float]] = {}
         """Last cumulative counters per (endpoint, model)."""
-        self._history: dict[str, _ModelHistory] = {}
+        self._history: dict[str, CounterHistory] = {}
         self._refusals = RefusalRates(rate_window_s)
 
     async def aclose(self) -> None:
@@ -305,18 +259,14 @@ class ScrapeSource:
         policies: Sequence[Policy],
         max_window_s: float,
     ) -> None:
-        history = self._history.setdefault(model, _ModelHistory())
+        history = self._history.setdefault(model, CounterHistory())
         for endpoint, page in pages.items():
             sample = page.get(model)
             if sample is None:
                 continue
             previous = self._last.get((endpoint, model))
             for key, value in sample.counters.items():
-                history.totals.setdefault(key, 0.0)
-                if previous is None or key not in previous:
-                    continue  # baseline: counts from before the first scrape belong to no window
-                before = previous[key]
-                history.totals[key] += value if value < before else value - before
+                history.add(key, value, None if previous is None else previous.get(key))
             self._last[(endpoint, model)] = dict(sample.counters)
         kept = {
             f"{series}:le:{edge!r}"
@@ -350,7 +300,7 @@ class ScrapeSource:
             for e in endpoints
             if e in pages and model not in pages[e]
         )
-        history = self._history.get(model, _ModelHistory())
+        history = self._history.get(model, CounterHistory())
         by_window: dict[str, dict[str, float]] = {}
         requests: dict[str, float | None] = {}
         p99: dict[str, float | None] = {}
@@ -379,9 +329,9 @@ class ScrapeSource:
             ready_replicas=len(live),
             queue_depth=sum(s.waiting for s in live) if live else None,
             running_requests=sum(s.running for s in live) if live else None,
-            request_rate_rps=_rate(history, "requests", now_s, self.rate_window_s),
-            prompt_tokens_per_s=_rate(history, "prompt_tokens", now_s, self.rate_window_s),
-            output_tokens_per_s=_rate(history, "output_tokens", now_s, self.rate_window_s),
+            request_rate_rps=counter_rate(history, "requests", now_s, self.rate_window_s),
+            prompt_tokens_per_s=counter_rate(history, "prompt_tokens", now_s, self.rate_window_s),
+            output_tokens_per_s=counter_rate(history, "output_tokens", now_s, self.rate_window_s),
             kv_cache_usage=sum(kv_values) / len(kv_values) if kv_values else None,
             prefix_cache_hit_rate=_hit_rate(history, now_s, sli_window_s),
             sli=sli if live or by_window["ttft"] or by_window["itl"] else None,
@@ -389,7 +339,7 @@ class ScrapeSource:
         )
 
     @staticmethod
-    def _quantile(history: _ModelHistory, slo: str, now_s: float, window_s: float) -> float | None:
+    def _quantile(history: CounterHistory, slo: str, now_s: float, window_s: float) -> float | None:
         buckets = dict(_window_buckets(history, slo, now_s, window_s))
         if not any(math.isinf(edge) for edge in buckets):
             return None
@@ -397,7 +347,7 @@ class ScrapeSource:
 
 
 def _window_buckets(
-    history: _ModelHistory, series: str, now_s: float, window_s: float
+    history: CounterHistory, series: str, now_s: float, window_s: float
 ) -> tuple[tuple[float, float], ...]:
     """Increase of each bucket of ``series`` over ``window_s`` (the SLI window), in edge order."""
     buckets: dict[float, float] = {}
@@ -414,7 +364,7 @@ def _edges(totals: Mapping[str, float], slo: str) -> list[float]:
     return [float(key[len(prefix) :]) for key in totals if key.startswith(prefix)]
 
 
-def _hit_rate(history: _ModelHistory, now_s: float, window_s: float) -> float | None:
+def _hit_rate(history: CounterHistory, now_s: float, window_s: float) -> float | None:
     """Prefix-cache hits over queries in the SLI window (None: the engines report no lookups)."""
     queries = history.increase("prefix_queries", now_s, window_s)
     hits = history.increase("prefix_hits", now_s, window_s)
@@ -438,10 +388,3 @@ async def _read_all(
         else:
             ok[endpoint] = answer
     return ok, failures
-
-
-def _rate(history: _ModelHistory, key: str, now_s: float, window_s: float) -> float | None:
-    delta = history.increase(key, now_s, window_s)
-    if delta is None or delta[1] <= 0:
-        return None
-    return delta[0] / delta[1]
