@@ -30,6 +30,14 @@ def positive(value: float | None) -> float | None:
     return value
 
 
+def nonempty(value: str) -> str:
+    """An option's callback: a path given as text must not be empty (typer would read ``\"\"`` as the current
+    directory and write there)."""
+    if not value.strip():
+        raise typer.BadParameter("must not be empty")
+    return value
+
+
 def log_level(value: str) -> str:
     """An option's callback: one of :data:`LOG_LEVELS`, in any case."""
     return _one_of(value, LOG_LEVELS)

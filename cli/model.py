@@ -7,14 +7,15 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import cli_errors, console, nonempty, print_json
 
 model_app = typer.Typer(help="Make and inspect Qwen3-MoE checkpoints (Hugging Face format).", no_args_is_help=True)
 
 
 @model_app.command("init")
 def init(
-    out: Annotated[Path, typer.Option(help="Directory to write config.json and model.safetensors into.")],
+    out: Annotated[str, typer.Option(help="Directory to write config.json and model.safetensors into.",
+                                     callback=nonempty)],
     layers: Annotated[int, typer.Option(help="Decoder layers.")] = 4,
     hidden: Annotated[int, typer.Option(help="Hidden size.")] = 256,
     experts: Annotated[int, typer.Option(help="Routed experts per MoE layer.")] = 32,
@@ -47,7 +48,7 @@ def init(
             num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_positions,
             torch_dtype=dtype, intermediate_size=3 * hidden,
         )
-        init_random_checkpoint(out, config, seed=seed, router_skew=router_skew, prompt_kinds=prompt_kinds,
+        init_random_checkpoint(Path(out), config, seed=seed, router_skew=router_skew, prompt_kinds=prompt_kinds,
                                tokenizer=tokenizer)
         params = count_parameters(config)
         summary = {"out": str(out), "parameters": sum(params.values()), "by_part": params,

@@ -180,6 +180,13 @@ def _need(mapping: Any, key: str, where: str, kind: type | tuple[type, ...] = di
     return value
 
 
+SLO_SPEC_FIELDS = frozenset(
+    ("description", "service", "indicator", "indicatorRef", "timeWindow", "budgetingMethod", "objectives",
+     "alertPolicies")
+)
+"""The fields of an OpenSLO v1 ``SLO`` spec; any other is refused by name."""
+
+
 def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> None:
     if not isinstance(doc, dict):
         raise ValidationError(f"{where}: must be a mapping")
@@ -189,6 +196,10 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
         raise ValidationError(f"{where}.kind: only 'SLO' documents are imported, got {doc.get('kind')!r}")
     metadata = _need(doc, "metadata", where)
     spec = _need(doc, "spec", where)
+    unknown = sorted(str(key) for key in spec if key not in SLO_SPEC_FIELDS)
+    if unknown:  # a misspelt field would otherwise be dropped without a word
+        raise ValidationError(f"{where}.spec.{unknown[0]}: not an OpenSLO v1 SLO field "
+                              f"(known: {', '.join(sorted(SLO_SPEC_FIELDS))})")  # fmt: skip
     annotations = metadata.get("annotations") or {}
     service = str(spec.get("service") or "")
     policy_name = str(annotations.get(POLICY_ANNOTATION) or _label_value(service or str(metadata.get("name"))))

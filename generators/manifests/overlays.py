@@ -53,7 +53,13 @@ def load_overlay(directory: Path) -> Overlay:
 
 
 def load_overlays(deploy_dir: Path) -> dict[str, Overlay]:
-    """Every overlay under ``deploy_dir/overlays`` that has a policies file, by name."""
+    """Every overlay under ``deploy_dir/overlays`` that has a policies file, by name.
+
+    ``deploy_dir`` must be a deploy tree (a ``base/`` inside): rendering into any other directory would
+    scatter generated files where nothing reads them.
+    """
+    if not (deploy_dir / "base").is_dir():
+        raise DataError("not a deploy directory: it has no base/ (the project's deploy/ has one)", path=str(deploy_dir))
     return {path.parent.name: load_overlay(path.parent)
             for path in sorted((deploy_dir / "overlays").glob(f"*/{POLICIES_FILE}"))}
 

@@ -89,6 +89,8 @@ def test_model_init_refuses_what_would_not_serve(tmp_path: Path) -> None:
     for skew in ("inf", "nan", "-1"):
         code, out = run("model", "init", "--out", str(tmp_path / "b"), "--router-skew", skew)
         assert code == 2 and "router_skew must be a finite number" in out
+    code, out = run("model", "init", "--out", " ")  # typer reads "" as the current directory: refused first
+    assert code == 2 and "must not be empty" in out
 
 
 @pytest.mark.parametrize(

@@ -92,6 +92,18 @@ def test_every_manifest_validates(tree: str) -> None:
 KINDS = {"deployment": "Deployment", "leaderworkerset": "LeaderWorkerSet"}
 
 
+def test_cli_render_refuses_a_directory_that_is_not_a_deploy_tree(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    missing = tmp_path / "no-such-dir"
+    result = CliRunner().invoke(app, ["deploy", "render", "--dir", str(missing)])
+    assert result.exit_code == 2
+    assert "not a deploy directory" in " ".join(result.output.split())
+    assert not missing.exists()  # nothing was created
+
+
 @pytest.mark.parametrize("overlay", sorted(load_overlays(DEPLOY)))
 def test_scaled_workloads_leave_replicas_to_their_scaler(overlay: str) -> None:
     """A Deployment or LeaderWorkerSet the controller or an HPA scales must not pin spec.replicas:

@@ -229,6 +229,8 @@ def test_openslo_export_and_import_round_trip(client: TestClient) -> None:
         ("apiVersion: openslo/v2\nkind: SLO\n", "must be 'openslo/v1'"),
         ("apiVersion: openslo/v1\nkind: Service\n", "only 'SLO' documents"),
         ("", "no OpenSLO documents"),
+        ("apiVersion: openslo/v1\nkind: SLO\nmetadata: {name: a}\nspec: {objectivs: []}\n",
+         "document 1: spec.objectivs: not an OpenSLO v1 SLO field"),
     ],
 )
 def test_bad_openslo_is_422(client: TestClient, body: str, message: str) -> None:

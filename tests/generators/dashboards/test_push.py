@@ -46,6 +46,9 @@ def test_push_with_a_bad_token_is_refused_and_a_dead_url_is_unavailable() -> Non
         assert grafana.dashboards == {}
     with pytest.raises(UnavailableError, match="cannot reach Grafana"):
         push_dashboards(documents, url=f"http://127.0.0.1:{free_port()}", token="t", timeout_s=2)
+    for not_a_url in ("notaurl", "ftp://127.0.0.1/", "http://"):
+        with pytest.raises(ValidationError, match="must be Grafana's http"):
+            push_dashboards(documents, url=not_a_url, token="t")
 
 
 def test_cli_push_reads_the_committed_files(tmp_path: Path) -> None:
