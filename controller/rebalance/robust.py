@@ -27,12 +27,14 @@ Scores are in units of the mean rank load of each window (1.0 = balanced).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from controller.rebalance.packing import FloatArray, IntArray, apply_swaps, replica_counts
 
+_Array = TypeVar("_Array", bound=npt.NDArray[Any])
 REFINE_TOP = 8
 """Ranks per row whose best swap each refine round looks for (the furthest from the mean)."""
 
@@ -148,6 +150,19 @@ def refine_windows(
     return swaps
 
 
+def _rows(array: _Array, active: IntArray) -> _Array:
+    """``array[active]``, without the copy when every row is active (the first, busiest rounds)."""
+    return array if active.size == array.shape[0] else cast(_Array, array[active])
+
+
+def _per_replica(values: _Array, index: IntArray) -> _Array:
+    """(n, S, T): ``values[i, index[i, s]]``, e.g. the load of each replica's rank (one flat take: cheaper
+    than ``take_along_axis``)."""
+    n, width, windows = values.shape
+    flat = (index + width * np.arange(n)[:, None]).ravel()
+    return cast(_Array, np.take(values.reshape(n * width, windows), flat, axis=0).reshape(n, -1, windows))
+
+
 def _best_swaps(packing: VectorPacking, active: IntArray, ps: IntArray) -> tuple[FloatArray, IntArray, IntArray]:
     """For each row and each rank in ``ps``: the best swap's objective change / 2 and its two replicas.
 
@@ -159,12 +174,12 @@ def _best_swaps(packing: VectorPacking, active: IntArray, ps: IntArray) -> tuple
     n, m = ps.shape
     k = packing.bin_items.shape[2]
     num_slots = packing.experts.shape[1]
-    w = packing.weights[active]  # (n, S, T)
-    q = packing.item_bin[active]  # (n, S)
-    load = packing.rank_load[active]
-    lq = np.take_along_axis(load, q[:, :, None], axis=1)  # (n, S, T): load of each replica's rank
+    w = _rows(packing.weights, active)  # (n, S, T)
+    q = _rows(packing.item_bin, active)  # (n, S)
+    load = _rows(packing.rank_load, active)
+    lq = _per_replica(load, q)  # (n, S, T): load of each replica's rank
     on_p = np.take_along_axis(packing.bin_items[active], ps[:, :, None], axis=1).reshape(n, m * k)
-    w_a = np.take_along_axis(w, on_p[:, :, None], axis=1)  # (n, mk, T)
+    w_a = _per_replica(w, on_p)  # (n, mk, T)
     lp = np.repeat(np.take_along_axis(load, ps[:, :, None], axis=1), k, axis=1)  # (n, mk, T)
     windows = w.shape[2]
     left = np.empty((n, m * k, 2 * windows + 2), dtype=np.float32)
@@ -248,12 +263,12 @@ def _overload_swaps(
     n, m = ps.shape
     k = packing.bin_items.shape[2]
     num_slots = packing.experts.shape[1]
-    w = packing.weights[active]  # (n, S, T)
-    q = packing.item_bin[active]
+    w = _rows(packing.weights, active)  # (n, S, T)
+    q = _rows(packing.item_bin, active)
     grad, curv = 2.0 * np.maximum(excess, 0.0), 2.0 * (excess > 0)
-    g_q, h_q = np.take_along_axis(grad, q[:, :, None], axis=1), np.take_along_axis(curv, q[:, :, None], axis=1)
+    g_q, h_q = _per_replica(grad, q), _per_replica(curv, q)
     on_p = np.take_along_axis(packing.bin_items[active], ps[:, :, None], axis=1).reshape(n, m * k)
-    w_a = np.take_along_axis(w, on_p[:, :, None], axis=1)  # (n, mk, T)
+    w_a = _per_replica(w, on_p)  # (n, mk, T)
     g_p = np.repeat(np.take_along_axis(grad, ps[:, :, None], axis=1), k, axis=1)
     h_p = np.repeat(np.take_along_axis(curv, ps[:, :, None], axis=1), k, axis=1)
     # Features in float32 and the right operand built transposed (contiguous for BLAS), as in _best_swaps;
@@ -267,9 +282,9 @@ def _overload_swaps(
     right[:, :t], right[:, t : 2 * t] = np.swapaxes(g_q - h_q * w, 1, 2), np.swapaxes(w, 1, 2)
     right[:, 2 * t : 3 * t], right[:, 3 * t : 4 * t] = np.swapaxes(w * w, 1, 2), np.swapaxes(h_q, 1, 2)
     right[:, 4 * t], right[:, 4 * t + 1] = 1.0, ((h_q * w / 2 - g_q) * w).sum(axis=2)
-    flat = np.matmul(left, right).reshape(n, m, k, num_slots)
-    same_rank = q[:, None, None, :] == ps[:, :, None, None]  # a swap inside one rank changes nothing
-    flat = np.where(same_rank, np.inf, flat).reshape(n * m, k * num_slots)
+    # A swap inside one rank changes nothing (its expansion is h d^2 >= 0 but for float32 rounding):
+    # _valid_best refuses one that rounds below zero, as a swap that piles copies up.
+    flat = np.matmul(left, right).reshape(n * m, k * num_slots)
     local, p_flat = np.repeat(np.arange(n), m), ps.ravel()
     best = _valid_best(packing, active, local, p_flat, on_p.reshape(n * m, k), flat)
     a = on_p.reshape(n * m, k)[np.arange(n * m), best // num_slots]
