@@ -9,6 +9,7 @@ import typer
 
 from cli.common import cli_errors, console, positive, print_json
 from contracts.errors import UnavailableError, ValidationError
+from contracts.urls import http_url_problem
 
 if TYPE_CHECKING:
     from controller.capacity import PrefixProbe, ReplicaProfile
@@ -78,8 +79,9 @@ def _check_reachable(url: str) -> None:
     """Fail at once on an engine that does not answer, instead of after a sweep with no request served."""
     import httpx
 
-    if not url.startswith(("http://", "https://")):
-        raise ValidationError(f"--url: {url!r} is not an http(s) URL")
+    problem = http_url_problem("--url", url)
+    if problem is not None:
+        raise ValidationError(problem)
     try:
         httpx.get(f"{url.rstrip('/')}/health", timeout=10.0)
     except httpx.HTTPError as exc:

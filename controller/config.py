@@ -17,6 +17,7 @@ from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.errors import DataError, ValidationError
+from contracts.urls import http_url_problem
 from controller.endpoints import AddressClass
 from controller.sources.base import RATE_WINDOW_S
 
@@ -148,8 +149,9 @@ class ControllerSettings(BaseSettings):
     def _http_urls(self) -> Self:
         for name in ("prometheus_url", "alertmanager_url"):
             url = getattr(self, name)
-            if url is not None and not url.startswith(("http://", "https://")):
-                raise ValueError(f"{name}: {url!r} is not an http(s) URL")
+            problem = None if url is None else http_url_problem(name, url)
+            if problem is not None:
+                raise ValueError(problem)
         return self
 
     @classmethod

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from contracts.errors import ValidationError
+from contracts.urls import http_url_problem
 from router.policies import POLICY_NAMES
 from router.types import CostModel
 
@@ -59,11 +60,10 @@ class RouterConfig:
             problems.append("replicas: at least one URL is needed (or a controller to read them from)")
         if self.replicas and self.controller_url is not None:
             problems.append("replicas: give replica URLs or a controller, not both")
-        for url in self.replicas:
-            if not url.startswith(("http://", "https://")):
-                problems.append(f"replicas: {url!r} is not an http(s) URL")
-        if self.controller_url is not None and not self.controller_url.startswith(("http://", "https://")):
-            problems.append(f"controller_url: {self.controller_url!r} is not an http(s) URL")
+        urls = [("replicas", url) for url in self.replicas]
+        if self.controller_url is not None:
+            urls.append(("controller_url", self.controller_url))
+        problems.extend(p for name, url in urls if (p := http_url_problem(name, url)) is not None)
         if len(set(self.replicas)) != len(self.replicas):
             problems.append("replicas: a URL is listed twice")
         if self.policy not in POLICY_NAMES:

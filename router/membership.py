@@ -16,6 +16,7 @@ import logging
 import aiohttp
 
 from contracts.errors import DataError
+from contracts.urls import http_url_problem
 from router.forward import UPSTREAM_FAILURES, Router
 from router.monitor import Repeating
 
@@ -27,7 +28,7 @@ def endpoints_from(document: object) -> tuple[str, ...]:
     if not isinstance(document, dict) or not isinstance(document.get("endpoints"), list):
         raise DataError("the controller's answer has no endpoints list")
     urls = document["endpoints"]
-    if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+    if not all(isinstance(u, str) and http_url_problem("endpoint", u) is None for u in urls):
         raise DataError("the controller's endpoints are not all http(s) URLs")
     return tuple(dict.fromkeys(u.rstrip("/") for u in urls))
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.errors import ValidationError
+from contracts.urls import http_url_problem
 
 PAGE_RECEIVER = "moeslo-page"
 TICKET_RECEIVER = "moeslo-ticket"
@@ -30,10 +31,8 @@ class ReceiverOptions:
     resolve_timeout: str = "5m"
 
     def __post_init__(self) -> None:
-        bad = [f"{name}: {url!r} is not an http(s) URL"
-               for name, url in (("page_webhook_url", self.page_webhook_url),
-                                 ("ticket_webhook_url", self.ticket_webhook_url))
-               if not url.startswith(("http://", "https://"))]  # fmt: skip
+        urls = (("page_webhook_url", self.page_webhook_url), ("ticket_webhook_url", self.ticket_webhook_url))
+        bad = [problem for name, url in urls if (problem := http_url_problem(name, url)) is not None]
         if bad:
             raise ValidationError(bad)  # Alertmanager would refuse the file at load
 

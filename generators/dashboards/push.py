@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from contracts.errors import DataError, UnavailableError, ValidationError
+from contracts.urls import http_url_problem
 
 INSTALL_HINT = (
     "dashboards push needs grafana-client: "
@@ -47,9 +47,9 @@ def push_dashboards(
     except ImportError as exc:
         raise UnavailableError(INSTALL_HINT) from exc
 
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValidationError(f"url: must be Grafana's http(s) base URL, such as http://grafana:3000, got {url!r}")
+    problem = http_url_problem("url", url)
+    if problem is not None:
+        raise ValidationError(f"{problem} (Grafana's base URL, such as http://grafana:3000)")
     api = GrafanaApi.from_url(url, credential=token, timeout=timeout_s)
     try:
         if folder_uid is not None:

@@ -47,7 +47,7 @@ def test_push_with_a_bad_token_is_refused_and_a_dead_url_is_unavailable() -> Non
     with pytest.raises(UnavailableError, match="cannot reach Grafana"):
         push_dashboards(documents, url=f"http://127.0.0.1:{free_port()}", token="t", timeout_s=2)
     for not_a_url in ("notaurl", "ftp://127.0.0.1/", "http://"):
-        with pytest.raises(ValidationError, match="must be Grafana's http"):
+        with pytest.raises(ValidationError, match="is not an http\\(s\\) URL \\(Grafana's base URL"):
             push_dashboards(documents, url=not_a_url, token="t")
 
 
