@@ -358,21 +358,23 @@ class CapacityModel:
             prefill_tokens_per_s=self.profile.prefill_tokens_per_s / self.profile.uncached_share(hit),
         )
 
-    def meets_targets(self, prediction: Prediction) -> bool:
+    def meets_targets(self, prediction: Prediction, headroom: float | None = None) -> bool:
         t = self.targets
+        room = t.headroom if headroom is None else headroom
         # Prompts so long that their own prefill eats the TTFT budget cannot be helped by more
         # replicas; then size so the queue adds at most a fifth of the target on top of them.
-        ttft_limit = max(t.ttft_s * t.headroom, prediction.ttft_floor_s + 0.2 * t.ttft_s)
+        ttft_limit = max(t.ttft_s * room, prediction.ttft_floor_s + 0.2 * t.ttft_s)
         return (
             prediction.stable
             and prediction.ttft_p99_s <= ttft_limit
-            and prediction.itl_p99_s <= t.itl_s * t.headroom
-            and prediction.kv_utilization <= t.headroom
-            and prediction.running_per_replica <= self.profile.max_num_seqs * t.headroom
+            and prediction.itl_p99_s <= t.itl_s * room
+            and prediction.kv_utilization <= room
+            and prediction.running_per_replica <= self.profile.max_num_seqs * room
         )
 
-    def replicas_needed(self, load: Load) -> int:
-        """The fewest replicas whose predicted p99 TTFT and ITL meet the targets (with headroom).
+    def replicas_needed(self, load: Load, *, headroom: float | None = None) -> int:
+        """The fewest replicas whose predicted p99 TTFT and ITL meet the targets (with ``headroom``, by
+        default the targets' own).
 
         Meeting the targets is monotonic in the replica count, so the answer is the edge between
         counts that fail and counts that pass, searched for outward from the last answer.
@@ -381,7 +383,7 @@ class CapacityModel:
             return 0
 
         def meets(replicas: int) -> bool:
-            return self.meets_targets(self.predict(load, replicas))
+            return self.meets_targets(self.predict(load, replicas), headroom)
 
         guess = min(max(self._last_needed, 1), MAX_REPLICAS)
         if meets(guess):

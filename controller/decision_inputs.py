@@ -22,6 +22,8 @@ def record_observation(inputs: dict[str, Scalar], obs: PolicyObservation, now_s:
         inputs["router_refused_rps"] = obs.router_refused_rps
     inputs["running_requests"] = obs.running_requests
     inputs["request_rate_rps"] = obs.request_rate_rps
+    if obs.request_rate_peak_rps is not None:
+        inputs["request_rate_peak_rps"] = obs.request_rate_peak_rps
     inputs["prompt_tokens_per_s"] = obs.prompt_tokens_per_s
     inputs["output_tokens_per_s"] = obs.output_tokens_per_s
     inputs["kv_cache_usage"] = obs.kv_cache_usage

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from controller.bursts import burst_load
 from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaProfile, Targets
 from controller.entry_demand import offered_load, router_waiting, served_load
 from controller.forecast import AutoForecaster, ForecastConfig
@@ -294,6 +295,10 @@ class PredictiveAdvisor:
     ) -> list[tuple[int, str]]:
         """Replicas the current load needs, and those that drain the queue within the lead time."""
         needs: list[tuple[int, str]] = [(capacity.replicas_needed(now_load), Reason.CURRENT_LOAD)]
+        burst = burst_load(obs, now_load)
+        if burst is not None:
+            # The headroom is for what the model does not see; a burst it sees must only fit the targets.
+            needs.append((capacity.replicas_needed(burst, headroom=1.0), Reason.ARRIVAL_BURST))
         engines, at_entry = obs.queue_depth or 0.0, router_waiting(obs)
         if engines + at_entry > 0:
             # Requests held at the entry router wait for this fleet as much as the engines' own queue.

@@ -337,6 +337,7 @@ class ControllerService:
         runtime.decision = {"action": decision.action, "reasons": list(decision.reasons), "detail": decision.detail}
         runtime.seen = {} if obs is None else _json_safe({
             "request_rate_rps": obs.request_rate_rps,
+            "request_rate_peak_rps": obs.request_rate_peak_rps,
             "prompt_tokens_per_s": obs.prompt_tokens_per_s,
             "output_tokens_per_s": obs.output_tokens_per_s,
             "queue_depth": obs.queue_depth,

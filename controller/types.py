@@ -85,6 +85,9 @@ class Reason(StrEnum):
     FORECAST = "forecast"
     CURRENT_LOAD = "current_load"
     """The load observed now, through the capacity model, needs this many replicas."""
+    ARRIVAL_BURST = "arrival_burst"
+    """The SLI window's busiest half-minute, beyond Poisson noise, needs this many replicas: on/off traffic
+    that one-minute rates average away (``controller.bursts``)."""
     WARMING_UP = "warming_up"
     """The forecaster has too little history yet: the predictive advisor holds the current count."""
     FORECAST_UNRELIABLE = "forecast_unreliable"
@@ -178,6 +181,9 @@ class PolicyObservation:
     running_requests: float | None = None
     """Requests in the running batch, summed over replicas (``vllm:num_requests_running``)."""
     request_rate_rps: float | None = None
+    request_rate_peak_rps: float | None = None
+    """The highest request rate over any half-minute (``controller.bursts.PEAK_STEP_S``) of the SLI window:
+    the bursts that the one-minute ``request_rate_rps`` averages away.  None: the source cannot see them."""
     prompt_tokens_per_s: float | None = None
     output_tokens_per_s: float | None = None
     kv_cache_usage: float | None = None

@@ -41,6 +41,7 @@ import numpy as np
 
 from contracts.catalogue import PROMPT_TOKENS_BUCKETS
 from contracts.errors import ValidationError
+from controller.bursts import PEAK_STEP_S
 from controller.policy import parse_duration_s
 from controller.sources.base import BURN_WINDOWS, RATE_WINDOW_S, SHORT_WINDOW
 from controller.types import PolicyObservation, SliSnapshot
@@ -181,6 +182,21 @@ class MetricsPipeline:
         covered_s = (row - self._back(row, window_s)) * self.tick_s
         return self.increase(tick, name, window_s, scrape_s) / covered_s if covered_s > 0 else 0.0
 
+    def peak_rate(self, tick: int, name: str, window_s: float) -> float | None:
+        """``max_over_time(rate(name[30s])[window:])``: the highest rate between scrapes ``PEAK_STEP_S`` apart
+        in the window ending at the newest scrape (None with fewer than two such scrapes)."""
+        row = self.scrape_row(tick)
+        stride = max(round(max(PEAK_STEP_S, self.scrape_s) / self.tick_s), 1)
+        first = self._back(row, window_s)
+        rows = np.arange(row, first - 1, -max(round(self.scrape_s / self.tick_s), 1))[::-1]
+        if len(rows) < 2:
+            return None
+        values = self._counters[rows, self._column[name]]
+        lag = max(round(stride * self.tick_s / self.scrape_s), 1)
+        if len(values) <= lag:
+            return None
+        return float(np.max(values[lag:] - values[:-lag])) / (stride * self.tick_s)
+
     def gauge(self, tick: int, name: str, scrape_s: float | None = None) -> float | None:
         """The gauge as of the newest scrape (None before the first one, or when the fleet had no value)."""
         row = self.scrape_row(tick, scrape_s)
@@ -220,6 +236,7 @@ class MetricsPipeline:
             queue_depth=self.gauge(tick, "waiting"),
             running_requests=self.gauge(tick, "running"),
             request_rate_rps=self.rate(tick, "finished", window),
+            request_rate_peak_rps=self.peak_rate(tick, "finished", SLI_WINDOW_S),
             prompt_tokens_per_s=self.rate(tick, "prompt_tokens", window),
             output_tokens_per_s=self.rate(tick, "output_tokens", window),
             kv_cache_usage=kv_sum / ready if kv_sum is not None and ready > 0 else None,

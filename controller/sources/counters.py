@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["COARSE_SPACING_S", "FINE_HISTORY_S", "CounterHistory", "counter_rate"]
+__all__ = ["COARSE_SPACING_S", "FINE_HISTORY_S", "CounterHistory", "counter_peak_rate", "counter_rate"]
 
 FINE_HISTORY_S = 3600.0
 COARSE_SPACING_S = 300.0
@@ -69,6 +69,23 @@ class CounterHistory:
         if then is None or then[0] >= now_s:
             return None
         return self.totals[key] - then[1], now_s - then[0]
+
+
+def counter_peak_rate(history: CounterHistory, key: str, now_s: float, window_s: float, step_s: float) -> float | None:
+    """The highest per-second increase of ``key`` between reads at least ``step_s`` apart, both in the window
+    (``max_over_time(rate(key[step])[window:])``); None without two such reads."""
+    reads = [(at_s, totals[key]) for at_s, totals in history.points if at_s >= now_s - window_s and key in totals]
+    peak: float | None = None
+    start = 0
+    for at_s, value in reads:
+        # The latest read at least step_s before this one (reads are in time order).
+        while start + 1 < len(reads) and reads[start + 1][0] <= at_s - step_s:
+            start += 1
+        then_s, then = reads[start]
+        if at_s - then_s >= step_s:
+            rate = (value - then) / (at_s - then_s)
+            peak = rate if peak is None else max(peak, rate)
+    return peak
 
 
 def counter_rate(history: CounterHistory, key: str, now_s: float, window_s: float) -> float | None:

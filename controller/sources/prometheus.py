@@ -21,6 +21,15 @@ so their number does not grow with the number of policies:
 
 - p99s with ``histogram_quantile(0.99, sum by (model_name, le) (rate(..._bucket[5m])))``;
 - queue, running batch, KV usage, request and token rates, engine count;
+- the SLI window's peak half-minute request rate, for on/off bursts the one-minute
+  rate averages away (``controller.bursts``)::
+
+      max_over_time(sum by (model_name) (rate(vllm:request_success_total{...}[30s]))[5m:5s])
+
+  A 30 s range needs scrapes at most 15 s apart (our PodMonitors' interval); with
+  slower scrapes the query has no value and no burst is seen.  The subquery's
+  points are 5 s apart (aligned to the epoch, as Prometheus aligns them), so a
+  burst shows within 5 s of its scrape;
 - per-layer expert imbalance (``moe_layer_imbalance_cv``);
 - the entry router's queue and its refusals, for policies that name a router: one
   ``sum(moeslo_router_queued_requests{<router labels>})`` and one
@@ -58,6 +67,7 @@ from contracts.catalogue import (
     total,
 )
 from contracts.errors import UnavailableError
+from controller.bursts import PEAK_STEP_S
 from controller.policy import Policy, parse_duration_s
 from controller.slo import format_duration
 from controller.sources.base import (
@@ -151,6 +161,10 @@ class PrometheusClient:
             await self._client.aclose()
 
 
+PEAK_RESOLUTION = "5s"
+"""The step of the peak rate's subquery."""
+
+
 class PrometheusSource:
     """Observations for policies from PromQL; see the module docstring."""
 
@@ -209,6 +223,10 @@ class PrometheusSource:
         queries["engines"] = f"count by (model_name) ({RUNNING}{sel})"
         queries["kv"] = f"avg by (model_name) ({KV_CACHE_USAGE}{sel})"
         queries["requests"] = f"sum by (model_name) (rate({REQUESTS_TOTAL}{sel}[{self.rate_window}]))"
+        queries["requests_peak"] = (
+            f"max_over_time(sum by (model_name) (rate({REQUESTS_TOTAL}{sel}[{format_duration(PEAK_STEP_S)}]))"
+            f"[{self.sli_window}:{PEAK_RESOLUTION}])"
+        )
         queries["prompt_tokens"] = f"sum by (model_name) (rate({PROMPT_TOKENS_TOTAL}{sel}[{self.rate_window}]))"
         queries["output_tokens"] = f"sum by (model_name) (rate({GENERATION_TOKENS_TOTAL}{sel}[{self.rate_window}]))"
         queries["imbalance"] = f"max by (model_name, layer) ({LAYER_IMBALANCE_CV}{sel})"
@@ -281,10 +299,7 @@ class PrometheusSource:
                 by_window[slo][window] = min(1.0, max(0.0, good / total))
                 if window == self.sli_window:
                     events[slo] = total
-        layers = sorted(
-            ((int(labels.get("layer", "0")), value) for labels, value in results.get("imbalance", [])
-             if labels.get("model_name") == model and labels.get("layer", "").isdigit()),
-        )
+        layers = _layers(results.get("imbalance", []), model)
         sli = SliSnapshot(
             observed_at_s=now_s,
             window_s=float(parse_duration_s(self.sli_window)),
@@ -296,7 +311,7 @@ class PrometheusSource:
             itl_p99_s=_value(results.get("itl:p99"), model),
             ttft_good_ratio_by_window=by_window["ttft"],
             itl_good_ratio_by_window=by_window["itl"],
-            imbalance_cv_per_layer=tuple(value for _, value in layers),
+            imbalance_cv_per_layer=layers,
             prompt_tokens_buckets=_buckets(results.get("prompt_lengths"), model),
         )
         engines = _value(results.get("engines"), model)
@@ -310,6 +325,7 @@ class PrometheusSource:
             router_refused_rps=_router_refused(policy, results, queued),
             running_requests=_value(results.get("running"), model),
             request_rate_rps=_value(results.get("requests"), model),
+            request_rate_peak_rps=_value(results.get("requests_peak"), model),
             prompt_tokens_per_s=_value(results.get("prompt_tokens"), model),
             output_tokens_per_s=_value(results.get("output_tokens"), model),
             kv_cache_usage=_value(results.get("kv"), model),
@@ -317,6 +333,13 @@ class PrometheusSource:
             sli=sli,
             errors=tuple(dict.fromkeys(problems)),
         )
+
+
+def _layers(vector: Vector, model: str) -> tuple[float, ...]:
+    """The model's per-layer imbalance, in layer order."""
+    by_layer = sorted((int(labels["layer"]), value) for labels, value in vector
+                      if labels.get("model_name") == model and labels.get("layer", "").isdigit())  # fmt: skip
+    return tuple(value for _, value in by_layer)
 
 
 def _by_window(windows: Sequence[str], before: str, after: str) -> str:

@@ -37,6 +37,7 @@ from contracts.catalogue import (
     TTFT_NORMALIZED_HISTOGRAM,
     WAITING,
 )
+from controller.bursts import PEAK_STEP_S
 from controller.policy import Policy, parse_duration_s
 from controller.slo import format_duration
 from controller.sources.base import (
@@ -57,7 +58,7 @@ from controller.sources.base import (
     ttft_key,
     windows_for,
 )
-from controller.sources.counters import CounterHistory, counter_rate
+from controller.sources.counters import CounterHistory, counter_peak_rate, counter_rate
 from controller.sources.router_page import RefusalRates, RouterReading, parse_router_page, with_router
 from controller.ttft_series import allowance_from_labels
 from controller.types import PolicyObservation, SliSnapshot
@@ -330,6 +331,7 @@ class ScrapeSource:
             queue_depth=sum(s.waiting for s in live) if live else None,
             running_requests=sum(s.running for s in live) if live else None,
             request_rate_rps=counter_rate(history, "requests", now_s, self.rate_window_s),
+            request_rate_peak_rps=counter_peak_rate(history, "requests", now_s, sli_window_s, PEAK_STEP_S),
             prompt_tokens_per_s=counter_rate(history, "prompt_tokens", now_s, self.rate_window_s),
             output_tokens_per_s=counter_rate(history, "output_tokens", now_s, self.rate_window_s),
             kv_cache_usage=sum(kv_values) / len(kv_values) if kv_values else None,

@@ -35,6 +35,16 @@ def test_replicas_needed_is_the_smallest_fleet_that_meets_the_targets() -> None:
         assert n == 1 or not model.meets_targets(model.predict(load(rate), n - 1))
 
 
+def test_a_headroom_given_replaces_the_targets_own() -> None:
+    model = CapacityModel(DEFAULT_PROFILE)  # headroom 0.85
+    for rate in (7.0, 55.0, 900.0):
+        exact = model.replicas_needed(load(rate), headroom=1.0)
+        assert model.meets_targets(model.predict(load(rate), exact), 1.0)
+        assert exact == 1 or not model.meets_targets(model.predict(load(rate), exact - 1), 1.0)
+        assert exact <= model.replicas_needed(load(rate))
+    assert model.replicas_needed(load(900.0), headroom=1.0) < model.replicas_needed(load(900.0))
+
+
 def test_inverts_a_known_profile_and_pools_replicas() -> None:
     # One replica sustains r* requests/s within the targets.  n * r* needs at most n replicas: behind
     # least-loaded routing a request waits only when every replica is busy (M/G/N), so pooling helps.

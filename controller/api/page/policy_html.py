@@ -115,7 +115,8 @@ def _now_panel(data: PolicyData) -> Markup:
     ])
 
 
-_SEEN = (("request_rate_rps", "{} req/s"), ("queue_depth", "queue {}"), ("router_queued", "{} held at the router"),
+_SEEN = (("request_rate_rps", "{} req/s"), ("request_rate_peak_rps", "busiest half-minute {} req/s"),
+         ("queue_depth", "queue {}"), ("router_queued", "{} held at the router"),
          ("router_refused_rps", "{} req/s refused at the router"), ("kv_cache_usage", "KV cache {}"),
          ("ready_replicas", "{} ready"), ("replica_budget", "room for {} replicas"))
 

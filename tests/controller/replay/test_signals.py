@@ -62,3 +62,17 @@ def test_an_overloaded_fleet_reports_what_it_serves() -> None:
     assert obs.request_rate_rps is not None and obs.request_rate_rps < 30.0  # 100 offered
     assert obs.queue_depth is not None and obs.queue_depth > 1000.0
     assert obs.kv_cache_usage is not None and obs.kv_cache_usage <= 1.0
+
+
+def test_the_peak_rate_is_the_busiest_half_minute_between_scrapes_of_the_sli_window() -> None:
+    pipeline = MetricsPipeline(tick_s=15.0, ticks=40, scrape_s=30.0)
+    finished = [0.0] * 40
+    finished[5] = 600.0  # 600 requests in tick 5 (75-90 s): scraped between 60 s and 90 s
+    for k in range(40):
+        pipeline.record(k, sample(finished=finished[k]))
+    assert pipeline.peak_rate(0, "finished", 300.0) is None  # one scrape is no rate
+    assert pipeline.peak_rate(7, "finished", 300.0) == pytest.approx(600.0 / 30.0)
+    obs = pipeline.observation(7, 120.0, current_replicas=1)
+    assert obs.request_rate_peak_rps == pytest.approx(20.0) and obs.request_rate_rps == pytest.approx(10.0)
+    # Five minutes on, the burst has left the SLI window.
+    assert pipeline.peak_rate(27, "finished", 300.0) == 0.0

@@ -225,6 +225,7 @@ def test_slis_from_a_real_prometheus(prometheus_and_engine: tuple[Prometheus, En
     engine.kv.set(0.4)
     engine.set_imbalance([0.08, 0.31])
     prom.wait_for_scrapes(2)
+    time.sleep(5.0)  # the peak rate's subquery steps are 5 s apart, aligned to the epoch: one after the burst
     source = PrometheusSource(PrometheusClient(prom.url))
 
     async def scenario() -> None:
@@ -240,6 +241,9 @@ def test_slis_from_a_real_prometheus(prometheus_and_engine: tuple[Prometheus, En
         assert obs.sli.itl_events_in_window / obs.sli.requests_in_window == pytest.approx(0.5, rel=1e-6)
         assert obs.sli.ttft_p99_s is not None and 0.75 < obs.sli.ttft_p99_s <= 1.0
         assert obs.queue_depth == 6 and obs.kv_cache_usage == 0.4 and obs.ready_replicas == 1
+        # The 200 requests landed between two scrapes: the busiest half-minute holds all of them.
+        assert obs.request_rate_peak_rps is not None and obs.request_rate_rps is not None
+        assert obs.request_rate_peak_rps > 1.5 * obs.request_rate_rps
         assert obs.sli.imbalance_cv_per_layer == (0.08, 0.31)
         # Prometheus goes down: the last good values are held with the error; it comes back: recovered.
         prom.stop()

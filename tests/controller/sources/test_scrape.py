@@ -96,6 +96,29 @@ def test_rates_cover_the_configured_window_only() -> None:
         asyncio.run(source.aclose())
 
 
+def test_the_peak_rate_is_the_busiest_half_minute_of_the_sli_window() -> None:
+    engine = EngineMetrics(MODEL)
+    server = MetricsServer(engine)
+    policy = _policy([server.url])
+    source = ScrapeSource(lambda p: p.target.endpoints)  # type: ignore[union-attr]
+
+    async def scenario() -> None:
+        first = (await source.observe([policy], 0.0))["p"]
+        assert first.request_rate_peak_rps is None  # one read is no rate
+        for at_s in (10.0, 20.0, 30.0, 40.0, 50.0, 60.0):
+            engine.requests([0.1] * (300 if at_s == 20.0 else 10))  # a burst of 300 in the 10 s before 20 s
+            latest = (await source.observe([policy], at_s))["p"]
+        # Reads 30 s apart: 0-30 s (10 + 300 + 10) and 10-40 s and 20-50 s hold the burst, 30-60 s does not.
+        assert latest.request_rate_peak_rps == pytest.approx(320 / 30)
+        assert latest.request_rate_rps == pytest.approx(350 / 60)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+        asyncio.run(source.aclose())
+
+
 def test_the_sli_window_is_the_configured_one_and_forgets_an_old_burn() -> None:
     engine = EngineMetrics(MODEL)
     server = MetricsServer(engine)
