@@ -20,6 +20,7 @@ _OBSERVATION_FIELDS = (
     "router_refused_rps",
     "running_requests",
     "request_rate_rps",
+    "request_rate_peak_rps",
     "prompt_tokens_per_s",
     "output_tokens_per_s",
     "kv_cache_usage",
@@ -62,6 +63,7 @@ def _plausible(obs: PolicyObservation) -> bool:
         and (kv is None or 0.0 <= kv <= _RATIO_MAX)
         and (obs.router_queued is None or 0.0 <= obs.router_queued < inf)
         and (obs.router_refused_rps is None or 0.0 <= obs.router_refused_rps < inf)
+        and (obs.request_rate_peak_rps is None or 0.0 <= obs.request_rate_peak_rps < inf)
         and (obs.current_replicas is None or obs.current_replicas >= 0)
         and (obs.ready_replicas is None or obs.ready_replicas >= 0)
         and (obs.replica_budget is None or obs.replica_budget >= 0)

@@ -420,10 +420,10 @@ def test_nan_and_garbage_values_count_as_unknown() -> None:
     assert (decision.action, decision.desired_replicas) == ("hold", 4)
     assert decision.inputs["invalid_fields"] == "queue_depth,sli.ttft_good_ratio,sli.itl_good_ratio"
     assert decision.inputs["queue_depth"] is None
-    garbage = observe(999.0, queue_depth=-3.0, kv_cache_usage=7.0)
+    garbage = observe(999.0, queue_depth=-3.0, kv_cache_usage=7.0, request_rate_peak_rps=math.inf)
     held = tick(DecisionCore(), 1000.0, garbage)
     assert held.action == "hold"
-    assert held.inputs["invalid_fields"] == "queue_depth,kv_cache_usage"
+    assert held.inputs["invalid_fields"] == "queue_depth,request_rate_peak_rps,kv_cache_usage"
     assert tick(DecisionCore(), 1000.0, idle(math.nan)).reasons == ("hold", "insufficient_data")
     assert tick(DecisionCore(), 1000.0, idle(999.0, current_replicas=-1)).reasons == ("hold", "insufficient_data")
 
