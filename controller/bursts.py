@@ -1,20 +1,20 @@
 """Arrival bursts that one-minute rates average away (pure).
 
 Some traffic is on/off at the scale of seconds: the Azure 2023 code trace sends two thousand
-requests in fifteen seconds after a quiet minute.  A one-minute rate sees half of that, and a
+requests in fifteen seconds between quiet half-minutes.  A one-minute rate sees half of that, and a
 fleet sized for it meets the next burst short.  So the sources also report the highest request
 rate over any :data:`PEAK_STEP_S` of the SLI window, and the advisors size for the load of that
 half-minute as well as for the last minute's: to the targets themselves, without the headroom the
 last minute's load is sized with (the headroom is for what the model does not see, and this it
-sees; with it, the Azure conversation trace's mild half-minute swings cost 10 % more replicas
-in the replay, and 3-4 % without).
+sees; with it, the Azure conversation trace's mild half-minute swings cost up to 10 % more
+replica-hours in the replay, and 3-6 % without).
 
 Poisson arrivals have busier and quieter half-minutes too, and the queueing model already
 allows for those: only the part of the peak beyond :data:`POISSON_Z` standard deviations of a
 Poisson count at the window's mean rate counts as a burst.  Smooth traffic therefore asks for
 next to nothing more (Poisson at 10 requests/s: one five-minute window in 25 to 75 shows a
-"burst", of under 10 %), and a burst still counts for the SLI window after it (the stabilization window then
-holds its need for the cooldown).
+"burst", of under 10 %).  A burst counts for the SLI window after it, and the stabilization
+window then holds its need for the cooldown.
 """
 
 from __future__ import annotations
