@@ -33,7 +33,8 @@ def up(
         Path | None, typer.Option(help="Trace file (default: a bundled day of Azure 2024 counts, its morning rise).")
     ] = None,
     base_load: Annotated[
-        float, typer.Option(help="The quiet start of the load, as a share of one replica's measured capacity.")
+        float, typer.Option(help="The quiet start of the load, as a share of one replica's capacity (the capacity "
+                                  "model's, at most what the replicas held in the profile).")
     ] = 0.7,
     arrivals: Annotated[
         str, typer.Option(help="Arrivals of the count trace: even (its shape at full volume) or poisson.")

@@ -118,12 +118,17 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
     # The controller sizes a replica for no more than the load is sized from: its latency lines come
     # from medians, and said 1.6-4.5x what the replicas held in six runs (docs/benchmarks.md).
     profile = profile.model_copy(update={"max_request_rate_rps": capacity})
-    base = options.base_load * capacity
+    # The quiet start is base_load of what the controller's own model says a replica sustains (at most
+    # what it held): started from the held rate where the model's line is lower, the first tick's load
+    # already asked for the second replica, and the forecast had no rise left to scale ahead of.
+    sustained = sustainable_rate_rps(profile, prompt_tokens=prompt, output_tokens=output)
+    base = options.base_load * sustained
     state.profile = {"profile": profile.model_dump(mode="json"), "replica_rate_rps": capacity,
                      "base_rate_rps": base}
     state.event(f"profiled {len(urls)} replica(s) loaded at once: the load is sized from {capacity:.2f} requests/s "
                 f"a replica (ITL {profile.itl_base_s * 1000:.1f} ms + {profile.itl_per_seq_s * 1000:.2f} ms per "
                 f"sequence, "
                 f"prefill {profile.prefill_tokens_per_s:.0f} tokens/s, a cached prompt token costing "
-                f"{profile.cached_token_cost:.2f} of a computed one); the load starts at {base:.2f} requests/s")
+                f"{profile.cached_token_cost:.2f} of a computed one); the load starts at {base:.2f} requests/s "
+                f"({options.base_load:g} of the {sustained:.2f} the capacity model then gives a replica)")
     return {"profile": profile.model_dump(mode="json"), "base_rate_rps": base}

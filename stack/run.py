@@ -23,6 +23,7 @@ import contextlib
 import csv
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -99,6 +100,26 @@ def policy_document(
     return document
 
 
+RUN_STATE = ("controller.db", "controller.db-shm", "controller.db-wal", "prometheus", "alertmanager")
+"""What a run leaves in its output folder that the next run must not inherit: the controller's pending
+verifications, Prometheus's series and Alertmanager's record of pages sent (which would silence the next
+run's pages for hours)."""
+
+
+def clear_last_run(out: Path) -> bool:
+    """Remove the last run's state from ``out``; True when there was some."""
+    found = False
+    for name in RUN_STATE:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+            found = True
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+            found = True
+    return found
+
+
 class LocalStack:
     """Starts the processes, drives the load, samples, and stops everything."""
 
@@ -120,6 +141,9 @@ class LocalStack:
     def start(self, progress: Callable[[str], None]) -> None:
         opts, state = self.options, self.state
         opts.out.mkdir(parents=True, exist_ok=True)
+        if clear_last_run(opts.out):
+            progress(f"a new run: the last run's controller database and Prometheus and Alertmanager data in "
+                     f"{opts.out} are removed")
         progress("writing the checkpoint (skewed router)")
         self.checkpoint = checkpoint = _checkpoint(opts)
         # The profile runs on a replica of its own before anything scrapes: its deliberate

@@ -43,7 +43,8 @@ class StackOptions:
     (:data:`harness.loadgen.ArrivalProcess`)."""
     base_load: float = 0.7
     """The quiet start of a count trace, as a share of the request rate one replica sustains within
-    the objectives (from the profile the stack measures).  The bundled morning is 1.34x its start at
+    the objectives: what the controller's capacity model says, from the profile the stack measures,
+    and at most what the replicas held there.  The bundled morning is 1.34x its start at
     28 s and 1.45x at 42 s (of 120), so at 0.7 the rise needs a second replica from about 30-40 s,
     before the fault; at 0.55 it peaked at 0.8 of one replica until the last 15 s."""
     length_scale: float = 0.1
