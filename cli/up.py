@@ -21,7 +21,7 @@ def _arrivals(value: str) -> ArrivalProcess:
 
 def up(
     duration: Annotated[float, typer.Option(callback=positive, help="Seconds of load before the summary.")] = 120.0,
-    out: Annotated[Path, typer.Option(help="Folder for logs, the database, summary.json and plots.")] = Path(
+    out: Annotated[Path, typer.Option(help="Folder for logs, state, summary.json and plots (a run's own).")] = Path(
         "demo-out"
     ),
     checkpoint: Annotated[Path | None, typer.Option(help="Checkpoint (default: random, skewed router).")] = None,
@@ -33,8 +33,7 @@ def up(
         Path | None, typer.Option(help="Trace file (default: a bundled day of Azure 2024 counts, its morning rise).")
     ] = None,
     base_load: Annotated[
-        float, typer.Option(help="The quiet start of the load, as a share of one replica's capacity (the capacity "
-                                  "model's, at most what the replicas held in the profile).")
+        float, typer.Option(help="The quiet start of the load, as a share of the capacity model's rate a replica.")
     ] = 0.7,
     arrivals: Annotated[
         str, typer.Option(help="Arrivals of the count trace: even (its shape at full volume) or poisson.")

@@ -12,9 +12,10 @@ replica-hours in the replay, and 3-6 % without).
 Poisson arrivals have busier and quieter half-minutes too, and the queueing model already
 allows for those: only the part of the peak beyond :data:`POISSON_Z` standard deviations of a
 Poisson count at the window's mean rate counts as a burst.  Smooth traffic therefore asks for
-next to nothing more (Poisson at 10 requests/s: one five-minute window in 25 to 75 shows a
-"burst", of under 10 %).  A burst counts for the SLI window after it, and the stabilization
-window then holds its need for the cooldown.
+next to nothing more (Poisson arrivals, the last minute's rate and the window's mean read from
+the same counts: under 1 % of five-minute windows show a "burst" at 10 requests/s, of under 10 %
+over the mean; about 1 % at 1 request/s, of up to 30 %).  A burst counts for the SLI window
+after it, and the stabilization window then holds its need for the cooldown.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from controller.types import PolicyObservation
 __all__ = ["PEAK_STEP_S", "POISSON_Z", "burst_load", "peak_beyond_noise_rps"]
 
 PEAK_STEP_S = 30.0
-"""The sub-window of the peak rate: two scrapes at kube-prometheus-stack's default interval (30 s), three at
-our PodMonitors' (15 s)."""
+"""The sub-window of the peak rate: consecutive scrapes at kube-prometheus-stack's default interval (30 s),
+every other one at our PodMonitors' (15 s)."""
 
 POISSON_Z = 3.0
 """A half-minute this many Poisson standard deviations above the window's mean is a burst (about 1 in 700 by
@@ -45,8 +46,8 @@ def burst_load(obs: PolicyObservation, served: Load) -> Load | None:
     """The load of the SLI window's busiest half-minute, at the last minute's lengths.
 
     None when there is no burst: no peak or SLI window reported, nothing served in the last minute
-    (no lengths to size with), or a peak within Poisson noise of the window's mean, or below the
-    last minute's rate.
+    (no lengths to size with), or a peak within Poisson noise of the window's mean, or, less that
+    noise, below the last minute's rate or the window's mean.
     """
     sli = obs.sli
     peak = obs.request_rate_peak_rps
@@ -54,7 +55,10 @@ def burst_load(obs: PolicyObservation, served: Load) -> Load | None:
         return None
     if served.request_rate_rps <= 0 or not math.isfinite(peak):
         return None
-    bursting = peak_beyond_noise_rps(peak, sli.requests_in_window / sli.window_s)
-    if bursting <= served.request_rate_rps:
+    mean_rps = sli.requests_in_window / sli.window_s
+    bursting = peak_beyond_noise_rps(peak, mean_rps)
+    # Against the window's mean as well as the last minute's rate: a minute that reads low by chance is
+    # no burst after it.
+    if bursting <= max(served.request_rate_rps, mean_rps):
         return None
     return served.scaled(bursting / served.request_rate_rps)

@@ -293,7 +293,8 @@ class PredictiveAdvisor:
     def _load_needs(
         policy: Policy, capacity: CapacityModel, obs: PolicyObservation, now_load: Load, ready: int
     ) -> list[tuple[int, str]]:
-        """Replicas the current load needs, and those that drain the queue within the lead time."""
+        """Replicas the current load needs, the SLI window's busiest half-minute needs, and those that drain the
+        queue within the lead time."""
         needs: list[tuple[int, str]] = [(capacity.replicas_needed(now_load), Reason.CURRENT_LOAD)]
         burst = burst_load(obs, now_load)
         if burst is not None:

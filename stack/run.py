@@ -105,9 +105,15 @@ RUN_STATE = ("controller.db", "controller.db-shm", "controller.db-wal", "prometh
 verifications, Prometheus's series and Alertmanager's record of pages sent (which would silence the next
 run's pages for hours)."""
 
+RUN_MARKER = ".moeslo-up"
+"""Written into the output folder by every run: only a folder that has it (or the controller.yaml of a
+run from before the marker) is cleared, so ``--out`` pointed at someone else's folder loses nothing."""
+
 
 def clear_last_run(out: Path) -> bool:
-    """Remove the last run's state from ``out``; True when there was some."""
+    """Remove the last run's state from ``out`` if a run made it; True when there was some."""
+    if not (out / RUN_MARKER).is_file() and not (out / "controller.yaml").is_file():
+        return False
     found = False
     for name in RUN_STATE:
         path = out / name
@@ -115,7 +121,7 @@ def clear_last_run(out: Path) -> bool:
             shutil.rmtree(path)
             found = True
         elif path.exists() or path.is_symlink():
-            path.unlink()
+            path.unlink()  # a link itself, never what it points to
             found = True
     return found
 
@@ -144,6 +150,7 @@ class LocalStack:
         if clear_last_run(opts.out):
             progress(f"a new run: the last run's controller database and Prometheus and Alertmanager data in "
                      f"{opts.out} are removed")
+        (opts.out / RUN_MARKER).write_text("moeslo up writes its run's state here; the next run clears it\n")
         progress("writing the checkpoint (skewed router)")
         self.checkpoint = checkpoint = _checkpoint(opts)
         # The profile runs on a replica of its own before anything scrapes: its deliberate

@@ -19,7 +19,8 @@ each controller with what its real counterpart reads (sources in
   scrapes ``W`` apart (no extrapolation);
 - :meth:`MetricsPipeline.observation` is the production source's view
   (:mod:`controller.sources.prometheus`): sums of the gauges, ``rate(...[1m])``
-  of requests and tokens, a :class:`SliSnapshot` over the last 5 minutes (good
+  of requests and tokens, the highest request rate between scrapes 30 s apart in the
+  SLI window (:mod:`controller.bursts`), a :class:`SliSnapshot` over the last 5 minutes (good
   ratios, p99s, requests in the window) and good ratios over the burn windows,
   the engine count from the scrape, the replica count asked for from the
   orchestrator (no lag);
@@ -183,19 +184,16 @@ class MetricsPipeline:
         return self.increase(tick, name, window_s, scrape_s) / covered_s if covered_s > 0 else 0.0
 
     def peak_rate(self, tick: int, name: str, window_s: float) -> float | None:
-        """``max_over_time(rate(name[30s])[window:])``: the highest rate between scrapes ``PEAK_STEP_S`` apart
-        in the window ending at the newest scrape (None with fewer than two such scrapes)."""
+        """``max_over_time(rate(name[...])[window:])``: the highest rate between scrapes at least ``PEAK_STEP_S``
+        apart in the window ending at the newest scrape (None with no two such scrapes)."""
         row = self.scrape_row(tick)
-        stride = max(round(max(PEAK_STEP_S, self.scrape_s) / self.tick_s), 1)
-        first = self._back(row, window_s)
-        rows = np.arange(row, first - 1, -max(round(self.scrape_s / self.tick_s), 1))[::-1]
-        if len(rows) < 2:
+        row_step = max(round(self.scrape_s / self.tick_s), 1)  # ticks between scrapes
+        lag = max(math.ceil(PEAK_STEP_S / (row_step * self.tick_s) - 1e-9), 1)  # scrapes per peak step
+        rows = np.arange(row, self._back(row, window_s) - 1, -row_step)[::-1]
+        if len(rows) <= lag:
             return None
         values = self._counters[rows, self._column[name]]
-        lag = max(round(stride * self.tick_s / self.scrape_s), 1)
-        if len(values) <= lag:
-            return None
-        return float(np.max(values[lag:] - values[:-lag])) / (stride * self.tick_s)
+        return float(np.max(values[lag:] - values[:-lag])) / (lag * row_step * self.tick_s)
 
     def gauge(self, tick: int, name: str, scrape_s: float | None = None) -> float | None:
         """The gauge as of the newest scrape (None before the first one, or when the fleet had no value)."""

@@ -24,12 +24,14 @@ so their number does not grow with the number of policies:
 - the SLI window's peak half-minute request rate, for on/off bursts the one-minute
   rate averages away (``controller.bursts``)::
 
-      max_over_time(sum by (model_name) (rate(vllm:request_success_total{...}[30s]))[5m:5s])
+      max_over_time(sum by (model_name) (rate(vllm:request_success_total{...}[45s]))[5m:5s])
 
-  A 30 s range needs scrapes at most 15 s apart (our PodMonitors' interval); with
-  slower scrapes the query has no value and no burst is seen.  The subquery's
-  points are 5 s apart (aligned to the epoch, as Prometheus aligns them), so a
-  burst shows within 5 s of its scrape;
+  A 45 s range holds three scrapes 30 s apart at our PodMonitors' 15 s interval, and
+  two at kube-prometheus-stack's default 30 s: ``rate()`` then reads the increase over
+  about 30 s either way (over the samples' span, not the range).  A 30 s range would
+  hold two samples 15 s apart at 15 s, a rate over 15 s (twice as noisy as the Poisson
+  allowance assumes), and none at 30 s.  The subquery's points are 5 s apart (aligned
+  to the epoch, as Prometheus aligns them), so a burst shows within 5 s of its scrape;
 - per-layer expert imbalance (``moe_layer_imbalance_cv``);
 - the entry router's queue and its refusals, for policies that name a router: one
   ``sum(moeslo_router_queued_requests{<router labels>})`` and one
@@ -163,6 +165,8 @@ class PrometheusClient:
 
 PEAK_RESOLUTION = "5s"
 """The step of the peak rate's subquery."""
+PEAK_RANGE = format_duration(PEAK_STEP_S + 15.0)
+"""The range of the peak rate: samples about ``PEAK_STEP_S`` apart at 15 s and at 30 s scrapes alike."""
 
 
 class PrometheusSource:
@@ -224,7 +228,7 @@ class PrometheusSource:
         queries["kv"] = f"avg by (model_name) ({KV_CACHE_USAGE}{sel})"
         queries["requests"] = f"sum by (model_name) (rate({REQUESTS_TOTAL}{sel}[{self.rate_window}]))"
         queries["requests_peak"] = (
-            f"max_over_time(sum by (model_name) (rate({REQUESTS_TOTAL}{sel}[{format_duration(PEAK_STEP_S)}]))"
+            f"max_over_time(sum by (model_name) (rate({REQUESTS_TOTAL}{sel}[{PEAK_RANGE}]))"
             f"[{self.sli_window}:{PEAK_RESOLUTION}])"
         )
         queries["prompt_tokens"] = f"sum by (model_name) (rate({PROMPT_TOKENS_TOTAL}{sel}[{self.rate_window}]))"

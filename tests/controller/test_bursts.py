@@ -41,14 +41,23 @@ def test_a_burst_is_sized_at_the_last_minutes_lengths() -> None:
     assert model.replicas_needed(burst) > model.replicas_needed(LAST_MINUTE)
 
 
-def test_poisson_half_minutes_are_rarely_a_burst_and_never_much_of_one() -> None:
-    # The busiest of ten half-minutes of Poisson arrivals at 10 rps, over a thousand windows.
+@pytest.mark.parametrize("rate_rps", [1.0, 10.0, 100.0])
+def test_poisson_half_minutes_are_rarely_a_burst_and_never_much_of_one(rate_rps: float) -> None:
+    # Ten half-minutes of Poisson arrivals, a thousand times: the last minute's rate and the window's
+    # mean are read from the same counts as the peak, each with its own noise.
     rng = np.random.default_rng(0)
-    peaks = rng.poisson(10.0 * PEAK_STEP_S, size=(1000, 10)).max(axis=1) / PEAK_STEP_S
-    bursts = [burst_load(observation(float(p), 10.0), LAST_MINUTE) for p in peaks]
-    flagged = [b.request_rate_rps for b in bursts if b is not None]
-    assert len(flagged) <= 0.05 * len(peaks)
-    assert max(flagged, default=10.0) <= 11.0
+    counts = rng.poisson(rate_rps * PEAK_STEP_S, size=(1000, 10)).astype(float)
+    excess = []
+    for window in counts:
+        minute = window[-2:].sum() / 60.0
+        served = Load(request_rate_rps=minute, prompt_tokens_per_s=minute * 1000.0,
+                      output_tokens_per_s=minute * 200.0)  # fmt: skip
+        burst = burst_load(observation(float(window.max()) / PEAK_STEP_S, float(window.mean()) / PEAK_STEP_S), served)
+        if burst is not None:
+            excess.append(burst.request_rate_rps / (window.mean() / PEAK_STEP_S))
+    assert len(excess) <= 0.03 * len(counts)
+    # At most about one more Poisson allowance over the window's mean (7 % at 10 rps, 30 % at 1 rps).
+    assert max(excess, default=1.0) <= 1.0 + POISSON_Z / math.sqrt(rate_rps * PEAK_STEP_S)
 
 
 @pytest.mark.parametrize(

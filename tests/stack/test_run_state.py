@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stack.run import RUN_STATE, clear_last_run
+from stack.run import RUN_MARKER, RUN_STATE, clear_last_run
 
 
 def test_the_last_runs_state_is_removed_and_everything_else_kept(tmp_path: Path) -> None:
+    (tmp_path / RUN_MARKER).write_text("a run was here")
     (tmp_path / "controller.db").write_text("verifications pending")
     (tmp_path / "controller.db-wal").write_text("wal")
     (tmp_path / "alertmanager" / "data").mkdir(parents=True)
@@ -20,3 +21,23 @@ def test_the_last_runs_state_is_removed_and_everything_else_kept(tmp_path: Path)
     assert not any((tmp_path / name).exists() for name in RUN_STATE)
     assert (tmp_path / "checkpoint" / "config.json").exists() and (tmp_path / "summary.json").exists()
     assert not clear_last_run(tmp_path)  # nothing left to clear
+
+
+def test_a_folder_no_run_made_loses_nothing(tmp_path: Path) -> None:
+    (tmp_path / "prometheus").mkdir()
+    (tmp_path / "prometheus" / "prometheus").write_text("someone's binary")
+    (tmp_path / "controller.db").write_text("someone's database")
+    assert not clear_last_run(tmp_path)
+    assert (tmp_path / "prometheus" / "prometheus").exists() and (tmp_path / "controller.db").exists()
+
+
+def test_a_link_is_removed_and_what_it_points_to_kept(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("not the run's")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / RUN_MARKER).write_text("a run was here")
+    (out / "prometheus").symlink_to(elsewhere, target_is_directory=True)
+    assert clear_last_run(out)
+    assert not (out / "prometheus").exists() and (elsewhere / "keep").exists()

@@ -76,3 +76,13 @@ def test_the_peak_rate_is_the_busiest_half_minute_between_scrapes_of_the_sli_win
     assert obs.request_rate_peak_rps == pytest.approx(20.0) and obs.request_rate_rps == pytest.approx(10.0)
     # Five minutes on, the burst has left the SLI window.
     assert pipeline.peak_rate(27, "finished", 300.0) == 0.0
+
+
+@pytest.mark.parametrize(("tick_s", "scrape_s"), [(15.0, 30.0), (60.0, 30.0), (15.0, 5.0), (15.0, 10.0), (10.0, 15.0),
+                                                  (5.0, 15.0)])  # fmt: skip
+def test_a_steady_rate_peaks_at_itself_whatever_the_tick_and_scrape(tick_s: float, scrape_s: float) -> None:
+    ticks = 60
+    pipeline = MetricsPipeline(tick_s=tick_s, ticks=ticks, scrape_s=scrape_s)
+    for k in range(ticks):
+        pipeline.record(k, sample(finished=10.0 * tick_s))
+    assert pipeline.peak_rate(ticks - 1, "finished", 300.0) == pytest.approx(10.0)

@@ -56,6 +56,9 @@ def test_rates_are_taken_over_the_configured_window() -> None:
         assert default.queries([POLICY])[key].endswith("[1m]))")
         assert short.queries([POLICY])[key].endswith("[10s]))")
     assert short.queries([POLICY])["ttft:p99"] == default.queries([POLICY])["ttft:p99"]  # SLI windows unchanged
+    # The peak: rates over about 30 s of samples at 15 s and 30 s scrapes, every 5 s of the SLI window.
+    peak = 'max_over_time(sum by (model_name) (rate(vllm:request_success_total{model_name="Qwen/Qwen3-30B-A3B"}[45s]))'
+    assert default.queries([POLICY])["requests_peak"] == f"{peak}[5m:5s])"
     with pytest.raises(ValueError, match="whole number of seconds"):
         PrometheusSource(PrometheusClient("http://prom.invalid"), rate_window_s=2.5)
     for source in (default, short):
@@ -241,9 +244,11 @@ def test_slis_from_a_real_prometheus(prometheus_and_engine: tuple[Prometheus, En
         assert obs.sli.itl_events_in_window / obs.sli.requests_in_window == pytest.approx(0.5, rel=1e-6)
         assert obs.sli.ttft_p99_s is not None and 0.75 < obs.sli.ttft_p99_s <= 1.0
         assert obs.queue_depth == 6 and obs.kv_cache_usage == 0.4 and obs.ready_replicas == 1
-        # The 200 requests landed between two scrapes: the busiest half-minute holds all of them.
+        # The 200 requests landed between two scrapes: the peak's 45 s range holds all of them (at these 1 s
+        # scrapes its samples span the whole range), a rate at least 200 / 45; the minute's is lower.
         assert obs.request_rate_peak_rps is not None and obs.request_rate_rps is not None
-        assert obs.request_rate_peak_rps > 1.5 * obs.request_rate_rps
+        assert obs.request_rate_peak_rps >= 200 / 45 - 1e-9
+        assert obs.request_rate_peak_rps > obs.request_rate_rps
         assert obs.sli.imbalance_cv_per_layer == (0.08, 0.31)
         # Prometheus goes down: the last good values are held with the error; it comes back: recovered.
         prom.stop()
