@@ -10,7 +10,8 @@ scale-up that bought neither is *ineffective* (``scale_ineffective``): the CPUs
 were oversubscribed, a shared dependency is the bottleneck, or the load is not
 what the fleet can fix.  More replicas for the same causes are then held until
 the signal changes: the offered load moves by ``load_change``, the pressure goes
-away, the replica count is changed by someone else, or ``hold_s`` passes.
+away, the replica count is changed by someone else, or ``hold_s`` passes.  (The sizing
+advisor meanwhile gives the ineffective replicas back; that step down keeps the hold.)
 
 Pure: observations and time in, verdicts out.
 """
@@ -18,7 +19,7 @@ Pure: observations and time in, verdicts out.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.capacity import CapacityModel, Load
 from controller.entry_demand import offered_load, router_refused, router_waiting
@@ -136,7 +137,10 @@ class ScaleChecker:
         if previous is not None and current != previous:
             state.pending = None
             if state.held is not None and current != state.held.replicas:
-                state.held = None  # someone changed the fleet: the held signal is stale
+                # A step down towards what was advised is the ineffective scale-up given back: the cause stays
+                # held.  Any other change (someone else's, or a scale-up) makes the held signal stale.
+                gave_back = state.last_need is not None and state.last_need <= current < previous
+                state.held = replace(state.held, replicas=current) if gave_back else None
             need = state.last_need or 0
             if current > previous and need >= current and state.last_causes:
                 state.pending = _Pending(

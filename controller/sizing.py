@@ -11,7 +11,15 @@ Per policy, each tick:
   unreliable (``forecast_unreliable``, its rolling WAPE or interval coverage past the
   policy's bounds): the reactive advisor alone sizes the fleet;
 - a pressure-driven scale-up that bought nothing (:mod:`controller.scale_check`) holds
-  further scale-ups for the same causes (``scale_ineffective``) until the signal changes.
+  further scale-ups for the same causes (``scale_ineffective``) until the signal changes,
+  and gives its replicas back: while the held causes are all that keep the fleet up and
+  the pressure looks like a tail no fleet size moves (p99s within twice their objectives,
+  no queue of more than one request per ready replica; a backlog keeps p99s high until it
+  drains, whatever the verdict said), it is sized as if they were not there (the load and
+  the forecast still count).  An
+  objective that no fleet size reaches (say long prompts whose prefill alone misses it on a
+  slower replica than the profile says) then costs one scale-up per hold, not a fleet
+  parked at ``max_replicas``.
 
 This is the advisor ``moeslo controller serve``, ``moeslo up``, the replay and the
 benchmarks all run (built by :func:`controller.builder.build_decision_core`).
@@ -23,13 +31,30 @@ import math
 from collections.abc import Mapping
 
 from controller.advisors import ReactiveAdvisor
+from controller.entry_demand import router_waiting
 from controller.feasibility import feasible_view, infeasible_share
 from controller.policy import Policy
 from controller.predictive import Assessment, PredictiveAdvisor
-from controller.scale_check import PRESSURE_REASONS, ScaleChecker
+from controller.scale_check import PRESSURE_REASONS, ScaleChecker, latency_ratio
 from controller.types import Advice, LoadHistory, PolicyObservation, Reason, Scalar
 
 __all__ = ["SizingAdvisor"]
+
+
+GIVE_BACK_MAX_RATIO = 2.0
+"""Worst p99 / objective up to which a held pressure may be a tail no fleet size moves; beyond it, a backlog."""
+
+
+def _fleet_independent(policy: Policy, obs: PolicyObservation) -> bool:
+    """Whether the pressure a held scale-up failed to relieve looks like a tail that no fleet size moves
+    (prompts whose own prefill misses the objective, a slow dependency): p99s near their objectives and no
+    queue of more than one request per ready replica.  A backlog (a queue, or p99s far past their
+    objectives) is a fleet working through a burst, whatever the verdict said: nothing is given back."""
+    ready = obs.ready_replicas if obs.ready_replicas is not None else obs.current_replicas or 0
+    if (obs.queue_depth or 0.0) + router_waiting(obs) > max(ready, 1):
+        return False
+    ratio = latency_ratio(policy, obs)
+    return ratio is None or ratio <= GIVE_BACK_MAX_RATIO
 
 
 def _prefixed(prefix: str, details: Mapping[str, Scalar]) -> dict[str, Scalar]:
@@ -76,8 +101,8 @@ class SizingAdvisor:
         verdict = self.checker.observe(policy, observation, now_s, self.predictive.capacity(policy))
         if verdict is not None:
             details["scale_check"] = verdict
-        need, reasons = self._combine(policy, reactive, assessment)
-        need, reasons = self._hold_ineffective(policy, observation, now_s, need, reasons, details)
+        need, reasons, calm = self._combine(policy, reactive, assessment)
+        need, reasons = self._hold_ineffective(policy, observation, now_s, need, reasons, calm, details)
         self.checker.note_advice(policy.name, need, reasons)
         view = None if assessment is None else assessment.forecast
         return Advice(
@@ -93,15 +118,16 @@ class SizingAdvisor:
     @staticmethod
     def _combine(
         policy: Policy, reactive: Advice, assessment: Assessment | None
-    ) -> tuple[int | None, tuple[str, ...]]:
-        """The need and its reasons, from the forecast with reactive pressure, or from what is observed now.
+    ) -> tuple[int | None, tuple[str, ...], tuple[int, tuple[str, ...]] | None]:
+        """The need and its reasons, from the forecast with reactive pressure, or from what is observed now;
+        and the most any need without a pressure reason asks for (None: none does).
 
         Reactive sizing (no forecast, or one not to be trusted) takes the most of the reactive
         advice and the capacity model's need for the load and queue observed now: a scale-down
         needs both to agree, so neither KV usage alone nor a latency model alone shrinks the fleet.
         """
         if assessment is None:
-            return reactive.replicas_needed, reactive.reasons
+            return reactive.replicas_needed, reactive.reasons, None
         needs: list[tuple[int, tuple[str, ...]]] = []
         status = assessment.forecast_status
         if not policy.forecast.enabled or status:
@@ -119,7 +145,12 @@ class SizingAdvisor:
                 needs.append((reactive.replicas_needed, reactive.reasons))
         need = max(n for n, _ in needs)
         reasons = tuple(dict.fromkeys(r for n, rs in needs if n == need for r in rs))
-        return need, (*reasons, *marker)
+        calm_needs = [(n, rs) for n, rs in needs if not PRESSURE_REASONS.intersection(rs)]
+        if not calm_needs:
+            return need, (*reasons, *marker), None
+        most = max(n for n, _ in calm_needs)
+        calm_reasons = tuple(dict.fromkeys(r for n, rs in calm_needs if n == most for r in rs))
+        return need, (*reasons, *marker), (most, calm_reasons)
 
     def _hold_ineffective(
         self,
@@ -128,11 +159,13 @@ class SizingAdvisor:
         now_s: float,
         need: int | None,
         reasons: tuple[str, ...],
+        calm: tuple[int, tuple[str, ...]] | None,
         details: dict[str, Scalar],
     ) -> tuple[int | None, tuple[str, ...]]:
-        """Scale-ups for a cause that just proved ineffective are held until the signal changes."""
+        """Scale-ups for a cause that just proved ineffective are held until the signal changes, and while that
+        cause is all that keeps the fleet at its size, the fleet is sized for ``calm`` (the needs without it)."""
         current = obs.current_replicas
-        if need is None or current is None or need <= current:
+        if need is None or current is None or need < current:
             return need, reasons
         held = self.checker.held(policy, obs, now_s)
         if held is None:
@@ -142,4 +175,7 @@ class SizingAdvisor:
             return need, reasons  # a new cause (or a forecast) asks for this scale-up
         details["scale_check"] = held.detail
         kept = tuple(r for r in reasons if r not in PRESSURE_REASONS and r != Reason.SCALE_UP_PENDING)
+        if calm is not None and calm[0] < current and _fleet_independent(policy, obs):
+            # What the ineffective scale-up added buys nothing: give it back, down to what the load needs.
+            return calm[0], (*calm[1], *sorted(causes), Reason.SCALE_INEFFECTIVE)
         return current, (*kept, *sorted(causes), Reason.SCALE_INEFFECTIVE)

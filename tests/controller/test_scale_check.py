@@ -54,3 +54,19 @@ def test_a_scale_up_the_router_goes_on_refusing_around_is_held() -> None:
     assert held is not None and Reason.ROUTER_REFUSED in held.causes
     # The offered demand doubles: the hold is released.
     assert checker.held(POLICY, refusing(230.0, 4, 10.0, 30.0), 230.0) is None
+
+
+def test_giving_the_replicas_back_keeps_the_hold_and_another_change_ends_it() -> None:
+    checker, verdict = scale_up_judged(refusing(200.0, 4, 10.0, 10.0))
+    assert verdict is not None and "bought nothing" in verdict
+    # The advisor gives the two replicas back (it asked for 2): the cause stays held at the new count.
+    checker.note_advice("chat", 2, (Reason.SCALE_DOWN, Reason.SCALE_INEFFECTIVE))
+    checker.observe(POLICY, refusing(215.0, 4, 10.0, 10.0), 215.0, CAPACITY)
+    checker.observe(POLICY, refusing(230.0, 3, 10.0, 10.0), 230.0, CAPACITY)  # one step of the way down
+    held = checker.held(POLICY, refusing(230.0, 3, 10.0, 10.0), 230.0)
+    assert held is not None and held.replicas == 3
+    checker.observe(POLICY, refusing(245.0, 2, 10.0, 10.0), 245.0, CAPACITY)
+    assert checker.held(POLICY, refusing(245.0, 2, 10.0, 10.0), 245.0) is not None
+    # Someone else scales the fleet up: the held signal is stale.
+    checker.observe(POLICY, refusing(260.0, 6, 10.0, 10.0), 260.0, CAPACITY)
+    assert checker.held(POLICY, refusing(260.0, 6, 10.0, 10.0), 260.0) is None

@@ -11,7 +11,7 @@ from controller.builder import CoreOptions, build_decision_core, sizing_advisor
 from controller.capacity import Load
 from controller.policy import ForecastSettings, LocalTarget, Policy, Scaling
 from controller.sizing import SizingAdvisor
-from controller.types import PolicyObservation, SliSnapshot, TickInput
+from controller.types import Decision, PolicyObservation, SliSnapshot, TickInput
 
 TICK_S = 15.0
 PROMPT = 1000.0
@@ -132,6 +132,44 @@ def test_a_scale_up_that_buys_nothing_holds_more_of_the_same() -> None:
     assert all(d.action != "scale_up" for d in decisions[first_held:])
     assert "bought nothing" in str(held[0].inputs.get("sizing.scale_check"))
     assert current < 20
+
+
+
+def _ineffective_run(itl_p99_s: float, queue: float) -> tuple[list[int], list[Decision]]:
+    """A fleet whose latency stays where it is whatever the count, at a load one replica serves."""
+    core = build_decision_core(CoreOptions(tick_interval_s=TICK_S, refit_every_ticks=20, season_s=None))
+    pol = policy(forecast=ForecastSettings(enabled=False), scaling=Scaling(
+        min_replicas=1, max_replicas=20, max_step=4, scale_down_cooldown_s=0))
+    current, counts, decisions = 2, [], []
+    for k in range(80):
+        t = k * TICK_S
+        obs = observe(t, 1.0, current, itl_p99_s=itl_p99_s, queue=queue)
+        decision = core.tick(TickInput(now_s=t, policies={"p": pol}, observations={"p": obs})).for_policy("p")
+        decisions.append(decision)
+        if decision.apply:
+            current = decision.desired_replicas or current
+        counts.append(current)
+    return counts, decisions
+
+
+def test_an_ineffective_scale_up_is_given_back() -> None:
+    """ITL p99 at 1.75x its objective whatever the count: the fleet returns to what the load needs."""
+    counts, decisions = _ineffective_run(0.035, queue=0.0)
+    peak = max(counts)
+    assert peak > 2, "the pressure never scaled up"
+    downs = [d for d in decisions[counts.index(peak):] if d.action == "scale_down"]
+    assert downs and all("scale_ineffective" in d.reasons and "current_load" in d.reasons for d in downs)
+    assert counts[-1] == 1  # what 1 request/s needs; the burning objective no longer holds the fleet up
+    assert all(d.action != "scale_up" for d in decisions[counts.index(peak) + 1:])  # and the cause stays held
+
+
+@pytest.mark.parametrize(("itl_p99_s", "queue"), [(0.06, 0.0), (0.035, 40.0)])
+def test_a_backlog_is_not_given_back(itl_p99_s: float, queue: float) -> None:
+    """p99s far past their objectives, or a queue: a fleet working through a backlog keeps what it has."""
+    counts, decisions = _ineffective_run(itl_p99_s, queue)
+    assert any("scale_ineffective" in d.reasons for d in decisions)
+    assert not any(d.action == "scale_down" for d in decisions)
+    assert counts[-1] == max(counts) > 2
 
 
 def test_an_effective_scale_up_is_not_held() -> None:
