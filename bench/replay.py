@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from contracts.datadir import default_data_dir
+from contracts.errors import ValidationError
 from contracts.slo_defaults import TTFT_PER_1K_PROMPT_TOKENS_S
 
-__all__ = ["TRACES", "run"]
+__all__ = ["TRACES", "run", "trace_entry"]
 
 TRACES = {
     "week": ("azure-llm-2024/invocations_ten_second_Conversation.csv", "fluid", 1.0),
@@ -40,7 +41,9 @@ TRACES = {
     "code": ("azure-llm-2023/AzureLLMInferenceTrace_code.csv", "request", 10.0),
     "mooncake": ("mooncake/synthetic_trace.jsonl", "request", 1.0),
 }
-"""Name: (path under the shared data folder, replay mode, rate scale)."""
+"""Name: (path under the shared data folder, replay mode, rate scale).  A report trace may also be a file of
+one's own (:func:`trace_entry`)."""
+TRACE_FILE_SUFFIXES = (".jsonl", ".csv")
 TRACE_OPTIONS: dict[str, tuple[float, float]] = {"mooncake": (120.0, TTFT_PER_1K_PROMPT_TOKENS_S)}
 """Per trace, (warm-up scored apart, TTFT allowance per 1k prompt tokens) where they differ from the protocol's
 defaults (30 minutes, none): Mooncake's 17 minutes are scored after 2,
@@ -50,11 +53,28 @@ WEEK_WINDOWS = ("tune=1800:345600", "report=345600:")
 LEVELS = ("99.5%", "99.8%", "99.9%")
 
 
+def trace_entry(trace: str) -> tuple[str, str, float, tuple[float, float]]:
+    """(path, replay mode, rate scale, (warm-up s, TTFT allowance per 1k prompt tokens)) of a report trace.
+
+    A name of :data:`TRACES`, or a trace file of one's own (``.jsonl``: the Mooncake format, replayed
+    like ``mooncake``, long prompts judged at the reference length; ``.csv``: the Azure format, with the
+    protocol's 30 minutes of warm-up), replayed request by request at its own rate.
+    """
+    if trace in TRACES:
+        path, mode, scale = TRACES[trace]
+        return path, mode, scale, TRACE_OPTIONS.get(trace, (1800.0, 0.0))
+    suffix = Path(trace).suffix
+    if suffix not in TRACE_FILE_SUFFIXES:
+        names = ", ".join(n for n in TRACES if n != "week")
+        raise ValidationError([f"trace {trace!r}: name one of {names}, or a .jsonl (Mooncake) or .csv (Azure) file"])
+    options = TRACE_OPTIONS["mooncake"] if suffix == ".jsonl" else (1800.0, 0.0)
+    return str(Path(trace).resolve()), "request", 1.0, options
+
+
 def _request(data: Path, trace: str, *, startup_s: float, error: float, seed: int, scale: float | None = None) -> Any:
     from controller.replay.protocol import ReplayRequest
 
-    path, mode, default_scale = TRACES[trace]
-    warmup_s, per_1k_s = TRACE_OPTIONS.get(trace, (1800.0, 0.0))
+    path, mode, default_scale, (warmup_s, per_1k_s) = trace_entry(trace)
     return ReplayRequest(
         trace=data / path, mode=mode, rate_scale=scale or default_scale, startup_s=startup_s, startup_jitter=0.2,
         capacity_error=error, seed=seed, warmup_s=warmup_s, ttft_per_1k_s=per_1k_s,
@@ -164,7 +184,7 @@ def report_matrix(
     return [
         {
             "trace": trace,
-            "rate_scale": scale or TRACES[trace][2],
+            "rate_scale": scale or trace_entry(trace)[2],
             "startup_s": startup_s,
             "capacity_error": error,
             "seeds": len(summaries),
@@ -220,7 +240,8 @@ def run(
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     data = data_dir or default_data_dir()
-    missing = [name for name in ("week", *traces) if not (data / TRACES[name][0]).exists()]
+    needed = (*(("week",) if week_cases else ()), *traces)
+    missing = [name for name in needed if not (data / trace_entry(name)[0]).exists()]
     if missing:
         return {"skipped": missing, "reason": f"shared traces not found under {data}"}
     began = time.perf_counter()

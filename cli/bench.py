@@ -271,7 +271,9 @@ def bench_replay(
     week: Annotated[
         str, typer.Option(help="Week tuning cases STARTUP:ERROR, comma-separated ('' for none).")
     ] = "300:-0.2",
-    traces: Annotated[str, typer.Option(help="Report traces: conv, code, mooncake ('' for none).")] = "conv,code",
+    traces: Annotated[
+        str, typer.Option(help="Report traces: conv, code, mooncake, or .jsonl/.csv files ('' for none).")
+    ] = "conv,code",
     startups: Annotated[str, typer.Option(help="Start-up times (s) of the report matrix.")] = "60,300,600",
     errors: Annotated[str, typer.Option(help="Capacity errors of the report matrix.")] = "-0.2,0.2",
     seeds: Annotated[int, typer.Option(help="Seeds per report case.")] = 3,

@@ -1,0 +1,45 @@
+"""The replay benchmark's report traces: the shared ones by name, or a trace file of one's own."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from bench.replay import TRACE_OPTIONS, TRACES, run, trace_entry
+from contracts.errors import ValidationError
+
+
+def test_names_and_files_resolve_to_their_replay_options(tmp_path: Path) -> None:
+    assert trace_entry("mooncake") == (*TRACES["mooncake"], TRACE_OPTIONS["mooncake"])
+    assert trace_entry("conv")[3] == (1800.0, 0.0)
+    own = tmp_path / "long.jsonl"
+    assert trace_entry(str(own)) == (str(own), "request", 1.0, TRACE_OPTIONS["mooncake"])
+    assert trace_entry(str(tmp_path / "hour.csv"))[3] == (1800.0, 0.0)
+    with pytest.raises(ValidationError, match="name one of conv, code, mooncake"):
+        trace_entry("kimi")
+
+
+def test_a_trace_file_of_ones_own_is_replayed_through_every_policy(tmp_path: Path) -> None:
+    rng, at_s, block = random.Random(0), 0.0, 0
+    lines = []
+    for _ in range(300):  # five minutes at 1 request/s, prompts up to 9K tokens in 512-token blocks
+        at_s += rng.expovariate(1.0)
+        prompt = rng.choice([800, 3000, 9000])
+        blocks = list(range(block, block + prompt // 512))
+        block += len(blocks)
+        lines.append(json.dumps({"timestamp": int(at_s * 1000), "input_length": prompt,
+                                 "output_length": rng.choice([20, 100]), "hash_ids": blocks}))  # fmt: skip
+    trace = tmp_path / "own.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    result = run(week_cases=[], traces=[str(trace)], startups=[60.0], errors=[0.2], seeds=[0], workers=1,
+                 data_dir=tmp_path / "no-shared-data")  # fmt: skip
+    assert "skipped" not in result
+    (report,) = result["reports"]
+    assert report["trace"] == str(trace) and report["rate_scale"] == 1.0
+    policies = {point["policy"] for point in report["runs"][0]["points"]}
+    assert {"moeslo", "oracle", "hpa", "dynamo", "static"} <= policies
+    scored = [point["scores"]["scored"] for point in report["runs"][0]["points"]]
+    assert all(0.0 <= s["attainment_both"] <= 1.0 and s["replica_hours"] > 0 for s in scored)
