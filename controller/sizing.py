@@ -16,10 +16,9 @@ Per policy, each tick:
   the pressure looks like a tail no fleet size moves (p99s within twice their objectives,
   no queue of more than one request per ready replica; a backlog keeps p99s high until it
   drains, whatever the verdict said), it is sized as if they were not there (the load and
-  the forecast still count).  An
-  objective that no fleet size reaches (say long prompts whose prefill alone misses it on a
-  slower replica than the profile says) then costs one scale-up per hold, not a fleet
-  parked at ``max_replicas``.
+  the forecast still count).  An objective that no fleet size reaches (say long prompts
+  whose prefill alone misses it on a slower replica than the profile says) then costs one
+  scale-up per hold, not a fleet parked at ``max_replicas``.
 
 This is the advisor ``moeslo controller serve``, ``moeslo up``, the replay and the
 benchmarks all run (built by :func:`controller.builder.build_decision_core`).
