@@ -240,6 +240,9 @@ def run(
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     data = data_dir or default_data_dir()
+    own_missing = [t for t in traces if t not in TRACES and not Path(trace_entry(t)[0]).is_file()]
+    if own_missing:
+        raise ValidationError([f"trace file not found: {t}" for t in own_missing])
     needed = (*(("week",) if week_cases else ()), *traces)
     missing = [name for name in needed if not (data / trace_entry(name)[0]).exists()]
     if missing:

@@ -20,6 +20,8 @@ def test_names_and_files_resolve_to_their_replay_options(tmp_path: Path) -> None
     assert trace_entry(str(tmp_path / "hour.csv"))[3] == (1800.0, 0.0)
     with pytest.raises(ValidationError, match="name one of conv, code, mooncake"):
         trace_entry("kimi")
+    with pytest.raises(ValidationError, match=r"trace file not found: .*absent\.jsonl"):
+        run(week_cases=[], traces=[str(tmp_path / "absent.jsonl")], seeds=[0], data_dir=tmp_path)
 
 
 def test_a_trace_file_of_ones_own_is_replayed_through_every_policy(tmp_path: Path) -> None:
