@@ -96,8 +96,8 @@ class Reason(StrEnum):
     FORECAST_DISABLED = "forecast_disabled"
     """The policy turned forecasting off: sizing is reactive."""
     SCALE_INEFFECTIVE = "scale_ineffective"
-    """A scale-up for this cause bought nothing measurable: more for the same cause is held, and the fleet is
-    sized without it (what that scale-up added is given back)."""
+    """A scale-up for this cause bought nothing measurable: more for the same cause is held, and while that
+    pressure looks like a tail no fleet size moves (no backlog), the fleet is sized without it."""
     ADVISOR_ERROR = "advisor_error"
     """An advisor raised; its error is in the decision's inputs and the others decided."""
     SLI_MISSING = "sli_missing"
