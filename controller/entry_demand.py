@@ -33,12 +33,17 @@ from controller.capacity import Load
 from controller.policy import Policy
 from controller.types import PolicyObservation, Reason
 
-__all__ = ["entry_floor", "entry_idle", "offered_load", "router_refused", "router_waiting", "served_load"]
+__all__ = ["entry_floor", "entry_idle", "offered_load", "router_refused", "router_waiting", "served_load", "waiting"]
 
 
 def router_waiting(obs: PolicyObservation) -> float:
     """Requests the router holds (0 when unknown)."""
     return obs.router_queued if obs.router_queued is not None and obs.router_queued > 0 else 0.0
+
+
+def waiting(obs: PolicyObservation) -> float:
+    """Requests waiting for the fleet: the engines' queue and the entry router's."""
+    return (obs.queue_depth or 0.0) + router_waiting(obs)
 
 
 def router_refused(obs: PolicyObservation) -> float:

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from controller.capacity import CapacityModel, Load
-from controller.entry_demand import offered_load, router_refused, router_waiting
+from controller.entry_demand import offered_load, router_refused, waiting
 from controller.policy import Policy
 from controller.types import PolicyObservation, Reason
 
@@ -97,11 +97,6 @@ def latency_ratio(policy: Policy, obs: PolicyObservation) -> float | None:
     return max(ratios) if ratios else None
 
 
-def _waiting(obs: PolicyObservation) -> float:
-    """Requests waiting for the fleet: the engines' queue and the entry router's."""
-    return (obs.queue_depth or 0.0) + router_waiting(obs)
-
-
 def _predicted_gain(capacity: CapacityModel, load: Load | None, before: int, after: int) -> float:
     """Relative drop of the worst p99 ratio the capacity model predicts from ``before`` to ``after`` replicas."""
     if load is None or load.request_rate_rps <= 0 or before <= 0:
@@ -146,7 +141,7 @@ class ScaleChecker:
                 state.pending = _Pending(
                     before=previous, after=current, causes=state.last_causes, started_s=now_s, ready_s=None,
                     ratio_before=latency_ratio(policy, obs), served_before=obs.output_tokens_per_s,
-                    queue_before=_waiting(obs), refused_before=router_refused(obs),
+                    queue_before=waiting(obs), refused_before=router_refused(obs),
                     predicted_gain=_predicted_gain(capacity, offered_load(obs), previous, current),
                 )
         return self._judge(policy, obs, now_s, state)
@@ -222,7 +217,7 @@ class ScaleChecker:
             now_s - held.since_s > self.config.hold_s
             or (rate is not None and abs(rate - held.request_rate_rps) > self.config.load_change * max(
                 held.request_rate_rps, 1e-9))
-            or (ratio is not None and ratio <= 1.0 and not _waiting(obs) > 0)
+            or (ratio is not None and ratio <= 1.0 and not waiting(obs) > 0)
         )
         if changed:
             state.held = None

@@ -30,7 +30,7 @@ import math
 from collections.abc import Mapping
 
 from controller.advisors import ReactiveAdvisor
-from controller.entry_demand import router_waiting
+from controller.entry_demand import waiting
 from controller.feasibility import feasible_view, infeasible_share
 from controller.policy import Policy
 from controller.predictive import Assessment, PredictiveAdvisor
@@ -50,7 +50,7 @@ def _fleet_independent(policy: Policy, obs: PolicyObservation) -> bool:
     queue of more than one request per ready replica.  A backlog (a queue, or p99s far past their
     objectives) is a fleet working through a burst, whatever the verdict said: nothing is given back."""
     ready = obs.ready_replicas if obs.ready_replicas is not None else obs.current_replicas or 0
-    if (obs.queue_depth or 0.0) + router_waiting(obs) > max(ready, 1):
+    if waiting(obs) > max(ready, 1):
         return False
     ratio = latency_ratio(policy, obs)
     return ratio is None or ratio <= GIVE_BACK_MAX_RATIO
