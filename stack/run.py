@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import fcntl
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ from typing import Any
 import httpx
 import yaml
 
-from contracts.errors import UnavailableError
+from contracts.errors import ConflictError, UnavailableError
 from contracts.slo_defaults import ITL_THRESHOLD_S, LATENCY_TARGET, MAX_IMBALANCE_CV, TTFT_THRESHOLD_S
 from harness.processes import free_port, moeslo_command
 from harness.webhook import WebhookReceiver
@@ -110,6 +111,26 @@ RUN_MARKER = ".moeslo-up"
 run from before the marker) is cleared, so ``--out`` pointed at someone else's folder loses nothing."""
 
 
+RUN_LOCK = ".moeslo-up.lock"
+"""Locked (``flock``) by the run using the folder: a second run there would clear the first one's state."""
+
+
+def lock_run_folder(out: Path) -> int:
+    """An exclusive lock on ``out`` for this run (a file descriptor to close when it ends); ConflictError
+    when another run holds it.  The kernel drops the lock with the process, so a killed run leaves none."""
+    fd = os.open(out / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise ConflictError(f"another `moeslo up` is running with --out {out} (pid {holder}); "
+                            f"wait for it to end, or give this run another --out") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
 def clear_last_run(out: Path) -> bool:
     """Remove the last run's state from ``out`` if a run made it; True when there was some."""
     if not (out / RUN_MARKER).is_file() and not (out / "controller.yaml").is_file():
@@ -141,12 +162,14 @@ class LocalStack:
         self._http = httpx.Client(timeout=1.0)
         """The engines' health probes share one client (a new one per probe reads the CA bundle each time)."""
         self._controller: ManagedProcess | None = None
+        self._lock_fd: int | None = None
         self.cpu_pool = SharedCpuPool(os.sched_getaffinity(0), self._controller_pid, self._control_plane_pids)
 
     # ------------------------------------------------------------------ start
     def start(self, progress: Callable[[str], None]) -> None:
         opts, state = self.options, self.state
         opts.out.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_run_folder(opts.out)
         if clear_last_run(opts.out):
             progress(f"a new run: the last run's controller database and Prometheus and Alertmanager data in "
                      f"{opts.out} are removed")
@@ -421,6 +444,9 @@ class LocalStack:
         self._http.close()
         if self.pager is not None:
             self.pager.stop()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # the lock goes with it
+            self._lock_fd = None
 
     def write_results(self) -> dict[str, Any]:
         from stack.plots import write_plots

@@ -1,10 +1,15 @@
-"""A run of the local stack starts from no state of the last one (pending verifications, pages sent)."""
+"""A run of the local stack starts from no state of the last one (pending verifications, pages sent),
+and owns its folder while it runs."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from stack.run import RUN_MARKER, RUN_STATE, clear_last_run
+import pytest
+
+from contracts.errors import ConflictError
+from stack.run import RUN_MARKER, RUN_STATE, clear_last_run, lock_run_folder
 
 
 def test_the_last_runs_state_is_removed_and_everything_else_kept(tmp_path: Path) -> None:
@@ -41,3 +46,13 @@ def test_a_link_is_removed_and_what_it_points_to_kept(tmp_path: Path) -> None:
     (out / "prometheus").symlink_to(elsewhere, target_is_directory=True)
     assert clear_last_run(out)
     assert not (out / "prometheus").exists() and (elsewhere / "keep").exists()
+
+
+def test_a_second_run_in_a_folder_in_use_is_refused_until_the_first_ends(tmp_path: Path) -> None:
+    first = lock_run_folder(tmp_path)
+    try:
+        with pytest.raises(ConflictError, match=rf"pid {os.getpid()}.*another --out"):
+            lock_run_folder(tmp_path)
+    finally:
+        os.close(first)
+    os.close(lock_run_folder(tmp_path))  # the first run ended: the folder is free again
