@@ -11,7 +11,8 @@ were oversubscribed, a shared dependency is the bottleneck, or the load is not
 what the fleet can fix.  More replicas for the same causes are then held until
 the signal changes: the offered load moves by ``load_change``, the pressure goes
 away, the replica count is changed by someone else, or ``hold_s`` passes.  (The sizing
-advisor meanwhile gives the ineffective replicas back; that step down keeps the hold.)
+advisor meanwhile gives the ineffective replicas back, and still adds what the load or the
+forecast alone asks for; neither step ends the hold.)
 
 Pure: observations and time in, verdicts out.
 """
@@ -132,10 +133,13 @@ class ScaleChecker:
         if previous is not None and current != previous:
             state.pending = None
             if state.held is not None and current != state.held.replicas:
-                # A step down towards what was advised is the ineffective scale-up given back: the cause stays
-                # held.  Any other change (someone else's, or a scale-up) makes the held signal stale.
-                gave_back = state.last_need is not None and state.last_need <= current < previous
-                state.held = replace(state.held, replicas=current) if gave_back else None
+                # A step towards what was advised, down (the ineffective scale-up given back) or up for the load or
+                # the forecast alone (no pressure cause), leaves the cause held.  Any other change (someone else's,
+                # or a scale-up for pressure) makes the held signal stale.
+                asked = state.last_need
+                advised = asked is not None and (
+                    asked <= current < previous or (not state.last_causes and previous < current <= asked))
+                state.held = replace(state.held, replicas=current) if advised else None
             need = state.last_need or 0
             if current > previous and need >= current and state.last_causes:
                 state.pending = _Pending(

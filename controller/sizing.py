@@ -174,6 +174,10 @@ class SizingAdvisor:
             return need, reasons  # a new cause (or a forecast) asks for this scale-up
         details["scale_check"] = held.detail
         kept = tuple(r for r in reasons if r not in PRESSURE_REASONS and r != Reason.SCALE_UP_PENDING)
+        if calm is not None and calm[0] > current:
+            # The load or the forecast asks for more than the fleet has: that is not the held cause.  No pressure
+            # reason goes with it, so the step is not judged as another pressure scale-up and the hold stays.
+            return calm[0], (*calm[1], Reason.SCALE_INEFFECTIVE)
         if calm is not None and calm[0] < current and _fleet_independent(policy, obs):
             # What the ineffective scale-up added buys nothing: give it back, down to what the load needs.
             return calm[0], (*calm[1], *sorted(causes), Reason.SCALE_INEFFECTIVE)

@@ -70,3 +70,17 @@ def test_giving_the_replicas_back_keeps_the_hold_and_another_change_ends_it() ->
     # Someone else scales the fleet up: the held signal is stale.
     checker.observe(POLICY, refusing(260.0, 6, 10.0, 10.0), 260.0, CAPACITY)
     assert checker.held(POLICY, refusing(260.0, 6, 10.0, 10.0), 260.0) is None
+
+
+def test_a_scale_up_for_the_load_alone_keeps_the_hold_and_one_for_pressure_ends_it() -> None:
+    checker, verdict = scale_up_judged(refusing(200.0, 4, 10.0, 10.0))
+    assert verdict is not None and "bought nothing" in verdict
+    # The load asks for one more replica, with no pressure reason: the pressure stays held.
+    checker.note_advice("chat", 5, (Reason.CURRENT_LOAD, Reason.SCALE_INEFFECTIVE))
+    checker.observe(POLICY, refusing(215.0, 5, 10.0, 10.0), 215.0, CAPACITY)
+    held = checker.held(POLICY, refusing(215.0, 5, 10.0, 10.0), 215.0)
+    assert held is not None and held.replicas == 5
+    # A scale-up for pressure (a new verdict will judge it) ends the old hold.
+    checker.note_advice("chat", 7, (Reason.ROUTER_REFUSED,))
+    checker.observe(POLICY, refusing(230.0, 7, 10.0, 10.0), 230.0, CAPACITY)
+    assert checker.held(POLICY, refusing(230.0, 7, 10.0, 10.0), 230.0) is None

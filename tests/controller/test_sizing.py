@@ -172,6 +172,27 @@ def test_a_backlog_is_not_given_back(itl_p99_s: float, queue: float) -> None:
     assert counts[-1] == max(counts) > 2
 
 
+def test_the_load_still_scales_a_fleet_whose_pressure_is_held() -> None:
+    """ITL p99 at 1.75x its objective whatever the count; then the load grows, by less than re-arms the hold:
+    the replicas the load needs come, and the held pressure asks for nothing more."""
+    core = build_decision_core(CoreOptions(tick_interval_s=TICK_S, refit_every_ticks=20, season_s=None))
+    pol = policy(forecast=ForecastSettings(enabled=False))
+    current, decisions = 2, []
+    for k in range(60):
+        t = k * TICK_S
+        obs = observe(t, 10.0 if k < 30 else 12.0, current, itl_p99_s=0.035)
+        decision = core.tick(TickInput(now_s=t, policies={"p": pol}, observations={"p": obs})).for_policy("p")
+        decisions.append(decision)
+        if decision.apply:
+            current = decision.desired_replicas or current
+    held_at = max(d.current_replicas or 0 for d in decisions[:30])
+    assert all("scale_ineffective" in d.reasons for d in decisions[10:])
+    ups = [d for d in decisions[30:] if d.action == "scale_up"]
+    assert ups, "the load's growth was held with the pressure"
+    assert all("current_load" in d.reasons and not {"latency_p99", "slo_burn"} & set(d.reasons) for d in ups)
+    assert held_at < current <= held_at + 2
+
+
 def test_an_effective_scale_up_is_not_held() -> None:
     core = build_decision_core(CoreOptions(tick_interval_s=TICK_S, refit_every_ticks=20, season_s=None))
     pol = policy(forecast=ForecastSettings(enabled=False), scaling=Scaling(
