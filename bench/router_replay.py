@@ -13,6 +13,12 @@ the p99 TTFT and the share within both SLOs, the smallest size reaching the
 attainment goal, and the ratios the entry-router issue asks for: p99 TTFT of the
 cost policy over round-robin's and over least-loaded's at one size, and the fleet
 each needs.
+
+It also gives the *floor*: the same trace with every request sent to a replica that
+has nothing else to do (a fleet large enough that one always waits), so each TTFT is
+the request's own prefill.  No routing policy on any fleet gets its p99 below that,
+except by prefix-cache hits (an idle replica here holds none of the request's blocks):
+the floor over round-robin's p99 is the least ratio a router can reach on the trace.
 """
 
 from __future__ import annotations
@@ -70,6 +76,26 @@ def router_hook(name: str, trace: RequestTrace, profile: ReplicaProfile, ttft_ob
     return route
 
 
+IDLE_FLEET_FACTORS = (8, 32, 128)
+"""The floor's fleets, as multiples of the largest compared size: the first where every request finds an idle
+replica (the report says how many found none on the last one when none does)."""
+
+
+def idle_hook() -> tuple[RouteHook, list[int]]:
+    """A routing hook that sends each request to a replica with no prefill queued and nothing decoding (the
+    least loaded when none is), and the count of requests that found none."""
+    missed = [0]
+
+    def route(i: int, t: float, backlog: FloatArray, decoders: FloatArray, kv_used: FloatArray) -> int:
+        busy = np.maximum(backlog - t, 0.0) + decoders
+        choice = int(np.argmin(busy))
+        if busy[choice] > 0:
+            missed[0] += 1
+        return choice
+
+    return route, missed
+
+
 def _run(ctx: ReplayContext, replicas: int, route: RouteHook | None) -> dict[str, Any]:
     workload, config = ctx.workload, ctx.config
     trace = workload.requests
@@ -113,16 +139,28 @@ def compare_routers(request: ReplayRequest, policies: list[str], sizes: list[int
     results = {name: [_run(ctx, n, hook) for n in sizes] for name, hook in hooks.items()}
     needed = {name: next((r["replicas"] for r in rows if r["attainment_both"] >= goal), None)
               for name, rows in results.items()}  # fmt: skip
+    floor = _floor(ctx, max(sizes))
     return {"trace": str(request.trace), "requests": len(trace), "sizes": sizes, "goal_attainment": goal,
-            "baseline": BASELINE, "results": results, "replicas_for_goal": needed,
-            "ratios": _ratios(results, needed, sizes)}  # fmt: skip
+            "baseline": BASELINE, "results": results, "replicas_for_goal": needed, "floor": floor,
+            "ratios": _ratios(results, needed, sizes, floor)}  # fmt: skip
+
+
+def _floor(ctx: ReplayContext, largest: int) -> dict[str, Any]:
+    """The trace with every request on an idle replica: its own prefill is its TTFT (see the module docstring)."""
+    for factor in IDLE_FLEET_FACTORS:
+        idle, missed = idle_hook()
+        floor = _run(ctx, largest * factor, idle) | {"requests_without_an_idle_replica": missed[0]}
+        if not missed[0]:
+            break
+    return floor
 
 
 def _ratios(results: dict[str, list[dict[str, Any]]], needed: dict[str, int | None],
-            sizes: list[int]) -> dict[str, Any]:  # fmt: skip
+            sizes: list[int], floor: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """Cost over round-robin and least-loaded: p99 TTFT (as the objective counts it: normalized to the
     long-prompt allowance, which is TTFT itself under a flat objective) on the smallest fleet where the
-    cost policy reaches the goal (the largest when it never does); and the fleets each needs."""
+    cost policy reaches the goal (the largest when it never does), with the floor's p99 over theirs
+    there; and the fleets each needs."""
     if "cost" not in results:
         return {}
     out: dict[str, Any] = {}
@@ -136,10 +174,12 @@ def _ratios(results: dict[str, list[dict[str, Any]]], needed: dict[str, int | No
             k = at_goal[0] if at_goal else usable[-1]
             cost, theirs = results["cost"][k][key], results[other][k][key]
             out[f"ttft_p99_cost_over_{other}"] = {"replicas": sizes[k], "ratio": round(cost / theirs, 3)}
+            if floor[key]:
+                out[f"ttft_p99_floor_over_{other}"] = {"replicas": sizes[k], "ratio": round(floor[key] / theirs, 3)}
         mine, theirs_needed = needed["cost"], needed[other]
         if mine is not None and theirs_needed is not None:
             out[f"fleet_cost_over_{other}"] = round(mine / theirs_needed, 3)
     return out
 
 
-__all__ = ["BASELINE", "compare_routers", "router_hook"]
+__all__ = ["BASELINE", "IDLE_FLEET_FACTORS", "compare_routers", "idle_hook", "router_hook"]

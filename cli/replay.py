@@ -140,6 +140,9 @@ def _compare_routers(request: ReplayRequest, router: str, replicas: str | None, 
     for name, rows in summary["results"].items():
         cells = "  ".join(f"{r['replicas']}: {r['attainment_both']:.4f} p99 {r['ttft_p99_s']}" for r in rows)
         console.print(f"{name:>20}  {cells}")
+    floor = summary["floor"]
+    console.print(f"{'floor':>20}  every request alone on one of {floor['replicas']} replicas: p99 "
+                  f"{floor['ttft_p99_s']} (no policy goes below it but by prefix-cache hits)")
     console.print(f"replicas for {summary['goal_attainment']:.0%}: {summary['replicas_for_goal']}; "
                   f"ratios {summary['ratios']}; wrote {out / 'routers.json'}")
 

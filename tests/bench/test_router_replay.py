@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from bench.router_replay import BASELINE, compare_routers, router_hook
+from bench.router_replay import BASELINE, compare_routers, idle_hook, router_hook
 from contracts.traces import RequestTrace
 from controller.capacity import ReplicaProfile
 from controller.replay.protocol import ReplayRequest
@@ -35,6 +36,15 @@ def test_the_hook_is_the_routers_policy() -> None:
     assert prefix(0, 0.0, *idle) == prefix(1, 0.0, *idle)
 
 
+def test_the_floors_hook_finds_an_idle_replica_and_counts_when_there_is_none() -> None:
+    route, missed = idle_hook()
+    # Replica 0 has prefill queued until 0.5 s, replica 1 is decoding, replica 2 has nothing to do.
+    assert route(0, 0.0, np.array([0.5, 0.0, 0.0]), np.array([0.0, 2.0, 0.0]), np.zeros(3)) == 2
+    assert missed == [0]
+    assert route(1, 0.0, np.array([0.5, 0.0]), np.array([0.0, 2.0]), np.zeros(2)) == 0  # least busy of two busy
+    assert missed == [1]
+
+
 def test_policies_at_fixed_fleets_on_a_trace(tmp_path: Path) -> None:
     # Two bursts of 60 requests a minute apart, 900-token prompts: one replica cannot hold them.
     rows = []
@@ -52,4 +62,12 @@ def test_policies_at_fixed_fleets_on_a_trace(tmp_path: Path) -> None:
     assert cost[4]["attainment_both"] > cost[1]["attainment_both"]
     assert cost[4]["ttft_p99_s"] < cost[1]["ttft_p99_s"]
     assert all(r["unserved"] == 0 for rows in summary["results"].values() for r in rows)
-    assert set(summary["ratios"]) >= {"ttft_p99_cost_over_round-robin", "ttft_p99_cost_over_least-loaded"}
+    assert set(summary["ratios"]) >= {"ttft_p99_cost_over_round-robin", "ttft_p99_cost_over_least-loaded",
+                                      "ttft_p99_floor_over_round-robin"}
+    # The floor: each request alone on a replica, its TTFT its own prefill, in 512-token chunks each taking
+    # a decode step of one sequence besides the chunk's own prefill time.
+    floor = summary["floor"]
+    assert floor["requests_without_an_idle_replica"] == 0
+    chunk_s = PROFILE.itl_base_s + PROFILE.itl_per_seq_s + 512 / PROFILE.prefill_tokens_per_s
+    assert floor["ttft_p99_s"] == pytest.approx(PROFILE.ttft_overhead_s + 900 / 512 * chunk_s, abs=1e-3)
+    assert all(floor["ttft_p99_s"] <= r["ttft_p99_s"] for rows in summary["results"].values() for r in rows)
