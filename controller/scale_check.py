@@ -9,7 +9,7 @@ by at least ``min_gain`` of the added capacity while a queue was waiting.  A
 scale-up that bought neither is *ineffective* (``scale_ineffective``): the CPUs
 were oversubscribed, a shared dependency is the bottleneck, or the load is not
 what the fleet can fix.  More replicas for the same causes are then held until
-the signal changes: the offered load moves by ``load_change``, the pressure goes
+the signal changes: the offered load (smoothed) moves by ``load_change``, the pressure goes
 away, the replica count is changed by someone else, or ``hold_s`` passes.  (The sizing
 advisor meanwhile gives the ineffective replicas back, and still adds what the load or the
 forecast alone asks for; neither step ends the hold.)
@@ -46,6 +46,9 @@ class ScaleCheckConfig:
     """Longest a cause stays held without any change in the signal."""
     load_change: float = 0.25
     """Relative change of the offered request rate that re-arms a held cause."""
+    load_smoothing_s: float = 180.0
+    """Time constant of the smoothed offered rate that ``load_change`` is judged on: a one-minute swing of a
+    bursty trace is not a change of load (a load that does grow is sized for meanwhile: only pressure is held)."""
     ready_timeout_s: float = 900.0
     """A scale-up whose replicas are not ready by then is not judged (start-up failures are another story)."""
 
@@ -83,6 +86,9 @@ class _PolicyChecks:
     pending: _Pending | None = None
     held: HeldCause | None = None
     verdicts: int = 0
+    smoothed_rate: float | None = None
+    """The offered request rate, smoothed over ``load_smoothing_s``."""
+    smoothed_at_s: float | None = None
 
 
 def latency_ratio(policy: Policy, obs: PolicyObservation) -> float | None:
@@ -126,6 +132,7 @@ class ScaleChecker:
     ) -> str | None:
         """Update with this tick's observation; returns a verdict line when a scale-up was judged now."""
         state = self._state.setdefault(policy.name, _PolicyChecks())
+        self._smooth_rate(state, obs, now_s)
         current = obs.current_replicas
         previous, state.last_current = state.last_current, current
         if current is None:
@@ -150,6 +157,18 @@ class ScaleChecker:
                 )
         return self._judge(policy, obs, now_s, state)
 
+    def _smooth_rate(self, state: _PolicyChecks, obs: PolicyObservation, now_s: float) -> None:
+        offered = offered_load(obs)  # a scale-up that ends refusals moves load from refused to served: no change
+        if offered is None:
+            return
+        rate = offered.request_rate_rps
+        if state.smoothed_rate is None or state.smoothed_at_s is None:
+            state.smoothed_rate = rate
+        else:
+            weight = 1.0 - math.exp(-max(now_s - state.smoothed_at_s, 0.0) / max(self.config.load_smoothing_s, 1e-9))
+            state.smoothed_rate += weight * (rate - state.smoothed_rate)
+        state.smoothed_at_s = now_s
+
     def _judge(self, policy: Policy, obs: PolicyObservation, now_s: float, state: _PolicyChecks) -> str | None:
         pending = state.pending
         if pending is None:
@@ -168,9 +187,8 @@ class ScaleChecker:
         effective, detail = self._effective(policy, obs, pending)
         if effective:
             return f"scale-up {pending.before} -> {pending.after} effective: {detail}"
-        offered = offered_load(obs)
         state.held = HeldCause(
-            causes=pending.causes, since_s=now_s, request_rate_rps=0.0 if offered is None else offered.request_rate_rps,
+            causes=pending.causes, since_s=now_s, request_rate_rps=state.smoothed_rate or 0.0,
             replicas=pending.after, detail=f"scale-up {pending.before} -> {pending.after} bought nothing: {detail}",
         )
         return state.held.detail
@@ -214,8 +232,7 @@ class ScaleChecker:
         if state is None or state.held is None:
             return None
         held = state.held
-        offered = offered_load(obs)  # a scale-up that ends refusals moves load from refused to served: no change
-        rate = None if offered is None else offered.request_rate_rps
+        rate = state.smoothed_rate
         ratio = latency_ratio(policy, obs)
         changed = (
             now_s - held.since_s > self.config.hold_s
