@@ -173,7 +173,6 @@ class SizingAdvisor:
         if not causes or not causes <= held.causes:
             return need, reasons  # a new cause (or a forecast) asks for this scale-up
         details["scale_check"] = held.detail
-        kept = tuple(r for r in reasons if r not in PRESSURE_REASONS and r != Reason.SCALE_UP_PENDING)
         if calm is not None and calm[0] > current:
             # The load or the forecast asks for more than the fleet has: that is not the held cause.  No pressure
             # reason goes with it, so the step is not judged as another pressure scale-up and the hold stays.
@@ -181,4 +180,5 @@ class SizingAdvisor:
         if calm is not None and calm[0] < current and _fleet_independent(policy, obs):
             # What the ineffective scale-up added buys nothing: give it back, down to what the load needs.
             return calm[0], (*calm[1], *sorted(causes), Reason.SCALE_INEFFECTIVE)
+        kept = tuple(r for r in reasons if r not in PRESSURE_REASONS and r != Reason.SCALE_UP_PENDING)
         return current, (*kept, *sorted(causes), Reason.SCALE_INEFFECTIVE)

@@ -134,7 +134,6 @@ def test_a_scale_up_that_buys_nothing_holds_more_of_the_same() -> None:
     assert current < 20
 
 
-
 def _ineffective_run(itl_p99_s: float, queue: float) -> tuple[list[int], list[Decision]]:
     """A fleet whose latency stays where it is whatever the count, at a load one replica serves."""
     core = build_decision_core(CoreOptions(tick_interval_s=TICK_S, refit_every_ticks=20, season_s=None))
