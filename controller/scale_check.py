@@ -4,7 +4,8 @@ A scale-up made under pressure (a queue, a burning SLO, a p99 over its objective
 a KV cache about to fill) is meant to relieve it.  Once the new replicas are
 ready and have had ``settle_s`` to take load, the checker compares the fleet with
 what the capacity model predicted: the worst p99 / objective ratio should drop by
-at least ``min_gain`` of the predicted drop, or the served throughput should grow
+at least ``min_gain`` of the predicted drop (and more than a p99's noise,
+``noise_gain``), or the served throughput should grow
 by at least ``min_gain`` of the added capacity while a queue was waiting.  A
 scale-up that bought neither is *ineffective* (``scale_ineffective``): the CPUs
 were oversubscribed, a shared dependency is the bottleneck, or the load is not
@@ -42,6 +43,9 @@ class ScaleCheckConfig:
     """Time the new replicas get, once ready, before their effect is judged."""
     min_gain: float = 0.25
     """Share of the predicted improvement that must show for a scale-up to count as effective."""
+    noise_gain: float = 0.05
+    """Drop of the worst p99/objective that any scale-up must show, whatever was predicted: a smaller one is
+    within a p99's sampling noise, so a scale-up the model itself expected little of cannot pass on it."""
     hold_s: float = 1800.0
     """Longest a cause stays held without any change in the signal."""
     load_change: float = 0.25
@@ -203,7 +207,7 @@ class ScaleChecker:
             gain = 1.0 - ratio_now / pending.ratio_before
             parts.append(f"worst p99/objective {pending.ratio_before:.2f} -> {ratio_now:.2f} "
                          f"({gain:+.0%}, predicted {pending.predicted_gain:+.0%})")
-            if gain >= gain_needed * pending.predicted_gain and gain > 0:
+            if gain >= max(gain_needed * pending.predicted_gain, self.config.noise_gain):
                 return True, "; ".join(parts)
         if pending.refused_before > 0 and obs.router_refused_rps == 0:
             return True, f"the entry router no longer refuses (was {pending.refused_before:.2f} req/s)"

@@ -94,3 +94,28 @@ def test_a_scale_up_for_the_load_alone_keeps_the_hold_and_one_for_pressure_ends_
     checker.note_advice("chat", 7, (Reason.ROUTER_REFUSED,))
     checker.observe(POLICY, refusing(230.0, 7, 10.0, 10.0), 230.0, CAPACITY)
     assert checker.held(POLICY, refusing(230.0, 7, 10.0, 10.0), 230.0) is None
+
+
+def long_prompts(at_s: float, replicas: int, ttft_p99_s: float) -> PolicyObservation:
+    """2 requests/s of 2,000-token prompts: the model predicts little from more replicas (prefill sets the p99)."""
+    sli = SliSnapshot(observed_at_s=at_s, window_s=60.0, requests_in_window=120.0, ttft_p99_s=ttft_p99_s,
+                      itl_p99_s=0.01)  # fmt: skip
+    return observe(at_s, replicas, request_rate_rps=2.0, prompt_tokens_per_s=4000.0, output_tokens_per_s=200.0,
+                   sli=sli)  # fmt: skip
+
+
+def latency_scale_up_judged(ttft_p99_after_s: float) -> str | None:
+    checker = ScaleChecker()
+    checker.note_advice("chat", 4, (Reason.SCALE_UP, Reason.LATENCY_P99))
+    checker.observe(POLICY, long_prompts(0.0, 2, 0.6), 0.0, CAPACITY)
+    checker.observe(POLICY, replace(long_prompts(15.0, 2, 0.6), current_replicas=4), 15.0, CAPACITY)
+    checker.observe(POLICY, long_prompts(75.0, 4, 0.6), 75.0, CAPACITY)  # ready
+    return checker.observe(POLICY, long_prompts(200.0, 4, ttft_p99_after_s), 200.0, CAPACITY)
+
+
+def test_a_gain_within_a_p99s_noise_is_not_an_effective_scale_up() -> None:
+    """The model expected next to nothing (+0 %), and +2.5 % is more than a quarter of that, but is noise."""
+    verdict = latency_scale_up_judged(0.585)  # 1.20 -> 1.17 of the objective
+    assert verdict is not None and "bought nothing" in verdict and "predicted +0%" in verdict
+    verdict = latency_scale_up_judged(0.525)  # 1.20 -> 1.05: -12.5 %, beyond the noise
+    assert verdict is not None and "effective" in verdict and "bought nothing" not in verdict
