@@ -118,6 +118,7 @@ def _run(ctx: ReplayContext, replicas: int, route: RouteHook | None) -> dict[str
 
     return {
         "replicas": replicas, "attainment_both": round(scored.attainment_both, 5),
+        "attainment_ttft": round(scored.attainment_ttft, 5), "attainment_itl": round(scored.attainment_itl, 5),
         "ttft_p50_s": pct(finite, 50), "ttft_p99_s": pct(finite, 99),
         "normalized_ttft_p99_s": pct(normalized, 99), "unserved": int(ttfts.size - finite.size),
     }

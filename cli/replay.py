@@ -138,7 +138,8 @@ def _compare_routers(request: ReplayRequest, router: str, replicas: str | None, 
         print_json(summary)
         return
     for name, rows in summary["results"].items():
-        cells = "  ".join(f"{r['replicas']}: {r['attainment_both']:.4f} p99 {r['ttft_p99_s']}" for r in rows)
+        cells = "  ".join(f"{r['replicas']}: {r['attainment_both']:.4f} (TTFT {r['attainment_ttft']:.4f}, ITL "
+                          f"{r['attainment_itl']:.4f}) p99 {r['ttft_p99_s']}" for r in rows)  # fmt: skip
         console.print(f"{name:>20}  {cells}")
     floor = summary["floor"]
     console.print(f"{'floor':>20}  every request alone on one of {floor['replicas']} replicas: p99 "
