@@ -436,7 +436,8 @@ class LocalStack:
         state.fault = (start, start + opts.slowdown_for_s)
         state.event(f"fault injected for {opts.slowdown_for_s:.0f} s: {throttle.describe()}")
         await throttle.run(opts.slowdown_for_s)
-        state.event("fault over: every replica runs freely again")
+        state.event("fault over: every replica runs freely again (the requests it delayed stay in the SLI "
+                    "windows a while; the summary's within-SLO shares outside the fault leave them out)")
 
     def stop(self) -> None:
         self.supervisor.stop_all()
