@@ -1,4 +1,5 @@
-"""The scale check with an entry router that refuses: a scale-up that ends the refusals is effective."""
+"""The scale check: with an entry router that refuses (a scale-up that ends the refusals is effective), and a p99
+whose drop is within its noise."""
 
 from __future__ import annotations
 
@@ -117,5 +118,5 @@ def test_a_gain_within_a_p99s_noise_is_not_an_effective_scale_up() -> None:
     """The model expected next to nothing (+0 %), and +2.5 % is more than a quarter of that, but is noise."""
     verdict = latency_scale_up_judged(0.585)  # 1.20 -> 1.17 of the objective
     assert verdict is not None and "bought nothing" in verdict and "predicted +0%" in verdict
-    verdict = latency_scale_up_judged(0.525)  # 1.20 -> 1.05: -12.5 %, beyond the noise
+    verdict = latency_scale_up_judged(0.525)  # 1.20 -> 1.05: 12.5 % lower, beyond the noise
     assert verdict is not None and "effective" in verdict and "bought nothing" not in verdict
