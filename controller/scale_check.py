@@ -9,11 +9,14 @@ at least ``min_gain`` of the predicted drop (and more than a p99's noise,
 by at least ``min_gain`` of the added capacity while a queue was waiting.  A
 scale-up that bought neither is *ineffective* (``scale_ineffective``): the CPUs
 were oversubscribed, a shared dependency is the bottleneck, or the load is not
-what the fleet can fix.  More replicas for the same causes are then held until
-the signal changes: the offered load (smoothed) moves by ``load_change``, the pressure goes
-away, the replica count is changed by someone else, or ``hold_s`` passes.  (The sizing
-advisor meanwhile gives the ineffective replicas back, and still adds what the load or the
-forecast alone asks for; neither step ends the hold.)
+what the fleet can fix.  A further step up before a scale-up is judged joins it: the
+chain is judged once, from its first size and the p99 seen before it (with start-ups
+longer than the advisor's steps, judging each step alone judged none).  More replicas
+for the same causes are then held until the signal changes: the offered load
+(smoothed) moves by ``load_change``, the pressure goes away, the replica count is
+changed by someone else, or ``hold_s`` passes.  (The sizing advisor meanwhile gives
+the ineffective replicas back, and still adds what the load or the forecast alone asks
+for; neither step ends the hold.)
 
 Pure: observations and time in, verdicts out.
 """
@@ -121,6 +124,18 @@ def _predicted_gain(capacity: CapacityModel, load: Load | None, before: int, aft
     return min(1.0, max(0.0, 1.0 - ratio_will / ratio_was)) if ratio_was > 0 else 0.0
 
 
+def _extended(
+    chain: _Pending, current: int, causes: frozenset[str], now_s: float, capacity: CapacityModel,
+    obs: PolicyObservation,
+) -> _Pending:
+    """A further step up before ``chain`` was judged: judged together, from the chain's first size and the
+    p99 seen before it (the p99 seen now is still the first size's: the new replicas are not ready)."""
+    return replace(
+        chain, after=current, causes=chain.causes | causes, started_s=now_s, ready_s=None,
+        predicted_gain=_predicted_gain(capacity, offered_load(obs), chain.before, current),
+    )
+
+
 class ScaleChecker:
     """Per policy: notices scale-ups taking effect, judges them, and holds causes that did not pay."""
 
@@ -142,7 +157,7 @@ class ScaleChecker:
         if current is None:
             return None
         if previous is not None and current != previous:
-            state.pending = None
+            chain, state.pending = state.pending, None
             if state.held is not None and current != state.held.replicas:
                 # A step towards what was advised, down (the ineffective scale-up given back) or up for the load or
                 # the forecast alone (no pressure cause), leaves the cause held.  Any other change (someone else's,
@@ -152,7 +167,10 @@ class ScaleChecker:
                     asked <= current < previous or (not state.last_causes and previous < current <= asked))
                 state.held = replace(state.held, replicas=current) if advised else None
             need = state.last_need or 0
-            if current > previous and need >= current and state.last_causes:
+            ours = current > previous and need >= current
+            if ours and chain is not None and chain.after == previous:
+                state.pending = _extended(chain, current, state.last_causes, now_s, capacity, obs)
+            elif ours and state.last_causes:
                 state.pending = _Pending(
                     before=previous, after=current, causes=state.last_causes, started_s=now_s, ready_s=None,
                     ratio_before=latency_ratio(policy, obs), served_before=obs.output_tokens_per_s,

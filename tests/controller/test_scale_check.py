@@ -120,3 +120,32 @@ def test_a_gain_within_a_p99s_noise_is_not_an_effective_scale_up() -> None:
     assert verdict is not None and "bought nothing" in verdict and "predicted +0%" in verdict
     verdict = latency_scale_up_judged(0.525)  # 1.20 -> 1.05: 12.5 % lower, beyond the noise
     assert verdict is not None and "effective" in verdict and "bought nothing" not in verdict
+
+
+def test_a_chain_of_scale_ups_is_judged_as_one_from_its_first_size() -> None:
+    """Replicas slow to start: the advisor steps 2 -> 3 -> 4 -> 5 -> 6 before any is ready.  The chain is judged
+    once, 2 -> 6, against the p99 seen before its first step (each step used to replace the last, so with
+    start-ups longer than the steps' spacing no scale-up was ever judged)."""
+    checker = ScaleChecker()
+    checker.note_advice("chat", 6, (Reason.SCALE_UP, Reason.LATENCY_P99))
+    checker.observe(POLICY, long_prompts(0.0, 2, 0.6), 0.0, CAPACITY)
+    for step, at_s in enumerate((15.0, 30.0, 45.0, 60.0), start=3):
+        assert checker.observe(POLICY, replace(long_prompts(at_s, 2, 0.6), current_replicas=step), at_s,
+                               CAPACITY) is None  # fmt: skip
+    verdicts = [
+        checker.observe(POLICY, replace(long_prompts(t, 6, 0.54), ready_replicas=6 if t >= 600 else 2), t, CAPACITY)
+        for t in (300.0, 600.0, 615.0, 700.0)
+    ]
+    assert verdicts[:3] == [None, None, None]
+    assert verdicts[3] is not None and verdicts[3].startswith("scale-up 2 -> 6 effective")
+    assert "1.20 -> 1.08" in verdicts[3]
+
+
+def test_a_step_down_ends_the_chain_unjudged() -> None:
+    checker = ScaleChecker()
+    checker.note_advice("chat", 4, (Reason.SCALE_UP, Reason.LATENCY_P99))
+    checker.observe(POLICY, long_prompts(0.0, 2, 0.6), 0.0, CAPACITY)
+    checker.observe(POLICY, replace(long_prompts(15.0, 2, 0.6), current_replicas=4), 15.0, CAPACITY)
+    checker.note_advice("chat", 3, (Reason.SCALE_DOWN,))
+    checker.observe(POLICY, replace(long_prompts(30.0, 2, 0.6), current_replicas=3), 30.0, CAPACITY)
+    assert all(checker.observe(POLICY, long_prompts(t, 3, 0.7), t, CAPACITY) is None for t in (200.0, 400.0))
