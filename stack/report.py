@@ -35,6 +35,14 @@ def _share(hits: int, total: int) -> float | None:
     return hits / total if total else None
 
 
+def recent_requests(state: StackState, now_s: float, window_s: float) -> tuple[list[RequestRecord], int]:
+    """The requests that finished in the last ``window_s`` (what the live p99s are of), and how many of them
+    the fault touched."""
+    pairs = [(r, t) for r, t in zip(state.records, state.done_at_s, strict=True) if t >= now_s - window_s]
+    records = [r for r, _ in pairs]
+    return records, len(records) - len(outside_fault(state, records, [t for _, t in pairs]))
+
+
 def outside_fault(state: StackState, records: list[RequestRecord], done_at_s: list[float]) -> list[RequestRecord]:
     """Requests whose lifetime (arrival to finish, stack seconds) does not touch the fault window."""
     if state.fault is None:

@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 
 from harness.webhook import WebhookReceiver
+from stack.report import recent_requests
 from stack.state import Sample, StackState
 
 __all__ = ["Sampler"]
@@ -63,7 +64,7 @@ class Sampler:
         alerts = await self._alerts(client)
         self._pages()
         now = state.elapsed()
-        recent = [r for r, t in zip(state.records, state.done_at_s, strict=True) if t >= now - RECENT_S]
+        recent, met_fault = recent_requests(state, now, RECENT_S)
         ttfts = [r.ttft_s for r in recent if r.ttft_s is not None]
         itls = [x for r in recent for x in r.itls_s]
         ok = sum(r.ok for r in state.records)
@@ -79,7 +80,7 @@ class Sampler:
             noise_cv=np.max(np.array(noises), axis=0).tolist() if noises else [],
             current_replicas=status.get("current_replicas"), desired_replicas=status.get("desired_replicas"),
             ready_engines=len(state.engines), alerts=alerts, arrival_rps=sent / RATE_WINDOW_S,
-            forecast=status.get("forecast"),
+            forecast=status.get("forecast"), fault_requests=met_fault,
         ))
 
     async def _imbalance(self, client: httpx.AsyncClient) -> tuple[list[list[float]], list[list[float]]]:

@@ -94,6 +94,9 @@ class Sample:
     noise_cv: list[float] = field(default_factory=list)
     forecast: dict[str, Any] | None = None
     """The controller's forecast (``/v1/status``): point, interval and sized rates one horizon ahead."""
+    fault_requests: int = 0
+    """Of the requests behind the p99s (finished in the last 30 s), those the injected fault touched: for a
+    while after it ends, the p99s are theirs."""
 
 
 @dataclass

@@ -34,7 +34,10 @@ def _forecast(sample: Sample) -> Text:
 
 def render(state: StackState) -> Group:
     sample = state.samples[-1] if state.samples else None
-    slo = Table(title="SLOs (client side, last 30 s)", expand=True)
+    title = "SLOs (client side, last 30 s)"
+    if sample is not None and sample.fault_requests:
+        title += f": {sample.fault_requests} of its requests met the fault"
+    slo = Table(title=title, expand=True)
     for column in ("TTFT p99", "ITL p99", "requests ok / failed", "replicas (current/desired)", "engines",
                    "load / forecast (req/s)"):
         slo.add_column(column)
@@ -77,4 +80,5 @@ def print_status_line(state: StackState, console: Console, every: int = 5) -> No
     forecast = "-" if not s.forecast else f"{s.forecast['request_rate_rps']:.2f}"
     console.print(f"{s.t_s - state.load_started_s:6.1f}s  TTFT p99 {ttft}  ITL p99 {itl}  max CV {cv}  "
                   f"ok {s.requests_ok} failed {s.requests_failed}  replicas {s.current_replicas}/{s.desired_replicas}"
-                  f"  load {s.arrival_rps:.2f} forecast {forecast} req/s")
+                  f"  load {s.arrival_rps:.2f} forecast {forecast} req/s"
+                  + (f"  ({s.fault_requests} of the p99s' requests met the fault)" if s.fault_requests else ""))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+
+from rich.console import Console
 
 from harness.loadgen import RequestRecord
 from stack.plots import write_plots
-from stack.report import request_rows, summarize
+from stack.report import recent_requests, request_rows, summarize
 from stack.state import Sample, StackOptions, StackState
+from stack.view import print_status_line
 
 
 def _state() -> StackState:
@@ -74,3 +78,24 @@ def test_requests_during_the_fault_are_counted_apart() -> None:
     assert [r["within_both_slos"] for r in rows] == [True, False, False, False, True]
     assert [r["outside_fault"] for r in rows] == [True, True, False, False, True]
     assert rows[0]["itl_mean_s"] == 0.02 and rows[0]["itl_max_s"] == 0.03
+
+
+def test_the_live_p99s_say_when_the_fault_is_in_their_window() -> None:
+    """After the fault, the requests it delayed finish and set the last 30 s's p99s: the status line says so."""
+    state = StackState(StackOptions(duration_s=60.0))
+    state.load_started_s, state.fault = 10.0, (30.0, 40.0)
+    state.records = [RequestRecord(arrival_s=a, prompt_tokens=8, max_tokens=2, status=200, ttft_s=t, itls_s=[0.01],
+                                   output_tokens=2) for a, t in ((25.0, 9.0), (29.0, 0.1), (38.0, 0.1))]  # fmt: skip
+    state.done_at_s = [44.0, 39.5, 48.2]
+    records, met = recent_requests(state, 50.0, 30.0)
+    assert (len(records), met) == (3, 2)  # the first arrived in the fault; the second finished in it
+    assert recent_requests(state, 75.0, 30.0)[1] == 0  # 45..75 s: only the third, clear of it
+    console = Console(record=True, width=200)
+    state.samples = [Sample(t_s=50.0, ttft_p99_s=8.8, itl_p99_s=0.01, requests_ok=3, requests_failed=0,
+                            imbalance_cv=[], current_replicas=1, desired_replicas=1, ready_engines=1, alerts=[],
+                            fault_requests=met)] * 5  # fmt: skip
+    print_status_line(state, console)
+    assert "(2 of the p99s' requests met the fault)" in console.export_text()
+    state.samples = [*state.samples[:4], replace(state.samples[0], fault_requests=0)]
+    print_status_line(state, console)
+    assert "met the fault" not in console.export_text()  # the buffer holds the second line only
