@@ -14,6 +14,7 @@ shows on that window; verification expects that out-of-sample prediction.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections import deque
@@ -265,7 +266,9 @@ class Rebalancer:
         plan_ms = 0.0
         if state.history[-1].worst_denoised_cv > objective.max_cv and len(state.loads) >= self.min_windows:
             started = time.perf_counter()
-            plan, held_out = plan_from_history(state.loads.windows(), snap.placement)
+            # Off the event loop: two plans of a DeepSeek-V3-sized model over eight windows take a few tenths of
+            # a second, which the controller's API and its other engines' ticks would otherwise wait out.
+            plan, held_out = await asyncio.to_thread(plan_from_history, state.loads.windows(), snap.placement)
             plan_ms = 1000 * (time.perf_counter() - started)
         decision = decide_rebalance(
             objective=objective,

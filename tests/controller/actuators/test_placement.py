@@ -200,3 +200,50 @@ def test_verification_widens_its_noise_by_the_windows_dispersion() -> None:
     # Fifty times the tokens: the independent-draw floor alone would be sqrt(50) times narrower than steady's.
     assert verify.noise_cv is not None and steady.noise_cv is not None
     assert verify.noise_cv > steady.noise_cv / 50**0.5 * 2
+
+
+class LargeSkewedEngine(InMemoryEngine):
+    """DeepSeek-V3's shape (58 MoE layers, 256 experts on 32 ranks of 9 slots), with skewed routing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.placement = Placement.contiguous(58, 256, 32, 9)
+        self.load = np.random.default_rng(0).zipf(1.6, size=(58, 256)).clip(max=5000).astype(np.int64)
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
+        ranks = rank_load(self.placement.phy2log, self.load.astype(float), self.placement.num_ranks)
+        return ExpertLoadSnapshot(expert_tokens=self.load, imbalance_cv=tuple(float(x) for x in imbalance_cv(ranks)),
+                                  steps_in_window=64, placement=self.placement)
+
+
+def test_planning_leaves_the_event_loop_free() -> None:
+    """A plan at DeepSeek-V3's size takes tens of milliseconds or more: the controller's API and its other ticks
+    must not wait it out, so it runs off the event loop."""
+    engine = LargeSkewedEngine()
+    rebalancer = Rebalancer(engine, TriggerSettings(cooldown_s=100), verify_after_s=5)
+    gaps: list[float] = []
+
+    async def heartbeat(stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while not stop.is_set():
+            await asyncio.sleep(0.002)
+            now = loop.time()
+            gaps.append(now - last)
+            last = now
+
+    async def run() -> list[Any]:
+        stop = asyncio.Event()
+        beat = asyncio.create_task(heartbeat(stop))
+        events = []
+        for now in (0.0, 5.0, 11.0):
+            events += await rebalancer.tick(_policy(Mode.ENFORCE), ["http://engine"], now)
+        stop.set()
+        await beat
+        return events
+
+    (event,) = asyncio.run(run())
+    assert event.kind == "rebalance" and event.outcome == "applied"
+    plan_s = event.plan["plan_ms"] / 1000
+    assert plan_s > 0.02, "the plan was too quick to tell anything"
+    assert max(gaps) < plan_s / 2
