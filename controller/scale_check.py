@@ -9,9 +9,10 @@ at least ``min_gain`` of the predicted drop (and more than a p99's noise,
 by at least ``min_gain`` of the added capacity while a queue was waiting.  A
 scale-up that bought neither is *ineffective* (``scale_ineffective``): the CPUs
 were oversubscribed, a shared dependency is the bottleneck, or the load is not
-what the fleet can fix.  A further step up before a scale-up is judged joins it: the
-chain is judged once, from its first size and the p99 seen before it (with start-ups
-longer than the advisor's steps, judging each step alone judged none).  More replicas
+what the fleet can fix.  A further step up the advisor asked for (pressure, load or
+forecast) before a scale-up is judged joins it: the chain is judged once, from its first
+size and the p99 seen at its first step (with start-ups longer than the advisor's steps,
+judging each step alone judged none); any other change ends it unjudged.  More replicas
 for the same causes are then held until the signal changes: the offered load
 (smoothed) moves by ``load_change``, the pressure goes away, the replica count is
 changed by someone else, or ``hold_s`` passes.  (The sizing advisor meanwhile gives
@@ -73,6 +74,9 @@ class HeldCause:
 class _Pending:
     before: int
     after: int
+    pressed_to: int
+    """The size the chain's steps for pressure reached: what the throughput test expects capacity from (replicas
+    a later step added for the forecast have no demand waiting for them)."""
     causes: frozenset[str]
     started_s: float
     ready_s: float | None
@@ -129,9 +133,10 @@ def _extended(
     obs: PolicyObservation,
 ) -> _Pending:
     """A further step up before ``chain`` was judged: judged together, from the chain's first size and the
-    p99 seen before it (the p99 seen now is still the first size's: the new replicas are not ready)."""
+    p99 seen at its first step (the p99 seen now is partly the chain's own earlier steps')."""
     return replace(
-        chain, after=current, causes=chain.causes | causes, started_s=now_s, ready_s=None,
+        chain, after=current, pressed_to=current if causes else chain.pressed_to, causes=chain.causes | causes,
+        started_s=now_s, ready_s=None,
         predicted_gain=_predicted_gain(capacity, offered_load(obs), chain.before, current),
     )
 
@@ -172,7 +177,8 @@ class ScaleChecker:
                 state.pending = _extended(chain, current, state.last_causes, now_s, capacity, obs)
             elif ours and state.last_causes:
                 state.pending = _Pending(
-                    before=previous, after=current, causes=state.last_causes, started_s=now_s, ready_s=None,
+                    before=previous, after=current, pressed_to=current, causes=state.last_causes, started_s=now_s,
+                    ready_s=None,
                     ratio_before=latency_ratio(policy, obs), served_before=obs.output_tokens_per_s,
                     queue_before=waiting(obs), refused_before=router_refused(obs),
                     predicted_gain=_predicted_gain(capacity, offered_load(obs), previous, current),
@@ -233,9 +239,9 @@ class ScaleChecker:
         pressed = pending.queue_before > 0 or pending.refused_before > 0
         if pressed and served_now is not None and pending.served_before:
             growth = served_now / pending.served_before - 1.0
-            expected = pending.after / max(pending.before, 1) - 1.0
+            expected = pending.pressed_to / max(pending.before, 1) - 1.0
             parts.append(f"served output tokens/s {pending.served_before:.0f} -> {served_now:.0f} "
-                         f"({growth:+.0%}, capacity added {expected:+.0%})")
+                         f"({growth:+.0%}, capacity added for pressure {expected:+.0%})")
             if growth >= gain_needed * expected:
                 return True, "; ".join(parts)
         if not parts:

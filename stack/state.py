@@ -95,8 +95,8 @@ class Sample:
     forecast: dict[str, Any] | None = None
     """The controller's forecast (``/v1/status``): point, interval and sized rates one horizon ahead."""
     fault_requests: int = 0
-    """Of the requests behind the p99s (finished in the last 30 s), those the injected fault touched: for a
-    while after it ends, the p99s are theirs."""
+    """Of the requests finished in the last 30 s (whose p99s these are), those the injected fault touched: for
+    a while after it ends, the requests it delayed may set the p99s."""
 
 
 @dataclass

@@ -36,7 +36,7 @@ def render(state: StackState) -> Group:
     sample = state.samples[-1] if state.samples else None
     title = "SLOs (client side, last 30 s)"
     if sample is not None and sample.fault_requests:
-        title += f": {sample.fault_requests} of its requests met the fault"
+        title += f"; {sample.fault_requests} of the window's requests met the fault"
     slo = Table(title=title, expand=True)
     for column in ("TTFT p99", "ITL p99", "requests ok / failed", "replicas (current/desired)", "engines",
                    "load / forecast (req/s)"):

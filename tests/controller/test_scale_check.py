@@ -122,30 +122,54 @@ def test_a_gain_within_a_p99s_noise_is_not_an_effective_scale_up() -> None:
     assert verdict is not None and "effective" in verdict and "bought nothing" not in verdict
 
 
+def busy(at_s: float, replicas: int, itl_p99_s: float, ready: int | None = None) -> PolicyObservation:
+    """20 requests/s of 500-token prompts: the model predicts a 38 % lower worst p99 from 2 to 6 replicas, 4 %
+    from 5 to 6."""
+    sli = SliSnapshot(observed_at_s=at_s, window_s=60.0, requests_in_window=1200.0, ttft_p99_s=0.1,
+                      itl_p99_s=itl_p99_s)  # fmt: skip
+    obs = observe(at_s, replicas, request_rate_rps=20.0, prompt_tokens_per_s=10_000.0, output_tokens_per_s=2_000.0,
+                  sli=sli)  # fmt: skip
+    return obs if ready is None else replace(obs, ready_replicas=ready)
+
+
 def test_a_chain_of_scale_ups_is_judged_as_one_from_its_first_size() -> None:
-    """Replicas slow to start: the advisor steps 2 -> 3 -> 4 -> 5 -> 6 before any is ready.  The chain is judged
-    once, 2 -> 6, against the p99 seen before its first step (each step used to replace the last, so with
-    start-ups longer than the steps' spacing no scale-up was ever judged)."""
+    """Replicas slow to start: the advisor steps 2 -> 3 -> 4 -> 5 -> 6 before any is ready, while the ITL p99
+    climbs.  The chain is judged once, 2 -> 6, against the p99 seen before its first step and the gain predicted
+    for all of it (each step used to replace the last, so with start-ups longer than the steps' spacing no
+    scale-up was ever judged)."""
     checker = ScaleChecker()
     checker.note_advice("chat", 6, (Reason.SCALE_UP, Reason.LATENCY_P99))
-    checker.observe(POLICY, long_prompts(0.0, 2, 0.6), 0.0, CAPACITY)
-    for step, at_s in enumerate((15.0, 30.0, 45.0, 60.0), start=3):
-        assert checker.observe(POLICY, replace(long_prompts(at_s, 2, 0.6), current_replicas=step), at_s,
-                               CAPACITY) is None  # fmt: skip
-    verdicts = [
-        checker.observe(POLICY, replace(long_prompts(t, 6, 0.54), ready_replicas=6 if t >= 600 else 2), t, CAPACITY)
-        for t in (300.0, 600.0, 615.0, 700.0)
-    ]
+    checker.observe(POLICY, busy(0.0, 2, 0.024), 0.0, CAPACITY)  # 1.20 of the objective, read at the first step
+    for step, at_s, itl in ((3, 15.0, 0.024), (4, 30.0, 0.026), (5, 45.0, 0.027), (6, 60.0, 0.028)):
+        assert checker.observe(POLICY, replace(busy(at_s, 2, itl), current_replicas=step), at_s, CAPACITY) is None
+    verdicts = [checker.observe(POLICY, busy(t, 6, 0.0216, ready=6 if t >= 600 else 2), t, CAPACITY)
+                for t in (300.0, 600.0, 615.0, 700.0)]  # fmt: skip
     assert verdicts[:3] == [None, None, None]
     assert verdicts[3] is not None and verdicts[3].startswith("scale-up 2 -> 6 effective")
-    assert "1.20 -> 1.08" in verdicts[3]
+    assert "1.20 -> 1.08 (+10%, predicted +38%)" in verdicts[3]
 
 
 def test_a_step_down_ends_the_chain_unjudged() -> None:
+    """2 -> 4, then down to 3 before the new replicas are ready: nothing is judged, even once 4 are ready."""
     checker = ScaleChecker()
     checker.note_advice("chat", 4, (Reason.SCALE_UP, Reason.LATENCY_P99))
-    checker.observe(POLICY, long_prompts(0.0, 2, 0.6), 0.0, CAPACITY)
-    checker.observe(POLICY, replace(long_prompts(15.0, 2, 0.6), current_replicas=4), 15.0, CAPACITY)
+    checker.observe(POLICY, busy(0.0, 2, 0.024), 0.0, CAPACITY)
+    checker.observe(POLICY, replace(busy(15.0, 2, 0.024), current_replicas=4), 15.0, CAPACITY)
     checker.note_advice("chat", 3, (Reason.SCALE_DOWN,))
-    checker.observe(POLICY, replace(long_prompts(30.0, 2, 0.6), current_replicas=3), 30.0, CAPACITY)
-    assert all(checker.observe(POLICY, long_prompts(t, 3, 0.7), t, CAPACITY) is None for t in (200.0, 400.0))
+    checker.observe(POLICY, replace(busy(30.0, 2, 0.024), current_replicas=3), 30.0, CAPACITY)
+    assert all(checker.observe(POLICY, busy(t, 3, 0.03, ready=4), t, CAPACITY) is None for t in (200.0, 400.0))
+
+
+def test_a_chain_expects_throughput_only_from_its_steps_for_pressure() -> None:
+    """2 -> 4 for the refusals, then 4 -> 8 for the forecast: the served throughput is expected to grow with the
+    replicas added for the refusals (+100 %), not with those the forecast added for load still to come."""
+    checker = ScaleChecker()
+    checker.note_advice("chat", 4, (Reason.SCALE_UP, Reason.ROUTER_REFUSED))
+    checker.observe(POLICY, refusing(0.0, 2, 10.0, 10.0), 0.0, CAPACITY)
+    checker.observe(POLICY, replace(refusing(15.0, 2, 10.0, 10.0), current_replicas=4), 15.0, CAPACITY)
+    checker.note_advice("chat", 8, (Reason.SCALE_UP, Reason.FORECAST))
+    checker.observe(POLICY, replace(refusing(30.0, 2, 10.0, 10.0), current_replicas=8), 30.0, CAPACITY)
+    checker.observe(POLICY, replace(refusing(90.0, 8, 16.0, 4.0), ready_replicas=8), 90.0, CAPACITY)
+    verdict = checker.observe(POLICY, replace(refusing(200.0, 8, 16.0, 4.0), ready_replicas=8), 200.0, CAPACITY)
+    assert verdict is not None and verdict.startswith("scale-up 2 -> 8 effective")
+    assert "served output tokens/s 1000 -> 1600 (+60%, capacity added for pressure +100%)" in verdict

@@ -6,12 +6,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
+from rich.table import Table
 
 from harness.loadgen import RequestRecord
 from stack.plots import write_plots
 from stack.report import recent_requests, request_rows, summarize
 from stack.state import Sample, StackOptions, StackState
-from stack.view import print_status_line
+from stack.view import print_status_line, render
 
 
 def _state() -> StackState:
@@ -96,6 +97,8 @@ def test_the_live_p99s_say_when_the_fault_is_in_their_window() -> None:
                             fault_requests=met)] * 5  # fmt: skip
     print_status_line(state, console)
     assert "(2 of the p99s' requests met the fault)" in console.export_text()
+    slo_table = render(state).renderables[1]
+    assert isinstance(slo_table, Table) and "; 2 of the window's requests met the fault" in str(slo_table.title)
     state.samples = [*state.samples[:4], replace(state.samples[0], fault_requests=0)]
     print_status_line(state, console)
     assert "met the fault" not in console.export_text()  # the buffer holds the second line only
