@@ -134,7 +134,7 @@ def busy(at_s: float, replicas: int, itl_p99_s: float, ready: int | None = None)
 
 def test_a_chain_of_scale_ups_is_judged_as_one_from_its_first_size() -> None:
     """Replicas slow to start: the advisor steps 2 -> 3 -> 4 -> 5 -> 6 before any is ready, while the ITL p99
-    climbs.  The chain is judged once, 2 -> 6, against the p99 seen before its first step and the gain predicted
+    climbs.  The chain is judged once, 2 -> 6, against the p99 seen at its first step and the gain predicted
     for all of it (each step used to replace the last, so with start-ups longer than the steps' spacing no
     scale-up was ever judged)."""
     checker = ScaleChecker()
