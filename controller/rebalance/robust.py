@@ -283,7 +283,7 @@ def _overload_swaps(
     right[:, 2 * t : 3 * t], right[:, 3 * t : 4 * t] = np.swapaxes(w * w, 1, 2), np.swapaxes(h_q, 1, 2)
     right[:, 4 * t], right[:, 4 * t + 1] = 1.0, ((h_q * w / 2 - g_q) * w).sum(axis=2)
     # A swap inside one rank changes nothing (its expansion is h d^2 >= 0 but for float32 rounding):
-    # _valid_best refuses one that rounds below zero, as a swap that piles copies up.
+    # _valid_best never picks one.
     flat = np.matmul(left, right).reshape(n * m, k * num_slots)
     local, p_flat = np.repeat(np.arange(n), m), ps.ravel()
     best = _valid_best(packing, active, local, p_flat, on_p.reshape(n * m, k), flat)
@@ -302,10 +302,14 @@ def _overload_swaps(
 
 def _valid_best(packing: VectorPacking, active: IntArray, local: IntArray, p_flat: IntArray, on_p: IntArray,
                 flat: FloatArray) -> IntArray:  # fmt: skip
-    """Per candidate row of ``flat``: its best swap that piles no copies up, re-picking while invalid (rare)."""
+    """Per candidate row of ``flat``: its best swap that piles no copies up, re-picking while invalid."""
     num_slots = packing.experts.shape[1]
     e, q, has = packing.experts[active], packing.item_bin[active], packing.has_expert
     rows = active[local]
+    # A swap inside rank p changes nothing, but float32 rounding can score it below zero: never pick one.
+    k = on_p.shape[1]
+    within = flat.reshape(flat.shape[0], k, num_slots)
+    within[np.arange(flat.shape[0])[:, None, None], np.arange(k)[:, None], on_p[:, None, :]] = np.inf
     best = np.argmin(flat, axis=1)
     check = np.arange(flat.shape[0])
     for _ in range(flat.shape[1]):
