@@ -233,7 +233,9 @@ def bench_rebalance(
     with cli_errors():
         from bench.rebalance import expert_load_dir
         from bench.rebalance_oos import run_all
+        from controller.rebalance.allocator import keep_freed_memory
 
+        keep_freed_memory()  # as the controller runs its planner (controller/rebalance/allocator.py)
         with console.status("planning every file with both planners") as status:
             result = run_all(data or expert_load_dir(), max_files=max_files, repeat=repeat,
                              out_of_sample_only=out_of_sample_only, progress=status.update)

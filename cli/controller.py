@@ -46,6 +46,7 @@ def serve(
 
         from controller.api import create_app
         from controller.config import load_settings
+        from controller.rebalance.allocator import keep_freed_memory
         from controller.service import build_service
         from controller.store import Store
 
@@ -60,6 +61,7 @@ def serve(
             alertmanager_url=alertmanager,
         )
         check_bindable(settings.host, settings.port)
+        keep_freed_memory()  # the rebalancer's planning rounds (controller/rebalance/allocator.py)
         store = Store(settings.db_url)
         registry = CollectorRegistry()
         service = build_service(settings, store, registry)

@@ -39,9 +39,11 @@ def rebalance(
     """Plan a balanced expert placement and write it as JSON (loadable as an engine placement)."""
     with cli_errors():
         from contracts.placement import Placement
+        from controller.rebalance.allocator import keep_freed_memory
         from controller.rebalance.history import plan_over_windows
         from controller.rebalance.load_files import read_expert_loads
 
+        keep_freed_memory()
         windows = read_expert_loads(load)
         current = Placement.load(previous) if previous is not None else None
         started = time.perf_counter()

@@ -4,7 +4,9 @@
 that evens out per-rank load, replicating hot experts into spare slots and moving
 few experts when it starts from the current placement.  ``decide_rebalance``
 says whether to apply such a plan now, with its reasons as data; ``verify_rebalance``
-compares the imbalance measured afterwards with the prediction.  No I/O here.
+compares the imbalance measured afterwards with the prediction.  No I/O here;
+:mod:`~controller.rebalance.allocator` holds the process-wide allocator setting that the
+commands which plan apply.
 """
 
 from __future__ import annotations
