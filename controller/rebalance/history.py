@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.errors import ValidationError
-from contracts.imbalance import Imbalance, max_over_mean, rank_load
+from contracts.imbalance import Imbalance, count_replicas, max_over_mean, rank_load
 from contracts.placement import Placement
 from controller.rebalance.checks import groups_within_nodes, validate_plan_inputs
 from controller.rebalance.groups import choose_groups, window_split
@@ -141,9 +141,8 @@ def _plan(
     phy2log: IntArray, base: Placement, stack: FloatArray, total: FloatArray, active: npt.NDArray[np.bool_],
     lower: FloatArray, cv_lower: FloatArray | None, num_ranks: int, replanning: bool, num_nodes: int,
 ) -> RebalancePlan:
-    layers, num_experts = total.shape
-    counts = np.zeros((layers, num_experts), dtype=np.int64)
-    np.add.at(counts, (np.repeat(np.arange(layers), phy2log.shape[1]), phy2log.ravel()), 1)
+    num_experts = total.shape[1]
+    counts = count_replicas(phy2log, num_experts)
     kept = (phy2log == base.phy2log).all(axis=1)
     return RebalancePlan(
         placement=Placement(phy2log, num_ranks),

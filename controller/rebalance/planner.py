@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
-from contracts.imbalance import Imbalance, imbalance_cv, rank_load
+from contracts.imbalance import Imbalance, count_replicas, imbalance_cv, rank_load
 from contracts.placement import Placement
 from contracts.slo_defaults import MAX_IMBALANCE_CV
 from controller.rebalance.checks import groups_within_nodes, validate_plan_inputs
@@ -141,8 +141,7 @@ def plan_rebalance(
         phy2log[rows] = np.where(keep[:, None], base.phy2log[rows], new_p2l)
         predicted[rows] = np.where(keep[:, None], predicted[rows], new_load)
         replanned[rows] = np.where(keep, previous is not None, new_replanned)
-    counts_out = np.zeros((layers, num_experts), dtype=np.int64)
-    np.add.at(counts_out, (np.repeat(np.arange(layers), phy2log.shape[1]), phy2log.ravel()), 1)
+    counts_out = count_replicas(phy2log, num_experts)
     return RebalancePlan(
         placement=Placement(phy2log, num_ranks),
         previous=base,
