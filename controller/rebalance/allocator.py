@@ -1,13 +1,13 @@
 """glibc's allocator, set for the processes that run this planner.
 
 The rebalancer's refine rounds (:mod:`controller.rebalance.robust`) allocate score
-matrices of a few megabytes and free them again, round after round.  glibc maps
-such blocks afresh from the kernel (its threshold follows the largest block freed,
-and a block of that very size is mapped again) and returns the heap's free top once
-it exceeds twice that, so every round page-faults its matrices in anew: about
-10,700 faults (42 MB) per plan at DeepSeek-V3's size, a quarter of the plan's CPU
-time.  Serving blocks up to 32 MiB from the heap and keeping up to 64 MiB of it free
-removes them, for at most that much more resident memory.
+matrices of a few megabytes and free them again, round after round, smaller as rows
+converge.  Under glibc's defaults (blocks above a threshold that follows the largest
+block freed are mapped from the kernel, and the heap's free top is returned once it
+exceeds twice that) they were page-faulted in anew: about 10,700 faults (42 MB) per
+plan at DeepSeek-V3's size, a quarter of the plan's CPU time.  Serving blocks up to
+32 MiB from the heap and keeping up to 64 MiB of it free removes them, for at most
+that much more resident memory.
 
 A process-wide setting, so the command line applies it, not the planner: ``moeslo
 controller serve``, ``moeslo rebalance`` and ``moeslo bench rebalance`` (whose baseline

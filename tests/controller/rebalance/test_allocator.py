@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 import textwrap
@@ -37,7 +38,7 @@ def _second_plan_faults(setting: str) -> tuple[bool, int]:
     return out[0] == "True", int(out[1])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_a_second_plan_page_faults_far_less_with_the_settings() -> None:
     applied, with_settings = _second_plan_faults("on")
     _, without = _second_plan_faults("off")
