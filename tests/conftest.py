@@ -21,6 +21,13 @@ def shared_data(*parts: str) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _default_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands run in-process (typer's runner) leave glibc's allocator as it is: the setting
+    :mod:`controller.rebalance.allocator` applies is process-wide and would reach every later test."""
+    monkeypatch.setattr("controller.rebalance.allocator.keep_freed_memory", lambda: False)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A small random Qwen3-MoE checkpoint in the Hugging Face format."""

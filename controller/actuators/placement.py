@@ -18,6 +18,7 @@ import asyncio
 import functools
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -197,6 +198,9 @@ class Rebalancer:
         self.min_windows = max(1, min(min_windows, history_windows))
         """Windows seen before the first plan (2: every plan comes with a held-out prediction)."""
         self._state: dict[tuple[str, str], _EngineState] = {}
+        self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moeslo-planner")
+        """Plans run on this one thread: off the event loop, and one malloc arena keeps what the planning commands'
+        allocator setting (:mod:`controller.rebalance.allocator`) lets it keep, not one per pool thread."""
 
     def state(self, policy: str, endpoint: str) -> _EngineState:
         key = (policy, endpoint)
@@ -205,6 +209,7 @@ class Rebalancer:
         return self._state[key]
 
     async def aclose(self) -> None:
+        self._planner.shutdown(wait=False, cancel_futures=True)
         close = getattr(self.control, "aclose", None)
         if close is not None:
             await close()
@@ -275,7 +280,8 @@ class Rebalancer:
         if state.history[-1].worst_denoised_cv > objective.max_cv and len(state.loads) >= self.min_windows:
             # Off the event loop: two plans of a DeepSeek-V3-sized model over eight windows take a few tenths of
             # a second, which the controller's API and its other engines' ticks would otherwise wait out.
-            plan, held_out, plan_ms = await asyncio.to_thread(_timed_plan, state.loads.windows(), snap.placement)
+            plan, held_out, plan_ms = await asyncio.get_running_loop().run_in_executor(
+                self._planner, _timed_plan, state.loads.windows(), snap.placement)
         decision = decide_rebalance(
             objective=objective,
             history=list(state.history),
