@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bench.rebalance import expert_load_dir, load_files, timed
-from contracts.imbalance import balancedness, imbalance_cv, max_over_mean, rank_load
+from contracts.imbalance import balancedness, count_replicas, imbalance_cv, max_over_mean, rank_load
 from controller.rebalance.moves import rank_moves
 from harness.vllm_server import VLLM_VENV, vllm_python
 
@@ -70,9 +70,7 @@ def check_plan(phy2log: IntArray, layers: int, num_experts: int, num_replicas: i
         raise AssertionError(f"plan shape {phy2log.shape}, expected {(layers, num_replicas)}")
     if phy2log.min() < 0 or phy2log.max() >= num_experts:
         raise AssertionError("plan holds expert ids out of range")
-    counts = np.zeros((layers, num_experts), dtype=np.int64)
-    np.add.at(counts, (np.repeat(np.arange(layers), num_replicas), phy2log.ravel()), 1)
-    if (counts == 0).any():
+    if (count_replicas(phy2log, num_experts) == 0).any():
         raise AssertionError("plan leaves a logical expert without a replica")
 
 

@@ -117,7 +117,8 @@ class Imbalance:
 
 def count_replicas(phy2log: IntArray, num_experts: int) -> IntArray:
     """(layers, experts) replicas of each logical expert: one ``bincount`` over every layer (``np.add.at`` is
-    many times slower)."""
+    many times slower).  Expects ids in ``[0, num_experts)``, as a :class:`~contracts.placement.Placement` holds:
+    an id out of range would be counted in the next layer."""
     layers = phy2log.shape[0]
     keys = (np.arange(layers, dtype=np.int64)[:, None] * num_experts + phy2log).ravel()
     out: IntArray = np.bincount(keys, minlength=layers * num_experts).reshape(layers, num_experts)
@@ -166,6 +167,7 @@ __all__ = [
     "Imbalance",
     "across_layers",
     "balancedness",
+    "count_replicas",
     "denoised_cv",
     "imbalance_cv",
     "max_over_mean",

@@ -169,7 +169,8 @@ def _best_swaps(packing: VectorPacking, active: IntArray, ps: IntArray) -> tuple
     ``delta/2 = w_a.(L_q - 2 w_x) + L_p.w_x + (|w_x|^2 - L_q.w_x) + (|w_a|^2 - L_p.w_a)`` is one
     product of a (replica a, rank p) vector with a replica-x vector, scored in float32 for speed;
     the chosen swap's change is then recomputed exactly.  A replica of ``p`` paired with
-    another replica of ``p`` scores ``|d|^2 >= 0``, so it is never taken as an improvement.
+    another replica of ``p`` changes nothing (``|d|^2`` exactly, which float32 can round below zero):
+    :func:`_valid_best` masks those pairs.
     """
     n, m = ps.shape
     k = packing.bin_items.shape[2]
