@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from contracts.errors import PlacementError
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -117,8 +119,9 @@ class Imbalance:
 
 def count_replicas(phy2log: IntArray, num_experts: int) -> IntArray:
     """(layers, experts) replicas of each logical expert: one ``bincount`` over every layer (``np.add.at`` is
-    many times slower).  Expects ids in ``[0, num_experts)``, as a :class:`~contracts.placement.Placement` holds:
-    an id out of range would be counted in the next layer."""
+    many times slower).  PlacementError for an id outside ``[0, num_experts)`` (it would count in another layer)."""
+    if phy2log.size and (phy2log.min() < 0 or phy2log.max() >= num_experts):
+        raise PlacementError(f"expert ids must be in [0, {num_experts}), got {phy2log.min()}..{phy2log.max()}")
     layers = phy2log.shape[0]
     keys = (np.arange(layers, dtype=np.int64)[:, None] * num_experts + phy2log).ravel()
     out: IntArray = np.bincount(keys, minlength=layers * num_experts).reshape(layers, num_experts)

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.errors import PlacementError
+from contracts.imbalance import count_replicas
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,10 +49,7 @@ class Placement:
 
     def replica_counts(self, num_experts: int) -> npt.NDArray[np.int64]:
         """(layers, experts) number of replicas of each logical expert."""
-        out = np.zeros((self.num_layers, num_experts), dtype=np.int64)
-        for layer in range(self.num_layers):
-            out[layer] = np.bincount(self.phy2log[layer], minlength=num_experts)
-        return out
+        return count_replicas(self.phy2log, num_experts)
 
     def __eq__(self, other: object) -> bool:
         return (

@@ -141,8 +141,7 @@ def _plan(
     phy2log: IntArray, base: Placement, stack: FloatArray, total: FloatArray, active: npt.NDArray[np.bool_],
     lower: FloatArray, cv_lower: FloatArray | None, num_ranks: int, replanning: bool, num_nodes: int,
 ) -> RebalancePlan:
-    num_experts = total.shape[1]
-    counts = count_replicas(phy2log, num_experts)
+    counts = count_replicas(phy2log, total.shape[1])
     kept = (phy2log == base.phy2log).all(axis=1)
     return RebalancePlan(
         placement=Placement(phy2log, num_ranks),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from contracts.imbalance import balancedness, imbalance_cv, max_over_mean
+from contracts.errors import PlacementError
+from contracts.imbalance import balancedness, count_replicas, imbalance_cv, max_over_mean
 
 
 def test_imbalance_measures_per_layer() -> None:
@@ -70,3 +71,13 @@ def test_rank_dispersion_needs_two_windows_with_load() -> None:
     assert rank_dispersion(steady, phy2log, 2) == 1.0  # experts 0-1 on rank 0, 2-3 on rank 1: even every window
     drifting = np.array([[[200.0, 0.0, 0.0, 0.0]], [[0.0, 0.0, 200.0, 0.0]], [[0.0, 100.0, 0.0, 100.0]]])
     assert rank_dispersion(drifting, phy2log, 2) > 100  # the hot expert moves from rank to rank
+
+
+def test_count_replicas_counts_each_layer_alone_and_refuses_ids_out_of_range() -> None:
+    phy2log = np.random.default_rng(0).integers(0, 5, size=(3, 8))
+    expected = [np.bincount(row, minlength=5).tolist() for row in phy2log]
+    assert count_replicas(phy2log, 5).tolist() == expected
+    with pytest.raises(PlacementError, match=r"\[0, 3\)"):
+        count_replicas(np.array([[0, 3], [1, 2]]), 3)  # the 3 would have been counted as layer 1's expert 0
+    with pytest.raises(PlacementError):
+        count_replicas(np.array([[0, 1], [-1, 2]]), 3)
