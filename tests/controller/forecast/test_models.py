@@ -18,6 +18,7 @@ from controller.forecast import (
     rolling_backtest,
     wape,
 )
+from controller.forecast.auto import MIN_INTERVAL_RESIDUALS
 
 PERIOD = 48
 
@@ -154,18 +155,21 @@ def test_auto_forecaster_needs_history_first() -> None:
         forecaster.forecast(quantile=1.5)
 
 
-def test_an_interval_as_soon_as_the_history_allows_one_backtest() -> None:
-    """A young forecaster has no error distribution: it refits the first bin four backtest origins
-    fit (not when its history next doubles), so its interval is there one lead time earlier."""
-    config = ForecastConfig(bin_s=2.0, horizon_s=16.0, min_history_bins=8, refit_every_bins=240, season_s=None)
+def test_an_interval_as_soon_as_the_history_allows_one_from_enough_residuals() -> None:
+    """A young forecaster has no error distribution: it refits the first bin that gives each horizon
+    MIN_INTERVAL_RESIDUALS backtest residuals (not when its history next doubles), and no earlier refit
+    gives it an interval from fewer (four gave intervals that missed most actuals)."""
+    config = ForecastConfig(bin_s=2.0, horizon_s=20.0, min_history_bins=8, refit_every_bins=240, season_s=None)
     forecaster = AutoForecaster(config)
     rng = np.random.default_rng(3)
     first_interval = None
-    for n in range(1, 40):
+    for n in range(1, 60):
         forecaster.observe(float(rng.poisson(10)) / 10.0)
         forecast = forecaster.forecast(quantile=0.9)
         has_interval = forecast is not None and float(forecast.upper.max()) > float(forecast.point.max())
         if first_interval is None and has_interval:
             first_interval = n
-    # 8 bins of horizon + half the minimum history + 4 origins: 16 bins (the doubling schedule: 31).
-    assert first_interval == 16
+            assert forecaster.fits >= 3  # selections from 4..19 origins came first, without an interval
+    # 10 bins of horizon + half the minimum history + 20 origins: 34 bins (the doubling schedule: 62).
+    assert MIN_INTERVAL_RESIDUALS == 20
+    assert first_interval == 34
