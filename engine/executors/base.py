@@ -73,7 +73,7 @@ class DriverBase:
         self.reader = CheckpointReader(options.checkpoint, self.dtype)
         self.model = Qwen3MoeModel(cfg, self.reader, self.dtype)
         self.kv_cache = torch.zeros(
-            (cfg.num_hidden_layers, 2, self._num_blocks, self._block_size, cfg.num_key_value_heads, cfg.head_dim),
+            (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, self._num_blocks, self._block_size, cfg.head_dim),
             dtype=self.dtype,
         )
         self._routing_on = options.routing_stats
