@@ -294,8 +294,8 @@ class Qwen3MoeModel:
             tables = meta.decode_block_tables
             batch = tables.shape[0]
             # index_select copies whole blocks (block_size x head_dim each, per head); advanced indexing
-            # (k_cache[:, tables]) gathers element by element and measured 4x slower.  The result is
-            # (kv_heads, batch, keys, head_dim): each sequence's keys of a head are one contiguous run.
+            # gathers element by element and measured 4x slower.  The result is (kv_heads, batch, keys,
+            # head_dim): each sequence's keys of a head are one contiguous run.
             flat = tables.reshape(-1)
             ks = k_cache.index_select(1, flat).view(n_kv, batch, -1, d).transpose(0, 1)
             vs = v_cache.index_select(1, flat).view(n_kv, batch, -1, d).transpose(0, 1)
