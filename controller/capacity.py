@@ -120,10 +120,18 @@ class ReplicaProfile(BaseModel):
 
     def prefill_rate(self, running: float) -> float:
         """Prompt tokens/s one prompt gets while ``running`` sequences decode beside it."""
-        chunk = self.prefill_chunk_tokens
         if running <= 0:
             return self.prefill_tokens_per_s
-        return chunk / (self.step_s(running) + chunk / self.prefill_tokens_per_s)
+        return self.chunked_prefill_rate(running)
+
+    def chunked_prefill_rate(self, running: float = 0.0) -> float:
+        """Prompt tokens/s of one prompt prefilled in chunks, each inside a step with ``running`` decodes.
+
+        At 0 it is a prompt alone on its replica: each chunk still costs a step's ``itl_base_s``
+        (what a request's own prefill measures, as ``vllm:request_prefill_time_seconds`` does).
+        """
+        chunk = self.prefill_chunk_tokens
+        return chunk / (self.step_s(max(running, 0.0)) + chunk / self.prefill_tokens_per_s)
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
@@ -233,6 +241,9 @@ class CapacityModel:
         self.prefix_hit_rate = 0.0
         """Share of prompt tokens served from the prefix cache (prefilled at the profile's
         ``cached_token_cost``); set from observations."""
+        self.prefill_speed_correction = 1.0
+        """Observed prefill speed over the profile's at the same decode batch (EWMA, 0.5-2): replicas
+        slower than their profile leave shorter prompts feasible (:meth:`longest_feasible_prompt`)."""
         self._last_needed = 1
         """The last answer of :meth:`replicas_needed`: consecutive loads need about as many replicas, so the
         search starts there (two predictions instead of a dozen; the answer does not depend on it)."""
@@ -350,13 +361,31 @@ class CapacityModel:
         )
 
     def longest_feasible_prompt(self) -> float:
-        """Prompts longer than this miss the TTFT objective on an idle replica: no fleet size helps them."""
+        """Prompts longer than this miss the TTFT objective alone on a replica: no fleet size helps them.
+
+        The prompt is prefilled in chunks (:meth:`ReplicaProfile.chunked_prefill_rate`) at the speed
+        the replicas are observed to prefill at (:attr:`prefill_speed_correction`).
+        """
         hit = min(max(self.prefix_hit_rate, 0.0), 0.99)
+        speed = self.profile.chunked_prefill_rate(0.0) * self.prefill_speed_correction
         return self.targets.ttft_allowance.longest_feasible_prompt(
             self.targets.ttft_s,
             overhead_s=self.profile.ttft_overhead_s,
-            prefill_tokens_per_s=self.profile.prefill_tokens_per_s / self.profile.uncached_share(hit),
+            prefill_tokens_per_s=speed / self.profile.uncached_share(hit),
         )
+
+    def correct_prefill_speed(self, *, prompt_tokens_per_prefill_s: float, running_per_replica: float) -> None:
+        """Fold an observed prefill speed into :attr:`prefill_speed_correction`.
+
+        ``prompt_tokens_per_prefill_s`` is the finished requests' prompt tokens (cached ones included)
+        over their prefill time (first scheduled to first token, no queue); the profile's speed
+        at the same decode batch and prefix-cache hit rate is what it is compared with.
+        """
+        if not (math.isfinite(prompt_tokens_per_prefill_s) and prompt_tokens_per_prefill_s > 0):
+            return
+        hit = min(max(self.prefix_hit_rate, 0.0), 0.99)
+        predicted = self.profile.chunked_prefill_rate(running_per_replica) / self.profile.uncached_share(hit)
+        self.prefill_speed_correction = _ewma(self.prefill_speed_correction, prompt_tokens_per_prefill_s / predicted)
 
     def meets_targets(self, prediction: Prediction, headroom: float | None = None) -> bool:
         t = self.targets

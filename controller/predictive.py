@@ -255,9 +255,13 @@ class PredictiveAdvisor:
             capacity.correct(
                 load=served, ready_replicas=ready, ttft_p99_s=obs.sli.ttft_p99_s, itl_p99_s=obs.sli.itl_p99_s
             )
+            if obs.prefill_tokens_per_s is not None and ready > 0:
+                capacity.correct_prefill_speed(prompt_tokens_per_prefill_s=obs.prefill_tokens_per_s,
+                                               running_per_replica=(obs.running_requests or 0.0) / ready)  # fmt: skip
         details: dict[str, Scalar] = {
             "ttft_correction": round(capacity.ttft_correction, 4),
             "itl_correction": round(capacity.itl_correction, 4),
+            "prefill_speed_correction": round(capacity.prefill_speed_correction, 4),
         }
         needs = self._load_needs(policy, capacity, obs, served, ready)
         if offered.request_rate_rps > served.request_rate_rps:

@@ -194,6 +194,10 @@ class PolicyObservation:
     prefix_cache_hit_rate: float | None = None
     """Share of prompt tokens found in the engines' prefix caches over the SLI window (``vllm:prefix_cache_hits``
     over ``vllm:prefix_cache_queries``); None: the engines do not report one."""
+    prefill_tokens_per_s: float | None = None
+    """Prompt tokens (cached ones included) per second of prefill of the requests finished in the SLI window
+    (``vllm:request_prompt_tokens_sum`` over ``vllm:request_prefill_time_seconds_sum``): the speed prompts
+    were prefilled at once scheduled.  None: no request finished, or the engines do not report it."""
     sli: SliSnapshot | None = None
     errors: tuple[str, ...] = ()
     """Problems the source met (a failed query, an unreachable replica); empty when all went well."""

@@ -110,6 +110,8 @@ class RequestFleet:
         self.cached_tokens = np.zeros(n, dtype=np.int64)
         """Prompt tokens each request found in its replica's prefix cache."""
         self.ttft_s = np.full(n, np.inf)
+        self.prefill_s = np.zeros(n)
+        """Each request's prefill time once scheduled (no queue, no fixed overhead)."""
         self.itl_s = np.full(n, np.inf)
         self.start_s = np.full(n, np.inf)
         self.finish_s = np.full(n, np.inf)
@@ -240,6 +242,7 @@ class RequestFleet:
             heapq.heappush(heap, (finish, need))
             replica.kv_used += need
             self.ttft_s[i] = first_token - t
+            self.prefill_s[i] = first_token - begin - overhead
             self.itl_s[i] = itl
             self.start_s[i] = begin
             self.finish_s[i] = finish
@@ -291,6 +294,8 @@ class RequestFleet:
             prefix_hits=float(self.cached_tokens[prefilled].sum()),
             prompt_le=_prompt_histogram(self.trace.prompt_tokens[done]),
             output_tokens=float(self.trace.output_tokens[done].sum()),
+            finished_prompt_tokens=float(self.trace.prompt_tokens[done].sum()),
+            prefill_s_sum=float(self.prefill_s[done].sum()),
             ttft_sum_s=float(raw_ttft.sum()),
             itl_sum_s=float(itl.sum()),
             duration_sum_s=float((self.finish_s[done] - arrival[done]).sum()),
@@ -311,7 +316,7 @@ class RequestFleet:
         return np.asarray(np.maximum(ttft - extra, 0.0), dtype=np.float64)
 
     def infeasible(self) -> npt.NDArray[np.bool_]:
-        """Requests an idle replica of the true world misses even with every earlier prefix cached."""
+        """Requests a replica of the true world misses even alone and with every earlier prefix cached."""
         uncached = best_case_uncached(self.trace.prompt_tokens, self.trace.prefix_blocks)
         allowance = self.ttft_allowance
         out = np.zeros(len(uncached), dtype=bool)
@@ -321,7 +326,7 @@ class RequestFleet:
             profile = self.world.profile_at(arrival)
             out[i] = allowance.is_infeasible(
                 prompt, self.ttft_target_s, overhead_s=profile.ttft_overhead_s,
-                prefill_tokens_per_s=profile.prefill_tokens_per_s,
+                prefill_tokens_per_s=profile.chunked_prefill_rate(0.0),
                 uncached_tokens=computed + profile.cached_token_cost * (prompt - computed),
             )  # fmt: skip
         return out

@@ -21,7 +21,8 @@ each controller with what its real counterpart reads (sources in
   (:mod:`controller.sources.prometheus`): sums of the gauges, ``rate(...[1m])``
   of requests and tokens, the highest request rate between scrapes 30 s apart in the
   SLI window (:mod:`controller.bursts`), a :class:`SliSnapshot` over the last 5 minutes (good
-  ratios, p99s, requests in the window) and good ratios over the burn windows,
+  ratios, p99s, requests in the window), the finished requests' prefill speed over the same
+  5 minutes, and good ratios over the burn windows,
   the engine count from the scrape, the replica count asked for from the
   orchestrator (no lag);
 - :meth:`MetricsPipeline.frontend_window` is what Dynamo's planner reads
@@ -86,6 +87,10 @@ class TickSample:
     """Prompt tokens looked up in the prefix cache (``vllm:prefix_cache_queries``) in the tick."""
     prefix_hits: float = 0.0
     """Of them, tokens found cached (``vllm:prefix_cache_hits``)."""
+    finished_prompt_tokens: float = 0.0
+    """Prompt tokens of the requests that finished in the tick (``vllm:request_prompt_tokens_sum``)."""
+    prefill_s_sum: float = 0.0
+    """Their prefill time, first scheduled to first token (``vllm:request_prefill_time_seconds_sum``)."""
     prompt_le: tuple[float, ...] = ()
     """Finished requests of the tick at each ``vllm:request_prompt_tokens`` edge, cumulative, then +Inf
     (empty: the fleet does not know its requests' lengths)."""
@@ -102,6 +107,8 @@ _COUNTERS = (
     "itl_good",
     "prefix_queries",
     "prefix_hits",
+    "finished_prompt_tokens",
+    "prefill_s_sum",
 )
 _GAUGES = ("ready", "waiting", "running", "kv_usage_sum", "ttft_p99_s", "itl_p99_s")
 assert set(_COUNTERS) | set(_GAUGES) | {"prompt_le"} == {f.name for f in fields(TickSample)}
@@ -240,7 +247,14 @@ class MetricsPipeline:
             kv_cache_usage=kv_sum / ready if kv_sum is not None and ready > 0 else None,
             sli=self.sli(tick, now_s),
             prefix_cache_hit_rate=self._hit_rate(tick),
+            prefill_tokens_per_s=self._prefill_speed(tick),
         )
+
+    def _prefill_speed(self, tick: int) -> float | None:
+        """``increase(prompt_tokens_sum[5m]) / increase(prefill_time_seconds_sum[5m])`` (None: nothing finished)."""
+        seconds = self.increase(tick, "prefill_s_sum", SLI_WINDOW_S)
+        tokens = self.increase(tick, "finished_prompt_tokens", SLI_WINDOW_S)
+        return tokens / seconds if seconds > 0 and tokens > 0 else None
 
     def _hit_rate(self, tick: int) -> float | None:
         """``rate(prefix_cache_hits[5m]) / rate(prefix_cache_queries[5m])`` (None: nothing looked up)."""

@@ -21,6 +21,8 @@ so their number does not grow with the number of policies:
 
 - p99s with ``histogram_quantile(0.99, sum by (model_name, le) (rate(..._bucket[5m])))``;
 - queue, running batch, KV usage, request and token rates, engine count;
+- the prefill speed of the requests finished in the SLI window: ``increase()`` of
+  ``vllm:request_prompt_tokens_sum`` over that of ``vllm:request_prefill_time_seconds_sum``;
 - the SLI window's peak half-minute request rate, for on/off bursts the one-minute
   rate averages away (``controller.bursts``)::
 
@@ -60,6 +62,7 @@ from contracts.catalogue import (
     KV_CACHE_USAGE,
     LAYER_IMBALANCE_CV,
     OUTCOME_LABEL,
+    PREFILL_TIME_HISTOGRAM,
     REJECTED_OUTCOME,
     REQUEST_PROMPT_TOKENS_HISTOGRAM,
     ROUTER_QUEUED,
@@ -222,6 +225,10 @@ class PrometheusSource:
             f"sum by (model_name) (increase({PREFIX_HITS_TOTAL}{sel}[{self.sli_window}])) "
             f"/ sum by (model_name) (increase({PREFIX_QUERIES_TOTAL}{sel}[{self.sli_window}]))"
         )
+        queries["prefill_speed"] = (
+            f"sum by (model_name) (increase({REQUEST_PROMPT_TOKENS_HISTOGRAM}_sum{sel}[{self.sli_window}])) "
+            f"/ sum by (model_name) (increase({PREFILL_TIME_HISTOGRAM}_sum{sel}[{self.sli_window}]))"
+        )
         queries["waiting"] = f"sum by (model_name) ({WAITING}{sel})"
         queries["running"] = f"sum by (model_name) ({RUNNING}{sel})"
         queries["engines"] = f"count by (model_name) ({RUNNING}{sel})"
@@ -334,6 +341,7 @@ class PrometheusSource:
             output_tokens_per_s=_value(results.get("output_tokens"), model),
             kv_cache_usage=_value(results.get("kv"), model),
             prefix_cache_hit_rate=_value(results.get("prefix_hit_rate"), model),
+            prefill_tokens_per_s=_value(results.get("prefill_speed"), model),
             sli=sli,
             errors=tuple(dict.fromkeys(problems)),
         )

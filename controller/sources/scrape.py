@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from contracts.catalogue import (
     KV_CACHE_USAGE,
     LAYER_IMBALANCE_CV,
+    PREFILL_TIME_HISTOGRAM,
     REQUEST_PROMPT_TOKENS_HISTOGRAM,
     ROUTER_QUEUED,
     RUNNING,
@@ -72,6 +73,8 @@ _COUNTERS = {
     GENERATION_TOKENS_TOTAL: "output_tokens",
     PREFIX_QUERIES_TOTAL: "prefix_queries",
     PREFIX_HITS_TOTAL: "prefix_hits",
+    f"{REQUEST_PROMPT_TOKENS_HISTOGRAM}_sum": "prompt_len_sum",
+    f"{PREFILL_TIME_HISTOGRAM}_sum": "prefill_s_sum",
 }
 
 
@@ -336,6 +339,7 @@ class ScrapeSource:
             output_tokens_per_s=counter_rate(history, "output_tokens", now_s, self.rate_window_s),
             kv_cache_usage=sum(kv_values) / len(kv_values) if kv_values else None,
             prefix_cache_hit_rate=_hit_rate(history, now_s, sli_window_s),
+            prefill_tokens_per_s=_prefill_speed(history, now_s, sli_window_s),
             sli=sli if live or by_window["ttft"] or by_window["itl"] else None,
             errors=tuple(errors),
         )
@@ -373,6 +377,15 @@ def _hit_rate(history: CounterHistory, now_s: float, window_s: float) -> float |
     if queries is None or hits is None or queries[0] <= 0:
         return None
     return min(max(hits[0] / queries[0], 0.0), 1.0)
+
+
+def _prefill_speed(history: CounterHistory, now_s: float, window_s: float) -> float | None:
+    """Finished requests' prompt tokens over their prefill seconds in the SLI window (None: none finished)."""
+    tokens = history.increase("prompt_len_sum", now_s, window_s)
+    seconds = history.increase("prefill_s_sum", now_s, window_s)
+    if tokens is None or seconds is None or seconds[0] <= 0 or tokens[0] <= 0:
+        return None
+    return tokens[0] / seconds[0]
 
 
 async def _read_all(

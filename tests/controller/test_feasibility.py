@@ -39,6 +39,43 @@ def test_the_capacity_model_counts_cached_tokens_as_free() -> None:
     assert model.longest_feasible_prompt() == pytest.approx(2 * flat_limit)
 
 
+def test_a_prompt_alone_is_prefilled_in_chunks_that_each_cost_a_step() -> None:
+    profile = DEFAULT_PROFILE  # 2,048-token chunks, 7 ms steps, 24,000 prompt tokens/s
+    assert profile.chunked_prefill_rate() == pytest.approx(2048 / (0.007 + 2048 / 24_000))
+    assert profile.chunked_prefill_rate(10) == pytest.approx(profile.prefill_rate(10))
+    flat = CapacityModel(DEFAULT_PROFILE, Targets())
+    assert flat.longest_feasible_prompt() == pytest.approx(0.49 * profile.chunked_prefill_rate())
+
+
+def test_replicas_slower_than_their_profile_leave_shorter_prompts_feasible() -> None:
+    allowance = TtftAllowance(1000, 0.05)  # 20,000 tokens/s of allowance: the profile's 22,190 clears it
+    model = CapacityModel(DEFAULT_PROFILE, Targets(ttft_allowance=allowance))
+    assert math.isinf(model.longest_feasible_prompt())
+    # Finished requests were prefilled at 80 % of what the profile predicts beside 6 decodes.
+    observed = 0.8 * DEFAULT_PROFILE.chunked_prefill_rate(6)
+    for _ in range(40):
+        model.correct_prefill_speed(prompt_tokens_per_prefill_s=observed, running_per_replica=6)
+    assert model.prefill_speed_correction == pytest.approx(0.8, rel=1e-3)
+    speed = 0.8 * DEFAULT_PROFILE.chunked_prefill_rate()
+    expected = allowance.longest_feasible_prompt(0.5, overhead_s=0.01, prefill_tokens_per_s=speed)
+    assert model.longest_feasible_prompt() == pytest.approx(expected, rel=1e-3)
+    assert 60_000 < expected < 80_000  # 17,750 tokens/s against 20,000 of allowance: about 69k tokens
+    # With a 20 % prefix-cache hit rate (cached tokens free) the observed prompt tokens per prefill second
+    # rise by 1 / 0.8, which the comparison takes off again: the same factor.
+    cached = CapacityModel(DEFAULT_PROFILE, Targets(ttft_allowance=allowance))
+    cached.prefix_hit_rate = 0.2
+    for _ in range(40):
+        cached.correct_prefill_speed(prompt_tokens_per_prefill_s=observed / 0.8, running_per_replica=6)
+    assert cached.prefill_speed_correction == pytest.approx(0.8, rel=1e-3)
+    # Faster than the profile: nothing becomes infeasible; nonsense is ignored; the factor stays in 0.5-2.
+    for value in (float("nan"), 0.0, -5.0):
+        model.correct_prefill_speed(prompt_tokens_per_prefill_s=value, running_per_replica=6)
+    assert model.prefill_speed_correction == pytest.approx(0.8, rel=1e-3)
+    for _ in range(40):
+        model.correct_prefill_speed(prompt_tokens_per_prefill_s=10 * observed, running_per_replica=6)
+    assert model.prefill_speed_correction == 2.0 and math.isinf(model.longest_feasible_prompt())
+
+
 def test_infeasible_share_from_the_prompt_length_histogram() -> None:
     assert infeasible_share(BUCKETS, 15000.0) == pytest.approx(1 - 75 / 100)  # halfway into (10k, 20k]
     assert infeasible_share(BUCKETS, 500.0) == pytest.approx(0.95)
@@ -87,3 +124,44 @@ def test_infeasible_requests_never_drive_a_scale_up() -> None:
     # The same SLIs without lengths to tell the infeasible requests apart: the burn asks for replicas.
     desired, reasons, share = _tick(())
     assert share is None and "slo_burn" in reasons and desired is not None and desired > 4
+
+
+def test_prompts_only_slower_replicas_miss_stop_driving_scale_ups_once_their_speed_is_seen() -> None:
+    from controller.builder import CoreOptions, build_decision_core
+    from controller.policy import Policy
+    from controller.types import TickInput
+
+    policy = Policy.model_validate({
+        "name": "p", "target": {"kind": "local"}, "forecast": {"enabled": False},
+        "objectives": {"ttft": {"threshold_s": 0.5, "target": 0.99, "reference_prompt_tokens": 1000,
+                                "per_1k_prompt_tokens_s": 0.05}},
+    })  # fmt: skip
+    # 3 % of the requests have prompts of 80-120k tokens and all of them miss: on replicas 20 % slower than
+    # the profile their own prefill takes longer than their allowance, which the profile's speed clears.
+    lengths = ((10_000.0, 900.0), (65_000.0, 970.0), (80_000.0, 970.0), (120_000.0, 1000.0),
+               (math.inf, 1000.0))  # fmt: skip
+    running = 8.0
+
+    def decide(prefill_tokens_per_s: float | None) -> tuple[tuple[str, ...], object]:
+        core = build_decision_core(CoreOptions(isolate_advisor_errors=False))
+        decision = None
+        for k in range(30):
+            now = 100.0 + 15.0 * k
+            sli = SliSnapshot(observed_at_s=now, requests_in_window=1000.0, ttft_good_ratio=0.97,
+                              itl_good_ratio=1.0, ttft_p99_s=1.2, itl_p99_s=0.01,
+                              ttft_good_ratio_by_window={"5m": 0.97}, prompt_tokens_buckets=lengths)  # fmt: skip
+            obs = PolicyObservation(policy="p", observed_at_s=now, current_replicas=4, ready_replicas=4,
+                                    queue_depth=0.0, running_requests=running, request_rate_rps=3.0,
+                                    prompt_tokens_per_s=3.0 * 12_000, output_tokens_per_s=300.0,
+                                    kv_cache_usage=0.3, prefill_tokens_per_s=prefill_tokens_per_s, sli=sli)  # fmt: skip
+            decision = core.tick(TickInput(now_s=now, policies={"p": policy}, observations={"p": obs})).for_policy("p")
+        assert decision is not None
+        return decision.reasons, decision.inputs.get("sizing.ttft_infeasible_share")
+
+    slower = 0.8 * DEFAULT_PROFILE.chunked_prefill_rate(running / 4)
+    reasons, share = decide(slower)
+    assert share == pytest.approx(0.03)  # the longest feasible prompt is about 69k tokens now
+    assert "slo_burn" not in reasons and "latency_p99" not in reasons
+    # Without the prefill speed the profile calls every prompt feasible, and the misses burn the SLO.
+    reasons, share = decide(None)
+    assert share == 0.0 and "slo_burn" in reasons

@@ -21,6 +21,19 @@ def sample(**values: float) -> TickSample:
     return TickSample(**base)  # type: ignore[arg-type]
 
 
+def test_the_prefill_speed_is_over_the_requests_finished_in_the_sli_window() -> None:
+    pipeline = MetricsPipeline(tick_s=15.0, ticks=40, scrape_s=15.0)
+    for k in range(40):
+        # The first 20 ticks prefill at 10,000 tokens/s, the rest at 20,000: only the last 5 minutes count.
+        seconds = 1.0 if k < 20 else 0.5
+        pipeline.record(k, sample(finished_prompt_tokens=10_000.0, prefill_s_sum=seconds))
+    assert pipeline.observation(39, 600.0, current_replicas=2).prefill_tokens_per_s == pytest.approx(20_000)
+    assert pipeline.observation(29, 450.0, current_replicas=2).prefill_tokens_per_s == pytest.approx(200_000 / 15)
+    empty = MetricsPipeline(tick_s=15.0, ticks=2, scrape_s=15.0)
+    empty.record(0, sample())
+    assert empty.observation(0, 15.0, current_replicas=2).prefill_tokens_per_s is None
+
+
 def test_a_query_sees_the_newest_scrape() -> None:
     pipeline = MetricsPipeline(tick_s=15.0, ticks=6, scrape_s=30.0)
     seen = []

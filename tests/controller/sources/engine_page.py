@@ -8,7 +8,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from contracts.catalogue import ITL_BUCKETS_S, TTFT_BUCKETS_S, VLLM_ITL_BUCKETS_S
+from contracts.catalogue import (
+    ITL_BUCKETS_S,
+    PREFILL_TIME_HISTOGRAM,
+    PROMPT_TOKENS_BUCKETS,
+    REQUEST_PROMPT_TOKENS_HISTOGRAM,
+    TTFT_BUCKETS_S,
+    VLLM_ITL_BUCKETS_S,
+)
 
 
 class EngineMetrics:
@@ -36,6 +43,9 @@ class EngineMetrics:
                                registry=self.registry).labels(**values, finished_reason="stop")
         self.generation = Counter("vllm:generation_tokens", "gen", labels, registry=self.registry).labels(**values)
         self.cv = Gauge("moe_layer_imbalance_cv", "cv", [*labels, "layer"], registry=self.registry)
+        self.prompt = Histogram(REQUEST_PROMPT_TOKENS_HISTOGRAM, "prompt", labels, buckets=PROMPT_TOKENS_BUCKETS,
+                                registry=self.registry).labels(**values)
+        self.prefill = Histogram(PREFILL_TIME_HISTOGRAM, "prefill", labels, registry=self.registry).labels(**values)
 
     def requests(self, ttft_s: list[float], itl_s: list[float] | None = None) -> None:
         for value in ttft_s:
@@ -44,6 +54,12 @@ class EngineMetrics:
         for value in itl_s or []:
             self.itl.observe(value)
             self.generation.inc()
+
+    def prefills(self, prompt_tokens: list[int], prefill_s: list[float]) -> None:
+        """Finished requests' prompt lengths and prefill times (vLLM records both when a request finishes)."""
+        for tokens, seconds in zip(prompt_tokens, prefill_s, strict=True):
+            self.prompt.observe(tokens)
+            self.prefill.observe(seconds)
 
     def set_imbalance(self, per_layer: list[float]) -> None:
         for layer, cv in enumerate(per_layer):

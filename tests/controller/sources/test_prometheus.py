@@ -227,6 +227,7 @@ def test_slis_from_a_real_prometheus(prometheus_and_engine: tuple[Prometheus, En
     engine.waiting.set(6)
     engine.kv.set(0.4)
     engine.set_imbalance([0.08, 0.31])
+    engine.prefills([3_000] * 100 + [1_000] * 100, [0.15] * 100 + [0.05] * 100)
     prom.wait_for_scrapes(2)
     time.sleep(5.0)  # the peak rate's subquery steps are 5 s apart, aligned to the epoch: one after the burst
     source = PrometheusSource(PrometheusClient(prom.url))
@@ -250,6 +251,8 @@ def test_slis_from_a_real_prometheus(prometheus_and_engine: tuple[Prometheus, En
         assert obs.request_rate_peak_rps >= 200 / 45 - 1e-9
         assert obs.request_rate_peak_rps > obs.request_rate_rps
         assert obs.sli.imbalance_cv_per_layer == (0.08, 0.31)
+        # 400,000 prompt tokens over 20 s of prefill (both sums scraped together: the same extrapolation).
+        assert obs.prefill_tokens_per_s == pytest.approx(20_000, rel=1e-6)
         # Prometheus goes down: the last good values are held with the error; it comes back: recovered.
         prom.stop()
         down = (await source.observe([POLICY], 110.0))["p"]

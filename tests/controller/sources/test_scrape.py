@@ -96,6 +96,27 @@ def test_rates_cover_the_configured_window_only() -> None:
         asyncio.run(source.aclose())
 
 
+def test_the_prefill_speed_is_prompt_tokens_over_prefill_seconds_in_the_sli_window() -> None:
+    engine = EngineMetrics(MODEL)
+    engine.prefills([50_000], [10.0])  # before the first scrape: in no window
+    server = MetricsServer(engine)
+    policy = _policy([server.url])
+    source = ScrapeSource(lambda p: p.target.endpoints)  # type: ignore[union-attr]
+
+    async def scenario() -> None:
+        first = (await source.observe([policy], 0.0))["p"]
+        assert first.prefill_tokens_per_s is None  # nothing finished since the baseline
+        engine.prefills([8_000, 2_000], [0.4, 0.1])
+        second = (await source.observe([policy], 30.0))["p"]
+        assert second.prefill_tokens_per_s == pytest.approx(10_000 / 0.5)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+        asyncio.run(source.aclose())
+
+
 def test_the_peak_rate_is_the_busiest_half_minute_of_the_sli_window() -> None:
     engine = EngineMetrics(MODEL)
     server = MetricsServer(engine)
