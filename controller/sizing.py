@@ -89,6 +89,10 @@ class SizingAdvisor:
         return feasible_view(observation, share), share
 
     def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
+        # The scale-up check judges on what the fleet was seen to serve, every request counted: a p99 that the
+        # feasible view hides whenever the infeasible share crosses P99_TAIL_SHARE would judge a scale-up's
+        # before and after on different signals (TTFT then ITL alone) and call it effective.
+        raw = observation
         observation, share = self._feasible(policy, observation)
         reactive = self.reactive.advise(policy, observation, now_s)
         details = _prefixed("reactive", reactive.details)
@@ -97,11 +101,11 @@ class SizingAdvisor:
         assessment = self.predictive.assess(policy, observation, now_s)
         if assessment is not None:
             details |= _prefixed("predictive", assessment.details)
-        verdict = self.checker.observe(policy, observation, now_s, self.predictive.capacity(policy))
+        verdict = self.checker.observe(policy, raw, now_s, self.predictive.capacity(policy))
         if verdict is not None:
             details["scale_check"] = verdict
         need, reasons, calm = self._combine(policy, reactive, assessment)
-        need, reasons = self._hold_ineffective(policy, observation, now_s, need, reasons, calm, details)
+        need, reasons = self._hold_ineffective(policy, (raw, observation), now_s, need, reasons, calm, details)
         self.checker.note_advice(policy.name, need, reasons)
         view = None if assessment is None else assessment.forecast
         return Advice(
@@ -154,7 +158,7 @@ class SizingAdvisor:
     def _hold_ineffective(
         self,
         policy: Policy,
-        obs: PolicyObservation,
+        views: tuple[PolicyObservation, PolicyObservation],
         now_s: float,
         need: int | None,
         reasons: tuple[str, ...],
@@ -162,11 +166,15 @@ class SizingAdvisor:
         details: dict[str, Scalar],
     ) -> tuple[int | None, tuple[str, ...]]:
         """Scale-ups for a cause that just proved ineffective are held until the signal changes, and while that
-        cause is all that keeps the fleet at its size, the fleet is sized for ``calm`` (the needs without it)."""
+        cause is all that keeps the fleet at its size, the fleet is sized for ``calm`` (the needs without it).
+
+        ``views``: the observation as observed (what the hold is judged on, as the verdict was) and its feasible
+        view (whether the pressure is a tail no fleet moves: the infeasible requests' tail is, by definition)."""
+        raw, obs = views
         current = obs.current_replicas
         if need is None or current is None or need < current:
             return need, reasons
-        held = self.checker.held(policy, obs, now_s)
+        held = self.checker.held(policy, raw, now_s)
         if held is None:
             return need, reasons
         causes = {r for r in reasons if r in PRESSURE_REASONS}

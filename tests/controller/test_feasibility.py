@@ -165,3 +165,39 @@ def test_prompts_only_slower_replicas_miss_stop_driving_scale_ups_once_their_spe
     # Without the prefill speed the profile calls every prompt feasible, and the misses burn the SLO.
     reasons, share = decide(None)
     assert share == 0.0 and "slo_burn" in reasons
+
+
+def test_a_scale_up_is_judged_on_the_same_p99_before_and_after() -> None:
+    """A 2.5 s TTFT p99 that no fleet size moves, owned by 50k-token prompts whose share drifts around the
+    point (0.2 %) where the feasible view sets the p99 aside: the scale-up the feasible misses asked for is
+    judged on the observed p99 at both ends, and found to buy nothing, not on TTFT before and ITL alone after."""
+    from controller.builder import CoreOptions, build_decision_core
+    from controller.policy import ForecastSettings, LocalTarget, Policy, Scaling
+    from controller.types import TickInput
+
+    core = build_decision_core(CoreOptions(isolate_advisor_errors=False))
+    scaling = Scaling(min_replicas=1, max_replicas=30, max_step=2, scale_down_cooldown_s=600)
+    policy = Policy(name="p", target=LocalTarget(), forecast=ForecastSettings(enabled=False), scaling=scaling)
+    current, decisions = 4, []
+    for k in range(120):
+        now = 100.0 + 15.0 * k
+        tail = 1.0 if k % 2 == 0 else 3.0  # of 1,000 requests: 0.1 % or 0.3 % infeasible
+        lengths = ((1000.0, 100.0), (2000.0, 1000.0 - tail), (50000.0, 1000.0 - tail), (100000.0, 1000.0),
+                   (math.inf, 1000.0))  # fmt: skip
+        sli = SliSnapshot(observed_at_s=now, requests_in_window=1000.0, ttft_good_ratio=0.98, itl_good_ratio=1.0,
+                          ttft_p99_s=2.5, itl_p99_s=0.01, ttft_good_ratio_by_window={"5m": 0.98},
+                          prompt_tokens_buckets=lengths)  # fmt: skip
+        obs = PolicyObservation(policy="p", observed_at_s=now, current_replicas=current, ready_replicas=current,
+                                queue_depth=0.0, running_requests=8.0, request_rate_rps=2.0,
+                                prompt_tokens_per_s=2.0 * 1500, output_tokens_per_s=200.0, kv_cache_usage=0.3,
+                                sli=sli)  # fmt: skip
+        decision = core.tick(TickInput(now_s=now, policies={"p": policy}, observations={"p": obs})).for_policy("p")
+        decisions.append(decision)
+        if decision.apply:
+            current = decision.desired_replicas or current
+    verdicts = [str(d.inputs["sizing.scale_check"]) for d in decisions if "sizing.scale_check" in d.inputs]
+    assert any(d.action == "scale_up" for d in decisions), "the feasible misses never asked for replicas"
+    assert verdicts and "bought nothing" in verdicts[0]
+    assert not any("p99 within the objectives" in v for v in verdicts)
+    assert any("scale_ineffective" in d.reasons for d in decisions)
+    assert current < 30
