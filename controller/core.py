@@ -28,6 +28,8 @@ Per policy, in order (the first guardrail that holds ends the evaluation)::
                                       -> hold  [cooldown]
     want fewer replicas than were needed at any time within the cooldown
                                       -> no lower than that  [stabilization]
+      (neither holds back an advisor's ``undo_to``: a scale-up it judged
+      ineffective goes back to the size it began at)
     move at most max_step replicas                       [max_step]
     mode advisory / read-only target  -> decided, apply=False [mode_advisory / read_only_target]
 
@@ -204,7 +206,7 @@ class DecisionCore:
         consensus = self._consult_advisors(policy, obs, now_s, state, current, hold)
         if isinstance(consensus, Decision):
             return consensus
-        need, why, notes = consensus
+        need, why, notes, undo_to = consensus
         desired, guards = _clamp(need, current, scaling)
         budget = obs.replica_budget
         if budget is not None and desired > current and desired > budget:
@@ -214,9 +216,15 @@ class DecisionCore:
             notes.append(f"the actuator has room for {budget} replicas")
         if desired < current:
             gated = self._gate_scale_down(policy, obs, now_s, state, current, desired, why, guards, hold)
-            if isinstance(gated, Decision):
+            undo = None if undo_to is None or undo_to >= current or obs.errors else max(desired, undo_to)
+            if isinstance(gated, Decision) and undo is None:
                 return gated
-            desired = gated
+            desired = current if isinstance(gated, Decision) else gated
+            if undo is not None and undo < desired:
+                # A verdict, not the load's noise, says these replicas bought nothing: the guards do not keep them.
+                desired = undo
+                inputs["undo_to"] = undo_to
+                notes.append(f"a scale-up from {undo_to} bought nothing: given back at once")
         if abs(desired - current) > scaling.max_step:
             desired = current + int(math.copysign(scaling.max_step, desired - current))
             guards.append(Reason.MAX_STEP)
@@ -270,8 +278,9 @@ class DecisionCore:
 
     def _consult_advisors(
         self, policy: Policy, obs: PolicyObservation, now_s: float, state: PolicyState, current: int, hold: _Hold
-    ) -> tuple[int, tuple[str, ...], list[str]] | Decision:
-        """(replicas needed, reasons, one note per advisor), or the hold (or move to a bound) when none knows."""
+    ) -> tuple[int, tuple[str, ...], list[str], int | None] | Decision:
+        """(replicas needed, reasons, one note per advisor, the size an ineffective scale-up may be undone to at
+        once), or the hold (or move to a bound) when none knows."""
         inputs = hold.inputs
         if self.config.isolate_advisor_errors:
             advices = [(advisor.name, _advise(advisor, policy, obs, now_s)) for advisor in self.advisors]
@@ -304,7 +313,8 @@ class DecisionCore:
             notes.append(entry_note)
         inputs["replicas_needed"] = need
         _remember_need(state, now_s, need, policy.scaling.scale_down_cooldown_s)
-        return need, why, notes
+        undo = [advice.undo_to for _, advice in opinions if advice.undo_to is not None]
+        return need, why, notes, max(undo) if undo else None
 
     def _gate_scale_down(
         self, policy: Policy, obs: PolicyObservation, now_s: float, state: PolicyState, current: int, desired: int,

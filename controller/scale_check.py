@@ -67,6 +67,10 @@ class HeldCause:
     since_s: float
     request_rate_rps: float
     replicas: int
+    before: int
+    after: int
+    """The sizes before and after the scale-up (chain) that bought nothing: from ``after`` (and nothing else
+    having changed the fleet since), giving it back may return to ``before`` at once."""
     detail: str
 
 
@@ -217,7 +221,8 @@ class ScaleChecker:
             return f"scale-up {pending.before} -> {pending.after} effective: {detail}"
         state.held = HeldCause(
             causes=pending.causes, since_s=now_s, request_rate_rps=state.smoothed_rate or 0.0,
-            replicas=pending.after, detail=f"scale-up {pending.before} -> {pending.after} bought nothing: {detail}",
+            replicas=pending.after, before=pending.before, after=pending.after,
+            detail=f"scale-up {pending.before} -> {pending.after} bought nothing: {detail}",
         )
         return state.held.detail
 

@@ -16,9 +16,10 @@ Per policy, each tick:
   the pressure looks like a tail no fleet size moves (p99s within twice their objectives,
   no queue of more than one request per ready replica; a backlog keeps p99s high until it
   drains, whatever the verdict said), it is sized as if they were not there (the load and
-  the forecast still count).  An objective that no fleet size reaches (say long prompts
-  whose prefill alone misses it on a slower replica than the profile says) then costs one
-  scale-up per hold, not a fleet parked at ``max_replicas``.
+  the forecast still count), and back to the size the scale-up began at without waiting for
+  the scale-down cooldown (``Advice.undo_to``).  An objective that no fleet size reaches (say
+  long prompts whose prefill alone misses it on a slower replica than the profile says) then
+  costs one scale-up per hold, not a fleet parked at ``max_replicas``.
 
 This is the advisor ``moeslo controller serve``, ``moeslo up``, the replay and the
 benchmarks all run (built by :func:`controller.builder.build_decision_core`).
@@ -105,7 +106,7 @@ class SizingAdvisor:
         if verdict is not None:
             details["scale_check"] = verdict
         need, reasons, calm = self._combine(policy, reactive, assessment)
-        need, reasons = self._hold_ineffective(policy, (raw, observation), now_s, need, reasons, calm, details)
+        need, reasons, undo_to = self._hold_ineffective(policy, raw, now_s, need, reasons, calm, details)
         self.checker.note_advice(policy.name, need, reasons)
         view = None if assessment is None else assessment.forecast
         return Advice(
@@ -116,6 +117,7 @@ class SizingAdvisor:
             forecast_horizon_s=None if view is None else view.horizon_s,
             forecast=view,
             details=details,
+            undo_to=undo_to,
         )
 
     @staticmethod
@@ -158,35 +160,36 @@ class SizingAdvisor:
     def _hold_ineffective(
         self,
         policy: Policy,
-        views: tuple[PolicyObservation, PolicyObservation],
+        obs: PolicyObservation,
         now_s: float,
         need: int | None,
         reasons: tuple[str, ...],
         calm: tuple[int, tuple[str, ...]] | None,
         details: dict[str, Scalar],
-    ) -> tuple[int | None, tuple[str, ...]]:
+    ) -> tuple[int | None, tuple[str, ...], int | None]:
         """Scale-ups for a cause that just proved ineffective are held until the signal changes, and while that
         cause is all that keeps the fleet at its size, the fleet is sized for ``calm`` (the needs without it).
 
-        ``views``: the observation as observed (what the hold is judged on, as the verdict was) and its feasible
-        view (whether the pressure is a tail no fleet moves: the infeasible requests' tail is, by definition)."""
-        raw, obs = views
+        ``obs`` is the observation as observed, as the verdict judged it: with a long-prompt tail's p99 set aside,
+        a backlog's p99s (many times their objectives) would pass for a tail that no fleet moves."""
         current = obs.current_replicas
         if need is None or current is None or need < current:
-            return need, reasons
-        held = self.checker.held(policy, raw, now_s)
+            return need, reasons, None
+        held = self.checker.held(policy, obs, now_s)
         if held is None:
-            return need, reasons
+            return need, reasons, None
         causes = {r for r in reasons if r in PRESSURE_REASONS}
         if not causes or not causes <= held.causes:
-            return need, reasons  # a new cause (or a forecast) asks for this scale-up
+            return need, reasons, None  # a new cause (or a forecast) asks for this scale-up
         details["scale_check"] = held.detail
         if calm is not None and calm[0] > current:
             # The load or the forecast asks for more than the fleet has: that is not the held cause.  No pressure
             # reason goes with it, so the step is not judged as another pressure scale-up and the hold stays.
-            return calm[0], (*calm[1], Reason.SCALE_INEFFECTIVE)
+            return calm[0], (*calm[1], Reason.SCALE_INEFFECTIVE), None
         if calm is not None and calm[0] < current and _fleet_independent(policy, obs):
-            # What the ineffective scale-up added buys nothing: give it back, down to what the load needs.
-            return calm[0], (*calm[1], *sorted(causes), Reason.SCALE_INEFFECTIVE)
+            # What the ineffective scale-up added buys nothing: give it back, down to what the load needs; at once
+            # down to the size before it, unless the fleet has moved since (then the guards judge the step).
+            undo_to = held.before if current == held.after else None
+            return calm[0], (*calm[1], *sorted(causes), Reason.SCALE_INEFFECTIVE), undo_to
         kept = tuple(r for r in reasons if r not in PRESSURE_REASONS and r != Reason.SCALE_UP_PENDING)
-        return current, (*kept, *sorted(causes), Reason.SCALE_INEFFECTIVE)
+        return current, (*kept, *sorted(causes), Reason.SCALE_INEFFECTIVE), None

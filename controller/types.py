@@ -277,6 +277,10 @@ class Advice:
     """The forecast behind this advice (an advisor that forecasts fills it, even when unused)."""
     details: Mapping[str, Scalar] = field(default_factory=dict)
     """Anything else worth logging with the decision (flat, JSON-safe)."""
+    undo_to: int | None = None
+    """Replicas down to which a scale-up this advisor judged ineffective may be given back at once: the
+    scale-down cooldown and stabilization window guard against a load's noise, not against a verdict that
+    the replicas bought nothing."""
 
 
 @runtime_checkable

@@ -260,3 +260,28 @@ def test_the_first_ticks_handful_of_requests_does_not_set_the_forecasts_lengths(
     expected = PROMPT * (1 + 3 * 0.2 * first_weight / (0.2 * first_weight + 10 * sum(0.95**k for k in range(20))))
     assert per_request == pytest.approx(expected, rel=1e-9)
     assert abs(per_request - PROMPT) < 0.01 * PROMPT
+
+
+def test_an_ineffective_scale_up_is_given_back_at_once_to_where_it_began() -> None:
+    """ITL p99 at 1.75x its objective whatever the count, a 15-minute scale-down cooldown: the replicas the
+    verdict says bought nothing go at once; below the size the scale-up began at, the cooldown holds as ever."""
+    core = build_decision_core(CoreOptions(tick_interval_s=TICK_S, refit_every_ticks=20, season_s=None))
+    pol = policy(forecast=ForecastSettings(enabled=False), scaling=Scaling(
+        min_replicas=1, max_replicas=20, max_step=4, scale_down_cooldown_s=900))
+    current, counts, decisions = 3, [], []
+    for k in range(110):  # within the hold (30 minutes): no new scale-up
+        t = k * TICK_S
+        obs = observe(t, 1.0, current, itl_p99_s=0.035)
+        decision = core.tick(TickInput(now_s=t, policies={"p": pol}, observations={"p": obs})).for_policy("p")
+        decisions.append(decision)
+        if decision.apply:
+            current = decision.desired_replicas or current
+        counts.append(current)
+    up = next(k for k, d in enumerate(decisions) if d.action == "scale_up")
+    verdict = next(k for k, d in enumerate(decisions) if "bought nothing" in str(d.inputs.get("sizing.scale_check")))
+    downs = [k for k, d in enumerate(decisions) if d.action == "scale_down"]
+    assert downs and downs[0] <= verdict + 1, "the ineffective replicas waited for the cooldown"
+    first = decisions[downs[0]]
+    assert first.desired_replicas == 3 and first.inputs.get("undo_to") == 3 and "scale_ineffective" in first.reasons
+    assert (downs[0] - up) * TICK_S < 900  # sooner than the cooldown since the scale-up would allow
+    assert counts[-1] == 1 and len(downs) == 2 and (downs[1] - downs[0]) * TICK_S >= 900
