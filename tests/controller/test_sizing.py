@@ -285,3 +285,25 @@ def test_an_ineffective_scale_up_is_given_back_at_once_to_where_it_began() -> No
     assert first.desired_replicas == 3 and first.inputs.get("undo_to") == 3 and "scale_ineffective" in first.reasons
     assert (downs[0] - up) * TICK_S < 900  # sooner than the cooldown since the scale-up would allow
     assert counts[-1] == 1 and len(downs) == 2 and (downs[1] - downs[0]) * TICK_S >= 900
+
+
+def test_replicas_the_load_added_after_a_verdict_wait_for_the_cooldown() -> None:
+    """A held pressure (ITL p99 at 1.75x whatever the count) whose scale-up the load needs anyway; then the load
+    adds a replica and takes it back: that replica is the load's, not the ineffective scale-up's, so its
+    scale-down waits for the cooldown and stabilization window like any other."""
+    core = build_decision_core(CoreOptions(tick_interval_s=TICK_S, refit_every_ticks=20, season_s=None))
+    pol = policy(forecast=ForecastSettings(enabled=False), scaling=Scaling(
+        min_replicas=1, max_replicas=50, max_step=50, scale_down_cooldown_s=900))
+    current, decisions = 2, []
+    for k in range(110):
+        t = k * TICK_S
+        obs = observe(t, 12.0 if 30 <= k < 45 else 10.0, current, itl_p99_s=0.035)
+        decision = core.tick(TickInput(now_s=t, policies={"p": pol}, observations={"p": obs})).for_policy("p")
+        decisions.append(decision)
+        if decision.apply:
+            current = decision.desired_replicas or current
+    assert "bought nothing" in str(decisions[29].inputs.get("sizing.scale_check"))
+    assert decisions[30].action == "scale_up" and "current_load" in decisions[30].reasons
+    downs = [k for k, d in enumerate(decisions) if d.action == "scale_down"]
+    assert downs and (downs[0] - 45) * TICK_S >= 900  # the load's last need for it was at tick 44
+    assert not any("undo_to" in d.inputs for d in decisions)
