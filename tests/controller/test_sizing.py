@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -110,19 +111,31 @@ def test_a_forecast_scale_up_comes_before_the_ramp_needs_it() -> None:
     assert len(ahead) >= 10
 
 
-def test_a_scale_up_that_buys_nothing_holds_more_of_the_same() -> None:
-    """A fleet whose capacity does not grow: the latency stays at 3x its objective whatever the count."""
+def _drive(
+    scaling: Scaling, start: int, ticks: int, itl_p99_s: float, *, rate: Callable[[int], float] = lambda _: 1.0,
+    queue: float = 0.0,
+) -> tuple[list[int], list[Decision]]:
+    """The production core, forecast off, fed a fixed ITL p99 whatever the count: the replica count after each
+    tick (the decisions applied) and the decisions."""
     core = build_decision_core(CoreOptions(tick_interval_s=TICK_S, refit_every_ticks=20, season_s=None))
-    pol = policy(forecast=ForecastSettings(enabled=False), scaling=Scaling(
-        min_replicas=1, max_replicas=20, max_step=2, scale_down_cooldown_s=600))
-    current, decisions = 2, []
-    for k in range(80):
+    pol = policy(forecast=ForecastSettings(enabled=False), scaling=scaling)
+    current, counts, decisions = start, [], []
+    for k in range(ticks):
         t = k * TICK_S
-        obs = observe(t, 1.0, current, itl_p99_s=0.06)  # little load, yet ITL p99 far above 20 ms
+        obs = observe(t, rate(k), current, itl_p99_s=itl_p99_s, queue=queue)
         decision = core.tick(TickInput(now_s=t, policies={"p": pol}, observations={"p": obs})).for_policy("p")
         decisions.append(decision)
         if decision.apply:
             current = decision.desired_replicas or current
+        counts.append(current)
+    return counts, decisions
+
+
+def test_a_scale_up_that_buys_nothing_holds_more_of_the_same() -> None:
+    """A fleet whose capacity does not grow: the latency stays at 3x its objective whatever the count."""
+    scaling = Scaling(min_replicas=1, max_replicas=20, max_step=2, scale_down_cooldown_s=600)
+    counts, decisions = _drive(scaling, 2, 80, 0.06)  # little load, yet ITL p99 far above 20 ms
+    current = counts[-1]
     ups = [d for d in decisions if d.action == "scale_up"]
     assert ups and all("latency_p99" in d.reasons or "slo_burn" in d.reasons for d in ups)
     held = [d for d in decisions if "scale_ineffective" in d.reasons]
@@ -136,19 +149,8 @@ def test_a_scale_up_that_buys_nothing_holds_more_of_the_same() -> None:
 
 def _ineffective_run(itl_p99_s: float, queue: float) -> tuple[list[int], list[Decision]]:
     """A fleet whose latency stays where it is whatever the count, at a load one replica serves."""
-    core = build_decision_core(CoreOptions(tick_interval_s=TICK_S, refit_every_ticks=20, season_s=None))
-    pol = policy(forecast=ForecastSettings(enabled=False), scaling=Scaling(
-        min_replicas=1, max_replicas=20, max_step=4, scale_down_cooldown_s=0))
-    current, counts, decisions = 2, [], []
-    for k in range(80):
-        t = k * TICK_S
-        obs = observe(t, 1.0, current, itl_p99_s=itl_p99_s, queue=queue)
-        decision = core.tick(TickInput(now_s=t, policies={"p": pol}, observations={"p": obs})).for_policy("p")
-        decisions.append(decision)
-        if decision.apply:
-            current = decision.desired_replicas or current
-        counts.append(current)
-    return counts, decisions
+    scaling = Scaling(min_replicas=1, max_replicas=20, max_step=4, scale_down_cooldown_s=0)
+    return _drive(scaling, 2, 80, itl_p99_s, queue=queue)
 
 
 def test_an_ineffective_scale_up_is_given_back() -> None:
@@ -265,24 +267,15 @@ def test_the_first_ticks_handful_of_requests_does_not_set_the_forecasts_lengths(
 def test_an_ineffective_scale_up_is_given_back_at_once_to_where_it_began() -> None:
     """ITL p99 at 1.75x its objective whatever the count, a 15-minute scale-down cooldown: the replicas the
     verdict says bought nothing go at once; below the size the scale-up began at, the cooldown holds as ever."""
-    core = build_decision_core(CoreOptions(tick_interval_s=TICK_S, refit_every_ticks=20, season_s=None))
-    pol = policy(forecast=ForecastSettings(enabled=False), scaling=Scaling(
-        min_replicas=1, max_replicas=20, max_step=4, scale_down_cooldown_s=900))
-    current, counts, decisions = 3, [], []
-    for k in range(110):  # within the hold (30 minutes): no new scale-up
-        t = k * TICK_S
-        obs = observe(t, 1.0, current, itl_p99_s=0.035)
-        decision = core.tick(TickInput(now_s=t, policies={"p": pol}, observations={"p": obs})).for_policy("p")
-        decisions.append(decision)
-        if decision.apply:
-            current = decision.desired_replicas or current
-        counts.append(current)
+    scaling = Scaling(min_replicas=1, max_replicas=20, max_step=4, scale_down_cooldown_s=900)
+    counts, decisions = _drive(scaling, 3, 110, 0.035)  # within the hold (30 minutes): no new scale-up
     up = next(k for k, d in enumerate(decisions) if d.action == "scale_up")
     verdict = next(k for k, d in enumerate(decisions) if "bought nothing" in str(d.inputs.get("sizing.scale_check")))
     downs = [k for k, d in enumerate(decisions) if d.action == "scale_down"]
     assert downs and downs[0] <= verdict + 1, "the ineffective replicas waited for the cooldown"
     first = decisions[downs[0]]
     assert first.desired_replicas == 3 and first.inputs.get("undo_to") == 3 and "scale_ineffective" in first.reasons
+    assert "stabilization" not in first.reasons and "cooldown" not in first.reasons
     assert (downs[0] - up) * TICK_S < 900  # sooner than the cooldown since the scale-up would allow
     assert counts[-1] == 1 and len(downs) == 2 and (downs[1] - downs[0]) * TICK_S >= 900
 
@@ -291,17 +284,8 @@ def test_replicas_the_load_added_after_a_verdict_wait_for_the_cooldown() -> None
     """A held pressure (ITL p99 at 1.75x whatever the count) whose scale-up the load needs anyway; then the load
     adds a replica and takes it back: that replica is the load's, not the ineffective scale-up's, so its
     scale-down waits for the cooldown and stabilization window like any other."""
-    core = build_decision_core(CoreOptions(tick_interval_s=TICK_S, refit_every_ticks=20, season_s=None))
-    pol = policy(forecast=ForecastSettings(enabled=False), scaling=Scaling(
-        min_replicas=1, max_replicas=50, max_step=50, scale_down_cooldown_s=900))
-    current, decisions = 2, []
-    for k in range(110):
-        t = k * TICK_S
-        obs = observe(t, 12.0 if 30 <= k < 45 else 10.0, current, itl_p99_s=0.035)
-        decision = core.tick(TickInput(now_s=t, policies={"p": pol}, observations={"p": obs})).for_policy("p")
-        decisions.append(decision)
-        if decision.apply:
-            current = decision.desired_replicas or current
+    scaling = Scaling(min_replicas=1, max_replicas=50, max_step=50, scale_down_cooldown_s=900)
+    _, decisions = _drive(scaling, 2, 110, 0.035, rate=lambda k: 12.0 if 30 <= k < 45 else 10.0)
     assert "bought nothing" in str(decisions[29].inputs.get("sizing.scale_check"))
     assert decisions[30].action == "scale_up" and "current_load" in decisions[30].reasons
     downs = [k for k, d in enumerate(decisions) if d.action == "scale_down"]
