@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from bench.machine import machine
 from engine.batch import SeqChunk, StepPlan
 from engine.executors import Executor, ExecutorOptions, create_executor
 
@@ -201,7 +202,8 @@ def run(
                                "threads": baseline_threads,
                                "parallel_min_tokens": executor_options.parallel_min_tokens,
                                "baseline": "transformers.generate", "batches": {},
-                               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")}
+                               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+                               "machine": machine()}
     try:
         ours_generate(executor, make_prompts(2, 16, executor.config.vocab_size), 2)  # warm-up
         for batch in batches:

@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from bench.machine import machine
 from bench.vllm_overhead import OverheadOptions, run_pairs, tree_cpu_s
 from contracts.catalogue import EXPERT_TOKENS, total
 from harness.loadgen import LoadRequest, RequestRecord, run_load, summarize
@@ -123,6 +124,7 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
         "workload": {"prompts": options.prompts, "prompt_tokens": options.prompt_tokens,
                      "new_tokens": options.new_tokens, "greedy": True},
         "vllm_version": VLLM_VERSION_TESTED,
+        "machine": machine(),
         "baseline": "vllm_plugin_off",
         "runs": runs,
         "overhead": overhead,
