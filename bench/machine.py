@@ -35,6 +35,7 @@ def describe_cpu(cpuinfo: str) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    """This machine: CPU model, ISA flags, logical CPUs and the 1-minute load average now."""
+    """This machine: CPU model, ISA flags, logical CPUs and the 1-minute load average now (take it before a
+    benchmark starts its own processes)."""
     text = CPUINFO.read_text() if CPUINFO.exists() else ""
     return describe_cpu(text) | {"cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}

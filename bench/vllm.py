@@ -104,6 +104,7 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
     (``bench.vllm_overhead``); then our engine on the same checkpoint."""
     if vllm_python() is None:
         raise FileNotFoundError(f"no vLLM venv at {VLLM_VENV} (run `make vllm-venv`)")
+    host = machine()  # before the servers start: the load average is what else was running
     with tempfile.TemporaryDirectory(prefix="moeslo-bench-vllm-") as tmp:
         checkpoint = options.checkpoint or make_checkpoint(Path(tmp) / "ckpt", progress)
         config = json.loads((checkpoint / "config.json").read_text())
@@ -124,7 +125,7 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
         "workload": {"prompts": options.prompts, "prompt_tokens": options.prompt_tokens,
                      "new_tokens": options.new_tokens, "greedy": True},
         "vllm_version": VLLM_VERSION_TESTED,
-        "machine": machine(),
+        "machine": host,
         "baseline": "vllm_plugin_off",
         "runs": runs,
         "overhead": overhead,
