@@ -89,6 +89,21 @@ def _load_capacity(state: StackState, by_replica: list[list[dict[str, Any]]], pr
     return modelled
 
 
+def quiet_start_rate(modelled: float, measured: float, *, lightest: float) -> tuple[float, str | None]:
+    """The per-replica rate the load's quiet start is a share of, and a line when it is not the model's.
+
+    The capacity model's sustainable rate, unless it rules out even the lightest level measured: on a
+    busy or slow machine the fitted ITL line can start above the objective, and the model then gives a
+    replica next to nothing, which planned a run without a single request.  The replicas were measured
+    serving ``measured``, so the load starts from that.
+    """
+    if modelled >= lightest:
+        return modelled, None
+    return measured, (f"the capacity model gives a replica {modelled:.2f} requests/s, below the lightest level "
+                      f"measured ({lightest:.2f}): the load starts from the {measured:.2f} the replicas were "
+                      f"measured at")
+
+
 def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str], None]) -> dict[str, Any]:
     """Measure the replicas at ``urls`` under load at once; returns the profile (JSON) and the load's base rate.
 
@@ -113,15 +128,18 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
                f"loaded at once (one pinned CPU each, {options.ep_label}), {round(prompt)}/{max(2, round(output))} "
                f"tokens",
     )
-    capacity = _load_capacity(state, by_replica, profile, prompt=prompt, output=output,
-                              lightest=min(p.request_rate_rps for p in points))
+    lightest = min(p.request_rate_rps for p in points)
+    capacity = _load_capacity(state, by_replica, profile, prompt=prompt, output=output, lightest=lightest)
     # The controller sizes a replica for no more than the load is sized from: its latency lines come
     # from medians, and said 1.6-4.5x what the replicas held in six runs (docs/benchmarks.md).
     profile = profile.model_copy(update={"max_request_rate_rps": capacity})
     # The quiet start is base_load of what the controller's own model says a replica sustains (at most
     # what it held): started from the held rate where the model's line is lower, the first tick's load
     # already asked for the second replica, and the forecast had no rise left to scale ahead of.
-    sustained = sustainable_rate_rps(profile, prompt_tokens=prompt, output_tokens=output)
+    sustained, why = quiet_start_rate(sustainable_rate_rps(profile, prompt_tokens=prompt, output_tokens=output),
+                                      capacity, lightest=lightest)
+    if why:
+        state.event(why)
     base = options.base_load * sustained
     state.profile = {"profile": profile.model_dump(mode="json"), "replica_rate_rps": capacity,
                      "base_rate_rps": base}
@@ -130,5 +148,6 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
                 f"sequence, "
                 f"prefill {profile.prefill_tokens_per_s:.0f} tokens/s, a cached prompt token costing "
                 f"{profile.cached_token_cost:.2f} of a computed one); the load starts at {base:.2f} requests/s "
-                f"({options.base_load:g} of the {sustained:.2f} the capacity model then gives a replica)")
+                f"({options.base_load:g} of the {sustained:.2f} "
+                f"{'the replicas were measured at' if why else 'the capacity model then gives a replica'})")
     return {"profile": profile.model_dump(mode="json"), "base_rate_rps": base}

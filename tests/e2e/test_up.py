@@ -24,7 +24,7 @@ def test_up_runs_the_whole_loop_and_summarizes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
     assert summary == json.loads((out / "summary.json").read_text())
-    assert summary["requests"] > 0 and summary["ok"] > 0
+    assert summary["requests"] > 0 and summary["ok"] > 0, summary["events"]
     assert summary["failed"] == 0, summary
     assert summary["ttft_p99_s"] is not None and summary["itl_p99_s"] is not None
     # The controller started the first replica itself, and rebalanced the skewed experts live.
