@@ -8,8 +8,10 @@ rather than on average, with the *true* profile of :mod:`controller.replay.world
   ``profile.prefill_rate(b)`` with ``b`` sequences decoding beside it;
 - a request is admitted only when its prompt plus output fit the free KV cache and a
   sequence slot is free; otherwise it waits for the earliest decoding request to end;
-- its mean inter-token latency is ``step(b) / (1 - rho_p)``, with ``rho_p`` the
-  replica's prefill share of the last tick;
+- it decodes at ``step(b)`` a token, ``b`` counting it, except that every prompt the replica
+  prefills while it decodes takes its chunks' compute time out of its decode
+  (:class:`controller.replay.decode_clock.DecodeClock`): its mean inter-token latency is its decode
+  span over its output tokens less one, known when it ends;
 - new replicas serve after their start-up; removed replicas take no new requests;
 - for traces that name their prompts' KV blocks (Mooncake's ``hash_ids``), each replica
   keeps an LRU cache of blocks (:mod:`controller.replay.prefix_cache`) and prefills only
@@ -41,6 +43,7 @@ from contracts.catalogue import PROMPT_TOKENS_BUCKETS
 from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
 from contracts.traces import PREFIX_BLOCK_TOKENS, FloatArray, IntArray, RequestTrace
 from contracts.ttft_objective import FLAT, TtftAllowance
+from controller.replay.decode_clock import DecodeClock
 from controller.replay.prefix_cache import BlockCache, best_case_uncached
 from controller.replay.scoring import TickOutcomes
 from controller.replay.signals import SLI_WINDOW_S, TickSample
@@ -58,16 +61,10 @@ class _Replica:
     ready_at_s: float
     prefill_free_s: float = 0.0
     kv_used: int = 0
-    decoding: list[tuple[float, int]] = field(default_factory=list)
-    """Heap of (end time, KV tokens) of admitted requests."""
-    prefill_tokens_tick: float = 0.0
-    rho_prefill: float = 0.0
+    decoding: list[tuple[float, int, int]] = field(default_factory=list)
+    """Heap of (end in decode time, KV tokens, request index) of admitted requests."""
+    clock: DecodeClock = field(default_factory=DecodeClock)
     cache: BlockCache | None = None
-
-    def release_until(self, t: float) -> None:
-        heap = self.decoding
-        while heap and heap[0][0] <= t:
-            self.kv_used -= heapq.heappop(heap)[1]
 
 
 class StartingReplicas:
@@ -116,7 +113,6 @@ class RequestFleet:
         self.start_s = np.full(n, np.inf)
         self.finish_s = np.full(n, np.inf)
         self._next = 0
-        self._last_sample_s = 0.0
         self._unfinished: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self._unprefilled: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self._window: deque[tuple[float, FloatArray, FloatArray]] = deque()
@@ -156,8 +152,36 @@ class RequestFleet:
             )
 
         self.replicas.sort(key=load)
+        for removed in self.replicas[: current - replicas]:
+            self._settle_all(removed)  # it takes no more prompts: its clock is final
         del self.replicas[: current - replicas]
         return True
+
+    def _end(self, replica: _Replica, end_decode_s: float, i: int) -> float:
+        """Request ``i``'s finish on ``replica``, in wall time, recorded with its mean inter-token latency."""
+        finish = replica.clock.real(end_decode_s)
+        self.finish_s[i] = finish
+        gaps = int(self.trace.output_tokens[i]) - 1
+        if gaps > 0:  # else its latency stays the step it was admitted at
+            first_token = float(self.trace.arrival_s[i]) + float(self.ttft_s[i])
+            self.itl_s[i] = max(finish - first_token, 0.0) / gaps
+        return finish
+
+    def _release(self, replica: _Replica, t: float) -> None:
+        """Free the slots and KV of ``replica``'s requests that have ended by ``t``."""
+        heap = replica.decoding
+        if not heap:
+            return
+        now = replica.clock.virtual(t)
+        while heap and heap[0][0] <= now:
+            end, tokens, i = heapq.heappop(heap)
+            replica.kv_used -= tokens
+            self._end(replica, end, i)
+
+    def _settle_all(self, replica: _Replica) -> None:
+        """Record the finish of every request still decoding on ``replica``, as if it took no more prompts."""
+        for end, _tokens, i in replica.decoding:
+            self._end(replica, end, i)
 
     # long: the per-request hot loop of a replay (millions of requests); its locals are hoisted for speed.
     def advance(self, until_s: float) -> None:
@@ -192,7 +216,7 @@ class RequestFleet:
             if t >= next_refresh:
                 ready = self.ready(t)
                 for replica in ready:
-                    replica.release_until(t)
+                    self._release(replica, t)
                 backlog = np.array([r.prefill_free_s for r in ready], dtype=np.float64)
                 decoders = np.array([len(r.decoding) for r in ready], dtype=np.float64)
                 kv_used = np.array([r.kv_used for r in ready], dtype=np.float64)
@@ -226,26 +250,24 @@ class RequestFleet:
             output = int(outputs[i])
             need = min(prompt + output, kv_cap)
             begin = max(t, replica.prefill_free_s, replica.ready_at_s)
-            replica.release_until(begin)
+            self._release(replica, begin)
             heap = replica.decoding
             while heap and (replica.kv_used + need > kv_cap or len(heap) >= max_seqs):
-                ended, tokens = heapq.heappop(heap)
+                ended, tokens, j = heapq.heappop(heap)
                 replica.kv_used -= tokens
-                begin = max(begin, ended)
+                begin = max(begin, self._end(replica, ended, j))
             step = base + slope * (len(heap) + 1)
             work = prompt - saved * cached
             first_token = begin + overhead + work / (chunk / (step + chunk / raw))
             replica.prefill_free_s = first_token
-            replica.prefill_tokens_tick += work
-            itl = step / (1.0 - min(replica.rho_prefill, 0.95))
-            finish = first_token + max(output - 1, 0) * itl
-            heapq.heappush(heap, (finish, need))
+            clock = replica.clock
+            clock.add_prefill(begin + overhead, first_token, work / raw)
+            heapq.heappush(heap, (clock.virtual(first_token) + max(output - 1, 0) * step, need, i))
             replica.kv_used += need
             self.ttft_s[i] = first_token - t
             self.prefill_s[i] = first_token - begin - overhead
-            self.itl_s[i] = itl
+            self.itl_s[i] = step
             self.start_s[i] = begin
-            self.finish_s[i] = finish
             if choice >= 0:
                 backlog[choice] = first_token
                 decoders[choice] += 1
@@ -257,15 +279,11 @@ class RequestFleet:
 
     def sample(self, now_s: float) -> TickSample:
         """Gauges now, and the counters' increments since the last sample."""
-        elapsed = max(now_s - self._last_sample_s, 1e-9)
         ready = self.ready(now_s)
-        kv_sum = 0.0
-        raw = self.world.profile_at(now_s - self.tick_s).prefill_tokens_per_s
-        for replica in ready:
-            replica.release_until(now_s)
-            kv_sum += replica.kv_used / self.world.nominal.kv_capacity_tokens
-            replica.rho_prefill = min(replica.prefill_tokens_tick / (elapsed * raw), 0.95)
-            replica.prefill_tokens_tick = 0.0
+        for replica in self.replicas:  # starting ones too: requests wait on them
+            self._release(replica, now_s)
+            replica.clock.trim(now_s)  # later arrivals, releases and samples all come after now
+        kv_sum = sum(r.kv_used for r in ready) / self.world.nominal.kv_capacity_tokens
         prefilled_mask = self.start_s[self._unprefilled] + self.ttft_s[self._unprefilled] <= now_s + 1e-9
         prefilled = self._unprefilled[prefilled_mask & np.isfinite(self.ttft_s[self._unprefilled])]
         self._unprefilled = self._unprefilled[~prefilled_mask]
@@ -281,7 +299,6 @@ class RequestFleet:
             self._window.popleft()
         window_ttft = np.concatenate([w[1] for w in self._window])
         window_itl = np.concatenate([w[2] for w in self._window])
-        self._last_sample_s = now_s
         arrival = self.trace.arrival_s
         return TickSample(
             ready=len(ready),
@@ -332,7 +349,12 @@ class RequestFleet:
         return out
 
     def outcomes(self, ticks: int) -> TickOutcomes:
-        """Per arrival tick: requests and how many met each SLO (provisioning filled in by the runner)."""
+        """Per arrival tick: requests and how many met each SLO (provisioning filled in by the runner).
+
+        Requests still decoding at the end are settled as if their replicas took no more prompts.
+        """
+        for replica in self.replicas:
+            self._settle_all(replica)
         index = np.minimum((self.trace.arrival_s // self.tick_s).astype(np.int64), ticks - 1)
         good_ttft = self.normalized_ttft_s() <= self.ttft_target_s
         good_itl = self.itl_s <= self.itl_target_s

@@ -13,7 +13,7 @@ from contracts.traces import RequestTrace
 from controller.capacity import ReplicaProfile
 from controller.replay.protocol import ReplayRequest
 
-PROFILE = ReplicaProfile(name="t", prefill_tokens_per_s=2000.0, itl_base_s=0.01, itl_per_seq_s=0.001,
+PROFILE = ReplicaProfile(name="t", prefill_tokens_per_s=20_000.0, itl_base_s=0.01, itl_per_seq_s=0.001,
                          ttft_overhead_s=0.02, kv_capacity_tokens=100_000, max_num_seqs=64,
                          prefill_chunk_tokens=512)  # fmt: skip
 
