@@ -24,153 +24,32 @@ A prefix-cache hit rate ``h`` (observed: ``vllm:prefix_cache_hits`` over
 ``vllm:prefix_cache_queries``) leaves ``1 - h (1 - c)`` of the prompt's prefill work, ``c``
 being the profile's ``cached_token_cost`` (what a cached token still costs; 0: nothing).
 
+The prompt-length tail (``Targets.prompt_cv2``, ``prompt_p99_over_mean``) starts nominal and follows
+the lengths the engines report (:meth:`CapacityModel.observe_length_tail`).
+
 Online, the model is corrected by the ratio of observed to predicted latency (as NVIDIA Dynamo's planner
 does), and a reactive floor from the queue depth covers what no forecast saw coming.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated
+from dataclasses import dataclass, replace
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic import ValidationError as PydanticValidationError
-
-from contracts.errors import DataError
 from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
 from contracts.ttft_objective import FLAT, TtftAllowance
 from controller.queueing import mgn_waits
+from controller.replica_profile import DEFAULT_PROFILE, PrefixProbe, ProfilePoint, ReplicaProfile
+
+__all__ = [
+    "DEFAULT_PROFILE", "MAX_REPLICAS", "PREFILL_SHARE_WINDOW_S", "CapacityModel", "Load", "Prediction",
+    "PrefixProbe", "ProfilePoint", "ReplicaProfile", "Targets",
+]  # fmt: skip
 
 _Z99 = 2.326  # standard normal 99th percentile
 PREFILL_SHARE_WINDOW_S = 15.0
 """Span over which a replica's prefill share stretches the decodes beside it (about a request's decode)."""
 MAX_REPLICAS = 100_000
-
-
-Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-"""A float where JSON says a number (``true`` or ``"1"`` is refused, as everywhere in a policy)."""
-Count = Annotated[int, Field(strict=True)]
-
-
-class ProfilePoint(BaseModel):
-    """One load level of a profiling sweep."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    request_rate_rps: Number
-    prompt_tokens_per_s: Number
-    output_tokens_per_s: Number
-    ttft_p99_s: Number
-    itl_p99_s: Number
-    ttft_p50_s: Number | None = None
-    itl_p50_s: Number | None = None
-    requests: Count = 0
-
-
-class PrefixProbe(BaseModel):
-    """``moeslo profile``'s prefix-cache measurement on an idle replica, for the record."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    cold_ttft_p50_s: Number
-    """Median TTFT of prompts that share nothing with earlier ones."""
-    cached_ttft_p50_s: Number
-    """Median TTFT of prompts of the same length whose leading part was in the prefix cache."""
-    cached_share: Annotated[Number, Field(ge=0, le=1)]
-    """Share of each such prompt found in the cache (the engine's counters; as sent when it has none)."""
-    requests: Count = 0
-    """Requests of each kind."""
-
-
-class ReplicaProfile(BaseModel):
-    """Per-replica capacity, as ``moeslo profile`` writes it (JSON)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: Annotated[str, Field(strict=True, max_length=253)] = "default"
-    source: Annotated[str, Field(strict=True, max_length=4096)] = ""
-    """Where the numbers come from (a measurement, or how they were estimated)."""
-    prefill_tokens_per_s: Annotated[Number, Field(gt=0)]
-    itl_base_s: Annotated[Number, Field(gt=0)]
-    itl_per_seq_s: Annotated[Number, Field(ge=0)]
-    prefill_chunk_tokens: Annotated[Count, Field(ge=1)] = 2048
-    kv_capacity_tokens: Annotated[Count, Field(ge=1)]
-    max_num_seqs: Annotated[Count, Field(ge=1)] = 256
-    ttft_overhead_s: Annotated[Number, Field(ge=0)] = 0.01
-    """Fixed per-request cost before prefill (tokenization, scheduling, network)."""
-    points: Annotated[tuple[ProfilePoint, ...], Field(max_length=1000)] = ()
-    """The sweep the parameters were fitted to, for the record."""
-    cached_token_cost: Annotated[Number, Field(ge=0, le=1)] = 0.0
-    """Prefill time a prompt token found in the prefix cache still costs, relative to a computed one."""
-    prefix_probe: PrefixProbe | None = None
-    """The measurement ``cached_token_cost`` was fitted to (None: not measured)."""
-    max_request_rate_rps: Annotated[Number, Field(gt=0)] | None = None
-    """The request rate one replica was measured to hold within the objectives, tails included (None:
-    not measured): the model never sizes a replica for more, whatever its latency lines say."""
-
-    def uncached_share(self, prefix_hit_rate: float) -> float:
-        """Share of a prompt's prefill work left at a prefix-cache hit rate (cached tokens cost their share)."""
-        return 1.0 - prefix_hit_rate * (1.0 - self.cached_token_cost)
-
-    def step_s(self, running: float) -> float:
-        return self.itl_base_s + self.itl_per_seq_s * running
-
-    def prefill_rate(self, running: float) -> float:
-        """Prompt tokens/s one prompt gets while ``running`` sequences decode beside it."""
-        if running <= 0:
-            return self.prefill_tokens_per_s
-        return self.chunked_prefill_rate(running)
-
-    def chunked_prefill_rate(self, running: float = 0.0) -> float:
-        """Prompt tokens/s of one prompt prefilled in chunks, each inside a step with ``running`` decodes.
-
-        At 0 it is a prompt alone on its replica: each chunk still costs a step's ``itl_base_s``
-        (what a request's own prefill measures, as ``vllm:request_prefill_time_seconds`` does).
-        """
-        chunk = self.prefill_chunk_tokens
-        return chunk / (self.step_s(max(running, 0.0)) + chunk / self.prefill_tokens_per_s)
-
-    def to_json(self) -> str:
-        return self.model_dump_json(indent=2)
-
-    @classmethod
-    def load(cls, path: str | Path) -> ReplicaProfile:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise DataError(f"cannot read profile: {exc.strerror}", path=str(path)) from exc
-        try:
-            return cls.model_validate(json.loads(text))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"not valid JSON: {exc.msg}", path=str(path), line=exc.lineno) from None
-        except PydanticValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise DataError(f"not a replica profile: {problems}", path=str(path)) from None
-
-
-DEFAULT_PROFILE = ReplicaProfile(
-    name="default-qwen3-30b-a3b-1x80gb",
-    source=(
-        "Estimated, not measured: a Qwen3-30B-A3B-class MoE (3.3 B active of 30.5 B parameters, bf16) "
-        "on one 80 GB H100-class GPU with chunked prefill. Decode is memory-bound: 6.6 GB of active "
-        "weights per step at batch 1 (about 2 ms at 3.35 TB/s) plus attention and launch overheads "
-        "gives ~7 ms; at batch ~65 most experts are touched (61 GB read, ~18 ms), hence 0.2 ms per "
-        "running sequence and ITL 20 ms at ~65 sequences. Prefill is compute-bound: 6.6 GFLOP per token "
-        "at ~160 TFLOP/s sustained (16 % of the 990 TFLOP/s bf16 peak) is ~24k tokens/s. KV cache: "
-        "48 layers x 4 KV heads x 128 dims x 2 (K, V) x 2 bytes = 96 KiB per token, ~15 GB left after "
-        "weights: ~150k tokens. Override with a measured profile (moeslo profile, --profile)."
-    ),
-    prefill_tokens_per_s=24_000.0,
-    itl_base_s=0.007,
-    itl_per_seq_s=0.0002,
-    prefill_chunk_tokens=2048,
-    kv_capacity_tokens=150_000,
-    max_num_seqs=256,
-    ttft_overhead_s=0.01,
-)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -244,6 +123,7 @@ class CapacityModel:
         self.prefill_speed_correction = 1.0
         """Observed prefill speed over the profile's at the same decode batch (EWMA, 0.5-2): replicas
         slower than their profile leave shorter prompts feasible (:meth:`longest_feasible_prompt`)."""
+        self._length_tail_seen = False
         self._last_needed = 1
         """The last answer of :meth:`replicas_needed`: consecutive loads need about as many replicas, so the
         search starts there (two predictions instead of a dozen; the answer does not depend on it)."""
@@ -373,6 +253,20 @@ class CapacityModel:
             overhead_s=self.profile.ttft_overhead_s,
             prefill_tokens_per_s=speed / self.profile.uncached_share(hit),
         )
+
+    def observe_length_tail(self, prompt_cv2: float, prompt_p99_over_mean: float) -> None:
+        """Size for the prompt-length tail the engines report (``vllm:request_prompt_tokens``) instead of the
+        nominal one: a heavier tail lengthens the prefill bursts that stretch decodes and the queue behind them."""
+        if not (math.isfinite(prompt_cv2) and math.isfinite(prompt_p99_over_mean)):
+            return
+        t = self.targets
+        if not self._length_tail_seen:  # the first reading replaces the nominal tail; later ones are smoothed
+            cv2, p99 = prompt_cv2, prompt_p99_over_mean
+        else:
+            cv2 = 0.9 * t.prompt_cv2 + 0.1 * prompt_cv2
+            p99 = 0.9 * t.prompt_p99_over_mean + 0.1 * prompt_p99_over_mean
+        self._length_tail_seen = True
+        self.targets = replace(t, prompt_cv2=min(max(cv2, 0.0), 10.0), prompt_p99_over_mean=min(max(p99, 1.0), 50.0))
 
     def correct_prefill_speed(self, *, prompt_tokens_per_prefill_s: float, running_per_replica: float) -> None:
         """Fold an observed prefill speed into :attr:`prefill_speed_correction`.

@@ -21,10 +21,12 @@ from dataclasses import replace
 
 from controller.types import PolicyObservation
 
-__all__ = ["P99_TAIL_SHARE", "feasible_view", "infeasible_share"]
+__all__ = ["MIN_TAIL_REQUESTS", "P99_TAIL_SHARE", "feasible_view", "infeasible_share", "prompt_length_tail"]
 
 P99_TAIL_SHARE = 0.002
 """Infeasible share from which the observed p99 TTFT is taken to be theirs (a fifth of the 1 % tail)."""
+MIN_TAIL_REQUESTS = 200.0
+"""Finished requests in the window below which the prompt histogram is too thin to read a length tail from."""
 
 
 def infeasible_share(buckets: Sequence[tuple[float, float]], longest_prompt: float) -> float | None:
@@ -64,3 +66,42 @@ def feasible_view(observation: PolicyObservation, share: float | None) -> Policy
         ttft_p99_s=None if share >= P99_TAIL_SHARE else sli.ttft_p99_s,
     )
     return replace(observation, sli=adjusted)
+
+
+def prompt_length_tail(buckets: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Squared coefficient of variation and p99 over mean of the prompt lengths in a cumulative histogram.
+
+    Lengths are taken as spread evenly inside each bucket (as ``histogram_quantile`` interpolates);
+    those beyond the last finite edge sit at it.  None under :data:`MIN_TAIL_REQUESTS` requests.
+    """
+    if not buckets or buckets[-1][1] < MIN_TAIL_REQUESTS:
+        return None
+    total = buckets[-1][1]
+    first = second = 0.0
+    low, below = 0.0, 0.0
+    for edge, count in buckets:
+        inside = count - below
+        high = low if math.isinf(edge) else edge
+        first += inside * (low + high) / 2.0
+        second += inside * (low * low + low * high + high * high) / 3.0
+        low, below = high, count
+    mean = first / total
+    if mean <= 0:
+        return None
+    cv2 = max(second / total / (mean * mean) - 1.0, 0.0)
+    return cv2, _quantile(buckets, 0.99) / mean
+
+
+def _quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
+    """``histogram_quantile``: linear inside the bucket that holds rank ``q`` (the last finite edge beyond it)."""
+    rank = q * buckets[-1][1]
+    low, below = 0.0, 0.0
+    for edge, count in buckets:
+        if count >= rank and count > below:
+            if math.isinf(edge):
+                return low
+            return low + (edge - low) * (rank - below) / (count - below)
+        if not math.isinf(edge):
+            low = edge
+        below = count
+    return low

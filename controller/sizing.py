@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 from controller.advisors import ReactiveAdvisor
 from controller.entry_demand import waiting
-from controller.feasibility import feasible_view, infeasible_share
+from controller.feasibility import feasible_view, infeasible_share, prompt_length_tail
 from controller.policy import Policy
 from controller.predictive import Assessment, PredictiveAdvisor
 from controller.scale_check import PRESSURE_REASONS, ScaleChecker, latency_ratio
@@ -80,25 +80,34 @@ class SizingAdvisor:
         self.predictive.forget(policy_name)
         self.checker.forget(policy_name)
 
-    def _feasible(self, policy: Policy, observation: PolicyObservation) -> tuple[PolicyObservation, float | None]:
-        """The observation with TTFT judged over the requests some fleet can serve (see controller.feasibility)."""
+    def _feasible(
+        self, policy: Policy, observation: PolicyObservation, details: dict[str, Scalar]
+    ) -> PolicyObservation:
+        """The observation with TTFT judged over the requests some fleet can serve (see controller.feasibility),
+        after the capacity model has taken the hit rate and the prompt-length tail the engines report."""
         capacity = self.predictive.capacity(policy)
         if observation.prefix_cache_hit_rate is not None and math.isfinite(observation.prefix_cache_hit_rate):
             capacity.prefix_hit_rate = min(max(observation.prefix_cache_hit_rate, 0.0), 0.99)
         sli = observation.sli
+        tail = None if sli is None else prompt_length_tail(sli.prompt_tokens_buckets)
+        if tail is not None:
+            capacity.observe_length_tail(*tail)
+            details["prompt_cv2"] = round(capacity.targets.prompt_cv2, 3)
+            details["prompt_p99_over_mean"] = round(capacity.targets.prompt_p99_over_mean, 3)
         share = None if sli is None else infeasible_share(sli.prompt_tokens_buckets, capacity.longest_feasible_prompt())
-        return feasible_view(observation, share), share
+        if share is not None:
+            details["ttft_infeasible_share"] = round(share, 6)
+        return feasible_view(observation, share)
 
     def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
         # The scale-up check judges on what the fleet was seen to serve, every request counted: a p99 that the
         # feasible view hides whenever the infeasible share crosses P99_TAIL_SHARE would judge a scale-up's
         # before and after on different signals (TTFT then ITL alone) and call it effective.
         raw = observation
-        observation, share = self._feasible(policy, observation)
+        sizing_details: dict[str, Scalar] = {}
+        observation = self._feasible(policy, observation, sizing_details)
         reactive = self.reactive.advise(policy, observation, now_s)
-        details = _prefixed("reactive", reactive.details)
-        if share is not None:
-            details["ttft_infeasible_share"] = round(share, 6)
+        details = _prefixed("reactive", reactive.details) | sizing_details
         assessment = self.predictive.assess(policy, observation, now_s)
         if assessment is not None:
             details |= _prefixed("predictive", assessment.details)

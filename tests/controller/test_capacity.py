@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,25 @@ def test_a_measured_rate_per_replica_caps_what_the_latency_lines_say() -> None:
                                        output_tokens_per_s=80.0)) == 2  # exactly two replicas' worth
     with pytest.raises(ValueError, match="greater than 0"):
         ReplicaProfile.model_validate({**profile.model_dump(), "max_request_rate_rps": 0})
+
+
+def test_an_observed_prompt_length_tail_replaces_the_nominal_one_then_is_smoothed() -> None:
+    model = CapacityModel(DEFAULT_PROFILE, Targets())
+    model.observe_length_tail(2.0, 6.0)
+    assert (model.targets.prompt_cv2, model.targets.prompt_p99_over_mean) == (2.0, 6.0)
+    model.observe_length_tail(1.0, 4.0)
+    assert model.targets.prompt_cv2 == pytest.approx(1.9)
+    assert model.targets.prompt_p99_over_mean == pytest.approx(5.8)
+    model.observe_length_tail(math.nan, 4.0)
+    assert model.targets.prompt_cv2 == pytest.approx(1.9)
+    model.observe_length_tail(50.0, 0.5)  # bounded
+    assert model.targets.prompt_cv2 <= 10.0 and model.targets.prompt_p99_over_mean >= 1.0
+
+
+def test_a_heavier_prompt_tail_needs_at_least_as_many_replicas() -> None:
+    load = Load(request_rate_rps=10.0, prompt_tokens_per_s=10.0 * 8000, output_tokens_per_s=10.0 * 300)
+    nominal = CapacityModel(DEFAULT_PROFILE, Targets())
+    heavy = CapacityModel(DEFAULT_PROFILE, Targets())
+    heavy.observe_length_tail(2.0, 7.0)
+    assert heavy.predict(load, 6).itl_p99_s > nominal.predict(load, 6).itl_p99_s
+    assert heavy.replicas_needed(load) >= nominal.replicas_needed(load)

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from contracts.ttft_objective import TtftAllowance
-from controller.capacity import DEFAULT_PROFILE, CapacityModel, Targets
-from controller.feasibility import feasible_view, infeasible_share
+from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, Targets
+from controller.feasibility import MIN_TAIL_REQUESTS, feasible_view, infeasible_share, prompt_length_tail
 from controller.types import PolicyObservation, SliSnapshot
 
 BUCKETS = ((1000.0, 10.0), (10000.0, 60.0), (20000.0, 90.0), (math.inf, 100.0))
@@ -120,10 +120,17 @@ def test_infeasible_requests_never_drive_a_scale_up() -> None:
     lengths = ((1000.0, 100.0), (2000.0, 400.0), (50000.0, 400.0), (100000.0, 500.0), (math.inf, 500.0))
     desired, reasons, share = _tick(lengths)
     assert share == pytest.approx(0.2)
-    assert "slo_burn" not in reasons and "latency_p99" not in reasons and desired is not None and desired <= 4
-    # The same SLIs without lengths to tell the infeasible requests apart: the burn asks for replicas.
+    assert "slo_burn" not in reasons and "latency_p99" not in reasons
+    # What the load asks for, the long prompts' prefill bursts beside the decodes included (the tail read from
+    # the lengths), and no more: the burn of the requests no fleet can serve adds nothing.
+    model = CapacityModel(DEFAULT_PROFILE, Targets())
+    model.observe_length_tail(*(prompt_length_tail(lengths) or (math.nan, math.nan)))
+    load = Load(request_rate_rps=2.0, prompt_tokens_per_s=2.0 * 11_000, output_tokens_per_s=200.0)
+    need = model.replicas_needed(load)
+    assert desired == need
+    # The same SLIs without lengths to tell the infeasible requests apart: the burn asks for more.
     desired, reasons, share = _tick(())
-    assert share is None and "slo_burn" in reasons and desired is not None and desired > 4
+    assert share is None and "slo_burn" in reasons and desired is not None and desired > need
 
 
 def test_prompts_only_slower_replicas_miss_stop_driving_scale_ups_once_their_speed_is_seen() -> None:
@@ -201,3 +208,46 @@ def test_a_scale_up_is_judged_on_the_same_p99_before_and_after() -> None:
     assert not any("p99 within the objectives" in v for v in verdicts)
     assert any("scale_ineffective" in d.reasons for d in decisions)
     assert current < 30
+
+
+def test_the_prompt_length_tail_read_from_the_histogram() -> None:
+    # 200 prompts spread evenly over (10, 20]: mean 15, mean square (10^2 + 10 * 20 + 20^2) / 3.
+    even = ((10.0, 0.0), (20.0, 200.0), (math.inf, 200.0))
+    cv2, p99_over_mean = prompt_length_tail(even) or (math.nan, math.nan)
+    assert cv2 == pytest.approx((700.0 / 3.0) / 15.0**2 - 1.0)
+    assert p99_over_mean == pytest.approx((10.0 + 10.0 * 198.0 / 200.0) / 15.0)  # rank 198 of 200, interpolated
+    # Half of them beyond the last finite edge: they sit at it (mean 17.5), and so does the p99.
+    beyond = ((10.0, 0.0), (20.0, 100.0), (math.inf, 200.0))
+    cv2, p99_over_mean = prompt_length_tail(beyond) or (math.nan, math.nan)
+    assert cv2 == pytest.approx((100 * 700.0 / 3.0 + 100 * 400.0) / 200 / 17.5**2 - 1.0)
+    assert p99_over_mean == pytest.approx(20.0 / 17.5)
+    # A long tail: 1 % of 1,000 prompts at 50-100k tokens, the rest at 1-2k.
+    long = ((1000.0, 0.0), (2000.0, 990.0), (50000.0, 990.0), (100000.0, 1000.0), (math.inf, 1000.0))
+    cv2, p99_over_mean = prompt_length_tail(long) or (math.nan, math.nan)
+    mean = (990 * 1500.0 + 10 * 75000.0) / 1000
+    assert p99_over_mean == pytest.approx(2000.0 / mean)  # rank 990 is the top of the 1-2k bucket
+    assert cv2 > 5.0
+    # Too few requests, or none: no tail.
+    thin = MIN_TAIL_REQUESTS - 1
+    assert prompt_length_tail(((10.0, 0.0), (20.0, thin), (math.inf, thin))) is None
+    assert prompt_length_tail(()) is None
+
+
+def test_the_capacity_model_sizes_for_the_prompt_lengths_the_engines_report() -> None:
+    lengths = ((1000.0, 0.0), (2000.0, 900.0), (20000.0, 990.0), (50000.0, 1000.0), (math.inf, 1000.0))
+    from controller.builder import CoreOptions, build_decision_core
+    from controller.policy import ForecastSettings, LocalTarget, Policy
+    from controller.types import TickInput
+
+    core = build_decision_core(CoreOptions(isolate_advisor_errors=False))
+    policy = Policy(name="p", target=LocalTarget(), forecast=ForecastSettings(enabled=False))
+    sli = SliSnapshot(observed_at_s=100.0, requests_in_window=1000.0, ttft_good_ratio=1.0, itl_good_ratio=1.0,
+                      prompt_tokens_buckets=lengths)  # fmt: skip
+    obs = PolicyObservation(policy="p", observed_at_s=100.0, current_replicas=4, ready_replicas=4, queue_depth=0.0,
+                            running_requests=8.0, request_rate_rps=2.0, prompt_tokens_per_s=2.0 * 4000,
+                            output_tokens_per_s=200.0, kv_cache_usage=0.3, sli=sli)  # fmt: skip
+    decision = core.tick(TickInput(now_s=100.0, policies={"p": policy}, observations={"p": obs})).for_policy("p")
+    expected = prompt_length_tail(lengths)
+    assert expected is not None
+    assert decision.inputs["sizing.prompt_cv2"] == pytest.approx(expected[0], abs=1e-3)
+    assert decision.inputs["sizing.prompt_p99_over_mean"] == pytest.approx(expected[1], abs=1e-3)
