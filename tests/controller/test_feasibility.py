@@ -226,14 +226,16 @@ def test_the_prompt_length_tail_read_from_the_histogram() -> None:
     cv2, p99_over_mean = prompt_length_tail(long) or (math.nan, math.nan)
     mean = (990 * 1500.0 + 10 * 75000.0) / 1000
     assert p99_over_mean == pytest.approx(2000.0 / mean)  # rank 990 is the top of the 1-2k bucket
-    assert cv2 > 5.0
+    short, long_ = 1000.0**2 + 1000.0 * 2000.0 + 2000.0**2, 50e3**2 + 50e3 * 100e3 + 100e3**2
+    mean_square = (990 * short + 10 * long_) / 3 / 1000
+    assert cv2 == pytest.approx(mean_square / mean**2 - 1.0)  # about 11: the 1 % holds most of the variance
     # Too few requests, or none: no tail.
     thin = MIN_TAIL_REQUESTS - 1
     assert prompt_length_tail(((10.0, 0.0), (20.0, thin), (math.inf, thin))) is None
     assert prompt_length_tail(()) is None
 
 
-def test_the_capacity_model_sizes_for_the_prompt_lengths_the_engines_report() -> None:
+def test_the_decision_core_reads_the_prompt_length_tail_the_engines_report() -> None:
     lengths = ((1000.0, 0.0), (2000.0, 900.0), (20000.0, 990.0), (50000.0, 1000.0), (math.inf, 1000.0))
     from controller.builder import CoreOptions, build_decision_core
     from controller.policy import ForecastSettings, LocalTarget, Policy
