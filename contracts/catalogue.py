@@ -89,6 +89,8 @@ FORECAST_HISTORY = "moeslo_forecast_history_seconds"
 HOST_REPLICA_BUDGET = "moeslo_replica_budget"
 TTFT_INFEASIBLE_SHARE = "moeslo_ttft_infeasible_share"
 TTFT_INFEASIBLE_REQUESTS = "moeslo_ttft_infeasible_requests"
+PROMPT_LENGTH_CV2 = "moeslo_capacity_prompt_length_cv2"
+PROMPT_LENGTH_P99_OVER_MEAN = "moeslo_capacity_prompt_length_p99_over_mean"
 ROUTER_REQUESTS = "moeslo_router_requests"
 ROUTER_PREDICTED_TTFT_HISTOGRAM = "moeslo_router_predicted_ttft_seconds"
 ROUTER_OBSERVED_TTFT_HISTOGRAM = "moeslo_router_observed_ttft_seconds"
@@ -361,6 +363,8 @@ __all__ = [
     "PREFILL_TIME_HISTOGRAM",
     "PREFIX_CACHE_HITS",
     "PREFIX_CACHE_QUERIES",
+    "PROMPT_LENGTH_CV2",
+    "PROMPT_LENGTH_P99_OVER_MEAN",
     "PROMPT_TOKENS",
     "PROMPT_TOKENS_BUCKETS",
     "QUEUE_TIME_HISTOGRAM",

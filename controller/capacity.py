@@ -123,7 +123,8 @@ class CapacityModel:
         self.prefill_speed_correction = 1.0
         """Observed prefill speed over the profile's at the same decode batch (EWMA, 0.5-2): replicas
         slower than their profile leave shorter prompts feasible (:meth:`longest_feasible_prompt`)."""
-        self._length_tail_seen = False
+        self.length_tail_observed = False
+        """Whether :attr:`targets` carries a prompt-length tail read from the engines (else the nominal one)."""
         self._last_needed = 1
         """The last answer of :meth:`replicas_needed`: consecutive loads need about as many replicas, so the
         search starts there (two predictions instead of a dozen; the answer does not depend on it)."""
@@ -260,12 +261,12 @@ class CapacityModel:
         if not (math.isfinite(prompt_cv2) and math.isfinite(prompt_p99_over_mean)):
             return
         t = self.targets
-        if not self._length_tail_seen:  # the first reading replaces the nominal tail; later ones are smoothed
+        if not self.length_tail_observed:  # the first reading replaces the nominal tail; later ones are smoothed
             cv2, p99 = prompt_cv2, prompt_p99_over_mean
         else:
             cv2 = 0.9 * t.prompt_cv2 + 0.1 * prompt_cv2
             p99 = 0.9 * t.prompt_p99_over_mean + 0.1 * prompt_p99_over_mean
-        self._length_tail_seen = True
+        self.length_tail_observed = True
         self.targets = replace(t, prompt_cv2=min(max(cv2, 0.0), 10.0), prompt_p99_over_mean=min(max(p99, 1.0), 50.0))
 
     def correct_prefill_speed(self, *, prompt_tokens_per_prefill_s: float, running_per_replica: float) -> None:

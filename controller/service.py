@@ -354,6 +354,11 @@ class ControllerService:
         runtime.seen["ttft_infeasible_share"] = share
         rate = 0.0 if obs is None or obs.request_rate_rps is None else obs.request_rate_rps
         self.metrics.record_infeasible(policy.name, share, rate * self.tick_interval_s)
+        cv2, p99 = (decision.inputs.get(f"sizing.{key}") for key in ("prompt_cv2", "prompt_p99_over_mean"))
+        self.metrics.record_length_tail(
+            policy.name, float(cv2) if isinstance(cv2, int | float) else None,
+            float(p99) if isinstance(p99, int | float) else None,
+        )  # fmt: skip
         if self.history is not None and policy.name in self.history.warmed:
             origin, ticks = self.history.warmed[policy.name]
             runtime.seen["history_warm_start"] = f"{ticks} ticks from the {origin}" if ticks else "none"

@@ -92,6 +92,7 @@ class SizingAdvisor:
         tail = None if sli is None else prompt_length_tail(sli.prompt_tokens_buckets)
         if tail is not None:
             capacity.observe_length_tail(*tail)
+        if capacity.length_tail_observed:  # the tail sized for, from the last reading on
             details["prompt_cv2"] = round(capacity.targets.prompt_cv2, 3)
             details["prompt_p99_over_mean"] = round(capacity.targets.prompt_p99_over_mean, 3)
         share = None if sli is None else infeasible_share(sli.prompt_tokens_buckets, capacity.longest_feasible_prompt())

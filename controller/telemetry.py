@@ -30,6 +30,8 @@ from contracts.catalogue import (
     FORECAST_WAPE,
     HOST_REPLICA_BUDGET,
     LEADER,
+    PROMPT_LENGTH_CV2,
+    PROMPT_LENGTH_P99_OVER_MEAN,
     REBALANCES,
     SLI,
     TTFT_INFEASIBLE_REQUESTS,
@@ -120,6 +122,14 @@ class ControllerMetrics:
             TTFT_INFEASIBLE_SHARE, "Share of requests no fleet can serve within the TTFT objective",
             ["policy"], registry=registry,
         )
+        self.prompt_length_cv2 = Gauge(
+            PROMPT_LENGTH_CV2, "Squared coefficient of variation of prompt lengths the capacity model sizes for",
+            ["policy"], registry=registry,
+        )
+        self.prompt_length_p99_over_mean = Gauge(
+            PROMPT_LENGTH_P99_OVER_MEAN, "p99 prompt length over the mean the capacity model sizes for",
+            ["policy"], registry=registry,
+        )
         self.ttft_infeasible = Counter(
             TTFT_INFEASIBLE_REQUESTS, "Requests no fleet can serve within the TTFT objective (share x rate x tick)",
             ["policy"], registry=registry,
@@ -193,6 +203,11 @@ class ControllerMetrics:
         self._set_or_drop(self.ttft_infeasible_share, share, policy)
         if share is not None and requests > 0:
             self.ttft_infeasible.labels(policy=policy).inc(share * requests)
+
+    def record_length_tail(self, policy: str, cv2: float | None, p99_over_mean: float | None) -> None:
+        """The prompt-length tail the capacity model sizes for (absent until it has read one)."""
+        self._set_or_drop(self.prompt_length_cv2, cv2, policy)
+        self._set_or_drop(self.prompt_length_p99_over_mean, p99_over_mean, policy)
 
     def observe_evaluation(self, duration_s: float) -> None:
         self.evaluation_duration.observe(duration_s)

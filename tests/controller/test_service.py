@@ -104,14 +104,15 @@ def _sli(at_s: float, good: float = 0.999) -> SliSnapshot:
 
 
 def _service(tmp_path: Path, clock: Clock, *, actuator: DryRunActuator | None = None, elector: object = None,
-             source: object = None) -> tuple[ControllerService, Store, CollectorRegistry]:
+             source: object = None, core: DecisionCore | None = None
+             ) -> tuple[ControllerService, Store, CollectorRegistry]:
     store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
     registry = CollectorRegistry()
     service = ControllerService(
         store=store,
         source=source or ScriptedSource(clock),  # type: ignore[arg-type]
         actuator=actuator or DryRunActuator(),
-        core=DecisionCore(config=CoreConfig(tick_interval_s=15, stale_after_s=60)),
+        core=core or DecisionCore(config=CoreConfig(tick_interval_s=15, stale_after_s=60)),
         metrics=ControllerMetrics(registry),
         elector=elector,  # type: ignore[arg-type]
         tick_interval_s=15,
@@ -161,6 +162,31 @@ def test_budget_and_burn_rates_reach_status_and_metrics(tmp_path: Path) -> None:
     assert registry.get_sample_value("moeslo_burn_rate", labels) == pytest.approx(2.0)
     itl_budget = registry.get_sample_value("moeslo_error_budget_remaining", {"policy": "chat", "slo": "itl"})
     assert itl_budget == pytest.approx(0.9)
+
+
+def test_the_prompt_length_tail_sized_for_is_exported(tmp_path: Path) -> None:
+    from controller.builder import CoreOptions, build_decision_core
+    from controller.feasibility import prompt_length_tail
+
+    clock = Clock()
+    service, store, registry = _service(tmp_path, clock, core=build_decision_core(CoreOptions()))
+    store.create_policy(_policy())
+    lengths = ((1000.0, 0.0), (2000.0, 450.0), (20000.0, 495.0), (50000.0, 500.0), (float("inf"), 500.0))
+    sample = registry.get_sample_value
+    fields = {"queue_depth": 0.0, "running_requests": 1.0, "kv_cache_usage": 0.2, "request_rate_rps": 2.0,
+              "prompt_tokens_per_s": 6000.0, "output_tokens_per_s": 200.0}  # fmt: skip
+    service.source.fields = {**fields, "sli": _sli(clock.now_s)}  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    assert sample("moeslo_capacity_prompt_length_cv2", {"policy": "chat"}) is None  # no lengths read yet
+    service.source.fields = {**fields, "sli": replace(_sli(clock.now_s), prompt_tokens_buckets=lengths)}  # type: ignore[attr-defined]
+    clock.now_s += 15
+    asyncio.run(service.tick())
+    expected = prompt_length_tail(lengths)
+    assert expected is not None
+    assert sample("moeslo_capacity_prompt_length_cv2", {"policy": "chat"}) == pytest.approx(expected[0], abs=1e-3)
+    assert sample("moeslo_capacity_prompt_length_p99_over_mean", {"policy": "chat"}) == pytest.approx(
+        expected[1], abs=1e-3
+    )
 
 
 def test_source_outage_holds_reports_stale_and_recovers(tmp_path: Path) -> None:
