@@ -226,6 +226,8 @@ class ControllerMetrics:
         gauges = {g._name: g for g in (self.desired_replicas, self.current_replicas, self.sli,
                                        self.error_budget_remaining, self.burn_rate, self.forecast_requests,
                                        self.forecast_tokens, self.forecast_wape, self.forecast_coverage,
-                                       self.forecast_reliable, self.forecast_history, self.replica_budget)}
+                                       self.forecast_reliable, self.forecast_history, self.replica_budget,
+                                       self.ttft_infeasible_share, self.prompt_length_cv2,
+                                       self.prompt_length_p99_over_mean)}
         for name, values in [key for key in self._children if key[0] in gauges and key[1][0] == policy]:
             self._drop(gauges[name], *values)

@@ -187,6 +187,13 @@ def test_the_prompt_length_tail_sized_for_is_exported(tmp_path: Path) -> None:
     assert sample("moeslo_capacity_prompt_length_p99_over_mean", {"policy": "chat"}) == pytest.approx(
         expected[1], abs=1e-3
     )
+    assert sample("moeslo_ttft_infeasible_share", {"policy": "chat"}) is not None
+    store.delete_policy("chat")  # a deleted policy's gauges go with it
+    clock.now_s += 15
+    asyncio.run(service.tick())
+    for name in ("moeslo_capacity_prompt_length_cv2", "moeslo_capacity_prompt_length_p99_over_mean",
+                 "moeslo_ttft_infeasible_share"):  # fmt: skip
+        assert sample(name, {"policy": "chat"}) is None
 
 
 def test_source_outage_holds_reports_stale_and_recovers(tmp_path: Path) -> None:
