@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+from contracts.histograms import histogram_quantile
 from controller.types import PolicyObservation
 
 __all__ = ["MIN_TAIL_REQUESTS", "P99_TAIL_SHARE", "feasible_view", "infeasible_share", "prompt_length_tail"]
@@ -89,19 +90,6 @@ def prompt_length_tail(buckets: Sequence[tuple[float, float]]) -> tuple[float, f
     if mean <= 0:
         return None
     cv2 = max(second / total / (mean * mean) - 1.0, 0.0)
-    return cv2, _quantile(buckets, 0.99) / mean
+    p99 = histogram_quantile(0.99, dict(buckets))
+    return None if p99 is None else (cv2, p99 / mean)
 
-
-def _quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
-    """``histogram_quantile``: linear inside the bucket that holds rank ``q`` (the last finite edge beyond it)."""
-    rank = q * buckets[-1][1]
-    low, below = 0.0, 0.0
-    for edge, count in buckets:
-        if count >= rank and count > below:
-            if math.isinf(edge):
-                return low
-            return low + (edge - low) * (rank - below) / (count - below)
-        if not math.isinf(edge):
-            low = edge
-        below = count
-    return low

@@ -349,16 +349,13 @@ class ControllerService:
             "replica_budget": obs.replica_budget,
             "prefix_cache_hit_rate": obs.prefix_cache_hit_rate,
         })
-        share = decision.inputs.get("sizing.ttft_infeasible_share")
-        share = float(share) if isinstance(share, int | float) else None
+        share = _sizing_number(decision, "ttft_infeasible_share")
         runtime.seen["ttft_infeasible_share"] = share
         rate = 0.0 if obs is None or obs.request_rate_rps is None else obs.request_rate_rps
         self.metrics.record_infeasible(policy.name, share, rate * self.tick_interval_s)
-        cv2, p99 = (decision.inputs.get(f"sizing.{key}") for key in ("prompt_cv2", "prompt_p99_over_mean"))
         self.metrics.record_length_tail(
-            policy.name, float(cv2) if isinstance(cv2, int | float) else None,
-            float(p99) if isinstance(p99, int | float) else None,
-        )  # fmt: skip
+            policy.name, _sizing_number(decision, "prompt_cv2"), _sizing_number(decision, "prompt_p99_over_mean")
+        )
         if self.history is not None and policy.name in self.history.warmed:
             origin, ticks = self.history.warmed[policy.name]
             runtime.seen["history_warm_start"] = f"{ticks} ticks from the {origin}" if ticks else "none"
@@ -405,6 +402,12 @@ class ControllerService:
         await self.source.aclose()
         if self.rebalancer is not None:
             await self.rebalancer.aclose()
+
+
+def _sizing_number(decision: Decision, key: str) -> float | None:
+    """A number the sizing advisor put in the decision's inputs (None: it did not)."""
+    value = decision.inputs.get(f"sizing.{key}")
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _json_safe(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from controller.sources.base import BURN_WINDOWS, SliSource, histogram_quantile, windows_for
+from contracts.histograms import histogram_quantile
+from controller.sources.base import BURN_WINDOWS, SliSource, windows_for
 from controller.sources.prometheus import PrometheusClient, PrometheusSource
 from controller.sources.router_page import parse_router_queue
 from controller.sources.scrape import EngineSample, ScrapeSource, parse_metrics

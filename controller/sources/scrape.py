@@ -38,6 +38,7 @@ from contracts.catalogue import (
     TTFT_NORMALIZED_HISTOGRAM,
     WAITING,
 )
+from contracts.histograms import histogram_quantile
 from controller.bursts import PEAK_STEP_S
 from controller.policy import Policy, parse_duration_s
 from controller.slo import format_duration
@@ -54,7 +55,6 @@ from controller.sources.base import (
     allowance_key,
     edges_around,
     good_count_at,
-    histogram_quantile,
     parse_le,
     ttft_key,
     windows_for,
