@@ -362,17 +362,21 @@ class CapacityModel:
                 high = middle
         return low
 
-    def correct(self, *, load: Load, ready_replicas: int, ttft_p99_s: float | None, itl_p99_s: float | None) -> None:
-        """Fold observed p99 latencies into the correction factors (EWMA of observed / predicted)."""
+    def correct(
+        self, *, load: Load, ready_replicas: int, ttft_p99_s: float | None, itl_p99_s: float | None,
+        weight: float = 0.2,
+    ) -> None:
+        """Fold observed p99 latencies into the correction factors (EWMA of observed / predicted, ``weight``
+        on the new ratio)."""
         if ready_replicas <= 0 or load.request_rate_rps <= 0:
             return
         raw = self._predict(load, ready_replicas)
         if not raw.stable:
             return
         if ttft_p99_s is not None and ttft_p99_s > 0 and raw.ttft_p99_s > 0:
-            self.ttft_correction = _ewma(self.ttft_correction, ttft_p99_s / raw.ttft_p99_s)
+            self.ttft_correction = _ewma(self.ttft_correction, ttft_p99_s / raw.ttft_p99_s, weight)
         if itl_p99_s is not None and itl_p99_s > 0 and raw.itl_p99_s > 0:
-            self.itl_correction = _ewma(self.itl_correction, itl_p99_s / raw.itl_p99_s)
+            self.itl_correction = _ewma(self.itl_correction, itl_p99_s / raw.itl_p99_s, weight)
 
     def queue_floor(self, *, queue_depth: float, ready_replicas: int, load: Load, drain_s: float) -> int:
         """Replicas for the load plus draining the waiting prompts within ``drain_s`` (0: no queue).

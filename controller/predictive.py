@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -72,6 +73,29 @@ class PredictiveConfig:
 
 
 @dataclass
+class _ReadyHistory:
+    """Ready replicas at each observation, back to the start of the SLI window.
+
+    The window's p99s were made by every fleet size it held; its tail comes mostly from its thinnest
+    stretch, so the correction compares them with the prediction for the fewest ready replicas.  Against
+    the size of the moment, a p99 made before a scale-up reads as a model too optimistic and one made
+    before a scale-down as too pessimistic: the corrections then swing the fleet up and down.
+    """
+
+    seen: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def record(self, at_s: float, ready: int) -> None:
+        if not self.seen or at_s > self.seen[-1][0]:
+            self.seen.append((at_s, ready))
+
+    def fewest_since(self, start_s: float) -> int:
+        """The fewest ready replicas from ``start_s`` on (the size seen last before it held at ``start_s``)."""
+        while len(self.seen) > 1 and self.seen[1][0] <= start_s:
+            self.seen.popleft()
+        return min(ready for _, ready in self.seen)
+
+
+@dataclass
 class _PolicyForecast:
     """Everything the advisor keeps for one policy (rebuilt when the policy's sizing settings change)."""
 
@@ -82,6 +106,8 @@ class _PolicyForecast:
     min_history_bins: int
     bins: int = 0
     last_observed_at_s: float | None = None
+    ready_seen: _ReadyHistory = field(default_factory=_ReadyHistory)
+    last_corrected_at_s: float | None = None
     _decayed_requests: float = 0.0
     _decayed_prompt: float = 0.0
     _decayed_output: float = 0.0
@@ -102,6 +128,16 @@ class _PolicyForecast:
         self._decayed_requests = keep * self._decayed_requests + served
         self._decayed_prompt = keep * self._decayed_prompt + prompt
         self._decayed_output = keep * self._decayed_output + output
+
+    def correction_weight(self, at_s: float, window_s: float, first_step_s: float) -> float:
+        """Weight of the SLI window read at ``at_s`` in the online corrections: the time it adds to the last
+        one read (``first_step_s`` for the first), over the window.  Ticks a fraction of the window apart
+        re-read mostly the same requests; counting each read in full would correct on one window's p99
+        again and again, faster than the fleet it sizes can change what that p99 measures.
+        """
+        step_s = first_step_s if self.last_corrected_at_s is None else at_s - self.last_corrected_at_s
+        self.last_corrected_at_s = at_s if self.last_corrected_at_s is None else max(at_s, self.last_corrected_at_s)
+        return -math.expm1(-max(step_s, 0.0) / max(window_s, 1e-9))
 
     @property
     def mean_prompt_tokens(self) -> float | None:
@@ -249,12 +285,17 @@ class PredictiveAdvisor:
             state.last_observed_at_s = obs.observed_at_s
         self._refit_if_due(state.rate, now_s)
         ready = obs.ready_replicas if obs.ready_replicas is not None else obs.current_replicas or 0
+        state.ready_seen.record(obs.observed_at_s, ready)
         capacity = state.capacity
-        if self.config.correct_online and obs.sli is not None and self._enough_requests(obs.sli.requests_in_window):
-            # The p99s are of the served requests: the model is corrected against the load that made them.
+        sli = obs.sli
+        if self.config.correct_online and sli is not None and self._enough_requests(sli.requests_in_window):
+            # The p99s are of the served requests: the model is corrected against the load that made them,
+            # on the fleet that made them.
             capacity.correct(
-                load=served, ready_replicas=ready, ttft_p99_s=obs.sli.ttft_p99_s, itl_p99_s=obs.sli.itl_p99_s
-            )
+                load=served, ready_replicas=state.ready_seen.fewest_since(obs.observed_at_s - sli.window_s),
+                ttft_p99_s=sli.ttft_p99_s, itl_p99_s=sli.itl_p99_s,
+                weight=state.correction_weight(obs.observed_at_s, sli.window_s, self.config.forecast.bin_s),
+            )  # fmt: skip
             if obs.prefill_tokens_per_s is not None and ready > 0:
                 capacity.correct_prefill_speed(prompt_tokens_per_prefill_s=obs.prefill_tokens_per_s,
                                                running_per_replica=(obs.running_requests or 0.0) / ready)  # fmt: skip
