@@ -91,6 +91,7 @@ TTFT_INFEASIBLE_SHARE = "moeslo_ttft_infeasible_share"
 TTFT_INFEASIBLE_REQUESTS = "moeslo_ttft_infeasible_requests"
 PROMPT_LENGTH_CV2 = "moeslo_capacity_prompt_length_cv2"
 PROMPT_LENGTH_P99_OVER_MEAN = "moeslo_capacity_prompt_length_p99_over_mean"
+LATENCY_CORRECTION = "moeslo_capacity_latency_correction"
 ROUTER_REQUESTS = "moeslo_router_requests"
 ROUTER_PREDICTED_TTFT_HISTOGRAM = "moeslo_router_predicted_ttft_seconds"
 ROUTER_OBSERVED_TTFT_HISTOGRAM = "moeslo_router_observed_ttft_seconds"
@@ -340,6 +341,7 @@ __all__ = [
     "ITL_BUCKETS_S",
     "ITL_HISTOGRAM",
     "KV_CACHE_USAGE",
+    "LATENCY_CORRECTION",
     "LAYER_BALANCEDNESS",
     "LAYER_IMBALANCE_CV",
     "LAYER_IMBALANCE_CV_NOISE",

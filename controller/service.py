@@ -356,6 +356,8 @@ class ControllerService:
         self.metrics.record_length_tail(
             policy.name, _sizing_number(decision, "prompt_cv2"), _sizing_number(decision, "prompt_p99_over_mean")
         )
+        self.metrics.record_corrections(policy.name, _sizing_number(decision, "predictive.ttft_correction"),
+                                        _sizing_number(decision, "predictive.itl_correction"))  # fmt: skip
         if self.history is not None and policy.name in self.history.warmed:
             origin, ticks = self.history.warmed[policy.name]
             runtime.seen["history_warm_start"] = f"{ticks} ticks from the {origin}" if ticks else "none"

@@ -29,6 +29,7 @@ from contracts.catalogue import (
     FORECAST_TOKENS_PER_SECOND,
     FORECAST_WAPE,
     HOST_REPLICA_BUDGET,
+    LATENCY_CORRECTION,
     LEADER,
     PROMPT_LENGTH_CV2,
     PROMPT_LENGTH_P99_OVER_MEAN,
@@ -126,6 +127,11 @@ class ControllerMetrics:
             PROMPT_LENGTH_CV2, "Squared coefficient of variation of prompt lengths the capacity model sizes for",
             ["policy"], registry=registry,
         )
+        self.latency_correction = Gauge(
+            LATENCY_CORRECTION, "Online correction of the capacity model: the load multiplier it sizes with for each "
+            "latency SLI (observed p99 over predicted, smoothed; 1: the profile as is)", ["policy", "sli"],
+            registry=registry,
+        )
         self.prompt_length_p99_over_mean = Gauge(
             PROMPT_LENGTH_P99_OVER_MEAN, "p99 prompt length over the mean the capacity model sizes for",
             ["policy"], registry=registry,
@@ -209,6 +215,11 @@ class ControllerMetrics:
         self._set_or_drop(self.prompt_length_cv2, cv2, policy)
         self._set_or_drop(self.prompt_length_p99_over_mean, p99_over_mean, policy)
 
+    def record_corrections(self, policy: str, ttft: float | None, itl: float | None) -> None:
+        """The capacity model's online corrections (absent while the policy has no model)."""
+        self._set_or_drop(self.latency_correction, ttft, policy, "ttft")
+        self._set_or_drop(self.latency_correction, itl, policy, "itl")
+
     def observe_evaluation(self, duration_s: float) -> None:
         self.evaluation_duration.observe(duration_s)
 
@@ -228,6 +239,6 @@ class ControllerMetrics:
                                        self.forecast_tokens, self.forecast_wape, self.forecast_coverage,
                                        self.forecast_reliable, self.forecast_history, self.replica_budget,
                                        self.ttft_infeasible_share, self.prompt_length_cv2,
-                                       self.prompt_length_p99_over_mean)}
+                                       self.prompt_length_p99_over_mean, self.latency_correction)}
         for name, values in [key for key in self._children if key[0] in gauges and key[1][0] == policy]:
             self._drop(gauges[name], *values)

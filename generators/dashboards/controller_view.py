@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+from grafana_foundation_sdk.builders.timeseries import Panel as TimeseriesPanel
 
 from contracts.catalogue import (
     CURRENT_REPLICAS,
@@ -14,7 +15,10 @@ from contracts.catalogue import (
     FORECAST_RELIABLE,
     FORECAST_REQUESTS_PER_SECOND,
     FORECAST_WAPE,
+    LATENCY_CORRECTION,
     LEADER,
+    PROMPT_LENGTH_CV2,
+    PROMPT_LENGTH_P99_OVER_MEAN,
     REQUEST_SUCCESS,
     SLI,
     bucket,
@@ -31,6 +35,18 @@ from generators.dashboards.panels import (
     timeseries,
     variables,
 )
+
+
+def _capacity_model() -> TimeseriesPanel:
+    return timeseries("What the capacity model sizes with", [
+        query(f"{LATENCY_CORRECTION}{{{POLICY}}}", "{{sli}} correction {{policy}}"),
+        query(f"{PROMPT_LENGTH_CV2}{{{POLICY}}}", "prompt length cv² {{policy}}"),
+        query(f"{PROMPT_LENGTH_P99_OVER_MEAN}{{{POLICY}}}", "p99 / mean prompt {{policy}}"),
+    ], min_value=0,
+        description="Corrections: the load multiplier the model sizes with for each latency SLI (observed "
+                    "p99 over predicted, smoothed over the SLI window; 1 is the profile as is). A sawtooth "
+                    "in step with the replicas is a fleet chasing its own past. Prompt length: the tail of "
+                    "vllm:request_prompt_tokens the model spreads prefill work by.")  # fmt: skip
 
 
 def build(policy: Policy) -> Dashboard:
@@ -67,6 +83,7 @@ def build(policy: Policy) -> Dashboard:
             query(f"{DESIRED_REPLICAS}{{{POLICY}}}", "desired {{policy}}"),
             query(f"{CURRENT_REPLICAS}{{{POLICY}}}", "current {{policy}}"),
         ], min_value=0))
+        .with_panel(_capacity_model())
         .with_row(Row("Decisions and SLIs"))
         .with_panel(timeseries("Decisions by action and reason", [
             query(f"sum by (action, reason) (increase({total(DECISIONS)}{{{POLICY}}}[{RATE}]))",

@@ -164,7 +164,8 @@ def test_budget_and_burn_rates_reach_status_and_metrics(tmp_path: Path) -> None:
     assert itl_budget == pytest.approx(0.9)
 
 
-def test_the_prompt_length_tail_sized_for_is_exported(tmp_path: Path) -> None:
+def test_what_the_capacity_model_sizes_with_is_exported(tmp_path: Path) -> None:
+    """The prompt-length tail and the online latency corrections, as the decision's inputs have them."""
     from controller.builder import CoreOptions, build_decision_core
     from controller.feasibility import prompt_length_tail
 
@@ -188,12 +189,19 @@ def test_the_prompt_length_tail_sized_for_is_exported(tmp_path: Path) -> None:
         expected[1], abs=1e-3
     )
     assert sample("moeslo_ttft_infeasible_share", {"policy": "chat"}) is not None
+    inputs = max(store.list_decisions(), key=lambda d: d.at).inputs  # the last tick's
+    for sli in ("ttft", "itl"):
+        gauge = sample("moeslo_capacity_latency_correction", {"policy": "chat", "sli": sli})
+        assert gauge is not None and gauge == pytest.approx(inputs[f"sizing.predictive.{sli}_correction"])
+    itl_correction = sample("moeslo_capacity_latency_correction", {"policy": "chat", "sli": "itl"})
+    assert itl_correction is not None and itl_correction < 1.0  # 5 ms p99s: faster than the profile predicts
     store.delete_policy("chat")  # a deleted policy's gauges go with it
     clock.now_s += 15
     asyncio.run(service.tick())
     for name in ("moeslo_capacity_prompt_length_cv2", "moeslo_capacity_prompt_length_p99_over_mean",
                  "moeslo_ttft_infeasible_share"):  # fmt: skip
         assert sample(name, {"policy": "chat"}) is None
+    assert sample("moeslo_capacity_latency_correction", {"policy": "chat", "sli": "itl"}) is None
 
 
 def test_source_outage_holds_reports_stale_and_recovers(tmp_path: Path) -> None:
