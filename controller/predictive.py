@@ -83,16 +83,24 @@ class _ReadyHistory:
     """
 
     seen: deque[tuple[float, int]] = field(default_factory=deque)
+    window_s: float = 300.0
+    """The last SLI window read (the SLI's default until one is): older sizes are forgotten."""
 
-    def record(self, at_s: float, ready: int) -> None:
+    def record(self, at_s: float, ready: int, window_s: float | None) -> None:
+        if window_s is not None:
+            self.window_s = window_s
         if not self.seen or at_s > self.seen[-1][0]:
             self.seen.append((at_s, ready))
+        self._forget_before(self.seen[-1][0] - self.window_s)
 
     def fewest_since(self, start_s: float) -> int:
         """The fewest ready replicas from ``start_s`` on (the size seen last before it held at ``start_s``)."""
+        self._forget_before(start_s)
+        return min(ready for _, ready in self.seen)
+
+    def _forget_before(self, start_s: float) -> None:
         while len(self.seen) > 1 and self.seen[1][0] <= start_s:
             self.seen.popleft()
-        return min(ready for _, ready in self.seen)
 
 
 @dataclass
@@ -285,9 +293,9 @@ class PredictiveAdvisor:
             state.last_observed_at_s = obs.observed_at_s
         self._refit_if_due(state.rate, now_s)
         ready = obs.ready_replicas if obs.ready_replicas is not None else obs.current_replicas or 0
-        state.ready_seen.record(obs.observed_at_s, ready)
-        capacity = state.capacity
         sli = obs.sli
+        state.ready_seen.record(obs.observed_at_s, ready, None if sli is None else sli.window_s)
+        capacity = state.capacity
         if self.config.correct_online and sli is not None and self._enough_requests(sli.requests_in_window):
             # The p99s are of the served requests: the model is corrected against the load that made them,
             # on the fleet that made them.

@@ -4,6 +4,7 @@ each window's requests once however often it reads them."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -82,3 +83,16 @@ def test_a_window_read_again_does_not_correct_again() -> None:
         again.assess(POLICY, observe(0.0, 6, slow), k * TICK_S)
     assert once.capacity(POLICY).itl_correction > 1.0
     assert again.capacity(POLICY).itl_correction == once.capacity(POLICY).itl_correction
+
+
+def test_the_fleet_sizes_kept_span_one_window_even_without_corrections() -> None:
+    """A policy whose windows never hold enough requests to correct on still forgets sizes older than its
+    last SLI window: a day of ticks keeps about one window of them."""
+    advisor = PredictiveAdvisor()
+    for k in range(round(86400 / TICK_S)):
+        t = k * TICK_S
+        sli = SliSnapshot(observed_at_s=t, window_s=WINDOW_S, requests_in_window=5.0, itl_p99_s=0.01)
+        advisor.assess(POLICY, replace(observe(t, 4 + k % 3, 0.01), sli=sli), t)
+    kept = advisor._state[POLICY.name].ready_seen.seen
+    assert len(kept) <= WINDOW_S / TICK_S + 2
+    assert advisor.capacity(POLICY).itl_correction == 1.0  # five requests a window: never corrected on
