@@ -37,16 +37,22 @@ from generators.dashboards.panels import (
 )
 
 
-def _capacity_model() -> TimeseriesPanel:
-    return timeseries("What the capacity model sizes with", [
-        query(f"{LATENCY_CORRECTION}{{{POLICY}}}", "{{sli}} correction {{policy}}"),
-        query(f"{PROMPT_LENGTH_CV2}{{{POLICY}}}", "prompt length cv² {{policy}}"),
-        query(f"{PROMPT_LENGTH_P99_OVER_MEAN}{{{POLICY}}}", "p99 / mean prompt {{policy}}"),
-    ], min_value=0,
-        description="Corrections: the load multiplier the model sizes with for each latency SLI (observed "
-                    "p99 over predicted, smoothed over the SLI window; 1 is the profile as is). A sawtooth "
-                    "in step with the replicas is a fleet chasing its own past. Prompt length: the tail of "
-                    "vllm:request_prompt_tokens the model spreads prefill work by.")  # fmt: skip
+def _corrections() -> TimeseriesPanel:
+    return timeseries("Capacity model: online latency corrections", [
+        query(f"{LATENCY_CORRECTION}{{{POLICY}}}", "{{sli}} {{policy}}"),
+    ], min_value=0, width=6,
+        description="The load multiplier the model sizes with for each latency SLI (observed p99 over "
+                    "predicted, smoothed over the SLI window; 1 is the profile as is). A sawtooth in step "
+                    "with the replicas is a fleet chasing its own past.")  # fmt: skip
+
+
+def _length_tail() -> TimeseriesPanel:
+    return timeseries("Capacity model: prompt-length tail", [
+        query(f"{PROMPT_LENGTH_CV2}{{{POLICY}}}", "cv² {{policy}}"),
+        query(f"{PROMPT_LENGTH_P99_OVER_MEAN}{{{POLICY}}}", "p99 / mean {{policy}}"),
+    ], min_value=0, width=6,
+        description="The tail of vllm:request_prompt_tokens the model spreads prefill work by (read once the "
+                    "SLI window holds 200 requests; the nominal tail until then).")  # fmt: skip
 
 
 def build(policy: Policy) -> Dashboard:
@@ -83,7 +89,8 @@ def build(policy: Policy) -> Dashboard:
             query(f"{DESIRED_REPLICAS}{{{POLICY}}}", "desired {{policy}}"),
             query(f"{CURRENT_REPLICAS}{{{POLICY}}}", "current {{policy}}"),
         ], min_value=0))
-        .with_panel(_capacity_model())
+        .with_panel(_corrections())
+        .with_panel(_length_tail())
         .with_row(Row("Decisions and SLIs"))
         .with_panel(timeseries("Decisions by action and reason", [
             query(f"sum by (action, reason) (increase({total(DECISIONS)}{{{POLICY}}}[{RATE}]))",

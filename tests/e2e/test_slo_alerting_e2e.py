@@ -55,6 +55,7 @@ MAY_BE_EMPTY = {
     "Rebalance requests by action and outcome (vLLM plugin)",
     "Forecast (made 120 s earlier) vs actual requests per second",  # forecaster warm-up, 120 s offset
     "Forecast quality: rolling WAPE and interval coverage",  # no forecast scored within the run
+    "Capacity model: prompt-length tail",  # read from 200 requests in the SLI window
     "Controller decisions",  # annotation: only when a decision changes
     "Errors per second by component",  # no errors
     # The entry router's row: this stack sends straight to the engine (tests/router and the demo cover it).
