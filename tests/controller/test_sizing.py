@@ -285,8 +285,8 @@ def test_replicas_the_load_added_after_a_verdict_wait_for_the_cooldown() -> None
     adds a replica and takes it back: that replica is the load's, not the ineffective scale-up's, so its
     scale-down waits for the cooldown and stabilization window like any other."""
     scaling = Scaling(min_replicas=1, max_replicas=50, max_step=50, scale_down_cooldown_s=900)
-    # Enough load that the corrected model needs the 4 replicas by the verdict (the correction moves a
-    # window's worth of weight per window, so at 10 requests/s it would still need only 3 then).
+    # Enough load that the corrected model needs the 4 replicas by the verdict (the correction covers about
+    # two thirds of the way per SLI window, so at 10 requests/s the model would still need only 3 by then).
     _, decisions = _drive(scaling, 2, 110, 0.035, rate=lambda k: 19.0 if 30 <= k < 45 else 16.0)
     assert "bought nothing" in str(decisions[29].inputs.get("sizing.scale_check"))
     assert decisions[30].action == "scale_up" and "current_load" in decisions[30].reasons
