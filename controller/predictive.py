@@ -87,20 +87,20 @@ class _ReadyHistory:
     """The last SLI window read (the SLI's default until one is): older sizes are forgotten."""
 
     def record(self, at_s: float, ready: int, window_s: float | None) -> None:
+        """One observation's ready replicas; sizes older than the window are forgotten (the last one before
+        its start is kept: it still held then)."""
         if window_s is not None:
             self.window_s = window_s
         if not self.seen or at_s > self.seen[-1][0]:
             self.seen.append((at_s, ready))
-        self._forget_before(self.seen[-1][0] - self.window_s)
-
-    def fewest_since(self, start_s: float) -> int:
-        """The fewest ready replicas from ``start_s`` on (the size seen last before it held at ``start_s``)."""
-        self._forget_before(start_s)
-        return min(ready for _, ready in self.seen)
-
-    def _forget_before(self, start_s: float) -> None:
+        start_s = self.seen[-1][0] - self.window_s
         while len(self.seen) > 1 and self.seen[1][0] <= start_s:
             self.seen.popleft()
+
+    @property
+    def fewest(self) -> int:
+        """The fewest ready replicas the window held."""
+        return min(ready for _, ready in self.seen)
 
 
 @dataclass
@@ -300,7 +300,7 @@ class PredictiveAdvisor:
             # The p99s are of the served requests: the model is corrected against the load that made them,
             # on the fleet that made them.
             capacity.correct(
-                load=served, ready_replicas=state.ready_seen.fewest_since(obs.observed_at_s - sli.window_s),
+                load=served, ready_replicas=state.ready_seen.fewest,
                 ttft_p99_s=sli.ttft_p99_s, itl_p99_s=sli.itl_p99_s,
                 weight=state.correction_weight(obs.observed_at_s, sli.window_s, self.config.forecast.bin_s),
             )  # fmt: skip

@@ -127,14 +127,14 @@ class ControllerMetrics:
             PROMPT_LENGTH_CV2, "Squared coefficient of variation of prompt lengths the capacity model sizes for",
             ["policy"], registry=registry,
         )
+        self.prompt_length_p99_over_mean = Gauge(
+            PROMPT_LENGTH_P99_OVER_MEAN, "p99 prompt length over the mean the capacity model sizes for",
+            ["policy"], registry=registry,
+        )
         self.latency_correction = Gauge(
             LATENCY_CORRECTION, "Online correction of the capacity model: the load multiplier it sizes with for each "
             "latency SLI (observed p99 over predicted, smoothed; 1: the profile as is)", ["policy", "sli"],
             registry=registry,
-        )
-        self.prompt_length_p99_over_mean = Gauge(
-            PROMPT_LENGTH_P99_OVER_MEAN, "p99 prompt length over the mean the capacity model sizes for",
-            ["policy"], registry=registry,
         )
         self.ttft_infeasible = Counter(
             TTFT_INFEASIBLE_REQUESTS, "Requests no fleet can serve within the TTFT objective (share x rate x tick)",
