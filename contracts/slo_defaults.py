@@ -27,6 +27,8 @@ SCALE_DOWN_COOLDOWN_S = 180
 """Seconds after a scale event before the controller scales down (also the rebalancer's cooldown)."""
 LEAD_TIME_S = 120
 """Seconds a new replica takes to serve: how far ahead the controller must act."""
+MAX_SCALE_DOWN_RATE = 2.0
+"""A scale-down keeps at least the current replicas over this (Knative's ``max-scale-down-rate``): half the fleet."""
 
 __all__ = [
     "COMPLIANCE_WINDOW",
@@ -34,6 +36,7 @@ __all__ = [
     "LATENCY_TARGET",
     "LEAD_TIME_S",
     "MAX_IMBALANCE_CV",
+    "MAX_SCALE_DOWN_RATE",
     "SCALE_DOWN_COOLDOWN_S",
     "TTFT_PER_1K_PROMPT_TOKENS_S",
     "TTFT_REFERENCE_PROMPT_TOKENS",

@@ -28,7 +28,9 @@ Per policy, in order (the first guardrail that holds ends the evaluation)::
                                       -> hold  [cooldown]
     want fewer replicas than were needed at any time within the cooldown
                                       -> no lower than that  [stabilization]
-      (neither holds back an advisor's ``undo_to``: a scale-up it judged
+    want fewer than current / max_scale_down_rate (not zero)
+                                      -> no lower than that  [scale_down_rate]
+      (none of them holds back an advisor's ``undo_to``: a scale-up it judged
       ineffective goes back to the size it began at)
     move at most max_step replicas                       [max_step]
     mode advisory / read-only target  -> decided, apply=False [mode_advisory / read_only_target]
@@ -51,11 +53,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from controller.advisors import ReactiveAdvisor
+from controller.bounds import clamp_to_bounds, scale_down_floor
 from controller.decision_inputs import record_advice as _record_advice
 from controller.decision_inputs import record_observation as _record_observation
 from controller.entry_demand import entry_floor, router_waiting
 from controller.observation_checks import sanitize_observation
-from controller.policy import KubernetesTarget, LocalTarget, Mode, Policy, Scaling
+from controller.policy import KubernetesTarget, LocalTarget, Mode, Policy
 from controller.types import (
     Action,
     Advice,
@@ -196,6 +199,7 @@ class DecisionCore:
             "min_replicas": scaling.min_replicas,
             "max_replicas": scaling.max_replicas,
             "max_step": scaling.max_step,
+            "max_scale_down_rate": scaling.max_scale_down_rate,
             "scale_down_cooldown_s": scaling.scale_down_cooldown_s,
         }
         hold = _Hold(policy, inputs, now_s)
@@ -207,7 +211,7 @@ class DecisionCore:
         if isinstance(consensus, Decision):
             return consensus
         need, why, notes, undo_to = consensus
-        desired, guards = _clamp(need, current, scaling)
+        desired, guards = clamp_to_bounds(need, current, scaling)
         budget = obs.replica_budget
         if budget is not None and desired > current and desired > budget:
             hold.inputs["replica_budget"] = budget
@@ -320,7 +324,8 @@ class DecisionCore:
         self, policy: Policy, obs: PolicyObservation, now_s: float, state: PolicyState, current: int, desired: int,
         why: tuple[str, ...], guards: list[str], hold: _Hold,
     ) -> int | Decision:
-        """How far a wanted scale-down may go: partial data and the cooldown hold it, stabilization limits it."""
+        """How far a wanted scale-down may go: partial data and the cooldown hold it; stabilization and the
+        scale-down rate limit it."""
         scaling = policy.scaling
         since_s = None if state.last_change_s is None else now_s - state.last_change_s
         hold.inputs["since_last_change_s"] = since_s
@@ -344,6 +349,10 @@ class DecisionCore:
                     )
                 desired = stable
                 guards.append(Reason.STABILIZATION)
+        floor = None if blocked is not None else scale_down_floor(current, desired, scaling)
+        if floor is not None:
+            desired = floor
+            guards.append(Reason.SCALE_DOWN_RATE)
         if blocked is not None:
             # Data-driven scale-downs wait; bringing a fleet above max_replicas back to the
             # bound is the policy's own rule and needs no data.
@@ -422,23 +431,6 @@ class _Hold:
             inputs=self.inputs,
             decided_at_s=self.now_s,
         )
-
-
-def _clamp(need: int, current: int, scaling: Scaling) -> tuple[int, list[str]]:
-    """``need`` within [min_replicas, max_replicas], and the guards that say where the fleet stands."""
-    guards: list[str] = []
-    desired = need
-    if desired > scaling.max_replicas:
-        desired = scaling.max_replicas
-        guards.append(Reason.AT_MAX)
-    elif desired < scaling.min_replicas:
-        desired = scaling.min_replicas
-        guards.append(Reason.AT_MIN)
-    if current < scaling.min_replicas and desired >= current:
-        guards.append(Reason.BELOW_MIN)
-    elif current > scaling.max_replicas and desired <= current:
-        guards.append(Reason.ABOVE_MAX)
-    return desired, guards
 
 
 def _decision(

@@ -24,6 +24,7 @@ from contracts.slo_defaults import (
     LATENCY_TARGET,
     LEAD_TIME_S,
     MAX_IMBALANCE_CV,
+    MAX_SCALE_DOWN_RATE,
     SCALE_DOWN_COOLDOWN_S,
     TTFT_REFERENCE_PROMPT_TOKENS,
     TTFT_THRESHOLD_S,
@@ -206,6 +207,11 @@ class Scaling(_Strict):
     scale_down_cooldown_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = SCALE_DOWN_COOLDOWN_S
     max_step: Annotated[int, Field(strict=True, ge=1, le=10000)] = 4
     """Most replicas added or removed in one tick."""
+    max_scale_down_rate: Annotated[float, Field(strict=True, gt=1, le=1000, allow_inf_nan=False)] = MAX_SCALE_DOWN_RATE
+    """A scale-down keeps at least ``current / max_scale_down_rate`` replicas (Knative's ``max-scale-down-rate``;
+    2: at most half the fleet at once).  Below that the capacity model would be trusted at a size the fleet has
+    not been seen to serve at, and a wrong guess costs a start-up time of missed objectives.  A fleet going to
+    zero (an idle router, ``min_replicas: 0``) is not held by it."""
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:

@@ -117,6 +117,8 @@ class Reason(StrEnum):
     BELOW_MIN = "below_min"
     ABOVE_MAX = "above_max"
     MAX_STEP = "max_step"
+    SCALE_DOWN_RATE = "scale_down_rate"
+    """A scale-down goes no lower than ``current / max_scale_down_rate`` in one decision."""
     MODE_ADVISORY = "mode_advisory"
     MODE_OFF = "mode_off"
     READ_ONLY_TARGET = "read_only_target"

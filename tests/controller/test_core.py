@@ -111,8 +111,9 @@ def test_idle_fleet_scales_down_on_kv_usage() -> None:
     core = watched(4)
     decision = tick(core, 1000.0, idle(999.0))
     assert decision.action == "scale_down"
-    assert decision.reasons == ("scale_down", "low_utilization")
-    assert decision.desired_replicas == 1  # ceil(4 x 0.05 / 0.7)
+    assert decision.reasons == ("scale_down", "low_utilization", "scale_down_rate")
+    assert decision.inputs["replicas_needed"] == 1  # ceil(4 x 0.05 / 0.7)
+    assert decision.desired_replicas == 2  # half the fleet at most per decision
 
 
 def test_missing_observation_holds_with_insufficient_data() -> None:
@@ -464,7 +465,8 @@ def test_first_sight_counts_the_running_replicas_as_needed_for_one_window() -> N
     within = tick(core, 1150.0, idle(1149.0, 10), policy)  # the default window is 180 s
     assert within.action == "hold"
     after = tick(core, 1200.0, idle(1199.0, 10), policy)
-    assert (after.action, after.desired_replicas) == ("scale_down", 1)
+    assert (after.action, after.desired_replicas) == ("scale_down", 5)  # toward 1, half the fleet at most
+    assert after.reasons[-1] == "scale_down_rate"
 
 
 def test_a_burn_that_chance_explains_does_not_scale_up() -> None:

@@ -267,7 +267,8 @@ def test_the_first_ticks_handful_of_requests_does_not_set_the_forecasts_lengths(
 def test_an_ineffective_scale_up_is_given_back_at_once_to_where_it_began() -> None:
     """ITL p99 at 1.75x its objective whatever the count, a 15-minute scale-down cooldown: the replicas the
     verdict says bought nothing go at once; below the size the scale-up began at, the cooldown holds as ever."""
-    scaling = Scaling(min_replicas=1, max_replicas=20, max_step=4, scale_down_cooldown_s=900)
+    # Down from 3 to 1 in one step after the cooldown (the rate would take two): the subject is the cooldown.
+    scaling = Scaling(min_replicas=1, max_replicas=20, max_step=4, scale_down_cooldown_s=900, max_scale_down_rate=3)
     counts, decisions = _drive(scaling, 3, 110, 0.035)  # within the hold (30 minutes): no new scale-up
     up = next(k for k, d in enumerate(decisions) if d.action == "scale_up")
     verdict = next(k for k, d in enumerate(decisions) if "bought nothing" in str(d.inputs.get("sizing.scale_check")))

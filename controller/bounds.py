@@ -1,0 +1,43 @@
+"""The bounds a policy's ``scaling`` puts on one decision (pure): the replica range and how far one scale-down goes.
+
+Used by the decision core (:mod:`controller.core`), which applies them in its order of guardrails.
+"""
+
+from __future__ import annotations
+
+import math
+
+from controller.policy import Scaling
+from controller.types import Reason
+
+__all__ = ["clamp_to_bounds", "scale_down_floor"]
+
+
+def clamp_to_bounds(need: int, current: int, scaling: Scaling) -> tuple[int, list[str]]:
+    """``need`` within [min_replicas, max_replicas], and the guards that say where the fleet stands."""
+    guards: list[str] = []
+    desired = need
+    if desired > scaling.max_replicas:
+        desired = scaling.max_replicas
+        guards.append(Reason.AT_MAX)
+    elif desired < scaling.min_replicas:
+        desired = scaling.min_replicas
+        guards.append(Reason.AT_MIN)
+    if current < scaling.min_replicas and desired >= current:
+        guards.append(Reason.BELOW_MIN)
+    elif current > scaling.max_replicas and desired <= current:
+        guards.append(Reason.ABOVE_MAX)
+    return desired, guards
+
+
+def scale_down_floor(current: int, desired: int, scaling: Scaling) -> int | None:
+    """The fewest replicas one scale-down from ``current`` may leave, when ``desired`` is below it; else None.
+
+    As Knative's ``max-scale-down-rate``: the capacity model says what a smaller fleet serves, but a fleet has
+    only been seen to serve at sizes near the current one, and a scale-down that was wrong is undone only a
+    start-up time later.  Going to zero is the entry's rule (an idle router), not the model's, and is not held.
+    """
+    if desired <= 0:
+        return None
+    floor = math.ceil(current / scaling.max_scale_down_rate)
+    return floor if desired < floor else None
