@@ -6,7 +6,6 @@ import pytest
 from pydantic import ValidationError
 
 from controller.bounds import scale_down_floor
-from controller.core import DecisionCore
 from controller.policy import Policy, Scaling
 from tests.controller.test_core import idle, tick, watched
 from tests.controller.test_entry_demand import quiet, routed_policy
