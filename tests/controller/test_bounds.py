@@ -32,7 +32,16 @@ def wide_policy(**scaling: float) -> Policy:
 def test_a_scale_down_keeps_the_current_fleet_over_the_rate(
     current: int, desired: int, rate: float, floor: int | None
 ) -> None:
-    assert scale_down_floor(current, desired, Scaling(max_scale_down_rate=rate)) == floor
+    assert scale_down_floor(current, desired, Scaling(max_replicas=50, max_scale_down_rate=rate)) == floor
+
+
+def test_a_fleet_above_max_replicas_comes_down_to_the_bound_in_one_decision() -> None:
+    """A lowered max_replicas is the policy's own rule: the rate does not keep the fleet above it."""
+    assert scale_down_floor(20, 3, Scaling(max_replicas=5)) == 5
+    assert scale_down_floor(20, 5, Scaling(max_replicas=5)) is None
+    decision = tick(watched(20), 1000.0, idle(999.0, 20), wide_policy(max_replicas=5))
+    assert (decision.action, decision.desired_replicas) == ("scale_down", 5)
+    assert "above_max" in decision.reasons and "scale_down_rate" in decision.reasons
 
 
 def test_the_core_halves_an_idle_fleet_at_most_per_decision() -> None:
