@@ -269,18 +269,24 @@ class CapacityModel:
         self.length_tail_observed = True
         self.targets = replace(t, prompt_cv2=min(max(cv2, 0.0), 10.0), prompt_p99_over_mean=min(max(p99, 1.0), 50.0))
 
-    def correct_prefill_speed(self, *, prompt_tokens_per_prefill_s: float, running_per_replica: float) -> None:
+    def correct_prefill_speed(
+        self, *, prompt_tokens_per_prefill_s: float, running_per_replica: float, weight: float = 0.2
+    ) -> None:
         """Fold an observed prefill speed into :attr:`prefill_speed_correction`.
 
         ``prompt_tokens_per_prefill_s`` is the finished requests' prompt tokens (cached ones included)
         over their prefill time (first scheduled to first token, no queue); the profile's speed
-        at the same decode batch and prefix-cache hit rate is what it is compared with.
+        at the same decode batch and prefix-cache hit rate is what it is compared with.  ``weight`` is the
+        reading's share in the EWMA (the advisor passes the time the reading adds over its SLI window, as
+        for :meth:`correct`).
         """
         if not (math.isfinite(prompt_tokens_per_prefill_s) and prompt_tokens_per_prefill_s > 0):
             return
         hit = min(max(self.prefix_hit_rate, 0.0), 0.99)
         predicted = self.profile.chunked_prefill_rate(running_per_replica) / self.profile.uncached_share(hit)
-        self.prefill_speed_correction = _ewma(self.prefill_speed_correction, prompt_tokens_per_prefill_s / predicted)
+        self.prefill_speed_correction = _ewma(
+            self.prefill_speed_correction, prompt_tokens_per_prefill_s / predicted, weight
+        )
 
     def meets_targets(self, prediction: Prediction, headroom: float | None = None) -> bool:
         t = self.targets

@@ -299,14 +299,13 @@ class PredictiveAdvisor:
         if self.config.correct_online and sli is not None and self._enough_requests(sli.requests_in_window):
             # The p99s are of the served requests: the model is corrected against the load that made them,
             # on the fleet that made them.
-            capacity.correct(
-                load=served, ready_replicas=state.ready_seen.fewest,
-                ttft_p99_s=sli.ttft_p99_s, itl_p99_s=sli.itl_p99_s,
-                weight=state.correction_weight(obs.observed_at_s, sli.window_s, self.config.forecast.bin_s),
-            )  # fmt: skip
+            weight = state.correction_weight(obs.observed_at_s, sli.window_s, self.config.forecast.bin_s)
+            capacity.correct(load=served, ready_replicas=state.ready_seen.fewest,
+                             ttft_p99_s=sli.ttft_p99_s, itl_p99_s=sli.itl_p99_s, weight=weight)  # fmt: skip
             if obs.prefill_tokens_per_s is not None and ready > 0:
                 capacity.correct_prefill_speed(prompt_tokens_per_prefill_s=obs.prefill_tokens_per_s,
-                                               running_per_replica=(obs.running_requests or 0.0) / ready)  # fmt: skip
+                                               running_per_replica=(obs.running_requests or 0.0) / ready,
+                                               weight=weight)  # fmt: skip
         details: dict[str, Scalar] = {
             "ttft_correction": round(capacity.ttft_correction, 4),
             "itl_correction": round(capacity.itl_correction, 4),

@@ -152,7 +152,7 @@ def test_prompts_only_slower_replicas_miss_stop_driving_scale_ups_once_their_spe
     def decide(prefill_tokens_per_s: float | None) -> tuple[tuple[str, ...], object]:
         core = build_decision_core(CoreOptions(isolate_advisor_errors=False))
         decision = None
-        for k in range(30):
+        for k in range(120):  # half an hour: the prefill speed is read over 5-minute windows
             now = 100.0 + 15.0 * k
             sli = SliSnapshot(observed_at_s=now, requests_in_window=1000.0, ttft_good_ratio=0.97,
                               itl_good_ratio=1.0, ttft_p99_s=1.2, itl_p99_s=0.01,

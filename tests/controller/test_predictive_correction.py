@@ -96,3 +96,22 @@ def test_the_fleet_sizes_kept_span_one_window_even_without_corrections() -> None
     kept = advisor._state[POLICY.name].ready_seen.seen
     assert len(kept) <= WINDOW_S / TICK_S + 2
     assert advisor.capacity(POLICY).itl_correction == 1.0  # five requests a window: never corrected on
+
+
+def test_the_prefill_speed_correction_reads_each_window_once_too() -> None:
+    """Finished requests prefilled at 0.8x the profile's speed, read every tick over one SLI window: the
+    prefill speed correction moves all but a third of the way, as the latency corrections do (each reading
+    is the window's prompt tokens over its prefill seconds, so a tick a twentieth of the window later adds a
+    twentieth of news)."""
+    advisor = PredictiveAdvisor()
+    capacity = advisor.capacity(POLICY)
+    steady = itl_p99_of(advisor, 6)  # the ITL the model predicts: the latency corrections stay at 1
+    slow = 0.8 * capacity.profile.chunked_prefill_rate(10.0 / 6)  # 10 running on 6 replicas
+    ticks = round(WINDOW_S / TICK_S)
+    for k in range(ticks):
+        advisor.assess(POLICY, replace(observe(k * TICK_S, 6, steady), prefill_tokens_per_s=slow), k * TICK_S)
+    elapsed_s = advisor.config.forecast.bin_s + (ticks - 1) * TICK_S
+    expected = 0.8 + 0.2 * math.exp(-elapsed_s / WINDOW_S)
+    assert capacity.itl_correction == pytest.approx(1.0)
+    assert capacity.prefill_speed_correction == pytest.approx(expected, rel=1e-9)
+    assert expected == pytest.approx(0.8 + 0.2 / math.e)
