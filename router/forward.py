@@ -230,6 +230,9 @@ class Router:
                 await self._answer_abandoned(name, exchange)
             return True
         finally:
+            # A client that leaves before the replica's first byte cancels the post itself: its request is
+            # counted out here, or the replica would look busier forever.
+            self._done(ticket)
             del flights[task]
             if not flights and self._in_flight.get(name) is flights:
                 del self._in_flight[name]  # replicas come and go: no record of those with nothing in flight

@@ -41,3 +41,17 @@ def test_a_client_that_leaves_after_done_was_served(handler_cancellation: bool) 
         ok = {"replica": url_of(stub), "decision": "lowest_predicted_ttft", "outcome": "ok"}
         eventually(lambda: r.sample("moeslo_router_requests_total", **ok) == 1, 10, "the request counted as served")
         assert r.sample("moeslo_router_requests_total", **{**ok, "outcome": "client_disconnected"}) == 0
+
+
+def test_a_client_that_leaves_before_the_first_byte_is_counted_out() -> None:
+    # The engine sends no headers before a whole answer (or a stream's first token) is ready: a client that
+    # times out first cancels the router's request while it waits on the replica.
+    with stubs(1, mode="hang") as (stub,), router([stub]) as r:
+        name = url_of(stub)
+        for stream in (False, True):
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(r.url + "/v1/completions", json={"prompt": "hi", "stream": stream}, timeout=0.3)
+        eventually(lambda: stub.peer_closed == 2, 10, "both requests left the replica")
+        eventually(lambda: r.replicas()[name]["outstanding"] == 0, 10, "the requests counted out")
+        assert r.replicas()[name]["waiting"] == 0 and r.replicas()[name]["pending_prefill_tokens"] == 0
+        assert r.sample("moeslo_router_outstanding_requests", replica=name) == 0
