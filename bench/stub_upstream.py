@@ -13,7 +13,8 @@ stub.  ``mode`` picks the behaviour of ``POST /v1/completions`` and
 * ``html_500``: a 500 with an HTML body;
 * ``hang``: reads the request and never answers (a client that goes away counts in ``peer_closed``).
 
-``GET /metrics`` serves ``metrics_text`` (after ``metrics_delay_s``); ``/health`` 200; ``/v1/models`` a one-model list.
+``GET /metrics`` serves ``metrics_text`` (after ``metrics_delay_s``); ``/health`` ``health_status`` (200; a replica
+whose engine died answers 503 while its API process lives on); ``/v1/models`` a one-model list.
 ``peer_closed`` counts requests whose client went away before the end (slow streams, ``hang``).
 """
 
@@ -48,8 +49,10 @@ def _head(status: str, content_type: str, length: int | None) -> bytes:
 
 class StubUpstream:
     def __init__(self, *, mode: str = "ok", metrics_text: str = "", stream_chunks: tuple[bytes, ...] = DEFAULT_CHUNKS,
-                 chunk_delay_s: float = 0.0, metrics_delay_s: float = 0.0) -> None:  # fmt: skip
+                 chunk_delay_s: float = 0.0, metrics_delay_s: float = 0.0,
+                 health_status: int = 200) -> None:  # fmt: skip
         self.mode = mode
+        self.health_status = health_status
         self.metrics_delay_s = metrics_delay_s
         self.metrics_text = metrics_text
         self.stream_chunks = stream_chunks
@@ -105,7 +108,8 @@ class StubUpstream:
             if path == "/metrics" and self.metrics_delay_s:
                 await asyncio.sleep(self.metrics_delay_s)
             body = {"/metrics": self.metrics_text.encode(), "/health": b'{"status":"ok"}', "/v1/models": MODELS}[path]
-            writer.write(_head("200 OK", "text/plain" if path == "/metrics" else "application/json", len(body)) + body)
+            status = f"{self.health_status} Health" if path == "/health" else "200 OK"
+            writer.write(_head(status, "text/plain" if path == "/metrics" else "application/json", len(body)) + body)
             await writer.drain()
             return True
         if path not in ("/v1/completions", "/v1/chat/completions"):

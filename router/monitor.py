@@ -8,6 +8,8 @@ bounded by ``scrape_timeout_s``):
   (exporters off) or a body that does not parse keeps the last load (the
   router's own counts still apply), but ``eject_after_silent`` timeouts in a
   row eject it (a frozen process accepts connections and never answers);
+* a live replica's ``/health`` answering 5xx ejects it: an engine whose core died keeps its API
+  process, which still serves ``/metrics`` (its last load, the lightest of all) and fails every request;
 * an ejected replica's ``/health`` must answer 200 ``readmit_after`` times
   in a row before it takes requests again.
 """
@@ -93,10 +95,21 @@ class Monitor(Repeating):
             self.router.eject(name)
             return
         pool.scrape_answered(name)
+        if await self._reports_unhealthy(name):
+            _log.warning("replica %s answers /health with an error: ejected until it passes again", name)
+            self.router.eject(name)
+            return
         if status != 200:
             return
         with contextlib.suppress(DataError, UnicodeDecodeError):
             pool.update_load(name, parse_load(body.decode()))
+
+    async def _reports_unhealthy(self, name: str) -> bool:
+        """``/health`` answered with a server error (a timeout or a refusal says nothing the scrape did not)."""
+        try:
+            return (await self._get(name + "/health"))[0] >= 500
+        except (TimeoutError, *UPSTREAM_FAILURES):
+            return False
 
     async def once(self) -> None:
         await self.tick()

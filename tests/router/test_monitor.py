@@ -74,3 +74,22 @@ def test_a_replica_silent_for_several_scrapes_in_a_row_is_ejected_and_readmitted
         stub.metrics_delay_s = 0.3
         ticks(router, 2)
         assert router.pool.is_healthy(url)
+
+
+def test_a_replica_whose_health_fails_is_ejected_though_its_metrics_answer() -> None:
+    # An engine whose core died keeps its API process: /metrics still answers (with its last, light load)
+    # while /health and every request answer 503.
+    with stubs(1, metrics_text=WAITING_TEXT.format(waiting=0)) as (stub,):
+        url = url_of(stub)
+        router = Router(RouterConfig(replicas=(url,), readmit_after=2))
+        ticks(router, 1)
+        assert router.pool.is_healthy(url)
+        stub.health_status = 503
+        ticks(router, 1)
+        assert not router.pool.is_healthy(url)
+        assert router.metrics.registry.get_sample_value("moeslo_router_ejections_total", {"replica": url}) == 1
+        ticks(router, 3)
+        assert not router.pool.is_healthy(url)  # still failing: not readmitted
+        stub.health_status = 200
+        ticks(router, 2)
+        assert router.pool.is_healthy(url)
