@@ -200,14 +200,21 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Controlle
         file_values = loaded or {}
     explicit = {key: value for key, value in overrides.items() if value is not None}
     try:
-        env_only = ControllerSettings()
-        env_set = env_only.model_fields_set
-        merged = {**file_values}
-        for key in env_set:
-            merged[key] = getattr(env_only, key)
+        merged = _overlay(file_values, ControllerSettings())
         merged.update(explicit)
         return ControllerSettings(**merged)
     except PydanticValidationError as exc:
         raise ValidationError(
             [f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()]
         ) from exc
+
+
+def _overlay(base: dict[str, Any], model: BaseModel) -> dict[str, Any]:
+    """``base`` with the fields set on ``model`` (by the environment) laid over it, a section field by field:
+    a variable for one field of a section (``MOESLO_CONTROLLER_LEADER_ELECTION__IDENTITY``) must not reset
+    the file's other fields of it to their defaults."""
+    merged = dict(base)
+    for name in model.model_fields_set:
+        value, below = getattr(model, name), merged.get(name)
+        merged[name] = _overlay(below, value) if isinstance(value, BaseModel) and isinstance(below, dict) else value
+    return merged

@@ -33,6 +33,20 @@ def test_file_then_env_then_overrides(tmp_path: Path, monkeypatch: pytest.Monkey
     assert load_settings(path, port=9200).port == 9200
 
 
+def test_an_environment_variable_for_one_field_of_a_section_keeps_the_files_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pod's name from the downward API names the holder; the file turned the election on.
+    path = tmp_path / "c.yaml"
+    path.write_text("leader_election: {enabled: true, lease_name: moeslo}\nkubernetes: {in_cluster: true}\n")
+    monkeypatch.setenv("MOESLO_CONTROLLER_LEADER_ELECTION__IDENTITY", "pod-a")
+    monkeypatch.setenv("MOESLO_CONTROLLER_KUBERNETES__MAX_ATTEMPTS", "3")
+    settings = load_settings(path)
+    assert settings.leader_election.enabled and settings.leader_election.identity == "pod-a"
+    assert settings.leader_election.lease_name == "moeslo"
+    assert settings.kubernetes.in_cluster and settings.kubernetes.max_attempts == 3
+
+
 def test_every_problem_is_reported(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("port: -1\nactuator: helm\nleader_election: {lease_duration_s: 5, renew_period_s: 10}\nbogus: 1\n")
