@@ -85,6 +85,8 @@ class LeaseElector:
         self._transport_errors: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, OSError)
         self._all_errors: tuple[type[Exception], ...] = (ApiException, *self._transport_errors)
         self.config = config
+        # A silent API server must not hold a round past the renewal it is for (nor the release at shutdown).
+        self._timeout_s = config.renew_period_s
         self.identity = identity or config.identity or default_identity()
         self.api = k8s_client.CoordinationV1Api(client)
         self.clock = clock
@@ -115,7 +117,7 @@ class LeaseElector:
         cfg = self.config
         now = datetime.now(UTC)
         try:
-            lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace)
+            lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace, _request_timeout=self._timeout_s)
         except self._api_error as exc:
             if exc.status != 404:
                 raise
@@ -125,6 +127,7 @@ class LeaseElector:
                     metadata=self._k8s.V1ObjectMeta(name=cfg.lease_name, namespace=cfg.namespace),
                     spec=self._spec(now, acquire_time=now, transitions=0),
                 ),
+                _request_timeout=self._timeout_s,
             )
             self._renewed_at_s = self.clock()
             return
@@ -136,7 +139,7 @@ class LeaseElector:
         holder = spec.holder_identity
         if holder == self.identity:
             lease.spec = self._spec(now, acquire_time=spec.acquire_time or now, transitions=spec.lease_transitions or 0)
-            self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease)
+            self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease, _request_timeout=self._timeout_s)
             self._renewed_at_s = self.clock()
             return
         self._renewed_at_s = None
@@ -144,7 +147,7 @@ class LeaseElector:
         if holder and not lapsed:
             return
         lease.spec = self._spec(now, acquire_time=now, transitions=(spec.lease_transitions or 0) + 1)
-        self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease)
+        self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease, _request_timeout=self._timeout_s)
         self._renewed_at_s = self.clock()
         log.info("leader election: %s took lease %s over from %r", self.identity, cfg.lease_name, holder)
 
@@ -164,12 +167,12 @@ class LeaseElector:
         self._renewed_at_s = None
         cfg = self.config
         try:
-            lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace)
+            lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace, _request_timeout=self._timeout_s)
             if lease.spec is None or lease.spec.holder_identity != self.identity:
                 return
             lease.spec.holder_identity = None
             lease.spec.lease_duration_seconds = 1
-            self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease)
+            self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease, _request_timeout=self._timeout_s)
         except self._all_errors as exc:
             log.warning("leader election: releasing lease %s failed: %s", cfg.lease_name, exc)
 

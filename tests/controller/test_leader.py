@@ -178,3 +178,27 @@ def test_the_background_loop_leads_and_releases_on_stop(server: StandInApiServer
     assert lease["spec"].get("holderIdentity") is None  # released for a fast takeover
     renewals = [code for method, path, code in server.state.log if method == "PUT" and path.endswith("/loop")]
     assert len(renewals) >= 3 and set(renewals) == {200}
+
+
+def test_a_silent_api_server_ends_a_round_and_the_release_within_the_renew_period() -> None:
+    """A server that accepts connections and never answers: the round and the release at shutdown give up
+    after ``renew_period_s`` instead of hanging (a standby could never take over, a stop never end)."""
+    import socket
+    import threading
+    import time
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        held: list[socket.socket] = []
+        threading.Thread(target=lambda: held.extend(silent.accept()[0] for _ in range(4)), daemon=True).start()
+        config = LeaderElectionConfig(enabled=True, lease_duration_s=1.5, renew_period_s=0.5)
+        host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        elector = LeaseElector(api_client(KubernetesConfig(host=host)), config, identity="a")
+        started = time.monotonic()
+        assert elector.try_acquire_or_renew() is False
+        elector._renewed_at_s = time.monotonic()  # as if it led: the release reads and writes the lease
+        elector.release()
+        assert time.monotonic() - started < 5.0
+        for conn in held:
+            conn.close()
