@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from contracts.errors import ValidationError
 from engine.sampling import MAX_LOGPROBS, MAX_SEED, MIN_REPETITION_PENALTY, MIN_SEED, SamplingParams
@@ -45,6 +45,13 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_usage: StrictBool = False
+
+
+NULL_MEANS_DEFAULT = frozenset({
+    "temperature", "top_p", "n", "stream", "presence_penalty", "frequency_penalty", "max_tokens", "echo",
+    "stop_token_ids", "ignore_eos", "repetition_penalty", "min_tokens", "add_generation_prompt",
+})  # fmt: skip
+"""Fields whose explicit ``null`` means their default (as vLLM's ``Optional`` fields with defaults do)."""
 
 
 class GenerationRequest(BaseModel):
@@ -70,6 +77,14 @@ class GenerationRequest(BaseModel):
     # vLLM's extensions.
     repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=100.0)] = 1.0
     min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_asks_for_the_default(cls, data: Any) -> Any:
+        """OpenAI's schema makes these fields nullable and clients send ``null`` for "unset": the default."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (v is None and k in NULL_MEANS_DEFAULT)}
+        return data
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

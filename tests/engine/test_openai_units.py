@@ -13,6 +13,7 @@ from engine.chat_template import ChatTemplate, load_chat_template
 from engine.errors import PromptTooLongError
 from engine.openai_chat import ChatCompletionRequest
 from engine.openai_errors import error_body, error_response, http_error_body
+from engine.protocol import CompletionRequest
 from engine.tokenizer import HFTokenizer, load_tokenizer
 from engine.tokenizer_init import MIN_VOCAB_SIZE, SPECIAL_TOKENS, train_tokenizer, write_tokenizer
 
@@ -181,3 +182,15 @@ def test_a_vocabulary_too_small_for_merges_keeps_the_byte_tokenizer(tmp_path: Pa
     assert not (tmp_path / "tokenizer.json").exists()
     with pytest.raises(ValueError, match="vocab_size"):
         train_tokenizer(MIN_VOCAB_SIZE - 1)
+
+
+def test_an_explicit_null_asks_for_the_default() -> None:
+    # OpenAI's schema marks these nullable; SDKs and proxies send null for a field left unset.
+    nulls = dict.fromkeys(("temperature", "top_p", "n", "stream", "presence_penalty", "frequency_penalty"))
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], **nulls,
+                                                 "max_tokens": None})  # fmt: skip
+    assert (chat.temperature, chat.top_p, chat.n, chat.stream, chat.max_tokens) == (1.0, 1.0, 1, False, None)
+    completion = CompletionRequest.model_validate({"prompt": "x", **nulls, "max_tokens": None, "echo": None})
+    assert (completion.max_tokens, completion.echo, completion.presence_penalty) == (16, False, 0.0)
+    with pytest.raises(PydanticValidationError):  # null is not a prompt
+        CompletionRequest.model_validate({"prompt": None})
