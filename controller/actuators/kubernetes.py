@@ -117,19 +117,27 @@ class KubernetesActuator:
     async def replicas(self, policy: Policy) -> ReplicaCount:
         target = self._target(policy)
         read = await asyncio.to_thread(self._with_retries, target, lambda: self._read(target), "read")
+        ready = read.ready
         try:
-            self._endpoints[policy.name] = await asyncio.to_thread(self._ready_pods, target, read)
+            pods = await asyncio.to_thread(self._ready_pods, target, read)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             # The count is what scaling needs; a failed pod list keeps the last addresses known.
             log.warning("%s: listing ready pods failed: %s", _describe(target), exc)
-        return ReplicaCount(desired=read.desired, ready=read.ready)
+        else:
+            self._endpoints[policy.name] = pods or ()
+            if pods is not None:
+                # The scale subresource's status.replicas counts every pod created, a replica still loading
+                # its model too: the Ready pods are the replicas that serve.
+                ready = len(pods)
+        return ReplicaCount(desired=read.desired, ready=ready)
 
-    def _ready_pods(self, target: KubernetesTarget, read: _Read) -> tuple[str, ...]:
-        """``http://<pod IP>:<port>`` of the workload's pods that are Ready and not terminating."""
+    def _ready_pods(self, target: KubernetesTarget, read: _Read) -> tuple[str, ...] | None:
+        """``http://<pod IP>:<port>`` of the workload's pods that are Ready and not terminating (None: the
+        workload names no selector)."""
         selector = _selector(read.obj) if target.hpa is None else _selector(self._read(
             KubernetesTarget(kind=target.kind, namespace=target.namespace, name=target.name)).obj)
         if not selector:
-            return ()
+            return None
         pods = self.core.list_namespaced_pod(target.namespace, label_selector=selector,
                                              _request_timeout=self.config.request_timeout_s)  # fmt: skip
         return tuple(sorted(f"http://{ip}:{target.port}" for pod in pods.items if (ip := _serving_ip(pod))))

@@ -182,13 +182,17 @@ class StandInApiServer:
             obj.setdefault("metadata", {})["resourceVersion"] = str(self.state.next_version)
             self.state.objects[path] = obj
 
-    def add_deployment_scale(self, namespace: str, name: str, replicas: int) -> str:
+    def add_deployment_scale(self, namespace: str, name: str, replicas: int, *, ready_pods: int | None = None) -> str:
+        """A Deployment's scale (selector ``app=x``) and its pods: ``ready_pods`` Ready ones (default: as many
+        as its replicas, a settled Deployment; pass 0 to add pods by hand)."""
         path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale"
         self._put(path, {
             "apiVersion": "autoscaling/v1", "kind": "Scale",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"replicas": replicas}, "status": {"replicas": replicas, "selector": "app=x"},
         })
+        for i in range(replicas if ready_pods is None else ready_pods):
+            self.add_pod(namespace, f"{name}-{i}", f"10.9.0.{i + 1}", {"app": "x"})
         return path
 
     def add_lws_scale(self, namespace: str, name: str, replicas: int) -> str:

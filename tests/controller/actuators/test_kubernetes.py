@@ -43,6 +43,15 @@ def test_deployment_scale_reads_and_patches_the_scale_subresource(server: StandI
     assert len(server.writes_to(path)) == 1
 
 
+def test_ready_counts_the_ready_pods_not_every_pod_created(server: StandInApiServer) -> None:
+    # Scaled to 3, the scale's status counts 3 pods; two are still loading the model (not Ready).
+    server.add_deployment_scale("prod", "qwen", 3, ready_pods=1)
+    server.add_pod("prod", "late-1", "10.0.0.8", {"app": "x"}, ready=False)
+    server.add_pod("prod", "late-2", "10.0.0.9", {"app": "x"}, ready=False)
+    count = asyncio.run(_actuator(server).replicas(_policy()))
+    assert (count.desired, count.ready) == (3, 1)
+
+
 def test_scaling_to_the_current_count_writes_nothing(server: StandInApiServer) -> None:
     path = server.add_deployment_scale("prod", "qwen", 3)
     result = asyncio.run(_actuator(server).scale(_policy(), 3))
@@ -140,7 +149,7 @@ def test_non_kubernetes_targets_are_refused_for_enforcement() -> None:
 
 
 def test_the_ready_pods_of_the_workload_are_its_endpoints(server: StandInApiServer) -> None:
-    server.add_deployment_scale("prod", "qwen", 3)  # its scale reports the selector app=x
+    server.add_deployment_scale("prod", "qwen", 3, ready_pods=0)  # its scale reports the selector app=x
     server.add_pod("prod", "a", "10.0.0.2", {"app": "x"})
     server.add_pod("prod", "b", "10.0.0.3", {"app": "x"}, ready=False)  # starting: not yet
     server.add_pod("prod", "c", "10.0.0.4", {"app": "x"}, terminating=True)  # leaving: no more
