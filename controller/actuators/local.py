@@ -227,8 +227,11 @@ class LocalActuator:
         log: IO[bytes] | None = None
         if self.config.log_dir is not None:
             log_dir = Path(self.config.log_dir)
-            log_dir.mkdir(parents=True, exist_ok=True)
-            log = (log_dir / f"{policy.name}-{port}.log").open("ab")
+            try:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                log = (log_dir / f"{policy.name}-{port}.log").open("ab")
+            except OSError as exc:  # an actuation error of this policy, not a failure of the whole tick
+                raise ActuationError(f"cannot write the replica's log in {log_dir}: {exc.strerror}") from exc
         try:
             process = subprocess.Popen(
                 argv,
@@ -240,10 +243,11 @@ class LocalActuator:
                 # Pinned before exec, so every process the replica starts (EP ranks) inherits its CPUs.
                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,  # noqa: PLW1509
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:  # SubprocessError: the CPU pinning failed
             if log is not None:
                 log.close()
-            raise ActuationError(f"cannot start {argv[0]!r} for {policy.name!r}: {exc.strerror}") from exc
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            raise ActuationError(f"cannot start {argv[0]!r} for {policy.name!r}: {why}") from exc
         return LocalReplica(
             process=process, port=port, host=self.config.host, started_s=time.monotonic(), log=log, cpus=cpus
         )
