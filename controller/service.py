@@ -140,6 +140,10 @@ class ControllerService:
             self.metrics.forget_policy(gone)
             if self.history is not None:
                 self.history.forget(gone)
+            try:  # what the actuator itself started for it stops (a local replica would hold its CPUs)
+                await self.actuator.release(gone)
+            except ActuationError as exc:
+                log.warning("policy %r deleted, but releasing what it ran failed: %s", gone, exc)
         policies = [s.policy for s in stored]
         if self.history is not None:
             await self.history.warm_start(self.core, policies)

@@ -61,4 +61,9 @@ class Actuator(Protocol):
         """Most replicas the actuator has room for (None: no limit it knows of, e.g. a cluster)."""
         ...
 
+    async def release(self, policy_name: str) -> None:
+        """The policy was deleted: stop what this actuator itself started for it (a cluster's workloads stay:
+        they are the cluster's, and the controller only stops managing them)."""
+        ...
+
     async def aclose(self) -> None: ...

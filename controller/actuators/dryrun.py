@@ -38,6 +38,9 @@ class DryRunActuator:
     def replica_budget(self, policy: Policy) -> int | None:
         return None  # it starts nothing, so nothing limits it
 
+    async def release(self, policy_name: str) -> None:
+        return None  # it started nothing
+
     def endpoints(self, policy: Policy) -> Sequence[str]:
         return ()
 

@@ -108,6 +108,9 @@ class KubernetesActuator:
     def replica_budget(self, policy: Policy) -> int | None:
         return None  # a cluster's capacity is the cluster autoscaler's business
 
+    async def release(self, policy_name: str) -> None:
+        self._endpoints.pop(policy_name, None)  # the workload stays: the controller only stops managing it
+
     def endpoints(self, policy: Policy) -> Sequence[str]:
         return self._endpoints.get(policy.name, ())
 

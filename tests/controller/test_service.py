@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from contracts.errors import UnavailableError
-from controller.actuators import DryRunActuator, ScaleResult
+from controller.actuators import Actuator, DryRunActuator, LocalActuator, ScaleResult
+from controller.config import LocalActuatorConfig
 from controller.core import CoreConfig, DecisionCore
 from controller.errors import ActuationError
 from controller.policy import Policy
@@ -21,6 +22,7 @@ from controller.sources import ScrapeSource
 from controller.store import Store
 from controller.telemetry import ControllerMetrics
 from controller.types import PolicyObservation, SliSnapshot
+from harness.processes import free_port
 from tests.controller.sources.engine_page import EngineMetrics, MetricsServer, RouterPage
 
 
@@ -103,7 +105,7 @@ def _sli(at_s: float, good: float = 0.999) -> SliSnapshot:
     )
 
 
-def _service(tmp_path: Path, clock: Clock, *, actuator: DryRunActuator | None = None, elector: object = None,
+def _service(tmp_path: Path, clock: Clock, *, actuator: Actuator | None = None, elector: object = None,
              source: object = None, core: DecisionCore | None = None
              ) -> tuple[ControllerService, Store, CollectorRegistry]:
     store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
@@ -305,6 +307,32 @@ def test_deleted_policies_leave_the_metrics(tmp_path: Path) -> None:
     asyncio.run(service.tick())
     assert registry.get_sample_value("moeslo_desired_replicas", {"policy": "chat"}) is None
     assert service.runtime("chat") is None
+
+
+def test_a_deleted_policys_local_replicas_stop_and_give_their_cpus_back(tmp_path: Path) -> None:
+    """Renaming a policy (create the new, delete the old) must not leave the old one's processes holding the
+    host budget: the new one would get no replicas."""
+    (tmp_path / "ckpt").mkdir()
+    config = LocalActuatorConfig(command=("sleep", "60"), first_port=free_port(), cpus_per_replica=1,
+                                 checkpoint=str(tmp_path / "ckpt"))  # fmt: skip
+    actuator = LocalActuator(config)
+    service, store, _ = _service(tmp_path, Clock(), actuator=actuator)
+    local = {"name": "old", "target": {"kind": "local"}, "scaling": {"min_replicas": 1, "max_replicas": 1}}
+    store.create_policy(Policy.model_validate(local))
+
+    async def scenario() -> None:
+        try:
+            await service.tick()
+            (replica,) = actuator.replicas_by_policy["old"]
+            budget = actuator.replica_budget(Policy.model_validate({**local, "name": "new"}))
+            store.delete_policy("old")
+            await service.tick()
+            assert replica.process.poll() is not None and "old" not in actuator.replicas_by_policy
+            assert actuator.replica_budget(Policy.model_validate({**local, "name": "new"})) == (budget or 0) + 1
+        finally:
+            await actuator.aclose()
+
+    asyncio.run(scenario())
 
 
 def test_ticks_over_real_metrics_pages(tmp_path: Path) -> None:
