@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from contracts.errors import DataError, ValidationError
 from contracts.urls import http_url_problem
-from controller.endpoints import AddressClass
+from controller.endpoints import AddressClass, check_endpoint_url
 from controller.sources.base import RATE_WINDOW_S
 
 
@@ -152,6 +152,12 @@ class ControllerSettings(BaseSettings):
             problem = None if url is None else http_url_problem(name, url)
             if problem is not None:
                 raise ValueError(problem)
+        for model, urls in self.scrape_endpoints.items():
+            for url in urls:
+                try:
+                    check_endpoint_url(url)
+                except ValueError as exc:  # one bad URL would fail every tick's scrape
+                    raise ValueError(f"scrape_endpoints.{model}: {exc}") from exc
         return self
 
     @classmethod

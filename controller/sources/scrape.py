@@ -396,7 +396,7 @@ async def _read_all(
     ok: dict[str, Page] = {}
     failures: dict[str, str] = {}
     for endpoint, answer in zip(endpoints, answers, strict=True):
-        if isinstance(answer, (httpx.HTTPError, ValueError)):
+        if isinstance(answer, Exception):  # one endpoint's failure, whatever it is, is that endpoint's
             failures[endpoint] = f"{what} {endpoint}: {type(answer).__name__}: {answer}"
         elif isinstance(answer, BaseException):
             raise answer

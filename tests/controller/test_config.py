@@ -79,3 +79,10 @@ def test_rate_window_is_whole_seconds_of_at_least_two(tmp_path: Path) -> None:
         path.write_text(f"rate_window_s: {bad}\n")
         with pytest.raises(ValidationError, match="rate_window_s"):
             load_settings(path)
+
+
+def test_a_scrape_endpoint_that_is_no_url_is_refused_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("scrape_endpoints: {m: ['http://127.0.0.1:8000', 'http://127.0.0.1:80800']}\n")
+    with pytest.raises(ValidationError, match=r"scrape_endpoints\.m: endpoint 'http://127.0.0.1:80800' is not a valid"):
+        load_settings(path)

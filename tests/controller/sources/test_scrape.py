@@ -281,3 +281,20 @@ def test_a_policy_naming_its_router_gets_the_router_queue() -> None:
         for server in servers[:2]:
             server.stop()
         asyncio.run(source.aclose())
+
+
+def test_an_endpoint_whose_read_raises_anything_is_that_endpoints_failure() -> None:
+    """A URL httpx cannot even build a request for (a port past 65535 raised OverflowError) fails its own
+    endpoint, not the tick that reads every policy."""
+    import asyncio
+
+    from controller.sources.scrape import _read_all
+
+    async def read(url: str) -> str:
+        if "80800" in url:
+            raise OverflowError("port must be 0-65535.")
+        return "page"
+
+    ok, failures = asyncio.run(_read_all(read, ["http://a:1", "http://a:80800"], "engine"))  # type: ignore[arg-type]
+    assert ok == {"http://a:1": "page"}
+    assert failures == {"http://a:80800": "engine http://a:80800: OverflowError: port must be 0-65535."}
