@@ -109,9 +109,26 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 async def _models(request: web.Request) -> web.StreamResponse:
     """The model list of the first healthy replica that answers (refusing ones are ejected)."""
-    router = request.app[ROUTER]
-    names = [n for n in router.pool.names if router.pool.is_healthy(n)]
-    for name in names:
+    return web.Response(body=(await _model_list(request.app[ROUTER]))[1], content_type="application/json")
+
+
+async def _model(request: web.Request) -> web.StreamResponse:
+    """One model of that list (OpenAI's retrieve), or a 404 naming it."""
+    wanted = request.match_info["model"]
+    replica, content = await _model_list(request.app[ROUTER])
+    try:
+        listed = json.loads(content)["data"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UpstreamError(f"replica {replica}'s /v1/models is not a model list: {exc}", replica=replica) from exc
+    for model in listed if isinstance(listed, list) else []:
+        if isinstance(model, dict) and model.get("id") == wanted:
+            return _json(200, model)
+    raise NotFoundError("model", wanted)
+
+
+async def _model_list(router: Router) -> tuple[str, bytes]:
+    """(replica, its /v1/models answer) of the first healthy replica that answers."""
+    for name in [n for n in router.pool.names if router.pool.is_healthy(n)]:
         try:
             async with router.session.get(name + "/v1/models") as answer:
                 content = await answer.read()
@@ -121,7 +138,7 @@ async def _models(request: web.Request) -> web.StreamResponse:
             continue
         if status != 200 or "json" not in content_type:
             raise UpstreamError(f"replica {name} answered /v1/models with HTTP {status}", replica=name)
-        return web.Response(body=content, content_type="application/json")
+        return name, content
     raise UnavailableError("no healthy replica")
 
 
@@ -181,6 +198,7 @@ def create_app(config: RouterConfig, *, registry: CollectorRegistry | None = Non
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _completions)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/router/replicas", _replicas)

@@ -27,6 +27,10 @@ def test_a_completion_and_the_model_list_are_relayed_as_the_replica_wrote_them()
         assert answer.headers["content-type"] == "application/json"
         models = httpx.get(r.url + "/v1/models", timeout=5).json()
         assert models["data"][0]["id"] == "stub"
+        one = httpx.get(r.url + "/v1/models/stub", timeout=5)  # the OpenAI SDK's models.retrieve
+        assert (one.status_code, one.json()) == (200, models["data"][0])
+        missing = httpx.get(r.url + "/v1/models/other", timeout=5)
+        assert missing.status_code == 404 and "other" in missing.json()["error"]["message"]
         chat = httpx.post(r.url + "/v1/chat/completions", json={"messages": []}, timeout=5)
         assert chat.status_code == 200  # the stub serves chat; an engine without it answers its own 404
         labels = {"replica": url_of(stub), "decision": "lowest_predicted_ttft", "outcome": "ok"}
