@@ -153,6 +153,8 @@ def parse_openslo(text: str) -> dict[str, ImportedSlos]:
     problems: list[str] = []
     try:
         documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except RecursionError as exc:
+        raise ValidationError("body: YAML nested too deeply") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = "" if mark is None else f" at line {mark.line + 1}"
@@ -166,6 +168,10 @@ def parse_openslo(text: str) -> dict[str, ImportedSlos]:
             _read_document(doc, where, result)
         except ValidationError as exc:
             problems.extend(p.replace(f"{where}.", f"{where}: ", 1) for p in exc.problems)
+        except (AttributeError, TypeError, OverflowError, RecursionError) as exc:
+            # A part of the document of the wrong shape where a mapping or a number belongs (the readers above
+            # name the common cases; this catches the rest): still the client's document, never a 500.
+            problems.append(f"{where}: malformed OpenSLO SLO ({type(exc).__name__}: {exc})")
     if problems:
         raise ValidationError(problems)
     return result

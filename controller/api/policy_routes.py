@@ -218,6 +218,8 @@ async def patch_policy(
         patch = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValidationError(f"body: malformed JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ValidationError("body: JSON nested too deeply") from exc
     if not isinstance(patch, dict):
         raise ValidationError(f"body: a merge patch must be a JSON object, got {type(patch).__name__}")
     if "name" in patch and patch["name"] != name:

@@ -103,6 +103,14 @@ def test_malformed_or_non_object_bodies_are_4xx(client: TestClient, raw: bytes) 
     assert response.json()["detail"]
 
 
+def test_a_patch_nested_too_deeply_is_422(client: TestClient) -> None:
+    client.post("/v1/policies", json=POLICY, headers=AUTH)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    response = client.patch(f"/v1/policies/{POLICY['name']}", content=deep,
+                            headers={**AUTH, "Content-Type": "application/merge-patch+json"})  # fmt: skip
+    assert response.status_code == 422 and "nested too deeply" in response.json()["detail"]
+
+
 def test_writes_need_the_bearer_token_reads_do_not(client: TestClient) -> None:
     missing = client.post("/v1/policies", json=POLICY)
     assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer")
@@ -231,6 +239,12 @@ def test_openslo_export_and_import_round_trip(client: TestClient) -> None:
         ("", "no OpenSLO documents"),
         ("apiVersion: openslo/v1\nkind: SLO\nmetadata: {name: a}\nspec: {objectivs: []}\n",
          "document 1: spec.objectivs: not an OpenSLO v1 SLO field"),
+        # Parts of the wrong shape where a mapping or a number belongs: the client's document, never a 500.
+        ("apiVersion: openslo/v1\nkind: SLO\nmetadata: {name: a, annotations: oops}\nspec: {service: s}\n",
+         "document 1: malformed OpenSLO SLO (AttributeError"),
+        ("apiVersion: openslo/v1\nkind: SLO\nmetadata: {name: a}\nspec: {indicator: {spec: {ratioMetric: "
+         "{good: {metricSource: {spec: [1]}}}}}}\n", "document 1: malformed OpenSLO SLO"),
+        ("[" * 10_000 + "]" * 10_000, "body: YAML nested too deeply"),
     ],
 )
 def test_bad_openslo_is_422(client: TestClient, body: str, message: str) -> None:
