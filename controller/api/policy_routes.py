@@ -93,6 +93,7 @@ def _expected_version(request: Request, name: str, if_match: str | None) -> int 
     parsed = parse_if_match(if_match)
     if parsed is None:
         if _settings(request).require_if_match:
+            _store(request).get_policy(name)  # a policy that does not exist is a 404, not a missing precondition
             raise PreconditionRequiredError(
                 f"changing policy {name!r} requires If-Match with its current ETag (GET it first)"
             )
@@ -324,6 +325,12 @@ def _import_openslo(request: Request, text: str) -> OpenSloImport:
         planned.append((policy, None if base is None else base.version))
     if problems:
         raise ValidationError(problems)
+    existing = sorted(policy.name for policy, version in planned if version is not None)
+    if existing and _settings(request).require_if_match:
+        raise PreconditionRequiredError(
+            f"changing policies {', '.join(map(repr, existing))} requires If-Match: an import creates new policies "
+            "only; change existing ones with PUT or PATCH and their ETag"
+        )
     for policy, version in planned:
         stored, _created = store.replace_policy(policy, expected_version=version, create=version is None)
         results.append(PolicyResource.of(stored))

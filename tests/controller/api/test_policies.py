@@ -146,7 +146,16 @@ def test_require_if_match_gives_428(tmp_path: Path) -> None:
         assert client.put("/v1/policies/qwen", json=POLICY, headers=AUTH).status_code == 428
         assert client.patch("/v1/policies/qwen", json={"mode": "off"}, headers=AUTH).status_code == 428
         assert client.delete("/v1/policies/qwen", headers=AUTH).status_code == 428
+        # An OpenSLO import may not change it either; it may create new policies.
+        exported = client.get("/v1/policies/qwen/openslo").text
+        assert client.post("/v1/openslo", content=exported, headers=AUTH).status_code == 428
+        assert client.get("/v1/policies/qwen").json()["version"] == 1
+        assert client.post("/v1/openslo", content=exported.replace("moeslo.io/policy: qwen", "moeslo.io/policy: new"),
+                           headers=AUTH).status_code == 200  # fmt: skip
         assert client.delete("/v1/policies/qwen", headers={**AUTH, "If-Match": '"1"'}).status_code == 204
+        # What does not exist is a 404, with If-Match or without.
+        assert client.patch("/v1/policies/qwen", json={"mode": "off"}, headers=AUTH).status_code == 404
+        assert client.delete("/v1/policies/qwen", headers=AUTH).status_code == 404
         assert client.put("/v1/policies/qwen", json=POLICY, headers=AUTH).status_code == 201  # creation needs none
 
 
