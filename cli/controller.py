@@ -88,7 +88,7 @@ def apply(
 ) -> None:
     """Create or replace the policies in FILE (OpenSLO documents update the SLO part)."""
     from controller.api_client import answer, request
-    from controller.policy_files import read_documents
+    from controller.policy_files import policy_items, read_documents
 
     with cli_errors():
         docs = read_documents(file)
@@ -105,7 +105,8 @@ def apply(
             )
             results = answer(response, "items")["items"]
         else:
-            for doc in docs:
+            # One policy per document, a list of them, or a mapping with a `policies` list (as load_policies reads).
+            for doc in policy_items(docs[0] if len(docs) == 1 else docs, source=str(file)):
                 if not isinstance(doc, dict) or "name" not in doc:
                     raise DataError("every policy document needs a name", path=str(file))
                 results.append(answer(request("PUT", f"{url}/v1/policies/{doc['name']}", token, json=doc),

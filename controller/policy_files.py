@@ -38,13 +38,20 @@ DEFAULT_POLICIES: tuple[Policy, ...] = (
 """The committed alerts, dashboards and manifests are generated from these."""
 
 
-def parse_policies(document: Any, *, source: str = "policies") -> tuple[Policy, ...]:
-    """Policies from a parsed YAML/JSON document; every invalid field is reported at once."""
+def policy_items(document: Any, *, source: str = "policies") -> list[Any]:
+    """The policies of a parsed document, not yet validated: one policy, a list of them, or a mapping with a
+    ``policies`` list (several YAML documents of a file come as a list)."""
     if isinstance(document, dict) and "name" in document:
         document = [document]
     items = document.get("policies") if isinstance(document, dict) else document
     if not isinstance(items, list):
         raise ValidationError(f"{source}: expected a list of policies or a mapping with a 'policies' list")
+    return items
+
+
+def parse_policies(document: Any, *, source: str = "policies") -> tuple[Policy, ...]:
+    """Policies from a parsed YAML/JSON document; every invalid field is reported at once."""
+    items = policy_items(document, source=source)
     problems: list[str] = []
     policies: list[Policy] = []
     for index, item in enumerate(items):
@@ -86,4 +93,4 @@ def dump_policies(policies: Sequence[Policy]) -> list[dict[str, Any]]:
     return [policy.model_dump(mode="json") for policy in policies]
 
 
-__all__ = ["DEFAULT_POLICIES", "dump_policies", "load_policies", "parse_policies", "read_documents"]
+__all__ = ["DEFAULT_POLICIES", "dump_policies", "load_policies", "parse_policies", "policy_items", "read_documents"]

@@ -62,6 +62,13 @@ def test_serve_apply_get_list_delete_and_restart(tmp_path: Path) -> None:
                                       "--json"])
         assert applied.exit_code == 0, applied.output
         assert [item["name"] for item in json.loads(applied.stdout)] == ["chat", "batch"]
+        # A mapping with a `policies` list, as load_policies reads it; the token from the environment.
+        listed_file = tmp_path / "listed.yaml"
+        listed_file.write_text("policies:\n- name: chat\n  target: {kind: model, model: m}\n  mode: advisory\n")
+        reapplied = runner.invoke(app, ["policy", "apply", "-f", str(listed_file), "--url", url, "--json"],
+                                  env={"MOESLO_CONTROLLER_TOKEN": TOKEN})  # fmt: skip
+        assert reapplied.exit_code == 0, reapplied.output
+        assert [(item["name"], item["version"]) for item in json.loads(reapplied.stdout)] == [("chat", 2)]
         listed = runner.invoke(app, ["policy", "list", "--url", url, "--json"])
         assert sorted(item["name"] for item in json.loads(listed.stdout)) == ["batch", "chat"]
         got = runner.invoke(app, ["policy", "get", "chat", "--url", url, "--openslo"])
