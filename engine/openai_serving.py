@@ -281,6 +281,7 @@ async def _texts(
     matcher = StopMatcher(gen.stops)
     min_tokens, want_logprobs = gen.params.min_tokens, gen.params.logprobs is not None
     tokens = decoded = 0
+    tokens_at_stop: int | None = None  # usage counts the tokens up to the stop string, as vLLM's does
     base = len(prefix)
     async for raw in _events(first, stream):
         out = raw
@@ -296,10 +297,13 @@ async def _texts(
             if entries is not None and out.logprobs is not None and not stopped:
                 entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, base + decoded))
             decoded += len(piece)
+            if matcher.stopped and tokens_at_stop is None:
+                tokens_at_stop = tokens
         if out.finished:
             text += matcher.flush()
             if matcher.stopped and out.finish_reason != "error":
-                out = dataclasses.replace(out, finish_reason="stop")
+                out = dataclasses.replace(out, finish_reason="stop",
+                                          generation_tokens=tokens if tokens_at_stop is None else tokens_at_stop)
         elif matcher.stopped:
             if stopped:
                 continue

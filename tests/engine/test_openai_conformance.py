@@ -108,8 +108,12 @@ def test_chat_stop_string_cuts_the_text(client: Any, stream: bool) -> None:
 def test_completion_stop_string(client: Any) -> None:
     text = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, **GREEDY).choices[0].text
     stop = text[5:8]
-    cut = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, stop=stop, **GREEDY)
+    cut = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, stop=stop, logprobs=0,
+                                    **GREEDY)  # fmt: skip
     assert (cut.choices[0].text, cut.choices[0].finish_reason) == (text[: text.find(stop)], "stop")
+    # Usage counts the tokens up to the one that completed the stop string (those the logprobs list), not
+    # the ones the core generated before the stop reached it.
+    assert cut.usage.completion_tokens == len(cut.choices[0].logprobs.tokens)
 
 
 @pytest.mark.parametrize(
