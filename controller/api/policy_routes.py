@@ -229,7 +229,8 @@ async def patch_policy(
     return await run_in_threadpool(_apply_patch, request, response, name, patch, if_match)
 
 
-PATCH_ATTEMPTS = 3
+PATCH_ATTEMPTS = 10
+"""Re-reads of a PATCH without If-Match that lost its write to another writer (each a few milliseconds)."""
 
 
 def _apply_patch(

@@ -10,6 +10,7 @@ overwrite.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +37,14 @@ class StaleVersionError(ConflictError):
         self.expected = expected
         now = "does not exist" if current is None else f"is at version {current}"
         super().__init__(f"policy {name!r} {now}, not version {expected} (it changed since it was read)")
+
+
+class _WriteRaceError(ConflictError):
+    """Two writers of one policy took the same next version number (a unique-index violation): the loser's
+    transaction is rolled back whole and, being a race and not a stale ETag, tried again."""
+
+
+WRITE_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +135,9 @@ class Store:
         # Parsed policies by (name, version): a version never changes, and the tick loop reads every
         # policy every tick, so validating the same JSON again would be wasted work.
         self._parsed: dict[tuple[str, int], Policy] = {}
+        # The API serves writes from a thread pool: one policy write at a time in this process (another
+        # process racing for the same version, on a shared database, is retried instead).
+        self._policy_writes = threading.Lock()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -141,7 +153,7 @@ class Store:
             raise
         except IntegrityError as exc:
             session.rollback()
-            raise ConflictError(f"concurrent write: {exc.orig}") from exc
+            raise _WriteRaceError(f"concurrent write: {exc.orig}") from exc
         except SQLAlchemyError as exc:
             session.rollback()
             raise UnavailableError(f"policy store ({self.engine.url.get_backend_name()}): {exc}") from exc
@@ -163,7 +175,7 @@ class Store:
 
     def create_policy(self, policy: Policy) -> StoredPolicy:
         """Store a new policy; :class:`ConflictError` if the name is taken."""
-        with self._session() as session:
+        with self._policy_writes, self._session() as session:
             if session.get(PolicyRow, policy.name) is not None:
                 raise ConflictError(f"policy {policy.name!r} already exists")
             return self._write(session, None, policy, "create")
@@ -171,7 +183,21 @@ class Store:
     def replace_policy(
         self, policy: Policy, *, expected_version: int | None = None, create: bool = False
     ) -> tuple[StoredPolicy, bool]:
-        """Replace (or, with ``create``, create) a policy; returns it and whether it is new."""
+        """Replace (or, with ``create``, create) a policy; returns it and whether it is new.
+
+        SQLite ignores ``FOR UPDATE``, so two writers can race for the next version number; the loser
+        tries again (with an ``expected_version``, it then finds the winner's version: a stale ETag).
+        """
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                with self._policy_writes:
+                    return self._replace(policy, expected_version, create)
+            except _WriteRaceError:
+                if attempt == WRITE_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _replace(self, policy: Policy, expected_version: int | None, create: bool) -> tuple[StoredPolicy, bool]:
         with self._session() as session:
             row = session.get(PolicyRow, policy.name, with_for_update=True)
             if row is None:
@@ -184,7 +210,7 @@ class Store:
             return self._write(session, row, policy, "update"), False
 
     def delete_policy(self, name: str, *, expected_version: int | None = None) -> StoredPolicy:
-        with self._session() as session:
+        with self._policy_writes, self._session() as session:
             row = session.get(PolicyRow, name, with_for_update=True)
             if row is None:
                 raise NotFoundError("policy", name)

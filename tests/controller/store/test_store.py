@@ -83,3 +83,29 @@ def test_everything_survives_a_restart(tmp_path: Path) -> None:
     assert [v.version for v in second.policy_history("a")] == [1, 2]
     [decision] = second.list_decisions()
     assert (decision.policy, decision.reason, decision.inputs["i"]) == ("a", "steady", 1)
+
+
+def test_unconditional_writes_racing_for_the_next_version_all_land(tmp_path: Path) -> None:
+    """SQLite ignores FOR UPDATE: concurrent writers took the same next version and the losers got a 409
+    with the database's text. The loser's transaction is tried again; every write lands once."""
+    import threading
+
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    store.create_policy(_policy())
+    failures: list[Exception] = []
+
+    def writer(i: int) -> None:
+        for j in range(15):
+            try:
+                store.replace_policy(Policy.model_validate({**_policy().model_dump(), "description": f"w{i}-{j}"}))
+            except ConflictError as exc:
+                failures.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert store.get_policy("p").version == 1 + 6 * 15
+    assert [v.version for v in store.policy_history("p")] == list(range(1, 92))
