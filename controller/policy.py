@@ -266,12 +266,6 @@ class Policy(_Strict):
     only)."""
     mode: Mode = Mode.ENFORCE
 
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _yaml_off(cls, value: object) -> object:
-        """YAML 1.1 reads an unquoted ``mode: off`` as false: the policy file meant ``"off"``."""
-        return Mode.OFF if value is False else value
-
     @field_validator("window")
     @classmethod
     def _window(cls, value: str) -> str:

@@ -46,7 +46,10 @@ def policy_items(document: Any, *, source: str = "policies") -> list[Any]:
     items = document.get("policies") if isinstance(document, dict) else document
     if not isinstance(items, list):
         raise ValidationError(f"{source}: expected a list of policies or a mapping with a 'policies' list")
-    return items
+    # YAML 1.1 (PyYAML) reads an unquoted `mode: off` as false; a policy file meant "off" (the API, which
+    # takes JSON, refuses false as its schema says).
+    return [{**item, "mode": "off"} if isinstance(item, dict) and item.get("mode") is False else item
+            for item in items]  # fmt: skip
 
 
 def parse_policies(document: Any, *, source: str = "policies") -> tuple[Policy, ...]:
