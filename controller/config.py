@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Self
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic import ValidationError as PydanticValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.errors import DataError, ValidationError
 from contracts.urls import http_url_problem
@@ -170,7 +170,7 @@ class ControllerSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Explicit arguments (CLI flags, the YAML file merged underneath them) win over env.
-        return (init_settings, env_settings)
+        return (init_settings, _EnvWithoutServiceLinks(settings_cls))
 
     @property
     def db_url(self) -> str:
@@ -183,6 +183,17 @@ class ControllerSettings(BaseSettings):
     def embedded(self) -> bool:
         """One process on SQLite: no leader election needed."""
         return self.db_url.startswith("sqlite")
+
+
+class _EnvWithoutServiceLinks(EnvSettingsSource):
+    """The environment, less Kubernetes' service links: a Service named ``moeslo-controller`` gives every pod
+    of its namespace ``MOESLO_CONTROLLER_PORT=tcp://<cluster IP>:8090``, which is not a port setting."""
+
+    def __call__(self) -> dict[str, Any]:
+        values = super().__call__()
+        if isinstance(port := values.get("port"), str) and "://" in port:
+            del values["port"]
+        return values
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> ControllerSettings:

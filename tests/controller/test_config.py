@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from contracts.errors import DataError, ValidationError
-from controller.config import load_settings
+from controller.config import ControllerSettings, load_settings
 
 
 def test_defaults_are_the_embedded_mode() -> None:
@@ -45,6 +45,21 @@ def test_an_environment_variable_for_one_field_of_a_section_keeps_the_files_othe
     assert settings.leader_election.enabled and settings.leader_election.identity == "pod-a"
     assert settings.leader_election.lease_name == "moeslo"
     assert settings.kubernetes.in_cluster and settings.kubernetes.max_attempts == 3
+
+
+def test_kubernetes_service_links_are_not_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the kubelet gives every pod in the namespace of a Service named moeslo-controller.
+    links = {"PORT": "tcp://10.96.0.12:8090", "PORT_8090_TCP": "tcp://10.96.0.12:8090", "SERVICE_HOST": "10.96.0.12",
+             "SERVICE_PORT": "8090", "SERVICE_PORT_HTTP": "8090", "PORT_8090_TCP_PROTO": "tcp",
+             "PORT_8090_TCP_PORT": "8090", "PORT_8090_TCP_ADDR": "10.96.0.12"}  # fmt: skip
+    for name, value in links.items():
+        monkeypatch.setenv(f"MOESLO_CONTROLLER_{name}", value)
+    path = tmp_path / "c.yaml"
+    path.write_text("port: 8090\n")
+    assert load_settings(path).port == 8090
+    assert load_settings().port == ControllerSettings.model_fields["port"].default
+    monkeypatch.setenv("MOESLO_CONTROLLER_PORT", "9000")  # a real setting still counts
+    assert load_settings(path).port == 9000
 
 
 def test_every_problem_is_reported(tmp_path: Path) -> None:
