@@ -223,6 +223,27 @@ def test_vllm_overlay_wiring() -> None:
     assert 'model_name=\\"qwen3-moe\\"' in rules and 'le=\\"0.02\\"' in rules
 
 
+def _containers(resource: dict[str, Any]) -> list[dict[str, Any]]:
+    templates = [t["template"] for t in _embedded_pod_templates(resource)]
+    if "template" in resource.get("spec", {}):
+        templates.append(resource["spec"]["template"])
+    return [c for t in templates for c in t["spec"]["containers"]]
+
+
+@pytest.mark.parametrize("overlay", ["overlays/vllm-gpu", "overlays/vllm-multinode"])
+def test_every_vllm_with_the_plugin_names_the_plugins_it_loads(overlay: str) -> None:
+    """vLLM loads endpoint plugins (/moeslo/eplb, which rebalancing calls) only when VLLM_PLUGINS names them,
+    and naming any limits every group to those named: each name must be one of our entry points."""
+    entry_points = set(re.findall(r"^(moeslo\w*) = ", (ROOT / "pyproject.toml").read_text(), re.MULTILINE))
+    with_plugin = [c for r in _rendered(overlay).values() for c in _containers(r)
+                   if {"name": "MOESLO_VLLM_PLUGIN", "value": "1"} in c.get("env", [])]  # fmt: skip
+    assert with_plugin
+    for container in with_plugin:
+        named = {e["name"]: e.get("value") for e in container["env"]}.get("VLLM_PLUGINS", "")
+        plugins = set(named.split(","))
+        assert {"moeslo", "moeslo_eplb", "moeslo_ttft"} <= plugins <= entry_points, (overlay, named)
+
+
 def test_dashboards_ship_as_sidecar_configmaps() -> None:
     resources = _rendered("base")
     dashboards = render_dashboard_files(DEFAULT_POLICIES)
