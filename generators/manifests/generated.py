@@ -113,12 +113,16 @@ def base_files(policies: Sequence[Policy]) -> dict[str, str]:
 
 
 def overlay_files(name: str, overlay: Overlay) -> dict[str, str]:
-    """Patches that replace the base's policies and rules with the overlay's own."""
+    """Patches that replace the base's policies, rules and dashboards with the overlay's own (the controller
+    dashboard draws the forecast one lead time back: the overlay's policies' lead time, not the default's)."""
     rule = prometheus_rule(overlay.policies, policy_engines(overlay))
     return {
         f"overlays/{name}/generated/policies-patch.yaml": dump_yaml(policies_configmap(overlay.policies),
                                                                     header=HEADER),
         f"overlays/{name}/generated/prometheusrule-patch.yaml": dump_yaml(rule, header=HEADER),
+        f"overlays/{name}/generated/dashboards-patch.yaml": dump_yaml_documents(
+            dashboard_configmaps(overlay.policies), header=HEADER
+        ),
     }
 
 

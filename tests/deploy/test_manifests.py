@@ -244,6 +244,16 @@ def test_every_vllm_with_the_plugin_names_the_plugins_it_loads(overlay: str) -> 
         assert {"moeslo", "moeslo_eplb", "moeslo_ttft"} <= plugins <= entry_points, (overlay, named)
 
 
+@pytest.mark.parametrize("overlay", [t for t in TREES if t.startswith("overlays/")])
+def test_each_overlays_controller_dashboard_draws_the_forecast_one_of_its_own_lead_times_back(overlay: str) -> None:
+    (lead_time_s,) = {p.lead_time_s for p in _overlay_policies()[overlay.removeprefix("overlays/")]}
+    name = "grafana-dashboard-moeslo-controller"
+    resources = _rendered(overlay).values()
+    (dashboard,) = [r for r in resources if r["kind"] == "ConfigMap" and r["metadata"]["name"] == name]
+    offsets = set(re.findall(r"offset (\d+)s", json.dumps(dashboard["data"])))
+    assert offsets == {str(lead_time_s)}, (overlay, offsets)
+
+
 def test_dashboards_ship_as_sidecar_configmaps() -> None:
     resources = _rendered("base")
     dashboards = render_dashboard_files(DEFAULT_POLICIES)
