@@ -185,8 +185,14 @@ class PrometheusStatsSink:
     # ------------------------------------------------------------------ StatsSink
 
     def record_health(self, broken: str | None) -> None:
-        """The engine's health changed: ``broken`` says why it cannot serve (None: it can again)."""
+        """The engine's health changed: ``broken`` says why it cannot serve (None: it can again).
+
+        A broken engine failed every request it held: nothing runs or waits, and its KV cache holds none
+        (the gauges would otherwise keep the last step's values, which the router and controller read)."""
         self._healthy.set(1 if broken is None else 0)
+        if broken is not None:
+            for gauge in (self._running, self._waiting, self._kv_usage):
+                gauge.set(0)
 
     def record(self, step: StepStats) -> None:
         self._running.set(step.num_running)

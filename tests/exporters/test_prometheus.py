@@ -63,6 +63,19 @@ def test_records_vllm_names_with_bound_labels() -> None:
         assert get(f"vllm:{name}_seconds_count", LABELS) == 2
 
 
+def test_a_broken_engine_reports_nothing_running_waiting_or_cached() -> None:
+    """After its core died the engine failed every request it held; the gauges must not keep the last step's
+    values (the router and the controller read them as load)."""
+    reg = CollectorRegistry()
+    sink = PrometheusStatsSink(reg, model_name="m")
+    sink.record(step())
+    sink.record_health("the engine core process exited with status -9")
+    get = reg.get_sample_value
+    assert get("moe_engine_healthy", LABELS) == 0
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert get(name, LABELS) == 0, name
+
+
 def test_every_engine_metric_in_the_contract_is_exported() -> None:
     engine_part = DOCS.read_text().split("### vLLM plugin only")[0]  # what the embedded engine writes
     contract = re.findall(r"^\| `((?:vllm:|moe_)[a-z0-9_:]+)`", engine_part, flags=re.M)
