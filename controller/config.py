@@ -217,7 +217,9 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Controlle
         file_values = loaded or {}
     explicit = {key: value for key, value in overrides.items() if value is not None}
     try:
-        merged = _overlay(file_values, ControllerSettings())
+        # The environment's raw values, validated once with the file's: a section's field set alone (a lease
+        # duration shorter than the default renew period) is judged with the file's other fields of it.
+        merged = _overlay(file_values, _EnvWithoutServiceLinks(ControllerSettings)())
         merged.update(explicit)
         return ControllerSettings(**merged)
     except PydanticValidationError as exc:
@@ -226,12 +228,14 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Controlle
         ) from exc
 
 
-def _overlay(base: dict[str, Any], model: BaseModel) -> dict[str, Any]:
-    """``base`` with the fields set on ``model`` (by the environment) laid over it, a section field by field:
-    a variable for one field of a section (``MOESLO_CONTROLLER_LEADER_ELECTION__IDENTITY``) must not reset
-    the file's other fields of it to their defaults."""
+def _overlay(base: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (the file) with the environment's values laid over it, a settings section field by field: a
+    variable for one field of a section (``MOESLO_CONTROLLER_LEADER_ELECTION__IDENTITY``) must not reset the
+    file's other fields of it to their defaults.  Mapping-valued settings (``scrape_endpoints``) are replaced."""
     merged = dict(base)
-    for name in model.model_fields_set:
-        value, below = getattr(model, name), merged.get(name)
-        merged[name] = _overlay(below, value) if isinstance(value, BaseModel) and isinstance(below, dict) else value
+    for name, value in env.items():
+        field = ControllerSettings.model_fields.get(name)
+        section = field is not None and isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        below = merged.get(name)
+        merged[name] = {**below, **value} if section and isinstance(below, dict) and isinstance(value, dict) else value
     return merged

@@ -45,6 +45,12 @@ def test_an_environment_variable_for_one_field_of_a_section_keeps_the_files_othe
     assert settings.leader_election.enabled and settings.leader_election.identity == "pod-a"
     assert settings.leader_election.lease_name == "moeslo"
     assert settings.kubernetes.in_cluster and settings.kubernetes.max_attempts == 3
+    # A field set alone is judged with the file's others of its section: a lease of 3 s renewed every 1 s
+    # (the default renew period, 5 s, would refuse it).
+    path.write_text("leader_election: {enabled: true, renew_period_s: 1}\n")
+    monkeypatch.setenv("MOESLO_CONTROLLER_LEADER_ELECTION__LEASE_DURATION_S", "3")
+    settings = load_settings(path)
+    assert (settings.leader_election.lease_duration_s, settings.leader_election.renew_period_s) == (3.0, 1.0)
 
 
 def test_kubernetes_service_links_are_not_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
