@@ -11,6 +11,7 @@ stub.  ``mode`` picks the behaviour of ``POST /v1/completions`` and
 * ``truncated``: a Content-Length the body never reaches, then the connection drops;
 * ``not_http``: a line that is not HTTP, then the connection drops;
 * ``html_500``: a 500 with an HTML body;
+* ``unavailable``: a 503 with an OpenAI-style error (an engine whose core died answers so);
 * ``hang``: reads the request and never answers (a client that goes away counts in ``peer_closed``).
 
 ``GET /metrics`` serves ``metrics_text`` (after ``metrics_delay_s``); ``/health`` ``health_status`` (200; a replica
@@ -34,6 +35,8 @@ COMPLETION = json.dumps({
     "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5},
 }).encode()  # fmt: skip
 HTML = b"<h1>it broke</h1>\n"
+UNAVAILABLE = json.dumps({"error": {"message": "the engine core process exited with status -9",
+                                    "type": "service_unavailable_error", "param": None, "code": 503}}).encode()
 MODELS = json.dumps({"object": "list", "data": [{"id": "stub", "object": "model", "owned_by": "moeslo"}]}).encode()
 DEFAULT_CHUNKS = (
     *(f'data: {{"id":"cmpl-stub","choices":[{{"index":0,"text":"t{i}","finish_reason":null}}]}}\n\n'.encode()
@@ -134,10 +137,11 @@ class StubUpstream:
             "truncated": _head("200 OK", "application/json", 100) + b'{"id": "cm',
             "not_http": b"HELLO THERE\r\n",
             "html_500": _head("500 Internal Server Error", "text/html", len(HTML)) + HTML,
+            "unavailable": _head("503 Service Unavailable", "application/json", len(UNAVAILABLE)) + UNAVAILABLE,
         }[mode]
         writer.write(canned)
         await writer.drain()
-        return mode in ("ok", "die_mid_stream", "garbage_json", "html_500")
+        return mode in ("ok", "die_mid_stream", "garbage_json", "html_500", "unavailable")
 
     async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, die: bool) -> bool:
         writer.write(_head("200 OK", "text/event-stream", None))

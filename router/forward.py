@@ -201,7 +201,7 @@ class Router:
             if await self._attempt(choice, features, path, body, headers, exchange, started_s):
                 return
         exchange.outcome = "unavailable"
-        await _send_error(exchange, UnavailableError("every replica refused the connection"))
+        await _send_error(exchange, UnavailableError("every replica refused the connection or answered 503"))
 
     async def _attempt(self, choice: Choice, features: RequestFeatures, path: str, body: bytes,
                        headers: list[tuple[str, str]], exchange: _Exchange, started_s: float) -> bool:  # fmt: skip
@@ -264,6 +264,14 @@ class Router:
             exchange.outcome = "upstream_error"
             await _send_error(exchange, _upstream_error(exc, name))
             return True
+        if upstream.status == 503:
+            # The replica cannot serve (an engine whose core died answers so before doing any work): like a
+            # refused connection, it leaves routing until its health checks pass, and the next choice serves.
+            upstream.close()
+            self._done(ticket)
+            self.eject(name)
+            self.metrics.request(name, choice.reason, "upstream_error")
+            return False
         try:
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):
                 await self._relay(upstream, ticket, choice, exchange, sent_s)

@@ -100,6 +100,19 @@ def test_a_replica_that_refuses_connections_is_skipped_without_the_client_notici
         eventually(lambda: r.replicas()[url_of(gone)]["healthy"] is True, 5, "readmission after restart")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_replica_answering_503_is_ejected_and_the_next_choice_serves(stream: bool) -> None:
+    # An engine whose core died answers 503 before doing any work; the scrape has not seen it yet (its
+    # /metrics still answers), so the requests routed to it meanwhile go to the next choice.
+    with stubs(2) as (dead, alive), router([dead, alive], policy="round-robin", scrape_interval_s=60.0) as r:
+        dead.mode = "unavailable"
+        for _ in range(4):
+            answer = httpx.post(r.url + "/v1/completions", json={**PLAIN, "stream": stream}, timeout=5)
+            assert answer.status_code == 200
+        assert r.replicas()[url_of(dead)]["healthy"] is False
+        assert alive.requests["/v1/completions"] == 4
+
+
 def test_429_with_retry_after_when_every_replica_is_over_budget() -> None:
     busy = WAITING_TEXT.format(waiting=50)  # 50 x 256 assumed tokens / 4000 tok/s = 3.2 s predicted TTFT
     with stubs(2, metrics_text=busy) as upstreams, router(upstreams) as r:
