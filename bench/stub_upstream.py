@@ -27,6 +27,7 @@ import json
 import socket
 import threading
 from collections import Counter
+from http import HTTPStatus
 from typing import Any
 
 COMPLETION = json.dumps({
@@ -111,7 +112,8 @@ class StubUpstream:
             if path == "/metrics" and self.metrics_delay_s:
                 await asyncio.sleep(self.metrics_delay_s)
             body = {"/metrics": self.metrics_text.encode(), "/health": b'{"status":"ok"}', "/v1/models": MODELS}[path]
-            status = f"{self.health_status} Health" if path == "/health" else "200 OK"
+            code = self.health_status if path == "/health" else 200
+            status = f"{code} {HTTPStatus(code).phrase}"
             writer.write(_head(status, "text/plain" if path == "/metrics" else "application/json", len(body)) + body)
             await writer.drain()
             return True

@@ -225,13 +225,12 @@ class Router:
         except asyncio.CancelledError:
             if not exchange.abandoned or task.uncancel() > 0:
                 raise  # the client went away (the server cancels the request), not only the replica
-            self._done(ticket)
             if not exchange.answered:  # a stream whose [DONE] is out was served: nothing to tell
                 await self._answer_abandoned(name, exchange)
             return True
         finally:
-            # A client that leaves before the replica's first byte cancels the post itself: its request is
-            # counted out here, or the replica would look busier forever.
+            # The one place a request is counted out of its replica's load, however it ended: a client that
+            # leaves before the replica's first byte cancels the post itself, and must not leave it busier.
             self._done(ticket)
             del flights[task]
             if not flights and self._in_flight.get(name) is flights:
@@ -250,25 +249,21 @@ class Router:
 
     async def _exchange(self, name: str, path: str, body: bytes, headers: list[tuple[str, str]], choice: Choice,
                         ticket: Ticket, exchange: _Exchange, sent_s: float) -> bool:  # fmt: skip
-        """Send the request to ``name`` and relay its answer; False when the connection was refused."""
+        """Send the request to ``name`` and relay its answer; False when nothing reached an engine there (the
+        connection was refused, or it answered 503: an engine whose core died does so before any work), so
+        the replica leaves routing until its health checks pass and the next choice serves."""
         try:
             upstream = await self.session.post(name + path, data=body, headers=headers)
         except aiohttp.ClientConnectorError:
-            self._done(ticket)
-            self.eject(name)
-            self.metrics.request(name, choice.reason, "upstream_error")
-            return False
+            upstream = None
         except UPSTREAM_FAILURES as exc:
-            self._done(ticket)
             self.eject(name)
             exchange.outcome = "upstream_error"
             await _send_error(exchange, _upstream_error(exc, name))
             return True
-        if upstream.status == 503:
-            # The replica cannot serve (an engine whose core died answers so before doing any work): like a
-            # refused connection, it leaves routing until its health checks pass, and the next choice serves.
-            upstream.close()
-            self._done(ticket)
+        if upstream is None or upstream.status == 503:
+            if upstream is not None:
+                upstream.close()
             self.eject(name)
             self.metrics.request(name, choice.reason, "upstream_error")
             return False
@@ -282,7 +277,6 @@ class Router:
                 upstream.release()
             else:
                 upstream.close()  # the connection goes: the engine sees its client leave
-            self._done(ticket)
         return True
 
     def _done(self, ticket: Ticket) -> None:
