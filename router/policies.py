@@ -11,7 +11,8 @@ count them):
 * :func:`prefix_affinity`: ``prefix_owner``, ``prefix_owner_full`` (bounded
   load sent it further round the ring) or ``no_prefix`` (too short a prompt:
   least outstanding);
-* :func:`admission`: ``all_over_budget`` (reject) or ``no_healthy_replica``.
+* :func:`admission`: ``all_over_budget`` (reject) or ``no_healthy_replica``; a request over the
+  objective even on an idle replica is let through (:func:`over_objective_alone`).
 
 The cost model (:func:`predict`): a new request's TTFT on a replica is the
 prefill work queued ahead of it plus its own (less the leading tokens the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from router.prefix import walk
 from router.types import Choice, CostModel, Prediction, ReplicaState, RequestFeatures
@@ -127,17 +129,25 @@ def admission(features: RequestFeatures, replicas: Sequence[ReplicaState], model
     """None when some healthy replica is predicted within the TTFT objective; else a refusal with Retry-After.
 
     ``retry_after_s``: the best replica's predicted excess over the objective (its
-    backlog has to drain that long before this request would fit).
+    backlog has to drain that long before this request would fit).  A request predicted
+    over the objective even on an idle replica is never refused: no wait brings it within
+    (a long prompt, or replicas slowed down), so holding it only adds the wait to its TTFT.
     """
     live = healthy(replicas)
     if not live:
         return NO_REPLICA
     predictions = {r.name: predict(r, features, model).ttft_s for r in live}
     best = min(predictions.values())
-    if best <= model.ttft_objective_s:
+    if best <= model.ttft_objective_s or over_objective_alone(features, live, model):
         return None
     return Choice(replica=None, reason="all_over_budget", predicted_ttft_s=best,
                   retry_after_s=best - model.ttft_objective_s, detail=predictions)  # fmt: skip
+
+
+def over_objective_alone(features: RequestFeatures, replicas: Sequence[ReplicaState], model: CostModel) -> bool:
+    """The request is predicted over the TTFT objective on every replica even with nothing ahead of it."""
+    idle = (replace(r, waiting=0, running=0, kv_usage=0.0, pending_prefill_tokens=0) for r in replicas)
+    return all(predict(r, features, model).ttft_s > model.ttft_objective_s for r in idle)
 
 
 Policy = Callable[[RequestFeatures, Sequence[ReplicaState], int], Choice]

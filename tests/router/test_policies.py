@@ -132,6 +132,19 @@ def test_admission_refuses_only_when_every_replica_is_over_budget() -> None:
     assert admission(features(0), [*busy, state("c", pending_prefill_tokens=1000)], MODEL) is None
 
 
+def test_admission_lets_through_a_request_no_wait_brings_within_the_objective() -> None:
+    # 3,000 prompt tokens at 4,000 tokens/s: 0.75 s on an idle replica, over the 0.5 s objective.
+    busy = [state("a", pending_prefill_tokens=4000), state("b", pending_prefill_tokens=8000, running=64)]
+    assert admission(features(3000), busy, MODEL) is None
+    assert estimated_cost(features(3000), busy, MODEL).replica == "a"  # and the policy picks as ever
+    # 1,500 tokens fit once a backlog drains (0.375 s alone): refused, Retry-After from the best.
+    refusal = admission(features(1500), busy, MODEL)
+    assert refusal is not None and refusal.retry_after_s == pytest.approx((4000 + 1500) / 4000 - 0.5)
+    # A replica holding most of the prompt in its prefix cache makes it fit: refused, to wait for that one.
+    holder = state("c", pending_prefill_tokens=8000, cached_prompt_tokens=2800)
+    assert admission(features(3000), [*busy, holder], MODEL) is not None
+
+
 def test_prefix_affinity_sends_a_shared_lead_to_one_replica() -> None:
     replicas = [state(name) for name in "abcd"]
     system = "You are a helpful assistant. " * 20

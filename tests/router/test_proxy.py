@@ -139,6 +139,20 @@ def test_queue_mode_holds_the_request_until_a_replica_fits() -> None:
         assert 0.25 < time.monotonic() - started < 4.0
 
 
+def test_queue_mode_holds_no_request_that_waiting_cannot_bring_within_the_objective() -> None:
+    # 2,000 prompt tokens at 2,000 tokens/s: 1 s even on an idle replica, so holding it only adds
+    # the wait (the demo's throttled replicas held long prompts until the fault ended).
+    long_prompt = {"prompt": [1] * 2000, "max_tokens": 1}
+    with stubs(1, metrics_text=WAITING_TEXT.format(waiting=50)) as (stub,), \
+            router([stub], admission="queue", max_queue_s=5.0, prefill_tokens_per_s=2000.0) as r:  # fmt: skip
+        eventually(lambda: r.replicas()[url_of(stub)]["waiting"] == 50, 5, "the scrape")
+        started = time.monotonic()
+        answer = httpx.post(r.url + "/v1/completions", json=long_prompt, timeout=10)
+        assert answer.status_code == 200
+        assert time.monotonic() - started < 1.0
+        assert stub.requests["/v1/completions"] == 1
+
+
 @pytest.mark.parametrize(
     ("mode", "status", "message"),
     [
