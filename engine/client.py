@@ -14,7 +14,8 @@ flight with :class:`~contracts.errors.UnavailableError` and makes
 :meth:`EngineCoreClient.health` report why.  A core that is alive but broken
 (a dead EP rank, a failed step) says so at once in a HEALTH message; either
 way the change is logged and handed to every sink that has
-``record_health(broken)`` (the Prometheus sink's ``moe_engine_healthy``).
+``record_health(broken)`` (the Prometheus sink's ``moe_engine_healthy``), and the
+requests failed here to every sink that has ``record_failed(finish_reason, count)``.
 The core, for its part, exits when this process dies.
 """
 
@@ -410,11 +411,15 @@ class EngineCoreClient:
         self._record_health(self.health())
 
     def _record_health(self, broken: str | None) -> None:
+        self._to_sinks("record_health", broken)
+
+    def _to_sinks(self, method: str, *args: object) -> None:
+        """Call ``method`` on every sink that has it (the optional parts of a stats sink)."""
         for sink in self._sinks:
-            record = getattr(sink, "record_health", None)
+            record = getattr(sink, method, None)
             if record is not None:
                 try:
-                    record(broken)
+                    record(*args)
                 except Exception:  # a broken exporter must not stop serving
                     log.exception("stats sink %r failed", sink)
 
@@ -436,6 +441,8 @@ class EngineCoreClient:
             calls, self._calls = list(self._calls.values()), {}
         for future in calls:
             future.set_exception(error)
+        if streams:  # the core reports the requests it finishes; these it never will
+            self._to_sinks("record_failed", finish_reason, len(streams))
         batches: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput | MoesloError]]] = {}
         for stream in streams:
             final = RequestOutput(stream.request_id, None, finished=True, finish_reason=finish_reason,

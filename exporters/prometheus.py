@@ -194,6 +194,11 @@ class PrometheusStatsSink:
             for gauge in (self._running, self._waiting, self._kv_usage):
                 gauge.set(0)
 
+    def record_failed(self, finish_reason: str, count: int) -> None:
+        """``count`` requests ended by the API process, not the core (it died): counted as vLLM counts them."""
+        if (counter := self._success.get(finish_reason)) is not None:
+            counter.inc(count)
+
     def record(self, step: StepStats) -> None:
         self._running.set(step.num_running)
         self._waiting.set(step.num_waiting)

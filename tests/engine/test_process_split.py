@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.executors import ExecutorOptions, create_executor
 from engine.llm_engine import LLMEngine, RequestOutput
@@ -38,6 +39,12 @@ def _wait(predicate: object, timeout_s: float) -> bool:
             return True
         time.sleep(0.02)
     return bool(predicate())  # type: ignore[operator]
+
+
+def _failed_count(exposition: str) -> float:
+    return sum(sample.value for family in text_string_to_metric_families(exposition)
+               for sample in family.samples
+               if sample.name == "vllm:request_success_total" and sample.labels["finished_reason"] == "error")
 
 
 def test_a_killed_engine_core_gives_503_and_a_log_line_not_a_hang(
@@ -71,6 +78,8 @@ def test_a_killed_engine_core_gives_503_and_a_log_line_not_a_hang(
             refused = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
             assert refused.status_code == 503
             assert int(refused.headers["Retry-After"]) >= 1 and refused.json()["error"]["code"] == 503
+            # The request the core died under is counted as failed, as vLLM counts an errored request.
+            assert _failed_count(client.get("/metrics").text) == 1
         assert any("engine core died" in r.getMessage() for r in caplog.records)
     finally:
         server.stop()
