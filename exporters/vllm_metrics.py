@@ -56,6 +56,7 @@ from contracts.imbalance import across_layers
 from engine.vllm_plugin import ExpertLoadSnapshot, PluginSettings, PluginState, SnapshotSink, activate
 from engine.vllm_plugin.eplb_control import EplbControl, install_worker_method
 from engine.vllm_plugin.settings import METRICS_DIR_ENV
+from exporters.prometheus import DEFAULT_MAX_EXPERT_SERIES
 from exporters.vllm_placement import PlacementMetrics, placement_families
 
 logger = logging.getLogger("moeslo.vllm_plugin")
@@ -80,8 +81,9 @@ def register() -> None:
         directory = tempfile.mkdtemp(prefix="moeslo-vllm-")
         atexit.register(shutil.rmtree, directory, True)
         os.environ[METRICS_DIR_ENV] = directory
-        REGISTRY.register(SnapshotCollector(directory, max_age_s=stale_after_s(settings)))
-    state = ARMED["state"] = activate(settings, make_sink)
+        REGISTRY.register(SnapshotCollector(directory, max_age_s=stale_after_s(settings),
+                                            expert_series=settings.expert_series))  # fmt: skip
+    state = ARMED["state"] = activate(settings, lambda: make_sink(settings.expert_series))
     # The trigger's worker method (exporters.vllm_eplb_http calls it through collective_rpc).
     install_worker_method(EplbControl(lambda: state.flusher))
 
@@ -91,10 +93,18 @@ def stale_after_s(settings: PluginSettings) -> float:
     return max(30.0, 10 * settings.flush_interval_s)
 
 
-def make_sink() -> SnapshotSink:
+def expert_series_on(setting: bool | None, layers: int, experts: int) -> bool:
+    """Whether ``moe_expert_tokens_total`` is published: forced, or up to the embedded engine's cap.
+
+    Above it (DeepSeek-V3: 58 x 256 = 14,848 series) the series cost a Prometheus more than they
+    tell, and building them ran in vLLM's API server's event loop for about 300 ms a scrape."""
+    return setting if setting is not None else layers * experts <= DEFAULT_MAX_EXPERT_SERIES
+
+
+def make_sink(expert_series: bool | None = None) -> SnapshotSink:
     """Pick the route for this worker process (called once, when it binds the model)."""
     if values.ValueClass.__name__ == "MmapedValue":  # prometheus_client in multiprocess mode
-        return MultiprocessSink()
+        return MultiprocessSink(expert_series=expert_series)
     directory = os.environ.get(METRICS_DIR_ENV)
     if directory:
         return SnapshotFileSink(directory)
@@ -123,16 +133,17 @@ class SnapshotFileSink:
 class SnapshotCollector:
     """Serves the workers' latest snapshots from ``directory`` as metric families, on each scrape."""
 
-    def __init__(self, directory: str | Path, *, max_age_s: float = 30.0) -> None:
+    def __init__(self, directory: str | Path, *, max_age_s: float = 30.0, expert_series: bool | None = None) -> None:
         self.directory = Path(directory)
         self.max_age_s = max_age_s
+        self.expert_series = expert_series
 
     def describe(self) -> list[Metric]:
         return []  # families appear only once a worker has counted; nothing to pre-declare
 
     def collect(self) -> Iterator[Metric]:
         snapshots = self._read()
-        return iter([*snapshot_families(snapshots), *placement_families(snapshots)])
+        return iter([*snapshot_families(snapshots, self.expert_series), *placement_families(snapshots)])
 
     def _read(self) -> list[ExpertLoadSnapshot]:
         now = time.time()
@@ -147,8 +158,8 @@ class SnapshotCollector:
         return out
 
 
-def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot]) -> list[Metric]:
-    """The ``moe_*`` families of some workers' snapshots."""
+def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot], expert_series: bool | None = None) -> list[Metric]:
+    """The ``moe_*`` families of some workers' snapshots (per expert: :func:`expert_series_on`)."""
     experts = CounterMetricFamily(EXPERT_TOKENS, MOE_HELP[EXPERT_TOKENS],
                                   labels=[*BASE_LABELS, LAYER_LABEL, EXPERT_LABEL])  # fmt: skip
     ranks = CounterMetricFamily(RANK_TOKENS, MOE_HELP[RANK_TOKENS], labels=[*BASE_LABELS, RANK_LABEL])
@@ -165,9 +176,10 @@ def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot]) -> list[Metric]:
     for snap in snapshots:
         any_snapshot = True
         base = [snap.model_name, snap.engine]
-        for row, layer in enumerate(snap.layer_ids):
-            for expert, count in enumerate(snap.expert_tokens_total[row]):
-                experts.add_metric([*base, str(layer), str(expert)], int(count))
+        if expert_series_on(expert_series, *snap.expert_tokens_total.shape):
+            for row, layer in enumerate(snap.layer_ids):
+                for expert, count in enumerate(snap.expert_tokens_total[row]):
+                    experts.add_metric([*base, str(layer), str(expert)], int(count))
         for rank, load in enumerate(snap.rank_tokens_total):
             key = (snap.model_name, snap.engine, str(rank))
             rank_sums[key] = rank_sums.get(key, 0.0) + float(load)
@@ -184,13 +196,14 @@ def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot]) -> list[Metric]:
         ranks.add_metric(list(key), load)
     if not any_snapshot:
         return []
-    return [experts, ranks, *gauges.values(), *summaries.values()]
+    return [*([experts] if experts.samples else []), ranks, *gauges.values(), *summaries.values()]
 
 
 class MultiprocessSink:
     """Ordinary prometheus_client metrics in the worker; multiprocess mode puts them on vLLM's /metrics."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, expert_series: bool | None = None) -> None:
+        self.expert_series = expert_series
         # A private registry: the values go to the shared directory either way, and
         # the names must not clash with anything in the worker's global registry.
         registry = registry if registry is not None else CollectorRegistry()
@@ -215,18 +228,8 @@ class MultiprocessSink:
     def publish(self, snapshot: ExpertLoadSnapshot) -> None:
         self.placement.publish(snapshot)
         base = (snapshot.model_name, snapshot.engine)
-        counts = snapshot.expert_tokens_total
-        old = self._published_experts
-        if old is None or old.shape != counts.shape:
-            old = np.zeros_like(counts)
-            for layer in snapshot.layer_ids:  # every series from the start, as the engine does
-                for expert in range(counts.shape[1]):
-                    self.expert_tokens.labels(*base, str(layer), str(expert))
-        for row, expert in zip(*np.nonzero(counts - old), strict=True):
-            self.expert_tokens.labels(*base, str(snapshot.layer_ids[row]), str(expert)).inc(
-                int(counts[row, expert] - old[row, expert])
-            )
-        self._published_experts = counts.copy()
+        if expert_series_on(self.expert_series, *snapshot.expert_tokens_total.shape):
+            self._publish_experts(base, snapshot)
         ranks = snapshot.rank_tokens_total
         old_ranks = self._published_ranks
         if old_ranks is None or old_ranks.shape != ranks.shape:
@@ -244,3 +247,17 @@ class MultiprocessSink:
                                 (BALANCEDNESS_ACROSS_LAYERS, snapshot.balancedness)):  # fmt: skip
             for stat, value in across_layers(per_layer).items():
                 self.summaries[name].labels(*base, stat).set(value)
+
+    def _publish_experts(self, base: tuple[str, str], snapshot: ExpertLoadSnapshot) -> None:
+        counts = snapshot.expert_tokens_total
+        old = self._published_experts
+        if old is None or old.shape != counts.shape:
+            old = np.zeros_like(counts)
+            for layer in snapshot.layer_ids:  # every series from the start, as the engine does
+                for expert in range(counts.shape[1]):
+                    self.expert_tokens.labels(*base, str(layer), str(expert))
+        for row, expert in zip(*np.nonzero(counts - old), strict=True):
+            self.expert_tokens.labels(*base, str(snapshot.layer_ids[row]), str(expert)).inc(
+                int(counts[row, expert] - old[row, expert])
+            )
+        self._published_experts = counts.copy()

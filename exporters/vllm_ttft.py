@@ -15,13 +15,17 @@ imports vLLM: it exists only in vLLM's environment.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prometheus_client import REGISTRY
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from contracts.errors import ValidationError
 from engine.vllm_plugin.settings import PluginSettings
 from exporters.ttft_normalized import NormalizedTtftObserver, finished_ttfts
+
+logger = logging.getLogger("moeslo.vllm_plugin")
 
 _OBSERVER: list[NormalizedTtftObserver] = []
 """The process's one histogram family (vLLM builds a logger per engine; the family is registered once)."""
@@ -36,7 +40,12 @@ class NormalizedTtftStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is
         config = vllm_config.model_config
         served = config.served_model_name
         self.model_name = str((served[0] if isinstance(served, list | tuple) else served) or config.model)
-        if not PluginSettings.from_env().enabled:
+        try:
+            enabled = PluginSettings.from_env().enabled
+        except ValidationError as exc:  # vLLM builds stat loggers unguarded: raising here would stop its start
+            logger.error("moeslo TTFT stat logger off: %s", exc)
+            return
+        if not enabled:
             return
         if not _OBSERVER:
             _OBSERVER.append(NormalizedTtftObserver(REGISTRY))

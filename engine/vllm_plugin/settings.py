@@ -12,6 +12,9 @@ MOESLO_VLLM_EP_RANKS      8          virtual EP size when vLLM runs without EP
 MOESLO_VLLM_FLUSH_S       1.0        how often workers publish their counts (seconds)
 MOESLO_VLLM_WINDOW_S      60.0       routing window of the imbalance gauges (seconds)
 MOESLO_VLLM_MODEL_NAME    (vLLM's)   ``model_name`` label when vLLM's config is unreadable
+MOESLO_VLLM_EXPERT_SERIES auto       ``moe_expert_tokens_total`` per (layer, expert): ``auto``
+                                     up to 4,096 series (as ``moeslo serve``), ``1`` always,
+                                     ``0`` never
 MOESLO_VLLM_METRICS_DIR   (temp)     where workers leave snapshots without multiprocess
                                      Prometheus (set by the plugin in vLLM's API server)
 ========================  =========  ==================================================
@@ -32,6 +35,8 @@ FLUSH_ENV = "MOESLO_VLLM_FLUSH_S"
 WINDOW_ENV = "MOESLO_VLLM_WINDOW_S"
 MODEL_NAME_ENV = "MOESLO_VLLM_MODEL_NAME"
 METRICS_DIR_ENV = "MOESLO_VLLM_METRICS_DIR"
+EXPERT_SERIES_ENV = "MOESLO_VLLM_EXPERT_SERIES"
+_SWITCH = {"": None, "auto": None, "1": True, "on": True, "true": True, "0": False, "off": False, "false": False}
 PROMETHEUS_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -45,6 +50,8 @@ class PluginSettings:
     flush_interval_s: float = 1.0
     window_s: float = 60.0
     model_name: str | None = None
+    expert_series: bool | None = None
+    """Per-(layer, expert) series: None for up to the exporters' cap, else forced on or off."""
     metrics_dir: str | None = None
     prometheus_multiproc_dir: str | None = None
 
@@ -76,6 +83,9 @@ class PluginSettings:
         ranks = int(number(EP_RANKS_ENV, 8, integer=True))
         flush_s = number(FLUSH_ENV, 1.0, integer=False)
         window_s = number(WINDOW_ENV, 60.0, integer=False)
+        series = env.get(EXPERT_SERIES_ENV, "").strip().lower()
+        if series not in _SWITCH:
+            problems.append(f"{EXPERT_SERIES_ENV}={series!r} is not auto, 1 or 0")
         if problems:
             raise ValidationError(problems)
         return cls(
@@ -84,6 +94,7 @@ class PluginSettings:
             flush_interval_s=flush_s,
             window_s=window_s,
             model_name=env.get(MODEL_NAME_ENV) or None,
+            expert_series=_SWITCH[series],
             metrics_dir=env.get(METRICS_DIR_ENV) or None,
             prometheus_multiproc_dir=env.get(PROMETHEUS_MULTIPROC_ENV) or None,
         )

@@ -128,3 +128,66 @@ def test_multiprocess_sink_writes_prometheus_multiprocess_files(tmp_path: Path) 
     assert get("moe_rank_tokens_total", rank="1") == 20
     assert get("moe_layer_imbalance_cv", layer="1") == pytest.approx(1.0)
     assert get("moe_layer_balancedness", layer="0") == pytest.approx(2 / 3)
+
+
+def big_snapshot(layers: int, experts: int) -> ExpertLoadSnapshot:
+    return ExpertLoadSnapshot(
+        model_name="m", engine="0", layer_ids=tuple(range(layers)),
+        expert_tokens_total=np.ones((layers, experts), dtype=np.int64), rank_tokens_total=np.full(8, experts / 8),
+        window_rank_tokens=np.ones((layers, 8)), rank_source="virtual",
+    )  # fmt: skip
+
+
+def test_per_expert_series_stop_at_the_engines_cap_unless_forced() -> None:
+    def names(snap: ExpertLoadSnapshot, setting: bool | None) -> dict[str, int]:
+        return {f.name: len(f.samples) for f in snapshot_families([snap], setting)}
+
+    deepseek = big_snapshot(58, 256)  # 14,848 series: the scrape built them in vLLM's event loop
+    assert "moe_expert_tokens" not in names(deepseek, None)
+    assert names(deepseek, None)["moe_layer_imbalance_cv"] == 58  # the rest stays
+    assert names(deepseek, True)["moe_expert_tokens"] == 58 * 256
+    assert names(big_snapshot(16, 256), None)["moe_expert_tokens"] == 4096  # at the cap: on
+    assert "moe_expert_tokens" not in names(big_snapshot(16, 256), False)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("", None), ("auto", None), ("1", True), ("0", False), ("OFF", False)])
+def test_the_expert_series_setting(raw: str, expected: bool | None) -> None:
+    from engine.vllm_plugin.settings import PluginSettings
+
+    assert PluginSettings.from_env({"MOESLO_VLLM_EXPERT_SERIES": raw}).expert_series is expected
+
+
+def test_a_bad_expert_series_setting_is_named() -> None:
+    from contracts.errors import ValidationError
+    from engine.vllm_plugin.settings import PluginSettings
+
+    with pytest.raises(ValidationError, match="MOESLO_VLLM_EXPERT_SERIES='maybe' is not auto, 1 or 0"):
+        PluginSettings.from_env({"MOESLO_VLLM_EXPERT_SERIES": "maybe"})
+
+
+TTFT_LOGGER_SCRIPT = textwrap.dedent(
+    """
+    from types import SimpleNamespace
+    from exporters.vllm_ttft import NormalizedTtftStatLogger
+
+    config = SimpleNamespace(model_config=SimpleNamespace(served_model_name=["m"], model="m"))
+    stat_logger = NormalizedTtftStatLogger(config, 0)
+    print("built", stat_logger.observer is None)
+    """
+)
+
+
+@pytest.mark.vllm
+def test_a_bad_setting_never_stops_vllm_building_the_ttft_stat_logger() -> None:
+    """vLLM builds every installed stat logger without a guard: one that raises stops vLLM from starting."""
+    from harness.vllm_server import vllm_python
+
+    python = vllm_python()
+    if python is None:
+        pytest.skip("vLLM venv absent: run `make vllm-venv` to build .venv-vllm")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MOESLO_VLLM_FLUSH_S": "0", "MOESLO_VLLM_PLUGIN": "1"}
+    proc = subprocess.run([str(python), "-c", TTFT_LOGGER_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "built True" in proc.stdout  # off, not raising
+    assert "MOESLO_VLLM_FLUSH_S='0' must be > 0" in proc.stderr
