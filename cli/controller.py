@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.common import check_bindable, cli_errors, console, print_json
-from contracts.errors import DataError
+from contracts.errors import DataError, MoesloError
 
 controller_app = typer.Typer(help="The SLO controller service (REST API + tick loop).", no_args_is_help=True)
 policy_app = typer.Typer(help="SLO policies on a running controller (over its REST API).", no_args_is_help=True)
@@ -88,7 +88,7 @@ def apply(
 ) -> None:
     """Create or replace the policies in FILE (OpenSLO documents update the SLO part)."""
     from controller.api_client import answer, request
-    from controller.policy_files import policy_items, read_documents
+    from controller.policy_files import read_documents
 
     with cli_errors():
         docs = read_documents(file)
@@ -105,17 +105,40 @@ def apply(
             )
             results = answer(response, "items")["items"]
         else:
-            # One policy per document, a list of them, or a mapping with a `policies` list (as load_policies reads).
-            for doc in policy_items(docs[0] if len(docs) == 1 else docs, source=str(file)):
-                if not isinstance(doc, dict) or "name" not in doc:
-                    raise DataError("every policy document needs a name", path=str(file))
-                results.append(answer(request("PUT", f"{url}/v1/policies/{doc['name']}", token, json=doc),
-                                      "name", "version"))
+            results = _put_policies(docs[0] if len(docs) == 1 else docs, file, url, token)
         if json_out:
             print_json(results)
         else:
             for item in results:
                 console.print(f"policy {item['name']} at version {item['version']}")
+
+
+def _put_policies(document: Any, file: Path, url: str, token: str | None) -> list[Any]:
+    """PUT each policy of a file, every one checked first: a file with a bad policy writes none.
+
+    One policy per document, a list of them, or a mapping with a ``policies`` list (as load_policies reads).
+    A policy the controller itself refuses (its target, say) stops the rest; the error names it and the
+    ones already applied."""
+    from urllib.parse import quote
+
+    from controller.api_client import answer, request
+    from controller.policy_files import parse_policies, policy_items
+
+    items = policy_items(document, source=str(file))
+    if not all(isinstance(doc, dict) and "name" in doc for doc in items):
+        raise DataError("every policy document needs a name", path=str(file))
+    parse_policies(items, source=str(file))  # every problem of every policy at once
+    results: list[Any] = []
+    for doc in items:
+        try:
+            put = request("PUT", f"{url}/v1/policies/{quote(str(doc['name']), safe='')}", token, json=doc)
+            results.append(answer(put, "name", "version"))
+        except MoesloError as exc:
+            applied = ", ".join(f"{r['name']} (version {r['version']})" for r in results) or "none"
+            exc.args = (f"policy {doc['name']!r} not applied, nor those after it: {exc}; applied before it: "
+                        f"{applied}",)  # fmt: skip
+            raise
+    return results
 
 
 @policy_app.command("get")

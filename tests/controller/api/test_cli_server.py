@@ -69,8 +69,26 @@ def test_serve_apply_get_list_delete_and_restart(tmp_path: Path) -> None:
                                   env={"MOESLO_CONTROLLER_TOKEN": TOKEN})  # fmt: skip
         assert reapplied.exit_code == 0, reapplied.output
         assert [(item["name"], item["version"]) for item in json.loads(reapplied.stdout)] == [("chat", 2)]
+        # A file with a bad policy writes none of its policies; one the controller refuses stops the rest
+        # and is named, with those applied before it.
+        model = "target: {kind: model, model: m}"
+        mixed = tmp_path / "mixed.yaml"
+        mixed.write_text(f"name: good3\n{model}\n---\nname: bad4\n{model}\n"
+                         f"scaling: {{min_replicas: 5, max_replicas: 2}}\n---\nname: good5\n{model}\n")  # fmt: skip
+        refused = runner.invoke(app, ["policy", "apply", "-f", str(mixed), "--url", url, "--token", TOKEN])
+        assert refused.exit_code == 2 and "max_replicas" in refused.output and "[1]" in refused.output
+        metadata = tmp_path / "metadata.yaml"
+        metadata.write_text(f"name: good6\n{model}\n---\nname: meta7\n"
+                            "target: {kind: local, endpoints: ['http://169.254.169.254:80']}\n"
+                            f"---\nname: good8\n{model}\n")  # fmt: skip
+        stopped = runner.invoke(app, ["policy", "apply", "-f", str(metadata), "--url", url, "--token", TOKEN])
+        assert stopped.exit_code == 2 and "HTTP 422" in stopped.output
+        message = " ".join(stopped.output.split())
+        assert "policy 'meta7' not applied, nor those after it" in message
+        assert "applied before it: good6 (version 1)" in message
         listed = runner.invoke(app, ["policy", "list", "--url", url, "--json"])
-        assert sorted(item["name"] for item in json.loads(listed.stdout)) == ["batch", "chat"]
+        assert sorted(item["name"] for item in json.loads(listed.stdout)) == ["batch", "chat", "good6"]
+        runner.invoke(app, ["policy", "delete", "good6", "--url", url, "--token", TOKEN])
         got = runner.invoke(app, ["policy", "get", "chat", "--url", url, "--openslo"])
         assert got.exit_code == 0 and "apiVersion: openslo/v1" in got.stdout
         deleted = runner.invoke(app, ["policy", "delete", "batch", "--url", url, "--token", TOKEN])
