@@ -67,7 +67,7 @@ def _read_csv(path: Path) -> FloatArray:
     rows: list[list[float]] = []
     header_skipped = False
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a spreadsheet's byte-order mark too
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text: {exc}", path=str(path)) from exc
     for number, line in enumerate(lines, start=1):
@@ -77,7 +77,7 @@ def _read_csv(path: Path) -> FloatArray:
         try:
             row = [float(cell) for cell in text.split(",")]
         except ValueError as exc:
-            if not rows and not header_skipped:
+            if not rows and not header_skipped and _is_header(text):
                 header_skipped = True  # the first non-comment line may name the columns
                 continue
             raise DataError(f"not a number: {exc}", path=str(path), line=number) from exc
@@ -85,6 +85,17 @@ def _read_csv(path: Path) -> FloatArray:
             raise DataError(f"{len(row)} columns, earlier rows have {len(rows[0])}", path=str(path), line=number)
         rows.append(row)
     return np.asarray(rows, dtype=np.float64)
+
+
+def _is_header(text: str) -> bool:
+    """A line naming columns: no cell of it is a number (a data row with a typo has some that are)."""
+    for cell in text.split(","):
+        try:
+            float(cell)
+        except ValueError:
+            continue
+        return False
+    return True
 
 
 def _check_matrix(matrix: FloatArray, where: str) -> FloatArray:

@@ -107,6 +107,7 @@ def test_hierarchical_options(tmp_path: Path) -> None:
         ("nan.csv", "1,2\n3,nan\n", "NaN or infinite"),
         ("text.csv", "1,2\n3,x\n", "text.csv:2: not a number"),
         ("short.csv", "1,2,3\n4,5\n", "short.csv:2: 2 columns, earlier rows have 3"),
+        ("typo.csv", "1,2,x,4\n5,6,7,8\n", "typo.csv:1: not a number"),  # a first data row, not a header
         ("flat.json", '{"logical_count": [1, 2, 3]}', "layers x experts matrix, got shape (3,)"),
         ("load.txt", "1,2", "unknown load file type '.txt'"),
     ],
@@ -122,6 +123,12 @@ def test_bad_load_files_give_a_clear_error(tmp_path: Path, name: str, content: s
     assert code == 2 and stdout == ""
     assert "error:" in output
     assert not (tmp_path / "out.json").exists()
+
+
+def test_a_csv_with_a_byte_order_mark_keeps_its_first_row(tmp_path: Path) -> None:
+    path = tmp_path / "excel.csv"
+    path.write_bytes("\ufeff1,2\n3,4\n".encode())
+    assert read_expert_load(path).tolist() == [[1.0, 2.0], [3.0, 4.0]]
 
 
 def test_bad_npy_and_missing_file(tmp_path: Path) -> None:
