@@ -117,8 +117,8 @@ def cli_errors() -> Iterator[None]:
 
     Our own errors (:class:`MoesloError`, an address that cannot be listened on among them), a path
     that is missing or of the wrong kind, and a ``ValueError`` from parsing what was typed (a knob, a
-    number, a list) all end as ``error: ...``.  ``MOESLO_DEBUG=1`` shows the traceback of the last
-    two instead.
+    number, a list) and sizes too large for memory all end as ``error: ...``.  ``MOESLO_DEBUG=1``
+    shows the traceback of the last three instead.
     """
     try:
         yield
@@ -135,6 +135,11 @@ def cli_errors() -> Iterator[None]:
         if os.environ.get("MOESLO_DEBUG"):
             raise
         print_error(f"{exc} (MOESLO_DEBUG=1 shows where)")
+        raise typer.Exit(code=2) from exc
+    except MemoryError as exc:  # sizes asked for that no machine holds (numpy says how much)
+        if os.environ.get("MOESLO_DEBUG"):
+            raise
+        print_error(f"not enough memory for the sizes asked for: {exc or 'out of memory'}")
         raise typer.Exit(code=2) from exc
 
 

@@ -49,6 +49,9 @@ def profile(
         levels = [float(r) for r in rates.split(",") if r.strip()]
         if not levels or any(not rate > 0 for rate in levels):
             raise ValidationError(f"--rates: request rates above 0 are needed, got {rates!r}")
+        _check_numbers(levels, prompt_tokens=prompt_tokens, output_tokens=output_tokens, vocab_size=vocab_size,
+                       probe_pairs=probe_pairs if prefix_probe else 1)  # fmt: skip
+        out.parent.mkdir(parents=True, exist_ok=True)  # before the sweep, not after it
         _check_reachable(url)
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("profiling", total=len(levels) + (warmup > 0))
@@ -73,6 +76,19 @@ def profile(
         console.print(f"wrote {out}")
         if json_out:
             print_json(fitted.model_dump(mode="json"))
+
+
+def _check_numbers(levels: list[float], *, prompt_tokens: int, output_tokens: int, vocab_size: int,
+                   probe_pairs: int) -> None:  # fmt: skip
+    """What no sweep can fit a profile from, refused before it runs."""
+    problems = [f"{flag}: must be 1 or more, got {value}"
+                for flag, value in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
+                                    ("--vocab-size", vocab_size), ("--probe-pairs", probe_pairs))
+                if value < 1]  # fmt: skip
+    if len(levels) < 2:
+        problems.append(f"--rates: a profile is fitted from two load levels or more, got {len(levels)}")
+    if problems:
+        raise ValidationError(problems)
 
 
 def _check_reachable(url: str) -> None:

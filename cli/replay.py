@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.common import cli_errors, console, positive, print_json
-from contracts.errors import ValidationError
+from contracts.errors import DataError, ValidationError
 from contracts.slo_defaults import LEAD_TIME_S
 
 if TYPE_CHECKING:
@@ -96,6 +96,9 @@ def replay(
         )  # fmt: skip
         if (window or tuned_from is not None) and not sweep:
             raise ValidationError("--window and --tuned-from apply to --sweep only")
+        if tuned_from is not None and not tuned_from.is_file():
+            raise DataError("--tuned-from: no such file", path=str(tuned_from))
+        out.mkdir(parents=True, exist_ok=True)  # a file in the way fails now, not after every run
         if router is not None:
             _compare_routers(request, router, replicas, out, json_out=json_out)
             return
@@ -112,12 +115,13 @@ def replay(
             summary = replay_once(request, policies, out, progress=progress)
         if json_out:
             print_json(summary)
+        if all(entry["scored"]["attainment_both"] is None for entry in summary["policies"].values()):
+            raise ValidationError(f"no request in the scored window: the trace ends before --start ({start:g} s) "
+                                  f"plus --warmup ({warmup:g} s); summary in {out / 'summary.json'}")
+        if json_out:
             return
         for name, entry in summary["policies"].items():
             s = entry["scored"]
-            if s["attainment_both"] is None:  # the trace ends before the warm-up does
-                console.print(f"{name:>40}: no request in the scored window (after {warmup:g} s of warm-up)")
-                continue
             console.print(
                 f"{name:>40}: {s['attainment_both']:.4f} within both SLOs, {s['replica_hours']:.2f} replica-h, "
                 f"worst hour {s['worst_hour_attainment']}, {s['scale_events_per_hour']:.1f} scale events/h"

@@ -22,6 +22,8 @@ def resolve_lengths(spec: str, *, data_dir: Path | None = None) -> LengthDistrib
             prompt, output = (int(x) for x in spec.removeprefix("fixed:").split(","))
         except ValueError:
             raise DataError(f"length spec {spec!r} must look like fixed:PROMPT,OUTPUT") from None
+        if prompt < 1 or output < 1:
+            raise DataError(f"length spec {spec!r}: a request has 1 prompt token or more and 1 output token or more")
         return LengthDistribution.fixed(prompt, output)
     if spec in NAMED_LENGTHS:
         folder, name = NAMED_LENGTHS[spec]

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from cli.main import app
 
 TRACE = Path(__file__).resolve().parents[2] / "harness" / "data" / "AzureLLMInferenceTrace_conv_15min.csv"
+COUNTS = TRACE.with_name("AzureLLMInferenceTrace2024_conv_counts_2024-05-13.csv")
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +49,12 @@ def test_brackets_in_a_message_are_printed_as_written(tmp_path: Path) -> None:
         (("replay", "--trace", str(TRACE), "--router", "cost", "--replicas", "0"), "fleet sizes of 1 or more"),
         (("profile", "--url", "notaurl"), "is not an http(s) URL"),
         (("profile", "--url", "http://127.0.0.1:9", "--rates", "0"), "request rates above 0"),
+        (("profile", "--url", "http://127.0.0.1:9", "--rates", "2"), "two load levels or more, got 1"),
+        (("profile", "--url", "http://127.0.0.1:9", "--prompt-tokens", "0"), "--prompt-tokens: must be 1 or more"),
+        (("profile", "--url", "http://127.0.0.1:9", "--probe-pairs", "-3"), "--probe-pairs: must be 1 or more"),
+        (("replay", "--trace", str(COUNTS), "--lengths", "fixed:-1000,5"), "1 prompt token or more"),
+        (("replay", "--trace", str(TRACE), "--sweep", "--tuned-from", "/nonexistent/t.json"),
+         "--tuned-from: no such file"),
     ],
 )
 def test_numbers_out_of_range_are_refused_before_anything_runs(args: tuple[str, ...], says: str) -> None:
@@ -156,3 +163,25 @@ def test_the_listening_check_follows_the_servers_rules() -> None:
     assert code == 2 and f"cannot listen on 0.0.0.0:{port}" in out  # an empty host is every interface
     code, out = run("route", "--replicas", "http://127.0.0.1:9", "--host", "no-such-host.invalid", "--port", "8080")
     assert code == 2 and "cannot listen on no-such-host.invalid:8080" in out
+
+
+def test_a_replay_out_that_is_a_file_fails_before_any_run(tmp_path: Path) -> None:
+    taken = tmp_path / "ok.csv"
+    taken.write_text("x")
+    code, out = run("replay", "--trace", str(TRACE), "--out", str(taken), "--policies", "static")
+    assert code == 2 and "error: File exists" in out
+
+
+def test_a_replay_starting_past_the_trace_is_an_error(tmp_path: Path) -> None:
+    code, out = run("replay", "--trace", str(TRACE), "--out", str(tmp_path / "r"), "--policies", "static",
+                    "--start", "999999", "--duration", "300")  # fmt: skip
+    assert code == 2 and "no request in the scored window" in out
+
+
+def test_sizes_no_memory_holds_are_one_line(tmp_path: Path) -> None:
+    load = tmp_path / "load.csv"
+    load.write_text("1,2,3,4\n4,3,2,1\n")
+    code, out = run("rebalance", "--load", str(load), "--ranks", "1", "--slots-per-rank", "100000",
+                    "--out", str(tmp_path / "p.json"))  # fmt: skip
+    assert code == 2 and "error: not enough memory for the sizes asked for" in out
+    assert not (tmp_path / "p.json").exists()
