@@ -215,9 +215,14 @@ def init_random_checkpoint(
     if config.eos_token_id is not None:
         generation["eos_token_id"] = config.eos_token_id  # type: ignore[assignment]
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    if tokenizer:
-        write_tokenizer(out, config.vocab_size, max_model_len=config.max_position_embeddings)
+    if not (tokenizer and write_tokenizer(out, config.vocab_size, max_model_len=config.max_position_embeddings)):
+        # A tokenizer left from an earlier checkpoint in this folder would be served with this model.
+        for name in TOKENIZER_FILES:
+            (out / name).unlink(missing_ok=True)
     return out
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def count_parameters(config: ModelConfig) -> dict[str, int]:

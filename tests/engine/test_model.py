@@ -113,6 +113,21 @@ def test_same_seed_gives_same_weights(tmp_path: Path) -> None:
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
 
 
+def test_a_checkpoint_written_over_another_keeps_no_tokenizer_of_the_old_one(tmp_path: Path) -> None:
+    """The old tokenizer.json beside a smaller vocabulary made the server refuse every text prompt."""
+    config = ModelConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, vocab_size=512)
+    init_random_checkpoint(tmp_path, config, seed=1)
+    assert (tmp_path / "tokenizer.json").exists() and (tmp_path / "tokenizer_config.json").exists()
+    init_random_checkpoint(tmp_path, config, seed=1, tokenizer=False)
+    assert not (tmp_path / "tokenizer.json").exists() and not (tmp_path / "tokenizer_config.json").exists()
+    init_random_checkpoint(tmp_path, config, seed=1)
+    small = ModelConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                        head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, vocab_size=64)
+    init_random_checkpoint(tmp_path, small, seed=1)  # too small a vocabulary for a tokenizer: none
+    assert not (tmp_path / "tokenizer.json").exists()
+
+
 def test_bad_configs_are_refused_with_every_problem_listed(tmp_path: Path) -> None:
     with pytest.raises(ValidationError) as info:
         ModelConfig(num_experts=4, num_experts_per_tok=8, num_attention_heads=6, num_key_value_heads=4)
