@@ -112,6 +112,22 @@ def static_placement(window: WindowView) -> CurrentPlacement | None:
     return CurrentPlacement(np.asarray(order, dtype=np.int64), num_ranks, num_experts, 1, window.rank_source)
 
 
+INTEGER_LOAD_TOTAL = 1_000_000
+"""Tokens a layer of fractional load is scaled to before vLLM's integer EPLB inputs see it."""
+
+
+def integer_load(load: FloatArray) -> IntArray:
+    """``load`` as the integer token counts vLLM's EPLB takes: counts as they are; shares (fractions) scaled
+    per layer to ``INTEGER_LOAD_TOTAL`` first, so rounding keeps their shape (a plan per layer does not
+    depend on its load's scale; rounded as given, shares summing to 1 became all zeros)."""
+    if np.array_equal(load, np.rint(load)):
+        return load.astype(np.int64)
+    totals = load.sum(axis=1, keepdims=True)
+    scaled = np.divide(load * INTEGER_LOAD_TOTAL, totals, out=np.zeros_like(load), where=totals > 0)
+    rounded: IntArray = np.rint(scaled).astype(np.int64)
+    return rounded
+
+
 class EplbControl:
     """Answers the trigger's requests in one worker process."""
 
@@ -215,6 +231,9 @@ class EplbControl:
         policy = state.policy if state is not None else self.env.default_policy()
         started = time.perf_counter()
         if request.get("placement") is not None:
+            ranks = request.get("placement_ranks")
+            if ranks is not None and ranks != current.num_ranks:
+                raise ValidationError(f"placement.num_ranks is {ranks}, vLLM runs {current.num_ranks} EP ranks")
             phy2log = np.asarray(request["placement"], dtype=np.int64)
             source = "request"
         else:
@@ -237,7 +256,7 @@ class EplbControl:
         num_replicas = current.phy2log.shape[1]
         nodes = self.env.node_count(current.num_ranks) if eplb_on else 1
         out = policy.rebalance_experts(
-            torch.from_numpy(np.rint(load).astype(np.int64)), num_replicas, current.num_groups, nodes,
+            torch.from_numpy(integer_load(load)), num_replicas, current.num_groups, nodes,
             current.num_ranks, torch.from_numpy(current.phy2log.copy()),
         )  # fmt: skip
         return np.asarray(out.cpu().numpy(), dtype=np.int64)
@@ -264,7 +283,7 @@ class EplbControl:
         model_state = next(iter(state.model_states.values()))
         previous_policy = state.policy
         state.policy = one_shot_policy(phy2log, state, previous_policy)
-        model_state.last_expert_load = torch.as_tensor(np.rint(load).astype(np.int64),
+        model_state.last_expert_load = torch.as_tensor(integer_load(load),
                                                        device=model_state.last_expert_load.device)  # fmt: skip
         started = time.perf_counter()
         try:

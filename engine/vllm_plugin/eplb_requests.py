@@ -95,6 +95,8 @@ class RebalanceRequest:
     """(layers, physical slots) the caller planned (e.g. the controller); None: vLLM's EPLB policy plans."""
     load: FloatArray | None = None
     """(layers, logical experts) load to plan for; None: the plugin's routing window."""
+    placement_ranks: int | None = None
+    """The ranks the caller's placement was planned for (its ``num_ranks``), checked against vLLM's."""
 
     @classmethod
     def from_json(cls, raw: Any) -> RebalanceRequest:
@@ -113,7 +115,14 @@ class RebalanceRequest:
         if when not in WHEN:
             problems.append(f"when must be one of {list(WHEN)}, got {when!r}")
         placement_raw = raw.get("placement")
+        placement_ranks = None
         if isinstance(placement_raw, dict):  # a Placement's JSON ({"num_ranks", "phy2log"}) or the bare matrix
+            placement_ranks = placement_raw.get("num_ranks")
+            if placement_ranks is not None and (isinstance(placement_ranks, bool)
+                                                or not isinstance(placement_ranks, int) or placement_ranks < 1):
+                problems.append(f"placement.num_ranks must be a whole number >= 1, got {placement_ranks!r}")
+            if "phy2log" not in placement_raw:  # else vLLM's own policy would plan in place of the caller's
+                problems.append("placement: an object needs phy2log (layers x physical slots)")
             placement_raw = placement_raw.get("phy2log")
         placement = _matrix(placement_raw, "placement.phy2log", problems, np.int64)
         load = _matrix(raw.get("load"), "load", problems, np.float64)
@@ -121,7 +130,8 @@ class RebalanceRequest:
             problems.append("a placement is applied now: when='next_window' lets vLLM's policy plan")
         if problems:
             raise ValidationError(problems)
-        return cls(dry_run=bool(dry_run), when=str(when), placement=placement, load=load)
+        return cls(dry_run=bool(dry_run), when=str(when), placement=placement, load=load,
+                   placement_ranks=placement_ranks)
 
     def worker_payload(self, load: FloatArray | None) -> dict[str, Any]:
         """What every worker gets: the action, and the load (summed window) and placement as lists."""
@@ -129,6 +139,7 @@ class RebalanceRequest:
             "action": "plan" if self.dry_run else "apply",
             "when": self.when,
             "placement": None if self.placement is None else self.placement.tolist(),
+            "placement_ranks": self.placement_ranks,
             "load": None if load is None else load.tolist(),
         }
 

@@ -9,7 +9,7 @@ import pytest
 
 from contracts.errors import UnavailableError, ValidationError
 from engine.vllm_plugin import ExpertLoadSnapshot
-from engine.vllm_plugin.eplb_control import EplbControl, one_shot_policy
+from engine.vllm_plugin.eplb_control import EplbControl, integer_load, one_shot_policy
 from engine.vllm_plugin.eplb_requests import (
     EplbRefusedError,
     RebalanceRequest,
@@ -43,6 +43,20 @@ def test_request_parsing_gathers_every_problem() -> None:
         RebalanceRequest.from_json({"when": "next_window", "placement": [[0]]})
     with pytest.raises(ValidationError, match="JSON object"):
         RebalanceRequest.from_json([1])
+
+
+def test_a_placement_object_is_read_whole() -> None:
+    with pytest.raises(ValidationError, match="needs phy2log"):  # else vLLM's policy planned in its place
+        RebalanceRequest.from_json({"placement": {"num_ranks": 8}})
+    with pytest.raises(ValidationError, match="num_ranks must be a whole number"):
+        RebalanceRequest.from_json({"placement": {"num_ranks": "8", "phy2log": [[0]]}})
+    assert RebalanceRequest.from_json({"placement": {"num_ranks": 2, "phy2log": [[0, 1]]}}).placement_ranks == 2
+
+
+def test_shares_become_counts_with_their_shape() -> None:
+    assert integer_load(np.array([[3.0, 1.0]])).tolist() == [[3, 1]]  # counts as they are
+    shares = integer_load(np.array([[0.2, 0.2, 0.2, 0.2, 0.05, 0.05, 0.05, 0.05], [0.0] * 8]))
+    assert shares[0].tolist() == [200_000] * 4 + [50_000] * 4 and shares[1].tolist() == [0] * 8
 
 
 def test_moves_count_replicas_new_to_a_rank() -> None:
@@ -95,6 +109,9 @@ def test_status_and_dry_run_plan_with_vllms_policy_and_move_nothing() -> None:
     assert reply["measured_before"]["cv_max"] == pytest.approx(reply["predicted_before"]["cv_max"])
     assert PlannerPolicy.calls[-1] == ((LAYERS, EXPERTS), SLOTS, 1, 1, 2)
     assert state.model_state.physical_to_logical_map.equal(before) and state.rearranged_with == []
+    # The same load as shares per layer plans the same (rounded as given, shares were all zeros).
+    shares = (np.asarray(load, dtype=float) / np.asarray(load).sum(axis=1, keepdims=True)).tolist()
+    assert control.handle(runner(state), {"action": "plan", "load": shares})["phy2log"] == reply["phy2log"]
 
 
 def test_apply_rearranges_with_the_plan_and_records_it() -> None:
@@ -126,6 +143,10 @@ def test_refusals_are_clear() -> None:
     state = StandinEplbState()
     dp = control.handle(runner(state, data_parallel_size=2), {"action": "apply", "load": [[1] * EXPERTS] * LAYERS})
     assert dp["error"]["reason"] == "eplb_data_parallel"
+    wrong_ranks = control.handle(runner(state), {"action": "plan", "load": [[1] * EXPERTS] * LAYERS,
+                                                 "placement": [[e % EXPERTS for e in range(SLOTS)]] * LAYERS,
+                                                 "placement_ranks": 7})  # fmt: skip
+    assert wrong_ranks["error"]["type"] == "ValidationError" and "num_ranks is 7" in wrong_ranks["error"]["message"]
     no_load = control.handle(runner(state), {"action": "plan"})
     assert no_load["error"]["reason"] == "no_window"
     bad = control.handle(runner(state), {"action": "plan", "load": [[1] * 3]})
@@ -134,7 +155,7 @@ def test_refusals_are_clear() -> None:
     assert control.handle(runner(state), {"action": "explode"})["error"]["type"] == "ValidationError"
     flusher.flush()
     assert published[-1].placement["requests"] == {"apply/refused": 2, "plan/ok": 1, "plan/refused": 1,
-                                                   "plan/invalid": 1}  # fmt: skip
+                                                   "plan/invalid": 2}  # fmt: skip
 
 
 def test_next_window_moves_vllms_counter() -> None:
