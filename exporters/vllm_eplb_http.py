@@ -75,8 +75,14 @@ class EplbService:
             replies = await self.engine_client.collective_rpc(
                 WORKER_METHOD, timeout=self.timeout_s, args=(json.dumps(payload),)
             )
-        except AttributeError as exc:  # the worker method is missing: the general plugin is off there
-            raise ConflictError(f"the workers lack {WORKER_METHOD}: set MOESLO_VLLM_PLUGIN=1 ({exc})") from exc
+        except MoesloError:
+            raise
+        except Exception as exc:
+            # vLLM's engine core reports any worker failure as a plain Exception ("Call to moeslo_eplb method
+            # failed: ..."), a missing method included; a timeout arrives the same way.
+            if isinstance(exc, AttributeError) or "has no attribute" in str(exc):  # the general plugin is off there
+                raise ConflictError(f"the workers lack {WORKER_METHOD}: set MOESLO_VLLM_PLUGIN=1 ({exc})") from exc
+            raise UnavailableError(f"the workers' {WORKER_METHOD} call failed: {type(exc).__name__}: {exc}") from exc
         return [dict(r) if isinstance(r, dict) else {"error": {"type": "BadReply", "message": repr(r)}}
                 for r in replies]  # fmt: skip
 

@@ -19,18 +19,22 @@ from tests.engine.eplb_standin import SLOTS, StandinEnv, StandinEplbState, count
 class StandinEngineClient:
     """``collective_rpc`` over two ranks: rank 0 counts (the first TP rank), rank 1 does not."""
 
-    def __init__(self, *, eplb: bool = True, missing_method: bool = False) -> None:
+    def __init__(self, *, eplb: bool = True, missing_method: bool = False, worker_fails: bool = False) -> None:
         self.states = [StandinEplbState(), StandinEplbState()] if eplb else [None, None]
         self.flusher, counter, self.published = counting_flusher(self.states[0])
         route(counter)
         self.controls = [EplbControl(lambda: self.flusher, env=StandinEnv()), EplbControl(env=StandinEnv())]
         self.missing_method = missing_method
+        self.worker_fails = worker_fails
         self.calls: list[dict[str, Any]] = []
 
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] = (),
                              kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        # vLLM 0.32's engine core reports every worker failure as a plain Exception (v1/engine/core.py).
         if self.missing_method:
-            raise AttributeError(f"'WorkerWrapperBase' object has no attribute '{method}'")
+            raise Exception(f"Call to {method} method failed: 'WorkerWrapperBase' object has no attribute '{method}'")
+        if self.worker_fails:
+            raise Exception(f"Call to {method} method failed: RuntimeError: a worker died")
         self.calls.append(json.loads(args[0]))
         return [c.handle(runner(s), args[0]) for c, s in zip(self.controls, self.states, strict=True)]
 
@@ -71,6 +75,8 @@ def test_errors_are_json_with_status_codes() -> None:
     assert wrong.status_code == 400 and "vLLM runs 2 x 8" in wrong.text  # EPLB off: the 8-slot layout
     missing = TestClient(app_for(StandinEngineClient(missing_method=True))).get("/moeslo/eplb")
     assert missing.status_code == 409 and "MOESLO_VLLM_PLUGIN=1" in missing.json()["error"]["message"]
+    failed = TestClient(app_for(StandinEngineClient(worker_fails=True))).post("/moeslo/eplb/rebalance", json={})
+    assert failed.status_code == 503 and "a worker died" in failed.json()["error"]["message"]
 
 
 def test_placement_metrics_from_snapshots() -> None:
