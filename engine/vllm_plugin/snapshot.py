@@ -96,12 +96,18 @@ class LoadWindow:
         self._deltas: deque[IntArray] = deque()
         self._sum: IntArray | None = None
 
-    def add(self, delta: IntArray) -> IntArray:
-        """Add one flush's delta; return the window's (layers, experts) sum."""
+    def add(self, delta: IntArray, *, new_slot: bool = True) -> IntArray:
+        """Add one flush's delta; return the window's (layers, experts) sum.
+
+        ``new_slot=False`` (a flush between the periodic ones: a trigger request) adds to the latest
+        slot, so the window spans ``size`` flush intervals however often it is asked."""
         if self._sum is None or self._sum.shape != delta.shape:
             self._deltas.clear()
             self._sum = np.zeros_like(delta)
-        self._deltas.append(delta)
+        if new_slot or not self._deltas:
+            self._deltas.append(delta)
+        else:
+            self._deltas[-1] = self._deltas[-1] + delta
         self._sum = self._sum + delta
         while len(self._deltas) > self.size:
             self._sum = self._sum - self._deltas.popleft()
@@ -153,11 +159,12 @@ class SnapshotBuilder:
         self._mark = None if self._last is None else self._last.copy()
         self._window = LoadWindow(self._window.size)
 
-    def build(self, counts: IntArray) -> ExpertLoadSnapshot:
+    def build(self, counts: IntArray, *, new_slot: bool = True) -> ExpertLoadSnapshot:
+        """The snapshot of ``counts``; ``new_slot``: a periodic flush (see :meth:`LoadWindow.add`)."""
         delta = counts if self._last is None else counts - self._last
         self._last = counts.copy()
         weights, source = self._rank_weights()
-        window = self._window.add(delta)
+        window = self._window.add(delta, new_slot=new_slot)
         self.window_expert_tokens = window
         step_ranks = rank_loads(delta, weights).sum(axis=0)
         if self._rank_total is None or self._rank_total.shape != step_ranks.shape:

@@ -75,8 +75,9 @@ class Flusher:
         self._thread.start()
 
     def flush(self) -> ExpertLoadSnapshot:
+        """The periodic flush: publish, and move the routing window on by one interval."""
         with self._lock:
-            return self._flush_locked()
+            return self._flush_locked(new_slot=True)
 
     def window(self) -> WindowView:
         """Flush now and return the routing window (the trigger's load and rank map)."""
@@ -109,8 +110,10 @@ class Flusher:
             self.builder.placement_log = PlacementLog()
         return self.builder.placement_log
 
-    def _flush_locked(self) -> ExpertLoadSnapshot:
-        snapshot = self.builder.build(self.counter.snapshot())
+    def _flush_locked(self, *, new_slot: bool = False) -> ExpertLoadSnapshot:
+        # Flushes a trigger request makes add to the current interval: the window stays window_s long
+        # (counted per flush, a controller polling each second halved it).
+        snapshot = self.builder.build(self.counter.snapshot(), new_slot=new_slot)
         self.sink.publish(snapshot)
         return snapshot
 

@@ -80,6 +80,19 @@ def test_window_forgets_old_flushes() -> None:
     assert window.add(c).tolist() == [[110, 110]]
 
 
+def test_flushes_between_the_periodic_ones_do_not_shorten_the_window() -> None:
+    """A controller polling /moeslo/eplb each second flushed each time; counted per flush, a burst left a
+    60 s window after 30 s."""
+    window = LoadWindow(3)
+    burst, quiet = np.full((1, 2), 100, dtype=np.int64), np.zeros((1, 2), dtype=np.int64)
+    window.add(burst)
+    for _ in range(10):  # trigger requests within the same interval
+        assert window.add(quiet, new_slot=False).tolist() == [[100, 100]]
+    assert window.add(quiet).tolist() == [[100, 100]]
+    assert window.add(quiet).tolist() == [[100, 100]]
+    assert window.add(quiet).tolist() == [[0, 0]]  # three periodic intervals later: gone
+
+
 def test_snapshot_builder_and_json_round_trip() -> None:
     weights = contiguous_rank_weights(4, 2)
     builder = SnapshotBuilder(model_name="m", engine="0", layer_ids=(0, 1), window_flushes=1,
