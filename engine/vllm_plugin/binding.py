@@ -55,9 +55,7 @@ def find_moe_layers(model: torch.nn.Module) -> list[MoeLayerView]:
             continue
         seen.add(id(router))
         if getattr(module, "is_monolithic", False):
-            # Monolithic kernels route inside the kernel; the router seam never sees the ids.
-            logger.warning("moeslo: MoE layer %s uses a monolithic kernel; not counted", module)
-            continue
+            continue  # routes inside the kernel: the router seam never sees the ids (bind_model says so once)
         layer_id = int(getattr(module, "layer_id"))  # noqa: B009 (a property on vLLM's runner)
         config = getattr(module, "moe_config", None)
         parallel = getattr(config, "moe_parallel_config", None)
@@ -71,6 +69,13 @@ def find_moe_layers(model: torch.nn.Module) -> list[MoeLayerView]:
             use_ep=bool(getattr(parallel, "use_ep", False)),
         )
     return [views[k] for k in sorted(views)]
+
+
+def monolithic_moe_layers(model: torch.nn.Module) -> int:
+    """Fused-MoE layers of ``model`` whose kernel routes inside itself (not countable here)."""
+    return sum(1 for module in model.modules()
+               if getattr(module, "is_monolithic", False)
+               and callable(getattr(getattr(module, "router", None), "set_capture_fn", None)))  # fmt: skip
 
 
 def install_bind_hook(bind: Callable[[torch.nn.Module], bool]) -> RemovableHandle:

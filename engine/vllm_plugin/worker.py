@@ -26,6 +26,7 @@ from engine.vllm_plugin.binding import (
     find_moe_layers,
     install_bind_hook,
     is_first_tp_rank,
+    monolithic_moe_layers,
     rank_weights_for,
     vllm_row_filter,
 )
@@ -150,8 +151,11 @@ def bind_model(
 ) -> bool:
     """Bind every MoE router in ``model``; False when it holds none (keep looking)."""
     layers = find_moe_layers(model)
+    if monolithic := monolithic_moe_layers(model):
+        logger.warning("moeslo: %d MoE layer(s) use a monolithic kernel, which routes inside itself; not counted",
+                       monolithic)  # fmt: skip
     if not layers:
-        return False
+        return monolithic > 0  # found the model: stop looking (each call warned and rescanned it)
     state = state if state is not None else PluginState()
     if not is_first_tp_rank():
         logger.info("moeslo: TP rank > 0, the first TP rank counts this model's routing")

@@ -184,6 +184,28 @@ def test_first_forward_binds_every_router_then_unhooks() -> None:
     assert all(layer.router.capture_fn is None for layer in other.layers)
 
 
+def test_a_model_of_monolithic_kernels_is_said_once_and_unhooks(caplog: pytest.LogCaptureFixture) -> None:
+    """Bound nowhere, the hook stayed, and every module call warned again (1,200 lines in 100 passes)."""
+    model = _Model()
+    for layer in model.layers:
+        layer.is_monolithic = True
+    settings = PluginSettings(enabled=True, virtual_ep_ranks=4, flush_interval_s=60.0, model_name="tiny")
+    calls: list[bool] = []
+
+    def bind(module: torch.nn.Module) -> bool:
+        calls.append(bind_model(module, settings, _ListSink, row_filter=count_all_rows))
+        return calls[-1]
+
+    handle = install_bind_hook(bind)
+    try:
+        for _ in range(5):
+            model(torch.randn(2, 8))
+    finally:
+        handle.remove()
+    assert calls == [True]
+    assert caplog.text.count("monolithic kernel") == 1 and "3 MoE layer(s)" in caplog.text
+
+
 def test_host_path_counts_a_row_span_and_drops_invalid_ids() -> None:
     counter = ExpertLoadCounter([0], 4, row_filter=lambda ids: (1, 3))
     counter.capture(0, torch.tensor([[0, 0], [1, 2], [3, -1], [2, 2]], dtype=torch.int32))
