@@ -215,14 +215,30 @@ def merge_status(replies: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if not windows:
         return out
-    tokens = np.sum([np.asarray(w["expert_tokens"], dtype=np.int64) for w in windows], axis=0)
-    out.update(layer_ids=windows[0]["layer_ids"], expert_tokens=tokens.tolist(),
+    layer_ids, tokens = _tokens_by_layer(windows)
+    out.update(layer_ids=layer_ids, expert_tokens=tokens.tolist(),
                steps_in_window=max(int(w["active_flushes"]) for w in windows))  # fmt: skip
     if out["phy2log"] is not None and out["num_ranks"]:
         phy2log = np.asarray(out["phy2log"], dtype=np.int64)
         if phy2log.shape[0] == tokens.shape[0]:
             out["measured"] = balance_summary(rank_load(phy2log, tokens.astype(np.float64), int(out["num_ranks"])))
     return out
+
+
+def _tokens_by_layer(windows: list[dict[str, Any]]) -> tuple[list[int], IntArray]:
+    """The workers' windows merged layer by layer: summed where workers count the same layer (data
+    parallel), side by side where each counts its own (pipeline stages)."""
+    rows: dict[int, IntArray] = {}
+    for window in windows:
+        counts = np.asarray(window["expert_tokens"], dtype=np.int64)
+        if counts.ndim != 2 or counts.shape[0] != len(window["layer_ids"]):
+            raise UnavailableError(f"a worker's window is {counts.shape}, for {len(window['layer_ids'])} layers")
+        for layer, row in zip(window["layer_ids"], counts, strict=True):
+            if int(layer) in rows and rows[int(layer)].shape != row.shape:
+                raise UnavailableError(f"workers count layer {layer} over different numbers of experts")
+            rows[int(layer)] = rows[int(layer)] + row if int(layer) in rows else row
+    layer_ids = sorted(rows)
+    return layer_ids, np.stack([rows[layer] for layer in layer_ids])
 
 
 def merge_replies(replies: list[dict[str, Any]]) -> dict[str, Any]:

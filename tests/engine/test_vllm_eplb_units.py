@@ -78,6 +78,11 @@ def test_replies_merge_and_worker_errors_come_back_typed() -> None:
     ])  # fmt: skip
     assert status["expert_tokens"] == [[6, 2]] and status["steps_in_window"] == 6 and status["counting_workers"] == 2
     assert status["measured"]["cv_max"] == pytest.approx(0.5)
+    # Pipeline stages count their own layers: side by side, not summed into the first stage's.
+    stage = {"active_flushes": 1, "rank_source": "virtual"}
+    staged = merge_status([{"window": {**stage, "layer_ids": [0, 1], "expert_tokens": [[4, 0], [4, 0]]}},
+                           {"window": {**stage, "layer_ids": [2, 3], "expert_tokens": [[0, 4], [0, 4]]}}])
+    assert staged["layer_ids"] == [0, 1, 2, 3] and staged["expert_tokens"] == [[4, 0], [4, 0], [0, 4], [0, 4]]
     merged = merge_replies([{"stall_s": 0.1, "applied": True}, {"stall_s": 0.3}])
     assert merged["stall_s"] == 0.3 and merged["applied"] is True and merged["workers"] == 2
     with pytest.raises(EplbRefusedError) as refused:
