@@ -164,6 +164,11 @@ def bind_model(
     counter = ExpertLoadCounter(
         [v.layer_id for v in layers], max(v.num_experts for v in layers), device=device, row_filter=row_filter
     )
+    if any(getattr(view.router, "capture_fn", None) is not None for view in layers):
+        # A router holds one callback: vLLM's routed-experts capture (--enable-return-routed-experts) was
+        # bound first, and counting here ends it.
+        logger.warning("moeslo: the MoE routers already had a capture callback (vLLM's routed-experts capture?); "
+                       "the plugin's counting replaces it: the two cannot run together")  # fmt: skip
     for view in layers:
         view.router.set_capture_fn(counter.capture_fn(view.layer_id))
     probed = state.label_probe.labels if state.label_probe is not None else None

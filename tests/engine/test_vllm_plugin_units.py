@@ -184,6 +184,20 @@ def test_first_forward_binds_every_router_then_unhooks() -> None:
     assert all(layer.router.capture_fn is None for layer in other.layers)
 
 
+def test_a_capture_callback_already_bound_is_named_when_replaced(caplog: pytest.LogCaptureFixture) -> None:
+    model = _Model()
+    for layer in model.layers:
+        layer.router.set_capture_fn(lambda ids: None)  # as vLLM's routed-experts capture binds it
+    settings = PluginSettings(enabled=True, virtual_ep_ranks=4, flush_interval_s=60.0, model_name="tiny")
+    state = PluginState()
+    try:
+        assert bind_model(model, settings, _ListSink, row_filter=count_all_rows, state=state)
+    finally:
+        if state.flusher is not None:
+            state.flusher.stop()
+    assert "already had a capture callback" in caplog.text
+
+
 def test_a_model_of_monolithic_kernels_is_said_once_and_unhooks(caplog: pytest.LogCaptureFixture) -> None:
     """Bound nowhere, the hook stayed, and every module call warned again (1,200 lines in 100 passes)."""
     model = _Model()
