@@ -57,6 +57,10 @@ def finished_from_vllm(fin: Any) -> FinishedRequestStats:
     )
 
 
+ENGINE_INDEX_ATTRIBUTE = "vllm.engine.index"
+"""Resource attribute naming vLLM's engine index (the ``engine`` label of its Prometheus series)."""
+
+
 class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untyped outside its venv
     """Per-engine vLLM stat logger that records GenAI histograms (no-op unless ``MOESLO_VLLM_OTEL=1``)."""
 
@@ -69,7 +73,10 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
 
         served = vllm_config.model_config.served_model_name
         model_name = str((served[0] if isinstance(served, list | tuple) else served) or vllm_config.model_config.model)
-        attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "vllm"}
+        # Each engine (data parallel) exports its own cumulative streams: the index tells them apart.
+        attributes = {ENGINE_INDEX_ATTRIBUTE: str(engine_index)}
+        if not os.environ.get("OTEL_SERVICE_NAME"):
+            attributes["service.name"] = "vllm"
         self.sink = OtelStatsSink(
             meter_provider=MeterProvider(
                 resource=Resource.create(attributes),

@@ -270,6 +270,7 @@ def test_vllm_latencies_reach_otlp_as_genai_histograms_and_spans(servers: dict[s
     assert latest.sum == pytest.approx(vllm_sum, rel=1e-6)
     attrs = _attrs(latest)
     assert attrs["gen_ai.provider.name"] == "vllm" and attrs["gen_ai.operation.name"] == "text_completion"
+    assert otlp.resource_attributes()["vllm.engine.index"] == "0"  # data-parallel engines export apart
     tpot = otlp.histogram_points("gen_ai.server.time_per_output_token")
     assert tpot and tpot[-1].count > 0 and duration and duration[-1].count == vllm_count
     # vLLM's own tracing (documented, not rewritten): one span per request with gen_ai.* latency attributes.
