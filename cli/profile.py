@@ -124,10 +124,14 @@ def _probe(
 
 def _with_held_rate(fitted: ReplicaProfile, summaries: list[dict[str, Any]]) -> ReplicaProfile:
     """The profile with its measured ceiling, and a line saying what it is."""
-    from controller.profile_levels import GAP_SHARE, HELD_SHARE, with_held_ceiling
+    from controller.profile_levels import GAP_SHARE, HELD_SHARE, MIN_HELD_REQUESTS, with_held_ceiling
 
     ceiled = with_held_ceiling(fitted, summaries)
-    if ceiled.max_request_rate_rps is None:
+    if ceiled.max_request_rate_rps is None and all(int(s.get("requests") or 0) < MIN_HELD_REQUESTS
+                                                   for s in summaries):  # fmt: skip
+        console.print(f"no level served the {MIN_HELD_REQUESTS} requests a level needs to count (longer "
+                      "--duration or higher --rates): the profile has no measured ceiling")
+    elif ceiled.max_request_rate_rps is None:
         console.print(f"no level held {HELD_SHARE:.0%} of its requests within both objectives and {GAP_SHARE:.1%} "
                       "of its token gaps within the ITL objective: the profile has no measured ceiling")
     else:
