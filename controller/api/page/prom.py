@@ -24,6 +24,7 @@ from contracts.errors import UnavailableError
 from controller.policy import Policy
 from controller.sources.base import HISTOGRAMS, REQUESTS_TOTAL, SHORT_WINDOW, good_count_at, model_matcher, parse_le
 from controller.sources.prometheus import PrometheusClient
+from controller.ttft_series import ttft_matchers, ttft_metric
 
 __all__ = ["PromSeries", "prometheus_series", "range_step_s"]
 
@@ -56,8 +57,12 @@ def _queries(policy: Policy, selector: str) -> dict[str, str]:
     sel = "{" + ",".join(matchers) + "}"
     out = {}
     for slo, metric in HISTOGRAMS.items():
-        out[f"{slo}:good"] = f"sum by (le) (increase({metric}_bucket{sel}[{SHORT_WINDOW}]))"
-        out[f"{slo}:total"] = f"sum(increase({metric}_count{sel}[{SHORT_WINDOW}]))"
+        name, labels = metric, sel
+        allowance = policy.objectives.ttft.allowance
+        if slo == "ttft" and not allowance.flat:  # the series the controller judges this objective by
+            name, labels = ttft_metric(allowance), "{" + ",".join([*matchers, ttft_matchers(allowance)]) + "}"
+        out[f"{slo}:good"] = f"sum by (le) (increase({name}_bucket{labels}[{SHORT_WINDOW}]))"
+        out[f"{slo}:total"] = f"sum(increase({name}_count{labels}[{SHORT_WINDOW}]))"
     out["load"] = f"sum(rate({REQUESTS_TOTAL}{sel}[1m]))"
     out["layers"] = f"max by (layer) ({LAYER_IMBALANCE_CV}{sel})"
     return out

@@ -180,3 +180,19 @@ def test_unknown_policy_and_ranges(make_page: Any) -> None:
     page.store.create_policy(_policy())
     assert page.client.get("/ui/policies/qwen?range=1d").status_code == 200
     assert page.client.get("/ui/policies/qwen?range=2y").status_code == 422
+
+
+def test_a_ttft_objective_with_an_allowance_is_charted_from_its_own_series() -> None:
+    """The chart read raw TTFT for every policy: a long-prompt objective met in full drew at 50 %."""
+    from controller.api.page.prom import _queries
+
+    flat = Policy.model_validate({"name": "flat", "target": {"kind": "model", "model": "m"}})
+    assert "vllm:time_to_first_token_seconds_bucket{" in _queries(flat, "")["ttft:good"]
+    ttft = {"threshold_s": 0.5, "target": 0.99, "reference_prompt_tokens": 1000, "per_1k_prompt_tokens_s": 0.05}
+    long = Policy.model_validate({"name": "long", "target": {"kind": "model", "model": "m"},
+                                  "objectives": {"ttft": ttft}})  # fmt: skip
+    queries = _queries(long, 'job="x"')
+    for key in ("ttft:good", "ttft:total"):
+        assert "moeslo_ttft_normalized_seconds_" in queries[key] and "vllm:time_to_first" not in queries[key]
+        assert 'reference_prompt_tokens="1000"' in queries[key] and 'job="x"' in queries[key]
+    assert "vllm:inter_token_latency_seconds_bucket" in queries["itl:good"]
