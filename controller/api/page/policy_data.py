@@ -114,6 +114,10 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+_NO_ANSWER = f"no whole answer within {OUTSIDE_TIMEOUT_S:g} s"
+"""A server that trickles its answer: the client's timeout is per read, this deadline is the page's."""
+
+
 def outside_client(request: Request) -> httpx.AsyncClient:
     """A client for Prometheus and Alertmanager (tests put a mock transport in ``app.state.page_transport``)."""
     transport: httpx.AsyncBaseTransport | None = getattr(request.app.state, "page_transport", None)
@@ -124,9 +128,12 @@ async def read_alerts(client: httpx.AsyncClient, url: str | None) -> tuple[list[
     if url is None:
         return [], Outside(None)
     try:
-        return await firing_alerts(client, url), Outside(url)
+        async with asyncio.timeout(OUTSIDE_TIMEOUT_S):
+            return await firing_alerts(client, url), Outside(url)
     except UnavailableError as exc:
         return [], Outside(url, str(exc))
+    except TimeoutError:
+        return [], Outside(url, _NO_ANSWER)
 
 
 async def _read_prometheus(
@@ -138,12 +145,15 @@ async def _read_prometheus(
     end_s = now.timestamp()
     step_s = range_step_s(span_s)
     try:
-        series = await prometheus_series(
-            PrometheusClient(url, client=client), stored.policy, selector=settings.prometheus_selector,
-            start_s=end_s - span_s, end_s=end_s, step_s=step_s,
-        )
+        async with asyncio.timeout(OUTSIDE_TIMEOUT_S):
+            series = await prometheus_series(
+                PrometheusClient(url, client=client), stored.policy, selector=settings.prometheus_selector,
+                start_s=end_s - span_s, end_s=end_s, step_s=step_s,
+            )
     except UnavailableError as exc:
         return None, Outside(url, str(exc))
+    except TimeoutError:
+        return None, Outside(url, _NO_ANSWER)
     return series, Outside(url)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -27,9 +29,16 @@ class Upstream:
     prometheus_down: bool = False
     alertmanager_down: bool = False
     queries: list[str] = field(default_factory=list)
+    trickle: bool = False
+    """Both servers answer 200 and then one byte a second, for a minute (each read within any timeout)."""
 
     def transport(self) -> httpx.MockTransport:
-        return httpx.MockTransport(self.handle)
+        return httpx.MockTransport(self.handle_async)
+
+    async def handle_async(self, request: httpx.Request) -> httpx.Response:
+        if self.trickle:
+            return httpx.Response(200, stream=_Trickle())
+        return self.handle(request)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if request.url.path.startswith("/api/v1/"):
@@ -66,6 +75,13 @@ class Upstream:
         else:
             result = []
         return httpx.Response(200, json={"status": "success", "data": {"resultType": "matrix", "result": result}})
+
+
+class _Trickle(httpx.AsyncByteStream):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for _ in range(60):
+            yield b" "
+            await asyncio.sleep(1.0)
 
 
 def alert(policy: str, *, name: str = "MoesloTTFTBudgetBurn", severity: str = "page", summary: str = "burning") -> (

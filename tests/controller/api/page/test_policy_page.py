@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -137,6 +138,19 @@ def test_prometheus_down_falls_back_to_the_log_and_says_so(make_page: Any) -> No
     assert 'data-banner="prometheus"' in html and "Prometheus unreachable" in html
     assert _source(html, "good_ratio").startswith("decision log")
     assert "The per-layer heatmap needs Prometheus" in html
+
+
+def test_servers_that_trickle_their_answers_hold_a_page_3_s_not_their_whole_answer(make_page: Any) -> None:
+    """The client's timeout is per read: one byte a second held the page for as long as the server went on."""
+    page = make_page(prometheus=True, alertmanager=True)
+    page.store.create_policy(_policy())
+    page.store.append_decisions(_ticks())
+    page.upstream.trickle = True
+    for path in ("/ui/policies/qwen", "/ui/"):
+        started = time.monotonic()
+        response = page.client.get(path)
+        assert response.status_code == 200 and time.monotonic() - started < 10
+        assert "no whole answer within 3 s" in response.text, path
 
 
 def test_alerts_firing_for_this_policy(make_page: Any) -> None:
