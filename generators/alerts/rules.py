@@ -18,6 +18,7 @@ handful of slow requests at 3 a.m. does not wake anyone.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -314,9 +315,9 @@ def _absent_alerts(policy: Policy, options: AlertOptions) -> list[AlertingRule]:
             for_=options.for_override or options.absent_for,
             labels={"severity": "ticket", "policy": policy.name, "slo": slo},
             annotations={
-                "summary": f"No {metric} series for model {policy.model_name} (policy {policy.name})",
+                "summary": f"No {metric} series for model {_template_text(policy.model_name)} (policy {policy.name})",
                 "description": (
-                    f"Prometheus has had no {metric} series with model_name={policy.model_name!r}"
+                    f"Prometheus has had no {metric} series with model_name={_template_text(repr(policy.model_name))}"
                     f"{' and ' + extra if extra else ''} for {options.absent_for}: the engine is down, not "
                     f"scraped, or renamed; the {slo} SLO cannot be evaluated."
                 ),
@@ -333,6 +334,14 @@ def _burn_for(window: BurnRateWindow, options: AlertOptions) -> str:
 
 def _own_selector(policy: Policy, sli: LatencySli) -> str:
     return f'{{policy="{_selector_value(policy.name)}",slo="{sli.slo}"}}'
+
+
+def _template_text(text: str) -> str:
+    """``text`` as it reads in an annotation, which Prometheus renders as a Go template: a model name with
+    ``{{`` or ``}}`` in it (the API allows them) made the whole rule file fail to load."""
+    if "{{" not in text and "}}" not in text:
+        return text
+    return "{{ " + json.dumps(text) + " }}"  # a Go string literal prints it as it is
 
 
 def _selector_value(text: str) -> str:

@@ -92,3 +92,17 @@ def test_amtool_routes(labels: tuple[str, ...], receiver: str) -> None:
     other = "moeslo-ticket" if receiver == "moeslo-page" else "moeslo-page"
     wrong = _run(_tool("amtool"), "config", "routes", "test", config, f"--verify.receivers={other}", *labels)
     assert wrong.returncode != 0
+
+
+def test_a_model_name_with_template_braces_loads(tmp_path: Path) -> None:
+    """Annotations are Go templates: a model name with ``{{`` (the API allows it) failed the whole file."""
+    from controller.policy import Policy
+    from generators.alerts.render import dump_yaml, rules_document
+    from generators.alerts.rules import build_rule_groups
+
+    policy = Policy.model_validate({"name": "braces", "target": {"kind": "model", "model": "m{{ x }}'y"}})
+    rule_file = tmp_path / "rules.yaml"
+    rule_file.write_text(dump_yaml(rules_document(build_rule_groups([policy]))))
+    result = _run(_tool("promtool"), "check", "rules", str(rule_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert '{{ "m{{ x }}\'y" }}' in rule_file.read_text()
