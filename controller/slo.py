@@ -38,6 +38,7 @@ from controller.policy import parse_duration_s
 
 __all__ = [
     "MIN_ALERT_BURN_RATE",
+    "MIN_ALERT_REQUEST_RATE_PER_S",
     "MISS_SIGNIFICANCE",
     "SHORT_WINDOW_DIVISOR",
     "BurnRateWindow",
@@ -63,6 +64,9 @@ Severity = Literal["page", "ticket"]
 SHORT_WINDOW_DIVISOR = 12
 """The short window of a multiwindow alert is 1/12 of its long window (1h -> 5m)."""
 
+MIN_ALERT_REQUEST_RATE_PER_S = 0.1
+"""Requests per second the generated burn-rate alerts need over their short window before they fire
+(a few requests a minute make any burn rate; the status page holds its "paging" to the same guard)."""
 MIN_ALERT_BURN_RATE = 1.0
 """Burn-rate alerts below this factor are left out: at a burn rate <= 1 the budget lasts the window."""
 

@@ -36,6 +36,7 @@ from contracts.errors import ValidationError
 from controller.policy import LatencyObjective, Policy, parse_duration_s
 from controller.slo import (
     MIN_ALERT_BURN_RATE,
+    MIN_ALERT_REQUEST_RATE_PER_S,
     BurnRateWindow,
     dropped_burn_rate_windows,
     error_budget,
@@ -55,7 +56,7 @@ class AlertOptions:
     """Whose histogram buckets the engines write (:mod:`generators.buckets`): moeslo's (ITL has 0.02),
     stock vLLM's (no 0.02), or vLLM's started with the SLO edges (``vllm-slo-buckets``)."""
     evaluation_interval: str = "30s"
-    min_request_rate_per_s: float = 0.1
+    min_request_rate_per_s: float = MIN_ALERT_REQUEST_RATE_PER_S
     """Low-traffic guard: burn-rate alerts need this many requests/s over their short window."""
     for_fraction_of_short_window: float = 0.2
     """``for:`` of a burn-rate alert, as a share of its short window (5m -> 1m, 30m -> 6m)."""

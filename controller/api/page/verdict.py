@@ -14,7 +14,13 @@ from enum import IntEnum
 
 from controller.api.schemas import PolicyStatus
 from controller.policy import Policy
-from controller.slo import BurnRateWindow, Severity, is_burning, standard_burn_rate_windows
+from controller.slo import (
+    MIN_ALERT_REQUEST_RATE_PER_S,
+    BurnRateWindow,
+    Severity,
+    is_burning,
+    standard_burn_rate_windows,
+)
 
 __all__ = ["SLOS", "Level", "PairState", "Verdict", "compliance", "pair_states", "verdict", "worst_pair"]
 
@@ -50,6 +56,8 @@ class PairState:
     window: BurnRateWindow
     long_rate: float | None
     short_rate: float | None
+    quiet: bool = False
+    """Too few requests for the generated alert to fire (its low-traffic guard), whatever the rates."""
 
     @property
     def severity(self) -> Severity:
@@ -57,7 +65,7 @@ class PairState:
 
     @property
     def firing(self) -> bool:
-        if self.long_rate is None or self.short_rate is None:
+        if self.long_rate is None or self.short_rate is None or self.quiet:
             return False
         return is_burning(self.long_rate, self.short_rate, self.window.burn_rate)
 
@@ -94,12 +102,16 @@ def compliance(status: PolicyStatus, policy: Policy, slo: str) -> float | None:
 
 
 def pair_states(status: PolicyStatus, policy: Policy) -> list[PairState]:
+    """Each SLO's alert pairs; below the alerts' request-rate guard (the rate the controller last saw)
+    none fires, as the generated rules do not."""
     windows = standard_burn_rate_windows(policy.window_s)
+    rate = status.seen.get("request_rate_rps")
+    quiet = isinstance(rate, int | float) and rate < MIN_ALERT_REQUEST_RATE_PER_S
     out = []
     for slo in SLOS:
         rates = status.burn_rates.get(slo, {})
         for window in windows:
-            out.append(PairState(slo, window, rates.get(window.long_window), rates.get(window.short_window)))
+            out.append(PairState(slo, window, rates.get(window.long_window), rates.get(window.short_window), quiet))
     return out
 
 

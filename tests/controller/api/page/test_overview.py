@@ -61,6 +61,19 @@ def test_the_burning_policy_comes_first_and_says_why(make_page: Any) -> None:
     assert re.findall(r'data-policy="([^"]+)"', page.client.get("/ui/?state=page").text) == ["zzz"]
 
 
+def test_too_little_traffic_for_the_alert_is_not_paging(make_page: Any) -> None:
+    """The generated rules need 0.1 requests/s before they fire: 0.05 burning 50x pages nobody."""
+    from dataclasses import replace
+
+    page = make_page()
+    page.store.create_policy(_policy("quiet"))
+    page.view.runtimes["quiet"] = replace(burning_runtime(), seen={"request_rate_rps": 0.05})
+    html = page.client.get("/ui/").text
+    assert 'data-level="PAGE"' not in html and "paging · moeslo" not in html
+    page.view.runtimes["quiet"] = replace(burning_runtime(), seen={"request_rate_rps": 0.2})
+    assert 'data-level="PAGE"' in page.client.get("/ui/").text
+
+
 def test_user_strings_are_escaped(make_page: Any) -> None:
     page = make_page()
     page.store.create_policy(Policy.model_validate({"name": "evil", "target": {"kind": "model", "model": HOSTILE},
