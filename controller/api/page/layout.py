@@ -45,7 +45,7 @@ h1{font-size:20px;margin:4px 0 6px}h2{font-size:15px;margin:22px 0 6px}h3{font-s
 .summary{display:flex;gap:8px;flex-wrap:wrap;margin:6px 0 10px}
 .summary a,.summary span{padding:3px 10px;border-radius:12px;font-weight:600}
 table{border-collapse:collapse;width:100%}
-th,td{padding:5px 8px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
+th,td{padding:5px 8px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top;overflow-wrap:anywhere}
 th{font-size:12px;color:var(--muted);font-weight:600;background:var(--panel);position:sticky;top:0}
 tr.row-page{background:#fff6f5}tr.row-ticket{background:#fffbf0}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
