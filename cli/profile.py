@@ -47,8 +47,6 @@ def profile(
         from harness.sweep import sweep_rates
 
         levels = [float(r) for r in rates.split(",") if r.strip()]
-        if not levels or any(not rate > 0 for rate in levels):
-            raise ValidationError(f"--rates: request rates above 0 are needed, got {rates!r}")
         _check_numbers(levels, prompt_tokens=prompt_tokens, output_tokens=output_tokens, vocab_size=vocab_size,
                        probe_pairs=probe_pairs if prefix_probe else 1)  # fmt: skip
         out.parent.mkdir(parents=True, exist_ok=True)  # before the sweep, not after it
@@ -81,6 +79,8 @@ def profile(
 def _check_numbers(levels: list[float], *, prompt_tokens: int, output_tokens: int, vocab_size: int,
                    probe_pairs: int) -> None:  # fmt: skip
     """What no sweep can fit a profile from, refused before it runs."""
+    if not levels or any(not rate > 0 for rate in levels):
+        raise ValidationError(f"--rates: request rates above 0 are needed, got {','.join(map(str, levels))!r}")
     problems = [f"{flag}: must be 1 or more, got {value}"
                 for flag, value in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
                                     ("--vocab-size", vocab_size), ("--probe-pairs", probe_pairs))
