@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from urllib.parse import quote, urlencode
 
@@ -108,6 +108,8 @@ async def gather_overview(request: Request, query: OverviewQuery) -> OverviewDat
         rows.sort(key=lambda r: r.stored.policy.name)
     else:
         rows.sort(key=lambda r: (r.verdict.level, -r.pressure, r.stored.policy.name))
+    last_page = max(1, -(-len(rows) // query.per_page))
+    query = replace(query, page=min(query.page, last_page))  # past the end (policies deleted): the last page
     start = (query.page - 1) * query.per_page
     return OverviewData(
         rows=rows[start:start + query.per_page], matching=len(rows), counts=counts, controller=controller,

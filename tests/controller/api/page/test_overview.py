@@ -103,6 +103,8 @@ def test_filter_and_pages_stay_usable_with_many_policies(make_page: Any) -> None
     assert len(re.findall(r"data-policy=", first)) == 50 and "page 1 of 3 (120 policies)" in first
     third = page.client.get("/ui/?page=3").text
     assert len(re.findall(r"data-policy=", third)) == 20
+    past = page.client.get("/ui/?page=9").text  # a link kept after policies went: the last page, not "9 of 3"
+    assert len(re.findall(r"data-policy=", past)) == 20 and "page 3 of 3 (120 policies)" in past
     found = page.client.get("/ui/?q=P-11").text  # case-insensitive, name or model
     assert re.findall(r'data-policy="([^"]+)"', found) == [f"p-11{i}" for i in range(10)]
     assert page.client.get("/ui/?per_page=0").status_code == 422
