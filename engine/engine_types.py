@@ -78,6 +78,9 @@ class ExpertLoad:
     balancedness: list[float]
     assignments: list[int]
     """Per layer: routed (token, expert) assignments in the window, the sample behind each CV."""
+    expert_tokens_total: IntArray | None = None
+    """(MoE layers, experts) routed tokens since the engine started, never reset: the difference of
+    two readings is the load between them, windows that do not overlap (the rebalancer's history)."""
 
 
 __all__ = ["EngineConfig", "ExpertLoad", "OutputCallback", "RequestOutput"]

@@ -6,9 +6,11 @@ import logging
 import threading
 from collections.abc import Iterable
 
+import numpy as np
+
 from contracts.imbalance import balancedness, imbalance_cv
 from engine.engine_types import ExpertLoad
-from engine.stats import RoutingDelta, RoutingWindow, StatsSink, StepStats
+from engine.stats import IntArray, RoutingDelta, RoutingWindow, StatsSink, StepStats
 
 
 class ExpertLoadTracker:
@@ -18,6 +20,7 @@ class ExpertLoadTracker:
         self.window_steps = window_steps
         self._lock = threading.Lock()
         self._window: RoutingWindow | None = None
+        self._total: IntArray | None = None
 
     def add(self, delta: RoutingDelta) -> None:
         with self._lock:
@@ -25,6 +28,9 @@ class ExpertLoadTracker:
                 layers, experts = delta.expert_tokens.shape
                 self._window = RoutingWindow(layers, experts, delta.rank_tokens.shape[1], self.window_steps)
             self._window.add(delta)
+            if self._total is None or self._total.shape != delta.expert_tokens.shape:
+                self._total = np.zeros_like(delta.expert_tokens, dtype=np.int64)
+            self._total += delta.expert_tokens
 
     def reset(self) -> None:
         """After a placement change: loads under the old placement no longer describe the ranks."""
@@ -39,6 +45,7 @@ class ExpertLoadTracker:
             if window is None:
                 return None
             experts, ranks, steps = window.expert_tokens, window.rank_tokens, window.steps
+            total = None if self._total is None else self._total.copy()
         return ExpertLoad(
             window_steps=self.window_steps,
             steps_in_window=min(steps, self.window_steps),
@@ -47,6 +54,7 @@ class ExpertLoadTracker:
             imbalance_cv=[float(x) for x in imbalance_cv(ranks)],
             balancedness=[float(x) for x in balancedness(ranks)],
             assignments=[int(x) for x in experts.sum(axis=1)],
+            expert_tokens_total=total,
         )
 
 

@@ -230,13 +230,15 @@ def _expert_load_json(engine: EngineCoreClient) -> dict[str, Any]:
                 "num_layers": layers, "num_experts": experts, "num_ranks": ranks,
                 "expert_tokens": [[0] * experts for _ in range(layers)],
                 "rank_tokens": [[0] * ranks for _ in range(layers)],
-                "imbalance_cv": [0.0] * layers, "balancedness": [1.0] * layers, "assignments": [0] * layers}
+                "imbalance_cv": [0.0] * layers, "balancedness": [1.0] * layers, "assignments": [0] * layers,
+                "expert_tokens_total": None}
     return {
         "window_steps": load.window_steps, "steps_in_window": load.steps_in_window,
         "num_layers": int(load.expert_tokens.shape[0]), "num_experts": int(load.expert_tokens.shape[1]),
         "num_ranks": int(load.rank_tokens.shape[1]),
         "expert_tokens": load.expert_tokens.tolist(), "rank_tokens": load.rank_tokens.tolist(),
         "imbalance_cv": load.imbalance_cv, "balancedness": load.balancedness, "assignments": load.assignments,
+        "expert_tokens_total": None if load.expert_tokens_total is None else load.expert_tokens_total.tolist(),
     }
 
 

@@ -8,7 +8,8 @@ returns every step as a :class:`RebalanceEvent` for the decision log.
 
 Each engine also keeps a bounded history of its expert-load windows
 (:class:`~controller.rebalance.history.LoadHistory`): plans are made against all
-of them, and the trigger judges the gain a plan made without the latest window
+of them (windows that share no token, from the engines' cumulative counts), and the
+trigger judges the gain a plan made without the latest window
 shows on that window; verification expects that out-of-sample prediction.
 """
 
@@ -56,6 +57,8 @@ class ExpertLoadSnapshot:
     imbalance_cv: tuple[float, ...]
     steps_in_window: int
     placement: Placement
+    expert_tokens_total: npt.NDArray[np.int64] | None = None
+    """(MoE layers, experts) routed tokens since the engine started (None: not reported)."""
 
 
 class EngineControl(Protocol):
@@ -74,6 +77,12 @@ def error_text(response: httpx.Response) -> str:
         return f"HTTP {response.status_code}: {reason}{body['message']}"
     except (ValueError, KeyError, TypeError):
         return f"HTTP {response.status_code}: {response.text[:300]}"
+
+
+def totals(body: dict[str, Any]) -> npt.NDArray[np.int64] | None:
+    """The engine's cumulative ``expert_tokens_total`` (absent from older engines: None)."""
+    raw = body.get("expert_tokens_total")
+    return None if raw is None else np.asarray(raw, dtype=np.int64)
 
 
 class JsonHttpControl:
@@ -106,6 +115,7 @@ class HttpEngineControl(JsonHttpControl):
             imbalance_cv=tuple(float(x) for x in load["imbalance_cv"]),
             steps_in_window=int(load["steps_in_window"]),
             placement=placement,
+            expert_tokens_total=totals(load),
         )
 
     async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
@@ -269,7 +279,7 @@ class Rebalancer:
                                                         placement.num_ranks)
         )
         state.history.append(CvObservation.of(now_s, snap.imbalance_cv, noise))
-        state.loads.observe(now_s, snap.expert_tokens)
+        state.loads.observe(now_s, snap.expert_tokens, snap.expert_tokens_total)
         if state.pending is not None and now_s - state.applied_at_s >= self.verify_after_s:
             return self._verify(policy, endpoint, state, snap, assignments, now_s)
         if state.pending is not None:
@@ -314,5 +324,5 @@ class Rebalancer:
 
 __all__ = [
     "EngineControl", "ExpertLoadSnapshot", "HttpEngineControl", "JsonHttpControl", "RebalanceEvent", "Rebalancer",
-    "error_text",
+    "error_text", "totals",
 ]

@@ -31,7 +31,13 @@ import numpy as np
 
 from contracts.errors import UnavailableError
 from contracts.placement import Placement
-from controller.actuators.placement import EngineControl, ExpertLoadSnapshot, HttpEngineControl, JsonHttpControl
+from controller.actuators.placement import (
+    EngineControl,
+    ExpertLoadSnapshot,
+    HttpEngineControl,
+    JsonHttpControl,
+    totals,
+)
 
 STATUS_PATH = "/moeslo/eplb"
 REBALANCE_PATH = "/moeslo/eplb/rebalance"
@@ -69,6 +75,7 @@ class VllmEngineControl(JsonHttpControl):
             imbalance_cv=tuple(float(x) for x in measured.get("cv", ())),
             steps_in_window=int(status.get("steps_in_window") or 0),
             placement=placement,
+            expert_tokens_total=totals(status),
         )
 
     async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:

@@ -197,33 +197,61 @@ def _plan_nodes(
 class LoadHistory:
     """A bounded history of per-window expert loads of one engine, oldest first (time is passed in).
 
-    An engine reports a sliding window of routed tokens.  :meth:`observe` starts a new entry
-    when ``window_every_s`` has passed since the newest one started, and otherwise refreshes the
-    newest with the latest reading, so entries are readings about ``window_every_s`` apart (they
-    overlap where the engine steps fewer than its window in that time).  Loads are logical (per
-    expert), so they stay valid across placement changes; a change of shape (another model)
-    starts the history afresh.
+    With the engine's cumulative counts (``total``: routed tokens since it started), each entry is
+    the load routed between two readings ``window_every_s`` or more apart: windows that share no
+    token, so a plan made without the latest window is judged on load it did not see.  An entry
+    is kept once it is that long and has load; the one still filling is not planned from.  The
+    first reading's sliding window is the first entry (it precedes the totals' counting), and
+    counts that fall (the engine restarted) do the same again.
+
+    Without totals (an engine that reports only its sliding window), :meth:`observe` starts a new
+    entry when ``window_every_s`` has passed since the newest one started and otherwise refreshes
+    the newest with the latest reading: entries about ``window_every_s`` apart, which overlap
+    where the engine steps fewer than its window in that time.  Loads are logical (per expert),
+    so they stay valid across placement changes; a change of shape (another model) starts the
+    history afresh.
     """
 
     max_windows: int = 8
     window_every_s: float = 30.0
     _windows: deque[FloatArray] = field(init=False, repr=False)
     _newest_s: float = field(default=float("-inf"), init=False, repr=False)
+    _start_total: FloatArray | None = field(default=None, init=False, repr=False)
+    """The engine's cumulative counts where the entry still filling began (totals only)."""
 
     def __post_init__(self) -> None:
         if self.max_windows < 1:
             raise ValidationError(f"max_windows must be >= 1, got {self.max_windows}")
         self._windows = deque(maxlen=self.max_windows)
 
-    def observe(self, now_s: float, expert_tokens: npt.ArrayLike) -> None:
+    def observe(self, now_s: float, expert_tokens: npt.ArrayLike, total: npt.ArrayLike | None = None) -> None:
+        """One reading: the engine's window of routed tokens and, where it reports them, its totals."""
         load = np.asarray(expert_tokens, dtype=np.float64)
         if self._windows and self._windows[-1].shape != load.shape:
             self._windows.clear()
+            self._start_total = None
+        if total is not None:
+            self._observe_total(now_s, load, np.asarray(total, dtype=np.float64))
+            return
         if self._windows and now_s - self._newest_s < self.window_every_s:
             self._windows[-1] = load
             return
         self._windows.append(load)
         self._newest_s = now_s
+
+    def _observe_total(self, now_s: float, load: FloatArray, total: FloatArray) -> None:
+        start = self._start_total
+        if start is None or start.shape != total.shape or bool((total < start).any()):
+            # The first reading, or a restarted engine: its window so far is an entry, and no token of
+            # it is in the entries to come, which count from these totals.
+            if load.sum() > 0:
+                self._windows.append(load)
+            self._start_total, self._newest_s = total, now_s
+            return
+        window = total - start
+        if now_s - self._newest_s >= self.window_every_s and window.sum() > 0:
+            self._windows.append(window)
+            self._start_total, self._newest_s = total, now_s
 
     def windows(self) -> list[FloatArray]:
         return list(self._windows)

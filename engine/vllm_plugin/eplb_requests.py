@@ -210,6 +210,7 @@ def merge_status(replies: list[dict[str, Any]]) -> dict[str, Any]:
         "counting_workers": len(windows),
         "layer_ids": None,
         "expert_tokens": None,
+        "expert_tokens_total": None,
         "steps_in_window": 0,
         "placement_log": next((r["placement_log"] for r in replies if r.get("placement_log")), None),
     }
@@ -218,6 +219,9 @@ def merge_status(replies: list[dict[str, Any]]) -> dict[str, Any]:
     layer_ids, tokens = _tokens_by_layer(windows)
     out.update(layer_ids=layer_ids, expert_tokens=tokens.tolist(),
                steps_in_window=max(int(w["active_flushes"]) for w in windows))  # fmt: skip
+    if all(w.get("expert_tokens_total") is not None for w in windows):
+        _, totals = _tokens_by_layer(windows, key="expert_tokens_total")
+        out["expert_tokens_total"] = totals.tolist()
     if out["phy2log"] is not None and out["num_ranks"]:
         phy2log = np.asarray(out["phy2log"], dtype=np.int64)
         if phy2log.shape[0] == tokens.shape[0]:
@@ -225,12 +229,12 @@ def merge_status(replies: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _tokens_by_layer(windows: list[dict[str, Any]]) -> tuple[list[int], IntArray]:
-    """The workers' windows merged layer by layer: summed where workers count the same layer (data
-    parallel), side by side where each counts its own (pipeline stages)."""
+def _tokens_by_layer(windows: list[dict[str, Any]], key: str = "expert_tokens") -> tuple[list[int], IntArray]:
+    """The workers' windows (or totals) merged layer by layer: summed where workers count the same
+    layer (data parallel), side by side where each counts its own (pipeline stages)."""
     rows: dict[int, IntArray] = {}
     for window in windows:
-        counts = np.asarray(window["expert_tokens"], dtype=np.int64)
+        counts = np.asarray(window[key], dtype=np.int64)
         if counts.ndim != 2 or counts.shape[0] != len(window["layer_ids"]):
             raise UnavailableError(f"a worker's window is {counts.shape}, for {len(window['layer_ids'])} layers")
         for layer, row in zip(window["layer_ids"], counts, strict=True):

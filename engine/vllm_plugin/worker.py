@@ -56,6 +56,9 @@ class WindowView:
     rank_weights: FloatArray
     """(experts, ranks) or (layers, experts, ranks): the rank map of the gauges."""
     rank_source: str
+    expert_tokens_total: IntArray | None = None
+    """(layers, experts) tokens routed since the worker started (never reset: readings difference into
+    windows that do not overlap)."""
 
 
 class Flusher:
@@ -90,6 +93,7 @@ class Flusher:
             return WindowView(
                 layer_ids=snapshot.layer_ids, expert_tokens=tokens.copy(),
                 active_flushes=self.builder.window_active_flushes, rank_weights=weights, rank_source=source,
+                expert_tokens_total=snapshot.expert_tokens_total.copy(),
             )  # fmt: skip
 
     def request(self, action: str, outcome: str) -> None:

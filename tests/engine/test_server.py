@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -326,6 +327,8 @@ def test_expert_parallel_server_reports_ranks_and_moves_experts(tiny_checkpoint:
             assert load["num_ranks"] == 2
             assert all(sum(row) > 0 for row in load["rank_tokens"])
             assert all(cv >= 0.0 for cv in load["imbalance_cv"])
+            total_before = np.asarray(load["expert_tokens_total"])
+            assert (total_before == np.asarray(load["expert_tokens"])).all()  # one request: all in the window
             current = client.get("/v1/placement").json()
             swapped = {**current, "phy2log": [list(reversed(row)) for row in current["phy2log"]]}
             resp = client.post("/v1/placement", json=swapped)
@@ -335,6 +338,11 @@ def test_expert_parallel_server_reports_ranks_and_moves_experts(tiny_checkpoint:
             assert after == before  # greedy output does not depend on where experts live
             load = client.get("/v1/expert-load").json()
             assert load["steps_in_window"] >= 1  # the window restarted at the swap and filled again
+            # The totals did not restart: what they grew by holds the new window (and any step
+            # counted between the first reading and the swap).
+            grown = np.asarray(load["expert_tokens_total"]) - total_before
+            window = np.asarray(load["expert_tokens"])
+            assert window.sum() > 0 and (grown >= window).all()
     finally:
         server.stop()
     assert engine.kv_state()[0] == 0

@@ -78,6 +78,9 @@ def test_replies_merge_and_worker_errors_come_back_typed() -> None:
     ])  # fmt: skip
     assert status["expert_tokens"] == [[6, 2]] and status["steps_in_window"] == 6 and status["counting_workers"] == 2
     assert status["measured"]["cv_max"] == pytest.approx(0.5)
+    assert status["expert_tokens_total"] is None  # a worker that reports no totals: none merged
+    counted = {**window, "expert_tokens_total": [[30, 10]]}
+    assert merge_status([{"window": counted}, {"window": counted}])["expert_tokens_total"] == [[60, 20]]
     # Pipeline stages count their own layers: side by side, not summed into the first stage's.
     stage = {"active_flushes": 1, "rank_source": "virtual"}
     staged = merge_status([{"window": {**stage, "layer_ids": [0, 1], "expert_tokens": [[4, 0], [4, 0]]}},
@@ -106,6 +109,7 @@ def test_status_and_dry_run_plan_with_vllms_policy_and_move_nothing() -> None:
     status = control.handle(runner(state), json.dumps({"action": "status"}))
     assert status["eplb"]["policy"] == "PlannerPolicy" and status["placement_source"] == "eplb"
     assert np.asarray(status["window"]["expert_tokens"]).sum() == LAYERS * 200 * 2
+    assert status["window"]["expert_tokens_total"] == status["window"]["expert_tokens"]  # nothing left the window
     before = state.model_state.physical_to_logical_map.clone()
     load = merge_status([status])["expert_tokens"]
     reply = control.handle(runner(state), {"action": "plan", "load": load})

@@ -163,6 +163,47 @@ def test_with_min_windows_the_first_plan_waits_for_a_held_out_prediction() -> No
     assert len(engine.applied) == 1
 
 
+class CountingEngine(InMemoryEngine):
+    """Routes one batch between readings; reports a sliding window of the last three batches, and its totals."""
+
+    def __init__(self, batches: list[np.ndarray], *, totals: bool = True) -> None:
+        super().__init__()
+        self.batches, self.totals = batches, totals
+        self.seen: list[np.ndarray] = []
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
+        self.seen.append(self.batches[min(len(self.seen), len(self.batches) - 1)])
+        window = np.sum(self.seen[-3:], axis=0)
+        ranks = rank_load(self.placement.phy2log, window.astype(float), self.placement.num_ranks)
+        return ExpertLoadSnapshot(expert_tokens=window, imbalance_cv=tuple(float(x) for x in imbalance_cv(ranks)),
+                                  steps_in_window=64, placement=self.placement,
+                                  expert_tokens_total=np.sum(self.seen, axis=0) if self.totals else None)
+
+
+@pytest.mark.parametrize("totals", [True, False])
+def test_the_held_out_window_shares_no_token_with_the_plan(totals: bool) -> None:
+    """With the engine's totals the trigger judges a plan on the load routed since the previous window
+    alone; from the sliding window, which still holds the load the plan was made from, it cannot."""
+    from controller.rebalance.out_of_sample import held_out_gain
+
+    latest = np.array([[300, 400, 10, 10, 10, 10, 10, 200]], dtype=np.int64)
+    engine = CountingEngine([LOAD, latest], totals=totals)
+    rebalancer = Rebalancer(engine, TriggerSettings(cooldown_s=100), window_every_s=10, min_windows=2)
+
+    async def ticks() -> list[Any]:
+        events = []
+        for now in (0, 10):
+            events += await rebalancer.tick(_policy(Mode.ENFORCE), ["http://engine"], float(now))
+        return events
+
+    applied = [e for e in asyncio.run(ticks()) if e.kind == "rebalance"]
+    assert len(applied) == 1 and applied[0].decision.prediction == "held_out"
+    contiguous = Placement.contiguous(1, 8, 2).phy2log
+    on_latest = held_out_gain(contiguous, contiguous, latest, 2).worst_before
+    predicted = applied[0].decision.predicted_cv_before
+    assert (predicted == pytest.approx(on_latest)) is totals
+
+
 class SwappingEngine(InMemoryEngine):
     """Fifty times the load, and 400 tokens move from one hot expert to the other every other read."""
 

@@ -158,6 +158,29 @@ def test_load_history_keeps_spaced_windows_and_refreshes_the_newest() -> None:
         LoadHistory(max_windows=0)
 
 
+def test_load_history_from_totals_keeps_windows_that_share_no_token() -> None:
+    from controller.rebalance.history import LoadHistory
+
+    history = LoadHistory(max_windows=3, window_every_s=10)
+    sliding = np.full((1, 2), 99)  # the engine's sliding window: only the first reading's is an entry
+    history.observe(0.0, np.array([[4, 1]]), np.array([[5, 5]]))  # what was routed before the totals count
+    history.observe(6.0, sliding, np.array([[9, 5]]))
+    assert [w.tolist() for w in history.windows()] == [[[4, 1]]]  # the entry still filling is not planned from
+    history.observe(10.0, sliding, np.array([[11, 8]]))
+    history.observe(15.0, sliding, np.array([[12, 8]]))
+    history.observe(20.0, sliding, np.array([[12, 28]]))
+    assert [w.tolist() for w in history.windows()] == [[[4, 1]], [[6, 3]], [[1, 20]]]  # the load between readings
+    history.observe(40.0, sliding, np.array([[12, 28]]))  # nothing routed: the entry stays open
+    history.observe(45.0, sliding, np.array([[13, 29]]))
+    assert [w.tolist() for w in history.windows()] == [[[6, 3]], [[1, 20]], [[1, 1]]]  # bounded: the oldest went
+    history.observe(50.0, np.array([[2, 0]]), np.array([[2, 0]]))  # counts fell: the engine restarted
+    history.observe(60.0, sliding, np.array([[4, 3]]))
+    assert [w.tolist() for w in history.windows()] == [[[1, 1]], [[2, 0]], [[2, 3]]]
+    history.observe(61.0, np.ones((3, 2)), np.ones((3, 2)))  # another model: start afresh
+    history.observe(71.0, np.ones((3, 2)), np.full((3, 2), 4))
+    assert [w.tolist() for w in history.windows()] == [[[1, 1]] * 3, [[3, 3]] * 3]
+
+
 def test_plan_from_history_predicts_on_the_window_it_did_not_see() -> None:
     from controller.rebalance.history import plan_from_history
 
