@@ -249,18 +249,11 @@ class ControllerService:
                 reason = decision.reason if decision is not None else (
                     event.verify.reason if event.verify is not None else event.kind
                 )
-                plan = event.plan or {}
-                detail = (f"{event.endpoint}: predicted worst-layer CV {plan.get('imbalance_before_cv', 0):.3f} -> "
-                          f"{plan.get('imbalance_after_cv', 0):.3f}, {plan.get('moves', 0)} expert moves")
-                if event.verify is not None and event.verify.measured_cv is not None:
-                    detail += f"; measured {event.verify.measured_cv:.3f}"
-                if event.error:
-                    detail += f"; {event.error}"
                 records.append(DecisionRecord(
                     policy=entry.policy.name, policy_version=entry.version, at=self.wall_clock(), tick_s=now_s,
                     action="rebalance" if event.kind == "rebalance" else "verify_rebalance", reason=reason,
                     current_replicas=None, desired_replicas=None, mode=str(entry.policy.mode),
-                    outcome=event.outcome, detail=detail, inputs=event.to_json(),
+                    outcome=event.outcome, detail=event.detail(), inputs=event.to_json(),
                 ))
         return records
 

@@ -140,6 +140,23 @@ class RebalanceEvent:
     verify: VerifyResult | None = None
     error: str | None = None
 
+    def detail(self) -> str:
+        """One line for the decision log: the prediction on the windows planned from, the held-out one the
+        trigger and verification use where there is one, and what was measured."""
+        plan = self.plan or {}
+        text = (f"{self.endpoint}: predicted worst-layer CV {plan.get('imbalance_before_cv', 0):.3f} -> "
+                f"{plan.get('imbalance_after_cv', 0):.3f}")
+        held_out = plan.get("held_out")
+        if held_out is not None:
+            text += (f" ({held_out['worst_cv_before']:.3f} -> {held_out['worst_cv_after']:.3f} on a window "
+                     "it was not planned from)")
+        text += f", {plan.get('moves', 0)} expert moves"
+        if self.verify is not None and self.verify.measured_cv is not None:
+            text += f"; expected {self.verify.predicted_cv:.3f}, measured {self.verify.measured_cv:.3f}"
+        if self.error:
+            text += f"; {self.error}"
+        return text
+
     def to_json(self) -> dict[str, Any]:
         return {
             "policy": self.policy,

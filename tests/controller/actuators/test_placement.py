@@ -66,6 +66,9 @@ def test_sustained_imbalance_is_rebalanced_then_verified() -> None:
     assert applied.plan["imbalance_before_cv"] > 0.15 > applied.plan["imbalance_after_cv"]
     assert len(engine.applied) == 1
     assert events[1].verify.measured_cv < 0.15
+    before, after = applied.plan["imbalance_before_cv"], applied.plan["imbalance_after_cv"]
+    assert applied.detail() == f"http://engine: predicted worst-layer CV {before:.3f} -> {after:.3f}, 2 expert moves"
+    assert events[1].detail().endswith(f"; expected {after:.3f}, measured {events[1].verify.measured_cv:.3f}")
 
 
 def test_advisory_mode_logs_the_plan_without_applying_it() -> None:
@@ -202,6 +205,9 @@ def test_the_held_out_window_shares_no_token_with_the_plan(totals: bool) -> None
     on_latest = held_out_gain(contiguous, contiguous, latest, 2).worst_before
     predicted = applied[0].decision.predicted_cv_before
     assert (predicted == pytest.approx(on_latest)) is totals
+    held_out = applied[0].plan["held_out"]
+    assert (f"({held_out['worst_cv_before']:.3f} -> {held_out['worst_cv_after']:.3f} on a window it was not "
+            "planned from)") in applied[0].detail()
 
 
 class SwappingEngine(InMemoryEngine):
