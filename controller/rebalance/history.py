@@ -198,11 +198,12 @@ class LoadHistory:
     """A bounded history of per-window expert loads of one engine, oldest first (time is passed in).
 
     With the engine's cumulative counts (``total``: routed tokens since it started), each entry is
-    the load routed between two readings ``window_every_s`` or more apart: windows that share no
-    token, so a plan made without the latest window is judged on load it did not see.  An entry
-    is kept once it is that long and has load; the one still filling is not planned from.  The
-    first reading's sliding window is the first entry (it precedes the totals' counting), and
-    counts that fall (the engine restarted) do the same again.
+    the load routed between two readings: windows that share no token, so a plan made without
+    the latest window is judged on load it did not see.  An entry closes once it spans
+    ``window_every_s`` and has load; the one still filling counts too once it spans half that
+    (the newest load is the best guess of the next, and a sliver of it would weigh as much as a
+    whole window).  The first reading's sliding window is the first entry (it precedes the
+    totals' counting), and counts that fall (the engine restarted) do the same again.
 
     Without totals (an engine that reports only its sliding window), :meth:`observe` starts a new
     entry when ``window_every_s`` has passed since the newest one started and otherwise refreshes
@@ -218,6 +219,8 @@ class LoadHistory:
     _newest_s: float = field(default=float("-inf"), init=False, repr=False)
     _start_total: FloatArray | None = field(default=None, init=False, repr=False)
     """The engine's cumulative counts where the entry still filling began (totals only)."""
+    _filling: FloatArray | None = field(default=None, init=False, repr=False)
+    """The entry still filling, when it spans half a window and has load (totals only)."""
 
     def __post_init__(self) -> None:
         if self.max_windows < 1:
@@ -229,7 +232,8 @@ class LoadHistory:
         load = np.asarray(expert_tokens, dtype=np.float64)
         if self._windows and self._windows[-1].shape != load.shape:
             self._windows.clear()
-            self._start_total = None
+        if self._start_total is not None and self._start_total.shape != load.shape:
+            self._start_total = self._filling = None
         if total is not None:
             self._observe_total(now_s, load, np.asarray(total, dtype=np.float64))
             return
@@ -246,18 +250,21 @@ class LoadHistory:
             # it is in the entries to come, which count from these totals.
             if load.sum() > 0:
                 self._windows.append(load)
-            self._start_total, self._newest_s = total, now_s
+            self._start_total, self._newest_s, self._filling = total, now_s, None
             return
         window = total - start
-        if now_s - self._newest_s >= self.window_every_s and window.sum() > 0:
+        spans = now_s - self._newest_s
+        self._filling = window if spans >= self.window_every_s / 2 and window.sum() > 0 else None
+        if spans >= self.window_every_s and window.sum() > 0:
             self._windows.append(window)
-            self._start_total, self._newest_s = total, now_s
+            self._start_total, self._newest_s, self._filling = total, now_s, None
 
     def windows(self) -> list[FloatArray]:
-        return list(self._windows)
+        entries = list(self._windows) + ([] if self._filling is None else [self._filling])
+        return entries[-self.max_windows:]
 
     def __len__(self) -> int:
-        return len(self._windows)
+        return len(self.windows())
 
 
 def plan_from_history(

@@ -164,13 +164,16 @@ def test_load_history_from_totals_keeps_windows_that_share_no_token() -> None:
     history = LoadHistory(max_windows=3, window_every_s=10)
     sliding = np.full((1, 2), 99)  # the engine's sliding window: only the first reading's is an entry
     history.observe(0.0, np.array([[4, 1]]), np.array([[5, 5]]))  # what was routed before the totals count
-    history.observe(6.0, sliding, np.array([[9, 5]]))
-    assert [w.tolist() for w in history.windows()] == [[[4, 1]]]  # the entry still filling is not planned from
+    history.observe(4.0, sliding, np.array([[9, 5]]))
+    assert [w.tolist() for w in history.windows()] == [[[4, 1]]]  # a sliver still filling is not planned from
+    history.observe(6.0, sliding, np.array([[10, 5]]))
+    assert [w.tolist() for w in history.windows()] == [[[4, 1]], [[5, 0]]]  # half a window: it counts
     history.observe(10.0, sliding, np.array([[11, 8]]))
     history.observe(15.0, sliding, np.array([[12, 8]]))
     history.observe(20.0, sliding, np.array([[12, 28]]))
     assert [w.tolist() for w in history.windows()] == [[[4, 1]], [[6, 3]], [[1, 20]]]  # the load between readings
     history.observe(40.0, sliding, np.array([[12, 28]]))  # nothing routed: the entry stays open
+    assert len(history) == 3
     history.observe(45.0, sliding, np.array([[13, 29]]))
     assert [w.tolist() for w in history.windows()] == [[[6, 3]], [[1, 20]], [[1, 1]]]  # bounded: the oldest went
     history.observe(50.0, np.array([[2, 0]]), np.array([[2, 0]]))  # counts fell: the engine restarted
