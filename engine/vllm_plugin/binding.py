@@ -79,14 +79,20 @@ def monolithic_moe_layers(model: torch.nn.Module) -> int:
 
 
 def install_bind_hook(bind: Callable[[torch.nn.Module], bool]) -> RemovableHandle:
-    """Call ``bind(module)`` on module calls until it returns True, then unhook."""
+    """Call ``bind(module)`` on module calls until it returns True, then unhook.
+
+    A module ``bind`` refused is not offered again, nor is anything in its tree: a model with no
+    MoE layer (a dense model) is scanned once, not on every call of every block forever."""
     handle: RemovableHandle | None = None
+    refused: set[int] = set()
 
     def hook(module: torch.nn.Module, args: Any) -> None:
-        if handle is None or next(module.children(), None) is None:
+        if handle is None or id(module) in refused or next(module.children(), None) is None:
             return  # leaf modules never hold a whole MoE model
         if bind(module):
             handle.remove()
+        else:
+            refused.update(id(m) for m in module.modules())
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
     return handle

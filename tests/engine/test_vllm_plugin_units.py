@@ -220,6 +220,25 @@ def test_a_model_of_monolithic_kernels_is_said_once_and_unhooks(caplog: pytest.L
     assert caplog.text.count("monolithic kernel") == 1 and "3 MoE layer(s)" in caplog.text
 
 
+def test_a_dense_model_is_scanned_once() -> None:
+    """Bound nowhere, the hook rescanned every block's tree on each call: 300 scans in 100 passes."""
+    model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()) for _ in range(2)))
+    settings = PluginSettings(enabled=True, virtual_ep_ranks=4, flush_interval_s=60.0, model_name="dense")
+    scanned: list[type] = []
+
+    def bind(module: torch.nn.Module) -> bool:
+        scanned.append(type(module))
+        return bind_model(module, settings, _ListSink, row_filter=count_all_rows)
+
+    handle = install_bind_hook(bind)
+    try:
+        for _ in range(100):
+            model(torch.randn(2, 8))
+    finally:
+        handle.remove()
+    assert scanned == [torch.nn.Sequential]  # the whole model once; its blocks are in its tree
+
+
 def test_host_path_counts_a_row_span_and_drops_invalid_ids() -> None:
     counter = ExpertLoadCounter([0], 4, row_filter=lambda ids: (1, 3))
     counter.capture(0, torch.tensor([[0, 0], [1, 2], [3, -1], [2, 2]], dtype=torch.int32))
