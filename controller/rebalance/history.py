@@ -197,30 +197,30 @@ def _plan_nodes(
 class LoadHistory:
     """A bounded history of per-window expert loads of one engine, oldest first (time is passed in).
 
-    With the engine's cumulative counts (``total``: routed tokens since it started), each entry is
-    the load routed between two readings: windows that share no token, so a plan made without
-    the latest window is judged on load it did not see.  An entry closes once it spans
-    ``window_every_s`` and has load; the one still filling counts too once it spans half that
-    (the newest load is the best guess of the next, and a sliver of it would weigh as much as a
-    whole window).  The first reading's sliding window is the first entry (it precedes the
-    totals' counting), and counts that fall (the engine restarted) do the same again.
-
-    Without totals (an engine that reports only its sliding window), :meth:`observe` starts a new
-    entry when ``window_every_s`` has passed since the newest one started and otherwise refreshes
-    the newest with the latest reading: entries about ``window_every_s`` apart, which overlap
-    where the engine steps fewer than its window in that time.  Loads are logical (per expert),
-    so they stay valid across placement changes; a change of shape (another model) starts the
-    history afresh.
+    An engine reports a sliding window of routed tokens.  :meth:`observe` starts a new entry when
+    ``window_every_s`` has passed since the newest one started, and otherwise refreshes the newest
+    with the latest reading, so entries are readings about ``window_every_s`` apart.  A busy engine
+    steps through its whole window between entries; a quiet one does not, and its readings overlap.
+    With the engine's cumulative counts (``total``) an entry keeps only the part of its reading
+    routed after the previous entry's last reading (the tokens routed since, where those are fewer
+    than the window's): entries share no token, so a plan made without the newest is judged on
+    load it did not see.  A newest entry cut that way counts once the tokens it holds span half of
+    ``window_every_s`` (a sliver would weigh as much as a whole window); counts that fall (the
+    engine restarted) cut nothing.  Loads are logical (per expert), so they stay valid across
+    placement changes; a change of shape (another model) starts the history afresh.
     """
 
     max_windows: int = 8
     window_every_s: float = 30.0
     _windows: deque[FloatArray] = field(init=False, repr=False)
     _newest_s: float = field(default=float("-inf"), init=False, repr=False)
-    _start_total: FloatArray | None = field(default=None, init=False, repr=False)
-    """The engine's cumulative counts where the entry still filling began (totals only)."""
-    _filling: FloatArray | None = field(default=None, init=False, repr=False)
-    """The entry still filling, when it spans half a window and has load (totals only)."""
+    _newest_total: FloatArray | None = field(default=None, init=False, repr=False)
+    """The engine's cumulative counts at the newest entry's last reading."""
+    _base_total: FloatArray | None = field(default=None, init=False, repr=False)
+    """The same at the previous entry's last reading: what the newest entry must not hold."""
+    _last_s: float = field(default=float("-inf"), init=False, repr=False)
+    _base_s: float = field(default=float("-inf"), init=False, repr=False)
+    _newest_young: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_windows < 1:
@@ -230,38 +230,30 @@ class LoadHistory:
     def observe(self, now_s: float, expert_tokens: npt.ArrayLike, total: npt.ArrayLike | None = None) -> None:
         """One reading: the engine's window of routed tokens and, where it reports them, its totals."""
         load = np.asarray(expert_tokens, dtype=np.float64)
+        counts = None if total is None else np.asarray(total, dtype=np.float64)
         if self._windows and self._windows[-1].shape != load.shape:
             self._windows.clear()
-        if self._start_total is not None and self._start_total.shape != load.shape:
-            self._start_total = self._filling = None
-        if total is not None:
-            self._observe_total(now_s, load, np.asarray(total, dtype=np.float64))
-            return
-        if self._windows and now_s - self._newest_s < self.window_every_s:
-            self._windows[-1] = load
-            return
-        self._windows.append(load)
-        self._newest_s = now_s
-
-    def _observe_total(self, now_s: float, load: FloatArray, total: FloatArray) -> None:
-        start = self._start_total
-        if start is None or start.shape != total.shape or bool((total < start).any()):
-            # The first reading, or a restarted engine: its window so far is an entry, and no token of
-            # it is in the entries to come, which count from these totals.
-            if load.sum() > 0:
-                self._windows.append(load)
-            self._start_total, self._newest_s, self._filling = total, now_s, None
-            return
-        window = total - start
-        spans = now_s - self._newest_s
-        self._filling = window if spans >= self.window_every_s / 2 and window.sum() > 0 else None
-        if spans >= self.window_every_s and window.sum() > 0:
-            self._windows.append(window)
-            self._start_total, self._newest_s, self._filling = total, now_s, None
+        last = self._newest_total
+        restarted = last is not None and (counts is None or last.shape != counts.shape or bool((counts < last).any()))
+        new_entry = restarted or not self._windows or now_s - self._newest_s >= self.window_every_s
+        if new_entry:
+            self._base_total = None if restarted else last
+            self._newest_s, self._base_s = now_s, self._last_s
+        entry, cut = load, False
+        if counts is not None and self._base_total is not None:
+            since = counts - self._base_total
+            if since.sum() < load.sum():  # the window reaches back into the previous entry
+                entry, cut = since, True
+        if new_entry:
+            self._windows.append(entry)
+        else:
+            self._windows[-1] = entry
+        self._newest_total, self._last_s = counts, now_s
+        self._newest_young = cut and now_s - self._base_s < self.window_every_s / 2
 
     def windows(self) -> list[FloatArray]:
-        entries = list(self._windows) + ([] if self._filling is None else [self._filling])
-        return entries[-self.max_windows:]
+        entries = list(self._windows)
+        return entries[:-1] if self._newest_young else entries
 
     def __len__(self) -> int:
         return len(self.windows())

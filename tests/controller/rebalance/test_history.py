@@ -158,30 +158,26 @@ def test_load_history_keeps_spaced_windows_and_refreshes_the_newest() -> None:
         LoadHistory(max_windows=0)
 
 
-def test_load_history_from_totals_keeps_windows_that_share_no_token() -> None:
+def test_load_history_with_totals_keeps_entries_that_share_no_token() -> None:
+    """A busy engine's readings are whole windows apart and kept as read; a quiet engine's overlap, and
+    each keeps only what was routed after the previous entry's last reading."""
     from controller.rebalance.history import LoadHistory
 
     history = LoadHistory(max_windows=3, window_every_s=10)
-    sliding = np.full((1, 2), 99)  # the engine's sliding window: only the first reading's is an entry
-    history.observe(0.0, np.array([[4, 1]]), np.array([[5, 5]]))  # what was routed before the totals count
-    history.observe(4.0, sliding, np.array([[9, 5]]))
-    assert [w.tolist() for w in history.windows()] == [[[4, 1]]]  # a sliver still filling is not planned from
-    history.observe(6.0, sliding, np.array([[10, 5]]))
-    assert [w.tolist() for w in history.windows()] == [[[4, 1]], [[5, 0]]]  # half a window: it counts
-    history.observe(10.0, sliding, np.array([[11, 8]]))
-    history.observe(15.0, sliding, np.array([[12, 8]]))
-    history.observe(20.0, sliding, np.array([[12, 28]]))
-    assert [w.tolist() for w in history.windows()] == [[[4, 1]], [[6, 3]], [[1, 20]]]  # the load between readings
-    history.observe(40.0, sliding, np.array([[12, 28]]))  # nothing routed: the entry stays open
-    assert len(history) == 3
-    history.observe(45.0, sliding, np.array([[13, 29]]))
-    assert [w.tolist() for w in history.windows()] == [[[6, 3]], [[1, 20]], [[1, 1]]]  # bounded: the oldest went
-    history.observe(50.0, np.array([[2, 0]]), np.array([[2, 0]]))  # counts fell: the engine restarted
-    history.observe(60.0, sliding, np.array([[4, 3]]))
-    assert [w.tolist() for w in history.windows()] == [[[1, 1]], [[2, 0]], [[2, 3]]]
-    history.observe(61.0, np.ones((3, 2)), np.ones((3, 2)))  # another model: start afresh
-    history.observe(71.0, np.ones((3, 2)), np.full((3, 2), 4))
-    assert [w.tolist() for w in history.windows()] == [[[1, 1]] * 3, [[3, 3]] * 3]
+    history.observe(0.0, [[4, 1]], [[5, 5]])
+    history.observe(4.0, [[6, 2]], [[7, 6]])  # within 10 s: refreshes the newest
+    history.observe(10.0, [[5, 5]], [[9, 9]])  # a new entry; its window holds 6 tokens of the previous one
+    assert [w.tolist() for w in history.windows()] == [[[6, 2]], [[2, 3]]]  # the 5 routed since 4 s
+    history.observe(16.0, [[8, 8]], [[25, 25]])  # busy since: the window is all new, kept as read
+    assert [w.tolist() for w in history.windows()] == [[[6, 2]], [[8, 8]]]
+    history.observe(20.0, [[8, 8]], [[26, 27]])  # quiet: a new entry with 3 tokens of 4 s: a sliver
+    assert len(history) == 2
+    history.observe(26.0, [[8, 8]], [[28, 29]])  # 7 tokens of 10 s since the previous entry's last reading
+    assert [w.tolist() for w in history.windows()] == [[[6, 2]], [[8, 8]], [[3, 4]]]
+    history.observe(30.0, [[1, 0]], [[1, 0]])  # counts fell: the engine restarted, nothing to cut
+    assert [w.tolist() for w in history.windows()] == [[[8, 8]], [[3, 4]], [[1, 0]]]  # bounded: the oldest went
+    history.observe(31.0, np.ones((3, 2)), np.ones((3, 2)))  # another model: start afresh
+    assert [w.tolist() for w in history.windows()] == [[[1, 1]] * 3]
 
 
 def test_plan_from_history_predicts_on_the_window_it_did_not_see() -> None:
