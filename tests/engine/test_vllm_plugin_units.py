@@ -198,45 +198,38 @@ def test_a_capture_callback_already_bound_is_named_when_replaced(caplog: pytest.
     assert "already had a capture callback" in caplog.text
 
 
+def _binds_over_passes(model: torch.nn.Module, passes: int) -> list[tuple[type, bool]]:
+    """Each ``bind_model`` call the hook made over ``passes`` forward passes: the module's type and the answer."""
+    settings = PluginSettings(enabled=True, virtual_ep_ranks=4, flush_interval_s=60.0, model_name="tiny")
+    calls: list[tuple[type, bool]] = []
+
+    def bind(module: torch.nn.Module) -> bool:
+        calls.append((type(module), bind_model(module, settings, _ListSink, row_filter=count_all_rows)))
+        return calls[-1][1]
+
+    handle = install_bind_hook(bind)
+    try:
+        for _ in range(passes):
+            model(torch.randn(2, 8))
+    finally:
+        handle.remove()
+    return calls
+
+
 def test_a_model_of_monolithic_kernels_is_said_once_and_unhooks(caplog: pytest.LogCaptureFixture) -> None:
     """Bound nowhere, the hook stayed, and every module call warned again (1,200 lines in 100 passes)."""
     model = _Model()
     for layer in model.layers:
         layer.is_monolithic = True
-    settings = PluginSettings(enabled=True, virtual_ep_ranks=4, flush_interval_s=60.0, model_name="tiny")
-    calls: list[bool] = []
-
-    def bind(module: torch.nn.Module) -> bool:
-        calls.append(bind_model(module, settings, _ListSink, row_filter=count_all_rows))
-        return calls[-1]
-
-    handle = install_bind_hook(bind)
-    try:
-        for _ in range(5):
-            model(torch.randn(2, 8))
-    finally:
-        handle.remove()
-    assert calls == [True]
+    assert _binds_over_passes(model, 5) == [(_Model, True)]
     assert caplog.text.count("monolithic kernel") == 1 and "3 MoE layer(s)" in caplog.text
 
 
 def test_a_dense_model_is_scanned_once() -> None:
     """Bound nowhere, the hook rescanned every block's tree on each call: 300 scans in 100 passes."""
     model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()) for _ in range(2)))
-    settings = PluginSettings(enabled=True, virtual_ep_ranks=4, flush_interval_s=60.0, model_name="dense")
-    scanned: list[type] = []
-
-    def bind(module: torch.nn.Module) -> bool:
-        scanned.append(type(module))
-        return bind_model(module, settings, _ListSink, row_filter=count_all_rows)
-
-    handle = install_bind_hook(bind)
-    try:
-        for _ in range(100):
-            model(torch.randn(2, 8))
-    finally:
-        handle.remove()
-    assert scanned == [torch.nn.Sequential]  # the whole model once; its blocks are in its tree
+    # The whole model once; its blocks are in its tree.
+    assert _binds_over_passes(model, 100) == [(torch.nn.Sequential, False)]
 
 
 def test_host_path_counts_a_row_span_and_drops_invalid_ids() -> None:
