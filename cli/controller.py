@@ -153,7 +153,13 @@ def get(
 
     with cli_errors():
         if openslo:
-            typer.echo(request("GET", f"{url}/v1/policies/{name}/openslo", None).text, nl=False)
+            text = request("GET", f"{url}/v1/policies/{name}/openslo", None).text
+            if json_out:
+                import yaml
+
+                print_json([doc for doc in yaml.safe_load_all(text) if doc is not None])
+            else:
+                typer.echo(text, nl=False)
             return
         body = answer(request("GET", f"{url}/v1/policies/{name}", None), "version", "policy")
         if json_out:

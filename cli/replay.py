@@ -67,7 +67,7 @@ def replay(
     tuned_from: Annotated[
         Path | None, typer.Option(help="A sweep.json to take each policy's tuned knobs from (with --sweep).")
     ] = None,
-    workers: Annotated[int, typer.Option(help="Worker processes for --sweep.")] = 2,
+    workers: Annotated[int, typer.Option(help="Worker processes for --sweep.", min=1)] = 2,
     refit_every: Annotated[int, typer.Option(min=1, help="Refit moeslo's forecaster every this many ticks.")] = 240,
     start: Annotated[float, typer.Option(min=0.0, help="Start this many seconds into the trace.")] = 0.0,
     duration: Annotated[

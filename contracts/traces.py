@@ -254,7 +254,7 @@ def detect_format(path: Path) -> TraceFormat:
 
 def _first_line(path: Path) -> str:
     try:
-        with path.open("r", encoding="utf-8") as handle:
+        with path.open("r", encoding="utf-8-sig") as handle:
             line = handle.readline()
     except FileNotFoundError as exc:
         raise DataError("file not found", path=str(path)) from exc
@@ -303,7 +303,7 @@ def load_request_trace(
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) for each non-blank line of a CSV file."""
-    with path.open("r", encoding="utf-8", newline="") as handle:
+    with path.open("r", encoding="utf-8-sig", newline="") as handle:  # a byte-order mark is not a column name
         reader = csv.reader(handle)
         for fields in reader:
             if fields and any(f.strip() for f in fields):
@@ -458,7 +458,7 @@ def _read_counts(path: Path, header: list[str], rows: Iterator[tuple[int, list[s
 def _read_mooncake(path: Path) -> RequestTrace:
     _first_line(path)
     builder = _Builder(path)
-    with path.open("r", encoding="utf-8") as handle:
+    with path.open("r", encoding="utf-8-sig") as handle:
         for line, text in enumerate(handle, start=1):
             if not text.strip():
                 continue

@@ -36,6 +36,17 @@ def test_azure_csv(tmp_path: Path) -> None:
     assert trace.start_epoch_s == pytest.approx(1700158546.5)
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> None:
+    """Spreadsheets save UTF-8 CSV with a byte-order mark: the Azure trace was refused as unrecognised."""
+    azure = tmp_path / "a.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5000000,374,44\n",
+                     encoding="utf-8-sig")
+    assert load_trace(azure).prompt_tokens.tolist() == [374]  # type: ignore[union-attr]
+    mooncake = tmp_path / "m.jsonl"
+    mooncake.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\n', encoding="utf-8-sig")
+    assert load_trace(mooncake).output_tokens.tolist() == [2]  # type: ignore[union-attr]
+
+
 def test_mooncake_jsonl(tmp_path: Path) -> None:
     lines = [
         {"timestamp": 1000, "input_length": 10, "output_length": 2, "hash_ids": [1]},

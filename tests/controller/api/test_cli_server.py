@@ -91,6 +91,9 @@ def test_serve_apply_get_list_delete_and_restart(tmp_path: Path) -> None:
         runner.invoke(app, ["policy", "delete", "good6", "--url", url, "--token", TOKEN])
         got = runner.invoke(app, ["policy", "get", "chat", "--url", url, "--openslo"])
         assert got.exit_code == 0 and "apiVersion: openslo/v1" in got.stdout
+        as_json = runner.invoke(app, ["policy", "get", "chat", "--url", url, "--openslo", "--json"])
+        documents = json.loads(as_json.stdout)
+        assert as_json.exit_code == 0 and {d["apiVersion"] for d in documents} == {"openslo/v1"}
         deleted = runner.invoke(app, ["policy", "delete", "batch", "--url", url, "--token", TOKEN])
         assert deleted.exit_code == 0
         missing = runner.invoke(app, ["policy", "get", "batch", "--url", url])

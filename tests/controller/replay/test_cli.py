@@ -100,3 +100,10 @@ def test_replay_bad_trace_is_a_clear_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["replay", "--trace", str(bad), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
     assert f"{bad}:3:" in result.output and "not sorted" in result.output
+
+
+def test_replay_sweep_needs_a_worker(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["replay", "--sweep", "--workers", "0", "--out", str(tmp_path / "o")])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "--workers" in message and "greater than or equal to 1" in message
+    assert not (tmp_path / "o").exists()  # refused before any work
