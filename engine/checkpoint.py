@@ -211,6 +211,9 @@ def init_random_checkpoint(
     raw = config.to_hf_dict()
     raw["rope_parameters"] = {"rope_type": "default", "rope_theta": config.rope_theta}
     (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    # safetensors writes its file 0600: give it the mode of the files open() writes (0666 less the
+    # umask), so a server running as another user (a container's) can read the weights too.
+    (out / "model.safetensors").chmod((out / "config.json").stat().st_mode & 0o777)
     generation = {"do_sample": False}
     if config.eos_token_id is not None:
         generation["eos_token_id"] = config.eos_token_id  # type: ignore[assignment]
@@ -236,7 +239,10 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
     return {
         "attention": attn * config.num_hidden_layers,
         "experts": expert * config.num_experts * sparse,
+        "routers": hidden * config.num_experts * sparse,
         "dense_mlp": 3 * hidden * config.intermediate_size * dense,
         "embeddings": embed,
+        # two RMSNorms per layer and the final one, and Qwen3's per-head query and key norms
+        "norms": (2 * config.num_hidden_layers + 1) * hidden + 2 * head_dim * config.num_hidden_layers,
     }
 

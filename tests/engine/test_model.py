@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,10 @@ def test_model_init_cli_writes_a_checkpoint_transformers_loads(tmp_path: Path) -
     assert (config.num_hidden_layers, config.num_experts, config.num_experts_per_tok) == (2, 8, 2)
     model = transformers.Qwen3MoeForCausalLM.from_pretrained(out)
     assert model.config.num_experts == 8
+    # Every parameter counted (the routers and norms were left out), and the weights readable as the
+    # config beside them is (safetensors wrote them 0600).
+    assert json.loads(result.output)["parameters"] == sum(p.numel() for p in model.parameters())
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == (out / "config.json").stat().st_mode & 0o777
 
 
 def test_same_seed_gives_same_weights(tmp_path: Path) -> None:
