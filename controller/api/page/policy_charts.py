@@ -90,8 +90,13 @@ def good_ratio_chart(data: PolicyData) -> Markup:
                                ("objective", COLORS["objective"], False)))
 
 
+SIZED_BAND = "forecast: the interval's lower bound up to the rate sized for"
+"""The band's upper edge is the rate the fleet was sized for (the sizing quantile, with any burst
+headroom), which is what a reader weighs the actual rate against; its lower edge is the interval's."""
+
+
 def _forecast_band(data: PolicyData) -> tuple[list[Point], list[Point], list[Point]]:
-    """Point, lower and upper forecasts, each drawn at the time it was for (decision time + horizon)."""
+    """Point, lower and sized-for forecasts, each drawn at the time it was for (decision time + horizon)."""
     point: list[Point] = []
     lower: list[Point] = []
     upper: list[Point] = []
@@ -123,7 +128,7 @@ def load_chart(data: PolicyData) -> Markup:
         "load", t0=data.t0_s, t1=now_s + max(0.0, horizon),
         series=[Series("actual", "actual", actual, COLORS["load"], gap_s=gap),
                 Series("forecast", "forecast", point, COLORS["forecast"], dash=True, gap_s=data.tick_interval_s * 3.5)],
-        bands=[Band("forecast_band", "forecast interval", lower, upper, COLORS["forecast"])],
+        bands=[Band("forecast_band", SIZED_BAND, lower, upper, COLORS["forecast"])],
         markers=[Marker(now_s, "now", "now", "#5f6368")], y_min=0.0, y_format=lambda v: f"{v:g}",
         label="request rate and forecast",
     )
@@ -131,7 +136,7 @@ def load_chart(data: PolicyData) -> Markup:
     source = (f"actual: {PROM if use_prom else LOG}; forecast: {LOG} (drawn one lead time after it was made)")
     return panel("load", "Request rate (req/s) against the forecast band", source, chart, note=note,
                  legend=legend(("actual", COLORS["load"], False), ("forecast (point)", COLORS["forecast"], False),
-                               ("forecast interval", COLORS["forecast"], True)))
+                               (SIZED_BAND, COLORS["forecast"], True)))
 
 
 def _decision_markers(events: Sequence[DecisionRecord]) -> list[Marker]:

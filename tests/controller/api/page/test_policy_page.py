@@ -94,6 +94,8 @@ def test_charts_from_the_decision_log_match_it(make_page: Any) -> None:
     assert float(load["last-v"]) == newest["inputs"]["request_rate_rps"] and load["n"] == "60"
     assert float(load["last-t"]) == pytest.approx(datetime.fromisoformat(newest["at"]).timestamp(), abs=1e-3)
     forecast = _series(html, "load", "forecast")
+    # The band's upper edge is the rate sized for, not the interval's (the legend said "forecast interval").
+    assert "forecast: the interval's lower bound up to the rate sized for" in html
     assert float(forecast["last-v"]) == pytest.approx(newest["inputs"]["sizing.forecast_request_rate_rps"])
     assert float(forecast["last-t"]) == pytest.approx(float(load["last-t"]) + 120, abs=1e-3)  # drawn at its horizon
     assert float(_series(html, "replicas", "current")["last-v"]) == newest["current_replicas"]
