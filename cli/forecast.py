@@ -61,6 +61,8 @@ def backtest(
         if json_out:
             print_json(report)
             return
+        for note in report["notes"]:
+            console.print(f"[yellow]note:[/] {note}")
         for name, entry in report["horizons"].items():
             console.print(f"[bold]horizon {name}[/] ({report['origins']} origins, {report['test']})")
             for model, score in sorted(entry["wape"].items(), key=lambda kv: kv[1]):

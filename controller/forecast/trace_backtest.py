@@ -60,6 +60,19 @@ def horizon_report(results: Sequence[BacktestResult], steps: Sequence[int], bin_
     return by_horizon
 
 
+def backtest_notes(horizons_s: Sequence[float], bin_s: float, models: Sequence[str], split: Split) -> list[str]:
+    """What the report answers differently from what was asked: horizons scored in whole bins (two that
+    round to one bin merge), and seasonal naive without two days of history to repeat."""
+    notes = []
+    for h in sorted(set(horizons_s)):
+        scored = max(1, round(h / bin_s)) * bin_s
+        if abs(scored - h) > 1e-9 * max(1.0, h):
+            notes.append(f"horizon {h:g} s is scored as {scored:g} s (whole bins of {bin_s:g} s)")
+    if "seasonal_naive" in models and split.period is None:
+        notes.append(f"seasonal_naive left out: the trace has under 2 days before its test part ({split.description})")
+    return notes
+
+
 def backtest_trace(
     trace_path: Path,
     *,
@@ -80,6 +93,7 @@ def backtest_trace(
         history_bins=len(series) if split.period is not None else 720, on_model_done=on_model_done,
     )
     return {
+        "notes": backtest_notes(horizons_s, bin_s, models, split),
         "trace": str(trace_path),
         "bin_s": bin_s,
         "bins": len(series),
@@ -93,4 +107,4 @@ def backtest_trace(
     }
 
 
-__all__ = ["DAY_S", "Split", "backtest_trace", "horizon_report", "split_series"]
+__all__ = ["DAY_S", "Split", "backtest_notes", "backtest_trace", "horizon_report", "split_series"]

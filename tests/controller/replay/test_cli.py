@@ -49,6 +49,21 @@ def test_forecast_backtest_json(tmp_path: Path) -> None:
     assert set(entry["wape"]) == {"last_value", "moving_average_8", "holt_damped"}
     assert all(0 < v < 1 for v in entry["wape"].values())
     assert entry["best_baseline"] in {"last_value", "moving_average_8"}
+    assert report["notes"] == []
+
+
+def test_forecast_backtest_says_what_it_answers_differently(tmp_path: Path) -> None:
+    """Horizons of 28 and 30 s in bins of 10 s both became one "30s" row, and seasonal naive went
+    missing from the table, without a word."""
+    trace = write_azure(tmp_path / "t.csv")
+    args = ["forecast", "backtest", "--trace", str(trace), "--bin", "10", "--horizon", "28", "--horizon", "30",
+            "--models", "last_value,seasonal_naive"]
+    report = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert list(report["horizons"]) == ["30s"] and set(report["horizons"]["30s"]["wape"]) == {"last_value"}
+    assert report["notes"][0] == "horizon 28 s is scored as 30 s (whole bins of 10 s)"
+    assert report["notes"][1].startswith("seasonal_naive left out: the trace has under 2 days")
+    printed = " ".join(CliRunner().invoke(app, args).output.split())
+    assert "note: horizon 28 s is scored as 30 s" in printed and "note: seasonal_naive left out" in printed
 
 
 def test_replay_writes_summary_and_plots(tmp_path: Path) -> None:
