@@ -8,8 +8,8 @@ returns every step as a :class:`RebalanceEvent` for the decision log.
 
 Each engine also keeps a bounded history of its expert-load windows
 (:class:`~controller.rebalance.history.LoadHistory`): plans are made against all
-of them (windows that share no token, from the engines' cumulative counts), and the
-trigger judges the gain a plan made without the latest window
+of them (each cut, by the engine's cumulative counts, to what was routed after the
+previous one), and the trigger judges the gain a plan made without the latest window
 shows on that window; verification expects that out-of-sample prediction.
 """
 
