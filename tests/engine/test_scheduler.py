@@ -162,8 +162,12 @@ def run_engine(executor: FakeExecutor, prompts: list[list[int]], max_tokens: int
     engine = LLMEngine(executor, EngineConfig(scheduler=SchedulerConfig(**sched)), sinks=[steps])
     engine.start()
     collect = Collect()
-    ids = [engine.add_request(p, SamplingParams(max_tokens=max_tokens, temperature=0.0), collect)
-           for p in prompts]
+    # Under the engine's (reentrant) lock, every request is in before the first step: a test thread the
+    # engine's loop outran between two requests saw the early ones finish first (no preemption in the
+    # tight test, in a fresh clone's run).
+    with engine._lock:
+        ids = [engine.add_request(p, SamplingParams(max_tokens=max_tokens, temperature=0.0), collect)
+               for p in prompts]
     collect.wait(ids)
     return collect, steps, engine, ids
 
