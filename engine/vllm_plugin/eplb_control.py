@@ -188,10 +188,9 @@ class EplbControl:
         if current is not None and (state is None or self.env.ep_rank() == 0):
             out["phy2log"] = current.phy2log.tolist()
         if window is not None:
-            total = None if window.expert_tokens_total is None else window.expert_tokens_total.tolist()
             out["window"] = {"layer_ids": list(window.layer_ids), "expert_tokens": window.expert_tokens.tolist(),
-                             "expert_tokens_total": total, "active_flushes": window.active_flushes,
-                             "rank_source": window.rank_source}  # fmt: skip
+                             "expert_tokens_total": window.expert_tokens_total.tolist(),
+                             "active_flushes": window.active_flushes, "rank_source": window.rank_source}  # fmt: skip
             log = flusher.builder.placement_log if flusher is not None else None
             out["placement_log"] = None if log is None else log.to_json()
         return out

@@ -56,7 +56,7 @@ class WindowView:
     rank_weights: FloatArray
     """(experts, ranks) or (layers, experts, ranks): the rank map of the gauges."""
     rank_source: str
-    expert_tokens_total: IntArray | None = None
+    expert_tokens_total: IntArray
     """(layers, experts) tokens routed since the worker started (never reset: readings difference into
     windows that do not overlap)."""
 
