@@ -119,8 +119,6 @@ def _put_policies(document: Any, file: Path, url: str, token: str | None) -> lis
     One policy per document, a list of them, or a mapping with a ``policies`` list (as load_policies reads).
     A policy the controller itself refuses (its target, say) stops the rest; the error names it and the
     ones already applied."""
-    from urllib.parse import quote
-
     from controller.api_client import answer, request
     from controller.policy_files import parse_policies, policy_items
 
@@ -131,7 +129,7 @@ def _put_policies(document: Any, file: Path, url: str, token: str | None) -> lis
     results: list[Any] = []
     for doc in items:
         try:
-            put = request("PUT", f"{url}/v1/policies/{quote(str(doc['name']), safe='')}", token, json=doc)
+            put = request("PUT", _policy_url(url, str(doc["name"])), token, json=doc)
             results.append(answer(put, "name", "version"))
         except MoesloError as exc:
             applied = ", ".join(f"{r['name']} (version {r['version']})" for r in results) or "none"
@@ -139,6 +137,13 @@ def _put_policies(document: Any, file: Path, url: str, token: str | None) -> lis
                         f"{applied}",)  # fmt: skip
             raise
     return results
+
+
+def _policy_url(url: str, name: str) -> str:
+    """The policy's resource, its name escaped whole: ``a#b`` or ``x/../a`` must not reach policy ``a``."""
+    from urllib.parse import quote
+
+    return f"{url}/v1/policies/{quote(name, safe='')}"
 
 
 @policy_app.command("get")
@@ -153,7 +158,7 @@ def get(
 
     with cli_errors():
         if openslo:
-            text = request("GET", f"{url}/v1/policies/{name}/openslo", None).text
+            text = request("GET", f"{_policy_url(url, name)}/openslo", None).text
             if json_out:
                 import yaml
 
@@ -161,7 +166,7 @@ def get(
             else:
                 typer.echo(text, nl=False)
             return
-        body = answer(request("GET", f"{url}/v1/policies/{name}", None), "version", "policy")
+        body = answer(request("GET", _policy_url(url, name), None), "version", "policy")
         if json_out:
             print_json(body)
         else:
@@ -208,7 +213,7 @@ def delete(
     from controller.api_client import request
 
     with cli_errors():
-        request("DELETE", f"{url}/v1/policies/{name}", token)
+        request("DELETE", _policy_url(url, name), token)
         if json_out:
             print_json({"deleted": name})
         else:

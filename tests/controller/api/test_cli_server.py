@@ -94,6 +94,12 @@ def test_serve_apply_get_list_delete_and_restart(tmp_path: Path) -> None:
         as_json = runner.invoke(app, ["policy", "get", "chat", "--url", url, "--openslo", "--json"])
         documents = json.loads(as_json.stdout)
         assert as_json.exit_code == 0 and {d["apiVersion"] for d in documents} == {"openslo/v1"}
+        # A name is escaped whole: neither a fragment nor a dot segment can reach another policy.
+        for alias in ("batch#typo", "zz/../batch", "batch?x=1"):
+            wrong = runner.invoke(app, ["policy", "delete", alias, "--url", url, "--token", TOKEN])
+            assert wrong.exit_code == 2 and ("not found" in wrong.output or "HTTP 422" in wrong.output), wrong.output
+            assert runner.invoke(app, ["policy", "get", alias, "--url", url]).exit_code == 2
+        assert runner.invoke(app, ["policy", "get", "batch", "--url", url]).exit_code == 0
         deleted = runner.invoke(app, ["policy", "delete", "batch", "--url", url, "--token", TOKEN])
         assert deleted.exit_code == 0
         missing = runner.invoke(app, ["policy", "get", "batch", "--url", url])
