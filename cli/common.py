@@ -76,8 +76,9 @@ def dim(text: str) -> None:
 
 
 def print_error(message: object) -> None:
-    """``error: <message>`` on the console, the message as written (brackets in it are not markup)."""
-    console.print(f"[bold red]error:[/] {escape(str(message))}")
+    """``error: <message>`` on the console, the message as written (brackets in it are not markup), on one line
+    however long: rich would wrap it at 80 columns when stderr is not a terminal."""
+    console.print(f"[bold red]error:[/] {escape(str(message))}", soft_wrap=True)
 
 
 def check_bindable(host: str, port: int) -> None:

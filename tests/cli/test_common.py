@@ -62,6 +62,13 @@ def test_numbers_out_of_range_are_refused_before_anything_runs(args: tuple[str, 
     assert code == 2 and says in out
 
 
+def test_a_long_error_is_one_line_however_narrow_the_console(tmp_path: Path) -> None:
+    missing = tmp_path / ("a-long-folder-name-" * 8) / "policies.yaml"
+    result = CliRunner().invoke(app, ["policy", "apply", "-f", str(missing)])
+    assert result.exit_code == 2 and len(str(missing)) > 160
+    assert result.output.count("\n") == 1 and result.output.startswith("error: ") and str(missing) in result.output
+
+
 def test_a_path_of_the_wrong_kind_is_one_line(tmp_path: Path) -> None:
     taken = tmp_path / "a-file"
     taken.write_text("x")
