@@ -10,6 +10,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controller.api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
 from controller.api.page import router as page_router
@@ -73,7 +74,28 @@ def create_app(
     app.include_router(status_router)
     app.include_router(page_router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.add_middleware(HeadAsGet)
     return app
+
+
+class HeadAsGet:
+    """HEAD answered as GET without its body (RFC 9110, 9.3.2), headers and all: FastAPI's routes answer GET
+    only, and ``curl -I`` or a load balancer's HEAD check would get a 405."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from contracts.errors import (
     ConflictError,
@@ -158,13 +159,18 @@ def install_error_handlers(app: FastAPI) -> None:
         return problem_response(exc.status_code, str(exc.detail), (), headers or None)
 
 
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
 def _allowed_methods(request: Request) -> list[str]:
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        regex = getattr(route, "path_regex", None)
-        if regex is not None and regex.match(request.url.path):
-            methods.update(getattr(route, "methods", None) or ())
-    return sorted(methods - {"HEAD"})
+    """The methods some route of the request's path answers, asked of the router itself (FastAPI nests included
+    routers, so the routes' own paths are not all at the top); HEAD wherever GET (the app answers it as GET)."""
+    allowed = []
+    for method in HTTP_METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return ["GET", "HEAD", *allowed[1:]] if allowed[:1] == ["GET"] else allowed
 
 
 def _problem_from_text(text: str) -> FieldProblem:
