@@ -177,6 +177,15 @@ def parse_openslo(text: str) -> dict[str, ImportedSlos]:
     return result
 
 
+def _text(mapping: dict[str, Any], key: str, where: str) -> str | None:
+    """A string field, or None when absent: anything else is refused, never rendered with ``str()`` (a YAML
+    alias nested a few levels deep is a few hundred bytes that ``str()`` would spell out in gigabytes)."""
+    value = mapping.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise ValidationError(f"{where}.{key}: must be a string, got {type(value).__name__}")
+
+
 def _need(mapping: Any, key: str, where: str, kind: type | tuple[type, ...] = dict) -> Any:
     if not isinstance(mapping, dict) or key not in mapping:
         raise ValidationError(f"{where}.{key}: required")
@@ -207,11 +216,13 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
         raise ValidationError(f"{where}.spec.{unknown[0]}: not an OpenSLO v1 SLO field "
                               f"(known: {', '.join(sorted(SLO_SPEC_FIELDS))})")  # fmt: skip
     annotations = metadata.get("annotations") or {}
-    service = str(spec.get("service") or "")
-    policy_name = str(annotations.get(POLICY_ANNOTATION) or _label_value(service or str(metadata.get("name"))))
+    service = _text(spec, "service", f"{where}.spec") or ""
+    name = _text(metadata, "name", f"{where}.metadata") or ""
+    annotated = f"{where}.metadata.annotations"
+    policy_name = _text(annotations, POLICY_ANNOTATION, annotated) or _label_value(service or name)
     indicator_spec = _need(_need(spec, "indicator", f"{where}.spec"), "spec", f"{where}.spec.indicator")
     queries = _queries(indicator_spec)
-    objective = annotations.get(OBJECTIVE_ANNOTATION) or _objective_from_queries(queries)
+    objective = _text(annotations, OBJECTIVE_ANNOTATION, annotated) or _objective_from_queries(queries)
     if objective not in ("ttft", "itl", "imbalance"):
         raise ValidationError(
             f"{where}: cannot tell the objective; annotate {OBJECTIVE_ANNOTATION} with ttft, itl or imbalance"
@@ -228,8 +239,9 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
     else:
         slos.objectives[objective] = _latency(entry, queries, f"{where}.spec")
     slos.window = _window(spec, f"{where}.spec", slos.window)
-    if spec.get("description"):
-        slos.description = str(spec["description"])
+    description = _text(spec, "description", f"{where}.spec")
+    if description:
+        slos.description = description
 
 
 def _queries(indicator_spec: dict[str, Any]) -> dict[str, str]:
@@ -262,7 +274,9 @@ def _target(entry: dict[str, Any], where: str) -> float:
     if "target" in entry:
         value = entry["target"]
     elif "targetPercent" in entry:
-        value = entry["targetPercent"] / 100 if isinstance(entry["targetPercent"], (int, float)) else None
+        percent = entry["targetPercent"]
+        # bool is an int to Python: ``targetPercent: true`` would read as 1 %.
+        value = percent / 100 if isinstance(percent, (int, float)) and not isinstance(percent, bool) else percent
     else:
         raise ValidationError(f"{where}.target: required")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
@@ -322,7 +336,7 @@ def _window(spec: dict[str, Any], where: str, previous: str | None) -> str | Non
         return previous
     if not isinstance(windows, list) or len(windows) != 1 or not isinstance(windows[0], dict):
         raise ValidationError(f"{where}.timeWindow: exactly one window is supported")
-    duration = windows[0].get("duration")
+    duration = _text(windows[0], "duration", f"{where}.timeWindow[0]")
     if windows[0].get("isRolling", True) is not True:
         raise ValidationError(f"{where}.timeWindow[0].isRolling: only rolling windows are supported")
     try:
