@@ -65,7 +65,7 @@ def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
-        if not _NUMERIC_HOST.match(host):
+        if not _NUMERIC_HOST.fullmatch(host):
             return None
         try:  # the forms inet_aton takes too, as HTTP clients do: 127.1, 0x7f.1, 2130706433
             return ipaddress.IPv4Address(socket.inet_aton(host))

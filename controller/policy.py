@@ -39,13 +39,15 @@ _NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
 _TEXT = r"^[^\x00-\x08\x0b-\x1f\x7f]*$"
 """Free text: tabs and newlines, no other control characters."""
 ModelName = Annotated[str, Field(min_length=1, max_length=253, pattern=_NO_CONTROL)]
-_DURATION = re.compile(r"^(\d+)([smhdw])$")
+_DURATION = re.compile(r"([0-9]+)([smhdw])")
+"""Matched whole (``fullmatch``): ``\\d`` would take any script's digits and ``$`` a trailing newline, neither of
+which Prometheus or OpenSLO reads."""
 _DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration_s(text: str) -> int:
     """Seconds in a Prometheus-style duration such as ``30d`` or ``5m``."""
-    match = _DURATION.match(text)
+    match = _DURATION.fullmatch(text)
     if match is None:
         raise ValueError(f"duration {text!r} must be a number followed by one of s, m, h, d, w (e.g. 30d)")
     return int(match.group(1)) * _DURATION_S[match.group(2)]
@@ -142,7 +144,7 @@ class EntryRouter(_Strict):
     @classmethod
     def _labels(cls, value: dict[str, str]) -> dict[str, str]:
         for name, label_value in value.items():
-            if not _LABEL_NAME.match(name) or name.startswith("__"):
+            if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
                 raise ValueError(f"{name!r} is not a Prometheus label name (letters, digits, _; no leading __)")
             if len(label_value) > 1024 or re.search(r"[\x00-\x1f\x7f]", label_value):
                 raise ValueError(f"the value of label {name!r} must be at most 1024 characters, no control characters")

@@ -254,6 +254,11 @@ def test_openslo_export_and_import_round_trip(client: TestClient) -> None:
         ("apiVersion: openslo/v1\nkind: SLO\nmetadata: {name: a}\nspec: {indicator: {spec: {ratioMetric: "
          "{good: {metricSource: {spec: [1]}}}}}}\n", "document 1: malformed OpenSLO SLO"),
         ("[" * 10_000 + "]" * 10_000, "body: YAML nested too deeply"),
+        # A name or a duration must be a string: a YAML alias nested six deep is a million strings to str().
+        ("apiVersion: openslo/v1\nkind: SLO\nmetadata:\n  name: a\n  labels:\n"
+         "    l0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+         + "".join(f"    l{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 6))
+         + "spec: {service: *a5}\n", "document 1: spec.service: must be a string, got list"),
     ],
 )
 def test_bad_openslo_is_422(client: TestClient, body: str, message: str) -> None:
@@ -270,6 +275,48 @@ def test_openslo_import_with_a_bad_target_value_changes_nothing(client: TestClie
     assert response.status_code == 422
     assert "document 2: spec.objectives[0].target: must be a number in (0, 1)" in response.json()["detail"]
     assert client.get("/v1/policies/qwen").json()["version"] == 1
+
+
+def test_openslo_fields_of_the_wrong_type_are_422(client: TestClient) -> None:
+    _create(client)
+    docs = list(yaml.safe_load_all(client.get("/v1/policies/qwen/openslo").text))
+    docs[0]["spec"]["timeWindow"][0]["duration"] = ["30d"]
+    response = client.post("/v1/openslo", content=yaml.safe_dump_all(docs), headers=AUTH)
+    assert "spec.timeWindow[0].duration: must be a string, got list" in response.json()["detail"]
+    docs[0]["spec"]["timeWindow"][0]["duration"] = "30d"
+    objective = docs[0]["spec"]["objectives"][0]
+    del objective["target"]
+    objective["targetPercent"] = True  # a bool is an int to Python: it read as 1 %
+    response = client.post("/v1/openslo", content=yaml.safe_dump_all(docs), headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert "spec.objectives[0].target: must be a number in (0, 1), got True" in response.json()["detail"]
+    objective["targetPercent"] = 99.5
+    assert client.post("/v1/openslo", content=yaml.safe_dump_all(docs), headers=AUTH).status_code == 200
+    assert client.get("/v1/policies/qwen").json()["policy"]["objectives"]["ttft"]["target"] == 0.995
+
+
+@pytest.mark.parametrize("window", ["30d\n", "\uff13\uff10d", "30 d", "d"])
+def test_a_window_prometheus_would_not_read_is_422(client: TestClient, window: str) -> None:
+    response = client.post("/v1/policies", json={**POLICY, "window": window}, headers=AUTH)
+    assert response.status_code == 422 and "window" in response.text
+
+
+def test_a_label_name_with_a_trailing_newline_is_422(client: TestClient) -> None:
+    router = {"prometheus_labels": {"team\n": "a"}}
+    response = client.post("/v1/policies", json={**POLICY, "router": router}, headers=AUTH)
+    assert response.status_code == 422 and "is not a Prometheus label name" in response.text
+
+
+def test_head_is_answered_as_get_and_405_names_the_methods(client: TestClient) -> None:
+    _create(client)
+    for path in ("/health", "/v1/policies", "/v1/policies/qwen", "/ui/"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == 200 and head.content == b"", path
+        assert head.headers["content-length"] == got.headers["content-length"], path
+    refused = client.request("TRACE", "/v1/policies/qwen")
+    assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD, PUT, PATCH, DELETE"
+    assert client.options("/v1/policies").headers["allow"] == "GET, HEAD, POST"
+    assert client.delete("/health", headers=AUTH).headers["allow"] == "GET, HEAD"
 
 
 def test_every_error_class_maps_to_one_status() -> None:
