@@ -308,8 +308,7 @@ async def import_openslo(request: Request, _auth: WriteAccess) -> OpenSloImport:
 def _import_openslo(request: Request, text: str) -> OpenSloImport:
     imported = parse_openslo(text)
     store = _store(request)
-    results: list[PolicyResource] = []
-    # Validate all first, so a bad document changes nothing.
+    # Validate all first, so a bad document changes nothing; then write all in one transaction.
     planned: list[tuple[Policy, int | None]] = []
     problems: list[str] = []
     for name, slos in imported.items():
@@ -332,7 +331,5 @@ def _import_openslo(request: Request, text: str) -> OpenSloImport:
             f"changing policies {', '.join(map(repr, existing))} requires If-Match: an import creates new policies "
             "only; change existing ones with PUT or PATCH and their ETag"
         )
-    for policy, version in planned:
-        stored, _created = store.replace_policy(policy, expected_version=version, create=version is None)
-        results.append(PolicyResource.of(stored))
+    results = [PolicyResource.of(stored) for stored in store.write_policies(planned)]
     return OpenSloImport(items=results)

@@ -209,6 +209,29 @@ class Store:
             self._check_version(row, expected_version)
             return self._write(session, row, policy, "update"), False
 
+    def write_policies(self, planned: Sequence[tuple[Policy, int | None]]) -> list[StoredPolicy]:
+        """Write several policies in one transaction, all or none: each over the version it was planned from, or,
+        planned as new (None), only while its name is still free (:class:`ConflictError` if another writer took
+        it meanwhile: the plan did not see that policy, so it must not replace it)."""
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                with self._policy_writes, self._session() as session:
+                    written = []
+                    for policy, version in planned:
+                        row = session.get(PolicyRow, policy.name, with_for_update=True)
+                        if row is None and version is not None:
+                            raise StaleVersionError(policy.name, current=None, expected=version)
+                        if row is not None and version is None:
+                            raise ConflictError(f"policy {policy.name!r} was created by another writer meanwhile")
+                        if row is not None:
+                            self._check_version(row, version)
+                        written.append(self._write(session, row, policy, "create" if row is None else "update"))
+                    return written
+            except _WriteRaceError:
+                if attempt == WRITE_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
     def delete_policy(self, name: str, *, expected_version: int | None = None) -> StoredPolicy:
         with self._policy_writes, self._session() as session:
             row = session.get(PolicyRow, name, with_for_update=True)

@@ -319,6 +319,25 @@ def test_head_is_answered_as_get_and_405_names_the_methods(client: TestClient) -
     assert client.delete("/health", headers=AUTH).headers["allow"] == "GET, HEAD"
 
 
+def test_an_import_does_not_replace_a_policy_created_after_it_looked(client: TestClient) -> None:
+    _create(client)
+    docs = yaml.safe_dump_all(yaml.safe_load_all(client.get("/v1/policies/qwen/openslo").text))
+    store = client.app.state.store  # type: ignore[attr-defined]
+    real = store.get_policy
+
+    def not_yet(name: str) -> Any:  # the import looks before the policy's creator has written it
+        if name == "qwen":
+            raise errors.NotFoundError("policy", name)
+        return real(name)
+
+    store.get_policy = not_yet
+    response = client.post("/v1/openslo", content=docs, headers=AUTH)
+    store.get_policy = real
+    assert response.status_code == 409, response.text
+    stored = client.get("/v1/policies/qwen").json()
+    assert stored["version"] == 1 and stored["policy"]["target"]["kind"] == "deployment"
+
+
 def test_every_error_class_maps_to_one_status() -> None:
     assert status_for(errors.ValidationError("x: y")) == 422
     assert status_for(errors.NotFoundError("policy", "p")) == 404

@@ -54,6 +54,22 @@ def test_versions_grow_across_update_delete_and_recreate(tmp_path: Path) -> None
     assert history[2].spec is None
 
 
+def test_several_policies_are_written_all_or_none_as_planned(tmp_path: Path) -> None:
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    store.create_policy(_policy("a"))
+    written = store.write_policies([(_policy("a", 4), 1), (_policy("b"), None)])
+    assert [(w.policy.name, w.version) for w in written] == [("a", 2), ("b", 1)]
+    # Planned as new, but another writer created it meanwhile: nothing is written, "a" included.
+    store.create_policy(_policy("c"))
+    with pytest.raises(ConflictError, match="'c' was created by another writer meanwhile"):
+        store.write_policies([(_policy("a", 5), 2), (_policy("c", 3), None)])
+    with pytest.raises(StaleVersionError):
+        store.write_policies([(_policy("d"), None), (_policy("a", 5), 1)])
+    assert store.get_policy("a").version == 2 and store.get_policy("c").policy.scaling.max_replicas == 8
+    with pytest.raises(NotFoundError):
+        store.get_policy("d")
+
+
 def test_decisions_page_newest_first(tmp_path: Path) -> None:
     store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
     ids = store.append_decisions([_decision("a" if i % 2 else "b", i) for i in range(7)])
