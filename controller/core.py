@@ -299,9 +299,10 @@ class DecisionCore:
             # A fleet at zero has no engines to tell the advisors anything; the router's queue is demand.
             opinions = [("entry", Advice(replicas_needed=0, reasons=(Reason.INSUFFICIENT_DATA,)))]
         if not opinions:
-            errors = [name for name, advice in advices if Reason.ADVISOR_ERROR in advice.reasons]
+            errors = [(name, advice) for name, advice in advices if Reason.ADVISOR_ERROR in advice.reasons]
             extra = (Reason.ADVISOR_ERROR,) if errors else ()
-            detail = "no advisor had enough data"
+            why_not = "; ".join(f"{name} advisor failed: {advice.details.get('error')}" for name, advice in errors)
+            detail = why_not or "no advisor had enough data"
             bounded = self._to_bound(policy, current, Reason.INSUFFICIENT_DATA, detail, inputs, now_s, *extra)
             return bounded or hold(Reason.INSUFFICIENT_DATA, detail, current, *extra)
         need = max(advice.replicas_needed for _, advice in opinions if advice.replicas_needed is not None)

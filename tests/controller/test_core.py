@@ -451,6 +451,7 @@ def test_a_failing_advisor_does_not_stop_the_others() -> None:
     assert decision.inputs["broken.error"] == "ZeroDivisionError: model blew up"
     alone = tick(DecisionCore(advisors=[BrokenAdvisor()]), 1000.0, overloaded(999.0))
     assert alone.reasons == ("hold", "insufficient_data", "advisor_error")
+    assert "broken advisor failed: ZeroDivisionError: model blew up" in alone.detail  # not "no data"
     strict = DecisionCore(advisors=[BrokenAdvisor()], config=CoreConfig(isolate_advisor_errors=False))
     with pytest.raises(ZeroDivisionError, match="model blew up"):
         tick(strict, 1000.0, overloaded(999.0))
