@@ -56,13 +56,14 @@ class ReplicaProfile(BaseModel):
     name: Annotated[str, Field(strict=True, max_length=253)] = "default"
     source: Annotated[str, Field(strict=True, max_length=4096)] = ""
     """Where the numbers come from (a measurement, or how they were estimated)."""
-    prefill_tokens_per_s: Annotated[Number, Field(gt=0)]
-    itl_base_s: Annotated[Number, Field(gt=0)]
-    itl_per_seq_s: Annotated[Number, Field(ge=0)]
+    # Bounds a measurement stays within: a prefill of 5e-324 tokens/s passed ``gt=0`` and broke the model's sums.
+    prefill_tokens_per_s: Annotated[Number, Field(ge=1.0, le=1e9)]
+    itl_base_s: Annotated[Number, Field(ge=1e-6, le=60.0)]
+    itl_per_seq_s: Annotated[Number, Field(ge=0, le=60.0)]
     prefill_chunk_tokens: Annotated[Count, Field(ge=1)] = 2048
     kv_capacity_tokens: Annotated[Count, Field(ge=1)]
     max_num_seqs: Annotated[Count, Field(ge=1)] = 256
-    ttft_overhead_s: Annotated[Number, Field(ge=0)] = 0.01
+    ttft_overhead_s: Annotated[Number, Field(ge=0, le=600.0)] = 0.01
     """Fixed per-request cost before prefill (tokenization, scheduling, network)."""
     points: Annotated[tuple[ProfilePoint, ...], Field(max_length=1000)] = ()
     """The sweep the parameters were fitted to, for the record."""
@@ -70,7 +71,7 @@ class ReplicaProfile(BaseModel):
     """Prefill time a prompt token found in the prefix cache still costs, relative to a computed one."""
     prefix_probe: PrefixProbe | None = None
     """The measurement ``cached_token_cost`` was fitted to (None: not measured)."""
-    max_request_rate_rps: Annotated[Number, Field(gt=0)] | None = None
+    max_request_rate_rps: Annotated[Number, Field(ge=1e-6, le=1e7)] | None = None
     """The request rate one replica was measured to hold within the objectives, tails included (None:
     not measured): the model never sizes a replica for more, whatever its latency lines say."""
 

@@ -113,6 +113,11 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
     path.write_text(json.dumps({"prefill_tokens_per_s": -1}))
     with pytest.raises(DataError, match="prefill_tokens_per_s"):
         ReplicaProfile.load(path)
+    base = json.loads(DEFAULT_PROFILE.to_json())
+    for field, value in (("prefill_tokens_per_s", 5e-324), ("itl_base_s", 1e-300), ("itl_per_seq_s", 1e300)):
+        path.write_text(json.dumps({**base, field: value}))  # no measurement reads so: refused, named
+        with pytest.raises(DataError, match=field):
+            ReplicaProfile.load(path)
     path.write_text("{not json")
     with pytest.raises(DataError, match="not valid JSON"):
         ReplicaProfile.load(path)
@@ -138,7 +143,7 @@ def test_a_measured_rate_per_replica_caps_what_the_latency_lines_say() -> None:
     assert capped.replicas_needed(load) == 3
     assert capped.replicas_needed(Load(request_rate_rps=4.0, prompt_tokens_per_s=400.0,
                                        output_tokens_per_s=80.0)) == 2  # exactly two replicas' worth
-    with pytest.raises(ValueError, match="greater than 0"):
+    with pytest.raises(ValueError, match="max_request_rate_rps"):
         ReplicaProfile.model_validate({**profile.model_dump(), "max_request_rate_rps": 0})
 
 
