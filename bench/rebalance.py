@@ -1,7 +1,7 @@
 """Benchmark: our expert rebalancer against DeepSeek's EPLB on real DeepSeek-V3 expert-load files.
 
 For each SGLang expert-load file (MoE layers only: all-zero dense layers are
-dropped) and each configuration of issue 8, both planners place the same load;
+dropped) and each configuration of issue 8 (scaled to the files' expert count), both planners place the same load;
 we report max/mean rank load (average over layers and worst layer), CV, plan
 time, and ratios against EPLB measured in the same run.  The re-plan part
 starts from our placement for a prefill file and re-plans for a decode file,
@@ -46,13 +46,31 @@ class BenchConfig:
         return self.num_ranks * self.slots_per_rank
 
 
-CONFIGS = (
-    BenchConfig("global_32ranks_288slots", 32, 9),
-    BenchConfig("global_64ranks_320slots", 64, 5),
-    BenchConfig("global_32ranks_256slots", 32, 8),
-    BenchConfig("hierarchical_32ranks_4nodes_8groups_288slots", 32, 9, num_nodes=4, num_groups=8),
-)
-REPLAN_CONFIGS = (CONFIGS[0], CONFIGS[3])
+def configs_for(num_experts: int) -> tuple[BenchConfig, ...]:
+    """Issue 8's layouts for DeepSeek-V3's 256 experts, scaled to ``num_experts``: 32 and 64 ranks with one
+    redundant slot each, 32 ranks with none (when the experts split evenly), and 4 nodes x 8 groups (when the
+    experts form 8 equal groups, over 8 ranks or more).  A layout with more ranks than experts is left out; a
+    model with fewer than 32 experts gets one layout of half as many ranks (a power of two, at least 2) with one
+    redundant slot each."""
+    ranks = [r for r in (32, 64) if r <= num_experts] or [max(1 << max((num_experts // 2).bit_length() - 1, 0), 2)]
+    configs = [BenchConfig(f"global_{r}ranks_{r * (-(-num_experts // r) + 1)}slots", r, -(-num_experts // r) + 1)
+               for r in ranks]  # fmt: skip
+    if num_experts % 32 == 0:
+        configs.insert(min(2, len(configs)), BenchConfig(f"global_32ranks_{num_experts}slots", 32, num_experts // 32))
+    first = configs[0]
+    if num_experts % 8 == 0 and first.num_ranks % 4 == 0 and first.num_ranks >= 8:
+        name = f"hierarchical_{first.num_ranks}ranks_4nodes_8groups_{first.num_slots}slots"
+        configs.append(BenchConfig(name, first.num_ranks, first.slots_per_rank, num_nodes=4, num_groups=8))
+    return tuple(configs)
+
+
+CONFIGS = configs_for(256)
+"""DeepSeek-V3's: 32 x 9, 64 x 5, 32 x 8 slots, and 32 x 9 over 4 nodes and 8 groups."""
+
+
+def replan_configs(configs: tuple[BenchConfig, ...]) -> tuple[BenchConfig, ...]:
+    """The re-plan pairs' layouts: the first global one and the hierarchical one, where there is one."""
+    return (configs[0], *(c for c in configs if c.num_nodes > 1))
 
 
 def expert_load_dir() -> Path:
@@ -242,17 +260,19 @@ def _renumber_ranks(previous: IntArray, new: IntArray, config: BenchConfig) -> I
 
 
 def load_files(folder: Path, max_files: int = 0) -> dict[str, FloatArray]:
-    """MoE layers (rows with load) of each JSON file in ``folder``, by file stem."""
-    from controller.rebalance.load_files import read_expert_load
+    """The MoE layers of each JSON file in ``folder``, by file stem, rows aligned across the files.
+
+    Every file must describe one model (a DataError names the two that differ); a layer without load in
+    every file (a dense layer) is dropped from all, so layer ``i`` is the same layer in each file.
+    """
+    from controller.rebalance.load_files import read_expert_loads
 
     files = sorted(folder.glob("*.json"))
     if max_files > 0:
         files = files[:max_files]
-    out: dict[str, FloatArray] = {}
-    for path in files:
-        matrix = read_expert_load(path)
-        out[path.stem] = matrix[matrix.sum(axis=1) > 0]
-    return out
+    matrices = read_expert_loads(files)
+    moe = np.any([matrix.sum(axis=1) > 0 for matrix in matrices], axis=0)
+    return {path.stem: matrix[moe] for path, matrix in zip(files, matrices, strict=True)}
 
 
 def run_benchmark(
@@ -262,16 +282,17 @@ def run_benchmark(
     if not folder.is_dir() or not any(folder.glob("*.json")):
         return {"skipped": f"no expert-load files in {folder}"}
     loads = load_files(folder, max_files)
-    per_config: dict[str, dict[str, dict[str, Any]]] = {c.name: {} for c in CONFIGS}
-    total, done = len(loads) * len(CONFIGS), 0
+    shape = next(iter(loads.values())).shape
+    configs = configs_for(shape[1])
+    per_config: dict[str, dict[str, dict[str, Any]]] = {c.name: {} for c in configs}
+    total, done = len(loads) * len(configs), 0
     for name, load in loads.items():
-        for config in CONFIGS:
+        for config in configs:
             progress(f"{done + 1}/{total} {name} {config.name} (EPLB is the slow part)")
-            per_config[config.name][name] = _bench_file(load, config, repeat)
+            per_config[config.name][name] = _bench_file(load[load.sum(axis=1) > 0], config, repeat)
             done += 1
     progress("re-plan prefill -> decode")
-    replan = {config.name: _bench_replan(loads, repeat, config) for config in REPLAN_CONFIGS}
-    shape = next(iter(loads.values())).shape
+    replan = {config.name: _bench_replan(loads, repeat, config) for config in replan_configs(configs)}
     return {
         "baseline": "DeepSeek EPLB rebalance_experts (bench/eplb_reference.py, torch CPU)",
         "data": str(folder),
@@ -284,7 +305,7 @@ def run_benchmark(
                 "summary": _aggregate(per_config[c.name]),
                 "per_file": per_config[c.name],
             }
-            for c in CONFIGS
+            for c in configs
         },
         "replan": replan,
     }

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.rebalance import CONFIGS, BenchConfig, load_files, run_benchmark
+from bench.rebalance import BenchConfig, configs_for, load_files, run_benchmark
 from controller.rebalance import plan_rebalance
 from controller.rebalance.history import plan_over_windows
 from controller.rebalance.out_of_sample import PlacementScore, score_placement
@@ -188,5 +188,6 @@ def run_all(
     else:
         result = run_benchmark(folder, max_files=max_files, repeat=repeat, progress=progress)
     loads = load_files(folder, max_files)
-    result["out_of_sample"] = run_out_of_sample(loads, CONFIGS, repeat, progress)
+    experts = next(iter(loads.values())).shape[1]
+    result["out_of_sample"] = run_out_of_sample(loads, configs_for(experts), repeat, progress)
     return result

@@ -1,0 +1,68 @@
+"""``moeslo bench rebalance`` on expert-load files of models other than DeepSeek-V3, and of mixed shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.rebalance import CONFIGS, configs_for, load_files
+from bench.rebalance_oos import run_all
+from contracts.errors import DataError
+
+
+def _write(folder: Path, name: str, matrix: np.ndarray) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps({"logical_count": matrix.tolist()}))
+
+
+def _skewed(layers: int, experts: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.round(rng.lognormal(0.0, 1.0, size=(layers, experts)) * 100.0)
+
+
+def test_the_layouts_are_deepseeks_for_256_experts_and_hold_every_expert_elsewhere() -> None:
+    assert [(c.num_ranks, c.slots_per_rank, c.num_nodes, c.num_groups) for c in CONFIGS] == [
+        (32, 9, 1, 1), (64, 5, 1, 1), (32, 8, 1, 1), (32, 9, 4, 8)
+    ]  # fmt: skip
+    for experts in (8, 60, 64, 128, 160, 384):
+        layouts = configs_for(experts)
+        assert layouts and all(c.num_slots >= experts and c.num_ranks <= experts for c in layouts), experts
+        assert all(experts % c.num_groups == 0 and c.num_ranks % c.num_nodes == 0 for c in layouts), experts
+    assert [c.num_slots for c in configs_for(384)] == [416, 448, 384, 416]  # Kimi K2's 384 experts
+    assert all(c.num_groups == 1 for c in configs_for(60))  # 60 experts form no 8 equal groups
+
+
+def test_files_of_two_models_are_refused_naming_both(tmp_path: Path) -> None:
+    _write(tmp_path, "a", _skewed(4, 64, 0))
+    _write(tmp_path, "b", _skewed(6, 128, 1))
+    with pytest.raises(DataError, match="every load file must describe the same model") as caught:
+        load_files(tmp_path)
+    assert "a.json" in str(caught.value) and "b.json" in str(caught.value)
+
+
+def test_layers_stay_aligned_when_one_file_has_an_idle_layer(tmp_path: Path) -> None:
+    loads = [_skewed(5, 16, seed) for seed in range(3)]
+    for matrix in loads:
+        matrix[0] = 0.0  # a dense layer: no load in any file
+    loads[1][3] = 0.0  # a MoE layer that one workload left idle
+    for i, matrix in enumerate(loads):
+        _write(tmp_path, f"w{i}", matrix)
+    read = load_files(tmp_path)
+    assert [m.shape for m in read.values()] == [(4, 16)] * 3
+    np.testing.assert_array_equal(read["w0"], loads[0][1:])
+    np.testing.assert_array_equal(read["w1"][2], 0.0)  # layer 3 is still layer 3 of every file
+
+
+def test_the_bench_runs_on_a_model_with_64_experts(tmp_path: Path) -> None:
+    for i in range(3):
+        _write(tmp_path, f"prefill_w{i}", _skewed(3, 64, i))
+    result = run_all(tmp_path, repeat=1, out_of_sample_only=True)
+    layouts = result["out_of_sample"]["configurations"]
+    assert list(layouts) == [c.name for c in configs_for(64)]
+    for layout in layouts.values():
+        per_file = layout["leave_one_out"]["per_file"]
+        assert len(per_file) == 3
+        assert all(entry["ours"]["max_over_mean_avg"] >= 1.0 for entry in per_file.values())
