@@ -411,13 +411,18 @@ def _seconds(path: Path, line: int, text: str, column: str) -> float:
 def _read_burstgpt(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]]) -> RequestTrace:
     t_i, p_i, o_i = _column_index(path, header, _BURSTGPT_COLUMNS)
     builder = _Builder(path)
+    failed = 0
     for line, fields in rows:
         time_s = _seconds(path, line, _field(path, line, fields, t_i, "Timestamp"), "Timestamp")
         prompt = _tokens(path, line, _field(path, line, fields, p_i, "Request tokens"), "Request tokens")
         output = _tokens(path, line, _field(path, line, fields, o_i, "Response tokens"), "Response tokens")
         if output == 0:
+            failed += 1
             continue  # a failed request: BurstGPT's own *_without_fails files drop these rows
         builder.add(line, time_s, prompt, output)
+    if failed and not builder.times:
+        raise DataError(f"every one of its {failed} rows is a failed request (0 response tokens): nothing to replay",
+                        path=str(path), line=2)  # fmt: skip
     return builder.build()
 
 
@@ -442,22 +447,28 @@ def _read_counts(path: Path, header: list[str], rows: Iterator[tuple[int, list[s
         raise DataError("no bins (header only)", path=str(path), line=2)
     if len(times) == 1:
         raise DataError("a count trace needs at least two bins to know the bin width", path=str(path), line=2)
+    # Empty bins may be left out (a groupby-count writes none): the narrowest step is the bin width.
     steps = np.diff(np.asarray(times))
-    bin_s = float(steps[0])
-    uneven = np.flatnonzero(np.abs(steps - bin_s) > 1e-6)
+    bin_s = float(steps.min())
+    bins = steps / bin_s
+    uneven = np.flatnonzero(np.abs(bins - np.round(bins)) > 1e-6 * bins)
     if len(uneven):
         bad = int(uneven[0]) + 1
         raise DataError(
-            f"bin width changes from {bin_s:g} s to {steps[bad - 1]:g} s (bins must be evenly spaced)",
+            f"a step of {steps[bad - 1]:g} s is not a whole number of {bin_s:g} s bins (bins must be evenly spaced)",
             path=str(path),
             line=lines[bad],
         )
-    return CountTrace(str(path), bin_s, np.asarray(counts, dtype=np.float64), times[0])
+    index = np.concatenate(([0], np.cumsum(np.round(bins).astype(np.int64))))
+    filled = np.zeros(int(index[-1]) + 1)
+    filled[index] = counts
+    return CountTrace(str(path), bin_s, filled, times[0])
 
 
 def _read_mooncake(path: Path) -> RequestTrace:
     _first_line(path)
     builder = _Builder(path)
+    named = False
     with path.open("r", encoding="utf-8-sig") as handle:
         for line, text in enumerate(handle, start=1):
             if not text.strip():
@@ -479,8 +490,11 @@ def _read_mooncake(path: Path) -> RequestTrace:
                 _tokens(path, line, str(record["output_length"]), "output_length"),
             )
             hashes = record.get("hash_ids")
-            if hashes is not None:
-                if not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
-                    raise DataError("hash_ids must be a list of integers", path=str(path), line=line)
-                builder.blocks.append(np.asarray(hashes, dtype=np.int64))
+            if hashes is not None and (not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes)):
+                raise DataError("hash_ids must be a list of integers", path=str(path), line=line)
+            # A row without hash_ids shares no prefix (one such row dropped every row's blocks).
+            named = named or hashes is not None
+            builder.blocks.append(np.asarray(hashes or [], dtype=np.int64))
+    if not named:
+        builder.blocks.clear()
     return builder.build()

@@ -57,6 +57,10 @@ def test_mooncake_jsonl(tmp_path: Path) -> None:
     assert isinstance(trace, RequestTrace)
     np.testing.assert_allclose(trace.arrival_s, [0.0, 2.5])
     assert trace.output_tokens.tolist() == [2, 4]
+    # A row without hash_ids (or with null) shares no prefix; the others' blocks are kept.
+    assert trace.prefix_blocks is not None and [b.tolist() for b in trace.prefix_blocks] == [[1], []]
+    nameless = write(tmp_path, "n.jsonl", json.dumps({**lines[1], "hash_ids": None}) + "\n")
+    assert load_request_trace(nameless).prefix_blocks is None
 
 
 def test_burstgpt_reads_columns_by_name_and_drops_failures(tmp_path: Path) -> None:
@@ -139,9 +143,9 @@ def test_speedup_and_rate_scale() -> None:
         ),
         (
             "counts.csv",
-            "Time,TIMESTAMP\n2024-05-12 00:00:00,3\n2024-05-12 00:00:10,5\n2024-05-12 00:00:30,1\n",
+            "Time,TIMESTAMP\n2024-05-12 00:00:00,3\n2024-05-12 00:00:10,5\n2024-05-12 00:00:25,1\n",
             4,
-            "bin width",
+            "a step of 15 s is not a whole number of 10 s bins",
         ),
     ],
 )
@@ -154,10 +158,26 @@ def test_bad_files_name_the_line(tmp_path: Path, name: str, text: str, line: int
     assert f"{path}:{line}:" in str(info.value)
 
 
+def test_a_burstgpt_file_of_failures_only_says_so(tmp_path: Path) -> None:
+    path = write(tmp_path, "b.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                 "5,ChatGPT,472,0,472,Conversation log\n9,ChatGPT,12,0,12,Conversation log\n")  # fmt: skip
+    with pytest.raises(DataError, match="every one of its 2 rows is a failed request"):
+        load_trace(path)
+
+
 def test_missing_azure_column_is_named(tmp_path: Path) -> None:
     path = write(tmp_path, "x.csv", "TIMESTAMP,ContextTokens,Other\n2023-11-16 18:15:48,1,1\n")
     with pytest.raises(DataError, match="GeneratedTokens"):
         load_trace(path, "azure")
+
+
+def test_bins_without_requests_may_be_left_out_of_a_count_trace(tmp_path: Path) -> None:
+    """A groupby-count (the 2024 trace's own script) writes no row for an empty bin: bursty services have gaps."""
+    path = write(tmp_path, "c.csv", "Time,TIMESTAMP\n2024-05-12 00:00:00,3\n2024-05-12 00:00:30,5\n"
+                 "2024-05-12 00:00:40,1\n")  # fmt: skip
+    trace = load_trace(path)
+    assert isinstance(trace, CountTrace) and trace.bin_s == 10.0
+    assert trace.counts.tolist() == [3.0, 0.0, 0.0, 5.0, 1.0]
 
 
 def test_count_trace_needs_lengths(tmp_path: Path) -> None:
