@@ -17,17 +17,29 @@ TIMEOUT_S = 30.0
 
 
 def request(method: str, url: str, token: str | None = None, **kwargs: Any) -> httpx.Response:
-    """One API call; raises the moeslo error that matches a 4xx/5xx answer."""
+    """One API call; raises the moeslo error that matches a 4xx/5xx answer.
+
+    A write the controller refuses for want of ``If-Match`` (428: it runs with ``require_if_match``) is sent
+    once more over the version read just before, so a stale version is still refused (412), never overwritten.
+    """
     headers = dict(kwargs.pop("headers", {}))
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    try:
-        response = httpx.request(method, url, headers=headers, timeout=TIMEOUT_S, **kwargs)
-    except httpx.HTTPError as exc:
-        raise UnavailableError(f"controller at {url}: {exc}") from exc
+    response = _send(method, url, headers, **kwargs)
+    if response.status_code == 428 and "If-Match" not in headers:
+        etag = _send("GET", url, headers).headers.get("etag")
+        if etag:
+            response = _send(method, url, {**headers, "If-Match": etag}, **kwargs)
     if response.status_code >= 400:
         raise _error(response, url)
     return response
+
+
+def _send(method: str, url: str, headers: dict[str, str], **kwargs: Any) -> httpx.Response:
+    try:
+        return httpx.request(method, url, headers=headers, timeout=TIMEOUT_S, **kwargs)
+    except httpx.HTTPError as exc:
+        raise UnavailableError(f"controller at {url}: {exc}") from exc
 
 
 def answer(response: httpx.Response, *keys: str) -> Any:
@@ -51,7 +63,10 @@ def _error(response: httpx.Response, url: str) -> MoesloError:
         detail = response.text
     status = response.status_code
     if status == 404:
-        return NotFoundError("resource", url.rstrip("/").rsplit("/", 1)[-1] + f" (at {url})")
+        found = NotFoundError("resource", url.rstrip("/").rsplit("/", 1)[-1] + f" (at {url})")
+        if isinstance(detail, str) and detail and detail != "Not Found":  # the controller's own words
+            found.args = (detail,)
+        return found
     error: type[MoesloError] = MoesloError
     if status in (409, 412):
         error = ConflictError

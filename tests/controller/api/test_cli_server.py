@@ -25,8 +25,8 @@ from harness.processes import free_port, stop_process, wait_healthy
 TOKEN = "cli-token"
 
 
-def _start(db: Path, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "MOESLO_CONTROLLER_API_TOKEN": TOKEN}
+def _start(db: Path, port: int, **env_vars: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "MOESLO_CONTROLLER_API_TOKEN": TOKEN, **env_vars}
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "moeslo"), "controller", "serve", "--db", str(db), "--port", str(port),
          "--tick-interval-s", "0.3"],
@@ -127,3 +127,26 @@ def test_serve_apply_get_list_delete_and_restart(tmp_path: Path) -> None:
         assert decisions and decisions[-1]["reason"] == "insufficient_data"
         history = client.get("/v1/policies/batch/history").json()["versions"]
         assert [v["operation"] for v in history] == ["create", "delete"]
+
+
+@pytest.mark.integration
+def test_the_cli_changes_policies_of_a_controller_that_requires_if_match(tmp_path: Path) -> None:
+    """It sends the version it reads just before: an update and a delete go through, never a blind overwrite."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    policy_file = tmp_path / "p.yaml"
+    runner = CliRunner()
+    server = _start(tmp_path / "c.db", port, MOESLO_CONTROLLER_REQUIRE_IF_MATCH="true")
+    try:
+        for mode in ("advisory", "enforce"):
+            policy_file.write_text(f"name: chat\ntarget: {{kind: model, model: m}}\nmode: {mode}\n")
+            applied = runner.invoke(app, ["policy", "apply", "-f", str(policy_file), "--url", url, "--token", TOKEN])
+            assert applied.exit_code == 0, applied.output
+        got = runner.invoke(app, ["policy", "get", "chat", "--url", url, "--json"])
+        assert json.loads(got.stdout)["version"] == 2 and json.loads(got.stdout)["policy"]["mode"] == "enforce"
+        deleted = runner.invoke(app, ["policy", "delete", "chat", "--url", url, "--token", TOKEN])
+        assert deleted.exit_code == 0, deleted.output
+        missing = runner.invoke(app, ["policy", "get", "chat", "--url", url])
+        assert missing.exit_code == 2 and "policy 'chat' not found" in missing.output  # the controller's words
+    finally:
+        _stop(server)
