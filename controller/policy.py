@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Literal, Self
+from typing import Annotated, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -109,6 +109,11 @@ class LocalTarget(_Strict):
 
 
 Target = Annotated[ModelTarget | KubernetesTarget | LocalTarget, Field(discriminator="kind")]
+TARGET_KINDS = frozenset(
+    kind for target in (ModelTarget, KubernetesTarget, LocalTarget)
+    for kind in get_args(target.model_fields["kind"].annotation)
+)
+"""What ``target.kind`` may be; pydantic puts the one it validated against in an error's location."""
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 ROUTER_JOB = "moeslo-router"

@@ -37,6 +37,7 @@ from contracts.errors import (
     http_status,
 )
 from controller.errors import ActuationError
+from controller.policy import TARGET_KINDS
 from controller.store import StaleVersionError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -95,10 +96,12 @@ def problem_response(
 
 
 def _field_of(loc: Sequence[Any]) -> str:
-    # FastAPI prefixes "body"/"query"/"header"/"path"; drop the union branch tags pydantic inserts.
+    # FastAPI prefixes "body"; pydantic puts the target kind it validated against after "target"
+    # (target.deployment.namespace): the field the client wrote is target.namespace.
     parts = [str(part) for part in loc]
     if parts and parts[0] == "body":
         parts = parts[1:]
+    parts = [p for i, p in enumerate(parts) if not (i and parts[i - 1] == "target" and p in TARGET_KINDS)]
     return ".".join(parts) or "body"
 
 
