@@ -38,6 +38,17 @@ def nonempty(value: str) -> str:
     return value
 
 
+def ttft_allowances_option(value: str) -> str:
+    """An option's callback: long-prompt allowances as ``REFERENCE:PER_1K,...`` (checked, returned as given)."""
+    from contracts.ttft_objective import exported_allowances
+
+    try:
+        exported_allowances(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
 def log_level(value: str) -> str:
     """An option's callback: one of :data:`LOG_LEVELS`, in any case."""
     return _one_of(value, LOG_LEVELS)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import check_bindable, cli_errors, console, positive, uvicorn_log_level
+from cli.common import check_bindable, cli_errors, console, positive, ttft_allowances_option, uvicorn_log_level
 from engine.executors.options import PARALLEL_MIN_TOKENS
 
 
@@ -68,12 +68,20 @@ def serve(
                      help="Share the KV blocks of equal prompt prefixes between requests (vLLM's automatic "
                           "prefix caching), within the same KV budget."),
     ] = True,
+    ttft_allowances: Annotated[
+        str,
+        typer.Option(callback=ttft_allowances_option,
+                     help="Long-prompt allowances to export moeslo_ttft_normalized_seconds for besides 1000:0.05, "
+                          "as REFERENCE_TOKENS:SECONDS_PER_1K, comma-separated: each policy's TTFT objective with "
+                          "an allowance reads its own series."),
+    ] = "",
     log_level: Annotated[str, typer.Option(callback=uvicorn_log_level, help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
     with cli_errors():
         import uvicorn
 
+        from contracts.ttft_objective import exported_allowances
         from exporters.app import ServeOptions, build_stack
 
         options = ServeOptions(
@@ -84,7 +92,7 @@ def serve(
             model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,
             otlp=otlp, port=port, threads=threads, parallel_min_tokens=parallel_min_tokens,
             request_deadline_s=request_deadline_s,
-            enable_prefix_caching=enable_prefix_caching,
+            enable_prefix_caching=enable_prefix_caching, ttft_allowances=exported_allowances(ttft_allowances),
         )
         check_bindable(host, port)
         stack = build_stack(options)

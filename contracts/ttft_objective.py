@@ -30,9 +30,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from contracts.slo_defaults import TTFT_REFERENCE_PROMPT_TOKENS
+from contracts.slo_defaults import TTFT_PER_1K_PROMPT_TOKENS_S, TTFT_REFERENCE_PROMPT_TOKENS
 
-__all__ = ["FLAT", "TtftAllowance", "format_allowance_label"]
+__all__ = [
+    "DEFAULT_EXPORTED",
+    "FLAT",
+    "TTFT_ALLOWANCES_ENV",
+    "TtftAllowance",
+    "exported_allowances",
+    "format_allowance_label",
+    "format_allowances",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,3 +118,34 @@ def format_allowance_label(value: float) -> str:
 
 FLAT = TtftAllowance()
 """The flat objective: no allowance for long prompts."""
+
+
+DEFAULT_EXPORTED = TtftAllowance(TTFT_REFERENCE_PROMPT_TOKENS, TTFT_PER_1K_PROMPT_TOKENS_S)
+"""The allowance every engine exports a normalized series for, whatever else it is told."""
+TTFT_ALLOWANCES_ENV = "MOESLO_TTFT_ALLOWANCES"
+"""The vLLM plugin's setting of :func:`exported_allowances` (``moeslo serve`` takes ``--ttft-allowances``)."""
+
+
+def exported_allowances(text: str | None) -> tuple[TtftAllowance, ...]:
+    """The allowances an engine exports ``moeslo_ttft_normalized_seconds`` for: the default, then each of
+    ``text``, written ``REFERENCE:PER_1K`` and comma-separated (``2000:0.1``), as a policy's objective states it.
+
+    A policy whose TTFT objective has another allowance reads a series only an engine told of it writes."""
+    out = [DEFAULT_EXPORTED]
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        reference, sep, per_1k = item.partition(":")
+        try:
+            allowance = TtftAllowance(int(reference), float(per_1k)) if sep else None
+        except ValueError as exc:
+            raise ValueError(f"TTFT allowance {item!r}: {exc}") from None
+        if allowance is None or allowance.flat:
+            raise ValueError(f"TTFT allowance {item!r} must read REFERENCE_TOKENS:SECONDS_PER_1K above 0 (2000:0.1)")
+        if allowance.labels() not in [a.labels() for a in out]:
+            out.append(allowance)
+    return tuple(out)
+
+
+def format_allowances(allowances: tuple[TtftAllowance, ...]) -> str:
+    """The ``REFERENCE:PER_1K,...`` spelling :func:`exported_allowances` reads."""
+    labels = (a.labels() for a in allowances)
+    return ",".join(f"{label['reference_prompt_tokens']}:{label['per_1k_prompt_tokens_s']}" for label in labels)

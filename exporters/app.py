@@ -14,6 +14,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from contracts.ttft_objective import DEFAULT_EXPORTED, TtftAllowance
 from engine.chat_template import load_chat_template
 from engine.client import EngineCoreClient
 from engine.engine_types import EngineConfig
@@ -57,6 +58,8 @@ class ServeOptions:
     """Requests still running this long after arrival end with finish reason ``deadline`` (None: off)."""
     enable_prefix_caching: bool = True
     """Share the KV blocks of equal prompt prefixes between requests (vLLM's automatic prefix caching)."""
+    ttft_allowances: tuple[TtftAllowance, ...] = (DEFAULT_EXPORTED,)
+    """The long-prompt allowances ``moeslo_ttft_normalized_seconds`` has a series for."""
 
     @property
     def served_model_name(self) -> str:
@@ -108,6 +111,7 @@ def build_stack(options: ServeOptions) -> ServingStack:
         prometheus = PrometheusStatsSink(
             CollectorRegistry(), model_name=model_name, engine=options.engine_id,
             expert_series=options.expert_metrics, max_model_len=engine.max_model_len,
+            ttft_allowances=options.ttft_allowances,
         )
         engine.add_sink(prometheus)
         metrics = _renderer(prometheus)

@@ -71,8 +71,7 @@ from contracts.catalogue import (
     total,
 )
 from contracts.imbalance import across_layers, balancedness, imbalance_cv, sampling_noise_cv
-from contracts.slo_defaults import TTFT_PER_1K_PROMPT_TOKENS_S, TTFT_REFERENCE_PROMPT_TOKENS
-from contracts.ttft_objective import TtftAllowance
+from contracts.ttft_objective import DEFAULT_EXPORTED, TtftAllowance
 from engine.stats import IntArray, RoutingDelta, RoutingWindow, StepStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -84,7 +83,7 @@ DEFAULT_MAX_EXPERT_SERIES = 4096
 
 DEFAULT_MAX_MODEL_LEN = 32768
 """The context the per-request token histograms' edges reach when the sink is not told the model's."""
-DEFAULT_TTFT_ALLOWANCES = (TtftAllowance(TTFT_REFERENCE_PROMPT_TOKENS, TTFT_PER_1K_PROMPT_TOKENS_S),)
+DEFAULT_TTFT_ALLOWANCES = (DEFAULT_EXPORTED,)
 """The long-prompt allowances ``moeslo_ttft_normalized_seconds`` has a series for."""
 
 

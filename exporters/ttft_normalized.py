@@ -20,14 +20,11 @@ from contracts.catalogue import (
     TTFT_BUCKETS_S,
     TTFT_NORMALIZED_HISTOGRAM,
 )
-from contracts.slo_defaults import TTFT_PER_1K_PROMPT_TOKENS_S, TTFT_REFERENCE_PROMPT_TOKENS
-from contracts.ttft_objective import TtftAllowance
+from contracts.ttft_objective import DEFAULT_EXPORTED, TtftAllowance
 
 __all__ = ["DEFAULT_ALLOWANCES", "NormalizedTtftObserver", "finished_ttfts"]
 
-DEFAULT_ALLOWANCES: tuple[TtftAllowance, ...] = (
-    TtftAllowance(TTFT_REFERENCE_PROMPT_TOKENS, TTFT_PER_1K_PROMPT_TOKENS_S),
-)
+DEFAULT_ALLOWANCES: tuple[TtftAllowance, ...] = (DEFAULT_EXPORTED,)
 
 
 class NormalizedTtftObserver:

@@ -41,14 +41,14 @@ class NormalizedTtftStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is
         served = config.served_model_name
         self.model_name = str((served[0] if isinstance(served, list | tuple) else served) or config.model)
         try:
-            enabled = PluginSettings.from_env().enabled
+            settings = PluginSettings.from_env()
         except ValidationError as exc:  # vLLM builds stat loggers unguarded: raising here would stop its start
             logger.error("moeslo TTFT stat logger off: %s", exc)
             return
-        if not enabled:
+        if not settings.enabled:
             return
         if not _OBSERVER:
-            _OBSERVER.append(NormalizedTtftObserver(REGISTRY))
+            _OBSERVER.append(NormalizedTtftObserver(REGISTRY, allowances=settings.ttft_allowances))
         self.observer = _OBSERVER[0]
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,

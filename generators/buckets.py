@@ -30,6 +30,7 @@ from contracts.catalogue import (
     BUCKETS_BY_METRIC,
     ITL_HISTOGRAM,
     TTFT_HISTOGRAM,
+    TTFT_NORMALIZED_HISTOGRAM,
     VLLM_CUSTOM_BUCKETS_FLAG,
     VLLM_SLO_CUSTOM_BUCKETS,
     format_le,
@@ -38,6 +39,7 @@ from contracts.catalogue import (
     vllm_buckets_by_metric,
 )
 from contracts.errors import ValidationError
+from contracts.ttft_objective import TTFT_ALLOWANCES_ENV, TtftAllowance, format_allowances
 from controller.policy import Policy
 from controller.ttft_series import ttft_metric
 
@@ -54,6 +56,8 @@ class EngineBuckets:
     edges: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     hint: str = ""
     """What to do when a threshold is not an edge (appended to the message)."""
+    ttft_allowances: tuple[TtftAllowance, ...] | None = None
+    """The long-prompt allowances it writes ``moeslo_ttft_normalized_seconds`` for (None: not known here)."""
 
 
 _VLLM_HINT = (
@@ -108,6 +112,15 @@ def threshold_problems(policy: Policy, engine: str | EngineBuckets) -> list[str]
             f"{metric} ({described.name}); the nearest edges are {nearest}. Good events are counted from the "
             f"bucket at the threshold, so it must be one of {', '.join(format_le(e) for e in edges)}"
             + (f"; {described.hint}" if described.hint else "")
+        )
+    allowance = policy.objectives.ttft.allowance
+    exported = described.ttft_allowances
+    if not allowance.flat and exported is not None and allowance.labels() not in [a.labels() for a in exported]:
+        wanted = format_allowances((allowance,))
+        problems.append(
+            f"policy {policy.name!r}: its TTFT objective reads {TTFT_NORMALIZED_HISTOGRAM} at the long-prompt "
+            f"allowance {wanted}, which its engine does not write (it writes {format_allowances(exported)}); "
+            f"start it with --ttft-allowances {wanted} (moeslo serve) or {TTFT_ALLOWANCES_ENV}={wanted} (vLLM)"
         )
     return problems
 

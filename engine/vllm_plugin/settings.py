@@ -17,6 +17,9 @@ MOESLO_VLLM_EXPERT_SERIES auto       ``moe_expert_tokens_total`` per (layer, exp
                                      ``0`` never
 MOESLO_VLLM_METRICS_DIR   (temp)     where workers leave snapshots without multiprocess
                                      Prometheus (set by the plugin in vLLM's API server)
+MOESLO_TTFT_ALLOWANCES    unset      long-prompt allowances ``moeslo_ttft_normalized_seconds``
+                                     has series for besides 1000:0.05 (``2000:0.1,...``, as
+                                     ``moeslo serve --ttft-allowances``)
 ========================  =========  ==================================================
 """
 
@@ -28,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from contracts.errors import ValidationError
+from contracts.ttft_objective import DEFAULT_EXPORTED, TTFT_ALLOWANCES_ENV, TtftAllowance, exported_allowances
 
 ENABLE_ENV = "MOESLO_VLLM_PLUGIN"
 EP_RANKS_ENV = "MOESLO_VLLM_EP_RANKS"
@@ -54,6 +58,7 @@ class PluginSettings:
     """Per-(layer, expert) series: None for up to the exporters' cap, else forced on or off."""
     metrics_dir: str | None = None
     prometheus_multiproc_dir: str | None = None
+    ttft_allowances: tuple[TtftAllowance, ...] = (DEFAULT_EXPORTED,)
 
     @property
     def window_flushes(self) -> int:
@@ -86,6 +91,11 @@ class PluginSettings:
         series = env.get(EXPERT_SERIES_ENV, "").strip().lower()
         if series not in _SWITCH:
             problems.append(f"{EXPERT_SERIES_ENV}={series!r} is not auto, 1 or 0")
+        allowances: tuple[TtftAllowance, ...] = (DEFAULT_EXPORTED,)
+        try:
+            allowances = exported_allowances(env.get(TTFT_ALLOWANCES_ENV))
+        except ValueError as exc:
+            problems.append(f"{TTFT_ALLOWANCES_ENV}: {exc}")
         if problems:
             raise ValidationError(problems)
         return cls(
@@ -97,4 +107,5 @@ class PluginSettings:
             expert_series=_SWITCH[series],
             metrics_dir=env.get(METRICS_DIR_ENV) or None,
             prometheus_multiproc_dir=env.get(PROMETHEUS_MULTIPROC_ENV) or None,
+            ttft_allowances=allowances,
         )

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from contracts.catalogue import VLLM_CUSTOM_BUCKETS_FLAG
 from contracts.errors import ValidationError
+from contracts.ttft_objective import TTFT_ALLOWANCES_ENV, TtftAllowance, exported_allowances
 from controller.policy import KubernetesTarget, Policy
 from generators.buckets import ENGINES, EngineBuckets, vllm_engine
 from generators.manifests.kustomize import split_image
@@ -71,17 +73,31 @@ def container_engine(container: Mapping[str, Any], where: str) -> EngineBuckets 
         if "--headless" in words:
             return None
         value = flag_value(words, VLLM_CUSTOM_BUCKETS_FLAG)
+        allowances = _allowances(_env_value(container, TTFT_ALLOWANCES_ENV), where)
         if value is None:
-            return vllm_engine(None)
+            return replace(vllm_engine(None), ttft_allowances=allowances)
         try:
             custom = json.loads(value)
         except json.JSONDecodeError as exc:
             raise ValidationError(f"{where}: {VLLM_CUSTOM_BUCKETS_FLAG} is not JSON: {exc}") from None
-        return vllm_engine(custom)
+        return replace(vllm_engine(custom), ttft_allowances=allowances)
     image = split_image(str(container.get("image", "")))[0].rsplit("/", 1)[-1]
     if image == MOESLO_IMAGE and words[:2] == ["moeslo", "serve"]:
-        return ENGINES["moeslo"]
+        return replace(ENGINES["moeslo"], ttft_allowances=_allowances(flag_value(words, "--ttft-allowances"), where))
     return None
+
+
+def _env_value(container: Mapping[str, Any], name: str) -> str | None:
+    """A container's environment variable, where it is given as a value (None: not set)."""
+    return next((str(e.get("value", "")) for e in container.get("env", []) if e.get("name") == name), None)
+
+
+def _allowances(text: str | None, where: str) -> tuple[TtftAllowance, ...]:
+    """The TTFT allowances a container's engine writes a normalized series for."""
+    try:
+        return exported_allowances(text)
+    except ValueError as exc:
+        raise ValidationError(f"{where}: {exc}") from None
 
 
 def workload_engines(resources: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], EngineBuckets]:

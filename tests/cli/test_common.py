@@ -37,6 +37,7 @@ def test_brackets_in_a_message_are_printed_as_written(tmp_path: Path) -> None:
         (("serve", "--checkpoint", ".", "--threads", "-3"), "--threads"),
         (("serve", "--checkpoint", ".", "--port", "70000"), "--port"),
         (("serve", "--checkpoint", ".", "--log-level", "bogus"), "must be one of"),
+        (("serve", "--checkpoint", ".", "--ttft-allowances", "2000"), "TTFT allowance '2000' must read"),
         (("route", "--replicas", "http://127.0.0.1:9", "--port", "-1"), "--port"),
         (("replay", "--trace", str(TRACE), "--duration", "0"), "must be above 0"),
         (("replay", "--trace", str(TRACE), "--tick", "-1"), "must be above 0"),

@@ -50,7 +50,8 @@ def test_every_serving_vllm_gets_the_slo_edges(overlay: str) -> None:
     assert serving
     for where, container in serving:
         assert flag_value(command_line(container), VLLM_CUSTOM_BUCKETS_FLAG) == vllm_custom_buckets_json(), where
-        assert container_engine(container, where) is ENGINES["vllm-slo-buckets"]
+        engine = container_engine(container, where)
+        assert engine is not None and engine.edges is ENGINES["vllm-slo-buckets"].edges
     assert {e.name for e in policy_engines(OVERLAYS[overlay]).values()} == {"vllm-slo-buckets"}
     assert {e.name for e in policy_engines(OVERLAYS["embedded-cpu"]).values()} == {"moeslo"}
 
@@ -84,8 +85,8 @@ def test_a_20ms_itl_objective_on_vllm_without_the_flag_is_refused(overlay: str) 
 def test_engines_are_read_per_workload() -> None:
     vllm_gpu, cpu = OVERLAYS["vllm-gpu"], OVERLAYS["embedded-cpu"]
     engines = workload_engines([*vllm_gpu.workloads, *cpu.workloads])
-    assert engines[("deployment", "vllm-qwen3-moe")] is ENGINES["vllm-slo-buckets"]
-    assert engines[("deployment", "moeslo-engine")] is ENGINES["moeslo"]
+    assert engines[("deployment", "vllm-qwen3-moe")].edges is ENGINES["vllm-slo-buckets"].edges
+    assert engines[("deployment", "moeslo-engine")].edges is ENGINES["moeslo"].edges
     both = Overlay(policies=(), workloads=tuple(_without_bucket_flag(vllm_gpu).workloads) + cpu.workloads)
     (gpu_policy,), (cpu_policy,) = vllm_gpu.policies, cpu.policies
     # Each policy is checked against its own target: the CPU engine has 0.02, the flagless vLLM not.
@@ -105,3 +106,35 @@ def test_a_malformed_bucket_flag_is_named() -> None:
         container_engine(container, "Deployment/x container vllm")
     headless = {**container, "args": ["--headless"]}
     assert container_engine(headless, "w") is None
+
+
+def _with_allowance(policy: Policy, reference: int, per_1k: float) -> Policy:
+    ttft = policy.objectives.ttft.model_copy(
+        update={"reference_prompt_tokens": reference, "per_1k_prompt_tokens_s": per_1k}
+    )
+    return policy.model_copy(update={"objectives": policy.objectives.model_copy(update={"ttft": ttft})})
+
+
+def _engine_containers(overlay: Overlay) -> list[dict[str, Any]]:
+    return [c for r in overlay.workloads for spec in pod_specs(r) for c in spec.get("containers", [])
+            if container_engine(c, "w") is not None]  # fmt: skip
+
+
+@pytest.mark.parametrize("overlay", ["vllm-gpu", "embedded-cpu"])
+def test_a_ttft_allowance_its_engine_does_not_write_is_refused(overlay: str) -> None:
+    """The alerts would read a series no engine writes: TTFT never pages, nor ITL (its traffic check reads it)."""
+    (policy,) = OVERLAYS[overlay].policies
+    assert overlay_files(overlay, Overlay(policies=(_with_allowance(policy, 1000, 0.05),),
+                                          workloads=OVERLAYS[overlay].workloads))  # every engine writes the default
+    wanting = Overlay(policies=(_with_allowance(policy, 2000, 0.1),), workloads=OVERLAYS[overlay].workloads)
+    with pytest.raises(ValidationError) as info:
+        overlay_files(overlay, wanting)
+    (problem,) = info.value.problems
+    assert "allowance 2000:0.1, which its engine does not write (it writes 1000:0.05)" in problem
+    told = copy.deepcopy(wanting)
+    for container in _engine_containers(told):
+        if overlay == "vllm-gpu":
+            container.setdefault("env", []).append({"name": "MOESLO_TTFT_ALLOWANCES", "value": "2000:0.1"})
+        else:
+            container["args"] = [*container.get("args", []), "--ttft-allowances", "2000:0.1"]
+    assert overlay_files(overlay, told)

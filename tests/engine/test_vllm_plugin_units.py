@@ -33,6 +33,10 @@ def test_settings_default_off_and_gather_every_problem() -> None:
         PluginSettings.from_env({"MOESLO_VLLM_EP_RANKS": "x", "MOESLO_VLLM_FLUSH_S": "-1"})
     assert "MOESLO_VLLM_EP_RANKS='x' is not an integer" in str(err.value)
     assert "MOESLO_VLLM_FLUSH_S='-1' must be > 0" in str(err.value)
+    told = PluginSettings.from_env({"MOESLO_TTFT_ALLOWANCES": "2000:0.1"}).ttft_allowances
+    assert [a.labels()["reference_prompt_tokens"] for a in told] == ["1000", "2000"]
+    with pytest.raises(ValidationError, match="MOESLO_TTFT_ALLOWANCES: TTFT allowance '2000' must read"):
+        PluginSettings.from_env({"MOESLO_TTFT_ALLOWANCES": "2000"})
 
 
 def test_contiguous_layout_matches_vllm_expert_map() -> None:
