@@ -67,6 +67,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpReceiver) -> Ite
             # The trigger's routes and our EPLB policy (EPLB itself cannot run on vLLM CPU).
             "VLLM_PLUGINS": "moeslo,moeslo_otel,moeslo_ttft,moeslo_eplb,moeslo_eplb_policy",
             "MOESLO_VLLM_EPLB_POLICY": "1",
+            "MOESLO_TTFT_ALLOWANCES": "2000:0.1",  # a policy's allowance besides the default one
         },
     )  # fmt: skip
     off = VllmServer(checkpoint, model_name=MODEL, log_path=tmp / "off.log",
@@ -165,10 +166,18 @@ def test_imbalance_gauges_follow_the_virtual_ep_layout(servers: dict[str, VllmSe
 def test_disabled_plugin_adds_nothing_and_enabled_adds_only_moe_families(servers: dict[str, VllmServer]) -> None:
     for server in servers.values():
         complete(server.base_url, prompts_for(3, [10, 11]), [4, 4])
-    families = {}
-    for key, server in servers.items():
-        text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
-        families[key] = {f.name for f in text_string_to_metric_families(text)}
+    families, texts = {}, {}
+    deadline = time.monotonic() + 10.0  # the workers publish their counts every 0.25 s, not at once
+    while "moe_rank_tokens" not in families.get("on", set()) and time.monotonic() < deadline:
+        for key, server in servers.items():
+            texts[key] = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+            families[key] = {f.name for f in text_string_to_metric_families(texts[key])}
+        time.sleep(0.25)
+    on = {f.name: f for f in text_string_to_metric_families(texts["on"])}
+    normalized = on["moeslo_ttft_normalized_seconds"]
+    allowances = {(s.labels["reference_prompt_tokens"], s.labels["per_1k_prompt_tokens_s"])
+                  for s in normalized.samples if s.name.endswith("_count")}  # fmt: skip
+    assert allowances == {("1000", "0.05"), ("2000", "0.1")}
     assert not {name for name in families["off"] if name.startswith("moe_")}
     added = families["on"] - families["off"]
     assert added == {"moe_expert_tokens", "moe_rank_tokens", "moe_layer_imbalance_cv", "moe_layer_balancedness",
