@@ -20,7 +20,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.errors import DataError
+from contracts.trace_fields import cell, column_index, csv_rows, epoch_s, seconds, tokens
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -274,7 +275,7 @@ def load_trace(
     kind = fmt or detect_format(file)
     if kind == "mooncake":
         return _read_mooncake(file)
-    rows = _csv_rows(file)
+    rows = csv_rows(file)
     header = next(rows, None)
     if header is None:
         raise DataError("file is empty", path=str(file), line=1)
@@ -299,49 +300,6 @@ def load_request_trace(
     if lengths is None:
         raise DataError("a count trace needs a length distribution (e.g. --lengths azure-2023-conv)", path=str(path))
     return trace.expand(lengths, seed=seed)
-
-
-def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
-    """(line number, fields) for each non-blank line of a CSV file."""
-    with path.open("r", encoding="utf-8-sig", newline="") as handle:  # a byte-order mark is not a column name
-        reader = csv.reader(handle)
-        for fields in reader:
-            if fields and any(f.strip() for f in fields):
-                yield reader.line_num, fields
-
-
-def _column_index(path: Path, header: Sequence[str], needed: Sequence[str]) -> list[int]:
-    names = [h.strip() for h in header]
-    missing = [c for c in needed if c not in names]
-    if missing:
-        raise DataError(
-            f"missing column(s) {', '.join(missing)}; header has {', '.join(names)}", path=str(path), line=1
-        )
-    return [names.index(c) for c in needed]
-
-
-def _field(path: Path, line: int, fields: Sequence[str], index: int, column: str) -> str:
-    if index >= len(fields):
-        raise DataError(f"row has {len(fields)} fields, missing column {column!r}", path=str(path), line=line)
-    return fields[index].strip()
-
-
-def _tokens(path: Path, line: int, text: str, column: str) -> int:
-    try:
-        value = float(text)
-    except ValueError:
-        raise DataError(f"{column} {text!r} is not a number", path=str(path), line=line) from None
-    if value < 0 or not np.isfinite(value) or value != int(value):
-        raise DataError(f"{column} {text!r} must be a non-negative integer", path=str(path), line=line)
-    return int(value)
-
-
-def _epoch_s(path: Path, line: int, text: str) -> float:
-    try:
-        stamp = np.datetime64(text.replace(" ", "T").removesuffix("Z").split("+")[0], "ns")
-    except ValueError:
-        raise DataError(f"timestamp {text!r} is not a date-time", path=str(path), line=line) from None
-    return float(stamp.astype(np.int64)) / 1e9
 
 
 class _Builder:
@@ -384,38 +342,28 @@ class _Builder:
 
 
 def _read_azure(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]]) -> RequestTrace:
-    t_i, p_i, o_i = _column_index(path, header, _AZURE_COLUMNS)
+    t_i, p_i, o_i = column_index(path, header, _AZURE_COLUMNS)
     builder = _Builder(path)
     for line, fields in rows:
-        stamp = _field(path, line, fields, t_i, "TIMESTAMP")
+        stamp = cell(path, line, fields, t_i, "TIMESTAMP")
         builder.add(
             line,
-            _epoch_s(path, line, stamp),
-            _tokens(path, line, _field(path, line, fields, p_i, "ContextTokens"), "ContextTokens"),
-            _tokens(path, line, _field(path, line, fields, o_i, "GeneratedTokens"), "GeneratedTokens"),
+            epoch_s(path, line, stamp),
+            tokens(path, line, cell(path, line, fields, p_i, "ContextTokens"), "ContextTokens"),
+            tokens(path, line, cell(path, line, fields, o_i, "GeneratedTokens"), "GeneratedTokens"),
         )
     epoch = builder.times[0] if builder.times else None
     return builder.build(epoch)
 
 
-def _seconds(path: Path, line: int, text: str, column: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise DataError(f"{column} {text!r} is not a number", path=str(path), line=line) from None
-    if value < 0 or not np.isfinite(value):
-        raise DataError(f"{column} {text!r} must be a non-negative time", path=str(path), line=line)
-    return value
-
-
 def _read_burstgpt(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]]) -> RequestTrace:
-    t_i, p_i, o_i = _column_index(path, header, _BURSTGPT_COLUMNS)
+    t_i, p_i, o_i = column_index(path, header, _BURSTGPT_COLUMNS)
     builder = _Builder(path)
     failed = 0
     for line, fields in rows:
-        time_s = _seconds(path, line, _field(path, line, fields, t_i, "Timestamp"), "Timestamp")
-        prompt = _tokens(path, line, _field(path, line, fields, p_i, "Request tokens"), "Request tokens")
-        output = _tokens(path, line, _field(path, line, fields, o_i, "Response tokens"), "Response tokens")
+        time_s = seconds(path, line, cell(path, line, fields, t_i, "Timestamp"), "Timestamp")
+        prompt = tokens(path, line, cell(path, line, fields, p_i, "Request tokens"), "Request tokens")
+        output = tokens(path, line, cell(path, line, fields, o_i, "Response tokens"), "Response tokens")
         if output == 0:
             failed += 1
             continue  # a failed request: BurstGPT's own *_without_fails files drop these rows
@@ -427,13 +375,13 @@ def _read_burstgpt(path: Path, header: list[str], rows: Iterator[tuple[int, list
 
 
 def _read_counts(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]]) -> CountTrace:
-    t_i, c_i = _column_index(path, header, _COUNT_COLUMNS)
+    t_i, c_i = column_index(path, header, _COUNT_COLUMNS)
     times: list[float] = []
     counts: list[float] = []
     lines: list[int] = []
     for line, fields in rows:
-        time_s = _epoch_s(path, line, _field(path, line, fields, t_i, "Time"))
-        count = _tokens(path, line, _field(path, line, fields, c_i, "TIMESTAMP"), "TIMESTAMP (count)")
+        time_s = epoch_s(path, line, cell(path, line, fields, t_i, "Time"))
+        count = tokens(path, line, cell(path, line, fields, c_i, "TIMESTAMP"), "TIMESTAMP (count)")
         if times and time_s <= times[-1]:
             raise DataError(
                 f"bin times not sorted: {fields[t_i].strip()} does not come after line {lines[-1]}",
@@ -482,12 +430,12 @@ def _read_mooncake(path: Path) -> RequestTrace:
             missing = [k for k in _MOONCAKE_KEYS if k not in record]
             if missing:
                 raise DataError(f"missing key(s) {', '.join(missing)}", path=str(path), line=line)
-            time_ms = _seconds(path, line, str(record["timestamp"]), "timestamp")
+            time_ms = seconds(path, line, str(record["timestamp"]), "timestamp")
             builder.add(
                 line,
                 time_ms / 1000.0,
-                _tokens(path, line, str(record["input_length"]), "input_length"),
-                _tokens(path, line, str(record["output_length"]), "output_length"),
+                tokens(path, line, str(record["input_length"]), "input_length"),
+                tokens(path, line, str(record["output_length"]), "output_length"),
             )
             hashes = record.get("hash_ids")
             if hashes is not None and (not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes)):

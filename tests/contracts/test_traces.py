@@ -36,6 +36,15 @@ def test_azure_csv(tmp_path: Path) -> None:
     assert trace.start_epoch_s == pytest.approx(1700158546.5)
 
 
+def test_a_utc_offset_is_honoured_whichever_its_sign(tmp_path: Path) -> None:
+    """``+05:30`` was dropped (read as UTC) and ``-07:00`` converted with a warning: the start epoch moved."""
+    starts = []
+    for stamp in ("2023-11-16 18:15:46Z", "2023-11-16 23:45:46+05:30", "2023-11-16 11:15:46-07:00"):
+        path = write(tmp_path, "a.csv", f"TIMESTAMP,ContextTokens,GeneratedTokens\n{stamp},1,1\n")
+        starts.append(load_request_trace(path).start_epoch_s)
+    assert starts == [pytest.approx(1700158546.0)] * 3
+
+
 def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> None:
     """Spreadsheets save UTF-8 CSV with a byte-order mark: the Azure trace was refused as unrecognised."""
     azure = tmp_path / "a.csv"
