@@ -245,6 +245,18 @@ def test_every_vllm_with_the_plugin_names_the_plugins_it_loads(overlay: str) -> 
 
 
 @pytest.mark.parametrize("overlay", [t for t in TREES if t.startswith("overlays/")])
+def test_every_serving_engine_is_restarted_when_its_health_fails(overlay: str) -> None:
+    """A dead engine core answers 503 on /health for good: without a liveness probe it stays unready forever."""
+    serving = [c for r in _rendered(overlay).values() for c in _containers(r)
+               if c.get("readinessProbe", {}).get("httpGet", {}).get("path") == "/health"
+               and c["name"] in ("vllm", "engine")]  # fmt: skip
+    assert serving, overlay
+    for container in serving:
+        assert container["livenessProbe"]["httpGet"]["path"] == "/health", (overlay, container["name"])
+        assert "startupProbe" in container, (overlay, container["name"])  # the model load is not a failure
+
+
+@pytest.mark.parametrize("overlay", [t for t in TREES if t.startswith("overlays/")])
 def test_each_overlays_controller_dashboard_draws_the_forecast_one_of_its_own_lead_times_back(overlay: str) -> None:
     (lead_time_s,) = {p.lead_time_s for p in _overlay_policies()[overlay.removeprefix("overlays/")]}
     name = "grafana-dashboard-moeslo-controller"
