@@ -38,8 +38,10 @@ def render(deploy_dir: DirOption = Path("deploy"),
 
 
 @deploy_app.command("build")
-def build(overlay: Annotated[str, typer.Argument(help="Overlay name (vllm-gpu, vllm-multinode, embedded-cpu) or 'base'.")],
-          deploy_dir: DirOption = Path("deploy")) -> None:
+def build(
+    overlay: Annotated[str, typer.Argument(help="Overlay name (vllm-gpu, vllm-multinode, embedded-cpu) or 'base'.")],
+    deploy_dir: DirOption = Path("deploy"),
+) -> None:
     """Print the manifests of an overlay as kustomize would (without the kustomize binary)."""
     from generators.alerts import dump_yaml_documents
     from generators.manifests import build as kustomize_build
