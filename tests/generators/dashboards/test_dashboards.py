@@ -58,6 +58,16 @@ def test_dashboards_have_variables_slo_lines_and_decision_annotations() -> None:
     assert {"heatmap", "table", "timeseries"} <= experts
 
 
+def test_the_imbalance_panel_draws_what_the_alert_judges() -> None:
+    """The ticket fires on the CV with the window's sampling noise taken out: the panel drew the raw CV, which a
+    quiet engine holds above the SLO line from noise alone."""
+    experts = build_dashboards(DEFAULT_POLICIES)["moeslo-experts.json"]
+    (panel,) = [p for p in experts["panels"] if p["title"].startswith("Imbalance CV per layer")]
+    exprs = [target["expr"] for target in panel["targets"]]
+    assert "sqrt(clamp_min((moe_layer_imbalance_cv{" in exprs[0] and "moe_layer_imbalance_cv_noise_floor{" in exprs[0]
+    assert exprs[1].startswith("max(moe_layer_imbalance_cv_noise_floor{")
+
+
 def test_slo_lines_follow_the_policy() -> None:
     policy = Policy(name="fast", target=LocalTarget(model="m"), objectives=Objectives(
         ttft=LatencyObjective(threshold_s=0.25, target=0.995), itl=LatencyObjective(threshold_s=0.05, target=0.99)))
