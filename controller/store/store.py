@@ -263,12 +263,16 @@ class Store:
             raise StaleVersionError(row.name, current=row.version, expected=expected_version)
 
     def _write(self, session: Session, row: PolicyRow | None, policy: Policy, operation: str) -> StoredPolicy:
+        """A new version of the policy, or, when it is the stored one unchanged, the stored version as it is (a
+        re-applied file must not churn the history, nor turn the ETags clients hold stale)."""
+        spec = policy.model_dump(mode="json")
+        if row is not None and row.spec == spec:
+            return self._stored(row)
         now = datetime.now(UTC)
         last = session.scalar(
             select(func.max(PolicyVersionRow.version)).where(PolicyVersionRow.name == policy.name)
         )
         version = (last or 0) + 1
-        spec = policy.model_dump(mode="json")
         if row is None:
             row = PolicyRow(name=policy.name, version=version, spec=spec, created_at=now, updated_at=now)
             session.add(row)

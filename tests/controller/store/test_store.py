@@ -54,6 +54,16 @@ def test_versions_grow_across_update_delete_and_recreate(tmp_path: Path) -> None
     assert history[2].spec is None
 
 
+def test_writing_a_policy_unchanged_keeps_its_version(tmp_path: Path) -> None:
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    store.create_policy(_policy())
+    stored, created = store.replace_policy(_policy(), expected_version=1)
+    assert (stored.version, created) == (1, False)
+    assert store.write_policies([(_policy(), 1)])[0].version == 1
+    assert store.replace_policy(_policy(max_replicas=4))[0].version == 2
+    assert [v.version for v in store.policy_history("p")] == [1, 2]
+
+
 def test_several_policies_are_written_all_or_none_as_planned(tmp_path: Path) -> None:
     store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
     store.create_policy(_policy("a"))
