@@ -51,10 +51,15 @@ class PreconditionRequiredError(MoesloError):
     """A conditional write (If-Match) is required by the configuration but was not sent."""
 
 
+class UnsupportedMediaTypeError(MoesloError):
+    """A body sent as a media type the route does not read (a form, plain text where JSON belongs)."""
+
+
 # The REST dialect: bad input 422 (as FastAPI answers it), and the controller's own classes first.
 STATUS_BY_ERROR: StatusTable = (
     (UnauthorizedError, 401),
     (PreconditionRequiredError, 428),
+    (UnsupportedMediaTypeError, 415),
     (StaleVersionError, 412),
     (ConflictError, 409),
     (NotFoundError, 404),

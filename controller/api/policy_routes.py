@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from pydantic import ValidationError as PydanticValidationError
 from starlette.concurrency import run_in_threadpool
 
 from contracts.errors import NotFoundError, ValidationError
 from controller.api.auth import WriteAccess
-from controller.api.errors import PreconditionRequiredError
+from controller.api.errors import PreconditionRequiredError, UnsupportedMediaTypeError
 from controller.api.schemas import (
     OpenSloImport,
     PolicyHistory,
@@ -43,7 +43,7 @@ IfMatch = Annotated[
     ),
 ]
 _READ = problem_responses(404, 422)
-_WRITE = problem_responses(400, 401, 404, 409, 412, 422, 428, 503)
+_WRITE = problem_responses(400, 401, 404, 409, 412, 415, 422, 428, 503)
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -115,11 +115,19 @@ def list_policies(request: Request) -> PolicyList:
     return PolicyList(items=[PolicyResource.of(stored) for stored in _store(request).list_policies()])
 
 
+def json_body(request: Request) -> None:
+    """Refuse, before the body is read, a body not sent as JSON (FastAPI would say the body is not an object)."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json" and not content_type.endswith("+json"):
+        raise UnsupportedMediaTypeError(f"Content-Type: expected application/json, got {content_type!r}")
+
+
 @router.post(
     "/policies",
     response_model=PolicyResource,
     status_code=201,
-    responses=problem_responses(400, 401, 409, 422, 503),
+    responses=problem_responses(400, 401, 409, 415, 422, 503),
+    dependencies=[Depends(json_body)],
 )
 def create_policy(request: Request, response: Response, policy: Policy, _auth: WriteAccess) -> PolicyResource:
     _check_target(request, policy)
@@ -131,7 +139,8 @@ def get_policy(request: Request, response: Response, name: PolicyName) -> Policy
     return _respond(response, _store(request).get_policy(name))
 
 
-@router.put("/policies/{name}", response_model=PolicyResource, responses={**_WRITE, 201: {"model": PolicyResource}})
+@router.put("/policies/{name}", response_model=PolicyResource, responses={**_WRITE, 201: {"model": PolicyResource}},
+            dependencies=[Depends(json_body)])
 def put_policy(
     request: Request,
     response: Response,
@@ -213,7 +222,9 @@ async def patch_policy(
 ) -> PolicyResource:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in (MERGE_PATCH, "application/json"):
-        raise ValidationError(f"Content-Type: expected {MERGE_PATCH} or application/json, got {content_type!r}")
+        raise UnsupportedMediaTypeError(
+            f"Content-Type: expected {MERGE_PATCH} or application/json, got {content_type!r}"
+        )
     raw = await request.body()
     try:
         patch = json.loads(raw)

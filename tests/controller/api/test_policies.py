@@ -175,7 +175,7 @@ def test_merge_patch(client: TestClient) -> None:
     rename = client.patch("/v1/policies/qwen", json={"name": "other"}, headers=AUTH)
     assert rename.status_code == 422
     text = client.patch("/v1/policies/qwen", content=b"mode=off", headers={**AUTH, "Content-Type": "text/plain"})
-    assert text.status_code == 422 and "Content-Type" in text.json()["detail"]
+    assert text.status_code == 415 and "Content-Type" in text.json()["detail"]
     assert client.patch("/v1/policies/ghost", json={"mode": "off"}, headers=AUTH).status_code == 404
 
 
@@ -299,6 +299,17 @@ def test_openslo_fields_of_the_wrong_type_are_422(client: TestClient) -> None:
 def test_a_window_prometheus_would_not_read_is_422(client: TestClient, window: str) -> None:
     response = client.post("/v1/policies", json={**POLICY, "window": window}, headers=AUTH)
     assert response.status_code == 422 and "window" in response.text
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "application/yaml", ""])
+def test_a_body_that_is_not_json_is_415_naming_the_type(client: TestClient, content_type: str) -> None:
+    body = b'{"name": "qwen", "target": {"kind": "model", "model": "m"}}'
+    for method, path in (("POST", "/v1/policies"), ("PUT", "/v1/policies/qwen")):
+        response = client.request(method, path, content=body, headers={**AUTH, "Content-Type": content_type})
+        assert response.status_code == 415, (method, response.text)
+        assert f"expected application/json, got {content_type!r}" in response.json()["detail"]
+    json_body = {**AUTH, "Content-Type": "application/json; charset=utf-8"}
+    assert client.post("/v1/policies", content=body, headers=json_body).status_code == 201
 
 
 def test_a_label_name_with_a_trailing_newline_is_422(client: TestClient) -> None:
