@@ -115,8 +115,9 @@ def list_policies(request: Request) -> PolicyList:
     return PolicyList(items=[PolicyResource.of(stored) for stored in _store(request).list_policies()])
 
 
-def json_body(request: Request) -> None:
-    """Refuse, before the body is read, a body not sent as JSON (FastAPI would say the body is not an object)."""
+def json_body(request: Request, _auth: WriteAccess) -> None:
+    """Refuse, before the body is read, a body not sent as JSON (FastAPI would say the body is not an object);
+    after the token is checked, so a client without one learns nothing of what the route reads."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/json" and not content_type.endswith("+json"):
         raise UnsupportedMediaTypeError(f"Content-Type: expected application/json, got {content_type!r}")

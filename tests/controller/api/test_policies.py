@@ -308,6 +308,8 @@ def test_a_body_that_is_not_json_is_415_naming_the_type(client: TestClient, cont
         response = client.request(method, path, content=body, headers={**AUTH, "Content-Type": content_type})
         assert response.status_code == 415, (method, response.text)
         assert f"expected application/json, got {content_type!r}" in response.json()["detail"]
+    stranger = client.post("/v1/policies", content=body, headers={"Content-Type": content_type})
+    assert stranger.status_code == 401  # the token first
     json_body = {**AUTH, "Content-Type": "application/json; charset=utf-8"}
     assert client.post("/v1/policies", content=body, headers=json_body).status_code == 201
 
