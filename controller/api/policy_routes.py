@@ -10,6 +10,7 @@ it otherwise (200).  PATCH takes a JSON merge patch (RFC 7386).
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
@@ -38,10 +39,10 @@ router = APIRouter(prefix="/v1", tags=["policies"])
 PolicyName = Annotated[str, Path(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", max_length=63)]
 IfMatch = Annotated[
     str | None,
-    Header(
-        pattern=r'^\s*(\*|(W/)?"[0-9]{1,18}")\s*$', description='ETag of the version the change is based on, e.g. "3"'
-    ),
+    Header(max_length=256, description='ETag of the version the change is based on, e.g. "3" (checked by '
+                                       "parse_if_match, which says what is wrong)"),
 ]
+_ETAG = re.compile(r'(W/)?"([0-9]{1,18})"')
 _READ = problem_responses(404, 422)
 _WRITE = problem_responses(400, 401, 404, 409, 412, 415, 422, 428, 503)
 MERGE_PATCH = "application/merge-patch+json"
@@ -83,10 +84,10 @@ def parse_if_match(value: str | None) -> int | str | None:
     tags = [tag.strip() for tag in text.split(",") if tag.strip()]
     if len(tags) != 1:
         raise ValidationError('If-Match: exactly one ETag is supported, e.g. "3"')
-    tag = tags[0].removeprefix("W/")
-    if len(tag) < 3 or not (tag.startswith('"') and tag.endswith('"')) or not tag[1:-1].isdigit():
+    match = _ETAG.fullmatch(tags[0])
+    if match is None:
         raise ValidationError(f'If-Match: {value!r} is not an ETag of this API (expected e.g. "3")')
-    return int(tag[1:-1])
+    return int(match.group(2))
 
 
 def _expected_version(request: Request, name: str, if_match: str | None) -> int | None:
@@ -170,7 +171,7 @@ def put_policy(
         try:
             expected = _store(request).get_policy(name).version
         except NotFoundError as exc:
-            raise StaleVersionError(name, current=None, expected=0) from exc
+            raise StaleVersionError(name, current=None, expected=None) from exc
     else:
         assert isinstance(parsed, int)
         expected = parsed

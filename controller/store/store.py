@@ -31,12 +31,16 @@ from controller.store.tables import Base, DecisionRow, LoadHistoryRow, PolicyRow
 class StaleVersionError(ConflictError):
     """A conditional write named a version the policy no longer has (HTTP 412)."""
 
-    def __init__(self, name: str, *, current: int | None, expected: int) -> None:
+    def __init__(self, name: str, *, current: int | None, expected: int | None) -> None:
+        """``expected`` None: any version (``If-Match: *``), which a policy that does not exist has not."""
         self.name = name
         self.current = current
         self.expected = expected
         now = "does not exist" if current is None else f"is at version {current}"
-        super().__init__(f"policy {name!r} {now}, not version {expected} (it changed since it was read)")
+        if expected is None:
+            super().__init__(f"policy {name!r} {now}: If-Match: * needs a current version")
+        else:
+            super().__init__(f"policy {name!r} {now}, not version {expected} (it changed since it was read)")
 
 
 class _WriteRaceError(ConflictError):
