@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from contracts.errors import ValidationError
 from contracts.traces import load_trace
 from controller.forecast.backtest import BASELINES, BacktestResult, compare_models
 from controller.forecast.models import FloatArray
@@ -87,6 +88,12 @@ def backtest_trace(
     series: FloatArray = request_counts(load_trace(trace_path), bin_s)
     steps = sorted({max(1, round(h / bin_s)) for h in horizons_s})
     split = split_series(len(series), bin_s, test_fraction)
+    if split.start < 1 or len(series) - max(steps) < split.start:
+        raise ValidationError(
+            f"{trace_path} spans {len(series)} bins of {bin_s:g} s: too short to test a {max(steps) * bin_s:g} s "
+            f"horizon after {split.start} bin(s) of history ({split.description}); use a longer trace, a "
+            "shorter --bin or --horizon"
+        )
     refit_every = max(1, round(refit_every_s / bin_s))
     results = compare_models(
         series, models, period=split.period, horizons=steps, start=split.start, refit_every=refit_every,

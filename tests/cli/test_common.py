@@ -173,6 +173,15 @@ def test_the_listening_check_follows_the_servers_rules() -> None:
     assert code == 2 and "cannot listen on no-such-host.invalid:8080" in out
 
 
+def test_a_trace_too_short_to_backtest_says_so(tmp_path: Path) -> None:
+    """It said "start must leave at least one bin of history", of a start the user never gave."""
+    short = tmp_path / "m.jsonl"
+    short.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\n'
+                     '{"timestamp": 5000, "input_length": 10, "output_length": 2}\n')  # fmt: skip
+    code, out = run("forecast", "backtest", "--trace", str(short), "--bin", "60", "--horizon", "300")
+    assert code == 2 and "spans 1 bins of 60 s: too short to test a 300 s horizon" in out
+
+
 def test_a_replay_out_that_is_a_file_fails_before_any_run(tmp_path: Path) -> None:
     taken = tmp_path / "ok.csv"
     taken.write_text("x")
