@@ -73,7 +73,7 @@ def container_engine(container: Mapping[str, Any], where: str) -> EngineBuckets 
         if "--headless" in words:
             return None
         value = flag_value(words, VLLM_CUSTOM_BUCKETS_FLAG)
-        allowances = _allowances(_env_value(container, TTFT_ALLOWANCES_ENV), where)
+        allowances = _env_allowances(container, where)
         if value is None:
             return replace(vllm_engine(None), ttft_allowances=allowances)
         try:
@@ -87,9 +87,13 @@ def container_engine(container: Mapping[str, Any], where: str) -> EngineBuckets 
     return None
 
 
-def _env_value(container: Mapping[str, Any], name: str) -> str | None:
-    """A container's environment variable, where it is given as a value (None: not set)."""
-    return next((str(e.get("value", "")) for e in container.get("env", []) if e.get("name") == name), None)
+def _env_allowances(container: Mapping[str, Any], where: str) -> tuple[TtftAllowance, ...] | None:
+    """What a vLLM container's ``MOESLO_TTFT_ALLOWANCES`` says (None: set from a ConfigMap or Secret, so not
+    known here; the policy's allowance is then not checked)."""
+    entry = next((e for e in container.get("env", []) if e.get("name") == TTFT_ALLOWANCES_ENV), None)
+    if entry is not None and "value" not in entry:
+        return None
+    return _allowances(None if entry is None else str(entry["value"]), where)
 
 
 def _allowances(text: str | None, where: str) -> tuple[TtftAllowance, ...]:

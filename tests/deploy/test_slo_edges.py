@@ -138,3 +138,8 @@ def test_a_ttft_allowance_its_engine_does_not_write_is_refused(overlay: str) -> 
         else:
             container["args"] = [*container.get("args", []), "--ttft-allowances", "2000:0.1"]
     assert overlay_files(overlay, told)
+    if overlay == "vllm-gpu":  # from a ConfigMap: not known here, so not refused
+        for container in _engine_containers(told):
+            container["env"][-1] = {"name": "MOESLO_TTFT_ALLOWANCES",
+                                    "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
+        assert overlay_files(overlay, told)
