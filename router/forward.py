@@ -338,6 +338,8 @@ def _features(body: bytes, path: str, block_tokens: int, max_blocks: int) -> Req
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValidationError(f"body: not JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise ValidationError("body: JSON nested too deeply") from exc
     if not isinstance(payload, dict):
         raise ValidationError("body: must be a JSON object")
     chat = path.partition("?")[0].endswith("/chat/completions")

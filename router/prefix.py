@@ -28,14 +28,23 @@ def _digest(data: bytes) -> int:
 def text_blocks(text: str, *, block_tokens: int = 16, max_blocks: int = 8) -> tuple[int, ...]:
     """Chained hashes of the leading full blocks of a text prompt (``4 x block_tokens`` characters each)."""
     width = block_tokens * CHARS_PER_TOKEN
-    encoded = [text[i : i + width].encode() for i in range(0, min(len(text), width * max_blocks), width)]
+    # surrogatepass: a lone surrogate is valid JSON; the engine answers it with a 400, the hash must not fail first.
+    encoded = [text[i : i + width].encode("utf-8", "surrogatepass")
+               for i in range(0, min(len(text), width * max_blocks), width)]  # fmt: skip
     return _chain([chunk for chunk in encoded if len(chunk) >= width])
 
 
 def token_blocks(tokens: Sequence[int], *, block_tokens: int = 16, max_blocks: int = 8) -> tuple[int, ...]:
     """Chained hashes of the leading full blocks of a token-id prompt."""
     full = min(len(tokens) // block_tokens, max_blocks)
-    return _chain([array("q", tokens[i * block_tokens : (i + 1) * block_tokens]).tobytes() for i in range(full)])
+    return _chain([_token_bytes(tokens[i * block_tokens : (i + 1) * block_tokens]) for i in range(full)])
+
+
+def _token_bytes(block: Sequence[int]) -> bytes:
+    try:
+        return array("q", block).tobytes()
+    except OverflowError:  # an id past 64 bits: no model's, and the engine refuses it; hashed as text
+        return ",".join(map(str, block)).encode()
 
 
 def _chain(chunks: Sequence[bytes]) -> tuple[int, ...]:

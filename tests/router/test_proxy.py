@@ -180,9 +180,20 @@ def test_bad_requests_and_unknown_routes_get_the_error_document() -> None:
         answer = httpx.post(r.url + "/v1/completions", content=b"{not json", timeout=5)
         assert answer.status_code == 400
         assert answer.json()["error"]["type"] == "ValidationError" and answer.json()["error"]["problems"]
+        deep = httpx.post(r.url + "/v1/completions", content=b"[" * 100_000 + b"]" * 100_000, timeout=5)
+        assert deep.status_code == 400 and "nested too deeply" in deep.text  # it was a 500 (RecursionError)
+        # Bodies the engine answers with a 400 reach it: the router's prefix hash must not fail on them first.
+        relayed = [{"prompt": "\ud800" * 80, "max_tokens": 1},
+                   {"prompt": [2**70, *range(40)], "max_tokens": 1},
+                   {"messages": [{"role": "user", "content": "\ud800" * 80}], "max_tokens": 1}]  # fmt: skip
+        for body in relayed:
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            answer = httpx.post(r.url + path, content=json.dumps(body), timeout=5,
+                                headers={"Content-Type": "application/json"})  # fmt: skip
+            assert answer.status_code == 200, (body, answer.text)  # the stub answers everything
         missing = httpx.get(r.url + "/v2/nothing", timeout=5)
         assert (missing.status_code, missing.json()["error"]["code"]) == (404, 404)
-        assert stub.requests["/v1/completions"] == 0
+        assert stub.requests["/v1/completions"] == 2 and stub.requests["/v1/chat/completions"] == 1
         metrics = httpx.get(r.url + "/metrics", timeout=5).text
         assert "moeslo_router_requests_total" in metrics and "moeslo_router_replica_healthy" in metrics
 
