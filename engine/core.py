@@ -23,7 +23,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -56,6 +56,24 @@ class StepResult:
     outputs: list[RequestOutput] = field(default_factory=list)
     stats: StepStats | None = None
     """None when nothing ran and nothing changed."""
+
+
+RETRY_RATE_WINDOW_S = 30.0
+"""Finishes older than this say nothing of the rate the queue drains at now."""
+
+
+def drain_time_s(finish_times_s: Iterable[float], waiting: int, now: float) -> float:
+    """A 429's Retry-After: the waiting requests over the rate requests finished at in the last 30 s,
+    1-60 s.
+
+    The rate is taken over the span of those finishes, not up to ``now``: counted to ``now``, the idle
+    minutes before a burst made the rate tiny and told every client of the burst to come back in a minute
+    (the engine had served the burst in 4 s)."""
+    recent = [t for t in finish_times_s if now - RETRY_RATE_WINDOW_S <= t <= now]
+    if len(recent) < 2 or recent[-1] <= recent[0]:
+        return 1.0
+    rate = (len(recent) - 1) / (recent[-1] - recent[0])
+    return float(min(60.0, max(1.0, waiting / rate)))
 
 
 class EngineCore:
@@ -166,12 +184,7 @@ class EngineCore:
         return self.blocks.num_used, self.blocks.num_blocks
 
     def _retry_after_s(self, now: float) -> float:
-        """Time until the queue has drained by one bound's worth, from the recent finish rate."""
-        times = self._finish_times_s
-        if len(times) >= 2 and now > times[0]:
-            rate = len(times) / (now - times[0])
-            return float(min(60.0, max(1.0, len(self.scheduler.waiting) / rate)))
-        return 1.0
+        return drain_time_s(self._finish_times_s, len(self.scheduler.waiting), now)
 
     # ----------------------------------------------------------------- placement and routing
 
@@ -454,4 +467,4 @@ def _finished_stats(seq: Sequence, now: float, reason: str) -> FinishedRequestSt
     )
 
 
-__all__ = ["EngineCore", "StepResult"]
+__all__ = ["EngineCore", "StepResult", "drain_time_s"]

@@ -360,3 +360,14 @@ def test_no_lookup_and_no_counts_with_prefix_caching_off() -> None:
     out = sched.schedule()
     assert out.plan.chunks[-1].num_computed == 0
     assert (out.prefix_cache_queries, out.prefix_cache_hits) == (0, 0)
+
+
+def test_retry_after_follows_the_recent_finish_rate_not_the_idle_time_before_a_burst() -> None:
+    from engine.core import drain_time_s
+
+    # Minutes idle, then a burst: the finishes before the pause say nothing of the rate now.
+    assert drain_time_s([0.0, 1.0, 2.0], waiting=29, now=300.0) == 1.0
+    # Ten finishes a second over the last 3 s: 29 waiting drain in about 3 s (it said 60).
+    burst = [300.0 + 0.1 * i for i in range(31)]
+    assert drain_time_s([0.0, 1.0, *burst], waiting=29, now=303.5) == pytest.approx(2.9)
+    assert drain_time_s(burst, waiting=10_000, now=303.5) == 60.0
