@@ -55,7 +55,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(GenerationRequest):
     """The subset of OpenAI's chat completion request the engine serves (one choice, text only)."""
 
-    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = NO_OP_VALUES
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {"tool_choice": (None, "none"), **NO_OP_VALUES}
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
@@ -63,6 +63,8 @@ class ChatCompletionRequest(GenerationRequest):
     add_generation_prompt: StrictBool = True
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    """Accepted only as "none" (no tools are called; see no_op_values)."""
 
     def texts(self) -> list[tuple[str, str]]:
         own = [(f"messages.{i}.content", m.text) for i, m in enumerate(self.messages)]

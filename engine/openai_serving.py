@@ -120,6 +120,8 @@ class ChatFormat:
 
 
 def _document(request_id: str, kind: str, model_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    if kind.startswith("chat."):  # OpenAI's and vLLM's chat ids read chatcmpl-, their completions' cmpl-
+        request_id = "chat" + request_id if request_id.startswith("cmpl-") else request_id
     return {"id": request_id, "object": kind, "created": int(time.time()), "model": model_name, "choices": choices}
 
 

@@ -33,8 +33,9 @@ MAX_CHOICES = 128
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 
-NO_OP_VALUES: dict[str, tuple[Any, ...]] = {}
-"""OpenAI fields both kinds of request define but this engine does not implement, and their no-op values."""
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"top_k": (None, -1, 0), "response_format": (None, {"type": "text"})}
+"""Fields both kinds of request define but this engine does not implement, and their no-op values: vLLM's
+``top_k`` of -1 or 0 (off, what vLLM tooling sends by default) and OpenAI's plain-text ``response_format``."""
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
@@ -74,6 +75,9 @@ class GenerationRequest(BaseModel):
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
+    # Accepted only at their no-op values (see no_op_values).
+    top_k: StrictInt | None = None
+    response_format: dict[str, Any] | None = None
     # vLLM's extensions.
     repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=100.0)] = 1.0
     min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0

@@ -63,7 +63,7 @@ def test_chat_whole_and_streamed(client: Any, tokenizer: HFTokenizer, tiny_check
     template = load_chat_template(tiny_checkpoint)
     assert template is not None
     whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, **GREEDY)
-    assert whole.object == "chat.completion"
+    assert whole.object == "chat.completion" and whole.id.startswith("chatcmpl-")  # as OpenAI and vLLM write it
     choice = whole.choices[0]
     assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
     assert choice.finish_reason == "length"
@@ -71,7 +71,7 @@ def test_chat_whole_and_streamed(client: Any, tokenizer: HFTokenizer, tiny_check
     assert whole.usage.completion_tokens == 10
     chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, stream=True,
                                                  stream_options={"include_usage": True}, **GREEDY))
-    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert all(c.object == "chat.completion.chunk" and c.id.startswith("chatcmpl-") for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == choice.message.content
@@ -129,6 +129,11 @@ def test_completion_stop_string(client: Any) -> None:
         (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=0), "max_tokens"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", logprobs=21), "logprobs"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", suffix="y"), "suffix"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", extra_body={"top_k": 5}), "top_k"),
+        (lambda c: c.completions.create(model=MODEL, prompt=[-1, 5], echo=True, max_tokens=1), "prompt"),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, response_format={"type": "json_object"}),
+         "response_format"),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, tool_choice="auto"), "tool_choice"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", n=2, best_of=3), "best_of"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", logit_bias={"99999": 5}), "logit_bias"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body={"min_tokens": 5}),
@@ -145,6 +150,16 @@ def test_unserved_requests_are_bad_requests_naming_the_field(client: Any, call: 
         call(client)
     assert info.value.status_code == 400
     assert info.value.body["type"] == "invalid_request_error" and info.value.body["param"] == param
+
+
+def test_the_no_op_values_clients_send_by_default_are_served(client: Any) -> None:
+    """vLLM tooling sends top_k=-1 (off); OpenAI clients a plain-text response_format and tool_choice "none"."""
+    for top_k in (-1, 0):
+        done = client.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={"top_k": top_k})
+        assert done.choices[0].finish_reason == "length"
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
+                                          response_format={"type": "text"}, tool_choice="none")  # fmt: skip
+    assert chat.choices[0].finish_reason == "length"
 
 
 def test_unknown_model_is_not_found(client: Any) -> None:
