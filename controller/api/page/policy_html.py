@@ -100,7 +100,8 @@ def _now_panel(data: PolicyData) -> Markup:
     decision = status.decision or {}
     reasons = decision.get("reasons") or []
     errors = status.errors
-    source_state: Child = ("stale" if status.stale else "ok") if status.observed_at else "no observation yet"
+    state = "failing" if errors else "stale" if status.stale else "ok"  # a failed scrape is not "ok"
+    source_state: Child = state if status.observed_at else "no observation yet"
     return _kv([
         ("replicas", el("span", num(status.current_replicas, fmt_num(status.current_replicas, 0), tag="span",
                                     data_field="current_replicas"), " → ",

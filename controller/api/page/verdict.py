@@ -135,12 +135,16 @@ def verdict(status: PolicyStatus, policy: Policy, pairs: list[PairState]) -> Ver
             w = p.window
             return Verdict(level, f"{p.slo.upper()} burning {p.long_rate:.1f}x over {w.long_window} and "
                                   f"{p.short_rate:.1f}x over {w.short_window} (alert at {w.burn_rate:g}x)")
-    has_data = status.observed_at is not None or any(v is not None for v in status.sli.values())
-    if not has_data:
+    has_sli = (any(v is not None for v in status.sli.values())
+               or any(v is not None for v in status.error_budget_remaining.values())
+               or any(rates for rates in status.burn_rates.values()))  # fmt: skip
+    if status.observed_at is None and not has_sli:
         return Verdict(Level.NO_DATA, "no observation yet: the controller has not evaluated this policy")
     if status.stale or status.errors:
         first = status.errors[0] if status.errors else "the last observation is too old"
         return Verdict(Level.BLIND, f"SLI source: {first}")
+    if not has_sli:  # observed, but nothing served in the SLI window: nothing to judge, which is not "ok"
+        return Verdict(Level.NO_DATA, "no requests in the SLI window yet: nothing to judge")
     left = [(slo, status.error_budget_remaining.get(slo)) for slo in SLOS]
     spent = [slo.upper() for slo, remaining in left if remaining is not None and remaining <= 0.0]
     if spent:

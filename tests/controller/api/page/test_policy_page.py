@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from controller.policy import Policy
+from controller.runtime import PolicyRuntime
 from controller.store import DecisionRecord
 from tests.controller.api.page.fakes import LAYERS, alert, burning_runtime
 
@@ -82,6 +84,19 @@ def test_a_policy_without_data_renders_clear_empty_states(make_page: Any) -> Non
     assert "No SLI samples in the last 6h" in html and "No decisions in the last 6h" in html
     assert "No load observed and no forecast made" in html and "No expert rebalance" in html
     assert "No forecast yet" in html and "<svg" not in html
+
+
+def test_an_observed_policy_with_nothing_served_is_not_ok_and_a_failing_source_says_so(make_page: Any) -> None:
+    """An engine up but idle showed a green "ok" over dashes; one that died showed "SLI source ok"."""
+    page = make_page()
+    page.store.create_policy(_policy())
+    page.view.runtimes["qwen"] = PolicyRuntime(stale=False, observed_at=datetime.now(UTC), current_replicas=1)
+    html = page.client.get("/ui/policies/qwen").text
+    assert 'data-verdict="NO_DATA"' in html and "no requests in the SLI window yet" in html
+    page.view.runtimes["qwen"] = replace(burning_runtime(), errors=["scrape http://127.0.0.1:9: ConnectError"])
+    html = page.client.get("/ui/policies/qwen").text
+    assert re.search(r"SLI source</dt><dd><span>failing, observed", html), html
+    assert "ConnectError" in html
 
 
 def test_charts_from_the_decision_log_match_it(make_page: Any) -> None:
