@@ -64,8 +64,9 @@ def good_ratio_chart(data: PolicyData) -> Markup:
     use_prom = prom is not None and (_has(prom.ttft_good) or _has(prom.itl_good))
     ttft = prom.ttft_good if use_prom and prom is not None else data.log_series("ttft_good")
     itl = prom.itl_good if use_prom and prom is not None else data.log_series("itl_good")
+    over = "5m" if use_prom else data.sli_window  # the recording window in PromQL, the SLI window in the log
     if not (_has(ttft) or _has(itl)):
-        return panel("good_ratio", "TTFT and ITL good ratio (5 min) against the objective", LOG,
+        return panel("good_ratio", f"TTFT and ITL good ratio ({over}) against the objective", LOG,
                      empty(f"No SLI samples in the last {data.range_key}: no requests seen yet, or the SLI "
                            "source had nothing to say (see the source status above)."))
     targets = {policy.objectives.ttft.target, policy.objectives.itl.target}
@@ -84,7 +85,7 @@ def good_ratio_chart(data: PolicyData) -> Markup:
         label="good ratio of TTFT and ITL",
     )
     source = f"{PROM} (good/total over 5 min, at the threshold)" if use_prom else LOG
-    return panel("good_ratio", "TTFT and ITL good ratio (5 min) against the objective", source, chart,
+    return panel("good_ratio", f"TTFT and ITL good ratio ({over}) against the objective", source, chart,
                  legend=legend((f"TTFT ≤ {policy.objectives.ttft.threshold_s * 1000:g} ms", COLORS["ttft"], False),
                                (f"ITL ≤ {policy.objectives.itl.threshold_s * 1000:g} ms", COLORS["itl"], False),
                                ("objective", COLORS["objective"], False)))

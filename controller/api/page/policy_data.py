@@ -25,6 +25,7 @@ from controller.api.page.prom import PromSeries, prometheus_series, range_step_s
 from controller.api.schemas import PolicyStatus
 from controller.api.status import build_policy_status, runtime_view
 from controller.config import ControllerSettings
+from controller.slo import format_duration
 from controller.sources.prometheus import PrometheusClient
 from controller.store import DecisionPoint, DecisionRecord, PolicyVersion, Store, StoredPolicy
 
@@ -83,6 +84,12 @@ class PolicyData:
     alerts: list[FiringAlert]
     alertmanager: Outside
     tick_interval_s: float
+    sli_window_s: float = 300.0
+    """The controller's SLI window: what "good now" and the logged good ratios are over."""
+
+    @property
+    def sli_window(self) -> str:
+        return format_duration(round(self.sli_window_s))
 
     @property
     def span_s(self) -> float:
@@ -185,5 +192,5 @@ async def gather_policy(request: Request, name: str, range_key: str) -> PolicyDa
     return PolicyData(
         stored=stored, status=status, history=history, log=log, events=events, now=now, range_key=range_key,
         prom=prom, prometheus=prometheus, alerts=[a for a in alerts if a.policy == name],
-        alertmanager=alertmanager, tick_interval_s=settings.tick_interval_s,
+        alertmanager=alertmanager, tick_interval_s=settings.tick_interval_s, sli_window_s=settings.sli_window_s,
     )

@@ -86,8 +86,9 @@ def _slo_table(data: PolicyData) -> Markup:
                " ", budget_bar(remaining), class_="num"),
             el("td", _pair_chips(pairs, slo)),
         ))
-    head = el("tr", *(el("th", h) for h in ("SLO", "good now (5 min)", "p99", f"compliance ({policy.window})",
-                                            "budget left", "burn rate long / short (alert threshold)")))
+    titles = ("SLO", f"good now ({data.sli_window})", "p99", f"compliance ({policy.window})", "budget left",
+              "burn rate long / short (alert threshold)")
+    head = el("tr", *(el("th", h) for h in titles))
     return el("table", el("thead", head), el("tbody", rows), data_table="slos")
 
 

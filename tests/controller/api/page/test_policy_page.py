@@ -93,6 +93,10 @@ def test_an_observed_policy_with_nothing_served_is_not_ok_and_a_failing_source_s
     page.view.runtimes["qwen"] = PolicyRuntime(stale=False, observed_at=datetime.now(UTC), current_replicas=1)
     html = page.client.get("/ui/policies/qwen").text
     assert 'data-verdict="NO_DATA"' in html and "no requests in the SLI window yet" in html
+    assert "good now (5m)" in html  # the controller's SLI window (300 s by default)
+    short = make_page(sli_window_s=30)
+    short.store.create_policy(_policy())
+    assert "good now (30s)" in short.client.get("/ui/policies/qwen").text  # it said "5 min" whatever the window
     page.view.runtimes["qwen"] = replace(burning_runtime(), errors=["scrape http://127.0.0.1:9: ConnectError"])
     html = page.client.get("/ui/policies/qwen").text
     assert re.search(r"SLI source</dt><dd><span>failing, observed", html), html
