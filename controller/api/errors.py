@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from html import escape
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -154,8 +155,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return problem_response(status, str(exc), errors, headers or None)
 
     @app.exception_handler(RequestValidationError)
-    async def _request_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _request_validation(request: Request, exc: RequestValidationError) -> Response:
         problems = validation_problems(exc.errors())
+        if request.url.path.startswith("/ui/"):  # a person in a browser: a page, not a problem document
+            return _html_problem(422, problems)
         return problem_response(422, problems_detail(problems), problems)
 
     @app.exception_handler(StarletteHTTPException)
@@ -165,6 +168,13 @@ def install_error_handlers(app: FastAPI) -> None:
             # Starlette names only the first matching route's methods; list every route of the path.
             headers["Allow"] = ", ".join(_allowed_methods(request))
         return problem_response(exc.status_code, str(exc.detail), (), headers or None)
+
+
+def _html_problem(status: int, problems: Sequence[FieldProblem]) -> HTMLResponse:
+    items = "".join(f"<li><code>{escape(p.field)}</code>: {escape(p.message)}</li>" for p in problems)
+    body = (f"<!doctype html><title>{status} {HTTPStatus(status).phrase} · moeslo</title><h1>This page cannot be "
+            f"shown as asked</h1><ul>{items}</ul><p><a href=\"/ui/\">all policies</a></p>")
+    return HTMLResponse(body, status_code=status)
 
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

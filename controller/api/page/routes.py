@@ -53,7 +53,7 @@ def root() -> RedirectResponse:
 async def overview_page(
     request: Request,
     q: Annotated[str, Query(max_length=100)] = "",
-    state: Annotated[str, Query(pattern="^(|page|ticket|blind|budget_spent|no_data|ok)$")] = "",
+    state: Annotated[str, Query(pattern="^(|page|ticket|blind|stale|budget_spent|no_data|ok)$")] = "",
     sort: Literal["urgency", "name"] = "urgency",
     page_no: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1,
     per_page: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -61,7 +61,9 @@ async def overview_page(
 ) -> HTMLResponse:
     """Every policy, the most urgent first."""
     started_s = time.perf_counter()
-    query = OverviewQuery(q=q, state=state, sort=sort, page=page_no, per_page=per_page)
+    # "stale" is what the page calls the state it filters by as "blind".
+    query = OverviewQuery(q=q, state="blind" if state == "stale" else state, sort=sort, page=page_no,
+                          per_page=per_page)  # fmt: skip
     data = await gather_overview(request, query)
     return _html(render_overview(data, refresh_s=_refresh_s(request, refresh)), started_s)
 

@@ -214,7 +214,13 @@ def test_unknown_policy_and_ranges(make_page: Any) -> None:
     assert missing.status_code == 404 and "&lt;b&gt;ghost" in missing.text and "<b>ghost" not in missing.text
     page.store.create_policy(_policy())
     assert page.client.get("/ui/policies/qwen?range=1d").status_code == 200
-    assert page.client.get("/ui/policies/qwen?range=2y").status_code == 422
+    bad = page.client.get("/ui/policies/qwen?range=2y&refresh=-1")
+    assert bad.status_code == 422 and bad.headers["content-type"].startswith("text/html")  # a page, not JSON
+    assert "<code>query.range</code>" in bad.text and 'href="/ui/"' in bad.text
+    api = page.client.get("/v1/decisions?limit=-5")  # the API's own stay problem documents
+    assert api.status_code == 422 and api.headers["content-type"].startswith("application/problem+json")
+    stale = page.client.get("/ui/?state=stale")  # the page's own word for the state it filters as "blind"
+    assert stale.status_code == 200
 
 
 def test_a_ttft_objective_with_an_allowance_is_charted_from_its_own_series() -> None:
