@@ -135,8 +135,11 @@ def _seen(seen: dict[str, Any]) -> Markup:
 def _forecast_panel(data: PolicyData) -> Markup:
     fc = data.status.forecast
     if not fc:
-        return el("div", "No forecast yet: forecasting is off for this policy, or the controller has not ticked.",
-                  class_="muted")
+        settings = data.stored.policy.forecast
+        why = ("forecasting is off for this policy" if not settings.enabled else
+               f"the forecaster is warming up (it needs {settings.min_history_s} s of history) or the controller "
+               "has not ticked")  # fmt: skip
+        return el("div", f"No forecast yet: {why}.", class_="muted")
     in_use = bool(fc.get("in_use"))
 
     def v(key: str, digits: int = 2) -> Markup:

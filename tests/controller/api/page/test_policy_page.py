@@ -83,7 +83,7 @@ def test_a_policy_without_data_renders_clear_empty_states(make_page: Any) -> Non
     assert 'data-verdict="NO_DATA"' in html
     assert "No SLI samples in the last 6h" in html and "No decisions in the last 6h" in html
     assert "No load observed and no forecast made" in html and "No expert rebalance" in html
-    assert "No forecast yet" in html and "<svg" not in html
+    assert "No forecast yet: the forecaster is warming up (it needs 240 s of history)" in html and "<svg" not in html
 
 
 def test_an_observed_policy_with_nothing_served_is_not_ok_and_a_failing_source_says_so(make_page: Any) -> None:
