@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from html import escape
+from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
 
@@ -171,9 +171,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def _html_problem(status: int, problems: Sequence[FieldProblem]) -> HTMLResponse:
-    items = "".join(f"<li><code>{escape(p.field)}</code>: {escape(p.message)}</li>" for p in problems)
-    body = (f"<!doctype html><title>{status} {HTTPStatus(status).phrase} · moeslo</title><h1>This page cannot be "
-            f"shown as asked</h1><ul>{items}</ul><p><a href=\"/ui/\">all policies</a></p>")
+    from controller.api.page.layout import problem_page  # the status page's own layout (it imports nothing here)
+
+    body = problem_page(status, [(p.field, p.message) for p in problems], datetime.now(UTC))
     return HTMLResponse(body, status_code=status)
 
 

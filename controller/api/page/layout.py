@@ -104,6 +104,14 @@ def page(title: str, body: Child, *, refresh_s: int | None, nav: Child = None, n
     return "<!doctype html>\n" + document
 
 
+def problem_page(status: int, problems: list[tuple[str, str]], now: datetime) -> str:
+    """What a page asked with a bad query value shows: each (field, message), and the way back."""
+    body = [el("h1", "This page cannot be shown as asked"),
+            el("ul", [el("li", el("code", field), ": ", message) for field, message in problems]),
+            el("p", el("a", "All policies", href="/ui/"))]  # fmt: skip
+    return page(f"{status}: bad request", body, refresh_s=None, now=now)
+
+
 def fmt_time(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
