@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from contracts.slo_defaults import TTFT_PER_1K_PROMPT_TOKENS_S, TTFT_REFERENCE_PROMPT_TOKENS
 
 __all__ = [
-    "DEFAULT_EXPORTED",
+    "EXPORTED_BY_DEFAULT",
     "FLAT",
     "TTFT_ALLOWANCES_ENV",
     "TtftAllowance",
@@ -120,8 +120,10 @@ FLAT = TtftAllowance()
 """The flat objective: no allowance for long prompts."""
 
 
-DEFAULT_EXPORTED = TtftAllowance(TTFT_REFERENCE_PROMPT_TOKENS, TTFT_PER_1K_PROMPT_TOKENS_S)
-"""The allowance every engine exports a normalized series for, whatever else it is told."""
+EXPORTED_BY_DEFAULT: tuple[TtftAllowance, ...] = (
+    TtftAllowance(TTFT_REFERENCE_PROMPT_TOKENS, TTFT_PER_1K_PROMPT_TOKENS_S),
+)
+"""What every engine exports a normalized series for, whatever else it is told (``exported_allowances(None)``)."""
 TTFT_ALLOWANCES_ENV = "MOESLO_TTFT_ALLOWANCES"
 """The vLLM plugin's setting of :func:`exported_allowances` (``moeslo serve`` takes ``--ttft-allowances``)."""
 
@@ -131,7 +133,7 @@ def exported_allowances(text: str | None) -> tuple[TtftAllowance, ...]:
     ``text``, written ``REFERENCE:PER_1K`` and comma-separated (``2000:0.1``), as a policy's objective states it.
 
     A policy whose TTFT objective has another allowance reads a series only an engine told of it writes."""
-    out = [DEFAULT_EXPORTED]
+    out = list(EXPORTED_BY_DEFAULT)
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         reference, sep, per_1k = item.partition(":")
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from contracts.ttft_objective import DEFAULT_EXPORTED, TtftAllowance
+from contracts.ttft_objective import EXPORTED_BY_DEFAULT, TtftAllowance
 from engine.chat_template import load_chat_template
 from engine.client import EngineCoreClient
 from engine.engine_types import EngineConfig
@@ -58,7 +58,7 @@ class ServeOptions:
     """Requests still running this long after arrival end with finish reason ``deadline`` (None: off)."""
     enable_prefix_caching: bool = True
     """Share the KV blocks of equal prompt prefixes between requests (vLLM's automatic prefix caching)."""
-    ttft_allowances: tuple[TtftAllowance, ...] = (DEFAULT_EXPORTED,)
+    ttft_allowances: tuple[TtftAllowance, ...] = EXPORTED_BY_DEFAULT
     """The long-prompt allowances ``moeslo_ttft_normalized_seconds`` has a series for."""
 
     @property

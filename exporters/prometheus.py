@@ -71,7 +71,7 @@ from contracts.catalogue import (
     total,
 )
 from contracts.imbalance import across_layers, balancedness, imbalance_cv, sampling_noise_cv
-from contracts.ttft_objective import DEFAULT_EXPORTED, TtftAllowance
+from contracts.ttft_objective import EXPORTED_BY_DEFAULT, TtftAllowance
 from engine.stats import IntArray, RoutingDelta, RoutingWindow, StepStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -83,7 +83,6 @@ DEFAULT_MAX_EXPERT_SERIES = 4096
 
 DEFAULT_MAX_MODEL_LEN = 32768
 """The context the per-request token histograms' edges reach when the sink is not told the model's."""
-DEFAULT_TTFT_ALLOWANCES = (DEFAULT_EXPORTED,)
 """The long-prompt allowances ``moeslo_ttft_normalized_seconds`` has a series for."""
 
 
@@ -118,7 +117,7 @@ class PrometheusStatsSink:
         max_expert_series: int = DEFAULT_MAX_EXPERT_SERIES,
         routing_window_steps: int = 256,
         max_model_len: int = DEFAULT_MAX_MODEL_LEN,
-        ttft_allowances: tuple[TtftAllowance, ...] = DEFAULT_TTFT_ALLOWANCES,
+        ttft_allowances: tuple[TtftAllowance, ...] = EXPORTED_BY_DEFAULT,
     ) -> None:
         """``expert_series``: None switches per-(layer, expert) counters on up to ``max_expert_series``.
 

@@ -20,18 +20,17 @@ from contracts.catalogue import (
     TTFT_BUCKETS_S,
     TTFT_NORMALIZED_HISTOGRAM,
 )
-from contracts.ttft_objective import DEFAULT_EXPORTED, TtftAllowance
+from contracts.ttft_objective import EXPORTED_BY_DEFAULT, TtftAllowance
 
-__all__ = ["DEFAULT_ALLOWANCES", "NormalizedTtftObserver", "finished_ttfts"]
+__all__ = ["NormalizedTtftObserver", "finished_ttfts"]
 
-DEFAULT_ALLOWANCES: tuple[TtftAllowance, ...] = (DEFAULT_EXPORTED,)
 
 
 class NormalizedTtftObserver:
     """Observes each finished request's normalized TTFT, once per exported allowance."""
 
     def __init__(
-        self, registry: CollectorRegistry, *, allowances: Sequence[TtftAllowance] = DEFAULT_ALLOWANCES
+        self, registry: CollectorRegistry, *, allowances: Sequence[TtftAllowance] = EXPORTED_BY_DEFAULT
     ) -> None:
         self._histogram = Histogram(
             TTFT_NORMALIZED_HISTOGRAM, "TTFT minus the long-prompt allowance, in seconds.",

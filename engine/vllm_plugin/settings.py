@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from contracts.errors import ValidationError
-from contracts.ttft_objective import DEFAULT_EXPORTED, TTFT_ALLOWANCES_ENV, TtftAllowance, exported_allowances
+from contracts.ttft_objective import EXPORTED_BY_DEFAULT, TTFT_ALLOWANCES_ENV, TtftAllowance, exported_allowances
 
 ENABLE_ENV = "MOESLO_VLLM_PLUGIN"
 EP_RANKS_ENV = "MOESLO_VLLM_EP_RANKS"
@@ -58,7 +58,7 @@ class PluginSettings:
     """Per-(layer, expert) series: None for up to the exporters' cap, else forced on or off."""
     metrics_dir: str | None = None
     prometheus_multiproc_dir: str | None = None
-    ttft_allowances: tuple[TtftAllowance, ...] = (DEFAULT_EXPORTED,)
+    ttft_allowances: tuple[TtftAllowance, ...] = EXPORTED_BY_DEFAULT
 
     @property
     def window_flushes(self) -> int:
@@ -91,7 +91,7 @@ class PluginSettings:
         series = env.get(EXPERT_SERIES_ENV, "").strip().lower()
         if series not in _SWITCH:
             problems.append(f"{EXPERT_SERIES_ENV}={series!r} is not auto, 1 or 0")
-        allowances: tuple[TtftAllowance, ...] = (DEFAULT_EXPORTED,)
+        allowances = EXPORTED_BY_DEFAULT
         try:
             allowances = exported_allowances(env.get(TTFT_ALLOWANCES_ENV))
         except ValueError as exc:
