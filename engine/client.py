@@ -249,12 +249,17 @@ class EngineCoreClient:
 
     # ----------------------------------------------------------------- requests
 
-    def check_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """What can be refused here without asking the core (it checks again)."""
+    def check_prompt_ids(self, prompt_token_ids: Iterable[int]) -> None:
+        """Token ids outside the vocabulary are a 400 (before anything decodes them: the tokenizer overflows)."""
         vocab = self.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValidationError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+
+    def check_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """What can be refused here without asking the core (it checks again)."""
+        self.check_prompt_ids(prompt_token_ids)
+        vocab = self.vocab_size
         bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValidationError(f"stop_token_ids must be in [0, {vocab}); got {bad[:5]}")

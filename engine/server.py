@@ -195,9 +195,7 @@ def _add_openai_routes(
         arrival_s = time.monotonic()
         check_model(body)
         prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
-        bad = [t for p in body.prompts if not isinstance(p, str) for t in p if not 0 <= t < engine.vocab_size]
-        if bad:  # before echo decodes them: the tokenizer overflows on a negative id (a 500)
-            raise ValidationError(f"prompt token ids must be in [0, {engine.vocab_size}); got {bad[:5]}")
+        engine.check_prompt_ids(t for p in body.prompts if not isinstance(p, str) for t in p)  # before echo decodes
         echo = [p if isinstance(p, str) else tokenizer.decode(list(p)) for p in body.prompts] if body.echo else None
         gen = Generation(prompts, body.sampling_params(body.tokens_to_generate), body.stop_strings, body.stream,
                          body.include_usage, CompletionFormat(model_name), n=body.n, echo=echo,
