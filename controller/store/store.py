@@ -11,11 +11,11 @@ overwrite.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, delete, event, func, make_url, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -49,6 +49,7 @@ class _WriteRaceError(ConflictError):
 
 
 WRITE_ATTEMPTS = 5
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,15 +188,19 @@ class Store:
     def replace_policy(
         self, policy: Policy, *, expected_version: int | None = None, create: bool = False
     ) -> tuple[StoredPolicy, bool]:
-        """Replace (or, with ``create``, create) a policy; returns it and whether it is new.
+        """Replace (or, with ``create``, create) a policy; returns it and whether it is new."""
+        return self._retrying(lambda: self._replace(policy, expected_version, create))
+
+    def _retrying(self, write: Callable[[], _T]) -> _T:
+        """``write`` under the write lock, again when it lost a race.
 
         SQLite ignores ``FOR UPDATE``, so two writers can race for the next version number; the loser
-        tries again (with an ``expected_version``, it then finds the winner's version: a stale ETag).
+        tries again (with an expected version, it then finds the winner's version: a stale ETag).
         """
         for attempt in range(1, WRITE_ATTEMPTS + 1):
             try:
                 with self._policy_writes:
-                    return self._replace(policy, expected_version, create)
+                    return write()
             except _WriteRaceError:
                 if attempt == WRITE_ATTEMPTS:
                     raise
@@ -217,24 +222,21 @@ class Store:
         """Write several policies in one transaction, all or none: each over the version it was planned from, or,
         planned as new (None), only while its name is still free (:class:`ConflictError` if another writer took
         it meanwhile: the plan did not see that policy, so it must not replace it)."""
-        for attempt in range(1, WRITE_ATTEMPTS + 1):
-            try:
-                with self._policy_writes, self._session() as session:
-                    written = []
-                    for policy, version in planned:
-                        row = session.get(PolicyRow, policy.name, with_for_update=True)
-                        if row is None and version is not None:
-                            raise StaleVersionError(policy.name, current=None, expected=version)
-                        if row is not None and version is None:
-                            raise ConflictError(f"policy {policy.name!r} was created by another writer meanwhile")
-                        if row is not None:
-                            self._check_version(row, version)
-                        written.append(self._write(session, row, policy, "create" if row is None else "update"))
-                    return written
-            except _WriteRaceError:
-                if attempt == WRITE_ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable")
+        return self._retrying(lambda: self._write_planned(planned))
+
+    def _write_planned(self, planned: Sequence[tuple[Policy, int | None]]) -> list[StoredPolicy]:
+        with self._session() as session:
+            written = []
+            for policy, version in planned:
+                row = session.get(PolicyRow, policy.name, with_for_update=True)
+                if row is None and version is not None:
+                    raise StaleVersionError(policy.name, current=None, expected=version)
+                if row is not None and version is None:
+                    raise ConflictError(f"policy {policy.name!r} was created by another writer meanwhile")
+                if row is not None:
+                    self._check_version(row, version)
+                written.append(self._write(session, row, policy, "create" if row is None else "update"))
+            return written
 
     def delete_policy(self, name: str, *, expected_version: int | None = None) -> StoredPolicy:
         with self._policy_writes, self._session() as session:
