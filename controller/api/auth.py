@@ -18,13 +18,23 @@ def require_write_access(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
     """Writes need ``Authorization: Bearer <api_token>`` when a token is configured."""
-    settings: ControllerSettings = request.app.state.settings
+    _check_token(request.app.state.settings, None if credentials is None else credentials.credentials)
+
+
+def check_write_access(request: Request) -> None:
+    """:func:`require_write_access` outside a route: FastAPI parses a JSON body before any dependency runs,
+    so a body that does not parse is judged here first (a client without the token learns nothing of it)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    _check_token(request.app.state.settings, token.strip() if scheme.lower() == "bearer" and token.strip() else None)
+
+
+def _check_token(settings: ControllerSettings, token: str | None) -> None:
     if settings.api_token is None:
         return
-    if credentials is None:
+    if token is None:
         raise UnauthorizedError("writes need an Authorization: Bearer <token> header")
     expected = settings.api_token.get_secret_value().encode()
-    if not secrets.compare_digest(credentials.credentials.encode(), expected):
+    if not secrets.compare_digest(token.encode(), expected):
         raise UnauthorizedError("the bearer token is not valid for this controller")
 
 

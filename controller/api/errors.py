@@ -14,7 +14,7 @@ so a client can point at the field.  Nothing a client sends yields a 500.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
@@ -138,8 +138,11 @@ def problems_detail(problems: Sequence[FieldProblem]) -> str:
     return "; ".join(f"{p.field}: {p.message}" for p in problems)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers that turn every error into a problem document."""
+def install_error_handlers(app: FastAPI, *, check_write_access: Callable[[Request], None] | None = None) -> None:
+    """Register the handlers that turn every error into a problem document.
+
+    ``check_write_access`` (raising :class:`UnauthorizedError`) runs before a write's body is judged.
+    """
 
     @app.exception_handler(MoesloError)
     async def _moeslo(_request: Request, exc: MoesloError) -> JSONResponse:
@@ -156,6 +159,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _request_validation(request: Request, exc: RequestValidationError) -> Response:
+        if check_write_access is not None and request.method not in ("GET", "HEAD"):
+            try:
+                check_write_access(request)
+            except UnauthorizedError as denied:
+                return await _moeslo(request, denied)
         problems = validation_problems(exc.errors())
         if request.url.path.startswith("/ui/"):  # a person in a browser: a page, not a problem document
             return _html_problem(422, problems)

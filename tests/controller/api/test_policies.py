@@ -122,6 +122,15 @@ def test_writes_need_the_bearer_token_reads_do_not(client: TestClient) -> None:
     assert client.get("/v1/policies/qwen").status_code == 200
 
 
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b'{"name": 1}'])
+def test_a_write_without_the_token_is_401_whatever_its_body(client: TestClient, raw: bytes) -> None:
+    """The token is checked before the body is judged: a stranger learns nothing of what a route reads."""
+    for method, path in (("POST", "/v1/policies"), ("PUT", "/v1/policies/qwen"), ("PATCH", "/v1/policies/qwen")):
+        response = client.request(method, path, content=raw, headers={"Content-Type": "application/json"})
+        assert response.status_code == 401, (method, raw, response.text)
+        assert response.headers["www-authenticate"].startswith("Bearer")
+
+
 def test_put_creates_replaces_and_honours_if_match(client: TestClient) -> None:
     first = client.put("/v1/policies/qwen", json=POLICY, headers=AUTH)
     assert first.status_code == 201 and first.headers["etag"] == '"1"'
