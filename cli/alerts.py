@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from cli.common import cli_errors, console, print_json
+from cli.deploy import RunbookUrlOption
 
 alerts_app = typer.Typer(help="Prometheus alert rules and Alertmanager routing generated from SLO policies.",
                          no_args_is_help=True)
@@ -33,6 +34,7 @@ def generate(
     engine: Annotated[str, typer.Option(help="Whose histogram buckets: moeslo (ITL has 0.02), vllm (stock: no "
                                              "0.02) or vllm-slo-buckets (vLLM with --custom-histogram-buckets).")
                       ] = "moeslo",
+    runbook_url: RunbookUrlOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
 ) -> None:
     """Write moeslo-rules.yaml and alertmanager.yaml for the given policies."""
@@ -49,7 +51,7 @@ def generate(
             page_webhook_url=page_webhook or defaults.page_webhook_url,
             ticket_webhook_url=ticket_webhook or defaults.ticket_webhook_url,
         )
-        options = AlertOptions(engine=engine_described)
+        options = AlertOptions(engine=engine_described, runbook_url=runbook_url)
         files = render_alert_files(chosen, options=options, receivers=receivers)
         written = write_text_files(out, files)
     if json_output:

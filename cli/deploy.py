@@ -13,10 +13,15 @@ deploy_app = typer.Typer(help="Kubernetes manifests (kustomize): regenerate the 
                          no_args_is_help=True)
 
 DirOption = Annotated[Path, typer.Option("--dir", help="The deploy/ directory.")]
+RunbookUrlOption = Annotated[
+    str | None,
+    typer.Option("--runbook-url", help="URL of the runbooks page (docs/runbooks.md as you publish it): every "
+                                       "alert gets a runbook_url annotation linking to its section."),
+]
 
 
 @deploy_app.command("render")
-def render(deploy_dir: DirOption = Path("deploy"),
+def render(deploy_dir: DirOption = Path("deploy"), runbook_url: RunbookUrlOption = None,
            json_output: Annotated[bool, typer.Option("--json", help="Print what was written.")] = False) -> None:
     """Regenerate deploy/*/generated/ from the default policies and each overlay's policies.yaml.
 
@@ -29,7 +34,7 @@ def render(deploy_dir: DirOption = Path("deploy"),
 
     with cli_errors():
         overlays = load_overlays(deploy_dir)
-        written = write_text_files(deploy_dir, deploy_files(DEFAULT_POLICIES, overlays))
+        written = write_text_files(deploy_dir, deploy_files(DEFAULT_POLICIES, overlays, runbook_url=runbook_url))
     if json_output:
         print_json({"written": [str(path) for path in written], "overlays": sorted(overlays)})
     else:

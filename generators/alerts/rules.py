@@ -45,6 +45,7 @@ from controller.slo import (
 )
 from controller.ttft_series import ttft_matchers, ttft_metric
 from generators.alerts.model import AlertingRule, RecordingRule, Rule, RuleGroup
+from generators.alerts.runbooks import with_runbook_urls
 from generators.buckets import EngineBuckets, EngineName, check_thresholds
 
 
@@ -68,6 +69,8 @@ class AlertOptions:
     """How long sizing must have been reactive (forecast unreliable) before a ticket."""
     for_override: str | None = None
     """Use this ``for:`` on every alert (end-to-end tests that cannot wait minutes)."""
+    runbook_url: str | None = None
+    """The runbooks page (docs/runbooks.md as published): every alert links to its section of it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -172,7 +175,7 @@ def build_rule_groups(policies: Sequence[Policy], options: AlertOptions | None =
         )
     if problems:
         raise ValidationError(problems)
-    return tuple(groups)
+    return tuple(groups) if options.runbook_url is None else with_runbook_urls(groups, options.runbook_url)
 
 
 def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) -> list[RecordingRule]:

@@ -49,12 +49,15 @@ def policies_configmap(policies: Sequence[Policy]) -> dict[str, Any]:
     }
 
 
-def prometheus_rule(policies: Sequence[Policy], engines: Mapping[str, EngineBuckets] | None = None) -> dict[str, Any]:
-    """The policies' rule groups as one PrometheusRule; ``engines`` gives each policy's engine (default moeslo)."""
+def prometheus_rule(policies: Sequence[Policy], engines: Mapping[str, EngineBuckets] | None = None, *,
+                    runbook_url: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The policies' rule groups as one PrometheusRule; ``engines`` gives each policy's engine (default moeslo),
+    ``runbook_url`` the runbooks page every alert links to."""
     chosen = {policy.name: (engines or {}).get(policy.name, ENGINES["moeslo"]) for policy in policies}
     _check_each(policies, chosen)
     groups = [group for policy in policies
-              for group in build_rule_groups([policy], AlertOptions(engine=chosen[policy.name]))]
+              for group in build_rule_groups([policy], AlertOptions(engine=chosen[policy.name],
+                                                                    runbook_url=runbook_url))]
     return prometheus_rule_manifest(groups, name=PROMETHEUS_RULE)
 
 
@@ -102,20 +105,21 @@ def dashboard_configmaps(policies: Sequence[Policy]) -> list[dict[str, Any]]:
     ]
 
 
-def base_files(policies: Sequence[Policy]) -> dict[str, str]:
+def base_files(policies: Sequence[Policy], *, runbook_url: str | None = None) -> dict[str, str]:
     """deploy/base/generated/*: the defaults every overlay starts from."""
     return {
         "base/generated/policies-configmap.yaml": dump_yaml(policies_configmap(policies), header=HEADER),
-        "base/generated/prometheusrule.yaml": dump_yaml(prometheus_rule(policies), header=HEADER),
+        "base/generated/prometheusrule.yaml": dump_yaml(prometheus_rule(policies, runbook_url=runbook_url),
+                                                        header=HEADER),
         "base/generated/alertmanager-secret.yaml": dump_yaml(alertmanager_secret(), header=HEADER),
         "base/generated/dashboards-configmaps.yaml": dump_yaml_documents(dashboard_configmaps(policies), header=HEADER),
     }
 
 
-def overlay_files(name: str, overlay: Overlay) -> dict[str, str]:
+def overlay_files(name: str, overlay: Overlay, *, runbook_url: str | None = None) -> dict[str, str]:
     """Patches that replace the base's policies, rules and dashboards with the overlay's own (the controller
     dashboard draws the forecast one lead time back: the overlay's policies' lead time, not the default's)."""
-    rule = prometheus_rule(overlay.policies, policy_engines(overlay))
+    rule = prometheus_rule(overlay.policies, policy_engines(overlay), runbook_url=runbook_url)
     return {
         f"overlays/{name}/generated/policies-patch.yaml": dump_yaml(policies_configmap(overlay.policies),
                                                                     header=HEADER),
@@ -126,13 +130,14 @@ def overlay_files(name: str, overlay: Overlay) -> dict[str, str]:
     }
 
 
-def deploy_files(base_policies: Sequence[Policy], overlays: Mapping[str, Overlay]) -> dict[str, str]:
+def deploy_files(base_policies: Sequence[Policy], overlays: Mapping[str, Overlay], *,
+                 runbook_url: str | None = None) -> dict[str, str]:  # fmt: skip
     """Every generated file under deploy/, by path relative to deploy/; all overlays' problems at once."""
-    files = base_files(base_policies)
+    files = base_files(base_policies, runbook_url=runbook_url)
     problems: list[str] = []
     for name, overlay in sorted(overlays.items()):
         try:
-            files.update(overlay_files(name, overlay))
+            files.update(overlay_files(name, overlay, runbook_url=runbook_url))
         except ValidationError as exc:
             problems.extend(f"overlay {name}: {problem}" for problem in exc.problems)
     if problems:
