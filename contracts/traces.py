@@ -303,7 +303,12 @@ def load_request_trace(
 
 
 class _Builder:
-    """Collects rows and checks the order of timestamps as they come."""
+    """Collects rows in any order; :meth:`build` puts them in arrival order.
+
+    A request log is often written as requests finish, so its rows can be out of arrival order
+    (a log merged from several servers, or rows written at completion): the replay only needs
+    each request's arrival time, so rows are sorted (stably: equal times keep the file's order).
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -311,33 +316,27 @@ class _Builder:
         self.prompt: list[int] = []
         self.output: list[int] = []
         self.blocks: list[IntArray] = []
-        self._last_line = 0
 
-    def add(self, line: int, time_s: float, prompt: int, output: int) -> None:
-        if self.times and time_s < self.times[-1]:
-            raise DataError(
-                f"timestamps not sorted: {time_s:.6f} s comes after {self.times[-1]:.6f} s (line {self._last_line})",
-                path=str(self.path),
-                line=line,
-            )
+    def add(self, time_s: float, prompt: int, output: int) -> None:
         self.times.append(time_s)
         self.prompt.append(prompt)
         self.output.append(output)
-        self._last_line = line
 
-    def build(self, epoch_s: float | None = None) -> RequestTrace:
+    def build(self, *, wall_clock: bool = False) -> RequestTrace:
+        """The trace; ``wall_clock``: the times are Unix seconds, so the first arrival's is its start."""
         if not self.times:
             raise DataError("no requests (header only)", path=str(self.path), line=2)
         times = np.asarray(self.times, dtype=np.float64)
-        origin = float(times[0])
-        start = epoch_s if epoch_s is not None else None
+        order = np.argsort(times, kind="stable")
+        origin = float(times[order[0]])
+        blocks = tuple(self.blocks[i] for i in order) if self.blocks and len(self.blocks) == len(times) else None
         return RequestTrace(
             str(self.path),
-            times - origin,
-            np.asarray(self.prompt, dtype=np.int64),
-            np.asarray(self.output, dtype=np.int64),
-            start,
-            tuple(self.blocks) if self.blocks and len(self.blocks) == len(self.times) else None,
+            times[order] - origin,
+            np.asarray(self.prompt, dtype=np.int64)[order],
+            np.asarray(self.output, dtype=np.int64)[order],
+            origin if wall_clock else None,
+            blocks,
         )
 
 
@@ -347,13 +346,11 @@ def _read_azure(path: Path, header: list[str], rows: Iterator[tuple[int, list[st
     for line, fields in rows:
         stamp = cell(path, line, fields, t_i, "TIMESTAMP")
         builder.add(
-            line,
             epoch_s(path, line, stamp),
             tokens(path, line, cell(path, line, fields, p_i, "ContextTokens"), "ContextTokens"),
             tokens(path, line, cell(path, line, fields, o_i, "GeneratedTokens"), "GeneratedTokens"),
         )
-    epoch = builder.times[0] if builder.times else None
-    return builder.build(epoch)
+    return builder.build(wall_clock=True)
 
 
 def _read_burstgpt(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]]) -> RequestTrace:
@@ -367,7 +364,7 @@ def _read_burstgpt(path: Path, header: list[str], rows: Iterator[tuple[int, list
         if output == 0:
             failed += 1
             continue  # a failed request: BurstGPT's own *_without_fails files drop these rows
-        builder.add(line, time_s, prompt, output)
+        builder.add(time_s, prompt, output)
     if failed and not builder.times:
         raise DataError(f"every one of its {failed} rows is a failed request (0 response tokens): nothing to replay",
                         path=str(path), line=2)  # fmt: skip
@@ -376,23 +373,19 @@ def _read_burstgpt(path: Path, header: list[str], rows: Iterator[tuple[int, list
 
 def _read_counts(path: Path, header: list[str], rows: Iterator[tuple[int, list[str]]]) -> CountTrace:
     t_i, c_i = column_index(path, header, _COUNT_COLUMNS)
-    times: list[float] = []
-    counts: list[float] = []
-    lines: list[int] = []
+    by_time: dict[float, tuple[float, int]] = {}  # bin start -> (count, line); rows may come in any order
     for line, fields in rows:
         time_s = epoch_s(path, line, cell(path, line, fields, t_i, "Time"))
         count = tokens(path, line, cell(path, line, fields, c_i, "TIMESTAMP"), "TIMESTAMP (count)")
-        if times and time_s <= times[-1]:
-            raise DataError(
-                f"bin times not sorted: {fields[t_i].strip()} does not come after line {lines[-1]}",
-                path=str(path),
-                line=line,
-            )
-        times.append(time_s)
-        counts.append(float(count))
-        lines.append(line)
-    if not times:
+        if time_s in by_time:
+            raise DataError(f"bin {fields[t_i].strip()} appears twice (line {by_time[time_s][1]} too)",
+                            path=str(path), line=line)  # fmt: skip
+        by_time[time_s] = (float(count), line)
+    if not by_time:
         raise DataError("no bins (header only)", path=str(path), line=2)
+    times = sorted(by_time)
+    counts = [by_time[t][0] for t in times]
+    lines = [by_time[t][1] for t in times]
     if len(times) == 1:
         raise DataError("a count trace needs at least two bins to know the bin width", path=str(path), line=2)
     # Empty bins may be left out (a groupby-count writes none): the narrowest step is the bin width.
@@ -432,7 +425,6 @@ def _read_mooncake(path: Path) -> RequestTrace:
                 raise DataError(f"missing key(s) {', '.join(missing)}", path=str(path), line=line)
             time_ms = seconds(path, line, str(record["timestamp"]), "timestamp")
             builder.add(
-                line,
                 time_ms / 1000.0,
                 tokens(path, line, str(record["input_length"]), "input_length"),
                 tokens(path, line, str(record["output_length"]), "output_length"),

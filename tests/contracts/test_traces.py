@@ -121,10 +121,10 @@ def test_speedup_and_rate_scale() -> None:
         ("header.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n", 2, "no requests"),
         ("cols.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,1\n", 1, "unrecognised trace header"),
         (
-            "unsorted.csv",
-            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:48,1,1\n2023-11-16 18:15:46,1,1\n",
-            3,
-            "not sorted",
+            "twice.csv",
+            "Time,TIMESTAMP\n2024-05-12 00:00:10,3\n2024-05-12 00:00:00,5\n2024-05-12 00:00:10,1\n",
+            4,
+            "bin 2024-05-12 00:00:10 appears twice \\(line 2 too\\)",
         ),
         (
             "neg.csv",
@@ -165,6 +165,26 @@ def test_bad_files_name_the_line(tmp_path: Path, name: str, text: str, line: int
     assert info.value.path == str(path)
     assert info.value.line == line
     assert f"{path}:{line}:" in str(info.value)
+
+
+def test_rows_out_of_arrival_order_are_read_in_arrival_order(tmp_path: Path) -> None:
+    """A log written as requests finish is not in arrival order: the replay needs arrival order."""
+    azure = load_request_trace(write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                     "2023-11-16 18:15:48,1,10\n2023-11-16 18:15:46,2,20\n2023-11-16 18:15:47,3,30\n"))
+    assert azure.arrival_s.tolist() == [0.0, 1.0, 2.0] and azure.prompt_tokens.tolist() == [2, 3, 1]
+    assert azure.output_tokens.tolist() == [20, 30, 10]
+    assert azure.start_epoch_s == load_request_trace(write(tmp_path, "b.csv", "TIMESTAMP,ContextTokens,Generated"
+                                                           "Tokens\n2023-11-16 18:15:46,2,20\n")).start_epoch_s
+    moon = load_request_trace(write(tmp_path, "m.jsonl", "\n".join(json.dumps(r) for r in (
+        {"timestamp": 3000, "input_length": 900, "output_length": 1, "hash_ids": [7, 8]},
+        {"timestamp": 1000, "input_length": 500, "output_length": 2, "hash_ids": [7]},
+        {"timestamp": 1000, "input_length": 600, "output_length": 3, "hash_ids": [9]},
+    ))))  # fmt: skip
+    assert moon.arrival_s.tolist() == [0.0, 0.0, 2.0] and moon.prompt_tokens.tolist() == [500, 600, 900]
+    assert moon.prefix_blocks is not None and [b.tolist() for b in moon.prefix_blocks] == [[7], [9], [7, 8]]
+    counts = load_trace(write(tmp_path, "c.csv", "Time,TIMESTAMP\n2024-05-12 00:00:20,1\n"
+                              "2024-05-12 00:00:00,3\n2024-05-12 00:00:10,5\n"))  # fmt: skip
+    assert isinstance(counts, CountTrace) and counts.counts.tolist() == [3.0, 5.0, 1.0]
 
 
 def test_a_burstgpt_file_of_failures_only_says_so(tmp_path: Path) -> None:

@@ -111,10 +111,10 @@ def test_replay_sweep_draws_frontiers_and_reads_them_at_fixed_attainments(tmp_pa
 
 def test_replay_bad_trace_is_a_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
-    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:05,1,1\n2023-11-16 18:00:01,1,1\n")
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:05,1,1\n2023-11-16 18:00:01,x,1\n")
     result = CliRunner().invoke(app, ["replay", "--trace", str(bad), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
-    assert f"{bad}:3:" in result.output and "not sorted" in result.output
+    assert f"{bad}:3:" in result.output and "not a number" in result.output
 
 
 def test_replay_sweep_needs_a_worker(tmp_path: Path) -> None:
