@@ -26,7 +26,7 @@ from controller.api.page.policy_charts import (
     rebalance_chart,
     replica_chart,
 )
-from controller.api.page.policy_data import RANGES, PolicyData
+from controller.api.page.policy_data import EVENTS_MAX, RANGES, PolicyData
 from controller.api.page.verdict import SLOS, PairState, compliance, pair_states, verdict
 
 __all__ = ["render_policy"]
@@ -183,7 +183,14 @@ def _decisions(data: PolicyData) -> Markup:
                        el("td", change, class_="num"), el("td", ", ".join(str(r) for r in reasons)),
                        el("td", e.detail, class_="small"), data_decision=str(e.id)))
     head = el("tr", *(el("th", h) for h in ("time (UTC)", "action", "outcome", "replicas", "reasons", "detail")))
-    return el("table", el("thead", head), el("tbody", rows), data_table="decisions")
+    table = el("table", el("thead", head), el("tbody", rows), data_table="decisions")
+    if len(data.events) <= DECISION_ROWS:
+        return table
+    shown = len(data.events) if len(data.events) < EVENTS_MAX else f"{EVENTS_MAX} or more"
+    log = f"/v1/decisions?policy={quote(data.stored.policy.name)}"
+    note = el("div", f"The newest {DECISION_ROWS} of {shown} decisions in the last {data.range_key}; the whole log, "
+              "holds too, in pages of up to 500: ", el("a", log, href=log, class_="mono"), class_="muted small")
+    return join((table, note))
 
 
 def _history(data: PolicyData) -> Markup:

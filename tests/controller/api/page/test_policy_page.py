@@ -237,3 +237,18 @@ def test_a_ttft_objective_with_an_allowance_is_charted_from_its_own_series() -> 
         assert "moeslo_ttft_normalized_seconds_" in queries[key] and "vllm:time_to_first" not in queries[key]
         assert 'reference_prompt_tokens="1000"' in queries[key] and 'job="x"' in queries[key]
     assert "vllm:inter_token_latency_seconds_bucket" in queries["itl:good"]
+
+
+def test_a_capped_decision_list_says_how_many_it_shows_and_where_the_rest_are(make_page: Any) -> None:
+    page = make_page()
+    page.store.create_policy(_policy())
+    now = datetime.now(UTC)
+    page.store.append_decisions([_decision(now - timedelta(seconds=10 * k), "scale_up", replicas=2, desired=3)
+                                 for k in range(70)])  # fmt: skip
+    html = page.client.get("/ui/policies/qwen").text
+    assert html.count("data-decision=") == 50
+    assert "The newest 50 of 70 decisions" in html and "/v1/decisions?policy=qwen" in html
+    few = make_page()
+    few.store.create_policy(_policy())
+    few.store.append_decisions([_decision(now, "scale_up", replicas=2, desired=3)])
+    assert "The newest" not in few.client.get("/ui/policies/qwen").text
