@@ -64,8 +64,9 @@ def _one_of(value: str, levels: tuple[str, ...]) -> str:
         raise typer.BadParameter(f"must be one of {', '.join(levels)}, got {value!r}")
     return value.lower()
 
-console = Console(stderr=True)
-"""Human-readable progress and messages go to stderr, so stdout stays parseable."""
+console = Console(stderr=True, emoji=False)
+"""Human-readable progress and messages go to stderr, so stdout stays parseable; ``:fire:`` in a path
+or a message stays as written (rich would draw an emoji)."""
 
 
 def print_json(payload: Any) -> None:
@@ -121,6 +122,9 @@ def check_bindable(host: str, port: int) -> None:
 
 _PATH_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
 """What a path the user gave can be: missing, taken by a file or a folder, not ours to write."""
+_FILE_SYSTEM_ERRNOS = frozenset({errno.EROFS, errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT, errno.ELOOP,
+                                 errno.EFBIG})  # fmt: skip
+"""What the file system a path leads to can refuse: read-only, a name too long, full, a link loop."""
 
 
 @contextmanager
@@ -137,8 +141,8 @@ def cli_errors() -> Iterator[None]:
     except MoesloError as exc:
         print_error(exc)
         raise typer.Exit(code=2) from exc
-    except _PATH_ERRORS as exc:
-        if os.environ.get("MOESLO_DEBUG"):
+    except OSError as exc:
+        if os.environ.get("MOESLO_DEBUG") or not (isinstance(exc, _PATH_ERRORS) or exc.errno in _FILE_SYSTEM_ERRNOS):
             raise
         where = f": {exc.filename}" if exc.filename else ""
         print_error(f"{exc.strerror or exc}{where}")

@@ -84,11 +84,12 @@ def read_documents(path: str | Path) -> list[Any]:
 
 
 def load_policies(path: str | Path) -> tuple[Policy, ...]:
-    """Policies from a file (YAML or JSON)."""
+    """Policies from a file (YAML or JSON); at least one (rules or dashboards of none would watch nothing)."""
     documents = read_documents(path)
-    if not documents:
+    policies = parse_policies(documents[0] if len(documents) == 1 else documents, source=str(path)) if documents else ()
+    if not policies:
         raise DataError("no policies in the file", path=str(path))
-    return parse_policies(documents[0] if len(documents) == 1 else documents, source=str(path))
+    return policies
 
 
 def dump_policies(policies: Sequence[Policy]) -> list[dict[str, Any]]:

@@ -79,6 +79,28 @@ def test_a_path_of_the_wrong_kind_is_one_line(tmp_path: Path) -> None:
     assert code == 2 and "error: Is a directory" in out
 
 
+def test_a_policy_file_without_policies_is_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "p.yaml"
+    empty.write_text("[]\n")
+    code, out = run("alerts", "generate", "--out", str(tmp_path / "a"), "--policies", str(empty))
+    assert code == 2 and "no policies in the file" in out and not (tmp_path / "a").exists()
+
+
+def test_what_the_file_system_refuses_is_one_line(tmp_path: Path) -> None:
+    too_long = tmp_path / ("n" * 300)
+    code, out = run("alerts", "generate", "--out", str(too_long))
+    assert code == 2 and out.startswith("error: File name too long")
+
+
+def test_colons_in_a_path_are_printed_as_written(tmp_path: Path) -> None:
+    """rich reads ``:fire:`` as an emoji code; a path or a message is printed as it is."""
+    code, out = run("alerts", "generate", "--out", str(tmp_path / "x:fire:y"))
+    assert code == 0 and "x:fire:y/" in out and "\N{FIRE}" not in out
+    code, out = run("rebalance", "--load", str(tmp_path / "run:smile:1.npy"), "--ranks", "4",
+                    "--slots-per-rank", "2", "--out", str(tmp_path / "p.json"))
+    assert code == 2 and "run:smile:1.npy" in out
+
+
 def test_a_port_in_use_is_one_line() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
