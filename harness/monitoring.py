@@ -53,13 +53,17 @@ def alertmanager_command(exe: str, workdir: Path, *, port: int, config: Mapping[
 
 def scrape_config(
     targets: Mapping[str, list[str]], *, interval_s: float = 2.0, rule_files: list[Path] | None = None,
-    alertmanager_port: int | None = None,
+    alertmanager_port: int | None = None, discovered: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A prometheus.yml mapping scraping ``targets`` (job -> host:port list)."""
+    """A prometheus.yml mapping scraping ``targets`` (job -> host:port list) and ``discovered`` (job -> the URL
+    of an HTTP service discovery, e.g. the controller's ``/v1/scrape-targets``, read every ``interval_s``)."""
+    jobs = [{"job_name": job, "static_configs": [{"targets": hosts}]} for job, hosts in targets.items()]
+    jobs += [{"job_name": job, "http_sd_configs": [{"url": url, "refresh_interval": f"{interval_s:g}s"}]}
+             for job, url in (discovered or {}).items()]  # fmt: skip
     config: dict[str, Any] = {
         "global": {"scrape_interval": f"{interval_s:g}s", "evaluation_interval": f"{interval_s:g}s"},
         "rule_files": [str(p) for p in rule_files or []],
-        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": hosts}]} for job, hosts in targets.items()],
+        "scrape_configs": jobs,
     }
     if alertmanager_port is not None:
         config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]}

@@ -1,12 +1,14 @@
 """The fault ``moeslo up`` injects: CPU throttling of every engine replica.
 
 What a Kubernetes CPU limit (CFS quota) or a noisy neighbour does to a pod: the
-replica's processes run only part of each period.  Here every process group
-serving an engine port is stopped (SIGSTOP) for ``stopped_s`` of every
-``period_s`` and resumed (SIGCONT), from ``start`` to ``end``; the groups are
-looked up afresh every ``LOOKUP_S``, so a replica started during the fault is
-throttled too (the lookup walks every process's sockets: once a period, it
-took a fifth of a CPU).  Every group is resumed when the fault ends or the stack stops.
+replica's processes run only part of each period.  Here the process group of every
+replica the controller started (the controller's children: the local actuator starts
+each in a session of its own) is stopped (SIGSTOP) for ``stopped_s`` of every
+``period_s`` and resumed (SIGCONT), from ``start`` to ``end``; the groups are looked up
+afresh every ``LOOKUP_S``, so a replica started during the fault is throttled too.
+Nothing the stack did not start is signalled: a process of someone else's that listens
+near the replicas' ports runs on.  Every group is resumed when the fault ends or the
+stack stops.
 """
 
 from __future__ import annotations
@@ -16,36 +18,37 @@ import contextlib
 import math
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable
 
 import psutil
 
-__all__ = ["LOOKUP_S", "CpuThrottle", "process_groups_on_ports"]
+__all__ = ["LOOKUP_S", "CpuThrottle", "child_process_groups"]
 
 LOOKUP_S = 1.0
-"""How often the throttle looks the engines' process groups up again."""
+"""How often the throttle looks the replicas' process groups up again."""
 
 
-def process_groups_on_ports(ports: Sequence[int]) -> set[int]:
-    """Process groups of the processes listening on ``ports`` on this machine."""
-    wanted = set(ports)
+def child_process_groups(parent_pid: int | None) -> set[int]:
+    """Process groups of ``parent_pid``'s children (none when it is gone), never the caller's own group."""
     groups: set[int] = set()
-    with contextlib.suppress(psutil.Error, OSError):
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port in wanted and conn.pid:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    groups.add(os.getpgid(conn.pid))
-    groups.discard(os.getpgid(0))  # never the stack itself
+    if parent_pid is None:
+        return groups
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(parent_pid).children():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                groups.add(os.getpgid(child.pid))
+    groups.discard(os.getpgid(0))
     return groups
 
 
 class CpuThrottle:
     """Stops and resumes the engines' process groups on a duty cycle while the fault lasts."""
 
-    def __init__(self, ports: Sequence[int], *, period_s: float = 0.5, stopped_s: float = 0.3) -> None:
+    def __init__(self, groups: Callable[[], set[int]], *, period_s: float = 0.5, stopped_s: float = 0.3) -> None:
+        """``groups``: the process groups to throttle now (called from a worker thread every ``LOOKUP_S``)."""
         if not 0 < stopped_s < period_s:
             raise ValueError(f"stopped_s must be in (0, period_s), got {stopped_s} of {period_s}")
-        self.ports = list(ports)
+        self.groups = groups
         self.period_s = period_s
         self.stopped_s = stopped_s
         self._stopped: set[int] = set()
@@ -72,7 +75,7 @@ class CpuThrottle:
         try:
             while loop.time() < end:
                 if loop.time() - looked_up >= LOOKUP_S:
-                    groups = await asyncio.to_thread(process_groups_on_ports, self.ports)
+                    groups = await asyncio.to_thread(self.groups)
                     looked_up = loop.time()
                 self._signal(groups, signal.SIGSTOP)
                 self._stopped = set(groups)  # a copy: resume_all clears it, and the groups serve the next period

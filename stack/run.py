@@ -40,7 +40,7 @@ from contracts.slo_defaults import ITL_THRESHOLD_S, LATENCY_TARGET, MAX_IMBALANC
 from harness.processes import free_port, moeslo_command
 from harness.webhook import WebhookReceiver
 from stack.cpu_pool import SharedCpuPool
-from stack.faults import CpuThrottle
+from stack.faults import CpuThrottle, child_process_groups
 from stack.load import drive, load_plan
 from stack.profile import profile_replicas
 from stack.sampler import Sampler
@@ -156,7 +156,8 @@ class LocalStack:
         self.supervisor = Supervisor(options.out / "logs")
         self.pager: WebhookReceiver | None = None
         self.on_update = on_update or (lambda _state: None)
-        self.engine_ports: list[int] = []
+        self._listed: list[str] = []
+        """The replicas the controller last listed for the policy (its endpoints route)."""
         self.checkpoint: Path | None = None
         self.base_rate_rps = 1.0
         self._http = httpx.Client(timeout=1.0)
@@ -180,9 +181,9 @@ class LocalStack:
         # overload must not show in the SLI windows, load history or alerts of the run.
         measured = self._profile_replicas(checkpoint, progress)
         self.base_rate_rps = measured["base_rate_rps"]
+        # The local actuator takes the first free ports from first_port on; which ones, the controller
+        # lists (a port in use, by a listener or a client's connection, is skipped).
         first_port = free_port()
-        # The local actuator takes the first free ports from first_port on; scrape a few of them.
-        self.engine_ports = [first_port + i for i in range(opts.max_replicas + 2)]
         controller_port = free_port()
         router_port = free_port() if opts.router else None
         state.controller_url = f"http://127.0.0.1:{controller_port}"
@@ -336,10 +337,10 @@ class LocalStack:
         progress("starting Prometheus")
         prom = start_prometheus(
             self.supervisor, opts.out / "prometheus", port=prom_port,
-            targets={"moeslo-engine": [f"127.0.0.1:{p}" for p in self.engine_ports],
-                     "moeslo-controller": [f"127.0.0.1:{controller_port}"],
+            targets={"moeslo-controller": [f"127.0.0.1:{controller_port}"],
                      **({"moeslo-router": [f"127.0.0.1:{router_port}"]} if router_port is not None else {})},
             rule_files=[rules.resolve()], alertmanager_port=am_port if am is not None else None,
+            discovered={"moeslo-engine": f"http://127.0.0.1:{controller_port}/v1/scrape-targets"},
         )
         if prom is not None:
             state.prometheus_url = f"http://127.0.0.1:{prom_port}"
@@ -347,10 +348,17 @@ class LocalStack:
         else:
             state.event("Prometheus not installed: the controller scrapes the engines' /metrics directly")
 
+    def _listed_replicas(self) -> list[str]:
+        """The replicas the controller lists for the policy; the last list while it does not answer."""
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+            answer = self._http.get(f"{self.state.controller_url}/v1/policies/{POLICY_NAME}/endpoints")
+            if answer.status_code == 200:
+                self._listed = [str(url) for url in answer.json()["endpoints"]]
+        return self._listed
+
     def _probe_engines(self) -> list[str]:
         ready = []
-        for port in self.engine_ports:
-            url = f"http://127.0.0.1:{port}"
+        for url in self._listed_replicas():
             with contextlib.suppress(httpx.HTTPError):
                 if self._http.get(f"{url}/health").status_code == 200:
                     ready.append(url)
@@ -405,7 +413,7 @@ class LocalStack:
         sampling = asyncio.create_task(sampler.loop(stop, self.on_update))
         pooling = asyncio.create_task(self._keep_cpu_pool(stop))
         fault = asyncio.create_task(self._fault()) if opts.inject_slowdown else None
-        driving = asyncio.create_task(drive(state, plan, vocab, f"http://127.0.0.1:{self.engine_ports[0]}"))
+        driving = asyncio.create_task(drive(state, plan, vocab, state.engines[0]))
         try:
             await asyncio.wait_for(asyncio.shield(driving), timeout=opts.duration_s + DRAIN_S)
         except TimeoutError:
@@ -431,7 +439,7 @@ class LocalStack:
         # Periods shorter than a step stretch every step (a 100 ms period left a step in each run window
         # unharmed), and a quarter still flows: the fault's slow tokens are enough of the run's to burn
         # the ITL budget past the page threshold at the demo's light load (85 % of 100 ms peaked at 13.6 %).
-        throttle = CpuThrottle(self.engine_ports, period_s=0.02, stopped_s=0.015)
+        throttle = CpuThrottle(lambda: child_process_groups(self._controller_pid()), period_s=0.02, stopped_s=0.015)
         start = state.elapsed()
         state.fault = (start, start + opts.slowdown_for_s)
         state.event(f"fault injected for {opts.slowdown_for_s:.0f} s: {throttle.describe()}")

@@ -75,13 +75,15 @@ class Supervisor:
 def start_prometheus(
     supervisor: Supervisor, workdir: Path, *, port: int, targets: dict[str, list[str]],
     rule_files: Sequence[Path], alertmanager_port: int | None, scrape_interval_s: float = 2.0,
+    discovered: dict[str, str] | None = None,
 ) -> ManagedProcess | None:
-    """Prometheus scraping ``targets`` (job -> host:port list); None when it is not installed."""
+    """Prometheus scraping ``targets`` (job -> host:port list) and ``discovered`` (job -> HTTP service-discovery
+    URL); None when it is not installed."""
     exe = find_binary(*PROMETHEUS_BINARIES)
     if exe is None:
         return None
     config = scrape_config(targets, interval_s=scrape_interval_s, rule_files=list(rule_files),
-                           alertmanager_port=alertmanager_port)
+                           alertmanager_port=alertmanager_port, discovered=discovered)
     proc = supervisor.start("prometheus", prometheus_command(exe, workdir, port=port, config=config),
                             nice=MONITORING_NICE)
     proc.wait_ready(f"http://127.0.0.1:{port}/-/ready", timeout_s=60)

@@ -60,3 +60,22 @@ def test_an_unknown_policy_is_a_404_problem(tmp_path: Path) -> None:
     answer = _client(tmp_path, View()).get("/v1/policies/nope/endpoints")
     assert answer.status_code == 404
     assert answer.headers["content-type"].startswith("application/problem+json")
+
+
+def test_scrape_targets_are_every_replica_once_in_prometheus_http_sd_form(tmp_path: Path) -> None:
+    client = _client(tmp_path, View())
+    assert client.get("/v1/scrape-targets").json() == []
+    client.post("/v1/policies", json=POLICY, headers=AUTH)
+    other = {"name": "other", "target": {"kind": "local", "model": "m2", "endpoints": ["http://127.0.0.1:9002/e1/"]}}
+    assert client.post("/v1/policies", json=other, headers=AUTH).status_code == 201
+    groups = client.get("/v1/scrape-targets").json()
+    # The replicas the actuator started for both policies are one target each (twice, they would count twice).
+    assert groups == [
+        {"targets": ["127.0.0.1:9002"], "labels": {"__scheme__": "http", "__metrics_path__": "/e1/metrics"}},
+        {"targets": ["127.0.0.1:9001", "127.0.0.1:9100", "127.0.0.1:9101"],
+         "labels": {"__scheme__": "http", "__metrics_path__": "/metrics"}},
+    ]  # fmt: skip
+    (tmp_path / "alone").mkdir()
+    alone = _client(tmp_path / "alone", None)
+    alone.post("/v1/policies", json=POLICY, headers=AUTH)
+    assert alone.get("/v1/scrape-targets").json()[0]["targets"] == ["127.0.0.1:9001"]
