@@ -61,13 +61,19 @@ def up(
                            arrivals=_arrivals(arrivals), inject_slowdown=inject_slowdown,
                            slowdown_at_s=slowdown_at, slowdown_for_s=slowdown_for, prometheus=prometheus, router=router)
     with cli_errors():
-        if live and console.is_terminal:
-            with Live(console=console, refresh_per_second=2, transient=False) as view:
-                summary = run_stack(options, progress=view.update,
-                                    on_update=lambda state: view.update(render(state)))
-        else:
-            summary = run_stack(options, progress=lambda text: console.print(f"[dim]{text}[/]"),
-                                on_update=lambda state: print_status_line(state, console))
+        try:
+            if live and console.is_terminal:
+                with Live(console=console, refresh_per_second=2, transient=False) as view:
+                    summary = run_stack(options, progress=view.update,
+                                        on_update=lambda state: view.update(render(state)))
+            else:
+                summary = run_stack(options, progress=lambda text: console.print(f"[dim]{text}[/]"),
+                                    on_update=lambda state: print_status_line(state, console))
+        except KeyboardInterrupt:
+            kept = out / "summary.json"
+            console.print("interrupted: every process the run started is stopped"
+                          + (f"; what it saw until then is in {kept}" if kept.is_file() else ""))
+            raise typer.Exit(code=130) from None
     if json_out:
         print_json(summary)
         return

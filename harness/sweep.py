@@ -15,6 +15,7 @@ them in the prefix cache and measure the prefill too fast.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -101,9 +102,14 @@ def sweep_rates(
     min_levels: int = 1,
     warmup_requests: int = WARMUP_REQUESTS,
     lengths: Sequence[tuple[int, int]] = (),
+    stop: threading.Event | None = None,
 ) -> list[dict[str, Any]]:
     """Summaries of the rates that had a successful request, lightest first (at least ``min_levels``
-    of them are measured even past the TTFT limit), after ``warmup_requests`` unmeasured ones."""
+    of them are measured even past the TTFT limit), after ``warmup_requests`` unmeasured ones.
+
+    ``stop``, once set, ends the sweep before its next level (a caller interrupted)."""
+    if stop is not None and stop.is_set():
+        return []
     if warmup_requests > 0:
         ok = warm_up(url, warmup_requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                      vocab_size=vocab_size, model=model, seed=seed)
@@ -111,6 +117,8 @@ def sweep_rates(
     summaries: list[dict[str, Any]] = []
     prompt_seed = fresh_seed()
     for i, rate in enumerate(rates_rps):
+        if stop is not None and stop.is_set():
+            break
         stats = measure_rate(url, rate, duration_s=duration_s, prompt_tokens=prompt_tokens,
                              output_tokens=output_tokens, vocab_size=vocab_size, model=model, seed=seed + i,
                              prompt_seed=prompt_seed + i, lengths=lengths)

@@ -16,6 +16,7 @@ and from the capacity model only when no level says, capped by the lightest leve
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -41,17 +42,30 @@ def _sweep_all(state: StackState, urls: list[str], prompt: float, output: float,
     options = state.options
     pairs = demo_length_pairs(options)  # the run's own lengths: long prompts' prefill chunks stretch decodes
 
+    stop = threading.Event()
+
     def sweep(index: int) -> list[dict[str, Any]]:
-        say = progress if len(urls) == 1 else (lambda line: progress(f"replica {index + 1}: {line}"))
+        def say(line: str) -> None:
+            if not stop.is_set():  # an interrupted sweep's last level says nothing after the run's last word
+                progress(line if len(urls) == 1 else f"replica {index + 1}: {line}")
+
         return sweep_rates(
             urls[index], PROFILE_RATES_RPS, duration_s=options.profile_s, prompt_tokens=round(prompt),
             output_tokens=max(2, round(output)), vocab_size=vocab_size, model=None,
             seed=options.seed + 1000 * index, ttft_limit_s=2 * TTFT_THRESHOLD_S, progress=say, min_levels=2,
-            lengths=pairs,
+            lengths=pairs, stop=stop,
         )
 
-    with ThreadPoolExecutor(max_workers=len(urls)) as pool:
+    pool = ThreadPoolExecutor(max_workers=len(urls))
+    try:
         return list(pool.map(sweep, range(len(urls))))
+    except BaseException:
+        # Ctrl-C: the sweeps stop before their next level and nothing waits for them (``with`` would
+        # wait for every level; the caller then stops the replicas, which ends the level under way).
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=not stop.is_set(), cancel_futures=True)
 
 
 def _load_capacity(state: StackState, by_replica: list[list[dict[str, Any]]], profile: ReplicaProfile, *,

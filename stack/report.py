@@ -70,6 +70,7 @@ def summarize(state: StackState) -> dict[str, Any]:
     pages = [p for p in state.pages if p.get("receiver") == "page"]
     return {
         "duration_s": round(wall, 1),
+        "interrupted": state.interrupted,
         "requests": len(records),
         "ok": len(ok),
         "failed": len(records) - len(ok),

@@ -101,10 +101,12 @@ def policy_document(
     return document
 
 
-RUN_STATE = ("controller.db", "controller.db-shm", "controller.db-wal", "prometheus", "alertmanager")
+RUN_STATE = ("controller.db", "controller.db-shm", "controller.db-wal", "prometheus", "alertmanager",
+             "summary.json", "requests.csv", "moeslo-up.png", "logs")
 """What a run leaves in its output folder that the next run must not inherit: the controller's pending
 verifications, Prometheus's series and Alertmanager's record of pages sent (which would silence the next
-run's pages for hours)."""
+run's pages for hours); and its results and logs (a run that fails or is interrupted must not leave the
+last run's summary looking like its own, nor its replicas' logs appended to the last run's)."""
 
 RUN_MARKER = ".moeslo-up"
 """Written into the output folder by every run: only a folder that has it (or the controller.yaml of a
@@ -481,13 +483,20 @@ def run_stack(
     """Run the stack for ``options.duration_s``; return the summary (also written to ``out/summary.json``)."""
     stack = LocalStack(options, on_update)
     previous = _stop_on_sigterm()
+    loading = False
     try:
         stack.start(progress)
+        loading = True
         asyncio.run(stack.run_load())
+    except (KeyboardInterrupt, SystemExit):
+        stack.state.interrupted = loading
+        raise
     finally:
         stack.stop()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if stack.state.interrupted:  # what the run saw until then is kept, marked as such
+            stack.write_results()
     return stack.write_results()
 
 

@@ -131,6 +131,8 @@ class StackState:
     """The first replica's measured profile and the load sized from it."""
     unfinished: int = 0
     """Requests still in flight when the run ended (cancelled, counted apart from failures)."""
+    interrupted: bool = False
+    """The load was cut short (Ctrl-C, SIGTERM): the results are of the run until then."""
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started_s

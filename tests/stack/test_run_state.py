@@ -3,6 +3,7 @@ and owns its folder while it runs."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -22,9 +23,14 @@ def test_the_last_runs_state_is_removed_and_everything_else_kept(tmp_path: Path)
     (tmp_path / "checkpoint").mkdir()
     (tmp_path / "checkpoint" / "config.json").write_text("{}")
     (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "controller.log").write_text("the last run's")
+    (tmp_path / "notes.txt").write_text("the user's")
     assert clear_last_run(tmp_path)
     assert not any((tmp_path / name).exists() for name in RUN_STATE)
-    assert (tmp_path / "checkpoint" / "config.json").exists() and (tmp_path / "summary.json").exists()
+    # A run that fails or is interrupted must not leave the last run's results looking like its own.
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "logs").exists()
+    assert (tmp_path / "checkpoint" / "config.json").exists() and (tmp_path / "notes.txt").exists()
     assert not clear_last_run(tmp_path)  # nothing left to clear
 
 
@@ -56,3 +62,38 @@ def test_a_second_run_in_a_folder_in_use_is_refused_until_the_first_ends(tmp_pat
     finally:
         os.close(first)
     os.close(lock_run_folder(tmp_path))  # the first run ended: the folder is free again
+
+
+def test_an_interrupted_run_keeps_what_it_saw_marked_as_interrupted(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during the load: every process is stopped, and the summary of the run so far is written."""
+    from stack import StackOptions, run_stack
+    from stack.run import LocalStack
+
+    stopped: list[bool] = []
+
+    async def interrupted_load(self: LocalStack) -> None:
+        self.state.event("load under way")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalStack, "start", lambda self, progress: None)
+    monkeypatch.setattr(LocalStack, "run_load", interrupted_load)
+    monkeypatch.setattr(LocalStack, "stop", lambda self: stopped.append(True))
+    with pytest.raises(KeyboardInterrupt):
+        run_stack(StackOptions(out=tmp_path, prometheus=False))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert stopped and summary["interrupted"] is True and any("load under way" in e for e in summary["events"])
+
+
+def test_a_run_interrupted_before_its_load_writes_no_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stack import StackOptions, run_stack
+    from stack.run import LocalStack
+
+    def interrupted_start(self: LocalStack, progress: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalStack, "start", interrupted_start)
+    monkeypatch.setattr(LocalStack, "stop", lambda self: None)
+    with pytest.raises(KeyboardInterrupt):
+        run_stack(StackOptions(out=tmp_path, prometheus=False))
+    assert not (tmp_path / "summary.json").exists()
