@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -26,9 +27,11 @@ def profile(
     output_tokens: Annotated[int, typer.Option(help="Output length of every request (ignore_eos).")] = 64,
     vocab_size: Annotated[int, typer.Option(help="Token ids are drawn below this.")] = 1000,
     model: Annotated[str | None, typer.Option(help="Model name to send (vLLM needs it).")] = None,
-    kv_capacity_tokens: Annotated[int, typer.Option(help="KV cache capacity of the replica (tokens).")] = 100_000,
-    max_num_seqs: Annotated[int, typer.Option(help="The engine's running-batch limit.")] = 256,
-    ttft_limit: Annotated[float, typer.Option(help="Stop the sweep once p99 TTFT exceeds this (s).")] = 5.0,
+    kv_capacity_tokens: Annotated[int, typer.Option(min=1, help="KV cache capacity of the replica (tokens).")
+                                  ] = 100_000,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="The engine's running-batch limit.")] = 256,
+    ttft_limit: Annotated[float, typer.Option(callback=positive,
+                                              help="Stop the sweep once p99 TTFT exceeds this (s).")] = 5.0,
     name: Annotated[str, typer.Option(help="Profile name.")] = "measured",
     seed: Annotated[int, typer.Option(help="Seed for arrivals and prompts.")] = 0,
     warmup: Annotated[int, typer.Option(min=0, help="Requests sent one at a time before the sweep, not measured.")] = 3,
@@ -50,6 +53,8 @@ def profile(
         _check_numbers(levels, prompt_tokens=prompt_tokens, output_tokens=output_tokens, vocab_size=vocab_size,
                        probe_pairs=probe_pairs if prefix_probe else 1)  # fmt: skip
         out.parent.mkdir(parents=True, exist_ok=True)  # before the sweep, not after it
+        if out.is_dir():
+            raise IsADirectoryError(21, "Is a directory", str(out))
         _check_reachable(url)
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("profiling", total=len(levels) + (warmup > 0))
@@ -87,6 +92,9 @@ def _check_numbers(levels: list[float], *, prompt_tokens: int, output_tokens: in
                 if value < 1]  # fmt: skip
     if len(levels) < 2:
         problems.append(f"--rates: a profile is fitted from two load levels or more, got {len(levels)}")
+    elif any(b <= a for a, b in pairwise(levels)):
+        # The sweep stops at the first level past the TTFT limit: out of order, the lighter ones are never run.
+        problems.append(f"--rates: lightest first, each above the last, got {','.join(f'{r:g}' for r in levels)}")
     if problems:
         raise ValidationError(problems)
 

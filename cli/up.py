@@ -11,6 +11,7 @@ from cli.common import cli_errors, console, positive, print_json
 
 if TYPE_CHECKING:
     from harness.loadgen import ArrivalProcess
+    from stack import StackOptions
 
 
 def _arrivals(value: str) -> ArrivalProcess:
@@ -19,21 +20,39 @@ def _arrivals(value: str) -> ArrivalProcess:
     return cast("ArrivalProcess", value)
 
 
+def _check_host(options: StackOptions) -> None:
+    """Refuse before anything starts what this machine cannot run; say when the fault falls outside the run."""
+    import os
+
+    from contracts.errors import ValidationError
+
+    cpus = len(os.sched_getaffinity(0))
+    if options.cpus_per_replica > cpus:
+        raise ValidationError(f"--cpus-per-replica {options.cpus_per_replica}: this machine gives the run {cpus} "
+                              "CPU(s), so no replica fits")  # fmt: skip
+    if options.inject_slowdown and options.slowdown_at_s >= options.duration_s:
+        console.print(f"[dim]no fault in this run: --slowdown-at {options.slowdown_at_s:g} s is past the "
+                      f"{options.duration_s:g} s of load (move it, or --no-inject-slowdown)[/]")
+
+
 def up(
     duration: Annotated[float, typer.Option(callback=positive, help="Seconds of load before the summary.")] = 120.0,
     out: Annotated[Path, typer.Option(help="Folder for logs, state, summary.json and plots (a run's own).")] = Path(
         "demo-out"
     ),
-    checkpoint: Annotated[Path | None, typer.Option(help="Checkpoint (default: random, skewed router).")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(exists=True, file_okay=False,
+                                                    help="Checkpoint (default: random, skewed router).")] = None,
     ep: Annotated[int, typer.Option(min=1, help="Expert-parallel ranks per engine replica.")] = 2,
-    max_replicas: Annotated[int, typer.Option(help="Most engine replicas the controller may start.")] = 2,
-    cpus_per_replica: Annotated[int, typer.Option(help="CPUs pinned to each replica (the host budget).")] = 1,
+    max_replicas: Annotated[int, typer.Option(min=1, help="Most engine replicas the controller may start.")] = 2,
+    cpus_per_replica: Annotated[int, typer.Option(min=1, help="CPUs pinned to each replica (the host budget).")] = 1,
     speedup: Annotated[float, typer.Option(callback=positive, help="Time compression of a --trace.")] = 1.0,
     trace: Annotated[
-        Path | None, typer.Option(help="Trace file (default: a bundled day of Azure 2024 counts, its morning rise).")
+        Path | None, typer.Option(exists=True, dir_okay=False, help="Trace file (default: a bundled day of Azure 2024 "
+                                                                    "counts, its morning rise).")
     ] = None,
     base_load: Annotated[
-        float, typer.Option(help="The quiet start of the load, as a share of the capacity model's rate a replica.")
+        float, typer.Option(callback=positive, help="The quiet start of the load, as a share of the capacity "
+                                                    "model's rate a replica.")
     ] = 0.7,
     arrivals: Annotated[
         str, typer.Option(help="Arrivals of the count trace: even (its shape at full volume) or poisson.")
@@ -41,8 +60,8 @@ def up(
     inject_slowdown: Annotated[
         bool, typer.Option(help="Throttle every replica's CPU part-way through (a fault that pages).")
     ] = True,
-    slowdown_at: Annotated[float, typer.Option(help="Seconds into the load when the fault starts.")] = 62.0,
-    slowdown_for: Annotated[float, typer.Option(help="Seconds the fault lasts.")] = 28.0,
+    slowdown_at: Annotated[float, typer.Option(min=0, help="Seconds into the load when the fault starts.")] = 62.0,
+    slowdown_for: Annotated[float, typer.Option(callback=positive, help="Seconds the fault lasts.")] = 28.0,
     prometheus: Annotated[bool, typer.Option(help="Start Prometheus and Alertmanager when installed.")] = True,
     router: Annotated[
         bool, typer.Option(help="Send the load through the entry router (cost policy); off: straight to replicas.")
@@ -61,6 +80,7 @@ def up(
                            arrivals=_arrivals(arrivals), inject_slowdown=inject_slowdown,
                            slowdown_at_s=slowdown_at, slowdown_for_s=slowdown_for, prometheus=prometheus, router=router)
     with cli_errors():
+        _check_host(options)
         try:
             if live and console.is_terminal:
                 with Live(console=console, refresh_per_second=2, transient=False) as view:
