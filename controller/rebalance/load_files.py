@@ -24,7 +24,7 @@ def read_expert_load(path: str | Path) -> FloatArray:
     """(layers, experts) load from a JSON, .npy or .csv file; DataError names what is wrong."""
     path = Path(path)
     if not path.is_file():
-        raise DataError("no such file", path=str(path))
+        raise DataError("a folder, not a load file" if path.is_dir() else "no such file", path=str(path))
     suffix = path.suffix.lower()
     if suffix == ".json":
         matrix = _read_json(path)

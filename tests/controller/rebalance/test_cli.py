@@ -138,6 +138,8 @@ def test_bad_npy_and_missing_file(tmp_path: Path) -> None:
         read_expert_load(path)
     with pytest.raises(DataError, match="no such file"):
         read_expert_load(tmp_path / "absent.json")
+    with pytest.raises(DataError, match="a folder, not a load file"):
+        read_expert_load(tmp_path)
 
 
 def test_previous_placement_that_does_not_fit(tmp_path: Path) -> None:
