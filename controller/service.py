@@ -222,6 +222,8 @@ class ControllerService:
             return "advisory", ""
         if not leader:
             return "standby", "not the leader: another replica acts"
+        if not self.is_leader:  # read afresh: an earlier decision's actuation may have outlived the lease
+            return "standby", "the lease was lost during this tick: another replica acts"
         assert decision.desired_replicas is not None
         try:
             result = await self.actuator.scale(policy, decision.desired_replicas)

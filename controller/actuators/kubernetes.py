@@ -36,7 +36,9 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
 
+from contracts.errors import ValidationError
 from controller.actuators.base import ReplicaCount, ScaleResult
 from controller.config import KubernetesConfig
 from controller.errors import ActuationError
@@ -54,12 +56,22 @@ def api_client(config: KubernetesConfig) -> k8s.ApiClient:
     configuration = k8s.Configuration()
     if config.host is not None:
         configuration.host = config.host
-    elif config.in_cluster:
-        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=config.kubeconfig, context=config.context, client_configuration=configuration
-        )
+        return _without_retries(configuration)
+    source = "the in-cluster service account" if config.in_cluster else (
+        f"kubeconfig {config.kubeconfig or '(KUBECONFIG or ~/.kube/config)'}")
+    try:
+        if config.in_cluster:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=config.kubeconfig, context=config.context, client_configuration=configuration
+            )
+    except (ConfigException, OSError) as exc:  # the client says what; the user needs to know which setting
+        raise ValidationError(f"kubernetes: cannot load {source}: {exc}") from exc
+    return _without_retries(configuration)
+
+
+def _without_retries(configuration: k8s.Configuration) -> k8s.ApiClient:
     # Our own retry loop decides what is retried; urllib3 must not retry writes behind our back.
     configuration.retries = False
     return k8s.ApiClient(configuration)

@@ -449,3 +449,35 @@ def test_non_finite_values_never_break_the_api(tmp_path: Path) -> None:
     assert status.json()["policies"][0]["sli"]["ttft_p99_seconds"] is None
     decisions = client.get("/v1/decisions")
     assert decisions.status_code == 200 and decisions.json()["items"][0]["inputs"]["queue_depth"] is None
+
+
+class LosesTheLease:
+    """A leader whose lease is lost while the tick's first scale is under way."""
+
+    is_leader = True
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+def test_a_lease_lost_mid_tick_stops_the_ticks_remaining_actions(tmp_path: Path) -> None:
+    elector = LosesTheLease()
+
+    class LosingActuator(DryRunActuator):
+        async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
+            elector.is_leader = False  # another replica holds the lease from now on
+            return await super().scale(policy, replicas)
+
+    clock = Clock()
+    actuator = LosingActuator()
+    service, store, _ = _service(tmp_path, clock, actuator=actuator, elector=elector)
+    store.create_policy(_policy("first"))
+    store.create_policy(_policy("second"))
+    service.source.fields = OVERLOADED  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    assert len(actuator.calls) == 1
+    outcomes = sorted(record.outcome for record in store.list_decisions())
+    assert outcomes == ["applied", "standby"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -180,3 +181,17 @@ def test_leaderworkerset_endpoints_are_the_group_leaders_and_a_failed_list_keeps
     assert ("GET", "/api/v1/namespaces/prod/pods", 500) in server.state.log
     asyncio.run(actuator.replicas(policy))
     assert actuator.endpoints(policy) == ("http://10.0.1.1:8000", "http://10.0.1.3:8000")
+
+
+def test_a_kubeconfig_that_cannot_load_is_one_clear_error(tmp_path: Path) -> None:
+    from contracts.errors import ValidationError
+
+    missing = tmp_path / "absent-kubeconfig"
+    with pytest.raises(ValidationError, match=f"kubernetes: cannot load kubeconfig {missing}"):
+        api_client(KubernetesConfig(kubeconfig=str(missing)))
+    empty = tmp_path / "empty-kubeconfig"
+    empty.write_text("")
+    with pytest.raises(ValidationError, match="cannot load kubeconfig"):
+        api_client(KubernetesConfig(kubeconfig=str(empty)))
+    with pytest.raises(ValidationError, match="cannot load the in-cluster service account"):
+        api_client(KubernetesConfig(in_cluster=True))
