@@ -451,16 +451,10 @@ def test_non_finite_values_never_break_the_api(tmp_path: Path) -> None:
     assert decisions.status_code == 200 and decisions.json()["items"][0]["inputs"]["queue_depth"] is None
 
 
-class LosesTheLease:
+class LosesTheLease(Follower):
     """A leader whose lease is lost while the tick's first scale is under way."""
 
     is_leader = True
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
 
 
 def test_a_lease_lost_mid_tick_stops_the_ticks_remaining_actions(tmp_path: Path) -> None:
