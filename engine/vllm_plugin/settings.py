@@ -7,7 +7,8 @@ engine-core and worker processes it spawns).
 ========================  =========  ==================================================
 variable                  default    meaning
 ========================  =========  ==================================================
-MOESLO_VLLM_PLUGIN        unset      ``1`` switches the plugin on; anything else is off
+MOESLO_VLLM_PLUGIN        unset      ``1`` (or ``on``, ``true``) switches the plugin on; ``0``,
+                                     ``off``, ``false`` or unset leave it off
 MOESLO_VLLM_EP_RANKS      8          virtual EP size when vLLM runs without EP
 MOESLO_VLLM_FLUSH_S       1.0        how often workers publish their counts (seconds)
 MOESLO_VLLM_WINDOW_S      60.0       routing window of the imbalance gauges (seconds)
@@ -88,6 +89,9 @@ class PluginSettings:
         ranks = int(number(EP_RANKS_ENV, 8, integer=True))
         flush_s = number(FLUSH_ENV, 1.0, integer=False)
         window_s = number(WINDOW_ENV, 60.0, integer=False)
+        switch = env.get(ENABLE_ENV, "").strip().lower()
+        if switch not in _SWITCH or switch == "auto":  # a typo must not leave the plugin off without a word
+            problems.append(f"{ENABLE_ENV}={switch!r} is not 1 or 0 (on or off, true or false)")
         series = env.get(EXPERT_SERIES_ENV, "").strip().lower()
         if series not in _SWITCH:
             problems.append(f"{EXPERT_SERIES_ENV}={series!r} is not auto, 1 or 0")
@@ -99,7 +103,7 @@ class PluginSettings:
         if problems:
             raise ValidationError(problems)
         return cls(
-            enabled=env.get(ENABLE_ENV, "").strip() == "1",
+            enabled=_SWITCH[switch] is True,
             virtual_ep_ranks=ranks,
             flush_interval_s=flush_s,
             window_s=window_s,

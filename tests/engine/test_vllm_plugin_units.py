@@ -39,6 +39,14 @@ def test_settings_default_off_and_gather_every_problem() -> None:
         PluginSettings.from_env({"MOESLO_TTFT_ALLOWANCES": "2000"})
 
 
+def test_the_plugin_switch_reads_the_words_the_other_switches_read_and_refuses_the_rest() -> None:
+    for word, enabled in (("true", True), ("ON", True), ("1", True), ("off", False), ("0", False), ("", False)):
+        assert PluginSettings.from_env({"MOESLO_VLLM_PLUGIN": word}).enabled is enabled, word
+    for typo in ("yes", "auto", "2"):
+        with pytest.raises(ValidationError, match=f"MOESLO_VLLM_PLUGIN='{typo}' is not 1 or 0"):
+            PluginSettings.from_env({"MOESLO_VLLM_PLUGIN": typo})
+
+
 def test_contiguous_layout_matches_vllm_expert_map() -> None:
     # vLLM: rank r holds base + (r < rem) experts starting at r*base + min(r, rem).
     w = contiguous_rank_weights(10, 4)
