@@ -23,6 +23,7 @@ request.  This module imports vLLM: it exists only in vLLM's environment.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -36,6 +37,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from engine.stats import FinishedRequestStats, StepStats
 from exporters.otel import OtelStatsSink
 
+logger = logging.getLogger(__name__)
 ENABLE_ENV = "MOESLO_VLLM_OTEL"
 PROVIDER_NAME = "vllm"
 
@@ -77,11 +79,15 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
         attributes = {ENGINE_INDEX_ATTRIBUTE: str(engine_index)}
         if not os.environ.get("OTEL_SERVICE_NAME"):
             attributes["service.name"] = "vllm"
+        try:
+            provider = MeterProvider(resource=Resource.create(attributes),
+                                     metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
+        except (ValueError, TypeError) as exc:  # vLLM builds stat loggers unguarded: raising here stops its start
+            logger.error("moeslo OTel stat logger off: %s (check the OTEL_* variables, e.g. "
+                         "OTEL_METRIC_EXPORT_INTERVAL and OTEL_EXPORTER_OTLP_ENDPOINT)", exc)
+            return
         self.sink = OtelStatsSink(
-            meter_provider=MeterProvider(
-                resource=Resource.create(attributes),
-                metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())],
-            ),
+            meter_provider=provider,
             tracer_provider=NoOpTracerProvider(),  # spans: vLLM's own --otlp-traces-endpoint
             model_name=model_name,
             provider_name=PROVIDER_NAME,
