@@ -25,6 +25,7 @@ thread so the tick loop's event loop never blocks on the API server.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -131,7 +132,12 @@ class KubernetesActuator:
 
     async def replicas(self, policy: Policy) -> ReplicaCount:
         target = self._target(policy)
-        read = await asyncio.to_thread(self._with_retries, target, lambda: self._read(target), "read")
+        try:
+            read = await asyncio.to_thread(self._with_retries, target, lambda: self._read(target), "read")
+        except ActuationError as exc:
+            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
+                self._endpoints.pop(policy.name, None)  # a deleted workload's pod IPs go to other pods
+            raise
         ready = read.ready
         try:
             pods = await asyncio.to_thread(self._ready_pods, target, read)
@@ -196,8 +202,8 @@ class KubernetesActuator:
                 return fn()
             except ApiException as exc:
                 if exc.status not in RETRIED_STATUSES:
-                    raise ActuationError(f"{_describe(target)}: {what} failed: HTTP {exc.status} {exc.reason}") from exc
-                last = f"HTTP {exc.status} {exc.reason}"
+                    raise ActuationError(f"{_describe(target)}: {what} failed: {_api_error(exc)}") from exc
+                last = _api_error(exc)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             if attempt < cfg.max_attempts:
@@ -283,6 +289,17 @@ def _serving_ip(pod: k8s.V1Pod) -> str | None:
         return None
     ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
     return str(status.pod_ip) if ready else None
+
+
+def _api_error(exc: ApiException) -> str:
+    """``HTTP <status> <reason>``, and the API server's own message when it sent one (an RBAC denial names the
+    verb, resource and namespace refused; a 422 the field)."""
+    text = f"HTTP {exc.status} {exc.reason}"
+    try:
+        message = json.loads(exc.body or "").get("message")
+    except (ValueError, TypeError, AttributeError):
+        message = None
+    return f"{text}: {str(message)[:400]}" if message else text
 
 
 def _describe(target: KubernetesTarget) -> str:

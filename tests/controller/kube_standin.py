@@ -35,6 +35,7 @@ class Fault:
     path_contains: str
     status: int
     apply_first: bool = False
+    message: str = "injected fault"
 
 
 @dataclass
@@ -98,7 +99,7 @@ class StandInApiServer:
 
             def _pods(self, namespace: str) -> tuple[int, dict[str, Any]]:
                 if (fault := self._fault("GET", f"/api/v1/namespaces/{namespace}/pods")) is not None:
-                    return fault.status, _status(fault.status, "InternalError", "injected fault")
+                    return fault.status, _status(fault.status, "InternalError", fault.message)
                 query = parse_qs(urlsplit(self.path).query)
                 selector = query.get("labelSelector", [""])[0]
                 items = [p for p in state.pods.get(namespace, []) if _matches(p["metadata"]["labels"], selector)]
@@ -114,7 +115,7 @@ class StandInApiServer:
             def _dispatch(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
                 fault = self._fault(method, path)
                 if fault is not None and not fault.apply_first:
-                    return fault.status, _status(fault.status, "InternalError", "injected fault")
+                    return fault.status, _status(fault.status, "InternalError", fault.message)
                 if method == "GET":
                     obj = state.objects.get(path)
                     if obj is None:

@@ -195,3 +195,24 @@ def test_a_kubeconfig_that_cannot_load_is_one_clear_error(tmp_path: Path) -> Non
         api_client(KubernetesConfig(kubeconfig=str(empty)))
     with pytest.raises(ValidationError, match="cannot load the in-cluster service account"):
         api_client(KubernetesConfig(in_cluster=True))
+
+
+def test_a_refusal_carries_the_api_servers_own_message(server: StandInApiServer) -> None:
+    server.add_deployment_scale("prod", "qwen", 2)
+    rbac = ('deployments.apps "qwen" is forbidden: User "system:serviceaccount:moeslo:moeslo-controller" cannot '
+            'update resource "deployments/scale" in API group "apps" in the namespace "prod"')
+    server.state.faults.append(Fault("PUT", "/scale", 403, message=rbac))
+    with pytest.raises(ActuationError) as refused:
+        asyncio.run(_actuator(server).scale(_policy(), 5))
+    assert "HTTP 403" in str(refused.value) and 'in the namespace "prod"' in str(refused.value)
+
+
+def test_a_deleted_workload_stops_advertising_its_pods(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 2)
+    actuator, policy = _actuator(server), _policy()
+    asyncio.run(actuator.replicas(policy))
+    assert len(actuator.endpoints(policy)) == 2
+    del server.state.objects[path]
+    with pytest.raises(ActuationError, match="HTTP 404"):
+        asyncio.run(actuator.replicas(policy))
+    assert actuator.endpoints(policy) == ()  # their IPs may serve other pods by now
