@@ -161,7 +161,7 @@ class ControllerService:
             entry = by_name[decision.policy]
             outcome, detail = await self._carry_out(entry.policy, decision, leader)
             records.append(self._record(entry, decision, outcome, detail))
-            self._update_runtime(entry.policy, observations.get(decision.policy), decision, now_s)
+            self._update_runtime(entry.policy, observations.get(decision.policy), decision, now_s, (outcome, detail))
         if leader and self.rebalancer is not None:
             records.extend(await self._rebalance(stored, now_s))
         if leader and records:
@@ -284,13 +284,16 @@ class ControllerService:
         )
 
     def _update_runtime(
-        self, policy: Policy, obs: PolicyObservation | None, decision: Decision, now_s: float
+        self, policy: Policy, obs: PolicyObservation | None, decision: Decision, now_s: float,
+        carried_out: tuple[str, str],
     ) -> None:
+        """``carried_out``: the decision's (outcome, the actuator's word), shown with it (a failed scale is news)."""
         runtime = self._runtime.setdefault(policy.name, PolicyRuntime())
         runtime.current_replicas = decision.current_replicas
         runtime.desired_replicas = decision.desired_replicas
         runtime.errors = list(obs.errors) if obs is not None else ["no observation"]
         self._update_forecast(policy, obs, decision, runtime)
+        runtime.decision = {**(runtime.decision or {}), "outcome": carried_out[0], "actuation": carried_out[1]}
         sli = obs.sli if obs is not None else None
         age_s = None if obs is None else now_s - obs.observed_at_s
         # Stale: nothing observed, too old, or the source failed and only held (older) values are left.

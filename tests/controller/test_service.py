@@ -240,6 +240,8 @@ def test_actuator_failure_is_reported_retried_next_tick_and_never_applied_twice(
     asyncio.run(service.tick())
     [failed] = store.list_decisions()
     assert failed.outcome == "failed" and "after 5 attempts: 503" in failed.detail
+    shown = service.runtime("chat").decision  # type: ignore[union-attr]  # what /v1/status and the page show
+    assert shown is not None and shown["outcome"] == "failed" and "after 5 attempts: 503" in shown["actuation"]
     assert registry.get_sample_value("moeslo_errors_total", {"component": "actuator"}) == 1
     assert actuator.calls == []
     clock.now_s += 15

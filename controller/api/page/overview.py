@@ -191,6 +191,8 @@ def _row(row: Row, data: OverviewData) -> Markup:
         _forecast_cell(status),
         el("td", NO_VALUE if row.alerts is None else str(row.alerts), class_="num", data_field="alerts"),
         el("td", el("b", str(decision.get("action", NO_VALUE))),
+           el("span", " failed", class_="badge page", title=str(decision.get("actuation", "")))
+           if decision.get("outcome") == "failed" else None,
            el("div", ", ".join(reasons[1:3]), class_="small muted")),
         class_=f"row-{row.verdict.css}", data_policy=policy.name, data_level=row.verdict.level.name,
     )

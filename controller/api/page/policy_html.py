@@ -110,11 +110,21 @@ def _now_panel(data: PolicyData) -> Markup:
                             data_field="desired_replicas"), " (current → desired)")),
         ("last decision", el("span", el("b", str(decision.get("action", NO_VALUE))),
                              f" ({', '.join(str(r) for r in reasons)})" if reasons else "",
-                             el("div", str(decision.get("detail", "")), class_="small muted"))),
+                             el("div", str(decision.get("detail", "")), class_="small muted"),
+                             _failed(decision))),
         ("SLI source", el("span", source_state, f", observed {fmt_ago(status.observed_at, data.now)}",
                           el("div", "; ".join(errors), class_="small", data_field="errors") if errors else None)),
         ("load seen", _seen(status.seen)),
     ])
+
+
+def _failed(decision: dict[str, Any]) -> Markup | None:
+    """A decision the actuator could not carry out, with what it answered (a failed scale is otherwise
+    visible only in the decision log)."""
+    if decision.get("outcome") != "failed":
+        return None
+    return el("div", el("span", "failed", class_="badge page"), " ", str(decision.get("actuation", "")),
+              class_="small", data_field="actuation")
 
 
 _SEEN = (("request_rate_rps", "{} req/s"), ("request_rate_peak_rps", "busiest half-minute {} req/s"),

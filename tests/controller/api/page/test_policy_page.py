@@ -252,3 +252,17 @@ def test_a_capped_decision_list_says_how_many_it_shows_and_where_the_rest_are(ma
     few.store.create_policy(_policy())
     few.store.append_decisions([_decision(now, "scale_up", replicas=2, desired=3)])
     assert "The newest" not in few.client.get("/ui/policies/qwen").text
+
+
+def test_a_decision_the_actuator_could_not_carry_out_is_shown_failed_with_its_answer(make_page: Any) -> None:
+    page = make_page()
+    page.store.create_policy(_policy())
+    refused = "deployment prod/qwen: scale to 4 failed: HTTP 403 Forbidden: cannot update deployments/scale"
+    page.view.runtimes["qwen"] = replace(burning_runtime(), decision={
+        "action": "scale_up", "reasons": ["scale_up", "forecast"], "detail": "scale up 2 -> 4",
+        "outcome": "failed", "actuation": refused})
+    html = page.client.get("/ui/policies/qwen").text
+    assert re.search(r'data-field="actuation"><span class="badge page">failed</span> ' + re.escape(refused), html)
+    assert page.client.get("/v1/status/qwen").json()["decision"]["outcome"] == "failed"
+    overview = page.client.get("/ui/").text
+    assert 'class="badge page" title="' + refused in overview
