@@ -225,6 +225,10 @@ def rank_weights_for(
     if first.use_ep and first.ep_size > 1:
         static = contiguous_rank_weights(first.num_experts, first.ep_size, strategy)
     else:
+        if virtual_ranks > first.num_experts:  # ranks without an expert would read as a large false imbalance
+            logger.warning("moeslo: MOESLO_VLLM_EP_RANKS=%d is above the model's %d experts: %d virtual ranks",
+                           virtual_ranks, first.num_experts, first.num_experts)  # fmt: skip
+            virtual_ranks = first.num_experts
         static = contiguous_rank_weights(first.num_experts, virtual_ranks, "linear")
     static_source = "ep" if first.use_ep and first.ep_size > 1 else "virtual"
 

@@ -272,6 +272,10 @@ def test_rank_map_prefers_eplb_then_ep_layout_then_virtual_ep() -> None:
     no_ep = MoeLayerView(layer_id=0, router=_Router(16), num_experts=16, num_physical=16, ep_size=1, use_ep=False)
     weights, source = rank_weights_for([no_ep], virtual_ranks=4, strategy="linear")()
     assert source == "virtual" and weights.sum(axis=0).tolist() == [4.0] * 4
+    # More virtual ranks than experts: ranks holding nothing would read as imbalance; as many as experts.
+    few = MoeLayerView(layer_id=0, router=_Router(8), num_experts=8, num_physical=8, ep_size=1, use_ep=False)
+    weights, source = rank_weights_for([few], virtual_ranks=16, strategy="linear")()
+    assert source == "virtual" and weights.shape == (8, 8) and weights.sum(axis=0).tolist() == [1.0] * 8
 
 
 def test_callback_survives_a_fullgraph_compile_and_counts_at_run_time() -> None:
