@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,8 @@ from controller.rebalance import (
 )
 from controller.rebalance.history import LoadHistory, plan_from_history
 from controller.rebalance.out_of_sample import HeldOutGain
+
+log = logging.getLogger(__name__)
 
 VERIFY_PATIENCE = 10
 """A rebalance whose window stays too small to judge is given up on (``unverified``) after this many
@@ -180,6 +183,8 @@ class _EngineState:
     pending_cv: npt.NDArray[np.float64] | None = None
     """The applied plan's out-of-sample CV per layer (None: its in-sample prediction)."""
     applied_at_s: float = 0.0
+    shape: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+    """(counts' shape, placement's shape, ranks) of the engine's snapshots: another shape is another model."""
 
 
 def _plan_summary(plan: RebalancePlan) -> dict[str, Any]:
@@ -287,6 +292,15 @@ class Rebalancer:
             snap = await self.control.expert_load(endpoint)
         except UnavailableError:
             return None  # the scaling side reports stale data; nothing to decide here
+        shape = (snap.expert_tokens.shape, snap.placement.phy2log.shape, snap.placement.num_ranks)
+        if state.shape is not None and state.shape != shape:
+            # The endpoint now serves another model (a restart): its history, and a plan awaiting
+            # verification, belong to the one before (judging them on this one broke every tick).
+            log.warning("rebalancer: %s now serves another shape (%s, was %s): its history starts afresh",
+                        endpoint, shape, state.shape)  # fmt: skip
+            del self._state[(policy.name, endpoint)]
+            state = self.state(policy.name, endpoint)
+        state.shape = shape
         if snap.steps_in_window < self.min_window_steps:
             return None
         assignments = snap.expert_tokens.sum(axis=1)

@@ -297,3 +297,24 @@ def test_planning_leaves_the_event_loop_free() -> None:
         pytest.skip(f"a plan took {plan_s * 1000:.0f} ms here: too quick to tell a blocked loop from a free one")
     assert gaps, "the event loop never ran while the rebalancer ticked"
     assert max(gaps) < plan_s / 2
+
+
+class RestartingEngine(InMemoryEngine):
+    """Restarted with a model of two MoE layers once the first rebalance was applied (before its verification)."""
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
+        if not self.applied:
+            return await super().expert_load(endpoint)
+        load = np.vstack([LOAD, LOAD])
+        placement = Placement.contiguous(2, 8, 2)
+        ranks = rank_load(placement.phy2log, load.astype(float), placement.num_ranks)
+        return ExpertLoadSnapshot(expert_tokens=load, imbalance_cv=tuple(float(x) for x in imbalance_cv(ranks)),
+                                  steps_in_window=64, placement=placement)
+
+
+def test_an_engine_restarted_with_another_model_starts_its_history_afresh() -> None:
+    """The plan awaiting verification was the old model's: judging it on the new one raised on every tick."""
+    engine = RestartingEngine()
+    events = _run(engine, Mode.ENFORCE, [0, 5, 11, 20, 30, 40, 50, 60])
+    # The old model's plan is dropped unjudged; the new model is planned (two layers: 4 moves) and judged.
+    assert [(e.kind, e.plan["moves"]) for e in events] == [("rebalance", 2), ("rebalance", 4), ("verify", 4)]
