@@ -27,11 +27,9 @@ def profile(
     output_tokens: Annotated[int, typer.Option(help="Output length of every request (ignore_eos).")] = 64,
     vocab_size: Annotated[int, typer.Option(help="Token ids are drawn below this.")] = 1000,
     model: Annotated[str | None, typer.Option(help="Model name to send (vLLM needs it).")] = None,
-    kv_capacity_tokens: Annotated[int, typer.Option(min=1, help="KV cache capacity of the replica (tokens).")
-                                  ] = 100_000,
+    kv_capacity_tokens: Annotated[int, typer.Option(min=1, help="KV cache capacity (tokens).")] = 100_000,
     max_num_seqs: Annotated[int, typer.Option(min=1, help="The engine's running-batch limit.")] = 256,
-    ttft_limit: Annotated[float, typer.Option(callback=positive,
-                                              help="Stop the sweep once p99 TTFT exceeds this (s).")] = 5.0,
+    ttft_limit: Annotated[float, typer.Option(callback=positive, help="Stop past this p99 TTFT (s).")] = 5.0,
     name: Annotated[str, typer.Option(help="Profile name.")] = "measured",
     seed: Annotated[int, typer.Option(help="Seed for arrivals and prompts.")] = 0,
     warmup: Annotated[int, typer.Option(min=0, help="Requests sent one at a time before the sweep, not measured.")] = 3,
@@ -52,9 +50,7 @@ def profile(
         levels = [float(r) for r in rates.split(",") if r.strip()]
         _check_numbers(levels, prompt_tokens=prompt_tokens, output_tokens=output_tokens, vocab_size=vocab_size,
                        probe_pairs=probe_pairs if prefix_probe else 1)  # fmt: skip
-        out.parent.mkdir(parents=True, exist_ok=True)  # before the sweep, not after it
-        if out.is_dir():
-            raise IsADirectoryError(21, "Is a directory", str(out))
+        _check_out(out)
         _check_reachable(url)
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("profiling", total=len(levels) + (warmup > 0))
@@ -97,6 +93,13 @@ def _check_numbers(levels: list[float], *, prompt_tokens: int, output_tokens: in
         problems.append(f"--rates: lightest first, each above the last, got {','.join(f'{r:g}' for r in levels)}")
     if problems:
         raise ValidationError(problems)
+
+
+def _check_out(out: Path) -> None:
+    """Where the profile goes, made and checked before the sweep, not after it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_dir():
+        raise IsADirectoryError(21, "Is a directory", str(out))
 
 
 def _check_reachable(url: str) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -33,6 +33,26 @@ def _check_host(options: StackOptions) -> None:
     if options.inject_slowdown and options.slowdown_at_s >= options.duration_s:
         console.print(f"[dim]no fault in this run: --slowdown-at {options.slowdown_at_s:g} s is past the "
                       f"{options.duration_s:g} s of load (move it, or --no-inject-slowdown)[/]")
+
+
+def _run(options: StackOptions, *, live: bool) -> dict[str, Any]:
+    """The run, shown live on a terminal or as lines; Ctrl-C says what was kept and exits 130."""
+    from rich.live import Live
+
+    from stack import run_stack
+    from stack.view import print_status_line, render
+
+    try:
+        if live and console.is_terminal:
+            with Live(console=console, refresh_per_second=2, transient=False) as view:
+                return run_stack(options, progress=view.update, on_update=lambda state: view.update(render(state)))
+        return run_stack(options, progress=lambda text: console.print(f"[dim]{text}[/]"),
+                         on_update=lambda state: print_status_line(state, console))
+    except KeyboardInterrupt:
+        kept = options.out / "summary.json"
+        console.print("interrupted: every process the run started is stopped"
+                      + (f"; what it saw until then is in {kept}" if kept.is_file() else ""))
+        raise typer.Exit(code=130) from None
 
 
 def up(
@@ -70,10 +90,7 @@ def up(
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Start engine, controller, Prometheus and Alertmanager, replay load, show the loop, then summarize."""
-    from rich.live import Live
-
-    from stack import StackOptions, run_stack
-    from stack.view import print_status_line, render
+    from stack import StackOptions
 
     options = StackOptions(duration_s=duration, out=out, checkpoint=checkpoint, ep=ep, max_replicas=max_replicas,
                            cpus_per_replica=cpus_per_replica, speedup=speedup, trace=trace, base_load=base_load,
@@ -81,19 +98,7 @@ def up(
                            slowdown_at_s=slowdown_at, slowdown_for_s=slowdown_for, prometheus=prometheus, router=router)
     with cli_errors():
         _check_host(options)
-        try:
-            if live and console.is_terminal:
-                with Live(console=console, refresh_per_second=2, transient=False) as view:
-                    summary = run_stack(options, progress=view.update,
-                                        on_update=lambda state: view.update(render(state)))
-            else:
-                summary = run_stack(options, progress=lambda text: console.print(f"[dim]{text}[/]"),
-                                    on_update=lambda state: print_status_line(state, console))
-        except KeyboardInterrupt:
-            kept = out / "summary.json"
-            console.print("interrupted: every process the run started is stopped"
-                          + (f"; what it saw until then is in {kept}" if kept.is_file() else ""))
-            raise typer.Exit(code=130) from None
+        summary = _run(options, live=live)
     if json_out:
         print_json(summary)
         return

@@ -21,10 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
-import fcntl
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -35,7 +33,7 @@ from typing import Any
 import httpx
 import yaml
 
-from contracts.errors import ConflictError, UnavailableError
+from contracts.errors import UnavailableError
 from contracts.slo_defaults import ITL_THRESHOLD_S, LATENCY_TARGET, MAX_IMBALANCE_CV, TTFT_THRESHOLD_S
 from harness.processes import free_port, moeslo_command
 from harness.webhook import WebhookReceiver
@@ -43,6 +41,7 @@ from stack.cpu_pool import SharedCpuPool
 from stack.faults import CpuThrottle, child_process_groups
 from stack.load import drive, load_plan
 from stack.profile import profile_replicas
+from stack.run_folder import RUN_MARKER, clear_last_run, lock_run_folder
 from stack.sampler import Sampler
 from stack.services import ManagedProcess, Supervisor, start_alertmanager, start_prometheus
 from stack.state import StackOptions, StackState
@@ -99,54 +98,6 @@ def policy_document(
     if router_url is not None:
         document["router"] = {"endpoints": [router_url], "prometheus_labels": {"job": "moeslo-router"}}
     return document
-
-
-RUN_STATE = ("controller.db", "controller.db-shm", "controller.db-wal", "prometheus", "alertmanager",
-             "summary.json", "requests.csv", "moeslo-up.png", "logs")
-"""What a run leaves in its output folder that the next run must not inherit: the controller's pending
-verifications, Prometheus's series and Alertmanager's record of pages sent (which would silence the next
-run's pages for hours); and its results and logs (a run that fails or is interrupted must not leave the
-last run's summary looking like its own, nor its replicas' logs appended to the last run's)."""
-
-RUN_MARKER = ".moeslo-up"
-"""Written into the output folder by every run: only a folder that has it (or the controller.yaml of a
-run from before the marker) is cleared, so ``--out`` pointed at someone else's folder loses nothing."""
-
-
-RUN_LOCK = ".moeslo-up.lock"
-"""Locked (``flock``) by the run using the folder: a second run there would clear the first one's state."""
-
-
-def lock_run_folder(out: Path) -> int:
-    """An exclusive lock on ``out`` for this run (a file descriptor to close when it ends); ConflictError
-    when another run holds it.  The kernel drops the lock with the process, so a killed run leaves none."""
-    fd = os.open(out / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise ConflictError(f"another `moeslo up` is running with --out {out} (pid {holder}); "
-                            f"wait for it to end, or give this run another --out") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def clear_last_run(out: Path) -> bool:
-    """Remove the last run's state from ``out`` if a run made it; True when there was some."""
-    if not (out / RUN_MARKER).is_file() and not (out / "controller.yaml").is_file():
-        return False
-    found = False
-    for name in RUN_STATE:
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-            found = True
-        elif path.exists() or path.is_symlink():
-            path.unlink()  # a link itself, never what it points to
-            found = True
-    return found
 
 
 class LocalStack:

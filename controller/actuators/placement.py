@@ -285,6 +285,20 @@ class Rebalancer:
             verify=result,
         )
 
+    def _same_model(self, policy: str, endpoint: str, snap: ExpertLoadSnapshot) -> _EngineState:
+        """The engine's state; afresh when its snapshots changed shape: the endpoint now serves another model
+        (a restart), and its history and a plan awaiting verification belong to the one before (judged on
+        this one, they broke every tick)."""
+        state = self.state(policy, endpoint)
+        shape = (snap.expert_tokens.shape, snap.placement.phy2log.shape, snap.placement.num_ranks)
+        if state.shape is not None and state.shape != shape:
+            log.warning("rebalancer: %s now serves another shape (%s, was %s): its history starts afresh",
+                        endpoint, shape, state.shape)  # fmt: skip
+            del self._state[(policy, endpoint)]
+            state = self.state(policy, endpoint)
+        state.shape = shape
+        return state
+
     async def _tick_engine(self, policy: Policy, endpoint: str, now_s: float) -> RebalanceEvent | None:
         state = self.state(policy.name, endpoint)
         objective = policy.objectives.imbalance
@@ -292,15 +306,7 @@ class Rebalancer:
             snap = await self.control.expert_load(endpoint)
         except UnavailableError:
             return None  # the scaling side reports stale data; nothing to decide here
-        shape = (snap.expert_tokens.shape, snap.placement.phy2log.shape, snap.placement.num_ranks)
-        if state.shape is not None and state.shape != shape:
-            # The endpoint now serves another model (a restart): its history, and a plan awaiting
-            # verification, belong to the one before (judging them on this one broke every tick).
-            log.warning("rebalancer: %s now serves another shape (%s, was %s): its history starts afresh",
-                        endpoint, shape, state.shape)  # fmt: skip
-            del self._state[(policy.name, endpoint)]
-            state = self.state(policy.name, endpoint)
-        state.shape = shape
+        state = self._same_model(policy.name, endpoint, snap)
         if snap.steps_in_window < self.min_window_steps:
             return None
         assignments = snap.expert_tokens.sum(axis=1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from contracts.errors import ConflictError
-from stack.run import RUN_MARKER, RUN_STATE, clear_last_run, lock_run_folder
+from stack.run_folder import RUN_MARKER, RUN_STATE, clear_last_run, lock_run_folder
 
 
 def test_the_last_runs_state_is_removed_and_everything_else_kept(tmp_path: Path) -> None:
