@@ -125,8 +125,8 @@ class LocalStack:
         opts.out.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_run_folder(opts.out)
         if clear_last_run(opts.out):
-            progress(f"a new run: the last run's controller database and Prometheus and Alertmanager data in "
-                     f"{opts.out} are removed")
+            progress(f"a new run: the last run's controller database, Prometheus and Alertmanager data, results "
+                     f"and logs in {opts.out} are removed")
         (opts.out / RUN_MARKER).write_text("moeslo up writes its run's state here; the next run clears it\n")
         progress("writing the checkpoint (skewed router)")
         self.checkpoint = checkpoint = _checkpoint(opts)
