@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
@@ -22,8 +23,6 @@ def _arrivals(value: str) -> ArrivalProcess:
 
 def _check_host(options: StackOptions) -> None:
     """Refuse before anything starts what this machine cannot run; say when the fault falls outside the run."""
-    import os
-
     from contracts.errors import ValidationError
 
     cpus = len(os.sched_getaffinity(0))

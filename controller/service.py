@@ -293,7 +293,8 @@ class ControllerService:
         runtime.desired_replicas = decision.desired_replicas
         runtime.errors = list(obs.errors) if obs is not None else ["no observation"]
         self._update_forecast(policy, obs, decision, runtime)
-        runtime.decision = {**(runtime.decision or {}), "outcome": carried_out[0], "actuation": carried_out[1]}
+        runtime.decision = {"action": decision.action, "reasons": list(decision.reasons), "detail": decision.detail,
+                            "outcome": carried_out[0], "actuation": carried_out[1]}
         sli = obs.sli if obs is not None else None
         age_s = None if obs is None else now_s - obs.observed_at_s
         # Stale: nothing observed, too old, or the source failed and only held (older) values are left.
@@ -330,13 +331,12 @@ class ControllerService:
     def _update_forecast(
         self, policy: Policy, obs: PolicyObservation | None, decision: Decision, runtime: PolicyRuntime
     ) -> None:
-        """What the core saw, forecast and decided, for /v1/status and the forecast gauges."""
+        """What the core saw and forecast, for /v1/status and the forecast gauges."""
         view = decision.forecast
         in_use = view is not None and not any(r in FORECAST_NOT_IN_USE for r in decision.reasons)
         self.metrics.set_forecast(policy.name, view, in_use=in_use)
         self.metrics.set_replica_budget(policy.name, None if obs is None else obs.replica_budget)
         runtime.forecast = None if view is None else _json_safe({**view.to_json(), "in_use": in_use})
-        runtime.decision = {"action": decision.action, "reasons": list(decision.reasons), "detail": decision.detail}
         runtime.seen = {} if obs is None else _json_safe({
             "request_rate_rps": obs.request_rate_rps,
             "request_rate_peak_rps": obs.request_rate_peak_rps,

@@ -18,7 +18,7 @@ from contracts.errors import ValidationError
 from generators.alerts.model import AlertingRule, RuleGroup
 
 _ABSENT_ALERTS = ("MoesloTTFTMetricAbsent", "MoesloITLMetricAbsent", "MoesloExpertMetricsAbsent")
-SECTION_HEADINGS = {alert: ", ".join(_ABSENT_ALERTS) for alert in _ABSENT_ALERTS}
+_SECTION_HEADINGS = {alert: ", ".join(_ABSENT_ALERTS) for alert in _ABSENT_ALERTS}
 """Alerts whose runbook section's heading is not the alert's own name."""
 
 
@@ -30,22 +30,21 @@ def heading_anchor(heading: str) -> str:
 
 def runbook_anchor(alert: str) -> str:
     """The anchor of ``alert``'s section of the runbooks."""
-    return heading_anchor(SECTION_HEADINGS.get(alert, alert))
+    return heading_anchor(_SECTION_HEADINGS.get(alert, alert))
 
 
-def check_runbook_url(url: str) -> str:
-    """``url`` when it is an absolute http(s) URL without a fragment (each alert adds its own); else ValidationError."""
+def _check_runbook_url(url: str) -> None:
+    """ValidationError unless ``url`` is an absolute http(s) URL without a fragment (each alert adds its own)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValidationError([f"runbook URL: expected an absolute http(s) URL, got {url!r}"])
     if parts.fragment or url.endswith("#"):
         raise ValidationError([f"runbook URL: {url!r} has a fragment; give the page, each alert adds its section"])
-    return url
 
 
 def with_runbook_urls(groups: Sequence[RuleGroup], url: str) -> tuple[RuleGroup, ...]:
     """``groups`` with a ``runbook_url`` annotation, ``url#<section>``, on every alert."""
-    check_runbook_url(url)
+    _check_runbook_url(url)
 
     def linked(rule: AlertingRule) -> AlertingRule:
         return replace(rule, annotations={**rule.annotations, "runbook_url": f"{url}#{runbook_anchor(rule.alert)}"})
@@ -56,4 +55,4 @@ def with_runbook_urls(groups: Sequence[RuleGroup], url: str) -> tuple[RuleGroup,
     )
 
 
-__all__ = ["SECTION_HEADINGS", "check_runbook_url", "heading_anchor", "runbook_anchor", "with_runbook_urls"]
+__all__ = ["heading_anchor", "runbook_anchor", "with_runbook_urls"]
