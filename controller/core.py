@@ -116,6 +116,8 @@ class PolicyState:
     recent_needs: list[tuple[float, int]] = field(default_factory=list)
     """(time, replicas needed) over the last cooldown: a scale-down goes no lower than their max."""
     last_decision: Decision | None = field(default=None, repr=False)
+    before_last_change: tuple[float | None, float | None, float | None] | None = field(default=None, repr=False)
+    """(last change, last scale-up, last scale-down) before the last applied decision, to undo it if not carried out."""
 
 
 class DecisionCore:
@@ -174,15 +176,28 @@ class DecisionCore:
         # A time ahead of the core's clock is clamped to now_s at the next decision (see _evaluate).
         state.last_change_s = at_s if state.last_change_s is None else max(state.last_change_s, at_s)
 
+    def not_carried_out(self, policy: str) -> None:
+        """The last decision to apply was not carried out (the actuator failed, or another replica leads):
+        nothing changed, so it neither starts the scale-down cooldown nor counts as ours when the count moves."""
+        state = self.state.get(policy)
+        if state is None or state.before_last_change is None:
+            return
+        state.last_change_s, state.last_scale_up_s, state.last_scale_down_s = state.before_last_change
+        state.before_last_change = None
+        if state.last_decision is not None:
+            state.last_decision = replace(state.last_decision, apply=False)
+
     def decide(self, policy: Policy, observation: PolicyObservation | None, now_s: float) -> Decision:
         state = self.state.get(policy.name)
         if state is None:
             state = self.state[policy.name] = PolicyState()
         self._forecast = None
+        state.before_last_change = None
         decision = self._evaluate(policy, observation, now_s, state)
         if self._forecast is not None:
             decision = replace(decision, forecast=self._forecast)
         if decision.apply and decision.action != "hold":
+            state.before_last_change = (state.last_change_s, state.last_scale_up_s, state.last_scale_down_s)
             state.last_change_s = now_s
             if decision.action == "scale_up":
                 state.last_scale_up_s = now_s

@@ -160,6 +160,8 @@ class ControllerService:
         for decision in effects.decisions:
             entry = by_name[decision.policy]
             outcome, detail = await self._carry_out(entry.policy, decision, leader)
+            if outcome in ("failed", "standby"):
+                self.core.not_carried_out(decision.policy)
             records.append(self._record(entry, decision, outcome, detail))
             self._update_runtime(entry.policy, observations.get(decision.policy), decision, now_s, (outcome, detail))
         if leader and self.rebalancer is not None:

@@ -219,6 +219,21 @@ def test_record_change_from_actuator() -> None:
     assert tick(core, 1000.0, idle(999.0)).reasons[:2] == ("hold", "cooldown")
 
 
+def test_a_decision_not_carried_out_starts_no_cooldown() -> None:
+    core = watched(10)
+    policy = make_policy(max_step=2)
+    first = tick(core, 1000.0, idle(999.0, 10), policy)
+    assert (first.action, first.desired_replicas) == ("scale_down", 8)
+    core.not_carried_out("chat")  # the actuator failed: the fleet is still at 10
+    retry = tick(core, 1015.0, idle(1014.0, 10), policy)
+    assert (retry.action, retry.desired_replicas) == ("scale_down", 8)
+    assert core.state["chat"].last_change_s == 1015.0
+    # Undoing restores what was there before, and only once.
+    core.not_carried_out("chat")
+    core.not_carried_out("chat")
+    assert core.state["chat"].last_change_s is None and core.state["chat"].last_scale_down_s is None
+
+
 def test_max_step_limits_each_tick() -> None:
     policy = make_policy(max_step=2, max_replicas=50)
     decision = tick(DecisionCore(), 1000.0, overloaded(999.0, 4), policy)

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from contracts.errors import UnavailableError
 from controller.actuators import Actuator, DryRunActuator, LocalActuator, ScaleResult
 from controller.config import LocalActuatorConfig
-from controller.core import CoreConfig, DecisionCore
+from controller.core import CoreConfig, DecisionCore, PolicyState
 from controller.errors import ActuationError
 from controller.policy import Policy
 from controller.service import ControllerService
@@ -251,6 +251,26 @@ def test_actuator_failure_is_reported_retried_next_tick_and_never_applied_twice(
     asyncio.run(service.tick())
     assert actuator.calls == [("chat", 3)]  # applied exactly once
     assert [d.outcome for d in store.list_decisions()][:2] == ["held", "applied"]
+
+
+def test_a_failed_scale_down_is_retried_next_tick_not_after_the_cooldown(tmp_path: Path) -> None:
+    clock = Clock()
+    actuator = FlakyActuator()
+    actuator.counts["chat"] = 6
+    core = DecisionCore(config=CoreConfig(tick_interval_s=15, stale_after_s=60),
+                        state={"chat": PolicyState(last_observed_replicas=6)})  # fmt: skip
+    service, store, _ = _service(tmp_path, clock, actuator=actuator, core=core)
+    store.create_policy(_policy())
+    service.source.fields = {"queue_depth": 0.0, "running_requests": 0.0, "kv_cache_usage": 0.01,  # type: ignore[attr-defined]
+                             "sli": _sli(clock.now_s)}  # fmt: skip
+    actuator.failures = 1
+    asyncio.run(service.tick())
+    clock.now_s += 15
+    service.source.fields["sli"] = _sli(clock.now_s)  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    outcomes = [(d.action, d.outcome) for d in reversed(store.list_decisions())]
+    assert outcomes == [("scale_down", "failed"), ("scale_down", "applied")]  # not held by a cooldown nothing began
+    assert actuator.calls == [("chat", 4)]
 
 
 def test_standby_evaluates_but_neither_acts_nor_logs(tmp_path: Path) -> None:
