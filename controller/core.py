@@ -110,14 +110,12 @@ class PolicyState:
 
     last_change_s: float | None = None
     """When the replica count last changed: a scale decision the core applied, or one seen from outside."""
-    last_scale_up_s: float | None = None
-    last_scale_down_s: float | None = None
     last_observed_replicas: int | None = None
     recent_needs: list[tuple[float, int]] = field(default_factory=list)
     """(time, replicas needed) over the last cooldown: a scale-down goes no lower than their max."""
     last_decision: Decision | None = field(default=None, repr=False)
-    before_last_change: tuple[float | None, float | None, float | None] | None = field(default=None, repr=False)
-    """(last change, last scale-up, last scale-down) before the last applied decision, to undo it if not carried out."""
+    undo_last_change: tuple[float | None] | None = field(default=None, repr=False)
+    """(last change before it) while the last decision applied awaits being carried out."""
 
 
 class DecisionCore:
@@ -177,14 +175,11 @@ class DecisionCore:
         state.last_change_s = at_s if state.last_change_s is None else max(state.last_change_s, at_s)
 
     def not_carried_out(self, policy: str) -> None:
-        """The last decision to apply was not carried out (the actuator failed, or another replica leads):
-        nothing changed, so it neither starts the scale-down cooldown nor counts as ours when the count moves."""
+        """The last decision to apply was not carried out (the actuator failed, or another replica leads): nothing
+        changed, so it starts no scale-down cooldown, nor counts as ours when the count moves."""
         state = self.state.get(policy)
-        if state is None or state.before_last_change is None:
-            return
-        state.last_change_s, state.last_scale_up_s, state.last_scale_down_s = state.before_last_change
-        state.before_last_change = None
-        if state.last_decision is not None:
+        if state is not None and state.undo_last_change is not None and state.last_decision is not None:
+            (state.last_change_s,), state.undo_last_change = state.undo_last_change, None
             state.last_decision = replace(state.last_decision, apply=False)
 
     def decide(self, policy: Policy, observation: PolicyObservation | None, now_s: float) -> Decision:
@@ -192,17 +187,12 @@ class DecisionCore:
         if state is None:
             state = self.state[policy.name] = PolicyState()
         self._forecast = None
-        state.before_last_change = None
+        state.undo_last_change = None
         decision = self._evaluate(policy, observation, now_s, state)
         if self._forecast is not None:
             decision = replace(decision, forecast=self._forecast)
         if decision.apply and decision.action != "hold":
-            state.before_last_change = (state.last_change_s, state.last_scale_up_s, state.last_scale_down_s)
-            state.last_change_s = now_s
-            if decision.action == "scale_up":
-                state.last_scale_up_s = now_s
-            else:
-                state.last_scale_down_s = now_s
+            state.last_change_s, state.undo_last_change = now_s, (state.last_change_s,)
         state.last_decision = decision
         return decision
 
