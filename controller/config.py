@@ -62,6 +62,9 @@ class KubernetesConfig(_Section):
     backoff_initial_s: Annotated[float, Field(ge=0, le=60)] = 0.2
     backoff_max_s: Annotated[float, Field(ge=0, le=300)] = 5.0
     request_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    retry_deadline_s: Annotated[float, Field(gt=0, le=600)] = 12.0
+    """All attempts of one read or scale end within this (shorter than a tick, so a stalled API server
+    cannot hold the tick loop); each request's timeout is cut to what is left."""
 
 
 class LeaderElectionConfig(_Section):

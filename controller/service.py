@@ -157,9 +157,11 @@ class ControllerService:
         effects = self.core.tick(tick_input)
         leader = self.is_leader
         records = []
-        for decision in effects.decisions:
+        # At once: one workload whose API server stalls must not hold the others' scaling.
+        decisions = effects.decisions
+        carried = await asyncio.gather(*(self._carry_out(by_name[d.policy].policy, d, leader) for d in decisions))
+        for decision, (outcome, detail) in zip(decisions, carried, strict=True):
             entry = by_name[decision.policy]
-            outcome, detail = await self._carry_out(entry.policy, decision, leader)
             if outcome in ("failed", "standby"):
                 self.core.not_carried_out(decision.policy)
             records.append(self._record(entry, decision, outcome, detail))
@@ -482,19 +484,11 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         selector=settings.prometheus_selector, rate_window_s=settings.rate_window_s,
     )
     service = ControllerService(
-        store=store,
-        source=source,
-        actuator=actuator,
-        core=core,
-        metrics=metrics,
-        elector=elector,
-        tick_interval_s=settings.tick_interval_s,
-        stale_after_s=settings.stale_after_s,
-        static_endpoints=settings.scrape_endpoints,
-        decisions_keep=settings.decisions_keep,
-        rebalancer=_rebalancer(settings),
-        history=history,
-    )
+        store=store, source=source, actuator=actuator, core=core, metrics=metrics, elector=elector,
+        tick_interval_s=settings.tick_interval_s, stale_after_s=settings.stale_after_s,
+        static_endpoints=settings.scrape_endpoints, decisions_keep=settings.decisions_keep,
+        rebalancer=_rebalancer(settings), history=history,
+    )  # fmt: skip
     service_ref.append(service)
     return service
 

@@ -13,10 +13,19 @@ so :meth:`KubernetesActuator.endpoints` can name them to the entry router.
 
 Every write is a read-modify-replace carrying the object's
 ``resourceVersion``: a concurrent change is a 409, after which the actuator
-re-reads and, if the count is already right, stops.  5xx, 429 and connection
-errors are retried with exponential backoff.  Because the write sets an
+re-reads; if the count is already right it stops, and if another writer
+changed the count it stops without overwriting it (the decision was made
+from the old count; the next tick decides from the new one).  5xx, 429 and
+connection errors are retried with exponential backoff, all attempts of one
+call within ``retry_deadline_s``, so a stalled API server cannot hold the
+tick loop for ``max_attempts`` request timeouts.  Because the write sets an
 absolute count and is skipped when the count already matches, a retry after
-a write that was applied but answered with an error never applies it twice.
+a write that was applied but answered with an error never applies it twice;
+when the last attempt's answer was an error, one more read tells whether
+the write landed.
+
+An HPA's ``maxReplicas`` lifted to fit a higher floor is remembered in an
+annotation and given back when the floor comes down again.
 
 The official ``kubernetes`` client is synchronous; calls run in a worker
 thread so the tick loop's event loop never blocks on the API server.
@@ -49,6 +58,9 @@ LWS_GROUP = "leaderworkerset.x-k8s.io"
 LWS_VERSION = "v1"
 LWS_PLURAL = "leaderworkersets"
 RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+LIFTED_MAX_ANNOTATION = "moeslo.io/max-replicas-before-floor"
+"""On an HPA whose ``maxReplicas`` the actuator lifted: the value it had, given back when the floor comes down."""
+FINAL_READ_TIMEOUT_S = 2.0
 log = logging.getLogger(__name__)
 
 
@@ -96,6 +108,7 @@ class KubernetesActuator:
         *,
         config: KubernetesConfig | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config or KubernetesConfig()
         self.client = client
@@ -106,6 +119,7 @@ class KubernetesActuator:
         self._endpoints: dict[str, tuple[str, ...]] = {}
         """Per policy, its ready pods' base URLs at the last read."""
         self._sleep = sleep
+        self._clock = clock
         self.writes = 0
         """Replace calls sent (including ones that failed): tests check a retry never doubles them."""
 
@@ -113,6 +127,11 @@ class KubernetesActuator:
         target = policy.target
         if policy.mode == "enforce" and not isinstance(target, KubernetesTarget) and target.kind != "model":
             return [f"target.kind: {policy.target.kind!r} cannot be scaled by the kubernetes actuator"]
+        if isinstance(target, KubernetesTarget) and target.hpa is not None and policy.scaling.min_replicas < 1:
+            return [
+                f"scaling.min_replicas: {policy.scaling.min_replicas} would set the HPA {target.hpa!r}'s minReplicas "
+                "below 1, which Kubernetes refuses unless the HPAScaleToZero feature gate is on"
+            ]
         return []
 
     def manages(self, policy: Policy) -> bool:
@@ -133,7 +152,7 @@ class KubernetesActuator:
     async def replicas(self, policy: Policy) -> ReplicaCount:
         target = self._target(policy)
         try:
-            read = await asyncio.to_thread(self._with_retries, target, lambda: self._read(target), "read")
+            read = await asyncio.to_thread(self._with_retries, target, lambda t: self._read(target, t), "read")
         except ActuationError as exc:
             if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
                 self._endpoints.pop(policy.name, None)  # a deleted workload's pod IPs go to other pods
@@ -156,7 +175,8 @@ class KubernetesActuator:
         """``http://<pod IP>:<port>`` of the workload's pods that are Ready and not terminating (None: the
         workload names no selector)."""
         selector = _selector(read.obj) if target.hpa is None else _selector(self._read(
-            KubernetesTarget(kind=target.kind, namespace=target.namespace, name=target.name)).obj)
+            KubernetesTarget(kind=target.kind, namespace=target.namespace, name=target.name),
+            self.config.request_timeout_s).obj)
         if not selector:
             return None
         pods = self.core.list_namespaced_pod(target.namespace, label_selector=selector,
@@ -178,28 +198,53 @@ class KubernetesActuator:
     def _scale_sync(self, target: KubernetesTarget, replicas: int) -> ScaleResult:
         state: dict[str, Any] = {"previous": None, "wrote": False, "attempts": 0}
 
-        def attempt() -> ScaleResult:
+        def attempt(timeout: float) -> ScaleResult:
             state["attempts"] += 1
-            read = self._read(target)
+            read = self._read(target, timeout)
             if state["previous"] is None:
                 state["previous"] = read.desired
+            elif read.desired not in (state["previous"], replicas):
+                raise ActuationError(
+                    f"{_describe(target)}: another writer changed the count from {state['previous']} to "
+                    f"{read.desired} while it was scaled to {replicas}; not overwritten (the next tick decides "
+                    f"from {read.desired})"
+                )
             if read.desired != replicas:
                 self.writes += 1
                 state["wrote"] = True
-                self._write(target, read.obj, replicas)
+                self._write(target, read.obj, replicas, timeout)
             return ScaleResult(
                 previous=state["previous"], replicas=replicas, changed=state["wrote"], attempts=state["attempts"]
             )
 
-        result: ScaleResult = self._with_retries(target, attempt, f"scale to {replicas}")
+        try:
+            result: ScaleResult = self._with_retries(target, attempt, f"scale to {replicas}")
+        except ActuationError:
+            if not state["wrote"] or not self._landed(target, replicas):
+                raise
+            # The last write's answer was an error, but the write was applied.
+            result = ScaleResult(
+                previous=state["previous"], replicas=replicas, changed=True, attempts=state["attempts"]
+            )
         return result
 
-    def _with_retries(self, target: KubernetesTarget, fn: Callable[[], Any], what: str) -> Any:
+    def _landed(self, target: KubernetesTarget, replicas: int) -> bool:
+        """Whether the count now is ``replicas`` (one short read; False when it cannot be read)."""
+        try:
+            return self._read(target, min(FINAL_READ_TIMEOUT_S, self.config.request_timeout_s)).desired == replicas
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, ActuationError):
+            return False
+
+    def _with_retries(self, target: KubernetesTarget, fn: Callable[[float], Any], what: str) -> Any:
+        """``fn(request timeout)`` until it succeeds, a non-retried error, ``max_attempts`` or the deadline."""
         cfg = self.config
+        deadline = self._clock() + cfg.retry_deadline_s
         last = ""
-        for attempt in range(1, cfg.max_attempts + 1):
+        attempt = 0
+        while attempt < cfg.max_attempts and (left := deadline - self._clock()) > 0:
+            attempt += 1
             try:
-                return fn()
+                return fn(min(cfg.request_timeout_s, left))
             except ApiException as exc:
                 if exc.status not in RETRIED_STATUSES:
                     raise ActuationError(f"{_describe(target)}: {what} failed: {_api_error(exc)}") from exc
@@ -208,12 +253,12 @@ class KubernetesActuator:
                 last = f"{type(exc).__name__}: {exc}"
             if attempt < cfg.max_attempts:
                 delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * 2 ** (attempt - 1))
-                self._sleep(delay * (0.5 + random.random() / 2))
-        raise ActuationError(f"{_describe(target)}: {what} failed after {cfg.max_attempts} attempts: {last}")
+                self._sleep(min(delay * (0.5 + random.random() / 2), max(0.0, deadline - self._clock())))
+        within = "" if attempt == cfg.max_attempts else f" within {cfg.retry_deadline_s:g} s"
+        raise ActuationError(f"{_describe(target)}: {what} failed after {attempt} attempts{within}: {last}")
 
     # ---- per-kind reads and writes -------------------------------------
-    def _read(self, target: KubernetesTarget) -> _Read:
-        timeout = self.config.request_timeout_s
+    def _read(self, target: KubernetesTarget, timeout: float) -> _Read:
         if target.hpa is not None:
             hpa = self.autoscaling.read_namespaced_horizontal_pod_autoscaler(
                 target.hpa, target.namespace, _request_timeout=timeout
@@ -236,11 +281,9 @@ class KubernetesActuator:
         ready = status.get("replicas")
         return _Read(desired=int(spec.get("replicas") or 0), ready=None if ready is None else int(ready), obj=obj)
 
-    def _write(self, target: KubernetesTarget, obj: Any, replicas: int) -> None:
-        timeout = self.config.request_timeout_s
+    def _write(self, target: KubernetesTarget, obj: Any, replicas: int, timeout: float) -> None:
         if target.hpa is not None:
-            obj.spec.min_replicas = replicas
-            obj.spec.max_replicas = max(obj.spec.max_replicas, replicas)
+            _set_hpa_floor(obj, replicas)
             self.autoscaling.replace_namespaced_horizontal_pod_autoscaler(
                 target.hpa, target.namespace, obj, _request_timeout=timeout
             )
@@ -270,6 +313,23 @@ class KubernetesActuator:
             self.custom.replace_namespaced_custom_object_scale(
                 LWS_GROUP, LWS_VERSION, target.namespace, LWS_PLURAL, target.name, body, _request_timeout=timeout
             )
+
+
+def _set_hpa_floor(hpa: Any, floor: int) -> None:
+    """``minReplicas`` to ``floor``; ``maxReplicas`` lifted to fit it, and given back as the floor comes down."""
+    meta = hpa.metadata
+    annotations = dict(meta.annotations or {})
+    lifted_from = annotations.get(LIFTED_MAX_ANNOTATION, "")
+    # Still as it was left (lifted to the floor): the remembered value is the owner's; otherwise someone set it since.
+    still_lifted = lifted_from.isdigit() and hpa.spec.max_replicas == hpa.spec.min_replicas
+    own_max = int(lifted_from) if still_lifted else hpa.spec.max_replicas
+    hpa.spec.min_replicas = floor
+    hpa.spec.max_replicas = max(own_max, floor)
+    if floor > own_max:
+        annotations[LIFTED_MAX_ANNOTATION] = str(own_max)
+    else:
+        annotations.pop(LIFTED_MAX_ANNOTATION, None)
+    meta.annotations = annotations
 
 
 def _selector(scale: Any) -> str | None:

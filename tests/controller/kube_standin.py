@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ class StandInState:
     next_version: int = 100
     pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """Pods by namespace (``add_pod``)."""
+    stalls: dict[str, float] = field(default_factory=dict)
+    """Path part: seconds every matching request waits before it is answered."""
 
 
 def _matches(labels: dict[str, str], selector: str) -> bool:
@@ -89,6 +92,9 @@ class StandInApiServer:
             def _handle(self, method: str) -> None:
                 path = self.path.split("?", 1)[0]
                 body = self._body() if method in ("PUT", "POST") else {}
+                stall_s = max((s for part, s in state.stalls.items() if part in path), default=0.0)
+                if stall_s:
+                    time.sleep(stall_s)  # an API server that does not answer in time
                 with state.lock:
                     if method == "GET" and path.startswith("/api/v1/namespaces/") and path.endswith("/pods"):
                         code, answer = self._pods(path.split("/")[4])
@@ -146,7 +152,9 @@ class StandInApiServer:
                         return 409, _status(409, "Conflict", message)
                     merged = {**current, **{k: v for k, v in body.items() if k in ("spec",)}}
                     state.next_version += 1
-                    merged["metadata"] = {**current["metadata"], "resourceVersion": str(state.next_version)}
+                    sent_meta = body.get("metadata") or {}
+                    kept = {"annotations": sent_meta["annotations"]} if "annotations" in sent_meta else {}
+                    merged["metadata"] = {**current["metadata"], **kept, "resourceVersion": str(state.next_version)}
                     state.objects[path] = merged
                     state.applied_writes.append((path, json.loads(json.dumps(merged))))
                     if fault is not None:

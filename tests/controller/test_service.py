@@ -273,6 +273,36 @@ def test_a_failed_scale_down_is_retried_next_tick_not_after_the_cooldown(tmp_pat
     assert actuator.calls == [("chat", 4)]
 
 
+class StallingActuator(DryRunActuator):
+    """Policy "a"'s scale call waits until policy "b"'s has been made (an API server slow for one workload)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b_scaled = asyncio.Event()
+
+    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
+        if policy.name == "b":
+            self.b_scaled.set()
+        else:
+            try:
+                await asyncio.wait_for(self.b_scaled.wait(), timeout=2.0)
+            except TimeoutError as exc:
+                raise ActuationError("a: stalled, and b waited behind it") from exc
+        return await super().scale(policy, replicas)
+
+
+def test_one_stalled_actuation_does_not_hold_the_others(tmp_path: Path) -> None:
+    clock = Clock()
+    actuator = StallingActuator()
+    service, store, _ = _service(tmp_path, clock, actuator=actuator)
+    store.create_policy(_policy("a"))
+    store.create_policy(_policy("b"))
+    service.source.fields = OVERLOADED  # type: ignore[attr-defined]
+    asyncio.run(service.tick())
+    assert sorted(actuator.calls) == [("a", 3), ("b", 3)]
+    assert {d.outcome for d in store.list_decisions()} == {"applied"}
+
+
 def test_standby_evaluates_but_neither_acts_nor_logs(tmp_path: Path) -> None:
     clock = Clock()
     actuator = DryRunActuator()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def test_resource_version_conflict_rereads_and_retries(server: StandInApiServer)
     path = server.add_deployment_scale("prod", "qwen", 2)
 
     def someone_else(obj: dict) -> None:
-        obj["spec"]["replicas"] = 3  # another writer changed it between our read and our write
+        obj["metadata"]["annotations"] = {"note": "touched"}  # another writer changed the object, not its count
 
     server.state.before_put[path] = someone_else
     actuator = _actuator(server)
@@ -73,6 +74,37 @@ def test_resource_version_conflict_rereads_and_retries(server: StandInApiServer)
     assert server.obj(path)["spec"]["replicas"] == 6
     codes = [code for method, p, code in server.state.log if method == "PUT" and p == path]
     assert codes == [409, 200]
+
+
+def test_a_count_another_writer_set_meanwhile_is_not_overwritten(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 6)
+    # Decided from 6; meanwhile someone ran `kubectl scale --replicas=10`.
+    server.state.before_put[path] = lambda obj: obj["spec"].__setitem__("replicas", 10)
+    with pytest.raises(ActuationError, match=r"another writer changed the count from 6 to 10 .* not overwritten"):
+        asyncio.run(_actuator(server).scale(_policy(), 4))
+    assert server.obj(path)["spec"]["replicas"] == 10
+
+
+def test_a_stalled_api_server_is_given_up_on_within_the_deadline(server: StandInApiServer) -> None:
+    server.add_deployment_scale("prod", "qwen", 2)
+    server.state.stalls["/scale"] = 2.0
+    config = KubernetesConfig(host=server.url, max_attempts=5, backoff_initial_s=0.0, request_timeout_s=10,
+                              retry_deadline_s=0.6)  # fmt: skip
+    actuator = KubernetesActuator(api_client(config), config=config, sleep=lambda _s: None)
+    began = time.monotonic()
+    with pytest.raises(ActuationError, match=r"scale to 4 failed after 1 attempts within 0.6 s"):
+        asyncio.run(actuator.scale(_policy(), 4))
+    assert time.monotonic() - began < 1.5  # not 5 attempts of 10 s: the tick loop goes on
+
+
+def test_a_write_applied_but_answered_with_an_error_on_the_last_attempt_counts_as_applied(
+    server: StandInApiServer,
+) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 2)
+    server.state.faults.append(Fault("PUT", "/scale", 500, apply_first=True))
+    result = asyncio.run(_actuator(server, attempts=1).scale(_policy(), 5))
+    assert (result.previous, result.replicas, result.changed) == (2, 5, True)
+    assert server.obj(path)["spec"]["replicas"] == 5
 
 
 def test_conflict_where_the_other_writer_already_set_the_count_stops_without_writing(server: StandInApiServer) -> None:
@@ -138,7 +170,27 @@ def test_hpa_owned_workload_gets_its_min_replicas_raised(server: StandInApiServe
     assert (spec["minReplicas"], spec["maxReplicas"]) == (6, 6)
     asyncio.run(actuator.scale(policy, 3))
     spec = server.obj(path)["spec"]
-    assert (spec["minReplicas"], spec["maxReplicas"]) == (3, 6)
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (3, 4)  # the owner's maxReplicas given back
+
+
+def test_an_hpa_maximum_its_owner_changed_after_a_lift_is_kept(server: StandInApiServer) -> None:
+    path = server.add_hpa("prod", "qwen-hpa", min_replicas=2, max_replicas=4, current=3)
+    actuator, policy = _actuator(server), _policy(hpa="qwen-hpa")
+    asyncio.run(actuator.scale(policy, 6))
+    server.state.objects[path]["spec"]["maxReplicas"] = 12  # the owner raised it by hand
+    asyncio.run(actuator.scale(policy, 3))
+    spec = server.obj(path)["spec"]
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (3, 12)
+
+
+def test_an_hpa_floor_of_zero_is_refused() -> None:
+    config = KubernetesConfig(host="http://127.0.0.1:9")
+    actuator = KubernetesActuator(api_client(config), config=config)
+    target = {"kind": "deployment", "namespace": "prod", "name": "qwen", "hpa": "qwen-hpa"}
+    policy = Policy.model_validate({"name": "p", "target": target, "scaling": {"min_replicas": 0}})
+    [problem] = actuator.check(policy)
+    assert problem.startswith("scaling.min_replicas: 0")
+    assert actuator.check(_policy(hpa="qwen-hpa")) == []
 
 
 def test_non_kubernetes_targets_are_refused_for_enforcement() -> None:
