@@ -282,20 +282,7 @@ def _pack_best_split(
     peak = rank_load_.max(axis=1)
     search = np.flatnonzero(peak > floor * (1 + SPLIT_SEARCH_GAP))
     if search.size:
-        splits, bounds = split_candidates(
-            load[search], group_node[search], num_nodes, ranks_per_node, slots_per_node, SPLIT_CANDIDATES
-        )
-        # (layer, candidate) pairs worth packing, all in one batch: those bounded below the packed peak.
-        at, cands = np.nonzero(bounds[:, 1:] < peak[search, None] * (1 - 1e-9))
-        rows, cands = search[at], cands + 1
-        split = np.repeat(splits[at, cands], group_size, axis=1)
-        c_p2l, c_load, _, _ = _solve_split(load[rows], base[rows], split, False, shape, config)
-        c_peak = c_load.max(axis=1)
-        ok = imbalance_cv(c_load) <= np.maximum(imbalance_cv(rank_load_[rows]), config.max_cv)
-        for i in np.argsort(np.where(ok, c_peak, np.inf), kind="stable"):  # best first: each layer takes its best
-            row = rows[i]
-            if ok[i] and c_peak[i] < rank_load_[row].max() * (1 - 1e-9):
-                p2l[row], rank_load_[row], chosen[row] = c_p2l[i], c_load[i], splits[at[i], cands[i]]
+        _pack_candidates(load, base, group_node, search, shape, config, (chosen, p2l, rank_load_))
     contiguous = Placement.contiguous(layers, num_experts, num_nodes * ranks_per_node,
                                       slots_per_node // ranks_per_node).phy2log
     c_load = rank_load(contiguous, load, num_nodes * ranks_per_node)
@@ -306,6 +293,38 @@ def _pack_best_split(
     # Groups in order: what the contiguous layout holds where it keeps groups whole.
     chosen[take] = np.arange(group_node.shape[1]) // (group_node.shape[1] // num_nodes)
     return chosen, (p2l, rank_load_)
+
+
+def _pack_candidates(
+    load: FloatArray, base: IntArray, group_node: IntArray, search: IntArray, shape: tuple[int, int, int],
+    config: RebalanceConfig, best: tuple[IntArray, IntArray, FloatArray],
+) -> None:
+    """Pack the candidate splits of the layers ``search`` whose bound is below their packed peak, and
+    write into ``best = (split, phy2log, rank load)`` those that pack better (see :func:`_pack_best_split`).
+
+    Where no candidate's bound is below the packed peak (with too many splits to enumerate, the only
+    candidate besides the best split is groups in order), every layer keeps the best split.
+    """
+    chosen, p2l, rank_load_ = best
+    num_nodes, ranks_per_node, slots_per_node = shape
+    group_size = load.shape[1] // group_node.shape[1]
+    peak = rank_load_[search].max(axis=1)
+    splits, bounds = split_candidates(
+        load[search], group_node[search], num_nodes, ranks_per_node, slots_per_node, SPLIT_CANDIDATES
+    )
+    # (layer, candidate) pairs worth packing, all in one batch: those bounded below the packed peak.
+    at, cands = np.nonzero(bounds[:, 1:] < peak[:, None] * (1 - 1e-9))
+    if at.size == 0:
+        return
+    rows, cands = search[at], cands + 1
+    split = np.repeat(splits[at, cands], group_size, axis=1)
+    c_p2l, c_load, _, _ = _solve_split(load[rows], base[rows], split, False, shape, config)
+    c_peak = c_load.max(axis=1)
+    ok = imbalance_cv(c_load) <= np.maximum(imbalance_cv(rank_load_[rows]), config.max_cv)
+    for i in np.argsort(np.where(ok, c_peak, np.inf), kind="stable"):  # best first: each layer takes its best
+        row = rows[i]
+        if ok[i] and c_peak[i] < rank_load_[row].max() * (1 - 1e-9):
+            p2l[row], rank_load_[row], chosen[row] = c_p2l[i], c_load[i], splits[at[i], cands[i]]
 
 
 def _solve_split(
