@@ -16,7 +16,7 @@ from itertools import combinations, permutations
 
 import numpy as np
 
-from controller.rebalance.packing import FloatArray, IntArray, replica_counts
+from controller.rebalance.packing import FloatArray, IntArray, max_replicas, replica_counts
 
 MAX_ENUMERATED_PARTITIONS = 20_000
 
@@ -68,23 +68,25 @@ def node_bound(load: FloatArray, members: IntArray, ranks_per_node: int, slots_p
     layers = load.shape[0]
     node_load = load[:, members]  # (layers, candidates, experts per node)
     flat = node_load.reshape(-1, members.shape[1])
-    heaviest = heaviest_replica(flat, slots_per_node).reshape(layers, -1)
+    heaviest = heaviest_replica(flat, slots_per_node, ranks_per_node).reshape(layers, -1)
     bound: FloatArray = np.maximum(node_load.sum(axis=2) / ranks_per_node, heaviest)
     return bound
 
 
-def heaviest_replica(load: FloatArray, num_slots: int) -> FloatArray:
-    """(rows,) the heaviest load per replica after the greedy replication of :func:`replica_counts`.
+def heaviest_replica(load: FloatArray, num_slots: int, num_ranks: int) -> FloatArray:
+    """(rows,) the heaviest load per replica after the greedy replication of :func:`replica_counts`
+    (at most :func:`max_replicas` per expert).
 
     Only the ``extra + 1`` heaviest experts of a row can receive one of ``extra`` spare
     slots, so the greedy runs on those alone (the others keep one replica each).
     """
     extra = num_slots - load.shape[1]
+    cap = max_replicas(num_ranks, num_slots, load.shape[1])
     if extra + 1 >= load.shape[1]:
-        return np.asarray((load / replica_counts(load, num_slots)).max(axis=1), dtype=np.float64)
+        return np.asarray((load / replica_counts(load, num_slots, cap)).max(axis=1), dtype=np.float64)
     parted = -np.partition(-load, extra, axis=1)
     top, rest = parted[:, : extra + 1], parted[:, extra + 1 :]
-    heaviest = (top / replica_counts(top, 2 * extra + 1)).max(axis=1)
+    heaviest = (top / replica_counts(top, 2 * extra + 1, cap)).max(axis=1)
     return np.asarray(np.maximum(heaviest, rest.max(axis=1)), dtype=np.float64)
 
 
@@ -211,7 +213,7 @@ def split_bound(load: FloatArray, group_node: IntArray, ranks_per_node: int, slo
     members = np.argsort(expert_node, axis=1, kind="stable")
     num_nodes = int(expert_node.max(initial=0)) + 1
     node_load = np.take_along_axis(load, members, axis=1).reshape(layers * num_nodes, -1)
-    heaviest = heaviest_replica(node_load, slots_per_node)
+    heaviest = heaviest_replica(node_load, slots_per_node, ranks_per_node)
     bound = np.maximum(node_load.sum(axis=1) / ranks_per_node, heaviest).reshape(layers, num_nodes)
     out: FloatArray = bound.max(axis=1)
     return out

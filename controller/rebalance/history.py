@@ -36,7 +36,7 @@ from controller.rebalance.checks import groups_within_nodes, validate_plan_input
 from controller.rebalance.groups import choose_groups, window_split
 from controller.rebalance.moves import align_slots, max_over_mean_lower_bound, rank_moves, relabel_ranks
 from controller.rebalance.out_of_sample import HeldOutGain, held_out_gain
-from controller.rebalance.packing import FloatArray, IntArray, replica_counts
+from controller.rebalance.packing import FloatArray, IntArray, max_replicas, replica_counts
 from controller.rebalance.planner import RebalanceConfig, RebalancePlan, plan_rebalance
 from controller.rebalance.robust import solve_rows_windows, window_shares
 
@@ -105,7 +105,8 @@ def plan_over_windows(
             cv_lower[rows] = cv_floor
         else:
             new = solve_rows_windows(shares, num_ranks, num_ranks * slots_per_rank)[0]
-            counts = replica_counts(total[rows], num_ranks * slots_per_rank)
+            num_slots = num_ranks * slots_per_rank
+            counts = replica_counts(total[rows], num_slots, max_replicas(num_ranks, num_slots, num_experts))
             lower[rows] = max_over_mean_lower_bound(total[rows], counts, num_ranks)
         scratch = window_scores(new, shares, num_ranks)
         if previous is not None:

@@ -6,7 +6,8 @@ across rows with numpy, so 58 layers cost about as much as one in Python
 overhead.  Three steps:
 
 1. :func:`replica_counts` -- give each extra slot to the expert with the largest
-   load per replica (the greedy is optimal for the busiest replica).
+   load per replica (the greedy is optimal for the busiest replica), at most one
+   replica per rank (:func:`max_replicas`).
 2. :func:`lpt_pack` -- longest processing time first: each replica, heaviest
    first, goes to the least-loaded rank that still has a free slot and does not
    hold that expert yet.
@@ -33,16 +34,27 @@ _REL_EPS = 1e-12
 """Gains below this fraction of the rank load are rounding noise, not improvements."""
 
 
-def replica_counts(load: FloatArray, num_slots: int) -> IntArray:
+def max_replicas(num_ranks: int, num_slots: int, num_experts: int) -> int:
+    """The most replicas one expert may get: one per rank, as two copies on one rank carry no more
+    load off the others than one does.  Only where a rank has more slots than there are experts
+    must some rank hold two copies: then ``ceil(slots per rank / experts)`` per rank."""
+    per_rank = num_slots // max(num_ranks, 1)
+    return max(num_ranks, 1) * max(1, -(-per_rank // max(num_experts, 1)))
+
+
+def replica_counts(load: FloatArray, num_slots: int, max_count: int | None = None) -> IntArray:
     """(rows, experts) replica counts summing to ``num_slots`` per row, minimizing max load/replica.
 
-    Ties go to the lower expert id, so the result is deterministic.
+    No expert gets more than ``max_count`` replicas (:func:`max_replicas`; None: no cap), which
+    needs ``max_count * experts >= num_slots``.  Ties go to the lower expert id, so the result is
+    deterministic.
     """
     rows, num_experts = load.shape
     counts = np.ones((rows, num_experts), dtype=np.int64)
     row_ids = np.arange(rows)
+    cap = num_slots if max_count is None else max_count
     for _ in range(num_slots - num_experts):
-        hottest = np.argmax(load / counts, axis=1)
+        hottest = np.argmax(np.where(counts < cap, load / counts, -np.inf), axis=1)
         counts[row_ids, hottest] += 1
     return counts
 
@@ -248,9 +260,47 @@ def apply_swaps(
     packing.has_expert[rows, rank_q, e_a] += 1
 
 
+def spread_copies(packing: SwappablePacking) -> int:
+    """Swap second copies of an expert off their rank, where a rank has no more slots than there are experts.
+
+    Each second copy of expert ``e`` on rank ``p`` swaps with a replica ``x`` on a rank ``q`` without
+    ``e`` whose expert ``p`` lacks (the swap that raises the pair's maximum least), so no copy piles up
+    elsewhere.  Packing fills the last free slots where it must, and replica counts of at most one per
+    rank (:func:`max_replicas`) leave such a swap.  Loads may carry a window axis (the larger pair's
+    maximum over windows decides).  Returns the number of swaps made.
+    """
+    _, ranks, k = packing.bin_items.shape
+    if k > packing.has_expert.shape[2]:
+        return 0  # more slots than experts: some rank must hold two copies
+    swaps = 0
+    for row in np.flatnonzero((packing.has_expert > 1).any(axis=(1, 2))):
+        ids = np.array([row])
+        for _ in range(ranks * k):
+            has = packing.has_expert[row]
+            doubled = np.argwhere(has > 1)
+            if doubled.size == 0:
+                break
+            p, e = (int(v) for v in doubled[0])
+            slot_a = int(np.argmax(packing.experts[row, packing.bin_items[row, p]] == e))
+            a = int(packing.bin_items[row, p, slot_a])
+            q, experts = packing.item_bin[row], packing.experts[row]
+            allowed = (has[q, e] == 0) & (has[p, experts] == 0)
+            if not allowed.any():
+                break
+            weights = packing.weights[row].reshape(q.size, -1)
+            load = packing.rank_load[row].reshape(ranks, -1)
+            moved = weights[a] - weights  # what rank p hands to rank q, per window
+            pair_max = np.maximum(load[p] - moved, load[q] + moved).max(axis=1)
+            x = int(np.argmin(np.where(allowed, pair_max, np.inf)))
+            apply_swaps(packing, ids, np.array([p]), np.array([slot_a]), np.array([x]))
+            swaps += 1
+    return swaps
+
+
 def _pack(load: FloatArray, counts: IntArray, num_ranks: int) -> tuple[IntArray, FloatArray]:
     experts, weights = expand_replicas(load, counts)
     packing = lpt_pack(experts, weights, num_ranks, load.shape[1])
+    spread_copies(packing)
     refine_swaps(packing)
     return packing.phy2log(), packing.rank_load.copy()
 
@@ -263,7 +313,7 @@ def solve_rows(load: FloatArray, num_ranks: int, num_slots: int) -> tuple[IntArr
     too, and the plain contiguous layout always; each row keeps the best.
     """
     rows, num_experts = load.shape
-    counts = replica_counts(load, num_slots)
+    counts = replica_counts(load, num_slots, max_replicas(num_ranks, num_slots, num_experts))
     best, best_load = _pack(load, counts, num_ranks)
     candidates: list[IntArray] = [np.broadcast_to(np.arange(num_slots) % num_experts, (rows, num_slots))]
     if num_slots >= 2 * num_experts:

@@ -23,7 +23,7 @@ from contracts.slo_defaults import MAX_IMBALANCE_CV
 from controller.rebalance.checks import groups_within_nodes, validate_plan_inputs
 from controller.rebalance.groups import choose_groups, closest_split, split_candidates
 from controller.rebalance.moves import align_slots, max_over_mean_lower_bound, rank_moves, relabel_ranks, slot_moves
-from controller.rebalance.packing import FloatArray, IntArray, replica_counts, solve_rows
+from controller.rebalance.packing import FloatArray, IntArray, max_replicas, replica_counts, solve_rows
 from controller.rebalance.repair import repair_counts, repair_rows
 
 
@@ -175,7 +175,8 @@ def _plan_rows(
     flat_p2l, flat_load, flat_replanned, _ = _plan_flat(
         weights, base, replanning, num_ranks, num_ranks * slots_per_rank, config,
     )
-    counts = replica_counts(weights, num_ranks * slots_per_rank)
+    num_slots = num_ranks * slots_per_rank
+    counts = replica_counts(weights, num_slots, max_replicas(num_ranks, num_slots, weights.shape[1]))
     return (flat_p2l, flat_load, flat_replanned), max_over_mean_lower_bound(weights, counts, num_ranks), None
 
 
@@ -196,7 +197,8 @@ def _plan_flat(
     scratch, source = relabel_ranks(filled_base, scratch, num_ranks)
     scratch_load = np.take_along_axis(scratch_load, source, axis=1)
     target = scratch_load.max(axis=1) * (1 + config.replan_tolerance)
-    new_counts = repair_counts(load, base, counts, config.replan_replica_slack)
+    cap = max_replicas(num_ranks, num_slots, load.shape[1])
+    new_counts = repair_counts(load, base, counts, config.replan_replica_slack, max_count=cap)
     repaired = repair_rows(load, base, new_counts, num_ranks, target)
     good = repaired.rank_load.max(axis=1) <= target
     out = np.where(good[:, None], align_slots(filled_base, repaired.phy2log(), num_ranks), scratch)

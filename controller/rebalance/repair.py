@@ -25,19 +25,25 @@ from controller.rebalance.packing import (
     Packing,
     packing_from_slots,
     refine_swaps,
+    spread_copies,
 )
 
 
 def repair_counts(
-    load: FloatArray, previous: IntArray, greedy_counts: IntArray, slack: float = 1.0
+    load: FloatArray, previous: IntArray, greedy_counts: IntArray, slack: float = 1.0, *, max_count: int | None = None
 ) -> IntArray:
-    """Replica counts close to ``previous`` whose heaviest replica is at most ``slack`` x the greedy's."""
+    """Replica counts close to ``previous`` whose heaviest replica is at most ``slack`` x the greedy's.
+
+    No expert gets more than ``max_count`` replicas (as :func:`~controller.rebalance.packing.replica_counts`),
+    however many it had before."""
     rows, num_experts = load.shape
     num_slots = previous.shape[1]
     cap = (load / greedy_counts).max(axis=1, keepdims=True) * slack
     with np.errstate(divide="ignore", invalid="ignore"):
         required = np.where(cap > 0, np.ceil(load / np.where(cap > 0, cap, 1.0) - 1e-9), 1.0)
     counts = np.maximum(required.astype(np.int64), 1)
+    if max_count is not None:
+        counts = np.minimum(counts, max_count)
     prev_counts = np.zeros((rows, num_experts), dtype=np.int64)
     valid = previous >= 0
     row_ids = np.repeat(np.arange(rows), num_slots).reshape(rows, num_slots)
@@ -50,6 +56,8 @@ def repair_counts(
         live = all_rows[spare > 0]
         per_replica = load[live] / counts[live]
         score = per_replica + np.where(counts[live] < prev_counts[live], bonus[live], 0.0)
+        if max_count is not None:
+            score = np.where(counts[live] < max_count, score, -np.inf)
         pick = np.argmax(score, axis=1)
         counts[live, pick] += 1
         spare[live] -= 1
@@ -69,6 +77,7 @@ def repair_rows(
         experts[row] = _refill_row(experts[row], counts[row], per_replica[row], num_ranks, k)
     weights = np.take_along_axis(per_replica, experts, axis=1)
     packing = packing_from_slots(experts, weights, num_ranks, num_experts)
+    spread_copies(packing)  # a refill can only fill the free slots there are, even on a rank holding the expert
     # A replica's home is the rank it sat on before; refilled slots hold replicas copied anyway.
     home = np.where(experts == previous, np.arange(num_slots) // k, -1)
     refine_swaps(packing, target=target, home=home)

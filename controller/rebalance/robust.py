@@ -32,7 +32,14 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from controller.rebalance.packing import FloatArray, IntArray, apply_swaps, replica_counts
+from controller.rebalance.packing import (
+    BoolArray,
+    FloatArray,
+    IntArray,
+    apply_swaps,
+    max_replicas,
+    replica_counts,
+)
 
 _Array = TypeVar("_Array", bound=npt.NDArray[Any])
 REFINE_TOP = 8
@@ -46,9 +53,10 @@ def window_shares(windows: FloatArray) -> FloatArray:
     return out
 
 
-def window_counts(shares: FloatArray, num_slots: int) -> IntArray:
-    """(rows, experts) replica counts: greedy on each expert's largest share in any window."""
-    return replica_counts(shares.max(axis=0), num_slots)
+def window_counts(shares: FloatArray, num_slots: int, num_ranks: int) -> IntArray:
+    """(rows, experts) replica counts: greedy on each expert's largest share in any window, at most one
+    replica per rank (:func:`~controller.rebalance.packing.max_replicas`)."""
+    return replica_counts(shares.max(axis=0), num_slots, max_replicas(num_ranks, num_slots, shares.shape[2]))
 
 
 @dataclass
@@ -199,7 +207,7 @@ def _best_swaps(packing: VectorPacking, active: IntArray, ps: IntArray) -> tuple
     x = best % num_slots
     d = w[local, a] - w[local, x]
     exact = ((lq[local, x] - lp[local, (np.arange(n * m) % m) * k]) * d).sum(axis=1) + (d * d).sum(axis=1)
-    valid = np.isfinite(flat[np.arange(n * m), best])
+    valid = np.isfinite(flat[np.arange(n * m), best]) & ~_piles_copies(packing, active[local], ps.ravel(), a, x)
     value = np.where(valid, exact, np.inf)
     return value.reshape(n, m), a.reshape(n, m), x.reshape(n, m)
 
@@ -297,8 +305,19 @@ def _overload_swaps(
         return np.maximum(e, 0.0) ** 2
 
     exact = (f(e_p - d) - f(e_p) + f(e_q + d) - f(e_q)).sum(axis=1)
-    value = np.where(np.isfinite(flat[np.arange(n * m), best]), exact, np.inf)
+    valid = np.isfinite(flat[np.arange(n * m), best]) & ~_piles_copies(packing, active[local], p_flat, a, x)
+    value = np.where(valid, exact, np.inf)
     return value.reshape(n, m), a.reshape(n, m), x.reshape(n, m)
+
+
+def _piles_copies(packing: VectorPacking, rows: IntArray, p: IntArray, a: IntArray, x: IntArray) -> BoolArray:
+    """Whether swapping replica ``a`` (on rank ``p``) with ``x`` moves a replica to a rank holding at least as
+    many copies of its expert as the rank it leaves.  :func:`_valid_best` checks only the swaps its float32
+    scores call improving, and the exact change of one it did not check can still improve."""
+    has, q = packing.has_expert, packing.item_bin[rows, x]
+    e_a, e_x = packing.experts[rows, a], packing.experts[rows, x]
+    out: BoolArray = (has[rows, p, e_x] >= has[rows, q, e_x]) | (has[rows, q, e_a] >= has[rows, p, e_a])
+    return out
 
 
 def _valid_best(packing: VectorPacking, active: IntArray, local: IntArray, p_flat: IntArray, on_p: IntArray,
@@ -332,7 +351,7 @@ def _valid_best(packing: VectorPacking, active: IntArray, local: IntArray, p_fla
 def solve_rows_windows(shares: FloatArray, num_ranks: int, num_slots: int) -> tuple[IntArray, IntArray]:
     """From-scratch plan of every row against every window: (phy2log, replica counts)."""
     num_experts = shares.shape[2]
-    counts = window_counts(shares, num_slots)
+    counts = window_counts(shares, num_slots, num_ranks)
     experts, weights = replica_vectors(shares, counts, num_ranks)
     packing = vector_lpt(experts, weights, num_ranks, num_experts)
     refine_windows(packing)

@@ -49,7 +49,7 @@ def test_volatile_hot_experts_get_replicas_first() -> None:
     first = np.array([[4.0, 7.0, 1, 1, 1, 1]])
     second = np.array([[4.0, 1.0, 1, 1, 1, 1]])
     shares = window_shares(np.stack([first, second]))
-    counts = window_counts(shares, 7)  # one spare slot
+    counts = window_counts(shares, 7, 7)  # one spare slot
     assert counts[0].tolist() == [1, 2, 1, 1, 1, 1]
 
 
@@ -191,3 +191,21 @@ def test_plan_from_history_predicts_on_the_window_it_did_not_see() -> None:
     assert len(plan.window_imbalance) == 3
     only, none = plan_from_history([b], current)
     assert none is None and only.window_imbalance == ()
+
+
+@pytest.mark.parametrize("hierarchical", [False, True])
+def test_no_rank_holds_two_copies_of_an_expert_over_windows(hierarchical: bool) -> None:
+    from tests.controller.rebalance.test_planner import copies_per_rank
+
+    # 8 experts in 4 ranks of 4 slots; the hot expert moves between the windows.
+    first = np.array([[1000.0, 1, 1, 1, 1, 1, 1, 1], [500, 400, 1, 1, 1, 1, 1, 1]])
+    second = first[:, ::-1].copy()
+    kw: dict[str, int] = {"num_ranks": 4, "slots_per_rank": 4}
+    if hierarchical:  # the same in each of 2 nodes
+        first, second = np.tile(first, 2), np.tile(second, 2)
+        kw = {"num_ranks": 8, "slots_per_rank": 4, "num_nodes": 2, "num_groups": 4}
+    plan = plan_over_windows([first, second], **kw)
+    assert (copies_per_rank(plan.placement) == 1).all()
+    assert plan.replica_counts.max() <= kw["num_ranks"] // kw.get("num_nodes", 1)
+    replan = plan_over_windows([second, first], previous=plan.placement, **kw)
+    assert (copies_per_rank(replan.placement) == 1).all()

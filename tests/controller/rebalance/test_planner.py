@@ -173,9 +173,11 @@ def test_hot_expert_without_redundancy_gets_the_coldest_companions() -> None:
 def test_redundant_slots_go_to_the_hottest_experts() -> None:
     load = np.array([[60.0, 10, 10, 10, 10, 10, 10, 10]])
     plan = plan_rebalance(load, num_ranks=4, slots_per_rank=3)  # 12 slots, 4 spare
-    assert plan.replica_counts[0, 0] == 5  # 60/5 = 12 is the smallest heaviest replica
-    # Ranks of three replicas of 12 or 10 summing to 130: the best split is 34, 32, 32, 32.
-    assert plan.imbalance_after.max_over_mean[0] == pytest.approx(34 / 32.5)
+    # One replica per rank at most: 60/4 = 15 is the smallest heaviest replica, and the last spare
+    # slot splits expert 1 (the lowest id of the next hottest).
+    assert plan.replica_counts[0].tolist() == [4, 2, 1, 1, 1, 1, 1, 1]
+    # Every rank holds 15 and two of six 10s and two 5s, summing to 130: the best split is 35, 35, 30, 30.
+    assert plan.imbalance_after.max_over_mean[0] == pytest.approx(35 / 32.5)
 
 
 def test_validation_gathers_every_problem() -> None:
@@ -270,3 +272,55 @@ def test_hierarchical_with_too_many_splits_to_enumerate_keeps_the_greedy_split(r
     check_plan(plan, load, 6, 3)
     # Contiguous, the busiest ranks carry 1.8 and 2.5 times the mean; on the greedy split, within 10 % of it.
     assert (plan.imbalance_after.max_over_mean < 1.1).all()
+
+
+def copies_per_rank(placement: Placement) -> np.ndarray:
+    """(layers, ranks) the most copies of one expert each rank holds."""
+    per_rank = placement.phy2log.reshape(placement.num_layers, placement.num_ranks, -1)
+    return np.array([[np.bincount(rank).max() for rank in layer] for layer in per_rank])
+
+
+@pytest.mark.parametrize("hierarchical", [False, True])
+def test_no_rank_holds_two_copies_of_an_expert_when_slots_are_plentiful(hierarchical: bool) -> None:
+    # 8 experts in 4 ranks of 4 slots: twice as many slots as experts, and one or two very hot experts.
+    load = np.array([[1000.0, 1, 1, 1, 1, 1, 1, 1], [500, 400, 1, 1, 1, 1, 1, 1]])
+    kw = {"num_ranks": 4, "slots_per_rank": 4}
+    if hierarchical:  # the same in each of 2 nodes: 8 experts (2 groups) in 4 ranks of 4 slots
+        load = np.tile(load, 2)
+        kw = {"num_ranks": 8, "slots_per_rank": 4, "num_nodes": 2, "num_groups": 4}
+    plan = plan_rebalance(load, **kw)
+    check_plan(plan, load, kw["num_ranks"], kw["slots_per_rank"])
+    assert (copies_per_rank(plan.placement) == 1).all()
+    ranks_per_node = kw["num_ranks"] // kw.get("num_nodes", 1)
+    assert plan.replica_counts.max() <= ranks_per_node
+    # One copy of the hot expert per rank carries a quarter of it each, not a third on the rank with two.
+    assert plan.rank_load[0].max() <= 1000 / ranks_per_node + 3
+    replan = plan_rebalance(load[::-1].copy(), previous=plan.placement, **kw)
+    assert (copies_per_rank(replan.placement) == 1).all()
+
+
+def test_a_rank_holds_two_copies_only_with_more_slots_than_experts() -> None:
+    load = np.array([[5.0, 3, 1]])
+    plan = plan_rebalance(load, num_ranks=2, slots_per_rank=4)  # 4 slots per rank, 3 experts
+    check_plan(plan, load, 2, 4)
+    assert (copies_per_rank(plan.placement) == 2).all()
+    assert plan.replica_counts.max() <= 4  # two per rank at most
+
+
+def test_a_replan_moves_second_copies_off_a_rank() -> None:
+    # Re-planning refills the freed slots, some of them on ranks that hold the expert already.
+    for seed in range(20):
+        load = np.random.default_rng(seed).integers(0, 30, (2, 12)).astype(float)
+        start = plan_rebalance(load[:, ::-1].copy(), num_ranks=4, slots_per_rank=7).placement
+        plan = plan_rebalance(load, num_ranks=4, slots_per_rank=7, previous=start)
+        check_plan(plan, load, 4, 7)
+        assert (copies_per_rank(plan.placement) == 1).all(), seed
+
+
+def test_packing_moves_second_copies_off_a_rank() -> None:
+    # 8 experts in 5 ranks of 6 slots, 3 to 5 replicas each: packing heaviest first, the last free
+    # slots of a batch sit on ranks that hold the expert already.
+    for load, ranks, slots in (([26.0, 17, 23, 25, 6, 1, 9, 8], 5, 6), ([16.0, 8, 13, 7, 13, 27, 19, 26], 7, 6)):
+        plan = plan_rebalance(np.array([load]), num_ranks=ranks, slots_per_rank=slots)
+        check_plan(plan, np.array([load]), ranks, slots)
+        assert (copies_per_rank(plan.placement) == 1).all()

@@ -75,7 +75,7 @@ def test_the_pass_never_adds_overload_nor_copies(seed: int) -> None:
     rng = np.random.default_rng(seed)
     loads = rng.pareto(1.1, (5, 3, 24)) + 0.05  # windows x rows x experts
     shares = window_shares(loads)
-    counts = window_counts(shares, 32)
+    counts = window_counts(shares, 32, 8)
     experts, weights = replica_vectors(shares, counts, 8)
     packing = vector_lpt(experts, weights, 8, 24)
     refine_windows(packing)
@@ -87,3 +87,16 @@ def test_the_pass_never_adds_overload_nor_copies(seed: int) -> None:
         packing.weights[:, :, None, :], packing.bin_items.reshape(3, -1)[:, :, None, None], axis=1
     ).reshape(3, 8, 4, 5).sum(axis=2))
     assert sorted(packing.bin_items.ravel().tolist()) == sorted(np.tile(np.arange(32), 3).tolist())
+
+
+def test_swaps_never_pile_copies_of_an_expert_on_a_rank() -> None:
+    # The swap passes score in float32 and check copies only where that score improves; the exact
+    # change of a swap they did not check can still improve, and it must not put two copies on a rank.
+    from controller.rebalance.history import plan_over_windows
+    from tests.controller.rebalance.test_planner import copies_per_rank
+
+    first = np.r_[[1000.0], np.ones(11)][None].repeat(2, 0)  # 12 experts in 6 ranks of 9 slots
+    for seed in range(64):
+        second = first * np.random.default_rng(seed).uniform(0.2, 2, first.shape)
+        plan = plan_over_windows([first, second], num_ranks=6, slots_per_rank=9)
+        assert (copies_per_rank(plan.placement) == 1).all(), seed
