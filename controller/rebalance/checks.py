@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import numpy.typing as npt
 
@@ -26,6 +28,25 @@ def groups_within_nodes(phy2log: IntArray, group_size: int, num_nodes: int) -> n
         np.all(np.bincount(lowest[layer], minlength=num_nodes) == num_groups // num_nodes) for layer in range(layers)
     ])
     return np.asarray(one_node & balanced, dtype=bool)
+
+
+LOAD_EXPONENT_LIMIT = 400
+"""Loads whose largest entry lies outside ``2**-400 .. 2**400`` are planned scaled (:func:`load_scale_log2`)."""
+
+
+def load_scale_log2(load: FloatArray) -> int:
+    """0, or the power of two that brings the largest entry of ``load`` to [1, 2) where it is outside the range
+    of :data:`LOAD_EXPONENT_LIMIT`.
+
+    Loads are relative, and near the ends of float64 their sums overflow (near 1e308) or their
+    squares vanish (near 1e-300): the planner's figures would be inf, NaN or 0.  Scaling by a power
+    of two is exact, so the plan is the one of any other multiple of the load.
+    """
+    top = float(load.max(initial=0.0))
+    if top <= 0.0:
+        return 0
+    exponent = math.frexp(top)[1]  # top = m * 2**exponent, 0.5 <= m < 1
+    return 0 if -LOAD_EXPONENT_LIMIT < exponent <= LOAD_EXPONENT_LIMIT else 1 - exponent
 
 
 def validate_plan_inputs(

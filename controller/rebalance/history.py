@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +32,7 @@ import numpy.typing as npt
 from contracts.errors import ValidationError
 from contracts.imbalance import Imbalance, count_replicas, max_over_mean, rank_load
 from contracts.placement import Placement
-from controller.rebalance.checks import groups_within_nodes, validate_plan_inputs
+from controller.rebalance.checks import groups_within_nodes, load_scale_log2, validate_plan_inputs
 from controller.rebalance.groups import choose_groups, window_split
 from controller.rebalance.moves import align_slots, max_over_mean_lower_bound, rank_moves, relabel_ranks
 from controller.rebalance.out_of_sample import HeldOutGain, held_out_gain
@@ -86,6 +86,8 @@ def plan_over_windows(
     if stack.shape[0] == 1:
         return plan_rebalance(stack[0], previous=previous, config=config, **kw)
     config = config or RebalanceConfig()
+    scale_log2 = load_scale_log2(stack)
+    stack = np.ldexp(stack, scale_log2)  # exact: a power of two, so the windows' sum stays finite
     total = stack.sum(axis=0)
     validate_plan_inputs(total, num_ranks, slots_per_rank, num_nodes, num_groups, previous)
     layers, num_experts = total.shape
@@ -117,7 +119,8 @@ def plan_over_windows(
         if num_nodes > 1:
             keep &= groups_within_nodes(base.phy2log[rows], num_experts // num_groups, num_nodes)
         phy2log[rows] = np.where(keep[:, None], base.phy2log[rows], new)
-    return _plan(phy2log, base, stack, total, active, lower, cv_lower, num_ranks, previous is not None, num_nodes)
+    plan = _plan(phy2log, base, stack, total, active, lower, cv_lower, num_ranks, previous is not None, num_nodes)
+    return replace(plan, load_scale_log2=scale_log2)
 
 
 def _no_worse_than_contiguous(new: IntArray, shares: FloatArray, num_ranks: int, slots_per_rank: int,

@@ -20,7 +20,7 @@ from scipy.optimize import linear_sum_assignment
 from contracts.imbalance import Imbalance, count_replicas, imbalance_cv, rank_load
 from contracts.placement import Placement
 from contracts.slo_defaults import MAX_IMBALANCE_CV
-from controller.rebalance.checks import groups_within_nodes, validate_plan_inputs
+from controller.rebalance.checks import groups_within_nodes, load_scale_log2, validate_plan_inputs
 from controller.rebalance.groups import choose_groups, closest_split, split_candidates
 from controller.rebalance.moves import align_slots, max_over_mean_lower_bound, rank_moves, relabel_ranks, slot_moves
 from controller.rebalance.packing import FloatArray, IntArray, max_replicas, replica_counts, solve_rows
@@ -69,6 +69,9 @@ class RebalancePlan:
     mode: str
     window_imbalance: tuple[Imbalance, ...] = ()
     """A plan over several windows: its imbalance on each window (empty for a one-window plan)."""
+    load_scale_log2: int = 0
+    """``rank_load`` is in units of the load times ``2**load_scale_log2``: 0 unless the load's largest
+    entry is outside ``2**-400 .. 2**400`` (:func:`~controller.rebalance.checks.load_scale_log2`)."""
 
     @property
     def total_moves(self) -> int:
@@ -95,6 +98,8 @@ class RebalancePlan:
         )
         if self.cv_lower_bound is not None:
             out["cv_lower_bound"] = self.cv_lower_bound.tolist()
+        if self.load_scale_log2:
+            out["load_scale_log2"] = self.load_scale_log2
         if self.window_imbalance:
             out["windows"] = len(self.window_imbalance)
             out["imbalance_after_per_window"] = [w.summary(self.active) for w in self.window_imbalance]
@@ -115,6 +120,8 @@ def plan_rebalance(
     config = config or RebalanceConfig()
     weights = np.asarray(load, dtype=np.float64)
     validate_plan_inputs(weights, num_ranks, slots_per_rank, num_nodes, num_groups, previous)
+    scale_log2 = load_scale_log2(weights)
+    weights = np.ldexp(weights, scale_log2)  # exact: a power of two
     layers, num_experts = weights.shape
     base = previous or Placement.contiguous(layers, num_experts, num_ranks, slots_per_rank)
     active = weights.sum(axis=1) > 0
@@ -155,6 +162,7 @@ def plan_rebalance(
         replanned=replanned,
         active=active,
         mode="hierarchical" if num_nodes > 1 else "global",
+        load_scale_log2=scale_log2,
     )
 
 

@@ -209,3 +209,15 @@ def test_no_rank_holds_two_copies_of_an_expert_over_windows(hierarchical: bool) 
     assert plan.replica_counts.max() <= kw["num_ranks"] // kw.get("num_nodes", 1)
     replan = plan_over_windows([second, first], previous=plan.placement, **kw)
     assert (copies_per_rank(replan.placement) == 1).all()
+
+
+def test_windows_near_the_float_limit_plan_as_their_relative_sizes() -> None:
+    a, b = alternating_hot_sets()
+    expected = plan_over_windows([a, b], num_ranks=8, slots_per_rank=3)
+    with np.errstate(all="raise"):
+        plan = plan_over_windows([a * 1.5e307, b * 1.5e307], num_ranks=8, slots_per_rank=3)  # their sum overflows
+    assert plan.placement == expected.placement
+    assert np.isfinite(plan.rank_load).all() and np.isfinite(plan.imbalance_after.cv).all()
+    np.testing.assert_allclose(plan.imbalance_after.cv, expected.imbalance_after.cv, rtol=1e-9)
+    for mine, theirs in zip(plan.window_imbalance, expected.window_imbalance, strict=True):
+        np.testing.assert_allclose(mine.cv, theirs.cv, rtol=1e-9)

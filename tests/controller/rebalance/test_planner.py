@@ -324,3 +324,24 @@ def test_packing_moves_second_copies_off_a_rank() -> None:
         plan = plan_rebalance(np.array([load]), num_ranks=ranks, slots_per_rank=slots)
         check_plan(plan, np.array([load]), ranks, slots)
         assert (copies_per_rank(plan.placement) == 1).all()
+
+
+@pytest.mark.parametrize("scale", [1e308, 1e200, 1e-300])
+@pytest.mark.parametrize("hierarchical", [False, True])
+def test_loads_near_the_float_limits_plan_as_their_relative_sizes(scale: float, hierarchical: bool) -> None:
+    # Loads are relative: near 1e308 their sums overflow, near 1e-300 their squares vanish.
+    unit = np.array([[1.0, 0.5, 0.25, 0.9, 0.1, 0.3, 0.7, 0.2], [0.0, 1.0, 0.0, 0.4, 0.5, 0.6, 0.8, 0.9]])
+    kw = {"num_ranks": 4, "slots_per_rank": 3, **({"num_nodes": 2, "num_groups": 4} if hierarchical else {})}
+    expected = plan_rebalance(unit, **kw)
+    with np.errstate(all="raise"):
+        plan = plan_rebalance(unit * scale, **kw)
+    assert plan.placement == expected.placement
+    for figure in (plan.rank_load, plan.imbalance_after.cv, plan.imbalance_before.cv, plan.lower_bound):
+        assert np.isfinite(figure).all()
+    np.testing.assert_allclose(plan.imbalance_after.cv, expected.imbalance_after.cv, rtol=1e-9)
+    np.testing.assert_allclose(plan.imbalance_before.max_over_mean, expected.imbalance_before.max_over_mean)
+    # The predicted rank load is in units of the load scaled by the power of two the plan names.
+    np.testing.assert_allclose(np.ldexp(plan.rank_load, -plan.load_scale_log2), expected.rank_load * scale,
+                               rtol=1e-9)
+    assert plan.to_json()["load_scale_log2"] == plan.load_scale_log2 != 0
+    assert "load_scale_log2" not in expected.to_json()
