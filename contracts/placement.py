@@ -110,18 +110,29 @@ class Placement:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Placement:
-        try:
-            arr = np.asarray(raw["phy2log"], dtype=np.int64)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PlacementError(f"placement JSON needs 'phy2log' as a layers x slots integer matrix: {exc}") from exc
-        if arr.ndim != 2:
-            raise PlacementError(f"phy2log must be 2-D (layers x slots), got shape {arr.shape}")
-        if "num_ranks" in raw:
-            num_ranks = int(raw["num_ranks"])
-        elif "slots_per_rank" in raw and int(raw["slots_per_rank"]) > 0:
-            num_ranks = arr.shape[1] // int(raw["slots_per_rank"])
+        """The placement ``to_json`` wrote; PlacementError names every field that is missing or no whole number.
+
+        ``phy2log`` is a layers x slots matrix of whole numbers; ``num_ranks`` a whole number >= 1
+        (or, without it, ``slots_per_rank``, which must divide the slots), and where both are given
+        they must agree.  Booleans, strings, null and fractions (2.5, even 2.0) are refused, never
+        rounded.
+        """
+        if not isinstance(raw, dict):
+            raise PlacementError(f"placement JSON must be an object with phy2log and num_ranks, got {_shown(raw)}")
+        problems: list[str] = []
+        arr = None
+        if "phy2log" in raw:
+            arr = _int_matrix(raw["phy2log"], problems)
         else:
-            raise PlacementError("placement JSON needs 'num_ranks' or 'slots_per_rank'")
+            problems.append("placement JSON needs 'phy2log' as a layers x slots integer matrix")
+        num_ranks = _whole(raw, "num_ranks", problems)
+        slots_per_rank = _whole(raw, "slots_per_rank", problems)
+        if "num_ranks" not in raw and "slots_per_rank" not in raw:
+            problems.append("placement JSON needs 'num_ranks' or 'slots_per_rank'")
+        if arr is not None and not problems:
+            num_ranks = _ranks_of(arr.shape[1], num_ranks, slots_per_rank, problems)
+        if problems or arr is None or num_ranks is None:
+            raise PlacementError(problems)
         return cls(arr, num_ranks)
 
     @classmethod
@@ -131,3 +142,64 @@ class Placement:
         except (OSError, json.JSONDecodeError) as exc:
             raise PlacementError(f"cannot read placement {path}: {exc}") from exc
         return cls.from_json(raw)
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``value`` as the JSON it came from (null, true, "2", 2.5), else its repr; cut at ``limit`` characters."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _whole(raw: dict[str, Any], name: str, problems: list[str]) -> int | None:
+    """The field ``name`` as a whole number >= 1 (None where absent); a problem naming it otherwise."""
+    if name not in raw:
+        return None
+    value = raw[name]
+    if not _is_whole(value) or value < 1:
+        problems.append(f"{name} must be a whole number >= 1, got {_shown(value)}")
+        return None
+    return int(value)
+
+
+def _int_matrix(value: Any, problems: list[str]) -> npt.NDArray[np.int64] | None:
+    """``phy2log`` as a layers x slots int64 matrix of whole numbers (None and a problem otherwise)."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu" and value.ndim == 2 and value.size:
+        return value.astype(np.int64)
+    if not isinstance(value, list) or not value or not all(isinstance(row, list) and row for row in value):
+        problems.append(f"phy2log must be a layers x slots matrix (a non-empty list of non-empty lists), "
+                        f"got {_shown(value)}")
+        return None
+    bad = [v for row in value for v in row if not _is_whole(v)]
+    if bad:
+        problems.append(f"phy2log entries must be whole numbers (expert ids), got {_shown(bad[0])}")
+        return None
+    if len({len(row) for row in value}) > 1:
+        problems.append(f"phy2log rows must all have the same number of slots, got {sorted({len(r) for r in value})}")
+        return None
+    try:
+        return np.asarray(value, dtype=np.int64)
+    except OverflowError as exc:
+        problems.append(f"phy2log entries must be expert ids: {exc}")
+        return None
+
+
+def _ranks_of(num_slots: int, num_ranks: int | None, slots_per_rank: int | None, problems: list[str]) -> int | None:
+    """The ranks ``num_slots`` slots per layer are split over, from ``num_ranks`` or ``slots_per_rank``."""
+    if num_ranks is None:
+        assert slots_per_rank is not None
+        if num_slots % slots_per_rank:
+            problems.append(f"slots_per_rank {slots_per_rank} does not divide phy2log's {num_slots} slots per layer")
+            return None
+        return num_slots // slots_per_rank
+    if slots_per_rank is not None and num_ranks * slots_per_rank != num_slots:
+        problems.append(f"num_ranks {num_ranks} x slots_per_rank {slots_per_rank} is not phy2log's "
+                        f"{num_slots} slots per layer")
+        return None
+    return num_ranks
