@@ -213,14 +213,24 @@ def imbalance_chart(data: PolicyData) -> Markup:
     return panel("imbalance", "Expert imbalance (worst layer's CV)", LOG, chart, note=note)
 
 
+def _predicted_cv(plan: dict[str, Any]) -> float | None:
+    """The worst-layer CV a rebalance predicted, as its trigger and verification judge it: on a window the
+    plan was not planned from where there is one (``held_out``), else on the windows it was planned from."""
+    held_out = plan.get("held_out")
+    if isinstance(held_out, dict) and held_out.get("worst_cv_after") is not None:
+        return float(held_out["worst_cv_after"])
+    return None if plan.get("imbalance_after_cv") is None else float(plan["imbalance_after_cv"])
+
+
 def _rebalance_points(events: Sequence[DecisionRecord]) -> dict[str, list[Point]]:
     out: dict[str, list[Point]] = {"predicted": [], "measured": [], "noise": []}
     for record in reversed(events):
         t = record.at.timestamp()
         verify: dict[str, Any] = record.inputs.get("verify") or {}
         plan: dict[str, Any] = record.inputs.get("plan") or {}
-        if record.action == "rebalance" and plan.get("imbalance_after_cv") is not None:
-            out["predicted"].append((t, float(plan["imbalance_after_cv"])))
+        predicted = _predicted_cv(plan)
+        if record.action == "rebalance" and predicted is not None:
+            out["predicted"].append((t, predicted))
         if record.action == "verify_rebalance":
             for key, field in (("measured", "measured_cv"), ("noise", "noise_cv")):
                 if verify.get(field) is not None:

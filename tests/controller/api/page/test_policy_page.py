@@ -208,6 +208,30 @@ def test_rebalances_show_predicted_measured_and_the_noise_floor(make_page: Any) 
     assert "No decisions in the last 6h" in html  # rebalances are no scaling decisions
 
 
+def test_rebalances_show_the_held_out_prediction_the_verification_judges(make_page: Any) -> None:
+    # A plan over several windows is judged on a window it was not planned from (0.12), not on the
+    # windows it was planned from (0.04): the chart shows what the verification compares with.
+    page = make_page()
+    page.store.create_policy(_policy())
+    now = datetime.now(UTC)
+    plan = {"imbalance_before_cv": 0.31, "imbalance_after_cv": 0.04, "moves": 9, "windows": 4,
+            "held_out": {"worst_cv_before": 0.29, "worst_cv_after": 0.12}}
+    verify = {"ok": True, "reason": "verified", "measured_cv": 0.13, "predicted_cv": 0.12, "noise_cv": 0.02}
+    page.store.append_decisions([
+        DecisionRecord(policy="qwen", policy_version=1, at=now - timedelta(minutes=3), tick_s=1.0,
+                       action="rebalance", reason="imbalance_sustained", current_replicas=None,
+                       desired_replicas=None, mode="enforce", outcome="applied", detail="predicted",
+                       inputs={"kind": "rebalance", "plan": plan}),
+        DecisionRecord(policy="qwen", policy_version=1, at=now - timedelta(minutes=2), tick_s=2.0,
+                       action="verify_rebalance", reason="verified", current_replicas=None, desired_replicas=None,
+                       mode="enforce", outcome="verified", detail="measured",
+                       inputs={"kind": "verify", "plan": plan, "verify": verify}),
+    ])
+    html = page.client.get("/ui/policies/qwen").text
+    assert float(_series(html, "rebalances", "predicted")["last-v"]) == verify["predicted_cv"] == 0.12
+    assert float(_series(html, "rebalances", "measured")["last-v"]) == 0.13
+
+
 def test_unknown_policy_and_ranges(make_page: Any) -> None:
     page = make_page()
     missing = page.client.get("/ui/policies/%3Cb%3Eghost")
