@@ -10,7 +10,7 @@ variable                  default    meaning
 MOESLO_VLLM_PLUGIN        unset      ``1`` (or ``on``, ``true``) switches the plugin on; ``0``,
                                      ``off``, ``false`` or unset leave it off
 MOESLO_VLLM_EP_RANKS      8          virtual EP size when vLLM runs without EP
-MOESLO_VLLM_FLUSH_S       1.0        how often workers publish their counts (seconds)
+MOESLO_VLLM_FLUSH_S       1.0        how often workers publish their counts (seconds, 0.1 to 60)
 MOESLO_VLLM_WINDOW_S      60.0       routing window of the imbalance gauges (seconds)
 MOESLO_VLLM_MODEL_NAME    (vLLM's)   ``model_name`` label when vLLM's config is unreadable
 MOESLO_VLLM_EXPERT_SERIES auto       ``moe_expert_tokens_total`` per (layer, expert): ``auto``
@@ -41,6 +41,12 @@ WINDOW_ENV = "MOESLO_VLLM_WINDOW_S"
 MODEL_NAME_ENV = "MOESLO_VLLM_MODEL_NAME"
 METRICS_DIR_ENV = "MOESLO_VLLM_METRICS_DIR"
 EXPERT_SERIES_ENV = "MOESLO_VLLM_EXPERT_SERIES"
+FLUSH_BOUNDS_S = (0.1, 60.0)
+"""The flush interval's range.  Below 0.1 s nothing reads the snapshots (a scrape or a controller tick is
+a second or more apart) while each one costs the worker that runs the model a device copy, the GIL and a
+file write, and the routing window holds ``window_s / flush_s`` slots (60 s at 1 ms: 60,000 arrays of
+layers x experts); above 60 s ``/metrics`` serves counts older than a scrape interval and the routing
+window stretches to one flush (and past about 9e9 s the flush thread's wait overflows)."""
 _SWITCH = {"": None, "auto": None, "1": True, "on": True, "true": True, "0": False, "off": False, "false": False}
 PROMETHEUS_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -72,7 +78,7 @@ class PluginSettings:
         env = os.environ if env is None else env
         problems: list[str] = []
 
-        def number(name: str, default: float, *, integer: bool) -> float:
+        def number(name: str, default: float, *, integer: bool, bounds: tuple[float, float] | None = None) -> float:
             raw = env.get(name, "").strip()
             if not raw:
                 return default
@@ -81,13 +87,16 @@ class PluginSettings:
             except ValueError:
                 problems.append(f"{name}={raw!r} is not {'an integer' if integer else 'a number'}")
                 return default
+            if bounds is not None and not bounds[0] <= value <= bounds[1]:
+                problems.append(f"{name}={raw!r} must be between {bounds[0]:g} and {bounds[1]:g} seconds")
+                return default
             if not value > 0 or not math.isfinite(value):
                 problems.append(f"{name}={raw!r} must be > 0")
                 return default
             return value
 
         ranks = int(number(EP_RANKS_ENV, 8, integer=True))
-        flush_s = number(FLUSH_ENV, 1.0, integer=False)
+        flush_s = number(FLUSH_ENV, 1.0, integer=False, bounds=FLUSH_BOUNDS_S)
         window_s = number(WINDOW_ENV, 60.0, integer=False)
         switch = env.get(ENABLE_ENV, "").strip().lower()
         if switch not in _SWITCH or switch == "auto":  # a typo must not leave the plugin off without a word

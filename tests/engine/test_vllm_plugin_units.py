@@ -32,11 +32,25 @@ def test_settings_default_off_and_gather_every_problem() -> None:
     with pytest.raises(ValidationError) as err:
         PluginSettings.from_env({"MOESLO_VLLM_EP_RANKS": "x", "MOESLO_VLLM_FLUSH_S": "-1"})
     assert "MOESLO_VLLM_EP_RANKS='x' is not an integer" in str(err.value)
-    assert "MOESLO_VLLM_FLUSH_S='-1' must be > 0" in str(err.value)
+    assert "MOESLO_VLLM_FLUSH_S='-1' must be between 0.1 and 60 seconds" in str(err.value)
     told = PluginSettings.from_env({"MOESLO_TTFT_ALLOWANCES": "2000:0.1"}).ttft_allowances
     assert [a.labels()["reference_prompt_tokens"] for a in told] == ["1000", "2000"]
     with pytest.raises(ValidationError, match="MOESLO_TTFT_ALLOWANCES: TTFT allowance '2000' must read"):
         PluginSettings.from_env({"MOESLO_TTFT_ALLOWANCES": "2000"})
+
+
+@pytest.mark.parametrize("raw", ["0.001", "0.09", "60.5", "1e10", "0", "nan", "inf"])
+def test_a_flush_interval_outside_its_range_is_a_bad_setting(raw: str) -> None:
+    """1 ms flooded the worker with snapshots (and a 60 s window with 60,000 slots); 1e10 s overflowed the
+    flush thread's wait, which then died without a word."""
+    with pytest.raises(ValidationError) as err:
+        PluginSettings.from_env({"MOESLO_VLLM_PLUGIN": "1", "MOESLO_VLLM_FLUSH_S": raw})
+    assert err.value.problems == (f"MOESLO_VLLM_FLUSH_S={raw!r} must be between 0.1 and 60 seconds",)
+
+
+def test_the_flush_interval_range_includes_its_ends() -> None:
+    for raw, flush_s in (("0.1", 0.1), ("60", 60.0), ("0.25", 0.25)):
+        assert PluginSettings.from_env({"MOESLO_VLLM_FLUSH_S": raw}).flush_interval_s == flush_s
 
 
 def test_the_plugin_switch_reads_the_words_the_other_switches_read_and_refuses_the_rest() -> None:

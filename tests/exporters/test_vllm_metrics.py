@@ -85,6 +85,18 @@ def test_bad_settings_disable_the_plugin_with_a_message(monkeypatch: pytest.Monk
     assert "MOESLO_VLLM_EP_RANKS='zero' is not an integer" in caplog.text
 
 
+def test_a_flush_interval_out_of_range_disables_the_plugin_with_a_message(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    hooks = dict(torch.nn.modules.module._global_forward_pre_hooks)
+    monkeypatch.setenv("MOESLO_VLLM_PLUGIN", "1")
+    monkeypatch.setenv("MOESLO_VLLM_FLUSH_S", "1e10")  # the flush thread's wait overflowed: no snapshot, ever
+    vllm_metrics.register()
+    assert vllm_metrics.ARMED == {}
+    assert dict(torch.nn.modules.module._global_forward_pre_hooks) == hooks
+    assert "moeslo vLLM plugin disabled: MOESLO_VLLM_FLUSH_S='1e10' must be between 0.1 and 60 seconds" in caplog.text
+
+
 MULTIPROC_SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -190,4 +202,4 @@ def test_a_bad_setting_never_stops_vllm_building_the_ttft_stat_logger() -> None:
                           timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "built True" in proc.stdout  # off, not raising
-    assert "MOESLO_VLLM_FLUSH_S='0' must be > 0" in proc.stderr
+    assert "MOESLO_VLLM_FLUSH_S='0' must be between 0.1 and 60 seconds" in proc.stderr
