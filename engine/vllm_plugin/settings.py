@@ -12,7 +12,8 @@ MOESLO_VLLM_PLUGIN        unset      ``1`` (or ``on``, ``true``) switches the pl
 MOESLO_VLLM_EP_RANKS      8          virtual EP size when vLLM runs without EP
 MOESLO_VLLM_FLUSH_S       1.0        how often workers publish their counts (seconds, 0.1 to 60)
 MOESLO_VLLM_WINDOW_S      60.0       routing window of the imbalance gauges (seconds)
-MOESLO_VLLM_MODEL_NAME    (vLLM's)   ``model_name`` label when vLLM's config is unreadable
+MOESLO_VLLM_MODEL_NAME    unknown    ``model_name`` label only where vLLM's config is unreadable
+                                     (else vLLM's served model name, as on its own series)
 MOESLO_VLLM_EXPERT_SERIES auto       ``moe_expert_tokens_total`` per (layer, expert): ``auto``
                                      up to 4,096 series (as ``moeslo serve``), ``1`` always,
                                      ``0`` never

@@ -176,9 +176,10 @@ def bind_model(
     for view in layers:
         view.router.set_capture_fn(counter.capture_fn(view.layer_id))
     probed = state.label_probe.labels if state.label_probe is not None else None
-    labels = probed or current_vllm_labels() or VllmLabels(model_name="unknown", engine="0")
-    model_name = settings.model_name or labels.model_name
-    engine, strategy = labels.engine, labels.placement_strategy
+    # vLLM's served model name, as on its own series (vllm:*, moeslo_ttft_*) that dashboards and alerts join
+    # on; the setting only stands in where vLLM's config could not be read.
+    labels = probed or current_vllm_labels() or VllmLabels(model_name=settings.model_name or "unknown", engine="0")
+    model_name, engine, strategy = labels.model_name, labels.engine, labels.placement_strategy
     builder = SnapshotBuilder(
         model_name=model_name,
         engine=engine,

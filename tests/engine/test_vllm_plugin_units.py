@@ -210,6 +210,32 @@ def test_first_forward_binds_every_router_then_unhooks() -> None:
     assert all(layer.router.capture_fn is None for layer in other.layers)
 
 
+def _bound_model_name(settings: PluginSettings, served: str | None) -> str:
+    """The ``model_name`` label bind_model gives a model, vLLM's config naming it ``served`` (None: unreadable)."""
+    from engine.vllm_plugin.binding import LabelProbe, VllmLabels
+
+    state = PluginState()
+    state.label_probe = LabelProbe()
+    state.label_probe.close()
+    state.label_probe.labels = None if served is None else VllmLabels(model_name=served, engine="0")
+    try:
+        assert bind_model(_Model(), settings, _ListSink, row_filter=count_all_rows, state=state)
+        assert state.flusher is not None
+        return state.flusher.flush().model_name
+    finally:
+        if state.flusher is not None:
+            state.flusher.stop()
+
+
+def test_the_model_name_setting_stands_in_only_where_vllm_names_none() -> None:
+    """vLLM's served name is on its own series (vllm:*, moeslo_ttft_*): the moe_* series carry it too, so
+    dashboards and alerts join them; the setting used to replace it everywhere."""
+    named = PluginSettings(enabled=True, flush_interval_s=60.0, model_name="from-setting")
+    assert _bound_model_name(named, "served") == "served"
+    assert _bound_model_name(named, None) == "from-setting"
+    assert _bound_model_name(PluginSettings(enabled=True, flush_interval_s=60.0), None) == "unknown"
+
+
 def test_a_capture_callback_already_bound_is_named_when_replaced(caplog: pytest.LogCaptureFixture) -> None:
     model = _Model()
     for layer in model.layers:
