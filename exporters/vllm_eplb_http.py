@@ -19,7 +19,11 @@ for an endpoint plugin, paired with the general plugin that installs the
 worker method).  Errors are JSON ``{"error": {"type", "message", "code",
 "reason"?, "problems"?}}``: 400 for a bad body, 409 when vLLM's state
 refuses (``eplb_off``: EPLB is not enabled; ``eplb_data_parallel``;
-``no_window``; ``no_placement``), 503 when a worker fails.
+``no_window``; ``no_placement``; ``plugin_off``: ``MOESLO_VLLM_PLUGIN`` is
+off), 503 when a worker fails or a bad ``MOESLO_VLLM_*`` setting switched the
+plugin off (``bad_setting``, ``problems`` names each).  The API server reads
+the plugin's settings from the environment vLLM hands its workers: with the
+plugin off the routes answer at once, and vLLM logs no failed call.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 from argparse import Namespace
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,13 +39,43 @@ from fastapi.responses import JSONResponse
 
 from contracts.errors import ConflictError, MoesloError, UnavailableError, ValidationError
 from engine.vllm_plugin.eplb_control import WORKER_METHOD
-from engine.vllm_plugin.eplb_requests import RebalanceRequest, load_for, merge_replies, merge_status
+from engine.vllm_plugin.eplb_requests import (
+    EplbRefusedError,
+    RebalanceRequest,
+    load_for,
+    merge_replies,
+    merge_status,
+)
+from engine.vllm_plugin.settings import ENABLE_ENV, PluginSettings
 
 logger = logging.getLogger("moeslo.vllm_plugin")
 
 STATUS_PATH = "/moeslo/eplb"
 REBALANCE_PATH = "/moeslo/eplb/rebalance"
 RPC_TIMEOUT_S = 300.0
+
+
+class PluginOffError(UnavailableError):
+    """A bad ``MOESLO_VLLM_*`` setting switched the plugin off: no worker counts or answers (HTTP 503)."""
+
+    reason = "bad_setting"
+
+    def __init__(self, problems: tuple[str, ...]) -> None:
+        self.problems = problems
+        super().__init__(f"the moeslo vLLM plugin is off because of a bad setting: {'; '.join(problems)} "
+                         "(fix it and restart vLLM)")  # fmt: skip
+
+
+def plugin_refusal(env: Mapping[str, str] | None = None) -> MoesloError | None:
+    """Why the workers cannot answer, from the plugin's settings (the environment vLLM hands its workers);
+    None with the plugin on."""
+    try:
+        settings = PluginSettings.from_env(env)
+    except ValidationError as exc:
+        return PluginOffError(exc.problems)
+    if not settings.enabled:
+        return EplbRefusedError("plugin_off", f"the moeslo vLLM plugin is off: start vLLM with {ENABLE_ENV}=1")
+    return None
 
 
 def status_code(exc: MoesloError) -> int:
@@ -56,19 +91,28 @@ def error_body(exc: MoesloError) -> dict[str, Any]:
     reason = getattr(exc, "reason", None)
     if reason is not None:
         body["reason"] = reason
-    if isinstance(exc, ValidationError):
-        body["problems"] = list(exc.problems)
+    problems = getattr(exc, "problems", None)
+    if problems is not None:
+        body["problems"] = list(problems)
     return {"error": body}
 
 
 class EplbService:
     """The routes' logic over an engine client (anything with vLLM's ``collective_rpc``)."""
 
-    def __init__(self, engine_client: Any, *, timeout_s: float = RPC_TIMEOUT_S) -> None:
+    def __init__(
+        self, engine_client: Any, *, timeout_s: float = RPC_TIMEOUT_S, refusal: MoesloError | None = None
+    ) -> None:
+        """``refusal``: what every request answers instead of calling the workers (:func:`plugin_refusal`)."""
         self.engine_client = engine_client
         self.timeout_s = timeout_s
+        self.refusal = refusal
 
     async def _call(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.refusal is not None:
+            # The workers lack the method: vLLM would log each call's traceback. (A fresh traceback each time:
+            # raised again as it is, one instance would grow its traceback request by request.)
+            raise self.refusal.with_traceback(None)
         if self.engine_client is None:
             raise UnavailableError("no engine behind this API server")
         try:
@@ -81,7 +125,8 @@ class EplbService:
             # vLLM's engine core reports any worker failure as a plain Exception ("Call to moeslo_eplb method
             # failed: ..."), a missing method included; a timeout arrives the same way.
             if isinstance(exc, AttributeError) or "has no attribute" in str(exc):  # the general plugin is off there
-                raise ConflictError(f"the workers lack {WORKER_METHOD}: set MOESLO_VLLM_PLUGIN=1 ({exc})") from exc
+                raise ConflictError(f"the workers lack {WORKER_METHOD}: load the general plugin moeslo too "
+                                    f"(VLLM_PLUGINS=moeslo,moeslo_eplb) with {ENABLE_ENV}=1 ({exc})") from exc
             raise UnavailableError(f"the workers' {WORKER_METHOD} call failed: {type(exc).__name__}: {exc}") from exc
         return [dict(r) if isinstance(r, dict) else {"error": {"type": "BadReply", "message": repr(r)}}
                 for r in replies]  # fmt: skip
@@ -106,7 +151,7 @@ class EplbEndpoint:
     def attach_router(self, app: FastAPI) -> None:
         async def respond(request: Request, work: Any) -> JSONResponse:
             service = getattr(request.app.state, "moeslo_eplb", None) or EplbService(
-                getattr(request.app.state, "engine_client", None)
+                getattr(request.app.state, "engine_client", None), refusal=plugin_refusal()
             )
             try:
                 return JSONResponse(await work(service))
@@ -130,7 +175,16 @@ class EplbEndpoint:
             return await respond(request, lambda service: service.rebalance(parsed))
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
-        state.moeslo_eplb = EplbService(engine_client)
+        state.moeslo_eplb = EplbService(engine_client, refusal=plugin_refusal())
 
 
-__all__ = ["REBALANCE_PATH", "STATUS_PATH", "EplbEndpoint", "EplbService", "error_body", "status_code"]
+__all__ = [
+    "REBALANCE_PATH",
+    "STATUS_PATH",
+    "EplbEndpoint",
+    "EplbService",
+    "PluginOffError",
+    "error_body",
+    "plugin_refusal",
+    "status_code",
+]

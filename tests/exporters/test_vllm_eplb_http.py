@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+from argparse import Namespace
 from typing import Any
 
 import numpy as np
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
@@ -27,9 +31,12 @@ class StandinEngineClient:
         self.missing_method = missing_method
         self.worker_fails = worker_fails
         self.calls: list[dict[str, Any]] = []
+        self.rpcs = 0
+        """Calls that reached the workers (a call to a method they lack included)."""
 
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] = (),
                              kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        self.rpcs += 1
         # vLLM 0.32's engine core reports every worker failure as a plain Exception (v1/engine/core.py).
         if self.missing_method:
             raise Exception(f"Call to {method} method failed: 'WorkerWrapperBase' object has no attribute '{method}'")
@@ -77,6 +84,50 @@ def test_errors_are_json_with_status_codes() -> None:
     assert missing.status_code == 409 and "MOESLO_VLLM_PLUGIN=1" in missing.json()["error"]["message"]
     failed = TestClient(app_for(StandinEngineClient(worker_fails=True))).post("/moeslo/eplb/rebalance", json={})
     assert failed.status_code == 503 and "a worker died" in failed.json()["error"]["message"]
+
+
+def started_app(client: StandinEngineClient) -> FastAPI:
+    """The routes as vLLM's API server sets them up (``init_state`` reads the plugin's settings)."""
+    app = FastAPI()
+    endpoint = EplbEndpoint()
+    endpoint.attach_router(app)
+    asyncio.run(endpoint.init_state(client, app.state, Namespace()))
+    return app
+
+
+def test_a_bad_setting_is_named_by_the_routes_and_no_worker_is_called(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bad setting left the workers without the method: every call was a 409 telling to set
+    MOESLO_VLLM_PLUGIN=1 (it was set), and vLLM logged the failed call's traceback each time."""
+    monkeypatch.setenv("MOESLO_VLLM_PLUGIN", "1")
+    monkeypatch.setenv("MOESLO_VLLM_FLUSH_S", "0.001")
+    engine = StandinEngineClient(missing_method=True)  # as the workers of a plugin a bad setting switched off
+    http = TestClient(started_app(engine))
+    caplog.set_level(logging.DEBUG)
+    for answer in (http.get("/moeslo/eplb"), http.post("/moeslo/eplb/rebalance", json={"dry_run": True})):
+        assert answer.status_code == 503
+        error = answer.json()["error"]
+        assert error["type"] == "PluginOffError" and error["reason"] == "bad_setting" and error["code"] == 503
+        assert error["problems"] == ["MOESLO_VLLM_FLUSH_S='0.001' must be between 0.1 and 60 seconds"]
+        assert error["message"].startswith("the moeslo vLLM plugin is off because of a bad setting: "
+                                           "MOESLO_VLLM_FLUSH_S='0.001'")  # fmt: skip
+    assert engine.rpcs == 0
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+def test_the_routes_of_a_plugin_switched_off_say_so_without_calling_the_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MOESLO_VLLM_PLUGIN", raising=False)
+    engine = StandinEngineClient(missing_method=True)
+    answer = TestClient(started_app(engine)).get("/moeslo/eplb")
+    assert answer.status_code == 409
+    assert answer.json()["error"] | {"message": ""} == {"type": "EplbRefusedError", "message": "", "code": 409,
+                                                         "reason": "plugin_off"}  # fmt: skip
+    assert "MOESLO_VLLM_PLUGIN=1" in answer.json()["error"]["message"] and engine.rpcs == 0
+    monkeypatch.setenv("MOESLO_VLLM_PLUGIN", "1")  # on: the workers answer
+    assert TestClient(started_app(StandinEngineClient())).get("/moeslo/eplb").status_code == 200
 
 
 def test_placement_metrics_from_snapshots() -> None:
