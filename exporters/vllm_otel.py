@@ -15,6 +15,12 @@ entry point ``moeslo_otel``.  It records only with ``MOESLO_VLLM_OTEL=1``;
 the exporter follows the standard ``OTEL_*`` variables
 (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_METRIC_EXPORT_INTERVAL`` ...).
 
+vLLM never shuts its stat loggers down: the exporter's last flush runs at the
+process's exit, and a collector that accepts and never answers held vLLM's
+exit 10 to 25 s (the SDK waits up to 30 s).  The logger shuts its exporter
+down itself, at exit or on :meth:`GenAiOtelStatLogger.shutdown`, within
+``SHUTDOWN_TIMEOUT_S``; what is left unsent then is dropped.
+
 TTFT comes from ``IterationStats.time_to_first_tokens_iter``, the very values
 vLLM's own ``vllm:time_to_first_token_seconds`` observes (its finished-request
 stats carry no TTFT); duration and time per output token from each finished
@@ -23,6 +29,7 @@ request.  This module imports vLLM: it exists only in vLLM's environment.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import time
@@ -40,6 +47,8 @@ from exporters.otel import OtelStatsSink
 logger = logging.getLogger(__name__)
 ENABLE_ENV = "MOESLO_VLLM_OTEL"
 PROVIDER_NAME = "vllm"
+SHUTDOWN_TIMEOUT_S = 3.0
+"""The longest the exporter's last flush may hold vLLM's exit (a healthy collector takes milliseconds)."""
 
 
 def finished_from_vllm(fin: Any) -> FinishedRequestStats:
@@ -69,6 +78,7 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
     def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
         self.engine_index = engine_index
         self.sink: OtelStatsSink | None = None
+        self._provider: MeterProvider | None = None
         if os.environ.get(ENABLE_ENV, "").strip() != "1":
             return
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -80,12 +90,15 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
         if not os.environ.get("OTEL_SERVICE_NAME"):
             attributes["service.name"] = "vllm"
         try:
-            provider = MeterProvider(resource=Resource.create(attributes),
+            # The SDK's own exit hook waits up to 30 s on a collector that does not answer: ours is bounded.
+            provider = MeterProvider(resource=Resource.create(attributes), shutdown_on_exit=False,
                                      metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
         except (ValueError, TypeError) as exc:  # vLLM builds stat loggers unguarded: raising here stops its start
             logger.error("moeslo OTel stat logger off: %s (check the OTEL_* variables, e.g. "
                          "OTEL_METRIC_EXPORT_INTERVAL and OTEL_EXPORTER_OTLP_ENDPOINT)", exc)
             return
+        self._provider = provider
+        atexit.register(self.shutdown)
         self.sink = OtelStatsSink(
             meter_provider=provider,
             tracer_provider=NoOpTracerProvider(),  # spans: vLLM's own --otlp-traces-endpoint
@@ -117,5 +130,16 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
         return None
 
     def shutdown(self) -> None:
-        if self.sink is not None:
-            self.sink.shutdown()
+        """Flush and stop the exporter, within ``SHUTDOWN_TIMEOUT_S`` (called at exit too; once is enough)."""
+        provider, self._provider = self._provider, None
+        if provider is None:
+            return
+        atexit.unregister(self.shutdown)
+        started = time.monotonic()
+        try:
+            provider.shutdown(timeout_millis=SHUTDOWN_TIMEOUT_S * 1000)
+        except Exception as exc:  # the SDK raises on a reader it could not stop; exiting must go on
+            logger.warning("moeslo OTel stat logger: stopping the exporter failed: %s", exc)
+        if time.monotonic() - started >= SHUTDOWN_TIMEOUT_S:
+            logger.warning("moeslo OTel stat logger: the collector did not take the last metrics within %g s; "
+                           "they are dropped", SHUTDOWN_TIMEOUT_S)
