@@ -163,6 +163,24 @@ def is_first_tp_rank() -> bool:
         return True
 
 
+def pipeline_parallel_size() -> int:
+    """vLLM's pipeline stages (1 outside vLLM)."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group
+
+        return int(get_pp_group().world_size)
+    except (ImportError, AssertionError, AttributeError):
+        return 1
+
+
+def moe_layer_labels(layer_ids: tuple[int, ...], *, pipeline_stages: int = 1) -> tuple[int, ...]:
+    """The ``layer`` label of each MoE layer (model layer ids, ascending): its order among the model's MoE
+    layers, 0 first, as our engine and vLLM's EPLB number them (DeepSeek-V3's first MoE layer, model layer
+    3, is layer 0).  A pipeline stage holds some layers only and cannot tell how many MoE layers the stages
+    before it hold: there the label stays the model's layer index, which no two stages share."""
+    return tuple(range(len(layer_ids))) if pipeline_stages <= 1 else layer_ids
+
+
 @dataclass(frozen=True, slots=True)
 class VllmLabels:
     model_name: str

@@ -29,7 +29,8 @@ class ExpertLoadSnapshot:
     model_name: str
     engine: str
     layer_ids: tuple[int, ...]
-    """Model layer index of each row (the ``layer`` label)."""
+    """The ``layer`` label of each row: the MoE-layer order, 0 first, as our engine's (the model's layer index
+    under pipeline parallelism: :func:`~engine.vllm_plugin.binding.moe_layer_labels`)."""
     expert_tokens_total: IntArray
     """(layers, experts) tokens routed to each logical expert since start (top-k assignments)."""
     rank_tokens_total: FloatArray

@@ -26,7 +26,9 @@ from engine.vllm_plugin.binding import (
     find_moe_layers,
     install_bind_hook,
     is_first_tp_rank,
+    moe_layer_labels,
     monolithic_moe_layers,
+    pipeline_parallel_size,
     rank_weights_for,
     vllm_row_filter,
 )
@@ -180,10 +182,14 @@ def bind_model(
     # on; the setting only stands in where vLLM's config could not be read.
     labels = probed or current_vllm_labels() or VllmLabels(model_name=settings.model_name or "unknown", engine="0")
     model_name, engine, strategy = labels.model_name, labels.engine, labels.placement_strategy
+    stages = pipeline_parallel_size()
+    if stages > 1:
+        logger.warning("moeslo: under pipeline parallelism the layer label is the model's layer index, not the "
+                       "MoE-layer order (0, 1, ...) our engine and single-stage vLLM servers use")  # fmt: skip
     builder = SnapshotBuilder(
         model_name=model_name,
         engine=engine,
-        layer_ids=counter.layer_ids,
+        layer_ids=moe_layer_labels(counter.layer_ids, pipeline_stages=stages),
         window_flushes=settings.window_flushes,
         rank_weights=rank_weights_for(layers, settings.virtual_ep_ranks, strategy),
     )
@@ -193,8 +199,9 @@ def bind_model(
     if state.label_probe is not None:
         state.label_probe.close()
     logger.info(
-        "moeslo: counting routed tokens of %d MoE layers x %d experts (model_name=%s, engine=%s)",
-        len(layers), counter.num_experts, model_name, engine,
+        "moeslo: counting routed tokens of %d MoE layers x %d experts (model_name=%s, engine=%s; "
+        "labels layer=%s are model layers %s)",
+        len(layers), counter.num_experts, model_name, engine, list(builder.layer_ids), list(counter.layer_ids),
     )  # fmt: skip
     return True
 

@@ -22,6 +22,7 @@ from engine.vllm_plugin import (
     rank_loads,
 )
 from engine.vllm_plugin.binding import find_moe_layers, install_bind_hook
+from exporters.vllm_metrics import snapshot_families
 
 
 def test_settings_default_off_and_gather_every_problem() -> None:
@@ -175,6 +176,15 @@ class _Model(torch.nn.Module):
         return x
 
 
+class _DenseFirstModel(_Model):
+    """MoE layers at model layers 1, 3 and 5, dense ones between (as DeepSeek-V3's first three, or Qwen3-MoE's
+    ``mlp_only_layers``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_MoeLayer(i, 8) for i in (1, 3, 5)])
+
+
 class _ListSink:
     def __init__(self) -> None:
         self.snapshots: list[ExpertLoadSnapshot] = []
@@ -234,6 +244,33 @@ def test_the_model_name_setting_stands_in_only_where_vllm_names_none() -> None:
     assert _bound_model_name(named, "served") == "served"
     assert _bound_model_name(named, None) == "from-setting"
     assert _bound_model_name(PluginSettings(enabled=True, flush_interval_s=60.0), None) == "unknown"
+
+
+def test_the_layer_label_is_the_moe_layer_order_as_in_the_engine() -> None:
+    """Our engine labels MoE layers 0, 1, ... (as vLLM's EPLB rows and the rebalancer's plans count them);
+    the plugin labelled them with the model's layer index, so one layer had two numbers."""
+    model = _DenseFirstModel()
+    assert [v.layer_id for v in find_moe_layers(model)] == [1, 3, 5]
+    settings = PluginSettings(enabled=True, virtual_ep_ranks=4, flush_interval_s=60.0)
+    state = PluginState()
+    try:
+        assert bind_model(model, settings, _ListSink, row_filter=count_all_rows, state=state)
+        assert state.counter is not None and state.flusher is not None
+        model(torch.randn(5, 8))
+        snap = state.flusher.flush()
+        window = state.flusher.window()
+    finally:
+        if state.flusher is not None:
+            state.flusher.stop()
+    assert snap.layer_ids == window.layer_ids == (0, 1, 2)
+    assert snap.expert_tokens_total.sum(axis=1).tolist() == [5 * 2] * 3  # each model layer in its row
+    families = {f.name: f for f in snapshot_families([snap])}
+    assert sorted({s.labels["layer"] for s in families["moe_layer_imbalance_cv"].samples}) == ["0", "1", "2"]
+    # A pipeline stage cannot tell the MoE layers of the stages before it: the model's index, unique across stages.
+    from engine.vllm_plugin.binding import moe_layer_labels
+
+    assert moe_layer_labels((1, 3, 5), pipeline_stages=2) == (1, 3, 5)
+    assert moe_layer_labels((1, 3, 5), pipeline_stages=1) == (0, 1, 2)
 
 
 def test_a_capture_callback_already_bound_is_named_when_replaced(caplog: pytest.LogCaptureFixture) -> None:
