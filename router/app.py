@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from contracts.errors import MoesloError, NotFoundError, UnavailableError
 from router.config import RouterConfig
-from router.errors import UpstreamError, error_document
+from router.errors import UpstreamError, error_body, error_document
 from router.forward import UPSTREAM_FAILURES, Router
 from router.membership import Membership
 from router.monitor import Monitor
@@ -91,11 +91,10 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
     except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
         return _json(*error_document(NotFoundError("route", f"{request.method} {request.path}")))
     except web.HTTPException as exc:  # aiohttp's own refusals (a body over client_max_size: 413)
-        return _json(exc.status, {"error": {"message": exc.reason, "type": type(exc).__name__, "code": exc.status}})
+        return _json(exc.status, {"error": error_body(exc.reason, type(exc).__name__, exc.status)})
     except Exception as exc:  # a bug of ours: logged, and still the error document, never a dropped connection
         _log.exception("unexpected error on %s %s", request.method, request.path)
-        return _json(500, {"error": {"message": f"router error: {type(exc).__name__}", "type": "InternalError",
-                                     "code": 500}})  # fmt: skip
+        return _json(500, {"error": error_body(f"router error: {type(exc).__name__}", "InternalError", 500)})
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:

@@ -10,9 +10,13 @@
         ├── UpstreamError    a replica answered garbage or broke the connection (502)
         └── UpstreamTimeoutError  a replica did not answer in time (504)
 
-The document is the engine's and the controller's: ``{"error": {"message",
-"type", "code", ...}}`` (``problems`` for validation, ``retry_after_s`` for
-overload), so a client sees one shape whoever refused it.
+The document is OpenAI's, as the engine writes it: ``{"error": {"message",
+"type", "param", "code", ...}}``.  ``param`` names the request parameter at
+fault (``model`` for a model the replicas do not serve) and is ``null``
+otherwise: the router judges a body only as a whole.  moeslo's own detail
+rides along (``problems`` for validation, ``retry_after_s`` for overload,
+``replica`` for an upstream failure), so a client sees one shape whoever
+refused it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from contracts.errors import (
     OPENAI_STATUS,
     MoesloError,
+    NotFoundError,
     OverloadedError,
     StatusTable,
     UnavailableError,
@@ -56,10 +61,22 @@ def status_for(exc: MoesloError) -> int:
     return http_status(exc, ROUTER_STATUS)
 
 
+def error_param(exc: MoesloError) -> str | None:
+    """OpenAI's ``param``: the request parameter at fault, or None when no one parameter is."""
+    if isinstance(exc, NotFoundError) and exc.kind == "model":
+        return "model"
+    return None
+
+
+def error_body(message: str, error_type: str, status: int, param: str | None = None) -> dict[str, Any]:
+    """The inside of the error document (``{"error": error_body(...)}``): OpenAI's four fields."""
+    return {"message": message, "type": error_type, "param": param, "code": status}
+
+
 def error_document(exc: MoesloError) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]:
     """(status, body, extra headers) of the error response for ``exc``."""
     status = status_for(exc)
-    body: dict[str, Any] = {"message": str(exc), "type": type(exc).__name__, "code": status}
+    body = error_body(str(exc), type(exc).__name__, status, error_param(exc))
     headers: list[tuple[bytes, bytes]] = []
     if isinstance(exc, ValidationError):
         body["problems"] = list(exc.problems)
@@ -84,7 +101,9 @@ __all__ = [
     "UNAVAILABLE_RETRY_AFTER_S",
     "UpstreamError",
     "UpstreamTimeoutError",
+    "error_body",
     "error_document",
+    "error_param",
     "sse_error_event",
     "status_for",
 ]

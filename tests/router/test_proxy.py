@@ -31,6 +31,7 @@ def test_a_completion_and_the_model_list_are_relayed_as_the_replica_wrote_them()
         assert (one.status_code, one.json()) == (200, models["data"][0])
         missing = httpx.get(r.url + "/v1/models/other", timeout=5)
         assert missing.status_code == 404 and "other" in missing.json()["error"]["message"]
+        assert missing.json()["error"]["param"] == "model"  # OpenAI's field at fault
         chat = httpx.post(r.url + "/v1/chat/completions", json={"messages": []}, timeout=5)
         assert chat.status_code == 200  # the stub serves chat; an engine without it answers its own 404
         labels = {"replica": url_of(stub), "decision": "lowest_predicted_ttft", "outcome": "ok"}
@@ -180,6 +181,7 @@ def test_bad_requests_and_unknown_routes_get_the_error_document() -> None:
         answer = httpx.post(r.url + "/v1/completions", content=b"{not json", timeout=5)
         assert answer.status_code == 400
         assert answer.json()["error"]["type"] == "ValidationError" and answer.json()["error"]["problems"]
+        assert answer.json()["error"]["param"] is None  # OpenAI's field, null: the body as a whole is at fault
         deep = httpx.post(r.url + "/v1/completions", content=b"[" * 100_000 + b"]" * 100_000, timeout=5)
         assert deep.status_code == 400 and "nested too deeply" in deep.text  # it was a 500 (RecursionError)
         # Bodies the engine answers with a 400 reach it: the router's prefix hash must not fail on them first.
@@ -192,7 +194,8 @@ def test_bad_requests_and_unknown_routes_get_the_error_document() -> None:
                                 headers={"Content-Type": "application/json"})  # fmt: skip
             assert answer.status_code == 200, (body, answer.text)  # the stub answers everything
         missing = httpx.get(r.url + "/v2/nothing", timeout=5)
-        assert (missing.status_code, missing.json()["error"]["code"]) == (404, 404)
+        assert (missing.status_code, missing.json()["error"]["code"], missing.json()["error"]["param"]) == (404, 404,
+                                                                                                          None)
         assert stub.requests["/v1/completions"] == 2 and stub.requests["/v1/chat/completions"] == 1
         metrics = httpx.get(r.url + "/metrics", timeout=5).text
         assert "moeslo_router_requests_total" in metrics and "moeslo_router_replica_healthy" in metrics
