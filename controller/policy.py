@@ -12,11 +12,12 @@ expert-imbalance CV <= 0.15, a 30-day window, 180 s scale-down cooldown and
 
 from __future__ import annotations
 
+import math
 import re
 from enum import StrEnum
 from typing import Annotated, Literal, Self, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from contracts.slo_defaults import (
     COMPLIANCE_WINDOW,
@@ -43,6 +44,17 @@ _DURATION = re.compile(r"([0-9]+)([smhdw])")
 """Matched whole (``fullmatch``): ``\\d`` would take any script's digits and ``$`` a trailing newline, neither of
 which Prometheus or OpenSLO reads."""
 _DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+FASTEST_ALERT_WINDOW_S = 3600
+"""The long window of the fastest burn-rate alert (the SRE workbook's 1h/5m page, :mod:`controller.slo`)."""
+FASTEST_ALERT_BUDGET_FRACTION = 0.02
+"""The share of the window's error budget that alert pages on (2 % within its hour)."""
+MIN_WINDOW_S = round(FASTEST_ALERT_WINDOW_S / FASTEST_ALERT_BUDGET_FRACTION)
+"""The shortest compliance window (50 h): the fastest alert's burn-rate factor, 0.02 x window / 1 h, reaches 1 only
+there.  Under it every standard alert would fire while the SLO is still met, so the alert generator has no rule to
+write, and a policy is refused, by the API and the generator alike."""
+MAX_WINDOW_S = 366 * 86400
+"""The longest compliance window (366 days)."""
 
 
 def parse_duration_s(text: str) -> int:
@@ -253,6 +265,26 @@ class ForecastSettings(_Strict):
     """How many scored forecasts the rolling WAPE and coverage cover."""
 
 
+def alert_target_problem(objective: str, target: float, window: str) -> str | None:
+    """Why the fastest burn-rate alert over ``window`` cannot fire for ``objective``'s ``target`` (None: it can).
+
+    Its factor is 0.02 x window / 1 h (14.4 for 30 days), and with every event bad the burn rate is
+    ``1 / (1 - target)`` at most: a lower ceiling means a page that never fires, which the alert generator
+    refuses.  A shorter window lowers the factor; a higher target raises the ceiling.
+    """
+    seconds = parse_duration_s(window)
+    factor = FASTEST_ALERT_BUDGET_FRACTION * seconds / FASTEST_ALERT_WINDOW_S  # as controller.slo computes it
+    if factor * (1.0 - target) <= 1.0:
+        return None
+    longest_h = math.floor(FASTEST_ALERT_WINDOW_S / (FASTEST_ALERT_BUDGET_FRACTION * (1.0 - target)) / 3600)
+    lowest_target = math.ceil((1.0 - FASTEST_ALERT_WINDOW_S / (FASTEST_ALERT_BUDGET_FRACTION * seconds)) * 1e6) / 1e6
+    return (
+        f"a {window} window is too long for objectives.{objective}.target {target:g}: its 1h/5m page alert needs "
+        f"a burn rate of {factor:.6g}, and with target {target:g} the most it can reach is {1 / (1 - target):.6g} "
+        f"(every event bad); use a window of at most {longest_h}h or a target of at least {lowest_target:g}"
+    )
+
+
 class Policy(_Strict):
     """One SLO policy."""
 
@@ -261,7 +293,8 @@ class Policy(_Strict):
     target: Target
     objectives: Objectives = Objectives()
     window: str = COMPLIANCE_WINDOW
-    """Compliance window, a Prometheus duration (e.g. ``30d``)."""
+    """Compliance window, a Prometheus duration (e.g. ``30d``), from 50h to 366d, and no longer than the objectives'
+    targets allow their burn-rate alerts (:func:`alert_target_problem`)."""
     scaling: Scaling = Scaling()
     lead_time_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = LEAD_TIME_S
     """Replica start-up time: how far ahead scale-ups must happen."""
@@ -275,10 +308,19 @@ class Policy(_Strict):
 
     @field_validator("window")
     @classmethod
-    def _window(cls, value: str) -> str:
+    def _window(cls, value: str, info: ValidationInfo) -> str:
         seconds = parse_duration_s(value)
-        if not 3600 <= seconds <= 366 * 86400:
-            raise ValueError(f"window {value!r} must be between 1h and 366d")
+        if not MIN_WINDOW_S <= seconds <= MAX_WINDOW_S:
+            raise ValueError(
+                f"window {value!r} must be between {MIN_WINDOW_S // 3600}h and {MAX_WINDOW_S // 86400}d: a shorter "
+                "compliance window has no burn-rate alert (the fastest, 1h/5m, would fire below 1x, while the SLO "
+                "is still met)"
+            )
+        objectives = info.data.get("objectives")  # absent when it failed validation itself
+        if isinstance(objectives, Objectives):
+            problems = [alert_target_problem(key, getattr(objectives, key).target, value) for key in ("ttft", "itl")]
+            if any(problems):
+                raise ValueError("; ".join(p for p in problems if p))
         return value
 
     @property

@@ -9,7 +9,10 @@ from the policy's compliance window and the share of budget each alert
 guards, so a 7-day window gets different factors than a 30-day one.  Pairs
 whose factor would be below 1 are left out (a burn rate <= 1 never exhausts
 the budget, so they would fire while the SLO is met): a 7-day window keeps only
-the two paging pairs, and a window under 50 hours, with none left, is refused.
+the two paging pairs, and a window under 50 hours, with none left, is refused,
+as is a target whose burn rate, every event bad, stays under an alert's factor.
+The policy model refuses both already (``controller.policy``), so a policy the
+REST API took always has rules; these checks guard policies built without it.
 
 Paging needs traffic: every burn-rate alert also requires the request rate
 over its short window to reach ``AlertOptions.min_request_rate_per_s``, so a
@@ -33,7 +36,7 @@ from contracts.catalogue import (
     le_matcher,
 )
 from contracts.errors import ValidationError
-from controller.policy import LatencyObjective, Policy, parse_duration_s
+from controller.policy import MIN_WINDOW_S, LatencyObjective, Policy, parse_duration_s
 from controller.slo import (
     MIN_ALERT_BURN_RATE,
     MIN_ALERT_REQUEST_RATE_PER_S,
@@ -113,13 +116,13 @@ def burn_windows(policy: Policy) -> tuple[BurnRateWindow, ...]:
             [
                 f"policy {policy.name!r}: compliance window {policy.window} is too short for burn-rate alerts: "
                 f"every standard window pair would fire below {_num(MIN_ALERT_BURN_RATE)}x ({dropped}), while the "
-                "SLO is still met; use a window of at least 50h"
+                f"SLO is still met; use a window of at least {MIN_WINDOW_S // 3600}h"
             ]
         )
     problems = [
         f"policy {policy.name!r}: the {w.long_window}/{w.short_window} {w.severity} alert needs burn rate "
         f"{_num(w.burn_rate)}, but with target {sli.objective.target} the most it can reach is "
-        f"{_num(1 / error_budget(sli.objective.target))} (every event bad); raise the target or lengthen the window"
+        f"{_num(1 / error_budget(sli.objective.target))} (every event bad); raise the target or shorten the window"
         for sli in latency_slis(policy)
         for w in windows
         if w.burn_rate * error_budget(sli.objective.target) > 1.0

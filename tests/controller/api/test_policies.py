@@ -76,6 +76,17 @@ def test_create_get_list_with_etag_and_defaults(client: TestClient) -> None:
         ({"surprise": 1}, "surprise", "Extra inputs are not permitted"),
         ({"scaling": {"max_replicas": "many"}}, "scaling.max_replicas", "valid integer"),
         ({"window": "30x"}, "window", "must be a number followed by one of s, m, h, d, w"),
+        # Windows the alert generator has no burn-rate rule for (moeslo alerts generate refuses them too).
+        ({"window": "1h"}, "window", "window '1h' must be between 50h and 366d"),
+        ({"window": "49h"}, "window", "window '49h' must be between 50h and 366d"),
+        ({"window": "367d"}, "window", "window '367d' must be between 50h and 366d"),
+        (
+            {"objectives": {"ttft": {"threshold_s": 0.5, "target": 0.9}}},
+            "window",
+            "a 30d window is too long for objectives.ttft.target 0.9: its 1h/5m page alert needs a burn rate of 14.4, "
+            "and with target 0.9 the most it can reach is 10 (every event bad); use a window of at most 500h or a "
+            "target of at least 0.930556",
+        ),
         ({"lead_time_s": -5}, "lead_time_s", "greater than or equal to 0"),
         ({"name": "Not_A_Name"}, "name", "should match pattern"),
     ],
@@ -88,6 +99,22 @@ def test_bad_policies_get_422_naming_the_field(
     assert response.headers["content-type"] == "application/problem+json"
     problems = response.json()["errors"]
     assert any(p["field"] == field and message in p["message"] for p in problems), problems
+
+
+def test_the_windows_and_targets_a_refusal_suggests_are_accepted(client: TestClient) -> None:
+    assert _create(client, {**POLICY, "window": "50h"}).json()["policy"]["window"] == "50h"
+    loose = {"ttft": {"threshold_s": 0.5, "target": 0.9}}
+    assert _create(client, {**POLICY, "name": "loose", "objectives": loose, "window": "500h"}).status_code == 201
+    tight = {"ttft": {"threshold_s": 0.5, "target": 0.930556}}
+    assert _create(client, {**POLICY, "name": "tight", "objectives": tight}).status_code == 201  # the 30d default
+    # A merge patch is judged as a whole policy: a window too short, or a target too loose for it, is refused.
+    merge = {**AUTH, "Content-Type": "application/merge-patch+json"}
+    short = client.patch("/v1/policies/qwen", json={"window": "24h"}, headers=merge)
+    assert short.status_code == 422, short.text
+    assert short.json()["errors"][0]["field"] == "window" and "between 50h and 366d" in short.text
+    longer = client.patch("/v1/policies/loose", json={"window": "30d"}, headers=merge)
+    assert longer.status_code == 422 and "use a window of at most 500h" in longer.json()["errors"][0]["message"]
+    assert client.get("/v1/policies/loose").json()["policy"]["window"] == "500h"
 
 
 def test_every_failure_is_reported_at_once(client: TestClient) -> None:

@@ -6,10 +6,20 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError as PydanticValidationError
 
 from contracts.errors import DataError, ValidationError
-from controller.policy import LatencyObjective, LocalTarget, Objectives, Policy
+from controller.policy import (
+    FASTEST_ALERT_BUDGET_FRACTION,
+    FASTEST_ALERT_WINDOW_S,
+    MIN_WINDOW_S,
+    LatencyObjective,
+    LocalTarget,
+    Objectives,
+    Policy,
+)
 from controller.policy_files import DEFAULT_POLICIES, load_policies, parse_policies
+from controller.slo import standard_burn_rate_windows
 from generators.alerts import AlertOptions, build_rule_groups, render_alert_files
 from generators.alerts.model import AlertingRule, RecordingRule
 
@@ -27,6 +37,13 @@ def _policy(name: str = "p", *, window: str = "30d", ttft: float = 0.5, itl: flo
             itl=LatencyObjective(threshold_s=itl, target=target),
         ),
     )
+
+
+def _unchecked(name: str = "p", *, window: str = "30d", target: float = 0.99) -> Policy:
+    """A policy with a window and targets the policy model would refuse (copied past its validation)."""
+    objectives = Objectives(ttft=LatencyObjective(threshold_s=0.5, target=target),
+                            itl=LatencyObjective(threshold_s=0.02, target=target))  # fmt: skip
+    return _policy(name).model_copy(update={"window": window, "objectives": objectives})
 
 
 def _burn_alerts(policy: Policy, slo: str = "ttft") -> list[AlertingRule]:
@@ -55,7 +72,7 @@ def test_factors_follow_the_compliance_window() -> None:
 
 def test_window_too_short_for_any_burn_alert_is_refused() -> None:
     with pytest.raises(ValidationError) as info:
-        build_rule_groups([_policy("short", window="1d"), _policy("ok", window="7d")])
+        build_rule_groups([_unchecked("short", window="1d"), _policy("ok", window="7d")])
     (problem,) = info.value.problems
     assert "policy 'short': compliance window 1d is too short for burn-rate alerts" in problem
     assert "1h/5m at 0.48x" in problem and "at least 50h" in problem
@@ -109,7 +126,47 @@ def test_duplicate_policy_names_are_refused() -> None:
 def test_a_burn_rate_the_target_cannot_reach_is_refused() -> None:
     # Target 0.9: budget 10 %, so the most any window can burn is 10x < 14.4x.
     with pytest.raises(ValidationError, match=r"needs burn rate 14.4, but with target 0.9 the most it can reach is 10"):
-        build_rule_groups([_policy(target=0.9)])
+        build_rule_groups([_unchecked(target=0.9)])
+    # A longer window only raises the factor: the way out is a shorter one (7 days: 3.36x, within 10x).
+    with pytest.raises(ValidationError, match=r"raise the target or shorten the window"):
+        build_rule_groups([_unchecked(target=0.9)])
+    assert _burn_alerts(_unchecked(window="7d", target=0.9))
+
+
+@pytest.mark.parametrize("window", ["1h", "24h", "49h", "179999s", "50h", "7d", "20d", "500h", "501h", "30d", "366d"])
+@pytest.mark.parametrize("target", [0.5, 0.9, 0.93, 0.930556, 0.99, 0.999])
+def test_the_policy_model_accepts_exactly_the_windows_and_targets_the_generator_turns_into_rules(
+    window: str, target: float
+) -> None:
+    spec = {"name": "p", "target": {"kind": "local", "model": "m"}, "window": window,
+            "objectives": {"ttft": {"threshold_s": 0.5, "target": target},
+                           "itl": {"threshold_s": 0.02, "target": target}}}  # fmt: skip
+    try:
+        Policy.model_validate(spec)
+    except PydanticValidationError as exc:
+        model_refuses = [".".join(map(str, e["loc"])) for e in exc.errors()] == ["window"]
+        assert model_refuses, exc.errors()
+    else:
+        model_refuses = False
+    try:
+        build_rule_groups([_unchecked(window=window, target=target)])
+    except ValidationError:
+        generator_refuses = True
+    else:
+        generator_refuses = False
+    assert model_refuses == generator_refuses
+
+
+def test_the_shortest_window_is_where_the_fastest_alert_reaches_one() -> None:
+    assert MIN_WINDOW_S == 50 * 3600
+    fastest = standard_burn_rate_windows(MIN_WINDOW_S)[0]
+    assert (fastest.long_window_s, fastest.budget_fraction) == (FASTEST_ALERT_WINDOW_S, FASTEST_ALERT_BUDGET_FRACTION)
+    assert fastest.burn_rate == pytest.approx(1.0)
+    assert standard_burn_rate_windows(MIN_WINDOW_S - 1) == ()
+    # The fastest pair has the highest factor at every window: it alone bounds the targets.
+    for days in (3, 7, 30, 366):
+        windows = standard_burn_rate_windows(days * 86400)
+        assert max(windows, key=lambda w: w.burn_rate) == windows[0]
 
 
 def test_imbalance_alert_waits_for_the_rebalancer() -> None:
