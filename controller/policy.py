@@ -55,6 +55,10 @@ there.  Under it every standard alert would fire while the SLO is still met, so 
 write, and a policy is refused, by the API and the generator alike."""
 MAX_WINDOW_S = 366 * 86400
 """The longest compliance window (366 days)."""
+STORED = "stored"
+"""Validation context key (``{STORED: True}``) of a spec read back from the store: a policy written before the
+window rule above (from 1h, whatever its targets) still loads, so the controller keeps serving it; any change to it
+is validated in full."""
 
 
 def parse_duration_s(text: str) -> int:
@@ -310,6 +314,8 @@ class Policy(_Strict):
     @classmethod
     def _window(cls, value: str, info: ValidationInfo) -> str:
         seconds = parse_duration_s(value)
+        if info.context and info.context.get(STORED) and 3600 <= seconds <= MAX_WINDOW_S:
+            return value
         if not MIN_WINDOW_S <= seconds <= MAX_WINDOW_S:
             raise ValueError(
                 f"window {value!r} must be between {MIN_WINDOW_S // 3600}h and {MAX_WINDOW_S // 86400}d: a shorter "

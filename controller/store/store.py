@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from contracts.errors import ConflictError, NotFoundError, UnavailableError
-from controller.policy import Policy
+from controller.policy import STORED, Policy
 from controller.store.series import DecisionPoint, PointQuery
 from controller.store.tables import Base, DecisionRow, LoadHistoryRow, PolicyRow, PolicyVersionRow
 
@@ -296,7 +296,8 @@ class Store:
         if policy is None:
             if len(self._parsed) > 10_000:
                 self._parsed.clear()
-            policy = self._parsed[key] = Policy.model_validate(row.spec)
+            # A spec stored under an older, looser window rule still loads (and runs); a change to it must pass.
+            policy = self._parsed[key] = Policy.model_validate(row.spec, context={STORED: True})
         return StoredPolicy(
             policy=policy,
             version=row.version,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,25 @@ def test_the_windows_and_targets_a_refusal_suggests_are_accepted(client: TestCli
     longer = client.patch("/v1/policies/loose", json={"window": "30d"}, headers=merge)
     assert longer.status_code == 422 and "use a window of at most 500h" in longer.json()["errors"][0]["message"]
     assert client.get("/v1/policies/loose").json()["policy"]["window"] == "500h"
+
+
+def test_a_policy_stored_under_the_older_window_rule_still_loads_and_a_change_must_pass(tmp_path: Path) -> None:
+    # Windows from 1h were taken before the 50h rule: such a stored policy keeps loading (the controller keeps
+    # running it), and any change to it is judged by today's rule.
+    with make_client(tmp_path) as client:
+        _create(client)
+    db = sqlite3.connect(tmp_path / "c.db")
+    with db:  # as the older controller wrote it
+        db.execute("UPDATE policies SET spec = json_set(spec, '$.window', '24h')")
+    db.close()
+    with make_client(tmp_path) as client:
+        assert client.get("/v1/policies/qwen").json()["policy"]["window"] == "24h"
+        assert [item["policy"]["window"] for item in client.get("/v1/policies").json()["items"]] == ["24h"]
+        merge = {**AUTH, "Content-Type": "application/merge-patch+json"}
+        changed = client.patch("/v1/policies/qwen", json={"scaling": {"max_replicas": 4}}, headers=merge)
+        assert changed.status_code == 422 and changed.json()["errors"][0]["field"] == "window"
+        fixed = client.patch("/v1/policies/qwen", json={"scaling": {"max_replicas": 4}, "window": "7d"}, headers=merge)
+        assert fixed.status_code == 200 and fixed.json()["policy"]["window"] == "7d"
 
 
 def test_every_failure_is_reported_at_once(client: TestClient) -> None:
