@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Select, String, func, select, type_coerce
 
-from controller.store.tables import DecisionRow
+from controller.store.tables import DecisionRow, decisions_of
 
 __all__ = ["DecisionPoint", "PointQuery"]
 
@@ -70,11 +70,12 @@ class PointQuery:
     def select(
         self, policy: str, *, since: datetime, exclude_actions: Sequence[str], limit: int, after_id: int | None = None
     ) -> Select[Any]:
-        """The newest ``limit`` decisions of ``policy`` at or after ``since`` (with ids above ``after_id``)."""
+        """The newest ``limit`` decisions of ``policy`` (since it was last created) at or after ``since`` (with ids
+        above ``after_id``)."""
         rows = (
             select(DecisionRow.id, DecisionRow.at, DecisionRow.action, DecisionRow.current_replicas,
                    DecisionRow.desired_replicas, DecisionRow.outcome, DecisionRow.inputs)
-            .where(DecisionRow.policy == policy, DecisionRow.at >= since)
+            .where(decisions_of(policy), DecisionRow.at >= since)
             .order_by(DecisionRow.id.desc())
             .limit(limit)
         )

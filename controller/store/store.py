@@ -25,7 +25,7 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from contracts.errors import ConflictError, NotFoundError, UnavailableError
 from controller.policy import STORED, Policy
 from controller.store.series import DecisionPoint, PointQuery
-from controller.store.tables import Base, DecisionRow, LoadHistoryRow, PolicyRow, PolicyVersionRow
+from controller.store.tables import Base, DecisionRow, LoadHistoryRow, PolicyRow, PolicyVersionRow, decisions_of
 
 
 class StaleVersionError(ConflictError):
@@ -340,10 +340,11 @@ class Store:
         exclude_actions: Sequence[str] = (),
     ) -> list[DecisionRecord]:
         """Newest first; ``before_id`` pages backwards (keyset pagination); ``since`` and
-        ``exclude_actions`` narrow to decisions at or after a time and of other actions."""
+        ``exclude_actions`` narrow to decisions at or after a time and of other actions.  With ``policy``,
+        only the decisions since that policy was last created (:func:`~controller.store.tables.decisions_of`)."""
         query = select(DecisionRow).order_by(DecisionRow.id.desc()).limit(limit)
         if policy is not None:
-            query = query.where(DecisionRow.policy == policy)
+            query = query.where(decisions_of(policy))
         if before_id is not None:
             query = query.where(DecisionRow.id < before_id)
         if since is not None:

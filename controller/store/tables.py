@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy import JSON, ColumnElement, DateTime, Float, Index, Integer, String, Text, and_, func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -76,3 +76,19 @@ class LoadHistoryRow(Base):
     policy: Mapped[str] = mapped_column(String(63), primary_key=True)
     chunk_start_s: Mapped[float] = mapped_column(Float, primary_key=True)
     samples: Mapped[list[list[float]]] = mapped_column(JSON, nullable=False)
+
+
+def decisions_of(policy: str) -> ColumnElement[bool]:
+    """The decisions of ``policy`` since it was last created: a policy deleted and created again starts with an
+    empty log.
+
+    Versions grow across deletes, so the decisions made under an older creation (those logged late included,
+    by a tick that read the policy before it was deleted) all carry versions below the latest ``create``.  A
+    name never stored (no versions) keeps all its decisions; a deleted one, those of its last creation.
+    """
+    created = (
+        select(func.max(PolicyVersionRow.version))
+        .where(PolicyVersionRow.name == policy, PolicyVersionRow.operation == "create")
+        .scalar_subquery()
+    )
+    return and_(DecisionRow.policy == policy, DecisionRow.policy_version >= func.coalesce(created, 0))

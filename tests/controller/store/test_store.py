@@ -7,10 +7,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from contracts.errors import ConflictError, NotFoundError
+from controller.actuators import DryRunActuator
+from controller.core import CoreConfig, DecisionCore
 from controller.policy import Policy
+from controller.service import ControllerService
 from controller.store import DecisionRecord, StaleVersionError, Store
+from controller.telemetry import ControllerMetrics
 
 
 def _policy(name: str = "p", max_replicas: int = 8) -> Policy:
@@ -135,3 +140,52 @@ def test_unconditional_writes_racing_for_the_next_version_all_land(tmp_path: Pat
     assert failures == []
     assert store.get_policy("p").version == 1 + 6 * 15
     assert [v.version for v in store.policy_history("p")] == list(range(1, 92))
+
+
+def _applied(policy: str, version: int, tick_s: float) -> DecisionRecord:
+    return DecisionRecord(
+        policy=policy, policy_version=version, at=datetime.now(UTC), tick_s=tick_s, action="scale_up",
+        reason="queue_depth", current_replicas=1, desired_replicas=3, mode="enforce", outcome="applied",
+        inputs={"request_rate_rps": tick_s},
+    )
+
+
+def test_a_policy_created_again_reads_only_the_decisions_since(tmp_path: Path) -> None:
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    since = datetime(2000, 1, 1, tzinfo=UTC)
+    store.create_policy(_policy("p"))
+    store.replace_policy(_policy("p", max_replicas=4))
+    store.append_decisions([_applied("p", 1, 1.0), _applied("p", 2, 2.0), _applied("ghost", 1, 3.0)])
+    assert [r.tick_s for r in store.list_decisions(policy="p")] == [2.0, 1.0]  # every version of one creation
+    store.delete_policy("p")
+    assert [r.tick_s for r in store.list_decisions(policy="p")] == [2.0, 1.0]  # deleted: its last log stays
+    assert store.replace_policy(_policy("p"), create=True)[0].version == 4
+    assert store.list_decisions(policy="p") == []
+    assert store.decision_points("p", since=since, fields={"rate": ("request_rate_rps",)}) == []
+    store.append_decisions([_applied("p", 2, 4.0), _applied("p", 4, 5.0)])  # a late write of the old one, a new
+    assert [r.tick_s for r in store.list_decisions(policy="p")] == [5.0]
+    points = store.decision_points("p", since=since, fields={"rate": ("request_rate_rps",)})
+    assert [p.values for p in points] == [(5.0,)]
+    assert [r.tick_s for r in store.list_decisions(policy="ghost")] == [3.0]  # a name never stored: all of it
+    assert len(store.list_decisions()) == 5  # the whole log keeps everything
+
+
+def test_a_restart_carries_no_cooldown_over_from_a_policy_deleted_since(tmp_path: Path) -> None:
+    # The core forgets a deleted policy at its next tick, so a policy created again starts without the old
+    # scale-down cooldown; a restarted controller must not bring it back from the old log.
+    url = f"sqlite+pysqlite:///{tmp_path / 'c.db'}"
+    first = Store(url)
+    first.create_policy(_policy("p"))
+    first.create_policy(_policy("kept"))
+    first.append_decisions([_applied("p", 1, 1.0), _applied("kept", 1, 1.0)])
+    first.delete_policy("p")
+    first.create_policy(_policy("p"))
+    first.close()
+    store = Store(url)
+    core = DecisionCore(config=CoreConfig(tick_interval_s=15))
+    service = ControllerService(store=store, source=None, actuator=DryRunActuator(), core=core,  # type: ignore[arg-type]
+                                metrics=ControllerMetrics(CollectorRegistry()), clock=lambda: 1000.0)  # fmt: skip
+    service.restore_state()
+    assert core.state["kept"].last_change_s is not None  # the cooldown of a policy still there carries over
+    assert "p" not in core.state or core.state["p"].last_change_s is None
+    store.close()
