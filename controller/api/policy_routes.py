@@ -105,6 +105,14 @@ def _expected_version(request: Request, name: str, if_match: str | None) -> int 
     return parsed
 
 
+def _forget_page_series(request: Request) -> None:
+    """Drop the decision series the status page keeps between reloads (``app.state.page_series``): a policy
+    deleted, or created under a name that had one, has another log, which its page must read afresh."""
+    cache = getattr(request.app.state, "page_series", None)
+    if cache is not None:
+        cache.clear()
+
+
 def _respond(response: Response, stored: StoredPolicy) -> PolicyResource:
     response.headers["ETag"] = stored.etag
     response.headers["Location"] = f"/v1/policies/{stored.policy.name}"
@@ -133,7 +141,9 @@ def json_body(request: Request, _auth: WriteAccess) -> None:
 )
 def create_policy(request: Request, response: Response, policy: Policy, _auth: WriteAccess) -> PolicyResource:
     _check_target(request, policy)
-    return _respond(response, _store(request).create_policy(policy))
+    stored = _store(request).create_policy(policy)
+    _forget_page_series(request)
+    return _respond(response, stored)
 
 
 @router.get("/policies/{name}", response_model=PolicyResource, responses=_READ)
@@ -176,6 +186,8 @@ def put_policy(
         assert isinstance(parsed, int)
         expected = parsed
     stored, created = _store(request).replace_policy(policy, expected_version=expected, create=True)
+    if created:
+        _forget_page_series(request)
     response.status_code = 201 if created else 200
     return _respond(response, stored)
 
@@ -272,6 +284,7 @@ def _apply_patch(
 def delete_policy(request: Request, name: PolicyName, _auth: WriteAccess, if_match: IfMatch = None) -> Response:
     expected = _expected_version(request, name, if_match)
     _store(request).delete_policy(name, expected_version=expected)
+    _forget_page_series(request)
     return Response(status_code=204)
 
 
@@ -345,4 +358,6 @@ def _import_openslo(request: Request, text: str) -> OpenSloImport:
             "only; change existing ones with PUT or PATCH and their ETag"
         )
     results = [PolicyResource.of(stored) for stored in store.write_policies(planned)]
+    if any(version is None for _policy, version in planned):
+        _forget_page_series(request)
     return OpenSloImport(items=results)
