@@ -54,6 +54,19 @@ def test_the_flush_interval_range_includes_its_ends() -> None:
         assert PluginSettings.from_env({"MOESLO_VLLM_FLUSH_S": raw}).flush_interval_s == flush_s
 
 
+def test_a_routing_window_of_more_than_a_thousand_flushes_is_a_bad_setting() -> None:
+    """Each flush is a layers x experts array kept in every worker: an unbounded window is unbounded memory."""
+    with pytest.raises(ValidationError) as err:
+        PluginSettings.from_env({"MOESLO_VLLM_WINDOW_S": "86400"})
+    assert err.value.problems == (
+        "MOESLO_VLLM_WINDOW_S=86400 holds 86,400 flushes of MOESLO_VLLM_FLUSH_S=1; at most 1,000 "
+        "(shorten the window or flush less often)",
+    )
+    assert PluginSettings.from_env({"MOESLO_VLLM_WINDOW_S": "1000"}).window_flushes == 1000
+    hourly = PluginSettings.from_env({"MOESLO_VLLM_WINDOW_S": "3600", "MOESLO_VLLM_FLUSH_S": "60"})
+    assert hourly.window_flushes == 60
+
+
 def test_the_plugin_switch_reads_the_words_the_other_switches_read_and_refuses_the_rest() -> None:
     for word, enabled in (("true", True), ("ON", True), ("1", True), ("off", False), ("0", False), ("", False)):
         assert PluginSettings.from_env({"MOESLO_VLLM_PLUGIN": word}).enabled is enabled, word
