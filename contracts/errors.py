@@ -100,7 +100,22 @@ def http_status(exc: MoesloError, table: StatusTable = OPENAI_STATUS) -> int:
     return next((status for cls, status in table if isinstance(exc, cls)), 500)
 
 
+INVALID_REQUEST = "invalid_request_error"
+
+
+def openai_error_type(status: int) -> str:
+    """OpenAI's error ``type`` for an HTTP status, as the engine and the router both write it."""
+    if status == 429:
+        return "rate_limit_error"
+    if status == 503:
+        return "service_unavailable_error"
+    if 400 <= status < 500:
+        return INVALID_REQUEST
+    return "server_error"
+
+
 __all__ = [
+    "INVALID_REQUEST",
     "OPENAI_STATUS",
     "ConflictError",
     "DataError",
@@ -112,4 +127,5 @@ __all__ = [
     "UnavailableError",
     "ValidationError",
     "http_status",
+    "openai_error_type",
 ]

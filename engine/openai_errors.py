@@ -22,19 +22,19 @@ from typing import Any
 from fastapi.responses import Response
 
 from contracts.errors import (
+    INVALID_REQUEST,
     MoesloError,
     NotFoundError,
     OverloadedError,
     UnavailableError,
     ValidationError,
     http_status,
+    openai_error_type,
 )
 from engine.errors import PromptTooLongError
 
 UNAVAILABLE_RETRY_AFTER_S = 5
 """``Retry-After`` of a 503: about what a supervisor needs to notice the failed probe and restart the replica."""
-
-INVALID_REQUEST = "invalid_request_error"
 
 _PARAM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)(?::| must | token ids | has )")
 """A problem that starts ``field:``, ``field.0.sub:`` or ``field must ...`` names its field."""
@@ -45,15 +45,7 @@ def status_for(exc: MoesloError) -> int:
     return http_status(exc)
 
 
-def error_type(status: int) -> str:
-    """OpenAI's error ``type`` for an HTTP status."""
-    if status == 429:
-        return "rate_limit_error"
-    if status == 503:
-        return "service_unavailable_error"
-    if 400 <= status < 500:
-        return INVALID_REQUEST
-    return "server_error"
+error_type = openai_error_type
 
 
 def error_param(exc: MoesloError) -> str | None:

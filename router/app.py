@@ -91,10 +91,10 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
     except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
         return _json(*error_document(NotFoundError("route", f"{request.method} {request.path}")))
     except web.HTTPException as exc:  # aiohttp's own refusals (a body over client_max_size: 413)
-        return _json(exc.status, {"error": error_body(exc.reason, type(exc).__name__, exc.status)})
+        return _json(exc.status, {"error": error_body(exc.reason, exc.status)})
     except Exception as exc:  # a bug of ours: logged, and still the error document, never a dropped connection
         _log.exception("unexpected error on %s %s", request.method, request.path)
-        return _json(500, {"error": error_body(f"router error: {type(exc).__name__}", "InternalError", 500)})
+        return _json(500, {"error": error_body(f"router error: {type(exc).__name__}", 500)})
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:

@@ -11,7 +11,9 @@
         └── UpstreamTimeoutError  a replica did not answer in time (504)
 
 The document is OpenAI's, as the engine writes it: ``{"error": {"message",
-"type", "param", "code", ...}}``.  ``param`` names the request parameter at
+"type", "param", "code", ...}}``, ``type`` OpenAI's for the status
+(``invalid_request_error``, ``rate_limit_error``, ``service_unavailable_error``,
+``server_error``), the same word the engine writes.  ``param`` names the request parameter at
 fault (``model`` for a model the replicas do not serve) and is ``null``
 otherwise: the router judges a body only as a whole.  moeslo's own detail
 rides along (``problems`` for validation, ``retry_after_s`` for overload,
@@ -34,6 +36,7 @@ from contracts.errors import (
     UnavailableError,
     ValidationError,
     http_status,
+    openai_error_type,
 )
 
 UNAVAILABLE_RETRY_AFTER_S = 1
@@ -68,15 +71,16 @@ def error_param(exc: MoesloError) -> str | None:
     return None
 
 
-def error_body(message: str, error_type: str, status: int, param: str | None = None) -> dict[str, Any]:
-    """The inside of the error document (``{"error": error_body(...)}``): OpenAI's four fields."""
-    return {"message": message, "type": error_type, "param": param, "code": status}
+def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+    """The inside of the error document (``{"error": error_body(...)}``): OpenAI's four fields, ``type``
+    as the engine writes it for the status."""
+    return {"message": message, "type": openai_error_type(status), "param": param, "code": status}
 
 
 def error_document(exc: MoesloError) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]:
     """(status, body, extra headers) of the error response for ``exc``."""
     status = status_for(exc)
-    body = error_body(str(exc), type(exc).__name__, status, error_param(exc))
+    body = error_body(str(exc), status, error_param(exc))
     headers: list[tuple[bytes, bytes]] = []
     if isinstance(exc, ValidationError):
         body["problems"] = list(exc.problems)

@@ -16,6 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from contracts.errors import MoesloError, NotFoundError, OverloadedError, UnavailableError, ValidationError
+from engine.openai_errors import error_body as engine_error_body
 from router.app import create_app
 from router.config import RouterConfig
 from router.errors import UpstreamError, UpstreamTimeoutError, error_document, sse_error_event
@@ -25,23 +26,29 @@ REPLICA = "http://127.0.0.1:18399"
 
 
 @pytest.mark.parametrize(
-    ("exc", "status", "param"),
+    ("exc", "status", "param", "kind"),
     [
-        (ValidationError("body: not JSON (Expecting value)"), 400, None),
-        (NotFoundError("route", "GET /v2/nothing"), 404, None),
-        (NotFoundError("model", "other"), 404, "model"),
-        (OverloadedError("every replica is over the objective", retry_after_s=2.7), 429, None),
-        (UnavailableError("no healthy replica"), 503, None),
-        (UpstreamError(f"replica {REPLICA} broke the connection", replica=REPLICA), 502, None),
-        (UpstreamTimeoutError(f"replica {REPLICA} did not answer in time", replica=REPLICA), 504, None),
+        (ValidationError("body: not JSON (Expecting value)"), 400, None, "invalid_request_error"),
+        (NotFoundError("route", "GET /v2/nothing"), 404, None, "invalid_request_error"),
+        (NotFoundError("model", "other"), 404, "model", "invalid_request_error"),
+        (OverloadedError("every replica is over the objective", retry_after_s=2.7), 429, None, "rate_limit_error"),
+        (UnavailableError("no healthy replica"), 503, None, "service_unavailable_error"),
+        (UpstreamError(f"replica {REPLICA} broke the connection", replica=REPLICA), 502, None, "server_error"),
+        (UpstreamTimeoutError(f"replica {REPLICA} did not answer in time", replica=REPLICA), 504, None,
+         "server_error"),
     ],
-)
-def test_every_error_class_has_openais_fields_with_param(exc: MoesloError, status: int, param: str | None) -> None:
+)  # fmt: skip
+def test_every_error_class_has_openais_fields_with_param(
+    exc: MoesloError, status: int, param: str | None, kind: str
+) -> None:
     got_status, body, _ = error_document(exc)
     error = body["error"]
     assert got_status == status and error["code"] == status
     assert error.keys() >= OPENAI_KEYS, error
     assert error["param"] == param and error["message"] == str(exc)
+    assert error["type"] == kind  # OpenAI's word, as the engine writes it: a client sees one vocabulary
+    if not isinstance(exc, UpstreamError):
+        assert error["type"] == engine_error_body(exc)["type"]
     streamed = json.loads(sse_error_event(exc).split(b"\n\n")[0].removeprefix(b"data: "))
     assert streamed == json.loads(json.dumps(body))  # the stream's last event is the same document
 
@@ -77,3 +84,5 @@ def test_the_middleware_answers_every_refusal_with_openais_fields(raised: BaseEx
     assert (got_status, error["code"]) == (status, status)
     assert error.keys() >= OPENAI_KEYS, error
     assert error["param"] is None
+    assert error["type"] == ("server_error" if status == 500 else
+                             "service_unavailable_error" if status == 503 else "invalid_request_error")
