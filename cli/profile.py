@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -14,6 +15,7 @@ from contracts.urls import http_url_problem
 
 if TYPE_CHECKING:
     from controller.capacity import PrefixProbe, ReplicaProfile
+    from harness.engine_limits import ProfileLimits
 
 
 def profile(
@@ -27,8 +29,13 @@ def profile(
     output_tokens: Annotated[int, typer.Option(help="Output length of every request (ignore_eos).")] = 64,
     vocab_size: Annotated[int, typer.Option(help="Token ids are drawn below this.")] = 1000,
     model: Annotated[str | None, typer.Option(help="Model name to send (vLLM needs it).")] = None,
-    kv_capacity_tokens: Annotated[int, typer.Option(min=1, help="KV cache capacity (tokens).")] = 100_000,
-    max_num_seqs: Annotated[int, typer.Option(min=1, help="The engine's running-batch limit.")] = 256,
+    kv_capacity_tokens: Annotated[int | None, typer.Option(
+        min=1, help="KV cache capacity (tokens); default: read from the engine's /metrics.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        min=1, help="The engine's running-batch limit; default: read from the engine's /metrics.")] = None,
+    prefill_chunk_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Prompt tokens prefilled per step (max_num_batched_tokens); default: read from "
+                    "the engine's /metrics.")] = None,
     ttft_limit: Annotated[float, typer.Option(callback=positive, help="Stop past this p99 TTFT (s).")] = 5.0,
     name: Annotated[str, typer.Option(help="Profile name.")] = "measured",
     seed: Annotated[int, typer.Option(help="Seed for arrivals and prompts.")] = 0,
@@ -42,8 +49,6 @@ def profile(
 ) -> None:
     """Record TTFT and ITL against throughput at each rate and fit the per-replica profile."""
     with cli_errors():
-        from rich.progress import Progress
-
         from controller.profiling import fit_profile, profile_point
         from harness.sweep import sweep_rates
 
@@ -52,22 +57,15 @@ def profile(
                        probe_pairs=probe_pairs if prefix_probe else 1)  # fmt: skip
         _check_out(out)
         _check_reachable(url)
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("profiling", total=len(levels) + (warmup > 0))
-
-            def progress(line: str) -> None:
-                bar.advance(task)
-                console.print(line)
-
-            summaries = sweep_rates(url, levels, duration_s=duration, prompt_tokens=prompt_tokens,
-                                    output_tokens=output_tokens, vocab_size=vocab_size, model=model, seed=seed,
-                                    ttft_limit_s=ttft_limit, progress=progress, warmup_requests=warmup)
+        limits, assumed = _engine_limits(url, kv_capacity_tokens, max_num_seqs, prefill_chunk_tokens)
+        summaries = _sweep(url, levels, warmup, sweep_rates, duration_s=duration, prompt_tokens=prompt_tokens,
+                           output_tokens=output_tokens, vocab_size=vocab_size, model=model, seed=seed,
+                           ttft_limit_s=ttft_limit)  # fmt: skip
         probe = _probe(url, prompt_tokens, vocab_size, model, seed, probe_pairs) if prefix_probe else None
-        points = [profile_point(stats) for stats in summaries]
         fitted = fit_profile(
-            points, prompt_tokens=prompt_tokens, kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs,
-            name=name, prefix_probe=probe,
-            source=f"moeslo profile against {url}: {len(points)} rates, {prompt_tokens}/{output_tokens} tokens",
+            [profile_point(stats) for stats in summaries], prompt_tokens=prompt_tokens, name=name, prefix_probe=probe,
+            source=f"moeslo profile against {url}: {len(summaries)} rates, {prompt_tokens}/{output_tokens} tokens"
+                   f"{assumed}", **limits,
         )
         fitted = _with_held_rate(fitted, summaries)
         out.write_text(fitted.to_json() + "\n")
@@ -113,6 +111,36 @@ def _check_reachable(url: str) -> None:
         httpx.get(f"{url.rstrip('/')}/health", timeout=10.0)
     except httpx.HTTPError as exc:
         raise UnavailableError(f"engine at {url}: {type(exc).__name__}: {exc}") from exc
+
+
+def _sweep(url: str, levels: list[float], warmup: int, sweep_rates: Callable[..., list[dict[str, Any]]],
+           **load: Any) -> list[dict[str, Any]]:  # fmt: skip
+    """The sweep's level summaries, with a progress bar."""
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("profiling", total=len(levels) + (warmup > 0))
+
+        def progress(line: str) -> None:
+            bar.advance(task)
+            console.print(line)
+
+        return sweep_rates(url, levels, progress=progress, warmup_requests=warmup, **load)
+
+
+def _engine_limits(url: str, kv_capacity_tokens: int | None, max_num_seqs: int | None,
+                   prefill_chunk_tokens: int | None) -> tuple[ProfileLimits, str]:  # fmt: skip
+    """The profile's limits: each flag given, else what the engine exports, else an assumption, said
+    (the second part: ``; assumed ...`` for the profile's source, or empty)."""
+    from harness.engine_limits import profile_limits
+
+    limits, assumed = profile_limits(url, kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs,
+                                     prefill_chunk_tokens=prefill_chunk_tokens)  # fmt: skip
+    if assumed:
+        flags = " / ".join(f"--{key.replace('_', '-')}" for key in assumed)
+        console.print(f"the engine does not export {', '.join(assumed)}: assumed "
+                      f"{', '.join(f'{v:,}' for v in assumed.values())} (give {flags} to state them)")
+    return limits, "".join(f"; assumed {key} {value:,}" for key, value in assumed.items())
 
 
 def _probe(

@@ -69,6 +69,12 @@ PLACEMENT_SWAP_DURATION_HISTOGRAM = "moe_placement_swap_duration_seconds"
 PLACEMENT_REQUESTS = "moe_placement_requests"
 PLACEMENT_IMBALANCE_CV = "moe_placement_imbalance_cv"
 PLACEMENT_BALANCEDNESS = "moe_placement_balancedness"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+"""vLLM's KV cache configuration as labels of a gauge of 1: ``block_size`` x ``num_gpu_blocks`` is the KV
+capacity in tokens (the embedded engine writes the same)."""
+SCHEDULER_CONFIG_INFO = "moeslo_scheduler_config_info"
+"""The embedded engine's batch limits as labels of a gauge of 1 (``max_num_seqs``, ``max_num_batched_tokens``);
+vLLM exports none."""
 
 DESIRED_REPLICAS = "moeslo_desired_replicas"
 CURRENT_REPLICAS = "moeslo_current_replicas"
@@ -312,6 +318,7 @@ __all__ = [
     "BASE_LABELS",
     "BUCKETS_BY_METRIC",
     "BURN_RATE",
+    "CACHE_CONFIG_INFO",
     "CURRENT_REPLICAS",
     "DECISIONS",
     "DECISION_LABEL",
@@ -390,6 +397,7 @@ __all__ = [
     "ROUTER_TTFT_ERROR_BUCKETS_S",
     "ROUTER_TTFT_ERROR_HISTOGRAM",
     "RUNNING",
+    "SCHEDULER_CONFIG_INFO",
     "SLI",
     "SOURCE_LABEL",
     "STAT_LABEL",

@@ -113,6 +113,10 @@ def build_stack(options: ServeOptions) -> ServingStack:
             expert_series=options.expert_metrics, max_model_len=engine.max_model_len,
             ttft_allowances=options.ttft_allowances,
         )
+        blocks = engine.blocks
+        prometheus.record_engine_limits(block_size=blocks.block_size, num_blocks=blocks.num_blocks,
+                                        max_num_seqs=options.max_num_seqs,
+                                        max_num_batched_tokens=options.max_num_batched_tokens)  # fmt: skip
         engine.add_sink(prometheus)
         metrics = _renderer(prometheus)
     tokenizer = load_tokenizer(Path(options.checkpoint), engine.vocab_size)

@@ -27,9 +27,11 @@ from prometheus_client.registry import Collector
 from contracts.catalogue import (
     BALANCEDNESS_ACROSS_LAYERS,
     BASE_LABELS,
+    CACHE_CONFIG_INFO,
     DECODE_TIME_HISTOGRAM,
     E2E_LATENCY_HISTOGRAM,
     ENGINE_HEALTHY,
+    ENGINE_LABEL,
     EXPERT_TOKENS,
     FINISHED_REASON_LABEL,
     GENERATION_TOKENS,
@@ -61,6 +63,7 @@ from contracts.catalogue import (
     REQUEST_PROMPT_TOKENS_HISTOGRAM,
     REQUEST_SUCCESS,
     RUNNING,
+    SCHEDULER_CONFIG_INFO,
     STAT_LABEL,
     SWAP_DURATION_BUCKETS_S,
     TTFT_BUCKETS_S,
@@ -181,6 +184,18 @@ class PrometheusStatsSink:
         ]
 
     # ------------------------------------------------------------------ StatsSink
+
+    def record_engine_limits(self, *, block_size: int, num_blocks: int, max_num_seqs: int,
+                             max_num_batched_tokens: int) -> None:  # fmt: skip
+        """The engine's fixed limits, as labels of gauges of 1: vLLM's ``vllm:cache_config_info`` (its
+        ``block_size`` and ``num_gpu_blocks``) and ours, ``moeslo_scheduler_config_info``.  ``moeslo profile``
+        reads them, so a profile states the engine's KV capacity and batch limit instead of a guess."""
+        Gauge(CACHE_CONFIG_INFO, "Information of the engine's KV cache configuration.",
+              [ENGINE_LABEL, "block_size", "num_gpu_blocks"], registry=self.registry,
+              ).labels(self.engine, str(block_size), str(num_blocks)).set(1)  # fmt: skip
+        Gauge(SCHEDULER_CONFIG_INFO, "The engine's batch limits.",
+              [*BASE_LABELS, "max_num_seqs", "max_num_batched_tokens"], registry=self.registry,
+              ).labels(self.model_name, self.engine, str(max_num_seqs), str(max_num_batched_tokens)).set(1)  # fmt: skip
 
     def record_health(self, broken: str | None) -> None:
         """The engine's health changed: ``broken`` says why it cannot serve (None: it can again).

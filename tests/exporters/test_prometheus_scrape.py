@@ -12,6 +12,7 @@ import pytest
 from engine.server import ServerThread
 from engine.tokenizer import load_tokenizer
 from exporters.app import ServeOptions, build_stack
+from harness.engine_limits import EngineLimits, read_engine_limits
 from harness.monitoring import prometheus_command
 from harness.processes import free_port, log_tail, start_process, stop_process
 
@@ -44,6 +45,10 @@ def test_prometheus_scrapes_engine_and_computes_ttft_quantile(tiny_checkpoint: P
     proc = start_process(prometheus_command(binary, tmp_path, port=prom_port, config=config.read_text()),
                          log_path=log_path)
     try:
+        limits = read_engine_limits(server.url)  # what `moeslo profile` and `moeslo up` write into a profile
+        blocks = stack.engine.blocks
+        assert limits == EngineLimits(kv_capacity_tokens=blocks.num_blocks * blocks.block_size, max_num_seqs=128,
+                                      max_num_batched_tokens=512)
         with httpx.Client(base_url=server.url, timeout=30) as engine_client:
             for i in range(5):
                 resp = engine_client.post("/v1/completions", json={"prompt": f"scrape {i}", "max_tokens": 4})
