@@ -27,6 +27,7 @@ import atexit
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -65,10 +66,46 @@ ARMED: dict[str, PluginState] = {}
 """What :func:`register` armed in this process, under ``"state"`` (empty when disabled)."""
 
 
+class _ToVllmHandlers(logging.Handler):
+    """Hands a record to whatever handlers vLLM's logger has at the time, from vLLM's level.
+
+    Looked up on each record, not copied once: vLLM configures its logging again in each process
+    it spawns (and ``dictConfig`` replaces the handlers).  Before vLLM has a handler, warnings go
+    where Python's last resort would have put them."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        theirs = logging.getLogger("vllm")
+        if record.levelno < theirs.getEffectiveLevel():
+            return
+        if not theirs.handlers:
+            if logging.lastResort is not None and record.levelno >= logging.lastResort.level:
+                logging.lastResort.handle(record)
+            return
+        for handler in theirs.handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+
+def follow_vllm_logging() -> None:
+    """Our ``moeslo`` loggers write where, and from the level, vLLM's own do.
+
+    vLLM configures only its ``vllm`` logger (its handler and ``VLLM_LOGGING_LEVEL``); ours would
+    otherwise reach Python's last-resort handler, which drops every info line (the plugin's
+    "counting routed tokens" among them) and prints warnings without time or process.  A
+    ``moeslo`` logger the user configured already is left alone."""
+    ours = logging.getLogger("moeslo")
+    if ours.handlers or "vllm" not in sys.modules:  # not in a vLLM process (a test calling register)
+        return
+    ours.addHandler(_ToVllmHandlers())
+    ours.setLevel(logging.DEBUG)  # the handler applies vLLM's level, whatever it is by then
+    ours.propagate = False
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` entry point (vLLM may call it more than once per process)."""
     if ARMED:
         return
+    follow_vllm_logging()
     try:
         settings = PluginSettings.from_env()
     except ValidationError as exc:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
 import textwrap
 import time
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +99,51 @@ def test_a_flush_interval_out_of_range_disables_the_plugin_with_a_message(
     assert vllm_metrics.ARMED == {}
     assert dict(torch.nn.modules.module._global_forward_pre_hooks) == hooks
     assert "moeslo vLLM plugin disabled: MOESLO_VLLM_FLUSH_S='1e10' must be between 0.1 and 60 seconds" in caplog.text
+
+
+@pytest.fixture
+def loggers(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[logging.Logger, logging.Logger]]:
+    """The ``moeslo`` and ``vllm`` loggers, given back as they were (caplog needs ours to propagate), in a
+    process that has imported vLLM (as a vLLM process has, when it calls the plugin)."""
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    ours, theirs = logging.getLogger("moeslo"), logging.getLogger("vllm")
+    saved = [(log, list(log.handlers), log.level, log.propagate) for log in (ours, theirs)]
+    yield ours, theirs
+    for log, handlers, level, propagate in saved:
+        log.handlers[:] = handlers
+        log.setLevel(level)
+        log.propagate = propagate
+
+
+def test_the_plugins_info_lines_reach_vllms_handler_at_vllms_level(
+    loggers: tuple[logging.Logger, logging.Logger],
+) -> None:
+    _, theirs = loggers
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s [%(name)s] %(message)s"))
+    theirs.addHandler(handler)
+    theirs.setLevel(logging.INFO)
+    theirs.propagate = False  # as vLLM's logging config sets it
+    vllm_metrics.follow_vllm_logging()
+    plugin = logging.getLogger("moeslo.vllm_plugin")
+    plugin.info("counting routed tokens")
+    plugin.debug("below vLLM's level")
+    assert stream.getvalue() == "INFO [moeslo.vllm_plugin] counting routed tokens\n"
+    later = io.StringIO()  # vLLM configured again (its spawned processes do): the new handler is used
+    theirs.handlers[:] = [logging.StreamHandler(later)]
+    theirs.setLevel(logging.DEBUG)
+    plugin.debug("now at vLLM's debug level")
+    assert later.getvalue() == "now at vLLM's debug level\n"
+
+
+def test_a_moeslo_logger_configured_already_is_left_alone(loggers: tuple[logging.Logger, logging.Logger]) -> None:
+    ours, theirs = loggers
+    own = logging.NullHandler()
+    ours.addHandler(own)
+    theirs.addHandler(logging.StreamHandler(io.StringIO()))
+    vllm_metrics.follow_vllm_logging()
+    assert ours.handlers == [own] and ours.propagate
 
 
 MULTIPROC_SCRIPT = textwrap.dedent(
