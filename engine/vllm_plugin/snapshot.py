@@ -87,14 +87,30 @@ class ExpertLoadSnapshot:
         )
 
 
-class LoadWindow:
-    """Sliding window over the last ``size`` flushes of per-expert count deltas (running sum)."""
+WINDOW_MAX_SLOTS = 1000
+"""The routing window's most slots.  Each is a layers x experts array of counts (119 KB for DeepSeek-V3's
+58 x 256) in every worker: a day's window of 1 s flushes would be 86,400 of them (10 GB a worker), so a
+window of more flushes keeps several flushes to a slot."""
 
-    def __init__(self, size: int) -> None:
-        if size < 1:
-            raise ValueError(f"window size must be >= 1, got {size}")
+
+class LoadWindow:
+    """Sliding window over the last ``size`` flushes of per-expert count deltas (running sum).
+
+    At most ``max_slots`` arrays are kept: past that, each slot holds ``flushes_per_slot``
+    consecutive flushes, and the window drops its oldest slot whole (it spans ``size`` flushes to
+    within one slot)."""
+
+    def __init__(self, size: int, max_slots: int = WINDOW_MAX_SLOTS) -> None:
+        if size < 1 or max_slots < 1:
+            raise ValueError(f"window size and slots must be >= 1, got {size} and {max_slots}")
         self.size = size
+        self.flushes_per_slot = -(-size // max_slots)
+        self.slots = -(-size // self.flushes_per_slot)
         self._deltas: deque[IntArray] = deque()
+        self._active: deque[int] = deque()
+        """Per slot, its periodic flushes that saw routed tokens."""
+        self._filled = 0
+        """Periodic flushes in the newest slot."""
         self._sum: IntArray | None = None
 
     def add(self, delta: IntArray, *, new_slot: bool = True) -> IntArray:
@@ -104,20 +120,27 @@ class LoadWindow:
         slot, so the window spans ``size`` flush intervals however often it is asked."""
         if self._sum is None or self._sum.shape != delta.shape:
             self._deltas.clear()
+            self._active.clear()
             self._sum = np.zeros_like(delta)
-        if new_slot or not self._deltas:
+        saw = int(bool(delta.any()))
+        if not self._deltas or (new_slot and self._filled >= self.flushes_per_slot):
             self._deltas.append(delta)
+            self._active.append(saw)
+            self._filled = 1
         else:
             self._deltas[-1] = self._deltas[-1] + delta
+            self._active[-1] = self._active[-1] + saw if new_slot else max(self._active[-1], saw)
+            self._filled += int(new_slot)
         self._sum = self._sum + delta
-        while len(self._deltas) > self.size:
+        while len(self._deltas) > self.slots:
             self._sum = self._sum - self._deltas.popleft()
+            self._active.popleft()
         return self._sum.copy()
 
     @property
     def active_flushes(self) -> int:
         """Flushes in the window that saw routed tokens."""
-        return sum(1 for delta in self._deltas if delta.any())
+        return sum(self._active)
 
 
 RankWeights = Callable[[], tuple[FloatArray, str]]

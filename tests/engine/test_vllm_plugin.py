@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -140,6 +141,16 @@ def test_expert_counters_sum_to_routed_tokens_times_top_k(servers: dict[str, Vll
                    + sum(v for _, v in found["vllm:generation_tokens_total"])
                    - sum(v for _, v in found["vllm:request_success_total"]))
     assert expert_matrix(found).sum(axis=1).tolist() == [vllm_routed * TOP_K] * LAYERS
+
+
+def test_the_plugins_lines_are_in_vllms_log_in_vllms_format(servers: dict[str, VllmServer]) -> None:
+    """vLLM configures only its own logger: the plugin's info line was dropped before it followed it."""
+    log_path = servers["on"].log_path
+    assert log_path is not None
+    lines = [line for line in log_path.read_text(errors="replace").splitlines()
+             if f"moeslo: counting routed tokens of {LAYERS} MoE layers" in line]  # fmt: skip
+    assert lines, "the plugin's info line is not in vLLM's log"
+    assert re.search(r"INFO \d\d-\d\d \d\d:\d\d:\d\d", lines[0]), lines[0]  # vLLM's format: level, date, time
 
 
 def test_imbalance_gauges_follow_the_virtual_ep_layout(servers: dict[str, VllmServer]) -> None:

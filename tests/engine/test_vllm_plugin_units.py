@@ -54,19 +54,6 @@ def test_the_flush_interval_range_includes_its_ends() -> None:
         assert PluginSettings.from_env({"MOESLO_VLLM_FLUSH_S": raw}).flush_interval_s == flush_s
 
 
-def test_a_routing_window_of_more_than_a_thousand_flushes_is_a_bad_setting() -> None:
-    """Each flush is a layers x experts array kept in every worker: an unbounded window is unbounded memory."""
-    with pytest.raises(ValidationError) as err:
-        PluginSettings.from_env({"MOESLO_VLLM_WINDOW_S": "86400"})
-    assert err.value.problems == (
-        "MOESLO_VLLM_WINDOW_S=86400 holds 86,400 flushes of MOESLO_VLLM_FLUSH_S=1; at most 1,000 "
-        "(shorten the window or flush less often)",
-    )
-    assert PluginSettings.from_env({"MOESLO_VLLM_WINDOW_S": "1000"}).window_flushes == 1000
-    hourly = PluginSettings.from_env({"MOESLO_VLLM_WINDOW_S": "3600", "MOESLO_VLLM_FLUSH_S": "60"})
-    assert hourly.window_flushes == 60
-
-
 def test_the_plugin_switch_reads_the_words_the_other_switches_read_and_refuses_the_rest() -> None:
     for word, enabled in (("true", True), ("ON", True), ("1", True), ("off", False), ("0", False), ("", False)):
         assert PluginSettings.from_env({"MOESLO_VLLM_PLUGIN": word}).enabled is enabled, word
@@ -118,6 +105,21 @@ def test_window_forgets_old_flushes() -> None:
     assert window.add(a).tolist() == [[1, 1]]
     assert window.add(b).tolist() == [[11, 11]]
     assert window.add(c).tolist() == [[110, 110]]
+
+
+def test_a_window_of_more_flushes_than_slots_keeps_several_flushes_to_a_slot() -> None:
+    """Each slot is a layers x experts array in every worker: a day of 1 s flushes is 86,400 of them
+    unless flushes share slots."""
+    day = LoadWindow(86_400)
+    assert (day.flushes_per_slot, day.slots) == (87, 994)
+    window = LoadWindow(6, max_slots=3)
+    ones = np.ones((1, 2), dtype=np.int64)
+    sums = [int(window.add(ones * (i + 1))[0, 0]) for i in range(10)]
+    # Slots of two flushes; past three slots the oldest goes whole: 1+..+6, then 3+..+7 and 3+..+8, ...
+    assert sums == [1, 3, 6, 10, 15, 21, 25, 33, 35, 45]
+    assert len(window._deltas) == 3 and window.active_flushes == 6
+    window.add(ones * 0, new_slot=False)  # a trigger request's flush joins the newest slot
+    assert window.active_flushes == 6
 
 
 def test_flushes_between_the_periodic_ones_do_not_shorten_the_window() -> None:
