@@ -59,6 +59,8 @@ def epoch_s(path: Path, line: int, text: str) -> float:
         stamp = np.datetime64(local.strip().replace(" ", "T"), "ns")
     except ValueError:
         raise DataError(f"timestamp {text!r} is not a date-time", path=str(path), line=line) from None
+    if np.isnat(stamp):  # numpy reads "" and "NaT" as not-a-time, whose integer is the year 1677
+        raise DataError(f"timestamp {text!r} is not a date-time", path=str(path), line=line)
     shift_s = 0.0
     if offset:
         sign = -1.0 if offset.group(1) == "-" else 1.0

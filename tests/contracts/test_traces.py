@@ -138,6 +138,12 @@ def test_speedup_and_rate_scale() -> None:
             3,
             "not a number",
         ),
+        ("nat.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:48,1,1\nNaT,1,1\n", 3,
+         "timestamp 'NaT' is not a date-time"),
+        ("blank.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:48,1,1\n,1,1\n", 3,
+         "timestamp '' is not a date-time"),
+        ("nat-bin.csv", "Time,TIMESTAMP\n2024-05-12 00:00:00,3\n2024-05-12 00:00:10,5\n nat ,1\n", 4,
+         "timestamp 'nat' is not a date-time"),
         (
             "short.csv",
             "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:48,1\n",
