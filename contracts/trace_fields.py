@@ -11,8 +11,11 @@ import numpy as np
 
 from contracts.errors import DataError
 
-__all__ = ["cell", "column_index", "csv_rows", "epoch_s", "seconds", "tokens"]
+__all__ = ["MAX_TOKENS", "cell", "column_index", "csv_rows", "epoch_s", "seconds", "tokens"]
 
+MAX_TOKENS = 1_000_000_000
+"""The most tokens one request (or requests one bin) may count: far beyond any model's context, and far
+below what overflows the 64-bit integers the replay sums them in."""
 UTC_OFFSET = re.compile(r"([+-])([0-9]{2}):?([0-9]{2})$")
 
 
@@ -46,8 +49,8 @@ def tokens(path: Path, line: int, text: str, column: str) -> int:
         value = float(text)
     except ValueError:
         raise DataError(f"{column} {text!r} is not a number", path=str(path), line=line) from None
-    if value < 0 or not np.isfinite(value) or value != int(value):
-        raise DataError(f"{column} {text!r} must be a non-negative integer", path=str(path), line=line)
+    if not 0 <= value <= MAX_TOKENS or value != int(value):
+        raise DataError(f"{column} {text!r} must be an integer from 0 to {MAX_TOKENS:,}", path=str(path), line=line)
     return int(value)
 
 

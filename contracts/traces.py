@@ -326,6 +326,9 @@ class _Builder:
         """The trace; ``wall_clock``: the times are Unix seconds, so the first arrival's is its start."""
         if not self.times:
             raise DataError("no requests (header only)", path=str(self.path), line=2)
+        if not any(self.prompt) and not any(self.output):
+            raise DataError(f"every one of its {len(self.times)} requests has 0 prompt and 0 output tokens: "
+                            "nothing to serve (are the token columns empty?)", path=str(self.path), line=2)  # fmt: skip
         times = np.asarray(self.times, dtype=np.float64)
         order = np.argsort(times, kind="stable")
         origin = float(times[order[0]])

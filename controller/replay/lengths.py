@@ -6,6 +6,7 @@ from pathlib import Path
 
 from contracts.datadir import default_data_dir
 from contracts.errors import DataError
+from contracts.trace_fields import MAX_TOKENS
 from contracts.traces import LengthDistribution, RequestTrace, load_trace
 
 NAMED_LENGTHS = {
@@ -22,8 +23,9 @@ def resolve_lengths(spec: str, *, data_dir: Path | None = None) -> LengthDistrib
             prompt, output = (int(x) for x in spec.removeprefix("fixed:").split(","))
         except ValueError:
             raise DataError(f"length spec {spec!r} must look like fixed:PROMPT,OUTPUT") from None
-        if prompt < 1 or output < 1:
-            raise DataError(f"length spec {spec!r}: a request has 1 prompt token or more and 1 output token or more")
+        if not (1 <= prompt <= MAX_TOKENS and 1 <= output <= MAX_TOKENS):
+            raise DataError(f"length spec {spec!r}: a request has from 1 to {MAX_TOKENS:,} prompt tokens and from 1 "
+                            f"to {MAX_TOKENS:,} output tokens")  # fmt: skip
         return LengthDistribution.fixed(prompt, output)
     if spec in NAMED_LENGTHS:
         folder, name = NAMED_LENGTHS[spec]

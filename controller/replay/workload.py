@@ -119,6 +119,8 @@ def prepare_workload(
             current = trace.total_requests * per_request / trace.duration_s
         else:
             current = float(trace.prompt_tokens.sum() + trace.output_tokens.sum()) / max(trace.duration_s, 1e-9)
+        if not current > 0:
+            raise ValidationError("--tokens-per-s: the part of the trace replayed has no tokens to scale")
         rate_scale *= tokens_per_s / current
     if speedup != 1.0:
         trace = trace.speedup(speedup)

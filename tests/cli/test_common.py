@@ -63,7 +63,7 @@ def test_brackets_in_a_message_are_printed_as_written(tmp_path: Path) -> None:
         (("up", "--no-live", "--max-replicas", "0"), "--max-replicas"),
         (("up", "--no-live", "--trace", "/nonexistent/t.csv"), "does not exist"),
         (("up", "--no-live", "--base-load", "0"), "must be above 0"),
-        (("replay", "--trace", str(COUNTS), "--lengths", "fixed:-1000,5"), "1 prompt token or more"),
+        (("replay", "--trace", str(COUNTS), "--lengths", "fixed:-1000,5"), "from 1 to 1,000,000,000 prompt tokens"),
         (("replay", "--trace", str(TRACE), "--sweep", "--tuned-from", "/nonexistent/t.json"),
          "--tuned-from: no such file"),
     ],

@@ -144,6 +144,11 @@ def test_speedup_and_rate_scale() -> None:
          "timestamp '' is not a date-time"),
         ("nat-bin.csv", "Time,TIMESTAMP\n2024-05-12 00:00:00,3\n2024-05-12 00:00:10,5\n nat ,1\n", 4,
          "timestamp 'nat' is not a date-time"),
+        ("huge.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:48,1,1\n2023-11-16 18:15:49,1e300,1\n",
+         3, "ContextTokens '1e300' must be an integer from 0 to 1,000,000,000"),
+        ("zero.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:48,0,0\n2023-11-16 18:15:49,0,0\n",
+         2, "every one of its 2 requests has 0 prompt and 0 output tokens"),
+        ("zero.jsonl", '{"timestamp": 1, "input_length": 0, "output_length": 0}\n', 2, "0 prompt and 0 output"),
         (
             "short.csv",
             "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:48,1\n",
@@ -220,6 +225,13 @@ def test_count_trace_needs_lengths(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="length distribution"):
         load_request_trace(path)
     assert len(load_request_trace(path, lengths=resolve_lengths("fixed:5,6"))) == 8
+
+
+def test_fixed_lengths_beyond_any_context_are_refused() -> None:
+    """``fixed:1e20-ish`` overflowed numpy's 64-bit integers with a traceback."""
+    with pytest.raises(DataError, match="from 1 to 1,000,000,000 prompt tokens"):
+        resolve_lengths("fixed:100000000000000000000,1")
+    assert resolve_lengths("fixed:1000000000,1").mean_prompt_tokens == 1e9
 
 
 def test_real_traces_match_their_readme() -> None:
