@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from cli.common import cli_errors, console, dim, print_error, print_json
+from cli.common import cli_errors, console, dim, positive, print_error, print_json
 
 bench_app = typer.Typer(
     help="Benchmarks: JSON figures as ratios against a named baseline measured in the same run.",
@@ -278,9 +278,11 @@ def bench_replay(
     ] = "conv,code",
     startups: Annotated[str, typer.Option(help="Start-up times (s) of the report matrix.")] = "60,300,600",
     errors: Annotated[str, typer.Option(help="Capacity errors of the report matrix.")] = "-0.2,0.2",
-    seeds: Annotated[int, typer.Option(help="Seeds per report case.")] = 3,
-    scale: Annotated[float | None, typer.Option(help="Rate scale of the report traces (default 10).")] = None,
-    workers: Annotated[int, typer.Option(help="Worker processes.")] = 2,
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per report case.")] = 3,
+    scale: Annotated[
+        float | None, typer.Option(callback=positive, help="Rate scale of the report traces (default 10).")
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 2,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON to stdout.")] = False,
 ) -> None:
     """Every policy tuned over its knob; replica-hours at equal attainment, ours over the best baseline."""

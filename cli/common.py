@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import socket
 import sys
@@ -24,10 +25,24 @@ UVICORN_LOG_LEVELS = (*LOG_LEVELS, "trace")
 
 
 def positive(value: float | None) -> float | None:
-    """An option's callback: a number above zero (a duration, a rate, a scale; typer's ``min`` admits the bound)."""
-    if value is not None and not value > 0:
-        raise typer.BadParameter(f"must be above 0, got {value}")
+    """An option's callback: a finite number above zero (a duration, a rate, a scale; typer's ``min`` admits the
+    bound, and ``inf`` and ``nan``)."""
+    if value is not None and not 0 < value < math.inf:
+        raise typer.BadParameter(f"must be above 0 and finite, got {value}")
     return value
+
+
+def at_least(low: float, high: float = math.inf) -> Callable[[float | None], float | None]:
+    """An option's callback: a finite number from ``low`` to ``high`` (typer's ``min`` takes ``inf`` and ``nan``
+    past it: ``nan`` compares false with every bound)."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not (low <= value <= high and math.isfinite(value)):
+            upper = "" if high == math.inf else f" and at most {high:g}"
+            raise typer.BadParameter(f"must be a finite number of {low:g} or more{upper}, got {value}")
+        return value
+
+    return check
 
 
 def nonempty(value: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -40,7 +41,7 @@ def backtest(
         from controller.forecast.trace_backtest import backtest_trace
 
         kinds = [m.strip() for m in models.split(",") if m.strip()]
-        problems = [f"--horizon: {h} s is not above 0" for h in horizon if not h > 0]
+        problems = [f"--horizon: {h} s is not a finite number above 0" for h in horizon if not 0 < h < math.inf]
         if not kinds:
             problems.append("--models: name at least one model")
         if test_fraction is not None and not 0 < test_fraction < 1:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import cli_errors, console, positive, print_json
+from cli.common import at_least, cli_errors, console, positive, print_json
 from contracts.errors import DataError, ValidationError
 from contracts.slo_defaults import LEAD_TIME_S
 
@@ -36,7 +36,7 @@ def replay(
         float, typer.Option(callback=positive, help="This many times the requests over the same span.")
     ] = 1.0,
     tokens_per_s: Annotated[
-        float | None, typer.Option(help="Scale the rate so prompt + output tokens/s average this.")
+        float | None, typer.Option(callback=positive, help="Scale the rate so prompt + output tokens/s average this.")
     ] = None,
     profile: Annotated[Path | None, typer.Option(help="Replica profile JSON the controllers hold.")] = None,
     lengths: Annotated[
@@ -46,13 +46,17 @@ def replay(
     tick: Annotated[
         float, typer.Option(callback=positive, help="Controller tick and HPA sync period (s).")
     ] = 15.0,
-    startup: Annotated[float, typer.Option(help="Replica start-up time, also every lead time (s).")] = float(
+    startup: Annotated[
+        float, typer.Option(callback=at_least(0.0), help="Replica start-up time, also every lead time (s).")
+    ] = float(
         LEAD_TIME_S
     ),
     startup_jitter: Annotated[float, typer.Option(help="Each start-up is startup x U(1-j, 1+j).")] = 0.0,
     capacity_error: Annotated[float, typer.Option(help="True capacity over the profile's, minus 1 (-0.2).")] = 0.0,
     drift_per_day: Annotated[float, typer.Option(help="True capacity drift per simulated day (-0.05).")] = 0.0,
-    prompt_tail: Annotated[float, typer.Option(help="Prompts beyond their p90 get the excess x this.")] = 1.0,
+    prompt_tail: Annotated[
+        float, typer.Option(callback=at_least(1.0, 100.0), help="Prompts beyond their p90 get the excess x this.")
+    ] = 1.0,
     scrape: Annotated[float, typer.Option(callback=positive, help="Prometheus scrape interval (s).")] = 30.0,
     ttft_per_1k: Annotated[
         float, typer.Option(help="TTFT objective's allowance per 1,000 prompt tokens beyond the reference (s).")
@@ -60,7 +64,7 @@ def replay(
     ttft_reference_tokens: Annotated[
         int, typer.Option(min=1, help="Prompt length the TTFT threshold is stated for (tokens).")
     ] = 1000,
-    warmup: Annotated[float, typer.Option(min=0.0, help="Scored apart at the start (s).")] = 1800.0,
+    warmup: Annotated[float, typer.Option(callback=at_least(0.0), help="Scored apart at the start (s).")] = 1800.0,
     window: Annotated[
         list[str] | None, typer.Option(help="Extra scoring windows NAME=START:END in seconds (END may be empty).")
     ] = None,
@@ -69,7 +73,9 @@ def replay(
     ] = None,
     workers: Annotated[int, typer.Option(help="Worker processes for --sweep.", min=1)] = 2,
     refit_every: Annotated[int, typer.Option(min=1, help="Refit moeslo's forecaster every this many ticks.")] = 240,
-    start: Annotated[float, typer.Option(min=0.0, help="Start this many seconds into the trace.")] = 0.0,
+    start: Annotated[
+        float, typer.Option(callback=at_least(0.0), help="Start this many seconds into the trace.")
+    ] = 0.0,
     duration: Annotated[
         float | None, typer.Option(callback=positive, help="Replay only this many seconds of the trace.")
     ] = None,

@@ -45,6 +45,9 @@ DAY_S = 86_400.0
 _FACTOR_STEP = 0.001
 """Drifting capacity is quantized to this step, so profiles and capacity models are cached."""
 _MIN_FACTOR = 0.05
+_MAX_TAIL_FACTOR = 100.0
+"""The heaviest prompt tail a world may have: excess tokens a hundred times longer (more overflows nothing
+yet means nothing)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,12 +73,12 @@ class World:
             problems.append(f"capacity_error must be in [-0.9, 10], got {self.capacity_error}")
         if not -1 < self.drift_per_day < 10:
             problems.append(f"drift_per_day must be in (-1, 10), got {self.drift_per_day}")
-        if self.prompt_tail_factor < 1:
-            problems.append(f"prompt_tail_factor must be >= 1, got {self.prompt_tail_factor}")
+        if not 1 <= self.prompt_tail_factor <= _MAX_TAIL_FACTOR:
+            problems.append(f"prompt_tail_factor must be in [1, {_MAX_TAIL_FACTOR:g}], got {self.prompt_tail_factor}")
         if not 0 < self.tail_quantile < 1:
             problems.append(f"tail_quantile must be in (0, 1), got {self.tail_quantile}")
-        if self.startup_s < 0:
-            problems.append(f"startup_s must be >= 0, got {self.startup_s}")
+        if not 0 <= self.startup_s < math.inf:
+            problems.append(f"startup_s must be a finite number >= 0, got {self.startup_s}")
         if not 0 <= self.startup_jitter < 1:
             problems.append(f"startup_jitter must be in [0, 1), got {self.startup_jitter}")
         if problems:

@@ -57,3 +57,19 @@ def test_world_validation_lists_every_problem() -> None:
     with pytest.raises(ValidationError) as info:
         World(capacity_error=-2.0, prompt_tail_factor=0.5)
     assert len(info.value.problems) == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("startup_s", float("inf"), "startup_s must be a finite number >= 0, got inf"),
+        ("startup_s", float("nan"), "startup_s must be a finite number >= 0, got nan"),
+        ("prompt_tail_factor", float("nan"), "prompt_tail_factor must be in [1, 100], got nan"),
+        ("prompt_tail_factor", 1e300, "prompt_tail_factor must be in [1, 100], got 1e+300"),
+    ],
+)
+def test_a_world_of_infinite_or_undefined_numbers_is_refused(field: str, value: float, says: str) -> None:
+    """An infinite start-up overflowed the lead time in ticks; a NaN or astronomic tail replayed as if none."""
+    with pytest.raises(ValidationError) as info:
+        World(**{field: value})
+    assert info.value.problems == (says,)
