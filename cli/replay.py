@@ -91,7 +91,8 @@ def replay(
 ) -> None:
     """Compare scaling strategies on a trace in a world the controllers do not know."""
     with cli_errors():
-        from controller.replay.protocol import ReplayRequest, replay_once, replay_sweep
+        from controller.replay.protocol import ReplayRequest, parse_policies, replay_once, replay_sweep
+        from controller.replay.settings import sweep_settings
 
         request = ReplayRequest(
             trace=trace, speedup=speedup, rate_scale=rate_scale, tokens_per_s=tokens_per_s, profile=profile,
@@ -104,12 +105,14 @@ def replay(
             raise ValidationError("--window and --tuned-from apply to --sweep only")
         if tuned_from is not None and not tuned_from.is_file():
             raise DataError("--tuned-from: no such file", path=str(tuned_from))
+        names = [p.strip() for p in policies.split(",") if p.strip()]
+        if router is None:  # a knob out of range fails now, not after the trace is read
+            sweep_settings(names) if sweep else parse_policies(policies)
         out.mkdir(parents=True, exist_ok=True)  # a file in the way fails now, not after every run
         if router is not None:
             _compare_routers(request, router, replicas, out, json_out=json_out)
             return
         if sweep:
-            names = [p.strip() for p in policies.split(",") if p.strip()]
             with _progress(transient=json_out) as progress:
                 summary = replay_sweep(
                     request, names, out, windows=window or [], tuned_from=tuned_from, workers=workers,

@@ -9,6 +9,7 @@ that policy goes from cheap and violating to expensive and compliant), the same 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,12 +36,13 @@ example; 0.7 KV usage sits between aibrix's 0.5 and llm-d's 0.8.
 """
 
 
-KNOB_RANGES: Mapping[str, tuple[float, float]] = {
-    "headroom": (0.0, 10.0), "target": (0.0, 1.0 + 1e-9), "threshold": (0.0, 1e9), "quantile": (0.0, 1.0),
-    "cooldown_s": (-1e-9, 86400.0),
+KNOB_RANGES: Mapping[str, tuple[float, float, str]] = {
+    "headroom": (0.0, 10.0, "()"), "target": (0.0, 1.0, "(]"), "threshold": (0.0, 1e9, "()"),
+    "quantile": (0.5, 1.0, "[)"), "cooldown_s": (0.0, 86400.0, "[)"),
 }
-"""Open intervals of the numeric knobs (an HPA target may be 1, a cooldown 0): outside them a policy means
-nothing."""
+"""The ranges of the numeric knobs, with which ends they hold (an HPA target may be 1, a cooldown 0): outside
+them a policy means nothing.  Our quantile's is the policy's own (``ForecastSettings.quantile``): below the
+median the fleet would be sized under the forecast."""
 KNOB_CHOICES: Mapping[str, tuple[str, ...]] = {"predictor": ("constant", "kalman", "arima")}
 
 
@@ -108,10 +110,13 @@ def _knob_problem(policy: str, name: str, value: Knob) -> str | None:
     if name in KNOB_CHOICES:
         choices = KNOB_CHOICES[name]
         return None if value in choices else f"{policy}:{name} must be one of {', '.join(choices)}, got {value!r}"
-    low, high = KNOB_RANGES[name]
-    if not isinstance(value, float) or not low < value < high:
-        lowest = "at least 0" if low < 0 else f"above {low:g}"
-        highest = f"at most {round(high):g}" if high != round(high) else f"below {high:g}"
+    low, high, ends = KNOB_RANGES[name]
+    number = value if isinstance(value, float) else math.nan  # NaN is inside no range
+    above = low <= number if ends[0] == "[" else low < number
+    below = number <= high if ends[1] == "]" else number < high
+    if not (above and below):
+        lowest = f"at least {low:g}" if ends[0] == "[" else f"above {low:g}"
+        highest = f"at most {high:g}" if ends[1] == "]" else f"below {high:g}"
         return f"{policy}:{name} must be a number {lowest} and {highest}, got {value!r}"
     return None
 

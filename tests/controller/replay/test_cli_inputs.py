@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from click.testing import Result
 from typer.testing import CliRunner
 
@@ -42,6 +41,7 @@ def test_tokens_per_s_on_a_part_without_requests_is_refused(tmp_path: Path) -> N
         (("--tick", "inf"), "Invalid value for '--tick': must be above 0 and finite, got inf"),
         (("--scrape", "inf"), "Invalid value for '--scrape': must be above 0 and finite, got inf"),
         (("--tokens-per-s", "nan"), "Invalid value for '--tokens-per-s': must be above 0 and finite, got nan"),
+        (("--policies", "moeslo:quantile=0.3"), "moeslo:quantile must be a number at least 0.5 and below 1, got 0.3"),
         (("--tokens-per-s", "-5"), "Invalid value for '--tokens-per-s': must be above 0 and finite, got -5.0"),
     ],
 )
