@@ -85,15 +85,27 @@ or a message stays as written (rich would draw an emoji)."""
 
 
 def print_json(payload: Any) -> None:
-    """Write one JSON document to stdout."""
-    sys.stdout.write(json.dumps(payload, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    """Write one JSON document to stdout; a NaN or infinite number is ``null`` (JSON has no word for them)."""
+    text = json.dumps(_finite(payload), indent=2, sort_keys=False, default=_jsonable, allow_nan=False)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is not finite (numpy's too) as None, in dicts, lists and tuples."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _jsonable(value: Any) -> Any:
     tolist: Callable[[], Any] | None = getattr(value, "tolist", None)
     if tolist is not None:
-        return tolist()
+        return _finite(tolist())
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 

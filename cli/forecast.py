@@ -66,10 +66,10 @@ def backtest(
             console.print(f"[yellow]note:[/] {note}")
         for name, entry in report["horizons"].items():
             console.print(f"[bold]horizon {name}[/] ({report['origins']} origins, {report['test']})")
-            for model, score in sorted(entry["wape"].items(), key=lambda kv: kv[1]):
-                console.print(f"  {model:28s} WAPE {score:.4f}")
-            if "best_model_vs_best_baseline" in entry:
+            for model, score in sorted(entry["wape"].items(), key=lambda kv: math.inf if kv[1] is None else kv[1]):
+                console.print(f"  {model:28s} WAPE " + ("-" if score is None else f"{score:.4f}"))
+            ratio = entry.get("best_model_vs_best_baseline")
+            if ratio is not None:
                 console.print(
-                    f"  best model / best baseline: {entry['best_model_vs_best_baseline']:.3f} "
-                    f"({entry['best_model']} vs {entry['best_baseline']})"
+                    f"  best model / best baseline: {ratio:.3f} ({entry['best_model']} vs {entry['best_baseline']})"
                 )

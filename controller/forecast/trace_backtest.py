@@ -7,6 +7,7 @@ the series has four or more), else the last ``test_fraction``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,16 +48,19 @@ def horizon_report(results: Sequence[BacktestResult], steps: Sequence[int], bin_
     """Per horizon: every model's WAPE and the best model against the best baseline."""
     by_horizon: dict[str, Any] = {}
     for h in steps:
-        scores = {r.name: round(r.wape_by_horizon[h], 5) for r in results}
-        baselines = {r.name: r.wape_by_horizon[h] for r in results if r.kind in BASELINES}
-        models_only = {r.name: r.wape_by_horizon[h] for r in results if r.kind not in BASELINES}
+        # WAPE is undefined (None) where the test part has no requests: no model is best there.
+        defined = [r for r in results if math.isfinite(r.wape_by_horizon[h])]
+        scores = {r.name: round(r.wape_by_horizon[h], 5) if r in defined else None for r in results}
+        baselines = {r.name: r.wape_by_horizon[h] for r in defined if r.kind in BASELINES}
+        models_only = {r.name: r.wape_by_horizon[h] for r in defined if r.kind not in BASELINES}
         entry: dict[str, Any] = {"horizon_s": h * bin_s, "wape": scores}
         if baselines and models_only:
             best_baseline = min(baselines, key=lambda k: baselines[k])
             best_model = min(models_only, key=lambda k: models_only[k])
             entry["best_baseline"] = best_baseline
             entry["best_model"] = best_model
-            entry["best_model_vs_best_baseline"] = round(models_only[best_model] / baselines[best_baseline], 4)
+            best = baselines[best_baseline]  # a perfect baseline leaves no ratio
+            entry["best_model_vs_best_baseline"] = round(models_only[best_model] / best, 4) if best > 0 else None
         by_horizon[f"{h * bin_s:g}s"] = entry
     return by_horizon
 
@@ -99,8 +103,11 @@ def backtest_trace(
         series, models, period=split.period, horizons=steps, start=split.start, refit_every=refit_every,
         history_bins=len(series) if split.period is not None else 720, on_model_done=on_model_done,
     )
+    notes = backtest_notes(horizons_s, bin_s, models, split)
+    if not series[split.start :].any():
+        notes.append(f"the test part ({split.description}) has no requests: WAPE is undefined (null)")
     return {
-        "notes": backtest_notes(horizons_s, bin_s, models, split),
+        "notes": notes,
         "trace": str(trace_path),
         "bin_s": bin_s,
         "bins": len(series),

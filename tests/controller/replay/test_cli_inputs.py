@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
-from click.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from cli.main import app
+from controller.forecast.backtest import BacktestResult
+from controller.forecast.trace_backtest import horizon_report
 from tests.controller.replay.test_cli import write_azure
 
 
@@ -73,3 +77,39 @@ def test_forecast_horizon_must_be_finite_and_above_zero(tmp_path: Path, horizon:
 )
 def test_bench_replay_numbers_outside_their_range_are_refused(args: tuple[str, ...], says: str) -> None:
     assert says in refused(CliRunner().invoke(app, ["bench", "replay", *args]))
+
+
+def strict_json(text: str) -> Any:
+    """JSON as the standard has it: ``NaN`` and ``Infinity`` are not in it."""
+
+    def refuse(word: str) -> Any:
+        raise ValueError(f"{word} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_forecast_backtest_json_says_null_where_wape_is_undefined(tmp_path: Path) -> None:
+    """A test part without requests printed ``NaN`` scores and a ``NaN`` ratio: not JSON, and a best model."""
+    stamps = [f"2024-05-12 00:{i // 6:02d}:{i % 6 * 10:02d}" for i in range(60)]
+    counts = ["Time,TIMESTAMP"] + [f"{stamp},{5 if i < 30 else 0}" for i, stamp in enumerate(stamps)]
+    trace = tmp_path / "c.csv"
+    trace.write_text("\n".join(counts) + "\n")
+    args = ["forecast", "backtest", "--trace", str(trace), "--bin", "10", "--horizon", "10", "--models",
+            "last_value,holt_damped"]  # fmt: skip
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    report = strict_json(result.stdout)
+    assert report["horizons"]["10s"] == {"horizon_s": 10.0, "wape": {"last_value": None, "holt_damped": None}}
+    assert report["notes"] == ["the test part (last 50%) has no requests: WAPE is undefined (null)"]
+    printed = " ".join(CliRunner().invoke(app, args).output.split())
+    assert "last_value WAPE -" in printed and "best model" not in printed
+
+
+def test_a_perfect_baseline_leaves_no_ratio() -> None:
+    """The ratio divided by the baseline's WAPE of 0 (a constant series last value predicts exactly)."""
+    def result(kind: str, score: float) -> BacktestResult:
+        return BacktestResult(kind=kind, name=kind, horizons=(1,), wape_by_horizon={1: score}, residuals={},
+                              predictions={}, origins=np.zeros(3))  # fmt: skip
+
+    entry = horizon_report([result("last_value", 0.0), result("holt_damped", 0.1)], [1], 10.0)["10s"]
+    assert entry["best_baseline"] == "last_value" and entry["best_model_vs_best_baseline"] is None
