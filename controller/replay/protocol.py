@@ -153,6 +153,7 @@ def replay_sweep(
 ) -> dict[str, Any]:
     """Every policy over its knob grid; frontiers per window; with ``tuned_from``, the transferred knobs."""
     began = time.perf_counter()
+    tuned = _read_tuning(tuned_from) if tuned_from is not None else None  # a bad file fails now, not after the sweep
     settings = sweep_settings(policies)
     profile = request.replica_profile()
     spec = request.workload_spec()
@@ -169,17 +170,26 @@ def replay_sweep(
     ctx = ReplayContext(spec.build(), profile, config)
     timings = {"wall_s": round(time.perf_counter() - began, 1), "cpu_s": round(sum(p.cpu_s for p in points), 1)}
     extra: dict[str, Any] = {}
-    if tuned_from is not None:
-        extra["tuned_from"] = _transferred(tuned_from, points)
+    if tuned is not None:
+        extra["tuned_from"] = _transferred(tuned, points)
     return write_sweep(ctx, points, out, windows=[w.name for w in scoring], timings=timings, extra=extra)
 
 
-def _transferred(path: Path, points: Sequence[SweepPoint]) -> dict[str, Any]:
+def _read_tuning(path: Path) -> dict[str, Any]:
+    """A ``sweep.json`` to take tuned knobs from (``--tuned-from``), checked before any run."""
     try:
-        tuned = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DataError(f"cannot read a tuning sweep: {exc}", path=str(path)) from None
-    tune_window = "tune" if "tune" in tuned.get("windows", {}) else "scored"
+        tuned: Any = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"--tuned-from: cannot read a tuning sweep: {exc}", path=str(path)) from None
+    shaped = isinstance(tuned, dict) and isinstance(tuned.get("points"), list)
+    if not (shaped and isinstance(tuned.get("windows"), dict)):
+        raise DataError("--tuned-from: not a sweep.json of `moeslo replay --sweep` (no points and windows)",
+                        path=str(path))  # fmt: skip
+    return dict(tuned)
+
+
+def _transferred(tuned: dict[str, Any], points: Sequence[SweepPoint]) -> dict[str, Any]:
+    tune_window = "tune" if "tune" in tuned["windows"] else "scored"
     return {
         "trace": tuned.get("trace"),
         "window": tune_window,

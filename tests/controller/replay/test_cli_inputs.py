@@ -113,3 +113,22 @@ def test_a_perfect_baseline_leaves_no_ratio() -> None:
 
     entry = horizon_report([result("last_value", 0.0), result("holt_damped", 0.1)], [1], 10.0)["10s"]
     assert entry["best_baseline"] == "last_value" and entry["best_model_vs_best_baseline"] is None
+
+
+
+@pytest.mark.parametrize(("text", "says"), [("{not json", "cannot read a tuning sweep"),
+                                            ('{"policies": {}}', "not a sweep.json")])  # fmt: skip
+def test_tuned_from_is_read_before_the_sweep_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, says: str
+) -> None:
+    """A file that is no sweep failed only after every run of the sweep (hours on a week's trace)."""
+
+    def no_sweep(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the sweep ran before --tuned-from was read")
+
+    monkeypatch.setattr("controller.replay.protocol.run_sweep", no_sweep)
+    trace, tuned = write_azure(tmp_path / "t.csv", minutes=2), tmp_path / "sweep.json"
+    tuned.write_text(text)
+    result = CliRunner().invoke(app, ["replay", "--sweep", "--trace", str(trace), "--policies", "static", "--out",
+                                      str(tmp_path / "o"), "--tuned-from", str(tuned)])  # fmt: skip
+    assert f"error: {tuned}: --tuned-from: {says}" in refused(result)
