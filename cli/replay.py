@@ -125,8 +125,8 @@ def replay(
         if json_out:
             print_json(summary)
         if all(entry["scored"]["attainment_both"] is None for entry in summary["policies"].values()):
-            raise ValidationError(f"no request in the scored window: the trace ends before --start ({start:g} s) "
-                                  f"plus --warmup ({warmup:g} s); summary in {out / 'summary.json'}")
+            raise ValidationError(f"no request in the scored window: {_empty_window_cause(start, warmup, duration)}; "
+                                  f"summary in {out / 'summary.json'}")
         if json_out:
             return
         for name, entry in summary["policies"].items():
@@ -197,3 +197,11 @@ def _print_sweep(summary: dict[str, Any], out: Path, *, json_out: bool) -> None:
 
 
 __all__ = ["DEFAULT_POLICIES", "replay"]
+
+
+def _empty_window_cause(start: float, warmup: float, duration: float | None) -> str:
+    """Why nothing was scored: the slice is ``[--start, --start + --duration)``, scored after its warm-up."""
+    if duration is not None and duration <= warmup:
+        return f"--duration ({duration:g} s) ends within --warmup ({warmup:g} s), which is not scored"
+    end = "the trace's end" if duration is None else f"--start + --duration ({start + duration:g} s)"
+    return f"the trace has no request from --start + --warmup ({start + warmup:g} s) to {end}"

@@ -36,6 +36,23 @@ def test_tokens_per_s_on_a_part_without_requests_is_refused(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("args", "says"),
     [
+        (("--duration", "60", "--warmup", "120"),
+         "--duration (60 s) ends within --warmup (120 s), which is not scored"),
+        (("--start", "9000", "--warmup", "0"), "the trace has no request from --start + --warmup (9000 s) to the "
+                                                "trace's end"),
+    ],
+)
+def test_an_empty_scored_window_names_its_cause(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    """It blamed the trace's end even where --duration, shorter than the warm-up, left nothing to score."""
+    trace = write_azure(tmp_path / "t.csv", minutes=4)
+    result = CliRunner().invoke(app, ["replay", "--trace", str(trace), "--out", str(tmp_path / "o"),
+                                      "--policies", "static", *args])  # fmt: skip
+    assert says in refused(result)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
         (("--prompt-tail", "nan"), "Invalid value for '--prompt-tail': must be a finite number of 1 or more and at "
                                    "most 100, got nan"),
         (("--prompt-tail", "1e300"), "'--prompt-tail': must be a finite number of 1 or more and at most 100"),
