@@ -67,7 +67,7 @@ class ChatTemplate:
             raise ValidationError(f"messages: the model's chat template refused them: {exc}") from exc
 
 
-def _token_text(value: object) -> str | None:
+def token_text(value: object) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
     if isinstance(value, str):
         return value
@@ -98,8 +98,8 @@ def load_chat_template(checkpoint: Path) -> ChatTemplate | None:
     source = jinja_file.read_text() if jinja_file.is_file() else _template_source(config.get("chat_template"))
     if source is None:
         return None
-    special = {key: text for key in SPECIAL_TOKEN_KEYS if (text := _token_text(config.get(key))) is not None}
+    special = {key: text for key in SPECIAL_TOKEN_KEYS if (text := token_text(config.get(key))) is not None}
     return ChatTemplate(source, special)
 
 
-__all__ = ["SPECIAL_TOKEN_KEYS", "ChatTemplate", "load_chat_template"]
+__all__ = ["SPECIAL_TOKEN_KEYS", "ChatTemplate", "load_chat_template", "token_text"]

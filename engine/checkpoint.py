@@ -9,6 +9,7 @@ tensors it holds: expert weights are looked up by name, one expert at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from safetensors.torch import save_file
 
 from contracts.errors import ValidationError
 from engine.config import ModelConfig
-from engine.tokenizer_init import write_tokenizer
+from engine.tokenizer_init import MIN_VOCAB_SIZE, eos_token_id, write_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -186,7 +187,9 @@ def init_random_checkpoint(
     ``tokenizer`` also writes a byte-level BPE ``tokenizer.json`` of the
     model's vocabulary size and a ``tokenizer_config.json`` with a chat
     template (:mod:`engine.tokenizer_init`); without them the engine falls
-    back to its byte-level tokenizer and serves no chat.
+    back to its byte-level tokenizer and serves no chat.  With them, a config
+    that names no ``eos_token_id`` gets the tokenizer's ``<|endoftext|>``
+    (in ``config.json`` and ``generation_config.json``).
 
     ``router_skew`` > 0 makes some experts popular for every token, as real
     routing is; 0 gives a nearly uniform router.  ``prompt_kinds`` > 1 splits
@@ -201,6 +204,8 @@ def init_random_checkpoint(
         problems.append(f"prompt_kinds must be in [1, {config.vocab_size}], got {prompt_kinds}")
     if problems:
         raise ValidationError(problems)
+    if tokenizer and config.vocab_size >= MIN_VOCAB_SIZE and config.eos_token_id is None:
+        config = dataclasses.replace(config, eos_token_id=eos_token_id(config.vocab_size))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dtype = torch_dtype(config.torch_dtype)

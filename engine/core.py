@@ -84,7 +84,7 @@ class EngineCore:
         executor: Executor,
         config: EngineConfig | None = None,
         *,
-        eos_token_id: int | None = None,
+        eos_token_ids: Iterable[int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.executor = executor
@@ -99,7 +99,10 @@ class EngineCore:
         self.blocks = BlockManager(executor.num_blocks, executor.block_size,
                                    enable_prefix_caching=self.config.enable_prefix_caching)
         self.scheduler = Scheduler(sched_config, self.blocks)
-        self.eos_token_id = executor.config.eos_token_id if eos_token_id is None else eos_token_id
+        model_eos = executor.config.eos_token_id
+        self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids) if eos_token_ids is not None \
+            else (() if model_eos is None else (model_eos,))
+        """Tokens that end a sequence unless it ignores eos (:func:`engine.generation_config.eos_token_ids`)."""
         self._clock = clock
         self._requests: dict[str, Sequence] = {}
         self._seq_ids = itertools.count()
@@ -328,7 +331,7 @@ class EngineCore:
             logits = logits[rows]
         histories = [TokenHistory(s.prompt_token_ids, s.output_token_ids) for s in sampled]
         tokens, failures = sample_each(logits, [s.sampler for s in sampled], histories,
-                                       eos_token_id=self.eos_token_id) if rows else ([], {})
+                                       eos_token_ids=self.eos_token_ids) if rows else ([], {})
         wanted = [s.params.logprobs for s in sampled]
         logprobs = token_logprobs(logits, tokens, wanted) if any(k is not None for k in wanted) else {}
         now = self._clock()
@@ -366,7 +369,7 @@ class EngineCore:
         params = seq.params
         if token in params.stop_token_ids:
             return "stop"
-        if not params.ignore_eos and self.eos_token_id is not None and token == self.eos_token_id:
+        if not params.ignore_eos and token in self.eos_token_ids:
             return "stop"
         if len(seq.output_token_ids) >= params.max_tokens:
             return "length"

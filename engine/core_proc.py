@@ -42,6 +42,7 @@ from engine import wire
 from engine.core import EngineCore, StepResult
 from engine.engine_types import EngineConfig
 from engine.executors import ExecutorOptions, create_executor
+from engine.generation_config import eos_token_ids
 from engine.lifetime import die_with_parent
 from engine.scheduler import SchedulerConfig
 
@@ -236,7 +237,7 @@ def _ready_info(core: EngineCore) -> dict[str, Any]:
     return {"pid": os.getpid(), "num_blocks": core.blocks.num_blocks, "block_size": core.blocks.block_size,
             "max_model_len": core.max_model_len, "vocab_size": cfg.vocab_size, "num_experts": cfg.num_experts,
             "num_ranks": core.executor.num_ranks, "placement": core.placement.to_json(),
-            "eos_token_id": core.eos_token_id}
+            "eos_token_ids": list(core.eos_token_ids)}
 
 
 def serve(options: CoreOptions) -> int:
@@ -251,7 +252,7 @@ def serve(options: CoreOptions) -> int:
     try:
         try:
             executor = create_executor(options.executor)
-            core = EngineCore(executor, options.engine)
+            core = EngineCore(executor, options.engine, eos_token_ids=eos_token_ids(options.executor.checkpoint))
             warmup_steps = 0
             if options.engine.warmup_requests:
                 began = time.monotonic()

@@ -45,10 +45,10 @@ class LLMEngine:
         config: EngineConfig | None = None,
         *,
         sinks: Iterable[StatsSink] = (),
-        eos_token_id: int | None = None,
+        eos_token_ids: Iterable[int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.core = EngineCore(executor, config, eos_token_id=eos_token_id, clock=clock)
+        self.core = EngineCore(executor, config, eos_token_ids=eos_token_ids, clock=clock)
         self.executor = executor
         self.config = self.core.config
         self._sinks: list[StatsSink] = list(sinks)

@@ -144,7 +144,7 @@ def sample(logits: torch.Tensor, samplers: list[RequestSampler]) -> list[int]:
 
 def sample_each(
     logits: torch.Tensor, samplers: list[RequestSampler], histories: Sequence[TokenHistory] | None = None,
-    *, eos_token_id: int | None = None,
+    *, eos_token_ids: Sequence[int] = (),
 ) -> tuple[list[int], dict[int, str]]:
     """One token per row, each row on its own: (tokens, why each failed row failed).
 
@@ -162,7 +162,7 @@ def sample_each(
     for row, sampler in enumerate(samplers):
         if histories is not None and sampler.params.adjusts_logits:
             try:
-                adjusted[row] = adjust_logits(logits[row], sampler.params, histories[row], eos_token_id)
+                adjusted[row] = adjust_logits(logits[row], sampler.params, histories[row], eos_token_ids)
             except (RuntimeError, ValueError, IndexError) as exc:
                 failures[row] = f"{type(exc).__name__}: {exc}"
     greedy_rows = [i for i, s in enumerate(samplers) if s.params.greedy and i not in adjusted and i not in failures]
@@ -182,7 +182,7 @@ def sample_each(
 
 
 def adjust_logits(
-    logits: torch.Tensor, params: SamplingParams, history: TokenHistory, eos_token_id: int | None
+    logits: torch.Tensor, params: SamplingParams, history: TokenHistory, eos_token_ids: Sequence[int] = ()
 ) -> torch.Tensor:
     """One row's logits after bias, ``min_tokens`` and penalties (a new float32 tensor; see the module doc)."""
     import torch
@@ -194,8 +194,8 @@ def adjust_logits(
         out.index_add_(0, ids, torch.tensor([b for _, b in params.logit_bias], dtype=out.dtype))
     if len(history.output_token_ids) < params.min_tokens:
         stops = list(params.stop_token_ids)
-        if eos_token_id is not None and not params.ignore_eos:
-            stops.append(eos_token_id)
+        if not params.ignore_eos:
+            stops.extend(eos_token_ids)
         if stops and len(set(stops)) < vocab:  # (masking every token would leave nothing to sample)
             out[torch.tensor(stops, dtype=torch.long)] = float("-inf")
     output = torch.tensor(list(history.output_token_ids), dtype=torch.long)

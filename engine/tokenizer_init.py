@@ -12,8 +12,9 @@ is room for (a large vocabulary), and the three special tokens of the chat
 template last: ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``.
 
 ``tokenizer_config.json`` carries a ChatML chat template and names
-``<|endoftext|>`` the eos token (the model's ``eos_token_id`` is left as the
-caller set it: a random model stops on it only when configured to).
+``<|endoftext|>`` the eos token (:func:`eos_token_id`; the checkpoint's
+``config.json`` and ``generation_config.json`` name it too, so the engine,
+vLLM and transformers all stop there unless a request ignores eos).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ CHAT_TEMPLATE = (
 """ChatML: each message as ``<|im_start|>role\\ncontent<|im_end|>\\n``, then the assistant's turn opening."""
 
 
+def eos_token_id(vocab_size: int) -> int:
+    """The id of ``<|endoftext|>`` in the tokenizer of ``vocab_size`` (the special tokens are the last ids)."""
+    return vocab_size - len(SPECIAL_TOKENS) + SPECIAL_TOKENS.index(EOS_TOKEN)
+
+
 def train_tokenizer(vocab_size: int) -> RustTokenizer:
     """A byte-level BPE with exactly ``vocab_size`` ids (see the module doc for the layout)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -59,6 +65,7 @@ def train_tokenizer(vocab_size: int) -> RustTokenizer:
     specials = [AddedToken(text, special=True) for text in SPECIAL_TOKENS]
     tok.add_special_tokens([*reserved, *specials])
     assert tok.get_vocab_size(with_added_tokens=True) == vocab_size
+    assert tok.token_to_id(EOS_TOKEN) == eos_token_id(vocab_size)
     return tok
 
 
@@ -81,5 +88,5 @@ def write_tokenizer(out_dir: Path, vocab_size: int, *, max_model_len: int) -> bo
     return True
 
 
-__all__ = ["CHAT_TEMPLATE", "CORPUS", "EOS_TOKEN", "MIN_VOCAB_SIZE", "SPECIAL_TOKENS", "train_tokenizer",
-           "write_tokenizer"]
+__all__ = ["CHAT_TEMPLATE", "CORPUS", "EOS_TOKEN", "MIN_VOCAB_SIZE", "SPECIAL_TOKENS", "eos_token_id",
+           "train_tokenizer", "write_tokenizer"]

@@ -13,30 +13,30 @@ NONE = TokenHistory((), ())
 
 
 def test_logit_bias_adds_to_the_named_tokens() -> None:
-    out = adjust_logits(LOGITS, SamplingParams(logit_bias=((1, 10.0), (4, -100.0))), NONE, None)
+    out = adjust_logits(LOGITS, SamplingParams(logit_bias=((1, 10.0), (4, -100.0))), NONE)
     assert out.tolist() == [2.0, 9.0, 0.5, 0.0, -97.0]
     assert LOGITS[1] == -1.0  # the input is left alone
 
 
 def test_min_tokens_holds_back_eos_and_stop_tokens_until_enough_are_out() -> None:
     params = SamplingParams(min_tokens=2, stop_token_ids=(2,))
-    early = adjust_logits(LOGITS, params, TokenHistory((0,), (4,)), eos_token_id=4)
+    early = adjust_logits(LOGITS, params, TokenHistory((0,), (4,)), eos_token_ids=(4,))
     assert early[2] == early[4] == float("-inf") and early[0] == 2.0
-    late = adjust_logits(LOGITS, params, TokenHistory((0,), (3, 3)), eos_token_id=4)
+    late = adjust_logits(LOGITS, params, TokenHistory((0,), (3, 3)), eos_token_ids=(4,))
     assert torch.equal(late, LOGITS)
     # ignore_eos: the eos token is no stop token, so it is not held back.
-    ignoring = adjust_logits(LOGITS, SamplingParams(min_tokens=2, ignore_eos=True), NONE, eos_token_id=4)
+    ignoring = adjust_logits(LOGITS, SamplingParams(min_tokens=2, ignore_eos=True), NONE, eos_token_ids=(4,))
     assert ignoring[4] == 3.0
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens() -> None:
-    out = adjust_logits(LOGITS, SamplingParams(repetition_penalty=2.0), TokenHistory((0, 1), (2,)), None)
+    out = adjust_logits(LOGITS, SamplingParams(repetition_penalty=2.0), TokenHistory((0, 1), (2,)))
     assert out.tolist() == [1.0, -2.0, 0.25, 0.0, 3.0]
 
 
 def test_frequency_and_presence_penalties_count_output_tokens_only() -> None:
     params = SamplingParams(frequency_penalty=0.5, presence_penalty=1.0)
-    out = adjust_logits(LOGITS, params, TokenHistory((3, 3, 3), (4, 4, 4, 0)), None)
+    out = adjust_logits(LOGITS, params, TokenHistory((3, 3, 3), (4, 4, 4, 0)))
     assert out.tolist() == pytest.approx([2.0 - 0.5 - 1.0, -1.0, 0.5, 0.0, 3.0 - 1.5 - 1.0])
 
 

@@ -1,0 +1,108 @@
+"""A checkpoint's end-of-sequence tokens, read and honoured as vLLM does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as RustTokenizer
+
+from contracts.errors import ValidationError
+from engine.checkpoint import init_random_checkpoint
+from engine.client import EngineCoreClient
+from engine.config import ModelConfig
+from engine.engine_types import EngineConfig
+from engine.executors.options import ExecutorOptions
+from engine.generation_config import eos_token_ids
+from engine.sampling import SamplingParams
+
+SMALL = ModelConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, vocab_size=512)
+
+
+def _write(path: Path, raw: object) -> None:
+    path.write_text(json.dumps(raw))
+
+
+def test_model_init_names_the_tokenizers_eos_in_config_and_generation_config(tmp_path: Path) -> None:
+    init_random_checkpoint(tmp_path, SMALL, seed=1)
+    eos = RustTokenizer.from_file(str(tmp_path / "tokenizer.json")).token_to_id("<|endoftext|>")
+    assert eos is not None
+    assert json.loads((tmp_path / "config.json").read_text())["eos_token_id"] == eos
+    assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == eos
+    assert eos_token_ids(tmp_path) == (eos,)
+    init_random_checkpoint(tmp_path / "bytes", SMALL, seed=1, tokenizer=False)  # no tokenizer: no eos to name
+    assert json.loads((tmp_path / "bytes" / "config.json").read_text())["eos_token_id"] is None
+    assert eos_token_ids(tmp_path / "bytes") == ()
+
+
+def test_eos_ids_are_the_tokenizers_then_generation_configs_int_or_list(tmp_path: Path) -> None:
+    init_random_checkpoint(tmp_path, SMALL, seed=1)
+    eos = SMALL.vocab_size - 3
+    _write(tmp_path / "generation_config.json", {"eos_token_id": 7})
+    assert eos_token_ids(tmp_path) == (eos, 7)
+    _write(tmp_path / "generation_config.json", {"eos_token_id": [9, eos, 9, 4]})
+    assert eos_token_ids(tmp_path) == (eos, 9, 4)
+    _write(tmp_path / "generation_config.json", {"do_sample": False})
+    assert eos_token_ids(tmp_path) == (eos,)
+    # Without generation_config.json, config.json's (as transformers' GenerationConfig.from_model_config).
+    (tmp_path / "generation_config.json").unlink()
+    raw = json.loads((tmp_path / "config.json").read_text())
+    _write(tmp_path / "config.json", {**raw, "eos_token_id": [11, 12]})
+    assert eos_token_ids(tmp_path) == (eos, 11, 12)
+    _write(tmp_path / "generation_config.json", {"eos_token_id": "</s>"})
+    with pytest.raises(ValidationError, match="eos_token_id must be an integer or a list"):
+        eos_token_ids(tmp_path)
+
+
+def _generate(client: EngineCoreClient, prompt: list[int], params: SamplingParams) -> tuple[list[int], str | None]:
+    async def run() -> tuple[list[int], str | None]:
+        stream = client.add_request(prompt, params)
+        tokens: list[int] = []
+        while True:
+            out = await stream.next()
+            if out.token_id is not None:
+                tokens.append(out.token_id)
+            if out.finished:
+                return tokens, out.finish_reason
+
+    return asyncio.run(run())
+
+
+def _engine(checkpoint: Path) -> EngineCoreClient:
+    return EngineCoreClient(ExecutorOptions(checkpoint=checkpoint, kv_cache_mb=1.0),
+                            EngineConfig(warmup_requests=0)).start()
+
+
+@pytest.mark.integration
+def test_the_engine_stops_at_every_eos_id_of_generation_config_unless_told_to_ignore_eos(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    prompt = [5, 17, 33, 2]
+    free = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    engine = _engine(checkpoint)
+    try:
+        unstopped, reason = _generate(engine, prompt, free)
+    finally:
+        engine.shutdown()
+    assert reason == "length" and len(unstopped) == 12
+    # The third new token becomes an eos id (with one the model never writes here), beside the tokenizer's.
+    chosen = next(t for t in unstopped[2:] if t not in unstopped[:2])
+    ends = {chosen, SMALL.vocab_size - 3}
+    _write(checkpoint / "generation_config.json", {"eos_token_id": [next(t for t in range(500) if t not in
+                                                                         unstopped), chosen]})
+    stop_at = next(i for i, t in enumerate(unstopped) if t in ends)
+    engine = _engine(checkpoint)
+    try:
+        tokens, reason = _generate(engine, prompt, SamplingParams(max_tokens=12, temperature=0.0))
+        assert (tokens, reason) == (unstopped[: stop_at + 1], "stop")
+        assert _generate(engine, prompt, free) == (unstopped, "length")
+        # min_tokens holds every eos id back until that many tokens are out.
+        held, _ = _generate(engine, prompt, SamplingParams(max_tokens=12, temperature=0.0, min_tokens=stop_at + 2))
+        assert len(held) >= stop_at + 2 and not ends & set(held[: stop_at + 2])
+    finally:
+        engine.shutdown()
