@@ -11,7 +11,8 @@ exporter); and the controller's control routes ``GET/POST /v1/placement`` and
 This process validates and tokenizes requests, detokenizes outputs and
 writes SSE; the engine core (its own process) schedules and runs the model.
 A request's path: validate (400 naming the field) -> render the chat
-template -> tokenize -> check what the API side knows (vocabulary, context)
+template -> tokenize (a long text on a worker thread, :func:`off_loop`: the
+event loop keeps streaming the others) -> check what the API side knows (vocabulary, context)
 -> send to the core -> stream or collect (:mod:`engine.openai_serving`).
 
 Every failure, 404s included, is OpenAI's error document, and HTTP status
@@ -23,12 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -57,6 +59,21 @@ MetricsRenderer = Callable[[], tuple[bytes, str]]
 """Returns the ``/metrics`` body and its media type."""
 
 log = logging.getLogger("moeslo.engine_server")
+
+OFF_LOOP_SIZE = 4096
+"""Texts (and token-id lists) at least this long are tokenized, detokenized or rendered on a worker thread."""
+
+_T = TypeVar("_T")
+
+
+async def off_loop(size: int, fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)``: inline when ``size`` is small, else on a worker thread (as vLLM's async tokenizer).
+
+    A 3 MB prompt tokenizes for seconds; on the event loop that stalled every other stream as long.
+    """
+    if size < OFF_LOOP_SIZE:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 def create_app(
@@ -194,9 +211,11 @@ def _add_openai_routes(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival_s = time.monotonic()
         check_model(body)
-        prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
+        prompts = [await off_loop(len(p), tokenizer.encode, p) if isinstance(p, str) else list(p)
+                   for p in body.prompts]
         engine.check_prompt_ids(t for p in body.prompts if not isinstance(p, str) for t in p)  # before echo decodes
-        echo = [p if isinstance(p, str) else tokenizer.decode(list(p)) for p in body.prompts] if body.echo else None
+        echo = [p if isinstance(p, str) else await off_loop(len(p), tokenizer.decode, list(p))
+                for p in body.prompts] if body.echo else None
         gen = Generation(prompts, body.sampling_params(body.tokens_to_generate), body.stop_strings, body.stream,
                          body.include_usage, CompletionFormat(model_name), n=body.n, echo=echo,
                          echo_only=body.max_tokens == 0)
@@ -209,8 +228,10 @@ def _add_openai_routes(
         if chat_template is None:
             raise ValidationError("messages: this model has no chat template (tokenizer_config.json's "
                                   "chat_template), so it serves /v1/completions only")
-        prompt = chat_template.render(body.template_messages(), add_generation_prompt=body.add_generation_prompt)
-        prompt_ids = tokenizer.encode(prompt)
+        messages = body.template_messages()
+        prompt = await off_loop(sum(len(m["content"]) for m in messages), functools.partial(
+            chat_template.render, messages, add_generation_prompt=body.add_generation_prompt))
+        prompt_ids = await off_loop(len(prompt), tokenizer.encode, prompt)
         # Left out, the completion may fill the context (as OpenAI and vLLM do); at least one token is asked.
         limit = body.token_limit or max(1, engine.max_model_len - len(prompt_ids))
         if len(prompt_ids) + limit > engine.max_model_len:

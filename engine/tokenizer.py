@@ -78,10 +78,11 @@ class HFTokenizer:
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        # The batch call lets go of the GIL while it works (``encode`` holds it: seconds for a long text).
+        return list(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
 
     def decode(self, token_ids: list[int]) -> str:
-        return str(self._tok.decode(token_ids, skip_special_tokens=True))
+        return str(self._tok.decode_batch([token_ids], skip_special_tokens=True)[0])
 
     def stream(self) -> _HFDecodeStream:
         return _HFDecodeStream(self._tok)
