@@ -35,7 +35,7 @@ from engine.engine_types import RequestOutput
 from engine.errors import RequestFailedError
 from engine.openai_errors import error_body, error_response
 from engine.openai_logprobs import LogprobEntry, chat_logprobs, completion_logprobs, logprob_entry, prompt_entries
-from engine.protocol import StopMatcher
+from engine.protocol import StopMatcher, fit_to_context
 from engine.sampling import MAX_SEED, SamplingParams
 from engine.tokenizer import Tokenizer
 
@@ -145,19 +145,26 @@ class Generation:
     """Per prompt, the text shown before its choices' text (a completion's ``echo``)."""
     echo_only: bool = False
     """Show the echoed prompt alone (``max_tokens`` 0): the token the core generates is dropped."""
+    prompt_field: str = "prompt"
+    """The request field the prompts came from (a chat's ``messages``), named by a too-long prompt's 400."""
 
     @property
     def num_choices(self) -> int:
         return len(self.prompts) * self.n
 
-    def choices(self) -> list[tuple[list[int], SamplingParams]]:
-        return [(prompt, self._sample_params(j)) for prompt in self.prompts for j in range(self.n)]
+    def choices(self, max_model_len: int) -> list[tuple[list[int], SamplingParams]]:
+        """Every choice's prompt and parameters, ``max_tokens`` cut to the context its prompt leaves."""
+        fitted = [fit_to_context(self.params, len(prompt), max_model_len, field=self.prompt_field)
+                  for prompt in self.prompts]
+        return [(prompt, self._sample_params(params, j)) for prompt, params in zip(self.prompts, fitted, strict=True)
+                for j in range(self.n)]
 
-    def _sample_params(self, j: int) -> SamplingParams:
-        seed = self.params.seed
+    @staticmethod
+    def _sample_params(params: SamplingParams, j: int) -> SamplingParams:
+        seed = params.seed
         if j == 0 or seed is None:
-            return self.params
-        return dataclasses.replace(self.params, seed=seed + j if seed + j <= MAX_SEED else seed - j)
+            return params
+        return dataclasses.replace(params, seed=seed + j if seed + j <= MAX_SEED else seed - j)
 
     def usage(self, last: list[RequestOutput]) -> dict[str, int]:
         """Prompt tokens once per prompt, completion tokens of every choice."""
@@ -184,8 +191,9 @@ async def serve_generation(
     # From now until the request ends, a client that goes away aborts it in the core.
     watcher = asyncio.ensure_future(_until_disconnect(request))
     watcher.add_done_callback(lambda w: None if w.cancelled() else end_early())
+    choices = gen.choices(engine.max_model_len)  # a prompt too long for the context is refused before any is sent
     try:
-        for prompt, params in gen.choices():
+        for prompt, params in choices:
             streams.append(engine.add_request(prompt, params, arrival_s=arrival_s))
         # The core's refusal (400, 429) raises here, before any byte is sent.
         firsts = [await stream.next() for stream in streams]

@@ -19,12 +19,14 @@ returns never includes the stop string, as OpenAI and vLLM do.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from contracts.errors import ValidationError
+from engine.errors import PromptTooLongError
 from engine.sampling import MAX_LOGPROBS, MAX_SEED, MIN_REPETITION_PENALTY, MIN_SEED, SamplingParams
 
 MAX_N = 32
@@ -195,6 +197,21 @@ class CompletionRequest(GenerationRequest):
         return problems
 
 
+def fit_to_context(params: SamplingParams, prompt_tokens: int, max_model_len: int, *,
+                   field: str = "prompt") -> SamplingParams:
+    """``max_tokens`` cut to the context the prompt leaves, as vLLM's ``get_max_tokens`` cuts it.
+
+    The request then ends with finish reason ``length`` where the context
+    does; a prompt that leaves no room for one token is a 400 (naming
+    ``field``).
+    """
+    room = max_model_len - prompt_tokens
+    if room < 1:
+        raise PromptTooLongError(prompt_tokens=prompt_tokens, max_tokens=params.max_tokens,
+                                 max_model_len=max_model_len, param=field)
+    return params if params.max_tokens <= room else dataclasses.replace(params, max_tokens=room)
+
+
 def _encodable(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -236,4 +253,5 @@ class StopMatcher:
 
 __all__ = [
     "MAX_CHOICES", "MAX_N", "NO_OP_VALUES", "CompletionRequest", "GenerationRequest", "StopMatcher", "StreamOptions",
+    "fit_to_context",
 ]

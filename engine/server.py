@@ -42,7 +42,6 @@ from contracts.errors import MoesloError, NotFoundError, PlacementError, Unavail
 from contracts.placement import Placement
 from engine.chat_template import ChatTemplate
 from engine.client import EngineCoreClient
-from engine.errors import PromptTooLongError
 from engine.openai_chat import ChatCompletionRequest
 from engine.openai_errors import (
     UNAVAILABLE_RETRY_AFTER_S,
@@ -232,13 +231,10 @@ def _add_openai_routes(
         prompt = await off_loop(sum(len(m["content"]) for m in messages), functools.partial(
             chat_template.render, messages, add_generation_prompt=body.add_generation_prompt))
         prompt_ids = await off_loop(len(prompt), tokenizer.encode, prompt)
-        # Left out, the completion may fill the context (as OpenAI and vLLM do); at least one token is asked.
-        limit = body.token_limit or max(1, engine.max_model_len - len(prompt_ids))
-        if len(prompt_ids) + limit > engine.max_model_len:
-            raise PromptTooLongError(prompt_tokens=len(prompt_ids), max_tokens=limit,
-                                     max_model_len=engine.max_model_len, param="messages")
+        # Left out, the completion may fill the context (as OpenAI and vLLM do): serve_generation cuts it.
+        limit = body.token_limit or engine.max_model_len
         gen = Generation([prompt_ids], body.sampling_params(limit), body.stop_strings, body.stream,
-                         body.include_usage, ChatFormat(model_name), n=body.n)
+                         body.include_usage, ChatFormat(model_name), n=body.n, prompt_field="messages")
         return await serve_generation(engine, tokenizer, gen, request, arrival_s)
 
 

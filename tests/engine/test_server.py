@@ -170,7 +170,7 @@ def test_models_health_and_metrics_routes(served: Served) -> None:
         ({"prompt": [1, 99999], "max_tokens": 3}, 400, "[0, 512)"),
         ({"prompt": "", "max_tokens": 3}, 400, "at least one token"),
         ({"prompt": "x", "model": "nope"}, 404, "nope"),
-        ({"prompt": [1] * 500, "max_tokens": 20}, 400, "500 tokens"),
+        ({"prompt": [1] * 600, "max_tokens": 1}, 400, "600 tokens"),
     ],
 )
 def test_bad_input_is_refused_naming_the_field(served: Served, payload: dict, status: int, needle: str) -> None:
@@ -185,6 +185,43 @@ def test_prompt_too_long_states_the_limits(served: Served) -> None:
     assert resp.status_code == 400
     message = resp.json()["error"]["message"]
     assert str(limit) in message and "max_tokens is 1" in message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_past_the_context_is_cut_to_it_and_ends_with_length(served: Served, stream: bool) -> None:
+    """As vLLM (``get_max_tokens``): min(max_tokens, context - prompt), not a 400."""
+    limit = served.client.get("/v1/models").json()["data"][0]["max_model_len"]
+    prompts = [[5] * (limit - 3), [6] * (limit - 200)]  # two prompts, each with its own room
+    resp = served.client.post("/v1/completions", json={"prompt": prompts, "max_tokens": 50, "ignore_eos": True,
+                                                       "stream": stream, "stream_options": {"include_usage": True}
+                                                       if stream else None})
+    assert resp.status_code == 200, resp.text
+    if stream:
+        events = [json.loads(line[6:]) for line in resp.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        reasons = {c["index"]: c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]}
+        usage = events[-1]["usage"]
+    else:
+        reasons = {c["index"]: c["finish_reason"] for c in resp.json()["choices"]}
+        usage = resp.json()["usage"]
+    assert reasons == {0: "length", 1: "length"}
+    assert usage["completion_tokens"] == 3 + 50
+
+
+def test_chat_max_tokens_past_the_context_is_cut_to_it(served: Served) -> None:
+    limit = served.client.get("/v1/models").json()["data"][0]["max_model_len"]
+    messages = [{"role": "user", "content": "word " * 100}]
+    probe = served.client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    room = limit - probe.json()["usage"]["prompt_tokens"]
+    resp = served.client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": room + 40,
+                                                            "ignore_eos": True})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["finish_reason"] == "length"
+    assert resp.json()["usage"]["completion_tokens"] == room
+    # A prompt that leaves no room for one token is still a 400, naming the messages.
+    huge = [{"role": "user", "content": "word " * limit}]
+    too_long = served.client.post("/v1/chat/completions", json={"messages": huge, "max_tokens": 1})
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "messages"
 
 
 def test_malformed_json_is_400(served: Served) -> None:
