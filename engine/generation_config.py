@@ -1,4 +1,4 @@
-"""A checkpoint's generation settings, read as vLLM reads them: which tokens end a sequence.
+"""A checkpoint's generation settings, read as vLLM reads them: which tokens end a sequence, and sampling defaults.
 
 A sequence ends at the tokenizer's eos token (``tokenizer_config.json``'s
 ``eos_token``, looked up in ``tokenizer.json``) and at every id of
@@ -7,16 +7,31 @@ A sequence ends at the tokenizer's eos token (``tokenizer_config.json``'s
 transformers falls back), unless a request sets ``ignore_eos``.  This is what
 vLLM does (``SamplingParams.update_from_generation_config``), and what
 transformers' ``generate`` does for the generation config's ids.
+
+Its sampling settings (``temperature``, ``top_p``, ``repetition_penalty``,
+``presence_penalty``, ``frequency_penalty``; ``max_new_tokens`` as a chat's
+``max_tokens``) are the defaults of requests that leave them out, as vLLM's
+default ``--generation-config auto`` makes them.  ``top_k`` and ``min_p``,
+which this engine does not implement, are not applied (a warning says so).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from contracts.errors import ValidationError
 from engine.chat_template import token_text
+from engine.sampling import SamplingParams
+
+log = logging.getLogger("moeslo.engine_server")
+
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+"""generation_config.json's settings that become request defaults (with ``max_new_tokens``)."""
+UNSERVED_DEFAULTS: dict[str, tuple[object, ...]] = {"top_k": (None, -1, 0), "min_p": (None, 0, 0.0)}
+"""vLLM's other sampling defaults, and their no-op values: set otherwise, they are not applied here."""
 
 
 def read_json_object(path: Path) -> dict[str, Any] | None:
@@ -69,4 +84,28 @@ def eos_token_ids(checkpoint: Path) -> tuple[int, ...]:
     return tuple(ids)
 
 
-__all__ = ["eos_token_ids", "generation_config", "read_json_object", "tokenizer_eos_token_id"]
+def sampling_defaults(checkpoint: Path) -> dict[str, float | int]:
+    """The request defaults of the checkpoint's generation config (see the module doc), checked at start-up."""
+    raw = generation_config(checkpoint)
+    where = Path(checkpoint) / "generation_config.json"
+    out: dict[str, float | int] = {k: raw[k] for k in SAMPLING_DEFAULT_KEYS if raw.get(k) is not None}
+    if raw.get("max_new_tokens") is not None:
+        out["max_tokens"] = raw["max_new_tokens"]
+    problems = [f"{where}: {k} must be a number, got {v!r}" for k, v in out.items()
+                if isinstance(v, bool) or not isinstance(v, int | float) or (k == "max_tokens" and v != int(v))]
+    if problems:
+        raise ValidationError(problems)
+    try:
+        SamplingParams(max_tokens=int(out.get("max_tokens", 1)), temperature=float(out.get("temperature", 1.0)),
+                       top_p=float(out.get("top_p", 1.0)), repetition_penalty=float(out.get("repetition_penalty", 1.0)),
+                       presence_penalty=float(out.get("presence_penalty", 0.0)),
+                       frequency_penalty=float(out.get("frequency_penalty", 0.0)))
+    except ValidationError as exc:
+        raise ValidationError([f"{where}: {p}" for p in exc.problems]) from exc
+    unserved = {k: raw[k] for k, no_op in UNSERVED_DEFAULTS.items() if raw.get(k) not in no_op}
+    if unserved:
+        log.warning("%s: %s not applied (this engine does not implement them)", where, unserved)
+    return out
+
+
+__all__ = ["eos_token_ids", "generation_config", "read_json_object", "sampling_defaults", "tokenizer_eos_token_id"]

@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from engine.protocol import NO_OP_VALUES, GenerationRequest
+from engine.protocol import MODEL_DEFAULTED, NO_OP_VALUES, GenerationRequest
 from engine.sampling import MAX_LOGPROBS
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -78,6 +78,12 @@ class ChatCompletionRequest(GenerationRequest):
         if self.top_logprobs and not self.logprobs:
             problems.append("top_logprobs: needs logprobs: true")
         return problems
+
+    def defaulted_fields(self) -> frozenset[str]:
+        """A chat's ``max_tokens`` too (generation_config's ``max_new_tokens``), unless it sent either limit."""
+        if self.token_limit is not None:
+            return MODEL_DEFAULTED
+        return MODEL_DEFAULTED | {"max_tokens"}
 
     @property
     def logprob_alternatives(self) -> int | None:

@@ -20,8 +20,8 @@ returns never includes the stop string, as OpenAI and vLLM do.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Annotated, Any, ClassVar, cast
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Self, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
@@ -55,6 +55,10 @@ NULL_MEANS_DEFAULT = frozenset({
     "stop_token_ids", "ignore_eos", "repetition_penalty", "min_tokens", "add_generation_prompt",
 })  # fmt: skip
 """Fields whose explicit ``null`` means their default (as vLLM's ``Optional`` fields with defaults do)."""
+
+
+MODEL_DEFAULTED = frozenset({"temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"})
+"""Fields whose default, when a request leaves them out, is the model's (:meth:`GenerationRequest.with_defaults`)."""
 
 
 class GenerationRequest(BaseModel):
@@ -101,6 +105,18 @@ class GenerationRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def with_defaults(self, defaults: Mapping[str, Any]) -> Self:
+        """The request with the model's defaults for the sampling fields it left out (or sent as ``null``).
+
+        vLLM's order: the request's value, else the model's (its generation config), else OpenAI's.
+        """
+        unset = {k: v for k, v in defaults.items() if k in self.defaulted_fields() and k not in self.model_fields_set}
+        return self.model_copy(update=unset) if unset else self
+
+    def defaulted_fields(self) -> frozenset[str]:
+        """The fields a model default may fill (a completion's ``max_tokens`` keeps OpenAI's 16, as in vLLM)."""
+        return MODEL_DEFAULTED
 
     def texts(self) -> list[tuple[str, str]]:
         """(field, text) of every text the request carries, checked for lone surrogates."""
@@ -252,6 +268,13 @@ class StopMatcher:
 
 
 __all__ = [
-    "MAX_CHOICES", "MAX_N", "NO_OP_VALUES", "CompletionRequest", "GenerationRequest", "StopMatcher", "StreamOptions",
+    "MAX_CHOICES",
+    "MAX_N",
+    "MODEL_DEFAULTED",
+    "NO_OP_VALUES",
+    "CompletionRequest",
+    "GenerationRequest",
+    "StopMatcher",
+    "StreamOptions",
     "fit_to_context",
 ]

@@ -29,7 +29,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import uvicorn
@@ -63,6 +63,7 @@ OFF_LOOP_SIZE = 4096
 """Texts (and token-id lists) at least this long are tokenized, detokenized or rendered on a worker thread."""
 
 _T = TypeVar("_T")
+_Request = TypeVar("_Request", bound=GenerationRequest)
 
 
 async def off_loop(size: int, fn: Callable[..., _T], *args: Any) -> _T:
@@ -83,10 +84,13 @@ def create_app(
     metrics: MetricsRenderer | None = None,
     on_shutdown: Iterable[Callable[[], None]] = (),
     chat_template: ChatTemplate | None = None,
+    sampling_defaults: Mapping[str, float | int] | None = None,
 ) -> FastAPI:
     """The API app; it starts the engine core on startup (if not yet) and stops it (and ``on_shutdown``) on exit.
 
-    Without a ``chat_template``, ``/v1/chat/completions`` answers 400.
+    Without a ``chat_template``, ``/v1/chat/completions`` answers 400.  ``sampling_defaults`` (the
+    checkpoint's generation config: :func:`engine.generation_config.sampling_defaults`) fill the sampling
+    fields a request leaves out.
     """
     hooks = list(on_shutdown)
 
@@ -105,7 +109,7 @@ def create_app(
     app = FastAPI(title="moeslo engine", lifespan=lifespan)
     _install_error_handlers(app)
     _add_control_routes(app, engine, metrics)
-    _add_openai_routes(app, engine, tokenizer, model_name, chat_template)
+    _add_openai_routes(app, engine, tokenizer, model_name, chat_template, dict(sampling_defaults or {}))
     return app
 
 
@@ -183,6 +187,7 @@ def _add_control_routes(app: FastAPI, engine: EngineCoreClient, metrics: Metrics
 
 def _add_openai_routes(
     app: FastAPI, engine: EngineCoreClient, tokenizer: Tokenizer, model_name: str, chat_template: ChatTemplate | None,
+    defaults: dict[str, float | int],
 ) -> None:
     """``/v1/models``, ``/v1/models/{id}``, ``/v1/completions`` and ``/v1/chat/completions``."""
     created = int(time.time())
@@ -191,10 +196,13 @@ def _add_openai_routes(
         return {"id": model_name, "object": "model", "created": created, "owned_by": "moeslo",
                 "max_model_len": engine.max_model_len}
 
-    def check_model(body: GenerationRequest) -> None:
+    def check_model(body: _Request) -> _Request:
+        """The request with the model's defaults, once it names this model and asks what the engine serves."""
         if body.model is not None and body.model != model_name:
             raise NotFoundError("model", body.model)
+        body = body.with_defaults(defaults)
         body.check()
+        return body
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -209,7 +217,7 @@ def _add_openai_routes(
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival_s = time.monotonic()
-        check_model(body)
+        body = check_model(body)
         prompts = [await off_loop(len(p), tokenizer.encode, p) if isinstance(p, str) else list(p)
                    for p in body.prompts]
         engine.check_prompt_ids(t for p in body.prompts if not isinstance(p, str) for t in p)  # before echo decodes
@@ -223,7 +231,7 @@ def _add_openai_routes(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         arrival_s = time.monotonic()
-        check_model(body)
+        body = check_model(body)
         if chat_template is None:
             raise ValidationError("messages: this model has no chat template (tokenizer_config.json's "
                                   "chat_template), so it serves /v1/completions only")

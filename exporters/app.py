@@ -19,6 +19,7 @@ from engine.chat_template import load_chat_template
 from engine.client import EngineCoreClient
 from engine.engine_types import EngineConfig
 from engine.executors.options import PARALLEL_MIN_TOKENS, ExecutorOptions
+from engine.generation_config import sampling_defaults
 from engine.scheduler import SchedulerConfig
 from engine.server import MetricsRenderer, create_app
 from engine.tokenizer import load_tokenizer
@@ -84,6 +85,7 @@ def build_stack(options: ServeOptions) -> ServingStack:
         parallel_min_tokens=options.parallel_min_tokens,
     )
     model_name = options.served_model_name
+    defaults = sampling_defaults(Path(options.checkpoint))  # a bad generation config fails before the core starts
     engine = EngineCoreClient(
         executor,
         EngineConfig(
@@ -121,7 +123,8 @@ def build_stack(options: ServeOptions) -> ServingStack:
         metrics = _renderer(prometheus)
     tokenizer = load_tokenizer(Path(options.checkpoint), engine.vocab_size)
     app = create_app(engine, tokenizer, model_name=model_name, metrics=metrics, on_shutdown=hooks,
-                     chat_template=load_chat_template(Path(options.checkpoint)))
+                     chat_template=load_chat_template(Path(options.checkpoint)),
+                     sampling_defaults=defaults)
     return ServingStack(app=app, engine=engine, prometheus=prometheus)
 
 

@@ -1,4 +1,4 @@
-"""A checkpoint's end-of-sequence tokens, read and honoured as vLLM does."""
+"""A checkpoint's generation config (end-of-sequence tokens, sampling defaults), read and honoured as vLLM does."""
 
 from __future__ import annotations
 
@@ -7,17 +7,24 @@ import json
 import shutil
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi.testclient import TestClient
 from tokenizers import Tokenizer as RustTokenizer
 
 from contracts.errors import ValidationError
+from engine.chat_template import ChatTemplate
 from engine.checkpoint import init_random_checkpoint
 from engine.client import EngineCoreClient
 from engine.config import ModelConfig
 from engine.engine_types import EngineConfig
 from engine.executors.options import ExecutorOptions
-from engine.generation_config import eos_token_ids
+from engine.generation_config import eos_token_ids, sampling_defaults
 from engine.sampling import SamplingParams
+from engine.server import ServerThread, create_app
+from engine.tokenizer import ByteTokenizer
+from exporters.app import ServeOptions, build_stack
+from harness.processes import free_port
 
 SMALL = ModelConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, vocab_size=512)
@@ -106,3 +113,79 @@ def test_the_engine_stops_at_every_eos_id_of_generation_config_unless_told_to_ig
         assert len(held) >= stop_at + 2 and not ends & set(held[: stop_at + 2])
     finally:
         engine.shutdown()
+
+
+def test_sampling_defaults_are_the_generation_configs_settings_this_engine_serves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _write(tmp_path / "generation_config.json", {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20,
+                                                 "repetition_penalty": 1.05, "max_new_tokens": 7, "eos_token_id": 3})
+    assert sampling_defaults(tmp_path) == {"temperature": 0.6, "top_p": 0.95, "repetition_penalty": 1.05,
+                                           "max_tokens": 7}
+    assert "top_k" in caplog.text and "not applied" in caplog.text
+    _write(tmp_path / "generation_config.json", {"temperature": "hot", "top_p": 0.0})
+    with pytest.raises(ValidationError) as info:
+        sampling_defaults(tmp_path)
+    assert "temperature must be a number" in str(info.value)
+    _write(tmp_path / "generation_config.json", {"top_p": 0.0})
+    with pytest.raises(ValidationError, match=r"generation_config.json: top_p must be in \(0, 1\]"):
+        sampling_defaults(tmp_path)
+
+
+class _Recorder:
+    """An engine client that records what reaches it, and refuses it (the route's work is what is checked)."""
+
+    max_model_len = 4096
+
+    def __init__(self) -> None:
+        self.params: list[SamplingParams] = []
+
+    def check_prompt_ids(self, ids: object) -> None:
+        pass
+
+    def add_request(self, prompt: list[int], params: SamplingParams, **_: object) -> None:
+        self.params.append(params)
+        raise ValidationError("recorded")
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        pass
+
+
+def test_requests_that_leave_sampling_fields_out_get_the_models_defaults() -> None:
+    engine = _Recorder()
+    defaults = {"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1, "max_tokens": 7}
+    app = create_app(engine, ByteTokenizer(512), model_name="m",  # type: ignore[arg-type]
+                     chat_template=ChatTemplate("{{ messages[0]['content'] }}"), sampling_defaults=defaults)
+    client = TestClient(app)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    for body in ({"prompt": "hi"}, {"prompt": "hi", "temperature": None}, {"prompt": "hi", "temperature": 0,
+                 "top_p": 1, "repetition_penalty": 1.0}, chat, {**chat, "max_completion_tokens": 3}):
+        assert client.post("/v1/chat/completions" if "messages" in body else "/v1/completions",
+                           json=body).status_code == 400
+    got = [(p.temperature, p.top_p, p.repetition_penalty, p.max_tokens) for p in engine.params]
+    assert got == [
+        (0.6, 0.9, 1.1, 16),  # a completion's max_tokens keeps OpenAI's default, as in vLLM
+        (0.6, 0.9, 1.1, 16),  # null asks for the default: the model's
+        (0.0, 1.0, 1.0, 16),  # what the request sets wins
+        (0.6, 0.9, 1.1, 7),  # a chat's limit left out: max_new_tokens
+        (0.6, 0.9, 1.1, 3),
+    ]
+
+
+@pytest.mark.integration
+def test_a_served_checkpoint_samples_with_its_generation_config_defaults(tiny_checkpoint: Path,
+                                                                          tmp_path: Path) -> None:
+    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    _write(checkpoint / "generation_config.json", {"temperature": 0.0, "top_k": -1})
+    port = free_port()
+    stack = build_stack(ServeOptions(checkpoint=checkpoint, model_name="m", kv_cache_mb=1.0, port=port))
+    server = ServerThread(stack.app, port=port).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            body = {"prompt": [5, 17, 33, 2], "max_tokens": 12, "ignore_eos": True}
+            greedy = client.post("/v1/completions", json={**body, "temperature": 0}).json()["choices"][0]["text"]
+            # Left out, the temperature is the generation config's 0 (greedy), not OpenAI's 1.
+            assert [client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+                    for _ in range(3)] == [greedy] * 3
+    finally:
+        server.stop()
