@@ -38,7 +38,8 @@ def test_otlp_export_reaches_a_real_receiver(tiny_checkpoint: Path, monkeypatch:
             with httpx.Client(base_url=server.url, timeout=30) as client:
                 for i in range(2):
                     with client.stream("POST", "/v1/completions",
-                                       json={"prompt": f"otel {i}", "max_tokens": 5, "stream": True}) as resp:
+                                       json={"prompt": f"otel {i}", "max_tokens": 5, "stream": True,
+                                             "ignore_eos": True}) as resp:
                         events = [json.loads(line[6:]) for line in resp.iter_lines()
                                   if line.startswith("data: ") and line != "data: [DONE]"]
                     assert len(events) == 5
