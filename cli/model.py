@@ -49,7 +49,7 @@ def init(
             torch_dtype=dtype, intermediate_size=3 * hidden,
         )
         init_random_checkpoint(Path(out), config, seed=seed, router_skew=router_skew, prompt_kinds=prompt_kinds,
-                               tokenizer=tokenizer)
+                               tokenizer=tokenizer, name_eos=True)
         params = count_parameters(config)
         summary = {"out": str(out), "parameters": sum(params.values()), "by_part": params,
                    "layers": layers, "experts": experts, "top_k": top_k, "router_skew": router_skew,

@@ -180,16 +180,19 @@ def _random_tensors(
 
 def init_random_checkpoint(
     out_dir: str | Path, config: ModelConfig, *, seed: int = 0, router_skew: float = 0.0, prompt_kinds: int = 1,
-    tokenizer: bool = True,
+    tokenizer: bool = True, name_eos: bool = False,
 ) -> Path:
     """Write a random Qwen3-MoE checkpoint in the Hugging Face format; return its directory.
 
     ``tokenizer`` also writes a byte-level BPE ``tokenizer.json`` of the
     model's vocabulary size and a ``tokenizer_config.json`` with a chat
     template (:mod:`engine.tokenizer_init`); without them the engine falls
-    back to its byte-level tokenizer and serves no chat.  With them, a config
-    that names no ``eos_token_id`` gets the tokenizer's ``<|endoftext|>``
-    (in ``config.json`` and ``generation_config.json``).
+    back to its byte-level tokenizer and serves no chat.  With them and
+    ``name_eos`` (as ``moeslo model init`` asks), a config that names no
+    ``eos_token_id`` gets the tokenizer's ``<|endoftext|>`` (in ``config.json``
+    and ``generation_config.json``), so engines stop there.  Off by default:
+    a random model samples that token about once in 400, and what counts
+    generated tokens (tests, benchmarks) wants each request to run its length.
 
     ``router_skew`` > 0 makes some experts popular for every token, as real
     routing is; 0 gives a nearly uniform router.  ``prompt_kinds`` > 1 splits
@@ -204,7 +207,7 @@ def init_random_checkpoint(
         problems.append(f"prompt_kinds must be in [1, {config.vocab_size}], got {prompt_kinds}")
     if problems:
         raise ValidationError(problems)
-    if tokenizer and config.vocab_size >= MIN_VOCAB_SIZE and config.eos_token_id is None:
+    if name_eos and tokenizer and config.vocab_size >= MIN_VOCAB_SIZE and config.eos_token_id is None:
         config = dataclasses.replace(config, eos_token_id=eos_token_id(config.vocab_size))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -223,7 +226,8 @@ def init_random_checkpoint(
     if config.eos_token_id is not None:
         generation["eos_token_id"] = config.eos_token_id  # type: ignore[assignment]
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    if not (tokenizer and write_tokenizer(out, config.vocab_size, max_model_len=config.max_position_embeddings)):
+    if not (tokenizer and write_tokenizer(out, config.vocab_size, max_model_len=config.max_position_embeddings,
+                                           name_eos=name_eos)):
         # A tokenizer left from an earlier checkpoint in this folder would be served with this model.
         for name in TOKENIZER_FILES:
             (out / name).unlink(missing_ok=True)

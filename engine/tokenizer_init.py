@@ -11,10 +11,11 @@ the 256 byte-level symbols, then the merges in training order, then
 is room for (a large vocabulary), and the three special tokens of the chat
 template last: ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``.
 
-``tokenizer_config.json`` carries a ChatML chat template and names
-``<|endoftext|>`` the eos token (:func:`eos_token_id`; the checkpoint's
-``config.json`` and ``generation_config.json`` name it too, so the engine,
-vLLM and transformers all stop there unless a request ignores eos).
+``tokenizer_config.json`` carries a ChatML chat template and, as ``moeslo
+model init`` writes it, names ``<|endoftext|>`` the eos token
+(:func:`eos_token_id`; the checkpoint's ``config.json`` and
+``generation_config.json`` name it too, so the engine, vLLM and transformers
+all stop there unless a request ignores eos).
 """
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ def train_tokenizer(vocab_size: int) -> RustTokenizer:
     return tok
 
 
-def write_tokenizer(out_dir: Path, vocab_size: int, *, max_model_len: int) -> bool:
-    """Write ``tokenizer.json`` and ``tokenizer_config.json``; False (nothing written) for a tiny vocabulary."""
+def write_tokenizer(out_dir: Path, vocab_size: int, *, max_model_len: int, name_eos: bool = True) -> bool:
+    """Write ``tokenizer.json`` and ``tokenizer_config.json``; False (nothing written) for a tiny vocabulary.
+
+    ``name_eos``: ``tokenizer_config.json`` names ``<|endoftext|>`` the eos token (engines stop there)."""
     if vocab_size < MIN_VOCAB_SIZE:
         return False
     out = Path(out_dir)
@@ -79,7 +82,7 @@ def write_tokenizer(out_dir: Path, vocab_size: int, *, max_model_len: int) -> bo
         "tokenizer_class": "PreTrainedTokenizerFast",
         "chat_template": CHAT_TEMPLATE,
         "bos_token": None,
-        "eos_token": EOS_TOKEN,
+        "eos_token": EOS_TOKEN if name_eos else None,
         "pad_token": EOS_TOKEN,
         "model_max_length": max_model_len,
         "clean_up_tokenization_spaces": False,

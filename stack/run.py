@@ -62,7 +62,8 @@ def _checkpoint(options: StackOptions) -> Path:
     from engine.checkpoint import init_random_checkpoint
     from engine.config import ModelConfig
 
-    return init_random_checkpoint(options.out / "checkpoint", ModelConfig(), seed=options.seed, router_skew=1.0)
+    return init_random_checkpoint(options.out / "checkpoint", ModelConfig(), seed=options.seed, router_skew=1.0,
+                                  name_eos=True)  # as `moeslo model init` writes it; the load ignores eos
 
 
 def _engine_flags(opts: StackOptions) -> list[str]:

@@ -21,6 +21,11 @@ def test_model_init_writes_tokenizer_and_chat_template(tmp_path: Path) -> None:
     assert len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"]) == 600
     config = json.loads((tmp_path / "a" / "tokenizer_config.json").read_text())
     assert "<|im_start|>" in config["chat_template"] and config["model_max_length"] == 128
+    # <|endoftext|> ends a sequence, named alike for the engine, vLLM and transformers.
+    eos = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == "<|endoftext|>")
+    assert config["eos_token"] == "<|endoftext|>"
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["eos_token_id"] == eos
+    assert json.loads((tmp_path / "a" / "generation_config.json").read_text())["eos_token_id"] == eos
     again = CliRunner().invoke(app, ["model", "init", "--out", str(tmp_path / "b"), *SMALL])
     assert again.exit_code == 0, again.output
     assert (tmp_path / "b" / "tokenizer.json").read_bytes() == (tmp_path / "a" / "tokenizer.json").read_bytes()

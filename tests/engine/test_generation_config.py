@@ -35,19 +35,22 @@ def _write(path: Path, raw: object) -> None:
 
 
 def test_model_init_names_the_tokenizers_eos_in_config_and_generation_config(tmp_path: Path) -> None:
-    init_random_checkpoint(tmp_path, SMALL, seed=1)
+    init_random_checkpoint(tmp_path, SMALL, seed=1, name_eos=True)
     eos = RustTokenizer.from_file(str(tmp_path / "tokenizer.json")).token_to_id("<|endoftext|>")
     assert eos is not None
     assert json.loads((tmp_path / "config.json").read_text())["eos_token_id"] == eos
     assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == eos
     assert eos_token_ids(tmp_path) == (eos,)
-    init_random_checkpoint(tmp_path / "bytes", SMALL, seed=1, tokenizer=False)  # no tokenizer: no eos to name
+    init_random_checkpoint(tmp_path / "bytes", SMALL, seed=1, tokenizer=False, name_eos=True)  # none to name
     assert json.loads((tmp_path / "bytes" / "config.json").read_text())["eos_token_id"] is None
     assert eos_token_ids(tmp_path / "bytes") == ()
+    init_random_checkpoint(tmp_path / "counted", SMALL, seed=1)  # tests' and benchmarks' checkpoints: none
+    assert json.loads((tmp_path / "counted" / "config.json").read_text())["eos_token_id"] is None
+    assert eos_token_ids(tmp_path / "counted") == ()
 
 
 def test_eos_ids_are_the_tokenizers_then_generation_configs_int_or_list(tmp_path: Path) -> None:
-    init_random_checkpoint(tmp_path, SMALL, seed=1)
+    init_random_checkpoint(tmp_path, SMALL, seed=1, name_eos=True)
     eos = SMALL.vocab_size - 3
     _write(tmp_path / "generation_config.json", {"eos_token_id": 7})
     assert eos_token_ids(tmp_path) == (eos, 7)
