@@ -15,7 +15,8 @@ flight with :class:`~contracts.errors.UnavailableError` and makes
 (a dead EP rank, a failed step) says so at once in a HEALTH message; either
 way the change is logged and handed to every sink that has
 ``record_health(broken)`` (the Prometheus sink's ``moe_engine_healthy``), and the
-requests failed here to every sink that has ``record_failed(finish_reason, count)``.
+requests failed here to every sink that has ``record_failed(lost)`` (each as a
+:class:`~engine.stats.FinishedRequestStats`: its tokens so far and its time since arrival).
 The core, for its part, exits when this process dies.
 """
 
@@ -51,7 +52,7 @@ from engine.errors import PromptTooLongError
 from engine.executors.options import ExecutorOptions, default_threads
 from engine.expert_load import ExpertLoadTracker, publish_step
 from engine.sampling import SamplingParams
-from engine.stats import PlacementSwapStats, StatsSink, StepStats
+from engine.stats import FinishedRequestStats, PlacementSwapStats, StatsSink, StepStats
 
 log = logging.getLogger("moeslo.engine_client")
 POLL_S = 0.1
@@ -60,11 +61,24 @@ POLL_S = 0.1
 class RequestStream:
     """One request's outputs, read on the event loop that added it."""
 
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, *, arrival_s: float = 0.0,
+                 prompt_tokens: int = 0) -> None:  # fmt: skip
         self.request_id = request_id
         self.loop = loop
         self.queue: asyncio.Queue[RequestOutput | MoesloError] = asyncio.Queue()
         self.finished = False
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.generated = 0
+        """Tokens the core sent for it (counted on delivery): what a request failed here had generated."""
+
+    def lost(self, finish_reason: str, now_s: float) -> FinishedRequestStats:
+        """This request as the stats see one that ended here, not in the core (which died)."""
+        return FinishedRequestStats(
+            request_id=self.request_id, finish_reason=finish_reason, prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generated, e2e_s=max(0.0, now_s - self.arrival_s), queue_s=0.0, prefill_s=0.0,
+            decode_s=0.0, ttft_s=None, mean_itl_s=None,
+        )
 
     async def next(self) -> RequestOutput:
         """The next output; raises the error that ended the request (rejected, engine gone)."""
@@ -281,12 +295,13 @@ class EngineCoreClient:
         self._raise_if_down()
         self.check_prompt(prompt_token_ids, params)
         request_id = request_id or f"cmpl-{uuid.uuid4().hex}"
-        stream = RequestStream(request_id, asyncio.get_running_loop())
+        arrival = time.monotonic() if arrival_s is None else arrival_s
+        stream = RequestStream(request_id, asyncio.get_running_loop(), arrival_s=arrival,
+                               prompt_tokens=len(prompt_token_ids))  # fmt: skip
         with self._lock:
             if request_id in self._streams:
                 raise ValidationError(f"request_id {request_id!r} is already in flight")
             self._streams[request_id] = stream
-        arrival = time.monotonic() if arrival_s is None else arrival_s
         self._send([wire.ADD, request_id, list(prompt_token_ids), wire.params_to_wire(params), arrival])
         return stream
 
@@ -385,6 +400,7 @@ class EngineCoreClient:
             for out in outputs:
                 stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
                 if stream is not None:
+                    stream.generated += out.token_id is not None
                     batches.setdefault(stream.loop, []).append((stream, out))
         for loop, batch in batches.items():
             _call_soon(loop, batch)
@@ -447,7 +463,8 @@ class EngineCoreClient:
         for future in calls:
             future.set_exception(error)
         if streams:  # the core reports the requests it finishes; these it never will
-            self._to_sinks("record_failed", finish_reason, len(streams))
+            now = time.monotonic()
+            self._to_sinks("record_failed", [stream.lost(finish_reason, now) for stream in streams])
         batches: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput | MoesloError]]] = {}
         for stream in streams:
             final = RequestOutput(stream.request_id, None, finished=True, finish_reason=finish_reason,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
@@ -145,6 +145,12 @@ class OtelStatsSink:
         if not ok:
             span.set_status(Status(StatusCode.ERROR, f"finish_reason={fin.finish_reason}"))
         span.end(end_time=wall_end_ns)
+
+    def record_failed(self, lost: Sequence[FinishedRequestStats]) -> None:
+        """Requests ended by the API process because the engine core died: the core never reports them."""
+        wall_end_ns = time.time_ns()
+        for fin in lost:
+            self._record_finished(fin, wall_end_ns)
 
     def record_first_tokens(self, ttfts_s: Iterable[float]) -> None:
         """TTFT observations reported per step rather than per finished request (vLLM's stats)."""

@@ -16,7 +16,7 @@ a %-format template built once, in about 3 ms.  They are on by default up to
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import numpy as np
@@ -75,7 +75,7 @@ from contracts.catalogue import (
 )
 from contracts.imbalance import across_layers, balancedness, imbalance_cv, sampling_noise_cv
 from contracts.ttft_objective import EXPORTED_BY_DEFAULT, TtftAllowance
-from engine.stats import IntArray, RoutingDelta, RoutingWindow, StepStats
+from engine.stats import FinishedRequestStats, IntArray, RoutingDelta, RoutingWindow, StepStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Media type of :meth:`PrometheusStatsSink.render` (the classic text format)."""
@@ -207,10 +207,11 @@ class PrometheusStatsSink:
             for gauge in (self._running, self._waiting, self._kv_usage):
                 gauge.set(0)
 
-    def record_failed(self, finish_reason: str, count: int) -> None:
-        """``count`` requests ended by the API process, not the core (it died): counted as vLLM counts them."""
-        if (counter := self._success.get(finish_reason)) is not None:
-            counter.inc(count)
+    def record_failed(self, lost: Sequence[FinishedRequestStats]) -> None:
+        """Requests ended by the API process, not the core (it died): counted as vLLM counts them."""
+        for fin in lost:
+            if (counter := self._success.get(fin.finish_reason)) is not None:
+                counter.inc()
 
     def record(self, step: StepStats) -> None:
         self._running.set(step.num_running)

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -41,6 +42,21 @@ def _wait(predicate: object, timeout_s: float) -> bool:
     return bool(predicate())  # type: ignore[operator]
 
 
+def _in_memory_otel() -> tuple[Any, Any]:
+    """An OpenTelemetry sink whose spans stay in memory (the sink, the span exporter)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from exporters.otel import OtelStatsSink
+
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    return OtelStatsSink(meter_provider=MeterProvider(), tracer_provider=tracer_provider, model_name="m"), spans
+
+
 def _failed_count(exposition: str) -> float:
     return sum(sample.value for family in text_string_to_metric_families(exposition)
                for sample in family.samples
@@ -52,6 +68,8 @@ def test_a_killed_engine_core_gives_503_and_a_log_line_not_a_hang(
 ) -> None:
     server, stack = _serve(tiny_checkpoint)
     caplog.set_level(logging.ERROR, logger="moeslo.engine_client")
+    otel, spans = _in_memory_otel()
+    stack.engine.add_sink(otel)
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:
             assert client.get("/health").status_code == 200
@@ -80,6 +98,11 @@ def test_a_killed_engine_core_gives_503_and_a_log_line_not_a_hang(
             assert int(refused.headers["Retry-After"]) >= 1 and refused.json()["error"]["code"] == 503
             # The request the core died under is counted as failed, as vLLM counts an errored request.
             assert _failed_count(client.get("/metrics").text) == 1
+        # ... and reaches OpenTelemetry as a failed request with its duration and the tokens it had.
+        (span,) = spans.get_finished_spans()
+        assert span.attributes is not None and span.attributes["error.type"] == "engine_error"
+        assert 1 <= int(str(span.attributes["gen_ai.usage.output_tokens"])) < 400
+        assert span.attributes["gen_ai.response.finish_reasons"] == ("error",)
         assert any("engine core died" in r.getMessage() for r in caplog.records)
     finally:
         server.stop()

@@ -81,6 +81,7 @@ def test_every_engine_metric_in_the_contract_is_exported() -> None:
     contract = re.findall(r"^\| `((?:vllm:|moe_)[a-z0-9_:]+)`", engine_part, flags=re.M)
     assert len(contract) >= 20
     sink = PrometheusStatsSink(CollectorRegistry(), model_name="m")
+    sink.record_engine_limits(block_size=16, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=128)  # as serve
     sink.record(step(routing=routing(2, 8, 2), finished=(finished(),), ttfts_s=(0.1,), itls_s=(0.01,),
                      placement_swap=PlacementSwapStats(duration_s=0.2, experts_moved=3, bytes_moved=10)))
     sink.record(step(routing=routing(2, 8, 2, seed=1)))
