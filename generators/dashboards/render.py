@@ -19,7 +19,7 @@ from generators.dashboards.slo_overview import build as slo_overview_dashboard
 def build_dashboards(
     policies: Sequence[Policy], engine: EngineName | EngineBuckets = "moeslo"
 ) -> dict[str, dict[str, Any]]:
-    """File name -> Grafana dashboard JSON; SLO lines come from the first policy.
+    """File name -> Grafana dashboard JSON; SLO lines come from the first policy, burn rates from each one's budget.
 
     The good-ratio panels read the bucket at each threshold, so thresholds must be
     bucket edges of ``engine``'s histograms (:mod:`generators.buckets`).
@@ -29,7 +29,7 @@ def build_dashboards(
     check_thresholds(policies, engine)
     policy = policies[0]
     documents = {
-        "moeslo-slo-overview.json": to_json_dict(slo_overview_dashboard(policy)),
+        "moeslo-slo-overview.json": to_json_dict(slo_overview_dashboard(policies)),
         "moeslo-engine.json": to_json_dict(engine_dashboard()),
         "moeslo-experts.json": to_json_dict(experts_dashboard(policy)),
         "moeslo-controller.json": to_json_dict(controller_dashboard(policy)),

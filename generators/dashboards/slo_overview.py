@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 
@@ -45,22 +47,26 @@ def _normalized(ttft: TtftObjective) -> str:
             f"{allowance.reference_prompt_tokens})")  # fmt: skip
 
 
-def _recorded_burn_rates(policy: Policy) -> list[Dataquery]:
-    """Burn rates from the alert recording rules, each SLO divided by its own error budget."""
-    objectives = (("ttft", policy.objectives.ttft), ("itl", policy.objectives.itl))
+def _recorded_burn_rates(policies: Sequence[Policy]) -> list[Dataquery]:
+    """Burn rates from the alert recording rules: one query per policy and SLO, each divided by its own budget.
+
+    One division for every policy (``{policy=~"$policy"} / budget``) would apply one policy's budget to all.
+    """
     return [
         query(
-            f'{ERROR_RATIO_RECORD.format(window=window)}{{{POLICY},slo="{slo}"}}'
+            f'{ERROR_RATIO_RECORD.format(window=window)}{{{POLICY},policy="{policy.name}",slo="{slo}"}}'
             f" / {error_budget(objective.target):.6g}",
-            f"{{{{policy}}}} {slo} {window}",
+            f"{policy.name} {slo} {window}",
         )
-        for slo, objective in objectives
+        for policy in policies
+        for slo, objective in (("ttft", policy.objectives.ttft), ("itl", policy.objectives.itl))
         for window in ("5m", "1h", "6h")
     ]
 
 
-def build(policy: Policy) -> Dashboard:
-    """The overview for the SLO numbers of ``policy`` (thresholds and targets drawn as lines)."""
+def build(policies: Sequence[Policy]) -> Dashboard:
+    """The overview: SLO lines and the description follow the first policy; burn rates use each policy's budget."""
+    policy = policies[0]
     ttft, itl = policy.objectives.ttft, policy.objectives.itl
     dashboard = (
         Dashboard("moeslo / SLO overview")
@@ -75,7 +81,7 @@ def build(policy: Policy) -> Dashboard:
         .timezone("browser")
     )
     dashboard = _latency_row(variables(dashboard, policy=True), policy)
-    return _budget_row(dashboard, policy)
+    return _budget_row(dashboard, policies)
 
 
 def _latency_row(dashboard: Dashboard, policy: Policy) -> Dashboard:
@@ -103,11 +109,13 @@ def _latency_row(dashboard: Dashboard, policy: Policy) -> Dashboard:
     )
 
 
-def _budget_row(dashboard: Dashboard, policy: Policy) -> Dashboard:
+def _budget_row(dashboard: Dashboard, policies: Sequence[Policy]) -> Dashboard:
+    policy = policies[0]
     ttft, itl = policy.objectives.ttft, policy.objectives.itl
     windows = standard_burn_rate_windows(policy.window_s)
     # 1x when no pair is alertable (a compliance window too short): the budget's own pace.
     burn_lines = sorted({round(w.burn_rate, 3) for w in windows}) or [1.0]
+    fastest_page = max([1.0, *(w.burn_rate for p in policies for w in standard_burn_rate_windows(p.window_s))])
     return (
         dashboard.with_row(Row("Error budget"))
         .with_panel(
@@ -151,9 +159,9 @@ def _budget_row(dashboard: Dashboard, policy: Policy) -> Dashboard:
         .with_panel(
             timeseries(
                 "Burn rate (alert recording rules)",
-                _recorded_burn_rates(policy),
+                _recorded_burn_rates(policies),
                 unit="x",
-                slo_line=max(burn_lines),
+                slo_line=round(fastest_page, 3),
                 width=6,
                 min_value=0,
                 description="The rates the burn-rate alerts read (moeslo-rules.yaml); line: the fastest page.",

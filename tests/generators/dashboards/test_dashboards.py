@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from contracts.errors import ValidationError
 from controller.policy import LatencyObjective, LocalTarget, Objectives, Policy
@@ -91,8 +94,8 @@ def test_each_slo_uses_its_own_budget_and_target() -> None:
 
     burn = panel_exprs("moeslo-slo-overview.json", "Burn rate (alert recording rules)")
     for window in ("5m", "1h", "6h"):
-        assert f'moeslo:slo_error_ratio:rate{window}{{policy=~"$policy",slo="ttft"}} / 0.005' in burn
-        assert f'moeslo:slo_error_ratio:rate{window}{{policy=~"$policy",slo="itl"}} / 0.01' in burn
+        assert f'moeslo:slo_error_ratio:rate{window}{{policy=~"$policy",policy="mixed",slo="ttft"}} / 0.005' in burn
+        assert f'moeslo:slo_error_ratio:rate{window}{{policy=~"$policy",policy="mixed",slo="itl"}} / 0.01' in burn
     assert len(burn) == 6
     good = panel_exprs("moeslo-slo-overview.json", "Good-event ratio")
     assert "vector(0.995)" in good and "vector(0.99)" in good
@@ -100,6 +103,36 @@ def test_each_slo_uses_its_own_budget_and_target() -> None:
     assert "vector(0.995)" in seen and "vector(0.99)" in seen
     # A window too short for any burn-rate alert still builds (its line is the 1x pace).
     assert build_dashboards([policy.model_copy(update={"window": "1d"})])
+
+
+def test_each_policy_burns_its_own_budget_on_promtool(tmp_path: Path) -> None:
+    """Two policies with different targets and the same error ratio: the one at 99.9 % burns 10x faster than the
+    one at 99 %.  The panel divided every policy's ratio by the first policy's budget (both read 1x)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+
+    def policy(name: str, ttft: float, itl: float) -> Policy:
+        return Policy(name=name, target=LocalTarget(model=name), objectives=Objectives(
+            ttft=LatencyObjective(threshold_s=0.5, target=ttft), itl=LatencyObjective(threshold_s=0.02, target=itl)))
+
+    overview = build_dashboards([policy("loose", 0.99, 0.99), policy("strict", 0.999, 0.995)])
+    (panel,) = [p for p in overview["moeslo-slo-overview.json"]["panels"]
+                if p["title"] == "Burn rate (alert recording rules)"]
+    exprs = [substitute(t["expr"]) for t in panel["targets"] if "rate5m" in t["expr"]]
+    series = [{"series": f'moeslo:slo_error_ratio:rate5m{{policy="{name}",slo="{slo}"}}', "values": "0.01x5"}
+              for name in ("loose", "strict") for slo in ("ttft", "itl")]
+    expected = {("loose", "ttft"): 1, ("loose", "itl"): 1, ("strict", "ttft"): 10, ("strict", "itl"): 2}
+    checks = [{"expr": f"sum by (policy, slo) ({' or '.join(f'({e})' for e in exprs)})", "eval_time": "2m",
+               "exp_samples": [{"labels": f'{{policy="{name}",slo="{slo}"}}', "value": value}
+                               for (name, slo), value in expected.items()]}]
+    test_file = tmp_path / "burn.test.yaml"
+    test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": series, "promql_expr_test": checks}]}))
+    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(exprs) == 4  # one query per policy and SLO
 
 
 def _all_queries() -> list[tuple[str, str]]:
