@@ -18,8 +18,11 @@ Export writes one ``kind: SLO`` document per objective:
 Import reads such documents back (ours or hand-written ones): the policy is
 named by the ``moeslo.io/policy`` annotation (else the SLO's ``service``),
 the objective by ``moeslo.io/objective`` (else by the metric in the query),
-the threshold by the ``le`` matcher of the good query.  Every problem of
-every document is reported at once.
+the threshold by the ``le`` matcher of the good query.  A new policy watches
+the model of the ``moeslo.io/model`` annotation, else of the queries'
+``model_name="..."`` matcher (never the ``service``, which names a service,
+not a model); without either it is refused.  Every problem of every document
+is reported at once.
 """
 
 from __future__ import annotations
@@ -46,11 +49,13 @@ from controller.ttft_series import allowance_from_labels, ttft_matchers, ttft_me
 API_VERSION = "openslo/v1"
 POLICY_ANNOTATION = "moeslo.io/policy"
 OBJECTIVE_ANNOTATION = "moeslo.io/objective"
+MODEL_ANNOTATION = "moeslo.io/model"
 IMBALANCE_TARGET_INFORMATIONAL = 0.99
 
 HISTOGRAMS = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM}
 _LE = re.compile(r'le\s*=\s*"([^"]+)"')
 _LABEL = re.compile(r'([a-z_0-9]+)\s*=\s*"([^"]*)"')
+_MODEL_MATCHER = re.compile(r'(?<![a-zA-Z_0-9])model_name\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
 def _selector(model: str, extra: str = "") -> str:
@@ -142,7 +147,8 @@ class ImportedSlos:
     """The SLO part of one policy, as read from OpenSLO documents."""
 
     policy: str
-    service: str
+    model: str | None = None
+    """The ``model_name`` the SLIs count (a new policy watches it); None when no document names one."""
     objectives: dict[str, dict[str, Any]] = field(default_factory=dict)
     window: str | None = None
     description: str | None = None
@@ -231,7 +237,8 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
     if len(objectives) != 1 or not isinstance(objectives[0], dict):
         raise ValidationError(f"{where}.spec.objectives: exactly one objective per SLO is supported")
     entry = objectives[0]
-    slos = result.setdefault(policy_name, ImportedSlos(policy=policy_name, service=service or policy_name))
+    slos = result.setdefault(policy_name, ImportedSlos(policy=policy_name))
+    slos.model = _model(_text(annotations, MODEL_ANNOTATION, annotated), queries, where, slos.model)
     if objective in slos.objectives:
         raise ValidationError(f"{where}: a second {objective} SLO for policy {policy_name!r}")
     if objective == "imbalance":
@@ -258,6 +265,20 @@ def _queries(indicator_spec: dict[str, Any]) -> dict[str, str]:
         if isinstance(query, str):
             found["threshold"] = query
     return found
+
+
+def _model(annotated: str | None, queries: dict[str, str], where: str, previous: str | None) -> str | None:
+    """The model an SLO counts: its annotation, else the ``model_name`` matcher of its queries (one model)."""
+    found = {re.sub(r"\\(.)", r"\1", value) for query in queries.values() for value in _MODEL_MATCHER.findall(query)}
+    if annotated:
+        found = {annotated}
+    elif len(found) > 1:
+        raise ValidationError(f"{where}: the queries name several models ({', '.join(map(repr, sorted(found)))}); "
+                              f"annotate {MODEL_ANNOTATION}")  # fmt: skip
+    model = next(iter(found), None)
+    if previous is not None and model is not None and model != previous:
+        raise ValidationError(f"{where}: model {model!r} differs from {previous!r} of the policy's other SLOs")
+    return model or previous
 
 
 def _objective_from_queries(queries: dict[str, str]) -> str | None:
@@ -350,10 +371,15 @@ def _window(spec: dict[str, Any], where: str, previous: str | None) -> str | Non
 
 def apply_imported(slos: ImportedSlos, base: Policy | None) -> Policy:
     """A policy with the imported SLO part over ``base`` (or a new model-name policy)."""
+    if base is None and slos.model is None:
+        raise ValidationError(
+            f"policy {slos.policy!r}: cannot tell which model a new policy watches; give the SLI queries a "
+            f'model_name="<model>" matcher or annotate {MODEL_ANNOTATION}'
+        )
     spec: dict[str, Any] = (
         base.model_dump(mode="json")
         if base is not None
-        else {"name": slos.policy, "target": {"kind": "model", "model": slos.service}}
+        else {"name": slos.policy, "target": {"kind": "model", "model": slos.model}}
     )
     objectives = dict(spec.get("objectives") or {})
     for key, values in slos.objectives.items():
