@@ -95,7 +95,9 @@ def apply(
         if not docs:
             raise DataError("no documents", path=str(file))
         results: list[Any] = []
-        if all(isinstance(d, dict) and str(d.get("apiVersion", "")).startswith("openslo/") for d in docs):
+        # `policy get --openslo --json` prints the documents as one JSON list (the import reads that too).
+        slos = docs[0] if len(docs) == 1 and isinstance(docs[0], list) and docs[0] else docs
+        if all(isinstance(d, dict) and str(d.get("apiVersion", "")).startswith("openslo/") for d in slos):
             response = request(
                 "POST",
                 f"{url}/v1/openslo",

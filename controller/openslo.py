@@ -165,6 +165,8 @@ def parse_openslo(text: str) -> dict[str, ImportedSlos]:
         mark = getattr(exc, "problem_mark", None)
         where = "" if mark is None else f" at line {mark.line + 1}"
         raise ValidationError(f"body: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
+    if len(documents) == 1 and isinstance(documents[0], list):
+        documents = documents[0]  # a JSON array of documents (``moeslo policy get --openslo --json``)
     if not documents:
         raise ValidationError("body: no OpenSLO documents")
     result: dict[str, ImportedSlos] = {}

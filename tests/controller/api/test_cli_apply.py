@@ -1,0 +1,53 @@
+"""``moeslo policy apply`` against the app served in this process: what ``policy get`` prints applies back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from controller.api import create_app
+from controller.config import ControllerSettings
+from controller.store import Store
+from tests.controller.api.page.browser import serving
+
+TOKEN = "apply-token"
+POLICY = "name: chat\ntarget: {kind: model, model: Qwen/Qwen3-30B-A3B}\nmode: advisory\n"
+
+
+@pytest.fixture()
+def url(tmp_path: Path) -> Iterator[str]:
+    settings = ControllerSettings(db=str(tmp_path / "c.db"), api_token=TOKEN)
+    with serving(create_app(settings, Store(settings.db_url))) as base:
+        yield base
+
+
+def _moeslo(*argv: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(argv))
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["yaml", "json"])
+def test_an_openslo_export_applies_back(tmp_path: Path, url: str, as_json: bool) -> None:
+    """``policy get --openslo --json`` prints one JSON list of documents, which apply took for policies."""
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(POLICY)
+    assert _moeslo("policy", "apply", "-f", str(policy_file), "--url", url, "--token", TOKEN)[0] == 0
+    code, exported = _moeslo("policy", "get", "chat", "--url", url, "--openslo", *(["--json"] if as_json else []))
+    assert code == 0, exported
+    export_file = tmp_path / ("chat.json" if as_json else "chat.yaml")
+    export_file.write_text(exported.replace("0.99", "0.995"))
+    # Onto the policy it came from (the SLO part changes), and onto a controller that lacks it (created).
+    for _ in ("update", "create"):
+        code, output = _moeslo("policy", "apply", "-f", str(export_file), "--url", url, "--token", TOKEN, "--json")
+        assert code == 0, output
+        assert [item["name"] for item in json.loads(output)] == ["chat"]
+        code, got = _moeslo("policy", "get", "chat", "--url", url, "--json")
+        policy = json.loads(got)["policy"]
+        assert policy["objectives"]["ttft"]["target"] == 0.995 and policy["objectives"]["itl"]["target"] == 0.995
+        assert policy["target"]["model"] == "Qwen/Qwen3-30B-A3B"
+        assert _moeslo("policy", "delete", "chat", "--url", url, "--token", TOKEN)[0] == 0
