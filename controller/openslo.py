@@ -170,8 +170,15 @@ def parse_openslo(text: str) -> dict[str, ImportedSlos]:
     if not documents:
         raise ValidationError("body: no OpenSLO documents")
     result: dict[str, ImportedSlos] = {}
+    names: dict[str, int] = {}
     for index, doc in enumerate(documents, start=1):
         where = f"document {index}"
+        name = (doc.get("metadata") or {}).get("name") if isinstance(doc, dict) else None
+        if isinstance(name, str) and name in names:  # two SLOs of one name: the later would replace the earlier
+            problems.append(f"{where}: metadata.name {name!r} is used by document {names[name]} too")
+            continue
+        if isinstance(name, str):
+            names[name] = index
         try:
             _read_document(doc, where, result)
         except ValidationError as exc:

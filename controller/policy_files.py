@@ -57,6 +57,7 @@ def parse_policies(document: Any, *, source: str = "policies") -> tuple[Policy, 
     items = policy_items(document, source=source)
     problems: list[str] = []
     policies: list[Policy] = []
+    first: dict[str, int] = {}
     for index, item in enumerate(items):
         try:
             policies.append(Policy.model_validate(item))
@@ -64,6 +65,11 @@ def parse_policies(document: Any, *, source: str = "policies") -> tuple[Policy, 
             problems.extend(
                 f"{source}[{index}].{'.'.join(str(part) for part in err['loc'])}: {err['msg']}" for err in exc.errors()
             )
+            continue
+        name = policies[-1].name
+        if name in first:  # the later one would silently replace the earlier
+            problems.append(f"{source}[{index}].name: policy {name!r} is defined twice (also at [{first[name]}])")
+        first.setdefault(name, index)
     if problems:
         raise ValidationError(problems)
     return tuple(policies)

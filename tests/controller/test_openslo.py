@@ -59,3 +59,15 @@ def test_a_new_policy_without_a_model_is_refused_by_name() -> None:
         _import(_slo(model_matcher=""))
     with pytest.raises(ValidationError, match="the queries name several models"):
         _import(_slo(model_matcher='model_name="a",model_name="b",'))
+
+
+def test_two_slos_of_one_name_are_refused() -> None:
+    itl = _slo(name="chat-ttft")
+    for part in ("good", "total"):
+        source = itl["spec"]["indicator"]["spec"]["ratioMetric"][part]["metricSource"]["spec"]
+        source["query"] = source["query"].replace("time_to_first_token", "inter_token_latency").replace("0.5", "0.02")
+    with pytest.raises(ValidationError) as caught:
+        parse_openslo(yaml.safe_dump_all([_slo(), itl]))
+    assert caught.value.problems == ("document 2: metadata.name 'chat-ttft' is used by document 1 too",)
+    itl["metadata"]["name"] = "chat-itl"
+    assert set(parse_openslo(yaml.safe_dump_all([_slo(), itl]))["chat-frontend"].objectives) == {"ttft", "itl"}

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from contracts.errors import ValidationError
 from controller.policy import Mode
 from controller.policy_files import load_policies
 
@@ -14,3 +17,13 @@ def test_an_unquoted_mode_off_is_the_off_mode(tmp_path: Path) -> None:
     path.write_text("name: quiet\ntarget: {kind: local}\nmode: off\n---\nname: loud\ntarget: {kind: local}\n")
     quiet, loud = load_policies(path)
     assert (quiet.mode, loud.mode) == (Mode.OFF, Mode.ENFORCE)
+
+
+def test_two_policies_of_one_name_are_refused_naming_both(tmp_path: Path) -> None:
+    """The later one silently replaced the earlier (in ``policy apply`` and in the generators)."""
+    path = tmp_path / "p.yaml"
+    model = "target: {kind: model, model: m}"
+    path.write_text(f"name: chat\n{model}\n---\nname: batch\n{model}\n---\nname: chat\n{model}\nmode: off\n")
+    with pytest.raises(ValidationError) as caught:
+        load_policies(path)
+    assert caught.value.problems == (f"{path}[2].name: policy 'chat' is defined twice (also at [0])",)

@@ -51,3 +51,12 @@ def test_an_openslo_export_applies_back(tmp_path: Path, url: str, as_json: bool)
         assert policy["objectives"]["ttft"]["target"] == 0.995 and policy["objectives"]["itl"]["target"] == 0.995
         assert policy["target"]["model"] == "Qwen/Qwen3-30B-A3B"
         assert _moeslo("policy", "delete", "chat", "--url", url, "--token", TOKEN)[0] == 0
+
+
+def test_a_file_with_two_policies_of_one_name_applies_none(tmp_path: Path, url: str) -> None:
+    """The second ``chat`` replaced the first without a word (and left version 2 behind)."""
+    policy_file = tmp_path / "twice.yaml"
+    policy_file.write_text(f"{POLICY}---\n{POLICY.replace('advisory', 'enforce')}")
+    code, output = _moeslo("policy", "apply", "-f", str(policy_file), "--url", url, "--token", TOKEN)
+    assert code == 2 and "policy 'chat' is defined twice" in " ".join(output.split())
+    assert _moeslo("policy", "get", "chat", "--url", url)[0] == 2  # nothing written
