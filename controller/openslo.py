@@ -1,6 +1,8 @@
 """OpenSLO v1 import and export of a policy's SLO part.
 
-Export writes one ``kind: SLO`` document per objective:
+Export writes one ``kind: SLO`` document per objective, its ``service`` the
+policy's name and its names within 63 characters (a long policy name is cut
+and hashed; the annotations below name the policy whole):
 
 - TTFT and ITL as ``ratioMetric`` SLOs (good = requests in the histogram
   bucket whose upper edge is the threshold, total = all requests),
@@ -27,9 +29,11 @@ is reported at once.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import yaml
@@ -51,6 +55,8 @@ POLICY_ANNOTATION = "moeslo.io/policy"
 OBJECTIVE_ANNOTATION = "moeslo.io/objective"
 MODEL_ANNOTATION = "moeslo.io/model"
 IMBALANCE_TARGET_INFORMATIONAL = 0.99
+MAX_NAME_LENGTH = 63
+"""OpenSLO names (``metadata.name``) are DNS labels, as Kubernetes object names: at most 63 characters."""
 
 HISTOGRAMS = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM}
 _LE = re.compile(r'le\s*=\s*"([^"]+)"')
@@ -64,7 +70,18 @@ def _selector(model: str, extra: str = "") -> str:
 
 
 def _label_value(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-")[:63] or "slo"
+    """A policy name from a service's (never cut short: a name over 63 characters is refused, not shortened)."""
+    return re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-") or "slo"
+
+
+def _object_name(policy: str, suffix: str) -> str:
+    """``<policy>-<suffix>`` within :data:`MAX_NAME_LENGTH`: a long policy name is cut, and a hash of it keeps
+    the names of two policies that share the first characters apart."""
+    name = f"{policy}-{suffix}"
+    if len(name) <= MAX_NAME_LENGTH:
+        return name
+    digest = hashlib.sha256(policy.encode()).hexdigest()[:8]
+    return f"{policy[:MAX_NAME_LENGTH - len(suffix) - 10].rstrip('-')}-{digest}-{suffix}"
 
 
 def export_policy(policy: Policy) -> str:
@@ -81,13 +98,13 @@ def _slo(policy: Policy, key: str, display_name: str, indicator: dict[str, Any],
         "apiVersion": API_VERSION,
         "kind": "SLO",
         "metadata": {
-            "name": f"{policy.name}-{key}",
+            "name": _object_name(policy.name, key),
             "displayName": display_name,
             "annotations": {POLICY_ANNOTATION: policy.name, OBJECTIVE_ANNOTATION: key},
         },
         "spec": {
             "description": policy.description,
-            "service": policy.model_name,
+            "service": policy.name,  # a Service's name (a DNS label); the model is in the queries
             "indicator": indicator,
             "timeWindow": [{"duration": policy.window, "isRolling": True}],
             "budgetingMethod": budgeting,
@@ -105,7 +122,7 @@ def _latency_slo(policy: Policy, key: str, objective: LatencyObjective) -> dict[
     good = f'sum(rate({metric}_bucket{{{selector},le="{format_le(objective.threshold_s)}"}}[5m]))'
     total = f"sum(rate({metric}_count{{{selector}}}[5m]))"
     indicator = {
-        "metadata": {"name": f"{policy.name}-{key}-good-ratio"},
+        "metadata": {"name": _object_name(policy.name, f"{key}-good-ratio")},
         "spec": {
             "ratioMetric": {
                 "counter": True,
@@ -127,7 +144,7 @@ def _imbalance_slo(policy: Policy) -> dict[str, Any]:
     imbalance = policy.objectives.imbalance
     query = f"max({LAYER_IMBALANCE_CV}{{{_selector(policy.model_name)}}})"
     indicator = {
-        "metadata": {"name": f"{policy.name}-imbalance-cv"},
+        "metadata": {"name": _object_name(policy.name, "imbalance-cv")},
         "spec": {"thresholdMetric": {"metricSource": {"type": "Prometheus", "spec": {"query": query}}}},
     }
     objective = {
@@ -233,6 +250,9 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
     annotations = metadata.get("annotations") or {}
     service = _text(spec, "service", f"{where}.spec") or ""
     name = _text(metadata, "name", f"{where}.metadata") or ""
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValidationError(f"{where}.metadata.name: {len(name)} characters; OpenSLO names are at most "
+                              f"{MAX_NAME_LENGTH}")  # fmt: skip
     annotated = f"{where}.metadata.annotations"
     policy_name = _text(annotations, POLICY_ANNOTATION, annotated) or _label_value(service or name)
     indicator_spec = _need(_need(spec, "indicator", f"{where}.spec"), "spec", f"{where}.spec.indicator")
@@ -306,7 +326,9 @@ def _target(entry: dict[str, Any], where: str) -> float:
     elif "targetPercent" in entry:
         percent = entry["targetPercent"]
         # bool is an int to Python: ``targetPercent: true`` would read as 1 %.
-        value = percent / 100 if isinstance(percent, (int, float)) and not isinstance(percent, bool) else percent
+        # In decimal, so 99.9 % is 0.999 (not the float quotient 0.9990000000000001).
+        value = (float(Decimal(str(percent)) / 100) if isinstance(percent, (int, float))
+                 and not isinstance(percent, bool) else percent)  # fmt: skip
     else:
         raise ValidationError(f"{where}.target: required")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from contracts.errors import ValidationError
-from controller.openslo import apply_imported, parse_openslo
+from controller.openslo import apply_imported, export_policy, parse_openslo
+from controller.policy import LocalTarget, Policy
 
 
 def _slo(service: str = "chat-frontend", model_matcher: str = 'model_name="Qwen/Qwen3-30B-A3B",',
@@ -71,3 +72,41 @@ def test_two_slos_of_one_name_are_refused() -> None:
     assert caught.value.problems == ("document 2: metadata.name 'chat-ttft' is used by document 1 too",)
     itl["metadata"]["name"] = "chat-itl"
     assert set(parse_openslo(yaml.safe_dump_all([_slo(), itl]))["chat-frontend"].objectives) == {"ttft", "itl"}
+
+
+def test_a_target_percent_reads_as_the_decimal_it_says() -> None:
+    """99.9 / 100 is 0.9990000000000001 in floats: stored, exported and drawn as such."""
+    (policy,) = _import(_slo(targetPercent=99.9)).values()
+    assert policy.objectives.ttft.target == 0.999
+    assert "target: 0.999\n" in export_policy(policy)
+
+
+def test_exported_names_stay_within_63_characters_and_import_back() -> None:
+    """A policy name may have 63 characters; ``<name>-ttft-good-ratio`` then had 79, which OpenSLO refuses."""
+    names = ["a" * 63, "a" * 62 + "b", "short"]
+    exported = {name: list(yaml.safe_load_all(export_policy(Policy(name=name, target=LocalTarget(model="m")))))
+                for name in names}  # fmt: skip
+    objects = [n for docs in exported.values() for d in docs
+               for n in (d["metadata"]["name"], d["spec"]["indicator"]["metadata"]["name"])]
+    assert max(map(len, objects)) <= 63 and len(set(objects)) == len(objects) == 18
+    assert exported["short"][0]["metadata"]["name"] == "short-ttft"
+    assert set(_import(*exported["a" * 63])) == {"a" * 63}
+
+
+def test_names_over_63_characters_are_refused_not_cut() -> None:
+    with pytest.raises(ValidationError, match=r"document 1: metadata\.name: 64 characters; OpenSLO names are at most"):
+        parse_openslo(yaml.safe_dump(_slo(name="x" * 64)))
+    # A policy named after a long service was cut to its first 63 characters: another policy's name, maybe.
+    with pytest.raises(ValidationError, match="at most 63 characters"):
+        _import(_slo(service="s" * 70))
+
+
+def test_the_exported_service_is_the_policy_a_valid_name() -> None:
+    """The model name (``Qwen/Qwen3-30B-A3B``) is no OpenSLO service name; import reads the model from the queries."""
+    policy = Policy(name="chat", target=LocalTarget(model="Qwen/Qwen3-30B-A3B"))
+    docs = list(yaml.safe_load_all(export_policy(policy)))
+    assert {d["spec"]["service"] for d in docs} == {"chat"}
+    for doc in docs:
+        del doc["metadata"]["annotations"]  # as a tool that keeps only OpenSLO's own fields passes them on
+    (imported,) = _import(*docs).values()
+    assert (imported.name, imported.model_name) == ("chat", "Qwen/Qwen3-30B-A3B")
