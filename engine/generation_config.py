@@ -8,17 +8,15 @@ transformers falls back), unless a request sets ``ignore_eos``.  This is what
 vLLM does (``SamplingParams.update_from_generation_config``), and what
 transformers' ``generate`` does for the generation config's ids.
 
-Its sampling settings (``temperature``, ``top_p``, ``repetition_penalty``,
-``presence_penalty``, ``frequency_penalty``; ``max_new_tokens`` as a chat's
-``max_tokens``) are the defaults of requests that leave them out, as vLLM's
-default ``--generation-config auto`` makes them.  ``top_k`` and ``min_p``,
-which this engine does not implement, are not applied (a warning says so).
+Its sampling settings (``temperature``, ``top_p``, ``top_k``, ``min_p``,
+``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``;
+``max_new_tokens`` as a chat's ``max_tokens``) are the defaults of requests
+that leave them out, as vLLM's default ``--generation-config auto`` makes them.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +24,10 @@ from contracts.errors import ValidationError
 from engine.chat_template import token_text
 from engine.sampling import SamplingParams
 
-log = logging.getLogger("moeslo.engine_server")
-
-SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                         "frequency_penalty")
 """generation_config.json's settings that become request defaults (with ``max_new_tokens``)."""
-UNSERVED_DEFAULTS: dict[str, tuple[object, ...]] = {"top_k": (None, -1, 0), "min_p": (None, 0, 0.0)}
-"""vLLM's other sampling defaults, and their no-op values: set otherwise, they are not applied here."""
+INTEGER_KEYS = ("max_tokens", "top_k")
 
 
 def read_json_object(path: Path) -> dict[str, Any] | None:
@@ -92,19 +88,20 @@ def sampling_defaults(checkpoint: Path) -> dict[str, float | int]:
     if raw.get("max_new_tokens") is not None:
         out["max_tokens"] = raw["max_new_tokens"]
     problems = [f"{where}: {k} must be a number, got {v!r}" for k, v in out.items()
-                if isinstance(v, bool) or not isinstance(v, int | float) or (k == "max_tokens" and v != int(v))]
+                if isinstance(v, bool) or not isinstance(v, int | float)]
+    problems += [f"{where}: {k} must be an integer, got {out[k]!r}" for k in INTEGER_KEYS
+                 if isinstance(out.get(k), float) and out[k] != int(out[k])]
     if problems:
         raise ValidationError(problems)
+    out.update({k: int(out[k]) for k in INTEGER_KEYS if k in out})
     try:
         SamplingParams(max_tokens=int(out.get("max_tokens", 1)), temperature=float(out.get("temperature", 1.0)),
-                       top_p=float(out.get("top_p", 1.0)), repetition_penalty=float(out.get("repetition_penalty", 1.0)),
+                       top_p=float(out.get("top_p", 1.0)), top_k=int(out.get("top_k", 0)),
+                       min_p=float(out.get("min_p", 0.0)), repetition_penalty=float(out.get("repetition_penalty", 1.0)),
                        presence_penalty=float(out.get("presence_penalty", 0.0)),
                        frequency_penalty=float(out.get("frequency_penalty", 0.0)))
     except ValidationError as exc:
         raise ValidationError([f"{where}: {p}" for p in exc.problems]) from exc
-    unserved = {k: raw[k] for k, no_op in UNSERVED_DEFAULTS.items() if raw.get(k) not in no_op}
-    if unserved:
-        log.warning("%s: %s not applied (this engine does not implement them)", where, unserved)
     return out
 
 

@@ -35,9 +35,9 @@ MAX_CHOICES = 128
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 
-NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"top_k": (None, -1, 0), "response_format": (None, {"type": "text"})}
-"""Fields both kinds of request define but this engine does not implement, and their no-op values: vLLM's
-``top_k`` of -1 or 0 (off, what vLLM tooling sends by default) and OpenAI's plain-text ``response_format``."""
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"response_format": (None, {"type": "text"})}
+"""Fields both kinds of request define but this engine does not implement, and their no-op values: OpenAI's
+plain-text ``response_format``."""
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
@@ -52,12 +52,13 @@ class StreamOptions(BaseModel):
 
 NULL_MEANS_DEFAULT = frozenset({
     "temperature", "top_p", "n", "stream", "presence_penalty", "frequency_penalty", "max_tokens", "echo",
-    "stop_token_ids", "ignore_eos", "repetition_penalty", "min_tokens", "add_generation_prompt",
+    "stop_token_ids", "ignore_eos", "repetition_penalty", "min_tokens", "add_generation_prompt", "top_k", "min_p",
 })  # fmt: skip
 """Fields whose explicit ``null`` means their default (as vLLM's ``Optional`` fields with defaults do)."""
 
 
-MODEL_DEFAULTED = frozenset({"temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"})
+MODEL_DEFAULTED = frozenset({"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                             "frequency_penalty"})
 """Fields whose default, when a request leaves them out, is the model's (:meth:`GenerationRequest.with_defaults`)."""
 
 
@@ -81,10 +82,11 @@ class GenerationRequest(BaseModel):
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    # Accepted only at their no-op values (see no_op_values).
-    top_k: StrictInt | None = None
+    # Accepted only at its no-op values (see no_op_values).
     response_format: dict[str, Any] | None = None
-    # vLLM's extensions.
+    # vLLM's extensions (top_k 0 or -1: off).
+    top_k: Annotated[int, Field(strict=True, ge=-1)] = 0
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=100.0)] = 1.0
     min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0
 
@@ -155,7 +157,8 @@ class GenerationRequest(BaseModel):
         """The core's parameters (``max_tokens`` decided by the route); a 400 for what they refuse."""
         return SamplingParams(
             logprobs=self.logprob_alternatives, prompt_logprobs=self.prompt_logprob_alternatives,
-            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            min_p=self.min_p, seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,

@@ -7,6 +7,8 @@ repetition penalty (tokens of the prompt or the output: positive logits
 divided by it, negative ones multiplied), the frequency penalty (times each
 token's count in the output) and the presence penalty (once per token the
 output holds) subtracted.  Requests that ask for none of these pay nothing.
+A sampled (not greedy) row is then scaled by its temperature and cut to
+``min_p``, ``top_k`` and ``top_p``, in that order (vLLM's).
 
 Parameters are validated against what the sampler can compute (a seed torch's
 generator takes, a temperature of 0 or at least :data:`MIN_TEMPERATURE`), and
@@ -16,6 +18,7 @@ only its own request (the caller gets the failure by row), never the batch.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +47,10 @@ class SamplingParams:
     temperature: float = 1.0
     """0 means greedy (argmax)."""
     top_p: float = 1.0
+    top_k: int = 0
+    """Sample among the ``top_k`` most likely tokens only; 0 or -1 (vLLM's values), or the vocabulary or more: off."""
+    min_p: float = 0.0
+    """Drop the tokens less likely than ``min_p`` times the most likely one (0: off)."""
     seed: int | None = None
     """Seed of this request's generator; None draws one, so runs differ."""
     stop_token_ids: tuple[int, ...] = ()
@@ -69,6 +76,10 @@ class SamplingParams:
             problems.append(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, 100], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            problems.append(f"top_k must be 0 or -1 (off), or at least 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            problems.append(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None and not MIN_SEED <= self.seed <= MAX_SEED:
             problems.append(f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed}")
         if problems:
@@ -212,10 +223,16 @@ def adjust_logits(
 
 
 def _sample_row(logits: torch.Tensor, sampler: RequestSampler) -> int:
+    """Temperature, then ``min_p``, then ``top_k``, then ``top_p`` (vLLM's order), then a seeded draw."""
     import torch
 
     params = sampler.params
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    scaled = logits.float() / params.temperature
+    if params.min_p > 0.0:  # p < min_p * p_max, in log space: scaled < max + log(min_p)
+        scaled = scaled.masked_fill(scaled < scaled.max() + math.log(params.min_p), float("-inf"))
+    if 0 < params.top_k < scaled.shape[-1]:  # ties with the k-th logit stay, as in vLLM
+        scaled = scaled.masked_fill(scaled < torch.topk(scaled, params.top_k).values[-1], float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
     if params.top_p < 1.0:
         probs = _top_p_filter(probs, params.top_p)
     if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:

@@ -118,14 +118,18 @@ def test_the_engine_stops_at_every_eos_id_of_generation_config_unless_told_to_ig
         engine.shutdown()
 
 
-def test_sampling_defaults_are_the_generation_configs_settings_this_engine_serves(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_sampling_defaults_are_the_generation_configs_settings_this_engine_serves(tmp_path: Path) -> None:
     _write(tmp_path / "generation_config.json", {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20,
-                                                 "repetition_penalty": 1.05, "max_new_tokens": 7, "eos_token_id": 3})
-    assert sampling_defaults(tmp_path) == {"temperature": 0.6, "top_p": 0.95, "repetition_penalty": 1.05,
-                                           "max_tokens": 7}
-    assert "top_k" in caplog.text and "not applied" in caplog.text
+                                                 "min_p": 0.05, "repetition_penalty": 1.05, "max_new_tokens": 7,
+                                                 "eos_token_id": 3})
+    assert sampling_defaults(tmp_path) == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.05,
+                                           "repetition_penalty": 1.05, "max_tokens": 7}
+    _write(tmp_path / "generation_config.json", {"top_k": 2.5})
+    with pytest.raises(ValidationError, match="top_k must be an integer"):
+        sampling_defaults(tmp_path)
+    _write(tmp_path / "generation_config.json", {"min_p": 2})
+    with pytest.raises(ValidationError, match=r"generation_config.json: min_p must be in \[0, 1\]"):
+        sampling_defaults(tmp_path)
     _write(tmp_path / "generation_config.json", {"temperature": "hot", "top_p": 0.0})
     with pytest.raises(ValidationError) as info:
         sampling_defaults(tmp_path)
@@ -156,22 +160,24 @@ class _Recorder:
 
 def test_requests_that_leave_sampling_fields_out_get_the_models_defaults() -> None:
     engine = _Recorder()
-    defaults = {"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1, "max_tokens": 7}
+    defaults = {"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1, "max_tokens": 7, "top_k": 20,
+                "min_p": 0.05}
     app = create_app(engine, ByteTokenizer(512), model_name="m",  # type: ignore[arg-type]
                      chat_template=ChatTemplate("{{ messages[0]['content'] }}"), sampling_defaults=defaults)
     client = TestClient(app)
     chat = {"messages": [{"role": "user", "content": "hi"}]}
     for body in ({"prompt": "hi"}, {"prompt": "hi", "temperature": None}, {"prompt": "hi", "temperature": 0,
-                 "top_p": 1, "repetition_penalty": 1.0}, chat, {**chat, "max_completion_tokens": 3}):
+                 "top_p": 1, "repetition_penalty": 1.0, "top_k": -1, "min_p": 0}, chat,
+                 {**chat, "max_completion_tokens": 3, "top_k": None}):
         assert client.post("/v1/chat/completions" if "messages" in body else "/v1/completions",
                            json=body).status_code == 400
-    got = [(p.temperature, p.top_p, p.repetition_penalty, p.max_tokens) for p in engine.params]
+    got = [(p.temperature, p.top_p, p.repetition_penalty, p.max_tokens, p.top_k, p.min_p) for p in engine.params]
     assert got == [
-        (0.6, 0.9, 1.1, 16),  # a completion's max_tokens keeps OpenAI's default, as in vLLM
-        (0.6, 0.9, 1.1, 16),  # null asks for the default: the model's
-        (0.0, 1.0, 1.0, 16),  # what the request sets wins
-        (0.6, 0.9, 1.1, 7),  # a chat's limit left out: max_new_tokens
-        (0.6, 0.9, 1.1, 3),
+        (0.6, 0.9, 1.1, 16, 20, 0.05),  # a completion's max_tokens keeps OpenAI's default, as in vLLM
+        (0.6, 0.9, 1.1, 16, 20, 0.05),  # null asks for the default: the model's
+        (0.0, 1.0, 1.0, 16, -1, 0.0),  # what the request sets wins
+        (0.6, 0.9, 1.1, 7, 20, 0.05),  # a chat's limit left out: max_new_tokens
+        (0.6, 0.9, 1.1, 3, 20, 0.05),
     ]
 
 

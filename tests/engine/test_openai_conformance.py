@@ -129,7 +129,7 @@ def test_completion_stop_string(client: Any) -> None:
         (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=0), "max_tokens"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", logprobs=21), "logprobs"),
         (lambda c: c.completions.create(model=MODEL, prompt="x", suffix="y"), "suffix"),
-        (lambda c: c.completions.create(model=MODEL, prompt="x", extra_body={"top_k": 5}), "top_k"),
+        (lambda c: c.completions.create(model=MODEL, prompt="x", extra_body={"top_k": -2}), "top_k"),
         (lambda c: c.completions.create(model=MODEL, prompt=[-1, 5], echo=True, max_tokens=1), "prompt"),
         (lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, response_format={"type": "json_object"}),
          "response_format"),
@@ -153,7 +153,7 @@ def test_unserved_requests_are_bad_requests_naming_the_field(client: Any, call: 
 
 def test_the_no_op_values_clients_send_by_default_are_served(client: Any) -> None:
     """vLLM tooling sends top_k=-1 (off); OpenAI clients a plain-text response_format and tool_choice "none"."""
-    for top_k in (-1, 0):
+    for top_k in (-1, 0, 5):
         done = client.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={"top_k": top_k})
         assert done.choices[0].finish_reason == "length"
     chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,

@@ -68,3 +68,28 @@ def test_sampling_params_gather_every_problem() -> None:
     with pytest.raises(ValidationError) as info:
         SamplingParams(max_tokens=0, temperature=-1.0, top_p=0.0)
     assert len(info.value.problems) == 3
+
+
+def test_top_k_samples_only_the_k_most_likely_tokens() -> None:
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(2))
+    top3 = set(torch.topk(logits[0], 3).indices.tolist())
+    sampler = RequestSampler(SamplingParams(temperature=2.0, top_k=3, seed=0))
+    picks = {sample(logits, [sampler])[0] for _ in range(400)}
+    assert picks == top3
+    # -1 and 0 are off (vLLM's values), as is a k at least the vocabulary; greedy stays the argmax.
+    for off in (-1, 0, 50, 99):
+        wide = RequestSampler(SamplingParams(temperature=2.0, top_k=off, seed=0))
+        assert len({sample(logits, [wide])[0] for _ in range(400)}) > 3
+    assert sample(logits, [RequestSampler(SamplingParams(temperature=0.0, top_k=3))]) == [int(logits.argmax())]
+
+
+def test_min_p_drops_tokens_less_likely_than_its_share_of_the_most_likely() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.08]]))
+    sampler = RequestSampler(SamplingParams(temperature=1.0, min_p=0.2, seed=0))  # keeps p >= 0.1
+    assert {sample(logits, [sampler])[0] for _ in range(300)} == {0, 1, 2}
+
+
+def test_top_k_and_min_p_are_checked() -> None:
+    with pytest.raises(ValidationError) as info:
+        SamplingParams(top_k=-2, min_p=1.5)
+    assert [p.split(" ")[0] for p in info.value.problems] == ["top_k", "min_p"]
