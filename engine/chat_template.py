@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -56,13 +57,19 @@ class ChatTemplate:
         except jinja2.exceptions.TemplateError as exc:
             raise ValidationError(f"the model's chat template does not compile: {exc}") from exc
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text of ``messages``; a template's own refusal (``raise_exception``) is a 400."""
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+               extra: Mapping[str, Any] | None = None) -> str:
+        """The prompt text of ``messages``; a template's own refusal (``raise_exception``) is a 400.
+
+        ``extra`` (a request's ``chat_template_kwargs``) are more template variables; they may replace
+        the special tokens, and ``messages`` and ``add_generation_prompt`` win over them, as in vLLM.
+        """
         import jinja2
 
+        variables = {**self.special_tokens, **(extra or {}), "messages": messages,
+                     "add_generation_prompt": add_generation_prompt}
         try:
-            return str(self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                             **self.special_tokens))
+            return str(self._compiled.render(**variables))
         except jinja2.exceptions.TemplateError as exc:
             raise ValidationError(f"messages: the model's chat template refused them: {exc}") from exc
 

@@ -7,6 +7,8 @@ vLLM does for text-only models).  ``max_tokens`` and OpenAI's newer
 context.  ``add_generation_prompt`` (vLLM's extension, default true) ends the
 rendered prompt with the assistant's turn opening.  ``logprobs: true`` (with
 ``top_logprobs`` alternatives) reports the generated tokens' log-probabilities.
+``chat_template_kwargs`` (vLLM's extension) are more variables for the chat
+template, as vLLM passes them (``enable_thinking``, ...).
 Tools and the other fields this engine does not implement are refused by name
 (400).
 """
@@ -19,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from engine.protocol import MODEL_DEFAULTED, NO_OP_VALUES, GenerationRequest
 from engine.sampling import MAX_LOGPROBS
+
+RESERVED_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "messages"})
+"""``chat_template_kwargs`` keys that would replace the render itself (vLLM refuses them too)."""
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -65,6 +70,8 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     """Accepted only as "none" (no tools are called; see no_op_values)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """More variables for the chat template (vLLM's extension); the request's own fields win over them."""
 
     def texts(self) -> list[tuple[str, str]]:
         own = [(f"messages.{i}.content", m.text) for i, m in enumerate(self.messages)]
@@ -77,6 +84,9 @@ class ChatCompletionRequest(GenerationRequest):
             problems.append("max_completion_tokens: differs from max_tokens (send one of them)")
         if self.top_logprobs and not self.logprobs:
             problems.append("top_logprobs: needs logprobs: true")
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs or {}))
+        if reserved:
+            problems.append(f"chat_template_kwargs: may not set {', '.join(reserved)}")
         return problems
 
     def defaulted_fields(self) -> frozenset[str]:

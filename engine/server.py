@@ -237,7 +237,8 @@ def _add_openai_routes(
                                   "chat_template), so it serves /v1/completions only")
         messages = body.template_messages()
         prompt = await off_loop(sum(len(m["content"]) for m in messages), functools.partial(
-            chat_template.render, messages, add_generation_prompt=body.add_generation_prompt))
+            chat_template.render, messages, add_generation_prompt=body.add_generation_prompt,
+            extra=body.chat_template_kwargs))
         prompt_ids = await off_loop(len(prompt), tokenizer.encode, prompt)
         # Left out, the completion may fill the context (as OpenAI and vLLM do): serve_generation cuts it.
         limit = body.token_limit or engine.max_model_len

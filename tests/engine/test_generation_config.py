@@ -25,6 +25,7 @@ from engine.server import ServerThread, create_app
 from engine.tokenizer import ByteTokenizer
 from exporters.app import ServeOptions, build_stack
 from harness.processes import free_port
+from tests.engine.recording_engine import RecordingEngine
 
 SMALL = ModelConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, vocab_size=512)
@@ -139,27 +140,8 @@ def test_sampling_defaults_are_the_generation_configs_settings_this_engine_serve
         sampling_defaults(tmp_path)
 
 
-class _Recorder:
-    """An engine client that records what reaches it, and refuses it (the route's work is what is checked)."""
-
-    max_model_len = 4096
-
-    def __init__(self) -> None:
-        self.params: list[SamplingParams] = []
-
-    def check_prompt_ids(self, ids: object) -> None:
-        pass
-
-    def add_request(self, prompt: list[int], params: SamplingParams, **_: object) -> None:
-        self.params.append(params)
-        raise ValidationError("recorded")
-
-    def abort(self, request_id: str, reason: str = "abort") -> None:
-        pass
-
-
 def test_requests_that_leave_sampling_fields_out_get_the_models_defaults() -> None:
-    engine = _Recorder()
+    engine = RecordingEngine()
     defaults = {"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1, "max_tokens": 7, "top_k": 20,
                 "min_p": 0.05}
     app = create_app(engine, ByteTokenizer(512), model_name="m",  # type: ignore[arg-type]
