@@ -9,8 +9,9 @@ rendered prompt with the assistant's turn opening.  ``logprobs: true`` (with
 ``top_logprobs`` alternatives) reports the generated tokens' log-probabilities.
 ``chat_template_kwargs`` (vLLM's extension) are more variables for the chat
 template, as vLLM passes them (``enable_thinking``, ...).
-Tools and the other fields this engine does not implement are refused by name
-(400).
+``store``, ``metadata`` and ``parallel_tool_calls`` are accepted and ignored,
+as vLLM does.  Tools and the other fields this engine does not implement are
+refused by name (400).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     """Accepted only as "none" (no tools are called; see no_op_values)."""
+    # OpenAI's fields that vLLM accepts and ignores (no stored completions; no tools to call).
+    store: Any = None
+    metadata: Any = None
+    parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     """More variables for the chat template (vLLM's extension); the request's own fields win over them."""
 

@@ -44,3 +44,13 @@ def test_chat_template_kwargs_that_would_replace_the_render_are_refused(key: str
     status, prompt, body = rendered({"messages": USER, "chat_template_kwargs": {key: "x"}})
     assert (status, prompt, body["error"]["param"]) == (400, None, "chat_template_kwargs")
     assert key in body["error"]["message"]
+
+
+def test_openais_store_metadata_and_parallel_tool_calls_are_accepted_and_ignored() -> None:
+    body = {"messages": USER, "store": True, "metadata": {"team": "a"}, "parallel_tool_calls": False}
+    assert rendered(body)[1] == "<user>hi<assistant>"
+    assert rendered({**body, "store": None, "metadata": None, "parallel_tool_calls": None})[1] == "<user>hi<assistant>"
+    # vLLM reads neither store nor metadata, so any value passes; parallel_tool_calls is a boolean.
+    assert rendered({"messages": USER, "store": "yes", "metadata": {"n": 1}})[1] == "<user>hi<assistant>"
+    status, prompt, error = rendered({"messages": USER, "parallel_tool_calls": "maybe"})
+    assert (status, prompt, error["error"]["param"]) == (400, None, "parallel_tool_calls")
