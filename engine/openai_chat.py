@@ -2,7 +2,9 @@
 
 A message's ``content`` is a string, ``null``, or a list of parts of which
 only ``{"type": "text", "text": ...}`` is served (joined with newlines, as
-vLLM does for text-only models).  ``max_tokens`` and OpenAI's newer
+vLLM does for text-only models).  An assistant's ``tool_calls`` (functions) and
+a ``tool`` message's ``tool_call_id`` reach the chat template as vLLM passes
+them (each call's ``arguments`` parsed from JSON).  ``max_tokens`` and OpenAI's newer
 ``max_completion_tokens`` mean the same; left out, the completion may fill the
 context.  ``add_generation_prompt`` (vLLM's extension, default true) ends the
 rendered prompt with the assistant's turn opening.  ``logprobs: true`` (with
@@ -16,6 +18,7 @@ refused by name (400).
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
@@ -36,12 +39,44 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """A call an assistant made (only functions, as vLLM serves them); other keys (a streamed ``index``) ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+    def as_template_input(self) -> dict[str, Any]:
+        """As vLLM hands it to a template: a non-empty ``arguments`` parsed, and anything but an object is {}."""
+        arguments: Any = self.function.arguments
+        if arguments:
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                arguments = {}
+            arguments = arguments if isinstance(arguments, dict) else {}
+        return {"id": self.id, "type": self.type, "function": {"name": self.function.name, "arguments": arguments}}
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Role
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    """An assistant's calls (ignored on other roles, as in vLLM)."""
+    tool_call_id: str | None = None
+    """The call a ``tool`` message answers (ignored on other roles, as in vLLM)."""
 
     @property
     def text(self) -> str:
@@ -53,6 +88,10 @@ class ChatMessage(BaseModel):
 
     def as_template_input(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.role == "assistant" and self.tool_calls:
+            message["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
+        if self.role == "tool" and "tool_call_id" in self.model_fields_set:
+            message["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             message["name"] = self.name
         return message
@@ -113,4 +152,4 @@ class ChatCompletionRequest(GenerationRequest):
         return [m.as_template_input() for m in self.messages]
 
 
-__all__ = ["ChatCompletionRequest", "ChatMessage", "TextPart"]
+__all__ = ["ChatCompletionRequest", "ChatMessage", "FunctionCall", "TextPart", "ToolCall"]

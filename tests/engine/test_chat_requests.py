@@ -54,3 +54,38 @@ def test_openais_store_metadata_and_parallel_tool_calls_are_accepted_and_ignored
     assert rendered({"messages": USER, "store": "yes", "metadata": {"n": 1}})[1] == "<user>hi<assistant>"
     status, prompt, error = rendered({"messages": USER, "parallel_tool_calls": "maybe"})
     assert (status, prompt, error["error"]["param"]) == (400, None, "parallel_tool_calls")
+
+
+TOOL_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}"
+                 "{% for c in m.get('tool_calls') or [] %}[{{ c['id'] }} {{ c['function']['name'] }}"
+                 "{{ c['function']['arguments'] | tojson }}]{% endfor %}"
+                 "{% if m.get('tool_call_id') %}({{ m['tool_call_id'] }}){% endif %};{% endfor %}")
+
+
+def _call(arguments: str, call_id: str = "c1") -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": "f", "arguments": arguments}, "index": 0}
+
+
+def test_tool_calls_and_tool_results_render_through_the_template_as_vllm_passes_them() -> None:
+    messages = [*USER, {"role": "assistant", "content": None, "tool_calls": [_call('{"x": 1}'), _call("", "c2")]},
+                {"role": "tool", "content": [{"type": "text", "text": "4"}], "tool_call_id": "c1"}]
+    # Arguments reach the template parsed (a JSON object); an empty string stays as it is, as in vLLM.
+    assert rendered({"messages": messages}, TOOL_TEMPLATE)[1] \
+        == 'user:hi;assistant:[c1 f{"x": 1}][c2 f""];tool:4(c1);'
+    # Arguments that are not a JSON object reach it as {}; an empty list of calls is dropped.
+    for bad in ("not json", "[1, 2]"):
+        odd = [{"role": "assistant", "content": "a", "tool_calls": [_call(bad)]}]
+        assert rendered({"messages": odd}, TOOL_TEMPLATE)[1] == "assistant:a[c1 f{}];"
+    assert rendered({"messages": [{"role": "assistant", "content": "a", "tool_calls": []}]},
+                    "{{ messages[0].get('tool_calls') is none }}")[1] == "True"
+
+
+@pytest.mark.parametrize(
+    ("call", "param"),
+    [({"id": "c1", "type": "custom", "custom": {"name": "f", "input": ""}}, "messages.0.tool_calls.0.type"),
+     ({"id": "c1", "function": {"name": "f", "arguments": "{}"}}, "messages.0.tool_calls.0.type"),
+     ({"type": "function", "function": {"name": "f", "arguments": "{}"}}, "messages.0.tool_calls.0.id")],
+)
+def test_tool_calls_vllm_refuses_are_refused(call: dict[str, Any], param: str) -> None:
+    status, prompt, body = rendered({"messages": [{"role": "assistant", "tool_calls": [call]}]}, TOOL_TEMPLATE)
+    assert (status, prompt, body["error"]["param"]) == (400, None, param)
