@@ -147,6 +147,8 @@ class Generation:
     """Show the echoed prompt alone (``max_tokens`` 0): the token the core generates is dropped."""
     prompt_field: str = "prompt"
     """The request field the prompts came from (a chat's ``messages``), named by a too-long prompt's 400."""
+    continuous_usage: bool = False
+    """Every chunk carries its choice's usage so far (vLLM's ``continuous_usage_stats``)."""
 
     @property
     def num_choices(self) -> int:
@@ -165,6 +167,12 @@ class Generation:
         if j == 0 or seed is None:
             return params
         return dataclasses.replace(params, seed=seed + j if seed + j <= MAX_SEED else seed - j)
+
+    def choice_usage(self, index: int, completion_tokens: int) -> dict[str, int]:
+        """Choice ``index``'s usage so far: its prompt's tokens and the tokens it generated."""
+        prompt = len(self.prompts[index // self.n])
+        return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                "total_tokens": prompt + completion_tokens}
 
     def usage(self, last: list[RequestOutput]) -> dict[str, int]:
         """Prompt tokens once per prompt, completion tokens of every choice."""
@@ -374,7 +382,10 @@ async def _sse(
     """One SSE event per generated token, then ``[DONE]``; a failure is one ``error`` event (the error document)."""
     fmt = gen.format
     last: list[RequestOutput | None] = [None] * gen.num_choices
-    for opening in fmt.opening(request_id, gen.num_choices):
+    generated = [0] * gen.num_choices
+    for i, opening in enumerate(fmt.opening(request_id, gen.num_choices)):
+        if gen.continuous_usage:
+            opening["usage"] = gen.choice_usage(i, 0)
         yield f"data: {json.dumps(opening)}\n\n"
     failed = False
     async for index, piece in merged:
@@ -383,7 +394,12 @@ async def _sse(
             yield f"data: {json.dumps({'id': request_id, 'error': error_body(error)})}\n\n"
             failed = True
             break
-        yield f"data: {json.dumps(fmt.chunk(request_id, index, piece))}\n\n"
+        chunk = fmt.chunk(request_id, index, piece)
+        if gen.continuous_usage:  # the core counts a choice's tokens on its last output
+            generated[index] = piece.out.generation_tokens if piece.out.finished \
+                else generated[index] + (piece.out.token_id is not None)
+            chunk["usage"] = gen.choice_usage(index, generated[index])
+        yield f"data: {json.dumps(chunk)}\n\n"
         if piece.out.finished:
             last[index] = piece.out
     if gen.include_usage and not failed:

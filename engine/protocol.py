@@ -48,6 +48,8 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool | None = False
+    """vLLM's: with ``include_usage``, every chunk carries its choice's usage so far too."""
 
 
 NULL_MEANS_DEFAULT = frozenset({
@@ -107,6 +109,10 @@ class GenerationRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.include_usage and self.stream_options and self.stream_options.continuous_usage_stats)
 
     def with_defaults(self, defaults: Mapping[str, Any]) -> Self:
         """The request with the model's defaults for the sampling fields it left out (or sent as ``null``).

@@ -225,26 +225,32 @@ def _add_openai_routes(
                 for p in body.prompts] if body.echo else None
         gen = Generation(prompts, body.sampling_params(body.tokens_to_generate), body.stop_strings, body.stream,
                          body.include_usage, CompletionFormat(model_name), n=body.n, echo=echo,
-                         echo_only=body.max_tokens == 0)
+                         echo_only=body.max_tokens == 0, continuous_usage=body.continuous_usage)
         return await serve_generation(engine, tokenizer, gen, request, arrival_s)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         arrival_s = time.monotonic()
         body = check_model(body)
-        if chat_template is None:
-            raise ValidationError("messages: this model has no chat template (tokenizer_config.json's "
-                                  "chat_template), so it serves /v1/completions only")
-        messages = body.template_messages()
-        prompt = await off_loop(sum(len(m["content"]) for m in messages), functools.partial(
-            chat_template.render, messages, add_generation_prompt=body.add_generation_prompt,
-            extra=body.chat_template_kwargs))
+        prompt = await _render_chat(chat_template, body)
         prompt_ids = await off_loop(len(prompt), tokenizer.encode, prompt)
         # Left out, the completion may fill the context (as OpenAI and vLLM do): serve_generation cuts it.
         limit = body.token_limit or engine.max_model_len
         gen = Generation([prompt_ids], body.sampling_params(limit), body.stop_strings, body.stream,
-                         body.include_usage, ChatFormat(model_name), n=body.n, prompt_field="messages")
+                         body.include_usage, ChatFormat(model_name), n=body.n, prompt_field="messages",
+                         continuous_usage=body.continuous_usage)
         return await serve_generation(engine, tokenizer, gen, request, arrival_s)
+
+
+async def _render_chat(chat_template: ChatTemplate | None, body: ChatCompletionRequest) -> str:
+    """The chat's prompt text, rendered with the checkpoint's template (a long one on a worker thread)."""
+    if chat_template is None:
+        raise ValidationError("messages: this model has no chat template (tokenizer_config.json's "
+                              "chat_template), so it serves /v1/completions only")
+    messages = body.template_messages()
+    return await off_loop(sum(len(m["content"]) for m in messages), functools.partial(
+        chat_template.render, messages, add_generation_prompt=body.add_generation_prompt,
+        extra=body.chat_template_kwargs))
 
 
 def _expert_load_json(engine: EngineCoreClient) -> dict[str, Any]:

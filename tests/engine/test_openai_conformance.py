@@ -333,3 +333,25 @@ def test_echo_with_logprobs_scores_the_prompt_with_the_models_own(client: Any, t
     assert alone.choices[0].text == prompt and alone.choices[0].finish_reason == "length"
     assert alone.choices[0].logprobs.token_logprobs == lp.token_logprobs[:-1]
     assert alone.usage.completion_tokens == 0 and alone.usage.prompt_tokens == len(ids)
+
+
+def test_continuous_usage_stats_put_each_choices_usage_so_far_on_every_chunk(client: Any) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats`` (with ``include_usage``): usage on every chunk too."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, max_tokens=4, stream=True,
+                                                 stream_options=options, **GREEDY))
+    prompt = chunks[-1].usage.prompt_tokens
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+    per_choice: dict[int, list[int]] = {0: [], 1: []}
+    for chunk in chunks[:-1]:
+        assert chunk.usage.prompt_tokens == prompt
+        assert chunk.usage.total_tokens == prompt + chunk.usage.completion_tokens
+        per_choice[chunk.choices[0].index].append(chunk.usage.completion_tokens)
+    assert per_choice == {0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3, 4]}  # the role chunk first, then one per token
+    text = list(client.completions.create(model=MODEL, prompt="x", max_tokens=3, stream=True,
+                                          stream_options=options, **GREEDY))
+    assert [c.usage.completion_tokens for c in text] == [1, 2, 3, 3]
+    # Without include_usage, as in vLLM, there is no usage at all.
+    bare = list(client.completions.create(model=MODEL, prompt="x", max_tokens=3, stream=True,
+                                          stream_options={"continuous_usage_stats": True}, **GREEDY))
+    assert [c.usage for c in bare] == [None] * 3
