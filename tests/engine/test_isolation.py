@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fastapi.testclient import TestClient
 
 from contracts.errors import ValidationError
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.protocol import CompletionRequest, StopMatcher
 from engine.sampling import RequestSampler, SamplingParams, sample, sample_each
+from engine.server import create_app
+from engine.tokenizer import ByteTokenizer
 from tests.engine.fake_executor import FakeExecutor, reference_tokens
+from tests.engine.recording_engine import RecordingEngine
 from tests.engine.test_scheduler import PROMPTS, Collect
 
 
 @pytest.mark.parametrize(
     ("fields", "needle"),
-    [({"seed": 2**64}, "seed"), ({"seed": -(2**63) - 1}, "seed"), ({"temperature": 1e-300}, "temperature"),
-     ({"temperature": 0.009}, "temperature")],
+    [({"seed": 2**64}, "seed"), ({"seed": -(2**63) - 1}, "seed"), ({"temperature": -1e-300}, "temperature"),
+     ({"temperature": float("nan")}, "temperature")],
 )
 def test_sampling_params_refuse_what_the_sampler_cannot_compute(fields: dict[str, float], needle: str) -> None:
     with pytest.raises(ValidationError) as info:
@@ -31,6 +35,25 @@ def test_the_extremes_the_sampler_takes_sample_a_token() -> None:
         assert 0 <= sample(logits, [RequestSampler(params)])[0] < 50
     # A top_p below float32's resolution keeps the most likely token: greedy, not NaN.
     assert sample(logits, [RequestSampler(SamplingParams(top_p=1e-300, seed=1))]) == [int(logits.argmax())]
+
+
+def test_temperatures_below_vllms_epsilon_are_greedy_and_small_ones_do_not_overflow() -> None:
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(5))
+    for tiny in (1e-300, 9e-6):
+        params = SamplingParams(temperature=tiny, seed=1)
+        assert params.greedy and sample(logits, [RequestSampler(params)]) == [int(logits.argmax())]
+    # 0.001 samples (vLLM's epsilon is 1e-5), and logits / 0.001 past float32's range still give a token.
+    huge = torch.tensor([[3e36, 2.9e36, -3e36]])
+    for row in (logits, huge):
+        params = SamplingParams(temperature=0.001, seed=1)
+        assert not params.greedy and sample(row, [RequestSampler(params)]) == [int(row.argmax())]
+
+
+def test_the_api_passes_a_small_temperature_on_as_vllm_does() -> None:
+    engine = RecordingEngine()
+    client = TestClient(create_app(engine, ByteTokenizer(512), model_name="m"))  # type: ignore[arg-type]
+    refused = client.post("/v1/completions", json={"prompt": "x", "temperature": 0.001}).json()["error"]
+    assert refused["message"] == "recorded" and engine.params[0].temperature == 0.001
 
 
 def _poisoned(params: SamplingParams) -> SamplingParams:

@@ -40,7 +40,7 @@ def _is_error_document(resp: httpx.Response) -> dict[str, object]:
 
 POISON = [
     ({"prompt": "x", "max_tokens": 2, "seed": 18446744073709551616}, "seed"),
-    ({"prompt": "x", "max_tokens": 2, "temperature": 1e-300}, "temperature"),
+    ({"prompt": "x", "max_tokens": 2, "temperature": 2.5}, "temperature"),
     ({"prompt": "x", "max_tokens": 2, "stop_token_ids": [99999]}, "stop_token_ids"),
     ({"prompt": "x", "max_tokens": 2, "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "max_tokens": 0, "logprobs": 1}, "max_tokens"),
@@ -65,9 +65,12 @@ def test_poisoned_requests_get_400_naming_the_field_while_victims_stream_on(serv
         assert resp.status_code == 400, resp.text
         error = _is_error_document(resp)
         assert field in str(error["message"]) and error["param"] == field, error
-    # Near-zero top_p is computable (the most likely token stays): served, not a poisoned batch.
+    # Near-zero top_p is computable (the most likely token stays), and a temperature below vLLM's 1e-5 is
+    # greedy: served, not a poisoned batch.
     assert served.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "top_p": 1e-300,
                                                        "temperature": 0.5}).status_code == 200
+    assert served.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2,
+                                                       "temperature": 1e-300}).status_code == 200
     for t in threads:
         t.join(60)
     assert len(results) == 4
