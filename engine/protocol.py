@@ -81,7 +81,8 @@ class GenerationRequest(BaseModel):
     stop_token_ids: list[StrictInt] = Field(default_factory=list)
     ignore_eos: StrictBool = False
     user: str | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    logit_bias: dict[str, float] | None = None
+    """Token id to a bias, clamped to [-100, 100] as vLLM clamps it."""
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     # Accepted only at its no-op values (see no_op_values).
@@ -168,7 +169,7 @@ class GenerationRequest(BaseModel):
             stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-            logit_bias=tuple(sorted((int(k), v) for k, v in (self.logit_bias or {}).items())),
+            logit_bias=tuple(sorted((int(k), min(100.0, max(-100.0, v))) for k, v in (self.logit_bias or {}).items())),
         )
 
 

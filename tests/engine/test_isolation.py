@@ -127,7 +127,7 @@ def test_stop_strings_are_found_across_token_boundaries_and_left_out() -> None:
         ({"prompt": "x", "best_of": 0}, "best_of"),
         ({"prompt": "x", "n": 33}, "n"),
         ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
-        ({"prompt": "x", "logit_bias": {"1": 101}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"1": "lots"}}, "logit_bias"),
         ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
         ({"prompt": "x", "min_tokens": -1}, "min_tokens"),
         ({"prompt": "x", "stop": [""]}, "stop"),
@@ -142,6 +142,12 @@ def test_completion_request_types_are_strict(payload: dict[str, object], needle:
     with pytest.raises(PydanticError) as info:
         CompletionRequest.model_validate(payload)
     assert needle in str(info.value)
+
+
+def test_logit_bias_values_are_clamped_to_plus_or_minus_100_as_vllm_does() -> None:
+    request = CompletionRequest.model_validate({"prompt": "x", "logit_bias": {"7": 101, "2": -1e9, "3": 5}})
+    request.check()
+    assert request.sampling_params(4).logit_bias == ((2, -100.0), (3, 5.0), (7, 100.0))
 
 
 def test_unimplemented_openai_fields_are_refused_by_name_and_their_no_op_values_accepted() -> None:
