@@ -3,8 +3,10 @@
 The core reports, per generated token of a request that asked, the token's
 log-probability and the ``k`` most likely alternatives, from the model's own
 logits (before penalties and temperature, vLLM's default).  Here they get
-their text (each token decoded alone, as vLLM does) and the offset of the
-token in the generated text, and are written as a completion's ``logprobs``
+their text (each token decoded alone, special tokens as themselves, as vLLM
+does) and the offset of the token in the generated text (a stop token that
+ended the request is listed too, as in vLLM, though its text is not shown),
+and are written as a completion's ``logprobs``
 (``tokens``, ``token_logprobs``, ``top_logprobs`` with the chosen token among
 them, ``text_offset``) or a chat choice's (``content``: ``token``,
 ``logprob``, ``bytes``, ``top_logprobs``).
@@ -37,8 +39,8 @@ class LogprobEntry:
 
 def logprob_entry(tokenizer: Tokenizer, token_id: int, logprobs: TokenLogprob, text_offset: int) -> LogprobEntry:
     chosen, top = logprobs
-    return LogprobEntry(token=tokenizer.decode([token_id]), logprob=chosen,
-                        top=tuple((tokenizer.decode([t]), value) for t, value in top), text_offset=text_offset)
+    return LogprobEntry(token=tokenizer.decode_token(token_id), logprob=chosen,
+                        top=tuple((tokenizer.decode_token(t), value) for t, value in top), text_offset=text_offset)
 
 
 def prompt_entries(
@@ -53,7 +55,7 @@ def prompt_entries(
     offset = 0
     for i, token_id in enumerate(prompt):
         if i == 0 or i > len(logprobs):
-            entries.append(LogprobEntry(tokenizer.decode([token_id]), None, None, offset))
+            entries.append(LogprobEntry(tokenizer.decode_token(token_id), None, None, offset))
         else:
             entries.append(logprob_entry(tokenizer, token_id, logprobs[i - 1], offset))
         offset += len(decoder.step(token_id))

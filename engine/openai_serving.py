@@ -308,6 +308,9 @@ async def _texts(
         entries: list[LogprobEntry] | None = [] if want_logprobs else None
         if entries is not None and out is first:
             entries += _echoed_entries(tokenizer, gen, prompt, out)
+        if entries is not None and out.is_stop_token and out.token_id is not None and out.logprobs is not None \
+                and not stopped:  # listed though not shown, as vLLM lists it
+            entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, base + decoded))
         if out.token_id is not None and not out.is_stop_token:
             tokens += 1
             piece = decoder.step(out.token_id)

@@ -30,6 +30,10 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: list[int]) -> str: ...
 
+    def decode_token(self, token_id: int) -> str:
+        """One token's text alone, a special token's included (as vLLM shows tokens in log-probabilities)."""
+        ...
+
     def stream(self) -> DecodeStream: ...
 
 
@@ -50,6 +54,9 @@ class ByteTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         stream = self.stream()
         return "".join(stream.step(t) for t in token_ids) + stream.flush()
+
+    def decode_token(self, token_id: int) -> str:
+        return self.decode([token_id])
 
     def stream(self) -> _ByteDecodeStream:
         return _ByteDecodeStream()
@@ -83,6 +90,9 @@ class HFTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tok.decode_batch([token_ids], skip_special_tokens=True)[0])
+
+    def decode_token(self, token_id: int) -> str:
+        return str(self._tok.decode_batch([[token_id]], skip_special_tokens=False)[0])
 
     def stream(self) -> _HFDecodeStream:
         return _HFDecodeStream(self._tok)

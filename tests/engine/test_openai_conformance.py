@@ -355,3 +355,22 @@ def test_continuous_usage_stats_put_each_choices_usage_so_far_on_every_chunk(cli
     bare = list(client.completions.create(model=MODEL, prompt="x", max_tokens=3, stream=True,
                                           stream_options={"continuous_usage_stats": True}, **GREEDY))
     assert [c.usage for c in bare] == [None] * 3
+
+
+def test_a_stop_token_gets_its_logprob_entry_with_its_special_tokens_text(client: Any, tokenizer: HFTokenizer) -> None:
+    """As vLLM: the token that ends the request is listed (not in the text), special tokens as themselves."""
+    (end,) = tokenizer.encode("<|im_end|>")
+    steer: dict[str, Any] = {"temperature": 0, "logit_bias": {str(end): 100},
+                             "extra_body": {"stop_token_ids": [end], "min_tokens": 2}}
+    out = client.completions.create(model=MODEL, prompt="The router routes", max_tokens=6, logprobs=1, **steer)
+    choice, logprobs = out.choices[0], out.choices[0].logprobs
+    assert choice.finish_reason == "stop" and len(logprobs.tokens) == 3 and logprobs.tokens[-1] == "<|im_end|>"
+    assert "".join(logprobs.tokens[:2]) == choice.text and logprobs.text_offset[-1] == len(choice.text)
+    assert logprobs.token_logprobs[-1] <= 0 and "<|im_end|>" in logprobs.top_logprobs[-1]
+    chunks = list(client.completions.create(model=MODEL, prompt="The router routes", max_tokens=6, logprobs=1,
+                                            stream=True, **steer))
+    assert [t for c in chunks for t in c.choices[0].logprobs.tokens] == logprobs.tokens
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, logprobs=True, **steer)
+    content = chat.choices[0].logprobs.content
+    assert [c.token for c in content][-1] == "<|im_end|>" and content[-1].bytes == list(b"<|im_end|>")
+    assert "".join(c.token for c in content[:2]) == chat.choices[0].message.content and len(content) == 3
