@@ -190,7 +190,8 @@ def parse_openslo(text: str) -> dict[str, ImportedSlos]:
     names: dict[str, int] = {}
     for index, doc in enumerate(documents, start=1):
         where = f"document {index}"
-        name = (doc.get("metadata") or {}).get("name") if isinstance(doc, dict) else None
+        meta = doc.get("metadata") if isinstance(doc, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None  # a malformed one is refused below
         if isinstance(name, str) and name in names:  # two SLOs of one name: the later would replace the earlier
             problems.append(f"{where}: metadata.name {name!r} is used by document {names[name]} too")
             continue

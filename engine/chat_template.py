@@ -69,9 +69,13 @@ class ChatTemplate:
         variables = {**self.special_tokens, **(extra or {}), "messages": messages,
                      "add_generation_prompt": add_generation_prompt}
         try:
-            return str(self._compiled.render(**variables))
+            return str(self._compiled.render(variables))  # a dict: a client's key ("self") is no keyword
         except jinja2.exceptions.TemplateError as exc:
             raise ValidationError(f"messages: the model's chat template refused them: {exc}") from exc
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+            # A variable replaced by chat_template_kwargs the template cannot use: the request's fault, as vLLM says.
+            raise ValidationError(f"chat_template_kwargs: the model's chat template failed with them: "
+                                  f"{type(exc).__name__}: {exc}") from exc
 
 
 def token_text(value: object) -> str | None:

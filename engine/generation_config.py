@@ -17,6 +17,7 @@ that leave them out, as vLLM's default ``--generation-config auto`` makes them.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,12 @@ def generation_config(checkpoint: Path) -> dict[str, Any]:
     """``generation_config.json``'s settings; without the file, ``config.json``'s ``eos_token_id``."""
     directory = Path(checkpoint)
     own = read_json_object(directory / "generation_config.json")
-    if own is not None:
-        return own
     model = read_json_object(directory / "config.json") or {}
-    return {"eos_token_id": model["eos_token_id"]} if model.get("eos_token_id") is not None else {}
+    if own is not None and own.get("eos_token_id") is not None:
+        return own
+    # A generation config naming no eos keeps config.json's (as transformers' from_model_config fills it).
+    eos = {"eos_token_id": model["eos_token_id"]} if model.get("eos_token_id") is not None else {}
+    return {**(own or {}), **eos}
 
 
 def tokenizer_eos_token_id(checkpoint: Path) -> int | None:
@@ -89,8 +92,10 @@ def sampling_defaults(checkpoint: Path) -> dict[str, float | int]:
         out["max_tokens"] = raw["max_new_tokens"]
     problems = [f"{where}: {k} must be a number, got {v!r}" for k, v in out.items()
                 if isinstance(v, bool) or not isinstance(v, int | float)]
+    problems += [f"{where}: {k} must be a finite number, got {v!r}" for k, v in out.items()
+                 if isinstance(v, float) and not math.isfinite(v)]  # Python's json reads Infinity and NaN
     problems += [f"{where}: {k} must be an integer, got {out[k]!r}" for k in INTEGER_KEYS
-                 if isinstance(out.get(k), float) and out[k] != int(out[k])]
+                 if isinstance(out.get(k), float) and math.isfinite(out[k]) and out[k] != int(out[k])]
     if problems:
         raise ValidationError(problems)
     out.update({k: int(out[k]) for k in INTEGER_KEYS if k in out})

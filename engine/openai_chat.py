@@ -58,7 +58,9 @@ class ToolCall(BaseModel):
     def as_template_input(self) -> dict[str, Any]:
         """As vLLM hands it to a template: a non-empty ``arguments`` parsed, and anything but an object is {}."""
         arguments: Any = self.function.arguments
-        if arguments:
+        if not arguments:
+            arguments = {}  # vLLM hands an empty string on as {}
+        else:
             try:
                 arguments = json.loads(arguments)
             except json.JSONDecodeError:

@@ -70,20 +70,15 @@ class _ToVllmHandlers(logging.Handler):
     """Hands a record to whatever handlers vLLM's logger has at the time, from vLLM's level.
 
     Looked up on each record, not copied once: vLLM configures its logging again in each process
-    it spawns (and ``dictConfig`` replaces the handlers).  Before vLLM has a handler, warnings go
-    where Python's last resort would have put them."""
+    it spawns (and ``dictConfig`` replaces the handlers).  Past vLLM's handlers a record goes on up
+    its chain as vLLM's own do (to the root's handlers where ``VLLM_CONFIGURE_LOGGING=0`` leaves
+    logging to the user), else where Python's last resort puts it."""
 
     def emit(self, record: logging.LogRecord) -> None:
         theirs = logging.getLogger("vllm")
         if record.levelno < theirs.getEffectiveLevel():
             return
-        if not theirs.handlers:
-            if logging.lastResort is not None and record.levelno >= logging.lastResort.level:
-                logging.lastResort.handle(record)
-            return
-        for handler in theirs.handlers:
-            if record.levelno >= handler.level:
-                handler.handle(record)
+        theirs.callHandlers(record)  # vLLM's handlers, and on up its chain (root) as vLLM's own lines go
 
 
 def follow_vllm_logging() -> None:

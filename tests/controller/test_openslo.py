@@ -74,6 +74,13 @@ def test_two_slos_of_one_name_are_refused() -> None:
     assert set(parse_openslo(yaml.safe_dump_all([_slo(), itl]))["chat-frontend"].objectives) == {"ttft", "itl"}
 
 
+def test_a_malformed_metadata_is_a_refusal_not_a_crash() -> None:
+    """The duplicate-name check read metadata.name before the document was checked: AttributeError, a 500."""
+    for metadata in ("oops", [1]):
+        with pytest.raises(ValidationError):
+            parse_openslo(yaml.safe_dump({**_slo(), "metadata": metadata}))
+
+
 def test_a_target_percent_reads_as_the_decimal_it_says() -> None:
     """99.9 / 100 is 0.9990000000000001 in floats: stored, exported and drawn as such."""
     (policy,) = _import(_slo(targetPercent=99.9)).values()

@@ -39,6 +39,16 @@ def test_chat_template_kwargs_reach_the_template_and_the_requests_own_fields_win
                     "{{ bos_token }}{{ messages[0]['content'] }}")[1] == "<s>hi"
 
 
+def test_chat_template_kwargs_the_template_cannot_use_are_a_400_not_a_500() -> None:
+    """``self`` collided with jinja's render(self, ...); a number where the template adds strings raised a
+    TypeError: both were 500s with a traceback, where vLLM answers 400."""
+    assert rendered({"messages": USER, "chat_template_kwargs": {"self": 1}})[1] == "<user>hi<assistant>"
+    status, prompt, body = rendered({"messages": USER, "chat_template_kwargs": {"bos_token": 5}},
+                                    "{{ bos_token + messages[0]['content'] }}")
+    assert (status, prompt, body["error"]["param"]) == (400, None, "chat_template_kwargs")
+    assert "TypeError" in body["error"]["message"]
+
+
 @pytest.mark.parametrize("key", ["chat_template", "tokenize", "messages"])
 def test_chat_template_kwargs_that_would_replace_the_render_are_refused(key: str) -> None:
     status, prompt, body = rendered({"messages": USER, "chat_template_kwargs": {key: "x"}})
@@ -69,9 +79,9 @@ def _call(arguments: str, call_id: str = "c1") -> dict[str, Any]:
 def test_tool_calls_and_tool_results_render_through_the_template_as_vllm_passes_them() -> None:
     messages = [*USER, {"role": "assistant", "content": None, "tool_calls": [_call('{"x": 1}'), _call("", "c2")]},
                 {"role": "tool", "content": [{"type": "text", "text": "4"}], "tool_call_id": "c1"}]
-    # Arguments reach the template parsed (a JSON object); an empty string stays as it is, as in vLLM.
+    # Arguments reach the template parsed (a JSON object); an empty string is {}, as in vLLM.
     assert rendered({"messages": messages}, TOOL_TEMPLATE)[1] \
-        == 'user:hi;assistant:[c1 f{"x": 1}][c2 f""];tool:4(c1);'
+        == 'user:hi;assistant:[c1 f{"x": 1}][c2 f{}];tool:4(c1);'
     # Arguments that are not a JSON object reach it as {}; an empty list of calls is dropped.
     for bad in ("not json", "[1, 2]"):
         odd = [{"role": "assistant", "content": "a", "tool_calls": [_call(bad)]}]

@@ -64,6 +64,9 @@ def test_eos_ids_are_the_tokenizers_then_generation_configs_int_or_list(tmp_path
     raw = json.loads((tmp_path / "config.json").read_text())
     _write(tmp_path / "config.json", {**raw, "eos_token_id": [11, 12]})
     assert eos_token_ids(tmp_path) == (eos, 11, 12)
+    # A generation config that names no eos keeps config.json's: the model stopped nowhere.
+    _write(tmp_path / "generation_config.json", {"temperature": 0.7})
+    assert eos_token_ids(tmp_path) == (eos, 11, 12)
     _write(tmp_path / "generation_config.json", {"eos_token_id": "</s>"})
     with pytest.raises(ValidationError, match="eos_token_id must be an integer or a list"):
         eos_token_ids(tmp_path)
@@ -138,6 +141,11 @@ def test_sampling_defaults_are_the_generation_configs_settings_this_engine_serve
     _write(tmp_path / "generation_config.json", {"top_p": 0.0})
     with pytest.raises(ValidationError, match=r"generation_config.json: top_p must be in \(0, 1\]"):
         sampling_defaults(tmp_path)
+    (tmp_path / "generation_config.json").write_text('{"max_new_tokens": Infinity, "temperature": NaN}')
+    with pytest.raises(ValidationError) as info:  # Python's json reads them: an OverflowError traceback at start-up
+        sampling_defaults(tmp_path)
+    assert "max_tokens must be a finite number, got inf" in str(info.value)
+    assert "temperature must be a finite number, got nan" in str(info.value)
 
 
 def test_requests_that_leave_sampling_fields_out_get_the_models_defaults() -> None:

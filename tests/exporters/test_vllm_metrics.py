@@ -137,6 +137,25 @@ def test_the_plugins_info_lines_reach_vllms_handler_at_vllms_level(
     assert later.getvalue() == "now at vLLM's debug level\n"
 
 
+def test_without_vllms_handlers_the_plugins_lines_reach_the_users_root_handlers(
+    loggers: tuple[logging.Logger, logging.Logger],
+) -> None:
+    """VLLM_CONFIGURE_LOGGING=0 leaves logging to the user: vLLM's lines propagate to the root, so must ours."""
+    _, theirs = loggers
+    theirs.handlers[:] = []
+    theirs.setLevel(logging.INFO)
+    theirs.propagate = True
+    stream = io.StringIO()
+    root_handler = logging.StreamHandler(stream)
+    logging.getLogger().addHandler(root_handler)
+    try:
+        vllm_metrics.follow_vllm_logging()
+        logging.getLogger("moeslo.vllm_plugin").info("counting routed tokens")
+    finally:
+        logging.getLogger().removeHandler(root_handler)
+    assert stream.getvalue() == "counting routed tokens\n"
+
+
 def test_a_moeslo_logger_configured_already_is_left_alone(loggers: tuple[logging.Logger, logging.Logger]) -> None:
     ours, theirs = loggers
     own = logging.NullHandler()
