@@ -6,6 +6,7 @@ import asyncio
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,27 +55,40 @@ class _Engine:
         pass
 
 
-async def _other_requests_are_served_while_tokenizing(path: str, body: dict[str, Any]) -> None:
+@dataclass
+class _Run:
+    """What happened while the huge prompt was in the tokenizer."""
+
+    entered: bool
+    """The tokenizer got the huge prompt."""
+    held_meanwhile: bool
+    """The tokenizer still held it when the other requests had been answered."""
+    waited_out: bool
+    models: httpx.Response
+    small: httpx.Response
+    huge: httpx.Response
+    off_loop: bool
+    """Every huge encode ran on a thread other than the event loop's."""
+
+
+async def _serve_others_while_tokenizing(path: str, body: dict[str, Any]) -> _Run:
     tokenizer = _SlowTokenizer()
     template = ChatTemplate("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     app = create_app(_Engine(), tokenizer, model_name="m", chat_template=template)  # type: ignore[arg-type]
     loop_thread = threading.current_thread()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
         huge = asyncio.create_task(client.post(path, json=body))
-        assert await asyncio.to_thread(tokenizer.entered.wait, WAIT_S)
+        entered = await asyncio.to_thread(tokenizer.entered.wait, WAIT_S)
         # The tokenizer is still busy with the huge prompt, and the loop answers others at once.
         models = await asyncio.wait_for(client.get("/v1/models"), WAIT_S / 2)
         small = await asyncio.wait_for(client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}),
                                        WAIT_S / 2)
-        assert not tokenizer.release.is_set()
+        held_meanwhile = not tokenizer.release.is_set()
         tokenizer.release.set()
         resp = await huge
-    assert not tokenizer.waited_out
-    assert models.status_code == 200 and models.json()["data"][0]["id"] == "m"
-    assert small.status_code == 400 and "stub engine: 2 prompt tokens" in small.text
-    # The huge prompt went on after its tokenizer: all of it reached the engine.
-    assert resp.status_code == 400 and f"stub engine: {OFF_LOOP_SIZE * 50} prompt tokens" in resp.text
-    assert tokenizer.threads and all(t is not loop_thread for t in tokenizer.threads)
+    off_loop = bool(tokenizer.threads) and all(t is not loop_thread for t in tokenizer.threads)
+    return _Run(entered=entered, held_meanwhile=held_meanwhile, waited_out=tokenizer.waited_out, models=models,
+                small=small, huge=resp, off_loop=off_loop)
 
 
 @pytest.mark.parametrize(("path", "body"), [
@@ -83,7 +97,13 @@ async def _other_requests_are_served_while_tokenizing(path: str, body: dict[str,
                               "max_tokens": 1}),
 ])
 def test_a_huge_prompt_is_tokenized_while_the_server_answers_others(path: str, body: dict[str, Any]) -> None:
-    asyncio.run(_other_requests_are_served_while_tokenizing(path, body))
+    run = asyncio.run(_serve_others_while_tokenizing(path, body))
+    assert run.entered and run.held_meanwhile and not run.waited_out
+    assert run.models.status_code == 200 and run.models.json()["data"][0]["id"] == "m"
+    assert run.small.status_code == 400 and "stub engine: 2 prompt tokens" in run.small.text
+    # The huge prompt went on after its tokenizer: all of it reached the engine.
+    assert run.huge.status_code == 400 and f"stub engine: {OFF_LOOP_SIZE * 50} prompt tokens" in run.huge.text
+    assert run.off_loop
 
 
 def test_the_hf_tokenizer_lets_go_of_the_gil_while_it_encodes(tiny_checkpoint: Path) -> None:
