@@ -11,7 +11,8 @@ A sampled (not greedy) row is then scaled by its temperature and cut to
 ``min_p``, ``top_k`` and ``top_p``, in that order (vLLM's).
 
 Parameters are validated against what the sampler can compute (a seed torch's
-generator takes; a temperature below :data:`SAMPLING_EPS` is greedy, as in vLLM), and
+generator takes; a temperature of 0 is greedy, and one in (0, :data:`MIN_TEMPERATURE`) samples at
+:data:`MIN_TEMPERATURE`, as vLLM raises it), and
 :func:`sample_each` samples every row on its own: a row that still fails ends
 only its own request (the caller gets the failure by row), never the batch.
 """
@@ -35,8 +36,8 @@ MAX_LOGPROBS = 20
 """The most alternatives per token a request may ask log-probabilities of (vLLM's default limit)."""
 MIN_REPETITION_PENALTY = 0.01
 """Below it, dividing a logit by the penalty overflows what the sampler can compute."""
-SAMPLING_EPS = 1e-5
-"""Temperatures below it are greedy (argmax), as vLLM's ``_SAMPLING_EPS`` makes them."""
+MIN_TEMPERATURE = 0.01
+"""The lowest temperature sampled at: a smaller one above 0 is raised to it, as vLLM's ``_MAX_TEMP`` raises it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,7 +46,7 @@ class SamplingParams:
 
     max_tokens: int = 16
     temperature: float = 1.0
-    """Below :data:`SAMPLING_EPS` (0 included) means greedy (argmax)."""
+    """0 means greedy (argmax); in (0, :data:`MIN_TEMPERATURE`) samples at :data:`MIN_TEMPERATURE`."""
     top_p: float = 1.0
     top_k: int = 0
     """Sample among the ``top_k`` most likely tokens only; 0 or -1 (vLLM's values), or the vocabulary or more: off."""
@@ -73,7 +74,7 @@ class SamplingParams:
         if self.max_tokens < 1:
             problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not 0.0 <= self.temperature <= 100.0:
-            problems.append(f"temperature must be in [0, 100] (below {SAMPLING_EPS}: greedy), got {self.temperature}")
+            problems.append(f"temperature must be in [0, 100] (0: greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
@@ -105,7 +106,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < SAMPLING_EPS
+        return self.temperature == 0.0
 
     @property
     def adjusts_logits(self) -> bool:
@@ -228,7 +229,8 @@ def _sample_row(logits: torch.Tensor, sampler: RequestSampler) -> int:
 
     params = sampler.params
     logits = logits.float()
-    scaled = (logits - logits.max()) / params.temperature  # at most 0: a small temperature cannot overflow
+    temperature = max(params.temperature, MIN_TEMPERATURE)
+    scaled = (logits - logits.max()) / temperature  # at most 0: a small temperature cannot overflow
     if params.min_p > 0.0:  # p < min_p * p_max, in log space: scaled < max + log(min_p)
         scaled = scaled.masked_fill(scaled < scaled.max() + math.log(params.min_p), float("-inf"))
     if 0 < params.top_k < scaled.shape[-1]:  # ties with the k-th logit stay, as in vLLM

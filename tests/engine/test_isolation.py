@@ -37,16 +37,19 @@ def test_the_extremes_the_sampler_takes_sample_a_token() -> None:
     assert sample(logits, [RequestSampler(SamplingParams(top_p=1e-300, seed=1))]) == [int(logits.argmax())]
 
 
-def test_temperatures_below_vllms_epsilon_are_greedy_and_small_ones_do_not_overflow() -> None:
-    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(5))
-    for tiny in (1e-300, 9e-6):
+def test_small_temperatures_sample_at_vllms_floor_and_only_zero_is_greedy() -> None:
+    """vLLM raises a temperature in (0, 0.01) to 0.01 before its greedy check, so only 0 is greedy."""
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(5)) / 1000  # near-flat: 0.01 still samples
+    floor = [sample(logits[i:i + 1], [RequestSampler(SamplingParams(temperature=0.01, seed=1))])[0] for i in range(4)]
+    assert floor != logits.argmax(dim=-1).tolist()  # at 0.01 these rows do not all draw their argmax
+    for tiny in (1e-300, 9e-6, 0.005):
         params = SamplingParams(temperature=tiny, seed=1)
-        assert params.greedy and sample(logits, [RequestSampler(params)]) == [int(logits.argmax())]
-    # 0.001 samples (vLLM's epsilon is 1e-5), and logits / 0.001 past float32's range still give a token.
+        assert not params.greedy
+        assert [sample(logits[i:i + 1], [RequestSampler(params)])[0] for i in range(4)] == floor
+    assert SamplingParams(temperature=0.0).greedy
+    # Logits / 0.01 past float32's range still give a token.
     huge = torch.tensor([[3e36, 2.9e36, -3e36]])
-    for row in (logits, huge):
-        params = SamplingParams(temperature=0.001, seed=1)
-        assert not params.greedy and sample(row, [RequestSampler(params)]) == [int(row.argmax())]
+    assert sample(huge, [RequestSampler(SamplingParams(temperature=0.001, seed=1))]) == [0]
 
 
 def test_the_api_passes_a_small_temperature_on_as_vllm_does() -> None:

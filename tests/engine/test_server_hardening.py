@@ -65,8 +65,8 @@ def test_poisoned_requests_get_400_naming_the_field_while_victims_stream_on(serv
         assert resp.status_code == 400, resp.text
         error = _is_error_document(resp)
         assert field in str(error["message"]) and error["param"] == field, error
-    # Near-zero top_p is computable (the most likely token stays), and a temperature below vLLM's 1e-5 is
-    # greedy: served, not a poisoned batch.
+    # Near-zero top_p is computable (the most likely token stays), and a temperature near 0 samples at
+    # vLLM's floor of 0.01: served, not a poisoned batch.
     assert served.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "top_p": 1e-300,
                                                        "temperature": 0.5}).status_code == 200
     assert served.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2,
