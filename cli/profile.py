@@ -132,7 +132,7 @@ def _engine_limits(url: str, kv_capacity_tokens: int | None, max_num_seqs: int |
                    prefill_chunk_tokens: int | None) -> tuple[ProfileLimits, str]:  # fmt: skip
     """The profile's limits: each flag given, else what the engine exports, else an assumption, said
     (the second part: ``; assumed ...`` for the profile's source, or empty)."""
-    from harness.engine_limits import profile_limits
+    from harness.engine_limits import assumed_note, profile_limits
 
     limits, assumed = profile_limits(url, kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs,
                                      prefill_chunk_tokens=prefill_chunk_tokens)  # fmt: skip
@@ -140,7 +140,7 @@ def _engine_limits(url: str, kv_capacity_tokens: int | None, max_num_seqs: int |
         flags = " / ".join(f"--{key.replace('_', '-')}" for key in assumed)
         console.print(f"the engine does not export {', '.join(assumed)}: assumed "
                       f"{', '.join(f'{v:,}' for v in assumed.values())} (give {flags} to state them)")
-    return limits, "".join(f"; assumed {key} {value:,}" for key, value in assumed.items())
+    return limits, assumed_note(assumed)
 
 
 def _probe(

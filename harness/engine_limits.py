@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from contracts.catalogue import CACHE_CONFIG_INFO, SCHEDULER_CONFIG_INFO
 
 __all__ = [
-    "ASSUMED_LIMITS", "EngineLimits", "ProfileLimits", "parse_engine_limits", "profile_limits", "read_engine_limits",
+    "ASSUMED_LIMITS", "EngineLimits", "ProfileLimits", "assumed_note", "parse_engine_limits", "profile_limits",
+    "read_engine_limits",
 ]
 
 
@@ -96,3 +97,8 @@ def profile_limits(url: str, *, kv_capacity_tokens: int | None = None, max_num_s
         else:
             limits[key] = value
     return limits, assumed
+
+
+def assumed_note(assumed: dict[str, int]) -> str:
+    """What a profile's ``source`` adds for the limits it assumed (empty where it assumed none)."""
+    return "".join(f"; assumed {key} {value:,}" for key, value in assumed.items())

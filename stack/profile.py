@@ -25,7 +25,7 @@ from contracts.slo_defaults import TTFT_THRESHOLD_S
 from controller.capacity import ReplicaProfile
 from controller.profile_levels import GAP_SHARE, HELD_SHARE, held_rate_rps, lightest_failed_rps
 from controller.profiling import fit_profile, prefix_probe_record, profile_point
-from harness.engine_limits import read_engine_limits
+from harness.engine_limits import assumed_note, profile_limits
 from harness.prefix_probe import prefix_probe
 from harness.sweep import sweep_rates
 from stack.load import demo_length_pairs, demo_lengths, sustainable_rate_rps
@@ -136,14 +136,15 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
     probe = prefix_probe_record(prefix_probe(urls[0], prompt_tokens=round(prompt), vocab_size=vocab_size,
                                              model=None, seed=options.seed))  # fmt: skip
     points = [profile_point(stats) for stats in summaries]
-    limits = read_engine_limits(urls[0])  # the replicas' own KV capacity and batch limit, not a guess
+    # The replicas' own KV capacity and batch limit, not a guess; the chunk is the one they were started with.
+    limits, assumed = profile_limits(urls[0], prefill_chunk_tokens=options.max_num_batched_tokens)
+    if assumed:
+        state.event(f"the replicas do not export {', '.join(assumed)}: the profile assumes {assumed}")
     profile = fit_profile(
-        points, prompt_tokens=round(prompt), kv_capacity_tokens=limits.kv_capacity_tokens or 100_000,
-        max_num_seqs=limits.max_num_seqs or 64, prefill_chunk_tokens=options.max_num_batched_tokens,
-        name="moeslo-up-replica", prefix_probe=probe,
+        points, prompt_tokens=round(prompt), name="moeslo-up-replica", prefix_probe=probe, **limits,
         source=f"moeslo up: {len(points)} load levels of {options.profile_s:g} s over {len(urls)} replica(s) "
                f"loaded at once (one pinned CPU each, {options.ep_label}), {round(prompt)}/{max(2, round(output))} "
-               f"tokens",
+               f"tokens{assumed_note(assumed)}",
     )
     lightest = min(p.request_rate_rps for p in points)
     capacity = _load_capacity(state, by_replica, profile, prompt=prompt, output=output, lightest=lightest)

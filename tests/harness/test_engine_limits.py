@@ -11,7 +11,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from exporters.prometheus import PrometheusStatsSink
-from harness.engine_limits import ASSUMED_LIMITS, EngineLimits, parse_engine_limits, profile_limits, read_engine_limits
+from harness.engine_limits import (
+    ASSUMED_LIMITS,
+    EngineLimits,
+    assumed_note,
+    parse_engine_limits,
+    profile_limits,
+    read_engine_limits,
+)
 
 VLLM_EXPOSITION = """\
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
@@ -73,6 +80,12 @@ def test_a_profile_takes_each_flag_then_the_engines_figure_then_says_what_it_ass
     assert assumed == {"max_num_seqs": 256, "prefill_chunk_tokens": 2048}
     limits, assumed = profile_limits(metrics_url, kv_capacity_tokens=5000, max_num_seqs=32, prefill_chunk_tokens=1024)
     assert (limits, assumed) == ({"kv_capacity_tokens": 5000, "max_num_seqs": 32, "prefill_chunk_tokens": 1024}, {})
+
+
+def test_the_profiles_source_names_each_limit_it_assumed() -> None:
+    assert assumed_note({}) == ""
+    assert assumed_note({"max_num_seqs": 256, "kv_capacity_tokens": 100_000}) == (
+        "; assumed max_num_seqs 256; assumed kv_capacity_tokens 100,000")
 
 
 def test_an_engine_without_metrics_has_no_limits() -> None:
