@@ -1,7 +1,7 @@
 """A checkpoint's generation settings, read as vLLM reads them: which tokens end a sequence, and sampling defaults.
 
 A sequence ends at the tokenizer's eos token (``tokenizer_config.json``'s
-``eos_token``, looked up in ``tokenizer.json``) and at every id of
+``eos_token``, else ``special_tokens_map.json``'s, looked up in ``tokenizer.json``) and at every id of
 ``generation_config.json``'s ``eos_token_id`` (an id or a list of them;
 ``config.json``'s when the checkpoint has no ``generation_config.json``, as
 transformers falls back), unless a request sets ``ignore_eos``.  This is what
@@ -60,7 +60,10 @@ def tokenizer_eos_token_id(checkpoint: Path) -> int | None:
     """The id of the tokenizer's eos token (None: no ``tokenizer.json`` or no eos token in it)."""
     directory = Path(checkpoint)
     tokenizer_file = directory / "tokenizer.json"
-    eos = token_text((read_json_object(directory / "tokenizer_config.json") or {}).get("eos_token"))
+    # Older checkpoints name their special tokens only in special_tokens_map.json, which transformers reads too.
+    eos = next((found for found in (token_text((read_json_object(directory / name) or {}).get("eos_token"))
+                                    for name in ("tokenizer_config.json", "special_tokens_map.json"))
+                if found is not None), None)
     if eos is None or not tokenizer_file.is_file():
         return None
     from tokenizers import Tokenizer as RustTokenizer

@@ -72,6 +72,18 @@ def test_eos_ids_are_the_tokenizers_then_generation_configs_int_or_list(tmp_path
         eos_token_ids(tmp_path)
 
 
+def test_the_tokenizers_eos_may_be_named_in_special_tokens_map_only(tmp_path: Path) -> None:
+    init_random_checkpoint(tmp_path, SMALL, seed=1)  # names no eos anywhere
+    tokenizer = RustTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    assert eos_token_ids(tmp_path) == ()
+    _write(tmp_path / "special_tokens_map.json", {"eos_token": {"content": "<|endoftext|>", "special": True}})
+    assert eos_token_ids(tmp_path) == (eos,)
+    raw = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    _write(tmp_path / "tokenizer_config.json", {**raw, "eos_token": "<|im_end|>"})  # tokenizer_config.json's first
+    assert eos_token_ids(tmp_path) == (tokenizer.token_to_id("<|im_end|>"),)
+
+
 def _generate(client: EngineCoreClient, prompt: list[int], params: SamplingParams) -> tuple[list[int], str | None]:
     async def run() -> tuple[list[int], str | None]:
         stream = client.add_request(prompt, params)
