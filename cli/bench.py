@@ -487,3 +487,7 @@ def bench_router(
 from cli.bench_prefix import bench_prefix  # noqa: E402  (its own module: this one is near its size limit)
 
 bench_app.command("prefix")(bench_prefix)
+
+from cli.bench_sampler import bench_sampler  # noqa: E402
+
+bench_app.command("sampler")(bench_sampler)
