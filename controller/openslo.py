@@ -69,9 +69,14 @@ def _selector(model: str, extra: str = "") -> str:
     return f'model_name="{escaped}"' + (f",{extra}" if extra else "")
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+"""What OpenSLO takes as ``metadata.name``: an RFC 1123 label (its length is checked apart)."""
+
+
 def _label_value(text: str) -> str:
-    """A policy name from a service's (never cut short: a name over 63 characters is refused, not shortened)."""
-    return re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-") or "slo"
+    """A policy name from a service's (never cut short: a name over 63 characters is refused, not shortened);
+    empty where the service has no letter or digit."""
+    return re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-")
 
 
 def _object_name(policy: str, suffix: str) -> str:
@@ -254,8 +259,11 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
     if len(name) > MAX_NAME_LENGTH:
         raise ValidationError(f"{where}.metadata.name: {len(name)} characters; OpenSLO names are at most "
                               f"{MAX_NAME_LENGTH}")  # fmt: skip
+    if not _DNS_LABEL.fullmatch(name):  # required by OpenSLO; without it, a policy was called "slo"
+        raise ValidationError(f"{where}.metadata.name: {name!r} is not an OpenSLO name (required: lowercase "
+                              f"letters, digits and '-', a letter or digit at each end)")
     annotated = f"{where}.metadata.annotations"
-    policy_name = _text(annotations, POLICY_ANNOTATION, annotated) or _label_value(service or name)
+    policy_name = _text(annotations, POLICY_ANNOTATION, annotated) or _label_value(service) or name
     indicator_spec = _need(_need(spec, "indicator", f"{where}.spec"), "spec", f"{where}.spec.indicator")
     queries = _queries(indicator_spec)
     objective = _text(annotations, OBJECTIVE_ANNOTATION, annotated) or _objective_from_queries(queries)

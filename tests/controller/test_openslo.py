@@ -108,6 +108,13 @@ def test_names_over_63_characters_are_refused_not_cut() -> None:
         _import(_slo(service="s" * 70))
 
 
+def test_an_slo_needs_a_dns_label_name_and_a_service_without_letters_leaves_the_policy_its_name() -> None:
+    for name in ("", "Chat_TTFT", "-chat", "chat-"):
+        with pytest.raises(ValidationError, match=r"document 1: metadata\.name: .* is not an OpenSLO name"):
+            parse_openslo(yaml.safe_dump(_slo(name=name)))
+    assert set(parse_openslo(yaml.safe_dump(_slo(name="chat-ttft", service="***")))) == {"chat-ttft"}
+
+
 def test_the_exported_service_is_the_policy_a_valid_name() -> None:
     """The model name (``Qwen/Qwen3-30B-A3B``) is no OpenSLO service name; import reads the model from the queries."""
     policy = Policy(name="chat", target=LocalTarget(model="Qwen/Qwen3-30B-A3B"))
