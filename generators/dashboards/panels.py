@@ -160,6 +160,16 @@ _ANNOTATION_EXTRAS = {
 }
 
 
+def ref_id(index: int) -> str:
+    """A, ..., Z, AA, AB, ...: a panel with several policies has more than 26 targets (chr() would give '[')."""
+    letters = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, 26)
+        letters = chr(ord("A") + rest) + letters
+    return letters
+
+
 def to_json_dict(dashboard: Dashboard) -> dict[str, Any]:
     """The dashboard as Grafana JSON with stable panel ids, refIds and no null options."""
     document: dict[str, Any] = json.loads(JSONEncoder(sort_keys=True).encode(dashboard.build()))
@@ -170,7 +180,7 @@ def to_json_dict(dashboard: Dashboard) -> dict[str, Any]:
         if panel.get("options") is None:
             panel.pop("options", None)
         for index, target in enumerate(panel.get("targets", [])):
-            target["refId"] = chr(ord("A") + index)
+            target["refId"] = ref_id(index)
     for variable in document.get("templating", {}).get("list", []):
         variable["id"] = variable["name"]
     for annotation in document.get("annotations", {}).get("list", []):
@@ -202,6 +212,7 @@ __all__ = [
     "heatmap",
     "matrix_table",
     "query",
+    "ref_id",
     "stat",
     "target_line",
     "thresholds",
