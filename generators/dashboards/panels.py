@@ -47,6 +47,11 @@ POLICY = 'policy=~"$policy"'
 RATE = "$__rate_interval"
 
 
+def selector_value(text: str) -> str:
+    """A PromQL double-quoted string body (a model name may hold quotes or backslashes)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def query(expr: str, legend: str = "", *, instant: bool = False, table: bool = False) -> Dataquery:
     target = Dataquery().expr(expr).legend_format(legend or "__auto")
     if instant:
@@ -213,6 +218,7 @@ __all__ = [
     "matrix_table",
     "query",
     "ref_id",
+    "selector_value",
     "stat",
     "target_line",
     "thresholds",

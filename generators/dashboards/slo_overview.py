@@ -17,7 +17,17 @@ from contracts.catalogue import (
 from controller.policy import Policy, TtftObjective
 from controller.slo import error_budget, standard_burn_rate_windows
 from controller.ttft_series import ttft_matchers, ttft_metric
-from generators.dashboards.panels import MODEL, POLICY, RATE, query, stat, target_line, timeseries, variables
+from generators.dashboards.panels import (
+    MODEL,
+    POLICY,
+    RATE,
+    query,
+    selector_value,
+    stat,
+    target_line,
+    timeseries,
+    variables,
+)
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -65,66 +75,73 @@ def _recorded_burn_rates(policies: Sequence[Policy]) -> list[Dataquery]:
 
 
 def build(policies: Sequence[Policy]) -> Dashboard:
-    """The overview: SLO lines and the description follow the first policy; burn rates use each policy's budget."""
-    policy = policies[0]
-    ttft, itl = policy.objectives.ttft, policy.objectives.itl
+    """The overview: one row per policy against its own SLO, then every policy's budget and burn rates."""
     dashboard = (
         Dashboard("moeslo / SLO overview")
         .uid("moeslo-slo-overview")
         .tags(["moeslo", "slo"])
-        .description(
-            f"TTFT <= {ttft.threshold_s} s and ITL <= {itl.threshold_s} s for {ttft.target:.0%} of "
-            f"requests over {policy.window}; lines mark the SLO."
-        )
+        .description(_description(policies))
         .refresh("30s")
         .time("now-1h", "now")
         .timezone("browser")
     )
-    dashboard = _latency_row(variables(dashboard, policy=True), policy)
+    dashboard = variables(dashboard, policy=True)
+    for policy in policies:
+        dashboard = _policy_row(dashboard, policy, several=len(policies) > 1)
     return _budget_row(dashboard, policies)
 
 
-def _latency_row(dashboard: Dashboard, policy: Policy) -> Dashboard:
+def _description(policies: Sequence[Policy]) -> str:
+    def slo(policy: Policy) -> str:
+        ttft, itl = policy.objectives.ttft, policy.objectives.itl
+        return f"TTFT <= {ttft.threshold_s} s and ITL <= {itl.threshold_s} s for {ttft.target:.0%} of " \
+               f"requests over {policy.window}"
+
+    if len(policies) == 1:
+        return f"{slo(policies[0])}; lines mark the SLO."
+    return "; ".join(f"{p.name}: {slo(p)}" for p in policies) + "; lines mark each policy's SLO."
+
+
+def _policy_row(dashboard: Dashboard, policy: Policy, *, several: bool) -> Dashboard:
+    """Latency quantiles under the policy's SLO lines and its good ratios against its own targets.
+
+    A panel draws one threshold, and policies differ in thresholds and targets: with several policies
+    each gets its own row, on its own model's engines (a Grafana repeat cannot vary the thresholds).
+    """
     ttft, itl = policy.objectives.ttft, policy.objectives.itl
+    model = f'model_name="{selector_value(policy.model_name)}"' if several else ""
+    ttft_extra = ",".join(m for m in (model, ttft_matchers(ttft.allowance)) if m)
+    prefix = f"{policy.name}: " if several else ""
+    ttft_metric_name = ttft_metric(ttft.allowance)
     return (
-        dashboard.with_row(Row("Latency against the SLO"))
+        dashboard.with_row(Row(f"Latency against the SLO{': ' + policy.name if several else ''}"))
         .with_panel(
             timeseries(
-                f"TTFT{_normalized(ttft)} p50 / p90 / p99 (SLO {ttft.threshold_s} s)",
-                _quantiles(ttft_metric(ttft.allowance), ttft_matchers(ttft.allowance)),
+                f"{prefix}TTFT{_normalized(ttft)} p50 / p90 / p99 (SLO {ttft.threshold_s} s)",
+                _quantiles(ttft_metric_name, ttft_extra),
                 unit="s",
                 slo_line=ttft.threshold_s,
                 min_value=0,
+                width=8,
             )
         )
         .with_panel(
             timeseries(
-                f"ITL p50 / p90 / p99 (SLO {itl.threshold_s} s)",
-                _quantiles(ITL_HISTOGRAM),
+                f"{prefix}ITL p50 / p90 / p99 (SLO {itl.threshold_s} s)",
+                _quantiles(ITL_HISTOGRAM, model),
                 unit="s",
                 slo_line=itl.threshold_s,
                 min_value=0,
+                width=8,
             )
         )
-    )
-
-
-def _budget_row(dashboard: Dashboard, policies: Sequence[Policy]) -> Dashboard:
-    policy = policies[0]
-    ttft, itl = policy.objectives.ttft, policy.objectives.itl
-    windows = standard_burn_rate_windows(policy.window_s)
-    # 1x when no pair is alertable (a compliance window too short): the budget's own pace.
-    burn_lines = sorted({round(w.burn_rate, 3) for w in windows}) or [1.0]
-    fastest_page = max([1.0, *(w.burn_rate for p in policies for w in standard_burn_rate_windows(p.window_s))])
-    return (
-        dashboard.with_row(Row("Error budget"))
         .with_panel(
             timeseries(
-                "Good-event ratio",
+                f"{prefix}Good-event ratio",
                 [
-                    query(_good_ratio(ttft_metric(ttft.allowance), ttft.threshold_s, ttft_matchers(ttft.allowance)),
+                    query(_good_ratio(ttft_metric_name, ttft.threshold_s, ttft_extra),
                           f"TTFT{_normalized(ttft)} <= {ttft.threshold_s} s"),
-                    query(_good_ratio(ITL_HISTOGRAM, itl.threshold_s), f"ITL <= {itl.threshold_s} s"),
+                    query(_good_ratio(ITL_HISTOGRAM, itl.threshold_s, model), f"ITL <= {itl.threshold_s} s"),
                     target_line("TTFT", ttft.target),
                     target_line("ITL", itl.target),
                 ],
@@ -134,14 +151,30 @@ def _budget_row(dashboard: Dashboard, policies: Sequence[Policy]) -> Dashboard:
                 "each with its own target.",
             )
         )
+    )
+
+
+def _budget_row(dashboard: Dashboard, policies: Sequence[Policy]) -> Dashboard:
+    windows = {p.window: standard_burn_rate_windows(p.window_s) for p in policies}
+    # 1x when no pair is alertable (a compliance window too short): the budget's own pace.
+    slowest_alert = min([round(w.burn_rate, 3) for pairs in windows.values() for w in pairs], default=1.0)
+    fastest_page = max([1.0, *(w.burn_rate for pairs in windows.values() for w in pairs)])
+    thresholds_text = "; ".join(
+        (f"{window}: " if len(windows) > 1 else "")
+        + ", ".join(f"{w.long_window}/{w.short_window} {w.burn_rate:.3g}x" for w in pairs)
+        for window, pairs in windows.items()
+    )
+    budget_of = policies[0].window if len(windows) == 1 else "policy's own"
+    return (
+        dashboard.with_row(Row("Error budget"))
         .with_panel(
             stat(
                 "Error budget remaining",
                 query(f"{ERROR_BUDGET_REMAINING}{{{POLICY}}}", "{{policy}} {{slo}}"),
                 unit="percentunit",
                 steps=[(None, "red"), (0.25, "orange"), (0.5, "green")],
-                width=4,
-                description=f"Share of the {policy.window} error budget left, as the controller computes it.",
+                width=6,
+                description=f"Share of the {budget_of} error budget left, as the controller computes it.",
             )
         )
         .with_panel(
@@ -149,11 +182,10 @@ def _budget_row(dashboard: Dashboard, policies: Sequence[Policy]) -> Dashboard:
                 "Burn rate (controller)",
                 [query(f"{BURN_RATE}{{{POLICY}}}", "{{policy}} {{slo}} {{window}}")],
                 unit="x",
-                slo_line=burn_lines[0],
-                width=6,
+                slo_line=slowest_alert,
+                width=9,
                 min_value=0,
-                description="1x spends the budget exactly over the window; alert thresholds: "
-                + ", ".join(f"{w.long_window}/{w.short_window} {w.burn_rate:.3g}x" for w in windows),
+                description="1x spends the budget exactly over the window; alert thresholds: " + thresholds_text,
             )
         )
         .with_panel(
@@ -162,7 +194,7 @@ def _budget_row(dashboard: Dashboard, policies: Sequence[Policy]) -> Dashboard:
                 _recorded_burn_rates(policies),
                 unit="x",
                 slo_line=round(fastest_page, 3),
-                width=6,
+                width=9,
                 min_value=0,
                 description="The rates the burn-rate alerts read (moeslo-rules.yaml); line: the fastest page.",
             )
