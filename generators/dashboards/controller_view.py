@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.builders.timeseries import Panel as TimeseriesPanel
 
 from contracts.catalogue import (
@@ -30,8 +33,9 @@ from generators.dashboards.panels import (
     POLICY,
     RATE,
     decision_annotations,
+    grouped,
     query,
-    target_line,
+    target_lines,
     timeseries,
     variables,
 )
@@ -55,8 +59,36 @@ def _length_tail() -> TimeseriesPanel:
                     "SLI window holds 200 requests; the nominal tail until then).")  # fmt: skip
 
 
-def build(policy: Policy) -> Dashboard:
-    lead_s = policy.lead_time_s
+def _forecast(policies: Sequence[Policy]) -> TimeseriesPanel:
+    """The forecast shifted by the lead time it was made for: one set of queries per distinct lead time."""
+    groups = grouped(policies, lambda p: p.lead_time_s)
+    forecast = FORECAST_REQUESTS_PER_SECOND
+    actual = f"sum by (model_name) (rate({total(REQUEST_SUCCESS)}{{{MODEL}}}[{RATE}]))"
+    targets = [query(actual, "actual {{model_name}}")]
+    for lead_s, names in groups:
+        # Policy names are DNS labels: nothing in them is special to a regex.
+        sel = POLICY + (f',policy=~"{"|".join(names)}"' if len(groups) > 1 else "")
+        targets += [query(f'{forecast}{{{sel},bound="{bound}"}} offset {lead_s}s', f"{legend} {{{{policy}}}}")
+                    for bound, legend in (("point", "forecast"), ("lower", "lower"), ("upper", "upper"))]
+    targets.append(query(f'{forecast}{{{POLICY},bound="sized"}}', "sized for {{policy}}"))
+    made = f"{groups[0][0]} s" if len(groups) == 1 else "a lead time"
+    return timeseries(f"Forecast (made {made} earlier) vs actual requests per second", targets, unit="reqps",
+                      min_value=0,
+                      description="The forecast one lead time ahead, shifted by the policy's lead time so it lines up "
+                                  "with what happened; lower/upper: the prediction interval; sized for: the most the "
+                                  "next lead time may see at the policy's quantile, unshifted (what the fleet is being "
+                                  "sized for now).")  # fmt: skip
+
+
+def _good_ratios(policies: Sequence[Policy]) -> list[Dataquery]:
+    return [
+        query(f'{SLI}{{{POLICY},sli=~".*_good_ratio"}}', "{{policy}} {{sli}}"),
+        *target_lines("TTFT", policies, lambda p: p.objectives.ttft.target),
+        *target_lines("ITL", policies, lambda p: p.objectives.itl.target),
+    ]
+
+
+def build(policies: Sequence[Policy]) -> Dashboard:
     dashboard = (
         Dashboard("moeslo / Controller").uid("moeslo-controller").tags(["moeslo", "controller"])
         .description("What the SLO controller forecast, decided and observed. Orange markers: decisions.")
@@ -64,20 +96,10 @@ def build(policy: Policy) -> Dashboard:
         .annotation(decision_annotations())
     )
     dashboard = variables(dashboard, policy=True)
-    forecast = FORECAST_REQUESTS_PER_SECOND
     return (
         dashboard
         .with_row(Row("Load and capacity"))
-        .with_panel(timeseries(f"Forecast (made {lead_s} s earlier) vs actual requests per second", [
-            query(f"sum(rate({total(REQUEST_SUCCESS)}{{{MODEL}}}[{RATE}]))", "actual"),
-            query(f'{forecast}{{{POLICY},bound="point"}} offset {lead_s}s', "forecast {{policy}}"),
-            query(f'{forecast}{{{POLICY},bound="lower"}} offset {lead_s}s', "lower {{policy}}"),
-            query(f'{forecast}{{{POLICY},bound="upper"}} offset {lead_s}s', "upper {{policy}}"),
-            query(f'{forecast}{{{POLICY},bound="sized"}}', "sized for {{policy}}"),
-        ], unit="reqps", min_value=0,
-            description="The forecast one lead time ahead, shifted by the lead time so it lines up with what "
-                        "happened; lower/upper: the prediction interval; sized for: the most the next lead time "
-                        "may see at the policy's quantile, unshifted (what the fleet is being sized for now)."))
+        .with_panel(_forecast(policies))
         .with_panel(timeseries("Forecast quality: rolling WAPE and interval coverage", [
             query(f"{FORECAST_WAPE}{{{POLICY}}}", "WAPE {{policy}}"),
             query(f"{FORECAST_COVERAGE}{{{POLICY}}}", "coverage {{policy}}"),
@@ -93,17 +115,14 @@ def build(policy: Policy) -> Dashboard:
         .with_panel(_length_tail())
         .with_row(Row("Decisions and SLIs"))
         .with_panel(timeseries("Decisions by action and reason", [
-            query(f"sum by (action, reason) (increase({total(DECISIONS)}{{{POLICY}}}[{RATE}]))",
-                  "{{action}}: {{reason}}"),
+            query(f"sum by (policy, action, reason) (increase({total(DECISIONS)}{{{POLICY}}}[{RATE}]))",
+                  "{{policy}} {{action}}: {{reason}}"),
         ], min_value=0, stack=True, width=8))
         .with_panel(timeseries("SLIs the controller sees: p99 latency", [
             query(f'{SLI}{{{POLICY},sli=~".*_p99_seconds"}}', "{{policy}} {{sli}}"),
         ], unit="s", min_value=0, width=8))
-        .with_panel(timeseries("SLIs the controller sees: good ratios", [
-            query(f'{SLI}{{{POLICY},sli=~".*_good_ratio"}}', "{{policy}} {{sli}}"),
-            target_line("TTFT", policy.objectives.ttft.target),
-            target_line("ITL", policy.objectives.itl.target),
-        ], unit="percentunit", width=8))
+        .with_panel(timeseries("SLIs the controller sees: good ratios", _good_ratios(policies),
+                               unit="percentunit", width=8))
         .with_row(Row("Controller health"))
         .with_panel(timeseries("Tick duration p99", [
             query(f"histogram_quantile(0.99, sum by (le) (rate({bucket(EVALUATION_DURATION_HISTOGRAM)}[{RATE}])))",

@@ -8,8 +8,8 @@ generates types for Grafana 10.1.x, so the JSON targets Grafana >= 10.1
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders.dashboard import (
@@ -37,6 +37,7 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from contracts.catalogue import CURRENT_REPLICAS, DECISIONS, RUNNING, total
+from controller.policy import Policy
 
 GRAFANA_VERSION = "10.1"
 """Grafana release the SDK's types are generated for."""
@@ -45,6 +46,8 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 MODEL = 'model_name=~"$model"'
 POLICY = 'policy=~"$policy"'
 RATE = "$__rate_interval"
+
+_Value = TypeVar("_Value", bound=Hashable)
 
 
 def selector_value(text: str) -> str:
@@ -64,6 +67,24 @@ def query(expr: str, legend: str = "", *, instant: bool = False, table: bool = F
 def target_line(slo: str, target: float) -> Dataquery:
     """A constant series at one objective's target (TTFT and ITL may have different targets)."""
     return query(f"vector({target:.6g})", f"{slo} target {target:.6g}")
+
+
+def grouped(policies: Sequence[Policy], key: Callable[[Policy], _Value]) -> list[tuple[_Value, list[str]]]:
+    """Each distinct ``key`` with the names of the policies that hold it, in the policies' order."""
+    groups: dict[_Value, list[str]] = {}
+    for policy in policies:
+        groups.setdefault(key(policy), []).append(policy.name)
+    return list(groups.items())
+
+
+def target_lines(slo: str, policies: Sequence[Policy], target: Callable[[Policy], float]) -> list[Dataquery]:
+    """One constant series per distinct target, named by its policies when the policies' targets differ."""
+    groups = grouped(policies, target)
+    return [
+        query(f"vector({value:.6g})", f"{slo} target {value:.6g}"
+              + (f" ({', '.join(names)})" if len(groups) > 1 else ""))
+        for value, names in groups
+    ]
 
 
 def thresholds(*steps: tuple[float | None, str]) -> ThresholdsConfig:
@@ -214,6 +235,7 @@ __all__ = [
     "RATE",
     "decision_annotations",
     "expressions",
+    "grouped",
     "heatmap",
     "matrix_table",
     "query",
@@ -221,6 +243,7 @@ __all__ = [
     "selector_value",
     "stat",
     "target_line",
+    "target_lines",
     "thresholds",
     "timeseries",
     "to_json_dict",

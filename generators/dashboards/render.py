@@ -19,7 +19,7 @@ from generators.dashboards.slo_overview import build as slo_overview_dashboard
 def build_dashboards(
     policies: Sequence[Policy], engine: EngineName | EngineBuckets = "moeslo"
 ) -> dict[str, dict[str, Any]]:
-    """File name -> Grafana dashboard JSON; SLO lines come from the first policy, burn rates from each one's budget.
+    """File name -> Grafana dashboard JSON; every policy's SLO lines, targets and budget are drawn as its own.
 
     The good-ratio panels read the bucket at each threshold, so thresholds must be
     bucket edges of ``engine``'s histograms (:mod:`generators.buckets`).
@@ -27,12 +27,11 @@ def build_dashboards(
     if not policies:
         raise ValidationError("dashboards need at least one SLO policy (its thresholds draw the SLO lines)")
     check_thresholds(policies, engine)
-    policy = policies[0]
     documents = {
         "moeslo-slo-overview.json": to_json_dict(slo_overview_dashboard(policies)),
         "moeslo-engine.json": to_json_dict(engine_dashboard()),
-        "moeslo-experts.json": to_json_dict(experts_dashboard(policy)),
-        "moeslo-controller.json": to_json_dict(controller_dashboard(policy)),
+        "moeslo-experts.json": to_json_dict(experts_dashboard(policies)),
+        "moeslo-controller.json": to_json_dict(controller_dashboard(policies)),
     }
     for document in documents.values():
         # Recorded so that a reader knows which Grafana the JSON was built for.

@@ -68,7 +68,7 @@ def test_the_imbalance_panel_draws_what_the_alert_judges() -> None:
     (panel,) = [p for p in experts["panels"] if p["title"].startswith("Imbalance CV per layer")]
     exprs = [target["expr"] for target in panel["targets"]]
     assert "sqrt(clamp_min((moe_layer_imbalance_cv{" in exprs[0] and "moe_layer_imbalance_cv_noise_floor{" in exprs[0]
-    assert exprs[1].startswith("max(moe_layer_imbalance_cv_noise_floor{")
+    assert exprs[1].startswith("max by (model_name) (moe_layer_imbalance_cv_noise_floor{")
 
 
 def test_slo_lines_follow_the_policy() -> None:

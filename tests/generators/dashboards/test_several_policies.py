@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
-from controller.policy import LatencyObjective, LocalTarget, Objectives, Policy
-from generators.dashboards import build_dashboards
+import httpx
+import pytest
+
+from controller.policy import ImbalanceObjective, LatencyObjective, LocalTarget, Objectives, Policy, TtftObjective
+from generators.dashboards import build_dashboards, expressions
+from tests.e2e.servers import prometheus
+from tests.generators.dashboards.test_dashboards import substitute
 
 
 def _policy(name: str, *, ttft: float = 0.99, itl: float = 0.99) -> Policy:
@@ -63,3 +69,66 @@ def test_each_policy_has_its_own_latency_slo_lines() -> None:
     for title, (_, exprs) in lines.items():
         model = "m-fast" if title.startswith("fast") else "model-slow"
         assert all(f'model_name="{model}"' in e for e in exprs), title
+
+
+def _imbalance(name: str, max_cv: float, *, lead_time_s: int = 120) -> Policy:
+    return Policy(name=name, target=LocalTarget(model=f"model-{name}"), lead_time_s=lead_time_s,
+                  objectives=Objectives(imbalance=ImbalanceObjective(max_cv=max_cv)))
+
+
+def test_experts_draw_each_models_imbalance_slo() -> None:
+    """Two models held to CV 0.15 and 0.3: the CV is shown per model, with a line per model at its own max_cv
+    (the panel drew the first policy's 0.15 for both and took the max over both models' layers)."""
+    experts = build_dashboards([_imbalance("a", 0.15), _imbalance("b", 0.3)])["moeslo-experts.json"]
+    (panel,) = _panels(experts, "Imbalance CV per layer")
+    exprs = _exprs(panel)
+    assert exprs[0].startswith("max by (model_name, layer) (")
+    lines = [e for e in exprs if e.startswith("vector(")]
+    assert lines == ['vector(0.15) and on () count(moe_layer_imbalance_cv{model_name=~"$model",model_name="model-a"})',
+                     'vector(0.3) and on () count(moe_layer_imbalance_cv{model_name=~"$model",model_name="model-b"})']
+    assert "thresholds" not in panel["fieldConfig"]["defaults"]  # no single dashed line for both
+    assert "0.15 (model-a)" in experts["description"] and "0.3 (model-b)" in experts["description"]
+    # One shared max_cv keeps the dashed line.
+    shared = build_dashboards([_imbalance("a", 0.2), _imbalance("b", 0.2)])["moeslo-experts.json"]
+    (panel,) = _panels(shared, "Imbalance CV per layer")
+    assert panel["title"].endswith("(SLO 0.2)") and panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1][
+        "value"] == 0.2
+
+
+def test_controller_shifts_each_forecast_by_its_own_lead_time() -> None:
+    """Lead times of 60 s and 300 s: each policy's forecast is shifted by its own (all were shifted by 60 s)."""
+    controller = build_dashboards([_imbalance("a", 0.15, lead_time_s=60), _imbalance("b", 0.15, lead_time_s=300)])[
+        "moeslo-controller.json"]
+    (panel,) = _panels(controller, "Forecast (made ")
+    exprs = _exprs(panel)
+    assert 'moeslo_forecast_requests_per_second{policy=~"$policy",policy=~"a",bound="point"} offset 60s' in exprs
+    assert 'moeslo_forecast_requests_per_second{policy=~"$policy",policy=~"b",bound="point"} offset 300s' in exprs
+    assert exprs[0] == 'sum by (model_name) (rate(vllm:request_success_total{model_name=~"$model"}[$__rate_interval]))'
+
+
+def test_controller_draws_each_policys_good_ratio_targets() -> None:
+    controller = build_dashboards([_policy("loose"), _policy("strict", ttft=0.999, itl=0.995)])[
+        "moeslo-controller.json"]
+    (panel,) = _panels(controller, "SLIs the controller sees: good ratios")
+    legends = {t["legendFormat"]: t["expr"] for t in panel["targets"] if t["expr"].startswith("vector(")}
+    assert legends == {"TTFT target 0.99 (loose)": "vector(0.99)", "TTFT target 0.999 (strict)": "vector(0.999)",
+                       "ITL target 0.99 (loose)": "vector(0.99)", "ITL target 0.995 (strict)": "vector(0.995)"}
+
+
+@pytest.mark.integration
+def test_every_query_of_several_policies_parses_on_a_real_prometheus(tmp_path: Path) -> None:
+    """Per-policy queries add matchers, offsets and constant lines: all of them must still be valid PromQL,
+    a model name with a quote and a backslash and a length-normalized TTFT included."""
+    odd = Policy(name="odd", target=LocalTarget(model='we"ird\\model'), lead_time_s=30, objectives=Objectives(
+        ttft=TtftObjective(threshold_s=0.25, target=0.995, per_1k_prompt_tokens_s=0.1),
+        imbalance=ImbalanceObjective(max_cv=0.3)))
+    documents = build_dashboards([_policy("loose"), _policy("strict", ttft=0.999, itl=0.995), odd])
+    queries = [(f"{name}: {where}", expr) for name, document in documents.items()
+               for where, expr in expressions(document)]
+    assert any('model_name="we\\"ird\\\\model"' in expr for _, expr in queries)
+    with prometheus(tmp_path, {"global": {"scrape_interval": "15s"}, "scrape_configs": []}) as url, \
+            httpx.Client(base_url=url, timeout=10) as client:
+        failures = [f"{where}: {body.get('error')}" for where, expr in queries
+                    if (body := client.get("/api/v1/query", params={"query": substitute(expr)}).json())["status"]
+                    != "success"]
+    assert failures == []
