@@ -109,6 +109,7 @@ def _policy_row(dashboard: Dashboard, policy: Policy, *, several: bool) -> Dashb
     each gets its own row, on its own model's engines (a Grafana repeat cannot vary the thresholds).
     """
     ttft, itl = policy.objectives.ttft, policy.objectives.itl
+    # Alone, the policy reads whatever $model selects; beside others, only its model tells its series apart.
     model = f'model_name="{selector_value(policy.model_name)}"' if several else ""
     ttft_extra = ",".join(m for m in (model, ttft_matchers(ttft.allowance)) if m)
     prefix = f"{policy.name}: " if several else ""
