@@ -99,25 +99,46 @@ def vector_lpt(experts: IntArray, weights: FloatArray, num_ranks: int, num_exper
     rows, num_slots, _ = weights.shape
     k = num_slots // num_ranks
     row_ids = np.arange(rows)
+    flat_row = row_ids * num_ranks  # (row, rank) -> row * ranks + rank: one index array, not two
     rank_load = np.zeros((rows, num_ranks, weights.shape[2]))
-    fill = np.zeros((rows, num_ranks), dtype=np.int64)
-    has = np.zeros((rows, num_ranks, num_experts), dtype=np.int16)
+    fill = np.zeros(rows * num_ranks, dtype=np.int64)
+    full = np.zeros((rows, num_ranks))  # +inf on a rank whose k slots are taken
+    # Copies of each expert per rank, expert-major so a step reads one contiguous (rows, ranks) slice.  Only
+    # an expert with two replicas or more in some row can meet a copy of itself: other steps skip it.
+    copies = np.zeros((rows, num_experts, num_ranks), dtype=np.int16)
+    replicas = np.take_along_axis(_replicas_per_expert(experts, num_experts), experts, axis=1)
+    shared: BoolArray = np.asarray((replicas > 1).any(axis=0))  # per step: some row's expert has copies
     item_bin = np.empty((rows, num_slots), dtype=np.int64)
     bin_items = np.empty((rows, num_ranks, k), dtype=np.int64)
     # Above any dot product: a rank with a copy of the expert only when every free rank has one.
     copy_penalty = (2.0 * weights.sum(axis=(1, 2)) * weights.max(axis=(1, 2), initial=0.0) + 1.0)[:, None]
+    load_flat = rank_load.reshape(rows * num_ranks, -1)
     for item in range(num_slots):
         w = weights[:, item]
-        expert = experts[:, item]
-        score = np.einsum("nrt,nt->nr", rank_load, w) + np.where(fill >= k, np.inf, 0.0)
-        score += has[row_ids, :, expert] * copy_penalty
+        score = np.einsum("nrt,nt->nr", rank_load, w) + full
+        if shared[item]:
+            expert = experts[:, item]
+            score += copies[row_ids, expert] * copy_penalty
         rank = np.argmin(score, axis=1)
+        where = flat_row + rank
+        slot = fill[where]
         item_bin[:, item] = rank
-        bin_items[row_ids, rank, fill[row_ids, rank]] = item
-        fill[row_ids, rank] += 1
-        rank_load[row_ids, rank] += w
-        has[row_ids, rank, expert] += 1
+        bin_items.reshape(rows * num_ranks, k)[where, slot] = item
+        fill[where] = slot + 1
+        full.reshape(-1)[where[slot + 1 >= k]] = np.inf
+        load_flat[where] += w
+        if shared[item]:
+            copies[row_ids, expert, rank] += 1
+    has = np.zeros((rows, num_ranks, num_experts), dtype=np.int16)
+    np.add.at(has, (np.repeat(row_ids, num_slots), item_bin.ravel(), experts.ravel()), 1)
     return VectorPacking(experts.copy(), weights.copy(), item_bin, bin_items, rank_load, has)
+
+
+def _replicas_per_expert(experts: IntArray, num_experts: int) -> IntArray:
+    """(rows, experts) how many replicas each expert has in each row."""
+    rows = experts.shape[0]
+    offset = (np.arange(rows) * num_experts)[:, None]
+    return np.bincount((experts + offset).ravel(), minlength=rows * num_experts).reshape(rows, num_experts)
 
 
 # long: one vectorised local-search loop over every row at once; its state is shared across the rounds.
