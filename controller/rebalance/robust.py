@@ -357,9 +357,10 @@ def _valid_best(packing: VectorPacking, active: IntArray, local: IntArray, p_fla
     e, q, has = packing.experts[active], packing.item_bin[active], packing.has_expert
     rows = active[local]
     # A swap inside rank p changes nothing, but float32 rounding can score it below zero: never pick one.
-    k = on_p.shape[1]
-    within = flat.reshape(flat.shape[0], k, num_slots)
-    within[np.arange(flat.shape[0])[:, None, None], np.arange(k)[:, None], on_p[:, None, :]] = np.inf
+    candidates, k = on_p.shape
+    # One flat index per pair (row i, slot j, replica x on p): cheaper than three broadcast index arrays.
+    within = on_p[:, None, :] + (np.arange(candidates * k) * num_slots).reshape(candidates, k, 1)
+    flat.reshape(-1)[within.ravel()] = np.inf
     best = np.argmin(flat, axis=1)
     check = np.arange(flat.shape[0])
     for _ in range(flat.shape[1]):
