@@ -51,11 +51,17 @@ def replica_counts(load: FloatArray, num_slots: int, max_count: int | None = Non
     """
     rows, num_experts = load.shape
     counts = np.ones((rows, num_experts), dtype=np.int64)
-    row_ids = np.arange(rows)
     cap = num_slots if max_count is None else max_count
+    # Load per replica, -inf once an expert is at the cap; a step changes one entry per row, so only
+    # that entry is recomputed (the same division as recomputing them all).
+    per_replica = np.where(counts < cap, load / counts, -np.inf)
+    flat_counts, flat_load, flat_ratio = counts.reshape(-1), load.reshape(-1), per_replica.reshape(-1)
+    offset = np.arange(rows) * num_experts
     for _ in range(num_slots - num_experts):
-        hottest = np.argmax(np.where(counts < cap, load / counts, -np.inf), axis=1)
-        counts[row_ids, hottest] += 1
+        hottest = offset + np.argmax(per_replica, axis=1)
+        count = flat_counts[hottest] + 1
+        flat_counts[hottest] = count
+        flat_ratio[hottest] = np.where(count < cap, flat_load[hottest] / count, -np.inf)
     return counts
 
 
