@@ -73,6 +73,31 @@ def node_bound(load: FloatArray, members: IntArray, ranks_per_node: int, slots_p
     return bound
 
 
+def subset_bound(
+    load: FloatArray, subsets: IntArray, group_size: int, ranks_per_node: int, slots_per_node: int
+) -> FloatArray:
+    """:func:`node_bound` where each candidate node holds whole groups (``subsets[c]``, groups of
+    ``group_size`` consecutive experts).  The ``extra + 1`` heaviest experts of a node, and the next one,
+    are among its groups' ``extra + 2`` heaviest, so the greedy and the partition run on those alone,
+    not on every expert of every candidate node."""
+    layers, num_experts = load.shape
+    node_experts = subsets.shape[1] * group_size
+    extra = slots_per_node - node_experts
+    if extra < 0 or extra + 2 > group_size:
+        members = (subsets[:, :, None] * group_size + np.arange(group_size)).reshape(len(subsets), -1)
+        return node_bound(load, members, ranks_per_node, slots_per_node)
+    grouped = load.reshape(layers, num_experts // group_size, group_size)
+    group_top = -np.partition(-grouped, extra + 1, axis=2)[:, :, : extra + 2]  # (layers, groups, extra + 2)
+    candidates = group_top[:, subsets].reshape(layers * len(subsets), -1)
+    parted = -np.partition(-candidates, extra, axis=1)
+    top, rest = parted[:, : extra + 1], parted[:, extra + 1 :]
+    cap = max_replicas(ranks_per_node, slots_per_node, node_experts)
+    heaviest = np.maximum((top / replica_counts(top, 2 * extra + 1, cap)).max(axis=1), rest.max(axis=1))
+    node_load = grouped.sum(axis=2)[:, subsets].sum(axis=2)
+    bound: FloatArray = np.maximum(node_load / ranks_per_node, heaviest.reshape(layers, -1))
+    return bound
+
+
 def heaviest_replica(load: FloatArray, num_slots: int, num_ranks: int) -> FloatArray:
     """(rows,) the heaviest load per replica after the greedy replication of :func:`replica_counts`
     (at most :func:`max_replicas` per expert).
@@ -159,11 +184,10 @@ def window_split(
     group_size = num_experts // num_groups
     per_node = num_groups // num_nodes
     subsets = np.asarray(_subsets(num_groups, per_node), dtype=np.int64)
-    members = (subsets[:, :, None] * group_size + np.arange(group_size)).reshape(len(subsets), -1)
     parts = np.asarray(_partitions(num_groups, num_nodes), dtype=np.int64)
     flat = shares.reshape(windows * rows, num_experts)
     per_rank = np.maximum(flat.sum(axis=1, keepdims=True), 1e-300) / (ranks_per_node * num_nodes)
-    bound = node_bound(flat, members, ranks_per_node, slots_per_node) / per_rank  # (windows * rows, C)
+    bound = subset_bound(flat, subsets, group_size, ranks_per_node, slots_per_node) / per_rank  # (windows * rows, C)
     worst = bound[:, parts].max(axis=2).reshape(windows, rows, -1)  # (windows, rows, P)
     score = worst.mean(axis=0) + 1e-6 * worst.max(axis=0)
     choice = np.argmin(score, axis=1)

@@ -345,3 +345,19 @@ def test_loads_near_the_float_limits_plan_as_their_relative_sizes(scale: float, 
                                rtol=1e-9)
     assert plan.to_json()["load_scale_log2"] == plan.load_scale_log2 != 0
     assert "load_scale_log2" not in expected.to_json()
+
+
+@pytest.mark.parametrize(
+    ("groups", "per_node", "group_size", "ranks", "slots"),
+    [(8, 2, 32, 8, 72), (8, 2, 32, 8, 64), (4, 1, 16, 4, 20), (8, 4, 8, 4, 36), (8, 2, 32, 8, 100)],
+)
+def test_the_whole_group_bound_is_the_per_expert_bound(groups: int, per_node: int, group_size: int, ranks: int,
+                                                        slots: int) -> None:  # fmt: skip
+    from controller.rebalance.groups import _subsets, node_bound, subset_bound
+
+    load = np.random.default_rng(groups * slots).gamma(0.3, size=(40, groups * group_size))
+    subsets = np.asarray(_subsets(groups, per_node), dtype=np.int64)
+    members = (subsets[:, :, None] * group_size + np.arange(group_size)).reshape(len(subsets), -1)
+    expected = node_bound(load, members, ranks, slots)
+    # Only the node sums' rounding differs: they add group sums, not every expert in turn.
+    np.testing.assert_allclose(subset_bound(load, subsets, group_size, ranks, slots), expected, rtol=1e-12)
