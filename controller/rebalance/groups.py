@@ -151,8 +151,7 @@ def _choose_enumerated(
     group_size = num_experts // num_groups
     per_node = num_groups // num_nodes
     subsets = np.asarray(_subsets(num_groups, per_node), dtype=np.int64)  # (C, per_node)
-    members = (subsets[:, :, None] * group_size + np.arange(group_size)).reshape(len(subsets), -1)
-    bound = node_bound(load, members, ranks_per_node, slots_per_node)  # (layers, C)
+    bound = subset_bound(load, subsets, group_size, ranks_per_node, slots_per_node)  # (layers, C)
     subset_load = group_load[:, subsets].sum(axis=2)  # (layers, C)
     parts = np.asarray(_partitions(num_groups, num_nodes), dtype=np.int64)  # (P, nodes)
     worst = bound[:, parts].max(axis=2)  # (layers, P)
