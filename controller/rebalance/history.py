@@ -66,8 +66,22 @@ def stack_windows(windows: Sequence[npt.ArrayLike]) -> FloatArray:
 
 def window_scores(phy2log: IntArray, windows: FloatArray, num_ranks: int) -> FloatArray:
     """(layers,) mean over windows of each window's max/mean rank load (windows without load count as 1)."""
-    scores: FloatArray = np.mean([max_over_mean(rank_load(phy2log, w, num_ranks)) for w in windows], axis=0)
+    scores: FloatArray = max_over_mean(window_rank_loads(phy2log, windows, num_ranks)).mean(axis=0)
     return scores
+
+
+def window_rank_loads(phy2log: IntArray, windows: FloatArray, num_ranks: int) -> FloatArray:
+    """(windows, layers, ranks): :func:`~contracts.imbalance.rank_load` of every window, with the replica
+    counts and the gather index built once for all of them."""
+    num_windows, layers, num_experts = windows.shape
+    counts = count_replicas(phy2log, num_experts)
+    per_replica = np.divide(windows, counts, out=np.zeros_like(windows), where=counts > 0)
+    index = (phy2log + (np.arange(layers) * num_experts)[:, None]).ravel()
+    slot_load = per_replica.reshape(num_windows, layers * num_experts)[:, index]
+    # Window by window, so each rank's slots add up in rank_load's order (one 4-D sum rounds differently).
+    per_rank = phy2log.shape[1] // num_ranks
+    out: FloatArray = np.stack([w.reshape(layers, num_ranks, per_rank).sum(axis=2) for w in slot_load])
+    return out
 
 
 def plan_over_windows(
@@ -160,7 +174,7 @@ def _plan(
         replanned=np.asarray(kept & replanning, dtype=bool),
         active=active,
         mode="hierarchical" if num_nodes > 1 else "global",
-        window_imbalance=tuple(Imbalance.of(rank_load(phy2log, w, num_ranks)) for w in stack),
+        window_imbalance=tuple(Imbalance.of(loads) for loads in window_rank_loads(phy2log, stack, num_ranks)),
     )
 
 

@@ -11,7 +11,7 @@ from contracts.errors import ValidationError
 from contracts.imbalance import imbalance_cv, rank_load
 from contracts.placement import Placement
 from controller.rebalance import RebalanceConfig, plan_rebalance
-from controller.rebalance.history import plan_over_windows, window_scores
+from controller.rebalance.history import plan_over_windows, window_rank_loads, window_scores
 from controller.rebalance.robust import window_counts, window_shares
 from tests.controller.rebalance.test_planner import FAST, check_plan, loads
 
@@ -221,3 +221,13 @@ def test_windows_near_the_float_limit_plan_as_their_relative_sizes() -> None:
     np.testing.assert_allclose(plan.imbalance_after.cv, expected.imbalance_after.cv, rtol=1e-9)
     for mine, theirs in zip(plan.window_imbalance, expected.window_imbalance, strict=True):
         np.testing.assert_allclose(mine.cv, theirs.cv, rtol=1e-9)
+
+
+def test_window_rank_loads_are_each_windows_rank_load() -> None:
+    rng = np.random.default_rng(3)
+    windows = rng.gamma(0.5, size=(4, 6, 16))
+    phy2log = np.stack([rng.permutation(np.r_[np.arange(16), rng.integers(0, 16, 8)]) for _ in range(6)])
+    loads = window_rank_loads(phy2log, windows, 4)
+    assert loads.shape == (4, 6, 4)
+    for window, load in zip(windows, loads, strict=True):
+        assert np.array_equal(load, rank_load(phy2log, window, 4))  # the same figures, not just close
