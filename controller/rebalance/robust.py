@@ -201,6 +201,13 @@ def _per_replica(values: _Array, index: IntArray) -> _Array:
     return cast(_Array, np.take(values.reshape(n * width, windows), flat, axis=0).reshape(n, -1, windows))
 
 
+def _on_ranks(packing: VectorPacking, active: IntArray, ps: IntArray) -> IntArray:
+    """(n, m, k) the replicas on ranks ``ps`` of rows ``active`` (one flat gather, no copy of the rows first)."""
+    ranks, k = packing.bin_items.shape[1:]
+    out: IntArray = packing.bin_items.reshape(-1, k)[active[:, None] * ranks + ps]
+    return out
+
+
 def _best_swaps(packing: VectorPacking, active: IntArray, ps: IntArray) -> tuple[FloatArray, IntArray, IntArray]:
     """For each row and each rank in ``ps``: the best swap's objective change / 2 and its two replicas.
 
@@ -217,9 +224,9 @@ def _best_swaps(packing: VectorPacking, active: IntArray, ps: IntArray) -> tuple
     q = _rows(packing.item_bin, active)  # (n, S)
     load = _rows(packing.rank_load, active)
     lq = _per_replica(load, q)  # (n, S, T): load of each replica's rank
-    on_p = np.take_along_axis(packing.bin_items[active], ps[:, :, None], axis=1).reshape(n, m * k)
+    on_p = _on_ranks(packing, active, ps).reshape(n, m * k)
     w_a = _per_replica(w, on_p)  # (n, mk, T)
-    lp = np.repeat(np.take_along_axis(load, ps[:, :, None], axis=1), k, axis=1)  # (n, mk, T)
+    lp = np.repeat(_per_replica(load, ps), k, axis=1)  # (n, mk, T)
     windows = w.shape[2]
     left = np.empty((n, m * k, 2 * windows + 2), dtype=np.float32)
     left[:, :, :windows], left[:, :, windows : 2 * windows] = w_a, lp
@@ -306,10 +313,9 @@ def _overload_swaps(
     q = _rows(packing.item_bin, active)
     grad, curv = 2.0 * np.maximum(excess, 0.0), 2.0 * (excess > 0)
     g_q, h_q = _per_replica(grad, q), _per_replica(curv, q)
-    on_p = np.take_along_axis(packing.bin_items[active], ps[:, :, None], axis=1).reshape(n, m * k)
+    on_p = _on_ranks(packing, active, ps).reshape(n, m * k)
     w_a = _per_replica(w, on_p)  # (n, mk, T)
-    g_p = np.repeat(np.take_along_axis(grad, ps[:, :, None], axis=1), k, axis=1)
-    h_p = np.repeat(np.take_along_axis(curv, ps[:, :, None], axis=1), k, axis=1)
+    g_p, h_p = np.repeat(_per_replica(grad, ps), k, axis=1), np.repeat(_per_replica(curv, ps), k, axis=1)
     # Features in float32 and the right operand built transposed (contiguous for BLAS), as in _best_swaps;
     # the chosen swap's change is recomputed exactly below.
     t = w.shape[2]
@@ -411,7 +417,7 @@ def _apply_disjoint(
     touched = np.zeros((n, ranks), dtype=bool)
     order = np.argsort(delta, axis=1, kind="stable")
     local = np.arange(n)
-    q_all = np.take_along_axis(packing.item_bin[active], x_item, axis=1)  # (n, m)
+    q_all = packing.item_bin.reshape(-1)[active[:, None] * packing.item_bin.shape[1] + x_item]  # (n, m)
     chosen = np.zeros((n, m), dtype=bool)
     for j in range(m):
         pick = order[:, j]
