@@ -46,6 +46,8 @@ class Ticket:
     prompt_tokens: int
     started: bool = False
     finished: bool = False
+    record: _Replica | None = field(default=None, repr=False, compare=False)
+    """The replica's record it began on: one removed and listed again is a new record its counts stay off."""
 
 
 class ReplicaPool:
@@ -102,25 +104,32 @@ class ReplicaPool:
         r.outstanding += 1
         r.prefilling += 1
         r.prefill_tokens += prompt_tokens
-        return Ticket(name, prompt_tokens)
+        return Ticket(name, prompt_tokens, record=r)
+
+    def _record_of(self, ticket: Ticket) -> _Replica | None:
+        r = self._replicas.get(ticket.replica)
+        return r if r is ticket.record else None
 
     def first_token(self, ticket: Ticket) -> None:
         if ticket.started or ticket.finished:
             return
         ticket.started = True
-        r = self._replicas.get(ticket.replica)
+        r = self._record_of(ticket)
         if r is None:
             return
         r.prefilling -= 1
         r.prefill_tokens -= ticket.prompt_tokens
 
-    def finish(self, ticket: Ticket) -> None:
+    def finish(self, ticket: Ticket) -> bool:
+        """End the ticket; whether its replica's record still counted it (False: gone, or listed anew since)."""
         if ticket.finished:
-            return
+            return False
         self.first_token(ticket)
         ticket.finished = True
-        if (r := self._replicas.get(ticket.replica)) is not None:
-            r.outstanding -= 1
+        if (r := self._record_of(ticket)) is None:
+            return False
+        r.outstanding -= 1
+        return True
 
     def calibrate(self, name: str, predicted_s: float, observed_s: float) -> None:
         """Move the fleet's prefill rate toward what an observed TTFT says (a step in log space).

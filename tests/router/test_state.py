@@ -124,3 +124,18 @@ def test_one_calibrated_rate_for_every_replica_so_none_is_starved() -> None:
     assert rates["a"] == rates["b"] > 1500.0  # "b" is predicted as fast: the policy still tries it
     pool.set_members(("a", "b", "c"))
     assert {s.name: s.prefill_tokens_per_s for s in pool.snapshot()}["c"] == rates["a"]
+
+
+def test_requests_begun_before_a_replica_was_removed_and_listed_again_leave_its_new_counts_alone() -> None:
+    """Their counts went with the old record; taken off the new one, its load went below 0 for good."""
+    pool = ReplicaPool(("a", "b"), prefill_tokens_per_s=1000.0, mean_prompt_tokens=100.0)
+    early, started = pool.begin("a", 300), pool.begin("a", 200)
+    pool.first_token(started)
+    pool.set_members(("b",))
+    pool.set_members(("a", "b"))
+    later = pool.begin("a", 100)
+    pool.first_token(early)
+    assert (pool.finish(early), pool.finish(started)) == (False, False)
+    (state,) = [s for s in pool.snapshot() if s.name == "a"]
+    assert (state.outstanding, state.pending_prefill_tokens) == (1, 100)
+    assert pool.finish(later) and next(s for s in pool.snapshot() if s.name == "a").outstanding == 0
