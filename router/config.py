@@ -52,10 +52,14 @@ class RouterConfig:
     policy discounts the cached ones (64 blocks of 16: the first 1,024 tokens)."""
     prefix_cache_tokens: int = 262_144
     """Prompt tokens each replica's prefix cache is assumed to hold (the router's LRU record of what it sent)."""
-    max_connections: int = 512
+    max_connections: int = 0
+    """Upstream connections open at once (0: no cap). The replicas' own queues and the router's admission bound
+    the load; a cap here made requests past it wait for a connection, and that wait timed out as a replica's."""
 
     def __post_init__(self) -> None:
         problems = []
+        if self.max_connections < 0:
+            problems.append(f"max_connections: must be 0 (no cap) or more, got {self.max_connections}")
         if not self.replicas and self.controller_url is None:
             problems.append("replicas: at least one URL is needed (or a controller to read them from)")
         if self.replicas and self.controller_url is not None:

@@ -89,7 +89,8 @@ class Router:
                 # Idle connections go after 4 s, before uvicorn's 5 s keep-alive closes them under a request.
                 connector=aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0,
                                                keepalive_timeout=4.0),
-                timeout=aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
+                # sock_connect, not connect: a wait for a free pooled connection is the router's, never the replica's.
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s,
                                               sock_read=self.config.upstream_timeout_s),
                 auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
                 cookie_jar=aiohttp.DummyCookieJar(),  # one client for every caller: no cookie may carry over
@@ -280,10 +281,9 @@ class Router:
         return True
 
     def _done(self, ticket: Ticket) -> None:
-        if not ticket.finished:
-            self.pool.finish(ticket)
-            if (gauge := self.metrics.outstanding.get(ticket.replica)) is not None:
-                gauge.dec()
+        # A replica removed and listed again since has a new gauge at 0: the ticket's count left with the old one.
+        if self.pool.finish(ticket) and (gauge := self.metrics.outstanding.get(ticket.replica)) is not None:
+            gauge.dec()
 
     async def _relay(self, upstream: aiohttp.ClientResponse, ticket: Ticket, choice: Choice, exchange: _Exchange,
                      sent_s: float) -> None:  # fmt: skip

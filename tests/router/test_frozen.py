@@ -60,3 +60,21 @@ def test_a_slow_but_answering_replica_keeps_its_requests() -> None:
             body = answer.read()
         assert body.endswith(b"data: [DONE]\n\n") and b"error" not in body
         assert r.replicas()[url_of(slow)]["healthy"] is True
+
+
+def test_a_full_connection_pool_is_a_wait_in_the_router_not_a_replica_that_timed_out() -> None:
+    """With every pooled connection busy, the next request's wait counted as the replica's connect
+    timeout: a 504 naming a healthy replica, which was then ejected."""
+    with stubs(1, chunk_delay_s=0.3) as (stub,), router([stub], max_connections=2) as r:  # type: ignore[arg-type]
+        name = url_of(stub)
+        streams = [httpx.stream("POST", r.url + "/v1/completions", json=STREAM, timeout=30) for _ in range(2)]
+        answers = [s.__enter__() for s in streams]
+        time.sleep(0.5)
+        extra = httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=30)
+        bodies = [b"".join(a.iter_raw()) for a in answers]
+        for stream in streams:
+            stream.__exit__(None, None, None)
+        assert extra.status_code == 200, extra.text
+        assert all(body.endswith(b"[DONE]\n\n") for body in bodies)
+        assert r.replicas()[name]["healthy"]
+        assert not r.sample("moeslo_router_ejections_total", replica=name)
