@@ -35,7 +35,7 @@ demo: install
 	$(BIN)/moeslo up --duration 120 --out demo-out
 
 # Every benchmark, one after the other (they share 2 cores badly), JSON into bench-out/.
-BENCHES ?= engine serve rebalance live-rebalance controller controller-service forecast replay
+BENCHES ?= engine serve rebalance live-rebalance controller controller-service forecast replay sampler
 bench: install
 	mkdir -p bench-out
 	for name in $(BENCHES); do \
