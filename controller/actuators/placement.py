@@ -20,7 +20,9 @@ import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -88,6 +90,15 @@ def totals(body: dict[str, Any]) -> npt.NDArray[np.int64] | None:
     return None if raw is None else np.asarray(raw, dtype=np.int64)
 
 
+@contextmanager
+def malformed_answer(endpoint: str) -> Iterator[None]:
+    """An engine's answer of the wrong shape is that engine unavailable, never a fault of the controller's tick."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise UnavailableError(f"{endpoint}: malformed answer ({type(exc).__name__}: {exc})") from exc
+
+
 class JsonHttpControl:
     """An engine's JSON API over one shared client; failures become :class:`UnavailableError`."""
 
@@ -101,7 +112,10 @@ class JsonHttpControl:
             raise UnavailableError(f"{method} {url}: {exc!r}") from exc
         if response.status_code >= 400:
             raise UnavailableError(f"{method} {url}: {error_text(response)}")
-        return response.json()
+        try:
+            return response.json()
+        except ValueError as exc:  # a proxy's login page, another server on the port: this engine's fault alone
+            raise UnavailableError(f"{method} {url}: not JSON ({exc})") from exc
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -113,13 +127,14 @@ class HttpEngineControl(JsonHttpControl):
     async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
         load = await self._call("GET", f"{endpoint}/v1/expert-load")
         placement = Placement.from_json(await self._call("GET", f"{endpoint}/v1/placement"))
-        return ExpertLoadSnapshot(
-            expert_tokens=np.asarray(load["expert_tokens"], dtype=np.int64),
-            imbalance_cv=tuple(float(x) for x in load["imbalance_cv"]),
-            steps_in_window=int(load["steps_in_window"]),
-            placement=placement,
-            expert_tokens_total=totals(load),
-        )
+        with malformed_answer(endpoint):
+            return ExpertLoadSnapshot(
+                expert_tokens=np.asarray(load["expert_tokens"], dtype=np.int64),
+                imbalance_cv=tuple(float(x) for x in load["imbalance_cv"]),
+                steps_in_window=int(load["steps_in_window"]),
+                placement=placement,
+                expert_tokens_total=totals(load),
+            )
 
     async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
         result: dict[str, Any] = await self._call(
@@ -361,5 +376,5 @@ class Rebalancer:
 
 __all__ = [
     "EngineControl", "ExpertLoadSnapshot", "HttpEngineControl", "JsonHttpControl", "RebalanceEvent", "Rebalancer",
-    "error_text", "totals",
+    "error_text", "malformed_answer", "totals",
 ]

@@ -36,6 +36,7 @@ from controller.actuators.placement import (
     ExpertLoadSnapshot,
     HttpEngineControl,
     JsonHttpControl,
+    malformed_answer,
     totals,
 )
 
@@ -64,6 +65,11 @@ class VllmEngineControl(JsonHttpControl):
 
     async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
         status = await self.status(endpoint)
+        with malformed_answer(endpoint):
+            return self._snapshot(endpoint, status)
+
+    @staticmethod
+    def _snapshot(endpoint: str, status: dict[str, Any]) -> ExpertLoadSnapshot:
         if status.get("expert_tokens") is None:
             raise UnavailableError(f"vLLM at {endpoint} counts no routed tokens (set MOESLO_VLLM_PLUGIN=1)")
         if status.get("phy2log") is None or not status.get("num_ranks"):

@@ -102,3 +102,20 @@ def test_swap_summary_keeps_figures_not_matrices() -> None:
              "balancedness_min": 0.9, "cv": [0.1]}}  # fmt: skip
     assert swap_summary(reply) == {"applied": True, "experts_moved": 3, "predicted_after_cv_max": 0.1,
                                    "predicted_after_balancedness_min": 0.9}  # fmt: skip
+
+
+@pytest.mark.parametrize("answer", [
+    httpx.Response(200, text="<html>sign in</html>", headers={"content-type": "text/html"}),
+    httpx.Response(200, json={"expert_tokens": [[1, 2]], "phy2log": "oops", "num_ranks": 2}),
+    httpx.Response(200, json=["not", "an", "object"]),
+])
+def test_an_engine_answering_the_wrong_thing_is_unavailable_not_a_crash_of_the_tick(answer: httpx.Response) -> None:
+    """A JSONDecodeError or KeyError here escaped the rebalancer and aborted the whole tick, after its scale
+    actions were applied and before they were logged: the tick skips only what raises our errors."""
+    from contracts.errors import MoesloError
+    from controller.actuators.placement import HttpEngineControl
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: answer))
+    for control in (VllmEngineControl(client), HttpEngineControl(client)):
+        with pytest.raises(MoesloError):
+            asyncio.run(control.expert_load("http://e"))
