@@ -42,7 +42,8 @@ IfMatch = Annotated[
     Header(max_length=256, description='ETag of the version the change is based on, e.g. "3" (checked by '
                                        "parse_if_match, which says what is wrong)"),
 ]
-_ETAG = re.compile(r'(W/)?"([0-9]{1,18})"')
+_ETAG = re.compile(r'"([0-9]{1,18})"')
+"""A strong ETag: If-Match compares strongly (RFC 9110 13.1.1), and this API issues no weak ones."""
 _READ = problem_responses(404, 422)
 _WRITE = problem_responses(400, 401, 404, 409, 412, 415, 422, 428, 503)
 MERGE_PATCH = "application/merge-patch+json"
@@ -87,7 +88,7 @@ def parse_if_match(value: str | None) -> int | str | None:
     match = _ETAG.fullmatch(tags[0])
     if match is None:
         raise ValidationError(f'If-Match: {value!r} is not an ETag of this API (expected e.g. "3")')
-    return int(match.group(2))
+    return int(match.group(1))
 
 
 def _expected_version(request: Request, name: str, if_match: str | None) -> int | None:

@@ -191,7 +191,8 @@ def test_put_creates_replaces_and_honours_if_match(client: TestClient) -> None:
     bad_tag = client.put("/v1/policies/qwen", json=POLICY, headers={**AUTH, "If-Match": "version-3"})
     assert bad_tag.status_code == 422 and "'version-3' is not an ETag of this API" in bad_tag.json()["detail"]
     # The API's own words, not a pattern dump.
-    for value, says in (('"2", "3"', "exactly one ETag"), ('"2"x', "is not an ETag of this API")):
+    for value, says in (('"2", "3"', "exactly one ETag"), ('"2"x', "is not an ETag of this API"),
+                        ('W/"3"', "is not an ETag of this API")):  # weak: If-Match never matches it
         refused = client.put("/v1/policies/qwen", json=POLICY, headers={**AUTH, "If-Match": value})
         assert refused.status_code == 422 and says in refused.json()["detail"], refused.text
     renamed = client.put("/v1/policies/other", json=POLICY, headers=AUTH)
