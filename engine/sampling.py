@@ -302,8 +302,9 @@ def _draw(probs: torch.Tensor, samplers: Sequence[RequestSampler]) -> tuple[list
     import torch
 
     failures: dict[int, str] = {}
-    totals = probs.sum(dim=-1)
-    usable = (torch.isfinite(probs).all(dim=-1) & (totals > 0.0)).tolist()
+    cdf = probs.double().cumsum_(dim=-1)
+    totals = cdf[:, -1]  # a NaN or infinity anywhere in a row reaches its total: one check, no second pass
+    usable = (torch.isfinite(totals) & (totals > 0.0)).tolist()
     uniforms = torch.zeros(len(samplers), dtype=torch.float64)
     for row, sampler in enumerate(samplers):
         if not usable[row]:
@@ -313,8 +314,7 @@ def _draw(probs: torch.Tensor, samplers: Sequence[RequestSampler]) -> tuple[list
             uniforms[row] = torch.rand((), generator=sampler.generator(), dtype=torch.float64)
         except (RuntimeError, ValueError, OverflowError) as exc:
             failures[row] = f"{type(exc).__name__}: {exc}"
-    cdf = probs.double().cumsum_(dim=-1)
-    targets = (uniforms * cdf[:, -1])[:, None]
+    targets = (uniforms * totals)[:, None]
     # The first token whose cumulative probability passes the target has a probability above 0.
     picks = torch.searchsorted(cdf, targets, right=True).squeeze(-1)
     past = picks >= probs.shape[-1]  # a target rounded up to the row's total: its last likely token
