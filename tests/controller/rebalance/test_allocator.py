@@ -24,7 +24,7 @@ _PLAN_TWICE = textwrap.dedent("""
     applied = keep_freed_memory() if sys.argv[1] == "on" else False
     rng = np.random.default_rng(0)
     popularity = 1.0 / np.arange(1, 257) ** 0.9
-    windows = [rng.poisson(2000 * rng.permutation(popularity)[None, :].repeat(32, axis=0)) for _ in range(4)]
+    windows = [rng.poisson(2000 * rng.permutation(popularity)[None, :].repeat(58, axis=0)) for _ in range(7)]
 
     def faults_of_second_plan():
         plan_over_windows(windows, num_ranks=32, slots_per_rank=9)  # the first plan grows the heap
