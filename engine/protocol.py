@@ -20,6 +20,7 @@ returns never includes the stop string, as OpenAI and vLLM do.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Self, cast
 
@@ -34,6 +35,8 @@ MAX_N = 32
 MAX_CHOICES = 128
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
+TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,20}")
+"""A ``logit_bias`` key: a token id as ASCII decimal digits (short: ``int()`` of thousands of digits raises)."""
 
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"response_format": (None, {"type": "text"})}
 """Fields both kinds of request define but this engine does not implement, and their no-op values: OpenAI's
@@ -146,8 +149,9 @@ class GenerationRequest(BaseModel):
         ]
         problems += [f"{name}: must be valid Unicode text (it holds a lone surrogate)"
                      for name, text in self.texts() if not _encodable(text)]
-        if any(not key.lstrip("-").isdigit() for key in self.logit_bias or {}):
-            problems.append("logit_bias: keys must be token ids (integers as strings)")
+        bad_keys = [key for key in self.logit_bias or {} if not TOKEN_ID_KEY.fullmatch(key)]
+        if bad_keys:
+            problems.append(f"logit_bias: keys must be token ids (integers as strings), got {bad_keys[0][:40]!r}")
         return problems
 
     @property
