@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_
 
 from contracts.errors import ValidationError
 from engine.errors import PromptTooLongError
-from engine.sampling import MAX_LOGPROBS, MAX_SEED, MIN_REPETITION_PENALTY, MIN_SEED, SamplingParams
+from engine.sampling import MAX_LOGPROBS, MAX_SEED, MAX_TOP_K, MIN_REPETITION_PENALTY, MIN_SEED, SamplingParams
 
 MAX_N = 32
 """The most choices per prompt; with a list of prompts, at most ``MAX_CHOICES`` in all."""
@@ -90,8 +90,8 @@ class GenerationRequest(BaseModel):
     frequency_penalty: Penalty = 0.0
     # Accepted only at its no-op values (see no_op_values).
     response_format: dict[str, Any] | None = None
-    # vLLM's extensions (top_k 0 or -1: off).
-    top_k: Annotated[int, Field(strict=True, ge=-1)] = 0
+    # vLLM's extensions (top_k 0 or -1, or the vocabulary or more: off).
+    top_k: Annotated[int, Field(strict=True, ge=-1, le=MAX_TOP_K)] = 0
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=100.0)] = 1.0
     min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 """The seeds ``torch.Generator.manual_seed`` takes."""
+MAX_TOP_K = 2**31 - 1
+"""The largest ``top_k`` taken (one at or past the vocabulary is off): every integer the API process sends the
+core over msgpack is bounded, so none overflows its 64 bits."""
 MAX_LOGPROBS = 20
 """The most alternatives per token a request may ask log-probabilities of (vLLM's default limit)."""
 MIN_REPETITION_PENALTY = 0.01
@@ -78,8 +81,8 @@ class SamplingParams:
             problems.append(f"temperature must be in [0, 100] (0: greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            problems.append(f"top_k must be 0 or -1 (off), or at least 1, got {self.top_k}")
+        if not -1 <= self.top_k <= MAX_TOP_K:
+            problems.append(f"top_k must be 0 or -1 (off), or in [1, 2**31 - 1], got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             problems.append(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None and not MIN_SEED <= self.seed <= MAX_SEED:

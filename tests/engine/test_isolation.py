@@ -20,7 +20,7 @@ from tests.engine.test_scheduler import PROMPTS, Collect
 @pytest.mark.parametrize(
     ("fields", "needle"),
     [({"seed": 2**64}, "seed"), ({"seed": -(2**63) - 1}, "seed"), ({"temperature": -1e-300}, "temperature"),
-     ({"temperature": float("nan")}, "temperature")],
+     ({"temperature": float("nan")}, "temperature"), ({"top_k": 2**31}, "top_k"), ({"top_k": -2}, "top_k")],
 )
 def test_sampling_params_refuse_what_the_sampler_cannot_compute(fields: dict[str, float], needle: str) -> None:
     with pytest.raises(ValidationError) as info:
@@ -30,7 +30,7 @@ def test_sampling_params_refuse_what_the_sampler_cannot_compute(fields: dict[str
 
 def test_the_extremes_the_sampler_takes_sample_a_token() -> None:
     logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(3))
-    for params in (SamplingParams(seed=2**64 - 1), SamplingParams(seed=-(2**63)),
+    for params in (SamplingParams(seed=2**64 - 1), SamplingParams(seed=-(2**63)), SamplingParams(top_k=2**31 - 1),
                    SamplingParams(temperature=0.01, seed=1), SamplingParams(top_p=1e-300, seed=1)):
         assert 0 <= sample(logits, [RequestSampler(params)])[0] < 50
     # A top_p below float32's resolution keeps the most likely token: greedy, not NaN.

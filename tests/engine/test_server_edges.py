@@ -35,3 +35,46 @@ def test_logit_bias_keys_that_are_not_ascii_integers_are_400_naming_the_field(
     assert resp.status_code == 400, resp.text
     error = _is_error_document(resp)
     assert error["param"] == "logit_bias" and "token ids" in str(error["message"])
+
+
+HUGE = 2**64
+"""Past what msgpack carries to the engine core (an unbounded integer there was a 500)."""
+
+
+@pytest.mark.parametrize(
+    ("route", "field", "value"),
+    [
+        ("/v1/completions", "top_k", HUGE),
+        ("/v1/completions", "top_k", -HUGE),
+        ("/v1/chat/completions", "top_k", HUGE),
+        ("/v1/completions", "top_k", 2**31),
+        ("/v1/completions", "seed", HUGE),
+        ("/v1/completions", "seed", -HUGE),
+        ("/v1/chat/completions", "seed", HUGE),
+        ("/v1/completions", "n", HUGE),
+        ("/v1/completions", "best_of", HUGE),
+        ("/v1/completions", "logprobs", HUGE),
+        ("/v1/completions", "min_tokens", HUGE),
+        ("/v1/chat/completions", "min_tokens", HUGE),
+        ("/v1/chat/completions", "top_logprobs", HUGE),
+        ("/v1/completions", "stop_token_ids", [HUGE]),
+        ("/v1/completions", "stop_token_ids", [-HUGE]),
+        ("/v1/completions", "logit_bias", {str(HUGE): 1}),
+        ("/v1/chat/completions", "logit_bias", {str(-HUGE): 1}),
+        ("/v1/completions", "prompt", [HUGE]),
+        ("/v1/completions", "prompt", [[1], [-HUGE]]),
+    ],
+)
+def test_integers_past_64_bits_are_400_naming_the_field(served: Served, route: str, field: str, value: object) -> None:
+    base = COMPLETION if route == "/v1/completions" else CHAT
+    resp = served.client.post(route, json={**base, field: value})
+    assert resp.status_code == 400, resp.text
+    assert _is_error_document(resp)["param"] == field
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_max_tokens_past_64_bits_is_cut_to_the_context(served: Served, route: str) -> None:
+    base = {"prompt": "hi"} if route == "/v1/completions" else {"messages": CHAT["messages"]}
+    resp = served.client.post(route, json={**base, "max_tokens": HUGE, "ignore_eos": True})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["finish_reason"] == "length"
