@@ -78,3 +78,28 @@ def test_max_tokens_past_64_bits_is_cut_to_the_context(served: Served, route: st
     resp = served.client.post(route, json={**base, "max_tokens": HUGE, "ignore_eos": True})
     assert resp.status_code == 200, resp.text
     assert resp.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_an_unexpected_error_is_a_500_document_and_the_keep_alive_connection_serves_the_next_request(
+    served: Served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def boom(*_: object) -> None:
+        raise RuntimeError("a bug of ours")
+
+    def local_port(resp: httpx.Response) -> int:
+        return int(resp.extensions["network_stream"].get_extra_info("client_addr")[1])
+
+    monkeypatch.setattr(served.engine, "check_prompt_ids", boom)
+    with httpx.Client(base_url=served.url, timeout=60) as client:
+        failed = client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 1})
+        ports = {local_port(failed)}
+        monkeypatch.undo()
+        served_next = client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 1})
+        ports.add(local_port(served_next))
+    assert failed.status_code == 500, failed.text
+    assert _is_error_document(failed)["type"] == "server_error" and "a bug of ours" not in failed.text
+    assert failed.headers.get("connection") != "close"
+    assert served_next.status_code == 200, served_next.text
+    assert len(ports) == 1, "the second request needed a new connection"
+    logged = [r for r in caplog.records if r.name == "moeslo.engine_server" and r.exc_info is not None]
+    assert logged and "a bug of ours" in str(logged[0].exc_info[1])  # type: ignore[index]
