@@ -149,6 +149,8 @@ class GenerationRequest(BaseModel):
         ]
         problems += [f"{name}: must be valid Unicode text (it holds a lone surrogate)"
                      for name, text in self.texts() if not _encodable(text)]
+        if self.stream_options is not None and not self.stream:
+            problems.append("stream_options: only allowed with stream: true (as OpenAI and vLLM refuse it)")
         bad_keys = [key for key in self.logit_bias or {} if not TOKEN_ID_KEY.fullmatch(key)]
         if bad_keys:
             problems.append(f"logit_bias: keys must be token ids (integers as strings), got {bad_keys[0][:40]!r}")

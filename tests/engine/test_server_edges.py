@@ -103,3 +103,16 @@ def test_an_unexpected_error_is_a_500_document_and_the_keep_alive_connection_ser
     assert len(ports) == 1, "the second request needed a new connection"
     logged = [r for r in caplog.records if r.name == "moeslo.engine_server" and r.exc_info is not None]
     assert logged and "a bug of ours" in str(logged[0].exc_info[1])  # type: ignore[index]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_stream_options_without_stream_is_400_naming_it_as_in_openai_and_vllm(served: Served, route: str) -> None:
+    base = COMPLETION if route == "/v1/completions" else CHAT
+    for extra in ({}, {"stream": False}, {"stream": None}):
+        resp = served.client.post(route, json={**base, **extra, "stream_options": {"include_usage": True}})
+        assert resp.status_code == 400, (extra, resp.text)
+        assert _is_error_document(resp)["param"] == "stream_options"
+    # null is "unset", as vLLM takes it; with stream: true it is served.
+    assert served.client.post(route, json={**base, "stream_options": None}).status_code == 200
+    streamed = served.client.post(route, json={**base, "stream": True, "stream_options": {"include_usage": True}})
+    assert streamed.status_code == 200 and '"usage"' in streamed.text
