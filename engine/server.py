@@ -124,17 +124,12 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(_: Request, exc: RequestValidationError) -> Response:
-        problems = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-            if err.get("type") == "extra_forbidden":
-                problems.append(f"{loc}: not supported by this engine")
-            else:
-                problems.append(f"{loc}: {err.get('msg', 'invalid')}")
-        return error_response(ValidationError(problems))
+        return error_response(ValidationError([_body_problem(err) for err in exc.errors()]))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):  # FastAPI's "error parsing the body"
+            return error_response(ValidationError(f"body: not valid JSON: {exc.__cause__}"))
         message = str(exc.detail)
         if exc.status_code in (404, 405):
             message = f"{message}: {request.method} {request.url.path}"
@@ -147,6 +142,17 @@ def _install_error_handlers(app: FastAPI) -> None:
         # connection is closed then, as a half-sent response must be.
         log.error("unexpected error serving %s %s", request.method, request.url.path, exc_info=exc)
         return _internal_error()
+
+
+def _body_problem(err: Mapping[str, Any]) -> str:
+    """One of pydantic's (or FastAPI's) errors as ``field: message``; a body that is not JSON names ``body``."""
+    if err.get("type") == "json_invalid":  # loc is ("body", position)
+        position = err.get("loc", ())[-1]
+        return f"body: not valid JSON: {err.get('ctx', {}).get('error', 'invalid')} at character {position}"
+    loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+    if err.get("type") == "extra_forbidden":
+        return f"{loc}: not supported by this engine"
+    return f"{loc}: {err.get('msg', 'invalid')}"
 
 
 def _internal_error() -> Response:

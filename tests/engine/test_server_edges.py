@@ -116,3 +116,20 @@ def test_stream_options_without_stream_is_400_naming_it_as_in_openai_and_vllm(se
     assert served.client.post(route, json={**base, "stream_options": None}).status_code == 200
     streamed = served.client.post(route, json={**base, "stream": True, "stream_options": {"include_usage": True}})
     assert streamed.status_code == 200 and '"usage"' in streamed.text
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b'{"prompt": "hi", "max_tokens":', "at character 30"),
+        (b"{not json", "at character 1"),
+        (b'{"prompt": "hi", "top_k": 1' + b"0" * 5000 + b"}", "digits"),
+        (b'{"prompt": "\xff"}', "utf-8"),
+    ],
+)
+def test_a_body_that_is_not_json_is_400_naming_the_body_and_where(served: Served, content: bytes, needle: str) -> None:
+    resp = served.client.post("/v1/completions", content=content, headers={"content-type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    error = _is_error_document(resp)
+    assert error["param"] == "body" and str(error["message"]).startswith("body: not valid JSON")
+    assert needle in str(error["message"])
