@@ -68,23 +68,29 @@ class ResponseFormat(Protocol):
         ...
 
 
+def _now_s() -> int:
+    return int(time.time())
+
+
 @dataclass(frozen=True)
 class CompletionFormat:
     model_name: str
+    created: int = dataclasses.field(default_factory=_now_s)
+    """The response's ``created``: one value for the whole response, every chunk of a stream included."""
 
     def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
         return []
 
     def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]:
         choice = _text_choice(index, (piece.text, piece.out.finish_reason, piece.logprobs))
-        return _document(request_id, "text_completion", self.model_name, [choice])
+        return _document(request_id, "text_completion", self.model_name, self.created, [choice])
 
     def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]:
-        return _document(request_id, "text_completion", self.model_name,
+        return _document(request_id, "text_completion", self.model_name, self.created,
                          [_text_choice(i, choice) for i, choice in enumerate(choices)])
 
     def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
-        return {**_document(request_id, "text_completion", self.model_name, []), "usage": usage}
+        return {**_document(request_id, "text_completion", self.model_name, self.created, []), "usage": usage}
 
 
 def _text_choice(index: int, choice: ChoiceResult) -> dict[str, Any]:
@@ -95,34 +101,36 @@ def _text_choice(index: int, choice: ChoiceResult) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ChatFormat:
     model_name: str
+    created: int = dataclasses.field(default_factory=_now_s)
 
     def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
-        return [_document(request_id, "chat.completion.chunk", self.model_name, [
+        return [_document(request_id, "chat.completion.chunk", self.model_name, self.created, [
             {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         ]) for i in range(choices)]
 
     def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]:
         reason = piece.out.finish_reason
         delta = {"content": piece.text} if piece.text or reason is None else {}
-        return _document(request_id, "chat.completion.chunk", self.model_name, [
+        return _document(request_id, "chat.completion.chunk", self.model_name, self.created, [
             {"index": index, "delta": delta, "logprobs": chat_logprobs(piece.logprobs), "finish_reason": reason}
         ])
 
     def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]:
-        return _document(request_id, "chat.completion", self.model_name, [
+        return _document(request_id, "chat.completion", self.model_name, self.created, [
             {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": chat_logprobs(logprobs),
              "finish_reason": reason}
             for i, (text, reason, logprobs) in enumerate(choices)
         ])
 
     def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
-        return {**_document(request_id, "chat.completion.chunk", self.model_name, []), "usage": usage}
+        return {**_document(request_id, "chat.completion.chunk", self.model_name, self.created, []), "usage": usage}
 
 
-def _document(request_id: str, kind: str, model_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+def _document(request_id: str, kind: str, model_name: str, created: int, choices: list[dict[str, Any]]
+              ) -> dict[str, Any]:  # fmt: skip
     if kind.startswith("chat."):  # OpenAI's and vLLM's chat ids read chatcmpl-, their completions' cmpl-
         request_id = "chat" + request_id if request_id.startswith("cmpl-") else request_id
-    return {"id": request_id, "object": kind, "created": int(time.time()), "model": model_name, "choices": choices}
+    return {"id": request_id, "object": kind, "created": created, "model": model_name, "choices": choices}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""The API's edges against the served engine: odd but well-formed inputs are 400s naming their field, never 500s."""
+"""The API at its edges against the served engine: odd inputs are 400s naming their field (never 500s), an
+unexpected error leaves the connection usable, and the details OpenAI clients rely on (one ``created`` per response)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,3 +135,19 @@ def test_a_body_that_is_not_json_is_400_naming_the_body_and_where(served: Served
     error = _is_error_document(resp)
     assert error["param"] == "body" and str(error["message"]).startswith("body: not valid JSON")
     assert needle in str(error["message"])
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_every_chunk_of_a_stream_carries_the_requests_one_created_time(served: Served, route: str) -> None:
+    base = {"prompt": "hi"} if route == "/v1/completions" else {"messages": CHAT["messages"]}
+    payload = {**base, "max_tokens": 40, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    served.engine.set_step_delay(0.03)  # 40 steps: the stream spans more than a second
+    try:
+        resp = served.client.post(route, json=payload)
+    finally:
+        served.engine.set_step_delay(0.0)
+    assert resp.status_code == 200, resp.text
+    events = [json.loads(line[6:]) for line in resp.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    assert len(events) >= 41 and "usage" in events[-1]
+    assert len({event["created"] for event in events}) == 1
