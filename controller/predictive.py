@@ -35,6 +35,7 @@ from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaPro
 from controller.entry_demand import offered_load, router_waiting, served_load
 from controller.forecast import AutoForecaster, ForecastConfig
 from controller.forecast.audit import AuditBounds, ForecastAudit
+from controller.forecast.history import elapsed_bins
 from controller.policy import Policy
 from controller.types import Advice, ForecastView, LoadHistory, PolicyObservation, Reason, Scalar
 
@@ -113,12 +114,27 @@ class _PolicyForecast:
     audit: ForecastAudit
     min_history_bins: int
     bins: int = 0
+    """The bin of the last observation, counted on the clock from the first (missed bins count): the audit
+    matches each forecast with the actual of the bin it was made for."""
     last_observed_at_s: float | None = None
     ready_seen: _ReadyHistory = field(default_factory=_ReadyHistory)
     last_corrected_at_s: float | None = None
     _decayed_requests: float = 0.0
     _decayed_prompt: float = 0.0
     _decayed_output: float = 0.0
+
+    def skip_missed(self, at_s: float) -> None:
+        """Before an observation at ``at_s``: the bins since the last one that were never observed (the
+        source was down, ticks failed) take the last value, so the history keeps the clock's bins and a
+        daily season its phase; a gap too long to fill restarts the forecaster and its audit."""
+        if self.last_observed_at_s is None:
+            return
+        missed = elapsed_bins(self.last_observed_at_s, at_s, self.rate.config.bin_s) - 1
+        if missed <= 0:
+            return
+        if self.rate.skip(missed):
+            self.audit = ForecastAudit(self.audit.bounds)
+        self.bins += missed
 
     def observe(self, rate: float, prompt: float, output: float, *, served_rate: float | None = None) -> None:
         """One tick: ``rate`` is what the forecaster learns (the offered rate); the lengths are ``prompt`` and
@@ -271,6 +287,7 @@ class PredictiveAdvisor:
                 )
             ),
             min_history_bins=min_bins,
+            last_observed_at_s=None if state is None else state.last_observed_at_s,  # gaps after it still fill
         )
         self._state[policy.name] = state
         return state
@@ -287,6 +304,7 @@ class PredictiveAdvisor:
             return None
         state = self._policy_state(policy)
         if state.last_observed_at_s is None or obs.observed_at_s > state.last_observed_at_s:
+            state.skip_missed(obs.observed_at_s)
             # The forecaster learns the offered rate; lengths come from the requests the tokens are of.
             state.observe(offered.request_rate_rps, served.prompt_tokens_per_s, served.output_tokens_per_s,
                           served_rate=served.request_rate_rps)  # fmt: skip

@@ -5,6 +5,12 @@ recent history (rolling origin), keeps the model with the lowest WAPE over the
 forecast horizon, refits it, and takes its backtest residuals per horizon as the
 empirical error distribution for prediction intervals.  In between, each new
 value is an O(1) ``update`` and forecasts are cheap.
+
+Bins that were never observed (the metrics source was down) are filled with
+the last value before them (:meth:`AutoForecaster.skip`), as the warm start
+fills what a stopped controller did not see, so a season stays aligned with
+the clock; a gap longer than a season (without one, the fit window) restarts
+the history instead of making up a day of flat load.
 """
 
 from __future__ import annotations
@@ -56,6 +62,11 @@ class ForecastConfig:
     @property
     def period_bins(self) -> int | None:
         return None if self.season_s is None else max(1, round(self.season_s / self.bin_s))
+
+    @property
+    def max_fill_bins(self) -> int:
+        """The longest gap :meth:`AutoForecaster.skip` fills: a season, or the fit window without one."""
+        return self.period_bins or self.fit_window_bins
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,12 +124,35 @@ class AutoForecaster:
         """The next bin's value (call once per bin, in order); refits when due unless ``auto_refit`` is off."""
         if not np.isfinite(value):
             value = self.history.last() if len(self.history) else 0.0
+        self._append(value)
+        if self.auto_refit and self.refit_due:
+            self.refit()
+
+    def _append(self, value: float) -> None:
         self.history.append(value)
         if self._model is not None:
             self._model.update(value)
             self._since_fit += 1
+
+    def skip(self, bins: int) -> bool:
+        """``bins`` bins went unobserved: each takes the last value, so the next observation lands in its own
+        bin and a season keeps its phase.  A gap longer than :attr:`ForecastConfig.max_fill_bins` is not
+        made up: the history restarts (and the forecaster warms up again).  True when it restarted."""
+        if bins <= 0 or not len(self.history):
+            return False
+        if bins > self.config.max_fill_bins:
+            self.history = RingSeries(self.config.bin_s, keep_s=self.config.keep_s)
+            self._model = None
+            self._residuals = {}
+            self._offset_cache.clear()
+            self._since_fit = 0
+            return True
+        value = self.history.last()
+        for _ in range(bins):
+            self._append(value)
         if self.auto_refit and self.refit_due:
             self.refit()
+        return False
 
     def _selection_origins(self, n: int) -> int:
         cfg = self.config

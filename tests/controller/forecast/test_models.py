@@ -173,3 +173,16 @@ def test_an_interval_as_soon_as_the_history_allows_one_from_enough_residuals() -
     # 10 bins of horizon + half the minimum history + 20 origins: 34 bins (the doubling schedule: 62).
     assert MIN_INTERVAL_RESIDUALS == 20
     assert first_interval == 34
+
+
+def test_skipped_bins_take_the_last_value_and_a_gap_past_a_season_restarts() -> None:
+    config = ForecastConfig(bin_s=60.0, season_s=3600.0, keep_s=4 * 3600.0, min_history_bins=4)
+    forecaster = AutoForecaster(config)
+    for value in (1.0, 2.0, 3.0, 4.0, 5.0):
+        forecaster.observe(value)
+    assert forecaster.skip(3) is False
+    forecaster.observe(9.0)
+    np.testing.assert_array_equal(forecaster.history.values(), [1.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0, 5.0, 9.0])
+    assert config.max_fill_bins == 60
+    assert forecaster.skip(61) is True
+    assert len(forecaster.history) == 0 and forecaster.forecast() is None
