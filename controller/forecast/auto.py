@@ -114,6 +114,8 @@ class AutoForecaster:
         self._since_fit = 0
         self._scale_floor = 1e-9
         self.last_selection: list[BacktestResult] = []
+        self._selected_on_zeros = False
+        """The last selection's window held only zeros (scored by absolute error, ties to the season)."""
         self.fits = 0
 
     @property
@@ -170,6 +172,8 @@ class AutoForecaster:
             return True
         if not self._residuals and self._selection_origins(n) >= MIN_INTERVAL_RESIDUALS:
             return True
+        if self._selected_on_zeros and self.history.last() > 0:
+            return True  # the series leaves zero (the morning): choose again on what it does now
         every = self.config.refit_every_bins
         if n < 2 * every:
             half = max(n // 2, 1)
@@ -212,6 +216,7 @@ class AutoForecaster:
             )
             chosen = best(results)
             self.last_selection = results
+            self._selected_on_zeros = not np.any(series[start:])
             self._scale_floor = max(SCALE_FLOOR_SHARE * float(np.mean(series)), 1e-9)
             self._residuals = {
                 h: r / np.sqrt(np.maximum(chosen.predictions[h], self._scale_floor))
@@ -222,6 +227,7 @@ class AutoForecaster:
         else:
             kind = "last_value"
             self._residuals = {}
+            self._selected_on_zeros = False
         self._model = model_factory(kind, period=period, fit_window=cfg.fit_window_bins, ma_window=cfg.ma_window_bins)()
         self._model.fit(series)
         self._since_fit = 0

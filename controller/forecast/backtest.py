@@ -82,7 +82,15 @@ class BacktestResult:
 
     @property
     def mean_wape(self) -> float:
-        return float(np.nanmean([self.wape_by_horizon[h] for h in self.horizons]))
+        """WAPE averaged over the horizons where it is defined (nan where the actuals are all zero)."""
+        scores = np.array([self.wape_by_horizon[h] for h in self.horizons])
+        defined = scores[~np.isnan(scores)]
+        return float(defined.mean()) if len(defined) else float("nan")
+
+    def mean_absolute_error(self, horizon: int | None = None) -> float:
+        """Mean absolute error at ``horizon`` (or averaged over all horizons)."""
+        horizons = self.horizons if horizon is None else (horizon,)
+        return float(np.mean([np.mean(np.abs(self.residuals[h])) for h in horizons]))
 
 
 def rolling_backtest(
@@ -179,11 +187,24 @@ def compare_models(
     return results
 
 
+def is_seasonal(result: BacktestResult) -> bool:
+    """Whether the result's model forecast from the season (seasonal naive, or a model on the profile)."""
+    return result.kind == "seasonal_naive" or result.name.endswith("_seasonal")
+
+
 def best(results: Sequence[BacktestResult], *, horizon: int | None = None) -> BacktestResult:
-    """The result with the lowest WAPE at ``horizon`` (or averaged over all horizons)."""
+    """The result with the lowest WAPE at ``horizon`` (or averaged over all horizons).
 
-    def score(result: BacktestResult) -> float:
-        value = result.mean_wape if horizon is None else result.wape_by_horizon[horizon]
-        return float("inf") if np.isnan(value) else value
-
-    return min(results, key=score)
+    Where the actuals are all zero (an idle night) WAPE is undefined for every candidate: they are ranked by
+    mean absolute error instead, which orders candidates scored on the same actuals as WAPE does.  Exact ties
+    go to a seasonal model: on a window of zeros last value, moving average and seasonal naive all score 0,
+    and only the seasonal one sees the morning coming.
+    """
+    scores = [result.mean_wape if horizon is None else result.wape_by_horizon[horizon] for result in results]
+    if all(np.isnan(score) for score in scores):
+        scores = [result.mean_absolute_error(horizon) for result in results]
+    ranked = [
+        (float("inf") if np.isnan(score) else score, not is_seasonal(result), index)
+        for index, (score, result) in enumerate(zip(scores, results, strict=True))
+    ]
+    return results[min(ranked)[2]]

@@ -1,0 +1,66 @@
+"""Model selection on a window of zeros (an idle night): WAPE is undefined there, so the candidates are ranked by
+absolute error, ties go to the season, and the first request of the morning brings a new selection."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from controller.forecast import AutoForecaster, BacktestResult, ForecastConfig, best
+
+BIN_S = 60.0
+DAY_BINS = 240
+"""A short "day" of 4 hours keeps the test fast: busy from bin 120 to 200 (ramps of 20 bins), idle otherwise."""
+
+
+def business_day(days: int) -> np.ndarray:
+    t = np.arange(days * DAY_BINS) % DAY_BINS
+    return 10.0 * np.clip((t - 100) / 20, 0, 1) * np.clip((200 - t) / 20, 0, 1)
+
+
+def result(kind: str, name: str, error: float) -> BacktestResult:
+    """A backtest on three zero actuals whose forecasts were all ``error`` too high."""
+    residuals = {1: np.full(3, -error)}
+    return BacktestResult(kind=kind, name=name, horizons=(1,), wape_by_horizon={1: float("nan")},
+                          residuals=residuals, predictions={1: np.full(3, error)}, origins=np.arange(3))  # fmt: skip
+
+
+def test_on_zero_actuals_the_smaller_absolute_error_wins_whatever_the_order() -> None:
+    chosen = best([result("last_value", "last_value", 2.0), result("holt_damped", "holt_damped", 0.5)])
+    assert chosen.kind == "holt_damped"
+
+
+def test_exact_ties_go_to_a_seasonal_model() -> None:
+    tied = [result("last_value", "last_value", 0.0), result("moving_average", "moving_average_8", 0.0),
+            result("seasonal_naive", "seasonal_naive", 0.0)]  # fmt: skip
+    assert best(tied).kind == "seasonal_naive"
+    assert best(tied[:2]).kind == "last_value"
+
+
+def test_the_morning_ramp_is_forecast_from_the_season_after_an_idle_night() -> None:
+    """Eight idle-at-night days: the selection made at night sees only zeros.  Ranked by list order, last value
+    won it and forecast each step of the ramp only once it had arrived (a lead time late)."""
+    config = ForecastConfig(bin_s=BIN_S, horizon_s=5 * BIN_S, season_s=DAY_BINS * BIN_S, keep_s=9 * DAY_BINS * BIN_S,
+                            refit_every_bins=DAY_BINS, selection_bins=60)  # fmt: skip
+    series = business_day(9)
+    forecaster = AutoForecaster(config, refit_phase=150)  # refits at bin 90 of each day: after 60 idle bins
+    errors = []
+    for k, value in enumerate(series[: 8 * DAY_BINS + 130]):
+        forecaster.observe(float(value))
+        forecast = forecaster.forecast()
+        if k >= 8 * DAY_BINS + 95:  # the end of the night and the ramp
+            assert forecast is not None
+            errors.append(abs(float(forecast.point[-1]) - series[k + 5]))
+    assert max(errors) < 0.5  # last value: 2.5 (five bins of a 0.5-per-bin ramp)
+
+
+def test_a_selection_made_on_zeros_is_made_again_when_the_series_leaves_zero() -> None:
+    config = ForecastConfig(bin_s=BIN_S, horizon_s=5 * BIN_S, season_s=None, refit_every_bins=10_000,
+                            selection_bins=60)  # fmt: skip
+    forecaster = AutoForecaster(config, auto_refit=False)
+    for value in [1.0] * 100 + [0.0] * 100:
+        forecaster.observe(value)
+    forecaster.refit()
+    forecaster.observe(0.0)
+    assert not forecaster.refit_due
+    forecaster.observe(3.0)
+    assert forecaster.refit_due
