@@ -108,7 +108,9 @@ class PolicyStatus(_Out):
     current_replicas: int | None
     desired_replicas: int | None
     stale: bool
-    """True when the last observation is missing or older than ``stale_after_s``: the core holds."""
+    """True when the last observation is missing, or older than ``stale_after_s`` now (when this status was
+    read; ticks that stopped succeeding leave the last one's data growing old), or the source failed: the core
+    holds, and what this status shows is not current."""
     observed_at: datetime | None
     sli: dict[str, float | None]
     error_budget_remaining: dict[str, float | None]
@@ -130,7 +132,11 @@ class ControllerStatus(_Out):
     mode: str
     """``leader`` acts; ``standby`` only evaluates and serves reads."""
     last_tick_at: datetime | None
+    """When the last tick succeeded (null before the first)."""
     tick_interval_s: float
+    tick_overdue: bool = False
+    """True when the last tick succeeded more than three tick intervals ago: the loop is failing or stuck, and
+    everything below is as old as ``last_tick_at``."""
     policies: list[PolicyStatus]
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Annotated, Protocol
 
 from fastapi import APIRouter, Query, Request, Response
@@ -25,6 +26,8 @@ from controller.store import Store, StoredPolicy
 router = APIRouter(tags=["status"])
 
 LAST_DECISIONS = 5
+OVERDUE_TICKS = 3
+"""No tick has succeeded for this many tick intervals: the loop is failing or stuck, and the status is old."""
 
 
 class RuntimeView(Protocol):
@@ -46,20 +49,48 @@ def runtime_view(request: Request) -> RuntimeView | None:
     return view
 
 
+def read_now(view: RuntimeView | None) -> datetime:
+    """Now, on the wall clock the service stamps its ticks and observations with (its ``wall_clock``, when it
+    has one)."""
+    clock: Callable[[], datetime] | None = getattr(view, "wall_clock", None)
+    return clock() if clock is not None else datetime.now(UTC)
+
+
+def is_stale(observed_at: datetime | None, now: datetime, stale_after_s: float) -> bool:
+    """Whether an observation made at ``observed_at`` is too old to show as current at ``now``."""
+    return observed_at is None or (now - observed_at).total_seconds() > stale_after_s
+
+
+def tick_overdue(last_tick_at: datetime | None, now: datetime, tick_interval_s: float) -> bool:
+    """Whether the last successful tick is more than :data:`OVERDUE_TICKS` tick intervals old at ``now``."""
+    return last_tick_at is not None and (now - last_tick_at).total_seconds() > OVERDUE_TICKS * tick_interval_s
+
+
 def build_policy_status(
-    store: Store, stored: StoredPolicy, view: RuntimeView | None, *, last: int = LAST_DECISIONS
+    store: Store,
+    stored: StoredPolicy,
+    view: RuntimeView | None,
+    *,
+    stale_after_s: float,
+    now: datetime | None = None,
+    last: int = LAST_DECISIONS,
 ) -> PolicyStatus:
-    """What ``/v1/status/{name}`` serves (the status page renders the same object); ``last`` decisions."""
+    """What ``/v1/status/{name}`` serves (the status page renders the same object); ``last`` decisions.
+
+    ``stale`` is judged at ``now`` (default: :func:`read_now`), not only at the last tick: when ticks stop
+    succeeding, what the last one saw grows old while the tick's own verdict still says fresh.
+    """
     name = stored.policy.name
     runtime = (view.runtime(name) if view is not None else None) or PolicyRuntime()
     decisions = store.list_decisions(policy=name, limit=last) if last > 0 else []
+    at = read_now(view) if now is None else now
     return PolicyStatus(
         name=name,
         mode=str(stored.policy.mode),
         policy_version=stored.version,
         current_replicas=runtime.current_replicas,
         desired_replicas=runtime.desired_replicas,
-        stale=runtime.stale,
+        stale=runtime.stale or is_stale(runtime.observed_at, at, stale_after_s),
         observed_at=runtime.observed_at,
         sli=dict(runtime.sli),
         error_budget_remaining=dict(runtime.error_budget_remaining),
@@ -73,20 +104,24 @@ def build_policy_status(
 
 
 def build_controller_status(
-    request: Request, policies: list[StoredPolicy], *, last: int = LAST_DECISIONS
+    request: Request, policies: list[StoredPolicy], *, now: datetime | None = None, last: int = LAST_DECISIONS
 ) -> ControllerStatus:
-    """What ``/v1/status`` serves for ``policies`` (the status page renders the same object)."""
+    """What ``/v1/status`` serves for ``policies`` at ``now`` (the status page renders the same object)."""
     settings: ControllerSettings = request.app.state.settings
     store: Store = request.app.state.store
     view = runtime_view(request)
+    at = read_now(view) if now is None else now
     leader = view.is_leader if view is not None else False
+    last_tick_at = view.last_tick_at if view is not None else None
     return ControllerStatus(
         leader=leader,
         embedded=settings.embedded,
         mode="leader" if leader else "standby",
-        last_tick_at=view.last_tick_at if view is not None else None,
+        last_tick_at=last_tick_at,
         tick_interval_s=settings.tick_interval_s,
-        policies=[build_policy_status(store, stored, view, last=last) for stored in policies],
+        tick_overdue=tick_overdue(last_tick_at, at, settings.tick_interval_s),
+        policies=[build_policy_status(store, stored, view, stale_after_s=settings.stale_after_s, now=at, last=last)
+                  for stored in policies],
     )
 
 
@@ -100,7 +135,9 @@ def status(request: Request) -> ControllerStatus:
 @router.get("/v1/status/{name}", response_model=PolicyStatus, responses=problem_responses(404, 422, 503))
 def policy_status(request: Request, name: str) -> PolicyStatus:
     store: Store = request.app.state.store
-    return build_policy_status(store, store.get_policy(name), runtime_view(request))
+    settings: ControllerSettings = request.app.state.settings
+    return build_policy_status(store, store.get_policy(name), runtime_view(request),
+                               stale_after_s=settings.stale_after_s)  # fmt: skip
 
 
 @router.get("/v1/decisions", response_model=DecisionPage, responses=problem_responses(422, 503))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
@@ -19,12 +19,12 @@ from controller.api.page.layout import NO_VALUE, budget_bar, fmt_ago, fmt_budget
 from controller.api.page.policy_data import Outside, outside_client, read_alerts
 from controller.api.page.verdict import SLOS, Level, PairState, Verdict, compliance, pair_states, verdict, worst_pair
 from controller.api.schemas import ControllerStatus, PolicyStatus
-from controller.api.status import build_controller_status
+from controller.api.status import build_controller_status, read_now, runtime_view
 from controller.config import ControllerSettings
 from controller.runtime import FORECAST_NOT_IN_USE
 from controller.store import Store, StoredPolicy
 
-__all__ = ["OverviewQuery", "gather_overview", "render_overview"]
+__all__ = ["OverviewQuery", "gather_overview", "render_overview", "tick_banner"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,18 +81,18 @@ def _matches(stored: StoredPolicy, text: str) -> bool:
     return not needle or needle in stored.policy.name.lower() or needle in stored.policy.model_name.lower()
 
 
-def _read(request: Request, text: str) -> tuple[ControllerStatus, list[StoredPolicy]]:
+def _read(request: Request, text: str, now: datetime) -> tuple[ControllerStatus, list[StoredPolicy]]:
     store: Store = request.app.state.store
     policies = [s for s in store.list_policies() if _matches(s, text)]
-    return build_controller_status(request, policies, last=0), policies
+    return build_controller_status(request, policies, now=now, last=0), policies
 
 
 async def gather_overview(request: Request, query: OverviewQuery) -> OverviewData:
     settings: ControllerSettings = request.app.state.settings
-    now = datetime.now(UTC)
+    now = read_now(runtime_view(request))
     async with outside_client(request) as client:
         (controller, policies), (alerts, alertmanager) = await asyncio.gather(
-            asyncio.to_thread(_read, request, query.q), read_alerts(client, settings.alertmanager_url)
+            asyncio.to_thread(_read, request, query.q, now), read_alerts(client, settings.alertmanager_url)
         )
     firing = Counter(a.policy for a in alerts)
     known = settings.alertmanager_url is not None and alertmanager.error is None
@@ -259,8 +259,19 @@ def _table(data: OverviewData) -> Markup:
     return el("table", el("thead", head), el("tbody", [_row(r, data) for r in data.rows]), data_table="policies")
 
 
+def tick_banner(last_tick_at: datetime | None, now: datetime, tick_interval_s: float) -> Markup:
+    """Says that no tick has succeeded for several tick intervals (the overview and the policy page alike)."""
+    since = fmt_ago(last_tick_at, now).removesuffix(" ago")
+    return el("div", el("b", f"No tick has succeeded for {since}"), f" (the controller ticks every "
+              f"{tick_interval_s:g} s): its ticks fail or hang, so what this page shows is that old.",
+              class_="banner bad", data_banner="tick")
+
+
 def render_overview(data: OverviewData, *, refresh_s: int | None) -> str:
     banners = []
+    c = data.controller
+    if c.tick_overdue:
+        banners.append(tick_banner(c.last_tick_at, data.now, c.tick_interval_s))
     if data.alertmanager.error:
         banners.append(el("div", el("b", "Alertmanager unreachable: "), data.alertmanager.error,
                           " — the alerts column is unknown.", class_="banner bad", data_banner="alertmanager"))

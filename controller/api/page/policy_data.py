@@ -13,7 +13,7 @@ import asyncio
 import functools
 import ssl
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import httpx
 from starlette.requests import Request
@@ -23,7 +23,7 @@ from controller.api.page.alerts import FiringAlert, firing_alerts
 from controller.api.page.cache import SeriesCache
 from controller.api.page.prom import PromSeries, prometheus_series, range_step_s
 from controller.api.schemas import PolicyStatus
-from controller.api.status import build_policy_status, runtime_view
+from controller.api.status import build_policy_status, read_now, runtime_view
 from controller.config import ControllerSettings
 from controller.slo import format_duration
 from controller.sources.prometheus import PrometheusClient
@@ -85,6 +85,8 @@ class PolicyData:
     alertmanager: Outside
     tick_interval_s: float
     sli_window_s: float = 300.0
+    last_tick_at: datetime | None = None
+    """When the controller's last tick succeeded (None before the first, or without a tick loop)."""
     """The controller's SLI window: what "good now" and the logged good ratios are over."""
 
     @property
@@ -165,10 +167,12 @@ async def _read_prometheus(
 
 
 def _read_store(
-    store: Store, request: Request, stored: StoredPolicy, since: datetime, range_key: str
+    store: Store, request: Request, stored: StoredPolicy, now: datetime, span_s: float, range_key: str
 ) -> tuple[PolicyStatus, list[PolicyVersion], list[DecisionPoint], list[DecisionRecord]]:
     name = stored.policy.name
-    status = build_policy_status(store, stored, runtime_view(request))
+    settings: ControllerSettings = request.app.state.settings
+    status = build_policy_status(store, stored, runtime_view(request), stale_after_s=settings.stale_after_s, now=now)
+    since = now - timedelta(seconds=span_s)
     history = store.policy_history(name)
     cache: SeriesCache = request.app.state.page_series
     log = cache.points(store, name, range_key, since=since, fields=LOG_FIELDS, exclude_actions=REBALANCE_ACTIONS)
@@ -180,12 +184,13 @@ async def gather_policy(request: Request, name: str, range_key: str) -> PolicyDa
     """The page's data; :class:`NotFoundError` when there is no such policy."""
     store: Store = request.app.state.store
     settings: ControllerSettings = request.app.state.settings
-    now = datetime.now(UTC)
+    view = runtime_view(request)
+    now = read_now(view)
     span_s = float(RANGES[range_key])
     stored = await asyncio.to_thread(store.get_policy, name)
     async with outside_client(request) as client:
         (status, history, log, events), (prom, prometheus), (alerts, alertmanager) = await asyncio.gather(
-            asyncio.to_thread(_read_store, store, request, stored, now - timedelta(seconds=span_s), range_key),
+            asyncio.to_thread(_read_store, store, request, stored, now, span_s, range_key),
             _read_prometheus(client, settings, stored, now, span_s),
             read_alerts(client, settings.alertmanager_url),
         )
@@ -193,4 +198,5 @@ async def gather_policy(request: Request, name: str, range_key: str) -> PolicyDa
         stored=stored, status=status, history=history, log=log, events=events, now=now, range_key=range_key,
         prom=prom, prometheus=prometheus, alerts=[a for a in alerts if a.policy == name],
         alertmanager=alertmanager, tick_interval_s=settings.tick_interval_s, sli_window_s=settings.sli_window_s,
+        last_tick_at=None if view is None else view.last_tick_at,
     )

@@ -18,6 +18,7 @@ from controller.api.page.layout import (
     num,
     page,
 )
+from controller.api.page.overview import tick_banner
 from controller.api.page.policy_charts import (
     fmt_at,
     good_ratio_chart,
@@ -28,6 +29,7 @@ from controller.api.page.policy_charts import (
 )
 from controller.api.page.policy_data import EVENTS_MAX, RANGES, PolicyData
 from controller.api.page.verdict import SLOS, PairState, compliance, pair_states, verdict
+from controller.api.status import tick_overdue
 
 __all__ = ["render_policy"]
 
@@ -36,6 +38,8 @@ DECISION_ROWS = 50
 
 def _banners(data: PolicyData) -> list[Markup]:
     out = []
+    if tick_overdue(data.last_tick_at, data.now, data.tick_interval_s):
+        out.append(tick_banner(data.last_tick_at, data.now, data.tick_interval_s))
     if data.prometheus.error:
         out.append(el("div", el("b", "Prometheus unreachable: "), data.prometheus.error,
                       " — charts fall back to the decision log.", class_="banner bad", data_banner="prometheus"))

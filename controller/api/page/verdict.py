@@ -133,8 +133,9 @@ def verdict(status: PolicyStatus, policy: Policy, pairs: list[PairState]) -> Ver
         if firing:
             p = firing[0]
             w = p.window
+            old = "; as last seen, the data is stale" if status.stale else ""
             return Verdict(level, f"{p.slo.upper()} burning {p.long_rate:.1f}x over {w.long_window} and "
-                                  f"{p.short_rate:.1f}x over {w.short_window} (alert at {w.burn_rate:g}x)")
+                                  f"{p.short_rate:.1f}x over {w.short_window} (alert at {w.burn_rate:g}x{old})")
     has_sli = (any(v is not None for v in status.sli.values())
                or any(v is not None for v in status.error_budget_remaining.values())
                or any(rates for rates in status.burn_rates.values()))  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -22,6 +22,10 @@ POLICY = {"name": "qwen", "target": {"kind": "local", "model": "m"}}
 class View:
     is_leader = True
     last_tick_at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def wall_clock(self) -> datetime:
+        """The service's clock: a second after its last tick (what it shows is current)."""
+        return self.last_tick_at + timedelta(seconds=1)
 
     def runtime(self, name: str) -> PolicyRuntime | None:
         return PolicyRuntime(
