@@ -74,8 +74,8 @@ def _good_ratio(good: Matrix, total: Matrix, threshold_s: float) -> list[Point]:
         le = parse_le(labels.get("le", ""))
         if le is None:
             continue
-        for t, v in points:
-            buckets[t][le] = v
+        for t, v in points:  # le="1" and le="1.0" (two exporters' spellings) are one edge: summed
+            buckets[t][le] = buckets[t].get(le, 0.0) + v
     out: list[Point] = []
     for t, count in (total[0][1] if total else []):
         hit = good_count_at(buckets.get(t, {}), threshold_s)
