@@ -16,7 +16,7 @@ from starlette.requests import Request
 
 from controller.api.page.html import Markup, el, join
 from controller.api.page.layout import NO_VALUE, budget_bar, fmt_ago, fmt_budget, fmt_num, fmt_pct, num, page
-from controller.api.page.policy_data import Outside, outside_client, read_alerts
+from controller.api.page.policy_data import Outside, outside_client, read_alerts, read_request_rates
 from controller.api.page.verdict import SLOS, Level, PairState, Verdict, compliance, pair_states, verdict, worst_pair
 from controller.api.schemas import ControllerStatus, PolicyStatus
 from controller.api.status import build_controller_status, read_now, runtime_view
@@ -70,6 +70,8 @@ class OverviewData:
     source: str
     alertmanager: Outside
     now: datetime
+    prometheus: Outside
+    """Where the low-traffic guard of the burn-rate pairs came from (an error: the controller's own rate)."""
 
     @property
     def pages(self) -> int:
@@ -81,24 +83,26 @@ def _matches(stored: StoredPolicy, text: str) -> bool:
     return not needle or needle in stored.policy.name.lower() or needle in stored.policy.model_name.lower()
 
 
-def _read(request: Request, text: str, now: datetime) -> tuple[ControllerStatus, list[StoredPolicy]]:
+def _matching(request: Request, text: str) -> list[StoredPolicy]:
     store: Store = request.app.state.store
-    policies = [s for s in store.list_policies() if _matches(s, text)]
-    return build_controller_status(request, policies, now=now, last=0), policies
+    return [s for s in store.list_policies() if _matches(s, text)]
 
 
 async def gather_overview(request: Request, query: OverviewQuery) -> OverviewData:
     settings: ControllerSettings = request.app.state.settings
     now = read_now(runtime_view(request))
+    policies = await asyncio.to_thread(_matching, request, query.q)
     async with outside_client(request) as client:
-        (controller, policies), (alerts, alertmanager) = await asyncio.gather(
-            asyncio.to_thread(_read, request, query.q, now), read_alerts(client, settings.alertmanager_url)
+        controller, (alerts, alertmanager), (request_rates, prometheus) = await asyncio.gather(
+            asyncio.to_thread(build_controller_status, request, policies, now=now, last=0),
+            read_alerts(client, settings.alertmanager_url),
+            read_request_rates(client, settings, [s.policy for s in policies]),
         )
     firing = Counter(a.policy for a in alerts)
     known = settings.alertmanager_url is not None and alertmanager.error is None
     rows = []
     for stored, status in zip(policies, controller.policies, strict=True):
-        pairs = pair_states(status, stored.policy)
+        pairs = pair_states(status, stored.policy, None if request_rates is None else request_rates[stored.policy.name])
         rows.append(Row(stored, status, pairs, verdict(status, stored.policy, pairs),
                         firing.get(stored.policy.name, 0) if known else None))
     counts = Counter(r.verdict.level for r in rows)
@@ -114,7 +118,7 @@ async def gather_overview(request: Request, query: OverviewQuery) -> OverviewDat
     return OverviewData(
         rows=rows[start:start + query.per_page], matching=len(rows), counts=counts, controller=controller,
         query=query, source="Prometheus" if settings.prometheus_url else "direct scrape", alertmanager=alertmanager,
-        now=now,
+        now=now, prometheus=prometheus,
     )
 
 
@@ -275,6 +279,11 @@ def render_overview(data: OverviewData, *, refresh_s: int | None) -> str:
     if data.alertmanager.error:
         banners.append(el("div", el("b", "Alertmanager unreachable: "), data.alertmanager.error,
                           " — the alerts column is unknown.", class_="banner bad", data_banner="alertmanager"))
+    if data.prometheus.error:
+        banners.append(el("div", el("b", "Prometheus unreachable: "), data.prometheus.error,
+                          " — the burn-rate pairs' low-traffic guard uses the controller's last 1-minute request "
+                          "rate, not each pair's short window as the alert rules do.", class_="banner warn",
+                          data_banner="prometheus"))
     firing = data.counts.get(Level.PAGE, 0)
     title = f"{firing} paging · moeslo" if firing else "moeslo status"
     body = [el("h1", "SLO status"), _controller_line(data), banners, _summary(data), _filter(data), _table(data),

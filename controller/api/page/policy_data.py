@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 import httpx
 from starlette.requests import Request
@@ -21,10 +23,11 @@ from starlette.requests import Request
 from contracts.errors import UnavailableError
 from controller.api.page.alerts import FiringAlert, firing_alerts
 from controller.api.page.cache import SeriesCache
-from controller.api.page.prom import PromSeries, prometheus_series, range_step_s
+from controller.api.page.prom import PromSeries, RequestRates, alert_request_rates, prometheus_series, range_step_s
 from controller.api.schemas import PolicyStatus
 from controller.api.status import build_policy_status, read_now, runtime_view
 from controller.config import ControllerSettings
+from controller.policy import Policy
 from controller.slo import format_duration
 from controller.sources.prometheus import PrometheusClient
 from controller.store import DecisionPoint, DecisionRecord, PolicyVersion, Store, StoredPolicy
@@ -38,6 +41,7 @@ __all__ = [
     "gather_policy",
     "outside_client",
     "read_alerts",
+    "read_request_rates",
 ]
 
 RANGES = {"1h": 3600, "6h": 6 * 3600, "1d": 86400, "3d": 3 * 86400}
@@ -87,6 +91,9 @@ class PolicyData:
     sli_window_s: float = 300.0
     last_tick_at: datetime | None = None
     """When the controller's last tick succeeded (None before the first, or without a tick loop)."""
+    request_rates: dict[str, float] | None = None
+    """TTFT requests per second over each burn-rate pair's short window, from Prometheus (the alerts'
+    low-traffic guard; None without it)."""
     """The controller's SLI window: what "good now" and the logged good ratios are over."""
 
     @property
@@ -123,6 +130,7 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+T = TypeVar("T")
 _NO_ANSWER = f"no whole answer within {OUTSIDE_TIMEOUT_S:g} s"
 """A server that trickles its answer: the client's timeout is per read, this deadline is the page's."""
 
@@ -133,16 +141,34 @@ def outside_client(request: Request) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, timeout=OUTSIDE_TIMEOUT_S, verify=_tls())
 
 
+async def _ask(url: str, call: Awaitable[T]) -> tuple[T | None, Outside]:
+    """``call``'s answer within the page's deadline, or None and why not."""
+    try:
+        async with asyncio.timeout(OUTSIDE_TIMEOUT_S):
+            return await call, Outside(url)
+    except UnavailableError as exc:
+        return None, Outside(url, str(exc))
+    except TimeoutError:
+        return None, Outside(url, _NO_ANSWER)
+
+
 async def read_alerts(client: httpx.AsyncClient, url: str | None) -> tuple[list[FiringAlert], Outside]:
     if url is None:
         return [], Outside(None)
-    try:
-        async with asyncio.timeout(OUTSIDE_TIMEOUT_S):
-            return await firing_alerts(client, url), Outside(url)
-    except UnavailableError as exc:
-        return [], Outside(url, str(exc))
-    except TimeoutError:
-        return [], Outside(url, _NO_ANSWER)
+    alerts, outside = await _ask(url, firing_alerts(client, url))
+    return alerts or [], outside
+
+
+async def read_request_rates(
+    client: httpx.AsyncClient, settings: ControllerSettings, policies: list[Policy]
+) -> tuple[RequestRates | None, Outside]:
+    """The alerts' low-traffic guard per policy and short window (None without Prometheus, or when it failed:
+    the verdicts then fall back to the controller's own request rate)."""
+    url = settings.prometheus_url
+    if url is None or not policies:
+        return None, Outside(url)
+    prometheus = PrometheusClient(url, client=client)
+    return await _ask(url, alert_request_rates(prometheus, policies, selector=settings.prometheus_selector))
 
 
 async def _read_prometheus(
@@ -152,18 +178,9 @@ async def _read_prometheus(
     if url is None:
         return None, Outside(None)
     end_s = now.timestamp()
-    step_s = range_step_s(span_s)
-    try:
-        async with asyncio.timeout(OUTSIDE_TIMEOUT_S):
-            series = await prometheus_series(
-                PrometheusClient(url, client=client), stored.policy, selector=settings.prometheus_selector,
-                start_s=end_s - span_s, end_s=end_s, step_s=step_s,
-            )
-    except UnavailableError as exc:
-        return None, Outside(url, str(exc))
-    except TimeoutError:
-        return None, Outside(url, _NO_ANSWER)
-    return series, Outside(url)
+    prometheus = PrometheusClient(url, client=client)
+    return await _ask(url, prometheus_series(prometheus, stored.policy, selector=settings.prometheus_selector,
+                                             start_s=end_s - span_s, end_s=end_s, step_s=range_step_s(span_s)))
 
 
 def _read_store(
@@ -189,14 +206,16 @@ async def gather_policy(request: Request, name: str, range_key: str) -> PolicyDa
     span_s = float(RANGES[range_key])
     stored = await asyncio.to_thread(store.get_policy, name)
     async with outside_client(request) as client:
-        (status, history, log, events), (prom, prometheus), (alerts, alertmanager) = await asyncio.gather(
+        (status, history, log, events), (prom, prometheus), (alerts, alertmanager), (rates, _) = await asyncio.gather(
             asyncio.to_thread(_read_store, store, request, stored, now, span_s, range_key),
             _read_prometheus(client, settings, stored, now, span_s),
             read_alerts(client, settings.alertmanager_url),
+            read_request_rates(client, settings, [stored.policy]),
         )
     return PolicyData(
         stored=stored, status=status, history=history, log=log, events=events, now=now, range_key=range_key,
         prom=prom, prometheus=prometheus, alerts=[a for a in alerts if a.policy == name],
         alertmanager=alertmanager, tick_interval_s=settings.tick_interval_s, sli_window_s=settings.sli_window_s,
         last_tick_at=None if view is None else view.last_tick_at,
+        request_rates=None if rates is None else rates.get(name),
     )

@@ -71,7 +71,7 @@ def _pair_chips(pairs: list[PairState], slo: str) -> Markup:
 
 def _slo_table(data: PolicyData) -> Markup:
     policy, status = data.stored.policy, data.status
-    pairs = pair_states(status, policy)
+    pairs = pair_states(status, policy, data.request_rates)
     rows = []
     for slo in SLOS:
         objective = getattr(policy.objectives, slo)
@@ -226,7 +226,7 @@ def _zoomed(data: PolicyData) -> Markup | None:
 
 def render_policy(data: PolicyData, *, refresh_s: int | None) -> str:
     policy, status = data.stored.policy, data.status
-    v = verdict(status, policy, pair_states(status, policy))
+    v = verdict(status, policy, pair_states(status, policy, data.request_rates))
     title = el("h1", policy.name, " ", el("span", v.text, class_=f"badge {v.css}", data_verdict=v.level.name),
                " ", el("span", f"mode {policy.mode}", class_="badge off"))
     body = [

@@ -6,7 +6,9 @@ The same PromQL the controller's source reads (``controller/sources/prometheus.p
   the threshold (:func:`~controller.sources.base.good_count_at`, interpolating when the threshold
   is no bucket edge), so each point is the ``ttft_good_ratio`` the controller would have seen;
 - the request rate (``rate(vllm:request_success_total[1m])``);
-- the imbalance CV of each MoE layer (``moe_layer_imbalance_cv``), for the heatmap.
+- the imbalance CV of each MoE layer (``moe_layer_imbalance_cv``), for the heatmap;
+- and, for the verdicts, the TTFT requests per second over each burn-rate pair's short window
+  (:func:`alert_request_rates`): the generated alerts' low-traffic guard, asked the same way.
 
 Queries run concurrently; one that fails leaves its chart to the decision log and says why; when
 all fail, :class:`UnavailableError` (Prometheus unreachable).
@@ -22,11 +24,12 @@ from dataclasses import dataclass, field
 from contracts.catalogue import LAYER_IMBALANCE_CV
 from contracts.errors import UnavailableError
 from controller.policy import Policy
+from controller.slo import standard_burn_rate_windows
 from controller.sources.base import HISTOGRAMS, REQUESTS_TOTAL, SHORT_WINDOW, good_count_at, model_matcher, parse_le
-from controller.sources.prometheus import PrometheusClient
+from controller.sources.prometheus import PrometheusClient, Vector
 from controller.ttft_series import ttft_matchers, ttft_metric
 
-__all__ = ["PromSeries", "prometheus_series", "range_step_s"]
+__all__ = ["PromSeries", "RequestRates", "alert_request_rates", "prometheus_series", "range_step_s"]
 
 Point = tuple[float, float | None]
 Matrix = list[tuple[dict[str, str], list[tuple[float, float]]]]
@@ -50,10 +53,13 @@ def range_step_s(span_s: float, floor_s: float = 15.0) -> float:
     return max(floor_s, math.ceil(span_s / MAX_POINTS / floor_s) * floor_s)
 
 
+def _matchers(models: list[str], selector: str) -> list[str]:
+    """The model's matcher and the configured selector's (the source's own)."""
+    return [m for m in (model_matcher(models), selector.strip().strip(",")) if m]
+
+
 def _queries(policy: Policy, selector: str) -> dict[str, str]:
-    matchers = [model_matcher([policy.model_name])]
-    if selector.strip().strip(","):
-        matchers.append(selector.strip().strip(","))
+    matchers = _matchers([policy.model_name], selector)
     sel = "{" + ",".join(matchers) + "}"
     out = {}
     for slo, metric in HISTOGRAMS.items():
@@ -119,3 +125,58 @@ async def prometheus_series(
         load=list[Point](load[0][1]) if load else [], layer_cv=dict(sorted(layers.items())),
         errors=errors, queries=queries,
     )
+
+
+RequestRates = dict[str, dict[str, float]]
+"""Per policy: TTFT requests per second over each short window its burn-rate pairs read (windows whose query
+failed are missing)."""
+
+
+RateQueries = dict[tuple[str, str, str], tuple[str, list[Policy]]]
+
+
+def _request_rate_queries(policies: list[Policy], selector: str) -> RateQueries:
+    """(TTFT metric, its matchers, window) -> the query of its request rate by model, and the policies it is for."""
+    groups: dict[tuple[str, str], list[Policy]] = defaultdict(list)
+    for policy in policies:
+        allowance = policy.objectives.ttft.allowance
+        groups[(ttft_metric(allowance), ttft_matchers(allowance))].append(policy)
+    out = {}
+    for (metric, extra), members in groups.items():
+        sel = ",".join([*_matchers([p.model_name for p in members], selector), *([extra] if extra else [])])
+        windows = {w.short_window for p in members for w in standard_burn_rate_windows(p.window_s)}
+        for window in sorted(windows):
+            query = f"sum by (model_name) (rate({metric}_count{{{sel}}}[{window}]))"
+            out[(metric, extra, window)] = (query, members)
+    return out
+
+
+async def alert_request_rates(client: PrometheusClient, policies: list[Policy], *, selector: str) -> RequestRates:
+    """Each policy's TTFT requests per second over the short window of each of its burn-rate pairs, now.
+
+    What the generated alerts' low-traffic guard reads (``moeslo:slo_total_events:rate<short>{slo="ttft"}``:
+    requests, not events, over the pair's *short* window), asked of the histogram itself, so it holds where the
+    recording rules are not loaded.  A model without the series has no requests (0).  :class:`UnavailableError`
+    when every query failed; a window whose query failed is left out (the caller falls back for that pair).
+    """
+    queries = _request_rate_queries(policies, selector)
+    answers = await asyncio.gather(*(client.query(q) for q, _ in queries.values()), return_exceptions=True)
+    out: RequestRates = {p.name: {} for p in policies}
+    failed = []
+    for ((_, _, window), (_, members)), answer in zip(queries.items(), answers, strict=True):
+        if isinstance(answer, UnavailableError):
+            failed.append(answer)
+            continue
+        if isinstance(answer, BaseException):
+            raise answer
+        by_model = _by_model(answer)
+        for policy in members:
+            if any(w.short_window == window for w in standard_burn_rate_windows(policy.window_s)):
+                out[policy.name][window] = by_model.get(policy.model_name, 0.0)
+    if failed and len(failed) == len(queries):
+        raise failed[0]
+    return out
+
+
+def _by_model(vector: Vector) -> dict[str, float]:
+    return {labels.get("model_name", ""): value for labels, value in vector}

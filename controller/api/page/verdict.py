@@ -2,13 +2,15 @@
 
 The multiwindow alerting pairs are the SRE workbook's (:func:`controller.slo.standard_burn_rate_windows`
 for the policy's compliance window), evaluated on the burn rates the controller computed
-this tick, so the page says "burning" exactly when the generated alert rules would.
+this tick, and held back by the rules' low-traffic guard pair by pair (the TTFT request rate over
+each pair's short window, from Prometheus), so the page says "burning" when the generated alert rules would.
 Compliance over the window is the good ratio the error budget left was computed from:
 ``remaining = 1 - (1 - ratio) / (1 - target)``, so ``ratio = 1 - (1 - remaining)(1 - target)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -101,17 +103,26 @@ def compliance(status: PolicyStatus, policy: Policy, slo: str) -> float | None:
     return 1.0 - (1.0 - remaining) * (1.0 - target)
 
 
-def pair_states(status: PolicyStatus, policy: Policy) -> list[PairState]:
-    """Each SLO's alert pairs; below the alerts' request-rate guard (the rate the controller last saw)
-    none fires, as the generated rules do not."""
+def pair_states(
+    status: PolicyStatus, policy: Policy, request_rates: Mapping[str, float] | None = None
+) -> list[PairState]:
+    """Each SLO's alert pairs; a pair whose short window saw fewer requests than the alerts' guard does not
+    fire, as the generated rule does not.
+
+    ``request_rates``: TTFT requests per second by short window (what the rules' guard reads,
+    :func:`controller.api.page.prom.alert_request_rates`).  For a window it lacks (no Prometheus, or its
+    query failed) the guard falls back to the request rate the controller last saw, over the last minute.
+    """
     windows = standard_burn_rate_windows(policy.window_s)
-    rate = status.seen.get("request_rate_rps")
-    quiet = isinstance(rate, int | float) and rate < MIN_ALERT_REQUEST_RATE_PER_S
+    seen = status.seen.get("request_rate_rps")
+    fallback = float(seen) if isinstance(seen, int | float) else None
+    requests = {w.short_window: (request_rates or {}).get(w.short_window, fallback) for w in windows}
+    quiet = {short: rate is not None and rate < MIN_ALERT_REQUEST_RATE_PER_S for short, rate in requests.items()}
     out = []
     for slo in SLOS:
         rates = status.burn_rates.get(slo, {})
-        for window in windows:
-            out.append(PairState(slo, window, rates.get(window.long_window), rates.get(window.short_window), quiet))
+        for w in windows:
+            out.append(PairState(slo, w, rates.get(w.long_window), rates.get(w.short_window), quiet[w.short_window]))
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,6 +32,8 @@ class Upstream:
     queries: list[str] = field(default_factory=list)
     trickle: bool = False
     """Both servers answer 200 and then one byte a second, for a minute (each read within any timeout)."""
+    requests_rps: dict[str, float] = field(default_factory=dict)
+    """Instant queries of a request rate: requests/s by window (``"2h"``); other windows answer ``load_rps``."""
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle_async)
@@ -44,12 +47,23 @@ class Upstream:
         if request.url.path.startswith("/api/v1/"):
             if self.prometheus_down:
                 raise httpx.ConnectError("connection refused", request=request)
-            return self._range(request)
+            return self._instant(request) if request.url.path == "/api/v1/query" else self._range(request)
         if request.url.path == "/api/v2/alerts":
             if self.alertmanager_down:
                 raise httpx.ConnectError("connection refused", request=request)
             return httpx.Response(200, json=self.alerts)
         return httpx.Response(404, json={"status": "error", "error": "not found"})
+
+    def _instant(self, request: httpx.Request) -> httpx.Response:
+        """A request rate over the query's window for every model the query names."""
+        query = parse_qs(request.content.decode())["query"][0]
+        self.queries.append(query)
+        window = re.findall(r"\[(\w+)\]", query)[-1]
+        names = re.search(r'model_name=~?"([^"]*)"', query)
+        models = names.group(1).replace("\\", "").split("|") if names else []
+        rate = self.requests_rps.get(window, self.load_rps)
+        result = [{"metric": {"model_name": m}, "value": [0, str(rate)]} for m in models]
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
 
     def _range(self, request: httpx.Request) -> httpx.Response:
         form = {k: v[0] for k, v in parse_qs(request.content.decode()).items()}

@@ -1,0 +1,69 @@
+"""The page's "burning" agrees with the generated alert rules at low traffic: each pair is held back by the TTFT
+request rate over its own short window (as the rules' guard is), not by the controller's last minute."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from controller.api.page.verdict import Level, pair_states, verdict
+from controller.api.schemas import PolicyStatus
+from controller.policy import Policy
+from tests.controller.api.page.fakes import burning_runtime
+
+POLICY = Policy.model_validate({"name": "p", "target": {"kind": "model", "model": "m"}})
+AFTERNOON = {"5m": 0.5, "30m": 0.8, "1h": 1.2, "2h": 4.0, "6h": 5.0, "1d": 3.5, "3d": 1.5}
+"""Burn rates after six hours at 2 requests/s with 5 % slow TTFTs, then a lull: 1d/2h (3x) and 3d/6h (1x) burn."""
+
+
+def lull(seen_rps: float) -> PolicyStatus:
+    return PolicyStatus(
+        name="p", mode="advisory", policy_version=1, current_replicas=2, desired_replicas=2, stale=False,
+        observed_at=None, sli={"ttft_good_ratio": 0.99}, error_budget_remaining={"ttft": 0.4, "itl": 0.9},
+        burn_rates={"ttft": AFTERNOON, "itl": {}}, errors=[], seen={"request_rate_rps": seen_rps}, last_decisions=[],
+    )  # fmt: skip
+
+
+def test_a_lull_in_the_last_minute_does_not_hide_a_ticket_whose_short_windows_were_busy() -> None:
+    """0.05 requests/s in the last minute, 2 over the last 2 h and 6 h: the rules' ticket pairs fire."""
+    rates = {"5m": 0.05, "30m": 0.05, "2h": 2.0, "6h": 2.0}
+    pairs = pair_states(lull(0.05), POLICY, rates)
+    assert [(p.window.short_window, p.quiet) for p in pairs if p.slo == "ttft"] == [
+        ("5m", True), ("30m", True), ("2h", False), ("6h", False)]  # fmt: skip
+    assert verdict(lull(0.05), POLICY, pairs).level == Level.TICKET
+
+
+def test_a_pair_whose_short_window_was_quiet_does_not_fire_however_busy_the_last_minute() -> None:
+    rates = {"5m": 0.05, "30m": 0.05, "2h": 0.05, "6h": 0.05}
+    assert verdict(lull(3.0), POLICY, pair_states(lull(3.0), POLICY, rates)).level == Level.OK
+
+
+def test_without_the_windows_rates_the_guard_falls_back_to_the_controllers_own_rate() -> None:
+    assert verdict(lull(0.05), POLICY, pair_states(lull(0.05), POLICY)).level == Level.OK
+    assert verdict(lull(0.05), POLICY, pair_states(lull(0.05), POLICY, {"5m": 0.5})).level == Level.OK
+    assert verdict(lull(2.0), POLICY, pair_states(lull(2.0), POLICY)).level == Level.TICKET
+
+
+def test_the_overview_asks_prometheus_for_each_short_windows_request_rate(make_page: Any) -> None:
+    page = make_page(prometheus=True)
+    page.store.create_policy(POLICY)
+    page.view.runtimes["p"] = replace(burning_runtime(), seen={"request_rate_rps": 0.05})
+    page.upstream.requests_rps = {"5m": 0.5}  # 1h/5m burns 15.2x/18.8x over 14.4x, on enough requests
+    html = page.client.get("/ui/").text
+    assert 'data-policy="p" data-level="PAGE"' in html
+    assert any("time_to_first_token_seconds_count" in q and "[5m]" in q for q in page.upstream.queries)
+    assert 'data-verdict="PAGE"' in page.client.get("/ui/policies/p").text
+    page.upstream.requests_rps = {"5m": 0.05, "30m": 0.05, "2h": 0.05, "6h": 0.05}
+    assert 'data-level="PAGE"' not in page.client.get("/ui/").text
+    assert 'data-verdict="PAGE"' not in page.client.get("/ui/policies/p").text
+
+
+def test_prometheus_down_falls_back_and_the_overview_says_so(make_page: Any) -> None:
+    page = make_page(prometheus=True)
+    page.store.create_policy(POLICY)
+    page.view.runtimes["p"] = replace(burning_runtime(), seen={"request_rate_rps": 0.05})
+    page.upstream.prometheus_down = True
+    html = page.client.get("/ui/").text
+    assert 'data-banner="prometheus"' in html and "low-traffic guard" in html
+    assert 'data-policy="p" data-level="PAGE"' not in html  # the controller's 0.05 requests/s: quiet
+
