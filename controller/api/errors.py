@@ -157,13 +157,18 @@ def install_error_handlers(app: FastAPI, *, check_write_access: Callable[[Reques
             errors = [_problem_from_text(text) for text in exc.problems]
         return problem_response(status, str(exc), errors, headers or None)
 
-    @app.exception_handler(RequestValidationError)
-    async def _request_validation(request: Request, exc: RequestValidationError) -> Response:
+    def _write_denied(request: Request) -> UnauthorizedError | None:
         if check_write_access is not None and request.method not in ("GET", "HEAD"):
             try:
                 check_write_access(request)
             except UnauthorizedError as denied:
-                return await _moeslo(request, denied)
+                return denied
+        return None
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_validation(request: Request, exc: RequestValidationError) -> Response:
+        if (denied := _write_denied(request)) is not None:
+            return await _moeslo(request, denied)
         problems = validation_problems(exc.errors())
         if request.url.path.startswith("/ui/"):  # a person in a browser: a page, not a problem document
             return _html_problem(422, problems)
@@ -171,6 +176,11 @@ def install_error_handlers(app: FastAPI, *, check_write_access: Callable[[Reques
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI answers a JSON body that decodes to no value but raises no JSONDecodeError (nested past Python's
+        # recursion limit, not UTF-8) with a bare 400 "There was an error parsing the body": say what and where.
+        body_error = json_body_error(exc.__cause__) if exc.status_code == 400 else None
+        if body_error is not None:
+            return await _moeslo(request, _write_denied(request) or body_error)
         headers = dict(exc.headers) if exc.headers else {}
         if exc.status_code == 405:
             # Starlette names only the first matching route's methods; list every route of the path.
@@ -207,5 +217,12 @@ def _problem_from_text(text: str) -> FieldProblem:
     return FieldProblem(field="body", message=text)
 
 
-def json_body_error(exc: json.JSONDecodeError) -> ValidationError:
-    return ValidationError(f"body: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")
+def json_body_error(exc: BaseException | None) -> ValidationError | None:
+    """Why a JSON body would not parse, naming the body (None: ``exc`` is no fault of the body's)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return ValidationError(f"body: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")
+    if isinstance(exc, UnicodeDecodeError):
+        return ValidationError(f"body: not UTF-8 text at byte {exc.start}")
+    if isinstance(exc, RecursionError):
+        return ValidationError("body: JSON nested too deeply")
+    return None

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from contracts.errors import NotFoundError, ValidationError
 from controller.api.auth import WriteAccess
-from controller.api.errors import PreconditionRequiredError, UnsupportedMediaTypeError
+from controller.api.errors import PreconditionRequiredError, UnsupportedMediaTypeError, json_body_error
 from controller.api.schemas import (
     OpenSloImport,
     PolicyHistory,
@@ -243,10 +243,8 @@ async def patch_policy(
     raw = await request.body()
     try:
         patch = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValidationError(f"body: malformed JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise ValidationError("body: JSON nested too deeply") from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise (json_body_error(exc) or ValidationError(f"body: malformed JSON: {exc}")) from exc
     if not isinstance(patch, dict):
         raise ValidationError(f"body: a merge patch must be a JSON object, got {type(patch).__name__}")
     if "name" in patch and patch["name"] != name:

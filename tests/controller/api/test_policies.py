@@ -158,6 +158,29 @@ def test_a_patch_nested_too_deeply_is_422(client: TestClient) -> None:
     assert response.status_code == 422 and "nested too deeply" in response.json()["detail"]
 
 
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/policies"), ("PUT", "/v1/policies/qwen")])
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [(b'{"name": "qwen", "x": ' + b"[" * 2000 + b"]" * 2000 + b"}", "body: JSON nested too deeply"),
+     (b'{"name": "qwen", "x": ' + b'{"a": ' * 2000 + b"1" + b"}" * 2001, "body: JSON nested too deeply"),
+     (b'{"name": "q\xffwen"}', "body: not UTF-8 text at byte 11")],
+)  # fmt: skip
+def test_a_body_that_decodes_to_nothing_is_422_naming_the_body(
+    client: TestClient, method: str, path: str, raw: bytes, why: str
+) -> None:
+    """It was a bare 400 with no errors (FastAPI's "There was an error parsing the body"), while PATCH said why."""
+    response = client.request(method, path, content=raw, headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == 422 and response.headers["content-type"] == "application/problem+json"
+    assert response.json()["detail"] == why
+    assert response.json()["errors"] == [{"field": "body", "message": why.removeprefix("body: ")}]
+
+
+def test_a_body_that_decodes_to_nothing_without_the_token_is_401(client: TestClient) -> None:
+    deep = b"[" * 2000 + b"]" * 2000
+    response = client.post("/v1/policies", content=deep, headers={"Content-Type": "application/json"})
+    assert response.status_code == 401 and response.headers["www-authenticate"].startswith("Bearer")
+
+
 def test_writes_need_the_bearer_token_reads_do_not(client: TestClient) -> None:
     missing = client.post("/v1/policies", json=POLICY)
     assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer")
