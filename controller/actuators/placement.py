@@ -20,9 +20,7 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -33,6 +31,7 @@ import numpy.typing as npt
 from contracts.errors import UnavailableError
 from contracts.imbalance import rank_dispersion, rank_load, sampling_noise_cv
 from contracts.placement import Placement
+from controller.errors import malformed_answer
 from controller.policy import Mode, Policy
 from controller.rebalance import (
     CvObservation,
@@ -88,15 +87,6 @@ def totals(body: dict[str, Any]) -> npt.NDArray[np.int64] | None:
     """The engine's cumulative ``expert_tokens_total`` (absent from older engines: None)."""
     raw = body.get("expert_tokens_total")
     return None if raw is None else np.asarray(raw, dtype=np.int64)
-
-
-@contextmanager
-def malformed_answer(endpoint: str) -> Iterator[None]:
-    """An engine's answer of the wrong shape is that engine unavailable, never a fault of the controller's tick."""
-    try:
-        yield
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-        raise UnavailableError(f"{endpoint}: malformed answer ({type(exc).__name__}: {exc})") from exc
 
 
 class JsonHttpControl:
@@ -376,5 +366,5 @@ class Rebalancer:
 
 __all__ = [
     "EngineControl", "ExpertLoadSnapshot", "HttpEngineControl", "JsonHttpControl", "RebalanceEvent", "Rebalancer",
-    "error_text", "malformed_answer", "totals",
+    "error_text", "totals",
 ]

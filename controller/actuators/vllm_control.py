@@ -36,9 +36,9 @@ from controller.actuators.placement import (
     ExpertLoadSnapshot,
     HttpEngineControl,
     JsonHttpControl,
-    malformed_answer,
     totals,
 )
+from controller.errors import malformed_answer
 
 STATUS_PATH = "/moeslo/eplb"
 REBALANCE_PATH = "/moeslo/eplb/rebalance"

@@ -41,10 +41,10 @@ so their number does not grow with the number of policies:
   per distinct label set (the router's series carry no model label; its
   ``prometheus_labels`` pick it).
 
-Prometheus down or answering with an error: the source keeps each policy's
-last good observation (with its old ``observed_at_s``, so the core sees it
-age into ``stale_data``) and adds the error; it recovers on the next good
-answer without any reset.
+Prometheus down, answering with an error, or with JSON of the wrong shape (a
+malformed answer): the source keeps each policy's last good observation (with
+its old ``observed_at_s``, so the core sees it age into ``stale_data``) and
+adds the error; it recovers on the next good answer without any reset.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ from contracts.catalogue import (
 )
 from contracts.errors import UnavailableError
 from controller.bursts import PEAK_STEP_S
+from controller.errors import malformed_answer
 from controller.policy import Policy, parse_duration_s
 from controller.slo import format_duration
 from controller.sources.base import (
@@ -119,14 +120,12 @@ class PrometheusClient:
         if at_unix_s is not None:
             form["time"] = f"{at_unix_s:.3f}"
         body = await self._post("query", form, promql)
-        data = body.get("data", {})
-        if data.get("resultType") != "vector":
-            raise UnavailableError(f"prometheus: expected a vector, got {data.get('resultType')!r}")
         out: Vector = []
-        for item in data.get("result", []):
-            value = float(item["value"][1])
-            if math.isfinite(value):
-                out.append((dict(item["metric"]), value))
+        with malformed_answer(f"prometheus {self.base_url}"):
+            for item in _result(body, "vector"):
+                value = float(item["value"][1])
+                if math.isfinite(value):
+                    out.append((_labels(item["metric"]), value))
         return out
 
     async def query_range(
@@ -135,13 +134,11 @@ class PrometheusClient:
         """A range query (``/api/v1/query_range``): per series, its labels and (time, value) points."""
         form = {"query": promql, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}", "step": f"{step_s:g}"}
         body = await self._post("query_range", form, promql)
-        data = body.get("data", {})
-        if data.get("resultType") != "matrix":
-            raise UnavailableError(f"prometheus: expected a matrix, got {data.get('resultType')!r}")
-        return [
-            (dict(item["metric"]), [(float(t), float(v)) for t, v in item["values"] if math.isfinite(float(v))])
-            for item in data.get("result", [])
-        ]
+        with malformed_answer(f"prometheus {self.base_url}"):
+            return [
+                (_labels(item["metric"]), [(float(t), float(v)) for t, v in item["values"] if math.isfinite(float(v))])
+                for item in _result(body, "matrix")
+            ]
 
     async def _post(self, endpoint: str, form: dict[str, str], promql: str) -> dict[str, Any]:
         try:
@@ -149,11 +146,16 @@ class PrometheusClient:
         except httpx.HTTPError as exc:
             raise UnavailableError(f"prometheus {self.base_url}: {type(exc).__name__}: {exc}") from exc
         try:
-            body: dict[str, Any] = response.json()
+            body = response.json()
         except ValueError as exc:
             raise UnavailableError(
                 f"prometheus {self.base_url}: HTTP {response.status_code}, body is not JSON"
             ) from exc
+        if not isinstance(body, dict):
+            raise UnavailableError(
+                f"prometheus {self.base_url}: HTTP {response.status_code}, malformed answer "
+                f"(a JSON {type(body).__name__}, not an object)"
+            )
         if response.status_code != 200 or body.get("status") != "success":
             raise UnavailableError(
                 f"prometheus {self.base_url}: HTTP {response.status_code} "
@@ -164,6 +166,23 @@ class PrometheusClient:
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
+
+
+def _result(body: dict[str, Any], kind: str) -> list[Any]:
+    """The ``data.result`` list of a ``kind`` (vector, matrix) answer; a wrong shape raises (a malformed answer)."""
+    data = body.get("data", {})
+    if data.get("resultType") != kind:
+        raise UnavailableError(f"prometheus: expected a {kind}, got {data.get('resultType')!r}")
+    result = data.get("result", [])
+    if not isinstance(result, list):
+        raise TypeError(f"data.result is a {type(result).__name__}, not a list")
+    return result
+
+
+def _labels(metric: Any) -> dict[str, str]:
+    if not isinstance(metric, dict) or not all(isinstance(v, str) for v in metric.values()):
+        raise TypeError(f"metric {metric!r} is not an object of string labels")
+    return dict(metric)
 
 
 PEAK_RESOLUTION = "5s"
@@ -350,7 +369,7 @@ class PrometheusSource:
 def _layers(vector: Vector, model: str) -> tuple[float, ...]:
     """The model's per-layer imbalance, in layer order."""
     by_layer = sorted((int(labels["layer"]), value) for labels, value in vector
-                      if labels.get("model_name") == model and labels.get("layer", "").isdigit())  # fmt: skip
+                      if labels.get("model_name") == model and labels.get("layer", "").isdecimal())  # fmt: skip
     return tuple(value for _, value in by_layer)
 
 

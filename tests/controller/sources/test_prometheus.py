@@ -10,10 +10,13 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import httpx
 import pytest
 
+from contracts.catalogue import KV_CACHE_USAGE, LAYER_IMBALANCE_CV, WAITING
+from contracts.errors import UnavailableError
 from controller.policy import Policy
 from controller.sources import PrometheusClient, PrometheusSource
 from controller.types import PolicyObservation
@@ -158,6 +161,57 @@ def test_the_router_queue_from_prometheus_and_a_router_it_does_not_see() -> None
     unseen = asyncio.run(source.observe([ROUTED], 20.0))["routed"]
     assert unseen.router_queued is None and unseen.router_refused_rps is None
     assert unseen.errors == ("router: no moeslo_router_queued_requests series with labels {'job': 'moeslo-router'}",)
+
+
+def _answer_per_query(answers: dict[str, object]) -> httpx.MockTransport:
+    """Each query answered with the answer of the first metric name it names (an empty vector for the rest)."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        query = parse_qs(request.content.decode())["query"][0]
+        empty = {"status": "success", "data": {"resultType": "vector", "result": []}}
+        return httpx.Response(200, json=next((a for name, a in answers.items() if name in query), empty))
+
+    return httpx.MockTransport(handle)
+
+
+def _success(result: object, kind: str = "vector") -> dict[str, object]:
+    return {"status": "success", "data": {"resultType": kind, "result": result}}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [[1, 2], {"status": "success", "data": "x"}, _success("x"), _success({"x": 1}), _success([{"metric": {}}]),
+     _success([_vector(1) | {"value": [0, "abc"]}]), _success([_vector(1) | {"value": [0, None]}]),
+     _success([_vector(1) | {"value": 3}]), _success([{"metric": ["model_name"], "value": [0, "1"]}]),
+     _success([{"metric": {"model_name": MODEL, "layer": 3}, "value": [0, "0.5"]}])],
+)  # fmt: skip
+def test_an_answer_of_the_wrong_shape_is_that_query_unavailable_and_the_rest_stands(answer: object) -> None:
+    """Valid JSON but not a vector of samples: it raised out of observe (a TypeError, a KeyError...) and the whole
+    tick failed; now that query is unavailable, like a Prometheus error, and every other value still comes in."""
+    source = _mock_source(_answer_per_query({KV_CACHE_USAGE: answer, LAYER_IMBALANCE_CV: answer,
+                                             WAITING: _success([_vector(7)])}))  # fmt: skip
+    obs = asyncio.run(source.observe([POLICY], 10.0))["p"]
+    assert obs.queue_depth == 7 and obs.kv_cache_usage is None and obs.sli is not None
+    kv, imbalance = (next(e for e in obs.errors if e.startswith(f"{key}: ")) for key in ("kv", "imbalance"))
+    assert kv.startswith("kv: prometheus http://prom.invalid") and "malformed answer" in kv
+    assert "malformed answer" in imbalance
+
+
+def test_a_sample_of_nan_or_a_layer_not_a_number_is_left_out() -> None:
+    layers = [{"metric": {"model_name": MODEL, "layer": layer}, "value": [0, value]}
+              for layer, value in (("0", "0.3"), ("\u00b2", "0.9"), ("1", "NaN"))]  # "²".isdigit(), but not int()
+    source = _mock_source(_answer_per_query({LAYER_IMBALANCE_CV: _success(layers), WAITING: _success([_vector(7)]),
+                                             KV_CACHE_USAGE: _success([_vector(float("nan"))])}))  # fmt: skip
+    obs = asyncio.run(source.observe([POLICY], 10.0))["p"]
+    assert obs.errors == () and obs.queue_depth == 7 and obs.kv_cache_usage is None
+    assert obs.sli is not None and obs.sli.imbalance_cv_per_layer == (0.3,)
+
+
+@pytest.mark.parametrize("values", [[[0, "abc"]], [["t", "1"]], "x", [[0]]])
+def test_a_range_answer_of_the_wrong_shape_is_unavailable(values: object) -> None:
+    transport = _answer_per_query({"up": _success([{"metric": {}, "values": values}], kind="matrix")})
+    client = PrometheusClient("http://prom.invalid", client=httpx.AsyncClient(transport=transport))
+    with pytest.raises(UnavailableError, match=r"^prometheus http://prom.invalid: malformed answer \("):
+        asyncio.run(client.query_range("up", start_s=0, end_s=60, step_s=15))
 
 
 # ---- a real Prometheus ------------------------------------------------------------------------
