@@ -18,18 +18,19 @@ over a vLLM server that runs the moeslo plugin with its endpoint
   predicted balance.
 
 :class:`AutoEngineControl` lets one rebalancer govern both kinds of engine:
-it asks each endpoint once for ``/moeslo/eplb`` (404 means the embedded
-engine) and keeps the answer.
+it asks each endpoint for ``/moeslo/eplb`` (404 means the embedded engine)
+and keeps the answer until a call through that kind fails, then asks again.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
 
-from contracts.errors import UnavailableError
+from contracts.errors import MoesloError, UnavailableError
 from contracts.placement import Placement
 from controller.actuators.placement import (
     EngineControl,
@@ -43,6 +44,7 @@ from controller.errors import malformed_answer
 STATUS_PATH = "/moeslo/eplb"
 REBALANCE_PATH = "/moeslo/eplb/rebalance"
 APPLY_TIMEOUT_S = 300.0
+_T = TypeVar("_T")
 SWAP_KEYS = ("applied", "experts_moved", "slots_changed", "stall_s", "plan_source", "async", "workers")
 
 
@@ -124,15 +126,27 @@ class AutoEngineControl:
         return control
 
     def kind(self, endpoint: str) -> str | None:
-        """``vllm``, ``embedded``, or None before the first contact."""
+        """``vllm``, ``embedded``, or None before the first contact (and after a failed call, until the next)."""
         control = self._kind.get(endpoint)
         return None if control is None else ("vllm" if control is self.vllm else "embedded")
 
+    async def _through_kind(self, endpoint: str, call: Callable[[EngineControl], Awaitable[_T]]) -> _T:
+        """``call`` on the endpoint's kind of control.  When it fails the kind is forgotten, so the next call asks
+        again: the kind may be wrong (a first probe a proxy answered while the pod started, a pod IP reused by the
+        other kind of engine), and one probe more after a failure is cheap where a kind kept forever is not."""
+        control = await self.control_for(endpoint)
+        try:
+            return await call(control)
+        except MoesloError:
+            if self._kind.get(endpoint) is control:
+                del self._kind[endpoint]
+            raise
+
     async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
-        return await (await self.control_for(endpoint)).expert_load(endpoint)
+        return await self._through_kind(endpoint, lambda control: control.expert_load(endpoint))
 
     async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
-        return await (await self.control_for(endpoint)).apply_placement(endpoint, placement)
+        return await self._through_kind(endpoint, lambda control: control.apply_placement(endpoint, placement))
 
     async def aclose(self) -> None:
         await self._client.aclose()

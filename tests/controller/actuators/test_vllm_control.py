@@ -13,7 +13,7 @@ import pytest
 from contracts.errors import UnavailableError
 from contracts.placement import Placement
 from controller.actuators.placement import Rebalancer
-from controller.actuators.vllm_control import AutoEngineControl, VllmEngineControl, swap_summary
+from controller.actuators.vllm_control import STATUS_PATH, AutoEngineControl, VllmEngineControl, swap_summary
 from controller.policy import ImbalanceObjective, LocalTarget, Mode, Objectives, Policy
 from controller.rebalance import TriggerSettings
 from tests.engine.eplb_standin import EXPERTS, LAYERS, SLOTS, route
@@ -95,6 +95,39 @@ def test_auto_control_picks_the_adapter_per_endpoint_and_rebalances_vllm() -> No
     assert control.kind(VLLM) == "vllm" and control.kind(EMBEDDED) == "embedded" and control.kind("x") is None
     assert [(e.kind, e.outcome) for e in events] == [("rebalance", "applied"), ("verify", "verified")]
     assert events[0].swap["applied"] is True and events[1].verify.measured_cv <= 0.15
+
+
+def test_auto_control_asks_again_after_a_call_through_the_kind_it_kept_fails() -> None:
+    """It asked each endpoint once and kept the answer for good: a first probe answered by a proxy (503 while the
+    pod started) or a pod IP taken over by the other kind of engine left that endpoint failing every tick."""
+    serving = {"now": "proxy"}
+    vllm_status = {"expert_tokens": [[5, 1]], "phy2log": [[0, 1]], "num_ranks": 2, "steps_in_window": 7}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if serving["now"] == "proxy":
+            return httpx.Response(503, text="upstream not ready")
+        if serving["now"] == "embedded":
+            return _embedded(request)
+        found = request.url.path == STATUS_PATH
+        return httpx.Response(200 if found else 404, json=vllm_status if found else {"detail": "Not Found"})
+
+    async def run() -> list[Any]:
+        control = AutoEngineControl(httpx.AsyncClient(transport=httpx.MockTransport(handle)))
+        seen: list[Any] = []
+        for now in ("proxy", "embedded", "embedded", "vllm", "vllm"):
+            serving["now"] = now
+            try:
+                seen.append((await control.expert_load("http://pod")).steps_in_window)
+            except UnavailableError:
+                seen.append("unavailable")
+            seen.append(control.kind("http://pod"))
+        await control.aclose()
+        return seen
+
+    # The proxy's 503 reads as vLLM; the embedded engine answers at once; the IP's next engine after one failure.
+    assert asyncio.run(run()) == [
+        "unavailable", None, 20, "embedded", 20, "embedded", "unavailable", None, 7, "vllm",
+    ]
 
 
 def test_swap_summary_keeps_figures_not_matrices() -> None:
