@@ -1,9 +1,9 @@
 """``/v1/policies``: SLO policies as REST resources, with ETags and OpenSLO import/export.
 
 Concurrency: every policy response carries ``ETag: "<version>"``.  PUT,
-PATCH and DELETE honour ``If-Match`` (a stale tag is 412); with
-``require_if_match`` in the config, changing an existing policy without
-``If-Match`` is 428.  PUT creates the policy when absent (201) and replaces
+PATCH and DELETE honour ``If-Match`` (a stale tag is 412; ``*`` is any
+version of a policy that exists); with ``require_if_match`` in the config,
+changing an existing policy without ``If-Match`` is 428.  PUT creates the policy when absent (201) and replaces
 it otherwise (200).  PATCH takes a JSON merge patch (RFC 7386).
 """
 
@@ -92,18 +92,16 @@ def parse_if_match(value: str | None) -> int | str | None:
 
 
 def _expected_version(request: Request, name: str, if_match: str | None) -> int | None:
+    """The version a change of an existing policy must find, None for any.  ``If-Match: *`` is any version of a
+    policy that exists (RFC 9110 13.1.1), which the write itself checks (a policy gone is a 404): a version read
+    before it would make another writer's change in between a 412."""
     parsed = parse_if_match(if_match)
-    if parsed is None:
-        if _settings(request).require_if_match:
-            _store(request).get_policy(name)  # a policy that does not exist is a 404, not a missing precondition
-            raise PreconditionRequiredError(
-                f"changing policy {name!r} requires If-Match with its current ETag (GET it first)"
-            )
-        return None
-    if parsed == "*":
-        return _store(request).get_policy(name).version
-    assert isinstance(parsed, int)
-    return parsed
+    if parsed is None and _settings(request).require_if_match:
+        _store(request).get_policy(name)  # a policy that does not exist is a 404, not a missing precondition
+        raise PreconditionRequiredError(
+            f"changing policy {name!r} requires If-Match with its current ETag (GET it first)"
+        )
+    return parsed if isinstance(parsed, int) else None
 
 
 def _forget_page_series(request: Request) -> None:
@@ -166,27 +164,23 @@ def put_policy(
         raise ValidationError(f"name: {policy.name!r} differs from the path's {name!r} (rename by POST + DELETE)")
     _check_target(request, policy)
     parsed = parse_if_match(if_match)
-    expected: int | None
-    if parsed is None:
-        expected = None
-        if _settings(request).require_if_match:
-            try:
-                _store(request).get_policy(name)
-            except NotFoundError:
-                pass
-            else:
-                raise PreconditionRequiredError(
-                    f"replacing policy {name!r} requires If-Match with its current ETag (GET it first)"
-                )
-    elif parsed == "*":
+    if parsed is None and _settings(request).require_if_match:
         try:
-            expected = _store(request).get_policy(name).version
-        except NotFoundError as exc:
+            _store(request).get_policy(name)
+        except NotFoundError:
+            pass
+        else:
+            raise PreconditionRequiredError(
+                f"replacing policy {name!r} requires If-Match with its current ETag (GET it first)"
+            )
+    if parsed == "*":  # any version of a policy that exists, checked by the write itself (see _expected_version)
+        try:
+            stored, created = _store(request).replace_policy(policy)
+        except NotFoundError as exc:  # PUT would create it: the precondition is what fails (412)
             raise StaleVersionError(name, current=None, expected=None) from exc
     else:
-        assert isinstance(parsed, int)
-        expected = parsed
-    stored, created = _store(request).replace_policy(policy, expected_version=expected, create=True)
+        expected = parsed if isinstance(parsed, int) else None
+        stored, created = _store(request).replace_policy(policy, expected_version=expected, create=True)
     if created:
         _forget_page_series(request)
     response.status_code = 201 if created else 200

@@ -473,3 +473,44 @@ def test_patch_without_if_match_reapplies_over_a_concurrent_write(client: TestCl
     store.replace_policy = racing_replace
     pinned = client.patch("/v1/policies/qwen", json={"mode": "off"}, headers={**AUTH, "If-Match": '"3"'})
     assert pinned.status_code == 412  # with If-Match, a lost race is the client's to resolve
+
+
+def _another_writer_lands_first(store: Any, method: str) -> None:
+    """The store's ``method`` lets another writer change policy qwen just before its first call writes."""
+    real, raced = getattr(store, method), []
+
+    def racing(*args: Any, **kwargs: Any) -> Any:
+        if not raced:
+            raced.append(True)
+            current = store.get_policy("qwen")
+            store.replace_policy(current.policy.model_copy(update={"description": "theirs"}),
+                                 expected_version=current.version)  # fmt: skip
+        return real(*args, **kwargs)
+
+    setattr(store, method, racing)
+
+
+@pytest.mark.parametrize(("method", "write"), [("replace_policy", "PUT"), ("replace_policy", "PATCH"),
+                                                ("delete_policy", "DELETE")])  # fmt: skip
+def test_if_match_star_holds_while_the_policy_exists_whoever_wrote_last(
+    client: TestClient, method: str, write: str
+) -> None:
+    """``If-Match: *`` is true while the policy exists (RFC 9110 13.1.1), but the API read its version first and
+    then wrote on that version: another writer landing in between made it a 412."""
+    _create(client)
+    _another_writer_lands_first(client.app.state.store, method)  # type: ignore[attr-defined]
+    body = {"json": {"mode": "advisory"}} if write == "PATCH" else {"json": POLICY} if write == "PUT" else {}
+    response = client.request(write, "/v1/policies/qwen", headers={**AUTH, "If-Match": "*"}, **body)
+    assert response.status_code == (204 if write == "DELETE" else 200), response.text
+    history = [v["operation"] for v in client.get("/v1/policies/qwen/history").json()["versions"]]
+    assert history == ["create", "update", "delete" if write == "DELETE" else "update"]
+
+
+def test_if_match_star_on_a_policy_that_is_gone(client: TestClient) -> None:
+    """PUT would create it, so the precondition fails (412); PATCH and DELETE fail as they would without it (404)."""
+    star = {**AUTH, "If-Match": "*"}
+    assert client.put("/v1/policies/qwen", json=POLICY, headers=star).status_code == 412
+    assert client.patch("/v1/policies/qwen", json={"mode": "off"}, headers=star).status_code == 404
+    assert client.delete("/v1/policies/qwen", headers=star).status_code == 404
+    assert client.get("/v1/policies/qwen").status_code == 404
+
