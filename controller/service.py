@@ -45,6 +45,7 @@ from controller.slo import error_budget_remaining
 from controller.sources import BURN_WINDOWS, PrometheusClient, PrometheusSource, ScrapeSource, SliSource
 from controller.sources.base import burn_rates_of
 from controller.store import DecisionRecord, Store, StoredPolicy
+from controller.tasks import run_to_end
 from controller.telemetry import ControllerMetrics
 from controller.types import Decision, Effects, PolicyObservation, TickInput
 
@@ -156,24 +157,7 @@ class ControllerService:
         tick_input = TickInput(now_s=now_s, policies={p.name: p for p in policies}, observations=observations)
         effects = self.core.tick(tick_input)
         leader = self.is_leader
-        records = []
-        # At once: one workload whose API server stalls must not hold the others' scaling.
-        decisions = effects.decisions
-        carried = await asyncio.gather(*(self._carry_out(by_name[d.policy].policy, d, leader) for d in decisions))
-        for decision, (outcome, detail) in zip(decisions, carried, strict=True):
-            entry = by_name[decision.policy]
-            if outcome in ("failed", "standby"):
-                self.core.not_carried_out(decision.policy)
-            records.append(self._record(entry, decision, outcome, detail))
-            self._update_runtime(entry.policy, observations.get(decision.policy), decision, now_s, (outcome, detail))
-        if leader and self.rebalancer is not None:
-            records.extend(await self._rebalance(stored, now_s))
-        if leader and records:
-            try:
-                await asyncio.to_thread(self.store.append_decisions, records)
-            except MoesloError as exc:
-                log.warning("decision log write failed: %s", exc)
-                self.metrics.error("store")
+        await run_to_end(self._act(tick_input, effects, by_name, leader))
         if self.history is not None:
             await self.history.after_tick(leader=leader, policies=list(by_name))
         self._last_tick_at = self.wall_clock()
@@ -182,6 +166,28 @@ class ControllerService:
             await self._prune()
         self.metrics.observe_evaluation(self.clock() - started_s)
         return effects
+
+    async def _act(self, tick: TickInput, effects: Effects, by_name: Mapping[str, StoredPolicy], leader: bool) -> None:
+        """Carry out the decisions (at once: one workload whose API server stalls must not hold the others'), rebalance
+        and log every outcome.  Run to its end when a shutdown (SIGTERM) cancels the tick loop meanwhile: an action
+        cut off in its await may be applied all the same (the scale request sent), and must reach the log."""
+        records = []
+        decisions = effects.decisions
+        carried = await asyncio.gather(*(self._carry_out(by_name[d.policy].policy, d, leader) for d in decisions))
+        for decision, (outcome, detail) in zip(decisions, carried, strict=True):
+            entry, obs = by_name[decision.policy], tick.observations.get(decision.policy)
+            if outcome in ("failed", "standby"):
+                self.core.not_carried_out(decision.policy)
+            records.append(self._record(entry, decision, outcome, detail))
+            self._update_runtime(entry.policy, obs, decision, tick.now_s, (outcome, detail))
+        if leader and self.rebalancer is not None:
+            records.extend(await self._rebalance(list(by_name.values()), tick.now_s))
+        if leader and records:
+            try:
+                await asyncio.to_thread(self.store.append_decisions, records)
+            except MoesloError as exc:
+                log.warning("decision log write failed: %s", exc)
+                self.metrics.error("store")
 
     async def _prune(self) -> None:
         try:
