@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,4 +32,9 @@ class PolicyRuntime:
     """The last decision: action, reasons, detail."""
 
 
-__all__ = ["PolicyRuntime"]
+def json_safe(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Non-finite floats become None: JSON has no NaN or infinity, and the API must not fail on them."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()}
+
+
+__all__ = ["PolicyRuntime", "json_safe"]

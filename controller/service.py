@@ -24,12 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -40,7 +39,7 @@ from controller.core import DecisionCore
 from controller.errors import ActuationError
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.policy import LocalTarget, Mode, Policy
-from controller.runtime import FORECAST_NOT_IN_USE, PolicyRuntime
+from controller.runtime import FORECAST_NOT_IN_USE, PolicyRuntime, json_safe
 from controller.slo import error_budget_remaining
 from controller.sources import BURN_WINDOWS, PrometheusClient, PrometheusSource, ScrapeSource, SliSource
 from controller.sources.base import burn_rates_of
@@ -290,7 +289,7 @@ class ControllerService:
             mode=str(entry.policy.mode),
             outcome=outcome,
             detail="; ".join(d for d in (decision.detail, detail) if d),
-            inputs={**_json_safe(decision.inputs), "reasons": list(decision.reasons)},
+            inputs={**json_safe(decision.inputs), "reasons": list(decision.reasons)},
         )
 
     def _update_runtime(
@@ -315,7 +314,7 @@ class ControllerService:
         )
         if obs is not None:
             runtime.observed_at = self.wall_clock() - timedelta(seconds=age_s or 0.0)
-        runtime.sli = _json_safe({
+        runtime.sli = json_safe({
             "ttft_good_ratio": sli.ttft_good_ratio if sli else None,
             "itl_good_ratio": sli.itl_good_ratio if sli else None,
             "ttft_p99_seconds": sli.ttft_p99_s if sli else None,
@@ -346,8 +345,8 @@ class ControllerService:
         in_use = view is not None and not any(r in FORECAST_NOT_IN_USE for r in decision.reasons)
         self.metrics.set_forecast(policy.name, view, in_use=in_use)
         self.metrics.set_replica_budget(policy.name, None if obs is None else obs.replica_budget)
-        runtime.forecast = None if view is None else _json_safe({**view.to_json(), "in_use": in_use})
-        runtime.seen = {} if obs is None else _json_safe({
+        runtime.forecast = None if view is None else json_safe({**view.to_json(), "in_use": in_use})
+        runtime.seen = {} if obs is None else json_safe({
             "request_rate_rps": obs.request_rate_rps,
             "request_rate_peak_rps": obs.request_rate_peak_rps,
             "prompt_tokens_per_s": obs.prompt_tokens_per_s,
@@ -422,11 +421,6 @@ def _sizing_number(decision: Decision, key: str) -> float | None:
     """A number the sizing advisor put in the decision's inputs (None: it did not)."""
     value = decision.inputs.get(f"sizing.{key}")
     return float(value) if isinstance(value, int | float) else None
-
-
-def _json_safe(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Non-finite floats become None: JSON has no NaN or infinity, and the API must not fail on them."""
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()}
 
 
 def _rebalancer(settings: ControllerSettings) -> Rebalancer | None:
