@@ -6,7 +6,8 @@ comes from the config, so tests and other engines can substitute their own),
 bound to loopback on a free port.  Scaling compares the wanted count with the
 processes still alive (crashed ones are reaped first), starts the missing
 ones, and stops the newest surplus ones (SIGTERM, then SIGKILL after
-``stop_timeout_s``).  A replica counts as ready once its port answers HTTP.
+``stop_timeout_s``; one still not gone ``stop_timeout_s`` after that is
+logged and left to exit).  A replica counts as ready once its port answers HTTP.
 A replica whose ``/health`` answers 503 is broken (a dead EP rank, a failed
 step: it never serves again) and is stopped like a surplus one, so the count
 drops and the next decision starts a replacement: restarting is this
@@ -253,16 +254,21 @@ class LocalActuator:
         )
 
     def _stop(self, replica: LocalReplica) -> None:
+        """SIGTERM, wait, SIGKILL, wait: never raises.  A replica whose teardown outlasts even the second wait (a
+        GPU context, gigabytes of weights to unmap, a hung device) is dying all the same: it is logged and left to
+        exit, where a TimeoutExpired out of here ended the whole tick (or the shutdown of the other replicas)."""
         process = replica.process
-        if process.poll() is None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if process.poll() is not None:
+                break
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
+                os.killpg(process.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=self.config.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=self.config.stop_timeout_s)
+        else:
+            if process.poll() is None:
+                log.warning("replica %s (pid %d) is not gone %.3g s after SIGKILL; left to exit", replica.endpoint,
+                            process.pid, self.config.stop_timeout_s)  # fmt: skip
         if replica.log is not None:
             replica.log.close()
 

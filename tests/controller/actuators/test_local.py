@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import httpx
 import pytest
 
 from controller.actuators import LocalActuator
+from controller.actuators.local import LocalReplica
 from controller.config import LocalActuatorConfig
 from controller.errors import ActuationError
 from controller.policy import Policy
@@ -146,7 +149,6 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 def test_a_broken_replica_is_stopped_so_the_next_decision_replaces_it(tmp_path: Path) -> None:
     """The supervisor's part: /health 503 (a dead EP rank, a failed step) means stop it; 200 means keep it."""
     (tmp_path / "ckpt").mkdir()
-    import sys
 
     def actuator_for(health: int) -> LocalActuator:
         command = (sys.executable, "-c", _REPLICA, "{port}", str(health))
@@ -194,3 +196,42 @@ def test_a_replica_that_cannot_start_is_an_actuation_error(tmp_path: Path) -> No
     with pytest.raises(ActuationError, match="cannot start 'sleep'"):
         asyncio.run(actuator.scale(_policy(), 1))
     asyncio.run(actuator.aclose())
+
+
+_IGNORES_SIGTERM = (
+    "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint(flush=True)\ntime.sleep(60)"
+)
+
+
+class SlowToDie(subprocess.Popen[bytes]):
+    """A real process whose teardown after SIGKILL outlasts the stop timeout (a GPU context, gigabytes of weights
+    to unmap): its second wait, the one after the kill, times out as such a replica's would."""
+
+    waits = 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.waits += 1
+        if self.waits == 2:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return super().wait(timeout)
+
+
+def test_a_replica_still_not_gone_after_sigkill_is_logged_not_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    """SIGTERM, wait, SIGKILL, wait: the second wait's TimeoutExpired escaped scale() (no ActuationError), which
+    ended the whole tick for every policy, and aclose(), which left the other replicas' logs open."""
+    process = SlowToDie([sys.executable, "-c", _IGNORES_SIGTERM], stdout=subprocess.PIPE, start_new_session=True)
+    assert process.stdout is not None and process.stdout.readline() == b"\n"  # SIGTERM is ignored from here on
+    actuator = LocalActuator(LocalActuatorConfig(command=("sleep", "60"), first_port=free_port(), stop_timeout_s=0.2))
+    actuator.replicas_by_policy["local-p"] = [LocalReplica(process=process, port=1, host="127.0.0.1", started_s=0.0)]
+    try:
+        result = asyncio.run(actuator.scale(_policy(), 0))
+        killed = process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+        process.stdout.close()
+    assert (result.previous, result.replicas) == (1, 0) and actuator.endpoints(_policy()) == ()
+    assert "replica http://127.0.0.1:1 (pid" in caplog.text and "after SIGKILL; left to exit" in caplog.text
+    assert killed == -signal.SIGKILL  # the kill was sent: it exits
+
