@@ -37,8 +37,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from contracts.asgi import UnexpectedErrors
 from contracts.errors import MoesloError, NotFoundError, PlacementError, UnavailableError, ValidationError
 from contracts.placement import Placement
 from engine.chat_template import ChatTemplate
@@ -108,7 +108,7 @@ def create_app(
                 hook()
 
     app = FastAPI(title="moeslo engine", lifespan=lifespan)
-    app.add_middleware(UnexpectedErrors)
+    app.add_middleware(UnexpectedErrors, answer=_internal_error)
     _install_error_handlers(app)
     _add_control_routes(app, engine, metrics)
     _add_openai_routes(app, engine, tokenizer, model_name, chat_template, dict(sampling_defaults or {}))
@@ -157,38 +157,6 @@ def _body_problem(err: Mapping[str, Any]) -> str:
 
 def _internal_error() -> Response:
     return error_response(MoesloError("internal error (details are in the server log)"))
-
-
-class UnexpectedErrors:
-    """An unexpected exception before the response started: logged with its traceback, answered with the error
-    document (500), and not raised on, so the client's keep-alive connection stays open.
-
-    FastAPI's ``exception_handler(Exception)`` runs in Starlette's outermost middleware, which raises the
-    exception on after answering; uvicorn then drops the connection (without ``Connection: close``), and the
-    client's next request on it was reset.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def watch(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watch)
-        except Exception:
-            if started:
-                raise
-            log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"))
-            await _internal_error()(scope, receive, send)
 
 
 def _add_control_routes(app: FastAPI, engine: EngineCoreClient, metrics: MetricsRenderer | None) -> None:

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from contracts.asgi import UnexpectedErrors
 from contracts.errors import (
     ConflictError,
     DataError,
@@ -138,11 +139,17 @@ def problems_detail(problems: Sequence[FieldProblem]) -> str:
     return "; ".join(f"{p.field}: {p.message}" for p in problems)
 
 
+def _internal_error() -> JSONResponse:
+    return problem_response(500, "internal error (details are in the server log)")
+
+
 def install_error_handlers(app: FastAPI, *, check_write_access: Callable[[Request], None] | None = None) -> None:
     """Register the handlers that turn every error into a problem document.
 
-    ``check_write_access`` (raising :class:`UnauthorizedError`) runs before a write's body is judged.
+    ``check_write_access`` (raising :class:`UnauthorizedError`) runs before a write's body is judged. Any
+    other exception is a 500 problem document that leaves the client's connection open.
     """
+    app.add_middleware(UnexpectedErrors, answer=_internal_error)
 
     @app.exception_handler(MoesloError)
     async def _moeslo(_request: Request, exc: MoesloError) -> JSONResponse:

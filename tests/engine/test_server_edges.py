@@ -103,7 +103,7 @@ def test_an_unexpected_error_is_a_500_document_and_the_keep_alive_connection_ser
     assert failed.headers.get("connection") != "close"
     assert served_next.status_code == 200, served_next.text
     assert len(ports) == 1, "the second request needed a new connection"
-    logged = [r for r in caplog.records if r.name == "moeslo.engine_server" and r.exc_info is not None]
+    logged = [r for r in caplog.records if r.name == "contracts.asgi" and r.exc_info is not None]
     assert logged and "a bug of ours" in str(logged[0].exc_info[1])  # type: ignore[index]
 
 
