@@ -235,6 +235,11 @@ class EngineCore:
             rolled = np.roll(original.phy2log, original.slots_per_rank, axis=1)
             self.apply_placement(Placement(phy2log=rolled, num_ranks=original.num_ranks))
             self.apply_placement(original)
+        # A context of a few tokens (a tiny KV budget) shortens the requests: a prompt of one token and
+        # the rest of the context to generate, never a refusal of the warm-up's own prompt.
+        output_tokens = min(output_tokens, self.max_model_len - 1)
+        if output_tokens < 1:
+            return 0  # a context of one token holds no request at all
         longest = min(self.scheduler.config.max_num_batched_tokens, WARMUP_LONGEST_PROMPT,
                       self.max_model_len - output_tokens)
         vocab = self.executor.config.vocab_size

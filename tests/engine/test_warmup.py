@@ -100,3 +100,23 @@ def test_with_two_ranks_the_warm_up_swaps_every_expert_away_and_back() -> None:
         assert set(away.experts_on_rank(layer, 0).tolist()) == set(original.experts_on_rank(layer, 1).tolist())
     assert back == original and core.placement == original
     assert not core.has_news() and core.step().stats is None  # no swap statistics left to publish
+
+
+@pytest.mark.parametrize(("num_blocks", "block_size", "context"), [(2, 4, 8), (2, 1, 2), (3, 2, 6)])
+def test_a_context_of_a_few_tokens_shortens_the_warm_up_instead_of_refusing_it(
+    num_blocks: int, block_size: int, context: int
+) -> None:
+    # The smallest KV budget the executor takes (two blocks): the warm-up's own requests must fit it.
+    executor = FakeExecutor(num_blocks=num_blocks, block_size=block_size)
+    core = EngineCore(executor, EngineConfig())
+    assert core.max_model_len == context
+    assert core.warm_up(8) > 0
+    assert not core.has_work() and core.blocks.num_used == 0
+    longest = max(chunk.num_computed + len(chunk.token_ids) for plan in executor.plans for chunk in plan.chunks)
+    assert longest <= context
+
+
+def test_a_context_of_one_token_has_no_warm_up() -> None:
+    core = EngineCore(FakeExecutor(max_len=1), EngineConfig())
+    assert core.max_model_len == 1
+    assert core.warm_up(8) == 0
