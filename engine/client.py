@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import dataclasses
 import itertools
 import logging
@@ -51,43 +50,12 @@ from engine.engine_types import EngineConfig, ExpertLoad, RequestOutput
 from engine.errors import PromptTooLongError
 from engine.executors.options import ExecutorOptions, default_threads
 from engine.expert_load import ExpertLoadTracker, publish_step
+from engine.request_stream import RequestStream, deliver
 from engine.sampling import SamplingParams
-from engine.stats import FinishedRequestStats, PlacementSwapStats, StatsSink, StepStats
+from engine.stats import PlacementSwapStats, StatsSink, StepStats
 
 log = logging.getLogger("moeslo.engine_client")
 POLL_S = 0.1
-
-
-class RequestStream:
-    """One request's outputs, read on the event loop that added it."""
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, *, arrival_s: float = 0.0,
-                 prompt_tokens: int = 0) -> None:  # fmt: skip
-        self.request_id = request_id
-        self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput | MoesloError] = asyncio.Queue()
-        self.finished = False
-        self.arrival_s = arrival_s
-        self.prompt_tokens = prompt_tokens
-        self.generated = 0
-        """Tokens the core sent for it (counted on delivery): what a request failed here had generated."""
-
-    def lost(self, finish_reason: str, now_s: float) -> FinishedRequestStats:
-        """This request as the stats see one that ended here, not in the core (which died)."""
-        return FinishedRequestStats(
-            request_id=self.request_id, finish_reason=finish_reason, prompt_tokens=self.prompt_tokens,
-            generation_tokens=self.generated, e2e_s=max(0.0, now_s - self.arrival_s), queue_s=0.0, prefill_s=0.0,
-            decode_s=0.0, ttft_s=None, mean_itl_s=None,
-        )
-
-    async def next(self) -> RequestOutput:
-        """The next output; raises the error that ended the request (rejected, engine gone)."""
-        item = await self.queue.get()
-        if isinstance(item, MoesloError):
-            self.finished = True
-            raise item
-        self.finished = item.finished
-        return item
 
 
 class BlocksView:
@@ -403,13 +371,13 @@ class EngineCoreClient:
                     stream.generated += out.token_id is not None
                     batches.setdefault(stream.loop, []).append((stream, out))
         for loop, batch in batches.items():
-            _call_soon(loop, batch)
+            deliver(loop, batch)
 
     def _reject(self, request_id: str, error: MoesloError) -> None:
         with self._lock:
             stream = self._streams.pop(request_id, None)
         if stream is not None:
-            _call_soon(stream.loop, [(stream, error)])
+            deliver(stream.loop, [(stream, error)])
 
     def _reply(self, call_id: int, ok: bool, value: Any) -> None:
         with self._lock:
@@ -471,16 +439,7 @@ class EngineCoreClient:
                                   error=str(error))
             batches.setdefault(stream.loop, []).append((stream, final))
         for loop, batch in batches.items():
-            _call_soon(loop, batch)
+            deliver(loop, batch)
 
 
-def _call_soon(loop: asyncio.AbstractEventLoop, batch: list[tuple[RequestStream, RequestOutput | MoesloError]]) -> None:
-    def deliver() -> None:
-        for stream, item in batch:
-            stream.queue.put_nowait(item)
-
-    with contextlib.suppress(RuntimeError):  # that event loop has closed: nobody is reading
-        loop.call_soon_threadsafe(deliver)
-
-
-__all__ = ["BlocksView", "EngineCoreClient", "RequestStream"]
+__all__ = ["BlocksView", "EngineCoreClient"]

@@ -30,12 +30,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from contracts.errors import MoesloError, UnavailableError
-from engine.client import EngineCoreClient, RequestStream
+from engine.client import EngineCoreClient
 from engine.engine_types import RequestOutput
 from engine.errors import RequestFailedError
 from engine.openai_errors import error_body, error_response
 from engine.openai_logprobs import LogprobEntry, chat_logprobs, completion_logprobs, logprob_entry, prompt_entries
 from engine.protocol import StopMatcher, fit_to_context
+from engine.request_stream import RequestStream
 from engine.sampling import MAX_SEED, SamplingParams
 from engine.tokenizer import Tokenizer
 
