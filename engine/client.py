@@ -7,6 +7,10 @@ core: statistics go to the registered :class:`~engine.stats.StatsSink`
 objects and the expert-load window first, then each request's outputs to its
 :class:`RequestStream` on the event loop that made it.  Nothing here runs a
 model or imports torch, so nothing in the HTTP process can stall a step.
+Nor does the core stall the HTTP process: sends never block
+(:mod:`engine.core_inputs`); with the core's input queue full, a request or
+call is refused with :class:`~contracts.errors.UnavailableError` (503) and an
+abort waits to be sent.
 
 Failure of the core is found by the receiver (the process has exited, checked
 every 0.1 s): it logs one line naming the exit status, fails every request in
@@ -45,6 +49,7 @@ import zmq
 from contracts.errors import MoesloError, UnavailableError, ValidationError
 from contracts.placement import Placement
 from engine import wire
+from engine.core_inputs import CoreInputs
 from engine.core_proc import CoreOptions
 from engine.engine_types import EngineConfig, ExpertLoad, RequestOutput
 from engine.errors import PromptTooLongError
@@ -56,6 +61,7 @@ from engine.stats import PlacementSwapStats, StatsSink, StepStats
 
 log = logging.getLogger("moeslo.engine_client")
 POLL_S = 0.1
+QUEUE_FULL = "the engine core is not reading its input (its queue is full); try again later"
 
 
 class BlocksView:
@@ -85,7 +91,6 @@ class EngineCoreClient:
         self._calls: dict[int, Future[Any]] = {}
         self._call_ids = itertools.count()
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -96,7 +101,8 @@ class EngineCoreClient:
         """The core's state as it stopped (GOODBYE)."""
         self._tmp = tempfile.TemporaryDirectory(prefix="moeslo-core-")
         self._ctx = zmq.Context()
-        self._inputs = self._ctx.socket(zmq.PUSH)
+        self._input_socket = self._ctx.socket(zmq.PUSH)
+        self._inputs = CoreInputs(self._input_socket)
         self._outputs = self._ctx.socket(zmq.PULL)
 
     # ----------------------------------------------------------------- lifecycle
@@ -109,7 +115,7 @@ class EngineCoreClient:
         if self._proc is not None:
             return self
         in_addr, out_addr = (f"ipc://{Path(self._tmp.name) / name}" for name in ("in.sock", "out.sock"))
-        self._inputs.bind(in_addr)
+        self._input_socket.bind(in_addr)
         self._outputs.bind(out_addr)
         executor = self.executor_options
         if executor.threads_per_rank is None:
@@ -174,16 +180,19 @@ class EngineCoreClient:
             return
         self._closing = True
         if self._proc is not None and self._proc.poll() is None:
-            self._send([wire.SHUTDOWN])
+            deadline = time.monotonic() + timeout_s
+            # Without blocking on a full queue (a core that stopped reading): retried until the deadline.
+            while not self._inputs.send([wire.SHUTDOWN]) and time.monotonic() < deadline:
+                time.sleep(POLL_S / 2)
             try:
-                self._proc.wait(timeout_s)
+                self._proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.error("engine core did not stop within %g s; killing it", timeout_s)
                 self._kill()
         if self._thread is not None:
             self._thread.join(5)
         self._fail_all(UnavailableError("the engine shut down"), finish_reason="abort")
-        self._inputs.close(0)
+        self._input_socket.close(0)
         self._outputs.close(0)
         self._ctx.term()
         self._tmp.cleanup()
@@ -224,6 +233,11 @@ class EngineCoreClient:
     @property
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
+
+    @property
+    def pending_aborts(self) -> int:
+        """Aborts waiting for room in the core's input queue (:mod:`engine.core_inputs`)."""
+        return self._inputs.pending_aborts
 
     @property
     def placement(self) -> Placement:
@@ -270,13 +284,17 @@ class EngineCoreClient:
             if request_id in self._streams:
                 raise ValidationError(f"request_id {request_id!r} is already in flight")
             self._streams[request_id] = stream
-        self._send([wire.ADD, request_id, list(prompt_token_ids), wire.params_to_wire(params), arrival])
+        if not self._inputs.send([wire.ADD, request_id, list(prompt_token_ids), wire.params_to_wire(params),
+                                  arrival]):
+            with self._lock:
+                self._streams.pop(request_id, None)
+            raise UnavailableError(QUEUE_FULL)
         return stream
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         """End a request in the core (its KV blocks are freed before the next step); its final output follows."""
         if self.is_alive:
-            self._send([wire.ABORT, [request_id], reason])
+            self._inputs.abort([request_id], reason)
 
     # ----------------------------------------------------------------- utility calls
 
@@ -287,7 +305,10 @@ class EngineCoreClient:
         future: Future[Any] = Future()
         with self._lock:
             self._calls[call_id] = future
-        self._send([wire.CALL, call_id, method, list(args)])
+        if not self._inputs.send([wire.CALL, call_id, method, list(args)]):
+            with self._lock:
+                self._calls.pop(call_id, None)
+            raise UnavailableError(QUEUE_FULL)
         return future.result(timeout_s)
 
     def request_placement(self, placement: Placement, timeout_s: float = 300.0) -> PlacementSwapStats:
@@ -322,11 +343,6 @@ class EngineCoreClient:
         if reason is not None:
             raise UnavailableError(reason)
 
-    def _send(self, msg: list[Any]) -> None:
-        data = wire.pack(msg)
-        with self._send_lock:
-            self._inputs.send(data)
-
     # ----------------------------------------------------------------- the receiver thread
 
     def _receive_loop(self) -> None:
@@ -338,6 +354,8 @@ class EngineCoreClient:
                 except Exception:  # one bad message must not stop the receiver
                     log.exception("engine client: could not handle a message from the core")
                 continue
+            if self._inputs.pending_aborts:
+                self._inputs.flush()
             if self._proc.poll() is not None:
                 if not self._closing:
                     self._on_core_exit(self._proc.returncode)
@@ -367,6 +385,8 @@ class EngineCoreClient:
         with self._lock:
             for out in outputs:
                 stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
+                if out.finished:
+                    self._inputs.forget(out.request_id)
                 if stream is not None:
                     stream.generated += out.token_id is not None
                     batches.setdefault(stream.loop, []).append((stream, out))
@@ -422,6 +442,7 @@ class EngineCoreClient:
             self._dead = f"the engine core process exited with status {status}"
             log.error("engine core died: %s; failing every request in flight, /health answers 503", self._dead)
         self._record_health(self._dead)
+        self._inputs.clear()
         self._fail_all(UnavailableError(self._dead), finish_reason="error")
 
     def _fail_all(self, error: MoesloError, *, finish_reason: str) -> None:

@@ -1,0 +1,151 @@
+"""An engine core that stops reading and answering (stopped, hung): the API process stays responsive."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import zmq
+
+from contracts.errors import UnavailableError
+from engine import wire
+from engine.client import EngineCoreClient
+from engine.core_inputs import CoreInputs
+from engine.executors import ExecutorOptions
+from engine.sampling import SamplingParams
+from engine.server import ServerThread, create_app
+from engine.tokenizer import load_tokenizer
+from harness.processes import free_port
+
+
+@contextlib.contextmanager
+def _serving(checkpoint: Path, **config: object) -> Iterator[tuple[EngineCoreClient, str]]:
+    """A core client (its engine settings from ``config``) behind the HTTP app; the client and the base URL."""
+    from engine.engine_types import EngineConfig
+
+    client = EngineCoreClient(ExecutorOptions(checkpoint=checkpoint, kv_cache_mb=1.0),
+                              EngineConfig(warmup_requests=0, **config)).start()  # type: ignore[arg-type]
+    server = ServerThread(create_app(client, load_tokenizer(checkpoint, client.vocab_size), model_name="m"),
+                          port=free_port())
+    try:
+        server.start()
+        yield client, server.url
+    finally:
+        pid = client.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # a core a test stopped and left stopped
+        server.stop()
+        client.shutdown()
+
+
+def test_an_abort_that_finds_no_room_is_kept_and_sent_once_there_is(tmp_path: Path) -> None:
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    address = f"ipc://{tmp_path / 'in.sock'}"
+    try:
+        push.bind(address)  # nobody reads yet: every send finds the queue full
+        inputs = CoreInputs(push)
+        inputs.abort(["a", "b"], "abort")
+        inputs.abort(["c"], "stop")
+        inputs.abort(["d"], "abort")
+        inputs.forget("d")  # it finished first: no abort needed
+        assert inputs.pending_aborts == 3
+        assert not inputs.send([wire.SHUTDOWN])  # refused, not blocked
+        pull.connect(address)
+        deadline = time.monotonic() + 5
+        while inputs.pending_aborts and time.monotonic() < deadline:
+            inputs.flush()
+            time.sleep(0.01)
+        assert inputs.pending_aborts == 0
+        assert inputs.send([wire.SHUTDOWN])
+        received = [wire.unpack(pull.recv()) for _ in range(3)]
+        assert received == [[wire.ABORT, ["a", "b"], "abort"], [wire.ABORT, ["c"], "stop"], [wire.SHUTDOWN]]
+    finally:
+        push.close(0)
+        pull.close(0)
+        ctx.term()
+
+
+def _flood(client: EngineCoreClient, stop: threading.Event, outcome: dict[str, object]) -> None:
+    """Add requests (never read) until the client refuses one; record how many went and the refusal."""
+
+    async def run() -> None:
+        params = SamplingParams(max_tokens=4)
+        for sent in range(20_000):
+            if stop.is_set():
+                return
+            try:
+                client.add_request([1 + sent % 400, 2, 3], params)
+            except UnavailableError as exc:
+                outcome.update(sent=sent, error=str(exc))
+                return
+
+    asyncio.run(run())
+
+
+def _stop_and_fill(client: EngineCoreClient, pid: int) -> tuple[bool, dict[str, object]]:
+    """SIGSTOP the core and add requests until one is refused: (still blocked after 20 s, the outcome)."""
+    os.kill(pid, signal.SIGSTOP)
+    stop, outcome = threading.Event(), {}
+    flood = threading.Thread(target=_flood, args=(client, stop, outcome), daemon=True)
+    flood.start()
+    flood.join(20)
+    stop.set()
+    return flood.is_alive(), outcome
+
+
+@pytest.mark.integration
+def test_a_stopped_core_with_a_full_queue_refuses_requests_and_health_still_answers(tiny_checkpoint: Path) -> None:
+    with _serving(tiny_checkpoint) as (client, url):
+        pid = client.pid
+        assert pid is not None
+        blocked, outcome = _stop_and_fill(client, pid)
+        assert not blocked, "adding a request blocked on the full queue to the core"
+        assert 100 < int(outcome["sent"]) < 20_000 and "queue is full" in str(outcome["error"])  # type: ignore[call-overload]
+        with httpx.Client(base_url=url, timeout=5) as http:
+            began = time.monotonic()
+            assert http.get("/health").status_code == 200  # silent for seconds only: not yet judged hung
+            refused = http.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2})
+            assert time.monotonic() - began < 3
+            assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+            assert "queue is full" in refused.json()["error"]["message"]
+            client.abort("cmpl-none")  # kept: the queue has no room
+            assert client.pending_aborts == 1
+            os.kill(pid, signal.SIGCONT)
+            deadline = time.monotonic() + 20
+            while client.pending_aborts and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert client.pending_aborts == 0  # sent by the receiver once the core read again
+            assert http.get("/health").status_code == 200
+
+
+@pytest.mark.integration
+def test_shutdown_with_a_full_queue_to_a_stopped_core_kills_it_within_its_timeout(tiny_checkpoint: Path) -> None:
+    from engine.engine_types import EngineConfig
+
+    client = EngineCoreClient(ExecutorOptions(checkpoint=tiny_checkpoint, kv_cache_mb=1.0),
+                              EngineConfig(warmup_requests=0)).start()
+    pid = client.pid
+    assert pid is not None
+    try:
+        blocked, outcome = _stop_and_fill(client, pid)
+        assert not blocked and "error" in outcome
+        closer = threading.Thread(target=client.shutdown, kwargs={"timeout_s": 1.0}, daemon=True)
+        began = time.monotonic()
+        closer.start()
+        closer.join(15)
+        assert not closer.is_alive(), "shutdown blocked on the full queue to the core"
+        assert time.monotonic() - began < 12 and not client.is_alive
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        client.shutdown()
