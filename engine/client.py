@@ -12,15 +12,19 @@ Nor does the core stall the HTTP process: sends never block
 call is refused with :class:`~contracts.errors.UnavailableError` (503) and an
 abort waits to be sent.
 
-Failure of the core is found by the receiver (the process has exited, checked
-every 0.1 s): it logs one line naming the exit status, fails every request in
-flight with :class:`~contracts.errors.UnavailableError` and makes
-:meth:`EngineCoreClient.health` report why.  A core that is alive but broken
-(a dead EP rank, a failed step) says so at once in a HEALTH message; either
-way the change is logged and handed to every sink that has
-``record_health(broken)`` (the Prometheus sink's ``moe_engine_healthy``), and the
-requests failed here to every sink that has ``record_failed(lost)`` (each as a
-:class:`~engine.stats.FinishedRequestStats`: its tokens so far and its time since arrival).
+Failure of the core is found by the receiver: the process has exited (checked
+every 0.1 s), or it has said nothing for ``core_silence_timeout_s`` (it speaks
+at least once a second, but not within a step: stopped, or hung in a step).
+The receiver logs one line naming the exit status or the silence, fails every
+request in flight with :class:`~contracts.errors.UnavailableError` and makes
+:meth:`EngineCoreClient.health` report why.  A silent core is never trusted
+again: what it says later is dropped, it is left running for a stack dump.
+A core that is alive but broken (a dead EP rank, a failed step) says so at
+once in a HEALTH message; either way the change is logged and handed to every
+sink that has ``record_health(broken)`` (the Prometheus sink's
+``moe_engine_healthy``), and the requests failed here to every sink that has
+``record_failed(lost)`` (each as a :class:`~engine.stats.FinishedRequestStats`:
+its tokens so far and its time since arrival).
 The core, for its part, exits when this process dies.
 """
 
@@ -95,6 +99,8 @@ class EngineCoreClient:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._dead: str | None = None
+        self._hung = False
+        self._ignored = 0  # messages of a hung core dropped (it spoke again)
         self._broken: str | None = None
         self._info: dict[str, Any] = {}
         self._final: dict[str, Any] = {}
@@ -179,11 +185,11 @@ class EngineCoreClient:
         if self._closing:
             return
         self._closing = True
-        if self._proc is not None and self._proc.poll() is None:
+        if self._proc is not None and self._proc.poll() is None and self._hung:
+            self._kill()  # it has not read its input for a long time: nothing to wait for
+        elif self._proc is not None and self._proc.poll() is None:
             deadline = time.monotonic() + timeout_s
-            # Without blocking on a full queue (a core that stopped reading): retried until the deadline.
-            while not self._inputs.send([wire.SHUTDOWN]) and time.monotonic() < deadline:
-                time.sleep(POLL_S / 2)
+            self._inputs.send_until([wire.SHUTDOWN], deadline)  # never blocked by a core that stopped reading
             try:
                 self._proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -347,22 +353,35 @@ class EngineCoreClient:
 
     def _receive_loop(self) -> None:
         assert self._proc is not None
+        silent_s = 0.0
         while True:
+            began = time.monotonic()
             if self._outputs.poll(int(POLL_S * 1000)):
+                silent_s = 0.0
                 try:
                     self._handle(wire.unpack(self._outputs.recv()))
                 except Exception:  # one bad message must not stop the receiver
                     log.exception("engine client: could not handle a message from the core")
                 continue
+            # Only the time spent waiting counts: a stall of this process (stopped, starved of CPU) is
+            # not the core's silence.
+            silent_s += min(time.monotonic() - began, 2 * POLL_S)
             if self._inputs.pending_aborts:
                 self._inputs.flush()
             if self._proc.poll() is not None:
-                if not self._closing:
+                if not self._closing and not self._hung:
                     self._on_core_exit(self._proc.returncode)
                 return
+            if silent_s >= self.config.core_silence_timeout_s and self._dead is None and not self._closing:
+                self._on_core_silent()
 
     def _handle(self, msg: list[Any]) -> None:
         kind = msg[0]
+        if self._hung:
+            self._ignored += 1
+            if self._ignored == 1:
+                log.warning("engine core: it speaks again after its silence; it stays failed until a restart")
+            return
         if kind == wire.STEP:
             if msg[2] is not None:
                 self._record(wire.stats_from_wire(msg[2]))
@@ -443,6 +462,20 @@ class EngineCoreClient:
             log.error("engine core died: %s; failing every request in flight, /health answers 503", self._dead)
         self._record_health(self._dead)
         self._inputs.clear()
+        self._fail_all(UnavailableError(self._dead), finish_reason="error")
+
+    def _on_core_silent(self) -> None:
+        assert self._proc is not None
+        self._dead = (f"the engine core has not answered for {self.config.core_silence_timeout_s:g} s "
+                      "(stopped, or hung in a step)")
+        self._hung = True
+        log.error("engine core hung: %s; failing every request in flight, /health answers 503 until the replica "
+                  "restarts (pid %d left as it is, for a stack dump)", self._dead, self._proc.pid)
+        self._record_health(self._dead)
+        with self._lock:
+            in_flight = list(self._streams)
+        if in_flight:  # should it ever read again, it drops them (sent when its queue has room)
+            self._inputs.abort(in_flight, "error")
         self._fail_all(UnavailableError(self._dead), finish_reason="error")
 
     def _fail_all(self, error: MoesloError, *, finish_reason: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import zmq
@@ -45,6 +46,14 @@ class CoreInputs:
             if not self._flush():
                 return False
             return self._try(data)
+
+    def send_until(self, msg: list[Any], deadline: float) -> bool:
+        """Send ``msg``, retrying while the queue is full until ``deadline`` (``time.monotonic``); sent?"""
+        while not self.send(msg):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def abort(self, request_ids: list[str], reason: str) -> None:
         """End these requests in the core: now, or as soon as its queue has room."""

@@ -6,8 +6,11 @@ connects to the API process's two IPC sockets (requests in, outputs and
 statistics out; :mod:`engine.wire` has the messages), loads the model, warms
 it up (a few requests nobody sees, as vLLM warms up before it serves), says
 READY and runs :class:`CoreLoop`: drain the input socket, run one step, send
-its outputs and stats, and while idle block on the socket with a heartbeat
-every second.  EP ranks (``--ep N``) are this process's children.
+its outputs and stats, and while idle block on the socket.  It says HEALTH
+at least every second, idle or busy (between two steps: a step is never
+interrupted), so the API process can tell a core that stopped or hung
+(``EngineConfig.core_silence_timeout_s`` of silence) from a busy one.  EP
+ranks (``--ep N``) are this process's children.
 
 Health is checked on every turn of the loop, idle or busy (at least every
 :data:`HEALTH_CHECK_S`): a dead EP rank or a step that raised marks the
@@ -48,6 +51,7 @@ from engine.scheduler import SchedulerConfig
 
 log = logging.getLogger("moeslo.engine_core")
 HEARTBEAT_S = 1.0
+"""Longest gap between two messages to the API process, except within a step."""
 HEALTH_CHECK_S = 0.2
 """Longest wait between two health checks while idle (a dead rank shows in /health within ~0.3 s)."""
 UNAVAILABLE = "the engine is unavailable"
@@ -138,9 +142,9 @@ class CoreLoop:
             if broken is None and self._busy():
                 self._step()
             now = time.monotonic()
-            if not busy and now - last_beat >= HEARTBEAT_S:
+            if now - last_beat >= HEARTBEAT_S:  # busy or idle: the API process judges a silent core hung
                 last_beat = now
-                self._send([wire.HEALTH, broken])
+                self._send([wire.HEALTH, self._reported])  # as last reported: a step may have broken it since
             if now - last_check >= HEARTBEAT_S:
                 last_check = now
                 if not self._parent_alive():

@@ -32,10 +32,18 @@ class EngineConfig:
     rounds: median TTFT 24-32 ms and ITL 7.8-9.8 ms with it, 28-35 ms and 9.2-11.6 ms without (in
     the third round no difference); the first request's TTFT (64-87 ms) is the API process's first
     request either way."""
+    core_silence_timeout_s: float = 150.0
+    """How long the API process hears nothing from a running engine-core process before it judges it hung
+    (stopped, or stuck in a step): ``/health`` 503, every request in flight failed, new ones refused.
+    The core speaks at least once a second, idle or busy, but never in the middle of a step, so this is
+    also the longest step it is allowed: above the 120 s an EP executor waits for a rank before it
+    reports that rank itself (:mod:`engine.executors.multiproc`), and far above a large prefill chunk."""
 
     def __post_init__(self) -> None:
         if self.request_deadline_s is not None and not self.request_deadline_s > 0:
             raise ValidationError(f"request_deadline_s must be > 0, got {self.request_deadline_s}")
+        if not self.core_silence_timeout_s > 0:
+            raise ValidationError(f"core_silence_timeout_s must be > 0, got {self.core_silence_timeout_s}")
         if self.warmup_requests < 0:
             raise ValidationError(f"warmup_requests must be >= 0, got {self.warmup_requests}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -15,7 +16,7 @@ import httpx
 import pytest
 import zmq
 
-from contracts.errors import UnavailableError
+from contracts.errors import UnavailableError, ValidationError
 from engine import wire
 from engine.client import EngineCoreClient
 from engine.core_inputs import CoreInputs
@@ -149,3 +150,52 @@ def test_shutdown_with_a_full_queue_to_a_stopped_core_kills_it_within_its_timeou
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
         client.shutdown()
+
+
+@pytest.mark.integration
+def test_a_stopped_core_is_judged_hung_after_its_silence_and_stays_failed(
+    tiny_checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="moeslo.engine_client")
+    with _serving(tiny_checkpoint, core_silence_timeout_s=2.5) as (client, url), \
+            httpx.Client(base_url=url, timeout=20) as http:
+        time.sleep(3.5)  # idle longer than the timeout: its heartbeats keep it trusted
+        assert http.get("/health").status_code == 200
+        pid = client.pid
+        assert pid is not None
+        events: list[str] = []
+
+        def stream() -> None:
+            payload = {"prompt": "a long one", "max_tokens": 400, "stream": True, "ignore_eos": True}
+            with http.stream("POST", "/v1/completions", json=payload) as resp:
+                events.extend(line for line in resp.iter_lines() if line.startswith("data: "))
+
+        client.set_step_delay(0.05)  # the request is still running when the core stops
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 20
+        while not events and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        reader.join(15)
+        assert not reader.is_alive(), "the stream hung with its engine core stopped"
+        assert 2.0 < time.monotonic() - stopped < 10
+        assert events[-1] == "data: [DONE]" and '"error"' in events[-2]
+        health = http.get("/health")
+        assert health.status_code == 503 and "has not answered for 2.5 s" in health.json()["status"]
+        refused = http.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2})
+        assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+        os.kill(pid, signal.SIGCONT)  # it speaks again: still failed, until the replica restarts
+        time.sleep(1.5)
+        assert http.get("/health").status_code == 503
+        assert client.pending_aborts == 0  # the request failed here was aborted there too, once it read again
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("engine core hung" in m for m in messages) and any("speaks again" in m for m in messages)
+
+
+def test_a_silence_timeout_that_is_not_positive_is_refused() -> None:
+    from engine.engine_types import EngineConfig
+
+    with pytest.raises(ValidationError, match="core_silence_timeout_s"):
+        EngineConfig(core_silence_timeout_s=0)
