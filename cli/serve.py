@@ -62,6 +62,12 @@ def serve(
         typer.Option(help="End a request still running this long after its arrival (finish reason "
                           "`deadline`); default: no deadline."),
     ] = None,
+    core_silence_timeout_s: Annotated[
+        float,
+        typer.Option(min=0.001, help="Fail an engine core that has said nothing this long (stopped, or hung in a "
+                                     "step): /health and new requests get 503, requests in flight end with an "
+                                     "error. Keep it above the longest step."),
+    ] = 150.0,
     enable_prefix_caching: Annotated[
         bool,
         typer.Option("--enable-prefix-caching/--no-enable-prefix-caching",
@@ -91,7 +97,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
             model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,
             otlp=otlp, port=port, threads=threads, parallel_min_tokens=parallel_min_tokens,
-            request_deadline_s=request_deadline_s,
+            request_deadline_s=request_deadline_s, core_silence_timeout_s=core_silence_timeout_s,
             enable_prefix_caching=enable_prefix_caching, ttft_allowances=exported_allowances(ttft_allowances),
         )
         check_bindable(host, port)

@@ -57,6 +57,8 @@ class ServeOptions:
     """Steps with fewer tokens run on one thread (see ``ExecutorOptions.parallel_min_tokens``)."""
     request_deadline_s: float | None = None
     """Requests still running this long after arrival end with finish reason ``deadline`` (None: off)."""
+    core_silence_timeout_s: float = 150.0
+    """An engine core silent this long (stopped, hung in a step) is failed: /health and new requests get 503."""
     enable_prefix_caching: bool = True
     """Share the KV blocks of equal prompt prefixes between requests (vLLM's automatic prefix caching)."""
     ttft_allowances: tuple[TtftAllowance, ...] = EXPORTED_BY_DEFAULT
@@ -95,6 +97,7 @@ def build_stack(options: ServeOptions) -> ServingStack:
                 max_waiting=options.max_waiting,
             ),
             request_deadline_s=options.request_deadline_s,
+            core_silence_timeout_s=options.core_silence_timeout_s,
             enable_prefix_caching=options.enable_prefix_caching,
         ),
     )

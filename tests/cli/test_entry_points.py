@@ -73,3 +73,23 @@ def test_serve_passes_slots_per_rank_to_the_stack(monkeypatch: pytest.MonkeyPatc
     assert seen[0].ep == 2 and seen[0].slots_per_rank == 6
     result = CliRunner().invoke(app, ["serve", "--checkpoint", str(tmp_path)])
     assert seen[1].slots_per_rank is None
+
+
+def test_serve_passes_the_core_silence_timeout_to_the_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import exporters.app
+    from engine.engine_types import EngineConfig
+
+    seen: list[EngineConfig] = []
+
+    class Stop(Exception):
+        pass
+
+    def engine_client(_executor: object, config: EngineConfig) -> None:
+        seen.append(config)
+        raise Stop
+
+    monkeypatch.setattr(exporters.app, "EngineCoreClient", engine_client)
+    monkeypatch.setattr(exporters.app, "sampling_defaults", lambda _path: None)
+    result = CliRunner().invoke(app, ["serve", "--checkpoint", str(tmp_path), "--core-silence-timeout-s", "2.5"])
+    assert isinstance(result.exception, Stop), result.output
+    assert seen[0].core_silence_timeout_s == 2.5
