@@ -34,8 +34,9 @@ from contracts.errors import MoesloError, OverloadedError, UnavailableError, Val
 from router.config import RouterConfig
 from router.errors import UpstreamError, UpstreamTimeoutError, error_document, sse_error_event
 from router.features import request_features
+from router.held import HeldRequests
 from router.metrics import RouterMetrics
-from router.policies import admission, policy_named, predict, prefill_work
+from router.policies import admission, healthy, over_objective_alone, policy_named, predict, prefill_work
 from router.pool import ReplicaPool, Ticket
 from router.prefix_index import PrefixIndex, with_cached_tokens
 from router.types import Choice, ReplicaState, RequestFeatures
@@ -78,6 +79,9 @@ class Router:
         self._session: aiohttp.ClientSession | None = None
         self.clock = clock
         self._turn = 0
+        self.held = HeldRequests()
+        """Queue mode: the requests held at admission, first come, first served."""
+        self.pool.on_change = self.held.wake
         self._in_flight: dict[str, dict[asyncio.Task[Any], _Exchange]] = {}
         """Per replica, the requests waiting on it (their tasks): a frozen replica's are ended, not left waiting."""
 
@@ -104,33 +108,18 @@ class Router:
 
     # ------------------------------------------------------------------ decisions
 
-    async def decide(self, features: RequestFeatures) -> Choice:
-        """Admission, then the policy; OverloadedError or UnavailableError when nobody can take it."""
-        deadline = self.clock() + self.config.max_queue_s
-        queued = False
-        try:
-            while (refusal := admission(features, self._states(features), self.config.cost)) is not None:
-                queueing = self.config.admission == "queue"
-                if refusal.retry_after_s is None:
-                    # Queue mode holds a request while no replica is healthy too (a fleet scaled to zero, or
-                    # starting): the controller reads this queue as demand and starts one.
-                    wait_s = min(self.config.scrape_interval_s, deadline - self.clock())
-                    if not queueing or wait_s <= 0:
-                        raise UnavailableError("no healthy replica")
-                else:
-                    wait_s = min(refusal.retry_after_s, self.config.scrape_interval_s, deadline - self.clock())
-                    if not queueing or wait_s <= 0:
-                        objective_s = self.config.cost.ttft_objective_s
-                        raise OverloadedError(f"every replica is predicted over the {objective_s} s TTFT objective "
-                                              f"(best {refusal.predicted_ttft_s:.3f} s)",
-                                              retry_after_s=refusal.retry_after_s)  # fmt: skip
-                if not queued:
-                    queued = True
-                    self.metrics.queued.inc()
-                await asyncio.sleep(wait_s)
-        finally:
-            if queued:
-                self.metrics.queued.dec()
+    async def decide(self, features: RequestFeatures, *, retried: bool = False) -> Choice:
+        """Admission, then the policy; OverloadedError or UnavailableError when nobody can take it.
+
+        Queue mode holds a request that does not fit (:meth:`_hold`), and one that arrives while others are
+        held: it waits its turn behind them, unless no wait could bring it within the objective.
+        ``retried``: its turn came already (the replica chosen refused the connection): it goes first.
+        """
+        refusal = admission(features, self._states(features), self.config.cost)
+        if self.config.admission == "queue" and (refusal is not None or self._behind_others(features)):
+            await self._hold(features, first=retried)
+        elif refusal is not None:
+            raise self._refused(refusal, ahead=0)
         states = self._states(features)
         choice = self.policy(features, states, self._turn)
         self._turn += 1
@@ -140,6 +129,52 @@ class Router:
             state = next(s for s in states if s.name == choice.replica)
             choice = replace(choice, predicted_ttft_s=predict(state, features, self.config.cost).ttft_s)
         return choice
+
+    def _behind_others(self, features: RequestFeatures) -> bool:
+        """Requests are held already, and this one would gain from waiting (over the objective alone it would not)."""
+        return bool(self.held) and not over_objective_alone(features, healthy(self.pool.snapshot()), self.config.cost)
+
+    async def _hold(self, features: RequestFeatures, *, first: bool) -> None:
+        """Wait in line until, first in it, admission lets the request through; refused at ``max_queue_s``.
+
+        The first in line looks again whenever a replica may take more (:class:`HeldRequests`), and at least
+        every scrape interval; a request that leaves (admitted, refused, its client gone) wakes the next.
+        Queue mode holds a request while no replica is healthy too (a fleet scaled to zero, or starting): the
+        controller reads this queue as demand and starts one.
+        """
+        deadline = self.clock() + self.config.max_queue_s
+        place = self.held.join(first=first)
+        self.metrics.queued.inc()
+        try:
+            while True:
+                refusal = None
+                if self.held.is_first(place):
+                    refusal = admission(features, self._states(features), self.config.cost)
+                    if refusal is None:
+                        return
+                remaining_s = deadline - self.clock()
+                if remaining_s <= 0:
+                    raise self._refused(refusal or admission(features, self._states(features), self.config.cost),
+                                        ahead=self.held.ahead_of(place))  # fmt: skip
+                wait_s = remaining_s
+                if refusal is not None:
+                    wait_s = min(refusal.retry_after_s or wait_s, self.config.scrape_interval_s, wait_s)
+                await self.held.wait(place, wait_s)
+        finally:
+            self.held.leave(place)
+            self.metrics.queued.dec()
+
+    def _refused(self, refusal: Choice | None, *, ahead: int) -> MoesloError:
+        """The refusal of a request nobody can take (None: it would fit, but ``ahead`` requests wait before it)."""
+        if refusal is None:
+            return OverloadedError(f"{ahead} earlier requests are still held before this one",
+                                   retry_after_s=self.config.scrape_interval_s)  # fmt: skip
+        if refusal.retry_after_s is None:
+            return UnavailableError("no healthy replica")
+        objective_s = self.config.cost.ttft_objective_s
+        return OverloadedError(f"every replica is predicted over the {objective_s} s TTFT objective "
+                               f"(best {refusal.predicted_ttft_s:.3f} s)",
+                               retry_after_s=refusal.retry_after_s)  # fmt: skip
 
     def _states(self, features: RequestFeatures) -> tuple[ReplicaState, ...]:
         return with_cached_tokens(self.pool.snapshot(), features, self.prefixes)
@@ -190,9 +225,9 @@ class Router:
 
     async def _complete(self, path: str, headers: list[tuple[str, str]], features: RequestFeatures, body: bytes,
                         exchange: _Exchange, started_s: float) -> None:  # fmt: skip
-        for _ in range(max(1, len(self.pool.names))):  # an empty set: decide() says no healthy replica
+        for tried in range(max(1, len(self.pool.names))):  # an empty set: decide() says no healthy replica
             try:
-                choice = await self.decide(features)
+                choice = await self.decide(features, retried=tried > 0)
             except MoesloError as exc:
                 exchange.outcome = REJECTED_OUTCOME if isinstance(exc, OverloadedError) else "unavailable"
                 exchange.decision = "all_over_budget" if isinstance(exc, OverloadedError) else "no_healthy_replica"

@@ -12,6 +12,7 @@ one and follows the observed TTFT of streamed requests (:meth:`calibrate`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from router.scrape import ScrapedLoad
@@ -60,6 +61,9 @@ class ReplicaPool:
         self.mean_prompt_tokens = mean_prompt_tokens
         self.readmit_after = readmit_after
         self.eject_after_silent = eject_after_silent
+        self.on_change: Callable[[], None] = _nothing
+        """Called when a replica may take more than before (a request finished or began its answer, a scrape, a
+        readmission, a faster rate): the router's held requests look again."""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -119,6 +123,7 @@ class ReplicaPool:
             return
         r.prefilling -= 1
         r.prefill_tokens -= ticket.prompt_tokens
+        self.on_change()
 
     def finish(self, ticket: Ticket) -> bool:
         """End the ticket; whether its replica's record still counted it (False: gone, or listed anew since)."""
@@ -129,6 +134,7 @@ class ReplicaPool:
         if (r := self._record_of(ticket)) is None:
             return False
         r.outstanding -= 1
+        self.on_change()
         return True
 
     def calibrate(self, name: str, predicted_s: float, observed_s: float) -> None:
@@ -153,10 +159,12 @@ class ReplicaPool:
         self.rate = min(high, max(low, self.rate * ratio**CALIBRATION_STEP))
         for replica in self._replicas.values():
             replica.prefill_tokens_per_s = self.rate
+        self.on_change()
 
     def update_load(self, name: str, load: ScrapedLoad) -> None:
         if (r := self._replicas.get(name)) is not None:
             r.load = load
+            self.on_change()
 
     def scrape_answered(self, name: str) -> None:
         if (r := self._replicas.get(name)) is not None:
@@ -192,8 +200,13 @@ class ReplicaPool:
         if r.passes >= self.readmit_after:
             r.healthy = True
             r.passes = 0
+            self.on_change()
             return True
         return False
+
+
+def _nothing() -> None:
+    pass
 
 
 __all__ = ["CALIBRATION_STEP", "MIN_CALIBRATED_S", "RATE_RANGE", "ReplicaPool", "Ticket"]

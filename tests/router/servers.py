@@ -6,7 +6,7 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -32,6 +32,24 @@ def eventually(check: Callable[[], bool], timeout_s: float = 5.0, what: str = "c
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout_s} s")
         time.sleep(0.02)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def _empty(_: web.Request) -> web.StreamResponse:
+    return web.Response(text="")
+
+
+def replica_app(completion: Handler | None = None, gets: Mapping[str, Handler] | None = None) -> web.Application:
+    """A replica as an aiohttp app: ``completion`` serves POST /v1/completions, ``gets`` GET paths; /metrics and
+    /health answer an empty 200 unless ``gets`` has them."""
+    app = web.Application()
+    if completion is not None:
+        app.router.add_post("/v1/completions", completion)
+    for path, handler in {"/metrics": _empty, "/health": _empty, **(gets or {})}.items():
+        app.router.add_get(path, handler)
+    return app
 
 
 @dataclass
@@ -65,17 +83,8 @@ def url_of(stub: StubUpstream) -> str:
 
 
 @contextmanager
-def router(upstreams: list[StubUpstream] | list[str], *, handler_cancellation: bool = True,
-           **options: object) -> Iterator[RunningRouter]:  # fmt: skip
-    """The router on 127.0.0.1 in front of stubs (or replica URLs), its scrape interval short for the tests.
-
-    ``handler_cancellation=False``: a client's leaving shows only when a write to it fails.
-    """
-    settings: dict[str, object] = {"scrape_interval_s": 0.05, "readmit_after": 2, **options}
-    urls = tuple(u if isinstance(u, str) else url_of(u) for u in upstreams)
-    config = RouterConfig(replicas=urls, **settings)  # type: ignore[arg-type]
-    registry = CollectorRegistry()
-    app = create_app(config, registry=registry)
+def serving(app: web.Application, *, handler_cancellation: bool = True) -> Iterator[str]:
+    """``app`` served on 127.0.0.1 from a thread of its own; yields its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -90,14 +99,30 @@ def router(upstreams: list[StubUpstream] | list[str], *, handler_cancellation: b
         ready.set()
         loop.run_forever()
 
-    thread = threading.Thread(target=serve, name="router", daemon=True)
+    thread = threading.Thread(target=serve, name="aiohttp-app", daemon=True)
     thread.start()
     try:
-        assert ready.wait(10), "the router did not start"
-        yield RunningRouter(f"http://127.0.0.1:{sock.getsockname()[1]}", app, registry)
+        assert ready.wait(10), "the server did not start"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
         sock.close()
+
+
+@contextmanager
+def router(upstreams: list[StubUpstream] | list[str], *, handler_cancellation: bool = True,
+           **options: object) -> Iterator[RunningRouter]:  # fmt: skip
+    """The router on 127.0.0.1 in front of stubs (or replica URLs), its scrape interval short for the tests.
+
+    ``handler_cancellation=False``: a client's leaving shows only when a write to it fails.
+    """
+    settings: dict[str, object] = {"scrape_interval_s": 0.05, "readmit_after": 2, **options}
+    urls = tuple(u if isinstance(u, str) else url_of(u) for u in upstreams)
+    config = RouterConfig(replicas=urls, **settings)  # type: ignore[arg-type]
+    registry = CollectorRegistry()
+    app = create_app(config, registry=registry)
+    with serving(app, handler_cancellation=handler_cancellation) as url:
+        yield RunningRouter(url, app, registry)
