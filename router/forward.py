@@ -40,9 +40,8 @@ from router.policies import admission, healthy, over_objective_alone, policy_nam
 from router.pool import ReplicaPool, Ticket
 from router.prefix_index import PrefixIndex, with_cached_tokens
 from router.types import Choice, ReplicaState, RequestFeatures
-from router.wire import ClientGone, Send, send_bytes, send_json, upstream_headers
+from router.wire import ClientGone, Send, relayed_headers, send_bytes, send_json, upstream_headers
 
-_RELAYED_HEADERS = (b"content-type", b"retry-after", b"cache-control")
 SSE_DONE = b"data: [DONE]\n\n"
 """The OpenAI stream's last event."""
 UPSTREAM_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -396,7 +395,7 @@ def _check_answer(upstream: aiohttp.ClientResponse, content: bytes) -> str | Non
 
 
 def _relayed(upstream: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
-    return [(k.lower(), v) for k, v in upstream.raw_headers if k.lower() in _RELAYED_HEADERS]
+    return relayed_headers(upstream.raw_headers)
 
 
 def _upstream_error(exc: BaseException, name: str) -> UpstreamError:

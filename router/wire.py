@@ -5,7 +5,8 @@ messages (``more_body`` while more follows).  A ``send`` whose client has
 left raises :class:`ClientGone`: aiohttp's own write error is also an
 upstream-client error class, and a client leaving must never eject a replica.  The server adapter
 (:class:`router.app.ResponseWriter`) turns them into aiohttp writes; tests
-may collect them in a list.  Plus the header filter for upstream requests.
+may collect them in a list.  Plus the header filters: the client's request headers sent upstream,
+and a replica's answer headers relayed back.
 """
 
 from __future__ import annotations
@@ -24,16 +25,31 @@ class ClientGone(Exception):  # noqa: N818 (an event, not an error of ours: the 
 Send = Callable[[Message], Awaitable[None]]
 
 _HOP_BY_HOP = frozenset({
-    b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-    b"proxy-authorization", b"proxy-authenticate", b"accept-encoding",
+    b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"upgrade",
 })  # fmt: skip
-"""Not forwarded upstream (``accept-encoding`` too, so answers come uncompressed and relay byte for byte)."""
+"""The connection's own headers (RFC 9110 7.6.1), with those the Connection header names and every ``Proxy-*``."""
+_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding"}
+"""Not sent upstream (``accept-encoding`` too, so answers come uncompressed and relay byte for byte)."""
+_NOT_RELAYED = _HOP_BY_HOP | {b"content-length", b"date", b"server"}
+"""Not relayed to the client: the router writes its own length (or chunks a stream), Date and Server."""
 _JSON = [(b"content-type", b"application/json")]
+
+
+def _end_to_end(headers: Iterable[tuple[bytes, bytes]], dropped: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
+    """``headers`` (names lowercased) less ``dropped``, ``Proxy-*`` and those the Connection header names."""
+    pairs = [(k.lower(), v) for k, v in headers]
+    named = {token.strip().lower() for k, v in pairs if k == b"connection" for token in v.split(b",")}
+    return [(k, v) for k, v in pairs if k not in dropped and k not in named and not k.startswith(b"proxy-")]
 
 
 def upstream_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     """The client's headers minus hop-by-hop ones (as the text pairs the upstream client takes)."""
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if k.lower() not in _HOP_BY_HOP]
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in _end_to_end(headers, _NOT_FORWARDED)]
+
+
+def relayed_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """A replica's answer headers as the router relays them: all but the connection's own and those it rewrites."""
+    return _end_to_end(headers, _NOT_RELAYED)
 
 
 async def send_json(send: Send, status: int, body: object,
@@ -48,4 +64,4 @@ async def send_bytes(send: Send, status: int, content: bytes, headers: Iterable[
     await send({"type": "http.response.body", "body": content, "more_body": False})
 
 
-__all__ = ["ClientGone", "Message", "Send", "send_bytes", "send_json", "upstream_headers"]
+__all__ = ["ClientGone", "Message", "Send", "relayed_headers", "send_bytes", "send_json", "upstream_headers"]
