@@ -2,7 +2,7 @@
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (routed
 by the policy; a replica without chat answers its own 404, relayed),
-``GET /v1/models`` (from any healthy replica), ``GET /health`` (200 while a
+``GET /v1/models`` (from the first healthy replica that answers), ``GET /health`` (200 while a
 replica is healthy), ``GET /metrics`` (the ``moeslo_router_*`` series) and
 ``GET /router/replicas`` (each replica's state as the policies see it).
 With a controller (``RouterConfig.controller_url``) the replica set follows
@@ -23,12 +23,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from contracts.errors import MoesloError, NotFoundError, UnavailableError
 from router.config import RouterConfig
-from router.errors import UpstreamError, error_body, error_document
+from router.errors import UpstreamError, UpstreamTimeoutError, error_body, error_document
 from router.forward import UPSTREAM_FAILURES, Router
 from router.membership import Membership
 from router.monitor import Monitor
@@ -126,19 +127,29 @@ async def _model(request: web.Request) -> web.StreamResponse:
 
 
 async def _model_list(router: Router) -> tuple[str, bytes]:
-    """(replica, its /v1/models answer) of the first healthy replica that answers."""
+    """(replica, its /v1/models answer) of the first healthy replica that answers with a model list.
+
+    A replica that refuses the connection is ejected; one that answers an error, or nothing within the scrape
+    timeout, is passed over for the next; when none answers, the last one's failure is the error.
+    """
+    timeout = aiohttp.ClientTimeout(total=router.config.scrape_timeout_s)
+    failure: UpstreamError | None = None
     for name in [n for n in router.pool.names if router.pool.is_healthy(n)]:
         try:
-            async with router.session.get(name + "/v1/models") as answer:
+            async with router.session.get(name + "/v1/models", timeout=timeout) as answer:
                 content = await answer.read()
                 status, content_type = answer.status, answer.headers.get("content-type", "")
+        except TimeoutError:
+            failure = UpstreamTimeoutError(f"replica {name} did not answer /v1/models within {timeout.total} s",
+                                           replica=name)  # fmt: skip
+            continue
         except UPSTREAM_FAILURES:
             router.eject(name)
             continue
-        if status != 200 or "json" not in content_type:
-            raise UpstreamError(f"replica {name} answered /v1/models with HTTP {status}", replica=name)
-        return name, content
-    raise UnavailableError("no healthy replica")
+        if status == 200 and "json" in content_type:
+            return name, content
+        failure = UpstreamError(f"replica {name} answered /v1/models with HTTP {status}", replica=name)
+    raise failure or UnavailableError("no healthy replica")
 
 
 async def _health(request: web.Request) -> web.StreamResponse:
