@@ -61,6 +61,8 @@ class _Exchange:
     """The client has the whole answer (a stream's ``[DONE]``): leaving afterwards is not a disconnect."""
     abandoned: bool = False
     """Its replica stopped answering (ejected as frozen): the wait was cancelled, the client gets an error."""
+    tried: bool = False
+    """A replica has been tried (a further try follows a refused connection or a 503 there)."""
 
 
 class Router:
@@ -250,7 +252,9 @@ class Router:
         if choice.predicted_ttft_s is not None:
             self.metrics.predicted(name, choice.predicted_ttft_s)
         sent_s = self.clock()
-        self.metrics.overhead.observe(sent_s - started_s)
+        if not exchange.tried:  # once per request: a retry's time includes the failed try's
+            exchange.tried = True
+            self.metrics.overhead.observe(sent_s - started_s)
         task = asyncio.current_task()
         assert task is not None  # the server runs every request in a task of its own
         flights = self._in_flight.setdefault(name, {})
@@ -299,8 +303,7 @@ class Router:
         if upstream is None or upstream.status == 503:
             if upstream is not None:
                 upstream.close()
-            self.eject(name)
-            self.metrics.request(name, choice.reason, "upstream_error")
+            self.eject(name)  # the failed try shows as the ejection; the request counts once, as it ends
             return False
         try:
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):

@@ -114,6 +114,19 @@ def test_a_replica_answering_503_is_ejected_and_the_next_choice_serves(stream: b
         assert alive.requests["/v1/completions"] == 4
 
 
+def test_a_request_tried_on_a_second_replica_counts_once() -> None:
+    with stubs(2) as (dead, alive), router([dead, alive], policy="round-robin", scrape_interval_s=60.0) as r:
+        dead.mode = "unavailable"  # the first choice answers 503: the request goes to the next
+        assert httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5).status_code == 200
+        served = {"replica": url_of(alive), "decision": "next_in_turn", "outcome": "ok"}
+        eventually(lambda: r.sample("moeslo_router_requests_total", **served) == 1, 5, "the request counted")
+        counted = [s for m in r.registry.collect() if m.name == "moeslo_router_requests" for s in m.samples
+                   if s.name.endswith("_total")]  # fmt: skip
+        assert sum(s.value for s in counted) == 1, counted
+        assert r.sample("moeslo_router_overhead_seconds_count") == 1
+        assert r.sample("moeslo_router_ejections_total", replica=url_of(dead)) == 1  # where the failed try shows
+
+
 def test_429_with_retry_after_when_every_replica_is_over_budget() -> None:
     busy = WAITING_TEXT.format(waiting=50)  # 50 x 256 assumed tokens / 4000 tok/s = 3.2 s predicted TTFT
     with stubs(2, metrics_text=busy) as upstreams, router(upstreams) as r:
