@@ -28,8 +28,10 @@ _HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"upgrade",
 })  # fmt: skip
 """The connection's own headers (RFC 9110 7.6.1), with those the Connection header names and every ``Proxy-*``."""
-_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding"}
-"""Not sent upstream (``accept-encoding`` too, so answers come uncompressed and relay byte for byte)."""
+_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding", b"expect"}
+"""Not sent upstream (``accept-encoding`` too, so answers come uncompressed and relay byte for byte; ``expect``:
+the router has the whole body before it sends, and a forwarded ``100-continue`` made the upstream client wait for
+a 100 Continue that a replica need not send)."""
 _NOT_RELAYED = _HOP_BY_HOP | {b"content-length", b"date", b"server"}
 """Not relayed to the client: the router writes its own length (or chunks a stream), Date and Server."""
 _JSON = [(b"content-type", b"application/json")]

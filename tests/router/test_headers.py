@@ -7,8 +7,8 @@ import pytest
 from aiohttp import web
 
 from bench.stub_upstream import COMPLETION, DEFAULT_CHUNKS
-from router.wire import relayed_headers
-from tests.router.servers import replica_app, router, serving
+from router.wire import relayed_headers, upstream_headers
+from tests.router.servers import replica_app, router, serving, stubs
 
 pytestmark = pytest.mark.timeout(60)
 OWN = {"X-Request-Id": "req-42", "OpenAI-Processing-Ms": "17", "Server": "stub-engine"}
@@ -52,3 +52,13 @@ def test_the_connections_own_headers_are_not_relayed() -> None:
            (b"Set-Cookie", b"a=1"), (b"Set-Cookie", b"b=2"), (b"Retry-After", b"3")]  # fmt: skip
     assert relayed_headers(raw) == [(b"content-type", b"application/json"), (b"x-request-id", b"a"),
                                     (b"set-cookie", b"a=1"), (b"set-cookie", b"b=2"), (b"retry-after", b"3")]
+
+
+def test_a_clients_expect_100_continue_stays_with_the_router() -> None:
+    """The router has the whole body before it sends upstream: forwarded, ``Expect`` made the upstream client wait
+    for a 100 Continue before sending it, and a replica that sends none (the stub) never answered."""
+    with stubs(1) as (stub,), router([stub], upstream_timeout_s=3.0) as r:
+        answer = httpx.post(r.url + "/v1/completions", json={"prompt": "hi"}, headers={"Expect": "100-continue"},
+                            timeout=5)  # fmt: skip
+        assert (answer.status_code, answer.content) == (200, COMPLETION)
+    assert upstream_headers([(b"Expect", b"100-continue"), (b"X-Request-Id", b"a")]) == [("x-request-id", "a")]
