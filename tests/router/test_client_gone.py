@@ -41,6 +41,8 @@ def test_a_client_that_leaves_after_done_was_served(handler_cancellation: bool) 
         ok = {"replica": url_of(stub), "decision": "lowest_predicted_ttft", "outcome": "ok"}
         eventually(lambda: r.sample("moeslo_router_requests_total", **ok) == 1, 10, "the request counted as served")
         assert r.sample("moeslo_router_requests_total", **{**ok, "outcome": "client_disconnected"}) == 0
+        assert r.replicas()[url_of(stub)]["healthy"] is True  # nor is its replica at fault
+        assert r.sample("moeslo_router_ejections_total", replica=url_of(stub)) == 0
 
 
 def test_a_client_that_leaves_before_the_first_byte_is_counted_out() -> None:
