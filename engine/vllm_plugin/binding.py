@@ -98,7 +98,7 @@ def install_bind_hook(bind: Callable[[torch.nn.Module], bool]) -> RemovableHandl
     return handle
 
 
-def vllm_row_filter(topk_ids: torch.Tensor) -> tuple[int, int] | torch.Tensor | None:
+def vllm_row_filter(topk_ids: torch.Tensor, dp_rank: int = 0) -> tuple[int, int] | torch.Tensor | None:
     """Rows of ``topk_ids`` that are this rank's real tokens, from vLLM's forward context.
 
     Returns None (skip) outside a forward context and in profile or warm-up
@@ -106,7 +106,9 @@ def vllm_row_filter(topk_ids: torch.Tensor) -> tuple[int, int] | torch.Tensor | 
     its end and marks the padding in ``is_padding``: on the CPU the real rows
     are counted as a span, on an accelerator as a mask (no host sync).  Under
     data parallelism only this DP rank's rows count when the router saw every
-    rank's tokens.
+    rank's tokens: ``dp_rank`` is read once, while the model is built (vLLM's
+    config is not "current" during its forward passes; read then, every rank
+    took rank 0's slot of ``num_tokens_across_dp``).
     """
     if not is_forward_context_available():
         return None
@@ -120,7 +122,6 @@ def vllm_row_filter(topk_ids: torch.Tensor) -> tuple[int, int] | torch.Tensor | 
     dp = ctx.dp_metadata
     if dp is not None:
         across = dp.num_tokens_across_dp_cpu
-        dp_rank = _dp_rank()
         local = int(across[dp_rank].item())
         if n == int(across.sum().item()) and n != local:
             end = int(across[: dp_rank + 1].sum().item())
@@ -144,13 +145,6 @@ def _vllm_forward_context() -> tuple[Callable[[], bool], Callable[[], Any]]:
 
 
 is_forward_context_available, get_forward_context = _vllm_forward_context()
-
-
-def _dp_rank() -> int:
-    from vllm.config import get_current_vllm_config_or_none
-
-    config = get_current_vllm_config_or_none()
-    return 0 if config is None else int(config.parallel_config.data_parallel_rank)
 
 
 def is_first_tp_rank() -> bool:
@@ -186,6 +180,8 @@ class VllmLabels:
     model_name: str
     engine: str
     placement_strategy: str = "linear"
+    dp_rank: int = 0
+    """vLLM's data-parallel rank (its slot in the forward context's ``num_tokens_across_dp``)."""
 
 
 class LabelProbe:
@@ -232,6 +228,7 @@ def current_vllm_labels() -> VllmLabels | None:
         model_name=str(name or model_config.model),
         engine=str(parallel.data_parallel_rank),
         placement_strategy=str(getattr(parallel, "expert_placement_strategy", "linear") or "linear"),
+        dp_rank=int(parallel.data_parallel_rank),
     )
 
 

@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -152,10 +153,12 @@ def bind_model(
     settings: PluginSettings,
     make_sink: Callable[[], SnapshotSink],
     *,
-    row_filter: RowFilter = vllm_row_filter,
+    row_filter: RowFilter | None = None,
     state: PluginState | None = None,
 ) -> bool:
-    """Bind every MoE router in ``model``; False when it holds none (keep looking)."""
+    """Bind every MoE router in ``model``; False when it holds none (keep looking).
+
+    ``row_filter`` defaults to vLLM's forward context, for this engine's data-parallel rank."""
     layers = find_moe_layers(model)
     if monolithic := monolithic_moe_layers(model):
         logger.warning("moeslo: %d MoE layer(s) use a monolithic kernel, which routes inside itself; not counted",
@@ -166,6 +169,10 @@ def bind_model(
     if not is_first_tp_rank():
         logger.info("moeslo: TP rank > 0, the first TP rank counts this model's routing")
         return True
+    labels = _labels(settings, state)
+    model_name, engine, strategy = labels.model_name, labels.engine, labels.placement_strategy
+    if row_filter is None:
+        row_filter = partial(vllm_row_filter, dp_rank=labels.dp_rank)
     device = next(model.parameters(), torch.zeros(0)).device
     counter = ExpertLoadCounter(
         [v.layer_id for v in layers], max(v.num_experts for v in layers), device=device, row_filter=row_filter
@@ -177,11 +184,6 @@ def bind_model(
                        "the plugin's counting replaces it: the two cannot run together")  # fmt: skip
     for view in layers:
         view.router.set_capture_fn(counter.capture_fn(view.layer_id))
-    probed = state.label_probe.labels if state.label_probe is not None else None
-    # vLLM's served model name, as on its own series (vllm:*, moeslo_ttft_*) that dashboards and alerts join
-    # on; the setting only stands in where vLLM's config could not be read.
-    labels = probed or current_vllm_labels() or VllmLabels(model_name=settings.model_name or "unknown", engine="0")
-    model_name, engine, strategy = labels.model_name, labels.engine, labels.placement_strategy
     stages = pipeline_parallel_size()
     if stages > 1:
         logger.warning("moeslo: under pipeline parallelism the layer label is the model's layer index, not the "
@@ -204,6 +206,13 @@ def bind_model(
         len(layers), counter.num_experts, model_name, engine, list(builder.layer_ids), list(counter.layer_ids),
     )  # fmt: skip
     return True
+
+
+def _labels(settings: PluginSettings, state: PluginState) -> VllmLabels:
+    """vLLM's served model name, as on its own series (vllm:*, moeslo_ttft_*) that dashboards and alerts join
+    on, and its DP rank; the setting only stands in where vLLM's config could not be read."""
+    probed = state.label_probe.labels if state.label_probe is not None else None
+    return probed or current_vllm_labels() or VllmLabels(model_name=settings.model_name or "unknown", engine="0")
 
 
 def activate(settings: PluginSettings, make_sink: Callable[[], SnapshotSink]) -> PluginState:

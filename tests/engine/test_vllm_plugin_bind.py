@@ -1,0 +1,48 @@
+"""Binding the plugin inside a vLLM worker: the rows each data-parallel rank counts, and a bind that fails."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine.vllm_plugin import PluginSettings, PluginState, bind_model
+from engine.vllm_plugin.binding import LabelProbe, VllmLabels
+from tests.engine.test_vllm_plugin_units import _ListSink, _Model
+
+SETTINGS = PluginSettings(enabled=True, virtual_ep_ranks=4, flush_interval_s=60.0)
+
+
+def _probed(labels: VllmLabels) -> PluginState:
+    """A plugin state whose label probe read ``labels`` while the model was built."""
+    state = PluginState()
+    state.label_probe = LabelProbe()
+    state.label_probe.close()
+    state.label_probe.labels = labels
+    return state
+
+
+def test_each_data_parallel_rank_counts_its_own_rows_while_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's config is current only while the model is built: read during a forward pass it was None, and
+    every DP rank took rank 0's slot of ``num_tokens_across_dp`` (rank 1 counted rank 0's rows, or nothing)."""
+    import engine.vllm_plugin.binding as binding
+
+    ctx = SimpleNamespace(attn_metadata=object(), is_padding=None,
+                          dp_metadata=SimpleNamespace(num_tokens_across_dp_cpu=torch.tensor([3, 5])))  # fmt: skip
+    monkeypatch.setattr(binding, "is_forward_context_available", lambda: True)
+    monkeypatch.setattr(binding, "get_forward_context", lambda: ctx)
+    state = _probed(VllmLabels(model_name="m", engine="1", dp_rank=1))
+    model = _Model()
+    try:
+        assert bind_model(model, SETTINGS, _ListSink, state=state)
+        assert state.flusher is not None
+        ids = torch.tensor([[0, 1]] * 3 + [[2, 3]] * 5)
+        model.layers[0].router.capture_fn(ids)  # the router saw every rank's 8 tokens: rank 1's are rows 3..8
+        model.layers[0].router.capture_fn(ids[3:])  # the router saw rank 1's own 5 tokens
+        snap = state.flusher.flush()
+    finally:
+        if state.flusher is not None:
+            state.flusher.stop()
+    assert snap.engine == "1"
+    assert snap.expert_tokens_total[0].tolist() == [0, 0, 10, 10, 0, 0, 0, 0]
