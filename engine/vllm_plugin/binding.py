@@ -45,21 +45,33 @@ class MoeLayerView:
     use_ep: bool
 
 
+class UnsupportedModelError(ValueError):
+    """A MoE layer the plugin cannot read (the message names what it lacks)."""
+
+
 def find_moe_layers(model: torch.nn.Module) -> list[MoeLayerView]:
-    """Every distinct fused-MoE router in ``model``'s tree, by layer id."""
+    """Every distinct fused-MoE router in ``model``'s tree, by layer id (:class:`UnsupportedModelError`
+    for a layer without a layer id or an expert count)."""
     views: dict[int, MoeLayerView] = {}
     seen: set[int] = set()
-    for module in model.modules():
+    for name, module in model.named_modules():
         router = getattr(module, "router", None)
         if router is None or not callable(getattr(router, "set_capture_fn", None)) or id(router) in seen:
             continue
         seen.add(id(router))
         if getattr(module, "is_monolithic", False):
             continue  # routes inside the kernel: the router seam never sees the ids (bind_model says so once)
-        layer_id = int(getattr(module, "layer_id"))  # noqa: B009 (a property on vLLM's runner)
+        what = f"MoE layer {name or '<root>'} ({type(module).__name__})"
+        try:
+            layer_id = int(getattr(module, "layer_id"))  # noqa: B009 (a property on vLLM's runner)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise UnsupportedModelError(f"{what} has no layer id ({exc})") from exc
         config = getattr(module, "moe_config", None)
         parallel = getattr(config, "moe_parallel_config", None)
         num_experts = int(getattr(config, "num_logical_experts", 0) or getattr(router, "global_num_experts", 0))
+        if num_experts < 1:
+            raise UnsupportedModelError(f"{what} names no expert count (neither moe_config.num_logical_experts "
+                                        "nor router.global_num_experts)")  # fmt: skip
         views[layer_id] = MoeLayerView(
             layer_id=layer_id,
             router=router,
@@ -82,14 +94,23 @@ def install_bind_hook(bind: Callable[[torch.nn.Module], bool]) -> RemovableHandl
     """Call ``bind(module)`` on module calls until it returns True, then unhook.
 
     A module ``bind`` refused is not offered again, nor is anything in its tree: a model with no
-    MoE layer (a dense model) is scanned once, not on every call of every block forever."""
+    MoE layer (a dense model) is scanned once, not on every call of every block forever.  A ``bind``
+    that raises unhooks too, with one error line: the hook runs inside vLLM's first forward pass,
+    which must go on (uninstrumented) rather than fail."""
     handle: RemovableHandle | None = None
     refused: set[int] = set()
 
     def hook(module: torch.nn.Module, args: Any) -> None:
         if handle is None or id(module) in refused or next(module.children(), None) is None:
             return  # leaf modules never hold a whole MoE model
-        if bind(module):
+        try:
+            bound = bind(module)
+        except Exception as exc:
+            handle.remove()
+            logger.error("moeslo: cannot count this model's MoE routing: %s; vLLM runs without the plugin's "
+                         "counting", exc, exc_info=not isinstance(exc, UnsupportedModelError))  # fmt: skip
+            return
+        if bound:
             handle.remove()
         else:
             refused.update(id(m) for m in module.modules())

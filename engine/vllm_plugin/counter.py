@@ -107,12 +107,13 @@ class ExpertLoadCounter:
         experts = self.num_experts
         if isinstance(rows, tuple) and topk_ids.device.type == "cpu":
             ids = topk_ids.numpy()[rows[0] : rows[1]].reshape(-1)
-            try:
-                counts = np.bincount(ids, minlength=experts)  # ids >= experts land past the slice below
-            except ValueError:  # negative ids: routes a router invalidated
-                counts = np.bincount(ids[ids >= 0], minlength=experts)
+            if ids.size and (ids.min() < 0 or ids.max() >= experts):
+                # Routes a router invalidated (-1), or ids no expert has: bincount would size its output to
+                # the largest id (an id of 2**40 asked for 8 TiB).
+                ids = ids[(ids >= 0) & (ids < experts)]
+            counts = np.bincount(ids, minlength=experts)
             with self._lock:
-                self._host[row] += counts[:experts]
+                self._host[row] += counts
             return
         if isinstance(rows, tuple):
             keep = torch.zeros(topk_ids.shape[0], dtype=torch.bool, device=topk_ids.device)

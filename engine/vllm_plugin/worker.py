@@ -22,6 +22,7 @@ import torch
 from engine.stats import FloatArray, IntArray
 from engine.vllm_plugin.binding import (
     LabelProbe,
+    MoeLayerView,
     VllmLabels,
     current_vllm_labels,
     find_moe_layers,
@@ -177,13 +178,6 @@ def bind_model(
     counter = ExpertLoadCounter(
         [v.layer_id for v in layers], max(v.num_experts for v in layers), device=device, row_filter=row_filter
     )
-    if any(getattr(view.router, "capture_fn", None) is not None for view in layers):
-        # A router holds one callback: vLLM's routed-experts capture (--enable-return-routed-experts) was
-        # bound first, and counting here ends it.
-        logger.warning("moeslo: the MoE routers already had a capture callback (vLLM's routed-experts capture?); "
-                       "the plugin's counting replaces it: the two cannot run together")  # fmt: skip
-    for view in layers:
-        view.router.set_capture_fn(counter.capture_fn(view.layer_id))
     stages = pipeline_parallel_size()
     if stages > 1:
         logger.warning("moeslo: under pipeline parallelism the layer label is the model's layer index, not the "
@@ -196,6 +190,7 @@ def bind_model(
         rank_weights=rank_weights_for(layers, settings.virtual_ep_ranks, strategy),
     )
     flusher = Flusher(counter, builder, make_sink(), interval_s=settings.flush_interval_s)
+    _bind_routers(layers, counter)  # last: a bind that fails before it leaves vLLM's routers as they were
     flusher.start()
     state.counter, state.flusher = counter, flusher
     if state.label_probe is not None:
@@ -206,6 +201,23 @@ def bind_model(
         len(layers), counter.num_experts, model_name, engine, list(builder.layer_ids), list(counter.layer_ids),
     )  # fmt: skip
     return True
+
+
+def _bind_routers(layers: list[MoeLayerView], counter: ExpertLoadCounter) -> None:
+    """Hand each router the counter's callback (all of them, or none on an error)."""
+    previous = [getattr(view.router, "capture_fn", None) for view in layers]
+    if any(fn is not None for fn in previous):
+        # A router holds one callback: vLLM's routed-experts capture (--enable-return-routed-experts) was
+        # bound first, and counting here ends it.
+        logger.warning("moeslo: the MoE routers already had a capture callback (vLLM's routed-experts capture?); "
+                       "the plugin's counting replaces it: the two cannot run together")  # fmt: skip
+    try:
+        for view in layers:
+            view.router.set_capture_fn(counter.capture_fn(view.layer_id))
+    except Exception:
+        for view, fn in zip(layers, previous, strict=True):
+            view.router.set_capture_fn(fn)
+        raise
 
 
 def _labels(settings: PluginSettings, state: PluginState) -> VllmLabels:

@@ -46,3 +46,41 @@ def test_each_data_parallel_rank_counts_its_own_rows_while_serving(monkeypatch: 
             state.flusher.stop()
     assert snap.engine == "1"
     assert snap.expert_tokens_total[0].tolist() == [0, 0, 10, 10, 0, 0, 0, 0]
+
+
+class _NoExpertCount(_Model):
+    """A MoE model whose layers name no expert count (a config without ``num_logical_experts``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for layer in self.layers:
+            del layer.router.global_num_experts
+            layer.moe_config = SimpleNamespace(moe_parallel_config=None)
+
+
+def test_a_model_the_plugin_cannot_read_runs_uninstrumented(caplog: pytest.LogCaptureFixture) -> None:
+    """The bind runs inside vLLM's first forward pass: its exception aborted that pass (and vLLM's start)."""
+    from engine.vllm_plugin.binding import install_bind_hook
+
+    model = _NoExpertCount()
+    state = PluginState()
+    handle = install_bind_hook(lambda m: bind_model(m, SETTINGS, _ListSink, state=state))
+    try:
+        for _ in range(3):
+            assert model(torch.randn(4, 8)).shape == (4, 8)
+    finally:
+        handle.remove()
+    assert state.flusher is None and all(layer.router.capture_fn is None for layer in model.layers)
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1, caplog.text
+    assert "names no expert count" in errors[0].getMessage() and "num_logical_experts" in errors[0].getMessage()
+    assert "without the plugin's counting" in errors[0].getMessage()
+
+
+def test_the_host_path_drops_ids_past_the_experts_without_sizing_an_array_to_them() -> None:
+    """numpy's bincount sizes its output to the largest id: one id of 2**50 asked for 8 PiB."""
+    from engine.vllm_plugin import ExpertLoadCounter
+
+    counter = ExpertLoadCounter([0], 4)
+    counter.capture(0, torch.tensor([[1, 2**50], [3, -1], [4, 0]], dtype=torch.int64))
+    assert counter.snapshot().tolist() == [[1, 1, 0, 1]]
