@@ -53,12 +53,12 @@ from contracts.catalogue import (
     STAT_LABEL,
 )
 from contracts.errors import ValidationError
-from contracts.imbalance import across_layers
 from engine.vllm_plugin import ExpertLoadSnapshot, PluginSettings, PluginState, SnapshotSink, activate
 from engine.vllm_plugin.eplb_control import EplbControl, install_worker_method
 from engine.vllm_plugin.settings import METRICS_DIR_ENV
 from exporters.prometheus import DEFAULT_MAX_EXPERT_SERIES
 from exporters.vllm_placement import PlacementMetrics, placement_families
+from exporters.vllm_stages import STAGES_FOLDER, StageBoard, engine_summaries, layer_figures, summaries
 
 logger = logging.getLogger("moeslo.vllm_plugin")
 
@@ -115,7 +115,7 @@ def register() -> None:
         os.environ[METRICS_DIR_ENV] = directory
         REGISTRY.register(SnapshotCollector(directory, max_age_s=stale_after_s(settings),
                                             expert_series=settings.expert_series))  # fmt: skip
-    state = ARMED["state"] = activate(settings, lambda: make_sink(settings.expert_series))
+    state = ARMED["state"] = activate(settings, lambda: make_sink(settings.expert_series, stale_after_s(settings)))
     # The trigger's worker method (exporters.vllm_eplb_http calls it through collective_rpc).
     install_worker_method(EplbControl(lambda: state.flusher))
 
@@ -133,10 +133,12 @@ def expert_series_on(setting: bool | None, layers: int, experts: int) -> bool:
     return setting if setting is not None else layers * experts <= DEFAULT_MAX_EXPERT_SERIES
 
 
-def make_sink(expert_series: bool | None = None) -> SnapshotSink:
+def make_sink(expert_series: bool | None = None, max_age_s: float = 30.0) -> SnapshotSink:
     """Pick the route for this worker process (called once, when it binds the model)."""
     if values.ValueClass.__name__ == "MmapedValue":  # prometheus_client in multiprocess mode
-        return MultiprocessSink(expert_series=expert_series)
+        shared = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        board = StageBoard(Path(shared) / STAGES_FOLDER, max_age_s=max_age_s) if shared else None
+        return MultiprocessSink(expert_series=expert_series, stages=board)
     directory = os.environ.get(METRICS_DIR_ENV)
     if directory:
         return SnapshotFileSink(directory)
@@ -191,7 +193,9 @@ class SnapshotCollector:
 
 
 def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot], expert_series: bool | None = None) -> list[Metric]:
-    """The ``moe_*`` families of some workers' snapshots (per expert: :func:`expert_series_on`)."""
+    """The ``moe_*`` families of some workers' snapshots (per expert: :func:`expert_series_on`); the
+    across-layer summaries are one per engine, over the layers of all its workers (pipeline stages)."""
+    snapshots = list(snapshots)
     experts = CounterMetricFamily(EXPERT_TOKENS, MOE_HELP[EXPERT_TOKENS],
                                   labels=[*BASE_LABELS, LAYER_LABEL, EXPERT_LABEL])  # fmt: skip
     ranks = CounterMetricFamily(RANK_TOKENS, MOE_HELP[RANK_TOKENS], labels=[*BASE_LABELS, RANK_LABEL])
@@ -199,14 +203,12 @@ def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot], expert_series: bo
         name: GaugeMetricFamily(name, MOE_HELP[name], labels=[*BASE_LABELS, LAYER_LABEL])
         for name in (LAYER_IMBALANCE_CV, LAYER_IMBALANCE_CV_NOISE, LAYER_BALANCEDNESS)
     }
-    summaries = {
+    families = {
         name: GaugeMetricFamily(name, MOE_HELP[name], labels=[*BASE_LABELS, STAT_LABEL])
         for name in (IMBALANCE_CV_ACROSS_LAYERS, BALANCEDNESS_ACROSS_LAYERS)
     }
     rank_sums: dict[tuple[str, str, str], float] = {}
-    any_snapshot = False
     for snap in snapshots:
-        any_snapshot = True
         base = [snap.model_name, snap.engine]
         if expert_series_on(expert_series, *snap.expert_tokens_total.shape):
             for row, layer in enumerate(snap.layer_ids):
@@ -220,22 +222,27 @@ def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot], expert_series: bo
                                 (LAYER_BALANCEDNESS, snap.balancedness)):  # fmt: skip
             for layer, value in zip(snap.layer_ids, per_layer, strict=True):
                 gauges[name].add_metric([*base, str(layer)], float(value))
-        for name, per_layer in ((IMBALANCE_CV_ACROSS_LAYERS, snap.imbalance_cv),
-                                (BALANCEDNESS_ACROSS_LAYERS, snap.balancedness)):  # fmt: skip
-            for stat, value in across_layers(per_layer).items():
-                summaries[name].add_metric([*base, stat], value)
+    for (model_name, engine), values_of in engine_summaries(snapshots).items():
+        for name, stats in values_of.items():
+            for stat, value in stats.items():
+                families[name].add_metric([model_name, engine, stat], value)
     for key, load in rank_sums.items():
         ranks.add_metric(list(key), load)
-    if not any_snapshot:
+    if not snapshots:
         return []
-    return [*([experts] if experts.samples else []), ranks, *gauges.values(), *summaries.values()]
+    return [*([experts] if experts.samples else []), ranks, *gauges.values(), *families.values()]
 
 
 class MultiprocessSink:
     """Ordinary prometheus_client metrics in the worker; multiprocess mode puts them on vLLM's /metrics."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, expert_series: bool | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, expert_series: bool | None = None,
+        stages: StageBoard | None = None,
+    ) -> None:  # fmt: skip
+        """``stages``: where the pipeline stages of an engine meet (None: this worker's layers are all)."""
         self.expert_series = expert_series
+        self.stages = stages
         # A private registry: the values go to the shared directory either way, and
         # the names must not clash with anything in the worker's global registry.
         registry = registry if registry is not None else CollectorRegistry()
@@ -275,9 +282,9 @@ class MultiprocessSink:
                                 (LAYER_BALANCEDNESS, snapshot.balancedness)):  # fmt: skip
             for layer, value in zip(snapshot.layer_ids, per_layer, strict=True):
                 self.gauges[name].labels(*base, str(layer)).set(float(value))
-        for name, per_layer in ((IMBALANCE_CV_ACROSS_LAYERS, snapshot.imbalance_cv),
-                                (BALANCEDNESS_ACROSS_LAYERS, snapshot.balancedness)):  # fmt: skip
-            for stat, value in across_layers(per_layer).items():
+        across = summaries(layer_figures(snapshot)) if self.stages is None else self.stages.summaries(snapshot)
+        for name, stats in across.items():
+            for stat, value in stats.items():
                 self.summaries[name].labels(*base, stat).set(value)
 
     def _publish_experts(self, base: tuple[str, str], snapshot: ExpertLoadSnapshot) -> None:

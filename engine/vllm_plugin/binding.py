@@ -178,14 +178,25 @@ def is_first_tp_rank() -> bool:
         return True
 
 
-def pipeline_parallel_size() -> int:
-    """vLLM's pipeline stages (1 outside vLLM)."""
+def _pp_group() -> Any | None:
     try:
         from vllm.distributed.parallel_state import get_pp_group
 
-        return int(get_pp_group().world_size)
+        return get_pp_group()
     except (ImportError, AssertionError, AttributeError):
-        return 1
+        return None
+
+
+def pipeline_parallel_size() -> int:
+    """vLLM's pipeline stages (1 outside vLLM)."""
+    group = _pp_group()
+    return 1 if group is None else int(group.world_size)
+
+
+def pipeline_rank() -> int:
+    """This worker's pipeline stage, 0 first (0 outside vLLM)."""
+    group = _pp_group()
+    return 0 if group is None else int(group.rank_in_group)
 
 
 def moe_layer_labels(layer_ids: tuple[int, ...], *, pipeline_stages: int = 1) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ from engine.vllm_plugin.binding import (
     moe_layer_labels,
     monolithic_moe_layers,
     pipeline_parallel_size,
+    pipeline_rank,
     rank_weights_for,
     vllm_row_filter,
 )
@@ -69,9 +70,13 @@ class Flusher:
     """Copies counts out on a daemon thread every ``interval_s`` and publishes a snapshot."""
 
     def __init__(
-        self, counter: ExpertLoadCounter, builder: SnapshotBuilder, sink: SnapshotSink, *, interval_s: float
-    ) -> None:
+        self, counter: ExpertLoadCounter, builder: SnapshotBuilder, sink: SnapshotSink, *, interval_s: float,
+        records_placement: bool = True,
+    ) -> None:  # fmt: skip
+        """``records_placement``: this worker keeps its engine's placement log (the first pipeline stage:
+        every stage answers each trigger request, and the engine's requests and swaps count once)."""
         self.counter = counter
+        self.records_placement = records_placement
         self.builder = builder
         self.sink = sink
         self.interval_s = interval_s
@@ -103,14 +108,16 @@ class Flusher:
     def request(self, action: str, outcome: str) -> None:
         """Count a trigger request (``moe_placement_requests_total``)."""
         with self._lock:
-            self._log().request(action, outcome)
+            if self.records_placement:
+                self._log().request(action, outcome)
             self._flush_locked()
 
     def rearranged(self, *, duration_s: float, experts_moved: int, balance: dict[str, dict[str, Any]]) -> None:
         """Record a rearrangement; balance measured from now on is its "after"."""
         with self._lock:
             self._flush_locked()  # counts so far belong to the old placement
-            self._log().rearranged(duration_s=duration_s, experts_moved=experts_moved, balance=balance)
+            if self.records_placement:
+                self._log().rearranged(duration_s=duration_s, experts_moved=experts_moved, balance=balance)
             self.builder.mark_rearrangement()
             self._flush_locked()
 
@@ -189,7 +196,8 @@ def bind_model(
         window_flushes=settings.window_flushes,
         rank_weights=rank_weights_for(layers, settings.virtual_ep_ranks, strategy),
     )
-    flusher = Flusher(counter, builder, make_sink(), interval_s=settings.flush_interval_s)
+    flusher = Flusher(counter, builder, make_sink(), interval_s=settings.flush_interval_s,
+                      records_placement=pipeline_rank() == 0)  # fmt: skip
     _bind_routers(layers, counter)  # last: a bind that fails before it leaves vLLM's routers as they were
     flusher.start()
     state.counter, state.flusher = counter, flusher

@@ -84,3 +84,25 @@ def test_the_host_path_drops_ids_past_the_experts_without_sizing_an_array_to_the
     counter = ExpertLoadCounter([0], 4)
     counter.capture(0, torch.tensor([[1, 2**50], [3, -1], [4, 0]], dtype=torch.int64))
     assert counter.snapshot().tolist() == [[1, 1, 0, 1]]
+
+
+def test_the_stages_of_a_pipeline_count_each_trigger_request_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stage answers each trigger request: counted by each, moe_placement_requests_total doubled."""
+    import engine.vllm_plugin.worker as worker
+    from exporters.vllm_placement import placement_families
+
+    monkeypatch.setattr(worker, "pipeline_parallel_size", lambda: 2)
+    snapshots = []
+    for rank in (0, 1):
+        monkeypatch.setattr(worker, "pipeline_rank", lambda rank=rank: rank)
+        state = _probed(VllmLabels(model_name="m", engine="0"))
+        try:
+            assert bind_model(_Model(), SETTINGS, _ListSink, state=state)
+            assert state.flusher is not None
+            state.flusher.request("plan", "refused")
+            snapshots.append(state.flusher.flush())
+        finally:
+            if state.flusher is not None:
+                state.flusher.stop()
+    requests = next(f for f in placement_families(snapshots) if f.name == "moe_placement_requests")
+    assert [(s.labels["action"], s.labels["outcome"], s.value) for s in requests.samples] == [("plan", "refused", 1)]
