@@ -18,7 +18,7 @@ Both reach the workers through ``engine_client.collective_rpc`` (vLLM's way
 for an endpoint plugin, paired with the general plugin that installs the
 worker method).  Errors are JSON ``{"error": {"type", "message", "code",
 "reason"?, "problems"?}}``: 400 for a bad body, 409 when vLLM's state
-refuses (``eplb_off``: EPLB is not enabled; ``eplb_data_parallel``;
+refuses (``eplb_off``: EPLB is not enabled; ``eplb_data_parallel``; ``eplb_pipeline_parallel``;
 ``no_window``; ``no_placement``; ``plugin_off``: ``MOESLO_VLLM_PLUGIN`` is
 off), 503 when a worker fails or a bad ``MOESLO_VLLM_*`` setting switched the
 plugin off (``bad_setting``, ``problems`` names each).  The API server reads

@@ -20,6 +20,10 @@ same queue as its steps, so every EP rank sees them at the same point).
   parallelism (engines get RPCs at different steps, and EPLB's collectives
   would hang).
 
+Both ``plan`` and ``apply`` are refused under pipeline parallelism: each
+stage runs some layers and plans its own, and the request's load (every
+layer) is not split among the stages yet.
+
 vLLM's objects are duck-typed and vLLM is imported lazily (:class:`VllmEnv`),
 so tests drive this with vLLM's real ``EplbState`` or with stand-ins.
 """
@@ -215,6 +219,10 @@ class EplbControl:
     # ---- plan (dry run) -----------------------------------------------------
     def plan(self, runner: Any, request: dict[str, Any]) -> tuple[dict[str, Any], IntArray, FloatArray]:
         """The plan for the request's load and its predicted figures: (reply, phy2log, load)."""
+        parallel = getattr(runner, "parallel_config", None)
+        if int(getattr(parallel, "pipeline_parallel_size", 1) or 1) > 1:
+            raise EplbRefusedError("eplb_pipeline_parallel", "pipeline stages each run some MoE layers, and "
+                                   "the load and plan of every layer are not split among them: not supported yet")
         state = find_eplb_state(runner)
         flusher = self._flusher()
         window = flusher.window() if flusher is not None else None

@@ -17,7 +17,8 @@ EPLB window.  numpy only; errors are :mod:`contracts.errors`' with a
 ``reason`` code when vLLM's state refuses the request::
 
     ConflictError
-    └── EplbRefusedError   409: eplb_off, eplb_data_parallel, eplb_async, no_window, no_placement
+    └── EplbRefusedError   409: eplb_off, eplb_data_parallel, eplb_pipeline_parallel, eplb_async, no_window,
+                                no_placement
 """
 
 from __future__ import annotations

@@ -77,9 +77,12 @@ class StandinEnv(VllmEnv):
         return 0
 
 
-def runner(state: StandinEplbState | None, data_parallel_size: int = 1) -> types.SimpleNamespace:
-    return types.SimpleNamespace(eplb_state=state,
-                                 parallel_config=types.SimpleNamespace(data_parallel_size=data_parallel_size))
+def runner(
+    state: StandinEplbState | None, data_parallel_size: int = 1, pipeline_parallel_size: int = 1
+) -> types.SimpleNamespace:
+    parallel = types.SimpleNamespace(data_parallel_size=data_parallel_size,
+                                     pipeline_parallel_size=pipeline_parallel_size)
+    return types.SimpleNamespace(eplb_state=state, parallel_config=parallel)
 
 
 def counting_flusher(state: StandinEplbState | None) -> tuple[Flusher, ExpertLoadCounter, list[Any]]:

@@ -188,3 +188,31 @@ def test_snapshot_json_keeps_the_placement_log() -> None:
     control.handle(runner(StandinEplbState()), {"action": "plan", "load": [[1] * EXPERTS] * LAYERS})
     snapshot = published[-1]
     assert ExpertLoadSnapshot.from_json(snapshot.to_json()).placement == snapshot.placement
+
+
+def test_pipeline_stages_refuse_a_plan_with_a_reason() -> None:
+    """Status merges the stages' windows (every layer), and each stage refused that load as the wrong shape:
+    a 400 naming no cause, and no plan could ever be made under pipeline parallelism."""
+    import torch
+
+    from engine.vllm_plugin import ExpertLoadCounter, Flusher, SnapshotBuilder, contiguous_rank_weights
+    from engine.vllm_plugin.eplb_requests import load_for
+    from exporters.vllm_metrics import NullSink
+
+    controls = []
+    for layers in ((3, 5), (7, 9)):  # the model layers each stage runs
+        counter = ExpertLoadCounter(layers, EXPERTS)
+        for layer in layers:
+            counter.capture(layer, torch.randint(0, EXPERTS, (64, 2)))
+        builder = SnapshotBuilder(model_name="m", engine="0", layer_ids=layers, window_flushes=60,
+                                  rank_weights=lambda: (contiguous_rank_weights(EXPERTS, 2), "virtual"))  # fmt: skip
+        flusher = Flusher(counter, builder, NullSink(), interval_s=1.0)
+        controls.append(EplbControl(lambda flusher=flusher: flusher, env=StandinEnv()))
+    stages = runner(None, pipeline_parallel_size=2)
+    status = merge_status([control.handle(stages, {"action": "status"}) for control in controls])
+    assert status["layer_ids"] == [3, 5, 7, 9]
+    request = RebalanceRequest.from_json({"dry_run": True})
+    replies = [control.handle(stages, request.worker_payload(load_for(request, status))) for control in controls]
+    with pytest.raises(EplbRefusedError) as refused:
+        merge_replies(replies)
+    assert refused.value.reason == "eplb_pipeline_parallel"
