@@ -142,6 +142,17 @@ class EplbService:
         return reply
 
 
+def parse_body(raw: bytes) -> Any:
+    """The request body as JSON (an empty body is ``{}``); :class:`ValidationError` when it is not JSON,
+    not UTF-8, or nested deeper than the parser goes."""
+    try:
+        return json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"the body is not JSON: {exc.msg}") from exc
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ValidationError(f"the body is not JSON: {type(exc).__name__}: {exc}") from exc
+
+
 class EplbEndpoint:
     """The ``vllm.endpoint_plugins`` entry point ``moeslo_eplb``."""
 
@@ -164,12 +175,8 @@ class EplbEndpoint:
 
         @app.post(REBALANCE_PATH)
         async def eplb_rebalance(request: Request) -> JSONResponse:
-            raw = await request.body()
             try:
-                parsed = RebalanceRequest.from_json(json.loads(raw) if raw.strip() else {})
-            except json.JSONDecodeError as exc:
-                err = ValidationError(f"the body is not JSON: {exc.msg}")
-                return JSONResponse(error_body(err), status_code=400)
+                parsed = RebalanceRequest.from_json(parse_body(await request.body()))
             except ValidationError as exc:
                 return JSONResponse(error_body(exc), status_code=400)
             return await respond(request, lambda service: service.rebalance(parsed))
@@ -185,6 +192,7 @@ __all__ = [
     "EplbService",
     "PluginOffError",
     "error_body",
+    "parse_body",
     "plugin_refusal",
     "status_code",
 ]

@@ -67,21 +67,31 @@ def raise_worker_error(body: dict[str, Any]) -> None:
     raise UnavailableError(f"a vLLM worker failed: {kind}: {message}")
 
 
-def _matrix(raw: Any, name: str, problems: list[str], dtype: type[np.generic]) -> npt.NDArray[Any] | None:
+def _matrix(raw: Any, name: str, problems: list[str], *, whole: bool = False) -> npt.NDArray[Any] | None:
+    """``raw`` (JSON) as a float64 matrix, or int64 with ``whole`` (expert ids: fractions are refused, not
+    truncated); None with a problem added when it is not a non-empty matrix of non-negative numbers."""
     if raw is None:
         return None
-    try:
-        arr = np.asarray(raw, dtype=dtype)
-    except (TypeError, ValueError) as exc:
-        problems.append(f"{name} must be a layers x columns matrix of numbers: {exc}")
+    if not isinstance(raw, list) or not raw or not all(isinstance(row, list) and row for row in raw):
+        problems.append(f"{name} must be a non-empty layers x columns matrix (a list of lists of numbers)")
         return None
-    if arr.ndim != 2 or arr.size == 0:
-        problems.append(f"{name} must be a non-empty 2-D matrix, got shape {arr.shape}")
+    if any(isinstance(x, bool) or not isinstance(x, int | float) for row in raw for x in row):
+        problems.append(f"{name} must hold numbers only (not true/false, strings, lists or null)")
+        return None
+    try:
+        arr = np.asarray(raw, dtype=np.float64)
+    except (ValueError, OverflowError) as exc:  # rows of different lengths; an integer past float64's range
+        problems.append(f"{name} must be a layers x columns matrix of numbers: {exc}")
         return None
     if not np.isfinite(arr).all() or (arr < 0).any():
         problems.append(f"{name} must hold finite, non-negative numbers")
         return None
-    return arr
+    if not whole:
+        return arr
+    if (arr != np.rint(arr)).any() or (arr >= 2.0**63).any():
+        problems.append(f"{name} must hold whole numbers (expert ids), below 2**63")
+        return None
+    return arr.astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -125,8 +135,8 @@ class RebalanceRequest:
             if "phy2log" not in placement_raw:  # else vLLM's own policy would plan in place of the caller's
                 problems.append("placement: an object needs phy2log (layers x physical slots)")
             placement_raw = placement_raw.get("phy2log")
-        placement = _matrix(placement_raw, "placement.phy2log", problems, np.int64)
-        load = _matrix(raw.get("load"), "load", problems, np.float64)
+        placement = _matrix(placement_raw, "placement.phy2log", problems, whole=True)
+        load = _matrix(raw.get("load"), "load", problems)
         if placement is not None and when == "next_window":
             problems.append("a placement is applied now: when='next_window' lets vLLM's policy plan")
         if problems:

@@ -216,3 +216,13 @@ def test_pipeline_stages_refuse_a_plan_with_a_reason() -> None:
     with pytest.raises(EplbRefusedError) as refused:
         merge_replies(replies)
     assert refused.value.reason == "eplb_pipeline_parallel"
+
+
+def test_a_placement_of_fractions_or_booleans_is_refused_not_truncated() -> None:
+    with pytest.raises(ValidationError, match="whole numbers"):
+        RebalanceRequest.from_json({"placement": [[0.9, 1.9]]})
+    with pytest.raises(ValidationError, match="numbers only"):
+        RebalanceRequest.from_json({"placement": {"num_ranks": 1, "phy2log": [[True, False]]}})
+    placement = RebalanceRequest.from_json({"placement": [[1, 0.0]], "load": [[0.5, 2]]})
+    assert placement.placement is not None and placement.placement.dtype == np.int64
+    assert placement.placement.tolist() == [[1, 0]]

@@ -159,3 +159,17 @@ def test_placement_metrics_from_snapshots() -> None:
     assert registry.get_sample_value("moe_placement_imbalance_cv",
                                      {**labels, "when": "after", "source": "measured"}) == cv[("after", "measured")]
     assert np.isfinite(cv[("after", "measured")])
+
+
+@pytest.mark.parametrize("body", [
+    b'{"placement": [[0, 18446744073709551616]]}',  # past int64: OverflowError, a 500
+    b'{"load": [[1, ' + b"9" * 400 + b']]}',  # past float64
+    b'{"dry_run": true, "load": [[1, 2]]}\xff',  # not UTF-8: UnicodeDecodeError, a 500
+    b"\xff\xfe{",
+    b"[" * 100_000,  # nested past the parser's depth
+])  # fmt: skip
+def test_a_malformed_body_is_a_400_naming_the_problem(body: bytes) -> None:
+    http = TestClient(app_for(StandinEngineClient()), raise_server_exceptions=False)
+    reply = http.post("/moeslo/eplb/rebalance", content=body)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["type"] == "ValidationError"
