@@ -40,6 +40,10 @@ from contracts.catalogue import (
 )
 from engine.stats import FinishedRequestStats, StepStats
 
+SUCCESSFUL_FINISHES = ("length", "stop", "repetition")
+"""Finish reasons of a complete response (no ``error.type``; TTFT and time per token recorded): vLLM 0.32 ends
+a request on a repetitive token pattern with ``repetition``, a response as complete as a stop string's."""
+
 OPERATION_NAME = "text_completion"
 PROVIDER_NAME = "moeslo"
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
@@ -118,7 +122,7 @@ class OtelStatsSink:
             self._record_finished(fin, wall_end_ns)
 
     def _record_finished(self, fin: FinishedRequestStats, wall_end_ns: int) -> None:
-        ok = fin.finish_reason in ("length", "stop")
+        ok = fin.finish_reason in SUCCESSFUL_FINISHES
         attrs = self._attrs if ok else self._error_attrs if fin.finish_reason == "error" else self._abort_attrs
         self._duration.record(fin.e2e_s, attrs)
         if ok and fin.ttft_s is not None:
@@ -171,4 +175,4 @@ class OtelStatsSink:
                 stop()
 
 
-__all__ = ["FIRST_TOKEN_EVENT", "OPERATION_NAME", "PROVIDER_NAME", "OtelStatsSink"]
+__all__ = ["FIRST_TOKEN_EVENT", "OPERATION_NAME", "PROVIDER_NAME", "SUCCESSFUL_FINISHES", "OtelStatsSink"]
