@@ -17,14 +17,13 @@ do not share state.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
@@ -47,6 +46,15 @@ a request on a repetitive token pattern with ``repetition``, a response as compl
 OPERATION_NAME = "text_completion"
 PROVIDER_NAME = "moeslo"
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
+
+
+def service_resource(default_name: str, attributes: Mapping[str, AttributeValue] | None = None) -> Resource:
+    """The SDK's resource from the environment (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``) plus
+    ``attributes``; ``service.name`` is ``default_name`` only where neither variable names the service."""
+    extra = dict(attributes or {})
+    if not OTELResourceDetector().detect().attributes.get(SERVICE_NAME):
+        extra[SERVICE_NAME] = default_name
+    return Resource.create(extra)
 
 
 class OtelStatsSink:
@@ -101,8 +109,7 @@ class OtelStatsSink:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "moeslo-engine"}
-        resource = Resource.create(attributes)
+        resource = service_resource("moeslo-engine")
         meter_provider = SdkMeterProvider(
             resource=resource, metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())]
         )
@@ -175,4 +182,6 @@ class OtelStatsSink:
                 stop()
 
 
-__all__ = ["FIRST_TOKEN_EVENT", "OPERATION_NAME", "PROVIDER_NAME", "SUCCESSFUL_FINISHES", "OtelStatsSink"]
+__all__ = [
+    "FIRST_TOKEN_EVENT", "OPERATION_NAME", "PROVIDER_NAME", "SUCCESSFUL_FINISHES", "OtelStatsSink", "service_resource",
+]  # fmt: skip

@@ -37,12 +37,11 @@ from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NoOpTracerProvider
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from engine.stats import FinishedRequestStats, StepStats
-from exporters.otel import OtelStatsSink
+from exporters.otel import OtelStatsSink, service_resource
 
 logger = logging.getLogger(__name__)
 ENABLE_ENV = "MOESLO_VLLM_OTEL"
@@ -87,11 +86,9 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
         model_name = str((served[0] if isinstance(served, list | tuple) else served) or vllm_config.model_config.model)
         # Each engine (data parallel) exports its own cumulative streams: the index tells them apart.
         attributes = {ENGINE_INDEX_ATTRIBUTE: str(engine_index)}
-        if not os.environ.get("OTEL_SERVICE_NAME"):
-            attributes["service.name"] = "vllm"
         try:
             # The SDK's own exit hook waits up to 30 s on a collector that does not answer: ours is bounded.
-            provider = MeterProvider(resource=Resource.create(attributes), shutdown_on_exit=False,
+            provider = MeterProvider(resource=service_resource("vllm", attributes), shutdown_on_exit=False,
                                      metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
         except (ValueError, TypeError) as exc:  # vLLM builds stat loggers unguarded: raising here stops its start
             logger.error("moeslo OTel stat logger off: %s (check the OTEL_* variables, e.g. "

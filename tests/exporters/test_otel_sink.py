@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.trace import NoOpTracerProvider
@@ -31,3 +32,26 @@ def test_a_response_vllm_ended_on_repetition_is_a_successful_finish() -> None:
     points = _points(reader)
     assert [(count, "error.type" in attrs) for count, attrs in points["gen_ai.server.request.duration"]] == [(2, False)]
     assert [count for count, _ in points["gen_ai.server.time_per_output_token"]] == [2]
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=team-llm,deployment.environment=prod"}, "team-llm"),
+    ({"OTEL_SERVICE_NAME": "from-name", "OTEL_RESOURCE_ATTRIBUTES": "service.name=team-llm"}, "from-name"),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod"}, "moeslo-engine"),
+])  # fmt: skip
+def test_the_service_name_the_environment_gives_is_kept(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str
+) -> None:
+    """``OTEL_RESOURCE_ATTRIBUTES=service.name=...``, the spec's other way to name a service, was overridden by
+    the default name (only ``OTEL_SERVICE_NAME`` was looked at)."""
+    for name in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")  # nothing is recorded, nothing sent
+    sink = OtelStatsSink.from_environment(model_name="m")
+    try:
+        attributes = sink.tracer_provider.resource.attributes  # type: ignore[attr-defined]
+    finally:
+        sink.shutdown()
+    assert attributes["service.name"] == expected
