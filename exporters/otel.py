@@ -68,8 +68,10 @@ class OtelStatsSink:
         model_name: str,
         server_port: int | None = None,
         provider_name: str = PROVIDER_NAME,
+        attributes: Mapping[str, AttributeValue] | None = None,
     ) -> None:
-        """``provider_name``: ``gen_ai.provider.name`` (``vllm`` when vLLM's stats come through here)."""
+        """``provider_name``: ``gen_ai.provider.name`` (``vllm`` when vLLM's stats come through here);
+        ``attributes``: more on every data point and span (vLLM's engine index)."""
         self.meter_provider = meter_provider
         self.tracer_provider = tracer_provider
         self.model_name = model_name
@@ -99,6 +101,7 @@ class OtelStatsSink:
         }
         if server_port is not None:
             attrs["server.port"] = server_port
+        attrs.update(attributes or {})
         self._attrs = attrs
         self._error_attrs = {**attrs, "error.type": "engine_error"}
         self._abort_attrs = {**attrs, "error.type": "aborted"}

@@ -33,10 +33,12 @@ import atexit
 import logging
 import os
 import time
+import uuid
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, OTELResourceDetector
 from opentelemetry.trace import NoOpTracerProvider
 from vllm.v1.metrics.loggers import StatLoggerBase
 
@@ -68,7 +70,19 @@ def finished_from_vllm(fin: Any) -> FinishedRequestStats:
 
 
 ENGINE_INDEX_ATTRIBUTE = "vllm.engine.index"
-"""Resource attribute naming vLLM's engine index (the ``engine`` label of its Prometheus series)."""
+"""vLLM's engine index (the ``engine`` label of its Prometheus series), on the resource and on every data point."""
+
+PROCESS_INSTANCE_ID = str(uuid.uuid4())
+"""This process's ``service.instance.id`` where the environment names none."""
+
+
+def engine_instance_id(engine_index: int) -> str:
+    """The ``service.instance.id`` of one engine's streams: the environment's (``OTEL_RESOURCE_ATTRIBUTES``), else
+    this process's, with the engine index.  Data-parallel engines export apart: the collector keys a stream by
+    it, and its Prometheus exporter drops the other resource attributes (two engines' cumulative streams
+    collided into one series)."""
+    base = OTELResourceDetector().detect().attributes.get(SERVICE_INSTANCE_ID) or PROCESS_INSTANCE_ID
+    return f"{base}-engine{engine_index}"
 
 
 class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untyped outside its venv
@@ -87,8 +101,9 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
         # Each engine (data parallel) exports its own cumulative streams: the index tells them apart.
         attributes = {ENGINE_INDEX_ATTRIBUTE: str(engine_index)}
         try:
+            resource = service_resource("vllm", {**attributes, SERVICE_INSTANCE_ID: engine_instance_id(engine_index)})
             # The SDK's own exit hook waits up to 30 s on a collector that does not answer: ours is bounded.
-            provider = MeterProvider(resource=service_resource("vllm", attributes), shutdown_on_exit=False,
+            provider = MeterProvider(resource=resource, shutdown_on_exit=False,
                                      metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
         except (ValueError, TypeError) as exc:  # vLLM builds stat loggers unguarded: raising here stops its start
             logger.error("moeslo OTel stat logger off: %s (check the OTEL_* variables, e.g. "
@@ -101,6 +116,7 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
             tracer_provider=NoOpTracerProvider(),  # spans: vLLM's own --otlp-traces-endpoint
             model_name=model_name,
             provider_name=PROVIDER_NAME,
+            attributes=attributes,
         )
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
