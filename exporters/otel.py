@@ -17,8 +17,12 @@ do not share state.
 
 from __future__ import annotations
 
+import atexit
+import logging
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
@@ -39,6 +43,12 @@ from contracts.catalogue import (
 )
 from engine.stats import FinishedRequestStats, StepStats
 
+logger = logging.getLogger("moeslo.otel")
+
+SHUTDOWN_TIMEOUT_S = 3.0
+"""The longest the exporters' last flush may hold an exit (a healthy collector takes milliseconds); what a
+collector has not taken by then is dropped."""
+
 SUCCESSFUL_FINISHES = ("length", "stop", "repetition")
 """Finish reasons of a complete response (no ``error.type``; TTFT and time per token recorded): vLLM 0.32 ends
 a request on a repetitive token pattern with ``repetition``, a response as complete as a stop string's."""
@@ -46,6 +56,42 @@ a request on a repetitive token pattern with ``repetition``, a response as compl
 OPERATION_NAME = "text_completion"
 PROVIDER_NAME = "moeslo"
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
+
+
+def stop_within(stops: Sequence[Callable[[float], object]], timeout_s: float) -> bool:
+    """Run each ``stop(seconds_left)`` on its own daemon thread, side by side, and wait for them ``timeout_s``
+    in all; False when one had not finished by then, or finished at the very end (the SDK gives up on a
+    collector a hair before the deadline it is given): what it had not sent is dropped.  A stop left behind
+    does not hold the exit (a daemon thread; Python 3.11, which the project pins, starts threads in atexit
+    hooks too)."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    threads = [threading.Thread(target=_quietly, args=(stop, timeout_s), name="moeslo-otel-stop", daemon=True)
+               for stop in stops]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(thread.is_alive() for thread in threads) and time.monotonic() < started + 0.9 * timeout_s
+
+
+def _quietly(stop: Callable[[float], object], seconds_left: float) -> None:
+    try:
+        stop(seconds_left)
+    except Exception as exc:  # the SDK raises on a reader it could not stop; exiting must go on
+        logger.error("moeslo OTel: stopping an exporter failed: %s", exc)
+
+
+def stop_provider(provider: object, seconds_left: float) -> None:
+    """Flush and stop an OpenTelemetry provider: an SDK meter provider within ``seconds_left`` (it takes a
+    timeout); others as their ``shutdown`` goes (the SDK's tracer provider takes none: :func:`stop_within`
+    bounds it)."""
+    if isinstance(provider, SdkMeterProvider):
+        provider.shutdown(timeout_millis=seconds_left * 1000)
+        return
+    stop = getattr(provider, "shutdown", None)
+    if stop is not None:
+        stop()
 
 
 def service_resource(default_name: str, attributes: Mapping[str, AttributeValue] | None = None) -> Resource:
@@ -74,6 +120,7 @@ class OtelStatsSink:
         ``attributes``: more on every data point and span (vLLM's engine index)."""
         self.meter_provider = meter_provider
         self.tracer_provider = tracer_provider
+        self._stopped = False
         self.model_name = model_name
         meter = meter_provider.get_meter("moeslo.engine")
         self._tracer = tracer_provider.get_tracer("moeslo.engine")
@@ -113,15 +160,15 @@ class OtelStatsSink:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         resource = service_resource("moeslo-engine")
-        meter_provider = SdkMeterProvider(
-            resource=resource, metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())]
-        )
-        tracer_provider = SdkTracerProvider(resource=resource)
+        # The SDK's own exit hooks wait up to 30 s each on a collector that does not answer: ours is bounded.
+        meter_provider = SdkMeterProvider(resource=resource, shutdown_on_exit=False,
+                                          metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
+        tracer_provider = SdkTracerProvider(resource=resource, shutdown_on_exit=False)
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        return cls(
-            meter_provider=meter_provider, tracer_provider=tracer_provider,
-            model_name=model_name, server_port=server_port,
-        )
+        sink = cls(meter_provider=meter_provider, tracer_provider=tracer_provider, model_name=model_name,
+                   server_port=server_port)  # fmt: skip
+        atexit.register(sink.shutdown)  # where the server's shutdown hook did not run
+        return sink
 
     def record(self, step: StepStats) -> None:
         if not step.finished:
@@ -177,14 +224,20 @@ class OtelStatsSink:
             if flush is not None:
                 flush(timeout_ms)
 
-    def shutdown(self) -> None:
-        """Flush and stop the exporters (the server calls this on exit)."""
-        for provider in (self.meter_provider, self.tracer_provider):
-            stop = getattr(provider, "shutdown", None)
-            if stop is not None:
-                stop()
+    def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Flush and stop the exporters, side by side, within ``timeout_s`` (the server calls this on exit; once
+        is enough): a collector that does not answer no longer holds the exit (15 s and more)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        atexit.unregister(self.shutdown)
+        if not stop_within([partial(stop_provider, self.meter_provider), partial(stop_provider, self.tracer_provider)],
+                           timeout_s):
+            logger.error("moeslo OTel: the collector did not take the last metrics and spans within %g s; they are "
+                         "dropped", timeout_s)  # fmt: skip
 
 
 __all__ = [
-    "FIRST_TOKEN_EVENT", "OPERATION_NAME", "PROVIDER_NAME", "SUCCESSFUL_FINISHES", "OtelStatsSink", "service_resource",
+    "FIRST_TOKEN_EVENT", "OPERATION_NAME", "PROVIDER_NAME", "SHUTDOWN_TIMEOUT_S", "SUCCESSFUL_FINISHES",
+    "OtelStatsSink", "service_resource", "stop_provider", "stop_within",
 ]  # fmt: skip

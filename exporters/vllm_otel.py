@@ -18,8 +18,11 @@ the exporter follows the standard ``OTEL_*`` variables
 vLLM never shuts its stat loggers down: the exporter's last flush runs at the
 process's exit, and a collector that accepts and never answers held vLLM's
 exit 10 to 25 s (the SDK waits up to 30 s).  The logger shuts its exporter
-down itself, at exit or on :meth:`GenAiOtelStatLogger.shutdown`, within
-``SHUTDOWN_TIMEOUT_S``; what is left unsent then is dropped.
+down itself, on :meth:`GenAiOtelStatLogger.shutdown` or at exit, within
+``SHUTDOWN_TIMEOUT_S``; what is left unsent then is dropped.  At exit one hook
+stops every engine's exporter (data parallelism: one logger per engine) side
+by side, within one ``SHUTDOWN_TIMEOUT_S`` in all (a hook per engine, in turn,
+held the exit that long for each).
 
 TTFT comes from ``IterationStats.time_to_first_tokens_iter``, the very values
 vLLM's own ``vllm:time_to_first_token_seconds`` observes (its finished-request
@@ -34,6 +37,7 @@ import logging
 import os
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -43,13 +47,11 @@ from opentelemetry.trace import NoOpTracerProvider
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from engine.stats import FinishedRequestStats, StepStats
-from exporters.otel import OtelStatsSink, service_resource
+from exporters.otel import SHUTDOWN_TIMEOUT_S, OtelStatsSink, service_resource, stop_provider, stop_within
 
 logger = logging.getLogger(__name__)
 ENABLE_ENV = "MOESLO_VLLM_OTEL"
 PROVIDER_NAME = "vllm"
-SHUTDOWN_TIMEOUT_S = 3.0
-"""The longest the exporter's last flush may hold vLLM's exit (a healthy collector takes milliseconds)."""
 
 
 def finished_from_vllm(fin: Any) -> FinishedRequestStats:
@@ -110,7 +112,7 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
                          "OTEL_METRIC_EXPORT_INTERVAL and OTEL_EXPORTER_OTLP_ENDPOINT)", exc)
             return
         self._provider = provider
-        atexit.register(self.shutdown)
+        LIVE.append(self)
         self.sink = OtelStatsSink(
             meter_provider=provider,
             tracer_provider=NoOpTracerProvider(),  # spans: vLLM's own --otlp-traces-endpoint
@@ -143,18 +145,29 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
         return None
 
     def shutdown(self) -> None:
-        """Flush and stop the exporter, within ``SHUTDOWN_TIMEOUT_S`` (called at exit too; once is enough)."""
-        provider, self._provider = self._provider, None
-        if provider is None:
-            return
-        atexit.unregister(self.shutdown)
-        started = time.monotonic()
-        try:
-            provider.shutdown(timeout_millis=SHUTDOWN_TIMEOUT_S * 1000)
-        except Exception as exc:  # the SDK raises on a reader it could not stop; exiting must go on
-            logger.error("moeslo OTel stat logger: stopping the exporter failed: %s", exc)
-        # The SDK stops waiting at its deadline, a hair under the bound; a collector that answers takes milliseconds.
-        # An error, as the logger's other line: vLLM's API server shows no warning of a logger not its own.
-        if time.monotonic() - started >= 0.9 * SHUTDOWN_TIMEOUT_S:
-            logger.error("moeslo OTel stat logger: the collector did not take the last metrics within %g s; "
-                         "they are dropped", SHUTDOWN_TIMEOUT_S)
+        """Flush and stop the exporter, within ``SHUTDOWN_TIMEOUT_S`` (at exit :func:`shutdown_all` does; once is
+        enough)."""
+        shutdown_all([self])
+
+
+LIVE: list[GenAiOtelStatLogger] = []
+"""The loggers whose exporter still runs (the exit hook stops them)."""
+
+
+def shutdown_all(loggers: list[GenAiOtelStatLogger] | None = None, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+    """Stop the exporters of ``loggers`` (default: every live one, as at exit) side by side, within ``timeout_s``
+    in all; what a collector has not taken by then is dropped, and an error line says so."""
+    providers = []
+    for stat_logger in list(LIVE if loggers is None else loggers):
+        provider, stat_logger._provider = stat_logger._provider, None
+        if provider is not None:
+            LIVE.remove(stat_logger)
+            providers.append(provider)
+    # A collector that answers takes milliseconds.  An error, as the logger's other line: vLLM's API server
+    # shows no warning of a logger not its own.
+    if providers and not stop_within([partial(stop_provider, p) for p in providers], timeout_s):
+        logger.error("moeslo OTel stat logger: the collector did not take the last metrics within %g s; "
+                     "they are dropped", timeout_s)
+
+
+atexit.register(shutdown_all)

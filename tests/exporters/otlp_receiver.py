@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -81,3 +84,27 @@ class OtlpReceiver:
             return {kv.key: kv.value.string_value for req in self.metrics + self.traces
                     for r in getattr(req, "resource_metrics", None) or req.resource_spans
                     for kv in r.resource.attributes}
+
+
+@contextmanager
+def silent_collector() -> Iterator[str]:
+    """An OTLP endpoint on 127.0.0.1 that accepts connections and never answers (its URL)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -9,6 +15,10 @@ from opentelemetry.trace import NoOpTracerProvider
 
 from engine.stats import FinishedRequestStats, StepStats
 from exporters.otel import OtelStatsSink
+from tests.exporters.otlp_receiver import silent_collector
+
+ROOT = Path(__file__).resolve().parents[2]
+A_FEW_S = 5.0
 
 
 def _points(reader: InMemoryMetricReader) -> dict[str, list[tuple[int, dict[str, object]]]]:
@@ -55,3 +65,36 @@ def test_the_service_name_the_environment_gives_is_kept(
     finally:
         sink.shutdown()
     assert attributes["service.name"] == expected
+
+
+EMBEDDED_SCRIPT = """
+import atexit, time
+exit_started = []
+atexit.register(lambda: print(f"exit_s {time.monotonic() - exit_started[0]:.2f}", flush=True))  # runs last
+from engine.stats import FinishedRequestStats, StepStats
+from exporters.otel import OtelStatsSink
+finished = (FinishedRequestStats("r1", "stop", 10, 5, 1.0, 0.1, 0.2, 0.7, 0.3, 0.1),)
+step = StepStats(now_s=time.monotonic(), step_duration_s=0.01, num_running=0, num_waiting=0, kv_cache_usage=0.0,
+                 prompt_tokens=0, generation_tokens=0, finished=finished)
+told, left = OtelStatsSink.from_environment(model_name="m"), OtelStatsSink.from_environment(model_name="m")
+for sink in (told, left):
+    sink.record(step)
+started = time.monotonic()
+told.shutdown()  # what moeslo serve's shutdown hook calls
+print(f"shutdown_s {time.monotonic() - started:.2f}", flush=True)
+exit_started.append(time.monotonic())  # the other sink's exporters stop at exit
+"""
+
+
+def test_a_silent_collector_holds_the_engines_shutdown_and_exit_at_most_a_few_seconds() -> None:
+    """``moeslo serve --otlp``: the shutdown hook took 15 s on a collector that accepts and never answers,
+    and the SDK's exit hooks wait up to 30 s."""
+    with silent_collector() as endpoint:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
+        done = subprocess.run([sys.executable, "-c", EMBEDDED_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    times = {name: float(value) for name, value in re.findall(r"^(shutdown_s|exit_s) ([\d.]+)$", done.stdout, re.M)}
+    assert set(times) == {"shutdown_s", "exit_s"}, done.stdout
+    assert times["shutdown_s"] <= A_FEW_S and times["exit_s"] <= A_FEW_S, times
+    assert done.stderr.count("did not take the last metrics and spans within 3 s") == 2, done.stderr[-2000:]
