@@ -7,6 +7,7 @@ wait until it answers, and stop it (SIGTERM, a bounded wait, then SIGKILL).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -20,6 +21,10 @@ from typing import IO, Any
 import httpx
 
 from contracts.errors import UnavailableError
+
+log = logging.getLogger(__name__)
+KILL_WAIT_S = 10.0
+"""How long :func:`stop_process` waits for a process to go after SIGKILL."""
 
 
 def free_port() -> int:
@@ -102,7 +107,11 @@ def _output(proc: subprocess.Popen[Any], log_path: Path | None) -> str:
 def stop_process(
     proc: subprocess.Popen[Any], timeout_s: float = 30.0, *, group: bool = False, sig: signal.Signals = signal.SIGTERM
 ) -> None:
-    """Ask ``proc`` (its whole process group with ``group``) to stop with ``sig``; kill it after ``timeout_s``."""
+    """Ask ``proc`` (its whole process group with ``group``) to stop with ``sig``; kill it after ``timeout_s``.
+
+    Never raises: a process still not gone ``KILL_WAIT_S`` after SIGKILL (a teardown stuck in the kernel) is
+    logged and left to exit, where a TimeoutExpired out of here cut short the stop of every process after it.
+    """
     if proc.poll() is not None:
         return
 
@@ -113,12 +122,14 @@ def stop_process(
             else:
                 proc.send_signal(signum)
 
-    send(sig)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        send(signal.SIGKILL)
-        proc.wait(10)
+    for signum, wait_s in ((sig, timeout_s), (signal.SIGKILL, KILL_WAIT_S)):
+        if proc.poll() is not None:
+            return
+        send(signum)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait_s)
+    if proc.poll() is None:
+        log.warning("process %d is not gone %.3g s after SIGKILL; left to exit", proc.pid, KILL_WAIT_S)
 
 
 def moeslo_command(*args: str) -> list[str]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,3 +61,36 @@ def test_stop_process_kills_what_ignores_sigterm(tmp_path: Path) -> None:
 def test_the_bundled_trace_slice_ships_with_its_license() -> None:
     assert BUNDLED_CONVERSATION_SLICE.is_file()
     assert "CC BY 4.0" in (BUNDLED_CONVERSATION_SLICE.parent / "README.md").read_text()
+
+
+class _SlowToDie(subprocess.Popen[bytes]):
+    """A real process whose teardown after SIGKILL outlasts the wait (a teardown stuck in the kernel): it reads as
+    running, and every wait with a timeout times out."""
+
+    def poll(self) -> int | None:
+        return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is not None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return super().wait()
+
+
+def test_stop_process_logs_a_process_still_not_gone_after_sigkill_and_never_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """terminate, wait, kill, wait: the second wait's TimeoutExpired escaped, cutting short whatever stop came
+    after it (the other processes of a run)."""
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+    proc = _SlowToDie([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"\n"  # SIGTERM is ignored from here on
+    try:
+        stop_process(proc, 0.1)
+        returncode = subprocess.Popen.wait(proc, 10)
+    finally:
+        if subprocess.Popen.poll(proc) is None:
+            proc.kill()
+            subprocess.Popen.wait(proc, 10)
+        proc.stdout.close()
+    assert returncode == -signal.SIGKILL, "the kill was sent"
+    assert f"process {proc.pid} is not gone 10 s after SIGKILL; left to exit" in caplog.text
