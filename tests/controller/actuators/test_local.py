@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from controller.actuators import LocalActuator
@@ -235,3 +236,43 @@ def test_a_replica_still_not_gone_after_sigkill_is_logged_not_an_error(caplog: p
     assert "replica http://127.0.0.1:1 (pid" in caplog.text and "after SIGKILL; left to exit" in caplog.text
     assert killed == -signal.SIGKILL  # the kill was sent: it exits
 
+
+
+_DIES_WITHOUT_SHUTDOWN = """
+import asyncio, sys, time
+from controller.actuators import LocalActuator
+from controller.config import LocalActuatorConfig
+from controller.policy import Policy
+actuator = LocalActuator(LocalActuatorConfig(command=(sys.executable, "-c", "import time; time.sleep(60)"),
+                                             first_port=int(sys.argv[1])))
+policy = Policy.model_validate({"name": "local-p", "target": {"kind": "local", "model": "tiny-moe"}})
+asyncio.run(actuator.scale(policy, 1))
+print(actuator.replicas_by_policy["local-p"][0].process.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_replica_does_not_outlive_a_controller_killed_without_a_shutdown() -> None:
+    """Replicas run in sessions of their own: a controller killed with SIGKILL left them serving for nobody."""
+    controller = subprocess.Popen([sys.executable, "-c", _DIES_WITHOUT_SHUTDOWN, str(free_port())],
+                                  stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[3])
+    assert controller.stdout is not None
+    replica = int(controller.stdout.readline())
+    controller.kill()
+    controller.wait(10)
+    controller.stdout.close()
+    deadline = time.monotonic() + 10
+    while not _gone(replica) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gone = _gone(replica)
+    if not gone:
+        os.killpg(replica, signal.SIGKILL)
+    assert gone, "the replica outlived its controller"
