@@ -39,6 +39,7 @@ def _run(options: StackOptions, *, live: bool) -> dict[str, Any]:
     from rich.live import Live
 
     from stack import run_stack
+    from stack.shutdown import Interrupted
     from stack.view import print_status_line, render
 
     try:
@@ -47,10 +48,16 @@ def _run(options: StackOptions, *, live: bool) -> dict[str, Any]:
                 return run_stack(options, progress=view.update, on_update=lambda state: view.update(render(state)))
         return run_stack(options, progress=lambda text: console.print(f"[dim]{text}[/]"),
                          on_update=lambda state: print_status_line(state, console))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stopped:
         kept = options.out / "summary.json"
-        console.print("interrupted: every process the run started is stopped"
-                      + (f"; what it saw until then is in {kept}" if kept.is_file() else ""))
+        still = stopped.still_running if isinstance(stopped, Interrupted) else None
+        if still is None:  # Ctrl-C outside the run's own handling: nothing checked
+            said = "interrupted"
+        elif still:
+            said = f"interrupted: still running after the stop: {', '.join(still)}"
+        else:
+            said = "interrupted: every process the run started is stopped"
+        console.print(said + (f"; what it saw until then is in {kept}" if kept.is_file() else ""))
         raise typer.Exit(code=130) from None
 
 
@@ -100,6 +107,7 @@ def up(
         summary = _run(options, live=live)
     if json_out:
         print_json(summary)
+        _check_loop(summary)
         return
     table_rows = [(k, v) for k, v in summary.items() if k not in ("events", "plots", "profile", "pages")]
     for key, value in table_rows:
@@ -109,3 +117,16 @@ def up(
     for line in summary["events"]:
         console.print(f"  {line}")
     console.print(f"plots: {', '.join(summary['plots'])}  summary: {out / 'summary.json'}")
+    _check_loop(summary)
+
+
+def _check_loop(summary: dict[str, Any]) -> None:
+    """Exit 1, saying why, when the controller died during the run or a process outlived the stop."""
+    exited = summary.get("controller_exit")
+    if exited:
+        console.print(f"[red]the control loop was dead for the last {exited['loop_dead_s']:g} s: the controller "
+                      f"exited with code {exited['code']} at {exited['at_s']:g} s[/]")
+    if summary.get("still_running"):
+        console.print(f"[red]still running after the stop: {', '.join(summary['still_running'])}[/]")
+    if not summary.get("control_loop_ok", True):
+        raise typer.Exit(code=1)

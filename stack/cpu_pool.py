@@ -44,11 +44,12 @@ def pin_process_tree(pid: int, cpus: frozenset[int], *, children: bool = True) -
                 os.sched_setaffinity(task, cpus)
 
 
-def replica_cpus(controller_pid: int) -> frozenset[int]:
-    """The CPUs the controller's replicas (its descendant processes) are pinned to."""
+def replica_cpus(controller_pid: int, children: list[psutil.Process] | None = None) -> frozenset[int]:
+    """The CPUs the controller's replicas (its descendant processes, or ``children`` when looked up) are
+    pinned to."""
     held: set[int] = set()
     with contextlib.suppress(psutil.Error):
-        for child in psutil.Process(controller_pid).children(recursive=True):
+        for child in children if children is not None else psutil.Process(controller_pid).children(recursive=True):
             with contextlib.suppress(OSError):
                 held |= os.sched_getaffinity(child.pid)
     return frozenset(held)
@@ -72,10 +73,12 @@ class SharedCpuPool:
         """The shared pool beside replicas holding ``held``."""
         return (self.machine_cpus - held) or self.machine_cpus
 
-    def update(self) -> str | None:
-        """Re-pin the control plane when the replicas' CPUs changed; a line saying so, or None."""
+    def update(self, children: list[psutil.Process] | None = None) -> str | None:
+        """Re-pin the control plane when the replicas' CPUs changed; a line saying so, or None.
+
+        ``children``: the controller's descendants, when the caller has just looked them up."""
         controller = self.controller_pid()
-        held = replica_cpus(controller) if controller is not None else frozenset()
+        held = replica_cpus(controller, children) if controller is not None else frozenset()
         pool = self.pool_for(held)
         if pool == self.cpus:
             return None

@@ -102,7 +102,24 @@ def summarize(state: StackState) -> dict[str, Any]:
         "profile": state.profile,
         "prometheus": state.prometheus_url is not None,
         "router_requests": state.router_requests if state.router_url is not None else None,
+        **_control_loop(state),
         "events": [f"{t - state.load_started_s:6.1f}s {text}" for t, text in state.events],
+    }
+
+
+def _control_loop(state: StackState) -> dict[str, Any]:
+    """Whether the controller lived through the run and every process is gone; when not, for how long the loop
+    was dead (from the controller's exit to the stop)."""
+    exited = None
+    if state.controller_exit is not None:
+        at, code = state.controller_exit
+        end = state.stopping_s if state.stopping_s is not None else state.elapsed()
+        exited = {"code": code, "at_s": round(at - state.load_started_s, 1), "loop_dead_s": round(end - at, 1)}
+    return {
+        "control_loop_ok": exited is None and not state.still_running,
+        "controller_exit": exited,
+        "controller_unanswered": state.controller_unanswered,
+        "still_running": list(state.still_running),
     }
 
 

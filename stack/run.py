@@ -13,7 +13,8 @@ the run, on a checkpoint whose router is skewed so expert imbalance is real.
 Part-way through, an injected fault throttles every replica's CPU.  A live view
 shows latency against the SLOs, the forecast, replicas, imbalance and every
 decision with its reasons; at the end come ``summary.json`` and a PNG.  Every
-process it started is stopped on the way out, Ctrl-C included.
+process it started, and every replica its controller started, is stopped on the
+way out, Ctrl-C included (:mod:`stack.shutdown`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import csv
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +44,7 @@ from stack.profile import profile_replicas
 from stack.run_folder import RUN_MARKER, clear_last_run, lock_run_folder
 from stack.sampler import Sampler
 from stack.services import ManagedProcess, Supervisor, start_alertmanager, start_prometheus
+from stack.shutdown import Interrupted, ReplicaRecord, signals_deferred, stop_on_sigterm
 from stack.state import StackOptions, StackState
 
 POLICY_NAME = "qwen3-moe-local"
@@ -119,6 +120,8 @@ class LocalStack:
         self._controller: ManagedProcess | None = None
         self._lock_fd: int | None = None
         self.cpu_pool = SharedCpuPool(os.sched_getaffinity(0), self._controller_pid, self._control_plane_pids)
+        self.replica_record = ReplicaRecord()
+        """The controller's replicas as seen every second, so none outlives the run (see stack/shutdown.py)."""
 
     # ------------------------------------------------------------------ start
     def start(self, progress: Callable[[str], None]) -> None:
@@ -336,10 +339,23 @@ class LocalStack:
         return [p.process.pid for p in self.supervisor.processes if p.alive()]
 
     def _follow_replicas_cpus(self) -> None:
-        """The control plane onto the CPUs the replicas leave free (see :mod:`stack.cpu_pool`)."""
-        line = self.cpu_pool.update()
+        """The control plane onto the CPUs the replicas leave free (see :mod:`stack.cpu_pool`); the replicas
+        recorded; the controller's exit noticed."""
+        self._watch_controller()
+        line = self.cpu_pool.update(self.replica_record.record(self._controller_pid()))
         if line is not None:
             self.state.event(line)
+
+    def _watch_controller(self) -> None:
+        """Once, when the controller exits before the stop: a line, and the summary says the loop was dead."""
+        controller, state = self._controller, self.state
+        if controller is None or state.controller_exit is not None or state.stopping_s is not None:
+            return
+        code = controller.process.poll()
+        if code is not None:
+            state.controller_exit = (state.elapsed(), code)
+            state.event(f"controller exited with code {code}: the control loop is dead from here on (no scaling, "
+                        f"no rebalancing; its replicas are stopped with it); see {controller.log_path}")
 
     async def _keep_cpu_pool(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -401,15 +417,30 @@ class LocalStack:
         state.event("fault over: every replica runs freely again (the requests it delayed stay in the SLI "
                     "windows a while; the summary's within-SLO shares outside the fault leave them out)")
 
-    def stop(self) -> None:
-        self.supervisor.stop_all()
-        self.cpu_pool.release()
-        self._http.close()
-        if self.pager is not None:
-            self.pager.stop()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # the lock goes with it
-            self._lock_fd = None
+    def stop(self) -> list[str]:
+        """Stop every process the run started and every replica the controller left; what is still running.
+
+        The CPU pool, pager and lock are released whatever the stop raised; SIGINT and SIGTERM wait until the
+        end (a second Ctrl-C cut the stop short and left Prometheus and Alertmanager running)."""
+        state = self.state
+        with signals_deferred():
+            self._watch_controller()
+            self.replica_record.record(self._controller_pid())  # a replica started since the last look, too
+            if state.stopping_s is None:
+                state.stopping_s = state.elapsed()
+            try:
+                still = self.supervisor.stop_all()
+                still += [f"replica process {pid}" for pid in self.replica_record.stop_left()]
+                state.still_running = still
+            finally:
+                self.cpu_pool.release()
+                self._http.close()
+                if self.pager is not None:
+                    self.pager.stop()
+                if self._lock_fd is not None:
+                    os.close(self._lock_fd)  # the lock goes with it
+                    self._lock_fd = None
+        return state.still_running
 
     def write_results(self) -> dict[str, Any]:
         from stack.plots import write_plots
@@ -432,33 +463,35 @@ def run_stack(
     progress: Callable[[str], None] = lambda _text: None,
     on_update: Callable[[StackState], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the stack for ``options.duration_s``; return the summary (also written to ``out/summary.json``)."""
+    """Run the stack for ``options.duration_s``; return the summary (also written to ``out/summary.json``).
+
+    Ctrl-C raises :class:`Interrupted` once every process is stopped (or named as still running)."""
     stack = LocalStack(options, on_update)
-    previous = _stop_on_sigterm()
+    previous = stop_on_sigterm()
     loading = False
     try:
         stack.start(progress)
         loading = True
         asyncio.run(stack.run_load())
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit) as stopped:
         stack.state.interrupted = loading
+        still = _finish(stack, previous)
+        if isinstance(stopped, KeyboardInterrupt):
+            raise Interrupted(still) from None
         raise
-    finally:
-        stack.stop()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        if stack.state.interrupted:  # what the run saw until then is kept, marked as such
-            stack.write_results()
+    except BaseException:
+        _finish(stack, previous)
+        raise
+    _finish(stack, previous)
     return stack.write_results()
 
 
-def _terminated(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _stop_on_sigterm() -> Any:
-    """SIGTERM (``kill``, a CI timeout) ends the run as Ctrl-C does: the ``finally`` stops every process
-    it started, where the default action would leave the engines, controller and Prometheus running."""
-    if threading.current_thread() is not threading.main_thread():
-        return None  # only the main thread may set handlers (a run inside a test's thread keeps the default)
-    return signal.signal(signal.SIGTERM, _terminated)
+def _finish(stack: LocalStack, previous_sigterm: Any) -> list[str]:
+    """Stop everything, give SIGTERM its handler back, keep what an interrupted run saw; what is still running."""
+    try:
+        return stack.stop()
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+        if stack.state.interrupted:  # what the run saw until then is kept, marked as such
+            stack.write_results()

@@ -98,8 +98,10 @@ class Sampler:
     async def _controller(self, client: httpx.AsyncClient) -> dict[str, Any]:
         state = self.state
         status: dict[str, Any] = {}
-        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+        try:
             status = (await client.get(f"{state.controller_url}/v1/status/{self.policy}")).json()
+        except (httpx.HTTPError, ValueError):
+            state.controller_unanswered += 1  # counted in the summary: a dead loop does not read as a quiet one
         with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
             page = (await client.get(f"{state.controller_url}/v1/decisions",
                                      params={"policy": self.policy, "limit": 50})).json()

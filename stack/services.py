@@ -1,7 +1,7 @@
 """Processes of the local stack: a supervisor, and Prometheus and Alertmanager under it.
 
 Every process binds 127.0.0.1, writes its log under the run's folder, and is
-stopped (SIGTERM, then SIGKILL after a bounded wait) when the stack ends.
+stopped (SIGTERM to all at once, then SIGKILL after a bounded wait) when the stack ends.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from harness.monitoring import (
     scrape_config,
 )
 from harness.processes import log_tail, start_process, stop_process, wait_healthy
+from stack.shutdown import stop_processes
 
 MONITORING_NICE = 10
 """Prometheus and Alertmanager run at a lower CPU priority: on one machine they share the CPUs the
@@ -67,9 +68,11 @@ class Supervisor:
         self.processes.append(managed)
         return managed
 
-    def stop_all(self) -> None:
-        for managed in reversed(self.processes):
-            managed.stop()
+    def stop_all(self, timeout_s: float = 15.0) -> list[str]:
+        """SIGTERM to every process at once, SIGKILL to what is left after ``timeout_s`` (one deadline for all,
+        where one at a time a slow one held up the rest); the processes still running after that."""
+        still = set(stop_processes([m.process for m in self.processes], timeout_s))
+        return [f"{m.name} (pid {m.process.pid})" for m in self.processes if m.process.pid in still]
 
 
 def start_prometheus(

@@ -133,6 +133,14 @@ class StackState:
     """Requests still in flight when the run ended (cancelled, counted apart from failures)."""
     interrupted: bool = False
     """The load was cut short (Ctrl-C, SIGTERM): the results are of the run until then."""
+    controller_exit: tuple[float, int] | None = None
+    """(stack seconds, exit code) when the controller exited during the run: the control loop was dead after."""
+    controller_unanswered: int = 0
+    """Looks at the controller (its status) that got no answer."""
+    stopping_s: float | None = None
+    """When the stack began to stop its processes, in stack seconds."""
+    still_running: list[str] = field(default_factory=list)
+    """Processes the stop could not end (empty: every one is gone)."""
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started_s

@@ -7,11 +7,11 @@ import signal
 
 import pytest
 
-from stack.run import _stop_on_sigterm
+from stack.shutdown import stop_on_sigterm
 
 
 def test_sigterm_raises_system_exit_and_the_handler_is_restorable() -> None:
-    previous = _stop_on_sigterm()
+    previous = stop_on_sigterm()
     try:
         with pytest.raises(SystemExit) as stopped:
             os.kill(os.getpid(), signal.SIGTERM)
