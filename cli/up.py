@@ -39,7 +39,7 @@ def _run(options: StackOptions, *, live: bool) -> dict[str, Any]:
     from rich.live import Live
 
     from stack import run_stack
-    from stack.shutdown import Interrupted
+    from stack.shutdown import Interrupted, signals_deferred
     from stack.view import print_status_line, render
 
     try:
@@ -49,16 +49,20 @@ def _run(options: StackOptions, *, live: bool) -> dict[str, Any]:
         return run_stack(options, progress=lambda text: console.print(f"[dim]{text}[/]"),
                          on_update=lambda state: print_status_line(state, console))
     except KeyboardInterrupt as stopped:
-        kept = options.out / "summary.json"
-        still = stopped.still_running if isinstance(stopped, Interrupted) else None
-        if still is None:  # Ctrl-C outside the run's own handling: nothing checked
-            said = "interrupted"
-        elif still:
-            said = f"interrupted: still running after the stop: {', '.join(still)}"
-        else:
-            said = "interrupted: every process the run started is stopped"
-        console.print(said + (f"; what it saw until then is in {kept}" if kept.is_file() else ""))
+        with signals_deferred():  # one more Ctrl-C must not cut this line short
+            _say_interrupted(stopped.still_running if isinstance(stopped, Interrupted) else None,
+                             options.out / "summary.json")
         raise typer.Exit(code=130) from None
+
+
+def _say_interrupted(still: list[str] | None, kept: Path) -> None:
+    if still is None:  # Ctrl-C outside the run's own handling: nothing checked
+        said = "interrupted"
+    elif still:
+        said = f"interrupted: still running after the stop: {', '.join(still)}"
+    else:
+        said = "interrupted: every process the run started is stopped"
+    console.print(said + (f"; what it saw until then is in {kept}" if kept.is_file() else ""))
 
 
 def up(

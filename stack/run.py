@@ -120,8 +120,7 @@ class LocalStack:
         self._controller: ManagedProcess | None = None
         self._lock_fd: int | None = None
         self.cpu_pool = SharedCpuPool(os.sched_getaffinity(0), self._controller_pid, self._control_plane_pids)
-        self.replica_record = ReplicaRecord()
-        """The controller's replicas as seen every second, so none outlives the run (see stack/shutdown.py)."""
+        self.replica_record = ReplicaRecord()  # the controller's replicas, so none outlives the run
 
     # ------------------------------------------------------------------ start
     def start(self, progress: Callable[[str], None]) -> None:
@@ -487,11 +486,14 @@ def run_stack(
 
 
 def _finish(stack: LocalStack, previous_sigterm: Any) -> list[str]:
-    """Stop everything, give SIGTERM its handler back, keep what an interrupted run saw; what is still running."""
+    """Stop everything and keep what an interrupted run saw, SIGINT and SIGTERM held; what is still running."""
     try:
-        return stack.stop()
+        with signals_deferred():
+            try:
+                return stack.stop()
+            finally:
+                if stack.state.interrupted:  # what the run saw until then is kept, marked as such
+                    stack.write_results()
     finally:
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
-        if stack.state.interrupted:  # what the run saw until then is kept, marked as such
-            stack.write_results()

@@ -149,3 +149,36 @@ def test_the_cli_exits_1_when_the_control_loop_died_during_the_run(
     assert result.exit_code == 1, result.output
     said = " ".join(result.output.split())  # rich wraps long lines
     assert "the control loop was dead for the last 48.5 s: the controller exited with code -9 at 12 s" in said
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="sets signal handlers")
+def test_a_ctrl_c_while_an_interrupted_run_writes_its_results_does_not_cut_them_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handlers came back before the results were written: one more Ctrl-C lost summary.json and the CLI's
+    check of what was still running."""
+    from stack.run import _finish
+
+    stack = _stack(tmp_path)
+    stack.state.interrupted = True
+    written: list[bool] = []
+
+    def slow_write() -> dict[str, object]:
+        time.sleep(0.6)
+        written.append(True)
+        return {}
+
+    monkeypatch.setattr(stack, "write_results", slow_write)
+    before = signal.getsignal(signal.SIGTERM)
+    ctrl_c = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    ctrl_c.start()
+    try:
+        still: object = _finish(stack, signal.SIG_DFL)
+    except KeyboardInterrupt:
+        still = "interrupted"
+    finally:
+        ctrl_c.join()
+        restored = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, before)
+    assert still == [] and written == [True]
+    assert restored == signal.SIG_DFL, "SIGTERM's handler from before the run is back"
