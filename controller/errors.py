@@ -1,7 +1,9 @@
 """Errors only the controller raises; the shared hierarchy is :mod:`contracts.errors`::
 
     contracts.errors.MoesloError
-    └── ActuationError         an actuator failed after its retries (502)
+    ├── ActuationError         an actuator failed after its retries (502)
+    └── UnavailableError
+        └── EngineRefusalError      an engine's own HTTP error answer, its status kept (503)
 
 and :func:`malformed_answer`, which makes a dependency's answer of the wrong shape that dependency's
 :class:`~contracts.errors.UnavailableError`.
@@ -17,6 +19,19 @@ from contracts.errors import MoesloError, UnavailableError
 
 class ActuationError(MoesloError):
     """An actuator failed to carry out a decision after its retries."""
+
+
+class EngineRefusalError(UnavailableError):
+    """An engine answered with an HTTP error (``status``): unavailable for this call, but the engine spoke."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def understood(self) -> bool:
+        """A 4xx other than 404: the engine knew the route and refused the request (its kind is confirmed)."""
+        return 400 <= self.status < 500 and self.status != 404
 
 
 @contextmanager

@@ -31,7 +31,7 @@ import numpy.typing as npt
 from contracts.errors import UnavailableError
 from contracts.imbalance import rank_dispersion, rank_load, sampling_noise_cv
 from contracts.placement import Placement
-from controller.errors import malformed_answer
+from controller.errors import EngineRefusalError, malformed_answer
 from controller.policy import Mode, Policy
 from controller.rebalance import (
     CvObservation,
@@ -101,7 +101,7 @@ class JsonHttpControl:
         except httpx.HTTPError as exc:
             raise UnavailableError(f"{method} {url}: {exc!r}") from exc
         if response.status_code >= 400:
-            raise UnavailableError(f"{method} {url}: {error_text(response)}")
+            raise EngineRefusalError(f"{method} {url}: {error_text(response)}", status=response.status_code)
         try:
             return response.json()
         except ValueError as exc:  # a proxy's login page, another server on the port: this engine's fault alone

@@ -39,7 +39,7 @@ from controller.actuators.placement import (
     JsonHttpControl,
     totals,
 )
-from controller.errors import malformed_answer
+from controller.errors import EngineRefusalError, malformed_answer
 
 STATUS_PATH = "/moeslo/eplb"
 REBALANCE_PATH = "/moeslo/eplb/rebalance"
@@ -131,13 +131,16 @@ class AutoEngineControl:
         return None if control is None else ("vllm" if control is self.vllm else "embedded")
 
     async def _through_kind(self, endpoint: str, call: Callable[[EngineControl], Awaitable[_T]]) -> _T:
-        """``call`` on the endpoint's kind of control.  When it fails the kind is forgotten, so the next call asks
-        again: the kind may be wrong (a first probe a proxy answered while the pod started, a pod IP reused by the
-        other kind of engine), and one probe more after a failure is cheap where a kind kept forever is not."""
+        """``call`` on the endpoint's kind of control.  When it fails (other than a refusal on a route the engine
+        knew) the kind is forgotten, so the next call asks again: the kind may be wrong (a first probe a proxy
+        answered while the pod started, a pod IP reused by the other kind of engine), and one probe more after a
+        failure is cheap where a kind kept forever is not."""
         control = await self.control_for(endpoint)
         try:
             return await call(control)
-        except MoesloError:
+        except MoesloError as exc:
+            if isinstance(exc, EngineRefusalError) and exc.understood:
+                raise  # the route was known, the request refused (EPLB off, a bad placement): the kind stands
             if self._kind.get(endpoint) is control:
                 del self._kind[endpoint]
             raise

@@ -130,6 +130,29 @@ def test_auto_control_asks_again_after_a_call_through_the_kind_it_kept_fails() -
     ]
 
 
+def test_auto_control_keeps_the_kind_when_the_engine_refuses_a_request_on_a_route_it_knows() -> None:
+    """A 409 (EPLB off) or 422 (a bad placement) is the engine speaking: its kind stands; a 5xx makes it ask again."""
+    answers = iter([(200, "the probe"), (409, "eplb_off: EPLB is off"), (422, "placement: bad"), (503, "restarting")])
+
+    def handle(_request: httpx.Request) -> httpx.Response:
+        status, detail = next(answers)
+        return httpx.Response(status, json={"detail": detail})
+
+    seen: list[str | None] = []
+
+    async def run() -> None:
+        control = AutoEngineControl(httpx.AsyncClient(transport=httpx.MockTransport(handle)))
+        await control.control_for("http://pod")
+        for _ in range(3):
+            with pytest.raises(UnavailableError):
+                await control.expert_load("http://pod")
+            seen.append(control.kind("http://pod"))
+        await control.aclose()
+
+    asyncio.run(run())
+    assert seen == ["vllm", "vllm", None]
+
+
 def test_swap_summary_keeps_figures_not_matrices() -> None:
     reply = {"applied": True, "phy2log": [[0]], "experts_moved": 3, "predicted_after": {"cv_max": 0.1,
              "balancedness_min": 0.9, "cv": [0.1]}}  # fmt: skip
