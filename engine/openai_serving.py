@@ -299,8 +299,9 @@ async def _texts(
 ) -> AsyncIterator[Piece]:
     """What each output shows (the first after ``prefix``); a stop string ends the request, finish reason ``stop``.
 
-    Stop strings are looked for in the text after the first ``min_tokens``
-    tokens (as vLLM does).  After a stop string, tokens the core generated
+    A stop string counts once more than ``min_tokens`` tokens are out, if it
+    ends in a later token's text; it may begin in the first ``min_tokens``
+    tokens' text (as vLLM's).  After a stop string, tokens the core generated
     before the stop reached it are dropped.  An echoed ``prompt``'s logprobs come first, with the first
     output (as vLLM's), and the generated tokens' text offsets count from the end of ``prefix``.
     """
@@ -323,7 +324,7 @@ async def _texts(
         if out.token_id is not None and not out.is_stop_token:
             tokens += 1
             piece = decoder.step(out.token_id)
-            text = piece if tokens <= min_tokens else matcher.feed(piece)
+            text = matcher.feed(piece, check=tokens > min_tokens)
             if entries is not None and out.logprobs is not None and not stopped:
                 entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, base + decoded))
             decoded += len(piece)

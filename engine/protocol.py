@@ -14,7 +14,9 @@ ignored (``suffix`` is accepted at ``null`` or ``""``).
 
 :class:`StopMatcher` finds stop strings in the streamed text across token
 boundaries (it holds back the tail that may begin one), and the text it
-returns never includes the stop string, as OpenAI and vLLM do.
+returns never includes the stop string, as OpenAI and vLLM do.  The text of
+the first ``min_tokens`` tokens goes through it unchecked: a stop string found
+must end after it (it may begin in it), as vLLM's detokenizer decides.
 """
 
 from __future__ import annotations
@@ -261,14 +263,21 @@ class StopMatcher:
         self._buffer = ""
         self.stopped = False
 
-    def feed(self, text: str) -> str:
-        """The text that can be shown now (nothing once a stop string was found)."""
+    def feed(self, text: str, *, check: bool = True) -> str:
+        """The text that can be shown now (nothing once a stop string was found).
+
+        Only a stop string that ends in ``text`` is found, and only when ``check`` is set (it is not for
+        the first ``min_tokens`` tokens): one lying wholly in unchecked text is never found, one that
+        begins there and ends in checked text is, as vLLM's detokenizer finds them.  The tail that may
+        begin a stop string is held back either way.
+        """
         if self.stopped:
             return ""
         if not self._stops:
             return text
-        buffer = self._buffer + text
-        found = [i for i in (buffer.find(s) for s in self._stops) if i >= 0]
+        before, buffer = len(self._buffer), self._buffer + text
+        # Only stop strings that end in ``text``: what came before was searched already, or is not to be.
+        found = [i for s in self._stops if check and (i := buffer.find(s, max(0, before - len(s) + 1))) >= 0]
         if found:
             self.stopped = True
             self._buffer = ""

@@ -121,6 +121,16 @@ def test_stop_strings_are_found_across_token_boundaries_and_left_out() -> None:
     assert earliest.feed("a long stop") == "a "  # the stop string that begins first wins
 
 
+def test_unchecked_text_is_held_back_and_a_stop_string_found_must_end_after_it() -> None:
+    # The first min_tokens tokens' text is fed unchecked, as vLLM's detokenizer skips it.
+    straddling = StopMatcher(["XY"])
+    assert [straddling.feed(piece, check=False) for piece in "abX"] == ["", "a", "b"]
+    assert straddling.feed("Y") == "" and straddling.stopped and straddling.flush() == ""
+    within = StopMatcher(["XY", "long"])
+    assert "".join(within.feed(piece, check=False) for piece in "aXY") == ""
+    assert within.feed("b") + within.flush() == "aXYb" and not within.stopped
+
+
 @pytest.mark.parametrize(
     ("payload", "needle"),
     [

@@ -1,0 +1,145 @@
+"""Stop strings around ``min_tokens`` as vLLM's detokenizer finds them, in streamed and whole responses.
+
+A scripted engine generates a fixed text a byte a token; the response is
+read as the client would read it (the SSE chunks, or the JSON body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from engine.engine_types import RequestOutput
+from engine.openai_serving import CompletionFormat, Generation, serve_generation
+from engine.request_stream import RequestStream
+from engine.sampling import SamplingParams
+from engine.tokenizer import ByteTokenizer
+
+EOS = 256
+TEXT = "abXYcdef"
+
+
+class ScriptedEngine:
+    """Generates ``text`` a byte a token (then eos, if asked); an abort ends the request with its reason at once."""
+
+    max_model_len = 4096
+
+    def __init__(self, text: str = TEXT, *, eos: bool = False) -> None:
+        self.ids = [*text.encode(), *([EOS] if eos else [])]
+        self.aborts: list[str] = []
+        self.streams: list[RequestStream] = []
+
+    def add_request(self, prompt: list[int], params: SamplingParams, **_: object) -> RequestStream:
+        stream = RequestStream(f"cmpl-{len(self.streams)}", asyncio.get_running_loop())
+        ids = self.ids[: params.max_tokens]
+        for n, token in enumerate(ids, 1):
+            last, eos = n == len(ids), token == EOS
+            stream.queue.put_nowait(RequestOutput(
+                stream.request_id, token, finished=last, finish_reason=("stop" if eos else "length") if last else None,
+                is_stop_token=eos, prompt_tokens=len(prompt), generation_tokens=n if last else 0,
+                logprobs=(-0.5, ()) if params.logprobs is not None else None))
+        self.streams.append(stream)
+        return stream
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        self.aborts.append(reason)
+        queue = next(s for s in self.streams if s.request_id == request_id).queue
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(RequestOutput(request_id, None, finished=True, finish_reason=reason))
+
+    def health(self) -> None:
+        return None
+
+
+class Connected:
+    """A client that stays connected."""
+
+    async def receive(self) -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+
+def generation(min_tokens: int, stops: tuple[str, ...] = ("XY",), *, stream: bool, max_tokens: int = 16,
+               logprobs: int | None = None) -> Generation:
+    params = SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, logprobs=logprobs)
+    return Generation(prompts=[[1, 2]], params=params, stops=stops, stream=stream, include_usage=False,
+                      format=CompletionFormat("m"))
+
+
+async def respond(engine: ScriptedEngine, gen: Generation) -> tuple[str, str, list[str], dict[str, Any]]:
+    """(text, finish reason, the streamed chunks' texts, logprobs) of the one choice."""
+    response: Any = await serve_generation(engine, ByteTokenizer(512), gen, Connected(), 0.0)  # type: ignore[arg-type]
+    if not gen.stream:
+        choice = json.loads(bytes(response.body))["choices"][0]
+        return choice["text"], choice["finish_reason"], [], choice["logprobs"]
+    events = [event async for event in response.body_iterator]
+    response._on_close()
+    choices = [json.loads(e.removeprefix("data: "))["choices"][0] for e in events if e != "data: [DONE]\n\n"]
+    return "".join(c["text"] for c in choices), choices[-1]["finish_reason"], [c["text"] for c in choices], {}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("min_tokens", "text", "reason"),
+    [
+        (2, "ab", "stop"),  # XY begins after the first 2 tokens
+        (3, "ab", "stop"),  # X is the 3rd token, Y the 4th: XY ends after them, and its X is never shown
+        (4, TEXT, "length"),  # XY ends within the first 4 tokens: no stop
+    ],
+)
+def test_a_stop_string_that_ends_after_min_tokens_counts_from_where_it_begins(
+    stream: bool, min_tokens: int, text: str, reason: str,
+) -> None:
+    engine = ScriptedEngine()
+    shown, finish_reason, _, _ = asyncio.run(respond(engine, generation(min_tokens, stream=stream)))
+    assert (shown, finish_reason) == (text, reason)
+    assert engine.aborts == (["stop"] if reason == "stop" else [])
+
+
+@pytest.mark.parametrize(
+    ("min_tokens", "chunks"),
+    [
+        (3, ["", "a", "b", "", ""]),  # a chunk a token, each holding back one character: X never goes out
+        (4, ["", "a", "b", "X", "Y", "c", "d", "ef"]),  # no stop: what was held back comes with the last token
+    ],
+)
+def test_streamed_chunks_hold_back_what_may_begin_a_stop_string_within_min_tokens(
+    min_tokens: int, chunks: list[str],
+) -> None:
+    _, _, streamed, _ = asyncio.run(respond(ScriptedEngine(), generation(min_tokens, stream=True)))
+    assert streamed == chunks
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_wholly_within_min_tokens_is_not_found_later(stream: bool) -> None:
+    # "long" holds back three characters: XY is still held when the 4th token comes, and is no stop.
+    engine = ScriptedEngine("aXYbcdef")
+    shown, finish_reason, _, _ = asyncio.run(respond(engine, generation(3, ("XY", "long"), stream=stream)))
+    assert (shown, finish_reason, engine.aborts) == ("aXYbcdef", "length", [])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("generated", "eos", "max_tokens", "text", "reason"),
+    [
+        (TEXT, False, 3, "abX", "length"),  # ends within min_tokens, X held back until then
+        ("abXc", True, 16, "abXc", "stop"),  # eos after min_tokens: c held back until then
+    ],
+)
+def test_text_held_back_comes_out_when_the_request_ends(
+    stream: bool, generated: str, eos: bool, max_tokens: int, text: str, reason: str,
+) -> None:
+    gen = generation(3, stream=stream, max_tokens=max_tokens)
+    shown, finish_reason, _, _ = asyncio.run(respond(ScriptedEngine(generated, eos=eos), gen))
+    assert (shown, finish_reason) == (text, reason)
+
+
+def test_logprobs_list_the_tokens_up_to_the_one_that_ended_the_stop_string() -> None:
+    gen = generation(3, stream=False, logprobs=0)
+    shown, _, _, logprobs = asyncio.run(respond(ScriptedEngine(), gen))
+    assert shown == "ab"
+    assert (logprobs["tokens"], logprobs["text_offset"]) == (["a", "b", "X", "Y"], [0, 1, 2, 3])
