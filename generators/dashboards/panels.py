@@ -51,8 +51,15 @@ _Value = TypeVar("_Value", bound=Hashable)
 
 
 def selector_value(text: str) -> str:
-    """A PromQL double-quoted string body (a model name may hold quotes or backslashes)."""
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+    """A PromQL double-quoted string body for an exact (``=``) matcher; a model name may hold quotes or backslashes.
+
+    Grafana substitutes its variables in every query before sending it (``$model``, ``${__range}``,
+    ``[[policy]]``), inside string literals too: a model named ``ns$model`` read as ``ns.*`` and its panels
+    showed no data.  ``$`` and ``[`` are written as the Go escapes ``\\x24`` and ``\\x5b``, which Grafana leaves
+    alone and PromQL decodes back.  Not for a regex (``=~``) matcher, whose value is a regex, nor for text
+    that is not PromQL (titles, legends).
+    """
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\x24").replace("[", "\\x5b")
 
 
 def query(expr: str, legend: str = "", *, instant: bool = False, table: bool = False) -> Dataquery:

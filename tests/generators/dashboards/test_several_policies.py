@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import codecs
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from controller.policy import ImbalanceObjective, LatencyObjective, LocalTarget, Objectives, Policy, TtftObjective
 from generators.dashboards import build_dashboards, expressions
@@ -132,3 +136,56 @@ def test_every_query_of_several_policies_parses_on_a_real_prometheus(tmp_path: P
                     if (body := client.get("/api/v1/query", params={"query": substitute(expr)}).json())["status"]
                     != "success"]
     assert failures == []
+
+
+# Grafana's variableRegex (public/app/features/variables/utils.ts), which it runs over every query before sending
+# it: known variables are replaced wherever they stand, inside PromQL string literals too; unknown ones are left.
+_GRAFANA_VARIABLE = re.compile(r"\$(\w+)|\[\[([\s\S]+?)(?::(\w+))?\]\]|\$\{(\w+)(?:\.([^:^}]+))?(?::(\w+))?\}")
+_GRAFANA_VALUES = {"model": ".*", "policy": ".*", "datasource": "prom", "__rate_interval": "1m", "__range": "1h",
+                   "__interval": "30s", "__all": ".*"}
+_EXACT_MODEL = re.compile(r'model_name="((?:[^"\\]|\\.)*)"')
+_ODD_MODEL = 'ns$model[[policy]]${__range}$__rate_interval"q\\'
+
+
+def grafana_interpolate(expr: str) -> str:
+    """``expr`` as Grafana sends it to Prometheus with every variable set to All."""
+    def value(match: re.Match[str]) -> str:
+        return _GRAFANA_VALUES.get(match.group(1) or match.group(2) or match.group(4), match.group(0))
+    return _GRAFANA_VARIABLE.sub(value, expr)
+
+
+def test_grafana_leaves_a_model_name_with_variable_syntax_alone() -> None:
+    """A model named with ``$model``, ``[[policy]]`` and ``${__range}`` in it: its row's exact matchers reach
+    Prometheus as written and decode to the name (Grafana rewrote ``ns$model`` to ``ns.*``: no data)."""
+    odd = Policy(name="odd", target=LocalTarget(model=_ODD_MODEL))
+    literals: list[str] = []
+    for document in build_dashboards([_policy("loose"), odd, _imbalance("cv", 0.3)]).values():
+        for where, expr in expressions(document):
+            sent = grafana_interpolate(expr)
+            assert _EXACT_MODEL.findall(sent) == _EXACT_MODEL.findall(expr), where
+            literals += _EXACT_MODEL.findall(expr)
+    odd_literals = [text for text in literals if codecs.decode(text, "unicode_escape") == _ODD_MODEL]
+    assert len(odd_literals) >= 7  # TTFT and ITL quantiles (3 each), good ratios, the experts' CV line
+    assert all("$" not in text and "[" not in text for text in odd_literals)
+
+
+def test_an_escaped_model_name_selects_its_series_on_promtool(tmp_path: Path) -> None:
+    """The odd model's ITL good ratio, as Grafana sends it, evaluated by promtool over that model's series."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    odd = Policy(name="odd", target=LocalTarget(model=_ODD_MODEL))
+    overview = build_dashboards([_policy("loose"), odd])["moeslo-slo-overview.json"]
+    (panel,) = _panels(overview, "odd: Good-event ratio")
+    (expr,) = [grafana_interpolate(e) for e in _exprs(panel) if "inter_token" in e]
+    name = _ODD_MODEL.replace("\\", "\\\\").replace('"', '\\"')  # the series notation's own quoting
+    series = [{"series": f'vllm:inter_token_latency_seconds_bucket{{model_name="{name}",le="0.02"}}',
+               "values": "0+9x5"},
+              {"series": f'vllm:inter_token_latency_seconds_count{{model_name="{name}"}}', "values": "0+10x5"}]
+    test_file = tmp_path / "odd.test.yaml"
+    test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": series,
+         "promql_expr_test": [{"expr": expr, "eval_time": "4m", "exp_samples": [{"labels": "{}", "value": 0.9}]}]}]}))
+    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, expr + "\n" + result.stdout + result.stderr
