@@ -131,16 +131,16 @@ def _sweep(url: str, levels: list[float], warmup: int, sweep_rates: Callable[...
 def _engine_limits(url: str, kv_capacity_tokens: int | None, max_num_seqs: int | None,
                    prefill_chunk_tokens: int | None) -> tuple[ProfileLimits, str]:  # fmt: skip
     """The profile's limits: each flag given, else what the engine exports, else an assumption, said
-    (the second part: ``; assumed ...`` for the profile's source, or empty)."""
+    (the second part: ``; assumed ...`` and how many engines were added up, for the profile's source, or empty)."""
     from harness.engine_limits import assumed_note, profile_limits
 
-    limits, assumed = profile_limits(url, kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs,
-                                     prefill_chunk_tokens=prefill_chunk_tokens)  # fmt: skip
+    limits, assumed, engines = profile_limits(url, kv_capacity_tokens=kv_capacity_tokens,
+                                              max_num_seqs=max_num_seqs, prefill_chunk_tokens=prefill_chunk_tokens)
     if assumed:
         flags = " / ".join(f"--{key.replace('_', '-')}" for key in assumed)
         console.print(f"the engine does not export {', '.join(assumed)}: assumed "
                       f"{', '.join(f'{v:,}' for v in assumed.values())} (give {flags} to state them)")
-    return limits, assumed_note(assumed)
+    return limits, assumed_note(assumed) + engines
 
 
 def _probe(

@@ -137,14 +137,14 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
                                              model=None, seed=options.seed))  # fmt: skip
     points = [profile_point(stats) for stats in summaries]
     # The replicas' own KV capacity and batch limit, not a guess; the chunk is the one they were started with.
-    limits, assumed = profile_limits(urls[0], prefill_chunk_tokens=options.max_num_batched_tokens)
+    limits, assumed, engines = profile_limits(urls[0], prefill_chunk_tokens=options.max_num_batched_tokens)
     if assumed:
         state.event(f"the replicas do not export {', '.join(assumed)}: the profile assumes {assumed}")
     profile = fit_profile(
         points, prompt_tokens=round(prompt), name="moeslo-up-replica", prefix_probe=probe, **limits,
         source=f"moeslo up: {len(points)} load levels of {options.profile_s:g} s over {len(urls)} replica(s) "
                f"loaded at once (one pinned CPU each, {options.ep_label}), {round(prompt)}/{max(2, round(output))} "
-               f"tokens{assumed_note(assumed)}",
+               f"tokens{assumed_note(assumed)}{engines}",
     )
     lightest = min(p.request_rate_rps for p in points)
     capacity = _load_capacity(state, by_replica, profile, prompt=prompt, output=output, lightest=lightest)
