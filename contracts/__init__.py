@@ -7,7 +7,8 @@
 - :mod:`contracts.slo_defaults`: the mission's numbers (500 ms TTFT, 20 ms ITL, CV 0.15, ...);
 - :mod:`contracts.attainment`: whether one request met the latency objectives;
 - :mod:`contracts.traces`: the request-trace formats (Azure, Mooncake, BurstGPT, counts), read once;
-- :mod:`contracts.datadir`: where the shared data folder is.
+- :mod:`contracts.datadir`: where the shared data folder is;
+- :mod:`contracts.lifetime`: child processes that end with their parent (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["attainment", "catalogue", "datadir", "errors", "imbalance", "placement", "slo_defaults", "traces"]
+__all__ = [
+    "attainment", "catalogue", "datadir", "errors", "imbalance", "lifetime", "placement", "slo_defaults", "traces",
+]
 
 
 def __getattr__(name: str) -> ModuleType:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -36,13 +35,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import httpx
 
+from contracts.lifetime import child_setup
 from controller.actuators.base import ReplicaCount, ScaleResult
 from controller.config import LocalActuatorConfig
 from controller.errors import ActuationError
@@ -50,41 +50,6 @@ from controller.policy import LocalTarget, Policy
 
 READY_PROBE_TIMEOUT_S = 0.5
 log = logging.getLogger(__name__)
-PR_SET_PDEATHSIG = 1
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    """libc's ``prctl``, looked up here and not between fork and exec; None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-        return prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()
-
-
-def _child_setup(cpus: tuple[int, ...]) -> Callable[[], None]:
-    """What a replica runs between fork and exec: SIGTERM when its parent dies, then its CPUs.
-
-    The kernel sends the signal when the thread that forked it exits: replicas are started on the
-    controller's event-loop thread (the main one, which lasts as long as the controller).  A parent that died
-    before the ``prctl`` (the child's parent is then another process) is answered by exiting at once.
-    """
-    parent = os.getpid()
-
-    def setup() -> None:
-        if _PRCTL is not None:
-            _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-            if os.getppid() != parent:
-                os._exit(1)
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-
-    return setup
 
 
 @dataclass
@@ -279,8 +244,9 @@ class LocalActuator:
                 stdout=log if log is not None else subprocess.DEVNULL,
                 stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: stopping it stops its children too
-                # Pinned before exec, so every process the replica starts (EP ranks) inherits its CPUs.
-                preexec_fn=_child_setup(cpus),  # noqa: PLW1509
+                # Pinned before exec, so every process the replica starts (EP ranks) inherits its CPUs; SIGTERM
+                # when the controller dies (started on its event-loop thread, the main one, which lasts as long).
+                preexec_fn=child_setup(cpus),  # noqa: PLW1509
             )
         except (OSError, subprocess.SubprocessError) as exc:  # SubprocessError: the CPU pinning failed
             if log is not None:

@@ -1,0 +1,61 @@
+"""Child processes that end with their parent: Linux's ``PR_SET_PDEATHSIG``, asked for between fork and exec.
+
+The harness (every process ``moeslo up`` starts) and the local actuator (the controller's replicas) start
+children in sessions of their own, so a Ctrl-C in the terminal does not reach them; without a parent-death
+signal a parent killed with SIGKILL (or by the OOM killer) left them running for nobody.  The standard
+library only (``ctypes``, ``os``, ``signal``), as befits the bottom layer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable, Collection
+
+PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up here and not between fork and exec; None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def child_setup(cpus: Collection[int] = (), *, die_with_parent: bool = True) -> Callable[[], None] | None:
+    """What a child runs between fork and exec (``Popen``'s ``preexec_fn``); None when there is nothing to do.
+
+    With ``die_with_parent`` the kernel sends the child SIGTERM when its parent dies (Linux only; nothing
+    elsewhere), the signal surviving the child's ``exec`` (``nice`` and the like exec the real program).
+    The kernel sends it when the *thread* that forked the child exits: call this, and start the child, on a
+    thread that lasts as long as the parent (its main thread, or its event loop's).  A parent that died before
+    the ``prctl`` (the child then has another parent) is answered by exiting at once.  ``cpus`` pins the
+    child, and every process it starts, to those CPUs.
+    """
+    parent = os.getpid()
+    pinned = frozenset(cpus)
+    prctl = _PRCTL if die_with_parent else None
+    if prctl is None and not pinned:
+        return None
+
+    def setup() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(1)
+        if pinned:
+            os.sched_setaffinity(0, pinned)
+
+    return setup
+
+
+__all__ = ["PR_SET_PDEATHSIG", "child_setup"]
