@@ -11,13 +11,13 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from stack.report import summarize
 from stack.run import LocalStack
 from stack.shutdown import Interrupted
 from stack.state import StackOptions
+from tests.harness.children import gone
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 
@@ -37,13 +37,6 @@ def _wait_for(log: Path, word: str) -> str:
     while word not in (text := log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     return text
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def _stack(tmp_path: Path) -> LocalStack:
@@ -99,14 +92,14 @@ def test_a_dead_controller_is_noticed_and_its_replicas_do_not_outlive_the_run(tm
         controller.process.kill()
         controller.process.wait(10)
         stack._follow_replicas_cpus()
-        alive_after_death = not _gone(replica)
+        alive_after_death = not gone(replica)
         still = stack.stop()
-        gone = _gone(replica)
+        stopped = gone(replica)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(replica, signal.SIGKILL)
     assert alive_after_death, "the stand-in controller's replica has no PR_SET_PDEATHSIG: the stack must stop it"
-    assert still == [] and gone, "the replica outlived the run"
+    assert still == [] and stopped, "the replica outlived the run"
     assert any(f"controller exited with code {-signal.SIGKILL}" in text for _, text in stack.state.events)
     summary = summarize(stack.state)
     assert summary["control_loop_ok"] is False

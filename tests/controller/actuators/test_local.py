@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from controller.actuators import LocalActuator
@@ -20,6 +19,7 @@ from controller.config import LocalActuatorConfig
 from controller.errors import ActuationError
 from controller.policy import Policy
 from harness.processes import free_port
+from tests.harness.children import still_running
 
 
 def _policy(name: str = "local-p", checkpoint: Path | None = None) -> Policy:
@@ -252,13 +252,6 @@ time.sleep(60)
 """
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_replica_does_not_outlive_a_controller_killed_without_a_shutdown() -> None:
     """Replicas run in sessions of their own: a controller killed with SIGKILL left them serving for nobody."""
@@ -269,10 +262,7 @@ def test_a_replica_does_not_outlive_a_controller_killed_without_a_shutdown() -> 
     controller.kill()
     controller.wait(10)
     controller.stdout.close()
-    deadline = time.monotonic() + 10
-    while not _gone(replica) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    gone = _gone(replica)
-    if not gone:
+    left = still_running([replica])
+    if left:
         os.killpg(replica, signal.SIGKILL)
-    assert gone, "the replica outlived its controller"
+    assert left == [], "the replica outlived its controller"
