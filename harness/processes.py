@@ -21,6 +21,7 @@ from typing import IO, Any
 import httpx
 
 from contracts.errors import UnavailableError
+from contracts.lifetime import child_setup
 
 log = logging.getLogger(__name__)
 KILL_WAIT_S = 10.0
@@ -42,14 +43,16 @@ def start_process(
     cwd: Path | None = None,
     new_session: bool = True,
     cpus: Sequence[int] | None = None,
+    die_with_parent: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` with stdout and stderr in ``log_path`` (discarded when None).
 
     ``new_session`` puts it in its own process group, so :func:`stop_process` with
     ``group=True`` reaches the children it spawns, and Ctrl-C in a terminal does not.
-    ``cpus`` pins it (and what it spawns) to those CPUs.
+    ``cpus`` pins it (and what it spawns) to those CPUs.  ``die_with_parent`` has Linux send it
+    SIGTERM when this process dies, a SIGKILL or the OOM killer included: call it from a thread that
+    lasts as long as this process (see :func:`contracts.lifetime.child_setup`).
     """
-    pinned = frozenset(cpus) if cpus else None
     log: IO[bytes] | int = subprocess.DEVNULL
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +60,7 @@ def start_process(
     try:
         return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=None if env is None else dict(env), cwd=cwd, start_new_session=new_session,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, pinned)) if pinned else None)  # noqa: PLW1509
+                                preexec_fn=child_setup(cpus or (), die_with_parent=die_with_parent))  # noqa: PLW1509
     finally:
         if not isinstance(log, int):
             log.close()  # the child holds its own descriptor

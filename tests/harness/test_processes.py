@@ -14,6 +14,17 @@ import pytest
 from contracts.errors import UnavailableError
 from harness.processes import free_port, log_tail, start_process, stop_process, wait_healthy
 from harness.traces import BUNDLED_CONVERSATION_SLICE
+from tests.harness.children import gone, kill_quietly, still_running
+
+ROOT = Path(__file__).resolve().parents[2]
+_TWO_CHILDREN = ("import sys, time\n"
+                 "from harness.processes import start_process\n"
+                 "for die in (True, False):\n"
+                 "    child = start_process([sys.executable, '-c', 'import time; time.sleep(60)'],\n"
+                 "                          die_with_parent=die)\n"
+                 "    print(child.pid, flush=True)\n"
+                 "time.sleep(60)\n")
+"""A parent with one child that dies with it and one that does not."""
 
 
 def test_free_port_can_be_bound() -> None:
@@ -94,3 +105,22 @@ def test_stop_process_logs_a_process_still_not_gone_after_sigkill_and_never_rais
         proc.stdout.close()
     assert returncode == -signal.SIGKILL, "the kill was sent"
     assert f"process {proc.pid} is not gone 10 s after SIGKILL; left to exit" in caplog.text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_started_to_die_with_its_parent_does_not_outlive_a_sigkilled_parent() -> None:
+    """Children run in sessions of their own: a parent killed with SIGKILL (or by the OOM killer) left them running."""
+    parent = subprocess.Popen([sys.executable, "-c", _TWO_CHILDREN], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert parent.stdout is not None
+    lines = [parent.stdout.readline().strip() for _ in range(2)]
+    parent.kill()
+    parent.wait(10)
+    parent.stdout.close()
+    assert all(lines), "the parent did not start its two children"
+    dying, staying = (int(line) for line in lines)
+    try:
+        left, stayed = still_running([dying]), not gone(staying)
+    finally:
+        kill_quietly([dying, staying])
+    assert left == [], "the child started with die_with_parent outlived its parent"
+    assert stayed, "a child started without die_with_parent outlives its parent (what the option is for)"
