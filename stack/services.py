@@ -1,7 +1,8 @@
 """Processes of the local stack: a supervisor, and Prometheus and Alertmanager under it.
 
 Every process binds 127.0.0.1, writes its log under the run's folder, and is
-stopped (SIGTERM to all at once, then SIGKILL after a bounded wait) when the stack ends.
+stopped (SIGTERM to all at once, then SIGKILL after a bounded wait) when the stack ends,
+or gets SIGTERM from Linux when ``moeslo up`` itself dies without a stop (a SIGKILL, the OOM killer).
 """
 
 from __future__ import annotations
@@ -50,7 +51,11 @@ class ManagedProcess:
 
 
 class Supervisor:
-    """Starts processes and stops them all, newest first."""
+    """Starts processes and stops them all, newest first.
+
+    Each process is asked to die with the supervisor's process (``PR_SET_PDEATHSIG``, which the kernel sends
+    when the *thread* that started it exits): call :meth:`start` from the main thread (``moeslo up`` does).
+    """
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
@@ -64,7 +69,8 @@ class Supervisor:
         log_path = self.log_dir / f"{name}.log"
         if nice > 0 and (nice_exe := shutil.which("nice")) is not None:
             argv = [nice_exe, "-n", str(nice), *argv]
-        managed = ManagedProcess(name, start_process(argv, log_path=log_path, cwd=cwd, cpus=cpus), log_path)
+        process = start_process(argv, log_path=log_path, cwd=cwd, cpus=cpus, die_with_parent=True)
+        managed = ManagedProcess(name, process, log_path)
         self.processes.append(managed)
         return managed
 

@@ -1,11 +1,13 @@
 """The end of ``moeslo up``: a second Ctrl-C does not cut the stop short, a dead controller is noticed and its
-replicas do not outlive the run, and the CLI says what is still running only after looking."""
+replicas do not outlive the run, nothing outlives a killed run, and the CLI says what is still running only after
+looking."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -17,7 +19,7 @@ from stack.report import summarize
 from stack.run import LocalStack
 from stack.shutdown import Interrupted
 from stack.state import StackOptions
-from tests.harness.children import gone
+from tests.harness.children import gone, kill_quietly, still_running
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 
@@ -30,6 +32,13 @@ CONTROLLER = ("import subprocess, sys, time\n"
               "                         start_new_session=True)\n"
               "print('child', child.pid, flush=True)\ntime.sleep(60)\n")
 """A stand-in for the controller: one replica in a session of its own, as the local actuator starts it."""
+KILLED_RUN = ("import sys, time\nfrom pathlib import Path\nfrom stack.services import Supervisor\n"
+              "supervisor = Supervisor(Path(sys.argv[1]))\n"
+              "for name, nice in (('prometheus', 10), ('controller', 0), ('router', 0)):\n"
+              "    managed = supervisor.start(name, [sys.executable, '-c', 'import time; time.sleep(60)'], nice=nice)\n"
+              "    print(managed.process.pid, flush=True)\n"
+              "time.sleep(60)\n")
+"""A stand-in for ``moeslo up``: Prometheus (under ``nice``), the controller and the router, as it starts them."""
 
 
 def _wait_for(log: Path, word: str) -> str:
@@ -105,6 +114,24 @@ def test_a_dead_controller_is_noticed_and_its_replicas_do_not_outlive_the_run(tm
     assert summary["control_loop_ok"] is False
     assert summary["controller_exit"]["code"] == -signal.SIGKILL
     assert summary["controller_exit"]["loop_dead_s"] >= 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_nothing_the_run_started_outlives_a_run_killed_with_sigkill(tmp_path: Path) -> None:
+    """A SIGKILLed (or OOM-killed) run left Prometheus, the controller and the router running in sessions of their
+    own (the controller's replicas with them); the next run on the folder deleted their data under them."""
+    run = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                           cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert run.stdout is not None
+    pids = [int(run.stdout.readline()) for _ in range(3)]
+    run.kill()
+    run.wait(10)
+    run.stdout.close()
+    try:
+        left = still_running(pids)
+    finally:
+        kill_quietly(pids)
+    assert left == [], "processes of the killed run still running"
 
 
 def test_the_cli_names_what_is_still_running_after_an_interrupted_stop(
