@@ -1,4 +1,4 @@
-"""Work that must not be cut in half by a cancellation (a shutdown), run to its end first."""
+"""Work that must not be cut in half by a cancellation (a shutdown): run to its end first, or for a grace."""
 
 from __future__ import annotations
 
@@ -11,16 +11,29 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 
-async def run_to_end(work: Coroutine[Any, Any, _T]) -> _T:
-    """Await ``work``; when the awaiting task is cancelled meanwhile, ``work`` still runs to its end, and the
-    cancellation is raised after it (so it is delayed, never swallowed).  ``work`` must bound its own time."""
+async def run_to_end(work: Coroutine[Any, Any, _T], *, grace_s: float | None = None) -> _T:
+    """Await ``work``; when the awaiting task is cancelled meanwhile, ``work`` still runs, to its end or for
+    ``grace_s`` more seconds at most (None: no limit), and the cancellation is raised after it (so it is delayed,
+    never swallowed).  ``work`` must bound its own time.
+
+    When the grace runs out, ``work`` is cancelled in turn and awaited: it may catch that cancellation to record
+    what it cut short (briefly), and must raise it again."""
     task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    deadline: float | None = None
     cancelled = False
     while not task.done():
-        try:
-            await asyncio.wait({task})  # a cancellation ends this wait, not the task
+        try:  # a cancellation ends this wait, not the task
+            await asyncio.wait({task}, timeout=None if deadline is None else max(0.0, deadline - loop.time()))
         except asyncio.CancelledError:
+            if not cancelled and grace_s is not None:
+                deadline = loop.time() + grace_s
             cancelled = True
+            continue
+        if deadline is not None and not task.done():
+            log.warning("work still running %.3g s after a cancellation is cut short", grace_s)
+            task.cancel()
+            deadline = None  # then it ends as soon as it has recorded what it cut short
     if cancelled:
         if not task.cancelled() and task.exception() is not None:
             log.error("work finished before a cancellation failed", exc_info=task.exception())

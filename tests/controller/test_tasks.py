@@ -1,8 +1,10 @@
-"""run_to_end: work a cancellation must not cut in half finishes first, and the cancellation still comes."""
+"""run_to_end: work a cancellation must not cut in half finishes first (or within a grace), and the cancellation
+still comes."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -40,3 +42,47 @@ def test_a_cancellation_waits_for_the_work_and_is_raised_after_it(fail: bool) ->
 
     assert asyncio.run(run()) is True
     assert done == (["applied"] if fail else ["applied", "recorded"])
+
+
+async def _slow_steps(done: list[str], take_s: float) -> str:
+    done.append("applying")
+    try:
+        await asyncio.sleep(take_s)
+    except asyncio.CancelledError:
+        done.append("recorded as cut short")
+        raise
+    done.append("applied")
+    return "ok"
+
+
+def _cancelled_after_a_grace(done: list[str], take_s: float, grace_s: float) -> float:
+    """Cancel ``run_to_end`` of work that takes ``take_s``, with ``grace_s``; the seconds it took to end."""
+
+    async def run() -> float:
+        task = asyncio.create_task(run_to_end(_slow_steps(done, take_s), grace_s=grace_s))
+        await asyncio.sleep(0.01)
+        started = time.monotonic()
+        task.cancel()
+        await asyncio.sleep(0.01)
+        task.cancel()  # a second one does not start the grace afresh
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic() - started
+
+    return asyncio.run(run())
+
+
+def test_work_longer_than_the_grace_is_cut_short_when_it_runs_out() -> None:
+    """A shutdown waited for an action as long as the action took (a vLLM rebalance: up to 300 s), past the pod's
+    termination grace period; now the work is cancelled when the grace runs out and may record that."""
+    done: list[str] = []
+    took_s = _cancelled_after_a_grace(done, take_s=30.0, grace_s=0.1)
+    assert 0.1 <= took_s < 1.5
+    assert done == ["applying", "recorded as cut short"]
+
+
+def test_work_that_ends_within_the_grace_runs_to_its_end() -> None:
+    done: list[str] = []
+    took_s = _cancelled_after_a_grace(done, take_s=0.05, grace_s=5.0)
+    assert took_s < 1.5
+    assert done == ["applying", "applied"]
