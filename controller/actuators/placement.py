@@ -20,6 +20,7 @@ import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -47,6 +48,7 @@ from controller.rebalance.out_of_sample import HeldOutGain
 
 log = logging.getLogger(__name__)
 
+APPLY_CUT_SHORT = "a shutdown cut the apply short: whether the engine took the placement is unknown"
 VERIFY_PATIENCE = 10
 """A rebalance whose window stays too small to judge is given up on (``unverified``) after this many
 verification delays."""
@@ -140,7 +142,8 @@ class RebalanceEvent:
     policy: str
     endpoint: str
     kind: Literal["rebalance", "verify"]
-    outcome: Literal["applied", "advisory", "failed", "verified", "unverified"]
+    outcome: Literal["applied", "advisory", "failed", "verified", "unverified", "interrupted"]
+    """``interrupted``: a shutdown cut the apply short; whether the engine took the placement is unknown."""
     decision: RebalanceDecision | None
     plan: dict[str, Any] | None
     """Imbalance before/after (predicted), moves, plan time."""
@@ -235,6 +238,8 @@ class Rebalancer:
         self.min_windows = max(1, min(min_windows, history_windows))
         """Windows seen before the first plan (2: every plan comes with a held-out prediction)."""
         self._state: dict[tuple[str, str], _EngineState] = {}
+        self._unreported: list[RebalanceEvent] = []
+        """The steps of a tick that a cancellation (a shutdown) cut short: those it finished, and an apply it cut."""
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moeslo-planner")
         """Plans run on this one thread: off the event loop, and one malloc arena keeps what the planning commands'
         allocator setting (:mod:`controller.rebalance.allocator`) lets it keep, not one per pool thread."""
@@ -252,13 +257,24 @@ class Rebalancer:
             await close()
 
     async def tick(self, policy: Policy, endpoints: list[str], now_s: float) -> list[RebalanceEvent]:
+        """This policy's steps on its engines; cancelled, the steps it finished, and an apply it cut short, wait in
+        :meth:`take_unreported`."""
         if policy.mode is Mode.OFF:
             return []
         events: list[RebalanceEvent] = []
-        for endpoint in endpoints:
-            event = await self._tick_engine(policy, endpoint, now_s)
-            if event is not None:
-                events.append(event)
+        try:
+            for endpoint in endpoints:
+                event = await self._tick_engine(policy, endpoint, now_s)
+                if event is not None:
+                    events.append(event)
+        except asyncio.CancelledError:
+            self._unreported[:0] = events
+            raise
+        return events
+
+    def take_unreported(self) -> list[RebalanceEvent]:
+        """The steps of a tick a cancellation cut short, for the decision log (once)."""
+        events, self._unreported = self._unreported, []
         return events
 
     def _verify(
@@ -354,10 +370,20 @@ class Rebalancer:
         )
         if policy.mode is Mode.ADVISORY:
             return step(outcome="advisory")
+        return await self._apply(endpoint, plan, held_out, state, now_s, step)
+
+    async def _apply(
+        self, endpoint: str, plan: RebalancePlan, held_out: HeldOutGain | None, state: _EngineState, now_s: float,
+        step: Callable[..., RebalanceEvent],
+    ) -> RebalanceEvent:
+        """Apply the plan; a cancellation (a shutdown) meanwhile leaves an ``interrupted`` step to report."""
         try:
             swap = await self.control.apply_placement(endpoint, plan.placement)
         except UnavailableError as exc:
             return step(outcome="failed", error=str(exc))
+        except asyncio.CancelledError:
+            self._unreported.append(step(outcome="interrupted", error=APPLY_CUT_SHORT))
+            raise
         state.pending, state.applied_at_s = plan, now_s
         state.pending_cv = None if held_out is None else held_out.cv_after
         state.history.clear()  # the old placement's CVs say nothing about the new one

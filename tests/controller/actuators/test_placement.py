@@ -318,3 +318,43 @@ def test_an_engine_restarted_with_another_model_starts_its_history_afresh() -> N
     events = _run(engine, Mode.ENFORCE, [0, 5, 11, 20, 30, 40, 50, 60])
     # The old model's plan is dropped unjudged; the new model is planned (two layers: 4 moves) and judged.
     assert [(e.kind, e.plan["moves"]) for e in events] == [("rebalance", 2), ("rebalance", 4), ("verify", 4)]
+
+
+class StallingEngine(InMemoryEngine):
+    """Applies placements at once on every endpoint but one, whose apply never answers; keeps its own placement."""
+
+    def __init__(self, stalls_on: str) -> None:
+        super().__init__()
+        self.stalls_on = stalls_on
+        self.applying = asyncio.Event()
+
+    async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
+        if endpoint == self.stalls_on:
+            self.applying.set()
+            await asyncio.sleep(60)
+        return {"experts_moved": 2, "duration_s": 0.01}
+
+
+def test_a_cancelled_tick_leaves_its_finished_steps_and_the_apply_it_cut_short_to_report() -> None:
+    """A shutdown cancels the tick in an engine's apply: the step applied on the engine before it, and the apply cut
+    short (its outcome unknown), must still reach the decision log."""
+    engine = StallingEngine(stalls_on="http://b")
+    rebalancer = Rebalancer(engine, TriggerSettings(cooldown_s=100), verify_after_s=5)
+    endpoints = ["http://a", "http://b"]
+
+    async def run() -> list[Any]:
+        for now_s in (0.0, 5.0):
+            assert await rebalancer.tick(_policy(Mode.ENFORCE), endpoints, now_s) == []
+        task = asyncio.create_task(rebalancer.tick(_policy(Mode.ENFORCE), endpoints, 11.0))
+        await asyncio.wait_for(engine.applying.wait(), timeout=10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return rebalancer.take_unreported()
+
+    events = asyncio.run(run())
+    assert [(e.endpoint, e.kind, e.outcome) for e in events] == [
+        ("http://a", "rebalance", "applied"), ("http://b", "rebalance", "interrupted"),
+    ]
+    assert events[1].error == "a shutdown cut the apply short: whether the engine took the placement is unknown"
+    assert rebalancer.take_unreported() == []  # reported once
