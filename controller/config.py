@@ -119,6 +119,11 @@ class ControllerSettings(BaseSettings):
     stale_after_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
     """Observations older than this are stale: the core holds."""
     tick_interval_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    shutdown_grace_s: Annotated[float, Field(ge=0, le=3600)] = 15.0
+    """On shutdown (SIGTERM), how long the actions a tick is carrying out (a scale; an expert rebalance, whose
+    apply may take minutes) still get to finish and reach the decision log; those still running then are cut
+    short and logged ``interrupted`` (outcome unknown).  Keep it well inside the pod's termination grace period
+    (30 s in deploy/), which must also cover the lease's release (``leader_election.renew_period_s``)."""
     rate_window_s: Annotated[int, Field(ge=2, le=3600)] = round(RATE_WINDOW_S)
     """Whole seconds the request and token rates are averaged over (``rate(...[1m])`` in PromQL).
     Longer is smoother; shorter follows a ramp sooner. Keep it at least four scrape intervals."""

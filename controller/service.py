@@ -36,6 +36,7 @@ from contracts.errors import MoesloError, UnavailableError
 from controller.actuators.base import Actuator
 from controller.config import ControllerSettings
 from controller.core import DecisionCore
+from controller.decision_log import INTERRUPTED, decision_record, interrupted_detail, logged_reason, rebalance_record
 from controller.errors import ActuationError
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.policy import LocalTarget, Mode, Policy
@@ -78,7 +79,10 @@ class ControllerService:
         rebalancer: Rebalancer | None = None,
         decisions_keep: int = 500_000,
         history: LoadHistoryKeeper | None = None,
+        shutdown_grace_s: float = 15.0,
     ) -> None:
+        self.shutdown_grace_s = shutdown_grace_s
+        """A shutdown lets the actions of a tick finish for this long at most (see ``_act``)."""
         self.decisions_keep = decisions_keep
         self.history = history
         """Load history for the forecasters: recorded, persisted, warm-started (None: kept in memory only)."""
@@ -156,7 +160,7 @@ class ControllerService:
         tick_input = TickInput(now_s=now_s, policies={p.name: p for p in policies}, observations=observations)
         effects = self.core.tick(tick_input)
         leader = self.is_leader
-        await run_to_end(self._act(tick_input, effects, by_name, leader))
+        await run_to_end(self._act(tick_input, effects, by_name, leader), grace_s=self.shutdown_grace_s)
         if self.history is not None:
             await self.history.after_tick(leader=leader, policies=list(by_name))
         self._last_tick_at = self.wall_clock()
@@ -167,26 +171,52 @@ class ControllerService:
         return effects
 
     async def _act(self, tick: TickInput, effects: Effects, by_name: Mapping[str, StoredPolicy], leader: bool) -> None:
-        """Carry out the decisions (at once: one workload whose API server stalls must not hold the others'), rebalance
-        and log every outcome.  Run to its end when a shutdown (SIGTERM) cancels the tick loop meanwhile: an action
-        cut off in its await may be applied all the same (the scale request sent), and must reach the log."""
-        records = []
+        """Carry out the decisions, rebalance and log every outcome.  A shutdown (SIGTERM) meanwhile lets this run on
+        for ``shutdown_grace_s``: an action cut off in its await may be applied all the same (the scale request sent),
+        and must reach the log.  What the grace cuts short is logged ``interrupted``, with what finished."""
+        records: list[DecisionRecord] = []
+        try:
+            await self._carry_out_all(tick, effects, by_name, leader, records)
+            if leader and self.rebalancer is not None:
+                await self._rebalance(list(by_name.values()), tick.now_s, records)
+        finally:
+            if leader and records:
+                await run_to_end(self._append(records))
+
+    async def _carry_out_all(
+        self, tick: TickInput, effects: Effects, by_name: Mapping[str, StoredPolicy], leader: bool,
+        records: list[DecisionRecord],
+    ) -> None:
+        """Carry out the decisions (at once: one workload whose API server stalls must not hold the others') and
+        add their records; cancelled, it cuts the actions still running short and records them as such."""
         decisions = effects.decisions
-        carried = await asyncio.gather(*(self._carry_out(by_name[d.policy].policy, d, leader) for d in decisions))
-        for decision, (outcome, detail) in zip(decisions, carried, strict=True):
+        carrying = [asyncio.ensure_future(self._carry_out(by_name[d.policy].policy, d, leader)) for d in decisions]
+        cut_short = False
+        try:
+            if carrying:
+                await asyncio.wait(carrying)
+        except asyncio.CancelledError:  # the shutdown grace ran out
+            cut_short = True
+            for task in carrying:
+                task.cancel()
+            await asyncio.wait(carrying)
+        interrupted = (INTERRUPTED, interrupted_detail(self.shutdown_grace_s))
+        for decision, task in zip(decisions, carrying, strict=True):
+            outcome, detail = interrupted if task.cancelled() else task.result()
             entry, obs = by_name[decision.policy], tick.observations.get(decision.policy)
-            if outcome in ("failed", "standby"):
+            if outcome in ("failed", "standby", INTERRUPTED):
                 self.core.not_carried_out(decision.policy)
             records.append(self._record(entry, decision, outcome, detail))
             self._update_runtime(entry.policy, obs, decision, tick.now_s, (outcome, detail))
-        if leader and self.rebalancer is not None:
-            records.extend(await self._rebalance(list(by_name.values()), tick.now_s))
-        if leader and records:
-            try:
-                await asyncio.to_thread(self.store.append_decisions, records)
-            except MoesloError as exc:
-                log.warning("decision log write failed: %s", exc)
-                self.metrics.error("store")
+        if cut_short:
+            raise asyncio.CancelledError
+
+    async def _append(self, records: list[DecisionRecord]) -> None:
+        try:
+            await asyncio.to_thread(self.store.append_decisions, records)
+        except MoesloError as exc:
+            log.warning("decision log write failed: %s", exc)
+            self.metrics.error("store")
 
     async def _prune(self) -> None:
         try:
@@ -243,10 +273,9 @@ class ControllerService:
         attempts = f"{result.attempts} attempt(s)"
         return "applied", f"{self.actuator.name}: {result.previous} -> {result.replicas} in {attempts}"
 
-    async def _rebalance(self, stored: Sequence[StoredPolicy], now_s: float) -> list[DecisionRecord]:
-        """Expert rebalancing per policy; each applied, advisory, failed or verified step is logged."""
+    async def _rebalance(self, stored: Sequence[StoredPolicy], now_s: float, records: list[DecisionRecord]) -> None:
+        """Expert rebalancing per policy; each applied, advisory, failed, verified or interrupted step is logged."""
         assert self.rebalancer is not None
-        records = []
         for entry in stored:
             try:
                 events = await self.rebalancer.tick(entry.policy, self.endpoints_for(entry.policy), now_s)
@@ -254,43 +283,20 @@ class ControllerService:
                 log.warning("rebalancing %s failed: %s", entry.policy.name, exc)
                 self.metrics.error("actuator")
                 continue
+            except asyncio.CancelledError:  # the shutdown grace ran out: its steps so far, and an apply cut short
+                events, cut_short = self.rebalancer.take_unreported(), True
+            else:
+                cut_short = False
             for event in events:
                 self.metrics.record_rebalance(entry.policy.name, event.outcome)
-                decision = event.decision
-                reason = decision.reason if decision is not None else (
-                    event.verify.reason if event.verify is not None else event.kind
-                )
-                records.append(DecisionRecord(
-                    policy=entry.policy.name, policy_version=entry.version, at=self.wall_clock(), tick_s=now_s,
-                    action="rebalance" if event.kind == "rebalance" else "verify_rebalance", reason=reason,
-                    current_replicas=None, desired_replicas=None, mode=str(entry.policy.mode),
-                    outcome=event.outcome, detail=event.detail(), inputs=event.to_json(),
-                ))
-        return records
+                records.append(rebalance_record(entry, event, self.wall_clock(), now_s))
+            if cut_short:
+                raise asyncio.CancelledError
 
     def _record(self, entry: StoredPolicy, decision: Decision, outcome: str, detail: str) -> DecisionRecord:
-        reason = decision.reasons[1] if len(decision.reasons) > 1 else decision.reasons[0]
-        self.metrics.record_decision(
-            entry.policy.name,
-            action=decision.action,
-            reason=reason,
-            desired=decision.desired_replicas,
-            current=decision.current_replicas,
-        )
-        return DecisionRecord(
-            policy=entry.policy.name,
-            policy_version=entry.version,
-            at=self.wall_clock(),
-            tick_s=decision.decided_at_s,
-            action=decision.action,
-            reason=reason,
-            current_replicas=decision.current_replicas,
-            desired_replicas=decision.desired_replicas,
-            mode=str(entry.policy.mode),
-            outcome=outcome,
-            detail="; ".join(d for d in (decision.detail, detail) if d),
-            inputs={**json_safe(decision.inputs), "reasons": list(decision.reasons)},
-        )
+        self.metrics.record_decision(entry.policy.name, action=decision.action, reason=logged_reason(decision),
+                                     desired=decision.desired_replicas, current=decision.current_replicas)  # fmt: skip
+        return decision_record(entry, decision, outcome, detail, self.wall_clock())
 
     def _update_runtime(
         self, policy: Policy, obs: PolicyObservation | None, decision: Decision, now_s: float,
@@ -487,7 +493,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         store=store, source=source, actuator=actuator, core=core, metrics=metrics, elector=elector,
         tick_interval_s=settings.tick_interval_s, stale_after_s=settings.stale_after_s,
         static_endpoints=settings.scrape_endpoints, decisions_keep=settings.decisions_keep,
-        rebalancer=_rebalancer(settings), history=history,
+        rebalancer=_rebalancer(settings), history=history, shutdown_grace_s=settings.shutdown_grace_s,
     )  # fmt: skip
     service_ref.append(service)
     return service

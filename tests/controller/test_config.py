@@ -107,3 +107,14 @@ def test_a_scrape_endpoint_that_is_no_url_is_refused_at_start(tmp_path: Path) ->
     path.write_text("scrape_endpoints: {m: ['http://127.0.0.1:8000', 'http://127.0.0.1:80800']}\n")
     with pytest.raises(ValidationError, match=r"scrape_endpoints\.m: endpoint 'http://127.0.0.1:80800' is not a valid"):
         load_settings(path)
+
+
+def test_the_shutdown_grace_defaults_below_the_pods_termination_grace_and_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().shutdown_grace_s == 15.0  # deploy/ gives the controller's pod 30 s
+    monkeypatch.setenv("MOESLO_CONTROLLER_SHUTDOWN_GRACE_S", "2.5")
+    assert load_settings().shutdown_grace_s == 2.5
+    assert load_settings(shutdown_grace_s=0).shutdown_grace_s == 0
+    with pytest.raises(ValidationError, match="shutdown_grace_s"):
+        load_settings(shutdown_grace_s=-1)
