@@ -38,6 +38,11 @@ def serve(
     alertmanager: Annotated[
         str | None, typer.Option("--alertmanager", help="Alertmanager base URL (the status page lists its alerts).")
     ] = None,
+    shutdown_grace_s: Annotated[
+        float | None,
+        typer.Option("--shutdown-grace-s", min=0, help="Seconds a shutdown (SIGTERM) lets the actions in flight "
+                     "finish; those still running then are logged 'interrupted' (default: the setting, 15)."),
+    ] = None,
 ) -> None:
     """Serve the REST API and run the tick loop until interrupted."""
     with cli_errors():
@@ -59,6 +64,7 @@ def serve(
             actuator=actuator,
             tick_interval_s=tick_interval_s,
             alertmanager_url=alertmanager,
+            shutdown_grace_s=shutdown_grace_s,
         )
         check_bindable(settings.host, settings.port)
         keep_freed_memory()  # the rebalancer's planning rounds (controller/rebalance/allocator.py)
