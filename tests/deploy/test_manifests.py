@@ -207,6 +207,19 @@ def test_controller_config_and_policies_load(tree: str, tmp_path: Path) -> None:
                 assert ("HorizontalPodAutoscaler", target.namespace, target.hpa) in resources
 
 
+@pytest.mark.parametrize("tree", TREES)
+def test_the_controller_pod_is_killed_only_after_its_shutdown(tree: str, tmp_path: Path) -> None:
+    """On SIGTERM the actions in flight get ``shutdown_grace_s`` and the Lease's release is bounded by its renew
+    period; a kill before both ends (and the decision log's write, the margin) loses what they did."""
+    resources = _rendered(tree)
+    config = tmp_path / "controller.yaml"
+    config.write_text(resources[("ConfigMap", "moeslo", "moeslo-controller-config")]["data"]["controller.yaml"])
+    settings = load_settings(config)
+    pod = resources[("Deployment", "moeslo", "moeslo-controller")]["spec"]["template"]["spec"]
+    shutdown_s = settings.shutdown_grace_s + settings.leader_election.renew_period_s
+    assert pod["terminationGracePeriodSeconds"] >= shutdown_s + 5
+
+
 def test_vllm_overlay_wiring() -> None:
     resources = _rendered("overlays/vllm-gpu")
     pod = resources[("Deployment", "moeslo", "vllm-qwen3-moe")]["spec"]["template"]
