@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Literal, Self, get_args
 
@@ -340,3 +341,24 @@ class Policy(_Strict):
         if isinstance(target, KubernetesTarget):
             return target.model or target.name
         return target.model
+
+
+def model_held_problem(model: str, holder: str, policy: str, *, where: str = "") -> str:
+    """Why ``policy`` may not watch ``model``: ``holder`` (found ``where``) does.  The SLIs, the load and the alerts
+    are read per ``model_name``, so two policies of one model would each see the other's traffic and page together."""
+    return (f"model {model!r} is watched by policy {holder!r}{where} already: policy {policy!r} cannot watch it "
+            f"too (one policy a model; give {policy!r} another target.model, or change or delete {holder!r})")
+
+
+def shared_model_problems(policies: Mapping[int, Policy], *, source: str | None = None) -> list[str]:
+    """A problem for each policy whose model an earlier one of another name watches.  With ``source``, the
+    policies are the items of that file by their index, and the problems name the items."""
+    first: dict[str, int] = {}
+    problems = []
+    for index, policy in policies.items():
+        holder = first.setdefault(policy.model_name, index)
+        if policies[holder].name == policy.name:
+            continue
+        where, field = ("", "") if source is None else (f" (at [{holder}])", f"{source}[{index}].target.model: ")
+        problems.append(field + model_held_problem(policy.model_name, policies[holder].name, policy.name, where=where))
+    return problems

@@ -22,7 +22,7 @@ from contracts.slo_defaults import (
     MAX_IMBALANCE_CV,
     TTFT_THRESHOLD_S,
 )
-from controller.policy import LocalTarget, Policy, parse_duration_s
+from controller.policy import LocalTarget, Policy, parse_duration_s, shared_model_problems
 
 DEFAULT_POLICIES: tuple[Policy, ...] = (
     Policy(
@@ -56,23 +56,25 @@ def parse_policies(document: Any, *, source: str = "policies") -> tuple[Policy, 
     """Policies from a parsed YAML/JSON document; every invalid field is reported at once."""
     items = policy_items(document, source=source)
     problems: list[str] = []
-    policies: list[Policy] = []
+    valid: dict[int, Policy] = {}
     first: dict[str, int] = {}
     for index, item in enumerate(items):
         try:
-            policies.append(Policy.model_validate(item))
+            policy = valid[index] = Policy.model_validate(item)
         except PydanticValidationError as exc:
             problems.extend(
                 f"{source}[{index}].{'.'.join(str(part) for part in err['loc'])}: {err['msg']}" for err in exc.errors()
             )
             continue
-        name = policies[-1].name
-        if name in first:  # the later one would silently replace the earlier
-            problems.append(f"{source}[{index}].name: policy {name!r} is defined twice (also at [{first[name]}])")
-        first.setdefault(name, index)
+        if policy.name in first:  # the later one would silently replace the earlier
+            problems.append(
+                f"{source}[{index}].name: policy {policy.name!r} is defined twice (also at [{first[policy.name]}])"
+            )
+        first.setdefault(policy.name, index)
+    problems.extend(shared_model_problems(valid, source=source))
     if problems:
         raise ValidationError(problems)
-    return tuple(policies)
+    return tuple(valid.values())
 
 
 def read_documents(path: str | Path) -> list[Any]:

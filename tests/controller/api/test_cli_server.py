@@ -72,16 +72,16 @@ def test_serve_apply_get_list_delete_and_restart(tmp_path: Path) -> None:
         assert [(item["name"], item["version"]) for item in json.loads(reapplied.stdout)] == [("chat", 1)]
         # A file with a bad policy writes none of its policies; one the controller refuses stops the rest
         # and is named, with those applied before it.
-        model = "target: {kind: model, model: m}"
+        model = "target: {kind: model, model: m%d}"  # one policy a model
         mixed = tmp_path / "mixed.yaml"
-        mixed.write_text(f"name: good3\n{model}\n---\nname: bad4\n{model}\n"
-                         f"scaling: {{min_replicas: 5, max_replicas: 2}}\n---\nname: good5\n{model}\n")  # fmt: skip
+        mixed.write_text(f"name: good3\n{model % 3}\n---\nname: bad4\n{model % 4}\n"
+                         f"scaling: {{min_replicas: 5, max_replicas: 2}}\n---\nname: good5\n{model % 5}\n")  # fmt: skip
         refused = runner.invoke(app, ["policy", "apply", "-f", str(mixed), "--url", url, "--token", TOKEN])
         assert refused.exit_code == 2 and "max_replicas" in refused.output and "[1]" in refused.output
         metadata = tmp_path / "metadata.yaml"
-        metadata.write_text(f"name: good6\n{model}\n---\nname: meta7\n"
+        metadata.write_text(f"name: good6\n{model % 6}\n---\nname: meta7\n"
                             "target: {kind: local, endpoints: ['http://169.254.169.254:80']}\n"
-                            f"---\nname: good8\n{model}\n")  # fmt: skip
+                            f"---\nname: good8\n{model % 8}\n")  # fmt: skip
         stopped = runner.invoke(app, ["policy", "apply", "-f", str(metadata), "--url", url, "--token", TOKEN])
         assert stopped.exit_code == 2 and "HTTP 422" in stopped.output
         message = " ".join(stopped.output.split())
