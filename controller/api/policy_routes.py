@@ -31,7 +31,7 @@ from controller.api.schemas import (
 from controller.config import ControllerSettings
 from controller.endpoints import endpoint_problems
 from controller.openslo import apply_imported, export_policy, parse_openslo
-from controller.policy import LocalTarget, Policy
+from controller.policy import LocalTarget, Policy, shared_model_problems
 from controller.store import StaleVersionError, Store, StoredPolicy
 
 router = APIRouter(prefix="/v1", tags=["policies"])
@@ -342,6 +342,7 @@ def _import_openslo(request: Request, text: str) -> OpenSloImport:
             problems.extend(exc.problems)
             continue
         planned.append((policy, None if base is None else base.version))
+    problems += shared_model_problems(dict(enumerate(policy for policy, _version in planned)))
     if problems:
         raise ValidationError(problems)
     existing = sorted(policy.name for policy, version in planned if version is not None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from controller.store.series import DecisionPoint
 from controller.store.store import (
     DecisionRecord,
+    ModelHeldError,
     PolicyVersion,
     StaleVersionError,
     Store,
@@ -15,6 +16,7 @@ from controller.store.store import (
 __all__ = [
     "DecisionPoint",
     "DecisionRecord",
+    "ModelHeldError",
     "PolicyVersion",
     "StaleVersionError",
     "Store",

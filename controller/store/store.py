@@ -23,9 +23,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from contracts.errors import ConflictError, NotFoundError, UnavailableError
-from controller.policy import STORED, Policy
+from controller.policy import STORED, Policy, model_held_problem
 from controller.store.series import DecisionPoint, PointQuery
-from controller.store.tables import Base, DecisionRow, LoadHistoryRow, PolicyRow, PolicyVersionRow, decisions_of
+from controller.store.tables import (
+    Base,
+    DecisionRow,
+    LoadHistoryRow,
+    ModelRow,
+    PolicyRow,
+    PolicyVersionRow,
+    decisions_of,
+)
 
 
 class StaleVersionError(ConflictError):
@@ -41,6 +49,17 @@ class StaleVersionError(ConflictError):
             super().__init__(f"policy {name!r} {now}: If-Match: * needs a current version")
         else:
             super().__init__(f"policy {name!r} {now}, not version {expected} (it changed since it was read)")
+
+
+class ModelHeldError(ConflictError):
+    """Another policy watches the model a policy names (HTTP 409): the SLIs, the load and the alerts are read per
+    model, so each would see the other's traffic and page with it."""
+
+    def __init__(self, model: str, *, holder: str, policy: str) -> None:
+        self.model = model
+        self.holder = holder
+        self.policy = policy
+        super().__init__(model_held_problem(model, holder, policy))
 
 
 class _WriteRaceError(ConflictError):
@@ -179,16 +198,22 @@ class Store:
             return [self._stored(row) for row in rows]
 
     def create_policy(self, policy: Policy) -> StoredPolicy:
-        """Store a new policy; :class:`ConflictError` if the name is taken."""
-        with self._policy_writes, self._session() as session:
+        """Store a new policy; :class:`ConflictError` if the name is taken, :class:`ModelHeldError` if another
+        policy watches its model."""
+        return self._retrying(lambda: self._create(policy))
+
+    def _create(self, policy: Policy) -> StoredPolicy:
+        with self._session() as session:
             if session.get(PolicyRow, policy.name) is not None:
                 raise ConflictError(f"policy {policy.name!r} already exists")
+            self._hold_model(session, policy)
             return self._write(session, None, policy, "create")
 
     def replace_policy(
         self, policy: Policy, *, expected_version: int | None = None, create: bool = False
     ) -> tuple[StoredPolicy, bool]:
-        """Replace (or, with ``create``, create) a policy; returns it and whether it is new."""
+        """Replace (or, with ``create``, create) a policy; returns it and whether it is new.  :class:`ModelHeldError`
+        if another policy watches its model."""
         return self._retrying(lambda: self._replace(policy, expected_version, create))
 
     def _retrying(self, write: Callable[[], _T]) -> _T:
@@ -214,8 +239,10 @@ class Store:
                     raise NotFoundError("policy", policy.name)
                 if expected_version is not None:
                     raise StaleVersionError(policy.name, current=None, expected=expected_version)
+                self._hold_model(session, policy)
                 return self._write(session, None, policy, "create"), True
             self._check_version(row, expected_version)
+            self._hold_model(session, policy)
             return self._write(session, row, policy, "update"), False
 
     def write_policies(self, planned: Sequence[tuple[Policy, int | None]]) -> list[StoredPolicy]:
@@ -235,6 +262,7 @@ class Store:
                     raise ConflictError(f"policy {policy.name!r} was created by another writer meanwhile")
                 if row is not None:
                     self._check_version(row, version)
+                self._hold_model(session, policy)
                 written.append(self._write(session, row, policy, "create" if row is None else "update"))
             return written
 
@@ -250,6 +278,7 @@ class Store:
                 PolicyVersionRow(name=name, version=row.version + 1, operation="delete", spec=None, at=now)
             )
             session.delete(row)
+            session.execute(delete(ModelRow).where(ModelRow.policy == name))
             return stored
 
     def policy_history(self, name: str) -> list[PolicyVersion]:
@@ -262,6 +291,32 @@ class Store:
             if not rows:
                 raise NotFoundError("policy", name)
             return [PolicyVersion(r.name, r.version, r.operation, r.spec, _utc(r.at)) for r in rows]
+
+    def _hold_model(self, session: Session, policy: Policy) -> None:
+        """Refuse ``policy`` when another policy watches its model; else mark the model its own (in the write's
+        transaction).  This process's writes take turns (the write lock); two processes racing for one model
+        both insert its mark, and the loser's retry finds the winner's policy."""
+        model = policy.model_name
+        holder = self._holder(session, policy)
+        if holder is not None:
+            raise ModelHeldError(model, holder=holder, policy=policy.name)
+        session.execute(delete(ModelRow).where(ModelRow.policy == policy.name, ModelRow.model != model))
+        mark = session.get(ModelRow, model, with_for_update=True)
+        if mark is None:
+            session.add(ModelRow(model=model, policy=policy.name))
+        elif mark.policy != policy.name:
+            other = session.get(PolicyRow, mark.policy)
+            if other is not None and self._stored(other).policy.model_name == model:  # written since the read
+                raise _WriteRaceError(f"concurrent write: policy {mark.policy!r} took model {model!r}")
+            mark.policy = policy.name  # left by a policy that is gone or watches another model
+        session.flush()
+
+    def _holder(self, session: Session, policy: Policy) -> str | None:
+        """The other policy that watches ``policy``'s model, if any."""
+        for row in session.scalars(select(PolicyRow).where(PolicyRow.name != policy.name)):
+            if self._stored(row).policy.model_name == policy.model_name:
+                return row.name
+        return None
 
     @staticmethod
     def _check_version(row: PolicyRow, expected_version: int | None) -> None:

@@ -1,4 +1,4 @@
-"""SQLAlchemy tables: policies, their version history, the decision log, and the load history."""
+"""SQLAlchemy tables: policies, their version history and models, the decision log, and the load history."""
 
 from __future__ import annotations
 
@@ -38,6 +38,19 @@ class PolicyVersionRow(Base):
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
 
     __table_args__ = (Index("ix_policy_versions_name_version", "name", "version", unique=True),)
+
+
+class ModelRow(Base):
+    """The policy that watches a model (``Policy.model_name``): one a model, as the primary key says.
+
+    The store refuses a second policy for a model by reading the policies; this row is what makes two
+    writers racing for one model (in other processes too) one winner: the other's insert fails.
+    """
+
+    __tablename__ = "policy_models"
+
+    model: Mapped[str] = mapped_column(String(253), primary_key=True)
+    policy: Mapped[str] = mapped_column(String(63), nullable=False)
 
 
 class DecisionRow(Base):

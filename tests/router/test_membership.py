@@ -48,7 +48,7 @@ class Replicas:
 
 def _add_policies(url: str, names: tuple[str, ...]) -> None:
     for name in names:
-        answer = httpx.post(f"{url}/v1/policies", json={"name": name, "target": {"kind": "local", "model": "m"}},
+        answer = httpx.post(f"{url}/v1/policies", json={"name": name, "target": {"kind": "local", "model": name}},
                             headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
         assert answer.status_code == 201, answer.text
 

@@ -105,9 +105,12 @@ def test_bad_policies_get_422_naming_the_field(
 def test_the_windows_and_targets_a_refusal_suggests_are_accepted(client: TestClient) -> None:
     assert _create(client, {**POLICY, "window": "50h"}).json()["policy"]["window"] == "50h"
     loose = {"ttft": {"threshold_s": 0.5, "target": 0.9}}
-    assert _create(client, {**POLICY, "name": "loose", "objectives": loose, "window": "500h"}).status_code == 201
+    loose_target, tight_target = ({**POLICY["target"], "model": name} for name in ("loose", "tight"))  # one a model
+    loose_policy = {**POLICY, "name": "loose", "target": loose_target, "objectives": loose, "window": "500h"}
+    assert _create(client, loose_policy).status_code == 201
     tight = {"ttft": {"threshold_s": 0.5, "target": 0.930556}}
-    assert _create(client, {**POLICY, "name": "tight", "objectives": tight}).status_code == 201  # the 30d default
+    tight_policy = {**POLICY, "name": "tight", "target": tight_target, "objectives": tight}
+    assert _create(client, tight_policy).status_code == 201  # the 30d default
     # A merge patch is judged as a whole policy: a window too short, or a target too loose for it, is refused.
     merge = {**AUTH, "Content-Type": "application/merge-patch+json"}
     short = client.patch("/v1/policies/qwen", json={"window": "24h"}, headers=merge)
@@ -235,8 +238,8 @@ def test_require_if_match_gives_428(tmp_path: Path) -> None:
         exported = client.get("/v1/policies/qwen/openslo").text
         assert client.post("/v1/openslo", content=exported, headers=AUTH).status_code == 428
         assert client.get("/v1/policies/qwen").json()["version"] == 1
-        assert client.post("/v1/openslo", content=exported.replace("moeslo.io/policy: qwen", "moeslo.io/policy: new"),
-                           headers=AUTH).status_code == 200  # fmt: skip
+        new = exported.replace("moeslo.io/policy: qwen", "moeslo.io/policy: new").replace("qwen-moe", "new-moe")
+        assert client.post("/v1/openslo", content=new, headers=AUTH).status_code == 200  # its own model
         assert client.delete("/v1/policies/qwen", headers={**AUTH, "If-Match": '"1"'}).status_code == 204
         # What does not exist is a 404, with If-Match or without.
         assert client.patch("/v1/policies/qwen", json={"mode": "off"}, headers=AUTH).status_code == 404
@@ -315,7 +318,8 @@ def test_openslo_export_and_import_round_trip(client: TestClient) -> None:
     }
     assert policy["objectives"]["imbalance"]["max_cv"] == 0.2
     assert policy["target"]["kind"] == "deployment"
-    # Documents for an unknown policy create a read-only model policy.
+    # Documents for an unknown policy create a read-only model policy (once qwen no longer watches the model).
+    assert client.delete("/v1/policies/qwen", headers=AUTH).status_code == 204
     for doc in docs:
         doc["metadata"]["annotations"]["moeslo.io/policy"] = "fresh"
     created = client.post("/v1/openslo", content=yaml.safe_dump_all(docs), headers=AUTH)

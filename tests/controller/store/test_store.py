@@ -20,7 +20,7 @@ from controller.telemetry import ControllerMetrics
 
 def _policy(name: str = "p", max_replicas: int = 8) -> Policy:
     return Policy.model_validate(
-        {"name": name, "target": {"kind": "model", "model": "m"}, "scaling": {"max_replicas": max_replicas}}
+        {"name": name, "target": {"kind": "model", "model": name}, "scaling": {"max_replicas": max_replicas}}
     )
 
 
