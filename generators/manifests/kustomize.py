@@ -53,59 +53,119 @@ BUILTIN_GROUPS = {
 
 def build(directory: str | Path) -> list[dict[str, Any]]:
     """The resources ``kustomize build directory`` would emit (in resource order)."""
-    root = Path(directory)
+    return _build(Path(directory), inside=())
+
+
+def _build(root: Path, *, inside: tuple[Path, ...]) -> list[dict[str, Any]]:
+    """``build``, where ``inside`` are the kustomizations that include this one (to refuse a cycle)."""
     kustomization = _load_kustomization(root, kind="Kustomization")
+    if root.resolve() in inside:
+        raise DataError("includes itself through its resources (a cycle)", path=str(root / "kustomization.yaml"))
     resources: list[dict[str, Any]] = []
-    for entry in kustomization.get("resources", []):
+    for entry in kustomization["resources"]:
         target = root / entry
         if target.is_dir():
-            resources.extend(build(target))
+            resources.extend(_build(target, inside=(*inside, root.resolve())))
         else:
             resources.extend(load_documents(target))
-    for entry in kustomization.get("components", []):
+    for entry in kustomization["components"]:
         component = root / entry
         spec = _load_kustomization(component, kind="Component")
-        resources.extend(doc for item in spec.get("resources", []) for doc in load_documents(component / item))
+        resources.extend(doc for item in spec["resources"] for doc in load_documents(component / item))
         _transform(resources, component, spec)
     _transform(resources, root, kustomization)
     return resources
 
 
+def read_yaml(path: Path, what: str) -> list[Any]:
+    """Every document of a YAML file; a DataError of one line names the file (and the line) otherwise."""
+    try:
+        return list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise DataError(f"cannot read {what}: {exc.strerror}", path=str(path)) from exc
+    except UnicodeDecodeError as exc:
+        raise DataError(f"cannot read {what}: not UTF-8 text", path=str(path)) from exc
+    except RecursionError as exc:
+        raise DataError("invalid YAML: nested too deeply", path=str(path)) from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise DataError(f"invalid YAML: {problem}", path=str(path),
+                        line=None if mark is None else int(mark.line) + 1) from exc
+
+
+def read_kustomization(root: Path) -> dict[str, Any]:
+    """``root/kustomization.yaml`` as a mapping whose ``resources`` and ``components`` are lists of paths."""
+    path = root / "kustomization.yaml"
+    documents = [doc for doc in read_yaml(path, "kustomization") if doc is not None]
+    if len(documents) > 1:
+        raise DataError(f"a kustomization is one YAML document, found {len(documents)}", path=str(path))
+    kustomization = documents[0] if documents else {}
+    if not isinstance(kustomization, dict):
+        raise DataError(f"a kustomization must be a mapping, got {_type_name(kustomization)}", path=str(path))
+    _check_list(kustomization, "resources", str, path)
+    _check_list(kustomization, "components", str, path)
+    return kustomization
+
+
+def _check_list(kustomization: dict[str, Any], key: str, item: type, path: Path) -> None:
+    """``kustomization[key]`` must be a list of ``item``; absent or empty (``key:`` alone) it becomes []."""
+    if kustomization.get(key) is None:
+        kustomization[key] = []
+    entries = kustomization[key]
+    what = "path" if item is str else "mapping"
+    if not isinstance(entries, list):
+        raise DataError(f"{key} must be a list of {what}s, got {_type_name(entries)}", path=str(path))
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, item) or entry == "":
+            raise DataError(f"{key}[{index}] must be a {what}, got {_type_name(entry)}", path=str(path))
+
+
+def _type_name(value: Any) -> str:
+    if value == "":
+        return "an empty string"
+    names = {dict: "a mapping", list: "a list", str: "a string", bool: "true or false", int: "a number",
+             float: "a number", type(None): "nothing"}
+    return names.get(type(value), type(value).__name__)
+
+
 def _load_kustomization(root: Path, *, kind: str) -> dict[str, Any]:
     path = root / "kustomization.yaml"
-    try:
-        kustomization: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise DataError(f"cannot read kustomization: {exc.strerror}", path=str(path)) from exc
+    kustomization = read_kustomization(root)
     unsupported = sorted(set(kustomization) - SUPPORTED_FIELDS)
     if unsupported:
         raise DataError(f"unsupported kustomization fields: {', '.join(unsupported)}", path=str(path))
     if kustomization.get("kind", "Kustomization") != kind:
         raise DataError(f"expected kind {kind}, got {kustomization.get('kind')}", path=str(path))
-    if kind == "Component" and kustomization.get("components"):
+    if kind == "Component" and kustomization["components"]:
         raise DataError("components inside a component are not supported", path=str(path))
+    for key in ("patches", "labels", "images"):
+        _check_list(kustomization, key, dict, path)
+    if not isinstance(kustomization.get("namespace") or "", str):
+        raise DataError(f"namespace must be a string, got {_type_name(kustomization['namespace'])}", path=str(path))
     return kustomization
 
 
 def _transform(resources: list[dict[str, Any]], root: Path, kustomization: dict[str, Any]) -> None:
     """This kustomization's own transformers, in kustomize's order: patches, namespace, labels, images."""
     path = root / "kustomization.yaml"
-    for patch_entry in kustomization.get("patches", []):
-        if set(patch_entry) != {"path"}:
-            raise DataError(f"only `patches: - path:` is supported, got {patch_entry}", path=str(path))
+    for patch_entry in kustomization["patches"]:
+        if set(patch_entry) != {"path"} or not isinstance(patch_entry["path"], str):
+            raise DataError(f"only `patches: - path: FILE` is supported, got {patch_entry}", path=str(path))
         for patch in load_documents(root / patch_entry["path"]):
             _apply_patch(resources, patch, str(root / patch_entry["path"]))
     namespace = kustomization.get("namespace")
+    for label_set in kustomization["labels"]:
+        if set(label_set) != {"pairs"} or not isinstance(label_set["pairs"], dict):
+            raise DataError("only `labels: - pairs: {NAME: VALUE}` is supported", path=str(path))
     for resource in resources:
         metadata = resource.setdefault("metadata", {})
         if namespace and resource.get("kind") not in CLUSTER_SCOPED_KINDS:
             metadata["namespace"] = namespace
-        for label_set in kustomization.get("labels", []):
-            if set(label_set) - {"pairs"}:
-                raise DataError("only `labels: - pairs:` is supported", path=str(path))
+        for label_set in kustomization["labels"]:
             metadata.setdefault("labels", {}).update(label_set["pairs"])
-    for image in kustomization.get("images", []):
-        if not isinstance(image, dict) or "name" not in image or set(image) - IMAGE_FIELDS:
+    for image in kustomization["images"]:
+        if "name" not in image or set(image) - IMAGE_FIELDS:
             raise DataError(f"images entries take {', '.join(sorted(IMAGE_FIELDS))} (name required), got {image}",
                             path=str(path))
         for resource in resources:
@@ -151,12 +211,13 @@ def _retag(reference: str, image: dict[str, str]) -> str:
 
 
 def load_documents(path: Path) -> list[dict[str, Any]]:
-    try:
-        return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
-    except OSError as exc:
-        raise DataError(f"cannot read resource: {exc.strerror}", path=str(path)) from exc
-    except yaml.YAMLError as exc:
-        raise DataError(f"invalid YAML: {exc}", path=str(path)) from exc
+    """The non-empty documents of a resource (or patch) file, each a mapping."""
+    documents = [doc for doc in read_yaml(path, "resource") if doc]
+    for number, document in enumerate(documents, start=1):
+        if not isinstance(document, dict):
+            raise DataError(f"document {number} must be a mapping (a Kubernetes object), got {_type_name(document)}",
+                            path=str(path))
+    return documents
 
 
 def _apply_patch(resources: list[dict[str, Any]], patch: dict[str, Any], where: str) -> None:
@@ -199,4 +260,4 @@ def _named_list(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(i, dict) and "name" in i for i in value)
 
 
-__all__ = ["build", "load_documents", "split_image", "strategic_merge"]
+__all__ = ["build", "load_documents", "read_kustomization", "read_yaml", "split_image", "strategic_merge"]

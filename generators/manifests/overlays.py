@@ -13,12 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from contracts.errors import DataError
 from controller.policy import Policy
 from controller.policy_files import load_policies
-from generators.manifests.kustomize import load_documents
+from generators.manifests.kustomize import load_documents, read_kustomization
 
 POLICIES_FILE = "policies.yaml"
 
@@ -34,13 +32,8 @@ class Overlay:
 
 def hand_written_resources(directory: Path) -> list[dict[str, Any]]:
     """The documents of the kustomization's resource files in ``directory`` (not directories, not generated/)."""
-    path = directory / "kustomization.yaml"
-    try:
-        kustomization = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise DataError(f"cannot read kustomization: {exc.strerror}", path=str(path)) from exc
     documents: list[dict[str, Any]] = []
-    for entry in kustomization.get("resources", []):
+    for entry in read_kustomization(directory)["resources"]:
         target = directory / entry
         if not target.is_dir() and Path(entry).parts[0] != "generated":
             documents.extend(load_documents(target))
