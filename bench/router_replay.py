@@ -126,8 +126,9 @@ def _run(ctx: ReplayContext, replicas: int, route: RouteHook | None) -> dict[str
 
 def compare_routers(request: ReplayRequest, policies: list[str], sizes: list[int] | None = None,
                     goal: float = LATENCY_TARGET) -> dict[str, Any]:  # fmt: skip
-    """Every policy at every fleet size; the smallest size reaching ``goal``; the issue's ratios."""
-    ctx = ReplayContext(request.workload_spec().build(), request.replica_profile(), request.config())
+    """Every policy at every fleet size; the smallest size reaching ``goal``; the issue's ratios.  A trace with
+    no request after the warm-up is refused before any run (:meth:`ReplayRequest.scored_workload`)."""
+    ctx = ReplayContext(request.scored_workload(), request.replica_profile(), request.config())
     trace = ctx.workload.requests
     if trace is None:
         raise ValueError("routing needs every request simulated: use a request trace (--mode request)")

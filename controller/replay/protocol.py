@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from contracts.errors import DataError, ValidationError
 from contracts.slo_defaults import TTFT_REFERENCE_PROMPT_TOKENS
 from contracts.ttft_objective import TtftAllowance
@@ -18,6 +20,7 @@ from controller.replay.report import write_report, write_sweep
 from controller.replay.runner import ReplayConfig, ReplayContext, run_setting
 from controller.replay.settings import Setting, parse_setting, sweep_settings
 from controller.replay.sweep import SweepPoint, Window, WorkloadSpec, run_sweep, transfer
+from controller.replay.workload import Workload
 from controller.replay.world import World
 
 __all__ = ["Progress", "ReplayRequest", "parse_policies", "parse_windows", "replay_once", "replay_sweep"]
@@ -94,6 +97,31 @@ class ReplayRequest:
     def replica_profile(self) -> ReplicaProfile:
         return ReplicaProfile.load(self.profile) if self.profile is not None else DEFAULT_PROFILE
 
+    def scored_workload(self) -> Workload:
+        """The workload, refused before any run when none of its requests would be scored: every replay of it
+        (each policy, each knob of a sweep, each router at each fleet size) would only have ended without
+        a score, and on a long trace after hours."""
+        workload = self.workload_spec().build()
+        first = max(math.ceil(self.warmup_s / workload.tick_s - 1e-9), 0)  # the first tick scored (as ``score``)
+        if not workload.rates_rps[first:].sum() > 0:
+            raise ValidationError(f"no request in the scored window: {self._empty_window_cause(workload)}")
+        return workload
+
+    def _empty_window_cause(self, workload: Workload) -> str:
+        """Why nothing is scored: the part replayed is ``[--start, --start + --duration)``, scored after its
+        warm-up; where it has requests, the span they take and the longest warm-up that leaves some."""
+        start, warmup, duration = self.start_s, self.warmup_s, self.duration_s
+        if duration is not None and duration <= warmup:
+            return f"--duration ({duration:g} s) ends within --warmup ({warmup:g} s), which is not scored"
+        end = "the trace's end" if duration is None else f"--start + --duration ({start + duration:g} s)"
+        cause = f"the trace has no request from --start + --warmup ({start + warmup:g} s) to {end}"
+        busy = np.flatnonzero(workload.rates_rps > 0)
+        if not busy.size:
+            return cause
+        span = workload.requests.duration_s if workload.requests is not None else workload.duration_s
+        return (f"{cause}: the part replayed spans {span:.0f} s; give a --warmup of at most "
+                f"{busy[-1] * workload.tick_s:g} s (the last tick with requests starts there)")
+
 
 def parse_policies(text: str) -> list[Setting]:
     """Policies separated by ``;`` (or by ``,`` when no ``;`` is given), each ``name[:knob=v,...]``."""
@@ -131,7 +159,7 @@ def replay_once(
     began, began_cpu = time.perf_counter(), time.process_time()
     settings = parse_policies(policies)
     profile = request.replica_profile()
-    ctx = ReplayContext(request.workload_spec().build(), profile, request.config())
+    ctx = ReplayContext(request.scored_workload(), profile, request.config())
     runs = []
     for i, setting in enumerate(settings):
         runs.append(run_setting(setting, ctx))
@@ -159,6 +187,7 @@ def replay_sweep(
     spec = request.workload_spec()
     config = request.config()
     scoring = parse_windows(windows, warmup_s=config.warmup_s)
+    workload = request.scored_workload()  # each worker builds its own; this one refuses an empty window first
     done: list[SweepPoint] = []
 
     def on_done(point: SweepPoint) -> None:
@@ -167,7 +196,7 @@ def replay_sweep(
             progress(point.setting.label, len(done), len(settings))
 
     points = run_sweep(spec, settings, profile, config, scoring, workers=workers, on_done=on_done)
-    ctx = ReplayContext(spec.build(), profile, config)
+    ctx = ReplayContext(workload, profile, config)
     timings = {"wall_s": round(time.perf_counter() - began, 1), "cpu_s": round(sum(p.cpu_s for p in points), 1)}
     extra: dict[str, Any] = {}
     if tuned is not None:
