@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.common import cli_errors, console, positive, print_json
+from cli.lists import numbers
 from contracts.errors import UnavailableError, ValidationError
 from contracts.urls import http_url_problem
 
@@ -52,7 +53,7 @@ def profile(
         from controller.profiling import fit_profile, profile_point
         from harness.sweep import sweep_rates
 
-        levels = [float(r) for r in rates.split(",") if r.strip()]
+        levels = numbers("--rates", rates)
         _check_numbers(levels, prompt_tokens=prompt_tokens, output_tokens=output_tokens, vocab_size=vocab_size,
                        probe_pairs=probe_pairs if prefix_probe else 1)  # fmt: skip
         _check_out(out)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.common import at_least, cli_errors, console, positive, print_json
+from cli.lists import integers
 from contracts.errors import DataError, ValidationError
 from contracts.slo_defaults import LEAD_TIME_S
 
@@ -18,6 +19,18 @@ if TYPE_CHECKING:
     from controller.replay.protocol import ReplayRequest
 
 DEFAULT_POLICIES = "static,hpa,keda-queue,keda-kv,dynamo,moeslo,oracle"
+
+
+def _below(low: float, high: float, *, low_open: bool = False) -> Callable[[float], float]:
+    """An option's callback: a number from ``low`` (above it when ``low_open``) to below ``high``, as the true
+    world takes it (``at_least`` admits its bounds; ``inf`` and ``nan`` fail both comparisons)."""
+
+    def check(value: float) -> float:
+        if not ((low < value if low_open else low <= value) and value < high):
+            raise typer.BadParameter(f"must be a number in {'(' if low_open else '['}{low:g}, {high:g}), got {value}")
+        return value
+
+    return check
 
 
 # long: a typer command is its option list; the work is in controller.replay.
@@ -51,15 +64,23 @@ def replay(
     ] = float(
         LEAD_TIME_S
     ),
-    startup_jitter: Annotated[float, typer.Option(help="Each start-up is startup x U(1-j, 1+j).")] = 0.0,
-    capacity_error: Annotated[float, typer.Option(help="True capacity over the profile's, minus 1 (-0.2).")] = 0.0,
-    drift_per_day: Annotated[float, typer.Option(help="True capacity drift per simulated day (-0.05).")] = 0.0,
+    startup_jitter: Annotated[
+        float, typer.Option(callback=_below(0.0, 1.0), help="Each start-up is startup x U(1-j, 1+j).")
+    ] = 0.0,
+    capacity_error: Annotated[
+        float, typer.Option(callback=at_least(-0.9, 10.0), help="True capacity over the profile's, minus 1 (-0.2).")
+    ] = 0.0,
+    drift_per_day: Annotated[
+        float, typer.Option(callback=_below(-1.0, 10.0, low_open=True),
+                            help="True capacity drift per simulated day (-0.05).")
+    ] = 0.0,
     prompt_tail: Annotated[
         float, typer.Option(callback=at_least(1.0, 100.0), help="Prompts beyond their p90 get the excess x this.")
     ] = 1.0,
     scrape: Annotated[float, typer.Option(callback=positive, help="Prometheus scrape interval (s).")] = 30.0,
     ttft_per_1k: Annotated[
-        float, typer.Option(help="TTFT objective's allowance per 1,000 prompt tokens beyond the reference (s).")
+        float, typer.Option(callback=at_least(0.0),
+                            help="TTFT objective's allowance per 1,000 prompt tokens beyond the reference (s).")
     ] = 0.0,
     ttft_reference_tokens: Annotated[
         int, typer.Option(min=1, help="Prompt length the TTFT threshold is stated for (tokens).")
@@ -137,7 +158,7 @@ def replay(
 def _compare_routers(request: ReplayRequest, router: str, replicas: str | None, out: Path, *, json_out: bool) -> None:
     from bench.router_replay import compare_routers
 
-    sizes = [int(n) for n in replicas.split(",")] if replicas else None
+    sizes = integers("--replicas", replicas) if replicas else None
     if sizes is not None and any(n < 1 for n in sizes):
         raise ValidationError(f"--replicas: fleet sizes of 1 or more are needed, got {replicas!r}")
     summary = compare_routers(request, [p.strip() for p in router.split(",") if p.strip()], sizes)

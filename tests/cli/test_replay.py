@@ -1,4 +1,4 @@
-"""``moeslo replay``: an empty scored window is refused before any run, on every path."""
+"""``moeslo replay``: an empty scored window is refused before any run, on every path; options refused by name."""
 
 from __future__ import annotations
 
@@ -64,3 +64,25 @@ def test_the_bundled_slice_names_its_span_and_a_warmup_that_scores(tmp_path: Pat
     assert result.exit_code == 0, result.output
     (static,) = json.loads(result.stdout)["policies"].values()
     assert static["scored"]["requests"] > 0 and static["scored"]["attainment_both"] is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--ttft-per-1k", "nan"), "Invalid value for '--ttft-per-1k': must be a finite number of 0 or more, got nan"),
+        (("--drift-per-day", "inf"), "Invalid value for '--drift-per-day': must be a number in (-1, 10), got inf"),
+        (("--drift-per-day", "-1"), "Invalid value for '--drift-per-day': must be a number in (-1, 10), got -1.0"),
+        (("--capacity-error", "inf"), "Invalid value for '--capacity-error': must be a finite number of -0.9 or more "
+                                      "and at most 10, got inf"),
+        (("--startup-jitter", "nan"), "Invalid value for '--startup-jitter': must be a number in [0, 1), got nan"),
+        (("--startup-jitter", "1"), "Invalid value for '--startup-jitter': must be a number in [0, 1), got 1.0"),
+        (("--router", "cost", "--replicas", "x,2,1.5"),
+         "error: --replicas: 'x' is not an integer; --replicas: '1.5' is not an integer"),
+    ],
+)
+def test_options_are_refused_by_their_name(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    """They named the world's fields (per_1k_prompt_tokens_s, drift_per_day) or int()'s message."""
+    trace = write_azure(tmp_path / "t.csv", minutes=2)
+    said = refusal(invoke("--trace", str(trace), "--out", str(tmp_path / "o"), *args))
+    assert says in said
+    assert "MOESLO_DEBUG" not in said
