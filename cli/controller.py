@@ -14,8 +14,16 @@ controller_app = typer.Typer(help="The SLO controller service (REST API + tick l
 policy_app = typer.Typer(help="SLO policies on a running controller (over its REST API).", no_args_is_help=True)
 
 DEFAULT_URL = "http://127.0.0.1:8090"
+
+
+def _base_url(url: str) -> str:
+    """``http://host:8090/`` is the controller ``http://host:8090``: ``.../`` + ``/v1/policies`` found nothing."""
+    return url.rstrip("/")
+
+
 UrlOption = Annotated[
-    str, typer.Option("--url", envvar="MOESLO_CONTROLLER_URL", help="The controller's base URL.")
+    str,
+    typer.Option("--url", envvar="MOESLO_CONTROLLER_URL", callback=_base_url, help="The controller's base URL."),
 ]
 TokenOption = Annotated[
     str | None,

@@ -60,3 +60,21 @@ def test_a_file_with_two_policies_of_one_name_applies_none(tmp_path: Path, url: 
     code, output = _moeslo("policy", "apply", "-f", str(policy_file), "--url", url, "--token", TOKEN)
     assert code == 2 and "policy 'chat' is defined twice" in " ".join(output.split())
     assert _moeslo("policy", "get", "chat", "--url", url)[0] == 2  # nothing written
+
+
+def test_a_url_with_a_trailing_slash_reaches_the_controller(
+    tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--url http://host:port/`` asked for ``//v1/policies`` and said the policies were "not found"."""
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(POLICY)
+    slashed = f"{url}/"
+    code, output = _moeslo("policy", "apply", "-f", str(policy_file), "--url", slashed, "--token", TOKEN)
+    assert code == 0 and "policy chat at version 1" in output, output
+    code, output = _moeslo("policy", "list", "--url", f"{url}//", "--json")
+    assert code == 0 and [item["name"] for item in json.loads(output)] == ["chat"], output
+    monkeypatch.setenv("MOESLO_CONTROLLER_URL", slashed)  # the variable as the flag
+    code, output = _moeslo("policy", "get", "chat", "--json")
+    assert code == 0 and json.loads(output)["version"] == 1, output
+    code, output = _moeslo("policy", "delete", "chat", "--token", TOKEN)
+    assert code == 0 and "policy chat deleted" in output, output
