@@ -107,7 +107,7 @@ def apply(
     with cli_errors():
         docs = read_documents(file)
         if not docs:
-            raise DataError("no documents", path=str(file))
+            raise DataError("no policies in the file", path=str(file))
         results: list[Any] = []
         # `policy get --openslo --json` prints the documents as one JSON list (the import reads that too).
         slos = docs[0] if len(docs) == 1 and isinstance(docs[0], list) and docs[0] else docs
@@ -139,6 +139,8 @@ def _put_policies(document: Any, file: Path, url: str, token: str | None) -> lis
     from controller.policy_files import parse_policies, policy_items
 
     items = policy_items(document, source=str(file))
+    if not items:  # `policies: []` or `[]`: nothing to apply is a mistake, as alerts and dashboards say
+        raise DataError("no policies in the file", path=str(file))
     if not all(isinstance(doc, dict) and "name" in doc for doc in items):
         raise DataError("every policy document needs a name", path=str(file))
     parse_policies(items, source=str(file))  # every problem of every policy at once
