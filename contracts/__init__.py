@@ -7,6 +7,7 @@
 - :mod:`contracts.slo_defaults`: the mission's numbers (500 ms TTFT, 20 ms ITL, CV 0.15, ...);
 - :mod:`contracts.attainment`: whether one request met the latency objectives;
 - :mod:`contracts.traces`: the request-trace formats (Azure, Mooncake, BurstGPT, counts), read once;
+- :mod:`contracts.text_files`: a named text file read, or one ``DataError`` line naming it (bytes not UTF-8, bad YAML);
 - :mod:`contracts.datadir`: where the shared data folder is;
 - :mod:`contracts.lifetime`: child processes that end with their parent (``PR_SET_PDEATHSIG``).
 """
@@ -17,7 +18,8 @@ import importlib
 from types import ModuleType
 
 __all__ = [
-    "attainment", "catalogue", "datadir", "errors", "imbalance", "lifetime", "placement", "slo_defaults", "traces",
+    "attainment", "catalogue", "datadir", "errors", "imbalance", "lifetime", "placement", "slo_defaults", "text_files",
+    "traces",
 ]
 
 

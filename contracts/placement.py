@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from contracts.errors import PlacementError
 from contracts.imbalance import count_replicas
+from contracts.text_files import read_text
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,9 +138,10 @@ class Placement:
 
     @classmethod
     def load(cls, path: str | Path) -> Placement:
+        text = read_text(path, what="placement")  # a DataError naming the file
         try:
-            raw = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
             raise PlacementError(f"cannot read placement {path}: {exc}") from exc
         return cls.from_json(raw)
 

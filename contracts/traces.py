@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.errors import DataError
+from contracts.text_files import not_utf8_error
 from contracts.trace_fields import cell, column_index, csv_rows, epoch_s, seconds, tokens
 
 FloatArray = npt.NDArray[np.float64]
@@ -260,7 +261,7 @@ def _first_line(path: Path) -> str:
     except FileNotFoundError as exc:
         raise DataError("file not found", path=str(path)) from exc
     except UnicodeDecodeError as exc:
-        raise DataError("not a UTF-8 text file", path=str(path), line=1) from exc
+        raise not_utf8_error(path, exc) from exc
     if not line.strip():
         raise DataError("file is empty", path=str(path), line=1)
     return line

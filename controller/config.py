@@ -17,6 +17,7 @@ from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.errors import DataError, ValidationError
+from contracts.text_files import read_text, yaml_error
 from contracts.urls import http_url_problem
 from controller.endpoints import AddressClass, check_endpoint_url
 from controller.sources.base import RATE_WINDOW_S
@@ -212,14 +213,11 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Controlle
     """
     file_values: dict[str, Any] = {}
     if path is not None:
+        text = read_text(path, what="controller config")
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise DataError(f"cannot read controller config: {exc.strerror}", path=str(path)) from exc
+            loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = None if mark is None else int(mark.line) + 1
-            raise DataError(f"invalid YAML: {exc}", path=str(path), line=line) from exc
+            raise yaml_error(exc, path, text) from exc
         if loaded is not None and not isinstance(loaded, dict):
             raise DataError("the controller config must be a mapping", path=str(path))
         file_values = loaded or {}

@@ -22,6 +22,7 @@ from contracts.slo_defaults import (
     MAX_IMBALANCE_CV,
     TTFT_THRESHOLD_S,
 )
+from contracts.text_files import read_text, yaml_error
 from controller.policy import LocalTarget, Policy, parse_duration_s, shared_model_problems
 
 DEFAULT_POLICIES: tuple[Policy, ...] = (
@@ -79,16 +80,11 @@ def parse_policies(document: Any, *, source: str = "policies") -> tuple[Policy, 
 
 def read_documents(path: str | Path) -> list[Any]:
     """Every non-empty YAML (or JSON) document of a file; DataError names the file and line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DataError(f"cannot read: {exc.strerror}", path=str(path)) from exc
+    text = read_text(path)
     try:
         return [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = None if mark is None else int(mark.line) + 1
-        raise DataError(f"invalid YAML: {exc}", path=str(path), line=line) from exc
+        raise yaml_error(exc, path, text) from exc
 
 
 def load_policies(path: str | Path) -> tuple[Policy, ...]:

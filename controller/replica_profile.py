@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from contracts.errors import DataError
+from contracts.text_files import read_text
 
 __all__ = ["DEFAULT_PROFILE", "Count", "Number", "PrefixProbe", "ProfilePoint", "ReplicaProfile"]
 
@@ -102,10 +103,7 @@ class ReplicaProfile(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> ReplicaProfile:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise DataError(f"cannot read profile: {exc.strerror}", path=str(path)) from exc
+        text = read_text(path, what="profile")
         try:
             return cls.model_validate(json.loads(text))
         except json.JSONDecodeError as exc:
