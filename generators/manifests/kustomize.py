@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from contracts.errors import DataError
+from contracts.text_files import read_text, yaml_error
 
 SUPPORTED_FIELDS = {"apiVersion", "kind", "namespace", "labels", "resources", "components", "patches", "images"}
 IMAGE_FIELDS = {"name", "newName", "newTag", "digest"}
@@ -79,19 +80,13 @@ def _build(root: Path, *, inside: tuple[Path, ...]) -> list[dict[str, Any]]:
 
 def read_yaml(path: Path, what: str) -> list[Any]:
     """Every document of a YAML file; a DataError of one line names the file (and the line) otherwise."""
+    text = read_text(path, what=what)
     try:
-        return list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
-    except OSError as exc:
-        raise DataError(f"cannot read {what}: {exc.strerror}", path=str(path)) from exc
-    except UnicodeDecodeError as exc:
-        raise DataError(f"cannot read {what}: not UTF-8 text", path=str(path)) from exc
+        return list(yaml.safe_load_all(text))
     except RecursionError as exc:
         raise DataError("invalid YAML: nested too deeply", path=str(path)) from exc
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise DataError(f"invalid YAML: {problem}", path=str(path),
-                        line=None if mark is None else int(mark.line) + 1) from exc
+        raise yaml_error(exc, path, text) from exc
 
 
 def read_kustomization(root: Path) -> dict[str, Any]:

@@ -39,7 +39,8 @@ def _run(*args: str) -> tuple[int, list[str]]:
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("resources: [\n", ":2: invalid YAML: expected the node content, but found '<stream end>'"),
+        ("resources: [\n",
+         ":2: invalid YAML: expected the node content, but found '<stream end>' (while parsing a flow node)"),
         ("resources: 5\n", ": resources must be a list of paths, got a number"),
         ("resources: [vllm.yaml, {a: 1}]\n", ": resources[1] must be a path, got a mapping"),
         ("- vllm.yaml\n", ": a kustomization must be a mapping, got a list"),
@@ -79,7 +80,7 @@ def test_build_refuses_what_its_kustomize_cannot_apply(deploy_copy: Path, text: 
     ("text", "says"),
     [
         ("kind: Deployment\nmetadata: {name: [\n",
-         ":3: invalid YAML: expected the node content, but found '<stream end>'"),
+         ":3: invalid YAML: expected the node content, but found '<stream end>' (while parsing a flow node)"),
         ("kind: Deployment\n---\njust a string\n",
          ": document 2 must be a mapping (a Kubernetes object), got a string"),
     ],
