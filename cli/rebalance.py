@@ -1,7 +1,8 @@
 """``moeslo rebalance``: plan an expert placement from one or more expert-load files.
 
 Each load file is read by :mod:`controller.rebalance.load_files` (SGLang's
-expert-distribution JSON, or a ``.npy`` / ``.csv`` matrix).  Several ``--load``
+expert-distribution JSON, an engine's expert-load JSON as ``GET /v1/expert-load``
+or vLLM's ``GET /moeslo/eplb`` serves it, or a ``.npy`` / ``.csv`` matrix).  Several ``--load``
 files are windows of one model's load (oldest first), planned against together
 (:func:`controller.rebalance.history.plan_over_windows`).  The output JSON
 loads with ``Placement.from_json`` and adds moves, imbalance before and
@@ -23,8 +24,9 @@ from cli.common import cli_errors, console, print_json
 def rebalance(
     load: Annotated[
         list[Path],
-        typer.Option("--load", help="Expert load: SGLang JSON, .npy or .csv (layers x experts); repeat for several "
-                                    "windows of the same model, oldest first, to plan against all of them."),
+        typer.Option("--load", help="Expert load (layers x experts): SGLang JSON, a saved GET /v1/expert-load or "
+                                    "vLLM's GET /moeslo/eplb, .npy or .csv; repeat for several windows of the same "
+                                    "model, oldest first, to plan against all of them."),
     ],
     ranks: Annotated[int, typer.Option("--ranks", min=1, help="Expert-parallel ranks (GPUs).")],
     slots_per_rank: Annotated[int, typer.Option("--slots-per-rank", min=1, help="Expert slots per rank.")],

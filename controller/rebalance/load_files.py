@@ -1,7 +1,12 @@
-"""Expert-load files: SGLang's expert-distribution JSON, or a ``.npy`` / ``.csv`` matrix.
+"""Expert-load files: an engine's expert-load JSON, or a ``.npy`` / ``.csv`` matrix.
 
-The JSON is ``{"logical_count": [[...], ...]}``, layers x experts; a leading
-axis of passes or ranks is summed.  Whatever the format, the result is a
+The JSON is SGLang's expert distribution, ``{"logical_count": [[...], ...]}``,
+layers x experts (a leading axis of passes or ranks is summed), or what our
+engines serve, saved as it comes: the embedded engine's ``GET /v1/expert-load``
+or the vLLM plugin's ``GET /moeslo/eplb``, whose ``expert_tokens`` is the
+routing window (the last ``window_steps`` steps since the last placement swap:
+the load the current placement serves).  Their ``expert_tokens_total`` (every
+token since the engine started) is not read.  Whatever the format, the result is a
 non-empty (layers, experts) matrix of finite, non-negative numbers, or a
 :class:`~contracts.errors.DataError` that names the file (and line) and every problem.
 """
@@ -18,6 +23,11 @@ import numpy.typing as npt
 from contracts.errors import DataError
 
 FloatArray = npt.NDArray[np.float64]
+
+_JSON_KEYS = ("logical_count", "expert_tokens")
+_JSON_FORMS = ('an object with "logical_count" (SGLang\'s expert distribution) or "expert_tokens" (saved from '
+               "GET /v1/expert-load of moeslo serve, or GET /moeslo/eplb of vLLM with the moeslo plugin): "
+               "[[count per expert] per layer]")
 
 
 def read_expert_load(path: str | Path) -> FloatArray:
@@ -50,16 +60,24 @@ def _read_json(path: Path) -> FloatArray:
         raise DataError(f"not UTF-8 text: {exc}", path=str(path)) from exc
     except json.JSONDecodeError as exc:
         raise DataError(f"invalid JSON: {exc.msg}", path=str(path), line=exc.lineno) from exc
-    if not isinstance(raw, dict) or "logical_count" not in raw:
-        raise DataError('expected an object with "logical_count": [[count per expert] per layer]', path=str(path))
+    key = next((k for k in _JSON_KEYS if isinstance(raw, dict) and k in raw), None)
+    if key is None:
+        raise DataError(f"expected {_JSON_FORMS}", path=str(path))
+    if key == "expert_tokens" and raw[key] is None:
+        raise DataError('"expert_tokens" is null: the engine counts no routed tokens (vLLM: MOESLO_VLLM_PLUGIN=1 '
+                        "and VLLM_PLUGINS naming moeslo)", path=str(path))
     try:
-        matrix = np.asarray(raw["logical_count"], dtype=np.float64)
+        matrix = np.asarray(raw[key], dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise DataError(
-            f'"logical_count" must be a rectangular matrix of numbers (layers x experts): {exc}', path=str(path)
+            f'"{key}" must be a rectangular matrix of numbers (layers x experts): {exc}', path=str(path)
         ) from exc
-    if matrix.ndim == 3:
+    if key == "logical_count" and matrix.ndim == 3:
         matrix = matrix.sum(axis=0)  # per-pass or per-rank records: total over them
+    if key == "expert_tokens" and matrix.size and not matrix.any():
+        raise DataError(f"the engine's window holds no routed tokens yet (steps_in_window "
+                        f"{raw.get('steps_in_window', 0)}): save it again after it has served traffic",
+                        path=str(path))
     return matrix
 
 
