@@ -179,7 +179,7 @@ def cli_errors() -> Iterator[None]:
             raise
         print_error(f"{exc} (MOESLO_DEBUG=1 shows where)")
         raise typer.Exit(code=2) from exc
-    except MemoryError as exc:  # sizes asked for that no machine holds (numpy says how much)
+    except MemoryError as exc:  # sizes no machine holds (numpy, or torch through engine.checkpoint, says how much)
         if os.environ.get("MOESLO_DEBUG"):
             raise
         print_error(f"not enough memory for the sizes asked for: {exc or 'out of memory'}")

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.common import cli_errors, console, nonempty, print_json
 
+if TYPE_CHECKING:
+    from engine.config import ModelConfig
+
 model_app = typer.Typer(help="Make and inspect Qwen3-MoE checkpoints (Hugging Face format).", no_args_is_help=True)
+
+_PART_OPTIONS = {
+    "embeddings": "--vocab x --hidden", "experts": "--layers x --experts x --moe-intermediate x --hidden",
+    "attention": "--layers x (--heads + --kv-heads) x --head-dim x --hidden", "dense_mlp": "--hidden",
+    "routers": "--experts x --hidden", "norms": "--layers x --hidden",
+}
+"""The options that size each part of the parameter count (``count_parameters``'s parts)."""
 
 
 @model_app.command("init")
@@ -48,9 +58,10 @@ def init(
             num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=max_positions,
             torch_dtype=dtype, intermediate_size=3 * hidden,
         )
+        params = count_parameters(config)
+        _check_memory(config, params)
         init_random_checkpoint(Path(out), config, seed=seed, router_skew=router_skew, prompt_kinds=prompt_kinds,
                                tokenizer=tokenizer, name_eos=True)
-        params = count_parameters(config)
         summary = {"out": str(out), "parameters": sum(params.values()), "by_part": params,
                    "layers": layers, "experts": experts, "top_k": top_k, "router_skew": router_skew,
                    "prompt_kinds": prompt_kinds, "tokenizer": tokenizer and vocab >= MIN_VOCAB_SIZE}
@@ -58,3 +69,28 @@ def init(
             print_json(summary)
         else:
             console.print(f"wrote {out} ({summary['parameters']:,} parameters)")
+
+
+def _check_memory(config: ModelConfig, params: dict[str, int]) -> None:
+    """Refuse, before anything is allocated or written, sizes whose weights the free memory cannot hold."""
+    import psutil
+
+    from contracts.errors import ValidationError
+    from engine.checkpoint import checkpoint_bytes
+
+    need, available = checkpoint_bytes(config), psutil.virtual_memory().available
+    if need > available:
+        part = max(params, key=lambda name: params[name])
+        raise ValidationError(
+            f"these sizes need {_size(need)} of memory ({sum(params.values()):,} parameters at "
+            f"{config.torch_dtype}, most of them {part}: {_PART_OPTIONS.get(part, '--hidden')}), and "
+            f"{_size(available)} is available: choose smaller sizes"
+        )
+
+
+def _size(count: int) -> str:
+    """Bytes in KiB, MiB, GiB or TiB, the largest unit under 1024 of (TiB beyond)."""
+    value, units = count / 1024, ["KiB", "MiB", "GiB", "TiB"]
+    while value >= 1024 and len(units) > 1:
+        value, units = value / 1024, units[1:]
+    return f"{value:,.1f} {units[0]}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -199,6 +200,9 @@ def init_random_checkpoint(
     the vocabulary into that many equal token ranges whose tokens favour
     different experts (with ``router_skew`` > 0), so load that shifts between
     kinds of prompt moves the hot experts; 1 gives the tensors it always gave.
+
+    A write that fails (torch's allocator refusing is a ``MemoryError``)
+    removes the folders it made; :func:`checkpoint_bytes` is the memory it needs.
     """
     problems = []
     if not (math.isfinite(router_skew) and router_skew >= 0):
@@ -210,11 +214,40 @@ def init_random_checkpoint(
     if name_eos and tokenizer and config.vocab_size >= MIN_VOCAB_SIZE and config.eos_token_id is None:
         config = dataclasses.replace(config, eos_token_id=eos_token_id(config.vocab_size))
     out = Path(out_dir)
+    created = _topmost_missing(out)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        _write_checkpoint(out, config, seed, router_skew, prompt_kinds, tokenizer=tokenizer, name_eos=name_eos)
+    except BaseException:
+        if created is not None:  # nothing of a failed write stays behind in folders it made
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    return out
+
+
+def _topmost_missing(path: Path) -> Path | None:
+    """The outermost folder that making ``path`` would create (None: it exists already)."""
+    missing = None
+    for folder in (path.absolute(), *path.absolute().parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def _write_checkpoint(
+    out: Path, config: ModelConfig, seed: int, router_skew: float, prompt_kinds: int, *, tokenizer: bool,
+    name_eos: bool,
+) -> None:
     dtype = torch_dtype(config.torch_dtype)
-    tensors = {
-        name: t.to(dtype).contiguous() for name, t in _random_tensors(config, seed, router_skew, prompt_kinds)
-    }
+    try:
+        tensors = {
+            name: t.to(dtype).contiguous() for name, t in _random_tensors(config, seed, router_skew, prompt_kinds)
+        }
+    except RuntimeError as exc:  # torch's CPU allocator refusing: a MemoryError, as numpy would raise
+        if "allocate" not in str(exc):
+            raise
+        raise MemoryError(str(exc).split("DefaultCPUAllocator: ")[-1].strip()) from exc
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     raw = config.to_hf_dict()
     raw["rope_parameters"] = {"rope_type": "default", "rope_theta": config.rope_theta}
@@ -231,7 +264,6 @@ def init_random_checkpoint(
         # A tokenizer left from an earlier checkpoint in this folder would be served with this model.
         for name in TOKENIZER_FILES:
             (out / name).unlink(missing_ok=True)
-    return out
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -254,4 +286,13 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
         # two RMSNorms per layer and the final one, and Qwen3's per-head query and key norms
         "norms": (2 * config.num_hidden_layers + 1) * hidden + 2 * head_dim * config.num_hidden_layers,
     }
+
+
+def checkpoint_bytes(config: ModelConfig) -> int:
+    """Memory :func:`init_random_checkpoint` holds at its peak: every weight at the checkpoint's dtype, and
+    the largest tensor (every one is hidden x something) once more in float32 while it is drawn."""
+    widest = max(config.vocab_size, config.intermediate_size, config.moe_intermediate_size, config.num_experts,
+                 config.num_attention_heads * config.head_dim)  # fmt: skip
+    return sum(count_parameters(config).values()) * torch_dtype(config.torch_dtype).itemsize + (
+        4 * config.hidden_size * widest)
 
