@@ -1,4 +1,4 @@
-"""``moeslo model``: make and inspect Qwen3-MoE checkpoints."""
+"""``moeslo model``: make Qwen3-MoE checkpoints (``init``: a small random one)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from cli.common import cli_errors, console, nonempty, print_json
 if TYPE_CHECKING:
     from engine.config import ModelConfig
 
-model_app = typer.Typer(help="Make and inspect Qwen3-MoE checkpoints (Hugging Face format).", no_args_is_help=True)
+model_app = typer.Typer(help="Make Qwen3-MoE checkpoints (Hugging Face format): init writes a small random one.",
+                        no_args_is_help=True)  # fmt: skip
 
 _PART_OPTIONS = {
     "embeddings": "--vocab x --hidden", "experts": "--layers x --experts x --moe-intermediate x --hidden",
@@ -67,8 +68,11 @@ def init(
                    "prompt_kinds": prompt_kinds, "tokenizer": tokenizer and vocab >= MIN_VOCAB_SIZE}
         if json_out:
             print_json(summary)
-        else:
-            console.print(f"wrote {out} ({summary['parameters']:,} parameters)")
+            return
+        console.print(f"wrote {out} ({summary['parameters']:,} parameters)")
+        if tokenizer and not summary["tokenizer"]:
+            console.print(f"no tokenizer written: a BPE tokenizer needs --vocab {MIN_VOCAB_SIZE} or more; this "
+                          "checkpoint gets the engine's byte-level tokenizer and serves no chat", soft_wrap=True)
 
 
 def _check_memory(config: ModelConfig, params: dict[str, int]) -> None:

@@ -90,3 +90,20 @@ def test_a_failed_allocation_is_one_error_line_and_leaves_no_new_folder(
     result = invoke("model", "init", "--out", str(kept), *SMALL, "--no-tokenizer")
     assert result.exit_code == 2 and (kept / "notes.txt").read_text() == "mine"
 
+
+def test_a_vocabulary_too_small_for_a_tokenizer_says_so(tmp_path: Path) -> None:
+    args = [*SMALL[:-4], "--max-positions", "128"]
+    assert "--vocab" not in args
+    result = invoke("model", "init", "--out", str(tmp_path / "a"), *args, "--vocab", "100")
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "a" / "tokenizer.json").exists()
+    note = [line for line in result.output.splitlines() if "tokenizer" in line]
+    assert len(note) == 1 and "--vocab 260" in note[0] and "byte-level" in note[0]
+    quiet = invoke("model", "init", "--out", str(tmp_path / "b"), *args, "--vocab", "100", "--no-tokenizer")
+    assert quiet.exit_code == 0 and "tokenizer" not in quiet.output
+
+
+def test_model_help_names_what_there_is() -> None:
+    result = invoke("model", "--help")
+    assert result.exit_code == 0
+    assert "inspect" not in result.output and "init" in result.output
