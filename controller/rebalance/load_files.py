@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.errors import DataError
+from contracts.text_files import read_text
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -54,10 +55,9 @@ def read_expert_load(path: str | Path) -> FloatArray:
 
 
 def _read_json(path: Path) -> FloatArray:
+    text = read_text(path, what="load file")
     try:
-        raw = json.loads(path.read_text())
-    except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 text: {exc}", path=str(path)) from exc
+        raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"invalid JSON: {exc.msg}", path=str(path), line=exc.lineno) from exc
     key = next((k for k in _JSON_KEYS if isinstance(raw, dict) and k in raw), None)
@@ -84,10 +84,7 @@ def _read_json(path: Path) -> FloatArray:
 def _read_csv(path: Path) -> FloatArray:
     rows: list[list[float]] = []
     header_skipped = False
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a spreadsheet's byte-order mark too
-    except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 text: {exc}", path=str(path)) from exc
+    lines = read_text(path, what="load file").splitlines()  # a spreadsheet's byte-order mark dropped too
     for number, line in enumerate(lines, start=1):
         text = line.strip()
         if not text or text.startswith("#"):

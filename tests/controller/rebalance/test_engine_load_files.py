@@ -107,3 +107,14 @@ def test_an_unknown_document_names_every_accepted_form(tmp_path: Path) -> None:
     assert code == 2 and output.count("error:") == 1
     for form in ('"logical_count"', '"expert_tokens"', "/v1/expert-load", "/moeslo/eplb"):
         assert form in output
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_a_load_file_that_is_not_utf8_is_named_with_its_line(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"load{suffix}"
+    path.write_bytes(b"1,2\n3,\xe0\n")
+    with pytest.raises(DataError) as caught:
+        read_expert_load(path)
+    assert caught.value.path == str(path)
+    assert caught.value.line == 2
+    assert "not a UTF-8 text file (byte 0xe0)" in str(caught.value)
