@@ -216,7 +216,10 @@ class Scheduler:
                     break
             if seq.status is not SeqStatus.RUNNING:
                 break  # seq preempted itself: nothing younger is left to run
-            scheduled.append(ScheduledChunk(seq, want, is_prompt=seq.num_computed < seq.num_tokens - 1))
+            # A last prompt chunk of one token is still prompt (no output yet); after a preemption it is the
+            # pending output token, a decode.
+            is_prompt = seq.num_computed < seq.num_tokens - 1 or not seq.output_token_ids
+            scheduled.append(ScheduledChunk(seq, want, is_prompt=is_prompt))
             budget -= want
             index += 1
 

@@ -66,6 +66,21 @@ def test_prefill_chunk_rides_along_with_decode() -> None:
     assert out.prompt_tokens == 9
 
 
+def test_a_last_prompt_chunk_of_one_token_counts_as_prompt() -> None:
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8), BlockManager(64, 4))
+    seq = make_seq(0, 9)
+    sched.add(seq)
+    counted = []
+    for _ in range(3):
+        out = sched.schedule()
+        counted.append(out.prompt_tokens)
+        (chunk,) = out.plan.chunks
+        seq.num_computed += len(chunk.token_ids)
+        if chunk.needs_logits:
+            seq.output_token_ids.append(1)
+    assert counted == [8, 1, 0]  # the 9-token prompt counted whole; the next step is a decode
+
+
 def test_max_num_seqs_bounds_the_batch() -> None:
     sched = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=100), BlockManager(64, 4))
     for i in range(4):
