@@ -13,7 +13,11 @@ With several replicas (production on Kubernetes) the replicas compete for a
 - every write carries the lease's ``resourceVersion``: two candidates racing
   for the same lapse get one success and one 409;
 - a leader that shuts down releases the lease (empty holder), so a standby
-  takes over at its next round instead of waiting out the lease.
+  takes over at its next round instead of waiting out the lease;
+- ``acquireTime`` and ``renewTime`` are ``metav1.MicroTime``: the API server
+  parses them with exactly six fractional digits (RFC 3339 micro), which the
+  kubernetes client's ``isoformat()`` leaves out when the microseconds are 0,
+  so they are written as :class:`MicroTime`.
 
 In the embedded mode (one process on SQLite) :class:`AlwaysLeader` is used.
 """
@@ -64,6 +68,32 @@ def default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class MicroTime(datetime):
+    """A Lease time as the API server reads it: ``metav1.MicroTime``, RFC 3339 with exactly six fractional
+    digits, in UTC (``2026-03-01T12:00:00.000000Z``). The kubernetes client writes datetimes with
+    ``isoformat()``, which drops the fraction when the microseconds are 0: a 400, one write in a million."""
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        return self.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    @classmethod
+    def of(cls, value: object, default: datetime) -> MicroTime:
+        """``value`` as read back (a datetime, or a string where the client leaves one), else ``default``;
+        one without a zone is taken as UTC."""
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value)
+            except ValueError:
+                value = default
+        moment = value if isinstance(value, datetime) else default
+        utc = (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).astimezone(UTC)
+        return cls(utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second, utc.microsecond, tzinfo=UTC)
+
+
 class LeaseElector:
     """Leader election over a Lease; see the module docstring."""
 
@@ -74,6 +104,7 @@ class LeaseElector:
         *,
         identity: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = utc_now,
     ) -> None:
         # The kubernetes client is imported here, not at module level: it takes a second to import.
         import urllib3
@@ -90,6 +121,7 @@ class LeaseElector:
         self.identity = identity or config.identity or default_identity()
         self.api = k8s_client.CoordinationV1Api(client)
         self.clock = clock
+        self.wall_clock = wall_clock
         self._observed: tuple[str | None, str | None, str | None] | None = None
         self._observed_at_s = 0.0
         self._renewed_at_s: float | None = None
@@ -115,7 +147,7 @@ class LeaseElector:
 
     def _round(self) -> None:
         cfg = self.config
-        now = datetime.now(UTC)
+        now = self.wall_clock()
         try:
             lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace, _request_timeout=self._timeout_s)
         except self._api_error as exc:
@@ -151,12 +183,15 @@ class LeaseElector:
         self._renewed_at_s = self.clock()
         log.info("leader election: %s took lease %s over from %r", self.identity, cfg.lease_name, holder)
 
-    def _spec(self, now: datetime, *, acquire_time: datetime, transitions: int) -> k8s.V1LeaseSpec:
+    def _spec(
+        self, now: datetime, *, acquire_time: object, transitions: int, holding: bool = True
+    ) -> k8s.V1LeaseSpec:
+        """This replica's record (``holding``), or the released one: no holder, a lease of 1 s, as client-go's."""
         return self._k8s.V1LeaseSpec(
-            holder_identity=self.identity,
-            lease_duration_seconds=max(1, round(self.config.lease_duration_s)),
-            acquire_time=acquire_time,
-            renew_time=now,
+            holder_identity=self.identity if holding else None,
+            lease_duration_seconds=max(1, round(self.config.lease_duration_s)) if holding else 1,
+            acquire_time=MicroTime.of(acquire_time, now),
+            renew_time=MicroTime.of(now, now),
             lease_transitions=transitions,
         )
 
@@ -168,10 +203,11 @@ class LeaseElector:
         cfg = self.config
         try:
             lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace, _request_timeout=self._timeout_s)
-            if lease.spec is None or lease.spec.holder_identity != self.identity:
+            spec = lease.spec
+            if spec is None or spec.holder_identity != self.identity:
                 return
-            lease.spec.holder_identity = None
-            lease.spec.lease_duration_seconds = 1
+            lease.spec = self._spec(self.wall_clock(), acquire_time=spec.acquire_time,
+                                    transitions=spec.lease_transitions or 0, holding=False)
             self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease, _request_timeout=self._timeout_s)
         except self._all_errors as exc:
             log.warning("leader election: releasing lease %s failed: %s", cfg.lease_name, exc)
@@ -196,3 +232,4 @@ class LeaseElector:
                 await self._task
             self._task = None
         await asyncio.to_thread(self.release)
+

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -83,6 +87,46 @@ def test_api_errors_while_renewing_step_down_only_after_the_deadline(server: Sta
     assert a.try_acquire_or_renew() is True  # the API server answers again: a renews its own lease
 
 
+def test_lease_times_at_an_exact_second_keep_six_fractional_digits(server: StandInApiServer) -> None:
+    """The API server parses acquireTime and renewTime as RFC 3339 micro time; without the fraction: a 400."""
+    exact = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+    a = LeaseElector(api_client(KubernetesConfig(host=server.url)), CONFIG, identity="a", clock=FakeClock(),
+                     wall_clock=lambda: exact)
+    assert a.try_acquire_or_renew() and a.try_acquire_or_renew()  # creates, then renews
+    a.release()
+    writes = server.writes_to(server.lease_path("moeslo", "ctl"))
+    assert len(writes) == 3
+    assert {(w["spec"]["acquireTime"], w["spec"]["renewTime"]) for w in writes} == {
+        ("2026-03-01T12:00:00.000000Z", "2026-03-01T12:00:00.000000Z")
+    }
+
+
+@pytest.mark.parametrize(("stored", "sent"), [
+    ("2026-03-01T12:00:00.000000Z", "2026-03-01T12:00:00.000000Z"),  # an exact second, as the API server writes it
+    ("2026-03-01T14:00:00.5+02:00", "2026-03-01T12:00:00.500000Z"),
+])
+def test_a_renewal_writes_the_acquire_time_it_read_back_as_micro_time(
+    server: StandInApiServer, stored: str, sent: str
+) -> None:
+    a = _elector(server, "a", FakeClock())
+    assert a.try_acquire_or_renew()
+    path = server.lease_path("moeslo", "ctl")
+    with server.state.lock:
+        server.state.objects[path]["spec"]["acquireTime"] = stored
+    assert a.try_acquire_or_renew()
+    assert server.writes_to(path)[-1]["spec"]["acquireTime"] == sent
+
+
+def test_micro_time_reads_what_comes_back_robustly() -> None:
+    from controller.leader import MicroTime
+
+    default = datetime(2026, 1, 1, tzinfo=UTC)
+    assert MicroTime.of("not a time", default).isoformat() == "2026-01-01T00:00:00.000000Z"
+    assert MicroTime.of(None, default) == default
+    assert MicroTime.of(datetime(2026, 3, 1, 12), default).isoformat() == "2026-03-01T12:00:00.000000Z"  # no zone: UTC
+    assert MicroTime.of("2026-03-01T12:00:00.123456789Z", default).isoformat() == "2026-03-01T12:00:00.123456Z"
+
+
 def test_two_candidates_racing_for_a_lapsed_lease_get_one_winner(server: StandInApiServer) -> None:
     clock = FakeClock()
     a, b, c = (_elector(server, name, clock) for name in "abc")
@@ -103,8 +147,6 @@ def test_embedded_mode_always_leads() -> None:
 
 
 def test_only_the_lease_holder_actuates_and_a_standby_takes_over(server: StandInApiServer, tmp_path) -> None:
-    import asyncio
-
     from prometheus_client import CollectorRegistry
 
     from controller.actuators import KubernetesActuator
@@ -157,8 +199,6 @@ def test_only_the_lease_holder_actuates_and_a_standby_takes_over(server: StandIn
 
 
 def test_the_background_loop_leads_and_releases_on_stop(server: StandInApiServer) -> None:
-    import asyncio
-
     config = LeaderElectionConfig(enabled=True, namespace="moeslo", lease_name="loop", lease_duration_s=3,
                                   renew_period_s=0.2)
     elector = LeaseElector(api_client(KubernetesConfig(host=server.url)), config, identity="looper")
@@ -184,8 +224,6 @@ def test_a_silent_api_server_ends_a_round_and_the_release_within_the_renew_perio
     """A server that accepts connections and never answers: the round and the release at shutdown give up
     after ``renew_period_s`` instead of hanging (a standby could never take over, a stop never end)."""
     import socket
-    import threading
-    import time
 
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
