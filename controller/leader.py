@@ -13,7 +13,10 @@ With several replicas (production on Kubernetes) the replicas compete for a
 - every write carries the lease's ``resourceVersion``: two candidates racing
   for the same lapse get one success and one 409;
 - a leader that shuts down releases the lease (empty holder), so a standby
-  takes over at its next round instead of waiting out the lease;
+  takes over at its next round instead of waiting out the lease. A round still
+  in flight is waited for first (cancelling the loop's task does not stop the
+  thread a round runs in), and the whole release takes ``renew_period_s`` at
+  the most;
 - ``acquireTime`` and ``renewTime`` are ``metav1.MicroTime``: the API server
   parses them with exactly six fractional digits (RFC 3339 micro), which the
   kubernetes client's ``isoformat()`` leaves out when the microseconds are 0,
@@ -29,6 +32,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -122,6 +126,8 @@ class LeaseElector:
         self.api = k8s_client.CoordinationV1Api(client)
         self.clock = clock
         self.wall_clock = wall_clock
+        # A round and the release never overlap: the release reads the lease after the last renewal's write.
+        self._round_lock = threading.Lock()
         self._observed: tuple[str | None, str | None, str | None] | None = None
         self._observed_at_s = 0.0
         self._renewed_at_s: float | None = None
@@ -136,13 +142,15 @@ class LeaseElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One election round; returns whether this replica leads afterwards."""
-        try:
-            self._round()
-        except self._api_error as exc:
-            if exc.status != 409:
-                log.warning("leader election: lease %s: HTTP %s %s", self.config.lease_name, exc.status, exc.reason)
-        except self._transport_errors as exc:
-            log.warning("leader election: lease %s: %s", self.config.lease_name, exc)
+        with self._round_lock:
+            try:
+                self._round()
+            except self._api_error as exc:
+                if exc.status != 409:
+                    log.warning("leader election: lease %s: HTTP %s %s", self.config.lease_name, exc.status,
+                                exc.reason)
+            except self._transport_errors as exc:
+                log.warning("leader election: lease %s: %s", self.config.lease_name, exc)
         return self.is_leader
 
     def _round(self) -> None:
@@ -196,21 +204,41 @@ class LeaseElector:
         )
 
     def release(self) -> None:
-        """Give the lease up (empty holder) if this replica holds it."""
-        if self._renewed_at_s is None:
-            return
-        self._renewed_at_s = None
-        cfg = self.config
+        """Give the lease up (empty holder) if this replica holds it, within ``renew_period_s`` in all.
+
+        A round in flight is waited for first: a renewal written between the release's read and its write
+        would turn the release into a 409 and leave the standbys waiting out the lease. Should a 409 come
+        all the same (the round outlasted the wait), the lease is read again and released if still held.
+        """
+        deadline_s = time.monotonic() + self._timeout_s
+        waited = self._round_lock.acquire(timeout=self._timeout_s)
         try:
-            lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace, _request_timeout=self._timeout_s)
+            if self._renewed_at_s is None:
+                return
+            self._renewed_at_s = None
+            self._release_by(deadline_s)
+        except self._all_errors as exc:
+            log.warning("leader election: releasing lease %s failed: %s", self.config.lease_name, exc)
+        finally:
+            if waited:
+                self._round_lock.release()
+
+    def _release_by(self, deadline_s: float) -> None:
+        cfg = self.config
+        for attempt in (1, 2):
+            lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace, _request_timeout=_left(deadline_s))
             spec = lease.spec
             if spec is None or spec.holder_identity != self.identity:
                 return
             lease.spec = self._spec(self.wall_clock(), acquire_time=spec.acquire_time,
                                     transitions=spec.lease_transitions or 0, holding=False)
-            self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease, _request_timeout=self._timeout_s)
-        except self._all_errors as exc:
-            log.warning("leader election: releasing lease %s failed: %s", cfg.lease_name, exc)
+            try:
+                self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease,
+                                                  _request_timeout=_left(deadline_s))
+                return
+            except self._api_error as exc:
+                if exc.status != 409 or attempt == 2:
+                    raise
 
     async def _run(self) -> None:
         while True:
@@ -233,3 +261,10 @@ class LeaseElector:
             self._task = None
         await asyncio.to_thread(self.release)
 
+
+def _left(deadline_s: float) -> float:
+    """The time a request may still take before ``deadline_s`` (monotonic); a ``TimeoutError`` once it is past."""
+    left_s = deadline_s - time.monotonic()
+    if left_s <= 0:
+        raise TimeoutError("no time left before the deadline")
+    return left_s

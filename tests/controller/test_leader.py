@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -125,6 +126,63 @@ def test_micro_time_reads_what_comes_back_robustly() -> None:
     assert MicroTime.of(None, default) == default
     assert MicroTime.of(datetime(2026, 3, 1, 12), default).isoformat() == "2026-03-01T12:00:00.000000Z"  # no zone: UTC
     assert MicroTime.of("2026-03-01T12:00:00.123456789Z", default).isoformat() == "2026-03-01T12:00:00.123456Z"
+
+
+def test_a_write_landing_between_the_release_read_and_its_write_is_released_again(server: StandInApiServer) -> None:
+    a = _elector(server, "a", FakeClock())
+    assert a.try_acquire_or_renew()
+    path = server.lease_path("moeslo", "ctl")
+    # A renewal of a's own lands between the release's read and its write: the release's write gets a 409.
+    server.state.before_put[path] = lambda obj: obj["spec"].update(renewTime="2026-03-01T12:00:05.000000Z")
+    a.release()
+    assert server.obj(path)["spec"].get("holderIdentity") is None
+    assert [code for method, p, code in server.state.log if method == "PUT" and p == path] == [409, 200]
+
+
+def test_stop_waits_for_a_renewal_in_flight_then_releases(
+    server: StandInApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelling the loop's task does not stop the thread its renewal runs in: the release must come after."""
+    config = LeaderElectionConfig(enabled=True, namespace="moeslo", lease_name="race", lease_duration_s=6,
+                                  renew_period_s=2)
+    elector = LeaseElector(api_client(KubernetesConfig(host=server.url)), config, identity="a")
+    assert elector.try_acquire_or_renew()  # holds the lease: the loop's first round renews it
+    in_flight, release_read, renewed = threading.Event(), threading.Event(), threading.Event()
+    replace, read = elector.api.replace_namespaced_lease, elector.api.read_namespaced_lease
+
+    def slow_renewal(*args: Any, **kwargs: Any) -> Any:
+        if in_flight.is_set():
+            return replace(*args, **kwargs)
+        in_flight.set()
+        release_read.wait(0.5)  # the renewal's write waits for the release's read (at most 0.5 s)
+        try:
+            return replace(*args, **kwargs)
+        finally:
+            renewed.set()
+
+    def read_then_let_the_renewal_land(*args: Any, **kwargs: Any) -> Any:
+        lease = read(*args, **kwargs)
+        if in_flight.is_set():  # the release's read
+            release_read.set()
+            renewed.wait(2)
+        return lease
+
+    monkeypatch.setattr(elector.api, "replace_namespaced_lease", slow_renewal)
+    monkeypatch.setattr(elector.api, "read_namespaced_lease", read_then_let_the_renewal_land)
+
+    async def scenario() -> float:
+        await elector.start()
+        assert await asyncio.to_thread(in_flight.wait, 2)
+        started = time.monotonic()
+        await elector.stop()
+        return time.monotonic() - started
+
+    took_s = asyncio.run(scenario())
+    path = server.lease_path("moeslo", "race")
+    assert server.obj(path)["spec"].get("holderIdentity") is None  # released: a standby takes over at once
+    assert [code for method, p, code in server.state.log if method == "PUT" and p == path] == [200, 200]
+    assert took_s < config.renew_period_s
+    assert elector.is_leader is False
 
 
 def test_two_candidates_racing_for_a_lapsed_lease_get_one_winner(server: StandInApiServer) -> None:
