@@ -2,6 +2,7 @@
 
     contracts.errors.MoesloError
     ├── ActuationError         an actuator failed after its retries (502)
+    │   └── LeadershipLostError     the lease was lost before an actuator's next change: it made none
     └── UnavailableError
         └── EngineRefusalError      an engine's own HTTP error answer, its status kept (503)
 
@@ -19,6 +20,10 @@ from contracts.errors import MoesloError, UnavailableError
 
 class ActuationError(MoesloError):
     """An actuator failed to carry out a decision after its retries."""
+
+
+class LeadershipLostError(ActuationError):
+    """The lease was lost before the actuator's next change, which it did not make: another replica acts now."""
 
 
 class EngineRefusalError(UnavailableError):

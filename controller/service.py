@@ -16,7 +16,10 @@ changes), an actuator that fails after its own retries is logged as a
 ``failed`` decision and counted in ``moeslo_errors_total``, and the next tick
 decides afresh from the replica count it reads back -- scale calls are
 absolute, so nothing is applied twice.  Only the leader actuates and logs;
-standbys evaluate, so their ``/v1/status`` stays current.
+standbys evaluate, so their ``/v1/status`` stays current.  Leadership is read
+afresh before each decision is carried out, by the actuator before each write
+it retries, and before each policy's and engine's rebalancing: a lease lost
+mid-tick stops what is left of it (``standby``).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from controller.actuators.base import Actuator
 from controller.config import ControllerSettings
 from controller.core import DecisionCore
 from controller.decision_log import INTERRUPTED, decision_record, interrupted_detail, logged_reason, rebalance_record
-from controller.errors import ActuationError
+from controller.errors import ActuationError, LeadershipLostError
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.policy import LocalTarget, Mode, Policy
 from controller.runtime import FORECAST_NOT_IN_USE, PolicyRuntime, json_safe
@@ -107,6 +110,10 @@ class ControllerService:
     # ---- what the API reads ----------------------------------------------
     @property
     def is_leader(self) -> bool:
+        return self.elector.is_leader
+
+    def _still_leading(self) -> bool:
+        """Asked by the actuators right before each change (from their worker threads too)."""
         return self.elector.is_leader
 
     @property
@@ -265,7 +272,9 @@ class ControllerService:
             return "standby", "the lease was lost during this tick: another replica acts"
         assert decision.desired_replicas is not None
         try:
-            result = await self.actuator.scale(policy, decision.desired_replicas)
+            result = await self.actuator.scale(policy, decision.desired_replicas, still_leading=self._still_leading)
+        except LeadershipLostError as exc:  # its retries outlived the lease: the new leader acts
+            return "standby", str(exc)
         except ActuationError as exc:
             self.metrics.error("actuator")
             log.warning("scaling %s to %s failed: %s", policy.name, decision.desired_replicas, exc)
@@ -277,8 +286,11 @@ class ControllerService:
         """Expert rebalancing per policy; each applied, advisory, failed, verified or interrupted step is logged."""
         assert self.rebalancer is not None
         for entry in stored:
+            if not self.is_leader:  # the lease was lost during this tick: the new leader rebalances
+                return
             try:
-                events = await self.rebalancer.tick(entry.policy, self.endpoints_for(entry.policy), now_s)
+                events = await self.rebalancer.tick(entry.policy, self.endpoints_for(entry.policy), now_s,
+                                                    still_leading=self._still_leading)  # fmt: skip
             except MoesloError as exc:
                 log.warning("rebalancing %s failed: %s", entry.policy.name, exc)
                 self.metrics.error("actuator")
@@ -429,21 +441,6 @@ def _sizing_number(decision: Decision, key: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _rebalancer(settings: ControllerSettings) -> Rebalancer | None:
-    """One rebalancer for both engines: each endpoint is driven through the embedded engine's
-    placement API or vLLM's /moeslo/eplb routes, by what it answers."""
-    from controller.actuators.placement import Rebalancer
-    from controller.actuators.vllm_control import AutoEngineControl
-
-    if not settings.rebalance:
-        return None
-    return Rebalancer(
-        AutoEngineControl(timeout_s=settings.source_timeout_s),
-        window_every_s=settings.rebalance_window_s,
-        min_windows=settings.rebalance_min_windows,
-    )
-
-
 def _source(
     settings: ControllerSettings, endpoints_for: Callable[[Policy], list[str]]
 ) -> tuple[SliSource, PrometheusClient | None]:
@@ -460,6 +457,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
     """The service the configuration describes: source, actuator, elector, core and metrics."""
     # Imported here: the kubernetes client and the rebalancer's numerics take seconds to import.
     from controller.actuators import api_client, build_actuator
+    from controller.actuators.vllm_control import build_rebalancer
     from controller.builder import CoreOptions, build_decision_core
     from controller.capacity import DEFAULT_PROFILE, ReplicaProfile
     from controller.leader import LeaseElector
@@ -493,7 +491,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         store=store, source=source, actuator=actuator, core=core, metrics=metrics, elector=elector,
         tick_interval_s=settings.tick_interval_s, stale_after_s=settings.stale_after_s,
         static_endpoints=settings.scrape_endpoints, decisions_keep=settings.decisions_keep,
-        rebalancer=_rebalancer(settings), history=history, shutdown_grace_s=settings.shutdown_grace_s,
+        rebalancer=build_rebalancer(settings), history=history, shutdown_grace_s=settings.shutdown_grace_s,
     )  # fmt: skip
     service_ref.append(service)
     return service

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from controller.actuators.base import Actuator, ReplicaCount, ScaleResult
+from controller.actuators.base import Actuator, ReplicaCount, ScaleResult, StillLeading, always_leading
 from controller.actuators.dryrun import DryRunActuator
 from controller.actuators.local import LocalActuator, LocalReplica
 from controller.config import ControllerSettings
@@ -24,6 +24,8 @@ __all__ = [
     "LocalReplica",
     "ReplicaCount",
     "ScaleResult",
+    "StillLeading",
+    "always_leading",
     "api_client",
     "build_actuator",
 ]

@@ -3,15 +3,28 @@
 Scaling is *to* an absolute count, never *by* a delta, so a retried or
 repeated call cannot apply a change twice; actuators also read before they
 write and skip writes that would change nothing.
+
+Only the leader scales, and a scale call can outlive the lease (a Kubernetes
+write is retried for up to ``retry_deadline_s``): the caller passes
+``still_leading``, which the actuator asks right before each change it makes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from controller.policy import Policy
+
+StillLeading = Callable[[], bool]
+"""Whether this replica still holds the lease; asked right before each change an actuator makes.  False stops
+the call with :class:`~controller.errors.LeadershipLostError` before that change (another replica acts now)."""
+
+
+def always_leading() -> bool:
+    """The ``still_leading`` of a caller with no election (the embedded mode, a one-off scale)."""
+    return True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,8 +62,11 @@ class Actuator(Protocol):
         """The current count; raises :class:`~controller.errors.ActuationError` when it cannot be read."""
         ...
 
-    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
-        """Make the target run ``replicas``; raises :class:`~controller.errors.ActuationError` after retries."""
+    async def scale(
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    ) -> ScaleResult:
+        """Make the target run ``replicas``; raises :class:`~controller.errors.ActuationError` after retries, and
+        :class:`~controller.errors.LeadershipLostError` (one) when ``still_leading`` says False before a change."""
         ...
 
     def endpoints(self, policy: Policy) -> Sequence[str]:

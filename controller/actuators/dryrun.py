@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.actuators.base import ReplicaCount, ScaleResult
+from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
+from controller.errors import LeadershipLostError
 from controller.policy import KubernetesTarget, LocalTarget, Policy
 
 
@@ -28,8 +29,12 @@ class DryRunActuator:
         count = self.counts.setdefault(policy.name, max(policy.scaling.min_replicas, 1))
         return ReplicaCount(desired=count, ready=count)
 
-    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
+    async def scale(
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    ) -> ScaleResult:
         previous = self.counts.setdefault(policy.name, max(policy.scaling.min_replicas, 1))
+        if previous != replicas and not still_leading():
+            raise LeadershipLostError(f"{policy.name}: the lease was lost before the scale to {replicas}")
         self.counts[policy.name] = replicas
         if previous != replicas:
             self.calls.append((policy.name, replicas))

@@ -24,6 +24,11 @@ a write that was applied but answered with an error never applies it twice;
 when the last attempt's answer was an error, one more read tells whether
 the write landed.
 
+Only the leader scales, and the retries of one call can outlast the lease:
+``still_leading`` is asked right before each write, and once it says False
+the call stops with :class:`~controller.errors.LeadershipLostError`, nothing
+more written (the replica that holds the lease now reads the count afresh).
+
 An HPA's ``maxReplicas`` lifted to fit a higher floor is remembered in an
 annotation and given back when the floor comes down again.
 
@@ -49,9 +54,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from contracts.errors import ValidationError
-from controller.actuators.base import ReplicaCount, ScaleResult
+from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
 from controller.config import KubernetesConfig
-from controller.errors import ActuationError
+from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import KubernetesTarget, Policy
 
 LWS_GROUP = "leaderworkerset.x-k8s.io"
@@ -183,11 +188,13 @@ class KubernetesActuator:
                                              _request_timeout=self.config.request_timeout_s)  # fmt: skip
         return tuple(sorted(f"http://{ip}:{target.port}" for pod in pods.items if (ip := _serving_ip(pod))))
 
-    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
+    async def scale(
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    ) -> ScaleResult:
         if replicas < 0:
             raise ActuationError(f"cannot scale {policy.name!r} to {replicas} replicas")
         target = self._target(policy)
-        return await asyncio.to_thread(self._scale_sync, target, replicas)
+        return await asyncio.to_thread(self._scale_sync, target, replicas, still_leading)
 
     @staticmethod
     def _target(policy: Policy) -> KubernetesTarget:
@@ -195,7 +202,7 @@ class KubernetesActuator:
             raise ActuationError(f"policy {policy.name!r} has a {policy.target.kind!r} target, not a Kubernetes one")
         return policy.target
 
-    def _scale_sync(self, target: KubernetesTarget, replicas: int) -> ScaleResult:
+    def _scale_sync(self, target: KubernetesTarget, replicas: int, still_leading: StillLeading) -> ScaleResult:
         state: dict[str, Any] = {"previous": None, "wrote": False, "attempts": 0}
 
         def attempt(timeout: float) -> ScaleResult:
@@ -210,6 +217,8 @@ class KubernetesActuator:
                     f"from {read.desired})"
                 )
             if read.desired != replicas:
+                if not still_leading():  # asked last thing before the write: the retries may have outlived the lease
+                    raise _lost_lease(target, replicas, wrote_before=state["wrote"])
                 self.writes += 1
                 state["wrote"] = True
                 self._write(target, read.obj, replicas, timeout)
@@ -219,6 +228,8 @@ class KubernetesActuator:
 
         try:
             result: ScaleResult = self._with_retries(target, attempt, f"scale to {replicas}")
+        except LeadershipLostError:
+            raise
         except ActuationError:
             if not state["wrote"] or not self._landed(target, replicas):
                 raise
@@ -330,6 +341,14 @@ def _set_hpa_floor(hpa: Any, floor: int) -> None:
     else:
         annotations.pop(LIFTED_MAX_ANNOTATION, None)
     meta.annotations = annotations
+
+
+def _lost_lease(target: KubernetesTarget, replicas: int, *, wrote_before: bool) -> LeadershipLostError:
+    earlier = " (an earlier attempt's write was answered with an error: it may have landed)" if wrote_before else ""
+    return LeadershipLostError(
+        f"{_describe(target)}: the lease was lost before the scale to {replicas} was written{earlier}; "
+        "another replica acts"
+    )
 
 
 def _selector(scale: Any) -> str | None:

@@ -43,9 +43,9 @@ from typing import IO
 import httpx
 
 from contracts.lifetime import child_setup
-from controller.actuators.base import ReplicaCount, ScaleResult
+from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
 from controller.config import LocalActuatorConfig
-from controller.errors import ActuationError
+from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import LocalTarget, Policy
 
 READY_PROBE_TIMEOUT_S = 0.5
@@ -182,12 +182,16 @@ class LocalActuator:
             return "broken"
         return "ready" if response.status_code < 500 else "down"
 
-    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
+    async def scale(
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    ) -> ScaleResult:
         if replicas < 0:
             raise ActuationError(f"cannot run {replicas} replicas of {policy.name!r}")
         async with self._lock:
             running = self._reap(policy)
             previous = len(running)
+            if previous != replicas and not still_leading():  # asked after the lock's wait, before any change
+                raise LeadershipLostError(f"{policy.name}: the lease was lost before the scale to {replicas}")
             while len(running) < replicas:
                 running.append(self._start(policy, running))
             surplus = running[replicas:]

@@ -11,6 +11,10 @@ Each engine also keeps a bounded history of its expert-load windows
 of them (each cut, by the engine's cumulative counts, to what was routed after the
 previous one), and the trigger judges the gain a plan made without the latest window
 shows on that window; verification expects that out-of-sample prediction.
+
+Only the leader rebalances: ``still_leading`` is asked before each engine and
+again right before an apply (the read and the plan take a while), and once it
+says False the tick stops there, leaving the engines to the new leader.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy.typing as npt
 from contracts.errors import UnavailableError
 from contracts.imbalance import rank_dispersion, rank_load, sampling_noise_cv
 from contracts.placement import Placement
+from controller.actuators.base import StillLeading, always_leading
 from controller.errors import EngineRefusalError, malformed_answer
 from controller.policy import Mode, Policy
 from controller.rebalance import (
@@ -256,15 +261,20 @@ class Rebalancer:
         if close is not None:
             await close()
 
-    async def tick(self, policy: Policy, endpoints: list[str], now_s: float) -> list[RebalanceEvent]:
-        """This policy's steps on its engines; cancelled, the steps it finished, and an apply it cut short, wait in
-        :meth:`take_unreported`."""
+    async def tick(
+        self, policy: Policy, endpoints: list[str], now_s: float, *, still_leading: StillLeading = always_leading
+    ) -> list[RebalanceEvent]:
+        """This policy's steps on its engines, while ``still_leading``; cancelled, the steps it finished, and an
+        apply it cut short, wait in :meth:`take_unreported`."""
         if policy.mode is Mode.OFF:
             return []
         events: list[RebalanceEvent] = []
         try:
             for endpoint in endpoints:
-                event = await self._tick_engine(policy, endpoint, now_s)
+                if not still_leading():
+                    log.info("rebalancer: the lease was lost: %s's engines are left to the new leader", policy.name)
+                    break
+                event = await self._tick_engine(policy, endpoint, now_s, still_leading)
                 if event is not None:
                     events.append(event)
         except asyncio.CancelledError:
@@ -320,7 +330,9 @@ class Rebalancer:
         state.shape = shape
         return state
 
-    async def _tick_engine(self, policy: Policy, endpoint: str, now_s: float) -> RebalanceEvent | None:
+    async def _tick_engine(
+        self, policy: Policy, endpoint: str, now_s: float, still_leading: StillLeading
+    ) -> RebalanceEvent | None:
         state = self.state(policy.name, endpoint)
         objective = policy.objectives.imbalance
         try:
@@ -360,6 +372,8 @@ class Rebalancer:
             held_out=held_out,
         )
         if decision.action != "rebalance" or plan is None:
+            return None
+        if not still_leading():  # lost while it read and planned: the new leader decides afresh
             return None
         state.last_rebalance_s = now_s
         summary = _plan_summary(plan) | {"plan_ms": plan_ms, "windows": len(state.loads)}

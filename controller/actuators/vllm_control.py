@@ -37,8 +37,10 @@ from controller.actuators.placement import (
     ExpertLoadSnapshot,
     HttpEngineControl,
     JsonHttpControl,
+    Rebalancer,
     totals,
 )
+from controller.config import ControllerSettings
 from controller.errors import EngineRefusalError, malformed_answer
 
 STATUS_PATH = "/moeslo/eplb"
@@ -155,4 +157,16 @@ class AutoEngineControl:
         await self._client.aclose()
 
 
-__all__ = ["AutoEngineControl", "VllmEngineControl", "swap_summary"]
+def build_rebalancer(settings: ControllerSettings) -> Rebalancer | None:
+    """The configured live rebalancer (None: off): one for both engines, each endpoint driven through the
+    embedded engine's placement API or vLLM's /moeslo/eplb routes, by what it answers."""
+    if not settings.rebalance:
+        return None
+    return Rebalancer(
+        AutoEngineControl(timeout_s=settings.source_timeout_s),
+        window_every_s=settings.rebalance_window_s,
+        min_windows=settings.rebalance_min_windows,
+    )
+
+
+__all__ = ["AutoEngineControl", "VllmEngineControl", "build_rebalancer", "swap_summary"]

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from contracts.errors import UnavailableError
-from controller.actuators import Actuator, DryRunActuator, LocalActuator, ScaleResult
+from controller.actuators import Actuator, DryRunActuator, LocalActuator, ScaleResult, StillLeading, always_leading
 from controller.config import LocalActuatorConfig
 from controller.core import CoreConfig, DecisionCore, PolicyState
 from controller.errors import ActuationError
@@ -64,12 +64,14 @@ class FlakyActuator(DryRunActuator):
         self.failures = 0
         self.attempts = 0
 
-    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
+    async def scale(
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    ) -> ScaleResult:
         self.attempts += 1
         if self.failures:
             self.failures -= 1
             raise ActuationError(f"deployment prod/{policy.name}: scale to {replicas} failed after 5 attempts: 503")
-        return await super().scale(policy, replicas)
+        return await super().scale(policy, replicas, still_leading=still_leading)
 
 
 class Follower:
@@ -280,7 +282,9 @@ class StallingActuator(DryRunActuator):
         super().__init__()
         self.b_scaled = asyncio.Event()
 
-    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
+    async def scale(
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    ) -> ScaleResult:
         if policy.name == "b":
             self.b_scaled.set()
         else:
@@ -288,7 +292,7 @@ class StallingActuator(DryRunActuator):
                 await asyncio.wait_for(self.b_scaled.wait(), timeout=2.0)
             except TimeoutError as exc:
                 raise ActuationError("a: stalled, and b waited behind it") from exc
-        return await super().scale(policy, replicas)
+        return await super().scale(policy, replicas, still_leading=still_leading)
 
 
 def test_one_stalled_actuation_does_not_hold_the_others(tmp_path: Path) -> None:
@@ -509,16 +513,27 @@ class LosesTheLease(Follower):
     is_leader = True
 
 
+class LosesTheLeaseWhenScaled(DryRunActuator):
+    """Its scale is written as the leader; by the time the answer comes, the lease is lost (when ``loses``)."""
+
+    def __init__(self, elector: LosesTheLease, *, loses: bool = True) -> None:
+        super().__init__()
+        self.elector = elector
+        self.loses = loses
+
+    async def scale(
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    ) -> ScaleResult:
+        result = await super().scale(policy, replicas, still_leading=still_leading)
+        if self.loses:
+            self.elector.is_leader = False  # another replica holds the lease from now on
+        return result
+
+
 def test_a_lease_lost_mid_tick_stops_the_ticks_remaining_actions(tmp_path: Path) -> None:
     elector = LosesTheLease()
-
-    class LosingActuator(DryRunActuator):
-        async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
-            elector.is_leader = False  # another replica holds the lease from now on
-            return await super().scale(policy, replicas)
-
     clock = Clock()
-    actuator = LosingActuator()
+    actuator = LosesTheLeaseWhenScaled(elector)
     service, store, _ = _service(tmp_path, clock, actuator=actuator, elector=elector)
     store.create_policy(_policy("first"))
     store.create_policy(_policy("second"))

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller.actuators import DryRunActuator, ScaleResult
+from controller.actuators import DryRunActuator, ScaleResult, StillLeading, always_leading
 from controller.actuators.placement import Rebalancer
 from controller.policy import ImbalanceObjective, LocalTarget, Mode, Objectives, Policy
 from controller.rebalance import TriggerSettings
@@ -23,8 +23,10 @@ class SlowAnswerActuator(DryRunActuator):
         super().__init__()
         self.applying = asyncio.Event()
 
-    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
-        result = await super().scale(policy, replicas)
+    async def scale(
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    ) -> ScaleResult:
+        result = await super().scale(policy, replicas, still_leading=still_leading)
         self.applying.set()
         await asyncio.sleep(0.2)
         return result
@@ -65,8 +67,10 @@ class TakesItsTimeActuator(DryRunActuator):
         self.all_applying = asyncio.Event()
         self.cut_short: list[str] = []
 
-    async def scale(self, policy: Policy, replicas: int) -> ScaleResult:
-        result = await super().scale(policy, replicas)
+    async def scale(
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    ) -> ScaleResult:
+        result = await super().scale(policy, replicas, still_leading=still_leading)
         self.applying.add(policy.name)
         if self.applying == self.take_s.keys():
             self.all_applying.set()

@@ -11,7 +11,7 @@ import pytest
 
 from controller.actuators import KubernetesActuator, api_client
 from controller.config import KubernetesConfig
-from controller.errors import ActuationError
+from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import Policy
 from tests.controller.kube_standin import Fault, StandInApiServer
 
@@ -181,6 +181,19 @@ def test_an_hpa_maximum_its_owner_changed_after_a_lift_is_kept(server: StandInAp
     asyncio.run(actuator.scale(policy, 3))
     spec = server.obj(path)["spec"]
     assert (spec["minReplicas"], spec["maxReplicas"]) == (3, 12)
+
+
+def test_a_lease_lost_between_attempts_stops_the_scale_before_its_next_write(server: StandInApiServer) -> None:
+    """A deposed leader's retries went on writing for up to ``retry_deadline_s`` after a standby had taken the
+    lease over: leadership is now asked right before each write."""
+    path = server.add_deployment_scale("prod", "qwen", 2)
+    server.state.faults.append(Fault("PUT", "/scale", 503))
+    leading = iter([True, False])  # the first write (answered 503) was made as the leader; the retry is not
+    actuator = _actuator(server)
+    with pytest.raises(LeadershipLostError, match=r"deployment prod/qwen: the lease was lost before the scale to 5"):
+        asyncio.run(actuator.scale(_policy(), 5, still_leading=lambda: next(leading)))
+    assert [c for m, p, c in server.state.log if m == "PUT" and p == path] == [503]  # no write after the loss
+    assert server.obj(path)["spec"]["replicas"] == 2 and actuator.writes == 1
 
 
 def test_an_hpa_floor_of_zero_is_refused() -> None:

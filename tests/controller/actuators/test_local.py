@@ -16,7 +16,7 @@ import pytest
 from controller.actuators import LocalActuator
 from controller.actuators.local import LocalReplica
 from controller.config import LocalActuatorConfig
-from controller.errors import ActuationError
+from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import Policy
 from harness.processes import free_port
 from tests.harness.children import still_running
@@ -266,3 +266,12 @@ def test_a_replica_does_not_outlive_a_controller_killed_without_a_shutdown() -> 
     if left:
         os.killpg(replica, signal.SIGKILL)
     assert left == [], "the replica outlived its controller"
+
+
+def test_a_lease_lost_before_the_scale_starts_no_replica() -> None:
+    config = LocalActuatorConfig(command=("sleep", "60"), first_port=free_port(), cpus_per_replica=1)
+    actuator = LocalActuator(config)
+    with pytest.raises(LeadershipLostError, match="the lease was lost before the scale to 1"):
+        asyncio.run(actuator.scale(_policy("first"), 1, still_leading=lambda: False))
+    assert actuator.replicas_by_policy.get("first", []) == []
+    assert asyncio.run(actuator.scale(_policy("first"), 0, still_leading=lambda: False)).changed is False

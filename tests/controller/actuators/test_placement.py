@@ -358,3 +358,44 @@ def test_a_cancelled_tick_leaves_its_finished_steps_and_the_apply_it_cut_short_t
     ]
     assert events[1].error == "a shutdown cut the apply short: whether the engine took the placement is unknown"
     assert rebalancer.take_unreported() == []  # reported once
+
+
+class ApplyRecordingEngine(InMemoryEngine):
+    """Records which endpoints a placement was applied on; every endpoint keeps the skewed placement."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied_on: list[str] = []
+
+    async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
+        self.applied_on.append(endpoint)
+        return {"experts_moved": 2, "duration_s": 0.01}
+
+
+def _warmed(engine: InMemoryEngine, endpoints: list[str]) -> Rebalancer:
+    """A rebalancer that has seen the imbalance on ``endpoints`` for 10 s (the next tick, at 11 s, rebalances)."""
+    rebalancer = Rebalancer(engine, TriggerSettings(cooldown_s=100), verify_after_s=5)
+    for now_s in (0.0, 5.0):
+        assert asyncio.run(rebalancer.tick(_policy(Mode.ENFORCE), endpoints, now_s)) == []
+    return rebalancer
+
+
+def test_a_lease_lost_after_an_engine_leaves_the_next_engines_to_the_new_leader() -> None:
+    engine = ApplyRecordingEngine()
+    rebalancer = _warmed(engine, ["http://a", "http://b"])
+    events = asyncio.run(rebalancer.tick(_policy(Mode.ENFORCE), ["http://a", "http://b"], 11.0,
+                                         still_leading=lambda: not engine.applied_on))  # fmt: skip
+    assert [(e.endpoint, e.outcome) for e in events] == [("http://a", "applied")]
+    assert engine.applied_on == ["http://a"]
+
+
+def test_a_lease_lost_while_the_plan_was_made_applies_nothing() -> None:
+    engine = InMemoryEngine()
+    rebalancer = _warmed(engine, ["http://engine"])
+    leading = iter([True, False])  # before the engine's read, and before its apply
+    assert asyncio.run(rebalancer.tick(_policy(Mode.ENFORCE), ["http://engine"], 11.0,
+                                       still_leading=lambda: next(leading))) == []  # fmt: skip
+    assert engine.applied == []
+    # Nothing was marked done: leading again, it rebalances at once (no cooldown began).
+    [event] = asyncio.run(rebalancer.tick(_policy(Mode.ENFORCE), ["http://engine"], 12.0))
+    assert (event.kind, event.outcome) == ("rebalance", "applied") and len(engine.applied) == 1
