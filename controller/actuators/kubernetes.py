@@ -11,8 +11,10 @@ Each read also lists the workload's ready pods (the scale subresource's
 ``status.selector``; for a LeaderWorkerSet that selects the group leaders),
 so :meth:`KubernetesActuator.endpoints` can name them to the entry router.
 
-Every write is a read-modify-replace carrying the object's
-``resourceVersion``: a concurrent change is a 409, after which the actuator
+Every write follows a read and carries the object's ``resourceVersion``
+(a scale subresource is replaced; an HPA gets a JSON merge patch of just the
+fields the actuator sets, so the spec fields the installed client's model
+does not know, from a newer API server, stay): a concurrent change is a 409, after which the actuator
 re-reads; if the count is already right it stops, and if another writer
 changed the count it stops without overwriting it (the decision was made
 from the old count; the next tick decides from the new one).  5xx, 429 and
@@ -66,6 +68,8 @@ RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 LIFTED_MAX_ANNOTATION = "moeslo.io/max-replicas-before-floor"
 """On an HPA whose ``maxReplicas`` the actuator lifted: the value it had, given back when the floor comes down."""
 FINAL_READ_TIMEOUT_S = 2.0
+MERGE_PATCH = "application/merge-patch+json"
+"""RFC 7386: the fields the patch names are set (``null`` removes), every other one stays as the server has it."""
 log = logging.getLogger(__name__)
 
 
@@ -126,7 +130,7 @@ class KubernetesActuator:
         self._sleep = sleep
         self._clock = clock
         self.writes = 0
-        """Replace calls sent (including ones that failed): tests check a retry never doubles them."""
+        """Writes sent (including ones that failed): tests check a retry never doubles them."""
 
     def check(self, policy: Policy) -> list[str]:
         target = policy.target
@@ -294,9 +298,9 @@ class KubernetesActuator:
 
     def _write(self, target: KubernetesTarget, obj: Any, replicas: int, timeout: float) -> None:
         if target.hpa is not None:
-            _set_hpa_floor(obj, replicas)
-            self.autoscaling.replace_namespaced_horizontal_pod_autoscaler(
-                target.hpa, target.namespace, obj, _request_timeout=timeout
+            self.autoscaling.patch_namespaced_horizontal_pod_autoscaler(
+                target.hpa, target.namespace, _hpa_floor_patch(obj, replicas), _request_timeout=timeout,
+                _content_type=MERGE_PATCH,
             )
         elif target.kind == "deployment":
             scale = k8s.V1Scale(
@@ -326,21 +330,23 @@ class KubernetesActuator:
             )
 
 
-def _set_hpa_floor(hpa: Any, floor: int) -> None:
-    """``minReplicas`` to ``floor``; ``maxReplicas`` lifted to fit it, and given back as the floor comes down."""
-    meta = hpa.metadata
-    annotations = dict(meta.annotations or {})
-    lifted_from = annotations.get(LIFTED_MAX_ANNOTATION, "")
+def _hpa_floor_patch(hpa: Any, floor: int) -> dict[str, Any]:
+    """The merge patch that sets the read HPA's ``minReplicas`` to ``floor``, lifting ``maxReplicas`` to fit it and
+    giving it back as the floor comes down.  It names only those fields, the annotation that remembers a lift, and
+    the read's ``resourceVersion`` (a precondition: a change since is a 409)."""
+    meta, spec = hpa.metadata, hpa.spec
+    lifted_from = (meta.annotations or {}).get(LIFTED_MAX_ANNOTATION)
     # Still as it was left (lifted to the floor): the remembered value is the owner's; otherwise someone set it since.
-    still_lifted = lifted_from.isdigit() and hpa.spec.max_replicas == hpa.spec.min_replicas
-    own_max = int(lifted_from) if still_lifted else hpa.spec.max_replicas
-    hpa.spec.min_replicas = floor
-    hpa.spec.max_replicas = max(own_max, floor)
-    if floor > own_max:
-        annotations[LIFTED_MAX_ANNOTATION] = str(own_max)
-    else:
-        annotations.pop(LIFTED_MAX_ANNOTATION, None)
-    meta.annotations = annotations
+    still_lifted = (lifted_from or "").isdigit() and spec.max_replicas == spec.min_replicas
+    own_max = int(lifted_from or 0) if still_lifted else spec.max_replicas
+    changes: dict[str, Any] = {"minReplicas": floor}
+    if max(own_max, floor) != spec.max_replicas:
+        changes["maxReplicas"] = max(own_max, floor)
+    metadata: dict[str, Any] = {"resourceVersion": meta.resource_version}
+    remembered = str(own_max) if floor > own_max else None
+    if remembered != lifted_from:
+        metadata["annotations"] = {LIFTED_MAX_ANNOTATION: remembered}  # None: removed
+    return {"metadata": metadata, "spec": changes}
 
 
 def _lost_lease(target: KubernetesTarget, replicas: int, *, wrote_before: bool) -> LeadershipLostError:

@@ -6,10 +6,13 @@ semantics that matter:
 
 - ``GET``/``PUT`` of a Deployment's and a LeaderWorkerSet's ``scale``
   subresource, an HPA (autoscaling/v2) and a Lease (coordination.k8s.io/v1),
-  plus ``POST`` to create a Lease;
+  plus ``POST`` to create a Lease and ``PATCH`` with a JSON merge patch
+  (RFC 7386, ``application/merge-patch+json``; other patch types get 415);
+  a ``PUT`` replaces the spec, a merge patch keeps every field it does not
+  name (also those no client model knows);
 - ``GET`` of a namespace's pods, filtered by an equality ``labelSelector``;
-- optimistic concurrency: a ``PUT`` whose ``metadata.resourceVersion`` is not
-  the stored one gets ``409 Conflict``; every write bumps the version;
+- optimistic concurrency: a ``PUT`` or ``PATCH`` whose ``metadata.resourceVersion``
+  is not the stored one gets ``409 Conflict``; every write bumps the version;
 - fault injection: queued 5xx answers (optionally *after* applying the write,
   like a server that commits and then fails to answer), and a concurrent
   writer that changes an object between a client's read and its write.
@@ -29,6 +32,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from controller.api.policy_routes import merge_patch
+
 
 @dataclass
 class Fault:
@@ -46,6 +51,7 @@ class StandInState:
     log: list[tuple[str, str, int]] = field(default_factory=list)
     applied_writes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     before_put: dict[str, Callable[[dict[str, Any]], None]] = field(default_factory=dict)
+    """Path: a change another writer makes to the object just before the next ``PUT`` or ``PATCH`` of it."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     next_version: int = 100
     pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -91,7 +97,7 @@ class StandInApiServer:
 
             def _handle(self, method: str) -> None:
                 path = self.path.split("?", 1)[0]
-                body = self._body() if method in ("PUT", "POST") else {}
+                body = self._body() if method in ("PUT", "POST", "PATCH") else {}
                 stall_s = max((s for part, s in state.stalls.items() if part in path), default=0.0)
                 if stall_s:
                     time.sleep(stall_s)  # an API server that does not answer in time
@@ -137,30 +143,40 @@ class StandInApiServer:
                     state.objects[full] = body
                     state.applied_writes.append((full, json.loads(json.dumps(body))))
                     return 201, body
-                if method == "PUT":
-                    current = state.objects.get(path)
-                    if current is None:
-                        return 404, _status(404, "NotFound", f"{path} not found")
-                    hook = state.before_put.pop(path, None)
-                    if hook is not None:
-                        hook(current)
-                        state.next_version += 1
-                        current["metadata"]["resourceVersion"] = str(state.next_version)
-                    sent = body.get("metadata", {}).get("resourceVersion")
-                    if sent is not None and sent != current["metadata"]["resourceVersion"]:
-                        message = "the object has been modified; please apply your changes to the latest version"
-                        return 409, _status(409, "Conflict", message)
-                    merged = {**current, **{k: v for k, v in body.items() if k in ("spec",)}}
+                if method in ("PUT", "PATCH"):
+                    return self._write(method, path, body, fault)
+                return 405, _status(405, "MethodNotAllowed", method)
+
+            def _write(self, method: str, path: str, body: dict[str, Any], fault: Fault | None
+                       ) -> tuple[int, dict[str, Any]]:  # fmt: skip
+                current = state.objects.get(path)
+                if current is None:
+                    return 404, _status(404, "NotFound", f"{path} not found")
+                if method == "PATCH" and self.headers.get("Content-Type") != "application/merge-patch+json":
+                    return 415, _status(415, "UnsupportedMediaType", str(self.headers.get("Content-Type")))
+                hook = state.before_put.pop(path, None)
+                if hook is not None:
+                    hook(current)
                     state.next_version += 1
+                    current["metadata"]["resourceVersion"] = str(state.next_version)
+                sent = body.get("metadata", {}).get("resourceVersion")
+                if sent is not None and sent != current["metadata"]["resourceVersion"]:
+                    message = "the object has been modified; please apply your changes to the latest version"
+                    return 409, _status(409, "Conflict", message)
+                state.next_version += 1
+                if method == "PATCH":
+                    merged = merge_patch(current, {k: v for k, v in body.items() if k in ("spec", "metadata")})
+                else:
+                    merged = {**current, **{k: v for k, v in body.items() if k in ("spec",)}}
                     sent_meta = body.get("metadata") or {}
                     kept = {"annotations": sent_meta["annotations"]} if "annotations" in sent_meta else {}
-                    merged["metadata"] = {**current["metadata"], **kept, "resourceVersion": str(state.next_version)}
-                    state.objects[path] = merged
-                    state.applied_writes.append((path, json.loads(json.dumps(merged))))
-                    if fault is not None:
-                        return fault.status, _status(fault.status, "InternalError", "injected fault after apply")
-                    return 200, merged
-                return 405, _status(405, "MethodNotAllowed", method)
+                    merged["metadata"] = {**current["metadata"], **kept}
+                merged["metadata"]["resourceVersion"] = str(state.next_version)
+                state.objects[path] = merged
+                state.applied_writes.append((path, json.loads(json.dumps(merged))))
+                if fault is not None:
+                    return fault.status, _status(fault.status, "InternalError", "injected fault after apply")
+                return 200, merged
 
             def do_GET(self) -> None:
                 self._handle("GET")
@@ -170,6 +186,9 @@ class StandInApiServer:
 
             def do_POST(self) -> None:
                 self._handle("POST")
+
+            def do_PATCH(self) -> None:
+                self._handle("PATCH")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"

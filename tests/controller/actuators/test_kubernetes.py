@@ -183,6 +183,45 @@ def test_an_hpa_maximum_its_owner_changed_after_a_lift_is_kept(server: StandInAp
     assert (spec["minReplicas"], spec["maxReplicas"]) == (3, 12)
 
 
+def _hpa_with_fields_of_a_newer_server(server: StandInApiServer) -> str:
+    """An HPA with spec fields the installed client's model may not know (a newer API server's)."""
+    path = server.add_hpa("prod", "qwen-hpa", min_replicas=1, max_replicas=8, current=1)
+    with server.state.lock:
+        spec = server.state.objects[path]["spec"]
+        spec["behavior"] = {"scaleUp": {"stabilizationWindowSeconds": 0, "tolerance": "0.05", "futureKnob": "keep"}}
+        spec["futureSpecField"] = {"x": 1}
+    return path
+
+
+def test_an_hpa_floor_change_keeps_the_spec_fields_the_client_does_not_know(server: StandInApiServer) -> None:
+    """The floor was written by replacing the whole HPA as the client's typed model read it: fields a newer API
+    server serves and the model lacks were dropped.  A merge patch names only the fields it sets."""
+    path = _hpa_with_fields_of_a_newer_server(server)
+    actuator, policy = _actuator(server), _policy(hpa="qwen-hpa")
+    for floor, bounds, lifted_from in ((3, (3, 8), None), (10, (10, 10), "8"), (2, (2, 8), None)):
+        asyncio.run(actuator.scale(policy, floor))
+        hpa = server.obj(path)
+        spec = hpa["spec"]
+        assert (spec["minReplicas"], spec["maxReplicas"]) == bounds
+        assert (spec["behavior"]["scaleUp"]["futureKnob"], spec["futureSpecField"]) == ("keep", {"x": 1})
+        assert (hpa["metadata"].get("annotations") or {}).get("moeslo.io/max-replicas-before-floor") == lifted_from
+    assert [(m, c) for m, p, c in server.state.log if p == path and m != "GET"] == [("PATCH", 200)] * 3
+
+
+def test_an_hpa_changed_since_its_read_is_a_conflict_and_read_again(server: StandInApiServer) -> None:
+    path = _hpa_with_fields_of_a_newer_server(server)
+
+    def someone_else(hpa: dict) -> None:
+        hpa["spec"]["behavior"]["scaleDown"] = {"stabilizationWindowSeconds": 300}  # the owner's edit, not the floor
+
+    server.state.before_put[path] = someone_else
+    result = asyncio.run(_actuator(server).scale(_policy(hpa="qwen-hpa"), 4))
+    assert (result.previous, result.replicas, result.attempts) == (1, 4, 2)
+    spec = server.obj(path)["spec"]
+    assert spec["minReplicas"] == 4 and spec["behavior"]["scaleDown"] == {"stabilizationWindowSeconds": 300}
+    assert [(m, c) for m, p, c in server.state.log if p == path and m != "GET"] == [("PATCH", 409), ("PATCH", 200)]
+
+
 def test_a_lease_lost_between_attempts_stops_the_scale_before_its_next_write(server: StandInApiServer) -> None:
     """A deposed leader's retries went on writing for up to ``retry_deadline_s`` after a standby had taken the
     lease over: leadership is now asked right before each write."""
