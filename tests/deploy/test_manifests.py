@@ -125,6 +125,21 @@ def test_scaled_workloads_leave_replicas_to_their_scaler(overlay: str) -> None:
         assert "replicas" not in workload["spec"], f"{overlay}: {kind} {name} pins spec.replicas"
 
 
+def test_hpas_whose_floor_the_controller_sets_leave_min_replicas_out() -> None:
+    """A policy's ``target.hpa`` has the controller raise that HPA's minReplicas: a pinned one would put the floor
+    back on every ``kubectl apply -k``, under the load the controller raised it for."""
+    managed = [
+        (overlay, target.namespace, target.hpa)
+        for overlay, policies in _overlay_policies().items()
+        for policy in policies
+        if isinstance(target := policy.target, KubernetesTarget) and target.hpa
+    ]
+    assert managed, "no overlay scales through an HPA"
+    for overlay, namespace, name in managed:
+        hpa = _rendered(f"overlays/{overlay}")[("HorizontalPodAutoscaler", namespace, name)]
+        assert "minReplicas" not in hpa["spec"], f"{overlay}: HorizontalPodAutoscaler {name} pins minReplicas"
+
+
 def test_validation_can_fail() -> None:
     resources = _rendered("overlays/vllm-gpu")
     deployment = copy.deepcopy(resources[("Deployment", "moeslo", "vllm-qwen3-moe")])
