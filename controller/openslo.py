@@ -23,8 +23,12 @@ the objective by ``moeslo.io/objective`` (else by the metric in the query),
 the threshold by the ``le`` matcher of the good query.  A new policy watches
 the model of the ``moeslo.io/model`` annotation, else of the queries'
 ``model_name="..."`` matcher (never the ``service``, which names a service,
-not a model); without either it is refused.  Every problem of every document
-is reported at once.
+not a model); without either it is refused.  What moeslo would read otherwise
+than the document means is refused by field: a budgeting method other than the
+one above (or none: OpenSLO requires it), a bad/total ratio, an ``op`` or a
+``value`` other than the ``le`` threshold on a ratio objective, a calendar
+window (a ``calendar`` without ``isRolling: true`` is calendar-aligned).  Every
+problem of every document is reported at once.
 """
 
 from __future__ import annotations
@@ -271,6 +275,7 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
         raise ValidationError(
             f"{where}: cannot tell the objective; annotate {OBJECTIVE_ANNOTATION} with ttft, itl or imbalance"
         )
+    _budgeting(spec, objective, f"{where}.spec")
     objectives = _need(spec, "objectives", f"{where}.spec", list)
     if len(objectives) != 1 or not isinstance(objectives[0], dict):
         raise ValidationError(f"{where}.spec.objectives: exactly one objective per SLO is supported")
@@ -293,7 +298,7 @@ def _queries(indicator_spec: dict[str, Any]) -> dict[str, str]:
     found: dict[str, str] = {}
     ratio = indicator_spec.get("ratioMetric")
     if isinstance(ratio, dict):
-        for part in ("good", "total"):
+        for part in ("good", "bad", "total"):
             query = ((ratio.get(part) or {}).get("metricSource") or {}).get("spec", {}).get("query")
             if isinstance(query, str):
                 found[part] = query
@@ -345,20 +350,26 @@ def _target(entry: dict[str, Any], where: str) -> float:
     return float(value)
 
 
+def _budgeting(spec: dict[str, Any], objective: str, where: str) -> None:
+    """The budgeting method moeslo reads an objective's SLO with: any other would be read as this one."""
+    method = _text(spec, "budgetingMethod", where)
+    expected = "Timeslices" if objective == "imbalance" else "Occurrences"
+    if method != expected:
+        said = "required" if method is None else f"{method!r} is not supported"
+        raise ValidationError(f"{where}.budgetingMethod: {said}; a {objective} SLO is imported with {expected} only")
+
+
 def _latency(entry: dict[str, Any], queries: dict[str, str], where: str) -> dict[str, Any]:
     target = _target(entry, f"{where}.objectives[0]")
-    threshold: float | None = None
-    if isinstance(entry.get("value"), (int, float)) and not isinstance(entry.get("value"), bool):
-        threshold = float(entry["value"])
-    elif "good" in queries and (match := _LE.search(queries["good"])):
-        try:
-            threshold = float(match.group(1))
-        except ValueError:
-            threshold = None
-    if threshold is None or not math.isfinite(threshold) or threshold <= 0:
-        raise ValidationError(
-            f"{where}.indicator.spec.ratioMetric.good: needs an le=\"<seconds>\" matcher naming the threshold"
-        )
+    threshold = _le_threshold(queries, where)
+    if "op" in entry:
+        raise ValidationError(f"{where}.objectives[0].op: a ratioMetric objective has none (op and value compare "
+                              "a thresholdMetric; here the threshold is the good query's le matcher)")  # fmt: skip
+    value = entry.get("value")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != threshold):
+        raise ValidationError(f"{where}.objectives[0].value: {value!r} is not the good query's le=\"{threshold:g}\" "
+                              "(a ratioMetric SLO's threshold is its le matcher; value belongs to thresholdMetric "
+                              "objectives)")  # fmt: skip
     out: dict[str, Any] = {"threshold_s": threshold, "target": target}
     good = queries.get("good", "")
     if TTFT_NORMALIZED_HISTOGRAM in good:
@@ -373,6 +384,24 @@ def _latency(entry: dict[str, Any], queries: dict[str, str], where: str) -> dict
     elif TTFT_HISTOGRAM in good:
         out["per_1k_prompt_tokens_s"] = 0.0  # the flat objective, whatever the policy had before
     return out
+
+
+def _le_threshold(queries: dict[str, str], where: str) -> float:
+    """The threshold of a good/total ratio: the ``le`` matcher of its good query."""
+    if "good" not in queries and "bad" in queries:
+        raise ValidationError(f"{where}.indicator.spec.ratioMetric.bad: bad/total ratios are not supported; give "
+                              'good (the requests in the le="<seconds>" bucket) and total')  # fmt: skip
+    threshold: float | None = None
+    if "good" in queries and (match := _LE.search(queries["good"])):
+        try:
+            threshold = float(match.group(1))
+        except ValueError:
+            threshold = None
+    if threshold is None or not math.isfinite(threshold) or threshold <= 0:
+        raise ValidationError(
+            f"{where}.indicator.spec.ratioMetric.good: needs an le=\"<seconds>\" matcher naming the threshold"
+        )
+    return threshold
 
 
 def _imbalance(entry: dict[str, Any], where: str) -> dict[str, Any]:
@@ -398,8 +427,11 @@ def _window(spec: dict[str, Any], where: str, previous: str | None) -> str | Non
     if not isinstance(windows, list) or len(windows) != 1 or not isinstance(windows[0], dict):
         raise ValidationError(f"{where}.timeWindow: exactly one window is supported")
     duration = _text(windows[0], "duration", f"{where}.timeWindow[0]")
-    if windows[0].get("isRolling", True) is not True:
-        raise ValidationError(f"{where}.timeWindow[0].isRolling: only rolling windows are supported")
+    # OpenSLO: isRolling, when omitted, is false where a calendar is given (a calendar-aligned window).
+    if windows[0].get("isRolling", "calendar" not in windows[0]) is not True:
+        raise ValidationError(f"{where}.timeWindow[0].isRolling: only rolling windows are supported"
+                              + (" (a window with a calendar is calendar-aligned unless isRolling: true)"
+                                 if "calendar" in windows[0] else ""))  # fmt: skip
     try:
         parse_duration_s(str(duration))
     except ValueError as exc:

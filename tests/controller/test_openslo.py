@@ -124,3 +124,60 @@ def test_the_exported_service_is_the_policy_a_valid_name() -> None:
         del doc["metadata"]["annotations"]  # as a tool that keeps only OpenSLO's own fields passes them on
     (imported,) = _import(*docs).values()
     assert (imported.name, imported.model_name) == ("chat", "Qwen/Qwen3-30B-A3B")
+
+
+def _refusal(doc: dict[str, Any]) -> tuple[str, ...]:
+    with pytest.raises(ValidationError) as caught:
+        parse_openslo(yaml.safe_dump(doc))
+    return caught.value.problems
+
+
+@pytest.mark.parametrize("method", ["Timeslices", "RatioTimeslices", "Banana", None])
+def test_a_budgeting_method_other_than_occurrences_is_refused_not_read_as_one(method: str | None) -> None:
+    """The budgeting method was never read: time slices (or none, which OpenSLO does not allow) read as
+    Occurrences, another SLO than the document states."""
+    doc = _slo(target=0.99, **({"timeSliceTarget": 0.95, "timeSliceWindow": "1m"} if method else {}))
+    doc["spec"]["budgetingMethod"] = method
+    said = "required" if method is None else f"{method!r} is not supported"
+    assert _refusal(doc) == (f"document 1: spec.budgetingMethod: {said}; a ttft SLO is imported with Occurrences "
+                             "only",)  # fmt: skip
+
+
+def test_the_exported_imbalance_slo_needs_its_timeslices() -> None:
+    policy = Policy(name="chat", target=LocalTarget(model="m"))
+    docs = list(yaml.safe_load_all(export_policy(policy)))
+    assert set(_import(*docs)) == {"chat"}
+    docs[2]["spec"]["budgetingMethod"] = "Occurrences"
+    with pytest.raises(ValidationError, match=r"document 3: spec\.budgetingMethod: 'Occurrences' is not supported; "
+                                              r"a imbalance SLO is imported with Timeslices only"):  # fmt: skip
+        _import(*docs)
+
+
+def test_a_calendar_window_without_is_rolling_is_calendar_aligned_and_refused() -> None:
+    """OpenSLO: isRolling, omitted, is false where a calendar is given; it was read as rolling."""
+    doc = _slo()
+    doc["spec"]["timeWindow"] = [{"duration": "30d", "calendar": {"startTime": "2024-01-01 00:00:00",
+                                                                 "timeZone": "UTC"}}]  # fmt: skip
+    (problem,) = _refusal(doc)
+    assert problem.startswith("document 1: spec.timeWindow[0].isRolling: only rolling windows are supported")
+    doc["spec"]["timeWindow"][0]["isRolling"] = True
+    assert parse_openslo(yaml.safe_dump(doc))["chat-frontend"].window == "30d"
+
+
+def test_a_ratio_objective_takes_its_threshold_from_le_never_from_value_or_op() -> None:
+    """``value: 1`` on a ratio objective overrode ``le="0.5"``: a 1 s TTFT threshold nobody wrote."""
+    (problem,) = _refusal(_slo(target=0.99, value=1))
+    assert problem.startswith("document 1: spec.objectives[0].value: 1 is not the good query's le=\"0.5\"")
+    (problem,) = _refusal(_slo(target=0.99, op="gt"))
+    assert problem.startswith("document 1: spec.objectives[0].op: a ratioMetric objective has none")
+    (policy,) = _import(_slo(target=0.99, value=0.5)).values()  # the same threshold, said twice
+    assert policy.objectives.ttft.threshold_s == 0.5
+
+
+def test_a_bad_total_ratio_is_refused_as_such() -> None:
+    doc = _slo()
+    ratio = doc["spec"]["indicator"]["spec"]["ratioMetric"]
+    ratio["bad"] = ratio.pop("good")
+    (problem,) = _refusal(doc)
+    assert problem.startswith("document 1: spec.indicator.spec.ratioMetric.bad: bad/total ratios are not supported")
+
