@@ -40,6 +40,7 @@ __all__ = [
     "exported_allowances",
     "format_allowance_label",
     "format_allowances",
+    "label_keeps",
 ]
 
 
@@ -112,8 +113,16 @@ class TtftAllowance:
 
 
 def format_allowance_label(value: float) -> str:
-    """One spelling of an allowance in a label (``0.05``, never ``0.050000000000000003``)."""
+    """One spelling of an allowance in a label (``0.05``, never ``0.050000000000000003``).
+
+    Six significant digits: a label written so stays the same for existing series, so a finer allowance is
+    refused where it is stated (:func:`label_keeps`), never rounded into another's series."""
     return f"{value:.6g}"
+
+
+def label_keeps(value: float) -> bool:
+    """Whether :func:`format_allowance_label` spells ``value`` exactly (at most 6 significant digits)."""
+    return float(format_allowance_label(value)) == value
 
 
 FLAT = TtftAllowance()
@@ -140,6 +149,9 @@ def exported_allowances(text: str | None) -> tuple[TtftAllowance, ...]:
             allowance = TtftAllowance(int(reference), float(per_1k)) if sep else None
         except ValueError as exc:
             raise ValueError(f"TTFT allowance {item!r}: {exc}") from None
+        if allowance is not None and not label_keeps(allowance.per_1k_prompt_tokens_s):
+            raise ValueError(f"TTFT allowance {item!r}: at most 6 significant digits, as the label spells it "
+                             f"({format_allowance_label(allowance.per_1k_prompt_tokens_s)})")
         if allowance is None or allowance.flat:
             raise ValueError(f"TTFT allowance {item!r} must read REFERENCE_TOKENS:SECONDS_PER_1K above 0 (2000:0.1)")
         if allowance.labels() not in [a.labels() for a in out]:

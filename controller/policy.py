@@ -20,6 +20,7 @@ from typing import Annotated, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from contracts.catalogue import TTFT_NORMALIZED_HISTOGRAM
 from contracts.slo_defaults import (
     COMPLIANCE_WINDOW,
     ITL_THRESHOLD_S,
@@ -31,7 +32,7 @@ from contracts.slo_defaults import (
     TTFT_REFERENCE_PROMPT_TOKENS,
     TTFT_THRESHOLD_S,
 )
-from contracts.ttft_objective import TtftAllowance
+from contracts.ttft_objective import TtftAllowance, format_allowance_label, label_keeps
 from controller.capacity import ReplicaProfile
 from controller.endpoints import check_endpoint_url
 
@@ -58,8 +59,8 @@ MAX_WINDOW_S = 366 * 86400
 """The longest compliance window (366 days)."""
 STORED = "stored"
 """Validation context key (``{STORED: True}``) of a spec read back from the store: a policy written before the
-window rule above (from 1h, whatever its targets) still loads, so the controller keeps serving it; any change to it
-is validated in full."""
+window rule above (from 1h, whatever its targets) or the 6 significant digits of a TTFT allowance still loads, so
+the controller keeps serving it; any change to it is validated in full."""
 
 
 def parse_duration_s(text: str) -> int:
@@ -193,7 +194,17 @@ class TtftObjective(LatencyObjective):
     reference_prompt_tokens: Annotated[int, Field(strict=True, ge=0, le=10_000_000)] = TTFT_REFERENCE_PROMPT_TOKENS
     """The prompt length ``threshold_s`` is stated for."""
     per_1k_prompt_tokens_s: Annotated[float, Field(strict=True, ge=0, le=60, allow_inf_nan=False)] = 0.0
-    """Extra TTFT allowed per 1,000 prompt tokens beyond the reference (0: a flat objective)."""
+    """Extra TTFT allowed per 1,000 prompt tokens beyond the reference (0: a flat objective), to 6 significant
+    digits: the normalized histogram's label spells it so, and two allowances that differ only beyond it would
+    read one series."""
+
+    @field_validator("per_1k_prompt_tokens_s")
+    @classmethod
+    def _six_digits(cls, value: float, info: ValidationInfo) -> float:
+        if label_keeps(value) or (info.context and info.context.get(STORED)):
+            return value
+        raise ValueError(f"per_1k_prompt_tokens_s {value!r}: at most 6 significant digits, as the "
+                         f"{TTFT_NORMALIZED_HISTOGRAM} label spells it ({format_allowance_label(value)})")
 
     @property
     def allowance(self) -> TtftAllowance:

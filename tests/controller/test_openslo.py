@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError as PydanticValidationError
 
 from contracts.errors import ValidationError
 from controller.openslo import apply_imported, export_policy, parse_openslo
-from controller.policy import LocalTarget, Policy
+from controller.policy import STORED, LocalTarget, Policy
 
 
 def _slo(service: str = "chat-frontend", model_matcher: str = 'model_name="Qwen/Qwen3-30B-A3B",',
@@ -181,3 +182,16 @@ def test_a_bad_total_ratio_is_refused_as_such() -> None:
     (problem,) = _refusal(doc)
     assert problem.startswith("document 1: spec.indicator.spec.ratioMetric.bad: bad/total ratios are not supported")
 
+
+def test_an_allowance_finer_than_its_label_is_refused_and_the_rest_round_trips_exactly() -> None:
+    """0.1234567 came back from OpenSLO as 0.123457 (the label's 6 digits), and read 0.123457's series."""
+    ttft = {"threshold_s": 0.5, "target": 0.995, "reference_prompt_tokens": 2000, "per_1k_prompt_tokens_s": 0.1234567}
+    spec = {"name": "rt", "target": {"kind": "model", "model": "m"}, "objectives": {"ttft": ttft}}
+    with pytest.raises(PydanticValidationError, match=r"objectives\.ttft\.per_1k_prompt_tokens_s\n.*at most 6 "
+                                                      r"significant digits.*\(0\.123457\)"):  # fmt: skip
+        Policy.model_validate(spec)
+    assert Policy.model_validate(spec, context={STORED: True}).objectives.ttft.per_1k_prompt_tokens_s == 0.1234567
+    for per_1k in (0.123456, 1.23456e-05, 59.9999):
+        policy = Policy.model_validate({**spec, "objectives": {"ttft": {**ttft, "per_1k_prompt_tokens_s": per_1k}}})
+        (back,) = _import(*yaml.safe_load_all(export_policy(policy))).values()
+        assert back.objectives.ttft == policy.objectives.ttft
