@@ -51,5 +51,13 @@ class NormalizedTtftObserver:
 
 
 def finished_ttfts(finished: Iterable[Any]) -> list[tuple[float, int]]:
-    """``(ttft_s, prompt_tokens)`` of vLLM's finished-request stats: engine-core queue time plus prefill time."""
-    return [(float(f.queued_time) + float(f.prefill_time), int(f.num_prompt_tokens)) for f in finished]
+    """``(ttft_s, prompt_tokens)`` of vLLM's finished-request stats: engine-core queue time plus prefill time.
+
+    A request that finished without a first token (aborted while queued or in prefill, refused) is no TTFT
+    observation, as on vLLM's own TTFT histogram: vLLM leaves its unreached timestamps at 0, so its queue or
+    prefill time is negative (or it generated nothing), and it is skipped, never counted as a good 0 s."""
+    return [
+        (float(f.queued_time) + float(f.prefill_time), int(f.num_prompt_tokens))
+        for f in finished
+        if f.queued_time >= 0 and f.prefill_time >= 0 and getattr(f, "num_generation_tokens", 1) > 0
+    ]
