@@ -33,6 +33,17 @@ def _below(low: float, high: float, *, low_open: bool = False) -> Callable[[floa
     return check
 
 
+def _allowance(value: float) -> float:
+    """An option's callback: a TTFT allowance of 0 or more, spelt exactly by its series' label (6 digits)."""
+    from contracts.ttft_objective import format_allowance_label, label_keeps
+
+    at_least(0.0)(value)
+    if not label_keeps(value):
+        raise typer.BadParameter(f"at most 6 significant digits (its series label reads "
+                                 f"{format_allowance_label(value)}), got {value}")
+    return value
+
+
 # long: a typer command is its option list; the work is in controller.replay.
 def replay(
     trace: Annotated[Path, typer.Option(help="Trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV, counts CSV).")],
@@ -79,7 +90,7 @@ def replay(
     ] = 1.0,
     scrape: Annotated[float, typer.Option(callback=positive, help="Prometheus scrape interval (s).")] = 30.0,
     ttft_per_1k: Annotated[
-        float, typer.Option(callback=at_least(0.0),
+        float, typer.Option(callback=_allowance,
                             help="TTFT objective's allowance per 1,000 prompt tokens beyond the reference (s).")
     ] = 0.0,
     ttft_reference_tokens: Annotated[

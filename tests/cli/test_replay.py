@@ -70,6 +70,8 @@ def test_the_bundled_slice_names_its_span_and_a_warmup_that_scores(tmp_path: Pat
     ("args", "says"),
     [
         (("--ttft-per-1k", "nan"), "Invalid value for '--ttft-per-1k': must be a finite number of 0 or more, got nan"),
+        (("--ttft-per-1k", "0.1234567"), "Invalid value for '--ttft-per-1k': at most 6 significant digits (its "
+                                          "series label reads 0.123457), got 0.1234567"),
         (("--drift-per-day", "inf"), "Invalid value for '--drift-per-day': must be a number in (-1, 10), got inf"),
         (("--drift-per-day", "-1"), "Invalid value for '--drift-per-day': must be a number in (-1, 10), got -1.0"),
         (("--capacity-error", "inf"), "Invalid value for '--capacity-error': must be a finite number of -0.9 or more "
