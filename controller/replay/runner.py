@@ -185,6 +185,7 @@ def build_strategy(setting: Setting, ctx: ReplayContext) -> ReplayStrategy:
             decode_tokens_per_s_at_slo=decode,
             max_replicas=ctx.max_replicas,
             rate_window_s=config.adapter_rate_window_s,
+            scale_down_window_s=setting.number("scale_down_window_s"),
         )
     if policy in ("keda-queue", "keda-kv"):
         gauge = "waiting" if policy == "keda-queue" else "kv_usage_sum"

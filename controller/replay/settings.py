@@ -22,7 +22,7 @@ Knob = float | str
 
 DEFAULT_KNOBS: Mapping[str, Mapping[str, Knob]] = {
     "static": {"headroom": 0.85},
-    "hpa": {"target": 0.7},
+    "hpa": {"target": 0.7, "scale_down_window_s": 300.0},
     "keda-queue": {"threshold": 5.0},
     "keda-kv": {"threshold": 0.7},
     "dynamo": {"predictor": "arima", "headroom": 1.0},
@@ -37,12 +37,14 @@ example; 0.7 KV usage sits between aibrix's 0.5 and llm-d's 0.8.
 
 
 KNOB_RANGES: Mapping[str, tuple[float, float, str]] = {
-    "headroom": (0.0, 10.0, "()"), "target": (0.0, 1.0, "(]"), "threshold": (0.0, 1e9, "()"),
-    "quantile": (0.5, 1.0, "[)"), "cooldown_s": (0.0, 86400.0, "[)"),
+    "headroom": (0.0, 10.0, "()"), "target": (0.0, 2.0, "(]"), "threshold": (0.0, 1e9, "()"),
+    "quantile": (0.5, 1.0, "[)"), "cooldown_s": (0.0, 86400.0, "[)"), "scale_down_window_s": (0.0, 3600.0, "[]"),
 }
 """The ranges of the numeric knobs, with which ends they hold (an HPA target may be 1, a cooldown 0): outside
 them a policy means nothing.  Our quantile's is the policy's own (``ForecastSettings.quantile``): below the
-median the fleet would be sized under the forecast."""
+median the fleet would be sized under the forecast.  The HPA's target may pass 1: its metric is load over what
+one replica sustains within the SLOs with each phase alone, which a replica of a large fleet can run past; its
+scale-down window is ``behavior.scaleDown.stabilizationWindowSeconds`` (at most an hour, as Kubernetes allows)."""
 KNOB_CHOICES: Mapping[str, tuple[str, ...]] = {"predictor": ("constant", "kalman", "arima")}
 
 
@@ -52,7 +54,11 @@ def _grid(policy: str, knob: str, values: Sequence[Knob]) -> tuple[dict[str, Kno
 
 SWEEP_GRIDS: Mapping[str, tuple[dict[str, Knob], ...]] = {
     "static": _grid("static", "headroom", (0.6, 0.7, 0.8, 0.9, 1.0)),
-    "hpa": _grid("hpa", "target", (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)),
+    "hpa": tuple(
+        {"target": target, "scale_down_window_s": window}
+        for window in (0.0, 300.0)
+        for target in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2)
+    ),
     "keda-queue": _grid("keda-queue", "threshold", (0.02, 0.05, 0.1, 0.25, 1.0, 5.0)),
     "keda-kv": _grid("keda-kv", "threshold", (0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5)),
     "dynamo": tuple(

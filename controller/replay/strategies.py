@@ -48,6 +48,7 @@ from controller.predictive import PredictiveAdvisor
 from controller.replay.dynamo import DynamoPlanner
 from controller.replay.hpa import (
     DEFAULT_BEHAVIOR,
+    DOWNSCALE_STABILIZATION_S,
     HorizontalPodAutoscaler,
     external_per_pod_replicas,
     milli,
@@ -121,13 +122,17 @@ class HpaLoadStrategy:
         decode_tokens_per_s_at_slo: float,
         max_replicas: int,
         rate_window_s: float = 120.0,
+        scale_down_window_s: float = DOWNSCALE_STABILIZATION_S,
         legacy: bool = False,
     ) -> None:
         self.target_milli = milli(target)
         self.prefill = prefill_tokens_per_s_at_slo
         self.decode = decode_tokens_per_s_at_slo
         self.rate_window_s = rate_window_s
-        self.hpa = HorizontalPodAutoscaler(max_replicas=max_replicas, behavior=None if legacy else DEFAULT_BEHAVIOR)
+        down = replace(DEFAULT_BEHAVIOR.scale_down, window_s=scale_down_window_s)
+        behavior = replace(DEFAULT_BEHAVIOR, scale_down=down)
+        self.hpa = HorizontalPodAutoscaler(max_replicas=max_replicas, behavior=None if legacy else behavior,
+                                           downscale_stabilization_s=scale_down_window_s)  # fmt: skip
 
     def desired(self, view: FleetView) -> int:
         pipeline, tick = view.pipeline, view.tick

@@ -76,9 +76,10 @@ def test_replay_writes_summary_and_plots(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert set(summary["policies"]) == {"static:headroom=0.85", "hpa:target=0.5", "oracle:headroom=0.85"}
+    assert set(summary["policies"]) == {"static:headroom=0.85", "hpa:scale_down_window_s=300,target=0.5",
+                                       "oracle:headroom=0.85"}
     assert summary["mode"] == "request"
-    assert set(summary["policies"]["hpa:target=0.5"]) >= {"scored", "warmup"}
+    assert set(summary["policies"]["hpa:scale_down_window_s=300,target=0.5"]) >= {"scored", "warmup"}
     assert json.loads((out / "summary.json").read_text())["policies"] == summary["policies"]
     assert (out / "replicas.png").stat().st_size > 1000
 

@@ -23,12 +23,12 @@ def test_values_at_the_edges_are_kept() -> None:
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("hpa:target=-1", "hpa:target must be a number above 0 and at most 1"),
+        ("hpa:target=-1", "hpa:target must be a number above 0 and at most 2"),
         ("hpa:target=abc", "hpa:target must be a number"),
         ("moeslo:quantile=2", "moeslo:quantile must be a number at least 0.5 and below 1"),
         ("moeslo:quantile=0.3", "moeslo:quantile must be a number at least 0.5 and below 1, got 0.3"),
         ("moeslo:quantile=nan", "moeslo:quantile must be a number at least 0.5 and below 1, got nan"),
-        ("hpa:target=inf", "hpa:target must be a number above 0 and at most 1, got inf"),
+        ("hpa:target=inf", "hpa:target must be a number above 0 and at most 2, got inf"),
         ("moeslo:cooldown_s=-5", "moeslo:cooldown_s must be a number at least 0"),
         ("static:headroom=0", "static:headroom must be a number above 0"),
         ("dynamo:predictor=magic", "dynamo:predictor must be one of constant, kalman, arima"),
