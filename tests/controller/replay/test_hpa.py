@@ -94,3 +94,16 @@ def test_bounds_come_before_the_metrics() -> None:
     hpa = HorizontalPodAutoscaler(min_replicas=2, max_replicas=6, behavior=None)
     assert hpa.sync(0.0, spec_replicas=9, proposals=[None]) == 6
     assert hpa.sync(15.0, spec_replicas=1, proposals=[None]) == 2
+
+
+@pytest.mark.parametrize(("window_s", "drop_at"), [(0.0, 0.0), (60.0, 60.0), (300.0, 300.0)])
+def test_the_hpa_baselines_scale_down_window_is_its_knob(window_s: float, drop_at: float) -> None:
+    from controller.replay.settings import SWEEP_GRIDS, Setting
+    from controller.replay.strategies import HpaLoadStrategy
+
+    setting = Setting.of("hpa", {"scale_down_window_s": window_s})
+    strategy = HpaLoadStrategy(target=0.7, prefill_tokens_per_s_at_slo=1.0, decode_tokens_per_s_at_slo=1.0,
+                               max_replicas=100, scale_down_window_s=setting.number("scale_down_window_s"))  # fmt: skip
+    history = run(strategy.hpa, current=11, raw=2, syncs=21)
+    assert min(t for t, replicas in history if replicas == 2) == drop_at
+    assert {knobs["scale_down_window_s"] for knobs in SWEEP_GRIDS["hpa"]} == {0.0, 300.0}
