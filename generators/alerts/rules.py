@@ -6,17 +6,20 @@ over every window the burn-rate alerts read, then the error ratio.  The
 alerts are the SRE workbook's multiwindow multi-burn-rate alerts; their
 window pairs and burn-rate factors come from :mod:`controller.slo`, derived
 from the policy's compliance window and the share of budget each alert
-guards, so a 7-day window gets different factors than a 30-day one.  Pairs
-whose factor would be below 1 are left out (a burn rate <= 1 never exhausts
-the budget, so they would fire while the SLO is met): a 7-day window keeps only
-the two paging pairs, and a window under 50 hours, with none left, is refused,
+guards, so a 7-day window gets different factors than a 30-day one.  The
+slowest pair (3d/6h) always tickets above 1x, so a burn that would exhaust the
+budget within the window is never silent; faster pairs whose factor would be
+below 1 are left out (a burn rate <= 1 never exhausts the budget, so they would
+fire while the SLO is met): a 7-day window keeps the two pages and 3d/6h, and a
+window under 50 hours, where no pair reaches 1 of its own, is refused,
 as is a target whose burn rate, every event bad, stays under an alert's factor.
 The policy model refuses both already (``controller.policy``), so a policy the
 REST API took always has rules; these checks guard policies built without it.
 
-Paging needs traffic: every burn-rate alert also requires the request rate
-over its short window to reach ``AlertOptions.min_request_rate_per_s``, so a
-handful of slow requests at 3 a.m. does not wake anyone.
+Paging needs traffic: every burn-rate alert also requires
+``AlertOptions.min_requests`` requests over its short window, so a handful of
+slow requests at 3 a.m. does not wake anyone, while a slow trickle still
+tickets over the 2h and 6h short windows.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from contracts.errors import ValidationError
 from controller.policy import MIN_WINDOW_S, LatencyObjective, Policy, parse_duration_s
 from controller.slo import (
     MIN_ALERT_BURN_RATE,
-    MIN_ALERT_REQUEST_RATE_PER_S,
+    MIN_ALERT_REQUESTS,
     BurnRateWindow,
     dropped_burn_rate_windows,
     error_budget,
@@ -60,8 +63,8 @@ class AlertOptions:
     """Whose histogram buckets the engines write (:mod:`generators.buckets`): moeslo's (ITL has 0.02),
     stock vLLM's (no 0.02), or vLLM's started with the SLO edges (``vllm-slo-buckets``)."""
     evaluation_interval: str = "30s"
-    min_request_rate_per_s: float = MIN_ALERT_REQUEST_RATE_PER_S
-    """Low-traffic guard: burn-rate alerts need this many requests/s over their short window."""
+    min_requests: int = MIN_ALERT_REQUESTS
+    """Low-traffic guard: burn-rate alerts need this many TTFT requests over their short window."""
     for_fraction_of_short_window: float = 0.2
     """``for:`` of a burn-rate alert, as a share of its short window (5m -> 1m, 30m -> 6m)."""
     min_for: str = "1m"
@@ -135,8 +138,9 @@ def burn_windows(policy: Policy) -> tuple[BurnRateWindow, ...]:
 def dropped_windows_note(policies: Sequence[Policy]) -> str:
     """Comment lines for the generated rules: which window pairs were left out of which policy, and why."""
     lines = [
-        "# Burn-rate window pairs whose factor would be below 1 are left out: a burn rate <= 1",
-        "# never exhausts the error budget, so they would fire while the SLO is met.",
+        "# The slowest burn-rate pair tickets above 1x whatever the compliance window: a burn above 1",
+        "# exhausts the error budget within it.  Faster pairs whose factor would be below 1 are left out:",
+        "# a burn rate <= 1 never exhausts the budget, so they would fire while the SLO is met.",
     ]
     for policy in policies:
         dropped = dropped_burn_rate_windows(policy.window_s)
@@ -229,7 +233,8 @@ def _burn_rate_alerts(
             f"and\n"
             f"({ERROR_RATIO_RECORD.format(window=w.short_window)}{mine} / {_num(budget)}) > {factor}\n"
             f"and on (policy, model_name)\n"
-            f"{TOTAL_EVENTS_RECORD.format(window=w.short_window)}{requests} >= {_num(options.min_request_rate_per_s)}"
+            f"{TOTAL_EVENTS_RECORD.format(window=w.short_window)}{requests}"
+            f" * {w.short_window_s} >= {options.min_requests}"
         )
         alerts.append(
             AlertingRule(

@@ -59,16 +59,35 @@ def test_standard_windows_are_derived() -> None:
     for w in windows:
         assert w.short_window_s * slo.SHORT_WINDOW_DIVISOR == w.long_window_s
         assert w.burn_rate == pytest.approx(w.budget_fraction * 30 * 86400 / w.long_window_s)
-    # Derived, not a table: a 7-day window gives other factors.
+    # Derived, not a table: a 7-day window gives other factors (and holds its slowest pair at 1x).
     week = slo.standard_burn_rate_windows(7 * 86400)
-    assert [round(w.burn_rate, 6) for w in week] == [3.36, 1.4]
+    assert [(w.long_window, round(w.burn_rate, 6)) for w in week] == [("1h", 3.36), ("6h", 1.4), ("3d", 1.0)]
+
+
+@pytest.mark.parametrize(
+    ("days", "factors"),
+    [
+        (28, {"1h": 13.44, "6h": 5.6, "1d": 2.8, "3d": 1.0}),  # 3d/6h would be 0.93x: raised to 1x
+        (7, {"1h": 3.36, "6h": 1.4, "3d": 1.0}),  # 3d/6h would be 0.23x; 1d/2h (0.7x) is left out
+        (90, {"1h": 43.2, "6h": 18.0, "1d": 9.0, "3d": 1.0}),  # 3d/6h would be 3x: lowered to 1x
+        (30, {"1h": 14.4, "6h": 6.0, "1d": 3.0, "3d": 1.0}),
+    ],
+)
+def test_the_slowest_pair_tickets_any_burn_that_would_exhaust_the_budget(days: int, factors: dict[str, float]) -> None:
+    """A burn above 1x spends the budget before the window ends: whatever the window, the 3d/6h ticket sees it."""
+    windows = slo.standard_burn_rate_windows(days * 86400)
+    assert {w.long_window: round(w.burn_rate, 6) for w in windows} == factors
+    slowest = windows[-1]
+    assert (slowest.long_window, slowest.severity, slowest.burn_rate) == ("3d", "ticket", 1.0)
+    assert slowest.budget_fraction == pytest.approx(3 / days)  # what 1x spends of the budget in 3 days
+    assert slo.objective_status({"3d": 0.975, "6h": 0.975}, 0.99, days * 86400).firing == (slowest,)  # 2.5x
 
 
 def test_windows_below_one_x_are_left_out() -> None:
     """A burn rate <= 1 never exhausts the budget: an alert below 1x would fire while the SLO is met."""
     week_dropped = slo.dropped_burn_rate_windows(7 * 86400)
-    assert [(w.long_window, round(w.burn_rate, 6)) for w in week_dropped] == [("1d", 0.7), ("3d", 0.233333)]
-    for days in (1, 2, 3, 5, 7, 10, 14, 30, 90):
+    assert [(w.long_window, round(w.burn_rate, 6)) for w in week_dropped] == [("1d", 0.7)]
+    for days in (1, 2, 3, 5, 7, 10, 14, 28, 30, 90):
         windows = slo.standard_burn_rate_windows(days * 86400)
         assert all(w.burn_rate >= slo.MIN_ALERT_BURN_RATE - 1e-9 for w in windows), days
         kept_and_dropped = windows + slo.dropped_burn_rate_windows(days * 86400)
@@ -77,8 +96,10 @@ def test_windows_below_one_x_are_left_out() -> None:
     # 1 day: 1h would page at 0.48x, 6h at 0.2x, 1d ticket at 0.1x: nothing is left.
     assert slo.standard_burn_rate_windows(86400) == ()
     assert [w.long_window for w in slo.dropped_burn_rate_windows(86400)] == ["1h", "6h", "1d"]
-    # 50 hours is the shortest window that keeps the 1h page (at exactly 1x); 30 days keeps 3d at 1x.
-    assert [w.long_window for w in slo.standard_burn_rate_windows(50 * 3600)] == ["1h"]
+    # 50 hours is the shortest window that keeps the 1h page (at exactly 1x), and its slowest pair (1d/2h, 3d does
+    # not fit) at 1x; 30 days keeps 3d at 1x.
+    fifty_hours = slo.standard_burn_rate_windows(50 * 3600)
+    assert [(w.long_window, w.burn_rate) for w in fifty_hours] == [("1h", 1.0), ("1d", 1.0)]
     assert slo.dropped_burn_rate_windows(30 * 86400) == ()
 
 
@@ -163,3 +184,12 @@ def test_misses_beyond_chance_is_a_one_sided_binomial_test() -> None:
     assert not slo.misses_beyond_chance(0.981, 1300, 0.99, clump=4)
     assert slo.misses_beyond_chance(0.96, 1300, 0.99, clump=4)
     assert not slo.misses_beyond_chance(0.5, 0.5, 0.99)  # less than one event
+
+
+def test_the_low_traffic_guard_counts_requests_over_the_short_window() -> None:
+    """20 requests: one slow among them is 5 %, short of the 14.4 % the fastest page needs at 99 %."""
+    assert slo.MIN_ALERT_REQUESTS == 20
+    assert not slo.enough_requests(19 / 300, 300)  # 19 in 5 minutes
+    assert slo.enough_requests(20 / 300, 300)
+    assert slo.enough_requests(5 / 60, 7200)  # 5 a minute: 600 over a ticket's 2 h
+    assert not slo.enough_requests(0.0005, 6 * 3600)  # 43 a day: 11 in 6 h

@@ -122,7 +122,7 @@ def stack(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     )
     controller_url = f"http://127.0.0.1:{controller_port}"
     # Fast rules for the test: 1 s evaluation, no `for:`, a low traffic floor.
-    options = AlertOptions(evaluation_interval="1s", for_override="0s", min_request_rate_per_s=0.001)
+    options = AlertOptions(evaluation_interval="1s", for_override="0s", min_requests=1)
     (tmp / "rules.yaml").write_text(dump_yaml(rules_document(build_rule_groups([POLICY], options))))
     try:
         wait_healthy(f"{controller_url}/health", controller, 60.0, name="controller")

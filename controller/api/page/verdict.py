@@ -2,8 +2,9 @@
 
 The multiwindow alerting pairs are the SRE workbook's (:func:`controller.slo.standard_burn_rate_windows`
 for the policy's compliance window), evaluated on the burn rates the controller computed
-this tick, and held back by the rules' low-traffic guard pair by pair (the TTFT request rate over
-each pair's short window, from Prometheus), so the page says "burning" when the generated alert rules would.
+this tick, and held back by the rules' low-traffic guard pair by pair (the TTFT requests over each pair's short
+window, :func:`controller.slo.enough_requests`, from Prometheus), so the page says "burning" when the generated
+alert rules would.
 Compliance over the window is the good ratio the error budget left was computed from:
 ``remaining = 1 - (1 - ratio) / (1 - target)``, so ``ratio = 1 - (1 - remaining)(1 - target)``.
 """
@@ -17,9 +18,9 @@ from enum import IntEnum
 from controller.api.schemas import PolicyStatus
 from controller.policy import Policy
 from controller.slo import (
-    MIN_ALERT_REQUEST_RATE_PER_S,
     BurnRateWindow,
     Severity,
+    enough_requests,
     is_burning,
     standard_burn_rate_windows,
 )
@@ -116,13 +117,13 @@ def pair_states(
     windows = standard_burn_rate_windows(policy.window_s)
     seen = status.seen.get("request_rate_rps")
     fallback = float(seen) if isinstance(seen, int | float) else None
-    requests = {w.short_window: (request_rates or {}).get(w.short_window, fallback) for w in windows}
-    quiet = {short: rate is not None and rate < MIN_ALERT_REQUEST_RATE_PER_S for short, rate in requests.items()}
+    requests = {w.short_window_s: (request_rates or {}).get(w.short_window, fallback) for w in windows}
+    quiet = {short_s: rate is not None and not enough_requests(rate, short_s) for short_s, rate in requests.items()}
     out = []
     for slo in SLOS:
         rates = status.burn_rates.get(slo, {})
         for w in windows:
-            out.append(PairState(slo, w, rates.get(w.long_window), rates.get(w.short_window), quiet[w.short_window]))
+            out.append(PairState(slo, w, rates.get(w.long_window), rates.get(w.short_window), quiet[w.short_window_s]))
     return out
 
 

@@ -106,3 +106,40 @@ def test_a_model_name_with_template_braces_loads(tmp_path: Path) -> None:
     result = _run(_tool("promtool"), "check", "rules", str(rule_file))
     assert result.returncode == 0, result.stdout + result.stderr
     assert '{{ "m{{ x }}\'y" }}' in rule_file.read_text()
+
+
+SLOW_BURN_28D = """
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  # 400 requests a minute, 2.5 % slower than 0.5 s for 9 hours: burn 2.5x, the 28-day budget gone in 11.2 days.
+  - interval: 1m
+    input_series:
+      - series: 'vllm:time_to_first_token_seconds_count{model_name="m28",engine="0"}'
+        values: '0+400x540'
+      - series: 'vllm:time_to_first_token_seconds_bucket{model_name="m28",engine="0",le="0.5"}'
+        values: '0+390x540'
+    alert_rule_test:
+      - eval_time: 540m
+        alertname: MoesloTTFTErrorBudgetBurn
+        exp_alerts:
+          - exp_labels: {severity: ticket, policy: w28, slo: ttft, model_name: m28, long_window: 3d, short_window: 6h,
+                         burn_rate_threshold: "1"}
+            exp_annotations:
+              summary: TTFT SLO of policy w28 burns its error budget at >= 1x (3d/6h)
+              description: Over 3d the TTFT error budget of m28 (threshold 0.5 s, target 0.99) burned at 2.5x; at 1x,
+                10.7142857% of the 28d budget is gone within 3d.
+"""
+
+
+def test_a_slow_burn_tickets_under_a_28_day_window(tmp_path: Path) -> None:
+    """The workbook's 3d/6h factor is 0.93x over 28 days; held at 1x, a 2.5x burn (below 1d/2h's 2.8x) tickets."""
+    from controller.policy import Policy
+    from generators.alerts.render import dump_yaml, rules_document
+    from generators.alerts.rules import build_rule_groups
+
+    policy = Policy.model_validate({"name": "w28", "window": "28d", "target": {"kind": "model", "model": "m28"}})
+    (tmp_path / "rules.yaml").write_text(dump_yaml(rules_document(build_rule_groups([policy]))))
+    (tmp_path / "slow.test.yaml").write_text(SLOW_BURN_28D)
+    result = _run(_tool("promtool"), "test", "rules", str(tmp_path / "slow.test.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr

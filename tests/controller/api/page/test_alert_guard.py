@@ -1,5 +1,5 @@
 """The page's "burning" agrees with the generated alert rules at low traffic: each pair is held back by the TTFT
-request rate over its own short window (as the rules' guard is), not by the controller's last minute."""
+requests over its own short window (20 at least, as the rules' guard is), not by the controller's last minute."""
 
 from __future__ import annotations
 
@@ -25,22 +25,36 @@ def lull(seen_rps: float) -> PolicyStatus:
 
 
 def test_a_lull_in_the_last_minute_does_not_hide_a_ticket_whose_short_windows_were_busy() -> None:
-    """0.05 requests/s in the last minute, 2 over the last 2 h and 6 h: the rules' ticket pairs fire."""
-    rates = {"5m": 0.05, "30m": 0.05, "2h": 2.0, "6h": 2.0}
-    pairs = pair_states(lull(0.05), POLICY, rates)
+    """0.001 requests/s in the last minute and the last half hour, 2 over the last 2 h and 6 h: the rules'
+    ticket pairs fire."""
+    rates = {"5m": 0.001, "30m": 0.001, "2h": 2.0, "6h": 2.0}
+    pairs = pair_states(lull(0.001), POLICY, rates)
     assert [(p.window.short_window, p.quiet) for p in pairs if p.slo == "ttft"] == [
         ("5m", True), ("30m", True), ("2h", False), ("6h", False)]  # fmt: skip
-    assert verdict(lull(0.05), POLICY, pairs).level == Level.TICKET
+    assert verdict(lull(0.001), POLICY, pairs).level == Level.TICKET
+
+
+def test_the_guard_counts_requests_over_each_short_window() -> None:
+    """5 requests a minute: 25 in 5m pass the guard, as do 600 in 2h; the rules tick over at 20 requests."""
+    assert not any(p.quiet for p in pair_states(lull(5 / 60), POLICY, dict.fromkeys(("5m", "30m", "2h", "6h"), 5 / 60)))
+    below, at = pair_states(lull(0.0), POLICY, {"5m": 19 / 300}), pair_states(lull(0.0), POLICY, {"5m": 20 / 300})
+    assert [p.quiet for p in below if p.window.short_window == "5m"] == [True, True]
+    assert [p.quiet for p in at if p.window.short_window == "5m"] == [False, False]
+    # A slow trickle still tickets: 0.05 requests/s is 15 in 5 minutes (no page) but 360 in 2 hours.
+    trickle = pair_states(lull(0.05), POLICY, dict.fromkeys(("5m", "30m", "2h", "6h"), 0.05))
+    assert [(p.window.short_window, p.quiet) for p in trickle if p.slo == "ttft"] == [
+        ("5m", True), ("30m", False), ("2h", False), ("6h", False)]  # fmt: skip
+    assert verdict(lull(0.05), POLICY, trickle).level == Level.TICKET
 
 
 def test_a_pair_whose_short_window_was_quiet_does_not_fire_however_busy_the_last_minute() -> None:
-    rates = {"5m": 0.05, "30m": 0.05, "2h": 0.05, "6h": 0.05}
+    rates = {"5m": 0.0005, "30m": 0.0005, "2h": 0.0005, "6h": 0.0005}  # under 11 requests in 6 h
     assert verdict(lull(3.0), POLICY, pair_states(lull(3.0), POLICY, rates)).level == Level.OK
 
 
 def test_without_the_windows_rates_the_guard_falls_back_to_the_controllers_own_rate() -> None:
-    assert verdict(lull(0.05), POLICY, pair_states(lull(0.05), POLICY)).level == Level.OK
-    assert verdict(lull(0.05), POLICY, pair_states(lull(0.05), POLICY, {"5m": 0.5})).level == Level.OK
+    assert verdict(lull(0.0005), POLICY, pair_states(lull(0.0005), POLICY)).level == Level.OK
+    assert verdict(lull(0.0005), POLICY, pair_states(lull(0.0005), POLICY, {"5m": 0.5})).level == Level.OK
     assert verdict(lull(2.0), POLICY, pair_states(lull(2.0), POLICY)).level == Level.TICKET
 
 
