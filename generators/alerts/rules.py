@@ -20,6 +20,12 @@ Paging needs traffic: every burn-rate alert also requires
 ``AlertOptions.min_requests`` requests over its short window, so a handful of
 slow requests at 3 a.m. does not wake anyone, while a slow trickle still
 tickets over the 2h and 6h short windows.
+
+The error ratio counts only requests that got a first token: a hung engine
+counts nothing, and its ratio is 0/0.  ``MoesloEngineStalled`` pages on that:
+requests running or waiting while no first token and no output token came for
+``AlertOptions.stall_window``.  The metric-absent tickets also watch the bucket
+at each threshold, so an engine whose histogram lacks that edge is reported.
 """
 
 from __future__ import annotations
@@ -35,7 +41,10 @@ from contracts.catalogue import (
     ITL_HISTOGRAM,
     LAYER_IMBALANCE_CV,
     LAYER_IMBALANCE_CV_NOISE,
+    RUNNING,
     TOTAL_EVENTS_RECORD,
+    TTFT_HISTOGRAM,
+    WAITING,
     le_matcher,
 )
 from contracts.errors import ValidationError
@@ -71,6 +80,10 @@ class AlertOptions:
     imbalance_for: str = "10m"
     """Least ``for:`` of the imbalance alert; it is at least twice the policy's imbalance ``sustain_s``."""
     absent_for: str = "10m"
+    stall_window: str = "5m"
+    """``MoesloEngineStalled``: requests in flight and no first or output token over this window..."""
+    stall_for: str = "3m"
+    """... for this long (a hung engine pages within about 8 minutes)."""
     forecast_for: str = "30m"
     """How long sizing must have been reactive (forecast unreliable) before a ticket."""
     for_override: str | None = None
@@ -173,6 +186,7 @@ def build_rule_groups(policies: Sequence[Policy], options: AlertOptions | None =
             rules.extend(_recording_rules(policy, sli, rate_windows(windows)))
         for sli in latency_slis(policy):
             rules.extend(_burn_rate_alerts(policy, sli, windows, options))
+        rules.append(_stall_alert(policy, options))
         rules.append(_imbalance_alert(policy, options))
         if policy.forecast.enabled:
             rules.append(_forecast_alert(policy, options))
@@ -266,6 +280,37 @@ def _burn_rate_alerts(
     return alerts
 
 
+def _stall_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
+    """A page when requests are in flight but the engines produce nothing: no first token, no output token.
+
+    Read from the engines' own series, not the SLO's: a request that never gets its first token is in no
+    TTFT count, so a hung engine core leaves the error ratio at 0/0 and every burn-rate alert silent.
+    Output tokens count as progress too, so a few long generations with no new arrivals are not a stall.
+    """
+    model = f'model_name="{_selector_value(policy.model_name)}"'
+    window = options.stall_window
+    in_flight = f'sum by (model_name) ({{__name__=~"{RUNNING}|{WAITING}",{model}}}) > 0'
+    first, output = (
+        f"sum by (model_name) (increase({metric}_count{{{model}}}[{window}])) == 0"
+        for metric in (TTFT_HISTOGRAM, ITL_HISTOGRAM)
+    )
+    return AlertingRule(
+        alert="MoesloEngineStalled",
+        expr=f"{in_flight}\nand on (model_name)\n{first}\nand on (model_name)\n{output}",
+        for_=options.for_override or options.stall_for,
+        labels={"severity": "page", "policy": policy.name, "slo": "ttft"},
+        annotations={
+            "summary": f"The engines of policy {policy.name} hold requests but produce no tokens",
+            "description": (
+                "{{ $value }} requests of {{ $labels.model_name }} are running or waiting, and no first token "
+                f"and no output token has come for {window}: the engine is hung, or its requests are stuck before "
+                "their first token. The TTFT error ratio counts only requests that got a first token, so the "
+                "burn-rate alerts cannot see this."
+            ),
+        },
+    )
+
+
 def _imbalance_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     max_cv = _num(policy.objectives.imbalance.max_cv)
     # The rebalancer acts after sustain_s of imbalance: give it that long twice before a ticket.
@@ -314,29 +359,48 @@ def _forecast_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
 
 def _absent_alerts(policy: Policy, options: AlertOptions) -> list[AlertingRule]:
     model = _selector_value(policy.model_name)
-    allowance = policy.objectives.ttft.allowance
+    ttft, itl = latency_slis(policy)
     watched = (
-        ("MoesloTTFTMetricAbsent", "ttft", f"{ttft_metric(allowance)}_count", ttft_matchers(allowance)),
-        ("MoesloITLMetricAbsent", "itl", f"{ITL_HISTOGRAM}_count", ""),
-        ("MoesloExpertMetricsAbsent", "imbalance", LAYER_IMBALANCE_CV, ""),
+        ("MoesloTTFTMetricAbsent", "ttft", f"{ttft.metric}_count", ttft.matchers, ttft),
+        ("MoesloITLMetricAbsent", "itl", f"{itl.metric}_count", "", itl),
+        ("MoesloExpertMetricsAbsent", "imbalance", LAYER_IMBALANCE_CV, "", None),
     )
-    return [
-        AlertingRule(
-            alert=alert,
-            expr=f'absent({metric}{{model_name="{model}"{"," + extra if extra else ""}}})',
-            for_=options.for_override or options.absent_for,
-            labels={"severity": "ticket", "policy": policy.name, "slo": slo},
-            annotations={
-                "summary": f"No {metric} series for model {_template_text(policy.model_name)} (policy {policy.name})",
-                "description": (
-                    f"Prometheus has had no {metric} series with model_name={_template_text(repr(policy.model_name))}"
-                    f"{' and ' + extra if extra else ''} for {options.absent_for}: the engine is down, not "
-                    f"scraped, or renamed; the {slo} SLO cannot be evaluated."
-                ),
-            },
+    alerts = []
+    for alert, slo, metric, extra, sli in watched:
+        series = f'model_name="{model}"{"," + extra if extra else ""}'
+        expr, edge = f"absent({metric}{{{series}}})", ""
+        if sli is not None:
+            # An engine whose histogram lacks the threshold's edge has _count but no good events.
+            expr += f"\nor\nabsent({sli.metric}_bucket{{{series},{_le_regex(sli)}}})"
+            edge = f", or none of its bucket at the {_num(sli.objective.threshold_s)} s threshold ({sli.le}),"
+        alerts.append(
+            AlertingRule(
+                alert=alert,
+                expr=expr,
+                for_=options.for_override or options.absent_for,
+                labels={"severity": "ticket", "policy": policy.name, "slo": slo},
+                annotations={
+                    "summary": f"No {metric} series for model {_template_text(policy.model_name)} "
+                    f"(policy {policy.name})",
+                    "description": (
+                        f"Prometheus has had no {metric} series with "
+                        f"model_name={_template_text(repr(policy.model_name))}{' and ' + extra if extra else ''}"
+                        f"{edge} for {options.absent_for}: the engine is down, not scraped"
+                        f"{', renamed, or writes other bucket edges' if sli else ', or renamed'}; the {slo} SLO cannot "
+                        "be evaluated."
+                    ),
+                },
+            )
         )
-        for alert, slo, metric, extra in watched
-    ]
+    return alerts
+
+
+def _le_regex(sli: LatencySli) -> str:
+    """The threshold bucket's ``le`` matcher as a regex: absent() then adds no ``le`` label, so a missing metric
+    and a missing bucket give one alert, not two."""
+    if sli.le.startswith('le=~"'):
+        return sli.le
+    return 'le=~"' + sli.le.removeprefix('le="').removesuffix('"').replace(".", "\\\\.") + '"'
 
 
 def _burn_for(window: BurnRateWindow, options: AlertOptions) -> str:

@@ -110,6 +110,25 @@ def test_every_burn_alert_carries_the_low_traffic_guard() -> None:
     assert all(a.expr.endswith(">= 5") for a in fewer.alerts if "long_window" in a.labels)
 
 
+def test_a_stalled_engine_pages_from_the_engines_own_series() -> None:
+    """A request that never gets a first token is in no TTFT count: the stall page reads the in-flight gauges."""
+    (group,) = build_rule_groups([_policy(ttft=0.25)])
+    (stall,) = [a for a in group.alerts if a.alert == "MoesloEngineStalled"]
+    assert stall.labels == {"severity": "page", "policy": "p", "slo": "ttft"} and stall.for_ == "3m"
+    assert '{__name__=~"vllm:num_requests_running|vllm:num_requests_waiting",model_name="m"}) > 0' in stall.expr
+    assert 'increase(vllm:time_to_first_token_seconds_count{model_name="m"}[5m])) == 0' in stall.expr
+    assert 'increase(vllm:inter_token_latency_seconds_count{model_name="m"}[5m])) == 0' in stall.expr
+
+
+def test_the_absent_tickets_watch_the_bucket_at_each_threshold() -> None:
+    (group,) = build_rule_groups([_policy(ttft=1.0)])
+    exprs = {a.alert: a.expr for a in group.alerts if a.alert.endswith("Absent")}
+    ttft, itl = exprs["MoesloTTFTMetricAbsent"], exprs["MoesloITLMetricAbsent"]
+    assert 'absent(vllm:time_to_first_token_seconds_bucket{model_name="m",le=~"1|1\\\\.0"})' in ttft
+    assert 'absent(vllm:inter_token_latency_seconds_bucket{model_name="m",le=~"0\\\\.02"})' in itl
+    assert exprs["MoesloExpertMetricsAbsent"] == 'absent(moe_layer_imbalance_cv{model_name="m"})'
+
+
 def test_threshold_off_a_bucket_edge_is_refused_with_every_problem() -> None:
     with pytest.raises(ValidationError) as info:
         build_rule_groups([_policy("a", ttft=0.3), _policy("b", itl=0.03)])
