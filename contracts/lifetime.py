@@ -1,4 +1,5 @@
-"""Child processes that end with their parent: Linux's ``PR_SET_PDEATHSIG``, asked for between fork and exec.
+"""Child processes that end with their parent: Linux's ``PR_SET_PDEATHSIG``, asked for between fork and exec
+(:func:`child_setup`) or by the child itself once started (:func:`die_with_parent`: the engine core, its EP ranks).
 
 The harness (every process ``moeslo up`` starts) and the local actuator (the controller's replicas) start
 children in sessions of their own, so a Ctrl-C in the terminal does not reach them; without a parent-death
@@ -49,7 +50,7 @@ def child_setup(cpus: Collection[int] = (), *, die_with_parent: bool = True) -> 
 
     def setup() -> None:
         if prctl is not None:
-            prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            _death_signal(prctl, signal.SIGTERM)
             if os.getppid() != parent:
                 os._exit(1)
         if pinned:
@@ -58,4 +59,18 @@ def child_setup(cpus: Collection[int] = (), *, die_with_parent: bool = True) -> 
     return setup
 
 
-__all__ = ["PR_SET_PDEATHSIG", "child_setup"]
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent goes away (nothing elsewhere).
+
+    Linux sends it when the parent *thread* that started this process exits, so call it only in a
+    process started from its parent's main thread.
+    """
+    if _PRCTL is not None:
+        _death_signal(_PRCTL, sig)
+
+
+def _death_signal(prctl: Callable[..., int], sig: int) -> None:
+    prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+__all__ = ["PR_SET_PDEATHSIG", "child_setup", "die_with_parent"]

@@ -40,13 +40,13 @@ from typing import Any
 import zmq
 
 from contracts.errors import MoesloError, UnavailableError
+from contracts.lifetime import die_with_parent
 from contracts.placement import Placement
 from engine import wire
 from engine.core import EngineCore, StepResult
 from engine.engine_types import EngineConfig
 from engine.executors import ExecutorOptions, create_executor
 from engine.generation_config import eos_token_ids
-from engine.lifetime import die_with_parent
 from engine.scheduler import SchedulerConfig
 
 log = logging.getLogger("moeslo.engine_core")

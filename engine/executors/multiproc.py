@@ -49,12 +49,12 @@ import torch.multiprocessing as mp
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported from torch._C
 
 from contracts.errors import PlacementError, UnavailableError, ValidationError
+from contracts.lifetime import die_with_parent
 from contracts.placement import Placement
 from engine.checkpoint import CheckpointReader, torch_dtype
 from engine.config import ModelConfig
 from engine.executors.base import DriverBase, ExecutorOptions, default_threads, expert_bytes, use_step_threads
 from engine.experts import ExpertShard, ExpertWeights, Transfer, load_expert, plan_transfers
-from engine.lifetime import die_with_parent
 from engine.model import StepMetadata
 
 log = logging.getLogger("moeslo.engine_core")
