@@ -32,15 +32,24 @@ def positive(value: float | None) -> float | None:
     return value
 
 
-def at_least(low: float, high: float = math.inf) -> Callable[[float | None], float | None]:
-    """An option's callback: a finite number from ``low`` to ``high`` (typer's ``min`` takes ``inf`` and ``nan``
-    past it: ``nan`` compares false with every bound)."""
+def at_least(
+    low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False
+) -> Callable[[float | None], float | None]:
+    """An option's callback: a finite number from ``low`` to ``high``, either end left out when it is open
+    (typer's ``min`` takes ``inf`` and ``nan`` past it: ``nan`` compares false with every bound)."""
 
     def check(value: float | None) -> float | None:
-        if value is not None and not (low <= value <= high and math.isfinite(value)):
-            upper = "" if high == math.inf else f" and at most {high:g}"
-            raise typer.BadParameter(f"must be a finite number of {low:g} or more{upper}, got {value}")
-        return value
+        if value is None:
+            return value
+        above = low < value if low_open else low <= value
+        below = value < high if high_open else value <= high
+        if above and below and math.isfinite(value):
+            return value
+        if low_open or high_open:
+            ends = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise typer.BadParameter(f"must be a number in {ends}, got {value}")
+        upper = "" if high == math.inf else f" and at most {high:g}"
+        raise typer.BadParameter(f"must be a finite number of {low:g} or more{upper}, got {value}")
 
     return check
 

@@ -21,18 +21,6 @@ if TYPE_CHECKING:
 DEFAULT_POLICIES = "static,hpa,keda-queue,keda-kv,dynamo,moeslo,oracle"
 
 
-def _below(low: float, high: float, *, low_open: bool = False) -> Callable[[float], float]:
-    """An option's callback: a number from ``low`` (above it when ``low_open``) to below ``high``, as the true
-    world takes it (``at_least`` admits its bounds; ``inf`` and ``nan`` fail both comparisons)."""
-
-    def check(value: float) -> float:
-        if not ((low < value if low_open else low <= value) and value < high):
-            raise typer.BadParameter(f"must be a number in {'(' if low_open else '['}{low:g}, {high:g}), got {value}")
-        return value
-
-    return check
-
-
 def _allowance(value: float) -> float:
     """An option's callback: a TTFT allowance of 0 or more, spelt exactly by its series' label (6 digits)."""
     from contracts.ttft_objective import format_allowance_label, label_keeps
@@ -76,13 +64,13 @@ def replay(
         LEAD_TIME_S
     ),
     startup_jitter: Annotated[
-        float, typer.Option(callback=_below(0.0, 1.0), help="Each start-up is startup x U(1-j, 1+j).")
+        float, typer.Option(callback=at_least(0.0, 1.0, high_open=True), help="Each start-up is startup x U(1-j, 1+j).")
     ] = 0.0,
     capacity_error: Annotated[
         float, typer.Option(callback=at_least(-0.9, 10.0), help="True capacity over the profile's, minus 1 (-0.2).")
     ] = 0.0,
     drift_per_day: Annotated[
-        float, typer.Option(callback=_below(-1.0, 10.0, low_open=True),
+        float, typer.Option(callback=at_least(-1.0, 10.0, low_open=True, high_open=True),
                             help="True capacity drift per simulated day (-0.05).")
     ] = 0.0,
     prompt_tail: Annotated[
