@@ -141,10 +141,11 @@ def bench_engine(
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         from bench.engine import run
+        from cli.lists import integers
         from engine.checkpoint import init_random_checkpoint
         from engine.config import ModelConfig
 
-        sizes = tuple(int(b) for b in batches.split(","))
+        sizes = tuple(integers("--batches", batches))
         with tempfile.TemporaryDirectory() as tmp, Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
         ) as progress:
@@ -288,16 +289,14 @@ def bench_replay(
     """Every policy tuned over its knob; replica-hours at equal attainment, ours over the best baseline."""
     with cli_errors():
         from bench.replay import run
-
-        def numbers(text: str) -> list[float]:
-            return [float(x) for x in text.split(",") if x.strip()]
+        from cli.lists import numbers
 
         week_cases = [(float(a), float(b)) for a, _, b in (c.partition(":") for c in week.split(",") if c.strip())]
         with console.status("replaying the shared traces through every policy and knob") as status:
             report = run(
                 week_cases=week_cases, traces=[t.strip() for t in traces.split(",") if t.strip()],
-                startups=numbers(startups), errors=numbers(errors), seeds=list(range(seeds)), scale=scale,
-                workers=workers, progress=status.update,
+                startups=numbers("--startups", startups), errors=numbers("--errors", errors),
+                seeds=list(range(seeds)), scale=scale, workers=workers, progress=status.update,
             )  # fmt: skip
         if json_out:
             print_json(report)
