@@ -55,17 +55,23 @@ PROVIDER_NAME = "vllm"
 
 
 def finished_from_vllm(fin: Any) -> FinishedRequestStats:
-    """One vLLM ``FinishedRequestStats`` in the engine's terms (seconds)."""
+    """One vLLM ``FinishedRequestStats`` in the engine's terms (seconds).
+
+    vLLM takes its intervals from timestamps that stay 0 until the event happens, so a request aborted before it
+    was scheduled reports the negated monotonic clock as its queue time, and one aborted before its first token
+    a negative prefill time: the first waited its whole life, the second's prefill is unknown (0)."""
     generated = int(fin.num_generation_tokens)
+    e2e_s = float(fin.e2e_latency)
+    queued_s = float(fin.queued_time)
     return FinishedRequestStats(
         request_id=str(fin.request_id or ""),
         finish_reason=str(fin.finish_reason).lower(),
         prompt_tokens=int(fin.num_prompt_tokens),
         generation_tokens=generated,
-        e2e_s=float(fin.e2e_latency),
-        queue_s=float(fin.queued_time),
-        prefill_s=float(fin.prefill_time),
-        decode_s=float(fin.decode_time),
+        e2e_s=e2e_s,
+        queue_s=queued_s if queued_s >= 0.0 else e2e_s,
+        prefill_s=max(float(fin.prefill_time), 0.0),
+        decode_s=max(float(fin.decode_time), 0.0),
         ttft_s=None,  # recorded from the iteration's first tokens, where vLLM measures it
         mean_itl_s=float(fin.mean_time_per_output_token) if generated > 1 else None,
     )
