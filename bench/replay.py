@@ -252,8 +252,8 @@ def run(
     reports = report_matrix(data, traces=traces, startups=startups, errors=errors, seeds=seeds, scale=scale,
                             workers=workers, progress=progress) if traces else []  # fmt: skip
     return {
-        "baselines": "static, hpa (custom metric), keda-queue, keda-kv, dynamo, each over its knob; oracle as a "
-        "reference (not a floor)",
+        "baselines": "static, hpa (custom metric), keda-queue, keda-kv, dynamo (throughput), dynamo-load, each "
+        "over its knob; oracle as a reference (not a floor)",
         "week": week,
         "reports": reports,
         "transferred_knobs": _transfer_all(week, reports),

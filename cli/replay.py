@@ -18,7 +18,7 @@ from contracts.slo_defaults import LEAD_TIME_S
 if TYPE_CHECKING:
     from controller.replay.protocol import ReplayRequest
 
-DEFAULT_POLICIES = "static,hpa,keda-queue,keda-kv,dynamo,moeslo,oracle"
+DEFAULT_POLICIES = "static,hpa,keda-queue,keda-kv,dynamo,dynamo-load,moeslo,oracle"
 
 
 def _allowance(value: float) -> float:

@@ -144,11 +144,13 @@ class FluidFleet:
         finished = count * served_fraction
         self._window.add(finished, ttft_tail, itl_tail_)
         ttft_p99, itl_p99 = self._window.p99()
+        kv_capacity = self.world.nominal.kv_capacity_tokens
         self._sample = TickSample(
             ready=self.ready_count(until_s),
             waiting=waiting,
             running=running * ready,
             kv_usage_sum=kv * ready,
+            kv_demand_max=kv + waiting * mean_prompt / (ready * kv_capacity) if ready else 0.0,
             finished=finished,
             prompt_tokens=prompt * self.tick_s * served_fraction,
             output_tokens=output * self.tick_s * served_fraction,

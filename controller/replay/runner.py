@@ -29,6 +29,7 @@ from controller.replay.settings import Setting, parse_setting
 from controller.replay.signals import FleetView, MetricsPipeline
 from controller.replay.strategies import (
     CoreStrategy,
+    DynamoLoadStrategy,
     DynamoStrategy,
     HpaLoadStrategy,
     KedaStrategy,
@@ -200,6 +201,9 @@ def build_strategy(setting: Setting, ctx: ReplayContext) -> ReplayStrategy:
             max_replicas=ctx.max_replicas,
         )
         return DynamoStrategy(DynamoPlanner(ctx.profile, settings), scrape_s=config.dynamo_scrape_s)
+    if policy == "dynamo-load":
+        return DynamoLoadStrategy(scale_up=setting.number("scale_up"), scale_down=setting.number("scale_down"),
+                                  max_replicas=ctx.max_replicas, tick_s=config.tick_s)  # fmt: skip
     core = production_core(
         profile=ctx.profile, tick_s=config.tick_s, refit_every_ticks=config.refit_every_ticks, season_s=config.season_s
     )

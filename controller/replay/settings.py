@@ -26,19 +26,23 @@ DEFAULT_KNOBS: Mapping[str, Mapping[str, Knob]] = {
     "keda-queue": {"threshold": 5.0},
     "keda-kv": {"threshold": 0.7},
     "dynamo": {"predictor": "arima", "headroom": 1.0},
+    "dynamo-load": {"scale_up": 1.0, "scale_down": 0.6},
     "moeslo": {"quantile": 0.9, "cooldown_s": 180.0},
     "oracle": {"headroom": 0.85},
 }
 """What each policy runs with outside a sweep: its documented or most common setting.
 
 KEDA's threshold 5 waiting requests per pod is vllm-project/production-stack's KEDA
-example; 0.7 KV usage sits between aibrix's 0.5 and llm-d's 0.8.
+example; 0.7 KV usage sits between aibrix's 0.5 and llm-d's 0.8.  Dynamo's load-based planner runs its
+default ``throughput`` target (scale up past 1.0, down under 0.6); its grid adds the ``latency`` target's
+(0.4, 0.1) and ``load`` targets' pairs on either side.
 """
 
 
 KNOB_RANGES: Mapping[str, tuple[float, float, str]] = {
     "headroom": (0.0, 10.0, "()"), "target": (0.0, 2.0, "(]"), "threshold": (0.0, 1e9, "()"),
     "quantile": (0.5, 1.0, "[)"), "cooldown_s": (0.0, 86400.0, "[)"), "scale_down_window_s": (0.0, 3600.0, "[]"),
+    "scale_up": (0.0, 10.0, "()"), "scale_down": (0.0, 10.0, "()"),
 }
 """The ranges of the numeric knobs, with which ends they hold (an HPA target may be 1, a cooldown 0): outside
 them a policy means nothing.  Our quantile's is the policy's own (``ForecastSettings.quantile``): below the
@@ -65,6 +69,10 @@ SWEEP_GRIDS: Mapping[str, tuple[dict[str, Knob], ...]] = {
         {"predictor": predictor, "headroom": headroom}
         for predictor in ("constant", "kalman", "arima")
         for headroom in (0.4, 0.5, 0.6, 0.8, 1.0)
+    ),
+    "dynamo-load": tuple(
+        {"scale_up": up, "scale_down": down}
+        for up, down in ((0.1, 0.02), (0.2, 0.05), (0.3, 0.1), (0.4, 0.1), (0.6, 0.2), (0.8, 0.4), (1.0, 0.6))
     ),
     "moeslo": tuple(
         {"quantile": quantile, "cooldown_s": cooldown}

@@ -91,6 +91,9 @@ class TickSample:
     """Prompt tokens of the requests that finished in the tick (``vllm:request_prompt_tokens_sum``)."""
     prefill_s_sum: float = 0.0
     """Their prefill time, first scheduled to first token (``vllm:request_prefill_time_seconds_sum``)."""
+    kv_demand_max: float = 0.0
+    """The highest, over ready replicas, of (KV tokens of its running requests + prompt tokens queued on it) over
+    its KV capacity: what Dynamo's planner reads from each aggregated engine's forward-pass metrics."""
     prompt_le: tuple[float, ...] = ()
     """Finished requests of the tick at each ``vllm:request_prompt_tokens`` edge, cumulative, then +Inf
     (empty: the fleet does not know its requests' lengths)."""
@@ -110,7 +113,7 @@ _COUNTERS = (
     "finished_prompt_tokens",
     "prefill_s_sum",
 )
-_GAUGES = ("ready", "waiting", "running", "kv_usage_sum", "ttft_p99_s", "itl_p99_s")
+_GAUGES = ("ready", "waiting", "running", "kv_usage_sum", "kv_demand_max", "ttft_p99_s", "itl_p99_s")
 assert set(_COUNTERS) | set(_GAUGES) | {"prompt_le"} == {f.name for f in fields(TickSample)}
 _PROMPT_EDGES = (*PROMPT_TOKENS_BUCKETS, math.inf)
 

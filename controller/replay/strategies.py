@@ -14,7 +14,9 @@ count to set at the end of each tick:
 - ``keda-queue``: KEDA's Prometheus trigger on ``sum(vllm:num_requests_waiting)``,
   External metric with an AverageValue target, legacy HPA path (knob: the threshold);
 - ``keda-kv``: the same on ``sum(vllm:kv_cache_usage_perc)`` (knob: the threshold);
-- ``dynamo``: NVIDIA Dynamo's SLA planner (knobs: predictor and headroom);
+- ``dynamo``: NVIDIA Dynamo's SLA planner, throughput-based (knobs: predictor and headroom);
+- ``dynamo-load``: Dynamo's load-based planner on aggregated workers, its default mode (knobs: the
+  scale-up and scale-down thresholds on each engine's KV demand);
 - ``moeslo``: the production decision core, built as the service builds it
   (knobs: forecast quantile and scale-down cooldown);
 - ``oracle``: knows each tick's true load and the true world, orders each replica one
@@ -30,6 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
+from contracts.errors import ValidationError
 from contracts.slo_defaults import LATENCY_TARGET
 from contracts.traces import FloatArray
 from controller.builder import CoreOptions, build_decision_core
@@ -62,6 +65,7 @@ __all__ = [
     "BASELINES",
     "STRATEGY_NAMES",
     "CoreStrategy",
+    "DynamoLoadStrategy",
     "DynamoStrategy",
     "HpaLoadStrategy",
     "KedaStrategy",
@@ -71,8 +75,8 @@ __all__ = [
     "production_core",
 ]
 
-STRATEGY_NAMES = ("static", "hpa", "keda-queue", "keda-kv", "dynamo", "moeslo", "oracle")
-BASELINES = ("static", "hpa", "keda-queue", "keda-kv", "dynamo")
+STRATEGY_NAMES = ("static", "hpa", "keda-queue", "keda-kv", "dynamo", "dynamo-load", "moeslo", "oracle")
+BASELINES = ("static", "hpa", "keda-queue", "keda-kv", "dynamo", "dynamo-load")
 """What users would pick instead (the oracle is a reference, not a baseline)."""
 
 
@@ -199,6 +203,44 @@ class DynamoStrategy:
             deployment_ready=view.ready_replicas >= view.spec_replicas,
         )
         return view.spec_replicas if decided is None else decided
+
+
+class DynamoLoadStrategy:
+    """Dynamo's load-based planner with ``mode: agg`` (ai-dynamo/dynamo ``components/src/dynamo/planner/core/``
+    ``load_scaling.py``, ``state_machine.py``): every ``load_adjustment_interval`` (5 s) it reads each engine's
+    latest forward-pass metrics, and with ``u = (scheduled decode KV + queued decode KV + queued prefill
+    tokens) / max_kv_tokens`` adds one worker when any engine's ``u`` passes ``scale_up``, removes one when
+    every engine's is under ``scale_down``, and only observes while a scaling is in progress (replicas asked
+    for != ready).  Its ``throughput`` target is (1.0, 0.6), ``latency`` (0.4, 0.1), ``load`` the user's pair.
+
+    One adaptation, stated: the replay decides once a tick (15 s), so a scale-down removes up to one worker per
+    interval in the tick, at the tick's reading (the removed engines' KV does not move in seconds)."""
+
+    name = "dynamo-load"
+
+    def __init__(
+        self, *, scale_up: float, scale_down: float, max_replicas: int, tick_s: float, interval_s: float = 5.0
+    ) -> None:
+        if not 0.0 < scale_down < scale_up:
+            raise ValidationError(f"dynamo-load needs 0 < scale_down < scale_up, got {scale_down} and {scale_up}")
+        self.scale_up = scale_up
+        self.scale_down = scale_down
+        self.max_replicas = max_replicas
+        self.intervals_per_tick = max(round(tick_s / interval_s), 1)
+        self.interval_s = interval_s
+
+    def desired(self, view: FleetView) -> int:
+        spec = view.spec_replicas
+        if spec != view.ready_replicas:
+            return spec  # a scaling in progress: the planner only observes
+        demand = view.pipeline.gauge(view.tick, "kv_demand_max", scrape_s=self.interval_s)
+        if demand is None:
+            return spec
+        if demand > self.scale_up:
+            return min(spec + 1, self.max_replicas)
+        if demand < self.scale_down:
+            return max(spec - self.intervals_per_tick, 1)
+        return spec
 
 
 def production_core(
