@@ -2,7 +2,8 @@
 
 A setting is written ``policy`` or ``policy:knob=value,knob=value`` (``hpa:target=0.6``,
 ``dynamo:predictor=kalman,headroom=0.8``).  Every policy is tuned on one knob (Dynamo's
-is the pair predictor x headroom, ours the pair quantile x cooldown); the grids are
+is the pair predictor x headroom, its load-based planner's its two thresholds, ours the pair quantile x
+cooldown); the grids are
 chosen on the tuning trace (the 2024 conversation week: each grid spans the settings where
 that policy goes from cheap and violating to expensive and compliant), the same for every trace.
 """
@@ -34,8 +35,9 @@ DEFAULT_KNOBS: Mapping[str, Mapping[str, Knob]] = {
 
 KEDA's threshold 5 waiting requests per pod is vllm-project/production-stack's KEDA
 example; 0.7 KV usage sits between aibrix's 0.5 and llm-d's 0.8.  Dynamo's load-based planner runs its
-default ``throughput`` target (scale up past 1.0, down under 0.6); its grid adds the ``latency`` target's
-(0.4, 0.1) and ``load`` targets' pairs on either side.
+default ``throughput`` target (scale up past 1.0, down under 0.6); its grid holds the ``latency`` target's
+(0.4, 0.1) and ``load`` targets' pairs below them, down at 0.25 or 0.6 of up, as those targets set it (the ITL
+objective binds long before KV fills, so the useful thresholds are low).
 """
 
 
@@ -71,8 +73,9 @@ SWEEP_GRIDS: Mapping[str, tuple[dict[str, Knob], ...]] = {
         for headroom in (0.4, 0.5, 0.6, 0.8, 1.0)
     ),
     "dynamo-load": tuple(
-        {"scale_up": up, "scale_down": down}
-        for up, down in ((0.1, 0.02), (0.2, 0.05), (0.3, 0.1), (0.4, 0.1), (0.6, 0.2), (0.8, 0.4), (1.0, 0.6))
+        {"scale_up": up, "scale_down": round(up * ratio, 4)}
+        for ratio in (0.25, 0.6)  # the latency and throughput targets' ratios of down to up
+        for up in (0.1, 0.15, 0.2, 0.3, 0.4, 1.0)
     ),
     "moeslo": tuple(
         {"quantile": quantile, "cooldown_s": cooldown}
