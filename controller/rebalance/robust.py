@@ -39,6 +39,7 @@ from controller.rebalance.packing import (
     apply_swaps,
     max_replicas,
     replica_counts,
+    spread_copies,
 )
 
 _Array = TypeVar("_Array", bound=npt.NDArray[Any])
@@ -391,6 +392,9 @@ def solve_rows_windows(shares: FloatArray, num_ranks: int, num_slots: int) -> tu
     counts = window_counts(shares, num_slots, num_ranks)
     experts, weights = replica_vectors(shares, counts, num_ranks)
     packing = vector_lpt(experts, weights, num_ranks, num_experts)
+    # Packing can fill a rank's last free slots with a second copy of an expert; the swap passes
+    # never pile copies up, but they do not take one off either.
+    spread_copies(packing)
     refine_windows(packing)
     refine_overload(packing)
     return packing.phy2log(), counts

@@ -100,3 +100,17 @@ def test_swaps_never_pile_copies_of_an_expert_on_a_rank() -> None:
         second = first * np.random.default_rng(seed).uniform(0.2, 2, first.shape)
         plan = plan_over_windows([first, second], num_ranks=6, slots_per_rank=9)
         assert (copies_per_rank(plan.placement) == 1).all(), seed
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_plans_over_windows_put_at_most_one_copy_of_an_expert_on_a_rank(seed: int) -> None:
+    # 10 experts in 3 ranks of 7 slots: packing fills some rank's last free slots with a second
+    # copy of an expert, which only spreading the copies afterwards takes off again.
+    from controller.rebalance.robust import solve_rows_windows
+
+    loads = np.random.default_rng(seed).pareto(1.0, (3, 400, 10)) * 10  # windows x rows x experts
+    phy2log, counts = solve_rows_windows(window_shares(loads), 3, 21)
+    per_rank = phy2log.reshape(400, 3, 7)
+    copies = (per_rank[:, :, :, None] == np.arange(10)).sum(axis=2)  # (rows, ranks, experts)
+    assert (copies <= 1).all()
+    assert (copies.sum(axis=1) == counts).all()
