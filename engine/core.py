@@ -207,18 +207,21 @@ class EngineCore:
         self._state_changed = True
         return swap
 
-    def _routing(self, now: float, finished: bool) -> RoutingDelta | None:
-        """The routing counters, read at the loop's rate: every ``routing_interval_s``, when requests
-        finish (so their counts are published with them), and when the engine goes idle."""
-        due = finished or not self.scheduler.has_work() or now - self._last_routing_s >= self.config.routing_interval_s
+    def _routing(self, now: float, due: bool) -> RoutingDelta | None:
+        """The routing counters, read at the loop's rate (``due``); with a swap, only those held back at it.
+
+        The counts routed under the old placement go out with the swap, whatever the rate, as the
+        window resets there; what was counted since is the new placement's, for the next read.
+        """
+        if self._pending_swap is not None:
+            held, self._pending_routing = self._pending_routing, None
+            return held
         if not due:
             return None
         self._last_routing_s = now
         delta = _merge(self._pending_routing, self.executor.take_routing())
         self._pending_routing = None
-        if delta is None or (delta.steps == 0 and self._pending_swap is None):
-            return None
-        return delta
+        return None if delta is None or delta.steps == 0 else delta
 
     def warm_up(self, requests: int, *, output_tokens: int = 8) -> int:
         """Run ``requests`` requests through the model and forget them; the steps it took.
@@ -411,9 +414,14 @@ class EngineCore:
     ) -> StepStats:
         finished = tuple(self._pending_finished)
         self._pending_finished.clear()
-        routing = self._routing(now, bool(finished))
+        # Read every ``routing_interval_s``, when requests finish (so their counts are published with
+        # them), and when the engine goes idle.
+        due = bool(finished) or not self.scheduler.has_work() \
+            or now - self._last_routing_s >= self.config.routing_interval_s
+        routing = self._routing(now, due)
         swap, self._pending_swap = self._pending_swap, None
-        self._state_changed = False
+        # A step ran after the swap, and its counts were due: an idle engine reports once more, with them.
+        self._state_changed = swap is not None and out is not None and due
         return StepStats(
             now_s=now,
             step_duration_s=duration_s,
