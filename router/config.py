@@ -38,6 +38,10 @@ class RouterConfig:
     """Consecutive /metrics scrapes that time out before a replica is ejected: a frozen process still
     accepts connections but never answers (its requests would wait ``upstream_timeout_s``), while a
     busy one answers late now and then."""
+    eject_after_5xx: int = 5
+    """Consecutive server errors (5xx, relayed or the router's own 502 for a garbled answer) before a replica is
+    ejected: one that fails every request at once looks the least loaded and would draw most of the traffic
+    (Envoy's ``consecutive_5xx``). Any answer below 500 starts the count again."""
     readmit_after: int = 2
     """Consecutive passed health checks before an ejected replica takes requests again."""
     connect_timeout_s: float = 1.0
@@ -86,8 +90,8 @@ class RouterConfig:
                 problems.append(f"cost.{name}: must be > 0")
         if cost.itl_per_seq_s is not None and not cost.itl_per_seq_s >= 0:
             problems.append("cost.itl_per_seq_s: must be >= 0")
-        for name in ("readmit_after", "eject_after_silent", "affinity_blocks", "block_tokens", "prefix_max_blocks",
-                     "prefix_cache_tokens"):
+        for name in ("readmit_after", "eject_after_silent", "eject_after_5xx", "affinity_blocks", "block_tokens",
+                     "prefix_max_blocks", "prefix_cache_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: must be >= 1")
         if problems:

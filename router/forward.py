@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -42,6 +43,7 @@ from router.prefix_index import PrefixIndex, with_cached_tokens
 from router.types import Choice, ReplicaState, RequestFeatures
 from router.wire import ClientGone, Send, relayed_headers, send_bytes, send_json, upstream_headers
 
+_log = logging.getLogger(__name__)
 SSE_DONE = b"data: [DONE]\n\n"
 """The OpenAI stream's last event."""
 UPSTREAM_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -71,7 +73,7 @@ class Router:
         self.config = config
         self.pool = ReplicaPool(config.replicas, prefill_tokens_per_s=config.prefill_tokens_per_s,
                                 mean_prompt_tokens=config.mean_prompt_tokens, readmit_after=config.readmit_after,
-                                eject_after_silent=config.eject_after_silent)
+                                eject_after_silent=config.eject_after_silent, eject_after_5xx=config.eject_after_5xx)
         self.metrics = RouterMetrics(registry or CollectorRegistry(), config.replicas)
         self.policy = policy_named(config.policy, config.cost, affinity_blocks=config.affinity_blocks,
                                    load_factor=config.load_factor)  # fmt: skip
@@ -315,7 +317,22 @@ class Router:
                 upstream.release()
             else:
                 upstream.close()  # the connection goes: the engine sees its client leave
+        self._count_answer(name, exchange, upstream.status)
         return True
+
+    def _count_answer(self, name: str, exchange: _Exchange, status: int) -> None:
+        """Eject ``name`` after ``eject_after_5xx`` server errors in a row: one failing every request at once looks
+        the least loaded of all, and the load-aware policies would send it most of the traffic."""
+        if exchange.outcome == "upstream_error":  # the router's own 502 for an answer that is not what it claims
+            failed = True
+        elif exchange.outcome in ("ok", "upstream_status"):
+            failed = status >= 500
+        else:
+            return  # a client gone says nothing of the replica; a stream broken mid-way ejected it already
+        if self.pool.answered(name, failed=failed):
+            _log.warning("replica %s answered %d requests in a row with a server error: ejected until it passes its "
+                         "health checks", name, self.config.eject_after_5xx)  # fmt: skip
+            self.eject(name)
 
     def _done(self, ticket: Ticket) -> None:
         # A replica removed and listed again since has a new gauge at 0: the ticket's count left with the old one.

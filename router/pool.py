@@ -32,6 +32,8 @@ class _Replica:
     """Consecutive passed health checks while ejected."""
     silent: int = 0
     """Consecutive /metrics scrapes that timed out while live."""
+    failures: int = 0
+    """Consecutive answers with a server error while live (ejection and readmission do not end the run)."""
     load: ScrapedLoad = field(default_factory=ScrapedLoad)
     outstanding: int = 0
     prefilling: int = 0
@@ -53,7 +55,7 @@ class Ticket:
 
 class ReplicaPool:
     def __init__(self, names: tuple[str, ...], *, prefill_tokens_per_s: float, mean_prompt_tokens: float,
-                 readmit_after: int = 2, eject_after_silent: int = 10) -> None:  # fmt: skip
+                 readmit_after: int = 2, eject_after_silent: int = 10, eject_after_5xx: int = 5) -> None:  # fmt: skip
         self._replicas = {name: _Replica(name, prefill_tokens_per_s) for name in names}
         self.configured_rate = prefill_tokens_per_s
         self.rate = prefill_tokens_per_s
@@ -61,6 +63,7 @@ class ReplicaPool:
         self.mean_prompt_tokens = mean_prompt_tokens
         self.readmit_after = readmit_after
         self.eject_after_silent = eject_after_silent
+        self.eject_after_5xx = eject_after_5xx
         self.on_change: Callable[[], None] = _nothing
         """Called when a replica may take more than before (a request finished or began its answer, a scrape, a
         readmission, a faster rate): the router's held requests look again."""
@@ -178,12 +181,20 @@ class ReplicaPool:
         r.silent += 1
         return r.silent >= self.eject_after_silent
 
+    def answered(self, name: str, *, failed: bool) -> bool:
+        """Count a live replica's answer (``failed``: a server error); True when ``eject_after_5xx`` failed in a row."""
+        r = self._replicas.get(name)
+        if r is None or not r.healthy:
+            return False
+        r.failures = r.failures + 1 if failed else 0
+        return r.failures >= self.eject_after_5xx
+
     def eject(self, name: str) -> bool:
         """Take a replica out of routing until it passes its health checks; True when it was live."""
         r = self._replicas.get(name)
         if r is None:
             return False
-        r.passes = r.silent = 0
+        r.passes = r.silent = 0  # ``failures`` runs on: a readmitted replica's next server error ejects it again
         r.load = ScrapedLoad()
         if not r.healthy:
             return False

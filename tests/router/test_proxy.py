@@ -11,9 +11,10 @@ import time
 
 import httpx
 import pytest
+from aiohttp import web
 
 from bench.stub_upstream import COMPLETION, DEFAULT_CHUNKS
-from tests.router.servers import WAITING_TEXT, eventually, router, stubs, url_of
+from tests.router.servers import WAITING_TEXT, Handler, eventually, replica_app, router, serving, stubs, url_of
 
 pytestmark = pytest.mark.timeout(60)
 STREAM = {"prompt": "hello there", "max_tokens": 8, "stream": True}
@@ -165,6 +166,29 @@ def test_queue_mode_holds_no_request_that_waiting_cannot_bring_within_the_object
         assert answer.status_code == 200
         assert time.monotonic() - started < 1.0
         assert stub.requests["/v1/completions"] == 1
+
+
+async def _server_error(request: web.Request) -> web.Response:
+    await request.read()
+    return web.json_response({"error": {"message": "the engine failed", "code": 500}}, status=500)
+
+
+async def _html_error(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(status=500, text="<h1>it broke</h1>", content_type="text/html")  # the router's own 502
+
+
+@pytest.mark.parametrize(("failing", "status"), [(_server_error, 500), (_html_error, 502)], ids=["json", "html"])
+def test_a_replica_answering_every_request_with_a_server_error_is_ejected_after_five_in_a_row(failing: Handler,
+                                                                                             status: int) -> None:
+    # It fails at once, so it looks the least loaded of all; /health and /metrics still answer.
+    with stubs(1) as (good,), serving(replica_app(failing)) as bad, \
+            router([bad, url_of(good)], policy="round-robin", readmit_after=1000) as r:  # fmt: skip
+        codes = [httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5).status_code for _ in range(14)]
+        assert [c for c in codes if c != 200] == [status] * 5, codes  # then only the good replica's answers
+        assert r.replicas()[bad]["healthy"] is False
+        assert r.sample("moeslo_router_ejections_total", replica=bad) == 1
+        assert good.requests["/v1/completions"] == 9
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,18 @@ def test_an_ejected_replica_returns_after_consecutive_passes() -> None:
     assert pool.health_result("a", True) and pool.is_healthy("a")
 
 
+def test_only_server_errors_in_a_row_eject_a_replica() -> None:
+    pool = ReplicaPool(("a",), prefill_tokens_per_s=1000.0, mean_prompt_tokens=100.0, eject_after_5xx=3)
+    assert [pool.answered("a", failed=f) for f in (True, True, False, True, True)] == [False] * 5  # reset by a success
+    assert pool.answered("a", failed=True) and pool.eject("a")
+    assert not pool.answered("a", failed=True)  # out already: counted again only once readmitted
+    pool.health_result("a", True)
+    pool.health_result("a", True)
+    assert pool.is_healthy("a") and pool.answered("a", failed=True)  # readmitted, still failing: out again at once
+    assert pool.eject("a") and pool.health_result("a", True) is False and pool.health_result("a", True)
+    assert not pool.answered("a", failed=False) and not pool.answered("a", failed=True)  # a success ended the run
+
+
 def test_config_gathers_every_problem() -> None:
     with pytest.raises(ValidationError) as caught:
         RouterConfig(replicas=("ftp://x", "ftp://x"), policy="random", scrape_interval_s=0)
