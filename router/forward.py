@@ -5,8 +5,8 @@ upstream client; the ASGI app (:mod:`router.app`) hands it each request.
 A request's path::
 
     read body -> features -> admission (429 / queue) -> policy -> pool.begin
-      -> upstream send (a refused connection ejects the replica; the request
-         goes to the next choice, nothing having reached any engine)
+      -> upstream send (a refused or timed-out connect ejects the replica; the
+         request goes to the next choice, nothing having reached any engine)
       -> streamed (SSE): relay chunk by chunk, as received; a break mid-stream
          ejects the replica and ends the client's stream with an error event
       -> otherwise: read the whole answer, check it is what it claims, relay
@@ -64,7 +64,7 @@ class _Exchange:
     abandoned: bool = False
     """Its replica stopped answering (ejected as frozen): the wait was cancelled, the client gets an error."""
     tried: bool = False
-    """A replica has been tried (a further try follows a refused connection or a 503 there)."""
+    """A replica has been tried (a further try follows a connection refused or not accepted, or a 503, there)."""
 
 
 class Router:
@@ -240,11 +240,12 @@ class Router:
             if await self._attempt(choice, features, path, body, headers, exchange, started_s):
                 return
         exchange.outcome = "unavailable"
-        await _send_error(exchange, UnavailableError("every replica refused the connection or answered 503"))
+        await _send_error(exchange, UnavailableError("every replica refused the connection, did not accept it in "
+                                                     "time, or answered 503"))  # fmt: skip
 
     async def _attempt(self, choice: Choice, features: RequestFeatures, path: str, body: bytes,
                        headers: list[tuple[str, str]], exchange: _Exchange, started_s: float) -> bool:  # fmt: skip
-        """One try on the chosen replica; False when its connection was refused (try another)."""
+        """One try on the chosen replica; False when nothing reached an engine there (try another)."""
         name = choice.replica
         assert name is not None
         cached = self.prefixes.cached_blocks(name, features.prefix_blocks) * features.block_tokens
@@ -291,11 +292,12 @@ class Router:
     async def _exchange(self, name: str, path: str, body: bytes, headers: list[tuple[str, str]], choice: Choice,
                         ticket: Ticket, exchange: _Exchange, sent_s: float) -> bool:  # fmt: skip
         """Send the request to ``name`` and relay its answer; False when nothing reached an engine there (the
-        connection was refused, or it answered 503: an engine whose core died does so before any work), so
-        the replica leaves routing until its health checks pass and the next choice serves."""
+        connection was refused or not accepted within ``connect_timeout_s``, or it answered 503: an engine
+        whose core died does so before any work), so the replica leaves routing until its health checks pass
+        and the next choice serves."""
         try:
             upstream = await self.session.post(name + path, data=body, headers=headers)
-        except aiohttp.ClientConnectorError:
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):  # refused, or never accepted
             upstream = None
         except UPSTREAM_FAILURES as exc:
             self.eject(name)

@@ -6,8 +6,11 @@ Every test is bounded (``timeout``) and every wait polls with a deadline.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -100,6 +103,32 @@ def test_a_replica_that_refuses_connections_is_skipped_without_the_client_notici
         assert r.replicas()[url_of(gone)]["healthy"] is False
         gone.start_in_thread(port)
         eventually(lambda: r.replicas()[url_of(gone)]["healthy"] is True, 5, "readmission after restart")
+
+
+@contextmanager
+def unanswered_connects() -> Iterator[str]:
+    """The URL of a listener that never accepts, its queue full: a connect hangs (a node gone, its SYNs dropped)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        fillers = [socket.socket() for _ in range(3)]
+        try:
+            for filler in fillers:
+                filler.setblocking(False)
+                filler.connect_ex(listener.getsockname())
+            yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+        finally:
+            for filler in fillers:
+                filler.close()
+
+
+def test_a_replica_whose_connect_times_out_is_skipped_without_the_client_noticing() -> None:
+    with unanswered_connects() as gone, stubs(1) as (alive,), \
+            router([gone, url_of(alive)], policy="round-robin", scrape_interval_s=60.0, connect_timeout_s=0.3) as r:
+        for _ in range(2):
+            assert httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5).status_code == 200
+        assert r.replicas()[gone]["healthy"] is False
+        assert alive.requests["/v1/completions"] == 2
 
 
 @pytest.mark.parametrize("stream", [False, True])
