@@ -21,7 +21,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 from aiohttp import web
@@ -33,7 +33,7 @@ from router.errors import UpstreamError, UpstreamTimeoutError, error_body, error
 from router.forward import UPSTREAM_FAILURES, Router
 from router.membership import Membership
 from router.monitor import Monitor
-from router.wire import ClientGone, Message
+from router.wire import ClientGone, Message, relayed_headers, upstream_headers
 
 _log = logging.getLogger(__name__)
 ROUTER: web.AppKey[Router] = web.AppKey("router", Router)
@@ -107,38 +107,60 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     return writer.response
 
 
+class _Listing(NamedTuple):
+    """A replica's answer to ``GET /v1/models``: its model list (200), or its refusal of the client (a 4xx)."""
+
+    replica: str
+    status: int
+    content: bytes
+    headers: list[tuple[bytes, bytes]]
+
+    def relayed(self) -> web.Response:
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.headers]
+        return web.Response(status=self.status, body=self.content, headers=headers)
+
+
 async def _models(request: web.Request) -> web.StreamResponse:
     """The model list of the first healthy replica that answers (refusing ones are ejected)."""
-    return web.Response(body=(await _model_list(request.app[ROUTER]))[1], content_type="application/json")
+    listing = await _model_list(request.app[ROUTER], request)
+    if listing.status != 200:
+        return listing.relayed()
+    return web.Response(body=listing.content, content_type="application/json")
 
 
 async def _model(request: web.Request) -> web.StreamResponse:
     """One model of that list (OpenAI's retrieve), or a 404 naming it."""
     wanted = request.match_info["model"]
-    replica, content = await _model_list(request.app[ROUTER])
+    listing = await _model_list(request.app[ROUTER], request)
+    if listing.status != 200:
+        return listing.relayed()
     try:
-        listed = json.loads(content)["data"]
+        listed = json.loads(listing.content)["data"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise UpstreamError(f"replica {replica}'s /v1/models is not a model list: {exc}", replica=replica) from exc
+        raise UpstreamError(f"replica {listing.replica}'s /v1/models is not a model list: {exc}",
+                            replica=listing.replica) from exc  # fmt: skip
     for model in listed if isinstance(listed, list) else []:
         if isinstance(model, dict) and model.get("id") == wanted:
             return _json(200, model)
     raise NotFoundError("model", wanted)
 
 
-async def _model_list(router: Router) -> tuple[str, bytes]:
-    """(replica, its /v1/models answer) of the first healthy replica that answers with a model list.
+async def _model_list(router: Router, request: web.Request) -> _Listing:
+    """The /v1/models answer of the first healthy replica that answers with a model list, asked with the
+    client's headers (a replica started with an API key guards /v1/models as it does completions).
 
-    A replica that refuses the connection is ejected; one that answers an error, or nothing within the scrape
+    A replica's JSON 4xx (its refusal of the client's key, say) is the client's to read: relayed unchanged. A
+    replica that refuses the connection is ejected; one that answers another error, or nothing within the scrape
     timeout, is passed over for the next; when none answers, the last one's failure is the error.
     """
     timeout = aiohttp.ClientTimeout(total=router.config.scrape_timeout_s)
+    headers = upstream_headers(request.raw_headers)
     failure: UpstreamError | None = None
     for name in [n for n in router.pool.names if router.pool.is_healthy(n)]:
         try:
-            async with router.session.get(name + "/v1/models", timeout=timeout) as answer:
-                content = await answer.read()
-                status, content_type = answer.status, answer.headers.get("content-type", "")
+            async with router.session.get(name + "/v1/models", headers=headers, timeout=timeout) as answer:
+                listing = _Listing(name, answer.status, await answer.read(), relayed_headers(answer.raw_headers))
+                is_json = "json" in answer.headers.get("content-type", "")
         except TimeoutError:
             failure = UpstreamTimeoutError(f"replica {name} did not answer /v1/models within {timeout.total} s",
                                            replica=name)  # fmt: skip
@@ -146,9 +168,9 @@ async def _model_list(router: Router) -> tuple[str, bytes]:
         except UPSTREAM_FAILURES:
             router.eject(name)
             continue
-        if status == 200 and "json" in content_type:
-            return name, content
-        failure = UpstreamError(f"replica {name} answered /v1/models with HTTP {status}", replica=name)
+        if is_json and (listing.status == 200 or 400 <= listing.status < 500):
+            return listing
+        failure = UpstreamError(f"replica {name} answered /v1/models with HTTP {listing.status}", replica=name)
     raise failure or UnavailableError("no healthy replica")
 
 

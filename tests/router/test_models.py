@@ -48,3 +48,22 @@ def test_the_model_list_is_an_error_naming_the_replica_when_none_answers() -> No
         assert answer.status_code == 502
         assert answer.json()["error"]["replica"] == failing
         assert "HTTP 500" in answer.json()["error"]["message"]
+
+
+KEY = "Bearer sk-test"
+
+
+async def _guarded_models(request: web.Request) -> web.Response:
+    if request.headers.get("Authorization") != KEY:  # vLLM's --api-key guards every /v1 route so
+        return web.json_response({"error": "Unauthorized"}, status=401, headers={"X-Request-Id": "r1"})
+    return await _models(request)
+
+
+def test_the_model_list_is_asked_with_the_clients_headers_and_a_refusal_is_relayed_unchanged() -> None:
+    with serving(replica_app(gets={"/v1/models": _guarded_models})) as guarded, router([guarded]) as r:
+        for path in ("/v1/models", "/v1/models/stub"):
+            assert httpx.get(r.url + path, headers={"Authorization": KEY}, timeout=10).status_code == 200, path
+            refused = httpx.get(r.url + path, timeout=10)
+            assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"}), path
+            assert refused.headers["x-request-id"] == "r1"
+        assert r.replicas()[guarded]["healthy"] is True
