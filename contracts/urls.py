@@ -4,19 +4,37 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-__all__ = ["http_url_problem"]
+__all__ = ["base_url_problem", "http_url_problem"]
 
 
 def http_url_problem(name: str, url: str) -> str | None:
-    """None when ``url`` is an http(s) URL with a host; otherwise what is wrong with it, under ``name``.
+    """None when ``url`` is an http(s) URL with a host (and a port, if any, that can be connected to); otherwise
+    what is wrong with it, under ``name``.
 
     Policy endpoints, which the controller itself calls, take the stricter
     :func:`controller.endpoints.check_endpoint_url`.
     """
     try:
         parts = urlsplit(url)
+        port = parts.port  # raises on a port out of range or not a number
     except ValueError as exc:
         return f"{name}: {url!r} is not a URL ({exc})"
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return f"{name}: {url!r} is not an http(s) URL"
+    if not parts.hostname:
+        return f"{name}: {url!r} has no host"
+    if port == 0:
+        return f"{name}: {url!r} has port 0"
+    return None
+
+
+def base_url_problem(name: str, url: str) -> str | None:
+    """As :func:`http_url_problem`, and nothing after the host and port: the URL of a server its caller adds
+    its own paths to (a replica's ``/v1/completions``, ``/metrics``, ``/health``), where a path such as the
+    OpenAI base URL's ``/v1`` would be doubled."""
+    if (problem := http_url_problem(name, url)) is not None:
+        return problem
+    parts = urlsplit(url)
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return f"{name}: {url!r} must be http(s)://host:port alone (no path such as /v1, no query or fragment)"
     return None

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from contracts.errors import ValidationError
-from contracts.urls import http_url_problem
+from contracts.urls import base_url_problem, http_url_problem
 from router.policies import POLICY_NAMES
 from router.types import CostModel
 
@@ -14,7 +14,7 @@ from router.types import CostModel
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RouterConfig:
     replicas: tuple[str, ...] = ()
-    """Base URLs of the replicas (``http://host:port``), each also the replica's name and metric label."""
+    """Base URLs of the replicas (``http://host:port``, no path), each also the replica's name and metric label."""
     controller_url: str | None = None
     """Read the replica set from this controller instead (``/v1/policies/{policy}/endpoints``)."""
     controller_policy: str | None = None
@@ -68,10 +68,10 @@ class RouterConfig:
             problems.append("replicas: at least one URL is needed (or a controller to read them from)")
         if self.replicas and self.controller_url is not None:
             problems.append("replicas: give replica URLs or a controller, not both")
-        urls = [("replicas", url) for url in self.replicas]
-        if self.controller_url is not None:
-            urls.append(("controller_url", self.controller_url))
-        problems.extend(p for name, url in urls if (p := http_url_problem(name, url)) is not None)
+        # The router adds /v1/completions, /metrics and /health to a replica's URL: it must end at the port.
+        problems.extend(p for url in self.replicas if (p := base_url_problem("replicas", url)) is not None)
+        if self.controller_url is not None and (p := http_url_problem("controller_url", self.controller_url)):
+            problems.append(p)
         if len(set(self.replicas)) != len(self.replicas):
             problems.append("replicas: a URL is listed twice")
         if self.policy not in POLICY_NAMES:

@@ -16,7 +16,7 @@ import logging
 import aiohttp
 
 from contracts.errors import DataError
-from contracts.urls import http_url_problem
+from contracts.urls import base_url_problem
 from router.forward import UPSTREAM_FAILURES, Router
 from router.monitor import Repeating
 
@@ -28,8 +28,10 @@ def endpoints_from(document: object) -> tuple[str, ...]:
     if not isinstance(document, dict) or not isinstance(document.get("endpoints"), list):
         raise DataError("the controller's answer has no endpoints list")
     urls = document["endpoints"]
-    if not all(isinstance(u, str) and http_url_problem("endpoint", u) is None for u in urls):
-        raise DataError("the controller's endpoints are not all http(s) URLs")
+    if not all(isinstance(u, str) for u in urls):
+        raise DataError("the controller's endpoints are not all URLs")
+    if problems := [p for u in urls if (p := base_url_problem("endpoint", u)) is not None]:
+        raise DataError("the controller lists replicas the router cannot use: " + "; ".join(problems))
     return tuple(dict.fromkeys(u.rstrip("/") for u in urls))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.urls import http_url_problem
+from contracts.urls import base_url_problem, http_url_problem
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9090", "https://prometheus.example", "http://alerts:8080/page?x=1"])
@@ -15,8 +15,25 @@ def test_http_urls_with_a_host_pass(url: str) -> None:
 @pytest.mark.parametrize(
     ("url", "says"),
     [("notaurl", "is not an http(s) URL"), ("ftp://127.0.0.1/", "is not an http(s) URL"),
-     ("http://", "is not an http(s) URL"), ("http://[::1", "is not a URL")],
+     ("http://", "is not an http(s) URL"), ("http://[::1", "is not a URL"),
+     ("http://127.0.0.1:99999", "is not a URL"), ("http://127.0.0.1:abc", "is not a URL"),
+     ("http://:8000", "has no host"), ("http://user@:80", "has no host"), ("http://h:0", "port 0")],
 )
 def test_other_text_is_named(url: str, says: str) -> None:
     problem = http_url_problem("--url", url)
     assert problem is not None and problem.startswith(f"--url: {url!r} ") and says in problem
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "https://replica.example/", "http://[::1]:80"])
+def test_base_urls_are_a_host_and_port_alone(url: str) -> None:
+    assert base_url_problem("replicas", url) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [("http://127.0.0.1:8000/v1", "no path"), ("http://h:1/?x=1", "no path"), ("http://h:1#top", "no path"),
+     ("http://h:abc", "is not a URL"), ("ftp://h:1", "is not an http(s) URL")],
+)
+def test_a_base_url_with_more_is_named(url: str, says: str) -> None:
+    problem = base_url_problem("replicas", url)
+    assert problem is not None and problem.startswith(f"replicas: {url!r} ") and says in problem

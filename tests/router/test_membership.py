@@ -55,9 +55,13 @@ def _add_policies(url: str, names: tuple[str, ...]) -> None:
 
 def test_the_answers_are_checked() -> None:
     assert endpoints_from({"endpoints": ["http://a:1/", "http://a:1", "http://b:2"]}) == ("http://a:1", "http://b:2")
-    for bad in ({}, {"endpoints": "http://a:1"}, {"endpoints": ["ftp://a"]}, [1]):
+    for bad in ({}, {"endpoints": "http://a:1"}, {"endpoints": ["ftp://a"]}, [1], {"endpoints": [1]}):
         with pytest.raises(DataError):
             endpoints_from(bad)
+    with pytest.raises(DataError, match="'http://b:2/v1' must be"):
+        endpoints_from({"endpoints": ["http://a:1", "http://b:2/v1"]})  # its requests went to /v1/v1/completions
+    with pytest.raises(DataError, match="'http://b:99999' is not a URL"):
+        endpoints_from({"endpoints": ["http://b:99999"]})
     assert only_policy({"items": [{"name": "qwen"}]}) == "qwen"
     with pytest.raises(DataError, match="2 policies"):
         only_policy({"items": [{"name": "a"}, {"name": "b"}]})

@@ -103,10 +103,15 @@ def test_only_server_errors_in_a_row_eject_a_replica() -> None:
 
 def test_config_gathers_every_problem() -> None:
     with pytest.raises(ValidationError) as caught:
-        RouterConfig(replicas=("ftp://x", "ftp://x"), policy="random", scrape_interval_s=0)
+        RouterConfig(replicas=("ftp://x", "ftp://x"), policy="random", scrape_interval_s=0, eject_after_5xx=0)
     problems = "\n".join(caught.value.problems)
-    for expected in ("not an http(s) URL", "listed twice", "'random' is not one of", "scrape_interval_s"):
+    for expected in ("not an http(s) URL", "listed twice", "'random' is not one of", "scrape_interval_s",
+                     "eject_after_5xx"):
         assert expected in problems
+    unusable = ("http://127.0.0.1:8000/v1", "http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://:8000")
+    with pytest.raises(ValidationError) as caught:
+        RouterConfig(replicas=unusable)  # requests would go to /v1/v1/completions, or nowhere
+    assert [p.split(" ")[1] for p in caught.value.problems] == [repr(url) for url in unusable]
 
 
 def test_calibration_moves_the_prefill_rate_toward_the_observed_ttft() -> None:
