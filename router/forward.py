@@ -249,7 +249,8 @@ class Router:
         name = choice.replica
         assert name is not None
         cached = self.prefixes.cached_blocks(name, features.prefix_blocks) * features.block_tokens
-        ticket = self.pool.begin(name, round(prefill_work(features, cached, self.config.cost)))
+        work = round(prefill_work(features, cached, self.config.cost))
+        ticket = self.pool.begin(name, work, streamed=features.stream)
         self.prefixes.record(name, features.prefix_blocks)
         self.metrics.outstanding[name].inc()
         if choice.predicted_ttft_s is not None:

@@ -3,7 +3,8 @@
 Every ``scrape_interval_s`` all replicas are checked concurrently (each
 bounded by ``scrape_timeout_s``):
 
-* a live replica's ``/metrics`` gives its queue, batch and KV usage; a
+* a live replica's ``/metrics`` gives its queue, batch and KV usage (and so
+  which of the router's whole-answer requests are past their prefill); a
   refused or broken connection ejects it; a timeout (a busy replica), a 404
   (exporters off) or a body that does not parse keeps the last load (the
   router's own counts still apply), but ``eject_after_silent`` timeouts in a
@@ -81,6 +82,7 @@ class Monitor(Repeating):
             if pool.health_result(name, ok):
                 self.router.metrics.healthy[name].set(1)
             return
+        begun = pool.begun  # the requests this scrape is newer than
         try:
             status, body = await self._get(name + "/metrics")
         except TimeoutError:
@@ -102,7 +104,7 @@ class Monitor(Repeating):
         if status != 200:
             return
         with contextlib.suppress(DataError, UnicodeDecodeError):
-            pool.update_load(name, parse_load(body.decode()))
+            pool.update_load(name, parse_load(body.decode()), begun_before=begun)
 
     async def _reports_unhealthy(self, name: str) -> bool:
         """``/health`` answered with a server error (a timeout or a refusal says nothing the scrape did not)."""

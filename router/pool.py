@@ -6,7 +6,9 @@ so no locks.  The scraped queue lags by up to a scrape interval; the
 router's own counts do not, so a replica's waiting and running are the
 larger of the two, and its pending prefill tokens are the router's own
 unstarted prompts plus the scraped queue the router did not send, at an
-assumed mean length.  The replicas' prefill rate starts at the configured
+assumed mean length.  A request answered whole (not streamed) shows no
+first token: the scraped queue says when it started (:meth:`ReplicaPool.update_load`).
+The replicas' prefill rate starts at the configured
 one and follows the observed TTFT of streamed requests (:meth:`calibrate`).
 """
 
@@ -39,6 +41,10 @@ class _Replica:
     prefilling: int = 0
     prefill_tokens: int = 0
     ejections: int = 0
+    unstarted: dict[int, Ticket] = field(default_factory=dict)
+    """Its tickets without a first token, by :attr:`Ticket.seq` (so oldest first)."""
+    scraped_after: int = 0
+    """The pool's :attr:`ReplicaPool.begun` when its last scrape that answered was sent."""
 
 
 @dataclass(slots=True)
@@ -47,6 +53,10 @@ class Ticket:
 
     replica: str
     prompt_tokens: int
+    seq: int = 0
+    """Its place in the order the pool's tickets began (from 1)."""
+    streamed: bool = True
+    """False: the answer comes whole, so its first token shows only in the replica's scraped queue."""
     started: bool = False
     finished: bool = False
     record: _Replica | None = field(default=None, repr=False, compare=False)
@@ -64,6 +74,8 @@ class ReplicaPool:
         self.readmit_after = readmit_after
         self.eject_after_silent = eject_after_silent
         self.eject_after_5xx = eject_after_5xx
+        self.begun = 0
+        """Tickets begun so far (the last one's ``seq``): a scrape sent now is newer than each of them."""
         self.on_change: Callable[[], None] = _nothing
         """Called when a replica may take more than before (a request finished or began its answer, a scrape, a
         readmission, a faster rate): the router's held requests look again."""
@@ -106,12 +118,17 @@ class ReplicaPool:
             outstanding=r.outstanding, prefill_tokens_per_s=r.prefill_tokens_per_s,
         )
 
-    def begin(self, name: str, prompt_tokens: int) -> Ticket:
+    def begin(self, name: str, prompt_tokens: int, *, streamed: bool = True) -> Ticket:
+        """A request sent to ``name``; ``streamed=False``: no byte comes back before its whole answer, so its
+        prefill counts as done once the scraped queue leaves it out (:meth:`update_load`)."""
         r = self._replicas[name]
         r.outstanding += 1
         r.prefilling += 1
         r.prefill_tokens += prompt_tokens
-        return Ticket(name, prompt_tokens, record=r)
+        self.begun += 1
+        ticket = Ticket(name, prompt_tokens, seq=self.begun, streamed=streamed, record=r)
+        r.unstarted[ticket.seq] = ticket
+        return ticket
 
     def _record_of(self, ticket: Ticket) -> _Replica | None:
         r = self._replicas.get(ticket.replica)
@@ -126,6 +143,7 @@ class ReplicaPool:
             return
         r.prefilling -= 1
         r.prefill_tokens -= ticket.prompt_tokens
+        del r.unstarted[ticket.seq]
         self.on_change()
 
     def finish(self, ticket: Ticket) -> bool:
@@ -164,10 +182,27 @@ class ReplicaPool:
             replica.prefill_tokens_per_s = self.rate
         self.on_change()
 
-    def update_load(self, name: str, load: ScrapedLoad) -> None:
-        if (r := self._replicas.get(name)) is not None:
-            r.load = load
-            self.on_change()
+    def update_load(self, name: str, load: ScrapedLoad, *, begun_before: int | None = None) -> None:
+        """A scrape of ``name``; ``begun_before``: :attr:`begun` when it was sent.
+
+        A whole-answer request (no byte before it is done) counts as started once a scrape shows fewer waiting
+        than the router's own unstarted requests of that replica: the engine serves first come, first served,
+        so the oldest of them are running. Only those begun before the replica's previous scrape are judged
+        (a scrape interval for the request to reach the engine's queue and its metrics); streamed ones among
+        them count, their first token still on its way, but say started only when it comes.
+        """
+        r = self._replicas.get(name)
+        if r is None:
+            return
+        r.load = load
+        if begun_before is not None:
+            if load.waiting is not None:
+                old = [t for t in r.unstarted.values() if t.seq <= r.scraped_after]
+                for ticket in old[: max(0, len(old) - int(load.waiting))]:
+                    if not ticket.streamed:
+                        self.first_token(ticket)
+            r.scraped_after = begun_before
+        self.on_change()
 
     def scrape_answered(self, name: str) -> None:
         if (r := self._replicas.get(name)) is not None:

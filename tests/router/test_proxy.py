@@ -5,11 +5,13 @@ Every test is bounded (``timeout``) and every wait polls with a deadline.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import httpx
@@ -170,6 +172,35 @@ def test_429_with_retry_after_when_every_replica_is_over_budget() -> None:
         assert sum(s.requests["/v1/completions"] for s in upstreams) == 0
         labels = {"replica": "none", "decision": "all_over_budget", "outcome": "rejected"}
         eventually(lambda: r.sample("moeslo_router_requests_total", **labels) == 1, 5, "the refusal counted")
+
+
+def test_whole_answer_requests_being_generated_do_not_hold_the_next_one_off() -> None:
+    # Three 600-token prompts decoding for 2 s; the engine says none waits. Counted as unprefilled until they
+    # finished, their 1,800 tokens put the next request over the 0.5 s objective: a 429 from an idle queue.
+    running = [0]
+
+    async def generate(request: web.Request) -> web.Response:
+        await request.read()
+        running[0] += 1
+        await asyncio.sleep(2.0)
+        running[0] -= 1
+        return web.json_response({"choices": [{"text": "done"}]})
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=f"vllm:num_requests_waiting 0\nvllm:num_requests_running {running[0]}\n")
+
+    def ask(index: int) -> int:
+        body = {"prompt": f"{index:04d}" + "x" * 2400, "max_tokens": 200}  # 601 tokens, 4 characters each
+        return httpx.post(r.url + "/v1/completions", json=body, timeout=10).status_code
+
+    with serving(replica_app(generate, gets={"/metrics": metrics})) as replica, router([replica]) as r, \
+            ThreadPoolExecutor(3) as pool:  # fmt: skip
+        busy = [pool.submit(ask, i) for i in range(3)]
+        eventually(lambda: running[0] == 3, 5, "three requests generating")
+        time.sleep(0.3)  # scrapes after theirs
+        assert ask(3) == 200
+        assert (r.replicas()[replica]["waiting"], r.replicas()[replica]["pending_prefill_tokens"]) == (0, 0)
+        assert [b.result() for b in busy] == [200] * 3
 
 
 def test_queue_mode_holds_the_request_until_a_replica_fits() -> None:

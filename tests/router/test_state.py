@@ -80,6 +80,26 @@ def test_pool_corrects_a_stale_scrape_with_its_own_counts() -> None:
     assert pool.snapshot()[0].pending_prefill_tokens == 0
 
 
+def test_whole_answer_requests_count_as_started_once_a_later_scrape_shows_the_queue_without_them() -> None:
+    """No byte comes back before a whole answer, so the scraped queue is what says its prefill is done."""
+    pool = ReplicaPool(("a",), prefill_tokens_per_s=1000.0, mean_prompt_tokens=100.0)
+    first, second = pool.begin("a", 300, streamed=False), pool.begin("a", 200, streamed=False)
+    streamed = pool.begin("a", 50)
+    pool.update_load("a", ScrapedLoad(waiting=0, running=3), begun_before=pool.begun)
+    (s,) = pool.snapshot()  # a scrape sent just after they were: they may not have reached the engine yet
+    assert (s.waiting, s.pending_prefill_tokens) == (3, 550)
+    late = pool.begin("a", 100, streamed=False)
+    pool.update_load("a", ScrapedLoad(waiting=2, running=1), begun_before=pool.begun)
+    (s,) = pool.snapshot()  # two of the three older ones wait: the oldest is running
+    assert (first.started, second.started, s.waiting, s.pending_prefill_tokens) == (True, False, 3, 350)
+    pool.update_load("a", ScrapedLoad(waiting=0, running=4), begun_before=pool.begun)
+    (s,) = pool.snapshot()  # none waits: every whole-answer one is running; a stream's first token says so itself
+    assert (second.started, late.started, streamed.started) == (True, True, False)
+    assert (s.waiting, s.running, s.outstanding, s.pending_prefill_tokens) == (1, 4, 4, 50)
+    assert pool.finish(first) and pool.finish(second) and pool.finish(late) and pool.finish(streamed)
+    assert pool.snapshot()[0].outstanding == 0
+
+
 def test_an_ejected_replica_returns_after_consecutive_passes() -> None:
     pool = ReplicaPool(("a",), prefill_tokens_per_s=1000.0, mean_prompt_tokens=100.0, readmit_after=2)
     assert pool.eject("a") and not pool.eject("a")
