@@ -14,6 +14,14 @@ template, as vLLM passes them (``enable_thinking``, ...).
 ``store``, ``metadata`` and ``parallel_tool_calls`` are accepted and ignored,
 as vLLM does.  Tools and the other fields this engine does not implement are
 refused by name (400).
+
+A reply sent back in the history as the SDK dumps it is served as vLLM serves
+it: its ``refusal``, ``annotations``, ``audio`` and ``function_call`` are
+ignored (vLLM hands none of them to the template), and an assistant's
+``reasoning`` (or the older ``reasoning_content``) reaches the template as
+both, for templates of reasoning models.  Other message keys are refused by
+name: vLLM would hand some to the template (a developer's ``tools``), which
+this engine does not.
 """
 
 from __future__ import annotations
@@ -79,6 +87,15 @@ class ChatMessage(BaseModel):
     """An assistant's calls (ignored on other roles, as in vLLM)."""
     tool_call_id: str | None = None
     """The call a ``tool`` message answers (ignored on other roles, as in vLLM)."""
+    reasoning: str | None = None
+    """An assistant's reasoning, for the template (ignored on other roles, as in vLLM)."""
+    reasoning_content: str | None = None
+    """The older name of ``reasoning`` (vLLM renames it; ``reasoning`` wins)."""
+    # The keys of OpenAI's response message, sent back in the history: vLLM reads none of them.
+    refusal: Any = None
+    annotations: Any = None
+    audio: Any = None
+    function_call: Any = None
 
     @property
     def text(self) -> str:
@@ -92,6 +109,9 @@ class ChatMessage(BaseModel):
         message: dict[str, Any] = {"role": self.role, "content": self.text}
         if self.role == "assistant" and self.tool_calls:
             message["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
+        reasoning = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if self.role == "assistant" and reasoning is not None:
+            message["reasoning"] = message["reasoning_content"] = reasoning  # both names, as vLLM passes them
         if self.role == "tool" and "tool_call_id" in self.model_fields_set:
             message["tool_call_id"] = self.tool_call_id
         if self.name is not None:

@@ -99,3 +99,29 @@ def test_tool_calls_and_tool_results_render_through_the_template_as_vllm_passes_
 def test_tool_calls_vllm_refuses_are_refused(call: dict[str, Any], param: str) -> None:
     status, prompt, body = rendered({"messages": [{"role": "assistant", "tool_calls": [call]}]}, TOOL_TEMPLATE)
     assert (status, prompt, body["error"]["param"]) == (400, None, param)
+
+
+REASONING_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}"
+                      "{% if m.get('reasoning') %}[{{ m['reasoning'] }}|{{ m['reasoning_content'] }}]{% endif %};"
+                      "{% endfor %}")
+
+
+def test_a_reply_sent_back_as_the_sdk_dumps_it_is_accepted_as_vllm_accepts_it() -> None:
+    """The SDK's ``message.model_dump()`` carries refusal, annotations, audio and function_call (vLLM ignores
+    them); a reasoning model's reply carries ``reasoning_content``, which vLLM hands the template as
+    ``reasoning`` (and ``reasoning_content``)."""
+    dumped = {"role": "assistant", "content": "yo", "refusal": None, "annotations": [], "audio": None,
+              "function_call": None, "tool_calls": None, "reasoning_content": "think"}
+    messages = [*USER, dumped, {"role": "user", "content": "more"}]
+    assert rendered({"messages": messages}, REASONING_TEMPLATE)[1] == "user:hi;assistant:yo[think|think];user:more;"
+    refused = {**dumped, "content": None, "refusal": "no", "reasoning_content": None, "reasoning": "r",
+               "audio": {"id": "a1"}, "function_call": {"name": "f", "arguments": "{}"}}
+    assert rendered({"messages": [*USER, refused]}, REASONING_TEMPLATE)[1] == "user:hi;assistant:[r|r];"
+    # Reasoning reaches the template on an assistant's message only, as in vLLM.
+    assert rendered({"messages": [{"role": "user", "content": "hi", "reasoning": "r"}]},
+                    REASONING_TEMPLATE)[1] == "user:hi;"
+
+
+def test_a_message_key_the_template_would_read_is_still_refused_by_name() -> None:
+    status, prompt, body = rendered({"messages": [{"role": "developer", "content": "x", "tools": [{"x": 1}]}]})
+    assert (status, prompt, body["error"]["param"]) == (400, None, "messages.0.tools")
