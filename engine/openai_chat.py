@@ -20,8 +20,8 @@ it: its ``refusal``, ``annotations``, ``audio`` and ``function_call`` are
 ignored (vLLM hands none of them to the template), and an assistant's
 ``reasoning`` (or the older ``reasoning_content``) reaches the template as
 both, for templates of reasoning models.  Other message keys are refused by
-name: vLLM would hand some to the template (a developer's ``tools``), which
-this engine does not.
+name (``null`` asks for nothing and is dropped): vLLM would hand some to the
+template (a developer's ``tools``), which this engine does not.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from engine.protocol import MODEL_DEFAULTED, NO_OP_VALUES, GenerationRequest
+from engine.protocol import MODEL_DEFAULTED, NO_OP_VALUES, GenerationRequest, without_nulls
 from engine.sampling import MAX_LOGPROBS
 
 RESERVED_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "messages"})
@@ -96,6 +96,12 @@ class ChatMessage(BaseModel):
     annotations: Any = None
     audio: Any = None
     function_call: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_asks_for_nothing(cls, data: Any) -> Any:
+        """A key this engine does not declare, sent as ``null``, is dropped rather than refused."""
+        return without_nulls(data, (), cls.model_fields)
 
     @property
     def text(self) -> str:

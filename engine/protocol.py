@@ -10,7 +10,8 @@ log-probabilities too: the core computes them, vLLM's ``prompt_logprobs``),
 and ``max_tokens`` 0 is allowed with ``echo`` only (the prompt alone comes
 back; one token is computed and dropped, as vLLM does); and a field this
 engine does not implement is refused with a 400 naming it rather than
-ignored (``suffix`` is accepted at ``null`` or ``""``).
+ignored (``suffix`` is accepted at ``null`` or ``""``, and a ``null`` in a
+field this engine does not declare is dropped: it asks for nothing).
 
 :class:`StopMatcher` finds stop strings in the streamed text across token
 boundaries (it holds back the tail that may begin one), and the text it
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Self, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
@@ -101,10 +102,12 @@ class GenerationRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_asks_for_the_default(cls, data: Any) -> Any:
-        """OpenAI's schema makes these fields nullable and clients send ``null`` for "unset": the default."""
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if not (v is None and k in NULL_MEANS_DEFAULT)}
-        return data
+        """OpenAI's schema makes these fields nullable and clients send ``null`` for "unset": the default.
+
+        A ``null`` in a field this engine does not declare (``tools: null``, as the SDK sends ``tools=None``)
+        asks for nothing either, so it is dropped rather than refused.
+        """
+        return without_nulls(data, NULL_MEANS_DEFAULT, cls.model_fields)
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -231,6 +234,14 @@ class CompletionRequest(GenerationRequest):
         return problems
 
 
+def without_nulls(data: Any, defaulted: Collection[str], declared: Collection[str]) -> Any:
+    """``data`` without its ``null`` values for the keys in ``defaulted`` or not in ``declared`` (a null asks
+    for nothing); anything but a dict as it is."""
+    if not isinstance(data, dict):
+        return data
+    return {k: v for k, v in data.items() if not (v is None and (k in defaulted or k not in declared))}
+
+
 def fit_to_context(params: SamplingParams, prompt_tokens: int, max_model_len: int, *,
                    field: str = "prompt") -> SamplingParams:
     """``max_tokens`` cut to the context the prompt leaves, as vLLM's ``get_max_tokens`` cuts it.
@@ -302,4 +313,5 @@ __all__ = [
     "StopMatcher",
     "StreamOptions",
     "fit_to_context",
+    "without_nulls",
 ]

@@ -194,3 +194,18 @@ def test_an_explicit_null_asks_for_the_default() -> None:
     assert (completion.max_tokens, completion.echo, completion.presence_penalty) == (16, False, 0.0)
     with pytest.raises(PydanticValidationError):  # null is not a prompt
         CompletionRequest.model_validate({"prompt": None})
+
+
+def test_an_explicit_null_in_a_field_the_engine_does_not_implement_asks_for_nothing() -> None:
+    # The SDK sends ``tools: null`` for ``tools=None`` (``tools=tools or None``); null asks for nothing.
+    nulls = dict.fromkeys(("tools", "functions", "service_tier", "reasoning_effort", "function_call", "x"))
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x", "weight": None}],
+                                                 **nulls})  # fmt: skip
+    chat.check()
+    assert chat.template_messages() == [{"role": "user", "content": "x"}]
+    CompletionRequest.model_validate({"prompt": "x", "service_tier": None, "x": None}).check()
+    # A value is still refused by name.
+    with pytest.raises(PydanticValidationError, match="tools"):
+        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], "tools": []})
+    with pytest.raises(PydanticValidationError, match="weight"):
+        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x", "weight": 0}]})
