@@ -252,8 +252,7 @@ def fit_to_context(params: SamplingParams, prompt_tokens: int, max_model_len: in
     """
     room = max_model_len - prompt_tokens
     if room < 1:
-        raise PromptTooLongError(prompt_tokens=prompt_tokens, max_tokens=params.max_tokens,
-                                 max_model_len=max_model_len, param=field)
+        raise PromptTooLongError(prompt_tokens=prompt_tokens, max_model_len=max_model_len, param=field)
     return params if params.max_tokens <= room else dataclasses.replace(params, max_tokens=room)
 
 

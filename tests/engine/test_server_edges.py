@@ -151,3 +151,20 @@ def test_every_chunk_of_a_stream_carries_the_requests_one_created_time(served: S
               if line.startswith("data: ") and line != "data: [DONE]"]
     assert len(events) >= 41 and "usage" in events[-1]
     assert len({event["created"] for event in events}) == 1
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_a_prompt_too_long_is_refused_with_the_rule_the_server_applies(served: Served, route: str) -> None:
+    """``max_tokens`` is cut to fit, so only the prompt's length can be at fault: the message says so (as vLLM's
+    does), and names no ``max_tokens`` (a chat that sent none had one made up in it)."""
+    n = served.engine.max_model_len
+    fits = {"prompt": [5] * (n - 1), "max_tokens": 100} if route == "/v1/completions" \
+        else {"messages": [{"role": "user", "content": "hi"}], "max_tokens": n + 100}
+    assert served.client.post(route, json=fits).status_code == 200
+    body = {"prompt": [5] * n, "max_tokens": 1} if route == "/v1/completions" \
+        else {"messages": [{"role": "user", "content": "hello world " * n}]}
+    resp = served.client.post(route, json=body)
+    assert resp.status_code == 400, resp.text
+    message = str(_is_error_document(resp)["message"])
+    assert message.startswith(f"This model's maximum context length is {n} tokens. However, your prompt contains ")
+    assert f"at most {n - 1} tokens" in message and "max_tokens" not in message
