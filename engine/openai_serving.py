@@ -205,10 +205,14 @@ async def serve_generation(
         watcher.cancel()
         end_early()
 
+    # Every prompt is checked (its length against the context, the rest as the client checks it) before any
+    # is sent: a refused one must leave none running in the core.  A prompt's n choices differ only by seed.
+    choices = gen.choices(engine.max_model_len)
+    for prompt, params in choices[:: gen.n]:
+        engine.check_prompt(prompt, params)
     # From now until the request ends, a client that goes away aborts it in the core.
     watcher = asyncio.ensure_future(_until_disconnect(request))
     watcher.add_done_callback(lambda w: None if w.cancelled() else end_early())
-    choices = gen.choices(engine.max_model_len)  # a prompt too long for the context is refused before any is sent
     try:
         for prompt, params in choices:
             streams.append(engine.add_request(prompt, params, arrival_s=arrival_s))

@@ -18,6 +18,9 @@ class RecordingEngine:
     def check_prompt_ids(self, ids: object) -> None:
         pass
 
+    def check_prompt(self, prompt: list[int], params: SamplingParams) -> None:
+        pass
+
     def add_request(self, prompt: list[int], params: SamplingParams, **_: object) -> None:
         self.prompts.append(list(prompt))
         self.params.append(params)

@@ -80,3 +80,15 @@ def test_a_refused_choice_leaves_no_request_behind(served: tuple[ServerThread, S
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "prompt"
     assert _wait(lambda: _idle(stack), 10), stack.engine.num_requests()
     assert _aborted(stack) == before  # refused before any choice reached the core: nothing to abort
+
+
+def test_a_prompt_the_client_refuses_leaves_the_earlier_prompts_unsent(served: tuple[ServerThread, ServingStack]
+                                                                        ) -> None:  # fmt: skip
+    server, stack = served
+    before = _aborted(stack)
+    # The last prompt is empty: every prompt is checked before the first is sent, as vLLM checks them.
+    body = {"prompt": ["a", "b", "c", ""], "max_tokens": 20, "ignore_eos": True}
+    resp = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert resp.status_code == 400 and "at least one token" in resp.json()["error"]["message"]
+    assert _wait(lambda: _idle(stack), 10), stack.engine.num_requests()
+    assert _aborted(stack) == before

@@ -32,6 +32,9 @@ class ScriptedEngine:
         self.aborts: list[str] = []
         self.streams: list[RequestStream] = []
 
+    def check_prompt(self, prompt: list[int], params: SamplingParams) -> None:
+        pass
+
     def add_request(self, prompt: list[int], params: SamplingParams, **_: object) -> RequestStream:
         stream = RequestStream(f"cmpl-{len(self.streams)}", asyncio.get_running_loop())
         ids = self.ids[: params.max_tokens]

@@ -48,6 +48,9 @@ class _Engine:
     def check_prompt_ids(self, ids: Any) -> None:
         list(ids)
 
+    def check_prompt(self, prompt: list[int], params: Any) -> None:
+        pass
+
     def add_request(self, prompt: list[int], params: Any, **_: Any) -> Any:
         raise ValidationError(f"stub engine: {len(prompt)} prompt tokens")
 
