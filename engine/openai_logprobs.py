@@ -14,7 +14,8 @@ them, ``text_offset``) or a chat choice's (``content``: ``token``,
 A completion with ``echo`` and ``logprobs`` also gets its prompt's tokens
 first (the core computes them, vLLM's ``prompt_logprobs``): the first prompt
 token has ``null`` for its log-probability and alternatives, as in OpenAI's
-and vLLM's answers, since nothing predicts it.
+and vLLM's answers, since nothing predicts it; the offsets of the prompt's
+tokens add up their texts' lengths, special tokens included, as vLLM's do.
 """
 
 from __future__ import annotations
@@ -43,23 +44,22 @@ def logprob_entry(tokenizer: Tokenizer, token_id: int, logprobs: TokenLogprob, t
                         top=tuple((tokenizer.decode_token(t), value) for t, value in top), text_offset=text_offset)
 
 
-def prompt_entries(
-    tokenizer: Tokenizer, prompt: list[int], logprobs: tuple[TokenLogprob, ...]
-) -> tuple[list[LogprobEntry], int]:
-    """The prompt's entries (tokens 1.. from ``logprobs``) and the length of the prompt's decoded text.
+def prompt_entries(tokenizer: Tokenizer, prompt: list[int], logprobs: tuple[TokenLogprob, ...]) -> list[LogprobEntry]:
+    """The prompt's entries (tokens 1.. from ``logprobs``).
 
-    Offsets are where each token's text begins in the prompt's text, decoded as a stream (as generated tokens').
+    A token's offset is the sum of the lengths of the tokens' texts before it, as vLLM counts them: in the
+    echoed text, special tokens included.
     """
-    decoder = tokenizer.stream()
     entries: list[LogprobEntry] = []
     offset = 0
     for i, token_id in enumerate(prompt):
         if i == 0 or i > len(logprobs):
-            entries.append(LogprobEntry(tokenizer.decode_token(token_id), None, None, offset))
+            entry = LogprobEntry(tokenizer.decode_token(token_id), None, None, offset)
         else:
-            entries.append(logprob_entry(tokenizer, token_id, logprobs[i - 1], offset))
-        offset += len(decoder.step(token_id))
-    return entries, offset
+            entry = logprob_entry(tokenizer, token_id, logprobs[i - 1], offset)
+        entries.append(entry)
+        offset += len(entry.token)
+    return entries
 
 
 def completion_logprobs(entries: list[LogprobEntry] | None) -> dict[str, Any] | None:

@@ -282,7 +282,7 @@ def _echoed_entries(tokenizer: Tokenizer, gen: Generation, prompt: list[int] | N
     """The prompt's logprob entries, for an echoing request that asked for logprobs (else none)."""
     if prompt is None or gen.params.prompt_logprobs is None or out.prompt_logprobs is None:
         return []
-    return prompt_entries(tokenizer, prompt, out.prompt_logprobs)[0]
+    return prompt_entries(tokenizer, prompt, out.prompt_logprobs)
 
 
 async def _echo_only(first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation,

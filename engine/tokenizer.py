@@ -2,7 +2,9 @@
 
 Both stream: :meth:`Tokenizer.stream` returns a decoder that turns token ids
 into text one at a time and holds back incomplete UTF-8 sequences, so
-streamed text is never garbled mid-character.
+streamed text is never garbled mid-character.  Generated text streams without
+special tokens (vLLM's ``skip_special_tokens``); :meth:`Tokenizer.decode`, which
+echoes a token-id prompt, keeps them, as vLLM's echo does.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, token_ids: list[int]) -> str: ...
+    def decode(self, token_ids: list[int]) -> str:
+        """The ids' text, special tokens as themselves (vLLM's ``tokenizer.decode``, as it echoes a prompt)."""
+        ...
 
     def decode_token(self, token_id: int) -> str:
         """One token's text alone, a special token's included (as vLLM shows tokens in log-probabilities)."""
@@ -89,10 +93,10 @@ class HFTokenizer:
         return list(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
 
     def decode(self, token_ids: list[int]) -> str:
-        return str(self._tok.decode_batch([token_ids], skip_special_tokens=True)[0])
+        return str(self._tok.decode_batch([token_ids], skip_special_tokens=False)[0])
 
     def decode_token(self, token_id: int) -> str:
-        return str(self._tok.decode_batch([[token_id]], skip_special_tokens=False)[0])
+        return self.decode([token_id])
 
     def stream(self) -> _HFDecodeStream:
         return _HFDecodeStream(self._tok)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -16,7 +17,9 @@ from engine.executors import ExecutorOptions, create_executor
 from engine.sampling import SamplingParams
 from engine.scheduler import SchedulerConfig
 from engine.stats import StepStats
+from engine.tokenizer import load_tokenizer
 from tests.engine.fake_executor import FakeExecutor
+from tests.engine.test_server import serve
 
 # fp32 on CPU, as tests/engine/test_model.py: measured differences ~1e-6 on logits of magnitude ~1.
 ATOL = 1e-4
@@ -157,3 +160,23 @@ def test_every_position_logits_match_the_last_position_logits(tiny_checkpoint: P
     assert every.shape[0] == 1 + len(b)
     torch.testing.assert_close(every[0], one[0], atol=ATOL, rtol=0)
     torch.testing.assert_close(every[-1], one[1], atol=ATOL, rtol=0)
+
+
+@pytest.mark.integration
+def test_an_echoed_prompt_keeps_its_special_tokens_and_its_offsets_index_the_echo(tiny_checkpoint: Path) -> None:
+    """As vLLM: a token-id prompt echoes as ``tokenizer.decode`` gives it (special tokens kept), and each
+    prompt token's ``text_offset`` is the sum of the lengths of the tokens before it."""
+    text = "<|im_start|>arme<|im_end|>"
+    ids = load_tokenizer(tiny_checkpoint, 512).encode(text)
+    server, _ = serve(tiny_checkpoint)
+    try:
+        choices = [httpx.post(server.url + "/v1/completions", timeout=30, json={
+            "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0}).json()["choices"][0]
+            for prompt in (text, ids)]
+    finally:
+        server.stop()
+    assert len(ids) > 2 and choices[0] == choices[1]
+    choice, tokens = choices[0], choices[0]["logprobs"]["tokens"]
+    assert choice["text"] == text and tokens[0] == "<|im_start|>" and tokens[-1] == "<|im_end|>"
+    assert choice["logprobs"]["text_offset"] == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    assert [text[o:o + len(t)] for t, o in zip(tokens, choice["logprobs"]["text_offset"], strict=True)] == tokens
