@@ -31,7 +31,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from engine.protocol import MODEL_DEFAULTED, NO_OP_VALUES, GenerationRequest, without_nulls
+from engine.protocol import MODEL_DEFAULTED, NO_OP_VALUES, WHOLE, GenerationRequest, without_nulls
 from engine.sampling import MAX_LOGPROBS
 
 RESERVED_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "messages"})
@@ -131,11 +131,11 @@ class ChatCompletionRequest(GenerationRequest):
     no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {"tool_choice": (None, "none"), **NO_OP_VALUES}
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
+    max_tokens: Annotated[int, Field(strict=True, ge=1), WHOLE] | None = None
+    max_completion_tokens: Annotated[int, Field(strict=True, ge=1), WHOLE] | None = None
     add_generation_prompt: StrictBool = True
     logprobs: StrictBool | None = None
-    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS), WHOLE] | None = None
     tool_choice: str | dict[str, Any] | None = None
     """Accepted only as "none" (no tools are called; see no_op_values)."""
     # OpenAI's fields that vLLM accepts and ignores (no stored completions; no tools to call).

@@ -1,9 +1,10 @@
 """The OpenAI completion request as this engine serves it, what chat requests share with it, and stop strings.
 
 :class:`CompletionRequest` is strict: prompt token ids and ``stop_token_ids``
-are integers (``true`` is not a token); ``prompt`` is a text, a list of token
-ids, or a list of either (at most :data:`MAX_CHOICES` choices in all, prompts
-times ``n``); ``best_of`` equals ``n`` if sent; ``logprobs`` (0..20
+are integers (``true`` is not a token), and counts and seeds are integers
+or floats that are whole numbers (``5.0``, as vLLM takes it); ``prompt`` is
+a text, a list of token ids, or a list of either (at most
+:data:`MAX_CHOICES` choices in all, prompts times ``n``); ``best_of`` equals ``n`` if sent; ``logprobs`` (0..20
 alternatives) reports the generated tokens' log-probabilities; ``echo``
 puts the prompt before the text (with ``logprobs``, the prompt's tokens'
 log-probabilities too: the core computes them, vLLM's ``prompt_logprobs``),
@@ -27,7 +28,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Self, cast
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from contracts.errors import ValidationError
 from engine.errors import PromptTooLongError
@@ -46,6 +47,16 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"response_format": (None, {"type": "
 plain-text ``response_format``."""
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+def _whole_number(value: Any) -> Any:
+    """A float that is a whole number as that integer (``5.0`` is 5, as vLLM's lax ints take it); the rest as is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+WHOLE = BeforeValidator(_whole_number)
+"""Last in a strict integer's ``Annotated`` (counts, seeds): a float that is a whole number passes too, but not a
+string, a boolean or a fraction; its bounds stay in the JSON schema."""
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
 
@@ -79,8 +90,8 @@ class GenerationRequest(BaseModel):
     model: str | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
-    seed: Annotated[int, Field(strict=True, ge=MIN_SEED, le=MAX_SEED)] | None = None
+    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N), WHOLE] = 1
+    seed: Annotated[int, Field(strict=True, ge=MIN_SEED, le=MAX_SEED), WHOLE] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP_STRINGS)
@@ -94,10 +105,10 @@ class GenerationRequest(BaseModel):
     # Accepted only at its no-op values (see no_op_values).
     response_format: dict[str, Any] | None = None
     # vLLM's extensions (top_k 0 or -1, or the vocabulary or more: off).
-    top_k: Annotated[int, Field(strict=True, ge=-1, le=MAX_TOP_K)] = 0
+    top_k: Annotated[int, Field(strict=True, ge=-1, le=MAX_TOP_K), WHOLE] = 0
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=100.0)] = 1.0
-    min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0
+    min_tokens: Annotated[int, Field(strict=True, ge=0), WHOLE] = 0
 
     @model_validator(mode="before")
     @classmethod
@@ -191,9 +202,9 @@ class CompletionRequest(GenerationRequest):
 
     prompt: str | list[StrictInt] | Annotated[list[str], Field(min_length=1)] \
         | Annotated[list[list[StrictInt]], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(strict=True, ge=0)] = 16
-    best_of: Annotated[int, Field(strict=True, ge=1)] | None = None
-    logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    max_tokens: Annotated[int, Field(strict=True, ge=0), WHOLE] = 16
+    best_of: Annotated[int, Field(strict=True, ge=1), WHOLE] | None = None
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS), WHOLE] | None = None
     echo: StrictBool = False
     # Accepted only at its no-op values (see no_op_values).
     suffix: str | None = None
@@ -307,6 +318,7 @@ __all__ = [
     "MAX_N",
     "MODEL_DEFAULTED",
     "NO_OP_VALUES",
+    "WHOLE",
     "CompletionRequest",
     "GenerationRequest",
     "StopMatcher",

@@ -209,3 +209,21 @@ def test_an_explicit_null_in_a_field_the_engine_does_not_implement_asks_for_noth
         ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], "tools": []})
     with pytest.raises(PydanticValidationError, match="weight"):
         ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x", "weight": 0}]})
+
+
+def test_a_whole_number_float_is_taken_as_the_integer_as_vllm_takes_it() -> None:
+    whole = {"n": 2.0, "seed": 7.0, "top_k": 3.0, "min_tokens": 1.0}
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], **whole,
+                                                 "max_tokens": 5.0, "logprobs": True, "top_logprobs": 2.0})
+    assert (chat.n, chat.seed, chat.top_k, chat.min_tokens, chat.max_tokens, chat.top_logprobs) == (2, 7, 3, 1, 5, 2)
+    assert isinstance(chat.max_tokens, int)
+    assert ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}],
+                                                 "max_completion_tokens": 4.0}).token_limit == 4
+    completion = CompletionRequest.model_validate({"prompt": "x", **whole, "max_tokens": 0.0, "echo": True,
+                                                   "best_of": 2.0, "logprobs": 1.0})
+    assert (completion.n, completion.max_tokens, completion.best_of, completion.logprobs) == (2, 0, 2, 1)
+    # A fraction, a string, a boolean and a float past the bounds are still refused, as are float token ids.
+    for field, value in (("max_tokens", 5.5), ("max_tokens", "5"), ("max_tokens", True), ("n", 33.0),
+                         ("seed", 2.0**64), ("prompt", [1.0]), ("stop_token_ids", [1.0])):
+        with pytest.raises(PydanticValidationError, match=field):
+            CompletionRequest.model_validate({"prompt": "x", field: value})
