@@ -7,7 +7,8 @@ multiprocess ``prometheus_client`` metrics fed with deltas).  Series:
 
 * ``moe_placement_swaps_total``, ``moe_placement_experts_moved_total``,
   ``moe_placement_swap_duration_seconds``: as the embedded engine writes them
-  (rearrangements, expert replicas copied to a new rank, the step stall);
+  (rearrangements, the trigger's and vLLM's own, expert replicas copied to a
+  new rank, the step stall where it was measured);
 * ``moe_placement_requests_total{action, outcome}``: dry runs (``plan``) and
   rearrangements (``apply``): ``ok``, ``refused``, ``invalid``, ``failed``;
 * ``moe_placement_imbalance_cv{when, source}`` (worst layer) and
@@ -104,7 +105,7 @@ class PlacementMetrics:
                                 [*labels, ACTION_LABEL, OUTCOME_LABEL], registry=registry)  # fmt: skip
         self.gauges = {name: Gauge(name, PLACEMENT_HELP[name], [*labels, WHEN_LABEL, SOURCE_LABEL], registry=registry,
                                    multiprocess_mode="mostrecent") for name in BALANCE_FIGURES}  # fmt: skip
-        self._swaps = self._moved = 0
+        self._swaps = self._moved = self._timed = 0
         self._requests: dict[str, int] = {}
 
     def publish(self, snapshot: ExpertLoadSnapshot) -> None:
@@ -112,15 +113,16 @@ class PlacementMetrics:
         if not log:
             return
         base = (snapshot.model_name, snapshot.engine)
-        new_swaps = int(log["swaps"]) - self._swaps
-        if new_swaps > 0:
-            self.swaps.labels(*base).inc(new_swaps)
-            recent = list(log["recent_durations_s"])
-            for duration in recent[max(0, len(recent) - new_swaps):]:
-                self.durations.labels(*base).observe(float(duration))
+        if int(log["swaps"]) > self._swaps:
+            self.swaps.labels(*base).inc(int(log["swaps"]) - self._swaps)
+        # Stalls by their own count: a rearrangement vLLM made itself, or async EPLB's, has none.
+        timed = sum(int(n) for n in log["duration_buckets"])
+        recent = list(log["recent_durations_s"])
+        for duration in recent[max(0, len(recent) - (timed - self._timed)):] if timed > self._timed else []:
+            self.durations.labels(*base).observe(float(duration))
         if int(log["experts_moved"]) > self._moved:
             self.moved.labels(*base).inc(int(log["experts_moved"]) - self._moved)
-        self._swaps, self._moved = int(log["swaps"]), int(log["experts_moved"])
+        self._swaps, self._moved, self._timed = int(log["swaps"]), int(log["experts_moved"]), timed
         for key, count in log["requests"].items():
             if int(count) > self._requests.get(key, 0):
                 action, _, outcome = key.partition("/")

@@ -1,11 +1,12 @@
-"""What a worker records about the expert rearrangements it was asked for (plain data; exporters publish it).
+"""What a worker records about the expert rearrangements of its engine (plain data; exporters publish it).
 
 One :class:`PlacementLog` per counting worker.  The trigger
-(``engine.vllm_plugin.eplb_control``) records each request and each
-rearrangement; the snapshot builder adds the *measured* balance since the
-last rearrangement (the routing counted after it, on the new placement) at
-every flush, so ``moe_placement_*`` shows predicted and measured balance
-before and after side by side.
+(``engine.vllm_plugin.eplb_control``) records each request; the snapshot
+builder records each rearrangement when it sees EPLB's map change (with the
+trigger's figures where the trigger asked for it, else vLLM's own) and adds
+the *measured* balance since the last rearrangement (the routing counted
+after it, on the new placement) at every flush, so ``moe_placement_*`` shows
+predicted and measured balance before and after side by side.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class PlacementLog:
     experts_moved: int = 0
     """Expert replicas copied onto a rank that did not hold them, all layers."""
     duration_buckets: list[int] = field(default_factory=lambda: [0] * (len(SWAP_DURATION_BUCKETS_S) + 1))
-    """Rearrangement stalls per ``SWAP_DURATION_BUCKETS_S`` bucket (not cumulative; the last is +Inf)."""
+    """Rearrangement stalls per ``SWAP_DURATION_BUCKETS_S`` bucket (not cumulative; the last is +Inf).  Only
+    measured stalls count: a rearrangement vLLM made itself, or spread over steps (async EPLB), has none."""
     duration_sum_s: float = 0.0
     recent_durations_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_DURATIONS))
     requests: dict[str, int] = field(default_factory=dict)
@@ -65,13 +67,21 @@ class PlacementLog:
         key = f"{action}/{outcome}"
         self.requests[key] = self.requests.get(key, 0) + 1
 
-    def rearranged(self, *, duration_s: float, experts_moved: int, balance: dict[str, dict[str, Any]]) -> None:
+    def rearranged(
+        self, *, duration_s: float | None, experts_moved: int, balance: dict[str, dict[str, Any]]
+    ) -> None:
+        """One rearrangement; ``duration_s`` None: its stall was not measured."""
         self.swaps += 1
         self.experts_moved += experts_moved
-        self.duration_buckets[bisect_left(SWAP_DURATION_BUCKETS_S, duration_s)] += 1
-        self.duration_sum_s += duration_s
-        self.recent_durations_s.append(duration_s)
+        if duration_s is not None:
+            self.duration_buckets[bisect_left(SWAP_DURATION_BUCKETS_S, duration_s)] += 1
+            self.duration_sum_s += duration_s
+            self.recent_durations_s.append(duration_s)
         self.balance = dict(balance)
+
+    def moved(self, experts: int) -> None:
+        """More replicas the last rearrangement copied (the layers it committed later)."""
+        self.experts_moved += experts
 
     def to_json(self, measured_after: dict[str, Any] | None = None) -> dict[str, Any]:
         balance = dict(self.balance)

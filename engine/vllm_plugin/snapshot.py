@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from contracts.imbalance import balancedness, imbalance_cv, sampling_noise_cv
 from engine.stats import FloatArray, IntArray
@@ -147,8 +148,21 @@ RankWeights = Callable[[], tuple[FloatArray, str]]
 """Returns the current (experts x ranks) or (layers x experts x ranks) weights and their source."""
 
 
+@dataclass(slots=True, eq=False)
+class Rearrangement:
+    """A rearrangement the trigger asked of vLLM: recorded with these figures when the rank map next changes."""
+
+    experts_moved: int
+    balance: dict[str, dict[str, Any]]
+    duration_s: float | None = None
+    """The step stall; None where it was not measured."""
+
+
 class SnapshotBuilder:
-    """Turns successive cumulative counts into snapshots (deltas, window, rank totals)."""
+    """Turns successive cumulative counts into snapshots (deltas, window, rank totals).
+
+    A change of the rank map (EPLB's live map) between two builds is a rearrangement, whoever made it
+    (vLLM's periodic ones included): the window restarts and the placement log counts it (see :meth:`build`)."""
 
     def __init__(
         self, *, model_name: str, engine: str, layer_ids: tuple[int, ...], window_flushes: int,
@@ -164,8 +178,18 @@ class SnapshotBuilder:
         self.window_expert_tokens: IntArray | None = None
         """(layers, experts) tokens routed within the window, as of the last build."""
         self.placement_log: PlacementLog | None = None
-        """Rearrangements asked of this worker (set by the trigger on its first request)."""
+        """Rearrangements of this worker's placement (created on the first request or rearrangement)."""
+        self.records_placement = True
+        """This worker keeps its engine's placement log (see :class:`~engine.vllm_plugin.worker.Flusher`)."""
+        self.expected: Rearrangement | None = None
+        """The trigger's rearrangement, to record with its figures at the next change of the map."""
         self._mark: IntArray | None = None
+        self._weights: FloatArray | None = None
+        """The rank map of the last build."""
+        self._committing: set[int] | None = None
+        """Layers whose map changed in the rearrangement being committed (None: none is)."""
+        self._expected_commit = False
+        """That rearrangement is the trigger's: its figures hold every layer's moves."""
 
     @property
     def window_active_flushes(self) -> int:
@@ -174,6 +198,12 @@ class SnapshotBuilder:
     def rank_weights(self) -> tuple[FloatArray, str]:
         """The rank map the gauges use now (EPLB's live map, vLLM's EP layout or virtual EP) and its source."""
         return self._rank_weights()
+
+    def log(self) -> PlacementLog:
+        """The placement log (created on first use)."""
+        if self.placement_log is None:
+            self.placement_log = PlacementLog()
+        return self.placement_log
 
     def mark_rearrangement(self) -> None:
         """Measure balance "after" from the counts routed from now on (call right after a rearrangement).
@@ -184,11 +214,21 @@ class SnapshotBuilder:
         self._window = LoadWindow(self._window.size)
 
     def build(self, counts: IntArray, *, new_slot: bool = True) -> ExpertLoadSnapshot:
-        """The snapshot of ``counts``; ``new_slot``: a periodic flush (see :meth:`LoadWindow.add`)."""
+        """The snapshot of ``counts``; ``new_slot``: a periodic flush (see :meth:`LoadWindow.add`).
+
+        When the rank map differs from the last build's, vLLM rearranged in between: the counts since
+        then went to the old map (mostly: they straddle the change) and close its window, which restarts."""
         delta = counts if self._last is None else counts - self._last
         self._last = counts.copy()
         weights, source = self._rank_weights()
         window = self._window.add(delta, new_slot=new_slot)
+        changed = self._changed_layers(weights)
+        if changed is not None:
+            self._rearranged(changed, window, weights)
+            window = np.zeros_like(window)
+        elif delta.any():
+            self._committing = None  # routing went on and the map held: the rearrangement is committed
+        self._weights = weights
         self.window_expert_tokens = window
         step_ranks = rank_loads(delta, weights).sum(axis=0)
         if self._rank_total is None or self._rank_total.shape != step_ranks.shape:
@@ -204,6 +244,41 @@ class SnapshotBuilder:
             rank_source=source,
             placement=self._placement_json(counts, weights),
         )
+
+    def _changed_layers(self, weights: FloatArray) -> npt.NDArray[np.bool_] | None:
+        """Per layer, whether its rank map changed since the last build (None: none did)."""
+        previous = self._weights
+        if previous is None or previous.shape != weights.shape or weights.ndim != 3:
+            return None  # a static layout (2-D) never changes
+        changed = np.asarray(~np.isclose(previous, weights).all(axis=(1, 2)), dtype=np.bool_)
+        return changed if changed.any() else None
+
+    def _rearranged(self, changed: npt.NDArray[np.bool_], window: IntArray, weights: FloatArray) -> None:
+        """Count a rearrangement once, however many builds its commit spans (vLLM's async EPLB commits one
+        layer per step): a layer changing again, or a change after a build that routed on a steady map,
+        is the next one.  Measured balance "after" starts here, as the window does."""
+        previous = self._weights
+        assert previous is not None
+        layers = set(np.flatnonzero(changed).tolist())
+        expected, self.expected = self.expected, None
+        new = self._committing is None or bool(layers & self._committing) or expected is not None
+        # (layer, expert, rank) triples new to a rank: replicas copied there.
+        moved = int(((weights > 0) & ~(previous > 0)).sum())
+        if self.records_placement:
+            log = self.log()
+            if expected is not None:
+                log.rearranged(duration_s=expected.duration_s, experts_moved=expected.experts_moved,
+                               balance=expected.balance)  # fmt: skip
+            elif new:
+                log.rearranged(duration_s=None, experts_moved=moved,
+                               balance={"measured_before": balance_summary(rank_loads(window, previous))})
+            elif not self._expected_commit:
+                log.moved(moved)  # the same rearrangement's next layers
+        if new:
+            self._committing, self._expected_commit = layers, expected is not None
+        else:
+            self._committing = (self._committing or set()) | layers
+        self.mark_rearrangement()
 
     def _placement_json(self, counts: IntArray, weights: FloatArray) -> dict[str, Any] | None:
         if self.placement_log is None:

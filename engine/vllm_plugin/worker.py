@@ -38,7 +38,7 @@ from engine.vllm_plugin.binding import (
 from engine.vllm_plugin.counter import ExpertLoadCounter, RowFilter
 from engine.vllm_plugin.placement_log import PlacementLog
 from engine.vllm_plugin.settings import PluginSettings
-from engine.vllm_plugin.snapshot import ExpertLoadSnapshot, SnapshotBuilder
+from engine.vllm_plugin.snapshot import ExpertLoadSnapshot, Rearrangement, SnapshotBuilder
 
 logger = logging.getLogger("moeslo.vllm_plugin")
 
@@ -78,6 +78,7 @@ class Flusher:
         self.counter = counter
         self.records_placement = records_placement
         self.builder = builder
+        builder.records_placement = records_placement
         self.sink = sink
         self.interval_s = interval_s
         self._stop = threading.Event()
@@ -113,18 +114,20 @@ class Flusher:
             self._flush_locked()
 
     def rearranged(self, *, duration_s: float, experts_moved: int, balance: dict[str, dict[str, Any]]) -> None:
-        """Record a rearrangement; balance measured from now on is its "after"."""
+        """Record the trigger's rearrangement; balance measured from now on is its "after"."""
         with self._lock:
-            self._flush_locked()  # counts so far belong to the old placement
-            if self.records_placement:
-                self._log().rearranged(duration_s=duration_s, experts_moved=experts_moved, balance=balance)
-            self.builder.mark_rearrangement()
-            self._flush_locked()
+            self.builder.expected = Rearrangement(experts_moved, balance, duration_s)
+            self._flush_locked()  # the changed map restarts the window and records it with these figures
+            if self.builder.expected is not None:  # the ranks hold the same experts (slots moved within ranks)
+                self.builder.expected = None
+                if self.records_placement:
+                    self.builder.log().rearranged(duration_s=duration_s, experts_moved=experts_moved,
+                                                  balance=balance)  # fmt: skip
+                self.builder.mark_rearrangement()
+                self._flush_locked()
 
     def _log(self) -> PlacementLog:
-        if self.builder.placement_log is None:
-            self.builder.placement_log = PlacementLog()
-        return self.builder.placement_log
+        return self.builder.log()
 
     def _flush_locked(self, *, new_slot: bool = False) -> ExpertLoadSnapshot:
         # Flushes a trigger request makes add to the current interval: the window stays window_s long

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from contracts.errors import UnavailableError, ValidationError
 from engine.vllm_plugin import ExpertLoadSnapshot
@@ -141,6 +142,18 @@ def test_apply_rearranges_with_the_plan_and_records_it() -> None:
     assert log["balance"]["predicted_before"]["cv_max"] >= 0 and "measured_before" in log["balance"]
     route(flusher.counter)
     assert flusher.flush().placement["balance"]["measured_after"]["cv_max"] >= 0  # routing after the change
+
+
+def test_a_rearrangement_vllm_makes_itself_restarts_the_routing_window() -> None:
+    state, control, _, _ = _control()
+    before = merge_status([control.status(runner(state))])
+    assert np.sum(before["expert_tokens"]) == LAYERS * 200 * 2 and before["placement_log"] is None
+    state.model_state.last_expert_load = torch.tensor(before["expert_tokens"])
+    state.rearrange()  # EPLB's periodic rearrangement, with vLLM's policy: no request of ours
+    after = merge_status([control.status(runner(state))])
+    assert np.sum(after["expert_tokens"]) == 0  # the old routing is not re-read on the new map
+    assert after["placement_log"]["swaps"] == 1 and after["placement_log"]["experts_moved"] > 0
+    assert after["placement_log"]["balance"]["measured_before"]["cv_max"] == pytest.approx(before["measured"]["cv_max"])
 
 
 def test_refusals_are_clear() -> None:

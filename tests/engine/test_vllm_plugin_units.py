@@ -151,6 +151,36 @@ def test_snapshot_builder_and_json_round_trip() -> None:
     assert back.rank_source == "virtual"
 
 
+def test_a_rearrangement_vllm_makes_itself_restarts_the_window_and_counts_once() -> None:
+    """vLLM's periodic EPLB rearrangements moved the rank map under the window: its old routing was re-read on the new
+    map, and the measured CV fell at once to the plan's in-sample figure with no token routed on the new placement."""
+    maps = {"now": np.stack([contiguous_rank_weights(4, 2)] * 2)}
+    builder = SnapshotBuilder(model_name="m", engine="0", layer_ids=(0, 1), window_flushes=10,
+                              rank_weights=lambda: (maps["now"], "eplb"))  # fmt: skip
+    routed = np.array([[60, 20, 10, 10], [60, 20, 10, 10]], dtype=np.int64)
+    counts = routed.copy()
+    assert builder.build(counts).window_rank_tokens.sum() == 200 and builder.placement_log is None
+
+    def commit(layer: int) -> ExpertLoadSnapshot:
+        """vLLM's async EPLB commits one layer per step: the experts of rank 0 and rank 1 trade places."""
+        maps["now"] = maps["now"].copy()
+        maps["now"][layer] = maps["now"][layer][:, ::-1]
+        return builder.build(counts)
+
+    first = commit(0)
+    assert first.window_rank_tokens.sum() == 0  # routing on the old map is not the new map's
+    assert first.placement is not None and first.placement["swaps"] == 1 and first.placement["experts_moved"] == 4
+    assert first.placement["balance"]["measured_before"]["cv_max"] > 0.5
+    counts = counts + routed  # the next layer commits a few steps later, in the same rearrangement
+    assert commit(1).placement["swaps"] == 1 and builder.placement_log.experts_moved == 8  # type: ignore[union-attr]
+    counts = counts + routed
+    settled = builder.build(counts)  # routing went on, the map held: that rearrangement is over
+    assert settled.window_rank_tokens.sum() == 200 and settled.placement["swaps"] == 1
+    assert settled.placement["balance"]["measured_after"]["cv_max"] == pytest.approx(imbalance_cv([[20, 80]])[0])
+    assert builder.build(counts).window_rank_tokens.sum() == 200  # no routing, no change: the window stays
+    assert commit(0).placement["swaps"] == 2  # vLLM's next rearrangement
+
+
 class _Router:
     """Stands in for vLLM's BaseRouter: the seam is set_capture_fn, called with logical ids."""
 

@@ -14,7 +14,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from engine.vllm_plugin import ExpertLoadSnapshot
 from engine.vllm_plugin.eplb_control import EplbControl
+from engine.vllm_plugin.placement_log import PlacementLog
 from exporters.vllm_eplb_http import EplbEndpoint, EplbService
 from exporters.vllm_placement import PlacementMetrics, placement_families
 from tests.engine.eplb_standin import SLOTS, StandinEnv, StandinEplbState, counting_flusher, route, runner
@@ -159,6 +161,29 @@ def test_placement_metrics_from_snapshots() -> None:
     assert registry.get_sample_value("moe_placement_imbalance_cv",
                                      {**labels, "when": "after", "source": "measured"}) == cv[("after", "measured")]
     assert np.isfinite(cv[("after", "measured")])
+
+
+def test_a_rearrangement_without_a_measured_stall_adds_no_duration() -> None:
+    """vLLM's own rearrangements (and async EPLB's, spread over steps) have no stall: the multiprocess route observed
+    the previous one's duration again for each of them."""
+    log = PlacementLog()
+    registry = CollectorRegistry()
+    metrics = PlacementMetrics(registry)
+
+    def publish() -> None:
+        metrics.publish(ExpertLoadSnapshot(model_name="m", engine="0", layer_ids=(0,), expert_tokens_total=np.zeros(
+            (1, 2), dtype=np.int64), rank_tokens_total=np.zeros(2), window_rank_tokens=np.zeros((1, 2)),
+            rank_source="eplb", placement=log.to_json()))  # fmt: skip
+
+    log.rearranged(duration_s=0.5, experts_moved=2, balance={})
+    publish()
+    log.rearranged(duration_s=None, experts_moved=3, balance={})
+    publish()
+    labels = {"model_name": "m", "engine": "0"}
+    assert registry.get_sample_value("moe_placement_swaps_total", labels) == 2
+    assert registry.get_sample_value("moe_placement_experts_moved_total", labels) == 5
+    assert registry.get_sample_value("moe_placement_swap_duration_seconds_count", labels) == 1
+    assert registry.get_sample_value("moe_placement_swap_duration_seconds_sum", labels) == 0.5
 
 
 @pytest.mark.parametrize("body", [
