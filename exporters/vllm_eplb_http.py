@@ -12,14 +12,15 @@ vLLM 0.32 loads an endpoint plugin only when ``VLLM_PLUGINS`` names it
   plan and its predicted balance (CV and balancedness per layer, before and
   after), the experts it would move, and moves nothing.  Otherwise vLLM
   rearranges (see ``engine.vllm_plugin.eplb_control``) and the reply adds
-  the step stall.
+  the step stall, and ``applied`` or (async EPLB) ``pending``.
 
 Both reach the workers through ``engine_client.collective_rpc`` (vLLM's way
 for an endpoint plugin, paired with the general plugin that installs the
 worker method).  Errors are JSON ``{"error": {"type", "message", "code",
 "reason"?, "problems"?}}``: 400 for a bad body, 409 when vLLM's state
 refuses (``eplb_off``: EPLB is not enabled; ``eplb_data_parallel``; ``eplb_pipeline_parallel``;
-``no_window``; ``no_placement``; ``plugin_off``: ``MOESLO_VLLM_PLUGIN`` is
+``eplb_busy``: async EPLB still commits an earlier rearrangement; ``no_window``; ``no_placement``;
+``plugin_off``: ``MOESLO_VLLM_PLUGIN`` is
 off), 503 when a worker fails or a bad ``MOESLO_VLLM_*`` setting switched the
 plugin off (``bad_setting``, ``problems`` names each).  The API server reads
 the plugin's settings from the environment vLLM hands its workers: with the

@@ -11,9 +11,15 @@ over a vLLM server that runs the moeslo plugin with its endpoint
   layout, so advisory mode works everywhere);
 * ``apply_placement`` posts the controller's plan to
   ``POST /moeslo/eplb/rebalance``; vLLM rearranges with its own code between
-  two steps.  With EPLB off vLLM answers 409 ``eplb_off``, which becomes an
-  :class:`~contracts.errors.UnavailableError` naming the reason (a ``failed``
-  rebalance in the decision log);
+  two steps.  vLLM 0.32's default async EPLB answers ``pending`` (its worker
+  thread moves the weights, and the next steps commit the map layer by
+  layer): the adapter then reads ``GET /moeslo/eplb`` until vLLM's map is the
+  plan, for ``commit_timeout_s`` at most, and only then reports it applied, so
+  verification measures the new placement (the plugin restarts its window
+  when the map changes).  With EPLB off vLLM answers 409 ``eplb_off``, which
+  becomes an :class:`~contracts.errors.UnavailableError` naming the reason (a
+  ``failed`` rebalance in the decision log); so does a plan vLLM has not
+  committed in time;
 * ``dry_run`` (vLLM only) returns the plan vLLM's policy would make and its
   predicted balance.
 
@@ -24,6 +30,8 @@ and keeps the answer until a call through that kind fails, then asks again.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -46,8 +54,12 @@ from controller.errors import EngineRefusalError, malformed_answer
 STATUS_PATH = "/moeslo/eplb"
 REBALANCE_PATH = "/moeslo/eplb/rebalance"
 APPLY_TIMEOUT_S = 300.0
+COMMIT_TIMEOUT_S = 60.0
+"""How long async EPLB may take to commit a plan (it commits one layer per step, so only while vLLM serves)."""
+COMMIT_POLL_S = 0.5
 _T = TypeVar("_T")
-SWAP_KEYS = ("applied", "experts_moved", "slots_changed", "stall_s", "plan_source", "async", "workers")
+SWAP_KEYS = ("applied", "experts_moved", "slots_changed", "stall_s", "plan_source", "async", "pending",
+             "commit_wait_s", "workers")  # fmt: skip
 
 
 def swap_summary(reply: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +74,15 @@ def swap_summary(reply: dict[str, Any]) -> dict[str, Any]:
 
 class VllmEngineControl(JsonHttpControl):
     """:class:`EngineControl` over vLLM with the moeslo plugin's ``/moeslo/eplb`` routes."""
+
+    def __init__(
+        self, client: httpx.AsyncClient | None = None, timeout_s: float = 10.0, *,
+        commit_timeout_s: float = COMMIT_TIMEOUT_S, commit_poll_s: float = COMMIT_POLL_S,
+    ) -> None:  # fmt: skip
+        super().__init__(client, timeout_s)
+        self.commit_timeout_s = commit_timeout_s
+        """How long a plan async EPLB took may stay uncommitted before the apply is a failure."""
+        self.commit_poll_s = commit_poll_s
 
     async def status(self, endpoint: str) -> dict[str, Any]:
         status: dict[str, Any] = await self._call("GET", f"{endpoint}{STATUS_PATH}")
@@ -91,9 +112,30 @@ class VllmEngineControl(JsonHttpControl):
     async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
         reply = await self._call("POST", f"{endpoint}{REBALANCE_PATH}", json={"placement": placement.to_json()},
                                  timeout=APPLY_TIMEOUT_S)  # fmt: skip
+        if reply.get("pending") and not reply.get("applied"):
+            reply = {**reply, **await self._committed(endpoint, placement)}
+            if not reply["applied"]:
+                raise UnavailableError(
+                    f"vLLM at {endpoint} took the placement for its async EPLB but had not committed it after "
+                    f"{self.commit_timeout_s:g} s (it commits one layer per step, only while it serves; it may "
+                    f"still do so): {swap_summary(reply)}")  # fmt: skip
         if not reply.get("applied"):
             raise UnavailableError(f"vLLM at {endpoint} did not commit the placement: {swap_summary(reply)}")
         return swap_summary(reply)
+
+    async def _committed(self, endpoint: str, placement: Placement) -> dict[str, Any]:
+        """Async EPLB: wait until vLLM's map is ``placement`` (``applied``), ``commit_timeout_s`` at most.  Each
+        read flushes the plugin's counts, so the window it reports from then on is the new map's alone."""
+        started = time.monotonic()
+        while True:
+            status = await self.status(endpoint)
+            waited = time.monotonic() - started
+            phy2log = status.get("phy2log")
+            if phy2log is not None and np.array_equal(np.asarray(phy2log), placement.phy2log):
+                return {"applied": True, "commit_wait_s": waited}
+            if waited >= self.commit_timeout_s:
+                return {"applied": False, "commit_wait_s": waited}
+            await asyncio.sleep(self.commit_poll_s)
 
     async def dry_run(self, endpoint: str, placement: Placement | None = None) -> dict[str, Any]:
         """The plan vLLM would carry out (its EPLB policy's, or ``placement``) with its predicted balance."""

@@ -14,11 +14,13 @@ same queue as its steps, so every EP rank sees them at the same point).
   it plans against vLLM's static EP layout (or the plugin's virtual EP):
   what EPLB would gain;
 * ``apply``: EPLB's real ``rearrange()`` with that plan (a one-shot policy
-  hands vLLM the plan), timed on each rank (the step stall); with
-  ``"when": "next_window"`` vLLM rearranges after one fresh window with its
-  own policy.  Refused (``EplbRefusedError``) with EPLB off, and under data
-  parallelism (engines get RPCs at different steps, and EPLB's collectives
-  would hang).
+  hands vLLM the plan), timed on each rank (the step stall); async EPLB (vLLM
+  0.32's default) commits it over the next steps, and the reply says
+  ``pending``; with ``"when": "next_window"`` vLLM rearranges after one fresh
+  window with its own policy.  Refused (``EplbRefusedError``) with EPLB off,
+  under data parallelism (engines get RPCs at different steps, and EPLB's
+  collectives would hang), and while async EPLB still commits an earlier
+  rearrangement (``eplb_busy``).
 
 Both ``plan`` and ``apply`` are refused under pipeline parallelism: each
 stage runs some layers and plans its own, and the request's load (every
@@ -34,7 +36,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -49,7 +51,8 @@ from engine.vllm_plugin.eplb_requests import (
     plan_figures,
 )
 from engine.vllm_plugin.placement_log import balance_summary
-from engine.vllm_plugin.ranks import rank_loads
+from engine.vllm_plugin.ranks import placement_rank_weights, rank_loads
+from engine.vllm_plugin.snapshot import Rearrangement
 from engine.vllm_plugin.worker import Flusher, WindowView
 
 logger = logging.getLogger("moeslo.vllm_plugin")
@@ -282,11 +285,19 @@ class EplbControl:
                                    "different steps and EPLB's collectives would hang; not supported yet")  # fmt: skip
         if request.get("when") == "next_window":
             return schedule_next_window(state)
+        if state.is_async and any(getattr(ms, "rebalanced", False) for ms in state.model_states.values()):
+            # vLLM's worker thread would finish the earlier one, then drop ours (its "coordinated stop").
+            raise EplbRefusedError("eplb_busy", "vLLM's async EPLB is still committing an earlier rearrangement "
+                                   "(one layer per step): ask again once it has")  # fmt: skip
         reply, phy2log, load = self.plan(runner, request)
         reply["dry_run"] = False
         return {**reply, **self._rearrange(state, phy2log, load, reply)}
 
     def _rearrange(self, state: Any, phy2log: IntArray, load: FloatArray, figures: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's ``rearrange()`` with the plan.  Synchronous EPLB commits the map within it (``applied``); async
+        EPLB (vLLM 0.32's default) only records the load there, and its worker thread plans and the next steps
+        commit the map layer by layer: the reply says ``pending``, and the swap is recorded (the window restarts)
+        when the plugin sees the map change."""
         import torch
 
         model_state = next(iter(state.model_states.values()))
@@ -294,24 +305,37 @@ class EplbControl:
         state.policy = one_shot_policy(phy2log, state, previous_policy)
         model_state.last_expert_load = torch.as_tensor(integer_load(load),
                                                        device=model_state.last_expert_load.device)  # fmt: skip
-        started = time.perf_counter()
-        try:
-            state.rearrange(use_last_expert_load=True)
-        finally:
-            if not state.is_async:
-                state.policy = previous_policy
-        stall_s = time.perf_counter() - started
-        committed = np.asarray(model_state.physical_to_logical_map.cpu().numpy(), dtype=np.int64)
+        keys = ("predicted_before", "predicted_after", "measured_before")
+        expected = Rearrangement(int(figures["experts_moved"]), {k: figures[k] for k in keys if k in figures},
+                                 target=placement_rank_weights(phy2log, int(model_state.model.num_logical_experts),
+                                                               int(figures["num_ranks"])))  # fmt: skip
+        out: dict[str, Any] = {"async": bool(state.is_async)}
+
+        def run() -> Rearrangement | None:
+            started = time.perf_counter()
+            try:
+                state.rearrange(use_last_expert_load=True)
+            finally:
+                if not state.is_async:
+                    state.policy = previous_policy
+            out["stall_s"] = time.perf_counter() - started
+            committed = np.asarray(model_state.physical_to_logical_map.cpu().numpy(), dtype=np.int64)
+            out["applied"] = bool(np.array_equal(committed, phy2log))
+            out["pending"] = bool(state.is_async) and not out["applied"]
+            if out["pending"]:
+                return replace(expected, pending=True)
+            # Synchronous: committed, or vLLM kept its map (ROCm's "no material gain" skip): no swap then.
+            return replace(expected, duration_s=out["stall_s"]) if out["applied"] else None
+
+        flusher = self._flusher()
+        if flusher is not None:
+            flusher.rearrange(run)
+        else:
+            run()
         # The next periodic rearrangement is a full interval away (every rank runs this same RPC).
         state.expert_rearrangement_step = 0
         state._update_layer_should_record()
-        flusher = self._flusher()
-        if flusher is not None:
-            keys = ("predicted_before", "predicted_after", "measured_before")
-            balance: dict[str, dict[str, Any]] = {k: figures[k] for k in keys if k in figures}
-            flusher.rearranged(duration_s=stall_s, experts_moved=int(figures["experts_moved"]), balance=balance)
-        return {"applied": bool(np.array_equal(committed, phy2log)), "async": bool(state.is_async),
-                "stall_s": stall_s}  # fmt: skip
+        return out
 
 
 def eplb_info(state: Any) -> dict[str, Any]:

@@ -12,12 +12,13 @@ answers each (``engine.vllm_plugin.eplb_control``)::
 
 A dry run (``plan``) returns the plan and its predicted balance and moves
 nothing.  ``apply`` makes vLLM rearrange now (between two steps, with its
-own rearrangement code) or, with ``"when": "next_window"``, after one fresh
+own rearrangement code; async EPLB commits it over the next steps, and the
+reply says ``pending``) or, with ``"when": "next_window"``, after one fresh
 EPLB window.  numpy only; errors are :mod:`contracts.errors`' with a
 ``reason`` code when vLLM's state refuses the request::
 
     ConflictError
-    └── EplbRefusedError   409: eplb_off, eplb_data_parallel, eplb_pipeline_parallel, eplb_async, no_window,
+    └── EplbRefusedError   409: eplb_off, eplb_data_parallel, eplb_pipeline_parallel, eplb_busy, no_window,
                                 no_placement
 """
 

@@ -78,6 +78,19 @@ def eplb_rank_weights(logical_to_physical: npt.ArrayLike, num_physical: int, num
     return weights
 
 
+def placement_rank_weights(phy2log: npt.ArrayLike, num_experts: int, num_ranks: int) -> FloatArray:
+    """(layers, experts, ranks) matrix of a physical-to-logical map (layers x slots), as
+    :func:`eplb_rank_weights` reads EPLB's map of each layer."""
+    p2l = np.asarray(phy2log, dtype=np.int64)
+    layers, slots = p2l.shape
+    rank_of = np.broadcast_to(np.arange(slots) // (slots // num_ranks), p2l.shape)
+    counts = np.zeros((layers, num_experts, num_ranks), dtype=np.float64)
+    np.add.at(counts, (np.broadcast_to(np.arange(layers)[:, None], p2l.shape), p2l, rank_of), 1.0)
+    replicas = counts.sum(axis=2, keepdims=True)
+    out: FloatArray = np.divide(counts, replicas, out=np.zeros_like(counts), where=replicas > 0)
+    return out
+
+
 def rank_loads(expert_tokens: npt.ArrayLike, weights: FloatArray) -> FloatArray:
     """(layers, ranks) load from (layers, experts) counts and an (experts, ranks) or
     (layers, experts, ranks) weight matrix."""

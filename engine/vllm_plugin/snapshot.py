@@ -148,14 +148,23 @@ RankWeights = Callable[[], tuple[FloatArray, str]]
 """Returns the current (experts x ranks) or (layers x experts x ranks) weights and their source."""
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class Rearrangement:
-    """A rearrangement the trigger asked of vLLM: recorded with these figures when the rank map next changes."""
+    """A rearrangement the trigger asked of vLLM: recorded with these figures when the rank map changes to it."""
 
     experts_moved: int
     balance: dict[str, dict[str, Any]]
     duration_s: float | None = None
-    """The step stall; None where it was not measured."""
+    """The step stall; None where it was not measured (async EPLB spreads it over steps)."""
+    target: FloatArray | None = None
+    """(layers, experts, ranks) rank map it commits; None: the next change, whatever it is."""
+    pending: bool = False
+    """vLLM commits it after the request (async EPLB): it waits for the map to change."""
+
+    def matches(self, weights: FloatArray, changed: npt.NDArray[np.bool_]) -> bool:
+        """Whether the layers that changed now hold this rearrangement's map."""
+        target = self.target
+        return target is None or (target.shape == weights.shape and np.allclose(target[changed], weights[changed]))
 
 
 class SnapshotBuilder:
@@ -204,6 +213,12 @@ class SnapshotBuilder:
         if self.placement_log is None:
             self.placement_log = PlacementLog()
         return self.placement_log
+
+    def record(self, rearrangement: Rearrangement) -> None:
+        """Log the trigger's rearrangement with its figures (where this worker keeps the log)."""
+        if self.records_placement:
+            self.log().rearranged(duration_s=rearrangement.duration_s, experts_moved=rearrangement.experts_moved,
+                                  balance=rearrangement.balance)  # fmt: skip
 
     def mark_rearrangement(self) -> None:
         """Measure balance "after" from the counts routed from now on (call right after a rearrangement).
@@ -261,19 +276,18 @@ class SnapshotBuilder:
         assert previous is not None
         layers = set(np.flatnonzero(changed).tolist())
         expected, self.expected = self.expected, None
+        if expected is not None and not expected.matches(weights, changed):
+            expected = None  # vLLM committed another map: the trigger's was dropped, this one is vLLM's own
         new = self._committing is None or bool(layers & self._committing) or expected is not None
         # (layer, expert, rank) triples new to a rank: replicas copied there.
         moved = int(((weights > 0) & ~(previous > 0)).sum())
-        if self.records_placement:
-            log = self.log()
-            if expected is not None:
-                log.rearranged(duration_s=expected.duration_s, experts_moved=expected.experts_moved,
-                               balance=expected.balance)  # fmt: skip
-            elif new:
-                log.rearranged(duration_s=None, experts_moved=moved,
-                               balance={"measured_before": balance_summary(rank_loads(window, previous))})
-            elif not self._expected_commit:
-                log.moved(moved)  # the same rearrangement's next layers
+        if expected is not None:
+            self.record(expected)
+        elif self.records_placement and new:
+            self.log().rearranged(duration_s=None, experts_moved=moved,
+                                  balance={"measured_before": balance_summary(rank_loads(window, previous))})
+        elif self.records_placement and not self._expected_commit:
+            self.log().moved(moved)  # the same rearrangement's next layers (the trigger's figures hold them all)
         if new:
             self._committing, self._expected_commit = layers, expected is not None
         else:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -113,16 +113,22 @@ class Flusher:
                 self._log().request(action, outcome)
             self._flush_locked()
 
-    def rearranged(self, *, duration_s: float, experts_moved: int, balance: dict[str, dict[str, Any]]) -> None:
-        """Record the trigger's rearrangement; balance measured from now on is its "after"."""
+    def rearrange(self, run: Callable[[], Rearrangement | None]) -> None:
+        """Around the trigger's rearrangement: ``run`` has vLLM rearrange and returns what to record (None: vLLM
+        kept its map).  The flush thread waits meanwhile (it must not see the map half-way); the counts so far
+        close the old map's window; a map committed at once restarts the window and is recorded here, one that
+        vLLM's async EPLB commits later at the flush that sees it change (:meth:`SnapshotBuilder.build`)."""
         with self._lock:
-            self.builder.expected = Rearrangement(experts_moved, balance, duration_s)
-            self._flush_locked()  # the changed map restarts the window and records it with these figures
-            if self.builder.expected is not None:  # the ranks hold the same experts (slots moved within ranks)
+            self._flush_locked()
+            expected = run()
+            if expected is None:
+                return
+            self.builder.expected = expected
+            self._flush_locked()
+            if self.builder.expected is expected and not expected.pending:
+                # Committed, and each expert is on the ranks it was on (the plan moved slots within ranks).
                 self.builder.expected = None
-                if self.records_placement:
-                    self.builder.log().rearranged(duration_s=duration_s, experts_moved=experts_moved,
-                                                  balance=balance)  # fmt: skip
+                self.builder.record(expected)
                 self.builder.mark_rearrangement()
                 self._flush_locked()
 

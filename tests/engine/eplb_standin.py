@@ -49,6 +49,10 @@ class StandinEplbState:
     def _update_layer_should_record(self) -> None:
         return None
 
+    def step(self) -> None:
+        """One engine step (synchronous EPLB commits within ``rearrange``: nothing to do)."""
+        return None
+
     def rearrange(self, use_last_expert_load: bool = False) -> None:
         ms = self.model_state
         self.rearranged_with.append(self.policy.__name__)
@@ -64,6 +68,37 @@ class StandinEplbState:
                 slots = np.flatnonzero(p2l[layer] == expert)
                 out[layer, expert, : slots.size] = slots
         return out
+
+
+class AsyncStandinEplbState(StandinEplbState):
+    """vLLM 0.32's async EPLB (its default, ``use_async=True``; ``eplb_state.py``): ``rearrange`` only records the
+    load and flags the model (``rebalanced``); vLLM's worker thread asks the policy, and the steps after commit the
+    new map one layer per step (``_move_to_workspace``), the last clearing the flag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.is_async = True
+        self.model_state.rebalanced = False
+        self._new: torch.Tensor | None = None
+        self._layer = 0
+
+    def rearrange(self, use_last_expert_load: bool = False) -> None:
+        self.model_state.rebalanced = True
+
+    def step(self) -> None:
+        """One engine step: the worker thread's plan (first step), then the next layer's map committed."""
+        ms = self.model_state
+        if not ms.rebalanced:
+            return
+        if self._new is None:
+            self.rearranged_with.append(self.policy.__name__)
+            self._new = self.policy.rebalance_experts(ms.last_expert_load, SLOTS, 1, 1, RANKS,
+                                                      ms.physical_to_logical_map.clone())  # fmt: skip
+            self._layer = 0
+        ms.physical_to_logical_map[self._layer].copy_(self._new[self._layer])
+        self._layer += 1
+        if self._layer == LAYERS:
+            ms.rebalanced, self._new = False, None
 
 
 class StandinEnv(VllmEnv):

@@ -23,6 +23,7 @@ from tests.engine.eplb_standin import (
     EXPERTS,
     LAYERS,
     SLOTS,
+    AsyncStandinEplbState,
     PlannerPolicy,
     StandinEnv,
     StandinEplbState,
@@ -142,6 +143,36 @@ def test_apply_rearranges_with_the_plan_and_records_it() -> None:
     assert log["balance"]["predicted_before"]["cv_max"] >= 0 and "measured_before" in log["balance"]
     route(flusher.counter)
     assert flusher.flush().placement["balance"]["measured_after"]["cv_max"] >= 0  # routing after the change
+
+
+def test_async_eplb_commits_later_and_the_swap_counts_when_the_map_changes() -> None:
+    """vLLM 0.32 rearranges asynchronously by default: the reply said applied=false, and the window restarted and a
+    swap was counted while traffic still ran on the old map."""
+    state = AsyncStandinEplbState()
+    flusher, counter, _ = counting_flusher(state)
+    route(counter)
+    control = EplbControl(lambda: flusher, env=StandinEnv())
+    before = state.model_state.physical_to_logical_map.clone()
+    load = merge_status([control.status(runner(state))])["expert_tokens"]
+    reply = control.handle(runner(state), {"action": "apply", "load": load})
+    assert (reply["applied"], reply["pending"], reply["async"]) == (False, True, True) and reply["experts_moved"] > 0
+    pending = merge_status([control.status(runner(state))])
+    assert np.sum(pending["expert_tokens"]) == LAYERS * 200 * 2 and pending["placement_log"]["swaps"] == 0
+    assert state.model_state.physical_to_logical_map.equal(before)  # traffic still runs on the old map
+    busy = control.handle(runner(state), {"action": "apply", "load": load})
+    assert busy["error"]["reason"] == "eplb_busy"  # a second plan now would be dropped by vLLM's worker
+    state.step()  # vLLM's worker thread plans; the step commits the first layer
+    first = merge_status([control.status(runner(state))])
+    log = first["placement_log"]
+    assert np.sum(first["expert_tokens"]) == 0 and log["swaps"] == 1 and log["experts_moved"] == reply["experts_moved"]
+    assert log["balance"]["predicted_after"] == reply["predicted_after"] and log["duration_buckets"] == [0] * len(
+        log["duration_buckets"])  # fmt: skip
+    route(counter)
+    state.step()  # the second layer, a few steps later: the same rearrangement
+    done = merge_status([control.status(runner(state))])
+    assert done["phy2log"] == reply["phy2log"] and done["placement_log"]["swaps"] == 1
+    assert np.sum(done["expert_tokens"]) == 0  # restarted at the last layer's commit too
+    assert state.rearranged_with == ["OneShotPlan"] and state.policy is PlannerPolicy
 
 
 def test_a_rearrangement_vllm_makes_itself_restarts_the_routing_window() -> None:

@@ -25,10 +25,13 @@ gives the errors), so this drives everything that *can* run for real:
 Stand-ins: the model (a real Qwen3-MoE cannot run EP on vLLM CPU), the
 router's load recording (a no-op on CPU in vLLM 0.32: the harness writes
 ``expert_load_pass`` as the CUDA kernel would), the engine client (the
-queue), and two CPU shims vLLM needs: ``torch.Event`` (``rearrange`` times
-itself with it) and ``torch.accelerator.current_stream`` (the gloo
-communicator syncs it).  ``--eplb off`` runs one rank without EPLB (the
-refusal).  Writes ``port`` once serving and ``result.json`` at the end.
+queue), and CPU shims vLLM needs: ``torch.Event`` (``rearrange`` times
+itself with it), ``torch.accelerator.current_stream`` (the gloo
+communicator syncs it), and for async EPLB (``--eplb-async``, vLLM's
+default: its worker thread moves the weights, and the steps after commit
+the map layer by layer) the stream and device calls of that thread.
+``--eplb off`` runs one rank without EPLB (the refusal).  Writes ``port``
+once serving and ``result.json`` at the end.
 """
 
 from __future__ import annotations
@@ -72,11 +75,19 @@ def install_cpu_shims() -> None:
             return (other.t - self.t) * 1000.0
 
     class NoopStream:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
         def synchronize(self) -> None:
             return None
 
     torch.Event = CpuEvent  # type: ignore[misc,assignment]
     torch.accelerator.current_stream = lambda *a, **k: NoopStream()  # type: ignore[assignment]
+    # Async EPLB's worker thread runs on a stream of the current accelerator.
+    torch.Stream = NoopStream  # type: ignore[misc,assignment]
+    torch.accelerator.set_stream = lambda *a, **k: None  # type: ignore[assignment]
+    torch.accelerator.set_device_index = lambda *a, **k: None  # type: ignore[assignment]
+    torch.accelerator.current_accelerator = lambda *a, **k: torch.device("cpu")  # type: ignore[assignment]
 
 
 class FakeLayer:
@@ -124,7 +135,7 @@ def skewed_topk(rng: np.random.Generator) -> list[np.ndarray]:
 class Engine:
     """One rank: vLLM's EplbState on the stand-in model, the plugin, the trigger's worker side."""
 
-    def __init__(self, rank: int, world: int, eplb: bool) -> None:
+    def __init__(self, rank: int, world: int, eplb: bool, use_async: bool = False) -> None:
         from controller.rebalance.vllm_policy import register
         from engine.vllm_plugin.eplb_control import EplbControl
 
@@ -132,25 +143,28 @@ class Engine:
         register({"MOESLO_VLLM_EPLB_POLICY": "1"})  # the general plugin's entry point function
         self.model = FakeMoE(rank, world)
         self.state: Any = None
-        self.parallel = self._init_vllm(eplb)
+        self.parallel = self._init_vllm(eplb, use_async)
         if eplb:
             from vllm.distributed.eplb.eplb_state import EplbState
 
             self.state = EplbState(self.parallel, torch.device("cpu"))
             self.state.add_model(self.model, types.SimpleNamespace(model="fake-moe", compute_hash=lambda: "fake"))
             self.model_state = self.state.model_states["fake"]
+            if use_async:  # as vLLM's GPU model runner starts it after add_model
+                self.state.device_index = 0
+                self.state.start_async_loop()
         self.runner = types.SimpleNamespace(eplb_state=self.state, parallel_config=self.parallel)
         self.flusher = self._start_plugin() if rank == 0 else None
         self.control = EplbControl(lambda: self.flusher)
         self.rng = np.random.default_rng(1234)  # the same routing on every rank, as under TP
 
-    def _init_vllm(self, eplb: bool) -> Any:
+    def _init_vllm(self, eplb: bool, use_async: bool) -> Any:
         from vllm.config import VllmConfig, set_current_vllm_config
         from vllm.config.parallel import EPLBConfig, ParallelConfig
         from vllm.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
 
         parallel = ParallelConfig(tensor_parallel_size=self.world, enable_expert_parallel=True,
-                                  eplb_config=EPLBConfig(step_interval=100_000, window_size=32, use_async=False,
+                                  eplb_config=EPLBConfig(step_interval=100_000, window_size=32, use_async=use_async,
                                                          communicator="torch_gloo"))
         config = VllmConfig(parallel_config=parallel)
         parallel = config.parallel_config
@@ -289,10 +303,10 @@ def next_message(client: QueueEngineClient, out: Path, deadline: float) -> tuple
         return None, None
 
 
-def run_rank(rank: int, world: int, eplb: bool, out: Path, duration_s: float) -> None:
+def run_rank(rank: int, world: int, eplb: bool, out: Path, duration_s: float, use_async: bool = False) -> None:
     torch.set_num_threads(1)
     install_cpu_shims()
-    engine = Engine(rank, world, eplb)
+    engine = Engine(rank, world, eplb, use_async)
     client = QueueEngineClient()
     if rank == 0:
         serve_http(engine, client, out)
@@ -327,10 +341,12 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--eplb", choices=("on", "off"), default="on")
     parser.add_argument("--duration-s", type=float, default=240.0)
+    parser.add_argument("--eplb-async", action="store_true", help="vLLM's default async EPLB (not synchronous)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(run_rank, args=(args.world, args.eplb == "on", args.out, args.duration_s), nprocs=args.world, join=True)
+    mp.spawn(run_rank, args=(args.world, args.eplb == "on", args.out, args.duration_s, args.eplb_async),
+             nprocs=args.world, join=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,14 +19,27 @@ from engine.vllm_plugin.eplb_control import EplbControl
 from engine.vllm_plugin.placement_log import PlacementLog
 from exporters.vllm_eplb_http import EplbEndpoint, EplbService
 from exporters.vllm_placement import PlacementMetrics, placement_families
-from tests.engine.eplb_standin import SLOTS, StandinEnv, StandinEplbState, counting_flusher, route, runner
+from tests.engine.eplb_standin import (
+    SLOTS,
+    AsyncStandinEplbState,
+    StandinEnv,
+    StandinEplbState,
+    counting_flusher,
+    route,
+    runner,
+)
 
 
 class StandinEngineClient:
     """``collective_rpc`` over two ranks: rank 0 counts (the first TP rank), rank 1 does not."""
 
-    def __init__(self, *, eplb: bool = True, missing_method: bool = False, worker_fails: bool = False) -> None:
-        self.states = [StandinEplbState(), StandinEplbState()] if eplb else [None, None]
+    def __init__(self, *, eplb: bool = True, missing_method: bool = False, worker_fails: bool = False,
+                 async_eplb: bool = False) -> None:  # fmt: skip
+        """``async_eplb``: vLLM's default async EPLB, which commits a map over the steps after ``rearrange``."""
+        kind = AsyncStandinEplbState if async_eplb else StandinEplbState
+        self.states = [kind(), kind()] if eplb else [None, None]
+        self.stepping = True
+        """vLLM steps between two calls (False: an idle engine, which commits nothing)."""
         self.flusher, counter, self.published = counting_flusher(self.states[0])
         route(counter)
         self.controls = [EplbControl(lambda: self.flusher, env=StandinEnv()), EplbControl(env=StandinEnv())]
@@ -45,6 +58,9 @@ class StandinEngineClient:
         if self.worker_fails:
             raise Exception(f"Call to {method} method failed: RuntimeError: a worker died")
         self.calls.append(json.loads(args[0]))
+        for state in self.states:
+            if state is not None and self.stepping:
+                state.step()
         return [c.handle(runner(s), args[0]) for c, s in zip(self.controls, self.states, strict=True)]
 
 

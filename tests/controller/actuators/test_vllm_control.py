@@ -75,13 +75,36 @@ def test_refusals_become_unavailable_errors_naming_the_reason() -> None:
     asyncio.run(run())
 
 
-def test_auto_control_picks_the_adapter_per_endpoint_and_rebalances_vllm() -> None:
-    engine = StandinEngineClient()
+def test_async_eplb_is_applied_once_vllm_has_committed_the_map() -> None:
+    """vLLM 0.32's default async EPLB answers before it commits: every live rebalance was logged failed, though
+    vLLM carried it out a few steps later, unverified."""
+    engine = StandinEngineClient(async_eplb=True)
+    mine = Placement(np.tile(np.arange(SLOTS)[::-1] % EXPERTS, (LAYERS, 1)), 2)
+
+    async def run(control: VllmEngineControl) -> dict[str, Any]:
+        try:
+            return await control.apply_placement(VLLM, mine)
+        finally:
+            await control.aclose()
+
+    swap = asyncio.run(run(VllmEngineControl(_client(engine), commit_poll_s=0.01)))
+    assert swap["applied"] is True and swap["pending"] is True and swap["async"] is True and swap["commit_wait_s"] >= 0
+    assert engine.states[0].model_state.physical_to_logical_map.tolist() == mine.phy2log.tolist()
+    idle = StandinEngineClient(async_eplb=True)
+    idle.stepping = False  # no step, no commit: bounded, and said so
+    with pytest.raises(UnavailableError, match=r"had not committed it after 0\.05 s"):
+        asyncio.run(run(VllmEngineControl(_client(idle), commit_timeout_s=0.05, commit_poll_s=0.01)))
+
+
+@pytest.mark.parametrize("async_eplb", [False, True])
+def test_auto_control_picks_the_adapter_per_endpoint_and_rebalances_vllm(async_eplb: bool) -> None:
+    engine = StandinEngineClient(async_eplb=async_eplb)
     policy = Policy(name="p", target=LocalTarget(), mode=Mode.ENFORCE,
                     objectives=Objectives(imbalance=ImbalanceObjective(max_cv=0.15, sustain_s=0)))
 
     async def run() -> tuple[AutoEngineControl, list[Any]]:
         control = AutoEngineControl(_client(engine))
+        control.vllm.commit_poll_s = 0.01
         rebalancer = Rebalancer(control, TriggerSettings(cooldown_s=100), verify_after_s=1, min_window_steps=1)
         events = []
         for now in (0.0, 2.0):
