@@ -13,7 +13,13 @@ with the default policy's semantics:
   rank keeps its slot there.  By default it moves experts only where that
   costs no balance (``replan_tolerance`` 0: every layer's busiest rank is
   that of a fresh plan); ``MOESLO_VLLM_EPLB_TOLERANCE`` (e.g. ``0.005``)
-  lets the busiest rank be that fraction heavier for far fewer moves.
+  lets the busiest rank be that fraction heavier for far fewer moves;
+* never heavier than the policy it replaces: :class:`MoesloEplbPolicy` also
+  asks vLLM's ``DefaultEplbPolicy`` and keeps, per layer, whichever plan's
+  busiest rank is lighter (:func:`no_heavier_than`).  Our planner puts at
+  most one replica of an expert on a rank; where slots, not ranks, are short
+  (a skewed load, few spare slots) two copies of a hot expert on one rank
+  can balance better, and vLLM's plan wins those layers.
 
 vLLM 0.32's ``EPLBConfig.policy`` accepts only ``"default"``, and
 ``EplbState.add_model`` looks the class up in ``EPLB_POLICIES`` when the
@@ -36,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.errors import PlacementError, ValidationError
+from contracts.imbalance import rank_load
 from contracts.placement import Placement
 from controller.rebalance.moves import align_slots
 from controller.rebalance.planner import RebalanceConfig, plan_rebalance
@@ -105,6 +112,18 @@ def rebalance_phy2log(
     return np.ascontiguousarray(phy2log, dtype=np.int64)
 
 
+def no_heavier_than(
+    ours: IntArray, baseline: IntArray, weight: npt.ArrayLike, num_ranks: int, tolerance: float = 0.0
+) -> IntArray:
+    """Per layer, ``ours`` unless ``baseline``'s busiest rank is lighter than ours by more than ``tolerance``
+    (the re-plan tolerance: ours may be that much heavier for fewer moves); then the baseline's row."""
+    load = np.asarray(weight, dtype=np.float64)
+    peak = rank_load(ours, load, num_ranks).max(axis=1)
+    rival = rank_load(baseline, load, num_ranks).max(axis=1)
+    lighter = peak > rival * (1.0 + tolerance) * (1.0 + 1e-12)  # float noise does not swap equal plans
+    return np.ascontiguousarray(np.where(lighter[:, None], baseline, ours), dtype=np.int64)
+
+
 _POLICY_CLASS: list[type[Any]] = []
 
 
@@ -114,9 +133,10 @@ def policy_class() -> type[Any]:
         return _POLICY_CLASS[0]
     import torch
     from vllm.distributed.eplb.policy.abstract import AbstractEplbPolicy
+    from vllm.distributed.eplb.policy.default import DefaultEplbPolicy  # the class, not the registry's entry
 
     class MoesloEplbPolicy(AbstractEplbPolicy):  # type: ignore[misc]  # vLLM is untyped here
-        """moeslo's planner (``controller.rebalance``) as a vLLM EPLB policy."""
+        """moeslo's planner (``controller.rebalance``) as a vLLM EPLB policy, per layer no heavier than vLLM's."""
 
         config: RebalanceConfig = DEFAULT_CONFIG
 
@@ -131,10 +151,17 @@ def policy_class() -> type[Any]:
             old_global_expert_indices: torch.Tensor | None = None,
         ) -> torch.Tensor:
             old = None if old_global_expert_indices is None else old_global_expert_indices.cpu().numpy()
-            phy2log = rebalance_phy2log(
-                weight.float().cpu().numpy(), num_replicas, num_groups, num_nodes, num_ranks, old, config=cls.config
-            )
-            return torch.from_numpy(phy2log)
+            load = weight.float().cpu().numpy()
+            phy2log = rebalance_phy2log(load, num_replicas, num_groups, num_nodes, num_ranks, old, config=cls.config)
+            try:
+                theirs = DefaultEplbPolicy.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks,
+                                                             old_global_expert_indices)  # fmt: skip
+            except Exception:  # a shape vLLM's policy cannot plan (ours can): ours alone, as it is
+                logger.warning("moeslo EPLB policy: vLLM's default policy failed; our plan is used unchecked",
+                               exc_info=True)  # fmt: skip
+                return torch.from_numpy(phy2log)
+            baseline = np.asarray(theirs.cpu().numpy(), dtype=np.int64)
+            return torch.from_numpy(no_heavier_than(phy2log, baseline, load, num_ranks, cls.config.replan_tolerance))
 
     _POLICY_CLASS.append(MoesloEplbPolicy)
     return MoesloEplbPolicy
@@ -185,6 +212,7 @@ __all__ = [
     "config_from_env",
     "enabled",
     "is_hierarchical",
+    "no_heavier_than",
     "policy_class",
     "rebalance_phy2log",
     "register",
