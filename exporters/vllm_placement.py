@@ -16,6 +16,12 @@ multiprocess ``prometheus_client`` metrics fed with deltas).  Series:
   rearrangement: ``when`` is ``before``/``after``, ``source`` is
   ``predicted`` (the plan's load) or ``measured`` (routing counted before it,
   and after it on the new placement, updated every flush).
+
+Under pipeline parallelism each stage's counting worker has a log: the first stage's counts the
+engine's requests, rearrangements and stalls and holds the balance figures (of its own layers), a
+later stage's only the replicas its own layers moved.  Both routes sum the stages (the snapshot
+route per engine, :func:`merged_log`; the multiprocess route as ``prometheus_client`` sums the
+processes' counters), so there is one series per engine and ``experts_moved`` covers every stage.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ from engine.vllm_plugin import ExpertLoadSnapshot
 from engine.vllm_plugin.placement_log import BALANCE_SOURCES, BALANCE_WHEN
 
 BALANCE_FIGURES = {PLACEMENT_IMBALANCE_CV: "cv_max", PLACEMENT_BALANCEDNESS: "balancedness_min"}
+BALANCE_WORST = {PLACEMENT_IMBALANCE_CV: max, PLACEMENT_BALANCEDNESS: min}
+"""How two stages' figures combine into the engine's worst layer."""
 
 
 def balance_values(log: dict[str, Any]) -> Iterable[tuple[str, str, str, float]]:
@@ -58,8 +66,40 @@ def balance_values(log: dict[str, Any]) -> Iterable[tuple[str, str, str, float]]
             yield metric, when, source, float(figure[key])
 
 
+def engine_logs(snapshots: Iterable[ExpertLoadSnapshot]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Per (model_name, engine): the placement logs of its workers, one per pipeline stage."""
+    logs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for snap in snapshots:
+        if snap.placement:
+            logs.setdefault((snap.model_name, snap.engine), []).append(snap.placement)
+    return logs
+
+
+def merged_log(logs: list[dict[str, Any]]) -> dict[str, Any]:
+    """An engine's stages' logs as one, summed as the multiprocess route's counters are: a stage after the
+    first logs only the replicas its own layers moved, so each rearrangement and request counts once."""
+    buckets = [sum(int(log["duration_buckets"][i]) for log in logs) for i in range(len(SWAP_DURATION_BUCKETS_S) + 1)]
+    requests: dict[str, int] = {}
+    for log in logs:
+        for key, count in log["requests"].items():
+            requests[key] = requests.get(key, 0) + int(count)
+    return {"swaps": sum(int(log["swaps"]) for log in logs),
+            "experts_moved": sum(int(log["experts_moved"]) for log in logs), "duration_buckets": buckets,
+            "duration_sum_s": sum(float(log["duration_sum_s"]) for log in logs), "requests": requests}  # fmt: skip
+
+
+def worst_balance(logs: list[dict[str, Any]]) -> dict[tuple[str, str, str], float]:
+    """(metric, when, source) -> the worst layer's figure over the logs that have it."""
+    worst: dict[tuple[str, str, str], float] = {}
+    for log in logs:
+        for metric, when, source, value in balance_values(log):
+            key = (metric, when, source)
+            worst[key] = BALANCE_WORST[metric](worst.get(key, value), value)
+    return worst
+
+
 def placement_families(snapshots: Iterable[ExpertLoadSnapshot]) -> list[Metric]:
-    """The ``moe_placement_*`` families of the snapshots that carry a placement log."""
+    """The ``moe_placement_*`` families of the snapshots that carry a placement log, one series per engine."""
     labels = list(BASE_LABELS)
     swaps = CounterMetricFamily(PLACEMENT_SWAPS, PLACEMENT_HELP[PLACEMENT_SWAPS], labels=labels)
     moved = CounterMetricFamily(PLACEMENT_EXPERTS_MOVED, PLACEMENT_HELP[PLACEMENT_EXPERTS_MOVED], labels=labels)
@@ -69,26 +109,22 @@ def placement_families(snapshots: Iterable[ExpertLoadSnapshot]) -> list[Metric]:
                                    labels=[*labels, ACTION_LABEL, OUTCOME_LABEL])  # fmt: skip
     gauges = {name: GaugeMetricFamily(name, PLACEMENT_HELP[name], labels=[*labels, WHEN_LABEL, SOURCE_LABEL])
               for name in BALANCE_FIGURES}  # fmt: skip
-    found = False
-    for snap in snapshots:
-        log = snap.placement
-        if not log:
-            continue
-        found = True
-        base = [snap.model_name, snap.engine]
-        swaps.add_metric(base, int(log["swaps"]))
-        moved.add_metric(base, int(log["experts_moved"]))
+    logs = engine_logs(snapshots)
+    for (model_name, engine), stage_logs in logs.items():
+        base, log = [model_name, engine], merged_log(stage_logs)
+        swaps.add_metric(base, log["swaps"])
+        moved.add_metric(base, log["experts_moved"])
         cumulative, buckets = 0, []
         for edge, count in zip([*SWAP_DURATION_BUCKETS_S, float("inf")], log["duration_buckets"], strict=True):
-            cumulative += int(count)
+            cumulative += count
             buckets.append(("+Inf" if edge == float("inf") else format_le(edge), cumulative))
-        durations.add_metric(base, buckets, sum_value=float(log["duration_sum_s"]))
+        durations.add_metric(base, buckets, sum_value=log["duration_sum_s"])
         for key, count in sorted(log["requests"].items()):
             action, _, outcome = key.partition("/")
-            requests.add_metric([*base, action, outcome], int(count))
-        for metric, when, source, value in balance_values(log):
+            requests.add_metric([*base, action, outcome], count)
+        for (metric, when, source), value in worst_balance(stage_logs).items():
             gauges[metric].add_metric([*base, when, source], value)
-    return [swaps, moved, durations, requests, *gauges.values()] if found else []
+    return [swaps, moved, durations, requests, *gauges.values()] if logs else []
 
 
 class PlacementMetrics:
@@ -132,4 +168,13 @@ class PlacementMetrics:
             self.gauges[metric].labels(*base, when, source).set(value)
 
 
-__all__ = ["BALANCE_FIGURES", "PlacementMetrics", "balance_values", "placement_families"]
+__all__ = [
+    "BALANCE_FIGURES",
+    "BALANCE_WORST",
+    "PlacementMetrics",
+    "balance_values",
+    "engine_logs",
+    "merged_log",
+    "placement_families",
+    "worst_balance",
+]

@@ -189,7 +189,8 @@ class SnapshotBuilder:
         self.placement_log: PlacementLog | None = None
         """Rearrangements of this worker's placement (created on the first request or rearrangement)."""
         self.records_placement = True
-        """This worker keeps its engine's placement log (see :class:`~engine.vllm_plugin.worker.Flusher`)."""
+        """This worker keeps its engine's placement log (see :class:`~engine.vllm_plugin.worker.Flusher`); one
+        that does not (a later pipeline stage) logs only the replicas its own layers' rearrangements moved."""
         self.expected: Rearrangement | None = None
         """The trigger's rearrangement, to record with its figures at the next change of the map."""
         self._mark: IntArray | None = None
@@ -281,12 +282,14 @@ class SnapshotBuilder:
         new = self._committing is None or bool(layers & self._committing) or expected is not None
         # (layer, expert, rank) triples new to a rank: replicas copied there.
         moved = int(((weights > 0) & ~(previous > 0)).sum())
-        if expected is not None:
+        if not self.records_placement:
+            self.log().moved(moved)  # a later pipeline stage: its own layers' replicas, the first counts the swap
+        elif expected is not None:
             self.record(expected)
-        elif self.records_placement and new:
+        elif new:
             self.log().rearranged(duration_s=None, experts_moved=moved,
                                   balance={"measured_before": balance_summary(rank_loads(window, previous))})
-        elif self.records_placement and not self._expected_commit:
+        elif not self._expected_commit:
             self.log().moved(moved)  # the same rearrangement's next layers (the trigger's figures hold them all)
         if new:
             self._committing, self._expected_commit = layers, expected is not None

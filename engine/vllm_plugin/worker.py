@@ -74,7 +74,8 @@ class Flusher:
         records_placement: bool = True,
     ) -> None:  # fmt: skip
         """``records_placement``: this worker keeps its engine's placement log (the first pipeline stage:
-        every stage answers each trigger request, and the engine's requests and swaps count once)."""
+        every stage answers each trigger request, and the engine's requests and swaps count once); a later
+        stage logs only the replicas its own layers moved."""
         self.counter = counter
         self.records_placement = records_placement
         self.builder = builder
