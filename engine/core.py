@@ -345,6 +345,7 @@ class EngineCore:
         now = self._clock()
         ttfts: list[float] = []
         itls: list[float] = []
+        prompt_tokens = 0  # vLLM's count: each whole prompt (cached tokens too) once, with its first token
         for row, (seq, token) in enumerate(zip(sampled, tokens, strict=True)):
             if row in failures:  # this request alone ends; the others in the batch go on
                 log.warning("sampling failed for %s: %s", seq.request_id, failures[row])
@@ -355,6 +356,7 @@ class EngineCore:
             if timing.first_token_s is None:
                 timing.first_token_s = now
                 ttfts.append(now - timing.arrival_s)
+                prompt_tokens += len(seq.prompt_token_ids)
             else:
                 itls.append(now - timing.token_times_s[-1])
             timing.token_times_s.append(now)
@@ -370,8 +372,8 @@ class EngineCore:
             self.scheduler.finish(seq, reason)
             final = self._finalize(seq, now, token, reason)
             result.outputs.append(dataclasses.replace(final, logprobs=logprobs.get(row), prompt_logprobs=prompt))
-        generated = len(tokens) - len(failures)
-        result.stats = self._stats(now, now - started_s, out, generated, tuple(ttfts), tuple(itls))
+        result.stats = self._stats(now, now - started_s, out, len(tokens) - len(failures), tuple(ttfts),
+                                   tuple(itls), prompt_tokens=prompt_tokens)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params
@@ -411,6 +413,8 @@ class EngineCore:
         generation_tokens: int,
         ttfts: tuple[float, ...],
         itls: tuple[float, ...],
+        *,
+        prompt_tokens: int = 0,
     ) -> StepStats:
         finished = tuple(self._pending_finished)
         self._pending_finished.clear()
@@ -428,7 +432,7 @@ class EngineCore:
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             kv_cache_usage=self.blocks.usage,
-            prompt_tokens=out.prompt_tokens if out is not None else 0,
+            prompt_tokens=prompt_tokens,
             generation_tokens=generation_tokens,
             ttfts_s=ttfts,
             itls_s=itls,

@@ -134,6 +134,8 @@ class SchedulerOutput:
 
     @property
     def prompt_tokens(self) -> int:
+        """Prompt tokens computed in this step (recomputes included, cache hits not): the step's prefill work,
+        not ``vllm:prompt_tokens`` (which counts each whole prompt once; the core does)."""
         return sum(c.num_tokens for c in self.scheduled if c.is_prompt)
 
 

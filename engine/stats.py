@@ -121,7 +121,9 @@ class StepStats:
     kv_cache_usage: float
     """Fraction of KV blocks in use, 0..1."""
     prompt_tokens: int
-    """Prompt tokens computed in this step (prefill, recompute included)."""
+    """Prompt tokens of the requests whose first token came out in this step: each whole prompt, cached tokens
+    included, counted once (a recompute after a preemption is not counted again), as vLLM's
+    ``vllm:prompt_tokens``."""
     generation_tokens: int
     ttfts_s: tuple[float, ...] = ()
     """TTFT of each request whose first token came out in this step."""

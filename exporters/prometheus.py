@@ -147,7 +147,7 @@ class PrometheusStatsSink:
         self._running = bound.gauge(RUNNING, "Requests in the running batch.", "sum")
         self._waiting = bound.gauge(WAITING, "Requests waiting to be scheduled.", "sum")
         self._kv_usage = bound.gauge(KV_CACHE_USAGE, "Fraction of KV cache blocks in use (0..1).", "mostrecent")
-        self._prompt_tokens = bound.counter(PROMPT_TOKENS, "Prompt tokens computed (recompute included).")
+        self._prompt_tokens = bound.counter(PROMPT_TOKENS, "Number of prefill tokens processed.")
         self._generation_tokens = bound.counter(GENERATION_TOKENS, "Tokens generated.")
         self._preemptions = bound.counter(PREEMPTIONS, "Preemptions (recompute).")
         self._prefix_queries = bound.counter(PREFIX_CACHE_QUERIES,

@@ -79,9 +79,20 @@ def test_hits_skip_the_shared_prefix_and_outputs_do_not_change() -> None:
     hits = sum(s.prefix_cache_hits for s in on_stats)
     assert sum(s.prefix_cache_queries for s in on_stats) == sum(map(len, prompts))
     assert hits == 3 * 20  # 5 full blocks of the 22-token prefix, for each later request
-    assert sum(s.prompt_tokens for s in on_stats) + hits == sum(s.prompt_tokens for s in off_stats)
     assert sum(s.prefix_cache_queries + s.prefix_cache_hits for s in off_stats) == 0
     assert core.kv_state()[0] == 0 and core.blocks.num_cached > 0
+
+
+def test_prompt_tokens_count_each_whole_prompt_once_cache_hits_included() -> None:
+    """vLLM's ``vllm:prompt_tokens``: the prompt's length, cached tokens included, in the step of its first token
+    (the capacity model discounts the cache hits itself, from the hit rate)."""
+    prompts = [[*SYSTEM, 10 + i, 20 + i, 30 + i] for i in range(4)]
+    requests = [(0, prompts[0], 3), *((10 + i, p, 3) for i, p in enumerate(prompts[1:]))]
+    _, on_stats, _ = run(requests, caching=True)
+    _, off_stats, _ = run(requests, caching=False)
+    assert sum(s.prefix_cache_hits for s in on_stats) > 0
+    assert sum(s.prompt_tokens for s in on_stats) == sum(s.prompt_tokens for s in off_stats) == sum(map(len, prompts))
+    assert all(s.prompt_tokens == 25 * len(s.ttfts_s) for s in on_stats)  # with the first token, never before
 
 
 @settings(max_examples=40, deadline=None)

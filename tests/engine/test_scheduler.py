@@ -209,6 +209,23 @@ def test_engine_output_is_independent_of_batching_and_preemption() -> None:
         e2.shutdown()
 
 
+def test_prompt_tokens_count_each_prompt_once_through_preemptions() -> None:
+    """A preempted request's recompute is not counted again (vLLM counts each prompt at its first scheduling)."""
+    _, steps, engine, _ = run_engine(FakeExecutor(num_blocks=14), PROMPTS, max_tokens=6, max_num_batched_tokens=16)
+    engine.shutdown()
+    assert sum(s.num_preemptions for s in steps.steps) > 0
+    assert sum(s.prompt_tokens for s in steps.steps) == sum(map(len, PROMPTS))
+
+
+def test_a_prompt_longer_than_the_budget_counts_whole_with_its_first_token() -> None:
+    """A 9-token prompt in chunks of 8 and 1 counts 9, in the step its first token comes out."""
+    prompt = [(3 * i) % 50 + 1 for i in range(9)]
+    _, steps, engine, _ = run_engine(FakeExecutor(), [prompt], max_tokens=3, max_num_batched_tokens=8)
+    engine.shutdown()
+    counted = [(s.prompt_tokens, len(s.ttfts_s)) for s in steps.steps if s.prompt_tokens or s.ttfts_s]
+    assert counted == [(9, 1)]
+
+
 def test_step_stats_account_for_every_token_and_request() -> None:
     _collect, steps, engine, ids = run_engine(FakeExecutor(), PROMPTS[:4], max_tokens=5)
     engine.shutdown()

@@ -152,10 +152,26 @@ def test_models_health_and_metrics_routes(served: Served) -> None:
             layer = dict(labels)["layer"]
             per_layer[layer] = per_layer.get(layer, 0.0) + v
     assert sorted(per_layer) == ["0", "1"]
-    computed = value(samples, "vllm:prompt_tokens_total") + value(samples, "vllm:generation_tokens_total")
+    tokens = value(samples, "vllm:prompt_tokens_total") + value(samples, "vllm:generation_tokens_total")
     assert per_layer["0"] == per_layer["1"] > 0
-    assert per_layer["0"] <= 2 * computed
+    assert per_layer["0"] <= 2 * tokens
     assert "moe_layer_imbalance_cv" in text and "moe_balancedness_across_layers" in text
+
+
+def test_prompt_tokens_count_whole_prompts_with_prefix_cache_hits(served: Served) -> None:
+    """``vllm:prompt_tokens_total`` counts each prompt whole, its cached prefix included, as vLLM's does."""
+    before = metric_samples(served.client.get("/metrics").text)
+    shared = [(11 * i) % 500 + 1 for i in range(48)]
+    prompts = [[*shared, 7 + i, 9 + i] for i in range(3)]
+    usage = [served.client.post("/v1/completions", json={"prompt": p, "max_tokens": 2}).json()["usage"]
+             for p in prompts]
+    after = metric_samples(served.client.get("/metrics").text)
+
+    def delta(name: str) -> float:
+        return value(after, name) - value(before, name)
+
+    assert delta("vllm:prefix_cache_hits_total") > 0
+    assert delta("vllm:prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage) == 3 * 50
 
 
 @pytest.mark.parametrize(
