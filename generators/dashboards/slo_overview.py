@@ -17,6 +17,7 @@ from contracts.catalogue import (
 from controller.policy import Policy, TtftObjective
 from controller.slo import error_budget, standard_burn_rate_windows
 from controller.ttft_series import ttft_matchers, ttft_metric
+from generators.alerts.rules import rate_windows
 from generators.dashboards.panels import (
     MODEL,
     POLICY,
@@ -58,7 +59,9 @@ def _normalized(ttft: TtftObjective) -> str:
 
 
 def _recorded_burn_rates(policies: Sequence[Policy]) -> list[Dataquery]:
-    """Burn rates from the alert recording rules: one query per policy and SLO, each divided by its own budget.
+    """Burn rates from the alert recording rules: one query per policy, SLO and window the rules record (each
+    window of the policy's alert pairs, as :func:`~generators.alerts.rules.rate_windows` picks them), each divided by
+    its own budget.
 
     One division for every policy (``{policy=~"$policy"} / budget``) would apply one policy's budget to all.
     """
@@ -70,7 +73,7 @@ def _recorded_burn_rates(policies: Sequence[Policy]) -> list[Dataquery]:
         )
         for policy in policies
         for slo, objective in (("ttft", policy.objectives.ttft), ("itl", policy.objectives.itl))
-        for window in ("5m", "1h", "6h")
+        for window in rate_windows(standard_burn_rate_windows(policy.window_s))
     ]
 
 

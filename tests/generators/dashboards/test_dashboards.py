@@ -15,6 +15,8 @@ import yaml
 from contracts.errors import ValidationError
 from controller.policy import LatencyObjective, LocalTarget, Objectives, Policy
 from controller.policy_files import DEFAULT_POLICIES
+from generators.alerts.model import RecordingRule
+from generators.alerts.rules import build_rule_groups
 from generators.dashboards import build_dashboards, expressions, render_dashboard_files
 from tests.e2e.servers import prometheus
 
@@ -93,16 +95,30 @@ def test_each_slo_uses_its_own_budget_and_target() -> None:
         return [t["expr"] for t in panel["targets"]]
 
     burn = panel_exprs("moeslo-slo-overview.json", "Burn rate (alert recording rules)")
-    for window in ("5m", "1h", "6h"):
+    for window in ("5m", "30m", "1h", "6h", "3d"):  # 7 days: 1h/5m, 6h/30m and 3d/6h alert
         assert f'moeslo:slo_error_ratio:rate{window}{{policy=~"$policy",policy="mixed",slo="ttft"}} / 0.005' in burn
         assert f'moeslo:slo_error_ratio:rate{window}{{policy=~"$policy",policy="mixed",slo="itl"}} / 0.01' in burn
-    assert len(burn) == 6
+    assert len(burn) == 10
     good = panel_exprs("moeslo-slo-overview.json", "Good-event ratio")
     assert "vector(0.995)" in good and "vector(0.99)" in good
     seen = panel_exprs("moeslo-controller.json", "SLIs the controller sees: good ratios")
     assert "vector(0.995)" in seen and "vector(0.99)" in seen
     # A window too short for any burn-rate alert still builds (its line is the 1x pace).
     assert build_dashboards([policy.model_copy(update={"window": "1d"})])
+
+
+@pytest.mark.parametrize("window", ["50h", "7d", "30d"])
+def test_the_recorded_burn_rates_are_the_windows_the_rules_record(window: str) -> None:
+    """The panel queried 5m, 1h and 6h whatever the policy: a 50-hour policy's rules record 5m, 1h, 2h and 1d (its
+    alerts are 1h/5m and 1d/2h), so its 6h line stayed empty and its 1d/2h ticket went undrawn."""
+    policy = Policy(name="p", target=LocalTarget(model="m"), window=window)
+    recorded = {rule.record for group in build_rule_groups([policy]) for rule in group.rules
+                if isinstance(rule, RecordingRule) and rule.record.startswith("moeslo:slo_error_ratio:")}
+    (panel,) = [p for p in build_dashboards([policy])["moeslo-slo-overview.json"]["panels"]
+                if p["title"] == "Burn rate (alert recording rules)"]
+    drawn = {t["expr"].split("{")[0] for t in panel["targets"]}
+    assert drawn == recorded
+    assert len(panel["targets"]) == 2 * len(recorded)  # TTFT and ITL each
 
 
 def test_each_policy_burns_its_own_budget_on_promtool(tmp_path: Path) -> None:

@@ -25,12 +25,13 @@ def _policy(name: str, *, ttft: float = 0.99, itl: float = 0.99) -> Policy:
 
 
 def test_ref_ids_stay_letters_past_26_targets() -> None:
-    """Five policies give the recorded burn-rate panel 30 targets: refIds go A..Z, AA, AB, ... (chr() gave '[')."""
+    """Five policies give the recorded burn-rate panel 70 targets (two SLOs, seven windows recorded for 30 days):
+    refIds go A..Z, AA, AB, ... (chr() gave '[')."""
     overview = build_dashboards([_policy(f"p{i}") for i in range(5)])["moeslo-slo-overview.json"]
     (panel,) = [p for p in overview["panels"] if p["title"] == "Burn rate (alert recording rules)"]
     ref_ids = [target["refId"] for target in panel["targets"]]
-    assert len(ref_ids) == 30
-    assert ref_ids[:3] == ["A", "B", "C"] and ref_ids[25:] == ["Z", "AA", "AB", "AC", "AD"]
+    assert len(ref_ids) == 70
+    assert ref_ids[:3] == ["A", "B", "C"] and ref_ids[25:30] == ["Z", "AA", "AB", "AC", "AD"] and ref_ids[-1] == "BR"
     for document in build_dashboards([_policy(f"p{i}") for i in range(5)]).values():
         for p in document["panels"]:
             ids = [target["refId"] for target in p.get("targets", [])]
