@@ -24,7 +24,9 @@ once in a HEALTH message; either way the change is logged and handed to every
 sink that has ``record_health(broken)`` (the Prometheus sink's
 ``moe_engine_healthy``), and the requests failed here to every sink that has
 ``record_failed(lost)`` (each as a :class:`~engine.stats.FinishedRequestStats`:
-its tokens so far and its time since arrival).
+its tokens so far and its time since arrival).  An OpenAI request's choices
+(:class:`~engine.request_stream.ChoiceGroup`) go to every sink that has
+``record_request`` once all have ended, as one request.
 The core, for its part, exits when this process dies.
 """
 
@@ -53,32 +55,20 @@ import zmq
 from contracts.errors import MoesloError, UnavailableError, ValidationError
 from contracts.placement import Placement
 from engine import wire
+from engine.blocks_view import BlocksView
 from engine.core_inputs import CoreInputs
 from engine.core_proc import CoreOptions
 from engine.engine_types import EngineConfig, ExpertLoad, RequestOutput
 from engine.errors import PromptTooLongError
 from engine.executors.options import ExecutorOptions, default_threads
 from engine.expert_load import ExpertLoadTracker, publish_step
-from engine.request_stream import RequestStream, deliver
+from engine.request_stream import ChoiceGroup, RequestStream, deliver
 from engine.sampling import SamplingParams
 from engine.stats import PlacementSwapStats, StatsSink, StepStats
 
 log = logging.getLogger("moeslo.engine_client")
 POLL_S = 0.1
 QUEUE_FULL = "the engine core is not reading its input (its queue is full); try again later"
-
-
-class BlocksView:
-    """The core's KV block pool as the API process sees it (sizes; checks run in the core)."""
-
-    def __init__(self, client: EngineCoreClient, num_blocks: int, block_size: int) -> None:
-        self._client = client
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-
-    def check_invariants(self) -> None:
-        """Every block free or in exactly one table; AssertionError otherwise (tests call this)."""
-        self._client.call("check_invariants")
 
 
 class EngineCoreClient:
@@ -217,7 +207,7 @@ class EngineCoreClient:
 
     @property
     def blocks(self) -> BlocksView:
-        return BlocksView(self, int(self._info["num_blocks"]), int(self._info["block_size"]))
+        return BlocksView(self.call, int(self._info["num_blocks"]), int(self._info["block_size"]))
 
     @property
     def max_model_len(self) -> int:
@@ -274,26 +264,30 @@ class EngineCoreClient:
             raise PromptTooLongError(prompt_tokens=len(prompt_token_ids), max_tokens=params.max_tokens,
                                      max_model_len=self.max_model_len)
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *,
-                    request_id: str | None = None, arrival_s: float | None = None) -> RequestStream:
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *, request_id: str | None = None,
+                    arrival_s: float | None = None, group: ChoiceGroup | None = None, choice: int = 0) -> RequestStream:
         """Send a request to the core; its outputs (or its rejection) arrive on the returned stream.
 
-        Call on the event loop that will read the stream.
+        Call on the event loop that will read the stream.  ``group``: the OpenAI request it is choice ``choice``
+        of (once every choice has ended, that request goes to each sink that has ``record_request``).
         """
         self._raise_if_down()
         self.check_prompt(prompt_token_ids, params)
         request_id = request_id or f"cmpl-{uuid.uuid4().hex}"
         arrival = time.monotonic() if arrival_s is None else arrival_s
         stream = RequestStream(request_id, asyncio.get_running_loop(), arrival_s=arrival,
-                               prompt_tokens=len(prompt_token_ids))  # fmt: skip
+                               prompt_tokens=len(prompt_token_ids), group=group, choice=choice)  # fmt: skip
+        stream.join(lambda request: self._to_sinks("record_request", request))  # before anything can end it
         with self._lock:
             if request_id in self._streams:
+                stream.refused()
                 raise ValidationError(f"request_id {request_id!r} is already in flight")
             self._streams[request_id] = stream
         if not self._inputs.send([wire.ADD, request_id, list(prompt_token_ids), wire.params_to_wire(params),
                                   arrival]):
             with self._lock:
                 self._streams.pop(request_id, None)
+            stream.refused()
             raise UnavailableError(QUEUE_FULL)
         return stream
 
@@ -396,7 +390,11 @@ class EngineCoreClient:
             self._final = msg[1]
 
     def _record(self, stats: StepStats) -> None:
-        publish_step(stats, self._load, self._sinks)
+        with self._lock:  # each finished request's stream: the choice of an OpenAI request it may be
+            streams = [self._streams.get(fin.request_id) for fin in stats.finished]
+        finished = tuple(fin if stream is None else stream.finish(fin, stats.now_s)
+                         for stream, fin in zip(streams, stats.finished, strict=True))
+        publish_step(dataclasses.replace(stats, finished=finished) if finished else stats, self._load, self._sinks)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         """Hand outputs to their streams: one wake-up per event loop, not one per output."""
@@ -416,6 +414,7 @@ class EngineCoreClient:
         with self._lock:
             stream = self._streams.pop(request_id, None)
         if stream is not None:
+            stream.refused()
             deliver(stream.loop, [(stream, error)])
 
     def _reply(self, call_id: int, ok: bool, value: Any) -> None:

@@ -11,7 +11,9 @@ request aborted in the core, which frees its KV blocks, before the next step.
 
 ``n`` > 1 and lists of prompts fan out here: every choice is its own request
 in the core (the core schedules them like any others), and their outputs are
-merged as they come; a choice that fails fails the response.
+merged as they come; a choice that fails fails the response.  The choices'
+statistics come back together (:class:`~engine.request_stream.ChoiceGroup`,
+under the response's id and operation) for what is observed once per request.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import dataclasses
 import functools
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -36,8 +39,9 @@ from engine.errors import RequestFailedError
 from engine.openai_errors import error_body, error_response
 from engine.openai_logprobs import LogprobEntry, chat_logprobs, completion_logprobs, logprob_entry, prompt_entries
 from engine.protocol import StopMatcher, fit_to_context
-from engine.request_stream import RequestStream
+from engine.request_stream import ChoiceGroup, RequestStream
 from engine.sampling import MAX_SEED, SamplingParams
+from engine.stats import CHAT, TEXT_COMPLETION
 from engine.tokenizer import Tokenizer
 
 
@@ -55,6 +59,11 @@ ChoiceResult = tuple[str, str | None, list[LogprobEntry] | None]
 
 class ResponseFormat(Protocol):
     """The documents of one kind of response (completion or chat)."""
+
+    @property
+    def operation(self) -> str:
+        """Its GenAI operation name (``text_completion``, ``chat``)."""
+        ...
 
     def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
         """Chunks sent before the first token's (chat: the assistant's role, per choice)."""
@@ -75,6 +84,7 @@ def _now_s() -> int:
 
 @dataclass(frozen=True)
 class CompletionFormat:
+    operation: ClassVar[str] = TEXT_COMPLETION
     model_name: str
     created: int = dataclasses.field(default_factory=_now_s)
     """The response's ``created``: one value for the whole response, every chunk of a stream included."""
@@ -101,6 +111,7 @@ def _text_choice(index: int, choice: ChoiceResult) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ChatFormat:
+    operation: ClassVar[str] = CHAT
     model_name: str
     created: int = dataclasses.field(default_factory=_now_s)
 
@@ -129,9 +140,13 @@ class ChatFormat:
 
 def _document(request_id: str, kind: str, model_name: str, created: int, choices: list[dict[str, Any]]
               ) -> dict[str, Any]:  # fmt: skip
-    if kind.startswith("chat."):  # OpenAI's and vLLM's chat ids read chatcmpl-, their completions' cmpl-
-        request_id = "chat" + request_id if request_id.startswith("cmpl-") else request_id
-    return {"id": request_id, "object": kind, "created": created, "model": model_name, "choices": choices}
+    return {"id": _response_id(request_id, chat=kind.startswith("chat.")), "object": kind, "created": created,
+            "model": model_name, "choices": choices}
+
+
+def _response_id(request_id: str, *, chat: bool) -> str:
+    """The response's id from its first choice's: OpenAI's and vLLM's chat ids read chatcmpl-, completions' cmpl-."""
+    return "chat" + request_id if chat and request_id.startswith("cmpl-") else request_id
 
 
 @dataclass(frozen=True)
@@ -210,15 +225,22 @@ async def serve_generation(
     choices = gen.choices(engine.max_model_len)
     for prompt, params in choices[:: gen.n]:
         engine.check_prompt(prompt, params)
+    # The statistics observed once per API request (one span, the most tokens of a prompt's choices) wait for
+    # every choice; they name the request by the id its client reads.
+    first_id = f"cmpl-{uuid.uuid4().hex}"
+    group = ChoiceGroup(_response_id(first_id, chat=gen.format.operation == CHAT), gen.format.operation, gen.n)
     # From now until the request ends, a client that goes away aborts it in the core.
     watcher = asyncio.ensure_future(_until_disconnect(request))
     watcher.add_done_callback(lambda w: None if w.cancelled() else end_early())
     try:
-        for prompt, params in choices:
-            streams.append(engine.add_request(prompt, params, arrival_s=arrival_s))
+        for i, (prompt, params) in enumerate(choices):
+            streams.append(engine.add_request(prompt, params, arrival_s=arrival_s, group=group, choice=i,
+                                              request_id=None if i else first_id))
+        group.seal()
         # The core's refusal (400, 429) raises here, before any byte is sent.
         firsts = [await stream.next() for stream in streams]
     except BaseException:
+        group.seal()
         close()
         raise
     texts = [_choice(first, stream, tokenizer, gen, i // gen.n, functools.partial(engine.abort, stream.request_id,

@@ -1,20 +1,84 @@
-"""One request's outputs as the API process reads them, and their delivery from the client's receiver thread."""
+"""One request's outputs as the API process reads them, and their delivery from the client's receiver thread.
+
+An OpenAI request of several choices (``n``, a list of prompts) is one
+request in the core per choice; a :class:`ChoiceGroup` gathers them back into
+one request for the statistics observed once per API request.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable
 
 from contracts.errors import MoesloError
 from engine.engine_types import RequestOutput
-from engine.stats import FinishedRequestStats
+from engine.stats import TEXT_COMPLETION, ApiRequestStats, EndedChoice, FinishedRequestStats
+
+
+class ChoiceGroup:
+    """The choices of one OpenAI request, until every one has ended.
+
+    The API sends the choices to the core one by one (each :meth:`join`\\ s
+    when sent), then :meth:`seal`\\ s the group.  Each choice ends on its own:
+    reported by the core (finished or aborted), refused by it, or failed in the
+    API process.  Once the group is sealed and every choice sent has ended, its
+    :class:`~engine.stats.ApiRequestStats` go out once, to the ``publish`` of
+    the client that ran the choices.  Any thread may call any method.
+    """
+
+    def __init__(self, response_id: str, operation: str = TEXT_COMPLETION, n: int = 1) -> None:
+        self.response_id = response_id
+        self.operation = operation
+        self.n = n
+        self._lock = threading.Lock()
+        self._running: set[int] = set()
+        self._ended: list[EndedChoice] = []
+        self._sealed = self._published = False
+        self._publish: Callable[[ApiRequestStats], None] | None = None
+
+    def join(self, index: int, publish: Callable[[ApiRequestStats], None]) -> None:
+        """Choice ``index`` is being sent to the core; ``publish`` takes the request's stats once all have ended."""
+        with self._lock:
+            self._running.add(index)
+            self._publish = publish
+
+    def end(self, index: int, ended: EndedChoice | None) -> None:
+        """Choice ``index`` ended (None: it never ran, refused by the core or never sent)."""
+        with self._lock:
+            self._running.discard(index)
+            if ended is not None:
+                self._ended.append(ended)
+        self._publish_if_done()
+
+    def seal(self) -> None:
+        """No more choices will be sent."""
+        with self._lock:
+            self._sealed = True
+        self._publish_if_done()
+
+    def annotate(self, stats: FinishedRequestStats) -> FinishedRequestStats:
+        """One choice's stats as part of this request (its operation and the response's id)."""
+        return dataclasses.replace(stats, operation=self.operation, response_id=self.response_id)
+
+    def _publish_if_done(self) -> None:
+        with self._lock:
+            if not self._sealed or self._running or self._published or not self._ended or self._publish is None:
+                return
+            self._published = True
+            stats = ApiRequestStats(self.response_id, self.operation, self.n,
+                                    tuple(sorted(self._ended, key=lambda c: c.index)))  # fmt: skip
+            publish = self._publish
+        publish(stats)
 
 
 class RequestStream:
     """One request's outputs, read on the event loop that added it."""
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, *, arrival_s: float = 0.0,
-                 prompt_tokens: int = 0) -> None:  # fmt: skip
+                 prompt_tokens: int = 0, group: ChoiceGroup | None = None, choice: int = 0) -> None:  # fmt: skip
         self.request_id = request_id
         self.loop = loop
         self.queue: asyncio.Queue[RequestOutput | MoesloError] = asyncio.Queue()
@@ -23,14 +87,40 @@ class RequestStream:
         self.prompt_tokens = prompt_tokens
         self.generated = 0
         """Tokens the core sent for it (counted on delivery): what a request failed here had generated."""
+        self.group = group
+        """The OpenAI request it is choice ``choice`` of (None: a request of its own)."""
+        self.choice = choice
+
+    def join(self, publish: Callable[[ApiRequestStats], None]) -> None:
+        """It is being sent to the core: its OpenAI request (if any) counts it, and will go to ``publish``."""
+        if self.group is not None:
+            self.group.join(self.choice, publish)
+
+    def finish(self, stats: FinishedRequestStats, end_s: float) -> FinishedRequestStats:
+        """The core reported it ended at ``end_s``: its stats as the choice they are (its OpenAI request learns
+        it ended)."""
+        return self._end(stats, end_s, reported=True)
 
     def lost(self, finish_reason: str, now_s: float) -> FinishedRequestStats:
-        """This request as the stats see one that ended here, not in the core (which died)."""
-        return FinishedRequestStats(
+        """This request as the stats see one that ended here, not in the core (which died); its OpenAI request
+        learns it ended."""
+        return self._end(FinishedRequestStats(
             request_id=self.request_id, finish_reason=finish_reason, prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generated, e2e_s=max(0.0, now_s - self.arrival_s), queue_s=0.0, prefill_s=0.0,
             decode_s=0.0, ttft_s=None, mean_itl_s=None,
-        )
+        ), now_s, reported=False)
+
+    def refused(self) -> None:
+        """It never ran (the core refused it, or it was never sent)."""
+        if self.group is not None:
+            self.group.end(self.choice, None)
+
+    def _end(self, stats: FinishedRequestStats, end_s: float, *, reported: bool) -> FinishedRequestStats:
+        if self.group is None:
+            return stats
+        stats = self.group.annotate(stats)
+        self.group.end(self.choice, EndedChoice(self.choice, end_s, stats, reported))
+        return stats
 
     async def next(self) -> RequestOutput:
         """The next output; raises the error that ended the request (rejected, engine gone)."""
@@ -53,4 +143,4 @@ def deliver(loop: asyncio.AbstractEventLoop, batch: list[tuple[RequestStream, Re
         loop.call_soon_threadsafe(put)
 
 
-__all__ = ["RequestStream", "deliver"]
+__all__ = ["ChoiceGroup", "RequestStream", "deliver"]

@@ -69,6 +69,11 @@ class RequestTiming:
         return self.finished_s - self.first_token_s
 
 
+TEXT_COMPLETION = "text_completion"
+CHAT = "chat"
+"""The GenAI operation names (``gen_ai.operation.name``) of the OpenAI completions and chat completions."""
+
+
 @dataclass(frozen=True, slots=True)
 class FinishedRequestStats:
     """One finished (or aborted) request, in seconds and tokens."""
@@ -84,6 +89,44 @@ class FinishedRequestStats:
     decode_s: float
     ttft_s: float | None
     mean_itl_s: float | None
+    operation: str = TEXT_COMPLETION
+    """The GenAI operation it served (the API process knows it; the core reports the default)."""
+    response_id: str | None = None
+    """The id of the OpenAI response it is a choice of, as the client received it (``chatcmpl-...``); None: a
+    request of its own (not served through the OpenAI API)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndedChoice:
+    """One choice of an OpenAI request, as it ended."""
+
+    index: int
+    """Choice ``index`` of the response: sample ``index % n`` of prompt ``index // n``."""
+    end_s: float
+    """Monotonic time it ended."""
+    stats: FinishedRequestStats
+    reported: bool = True
+    """False: failed in the API process (the engine core died), never reported by the core."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRequestStats:
+    """One OpenAI request once every choice it sent to the core has ended (a choice the core refused is not in
+    it): what is observed once per request, not per choice."""
+
+    response_id: str
+    operation: str
+    n: int
+    """Choices per prompt."""
+    choices: tuple[EndedChoice, ...]
+    """In choice order."""
+
+    def per_prompt(self) -> list[tuple[EndedChoice, ...]]:
+        """The choices of each prompt (vLLM's parent request: one prompt's ``n`` samples), in prompt order."""
+        prompts: dict[int, list[EndedChoice]] = {}
+        for choice in self.choices:
+            prompts.setdefault(choice.index // self.n, []).append(choice)
+        return [tuple(prompts[i]) for i in sorted(prompts)]
 
 
 @dataclass(frozen=True, slots=True)

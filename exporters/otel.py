@@ -5,8 +5,12 @@ Metrics (histograms, seconds): ``gen_ai.server.time_to_first_token``,
 token after the first) and ``gen_ai.server.request.duration``, with
 ``gen_ai.operation.name``, ``gen_ai.provider.name`` (and the older
 ``gen_ai.system``), ``gen_ai.request.model``, ``gen_ai.response.model`` and,
-on failures, ``error.type``.  One span per finished request, from arrival to
-finish, with a ``gen_ai.first_token`` event.
+on failures, ``error.type``: one sample per choice (each choice of an OpenAI
+request is its own request in the core, as in vLLM).  One span per API
+request (:meth:`OtelStatsSink.record_request`: every choice, from arrival to
+the last one's end, under the id the client read), with a
+``gen_ai.first_token`` event; a request not served through the OpenAI API is
+its own span.
 
 :meth:`OtelStatsSink.from_environment` exports both over OTLP/HTTP as the
 standard ``OTEL_*`` variables say (``OTEL_EXPORTER_OTLP_ENDPOINT``,
@@ -41,7 +45,7 @@ from contracts.catalogue import (
     REQUEST_LATENCY_BUCKETS_S,
     TTFT_BUCKETS_S,
 )
-from engine.stats import FinishedRequestStats, StepStats
+from engine.stats import TEXT_COMPLETION, ApiRequestStats, EndedChoice, FinishedRequestStats, StepStats
 
 logger = logging.getLogger("moeslo.otel")
 
@@ -53,7 +57,8 @@ SUCCESSFUL_FINISHES = ("length", "stop", "repetition")
 """Finish reasons of a complete response (no ``error.type``; TTFT and time per token recorded): vLLM 0.32 ends
 a request on a repetitive token pattern with ``repetition``, a response as complete as a stop string's."""
 
-OPERATION_NAME = "text_completion"
+OPERATION_NAME = TEXT_COMPLETION
+"""The operation of a request that does not name one (vLLM's stats, which know none)."""
 PROVIDER_NAME = "moeslo"
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
 
@@ -140,7 +145,6 @@ class OtelStatsSink:
             explicit_bucket_boundaries_advisory=list(REQUEST_LATENCY_BUCKETS_S),
         )
         attrs: dict[str, AttributeValue] = {
-            "gen_ai.operation.name": OPERATION_NAME,
             "gen_ai.provider.name": provider_name,
             "gen_ai.system": provider_name,
             "gen_ai.request.model": model_name,
@@ -149,9 +153,8 @@ class OtelStatsSink:
         if server_port is not None:
             attrs["server.port"] = server_port
         attrs.update(attributes or {})
-        self._attrs = attrs
-        self._error_attrs = {**attrs, "error.type": "engine_error"}
-        self._abort_attrs = {**attrs, "error.type": "aborted"}
+        self._base_attrs = attrs
+        self._attrs_by: dict[tuple[str, str | None], dict[str, AttributeValue]] = {}
 
     @classmethod
     def from_environment(cls, *, model_name: str, server_port: int | None = None) -> OtelStatsSink:
@@ -171,52 +174,77 @@ class OtelStatsSink:
         return sink
 
     def record(self, step: StepStats) -> None:
-        if not step.finished:
-            return
-        # Span times are wall-clock (what a trace viewer shows); the engine's are monotonic.
-        wall_end_ns = time.time_ns() - int((time.monotonic() - step.now_s) * 1e9)
         for fin in step.finished:
-            self._record_finished(fin, wall_end_ns)
-
-    def _record_finished(self, fin: FinishedRequestStats, wall_end_ns: int) -> None:
-        ok = fin.finish_reason in SUCCESSFUL_FINISHES
-        attrs = self._attrs if ok else self._error_attrs if fin.finish_reason == "error" else self._abort_attrs
-        self._duration.record(fin.e2e_s, attrs)
-        if ok and fin.ttft_s is not None:
-            self._ttft.record(fin.ttft_s, attrs)
-        if ok and fin.mean_itl_s is not None:
-            self._tpot.record(fin.mean_itl_s, attrs)
-        start_ns = wall_end_ns - int(fin.e2e_s * 1e9)
-        span = self._tracer.start_span(
-            f"{OPERATION_NAME} {self.model_name}", kind=SpanKind.SERVER, start_time=start_ns,
-            attributes={
-                **attrs,
-                "gen_ai.response.id": fin.request_id,
-                "gen_ai.response.finish_reasons": (fin.finish_reason,),
-                "gen_ai.usage.input_tokens": fin.prompt_tokens,
-                "gen_ai.usage.output_tokens": fin.generation_tokens,
-                "moeslo.queue_time_s": fin.queue_s,
-            },
-        )
-        if fin.ttft_s is not None:
-            span.add_event(
-                FIRST_TOKEN_EVENT, {OTEL_TTFT_HISTOGRAM: fin.ttft_s},
-                timestamp=start_ns + int(fin.ttft_s * 1e9),
-            )
-        if not ok:
-            span.set_status(Status(StatusCode.ERROR, f"finish_reason={fin.finish_reason}"))
-        span.end(end_time=wall_end_ns)
+            self._record_finished(fin, step.now_s)
 
     def record_failed(self, lost: Sequence[FinishedRequestStats]) -> None:
         """Requests ended by the API process because the engine core died: the core never reports them."""
-        wall_end_ns = time.time_ns()
+        now_s = time.monotonic()
         for fin in lost:
-            self._record_finished(fin, wall_end_ns)
+            self._record_finished(fin, now_s)
+
+    def record_request(self, request: ApiRequestStats) -> None:
+        """One OpenAI request once every choice has ended: its span."""
+        self._record_span(request)
 
     def record_first_tokens(self, ttfts_s: Iterable[float]) -> None:
         """TTFT observations reported per step rather than per finished request (vLLM's stats)."""
+        attrs = self._attributes(OPERATION_NAME, "stop")
         for ttft_s in ttfts_s:
-            self._ttft.record(ttft_s, self._attrs)
+            self._ttft.record(ttft_s, attrs)
+
+    def _attributes(self, operation: str, finish_reason: str) -> dict[str, AttributeValue]:
+        """The data points' attributes for a request of ``operation`` that ended on ``finish_reason``."""
+        error = None if finish_reason in SUCCESSFUL_FINISHES else "engine_error" if finish_reason == "error" \
+            else "aborted"
+        found = self._attrs_by.get((operation, error))
+        if found is None:
+            found = {"gen_ai.operation.name": operation, **self._base_attrs}
+            if error is not None:
+                found["error.type"] = error
+            self._attrs_by[(operation, error)] = found
+        return found
+
+    def _record_finished(self, fin: FinishedRequestStats, end_s: float) -> None:
+        """One choice's samples; its span too when it is a request of its own (else its API request's span)."""
+        attrs = self._attributes(fin.operation, fin.finish_reason)
+        self._duration.record(fin.e2e_s, attrs)
+        if fin.finish_reason in SUCCESSFUL_FINISHES and fin.ttft_s is not None:
+            self._ttft.record(fin.ttft_s, attrs)
+        if fin.finish_reason in SUCCESSFUL_FINISHES and fin.mean_itl_s is not None:
+            self._tpot.record(fin.mean_itl_s, attrs)
+        if fin.response_id is None:
+            self._record_span(ApiRequestStats(fin.request_id, fin.operation, 1, (EndedChoice(0, end_s, fin),)))
+
+    def _record_span(self, request: ApiRequestStats) -> None:
+        """The request's span: from its arrival to its last choice's end, its first token the first of any."""
+        # Span times are wall-clock (what a trace viewer shows); the engine's are monotonic.
+        now_ns, now_s = time.time_ns(), time.monotonic()
+        ends_ns = [now_ns - int((now_s - choice.end_s) * 1e9) for choice in request.choices]
+        stats = [choice.stats for choice in request.choices]
+        start_ns = min(end_ns - int(fin.e2e_s * 1e9) for end_ns, fin in zip(ends_ns, stats, strict=True))
+        reasons = tuple(fin.finish_reason for fin in stats)
+        outcome = next((r for r in reasons if r == "error"), None) \
+            or next((r for r in reasons if r not in SUCCESSFUL_FINISHES), reasons[0])
+        attributes: dict[str, AttributeValue] = {
+            **self._attributes(request.operation, outcome),
+            "gen_ai.response.id": request.response_id,
+            "gen_ai.response.finish_reasons": reasons,
+            "gen_ai.usage.input_tokens": sum(prompt[0].stats.prompt_tokens for prompt in request.per_prompt()),
+            "gen_ai.usage.output_tokens": sum(fin.generation_tokens for fin in stats),
+            "moeslo.queue_time_s": min(fin.queue_s for fin in stats),
+        }
+        if request.n != 1:
+            attributes["gen_ai.request.choice.count"] = request.n
+        span = self._tracer.start_span(f"{request.operation} {self.model_name}", kind=SpanKind.SERVER,
+                                       start_time=start_ns, attributes=attributes)  # fmt: skip
+        ttfts = [fin.ttft_s for fin in stats if fin.ttft_s is not None]
+        if ttfts:
+            span.add_event(FIRST_TOKEN_EVENT, {OTEL_TTFT_HISTOGRAM: min(ttfts)},
+                           timestamp=start_ns + int(min(ttfts) * 1e9))  # fmt: skip
+        if outcome not in SUCCESSFUL_FINISHES:
+            span.set_status(Status(StatusCode.ERROR, f"finish_reason={outcome}"))
+        span.end(end_time=max(ends_ns))
 
     def force_flush(self, timeout_ms: int = 10_000) -> None:
         for provider in (self.meter_provider, self.tracer_provider):

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from engine.server import ServerThread
+from engine.stats import CHAT, ApiRequestStats, EndedChoice, FinishedRequestStats, StepStats
 from exporters.app import ServeOptions, build_stack
-from exporters.otel import FIRST_TOKEN_EVENT
+from exporters.otel import FIRST_TOKEN_EVENT, OtelStatsSink
 from harness.processes import free_port
 from tests.exporters.otlp_receiver import OtlpReceiver
 
@@ -24,27 +32,34 @@ def attrs(kvs: object) -> dict[str, object]:
     return out
 
 
+@contextmanager
+def served_to(receiver: OtlpReceiver, checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[httpx.Client]:
+    """A client of a server that exports to ``receiver``; its shutdown, on leaving, flushes both OTLP exporters."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")  # only the flush on shutdown exports
+    port = free_port()
+    stack = build_stack(ServeOptions(checkpoint=checkpoint, model_name="tiny-moe", kv_cache_mb=1.0, otlp=True,
+                                     port=port))  # fmt: skip
+    server = ServerThread(stack.app, port=port).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            yield client
+    finally:
+        server.stop()
+
+
 @pytest.mark.integration
 def test_otlp_export_reaches_a_real_receiver(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with OtlpReceiver() as receiver:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
         monkeypatch.setenv("OTEL_SERVICE_NAME", "engine-under-test")
-        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")  # only the flush on shutdown exports
-        port = free_port()
-        stack = build_stack(ServeOptions(checkpoint=tiny_checkpoint, model_name="tiny-moe", kv_cache_mb=1.0,
-                                         otlp=True, port=port))
-        server = ServerThread(stack.app, port=port).start()
-        try:
-            with httpx.Client(base_url=server.url, timeout=30) as client:
-                for i in range(2):
-                    with client.stream("POST", "/v1/completions",
-                                       json={"prompt": f"otel {i}", "max_tokens": 5, "stream": True,
-                                             "ignore_eos": True}) as resp:
-                        events = [json.loads(line[6:]) for line in resp.iter_lines()
-                                  if line.startswith("data: ") and line != "data: [DONE]"]
-                    assert len(events) == 5
-        finally:
-            server.stop()  # the app's shutdown flushes both OTLP exporters
+        with served_to(receiver, tiny_checkpoint, monkeypatch) as client:
+            for i in range(2):
+                with client.stream("POST", "/v1/completions",
+                                   json={"prompt": f"otel {i}", "max_tokens": 5, "stream": True,
+                                         "ignore_eos": True}) as resp:
+                    events = [json.loads(line[6:]) for line in resp.iter_lines()
+                              if line.startswith("data: ") and line != "data: [DONE]"]
+                assert len(events) == 5
 
         for name in ("gen_ai.server.time_to_first_token", "gen_ai.server.time_per_output_token",
                      "gen_ai.server.request.duration"):
@@ -71,22 +86,74 @@ def test_otlp_export_reaches_a_real_receiver(tiny_checkpoint: Path, monkeypatch:
         assert receiver.resource_attributes()["service.name"] == "engine-under-test"
 
 
-def test_failed_requests_carry_error_type_and_no_latency_samples() -> None:
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+@pytest.mark.integration
+def test_a_chat_is_chat_and_each_api_request_one_span_under_its_response_id(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chat was exported as ``text_completion`` under the core's ``cmpl-`` id, and a completion of ``n=2`` as two
+    spans, the second under an id its client never saw."""
+    with OtlpReceiver() as receiver:
+        with served_to(receiver, tiny_checkpoint, monkeypatch) as client:
+            chat = client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "ignore_eos": True}).json()
+            two = client.post("/v1/completions", json={"prompt": "two", "max_tokens": 4, "n": 2,
+                                                       "ignore_eos": True}).json()
 
-    from engine.stats import FinishedRequestStats, StepStats
-    from exporters.otel import OtelStatsSink
+        spans = {attrs(span.attributes)["gen_ai.response.id"]: span for span in receiver.spans()}
+        assert sorted(spans) == sorted([chat["id"], two["id"]]) and chat["id"].startswith("chatcmpl-")
+        chat_attrs, two_attrs = attrs(spans[chat["id"]].attributes), attrs(spans[two["id"]].attributes)
+        assert spans[chat["id"]].name == "chat tiny-moe" and chat_attrs["gen_ai.operation.name"] == "chat"
+        assert chat_attrs["gen_ai.usage.input_tokens"] == chat["usage"]["prompt_tokens"]
+        assert spans[two["id"]].name == "text_completion tiny-moe"
+        assert two_attrs["gen_ai.response.finish_reasons"] == ["length", "length"]
+        assert (two_attrs["gen_ai.usage.input_tokens"], two_attrs["gen_ai.usage.output_tokens"]) == \
+            (two["usage"]["prompt_tokens"], 8)
+        assert two_attrs["gen_ai.request.choice.count"] == 2
+        # The metrics stay one sample per choice (as vLLM's histograms), each under its operation.
+        durations = {attrs(p.attributes)["gen_ai.operation.name"]: p.count
+                     for p in receiver.histogram_points("gen_ai.server.request.duration")}
+        assert durations == {"chat": 1, "text_completion": 2}
 
+
+def test_an_api_requests_choices_are_one_span() -> None:
+    """Each choice is a request of its own in the core; the span is the API request's: from its arrival to its last
+    choice's end, under the id its client read, its first token the first of any choice."""
+    sink, spans, _ = _in_memory_sink()
+    stats = [FinishedRequestStats(f"cmpl-{i}", reason, 7, generated, e2e, 0.1 + i, 0.1, e2e - 0.2, ttft, None,
+                                  CHAT, "chatcmpl-x")
+             for i, (reason, generated, e2e, ttft) in enumerate([("length", 4, 1.0, 0.3), ("stop", 2, 0.6, 0.2)])]
+    sink.record(StepStats(now_s=5.0, step_duration_s=0.0, num_running=0, num_waiting=0, kv_cache_usage=0.0,
+                          prompt_tokens=0, generation_tokens=0, finished=tuple(stats)))
+    assert spans.get_finished_spans() == ()  # the choices' spans wait for the request
+    sink.record_request(ApiRequestStats("chatcmpl-x", CHAT, 2, (EndedChoice(0, 5.0, stats[0]),
+                                                                 EndedChoice(1, 4.6, stats[1]))))
+    (span,) = spans.get_finished_spans()
+    assert span.name == "chat m"
+    assert span.attributes is not None
+    assert dict(span.attributes) | {"gen_ai.response.finish_reasons": None} == {
+        "gen_ai.operation.name": "chat", "gen_ai.provider.name": "moeslo", "gen_ai.system": "moeslo",
+        "gen_ai.request.model": "m", "gen_ai.response.model": "m", "gen_ai.response.id": "chatcmpl-x",
+        "gen_ai.response.finish_reasons": None, "gen_ai.usage.input_tokens": 7, "gen_ai.usage.output_tokens": 6,
+        "gen_ai.request.choice.count": 2, "moeslo.queue_time_s": 0.1}
+    assert span.attributes["gen_ai.response.finish_reasons"] == ("length", "stop")
+    assert span.end_time - span.start_time == pytest.approx(1.0e9, rel=1e-3)
+    (event,) = span.events
+    assert event.timestamp - span.start_time == pytest.approx(0.2e9, rel=1e-3)
+    assert span.status.status_code.name == "UNSET"
+
+
+def _in_memory_sink() -> tuple[OtelStatsSink, InMemorySpanExporter, InMemoryMetricReader]:
     reader = InMemoryMetricReader()
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     sink = OtelStatsSink(meter_provider=MeterProvider(metric_readers=[reader]),
                          tracer_provider=tracer_provider, model_name="m")
+    return sink, spans, reader
+
+
+def test_failed_requests_carry_error_type_and_no_latency_samples() -> None:
+    sink, spans, reader = _in_memory_sink()
     aborted = FinishedRequestStats(request_id="a", finish_reason="abort", prompt_tokens=3, generation_tokens=1,
                                    e2e_s=0.5, queue_s=0.1, prefill_s=0.1, decode_s=0.3, ttft_s=0.2,
                                    mean_itl_s=None)
