@@ -75,7 +75,7 @@ from contracts.catalogue import (
 )
 from contracts.imbalance import across_layers, balancedness, imbalance_cv, sampling_noise_cv
 from contracts.ttft_objective import EXPORTED_BY_DEFAULT, TtftAllowance
-from engine.stats import FinishedRequestStats, IntArray, RoutingDelta, RoutingWindow, StepStats
+from engine.stats import ApiRequestStats, FinishedRequestStats, IntArray, RoutingDelta, RoutingWindow, StepStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Media type of :meth:`PrometheusStatsSink.render` (the classic text format)."""
@@ -213,6 +213,15 @@ class PrometheusStatsSink:
             if (counter := self._success.get(fin.finish_reason)) is not None:
                 counter.inc()
 
+    def record_request(self, request: ApiRequestStats) -> None:
+        """One OpenAI request once every choice has ended: per prompt, the most tokens any of its choices
+        generated (vLLM observes it per parent request: one prompt's ``n`` samples).  Choices failed in the API
+        process are left out, as from the other per-request histograms (:meth:`record_failed`)."""
+        for prompt in request.per_prompt():
+            reported = [choice.stats.generation_tokens for choice in prompt if choice.reported]
+            if reported:
+                self._request_max_generation.observe(max(reported))
+
     def record(self, step: StepStats) -> None:
         self._running.set(step.num_running)
         self._waiting.set(step.num_waiting)
@@ -238,8 +247,8 @@ class PrometheusStatsSink:
             self._decode.observe(fin.decode_s)
             self._request_prompt.observe(fin.prompt_tokens)
             self._request_generation.observe(fin.generation_tokens)
-            # vLLM observes the most tokens any choice of a request generated; each request here is one choice.
-            self._request_max_generation.observe(fin.generation_tokens)
+            if fin.response_id is None:  # a request of its own; an OpenAI request's choices: record_request
+                self._request_max_generation.observe(fin.generation_tokens)
             if fin.ttft_s is not None:
                 for allowance, histogram in self._ttft_normalized:
                     histogram.observe(allowance.normalized_s(fin.ttft_s, fin.prompt_tokens))

@@ -174,6 +174,21 @@ def test_prompt_tokens_count_whole_prompts_with_prefix_cache_hits(served: Served
     assert delta("vllm:prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage) == 3 * 50
 
 
+def test_the_most_generated_tokens_are_observed_once_per_request_of_n_choices(served: Served) -> None:
+    """``n=3``: three requests in the core, one observation of the most tokens a choice generated (vLLM's)."""
+    before = metric_samples(served.client.get("/metrics").text)
+    body = served.client.post("/v1/completions", json={"prompt": "n3", "n": 3, "max_tokens": 3, "ignore_eos": True})
+    assert [c["finish_reason"] for c in body.json()["choices"]] == ["length"] * 3
+    after = metric_samples(served.client.get("/metrics").text)
+
+    def delta(name: str) -> float:
+        return value(after, name) - value(before, name)
+
+    assert delta("vllm:request_generation_tokens_count") == 3
+    assert (delta("vllm:request_max_num_generation_tokens_count"),
+            delta("vllm:request_max_num_generation_tokens_sum")) == (1, 3)
+
+
 @pytest.mark.parametrize(
     ("payload", "status", "needle"),
     [

@@ -185,6 +185,29 @@ def test_per_request_token_histograms_use_vllms_names_and_edges() -> None:
         assert get(f"{name}_bucket", {**LABELS, "le": "1000.0"}) is None
 
 
+def test_the_most_generated_tokens_are_observed_once_per_prompt_of_an_api_request() -> None:
+    """vLLM observes ``request_max_num_generation_tokens`` once per parent request (a prompt's ``n`` samples), the
+    most its children generated; each choice was observed here.  A choice that never reached the core's report
+    (the core died) has no sample, as in the other per-request histograms."""
+    from dataclasses import replace
+
+    from engine.stats import ApiRequestStats, EndedChoice
+
+    reg = CollectorRegistry()
+    sink = PrometheusStatsSink(reg, model_name="m")
+    choices = [replace(finished(), request_id=f"c{i}", generation_tokens=tokens, response_id="cmpl-x")
+               for i, tokens in enumerate((3, 7, 2, 1))]
+    sink.record(step(finished=tuple(choices[:3])))
+    get = reg.get_sample_value
+    assert get("vllm:request_generation_tokens_count", LABELS) == 3
+    assert get("vllm:request_max_num_generation_tokens_count", LABELS) == 0  # it waits for the request
+    sink.record_request(ApiRequestStats("cmpl-x", "text_completion", 2, (
+        EndedChoice(0, 1.0, choices[0]), EndedChoice(1, 1.0, choices[1]), EndedChoice(2, 1.0, choices[2]),
+        EndedChoice(3, 1.0, choices[3], reported=False))))
+    assert (get("vllm:request_max_num_generation_tokens_count", LABELS),
+            get("vllm:request_max_num_generation_tokens_sum", LABELS)) == (2, 7 + 2)
+
+
 def test_request_token_edges_are_vllms_build_1_2_5_buckets() -> None:
     from contracts.catalogue import request_tokens_buckets
 
