@@ -19,7 +19,12 @@ from starlette.concurrency import run_in_threadpool
 
 from contracts.errors import NotFoundError, ValidationError
 from controller.api.auth import WriteAccess
-from controller.api.errors import PreconditionRequiredError, UnsupportedMediaTypeError, json_body_error
+from controller.api.errors import (
+    PreconditionRequiredError,
+    UnsupportedMediaTypeError,
+    json_body_error,
+    validation_error,
+)
 from controller.api.schemas import (
     OpenSloImport,
     PolicyHistory,
@@ -201,15 +206,11 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 
 def validate_policy(spec: Any) -> Policy:
-    """A policy from plain data; every failure reported with its dotted field path."""
+    """A policy from plain data; every failure named by its field as a request body's would be."""
     try:
         return Policy.model_validate(spec)
     except PydanticValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            message = str(err["msg"]).removeprefix("Value error, ")
-            problems.append(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {message}")
-        raise ValidationError(problems) from exc
+        raise validation_error(exc) from exc
 
 
 @router.patch(

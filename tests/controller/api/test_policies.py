@@ -518,3 +518,19 @@ def test_if_match_star_on_a_policy_that_is_gone(client: TestClient) -> None:
     assert client.delete("/v1/policies/qwen", headers=star).status_code == 404
     assert client.get("/v1/policies/qwen").status_code == 404
 
+
+
+def test_a_patch_names_the_field_as_put_and_post_do(client: TestClient) -> None:
+    """PATCH kept the target kind pydantic validated against in the path (target.deployment.namespace)."""
+    _create(client)
+    bad = {"kind": "deployment", "namespace": "Bad_NS", "name": "w"}
+    merge = {**AUTH, "Content-Type": "application/merge-patch+json"}
+    fields = [
+        [p["field"] for p in response.json()["errors"]]
+        for response in (
+            client.put("/v1/policies/qwen", json={**POLICY, "target": bad}, headers=AUTH),
+            client.patch("/v1/policies/qwen", json={"target": bad}, headers=merge),
+            client.post("/v1/policies", json={**POLICY, "name": "other", "target": bad}, headers=AUTH),
+        )
+    ]
+    assert fields == [["target.namespace"]] * 3
