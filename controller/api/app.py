@@ -12,7 +12,7 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from controller.api.auth import check_write_access
+from controller.api.auth import WriteGate
 from controller.api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
 from controller.api.page import router as page_router
 from controller.api.page.cache import SeriesCache
@@ -69,7 +69,8 @@ def create_app(
     app.state.page_series = SeriesCache()
     if service is not None:
         app.state.check_target = service.check_target
-    install_error_handlers(app, check_write_access=check_write_access)
+    app.add_middleware(WriteGate)  # inside UnexpectedErrors, which install_error_handlers adds
+    install_error_handlers(app)
     app.include_router(policy_router)
     app.include_router(replica_router)
     app.include_router(status_router)

@@ -14,7 +14,7 @@ so a client can point at the field.  Nothing a client sends yields a 500.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
@@ -54,6 +54,10 @@ class PreconditionRequiredError(MoesloError):
     """A conditional write (If-Match) is required by the configuration but was not sent."""
 
 
+class PayloadTooLargeError(MoesloError):
+    """A write's body longer than the API reads (``controller.api.auth.MAX_BODY_BYTES``)."""
+
+
 class UnsupportedMediaTypeError(MoesloError):
     """A body sent as a media type the route does not read (a form, plain text where JSON belongs)."""
 
@@ -63,6 +67,7 @@ STATUS_BY_ERROR: StatusTable = (
     (UnauthorizedError, 401),
     (PreconditionRequiredError, 428),
     (UnsupportedMediaTypeError, 415),
+    (PayloadTooLargeError, 413),
     (StaleVersionError, 412),
     (ConflictError, 409),
     (NotFoundError, 404),
@@ -150,39 +155,33 @@ def _internal_error() -> JSONResponse:
     return problem_response(500, "internal error (details are in the server log)")
 
 
-def install_error_handlers(app: FastAPI, *, check_write_access: Callable[[Request], None] | None = None) -> None:
+def error_problem(exc: MoesloError) -> JSONResponse:
+    """The problem document of ``exc``, with the headers its status calls for."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, UnauthorizedError):
+        headers["WWW-Authenticate"] = 'Bearer realm="moeslo"'
+    if isinstance(exc, OverloadedError):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    errors: list[FieldProblem] = []
+    if isinstance(exc, ValidationError):
+        errors = [_problem_from_text(text) for text in exc.problems]
+    return problem_response(status_for(exc), str(exc), errors, headers or None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn every error into a problem document.
 
-    ``check_write_access`` (raising :class:`UnauthorizedError`) runs before a write's body is judged. Any
+    A write's token and size are judged before its body is read (``controller.api.auth.WriteGate``). Any
     other exception is a 500 problem document that leaves the client's connection open.
     """
     app.add_middleware(UnexpectedErrors, answer=_internal_error)
 
     @app.exception_handler(MoesloError)
     async def _moeslo(_request: Request, exc: MoesloError) -> JSONResponse:
-        status = status_for(exc)
-        headers: dict[str, str] = {}
-        if isinstance(exc, UnauthorizedError):
-            headers["WWW-Authenticate"] = 'Bearer realm="moeslo"'
-        if isinstance(exc, OverloadedError):
-            headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
-        errors: list[FieldProblem] = []
-        if isinstance(exc, ValidationError):
-            errors = [_problem_from_text(text) for text in exc.problems]
-        return problem_response(status, str(exc), errors, headers or None)
-
-    def _write_denied(request: Request) -> UnauthorizedError | None:
-        if check_write_access is not None and request.method not in ("GET", "HEAD"):
-            try:
-                check_write_access(request)
-            except UnauthorizedError as denied:
-                return denied
-        return None
+        return error_problem(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _request_validation(request: Request, exc: RequestValidationError) -> Response:
-        if (denied := _write_denied(request)) is not None:
-            return await _moeslo(request, denied)
         problems = validation_problems(exc.errors())
         if request.url.path.startswith("/ui/"):  # a person in a browser: a page, not a problem document
             return _html_problem(422, problems)
@@ -194,7 +193,7 @@ def install_error_handlers(app: FastAPI, *, check_write_access: Callable[[Reques
         # recursion limit, not UTF-8) with a bare 400 "There was an error parsing the body": say what and where.
         body_error = json_body_error(exc.__cause__) if exc.status_code == 400 else None
         if body_error is not None:
-            return await _moeslo(request, _write_denied(request) or body_error)
+            return error_problem(body_error)
         headers = dict(exc.headers) if exc.headers else {}
         if exc.status_code == 405:
             # Starlette names only the first matching route's methods; list every route of the path.

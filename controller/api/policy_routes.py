@@ -50,7 +50,7 @@ IfMatch = Annotated[
 _ETAG = re.compile(r'"([0-9]{1,18})"')
 """A strong ETag: If-Match compares strongly (RFC 9110 13.1.1), and this API issues no weak ones."""
 _READ = problem_responses(404, 422)
-_WRITE = problem_responses(400, 401, 404, 409, 412, 415, 422, 428, 503)
+_WRITE = problem_responses(400, 401, 404, 409, 412, 413, 415, 422, 428, 503)
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -140,7 +140,7 @@ def json_body(request: Request, _auth: WriteAccess) -> None:
     "/policies",
     response_model=PolicyResource,
     status_code=201,
-    responses=problem_responses(400, 401, 409, 415, 422, 503),
+    responses=problem_responses(400, 401, 409, 413, 415, 422, 503),
     dependencies=[Depends(json_body)],
 )
 def create_policy(request: Request, response: Response, policy: Policy, _auth: WriteAccess) -> PolicyResource:
@@ -307,7 +307,7 @@ def export_openslo(request: Request, name: PolicyName) -> Response:
 @router.post(
     "/openslo",
     response_model=OpenSloImport,
-    responses=problem_responses(400, 401, 409, 412, 422, 503),
+    responses=problem_responses(400, 401, 409, 412, 413, 422, 503),
     openapi_extra={
         "requestBody": {
             "required": True,
