@@ -41,7 +41,7 @@ from contracts.errors import (
 )
 from controller.errors import ActuationError
 from controller.policy import TARGET_KINDS
-from controller.store import StaleVersionError
+from controller.store import StaleVersionError, UnreadablePolicyError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
@@ -72,6 +72,7 @@ STATUS_BY_ERROR: StatusTable = (
     (ConflictError, 409),
     (NotFoundError, 404),
     (ValidationError, 422),
+    (UnreadablePolicyError, 500),  # the controller's own stored data, not the request: the detail names the fix
     (DataError, 422),
     (OverloadedError, 429),
     (UnavailableError, 503),

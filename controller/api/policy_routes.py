@@ -102,7 +102,7 @@ def _expected_version(request: Request, name: str, if_match: str | None) -> int 
     before it would make another writer's change in between a 412."""
     parsed = parse_if_match(if_match)
     if parsed is None and _settings(request).require_if_match:
-        _store(request).get_policy(name)  # a policy that does not exist is a 404, not a missing precondition
+        _store(request).policy_version(name)  # a policy that does not exist is a 404, not a missing precondition
         raise PreconditionRequiredError(
             f"changing policy {name!r} requires If-Match with its current ETag (GET it first)"
         )
@@ -125,7 +125,7 @@ def _respond(response: Response, stored: StoredPolicy) -> PolicyResource:
 
 @router.get("/policies", response_model=PolicyList, responses=problem_responses(422))
 def list_policies(request: Request) -> PolicyList:
-    return PolicyList(items=[PolicyResource.of(stored) for stored in _store(request).list_policies()])
+    return PolicyList.of(_store(request).read_policies())
 
 
 def json_body(request: Request, _auth: WriteAccess) -> None:
@@ -171,7 +171,7 @@ def put_policy(
     parsed = parse_if_match(if_match)
     if parsed is None and _settings(request).require_if_match:
         try:
-            _store(request).get_policy(name)
+            _store(request).policy_version(name)
         except NotFoundError:
             pass
         else:

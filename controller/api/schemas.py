@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from controller.api.errors import Problem
 from controller.policy import Policy
-from controller.store import DecisionRecord, PolicyVersion, StoredPolicy
+from controller.store import DecisionRecord, PolicyListing, PolicyVersion, StoredPolicy, UnreadablePolicy
 
 
 class _Out(BaseModel):
@@ -38,8 +38,27 @@ class PolicyResource(_Out):
         )
 
 
+class UnreadablePolicyOut(_Out):
+    """A stored policy this controller cannot read (it does not run it): replace it with PUT, or delete it."""
+
+    name: str
+    version: int
+    problem: str
+
+    @classmethod
+    def of(cls, unreadable: UnreadablePolicy) -> UnreadablePolicyOut:
+        return cls(name=unreadable.name, version=unreadable.version, problem=unreadable.problem)
+
+
 class PolicyList(_Out):
     items: list[PolicyResource]
+    unreadable: list[UnreadablePolicyOut] = []
+    """Stored policies left out of ``items``: written before a rule was tightened, or by a newer version."""
+
+    @classmethod
+    def of(cls, listing: PolicyListing) -> PolicyList:
+        return cls(items=[PolicyResource.of(stored) for stored in listing.readable],
+                   unreadable=[UnreadablePolicyOut.of(unreadable) for unreadable in listing.unreadable])  # fmt: skip
 
 
 class PolicyVersionOut(_Out):

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-from controller.store.series import DecisionPoint
-from controller.store.store import (
+from controller.store.records import (
     DecisionRecord,
     ModelHeldError,
     PolicyVersion,
     StaleVersionError,
-    Store,
     StoredPolicy,
-    make_engine,
+    UnreadablePolicy,
+    UnreadablePolicyError,
 )
+from controller.store.series import DecisionPoint
+from controller.store.store import PolicyListing, Store, make_engine
 
 __all__ = [
     "DecisionPoint",
     "DecisionRecord",
     "ModelHeldError",
+    "PolicyListing",
     "PolicyVersion",
     "StaleVersionError",
     "Store",
     "StoredPolicy",
+    "UnreadablePolicy",
+    "UnreadablePolicyError",
     "make_engine",
 ]

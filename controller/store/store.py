@@ -10,20 +10,31 @@ overwrite.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, delete, event, func, make_url, select
+from pydantic import ValidationError as PydanticValidationError
+from sqlalchemy import Engine, create_engine, delete, event, exists, func, make_url, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from contracts.errors import ConflictError, NotFoundError, UnavailableError
-from controller.policy import STORED, Policy, model_held_problem
+from controller.policy import STORED, Policy
+from controller.store.records import (
+    DecisionRecord,
+    ModelHeldError,
+    PolicyVersion,
+    StaleVersionError,
+    StoredPolicy,
+    UnreadablePolicy,
+    UnreadablePolicyError,
+)
 from controller.store.series import DecisionPoint, PointQuery
 from controller.store.tables import (
     Base,
@@ -36,32 +47,6 @@ from controller.store.tables import (
 )
 
 
-class StaleVersionError(ConflictError):
-    """A conditional write named a version the policy no longer has (HTTP 412)."""
-
-    def __init__(self, name: str, *, current: int | None, expected: int | None) -> None:
-        """``expected`` None: any version (``If-Match: *``), which a policy that does not exist has not."""
-        self.name = name
-        self.current = current
-        self.expected = expected
-        now = "does not exist" if current is None else f"is at version {current}"
-        if expected is None:
-            super().__init__(f"policy {name!r} {now}: If-Match: * needs a current version")
-        else:
-            super().__init__(f"policy {name!r} {now}, not version {expected} (it changed since it was read)")
-
-
-class ModelHeldError(ConflictError):
-    """Another policy watches the model a policy names (HTTP 409): the SLIs, the load and the alerts are read per
-    model, so each would see the other's traffic and page with it."""
-
-    def __init__(self, model: str, *, holder: str, policy: str) -> None:
-        self.model = model
-        self.holder = holder
-        self.policy = policy
-        super().__init__(model_held_problem(model, holder, policy))
-
-
 class _WriteRaceError(ConflictError):
     """Two writers of one policy took the same next version number (a unique-index violation): the loser's
     transaction is rolled back whole and, being a race and not a stale ETag, tried again."""
@@ -69,48 +54,15 @@ class _WriteRaceError(ConflictError):
 
 WRITE_ATTEMPTS = 5
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class StoredPolicy:
-    """A policy with its version and timestamps."""
+class PolicyListing:
+    """Every stored policy: those this version reads, by name, and those it cannot."""
 
-    policy: Policy
-    version: int
-    created_at: datetime
-    updated_at: datetime
-
-    @property
-    def etag(self) -> str:
-        return f'"{self.version}"'
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyVersion:
-    name: str
-    version: int
-    operation: str
-    spec: dict[str, Any] | None
-    at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class DecisionRecord:
-    """One row of the decision log (``id`` is None until stored)."""
-
-    policy: str
-    policy_version: int
-    at: datetime
-    tick_s: float
-    action: str
-    reason: str
-    current_replicas: int | None
-    desired_replicas: int | None
-    mode: str
-    outcome: str
-    detail: str = ""
-    inputs: dict[str, Any] = field(default_factory=dict)
-    id: int | None = None
+    readable: list[StoredPolicy]
+    unreadable: list[UnreadablePolicy]
 
 
 def _utc(value: datetime) -> datetime:
@@ -156,9 +108,9 @@ class Store:
             first_line = str(exc).splitlines()[0]
             raise UnavailableError(f"database {redacted(url)}: {type(exc).__name__}: {first_line}") from exc
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        # Parsed policies by (name, version): a version never changes, and the tick loop reads every
-        # policy every tick, so validating the same JSON again would be wasted work.
-        self._parsed: dict[tuple[str, int], Policy] = {}
+        # Parsed policies (or why not) by (name, version): a version never changes, and the tick loop reads
+        # every policy every tick, so validating the same JSON again would be wasted work.
+        self._parsed: dict[tuple[str, int], Policy | UnreadablePolicy] = {}
         # The API serves writes from a thread pool: one policy write at a time in this process (another
         # process racing for the same version, on a shared database, is retried instead).
         self._policy_writes = threading.Lock()
@@ -192,10 +144,32 @@ class Store:
                 raise NotFoundError("policy", name)
             return self._stored(row)
 
-    def list_policies(self) -> list[StoredPolicy]:
+    def policy_version(self, name: str) -> int:
+        """The policy's current version (:class:`NotFoundError` if there is none), read without parsing it."""
         with self._session() as session:
-            rows = session.scalars(select(PolicyRow).order_by(PolicyRow.name)).all()
-            return [self._stored(row) for row in rows]
+            version = session.scalar(select(PolicyRow.version).where(PolicyRow.name == name))
+            if version is None:
+                raise NotFoundError("policy", name)
+            return version
+
+    def list_policies(self) -> list[StoredPolicy]:
+        """The policies this version reads, by name; one it cannot is left out (:meth:`unreadable_policies`), so
+        the tick loop, the status and the listing go on for the others."""
+        return self.read_policies().readable
+
+    def unreadable_policies(self) -> list[UnreadablePolicy]:
+        """The stored policies left out of :meth:`list_policies`, and why."""
+        return self.read_policies().unreadable
+
+    def read_policies(self) -> PolicyListing:
+        listing = PolicyListing([], [])
+        with self._session() as session:
+            for row in session.scalars(select(PolicyRow).order_by(PolicyRow.name)):
+                try:
+                    listing.readable.append(self._stored(row))
+                except UnreadablePolicyError as exc:
+                    listing.unreadable.append(UnreadablePolicy(exc.name, exc.version, exc.problem))
+        return listing
 
     def create_policy(self, policy: Policy) -> StoredPolicy:
         """Store a new policy; :class:`ConflictError` if the name is taken, :class:`ModelHeldError` if another
@@ -266,20 +240,19 @@ class Store:
                 written.append(self._write(session, row, policy, "create" if row is None else "update"))
             return written
 
-    def delete_policy(self, name: str, *, expected_version: int | None = None) -> StoredPolicy:
+    def delete_policy(self, name: str, *, expected_version: int | None = None) -> None:
+        """Delete a policy (one this version cannot read too: nothing here parses it)."""
         with self._policy_writes, self._session() as session:
             row = session.get(PolicyRow, name, with_for_update=True)
             if row is None:
                 raise NotFoundError("policy", name)
             self._check_version(row, expected_version)
-            stored = self._stored(row)
             now = datetime.now(UTC)
             session.add(
                 PolicyVersionRow(name=name, version=row.version + 1, operation="delete", spec=None, at=now)
             )
             session.delete(row)
             session.execute(delete(ModelRow).where(ModelRow.policy == name))
-            return stored
 
     def policy_history(self, name: str) -> list[PolicyVersion]:
         with self._session() as session:
@@ -305,17 +278,32 @@ class Store:
         if mark is None:
             session.add(ModelRow(model=model, policy=policy.name))
         elif mark.policy != policy.name:
-            other = session.get(PolicyRow, mark.policy)
-            if other is not None and self._stored(other).policy.model_name == model:  # written since the read
+            if session.get(PolicyRow, mark.policy) is not None:  # written since the read
                 raise _WriteRaceError(f"concurrent write: policy {mark.policy!r} took model {model!r}")
-            mark.policy = policy.name  # left by a policy that is gone or watches another model
+            mark.policy = policy.name  # left by a policy that is gone
         session.flush()
 
     def _holder(self, session: Session, policy: Policy) -> str | None:
-        """The other policy that watches ``policy``'s model, if any."""
-        for row in session.scalars(select(PolicyRow).where(PolicyRow.name != policy.name)):
-            if self._stored(row).policy.model_name == policy.model_name:
-                return row.name
+        """The other policy that watches ``policy``'s model, if any: the one its mark names (every write keeps a
+        policy's mark on its model), else one stored before the marks whose spec names the model.  Neither
+        parses a marked policy, so one this version cannot read still holds its model."""
+        model = policy.model_name
+        marked = session.scalar(
+            select(ModelRow.policy)
+            .join(PolicyRow, PolicyRow.name == ModelRow.policy)
+            .where(ModelRow.model == model, ModelRow.policy != policy.name)
+        )
+        if marked is not None:
+            return marked
+        unmarked = select(PolicyRow).where(
+            PolicyRow.name != policy.name, ~exists().where(ModelRow.policy == PolicyRow.name)
+        )
+        for row in session.scalars(unmarked):
+            try:
+                if self._stored(row).policy.model_name == model:
+                    return row.name
+            except UnreadablePolicyError:
+                continue  # unmarked and unreadable: its model is unknown (it does not run either)
         return None
 
     @staticmethod
@@ -346,19 +334,33 @@ class Store:
         return self._stored(row)
 
     def _stored(self, row: PolicyRow) -> StoredPolicy:
+        """The row as a policy; :class:`UnreadablePolicyError` when its spec does not validate."""
         key = (row.name, row.version)
         policy = self._parsed.get(key)
         if policy is None:
             if len(self._parsed) > 10_000:
                 self._parsed.clear()
-            # A spec stored under an older, looser window rule still loads (and runs); a change to it must pass.
-            policy = self._parsed[key] = Policy.model_validate(row.spec, context={STORED: True})
+            policy = self._parsed[key] = self._parse(row)
+        if isinstance(policy, UnreadablePolicy):
+            raise policy.error()
         return StoredPolicy(
             policy=policy,
             version=row.version,
             created_at=_utc(row.created_at),
             updated_at=_utc(row.updated_at),
         )
+
+    @staticmethod
+    def _parse(row: PolicyRow) -> Policy | UnreadablePolicy:
+        try:
+            # A spec stored under an older, looser window rule still loads (and runs); a change to it must pass.
+            return Policy.model_validate(row.spec, context={STORED: True})
+        except PydanticValidationError as exc:
+            problem = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors())
+            unreadable = UnreadablePolicy(row.name, row.version, problem)
+            # Once a version (the result is cached), though the tick loop leaves the policy out every tick.
+            log.warning("%s; the controller leaves it out until then", unreadable.error())
+            return unreadable
 
     # ---- decision log ---------------------------------------------------
     def append_decisions(self, records: Sequence[DecisionRecord]) -> list[int]:

@@ -534,3 +534,40 @@ def test_a_patch_names_the_field_as_put_and_post_do(client: TestClient) -> None:
         )
     ]
     assert fields == [["target.namespace"]] * 3
+
+
+def test_a_stored_policy_that_no_longer_validates_leaves_the_others_served(tmp_path: Path) -> None:
+    """It made every listing, status and page a 500, every write too, and could not be deleted."""
+    from tests.controller.store.test_unreadable_policies import spoil
+
+    with make_client(tmp_path) as client:
+        _create(client)
+        _create(client, {"name": "old", "target": {"kind": "model", "model": "o"}})
+    spoil(tmp_path / "c.db", "old")
+    with make_client(tmp_path) as client:
+        listed = client.get("/v1/policies").json()
+        assert [item["name"] for item in listed["items"]] == ["qwen"]
+        [unreadable] = listed["unreadable"]
+        assert (unreadable["name"], unreadable["version"]) == ("old", 1)
+        assert "surprise: Extra inputs are not permitted" in unreadable["problem"]
+        for path in ("/v1/status", "/ui/", "/v1/scrape-targets", "/v1/policies/qwen"):
+            assert client.get(path).status_code == 200, path
+        one = client.get("/v1/policies/old")
+        assert one.status_code == 500 and "policy 'old'" in one.json()["detail"]
+        third = {"name": "third", "target": {"kind": "model", "model": "t"}}
+        assert client.put("/v1/policies/third", json=third, headers=AUTH).status_code == 201
+        assert client.delete("/v1/policies/old", headers={**AUTH, "If-Match": '"1"'}).status_code == 204
+        assert client.get("/v1/policies").json()["unreadable"] == []
+
+
+def test_a_policy_that_no_longer_validates_is_replaced_or_deleted_under_require_if_match(tmp_path: Path) -> None:
+    from tests.controller.store.test_unreadable_policies import spoil
+
+    with make_client(tmp_path) as client:
+        _create(client)
+    spoil(tmp_path / "c.db", "qwen")
+    with make_client(tmp_path, require_if_match=True) as client:
+        assert client.put("/v1/policies/qwen", json=POLICY, headers=AUTH).status_code == 428
+        assert client.delete("/v1/policies/qwen", headers=AUTH).status_code == 428
+        fixed = client.put("/v1/policies/qwen", json={**POLICY, "mode": "off"}, headers={**AUTH, "If-Match": '"1"'})
+        assert fixed.status_code == 200 and fixed.json()["version"] == 2

@@ -1,0 +1,91 @@
+"""A stored policy that no longer validates (written before a rule was tightened, or by a newer version before
+a rollback): the store names it, leaves it out of the listing, and still deletes or replaces it."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from contracts.errors import DataError
+from controller.actuators import DryRunActuator
+from controller.core import CoreConfig, DecisionCore
+from controller.policy import Policy
+from controller.service import ControllerService
+from controller.store import ModelHeldError, Store
+from controller.telemetry import ControllerMetrics
+from controller.types import PolicyObservation
+
+
+def _policy(name: str, model: str | None = None, max_replicas: int = 8) -> Policy:
+    return Policy.model_validate({"name": name, "target": {"kind": "model", "model": model or name},
+                                  "scaling": {"max_replicas": max_replicas}})  # fmt: skip
+
+
+def spoil(db: Path, name: str) -> None:
+    """Give ``name``'s stored spec a field this version does not know (as a newer controller wrote it)."""
+    connection = sqlite3.connect(db)
+    with connection:
+        connection.execute("UPDATE policies SET spec = json_set(spec, '$.surprise', 1) WHERE name = ?", (name,))
+    connection.close()
+
+
+def _spoilt_store(tmp_path: Path) -> Store:
+    url = f"sqlite+pysqlite:///{tmp_path / 'c.db'}"
+    first = Store(url)
+    first.create_policy(_policy("good"))
+    first.create_policy(_policy("old"))
+    first.close()
+    spoil(tmp_path / "c.db", "old")
+    return Store(url)
+
+
+def test_the_listing_leaves_it_out_and_names_it(tmp_path: Path) -> None:
+    store = _spoilt_store(tmp_path)
+    assert [stored.policy.name for stored in store.list_policies()] == ["good"]
+    [unreadable] = store.unreadable_policies()
+    assert (unreadable.name, unreadable.version) == ("old", 1)
+    assert "surprise: Extra inputs are not permitted" in unreadable.problem
+    with pytest.raises(DataError, match=r"policy 'old' as stored \(version 1\) no longer validates: surprise"):
+        store.get_policy("old")
+
+
+def test_writes_go_on_and_its_model_stays_held(tmp_path: Path) -> None:
+    store = _spoilt_store(tmp_path)
+    store.create_policy(_policy("third"))
+    store.replace_policy(_policy("good", max_replicas=3), expected_version=1)
+    with pytest.raises(ModelHeldError, match="watched by policy 'old'"):
+        store.create_policy(_policy("other", "old"))
+    assert [stored.policy.name for stored in store.list_policies()] == ["good", "third"]
+
+
+def test_it_can_be_replaced_or_deleted(tmp_path: Path) -> None:
+    store = _spoilt_store(tmp_path)
+    fixed, created = store.replace_policy(_policy("old", max_replicas=4), expected_version=1)
+    assert (fixed.version, created, store.unreadable_policies()) == (2, False, [])
+    spoil(tmp_path / "c.db", "good")
+    store.delete_policy("good", expected_version=1)
+    assert ([s.policy.name for s in store.list_policies()], store.unreadable_policies()) == (["old"], [])
+    assert [v.operation for v in store.policy_history("good")] == ["create", "delete"]
+    store.create_policy(_policy("new", "good"))  # its model is free again
+
+
+class _Steady:
+    async def observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
+        return {p.name: PolicyObservation(policy=p.name, observed_at_s=now_s) for p in policies}
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_the_tick_loop_keeps_deciding_for_the_others(tmp_path: Path) -> None:
+    store = _spoilt_store(tmp_path)
+    service = ControllerService(store=store, source=_Steady(), actuator=DryRunActuator(),  # type: ignore[arg-type]
+                                core=DecisionCore(config=CoreConfig(tick_interval_s=15)),
+                                metrics=ControllerMetrics(CollectorRegistry()), clock=lambda: 1000.0)  # fmt: skip
+    assert asyncio.run(service.tick()) is not None
+    assert {record.policy for record in store.list_decisions()} == {"good"}
