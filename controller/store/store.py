@@ -3,9 +3,11 @@
 SQLite (WAL journal, one file) is the embedded default; any SQLAlchemy URL
 works for production.  Versions grow monotonically per name, across deletes
 and re-creations, so an ETag (``"<version>"``) never names two different
-specs.  Writes that carry an expected version compare it inside the same
-transaction: a lost race is a :class:`ConflictError`, never a silent
-overwrite.
+specs.  A write over a stored version is conditional on it (``UPDATE`` and
+``DELETE ... WHERE version = ?``, :class:`~controller.store.tables.PolicyRow`),
+in another process too: the writer that lost a race reads again, and then
+finds the winner's version (a :class:`StaleVersionError` when it expected its
+own), never a silent overwrite.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import ValidationError as PydanticValidationError
 from sqlalchemy import Engine, create_engine, delete, event, exists, func, make_url, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from contracts.errors import ConflictError, NotFoundError, UnavailableError
@@ -48,8 +51,8 @@ from controller.store.tables import (
 
 
 class _WriteRaceError(ConflictError):
-    """Two writers of one policy took the same next version number (a unique-index violation): the loser's
-    transaction is rolled back whole and, being a race and not a stale ETag, tried again."""
+    """Another writer changed the policy between this write's read and its write (its row's version moved, or
+    both took the same next version number): the loser's transaction is rolled back whole and tried again."""
 
 
 WRITE_ATTEMPTS = 5
@@ -127,9 +130,9 @@ class Store:
         except (ConflictError, NotFoundError):
             session.rollback()
             raise
-        except IntegrityError as exc:
+        except (IntegrityError, StaleDataError) as exc:
             session.rollback()
-            raise _WriteRaceError(f"concurrent write: {exc.orig}") from exc
+            raise _WriteRaceError("another writer changed the same policies at the same time") from exc
         except SQLAlchemyError as exc:
             session.rollback()
             raise UnavailableError(f"policy store ({self.engine.url.get_backend_name()}): {exc}") from exc
@@ -193,16 +196,17 @@ class Store:
     def _retrying(self, write: Callable[[], _T]) -> _T:
         """``write`` under the write lock, again when it lost a race.
 
-        SQLite ignores ``FOR UPDATE``, so two writers can race for the next version number; the loser
-        tries again (with an expected version, it then finds the winner's version: a stale ETag).
+        SQLite ignores ``FOR UPDATE``, so two writers (in two processes) can read the same version: the loser's
+        conditional write matches no row, or takes the winner's version number, and it tries again (with an
+        expected version, it then finds the winner's version: a stale ETag; a policy deleted meanwhile, none).
         """
         for attempt in range(1, WRITE_ATTEMPTS + 1):
             try:
                 with self._policy_writes:
                     return write()
-            except _WriteRaceError:
+            except _WriteRaceError as exc:
                 if attempt == WRITE_ATTEMPTS:
-                    raise
+                    raise ConflictError(f"{exc} {WRITE_ATTEMPTS} times in a row; try again") from exc
         raise AssertionError("unreachable")
 
     def _replace(self, policy: Policy, expected_version: int | None, create: bool) -> tuple[StoredPolicy, bool]:
@@ -242,7 +246,10 @@ class Store:
 
     def delete_policy(self, name: str, *, expected_version: int | None = None) -> None:
         """Delete a policy (one this version cannot read too: nothing here parses it)."""
-        with self._policy_writes, self._session() as session:
+        self._retrying(lambda: self._delete(name, expected_version))
+
+    def _delete(self, name: str, expected_version: int | None) -> None:
+        with self._session() as session:
             row = session.get(PolicyRow, name, with_for_update=True)
             if row is None:
                 raise NotFoundError("policy", name)

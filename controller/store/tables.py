@@ -14,7 +14,13 @@ class Base(DeclarativeBase):
 
 
 class PolicyRow(Base):
-    """The live version of one policy."""
+    """The live version of one policy.
+
+    Its UPDATE and DELETE are conditional on the version the writer read (``WHERE version = ?``; the store sets
+    the new one): SQLite ignores ``FOR UPDATE`` and reads outside the write's transaction, so a writer in
+    another process may have changed or deleted the row since.  Then no row matches, and SQLAlchemy's
+    ``StaleDataError`` makes the store read again.
+    """
 
     __tablename__ = "policies"
 
@@ -23,6 +29,8 @@ class PolicyRow(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+    __mapper_args__ = {"version_id_col": version, "version_id_generator": False}  # noqa: RUF012 (read at mapping)
 
 
 class PolicyVersionRow(Base):
