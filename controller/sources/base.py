@@ -9,9 +9,10 @@ did not see.
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from contracts.catalogue import (
     GENERATION_TOKENS,
@@ -23,6 +24,7 @@ from contracts.catalogue import (
     TTFT_HISTOGRAM,
     total,
 )
+from contracts.errors import UnavailableError
 from contracts.ttft_objective import TtftAllowance
 from controller.policy import Policy
 from controller.ttft_series import ttft_matchers, ttft_metric
@@ -43,6 +45,24 @@ BURN_WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 QUANTILE = 0.99
 RATE_WINDOW_S = 60.0
 """Request and token rates are averaged over this long."""
+
+_T = TypeVar("_T")
+
+
+class LateAnswerError(UnavailableError):
+    """A read that had not ended when its time was up."""
+
+
+async def within(work: Awaitable[_T], timeout_s: float, what: str) -> _T:
+    """``work``'s result, or a :class:`LateAnswerError` naming ``what`` when it has not ended after ``timeout_s``.
+
+    httpx's timeout bounds each socket read, not an answer: an endpoint that sends a byte per read never trips it
+    and would hold whoever awaits it (the tick loop, for every policy) as long as it likes.
+    """
+    try:
+        return await asyncio.wait_for(work, timeout_s)
+    except TimeoutError as exc:
+        raise LateAnswerError(f"{what}: no complete answer within {timeout_s:g} s") from exc
 
 
 class SliSource(Protocol):

@@ -93,6 +93,7 @@ from controller.sources.base import (
     sli_series,
     ttft_key,
     windows_for,
+    within,
 )
 from controller.types import PolicyObservation, SliSnapshot
 
@@ -111,6 +112,8 @@ class PrometheusClient:
 
     def __init__(self, base_url: str, *, timeout_s: float = 5.0, client: httpx.AsyncClient | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        """Each query's whole answer, the client's own (per socket read) included."""
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
         self._owns_client = client is None
 
@@ -142,7 +145,8 @@ class PrometheusClient:
 
     async def _post(self, endpoint: str, form: dict[str, str], promql: str) -> dict[str, Any]:
         try:
-            response = await self._client.post(f"{self.base_url}/api/v1/{endpoint}", data=form)
+            response = await within(self._client.post(f"{self.base_url}/api/v1/{endpoint}", data=form),
+                                    self.timeout_s, f"prometheus {self.base_url}")
         except httpx.HTTPError as exc:
             raise UnavailableError(f"prometheus {self.base_url}: {type(exc).__name__}: {exc}") from exc
         try:

@@ -1,6 +1,7 @@
 """SLIs by scraping the engines' ``/metrics`` directly (the embedded default, no Prometheus).
 
-Each tick scrapes every endpoint once (concurrently, bounded by a timeout),
+Each tick scrapes every endpoint once (concurrently; each whole read is bounded by the timeout, so an
+endpoint that trickles its page is that endpoint's failed scrape, not a tick that never ends),
 parses the text format with ``prometheus_client.parser`` and folds the
 cumulative counters into per-model *increase* accumulators, the way
 Prometheus's ``increase()`` does: a counter that went down was reset (the
@@ -52,12 +53,14 @@ from controller.sources.base import (
     RATE_WINDOW_S,
     REQUESTS_TOTAL,
     SHORT_WINDOW,
+    LateAnswerError,
     allowance_key,
     edges_around,
     good_count_at,
     parse_le,
     ttft_key,
     windows_for,
+    within,
 )
 from controller.sources.counters import CounterHistory, counter_peak_rate, counter_rate
 from controller.sources.router_page import RefusalRates, RouterReading, parse_router_page, with_router
@@ -201,6 +204,8 @@ class ScrapeSource:
     ) -> None:
         self.endpoints_for = endpoints_for
         self.rate_window_s = rate_window_s
+        self.timeout_s = timeout_s
+        """Each endpoint's whole read, the client's own (per socket read) included."""
         self.sli_window = SHORT_WINDOW if sli_window_s is None else format_duration(sli_window_s)
         """The window of the SLI snapshot's good ratios, p99s, prompt lengths and prefix hits."""
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
@@ -231,7 +236,7 @@ class ScrapeSource:
     async def _read_routers(self, policies: Sequence[Policy], now_s: float) -> dict[str, RouterReading | str]:
         """Per router endpoint any policy names: its reading, or the error line of a failed read."""
         endpoints = sorted({e for p in policies for e in _router_endpoints(p)})
-        readings, failures = await _read_all(self._scrape_router, endpoints, "router")
+        readings, failures = await _read_all(self._scrape_router, endpoints, "router", self.timeout_s)
         for endpoint, reading in readings.items():
             self._refusals.record(endpoint, now_s, reading.refused_total)
         return {**readings, **failures}
@@ -246,7 +251,7 @@ class ScrapeSource:
     async def _observe_engines(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
         endpoints_by_policy = {p.name: tuple(self.endpoints_for(p)) for p in policies}
         endpoints = sorted({e for es in endpoints_by_policy.values() for e in es})
-        pages, failures = await _read_all(self._scrape, endpoints, "scrape")
+        pages, failures = await _read_all(self._scrape, endpoints, "scrape", self.timeout_s)
         max_window_s = max((parse_duration_s(w) for w in windows_for(policies, self.sli_window)), default=0)
         models = {p.model_name for p in policies}
         for model in models:
@@ -389,14 +394,18 @@ def _prefill_speed(history: CounterHistory, now_s: float, window_s: float) -> fl
 
 
 async def _read_all(
-    read: Callable[[str], Awaitable[Page]], endpoints: Sequence[str], what: str
+    read: Callable[[str], Awaitable[Page]], endpoints: Sequence[str], what: str, timeout_s: float
 ) -> tuple[dict[str, Page], dict[str, str]]:
-    """Read every endpoint at once: the answers, and an error line per endpoint that failed (HTTP or parsing)."""
-    answers = await asyncio.gather(*(read(e) for e in endpoints), return_exceptions=True)
+    """Read every endpoint at once, each for ``timeout_s`` at most: the answers, and an error line per endpoint
+    that failed (HTTP, parsing, or no complete answer in time)."""
+    reads = (within(read(e), timeout_s, f"{what} {e}") for e in endpoints)
+    answers = await asyncio.gather(*reads, return_exceptions=True)
     ok: dict[str, Page] = {}
     failures: dict[str, str] = {}
     for endpoint, answer in zip(endpoints, answers, strict=True):
-        if isinstance(answer, Exception):  # one endpoint's failure, whatever it is, is that endpoint's
+        if isinstance(answer, LateAnswerError):
+            failures[endpoint] = str(answer)
+        elif isinstance(answer, Exception):  # one endpoint's failure, whatever it is, is that endpoint's
             failures[endpoint] = f"{what} {endpoint}: {type(answer).__name__}: {answer}"
         elif isinstance(answer, BaseException):
             raise answer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -125,3 +126,37 @@ class RouterPage:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class TrickleServer:
+    """An endpoint that answers one byte every ``every_s`` seconds on 127.0.0.1 (a stuck or overloaded replica):
+    each socket read gets data in time, so only a bound on the whole read ends it."""
+
+    def __init__(self, every_s: float = 0.2) -> None:
+        self.every_s = every_s
+        self.stopped = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100000\r\n\r\n")
+                while not self.stopped.wait(self.every_s):
+                    conn.sendall(b"#")
+            except OSError:
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.listener.close()

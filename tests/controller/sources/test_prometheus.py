@@ -22,7 +22,7 @@ from controller.sources import PrometheusClient, PrometheusSource
 from controller.types import PolicyObservation
 from harness.monitoring import prometheus_command
 from harness.processes import free_port, start_process, stop_process, wait_healthy
-from tests.controller.sources.engine_page import EngineMetrics, MetricsServer, RouterPage
+from tests.controller.sources.engine_page import EngineMetrics, MetricsServer, RouterPage, TrickleServer
 
 MODEL = "Qwen/Qwen3-30B-A3B"
 POLICY = Policy.model_validate({"name": "p", "target": {"kind": "model", "model": MODEL}})
@@ -212,6 +212,24 @@ def test_a_range_answer_of_the_wrong_shape_is_unavailable(values: object) -> Non
     client = PrometheusClient("http://prom.invalid", client=httpx.AsyncClient(transport=transport))
     with pytest.raises(UnavailableError, match=r"^prometheus http://prom.invalid: malformed answer \("):
         asyncio.run(client.query_range("up", start_s=0, end_s=60, step_s=15))
+
+
+def test_a_prometheus_that_trickles_its_answer_is_unavailable_within_the_timeout() -> None:
+    """A byte every 0.2 s never trips httpx's per-read timeout; the whole query is bounded (the tick awaits it)."""
+    slow = TrickleServer()
+    client = PrometheusClient(slow.url, timeout_s=0.5)
+
+    async def query() -> None:
+        try:
+            await asyncio.wait_for(client.query("up"), 5.0)
+        finally:
+            await client.aclose()
+
+    try:
+        with pytest.raises(UnavailableError, match=rf"^prometheus {slow.url}: no complete answer within 0.5 s$"):
+            asyncio.run(query())
+    finally:
+        slow.stop()
 
 
 # ---- a real Prometheus ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from controller.policy import Policy
 from controller.sources import ScrapeSource, histogram_quantile, parse_metrics, parse_router_queue
 from controller.sources.base import good_count_at
-from tests.controller.sources.engine_page import EngineMetrics, MetricsServer, RouterPage
+from tests.controller.sources.engine_page import EngineMetrics, MetricsServer, RouterPage, TrickleServer
 
 MODEL = "Qwen/Qwen3-30B-A3B"
 
@@ -194,6 +194,29 @@ def test_a_down_endpoint_is_reported_and_the_others_still_count() -> None:
         asyncio.run(source.aclose())
 
 
+def test_a_trickling_endpoint_fails_its_own_scrape_within_the_timeout() -> None:
+    """An endpoint that sends a byte every 0.2 s never trips a per-read timeout: the whole read is bounded, so
+    it is that endpoint's failed scrape, and the other policy's observation comes on time."""
+    fast, slow = MetricsServer(EngineMetrics(MODEL)), TrickleServer()
+    policies = [_policy([fast.url]), _policy([slow.url], name="slow")]
+    source = ScrapeSource(lambda p: p.target.endpoints, timeout_s=0.5)  # type: ignore[union-attr]
+
+    async def scenario() -> tuple[dict[str, tuple[str, ...]], float]:
+        started = asyncio.get_running_loop().time()
+        seen = await asyncio.wait_for(source.observe(policies, 0.0), 5.0)
+        return {name: obs.errors for name, obs in seen.items()}, asyncio.get_running_loop().time() - started
+
+    try:
+        errors, took_s = asyncio.run(scenario())
+    finally:
+        fast.stop()
+        slow.stop()
+        asyncio.run(source.aclose())
+    assert took_s < 2.0
+    assert errors["p"] == ()
+    assert errors["slow"] == (f"scrape {slow.url}: no complete answer within 0.5 s",)
+
+
 def test_all_endpoints_down_gives_no_values_never_zeros() -> None:
     dead = MetricsServer(EngineMetrics(MODEL))
     url = dead.url
@@ -295,6 +318,6 @@ def test_an_endpoint_whose_read_raises_anything_is_that_endpoints_failure() -> N
             raise OverflowError("port must be 0-65535.")
         return "page"
 
-    ok, failures = asyncio.run(_read_all(read, ["http://a:1", "http://a:80800"], "engine"))  # type: ignore[arg-type]
+    ok, failures = asyncio.run(_read_all(read, ["http://a:1", "http://a:80800"], "engine", 1.0))  # type: ignore[arg-type]
     assert ok == {"http://a:1": "page"}
     assert failures == {"http://a:80800": "engine http://a:80800: OverflowError: port must be 0-65535."}
