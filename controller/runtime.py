@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from controller.types import PolicyObservation
+
 FORECAST_NOT_IN_USE = ("warming_up", "forecast_unreliable", "forecast_disabled")
 """Reasons that say the forecast did not size the fleet this tick."""
 
@@ -37,4 +39,37 @@ def json_safe(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()}
 
 
-__all__ = ["PolicyRuntime", "json_safe"]
+def sli_view(obs: PolicyObservation | None) -> dict[str, float | None]:
+    """The SLIs a tick saw, as ``/v1/status`` shows them (all None without an observation or its SLIs)."""
+    sli = obs.sli if obs is not None else None
+    return json_safe({
+        "ttft_good_ratio": sli.ttft_good_ratio if sli else None,
+        "itl_good_ratio": sli.itl_good_ratio if sli else None,
+        "ttft_p99_seconds": sli.ttft_p99_s if sli else None,
+        "itl_p99_seconds": sli.itl_p99_s if sli else None,
+        "imbalance_cv_max": sli.imbalance_cv_max if sli else None,
+        "queue_depth": obs.queue_depth if obs else None,
+        "router_queued": obs.router_queued if obs else None,
+        "requests_in_window": sli.requests_in_window if sli else None,
+    })
+
+
+def seen_view(obs: PolicyObservation | None) -> dict[str, Any]:
+    """The load and fleet a tick saw, as ``/v1/status`` shows them under ``seen`` (empty without an observation)."""
+    return {} if obs is None else json_safe({
+        "request_rate_rps": obs.request_rate_rps,
+        "request_rate_peak_rps": obs.request_rate_peak_rps,
+        "prompt_tokens_per_s": obs.prompt_tokens_per_s,
+        "output_tokens_per_s": obs.output_tokens_per_s,
+        "queue_depth": obs.queue_depth,
+        "router_queued": obs.router_queued,
+        "router_refused_rps": obs.router_refused_rps,
+        "running_requests": obs.running_requests,
+        "kv_cache_usage": obs.kv_cache_usage,
+        "ready_replicas": obs.ready_replicas,
+        "replica_budget": obs.replica_budget,
+        "prefix_cache_hit_rate": obs.prefix_cache_hit_rate,
+    })
+
+
+__all__ = ["PolicyRuntime", "json_safe", "seen_view", "sli_view"]

@@ -43,9 +43,9 @@ from controller.decision_log import INTERRUPTED, decision_record, interrupted_de
 from controller.errors import ActuationError, LeadershipLostError
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.policy import LocalTarget, Mode, Policy
-from controller.runtime import FORECAST_NOT_IN_USE, PolicyRuntime, json_safe
+from controller.runtime import FORECAST_NOT_IN_USE, PolicyRuntime, json_safe, seen_view, sli_view
 from controller.slo import error_budget_remaining
-from controller.sources import BURN_WINDOWS, PrometheusClient, PrometheusSource, ScrapeSource, SliSource
+from controller.sources import BURN_WINDOWS, SliSource, configured_source
 from controller.sources.base import burn_rates_of
 from controller.store import DecisionRecord, Store, StoredPolicy
 from controller.tasks import run_to_end
@@ -332,16 +332,7 @@ class ControllerService:
         )
         if obs is not None:
             runtime.observed_at = self.wall_clock() - timedelta(seconds=age_s or 0.0)
-        runtime.sli = json_safe({
-            "ttft_good_ratio": sli.ttft_good_ratio if sli else None,
-            "itl_good_ratio": sli.itl_good_ratio if sli else None,
-            "ttft_p99_seconds": sli.ttft_p99_s if sli else None,
-            "itl_p99_seconds": sli.itl_p99_s if sli else None,
-            "imbalance_cv_max": sli.imbalance_cv_max if sli else None,
-            "queue_depth": obs.queue_depth if obs else None,
-            "router_queued": obs.router_queued if obs else None,
-            "requests_in_window": sli.requests_in_window if sli else None,
-        })
+        runtime.sli = sli_view(obs)
         self.metrics.set_slis(policy.name, {k: v for k, v in runtime.sli.items() if k != "requests_in_window"})
         for slo in SLO_NAMES:
             objective = getattr(policy.objectives, slo)
@@ -364,20 +355,7 @@ class ControllerService:
         self.metrics.set_forecast(policy.name, view, in_use=in_use)
         self.metrics.set_replica_budget(policy.name, None if obs is None else obs.replica_budget)
         runtime.forecast = None if view is None else json_safe({**view.to_json(), "in_use": in_use})
-        runtime.seen = {} if obs is None else json_safe({
-            "request_rate_rps": obs.request_rate_rps,
-            "request_rate_peak_rps": obs.request_rate_peak_rps,
-            "prompt_tokens_per_s": obs.prompt_tokens_per_s,
-            "output_tokens_per_s": obs.output_tokens_per_s,
-            "queue_depth": obs.queue_depth,
-            "router_queued": obs.router_queued,
-            "router_refused_rps": obs.router_refused_rps,
-            "running_requests": obs.running_requests,
-            "kv_cache_usage": obs.kv_cache_usage,
-            "ready_replicas": obs.ready_replicas,
-            "replica_budget": obs.replica_budget,
-            "prefix_cache_hit_rate": obs.prefix_cache_hit_rate,
-        })
+        runtime.seen = seen_view(obs)
         share = _sizing_number(decision, "ttft_infeasible_share")
         runtime.seen["ttft_infeasible_share"] = share
         rate = 0.0 if obs is None or obs.request_rate_rps is None else obs.request_rate_rps
@@ -441,18 +419,6 @@ def _sizing_number(decision: Decision, key: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _source(
-    settings: ControllerSettings, endpoints_for: Callable[[Policy], list[str]]
-) -> tuple[SliSource, PrometheusClient | None]:
-    """Prometheus when the configuration names one (and its client, for the load history), else direct scrapes."""
-    if settings.prometheus_url is None:
-        return ScrapeSource(endpoints_for, timeout_s=settings.source_timeout_s, rate_window_s=settings.rate_window_s,
-                            sli_window_s=settings.sli_window_s), None  # fmt: skip
-    client = PrometheusClient(settings.prometheus_url, timeout_s=settings.source_timeout_s)
-    return PrometheusSource(client, selector=settings.prometheus_selector, rate_window_s=settings.rate_window_s,
-                            sli_window_s=settings.sli_window_s), client  # fmt: skip
-
-
 def build_service(settings: ControllerSettings, store: Store, registry: CollectorRegistry) -> ControllerService:
     """The service the configuration describes: source, actuator, elector, core and metrics."""
     # Imported here: the kubernetes client and the rebalancer's numerics take seconds to import.
@@ -470,7 +436,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
     def endpoints_for(policy: Policy) -> list[str]:
         return service_ref[0].endpoints_for(policy)
 
-    source, client = _source(settings, endpoints_for)
+    source, client = configured_source(settings, endpoints_for)
     elector: LeaderElector
     if settings.leader_election.enabled:
         elector = LeaseElector(api_client(settings.kubernetes), settings.leader_election)
