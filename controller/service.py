@@ -10,9 +10,9 @@ One tick::
     store.append_decisions(...)                 (the decision log; leader only)
     metrics                                     (moeslo_* series)
 
-Faults stay inside the tick: a source that fails yields observations with
-errors (the core holds; scale-downs are blocked; stale data holds all
-changes), an actuator that fails after its own retries is logged as a
+Faults stay inside the tick: a source that fails (or has not answered within
+``read_timeout_s``) yields observations with errors (the core holds;
+scale-downs are blocked; stale data holds all changes), an actuator that fails after its own retries is logged as a
 ``failed`` decision and counted in ``moeslo_errors_total``, and the next tick
 decides afresh from the replica count it reads back -- scale calls are
 absolute, so nothing is applied twice.  Only the leader actuates and logs;
@@ -46,7 +46,7 @@ from controller.policy import LocalTarget, Mode, Policy
 from controller.runtime import FORECAST_NOT_IN_USE, PolicyRuntime, json_safe, seen_view, sli_view
 from controller.slo import error_budget_remaining
 from controller.sources import BURN_WINDOWS, SliSource, configured_source
-from controller.sources.base import burn_rates_of
+from controller.sources.base import LateAnswerError, burn_rates_of, within
 from controller.store import DecisionRecord, Store, StoredPolicy
 from controller.tasks import run_to_end
 from controller.telemetry import ControllerMetrics
@@ -83,7 +83,11 @@ class ControllerService:
         decisions_keep: int = 500_000,
         history: LoadHistoryKeeper | None = None,
         shutdown_grace_s: float = 15.0,
+        read_timeout_s: float = 60.0,
     ) -> None:
+        self.read_timeout_s = read_timeout_s
+        """A backstop on each of the tick's reads (the source's, a policy's replica count, a warm start): past it,
+        that read is this tick's error, so nothing a read fails to bound holds the loop for every policy."""
         self.shutdown_grace_s = shutdown_grace_s
         """A shutdown lets the actions of a tick finish for this long at most (see ``_act``)."""
         self.decisions_keep = decisions_keep
@@ -104,6 +108,7 @@ class ControllerService:
         self.wall_clock = wall_clock
         self._runtime: dict[str, PolicyRuntime] = {}
         self._last_tick_at: datetime | None = None
+        self._started_at: datetime | None = None
         self._task: asyncio.Task[None] | None = None
         self.ticks = 0
 
@@ -119,6 +124,11 @@ class ControllerService:
     @property
     def last_tick_at(self) -> datetime | None:
         return self._last_tick_at
+
+    @property
+    def started_at(self) -> datetime | None:
+        """When :meth:`start` ran: ``tick_overdue`` counts from it until a tick succeeds (a first tick can hang)."""
+        return self._started_at
 
     def runtime(self, name: str) -> PolicyRuntime | None:
         return self._runtime.get(name)
@@ -157,7 +167,10 @@ class ControllerService:
                 log.warning("policy %r deleted, but releasing what it ran failed: %s", gone, exc)
         policies = [s.policy for s in stored]
         if self.history is not None:
-            await self.history.warm_start(self.core, policies)
+            try:  # the policies it did not reach are warm-started at a later tick
+                await within(self.history.warm_start(self.core, policies), self.read_timeout_s, "warm start")
+            except LateAnswerError as exc:
+                log.warning("%s", exc)
         now_s = self.clock()
         observations = await self._observe(policies, now_s)
         counted = await asyncio.gather(*(self._with_replicas(p, observations.get(p.name), now_s) for p in policies))
@@ -238,7 +251,8 @@ class ControllerService:
     async def _observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
         component = "prometheus" if type(self.source).__name__.startswith("Prometheus") else "scrape"
         try:
-            observations = await self.source.observe(policies, now_s)
+            observations = await within(self.source.observe(policies, now_s), self.read_timeout_s,
+                                        f"{component} source")  # fmt: skip
         except UnavailableError as exc:
             self.metrics.error(component)
             return {p.name: PolicyObservation(policy=p.name, observed_at_s=now_s, errors=(str(exc),)) for p in policies}
@@ -253,8 +267,9 @@ class ControllerService:
             # Read-only target: the engines the source saw are the fleet.
             return replace(base, current_replicas=base.ready_replicas)
         try:
-            count = await self.actuator.replicas(policy)
-        except ActuationError as exc:
+            count = await within(self.actuator.replicas(policy), self.read_timeout_s,
+                                 f"{self.actuator.name} replica count")  # fmt: skip
+        except (ActuationError, LateAnswerError) as exc:
             self.metrics.error("actuator")
             return replace(base, current_replicas=None, errors=(*base.errors, str(exc)))
         ready = count.ready if count.ready is not None else base.ready_replicas
@@ -392,6 +407,7 @@ class ControllerService:
             await asyncio.sleep(max(0.0, self.tick_interval_s - elapsed_s))
 
     async def start(self) -> None:
+        self._started_at = self.wall_clock()
         await self.elector.start()
         try:
             await asyncio.to_thread(self.restore_state)
@@ -458,7 +474,16 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         tick_interval_s=settings.tick_interval_s, stale_after_s=settings.stale_after_s,
         static_endpoints=settings.scrape_endpoints, decisions_keep=settings.decisions_keep,
         rebalancer=build_rebalancer(settings), history=history, shutdown_grace_s=settings.shutdown_grace_s,
+        read_timeout_s=read_backstop_s(settings),
     )  # fmt: skip
     service_ref.append(service)
     return service
 
+
+def read_backstop_s(settings: ControllerSettings) -> float:
+    """The service's ``read_timeout_s``: what its reads bound themselves to, together (a warm start's three rounds
+    of Prometheus queries and the source's own; the Kubernetes reads' retries and pod listing; a local replica
+    found broken stopped, SIGTERM then SIGKILL), so it cuts only a read that nothing below bounded."""
+    kubernetes = settings.kubernetes
+    return (4 * settings.source_timeout_s + kubernetes.retry_deadline_s + kubernetes.request_timeout_s
+            + 2 * settings.local.stop_timeout_s)  # fmt: skip

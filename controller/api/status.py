@@ -61,9 +61,19 @@ def is_stale(observed_at: datetime | None, now: datetime, stale_after_s: float) 
     return observed_at is None or (now - observed_at).total_seconds() > stale_after_s
 
 
-def tick_overdue(last_tick_at: datetime | None, now: datetime, tick_interval_s: float) -> bool:
-    """Whether the last successful tick is more than :data:`OVERDUE_TICKS` tick intervals old at ``now``."""
-    return last_tick_at is not None and (now - last_tick_at).total_seconds() > OVERDUE_TICKS * tick_interval_s
+def started_at(view: RuntimeView | None) -> datetime | None:
+    """When the service's tick loop started (None: no service, or one not started)."""
+    at: datetime | None = getattr(view, "started_at", None)
+    return at
+
+
+def tick_overdue(
+    last_tick_at: datetime | None, now: datetime, tick_interval_s: float, since_start: datetime | None = None
+) -> bool:
+    """Whether the last successful tick is more than :data:`OVERDUE_TICKS` tick intervals old at ``now``; before
+    the first, whether the service started (``since_start``) that long ago: a first tick that hangs is overdue too."""
+    since = last_tick_at if last_tick_at is not None else since_start
+    return since is not None and (now - since).total_seconds() > OVERDUE_TICKS * tick_interval_s
 
 
 def build_policy_status(
@@ -119,7 +129,7 @@ def build_controller_status(
         mode="leader" if leader else "standby",
         last_tick_at=last_tick_at,
         tick_interval_s=settings.tick_interval_s,
-        tick_overdue=tick_overdue(last_tick_at, at, settings.tick_interval_s),
+        tick_overdue=tick_overdue(last_tick_at, at, settings.tick_interval_s, started_at(view)),
         policies=[build_policy_status(store, stored, view, stale_after_s=settings.stale_after_s, now=at, last=last)
                   for stored in policies],
     )

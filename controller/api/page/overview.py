@@ -264,9 +264,11 @@ def _table(data: OverviewData) -> Markup:
 
 
 def tick_banner(last_tick_at: datetime | None, now: datetime, tick_interval_s: float) -> Markup:
-    """Says that no tick has succeeded for several tick intervals (the overview and the policy page alike)."""
-    since = fmt_ago(last_tick_at, now).removesuffix(" ago")
-    return el("div", el("b", f"No tick has succeeded for {since}"), f" (the controller ticks every "
+    """Says that no tick has succeeded for several tick intervals, or none since the controller started (the
+    overview and the policy page alike)."""
+    since = ("since the controller started" if last_tick_at is None
+             else f"for {fmt_ago(last_tick_at, now).removesuffix(' ago')}")  # fmt: skip
+    return el("div", el("b", f"No tick has succeeded {since}"), f" (the controller ticks every "
               f"{tick_interval_s:g} s): its ticks fail or hang, so what this page shows is that old.",
               class_="banner bad", data_banner="tick")
 

@@ -25,7 +25,7 @@ from controller.api.page.alerts import FiringAlert, firing_alerts
 from controller.api.page.cache import SeriesCache
 from controller.api.page.prom import PromSeries, RequestRates, alert_request_rates, prometheus_series, range_step_s
 from controller.api.schemas import PolicyStatus
-from controller.api.status import build_policy_status, read_now, runtime_view
+from controller.api.status import build_policy_status, read_now, runtime_view, started_at
 from controller.config import ControllerSettings
 from controller.policy import Policy
 from controller.slo import format_duration
@@ -91,6 +91,8 @@ class PolicyData:
     sli_window_s: float = 300.0
     last_tick_at: datetime | None = None
     """When the controller's last tick succeeded (None before the first, or without a tick loop)."""
+    started_at: datetime | None = None
+    """When the controller's tick loop started (the overdue counts from it before the first tick)."""
     request_rates: dict[str, float] | None = None
     """TTFT requests per second over each burn-rate pair's short window, from Prometheus (the alerts'
     low-traffic guard; None without it)."""
@@ -217,5 +219,6 @@ async def gather_policy(request: Request, name: str, range_key: str) -> PolicyDa
         prom=prom, prometheus=prometheus, alerts=[a for a in alerts if a.policy == name],
         alertmanager=alertmanager, tick_interval_s=settings.tick_interval_s, sli_window_s=settings.sli_window_s,
         last_tick_at=None if view is None else view.last_tick_at,
+        started_at=started_at(view),
         request_rates=None if rates is None else rates.get(name),
     )

@@ -38,7 +38,7 @@ DECISION_ROWS = 50
 
 def _banners(data: PolicyData) -> list[Markup]:
     out = []
-    if tick_overdue(data.last_tick_at, data.now, data.tick_interval_s):
+    if tick_overdue(data.last_tick_at, data.now, data.tick_interval_s, data.started_at):
         out.append(tick_banner(data.last_tick_at, data.now, data.tick_interval_s))
     if data.prometheus.error:
         out.append(el("div", el("b", "Prometheus unreachable: "), data.prometheus.error,

@@ -72,6 +72,27 @@ def test_status_reports_slis_budgets_burn_rates_replicas_and_last_decisions(tmp_
     assert client.get("/v1/status/ghost").status_code == 404
 
 
+class NeverTicked(View):
+    """A service whose first tick has not ended (a hung read): no tick has succeeded since it started."""
+
+    last_tick_at = None  # type: ignore[assignment]
+    started_at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __init__(self, running_s: float) -> None:
+        self.running_s = running_s
+
+    def wall_clock(self) -> datetime:
+        return self.started_at + timedelta(seconds=self.running_s)
+
+
+def test_with_no_tick_yet_the_tick_is_overdue_three_intervals_after_the_start(tmp_path: Path) -> None:
+    settings = ControllerSettings(db=str(tmp_path / "c.db"), api_token=TOKEN)  # ticks every 15 s
+    bodies = {running_s: TestClient(create_app(settings, Store(settings.db_url), service=NeverTicked(running_s)))
+              .get("/v1/status").json() for running_s in (30.0, 46.0)}  # fmt: skip
+    assert bodies[30.0]["last_tick_at"] is None and bodies[30.0]["tick_overdue"] is False
+    assert bodies[46.0]["last_tick_at"] is None and bodies[46.0]["tick_overdue"] is True
+
+
 def test_the_actuator_refuses_targets_it_cannot_scale(tmp_path: Path) -> None:
     client, _, _ = _client(tmp_path)
     response = client.post("/v1/policies", json={**POLICY, "name": "refused"}, headers=AUTH)

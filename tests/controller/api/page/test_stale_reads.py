@@ -69,3 +69,15 @@ def test_the_status_reads_the_services_own_wall_clock(make_page: Any) -> None:
     body = page.client.get("/v1/status").json()
     assert body["tick_overdue"] is False
     assert body["policies"][0]["stale"] is False
+
+
+def test_both_pages_say_so_when_no_tick_has_succeeded_since_the_start(make_page: Any) -> None:
+    """A first tick that never ends leaves no last tick to measure from: the overdue counts from the start."""
+    page = make_page()
+    page.store.create_policy(Policy.model_validate({"name": "chat", "target": {"kind": "model", "model": "m"}}))
+    page.view.started_at = page.view.last_tick_at - TWO_HOURS
+    page.view.last_tick_at = None
+    overview = page.client.get("/ui/").text
+    assert 'data-banner="tick"' in overview and "No tick has succeeded since the controller started" in overview
+    assert 'data-banner="tick"' in page.client.get("/ui/policies/chat").text
+    assert page.client.get("/v1/status").json()["tick_overdue"] is True
