@@ -50,6 +50,7 @@ from controller.rebalance import (
 )
 from controller.rebalance.history import LoadHistory, plan_from_history
 from controller.rebalance.out_of_sample import HeldOutGain
+from controller.sources.base import within
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,9 @@ class JsonHttpControl:
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
 
     async def _call(self, method: str, url: str, **kwargs: Any) -> Any:
+        timeout_s = kwargs.get("timeout", self._client.timeout.read)  # the whole answer's, not only each read's
         try:
-            response = await self._client.request(method, url, **kwargs)
+            response = await within(self._client.request(method, url, **kwargs), timeout_s, f"{method} {url}")
         except httpx.HTTPError as exc:
             raise UnavailableError(f"{method} {url}: {exc!r}") from exc
         if response.status_code >= 400:

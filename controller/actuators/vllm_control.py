@@ -50,6 +50,7 @@ from controller.actuators.placement import (
 )
 from controller.config import ControllerSettings
 from controller.errors import EngineRefusalError, malformed_answer
+from controller.sources.base import within
 
 STATUS_PATH = "/moeslo/eplb"
 REBALANCE_PATH = "/moeslo/eplb/rebalance"
@@ -161,7 +162,8 @@ class AutoEngineControl:
         if known is not None:
             return known
         try:
-            response = await self._client.get(f"{endpoint}{STATUS_PATH}")
+            response = await within(self._client.get(f"{endpoint}{STATUS_PATH}"), self._client.timeout.read,
+                                    f"GET {endpoint}{STATUS_PATH}")  # fmt: skip
         except httpx.HTTPError as exc:
             raise UnavailableError(f"GET {endpoint}{STATUS_PATH}: {exc!r}") from exc
         # Any answer but 404 (200, or 409/503 from the plugin) means the route exists: vLLM with the plugin.

@@ -53,8 +53,9 @@ class LateAnswerError(UnavailableError):
     """A read that had not ended when its time was up."""
 
 
-async def within(work: Awaitable[_T], timeout_s: float, what: str) -> _T:
-    """``work``'s result, or a :class:`LateAnswerError` naming ``what`` when it has not ended after ``timeout_s``.
+async def within(work: Awaitable[_T], timeout_s: float | None, what: str) -> _T:
+    """``work``'s result, or a :class:`LateAnswerError` naming ``what`` when it has not ended after ``timeout_s``
+    (None: no bound, as an HTTP client without a timeout).
 
     httpx's timeout bounds each socket read, not an answer: an endpoint that sends a byte per read never trips it
     and would hold whoever awaits it (the tick loop, for every policy) as long as it likes.

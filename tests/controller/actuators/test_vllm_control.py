@@ -198,3 +198,26 @@ def test_an_engine_answering_the_wrong_thing_is_unavailable_not_a_crash_of_the_t
     for control in (VllmEngineControl(client), HttpEngineControl(client)):
         with pytest.raises(MoesloError):
             asyncio.run(control.expert_load("http://e"))
+
+
+def test_an_engine_that_trickles_its_answer_is_unavailable_within_the_clients_timeout() -> None:
+    """A byte every 0.2 s never trips httpx's per-read timeout: the rebalancer's read of that engine (the kind probe,
+    then the expert load through the known kind) is bounded as a whole, or it held the tick for every policy."""
+    from controller.actuators.placement import HttpEngineControl
+    from tests.controller.sources.engine_page import TrickleServer
+
+    slow = TrickleServer()
+
+    async def read(control: AutoEngineControl | HttpEngineControl) -> None:
+        try:
+            await asyncio.wait_for(control.expert_load(slow.url), 5.0)
+        finally:
+            await control.aclose()
+
+    try:
+        with pytest.raises(UnavailableError, match=rf"^GET {slow.url}{STATUS_PATH}: no complete answer within 0.5 s$"):
+            asyncio.run(read(AutoEngineControl(httpx.AsyncClient(timeout=0.5))))
+        with pytest.raises(UnavailableError, match=rf"^GET {slow.url}/v1/expert-load: no complete answer within 0.5 s"):
+            asyncio.run(read(HttpEngineControl(httpx.AsyncClient(timeout=0.5))))
+    finally:
+        slow.stop()
