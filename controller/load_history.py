@@ -10,6 +10,10 @@ queries the source uses: the engines' rates, without the requests an entry
 router refused, which the store's history includes), else from the store.  Samples are resampled onto the
 tick grid, and bins the controller did not see (it was down) are filled with the
 last value before them, so a daily season stays aligned.
+
+The store keeps the history by policy name, and only what was recorded since the
+policy's creation is read back: one deleted and created again (for another model,
+say) starts without the deleted one's load.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from controller.sources.base import (
     model_matcher,
 )
 from controller.sources.prometheus import PrometheusClient
-from controller.store import Store
+from controller.store import Store, StoredPolicy
 from controller.types import LoadHistory, PolicyObservation
 
 log = logging.getLogger(__name__)
@@ -166,9 +170,10 @@ class LoadHistoryKeeper:
         """Per policy warm-started in this process: (where the history came from, ticks of it)."""
         self._ticks = 0
 
-    async def warm_start(self, core: DecisionCore, policies: Sequence[Policy]) -> None:
+    async def warm_start(self, core: DecisionCore, stored: Sequence[StoredPolicy]) -> None:
         """Seed the forecasters of policies this process has not seen yet."""
-        new = [p for p in policies if p.name not in self.warmed]
+        created_s = {s.policy.name: s.created_at.timestamp() for s in stored}
+        new = [s.policy for s in stored if s.policy.name not in self.warmed]
         if not new:
             return
         now = self.wall_clock()
@@ -194,6 +199,7 @@ class LoadHistoryKeeper:
                 except MoesloError as exc:
                     log.warning("load history of %s unreadable: %s", policy.name, exc)
                     samples = []
+                samples = [s for s in samples if s[0] >= created_s[policy.name]]  # not a deleted namesake's
             history = resample(samples, bin_s=self.bin_s, until_s=now - self.bin_s)
             if len(history):
                 core.warm_start(policy, history)

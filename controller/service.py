@@ -168,7 +168,7 @@ class ControllerService:
         policies = [s.policy for s in stored]
         if self.history is not None:
             try:  # the policies it did not reach are warm-started at a later tick
-                await within(self.history.warm_start(self.core, policies), self.read_timeout_s, "warm start")
+                await within(self.history.warm_start(self.core, stored), self.read_timeout_s, "warm start")
             except LateAnswerError as exc:
                 log.warning("%s", exc)
         now_s = self.clock()

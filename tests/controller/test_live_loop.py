@@ -95,10 +95,12 @@ def _service(
 
 
 def test_a_restart_keeps_the_forecast_history(tmp_path: Path) -> None:
-    wall = [1_700_000_000.0]
+    wall = [0.0]
     script = sequence(80)
     service, store = _service(tmp_path, wall, script)
-    store.create_policy(Policy(name="p", target=KubernetesTarget(kind="deployment", namespace="ns", name="p")))
+    target = KubernetesTarget(kind="deployment", namespace="ns", name="p")
+    created = store.create_policy(Policy(name="p", target=target))
+    wall[0] = created.created_at.timestamp()  # the store reads back what was recorded since the policy's creation
 
     async def run(ticks: int) -> None:
         for _ in range(ticks):

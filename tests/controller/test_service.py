@@ -542,3 +542,31 @@ def test_a_lease_lost_mid_tick_stops_the_ticks_remaining_actions(tmp_path: Path)
     assert len(actuator.calls) == 1
     outcomes = sorted(record.outcome for record in store.list_decisions())
     assert outcomes == ["applied", "standby"]
+
+
+def test_a_policy_created_again_learns_nothing_from_the_deleted_ones_stored_load(tmp_path: Path) -> None:
+    """The load history is stored by policy name: one deleted and created again (another model, say) was
+    warm-started from the deleted one's load.  Only what was recorded since the policy's creation is read."""
+    import time
+
+    from controller.load_history import LoadHistoryKeeper
+
+    clock = Clock()
+    service, store, _ = _service(tmp_path, clock)
+    wall = [time.time() - 1800.0]  # the deleted policy's ticks, half an hour before it is created again
+    service.history = LoadHistoryKeeper(store, bin_s=15.0, keep_s=86400.0, wall_clock=lambda: wall[0],
+                                        flush_every_ticks=1)  # fmt: skip
+    service.source.fields = {"request_rate_rps": 40.0, "prompt_tokens_per_s": 4e4,  # type: ignore[attr-defined]
+                             "output_tokens_per_s": 4e3}  # fmt: skip
+    store.create_policy(_policy())
+    for _ in range(20):
+        asyncio.run(service.tick())
+        clock.now_s += 15.0
+        wall[0] += 15.0
+    store.delete_policy("chat")
+    asyncio.run(service.tick())  # the service forgets it
+    store.create_policy(_policy())
+    wall[0] = time.time()
+    asyncio.run(service.tick())
+    runtime = service.runtime("chat")
+    assert runtime is not None and runtime.seen["history_warm_start"] == "none"

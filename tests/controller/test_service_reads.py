@@ -12,6 +12,7 @@ from controller.actuators import DryRunActuator, ReplicaCount
 from controller.core import DecisionCore
 from controller.load_history import LoadHistoryKeeper
 from controller.policy import Policy
+from controller.store import StoredPolicy
 from controller.types import PolicyObservation
 from tests.controller.test_service import OVERLOADED, Clock, ScriptedSource, _policy, _service
 
@@ -36,7 +37,7 @@ class CountNeverComes(DryRunActuator):
 class WarmStartNeverEnds(LoadHistoryKeeper):
     """A warm start whose history read never ends."""
 
-    async def warm_start(self, core: DecisionCore, policies: Sequence[Policy]) -> None:
+    async def warm_start(self, core: DecisionCore, stored: Sequence[StoredPolicy]) -> None:
         await asyncio.Event().wait()
 
 
