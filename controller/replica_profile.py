@@ -31,7 +31,7 @@ class ProfilePoint(BaseModel):
     itl_p99_s: Number
     ttft_p50_s: Number | None = None
     itl_p50_s: Number | None = None
-    requests: Count = 0
+    requests: Annotated[Count, Field(ge=0, le=10**12)] = 0
 
 
 class PrefixProbe(BaseModel):
@@ -45,7 +45,7 @@ class PrefixProbe(BaseModel):
     """Median TTFT of prompts of the same length whose leading part was in the prefix cache."""
     cached_share: Annotated[Number, Field(ge=0, le=1)]
     """Share of each such prompt found in the cache (the engine's counters; as sent when it has none)."""
-    requests: Count = 0
+    requests: Annotated[Count, Field(ge=0, le=10**12)] = 0
     """Requests of each kind."""
 
 
@@ -61,9 +61,10 @@ class ReplicaProfile(BaseModel):
     prefill_tokens_per_s: Annotated[Number, Field(ge=1.0, le=1e9)]
     itl_base_s: Annotated[Number, Field(ge=1e-6, le=60.0)]
     itl_per_seq_s: Annotated[Number, Field(ge=0, le=60.0)]
-    prefill_chunk_tokens: Annotated[Count, Field(ge=1)] = 2048
-    kv_capacity_tokens: Annotated[Count, Field(ge=1)]
-    max_num_seqs: Annotated[Count, Field(ge=1)] = 256
+    # Counts too: 10**400 KV tokens passed ``ge=1``, and the sizing advisor's float sums overflowed every tick.
+    prefill_chunk_tokens: Annotated[Count, Field(ge=1, le=10**8)] = 2048
+    kv_capacity_tokens: Annotated[Count, Field(ge=1, le=10**10)]
+    max_num_seqs: Annotated[Count, Field(ge=1, le=10**7)] = 256
     ttft_overhead_s: Annotated[Number, Field(ge=0, le=600.0)] = 0.01
     """Fixed per-request cost before prefill (tokenization, scheduling, network)."""
     points: Annotated[tuple[ProfilePoint, ...], Field(max_length=1000)] = ()

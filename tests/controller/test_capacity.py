@@ -114,7 +114,8 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="prefill_tokens_per_s"):
         ReplicaProfile.load(path)
     base = json.loads(DEFAULT_PROFILE.to_json())
-    for field, value in (("prefill_tokens_per_s", 5e-324), ("itl_base_s", 1e-300), ("itl_per_seq_s", 1e300)):
+    for field, value in (("prefill_tokens_per_s", 5e-324), ("itl_base_s", 1e-300), ("itl_per_seq_s", 1e300),
+                         ("kv_capacity_tokens", 10**400), ("max_num_seqs", 10**400), ("prefill_chunk_tokens", 10**400)):
         path.write_text(json.dumps({**base, field: value}))  # no measurement reads so: refused, named
         with pytest.raises(DataError, match=field):
             ReplicaProfile.load(path)
