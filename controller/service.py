@@ -150,13 +150,16 @@ class ControllerService:
         started_s = self.clock()
         self.metrics.set_leader(self.is_leader)
         try:
-            stored = await asyncio.to_thread(self.store.list_policies)
+            listing = await asyncio.to_thread(self.store.read_policies)
         except MoesloError as exc:
             log.warning("tick skipped: %s", exc)
             self.metrics.error("store")
             return None
+        stored = listing.readable
         by_name = {s.policy.name: s for s in stored}
-        for gone in self._runtime.keys() - by_name.keys():
+        # A policy this version cannot read (a newer controller wrote it) is not deleted: what it runs stays.
+        unreadable = {u.name for u in listing.unreadable}
+        for gone in self._runtime.keys() - by_name.keys() - unreadable:
             del self._runtime[gone]
             self.metrics.forget_policy(gone)
             if self.history is not None:

@@ -89,3 +89,33 @@ def test_the_tick_loop_keeps_deciding_for_the_others(tmp_path: Path) -> None:
                                 metrics=ControllerMetrics(CollectorRegistry()), clock=lambda: 1000.0)  # fmt: skip
     assert asyncio.run(service.tick()) is not None
     assert {record.policy for record in store.list_decisions()} == {"good"}
+
+
+class _Releases(DryRunActuator):
+    def __init__(self) -> None:
+        super().__init__()
+        self.released: list[str] = []
+
+    async def release(self, policy_name: str) -> None:
+        self.released.append(policy_name)
+
+
+def test_a_policy_that_turns_unreadable_while_running_is_not_released_as_deleted(tmp_path: Path) -> None:
+    url = f"sqlite+pysqlite:///{tmp_path / 'c.db'}"
+    store = Store(url)
+    for name in ("good", "old", "gone"):
+        store.create_policy(_policy(name))
+    actuator = _Releases()
+    service = ControllerService(store=store, source=_Steady(), actuator=actuator,  # type: ignore[arg-type]
+                                core=DecisionCore(config=CoreConfig(tick_interval_s=15)),
+                                metrics=ControllerMetrics(CollectorRegistry()), clock=lambda: 1000.0)  # fmt: skip
+    asyncio.run(service.tick())
+    connection = sqlite3.connect(tmp_path / "c.db")
+    with connection:  # a newer controller rewrote it, with a field this version does not know
+        connection.execute("UPDATE policies SET spec = json_set(spec, '$.surprise', 1), version = 2 "
+                            "WHERE name = 'old'")  # fmt: skip
+    connection.close()
+    assert [u.name for u in store.unreadable_policies()] == ["old"]
+    store.delete_policy("gone", expected_version=1)
+    asyncio.run(service.tick())
+    assert actuator.released == ["gone"]  # what "old" runs stays up
