@@ -154,8 +154,8 @@ class ControllerStatus(_Out):
     """When the last tick succeeded (null before the first)."""
     tick_interval_s: float
     tick_overdue: bool = False
-    """True when the last tick succeeded more than three tick intervals ago: the loop is failing or stuck, and
-    everything below is as old as ``last_tick_at``."""
+    """True when the last tick succeeded more than three tick intervals ago (or, before the first, the service
+    started that long ago): the loop is failing or stuck, and everything below is as old as ``last_tick_at``."""
     policies: list[PolicyStatus]
 
 

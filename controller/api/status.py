@@ -168,12 +168,14 @@ def decisions(
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health}})
 def health(request: Request, response: Response) -> Health:
-    """200 while the store answers; 503 otherwise."""
+    """200 while the store answers (``degraded`` while it holds policies this version cannot read, named);
+    503 otherwise."""
     store: Store = request.app.state.store
     view = runtime_view(request)
     try:
         store.list_decisions(limit=1)
-        store_state = "ok"
+        unreadable = [u.name for u in store.unreadable_policies()]
+        store_state = f"unreadable policies: {', '.join(unreadable)}" if unreadable else "ok"
     except MoesloError as exc:
         store_state = f"error: {exc}"
         response.status_code = 503

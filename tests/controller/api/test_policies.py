@@ -552,12 +552,16 @@ def test_a_stored_policy_that_no_longer_validates_leaves_the_others_served(tmp_p
         assert "surprise: Extra inputs are not permitted" in unreadable["problem"]
         for path in ("/v1/status", "/ui/", "/v1/scrape-targets", "/v1/policies/qwen"):
             assert client.get(path).status_code == 200, path
+        health = client.get("/health")
+        assert (health.status_code, health.json()["status"]) == (200, "degraded")
+        assert health.json()["store"] == "unreadable policies: old"
         one = client.get("/v1/policies/old")
         assert one.status_code == 500 and "policy 'old'" in one.json()["detail"]
         third = {"name": "third", "target": {"kind": "model", "model": "t"}}
         assert client.put("/v1/policies/third", json=third, headers=AUTH).status_code == 201
         assert client.delete("/v1/policies/old", headers={**AUTH, "If-Match": '"1"'}).status_code == 204
         assert client.get("/v1/policies").json()["unreadable"] == []
+        assert client.get("/health").json()["status"] == "ok"
 
 
 def test_a_policy_that_no_longer_validates_is_replaced_or_deleted_under_require_if_match(tmp_path: Path) -> None:
