@@ -28,7 +28,7 @@ def test_an_unexpected_error_is_a_500_problem_and_the_keep_alive_connection_serv
         return int(resp.extensions["network_stream"].get_extra_info("client_addr")[1])
 
     with serving(create_app(config, store)) as url, httpx.Client(base_url=url, timeout=30) as client:
-        monkeypatch.setattr(store, "list_policies", boom)
+        monkeypatch.setattr(store, "read_policies", boom)
         failed = client.get("/v1/policies")
         monkeypatch.undo()
         served_next = [client.get("/v1/policies") for _ in range(3)]
