@@ -329,7 +329,8 @@ async def _texts(
     ends in a later token's text; it may begin in the first ``min_tokens``
     tokens' text (as vLLM's).  After a stop string, tokens the core generated
     before the stop reached it are dropped.  An echoed ``prompt``'s logprobs come first, with the first
-    output (as vLLM's), and the generated tokens' text offsets count from the end of ``prefix``.
+    output (as vLLM's), and the generated tokens' text offsets count from the end of ``prefix`` (with
+    logprobs, from the end of the prompt entries' running sum, as vLLM's).
     """
     decoder = tokenizer.stream()
     matcher = StopMatcher(gen.stops)
@@ -344,6 +345,8 @@ async def _texts(
         entries: list[LogprobEntry] | None = [] if want_logprobs else None
         if entries is not None and out is first:
             entries += _echoed_entries(tokenizer, gen, prompt, out)
+            if entries:  # vLLM's offsets run on over the echo's token texts, which multi-byte text makes shorter
+                base = entries[-1].text_offset + len(entries[-1].token)
         if entries is not None and out.is_stop_token and out.token_id is not None and out.logprobs is not None \
                 and not stopped:  # listed though not shown, as vLLM lists it
             entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, base + decoded))

@@ -180,3 +180,19 @@ def test_an_echoed_prompt_keeps_its_special_tokens_and_its_offsets_index_the_ech
     assert choice["text"] == text and tokens[0] == "<|im_start|>" and tokens[-1] == "<|im_end|>"
     assert choice["logprobs"]["text_offset"] == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
     assert [text[o:o + len(t)] for t, o in zip(tokens, choice["logprobs"]["text_offset"], strict=True)] == tokens
+
+
+@pytest.mark.integration
+def test_generated_offsets_run_on_from_an_echoed_multibyte_prompt(tiny_checkpoint: Path) -> None:
+    """vLLM sums the token texts' lengths over the echo and the generated tokens alike, so the first generated
+    token sits right after the last prompt token, even where multi-byte text decodes shorter token by token."""
+    server, _ = serve(tiny_checkpoint)
+    try:
+        choice = httpx.post(server.url + "/v1/completions", timeout=30, json={
+            "prompt": "价格 ok", "max_tokens": 3, "echo": True, "logprobs": 0, "ignore_eos": True,
+        }).json()["choices"][0]
+    finally:
+        server.stop()
+    tokens, offsets = choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"]
+    assert len(tokens) >= 4
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
