@@ -23,16 +23,25 @@ from router.monitor import Repeating
 _log = logging.getLogger(__name__)
 
 
-def endpoints_from(document: object) -> tuple[str, ...]:
-    """The replica URLs of a ``/v1/policies/{name}/endpoints`` answer; DataError when it is not one."""
+def endpoints_from(document: object) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The usable replica URLs of a ``/v1/policies/{name}/endpoints`` answer, and why the others are not.
+
+    The controller accepts URLs with a path (it scrapes ``{path}/metrics``
+    behind a gateway); the router forwards ``/v1/...`` to base URLs only, so
+    it leaves such a URL out and says why rather than refusing the whole
+    list.  DataError when the answer is not a list of strings, or when every
+    listed URL is unusable (the current set is then kept).
+    """
     if not isinstance(document, dict) or not isinstance(document.get("endpoints"), list):
         raise DataError("the controller's answer has no endpoints list")
     urls = document["endpoints"]
     if not all(isinstance(u, str) for u in urls):
         raise DataError("the controller's endpoints are not all URLs")
-    if problems := [p for u in urls if (p := base_url_problem("endpoint", u)) is not None]:
-        raise DataError("the controller lists replicas the router cannot use: " + "; ".join(problems))
-    return tuple(dict.fromkeys(u.rstrip("/") for u in urls))
+    problems = {u: p for u in urls if (p := base_url_problem("endpoint", u)) is not None}
+    usable = tuple(dict.fromkeys(u.rstrip("/") for u in urls if u not in problems))
+    if urls and not usable:
+        raise DataError("the controller lists only replicas the router cannot use: " + "; ".join(problems.values()))
+    return usable, tuple(problems.values())
 
 
 def only_policy(document: object) -> str:
@@ -66,14 +75,17 @@ class Membership(Repeating):
         try:
             if self.policy is None:
                 self.policy = only_policy(await self._get_json("/v1/policies"))
-            urls = endpoints_from(await self._get_json(f"/v1/policies/{self.policy}/endpoints"))
+            urls, unusable = endpoints_from(await self._get_json(f"/v1/policies/{self.policy}/endpoints"))
         except (DataError, ValueError, *UPSTREAM_FAILURES) as exc:
             message = str(exc) or type(exc).__name__
             if message != self.last_error:
                 _log.warning("replica set not read from %s: %s", self.base, message)
             self.last_error = message
             return
-        self.last_error = None
+        left_out = "; ".join(unusable) or None
+        if left_out is not None and left_out != self.last_error:
+            _log.warning("replicas from %s left out: %s", self.base, left_out)
+        self.last_error = left_out
         added, removed = self.router.set_replicas(urls)
         for name in added:
             _log.info("replica %s added by the controller", name)

@@ -54,12 +54,16 @@ def _add_policies(url: str, names: tuple[str, ...]) -> None:
 
 
 def test_the_answers_are_checked() -> None:
-    assert endpoints_from({"endpoints": ["http://a:1/", "http://a:1", "http://b:2"]}) == ("http://a:1", "http://b:2")
+    listed = {"endpoints": ["http://a:1/", "http://a:1", "http://b:2"]}
+    assert endpoints_from(listed) == (("http://a:1", "http://b:2"), ())
+    assert endpoints_from({"endpoints": []}) == ((), ())
     for bad in ({}, {"endpoints": "http://a:1"}, {"endpoints": ["ftp://a"]}, [1], {"endpoints": [1]}):
         with pytest.raises(DataError):
             endpoints_from(bad)
-    with pytest.raises(DataError, match="'http://b:2/v1' must be"):
-        endpoints_from({"endpoints": ["http://a:1", "http://b:2/v1"]})  # its requests went to /v1/v1/completions
+    # The controller scrapes a URL with a path (behind a gateway); the router cannot forward to one
+    # (its requests went to /v1/v1/completions), so that one is left out and named, the rest are used.
+    usable, unusable = endpoints_from({"endpoints": ["http://a:1", "http://b:2/v1"]})
+    assert usable == ("http://a:1",) and len(unusable) == 1 and "'http://b:2/v1' must be" in unusable[0]
     with pytest.raises(DataError, match="'http://b:99999' is not a URL"):
         endpoints_from({"endpoints": ["http://b:99999"]})
     assert only_policy({"items": [{"name": "qwen"}]}) == "qwen"
@@ -128,6 +132,27 @@ def test_several_policies_and_none_named_keep_the_set_and_say_why(tmp_path: Path
             return routing.pool.names
 
         assert asyncio.run(named()) == ("http://127.0.0.1:9",)
+
+
+def test_a_listed_url_with_a_path_is_left_out_and_the_rest_routed(tmp_path: Path) -> None:
+    """The controller accepts ``http://gw/model-b`` (it scrapes ``/model-b/metrics``); the router keeps the
+    replicas it can forward to and names the one it cannot, instead of refusing the list and serving 503."""
+    view = Replicas()
+    view.urls = ["http://127.0.0.1:9", "http://gw.example:80/model-b"]
+    settings = ControllerSettings(db=str(tmp_path / "c.db"), api_token=TOKEN)
+    with serving(controller_app(settings, Store(settings.db_url), service=view)) as controller:
+        _add_policies(controller, ("a",))
+
+        async def go() -> tuple[str | None, tuple[str, ...]]:
+            routing = Router(RouterConfig(controller_url=controller))
+            membership = Membership(routing)
+            await membership.refresh()
+            await routing.aclose()
+            return membership.last_error, routing.pool.names
+
+        error, names = asyncio.run(go())
+    assert names == ("http://127.0.0.1:9",)
+    assert error is not None and "model-b" in error
 
 
 def test_an_added_replica_takes_requests_only_after_its_health_checks() -> None:
