@@ -19,7 +19,9 @@ replica is the Pollaczek-Khinchine M/G/1 queue), ITL's from the Poisson spread o
 *normalized* TTFT (:mod:`contracts.ttft_objective`): a prompt's long-prompt allowance is
 taken off its prefill.  Prompts no replica can serve within the objective (beyond
 :meth:`CapacityModel.longest_feasible_prompt`) cannot be helped by more replicas: the tail's
-own prefill sets a floor, and the queue may add a fifth of the objective on top of it.
+own prefill sets a floor, and the queue may add a fifth of the objective on top of it.  ITL has its floor
+too (:attr:`CapacityModel.itl_floor_s`, one step of the smallest batch): an objective below it sizes for
+the floor plus a margin, not for every replica there is.
 A prefix-cache hit rate ``h`` (observed: ``vllm:prefix_cache_hits`` over
 ``vllm:prefix_cache_queries``) leaves ``1 - h (1 - c)`` of the prompt's prefill work, ``c``
 being the profile's ``cached_token_cost`` (what a cached token still costs; 0: nothing).
@@ -288,6 +290,23 @@ class CapacityModel:
             self.prefill_speed_correction, prompt_tokens_per_prefill_s / predicted, weight
         )
 
+    @property
+    def itl_floor_s(self) -> float:
+        """p99 ITL of a replica with the smallest batch and no prefill beside it: no fleet size goes below it."""
+        return self.profile.step_s(_Z99)
+
+    def itl_limit_s(self, headroom: float | None = None) -> float:
+        """The p99 ITL a fleet is sized for: the objective's ``headroom`` share (by default the targets' own), or,
+        where that is below what a replica reaches, the floor plus a fifth of the larger of floor and objective.
+
+        As for TTFT's floor: more replicas cannot take ITL below one step of the smallest batch, so an objective
+        under it (a measured profile's slower steps, say) sizes as if it were there instead of asking for every
+        replica there is."""
+        t = self.targets
+        room = t.headroom if headroom is None else headroom
+        floor = self.itl_floor_s
+        return max(t.itl_s * room, floor + 0.2 * max(t.itl_s, floor))
+
     def meets_targets(self, prediction: Prediction, headroom: float | None = None) -> bool:
         t = self.targets
         room = t.headroom if headroom is None else headroom
@@ -297,7 +316,7 @@ class CapacityModel:
         return (
             prediction.stable
             and prediction.ttft_p99_s <= ttft_limit
-            and prediction.itl_p99_s <= t.itl_s * room
+            and prediction.itl_p99_s <= self.itl_limit_s(room)
             and prediction.kv_utilization <= room
             and prediction.running_per_replica <= self.profile.max_num_seqs * room
         )

@@ -329,6 +329,9 @@ class PredictiveAdvisor:
             "itl_correction": round(capacity.itl_correction, 4),
             "prefill_speed_correction": round(capacity.prefill_speed_correction, 4),
         }
+        targets = capacity.targets
+        if capacity.itl_limit_s() > targets.itl_s * targets.headroom:  # the objective is below what replicas reach
+            details["itl_floor_s"] = round(capacity.itl_floor_s, 6)
         needs = self._load_needs(policy, capacity, obs, served, ready)
         if offered.request_rate_rps > served.request_rate_rps:
             # Refusals at the entry router are demand now: their need carries its own reason, a pressure

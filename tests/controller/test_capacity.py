@@ -168,3 +168,25 @@ def test_a_heavier_prompt_tail_needs_at_least_as_many_replicas() -> None:
     heavy.observe_length_tail(2.0, 7.0)
     assert heavy.predict(load, 6).itl_p99_s > nominal.predict(load, 6).itl_p99_s
     assert heavy.replicas_needed(load) >= nominal.replicas_needed(load)
+
+
+def test_an_itl_objective_below_the_profiles_floor_buys_no_replicas() -> None:
+    """An 8 ms ITL objective on the default profile, whose smallest batch already steps in ~7.5 ms: 8 ms less the
+    headroom (6.8 ms) is below what any replica reaches, and the model asked for 100,000 replicas for half a
+    request a second (the fleet went to max_replicas and stayed there with every SLI met)."""
+    from controller.capacity import MAX_REPLICAS
+
+    light = load(0.5, prompt=1000.0, output=200.0)
+    for itl_s in (0.008, 0.001):
+        model = CapacityModel(DEFAULT_PROFILE, Targets(itl_s=itl_s))
+        need = model.replicas_needed(light)
+        assert need <= 2 < MAX_REPLICAS
+        assert model.itl_floor_s > itl_s * model.targets.headroom
+        assert model.meets_targets(model.predict(light, need))
+    # An objective the replicas reach with headroom to spare is sized as before, its headroom kept.
+    reachable = CapacityModel(DEFAULT_PROFILE, Targets(itl_s=0.02))
+    assert reachable.itl_limit_s() == pytest.approx(0.02 * 0.85)
+    # Below the floor, more replicas do not help: the limit is the floor plus a margin, however low the objective.
+    assert CapacityModel(DEFAULT_PROFILE, Targets(itl_s=0.001)).itl_limit_s() == pytest.approx(
+        DEFAULT_PROFILE.step_s(2.326) * 1.2
+    )

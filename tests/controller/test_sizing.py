@@ -294,3 +294,26 @@ def test_replicas_the_load_added_after_a_verdict_wait_for_the_cooldown() -> None
     downs = [k for k, d in enumerate(decisions) if d.action == "scale_down"]
     assert downs and (downs[0] - 45) * TICK_S >= 900  # the load's last need for it was at tick 44
     assert not any("undo_to" in d.inputs for d in decisions)
+
+
+def test_an_itl_objective_below_the_profiles_floor_does_not_park_the_fleet_at_max() -> None:
+    """An 8 ms ITL objective that two replicas meet (p99 7.5 ms) but that, less its headroom, is below the
+    profile's smallest step: the current load's need was 100,000 replicas, and the fleet went to max_replicas and
+    stayed there, every SLI within its objective."""
+    core = build_decision_core(CoreOptions(tick_interval_s=TICK_S))
+    pol = policy().model_copy(update={"objectives": policy().objectives.model_copy(
+        update={"itl": policy().objectives.itl.model_copy(update={"threshold_s": 0.008})})})
+    current = 2
+    for k in range(60):
+        t = 1000.0 + k * TICK_S
+        sli = SliSnapshot(observed_at_s=t, requests_in_window=150, itl_events_in_window=30000, ttft_good_ratio=1.0,
+                          itl_good_ratio=0.9995, ttft_p99_s=0.1, itl_p99_s=0.0075)
+        obs = PolicyObservation(policy="p", observed_at_s=t, current_replicas=current, ready_replicas=current,
+                                request_rate_rps=0.5, prompt_tokens_per_s=500.0, output_tokens_per_s=100.0,
+                                queue_depth=0.0, running_requests=1.0, kv_cache_usage=0.05, sli=sli)
+        decision = core.tick(TickInput(now_s=t, policies={"p": pol}, observations={"p": obs})).decisions[0]
+        assert "at_max" not in decision.reasons
+        if decision.apply:
+            current = decision.desired_replicas or current
+    assert current <= 2
+    assert decision.inputs["sizing.predictive.itl_floor_s"] == pytest.approx(0.007465, abs=1e-6)
