@@ -131,6 +131,19 @@ class CapacityModel:
         """The last answer of :meth:`replicas_needed`: consecutive loads need about as many replicas, so the
         search starts there (two predictions instead of a dozen; the answer does not depend on it)."""
 
+    def carry_over(self, previous: CapacityModel) -> None:
+        """Take what ``previous`` (this policy's model before its objectives or profile changed) learnt: the
+        prefix-cache hit rate and the prompt-length tail always (they are the workload's); the latency and
+        prefill-speed corrections only for the same profile (they correct its predictions, not another's)."""
+        self.prefix_hit_rate = previous.prefix_hit_rate
+        if previous.length_tail_observed:
+            self.targets = replace(self.targets, prompt_cv2=previous.targets.prompt_cv2,
+                                   prompt_p99_over_mean=previous.targets.prompt_p99_over_mean)  # fmt: skip
+            self.length_tail_observed = True
+        if previous.profile == self.profile:
+            self.ttft_correction, self.itl_correction = previous.ttft_correction, previous.itl_correction
+            self.prefill_speed_correction = previous.prefill_speed_correction
+
     def predict(self, load: Load, replicas: int) -> Prediction:
         """Latencies of ``replicas`` under ``load``, with the online corrections applied.
 

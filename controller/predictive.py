@@ -106,7 +106,8 @@ class _ReadyHistory:
 
 @dataclass
 class _PolicyForecast:
-    """Everything the advisor keeps for one policy (rebuilt when the policy's sizing settings change)."""
+    """Everything the advisor keeps for one policy (rebuilt when the policy's sizing settings change, carrying over
+    what the new settings leave true: :meth:`carry_over`)."""
 
     key: tuple[object, ...]
     rate: AutoForecaster
@@ -122,6 +123,23 @@ class _PolicyForecast:
     _decayed_requests: float = 0.0
     _decayed_prompt: float = 0.0
     _decayed_output: float = 0.0
+
+    def carry_over(self, previous: _PolicyForecast) -> None:
+        """Take what ``previous`` (the policy's state before its settings changed) learnt: the load history on its
+        clock (the fitted forecaster too where its configuration is the same), the lengths, the fleet sizes the SLI
+        window held, the capacity model's corrections and prompt-length tail, and the audit's scores and verdict
+        (judged again under the new bounds).  Only what the settings make wrong restarts: corrections made to
+        another profile, a forecaster for another horizon (refitted on the same history)."""
+        if previous.rate.config == self.rate.config:
+            self.rate = previous.rate
+        else:
+            self.rate.history.extend(previous.rate.history.values())
+        self.audit = previous.audit.rebound(self.audit.bounds)
+        self.capacity.carry_over(previous.capacity)
+        self.bins, self.last_observed_at_s = previous.bins, previous.last_observed_at_s  # gaps after it still fill
+        self.ready_seen, self.last_corrected_at_s = previous.ready_seen, previous.last_corrected_at_s
+        self._decayed_requests = previous._decayed_requests
+        self._decayed_prompt, self._decayed_output = previous._decayed_prompt, previous._decayed_output
 
     def skip_missed(self, at_s: float) -> None:
         """Before an observation at ``at_s``: the bins since the last one that were never observed (the
@@ -273,12 +291,9 @@ class PredictiveAdvisor:
             headroom=self.config.headroom,
             ttft_allowance=objectives.ttft.allowance,
         )
-        rate = AutoForecaster(forecast_config, refit_phase=zlib.crc32(policy.name.encode()), auto_refit=False)
-        if state is not None:
-            rate.history.extend(state.rate.history.values())  # a settings change keeps the history
-        state = _PolicyForecast(
+        fresh = _PolicyForecast(
             key=key,
-            rate=rate,
+            rate=AutoForecaster(forecast_config, refit_phase=zlib.crc32(policy.name.encode()), auto_refit=False),
             capacity=CapacityModel(policy.profile or self.config.profile, targets),
             audit=ForecastAudit(
                 AuditBounds(
@@ -287,10 +302,11 @@ class PredictiveAdvisor:
                 )
             ),
             min_history_bins=min_bins,
-            last_observed_at_s=None if state is None else state.last_observed_at_s,  # gaps after it still fill
         )
-        self._state[policy.name] = state
-        return state
+        if state is not None:
+            fresh.carry_over(state)  # a settings change keeps what the new settings leave true
+        self._state[policy.name] = fresh
+        return fresh
 
     def forget(self, policy_name: str) -> None:
         self._state.pop(policy_name, None)

@@ -110,16 +110,31 @@ class ForecastAudit:
             return None
         _, point, lower, upper = self._pending.popleft()
         scored = ScoredForecast(bin_index, actual, point, lower, upper)
+        self._add(scored)
+        self._judge()
+        return scored
+
+    def rebound(self, bounds: AuditBounds) -> ForecastAudit:
+        """This audit under other bounds (the policy's changed): the forecasts awaited and the last ``window``
+        scored carry over, and so does the verdict, judged again under the new bounds (with its hysteresis), so
+        a tighter bound does not trust a forecast just distrusted until enough new ones are scored."""
+        audit = ForecastAudit(bounds)
+        audit._pending = deque(self._pending)
+        for scored in self._scored:
+            audit._add(scored)
+        audit.reliable = self.reliable
+        audit._judge()
+        return audit
+
+    def _add(self, scored: ScoredForecast) -> None:
         if len(self._scored) == self._scored.maxlen:
             self._forget(self._scored[0])
         self._scored.append(scored)
-        self._abs_error += abs(actual - point)
-        self._actual += abs(actual)
-        self._noise += self._noise_of(actual)
+        self._abs_error += abs(scored.actual - scored.point)
+        self._actual += abs(scored.actual)
+        self._noise += self._noise_of(scored.actual)
         self._covered += scored.covered
         self._with_interval += scored.has_interval
-        self._judge()
-        return scored
 
     def _forget(self, old: ScoredForecast) -> None:
         self._abs_error -= abs(old.actual - old.point)
