@@ -97,6 +97,10 @@ class ReactiveAdvisor:
         self._sli_steps: dict[str, tuple[float, int]] = {}
         """Per policy: when the SLIs last asked for more replicas, and how many."""
 
+    def forget(self, policy_name: str) -> None:
+        """A deleted policy's SLI step goes with it (one created again under the name is another workload)."""
+        self._sli_steps.pop(policy_name, None)
+
     def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
         cfg = self.config
         current = observation.current_replicas

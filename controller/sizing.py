@@ -78,6 +78,7 @@ class SizingAdvisor:
 
     def forget(self, policy_name: str) -> None:
         self.predictive.forget(policy_name)
+        self.reactive.forget(policy_name)
         self.checker.forget(policy_name)
 
     def _feasible(

@@ -317,3 +317,22 @@ def test_an_itl_objective_below_the_profiles_floor_does_not_park_the_fleet_at_ma
             current = decision.desired_replicas or current
     assert current <= 2
     assert decision.inputs["sizing.predictive.itl_floor_s"] == pytest.approx(0.007465, abs=1e-6)
+
+
+def test_a_deleted_policys_reactive_step_goes_with_it() -> None:
+    """A policy deleted after an SLO-driven scale-up and created again under its name for another workload (8
+    replicas, SLO burning): the deleted one's SLI step (to 4 replicas) was still in force, so the new one got no
+    scale-up for a whole SLI window, only 'scale_up_pending'."""
+    core = build_decision_core(CoreOptions(tick_interval_s=TICK_S))
+    burning = SliSnapshot(observed_at_s=0.0, requests_in_window=3000, itl_events_in_window=1e6,
+                          ttft_good_ratio=0.95, itl_good_ratio=0.999, ttft_p99_s=0.9, itl_p99_s=0.01)  # fmt: skip
+
+    def obs(t: float, replicas: int) -> PolicyObservation:
+        return replace(observe(t, float(replicas), replicas), sli=replace(burning, observed_at_s=t))
+
+    first = core.tick(TickInput(now_s=1000.0, policies={"p": policy()}, observations={"p": obs(1000.0, 2)}))
+    assert first.decisions[0].action == "scale_up"
+    core.tick(TickInput(now_s=1015.0, policies={}, observations={}))  # deleted
+    again = core.tick(TickInput(now_s=1030.0, policies={"p": policy()}, observations={"p": obs(1030.0, 8)}))
+    assert "scale_up_pending" not in again.decisions[0].reasons
+    assert again.decisions[0].action == "scale_up"
