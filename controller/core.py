@@ -142,11 +142,7 @@ class DecisionCore:
             self.decide(policy, inp.observations.get(name), inp.now_s) for name, policy in sorted(inp.policies.items())
         )
         for gone in self.state.keys() - inp.policies.keys():
-            del self.state[gone]
-            for advisor in self.advisors:
-                forget = getattr(advisor, "forget", None)
-                if forget is not None:
-                    forget(gone)  # advisors keep per-policy history; a deleted policy's goes with it
+            self.forget(gone)
         diagnostics: dict[str, Scalar] = {"policies": len(decisions)}
         actions = Counter(d.action for d in decisions)
         for action in ("hold", "scale_up", "scale_down"):
@@ -157,6 +153,14 @@ class DecisionCore:
         return Effects(
             decisions=decisions, next_tick_s=inp.now_s + self.config.tick_interval_s, diagnostics=diagnostics
         )
+
+    def forget(self, policy: str) -> None:
+        """Drop what the core and its advisors keep for a policy: deleted, or created again under its name."""
+        self.state.pop(policy, None)
+        for advisor in self.advisors:
+            forget = getattr(advisor, "forget", None)
+            if forget is not None:
+                forget(policy)
 
     def warm_start(self, policy: Policy, history: LoadHistory) -> int:
         """Seed the advisors' per-policy history (oldest first, one value per tick); returns advisors seeded."""

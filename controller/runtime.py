@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -32,6 +32,23 @@ class PolicyRuntime:
     """The forecast (``ForecastView`` as JSON) and whether it sized the fleet (``in_use``)."""
     decision: dict[str, Any] | None = None
     """The last decision: action, reasons, detail."""
+
+
+@dataclass
+class Creations:
+    """When each listed policy was created: one missing from a later listing, or listed with another creation time
+    (deleted and created again between two ticks, for another model say), is gone, and what was learnt of it too."""
+
+    created_at: dict[str, datetime] = field(default_factory=dict)
+
+    def gone(self, listed: Mapping[str, datetime], unreadable: Collection[str], known: Iterable[str] = ()) -> list[str]:
+        """The policies gone since the last listing (``known``: names the caller still keeps); remembers ``listed``.
+        A policy this version cannot read (a newer controller wrote it) is not gone: what it runs stays."""
+        seen = self.created_at.keys() | set(known)
+        gone = {name for name in seen - listed.keys() if name not in unreadable}
+        gone |= {name for name, at in listed.items() if self.created_at.get(name, at) != at}
+        self.created_at = {name: at for name, at in self.created_at.items() if name in unreadable} | dict(listed)
+        return sorted(gone)
 
 
 def json_safe(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,4 +89,4 @@ def seen_view(obs: PolicyObservation | None) -> dict[str, Any]:
     })
 
 
-__all__ = ["PolicyRuntime", "json_safe", "seen_view", "sli_view"]
+__all__ = ["Creations", "PolicyRuntime", "json_safe", "seen_view", "sli_view"]

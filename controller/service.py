@@ -43,7 +43,7 @@ from controller.decision_log import INTERRUPTED, decision_record, interrupted_de
 from controller.errors import ActuationError, LeadershipLostError
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.policy import LocalTarget, Mode, Policy
-from controller.runtime import FORECAST_NOT_IN_USE, PolicyRuntime, json_safe, seen_view, sli_view
+from controller.runtime import FORECAST_NOT_IN_USE, Creations, PolicyRuntime, json_safe, seen_view, sli_view
 from controller.slo import error_budget_remaining
 from controller.sources import BURN_WINDOWS, SliSource, configured_source
 from controller.sources.base import LateAnswerError, burn_rates_of, within
@@ -107,6 +107,7 @@ class ControllerService:
         self.clock = clock
         self.wall_clock = wall_clock
         self._runtime: dict[str, PolicyRuntime] = {}
+        self._creations = Creations()
         self._last_tick_at: datetime | None = None
         self._started_at: datetime | None = None
         self._task: asyncio.Task[None] | None = None
@@ -157,17 +158,9 @@ class ControllerService:
             return None
         stored = listing.readable
         by_name = {s.policy.name: s for s in stored}
-        # A policy this version cannot read (a newer controller wrote it) is not deleted: what it runs stays.
-        unreadable = {u.name for u in listing.unreadable}
-        for gone in self._runtime.keys() - by_name.keys() - unreadable:
-            del self._runtime[gone]
-            self.metrics.forget_policy(gone)
-            if self.history is not None:
-                self.history.forget(gone)
-            try:  # what the actuator itself started for it stops (a local replica would hold its CPUs)
-                await self.actuator.release(gone)
-            except ActuationError as exc:
-                log.warning("policy %r deleted, but releasing what it ran failed: %s", gone, exc)
+        listed = {name: entry.created_at for name, entry in by_name.items()}
+        for gone in self._creations.gone(listed, {u.name for u in listing.unreadable}, known=self._runtime):
+            await self._forget(gone)
         policies = [s.policy for s in stored]
         if self.history is not None:
             try:  # the policies it did not reach are warm-started at a later tick
@@ -192,6 +185,19 @@ class ControllerService:
             await self._prune()
         self.metrics.observe_evaluation(self.clock() - started_s)
         return effects
+
+    async def _forget(self, name: str) -> None:
+        """A policy deleted, or created again under its name: the core's and advisors' state, the runtime, the
+        metrics and the load history go, and what the actuator itself started stops (a local replica holds CPUs)."""
+        self._runtime.pop(name, None)
+        self.core.forget(name)
+        self.metrics.forget_policy(name)
+        if self.history is not None:
+            self.history.forget(name)
+        try:
+            await self.actuator.release(name)
+        except ActuationError as exc:
+            log.warning("policy %r deleted, but releasing what it ran failed: %s", name, exc)
 
     async def _act(self, tick: TickInput, effects: Effects, by_name: Mapping[str, StoredPolicy], leader: bool) -> None:
         """Carry out the decisions, rebalance and log every outcome.  A shutdown (SIGTERM) meanwhile lets this run on

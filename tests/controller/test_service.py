@@ -570,3 +570,38 @@ def test_a_policy_created_again_learns_nothing_from_the_deleted_ones_stored_load
     asyncio.run(service.tick())
     runtime = service.runtime("chat")
     assert runtime is not None and runtime.seen["history_warm_start"] == "none"
+
+
+def test_a_policy_deleted_and_created_again_between_two_ticks_starts_afresh(tmp_path: Path) -> None:
+    """A policy deleted and created again under its name (another model) before the next tick: the service saw the
+    name at both ticks and kept everything the deleted one had learnt (forecaster history, capacity corrections,
+    scale checks, cooldown), so the new workload was sized from the old one's load."""
+    from controller.builder import CoreOptions, build_decision_core
+    from controller.sizing import SizingAdvisor
+
+    clock = Clock()
+    core = build_decision_core(CoreOptions(tick_interval_s=15.0, stale_after_s=60.0))
+    actuator = DryRunActuator()
+    service, store, _ = _service(tmp_path, clock, core=core, actuator=actuator)
+    load = {"request_rate_rps": 40.0, "prompt_tokens_per_s": 4e4, "output_tokens_per_s": 8e3, "queue_depth": 0.0,
+            "running_requests": 10.0, "kv_cache_usage": 0.3}  # fmt: skip
+    store.create_policy(_policy())
+    for _ in range(20):
+        service.source.fields = {**load, "sli": SliSnapshot(  # type: ignore[attr-defined]
+            observed_at_s=clock.now_s, requests_in_window=5000, ttft_good_ratio=0.9, itl_good_ratio=0.9,
+            ttft_p99_s=3.0, itl_p99_s=0.2)}  # fmt: skip
+        asyncio.run(service.tick())
+        clock.now_s += 15.0
+    sizing = core.advisors[0]
+    assert isinstance(sizing, SizingAdvisor)
+    assert sizing.predictive.history_bins("chat") == 20
+    store.delete_policy("chat")
+    store.create_policy(_policy())
+    service.source.fields = {**load, "request_rate_rps": 1.0}  # type: ignore[attr-defined]
+    actuator.counts["chat"] = 1
+    effects = asyncio.run(service.tick())
+    assert effects is not None
+    decision = effects.for_policy("chat")
+    assert sizing.predictive.history_bins("chat") == 1
+    assert decision.inputs["sizing.predictive.ttft_correction"] == 1.0
+    assert {at for at, _ in core.state["chat"].recent_needs} == {clock.now_s}  # its stabilization window starts now
