@@ -84,7 +84,9 @@ class _Pending:
     causes: frozenset[str]
     started_s: float
     ready_s: float | None
-    ratio_before: float | None
+    p99s_before: tuple[float | None, float | None]
+    """(TTFT, ITL) p99 at the chain's first step: judged against the objectives in force at the verdict, as the p99s
+    after it are (an objective changed in between must not decide the verdict)."""
     served_before: float | None
     queue_before: float
     refused_before: float
@@ -108,14 +110,20 @@ class _PolicyChecks:
 
 def latency_ratio(policy: Policy, obs: PolicyObservation) -> float | None:
     """The worst p99 / objective of TTFT and ITL (None: no p99 observed)."""
+    return _worst_ratio(policy, _p99s(obs))
+
+
+def _p99s(obs: PolicyObservation) -> tuple[float | None, float | None]:
+    """The observed (TTFT, ITL) p99s."""
     sli = obs.sli
-    if sli is None:
-        return None
-    ratios = [
-        p99 / objective.threshold_s
-        for p99, objective in ((sli.ttft_p99_s, policy.objectives.ttft), (sli.itl_p99_s, policy.objectives.itl))
-        if p99 is not None and math.isfinite(p99)
-    ]
+    return (None, None) if sli is None else (sli.ttft_p99_s, sli.itl_p99_s)
+
+
+def _worst_ratio(policy: Policy, p99s: tuple[float | None, float | None]) -> float | None:
+    """The worst of the (TTFT, ITL) p99s over the policy's objectives (None: neither known)."""
+    objectives = (policy.objectives.ttft, policy.objectives.itl)
+    ratios = [p99 / objective.threshold_s for p99, objective in zip(p99s, objectives, strict=True)
+              if p99 is not None and math.isfinite(p99)]  # fmt: skip
     return max(ratios) if ratios else None
 
 
@@ -183,7 +191,7 @@ class ScaleChecker:
                 state.pending = _Pending(
                     before=previous, after=current, pressed_to=current, causes=state.last_causes, started_s=now_s,
                     ready_s=None,
-                    ratio_before=latency_ratio(policy, obs), served_before=obs.output_tokens_per_s,
+                    p99s_before=_p99s(obs), served_before=obs.output_tokens_per_s,
                     queue_before=waiting(obs), refused_before=router_refused(obs),
                     predicted_gain=_predicted_gain(capacity, offered_load(obs), previous, current),
                 )
@@ -228,13 +236,13 @@ class ScaleChecker:
 
     def _effective(self, policy: Policy, obs: PolicyObservation, pending: _Pending) -> tuple[bool, str]:
         gain_needed = self.config.min_gain
-        ratio_now = latency_ratio(policy, obs)
+        ratio_now, ratio_before = latency_ratio(policy, obs), _worst_ratio(policy, pending.p99s_before)
         parts = []
         if ratio_now is not None and ratio_now <= 1.0:
             return True, f"p99 within the objectives (worst p99/objective {ratio_now:.2f})"
-        if ratio_now is not None and pending.ratio_before is not None and pending.ratio_before > 0:
-            gain = 1.0 - ratio_now / pending.ratio_before
-            parts.append(f"worst p99/objective {pending.ratio_before:.2f} -> {ratio_now:.2f} "
+        if ratio_now is not None and ratio_before is not None and ratio_before > 0:
+            gain = 1.0 - ratio_now / ratio_before
+            parts.append(f"worst p99/objective {ratio_before:.2f} -> {ratio_now:.2f} "
                          f"({gain:+.0%}, predicted {pending.predicted_gain:+.0%})")
             if gain >= max(gain_needed * pending.predicted_gain, self.config.noise_gain):
                 return True, "; ".join(parts)

@@ -173,3 +173,27 @@ def test_a_chain_expects_throughput_only_from_its_steps_for_pressure() -> None:
     verdict = checker.observe(POLICY, replace(refusing(200.0, 8, 16.0, 4.0), ready_replicas=8), 200.0, CAPACITY)
     assert verdict is not None and verdict.startswith("scale-up 2 -> 8 effective")
     assert "served output tokens/s 1000 -> 1600 (+60%, capacity added for pressure +100%)" in verdict
+
+
+def test_a_verdict_judges_both_p99s_against_the_objective_in_force() -> None:
+    """TTFT p99 0.8 s at the scale-up (objective 0.5 s), 0.45 s at the verdict after the objective was tightened to
+    0.25 s: the verdict compared 0.8/0.5 with 0.45/0.25 (1.60 -> 1.80) and held a scale-up that cut the p99 by 44 %."""
+
+    def ttft(threshold_s: float) -> Policy:
+        return POLICY.model_copy(update={"objectives": POLICY.objectives.model_copy(
+            update={"ttft": POLICY.objectives.ttft.model_copy(update={"threshold_s": threshold_s})})})
+
+    def seen(at_s: float, current: int, ready: int, ttft_p99_s: float) -> PolicyObservation:
+        sli = SliSnapshot(observed_at_s=at_s, requests_in_window=3000, ttft_p99_s=ttft_p99_s, itl_p99_s=0.01)
+        return observe(at_s, current, ready_replicas=ready, request_rate_rps=10.0, prompt_tokens_per_s=5000.0,
+                       output_tokens_per_s=1000.0, running_requests=8.0, sli=sli)  # fmt: skip
+
+    checker, before = ScaleChecker(), ttft(0.5)
+    checker.note_advice("chat", 6, (Reason.LATENCY_P99,))
+    checker.observe(before, seen(0.0, 4, 4, 0.8), 0.0, CAPACITY)
+    checker.observe(before, seen(15.0, 6, 4, 0.8), 15.0, CAPACITY)  # the scale-up 4 -> 6 shows
+    checker.observe(before, seen(30.0, 6, 6, 0.7), 30.0, CAPACITY)  # ready
+    tightened = ttft(0.25)
+    verdict = checker.observe(tightened, seen(120.0, 6, 6, 0.45), 120.0, CAPACITY)
+    assert verdict is not None and "effective" in verdict and "3.20 -> 1.80" in verdict
+    assert checker.held(tightened, seen(135.0, 6, 6, 0.45), 135.0) is None
