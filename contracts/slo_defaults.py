@@ -29,6 +29,8 @@ LEAD_TIME_S = 120
 """Seconds a new replica takes to serve: how far ahead the controller must act."""
 MAX_SCALE_DOWN_RATE = 2.0
 """A scale-down keeps at least the current replicas over this (Knative's ``max-scale-down-rate``): half the fleet."""
+SIZING_HEADROOM = 0.85
+"""The share of each latency objective (and of KV and batch capacity) the fleet is sized to."""
 
 __all__ = [
     "COMPLIANCE_WINDOW",
@@ -38,6 +40,7 @@ __all__ = [
     "MAX_IMBALANCE_CV",
     "MAX_SCALE_DOWN_RATE",
     "SCALE_DOWN_COOLDOWN_S",
+    "SIZING_HEADROOM",
     "TTFT_PER_1K_PROMPT_TOKENS_S",
     "TTFT_REFERENCE_PROMPT_TOKENS",
     "TTFT_THRESHOLD_S",

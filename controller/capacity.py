@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
+from contracts.slo_defaults import ITL_THRESHOLD_S, SIZING_HEADROOM, TTFT_THRESHOLD_S
 from contracts.ttft_objective import FLAT, TtftAllowance
 from controller.queueing import mgn_waits
 from controller.replica_profile import DEFAULT_PROFILE, PrefixProbe, ProfilePoint, ReplicaProfile
@@ -82,7 +82,7 @@ class Load:
 class Targets:
     ttft_s: float = TTFT_THRESHOLD_S
     itl_s: float = ITL_THRESHOLD_S
-    headroom: float = 0.85
+    headroom: float = SIZING_HEADROOM
     """Size for this fraction of each target, leaving room for what the model does not see."""
     prompt_cv2: float = 0.8
     """Squared coefficient of variation of prompt lengths (Azure 2023 conversation: ~0.8)."""

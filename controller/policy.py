@@ -29,6 +29,7 @@ from contracts.slo_defaults import (
     MAX_IMBALANCE_CV,
     MAX_SCALE_DOWN_RATE,
     SCALE_DOWN_COOLDOWN_S,
+    SIZING_HEADROOM,
     TTFT_REFERENCE_PROMPT_TOKENS,
     TTFT_THRESHOLD_S,
 )
@@ -247,6 +248,11 @@ class Scaling(_Strict):
     2: at most half the fleet at once).  Below that the capacity model would be trusted at a size the fleet has
     not been seen to serve at, and a wrong guess costs a start-up time of missed objectives.  A fleet going to
     zero (an idle router, ``min_replicas: 0``) is not held by it."""
+    headroom: Annotated[float, Field(strict=True, ge=0.5, le=1.0, allow_inf_nan=False)] = SIZING_HEADROOM
+    """The fleet is sized so that the capacity model's p99s stay within this share of each latency objective
+    (and the KV cache and batch within this share of theirs): what the model does not see (bursts inside a
+    tick, a replica's bad minute) comes out of the rest.  Lower buys attainment with replicas, as an HPA's
+    lower target does; 1 sizes for the objectives themselves."""
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:

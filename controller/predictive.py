@@ -60,8 +60,6 @@ class PredictiveConfig:
     rate_window_s: float | None = None
     """The observed request rates are arrivals counted over this window: the forecast audit does not hold
     their Poisson noise against the forecast (None: rates taken as exact)."""
-    headroom: float = 0.85
-    """Size for this fraction of each latency objective (see :class:`controller.capacity.Targets`)."""
     correct_online: bool = True
     min_requests_for_correction: float = 20.0
     """Fewer finished requests than this in the SLI window: its p99s are a few requests' worst (a fresh
@@ -225,7 +223,7 @@ class Assessment:
 def _sizing_key(policy: Policy) -> tuple[object, ...]:
     objectives = policy.objectives
     thresholds = (objectives.ttft.threshold_s, objectives.itl.threshold_s, objectives.ttft.allowance)
-    return (policy.forecast, policy.profile, policy.lead_time_s, thresholds)
+    return (policy.forecast, policy.profile, policy.lead_time_s, thresholds, policy.scaling.headroom)
 
 
 class PredictiveAdvisor:
@@ -288,7 +286,7 @@ class PredictiveAdvisor:
         targets = Targets(
             ttft_s=objectives.ttft.threshold_s,
             itl_s=objectives.itl.threshold_s,
-            headroom=self.config.headroom,
+            headroom=policy.scaling.headroom,
             ttft_allowance=objectives.ttft.allowance,
         )
         fresh = _PolicyForecast(

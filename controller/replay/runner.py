@@ -213,6 +213,7 @@ def build_strategy(setting: Setting, ctx: ReplayContext) -> ReplayStrategy:
         cooldown_s=round(setting.number("cooldown_s")),
         max_replicas=ctx.max_replicas,
         quantile=setting.number("quantile"),
+        headroom=setting.number("headroom"),
         ttft=config.targets,
     )
 

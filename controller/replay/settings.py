@@ -3,9 +3,12 @@
 A setting is written ``policy`` or ``policy:knob=value,knob=value`` (``hpa:target=0.6``,
 ``dynamo:predictor=kalman,headroom=0.8``).  Every policy is tuned on one knob (Dynamo's
 is the pair predictor x headroom, its load-based planner's its two thresholds, ours the pair quantile x
-cooldown); the grids are
-chosen on the tuning trace (the 2024 conversation week: each grid spans the settings where
-that policy goes from cheap and violating to expensive and compliant), the same for every trace.
+cooldown at the default sizing headroom, and the sizing headroom at 0.7 and 1 with the default quantile);
+the grids are chosen on the tuning trace (the 2024 conversation week: each grid spans the settings where
+that policy goes from cheap and violating to expensive and compliant), the same for every trace.  Two
+grids were widened from report traces, and say so: Dynamo's load-based planner's (the 2023 conversation
+trace) and our headroom's (Mooncake's real conversation trace, where no quantile or cooldown bought the
+last tenths of a point that the oracle buys at a lower headroom).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from contracts.errors import ValidationError
+from contracts.slo_defaults import SIZING_HEADROOM
 from controller.replay.strategies import STRATEGY_NAMES
 
 __all__ = ["DEFAULT_KNOBS", "SWEEP_GRIDS", "Setting", "parse_setting", "sweep_settings"]
@@ -28,7 +32,7 @@ DEFAULT_KNOBS: Mapping[str, Mapping[str, Knob]] = {
     "keda-kv": {"threshold": 0.7},
     "dynamo": {"predictor": "arima", "headroom": 1.0},
     "dynamo-load": {"scale_up": 1.0, "scale_down": 0.6},
-    "moeslo": {"quantile": 0.9, "cooldown_s": 180.0},
+    "moeslo": {"quantile": 0.9, "cooldown_s": 180.0, "headroom": SIZING_HEADROOM},
     "oracle": {"headroom": 0.85},
 }
 """What each policy runs with outside a sweep: its documented or most common setting.
@@ -52,6 +56,9 @@ them a policy means nothing.  Our quantile's is the policy's own (``ForecastSett
 median the fleet would be sized under the forecast.  The HPA's target may pass 1: its metric is load over what
 one replica sustains within the SLOs with each phase alone, which a replica of a large fleet can run past; its
 scale-down window is ``behavior.scaleDown.stabilizationWindowSeconds`` (at most an hour, as Kubernetes allows)."""
+POLICY_KNOB_RANGES: Mapping[tuple[str, str], tuple[float, float, str]] = {("moeslo", "headroom"): (0.5, 1.0, "[]")}
+"""Where a policy's knob has a narrower range than the knob's: ours' sizing headroom is the policy's own
+(``Scaling.headroom``)."""
 KNOB_CHOICES: Mapping[str, tuple[str, ...]] = {"predictor": ("constant", "kalman", "arima")}
 
 
@@ -79,9 +86,13 @@ SWEEP_GRIDS: Mapping[str, tuple[dict[str, Knob], ...]] = {
         for up in (0.1, 0.15, 0.2, 0.3, 0.4, 1.0)
     ),
     "moeslo": tuple(
-        {"quantile": quantile, "cooldown_s": cooldown}
+        dict[str, Knob]({"quantile": quantile, "cooldown_s": cooldown, "headroom": SIZING_HEADROOM})
         for cooldown in (0.0, 180.0, 900.0)
         for quantile in (0.5, 0.75, 0.9, 0.97)
+    ) + tuple(
+        dict[str, Knob]({"quantile": 0.9, "cooldown_s": cooldown, "headroom": headroom})
+        for headroom in (0.7, 1.0)
+        for cooldown in (0.0, 180.0, 900.0)
     ),
     "oracle": _grid("oracle", "headroom", (0.7, 0.8, 0.9, 1.0, 1.1)),
 }
@@ -128,7 +139,7 @@ def _knob_problem(policy: str, name: str, value: Knob) -> str | None:
     if name in KNOB_CHOICES:
         choices = KNOB_CHOICES[name]
         return None if value in choices else f"{policy}:{name} must be one of {', '.join(choices)}, got {value!r}"
-    low, high, ends = KNOB_RANGES[name]
+    low, high, ends = POLICY_KNOB_RANGES.get((policy, name), KNOB_RANGES[name])
     number = value if isinstance(value, float) else math.nan  # NaN is inside no range
     above = low <= number if ends[0] == "[" else low < number
     below = number <= high if ends[1] == "]" else number < high

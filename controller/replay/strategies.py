@@ -33,7 +33,7 @@ from typing import Protocol
 import numpy as np
 
 from contracts.errors import ValidationError
-from contracts.slo_defaults import LATENCY_TARGET
+from contracts.slo_defaults import LATENCY_TARGET, SIZING_HEADROOM
 from contracts.traces import FloatArray
 from controller.builder import CoreOptions, build_decision_core
 from controller.capacity import ReplicaProfile, Targets
@@ -278,10 +278,11 @@ class CoreStrategy:
         cooldown_s: int,
         max_replicas: int,
         quantile: float,
+        headroom: float = SIZING_HEADROOM,
         ttft: Targets | None = None,
     ) -> CoreStrategy:
-        """The policy a user would write: the replay's bounds and lead time, the knobs' quantile and cooldown,
-        and the replay's TTFT objective (threshold and long-prompt allowance)."""
+        """The policy a user would write: the replay's bounds and lead time, the knobs' quantile, cooldown and
+        sizing headroom, and the replay's TTFT objective (threshold and long-prompt allowance)."""
         targets = ttft or Targets()
         allowance = targets.ttft_allowance
         objectives = Objectives(
@@ -297,7 +298,8 @@ class CoreStrategy:
             target=LocalTarget(),
             objectives=objectives,
             scaling=Scaling(
-                min_replicas=1, max_replicas=max_replicas, scale_down_cooldown_s=cooldown_s, max_step=max_replicas
+                min_replicas=1, max_replicas=max_replicas, scale_down_cooldown_s=cooldown_s, max_step=max_replicas,
+                headroom=headroom,
             ),
             lead_time_s=lead_time_s,
             forecast=ForecastSettings(quantile=quantile),

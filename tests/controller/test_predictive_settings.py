@@ -79,3 +79,25 @@ def test_a_tighter_wape_bound_keeps_a_distrusted_forecast_distrusted() -> None:
     # A looser bound than the WAPE the audit holds trusts the forecast again, without waiting for new scores.
     looser = advisor.assess(policy(max_wape=5.0), slow(132 * TICK_S, 1.0), 132 * TICK_S)
     assert looser is not None and looser.forecast_status == ()
+
+
+def test_the_policys_sizing_headroom_sizes_the_fleet() -> None:
+    """``scaling.headroom`` is what the capacity model sizes to: a lower one buys more replicas for the same load
+    (and an edit of it keeps what was learnt, as other settings' edits do)."""
+    advisor = PredictiveAdvisor()
+    for k in range(40):
+        advisor.assess(policy(), slow(k * TICK_S), k * TICK_S)
+    default = advisor.capacity(policy())
+    tight_policy = policy().model_copy(update={"scaling": policy().scaling.model_copy(update={"headroom": 0.6})})
+    tight = advisor.capacity(tight_policy)
+    assert default.targets.headroom == 0.85 and tight.targets.headroom == 0.6
+    assert tight.ttft_correction == default.ttft_correction
+    load = slow(0.0)
+    assert max(n for n, _ in advisor.assess(tight_policy, load, 40 * TICK_S).needs) \
+        > max(n for n, _ in advisor.assess(policy(), load, 41 * TICK_S).needs)  # fmt: skip
+
+
+@pytest.mark.parametrize("headroom", [0.4, 1.1, float("nan"), "0.8"])
+def test_a_sizing_headroom_outside_half_to_one_is_refused(headroom: object) -> None:
+    with pytest.raises(ValueError, match="headroom"):
+        Scaling.model_validate({"headroom": headroom})

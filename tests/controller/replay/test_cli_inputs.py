@@ -63,6 +63,7 @@ def test_an_empty_scored_window_names_its_cause(tmp_path: Path, args: tuple[str,
         (("--scrape", "inf"), "Invalid value for '--scrape': must be above 0 and finite, got inf"),
         (("--tokens-per-s", "nan"), "Invalid value for '--tokens-per-s': must be above 0 and finite, got nan"),
         (("--policies", "moeslo:quantile=0.3"), "moeslo:quantile must be a number at least 0.5 and below 1, got 0.3"),
+        (("--policies", "moeslo:headroom=1.2"), "moeslo:headroom must be a number at least 0.5 and at most 1, got 1.2"),
         (("--tokens-per-s", "-5"), "Invalid value for '--tokens-per-s': must be above 0 and finite, got -5.0"),
     ],
 )

@@ -76,6 +76,15 @@ def test_moeslo_policy_is_the_production_core() -> None:
     assert strategy.policy.forecast.quantile == 0.9
 
 
+def test_ours_sizing_headroom_is_the_policys_and_trades_hours_for_attainment() -> None:
+    """The replay's ``headroom`` knob of ours is the policy's ``scaling.headroom``: a lower one keeps more replicas."""
+    ctx = context(refit_every_ticks=20)
+    strategy = build_strategy(parse_setting("moeslo:headroom=0.7"), ctx)
+    assert isinstance(strategy, CoreStrategy) and strategy.policy.scaling.headroom == 0.7
+    low, high = (run_setting(parse_setting(f"moeslo:headroom={h}"), ctx).score() for h in (0.6, 1.0))
+    assert low.replica_hours > high.replica_hours
+
+
 def test_oracle_orders_one_lead_time_ahead() -> None:
     needs = np.array([1, 1, 1, 1, 5, 5, 1, 1], dtype=np.float64)
     oracle = OracleStrategy(needs, lead_ticks=2)
