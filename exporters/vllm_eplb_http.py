@@ -14,9 +14,10 @@ vLLM 0.32 loads an endpoint plugin only when ``VLLM_PLUGINS`` names it
   rearranges (see ``engine.vllm_plugin.eplb_control``) and the reply adds
   the step stall, and ``applied`` or (async EPLB) ``pending``.
 
-Both reach the workers through ``engine_client.collective_rpc`` (vLLM's way
-for an endpoint plugin, paired with the general plugin that installs the
-worker method).  Errors are JSON ``{"error": {"type", "message", "code",
+Both reach the workers through vLLM's ``collective_rpc`` (vLLM's way for an
+endpoint plugin, paired with the general plugin that installs the worker
+method), on every engine the API server manages: under data parallelism the
+routing windows of all engines are summed.  Errors are JSON ``{"error": {"type", "message", "code",
 "reason"?, "problems"?}}``: 400 for a bad body, 409 when vLLM's state
 refuses (``eplb_off``: EPLB is not enabled; ``eplb_data_parallel``; ``eplb_pipeline_parallel``;
 ``eplb_busy``: async EPLB still commits an earlier rearrangement; ``no_window``; ``no_placement``;
@@ -117,9 +118,7 @@ class EplbService:
         if self.engine_client is None:
             raise UnavailableError("no engine behind this API server")
         try:
-            replies = await self.engine_client.collective_rpc(
-                WORKER_METHOD, timeout=self.timeout_s, args=(json.dumps(payload),)
-            )
+            replies = await self._every_engines_workers(json.dumps(payload))
         except MoesloError:
             raise
         except Exception as exc:
@@ -131,6 +130,18 @@ class EplbService:
             raise UnavailableError(f"the workers' {WORKER_METHOD} call failed: {type(exc).__name__}: {exc}") from exc
         return [dict(r) if isinstance(r, dict) else {"error": {"type": "BadReply", "message": repr(r)}}
                 for r in replies]  # fmt: skip
+
+    async def _every_engines_workers(self, payload: str) -> list[Any]:
+        """The replies of every worker of every engine this API server manages.  vLLM's ``collective_rpc``
+        under data parallelism with its internal load balancer (``DPLBAsyncMPClient``) calls every engine
+        but returns only the first engine's workers, so the engines are called through its
+        ``call_utility_all_async`` (one list of worker replies per engine) where the client has it."""
+        call_all = getattr(getattr(self.engine_client, "engine_core", None), "call_utility_all_async", None)
+        if call_all is None:  # a client without vLLM's multi-process core: its collective_rpc is every worker
+            return list(await self.engine_client.collective_rpc(WORKER_METHOD, timeout=self.timeout_s,
+                                                                args=(payload,)))  # fmt: skip
+        per_engine = await call_all("collective_rpc", WORKER_METHOD, self.timeout_s, (payload,), None)
+        return [reply for replies in per_engine for reply in replies]
 
     async def status(self) -> dict[str, Any]:
         return merge_status(await self._call({"action": "status"}))
