@@ -43,6 +43,10 @@ class MoeLayerView:
     num_physical: int
     ep_size: int
     use_ep: bool
+    placement_strategy: str | None = None
+    """The EP layout vLLM applied to this layer (its ``MoERunner.expert_placement_strategy``): vLLM falls back
+    from a requested ``round_robin`` to ``linear`` for models without expert groups, with EPLB, or on
+    all2all backends without round-robin tables.  None where the layer does not say (the config's is used)."""
 
 
 class UnsupportedModelError(ValueError):
@@ -79,8 +83,14 @@ def find_moe_layers(model: torch.nn.Module) -> list[MoeLayerView]:
             num_physical=int(getattr(config, "num_experts", num_experts) or num_experts),
             ep_size=int(getattr(parallel, "ep_size", 1) or 1),
             use_ep=bool(getattr(parallel, "use_ep", False)),
+            placement_strategy=_applied_placement_strategy(module),
         )
     return [views[k] for k in sorted(views)]
+
+
+def _applied_placement_strategy(module: torch.nn.Module) -> str | None:
+    strategy = getattr(module, "expert_placement_strategy", None)  # vLLM's MoERunner: its expert map manager's
+    return str(strategy) if strategy in ("linear", "round_robin") else None
 
 
 def monolithic_moe_layers(model: torch.nn.Module) -> int:
@@ -267,10 +277,11 @@ def current_vllm_labels() -> VllmLabels | None:
 def rank_weights_for(
     layers: list[MoeLayerView], virtual_ranks: int, strategy: str
 ) -> Callable[[], tuple[FloatArray, str]]:
-    """The rank map of the imbalance gauges: EPLB's live map, vLLM's EP layout, or virtual EP."""
+    """The rank map of the imbalance gauges: EPLB's live map, vLLM's EP layout, or virtual EP.  ``strategy``
+    is the one vLLM's config requested, used where the layer does not say which one vLLM applied."""
     first = layers[0]
     if first.use_ep and first.ep_size > 1:
-        static = contiguous_rank_weights(first.num_experts, first.ep_size, strategy)
+        static = contiguous_rank_weights(first.num_experts, first.ep_size, first.placement_strategy or strategy)
     else:
         if virtual_ranks > first.num_experts:  # ranks without an expert would read as a large false imbalance
             logger.warning("moeslo: MOESLO_VLLM_EP_RANKS=%d is above the model's %d experts: %d virtual ranks",

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from engine.vllm_plugin import PluginSettings, PluginState, bind_model
-from engine.vllm_plugin.binding import LabelProbe, VllmLabels
+from engine.vllm_plugin.binding import LabelProbe, VllmLabels, find_moe_layers, rank_weights_for
+from harness.vllm_server import vllm_python
 from tests.engine.test_vllm_plugin_units import _ListSink, _Model
 
+ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = PluginSettings(enabled=True, virtual_ep_ranks=4, flush_interval_s=60.0)
 
 
@@ -106,3 +112,51 @@ def test_the_stages_of_a_pipeline_count_each_trigger_request_once(monkeypatch: p
                 state.flusher.stop()
     requests = next(f for f in placement_families(snapshots) if f.name == "moe_placement_requests")
     assert [(s.labels["action"], s.labels["outcome"], s.value) for s in requests.samples] == [("plan", "refused", 1)]
+
+
+def _ep_model(applied_strategy: str | None) -> _Model:
+    """8 experts on 2 EP ranks; ``applied_strategy``: what vLLM's MoERunner says it applied."""
+    model = _Model()
+    for layer in model.layers:
+        layer.moe_config = SimpleNamespace(num_logical_experts=8, num_experts=8,
+                                           moe_parallel_config=SimpleNamespace(ep_size=2, use_ep=True))  # fmt: skip
+        if applied_strategy is not None:
+            layer.expert_placement_strategy = applied_strategy
+    return model
+
+
+def test_the_rank_map_follows_the_placement_vllm_applied_not_the_one_requested() -> None:
+    """`--expert-placement-strategy round_robin` on a model without expert groups (Qwen3-MoE, Mixtral): vLLM
+    falls back to linear, the gauges still put expert e on rank e % ranks, and the CV read a hot block of
+    experts on one rank as balanced."""
+    weights, source = rank_weights_for(find_moe_layers(_ep_model("linear")), 8, "round_robin")()
+    assert source == "ep" and np.argmax(weights, axis=1).tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    weights, _ = rank_weights_for(find_moe_layers(_ep_model("round_robin")), 8, "linear")()
+    assert np.argmax(weights, axis=1).tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+    weights, _ = rank_weights_for(find_moe_layers(_ep_model(None)), 8, "round_robin")()  # the layer does not say
+    assert np.argmax(weights, axis=1).tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+
+
+APPLIED_STRATEGY_SCRIPT = """
+from types import SimpleNamespace
+from vllm.model_executor.layers.fused_moe.expert_map_manager import ExpertMapManager
+from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+parallel = SimpleNamespace(use_ep=True, ep_size=8, ep_rank=0, tp_size=1, tp_rank=0, dp_size=1,
+                           use_all2all_kernels=False, needs_round_robin_routing_tables=False)
+manager = ExpertMapManager(max_num_batched_tokens=16, top_k=2, global_num_experts=128, num_redundant_experts=0,
+                           num_expert_group=None, moe_parallel_config=parallel, placement_strategy="round_robin",
+                           enable_eplb=False)
+print("applied", MoERunner.expert_placement_strategy.fget(SimpleNamespace(expert_map_manager=manager)))
+"""
+
+
+@pytest.mark.vllm
+def test_vllms_moe_runner_says_which_placement_it_applied() -> None:
+    """The attribute the plugin reads is vLLM's, and holds the strategy after vLLM's fallback."""
+    python = vllm_python()
+    if python is None:
+        pytest.skip("vLLM venv absent: run `make vllm-venv` to build .venv-vllm")
+    done = subprocess.run([str(python), "-c", APPLIED_STRATEGY_SCRIPT], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "applied linear" in done.stdout
