@@ -126,7 +126,8 @@ def stale_after_s(settings: PluginSettings) -> float:
 
 
 def expert_series_on(setting: bool | None, layers: int, experts: int) -> bool:
-    """Whether ``moe_expert_tokens_total`` is published: forced, or up to the embedded engine's cap.
+    """Whether ``moe_expert_tokens_total`` is published: forced, or up to the embedded engine's cap, over the
+    engine's MoE layers (all its pipeline stages: :attr:`ExpertLoadSnapshot.series_layers`).
 
     Above it (DeepSeek-V3: 58 x 256 = 14,848 series) the series cost a Prometheus more than they
     tell, and building them ran in vLLM's API server's event loop for about 300 ms a scrape."""
@@ -210,7 +211,7 @@ def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot], expert_series: bo
     rank_sums: dict[tuple[str, str, str], float] = {}
     for snap in snapshots:
         base = [snap.model_name, snap.engine]
-        if expert_series_on(expert_series, *snap.expert_tokens_total.shape):
+        if expert_series_on(expert_series, snap.series_layers, snap.expert_tokens_total.shape[1]):
             for row, layer in enumerate(snap.layer_ids):
                 for expert, count in enumerate(snap.expert_tokens_total[row]):
                     experts.add_metric([*base, str(layer), str(expert)], int(count))
@@ -267,7 +268,7 @@ class MultiprocessSink:
     def publish(self, snapshot: ExpertLoadSnapshot) -> None:
         self.placement.publish(snapshot)
         base = (snapshot.model_name, snapshot.engine)
-        if expert_series_on(self.expert_series, *snapshot.expert_tokens_total.shape):
+        if expert_series_on(self.expert_series, snapshot.series_layers, snapshot.expert_tokens_total.shape[1]):
             self._publish_experts(base, snapshot)
         ranks = snapshot.rank_tokens_total
         old_ranks = self._published_ranks

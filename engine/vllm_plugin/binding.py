@@ -224,6 +224,8 @@ class VllmLabels:
     placement_strategy: str = "linear"
     dp_rank: int = 0
     """vLLM's data-parallel rank (its slot in the forward context's ``num_tokens_across_dp``)."""
+    model_layers: int | None = None
+    """The model's decoder layers, all pipeline stages together (vLLM's ``get_total_num_hidden_layers``)."""
 
 
 class LabelProbe:
@@ -271,7 +273,15 @@ def current_vllm_labels() -> VllmLabels | None:
         engine=str(parallel.data_parallel_rank),
         placement_strategy=str(getattr(parallel, "expert_placement_strategy", "linear") or "linear"),
         dp_rank=int(parallel.data_parallel_rank),
+        model_layers=_total_layers(model_config),
     )
+
+
+def _total_layers(model_config: Any) -> int | None:
+    try:
+        return int(model_config.get_total_num_hidden_layers())
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def rank_weights_for(

@@ -42,6 +42,14 @@ class ExpertLoadSnapshot:
     """``ep`` (vLLM's EP layout), ``eplb`` (EPLB's map) or ``virtual`` (EP off)."""
     placement: dict[str, Any] | None = None
     """Rearrangements asked of this worker (:meth:`PlacementLog.to_json`); None before the first request."""
+    engine_moe_layers: int | None = None
+    """The engine's MoE layers where this worker counts some of them (a pipeline stage): an upper bound, the
+    same in every stage; None: ``layer_ids`` are all of them."""
+
+    @property
+    def series_layers(self) -> int:
+        """The MoE layers the engine publishes per-expert series for, over all its workers."""
+        return max(self.engine_moe_layers or 0, len(self.layer_ids))
 
     @property
     def imbalance_cv(self) -> FloatArray:
@@ -70,6 +78,7 @@ class ExpertLoadSnapshot:
                 "window_rank_tokens": self.window_rank_tokens.tolist(),
                 "rank_source": self.rank_source,
                 "placement": self.placement,
+                "engine_moe_layers": self.engine_moe_layers,
             }
         )
 
@@ -85,6 +94,7 @@ class ExpertLoadSnapshot:
             window_rank_tokens=np.asarray(raw["window_rank_tokens"], dtype=np.float64),
             rank_source=str(raw["rank_source"]),
             placement=raw.get("placement"),
+            engine_moe_layers=None if raw.get("engine_moe_layers") is None else int(raw["engine_moe_layers"]),
         )
 
 
@@ -175,11 +185,13 @@ class SnapshotBuilder:
 
     def __init__(
         self, *, model_name: str, engine: str, layer_ids: tuple[int, ...], window_flushes: int,
-        rank_weights: RankWeights,
+        rank_weights: RankWeights, engine_moe_layers: int | None = None,
     ) -> None:  # fmt: skip
+        """``engine_moe_layers``: see :attr:`ExpertLoadSnapshot.engine_moe_layers`."""
         self.model_name = model_name
         self.engine = engine
         self.layer_ids = layer_ids
+        self.engine_moe_layers = engine_moe_layers
         self._window = LoadWindow(window_flushes)
         self._rank_weights = rank_weights
         self._last: IntArray | None = None
@@ -259,6 +271,7 @@ class SnapshotBuilder:
             window_rank_tokens=rank_loads(window, weights),
             rank_source=source,
             placement=self._placement_json(counts, weights),
+            engine_moe_layers=self.engine_moe_layers,
         )
 
     def _changed_layers(self, weights: FloatArray) -> npt.NDArray[np.bool_] | None:

@@ -205,6 +205,7 @@ def bind_model(
         layer_ids=moe_layer_labels(counter.layer_ids, pipeline_stages=stages),
         window_flushes=settings.window_flushes,
         rank_weights=rank_weights_for(layers, settings.virtual_ep_ranks, strategy),
+        engine_moe_layers=None if stages <= 1 else labels.model_layers or len(layers) * stages,
     )
     flusher = Flusher(counter, builder, make_sink(), interval_s=settings.flush_interval_s,
                       records_placement=pipeline_rank() == 0)  # fmt: skip

@@ -114,6 +114,27 @@ def test_the_stages_of_a_pipeline_count_each_trigger_request_once(monkeypatch: p
     assert [(s.labels["action"], s.labels["outcome"], s.value) for s in requests.samples] == [("plan", "refused", 1)]
 
 
+def test_a_pipeline_stage_publishes_the_engines_layer_count_for_the_expert_series_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each stage capped moe_expert_tokens_total on its own layers: under the cap stage by stage, over it
+    together, every stage published its series."""
+    import engine.vllm_plugin.worker as worker
+
+    counts = []
+    for stages, model_layers in ((2, 6), (2, None), (1, 6)):
+        monkeypatch.setattr(worker, "pipeline_parallel_size", lambda stages=stages: stages)
+        state = _probed(VllmLabels(model_name="m", engine="0", model_layers=model_layers))
+        try:
+            assert bind_model(_Model(), SETTINGS, _ListSink, state=state)
+            assert state.flusher is not None
+            counts.append(state.flusher.flush().engine_moe_layers)
+        finally:
+            if state.flusher is not None:
+                state.flusher.stop()
+    assert counts == [6, 6, None]  # the model's layers; else 3 MoE layers a stage x 2; one stage: its own
+
+
 def _ep_model(applied_strategy: str | None) -> _Model:
     """8 experts on 2 EP ranks; ``applied_strategy``: what vLLM's MoERunner says it applied."""
     model = _Model()

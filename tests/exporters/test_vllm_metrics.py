@@ -230,6 +230,33 @@ def test_per_expert_series_stop_at_the_engines_cap_unless_forced() -> None:
     assert "moe_expert_tokens" not in names(big_snapshot(16, 256), False)
 
 
+def stage_snapshot(first_layer: int, layers: int, experts: int, engine_moe_layers: int) -> ExpertLoadSnapshot:
+    """One pipeline stage's snapshot (its layers labelled by the model's layer index)."""
+    return ExpertLoadSnapshot(
+        model_name="m", engine="0", layer_ids=tuple(range(first_layer, first_layer + layers)),
+        expert_tokens_total=np.ones((layers, experts), dtype=np.int64), rank_tokens_total=np.full(8, 1.0),
+        window_rank_tokens=np.ones((layers, 8)), rank_source="ep", engine_moe_layers=engine_moe_layers,
+    )  # fmt: skip
+
+
+def test_the_expert_series_cap_counts_the_layers_of_every_pipeline_stage(tmp_path: Path) -> None:
+    """DeepSeek-V3 under --pipeline-parallel-size 4: each stage's 13-15 MoE layers x 256 experts sat under the
+    4,096 cap, so the engine published all 14,848 series the cap exists to leave out."""
+    stages = [stage_snapshot(3, 13, 256, 61), *(stage_snapshot(16 + 15 * i, 15, 256, 61) for i in range(3))]
+    for i, stage in enumerate(stages):  # the snapshot route: the workers' files, served by the API server
+        (tmp_path / f"worker-{i}.json").write_text(stage.to_json())
+    served = [f.name for f in SnapshotCollector(tmp_path).collect()]
+    assert "moe_expert_tokens" not in served and "moe_layer_imbalance_cv" in served
+    for stage in stages:  # the multiprocess route: each stage's worker decides alone
+        registry = CollectorRegistry()
+        vllm_metrics.MultiprocessSink(registry).publish(stage)
+        labels = {"model_name": "m", "engine": "0", "layer": str(stage.layer_ids[0]), "expert": "0"}
+        assert registry.get_sample_value("moe_expert_tokens_total", labels) is None
+    small = stage_snapshot(2, 2, 8, 4)  # 4 layers x 8 experts over two stages: under the cap
+    assert next(f.name for f in snapshot_families([small])) == "moe_expert_tokens"
+    assert ExpertLoadSnapshot.from_json(small.to_json()).engine_moe_layers == 4
+
+
 @pytest.mark.parametrize(("raw", "expected"), [("", None), ("auto", None), ("1", True), ("0", False), ("OFF", False)])
 def test_the_expert_series_setting(raw: str, expected: bool | None) -> None:
     from engine.vllm_plugin.settings import PluginSettings
