@@ -84,13 +84,26 @@ PROCESS_INSTANCE_ID = str(uuid.uuid4())
 """This process's ``service.instance.id`` where the environment names none."""
 
 
-def engine_instance_id(engine_index: int) -> str:
+def engine_instance_id(engine_index: int, api_server: str = "") -> str:
     """The ``service.instance.id`` of one engine's streams: the environment's (``OTEL_RESOURCE_ATTRIBUTES``), else
-    this process's, with the engine index.  Data-parallel engines export apart: the collector keys a stream by
-    it, and its Prometheus exporter drops the other resource attributes (two engines' cumulative streams
-    collided into one series)."""
+    this process's, with the API server's part (:func:`api_server_part`) and the engine index.  Data-parallel
+    engines and API server processes export apart: the collector keys a stream by it, and its Prometheus
+    exporter drops the other resource attributes (two engines' or processes' cumulative streams collided
+    into one series)."""
     base = OTELResourceDetector().detect().attributes.get(SERVICE_INSTANCE_ID) or PROCESS_INSTANCE_ID
-    return f"{base}-engine{engine_index}"
+    return f"{base}{api_server}-engine{engine_index}"
+
+
+def api_server_part(vllm_config: Any) -> str:
+    """``-api<rank>`` where vLLM runs several API server processes (``--api-server-count``, or data
+    parallelism's default of one per engine), each recording the requests it serves under the same engine
+    indices; empty with one.  The rank is vLLM's (``ParallelConfig._api_process_rank``), the process id where
+    vLLM gives none."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if int(getattr(parallel, "_api_process_count", 1) or 1) <= 1:
+        return ""
+    rank = int(getattr(parallel, "_api_process_rank", -1))
+    return f"-api{rank}" if rank >= 0 else f"-pid{os.getpid()}"
 
 
 class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untyped outside its venv
@@ -109,7 +122,8 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
         # Each engine (data parallel) exports its own cumulative streams: the index tells them apart.
         attributes = {ENGINE_INDEX_ATTRIBUTE: str(engine_index)}
         try:
-            resource = service_resource("vllm", {**attributes, SERVICE_INSTANCE_ID: engine_instance_id(engine_index)})
+            instance_id = engine_instance_id(engine_index, api_server_part(vllm_config))
+            resource = service_resource("vllm", {**attributes, SERVICE_INSTANCE_ID: instance_id})
             # The SDK's own exit hook waits up to 30 s on a collector that does not answer: ours is bounded.
             provider = MeterProvider(resource=resource, shutdown_on_exit=False,
                                      metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
