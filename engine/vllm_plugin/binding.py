@@ -137,9 +137,10 @@ def vllm_row_filter(topk_ids: torch.Tensor, dp_rank: int = 0) -> tuple[int, int]
     its end and marks the padding in ``is_padding``: on the CPU the real rows
     are counted as a span, on an accelerator as a mask (no host sync).  Under
     data parallelism only this DP rank's rows count when the router saw every
-    rank's tokens: ``dp_rank`` is read once, while the model is built (vLLM's
-    config is not "current" during its forward passes; read then, every rank
-    took rank 0's slot of ``num_tokens_across_dp``).
+    rank's tokens (its padding left out too: ``is_padding`` covers this rank's
+    rows): ``dp_rank`` is read once, while the model is built (vLLM's config is
+    not "current" during its forward passes; read then, every rank took rank
+    0's slot of ``num_tokens_across_dp``).
     """
     if not is_forward_context_available():
         return None
@@ -147,23 +148,32 @@ def vllm_row_filter(topk_ids: torch.Tensor, dp_rank: int = 0) -> tuple[int, int]
     if ctx.attn_metadata is None:
         return None
     n = int(topk_ids.shape[0])
-    pad = ctx.is_padding
-    if pad is not None and int(pad.shape[0]) != n:
-        pad = None  # a reshaped batch (sequence parallel): the mask does not line up
+    start, end = 0, n
     dp = ctx.dp_metadata
     if dp is not None:
         across = dp.num_tokens_across_dp_cpu
         local = int(across[dp_rank].item())
         if n == int(across.sum().item()) and n != local:
             end = int(across[: dp_rank + 1].sum().item())
-            return (end - local, end)
-        if n != local:
+            start = end - local
+        elif n != local:
             return None  # a layout we cannot attribute to this rank: skip rather than miscount
-    if pad is None:
-        return (0, n)
+    pad = ctx.is_padding
+    if pad is None or int(pad.shape[0]) != end - start:
+        return (start, end)  # no mask, or a reshaped batch (sequence parallel) it does not line up with
     if pad.device.type == "cpu":
-        return (0, n - int(pad.numpy().sum()))  # padding is a suffix (vLLM's _prepare_padding_mask)
-    mask: torch.Tensor = ~pad.to(device=topk_ids.device, dtype=torch.bool)
+        return (start, end - int(pad.numpy().sum()))  # padding is a suffix (vLLM's _prepare_padding_mask)
+    return real_rows_mask(n, start, end, pad.to(device=topk_ids.device, dtype=torch.bool))
+
+
+def real_rows_mask(num_rows: int, start: int, end: int, is_padding: torch.Tensor) -> torch.Tensor:
+    """Over ``num_rows`` rows: this rank's rows ``start:end`` that ``is_padding`` (one entry per row of
+    this rank) does not mark, built on the mask's device."""
+    keep = ~is_padding
+    if (start, end) == (0, num_rows):
+        return keep
+    mask = torch.zeros(num_rows, dtype=torch.bool, device=is_padding.device)
+    mask[start:end] = keep
     return mask
 
 

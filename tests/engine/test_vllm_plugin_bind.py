@@ -181,3 +181,23 @@ def test_vllms_moe_runner_says_which_placement_it_applied() -> None:
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "applied linear" in done.stdout
+
+
+def test_a_data_parallel_rank_whose_router_saw_every_rank_counts_none_of_its_padding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's naive DP dispatch gathers every rank's padded batch before routing: rank 1 (3 real tokens
+    padded to 8) counted its 5 padding rows as routed tokens, on the CPU and on an accelerator alike."""
+    import engine.vllm_plugin.binding as binding
+
+    ctx = SimpleNamespace(attn_metadata=object(), is_padding=torch.tensor([False] * 3 + [True] * 5),
+                          dp_metadata=SimpleNamespace(num_tokens_across_dp_cpu=torch.tensor([8, 8])))  # fmt: skip
+    monkeypatch.setattr(binding, "is_forward_context_available", lambda: True)
+    monkeypatch.setattr(binding, "get_forward_context", lambda: ctx)
+    topk_ids = torch.zeros((16, 2), dtype=torch.int64)
+    assert binding.vllm_row_filter(topk_ids, dp_rank=1) == (8, 11)  # the CPU: a span of the real rows
+    assert binding.vllm_row_filter(topk_ids, dp_rank=0) == (0, 3)
+    # An accelerator: a mask over the gathered rows, built on the device (no host sync).
+    mask = binding.real_rows_mask(16, 8, 16, ctx.is_padding)
+    assert torch.nonzero(mask).view(-1).tolist() == [8, 9, 10]
+    assert binding.real_rows_mask(8, 0, 8, ctx.is_padding).tolist() == [True] * 3 + [False] * 5
