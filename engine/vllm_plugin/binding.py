@@ -141,11 +141,19 @@ def vllm_row_filter(topk_ids: torch.Tensor, dp_rank: int = 0) -> tuple[int, int]
     rows): ``dp_rank`` is read once, while the model is built (vLLM's config is
     not "current" during its forward passes; read then, every rank took rank
     0's slot of ``num_tokens_across_dp``).
+
+    Under a CUDA graph (vLLM's ``cudagraph_runtime_mode`` is not NONE) the call
+    is a capture, whose kernels every replay runs and whose host decisions
+    hold for good: the rows are a mask over vLLM's persistent ``is_padding``
+    buffer, read on the device (the capture's dummy rows are all padding), or
+    None where there is no such mask.  Piecewise captures come without
+    attention metadata and are recorded too.
     """
     if not is_forward_context_available():
         return None
     ctx = get_forward_context()
-    if ctx.attn_metadata is None:
+    graph = getattr(getattr(ctx, "cudagraph_runtime_mode", None), "name", "NONE") != "NONE"
+    if ctx.attn_metadata is None and not graph:
         return None
     n = int(topk_ids.shape[0])
     start, end = 0, n
@@ -160,7 +168,11 @@ def vllm_row_filter(topk_ids: torch.Tensor, dp_rank: int = 0) -> tuple[int, int]
             return None  # a layout we cannot attribute to this rank: skip rather than miscount
     pad = ctx.is_padding
     if pad is None or int(pad.shape[0]) != end - start:
-        return (start, end)  # no mask, or a reshaped batch (sequence parallel) it does not line up with
+        # No mask, or a reshaped batch (sequence parallel) it does not line up with; a graph would replay
+        # a span's rows, padding included, at every step.
+        return None if graph else (start, end)
+    if graph:
+        return real_rows_mask(n, start, end, pad.to(dtype=torch.bool)) if pad.device == topk_ids.device else None
     if pad.device.type == "cpu":
         return (start, end - int(pad.numpy().sum()))  # padding is a suffix (vLLM's _prepare_padding_mask)
     return real_rows_mask(n, start, end, pad.to(device=topk_ids.device, dtype=torch.bool))

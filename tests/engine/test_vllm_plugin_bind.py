@@ -201,3 +201,42 @@ def test_a_data_parallel_rank_whose_router_saw_every_rank_counts_none_of_its_pad
     mask = binding.real_rows_mask(16, 8, 16, ctx.is_padding)
     assert torch.nonzero(mask).view(-1).tolist() == [8, 9, 10]
     assert binding.real_rows_mask(8, 0, 8, ctx.is_padding).tolist() == [True] * 3 + [False] * 5
+
+
+class _DeviceOnly(torch.Tensor):
+    """A tensor whose values the host may not read: what a CUDA graph capture needs of the count (the values a
+    capture sees are a dummy run's, and a replay runs only the kernels the capture recorded)."""
+
+    def numpy(self, *args: object, **kwargs: object) -> np.ndarray:  # type: ignore[override]
+        raise AssertionError("the host read the padding mask")
+
+    def item(self) -> float:  # type: ignore[override]
+        raise AssertionError("the host read the padding mask")
+
+
+def test_a_cuda_graph_capture_records_a_count_that_its_replays_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM captures its piecewise CUDA graphs (prefill and mixed batches, under its default FULL_AND_PIECEWISE)
+    without attention metadata, and the plugin skipped that call: the graphs held no count, and the batches
+    they replayed were never counted.  Simulated here: the capture is the call under vLLM's capture context,
+    a replay the same call after vLLM wrote the step's padding into its persistent mask."""
+    import engine.vllm_plugin.binding as binding
+    from engine.vllm_plugin import ExpertLoadCounter
+
+    persistent = torch.zeros(16, dtype=torch.bool)  # vLLM's GPUModelRunner.is_padding
+    persistent[:] = True  # a capture's dummy run: every row is padding
+    ctx = SimpleNamespace(attn_metadata=None, is_padding=persistent[:8].as_subclass(_DeviceOnly), dp_metadata=None,
+                          cudagraph_runtime_mode=SimpleNamespace(name="PIECEWISE"))  # fmt: skip
+    monkeypatch.setattr(binding, "is_forward_context_available", lambda: True)
+    monkeypatch.setattr(binding, "get_forward_context", lambda: ctx)
+    counter = ExpertLoadCounter([0], 8, row_filter=binding.vllm_row_filter)
+    topk_ids = torch.tensor([[1, 2]] * 3 + [[0, 7]] * 5)
+    counter.capture(0, topk_ids)  # the capture: recorded on the device, counting none of the dummy rows
+    assert counter.skipped_calls == 0 and counter.snapshot().sum() == 0
+    persistent[:3] = False  # a step of 3 real tokens padded to the captured 8
+    counter.capture(0, topk_ids)  # a replay
+    assert counter.snapshot()[0].tolist() == [0, 3, 3, 0, 0, 0, 0, 0]
+    ctx.cudagraph_runtime_mode = SimpleNamespace(name="NONE")  # vLLM's profile and warm-up runs: not counted
+    counter.capture(0, topk_ids)
+    assert counter.skipped_calls == 1
+    ctx.cudagraph_runtime_mode, ctx.is_padding = SimpleNamespace(name="PIECEWISE"), None
+    assert binding.vllm_row_filter(topk_ids) is None  # no mask to decide on at replay: none, never every row
