@@ -3,12 +3,12 @@
 A setting is written ``policy`` or ``policy:knob=value,knob=value`` (``hpa:target=0.6``,
 ``dynamo:predictor=kalman,headroom=0.8``).  Every policy is tuned on one knob (Dynamo's
 is the pair predictor x headroom, its load-based planner's its two thresholds, ours the pair quantile x
-cooldown at the default sizing headroom, and the sizing headroom at 0.7 and 1 with the default quantile);
+cooldown at the default sizing headroom, and the sizing headroom at 0.6, 0.7 and 1 with the default quantile);
 the grids are chosen on the tuning trace (the 2024 conversation week: each grid spans the settings where
 that policy goes from cheap and violating to expensive and compliant), the same for every trace.  Two
 grids were widened from report traces, and say so: Dynamo's load-based planner's (the 2023 conversation
 trace) and our headroom's (Mooncake's real conversation trace, where no quantile or cooldown bought the
-last tenths of a point that the oracle buys at a lower headroom).
+last tenths of a point that the oracle buys at a lower headroom; its values span static's grid).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ SWEEP_GRIDS: Mapping[str, tuple[dict[str, Knob], ...]] = {
         for quantile in (0.5, 0.75, 0.9, 0.97)
     ) + tuple(
         dict[str, Knob]({"quantile": 0.9, "cooldown_s": cooldown, "headroom": headroom})
-        for headroom in (0.7, 1.0)
+        for headroom in (0.6, 0.7, 1.0)
         for cooldown in (0.0, 180.0, 900.0)
     ),
     "oracle": _grid("oracle", "headroom", (0.7, 0.8, 0.9, 1.0, 1.1)),
