@@ -19,8 +19,16 @@ from enum import StrEnum
 from typing import Annotated, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails
+from pydantic_core import ValidationError as PydanticCoreValidationError
 
-from contracts.catalogue import TTFT_NORMALIZED_HISTOGRAM
+from contracts.catalogue import (
+    BUCKETS_BY_METRIC,
+    TTFT_NORMALIZED_HISTOGRAM,
+    format_le,
+    is_bucket_edge,
+    nearest_edges,
+)
 from contracts.slo_defaults import (
     COMPLIANCE_WINDOW,
     ITL_THRESHOLD_S,
@@ -60,8 +68,11 @@ MAX_WINDOW_S = 366 * 86400
 """The longest compliance window (366 days)."""
 STORED = "stored"
 """Validation context key (``{STORED: True}``) of a spec read back from the store: a policy written before the
-window rule above (from 1h, whatever its targets) or the 6 significant digits of a TTFT allowance still loads, so
-the controller keeps serving it; any change to it is validated in full."""
+window rule above (from 1h, whatever its targets), the 6 significant digits of a TTFT allowance or the bucket-edge
+rule of a TTFT threshold with an allowance still loads, so the controller keeps serving it; any change to it is
+validated in full."""
+NORMALIZED_TTFT_EDGES_S = BUCKETS_BY_METRIC[TTFT_NORMALIZED_HISTOGRAM]
+"""The edges every engine writes ``moeslo_ttft_normalized_seconds`` with (the embedded one and the vLLM plugin)."""
 
 
 def parse_duration_s(text: str) -> int:
@@ -206,6 +217,27 @@ class TtftObjective(LatencyObjective):
             return value
         raise ValueError(f"per_1k_prompt_tokens_s {value!r}: at most 6 significant digits, as the "
                          f"{TTFT_NORMALIZED_HISTOGRAM} label spells it ({format_allowance_label(value)})")
+
+    @model_validator(mode="after")
+    def _normalized_edge(self, info: ValidationInfo) -> Self:
+        # The controller's SLI would interpolate inside a bucket where the definition, the alerts and the replay
+        # judge each request: 99 % good reads as 20 % at 0.3 s.  The flat objective reads vLLM's own TTFT
+        # histogram, whose edges --custom-histogram-buckets may set: deploy render checks it per engine.
+        if self.allowance.flat or is_bucket_edge(self.threshold_s, NORMALIZED_TTFT_EDGES_S):
+            return self
+        if info.context and info.context.get(STORED):
+            return self
+        around = nearest_edges(self.threshold_s, NORMALIZED_TTFT_EDGES_S)
+        nearest = " and ".join(format_le(edge) for edge in around if edge is not None)
+        problem = (
+            f"threshold_s {self.threshold_s!r} is not a bucket edge of {TTFT_NORMALIZED_HISTOGRAM}; the nearest "
+            f"edges are {nearest}. An objective with a long-prompt allowance counts its good requests from the "
+            f"bucket at the threshold, so it must be one of {', '.join(map(format_le, NORMALIZED_TTFT_EDGES_S))}"
+        )
+        # Raised as pydantic's own error so that it names the field, not the objective (a ValueError here would).
+        detail = InitErrorDetails(type="value_error", loc=("threshold_s",), input=self.threshold_s,
+                                  ctx={"error": ValueError(problem)})  # fmt: skip
+        raise PydanticCoreValidationError.from_exception_data(type(self).__name__, [detail])
 
     @property
     def allowance(self) -> TtftAllowance:
