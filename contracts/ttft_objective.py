@@ -86,23 +86,33 @@ class TtftAllowance:
         idle_ttft = overhead_s + computed / prefill_tokens_per_s
         return idle_ttft - self.allowance_s(prompt_tokens) > threshold_s
 
-    def longest_feasible_prompt(self, threshold_s: float, *, overhead_s: float, prefill_tokens_per_s: float) -> float:
-        """The prompt length beyond which every request is infeasible (inf: none is; 0: all are).
+    def infeasible_prompts(
+        self, threshold_s: float, *, overhead_s: float, prefill_tokens_per_s: float
+    ) -> tuple[float, float]:
+        """The prompt lengths :meth:`is_infeasible` calls infeasible: those strictly between the two (``(inf, inf)``:
+        none is).
 
-        Idle TTFT minus allowance is piecewise linear in the prompt: rising at
-        ``1 / prefill`` up to the reference, then at ``1 / prefill - per_1k / 1000``.
+        Idle TTFT minus allowance is piecewise linear in the prompt: rising at ``1 / prefill`` up to the reference,
+        then at ``1 / prefill - per_1k / 1000``.  An allowance above the prefill time per token makes it fall
+        there, so when the reference prompt itself misses, the infeasible prompts are a band that ends where the
+        allowance catches up, not a tail.
         """
         per_token = 1.0 / prefill_tokens_per_s
         budget = threshold_s - overhead_s
-        if budget < 0:
-            return 0.0
         reference = float(self.reference_prompt_tokens)
-        if budget < reference * per_token:
-            return budget / per_token
         slope = per_token - self.per_1k_prompt_tokens_s / 1000.0
-        if slope <= 0:
-            return math.inf
-        return reference + (budget - reference * per_token) / slope
+        over_at_reference = reference * per_token - budget
+        if over_at_reference <= 0:  # every prompt up to the reference is feasible
+            return (math.inf, math.inf) if slope <= 0 else (reference - over_at_reference / slope, math.inf)
+        shortest = max(budget / per_token, 0.0)
+        return shortest, math.inf if slope >= 0 else reference + over_at_reference / -slope
+
+    def longest_feasible_prompt(self, threshold_s: float, *, overhead_s: float, prefill_tokens_per_s: float) -> float:
+        """The prompt length up to which every request is feasible (inf: none is infeasible; 0: not even the
+        shortest).  Longer ones may become feasible again: :meth:`infeasible_prompts` says where."""
+        return self.infeasible_prompts(
+            threshold_s, overhead_s=overhead_s, prefill_tokens_per_s=prefill_tokens_per_s
+        )[0]
 
     def labels(self) -> dict[str, str]:
         """The label values of the normalized histogram's series for this allowance."""

@@ -17,8 +17,8 @@ TTFT's quantile comes from an M/G/N queue behind least-loaded routing (a request
 with the Erlang-C probability, then an exponential time of the Lee-Longton mean; one
 replica is the Pollaczek-Khinchine M/G/1 queue), ITL's from the Poisson spread of ``b``.  TTFT is the objective's
 *normalized* TTFT (:mod:`contracts.ttft_objective`): a prompt's long-prompt allowance is
-taken off its prefill.  Prompts no replica can serve within the objective (beyond
-:meth:`CapacityModel.longest_feasible_prompt`) cannot be helped by more replicas: the tail's
+taken off its prefill.  Prompts no replica can serve within the objective (those
+:meth:`CapacityModel.infeasible_prompts` bounds) cannot be helped by more replicas: the tail's
 own prefill sets a floor, and the queue may add a fifth of the objective on top of it.  ITL has its floor
 too (:attr:`CapacityModel.itl_floor_s`, one step of the smallest batch): an objective below it sizes for
 the floor plus a margin, not for every replica there is.
@@ -124,7 +124,7 @@ class CapacityModel:
         ``cached_token_cost``); set from observations."""
         self.prefill_speed_correction = 1.0
         """Observed prefill speed over the profile's at the same decode batch (EWMA, 0.5-2): replicas
-        slower than their profile leave shorter prompts feasible (:meth:`longest_feasible_prompt`)."""
+        slower than their profile leave shorter prompts feasible (:meth:`infeasible_prompts`)."""
         self.length_tail_observed = False
         """Whether :attr:`targets` carries a prompt-length tail read from the engines (else the nominal one)."""
         self._last_needed = 1
@@ -256,19 +256,24 @@ class CapacityModel:
             self._normalized_service(min(reference, tail_prompt), prefill_rate),
         )
 
-    def longest_feasible_prompt(self) -> float:
-        """Prompts longer than this miss the TTFT objective alone on a replica: no fleet size helps them.
+    def infeasible_prompts(self) -> tuple[float, float]:
+        """Prompts strictly between these two lengths miss the TTFT objective alone on a replica: no fleet size
+        helps them (``(inf, inf)``: none; :meth:`contracts.ttft_objective.TtftAllowance.infeasible_prompts`).
 
         The prompt is prefilled in chunks (:meth:`ReplicaProfile.chunked_prefill_rate`) at the speed
         the replicas are observed to prefill at (:attr:`prefill_speed_correction`).
         """
         hit = min(max(self.prefix_hit_rate, 0.0), 0.99)
         speed = self.profile.chunked_prefill_rate(0.0) * self.prefill_speed_correction
-        return self.targets.ttft_allowance.longest_feasible_prompt(
+        return self.targets.ttft_allowance.infeasible_prompts(
             self.targets.ttft_s,
             overhead_s=self.profile.ttft_overhead_s,
             prefill_tokens_per_s=speed / self.profile.uncached_share(hit),
         )
+
+    def longest_feasible_prompt(self) -> float:
+        """Every prompt up to this length is feasible; the band of :meth:`infeasible_prompts` starts there."""
+        return self.infeasible_prompts()[0]
 
     def observe_length_tail(self, prompt_cv2: float, prompt_p99_over_mean: float) -> None:
         """Size for the prompt-length tail the engines report (``vllm:request_prompt_tokens``) instead of the

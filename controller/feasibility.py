@@ -2,10 +2,10 @@
 
 A request is infeasible when an idle replica, prefilling its uncached tokens at
 full speed, already misses the objective (:mod:`contracts.ttft_objective`): its
-prompt is longer than :meth:`controller.capacity.CapacityModel.longest_feasible_prompt`.
-The engines report finished requests by prompt length (``vllm:request_prompt_tokens``),
-so the share beyond that length is read from the histogram (interpolated inside the
-bucket that holds the limit, as ``histogram_quantile`` does).
+prompt length lies in :meth:`controller.capacity.CapacityModel.infeasible_prompts` (every length
+beyond one, or a band when the allowance outruns the prefill).  The engines report finished
+requests by prompt length (``vllm:request_prompt_tokens``), so the share in it is read from the
+histogram (interpolated inside the buckets that hold its ends, as ``histogram_quantile`` does).
 
 Such requests count against the SLO as they are (the status shows both), but the
 signals that drive scale-ups judge only the feasible ones: the TTFT good ratios are
@@ -30,20 +30,31 @@ MIN_TAIL_REQUESTS = 200.0
 """Finished requests in the window below which the prompt histogram is too thin to read a length tail from."""
 
 
-def infeasible_share(buckets: Sequence[tuple[float, float]], longest_prompt: float) -> float | None:
-    """Share of requests with prompts longer than ``longest_prompt`` (None without data)."""
-    if not buckets or math.isinf(longest_prompt):
-        return 0.0 if buckets and buckets[-1][1] > 0 else None
-    total = buckets[-1][1]
-    if total <= 0:
+def infeasible_share(
+    buckets: Sequence[tuple[float, float]], shortest: float, longest: float = math.inf
+) -> float | None:
+    """Share of requests with prompts longer than ``shortest`` and shorter than ``longest`` (None without data).
+
+    The two are :meth:`controller.capacity.CapacityModel.infeasible_prompts`: a band when an allowance above the
+    prefill time per token lets the longest prompts catch up, else everything beyond ``shortest``.
+    """
+    if not buckets or buckets[-1][1] <= 0:
         return None
+    return max(_share_beyond(buckets, shortest) - _share_beyond(buckets, longest), 0.0)
+
+
+def _share_beyond(buckets: Sequence[tuple[float, float]], length: float) -> float:
+    """Share of the requests with prompts longer than ``length`` in a cumulative histogram with a count."""
+    if math.isinf(length):
+        return 0.0
+    total = buckets[-1][1]
     below_edge, below_count = 0.0, 0.0
     for edge, count in buckets:
-        if edge >= longest_prompt:
+        if edge >= length:
             if math.isinf(edge):
                 within = below_count  # beyond the last finite edge: nothing to interpolate with
             else:
-                within = below_count + (count - below_count) * (longest_prompt - below_edge) / (edge - below_edge)
+                within = below_count + (count - below_count) * (length - below_edge) / (edge - below_edge)
             return min(max(1.0 - within / total, 0.0), 1.0)
         below_edge, below_count = edge, count
     return 0.0

@@ -96,7 +96,7 @@ class SizingAdvisor:
         if capacity.length_tail_observed:  # the tail sized for, from the last reading on
             details["prompt_cv2"] = round(capacity.targets.prompt_cv2, 3)
             details["prompt_p99_over_mean"] = round(capacity.targets.prompt_p99_over_mean, 3)
-        share = None if sli is None else infeasible_share(sli.prompt_tokens_buckets, capacity.longest_feasible_prompt())
+        share = None if sli is None else infeasible_share(sli.prompt_tokens_buckets, *capacity.infeasible_prompts())
         if share is not None:
             details["ttft_infeasible_share"] = round(share, 6)
         return feasible_view(observation, share)

@@ -32,6 +32,33 @@ def test_longest_feasible_prompt_from_the_objective_and_the_profile() -> None:
     assert not slow.is_infeasible(limit - 10, 0.5, overhead_s=0.01, prefill_tokens_per_s=24_000)
 
 
+def test_infeasible_prompts_are_a_band_when_the_allowance_outruns_the_prefill() -> None:
+    """On replicas slower than the allowance, prompts a little beyond an infeasible reference miss, and longer ones
+    catch up with their allowance: the sizing advisor counted every prompt beyond the band's start as infeasible
+    (half the requests, where none were), while the replay judged each request."""
+    fast_allowance = TtftAllowance(1000, 1.0)  # 1 s per 1k, against 0.667 s of prefill per 1k
+    speed = {"overhead_s": 0.05, "prefill_tokens_per_s": 1500.0}
+    shortest, longest = fast_allowance.infeasible_prompts(0.5, **speed)
+    # 0.45 s after the overhead: 675 tokens; the reference (0.667 s) misses, and 1/3 s per 1k is caught up beyond.
+    assert (shortest, longest) == (pytest.approx(675), pytest.approx(1000 + (1000 / 1500 - 0.45) * 3000))
+    assert fast_allowance.longest_feasible_prompt(0.5, **speed) == pytest.approx(675)
+    for allowance, threshold_s in ((fast_allowance, 0.5), (TtftAllowance(1000, 0.02), 0.5), (TtftAllowance(), 0.5),
+                                   (TtftAllowance(0, 1.0), 0.01), (TtftAllowance(2000, 1.0), 0.04)):
+        shortest, longest = allowance.infeasible_prompts(threshold_s, **speed)
+        for prompt in (k + 0.37 for k in range(0, 20_000, 7)):  # off the ends, where rounding decides
+            inside = shortest < prompt < longest
+            assert allowance.is_infeasible(prompt, threshold_s, **speed) == inside, (allowance, threshold_s, prompt)
+    # The capacity model on the default profile: TTFT <= 0.5 s at 16,000 tokens, +100 ms per 1k beyond.
+    model = CapacityModel(DEFAULT_PROFILE, Targets(ttft_allowance=TtftAllowance(16_000, 0.1)))
+    shortest, longest = model.infeasible_prompts()
+    assert 10_000 < shortest < 16_000 < longest < 20_500
+    # Half the requests at 8K tokens, half at 32K: only the sliver of (20k, 50k] the band reaches is counted.
+    lengths = ((5000.0, 0.0), (10000.0, 50.0), (20000.0, 50.0), (50000.0, 100.0), (math.inf, 100.0))
+    share = infeasible_share(lengths, shortest, longest)
+    assert share is not None and share < 0.01
+    assert infeasible_share(BUCKETS, 1000.0, 15000.0) == pytest.approx((75 - 10) / 100)
+
+
 def test_the_capacity_model_counts_cached_tokens_as_free() -> None:
     model = CapacityModel(DEFAULT_PROFILE, Targets())
     flat_limit = model.longest_feasible_prompt()
