@@ -29,7 +29,6 @@ from typing import Literal
 from contracts.catalogue import (
     BUCKETS_BY_METRIC,
     ITL_HISTOGRAM,
-    TTFT_HISTOGRAM,
     TTFT_NORMALIZED_HISTOGRAM,
     VLLM_CUSTOM_BUCKETS_FLAG,
     VLLM_SLO_CUSTOM_BUCKETS,
@@ -60,16 +59,21 @@ class EngineBuckets:
     """The long-prompt allowances it writes ``moeslo_ttft_normalized_seconds`` for (None: not known here)."""
 
 
+def _vllm_edges(custom: Mapping[str, Sequence[float]] | None = None) -> Mapping[str, tuple[float, ...]]:
+    """The edges a vLLM server writes: its own histograms' (``custom`` replaces a family's), and the moeslo
+    plugin's normalized TTFT, always with the catalogue's TTFT edges (vLLM's flag does not reach it)."""
+    edges = {**vllm_buckets_by_metric(custom), TTFT_NORMALIZED_HISTOGRAM: BUCKETS_BY_METRIC[TTFT_NORMALIZED_HISTOGRAM]}
+    return MappingProxyType(edges)
+
+
 _VLLM_HINT = (
     f"start vLLM with {VLLM_CUSTOM_BUCKETS_FLAG} (contracts.catalogue.vllm_slo_bucket_args) "
     "so the threshold is an edge, or choose an edge"
 )
 ENGINES: Mapping[str, EngineBuckets] = MappingProxyType({
     "moeslo": EngineBuckets(name="moeslo", edges=MappingProxyType(dict(BUCKETS_BY_METRIC))),
-    "vllm": EngineBuckets(name="vllm", edges=MappingProxyType(vllm_buckets_by_metric()), hint=_VLLM_HINT),
-    "vllm-slo-buckets": EngineBuckets(
-        name="vllm-slo-buckets", edges=MappingProxyType(vllm_buckets_by_metric(VLLM_SLO_CUSTOM_BUCKETS))
-    ),
+    "vllm": EngineBuckets(name="vllm", edges=_vllm_edges(), hint=_VLLM_HINT),
+    "vllm-slo-buckets": EngineBuckets(name="vllm-slo-buckets", edges=_vllm_edges(VLLM_SLO_CUSTOM_BUCKETS)),
 })  # fmt: skip
 
 
@@ -87,10 +91,10 @@ def vllm_engine(custom: Mapping[str, Sequence[float]] | None) -> EngineBuckets:
     """A vLLM server started with ``--custom-histogram-buckets`` = ``custom`` (None: without the flag)."""
     if not custom:
         return ENGINES["vllm"]
-    edges = vllm_buckets_by_metric(custom)
-    if edges == dict(ENGINES["vllm-slo-buckets"].edges):
+    edges = _vllm_edges(custom)
+    if edges == ENGINES["vllm-slo-buckets"].edges:
         return ENGINES["vllm-slo-buckets"]
-    return EngineBuckets(name="vllm (custom buckets)", edges=MappingProxyType(edges), hint=_VLLM_HINT)
+    return EngineBuckets(name="vllm (custom buckets)", edges=edges, hint=_VLLM_HINT)
 
 
 def threshold_problems(policy: Policy, engine: str | EngineBuckets) -> list[str]:
@@ -101,8 +105,7 @@ def threshold_problems(policy: Policy, engine: str | EngineBuckets) -> list[str]
         ("ttft", ttft_metric(policy.objectives.ttft.allowance), policy.objectives.ttft.threshold_s),
         ("itl", ITL_HISTOGRAM, policy.objectives.itl.threshold_s),
     ):
-        # The normalized TTFT histogram has the TTFT edges wherever it is written.
-        edges = described.edges.get(metric) or described.edges[TTFT_HISTOGRAM]
+        edges = described.edges[metric]
         if is_bucket_edge(threshold_s, edges):
             continue
         below, above = nearest_edges(threshold_s, edges)

@@ -10,6 +10,8 @@ import pytest
 from contracts.catalogue import (
     ITL_BUCKETS_S,
     ITL_HISTOGRAM,
+    TTFT_BUCKETS_S,
+    TTFT_NORMALIZED_HISTOGRAM,
     VLLM_ITL_BUCKETS_S,
     vllm_buckets_by_metric,
     vllm_custom_buckets_json,
@@ -61,6 +63,22 @@ def test_the_flag_vllm_gets_is_the_catalogue_edges() -> None:
     assert other.name == "vllm (custom buckets)" and other.edges[ITL_HISTOGRAM] == (0.01, 0.03)
     assert vllm_buckets_by_metric({"request_latency": [1.0]})[ITL_HISTOGRAM] == VLLM_ITL_BUCKETS_S
     assert vllm_custom_buckets_json({"inter_token_latency": (0.5,)}) == '{"inter_token_latency":[0.5]}'
+
+
+def test_the_normalized_ttft_histogram_is_checked_against_its_own_edges_on_every_engine() -> None:
+    """A vLLM with custom time_to_first_token buckets had its normalized TTFT threshold checked against those:
+    0.5 s with an allowance was refused (0.3 s would have been taken, where the plugin writes no 0.3 bucket)."""
+    custom = vllm_engine({"time_to_first_token": [0.1, 0.3, 1.0, 5.0], "inter_token_latency": [0.01, 0.02, 0.05]})
+    ttft = {"threshold_s": 0.5, "target": 0.99, "per_1k_prompt_tokens_s": 0.05}
+    allowance = Policy.model_validate({"name": "a", "target": {"kind": "model", "model": "m"},
+                                       "objectives": {"ttft": ttft}})  # fmt: skip
+    check_thresholds([allowance], custom)
+    flat = allowance.model_copy(update={"objectives": _policy().objectives})
+    with pytest.raises(ValidationError, match=r"0\.5 is not a bucket edge of vllm:time_to_first_token_seconds "
+                                              r"\(vllm \(custom buckets\)\); the nearest edges are 0\.3 and 1\.0"):
+        check_thresholds([flat], custom)
+    for engine in (*ENGINES.values(), custom):
+        assert engine.edges[TTFT_NORMALIZED_HISTOGRAM] == TTFT_BUCKETS_S, engine.name
 
 
 def test_alerts_and_dashboards_check_the_same_edges() -> None:
