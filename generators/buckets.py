@@ -56,7 +56,8 @@ class EngineBuckets:
     hint: str = ""
     """What to do when a threshold is not an edge (appended to the message)."""
     ttft_allowances: tuple[TtftAllowance, ...] | None = None
-    """The long-prompt allowances it writes ``moeslo_ttft_normalized_seconds`` for (None: not known here)."""
+    """The long-prompt allowances it writes ``moeslo_ttft_normalized_seconds`` for (None: not known here; none:
+    it writes no such series, as a vLLM without the moeslo plugin)."""
 
 
 def _vllm_edges(custom: Mapping[str, Sequence[float]] | None = None) -> Mapping[str, tuple[float, ...]]:
@@ -66,6 +67,7 @@ def _vllm_edges(custom: Mapping[str, Sequence[float]] | None = None) -> Mapping[
     return MappingProxyType(edges)
 
 
+_VLLM_PLUGIN_ON = "MOESLO_VLLM_PLUGIN=1 in the moeslo-vllm image; VLLM_PLUGINS, where set, naming moeslo_ttft"
 _VLLM_HINT = (
     f"start vLLM with {VLLM_CUSTOM_BUCKETS_FLAG} (contracts.catalogue.vllm_slo_bucket_args) "
     "so the threshold is an edge, or choose an edge"
@@ -120,11 +122,13 @@ def threshold_problems(policy: Policy, engine: str | EngineBuckets) -> list[str]
     exported = described.ttft_allowances
     if not allowance.flat and exported is not None and allowance.labels() not in [a.labels() for a in exported]:
         wanted = format_allowances((allowance,))
+        reads = f"policy {policy.name!r}: its TTFT objective reads {TTFT_NORMALIZED_HISTOGRAM} at the long-prompt "
         problems.append(
-            f"policy {policy.name!r}: its TTFT objective reads {TTFT_NORMALIZED_HISTOGRAM} at the long-prompt "
-            f"allowance {wanted}, which its engine does not write (it writes {format_allowances(exported)}); "
+            reads + f"allowance {wanted}, but its engine writes no {TTFT_NORMALIZED_HISTOGRAM}: switch vLLM's moeslo "
+            f"plugin on ({_VLLM_PLUGIN_ON})" if not exported else
+            reads + f"allowance {wanted}, which its engine does not write (it writes {format_allowances(exported)}); "
             f"start it with --ttft-allowances {wanted} (moeslo serve) or {TTFT_ALLOWANCES_ENV}={wanted} (vLLM)"
-        )
+        )  # fmt: skip
     return problems
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from enum import Enum
 from typing import Any
 
 from contracts.catalogue import VLLM_CUSTOM_BUCKETS_FLAG
@@ -30,6 +31,13 @@ from generators.manifests.kustomize import split_image
 
 VLLM_IMAGE = "moeslo-vllm"
 MOESLO_IMAGE = "moeslo"
+PLUGIN_ENV = "MOESLO_VLLM_PLUGIN"
+"""The moeslo plugin's switch in vLLM's environment (``engine.vllm_plugin.settings``, which generators may not
+import; a test keeps the two alike).  Off, the plugin writes no ``moeslo_ttft_normalized_seconds``."""
+PLUGIN_ON = frozenset({"1", "on", "true"})
+TTFT_PLUGIN = "moeslo_ttft"
+"""The stat-logger entry point that writes the normalized TTFT: vLLM loads it only where ``VLLM_PLUGINS``, when
+set, names it."""
 WORKLOAD_KINDS = {"Deployment": "deployment", "LeaderWorkerSet": "leaderworkerset", "StatefulSet": "statefulset"}
 """Manifest kind -> the ``target.kind`` a policy names it by."""
 
@@ -73,7 +81,7 @@ def container_engine(container: Mapping[str, Any], where: str) -> EngineBuckets 
         if "--headless" in words:
             return None
         value = flag_value(words, VLLM_CUSTOM_BUCKETS_FLAG)
-        allowances = _env_allowances(container, where)
+        allowances = _plugin_allowances(container, where)
         if value is None:
             return replace(vllm_engine(None), ttft_allowances=allowances)
         try:
@@ -87,13 +95,34 @@ def container_engine(container: Mapping[str, Any], where: str) -> EngineBuckets 
     return None
 
 
-def _env_allowances(container: Mapping[str, Any], where: str) -> tuple[TtftAllowance, ...] | None:
-    """What a vLLM container's ``MOESLO_TTFT_ALLOWANCES`` says (None: set from a ConfigMap or Secret, so not
-    known here; the policy's allowance is then not checked)."""
-    entry = next((e for e in container.get("env", []) if e.get("name") == TTFT_ALLOWANCES_ENV), None)
-    if entry is not None and "value" not in entry:
+def _plugin_allowances(container: Mapping[str, Any], where: str) -> tuple[TtftAllowance, ...] | None:
+    """The allowances a vLLM container's moeslo plugin writes a normalized series for: none with the plugin off
+    (the switch unset or off, or ``VLLM_PLUGINS`` not naming its TTFT logger), else what its
+    ``MOESLO_TTFT_ALLOWANCES`` says.  None: not known here (set from a ConfigMap or Secret, or perhaps by
+    ``envFrom``), so the policy's allowance is not checked."""
+    switch = _env_value(container, PLUGIN_ENV)
+    plugins = _env_value(container, "VLLM_PLUGINS")  # vLLM splits it on commas, as here
+    told = _env_value(container, TTFT_ALLOWANCES_ENV)
+    if switch is _Elsewhere.SET or plugins is _Elsewhere.SET:
         return None
-    return _allowances(None if entry is None else str(entry["value"]), where)
+    if switch is None or switch.strip().lower() not in PLUGIN_ON:
+        return ()
+    if plugins is not None and TTFT_PLUGIN not in plugins.split(","):
+        return ()
+    return None if told is _Elsewhere.SET else _allowances(told, where)
+
+
+class _Elsewhere(Enum):
+    SET = "set from a ConfigMap or Secret"
+
+
+def _env_value(container: Mapping[str, Any], name: str) -> str | _Elsewhere | None:
+    """A variable of the container's environment as its manifest sets it: None when unset; ``_Elsewhere.SET``
+    from a ConfigMap or Secret (``valueFrom``, or ``envFrom`` without an entry of its own)."""
+    entry = next((e for e in container.get("env", []) if e.get("name") == name), None)
+    if entry is None:
+        return _Elsewhere.SET if container.get("envFrom") else None
+    return str(entry["value"]) if "value" in entry else _Elsewhere.SET
 
 
 def _allowances(text: str | None, where: str) -> tuple[TtftAllowance, ...]:
@@ -150,6 +179,9 @@ def policy_engine(policy: Policy, engines: Mapping[tuple[str, str], EngineBucket
 
 __all__ = [
     "MOESLO_IMAGE",
+    "PLUGIN_ENV",
+    "PLUGIN_ON",
+    "TTFT_PLUGIN",
     "VLLM_IMAGE",
     "WORKLOAD_KINDS",
     "command_line",

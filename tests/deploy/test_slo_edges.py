@@ -143,3 +143,38 @@ def test_a_ttft_allowance_its_engine_does_not_write_is_refused(overlay: str) -> 
             container["env"][-1] = {"name": "MOESLO_TTFT_ALLOWANCES",
                                     "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
         assert overlay_files(overlay, told)
+
+
+def test_a_vllm_without_the_moeslo_plugin_writes_no_normalized_ttft() -> None:
+    """A stock vLLM image, or moeslo-vllm with MOESLO_VLLM_PLUGIN unset or 0, writes no
+    moeslo_ttft_normalized_seconds, yet deploy render took a policy with the default allowance for it: its
+    SLI, recording rules and burn-rate alerts read a series nothing writes (never a page, TTFT or ITL)."""
+    from engine.vllm_plugin.settings import ENABLE_ENV, PluginSettings
+    from generators.buckets import threshold_problems
+    from generators.manifests.engines import PLUGIN_ENV, PLUGIN_ON, TTFT_PLUGIN
+
+    assert PLUGIN_ENV == ENABLE_ENV  # generators may not import the engine: the two spellings are kept alike
+    for value in ("1", "on", "true", "0", "off", "false", ""):
+        assert PluginSettings.from_env({ENABLE_ENV: value}).enabled == (value in PLUGIN_ON), value
+    policy = Policy.model_validate({
+        "name": "chat", "target": {"kind": "deployment", "namespace": "default", "name": "vllm"},
+        "objectives": {"ttft": {"threshold_s": 0.5, "target": 0.99, "per_1k_prompt_tokens_s": 0.05},
+                       "itl": {"threshold_s": 0.025, "target": 0.99}},  # an edge of stock vLLM's ITL
+    })  # fmt: skip
+    stock = {"name": "vllm", "image": "vllm/vllm-openai:v0.32.0", "command": ["vllm", "serve", "m"]}
+    unset = {"name": "vllm", "image": "moeslo-vllm", "command": ["vllm", "serve", "m"]}
+    on = [{"name": PLUGIN_ENV, "value": "1"}]
+    for container in (stock, unset, {**unset, "env": [{"name": PLUGIN_ENV, "value": "0"}]},
+                      {**unset, "env": [*on, {"name": "VLLM_PLUGINS", "value": "moeslo,moeslo_eplb"}]}):
+        engine = container_engine(container, "Deployment/vllm container vllm")
+        assert engine is not None and engine.ttft_allowances == (), container
+        (problem,) = threshold_problems(policy, engine)
+        assert "its engine writes no moeslo_ttft_normalized_seconds" in problem and "MOESLO_VLLM_PLUGIN=1" in problem
+    for env in (on, [*on, {"name": "VLLM_PLUGINS", "value": f"moeslo,{TTFT_PLUGIN}"}]):
+        engine = container_engine({**unset, "env": env}, "w")
+        assert engine is not None and threshold_problems(policy, engine) == []
+    # Set from a ConfigMap, or perhaps by envFrom: not known here, so not refused.
+    from_map = {"name": PLUGIN_ENV, "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
+    for container in ({**unset, "env": [from_map]}, {**unset, "envFrom": [{"configMapRef": {"name": "c"}}]}):
+        engine = container_engine(container, "w")
+        assert engine is not None and engine.ttft_allowances is None
