@@ -82,7 +82,7 @@ def replay(
                             help="TTFT objective's allowance per 1,000 prompt tokens beyond the reference (s).")
     ] = 0.0,
     ttft_reference_tokens: Annotated[
-        int, typer.Option(min=1, help="Prompt length the TTFT threshold is stated for (tokens).")
+        int, typer.Option(min=0, max=10_000_000, help="Prompt length the TTFT threshold is stated for (tokens).")
     ] = 1000,
     warmup: Annotated[float, typer.Option(callback=at_least(0.0), help="Scored apart at the start (s).")] = 1800.0,
     window: Annotated[

@@ -72,6 +72,10 @@ def test_the_bundled_slice_names_its_span_and_a_warmup_that_scores(tmp_path: Pat
         (("--ttft-per-1k", "nan"), "Invalid value for '--ttft-per-1k': must be a finite number of 0 or more, got nan"),
         (("--ttft-per-1k", "0.1234567"), "Invalid value for '--ttft-per-1k': at most 6 significant digits (its "
                                           "series label reads 0.123457), got 0.1234567"),
+        (("--ttft-reference-tokens", "-1"), "Invalid value for '--ttft-reference-tokens': Input should be greater "
+                                             "than or equal to 0"),
+        (("--ttft-reference-tokens", "10000001"), "Invalid value for '--ttft-reference-tokens': Input should be less "
+                                                  "than or equal to 10000000"),  # a policy's bound
         (("--drift-per-day", "inf"), "Invalid value for '--drift-per-day': must be a number in (-1, 10), got inf"),
         (("--drift-per-day", "-1"), "Invalid value for '--drift-per-day': must be a number in (-1, 10), got -1.0"),
         (("--capacity-error", "inf"), "Invalid value for '--capacity-error': must be a finite number of -0.9 or more "
@@ -88,3 +92,12 @@ def test_options_are_refused_by_their_name(tmp_path: Path, args: tuple[str, ...]
     said = refusal(invoke("--trace", str(trace), "--out", str(tmp_path / "o"), *args))
     assert says in said
     assert "MOESLO_DEBUG" not in said
+
+
+def test_a_reference_length_of_0_is_taken_as_a_policy_takes_it(tmp_path: Path) -> None:
+    """A policy's objective may state its threshold at 0 prompt tokens (every token earns the allowance); the
+    replay refused that objective (1 or more) and so could not replay it."""
+    trace = write_azure(tmp_path / "t.csv", minutes=2)
+    said = refusal(invoke("--trace", str(trace), "--out", str(tmp_path / "o"), "--policies", "static",
+                          "--ttft-reference-tokens", "0", "--ttft-per-1k", "0.05"))  # fmt: skip
+    assert "--ttft-reference-tokens" not in said and "error: no request in the scored window" in said
