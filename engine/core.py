@@ -300,6 +300,7 @@ class EngineCore:
             logits = self.executor.execute(out.plan)
         except Exception:
             log.exception("executor failed a step")
+            self.scheduler.drop_unwritten(out)
             for chunk in out.scheduled:
                 self.abort(chunk.seq.request_id, "error", error="the model step failed")
             result.outputs.extend(self.take_outputs())

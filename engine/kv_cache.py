@@ -6,8 +6,8 @@ number of blocks is fixed when the engine starts (``--kv-cache-mb``), so the
 cache's memory never grows with load: when blocks run out the scheduler
 preempts a sequence (frees its blocks and recomputes it later).
 
-Prefix caching (vLLM's automatic prefix caching): once a block is full of
-computed tokens it is keyed by a hash chained over its tokens and its parent
+Prefix caching (vLLM's automatic prefix caching): once a block is allocated
+to a step that fills it with computed tokens, it is keyed by a hash chained over its tokens and its parent
 block's hash, so equal keys mean equal token prefixes.  Blocks carry
 reference counts; a sequence whose leading full blocks match cached keys
 takes those blocks (count + 1) instead of computing them again.  A freed
@@ -182,7 +182,8 @@ class BlockManager:
         self._num_keyed[seq_id] = len(blocks)
 
     def cache_full_blocks(self, seq_id: int, hashes: Sequence[bytes], num_computed: int) -> None:
-        """Key ``seq_id``'s blocks that are full of computed tokens (``hashes`` covers them).
+        """Key ``seq_id``'s blocks that are full of computed tokens, or will be once the step being planned
+        has run (``hashes`` covers them).
 
         A block whose key another block already holds (two equal prompts
         computed side by side) stays unkeyed: one copy per key.
@@ -199,6 +200,17 @@ class BlockManager:
                 self._key[block] = key
                 self._cached[key] = block
         self._num_keyed[seq_id] = max(full, self._num_keyed.get(seq_id, 0))
+
+    def drop_keys(self, seq_id: int, first: int) -> None:
+        """Drop the keys of ``seq_id``'s blocks from table index ``first`` on (their KV was never written)."""
+        table = self._tables.get(seq_id, [])
+        for block in table[first:]:
+            key = self._key[block]
+            if key is not None:  # in use by seq_id, so in no free pool
+                del self._cached[key]
+                self._key[block] = None
+        if self._num_keyed.get(seq_id, 0) > first:
+            self._num_keyed[seq_id] = first
 
     def reset_prefix_cache(self) -> int:
         """Drop the keys of every free cached block; the number dropped (blocks in use keep theirs)."""

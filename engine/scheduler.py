@@ -12,9 +12,12 @@ and its prefill starts after them.  At least its last token is always
 computed, so there are logits to sample from.  A request that asked for its
 prompt's log-probabilities takes no cached blocks until they are all computed
 (each prompt position's logits are needed); its own blocks are still cached
-for others.  Blocks become cached once
-they are full of computed tokens (checked before each step, and when a
-sequence is preempted or finishes).
+for others.  Blocks are keyed when they are allocated to the step that fills
+them (vLLM's ``allocate_slots``), so a prompt admitted later in the same step
+already shares them: the model writes the whole step's KV before any
+attention reads it.  Only blocks full by the end of the step are keyed, never
+one a later chunk completes; a step that fails drops the keys it gave
+(:meth:`Scheduler.drop_unwritten`).
 
 When the KV cache has no block for a running sequence, the most recently
 admitted running sequence is preempted: its blocks are freed and it goes
@@ -192,7 +195,6 @@ class Scheduler:
         else:
             self.waiting.remove(seq)
             self._leave_queue_bound(seq)
-        self._cache_computed(seq)
         self.blocks.free(seq.seq_id)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
@@ -201,9 +203,6 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledChunk] = []
         preemptions = queries = hits = 0
-        if self.blocks.enable_prefix_caching:
-            for seq in self.running:  # blocks the last step filled become cached before anyone looks up
-                self._cache_computed(seq)
 
         # 1. Running sequences, oldest first; preempt the youngest when blocks run out.
         index = 0
@@ -221,6 +220,7 @@ class Scheduler:
             # A last prompt chunk of one token is still prompt (no output yet); after a preemption it is the
             # pending output token, a decode.
             is_prompt = seq.num_computed < seq.num_tokens - 1 or not seq.output_token_ids
+            self._cache_scheduled(seq, seq.num_computed + want)
             scheduled.append(ScheduledChunk(seq, want, is_prompt=is_prompt))
             budget -= want
             index += 1
@@ -239,6 +239,7 @@ class Scheduler:
                 seq.num_computed = cached_tokens
             allocated = self.blocks.ensure(seq.seq_id, cached_tokens + want)
             assert allocated, "the free count was checked above"
+            self._cache_scheduled(seq, cached_tokens + want)
             if self.blocks.enable_prefix_caching and seq.num_preemptions == 0 and not seq.wants_prompt_logits:
                 queries += seq.num_tokens
                 hits += cached_tokens
@@ -272,13 +273,20 @@ class Scheduler:
         extend_block_hashes(seq.block_hashes, seq.token_at, seq.num_tokens, size)
         return self.blocks.cached_prefix(seq.block_hashes, (seq.num_tokens - 1) // size)
 
-    def _cache_computed(self, seq: Sequence) -> None:
-        """Key ``seq``'s blocks that are full of computed tokens, so later prompts can share them."""
+    def _cache_scheduled(self, seq: Sequence, num_tokens: int) -> None:
+        """Key ``seq``'s blocks that are full once its first ``num_tokens`` tokens are computed (this step's)."""
         size = self.blocks.block_size
-        if not self.blocks.enable_prefix_caching or seq.num_computed // size <= self.blocks.num_keyed(seq.seq_id):
+        if not self.blocks.enable_prefix_caching or num_tokens // size <= self.blocks.num_keyed(seq.seq_id):
             return
-        extend_block_hashes(seq.block_hashes, seq.token_at, seq.num_computed, size)
-        self.blocks.cache_full_blocks(seq.seq_id, seq.block_hashes, seq.num_computed)
+        extend_block_hashes(seq.block_hashes, seq.token_at, num_tokens, size)
+        self.blocks.cache_full_blocks(seq.seq_id, seq.block_hashes, num_tokens)
+
+    def drop_unwritten(self, out: SchedulerOutput) -> None:
+        """The step ``out`` planned failed: the blocks it was to fill lose the keys they got when allocated
+        (their KV may never have been written).  Call before its sequences are finished or run again."""
+        size = self.blocks.block_size
+        for chunk in out.scheduled:
+            self.blocks.drop_keys(chunk.seq.seq_id, chunk.seq.num_computed // size)
 
     def _leave_queue_bound(self, seq: Sequence) -> None:
         if seq.counts_toward_queue_bound:
@@ -287,8 +295,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self._cache_computed(seq)  # its recompute (or another prompt) may find these blocks again
-        self.blocks.free(seq.seq_id)
+        self.blocks.free(seq.seq_id)  # keyed blocks stay cached: its recompute (or another prompt) may find them
         seq.num_computed = 0
         seq.num_preemptions += 1
         seq.status = SeqStatus.WAITING

@@ -269,3 +269,54 @@ def test_prefix_cache_hits_give_the_logits_of_a_cold_prefill(tiny_checkpoint: Pa
     torch.testing.assert_close(warm_logits, cold_logits, atol=ATOL, rtol=0)
     theirs = _hf_greedy_logits(tiny_checkpoint, prompts[1], new_tokens=3)
     torch.testing.assert_close(warm_logits, theirs, atol=ATOL, rtol=0)
+
+
+class _PerSequenceLogits(_LogitsTap):
+    """Keeps each sequence's sampled logits, in order (the steps' row layouts differ with the cache on or off)."""
+
+    def __init__(self, executor: object) -> None:
+        super().__init__(executor)
+        self.by_seq: dict[int, list[torch.Tensor]] = {}
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        out = super().execute(plan)
+        for row, chunk in enumerate(c for c in plan.chunks if c.needs_logits):
+            self.by_seq.setdefault(chunk.seq_id, []).append(out[row].clone())
+        return out
+
+
+def _serve_together(checkpoint: Path, prompts: list[list[int]], caching: bool, budget: int
+                    ) -> tuple[dict[int, torch.Tensor], int]:  # fmt: skip
+    """Every prompt added before the first step, served to the end: each sequence's sampled logits, the hits."""
+    from engine.core import EngineCore
+    from engine.engine_types import EngineConfig
+    from engine.sampling import SamplingParams
+    from engine.scheduler import SchedulerConfig
+
+    tap = _PerSequenceLogits(create_executor(ExecutorOptions(checkpoint=checkpoint, kv_cache_mb=4)))
+    config = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=budget), enable_prefix_caching=caching)
+    core = EngineCore(tap, config)  # type: ignore[arg-type]
+    for index, prompt in enumerate(prompts):
+        core.add_request(f"r{index}", prompt, SamplingParams(max_tokens=4, temperature=0.0))
+    hits = 0
+    while core.has_work():
+        result = core.step()
+        hits += result.stats.prefix_cache_hits if result.stats is not None else 0
+    tap.shutdown()  # type: ignore[operator]
+    return {seq: torch.stack(rows) for seq, rows in tap.by_seq.items()}, hits
+
+
+@pytest.mark.parametrize(("budget", "expected_hits"), [(512, 2 * 48), (40, 2 * 48)])
+def test_hits_on_blocks_computed_in_the_same_step_give_the_logits_of_a_cold_prefill(
+    tiny_checkpoint: Path, budget: int, expected_hits: int
+) -> None:
+    """Three equal prompts admitted together share the blocks the first one computes in that very step, also
+    when its prefill is chunked (budget 40: the others join its second chunk and read the block it completes)."""
+    prompt = _prompt(56, 512, seed=12)  # 3 full blocks of 16, then 8
+    warm, hits = _serve_together(tiny_checkpoint, [prompt] * 3, caching=True, budget=budget)
+    cold, cold_hits = _serve_together(tiny_checkpoint, [prompt] * 3, caching=False, budget=budget)
+    assert (hits, cold_hits) == (expected_hits, 0)
+    assert warm.keys() == cold.keys() == {0, 1, 2}
+    for seq in warm:
+        assert warm[seq].argmax(dim=-1).tolist() == cold[seq].argmax(dim=-1).tolist()
+        torch.testing.assert_close(warm[seq], cold[seq], atol=ATOL, rtol=0)

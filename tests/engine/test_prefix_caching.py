@@ -25,24 +25,40 @@ from tests.engine.fake_executor import FakeExecutor, reference_tokens
 
 
 class NoSharedWrites(FakeExecutor):
-    """Fails a step that writes KV into a block more than one sequence holds."""
+    """Fails a step that writes KV into a block another sequence held before it: that one may read the KV.
+
+    (A block keyed at its allocation to this step is written by it, and may already be shared by a prompt
+    admitted beside it: the model writes every chunk's KV before any attention reads it.)
+    """
 
     core: EngineCore | None = None
+    tables_before: dict[int, set[int]] | None = None
+    """Each sequence's blocks when the last step ended."""
 
     def execute(self, plan: StepPlan) -> object:  # type: ignore[override]
         assert self.core is not None
-        size = self.block_size
+        blocks, size = self.core.blocks, self.block_size
+        before = self.tables_before or {}
+        written: set[int] = set()
         for chunk in plan.chunks:
-            for pos in range(chunk.num_computed, chunk.num_computed + len(chunk.token_ids)):
-                block = chunk.block_table[pos // size]
-                assert self.core.blocks.ref_count(block) == 1, f"a step writes into shared block {block}"
-        return super().execute(plan)
+            slots = {chunk.block_table[pos // size] * size + pos % size
+                     for pos in range(chunk.num_computed, chunk.num_computed + len(chunk.token_ids))}
+            assert not slots & written, "two chunks of a step write one KV slot"
+            written |= slots
+            for block in {slot // size for slot in slots}:
+                readers = [seq for seq in blocks.holders() if seq != chunk.seq_id and block in before.get(seq, ())
+                           and block in blocks.block_table(seq)]
+                assert not readers, f"a step writes into block {block}, which {readers} held before it"
+        out = super().execute(plan)
+        self.tables_before = {seq: set(blocks.block_table(seq)) for seq in blocks.holders()}
+        return out
 
 
-def run(requests: list[tuple[int, list[int], int]], *, caching: bool, num_blocks: int = 64,
-        budget: int = 16) -> tuple[dict[str, list[int]], list[StepStats], EngineCore]:
+def run(requests: list[tuple[int, list[int], int]], *, caching: bool = True, num_blocks: int = 64,
+        budget: int = 16, block_size: int = 4, fail_on_step: int | None = None
+        ) -> tuple[dict[str, list[int]], list[StepStats], EngineCore]:  # fmt: skip
     """Serve ``(arrival step, prompt, max_tokens)`` requests to the end; tokens per request and every step's stats."""
-    executor = NoSharedWrites(num_blocks=num_blocks)
+    executor = NoSharedWrites(num_blocks=num_blocks, block_size=block_size, max_len=512, fail_on_step=fail_on_step)
     config = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=budget), enable_prefix_caching=caching)
     core = EngineCore(executor, config)
     executor.core = core
@@ -123,3 +139,45 @@ def test_the_switch_and_the_counts_cross_the_process_boundary() -> None:
                       prompt_tokens=3, generation_tokens=1, prefix_cache_queries=35, prefix_cache_hits=32)
     back = wire.stats_from_wire(wire.unpack(wire.pack([wire.stats_to_wire(stats)]))[0])
     assert (back.prefix_cache_queries, back.prefix_cache_hits) == (35, 32)
+
+
+def _serve_together(prompts: list[list[int]], *, budget: int, fail_on_step: int | None = None
+                    ) -> tuple[dict[str, list[int]], list[StepStats], EngineCore, NoSharedWrites]:  # fmt: skip
+    """Every prompt added before the first step (admitted in one step while the budget lasts), in blocks of 16."""
+    tokens, stats, core = run([(0, prompt, 3) for prompt in prompts], budget=budget, block_size=16,
+                              fail_on_step=fail_on_step)
+    assert isinstance(core.executor, NoSharedWrites)
+    return tokens, stats, core, core.executor
+
+
+def test_identical_prompts_admitted_in_one_step_share_their_full_blocks() -> None:
+    """An ``n=2`` completion (or a burst of one prompt) computed the prompt once per choice and counted no hit:
+    blocks were keyed only after a step had computed them.  They are keyed at allocation (vLLM's
+    ``allocate_slots``): the model writes the whole step's KV before any attention reads it."""
+    prompt = [t % 64 for t in range(3, 67)]  # 4 full blocks of 16
+    tokens, stats, _, executor = _serve_together([prompt, prompt], budget=512)
+    assert tokens == {"r0": reference_tokens(prompt, 3), "r1": reference_tokens(prompt, 3)}
+    assert (stats[0].prefix_cache_queries, stats[0].prefix_cache_hits) == (128, 48)  # vLLM's counts
+    assert sum(len(chunk.token_ids) for chunk in executor.plans[0].chunks) == 64 + 16
+
+
+def test_a_prompt_admitted_beside_a_chunked_prefill_shares_only_blocks_full_by_the_end_of_the_step() -> None:
+    """The first prompt is computed over two steps (40 then 16 tokens); the others, admitted with the second
+    chunk, share the block that chunk completes but never the partial one a later step would write (the fake
+    executor fails on a read of a slot never written)."""
+    prompt = [t % 64 for t in range(5, 61)]  # 56 tokens: 3 full blocks of 16, then 8
+    tokens, stats, _, executor = _serve_together([prompt, prompt, prompt], budget=40)
+    assert all(out == reference_tokens(prompt, 3) for out in tokens.values())
+    assert [len(chunk.token_ids) for chunk in executor.plans[1].chunks] == [16, 8, 8]
+    assert sum(s.prefix_cache_hits for s in stats) == 2 * 48
+
+
+def test_a_failed_step_leaves_no_key_on_the_blocks_it_was_to_fill() -> None:
+    """Blocks keyed at allocation whose step failed hold no KV: the next request with that prompt computes it."""
+    prompt = [t % 64 for t in range(3, 67)]
+    _, _, core, executor = _serve_together([prompt, prompt], budget=512, fail_on_step=1)
+    assert core.blocks.num_cached == 0
+    core.add_request("again", prompt, SamplingParams(max_tokens=3, temperature=0.0))
+    outputs = [out for _ in range(4) for out in core.step().outputs]
+    assert [out.token_id for out in outputs] == reference_tokens(prompt, 3)
+    assert sum(len(chunk.token_ids) for chunk in executor.plans[-3].chunks) == 64
