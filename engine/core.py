@@ -36,7 +36,7 @@ from engine.engine_types import EngineConfig, RequestOutput
 from engine.executors import Executor
 from engine.kv_cache import BlockManager
 from engine.sampling import SamplingParams, TokenHistory, sample_each, token_logprobs
-from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SeqStatus, Sequence
+from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SeqStatus, Sequence, drain_time_s
 from engine.stats import FinishedRequestStats, PlacementSwapStats, RequestTiming, RoutingDelta, StepStats
 
 if TYPE_CHECKING:
@@ -56,24 +56,6 @@ class StepResult:
     outputs: list[RequestOutput] = field(default_factory=list)
     stats: StepStats | None = None
     """None when nothing ran and nothing changed."""
-
-
-RETRY_RATE_WINDOW_S = 30.0
-"""Finishes older than this say nothing of the rate the queue drains at now."""
-
-
-def drain_time_s(finish_times_s: Iterable[float], waiting: int, now: float) -> float:
-    """A 429's Retry-After: the waiting requests over the rate requests finished at in the last 30 s,
-    1-60 s.
-
-    The rate is taken over the span of those finishes, not up to ``now``: counted to ``now``, the idle
-    minutes before a burst made the rate tiny and told every client of the burst to come back in a minute
-    (the engine had served the burst in 4 s)."""
-    recent = [t for t in finish_times_s if now - RETRY_RATE_WINDOW_S <= t <= now]
-    if len(recent) < 2 or recent[-1] <= recent[0]:
-        return 1.0
-    rate = (len(recent) - 1) / (recent[-1] - recent[0])
-    return float(min(60.0, max(1.0, waiting / rate)))
 
 
 class EngineCore:
@@ -276,14 +258,26 @@ class EngineCore:
         return result
 
     def step(self) -> StepResult:
-        """Run one step if there is work; else report what changed while idle."""
+        """Run one step if there is work; else report what changed while idle.
+
+        A step that raises puts back the outputs it had (the final outputs of aborts among them) for the
+        next step or flush: whoever handles the failure, every request ends with exactly one final output.
+        """
         if self.config.request_deadline_s is not None:
             self._expire(self._clock() - self.config.request_deadline_s)
         result = StepResult(outputs=self.take_outputs())
+        try:
+            self._run_step(result)
+        except BaseException:
+            self._pending_outputs[:0] = result.outputs
+            raise
+        return result
+
+    def _run_step(self, result: StepResult) -> None:
         if not self.scheduler.has_work():
             if self._state_changed or self._pending_finished or result.outputs:
                 result.stats = self._stats(self._clock(), 0.0, None, 0, (), ())
-            return result
+            return
         if self.fail_next_step:
             self.fail_next_step = False
             raise RuntimeError("injected step fault")
@@ -293,7 +287,7 @@ class EngineCore:
             if chunk.seq.timing.scheduled_s is None:
                 chunk.seq.timing.scheduled_s = started_s
         if not out.plan.chunks:
-            return result
+            return
         try:
             if self.step_delay_s:
                 time.sleep(self.step_delay_s)
@@ -305,9 +299,8 @@ class EngineCore:
                 self.abort(chunk.seq.request_id, "error", error="the model step failed")
             result.outputs.extend(self.take_outputs())
             result.stats = self._stats(self._clock(), self._clock() - started_s, out, 0, (), ())
-            return result
+            return
         self._finish_step(out, logits, started_s, result)
-        return result
 
     def _expire(self, arrived_before_s: float) -> None:
         """End every request that arrived before ``arrived_before_s`` (its deadline has passed)."""
@@ -488,4 +481,4 @@ def _finished_stats(seq: Sequence, now: float, reason: str) -> FinishedRequestSt
     )
 
 
-__all__ = ["EngineCore", "StepResult", "drain_time_s"]
+__all__ = ["EngineCore", "StepResult"]

@@ -150,8 +150,7 @@ class CoreLoop:
                 if not self._parent_alive():
                     log.error("engine core: the API process is gone; exiting")
                     return
-        self.core.abort_all("abort")
-        self._publish(self.core.flush())  # the aborts' final outputs and stats
+        self._end_all("abort")
         self._send([wire.GOODBYE, {"kv_state": list(self.core.kv_state()),
                                    "num_requests": list(self.core.num_requests())}])
 
@@ -162,11 +161,15 @@ class CoreLoop:
         """Why the engine cannot serve (None: it can); a broken engine fails every request it still holds."""
         broken = self._report()
         if broken is not None and self.core.has_work():
-            aborted = self.core.abort_all("error", error=UNAVAILABLE)
-            result = self.core.flush()
-            result.outputs[:0] = aborted
-            self._publish(result)
+            self._end_all("error", error=UNAVAILABLE)
         return broken
+
+    def _end_all(self, reason: str, error: str | None = None) -> None:
+        """End every request still held, and send their final outputs and stats."""
+        aborted = self.core.abort_all(reason, error=error)
+        result = self.core.flush()
+        result.outputs[:0] = aborted
+        self._publish(result)
 
     def _report(self) -> str | None:
         """On a change of health, log it and tell the API process at once (before any output it explains)."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from contracts.errors import OverloadedError, ValidationError
@@ -40,6 +41,23 @@ from engine.errors import PromptTooLongError
 from engine.kv_cache import BlockManager, blocks_for_tokens, extend_block_hashes
 from engine.sampling import RequestSampler, SamplingParams, TokenLogprob
 from engine.stats import RequestTiming
+
+RETRY_RATE_WINDOW_S = 30.0
+"""Finishes older than this say nothing of the rate the queue drains at now."""
+
+
+def drain_time_s(finish_times_s: Iterable[float], waiting: int, now: float) -> float:
+    """A 429's Retry-After: the waiting requests over the rate requests finished at in the last 30 s,
+    1-60 s.
+
+    The rate is taken over the span of those finishes, not up to ``now``: counted to ``now``, the idle
+    minutes before a burst made the rate tiny and told every client of the burst to come back in a minute
+    (the engine had served the burst in 4 s)."""
+    recent = [t for t in finish_times_s if now - RETRY_RATE_WINDOW_S <= t <= now]
+    if len(recent) < 2 or recent[-1] <= recent[0]:
+        return 1.0
+    rate = (len(recent) - 1) / (recent[-1] - recent[0])
+    return float(min(60.0, max(1.0, waiting / rate)))
 
 
 class SeqStatus(enum.Enum):
@@ -309,4 +327,5 @@ __all__ = [
     "SchedulerOutput",
     "SeqStatus",
     "Sequence",
+    "drain_time_s",
 ]

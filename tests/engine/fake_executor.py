@@ -37,6 +37,8 @@ class FakeExecutor:
         self.plans: list[StepPlan] = []
         self.routing_on = True
         self.shut_down = False
+        self.broken: str | None = None
+        """Why it can no longer run steps (the executor interface's; None: healthy)."""
         self.started = threading.Event()
 
     @property

@@ -395,7 +395,7 @@ def test_no_lookup_and_no_counts_with_prefix_caching_off() -> None:
 
 
 def test_retry_after_follows_the_recent_finish_rate_not_the_idle_time_before_a_burst() -> None:
-    from engine.core import drain_time_s
+    from engine.scheduler import drain_time_s
 
     # Minutes idle, then a burst: the finishes before the pause say nothing of the rate now.
     assert drain_time_s([0.0, 1.0, 2.0], waiting=29, now=300.0) == 1.0
