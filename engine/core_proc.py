@@ -158,9 +158,13 @@ class CoreLoop:
         return self.core.has_work() or self.core.has_news()
 
     def _check_health(self) -> str | None:
-        """Why the engine cannot serve (None: it can); a broken engine fails every request it still holds."""
+        """Why the engine cannot serve (None: it can); a broken engine fails every request it still holds.
+
+        It also sends what happened since (a placement swap, outputs a failed step put back): it runs no step
+        that would, and the loop polls without waiting while the core has news.
+        """
         broken = self._report()
-        if broken is not None and self.core.has_work():
+        if broken is not None and (self.core.has_work() or self.core.has_news()):
             self._end_all("error", error=UNAVAILABLE)
         return broken
 

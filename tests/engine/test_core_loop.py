@@ -9,9 +9,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 import zmq
 
+from contracts.placement import Placement
 from engine import wire
 from engine.core import EngineCore
 from engine.core_proc import CoreLoop
@@ -118,3 +120,21 @@ def test_requests_in_flight_at_shutdown_get_their_final_output() -> None:
     with core_loop(core, [add("a")]) as loop:
         loop.receive(lambda got: any(msg[0] == wire.STEP for msg in got))
     assert finals(loop.received) == [("a", "abort")]
+
+
+def _rolled_placement() -> dict[str, Any]:
+    contiguous = Placement.contiguous(2, 4, 1)
+    return Placement(phy2log=np.roll(contiguous.phy2log, 1, axis=1), num_ranks=1).to_json()
+
+
+def test_a_broken_loop_sends_what_happens_after_and_goes_idle() -> None:
+    """A broken core (a step raised) that then applied a placement spun at 100% CPU: its news was never sent, and
+    the loop polled without waiting.  The swap's stats go out and the loop waits on its socket again."""
+    core = EngineCore(FakeExecutor(), EngineConfig())
+    with core_loop(core, [add("a"), [wire.CALL, 1, "fail_next_step", []]]) as loop:
+        loop.receive(lambda got: finals(got) == [("a", "error")])
+        loop.send([wire.CALL, 2, "apply_placement", [_rolled_placement()]])
+        loop.receive(lambda got: any(msg[0] == wire.STEP and msg[2] is not None and "placement_swap" in msg[2]
+                                     for msg in got))
+        assert health(loop.received) == ["an engine step failed"]
+        assert not core.has_news() and not core.has_work()  # nothing left to send: the loop waits on its socket
