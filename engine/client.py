@@ -4,8 +4,9 @@
 and statistics in; :mod:`engine.wire`), starts ``python -m engine.core_proc``
 and waits for its READY.  A receiver thread then reads every message of the
 core: statistics go to the registered :class:`~engine.stats.StatsSink`
-objects and the expert-load window first, then each request's outputs to its
-:class:`RequestStream` on the event loop that made it.  Nothing here runs a
+objects and the expert-load window first (:mod:`engine.stats_publisher`:
+requests counted as their clients saw them), then each request's outputs to
+its :class:`RequestStream` on the event loop that made it.  Nothing here runs a
 model or imports torch, so nothing in the HTTP process can stall a step.
 Nor does the core stall the HTTP process: sends never block
 (:mod:`engine.core_inputs`); with the core's input queue full, a request or
@@ -61,10 +62,10 @@ from engine.core_proc import CoreOptions
 from engine.engine_types import EngineConfig, ExpertLoad, RequestOutput
 from engine.errors import PromptTooLongError
 from engine.executors.options import ExecutorOptions, default_threads
-from engine.expert_load import ExpertLoadTracker, publish_step
 from engine.request_stream import ChoiceGroup, RequestStream, deliver
 from engine.sampling import SamplingParams
 from engine.stats import PlacementSwapStats, StatsSink, StepStats
+from engine.stats_publisher import StatsPublisher
 
 log = logging.getLogger("moeslo.engine_client")
 POLL_S = 0.1
@@ -78,8 +79,7 @@ class EngineCoreClient:
                  sinks: Iterable[StatsSink] = (), startup_timeout_s: float = 600.0) -> None:
         self.executor_options = executor
         self.config = config or EngineConfig()
-        self._sinks: list[StatsSink] = list(sinks)
-        self._load = ExpertLoadTracker(self.config.routing_window_steps)
+        self._stats = StatsPublisher(sinks, self.config.routing_window_steps)
         self._startup_timeout_s = startup_timeout_s
         self._streams: dict[str, RequestStream] = {}
         self._calls: dict[int, Future[Any]] = {}
@@ -104,7 +104,7 @@ class EngineCoreClient:
     # ----------------------------------------------------------------- lifecycle
 
     def add_sink(self, sink: StatsSink) -> None:
-        self._sinks.append(sink)
+        self._stats.sinks.append(sink)
 
     def start(self) -> EngineCoreClient:
         """Start the core and wait until its model is loaded; UnavailableError if it is not."""
@@ -265,18 +265,22 @@ class EngineCoreClient:
                                      max_model_len=self.max_model_len)
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *, request_id: str | None = None,
-                    arrival_s: float | None = None, group: ChoiceGroup | None = None, choice: int = 0) -> RequestStream:
+                    arrival_s: float | None = None, group: ChoiceGroup | None = None, choice: int = 0,
+                    checks_stops: bool = False) -> RequestStream:  # fmt: skip
         """Send a request to the core; its outputs (or its rejection) arrive on the returned stream.
 
         Call on the event loop that will read the stream.  ``group``: the OpenAI request it is choice ``choice``
         of (once every choice has ended, that request goes to each sink that has ``record_request``).
+        ``checks_stops``: its reader looks for stop strings, and says how the request ended for its client
+        (:meth:`RequestStream.settle`, :meth:`RequestStream.stop_reading`); its statistics wait for that.
         """
         self._raise_if_down()
         self.check_prompt(prompt_token_ids, params)
         request_id = request_id or f"cmpl-{uuid.uuid4().hex}"
         arrival = time.monotonic() if arrival_s is None else arrival_s
         stream = RequestStream(request_id, asyncio.get_running_loop(), arrival_s=arrival,
-                               prompt_tokens=len(prompt_token_ids), group=group, choice=choice)  # fmt: skip
+                               prompt_tokens=len(prompt_token_ids), group=group, choice=choice,
+                               on_seen=self._stats.record_seen if checks_stops else None)  # fmt: skip
         stream.join(lambda request: self._to_sinks("record_request", request))  # before anything can end it
         with self._lock:
             if request_id in self._streams:
@@ -318,7 +322,7 @@ class EngineCoreClient:
         return PlacementSwapStats(duration_s=duration_s, experts_moved=moved, bytes_moved=moved_bytes)
 
     def expert_load(self) -> ExpertLoad | None:
-        return self._load.snapshot()
+        return self._stats.load.snapshot()
 
     def kv_state(self) -> tuple[int, int]:
         """(blocks used, blocks total); after shutdown, as the core left them."""
@@ -377,9 +381,10 @@ class EngineCoreClient:
                 log.warning("engine core: it speaks again after its silence; it stays failed until a restart")
             return
         if kind == wire.STEP:
+            outputs = [wire.output_from_wire(raw) for raw in msg[1]]
             if msg[2] is not None:
-                self._record(wire.stats_from_wire(msg[2]))
-            self._dispatch([wire.output_from_wire(raw) for raw in msg[1]])
+                self._record(wire.stats_from_wire(msg[2]), outputs)
+            self._dispatch(outputs)
         elif kind == wire.REJECT:
             self._reject(msg[1], wire.error_from_wire(msg[2]))
         elif kind == wire.REPLY:
@@ -389,12 +394,11 @@ class EngineCoreClient:
         elif kind == wire.GOODBYE:
             self._final = msg[1]
 
-    def _record(self, stats: StepStats) -> None:
-        with self._lock:  # each finished request's stream: the choice of an OpenAI request it may be
-            streams = [self._streams.get(fin.request_id) for fin in stats.finished]
-        finished = tuple(fin if stream is None else stream.finish(fin, stats.now_s)
-                         for stream, fin in zip(streams, stats.finished, strict=True))
-        publish_step(dataclasses.replace(stats, finished=finished) if finished else stats, self._load, self._sinks)
+    def _record(self, stats: StepStats, outputs: list[RequestOutput]) -> None:
+        with self._lock:  # the streams of its outputs and finished requests (the choices they may be)
+            ids = {out.request_id for out in outputs} | {fin.request_id for fin in stats.finished}
+            streams = {rid: stream for rid in ids if (stream := self._streams.get(rid)) is not None}
+        self._stats.record_step(stats, streams, outputs)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         """Hand outputs to their streams: one wake-up per event loop, not one per output."""
@@ -441,14 +445,7 @@ class EngineCoreClient:
         self._to_sinks("record_health", broken)
 
     def _to_sinks(self, method: str, *args: object) -> None:
-        """Call ``method`` on every sink that has it (the optional parts of a stats sink)."""
-        for sink in self._sinks:
-            record = getattr(sink, method, None)
-            if record is not None:
-                try:
-                    record(*args)
-                except Exception:  # a broken exporter must not stop serving
-                    log.exception("stats sink %r failed", sink)
+        self._stats.to_sinks(method, *args)
 
     def _on_core_exit(self, status: int | None) -> None:
         if status == -signal.SIGTERM:

@@ -219,6 +219,8 @@ async def serve_generation(
     def close() -> None:
         watcher.cancel()
         end_early()
+        for stream in streams:  # a choice whose final output was never read counts as far as it was read
+            stream.stop_reading()
 
     # Every prompt is checked (its length against the context, the rest as the client checks it) before any
     # is sent: a refused one must leave none running in the core.  A prompt's n choices differ only by seed.
@@ -235,7 +237,8 @@ async def serve_generation(
     try:
         for i, (prompt, params) in enumerate(choices):
             streams.append(engine.add_request(prompt, params, arrival_s=arrival_s, group=group, choice=i,
-                                              request_id=None if i else first_id))
+                                              request_id=None if i else first_id,
+                                              checks_stops=bool(gen.stops) and not gen.echo_only))
         group.seal()
         # The core's refusal (400, 429) raises here, before any byte is sent.
         firsts = [await stream.next() for stream in streams]
@@ -364,9 +367,11 @@ async def _texts(
             if matcher.stopped and out.finish_reason != "error":
                 out = dataclasses.replace(out, finish_reason="stop",
                                           generation_tokens=tokens if tokens_at_stop is None else tokens_at_stop)
+            stream.settle(out.finish_reason or "error", out.generation_tokens)  # the statistics count this
         elif matcher.stopped:
             if stopped:
                 continue
+            stream.stop_found(tokens if tokens_at_stop is None else tokens_at_stop)
             stop_request()
         yield Piece(prefix + text, out, entries)
         prefix = ""

@@ -3,6 +3,15 @@
 An OpenAI request of several choices (``n``, a list of prompts) is one
 request in the core per choice; a :class:`ChoiceGroup` gathers them back into
 one request for the statistics observed once per API request.
+
+A request whose API side looks for stop strings ends, in the statistics, as
+its client saw it (vLLM's output processor sets ``stop`` before it records a
+finished request): a stop string found makes it ``stop`` with the tokens up
+to it, whatever the core reported (``length`` when the stop string was in the
+last allowed token; the tokens it generated before the stop reached it).  So
+its :class:`RequestStream` holds the core's finished statistics until the API
+side has read its final output (:meth:`RequestStream.settle`), unless a stop
+string was found before they came.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 from contracts.errors import MoesloError
 from engine.engine_types import RequestOutput
@@ -74,11 +84,22 @@ class ChoiceGroup:
         publish(stats)
 
 
+class SeenFinish(NamedTuple):
+    """A finished request's statistics as its client saw it."""
+
+    stats: FinishedRequestStats
+    end_s: float
+    """Monotonic time the core ended it."""
+    uncounted: int
+    """Tokens the core generated that its client never got, still to be left out of the step counts."""
+
+
 class RequestStream:
     """One request's outputs, read on the event loop that added it."""
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, *, arrival_s: float = 0.0,
-                 prompt_tokens: int = 0, group: ChoiceGroup | None = None, choice: int = 0) -> None:  # fmt: skip
+                 prompt_tokens: int = 0, group: ChoiceGroup | None = None, choice: int = 0,
+                 on_seen: Callable[[SeenFinish], None] | None = None) -> None:  # fmt: skip
         self.request_id = request_id
         self.loop = loop
         self.queue: asyncio.Queue[RequestOutput | MoesloError] = asyncio.Queue()
@@ -90,6 +111,17 @@ class RequestStream:
         self.group = group
         """The OpenAI request it is choice ``choice`` of (None: a request of its own)."""
         self.choice = choice
+        self.on_seen = on_seen
+        """Where finished statistics held for the API side's verdict go (None: its API side checks no stop
+        strings, and nothing is held)."""
+        self.stopped_at: int | None = None
+        """The tokens its client got up to the stop string its API side found (None: none found)."""
+        self.unseen = 0
+        """Tokens that came after that stop string, left out of their step's count when they came."""
+        self._lock = threading.Lock()
+        self._held: tuple[FinishedRequestStats, float] | None = None
+        self._read = False
+        """Its API side read its final output, or stopped reading: nothing waits for it any more."""
 
     def join(self, publish: Callable[[ApiRequestStats], None]) -> None:
         """It is being sent to the core: its OpenAI request (if any) counts it, and will go to ``publish``."""
@@ -100,6 +132,46 @@ class RequestStream:
         """The core reported it ended at ``end_s``: its stats as the choice they are (its OpenAI request learns
         it ended)."""
         return self._end(stats, end_s, reported=True)
+
+    def stop_found(self, tokens: int) -> None:
+        """Its API side found a stop string after its client got ``tokens`` tokens (on the event loop)."""
+        with self._lock:
+            self.stopped_at = tokens
+
+    def seen(self, stats: FinishedRequestStats, end_s: float) -> SeenFinish | None:
+        """The core reported it ended at ``end_s``: its statistics as its client saw it, or None while they wait
+        for the API side's verdict (:meth:`settle`)."""
+        with self._lock:
+            if self.on_seen is not None and self.stopped_at is None and not self._read:
+                self._held = (stats, end_s)
+                return None
+        return self._as_seen(stats, end_s, None)
+
+    def settle(self, finish_reason: str, generation_tokens: int) -> None:
+        """Its API side read the final output: for its client the request ended with ``finish_reason`` after
+        ``generation_tokens`` tokens (on the event loop)."""
+        self._release((finish_reason, generation_tokens))
+
+    def stop_reading(self) -> None:
+        """Its API side is done with it, final output read or not (its response ended)."""
+        self._release(None)
+
+    def _release(self, verdict: tuple[str, int] | None) -> None:
+        with self._lock:
+            self._read = True
+            held, self._held = self._held, None
+        if held is not None and self.on_seen is not None:
+            self.on_seen(self._as_seen(*held, verdict))
+
+    def _as_seen(self, core: FinishedRequestStats, end_s: float, verdict: tuple[str, int] | None) -> SeenFinish:
+        """``core``'s statistics as its client saw the request end (``verdict``; None: as far as known here)."""
+        if verdict is None and self.stopped_at is not None and core.finish_reason != "error":
+            verdict = ("stop", self.stopped_at)  # as the API side rewrites the final output
+        if verdict is None:
+            return SeenFinish(self.finish(core, end_s), end_s, 0)
+        reason, tokens = verdict
+        seen = dataclasses.replace(core, finish_reason=reason, generation_tokens=tokens)
+        return SeenFinish(self.finish(seen, end_s), end_s, max(0, core.generation_tokens - tokens - self.unseen))
 
     def lost(self, finish_reason: str, now_s: float) -> FinishedRequestStats:
         """This request as the stats see one that ended here, not in the core (which died); its OpenAI request
@@ -143,4 +215,4 @@ def deliver(loop: asyncio.AbstractEventLoop, batch: list[tuple[RequestStream, Re
         loop.call_soon_threadsafe(put)
 
 
-__all__ = ["ChoiceGroup", "RequestStream", "deliver"]
+__all__ = ["ChoiceGroup", "RequestStream", "SeenFinish", "deliver"]

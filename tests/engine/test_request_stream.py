@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
-from engine.request_stream import ChoiceGroup, RequestStream
+from engine.request_stream import ChoiceGroup, RequestStream, SeenFinish
 from engine.stats import CHAT, ApiRequestStats, FinishedRequestStats
 
 
@@ -78,3 +79,52 @@ def test_a_request_of_its_own_is_left_as_the_core_reported_it() -> None:
     stats = finished("cmpl-e")
     assert stream.finish(stats, 1.0) is stats
     assert stream.lost("abort", 1.0).response_id is None
+
+
+def _checking_stops() -> tuple[RequestStream, list[SeenFinish]]:
+    """A stream whose API side looks for stop strings; what its held statistics became."""
+    released: list[SeenFinish] = []
+    loop = asyncio.new_event_loop()
+    stream = RequestStream("cmpl-s", loop, on_seen=released.append)
+    loop.close()
+    return stream, released
+
+
+def test_a_finish_waits_for_the_api_sides_verdict_on_a_stop_string() -> None:
+    """The stop string was in the last allowed token: the core said ``length``, the client got ``stop``."""
+    stream, released = _checking_stops()
+    assert stream.seen(finished("cmpl-s", 3), 1.0) is None
+    assert released == []
+    stream.settle("stop", 3)
+    stream.stop_reading()
+    assert [(s.stats.finish_reason, s.stats.generation_tokens, s.end_s, s.uncounted) for s in released] == [
+        ("stop", 3, 1.0, 0)]
+
+
+def test_a_stop_string_found_before_the_finish_counts_the_tokens_up_to_it_at_once() -> None:
+    """Of the 5 tokens the core generated, the client got 2; 2 came (and were left out) after the stop was
+    found: 1 is still to be left out of the generation tokens."""
+    stream, released = _checking_stops()
+    stream.stop_found(2)
+    stream.unseen = 2
+    seen = stream.seen(dataclasses.replace(finished("cmpl-s", 5), finish_reason="stop"), 1.0)
+    assert seen is not None and (seen.stats.finish_reason, seen.stats.generation_tokens, seen.uncounted) == (
+        "stop", 2, 1)
+    stream.settle("stop", 2)
+    assert released == []
+
+
+def test_a_finish_after_its_reader_stopped_reading_goes_out_at_once_as_far_as_it_was_read() -> None:
+    stream, released = _checking_stops()
+    stream.stop_reading()
+    seen = stream.seen(finished("cmpl-s", 4), 1.0)
+    assert seen is not None and (seen.stats.finish_reason, seen.stats.generation_tokens) == ("length", 4)
+    assert released == []
+
+
+def test_a_stream_that_checks_no_stop_strings_holds_nothing() -> None:
+    loop = asyncio.new_event_loop()
+    stream = RequestStream("cmpl-n", loop)
+    loop.close()
+    seen = stream.seen(finished("cmpl-n", 4), 1.0)
+    assert seen is not None and seen.stats == finished("cmpl-n", 4)

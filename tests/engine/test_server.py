@@ -429,3 +429,65 @@ def test_spare_slots_per_rank_start_with_replicas(tiny_checkpoint: Path) -> None
     finally:
         server.stop()
     assert engine.kv_state()[0] == 0
+
+
+# Requests ended by a stop string, as /metrics counts them: as their client saw them (vLLM's output processor
+# sets ``stop`` before it records a finished request, and ignores the tokens that come after).
+
+STOP_BASE = {"model": MODEL, "prompt": "hello world", "temperature": 0, "ignore_eos": True}
+
+
+def _stop_counts(client: httpx.Client) -> dict[str, float]:
+    samples = metric_samples(client.get("/metrics").text)
+    counts = {reason: value(samples, "vllm:request_success_total", finished_reason=reason)
+              for reason in ("stop", "length", "abort")}
+    counts["request_generation_tokens"] = value(samples, "vllm:request_generation_tokens_sum")
+    counts["generation_tokens"] = value(samples, "vllm:generation_tokens_total")
+    return counts
+
+
+def _delta(client: httpx.Client, payload: dict[str, object]) -> tuple[dict[str, object], dict[str, float]]:
+    """The response's choice and usage, and how the counts moved."""
+    before = _stop_counts(client)
+    body = client.post("/v1/completions", json={**STOP_BASE, **payload}).json()
+    after = _stop_counts(client)
+    return {**body["choices"][0], **body["usage"]}, {k: after[k] - before[k] for k in after}
+
+
+def _pieces(client: httpx.Client, max_tokens: int) -> list[str]:
+    """Each generated token's text (greedy: the same in every request)."""
+    body = client.post("/v1/completions", json={**STOP_BASE, "max_tokens": max_tokens, "logprobs": 0}).json()
+    tokens: list[str] = body["choices"][0]["logprobs"]["tokens"]
+    return tokens
+
+
+def _fresh_piece(pieces: list[str], first: int) -> int:
+    """The first token from ``first`` on whose text is whole and is not already in the text before it."""
+    return next(k for k in range(first, len(pieces)) if pieces[k].strip() and "\ufffd" not in pieces[k]
+                and pieces[k] not in "".join(pieces[:k]))
+
+
+def test_a_stop_string_in_the_last_allowed_token_counts_as_stop(served: Served) -> None:
+    """The core ended the request on ``length`` before the API found the stop string: the client got ``stop``,
+    /metrics counted ``length``."""
+    pieces = _pieces(served.client, 8)
+    k = _fresh_piece(pieces, 1)
+    choice, counts = _delta(served.client, {"max_tokens": k + 1, "stop": [pieces[k]]})
+    assert choice["finish_reason"] == "stop" and choice["completion_tokens"] == k + 1
+    assert (counts["stop"], counts["length"]) == (1, 0)
+    assert counts["request_generation_tokens"] == counts["generation_tokens"] == k + 1
+
+
+def test_tokens_generated_after_a_stop_string_are_not_counted(served: Served) -> None:
+    """The core generated tokens until the API's stop reached it: the request's generation tokens counted them,
+    beyond the usage its client got."""
+    pieces = _pieces(served.client, 4)
+    k = _fresh_piece(pieces, 0)
+    served.engine.set_step_delay(0.05)  # the stop reaches the core a step or more after the token it is in
+    try:
+        choice, counts = _delta(served.client, {"max_tokens": 32, "stop": [pieces[k]]})
+    finally:
+        served.engine.set_step_delay(0.0)
+    assert choice["finish_reason"] == "stop" and choice["completion_tokens"] == k + 1
+    assert (counts["stop"], counts["length"], counts["abort"]) == (1, 0, 0)
+    assert counts["request_generation_tokens"] == counts["generation_tokens"] == k + 1
