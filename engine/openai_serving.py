@@ -332,15 +332,16 @@ async def _texts(
     ends in a later token's text; it may begin in the first ``min_tokens``
     tokens' text (as vLLM's).  After a stop string, tokens the core generated
     before the stop reached it are dropped.  An echoed ``prompt``'s logprobs come first, with the first
-    output (as vLLM's), and the generated tokens' text offsets count from the end of ``prefix`` (with
-    logprobs, from the end of the prompt entries' running sum, as vLLM's).
+    output (as vLLM's).  Text offsets are vLLM's running sum of the listed tokens' texts, from the end of
+    ``prefix`` (from the end of the prompt entries, where the echo has them): a multi-byte character split over
+    tokens counts each token's text, not the decoded text.
     """
     decoder = tokenizer.stream()
     matcher = StopMatcher(gen.stops)
     min_tokens, want_logprobs = gen.params.min_tokens, gen.params.logprobs is not None
-    tokens = decoded = 0
+    tokens = 0
     tokens_at_stop: int | None = None  # usage counts the tokens up to the stop string, as vLLM's does
-    base = len(prefix)
+    offset = len(prefix)
     async for raw in _events(first, stream):
         out = raw
         stopped = matcher.stopped
@@ -348,18 +349,19 @@ async def _texts(
         entries: list[LogprobEntry] | None = [] if want_logprobs else None
         if entries is not None and out is first:
             entries += _echoed_entries(tokenizer, gen, prompt, out)
-            if entries:  # vLLM's offsets run on over the echo's token texts, which multi-byte text makes shorter
-                base = entries[-1].text_offset + len(entries[-1].token)
+            if entries:
+                offset = entries[-1].text_offset + len(entries[-1].token)
         if entries is not None and out.is_stop_token and out.token_id is not None and out.logprobs is not None \
                 and not stopped:  # listed though not shown, as vLLM lists it
-            entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, base + decoded))
+            entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, offset))
+            offset += len(entries[-1].token)
         if out.token_id is not None and not out.is_stop_token:
             tokens += 1
             piece = decoder.step(out.token_id)
             text = matcher.feed(piece, check=tokens > min_tokens)
             if entries is not None and out.logprobs is not None and not stopped:
-                entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, base + decoded))
-            decoded += len(piece)
+                entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, offset))
+                offset += len(entries[-1].token)
             if matcher.stopped and tokens_at_stop is None:
                 tokens_at_stop = tokens
         if out.finished:

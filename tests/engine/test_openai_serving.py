@@ -146,3 +146,14 @@ def test_logprobs_list_the_tokens_up_to_the_one_that_ended_the_stop_string() -> 
     shown, _, _, logprobs = asyncio.run(respond(ScriptedEngine(), gen))
     assert shown == "ab"
     assert (logprobs["tokens"], logprobs["text_offset"]) == (["a", "b", "X", "Y"], [0, 1, 2, 3])
+
+
+def test_text_offsets_run_over_each_tokens_text_where_a_character_spans_tokens() -> None:
+    """vLLM's offsets are a running sum of the listed tokens' texts: ``é`` generated as two byte tokens lists two
+    tokens of one replacement character each, so ``b`` is at 3 (the decoded text's length put it at 2, and the
+    second byte at the first's offset)."""
+    gen = generation(0, (), stream=False, logprobs=0)
+    shown, _, _, logprobs = asyncio.run(respond(ScriptedEngine("aéb"), gen))
+    assert shown == "aéb"
+    assert logprobs["text_offset"] == [0, 1, 2, 3]
+    assert logprobs["text_offset"] == [sum(len(t) for t in logprobs["tokens"][:i]) for i in range(4)]
