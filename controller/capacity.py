@@ -78,6 +78,10 @@ class Load:
         )
 
 
+ITL_FLOOR_MARGIN = 1.2
+"""The lowest p99 ITL a fleet is sized for, over one step of the smallest batch."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Targets:
     ttft_s: float = TTFT_THRESHOLD_S
@@ -314,16 +318,15 @@ class CapacityModel:
         return self.profile.step_s(_Z99)
 
     def itl_limit_s(self, headroom: float | None = None) -> float:
-        """The p99 ITL a fleet is sized for: the objective's ``headroom`` share (by default the targets' own), or,
-        where that is below what a replica reaches, the floor plus a fifth of the larger of floor and objective.
+        """The p99 ITL a fleet is sized for: the objective's ``headroom`` share (by default the targets' own), but
+        never under a fifth above the floor (:attr:`itl_floor_s`).
 
-        As for TTFT's floor: more replicas cannot take ITL below one step of the smallest batch, so an objective
-        under it (a measured profile's slower steps, say) sizes as if it were there instead of asking for every
-        replica there is."""
+        As for TTFT's floor: more replicas cannot take ITL below one step of the smallest batch, and near it each
+        tenth of a millisecond costs many, so an objective whose share is under 1.2x the floor sizes for 1.2x the
+        floor instead of asking for every replica there is.  That stays within any objective above it."""
         t = self.targets
         room = t.headroom if headroom is None else headroom
-        floor = self.itl_floor_s
-        return max(t.itl_s * room, floor + 0.2 * max(t.itl_s, floor))
+        return max(t.itl_s * room, ITL_FLOOR_MARGIN * self.itl_floor_s)
 
     def meets_targets(self, prediction: Prediction, headroom: float | None = None) -> bool:
         t = self.targets

@@ -344,7 +344,7 @@ class PredictiveAdvisor:
             "prefill_speed_correction": round(capacity.prefill_speed_correction, 4),
         }
         targets = capacity.targets
-        if capacity.itl_limit_s() > targets.itl_s * targets.headroom:  # the objective is below what replicas reach
+        if capacity.itl_limit_s() > targets.itl_s * targets.headroom:  # the floor, not the objective, sizes ITL
             details["itl_floor_s"] = round(capacity.itl_floor_s, 6)
         needs = self._load_needs(policy, capacity, obs, served, ready)
         if offered.request_rate_rps > served.request_rate_rps:

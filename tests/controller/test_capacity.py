@@ -187,6 +187,17 @@ def test_an_itl_objective_below_the_profiles_floor_buys_no_replicas() -> None:
     reachable = CapacityModel(DEFAULT_PROFILE, Targets(itl_s=0.02))
     assert reachable.itl_limit_s() == pytest.approx(0.02 * 0.85)
     # Below the floor, more replicas do not help: the limit is the floor plus a margin, however low the objective.
-    assert CapacityModel(DEFAULT_PROFILE, Targets(itl_s=0.001)).itl_limit_s() == pytest.approx(
-        DEFAULT_PROFILE.step_s(2.326) * 1.2
-    )
+    floor = DEFAULT_PROFILE.step_s(2.326)
+    assert CapacityModel(DEFAULT_PROFILE, Targets(itl_s=0.001)).itl_limit_s() == pytest.approx(floor * 1.2)
+
+
+@pytest.mark.parametrize(("itl_s", "headroom"), [(0.009, 0.85), (0.0092, 0.85), (0.02, 0.5), (0.02, 0.55)])
+def test_an_itl_objective_above_the_floor_is_never_sized_past_and_keeps_its_headroom(
+    itl_s: float, headroom: float,
+) -> None:
+    """A 9 ms objective on the default profile (floor 7.5 ms) was sized for 9.3 ms, above the objective, and a 20 ms
+    objective at headroom 0.5 for 11.5 ms instead of 10: the floor's margin must only bind below 1.2x the floor."""
+    model = CapacityModel(DEFAULT_PROFILE, Targets(itl_s=itl_s, headroom=headroom))
+    limit = model.itl_limit_s()
+    assert limit <= itl_s
+    assert limit == pytest.approx(max(itl_s * headroom, 1.2 * model.itl_floor_s))
