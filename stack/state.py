@@ -14,8 +14,9 @@ from harness.loadgen import ArrivalProcess, RequestRecord
 class StackOptions:
     duration_s: float = 120.0
     out: Path = Path("demo-out")
+    """The run's folder; a relative one is made absolute against the current folder when the options are made."""
     checkpoint: Path | None = None
-    """None: a fresh random checkpoint with a skewed router."""
+    """None: a fresh random checkpoint with a skewed router; a relative one is made absolute as ``out`` is."""
     ep: int = 2
     min_replicas: int = 1
     max_replicas: int = 2
@@ -62,6 +63,12 @@ class StackOptions:
     tick_interval_s: float = 2.0
     sample_interval_s: float = 2.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        # Absolute from here on: the stack's processes run in the repository's root, not where `moeslo up` ran.
+        object.__setattr__(self, "out", self.out.resolve())
+        if self.checkpoint is not None:
+            object.__setattr__(self, "checkpoint", self.checkpoint.resolve())
 
     @property
     def colocate_ranks(self) -> bool:

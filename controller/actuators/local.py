@@ -100,7 +100,7 @@ class LocalActuator:
 
     def __init__(self, config: LocalActuatorConfig | None = None, *, cwd: str | Path | None = None) -> None:
         self.config = config or LocalActuatorConfig()
-        self.cwd = Path(cwd) if cwd is not None else Path.cwd()
+        self.cwd = Path(cwd).absolute() if cwd is not None else Path.cwd()
         self.replicas_by_policy: dict[str, list[LocalReplica]] = {}
         self._lock = asyncio.Lock()
         self.cpu_slices = cpu_slices(self.config)
@@ -141,9 +141,16 @@ class LocalActuator:
         if any("{checkpoint}" in part for part in self.config.command):
             if checkpoint is None:
                 return ["target.checkpoint: required (the controller has no default checkpoint configured)"]
-            if not (self.cwd / checkpoint).is_dir():
-                return [f"target.checkpoint: {checkpoint!r} is not a directory on the controller's machine"]
+            folder = self._checkpoint_dir(checkpoint)
+            if not folder.is_dir():
+                read_as = "" if folder == Path(checkpoint) else f" (read as {folder}, from its working directory)"
+                return [f"target.checkpoint: {checkpoint!r} is not a directory on the controller's machine{read_as}"]
         return []
+
+    def _checkpoint_dir(self, checkpoint: str) -> Path:
+        """``checkpoint`` as the replicas read it: a relative path from the controller's working directory,
+        made absolute so the replica's command and log name the folder it reads."""
+        return self.cwd / checkpoint
 
     def manages(self, policy: Policy) -> bool:
         return isinstance(policy.target, LocalTarget)
@@ -202,11 +209,11 @@ class LocalActuator:
     def _argv(self, policy: Policy, port: int) -> list[str]:
         target = policy.target
         assert isinstance(target, LocalTarget)
-        checkpoint = target.checkpoint or self.config.checkpoint or ""
+        checkpoint = target.checkpoint or self.config.checkpoint
         threads = self.config.cpus_per_replica or 1
         values = {
             "threads": str(threads),
-            "checkpoint": checkpoint,
+            "checkpoint": "" if checkpoint is None else str(self._checkpoint_dir(checkpoint)),
             "port": str(port),
             "model": target.model,
             "host": self.config.host,

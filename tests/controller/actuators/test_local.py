@@ -100,12 +100,32 @@ def test_checkpoint_is_required_and_must_exist(tmp_path) -> None:
         "target.checkpoint: required (the controller has no default checkpoint configured)"
     ]
     missing = Policy.model_validate({"name": "x", "target": {"kind": "local", "checkpoint": "nope"}})
-    assert actuator.check(missing) == ["target.checkpoint: 'nope' is not a directory on the controller's machine"]
+    assert actuator.check(missing) == [f"target.checkpoint: 'nope' is not a directory on the controller's machine "
+                                       f"(read as {tmp_path / 'nope'}, from its working directory)"]
     (tmp_path / "ckpt").mkdir()
     ok = Policy.model_validate({"name": "x", "target": {"kind": "local", "checkpoint": "ckpt"}})
     assert actuator.check(ok) == []
     k8s = Policy.model_validate({"name": "k", "target": {"kind": "deployment", "namespace": "a", "name": "b"}})
     assert actuator.check(k8s) == ["target.kind: 'deployment' cannot be scaled by the local actuator"]
+
+
+def test_a_relative_checkpoint_is_the_controllers_and_replicas_are_started_on_its_absolute_path(
+    tmp_path: Path,
+) -> None:
+    """A relative checkpoint (a policy's or the config's) is read from the controller's working directory, and the
+    replica's command names the absolute folder: its command and log said ``ckpt`` with no hint of which one,
+    and a refusal did not say where the controller had looked."""
+    (tmp_path / "ckpt").mkdir()
+    actuator = LocalActuator(LocalActuatorConfig(checkpoint="ckpt"), cwd=tmp_path)
+    argv = actuator._argv(_policy(), 18100)
+    assert argv[argv.index("--checkpoint") + 1] == str(tmp_path / "ckpt")
+    absolute = tmp_path / "elsewhere"
+    absolute.mkdir()
+    argv = actuator._argv(_policy(checkpoint=absolute), 18100)
+    assert argv[argv.index("--checkpoint") + 1] == str(absolute)
+    gone = Policy.model_validate({"name": "x", "target": {"kind": "local", "checkpoint": str(tmp_path / "gone")}})
+    assert actuator.check(gone) == [f"target.checkpoint: {str(tmp_path / 'gone')!r} is not a directory on the "
+                                    "controller's machine"]  # an absolute path needs no word on where it was read
 
 
 def test_the_host_budget_pins_replicas_and_refuses_one_too_many() -> None:
