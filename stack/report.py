@@ -95,7 +95,8 @@ def summarize(state: StackState) -> dict[str, Any]:
         "forecast_scale_ups": actions.get("scale_up:forecast", 0),
         "rebalances_verified": actions.get("verify_rebalance:verified", 0),
         "alerts_seen": sorted({a for s in state.samples for a in s.alerts}),
-        "pages_delivered": len(state.pages),
+        "pages_delivered": len(pages),
+        "tickets_delivered": sum(p.get("receiver") == "ticket" for p in state.pages),
         "pages": [{"at_s": round(p["delivered_at_s"] - state.load_started_s, 1), "status": p.get("status"),
                    "alerts": sorted({a["labels"].get("alertname", "?") for a in p.get("alerts", [])})}
                   for p in pages],

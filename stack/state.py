@@ -117,6 +117,7 @@ class StackState:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     seen_decisions: set[str] = field(default_factory=set)
     pages: list[dict[str, Any]] = field(default_factory=list)
+    """Every post to the stack's webhook, pages and tickets alike (its ``receiver`` says which)."""
     engines: list[str] = field(default_factory=list)
     in_flight: dict[str, int] = field(default_factory=dict)
     prometheus_url: str | None = None

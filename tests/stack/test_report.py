@@ -102,3 +102,21 @@ def test_the_live_p99s_say_when_the_fault_is_in_their_window() -> None:
     state.samples = [*state.samples[:4], replace(state.samples[0], fault_requests=0)]
     print_status_line(state, console)
     assert "met the fault" not in console.export_text()  # the buffer holds the second line only
+
+
+def test_pages_delivered_counts_pages_and_tickets_apart() -> None:
+    """A run whose alerts only opened tickets said ``pages_delivered: 1`` beside an empty ``pages`` list (every
+    webhook post counted as a page); the committed demo said 4 pages for its 2."""
+    state = _state()
+
+    def post(receiver: str, at_s: float) -> dict[str, object]:
+        return {"receiver": receiver, "status": "firing", "delivered_at_s": at_s,
+                "alerts": [{"labels": {"alertname": "MoesloTTFTErrorBudgetBurn"}}]}
+
+    state.pages = [post("ticket", 5.0)]
+    summary = summarize(state)
+    assert (summary["pages_delivered"], summary["tickets_delivered"], summary["pages"]) == (0, 1, [])
+    state.pages = [post("page", 6.0), post("ticket", 7.0), post("page", 8.0)]
+    summary = summarize(state)
+    assert (summary["pages_delivered"], summary["tickets_delivered"]) == (2, 1)
+    assert summary["pages_delivered"] == len(summary["pages"])
