@@ -66,7 +66,8 @@ def summarize(state: StackState) -> dict[str, Any]:
     cv_series = [s.imbalance_cv for s in state.samples if s.imbalance_cv]
     actions = Counter(f"{d.get('action')}:{d.get('reason')}" for d in state.decisions)
     replicas = [s.current_replicas for s in state.samples if s.current_replicas is not None]
-    wall = state.samples[-1].t_s if state.samples else 0.0
+    # The load's seconds, not the stack's: the set-up before it (checkpoint, profile, start-up) is no load time.
+    wall = max(0.0, state.samples[-1].t_s - state.load_started_s) if state.samples else 0.0
     pages = [p for p in state.pages if p.get("receiver") == "page"]
     return {
         "duration_s": round(wall, 1),

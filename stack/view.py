@@ -61,8 +61,8 @@ def render(state: StackState) -> Group:
     for when, text in state.events[-12:]:
         events.append(f"{when - state.load_started_s:6.1f}s  {text}\n")
     alerts = ", ".join(sample.alerts) if sample and sample.alerts else "none"
-    head = Text(f"moeslo up: {state.elapsed():.0f} / {state.options.duration_s:.0f} s   alerts firing: {alerts}",
-                style="bold")
+    load_s = state.elapsed() - state.load_started_s  # the load's seconds, as --duration counts them
+    head = Text(f"moeslo up: {load_s:.0f} / {state.options.duration_s:.0f} s   alerts firing: {alerts}", style="bold")
     return Group(head, slo, layers, Panel(events, title="decisions and events"))
 
 

@@ -120,3 +120,18 @@ def test_pages_delivered_counts_pages_and_tickets_apart() -> None:
     summary = summarize(state)
     assert (summary["pages_delivered"], summary["tickets_delivered"]) == (2, 1)
     assert summary["pages_delivered"] == len(summary["pages"])
+
+
+def test_the_summary_and_the_live_view_count_the_load_from_its_start() -> None:
+    """``--duration 30`` after 46 s of set-up (checkpoint, profile, Prometheus, controller) said ``duration_s: 76``,
+    output tokens per second over 76 s, and ``76 / 30 s`` in the live view's header."""
+    state = _state()
+    state.started_s -= 76.0 - state.elapsed()  # the stack was made 76 s ago
+    state.load_started_s = 46.0
+    state.samples = [replace(state.samples[-1], t_s=76.0)]
+    summary = summarize(state)
+    assert summary["duration_s"] == 30.0
+    assert summary["output_tokens_per_s"] == 8 / 30.0  # two ok requests of 4 tokens
+    console = Console(record=True, width=120)
+    console.print(render(state))
+    assert console.export_text().splitlines()[0].startswith("moeslo up: 30 / 10 s ")
