@@ -151,7 +151,7 @@ def check_bindable(host: str, port: int) -> None:
             try:
                 probe.bind(address)
             except OSError as exc:
-                if exc.errno in _ADDRESS_ERRORS:
+                if exc.errno in ADDRESS_ERRORS:
                     raise ValidationError(f"cannot listen on {address[0]}:{port}: {exc.strerror}") from exc
                 return
 
@@ -195,5 +195,5 @@ def cli_errors() -> Iterator[None]:
         raise typer.Exit(code=2) from exc
 
 
-_ADDRESS_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
+ADDRESS_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 """Listening failures that are the user's choice of host or port, not a fault of ours."""

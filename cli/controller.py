@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import check_bindable, cli_errors, console, print_json
+from cli.common import cli_errors, console, print_json
+from cli.listen import listener_for, listening_port, run_uvicorn
 from contracts.errors import DataError, MoesloError
 
 controller_app = typer.Typer(help="The SLO controller service (REST API + tick loop).", no_args_is_help=True)
@@ -54,7 +55,6 @@ def serve(
 ) -> None:
     """Serve the REST API and run the tick loop until interrupted."""
     with cli_errors():
-        import uvicorn
         from prometheus_client import CollectorRegistry
 
         from controller.api import create_app
@@ -74,7 +74,8 @@ def serve(
             alertmanager_url=alertmanager,
             shutdown_grace_s=shutdown_grace_s,
         )
-        check_bindable(settings.host, settings.port)
+        listener = listener_for(settings.host, settings.port)
+        port = listening_port(listener, settings.port)  # --port 0: the one the system picked
         keep_freed_memory()  # the rebalancer's planning rounds (controller/rebalance/allocator.py)
         store = Store(settings.db_url)
         registry = CollectorRegistry()
@@ -83,12 +84,12 @@ def serve(
         api = create_app(settings, store, registry=registry, service=service, lifespan_hooks=hooks)
         source = settings.prometheus_url or "direct scrape"
         console.print(
-            f"controller on http://{settings.host}:{settings.port} (db {store.engine.url.render_as_string()}, "
+            f"controller on http://{settings.host}:{port} (db {store.engine.url.render_as_string()}, "
             f"SLIs from {source}, actuator {settings.actuator})"
         )
-        console.print(f"status page: http://{settings.host}:{settings.port}/ui/")
+        console.print(f"status page: http://{settings.host}:{port}/ui/")
         try:
-            uvicorn.run(api, host=settings.host, port=settings.port, log_level="warning")
+            run_uvicorn(api, host=settings.host, port=port, listener=listener, log_level="warning")
         finally:
             store.close()
 

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+import socket
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import check_bindable, cli_errors, console, log_level, positive
+from cli.common import cli_errors, console, log_level, positive
+from cli.listen import listener_for, listening_port
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 POLICIES = "cost|prefix|least-loaded|round-robin"
+
+
+def run_on_socket(app: web.Application, listener: socket.socket, **options: Any) -> None:
+    """:func:`router.app.run` on a socket bound already (its host and port would have aiohttp bind another)."""
+    from aiohttp import web
+
+    web.run_app(app, sock=listener, handler_cancellation=True, print=None, **options)
 
 
 # long: a typer command is its option list; the work is in router.app.
@@ -75,7 +87,10 @@ def route(
             scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s, prefix_cache_tokens=prefix_cache_tokens,
         )
         upstream = ", ".join(config.replicas) or f"the replicas {controller} lists"
-        check_bindable(host, port)
-        console.print(f"routing ({policy}) on http://{host}:{port} to {upstream}")
+        listener = listener_for(host, port)
+        console.print(f"routing ({policy}) on http://{host}:{listening_port(listener, port)} to {upstream}")
         logging.basicConfig(level=log_level.upper())
-        run(create_app(config), host=host, port=port, shutdown_timeout=5)
+        if listener is None:
+            run(create_app(config), host=host, port=port, shutdown_timeout=5)
+        else:  # --port 0: on the socket bound to the port named above (host and port would bind one more)
+            run_on_socket(create_app(config), listener, shutdown_timeout=5)

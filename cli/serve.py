@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from cli.common import check_bindable, cli_errors, console, positive, ttft_allowances_option, uvicorn_log_level
+from cli.common import cli_errors, console, positive, ttft_allowances_option, uvicorn_log_level
+from cli.listen import listener_for, listening_port, run_uvicorn
 from engine.executors.options import PARALLEL_MIN_TOKENS
 
 
@@ -85,11 +86,11 @@ def serve(
 ) -> None:
     """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
     with cli_errors():
-        import uvicorn
-
         from contracts.ttft_objective import exported_allowances
         from exporters.app import ServeOptions, build_stack
 
+        listener = listener_for(host, port)
+        port = listening_port(listener, port)  # --port 0: the one the system picked, for OTel's server.port too
         options = ServeOptions(
             checkpoint=checkpoint, ep=ep, colocate_ranks=colocate_ranks, slots_per_rank=slots_per_rank,
             kv_cache_mb=kv_cache_mb,
@@ -100,7 +101,6 @@ def serve(
             request_deadline_s=request_deadline_s, core_silence_timeout_s=core_silence_timeout_s,
             enable_prefix_caching=enable_prefix_caching, ttft_allowances=exported_allowances(ttft_allowances),
         )
-        check_bindable(host, port)
         stack = build_stack(options)
         console.print(
             f"serving {options.served_model_name} on http://{host}:{port} "
@@ -108,4 +108,5 @@ def serve(
             f"{'on' if enable_prefix_caching else 'off'}; "
             f"engine core pid {stack.engine.pid})"
         )
-        uvicorn.run(stack.app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        run_uvicorn(stack.app, host=host, port=port, listener=listener, log_level=log_level,
+                    timeout_graceful_shutdown=5)
