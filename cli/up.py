@@ -22,8 +22,12 @@ def _arrivals(value: str) -> ArrivalProcess:
 
 
 def _check_host(options: StackOptions) -> None:
-    """Refuse before anything starts what this machine cannot run; say when the fault falls outside the run."""
+    """Refuse before anything starts what this machine cannot run or the load cannot replay; say when the fault
+    falls outside the run."""
     from contracts.errors import ValidationError
+    from stack.load import check_trace
+
+    check_trace(options)
 
     cpus = len(os.sched_getaffinity(0))
     if options.cpus_per_replica > cpus:
@@ -77,8 +81,11 @@ def up(
     cpus_per_replica: Annotated[int, typer.Option(min=1, help="CPUs pinned to each replica (the host budget).")] = 1,
     speedup: Annotated[float, typer.Option(callback=positive, help="Time compression of a --trace.")] = 1.0,
     trace: Annotated[
-        Path | None, typer.Option(exists=True, dir_okay=False, help="Trace file (default: a bundled day of Azure 2024 "
-                                                                    "counts, its morning rise).")
+        Path | None,
+        typer.Option(exists=True, dir_okay=False,
+                     help="Trace file: request counts (its 04:00-16:00 replayed, compressed into --duration) or "
+                          "requests (its first --duration x --speedup seconds); checked before anything starts. "
+                          "Default: a bundled day of Azure 2024 counts."),
     ] = None,
     base_load: Annotated[
         float, typer.Option(callback=positive, help="The quiet start of the load, as a share of the capacity "

@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 
-from contracts.traces import CountTrace, LengthDistribution, load_request_trace, load_trace
+from contracts.errors import ValidationError
+from contracts.traces import CountTrace, LengthDistribution, Trace, load_request_trace, load_trace
 from controller.capacity import CapacityModel, Load, ReplicaProfile
 from harness.loadgen import LoadRequest, plan_from_counts, plan_from_trace, send_request
 from harness.traces import DAILY_RAMP, conversation_trace
 from stack.state import StackOptions, StackState
 
 __all__ = [
-    "MAX_OUTPUT_TOKENS", "MAX_PROMPT_TOKENS", "demo_length_pairs", "demo_lengths", "drive", "load_plan",
-    "sustainable_rate_rps",
+    "MAX_OUTPUT_TOKENS", "MAX_PROMPT_TOKENS", "check_trace", "count_window", "demo_length_pairs", "demo_lengths",
+    "drive", "load_plan", "sustainable_rate_rps",
 ]
 
 MAX_PROMPT_TOKENS = 512
@@ -68,10 +68,19 @@ def sustainable_rate_rps(profile: ReplicaProfile, *, prompt_tokens: float, outpu
     return low
 
 
+def count_window(options: StackOptions) -> str:
+    """The hours of a count trace the run replays (``04:00-16:00``)."""
+    start, end = options.trace_start_h, options.trace_start_h + options.trace_span_h
+    return f"{start:02.0f}:00-{end:02.0f}:00"
+
+
 def load_plan(options: StackOptions, base_rate_rps: float) -> tuple[list[LoadRequest], str]:
     """The requests to send, and a line saying what they are."""
-    path: Path = options.trace or DAILY_RAMP
-    trace = load_trace(path)
+    return _plan(options, load_trace(options.trace or DAILY_RAMP), base_rate_rps)
+
+
+def _plan(options: StackOptions, trace: Trace, base_rate_rps: float) -> tuple[list[LoadRequest], str]:
+    name = (options.trace or DAILY_RAMP).name
     lengths, _, _ = demo_lengths(options)
     if isinstance(trace, CountTrace):
         plan = plan_from_counts(
@@ -80,15 +89,33 @@ def load_plan(options: StackOptions, base_rate_rps: float) -> tuple[list[LoadReq
             max_prompt_tokens=MAX_PROMPT_TOKENS, max_output_tokens=MAX_OUTPUT_TOKENS, seed=options.seed,
             arrivals=options.arrivals,
         )
-        start, end = options.trace_start_h, options.trace_start_h + options.trace_span_h
-        what = (f"{path.name}: {start:02.0f}:00-{end:02.0f}:00 compressed into {options.duration_s:.0f} s, "
+        what = (f"{name}: {count_window(options)} compressed into {options.duration_s:.0f} s, "
                 f"starting at {base_rate_rps:.2f} requests/s, {options.arrivals} arrivals")
         return plan, what
     plan = plan_from_trace(
         trace, duration_s=options.duration_s, speedup=options.speedup, length_scale=options.length_scale,
         max_prompt_tokens=MAX_PROMPT_TOKENS, max_output_tokens=MAX_OUTPUT_TOKENS,
     )
-    return plan, f"{path.name} at {options.speedup:g}x over {options.duration_s:.0f} s"
+    return plan, f"{name} at {options.speedup:g}x over {options.duration_s:.0f} s"
+
+
+def check_trace(options: StackOptions) -> None:
+    """Refuse, before anything starts, a ``--trace`` the load could not replay: unreadable, or without requests
+    in the part the run replays (a count trace's hours; a request trace's first ``duration x speedup`` seconds).
+    Planned once at a nominal rate: the real one comes from the profile, later."""
+    if options.trace is None:
+        return
+    trace = load_trace(options.trace)  # a DataError names the file and line
+    if isinstance(trace, CountTrace):
+        replayed = f"its {count_window(options)}, compressed into --duration"
+    else:
+        replayed = f"its first {options.duration_s * options.speedup:g} s (--duration x --speedup)"
+    try:
+        plan, _ = _plan(options, trace, 1.0)
+    except ValueError as exc:
+        raise ValidationError(f"--trace {options.trace}: {exc}; moeslo up replays {replayed}") from exc
+    if not plan:
+        raise ValidationError(f"--trace {options.trace}: no requests in {replayed}, the part moeslo up replays")
 
 
 async def drive(state: StackState, plan: list[LoadRequest], vocab_size: int, fallback_url: str) -> None:

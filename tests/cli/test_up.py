@@ -1,0 +1,48 @@
+"""``moeslo up`` refuses a trace it cannot replay before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+
+
+@pytest.fixture
+def never_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stack must not start: the trace is refused first."""
+    import stack
+
+    def run_stack(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the stack started")
+
+    monkeypatch.setattr(stack, "run_stack", run_stack)
+
+
+@pytest.mark.usefixtures("never_started")
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [("", "file is empty"),
+     ("Time,TIMESTAMP\n2024-05-13 00:00:00,378\n2024-05-13 00:00:10,412\n", "04:00-16:00")],
+    ids=["empty", "ends-before-the-window"],
+)
+def test_a_trace_that_cannot_be_replayed_is_refused_before_anything_starts(
+    tmp_path: Path, content: str, says: str
+) -> None:
+    """The trace was read only when the load began: after the checkpoint, the profile, Prometheus, Alertmanager,
+    the controller and the router had started (46 s into one run), and a count trace that ends before 04:00
+    said only that it had no requests in [14400.0, 57600.0) s."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text(content)
+    result = CliRunner().invoke(app, ["up", "--trace", str(trace), "--out", str(tmp_path / "out"), "--no-live"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert says in output and str(trace) in output
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_help_names_the_window_of_a_trace_that_is_replayed() -> None:
+    shown = CliRunner().invoke(app, ["up", "--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "04:00-16:00" in " ".join(shown.output.split())
