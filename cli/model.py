@@ -23,6 +23,16 @@ _PART_OPTIONS = {
 """The options that size each part of the parameter count (``count_parameters``'s parts)."""
 
 
+def _vocab(value: int) -> int:
+    """An option's callback: a vocabulary with an id for each byte, which the engine's tokenizers need."""
+    from engine.tokenizer import BYTE_VOCAB_SIZE
+
+    if value < BYTE_VOCAB_SIZE:
+        raise typer.BadParameter(f"must be {BYTE_VOCAB_SIZE} or more (an id for each byte: moeslo serve refuses a "
+                                 f"smaller vocabulary), got {value}")
+    return value
+
+
 @model_app.command("init")
 def init(
     out: Annotated[str, typer.Option(help="Directory to write config.json and model.safetensors into.",
@@ -32,7 +42,7 @@ def init(
     experts: Annotated[int, typer.Option(help="Routed experts per MoE layer.")] = 32,
     top_k: Annotated[int, typer.Option(help="Experts per token.")] = 4,
     moe_intermediate: Annotated[int, typer.Option(help="Expert MLP width.")] = 128,
-    vocab: Annotated[int, typer.Option(help="Vocabulary size.")] = 4096,
+    vocab: Annotated[int, typer.Option(callback=_vocab, help="Vocabulary size (256 or more).")] = 4096,
     heads: Annotated[int, typer.Option(help="Attention heads.")] = 8,
     kv_heads: Annotated[int, typer.Option(help="Key/value heads (GQA).")] = 4,
     head_dim: Annotated[int, typer.Option(help="Per-head dimension (even: rotary embeddings pair its halves).")] = 32,

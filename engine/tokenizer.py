@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer as RustTokenizer
 
 
+BYTE_VOCAB_SIZE = 256
+"""The smallest vocabulary the byte-level tokenizer reads text with: one id per byte."""
+
+
 class DecodeStream(Protocol):
     def step(self, token_id: int) -> str:
         """Text that ``token_id`` completes (may be empty)."""
@@ -48,8 +52,8 @@ class ByteTokenizer:
     """
 
     def __init__(self, vocab_size: int) -> None:
-        if vocab_size < 256:
-            raise ValidationError(f"a byte-level tokenizer needs vocab_size >= 256, got {vocab_size}")
+        if vocab_size < BYTE_VOCAB_SIZE:
+            raise ValidationError(f"a byte-level tokenizer needs vocab_size >= {BYTE_VOCAB_SIZE}, got {vocab_size}")
         self.vocab_size = vocab_size
 
     def encode(self, text: str) -> list[int]:
@@ -122,4 +126,4 @@ def load_tokenizer(checkpoint: Path, vocab_size: int) -> Tokenizer:
     return ByteTokenizer(vocab_size)
 
 
-__all__ = ["ByteTokenizer", "DecodeStream", "HFTokenizer", "Tokenizer", "load_tokenizer"]
+__all__ = ["BYTE_VOCAB_SIZE", "ByteTokenizer", "DecodeStream", "HFTokenizer", "Tokenizer", "load_tokenizer"]

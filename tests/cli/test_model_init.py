@@ -94,13 +94,23 @@ def test_a_failed_allocation_is_one_error_line_and_leaves_no_new_folder(
 def test_a_vocabulary_too_small_for_a_tokenizer_says_so(tmp_path: Path) -> None:
     args = [*SMALL[:-4], "--max-positions", "128"]
     assert "--vocab" not in args
-    result = invoke("model", "init", "--out", str(tmp_path / "a"), *args, "--vocab", "100")
+    result = invoke("model", "init", "--out", str(tmp_path / "a"), *args, "--vocab", "256")
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "a" / "tokenizer.json").exists()
     note = [line for line in result.output.splitlines() if "tokenizer" in line]
     assert len(note) == 1 and "--vocab 260" in note[0] and "byte-level" in note[0]
-    quiet = invoke("model", "init", "--out", str(tmp_path / "b"), *args, "--vocab", "100", "--no-tokenizer")
+    quiet = invoke("model", "init", "--out", str(tmp_path / "b"), *args, "--vocab", "256", "--no-tokenizer")
     assert quiet.exit_code == 0 and "tokenizer" not in quiet.output
+
+
+@pytest.mark.parametrize("vocab", ["1", "100", "255"])
+def test_a_vocabulary_below_one_id_per_byte_is_refused_before_anything_is_written(tmp_path: Path, vocab: str) -> None:
+    """``--vocab 100`` wrote a checkpoint that ``moeslo serve`` then refused (its byte-level tokenizer needs an
+    id for each of the 256 bytes)."""
+    result = invoke("model", "init", "--out", str(tmp_path / "a"), *SMALL[:-4], "--vocab", vocab)
+    assert result.exit_code == 2
+    assert "--vocab" in result.output and "256 or more" in " ".join(result.output.split())
+    assert not (tmp_path / "a").exists()
 
 
 def test_model_help_names_what_there_is() -> None:
