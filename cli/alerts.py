@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import cli_errors, console, nonempty, print_json
 from cli.deploy import RunbookUrlOption
 
 alerts_app = typer.Typer(help="Prometheus alert rules and Alertmanager routing generated from SLO policies.",
@@ -27,7 +27,7 @@ PoliciesOption = Annotated[
 
 @alerts_app.command("generate")
 def generate(
-    out: Annotated[Path, typer.Option("--out", help="Directory to write the files into.")] = Path("alerts"),
+    out: Annotated[str, typer.Option("--out", callback=nonempty, help="Directory to write the files into.")] = "alerts",
     policies: PoliciesOption = None,
     page_webhook: Annotated[str | None, typer.Option(help="Webhook URL of the paging receiver.")] = None,
     ticket_webhook: Annotated[str | None, typer.Option(help="Webhook URL of the ticket receiver.")] = None,
@@ -53,7 +53,7 @@ def generate(
         )
         options = AlertOptions(engine=engine_described, runbook_url=runbook_url)
         files = render_alert_files(chosen, options=options, receivers=receivers)
-        written = write_text_files(out, files)
+        written = write_text_files(Path(out), files)
     if json_output:
         print_json({"written": [str(path) for path in written], "policies": [p.name for p in chosen]})
     else:

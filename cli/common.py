@@ -54,10 +54,10 @@ def at_least(
     return check
 
 
-def nonempty(value: str) -> str:
+def nonempty(value: str | None) -> str | None:
     """An option's callback: a path given as text must not be empty (typer would read ``\"\"`` as the current
-    directory and write there)."""
-    if not value.strip():
+    directory and write there).  Path options are typed ``str`` for it (as ``Path`` they arrive as ``.``)."""
+    if value is not None and not value.strip():
         raise typer.BadParameter("must not be empty")
     return value
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console, positive, print_json
+from cli.common import cli_errors, console, nonempty, positive, print_json
 
 dashboards_app = typer.Typer(help="Grafana dashboards generated with grafana-foundation-sdk (Grafana 10.1).",
                              no_args_is_help=True)
@@ -21,7 +21,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JS
 
 @dashboards_app.command("generate")
 def generate(
-    out: Annotated[Path, typer.Option("--out", help="Directory for the JSON files.")] = Path("dashboards"),
+    out: Annotated[str, typer.Option("--out", callback=nonempty, help="Directory for the JSON files.")] = "dashboards",
     policies: PoliciesOption = None,
     engine: Annotated[str, typer.Option(help="Whose histogram buckets: moeslo, vllm (stock) or vllm-slo-buckets "
                                              "(vLLM with --custom-histogram-buckets).")] = "moeslo",
@@ -35,7 +35,7 @@ def generate(
 
     with cli_errors():
         chosen = DEFAULT_POLICIES if policies is None else load_policies(policies)
-        written = write_text_files(out, render_dashboard_files(chosen, engine_buckets(engine)))
+        written = write_text_files(Path(out), render_dashboard_files(chosen, engine_buckets(engine)))
     if json_output:
         print_json({"written": [str(path) for path in written]})
     else:
@@ -48,7 +48,9 @@ def push(
     url: Annotated[str, typer.Option("--url", envvar="GRAFANA_URL", help="Grafana base URL.")],
     token: Annotated[str | None, typer.Option("--token", envvar="GRAFANA_TOKEN",
                                               help="Service-account token.")] = None,
-    source: Annotated[Path, typer.Option("--dir", help="Directory of dashboard JSON files.")] = Path("dashboards"),
+    source: Annotated[str, typer.Option("--dir", callback=nonempty, help="Directory of dashboard JSON files.")] = (
+        "dashboards"
+    ),
     folder: Annotated[str | None, typer.Option("--folder-uid", help="Put the dashboards in this folder.")] = None,
     timeout_s: Annotated[
         float, typer.Option("--timeout-s", callback=positive, help="Per-request timeout.")
@@ -59,7 +61,7 @@ def push(
     from generators.dashboards.push import push_dashboards, read_dashboards
 
     with cli_errors():
-        documents = read_dashboards(source)
+        documents = read_dashboards(Path(source))
         results = push_dashboards(documents, url=url, token=token, folder_uid=folder, timeout_s=timeout_s)
     if json_output:
         print_json([{"uid": r.uid, "title": r.title, "status": r.status, "version": r.version, "url": r.url}

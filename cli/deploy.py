@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import cli_errors, console, nonempty, print_json
 
 deploy_app = typer.Typer(help="Kubernetes manifests (kustomize): regenerate the generated parts, render overlays.",
                          no_args_is_help=True)
 
-DirOption = Annotated[Path, typer.Option("--dir", help="The deploy/ directory.")]
+DirOption = Annotated[str, typer.Option("--dir", callback=nonempty, help="The deploy/ directory.")]
 RunbookUrlOption = Annotated[
     str | None,
     typer.Option("--runbook-url", help="URL of the runbooks page (docs/runbooks.md as you publish it): every "
@@ -21,7 +21,7 @@ RunbookUrlOption = Annotated[
 
 
 @deploy_app.command("render")
-def render(deploy_dir: DirOption = Path("deploy"), runbook_url: RunbookUrlOption = None,
+def render(deploy_dir: DirOption = "deploy", runbook_url: RunbookUrlOption = None,
            json_output: Annotated[bool, typer.Option("--json", help="Print what was written.")] = False) -> None:
     """Regenerate deploy/*/generated/ from the default policies and each overlay's policies.yaml.
 
@@ -33,8 +33,8 @@ def render(deploy_dir: DirOption = Path("deploy"), runbook_url: RunbookUrlOption
     from generators.manifests.files import write_text_files
 
     with cli_errors():
-        overlays = load_overlays(deploy_dir)
-        written = write_text_files(deploy_dir, deploy_files(DEFAULT_POLICIES, overlays, runbook_url=runbook_url))
+        overlays = load_overlays(Path(deploy_dir))
+        written = write_text_files(Path(deploy_dir), deploy_files(DEFAULT_POLICIES, overlays, runbook_url=runbook_url))
     if json_output:
         print_json({"written": [str(path) for path in written], "overlays": sorted(overlays)})
     else:
@@ -45,12 +45,12 @@ def render(deploy_dir: DirOption = Path("deploy"), runbook_url: RunbookUrlOption
 @deploy_app.command("build")
 def build(
     overlay: Annotated[str, typer.Argument(help="Overlay name (vllm-gpu, vllm-multinode, embedded-cpu) or 'base'.")],
-    deploy_dir: DirOption = Path("deploy"),
+    deploy_dir: DirOption = "deploy",
 ) -> None:
     """Print the manifests of an overlay as kustomize would (without the kustomize binary)."""
     from generators.alerts import dump_yaml_documents
     from generators.manifests import build as kustomize_build
 
     with cli_errors():
-        directory = deploy_dir / "base" if overlay == "base" else deploy_dir / "overlays" / overlay
+        directory = Path(deploy_dir, "base") if overlay == "base" else Path(deploy_dir, "overlays", overlay)
         typer.echo(dump_yaml_documents(kustomize_build(directory)), nl=False)

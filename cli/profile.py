@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import cli_errors, console, positive, print_json
+from cli.common import cli_errors, console, nonempty, positive, print_json
 from cli.lists import numbers
 from contracts.errors import UnavailableError, ValidationError
 from contracts.urls import http_url_problem
@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 def profile(
     url: Annotated[str, typer.Option(help="Base URL of the engine (ours or vLLM), e.g. http://127.0.0.1:8000.")],
-    out: Annotated[Path, typer.Option(help="Where to write the profile JSON.")] = Path("profile.json"),
+    out_file: Annotated[str, typer.Option("--out", callback=nonempty, help="Where to write the profile JSON.")] = (
+        "profile.json"
+    ),
     rates: Annotated[str, typer.Option(help="Comma-separated request rates (req/s) to sweep, lightest first.")] = (
         "0.25,0.5,1,2,4"
     ),
@@ -49,6 +51,7 @@ def profile(
     json_out: Annotated[bool, typer.Option("--json", help="Print the profile JSON to stdout.")] = False,
 ) -> None:
     """Record TTFT and ITL against throughput at each rate and fit the per-replica profile."""
+    out = Path(out_file)
     with cli_errors():
         from controller.profiling import fit_profile, profile_point
         from harness.sweep import sweep_rates

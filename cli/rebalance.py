@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import cli_errors, console, nonempty, print_json
 
 
 def rebalance(
@@ -30,7 +30,7 @@ def rebalance(
     ],
     ranks: Annotated[int, typer.Option("--ranks", min=1, help="Expert-parallel ranks (GPUs).")],
     slots_per_rank: Annotated[int, typer.Option("--slots-per-rank", min=1, help="Expert slots per rank.")],
-    out: Annotated[Path, typer.Option("--out", help="Where to write the placement JSON.")],
+    out_file: Annotated[str, typer.Option("--out", callback=nonempty, help="Where to write the placement JSON.")],
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="Nodes; > 1 keeps expert groups inside a node.")] = 1,
     groups: Annotated[int, typer.Option("--groups", min=1, help="Expert groups (hierarchical mode).")] = 1,
     previous: Annotated[
@@ -39,6 +39,7 @@ def rebalance(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
 ) -> None:
     """Plan a balanced expert placement and write it as JSON (loadable as an engine placement)."""
+    out = Path(out_file)
     with cli_errors():
         from contracts.placement import Placement
         from controller.rebalance.allocator import keep_freed_memory

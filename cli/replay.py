@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import at_least, cli_errors, console, positive, print_json
+from cli.common import at_least, cli_errors, console, nonempty, positive, print_json
 from cli.lists import integers
 from contracts.errors import DataError, ValidationError
 from contracts.slo_defaults import LEAD_TIME_S
@@ -40,7 +40,9 @@ def replay(
                                "several knobs, ';' separates the policies: 'moeslo:cooldown_s=180,quantile=0.9;hpa'.")
     ] = DEFAULT_POLICIES,
     sweep: Annotated[bool, typer.Option("--sweep", help="Run each policy over its knob grid; draw frontiers.")] = False,
-    out: Annotated[Path, typer.Option(help="Directory for the JSON summary and the PNG plots.")] = Path("replay-out"),
+    out_dir: Annotated[
+        str, typer.Option("--out", callback=nonempty, help="Directory for the JSON summary and the PNG plots.")
+    ] = "replay-out",
     speedup: Annotated[
         float, typer.Option(callback=positive, help="Replay this many times faster (arrival times divided).")
     ] = 1.0,
@@ -110,6 +112,7 @@ def replay(
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary JSON to stdout.")] = False,
 ) -> None:
     """Compare scaling strategies on a trace in a world the controllers do not know."""
+    out = Path(out_dir)
     with cli_errors():
         from controller.replay.protocol import ReplayRequest, parse_policies, replay_once, replay_sweep
         from controller.replay.settings import sweep_settings

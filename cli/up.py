@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from cli.common import cli_errors, console, positive, print_json
+from cli.common import cli_errors, console, nonempty, positive, print_json
 
 if TYPE_CHECKING:
     from harness.loadgen import ArrivalProcess
@@ -29,6 +29,8 @@ def _check_host(options: StackOptions) -> None:
 
     check_trace(options)
 
+    if options.checkpoint is not None and not options.checkpoint.is_dir():
+        raise ValidationError(f"--checkpoint {options.checkpoint}: no such directory")
     cpus = len(os.sched_getaffinity(0))
     if options.cpus_per_replica > cpus:
         raise ValidationError(f"--cpus-per-replica {options.cpus_per_replica}: this machine gives the run {cpus} "
@@ -69,13 +71,16 @@ def _say_interrupted(still: list[str] | None, kept: Path) -> None:
     console.print(said + (f"; what it saw until then is in {kept}" if kept.is_file() else ""))
 
 
+# long: a typer command is its option list; the work is in stack/.
 def up(
     duration: Annotated[float, typer.Option(callback=positive, help="Seconds of load before the summary.")] = 120.0,
-    out: Annotated[Path, typer.Option(help="Folder for logs, state, summary.json and plots (a run's own).")] = Path(
-        "demo-out"
-    ),
-    checkpoint: Annotated[Path | None, typer.Option(exists=True, file_okay=False,
-                                                    help="Checkpoint (default: random, skewed router).")] = None,
+    out_folder: Annotated[
+        str, typer.Option("--out", callback=nonempty, help="Folder for logs, state, summary.json and plots (a run's "
+                                                           "own).")
+    ] = "demo-out",
+    checkpoint_dir: Annotated[
+        str | None, typer.Option("--checkpoint", callback=nonempty, help="Checkpoint (default: random, skewed router).")
+    ] = None,
     ep: Annotated[int, typer.Option(min=1, help="Expert-parallel ranks per engine replica.")] = 2,
     max_replicas: Annotated[int, typer.Option(min=1, help="Most engine replicas the controller may start.")] = 2,
     cpus_per_replica: Annotated[int, typer.Option(min=1, help="CPUs pinned to each replica (the host budget).")] = 1,
@@ -109,6 +114,7 @@ def up(
     """Start engine, controller, Prometheus and Alertmanager, replay load, show the loop, then summarize."""
     from stack import StackOptions
 
+    out, checkpoint = Path(out_folder), None if checkpoint_dir is None else Path(checkpoint_dir)
     options = StackOptions(duration_s=duration, out=out, checkpoint=checkpoint, ep=ep, max_replicas=max_replicas,
                            cpus_per_replica=cpus_per_replica, speedup=speedup, trace=trace, base_load=base_load,
                            arrivals=_arrivals(arrivals), inject_slowdown=inject_slowdown,

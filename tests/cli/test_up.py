@@ -10,17 +10,6 @@ from typer.testing import CliRunner
 from cli.main import app
 
 
-@pytest.fixture
-def never_started(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stack must not start: the trace is refused first."""
-    import stack
-
-    def run_stack(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the stack started")
-
-    monkeypatch.setattr(stack, "run_stack", run_stack)
-
-
 @pytest.mark.usefixtures("never_started")
 @pytest.mark.parametrize(
     ("content", "says"),
