@@ -236,6 +236,11 @@ class SlowToDie(subprocess.Popen[bytes]):
             raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         return super().wait(timeout)
 
+    def poll(self) -> int | None:
+        # Still tearing down after the timed-out wait: the kernel may have reaped the killed process already, and
+        # the actuator's look after the wait then found it gone (the test failed now and then).
+        return None if self.waits == 2 else super().poll()
+
 
 def test_a_replica_still_not_gone_after_sigkill_is_logged_not_an_error(caplog: pytest.LogCaptureFixture) -> None:
     """SIGTERM, wait, SIGKILL, wait: the second wait's TimeoutExpired escaped scale() (no ActuationError), which
