@@ -161,15 +161,35 @@ def test_identical_prompts_admitted_in_one_step_share_their_full_blocks() -> Non
     assert sum(len(chunk.token_ids) for chunk in executor.plans[0].chunks) == 64 + 16
 
 
-def test_a_prompt_admitted_beside_a_chunked_prefill_shares_only_blocks_full_by_the_end_of_the_step() -> None:
-    """The first prompt is computed over two steps (40 then 16 tokens); the others, admitted with the second
-    chunk, share the block that chunk completes but never the partial one a later step would write (the fake
-    executor fails on a read of a slot never written)."""
+def test_prompts_admitted_beside_the_last_chunk_of_a_prefill_share_the_block_it_completes() -> None:
+    """The first prompt is computed over two steps (40 then 16 tokens); the others, admitted beside its last
+    chunk, share the block that chunk completes (keyed at allocation, written before any attention reads it).
+
+    A prompt is only ever admitted beside running sequences' last chunks (a chunk cut short takes the rest of
+    the budget), so within a step no partial block can be shared; where one could be, after a preemption
+    mid-prefill, is the next test's."""
     prompt = [t % 64 for t in range(5, 61)]  # 56 tokens: 3 full blocks of 16, then 8
     tokens, stats, _, executor = _serve_together([prompt, prompt, prompt], budget=40)
     assert all(out == reference_tokens(prompt, 3) for out in tokens.values())
     assert [len(chunk.token_ids) for chunk in executor.plans[1].chunks] == [16, 8, 8]
     assert sum(s.prefix_cache_hits for s in stats) == 2 * 48
+
+
+def test_a_prompt_preempted_mid_prefill_is_recomputed_from_the_blocks_its_chunks_wrote_only() -> None:
+    """A block is keyed only once the step allocated to it fills it, never for the tokens a later chunk was to
+    write: a sequence preempted before that chunk would leave the key on half-written KV, and its recompute
+    (or any prompt with that prefix) would reuse the block and generate from slots never written.
+
+    In blocks of 4 with 7 blocks, the long prompt's first chunk (5 tokens, beside the short prompt's 11) fills
+    block 0 and 1 slot of block 1; its next chunk finds no free block, so it is preempted.  Readmitted once the
+    short request is done, it reuses block 0 alone and computes from token 4."""
+    short, long_prompt = [t % 64 for t in range(40, 51)], [t % 64 for t in range(3, 25)]  # 11 and 22 tokens
+    tokens, stats, core = run([(0, short, 2), (0, long_prompt, 3)], num_blocks=7, budget=16)
+    assert tokens == {"r0": reference_tokens(short, 2), "r1": reference_tokens(long_prompt, 3)}
+    assert isinstance(core.executor, NoSharedWrites)
+    first_chunk, readmitted = core.executor.plans[0].chunks[1], core.executor.plans[2].chunks[0]
+    assert (first_chunk.num_computed, len(first_chunk.token_ids), stats[1].num_preemptions) == (0, 5, 1)
+    assert (readmitted.seq_id, readmitted.num_computed) == (first_chunk.seq_id, 4)
 
 
 def test_a_failed_step_leaves_no_key_on_the_blocks_it_was_to_fill() -> None:
