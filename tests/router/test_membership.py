@@ -108,30 +108,28 @@ def test_replicas_the_controller_adds_and_removes_take_and_stop_taking_requests(
             assert answer.status_code == 503 and "Retry-After" in answer.headers
 
 
+def _read_once(controller: str, policy: str | None = None) -> tuple[str | None, tuple[str, ...]]:
+    """One membership read from ``controller``: why it kept or trimmed the set (None: nothing to say), and the set."""
+
+    async def go() -> tuple[str | None, tuple[str, ...]]:
+        routing = Router(RouterConfig(controller_url=controller, controller_policy=policy))
+        membership = Membership(routing)
+        await membership.refresh()
+        await routing.aclose()
+        return membership.last_error, routing.pool.names
+
+    return asyncio.run(go())
+
+
 def test_several_policies_and_none_named_keep_the_set_and_say_why(tmp_path: Path) -> None:
     view = Replicas()
     view.urls = ["http://127.0.0.1:9"]
     settings = ControllerSettings(db=str(tmp_path / "c.db"), api_token=TOKEN)
     with serving(controller_app(settings, Store(settings.db_url), service=view)) as controller:
         _add_policies(controller, ("a", "b"))
-
-        async def go() -> tuple[str | None, tuple[str, ...]]:
-            routing = Router(RouterConfig(controller_url=controller))
-            membership = Membership(routing)
-            await membership.refresh()
-            await routing.aclose()
-            return membership.last_error, routing.pool.names
-
-        error, names = asyncio.run(go())
+        error, names = _read_once(controller)
         assert error is not None and "2 policies" in error and names == ()
-
-        async def named() -> tuple[str, ...]:
-            routing = Router(RouterConfig(controller_url=controller, controller_policy="b"))
-            await Membership(routing).refresh()
-            await routing.aclose()
-            return routing.pool.names
-
-        assert asyncio.run(named()) == ("http://127.0.0.1:9",)
+        assert _read_once(controller, "b")[1] == ("http://127.0.0.1:9",)
 
 
 def test_a_listed_url_with_a_path_is_left_out_and_the_rest_routed(tmp_path: Path) -> None:
@@ -142,15 +140,7 @@ def test_a_listed_url_with_a_path_is_left_out_and_the_rest_routed(tmp_path: Path
     settings = ControllerSettings(db=str(tmp_path / "c.db"), api_token=TOKEN)
     with serving(controller_app(settings, Store(settings.db_url), service=view)) as controller:
         _add_policies(controller, ("a",))
-
-        async def go() -> tuple[str | None, tuple[str, ...]]:
-            routing = Router(RouterConfig(controller_url=controller))
-            membership = Membership(routing)
-            await membership.refresh()
-            await routing.aclose()
-            return membership.last_error, routing.pool.names
-
-        error, names = asyncio.run(go())
+        error, names = _read_once(controller)
     assert names == ("http://127.0.0.1:9",)
     assert error is not None and "model-b" in error
 
