@@ -38,6 +38,7 @@ from engine.config import ModelConfig
 from engine.core import EngineCore
 from engine.engine_types import EngineConfig
 from engine.executors import Executor, ExecutorOptions, create_executor
+from engine.executors.options import PARALLEL_MIN_TOKENS
 from engine.sampling import SamplingParams
 from engine.scheduler import SchedulerConfig
 
@@ -182,7 +183,8 @@ def _kv_mb(model: ModelConfig, tokens: int, dtype: str) -> float:
 def run(checkpoint: Path, cfg: PrefixBenchConfig, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     from engine.executors.base import default_threads
 
-    torch.set_num_threads(cfg.threads or default_threads(1))
+    threads = cfg.threads or default_threads(1)
+    torch.set_num_threads(threads)
     model = ModelConfig.load(checkpoint)
     tokens = max(2 * cfg.prompt_tokens, cfg.requests * (cfg.request_prompt_tokens + cfg.new_tokens)) + 64
     executor = create_executor(ExecutorOptions(checkpoint=checkpoint, dtype=cfg.dtype,
@@ -203,10 +205,10 @@ def run(checkpoint: Path, cfg: PrefixBenchConfig, progress: Callable[[str], None
             tput_rounds.append(_throughput_round(executor, cfg, prompts, on_first=round_ % 2 == 0))
     finally:
         executor.shutdown()
-    return _report(cfg, checkpoint, ttft_rounds, tput_rounds)
+    return _report(cfg, checkpoint, threads, ttft_rounds, tput_rounds)
 
 
-def _report(cfg: PrefixBenchConfig, checkpoint: Path, ttft_rounds: list[dict[str, Any]],
+def _report(cfg: PrefixBenchConfig, checkpoint: Path, threads: int, ttft_rounds: list[dict[str, Any]],
             tput_rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
     ratios = [r["hit"]["ttft_s"] / r["cold"]["ttft_s"] for r in ttft_rounds]
     on_over_off = [r["on"]["generated_tokens_per_s"] / r["off"]["generated_tokens_per_s"] for r in tput_rounds]
@@ -214,7 +216,10 @@ def _report(cfg: PrefixBenchConfig, checkpoint: Path, ttft_rounds: list[dict[str
     bookkeeping = [(r["on"]["scheduler_seconds"] - r["off"]["scheduler_seconds"]) / r["on"]["seconds"]
                    for r in tput_rounds]  # fmt: skip
     return {
-        "checkpoint": str(checkpoint), "dtype": cfg.dtype, "threads": torch.get_num_threads(),
+        "checkpoint": str(checkpoint), "dtype": cfg.dtype,
+        # A large step's threads: steps under PARALLEL_MIN_TOKENS tokens run on one, so the process's
+        # setting after the last step says nothing about the prefills measured.
+        "threads": threads, "parallel_min_tokens": PARALLEL_MIN_TOKENS,
         "rounds": cfg.rounds, "max_num_batched_tokens": cfg.max_num_batched_tokens,
         "ttft": {
             "baseline": "cold (the same request on an empty cache)",
