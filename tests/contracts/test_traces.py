@@ -99,6 +99,29 @@ def test_counts_expand_with_lengths(tmp_path: Path) -> None:
     assert set(requests.output_tokens.tolist()) == {7}
 
 
+def test_stratified_draws_put_one_of_each_prompt_stratum_in_every_block() -> None:
+    prompts = np.arange(1, 101, dtype=np.int64)  # 100 rows: strata of 10 are the 1-10s, 11-20s, ...
+    lengths = LengthDistribution("ramp", prompts, prompts * 2)
+    prompt, output = lengths.sample_stratified(25, np.random.default_rng(3), block=10)
+    assert len(prompt) == 25 and np.array_equal(output, prompt * 2)  # pairs kept
+    for start in (0, 10):
+        assert sorted((prompt[start:start + 10] - 1) // 10) == list(range(10))
+    assert len(set((prompt[20:] - 1) // 10)) == 5  # the last, partial block: 5 different strata
+    with pytest.raises(ValueError, match="block"):
+        lengths.sample_stratified(5, np.random.default_rng(0), block=0)
+
+
+def test_stratified_block_means_hold_the_mix_where_independent_draws_swing() -> None:
+    rng = np.random.default_rng(0)
+    heavy = np.maximum(1, rng.lognormal(4.5, 0.9, 5000)).astype(np.int64)  # a heavy-tailed prompt length
+    lengths = LengthDistribution("lognormal", heavy, heavy)
+    stratified, _ = lengths.sample_stratified(2000, np.random.default_rng(1), block=20)
+    independent, _ = lengths.sample(2000, np.random.default_rng(1))
+    spread = {name: np.ptp(draws.reshape(-1, 40).mean(axis=1) / heavy.mean())
+              for name, draws in (("stratified", stratified), ("independent", independent))}
+    assert spread["stratified"] < 0.5 * spread["independent"]
+
+
 def test_speedup_and_rate_scale() -> None:
     arrival = np.arange(1000, dtype=np.float64)
     ones = np.ones(1000, dtype=np.int64)

@@ -40,6 +40,16 @@ def test_even_arrivals_hold_every_window_to_its_expected_count() -> None:
     assert got[-1] > got[0] * 2  # the ramp's shape: 100 -> 300 counts
 
 
+def test_even_arrivals_draw_lengths_by_prompt_strata() -> None:
+    trace = _ramp()
+    lengths = LengthDistribution("ramp", np.arange(10, 410, 10, dtype=np.int64), np.full(40, 5, dtype=np.int64))
+    plan = plan_from_counts(trace, lengths, start_s=0.0, span_s=trace.duration_s, duration_s=120.0,
+                            base_rate_rps=2.0, arrivals="even", max_prompt_tokens=1000)
+    blocks = np.array([r.prompt_tokens for r in plan][: len(plan) // 20 * 20]).reshape(-1, 20)
+    # Each block of 20 holds one prompt from each of the 20 strata (10-20, 30-40, ..., 390-400).
+    assert all(sorted((block - 10) // 20) == list(range(20)) for block in blocks)
+
+
 def test_poisson_arrivals_keep_the_shape_with_counting_noise() -> None:
     trace = _ramp()
     plans = [plan_from_counts(trace, LENGTHS, start_s=0.0, span_s=trace.duration_s, duration_s=120.0,
