@@ -97,7 +97,8 @@ def up(
                                                     "model's rate a replica.")
     ] = 0.7,
     arrivals: Annotated[
-        str, typer.Option(help="Arrivals of the count trace: even (its shape at full volume) or poisson.")
+        str, typer.Option(help="Arrivals of the count trace: even (its shape and length mix at full "
+                                 "volume) or poisson (a small service's noise, lengths drawn independently).")
     ] = "even",
     inject_slowdown: Annotated[
         bool, typer.Option(help="Throttle every replica's CPU part-way through (a fault that pages).")
