@@ -6,7 +6,7 @@ bounded by ``scrape_timeout_s``):
 * a live replica's ``/metrics`` gives its queue, batch and KV usage (and so
   which of the router's whole-answer requests are past their prefill); a
   refused or broken connection ejects it; a timeout (a busy replica), a 404
-  (exporters off) or a body that does not parse keeps the last load (the
+  (exporters off) or a body that does not parse (or holds NaN) keeps the last load (the
   router's own counts still apply), but ``eject_after_silent`` timeouts in a
   row eject it (a frozen process accepts connections and never answers);
 * a live replica's ``/health`` answering 5xx ejects it: an engine whose core died keeps its API
@@ -43,8 +43,16 @@ class Repeating:
         raise NotImplementedError
 
     async def _run(self) -> None:
+        last_error: str | None = None
         while True:
-            await self.once()
+            try:
+                await self.once()
+            except Exception as exc:  # a bug in one round must not end the rounds (nothing awaits this task)
+                if repr(exc) != last_error:  # once per distinct error, not every interval
+                    _log.exception("%s: one round failed; the next runs as usual", type(self).__name__)
+                last_error = repr(exc)
+            else:
+                last_error = None
             await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:

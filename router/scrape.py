@@ -13,6 +13,7 @@ an engine with per-expert series writes tens of thousands of other lines
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -54,7 +55,8 @@ def _lines(text: str) -> list[str]:
 
 
 def parse_load(text: str) -> ScrapedLoad:
-    """The load series in a Prometheus text body; DataError when one of their lines does not parse."""
+    """The load series in a Prometheus text body; DataError when one of their lines does not parse or holds
+    NaN or an infinity."""
     sums: dict[str, float] = {}
     kv: float | None = None
     for line in _lines(text):
@@ -63,6 +65,8 @@ def parse_load(text: str) -> ScrapedLoad:
             if match is None:
                 raise ValueError(f"not a sample line: {line[:80]!r}")
             name, value = match["name"], float(match["value"])
+            if not math.isfinite(value):  # valid Prometheus text, but no count to route on
+                raise ValueError(f"{name} is not a finite number: {match['value']}")
         except ValueError as exc:
             raise DataError(f"unparseable metrics: {exc}") from exc
         if name == KV_CACHE_USAGE:

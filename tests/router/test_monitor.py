@@ -8,7 +8,7 @@ import pytest
 
 from router.config import RouterConfig
 from router.forward import Router
-from router.monitor import Monitor
+from router.monitor import Monitor, Repeating
 from tests.router.servers import WAITING_TEXT, stubs, url_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -93,3 +93,29 @@ def test_a_replica_whose_health_fails_is_ejected_though_its_metrics_answer() -> 
         stub.health_status = 200
         ticks(router, 2)
         assert router.pool.is_healthy(url)
+
+
+class _FailsOnce(Repeating):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def once(self) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise ValueError("a bug in one round")
+
+    @property
+    def interval_s(self) -> float:
+        return 0.01
+
+
+def test_an_exception_in_one_round_does_not_stop_the_task(caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> int:
+        task = _FailsOnce()
+        task.start()
+        await asyncio.sleep(0.2)
+        await task.stop()
+        return task.calls
+
+    assert asyncio.run(go()) > 2
+    assert "a bug in one round" in caplog.text

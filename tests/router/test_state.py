@@ -45,6 +45,13 @@ def test_parse_load_rejects_a_body_that_is_not_prometheus_text() -> None:
         parse_load('vllm:num_requests_waiting{engine="0" 3\n')
 
 
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf"])
+def test_parse_load_rejects_a_sample_that_is_not_a_finite_number(value: str) -> None:
+    # Valid Prometheus text, but no queue length: the monitor keeps the replica's last load instead.
+    with pytest.raises(DataError, match="not a finite number"):
+        parse_load(f"vllm:num_requests_waiting {value}\nvllm:num_requests_running 0\n")
+
+
 def test_features_of_token_text_and_chat_prompts() -> None:
     tokens = request_features({"prompt": list(range(40)), "max_tokens": 7, "stream": True})
     assert (tokens.prompt_tokens, tokens.max_tokens, tokens.stream, len(tokens.prefix_blocks)) == (40, 7, True, 2)
