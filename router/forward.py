@@ -404,7 +404,13 @@ def _features(body: bytes, path: str, block_tokens: int, max_blocks: int) -> Req
 
 
 def _check_answer(upstream: aiohttp.ClientResponse, content: bytes) -> str | None:
-    """What is wrong with a whole answer (None: relay it): JSON that does not parse, or a non-JSON error."""
+    """What is wrong with a whole answer (None: relay it): JSON that does not parse, or a non-JSON server error.
+
+    A 4xx goes back as written whatever its body: it speaks of the request (an auth sidecar's plain 401, the
+    server's own 400 for headers too large), and as the router's 502 it counted toward ejecting the replica.
+    """
+    if 400 <= upstream.status < 500:
+        return None
     is_json = "json" in upstream.headers.get("content-type", "")
     if is_json:
         try:
@@ -412,7 +418,7 @@ def _check_answer(upstream: aiohttp.ClientResponse, content: bytes) -> str | Non
         except (ValueError, UnicodeDecodeError):
             return f"HTTP {upstream.status} with a body that is not the JSON it claims"
         return None
-    if upstream.status >= 400 or upstream.status < 200:
+    if upstream.status >= 500 or upstream.status < 200:
         return f"HTTP {upstream.status} without a JSON error document"
     return None
 

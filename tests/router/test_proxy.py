@@ -251,6 +251,30 @@ def test_a_replica_answering_every_request_with_a_server_error_is_ejected_after_
         assert good.requests["/v1/completions"] == 9
 
 
+async def _plain_unauthorized(request: web.Request) -> web.Response:
+    await request.read()  # an auth sidecar or ingress in front of the engine answers in its own words
+    return web.Response(status=401, text="Unauthorized", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def _garbled_json_too_large(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(status=413, text="{too large", content_type="application/json")
+
+
+@pytest.mark.parametrize("failing", [_plain_unauthorized, _garbled_json_too_large], ids=["plain", "garbled_json"])
+def test_a_replicas_client_error_is_relayed_as_it_wrote_it_and_never_ejects_it(failing: Handler) -> None:
+    # A client error says the request was at fault, not the replica: one client must not eject it.
+    with serving(replica_app(failing)) as replica, router([replica], readmit_after=1000) as r:
+        expected = httpx.post(replica + "/v1/completions", json=PLAIN, timeout=5)
+        answers = [httpx.post(r.url + "/v1/completions", json=PLAIN, timeout=5) for _ in range(7)]
+        assert {(a.status_code, a.content) for a in answers} == {(expected.status_code, expected.content)}
+        assert answers[0].headers.get("www-authenticate") == expected.headers.get("www-authenticate")
+        assert r.replicas()[replica]["healthy"] is True
+        assert r.sample("moeslo_router_ejections_total", replica=replica) == 0
+        assert r.sample("moeslo_router_requests_total", replica=replica, decision="lowest_predicted_ttft",
+                        outcome="upstream_status") == 7  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("mode", "status", "message"),
     [
