@@ -60,8 +60,10 @@ class ResponseWriter:
             headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._start["headers"]
                        if k.lower() != b"content-length"]  # fmt: skip
             self.response = web.StreamResponse(status=self._start["status"], headers=headers)
-            if more:
+            if more and self.request.version >= (1, 1):
                 self.response.enable_chunked_encoding()
+            elif more:  # HTTP/1.0 has no chunks: the body ends where the connection closes, as vLLM's does
+                self.response.force_close()
             else:
                 self.response.content_length = len(body)
             try:

@@ -1,0 +1,40 @@
+"""How a streamed answer is framed to the client: its headers as soon as the replica's, and HTTP/1.0 clients."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from tests.router.servers import router, stubs, url_of
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def post_raw(url: str, version: str, body: dict[str, object]) -> tuple[list[bytes], bytes]:
+    """POST /v1/completions over a socket as HTTP/``version``: the head's lines and the body read to EOF."""
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(f"POST /v1/completions HTTP/{version}\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)  # fmt: skip
+        data = b""
+        while chunk := conn.recv(65536):  # the router closes the connection when the body ends
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head.lower().split(b"\r\n"), rest
+
+
+def test_a_stream_asked_over_http_1_0_ends_at_the_connections_close() -> None:
+    # HTTP/1.0 has no chunked encoding (curl --http1.0, ApacheBench): the body runs to the close, as vLLM's does.
+    with stubs(1) as (stub,), router([stub]) as r:
+        head, body = post_raw(r.url, "1.0", {"prompt": "hello there", "max_tokens": 2, "stream": True})
+        assert head[0].endswith(b" 200 ok"), head
+        assert b"transfer-encoding: chunked" not in head
+        assert body.startswith(b"data: ") and body.endswith(b"data: [DONE]\n\n")
+        head, body = post_raw(r.url, "1.0", {"prompt": "hello there", "max_tokens": 2})
+        assert head[0].endswith(b" 200 ok") and json.loads(body)["choices"]
+        assert r.sample("moeslo_router_requests_total", replica=url_of(stub),
+                        decision="lowest_predicted_ttft", outcome="ok") == 2  # fmt: skip
+
