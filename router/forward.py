@@ -65,6 +65,8 @@ class _Exchange:
     """Its replica stopped answering (ejected as frozen): the wait was cancelled, the client gets an error."""
     tried: bool = False
     """A replica has been tried (a further try follows a connection refused or not accepted, or a 503, there)."""
+    held_s: float = 0.0
+    """Seconds held at admission (queue mode): the fleet's wait, left out of the router's overhead."""
 
 
 class Router:
@@ -118,9 +120,14 @@ class Router:
         held: it waits its turn behind them, unless no wait could bring it within the objective.
         ``retried``: its turn came already (the replica chosen refused the connection): it goes first.
         """
+        return (await self._decide(features, retried=retried))[0]
+
+    async def _decide(self, features: RequestFeatures, *, retried: bool) -> tuple[Choice, float]:
+        """:meth:`decide`, and the seconds the request was held at admission."""
+        held_s = 0.0
         refusal = admission(features, self._states(features), self.config.cost)
         if self.config.admission == "queue" and (refusal is not None or self._behind_others(features)):
-            await self._hold(features, first=retried)
+            held_s = await self._hold(features, first=retried)
         elif refusal is not None:
             raise self._refused(refusal, ahead=0)
         states = self._states(features)
@@ -131,21 +138,23 @@ class Router:
         if choice.predicted_ttft_s is None:
             state = next(s for s in states if s.name == choice.replica)
             choice = replace(choice, predicted_ttft_s=predict(state, features, self.config.cost).ttft_s)
-        return choice
+        return choice, held_s
 
     def _behind_others(self, features: RequestFeatures) -> bool:
         """Requests are held already, and this one would gain from waiting (over the objective alone it would not)."""
         return bool(self.held) and not over_objective_alone(features, healthy(self.pool.snapshot()), self.config.cost)
 
-    async def _hold(self, features: RequestFeatures, *, first: bool) -> None:
-        """Wait in line until, first in it, admission lets the request through; refused at ``max_queue_s``.
+    async def _hold(self, features: RequestFeatures, *, first: bool) -> float:
+        """Wait in line until, first in it, admission lets the request through (returns the seconds held);
+        refused at ``max_queue_s``. Every wait, however it ends, is one ``moeslo_router_queue_wait_seconds``.
 
         The first in line looks again whenever a replica may take more (:class:`HeldRequests`), and at least
         every scrape interval; a request that leaves (admitted, refused, its client gone) wakes the next.
         Queue mode holds a request while no replica is healthy too (a fleet scaled to zero, or starting): the
         controller reads this queue as demand and starts one.
         """
-        deadline = self.clock() + self.config.max_queue_s
+        joined_s = self.clock()
+        deadline = joined_s + self.config.max_queue_s
         place = self.held.join(first=first)
         self.metrics.queued.inc()
         try:
@@ -154,7 +163,7 @@ class Router:
                 if self.held.is_first(place):
                     refusal = admission(features, self._states(features), self.config.cost)
                     if refusal is None:
-                        return
+                        return self.clock() - joined_s
                 remaining_s = deadline - self.clock()
                 if remaining_s <= 0:
                     raise self._refused(refusal or admission(features, self._states(features), self.config.cost),
@@ -166,6 +175,7 @@ class Router:
         finally:
             self.held.leave(place)
             self.metrics.queued.dec()
+            self.metrics.queue_wait.observe(self.clock() - joined_s)
 
     def _refused(self, refusal: Choice | None, *, ahead: int) -> MoesloError:
         """The refusal of a request nobody can take (None: it would fit, but ``ahead`` requests wait before it)."""
@@ -230,13 +240,14 @@ class Router:
                         exchange: _Exchange, started_s: float) -> None:  # fmt: skip
         for tried in range(max(1, len(self.pool.names))):  # an empty set: decide() says no healthy replica
             try:
-                choice = await self.decide(features, retried=tried > 0)
+                choice, held_s = await self._decide(features, retried=tried > 0)
             except MoesloError as exc:
                 exchange.outcome = REJECTED_OUTCOME if isinstance(exc, OverloadedError) else "unavailable"
                 exchange.decision = "all_over_budget" if isinstance(exc, OverloadedError) else "no_healthy_replica"
                 await _send_error(exchange, exc)
                 return
             exchange.replica, exchange.decision = choice.replica, choice.reason
+            exchange.held_s += held_s
             if await self._attempt(choice, features, path, body, headers, exchange, started_s):
                 return
         exchange.outcome = "unavailable"
@@ -258,7 +269,7 @@ class Router:
         sent_s = self.clock()
         if not exchange.tried:  # once per request: a retry's time includes the failed try's
             exchange.tried = True
-            self.metrics.overhead.observe(sent_s - started_s)
+            self.metrics.overhead.observe(sent_s - started_s - exchange.held_s)
         task = asyncio.current_task()
         assert task is not None  # the server runs every request in a task of its own
         flights = self._in_flight.setdefault(name, {})

@@ -39,6 +39,9 @@ OUTCOMES = ("ok", "upstream_status", "upstream_error", "upstream_failed_mid_stre
 usable answer (502/504); ``upstream_failed_mid_stream``: a stream broke after it began; ``rejected``: 429 at
 admission; ``unavailable``: no healthy replica (503)."""
 NO_REPLICA_LABEL = "none"
+ROUTER_QUEUE_WAIT_HISTOGRAM = "moeslo_router_queue_wait_seconds"
+"""Seconds a request was held at admission (queue mode); kept out of ``moeslo_router_overhead_seconds``, whose
+edges stop at 0.1 s: a wait in line is the fleet's lack of room, not the router's work."""
 
 
 class RouterMetrics:
@@ -55,6 +58,9 @@ class RouterMetrics:
         self.overhead = Histogram(ROUTER_OVERHEAD_HISTOGRAM,
                                   "Router time per request before its upstream send (parse, state, policy).",
                                   buckets=ROUTER_OVERHEAD_BUCKETS_S, registry=registry)  # fmt: skip
+        self.queue_wait = Histogram(ROUTER_QUEUE_WAIT_HISTOGRAM,
+                                    "Time a request was held at admission (queue mode), however its wait ended.",
+                                    buckets=TTFT_BUCKETS_S, registry=registry)  # fmt: skip
         outstanding = Gauge(ROUTER_OUTSTANDING, "Requests in flight from the router.", [REPLICA_LABEL],
                             registry=registry)  # fmt: skip
         healthy = Gauge(ROUTER_REPLICA_HEALTHY, "1 while the replica takes requests, 0 while ejected.",
@@ -105,4 +111,4 @@ class RouterMetrics:
             self._error[replica].observe(ttft_s - predicted_s)
 
 
-__all__ = ["NO_REPLICA_LABEL", "OUTCOMES", "RouterMetrics"]
+__all__ = ["NO_REPLICA_LABEL", "OUTCOMES", "ROUTER_QUEUE_WAIT_HISTOGRAM", "RouterMetrics"]

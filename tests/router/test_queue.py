@@ -128,3 +128,21 @@ def test_the_line_moves_only_on_wake_ups_in_order_and_a_cancelled_request_leaves
         return admitted
 
     assert asyncio.run(go()) == [2, 3, 4]
+
+
+def test_the_wait_in_line_shows_as_queue_wait_not_as_router_overhead() -> None:
+    replica, statuses = HoldingReplica(), {}
+    with serving(replica.app()) as url, router([url], max_queue_s=10.0, **ONE_AT_A_TIME) as r:  # type: ignore[arg-type]
+        first = post(r, 1, statuses)
+        eventually(lambda: replica.order == [1], 5, "the first request at the replica")
+        second = post(r, 2, statuses)
+        eventually(lambda: r.sample("moeslo_router_queued_requests") == 1, 5, "the second held")
+        threading.Event().wait(1.0)  # held a second behind the first
+        replica.let_go = 2
+        for thread in (first, second):
+            thread.join(10)
+        assert statuses == {1: 200, 2: 200}
+        assert r.sample("moeslo_router_queue_wait_seconds_count") == 1  # only the held request waited
+        assert r.sample("moeslo_router_queue_wait_seconds_sum") >= 1.0
+        assert r.sample("moeslo_router_overhead_seconds_count") == 2
+        assert r.sample("moeslo_router_overhead_seconds_sum") < 0.5  # the router's own work, milliseconds
