@@ -42,7 +42,11 @@ MEMBERSHIP: web.AppKey[Membership | None] = web.AppKey("membership", object)  # 
 
 
 class ResponseWriter:
-    """The proxy path's ``send`` over an aiohttp response (Content-Length when the body comes whole)."""
+    """The proxy path's ``send`` over an aiohttp response (Content-Length when the body comes whole).
+
+    A start without ``content-length`` is a stream's: its status and headers go out at once, so the client
+    knows its request began while the replica prefills; a whole answer's wait for its body (its length).
+    """
 
     def __init__(self, request: web.Request) -> None:
         self.request = request
@@ -52,30 +56,37 @@ class ResponseWriter:
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self._start = message
+            if all(k.lower() != b"content-length" for k, _ in message["headers"]):
+                await self._prepare(streamed=True)
             return
         body: bytes = message.get("body", b"")
         more = bool(message.get("more_body", False))
         if self.response is None:
-            assert self._start is not None, "body before start"
-            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._start["headers"]
-                       if k.lower() != b"content-length"]  # fmt: skip
-            self.response = web.StreamResponse(status=self._start["status"], headers=headers)
-            if more and self.request.version >= (1, 1):
-                self.response.enable_chunked_encoding()
-            elif more:  # HTTP/1.0 has no chunks: the body ends where the connection closes, as vLLM's does
-                self.response.force_close()
-            else:
-                self.response.content_length = len(body)
-            try:
-                await self.response.prepare(self.request)
-            except ConnectionResetError as exc:
-                raise ClientGone(str(exc)) from None
+            await self._prepare(streamed=more, length=len(body))
+        assert self.response is not None
         try:
             if body:
                 await self.response.write(body)
             if not more:
                 await self.response.write_eof()
         except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError too
+            raise ClientGone(str(exc)) from None
+
+    async def _prepare(self, *, streamed: bool, length: int = 0) -> None:
+        """Send the status line and headers: a stream's chunked (closed at its end for HTTP/1.0), else ``length``."""
+        assert self._start is not None, "body before start"
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._start["headers"]
+                   if k.lower() != b"content-length"]  # fmt: skip
+        self.response = web.StreamResponse(status=self._start["status"], headers=headers)
+        if streamed and self.request.version >= (1, 1):
+            self.response.enable_chunked_encoding()
+        elif streamed:  # HTTP/1.0 has no chunks: the body ends where the connection closes, as vLLM's does
+            self.response.force_close()
+        else:
+            self.response.content_length = length
+        try:
+            await self.response.prepare(self.request)
+        except ConnectionResetError as exc:
             raise ClientGone(str(exc)) from None
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import threading
+import time
 
+import httpx
 import pytest
+from aiohttp import web
 
-from tests.router.servers import router, stubs, url_of
+from tests.router.servers import replica_app, router, serving, stubs, url_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,3 +43,25 @@ def test_a_stream_asked_over_http_1_0_ends_at_the_connections_close() -> None:
         assert r.sample("moeslo_router_requests_total", replica=url_of(stub),
                         decision="lowest_predicted_ttft", outcome="ok") == 2  # fmt: skip
 
+
+
+def test_a_streams_headers_reach_the_client_before_its_first_token() -> None:
+    # The replica sends its headers at once and its first token after prefill: the client hears it began.
+    first_token = threading.Event()
+
+    async def prefilling(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        answer = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await answer.prepare(request)
+        await asyncio.get_running_loop().run_in_executor(None, first_token.wait, 6.0)
+        await answer.write(b"data: {}\n\ndata: [DONE]\n\n")
+        await answer.write_eof()
+        return answer
+
+    with serving(replica_app(prefilling)) as replica, router([replica]) as r:
+        started = time.monotonic()
+        with httpx.stream("POST", r.url + "/v1/completions", json={"prompt": "x", "stream": True}, timeout=20) as a:
+            headers_s = time.monotonic() - started
+            first_token.set()
+            assert a.status_code == 200 and a.read().endswith(b"data: [DONE]\n\n")
+        assert headers_s < 3.0, f"the headers waited {headers_s:.1f} s for the first token"
