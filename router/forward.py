@@ -36,7 +36,7 @@ from router.config import RouterConfig
 from router.errors import UpstreamError, UpstreamTimeoutError, error_document, sse_error_event
 from router.features import request_features
 from router.held import HeldRequests
-from router.metrics import RouterMetrics
+from router.metrics import INVALID_REQUEST_OUTCOME, RouterMetrics
 from router.policies import admission, healthy, over_objective_alone, policy_named, predict, prefill_work
 from router.pool import ReplicaPool, Ticket
 from router.prefix_index import PrefixIndex, with_cached_tokens
@@ -226,7 +226,11 @@ class Router:
         upstream response, and the replica stays in.
         """
         started_s = self.clock()
-        features = _features(body, path, self.config.block_tokens, self.config.prefix_max_blocks)
+        try:
+            features = _features(body, path, self.config.block_tokens, self.config.prefix_max_blocks)
+        except ValidationError:  # answered 400 by the server; still one request, counted as it ends
+            self.metrics.request(None, "none", INVALID_REQUEST_OUTCOME)
+            raise
         exchange = _Exchange(send)
         try:
             await self._complete(path, upstream_headers(raw_headers), features, body, exchange, started_s)

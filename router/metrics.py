@@ -33,11 +33,13 @@ from contracts.catalogue import (
     TTFT_BUCKETS_S,
 )
 
+INVALID_REQUEST_OUTCOME = "invalid_request"
 OUTCOMES = ("ok", "upstream_status", "upstream_error", "upstream_failed_mid_stream", "client_disconnected",
-            REJECTED_OUTCOME, "unavailable")  # fmt: skip
+            REJECTED_OUTCOME, "unavailable", INVALID_REQUEST_OUTCOME)  # fmt: skip
 """``ok``: relayed (any 2xx); ``upstream_status``: the replica's own 4xx/5xx relayed; ``upstream_error``: no
 usable answer (502/504); ``upstream_failed_mid_stream``: a stream broke after it began; ``rejected``: 429 at
-admission; ``unavailable``: no healthy replica (503)."""
+admission; ``unavailable``: no healthy replica (503); ``invalid_request``: a body that is not a JSON object (400,
+under replica and decision ``none``)."""
 NO_REPLICA_LABEL = "none"
 ROUTER_QUEUE_WAIT_HISTOGRAM = "moeslo_router_queue_wait_seconds"
 """Seconds a request was held at admission (queue mode); kept out of ``moeslo_router_overhead_seconds``, whose
@@ -111,4 +113,5 @@ class RouterMetrics:
             self._error[replica].observe(ttft_s - predicted_s)
 
 
-__all__ = ["NO_REPLICA_LABEL", "OUTCOMES", "ROUTER_QUEUE_WAIT_HISTOGRAM", "RouterMetrics"]
+__all__ = ["INVALID_REQUEST_OUTCOME", "NO_REPLICA_LABEL", "OUTCOMES", "ROUTER_QUEUE_WAIT_HISTOGRAM",
+           "RouterMetrics"]

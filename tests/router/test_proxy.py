@@ -318,6 +318,9 @@ def test_bad_requests_and_unknown_routes_get_the_error_document() -> None:
         assert (missing.status_code, missing.json()["error"]["code"], missing.json()["error"]["param"]) == (404, 404,
                                                                                                           None)
         assert stub.requests["/v1/completions"] == 2 and stub.requests["/v1/chat/completions"] == 1
+        # Each client request counts once: the two bodies refused here under no replica and no decision.
+        assert r.sample("moeslo_router_requests_total", replica="none", decision="none",
+                        outcome="invalid_request") == 2  # fmt: skip
         metrics = httpx.get(r.url + "/metrics", timeout=5).text
         assert "moeslo_router_requests_total" in metrics and "moeslo_router_replica_healthy" in metrics
 
