@@ -107,6 +107,7 @@ ROUTER_OUTSTANDING = "moeslo_router_outstanding_requests"
 ROUTER_REPLICA_HEALTHY = "moeslo_router_replica_healthy"
 ROUTER_EJECTIONS = "moeslo_router_ejections"
 ROUTER_QUEUED = "moeslo_router_queued_requests"
+ROUTER_QUEUE_WAIT_HISTOGRAM = "moeslo_router_queue_wait_seconds"
 """The entry router's series (``router/metrics.py``)."""
 
 OTEL_TTFT_HISTOGRAM = "gen_ai.server.time_to_first_token"

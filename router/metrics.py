@@ -25,6 +25,7 @@ from contracts.catalogue import (
     ROUTER_OVERHEAD_BUCKETS_S,
     ROUTER_OVERHEAD_HISTOGRAM,
     ROUTER_PREDICTED_TTFT_HISTOGRAM,
+    ROUTER_QUEUE_WAIT_HISTOGRAM,
     ROUTER_QUEUED,
     ROUTER_REPLICA_HEALTHY,
     ROUTER_REQUESTS,
@@ -41,9 +42,6 @@ usable answer (502/504); ``upstream_failed_mid_stream``: a stream broke after it
 admission; ``unavailable``: no healthy replica (503); ``invalid_request``: a body that is not a JSON object (400,
 under replica and decision ``none``)."""
 NO_REPLICA_LABEL = "none"
-ROUTER_QUEUE_WAIT_HISTOGRAM = "moeslo_router_queue_wait_seconds"
-"""Seconds a request was held at admission (queue mode); kept out of ``moeslo_router_overhead_seconds``, whose
-edges stop at 0.1 s: a wait in line is the fleet's lack of room, not the router's work."""
 
 
 class RouterMetrics:
@@ -60,6 +58,7 @@ class RouterMetrics:
         self.overhead = Histogram(ROUTER_OVERHEAD_HISTOGRAM,
                                   "Router time per request before its upstream send (parse, state, policy).",
                                   buckets=ROUTER_OVERHEAD_BUCKETS_S, registry=registry)  # fmt: skip
+        # A wait in line is the fleet's lack of room, not the router's work: kept out of the overhead histogram.
         self.queue_wait = Histogram(ROUTER_QUEUE_WAIT_HISTOGRAM,
                                     "Time a request was held at admission (queue mode), however its wait ended.",
                                     buckets=TTFT_BUCKETS_S, registry=registry)  # fmt: skip
