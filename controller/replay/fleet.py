@@ -292,7 +292,9 @@ class RequestFleet:
             self._release(replica, now_s)
             replica.clock.trim(now_s)  # later arrivals, releases and samples all come after now
         kv_sum = sum(r.kv_used for r in ready) / self.world.nominal.kv_capacity_tokens
-        prefilled_mask = self.start_s[self._unprefilled] + self.ttft_s[self._unprefilled] <= now_s + 1e-9
+        # A prompt is counted at its first token: TTFT runs from arrival, so its queue wait is already in it.
+        unprefilled = self._unprefilled
+        prefilled_mask = self.trace.arrival_s[unprefilled] + self.ttft_s[unprefilled] <= now_s + 1e-9
         prefilled = self._unprefilled[prefilled_mask & np.isfinite(self.ttft_s[self._unprefilled])]
         self._unprefilled = self._unprefilled[~prefilled_mask]
         done_mask = self.finish_s[self._unfinished] <= now_s
