@@ -87,6 +87,21 @@ def at_attainment(frontier: Sequence[Point], attainment: float) -> AtAttainment:
     raise AssertionError("unreachable: the frontier brackets the attainment")
 
 
+def _ratio_kind(mine: AtAttainment, best: AtAttainment, *, another_bound: bool) -> str | None:
+    """What ours over the best baseline's value is: ``exact``, a bound, or None (bounded neither way).
+
+    ``another_bound``: another baseline's value is only an upper bound, so its true need may lie under
+    the best's, and ours over the truly best baseline is then at least the ratio read.
+    """
+    if best.kind == "interpolated" and mine.kind == "interpolated":
+        return "at_least" if another_bound else "exact"
+    if mine.kind == "at_most" and best.kind == "interpolated":
+        return None if another_bound else "at_most"
+    if mine.kind == "at_most" and best.kind == "at_most":
+        return "both_bounds"
+    return None
+
+
 def compare_at(
     frontiers: Mapping[str, Sequence[Point]],
     attainment: float,
@@ -96,9 +111,10 @@ def compare_at(
 ) -> dict[str, object]:
     """Each policy's replica-hours at ``attainment``, and ours over the best baseline's.
 
-    The ratio is ``exact`` when both values are interpolated; ``at_most`` when ours is an
-    upper bound and the baseline's is not (we need at most that); None when either side
-    cannot reach the attainment or only the baseline's value is a bound.
+    The ratio is ``exact`` when both values are interpolated and no other baseline's is a bound;
+    ``at_least`` when both are interpolated but another baseline's is an upper bound (that baseline may
+    need less than the best's); ``at_most`` when ours is an upper bound and the baseline's is not (we need
+    at most that); None when either side cannot reach the attainment or only the baseline's value is a bound.
     """
     values = {name: at_attainment(frontier, attainment) for name, frontier in frontiers.items()}
     candidates = {
@@ -112,14 +128,8 @@ def compare_at(
     best = candidates[best_name]
     mine = values[ours]
     assert best.replica_hours is not None and mine.replica_hours is not None
-    if best.kind == "interpolated" and mine.kind == "interpolated":
-        kind: str | None = "exact"
-    elif mine.kind == "at_most" and best.kind == "interpolated":
-        kind = "at_most"
-    elif mine.kind == "at_most" and best.kind == "at_most":
-        kind = "both_bounds"
-    else:
-        kind = None
+    another_bound = any(v.kind == "at_most" for name, v in candidates.items() if name != best_name)
+    kind = _ratio_kind(mine, best, another_bound=another_bound)
     ratio = mine.replica_hours / best.replica_hours if kind is not None and best.replica_hours > 0 else None
     entry.update(
         {

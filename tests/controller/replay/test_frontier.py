@@ -42,7 +42,7 @@ def test_compare_at_equal_attainment() -> None:
     fronts = {
         "moeslo": pareto(curve("m", (0.99, 90.0), (0.999, 180.0))),
         "hpa": pareto(curve("h", (0.99, 100.0), (0.999, 200.0))),
-        "static": pareto(curve("s", (0.999, 400.0))),
+        "static": pareto(curve("s", (0.99, 300.0), (0.999, 400.0))),
         "oracle": pareto(curve("o", (0.99, 10.0), (0.999, 20.0))),
     }
     entry = compare_at(fronts, 1 - 10**-2.5, ours="moeslo", baselines=("hpa", "static"))
@@ -51,3 +51,23 @@ def test_compare_at_equal_attainment() -> None:
     assert entry["ratio_kind"] == "exact"
     unreachable = compare_at(fronts, 0.9995, ours="moeslo", baselines=("hpa", "static"))
     assert unreachable["ratio_to_best_baseline"] is None
+
+
+def test_a_ratio_is_a_lower_bound_when_another_baseline_is_only_an_upper_bound() -> None:
+    # Static's every point passes 99.5 %: it needs at most 50 h there, perhaps far less than HPA's 37 h.
+    fronts = {
+        "static": pareto(curve("s", (0.9990, 50.0), (0.9995, 60.0))),
+        "hpa": pareto(curve("h", (0.990, 30.0), (0.999, 45.0))),
+        "moeslo": pareto(curve("m", (0.990, 30.0), (0.999, 40.0))),
+    }
+    entry = compare_at(fronts, 0.995, ours="moeslo", baselines=("static", "hpa"))
+    assert entry["best_baseline"] == "hpa"
+    assert entry["ratio_kind"] == "at_least"  # ours over the true best baseline is at least this
+    assert entry["ratio_to_best_baseline"] is not None and entry["ratio_to_best_baseline"] < 1.0
+    # Ours only an upper bound too: the ratio is bounded neither way.
+    fronts["moeslo"] = pareto(curve("m", (0.9992, 30.0)))
+    assert compare_at(fronts, 0.995, ours="moeslo", baselines=("static", "hpa"))["ratio_kind"] is None
+    # Without static the same reading is exact.
+    del fronts["static"]
+    fronts["moeslo"] = pareto(curve("m", (0.990, 30.0), (0.999, 40.0)))
+    assert compare_at(fronts, 0.995, ours="moeslo", baselines=("static", "hpa"))["ratio_kind"] == "exact"
