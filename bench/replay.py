@@ -11,13 +11,14 @@ Protocol (issue 21):
    600 s, with +-20 % jitter per replica), each capacity error (-20 %, +20 %) and several
    seeds.  Per run: each policy's frontier, its replica-hours at 99.5 / 99.8 / 99.9 %
    attainment (interpolated), ours over the best baseline's; across seeds, the mean and
-   a 95 % t-interval.  The first 30 minutes are scored apart (every policy starts there
+   a 95 % t-interval of the exact ratios.  The first 30 minutes are scored apart (every policy starts there
    with the same empty history and the same fleet).
 3. The knobs chosen on the week (the cheapest setting that reached each attainment
    there) are also scored on each report trace, so over-fitting to the week shows.
 
 Goals: at start-up >= 300 s, ours <= 0.9x the best baseline's replica-hours at 99.5 % and
-99.8 % with capacity error +-20 %; at 60 s, within 1.03x.
+99.8 % with capacity error +-20 %; at 60 s, within 1.03x.  A goal is missed when some seed's baseline reaches
+the attainment and ours does not, and otherwise decided only when every seed's ratio is exact (``n`` of them).
 """
 
 from __future__ import annotations
@@ -125,13 +126,23 @@ def _interval(values: Sequence[float]) -> dict[str, Any]:
             "values": [round(v, 4) for v in values]}  # fmt: skip
 
 
+def _ratios_of(entries: Sequence[dict[str, Any]], *kinds: str) -> list[Any]:
+    """Ours over the best baseline in the seeds whose ratio is of one of ``kinds``."""
+    return [e["ratio_to_best_baseline"] for e in entries if e["ratio_kind"] in kinds]
+
+
 def _aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Across seeds, per attainment: ours over the best baseline, and each policy's replica-hours."""
+    """Across seeds, per attainment: ours over the best baseline, and each policy's replica-hours.
+
+    Only exact ratios enter the mean; bounds are listed apart, and the seeds where a baseline reaches the
+    attainment and ours does not are counted (a miss for that seed).
+    """
     out: dict[str, Any] = {}
     for level in LEVELS:
         entries = [s["windows"]["scored"]["at_attainment"][level] for s in summaries]
-        ratios = [e["ratio_to_best_baseline"] for e in entries if e["ratio_kind"] == "exact"]
-        bounds = [e["ratio_to_best_baseline"] for e in entries if e["ratio_kind"] in ("at_most", "both_bounds")]
+        ratios, lower = _ratios_of(entries, "exact"), _ratios_of(entries, "at_least")
+        upper = _ratios_of(entries, "at_most", "both_bounds")
+        ours_unreachable = len(_ratios_of(entries, "ours_unreachable"))
         policies: dict[str, Any] = {}
         for name in entries[0]["policies"]:
             hours = [
@@ -139,9 +150,12 @@ def _aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
             ]
             policies[name] = _interval(hours) if hours else None
         out[level] = {
+            "seeds": len(entries),
             "ratio_to_best_baseline": _interval(ratios) if ratios else None,
-            "ratio_upper_bounds": bounds,
-            "unreachable_or_unknown": len(entries) - len(ratios) - len(bounds),
+            "ratio_upper_bounds": upper,
+            "ratio_lower_bounds": lower,
+            "ours_unreachable": ours_unreachable,
+            "unreachable_or_unknown": len(entries) - len(ratios) - len(upper) - len(lower) - ours_unreachable,
             "best_baselines": sorted({str(e["best_baseline"]) for e in entries if e["best_baseline"]}),
             "replica_hours": policies,
         }
@@ -195,17 +209,30 @@ def report_matrix(
     ]
 
 
+def _goal_met(across: dict[str, Any], bound: float) -> bool | None:
+    """Missed when a baseline reaches the attainment in some seed where ours does not; else decided only when
+    every seed's ratio is exact (met when their mean is within ``bound``); None otherwise."""
+    if across["ours_unreachable"]:
+        return False
+    ratio = across["ratio_to_best_baseline"]
+    if ratio is None or ratio["n"] < across["seeds"]:
+        return None
+    return bool(ratio["mean"] <= bound)
+
+
 def _goals(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Ours over the best baseline at 99.5 % and 99.8 %: <= 0.9 at start-up >= 300 s, <= 1.03 at 60 s."""
     checks = []
     for r in reports:
         bound = 0.9 if r["startup_s"] >= 300 else 1.03
         for level in ("99.5%", "99.8%"):
-            ratio = r["across_seeds"][level]["ratio_to_best_baseline"]
-            mean = None if ratio is None else ratio["mean"]
+            across = r["across_seeds"][level]
+            ratio = across["ratio_to_best_baseline"]
             checks.append({"trace": r["trace"], "startup_s": r["startup_s"], "capacity_error": r["capacity_error"],
-                           "attainment": level, "ratio_mean": mean, "goal": bound,
-                           "met": None if mean is None else mean <= bound})  # fmt: skip
+                           "attainment": level, "ratio_mean": None if ratio is None else ratio["mean"],
+                           "n": 0 if ratio is None else ratio["n"], "seeds": across["seeds"],
+                           "ours_unreachable": across["ours_unreachable"], "goal": bound,
+                           "met": _goal_met(across, bound)})  # fmt: skip
     decided = [c["met"] for c in checks if c["met"] is not None]
     return {"checks": checks, "met": sum(decided), "missed": len(decided) - sum(decided),
             "undecided": len(checks) - len(decided)}  # fmt: skip

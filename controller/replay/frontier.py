@@ -114,17 +114,21 @@ def compare_at(
     The ratio is ``exact`` when both values are interpolated and no other baseline's is a bound;
     ``at_least`` when both are interpolated but another baseline's is an upper bound (that baseline may
     need less than the best's); ``at_most`` when ours is an upper bound and the baseline's is not (we need
-    at most that); None when either side cannot reach the attainment or only the baseline's value is a bound.
+    at most that); ``ours_unreachable`` (no ratio) when a baseline reaches the attainment and ours does not;
+    None when no baseline reaches it or only the baseline's value is a bound.
     """
     values = {name: at_attainment(frontier, attainment) for name, frontier in frontiers.items()}
     candidates = {
         name: v for name, v in values.items() if name in baselines and v.replica_hours is not None
     }
     entry: dict[str, object] = {"policies": {name: v.as_dict() for name, v in values.items()}}
-    if not candidates or ours not in values or values[ours].replica_hours is None:
+    if not candidates or ours not in values:
         entry.update({"best_baseline": None, "ratio_to_best_baseline": None, "ratio_kind": None})
         return entry
     best_name = min(candidates, key=lambda n: candidates[n].replica_hours or math.inf)
+    if values[ours].replica_hours is None:  # a baseline reaches what ours' knob range does not
+        entry.update({"best_baseline": best_name, "ratio_to_best_baseline": None, "ratio_kind": "ours_unreachable"})
+        return entry
     best = candidates[best_name]
     mine = values[ours]
     assert best.replica_hours is not None and mine.replica_hours is not None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.replay import TRACE_OPTIONS, TRACES, run, trace_entry
+from bench.replay import TRACE_OPTIONS, TRACES, _aggregate, _goals, run, trace_entry
 from contracts.errors import ValidationError
 
 
@@ -45,3 +45,33 @@ def test_a_trace_file_of_ones_own_is_replayed_through_every_policy(tmp_path: Pat
     assert {"moeslo", "oracle", "hpa", "dynamo", "static"} <= policies
     scored = [point["scores"]["scored"] for point in report["runs"][0]["points"]]
     assert all(0.0 <= s["attainment_both"] <= 1.0 and s["replica_hours"] > 0 for s in scored)
+
+
+def _seed(ratio: float | None, kind: str | None) -> dict[str, object]:
+    """One seed's scored window, the same reading at every level: ours over HPA, of the kind given."""
+    ours = {"replica_hours": None if kind == "ours_unreachable" else 10.0,
+            "kind": "unreachable" if kind == "ours_unreachable" else "interpolated"}  # fmt: skip
+    level = {"policies": {"moeslo": ours, "hpa": {"replica_hours": 12.0, "kind": "interpolated"}},
+             "best_baseline": "hpa", "ratio_to_best_baseline": ratio, "ratio_kind": kind}  # fmt: skip
+    return {"windows": {"scored": {"at_attainment": {name: level for name in ("99.5%", "99.8%", "99.9%")}}}}
+
+
+def _goal(*seeds: dict[str, object]) -> dict[str, object]:
+    report = {"trace": "conv", "startup_s": 300.0, "capacity_error": -0.2, "across_seeds": _aggregate(seeds)}
+    check = _goals([report])["checks"][0]
+    assert isinstance(check, dict)
+    return check
+
+
+def test_a_goal_is_decided_by_every_seed() -> None:
+    met = _goal(_seed(0.85, "exact"), _seed(0.8, "exact"), _seed(0.88, "exact"))
+    assert met["met"] is True and met["n"] == 3 and met["seeds"] == 3
+    # Ours never reaches the level where HPA does: that seed misses, whatever the others say.
+    missed = _goal(_seed(0.85, "exact"), _seed(None, "ours_unreachable"), _seed(None, "ours_unreachable"))
+    assert missed["met"] is False and missed["n"] == 1 and missed["ours_unreachable"] == 2
+    # A seed whose ratio is only a bound leaves the goal undecided, not judged by the other seeds' mean.
+    undecided = _goal(_seed(0.85, "exact"), _seed(0.7, "at_least"), _seed(0.8, "at_most"))
+    assert undecided["met"] is None and undecided["n"] == 1 and undecided["ratio_mean"] == 0.85
+    across = _aggregate([_seed(0.85, "exact"), _seed(0.7, "at_least"), _seed(None, "ours_unreachable")])["99.5%"]
+    assert across["ratio_lower_bounds"] == [0.7] and across["ours_unreachable"] == 1
+    assert across["ratio_to_best_baseline"]["n"] == 1 and across["unreachable_or_unknown"] == 0

@@ -71,3 +71,12 @@ def test_a_ratio_is_a_lower_bound_when_another_baseline_is_only_an_upper_bound()
     del fronts["static"]
     fronts["moeslo"] = pareto(curve("m", (0.990, 30.0), (0.999, 40.0)))
     assert compare_at(fronts, 0.995, ours="moeslo", baselines=("static", "hpa"))["ratio_kind"] == "exact"
+
+
+def test_ours_out_of_reach_where_a_baseline_reaches_is_named() -> None:
+    fronts = {"moeslo": pareto(curve("m", (0.99, 30.0))), "hpa": pareto(curve("h", (0.99, 30.0), (0.999, 45.0)))}
+    entry = compare_at(fronts, 0.995, ours="moeslo", baselines=("hpa",))
+    assert entry["ratio_kind"] == "ours_unreachable" and entry["best_baseline"] == "hpa"
+    assert entry["ratio_to_best_baseline"] is None
+    beyond_all = compare_at(fronts, 0.9995, ours="moeslo", baselines=("hpa",))
+    assert beyond_all["ratio_kind"] is None and beyond_all["best_baseline"] is None
