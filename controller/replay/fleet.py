@@ -24,7 +24,9 @@ the prefill of the prompt's uncached tokens there when blocks are known: Mooncak
 cache-aware scheduling).  TTFT is judged by the objective's long-prompt allowance
 (:mod:`contracts.ttft_objective`), the same definition the engines' histogram uses.
 At the end of each tick the fleet reports a :class:`TickSample` (gauges, and what
-finished in the tick) for :class:`controller.replay.signals.MetricsPipeline`.
+finished in the tick, its latencies as the engines' histograms count them: a request's
+TTFT once, its mean inter-token latency once for each of its token gaps) for
+:class:`controller.replay.signals.MetricsPipeline`.
 """
 
 from __future__ import annotations
@@ -32,21 +34,20 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from contracts.catalogue import PROMPT_TOKENS_BUCKETS
+from contracts.catalogue import ITL_BUCKETS_S, PROMPT_TOKENS_BUCKETS, TTFT_BUCKETS_S
 from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
 from contracts.traces import PREFIX_BLOCK_TOKENS, FloatArray, IntArray, RequestTrace
 from contracts.ttft_objective import FLAT, TtftAllowance
 from controller.replay.decode_clock import DecodeClock
 from controller.replay.prefix_cache import BlockCache, best_case_uncached
 from controller.replay.scoring import TickOutcomes
-from controller.replay.signals import SLI_WINDOW_S, TickSample
+from controller.replay.signals import TickSample, cumulative_counts
 from controller.replay.world import ProfileCache, World, startup_times
 
 __all__ = ["RequestFleet", "RouteHook", "StartingReplicas", "tick_loads"]
@@ -120,7 +121,6 @@ class RequestFleet:
         self._next = 0
         self._unfinished: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self._unprefilled: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
-        self._window: deque[tuple[float, FloatArray, FloatArray]] = deque()
 
     def _replica(self, ready_at_s: float) -> _Replica:
         with_cache = self.trace.prefix_blocks is not None
@@ -301,14 +301,9 @@ class RequestFleet:
         done = self._unfinished[done_mask]
         self._unfinished = self._unfinished[~done_mask]
         started = self.start_s[self._unfinished] <= now_s
-        ttft = self.normalized_ttft_s(done)
         raw_ttft = self.ttft_s[done]
         itl = self.itl_s[done]
-        self._window.append((now_s, ttft, itl))
-        while self._window and self._window[0][0] <= now_s - SLI_WINDOW_S + 1e-9:
-            self._window.popleft()
-        window_ttft = np.concatenate([w[1] for w in self._window])
-        window_itl = np.concatenate([w[2] for w in self._window])
+        gaps = np.maximum(self.trace.output_tokens[done] - 1, 0).astype(np.float64)
         arrival = self.trace.arrival_s
         return TickSample(
             ready=len(ready),
@@ -320,17 +315,15 @@ class RequestFleet:
             prompt_tokens=float(self.trace.prompt_tokens[prefilled].sum()),
             prefix_queries=float(self.trace.prompt_tokens[prefilled].sum()),
             prefix_hits=float(self.cached_tokens[prefilled].sum()),
-            prompt_le=_prompt_histogram(self.trace.prompt_tokens[done]),
+            prompt_le=cumulative_counts(self.trace.prompt_tokens[done].astype(np.float64), PROMPT_TOKENS_BUCKETS),
+            ttft_le=cumulative_counts(self.normalized_ttft_s(done), TTFT_BUCKETS_S),
+            itl_le=cumulative_counts(itl, ITL_BUCKETS_S, gaps),
             output_tokens=float(self.trace.output_tokens[done].sum()),
             finished_prompt_tokens=float(self.trace.prompt_tokens[done].sum()),
             prefill_s_sum=float(self.prefill_s[done].sum()),
             ttft_sum_s=float(raw_ttft.sum()),
             itl_sum_s=float(itl.sum()),
             duration_sum_s=float((self.finish_s[done] - arrival[done]).sum()),
-            ttft_good=float(np.count_nonzero(ttft <= self.ttft_target_s)),
-            itl_good=float(np.count_nonzero(itl <= self.itl_target_s)),
-            ttft_p99_s=float(np.quantile(window_ttft, 0.99)) if len(window_ttft) else None,
-            itl_p99_s=float(np.quantile(window_itl, 0.99)) if len(window_itl) else None,
         )
 
     def _kv_demand_max(self, now_s: float, ready: list[_Replica]) -> float:
@@ -402,13 +395,6 @@ class RequestFleet:
             ready=zeros,
             scaled=np.zeros(ticks, dtype=bool),
         )
-
-
-def _prompt_histogram(prompts: IntArray) -> tuple[float, ...]:
-    """Cumulative counts of prompt lengths at each ``vllm:request_prompt_tokens`` edge, then +Inf."""
-    sorted_prompts = np.sort(prompts)
-    edges = np.searchsorted(sorted_prompts, PROMPT_TOKENS_BUCKETS, side="right")
-    return (*(float(c) for c in edges), float(len(prompts)))
 
 
 def tick_loads(trace: RequestTrace, tick_s: float, n_ticks: int) -> tuple[FloatArray, FloatArray, FloatArray]:

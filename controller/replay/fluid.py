@@ -11,6 +11,10 @@ and estimates the fraction of the tick's requests within each SLO:
   normalized TTFT (each prompt's long-prompt allowance off its prefill);
 - ITL: the Poisson spread of running sequences around their mean.
 
+Each tick's sample carries those tails at the engines' histogram edges, as bucket counts (a
+request's TTFT once, each of its token gaps once): the controllers read good ratios and p99s
+from them as from a real fleet's histograms.
+
 It uses the *true* world (:mod:`controller.replay.world`: capacity error, drift,
 prompt-length tail), which the controllers do not know, but the same family of
 equations as their capacity model: it checks scaling behaviour and replica-hours
@@ -24,12 +28,13 @@ import math
 
 import numpy as np
 
+from contracts.catalogue import ITL_BUCKETS_S, TTFT_BUCKETS_S
 from contracts.traces import FloatArray, IntArray
 from controller.capacity import CapacityModel, Load, Prediction
 from controller.replay.fleet import StartingReplicas, insert_ready_times
-from controller.replay.fluid_latency import ITL_GRID_S, TTFT_GRID_S, WindowTails, itl_tail, prompt_shape, ttft_tail
+from controller.replay.fluid_latency import itl_tail, prompt_shape, ttft_tail
 from controller.replay.scoring import TickOutcomes
-from controller.replay.signals import SLI_WINDOW_S, TickSample
+from controller.replay.signals import TickSample
 from controller.replay.world import ProfileCache
 
 __all__ = ["FluidFleet", "count_loads"]
@@ -65,11 +70,9 @@ class FluidFleet:
         self.good_both = np.zeros(n)
         self._sample = TickSample(
             ready=initial_replicas, waiting=0.0, running=0.0, kv_usage_sum=0.0, finished=0.0, prompt_tokens=0.0,
-            output_tokens=0.0, ttft_sum_s=0.0, itl_sum_s=0.0, duration_sum_s=0.0, ttft_good=0.0, itl_good=0.0,
-            ttft_p99_s=None, itl_p99_s=None,
+            output_tokens=0.0, ttft_sum_s=0.0, itl_sum_s=0.0, duration_sum_s=0.0,
         )  # fmt: skip
         self._prompt_shape = prompt_shape(prompt_samples)
-        self._window = WindowTails(round(SLI_WINDOW_S / tick_s))
 
     @property
     def provisioned(self) -> int:
@@ -142,8 +145,6 @@ class FluidFleet:
         self.good_itl[k] = count * good_itl
         self.good_both[k] = count * good_ttft * good_itl
         finished = count * served_fraction
-        self._window.add(finished, ttft_tail, itl_tail_)
-        ttft_p99, itl_p99 = self._window.p99()
         kv_capacity = self.world.nominal.kv_capacity_tokens
         self._sample = TickSample(
             ready=self.ready_count(until_s),
@@ -157,10 +158,8 @@ class FluidFleet:
             ttft_sum_s=finished * ttft_mean if finished > 0 else 0.0,
             itl_sum_s=finished * itl_mean if finished > 0 else 0.0,
             duration_sum_s=finished * (ttft_mean + mean_output * itl_mean) if finished > 0 else 0.0,
-            ttft_good=finished * good_ttft,
-            itl_good=finished * good_itl,
-            ttft_p99_s=ttft_p99,
-            itl_p99_s=itl_p99,
+            ttft_le=_cumulative(finished, ttft_tail),
+            itl_le=_cumulative(finished * max(mean_output - 1.0, 0.0), itl_tail_),
         )
 
     def _saturated(self, prediction: Prediction, mean_prompt: float, mean_output: float) -> tuple[float, float]:
@@ -178,7 +177,7 @@ class FluidFleet:
         self, model: CapacityModel, load: Load, n: int, mean_prompt: float, per_replica_rate: float,
         backlog_wait_s: float,
     ) -> tuple[FloatArray, float, float, float]:  # fmt: skip
-        """(tail on the grid, fraction within target, mean, mean queue length per replica) of TTFT."""
+        """(tail at the histogram's edges, fraction within target, mean, mean queue length per replica) of TTFT."""
         targets = self.targets
         fixed_s = model.profile.ttft_overhead_s + backlog_wait_s
         rate = load.request_rate_rps / n
@@ -193,14 +192,14 @@ class FluidFleet:
         prompts = self._prompt_shape * mean_prompt
         extra = allowance.per_1k_prompt_tokens_s * np.maximum(prompts - allowance.reference_prompt_tokens, 0) / 1000
         service_s = self._prompt_shape * mean_service - extra
-        tail = ttft_tail(np.r_[targets.ttft_s, TTFT_GRID_S], fixed_s=fixed_s, service_s=service_s, rho=rho,
+        tail = ttft_tail(np.r_[targets.ttft_s, TTFT_BUCKETS_S], fixed_s=fixed_s, service_s=service_s, rho=rho,
                          mean_wait_s=mean_wait)  # fmt: skip
         return tail[1:], 1.0 - float(tail[0]), fixed_s + mean_wait + mean_service, queue
 
     def _itl(self, model: CapacityModel, rho_prefill: float, running: float) -> tuple[FloatArray, float, float]:
-        """(tail on the grid, fraction within target, mean) of the inter-token latency."""
+        """(tail at the histogram's edges, fraction within target, mean) of the inter-token latency."""
         p = model.profile
-        tail = itl_tail(np.r_[self.targets.itl_s, ITL_GRID_S], base_s=p.itl_base_s, per_seq_s=p.itl_per_seq_s,
+        tail = itl_tail(np.r_[self.targets.itl_s, ITL_BUCKETS_S], base_s=p.itl_base_s, per_seq_s=p.itl_per_seq_s,
                         rho_prefill=rho_prefill, running=running)  # fmt: skip
         mean = p.step_s(running) / (1 - rho_prefill) if rho_prefill < 1 else math.inf
         return tail[1:], 1.0 - float(tail[0]), mean
@@ -221,6 +220,13 @@ class FluidFleet:
             ready=zeros,
             scaled=np.zeros(ticks, dtype=bool),
         )
+
+
+def _cumulative(observations: float, tail: FloatArray | None) -> tuple[float, ...]:
+    """A tick's bucket counts: its observations at or under each edge (``1 - tail``), then all of them."""
+    if tail is None or observations <= 0:
+        return ()
+    return (*(float(c) for c in observations * (1.0 - tail)), observations)
 
 
 def count_loads(

@@ -1,7 +1,7 @@
 """Latency distributions of the fluid fleet: one tail function per SLO, so good ratios and p99s agree.
 
-Per tick, each latency is described by its tail ``P(latency > x)`` on a fixed grid of
-``x`` (and exactly at the SLO threshold):
+Per tick, each latency is described by its tail ``P(latency > x)`` at the engines' histogram
+edges (and exactly at the SLO threshold):
 
 - TTFT = fixed cost (per-request overhead, the wait to clear a backlog) + the M/G/1
   queue wait + the prompt's own prefill.  The wait is zero with probability
@@ -12,26 +12,22 @@ Per tick, each latency is described by its tail ``P(latency > x)`` on a fixed gr
 - ITL = ``step(R) / (1 - rho_p)`` with the running batch ``R`` normal around its mean
   (Poisson spread).
 
-A window's p99 is the 99th percentile of the mixture of its ticks (weighted by the
-requests each finished), read off the averaged tail: the same numbers the good
-ratios come from, so a window whose good ratio is above 99 % has its p99 under the
-threshold.
+The tails become the ticks' bucket counts, which the controllers read as Prometheus
+does (:mod:`controller.replay.signals`): a window's p99 and good ratios come from the
+same counts.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 
 import numpy as np
 from scipy.special import ndtr
 
 from contracts.traces import FloatArray, IntArray
 
-__all__ = ["ITL_GRID_S", "TTFT_GRID_S", "WindowTails", "itl_tail", "prompt_shape", "ttft_tail"]
+__all__ = ["itl_tail", "prompt_shape", "ttft_tail"]
 
-TTFT_GRID_S: FloatArray = np.geomspace(0.005, 300.0, 72)
-ITL_GRID_S: FloatArray = np.geomspace(0.001, 5.0, 72)
 _SHAPE_POINTS = 64
 
 
@@ -67,37 +63,3 @@ def itl_tail(x: FloatArray, *, base_s: float, per_seq_s: float, rho_prefill: flo
     limit = (x * (1.0 - rho_prefill) - base_s) / max(per_seq_s, 1e-12)
     tail: FloatArray = 1.0 - ndtr((limit - running) / spread)
     return tail
-
-
-def _quantile(grid: FloatArray, tail: FloatArray, level: float) -> float:
-    """Smallest grid-interpolated ``x`` with ``tail(x) <= level`` (inf beyond the grid)."""
-    below = np.flatnonzero(tail <= level)
-    if len(below) == 0:
-        return float(grid[-1])  # as histogram_quantile answers from the highest finite bucket
-    j = int(below[0])
-    if j == 0:
-        return float(grid[0])
-    t0, t1 = float(tail[j - 1]), float(tail[j])
-    share = 1.0 if t0 == t1 else (t0 - level) / (t0 - t1)
-    return float(grid[j - 1] * (grid[j] / grid[j - 1]) ** share)  # geometric grid: interpolate in log x
-
-
-class WindowTails:
-    """The tails of the last ticks of a window, weighted by requests finished, and their mixture p99."""
-
-    def __init__(self, ticks: int) -> None:
-        self._ticks: deque[tuple[float, FloatArray, FloatArray]] = deque(maxlen=max(ticks, 1))
-
-    def add(self, finished: float, ttft: FloatArray | None, itl: FloatArray | None) -> None:
-        if finished > 0 and ttft is not None and itl is not None:
-            self._ticks.append((finished, ttft, itl))
-        else:
-            self._ticks.append((0.0, TTFT_GRID_S * 0.0, ITL_GRID_S * 0.0))
-
-    def p99(self) -> tuple[float | None, float | None]:
-        total = sum(w for w, _, _ in self._ticks)
-        if total <= 0:
-            return None, None
-        ttft: FloatArray = np.sum([w * t for w, t, _ in self._ticks], axis=0) / total
-        itl: FloatArray = np.sum([w * i for w, _, i in self._ticks], axis=0) / total
-        return _quantile(TTFT_GRID_S, ttft, 0.01), _quantile(ITL_GRID_S, itl, 0.01)

@@ -262,7 +262,9 @@ def run_setting(setting: Setting, ctx: ReplayContext, *, on_tick: Callable[[int]
     config = ctx.config
     fleet = make_fleet(ctx)
     n = ctx.workload.ticks
-    pipeline = MetricsPipeline(tick_s=config.tick_s, ticks=n, scrape_s=config.scrape_s)
+    targets = config.targets
+    pipeline = MetricsPipeline(tick_s=config.tick_s, ticks=n, scrape_s=config.scrape_s,
+                               ttft_threshold_s=targets.ttft_s, itl_threshold_s=targets.itl_s)  # fmt: skip
     provisioned = np.zeros(n, dtype=np.int64)
     ready = np.zeros(n, dtype=np.int64)
     scaled = np.zeros(n, dtype=bool)

@@ -21,14 +21,21 @@ each controller with what its real counterpart reads (sources in
   (:mod:`controller.sources.prometheus`): sums of the gauges, ``rate(...[1m])``
   of requests and tokens, the highest request rate between scrapes 30 s apart in the
   SLI window (:mod:`controller.bursts`), a :class:`SliSnapshot` over the last 5 minutes (good
-  ratios, p99s, requests in the window), the finished requests' prefill speed over the same
-  5 minutes, and good ratios over the burn windows,
+  ratios, p99s, requests and token gaps in the window), the finished requests' prefill speed over
+  the same 5 minutes, and good ratios over the burn windows,
   the engine count from the scrape, the replica count asked for from the
   orchestrator (no lag);
 - :meth:`MetricsPipeline.frontend_window` is what Dynamo's planner reads
   (``increase()`` of the frontend histograms' sums and counts over its interval);
 - :meth:`MetricsPipeline.gauge` and :meth:`MetricsPipeline.rate` answer the
   single PromQL queries of KEDA triggers and custom-metrics adapters.
+
+The SLIs come from latency histograms, as the production source reads them: each sample
+carries the tick's bucket counts on the engines' edges (``TTFT_BUCKETS_S``,
+``ITL_BUCKETS_S``), good ratios are the counts at the threshold over the window's total
+(:func:`controller.sources.base.good_count_at`, interpolated inside a bucket when the
+threshold is no edge) and p99s are ``histogram_quantile(0.99, increase(bucket[5m]))``
+(:func:`contracts.histograms.histogram_quantile`), never the requests' exact values.
 
 This module is the one observation builder of the replay: every strategy reads
 the fleet through it and through nothing else.
@@ -41,14 +48,17 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from contracts.catalogue import PROMPT_TOKENS_BUCKETS
+from contracts.catalogue import ITL_BUCKETS_S, PROMPT_TOKENS_BUCKETS, TTFT_BUCKETS_S
 from contracts.errors import ValidationError
+from contracts.histograms import histogram_quantile
+from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
+from contracts.traces import FloatArray
 from controller.bursts import PEAK_STEP_S
 from controller.policy import parse_duration_s
-from controller.sources.base import BURN_WINDOWS, RATE_WINDOW_S, SHORT_WINDOW
+from controller.sources.base import BURN_WINDOWS, QUANTILE, RATE_WINDOW_S, SHORT_WINDOW, good_count_at
 from controller.types import PolicyObservation, SliSnapshot
 
-__all__ = ["FleetView", "FrontendWindow", "MetricsPipeline", "TickSample"]
+__all__ = ["FleetView", "FrontendWindow", "MetricsPipeline", "TickSample", "cumulative_counts"]
 
 SLI_WINDOW_S = float(parse_duration_s(SHORT_WINDOW))
 _SLI_BY_WINDOW = tuple(w for w in BURN_WINDOWS if parse_duration_s(w) <= 6 * 3600)
@@ -78,11 +88,6 @@ class TickSample:
     """Sum of the finished requests' mean inter-token latencies."""
     duration_sum_s: float
     """Sum of the finished requests' durations (arrival to last token)."""
-    ttft_good: float
-    itl_good: float
-    ttft_p99_s: float | None
-    """p99 TTFT of the requests that finished in the SLI window ending now (None: none did)."""
-    itl_p99_s: float | None
     prefix_queries: float = 0.0
     """Prompt tokens looked up in the prefix cache (``vllm:prefix_cache_queries``) in the tick."""
     prefix_hits: float = 0.0
@@ -97,6 +102,12 @@ class TickSample:
     prompt_le: tuple[float, ...] = ()
     """Finished requests of the tick at each ``vllm:request_prompt_tokens`` edge, cumulative, then +Inf
     (empty: the fleet does not know its requests' lengths)."""
+    ttft_le: tuple[float, ...] = ()
+    """Requests finished in the tick at or under each ``TTFT_BUCKETS_S`` edge, cumulative, then +Inf: the
+    TTFT histogram's increments (less each prompt's long-prompt allowance, as the normalized one records it)."""
+    itl_le: tuple[float, ...] = ()
+    """Token gaps of the requests finished in the tick at or under each ``ITL_BUCKETS_S`` edge, cumulative, then
+    +Inf: the ITL histogram's increments (one observation a gap, as the engines record)."""
 
 
 _COUNTERS = (
@@ -106,16 +117,29 @@ _COUNTERS = (
     "ttft_sum_s",
     "itl_sum_s",
     "duration_sum_s",
-    "ttft_good",
-    "itl_good",
     "prefix_queries",
     "prefix_hits",
     "finished_prompt_tokens",
     "prefill_s_sum",
 )
-_GAUGES = ("ready", "waiting", "running", "kv_usage_sum", "kv_demand_max", "ttft_p99_s", "itl_p99_s")
-assert set(_COUNTERS) | set(_GAUGES) | {"prompt_le"} == {f.name for f in fields(TickSample)}
-_PROMPT_EDGES = (*PROMPT_TOKENS_BUCKETS, math.inf)
+_GAUGES = ("ready", "waiting", "running", "kv_usage_sum", "kv_demand_max")
+_HISTOGRAM_EDGES: dict[str, tuple[float, ...]] = {
+    "prompt_le": (*PROMPT_TOKENS_BUCKETS, math.inf),
+    "ttft_le": (*TTFT_BUCKETS_S, math.inf),
+    "itl_le": (*ITL_BUCKETS_S, math.inf),
+}
+"""Each histogram a sample carries, by field: its upper edges, the engines' exporters' own."""
+assert set(_COUNTERS) | set(_GAUGES) | set(_HISTOGRAM_EDGES) == {f.name for f in fields(TickSample)}
+
+
+def cumulative_counts(
+    values: FloatArray, edges: tuple[float, ...], weights: FloatArray | None = None
+) -> tuple[float, ...]:
+    """Observations (of ``weights`` each) at or under each edge, then all of them: a histogram's ``_bucket``."""
+    order = np.argsort(values, kind="stable")
+    totals = np.r_[0.0, np.cumsum(np.ones(len(values)) if weights is None else weights[order])]
+    at_edges = totals[np.searchsorted(values[order], edges, side="right")]
+    return (*(float(c) for c in at_edges), float(totals[-1]))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -147,6 +171,8 @@ class MetricsPipeline:
         ticks: int,
         scrape_s: float = 30.0,
         rate_window_s: float = RATE_WINDOW_S,
+        ttft_threshold_s: float = TTFT_THRESHOLD_S,
+        itl_threshold_s: float = ITL_THRESHOLD_S,
     ) -> None:
         if tick_s <= 0 or ticks <= 0:
             raise ValidationError(f"tick_s and ticks must be > 0, got {tick_s} and {ticks}")
@@ -154,10 +180,12 @@ class MetricsPipeline:
         self.ticks = ticks
         self.scrape_s = scrape_s
         self.rate_window_s = rate_window_s
+        self.thresholds_s = {"ttft_le": ttft_threshold_s, "itl_le": itl_threshold_s}
+        """The SLO thresholds the good counts are read at (the policy's objectives)."""
         # Row k + 1 holds the counters after tick k (row 0: before the first tick).
         self._counters = np.zeros((ticks + 1, len(_COUNTERS)))
         self._gauges = np.full((ticks + 1, len(_GAUGES)), np.nan)
-        self._prompt_le = np.zeros((ticks + 1, len(_PROMPT_EDGES)))
+        self._histograms = {name: np.zeros((ticks + 1, len(edges))) for name, edges in _HISTOGRAM_EDGES.items()}
         self._recorded = 0
         self._column = {name: i for i, name in enumerate(_COUNTERS)}
         self._gauge_column = {name: i for i, name in enumerate(_GAUGES)}
@@ -169,7 +197,8 @@ class MetricsPipeline:
         row = tick + 1
         self._counters[row] = self._counters[tick] + [getattr(sample, name) for name in _COUNTERS]
         self._gauges[row] = [_nan_if_none(getattr(sample, name)) for name in _GAUGES]
-        self._prompt_le[row] = self._prompt_le[tick] + (sample.prompt_le or 0.0)
+        for name, counts in self._histograms.items():
+            counts[row] = counts[tick] + (getattr(sample, name) or 0.0)
         self._recorded += 1
 
     def scrape_row(self, tick: int, scrape_s: float | None = None) -> int:
@@ -264,35 +293,46 @@ class MetricsPipeline:
         queries = self.increase(tick, "prefix_queries", SLI_WINDOW_S)
         return self.increase(tick, "prefix_hits", SLI_WINDOW_S) / queries if queries > 0 else None
 
+    def buckets(self, tick: int, name: str, window_s: float) -> dict[float, float]:
+        """``increase(<histogram>_bucket[W])`` by upper edge, as of the newest scrape (``name``: the sample's field)."""
+        row = self.scrape_row(tick)
+        counts = self._histograms[name][row] - self._histograms[name][self._back(row, window_s)]
+        return dict(zip(_HISTOGRAM_EDGES[name], counts.tolist(), strict=True))
+
     def prompt_buckets(self, tick: int, window_s: float) -> tuple[tuple[float, float], ...]:
         """``increase(vllm:request_prompt_tokens_bucket[W])`` by edge (empty when no lengths were recorded)."""
-        row = self.scrape_row(tick)
-        counts = self._prompt_le[row] - self._prompt_le[self._back(row, window_s)]
-        if not counts[-1] > 0:
-            return ()
-        return tuple(zip(_PROMPT_EDGES, (float(c) for c in counts), strict=True))
+        counts = self.buckets(tick, "prompt_le", window_s)
+        return tuple(counts.items()) if counts[math.inf] > 0 else ()
+
+    def _good_ratio(self, tick: int, name: str, window_s: float) -> float | None:
+        """Observations at or under the threshold over all of them in the window (None: none, or no edge above)."""
+        counts = self.buckets(tick, name, window_s)
+        total = counts[math.inf]
+        good = good_count_at(counts, self.thresholds_s[name]) if total > 0 else None
+        return None if good is None else min(1.0, max(0.0, good / total))
 
     def sli(self, tick: int, now_s: float) -> SliSnapshot | None:
         """Good ratios and p99s over the short window, good ratios over the burn windows."""
-        ttft_by: dict[str, float] = {}
-        itl_by: dict[str, float] = {}
-        for name in _SLI_BY_WINDOW:
-            window_s = float(parse_duration_s(name))
-            total = self.increase(tick, "finished", window_s)
-            if total > 0:
-                ttft_by[name] = min(self.increase(tick, "ttft_good", window_s) / total, 1.0)
-                itl_by[name] = min(self.increase(tick, "itl_good", window_s) / total, 1.0)
-        requests = self.increase(tick, "finished", SLI_WINDOW_S)
-        if requests <= 0:
+        by_window: dict[str, dict[str, float]] = {"ttft_le": {}, "itl_le": {}}
+        for window in _SLI_BY_WINDOW:
+            for name, ratios in by_window.items():
+                ratio = self._good_ratio(tick, name, float(parse_duration_s(window)))
+                if ratio is not None:
+                    ratios[window] = ratio
+        ttft = self.buckets(tick, "ttft_le", SLI_WINDOW_S)
+        itl = self.buckets(tick, "itl_le", SLI_WINDOW_S)
+        if ttft[math.inf] <= 0:
             return None
+        ttft_by, itl_by = by_window["ttft_le"], by_window["itl_le"]
         return SliSnapshot(
             observed_at_s=now_s,
             window_s=SLI_WINDOW_S,
-            requests_in_window=requests,
+            requests_in_window=ttft[math.inf],
+            itl_events_in_window=itl[math.inf] if SHORT_WINDOW in itl_by else None,
             ttft_good_ratio=ttft_by.get(SHORT_WINDOW),
             itl_good_ratio=itl_by.get(SHORT_WINDOW),
-            ttft_p99_s=self.gauge(tick, "ttft_p99_s"),
-            itl_p99_s=self.gauge(tick, "itl_p99_s"),
+            ttft_p99_s=histogram_quantile(QUANTILE, ttft),
+            itl_p99_s=histogram_quantile(QUANTILE, itl),
             ttft_good_ratio_by_window=ttft_by,
             itl_good_ratio_by_window=itl_by,
             prompt_tokens_buckets=self.prompt_buckets(tick, SLI_WINDOW_S),

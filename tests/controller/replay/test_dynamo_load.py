@@ -23,7 +23,6 @@ def _pipeline(demands: list[float]) -> MetricsPipeline:
         pipeline.record(k, TickSample(
             ready=1, waiting=0.0, running=0.0, kv_usage_sum=0.0, kv_demand_max=demand, finished=0.0,
             prompt_tokens=0.0, output_tokens=0.0, ttft_sum_s=0.0, itl_sum_s=0.0, duration_sum_s=0.0,
-            ttft_good=0.0, itl_good=0.0, ttft_p99_s=None, itl_p99_s=None,
         ))  # fmt: skip
     return pipeline
 

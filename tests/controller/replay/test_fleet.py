@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from contracts.catalogue import ITL_BUCKETS_S, TTFT_BUCKETS_S
 from contracts.traces import RequestTrace
 from controller.capacity import DEFAULT_PROFILE, Targets
 from controller.replay.fleet import RequestFleet
+from controller.replay.signals import cumulative_counts
 from controller.replay.world import ProfileCache, World
 
 
@@ -21,3 +23,16 @@ def test_a_prompt_is_counted_in_the_tick_of_its_first_token() -> None:
     expected = [24_000.0 * np.count_nonzero((first_token > k) & (first_token <= k + 1)) for k in range(8)]
     assert counted == expected
     assert sum(counted) == 72_000.0
+
+
+def test_a_tick_sample_holds_the_latency_histograms_of_what_finished() -> None:
+    trace = RequestTrace("t", np.array([0.0, 0.1, 0.2, 0.3]), np.array([100, 200, 300, 400]), np.array([1, 5, 9, 2]))
+    truth = ProfileCache(DEFAULT_PROFILE, World(startup_s=0.0), Targets())
+    fleet = RequestFleet(trace, truth, initial_replicas=1, tick_s=60.0)
+    fleet.advance(60.0)
+    tick = fleet.sample(60.0)
+    assert tick.finished == 4
+    assert tick.ttft_le == cumulative_counts(fleet.ttft_s, TTFT_BUCKETS_S)
+    # Each request's token gaps (output less one) at its mean gap; a one-token answer has none.
+    assert tick.itl_le == cumulative_counts(fleet.itl_s, ITL_BUCKETS_S, np.array([0.0, 4.0, 8.0, 1.0]))
+    assert tick.itl_le[-1] == 13.0

@@ -5,17 +5,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from contracts.catalogue import ITL_BUCKETS_S, TTFT_BUCKETS_S
+from contracts.histograms import histogram_quantile
 from controller.capacity import DEFAULT_PROFILE, Targets
 from controller.replay.fluid import FluidFleet
-from controller.replay.signals import MetricsPipeline, TickSample
+from controller.replay.signals import MetricsPipeline, TickSample, cumulative_counts
 from controller.replay.world import ProfileCache, World
+from controller.sources.base import good_count_at
+
+TTFT_LE = cumulative_counts(np.full(15, 0.2), TTFT_BUCKETS_S)
+"""15 requests a tick, each 0.2 s to its first token."""
+ITL_LE = cumulative_counts(np.r_[np.full(14, 0.01), 0.03], ITL_BUCKETS_S, np.full(15, 199.0))
+"""Their 199 token gaps each: 14 at 10 ms, one at 30 ms."""
 
 
-def sample(**values: float) -> TickSample:
+def sample(**values: object) -> TickSample:
     base = dict(
         ready=2, waiting=0.0, running=10.0, kv_usage_sum=0.6, finished=15.0, prompt_tokens=15_000.0,
-        output_tokens=3_000.0, ttft_sum_s=3.0, itl_sum_s=0.15, duration_sum_s=30.0, ttft_good=15.0, itl_good=14.0,
-        ttft_p99_s=0.4, itl_p99_s=0.018,
+        output_tokens=3_000.0, ttft_sum_s=3.0, itl_sum_s=0.15, duration_sum_s=30.0, ttft_le=TTFT_LE, itl_le=ITL_LE,
     )  # fmt: skip
     base.update(values)
     return TickSample(**base)  # type: ignore[arg-type]
@@ -57,6 +64,7 @@ def test_rates_and_the_observation_of_the_production_source() -> None:
     assert obs.sli is not None
     assert obs.sli.requests_in_window == pytest.approx(120.0)  # 8 ticks so far, under the 5-minute window
     assert obs.sli.itl_good_ratio == pytest.approx(14 / 15)
+    assert obs.sli.itl_events_in_window == pytest.approx(8 * 15 * 199)  # token gaps, as the live source counts
     window = pipeline.frontend_window(7, 60.0)
     assert window.requests == pytest.approx(60.0) and window.ttft_mean_s == pytest.approx(0.2)
     assert window.prompt_mean_tokens == pytest.approx(1000.0)
@@ -99,3 +107,33 @@ def test_a_steady_rate_peaks_at_itself_whatever_the_tick_and_scrape(tick_s: floa
     for k in range(ticks):
         pipeline.record(k, sample(finished=10.0 * tick_s))
     assert pipeline.peak_rate(ticks - 1, "finished", 300.0) == pytest.approx(10.0)
+
+
+def test_the_slis_are_read_from_bucket_counts_as_the_prometheus_source_reads_them() -> None:
+    # Every request 0.3 s to its first token: its exact p99 is 0.3 s, histogram_quantile's lies inside (0.25, 0.5].
+    ttft_le = cumulative_counts(np.full(100, 0.3), TTFT_BUCKETS_S)
+    itl_le = cumulative_counts(np.r_[np.full(90, 0.02), np.full(10, 0.04)], ITL_BUCKETS_S, np.full(100, 9.0))
+    pipeline = MetricsPipeline(tick_s=15.0, ticks=4, scrape_s=15.0, ttft_threshold_s=0.4, itl_threshold_s=0.03)
+    for k in range(4):
+        pipeline.record(k, sample(finished=100.0, ttft_le=ttft_le, itl_le=itl_le))
+    sli = pipeline.observation(3, 60.0, current_replicas=2).sli
+    assert sli is not None
+    window_ttft = {edge: 4 * count for edge, count in zip((*TTFT_BUCKETS_S, np.inf), ttft_le, strict=True)}
+    window_itl = {edge: 4 * count for edge, count in zip((*ITL_BUCKETS_S, np.inf), itl_le, strict=True)}
+    assert sli.ttft_p99_s == pytest.approx(histogram_quantile(0.99, window_ttft))
+    assert sli.ttft_p99_s == pytest.approx(0.25 + 0.25 * 0.99)
+    assert sli.itl_p99_s == pytest.approx(histogram_quantile(0.99, window_itl))
+    # Neither threshold is an edge: the good counts are interpolated inside the bucket that holds it.
+    good_ttft = good_count_at(window_ttft, 0.4)
+    good_itl = good_count_at(window_itl, 0.03)
+    assert good_ttft is not None and good_itl is not None
+    assert sli.ttft_good_ratio == pytest.approx(good_ttft / 400) and sli.ttft_good_ratio == pytest.approx(0.6)
+    assert sli.itl_good_ratio == pytest.approx(good_itl / 3600) and sli.itl_good_ratio == pytest.approx(0.92)
+    assert sli.requests_in_window == 400.0 and sli.itl_events_in_window == 3600.0
+    assert sli.ttft_good_ratio_by_window["5m"] == sli.ttft_good_ratio
+
+
+def test_counts_at_and_under_each_edge_weighted() -> None:
+    counts = cumulative_counts(np.array([0.5, 0.01, 0.3, 5.0]), (0.01, 0.5, 1.0), np.array([1.0, 2.0, 3.0, 4.0]))
+    assert counts == (2.0, 6.0, 6.0, 10.0)  # at or under each edge (Prometheus's le), then +Inf
+    assert cumulative_counts(np.zeros(0), (0.01, 0.5)) == (0.0, 0.0, 0.0)
