@@ -190,8 +190,11 @@ VLLM_ITL_BUCKETS_S: tuple[float, ...] = (
 TTFT_BUCKETS_S: tuple[float, ...] = VLLM_TTFT_BUCKETS_S
 """Edges moeslo's exporter uses for ``vllm:time_to_first_token_seconds``."""
 
-ITL_BUCKETS_S: tuple[float, ...] = tuple(sorted({*VLLM_ITL_BUCKETS_S, 0.02}))
-"""Edges moeslo's exporter uses for ``vllm:inter_token_latency_seconds``: vLLM's plus 0.02."""
+ITL_BUCKETS_S: tuple[float, ...] = tuple(sorted({*VLLM_ITL_BUCKETS_S, 0.0125, 0.015, 0.0175, 0.02, 0.0225}))
+"""Edges moeslo's exporter uses for ``vllm:inter_token_latency_seconds``: vLLM's plus 0.02 (the objective) and
+edges every 2.5 ms around it.  ``histogram_quantile`` spreads a bucket's gaps evenly, so with vLLM's 10-25 ms
+bucket a p99 of token gaps that are mostly 15-17 ms read near 25 ms, and the capacity model corrected by it
+bought 13-34 % more replica-hours in the replay than the exact p99 did; with these edges it is within 2 %."""
 
 REQUEST_LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
