@@ -28,7 +28,8 @@ than the document means is refused by field: a budgeting method other than the
 one above (or none: OpenSLO requires it), a bad/total ratio, an ``op`` or a
 ``value`` other than the ``le`` threshold on a ratio objective, a calendar
 window (a ``calendar`` without ``isRolling: true`` is calendar-aligned).  Every
-problem of every document is reported at once.
+problem of every document is reported at once.  YAML aliases (``*name``) are refused
+as the text is read, and a refused value is shown cut short (:mod:`controller.client_yaml`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from contracts.catalogue import (
     format_le,
 )
 from contracts.errors import ValidationError
+from controller.client_yaml import load_documents, shown
 from controller.policy import LatencyObjective, Policy, TtftObjective, parse_duration_s
 from controller.ttft_series import allowance_from_labels, ttft_matchers, ttft_metric
 
@@ -183,14 +185,7 @@ class ImportedSlos:
 def parse_openslo(text: str) -> dict[str, ImportedSlos]:
     """OpenSLO v1 SLO documents grouped by policy name; :class:`ValidationError` lists every problem."""
     problems: list[str] = []
-    try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except RecursionError as exc:
-        raise ValidationError("body: YAML nested too deeply") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = "" if mark is None else f" at line {mark.line + 1}"
-        raise ValidationError(f"body: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
+    documents = load_documents(text)
     if len(documents) == 1 and isinstance(documents[0], list):
         documents = documents[0]  # a JSON array of documents (``moeslo policy get --openslo --json``)
     if not documents:
@@ -220,8 +215,8 @@ def parse_openslo(text: str) -> dict[str, ImportedSlos]:
 
 
 def _text(mapping: dict[str, Any], key: str, where: str) -> str | None:
-    """A string field, or None when absent: anything else is refused, never rendered with ``str()`` (a YAML
-    alias nested a few levels deep is a few hundred bytes that ``str()`` would spell out in gigabytes)."""
+    """A string field, or None when absent: anything else is refused by its type, never rendered with ``str()``
+    (a structure as large as the request would be a message as large)."""
     value = mapping.get(key)
     if value is None or isinstance(value, str):
         return value
@@ -248,9 +243,9 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
     if not isinstance(doc, dict):
         raise ValidationError(f"{where}: must be a mapping")
     if doc.get("apiVersion") != API_VERSION:
-        raise ValidationError(f"{where}.apiVersion: must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
+        raise ValidationError(f"{where}.apiVersion: must be {API_VERSION!r}, got {shown(doc.get('apiVersion'))}")
     if doc.get("kind") != "SLO":
-        raise ValidationError(f"{where}.kind: only 'SLO' documents are imported, got {doc.get('kind')!r}")
+        raise ValidationError(f"{where}.kind: only 'SLO' documents are imported, got {shown(doc.get('kind'))}")
     metadata = _need(doc, "metadata", where)
     spec = _need(doc, "spec", where)
     unknown = sorted(str(key) for key in spec if key not in SLO_SPEC_FIELDS)
@@ -346,7 +341,7 @@ def _target(entry: dict[str, Any], where: str) -> float:
     else:
         raise ValidationError(f"{where}.target: required")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ValidationError(f"{where}.target: must be a number in (0, 1), got {value!r}")
+        raise ValidationError(f"{where}.target: must be a number in (0, 1), got {shown(value)}")
     return float(value)
 
 
@@ -367,9 +362,9 @@ def _latency(entry: dict[str, Any], queries: dict[str, str], where: str) -> dict
                               "a thresholdMetric; here the threshold is the good query's le matcher)")  # fmt: skip
     value = entry.get("value")
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != threshold):
-        raise ValidationError(f"{where}.objectives[0].value: {value!r} is not the good query's le=\"{threshold:g}\" "
-                              "(a ratioMetric SLO's threshold is its le matcher; value belongs to thresholdMetric "
-                              "objectives)")  # fmt: skip
+        raise ValidationError(f"{where}.objectives[0].value: {shown(value)} is not the good query's "
+                              f"le=\"{threshold:g}\" (a ratioMetric SLO's threshold is its le matcher; value "
+                              "belongs to thresholdMetric objectives)")  # fmt: skip
     out: dict[str, Any] = {"threshold_s": threshold, "target": target}
     good = queries.get("good", "")
     if TTFT_NORMALIZED_HISTOGRAM in good:
@@ -406,15 +401,15 @@ def _le_threshold(queries: dict[str, str], where: str) -> float:
 
 def _imbalance(entry: dict[str, Any], where: str) -> dict[str, Any]:
     if entry.get("op", "lte") not in ("lte", "lt"):
-        raise ValidationError(f"{where}.op: imbalance objectives must be lte, got {entry.get('op')!r}")
+        raise ValidationError(f"{where}.op: imbalance objectives must be lte, got {shown(entry.get('op'))}")
     value = entry.get("value")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 10:
-        raise ValidationError(f"{where}.value: must be a CV in (0, 10], got {value!r}")
+        raise ValidationError(f"{where}.value: must be a CV in (0, 10], got {shown(value)}")
     out: dict[str, Any] = {"max_cv": float(value)}
-    slice_window = entry.get("timeSliceWindow")
+    slice_window = _text(entry, "timeSliceWindow", where)
     if slice_window is not None:
         try:
-            out["sustain_s"] = parse_duration_s(str(slice_window))
+            out["sustain_s"] = parse_duration_s(slice_window)
         except ValueError as exc:
             raise ValidationError(f"{where}.timeSliceWindow: {exc}") from exc
     return out

@@ -212,3 +212,45 @@ def test_an_allowance_slo_whose_le_is_no_edge_of_the_normalized_histogram_is_ref
     good["query"] = good["query"].replace('le="0.3"', 'le="0.25"')
     (policy,) = _import(doc).values()
     assert (policy.objectives.ttft.threshold_s, policy.objectives.ttft.per_1k_prompt_tokens_s) == (0.25, 0.05)
+
+
+def _alias_bomb(levels: int = 6) -> str:
+    """A few hundred bytes of YAML whose aliases expand to 10**levels strings."""
+    anchors = "".join(f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, levels))
+    return f"x:\n  a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n{anchors}apiVersion: *a{levels - 1}\n"
+
+
+def test_yaml_aliases_are_refused_by_name_before_anything_expands_them() -> None:
+    """An alias nested six deep is a million strings: the apiVersion's message spelt them out (144 MB)."""
+    with pytest.raises(ValidationError) as caught:
+        parse_openslo(_alias_bomb())
+    (problem,) = caught.value.problems
+    assert problem == "body: YAML aliases are not accepted (*a0 at line 3 column 12); write the value out"
+    assert parse_openslo(yaml.safe_dump(_slo()).replace("chat-ttft", "&n chat-ttft", 1))  # an anchor alone is fine
+
+
+def _imbalance_doc(**objective: Any) -> dict[str, Any]:
+    doc = next(d for d in yaml.safe_load_all(export_policy(Policy(name="chat", target=LocalTarget(model="m"))))
+               if d["metadata"]["annotations"]["moeslo.io/objective"] == "imbalance")  # fmt: skip
+    doc["spec"]["objectives"][0].update(objective)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("doc", "start"),
+    [
+        ({**_slo(), "apiVersion": ["v"] * 10_000}, "document 1: apiVersion: must be 'openslo/v1', got ['v', 'v', "),
+        ({**_slo(), "kind": {str(i): i for i in range(10_000)}}, "document 1: kind: only 'SLO' documents"),
+        (_slo(target=list(range(10_000))), "document 1: spec.objectives[0].target: must be a number in (0, 1), got"),
+        (_slo(target=0.99, value="x" * 10_000), "document 1: spec.objectives[0].value: 'xxx"),
+        (_imbalance_doc(op=["lte"] * 10_000), "document 1: spec.objectives[0].op: imbalance objectives must be lte"),
+        (_imbalance_doc(value=[1.0] * 10_000), "document 1: spec.objectives[0].value: must be a CV in (0, 10]"),
+        (_imbalance_doc(timeSliceWindow=["1m"] * 10_000),
+         "document 1: spec.objectives[0].timeSliceWindow: must be a string, got list"),
+    ],
+)
+def test_a_value_in_a_message_is_shown_cut_short(doc: dict[str, Any], start: str) -> None:
+    """The messages spelt a refused value out whole with repr(): a structure the size of the request, or (with
+    aliases) of gigabytes."""
+    (problem,) = _refusal(doc)
+    assert problem.startswith(start) and len(problem) < 300, problem
