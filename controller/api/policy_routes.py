@@ -37,7 +37,7 @@ from controller.config import ControllerSettings
 from controller.endpoints import endpoint_problems
 from controller.openslo import apply_imported, export_policy, parse_openslo
 from controller.policy import LocalTarget, Policy, shared_model_problems
-from controller.store import StaleVersionError, Store, StoredPolicy
+from controller.store import PolicyExistsError, StaleVersionError, Store, StoredPolicy
 
 router = APIRouter(prefix="/v1", tags=["policies"])
 
@@ -170,15 +170,15 @@ def put_policy(
     _check_target(request, policy)
     parsed = parse_if_match(if_match)
     if parsed is None and _settings(request).require_if_match:
+        # Without If-Match a PUT may only create, which the write's own transaction decides: a name looked up
+        # before it could be taken by another writer's create in between, and this write would replace it.
         try:
-            _store(request).policy_version(name)
-        except NotFoundError:
-            pass
-        else:
+            stored, created = _store(request).create_policy(policy), True
+        except PolicyExistsError as exc:
             raise PreconditionRequiredError(
                 f"replacing policy {name!r} requires If-Match with its current ETag (GET it first)"
-            )
-    if parsed == "*":  # any version of a policy that exists, checked by the write itself (see _expected_version)
+            ) from exc
+    elif parsed == "*":  # any version of a policy that exists, checked by the write itself (see _expected_version)
         try:
             stored, created = _store(request).replace_policy(policy)
         except NotFoundError as exc:  # PUT would create it: the precondition is what fails (412)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from controller.store.records import (
     DecisionRecord,
     ModelHeldError,
+    PolicyExistsError,
     PolicyVersion,
     StaleVersionError,
     StoredPolicy,
@@ -18,6 +19,7 @@ __all__ = [
     "DecisionPoint",
     "DecisionRecord",
     "ModelHeldError",
+    "PolicyExistsError",
     "PolicyListing",
     "PolicyVersion",
     "StaleVersionError",

@@ -25,6 +25,14 @@ class StaleVersionError(ConflictError):
             super().__init__(f"policy {name!r} {now}, not version {expected} (it changed since it was read)")
 
 
+class PolicyExistsError(ConflictError):
+    """A create found the name taken (HTTP 409), in the write's own transaction."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"policy {name!r} already exists")
+
+
 class ModelHeldError(ConflictError):
     """Another policy watches the model a policy names (HTTP 409): the SLIs, the load and the alerts are read per
     model, so each would see the other's traffic and page with it."""

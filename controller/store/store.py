@@ -32,6 +32,7 @@ from controller.policy import STORED, Policy
 from controller.store.records import (
     DecisionRecord,
     ModelHeldError,
+    PolicyExistsError,
     PolicyVersion,
     StaleVersionError,
     StoredPolicy,
@@ -175,14 +176,14 @@ class Store:
         return listing
 
     def create_policy(self, policy: Policy) -> StoredPolicy:
-        """Store a new policy; :class:`ConflictError` if the name is taken, :class:`ModelHeldError` if another
+        """Store a new policy; :class:`PolicyExistsError` if the name is taken, :class:`ModelHeldError` if another
         policy watches its model."""
         return self._retrying(lambda: self._create(policy))
 
     def _create(self, policy: Policy) -> StoredPolicy:
         with self._session() as session:
             if session.get(PolicyRow, policy.name) is not None:
-                raise ConflictError(f"policy {policy.name!r} already exists")
+                raise PolicyExistsError(policy.name)
             self._hold_model(session, policy)
             return self._write(session, None, policy, "create")
 

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from contracts import errors
 from controller.api import STATUS_BY_ERROR, status_for
 from controller.errors import ActuationError
+from controller.policy import Policy
 from controller.store import StaleVersionError
 from tests.controller.api.conftest import AUTH, make_client
 
@@ -252,6 +253,26 @@ def test_require_if_match_gives_428(tmp_path: Path) -> None:
         assert client.patch("/v1/policies/qwen", json={"mode": "off"}, headers=AUTH).status_code == 404
         assert client.delete("/v1/policies/qwen", headers=AUTH).status_code == 404
         assert client.put("/v1/policies/qwen", json=POLICY, headers=AUTH).status_code == 201  # creation needs none
+
+
+def test_under_require_if_match_a_put_without_it_only_creates_in_its_own_transaction(tmp_path: Path) -> None:
+    """The PUT looked for the policy before its write, which then created or replaced: another writer's
+    create in between was replaced without a word (a lost write)."""
+    with make_client(tmp_path, require_if_match=True) as client:
+        store = client.app.state.store  # type: ignore[attr-defined]
+        real = store._retrying
+
+        def another_writer_first(write: Any) -> Any:  # another PUT creates it just before this one writes
+            store._retrying = real
+            store.create_policy(Policy.model_validate({**POLICY, "description": "the other writer's"}))
+            return real(write)
+
+        store._retrying = another_writer_first
+        refused = client.put("/v1/policies/qwen", json={**POLICY, "description": "mine"}, headers=AUTH)
+        assert refused.status_code == 428, refused.text
+        assert "requires If-Match" in refused.json()["detail"]
+        stored = client.get("/v1/policies/qwen").json()
+        assert (stored["version"], stored["policy"]["description"]) == (1, "the other writer's")
 
 
 def test_merge_patch(client: TestClient) -> None:
