@@ -20,7 +20,9 @@ and hashed; the annotations below name the policy whole):
 Import reads such documents back (ours or hand-written ones): the policy is
 named by the ``moeslo.io/policy`` annotation (else the SLO's ``service``),
 the objective by ``moeslo.io/objective`` (else by the metric in the query),
-the threshold by the ``le`` matcher of the good query.  A new policy watches
+the threshold by the ``le`` matcher of the good query (:mod:`controller.openslo_queries`; a matcher on
+any other label, or with another operator than ``=``, is refused: the controller would count the series it
+leaves out).  A new policy watches
 the model of the ``moeslo.io/model`` annotation, else of the queries'
 ``model_name="..."`` matcher (never the ``service``, which names a service,
 not a model); without either it is refused.  What moeslo would read otherwise
@@ -35,7 +37,6 @@ as the text is read, and a refused value is shown cut short (:mod:`controller.cl
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -45,7 +46,6 @@ import yaml
 from pydantic import ValidationError as PydanticValidationError
 
 from contracts.catalogue import (
-    ITL_HISTOGRAM,
     LAYER_IMBALANCE_CV,
     TTFT_HISTOGRAM,
     TTFT_NORMALIZED_HISTOGRAM,
@@ -53,6 +53,15 @@ from contracts.catalogue import (
 )
 from contracts.errors import ValidationError
 from controller.client_yaml import load_documents, shown
+from controller.openslo_queries import (
+    HISTOGRAMS,
+    check_matchers,
+    indicator_queries,
+    le_threshold,
+    matchers,
+    objective_from_queries,
+    query_models,
+)
 from controller.policy import LatencyObjective, Policy, TtftObjective, parse_duration_s
 from controller.ttft_series import allowance_from_labels, ttft_matchers, ttft_metric
 
@@ -64,10 +73,6 @@ IMBALANCE_TARGET_INFORMATIONAL = 0.99
 MAX_NAME_LENGTH = 63
 """OpenSLO names (``metadata.name``) are DNS labels, as Kubernetes object names: at most 63 characters."""
 
-HISTOGRAMS = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM}
-_LE = re.compile(r'le\s*=\s*"([^"]+)"')
-_LABEL = re.compile(r'([a-z_0-9]+)\s*=\s*"([^"]*)"')
-_MODEL_MATCHER = re.compile(r'(?<![a-zA-Z_0-9])model_name\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
 def _selector(model: str, extra: str = "") -> str:
@@ -264,13 +269,14 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
     annotated = f"{where}.metadata.annotations"
     policy_name = _text(annotations, POLICY_ANNOTATION, annotated) or _label_value(service) or name
     indicator_spec = _need(_need(spec, "indicator", f"{where}.spec"), "spec", f"{where}.spec.indicator")
-    queries = _queries(indicator_spec)
-    objective = _text(annotations, OBJECTIVE_ANNOTATION, annotated) or _objective_from_queries(queries)
+    queries = indicator_queries(indicator_spec)
+    objective = _text(annotations, OBJECTIVE_ANNOTATION, annotated) or objective_from_queries(queries)
     if objective not in ("ttft", "itl", "imbalance"):
         raise ValidationError(
             f"{where}: cannot tell the objective; annotate {OBJECTIVE_ANNOTATION} with ttft, itl or imbalance"
         )
     _budgeting(spec, objective, f"{where}.spec")
+    check_matchers(queries, objective, f"{where}.spec.indicator.spec")
     objectives = _need(spec, "objectives", f"{where}.spec", list)
     if len(objectives) != 1 or not isinstance(objectives[0], dict):
         raise ValidationError(f"{where}.spec.objectives: exactly one objective per SLO is supported")
@@ -289,25 +295,9 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
         slos.description = description
 
 
-def _queries(indicator_spec: dict[str, Any]) -> dict[str, str]:
-    found: dict[str, str] = {}
-    ratio = indicator_spec.get("ratioMetric")
-    if isinstance(ratio, dict):
-        for part in ("good", "bad", "total"):
-            query = ((ratio.get(part) or {}).get("metricSource") or {}).get("spec", {}).get("query")
-            if isinstance(query, str):
-                found[part] = query
-    threshold = indicator_spec.get("thresholdMetric")
-    if isinstance(threshold, dict):
-        query = (threshold.get("metricSource") or {}).get("spec", {}).get("query")
-        if isinstance(query, str):
-            found["threshold"] = query
-    return found
-
-
 def _model(annotated: str | None, queries: dict[str, str], where: str, previous: str | None) -> str | None:
     """The model an SLO counts: its annotation, else the ``model_name`` matcher of its queries (one model)."""
-    found = {re.sub(r"\\(.)", r"\1", value) for query in queries.values() for value in _MODEL_MATCHER.findall(query)}
+    found = query_models(queries)
     if annotated:
         found = {annotated}
     elif len(found) > 1:
@@ -317,16 +307,6 @@ def _model(annotated: str | None, queries: dict[str, str], where: str, previous:
     if previous is not None and model is not None and model != previous:
         raise ValidationError(f"{where}: model {model!r} differs from {previous!r} of the policy's other SLOs")
     return model or previous
-
-
-def _objective_from_queries(queries: dict[str, str]) -> str | None:
-    text = " ".join(queries.values())
-    if TTFT_NORMALIZED_HISTOGRAM in text:
-        return "ttft"
-    for key, metric in HISTOGRAMS.items():
-        if metric in text:
-            return key
-    return "imbalance" if LAYER_IMBALANCE_CV in text else None
 
 
 def _target(entry: dict[str, Any], where: str) -> float:
@@ -356,7 +336,7 @@ def _budgeting(spec: dict[str, Any], objective: str, where: str) -> None:
 
 def _latency(entry: dict[str, Any], queries: dict[str, str], where: str) -> dict[str, Any]:
     target = _target(entry, f"{where}.objectives[0]")
-    threshold = _le_threshold(queries, where)
+    threshold = le_threshold(queries, where)
     if "op" in entry:
         raise ValidationError(f"{where}.objectives[0].op: a ratioMetric objective has none (op and value compare "
                               "a thresholdMetric; here the threshold is the good query's le matcher)")  # fmt: skip
@@ -368,7 +348,7 @@ def _latency(entry: dict[str, Any], queries: dict[str, str], where: str) -> dict
     out: dict[str, Any] = {"threshold_s": threshold, "target": target}
     good = queries.get("good", "")
     if TTFT_NORMALIZED_HISTOGRAM in good:
-        allowance = allowance_from_labels(dict(_LABEL.findall(good)))
+        allowance = allowance_from_labels({label: value for label, _op, value in matchers(good)})
         if allowance is None:
             raise ValidationError(
                 f"{where}.indicator.spec.ratioMetric.good: {TTFT_NORMALIZED_HISTOGRAM} needs "
@@ -379,24 +359,6 @@ def _latency(entry: dict[str, Any], queries: dict[str, str], where: str) -> dict
     elif TTFT_HISTOGRAM in good:
         out["per_1k_prompt_tokens_s"] = 0.0  # the flat objective, whatever the policy had before
     return out
-
-
-def _le_threshold(queries: dict[str, str], where: str) -> float:
-    """The threshold of a good/total ratio: the ``le`` matcher of its good query."""
-    if "good" not in queries and "bad" in queries:
-        raise ValidationError(f"{where}.indicator.spec.ratioMetric.bad: bad/total ratios are not supported; give "
-                              'good (the requests in the le="<seconds>" bucket) and total')  # fmt: skip
-    threshold: float | None = None
-    if "good" in queries and (match := _LE.search(queries["good"])):
-        try:
-            threshold = float(match.group(1))
-        except ValueError:
-            threshold = None
-    if threshold is None or not math.isfinite(threshold) or threshold <= 0:
-        raise ValidationError(
-            f"{where}.indicator.spec.ratioMetric.good: needs an le=\"<seconds>\" matcher naming the threshold"
-        )
-    return threshold
 
 
 def _imbalance(entry: dict[str, Any], where: str) -> dict[str, Any]:

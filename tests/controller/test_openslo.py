@@ -254,3 +254,32 @@ def test_a_value_in_a_message_is_shown_cut_short(doc: dict[str, Any], start: str
     aliases) of gigabytes."""
     (problem,) = _refusal(doc)
     assert problem.startswith(start) and len(problem) < 300, problem
+
+
+@pytest.mark.parametrize(
+    ("extra", "shown"),
+    [
+        ('cycle="2",', 'cycle="2"'),  # read as le="2": a 2 s threshold nobody wrote
+        ('role="prefill",', 'role="prefill"'),
+        ('handle="x",', 'handle="x"'),
+        ('engine="e1",', 'engine="e1"'),  # one engine's requests: the controller counts every engine's
+        ('model_name!="other",', 'model_name!="other"'),
+        ('team=~"a.*",', 'team=~"a.*"'),
+    ],
+)
+def test_a_matcher_the_controller_would_not_read_is_refused_naming_it(extra: str, shown: str) -> None:
+    """``cycle="2"`` matched the threshold's pattern (a 2 s threshold), and every other matcher was dropped: the
+    policy counted requests the SLO leaves out."""
+    doc = _slo(model_matcher=f'model_name="Qwen/Qwen3-30B-A3B",{extra}')
+    problems = _refusal(doc)
+    assert problems[0].startswith(f"document 1: spec.indicator.spec.ratioMetric.good: the matcher {shown} is not "
+                                  "read"), problems  # fmt: skip
+    assert "only model_name=, le=" in problems[0]
+
+
+def test_a_threshold_is_read_from_le_alone() -> None:
+    doc = _slo(model_matcher='model_name="Qwen/Qwen3-30B-A3B",')
+    good = doc["spec"]["indicator"]["spec"]["ratioMetric"]["good"]["metricSource"]["spec"]
+    good["query"] = good["query"].replace('le="0.5"', 'le = "0.25"')
+    (policy,) = _import(doc).values()
+    assert policy.objectives.ttft.threshold_s == 0.25
