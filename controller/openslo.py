@@ -182,6 +182,8 @@ class ImportedSlos:
     policy: str
     model: str | None = None
     """The ``model_name`` the SLIs count (a new policy watches it); None when no document names one."""
+    model_field: str = ""
+    """Where :attr:`model` was first read (an annotation, or the queries), for a message that refuses it."""
     objectives: dict[str, dict[str, Any]] = field(default_factory=dict)
     window: str | None = None
     description: str | None = None
@@ -282,7 +284,11 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
         raise ValidationError(f"{where}.spec.objectives: exactly one objective per SLO is supported")
     entry = objectives[0]
     slos = result.setdefault(policy_name, ImportedSlos(policy=policy_name))
-    slos.model = _model(_text(annotations, MODEL_ANNOTATION, annotated), queries, where, slos.model)
+    annotated_model = _text(annotations, MODEL_ANNOTATION, annotated)
+    slos.model = _model(annotated_model, queries, where, slos.model)
+    if slos.model is not None and not slos.model_field:
+        slos.model_field = f"{where}: " + (f"metadata.annotations.{MODEL_ANNOTATION}" if annotated_model
+                                           else "spec.indicator.spec")  # fmt: skip
     if objective in slos.objectives:
         raise ValidationError(f"{where}: a second {objective} SLO for policy {policy_name!r}")
     if objective == "imbalance":
@@ -404,6 +410,13 @@ def apply_imported(slos: ImportedSlos, base: Policy | None) -> Policy:
         raise ValidationError(
             f"policy {slos.policy!r}: cannot tell which model a new policy watches; give the SLI queries a "
             f'model_name="<model>" matcher or annotate {MODEL_ANNOTATION}'
+        )
+    if base is not None and slos.model is not None and slos.model != base.model_name:
+        # The documents' SLIs count another model than the one the policy watches: SLOs written for one model
+        # would be enforced on another.
+        raise ValidationError(
+            f"{slos.model_field}: model {slos.model!r}, but policy {slos.policy!r} watches {base.model_name!r}; "
+            "import under another policy name, or change the policy's target first (PUT or PATCH)"
         )
     spec: dict[str, Any] = (
         base.model_dump(mode="json")

@@ -283,3 +283,22 @@ def test_a_threshold_is_read_from_le_alone() -> None:
     good["query"] = good["query"].replace('le="0.5"', 'le = "0.25"')
     (policy,) = _import(doc).values()
     assert policy.objectives.ttft.threshold_s == 0.25
+
+
+def test_an_import_onto_a_policy_of_another_model_is_refused_naming_where_the_model_came_from() -> None:
+    """The document's model was dropped onto an existing policy: SLOs written for one model, enforced on
+    another."""
+    base = Policy(name="chat-frontend", target=LocalTarget(model="llama-70b"))
+    for doc, field in ((_slo(), "document 1: spec.indicator.spec"),
+                       (_slo(model_matcher="", annotations={"moeslo.io/model": "qwen3-moe"}),
+                        "document 1: metadata.annotations.moeslo.io/model")):  # fmt: skip
+        (slos,) = parse_openslo(yaml.safe_dump(doc)).values()
+        with pytest.raises(ValidationError) as caught:
+            apply_imported(slos, base)
+        (problem,) = caught.value.problems
+        assert problem.startswith(f"{field}: model ") and "policy 'chat-frontend' watches 'llama-70b'" in problem
+    same = Policy(name="chat-frontend", target=LocalTarget(model="Qwen/Qwen3-30B-A3B"))
+    (slos,) = parse_openslo(yaml.safe_dump(_slo())).values()
+    assert apply_imported(slos, same).model_name == "Qwen/Qwen3-30B-A3B"
+    (slos,) = parse_openslo(yaml.safe_dump(_slo(model_matcher=""))).values()  # no model said: the policy's own
+    assert apply_imported(slos, base).model_name == "llama-70b"
