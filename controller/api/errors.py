@@ -178,7 +178,11 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_middleware(UnexpectedErrors, answer=_internal_error)
 
     @app.exception_handler(MoesloError)
-    async def _moeslo(_request: Request, exc: MoesloError) -> JSONResponse:
+    async def _moeslo(request: Request, exc: MoesloError) -> Response:
+        if request.url.path.startswith("/ui/"):  # a person in a browser: a page, as for a bad query value
+            problems = ([_problem_from_text(text) for text in exc.problems] if isinstance(exc, ValidationError)
+                        else [FieldProblem(field="", message=str(exc))])  # fmt: skip
+            return _html_problem(status_for(exc), problems)
         return error_problem(exc)
 
     @app.exception_handler(RequestValidationError)

@@ -157,6 +157,9 @@ class ControllerStatus(_Out):
     """True when the last tick succeeded more than three tick intervals ago (or, before the first, the service
     started that long ago): the loop is failing or stuck, and everything below is as old as ``last_tick_at``."""
     policies: list[PolicyStatus]
+    unreadable: list[UnreadablePolicyOut] = []
+    """Stored policies this controller cannot read, so does not run (not in ``policies``): replace each with PUT
+    (``If-Match`` its version) or delete it."""
 
 
 class Health(_Out):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Protocol
 
@@ -16,12 +16,13 @@ from controller.api.schemas import (
     DecisionPage,
     Health,
     PolicyStatus,
+    UnreadablePolicyOut,
     problem_responses,
 )
 from controller.config import ControllerSettings
 from controller.policy import Policy
 from controller.runtime import PolicyRuntime
-from controller.store import Store, StoredPolicy
+from controller.store import Store, StoredPolicy, UnreadablePolicy
 
 router = APIRouter(tags=["status"])
 
@@ -114,9 +115,15 @@ def build_policy_status(
 
 
 def build_controller_status(
-    request: Request, policies: list[StoredPolicy], *, now: datetime | None = None, last: int = LAST_DECISIONS
+    request: Request,
+    policies: list[StoredPolicy],
+    *,
+    unreadable: Sequence[UnreadablePolicy] = (),
+    now: datetime | None = None,
+    last: int = LAST_DECISIONS,
 ) -> ControllerStatus:
-    """What ``/v1/status`` serves for ``policies`` at ``now`` (the status page renders the same object)."""
+    """What ``/v1/status`` serves for ``policies`` (and the stored ones it cannot read, ``unreadable``) at ``now``
+    (the status page renders the same object)."""
     settings: ControllerSettings = request.app.state.settings
     store: Store = request.app.state.store
     view = runtime_view(request)
@@ -132,6 +139,7 @@ def build_controller_status(
         tick_overdue=tick_overdue(last_tick_at, at, settings.tick_interval_s, started_at(view)),
         policies=[build_policy_status(store, stored, view, stale_after_s=settings.stale_after_s, now=at, last=last)
                   for stored in policies],
+        unreadable=[UnreadablePolicyOut.of(u) for u in unreadable],
     )
 
 
@@ -139,7 +147,8 @@ def build_controller_status(
 def status(request: Request) -> ControllerStatus:
     """Per policy: SLIs, error budget left, burn rates, current and desired replicas, last decisions."""
     store: Store = request.app.state.store
-    return build_controller_status(request, store.list_policies())
+    listing = store.read_policies()
+    return build_controller_status(request, listing.readable, unreadable=listing.unreadable)
 
 
 @router.get("/v1/status/{name}", response_model=PolicyStatus, responses=problem_responses(404, 422, 503))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from http import HTTPStatus
 
 from controller.api.page.html import Child, Markup, el, esc
 
@@ -22,6 +23,8 @@ __all__ = [
     "fmt_time",
     "num",
     "page",
+    "problem_page",
+    "unreadable_fix",
 ]
 
 NO_VALUE = "–"
@@ -105,11 +108,19 @@ def page(title: str, body: Child, *, refresh_s: int | None, nav: Child = None, n
 
 
 def problem_page(status: int, problems: list[tuple[str, str]], now: datetime) -> str:
-    """What a page asked with a bad query value shows: each (field, message), and the way back."""
-    body = [el("h1", "This page cannot be shown as asked"),
-            el("ul", [el("li", el("code", field), ": ", message) for field, message in problems]),
-            el("p", el("a", "All policies", href="/ui/"))]  # fmt: skip
-    return page(f"{status}: bad request", body, refresh_s=None, now=now)
+    """What a page that cannot be shown says instead: each (field, message) (no field: the message alone), and
+    the way back.  A 4xx was asked for wrongly (a bad query value); a 5xx fails on the controller's side."""
+    heading = "This page cannot be shown as asked" if status < 500 else "This page cannot be shown now"
+    items = [el("li", (el("code", field), ": ") if field else None, message) for field, message in problems]
+    body = [el("h1", heading), el("ul", items), el("p", el("a", "All policies", href="/ui/"))]
+    return page(f"{status}: {HTTPStatus(status).phrase.lower()}", body, refresh_s=None, now=now)
+
+
+def unreadable_fix(name: str, version: int) -> Markup:
+    """How to fix a stored policy this controller cannot read: replace it or delete it (neither reads it)."""
+    return el("span", "Replace it with ", el("code", f"PUT /v1/policies/{name}"), " and ",
+              el("code", f'If-Match: "{version}"'), " (a policy this version reads), or delete it with ",
+              el("code", f"DELETE /v1/policies/{name}"), ".")  # fmt: skip
 
 
 def fmt_time(at: datetime) -> str:

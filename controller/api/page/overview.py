@@ -16,13 +16,14 @@ from starlette.requests import Request
 
 from controller.api.page.html import Markup, el, join
 from controller.api.page.layout import NO_VALUE, budget_bar, fmt_ago, fmt_budget, fmt_num, fmt_pct, num, page
+from controller.api.page.layout import unreadable_fix as unreadable_fix_text
 from controller.api.page.policy_data import Outside, outside_client, read_alerts, read_request_rates
 from controller.api.page.verdict import SLOS, Level, PairState, Verdict, compliance, pair_states, verdict, worst_pair
 from controller.api.schemas import ControllerStatus, PolicyStatus
 from controller.api.status import build_controller_status, read_now, runtime_view
 from controller.config import ControllerSettings
 from controller.runtime import FORECAST_NOT_IN_USE
-from controller.store import Store, StoredPolicy
+from controller.store import PolicyListing, Store, StoredPolicy
 
 __all__ = ["OverviewQuery", "gather_overview", "render_overview", "tick_banner"]
 
@@ -83,18 +84,24 @@ def _matches(stored: StoredPolicy, text: str) -> bool:
     return not needle or needle in stored.policy.name.lower() or needle in stored.policy.model_name.lower()
 
 
-def _matching(request: Request, text: str) -> list[StoredPolicy]:
+def _matching(request: Request, text: str) -> PolicyListing:
+    """The stored policies the filter's text matches: those this controller reads, and by name those it cannot."""
     store: Store = request.app.state.store
-    return [s for s in store.list_policies() if _matches(s, text)]
+    listing = store.read_policies()
+    needle = text.strip().lower()
+    return PolicyListing([s for s in listing.readable if _matches(s, text)],
+                         [u for u in listing.unreadable if needle in u.name.lower()])  # fmt: skip
 
 
 async def gather_overview(request: Request, query: OverviewQuery) -> OverviewData:
     settings: ControllerSettings = request.app.state.settings
     now = read_now(runtime_view(request))
-    policies = await asyncio.to_thread(_matching, request, query.q)
+    listing = await asyncio.to_thread(_matching, request, query.q)
+    policies = listing.readable
     async with outside_client(request) as client:
         controller, (alerts, alertmanager), (request_rates, prometheus) = await asyncio.gather(
-            asyncio.to_thread(build_controller_status, request, policies, now=now, last=0),
+            asyncio.to_thread(build_controller_status, request, policies, unreadable=listing.unreadable, now=now,
+                              last=0),
             read_alerts(client, settings.alertmanager_url),
             read_request_rates(client, settings, [s.policy for s in policies]),
         )
@@ -273,9 +280,22 @@ def tick_banner(last_tick_at: datetime | None, now: datetime, tick_interval_s: f
               class_="banner bad", data_banner="tick")
 
 
+def _unreadable_banner(data: OverviewData) -> Markup | None:
+    """The stored policies this controller cannot read: it does not run them, and they have no row."""
+    unreadable = data.controller.unreadable
+    if not unreadable:
+        return None
+    items = [el("li", el("a", el("b", u.name), href=f"/ui/policies/{quote(u.name)}"), f" (version {u.version}): ",
+                u.problem, el("div", unreadable_fix_text(u.name, u.version), class_="small"), data_unreadable=u.name)
+             for u in unreadable]  # fmt: skip
+    return el("div", el("b", f"{len(unreadable)} stored {'policy' if len(unreadable) == 1 else 'policies'} this "
+                             "controller cannot read, so does not run:"),
+              el("ul", items), class_="banner bad", data_banner="unreadable")  # fmt: skip
+
+
 def render_overview(data: OverviewData, *, refresh_s: int | None) -> str:
-    banners = []
     c = data.controller
+    banners = [_unreadable_banner(data)]
     if c.tick_overdue:
         banners.append(tick_banner(c.last_tick_at, data.now, c.tick_interval_s))
     if data.alertmanager.error:
