@@ -13,7 +13,7 @@ import json
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from pydantic import ValidationError as PydanticValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -52,6 +52,8 @@ _ETAG = re.compile(r'"([0-9]{1,18})"')
 _READ = problem_responses(404, 422)
 _WRITE = problem_responses(400, 401, 404, 409, 412, 413, 415, 422, 428, 503)
 MERGE_PATCH = "application/merge-patch+json"
+HISTORY_PAGE = 100
+"""Versions in a page of a policy's history unless ``limit`` says otherwise (500 at most)."""
 
 
 def _store(request: Request) -> Store:
@@ -283,9 +285,16 @@ def delete_policy(request: Request, name: PolicyName, _auth: WriteAccess, if_mat
 
 
 @router.get("/policies/{name}/history", response_model=PolicyHistory, responses=_READ)
-def policy_history(request: Request, name: PolicyName) -> PolicyHistory:
-    versions = _store(request).policy_history(name)
-    return PolicyHistory(name=name, versions=[PolicyVersionOut.of(v) for v in versions])
+def policy_history(
+    request: Request,
+    name: PolicyName,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size")] = HISTORY_PAGE,
+    cursor: Annotated[int | None, Query(ge=0, le=2**63 - 1, description="next_cursor of the previous page")] = None,
+) -> PolicyHistory:
+    """The policy's versions, oldest first (each with its whole spec, so a page at a time)."""
+    versions = _store(request).policy_history(name, after_version=cursor, limit=limit)
+    next_cursor = versions[-1].version if len(versions) == limit else None
+    return PolicyHistory(name=name, versions=[PolicyVersionOut.of(v) for v in versions], next_cursor=next_cursor)
 
 
 @router.get(

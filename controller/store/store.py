@@ -48,6 +48,7 @@ from controller.store.tables import (
     PolicyRow,
     PolicyVersionRow,
     decisions_of,
+    versions_of,
 )
 
 
@@ -262,14 +263,16 @@ class Store:
             session.delete(row)
             session.execute(delete(ModelRow).where(ModelRow.policy == name))
 
-    def policy_history(self, name: str) -> list[PolicyVersion]:
+    def policy_history(
+        self, name: str, *, after_version: int | None = None, limit: int | None = None, newest_first: bool = False
+    ) -> list[PolicyVersion]:
+        """The name's versions (deletions included) by version, oldest first: those after ``after_version``, at
+        most ``limit`` of them; with ``newest_first``, the newest ``limit`` newest first.  :class:`NotFoundError`
+        when the name never had a policy (past the last version there are none)."""
+        query = versions_of(name, after_version=after_version, newest_first=newest_first)
         with self._session() as session:
-            rows = session.scalars(
-                select(PolicyVersionRow)
-                .where(PolicyVersionRow.name == name)
-                .order_by(PolicyVersionRow.version)
-            ).all()
-            if not rows:
+            rows = session.scalars(query.limit(limit)).all()
+            if not rows and session.scalar(select(exists().where(PolicyVersionRow.name == name))) is not True:
                 raise NotFoundError("policy", name)
             return [PolicyVersion(r.name, r.version, r.operation, r.spec, _utc(r.at)) for r in rows]
 

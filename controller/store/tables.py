@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ColumnElement, DateTime, Float, Index, Integer, String, Text, and_, func, select
+from sqlalchemy import JSON, ColumnElement, DateTime, Float, Index, Integer, Select, String, Text, and_, func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -113,3 +113,11 @@ def decisions_of(policy: str) -> ColumnElement[bool]:
         .scalar_subquery()
     )
     return and_(DecisionRow.policy == policy, DecisionRow.policy_version >= func.coalesce(created, 0))
+
+
+def versions_of(name: str, *, after_version: int | None, newest_first: bool) -> Select[PolicyVersionRow]:
+    """The name's versions after ``after_version`` (None: all), by version, oldest or newest first."""
+    query = select(PolicyVersionRow).where(PolicyVersionRow.name == name)
+    if after_version is not None:
+        query = query.where(PolicyVersionRow.version > after_version)
+    return query.order_by(PolicyVersionRow.version.desc() if newest_first else PolicyVersionRow.version)

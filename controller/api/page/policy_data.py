@@ -49,6 +49,8 @@ DEFAULT_RANGE = "6h"
 OUTSIDE_TIMEOUT_S = 3.0
 """Prometheus and Alertmanager get this long per page: a slow one makes a message, not a slow page."""
 EVENTS_MAX = 400
+HISTORY_SHOWN = 10
+"""The policy's last versions the page lists (the store reads only those: each version is a whole spec)."""
 REBALANCE_ACTIONS = ("rebalance", "verify_rebalance")
 
 LOG_FIELDS: dict[str, tuple[str, ...]] = {
@@ -192,7 +194,7 @@ def _read_store(
     settings: ControllerSettings = request.app.state.settings
     status = build_policy_status(store, stored, runtime_view(request), stale_after_s=settings.stale_after_s, now=now)
     since = now - timedelta(seconds=span_s)
-    history = store.policy_history(name)
+    history = store.policy_history(name, limit=HISTORY_SHOWN, newest_first=True)[::-1]
     cache: SeriesCache = request.app.state.page_series
     log = cache.points(store, name, range_key, since=since, fields=LOG_FIELDS, exclude_actions=REBALANCE_ACTIONS)
     events = store.list_decisions(policy=name, since=since, exclude_actions=("hold",), limit=EVENTS_MAX)

@@ -208,7 +208,7 @@ def _decisions(data: PolicyData) -> Markup:
 
 
 def _history(data: PolicyData) -> Markup:
-    items = [el("li", f"v{v.version} {v.operation} at {fmt_time(v.at)} UTC") for v in reversed(data.history[-10:])]
+    items = [el("li", f"v{v.version} {v.operation} at {fmt_time(v.at)} UTC") for v in reversed(data.history)]
     return el("ul", items, class_="small")
 
 

@@ -306,6 +306,25 @@ def test_delete_and_history(client: TestClient) -> None:
     assert client.get("/v1/policies/ghost/history").status_code == 404
 
 
+def test_the_history_comes_in_pages(client: TestClient) -> None:
+    """?limit was ignored: every version, each with its whole spec, in one answer."""
+    _create(client)
+    for replicas in range(2, 7):
+        body = {**POLICY, "scaling": {"max_replicas": replicas}}
+        assert client.put("/v1/policies/qwen", json=body, headers=AUTH).status_code == 200
+    pages, cursor = [], None
+    while True:
+        params = {"limit": 4} | ({} if cursor is None else {"cursor": cursor})
+        page = client.get("/v1/policies/qwen/history", params=params).json()
+        pages.append([v["version"] for v in page["versions"]])
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert pages == [[1, 2, 3, 4], [5, 6]]
+    assert len(client.get("/v1/policies/qwen/history").json()["versions"]) == 6  # default: 100
+    assert client.get("/v1/policies/qwen/history", params={"limit": 501}).status_code == 422
+    assert client.get("/v1/policies/ghost/history", params={"cursor": 3}).status_code == 404
+
+
 def test_openslo_round_trip_keeps_the_long_prompt_allowance(client: TestClient) -> None:
     ttft = {"threshold_s": 0.5, "target": 0.99, "reference_prompt_tokens": 2000, "per_1k_prompt_tokens_s": 0.05}
     _create(client, {**POLICY, "objectives": {"ttft": ttft}})

@@ -59,6 +59,22 @@ def test_versions_grow_across_update_delete_and_recreate(tmp_path: Path) -> None
     assert history[2].spec is None
 
 
+def test_the_history_is_read_a_page_at_a_time(tmp_path: Path) -> None:
+    """Every version was read at once, each with its whole spec: a policy changed a few thousand times made the
+    history and every render of its page read them all."""
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    store.create_policy(_policy())
+    for replicas in range(2, 8):
+        store.replace_policy(_policy(max_replicas=replicas))
+    assert [v.version for v in store.policy_history("p", limit=3)] == [1, 2, 3]
+    assert [v.version for v in store.policy_history("p", after_version=3, limit=3)] == [4, 5, 6]
+    assert [v.version for v in store.policy_history("p", after_version=6, limit=3)] == [7]
+    assert store.policy_history("p", after_version=7) == []  # past the end: none, not a 404
+    assert [v.version for v in store.policy_history("p", limit=2, newest_first=True)] == [7, 6]
+    with pytest.raises(NotFoundError):
+        store.policy_history("ghost", after_version=3)
+
+
 def test_writing_a_policy_unchanged_keeps_its_version(tmp_path: Path) -> None:
     store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
     store.create_policy(_policy())

@@ -290,3 +290,22 @@ def test_a_decision_the_actuator_could_not_carry_out_is_shown_failed_with_its_an
     assert page.client.get("/v1/status/qwen").json()["decision"]["outcome"] == "failed"
     overview = page.client.get("/ui/").text
     assert 'class="badge page" title="' + refused in overview
+
+
+def test_the_history_shows_the_last_ten_versions_read_as_such(make_page: Any) -> None:
+    """The page read every version (each with its whole spec) to show the last 10."""
+    page = make_page()
+    page.store.create_policy(_policy())
+    for replicas in range(2, 16):
+        page.store.replace_policy(_policy(scaling={"max_replicas": replicas}))
+    asked: list[dict[str, Any]] = []
+    real = page.store.policy_history
+
+    def recording(name: str, **kwargs: Any) -> Any:
+        asked.append(kwargs)
+        return real(name, **kwargs)
+
+    page.store.policy_history = recording
+    html = page.client.get("/ui/policies/qwen").text
+    assert re.findall(r"<li>v(\d+) (?:create|update) at", html) == [str(v) for v in range(15, 5, -1)]
+    assert asked == [{"limit": 10, "newest_first": True}]
