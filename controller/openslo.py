@@ -200,18 +200,18 @@ def parse_openslo(text: str) -> dict[str, ImportedSlos]:
     result: dict[str, ImportedSlos] = {}
     names: dict[str, int] = {}
     for index, doc in enumerate(documents, start=1):
-        where = f"document {index}"
+        where = f"document[{index}]"
         meta = doc.get("metadata") if isinstance(doc, dict) else None
         name = meta.get("name") if isinstance(meta, dict) else None  # a malformed one is refused below
         if isinstance(name, str) and name in names:  # two SLOs of one name: the later would replace the earlier
-            problems.append(f"{where}: metadata.name {name!r} is used by document {names[name]} too")
+            problems.append(f"{where}.metadata.name: {name!r} is used by document[{names[name]}] too")
             continue
         if isinstance(name, str):
             names[name] = index
         try:
             _read_document(doc, where, result)
         except ValidationError as exc:
-            problems.extend(p.replace(f"{where}.", f"{where}: ", 1) for p in exc.problems)
+            problems.extend(exc.problems)
         except (AttributeError, TypeError, OverflowError, RecursionError) as exc:
             # A part of the document of the wrong shape where a mapping or a number belongs (the readers above
             # name the common cases; this catches the rest): still the client's document, never a 500.
@@ -287,8 +287,8 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
     annotated_model = _text(annotations, MODEL_ANNOTATION, annotated)
     slos.model = _model(annotated_model, queries, where, slos.model)
     if slos.model is not None and not slos.model_field:
-        slos.model_field = f"{where}: " + (f"metadata.annotations.{MODEL_ANNOTATION}" if annotated_model
-                                           else "spec.indicator.spec")  # fmt: skip
+        slos.model_field = f"{where}." + (f"metadata.annotations.{MODEL_ANNOTATION}" if annotated_model
+                                          else "spec.indicator.spec")  # fmt: skip
     if objective in slos.objectives:
         raise ValidationError(f"{where}: a second {objective} SLO for policy {policy_name!r}")
     if objective == "imbalance":

@@ -54,6 +54,10 @@ class PreconditionRequiredError(MoesloError):
     """A conditional write (If-Match) is required by the configuration but was not sent."""
 
 
+class PreconditionFailedError(MoesloError):
+    """An If-Match that no version matches, and no version of this API's could: a weak or a foreign ETag."""
+
+
 class PayloadTooLargeError(MoesloError):
     """A write's body longer than the API reads (``controller.api.auth.MAX_BODY_BYTES``)."""
 
@@ -69,6 +73,7 @@ STATUS_BY_ERROR: StatusTable = (
     (UnsupportedMediaTypeError, 415),
     (PayloadTooLargeError, 413),
     (StaleVersionError, 412),
+    (PreconditionFailedError, 412),
     (ConflictError, 409),
     (NotFoundError, 404),
     (ValidationError, 422),

@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from contracts.errors import NotFoundError, ValidationError
 from controller.api.auth import WriteAccess
 from controller.api.errors import (
+    PreconditionFailedError,
     PreconditionRequiredError,
     UnsupportedMediaTypeError,
     json_body_error,
@@ -49,6 +50,8 @@ IfMatch = Annotated[
 ]
 _ETAG = re.compile(r'"([0-9]{1,18})"')
 """A strong ETag: If-Match compares strongly (RFC 9110 13.1.1), and this API issues no weak ones."""
+_ANY_ETAG = re.compile(r'(W/)?"[\x21\x23-\x7e\x80-\xff]*"')
+"""Any entity tag (RFC 9110 8.8.3): one this API did not issue matches no version (412), not a malformed one."""
 _READ = problem_responses(404, 422)
 _WRITE = problem_responses(400, 401, 404, 409, 412, 413, 415, 422, 428, 503)
 MERGE_PATCH = "application/merge-patch+json"
@@ -93,9 +96,13 @@ def parse_if_match(value: str | None) -> int | str | None:
     if len(tags) != 1:
         raise ValidationError('If-Match: exactly one ETag is supported, e.g. "3"')
     match = _ETAG.fullmatch(tags[0])
-    if match is None:
-        raise ValidationError(f'If-Match: {value!r} is not an ETag of this API (expected e.g. "3")')
-    return int(match.group(1))
+    if match is not None:
+        return int(match.group(1))
+    if (other := _ANY_ETAG.fullmatch(tags[0])) is not None:
+        why = ("a weak ETag never matches under If-Match's strong comparison" if other.group(1)
+               else "names no version (this API's are a version number)")  # fmt: skip
+        raise PreconditionFailedError(f'If-Match: {tags[0]} {why}; send the policy\'s ETag, e.g. "3"')
+    raise ValidationError(f'If-Match: {value!r} is not an ETag of this API (expected e.g. "3")')
 
 
 def _expected_version(request: Request, name: str, if_match: str | None) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import yaml
 from pydantic import ValidationError as PydanticValidationError
 
 from contracts.errors import ValidationError
+from controller.api.errors import error_problem
 from controller.openslo import apply_imported, export_policy, parse_openslo
 from controller.policy import STORED, LocalTarget, Policy
 
@@ -70,7 +72,7 @@ def test_two_slos_of_one_name_are_refused() -> None:
         source["query"] = source["query"].replace("time_to_first_token", "inter_token_latency").replace("0.5", "0.02")
     with pytest.raises(ValidationError) as caught:
         parse_openslo(yaml.safe_dump_all([_slo(), itl]))
-    assert caught.value.problems == ("document 2: metadata.name 'chat-ttft' is used by document 1 too",)
+    assert caught.value.problems == ("document[2].metadata.name: 'chat-ttft' is used by document[1] too",)
     itl["metadata"]["name"] = "chat-itl"
     assert set(parse_openslo(yaml.safe_dump_all([_slo(), itl]))["chat-frontend"].objectives) == {"ttft", "itl"}
 
@@ -102,7 +104,7 @@ def test_exported_names_stay_within_63_characters_and_import_back() -> None:
 
 
 def test_names_over_63_characters_are_refused_not_cut() -> None:
-    with pytest.raises(ValidationError, match=r"document 1: metadata\.name: 64 characters; OpenSLO names are at most"):
+    with pytest.raises(ValidationError, match=r"document\[1\]\.metadata\.name: 64 characters; OpenSLO names"):
         parse_openslo(yaml.safe_dump(_slo(name="x" * 64)))
     # A policy named after a long service was cut to its first 63 characters: another policy's name, maybe.
     with pytest.raises(ValidationError, match="at most 63 characters"):
@@ -111,7 +113,7 @@ def test_names_over_63_characters_are_refused_not_cut() -> None:
 
 def test_an_slo_needs_a_dns_label_name_and_a_service_without_letters_leaves_the_policy_its_name() -> None:
     for name in ("", "Chat_TTFT", "-chat", "chat-"):
-        with pytest.raises(ValidationError, match=r"document 1: metadata\.name: .* is not an OpenSLO name"):
+        with pytest.raises(ValidationError, match=r"document\[1\]\.metadata\.name: .* is not an OpenSLO name"):
             parse_openslo(yaml.safe_dump(_slo(name=name)))
     assert set(parse_openslo(yaml.safe_dump(_slo(name="chat-ttft", service="***")))) == {"chat-ttft"}
 
@@ -140,7 +142,7 @@ def test_a_budgeting_method_other_than_occurrences_is_refused_not_read_as_one(me
     doc = _slo(target=0.99, **({"timeSliceTarget": 0.95, "timeSliceWindow": "1m"} if method else {}))
     doc["spec"]["budgetingMethod"] = method
     said = "required" if method is None else f"{method!r} is not supported"
-    assert _refusal(doc) == (f"document 1: spec.budgetingMethod: {said}; a ttft SLO is imported with Occurrences "
+    assert _refusal(doc) == (f"document[1].spec.budgetingMethod: {said}; a ttft SLO is imported with Occurrences "
                              "only",)  # fmt: skip
 
 
@@ -149,7 +151,7 @@ def test_the_exported_imbalance_slo_needs_its_timeslices() -> None:
     docs = list(yaml.safe_load_all(export_policy(policy)))
     assert set(_import(*docs)) == {"chat"}
     docs[2]["spec"]["budgetingMethod"] = "Occurrences"
-    with pytest.raises(ValidationError, match=r"document 3: spec\.budgetingMethod: 'Occurrences' is not supported; "
+    with pytest.raises(ValidationError, match=r"document\[3\]\.spec\.budgetingMethod: 'Occurrences' is not supported; "
                                               r"a imbalance SLO is imported with Timeslices only"):  # fmt: skip
         _import(*docs)
 
@@ -160,7 +162,7 @@ def test_a_calendar_window_without_is_rolling_is_calendar_aligned_and_refused() 
     doc["spec"]["timeWindow"] = [{"duration": "30d", "calendar": {"startTime": "2024-01-01 00:00:00",
                                                                  "timeZone": "UTC"}}]  # fmt: skip
     (problem,) = _refusal(doc)
-    assert problem.startswith("document 1: spec.timeWindow[0].isRolling: only rolling windows are supported")
+    assert problem.startswith("document[1].spec.timeWindow[0].isRolling: only rolling windows are supported")
     doc["spec"]["timeWindow"][0]["isRolling"] = True
     assert parse_openslo(yaml.safe_dump(doc))["chat-frontend"].window == "30d"
 
@@ -168,9 +170,9 @@ def test_a_calendar_window_without_is_rolling_is_calendar_aligned_and_refused() 
 def test_a_ratio_objective_takes_its_threshold_from_le_never_from_value_or_op() -> None:
     """``value: 1`` on a ratio objective overrode ``le="0.5"``: a 1 s TTFT threshold nobody wrote."""
     (problem,) = _refusal(_slo(target=0.99, value=1))
-    assert problem.startswith("document 1: spec.objectives[0].value: 1 is not the good query's le=\"0.5\"")
+    assert problem.startswith("document[1].spec.objectives[0].value: 1 is not the good query's le=\"0.5\"")
     (problem,) = _refusal(_slo(target=0.99, op="gt"))
-    assert problem.startswith("document 1: spec.objectives[0].op: a ratioMetric objective has none")
+    assert problem.startswith("document[1].spec.objectives[0].op: a ratioMetric objective has none")
     (policy,) = _import(_slo(target=0.99, value=0.5)).values()  # the same threshold, said twice
     assert policy.objectives.ttft.threshold_s == 0.5
 
@@ -180,7 +182,7 @@ def test_a_bad_total_ratio_is_refused_as_such() -> None:
     ratio = doc["spec"]["indicator"]["spec"]["ratioMetric"]
     ratio["bad"] = ratio.pop("good")
     (problem,) = _refusal(doc)
-    assert problem.startswith("document 1: spec.indicator.spec.ratioMetric.bad: bad/total ratios are not supported")
+    assert problem.startswith("document[1].spec.indicator.spec.ratioMetric.bad: bad/total ratios are not supported")
 
 
 def test_an_allowance_finer_than_its_label_is_refused_and_the_rest_round_trips_exactly() -> None:
@@ -239,14 +241,14 @@ def _imbalance_doc(**objective: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("doc", "start"),
     [
-        ({**_slo(), "apiVersion": ["v"] * 10_000}, "document 1: apiVersion: must be 'openslo/v1', got ['v', 'v', "),
-        ({**_slo(), "kind": {str(i): i for i in range(10_000)}}, "document 1: kind: only 'SLO' documents"),
-        (_slo(target=list(range(10_000))), "document 1: spec.objectives[0].target: must be a number in (0, 1), got"),
-        (_slo(target=0.99, value="x" * 10_000), "document 1: spec.objectives[0].value: 'xxx"),
-        (_imbalance_doc(op=["lte"] * 10_000), "document 1: spec.objectives[0].op: imbalance objectives must be lte"),
-        (_imbalance_doc(value=[1.0] * 10_000), "document 1: spec.objectives[0].value: must be a CV in (0, 10]"),
+        ({**_slo(), "apiVersion": ["v"] * 10_000}, "document[1].apiVersion: must be 'openslo/v1', got ['v', 'v', "),
+        ({**_slo(), "kind": {str(i): i for i in range(10_000)}}, "document[1].kind: only 'SLO' documents"),
+        (_slo(target=list(range(10_000))), "document[1].spec.objectives[0].target: must be a number in (0, 1), got"),
+        (_slo(target=0.99, value="x" * 10_000), "document[1].spec.objectives[0].value: 'xxx"),
+        (_imbalance_doc(op=["lte"] * 10_000), "document[1].spec.objectives[0].op: imbalance objectives must be lte"),
+        (_imbalance_doc(value=[1.0] * 10_000), "document[1].spec.objectives[0].value: must be a CV in (0, 10]"),
         (_imbalance_doc(timeSliceWindow=["1m"] * 10_000),
-         "document 1: spec.objectives[0].timeSliceWindow: must be a string, got list"),
+         "document[1].spec.objectives[0].timeSliceWindow: must be a string, got list"),
     ],
 )
 def test_a_value_in_a_message_is_shown_cut_short(doc: dict[str, Any], start: str) -> None:
@@ -272,7 +274,7 @@ def test_a_matcher_the_controller_would_not_read_is_refused_naming_it(extra: str
     policy counted requests the SLO leaves out."""
     doc = _slo(model_matcher=f'model_name="Qwen/Qwen3-30B-A3B",{extra}')
     problems = _refusal(doc)
-    assert problems[0].startswith(f"document 1: spec.indicator.spec.ratioMetric.good: the matcher {shown} is not "
+    assert problems[0].startswith(f"document[1].spec.indicator.spec.ratioMetric.good: the matcher {shown} is not "
                                   "read"), problems  # fmt: skip
     assert "only model_name=, le=" in problems[0]
 
@@ -289,9 +291,9 @@ def test_an_import_onto_a_policy_of_another_model_is_refused_naming_where_the_mo
     """The document's model was dropped onto an existing policy: SLOs written for one model, enforced on
     another."""
     base = Policy(name="chat-frontend", target=LocalTarget(model="llama-70b"))
-    for doc, field in ((_slo(), "document 1: spec.indicator.spec"),
+    for doc, field in ((_slo(), "document[1].spec.indicator.spec"),
                        (_slo(model_matcher="", annotations={"moeslo.io/model": "qwen3-moe"}),
-                        "document 1: metadata.annotations.moeslo.io/model")):  # fmt: skip
+                        "document[1].metadata.annotations.moeslo.io/model")):  # fmt: skip
         (slos,) = parse_openslo(yaml.safe_dump(doc)).values()
         with pytest.raises(ValidationError) as caught:
             apply_imported(slos, base)
@@ -302,3 +304,12 @@ def test_an_import_onto_a_policy_of_another_model_is_refused_naming_where_the_mo
     assert apply_imported(slos, same).model_name == "Qwen/Qwen3-30B-A3B"
     (slos,) = parse_openslo(yaml.safe_dump(_slo(model_matcher=""))).values()  # no model said: the policy's own
     assert apply_imported(slos, base).model_name == "llama-70b"
+
+
+def test_a_problem_names_its_document_as_a_field_path() -> None:
+    """``document 1: spec...`` has a space: the API's field list showed every import problem as ``body``."""
+    with pytest.raises(ValidationError) as caught:
+        parse_openslo(yaml.safe_dump_all([_slo(), {**_slo(name="b"), "kind": "Service"}]))
+    assert caught.value.problems == ("document[2].kind: only 'SLO' documents are imported, got 'Service'",)
+    body = json.loads(bytes(error_problem(caught.value).body))
+    assert [e["field"] for e in body["errors"]] == ["document[2].kind"]

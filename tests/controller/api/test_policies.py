@@ -225,10 +225,14 @@ def test_put_creates_replaces_and_honours_if_match(client: TestClient) -> None:
     bad_tag = client.put("/v1/policies/qwen", json=POLICY, headers={**AUTH, "If-Match": "version-3"})
     assert bad_tag.status_code == 422 and "'version-3' is not an ETag of this API" in bad_tag.json()["detail"]
     # The API's own words, not a pattern dump.
-    for value, says in (('"2", "3"', "exactly one ETag"), ('"2"x', "is not an ETag of this API"),
-                        ('W/"3"', "is not an ETag of this API")):  # weak: If-Match never matches it
+    for value, says in (('"2", "3"', "exactly one ETag"), ('"2"x', "is not an ETag of this API")):
         refused = client.put("/v1/policies/qwen", json=POLICY, headers={**AUTH, "If-Match": value})
         assert refused.status_code == 422 and says in refused.json()["detail"], refused.text
+    # Entity tags this API never issued match no version under If-Match's strong comparison: 412, not 422.
+    for value, says in (('W/"3"', "a weak ETag never matches"), ('"99999999999999999999"', "names no version"),
+                        ('"abc"', "names no version")):  # fmt: skip
+        refused = client.put("/v1/policies/qwen", json=POLICY, headers={**AUTH, "If-Match": value})
+        assert refused.status_code == 412 and says in refused.json()["detail"], refused.text
     renamed = client.put("/v1/policies/other", json=POLICY, headers=AUTH)
     assert renamed.status_code == 422 and renamed.json()["errors"][0]["field"] == "name"
     absent_star = client.put("/v1/policies/ghost", json={**POLICY, "name": "ghost"}, headers={**AUTH, "If-Match": "*"})
@@ -383,12 +387,12 @@ def test_openslo_export_and_import_round_trip(client: TestClient) -> None:
         ("apiVersion: openslo/v1\nkind: Service\n", "only 'SLO' documents"),
         ("", "no OpenSLO documents"),
         ("apiVersion: openslo/v1\nkind: SLO\nmetadata: {name: a}\nspec: {objectivs: []}\n",
-         "document 1: spec.objectivs: not an OpenSLO v1 SLO field"),
+         "document[1].spec.objectivs: not an OpenSLO v1 SLO field"),
         # Parts of the wrong shape where a mapping or a number belongs: the client's document, never a 500.
         ("apiVersion: openslo/v1\nkind: SLO\nmetadata: {name: a, annotations: oops}\nspec: {service: s}\n",
-         "document 1: malformed OpenSLO SLO (AttributeError"),
+         "document[1]: malformed OpenSLO SLO (AttributeError"),
         ("apiVersion: openslo/v1\nkind: SLO\nmetadata: {name: a}\nspec: {indicator: {spec: {ratioMetric: "
-         "{good: {metricSource: {spec: [1]}}}}}}\n", "document 1: malformed OpenSLO SLO"),
+         "{good: {metricSource: {spec: [1]}}}}}}\n", "document[1]: malformed OpenSLO SLO"),
         ("[" * 10_000 + "]" * 10_000, "body: YAML nested too deeply"),
         # A YAML alias nested six deep is a million strings to str() or repr(): refused as it is read.
         ("apiVersion: openslo/v1\nkind: SLO\nmetadata:\n  name: a\n  labels:\n"
@@ -412,7 +416,7 @@ def test_openslo_import_with_a_bad_target_value_changes_nothing(client: TestClie
     docs[1]["spec"]["objectives"][0]["target"] = 1.2
     response = client.post("/v1/openslo", content=yaml.safe_dump_all(docs), headers=AUTH)
     assert response.status_code == 422
-    assert "document 2: spec.objectives[0].target: must be a number in (0, 1)" in response.json()["detail"]
+    assert "document[2].spec.objectives[0].target: must be a number in (0, 1)" in response.json()["detail"]
     assert client.get("/v1/policies/qwen").json()["version"] == 1
 
 
