@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -160,6 +160,8 @@ class PrometheusStatsSink:
                                               "Wall time of one placement change, in seconds.", SWAP_DURATION_BUCKETS_S)
         self._healthy = bound.gauge(ENGINE_HEALTHY, "1 while the engine can serve, 0 once it is broken.", "mostrecent")
         self._healthy.set(1)
+        # process_start_time_seconds and the rest: the restart ticket counts the start time's changes.
+        ProcessCollector(registry=registry)
         self._moe = _MoECollector(model_name, engine, routing_window_steps)
         registry.register(self._moe)
         self._expert_template: tuple[tuple[int, ...], str] | None = None

@@ -70,4 +70,9 @@ class RuleGroup:
         return tuple(rule for rule in self.rules if isinstance(rule, AlertingRule))
 
 
-__all__ = ["AlertingRule", "RecordingRule", "Rule", "RuleGroup"]
+def promql_string(text: str) -> str:
+    """``text`` as the body of a PromQL double-quoted string (a label matcher's value)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+__all__ = ["AlertingRule", "RecordingRule", "Rule", "RuleGroup", "promql_string"]

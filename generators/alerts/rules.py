@@ -22,10 +22,10 @@ slow requests at 3 a.m. does not wake anyone, while a slow trickle still
 tickets over the 2h and 6h short windows.
 
 The error ratio counts only requests that got a first token: a hung engine
-counts nothing, and its ratio is 0/0.  ``MoesloEngineStalled`` pages on that:
-requests running or waiting while no first token and no output token came for
-``AlertOptions.stall_window``.  The metric-absent tickets also watch the bucket
-at each threshold, so an engine whose histogram lacks that edge is reported.
+counts nothing, and its ratio is 0/0.  The engines' own alerts
+(:mod:`generators.alerts.engine_alerts`: stalled, unhealthy, restarting) page
+and ticket on that.  The metric-absent tickets also watch the bucket at each
+threshold, so an engine whose histogram lacks that edge is reported.
 """
 
 from __future__ import annotations
@@ -41,17 +41,13 @@ from contracts.catalogue import (
     ITL_HISTOGRAM,
     LAYER_IMBALANCE_CV,
     LAYER_IMBALANCE_CV_NOISE,
-    RUNNING,
     TOTAL_EVENTS_RECORD,
-    TTFT_HISTOGRAM,
-    WAITING,
     le_matcher,
 )
 from contracts.errors import ValidationError
 from controller.policy import MIN_WINDOW_S, LatencyObjective, Policy, parse_duration_s
 from controller.slo import (
     MIN_ALERT_BURN_RATE,
-    MIN_ALERT_REQUESTS,
     BurnRateWindow,
     dropped_burn_rate_windows,
     error_budget,
@@ -59,37 +55,11 @@ from controller.slo import (
     standard_burn_rate_windows,
 )
 from controller.ttft_series import ttft_matchers, ttft_metric
-from generators.alerts.model import AlertingRule, RecordingRule, Rule, RuleGroup
+from generators.alerts.engine_alerts import restart_alert, stall_alert, unhealthy_alert
+from generators.alerts.model import AlertingRule, RecordingRule, Rule, RuleGroup, promql_string
+from generators.alerts.options import AlertOptions
 from generators.alerts.runbooks import with_runbook_urls
-from generators.buckets import EngineBuckets, EngineName, check_thresholds
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AlertOptions:
-    """Knobs of the generated rules that are not part of an SLO policy."""
-
-    engine: EngineName | EngineBuckets = "moeslo"
-    """Whose histogram buckets the engines write (:mod:`generators.buckets`): moeslo's (ITL has 0.02),
-    stock vLLM's (no 0.02), or vLLM's started with the SLO edges (``vllm-slo-buckets``)."""
-    evaluation_interval: str = "30s"
-    min_requests: int = MIN_ALERT_REQUESTS
-    """Low-traffic guard: burn-rate alerts need this many TTFT requests over their short window."""
-    for_fraction_of_short_window: float = 0.2
-    """``for:`` of a burn-rate alert, as a share of its short window (5m -> 1m, 30m -> 6m)."""
-    min_for: str = "1m"
-    imbalance_for: str = "10m"
-    """Least ``for:`` of the imbalance alert; it is at least twice the policy's imbalance ``sustain_s``."""
-    absent_for: str = "10m"
-    stall_window: str = "5m"
-    """``MoesloEngineStalled``: requests in flight and no first or output token over this window..."""
-    stall_for: str = "3m"
-    """... for this long (a hung engine pages within about 8 minutes)."""
-    forecast_for: str = "30m"
-    """How long sizing must have been reactive (forecast unreliable) before a ticket."""
-    for_override: str | None = None
-    """Use this ``for:`` on every alert (end-to-end tests that cannot wait minutes)."""
-    runbook_url: str | None = None
-    """The runbooks page (docs/runbooks.md as published): every alert links to its section of it."""
+from generators.buckets import check_thresholds
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -186,7 +156,7 @@ def build_rule_groups(policies: Sequence[Policy], options: AlertOptions | None =
             rules.extend(_recording_rules(policy, sli, rate_windows(windows)))
         for sli in latency_slis(policy):
             rules.extend(_burn_rate_alerts(policy, sli, windows, options))
-        rules.append(_stall_alert(policy, options))
+        rules.extend((stall_alert(policy, options), unhealthy_alert(policy, options), restart_alert(policy, options)))
         rules.append(_imbalance_alert(policy, options))
         if policy.forecast.enabled:
             rules.append(_forecast_alert(policy, options))
@@ -201,7 +171,7 @@ def build_rule_groups(policies: Sequence[Policy], options: AlertOptions | None =
 
 def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) -> list[RecordingRule]:
     labels = {"policy": policy.name, "slo": sli.slo}
-    model = _selector_value(policy.model_name)
+    model = promql_string(policy.model_name)
     series = f'model_name="{model}"' + (f",{sli.matchers}" if sli.matchers else "")
     mine = _own_selector(policy, sli)
     rules: list[RecordingRule] = []
@@ -238,7 +208,7 @@ def _burn_rate_alerts(
     budget = error_budget(sli.objective.target)
     mine = _own_selector(policy, sli)
     # Requests, not events: ITL counts one event per token, so a single slow request is many events.
-    requests = f'{{policy="{_selector_value(policy.name)}",slo="ttft"}}'
+    requests = f'{{policy="{promql_string(policy.name)}",slo="ttft"}}'
     alerts: list[AlertingRule] = []
     for w in windows:
         factor = _num(w.burn_rate)
@@ -280,43 +250,12 @@ def _burn_rate_alerts(
     return alerts
 
 
-def _stall_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
-    """A page when requests are in flight but the engines produce nothing: no first token, no output token.
-
-    Read from the engines' own series, not the SLO's: a request that never gets its first token is in no
-    TTFT count, so a hung engine core leaves the error ratio at 0/0 and every burn-rate alert silent.
-    Output tokens count as progress too, so a few long generations with no new arrivals are not a stall.
-    """
-    model = f'model_name="{_selector_value(policy.model_name)}"'
-    window = options.stall_window
-    in_flight = f'sum by (model_name) ({{__name__=~"{RUNNING}|{WAITING}",{model}}}) > 0'
-    first, output = (
-        f"sum by (model_name) (increase({metric}_count{{{model}}}[{window}])) == 0"
-        for metric in (TTFT_HISTOGRAM, ITL_HISTOGRAM)
-    )
-    return AlertingRule(
-        alert="MoesloEngineStalled",
-        expr=f"{in_flight}\nand on (model_name)\n{first}\nand on (model_name)\n{output}",
-        for_=options.for_override or options.stall_for,
-        labels={"severity": "page", "policy": policy.name, "slo": "ttft"},
-        annotations={
-            "summary": f"The engines of policy {policy.name} hold requests but produce no tokens",
-            "description": (
-                "{{ $value }} requests of {{ $labels.model_name }} are running or waiting, and no first token "
-                f"and no output token has come for {window}: the engine is hung, or its requests are stuck before "
-                "their first token. The TTFT error ratio counts only requests that got a first token, so the "
-                "burn-rate alerts cannot see this."
-            ),
-        },
-    )
-
-
 def _imbalance_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     max_cv = _num(policy.objectives.imbalance.max_cv)
     # The rebalancer acts after sustain_s of imbalance: give it that long twice before a ticket.
     sustain_s = policy.objectives.imbalance.sustain_s
     imbalance_for = format_duration(max(parse_duration_s(options.imbalance_for), 2 * sustain_s))
-    selector = f'{{model_name="{_selector_value(policy.model_name)}"}}'
+    selector = f'{{model_name="{promql_string(policy.model_name)}"}}'
     cv, noise = f"{LAYER_IMBALANCE_CV}{selector}", f"{LAYER_IMBALANCE_CV_NOISE}{selector}"
     # Judged as the rebalancer judges it: the CV with the window's sampling noise taken out
     # (sqrt(CV^2 - noise^2)), so a quiet engine's short windows do not open tickets; an engine
@@ -342,7 +281,7 @@ def _forecast_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     settings = policy.forecast
     return AlertingRule(
         alert="MoesloForecastUnreliable",
-        expr=f'{FORECAST_RELIABLE}{{policy="{_selector_value(policy.name)}"}} == 0',
+        expr=f'{FORECAST_RELIABLE}{{policy="{promql_string(policy.name)}"}} == 0',
         for_=options.for_override or options.forecast_for,
         labels={"severity": "ticket", "policy": policy.name, "slo": "forecast"},
         annotations={
@@ -358,7 +297,7 @@ def _forecast_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
 
 
 def _absent_alerts(policy: Policy, options: AlertOptions) -> list[AlertingRule]:
-    model = _selector_value(policy.model_name)
+    model = promql_string(policy.model_name)
     ttft, itl = latency_slis(policy)
     watched = (
         ("MoesloTTFTMetricAbsent", "ttft", f"{ttft.metric}_count", ttft.matchers, ttft),
@@ -409,7 +348,7 @@ def _burn_for(window: BurnRateWindow, options: AlertOptions) -> str:
 
 
 def _own_selector(policy: Policy, sli: LatencySli) -> str:
-    return f'{{policy="{_selector_value(policy.name)}",slo="{sli.slo}"}}'
+    return f'{{policy="{promql_string(policy.name)}",slo="{sli.slo}"}}'
 
 
 def _template_text(text: str) -> str:
@@ -418,11 +357,6 @@ def _template_text(text: str) -> str:
     if "{{" not in text and "}}" not in text:
         return text
     return "{{ " + json.dumps(text) + " }}"  # a Go string literal prints it as it is
-
-
-def _selector_value(text: str) -> str:
-    """A PromQL double-quoted string body."""
-    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _num(value: float) -> str:

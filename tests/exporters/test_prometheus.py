@@ -76,6 +76,14 @@ def test_a_broken_engine_reports_nothing_running_waiting_or_cached() -> None:
         assert get(name, LABELS) == 0, name
 
 
+def test_the_process_start_time_is_exported_for_the_restart_ticket() -> None:
+    """``MoesloEngineRestarting`` counts the changes of ``process_start_time_seconds`` on each replica."""
+    reg = CollectorRegistry()
+    PrometheusStatsSink(reg, model_name="m")
+    started = reg.get_sample_value("process_start_time_seconds")
+    assert started is not None and 0 < started <= time.time()
+
+
 def test_every_engine_metric_in_the_contract_is_exported() -> None:
     engine_part = DOCS.read_text().split("### vLLM plugin only")[0]  # what the embedded engine writes
     contract = re.findall(r"^\| `((?:vllm:|moe_)[a-z0-9_:]+)`", engine_part, flags=re.M)

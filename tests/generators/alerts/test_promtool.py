@@ -67,7 +67,7 @@ def test_unit_tests_see_every_alert_both_firing_and_not_firing() -> None:
                 quiet |= {v for v in variants if v[0] == name} - seen
     assert variants - firing == set(), "alerts never tested firing"
     assert variants - quiet == set(), "alerts never tested not firing"
-    assert len(variants) == 14  # 8 burn-rate pairs, the stall, imbalance, the forecast, three absent-metric alerts
+    assert len(variants) == 16  # 8 burn-rate pairs, the stall, unhealthy, restarts, imbalance, the forecast, 3 absent
 
 
 def test_amtool_accepts_the_config() -> None:

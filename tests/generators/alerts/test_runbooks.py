@@ -40,7 +40,7 @@ def test_every_generated_alert_links_to_a_section_the_runbooks_have() -> None:
         page, _, anchor = alert.annotations["runbook_url"].partition("#")
         assert page == PAGE and anchor in sections, (alert.alert, anchor, sections)
         names.add(alert.alert)
-    assert len(names) == 8  # two burn rates, the stall, imbalance, forecast, three absent metrics
+    assert len(names) == 10  # two burn rates, the stall, unhealthy, restarts, imbalance, forecast, three absent
 
 
 def test_without_a_page_no_alert_has_a_runbook_url_and_recording_rules_never_do() -> None:

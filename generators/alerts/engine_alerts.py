@@ -1,0 +1,107 @@
+"""Alerts on the engines themselves, for what the SLO's burn rates cannot see (pure: no I/O).
+
+A request that never gets its first token is in no TTFT count, so an engine that stops serving leaves the
+error ratio at 0/0 and every burn-rate alert silent.  Three alerts watch the engines instead:
+
+- ``MoesloEngineStalled`` (page): requests running or waiting, and no first or output token for a while;
+- ``MoesloEngineUnhealthy`` (page): the embedded engine says it is broken (``moe_engine_healthy`` 0: its core
+  died or went silent, a rank is dead).  It then fails every request it held and reports nothing in flight,
+  so the stall cannot fire on it;
+- ``MoesloEngineRestarting`` (ticket): a replica's process restarted again and again
+  (``process_start_time_seconds`` changed), each break too short to page.
+"""
+
+from __future__ import annotations
+
+from contracts.catalogue import ENGINE_HEALTHY, ITL_HISTOGRAM, RUNNING, TTFT_HISTOGRAM, WAITING
+from controller.policy import Policy
+from generators.alerts.model import AlertingRule, promql_string
+from generators.alerts.options import AlertOptions
+
+PROCESS_START_TIME = "process_start_time_seconds"
+"""prometheus_client's process collector: the Unix time the scraped process started."""
+
+TARGET_LABELS = "namespace, pod, instance"
+"""The labels that tell one scraped process from another (Kubernetes' and Prometheus' own)."""
+
+
+def _model(policy: Policy) -> str:
+    return f'model_name="{promql_string(policy.model_name)}"'
+
+
+def _alert(policy: Policy, name: str, *, expr: str, for_: str, severity: str, summary: str,
+           description: str) -> AlertingRule:  # fmt: skip
+    """An engine alert: filed under the TTFT SLO, whose burn rates it stands in for."""
+    labels = {"severity": severity, "policy": policy.name, "slo": "ttft"}
+    return AlertingRule(alert=name, expr=expr, for_=for_, labels=labels,
+                        annotations={"summary": summary, "description": description})
+
+
+def stall_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
+    """A page when requests are in flight but the engines produce nothing: no first token, no output token.
+
+    Read from the engines' own series, not the SLO's.  Output tokens count as progress too, so a few long
+    generations with no new arrivals are not a stall.
+    """
+    model = _model(policy)
+    window = options.stall_window
+    in_flight = f'sum by (model_name) ({{__name__=~"{RUNNING}|{WAITING}",{model}}}) > 0'
+    first, output = (
+        f"sum by (model_name) (increase({metric}_count{{{model}}}[{window}])) == 0"
+        for metric in (TTFT_HISTOGRAM, ITL_HISTOGRAM)
+    )
+    return _alert(
+        policy, "MoesloEngineStalled",
+        expr=f"{in_flight}\nand on (model_name)\n{first}\nand on (model_name)\n{output}",
+        for_=options.for_override or options.stall_for,
+        severity="page",
+        summary=f"The engines of policy {policy.name} hold requests but produce no tokens",
+        description=(
+            "{{ $value }} requests of {{ $labels.model_name }} are running or waiting, and no first token "
+            f"and no output token has come for {window}: the engine is hung, or its requests are stuck before "
+            "their first token. The TTFT error ratio counts only requests that got a first token, so the "
+            "burn-rate alerts cannot see this."
+        ),
+    )
+
+
+def unhealthy_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
+    """A page when an embedded engine has said it is broken for ``unhealthy_for``: no supervisor restarted it."""
+    replica = f"model_name, {TARGET_LABELS}, engine"
+    return _alert(
+        policy, "MoesloEngineUnhealthy",
+        expr=f"min by ({replica}) ({ENGINE_HEALTHY}{{{_model(policy)}}}) == 0",
+        for_=options.for_override or options.unhealthy_for,
+        severity="page",
+        summary=f"An engine of policy {policy.name} is broken and serves nothing",
+        description=(
+            "Engine {{ $labels.engine }} of {{ $labels.model_name }} has reported itself broken "
+            f"({ENGINE_HEALTHY} 0) for {options.unhealthy_for}: its core died, hung, or lost an expert-parallel "
+            "rank, and every request it held failed. Its logs name the cause (engine broken: ...); the "
+            "supervisor should have restarted it."
+        ),
+    )
+
+
+def restart_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
+    """A ticket when a replica of the policy's model restarted more than ``max_restarts`` times in
+    ``restart_window``.  The process collector's series carry no ``model_name``: they are joined to the
+    engine's ``vllm:num_requests_running`` of the same target, which both engines export."""
+    window = options.restart_window
+    restarts = f"max by ({TARGET_LABELS}) (changes({PROCESS_START_TIME}[{window}])) > {options.max_restarts}"
+    replicas = f"group by (model_name, {TARGET_LABELS}) ({RUNNING}{{{_model(policy)}}})"
+    return _alert(
+        policy, "MoesloEngineRestarting",
+        expr=f"({restarts})\n* on ({TARGET_LABELS}) group_left (model_name)\n{replicas}",
+        for_=options.for_override or "0s",
+        severity="ticket",
+        summary=f"A replica of policy {policy.name} keeps restarting",
+        description=(
+            "The engine process of {{ $labels.model_name }} on {{ $labels.pod }} ({{ $labels.instance }}) "
+            f"restarted {{{{ $value }}}} times in {window}: it breaks, and its supervisor restarts it. Each "
+            "break fails the requests it held."
+        ),
+    )
+
+
+__all__ = ["PROCESS_START_TIME", "restart_alert", "stall_alert", "unhealthy_alert"]
