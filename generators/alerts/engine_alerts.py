@@ -3,7 +3,7 @@
 A request that never gets its first token is in no TTFT count, so an engine that stops serving leaves the
 error ratio at 0/0 and every burn-rate alert silent.  Three alerts watch the engines instead:
 
-- ``MoesloEngineStalled`` (page): requests running or waiting, and no first or output token for a while;
+- ``MoesloEngineStalled`` (page): a replica holds requests, and no first or output token came for a while;
 - ``MoesloEngineUnhealthy`` (page): the embedded engine says it is broken (``moe_engine_healthy`` 0: its core
   died or went silent, a rank is dead).  It then fails every request it held and reports nothing in flight,
   so the stall cannot fire on it;
@@ -24,6 +24,9 @@ PROCESS_START_TIME = "process_start_time_seconds"
 TARGET_LABELS = "namespace, pod, instance"
 """The labels that tell one scraped process from another (Kubernetes' and Prometheus' own)."""
 
+REPLICA_LABELS = f"model_name, {TARGET_LABELS}, engine"
+"""One engine of one replica: a vLLM pod with data parallelism runs several, told apart by ``engine``."""
+
 
 def _model(policy: Policy) -> str:
     return f'model_name="{promql_string(policy.model_name)}"'
@@ -38,39 +41,39 @@ def _alert(policy: Policy, name: str, *, expr: str, for_: str, severity: str, su
 
 
 def stall_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
-    """A page when requests are in flight but the engines produce nothing: no first token, no output token.
+    """A page when a replica holds requests but produces nothing: no first token, no output token.
 
-    Read from the engines' own series, not the SLO's.  Output tokens count as progress too, so a few long
-    generations with no new arrivals are not a stall.
+    Read from the engines' own series, not the SLO's, and per replica: summed over the model, a healthy
+    replica's tokens would hide a hung one.  Output tokens count as progress too, so a few long generations
+    with no new arrivals are not a stall.
     """
     model = _model(policy)
     window = options.stall_window
-    in_flight = f'sum by (model_name) ({{__name__=~"{RUNNING}|{WAITING}",{model}}}) > 0'
+    in_flight = f'sum by ({REPLICA_LABELS}) ({{__name__=~"{RUNNING}|{WAITING}",{model}}}) > 0'
     first, output = (
-        f"sum by (model_name) (increase({metric}_count{{{model}}}[{window}])) == 0"
+        f"sum by ({REPLICA_LABELS}) (increase({metric}_count{{{model}}}[{window}])) == 0"
         for metric in (TTFT_HISTOGRAM, ITL_HISTOGRAM)
     )
     return _alert(
         policy, "MoesloEngineStalled",
-        expr=f"{in_flight}\nand on (model_name)\n{first}\nand on (model_name)\n{output}",
+        expr=f"{in_flight}\nand on ({REPLICA_LABELS})\n{first}\nand on ({REPLICA_LABELS})\n{output}",
         for_=options.for_override or options.stall_for,
         severity="page",
-        summary=f"The engines of policy {policy.name} hold requests but produce no tokens",
+        summary=f"A replica of policy {policy.name} holds requests but produces no tokens",
         description=(
-            "{{ $value }} requests of {{ $labels.model_name }} are running or waiting, and no first token "
-            f"and no output token has come for {window}: the engine is hung, or its requests are stuck before "
-            "their first token. The TTFT error ratio counts only requests that got a first token, so the "
-            "burn-rate alerts cannot see this."
+            "{{ $value }} requests of {{ $labels.model_name }} are running or waiting on one replica (its labels "
+            f"say which), and no first token and no output token has come from it for {window}: the engine is "
+            "hung, or its requests are stuck before their first token. The TTFT error ratio counts only requests "
+            "that got a first token, so the burn-rate alerts cannot see this."
         ),
     )
 
 
 def unhealthy_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     """A page when an embedded engine has said it is broken for ``unhealthy_for``: no supervisor restarted it."""
-    replica = f"model_name, {TARGET_LABELS}, engine"
     return _alert(
         policy, "MoesloEngineUnhealthy",
-        expr=f"min by ({replica}) ({ENGINE_HEALTHY}{{{_model(policy)}}}) == 0",
+        expr=f"min by ({REPLICA_LABELS}) ({ENGINE_HEALTHY}{{{_model(policy)}}}) == 0",
         for_=options.for_override or options.unhealthy_for,
         severity="page",
         summary=f"An engine of policy {policy.name} is broken and serves nothing",
