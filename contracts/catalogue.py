@@ -51,6 +51,11 @@ REQUEST_MAX_GENERATION_TOKENS_HISTOGRAM = "vllm:request_max_num_generation_token
 TTFT_NORMALIZED_HISTOGRAM = "moeslo_ttft_normalized_seconds"
 """TTFT minus the long-prompt allowance (``contracts.ttft_objective``), one series per allowance, labelled
 with it: its good count at ``le=threshold_s`` is the length-aware TTFT objective's."""
+REQUESTS_WITHOUT_FIRST_TOKEN = "moeslo_requests_without_first_token"
+"""Requests an engine ended before their first token, by ``finished_reason``: in no TTFT histogram."""
+UNSERVED_FINISH_REASONS = ("deadline", "error")
+"""Of those, the ones the TTFT SLI counts as bad events: the engine failed them (their request deadline passed
+while queued or in prefill, or the engine broke).  A client's abort is not the engine's failure."""
 REFERENCE_PROMPT_TOKENS_LABEL = "reference_prompt_tokens"
 PER_1K_PROMPT_TOKENS_LABEL = "per_1k_prompt_tokens_s"
 
@@ -387,6 +392,7 @@ __all__ = [
     "REFERENCE_PROMPT_TOKENS_LABEL",
     "REJECTED_OUTCOME",
     "REPLICA_LABEL",
+    "REQUESTS_WITHOUT_FIRST_TOKEN",
     "REQUEST_LATENCY_BUCKETS_S",
     "REQUEST_SUCCESS",
     "ROUTER_EJECTIONS",
@@ -412,6 +418,7 @@ __all__ = [
     "TTFT_INFEASIBLE_REQUESTS",
     "TTFT_INFEASIBLE_SHARE",
     "TTFT_NORMALIZED_HISTOGRAM",
+    "UNSERVED_FINISH_REASONS",
     "VLLM_BUCKETS_BY_METRIC",
     "VLLM_BUCKET_FAMILIES",
     "VLLM_CUSTOM_BUCKETS_FLAG",

@@ -62,6 +62,7 @@ from contracts.catalogue import (
     REQUEST_MAX_GENERATION_TOKENS_HISTOGRAM,
     REQUEST_PROMPT_TOKENS_HISTOGRAM,
     REQUEST_SUCCESS,
+    REQUESTS_WITHOUT_FIRST_TOKEN,
     RUNNING,
     SCHEDULER_CONFIG_INFO,
     STAT_LABEL,
@@ -156,6 +157,9 @@ class PrometheusStatsSink:
         success = Counter(REQUEST_SUCCESS, "Finished requests by finish reason.", [*BASE_LABELS, FINISHED_REASON_LABEL],
                           registry=registry)
         self._success = {reason: success.labels(model_name, engine, reason) for reason in FINISH_REASONS}
+        unserved = Counter(REQUESTS_WITHOUT_FIRST_TOKEN, "Requests ended before their first token, by finish reason.",
+                           [*BASE_LABELS, FINISHED_REASON_LABEL], registry=registry)  # fmt: skip
+        self._without_first_token = {reason: unserved.labels(model_name, engine, reason) for reason in FINISH_REASONS}
         self._swap_duration = bound.histogram(PLACEMENT_SWAP_DURATION_HISTOGRAM,
                                               "Wall time of one placement change, in seconds.", SWAP_DURATION_BUCKETS_S)
         self._healthy = bound.gauge(ENGINE_HEALTHY, "1 while the engine can serve, 0 once it is broken.", "mostrecent")
@@ -212,8 +216,7 @@ class PrometheusStatsSink:
     def record_failed(self, lost: Sequence[FinishedRequestStats]) -> None:
         """Requests ended by the API process, not the core (it died): counted as vLLM counts them."""
         for fin in lost:
-            if (counter := self._success.get(fin.finish_reason)) is not None:
-                counter.inc()
+            self._count_finish(fin)
 
     def record_request(self, request: ApiRequestStats) -> None:
         """One OpenAI request once every choice has ended: per prompt, the most tokens any of its choices
@@ -254,15 +257,22 @@ class PrometheusStatsSink:
             if fin.ttft_s is not None:
                 for allowance, histogram in self._ttft_normalized:
                     histogram.observe(allowance.normalized_s(fin.ttft_s, fin.prompt_tokens))
-            counter = self._success.get(fin.finish_reason)
-            if counter is not None:
-                counter.inc()
+            self._count_finish(fin)
         # Routing first: counts that arrive with a swap were routed under the old placement.
         if step.routing is not None:
             self._moe.record_routing(step.routing)
         if step.placement_swap is not None:
             self._swap_duration.observe(step.placement_swap.duration_s)
             self._moe.record_swap(step.placement_swap.experts_moved)
+
+    def _count_finish(self, fin: FinishedRequestStats) -> None:
+        """By finish reason; one ended before its first token is in no TTFT histogram, so it is counted apart
+        too (one failed in the API process has no TTFT, but its tokens say whether it had a first one)."""
+        if (counter := self._success.get(fin.finish_reason)) is not None:
+            counter.inc()
+        unserved = self._without_first_token.get(fin.finish_reason)
+        if unserved is not None and fin.ttft_s is None and fin.generation_tokens == 0:
+            unserved.inc()
 
     # ------------------------------------------------------------------ exposition
 

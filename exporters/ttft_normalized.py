@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from contracts.catalogue import (
     BASE_LABELS,
+    FINISHED_REASON_LABEL,
     PER_1K_PROMPT_TOKENS_LABEL,
     REFERENCE_PROMPT_TOKENS_LABEL,
+    REQUESTS_WITHOUT_FIRST_TOKEN,
     TTFT_BUCKETS_S,
     TTFT_NORMALIZED_HISTOGRAM,
 )
@@ -38,6 +40,10 @@ class NormalizedTtftObserver:
             registry=registry, buckets=TTFT_BUCKETS_S,
         )  # fmt: skip
         self._allowances = tuple(allowances)
+        self._without_first_token = Counter(
+            REQUESTS_WITHOUT_FIRST_TOKEN, "Requests ended before their first token, by finish reason.",
+            [*BASE_LABELS, FINISHED_REASON_LABEL], registry=registry,
+        )  # fmt: skip
 
     def observe(self, model_name: str, engine: str, requests: Iterable[tuple[float, int]]) -> None:
         """``(ttft_s, prompt_tokens)`` of requests that finished on one engine."""
@@ -48,6 +54,13 @@ class NormalizedTtftObserver:
         for ttft_s, prompt_tokens in requests:
             for allowance, histogram in series:
                 histogram.observe(allowance.normalized_s(ttft_s, prompt_tokens))
+
+    def count_without_first_token(self, model_name: str, engine: str, finished: Iterable[Any]) -> None:
+        """vLLM's finished requests that generated nothing, by finish reason (its enum prints ``stop``,
+        ``length``, ``abort``, ``error``, ``repetition``): those :func:`finished_ttfts` leaves out."""
+        for f in finished:
+            if getattr(f, "num_generation_tokens", 1) == 0:
+                self._without_first_token.labels(model_name, engine, str(f.finish_reason)).inc()
 
 
 def finished_ttfts(finished: Iterable[Any]) -> list[tuple[float, int]]:

@@ -55,7 +55,9 @@ class NormalizedTtftStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is
                engine_idx: int = 0) -> None:  # fmt: skip
         if self.observer is None or iteration_stats is None or not iteration_stats.finished_requests:
             return
-        self.observer.observe(self.model_name, self.engine, finished_ttfts(iteration_stats.finished_requests))
+        finished = iteration_stats.finished_requests
+        self.observer.observe(self.model_name, self.engine, finished_ttfts(finished))
+        self.observer.count_without_first_token(self.model_name, self.engine, finished)
 
     def log_engine_initialized(self) -> None:
         return None

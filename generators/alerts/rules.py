@@ -41,8 +41,11 @@ from contracts.catalogue import (
     ITL_HISTOGRAM,
     LAYER_IMBALANCE_CV,
     LAYER_IMBALANCE_CV_NOISE,
+    REQUESTS_WITHOUT_FIRST_TOKEN,
     TOTAL_EVENTS_RECORD,
+    UNSERVED_FINISH_REASONS,
     le_matcher,
+    total,
 )
 from contracts.errors import ValidationError
 from controller.policy import MIN_WINDOW_S, LatencyObjective, Policy, parse_duration_s
@@ -184,13 +187,7 @@ def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) ->
                 labels=labels,
             )
         )
-        rules.append(
-            RecordingRule(
-                record=total,
-                expr=f"sum by (model_name) (rate({sli.metric}_count{{{series}}}[{window}]))",
-                labels=labels,
-            )
-        )
+        rules.append(RecordingRule(record=total, expr=_total_events(policy, sli, series, window), labels=labels))
         rules.append(
             RecordingRule(
                 record=ERROR_RATIO_RECORD.format(window=window),
@@ -200,6 +197,19 @@ def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) ->
             )
         )
     return rules
+
+
+def _total_events(policy: Policy, sli: LatencySli, series: str, window: str) -> str:
+    """The SLI's events: its histogram's count, and for TTFT the requests the engines ended before a first
+    token (deadline, error), which no TTFT histogram holds; ``or 0 * ...`` keeps the total where an engine
+    (stock vLLM) exports no such counter."""
+    count = f"sum by (model_name) (rate({sli.metric}_count{{{series}}}[{window}]))"
+    if sli.slo != "ttft":
+        return count
+    reasons = "|".join(UNSERVED_FINISH_REASONS)
+    unserved = (f'{total(REQUESTS_WITHOUT_FIRST_TOKEN)}{{model_name="{promql_string(policy.model_name)}",'
+                f'finished_reason=~"{reasons}"}}')  # fmt: skip
+    return f"{count}\n+ (sum by (model_name) (rate({unserved}[{window}])) or 0 * {count})"
 
 
 def _burn_rate_alerts(

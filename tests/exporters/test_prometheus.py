@@ -76,6 +76,27 @@ def test_a_broken_engine_reports_nothing_running_waiting_or_cached() -> None:
         assert get(name, LABELS) == 0, name
 
 
+def test_requests_ended_before_a_first_token_are_counted_by_reason() -> None:
+    """A request the engine ends before its first token (deadline, error, abort) is in no TTFT histogram: it is
+    counted apart, so the TTFT SLI can take the engine's ones as bad events."""
+    reg = CollectorRegistry()
+    sink = PrometheusStatsSink(reg, model_name="m")
+    unserved = FinishedRequestStats(request_id="d", finish_reason="deadline", prompt_tokens=100, generation_tokens=0,
+                                    e2e_s=30.0, queue_s=30.0, prefill_s=0.0, decode_s=0.0, ttft_s=None,
+                                    mean_itl_s=None)  # fmt: skip
+    sink.record(step(ttfts_s=(0.1,), finished=(finished("stop"), unserved, unserved)))
+    # The core died: one request had its first token, one had none.
+    lost = [FinishedRequestStats(request_id=str(n), finish_reason="error", prompt_tokens=5, generation_tokens=n,
+                                 e2e_s=1.0, queue_s=0.0, prefill_s=0.0, decode_s=0.0, ttft_s=None, mean_itl_s=None)
+            for n in (0, 3)]  # fmt: skip
+    sink.record_failed(lost)
+    name = "moeslo_requests_without_first_token_total"
+    assert reg.get_sample_value(name, {**LABELS, "finished_reason": "deadline"}) == 2
+    assert reg.get_sample_value(name, {**LABELS, "finished_reason": "error"}) == 1
+    assert reg.get_sample_value(name, {**LABELS, "finished_reason": "stop"}) == 0
+    assert reg.get_sample_value("vllm:time_to_first_token_seconds_count", LABELS) == 1
+
+
 def test_the_process_start_time_is_exported_for_the_restart_ticket() -> None:
     """``MoesloEngineRestarting`` counts the changes of ``process_start_time_seconds`` on each replica."""
     reg = CollectorRegistry()

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from exporters.ttft_normalized import finished_ttfts
+from prometheus_client import CollectorRegistry
+
+from exporters.ttft_normalized import NormalizedTtftObserver, finished_ttfts
 
 
-def _finished(queued_ts: float, scheduled_ts: float, first_token_ts: float, generated: int) -> SimpleNamespace:
+def _finished(queued_ts: float, scheduled_ts: float, first_token_ts: float, generated: int,
+              reason: str = "stop") -> SimpleNamespace:  # fmt: skip
     """vLLM's ``FinishedRequestStats`` as it derives them: timestamps it never reached stay 0."""
     return SimpleNamespace(queued_time=scheduled_ts - queued_ts, prefill_time=first_token_ts - scheduled_ts,
-                           num_prompt_tokens=100, num_generation_tokens=generated)  # fmt: skip
+                           num_prompt_tokens=100, num_generation_tokens=generated, finish_reason=reason)  # fmt: skip
 
 
 def test_a_request_without_a_first_token_is_no_ttft_observation() -> None:
@@ -22,3 +25,19 @@ def test_a_request_without_a_first_token_is_no_ttft_observation() -> None:
         _finished(1000.0, 1000.5, 0.0, 0),  # aborted in prefill
     ]
     assert finished_ttfts(finished) == [(1.0, 100)]
+
+
+def test_vllm_requests_without_a_first_token_are_counted_by_reason() -> None:
+    """vLLM's finish reasons print as ``stop``, ``length``, ``abort`` (its enum's ``str``): an abort while queued
+    or in prefill is counted apart from the TTFT observations, as on the embedded engine."""
+    reg = CollectorRegistry()
+    observer = NormalizedTtftObserver(reg)
+    observer.count_without_first_token("m", "0", [
+        _finished(1000.0, 1000.5, 1001.0, 8),
+        _finished(1000.0, 0.0, 0.0, 0, reason="abort"),
+        _finished(1000.0, 1000.5, 0.0, 0, reason="abort"),
+    ])  # fmt: skip
+    labels = {"model_name": "m", "engine": "0"}
+    name = "moeslo_requests_without_first_token_total"
+    assert reg.get_sample_value(name, {**labels, "finished_reason": "abort"}) == 2
+    assert reg.get_sample_value(name, {**labels, "finished_reason": "stop"}) is None
