@@ -67,6 +67,8 @@ LAYER_IMBALANCE_CV_NOISE = "moe_layer_imbalance_cv_noise_floor"
 IMBALANCE_CV_ACROSS_LAYERS = "moe_imbalance_cv_across_layers"
 BALANCEDNESS_ACROSS_LAYERS = "moe_balancedness_across_layers"
 PLACEMENT_SWAPS = "moe_placement_swaps"
+ENGINE_STEP_DURATION_HISTOGRAM = "moeslo_engine_step_duration_seconds"
+"""Wall time of each embedded-engine step that ran the model (vLLM exports no such series)."""
 ENGINE_HEALTHY = "moe_engine_healthy"
 """1 while the embedded engine can serve, 0 once it is broken (a dead EP rank, a failed step, the core gone)."""
 PLACEMENT_EXPERTS_MOVED = "moe_placement_experts_moved"
@@ -226,6 +228,11 @@ PROMPT_TOKENS_BUCKETS: tuple[float, ...] = request_tokens_buckets(1_000_000)
 """vLLM's 1-2-5 edges of ``vllm:request_prompt_tokens`` to a million tokens (an engine stops at its
 ``max_model_len``): the replay's simulated length histogram."""
 
+STEP_DURATION_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+"""Edges of ``moeslo_engine_step_duration_seconds``: a decode step near the 20 ms ITL objective in detail, a long
+prefill or a stuck collective up to 10 s."""
 SWAP_DURATION_BUCKETS_S: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Edges of ``moe_placement_swap_duration_seconds``."""
 
@@ -336,6 +343,7 @@ __all__ = [
     "E2E_LATENCY_HISTOGRAM",
     "ENGINE_HEALTHY",
     "ENGINE_LABEL",
+    "ENGINE_STEP_DURATION_HISTOGRAM",
     "ERRORS",
     "ERROR_BUDGET_REMAINING",
     "ERROR_RATIO_RECORD",
@@ -411,6 +419,7 @@ __all__ = [
     "SLI",
     "SOURCE_LABEL",
     "STAT_LABEL",
+    "STEP_DURATION_BUCKETS_S",
     "SWAP_DURATION_BUCKETS_S",
     "TOTAL_EVENTS_RECORD",
     "TTFT_BUCKETS_S",

@@ -32,6 +32,7 @@ from contracts.catalogue import (
     E2E_LATENCY_HISTOGRAM,
     ENGINE_HEALTHY,
     ENGINE_LABEL,
+    ENGINE_STEP_DURATION_HISTOGRAM,
     EXPERT_TOKENS,
     FINISHED_REASON_LABEL,
     GENERATION_TOKENS,
@@ -66,6 +67,7 @@ from contracts.catalogue import (
     RUNNING,
     SCHEDULER_CONFIG_INFO,
     STAT_LABEL,
+    STEP_DURATION_BUCKETS_S,
     SWAP_DURATION_BUCKETS_S,
     TTFT_BUCKETS_S,
     TTFT_HISTOGRAM,
@@ -145,6 +147,9 @@ class PrometheusStatsSink:
         self._decode = bound.histogram(DECODE_TIME_HISTOGRAM, "Time from first token to finish, in seconds.",
                                        REQUEST_LATENCY_BUCKETS_S)
         self._request_histograms(bound, max_model_len, ttft_allowances)
+        self._step_duration = bound.histogram(ENGINE_STEP_DURATION_HISTOGRAM,
+                                              "Wall time of one engine step that ran the model, in seconds.",
+                                              STEP_DURATION_BUCKETS_S)
         self._running = bound.gauge(RUNNING, "Requests in the running batch.", "sum")
         self._waiting = bound.gauge(WAITING, "Requests waiting to be scheduled.", "sum")
         self._kv_usage = bound.gauge(KV_CACHE_USAGE, "Fraction of KV cache blocks in use (0..1).", "mostrecent")
@@ -154,12 +159,9 @@ class PrometheusStatsSink:
         self._prefix_queries = bound.counter(PREFIX_CACHE_QUERIES,
                                              "Prefix cache queries, in terms of number of queried tokens.")
         self._prefix_hits = bound.counter(PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens.")
-        success = Counter(REQUEST_SUCCESS, "Finished requests by finish reason.", [*BASE_LABELS, FINISHED_REASON_LABEL],
-                          registry=registry)
-        self._success = {reason: success.labels(model_name, engine, reason) for reason in FINISH_REASONS}
-        unserved = Counter(REQUESTS_WITHOUT_FIRST_TOKEN, "Requests ended before their first token, by finish reason.",
-                           [*BASE_LABELS, FINISHED_REASON_LABEL], registry=registry)  # fmt: skip
-        self._without_first_token = {reason: unserved.labels(model_name, engine, reason) for reason in FINISH_REASONS}
+        self._success = _by_finish_reason(bound, REQUEST_SUCCESS, "Finished requests by finish reason.")
+        self._without_first_token = _by_finish_reason(bound, REQUESTS_WITHOUT_FIRST_TOKEN,
+                                                      "Requests ended before their first token, by finish reason.")
         self._swap_duration = bound.histogram(PLACEMENT_SWAP_DURATION_HISTOGRAM,
                                               "Wall time of one placement change, in seconds.", SWAP_DURATION_BUCKETS_S)
         self._healthy = bound.gauge(ENGINE_HEALTHY, "1 while the engine can serve, 0 once it is broken.", "mostrecent")
@@ -228,6 +230,8 @@ class PrometheusStatsSink:
                 self._request_max_generation.observe(max(reported))
 
     def record(self, step: StepStats) -> None:
+        if step.step_duration_s > 0:  # the core's idle reports ran no step
+            self._step_duration.observe(step.step_duration_s)
         self._running.set(step.num_running)
         self._waiting.set(step.num_waiting)
         self._kv_usage.set(step.kv_cache_usage)
@@ -299,6 +303,12 @@ class PrometheusStatsSink:
             self._expert_template = (totals.shape, _expert_template(self.model_name, self.engine, *totals.shape))
         # One C-level %-format over a template built once: ~3 ms for 14,848 series.
         return body + (self._expert_template[1] % tuple(totals.ravel().tolist())).encode()
+
+
+def _by_finish_reason(bound: _BoundMetrics, name: str, doc: str) -> dict[str, Counter]:
+    """A counter per finish reason, this engine's labels bound."""
+    family = Counter(name, doc, [*BASE_LABELS, FINISHED_REASON_LABEL], registry=bound.registry)
+    return {reason: family.labels(*bound.values, reason) for reason in FINISH_REASONS}
 
 
 def _expert_template(model_name: str, engine: str, layers: int, experts: int) -> str:

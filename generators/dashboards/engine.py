@@ -1,4 +1,5 @@
-"""Engine: throughput, requests, queue, KV and prefix cache, preemptions, request phases, and the entry router."""
+"""Engine: throughput, requests, queue, KV and prefix cache, step times, preemptions, request phases, and the
+entry router."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
 from contracts.catalogue import (
     E2E_LATENCY_HISTOGRAM,
+    ENGINE_STEP_DURATION_HISTOGRAM,
     GENERATION_TOKENS,
     KV_CACHE_USAGE,
     PREEMPTIONS,
@@ -80,6 +82,14 @@ def build() -> Dashboard:
             query(f"{KV_CACHE_USAGE}{{{MODEL}}}", "{{model_name}} engine {{engine}}"),
         ], unit="percentunit", slo_line=0.9, min_value=0, width=8,
             description="Blocks in use; above the line, preemptions become likely."))
+        .with_panel(timeseries("Engine step time p50 / p99", [
+            query(f"histogram_quantile({q}, sum by (le, instance, engine) "
+                  f"(rate({bucket(ENGINE_STEP_DURATION_HISTOGRAM)}{{{MODEL}}}[{RATE}])))",
+                  f"p{round(q * 100)} {{{{instance}}}} engine {{{{engine}}}}")
+            for q in (0.5, 0.99)
+        ], unit="s", min_value=0, width=8,
+            description="Per replica, steps that ran the model (the embedded engine; vLLM exports none). A hung "
+                        "replica's line stops; a slow node's rises."))
         .with_panel(timeseries("Preemptions per second", [
             query(f"sum by (model_name) (rate({total(PREEMPTIONS)}{{{MODEL}}}[{RATE}]))", "{{model_name}}"),
         ], unit="ops", min_value=0, width=8))

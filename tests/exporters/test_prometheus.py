@@ -97,6 +97,18 @@ def test_requests_ended_before_a_first_token_are_counted_by_reason() -> None:
     assert reg.get_sample_value("vllm:time_to_first_token_seconds_count", LABELS) == 1
 
 
+def test_step_durations_are_a_histogram_and_idle_reports_are_not_steps() -> None:
+    """The Engine dashboard's step-time panel reads it; the core's idle reports (0 s) ran no step."""
+    reg = CollectorRegistry()
+    sink = PrometheusStatsSink(reg, model_name="m")
+    for duration_s in (0.004, 0.03, 0.0):
+        sink.record(step(step_duration_s=duration_s))
+    name = "moeslo_engine_step_duration_seconds"
+    assert reg.get_sample_value(f"{name}_count", LABELS) == 2
+    assert reg.get_sample_value(f"{name}_bucket", {**LABELS, "le": "0.005"}) == 1
+    assert reg.get_sample_value(f"{name}_sum", LABELS) == pytest.approx(0.034)
+
+
 def test_the_process_start_time_is_exported_for_the_restart_ticket() -> None:
     """``MoesloEngineRestarting`` counts the changes of ``process_start_time_seconds`` on each replica."""
     reg = CollectorRegistry()

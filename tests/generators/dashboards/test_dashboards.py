@@ -84,6 +84,15 @@ def test_slo_lines_follow_the_policy() -> None:
         build_dashboards([])
 
 
+def test_the_engine_dashboard_shows_each_replicas_step_times() -> None:
+    """The runbooks send an on-call to the Engine dashboard's step times: a hung replica's line stops."""
+    (panel,) = [p for p in build_dashboards(DEFAULT_POLICIES)["moeslo-engine.json"]["panels"]
+                if p["title"] == "Engine step time p50 / p99"]
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert [e.split("(")[1].split(",")[0] for e in exprs] == ["0.5", "0.99"]
+    assert all("sum by (le, instance, engine) (rate(moeslo_engine_step_duration_seconds_bucket{" in e for e in exprs)
+
+
 def test_each_slo_uses_its_own_budget_and_target() -> None:
     """TTFT at 0.995 (budget 0.005) and ITL at 0.99 (budget 0.01): neither borrows the other's numbers."""
     policy = Policy(name="mixed", target=LocalTarget(model="m"), window="7d", objectives=Objectives(
