@@ -65,9 +65,11 @@ from contracts.catalogue import (
     PREFILL_TIME_HISTOGRAM,
     REJECTED_OUTCOME,
     REQUEST_PROMPT_TOKENS_HISTOGRAM,
+    REQUESTS_WITHOUT_FIRST_TOKEN,
     ROUTER_QUEUED,
     ROUTER_REQUESTS,
     RUNNING,
+    UNSERVED_FINISH_REASONS,
     WAITING,
     total,
 )
@@ -233,8 +235,9 @@ class PrometheusSource:
             queries[f"{slo}:good"] = _by_window(
                 windows, f"sum by (model_name, le) (increase({metric}_bucket{bucket_sel}[", "]))"
             )
-            queries[f"{slo}:total"] = _by_window(
-                windows, f"sum by (model_name) (increase({metric}_count{count_sel}[", "]))"
+            queries[f"{slo}:total"] = " or ".join(
+                _total_events(slo, f"{metric}_count{count_sel}", self._sel(models, UNSERVED_MATCHER), w)
+                for w in windows
             )
             queries[f"{slo}:p99"] = (
                 f"histogram_quantile({QUANTILE}, sum by (model_name, le) "
@@ -375,6 +378,21 @@ def _layers(vector: Vector, model: str) -> tuple[float, ...]:
     by_layer = sorted((int(labels["layer"]), value) for labels, value in vector
                       if labels.get("model_name") == model and labels.get("layer", "").isdecimal())  # fmt: skip
     return tuple(value for _, value in by_layer)
+
+
+UNSERVED_MATCHER = f'finished_reason=~"{"|".join(UNSERVED_FINISH_REASONS)}"'
+"""The requests without a first token the TTFT SLI counts as bad (as the generated rules do)."""
+
+
+def _total_events(slo: str, count: str, unserved_sel: str, window: str) -> str:
+    """One window's events of an SLI: its histogram's count, and for TTFT the requests the engines ended before a
+    first token (deadline, error), which no TTFT histogram holds; ``or 0 * ...`` keeps the total where an engine
+    (stock vLLM) exports no such counter.  The same total as the alert rules' (``generators/alerts/rules.py``)."""
+    events = f"sum by (model_name) (increase({count}[{window}]))"
+    if slo.startswith("ttft"):
+        unserved = f"sum by (model_name) (increase({total(REQUESTS_WITHOUT_FIRST_TOKEN)}{unserved_sel}[{window}]))"
+        events = f"{events} + ({unserved} or 0 * {events})"
+    return f'label_replace({events}, "{WINDOW_LABEL}", "{window}", "", "")'
 
 
 def _by_window(windows: Sequence[str], before: str, after: str) -> str:

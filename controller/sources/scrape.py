@@ -34,9 +34,11 @@ from contracts.catalogue import (
     LAYER_IMBALANCE_CV,
     PREFILL_TIME_HISTOGRAM,
     REQUEST_PROMPT_TOKENS_HISTOGRAM,
+    REQUESTS_WITHOUT_FIRST_TOKEN,
     ROUTER_QUEUED,
     RUNNING,
     TTFT_NORMALIZED_HISTOGRAM,
+    UNSERVED_FINISH_REASONS,
     WAITING,
 )
 from contracts.histograms import histogram_quantile
@@ -70,6 +72,9 @@ from controller.types import PolicyObservation, SliSnapshot
 Page = TypeVar("Page")
 """What one endpoint's read gives (an engine's samples, a router's queue)."""
 
+UNSERVED_TOTAL = f"{REQUESTS_WITHOUT_FIRST_TOKEN}_total"
+UNSERVED = "unserved"
+"""Requests the engines ended before a first token for a reason the TTFT SLI counts as bad (deadline, error)."""
 _COUNTERS = {
     REQUESTS_TOTAL: "requests",
     PROMPT_TOKENS_TOTAL: "prompt_tokens",
@@ -130,6 +135,8 @@ def parse_metrics(text: str) -> dict[str, EngineSample]:
             elif name in _COUNTERS:
                 key = _COUNTERS[name]
                 out.counters[key] = out.counters.get(key, 0.0) + value
+            elif name == UNSERVED_TOTAL and sample.labels.get("finished_reason") in UNSERVED_FINISH_REASONS:
+                out.counters[UNSERVED] = out.counters.get(UNSERVED, 0.0) + value
             elif name == WAITING:
                 out.waiting += value
             elif name == RUNNING:
@@ -166,6 +173,9 @@ def _good_ratios(
     for window in windows_for([policy], sli_window):
         window_s = parse_duration_s(window)
         total = history.increase(f"{series}:count", now_s, window_s)
+        if total is not None and slo == "ttft":  # requests ended before a first token count as bad, as in the rules
+            unserved = history.increase(UNSERVED, now_s, window_s)
+            total = (total[0] + (unserved[0] if unserved else 0.0), total[1])
         deltas = {e: history.increase(f"{series}:le:{e!r}", now_s, window_s) for e in needed}
         if total is None or total[0] <= 0 or not deltas or any(d is None for d in deltas.values()):
             continue

@@ -14,6 +14,7 @@ from contracts.catalogue import (
     PREFILL_TIME_HISTOGRAM,
     PROMPT_TOKENS_BUCKETS,
     REQUEST_PROMPT_TOKENS_HISTOGRAM,
+    REQUESTS_WITHOUT_FIRST_TOKEN,
     TTFT_BUCKETS_S,
     VLLM_ITL_BUCKETS_S,
 )
@@ -47,6 +48,12 @@ class EngineMetrics:
         self.prompt = Histogram(REQUEST_PROMPT_TOKENS_HISTOGRAM, "prompt", labels, buckets=PROMPT_TOKENS_BUCKETS,
                                 registry=self.registry).labels(**values)
         self.prefill = Histogram(PREFILL_TIME_HISTOGRAM, "prefill", labels, registry=self.registry).labels(**values)
+        self.without_first_token = Counter(REQUESTS_WITHOUT_FIRST_TOKEN, "no first token", [*labels, "finished_reason"],
+                                           registry=self.registry)  # fmt: skip
+
+    def ended_before_first_token(self, count: int, reason: str) -> None:
+        """Requests the engine ended before their first token (in no TTFT histogram)."""
+        self.without_first_token.labels(model_name=self.model, engine=self.engine, finished_reason=reason).inc(count)
 
     def requests(self, ttft_s: list[float], itl_s: list[float] | None = None) -> None:
         for value in ttft_s:

@@ -41,9 +41,13 @@ def _vector(value: float, **labels: str) -> dict:
 def test_queries_are_grouped_by_model_and_carry_the_selector() -> None:
     source = PrometheusSource(PrometheusClient("http://prom.invalid"), selector='namespace="prod"')
     queries = source.queries([POLICY, POLICY.model_copy(update={"name": "q"})])
+    count = 'sum by (model_name) (increase(vllm:time_to_first_token_seconds_count{model_name="Qwen/Qwen3-30B-A3B",' \
+        'namespace="prod"}[1h]))'
+    # The TTFT events: the histogram's count and the requests the engines ended before a first token, as the rules.
+    unserved = ('sum by (model_name) (increase(moeslo_requests_without_first_token_total{model_name='
+                '"Qwen/Qwen3-30B-A3B",finished_reason=~"deadline|error",namespace="prod"}[1h]))')
     assert (
-        'label_replace(sum by (model_name) (increase(vllm:time_to_first_token_seconds_count{model_name='
-        '"Qwen/Qwen3-30B-A3B",namespace="prod"}[1h])), "moeslo_window", "1h", "", "")'
+        f'label_replace({count} + ({unserved} or 0 * {count}), "moeslo_window", "1h", "", "")'
     ) in queries["ttft:total"]
     windows = re.findall(r'"moeslo_window", "(\w+)"', queries["itl:good"])
     assert windows == ["5m", "30m", "1h", "2h", "6h", "1d", "3d", "30d"]
@@ -332,6 +336,32 @@ def test_slis_from_a_real_prometheus(prometheus_and_engine: tuple[Prometheus, En
         prom.start()
         back = (await source.observe([POLICY], 120.0))["p"]
         assert back.errors == () and back.observed_at_s == 120.0 and back.queue_depth == 6
+        await source.aclose()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.integration
+def test_requests_without_a_first_token_are_bad_ttft_events_through_a_real_prometheus(
+    prometheus_and_engine: tuple[Prometheus, EngineMetrics],
+) -> None:
+    prom, engine = prometheus_and_engine
+    for reason in ("deadline", "error", "abort"):
+        engine.ended_before_first_token(0, reason)  # the series exist at zero before the load
+    prom.wait_for_scrapes(2)
+    engine.requests([0.1] * 90)
+    engine.ended_before_first_token(6, "deadline")
+    engine.ended_before_first_token(4, "error")
+    engine.ended_before_first_token(20, "abort")  # a client's abort is not the engine's failure
+    prom.wait_for_scrapes(2)
+    source = PrometheusSource(PrometheusClient(prom.url))
+
+    async def scenario() -> None:
+        obs = (await source.observe([POLICY], 100.0))["p"]
+        assert obs.errors == () and obs.sli is not None
+        # The same events as the generated rules' total: 90 good of 100.
+        assert obs.sli.ttft_good_ratio == pytest.approx(0.9, abs=1e-9)
+        assert obs.sli.ttft_good_ratio_by_window["3d"] == pytest.approx(0.9, abs=1e-9)
         await source.aclose()
 
     asyncio.run(scenario())

@@ -75,6 +75,31 @@ def test_good_ratio_between_scrapes_and_across_an_engine_restart() -> None:
         asyncio.run(source.aclose())
 
 
+def test_requests_ended_before_a_first_token_by_the_engine_are_bad_ttft_events() -> None:
+    engine = EngineMetrics(MODEL)
+    engine.ended_before_first_token(1, "deadline")  # the counter exists before the first scrape
+    server = MetricsServer(engine)
+    policy = _policy([server.url])
+    source = ScrapeSource(lambda p: p.target.endpoints)  # type: ignore[union-attr]
+
+    async def scenario() -> None:
+        await source.observe([policy], 0.0)
+        engine.requests([0.1] * 90)
+        engine.ended_before_first_token(6, "deadline")
+        engine.ended_before_first_token(4, "error")
+        engine.ended_before_first_token(20, "abort")  # the client's abort is not the engine's failure
+        sli = (await source.observe([policy], 30.0))["p"].sli
+        assert sli is not None
+        assert sli.ttft_good_ratio == pytest.approx(90 / 100)  # as the generated rules count them
+        assert sli.requests_in_window == 100
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+        asyncio.run(source.aclose())
+
+
 def test_rates_cover_the_configured_window_only() -> None:
     engine = EngineMetrics(MODEL)
     server = MetricsServer(engine)
