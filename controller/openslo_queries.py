@@ -23,8 +23,12 @@ from contracts.catalogue import (
 from contracts.errors import ValidationError
 
 HISTOGRAMS = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM}
-_MATCHER = re.compile(r'(?<![A-Za-z0-9_:])([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
-"""A PromQL label matcher, its label starting at a word's start (``cycle="2"`` is no ``le`` matcher)."""
+_MATCHER = re.compile(
+    r"(?<![A-Za-z0-9_:])([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"
+    r"""(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|`([^`]*)`)"""
+)
+"""A PromQL label matcher, its label starting at a word's start (``cycle="2"`` is no ``le`` matcher), its value
+double-quoted, single-quoted or backquoted (a raw string, without escapes), as PromQL accepts all three."""
 _ALLOWANCE_LABELS = (REFERENCE_PROMPT_TOKENS_LABEL, PER_1K_PROMPT_TOKENS_LABEL)
 
 
@@ -51,7 +55,10 @@ def _field(part: str) -> str:
 
 def matchers(query: str) -> list[tuple[str, str, str]]:
     """The query's label matchers as (label, operator, value), the value's escapes undone."""
-    return [(label, op, re.sub(r"\\(.)", r"\1", value)) for label, op, value in _MATCHER.findall(query)]
+    return [
+        (label, op, re.sub(r"\\(.)", r"\1", double or single) if backquoted == "" else backquoted)
+        for label, op, double, single, backquoted in _MATCHER.findall(query)
+    ]
 
 
 def query_models(queries: dict[str, str]) -> set[str]:

@@ -267,6 +267,11 @@ def test_a_value_in_a_message_is_shown_cut_short(doc: dict[str, Any], start: str
         ('engine="e1",', 'engine="e1"'),  # one engine's requests: the controller counts every engine's
         ('model_name!="other",', 'model_name!="other"'),
         ('team=~"a.*",', 'team=~"a.*"'),
+        ("engine='e1',", 'engine="e1"'),  # PromQL strings may be single-quoted or backquoted as well
+        ("role=`prefill`,", 'role="prefill"'),
+        ("model_name!='other',", 'model_name!="other"'),
+        ("handle='it\\'s',", 'handle="it\'s"'),  # the escape undone
+        ("handle=`a\\b`,", 'handle="a\\b"'),  # a raw string: the backslash is kept
     ],
 )
 def test_a_matcher_the_controller_would_not_read_is_refused_naming_it(extra: str, shown: str) -> None:
@@ -285,6 +290,16 @@ def test_a_threshold_is_read_from_le_alone() -> None:
     good["query"] = good["query"].replace('le="0.5"', 'le = "0.25"')
     (policy,) = _import(doc).values()
     assert policy.objectives.ttft.threshold_s == 0.25
+
+
+def test_a_single_quoted_model_is_read_as_the_model() -> None:
+    """``model_name='x'`` went unseen: the import onto another model's policy was accepted, and a document naming
+    only it had no model."""
+    doc = _slo(model_matcher="model_name='Qwen/Qwen3-30B-A3B',")
+    (slos,) = parse_openslo(yaml.safe_dump(doc)).values()
+    with pytest.raises(ValidationError):
+        apply_imported(slos, Policy(name="chat-frontend", target=LocalTarget(model="llama-70b")))
+    assert apply_imported(slos, None).model_name == "Qwen/Qwen3-30B-A3B"
 
 
 def test_an_import_onto_a_policy_of_another_model_is_refused_naming_where_the_model_came_from() -> None:
