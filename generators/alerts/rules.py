@@ -187,7 +187,8 @@ def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) ->
                 labels=labels,
             )
         )
-        rules.append(RecordingRule(record=total, expr=_total_events(policy, sli, series, window), labels=labels))
+        events = total_events(sli.metric, sli.slo, series, f'model_name="{model}"', window)
+        rules.append(RecordingRule(record=total, expr=events, labels=labels))
         rules.append(
             RecordingRule(
                 record=ERROR_RATIO_RECORD.format(window=window),
@@ -199,16 +200,16 @@ def _recording_rules(policy: Policy, sli: LatencySli, windows: Sequence[str]) ->
     return rules
 
 
-def _total_events(policy: Policy, sli: LatencySli, series: str, window: str) -> str:
-    """The SLI's events: its histogram's count, and for TTFT the requests the engines ended before a first
-    token (deadline, error), which no TTFT histogram holds; ``or 0 * ...`` keeps the total where an engine
-    (stock vLLM) exports no such counter."""
-    count = f"sum by (model_name) (rate({sli.metric}_count{{{series}}}[{window}]))"
-    if sli.slo != "ttft":
+def total_events(metric: str, slo: str, series: str, models: str, window: str) -> str:
+    """An SLI's events over ``window``, by model: its histogram's count (``series`` selects it), and for TTFT the
+    requests the engines ended before a first token (deadline, error) of the ``models`` (a ``model_name``
+    selector), which no TTFT histogram holds; ``or 0 * ...`` keeps the total where an engine (stock vLLM) exports
+    no such counter.  The rules' total and the SLO overview's good-ratio denominator both."""
+    count = f"sum by (model_name) (rate({metric}_count{{{series}}}[{window}]))"
+    if slo != "ttft":
         return count
     reasons = "|".join(UNSERVED_FINISH_REASONS)
-    unserved = (f'{total(REQUESTS_WITHOUT_FIRST_TOKEN)}{{model_name="{promql_string(policy.model_name)}",'
-                f'finished_reason=~"{reasons}"}}')  # fmt: skip
+    unserved = f'{total(REQUESTS_WITHOUT_FIRST_TOKEN)}{{{models},finished_reason=~"{reasons}"}}'
     return f"{count}\n+ (sum by (model_name) (rate({unserved}[{window}])) or 0 * {count})"
 
 
@@ -386,4 +387,5 @@ __all__ = [
     "dropped_windows_note",
     "latency_slis",
     "rate_windows",
+    "total_events",
 ]

@@ -17,7 +17,7 @@ from contracts.catalogue import (
 from controller.policy import Policy, TtftObjective
 from controller.slo import error_budget, standard_burn_rate_windows
 from controller.ttft_series import ttft_matchers, ttft_metric
-from generators.alerts.rules import rate_windows
+from generators.alerts.rules import rate_windows, total_events
 from generators.dashboards.panels import (
     MODEL,
     POLICY,
@@ -41,11 +41,14 @@ def _quantiles(metric: str, extra: str = "") -> list[Dataquery]:
     ]
 
 
-def _good_ratio(metric: str, threshold_s: float, extra: str = "") -> str:
+def _good_ratio(metric: str, slo: str, threshold_s: float, extra: str = "", model: str = "") -> str:
+    """Good events over the events the alert rules count (:func:`~generators.alerts.rules.total_events`: for TTFT
+    the requests ended before a first token too), summed over the models ``$model`` (and ``model``) select."""
     sel = ",".join(m for m in (MODEL, extra) if m)
+    models = ",".join(m for m in (MODEL, model) if m)
     return (
         f"sum(rate({metric}_bucket{{{sel},{le_matcher(threshold_s)}}}[{RATE}]))"
-        f" / sum(rate({metric}_count{{{sel}}}[{RATE}]))"
+        f" / sum({total_events(metric, slo, sel, models, RATE)})"
     )
 
 
@@ -143,16 +146,18 @@ def _policy_row(dashboard: Dashboard, policy: Policy, *, several: bool) -> Dashb
             timeseries(
                 f"{prefix}Good-event ratio",
                 [
-                    query(_good_ratio(ttft_metric_name, ttft.threshold_s, ttft_extra),
+                    query(_good_ratio(ttft_metric_name, "ttft", ttft.threshold_s, ttft_extra, model),
                           f"TTFT{_normalized(ttft)} <= {ttft.threshold_s} s"),
-                    query(_good_ratio(ITL_HISTOGRAM, itl.threshold_s, model), f"ITL <= {itl.threshold_s} s"),
+                    query(_good_ratio(ITL_HISTOGRAM, "itl", itl.threshold_s, model, model),
+                          f"ITL <= {itl.threshold_s} s"),
                     target_line("TTFT", ttft.target),
                     target_line("ITL", itl.target),
                 ],
                 unit="percentunit",
                 width=8,
                 description="Share of requests (TTFT) and of token gaps (ITL) within the threshold, "
-                "each with its own target.",
+                "each with its own target; a request the engine ended before a first token (deadline, error) "
+                "counts as a slow one, as in the alert rules.",
             )
         )
     )

@@ -116,6 +116,27 @@ def test_each_slo_uses_its_own_budget_and_target() -> None:
     assert build_dashboards([policy.model_copy(update={"window": "1d"})])
 
 
+@pytest.mark.parametrize("several", [False, True])
+def test_the_good_ratio_panel_divides_by_the_rules_total(several: bool) -> None:
+    """The panel divided by the histogram's count alone, while the rules (and the controller) count the requests
+    the engines ended before a first token too: 48 good of 60 requests read 100 % on the panel, 80 % in the
+    alerts."""
+    policies = [Policy(name=n, target=LocalTarget(model=n)) for n in ("a", "b")[: 1 + several]]
+    (rules,) = build_rule_groups(policies[:1])
+    totals = {(r.labels["slo"]): r.expr for r in rules.rules
+              if isinstance(r, RecordingRule) and r.record == "moeslo:slo_total_events:rate5m"}  # fmt: skip
+    prefix = "a: " if several else ""
+    (panel,) = [p for p in build_dashboards(policies)["moeslo-slo-overview.json"]["panels"]
+                if p["title"] == f"{prefix}Good-event ratio"]  # fmt: skip
+    drawn = [t["expr"] for t in panel["targets"][:2]]
+    for slo, expr in zip(("ttft", "itl"), drawn, strict=True):
+        # Grafana's $model, alone or beside the policy's own model matcher, reads as the rules' model_name="a"
+        model = ('model_name=~"$model",', "") if several else ('model_name=~"$model"', 'model_name="a"')
+        denominator = expr.split(" / ", 1)[1].replace("$__rate_interval", "5m").replace(*model)
+        assert denominator == f"sum({totals[slo]})"
+    assert "moeslo_requests_without_first_token_total{" in drawn[0]
+
+
 @pytest.mark.parametrize("window", ["50h", "7d", "30d"])
 def test_the_recorded_burn_rates_are_the_windows_the_rules_record(window: str) -> None:
     """The panel queried 5m, 1h and 6h whatever the policy: a 50-hour policy's rules record 5m, 1h, 2h and 1d (its
