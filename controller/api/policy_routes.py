@@ -298,10 +298,13 @@ def policy_history(
     limit: Annotated[int, Query(ge=1, le=500, description="Page size")] = HISTORY_PAGE,
     cursor: Annotated[int | None, Query(ge=0, le=2**63 - 1, description="next_cursor of the previous page")] = None,
 ) -> PolicyHistory:
-    """The policy's versions, oldest first (each with its whole spec, so a page at a time)."""
-    versions = _store(request).policy_history(name, after_version=cursor, limit=limit)
-    next_cursor = versions[-1].version if len(versions) == limit else None
-    return PolicyHistory(name=name, versions=[PolicyVersionOut.of(v) for v in versions], next_cursor=next_cursor)
+    """The policy's versions, newest first (each with its whole spec, so a page at a time): the first page holds
+    the current version, which a rollback starts from; ``cursor`` asks for the versions older than it."""
+    # One more than the page: a cursor only when an older version is left (an exactly full last page has none).
+    versions = _store(request).policy_history(name, before_version=cursor, limit=limit + 1, newest_first=True)
+    next_cursor = versions[limit - 1].version if len(versions) > limit else None
+    page = [PolicyVersionOut.of(v) for v in versions[:limit]]
+    return PolicyHistory(name=name, versions=page, next_cursor=next_cursor)
 
 
 @router.get(

@@ -75,9 +75,9 @@ class PolicyVersionOut(_Out):
 class PolicyHistory(_Out):
     name: str
     versions: list[PolicyVersionOut]
-    """Oldest first, deletions included."""
+    """Newest first, deletions included."""
     next_cursor: int | None = None
-    """Pass as ``cursor`` to get the next (newer) page; null on the last page."""
+    """Pass as ``cursor`` to get the next (older) page; null on the last page."""
 
 
 class DecisionOut(_Out):

@@ -264,12 +264,13 @@ class Store:
             session.execute(delete(ModelRow).where(ModelRow.policy == name))
 
     def policy_history(
-        self, name: str, *, after_version: int | None = None, limit: int | None = None, newest_first: bool = False
+        self, name: str, *, after_version: int | None = None, before_version: int | None = None,
+        limit: int | None = None, newest_first: bool = False
     ) -> list[PolicyVersion]:
-        """The name's versions (deletions included) by version, oldest first: those after ``after_version``, at
-        most ``limit`` of them; with ``newest_first``, the newest ``limit`` newest first.  :class:`NotFoundError`
-        when the name never had a policy (past the last version there are none)."""
-        query = versions_of(name, after_version=after_version, newest_first=newest_first)
+        """The name's versions (deletions included) by version, oldest first: those after ``after_version`` and
+        before ``before_version``, at most ``limit`` of them; with ``newest_first``, the newest ``limit`` newest
+        first.  :class:`NotFoundError` when the name never had a policy (past the last version there are none)."""
+        query = versions_of(name, after_version=after_version, before_version=before_version, newest_first=newest_first)
         with self._session() as session:
             rows = session.scalars(query.limit(limit)).all()
             if not rows and session.scalar(select(exists().where(PolicyVersionRow.name == name))) is not True:

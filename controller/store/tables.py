@@ -115,9 +115,14 @@ def decisions_of(policy: str) -> ColumnElement[bool]:
     return and_(DecisionRow.policy == policy, DecisionRow.policy_version >= func.coalesce(created, 0))
 
 
-def versions_of(name: str, *, after_version: int | None, newest_first: bool) -> Select[PolicyVersionRow]:
-    """The name's versions after ``after_version`` (None: all), by version, oldest or newest first."""
+def versions_of(
+    name: str, *, after_version: int | None, newest_first: bool, before_version: int | None = None
+) -> Select[PolicyVersionRow]:
+    """The name's versions after ``after_version`` and before ``before_version`` (None: no bound), by version,
+    oldest or newest first."""
     query = select(PolicyVersionRow).where(PolicyVersionRow.name == name)
     if after_version is not None:
         query = query.where(PolicyVersionRow.version > after_version)
+    if before_version is not None:
+        query = query.where(PolicyVersionRow.version < before_version)
     return query.order_by(PolicyVersionRow.version.desc() if newest_first else PolicyVersionRow.version)

@@ -127,7 +127,7 @@ def test_serve_apply_get_list_delete_and_restart(tmp_path: Path) -> None:
         decisions = client.get("/v1/decisions", params={"policy": "chat"}).json()["items"]
         assert decisions and decisions[-1]["reason"] == "insufficient_data"
         history = client.get("/v1/policies/batch/history").json()["versions"]
-        assert [v["operation"] for v in history] == ["create", "delete"]
+        assert [v["operation"] for v in history] == ["delete", "create"]
 
 
 @pytest.mark.integration

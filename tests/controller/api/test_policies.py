@@ -306,12 +306,14 @@ def test_delete_and_history(client: TestClient) -> None:
     missing = client.get("/v1/policies/qwen")
     assert missing.status_code == 404 and missing.json()["detail"] == "policy 'qwen' not found"
     history = client.get("/v1/policies/qwen/history").json()
-    assert [v["operation"] for v in history["versions"]] == ["create", "delete"]
+    assert [v["operation"] for v in history["versions"]] == ["delete", "create"]  # newest first
     assert client.get("/v1/policies/ghost/history").status_code == 404
 
 
-def test_the_history_comes_in_pages(client: TestClient) -> None:
-    """?limit was ignored: every version, each with its whole spec, in one answer."""
+def test_the_history_comes_in_pages_newest_first(client: TestClient) -> None:
+    """?limit was ignored: every version, each with its whole spec, in one answer.  Then the default page was the
+    oldest 100: past 100 versions it never showed the current one, which a rollback starts from; and a last page
+    that was exactly full gave a cursor to an empty page."""
     _create(client)
     for replicas in range(2, 7):
         body = {**POLICY, "scaling": {"max_replicas": replicas}}
@@ -323,8 +325,13 @@ def test_the_history_comes_in_pages(client: TestClient) -> None:
         pages.append([v["version"] for v in page["versions"]])
         if (cursor := page["next_cursor"]) is None:
             break
-    assert pages == [[1, 2, 3, 4], [5, 6]]
-    assert len(client.get("/v1/policies/qwen/history").json()["versions"]) == 6  # default: 100
+    assert pages == [[6, 5, 4, 3], [2, 1]]
+    every = client.get("/v1/policies/qwen/history").json()  # default: 100
+    assert [v["version"] for v in every["versions"]] == [6, 5, 4, 3, 2, 1] and every["next_cursor"] is None
+    full = client.get("/v1/policies/qwen/history", params={"limit": 3, "cursor": 4}).json()
+    assert [v["version"] for v in full["versions"]] == [3, 2, 1] and full["next_cursor"] is None
+    assert client.get("/v1/policies/qwen/history", params={"limit": 6}).json()["next_cursor"] is None
+    assert client.get("/v1/policies/qwen/history", params={"limit": 5}).json()["next_cursor"] == 2
     assert client.get("/v1/policies/qwen/history", params={"limit": 501}).status_code == 422
     assert client.get("/v1/policies/ghost/history", params={"cursor": 3}).status_code == 404
 
@@ -561,7 +568,7 @@ def test_if_match_star_holds_while_the_policy_exists_whoever_wrote_last(
     response = client.request(write, "/v1/policies/qwen", headers={**AUTH, "If-Match": "*"}, **body)
     assert response.status_code == (204 if write == "DELETE" else 200), response.text
     history = [v["operation"] for v in client.get("/v1/policies/qwen/history").json()["versions"]]
-    assert history == ["create", "update", "delete" if write == "DELETE" else "update"]
+    assert history == ["delete" if write == "DELETE" else "update", "update", "create"]
 
 
 def test_if_match_star_on_a_policy_that_is_gone(client: TestClient) -> None:

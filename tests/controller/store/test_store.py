@@ -71,6 +71,7 @@ def test_the_history_is_read_a_page_at_a_time(tmp_path: Path) -> None:
     assert [v.version for v in store.policy_history("p", after_version=6, limit=3)] == [7]
     assert store.policy_history("p", after_version=7) == []  # past the end: none, not a 404
     assert [v.version for v in store.policy_history("p", limit=2, newest_first=True)] == [7, 6]
+    assert [v.version for v in store.policy_history("p", before_version=6, limit=2, newest_first=True)] == [5, 4]
     with pytest.raises(NotFoundError):
         store.policy_history("ghost", after_version=3)
 
