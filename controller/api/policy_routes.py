@@ -109,7 +109,13 @@ def _expected_version(request: Request, name: str, if_match: str | None) -> int 
     """The version a change of an existing policy must find, None for any.  ``If-Match: *`` is any version of a
     policy that exists (RFC 9110 13.1.1), which the write itself checks (a policy gone is a 404): a version read
     before it would make another writer's change in between a 412."""
-    parsed = parse_if_match(if_match)
+    try:
+        parsed = parse_if_match(if_match)
+    except PreconditionFailedError:
+        # A tag that names no version fails only on a policy that exists: a missing one is a 404 whatever If-Match
+        # says (RFC 9110 13.2.1: no precondition where the answer without it would be an error), as with "5".
+        _store(request).policy_version(name)
+        raise
     if parsed is None and _settings(request).require_if_match:
         _store(request).policy_version(name)  # a policy that does not exist is a 404, not a missing precondition
         raise PreconditionRequiredError(

@@ -581,6 +581,16 @@ def test_if_match_star_on_a_policy_that_is_gone(client: TestClient) -> None:
 
 
 
+@pytest.mark.parametrize("tag", ['"5"', '"abc"', 'W/"5"', '"99999999999999999999"'])
+def test_if_match_on_a_policy_that_does_not_exist_is_a_404_whatever_it_names(client: TestClient, tag: str) -> None:
+    """A weak or foreign tag got 412 where a version got 404: without the precondition the answer is a 404, and
+    RFC 9110 (13.2.1) evaluates no precondition then."""
+    headers = {**AUTH, "If-Match": tag}
+    assert client.delete("/v1/policies/ghost", headers=headers).status_code == 404
+    merge = {**headers, "Content-Type": "application/merge-patch+json"}
+    assert client.patch("/v1/policies/ghost", json={"mode": "off"}, headers=merge).status_code == 404
+
+
 def test_a_patch_names_the_field_as_put_and_post_do(client: TestClient) -> None:
     """PATCH kept the target kind pydantic validated against in the path (target.deployment.namespace)."""
     _create(client)
