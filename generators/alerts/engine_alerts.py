@@ -1,7 +1,8 @@
 """Alerts on the engines themselves, for what the SLO's burn rates cannot see (pure: no I/O).
 
-A request that never gets its first token is in no TTFT count, so an engine that stops serving leaves the
-error ratio at 0/0 and every burn-rate alert silent.  Three alerts watch the engines instead:
+The TTFT SLI counts the requests that got a first token and those the engine ended without one (deadline,
+error).  A hung engine ends neither: its requests wait on, counted nowhere, the error ratio stays at 0/0 and
+every burn-rate alert silent.  Three alerts watch the engines instead:
 
 - ``MoesloEngineStalled`` (page): a replica holds requests, and no first or output token came for a while;
 - ``MoesloEngineUnhealthy`` (page): the embedded engine says it is broken (``moe_engine_healthy`` 0: its core
@@ -63,8 +64,9 @@ def stall_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
         description=(
             "{{ $value }} requests of {{ $labels.model_name }} are running or waiting on one replica (its labels "
             f"say which), and no first token and no output token has come from it for {window}: the engine is "
-            "hung, or its requests are stuck before their first token. The TTFT error ratio counts only requests "
-            "that got a first token, so the burn-rate alerts cannot see this."
+            "hung, or its requests are stuck before their first token. The TTFT error ratio counts requests that "
+            "got a first token and those the engine ended without one (deadline, error); a hung engine ends "
+            "neither, so the burn-rate alerts cannot see this."
         ),
     )
 

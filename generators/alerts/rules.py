@@ -21,7 +21,8 @@ Paging needs traffic: every burn-rate alert also requires
 slow requests at 3 a.m. does not wake anyone, while a slow trickle still
 tickets over the 2h and 6h short windows.
 
-The error ratio counts only requests that got a first token: a hung engine
+The TTFT error ratio counts requests that got a first token and those the
+engines ended without one (deadline, error): a hung engine ends neither,
 counts nothing, and its ratio is 0/0.  The engines' own alerts
 (:mod:`generators.alerts.engine_alerts`: stalled, unhealthy, restarting) page
 and ticket on that.  The metric-absent tickets also watch the bucket at each
