@@ -205,13 +205,13 @@ def test_an_allowance_slo_whose_le_is_no_edge_of_the_normalized_histogram_is_ref
     doc = _slo(target=0.99)
     good = doc["spec"]["indicator"]["spec"]["ratioMetric"]["good"]["metricSource"]["spec"]
     good["query"] = ('sum(rate(moeslo_ttft_normalized_seconds_bucket{model_name="Qwen/Qwen3-30B-A3B",'
-                     'reference_prompt_tokens="1000",per_1k_prompt_tokens_s="0.05",le="0.3"}[5m]))')
+                     'reference_prompt_tokens="1000",per_1k_prompt_tokens_s="0.05",le="0.32"}[5m]))')
     with pytest.raises(ValidationError) as caught:
         _import(doc)
     (problem,) = caught.value.problems
-    assert problem.startswith("policy 'chat-frontend' objectives.ttft.threshold_s: Value error, threshold_s 0.3 is "
-                              "not a bucket edge of moeslo_ttft_normalized_seconds; the nearest edges are 0.25 and 0.5")
-    good["query"] = good["query"].replace('le="0.3"', 'le="0.25"')
+    assert problem.startswith("policy 'chat-frontend' objectives.ttft.threshold_s: Value error, threshold_s 0.32 is "
+                              "not a bucket edge of moeslo_ttft_normalized_seconds; the nearest edges are 0.3 and 0.35")
+    good["query"] = good["query"].replace('le="0.32"', 'le="0.25"')
     (policy,) = _import(doc).values()
     assert (policy.objectives.ttft.threshold_s, policy.objectives.ttft.per_1k_prompt_tokens_s) == (0.25, 0.05)
 

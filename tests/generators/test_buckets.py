@@ -55,7 +55,8 @@ def test_a_threshold_above_every_edge_names_the_largest() -> None:
 def test_the_flag_vllm_gets_is_the_catalogue_edges() -> None:
     flag, value = vllm_slo_bucket_args()
     assert flag == "--custom-histogram-buckets"
-    assert json.loads(value) == {"inter_token_latency": list(ITL_BUCKETS_S)}
+    assert json.loads(value) == {"time_to_first_token": list(TTFT_BUCKETS_S),
+                                 "inter_token_latency": list(ITL_BUCKETS_S)}
     assert " " not in value  # one word in a container's args
     assert vllm_engine(json.loads(value)) is ENGINES["vllm-slo-buckets"]
     assert vllm_engine(None) is ENGINES["vllm"]

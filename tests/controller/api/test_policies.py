@@ -75,11 +75,11 @@ def test_create_get_list_with_etag_and_defaults(client: TestClient) -> None:
             "Extra inputs are not permitted",
         ),
         (
-            # The normalized histogram has no 0.3 edge: the SLI would interpolate inside 0.25..0.5 (99 % good
-            # read as 20 %) while the definition, the alerts and the replay judge each request exactly.
-            {"objectives": {"ttft": {"threshold_s": 0.3, "target": 0.99, "per_1k_prompt_tokens_s": 0.05}}},
+            # The normalized histogram has no 0.32 edge: the SLI would interpolate inside 0.3..0.35 while the
+            # definition, the alerts and the replay judge each request exactly.
+            {"objectives": {"ttft": {"threshold_s": 0.32, "target": 0.99, "per_1k_prompt_tokens_s": 0.05}}},
             "objectives.ttft.threshold_s",
-            "0.3 is not a bucket edge of moeslo_ttft_normalized_seconds; the nearest edges are 0.25 and 0.5",
+            "0.32 is not a bucket edge of moeslo_ttft_normalized_seconds; the nearest edges are 0.3 and 0.35",
         ),
         ({"target": {"kind": "statefulset", "name": "x"}}, "target", "does not match any of the expected tags"),
         ({"surprise": 1}, "surprise", "Extra inputs are not permitted"),
@@ -655,15 +655,15 @@ def test_an_off_edge_ttft_threshold_is_refused_with_an_allowance_only_and_a_stor
     requests as 20 % (interpolated inside the bucket) and scaled up for nothing.  A flat objective reads
     vllm:time_to_first_token_seconds, whose edges vLLM's --custom-histogram-buckets may set, so deploy render
     judges it per engine; a policy stored before the rule keeps loading."""
-    off_edge = {"threshold_s": 0.3, "target": 0.99, "per_1k_prompt_tokens_s": 0.05}
+    off_edge = {"threshold_s": 0.32, "target": 0.99, "per_1k_prompt_tokens_s": 0.05}
     with make_client(tmp_path) as client:
         flat = {**POLICY, "objectives": {"ttft": {**off_edge, "per_1k_prompt_tokens_s": 0.0}}}
-        assert _create(client, flat).json()["policy"]["objectives"]["ttft"]["threshold_s"] == 0.3
+        assert _create(client, flat).json()["policy"]["objectives"]["ttft"]["threshold_s"] == 0.32
         merge = {**AUTH, "Content-Type": "application/merge-patch+json"}
         refused = client.patch("/v1/policies/qwen", json={"objectives": {"ttft": off_edge}}, headers=merge)
         assert refused.status_code == 422, refused.text
         [problem] = refused.json()["errors"]
-        assert problem["field"] == "objectives.ttft.threshold_s" and "0.25 and 0.5" in problem["message"]
+        assert problem["field"] == "objectives.ttft.threshold_s" and "0.3 and 0.35" in problem["message"]
     db = sqlite3.connect(tmp_path / "c.db")
     with db:  # as an older controller took it
         db.execute("UPDATE policies SET spec = json_set(spec, '$.objectives.ttft.per_1k_prompt_tokens_s', 0.05)")

@@ -110,10 +110,10 @@ def test_a_steady_rate_peaks_at_itself_whatever_the_tick_and_scrape(tick_s: floa
 
 
 def test_the_slis_are_read_from_bucket_counts_as_the_prometheus_source_reads_them() -> None:
-    # Every request 0.3 s to its first token: its exact p99 is 0.3 s, histogram_quantile's lies inside (0.25, 0.5].
-    ttft_le = cumulative_counts(np.full(100, 0.3), TTFT_BUCKETS_S)
+    # Every request 0.32 s to its first token: its exact p99 is 0.32 s, histogram_quantile's lies inside (0.3, 0.35].
+    ttft_le = cumulative_counts(np.full(100, 0.32), TTFT_BUCKETS_S)
     itl_le = cumulative_counts(np.r_[np.full(90, 0.02), np.full(10, 0.04)], ITL_BUCKETS_S, np.full(100, 9.0))
-    pipeline = MetricsPipeline(tick_s=15.0, ticks=4, scrape_s=15.0, ttft_threshold_s=0.4, itl_threshold_s=0.03)
+    pipeline = MetricsPipeline(tick_s=15.0, ticks=4, scrape_s=15.0, ttft_threshold_s=0.33, itl_threshold_s=0.03)
     for k in range(4):
         pipeline.record(k, sample(finished=100.0, ttft_le=ttft_le, itl_le=itl_le))
     sli = pipeline.observation(3, 60.0, current_replicas=2).sli
@@ -121,10 +121,10 @@ def test_the_slis_are_read_from_bucket_counts_as_the_prometheus_source_reads_the
     window_ttft = {edge: 4 * count for edge, count in zip((*TTFT_BUCKETS_S, np.inf), ttft_le, strict=True)}
     window_itl = {edge: 4 * count for edge, count in zip((*ITL_BUCKETS_S, np.inf), itl_le, strict=True)}
     assert sli.ttft_p99_s == pytest.approx(histogram_quantile(0.99, window_ttft))
-    assert sli.ttft_p99_s == pytest.approx(0.25 + 0.25 * 0.99)
+    assert sli.ttft_p99_s == pytest.approx(0.3 + 0.05 * 0.99)
     assert sli.itl_p99_s == pytest.approx(histogram_quantile(0.99, window_itl))
     # Neither threshold is an edge: the good counts are interpolated inside the bucket that holds it.
-    good_ttft = good_count_at(window_ttft, 0.4)
+    good_ttft = good_count_at(window_ttft, 0.33)
     good_itl = good_count_at(window_itl, 0.03)
     assert good_ttft is not None and good_itl is not None
     assert sli.ttft_good_ratio == pytest.approx(good_ttft / 400) and sli.ttft_good_ratio == pytest.approx(0.6)

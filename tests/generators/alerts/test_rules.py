@@ -131,12 +131,12 @@ def test_the_absent_tickets_watch_the_bucket_at_each_threshold() -> None:
 
 def test_threshold_off_a_bucket_edge_is_refused_with_every_problem() -> None:
     with pytest.raises(ValidationError) as info:
-        build_rule_groups([_policy("a", ttft=0.3), _policy("b", itl=0.03)])
+        build_rule_groups([_policy("a", ttft=0.32), _policy("b", itl=0.03)])
     problems = info.value.problems
     assert len(problems) == 2
-    assert "policy 'a': objectives.ttft.threshold_s = 0.3 is not a bucket edge of vllm:time_to_first_token_seconds" \
+    assert "policy 'a': objectives.ttft.threshold_s = 0.32 is not a bucket edge of vllm:time_to_first_token_seconds" \
         in problems[0]
-    assert "0.25, 0.5" in problems[0]
+    assert "0.3, 0.35" in problems[0]
     assert "policy 'b': objectives.itl.threshold_s = 0.03" in problems[1]
     assert "0.025, 0.05" in problems[1]
 
@@ -260,7 +260,7 @@ def test_cli_generate_writes_both_files_and_refuses_bad_policies(tmp_path: Path)
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alertmanager.yaml", "moeslo-rules.yaml"]
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x\ntarget: {kind: model, model: m}\nobjectives: {ttft: {threshold_s: 0.3, target: 0.99}}\n")
+    bad.write_text("name: x\ntarget: {kind: model, model: m}\nobjectives: {ttft: {threshold_s: 0.32, target: 0.99}}\n")
     refused = CliRunner().invoke(app, ["alerts", "generate", "--out", str(tmp_path / "o"), "--policies", str(bad)])
     assert refused.exit_code == 2
     assert "not a bucket edge" in refused.output
