@@ -8,7 +8,8 @@ the grids are chosen on the tuning trace (the 2024 conversation week: each grid 
 that policy goes from cheap and violating to expensive and compliant), the same for every trace.  Two
 grids were widened from report traces, and say so: Dynamo's load-based planner's (the 2023 conversation
 trace) and our headroom's (Mooncake's real conversation trace, where no quantile or cooldown bought the
-last tenths of a point that the oracle buys at a lower headroom; its values span static's grid).
+last tenths of a point that the oracle buys at a lower headroom; its values span static's grid).  The oracle's
+grid reaches down to headroom 0.4 so that its frontier, a reference, spans the attainments compared at.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ SWEEP_GRIDS: Mapping[str, tuple[dict[str, Knob], ...]] = {
         for headroom in (0.6, 0.7, 1.0)
         for cooldown in (0.0, 180.0, 900.0)
     ),
-    "oracle": _grid("oracle", "headroom", (0.7, 0.8, 0.9, 1.0, 1.1)),
+    # Down to 0.4: the bench compares at 99.5-99.9 %, which on the bursty code trace the oracle reaches only there.
+    "oracle": _grid("oracle", "headroom", (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1)),
 }
 
 
