@@ -175,6 +175,19 @@ def total(counter: str) -> str:
     return f"{counter}_total"
 
 
+UNSERVED_MATCHER = f'finished_reason=~"{"|".join(UNSERVED_FINISH_REASONS)}"'
+"""The label matcher that selects :data:`UNSERVED_FINISH_REASONS` in :data:`REQUESTS_WITHOUT_FIRST_TOKEN`."""
+
+
+def ttft_events(count: str, unserved: str) -> str:
+    """The TTFT SLI's events in PromQL: ``count`` (the histogram's count, summed by model) plus ``unserved`` (the
+    requests the engines ended before a first token, summed the same way), which no TTFT histogram holds.
+
+    ``or 0 * count`` keeps the total where an engine (stock vLLM) exports no such counter.  The alert rules, the
+    SLO dashboard and the controller's Prometheus source all build their TTFT totals here."""
+    return f"{count}\n+ ({unserved} or 0 * {count})"
+
+
 def bucket(histogram: str) -> str:
     """The ``_bucket`` series of a histogram."""
     return f"{histogram}_bucket"
@@ -435,6 +448,7 @@ __all__ = [
     "TTFT_INFEASIBLE_SHARE",
     "TTFT_NORMALIZED_HISTOGRAM",
     "UNSERVED_FINISH_REASONS",
+    "UNSERVED_MATCHER",
     "VLLM_BUCKETS_BY_METRIC",
     "VLLM_BUCKET_FAMILIES",
     "VLLM_CUSTOM_BUCKETS_FLAG",
@@ -449,6 +463,7 @@ __all__ = [
     "le_matcher",
     "nearest_edges",
     "total",
+    "ttft_events",
     "vllm_buckets_by_metric",
     "vllm_custom_buckets_json",
     "vllm_slo_bucket_args",

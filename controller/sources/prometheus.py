@@ -69,9 +69,10 @@ from contracts.catalogue import (
     ROUTER_QUEUED,
     ROUTER_REQUESTS,
     RUNNING,
-    UNSERVED_FINISH_REASONS,
+    UNSERVED_MATCHER,
     WAITING,
     total,
+    ttft_events,
 )
 from contracts.errors import UnavailableError
 from controller.bursts import PEAK_STEP_S
@@ -380,18 +381,17 @@ def _layers(vector: Vector, model: str) -> tuple[float, ...]:
     return tuple(value for _, value in by_layer)
 
 
-UNSERVED_MATCHER = f'finished_reason=~"{"|".join(UNSERVED_FINISH_REASONS)}"'
 """The requests without a first token the TTFT SLI counts as bad (as the generated rules do)."""
 
 
 def _total_events(slo: str, count: str, unserved_sel: str, window: str) -> str:
     """One window's events of an SLI: its histogram's count, and for TTFT the requests the engines ended before a
     first token (deadline, error), which no TTFT histogram holds; ``or 0 * ...`` keeps the total where an engine
-    (stock vLLM) exports no such counter.  The same total as the alert rules' (``generators/alerts/rules.py``)."""
+    (stock vLLM) exports no such counter (:func:`contracts.catalogue.ttft_events`, as the alert rules build it)."""
     events = f"sum by (model_name) (increase({count}[{window}]))"
     if slo.startswith("ttft"):
         unserved = f"sum by (model_name) (increase({total(REQUESTS_WITHOUT_FIRST_TOKEN)}{unserved_sel}[{window}]))"
-        events = f"{events} + ({unserved} or 0 * {events})"
+        events = ttft_events(events, unserved)
     return f'label_replace({events}, "{WINDOW_LABEL}", "{window}", "", "")'
 
 

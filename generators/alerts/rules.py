@@ -44,9 +44,10 @@ from contracts.catalogue import (
     LAYER_IMBALANCE_CV_NOISE,
     REQUESTS_WITHOUT_FIRST_TOKEN,
     TOTAL_EVENTS_RECORD,
-    UNSERVED_FINISH_REASONS,
+    UNSERVED_MATCHER,
     le_matcher,
     total,
+    ttft_events,
 )
 from contracts.errors import ValidationError
 from controller.policy import MIN_WINDOW_S, LatencyObjective, Policy, parse_duration_s
@@ -209,9 +210,8 @@ def total_events(metric: str, slo: str, series: str, models: str, window: str) -
     count = f"sum by (model_name) (rate({metric}_count{{{series}}}[{window}]))"
     if slo != "ttft":
         return count
-    reasons = "|".join(UNSERVED_FINISH_REASONS)
-    unserved = f'{total(REQUESTS_WITHOUT_FIRST_TOKEN)}{{{models},finished_reason=~"{reasons}"}}'
-    return f"{count}\n+ (sum by (model_name) (rate({unserved}[{window}])) or 0 * {count})"
+    unserved = f"{total(REQUESTS_WITHOUT_FIRST_TOKEN)}{{{models},{UNSERVED_MATCHER}}}"
+    return ttft_events(count, f"sum by (model_name) (rate({unserved}[{window}]))")
 
 
 def _burn_rate_alerts(

@@ -47,7 +47,7 @@ def test_queries_are_grouped_by_model_and_carry_the_selector() -> None:
     unserved = ('sum by (model_name) (increase(moeslo_requests_without_first_token_total{model_name='
                 '"Qwen/Qwen3-30B-A3B",finished_reason=~"deadline|error",namespace="prod"}[1h]))')
     assert (
-        f'label_replace({count} + ({unserved} or 0 * {count}), "moeslo_window", "1h", "", "")'
+        f'label_replace({count}\n+ ({unserved} or 0 * {count}), "moeslo_window", "1h", "", "")'
     ) in queries["ttft:total"]
     windows = re.findall(r'"moeslo_window", "(\w+)"', queries["itl:good"])
     assert windows == ["5m", "30m", "1h", "2h", "6h", "1d", "3d", "30d"]
