@@ -36,9 +36,11 @@ def scale_down_floor(current: int, desired: int, scaling: Scaling) -> int | None
     As Knative's ``max-scale-down-rate``: the capacity model says what a smaller fleet serves, but a fleet has
     only been seen to serve at sizes near the current one, and a scale-down that was wrong is undone only a
     start-up time later.  Going to zero is the entry's rule (an idle router), not the model's, and is not held;
-    nor is a fleet above ``max_replicas`` held above it (the bound is the policy's own rule).
+    nor is a fleet above ``max_replicas`` held above it (the bound is the policy's own rule).  One scale-down
+    may always remove one replica: below a rate of 2, ``ceil(current / rate)`` is ``current`` itself for a small
+    fleet, which would then never shrink.
     """
     if desired <= 0:
         return None
-    floor = min(math.ceil(current / scaling.max_scale_down_rate), scaling.max_replicas)
+    floor = min(math.ceil(current / scaling.max_scale_down_rate), current - 1, scaling.max_replicas)
     return floor if desired < floor else None

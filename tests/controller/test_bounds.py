@@ -27,6 +27,10 @@ def wide_policy(**scaling: float) -> Policy:
         (20, 1, 4.0, 5),
         (20, 1, 1000.0, None),
         (4, 0, 2.0, None),  # zero is the entry's rule, not the capacity model's
+        (2, 1, 1.5, None),  # a rate below 2 still lets a small fleet lose one replica
+        (3, 1, 1.5, 2),
+        (6, 1, 1.2, 5),
+        (6, 1, 1.5, 4),  # large enough that the rate, not the one replica, is the floor
     ],
 )
 def test_a_scale_down_keeps_the_current_fleet_over_the_rate(
@@ -55,6 +59,17 @@ def test_the_core_halves_an_idle_fleet_at_most_per_decision() -> None:
     assert first.inputs["max_scale_down_rate"] == 2.0
     second = tick(core, 1015.0, idle(1014.0, 10), wide_policy())
     assert (second.action, second.desired_replicas) == ("scale_down", 5)
+
+
+@pytest.mark.parametrize("rate", [1.01, 1.2, 1.5])
+def test_a_slow_rate_still_brings_a_small_idle_fleet_down_one_replica_at_a_time(rate: float) -> None:
+    """ceil(current / rate) is current itself for a small fleet and a rate below 2: one replica goes anyway."""
+    core, replicas, now = watched(4), 4, 1000.0
+    for _ in range(3):
+        decision = tick(core, now, idle(now - 1.0, replicas), wide_policy(max_scale_down_rate=rate))
+        assert (decision.action, decision.desired_replicas) == ("scale_down", replicas - 1)
+        replicas, now = replicas - 1, now + 15.0
+    assert replicas == 1
 
 
 def test_an_idle_entry_still_takes_a_fleet_to_zero_at_once() -> None:
