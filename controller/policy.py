@@ -316,7 +316,8 @@ class ForecastSettings(_Strict):
     """Share of actuals that must fall inside the forecast's 80 % interval (its quantile-0.9 one, nominally
     80 % covered), whatever ``quantile`` the fleet is sized for."""
     audit_forecasts: Annotated[int, Field(strict=True, ge=4, le=10000)] = 40
-    """How many scored forecasts the rolling WAPE and coverage cover."""
+    """How many scored forecasts the rolling WAPE and coverage cover; the forecast is judged once 8 are scored
+    (all of a shorter window)."""
 
 
 def alert_target_problem(objective: str, target: float, window: str) -> str | None:

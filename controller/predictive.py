@@ -34,7 +34,7 @@ from controller.bursts import burst_load
 from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaProfile, Targets
 from controller.entry_demand import offered_load, router_waiting, served_load
 from controller.forecast import AutoForecaster, ForecastConfig
-from controller.forecast.audit import AuditBounds, ForecastAudit
+from controller.forecast.audit import MIN_SCORED, AuditBounds, ForecastAudit
 from controller.forecast.history import elapsed_bins
 from controller.policy import Policy
 from controller.types import Advice, ForecastView, LoadHistory, PolicyObservation, Reason, Scalar
@@ -296,7 +296,7 @@ class PredictiveAdvisor:
             audit=ForecastAudit(
                 AuditBounds(
                     max_wape=settings.max_wape, min_coverage=settings.min_coverage, window=settings.audit_forecasts,
-                    count_window_s=self.config.rate_window_s,
+                    min_scored=min(MIN_SCORED, settings.audit_forecasts), count_window_s=self.config.rate_window_s,
                 )
             ),
             min_history_bins=min_bins,

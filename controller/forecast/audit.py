@@ -25,7 +25,12 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["AuditBounds", "ForecastAudit", "ScoredForecast", "poisson_mean_abs_deviation"]
+from contracts.errors import ValidationError
+
+__all__ = ["MIN_SCORED", "AuditBounds", "ForecastAudit", "ScoredForecast", "poisson_mean_abs_deviation"]
+
+MIN_SCORED = 8
+"""Scored forecasts the audit waits for before it judges, where its window holds that many."""
 
 RECOVERY_MARGIN = 0.8
 """A drifted forecast is trusted again once its WAPE is below this share of the bound (and its
@@ -38,8 +43,9 @@ class AuditBounds:
     min_coverage: float = 0.5
     window: int = 40
     """Scored forecasts the rolling figures cover."""
-    min_scored: int = 8
-    """Fewer scored forecasts than this: too early to distrust the forecast."""
+    min_scored: int = MIN_SCORED
+    """Fewer scored forecasts than this: too early to distrust the forecast (at most ``window``, which would
+    otherwise never hold enough to judge)."""
     min_actual_mean: float = 1e-6
     """Mean actual below this (an idle service): WAPE is undefined, the forecast is not judged."""
     count_window_s: float | None = None
@@ -47,12 +53,17 @@ class AuditBounds:
     gives is not held against the forecast (None: the actuals are taken as exact)."""
 
     def __post_init__(self) -> None:
+        problems = []
         if self.window < 1 or self.min_scored < 1:
-            raise ValueError("window and min_scored must be >= 1")
+            problems.append("window and min_scored must be >= 1")
+        if self.min_scored > self.window:
+            problems.append(f"min_scored ({self.min_scored}) must be <= window ({self.window})")
         if not 0 <= self.min_coverage <= 1:
-            raise ValueError(f"min_coverage must be in [0, 1], got {self.min_coverage}")
+            problems.append(f"min_coverage must be in [0, 1], got {self.min_coverage}")
         if self.count_window_s is not None and self.count_window_s <= 0:
-            raise ValueError(f"count_window_s must be > 0, got {self.count_window_s}")
+            problems.append(f"count_window_s must be > 0, got {self.count_window_s}")
+        if problems:
+            raise ValidationError(problems)
 
 
 def poisson_mean_abs_deviation(mean: float) -> float:

@@ -15,9 +15,10 @@ TICK_S = 15.0
 RATE = 20.0
 
 
-def policy(*, ttft_s: float = 0.5, max_wape: float = 0.5, lead_time_s: int = 60) -> Policy:
+def policy(*, ttft_s: float = 0.5, max_wape: float = 0.5, lead_time_s: int = 60, audit_forecasts: int = 40) -> Policy:
+    forecast = ForecastSettings(max_wape=max_wape, audit_forecasts=audit_forecasts)
     base = Policy(
-        name="p", target=LocalTarget(), lead_time_s=lead_time_s, forecast=ForecastSettings(max_wape=max_wape),
+        name="p", target=LocalTarget(), lead_time_s=lead_time_s, forecast=forecast,
         scaling=Scaling(min_replicas=1, max_replicas=64, max_step=64, scale_down_cooldown_s=0),
     )  # fmt: skip
     objectives = base.objectives.model_copy(
@@ -79,6 +80,21 @@ def test_a_tighter_wape_bound_keeps_a_distrusted_forecast_distrusted() -> None:
     # A looser bound than the WAPE the audit holds trusts the forecast again, without waiting for new scores.
     looser = advisor.assess(policy(max_wape=5.0), slow(132 * TICK_S, 1.0), 132 * TICK_S)
     assert looser is not None and looser.forecast_status == ()
+
+
+@pytest.mark.parametrize("window", [4, 7])
+def test_a_short_audit_window_still_judges_the_forecast(window: int) -> None:
+    """audit_forecasts below 8 (the schema allows 4) kept min_scored at 8: the window never held enough scores,
+    so a forecast wrong by a factor of 40 was trusted for ever."""
+    advisor = PredictiveAdvisor()
+    rng = np.random.default_rng(1)
+    statuses = set()
+    for k in range(120):
+        load = slow(k * TICK_S, float(rng.choice([1.0, 40.0])))
+        assessment = advisor.assess(policy(audit_forecasts=window), load, k * TICK_S)
+        assert assessment is not None
+        statuses.add(assessment.forecast_status)
+    assert ("forecast_unreliable",) in statuses
 
 
 def test_the_policys_sizing_headroom_sizes_the_fleet() -> None:

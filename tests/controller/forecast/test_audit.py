@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from contracts.errors import ValidationError
 from controller.forecast.audit import AuditBounds, ForecastAudit, poisson_mean_abs_deviation
 
 
@@ -53,6 +54,15 @@ def test_too_few_scores_or_an_idle_series_are_not_judged() -> None:
         idle.expect(k, point=0.5, lower=0.0, upper=1.0)
         idle.observe(k, 0.0)
     assert idle.wape is None and idle.reliable
+
+
+def test_bounds_that_could_never_judge_are_refused() -> None:
+    """More scores needed than the window holds: WAPE and coverage would stay None, the forecast always trusted."""
+    with pytest.raises(ValidationError, match="min_scored"):
+        AuditBounds(window=5, min_scored=8)
+    with pytest.raises(ValidationError, match="min_coverage"):
+        AuditBounds(min_coverage=1.5)
+    assert AuditBounds(window=8, min_scored=8).window == 8
 
 
 def test_unreliable_past_a_bound_and_back_only_with_a_margin() -> None:
