@@ -12,9 +12,14 @@ forecast and reactive sizing).
 When the actuals are rates of arrivals counted over a window (``count_window_s``),
 even a perfect forecast of the arrival rate scores a WAPE: the counts' Poisson
 noise, E|N - mu| / mu, which is 0.25 at ten arrivals a window and 0.65 at 1.6.
-The audit estimates that noise floor from the actuals and holds only the WAPE
-above it against the bound, so a quiet service is not distrusted for the noise of
-its own arrivals (as the rebalancer judges imbalance against its sampling floor).
+The audit takes that noise floor from each forecast's own rate (the error it would
+score if it were right) and holds only the WAPE above it against the bound, so a
+quiet service is not distrusted for the noise of its own arrivals (as the
+rebalancer judges imbalance against its sampling floor).  Taken from each actual
+instead, the floor falls short at a few arrivals a window (half at 0.5: a count of
+0 claims no noise); taken from the window's mean actual, it would hide a forecast
+too low for a quiet service, where this one is lenient only with one too high
+(which costs replicas, not objectives).
 
 Pure and O(1) per bin: no clock, no I/O.
 """
@@ -143,23 +148,23 @@ class ForecastAudit:
         self._scored.append(scored)
         self._abs_error += abs(scored.actual - scored.point)
         self._actual += abs(scored.actual)
-        self._noise += self._noise_of(scored.actual)
+        self._noise += self._noise_of(scored.point)
         self._covered += scored.covered
         self._with_interval += scored.has_interval
 
     def _forget(self, old: ScoredForecast) -> None:
         self._abs_error -= abs(old.actual - old.point)
         self._actual -= abs(old.actual)
-        self._noise -= self._noise_of(old.actual)
+        self._noise -= self._noise_of(old.point)
         self._covered -= old.covered
         self._with_interval -= old.has_interval
 
-    def _noise_of(self, actual: float) -> float:
-        """The absolute error a perfect forecast would expect against this actual (its counting noise)."""
+    def _noise_of(self, point: float) -> float:
+        """The absolute error this forecast expects against the counted actual if its rate is right."""
         window = self.bounds.count_window_s
-        if window is None or actual <= 0:
+        if window is None or point <= 0:
             return 0.0
-        return poisson_mean_abs_deviation(actual * window) / window
+        return poisson_mean_abs_deviation(point * window) / window
 
     @property
     def scored(self) -> int:
@@ -175,7 +180,7 @@ class ForecastAudit:
 
     @property
     def noise_floor(self) -> float | None:
-        """The WAPE the actuals' counting noise alone gives a perfect forecast (None with :attr:`wape`)."""
+        """The WAPE the counting noise alone gives these forecasts were they right (None with :attr:`wape`)."""
         return None if self.wape is None else max(self._noise, 0.0) / self._actual
 
     @property

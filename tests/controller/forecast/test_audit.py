@@ -132,3 +132,40 @@ def test_a_wrong_forecast_stays_distrusted_above_the_noise_floor() -> None:
     assert wrong.excess_wape is not None and wrong.excess_wape > 0.5
     assert not wrong.reliable
     assert "above the noise floor" in wrong.why_unreliable()
+
+
+def _distrusted_share(per_min: float, point_share: float = 1.0, ticks: int = 2000) -> tuple[float, ForecastAudit]:
+    """A forecast of ``point_share`` x the true rate, scored as the controller does (arrivals counted over 60 s)."""
+    rate = per_min / 60.0
+    audit = ForecastAudit(AuditBounds(max_wape=0.5, window=40, count_window_s=60.0))
+    rng = np.random.default_rng(1)
+    distrusted = 0
+    for k in range(ticks):
+        audit.expect(k, point=point_share * rate, lower=0.0, upper=0.0)  # point only: coverage not judged
+        audit.observe(k, rng.poisson(rate * 60.0) / 60.0)
+        distrusted += not audit.reliable
+    return distrusted / ticks, audit
+
+
+@pytest.mark.parametrize("per_min", [0.3, 0.5])
+def test_a_perfect_forecast_of_a_quiet_service_is_trusted(per_min: float) -> None:
+    """The floor taken from each actual (E|N - n| at mean n) is about half the noise a perfect forecast scores below
+    three arrivals a window: at 0.3 requests a minute it was distrusted on 95 % of ticks."""
+    share, _ = _distrusted_share(per_min)
+    assert share < 0.05
+
+
+def test_a_forecast_too_low_for_a_quiet_service_is_still_distrusted() -> None:
+    """The floor is the noise the forecast's own rate would show: one too low claims less noise, not more."""
+    share, _ = _distrusted_share(0.3, point_share=1 / 3)
+    assert share > 0.3
+
+
+def test_the_noise_floor_of_busy_traffic_is_what_its_counts_give() -> None:
+    """At 600 requests a minute the floor is the normal limit sqrt(2 / (pi x 600)), a forecast right is trusted and
+    one twice too high is not."""
+    share, audit = _distrusted_share(600.0, ticks=200)
+    assert share == 0.0
+    assert audit.noise_floor == pytest.approx(math.sqrt(2 / (math.pi * 600)), rel=0.05)
+    share, _ = _distrusted_share(600.0, point_share=2.0, ticks=200)
+    assert share > 0.9
