@@ -9,7 +9,9 @@ from Prometheus when one is configured (``query_range`` over the same rate
 queries the source uses: the engines' rates, without the requests an entry
 router refused, which the store's history includes), else from the store.  Samples are resampled onto the
 tick grid, and bins the controller did not see (it was down) are filled with the
-last value before them, so a daily season stays aligned.
+last value before them, so a daily season stays aligned; a gap longer than the live
+forecaster fills (a season) is not made up: only what came after it seeds the
+forecaster, and nothing does when the gap runs up to now.
 
 The store keeps the history by policy name, and only what was recorded since the
 policy's creation is read back: one deleted and created again (for another model,
@@ -30,6 +32,8 @@ import numpy as np
 from contracts.errors import MoesloError, UnavailableError
 from controller.core import DecisionCore
 from controller.entry_demand import offered_load
+from controller.forecast import ForecastConfig
+from controller.forecast.history import DAY_S
 from controller.policy import Policy
 from controller.slo import format_duration
 from controller.sources.base import (
@@ -55,10 +59,14 @@ Sample = list[float]
 """``[wall_time_s, request_rate_rps, prompt_tokens_per_s, output_tokens_per_s]``"""
 
 
-def resample(samples: Sequence[Sequence[float]], *, bin_s: float, until_s: float | None = None) -> LoadHistory:
+def resample(
+    samples: Sequence[Sequence[float]], *, bin_s: float, until_s: float | None = None, max_fill_bins: int | None = None
+) -> LoadHistory:
     """Samples at wall times onto bins of ``bin_s`` ending at ``until_s`` (default: the last sample).
 
-    Each bin takes the last sample that falls in it; empty bins repeat the value before them.
+    Each bin takes the last sample that falls in it; empty bins repeat the value before them, up to
+    ``max_fill_bins`` in a row (None: any).  As the live forecaster restarts after a longer gap
+    (:meth:`AutoForecaster.skip`), only the bins after the last one are kept, and none when it runs to ``until_s``.
     """
     rows = sorted((s for s in samples if all(math.isfinite(x) for x in s[:4])), key=lambda s: s[0])
     if not rows:
@@ -69,10 +77,27 @@ def resample(samples: Sequence[Sequence[float]], *, bin_s: float, until_s: float
     values = np.full((n, 3), np.nan)
     for t, *rest in rows:
         values[min(int((t - start) // bin_s), n - 1)] = rest[:3]
-    for i in range(1, n):  # forward fill what the controller did not see
+    first = _first_after_long_gap(np.flatnonzero(~np.isnan(values[:, 0])), n, max_fill_bins)
+    if first is None:
+        return LoadHistory((), (), ())
+    values = values[first:]
+    for i in range(1, len(values)):  # forward fill what the controller did not see
         if np.isnan(values[i, 0]):
             values[i] = values[i - 1]
     return LoadHistory(values[:, 0].tolist(), values[:, 1].tolist(), values[:, 2].tolist())
+
+
+def _first_after_long_gap(seen: np.ndarray, n: int, max_fill_bins: int | None) -> int | None:
+    """The first seen bin after the last run of more than ``max_fill_bins`` unseen ones (of ``n`` bins; the bin
+    after the last is where the next live observation lands); None when that run ends the series."""
+    if max_fill_bins is None:
+        return 0
+    edges = np.append(seen, n)
+    long_gaps = np.flatnonzero(np.diff(edges) - 1 > max_fill_bins)
+    if not len(long_gaps):
+        return 0
+    after = int(edges[long_gaps[-1] + 1])
+    return None if after == n else after
 
 
 @dataclass
@@ -156,8 +181,11 @@ class LoadHistoryKeeper:
         selector: str = "",
         rate_window_s: float = RATE_WINDOW_S,
         flush_every_ticks: int = 4,
+        season_s: float | None = DAY_S,
     ) -> None:
+        """``season_s`` is the forecasters' (:class:`ForecastConfig`): a warm start fills no gap they would not."""
         self.rate_window_s = rate_window_s
+        self.max_fill_bins = ForecastConfig(bin_s=bin_s, horizon_s=bin_s, season_s=season_s).max_fill_bins
         self.store = store
         self.bin_s = bin_s
         self.keep_s = keep_s
@@ -200,7 +228,7 @@ class LoadHistoryKeeper:
                     log.warning("load history of %s unreadable: %s", policy.name, exc)
                     samples = []
                 samples = [s for s in samples if s[0] >= created_s[policy.name]]  # not a deleted namesake's
-            history = resample(samples, bin_s=self.bin_s, until_s=now - self.bin_s)
+            history = resample(samples, bin_s=self.bin_s, until_s=now - self.bin_s, max_fill_bins=self.max_fill_bins)
             if len(history):
                 core.warm_start(policy, history)
             self.warmed[policy.name] = (where, len(history))

@@ -1,0 +1,76 @@
+"""The warm start's history: resampled onto the tick grid, with a gap the live forecaster would not fill left out."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+from controller.core import DecisionCore
+from controller.load_history import LoadHistoryKeeper, resample
+from controller.policy import LocalTarget, Policy
+from controller.store import Store, StoredPolicy
+from controller.types import LoadHistory
+
+BIN_S = 15.0
+DAY_S = 86_400.0
+
+
+def samples(times: list[float]) -> list[list[float]]:
+    return [[t, t / BIN_S, 10.0, 5.0] for t in times]
+
+
+def test_a_gap_longer_than_the_fill_limit_drops_what_came_before_it() -> None:
+    """As the live forecaster restarts after a gap it does not fill, the warm start keeps only the bins after it."""
+    rows = samples([0.0, 15.0, 90.0, 105.0])  # bins 0, 1, then 4 missed, then 6, 7
+    assert list(resample(rows, bin_s=BIN_S, max_fill_bins=4).rates_rps) == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 6.0, 7.0]
+    assert list(resample(rows, bin_s=BIN_S, max_fill_bins=3).rates_rps) == [6.0, 7.0]
+
+
+def test_a_gap_up_to_now_longer_than_the_fill_limit_seeds_nothing() -> None:
+    rows = samples([0.0, 15.0])
+    assert list(resample(rows, bin_s=BIN_S, until_s=75.0, max_fill_bins=4).rates_rps) == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert len(resample(rows, bin_s=BIN_S, until_s=90.0, max_fill_bins=4)) == 0
+
+
+class Seeds(DecisionCore):
+    """A core that keeps what the keeper seeds it with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seeded: dict[str, LoadHistory] = {}
+
+    def warm_start(self, policy: Policy, history: LoadHistory) -> int:
+        self.seeded[policy.name] = history
+        return 1
+
+
+def _warm_start(tmp_path: Path, times: list[float], now_s: float) -> tuple[Seeds, LoadHistoryKeeper]:
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'h.db'}")
+    store.save_load_history([("p", 0.0, samples(times))])
+    keeper = LoadHistoryKeeper(store, bin_s=BIN_S, keep_s=14 * DAY_S, wall_clock=lambda: now_s)
+    created = datetime.fromtimestamp(0.0, UTC)
+    stored = StoredPolicy(Policy(name="p", target=LocalTarget()), 1, created, created)
+    core = Seeds()
+    asyncio.run(keeper.warm_start(core, [stored]))
+    return core, keeper
+
+
+def test_a_controller_down_longer_than_a_season_starts_its_forecaster_afresh(tmp_path: Path) -> None:
+    """Down 30 h after two days: the warm start made up the 30 h as the last value, which a daily model then
+    repeated as the forecast where the load was back on its daily curve."""
+    two_days = [k * BIN_S for k in range(int(2 * DAY_S / BIN_S))]
+    core, keeper = _warm_start(tmp_path, two_days, now_s=2 * DAY_S + 30 * 3600.0)
+    assert "p" not in core.seeded and keeper.warmed["p"] == ("store", 0)
+
+
+def test_a_controller_down_less_than_a_season_fills_the_gap(tmp_path: Path) -> None:
+    two_days = [k * BIN_S for k in range(int(2 * DAY_S / BIN_S))]
+    core, _ = _warm_start(tmp_path, two_days, now_s=2 * DAY_S + 3600.0)
+    assert len(core.seeded["p"]) == int((2 * DAY_S + 3600.0) / BIN_S)
+
+
+def test_the_warm_start_keeps_only_the_history_after_a_gap_longer_than_a_season(tmp_path: Path) -> None:
+    before, after = [k * BIN_S for k in range(100)], [2 * DAY_S + k * BIN_S for k in range(100)]
+    core, _ = _warm_start(tmp_path, before + after, now_s=2 * DAY_S + 100 * BIN_S)
+    assert list(core.seeded["p"].rates_rps) == [t / BIN_S for t in after]
