@@ -8,6 +8,7 @@ overrides from the command line.
 
 from __future__ import annotations
 
+import string
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -49,6 +50,34 @@ class LocalActuatorConfig(_Section):
     host budget); None: replicas are not pinned and share the machine without a budget."""
     cpus: tuple[int, ...] | None = None
     """CPUs the replicas may use (None: every CPU the controller itself may run on)."""
+
+    @model_validator(mode="after")
+    def _fields_filled_in(self) -> Self:
+        # str.format would raise at every scale (a KeyError naming a JSON key): refused once, here.
+        for i, part in enumerate(self.command):
+            problem = command_part_problem(part)
+            if problem is not None:
+                raise ValueError(f"local.command[{i}] {part!r}: {problem}")
+        return self
+
+
+COMMAND_FIELDS = ("moeslo", "checkpoint", "port", "model", "host", "threads")
+"""What a local command's parts may name in braces (filled in when a replica starts)."""
+
+
+def command_part_problem(part: str) -> str | None:
+    """Why ``part`` cannot be filled in with :data:`COMMAND_FIELDS` (None: it can)."""
+    fields = ", ".join(f"{{{name}}}" for name in COMMAND_FIELDS)
+    literal = "write a literal brace twice ({{ and }}, as in '{{\"level\": 3}}')"
+    try:
+        names = [name for _text, name, _spec, _conversion in string.Formatter().parse(part) if name is not None]
+        unknown = [name for name in names if name not in COMMAND_FIELDS]
+        if unknown:
+            return f"{{{unknown[0]}}} is not one of {fields}; {literal}"
+        part.format(**dict.fromkeys(COMMAND_FIELDS, ""))  # a format spec of the wrong kind
+    except (ValueError, KeyError, IndexError, AttributeError) as exc:
+        return f"{type(exc).__name__}: {exc}; {literal}"
+    return None
 
 
 class KubernetesConfig(_Section):

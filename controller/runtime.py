@@ -6,9 +6,13 @@ import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controller.types import PolicyObservation
+from contracts.errors import MoesloError
+from controller.types import Decision, PolicyObservation
+
+if TYPE_CHECKING:
+    from controller.telemetry import ControllerMetrics
 
 FORECAST_NOT_IN_USE = ("warming_up", "forecast_unreliable", "forecast_disabled")
 """Reasons that say the forecast did not size the fleet this tick."""
@@ -89,4 +93,37 @@ def seen_view(obs: PolicyObservation | None) -> dict[str, Any]:
     })
 
 
-__all__ = ["Creations", "PolicyRuntime", "json_safe", "seen_view", "sli_view"]
+def report_forecast(
+    runtime: PolicyRuntime, metrics: ControllerMetrics, policy: str, obs: PolicyObservation | None, decision: Decision,
+    *, tick_interval_s: float,
+) -> None:
+    """What the core saw and forecast, for /v1/status and the forecast gauges."""
+    view = decision.forecast
+    in_use = view is not None and not any(r in FORECAST_NOT_IN_USE for r in decision.reasons)
+    metrics.set_forecast(policy, view, in_use=in_use)
+    metrics.set_replica_budget(policy, None if obs is None else obs.replica_budget)
+    runtime.forecast = None if view is None else json_safe({**view.to_json(), "in_use": in_use})
+    runtime.seen = seen_view(obs)
+    share = _sizing_number(decision, "ttft_infeasible_share")
+    runtime.seen["ttft_infeasible_share"] = share
+    rate = 0.0 if obs is None or obs.request_rate_rps is None else obs.request_rate_rps
+    metrics.record_infeasible(policy, share, rate * tick_interval_s)
+    metrics.record_length_tail(
+        policy, _sizing_number(decision, "prompt_cv2"), _sizing_number(decision, "prompt_p99_over_mean")
+    )
+    metrics.record_corrections(policy, _sizing_number(decision, "predictive.ttft_correction"),
+                               _sizing_number(decision, "predictive.itl_correction"))  # fmt: skip
+
+
+def _sizing_number(decision: Decision, key: str) -> float | None:
+    """A number the sizing advisor put in the decision's inputs (None: it did not)."""
+    value = decision.inputs.get(f"sizing.{key}")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def fault_text(exc: Exception) -> str:
+    """An error as a policy's status and log show it: the project's own say what they are; others are named."""
+    return str(exc) if isinstance(exc, MoesloError) else f"{type(exc).__name__}: {exc}"
+
+
+__all__ = ["Creations", "PolicyRuntime", "fault_text", "json_safe", "report_forecast", "seen_view", "sli_view"]

@@ -43,7 +43,7 @@ from controller.decision_log import INTERRUPTED, decision_record, interrupted_de
 from controller.errors import ActuationError, LeadershipLostError
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.policy import LocalTarget, Mode, Policy
-from controller.runtime import FORECAST_NOT_IN_USE, Creations, PolicyRuntime, json_safe, seen_view, sli_view
+from controller.runtime import Creations, PolicyRuntime, fault_text, report_forecast, sli_view
 from controller.slo import error_budget_remaining
 from controller.sources import BURN_WINDOWS, SliSource, configured_source
 from controller.sources.base import LateAnswerError, burn_rates_of, within
@@ -278,9 +278,11 @@ class ControllerService:
         try:
             count = await within(self.actuator.replicas(policy), self.read_timeout_s,
                                  f"{self.actuator.name} replica count")  # fmt: skip
-        except (ActuationError, LateAnswerError) as exc:
+        except Exception as exc:  # an unexpected one too (a bug, an answer of the wrong shape): this policy's fault
+            if not isinstance(exc, ActuationError | LateAnswerError):
+                log.exception("reading %s's replica count failed", policy.name)
             self.metrics.error("actuator")
-            return replace(base, current_replicas=None, errors=(*base.errors, str(exc)))
+            return replace(base, current_replicas=None, errors=(*base.errors, fault_text(exc)))
         ready = count.ready if count.ready is not None else base.ready_replicas
         return replace(base, current_replicas=count.desired, ready_replicas=ready)
 
@@ -303,6 +305,10 @@ class ControllerService:
             self.metrics.error("actuator")
             log.warning("scaling %s to %s failed: %s", policy.name, decision.desired_replicas, exc)
             return "failed", str(exc)
+        except Exception as exc:  # not the tick's: the other policies' scales were applied and must be logged
+            self.metrics.error("actuator")
+            log.exception("scaling %s to %s failed", policy.name, decision.desired_replicas)
+            return "failed", fault_text(exc)
         attempts = f"{result.attempts} attempt(s)"
         return "applied", f"{self.actuator.name}: {result.previous} -> {result.replicas} in {attempts}"
 
@@ -374,21 +380,7 @@ class ControllerService:
         self, policy: Policy, obs: PolicyObservation | None, decision: Decision, runtime: PolicyRuntime
     ) -> None:
         """What the core saw and forecast, for /v1/status and the forecast gauges."""
-        view = decision.forecast
-        in_use = view is not None and not any(r in FORECAST_NOT_IN_USE for r in decision.reasons)
-        self.metrics.set_forecast(policy.name, view, in_use=in_use)
-        self.metrics.set_replica_budget(policy.name, None if obs is None else obs.replica_budget)
-        runtime.forecast = None if view is None else json_safe({**view.to_json(), "in_use": in_use})
-        runtime.seen = seen_view(obs)
-        share = _sizing_number(decision, "ttft_infeasible_share")
-        runtime.seen["ttft_infeasible_share"] = share
-        rate = 0.0 if obs is None or obs.request_rate_rps is None else obs.request_rate_rps
-        self.metrics.record_infeasible(policy.name, share, rate * self.tick_interval_s)
-        self.metrics.record_length_tail(
-            policy.name, _sizing_number(decision, "prompt_cv2"), _sizing_number(decision, "prompt_p99_over_mean")
-        )
-        self.metrics.record_corrections(policy.name, _sizing_number(decision, "predictive.ttft_correction"),
-                                        _sizing_number(decision, "predictive.itl_correction"))  # fmt: skip
+        report_forecast(runtime, self.metrics, policy.name, obs, decision, tick_interval_s=self.tick_interval_s)
         if self.history is not None and policy.name in self.history.warmed:
             origin, ticks = self.history.warmed[policy.name]
             runtime.seen["history_warm_start"] = f"{ticks} ticks from the {origin}" if ticks else "none"
@@ -436,12 +428,6 @@ class ControllerService:
         await self.source.aclose()
         if self.rebalancer is not None:
             await self.rebalancer.aclose()
-
-
-def _sizing_number(decision: Decision, key: str) -> float | None:
-    """A number the sizing advisor put in the decision's inputs (None: it did not)."""
-    value = decision.inputs.get(f"sizing.{key}")
-    return float(value) if isinstance(value, int | float) else None
 
 
 def build_service(settings: ControllerSettings, store: Store, registry: CollectorRegistry) -> ControllerService:

@@ -169,7 +169,7 @@ class KubernetesActuator:
         ready = read.ready
         try:
             pods = await asyncio.to_thread(self._ready_pods, target, read)
-        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             # The count is what scaling needs; a failed pod list keeps the last addresses known.
             log.warning("%s: listing ready pods failed: %s", _describe(target), exc)
         else:
@@ -247,7 +247,7 @@ class KubernetesActuator:
         """Whether the count now is ``replicas`` (one short read; False when it cannot be read)."""
         try:
             return self._read(target, min(FINAL_READ_TIMEOUT_S, self.config.request_timeout_s)).desired == replicas
-        except (ApiException, urllib3.exceptions.HTTPError, OSError, ActuationError):
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError, ActuationError):
             return False
 
     def _with_retries(self, target: KubernetesTarget, fn: Callable[[float], Any], what: str) -> Any:
@@ -266,6 +266,8 @@ class KubernetesActuator:
                 last = _api_error(exc)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
+            except ValueError as exc:  # an answer of the wrong shape (the client's parse, or ours): not retried
+                raise ActuationError(f"{_describe(target)}: {what} failed: {_malformed(exc)}") from exc
             if attempt < cfg.max_attempts:
                 delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * 2 ** (attempt - 1))
                 self._sleep(min(delay * (0.5 + random.random() / 2), max(0.0, deadline - self._clock())))
@@ -385,6 +387,11 @@ def _api_error(exc: ApiException) -> str:
     except (ValueError, TypeError, AttributeError):
         message = None
     return f"{text}: {str(message)[:400]}" if message else text
+
+
+def _malformed(exc: ValueError) -> str:
+    """A parse's error in one line (pydantic's span several)."""
+    return f"malformed answer ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"
 
 
 def _describe(target: KubernetesTarget) -> str:

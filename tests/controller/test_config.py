@@ -118,3 +118,18 @@ def test_the_shutdown_grace_defaults_below_the_pods_termination_grace_and_is_bou
     assert load_settings(shutdown_grace_s=0).shutdown_grace_s == 0
     with pytest.raises(ValidationError, match="shutdown_grace_s"):
         load_settings(shutdown_grace_s=-1)
+
+
+def test_a_local_command_with_a_literal_brace_is_refused_naming_the_part() -> None:
+    # vLLM's --compilation-config takes JSON: its braces would be read as fields to fill in at every scale.
+    command = ["vllm", "serve", "--port", "{port}", "--compilation-config", '{"level": 3}']
+    with pytest.raises(ValidationError) as caught:
+        load_settings(actuator="local", local={"command": command})
+    message = str(caught.value)
+    assert "local.command[5]" in message and "{{" in message
+    with pytest.raises(ValidationError, match=r"local.command\[1\].*\{threds\}"):
+        load_settings(local={"command": ["x", "--threads={threds}"]})
+    with pytest.raises(ValidationError, match=r"local.command\[1\]"):
+        load_settings(local={"command": ["x", "{port"]})
+    doubled = load_settings(local={"command": [*command[:-1], '{{"level": 3}}']})
+    assert doubled.local.command[-1] == '{{"level": 3}}'

@@ -320,3 +320,19 @@ def test_a_deleted_workload_stops_advertising_its_pods(server: StandInApiServer)
     with pytest.raises(ActuationError, match="HTTP 404"):
         asyncio.run(actuator.replicas(policy))
     assert actuator.endpoints(policy) == ()  # their IPs may serve other pods by now
+
+
+def test_an_answer_of_the_wrong_shape_is_an_actuation_error(server: StandInApiServer) -> None:
+    # A Deployment's scale whose count is no number (a proxy's rewrite, a skewed API server): the client's
+    # parse raises ValueError, which is this workload's failure, not the tick's.
+    for path in (server.add_deployment_scale("prod", "qwen", 2), server.add_lws_scale("prod", "lws", 2)):
+        server.state.objects[path]["spec"]["replicas"] = "two"
+    actuator = _actuator(server)
+    with pytest.raises(ActuationError, match="malformed answer"):
+        asyncio.run(actuator.replicas(_policy()))
+    with pytest.raises(ActuationError, match="malformed answer"):
+        asyncio.run(actuator.scale(_policy(), 3))
+    lws_policy = Policy.model_validate({"name": "l", "target": {"kind": "leaderworkerset", "namespace": "prod",
+                                                                "name": "lws"}})  # fmt: skip
+    with pytest.raises(ActuationError, match="malformed answer"):
+        asyncio.run(actuator.scale(lws_policy, 3))
