@@ -1,17 +1,27 @@
 """What the controller service writes to the decision log: a decision's record, a rebalancer step's, and the
-outcome of an action that a shutdown cut short."""
+outcome of an action that a shutdown cut short; and the writer that keeps what a failed write left."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from contracts.errors import MoesloError
 from controller.runtime import json_safe
-from controller.store import DecisionRecord, StoredPolicy
+from controller.store import DecisionRecord, Store, StoredPolicy
 from controller.types import Decision
 
 if TYPE_CHECKING:
     from controller.actuators.placement import RebalanceEvent
+    from controller.telemetry import ControllerMetrics
+
+log = logging.getLogger(__name__)
+
+PENDING_MAX = 10_000
+"""Unwritten records kept for the next write (a tick of 100 policies logs 100): beyond, the oldest are dropped."""
 
 INTERRUPTED = "interrupted"
 """The outcome of an action still running when the shutdown grace ran out: it was cut short, and whether it took
@@ -57,3 +67,51 @@ def rebalance_record(entry: StoredPolicy, event: RebalanceEvent, at: datetime, t
         current_replicas=None, desired_replicas=None, mode=str(entry.policy.mode),
         outcome=event.outcome, detail=event.detail(), inputs=event.to_json(),
     )
+
+
+class DecisionLogWriter:
+    """Writes the tick's records to the store.  A write that fails (a database locked, a failover) keeps its records,
+    and the next write sends them first: a change applied must not lose its record (nor the cooldown a restart
+    carries over from it) to one failed write.  At most ``pending_max`` are kept; beyond, the oldest are dropped
+    (``dropped`` counts them, and the warning says so)."""
+
+    def __init__(self, store: Store, metrics: ControllerMetrics, *, pending_max: int = PENDING_MAX) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.pending_max = pending_max
+        self.pending: list[DecisionRecord] = []
+        self.dropped = 0
+
+    async def append(self, records: Sequence[DecisionRecord] = ()) -> bool:
+        """Write the records kept from failed writes, then ``records``; whether they were written."""
+        batch = [*self.pending, *records]
+        if not batch:
+            return True
+        try:
+            await asyncio.to_thread(self.store.append_decisions, batch)
+        except MoesloError as exc:
+            self.metrics.error("store")
+            self._keep(batch)
+            log.warning("decision log write failed (%d record(s) kept for the next write): %s", len(batch), exc)
+            return False
+        self.pending = []
+        return True
+
+    def _keep(self, batch: list[DecisionRecord]) -> None:
+        over = len(batch) - self.pending_max
+        if over > 0:
+            self.dropped += over
+            log.warning("decision log: %d unwritten record(s) dropped, the oldest (%d since the start)", over,
+                        self.dropped)  # fmt: skip
+        self.pending = batch[max(0, over):]
+
+    async def prune(self, keep: int) -> None:
+        """Keep the newest ``keep`` decisions."""
+        try:
+            removed = await asyncio.to_thread(self.store.prune_decisions, keep_last=keep)
+        except MoesloError as exc:
+            log.warning("pruning the decision log failed: %s", exc)
+            self.metrics.error("store")
+            return
+        if removed:
+            log.info("pruned %d old decisions (keeping %d)", removed, keep)

@@ -39,7 +39,14 @@ from contracts.errors import MoesloError, UnavailableError
 from controller.actuators.base import Actuator
 from controller.config import ControllerSettings
 from controller.core import DecisionCore
-from controller.decision_log import INTERRUPTED, decision_record, interrupted_detail, logged_reason, rebalance_record
+from controller.decision_log import (
+    INTERRUPTED,
+    DecisionLogWriter,
+    decision_record,
+    interrupted_detail,
+    logged_reason,
+    rebalance_record,
+)
 from controller.errors import ActuationError, LeadershipLostError
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.policy import LocalTarget, Mode, Policy
@@ -91,6 +98,7 @@ class ControllerService:
         self.shutdown_grace_s = shutdown_grace_s
         """A shutdown lets the actions of a tick finish for this long at most (see ``_act``)."""
         self.decisions_keep = decisions_keep
+        self.decision_log = DecisionLogWriter(store, metrics)
         self.history = history
         """Load history for the forecasters: recorded, persisted, warm-started (None: kept in memory only)."""
         self.rebalancer = rebalancer
@@ -182,7 +190,7 @@ class ControllerService:
         self._last_tick_at = self.wall_clock()
         self.ticks += 1
         if leader and self.ticks % PRUNE_EVERY_TICKS == 0:
-            await self._prune()
+            await self.decision_log.prune(self.decisions_keep)
         self.metrics.observe_evaluation(self.clock() - started_s)
         return effects
 
@@ -208,9 +216,9 @@ class ControllerService:
             await self._carry_out_all(tick, effects, by_name, leader, records)
             if leader and self.rebalancer is not None:
                 await self._rebalance(list(by_name.values()), tick.now_s, records)
-        finally:
-            if leader and records:
-                await run_to_end(self._append(records))
+        finally:  # records a failed write kept are written even by a replica that has lost the lease since
+            if (leader and records) or self.decision_log.pending:
+                await run_to_end(self.decision_log.append(records if leader else ()))
 
     async def _carry_out_all(
         self, tick: TickInput, effects: Effects, by_name: Mapping[str, StoredPolicy], leader: bool,
@@ -239,23 +247,6 @@ class ControllerService:
             self._update_runtime(entry.policy, obs, decision, tick.now_s, (outcome, detail))
         if cut_short:
             raise asyncio.CancelledError
-
-    async def _append(self, records: list[DecisionRecord]) -> None:
-        try:
-            await asyncio.to_thread(self.store.append_decisions, records)
-        except MoesloError as exc:
-            log.warning("decision log write failed: %s", exc)
-            self.metrics.error("store")
-
-    async def _prune(self) -> None:
-        try:
-            removed = await asyncio.to_thread(self.store.prune_decisions, keep_last=self.decisions_keep)
-        except MoesloError as exc:
-            log.warning("pruning the decision log failed: %s", exc)
-            self.metrics.error("store")
-            return
-        if removed:
-            log.info("pruned %d old decisions (keeping %d)", removed, self.decisions_keep)
 
     async def _observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
         component = "prometheus" if type(self.source).__name__.startswith("Prometheus") else "scrape"
@@ -423,6 +414,7 @@ class ControllerService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await self.decision_log.append()  # once more, what failed writes left
         await self.elector.stop()
         await self.actuator.aclose()
         await self.source.aclose()

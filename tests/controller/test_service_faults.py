@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from contracts.errors import UnavailableError
 from controller.actuators import DryRunActuator, ReplicaCount, ScaleResult, StillLeading, always_leading
+from controller.decision_log import DecisionLogWriter
 from controller.policy import Policy
+from controller.store import Store
 from tests.controller.test_service import OVERLOADED, Clock, _policy, _service
 
 
@@ -59,3 +62,65 @@ def test_an_unexpected_replica_read_error_holds_only_its_own_policy(tmp_path: Pa
     runtime = service.runtime("a")
     assert runtime is not None and any("KeyError" in e for e in runtime.errors)
     assert registry.get_sample_value("moeslo_errors_total", {"component": "actuator"}) == 1
+
+
+def _log_fails(store: Store, times: int) -> list[int]:
+    """The store's next ``times`` decision-log writes fail (a database locked, a failover); returns the batch sizes
+    of every write tried."""
+    real, tried = store.append_decisions, []
+
+    def append(records):  # type: ignore[no-untyped-def]
+        tried.append(len(records))
+        if len(tried) <= times:
+            raise UnavailableError("policy store (postgresql): server closed the connection unexpectedly")
+        return real(records)
+
+    store.append_decisions = append  # type: ignore[method-assign]
+    return tried
+
+
+def test_records_a_failed_log_write_left_are_written_at_the_next_tick_and_carry_the_cooldown(tmp_path: Path) -> None:
+    clock = Clock()
+    actuator = DryRunActuator()
+    service, store, _ = _service(tmp_path, clock, actuator=actuator)
+    store.create_policy(_policy())
+    tried = _log_fails(store, 1)
+    service.source.fields = OVERLOADED  # type: ignore[attr-defined]
+    asyncio.run(service.tick())  # scales 1 -> 3; its record's write fails
+    assert actuator.calls == [("chat", 3)] and store.list_decisions() == []
+    clock.now_s += 15
+    asyncio.run(service.tick())
+    assert tried == [1, 2]  # the unwritten one first, then this tick's
+    logged = [(d.action, d.outcome) for d in reversed(store.list_decisions())]
+    assert logged[0] == ("scale_up", "applied")
+    restarted, _, _ = _service(tmp_path, Clock(), actuator=actuator)
+    restarted.restore_state()
+    state = restarted.core.state.get("chat")
+    assert state is not None and state.last_change_s is not None  # the scale-up's cooldown survives the restart
+
+
+def test_unwritten_records_are_bounded_the_oldest_dropped_and_counted(tmp_path: Path) -> None:
+    service, store, _ = _service(tmp_path, Clock())
+    store.create_policy(_policy())
+    service.source.fields = OVERLOADED  # type: ignore[attr-defined]
+    writer = service.decision_log
+    writer.pending_max = 3
+    tried = _log_fails(store, 4)
+    for _ in range(4):
+        asyncio.run(service.tick())
+    assert len(writer.pending) == 3 and writer.dropped == 1
+    first_kept = writer.pending[0]
+    asyncio.run(service.tick())
+    assert tried[-1] == 4 and writer.pending == []
+    assert store.list_decisions()[-1].at == first_kept.at
+
+
+def test_a_stop_tries_the_unwritten_records_once_more(tmp_path: Path) -> None:
+    service, store, _ = _service(tmp_path, Clock())
+    store.create_policy(_policy())
+    _log_fails(store, 1)
+    asyncio.run(service.tick())
+    assert store.list_decisions() == [] and len(service.decision_log.pending) == 1
+    asyncio.run(service.stop())
+    assert len(store.list_decisions()) == 1 and service.decision_log.pending == []
+    assert isinstance(service.decision_log, DecisionLogWriter)
