@@ -7,9 +7,13 @@ With several replicas (production on Kubernetes) the replicas compete for a
   while its last successful renewal is younger than
   ``lease_duration_s - renew_period_s``, so it steps down *before* anyone
   else may take over;
+- a renewal counts from when its round began (before its requests were sent),
+  not from when its answer came;
 - a candidate takes the lease over when the lease record has not changed for
-  ``lease_duration_s`` *on the candidate's own monotonic clock* (no trust in
-  clock agreement between machines), bumping ``leaseTransitions``;
+  the record's ``leaseDurationSeconds`` (the holder's setting; its own
+  ``lease_duration_s`` when the record has none) *on the candidate's own
+  monotonic clock* (no trust in clock agreement between machines), bumping
+  ``leaseTransitions``;
 - every write carries the lease's ``resourceVersion``: two candidates racing
   for the same lapse get one success and one 409;
 - a leader that shuts down releases the lease (empty holder), so a standby
@@ -156,6 +160,9 @@ class LeaseElector:
     def _round(self) -> None:
         cfg = self.config
         now = self.wall_clock()
+        # A renewal counts from before it was sent, as client-go's: its answer may come late (a slow API server),
+        # and the standbys count from when they read the record, which is after the write.
+        sent_s = self.clock()
         try:
             lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace, _request_timeout=self._timeout_s)
         except self._api_error as exc:
@@ -169,7 +176,7 @@ class LeaseElector:
                 ),
                 _request_timeout=self._timeout_s,
             )
-            self._renewed_at_s = self.clock()
+            self._renewed_at_s = sent_s
             return
         spec = lease.spec or self._k8s.V1LeaseSpec()
         meta = lease.metadata or self._k8s.V1ObjectMeta()
@@ -180,15 +187,16 @@ class LeaseElector:
         if holder == self.identity:
             lease.spec = self._spec(now, acquire_time=spec.acquire_time or now, transitions=spec.lease_transitions or 0)
             self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease, _request_timeout=self._timeout_s)
-            self._renewed_at_s = self.clock()
+            self._renewed_at_s = sent_s
             return
         self._renewed_at_s = None
-        lapsed = self.clock() - self._observed_at_s >= cfg.lease_duration_s
+        # The holder's duration, not ours: during a rolling update that changes it, the two settings differ.
+        lapsed = self.clock() - self._observed_at_s >= (spec.lease_duration_seconds or cfg.lease_duration_s)
         if holder and not lapsed:
             return
         lease.spec = self._spec(now, acquire_time=now, transitions=(spec.lease_transitions or 0) + 1)
         self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease, _request_timeout=self._timeout_s)
-        self._renewed_at_s = self.clock()
+        self._renewed_at_s = sent_s
         log.info("leader election: %s took lease %s over from %r", self.identity, cfg.lease_name, holder)
 
     def _spec(

@@ -298,3 +298,41 @@ def test_a_silent_api_server_ends_a_round_and_the_release_within_the_renew_perio
         assert time.monotonic() - started < 5.0
         for conn in held:
             conn.close()
+
+
+def test_a_standby_waits_out_the_lease_duration_the_record_names(server: StandInApiServer) -> None:
+    # A rolling update that shortens the lease: the old pod holds a 60 s lease, renewed every 20 s; the new pod,
+    # set to 15 s, must wait the record's 60 s, not its own 15, or both lead.
+    old = LeaderElectionConfig(enabled=True, namespace="moeslo", lease_name="ctl", lease_duration_s=60,
+                               renew_period_s=20)  # fmt: skip
+    clock_a, clock_b = FakeClock(), FakeClock()
+    a = LeaseElector(api_client(KubernetesConfig(host=server.url)), old, identity="a", clock=clock_a)
+    b = _elector(server, "b", clock_b)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    for _ in range(3):
+        clock_a.now_s += 5
+        clock_b.now_s += 5
+        assert not b.try_acquire_or_renew() and a.is_leader
+    clock_a.now_s += 45  # a crashed at 1000: its lease lapses at 1060 by the record
+    clock_b.now_s += 45
+    assert not a.is_leader and b.try_acquire_or_renew()
+
+
+def test_a_renewal_counts_from_when_it_was_sent_not_when_its_answer_came(server: StandInApiServer) -> None:
+    clock_a, clock_b = FakeClock(), FakeClock()
+    a, b = _elector(server, "a", clock_a), _elector(server, "b", clock_b)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    real = a.api.replace_namespaced_lease
+
+    def slow_answer(*args: Any, **kwargs: Any) -> Any:
+        answer = real(*args, **kwargs)  # committed at once; its answer takes 4 s to arrive
+        clock_a.now_s += 4
+        return answer
+
+    a.api.replace_namespaced_lease = slow_answer  # type: ignore[method-assign]
+    clock_a.now_s += 5
+    clock_b.now_s += 5
+    assert a.try_acquire_or_renew()  # sent at 1005, answered at 1009
+    assert not b.try_acquire_or_renew()  # b sees the renewed record at 1005 (on its clock) ...
+    clock_a.now_s += 6
+    assert not a.is_leader  # ... and a must step down by 1005 + 15 - 5, before b may take over at 1020
