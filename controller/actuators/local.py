@@ -5,9 +5,10 @@ its metrics carry the policy's ``model_name`` (the argv template
 comes from the config, so tests and other engines can substitute their own),
 bound to loopback on a free port.  Scaling compares the wanted count with the
 processes still alive (crashed ones are reaped first), starts the missing
-ones, and stops the newest surplus ones (SIGTERM, then SIGKILL after
-``stop_timeout_s``; one still not gone ``stop_timeout_s`` after that is
-logged and left to exit).  A replica counts as ready once its port answers HTTP.
+ones, and stops the newest surplus ones (SIGTERM to its process group, then
+SIGKILL to what is left of the group after ``stop_timeout_s``, though the main
+process be gone; one still not gone ``stop_timeout_s`` after that is logged
+and left to exit).  A replica counts as ready once its port answers HTTP.
 A replica whose ``/health`` answers 503 is broken (a dead EP rank, a failed
 step: it never serves again) and is stopped like a surplus one, so the count
 drops and the next decision starts a replacement: restarting is this
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+import psutil
 
 from contracts.lifetime import child_setup
 from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
@@ -49,6 +51,8 @@ from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import LocalTarget, Policy
 
 READY_PROBE_TIMEOUT_S = 0.5
+GROUP_POLL_S = 0.05
+"""How often a stop looks whether the replica's process group is gone."""
 log = logging.getLogger(__name__)
 
 
@@ -91,6 +95,33 @@ def _port_free(host: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def _group_ended(process: subprocess.Popen[bytes], deadline_s: float) -> bool:
+    """Whether a replica's main process and every other process of its group ended by ``deadline_s``."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=max(0.0, deadline_s - time.monotonic()))
+    while process.poll() is None or _group_runs(process.pid):
+        if time.monotonic() >= deadline_s:
+            return False
+        time.sleep(GROUP_POLL_S)
+    return True
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs.  A zombie does not: an orphan's new parent (PID 1 in a
+    container) may never reap it, and no signal ends it."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(pid) == pgid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 class LocalActuator:
@@ -269,21 +300,20 @@ class LocalActuator:
         )
 
     def _stop(self, replica: LocalReplica) -> None:
-        """SIGTERM, wait, SIGKILL, wait: never raises.  A replica whose teardown outlasts even the second wait (a
+        """SIGTERM to the replica's process group, a wait for all of it, SIGKILL to what is left, a wait: never
+        raises.  All of it: a child (an EP rank slow to tear down, or deaf to SIGTERM) can outlive the main process,
+        and would hold the CPUs the next replica is given.  A replica whose teardown outlasts even the second wait (a
         GPU context, gigabytes of weights to unmap, a hung device) is dying all the same: it is logged and left to
         exit, where a TimeoutExpired out of here ended the whole tick (or the shutdown of the other replicas)."""
         process = replica.process
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            if process.poll() is not None:
-                break
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=self.config.stop_timeout_s)
+            if _group_ended(process, time.monotonic() + self.config.stop_timeout_s):
+                break
         else:
-            if process.poll() is None:
-                log.warning("replica %s (pid %d) is not gone %.3g s after SIGKILL; left to exit", replica.endpoint,
-                            process.pid, self.config.stop_timeout_s)  # fmt: skip
+            log.warning("replica %s (pid %d, or a process of its group) is not gone %.3g s after SIGKILL; left to exit",
+                        replica.endpoint, process.pid, self.config.stop_timeout_s)  # fmt: skip
         if replica.log is not None:
             replica.log.close()
 

@@ -300,3 +300,30 @@ def test_a_lease_lost_before_the_scale_starts_no_replica() -> None:
         asyncio.run(actuator.scale(_policy("first"), 1, still_leading=lambda: False))
     assert actuator.replicas_by_policy.get("first", []) == []
     assert asyncio.run(actuator.scale(_policy("first"), 0, still_leading=lambda: False)).changed is False
+
+
+_LEAVES_A_CHILD = (  # the main process exits on SIGTERM; a child of its group ignores it (an EP rank slow to go)
+    "(trap '' TERM; exec sleep 60) & echo $! > {pidfile}; trap 'exit 0' TERM; while :; do sleep 0.05; done"
+)
+
+
+def test_a_child_that_outlives_the_replicas_main_process_gets_the_sigkill(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    command = ("/bin/sh", "-c", _LEAVES_A_CHILD.replace("{pidfile}", str(pidfile)))
+    actuator = LocalActuator(LocalActuatorConfig(command=command, first_port=free_port(), stop_timeout_s=0.5))
+    child = 0
+    try:
+        asyncio.run(actuator.scale(_policy(), 1))
+        deadline = time.monotonic() + 10
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            assert time.monotonic() < deadline, "the replica never started its child"
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        started = time.monotonic()
+        asyncio.run(actuator.scale(_policy(), 0))
+        assert time.monotonic() - started < 5
+        assert still_running([child]) == [], "the replica's child outlived its stop"
+    finally:
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)
+        asyncio.run(actuator.aclose())
