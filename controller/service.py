@@ -116,6 +116,8 @@ class ControllerService:
         self.wall_clock = wall_clock
         self._runtime: dict[str, PolicyRuntime] = {}
         self._creations = Creations()
+        self._managed: set[str] = set()
+        """The policies whose targets the actuator managed at the last listing."""
         self._last_tick_at: datetime | None = None
         self._started_at: datetime | None = None
         self._task: asyncio.Task[None] | None = None
@@ -169,6 +171,7 @@ class ControllerService:
         listed = {name: entry.created_at for name, entry in by_name.items()}
         for gone in self._creations.gone(listed, {u.name for u in listing.unreadable}, known=self._runtime):
             await self._forget(gone)
+        await self._release_unmanaged(stored)
         policies = [s.policy for s in stored]
         if self.history is not None:
             try:  # the policies it did not reach are warm-started at a later tick
@@ -202,10 +205,23 @@ class ControllerService:
         self.metrics.forget_policy(name)
         if self.history is not None:
             self.history.forget(name)
+        self._managed.discard(name)
+        await self._release(name, "deleted")
+
+    async def _release_unmanaged(self, stored: Sequence[StoredPolicy]) -> None:
+        """A policy whose target was switched to one the actuator does not manage (a read-only ``model``, a
+        Deployment under the local actuator): what the actuator started for it stops (it would hold CPUs)."""
+        managed = {entry.policy.name for entry in stored if self.actuator.manages(entry.policy)}
+        for entry in stored:
+            if entry.policy.name in self._managed - managed:
+                await self._release(entry.policy.name, f"now targets a {entry.policy.target.kind!r}")
+        self._managed = managed
+
+    async def _release(self, name: str, why: str) -> None:
         try:
             await self.actuator.release(name)
         except ActuationError as exc:
-            log.warning("policy %r deleted, but releasing what it ran failed: %s", name, exc)
+            log.warning("policy %r %s, but releasing what it ran failed: %s", name, why, exc)
 
     async def _act(self, tick: TickInput, effects: Effects, by_name: Mapping[str, StoredPolicy], leader: bool) -> None:
         """Carry out the decisions, rebalance and log every outcome.  A shutdown (SIGTERM) meanwhile lets this run on

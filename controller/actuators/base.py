@@ -78,8 +78,9 @@ class Actuator(Protocol):
         ...
 
     async def release(self, policy_name: str) -> None:
-        """The policy was deleted: stop what this actuator itself started for it (a cluster's workloads stay:
-        they are the cluster's, and the controller only stops managing them)."""
+        """The policy was deleted, or its target switched to one this actuator does not manage: stop what this
+        actuator itself started for it (a cluster's workloads stay: they are the cluster's, and the controller only
+        stops managing them)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -318,11 +318,12 @@ class LocalActuator:
             replica.log.close()
 
     async def release(self, policy_name: str) -> None:
-        """The policy was deleted: its replicas stop (they would hold their CPUs and ports for nobody)."""
+        """The policy was deleted, or its target is no longer a local one: its replicas stop (they would hold their
+        CPUs and ports for nobody)."""
         async with self._lock:
             gone = self.replicas_by_policy.pop(policy_name, [])
             if gone:
-                log.info("policy %r deleted: stopping its %d replica(s)", policy_name, len(gone))
+                log.info("policy %r is no longer run here: stopping its %d replica(s)", policy_name, len(gone))
             await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in gone))
 
     async def aclose(self) -> None:

@@ -7,10 +7,12 @@ import asyncio
 from pathlib import Path
 
 from contracts.errors import UnavailableError
-from controller.actuators import DryRunActuator, ReplicaCount, ScaleResult, StillLeading, always_leading
+from controller.actuators import DryRunActuator, LocalActuator, ReplicaCount, ScaleResult, StillLeading, always_leading
+from controller.config import LocalActuatorConfig
 from controller.decision_log import DecisionLogWriter
 from controller.policy import Policy
 from controller.store import Store
+from harness.processes import free_port
 from tests.controller.test_service import OVERLOADED, Clock, _policy, _service
 
 
@@ -124,3 +126,29 @@ def test_a_stop_tries_the_unwritten_records_once_more(tmp_path: Path) -> None:
     asyncio.run(service.stop())
     assert len(store.list_decisions()) == 1 and service.decision_log.pending == []
     assert isinstance(service.decision_log, DecisionLogWriter)
+
+
+def test_a_local_policys_replicas_stop_when_its_target_is_switched_to_one_the_actuator_does_not_manage(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "ckpt").mkdir()
+    config = LocalActuatorConfig(command=("sleep", "60"), first_port=free_port(), cpus_per_replica=1,
+                                 checkpoint=str(tmp_path / "ckpt"), stop_timeout_s=1)  # fmt: skip
+    actuator = LocalActuator(config)
+    service, store, _ = _service(tmp_path, Clock(), actuator=actuator)
+    local = {"name": "chat", "target": {"kind": "local", "model": "m1"}, "scaling": {"min_replicas": 1,
+                                                                                     "max_replicas": 1}}  # fmt: skip
+    store.create_policy(Policy.model_validate(local))
+
+    async def scenario() -> None:
+        try:
+            await service.tick()
+            (replica,) = actuator.replicas_by_policy["chat"]
+            store.replace_policy(Policy.model_validate({**local, "target": {"kind": "model", "model": "m1"}}))
+            await service.tick()
+            assert replica.process.poll() is not None, "the replica runs on for nobody"
+            assert actuator.replicas_by_policy.get("chat", []) == []
+        finally:
+            await actuator.aclose()
+
+    asyncio.run(scenario())
