@@ -80,6 +80,10 @@ def command_part_problem(part: str) -> str | None:
     return None
 
 
+FINAL_READ_TIMEOUT_S = 2.0
+"""The Kubernetes actuator's last read, after a write answered with an error: whether it landed."""
+
+
 class KubernetesConfig(_Section):
     """Access to the Kubernetes API server (actuator and leader election)."""
 
@@ -216,6 +220,24 @@ class ControllerSettings(BaseSettings):
         if "://" in self.db:
             return self.db
         return f"sqlite+pysqlite:///{Path(self.db).expanduser()}"
+
+    @property
+    def read_backstop_s(self) -> float:
+        """The service's bound on each read: what its reads bound themselves to, together (a warm start's three
+        rounds of Prometheus queries and the source's own; the Kubernetes reads' retries and pod listing; a local
+        replica found broken stopped, SIGTERM then SIGKILL), so it cuts only a read that nothing below bounded."""
+        kubernetes = self.kubernetes
+        return (4 * self.source_timeout_s + kubernetes.retry_deadline_s + kubernetes.request_timeout_s
+                + 2 * self.local.stop_timeout_s)  # fmt: skip
+
+    @property
+    def scale_backstop_s(self) -> float | None:
+        """The service's bound on each scale: the Kubernetes actuator's retries, the request its deadline may let
+        start at the last moment, and the read after a failed write (None: the local actuator's stops bound
+        themselves; cut short, a stop's replica would leave its CPUs to the next one while it still runs)."""
+        if self.actuator != "kubernetes":
+            return None
+        return self.kubernetes.retry_deadline_s + self.kubernetes.request_timeout_s + FINAL_READ_TIMEOUT_S
 
     @property
     def embedded(self) -> bool:

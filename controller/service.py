@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -91,10 +92,14 @@ class ControllerService:
         history: LoadHistoryKeeper | None = None,
         shutdown_grace_s: float = 15.0,
         read_timeout_s: float = 60.0,
+        scale_timeout_s: float | None = None,
     ) -> None:
         self.read_timeout_s = read_timeout_s
         """A backstop on each of the tick's reads (the source's, a policy's replica count, a warm start): past it,
         that read is this tick's error, so nothing a read fails to bound holds the loop for every policy."""
+        self.scale_timeout_s = scale_timeout_s
+        """A backstop on each scale (None: the actuator's own bounds): the Kubernetes client bounds each socket read,
+        not an answer, so an API server that trickles one would hold that decision (and the tick) for ever."""
         self.shutdown_grace_s = shutdown_grace_s
         """A shutdown lets the actions of a tick finish for this long at most (see ``_act``)."""
         self.decisions_keep = decisions_keep
@@ -304,10 +309,21 @@ class ControllerService:
         if not self.is_leader:  # read afresh: an earlier decision's actuation may have outlived the lease
             return "standby", "the lease was lost during this tick: another replica acts"
         assert decision.desired_replicas is not None
+        given_up = threading.Event()  # past the backstop, the actuator's thread (still running) writes no more
+
+        def still_leading() -> bool:
+            return not given_up.is_set() and self._still_leading()
+
+        scale = self.actuator.scale(policy, decision.desired_replicas, still_leading=still_leading)
         try:
-            result = await self.actuator.scale(policy, decision.desired_replicas, still_leading=self._still_leading)
+            result = await within(scale, self.scale_timeout_s, f"{self.actuator.name} scale")
         except LeadershipLostError as exc:  # its retries outlived the lease: the new leader acts
             return "standby", str(exc)
+        except LateAnswerError as exc:
+            given_up.set()
+            self.metrics.error("actuator")
+            log.warning("scaling %s to %s failed: %s", policy.name, decision.desired_replicas, exc)
+            return "failed", f"{exc}: the write may have landed (the next tick reads the count afresh)"
         except ActuationError as exc:
             self.metrics.error("actuator")
             log.warning("scaling %s to %s failed: %s", policy.name, decision.desired_replicas, exc)
@@ -477,16 +493,8 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
         tick_interval_s=settings.tick_interval_s, stale_after_s=settings.stale_after_s,
         static_endpoints=settings.scrape_endpoints, decisions_keep=settings.decisions_keep,
         rebalancer=build_rebalancer(settings), history=history, shutdown_grace_s=settings.shutdown_grace_s,
-        read_timeout_s=read_backstop_s(settings),
+        read_timeout_s=settings.read_backstop_s, scale_timeout_s=settings.scale_backstop_s,
     )  # fmt: skip
     service_ref.append(service)
     return service
 
-
-def read_backstop_s(settings: ControllerSettings) -> float:
-    """The service's ``read_timeout_s``: what its reads bound themselves to, together (a warm start's three rounds
-    of Prometheus queries and the source's own; the Kubernetes reads' retries and pod listing; a local replica
-    found broken stopped, SIGTERM then SIGKILL), so it cuts only a read that nothing below bounded."""
-    kubernetes = settings.kubernetes
-    return (4 * settings.source_timeout_s + kubernetes.retry_deadline_s + kubernetes.request_timeout_s
-            + 2 * settings.local.stop_timeout_s)  # fmt: skip

@@ -57,7 +57,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from contracts.errors import ValidationError
 from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
-from controller.config import KubernetesConfig
+from controller.config import FINAL_READ_TIMEOUT_S, KubernetesConfig
 from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import KubernetesTarget, Policy
 
@@ -67,7 +67,6 @@ LWS_PLURAL = "leaderworkersets"
 RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 LIFTED_MAX_ANNOTATION = "moeslo.io/max-replicas-before-floor"
 """On an HPA whose ``maxReplicas`` the actuator lifted: the value it had, given back when the floor comes down."""
-FINAL_READ_TIMEOUT_S = 2.0
 MERGE_PATCH = "application/merge-patch+json"
 """RFC 7386: the fields the patch names are set (``null`` removes), every other one stays as the server has it."""
 log = logging.getLogger(__name__)

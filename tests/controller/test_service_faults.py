@@ -4,11 +4,13 @@ decision log, a target switched away from the local actuator, a scale that never
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
 
 from contracts.errors import UnavailableError
 from controller.actuators import DryRunActuator, LocalActuator, ReplicaCount, ScaleResult, StillLeading, always_leading
-from controller.config import LocalActuatorConfig
+from controller.config import FINAL_READ_TIMEOUT_S, LocalActuatorConfig, load_settings
 from controller.decision_log import DecisionLogWriter
 from controller.policy import Policy
 from controller.store import Store
@@ -152,3 +154,43 @@ def test_a_local_policys_replicas_stop_when_its_target_is_switched_to_one_the_ac
             await actuator.aclose()
 
     asyncio.run(scenario())
+
+
+class ScaleNeverEnds(DryRunActuator):
+    """A scale whose answer never completes (an API server that trickles it a byte at a time, each read within its
+    timeout): it runs in a worker thread, as the Kubernetes actuator's, and stops only when told it no longer leads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread_ended = threading.Event()
+
+    async def scale(
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    ) -> ScaleResult:
+        def trickle() -> ScaleResult:
+            while still_leading():
+                time.sleep(0.02)
+            self.thread_ended.set()
+            raise AssertionError("no write after the service gave up on the scale")
+
+        return await asyncio.to_thread(trickle)
+
+
+def test_a_scale_that_never_ends_is_cut_at_its_bound_and_logged_failed(tmp_path: Path) -> None:
+    actuator = ScaleNeverEnds()
+    service, store, registry = _service(tmp_path, Clock(), actuator=actuator)
+    service.scale_timeout_s = 0.3
+    store.create_policy(_policy())
+    service.source.fields = OVERLOADED  # type: ignore[attr-defined]
+    asyncio.run(asyncio.wait_for(service.tick(), 5.0))
+    [record] = store.list_decisions()
+    assert record.outcome == "failed" and "no complete answer within 0.3 s" in record.detail
+    assert "may have landed" in record.detail
+    assert registry.get_sample_value("moeslo_errors_total", {"component": "actuator"}) == 1
+    assert actuator.thread_ended.wait(5.0), "the scale's thread writes on after it was given up"
+
+
+def test_the_scale_bound_covers_the_kubernetes_actuators_own() -> None:
+    settings = load_settings(actuator="kubernetes", kubernetes={"retry_deadline_s": 12, "request_timeout_s": 10})
+    assert settings.scale_backstop_s == 12 + 10 + FINAL_READ_TIMEOUT_S
+    assert load_settings(actuator="local").scale_backstop_s is None  # a stop's own waits bound it
