@@ -8,6 +8,9 @@ overrides from the command line.
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 import string
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -52,6 +55,24 @@ class LocalActuatorConfig(_Section):
     """CPUs the replicas may use (None: every CPU the controller itself may run on)."""
 
     @model_validator(mode="after")
+    def _fits_this_host(self) -> Self:
+        # Each would fail every scale, with a message naming no setting: refused once, here.
+        mine = os.sched_getaffinity(0)
+        absent = sorted(set(self.cpus or ()) - mine)
+        if absent:
+            raise ValueError(f"local.cpus: CPU(s) {', '.join(map(str, absent))} not among those this process may run "
+                             f"on ({', '.join(map(str, sorted(mine)))})")  # fmt: skip
+        listed = len(self.cpus) if self.cpus is not None else len(mine)
+        if self.cpus_per_replica is not None and self.cpus_per_replica > listed:
+            which = "local.cpus lists" if self.cpus is not None else "this process may run on"
+            raise ValueError(f"local.cpus_per_replica: {self.cpus_per_replica} CPUs per replica, but {which} only "
+                             f"{listed} CPU(s): no replica would fit")  # fmt: skip
+        problem = ipv4_host_problem(self.host)
+        if problem is not None:
+            raise ValueError(f"local.host: {problem}")
+        return self
+
+    @model_validator(mode="after")
     def _fields_filled_in(self) -> Self:
         # str.format would raise at every scale (a KeyError naming a JSON key): refused once, here.
         for i, part in enumerate(self.command):
@@ -59,6 +80,20 @@ class LocalActuatorConfig(_Section):
             if problem is not None:
                 raise ValueError(f"local.command[{i}] {part!r}: {problem}")
         return self
+
+
+def ipv4_host_problem(host: str) -> str | None:
+    """Why the local replicas cannot listen on ``host`` (None: they can): their ports are probed on IPv4."""
+    try:
+        ipaddress.IPv4Address(host)
+        return None
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(host, None, socket.AF_INET)
+    except (OSError, UnicodeError):
+        return f"{host!r} is not an IPv4 address and does not resolve to one (replicas listen on IPv4)"
+    return None
 
 
 COMMAND_FIELDS = ("moeslo", "checkpoint", "port", "model", "host", "threads")

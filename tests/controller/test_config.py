@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,18 @@ def test_a_local_command_with_a_literal_brace_is_refused_naming_the_part() -> No
         load_settings(local={"command": ["x", "{port"]})
     doubled = load_settings(local={"command": [*command[:-1], '{{"level": 3}}']})
     assert doubled.local.command[-1] == '{{"level": 3}}'
+
+
+def test_local_settings_that_cannot_work_on_this_host_are_refused_naming_the_setting() -> None:
+    mine = sorted(os.sched_getaffinity(0))
+    absent = max(mine) + 64
+    with pytest.raises(ValidationError, match=rf"local.cpus: CPU\(s\) {absent} .*not among"):
+        load_settings(local={"cpus": [mine[0], absent], "cpus_per_replica": 1})
+    with pytest.raises(ValidationError, match=r"local.cpus_per_replica: 2 .* only 1 CPU"):
+        load_settings(local={"cpus": [mine[0]], "cpus_per_replica": 2})
+    with pytest.raises(ValidationError, match=rf"local.cpus_per_replica: {len(mine) + 1} .* {len(mine)} CPU"):
+        load_settings(local={"cpus_per_replica": len(mine) + 1})
+    with pytest.raises(ValidationError, match=r"local.host: '::1' is not an IPv4 address"):
+        load_settings(local={"host": "::1"})
+    fits = load_settings(local={"host": "localhost", "cpus": [mine[0]], "cpus_per_replica": 1})
+    assert fits.local.host == "localhost"
