@@ -2,8 +2,8 @@
 
 A rank holds ``slots_per_rank`` physical slots per MoE layer; slot ``s`` of
 the placement lives on rank ``s // slots_per_rank``.  A logical expert with
-several replicas has its tokens split among them by token index, so every
-rank computes the same split without talking.
+several replicas has its tokens split among them in turn (the driver's
+:class:`ReplicaTable` picks each assignment's slot and the ranks follow it).
 """
 
 from __future__ import annotations
@@ -45,13 +45,15 @@ class ReplicaTable:
                 fill[expert] += 1
         self.log2phy = torch.from_numpy(table)
         self.single_replica = bool(width == 1)
-        self._calls = 0
+        self._done = torch.zeros((placement.num_layers, num_experts), dtype=torch.long)
+        """Per (layer, expert): its assignments so far under this placement."""
 
     def physical(self, layer: int, expert_ids: torch.Tensor) -> torch.Tensor:
         """Physical slot for each (token, k) assignment of ``expert_ids`` (T, k).
 
-        An expert's assignments take its replicas in turn, starting one replica
-        further each call, so even one decoding sequence spreads over replicas.
+        An expert's assignments take its replicas in turn, carrying on where the
+        layer's previous call left off, so even one decoding sequence splits
+        each expert's tokens evenly over its replicas in every layer.
         """
         table = self.log2phy[layer]
         if self.single_replica:
@@ -59,11 +61,13 @@ class ReplicaTable:
         flat = expert_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=table.shape[0])
-        starts = torch.cumsum(counts, 0) - counts
+        done = self._done[layer]
+        # An assignment's turn: the expert's tokens before it in this call plus those of earlier calls.
+        starts = torch.cumsum(counts, 0) - counts - done
         turn = torch.empty_like(flat)
         turn[order] = torch.arange(flat.shape[0]) - starts[flat[order]]
-        self._calls += 1
-        replica = (turn + self._calls) % self.counts[layer][flat]
+        done += counts
+        replica = turn % self.counts[layer][flat]
         return table[flat, replica].reshape(expert_ids.shape)
 
 
