@@ -38,7 +38,7 @@ from contracts.imbalance import rank_dispersion, rank_load, sampling_noise_cv
 from contracts.placement import Placement
 from controller.actuators.base import StillLeading, always_leading
 from controller.errors import EngineRefusalError, malformed_answer
-from controller.policy import Mode, Policy
+from controller.policy import ImbalanceObjective, Mode, Policy
 from controller.rebalance import (
     CvObservation,
     RebalanceDecision,
@@ -356,23 +356,7 @@ class Rebalancer:
             return self._verify(policy, endpoint, state, snap, assignments, now_s)
         if state.pending is not None:
             return None
-        plan: RebalancePlan | None = None
-        held_out: HeldOutGain | None = None
-        plan_ms = 0.0
-        if state.history[-1].worst_denoised_cv > objective.max_cv and len(state.loads) >= self.min_windows:
-            # Off the event loop: two plans of a DeepSeek-V3-sized model over eight windows take a few tenths of
-            # a second, which the controller's API and its other engines' ticks would otherwise wait out.
-            plan, held_out, plan_ms = await asyncio.get_running_loop().run_in_executor(
-                self._planner, _timed_plan, state.loads.windows(), snap.placement)
-        decision = decide_rebalance(
-            objective=objective,
-            history=list(state.history),
-            now_s=now_s,
-            last_rebalance_s=state.last_rebalance_s,
-            plan=plan,
-            settings=self.settings,
-            held_out=held_out,
-        )
+        decision, plan, held_out, plan_ms = await self._decide(objective, state, snap.placement, now_s)
         if decision.action != "rebalance" or plan is None:
             return None
         if not still_leading():  # lost while it read and planned: the new leader decides afresh
@@ -387,6 +371,28 @@ class Rebalancer:
         if policy.mode is Mode.ADVISORY:
             return step(outcome="advisory")
         return await self._apply(endpoint, plan, held_out, state, now_s, step)
+
+    async def _decide(
+        self, objective: ImbalanceObjective, state: _EngineState, placement: Placement, now_s: float
+    ) -> tuple[RebalanceDecision, RebalancePlan | None, HeldOutGain | None, float]:
+        """The trigger's decision, and the plan with its time in ms where there is one: the trigger's cheap checks
+        (violation, sustain, cooldown) run first without a plan, and the planner only once they pass and the
+        decision needs the plan's gain (planning every violating tick, most plans were thrown away)."""
+
+        def decide(plan: RebalancePlan | None, held_out: HeldOutGain | None) -> RebalanceDecision:
+            return decide_rebalance(
+                objective=objective, history=list(state.history), now_s=now_s,
+                last_rebalance_s=state.last_rebalance_s, plan=plan, settings=self.settings, held_out=held_out,
+            )
+
+        decision = decide(None, None)
+        if decision.reason != "insufficient_improvement" or len(state.loads) < self.min_windows:
+            return decision, None, None, 0.0
+        # Off the event loop: two plans of a DeepSeek-V3-sized model over eight windows take a few tenths of
+        # a second, which the controller's API and its other engines' ticks would otherwise wait out.
+        plan, held_out, plan_ms = await asyncio.get_running_loop().run_in_executor(
+            self._planner, _timed_plan, state.loads.windows(), placement)
+        return decide(plan, held_out), plan, held_out, plan_ms
 
     async def _apply(
         self, endpoint: str, plan: RebalancePlan, held_out: HeldOutGain | None, state: _EngineState, now_s: float,

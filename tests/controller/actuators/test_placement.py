@@ -90,6 +90,24 @@ def test_off_mode_and_short_violations_do_nothing() -> None:
     assert _run(InMemoryEngine(), Mode.ENFORCE, [0, 5]) == []  # not sustained for 10 s yet
 
 
+def test_the_planner_runs_only_when_the_trigger_needs_the_plans_gain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sustain and cooldown are judged before planning: a violating tick inside either plans nothing (every apply
+    failing, each plan used to be thrown away until the cooldown ran out)."""
+    import controller.actuators.placement as actuator
+
+    plans: list[int] = []
+    timed_plan = actuator._timed_plan
+
+    def counting(windows: list[np.ndarray], placement: Placement) -> Any:
+        plans.append(len(windows))
+        return timed_plan(windows, placement)
+
+    monkeypatch.setattr(actuator, "_timed_plan", counting)
+    events = _run(InMemoryEngine(fail_apply=True), Mode.ENFORCE, [float(t) for t in range(0, 300, 5)])
+    assert [e.outcome for e in events] == ["failed", "failed", "failed"]  # at 10 s, 110 s and 210 s
+    assert len(plans) == 3
+
+
 # Two hot sets that alternate every 10 s; a placement from one window alone leaves the other unbalanced.
 HOT_A = np.full((1, 16), 500, dtype=np.int64)
 HOT_A[0, :4] = 10_000
