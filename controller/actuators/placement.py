@@ -33,7 +33,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from contracts.errors import UnavailableError
+from contracts.errors import MoesloError, PlacementError, UnavailableError
 from contracts.imbalance import rank_dispersion, rank_load, sampling_noise_cv
 from contracts.placement import Placement
 from controller.actuators.base import StillLeading, always_leading
@@ -71,6 +71,42 @@ class ExpertLoadSnapshot:
     placement: Placement
     expert_tokens_total: npt.NDArray[np.int64] | None = None
     """(MoE layers, experts) routed tokens since the engine started (None: not reported)."""
+
+
+def snapshot_problem(snap: ExpertLoadSnapshot) -> str | None:
+    """What disagrees between a snapshot's parts (None: they agree); the rebalancer's arithmetic assumes they do."""
+    tokens, placement = snap.expert_tokens, snap.placement
+    if tokens.ndim != 2:
+        return f"its routed tokens are not a layers x experts matrix (shape {tokens.shape})"
+    layers, experts = tokens.shape
+    if layers != placement.num_layers:
+        return f"it counts {layers} layers of routed tokens but its placement has {placement.num_layers}"
+    if len(snap.imbalance_cv) != layers:
+        return f"it reports the CV of {len(snap.imbalance_cv)} layers but counts {layers}"
+    named = placement.phy2log
+    if named.size and (int(named.min()) < 0 or int(named.max()) >= experts):
+        outside = int(named.max()) if int(named.max()) >= experts else int(named.min())
+        return f"its placement names expert {outside} but it counts {experts} experts"
+    total = snap.expert_tokens_total
+    if total is not None and total.shape != tokens.shape:
+        return f"its token totals are {total.shape}, its window {tokens.shape}"
+    return None
+
+
+def checked(source: str, snap: ExpertLoadSnapshot, hint: str = "") -> ExpertLoadSnapshot:
+    """``snap`` if its parts agree, else ``source`` is unavailable, the mismatch named (``hint`` added)."""
+    problem = snapshot_problem(snap)
+    if problem is not None:
+        raise UnavailableError(f"{source}: {problem}{hint}")
+    return snap
+
+
+def engine_placement(source: str, raw: Any) -> Placement:
+    """An engine's placement document; one that does not parse is ``source``'s malformed answer."""
+    try:
+        return Placement.from_json(raw)
+    except PlacementError as exc:
+        raise UnavailableError(f"{source}: malformed answer (placement: {exc})") from exc
 
 
 class EngineControl(Protocol):
@@ -125,15 +161,15 @@ class HttpEngineControl(JsonHttpControl):
 
     async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
         load = await self._call("GET", f"{endpoint}/v1/expert-load")
-        placement = Placement.from_json(await self._call("GET", f"{endpoint}/v1/placement"))
+        placement = engine_placement(endpoint, await self._call("GET", f"{endpoint}/v1/placement"))
         with malformed_answer(endpoint):
-            return ExpertLoadSnapshot(
+            return checked(endpoint, ExpertLoadSnapshot(
                 expert_tokens=np.asarray(load["expert_tokens"], dtype=np.int64),
                 imbalance_cv=tuple(float(x) for x in load["imbalance_cv"]),
                 steps_in_window=int(load["steps_in_window"]),
                 placement=placement,
                 expert_tokens_total=totals(load),
-            )
+            ))
 
     async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
         result: dict[str, Any] = await self._call(
@@ -198,6 +234,8 @@ class _EngineState:
     pending_cv: npt.NDArray[np.float64] | None = None
     """The applied plan's out-of-sample CV per layer (None: its in-sample prediction)."""
     applied_at_s: float = 0.0
+    unavailable: str | None = None
+    """Why the latest read of the engine failed (None: it succeeded), logged when it changes."""
     shape: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
     """(counts' shape, placement's shape, ranks) of the engine's snapshots: another shape is another model."""
 
@@ -276,13 +314,26 @@ class Rebalancer:
                 if not still_leading():
                     log.info("rebalancer: the lease was lost: %s's engines are left to the new leader", policy.name)
                     break
-                event = await self._tick_engine(policy, endpoint, now_s, still_leading)
+                event = await self._guarded_tick(policy, endpoint, now_s, still_leading)
                 if event is not None:
                     events.append(event)
         except asyncio.CancelledError:
             self._unreported[:0] = events
             raise
         return events
+
+    async def _guarded_tick(
+        self, policy: Policy, endpoint: str, now_s: float, still_leading: StillLeading
+    ) -> RebalanceEvent | None:
+        """One engine's step; its error is logged and skipped, so the policy's other engines still rebalance and the
+        steps taken on them this tick are reported (one raising used to lose them all)."""
+        try:
+            return await self._tick_engine(policy, endpoint, now_s, still_leading)
+        except MoesloError as exc:
+            log.warning("rebalancer: %s on %s: %s", policy.name, endpoint, exc)
+        except Exception:  # a fault on one engine's data must not stop the others'
+            log.exception("rebalancer: %s on %s failed; its other engines go on", policy.name, endpoint)
+        return None
 
     def take_unreported(self) -> list[RebalanceEvent]:
         """The steps of a tick a cancellation cut short, for the decision log (once)."""
@@ -339,8 +390,12 @@ class Rebalancer:
         objective = policy.objectives.imbalance
         try:
             snap = await self.control.expert_load(endpoint)
-        except UnavailableError:
-            return None  # the scaling side reports stale data; nothing to decide here
+        except UnavailableError as exc:  # nothing to decide here; the scaling side reports stale data
+            if state.unavailable != str(exc):  # once per reason: a mismatch in its snapshot stays until fixed
+                log.warning("rebalancer: %s is not rebalanced: %s", endpoint, exc)
+            state.unavailable = str(exc)
+            return None
+        state.unavailable = None
         state = self._same_model(policy.name, endpoint, snap)
         if snap.steps_in_window < self.min_window_steps:
             return None
@@ -414,5 +469,5 @@ class Rebalancer:
 
 __all__ = [
     "EngineControl", "ExpertLoadSnapshot", "HttpEngineControl", "JsonHttpControl", "RebalanceEvent", "Rebalancer",
-    "error_text", "totals",
+    "checked", "engine_placement", "error_text", "snapshot_problem", "totals",
 ]

@@ -46,6 +46,8 @@ from controller.actuators.placement import (
     HttpEngineControl,
     JsonHttpControl,
     Rebalancer,
+    checked,
+    engine_placement,
     totals,
 )
 from controller.config import ControllerSettings
@@ -58,6 +60,7 @@ APPLY_TIMEOUT_S = 300.0
 COMMIT_TIMEOUT_S = 60.0
 """How long async EPLB may take to commit a plan (it commits one layer per step, so only while vLLM serves)."""
 COMMIT_POLL_S = 0.5
+PIPELINE_HINT = " (pipeline parallelism? rank 0 reports its own stage's placement only: not rebalanced)"
 _T = TypeVar("_T")
 SWAP_KEYS = ("applied", "experts_moved", "slots_changed", "stall_s", "plan_source", "async", "pending",
              "commit_wait_s", "workers")  # fmt: skip
@@ -100,15 +103,19 @@ class VllmEngineControl(JsonHttpControl):
             raise UnavailableError(f"vLLM at {endpoint} counts no routed tokens (set MOESLO_VLLM_PLUGIN=1)")
         if status.get("phy2log") is None or not status.get("num_ranks"):
             raise UnavailableError(f"vLLM at {endpoint} reports no placement to plan from")
-        placement = Placement(np.asarray(status["phy2log"], dtype=np.int64), int(status["num_ranks"]))
+        source = f"vLLM at {endpoint}"
+        placement = engine_placement(source, {"phy2log": status["phy2log"], "num_ranks": status["num_ranks"]})
         measured = status.get("measured") or {}
-        return ExpertLoadSnapshot(
+        snap = ExpertLoadSnapshot(
             expert_tokens=np.asarray(status["expert_tokens"], dtype=np.int64),
             imbalance_cv=tuple(float(x) for x in measured.get("cv", ())),
             steps_in_window=int(status.get("steps_in_window") or 0),
             placement=placement,
             expert_tokens_total=totals(status),
         )
+        # The plugin's window spans every pipeline stage's layers, its placement rank 0's stage alone.
+        staged = snap.expert_tokens.ndim == 2 and snap.expert_tokens.shape[0] > placement.num_layers
+        return checked(source, snap, PIPELINE_HINT if staged else "")
 
     async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
         reply = await self._call("POST", f"{endpoint}{REBALANCE_PATH}", json={"placement": placement.to_json()},

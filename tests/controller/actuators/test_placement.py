@@ -108,6 +108,32 @@ def test_the_planner_runs_only_when_the_trigger_needs_the_plans_gain(monkeypatch
     assert len(plans) == 3
 
 
+class OneBrokenEngine(InMemoryEngine):
+    """Every endpoint but ``http://broken`` is an in-memory engine; that one's reads raise an unexpected error."""
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
+        if endpoint == "http://broken":
+            raise ValueError("operands could not be broadcast together")
+        return await super().expert_load(endpoint)
+
+
+def test_one_engines_error_leaves_the_other_engines_steps_to_report(caplog: pytest.LogCaptureFixture) -> None:
+    """An error on one engine used to abort the tick: the engine rebalanced before it lost its 'applied' step."""
+    engine = OneBrokenEngine()
+    rebalancer = Rebalancer(engine, TriggerSettings(cooldown_s=100), verify_after_s=5)
+
+    async def ticks() -> list[Any]:
+        events = []
+        for now in (0.0, 5.0, 11.0):
+            events += await rebalancer.tick(_policy(Mode.ENFORCE), ["http://a", "http://broken"], now)
+        return events
+
+    events = asyncio.run(ticks())
+    assert [(e.endpoint, e.outcome) for e in events] == [("http://a", "applied")]
+    assert len(engine.applied) == 1
+    assert "http://broken" in caplog.text and "operands could not be broadcast" in caplog.text
+
+
 # Two hot sets that alternate every 10 s; a placement from one window alone leaves the other unbalanced.
 HOT_A = np.full((1, 16), 500, dtype=np.int64)
 HOT_A[0, :4] = 10_000

@@ -12,7 +12,7 @@ import pytest
 
 from contracts.errors import UnavailableError
 from contracts.placement import Placement
-from controller.actuators.placement import Rebalancer
+from controller.actuators.placement import HttpEngineControl, Rebalancer
 from controller.actuators.vllm_control import STATUS_PATH, AutoEngineControl, VllmEngineControl, swap_summary
 from controller.policy import ImbalanceObjective, LocalTarget, Mode, Objectives, Policy
 from controller.rebalance import TriggerSettings
@@ -124,7 +124,8 @@ def test_auto_control_asks_again_after_a_call_through_the_kind_it_kept_fails() -
     """It asked each endpoint once and kept the answer for good: a first probe answered by a proxy (503 while the
     pod started) or a pod IP taken over by the other kind of engine left that endpoint failing every tick."""
     serving = {"now": "proxy"}
-    vllm_status = {"expert_tokens": [[5, 1]], "phy2log": [[0, 1]], "num_ranks": 2, "steps_in_window": 7}
+    vllm_status = {"expert_tokens": [[5, 1]], "phy2log": [[0, 1]], "num_ranks": 2, "steps_in_window": 7,
+                   "measured": {"cv": [0.6]}}
 
     def handle(request: httpx.Request) -> httpx.Response:
         if serving["now"] == "proxy":
@@ -221,3 +222,70 @@ def test_an_engine_that_trickles_its_answer_is_unavailable_within_the_clients_ti
             asyncio.run(read(HttpEngineControl(httpx.AsyncClient(timeout=0.5))))
     finally:
         slow.stop()
+
+
+def _pipeline_status() -> dict[str, Any]:
+    """vLLM with two pipeline stages: the window has both stages' layers, rank 0's placement its stage's."""
+    from engine.vllm_plugin.eplb_requests import merge_status
+
+    def stage(layers: list[int]) -> dict[str, Any]:
+        tokens = np.tile(np.array([[400, 300, 10, 10, 10, 10, 10, 10]]), (len(layers), 1)).tolist()
+        return {"eplb": None, "policy": None, "num_ranks": 2, "placement_source": "ep", "placement_log": None,
+                "phy2log": Placement.contiguous(len(layers), 8, 2).phy2log.tolist(),
+                "window": {"layer_ids": layers, "expert_tokens": tokens, "expert_tokens_total": tokens,
+                           "active_flushes": 50, "rank_source": "ep"}}
+
+    return merge_status([stage([0, 1]), stage([2, 3])])
+
+
+def _embedded_answer(load: dict[str, Any], placement: Any) -> httpx.AsyncClient:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=load if request.url.path == "/v1/expert-load" else placement)
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(answer))
+
+
+LOAD_1x2 = {"expert_tokens": [[5, 1]], "imbalance_cv": [0.6], "steps_in_window": 20}
+
+
+@pytest.mark.parametrize(("control", "message"), ids=["pipeline", "layers", "cv", "experts", "placement"], argvalues=[
+    (lambda: VllmEngineControl(httpx.AsyncClient(transport=httpx.MockTransport(
+        lambda _: httpx.Response(200, json=_pipeline_status())))),
+     r"counts 4 layers of routed tokens but its placement has 2 \(pipeline parallelism"),
+    (lambda: HttpEngineControl(_embedded_answer({**LOAD_1x2, "expert_tokens": [[5, 1], [2, 2]],
+                                                  "imbalance_cv": [0.6, 0.0]}, {"num_ranks": 2, "phy2log": [[0, 1]]})),
+     "counts 2 layers of routed tokens but its placement has 1"),
+    (lambda: HttpEngineControl(_embedded_answer({**LOAD_1x2, "imbalance_cv": [0.6, 0.1]},
+                                                {"num_ranks": 2, "phy2log": [[0, 1]]})),
+     "reports the CV of 2 layers but counts 1"),
+    (lambda: HttpEngineControl(_embedded_answer({**LOAD_1x2, "expert_tokens": [[5, 1, 0]]},
+                                                {"num_ranks": 2, "phy2log": [[0, 3]]})),
+     "its placement names expert 3 but it counts 3 experts"),
+    (lambda: HttpEngineControl(_embedded_answer(LOAD_1x2, {"num_ranks": 2, "phy2log": "oops"})),
+     "malformed answer"),
+])
+def test_a_snapshot_whose_parts_disagree_is_the_engines_unavailability_naming_them(control: Any, message: str) -> None:
+    """The rows of routed tokens, of the placement and of the CVs must agree: a bare ValueError from the
+    rebalancer's arithmetic (vLLM with pipeline parallelism) aborted every engine's rebalancing that tick."""
+    with pytest.raises(UnavailableError, match=message):
+        asyncio.run(control().expert_load("http://e"))
+
+
+def test_a_consistent_embedded_snapshot_is_read() -> None:
+    snap = asyncio.run(HttpEngineControl(_embedded_answer(LOAD_1x2, {"num_ranks": 2, "phy2log": [[0, 1]]}))
+                       .expert_load("http://e"))
+    assert snap.expert_tokens.tolist() == [[5, 1]] and snap.imbalance_cv == (0.6,)
+
+
+def test_an_engine_left_out_for_a_mismatch_is_logged_once_per_reason(caplog: pytest.LogCaptureFixture) -> None:
+    control = VllmEngineControl(httpx.AsyncClient(transport=httpx.MockTransport(
+        lambda _: httpx.Response(200, json=_pipeline_status()))))
+    rebalancer = Rebalancer(control, TriggerSettings(cooldown_s=100))
+    policy = Policy(name="p", target=LocalTarget(), mode=Mode.ENFORCE,
+                    objectives=Objectives(imbalance=ImbalanceObjective(max_cv=0.15, sustain_s=10)))
+
+    async def ticks() -> list[Any]:
+        return [await rebalancer.tick(policy, ["http://vllm-pp"], now) for now in (0.0, 5.0, 11.0)]
+
+    assert asyncio.run(ticks()) == [[], [], []]
+    assert caplog.text.count("pipeline parallelism") == 1
