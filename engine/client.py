@@ -41,12 +41,11 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ from contracts.placement import Placement
 from engine import wire
 from engine.blocks_view import BlocksView
 from engine.core_inputs import CoreInputs
+from engine.core_launch import POLL_S, launch_core, wait_ready
 from engine.core_proc import CoreOptions
 from engine.engine_types import EngineConfig, ExpertLoad, RequestOutput
 from engine.errors import PromptTooLongError
@@ -68,7 +68,6 @@ from engine.stats import PlacementSwapStats, StatsSink, StepStats
 from engine.stats_publisher import StatsPublisher
 
 log = logging.getLogger("moeslo.engine_client")
-POLL_S = 0.1
 QUEUE_FULL = "the engine core is not reading its input (its queue is full); try again later"
 
 
@@ -124,39 +123,16 @@ class EngineCoreClient:
             parent_pid=os.getpid(), die_with_parent=threading.current_thread() is threading.main_thread(),
             log_level=logging.getLevelName(max(logging.getLogger().getEffectiveLevel(), logging.INFO)),
         )
-        # OpenMP workers that sleep at barriers instead of spinning: a replica's processes share one CPU set,
-        # and spinning workers measured 10x slower steps whenever another process wanted the same CPUs.
-        env = {**os.environ}
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        self._proc = subprocess.Popen([sys.executable, "-m", "engine.core_proc"], stdin=subprocess.PIPE, env=env)
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(options.to_json().encode())
-        self._proc.stdin.close()
+        self._proc = launch_core(options)
         atexit.register(self._kill)
         try:
-            self._info = self._wait_ready()
+            self._info = wait_ready(self._proc, self._outputs, self._startup_timeout_s)
         except BaseException:
             self._kill()
             raise
         self._thread = threading.Thread(target=self._receive_loop, name="moeslo-engine-client", daemon=True)
         self._thread.start()
         return self
-
-    def _wait_ready(self) -> dict[str, Any]:
-        assert self._proc is not None
-        deadline = time.monotonic() + self._startup_timeout_s
-        while time.monotonic() < deadline:
-            if self._outputs.poll(int(POLL_S * 1000)):
-                msg = wire.unpack(self._outputs.recv())
-                if msg[0] != wire.READY:
-                    continue
-                info: dict[str, Any] = msg[1]
-                if "error" in info:
-                    raise wire.error_from_wire(info["error"])
-                return info
-            if self._proc.poll() is not None:
-                raise UnavailableError(f"the engine core exited with status {self._proc.returncode} while starting")
-        raise UnavailableError(f"the engine core did not load the model within {self._startup_timeout_s:g} s")
 
     @property
     def is_alive(self) -> bool:
@@ -302,8 +278,10 @@ class EngineCoreClient:
 
     # ----------------------------------------------------------------- utility calls
 
-    def call(self, method: str, *args: Any, timeout_s: float = 300.0) -> Any:
-        """Run ``method`` in the core between two steps and return its result (blocking)."""
+    def call(self, method: str, *args: Any, timeout_s: float = 300.0,
+             on_reply: Callable[[Future[Any]], object] | None = None) -> Any:
+        """Run ``method`` in the core between two steps and return its result (blocking); ``on_reply`` gets the
+        core's answer whenever it comes, after ``timeout_s`` too."""
         self._raise_if_down()
         call_id = next(self._call_ids)
         future: Future[Any] = Future()
@@ -313,12 +291,24 @@ class EngineCoreClient:
             with self._lock:
                 self._calls.pop(call_id, None)
             raise UnavailableError(QUEUE_FULL)
+        if on_reply is not None:
+            future.add_done_callback(on_reply)
         return future.result(timeout_s)
 
     def request_placement(self, placement: Placement, timeout_s: float = 300.0) -> PlacementSwapStats:
-        """Apply ``placement`` between two steps; PlacementError (old placement kept) propagates."""
-        duration_s, moved, moved_bytes = self.call("apply_placement", placement.to_json(), timeout_s=timeout_s)
-        self._info["placement"] = placement.to_json()
+        """Apply ``placement`` between two steps; PlacementError (old placement kept) propagates.  Past ``timeout_s``
+        it stays queued (UnavailableError: it may still be applied): the placement served follows the core's answer."""
+        raw = placement.to_json()
+
+        def took(reply: Future[Any]) -> None:  # in the receiver thread, in the order the core applied them
+            if not reply.cancelled() and reply.exception() is None:
+                self._info["placement"] = raw
+
+        try:
+            duration_s, moved, moved_bytes = self.call("apply_placement", raw, timeout_s=timeout_s, on_reply=took)
+        except TimeoutError as exc:
+            raise UnavailableError(f"the placement apply timed out after {timeout_s:g} s; it may still be applied "
+                                   "(GET /v1/placement shows the placement in use)") from exc  # fmt: skip
         return PlacementSwapStats(duration_s=duration_s, experts_moved=moved, bytes_moved=moved_bytes)
 
     def expert_load(self) -> ExpertLoad | None:

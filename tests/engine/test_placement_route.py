@@ -56,3 +56,16 @@ def test_expert_ids_that_are_no_whole_number_answer_422(
     assert resp.status_code == 422, resp.text
     assert "phy2log entries must be whole numbers" in resp.text
     assert engine.requested == []
+
+
+def test_an_apply_the_core_has_not_answered_in_time_is_a_503_saying_it_may_still_be_applied() -> None:
+    from contracts.errors import UnavailableError
+
+    class _Slow(_Engine):
+        def request_placement(self, placement: Placement) -> Any:
+            raise UnavailableError("the placement apply timed out after 300 s; it may still be applied")
+
+    engine = _Slow()
+    client = TestClient(create_app(engine, tokenizer=None, model_name="m"))  # type: ignore[arg-type]
+    resp = client.post("/v1/placement", json=engine.placement.to_json())
+    assert resp.status_code == 503 and "it may still be applied" in resp.json()["error"]["message"]

@@ -199,3 +199,30 @@ def test_a_silence_timeout_that_is_not_positive_is_refused() -> None:
 
     with pytest.raises(ValidationError, match="core_silence_timeout_s"):
         EngineConfig(core_silence_timeout_s=0)
+
+
+@pytest.mark.integration
+def test_a_placement_apply_that_times_out_is_unavailable_and_the_served_placement_follows_the_core(
+    tiny_checkpoint: Path,
+) -> None:
+    """The apply stays queued to the core after its waiter gives up: it answered 500 and GET /v1/placement kept
+    the old placement for good, though the core applied the new one."""
+    from contracts.placement import Placement
+
+    with _serving(tiny_checkpoint) as (client, url), httpx.Client(base_url=url, timeout=5) as http:
+        pid = client.pid
+        assert pid is not None
+        old = client.placement
+        new = Placement(old.phy2log[:, ::-1].copy(), old.num_ranks)
+        os.kill(pid, signal.SIGSTOP)  # the core reads the request only once it runs again
+        try:
+            with pytest.raises(UnavailableError, match=r"timed out after 0.3 s; it may still be applied"):
+                client.request_placement(new, timeout_s=0.3)
+            assert http.get("/v1/placement").json() == old.to_json()  # not applied yet
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 20
+        while client.placement != new and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert http.get("/v1/placement").json() == new.to_json()
+        assert Placement.from_json(client.call("get_placement")) == new
