@@ -17,7 +17,7 @@ Hierarchical mode chooses the group split on the mean of the shares, then packs
 every node against every window.  Re-planning from a previous placement keeps
 it per layer where it is within ``replan_tolerance`` of the new plan (scored
 as the mean over windows of max/mean), and otherwise renumbers the new plan's
-ranks (inside their node) to overlap it most.
+nodes, then its ranks inside each node, to overlap it most.
 """
 
 from __future__ import annotations
@@ -34,7 +34,14 @@ from contracts.imbalance import Imbalance, count_replicas, max_over_mean, rank_l
 from contracts.placement import Placement
 from controller.rebalance.checks import groups_within_nodes, load_scale_log2, validate_plan_inputs
 from controller.rebalance.groups import choose_groups, window_split
-from controller.rebalance.moves import align_slots, max_over_mean_lower_bound, rank_moves, relabel_ranks
+from controller.rebalance.moves import (
+    align_slots,
+    matching_ranks,
+    max_over_mean_lower_bound,
+    permute_ranks,
+    rank_moves,
+    relabel_ranks,
+)
 from controller.rebalance.out_of_sample import HeldOutGain, held_out_gain
 from controller.rebalance.packing import FloatArray, IntArray, max_replicas, replica_counts
 from controller.rebalance.planner import RebalanceConfig, RebalancePlan, plan_rebalance
@@ -179,9 +186,11 @@ def _plan(
 
 
 def _renumber(base: IntArray, new: IntArray, num_ranks: int, num_nodes: int) -> IntArray:
-    """``new`` with whole ranks renumbered (inside their node) to keep most replicas where ``base`` has them."""
+    """``new`` with whole nodes, then whole ranks inside their node, renumbered to keep most replicas where
+    ``base`` has them (renumbering ranks inside each node alone moved experts between nodes for no gain)."""
     per_node = new.shape[1] // num_nodes
-    out = new.copy()
+    out = permute_ranks(new, matching_ranks(base, new, num_nodes)) if num_nodes > 1 else new.copy()
+    new = out.copy()
     for node in range(num_nodes):
         span = slice(node * per_node, (node + 1) * per_node)
         out[:, span] = relabel_ranks(base[:, span], new[:, span], num_ranks // num_nodes)[0]

@@ -74,8 +74,14 @@ def relabel_ranks(
     Returns ``(phy2log, source_rank)``: ``source_rank[layer, r]`` is the rank of
     ``new`` that now sits at rank ``r``.
     """
-    layers, num_slots = new.shape
-    k = num_slots // num_ranks
+    source = matching_ranks(previous, new, num_ranks)
+    return align_slots(previous, permute_ranks(new, source), num_ranks), source
+
+
+def matching_ranks(previous: IntArray, new: IntArray, num_ranks: int) -> IntArray:
+    """``source[layer, r]``: the rank of ``new`` (``num_ranks`` equal blocks of slots) that overlaps rank ``r`` of
+    ``previous`` most, the ranks matched one to one per layer (an assignment problem)."""
+    layers = new.shape[0]
     num_experts = int(max(previous.max(initial=0), new.max(initial=0))) + 1
     before = _rank_expert_counts(previous, num_ranks, num_experts)
     after = _rank_expert_counts(new, num_ranks, num_experts)
@@ -85,14 +91,20 @@ def relabel_ranks(
         # A contiguous right operand keeps numpy's matmul on BLAS (a transposed view is ~15x slower).
         overlap += np.matmul((after >= t).astype(np.float64),
                              np.ascontiguousarray((before >= t).astype(np.float64).transpose(0, 2, 1)))
-    out = np.empty_like(new)
     source = np.empty((layers, num_ranks), dtype=np.int64)
     for layer in range(layers):
         new_ranks, old_ranks = linear_sum_assignment(overlap[layer], maximize=True)
         source[layer, old_ranks] = new_ranks
-    blocks = np.take_along_axis(new.reshape(layers, num_ranks, k), source[:, :, None], axis=1)
-    out = blocks.reshape(layers, num_slots)
-    return align_slots(previous, out, num_ranks), source
+    return source
+
+
+def permute_ranks(new: IntArray, source: IntArray) -> IntArray:
+    """``new`` with rank ``source[layer, r]``'s block of slots moved to rank ``r``, slot order kept."""
+    layers, num_slots = new.shape
+    num_ranks = source.shape[1]
+    blocks = np.take_along_axis(new.reshape(layers, num_ranks, num_slots // num_ranks), source[:, :, None], axis=1)
+    out: IntArray = blocks.reshape(layers, num_slots)
+    return out
 
 
 def align_slots(previous: IntArray, new: IntArray, num_ranks: int) -> IntArray:

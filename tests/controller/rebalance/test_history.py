@@ -231,3 +231,19 @@ def test_window_rank_loads_are_each_windows_rank_load() -> None:
     assert loads.shape == (4, 6, 4)
     for window, load in zip(windows, loads, strict=True):
         assert np.array_equal(load, rank_load(phy2log, window, 4))  # the same figures, not just close
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_hierarchical_replan_moves_as_few_experts_whatever_the_previous_placements_node_order(seed: int) -> None:
+    """The new plan's nodes are matched to the previous placement's before its ranks are, per layer: renumbered only
+    inside each node, a previous placement listing its nodes in another order moved experts between nodes for no
+    gain (16,063 moves against 12,683 on the SGLang DeepSeek-V3 loads)."""
+    rng = np.random.default_rng(seed)
+    kw = {"num_ranks": 8, "slots_per_rank": 5, "num_nodes": 4, "num_groups": 8}
+    old, new = ([rng.pareto(1.2, (6, 32)) + 0.05 for _ in range(2)] for _ in range(2))
+    previous = plan_over_windows(old, **kw).placement
+    per_node = previous.num_slots // 4
+    rotated = Placement(np.roll(previous.phy2log, per_node, axis=1), 8)
+    plans = [plan_over_windows(new, previous=p, **kw) for p in (previous, rotated)]
+    # Equal but for ties in the matchings (before: 33-37 % more moves from the rotated one).
+    assert abs(plans[0].total_moves - plans[1].total_moves) <= 0.03 * plans[0].total_moves
