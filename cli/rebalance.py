@@ -41,6 +41,7 @@ def rebalance(
     """Plan a balanced expert placement and write it as JSON (loadable as an engine placement)."""
     out = Path(out_file)
     with cli_errors():
+        from contracts.errors import ValidationError
         from contracts.placement import Placement
         from controller.rebalance.allocator import keep_freed_memory
         from controller.rebalance.history import plan_over_windows
@@ -49,6 +50,10 @@ def rebalance(
         keep_freed_memory()
         windows = read_expert_loads(load)
         current = Placement.load(previous) if previous is not None else None
+        if current is not None and (current.num_ranks, current.slots_per_rank) != (ranks, slots_per_rank):
+            raise ValidationError(f"--previous {previous} is for {current.num_ranks} ranks x {current.slots_per_rank} "
+                                  f"slots per rank, not the --ranks {ranks} x --slots-per-rank {slots_per_rank} "
+                                  "asked for")  # fmt: skip
         started = time.perf_counter()
         plan = plan_over_windows(
             windows, num_ranks=ranks, slots_per_rank=slots_per_rank, num_nodes=nodes, num_groups=groups,

@@ -85,7 +85,10 @@ def validate_plan_inputs(
         elif num_experts % num_groups:
             problems.append(f"{num_experts} experts cannot be split into {num_groups} equal groups")
     if previous is not None and num_ranks >= 1 and slots_per_rank >= 1:
-        if previous.phy2log.shape != (layers, num_ranks * slots_per_rank):
+        if (previous.num_ranks, previous.slots_per_rank) != (num_ranks, slots_per_rank):
+            problems.append(f"previous placement is for {previous.num_ranks} ranks x {previous.slots_per_rank} slots "
+                            f"per rank, the plan for {num_ranks} x {slots_per_rank}")  # fmt: skip
+        elif previous.phy2log.shape != (layers, num_ranks * slots_per_rank):
             problems.append(
                 f"previous placement is {previous.phy2log.shape[0]} layers x {previous.phy2log.shape[1]} slots, "
                 f"expected {layers} x {num_ranks * slots_per_rank}"

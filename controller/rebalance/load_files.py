@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -66,6 +67,13 @@ def _read_json(path: Path) -> FloatArray:
     if key == "expert_tokens" and raw[key] is None:
         raise DataError('"expert_tokens" is null: the engine counts no routed tokens (vLLM: MOESLO_VLLM_PLUGIN=1 '
                         "and VLLM_PLUGINS naming moeslo)", path=str(path))
+    wrong = _non_numbers(raw[key])
+    if wrong:
+        index, value = wrong[0]
+        names = ("pass", "layer", "expert")[-len(index):] if 1 < len(index) <= 3 else ()
+        where = ", ".join(f"{n} {i}" for n, i in zip(names, index, strict=True)) or f"index {list(index)}"
+        what = "entry that is not a number" if len(wrong) == 1 else "entries that are not numbers"
+        raise DataError(f'"{key}" holds {len(wrong)} {what} (first: {where}: {json.dumps(value)})', path=str(path))
     try:
         matrix = np.asarray(raw[key], dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -79,6 +87,16 @@ def _read_json(path: Path) -> FloatArray:
                         f"{raw.get('steps_in_window', 0)}): save it again after it has served traffic",
                         path=str(path))
     return matrix
+
+
+def _non_numbers(value: Any, at: tuple[int, ...] = ()) -> list[tuple[tuple[int, ...], Any]]:
+    """(index, entry) of every entry of nested lists that is no JSON number: null, a string, a boolean (numpy
+    would read "1" and true as 1.0, and null as NaN)."""
+    if not isinstance(value, list):
+        return [] if type(value) in (int, float) else [(at, value)]
+    if all(type(item) in (int, float) for item in value):  # a row of numbers, the common case, at C speed
+        return []
+    return [found for i, item in enumerate(value) for found in _non_numbers(item, (*at, i))]
 
 
 def _read_csv(path: Path) -> FloatArray:

@@ -105,6 +105,14 @@ def test_hierarchical_options(tmp_path: Path) -> None:
         ("ragged.json", '{"logical_count": [[1, 2], [3]]}', "rectangular matrix"),
         ("neg.json", '{"logical_count": [[1, -2], [3, 4]]}', "1 entries are negative (first: layer 0, expert 1)"),
         ("nan.csv", "1,2\n3,nan\n", "NaN or infinite"),
+        ("null.json", '{"expert_tokens": [[1, null, 2, 3]]}',
+         '"expert_tokens" holds 1 entry that is not a number (first: layer 0, expert 1: null)'),
+        ("str.json", '{"expert_tokens": [["1", "2"], ["3", "4"]]}',
+         '"expert_tokens" holds 4 entries that are not numbers (first: layer 0, expert 0: "1")'),
+        ("bool.json", '{"logical_count": [[1, 2], [true, 4]]}',
+         '"logical_count" holds 1 entry that is not a number (first: layer 1, expert 0: true)'),
+        ("passes.json", '{"logical_count": [[[1, 2]], [[3, {}]]]}',
+         '"logical_count" holds 1 entry that is not a number (first: pass 1, layer 0, expert 1: {})'),
         ("text.csv", "1,2\n3,x\n", "text.csv:2: not a number"),
         ("short.csv", "1,2,3\n4,5\n", "short.csv:2: 2 columns, earlier rows have 3"),
         ("typo.csv", "1,2,x,4\n5,6,7,8\n", "typo.csv:1: not a number"),  # a first data row, not a header
@@ -150,7 +158,12 @@ def test_previous_placement_that_does_not_fit(tmp_path: Path) -> None:
     code, _, output = run("rebalance", "--load", str(src), "--ranks", "4", "--slots-per-rank", "5",
                           "--previous", str(prev), "--out", str(tmp_path / "o.json"))
     assert code == 2
-    assert "expected 3 x 20" in output
+    assert "is for 2 ranks x 8 slots per rank, not the --ranks 4 x --slots-per-rank 5 asked for" in output
+    # As many slots in all: the flags were named as if the engine ran them ("the engine runs 4").
+    code, _, output = run("rebalance", "--load", str(src), "--ranks", "4", "--slots-per-rank", "4",
+                          "--previous", str(prev), "--out", str(tmp_path / "o.json"))
+    assert code == 2 and "engine" not in output
+    assert "is for 2 ranks x 8 slots per rank, not the --ranks 4 x --slots-per-rank 4 asked for" in output
 
 
 def test_bench_skips_cleanly_without_data(tmp_path: Path) -> None:

@@ -195,8 +195,13 @@ def test_previous_placement_must_match() -> None:
     bad = Placement(np.zeros((2, 4), dtype=np.int64), 2)
     with pytest.raises(ValidationError, match="previous placement: layer 0: experts 1, 2, 3 have no replica"):
         plan_rebalance(load, num_ranks=2, slots_per_rank=2, previous=bad)
-    with pytest.raises(ValidationError, match="expected 2 x 6"):
+    with pytest.raises(ValidationError, match="is 2 layers x 4 slots, expected 3 x 4"):
+        plan_rebalance(np.ones((3, 4)), num_ranks=2, slots_per_rank=2, previous=bad)
+    with pytest.raises(ValidationError, match="the plan for 2 x 3"):
         plan_rebalance(load, num_ranks=2, slots_per_rank=3, previous=bad)
+    mismatch = r"^previous placement is for 2 ranks x 2 slots per rank, the plan for 4 x 1$"
+    with pytest.raises(ValidationError, match=mismatch):
+        plan_rebalance(load, num_ranks=4, slots_per_rank=1, previous=Placement.contiguous(2, 4, 2))
 
 
 def test_public_surface_is_sorted() -> None:
