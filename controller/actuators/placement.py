@@ -354,6 +354,7 @@ class Rebalancer:
         result = verify_rebalance(
             plan=applied, measured_cv=snap.imbalance_cv, objective=policy.objectives.imbalance,
             assignments=assignments, predicted_cv=state.pending_cv, dispersion=dispersion,
+            placement_in_use=snap.placement,
         )
         waited_s = now_s - state.applied_at_s
         if result.reason == "insufficient_traffic" and waited_s < VERIFY_PATIENCE * self.verify_after_s:

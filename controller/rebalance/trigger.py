@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from contracts.errors import ValidationError
 from contracts.imbalance import denoised_cv, sampling_noise_cv
+from contracts.placement import Placement
 from contracts.slo_defaults import SCALE_DOWN_COOLDOWN_S
 from controller.policy import ImbalanceObjective
 from controller.rebalance.out_of_sample import HeldOutGain
@@ -43,7 +44,7 @@ TriggerReason = Literal[
     "no_observations", "imbalance_ok", "not_sustained", "cooldown", "insufficient_improvement", "rebalance"
 ]
 VerifyReason = Literal[
-    "verified", "worse_than_predicted", "still_violating", "no_observations", "insufficient_traffic"
+    "verified", "worse_than_predicted", "still_violating", "no_observations", "insufficient_traffic", "superseded"
 ]
 
 NOISE_SIGMAS = 3.0
@@ -215,6 +216,7 @@ def verify_rebalance(
     tolerance: float = 0.05,
     predicted_cv: npt.ArrayLike | None = None,
     dispersion: float = 1.0,
+    placement_in_use: Placement | None = None,
 ) -> VerifyResult:
     """Check the per-layer CV measured after applying ``plan`` over a window of ``assignments`` per layer.
 
@@ -226,14 +228,15 @@ def verify_rebalance(
     ``assignments`` the noise is taken as 0.  ``predicted_cv`` (per layer, noise-free) replaces
     the plan's own prediction, e.g. its out-of-sample one (:class:`HeldOutGain`'s ``cv_after``).
     ``dispersion`` (:func:`contracts.imbalance.rank_dispersion` over the engine's recent windows)
-    widens the noise where routed assignments are not independent draws.
-    """
+    widens the noise where routed assignments are not independent draws.  ``superseded``: the engine runs
+    ``placement_in_use``, not the plan's (restarted, or vLLM's own EPLB): its CV says nothing of the plan."""
     predicted = plan.imbalance_after.cv if predicted_cv is None else np.asarray(predicted_cv, dtype=np.float64)
     active = plan.active
     predicted_worst = float(predicted[active].max()) if active.any() else 0.0
-    if measured_cv is None:
-        return VerifyResult(ok=False, reason="no_observations", measured_cv=None,
-                            predicted_cv=predicted_worst, measured_minus_predicted=None)
+    superseded = placement_in_use is not None and placement_in_use != plan.placement
+    if superseded or measured_cv is None:
+        return VerifyResult(ok=False, reason="superseded" if superseded else "no_observations", measured_cv=None,
+                            predicted_cv=predicted_worst, measured_minus_predicted=None)  # fmt: skip
     measured = np.asarray(measured_cv, dtype=np.float64).ravel()
     if measured.shape != predicted.shape:
         raise ValidationError(f"measured CV has {measured.size} layers, the plan has {predicted.size}")

@@ -364,6 +364,21 @@ def test_an_engine_restarted_with_another_model_starts_its_history_afresh() -> N
     assert [(e.kind, e.plan["moves"]) for e in events] == [("rebalance", 2), ("rebalance", 4), ("verify", 4)]
 
 
+class RevertingEngine(InMemoryEngine):
+    """Takes the placement, then (a restart, or vLLM's own EPLB) runs the contiguous one again."""
+
+    async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
+        swap = await super().apply_placement(endpoint, placement)
+        self.placement = Placement.contiguous(1, 8, 2)
+        return swap
+
+
+def test_a_plan_whose_placement_the_engine_no_longer_runs_is_superseded_not_judged() -> None:
+    events = _run(RevertingEngine(), Mode.ENFORCE, [0, 5, 11, 20])
+    assert [(e.kind, e.outcome) for e in events] == [("rebalance", "applied"), ("verify", "unverified")]
+    assert events[1].verify.reason == "superseded"
+
+
 class StallingEngine(InMemoryEngine):
     """Applies placements at once on every endpoint but one, whose apply never answers; keeps its own placement."""
 

@@ -115,6 +115,18 @@ def test_verify_reasons(skewed_plan) -> None:  # type: ignore[no-untyped-def]
         verify_rebalance(plan=skewed_plan, measured_cv=[0.1, 0.1, 0.1], objective=OBJECTIVE)
 
 
+def test_a_placement_other_than_the_plans_is_superseded_not_judged(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    """An engine restarted (or rearranged by vLLM's own EPLB) runs another placement: its CV says nothing of the
+    plan, and was judged worse_than_predicted."""
+    before = skewed_plan.previous
+    result = verify_rebalance(plan=skewed_plan, measured_cv=skewed_plan.imbalance_before.cv, objective=OBJECTIVE,
+                              placement_in_use=before)  # fmt: skip
+    assert (result.ok, result.reason, result.measured_cv) == (False, "superseded", None)
+    same = verify_rebalance(plan=skewed_plan, measured_cv=skewed_plan.imbalance_after.cv, objective=OBJECTIVE,
+                            placement_in_use=skewed_plan.placement)  # fmt: skip
+    assert same.reason == "verified"
+
+
 def _measure(plan, tokens_per_layer: int, shares: np.ndarray | None, seed: int) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
     """A window of ``tokens_per_layer`` routed assignments per layer drawn from the plan's rank shares
     (or from ``shares``): per-layer measured CV and assignments."""
