@@ -476,8 +476,9 @@ async def _collect(
     last: list[RequestOutput | None] = [None] * gen.num_choices
     async for index, piece in merged:
         texts[index].append(piece.text)
-        if piece.logprobs is not None:
-            logprobs[index] = (logprobs[index] or []) + piece.logprobs
+        if piece.logprobs is not None:  # extended in place: a new list per token was quadratic in its length
+            logprobs[index] = entries = logprobs[index] or []
+            entries.extend(piece.logprobs)
         last[index] = piece.out
     ended = [out for out in last if out is not None]
     assert len(ended) == gen.num_choices
