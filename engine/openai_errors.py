@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi.responses import Response
@@ -73,6 +74,19 @@ def _field_path(loc: str) -> str:
     return ".".join(kept)
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "none"})
+"""pydantic's tags of a union's plain members, which read as identifiers (``prompt.str``)."""
+_KEY = re.compile(r"-?[0-9]+|[A-Za-z_][A-Za-z0-9_]*")
+
+
+def loc_path(loc: Iterable[int | str]) -> str:
+    """pydantic's ``loc`` as a field path: field names, indexes and token-id keys; a union member's type tag
+    (``constrained-str``, ``list[int]``, ``str``), which names no field, dropped (``stop.list[constrained-str].0``
+    is ``stop.0``)."""
+    return ".".join(str(part) for part in loc
+                    if isinstance(part, int) or (_KEY.fullmatch(part) and part not in _TYPE_TAGS))
+
+
 def error_body(exc: MoesloError) -> dict[str, Any]:
     """The inside of the error document (``{"error": error_body(exc)}``)."""
     status = status_for(exc)
@@ -115,5 +129,6 @@ __all__ = [
     "error_response",
     "error_type",
     "http_error_body",
+    "loc_path",
     "status_for",
 ]

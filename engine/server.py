@@ -49,6 +49,7 @@ from engine.openai_errors import (
     error_document,
     error_response,
     http_error_body,
+    loc_path,
     status_for,
 )
 from engine.openai_serving import ChatFormat, CompletionFormat, Generation, serve_generation
@@ -149,9 +150,11 @@ def _body_problem(err: Mapping[str, Any]) -> str:
     if err.get("type") == "json_invalid":  # loc is ("body", position)
         position = err.get("loc", ())[-1]
         return f"body: not valid JSON: {err.get('ctx', {}).get('error', 'invalid')} at character {position}"
-    loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-    if err.get("type") == "extra_forbidden":
-        return f"{loc}: not supported by this engine"
+    parts = [p for p in err.get("loc", ()) if p != "body"]
+    if err.get("type") == "extra_forbidden":  # its last part is the unknown key as sent, never a type tag
+        key = ".".join(filter(None, (loc_path(parts[:-1]), str(parts[-1]))))
+        return f"{key}: not supported by this engine"
+    loc = loc_path(parts) or "body"
     return f"{loc}: {err.get('msg', 'invalid')}"
 
 

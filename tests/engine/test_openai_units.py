@@ -12,7 +12,7 @@ from contracts.errors import NotFoundError, OverloadedError, UnavailableError, V
 from engine.chat_template import ChatTemplate, load_chat_template
 from engine.errors import PromptTooLongError
 from engine.openai_chat import ChatCompletionRequest
-from engine.openai_errors import error_body, error_response, http_error_body
+from engine.openai_errors import error_body, error_response, http_error_body, loc_path
 from engine.protocol import CompletionRequest
 from engine.tokenizer import HFTokenizer, load_tokenizer
 from engine.tokenizer_init import MIN_VOCAB_SIZE, SPECIAL_TOKENS, train_tokenizer, write_tokenizer
@@ -53,6 +53,22 @@ def test_overload_and_outage_say_when_to_retry() -> None:
     overloaded = error_response(OverloadedError("queue full", retry_after_s=2.5))
     assert overloaded.headers["Retry-After"] == "3" and json.loads(bytes(overloaded.body))["error"]["retry_after_s"]
     assert int(error_response(UnavailableError("down")).headers["Retry-After"]) >= 1
+
+
+@pytest.mark.parametrize(
+    ("loc", "path"),
+    [
+        (("stop", "list[constrained-str]", 0), "stop.0"),
+        (("stop", "constrained-str"), "stop"),
+        (("prompt", "str"), "prompt"),
+        (("messages", 0, "content", "list[TextPart]", 0, "type"), "messages.0.content.0.type"),
+        (("tool_choice", "dict[str,any]"), "tool_choice"),
+        (("stream_options", "include_usage"), "stream_options.include_usage"),
+        (("logit_bias", "-5"), "logit_bias.-5"),
+    ],
+)
+def test_a_pydantic_loc_reads_as_its_field_path_without_union_tags(loc: tuple[int | str, ...], path: str) -> None:
+    assert loc_path(loc) == path
 
 
 def test_http_errors_use_the_same_shape() -> None:

@@ -75,6 +75,26 @@ def test_integers_past_64_bits_are_400_naming_the_field(served: Served, route: s
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("stop", [[""], "", ["x" * 300], [1], {"a": 1}])
+def test_a_refused_stop_names_stop_without_the_unions_type_tags(served: Served, route: str, stop: object) -> None:
+    """pydantic's loc names each member of ``str | list[str]`` it tried (``stop.list[constrained-str].0``)."""
+    base = COMPLETION if route == "/v1/completions" else CHAT
+    resp = served.client.post(route, json={**base, "stop": stop})
+    assert resp.status_code == 400, resp.text
+    error = _is_error_document(resp)
+    assert error["param"] == "stop", error
+    assert all(problem.split(":")[0] in ("stop", "stop.0") for problem in error["problems"]), error
+
+
+def test_an_unknown_field_is_named_as_sent(served: Served) -> None:
+    resp = served.client.post("/v1/chat/completions", json={**CHAT, "top-k": 1, "messages": [
+        {"role": "user", "content": "hi", "x-y": 1}]})
+    assert resp.status_code == 400, resp.text
+    assert sorted(_is_error_document(resp)["problems"]) == ["messages.0.x-y: not supported by this engine",
+                                                           "top-k: not supported by this engine"]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_max_tokens_past_64_bits_is_cut_to_the_context(served: Served, route: str) -> None:
     base = {"prompt": "hi"} if route == "/v1/completions" else {"messages": CHAT["messages"]}
     resp = served.client.post(route, json={**base, "max_tokens": HUGE, "ignore_eos": True})

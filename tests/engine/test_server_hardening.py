@@ -45,6 +45,7 @@ POISON = [
     ({"prompt": "x", "max_tokens": 2, "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "max_tokens": 0, "logprobs": 1}, "max_tokens"),
     ({"prompt": [True, False], "max_tokens": 2}, "prompt"),
+    ({"prompt": "x", "max_tokens": 2, "stop": [""]}, "stop"),
 ]
 
 
