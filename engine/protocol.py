@@ -24,6 +24,7 @@ must end after it (it may begin in it), as vLLM's detokenizer decides.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Self, cast
@@ -159,7 +160,7 @@ class GenerationRequest(BaseModel):
     def problems(self) -> list[str]:
         """What :meth:`check` refuses, one line per problem, each starting with its field."""
         problems = [
-            f"{name}: not implemented by this engine (send {values[0]!r} or leave it out)"
+            f"{name}: not implemented by this engine (send {' or '.join(map(json.dumps, values))}, or leave it out)"
             for name, values in self.no_op_values.items()
             if getattr(self, name) not in values
         ]

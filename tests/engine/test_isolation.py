@@ -8,7 +8,8 @@ from fastapi.testclient import TestClient
 
 from contracts.errors import ValidationError
 from engine.llm_engine import EngineConfig, LLMEngine
-from engine.protocol import CompletionRequest, StopMatcher
+from engine.openai_chat import ChatCompletionRequest
+from engine.protocol import CompletionRequest, GenerationRequest, StopMatcher
 from engine.sampling import RequestSampler, SamplingParams, sample, sample_each
 from engine.server import create_app
 from engine.tokenizer import ByteTokenizer
@@ -155,6 +156,23 @@ def test_completion_request_types_are_strict(payload: dict[str, object], needle:
     with pytest.raises(PydanticError) as info:
         CompletionRequest.model_validate(payload)
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("request_type", "payload", "problem"),
+    [
+        (CompletionRequest, {"prompt": "x", "suffix": "s"},
+         'suffix: not implemented by this engine (send null or "", or leave it out)'),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"},
+         'tool_choice: not implemented by this engine (send null or "none", or leave it out)'),
+        (CompletionRequest, {"prompt": "x", "response_format": {"type": "json_object"}},
+         'response_format: not implemented by this engine (send null or {"type": "text"}, or leave it out)'),
+    ],
+)
+def test_an_unimplemented_field_is_refused_naming_its_accepted_values_as_json(
+    request_type: type[GenerationRequest], payload: dict[str, object], problem: str,
+) -> None:
+    assert request_type.model_validate(payload).problems() == [problem]
 
 
 def test_logit_bias_values_are_clamped_to_plus_or_minus_100_as_vllm_does() -> None:
