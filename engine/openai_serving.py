@@ -1,9 +1,7 @@
 """One request of the OpenAI API from its token ids to the HTTP response: streamed as SSE, or whole.
 
 Completions and chat completions differ only in their documents, which a
-:class:`ResponseFormat` builds (``text_completion`` choices with ``text``;
-``chat.completion`` choices with a ``message``, streamed as ``delta``s after
-one role chunk).  The rest is shared: the first event is either the core's
+:class:`~engine.openai_documents.ResponseFormat` builds.  The rest is shared: the first event is either the core's
 refusal (400/429, raised before any byte is sent) or the first token; stop
 strings are cut here (a stop found ends the request in the core with
 ``client.abort(request_id, "stop")``); a client that goes away has its
@@ -22,11 +20,10 @@ import asyncio
 import dataclasses
 import functools
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -36,117 +33,14 @@ from contracts.errors import MoesloError, UnavailableError
 from engine.client import EngineCoreClient
 from engine.engine_types import RequestOutput
 from engine.errors import RequestFailedError
+from engine.openai_documents import Piece, ResponseFormat, response_id
 from engine.openai_errors import error_body, error_response
-from engine.openai_logprobs import LogprobEntry, chat_logprobs, completion_logprobs, logprob_entry, prompt_entries
+from engine.openai_logprobs import LogprobEntry, logprob_entry, prompt_entries
 from engine.protocol import StopMatcher, fit_to_context
 from engine.request_stream import ChoiceGroup, RequestStream
 from engine.sampling import MAX_SEED, SamplingParams
-from engine.stats import CHAT, TEXT_COMPLETION
+from engine.stats import CHAT
 from engine.tokenizer import Tokenizer
-
-
-class Piece(NamedTuple):
-    """What one output of a choice shows: its text, the output, and its tokens' logprobs (None: not asked)."""
-
-    text: str
-    out: RequestOutput
-    logprobs: list[LogprobEntry] | None
-
-
-ChoiceResult = tuple[str, str | None, list[LogprobEntry] | None]
-"""A whole choice: its text, finish reason and logprobs."""
-
-
-class ResponseFormat(Protocol):
-    """The documents of one kind of response (completion or chat)."""
-
-    @property
-    def operation(self) -> str:
-        """Its GenAI operation name (``text_completion``, ``chat``)."""
-        ...
-
-    def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
-        """Chunks sent before the first token's (chat: the assistant's role, per choice)."""
-        ...
-
-    def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]: ...
-
-    def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]: ...
-
-    def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
-        """The last chunk of a stream that asked for usage: no choices."""
-        ...
-
-
-def _now_s() -> int:
-    return int(time.time())
-
-
-@dataclass(frozen=True)
-class CompletionFormat:
-    operation: ClassVar[str] = TEXT_COMPLETION
-    model_name: str
-    created: int = dataclasses.field(default_factory=_now_s)
-    """The response's ``created``: one value for the whole response, every chunk of a stream included."""
-
-    def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
-        return []
-
-    def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]:
-        choice = _text_choice(index, (piece.text, piece.out.finish_reason, piece.logprobs))
-        return _document(request_id, "text_completion", self.model_name, self.created, [choice])
-
-    def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]:
-        return _document(request_id, "text_completion", self.model_name, self.created,
-                         [_text_choice(i, choice) for i, choice in enumerate(choices)])
-
-    def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
-        return {**_document(request_id, "text_completion", self.model_name, self.created, []), "usage": usage}
-
-
-def _text_choice(index: int, choice: ChoiceResult) -> dict[str, Any]:
-    text, finish_reason, logprobs = choice
-    return {"index": index, "text": text, "logprobs": completion_logprobs(logprobs), "finish_reason": finish_reason}
-
-
-@dataclass(frozen=True)
-class ChatFormat:
-    operation: ClassVar[str] = CHAT
-    model_name: str
-    created: int = dataclasses.field(default_factory=_now_s)
-
-    def opening(self, request_id: str, choices: int) -> list[dict[str, Any]]:
-        return [_document(request_id, "chat.completion.chunk", self.model_name, self.created, [
-            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        ]) for i in range(choices)]
-
-    def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]:
-        reason = piece.out.finish_reason
-        delta = {"content": piece.text} if piece.text or reason is None else {}
-        return _document(request_id, "chat.completion.chunk", self.model_name, self.created, [
-            {"index": index, "delta": delta, "logprobs": chat_logprobs(piece.logprobs), "finish_reason": reason}
-        ])
-
-    def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]:
-        return _document(request_id, "chat.completion", self.model_name, self.created, [
-            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": chat_logprobs(logprobs),
-             "finish_reason": reason}
-            for i, (text, reason, logprobs) in enumerate(choices)
-        ])
-
-    def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
-        return {**_document(request_id, "chat.completion.chunk", self.model_name, self.created, []), "usage": usage}
-
-
-def _document(request_id: str, kind: str, model_name: str, created: int, choices: list[dict[str, Any]]
-              ) -> dict[str, Any]:  # fmt: skip
-    return {"id": _response_id(request_id, chat=kind.startswith("chat.")), "object": kind, "created": created,
-            "model": model_name, "choices": choices}
-
-
-def _response_id(request_id: str, *, chat: bool) -> str:
-    """The response's id from its first choice's: OpenAI's and vLLM's chat ids read chatcmpl-, completions' cmpl-."""
-    return "chat" + request_id if chat and request_id.startswith("cmpl-") else request_id
 
 
 @dataclass(frozen=True)
@@ -230,7 +124,7 @@ async def serve_generation(
     # The statistics observed once per API request (one span, the most tokens of a prompt's choices) wait for
     # every choice; they name the request by the id its client reads.
     first_id = f"cmpl-{uuid.uuid4().hex}"
-    group = ChoiceGroup(_response_id(first_id, chat=gen.format.operation == CHAT), gen.format.operation, gen.n)
+    group = ChoiceGroup(response_id(first_id, chat=gen.format.operation == CHAT), gen.format.operation, gen.n)
     # From now until the request ends, a client that goes away aborts it in the core.
     watcher = asyncio.ensure_future(_until_disconnect(request))
     watcher.add_done_callback(lambda w: None if w.cancelled() else end_early())
@@ -494,6 +388,4 @@ async def _collect(
     return JSONResponse(body)
 
 
-__all__ = [
-    "ChatFormat", "ChoiceResult", "CompletionFormat", "Generation", "Piece", "ResponseFormat", "serve_generation",
-]
+__all__ = ["Generation", "serve_generation"]

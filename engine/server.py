@@ -44,6 +44,7 @@ from contracts.placement import Placement
 from engine.chat_template import ChatTemplate
 from engine.client import EngineCoreClient
 from engine.openai_chat import ChatCompletionRequest
+from engine.openai_documents import ChatFormat, CompletionFormat
 from engine.openai_errors import (
     UNAVAILABLE_RETRY_AFTER_S,
     error_document,
@@ -52,7 +53,7 @@ from engine.openai_errors import (
     loc_path,
     status_for,
 )
-from engine.openai_serving import ChatFormat, CompletionFormat, Generation, serve_generation
+from engine.openai_serving import Generation, serve_generation
 from engine.protocol import CompletionRequest, GenerationRequest
 from engine.tokenizer import Tokenizer
 

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from engine.engine_types import RequestOutput
+from engine.openai_documents import CompletionFormat, Piece
 from engine.openai_logprobs import LogprobEntry
-from engine.openai_serving import CompletionFormat, Generation, Piece, _collect, serve_generation
+from engine.openai_serving import Generation, _collect, serve_generation
 from engine.request_stream import RequestStream
 from engine.sampling import SamplingParams
 from engine.tokenizer import ByteTokenizer
