@@ -17,6 +17,10 @@ from engine.engine_types import RequestOutput
 from engine.openai_logprobs import LogprobEntry, chat_logprobs, completion_logprobs
 from engine.stats import CHAT, TEXT_COMPLETION
 
+StopReason = str | int | None
+"""vLLM's ``stop_reason``: the stop string or the ``stop_token_ids`` id that ended a choice (None: anything else,
+eos included)."""
+
 
 class Piece(NamedTuple):
     """What one output of a choice shows: its text, the output, and its tokens' logprobs (None: not asked)."""
@@ -24,10 +28,20 @@ class Piece(NamedTuple):
     text: str
     out: RequestOutput
     logprobs: list[LogprobEntry] | None
+    stop_reason: StopReason = None
 
 
-ChoiceResult = tuple[str, str | None, list[LogprobEntry] | None]
-"""A whole choice: its text, finish reason and logprobs."""
+class ChoiceResult(NamedTuple):
+    """A choice, whole or as one chunk shows it."""
+
+    text: str
+    finish_reason: str | None
+    stop_reason: StopReason
+    logprobs: list[LogprobEntry] | None
+
+    @classmethod
+    def of(cls, piece: Piece) -> ChoiceResult:
+        return cls(piece.text, piece.out.finish_reason, piece.stop_reason, piece.logprobs)
 
 
 class ResponseFormat(Protocol):
@@ -66,7 +80,7 @@ class CompletionFormat:
         return []
 
     def chunk(self, request_id: str, index: int, piece: Piece) -> dict[str, Any]:
-        choice = _text_choice(index, (piece.text, piece.out.finish_reason, piece.logprobs))
+        choice = _text_choice(index, ChoiceResult.of(piece))
         return _document(request_id, "text_completion", self.model_name, self.created, [choice])
 
     def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]:
@@ -78,8 +92,8 @@ class CompletionFormat:
 
 
 def _text_choice(index: int, choice: ChoiceResult) -> dict[str, Any]:
-    text, finish_reason, logprobs = choice
-    return {"index": index, "text": text, "logprobs": completion_logprobs(logprobs), "finish_reason": finish_reason}
+    return {"index": index, "text": choice.text, "logprobs": completion_logprobs(choice.logprobs),
+            "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
 
 
 @dataclass(frozen=True)
@@ -97,14 +111,16 @@ class ChatFormat:
         reason = piece.out.finish_reason
         delta = {"content": piece.text} if piece.text or reason is None else {}
         return _document(request_id, "chat.completion.chunk", self.model_name, self.created, [
-            {"index": index, "delta": delta, "logprobs": chat_logprobs(piece.logprobs), "finish_reason": reason}
+            {"index": index, "delta": delta, "logprobs": chat_logprobs(piece.logprobs), "finish_reason": reason,
+             "stop_reason": piece.stop_reason}
         ])
 
     def whole(self, request_id: str, choices: list[ChoiceResult]) -> dict[str, Any]:
         return _document(request_id, "chat.completion", self.model_name, self.created, [
-            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": chat_logprobs(logprobs),
-             "finish_reason": reason}
-            for i, (text, reason, logprobs) in enumerate(choices)
+            {"index": i, "message": {"role": "assistant", "content": choice.text},
+             "logprobs": chat_logprobs(choice.logprobs), "finish_reason": choice.finish_reason,
+             "stop_reason": choice.stop_reason}
+            for i, choice in enumerate(choices)
         ])
 
     def usage_chunk(self, request_id: str, usage: dict[str, int]) -> dict[str, Any]:
@@ -122,4 +138,4 @@ def response_id(request_id: str, *, chat: bool) -> str:
     return "chat" + request_id if chat and request_id.startswith("cmpl-") else request_id
 
 
-__all__ = ["ChatFormat", "ChoiceResult", "CompletionFormat", "Piece", "ResponseFormat", "response_id"]
+__all__ = ["ChatFormat", "ChoiceResult", "CompletionFormat", "Piece", "ResponseFormat", "StopReason", "response_id"]

@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from contracts.errors import MoesloError, UnavailableError
 from engine.client import EngineCoreClient
 from engine.engine_types import RequestOutput
 from engine.errors import RequestFailedError
-from engine.openai_documents import Piece, ResponseFormat, response_id
+from engine.openai_documents import ChoiceResult, Piece, ResponseFormat, StopReason, response_id
 from engine.openai_errors import error_body, error_response
 from engine.openai_logprobs import LogprobEntry, logprob_entry, prompt_entries
 from engine.protocol import StopMatcher, fit_to_context
@@ -269,8 +269,17 @@ async def _texts(
                 continue
             stream.stop_found(tokens if tokens_at_stop is None else tokens_at_stop)
             stop_request()
-        yield Piece(prefix + text, out, entries)
+        yield Piece(prefix + text, out, entries, _stop_reason(out, matcher, gen.params.stop_token_ids))
         prefix = ""
+
+
+def _stop_reason(out: RequestOutput, matcher: StopMatcher, stop_token_ids: Collection[int]) -> StopReason:
+    """What ended a choice that ended with finish reason ``stop``, as vLLM names it (None for eos)."""
+    if not out.finished or out.finish_reason != "stop":
+        return None
+    if matcher.stopped:
+        return matcher.found
+    return out.token_id if out.is_stop_token and out.token_id in stop_token_ids else None
 
 
 async def _merged(texts: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:
@@ -367,14 +376,15 @@ async def _collect(
     """Wait for every choice (the caller aborts them if the client goes away meanwhile)."""
     texts: list[list[str]] = [[] for _ in range(gen.num_choices)]
     logprobs: list[list[LogprobEntry] | None] = [None] * gen.num_choices
-    last: list[RequestOutput | None] = [None] * gen.num_choices
+    last: list[Piece | None] = [None] * gen.num_choices
     async for index, piece in merged:
         texts[index].append(piece.text)
         if piece.logprobs is not None:  # extended in place: a new list per token was quadratic in its length
             logprobs[index] = entries = logprobs[index] or []
             entries.extend(piece.logprobs)
-        last[index] = piece.out
-    ended = [out for out in last if out is not None]
+        last[index] = piece
+    ends = [piece for piece in last if piece is not None]
+    ended = [piece.out for piece in ends]
     assert len(ended) == gen.num_choices
     if any(out.finish_reason == "abort" for out in ended) and disconnected.done() and not disconnected.cancelled():
         return Response(status_code=499)
@@ -382,8 +392,8 @@ async def _collect(
         error = _failure(engine, out)
         if error is not None:
             return error_response(error)
-    body = gen.format.whole(request_id, [("".join(t), out.finish_reason, lp)
-                                         for t, out, lp in zip(texts, ended, logprobs, strict=True)])
+    body = gen.format.whole(request_id, [ChoiceResult("".join(t), end.out.finish_reason, end.stop_reason, lp)
+                                         for t, end, lp in zip(texts, ends, logprobs, strict=True)])
     body["usage"] = gen.usage(ended)
     return JSONResponse(body)
 

@@ -284,6 +284,8 @@ class StopMatcher:
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._buffer = ""
         self.stopped = False
+        self.found: str | None = None
+        """The stop string the text was cut at (the first found of those that begin there)."""
 
     def feed(self, text: str, *, check: bool = True) -> str:
         """The text that can be shown now (nothing once a stop string was found).
@@ -299,11 +301,12 @@ class StopMatcher:
             return text
         before, buffer = len(self._buffer), self._buffer + text
         # Only stop strings that end in ``text``: what came before was searched already, or is not to be.
-        found = [i for s in self._stops if check and (i := buffer.find(s, max(0, before - len(s) + 1))) >= 0]
+        found = [(i, s) for s in self._stops if check and (i := buffer.find(s, max(0, before - len(s) + 1))) >= 0]
         if found:
+            cut, self.found = min(found, key=lambda hit: hit[0])
             self.stopped = True
             self._buffer = ""
-            return buffer[: min(found)]
+            return buffer[:cut]
         keep = max(0, len(buffer) - self._hold)
         self._buffer = buffer[keep:]
         return buffer[:keep]

@@ -113,13 +113,14 @@ def test_a_request_past_its_deadline_ends_with_finish_reason_deadline() -> None:
 def test_stop_strings_are_found_across_token_boundaries_and_left_out() -> None:
     matcher = StopMatcher(["STOP", "xy"])
     shown = [matcher.feed(piece) for piece in ["ab", "cS", "T", "O", "Pzz"]]
-    assert "".join(shown) == "abc" and matcher.stopped
+    assert "".join(shown) == "abc" and matcher.stopped and matcher.found == "STOP"
     assert matcher.feed("more") == "" and matcher.flush() == ""
     plain = StopMatcher(["STOP"])
     assert "".join(plain.feed(p) for p in ["ST", "OW", "!"]) + plain.flush() == "STOW!"
     assert not plain.stopped
     earliest = StopMatcher(["long stop", "p"])
     assert earliest.feed("a long stop") == "a "  # the stop string that begins first wins
+    assert earliest.found == "long stop"
 
 
 def test_unchecked_text_is_held_back_and_a_stop_string_found_must_end_after_it() -> None:

@@ -98,11 +98,11 @@ def test_chat_stop_string_cuts_the_text(client: Any, stream: bool) -> None:
         chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, stop=[stop],
                                                      stream=True, **GREEDY))
         got = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        last = [c.choices[0] for c in chunks if c.choices][-1]
     else:
         stopped = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, stop=stop, **GREEDY)
-        got, reason = stopped.choices[0].message.content, stopped.choices[0].finish_reason
-    assert (got, reason) == (expected, "stop")
+        got, last = stopped.choices[0].message.content, stopped.choices[0]
+    assert (got, last.finish_reason, last.stop_reason) == (expected, "stop", stop)  # vLLM's stop_reason
 
 
 def test_completion_stop_string(client: Any) -> None:
@@ -111,6 +111,7 @@ def test_completion_stop_string(client: Any) -> None:
     cut = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, stop=stop, logprobs=0,
                                     **GREEDY)  # fmt: skip
     assert (cut.choices[0].text, cut.choices[0].finish_reason) == (text[: text.find(stop)], "stop")
+    assert cut.choices[0].stop_reason == stop  # vLLM's: the stop string matched
     # Usage counts the tokens up to the one that completed the stop string (those the logprobs list), not
     # the ones the core generated before the stop reached it.
     assert cut.usage.completion_tokens == len(cut.choices[0].logprobs.tokens)

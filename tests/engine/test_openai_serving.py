@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from engine.engine_types import RequestOutput
-from engine.openai_documents import CompletionFormat, Piece
+from engine.openai_documents import ChatFormat, CompletionFormat, Piece
 from engine.openai_logprobs import LogprobEntry
 from engine.openai_serving import Generation, _collect, serve_generation
 from engine.request_stream import RequestStream
@@ -161,6 +161,38 @@ def test_text_offsets_run_over_each_tokens_text_where_a_character_spans_tokens()
     assert shown == "aéb"
     assert logprobs["text_offset"] == [0, 1, 2, 3]
     assert logprobs["text_offset"] == [sum(len(t) for t in logprobs["tokens"][:i]) for i in range(4)]
+
+
+async def last_choice(engine: ScriptedEngine, gen: Generation) -> dict[str, Any]:
+    """The one choice of a whole response, or of a stream's last chunk."""
+    response: Any = await serve_generation(engine, ByteTokenizer(512), gen, Connected(), 0.0)  # type: ignore[arg-type]
+    if not gen.stream:
+        return dict(json.loads(bytes(response.body))["choices"][0])
+    events = [event async for event in response.body_iterator]
+    response._on_close()
+    return dict(json.loads(events[-2].removeprefix("data: "))["choices"][0])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize(
+    ("eos", "stops", "stop_token_ids", "reason", "stop_reason"),
+    [
+        (False, ("cd", "XY"), (), "stop", "XY"),  # the stop string the text was cut at
+        (True, (), (EOS,), "stop", EOS),  # one of the request's stop_token_ids
+        (True, (), (), "stop", None),  # eos
+        (False, (), (), "length", None),
+    ],
+)
+def test_a_choice_says_what_stopped_it_in_stop_reason_as_vllm_does(
+    stream: bool, chat: bool, eos: bool, stops: tuple[str, ...], stop_token_ids: tuple[int, ...], reason: str,
+    stop_reason: str | int | None,
+) -> None:
+    params = SamplingParams(max_tokens=16, stop_token_ids=stop_token_ids)
+    gen = Generation(prompts=[[1, 2]], params=params, stops=stops, stream=stream, include_usage=False,
+                     format=ChatFormat("m") if chat else CompletionFormat("m"))
+    choice = asyncio.run(last_choice(ScriptedEngine(eos=eos), gen))
+    assert (choice["finish_reason"], choice["stop_reason"]) == (reason, stop_reason)
 
 
 def _collect_s(tokens: int, *, logprobs: bool) -> float:

@@ -113,12 +113,13 @@ def test_stop_strings_cut_the_text_and_end_the_request_streaming_or_not(served: 
     stop = full[len(full) // 2 : len(full) // 2 + 3]  # three characters: they span token boundaries
     expected = full[: full.find(stop)]
     body = _greedy(served, stop=[stop, "never seen \u2603"])
-    assert body["choices"][0] == {"index": 0, "text": expected, "logprobs": None, "finish_reason": "stop"}
+    assert body["choices"][0] == {"index": 0, "text": expected, "logprobs": None, "finish_reason": "stop",
+                                  "stop_reason": stop}
     assert body["usage"]["completion_tokens"] < 24
     _, _, events = stream_completion(served.client, {"prompt": "stop strings", "max_tokens": 24, "temperature": 0,
                                                      "ignore_eos": True, "stop": stop})
     assert "".join(e["choices"][0]["text"] for e in events) == expected
-    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    assert (events[-1]["choices"][0]["finish_reason"], events[-1]["choices"][0]["stop_reason"]) == ("stop", stop)
     deadline = time.monotonic() + 5
     while served.engine.kv_state()[0] and time.monotonic() < deadline:
         time.sleep(0.02)
