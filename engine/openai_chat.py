@@ -5,9 +5,10 @@ only ``{"type": "text", "text": ...}`` is served (joined with newlines, as
 vLLM does for text-only models).  An assistant's ``tool_calls`` (functions) and
 a ``tool`` message's ``tool_call_id`` reach the chat template as vLLM passes
 them (each call's ``arguments`` parsed from JSON).  ``max_tokens`` and OpenAI's newer
-``max_completion_tokens`` mean the same; left out, the completion may fill the
-context.  ``add_generation_prompt`` (vLLM's extension, default true) ends the
-rendered prompt with the assistant's turn opening.  ``logprobs: true`` (with
+``max_completion_tokens`` mean the same (sent both, the latter counts, as in
+vLLM); left out, the completion may fill the context.  ``add_generation_prompt``
+(vLLM's extension, default true) ends the rendered prompt with the assistant's
+turn opening.  ``logprobs: true`` (with
 ``top_logprobs`` alternatives) reports the generated tokens' log-probabilities.
 ``chat_template_kwargs`` (vLLM's extension) are more variables for the chat
 template, as vLLM passes them (``enable_thinking``, ...).
@@ -151,9 +152,6 @@ class ChatCompletionRequest(GenerationRequest):
 
     def problems(self) -> list[str]:
         problems = super().problems()
-        if self.max_tokens is not None and self.max_completion_tokens is not None \
-                and self.max_tokens != self.max_completion_tokens:
-            problems.append("max_completion_tokens: differs from max_tokens (send one of them)")
         if self.top_logprobs and not self.logprobs:
             problems.append("top_logprobs: needs logprobs: true")
         reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs or {}))

@@ -125,3 +125,11 @@ def test_a_reply_sent_back_as_the_sdk_dumps_it_is_accepted_as_vllm_accepts_it() 
 def test_a_message_key_the_template_would_read_is_still_refused_by_name() -> None:
     status, prompt, body = rendered({"messages": [{"role": "developer", "content": "x", "tools": [{"x": 1}]}]})
     assert (status, prompt, body["error"]["param"]) == (400, None, "messages.0.tools")
+
+
+def test_max_completion_tokens_wins_over_max_tokens_as_in_vllm() -> None:
+    engine = RecordingEngine()
+    app = create_app(engine, ByteTokenizer(512), model_name="m",  # type: ignore[arg-type]
+                     chat_template=ChatTemplate(TEMPLATE))
+    TestClient(app).post("/v1/chat/completions", json={"messages": USER, "max_tokens": 4, "max_completion_tokens": 8})
+    assert [params.max_tokens for params in engine.params] == [8]
