@@ -3,10 +3,10 @@
 Routes: ``POST /v1/completions`` (text or token-id prompts) and ``POST
 /v1/chat/completions`` (messages rendered with the checkpoint's chat
 template), each streamed as server-sent events or whole; ``GET /v1/models``
-and ``GET /v1/models/{id}``; ``GET /health``; ``GET /metrics`` (rendered by
-whatever ``metrics`` callable the caller wires in: this module imports no
-exporter); and the controller's control routes ``GET/POST /v1/placement`` and
-``GET /v1/expert-load``.
+and ``GET /v1/models/{id}``; vLLM's ``POST /tokenize`` and ``POST /detokenize``;
+``GET /health``; ``GET /metrics`` (rendered by whatever ``metrics`` callable the
+caller wires in: this module imports no exporter); and the controller's control
+routes ``GET/POST /v1/placement`` and ``GET /v1/expert-load``.
 
 This process validates and tokenizes requests, detokenizes outputs and
 writes SSE; the engine core (its own process) schedules and runs the model.
@@ -54,6 +54,7 @@ from engine.openai_errors import (
     status_for,
 )
 from engine.openai_serving import Generation, serve_generation
+from engine.openai_tokenize import DetokenizeRequest, TokenizeRequest
 from engine.protocol import CompletionRequest, GenerationRequest
 from engine.tokenizer import Tokenizer
 
@@ -114,6 +115,7 @@ def create_app(
     _install_error_handlers(app)
     _add_control_routes(app, engine, metrics)
     _add_openai_routes(app, engine, tokenizer, model_name, chat_template, dict(sampling_defaults or {}))
+    _add_tokenize_routes(app, engine, tokenizer, model_name, chat_template)
     return app
 
 
@@ -216,8 +218,7 @@ def _add_openai_routes(
 
     def check_model(body: _Request) -> _Request:
         """The request with the model's defaults, once it names this model and asks what the engine serves."""
-        if body.model is not None and body.model != model_name:
-            raise NotFoundError("model", body.model)
+        _check_model_name(body.model, model_name)
         body = body.with_defaults(defaults)
         body.check()
         return body
@@ -258,6 +259,33 @@ def _add_openai_routes(
                          body.include_usage, ChatFormat(model_name), n=body.n, prompt_field="messages",
                          continuous_usage=body.continuous_usage)
         return await serve_generation(engine, tokenizer, gen, request, arrival_s)
+
+
+def _check_model_name(asked: str | None, model_name: str) -> None:
+    """A request that names a model names this one (404 else, as vLLM answers)."""
+    if asked is not None and asked != model_name:
+        raise NotFoundError("model", asked)
+
+
+def _add_tokenize_routes(app: FastAPI, engine: EngineCoreClient, tokenizer: Tokenizer, model_name: str,
+                         chat_template: ChatTemplate | None) -> None:
+    """vLLM's ``/tokenize`` and ``/detokenize`` (:mod:`engine.openai_tokenize`)."""
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        _check_model_name(body.model, model_name)
+        body.check()
+        chat = body.as_chat()
+        text = await _render_chat(chat_template, chat) if chat is not None else body.prompt or ""
+        tokens = await off_loop(len(text), functools.partial(tokenizer.encode, text,
+                                                             add_special_tokens=body.special_tokens))
+        return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        _check_model_name(body.model, model_name)
+        body.check(engine.vocab_size)
+        return {"prompt": await off_loop(len(body.tokens), tokenizer.decode, body.tokens)}
 
 
 async def _render_chat(chat_template: ChatTemplate | None, body: ChatCompletionRequest) -> str:

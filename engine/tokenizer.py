@@ -32,7 +32,12 @@ class DecodeStream(Protocol):
 class Tokenizer(Protocol):
     vocab_size: int
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """The text's ids; with ``add_special_tokens``, those the tokenizer puts around a text too (a BOS).
+
+        The generation routes encode without them; ``/tokenize`` adds them when asked, as vLLM's does.
+        """
+        ...
 
     def decode(self, token_ids: list[int]) -> str:
         """The ids' text, special tokens as themselves (vLLM's ``tokenizer.decode``, as it echoes a prompt)."""
@@ -56,8 +61,8 @@ class ByteTokenizer:
             raise ValidationError(f"a byte-level tokenizer needs vocab_size >= {BYTE_VOCAB_SIZE}, got {vocab_size}")
         self.vocab_size = vocab_size
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))  # bytes have no special tokens to add
 
     def decode(self, token_ids: list[int]) -> str:
         stream = self.stream()
@@ -92,9 +97,9 @@ class HFTokenizer:
         self._tok = RustTokenizer.from_file(str(path))
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         # The batch call lets go of the GIL while it works (``encode`` holds it: seconds for a long text).
-        return list(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
+        return list(self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tok.decode_batch([token_ids], skip_special_tokens=False)[0])

@@ -1,16 +1,18 @@
 """The API at its edges against the served engine: odd inputs are 400s naming their field (never 500s), an
-unexpected error leaves the connection usable, and the details OpenAI clients rely on (one ``created`` per response)."""
+unexpected error leaves the connection usable, the details OpenAI clients rely on (one ``created`` per response),
+and vLLM's ``/tokenize`` and ``/detokenize``."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.engine.test_server import Served, serve
+from tests.engine.test_server import MODEL, Served, serve
 from tests.engine.test_server_hardening import _is_error_document
 
 pytestmark = pytest.mark.integration
@@ -188,3 +190,61 @@ def test_a_prompt_too_long_is_refused_with_the_rule_the_server_applies(served: S
     message = str(_is_error_document(resp)["message"])
     assert message.startswith(f"This model's maximum context length is {n} tokens. However, your prompt contains ")
     assert f"at most {n - 1} tokens" in message and "max_tokens" not in message
+
+
+# ------------------------------------------------------------------ vLLM's /tokenize and /detokenize
+
+TOKENIZE_MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+
+
+def _post(served: Served, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    resp = served.client.post(path, json=body)
+    assert resp.status_code == 200, resp.text
+    answer: dict[str, Any] = resp.json()
+    return answer
+
+
+def test_a_prompts_tokens_are_those_a_completion_counts_and_detokenize_gives_the_text_back(served: Served) -> None:
+    prompt = "Once upon a time, in a land"
+    answer = _post(served, "/tokenize", {"model": MODEL, "prompt": prompt, "add_special_tokens": True})
+    tokens = answer["tokens"]
+    assert answer == {"count": len(tokens), "max_model_len": 512, "tokens": tokens}
+    completion = _post(served, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
+    assert completion["usage"]["prompt_tokens"] == len(tokens) < len(prompt)
+    assert _post(served, "/tokenize", {"prompt": prompt})["tokens"] == tokens  # model may be left out
+    assert _post(served, "/detokenize", {"model": MODEL, "tokens": tokens}) == {"prompt": prompt}
+
+
+def test_a_chats_tokens_are_its_rendered_prompts(served: Served) -> None:
+    answer = _post(served, "/tokenize", {"model": MODEL, "messages": TOKENIZE_MESSAGES})
+    chat = _post(served, "/v1/chat/completions", {"model": MODEL, "messages": TOKENIZE_MESSAGES, "max_tokens": 1})
+    assert answer["count"] == len(answer["tokens"]) == chat["usage"]["prompt_tokens"]
+    text = _post(served, "/detokenize", {"tokens": answer["tokens"]})["prompt"]
+    assert text.startswith("<|im_start|>system\nBe brief.") and text.endswith("<|im_start|>assistant\n")
+    bare = _post(served, "/tokenize", {"messages": TOKENIZE_MESSAGES, "add_generation_prompt": False})
+    assert bare["count"] < answer["count"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        ("/tokenize", {"model": "other", "prompt": "hi"}, 404, "model"),
+        ("/detokenize", {"model": "other", "tokens": [1]}, 404, "model"),
+        ("/tokenize", {"prompt": "hi", "messages": TOKENIZE_MESSAGES}, 400, "prompt"),
+        ("/tokenize", {}, 400, "prompt"),
+        ("/tokenize", {"prompt": "hi", "add_generation_prompt": True}, 400, "add_generation_prompt"),
+        ("/tokenize", {"prompt": "\ud800"}, 400, "prompt"),
+        ("/tokenize", {"messages": TOKENIZE_MESSAGES, "chat_template_kwargs": {"messages": 1}}, 400,
+         "chat_template_kwargs"),
+        ("/tokenize", {"prompt": "hi", "return_token_strs": True}, 400, "return_token_strs"),
+        ("/detokenize", {"tokens": [1, 512]}, 400, "tokens"),
+        ("/detokenize", {"tokens": [1 << 70]}, 400, "tokens"),
+        ("/detokenize", {"tokens": ["1"]}, 400, "tokens.0"),
+    ],
+)
+def test_a_tokenize_or_detokenize_request_it_cannot_serve_is_refused_naming_its_field(
+    served: Served, path: str, body: dict[str, Any], status: int, param: str,
+) -> None:
+    resp = served.client.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
+    assert resp.status_code == status, resp.text
+    assert _is_error_document(resp)["param"] == param

@@ -32,12 +32,12 @@ class _SlowTokenizer(ByteTokenizer):
         self.waited_out = False
         """Nobody let the tokenizer go within ``WAIT_S``: the event loop was stuck in it."""
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         if len(text) >= OFF_LOOP_SIZE:
             self.threads.append(threading.current_thread())
             self.entered.set()
             self.waited_out = not self.release.wait(WAIT_S)
-        return super().encode(text)
+        return super().encode(text, add_special_tokens=add_special_tokens)
 
 
 class _Engine:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer as RustTokenizer
+from tokenizers.processors import TemplateProcessing
 
 from contracts.errors import ValidationError
 from engine.sampling import RequestSampler, SamplingParams, sample
@@ -93,3 +95,14 @@ def test_top_k_and_min_p_are_checked() -> None:
     with pytest.raises(ValidationError) as info:
         SamplingParams(top_k=-2, min_p=1.5)
     assert [p.split(" ")[0] for p in info.value.problems] == ["top_k", "min_p"]
+
+
+def test_add_special_tokens_adds_what_the_tokenizers_post_processor_adds(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """The generation routes encode without them; a tokenizer that puts a BOS first puts it there when asked."""
+    rust = RustTokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
+    bos = rust.token_to_id("<|endoftext|>")
+    rust.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    rust.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = HFTokenizer(tmp_path / "tokenizer.json")
+    plain = tokenizer.encode("hi")
+    assert tokenizer.encode("hi", add_special_tokens=True) == [bos, *plain] and bos not in plain
