@@ -277,9 +277,9 @@ class Scaling(_Strict):
     """Most replicas added or removed in one tick."""
     max_scale_down_rate: Annotated[float, Field(strict=True, gt=1, le=1000, allow_inf_nan=False)] = MAX_SCALE_DOWN_RATE
     """A scale-down keeps at least ``current / max_scale_down_rate`` replicas (Knative's ``max-scale-down-rate``;
-    2: at most half the fleet at once), but may always remove one.  Below that the capacity model would be trusted at a size the fleet has
-    not been seen to serve at, and a wrong guess costs a start-up time of missed objectives.  A fleet going to
-    zero (an idle router, ``min_replicas: 0``) is not held by it."""
+    2: at most half the fleet at once), but may always remove one.  Below that the capacity model would be
+    trusted at a size the fleet has not been seen to serve at, and a wrong guess costs a start-up time of missed
+    objectives.  A fleet going to zero (an idle router, ``min_replicas: 0``) is not held by it."""
     headroom: Annotated[float, Field(strict=True, ge=0.5, le=1.0, allow_inf_nan=False)] = SIZING_HEADROOM
     """The fleet is sized so that the capacity model's p99s stay within this share of each latency objective
     (and the KV cache and batch within this share of theirs): what the model does not see (bursts inside a
