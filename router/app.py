@@ -121,7 +121,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 
 class _Listing(NamedTuple):
-    """A replica's answer to ``GET /v1/models``: its model list (200), or its refusal of the client (a 4xx)."""
+    """A replica's answer to ``GET /v1/models`` (or ``POST /tokenize``): its document (200), or its refusal of the
+    client (a 4xx)."""
 
     replica: str
     status: int
@@ -159,8 +160,20 @@ async def _model(request: web.Request) -> web.StreamResponse:
 
 
 async def _model_list(router: Router, request: web.Request) -> _Listing:
-    """The /v1/models answer of the first healthy replica that answers with a model list, asked with the
-    client's headers (a replica started with an API key guards /v1/models as it does completions).
+    """The /v1/models answer of the first healthy replica that answers with a model list."""
+    return await _first_answer(router, request, "/v1/models")
+
+
+async def _tokenizer(request: web.Request) -> web.StreamResponse:
+    """``POST /tokenize`` and ``/detokenize`` (vLLM's): any replica's tokenizer is the model's, so the first
+    healthy one that answers does; its answer, refusal included, is relayed unchanged."""
+    answer = await _first_answer(request.app[ROUTER], request, request.path, body=await request.read())
+    return answer.relayed()
+
+
+async def _first_answer(router: Router, request: web.Request, path: str, *, body: bytes | None = None) -> _Listing:
+    """The answer to ``path`` (GET, or POST of ``body``) of the first healthy replica that answers it, asked with
+    the client's headers (a replica started with an API key guards these routes as it does completions).
 
     A replica's JSON 4xx (its refusal of the client's key, say) is the client's to read: relayed unchanged. A
     replica that refuses the connection is ejected; one that answers another error, or nothing within the scrape
@@ -168,14 +181,16 @@ async def _model_list(router: Router, request: web.Request) -> _Listing:
     """
     timeout = aiohttp.ClientTimeout(total=router.config.scrape_timeout_s)
     headers = upstream_headers(request.raw_headers)
+    method = "GET" if body is None else "POST"
     failure: UpstreamError | None = None
     for name in [n for n in router.pool.names if router.pool.is_healthy(n)]:
         try:
-            async with router.session.get(name + "/v1/models", headers=headers, timeout=timeout) as answer:
+            async with router.session.request(method, name + path, headers=headers, data=body,
+                                              timeout=timeout) as answer:  # fmt: skip
                 listing = _Listing(name, answer.status, await answer.read(), relayed_headers(answer.raw_headers))
                 is_json = "json" in answer.headers.get("content-type", "")
         except TimeoutError:
-            failure = UpstreamTimeoutError(f"replica {name} did not answer /v1/models within {timeout.total} s",
+            failure = UpstreamTimeoutError(f"replica {name} did not answer {path} within {timeout.total} s",
                                            replica=name)  # fmt: skip
             continue
         except UPSTREAM_FAILURES:
@@ -183,7 +198,7 @@ async def _model_list(router: Router, request: web.Request) -> _Listing:
             continue
         if is_json and (listing.status == 200 or 400 <= listing.status < 500):
             return listing
-        failure = UpstreamError(f"replica {name} answered /v1/models with HTTP {listing.status}", replica=name)
+        failure = UpstreamError(f"replica {name} answered {path} with HTTP {listing.status}", replica=name)
     raise failure or UnavailableError("no healthy replica")
 
 
@@ -244,6 +259,8 @@ def create_app(config: RouterConfig, *, registry: CollectorRegistry | None = Non
     app.router.add_post("/v1/chat/completions", _completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
+    app.router.add_post("/tokenize", _tokenizer)
+    app.router.add_post("/detokenize", _tokenizer)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/router/replicas", _replicas)

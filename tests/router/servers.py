@@ -41,12 +41,15 @@ async def _empty(_: web.Request) -> web.StreamResponse:
     return web.Response(text="")
 
 
-def replica_app(completion: Handler | None = None, gets: Mapping[str, Handler] | None = None) -> web.Application:
-    """A replica as an aiohttp app: ``completion`` serves POST /v1/completions, ``gets`` GET paths; /metrics and
-    /health answer an empty 200 unless ``gets`` has them."""
+def replica_app(completion: Handler | None = None, gets: Mapping[str, Handler] | None = None,
+                posts: Mapping[str, Handler] | None = None) -> web.Application:  # fmt: skip
+    """A replica as an aiohttp app: ``completion`` serves POST /v1/completions, ``gets`` GET paths and ``posts``
+    POST paths; /metrics and /health answer an empty 200 unless ``gets`` has them."""
     app = web.Application()
     if completion is not None:
         app.router.add_post("/v1/completions", completion)
+    for path, handler in (posts or {}).items():
+        app.router.add_post(path, handler)
     for path, handler in {"/metrics": _empty, "/health": _empty, **(gets or {})}.items():
         app.router.add_get(path, handler)
     return app

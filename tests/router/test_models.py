@@ -67,3 +67,31 @@ def test_the_model_list_is_asked_with_the_clients_headers_and_a_refusal_is_relay
             assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"}), path
             assert refused.headers["x-request-id"] == "r1"
         assert r.replicas()[guarded]["healthy"] is True
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    body = await request.json()
+    if "prompt" not in body:
+        return web.json_response({"error": {"message": "prompt: field required", "code": 400}}, status=400)
+    tokens = [len(word) for word in body["prompt"].split()]
+    return web.json_response({"count": len(tokens), "max_model_len": 2048, "tokens": tokens})
+
+
+async def _detokenize(request: web.Request) -> web.Response:
+    body = await request.json()
+    return web.json_response({"prompt": " ".join("x" * t for t in body["tokens"])})
+
+
+def test_tokenize_and_detokenize_are_answered_by_a_replica_that_answers_and_refusals_are_relayed() -> None:
+    tokenizer = {"/tokenize": _tokenize, "/detokenize": _detokenize}
+    failing = {"/tokenize": _fails, "/detokenize": _fails}
+    with serving(replica_app(posts=failing)) as bad, serving(replica_app(posts=tokenizer)) as good, \
+            router([bad, good], scrape_timeout_s=0.5) as r:  # fmt: skip
+        answer = httpx.post(r.url + "/tokenize", json={"prompt": "ab cde"}, timeout=10)
+        assert (answer.status_code, answer.json()) == (200, {"count": 2, "max_model_len": 2048, "tokens": [2, 3]})
+        back = httpx.post(r.url + "/detokenize", json={"tokens": [2, 3]}, timeout=10)
+        assert (back.status_code, back.json()) == (200, {"prompt": "xx xxx"})
+        refused = httpx.post(r.url + "/tokenize", json={"text": "ab"}, timeout=10)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["message"] == "prompt: field required"
+        assert r.replicas()[good]["healthy"] is True
