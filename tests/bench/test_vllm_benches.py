@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,21 @@ from bench.vllm_overhead import OverheadOptions, median_ci95, ratio_stats, run_p
 def test_median_ci_is_order_statistics() -> None:
     assert median_ci95([3.0, 1.0, 2.0]) == (2.0, 1.0, 3.0)  # few values: min and max
     med, low, high = median_ci95([float(x) for x in range(100)])
-    assert med == 49.5 and (low, high) == (40.0, 59.0)
+    assert med == 49.5 and (low, high) == (39.0, 60.0)  # ranks 40 and 61 of 100, the exact binomial ones
+    # n = 10: ranks 2 and 9 (P(B <= 1) = 11/1024 <= 2.5 %; P(B <= 2) = 56/1024 is not).
+    assert median_ci95([float(x) for x in range(10)])[1:] == (1.0, 8.0)
     stats = ratio_stats([0.99, 1.0, 1.01] * 10)
     assert stats["median"] == 1.0 and stats["spread_pct"] == pytest.approx(1.0) and stats["overhead_pct"] == 0.0
+
+
+@pytest.mark.parametrize("n", [6, 7, 10, 15, 20, 30, 50, 51, 100, 200, 201])
+def test_median_ci_covers_the_median_at_least_95_percent(n: int) -> None:
+    _, low, high = median_ci95([float(x) for x in range(n)])
+    # [x_low, x_high] (0-based) holds the median iff low < B <= high, B ~ Binomial(n, 1/2) values below it.
+    coverage = sum(math.comb(n, b) for b in range(int(low) + 1, int(high) + 1)) / 2**n
+    assert coverage >= 0.95
+    wider = sum(math.comb(n, b) for b in range(int(low) + 2, int(high))) / 2**n
+    assert wider < 0.95  # and no narrower interval of order statistics would do
 
 
 def test_pairs_alternate_and_stop_once_a_ratio_is_resolved() -> None:
