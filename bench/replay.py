@@ -141,7 +141,7 @@ def _aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for level in LEVELS:
         entries = [s["windows"]["scored"]["at_attainment"][level] for s in summaries]
         ratios, lower = _ratios_of(entries, "exact"), _ratios_of(entries, "at_least")
-        upper = _ratios_of(entries, "at_most", "both_bounds")
+        upper = _ratios_of(entries, "at_most")
         ours_unreachable = len(_ratios_of(entries, "ours_unreachable"))
         policies: dict[str, Any] = {}
         for name in entries[0]["policies"]:

@@ -91,14 +91,13 @@ def _ratio_kind(mine: AtAttainment, best: AtAttainment, *, another_bound: bool) 
     """What ours over the best baseline's value is: ``exact``, a bound, or None (bounded neither way).
 
     ``another_bound``: another baseline's value is only an upper bound, so its true need may lie under
-    the best's, and ours over the truly best baseline is then at least the ratio read.
+    the best's, and ours over the truly best baseline is then at least the ratio read.  Where the best
+    baseline's value is itself only an upper bound, the ratio is bounded neither way, whatever ours is.
     """
     if best.kind == "interpolated" and mine.kind == "interpolated":
         return "at_least" if another_bound else "exact"
     if mine.kind == "at_most" and best.kind == "interpolated":
         return None if another_bound else "at_most"
-    if mine.kind == "at_most" and best.kind == "at_most":
-        return "both_bounds"
     return None
 
 
@@ -115,7 +114,8 @@ def compare_at(
     ``at_least`` when both are interpolated but another baseline's is an upper bound (that baseline may
     need less than the best's); ``at_most`` when ours is an upper bound and the baseline's is not (we need
     at most that); ``ours_unreachable`` (no ratio) when a baseline reaches the attainment and ours does not;
-    None when no baseline reaches it or only the baseline's value is a bound.
+    None when no baseline reaches it or the best baseline's value is a bound (ours' a bound too or not: a
+    cheaper baseline setting, untried, may reach it for less).
     """
     values = {name: at_attainment(frontier, attainment) for name, frontier in frontiers.items()}
     candidates = {

@@ -10,6 +10,7 @@ import pytest
 
 from bench.replay import TRACE_OPTIONS, TRACES, _aggregate, _goals, run, trace_entry
 from contracts.errors import ValidationError
+from controller.replay.frontier import Point, compare_at
 
 
 def test_names_and_files_resolve_to_their_replay_options(tmp_path: Path) -> None:
@@ -75,3 +76,15 @@ def test_a_goal_is_decided_by_every_seed() -> None:
     across = _aggregate([_seed(0.85, "exact"), _seed(0.7, "at_least"), _seed(None, "ours_unreachable")])["99.5%"]
     assert across["ratio_lower_bounds"] == [0.7] and across["ours_unreachable"] == 1
     assert across["ratio_to_best_baseline"]["n"] == 1 and across["unreachable_or_unknown"] == 0
+
+
+def test_seeds_where_ours_and_the_best_baseline_are_both_upper_bounds_list_no_bound() -> None:
+    def front(name: str, *pairs: tuple[float, float]) -> list[Point]:
+        return [Point(label=f"{name}{i}", attainment=a, replica_hours=h) for i, (a, h) in enumerate(pairs)]
+
+    fronts = {"moeslo": front("m", (0.999, 8.0)), "static": front("s", (0.999, 10.0)),
+              "hpa": front("h", (0.90, 3.0), (0.98, 5.0))}  # fmt: skip
+    level = compare_at(fronts, 0.995, ours="moeslo", baselines=("static", "hpa"))
+    seed = {"windows": {"scored": {"at_attainment": {name: level for name in ("99.5%", "99.8%", "99.9%")}}}}
+    across = _aggregate([seed, seed])["99.5%"]
+    assert across["ratio_upper_bounds"] == [] and across["unreachable_or_unknown"] == 2

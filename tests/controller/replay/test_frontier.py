@@ -80,3 +80,13 @@ def test_ours_out_of_reach_where_a_baseline_reaches_is_named() -> None:
     assert entry["ratio_to_best_baseline"] is None
     beyond_all = compare_at(fronts, 0.9995, ours="moeslo", baselines=("hpa",))
     assert beyond_all["ratio_kind"] is None and beyond_all["best_baseline"] is None
+
+
+def test_no_ratio_when_ours_and_the_best_baseline_are_both_only_upper_bounds() -> None:
+    # Static's cheapest point passes 99.5 % at 10 h; a cheaper static fleet, untested, may reach it at 5 h,
+    # while ours is read at its cheapest, 8 h: ours over static may be 8 / 5, not at most 8 / 10.
+    fronts = {"moeslo": pareto(curve("m", (0.999, 8.0))), "static": pareto(curve("s", (0.999, 10.0))),
+              "hpa": pareto(curve("h", (0.90, 3.0), (0.98, 5.0)))}  # fmt: skip
+    entry = compare_at(fronts, 0.995, ours="moeslo", baselines=("static", "hpa"))
+    assert entry["best_baseline"] == "static"
+    assert entry["ratio_kind"] is None and entry["ratio_to_best_baseline"] is None
