@@ -201,13 +201,24 @@ async def trials_run(url: str, options: LiveOptions, progress: Callable[[str], N
     load.stop()
     await driver
     await control.aclose()
-    verified = [r for r in results if r["kind"] == "verify"]
-    within = [r for r in verified if r["verify"] != "worse_than_predicted"]
     return {
-        "events": results, "rebalances_verified": len(verified),
-        "within_noise_of_prediction": len(within),
+        "events": results, **_verify_counts([r["verify"] for r in results if r["kind"] == "verify"]),
         "held_out_predictions": sum(r.get("prediction") == "held_out" for r in results),
         "requests": load.requests, "failed_requests": load.failures,
+    }
+
+
+def _verify_counts(reasons: list[str]) -> dict[str, int]:
+    """Verifications by what they found: within the noise of the prediction is ``verified`` or
+    ``still_violating`` (as predicted, above the objective); ``undecided`` ones measured nothing to judge by
+    (too little traffic, no observations, another placement in force)."""
+    undecided = ("insufficient_traffic", "no_observations", "superseded")
+    return {
+        "verifications": len(reasons),
+        "rebalances_verified": reasons.count("verified"),
+        "within_noise_of_prediction": sum(r in ("verified", "still_violating") for r in reasons),
+        "worse_than_predicted": reasons.count("worse_than_predicted"),
+        "undecided": sum(r in undecided for r in reasons),
     }
 
 
