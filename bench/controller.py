@@ -9,7 +9,9 @@ What is timed, per tick, on the same synthetic fleet:
   policy and nothing else -- no guardrails, no decision records, no state.  It
   is the floor any controller built on the same signals pays;
 - ``core_tick``: :meth:`DecisionCore.tick` with every guardrail, the decision
-  records with their inputs, the per-policy state and the diagnostics;
+  records with their inputs, the per-policy state and the diagnostics, on the
+  pre-summed observations: a second core built as the headline's is (with
+  ``predictive``, the sizing advisor too), so each core ticks once per tick;
 - ``aggregate_and_tick``: the headline figure.  The per-replica samples a
   scrape returns (1000 of them: queue, running, KV usage, token rates) are
   summed into the 100 policy observations, then ``core_tick`` runs.  Only the
@@ -257,7 +259,7 @@ def _time_ticks(
     """Every tick: the three variants timed in turn (gc off); decisions and reasons counted after the warm-up."""
     fleet = _Fleet(cfg)
     advisor = ReactiveAdvisor()
-    core_only = DecisionCore(advisors=[ReactiveAdvisor()])
+    core_only = _production_core(cfg)  # the full tick's kind of core, its own state: each ticks once a tick
     actions: dict[str, int] = {}
     reasons: dict[str, int] = {}
     total = cfg.warmup_ticks + cfg.ticks
@@ -315,7 +317,8 @@ def _report(
         "the reactive advisor's arithmetic per policy, without guardrails, decision records or state",
     )
     results = [
-        summary("core_tick", "DecisionCore.tick with all guardrails and decision records"),
+        summary("core_tick", "DecisionCore.tick with all guardrails and decision records, on pre-summed "
+                "observations (the same advisors as aggregate_and_tick, a second instance of that core)"),
         summary(
             "aggregate_and_tick",
             f"sum {cfg.replicas} per-replica samples into {cfg.policies} observations, then DecisionCore.tick"
