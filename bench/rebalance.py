@@ -3,7 +3,8 @@
 For each SGLang expert-load file (MoE layers only: all-zero dense layers are
 dropped) and each configuration of issue 8 (scaled to the files' expert count), both planners place the same load;
 we report max/mean rank load (average over layers and worst layer), CV, plan
-time, and ratios against EPLB measured in the same run.  The re-plan part
+time (the best of ``repeat`` runs of each planner, alternating), and ratios
+against EPLB measured in the same run.  The re-plan part
 starts from our placement for a prefill file and re-plans for a decode file,
 counting expert moves against from-scratch plans (EPLB's as it comes, and
 EPLB's with its ranks renumbered to overlap the previous placement most).
@@ -13,7 +14,7 @@ The data is read in place and never copied; without it the benchmark says so.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,38 +88,50 @@ def timed(fn: Callable[[], Any], repeat: int) -> tuple[Any, float, float]:
 
     CPU time is reported too because the shared machine's wall clock includes
     waiting for a core."""
-    best_wall = best_cpu = float("inf")
-    result = None
-    for _ in range(max(repeat, 1)):
-        wall, cpu = time.perf_counter(), time.process_time()
-        result = fn()
-        best_cpu = min(best_cpu, (time.process_time() - cpu) * 1000.0)
-        best_wall = min(best_wall, (time.perf_counter() - wall) * 1000.0)
-    return result, best_wall, best_cpu
+    return timed_alternating({"fn": fn}, repeat)["fn"]
 
 
-def _eplb(load: FloatArray, config: BenchConfig) -> tuple[IntArray, float, float]:
+def timed_alternating(
+    fns: Mapping[str, Callable[[], Any]], repeat: int, stat: Callable[[list[float]], float] = min
+) -> dict[str, tuple[Any, float, float]]:
+    """Each function ``repeat`` times, in turns (ABBA: a, b, then b, a, ...) so that drift in the machine's load
+    and first-call costs fall on every function alike; per function its last result and ``stat`` (the best by
+    default) of its wall-clock and CPU milliseconds."""
+    walls: dict[str, list[float]] = {name: [] for name in fns}
+    cpus: dict[str, list[float]] = {name: [] for name in fns}
+    results: dict[str, Any] = {}
+    for turn in range(max(repeat, 1)):
+        for name in list(fns) if turn % 2 == 0 else list(fns)[::-1]:
+            wall, cpu = time.perf_counter(), time.process_time()
+            results[name] = fns[name]()
+            cpus[name].append((time.process_time() - cpu) * 1000.0)
+            walls[name].append((time.perf_counter() - wall) * 1000.0)
+    return {name: (results[name], stat(walls[name]), stat(cpus[name])) for name in fns}
+
+
+def eplb_plan(load: FloatArray, config: BenchConfig) -> IntArray:
+    """DeepSeek EPLB's placement (``phy2log``) of ``load`` in ``config``'s layout."""
     import torch
 
     from bench.eplb_reference import rebalance_experts
 
-    weight = torch.from_numpy(load)
-    (phy2log, _, _), ms, cpu_ms = timed(
-        lambda: rebalance_experts(weight, config.num_slots, config.num_groups, config.num_nodes, config.num_ranks),
-        1,
-    )
-    return np.asarray(phy2log.numpy(), dtype=np.int64), ms, cpu_ms
+    phy2log = rebalance_experts(
+        torch.from_numpy(load), config.num_slots, config.num_groups, config.num_nodes, config.num_ranks
+    )[0]
+    return np.asarray(phy2log.numpy(), dtype=np.int64)
 
 
 def _bench_file(load: FloatArray, config: BenchConfig, repeat: int) -> dict[str, Any]:
-    plan, ours_ms, ours_cpu_ms = timed(
-        lambda: plan_rebalance(
+    # Both planners the same number of times, alternating, both reported at their best.
+    times = timed_alternating({
+        "ours": lambda: plan_rebalance(
             load, num_ranks=config.num_ranks, slots_per_rank=config.slots_per_rank,
             num_nodes=config.num_nodes, num_groups=config.num_groups,
         ),
-        repeat,
-    )
-    eplb_p2l, eplb_ms, eplb_cpu_ms = _eplb(load, config)
+        "eplb": lambda: eplb_plan(load, config),
+    }, repeat)  # fmt: skip
+    plan, ours_ms, ours_cpu_ms = times["ours"]
+    eplb_p2l, eplb_ms, eplb_cpu_ms = times["eplb"]
     ours = _figures(plan.placement.phy2log, load, config.num_ranks)
     eplb = _figures(eplb_p2l, load, config.num_ranks)
     row: dict[str, Any] = {
@@ -194,7 +207,7 @@ def _bench_replan(loads: dict[str, FloatArray], repeat: int, config: BenchConfig
             num_nodes=config.num_nodes, num_groups=config.num_groups, previous=previous,
         )
 
-    eplb_plans = {name: _eplb(loads[name], config)[0] for name in loads if name.startswith("decode")}
+    eplb_plans = {name: eplb_plan(loads[name], config) for name in loads if name.startswith("decode")}
 
     prefill = [n for n in loads if n.startswith("prefill")]
     decode = [n for n in loads if n.startswith("decode")]

@@ -7,20 +7,20 @@ left out, same ranks and slots.  Two more rows show where the gain comes from:
 ours on the summed window (one window, today's planner) and EPLB on the mean of
 the files' shares (each file weighing the same, as in ours).  Ordered pairs:
 each planner on one file alone, scored on every other file.  Plan times are
-wall-clock and CPU; ours and EPLB alternate, plan by plan.
+wall-clock and CPU, the median of ``repeat`` runs of each planner; ours and
+EPLB alternate, plan by plan.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.rebalance import BenchConfig, configs_for, load_files, run_benchmark
+from bench.rebalance import BenchConfig, configs_for, eplb_plan, load_files, run_benchmark, timed_alternating
 from controller.rebalance import plan_rebalance
 from controller.rebalance.history import plan_over_windows
 from controller.rebalance.out_of_sample import PlacementScore, score_placement
@@ -28,30 +28,6 @@ from controller.rebalance.packing import FloatArray, IntArray
 
 GOAL_RATIO = 0.95
 """Out of sample, our layer-average max/mean must be at most this fraction of EPLB's on every file."""
-
-
-def _timed(fn: Callable[[], IntArray], repeat: int) -> tuple[IntArray, float, float]:
-    """Result, median wall ms and median CPU ms over ``repeat`` runs."""
-    walls, cpus = [], []
-    result = None
-    for _ in range(max(repeat, 1)):
-        wall, cpu = time.perf_counter(), time.process_time()
-        result = fn()
-        cpus.append((time.process_time() - cpu) * 1000.0)
-        walls.append((time.perf_counter() - wall) * 1000.0)
-    assert result is not None
-    return result, statistics.median(walls), statistics.median(cpus)
-
-
-def _eplb(load: FloatArray, config: BenchConfig) -> IntArray:
-    import torch
-
-    from bench.eplb_reference import rebalance_experts
-
-    phy2log = rebalance_experts(
-        torch.from_numpy(load), config.num_slots, config.num_groups, config.num_nodes, config.num_ranks
-    )[0]
-    return np.asarray(phy2log.numpy(), dtype=np.int64)
 
 
 def _ours(windows: Sequence[FloatArray], config: BenchConfig) -> IntArray:
@@ -87,10 +63,13 @@ def leave_one_out(loads: dict[str, FloatArray], config: BenchConfig, repeat: int
     for name, held in loads.items():
         others = [load for other, load in loads.items() if other != name]
         summed = np.sum(others, axis=0)
-        ours, ours_ms, ours_cpu = _timed(lambda: _ours(others, config), repeat)  # noqa: B023
-        eplb, eplb_ms, eplb_cpu = _timed(lambda: _eplb(summed, config), 1)  # noqa: B023
+        # Both planners the same number of times, alternating, both reported at their median.
+        times = timed_alternating({"ours": lambda: _ours(others, config),  # noqa: B023
+                                   "eplb": lambda: eplb_plan(summed, config)},  # noqa: B023
+                                  repeat, statistics.median)  # fmt: skip
+        (ours, ours_ms, ours_cpu), (eplb, eplb_ms, eplb_cpu) = times["ours"], times["eplb"]
         one = _ours_one(summed, config)
-        eplb_shares = _eplb(np.mean([_shares(load) for load in others], axis=0), config)
+        eplb_shares = eplb_plan(np.mean([_shares(load) for load in others], axis=0), config)
         row: dict[str, Any] = {
             "ours": _entry(score_placement(ours, held, config.num_ranks), ours_ms, ours_cpu),
             "eplb_summed": _entry(score_placement(eplb, held, config.num_ranks), eplb_ms, eplb_cpu),
@@ -134,7 +113,7 @@ def _summary(per_file: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def ordered_pairs(loads: dict[str, FloatArray], config: BenchConfig) -> dict[str, Any]:
     """Each planner on one file alone, scored on every other file."""
-    plans = {name: (_ours_one(load, config), _eplb(load, config)) for name, load in loads.items()}
+    plans = {name: (_ours_one(load, config), eplb_plan(load, config)) for name, load in loads.items()}
     pairs: list[dict[str, Any]] = []
     for a, (ours, eplb) in plans.items():
         for b, load in loads.items():

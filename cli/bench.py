@@ -223,7 +223,9 @@ def bench_rebalance(
         Path | None, typer.Option("--data", help="Folder of SGLang expert-load JSON files (default: shared data).")
     ] = None,
     max_files: Annotated[int, typer.Option("--max-files", help="Use at most this many files (0: all).")] = 0,
-    repeat: Annotated[int, typer.Option("--repeat", help="Timed runs of our planner per plan (best is kept).")] = 3,
+    repeat: Annotated[int, typer.Option(
+        "--repeat", help="Timed runs of each planner per plan, alternating (best in sample, median out of sample)."
+    )] = 3,
     out_of_sample_only: Annotated[
         bool, typer.Option("--out-of-sample-only", help="Only the leave-one-out and ordered-pair section.")
     ] = False,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -66,3 +69,51 @@ def test_the_bench_runs_on_a_model_with_64_experts(tmp_path: Path) -> None:
         per_file = layout["leave_one_out"]["per_file"]
         assert len(per_file) == 3
         assert all(entry["ours"]["max_over_mean_avg"] >= 1.0 for entry in per_file.values())
+
+
+class _Clock:
+    """A fake clock for the bench's timings: only the planners' stubbed delays move it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def process_time(self) -> float:
+        return self.now
+
+
+def _slowed(clock: _Clock, calls: list[str], who: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    delays = itertools.cycle([0.150, 0.050, 0.100])  # the same sequence for both planners
+
+    def slowed(*args: Any, **kwargs: Any) -> Any:
+        calls.append(who)
+        clock.now += next(delays)
+        return fn(*args, **kwargs)
+
+    return slowed
+
+
+def test_both_planners_are_timed_alike_in_sample_and_out_of_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.eplb_reference as reference
+    import bench.rebalance as rb
+    import bench.rebalance_oos as oos
+
+    clock, calls = _Clock(), []
+    monkeypatch.setattr(rb, "time", clock)
+    monkeypatch.setattr(rb, "plan_rebalance", _slowed(clock, calls, "ours", rb.plan_rebalance))
+    monkeypatch.setattr(oos, "_ours", _slowed(clock, calls, "ours", oos._ours))
+    monkeypatch.setattr(reference, "rebalance_experts", _slowed(clock, calls, "eplb", reference.rebalance_experts))
+    loads = {f"w{i}": _skewed(2, 16, i) for i in range(3)}
+    config = configs_for(16)[0]
+    row = rb._bench_file(loads["w0"], config, repeat=3)
+    assert calls == ["ours", "eplb", "eplb", "ours", "ours", "eplb"]  # alternating, as often each
+    assert row["ours"]["plan_ms"] == row["eplb"]["plan_ms"] == pytest.approx(50.0)  # best of three each
+    calls.clear()
+    per_file = oos.leave_one_out(loads, config, repeat=3)["per_file"]
+    # Per file: the timed turns, then EPLB once more (untimed) on the files' mean shares.
+    assert calls[:7] == ["ours", "eplb", "eplb", "ours", "ours", "eplb", "eplb"] and len(calls) == 21
+    for row in per_file.values():  # the median of the same three delays each
+        assert row["ours"]["plan_ms"] == row["eplb_summed"]["plan_ms"] == pytest.approx(100.0)
+        assert row["plan_time_ratio"] == pytest.approx(1.0) and row["plan_cpu_time_ratio"] == pytest.approx(1.0)
