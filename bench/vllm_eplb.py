@@ -112,12 +112,7 @@ def measure(folder: Path, repeat: int, progress: Callable[[str], None] = lambda 
                 fresh = start == "fresh"
                 old = None if fresh else initial_map(load.shape[0], load.shape[1], config["num_replicas"])
                 row = {who: _run_policy(p, load, config, old, repeat) for who, p in policies.items()}
-                ours, theirs = row["moeslo"], row["vllm_default"]
-                row["ratios_moeslo_over_vllm_default"] = {
-                    key: ours[key] / theirs[key]
-                    for key in ("max_over_mean_avg", "max_over_mean_worst", "plan_ms", "plan_cpu_ms", "moves")
-                    if key in ours and theirs[key]
-                }
+                row["ratios_moeslo_over_vllm_default"] = ratios(row["moeslo"], row["vllm_default"])
                 per_file[name] = row
             per_start[start] = {"per_file": per_file, "summary": summarize(per_file)}
         results[config_name] = {**config, "starts": per_start}
@@ -132,26 +127,49 @@ def measure(folder: Path, repeat: int, progress: Callable[[str], None] = lambda 
     }
 
 
+def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float | None]:
+    """Ours over vLLM's for each figure ours has; None where vLLM's is 0 (a re-plan that moved nothing)."""
+    keys = [k for k in ("max_over_mean_avg", "max_over_mean_worst", "plan_ms", "plan_cpu_ms", "moves") if k in ours]
+    return {key: ours[key] / theirs[key] if theirs[key] else None for key in keys}
+
+
+def _range(values: list[Any]) -> list[Any] | None:
+    """[min, max] of the values that are defined (None: none is)."""
+    defined = [v for v in values if v is not None]
+    return [min(defined), max(defined)] if defined else None
+
+
 def summarize(per_file: dict[str, Any]) -> dict[str, Any]:
     rows = list(per_file.values())
-    ratios = [r["ratios_moeslo_over_vllm_default"] for r in rows]
+    ratio_rows = [r["ratios_moeslo_over_vllm_default"] for r in rows]
+
+    def ratio_range(key: str) -> list[Any] | None:
+        return _range([r[key] for r in ratio_rows])
+
+    def side_range(who: str, key: str) -> list[Any] | None:
+        return _range([r[who][key] for r in rows])
+
+    plan_ratio = ratio_range("plan_ms")
     out: dict[str, Any] = {
-        "max_over_mean_avg_ratio_worst_file": max(r["max_over_mean_avg"] for r in ratios),
-        "max_over_mean_worst_layer_ratio_worst_file": max(r["max_over_mean_worst"] for r in ratios),
-        "plan_ms_ratio_range": [min(r["plan_ms"] for r in ratios), max(r["plan_ms"] for r in ratios)],
-        "plan_ms_moeslo_range": [min(r["moeslo"]["plan_ms"] for r in rows), max(r["moeslo"]["plan_ms"] for r in rows)],
-        "plan_ms_vllm_default_range": [min(r["vllm_default"]["plan_ms"] for r in rows),
-                                       max(r["vllm_default"]["plan_ms"] for r in rows)],
-    }  # fmt: skip
-    if "moves" in ratios[0]:
-        out["moves_ratio_range"] = [min(r["moves"] for r in ratios), max(r["moves"] for r in ratios)]
+        "max_over_mean_avg_ratio_worst_file": max(r["max_over_mean_avg"] for r in ratio_rows),
+        "max_over_mean_worst_layer_ratio_worst_file": max(r["max_over_mean_worst"] for r in ratio_rows),
+        "plan_ms_ratio_range": plan_ratio,
+        "plan_ms_moeslo_range": side_range("moeslo", "plan_ms"),
+        "plan_ms_vllm_default_range": side_range("vllm_default", "plan_ms"),
+    }
+    if "moves" in ratio_rows[0]:
+        out["moves_ratio_range"] = ratio_range("moves")
+        out["moves_ratio_undefined_files"] = sum(r["moves"] is None for r in ratio_rows)
+        out["moves_moeslo_range"] = side_range("moeslo", "moves")
+        out["moves_vllm_default_range"] = side_range("vllm_default", "moves")
     out["goals"] = {
         "max_over_mean_at_or_below_vllm_default_every_file": all(
             r["moeslo"]["max_over_mean_avg"] <= r["vllm_default"]["max_over_mean_avg"] + 1e-12
             and r["moeslo"]["max_over_mean_worst"] <= r["vllm_default"]["max_over_mean_worst"] + 1e-12
             for r in rows
         ),
-        "plan_time_at_most_tenth_of_vllm_default_every_file": out["plan_ms_ratio_range"][1] <= 0.1,
+        "plan_time_at_most_tenth_of_vllm_default_every_file": plan_ratio is not None
+        and all(r["plan_ms"] is not None for r in ratio_rows) and plan_ratio[1] <= 0.1,
     }
     return out
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.vllm_eplb import check_plan, figures, initial_map, run_vllm_eplb_bench
+from bench.vllm_eplb import check_plan, figures, initial_map, ratios, run_vllm_eplb_bench, summarize
 from bench.vllm_overhead import OverheadOptions, median_ci95, ratio_stats, run_pairs, tree_cpu_s
 
 
@@ -66,3 +66,23 @@ def test_eplb_bench_figures_and_skips(tmp_path: Path) -> None:
     f = figures(p2l, load, 2)  # rank 0: 4 + 2 + 2 = 8, rank 1: 2 + 4 + 2 = 8
     assert f["max_over_mean_avg"] == 1.0 and f["cv_avg"] == 0.0
     assert "skipped" in run_vllm_eplb_bench(tmp_path)
+
+
+def _side(moves: int, plan_ms: float) -> dict[str, float]:
+    return {"max_over_mean_avg": 1.0, "max_over_mean_worst": 1.1, "plan_ms": plan_ms, "plan_cpu_ms": plan_ms,
+            "moves": moves}  # fmt: skip
+
+
+@pytest.mark.parametrize("zero_first", [True, False])
+def test_eplb_summary_keeps_files_where_vllm_moved_nothing(zero_first: bool) -> None:
+    rows = {}
+    for name, theirs_moves in zip(("a", "b"), (0, 10) if zero_first else (10, 0), strict=True):
+        row: dict[str, Any] = {"moeslo": _side(5, 1.0), "vllm_default": _side(theirs_moves, 20.0)}
+        row["ratios_moeslo_over_vllm_default"] = ratios(row["moeslo"], row["vllm_default"])
+        rows[name] = row
+    assert rows["a" if zero_first else "b"]["ratios_moeslo_over_vllm_default"]["moves"] is None  # 5 / 0
+    out = summarize(rows)
+    assert out["moves_ratio_range"] == [0.5, 0.5] and out["moves_ratio_undefined_files"] == 1
+    assert out["moves_moeslo_range"] == [5, 5] and out["moves_vllm_default_range"] == [0, 10]
+    assert out["plan_ms_ratio_range"] == [0.05, 0.05]
+    assert out["goals"]["plan_time_at_most_tenth_of_vllm_default_every_file"]
