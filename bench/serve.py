@@ -5,7 +5,10 @@ process each: the named baseline ``exporters_off`` (``--no-exporters``) and
 ``exporters_on`` (Prometheus with per-(layer, expert) series, scraped every
 ``scrape_interval_s`` like a Prometheus would).  For each: throughput, TTFT
 and ITL percentiles as the client saw them, and the server's RSS over time
-(peak, first vs last minute).  Separately, in this process: ``/metrics``
+(peak, first vs last minute).  ``rounds`` rounds, off first in even rounds and
+on first in odd ones; on against off is taken within each round and reported
+as the median, min and max over rounds (``paired_ratios``); ``runs`` holds each
+variant's fastest round for its own figures.  Separately, in this process: ``/metrics``
 render time with ``render_layers x render_experts`` expert series, against
 the registry-only render as its baseline.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -71,16 +75,10 @@ def run_serve_bench(options: ServeBenchOptions, progress: Callable[[str], None] 
             max_prompt_tokens=max_len // 2, max_output_tokens=max_len // 4,
         )
         progress(f"replaying {len(plan)} requests over {options.duration_s:g} s per run ({trace_path.name})")
-        rounds: list[dict[str, Any]] = []
-        # Alternate off/on so that drift in the machine's load hits both alike.
-        for index in range(options.rounds):
-            round_runs = {}
-            for name, exporters in (("exporters_off", False), ("exporters_on", True)):
-                if name == "exporters_off" and options.skip_baseline:
-                    continue
-                progress(f"round {index + 1}/{options.rounds}: {name}")
-                round_runs[name] = _run_once(checkpoint, plan, config.vocab_size, options, exporters=exporters)
-            rounds.append(round_runs)
+        rounds = _run_rounds(
+            lambda _, exporters: _run_once(checkpoint, plan, config.vocab_size, options, exporters=exporters),
+            options.rounds, skip_baseline=options.skip_baseline, progress=progress,
+        )  # fmt: skip
         model_mb = sum(p.stat().st_size for p in Path(checkpoint).glob("*.safetensors")) / MIB
     render = render_benchmark(options.render_layers, options.render_experts)
     names = ("exporters_on",) if options.skip_baseline else ("exporters_off", "exporters_on")
@@ -91,8 +89,8 @@ def run_serve_bench(options: ServeBenchOptions, progress: Callable[[str], None] 
             run["rss"]["bound_mb"] = round(bound_mb, 1)
             run["rss"]["within_bound"] = run["rss"]["peak_mb"] <= bound_mb
     on = runs["exporters_on"]["load"]
-    off = runs["exporters_off"]["load"] if "exporters_off" in runs else dict.fromkeys(on)
-    step_s = off["itl_p50_s"] or on["itl_p50_s"] or 0.0
+    off = runs["exporters_off"]["load"] if "exporters_off" in runs else {}
+    step_s = off.get("itl_p50_s") or on["itl_p50_s"] or 0.0
     return {
         "benchmark": "serve",
         "baseline": None if options.skip_baseline else "exporters_off",
@@ -104,8 +102,8 @@ def run_serve_bench(options: ServeBenchOptions, progress: Callable[[str], None] 
                   "weights_mb": round(model_mb, 2), "kv_cache_mb": options.kv_cache_mb,
                   "stated_overhead_mb": STATED_OVERHEAD_MB},
         "runs": runs,
-        "rounds": [{name: r[name]["load"] for name in r} for r in rounds],
-        "ratios": _ratios(on, off),
+        "rounds": [{"order": r["order"], **{name: r[name]["load"] for name in r["order"]}} for r in rounds],
+        "paired_ratios": _paired_ratios(rounds),
         "metrics_render": render,
         "sink_cost": sink_cost_benchmark(config.num_hidden_layers, config.num_experts, step_s),
     }
@@ -122,6 +120,38 @@ def _ratios(on: dict[str, Any], off: dict[str, Any]) -> dict[str, float | None]:
         "itl_p99_on_minus_off_ms": minus_ms("itl_p99_s"),
         "itl_p50_on_minus_off_ms": minus_ms("itl_p50_s"),
     }
+
+
+def _run_rounds(run_one: Callable[[str, bool], dict[str, Any]], rounds: int, *, skip_baseline: bool,
+                progress: Callable[[str], None]) -> list[dict[str, Any]]:  # fmt: skip
+    """Each round runs exporters off and on, off first in even rounds and on first in odd ones (so drift in the
+    machine's load and what a run leaves behind hit both alike); each round's runs by name, and its ``order``."""
+    variants = (("exporters_off", False), ("exporters_on", True))
+    out: list[dict[str, Any]] = []
+    for index in range(rounds):
+        order = [v for v in (variants if index % 2 == 0 else variants[::-1])
+                 if not (skip_baseline and v[0] == "exporters_off")]  # fmt: skip
+        round_runs: dict[str, Any] = {"order": [name for name, _ in order]}
+        for name, exporters in order:
+            progress(f"round {index + 1}/{rounds}: {name}")
+            round_runs[name] = run_one(name, exporters)
+        out.append(round_runs)
+    return out
+
+
+def _paired_ratios(rounds: list[dict[str, Any]]) -> dict[str, dict[str, Any]] | None:
+    """On against off within each round, then the median, min and max over rounds of each figure (None without
+    a baseline): rounds differ more than the variants do, so only same-round figures compare."""
+    per_round = [_ratios(r["exporters_on"]["load"], r["exporters_off"]["load"])
+                 for r in rounds if "exporters_off" in r]  # fmt: skip
+    if not per_round:
+        return None
+    out: dict[str, dict[str, Any]] = {}
+    for key in per_round[0]:
+        values = [v for v in (r[key] for r in per_round) if v is not None]
+        out[key] = {"median": round(statistics.median(values), 4), "min": min(values), "max": max(values),
+                    "rounds": len(values)} if values else {"rounds": 0}  # fmt: skip
+    return out
 
 
 def _best_round(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -315,7 +315,9 @@ def bench_serve(
         Path | None, typer.Option(help="Request trace (default: Azure 2023 conversation, shared or bundled).")
     ] = None,
     duration_s: Annotated[float, typer.Option(help="Wall time of each replay run.")] = 20.0,
-    rounds: Annotated[int, typer.Option(help="Alternating off/on rounds; the best of each is reported.")] = 2,
+    rounds: Annotated[int, typer.Option(
+        help="Rounds of exporters off and on, alternating which runs first; on against off is paired per round."
+    )] = 2,
     skip_baseline: Annotated[
         bool, typer.Option(help="Only the exporters-on run (long RSS runs); no ratios.")
     ] = False,

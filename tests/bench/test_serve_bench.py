@@ -1,0 +1,44 @@
+"""``moeslo bench serve``: exporters off and on in alternating order, compared round by round."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.serve import _paired_ratios, _run_rounds
+
+
+def _run(tokens_per_s: float, itl_p99_ms: float) -> dict[str, Any]:
+    return {"load": {"output_tokens_per_s": tokens_per_s, "ttft_p99_s": 0.05, "itl_p99_s": itl_p99_ms / 1000,
+                     "itl_p50_s": 0.0067}}  # fmt: skip
+
+
+def test_rounds_alternate_which_variant_runs_first() -> None:
+    calls: list[str] = []
+
+    def run_one(name: str, exporters: bool) -> dict[str, Any]:
+        calls.append(name)
+        assert exporters == (name == "exporters_on")
+        return _run(9.0, 10.0)
+
+    rounds = _run_rounds(run_one, 3, skip_baseline=False, progress=lambda _: None)
+    assert calls == ["exporters_off", "exporters_on", "exporters_on", "exporters_off", "exporters_off", "exporters_on"]
+    assert [r["order"] for r in rounds] == [["exporters_off", "exporters_on"], ["exporters_on", "exporters_off"],
+                                            ["exporters_off", "exporters_on"]]  # fmt: skip
+    calls.clear()
+    _run_rounds(run_one, 2, skip_baseline=True, progress=lambda _: None)
+    assert calls == ["exporters_on", "exporters_on"]
+
+
+def test_on_against_off_is_paired_within_each_round() -> None:
+    # Every round: exporters on is 3 ms worse than off in the same round; the best rounds of each
+    # (by throughput) are different rounds, whose difference would read -1 ms.
+    rounds = [{"exporters_off": _run(9.00, 10.0), "exporters_on": _run(9.20, 13.0)},
+              {"exporters_off": _run(9.30, 14.0), "exporters_on": _run(9.10, 17.0)},
+              {"exporters_off": _run(9.10, 12.0), "exporters_on": _run(9.00, 15.0)}]  # fmt: skip
+    paired = _paired_ratios(rounds)
+    assert paired is not None
+    assert paired["itl_p99_on_minus_off_ms"] == {"median": 3.0, "min": 3.0, "max": 3.0, "rounds": 3}
+    tput = paired["throughput_on_over_off"]
+    assert tput["min"] == round(9.10 / 9.30, 4) and tput["max"] == round(9.20 / 9.00, 4)
+    assert tput["median"] == round(9.00 / 9.10, 4)
+    assert _paired_ratios([{"exporters_on": _run(9.0, 10.0)}]) is None  # no baseline: no ratios
