@@ -9,10 +9,12 @@ routing statistics on, and with them off.
 The three variants run in interleaved rounds (transformers, on, off, then
 the next round), so drift in the machine's load hits them alike; each
 figure is the median over rounds with its min and max, and ratios are
-medians of the per-round ratios.  Wall time and the process's CPU time are
-both recorded.  The routing statistics' cost is given twice: end to end (on
-against off, per round) and directly (the CPU time of the statistics'
-per-step work, one counter add per MoE layer, against a decode step).
+medians of the per-round ratios.  Each engine first gets one untimed
+warm-up, and transformers runs on as many threads as our rank processes use
+together.  Wall time and the process's CPU time are both recorded.  The
+routing statistics' cost is given twice: end to end (on against off, per
+round) and directly (the CPU time of the statistics' per-step work, one
+counter add per MoE layer, against a decode step).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from bench.machine import machine
 from engine.batch import SeqChunk, StepPlan
 from engine.executors import Executor, ExecutorOptions, create_executor
+from engine.executors.base import default_threads
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,12 +184,12 @@ def run(
     threads: int | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """``threads``: torch threads for both engines (None: our default, the affinity set, for both)."""
+    """``threads``: torch threads per rank of our engine (None: the affinity set, shared among rank processes);
+    transformers gets as many threads as our ranks use together (by default no more than the affinity set)."""
     import transformers
 
-    from engine.executors.base import default_threads
-
-    baseline_threads = threads or default_threads(1 if colocate_ranks else ep)
+    ours_threads = thread_counts(ep, colocate_ranks, threads)
+    baseline_threads = ours_threads["total"] if threads else min(ours_threads["total"], default_threads(1))
     torch.set_num_threads(baseline_threads)
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
@@ -195,35 +198,54 @@ def run(
     max_batch = max(batches)
     kv_mb = _kv_mb_needed(checkpoint, max_batch, prompt_len + new_tokens, dtype)
     executor_options = ExecutorOptions(checkpoint=checkpoint, dtype=dtype, kv_cache_mb=kv_mb, ep=ep,
-                                       colocate_ranks=colocate_ranks, threads_per_rank=threads)
+                                       colocate_ranks=colocate_ranks, threads_per_rank=ours_threads["per_rank"])
     executor = create_executor(executor_options)
     results: dict[str, Any] = {"checkpoint": str(checkpoint), "dtype": dtype, "prompt_len": prompt_len,
                                "new_tokens": new_tokens, "ep": ep, "colocate_ranks": colocate_ranks,
-                               "threads": baseline_threads,
+                               "transformers_threads": baseline_threads, "moeslo_threads": ours_threads,
                                "parallel_min_tokens": executor_options.parallel_min_tokens,
                                "baseline": "transformers.generate", "batches": {},
                                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
                                "machine": machine()}
     try:
-        ours_generate(executor, make_prompts(2, 16, executor.config.vocab_size), 2)  # warm-up
+        # Untimed warm-ups of both engines: first-call costs (allocations, kernel choice) land in no round.
+        warm = make_prompts(2, 16, executor.config.vocab_size)
+        torch.set_num_threads(baseline_threads)  # the executor set its own
+        transformers_generate(hf, warm, 2)
+        ours_generate(executor, warm, 2)
         for batch in batches:
             prompts = make_prompts(batch, prompt_len, executor.config.vocab_size)
-            hf_runs, on_runs, off_runs = [], [], []
-            for round_ in range(repeats):
-                progress(f"batch {batch}, round {round_ + 1}/{repeats}: transformers, moeslo stats on, off")
-                # Our executor runs small steps on one thread (torch's setting is per process): transformers
-                # gets every thread back for each of its runs.
-                torch.set_num_threads(baseline_threads)
-                hf_runs.append(transformers_generate(hf, prompts, new_tokens))
-                executor.set_routing_stats(True)
-                on_runs.append(ours_generate(executor, prompts, new_tokens))
-                executor.set_routing_stats(False)
-                off_runs.append(ours_generate(executor, prompts, new_tokens))
-            direct = stats_direct_cost_us(executor, batch)
-            results["batches"][str(batch)] = _batch_figures(hf_runs, on_runs, off_runs, direct)
+            runs = _rounds(hf, executor, prompts, new_tokens, repeats, baseline_threads, progress, f"batch {batch}")
+            results["batches"][str(batch)] = _batch_figures(*runs, stats_direct_cost_us(executor, batch))
     finally:
         executor.shutdown()
     return results
+
+
+def _rounds(hf: Any, executor: Executor, prompts: list[list[int]], new_tokens: int, repeats: int,
+            baseline_threads: int, progress: Callable[[str], None], label: str) -> tuple[Runs, Runs, Runs]:  # fmt: skip
+    """Interleaved rounds: transformers, ours with routing statistics on, off."""
+    hf_runs: Runs = []
+    on_runs: Runs = []
+    off_runs: Runs = []
+    for round_ in range(repeats):
+        progress(f"{label}, round {round_ + 1}/{repeats}: transformers, moeslo stats on, off")
+        # Our executor runs small steps on one thread (torch's setting is per process): transformers
+        # gets its threads back for each of its runs.
+        torch.set_num_threads(baseline_threads)
+        hf_runs.append(transformers_generate(hf, prompts, new_tokens))
+        executor.set_routing_stats(True)
+        on_runs.append(ours_generate(executor, prompts, new_tokens))
+        executor.set_routing_stats(False)
+        off_runs.append(ours_generate(executor, prompts, new_tokens))
+    return hf_runs, on_runs, off_runs
+
+
+def thread_counts(ep: int, colocate_ranks: bool, threads: int | None) -> dict[str, int]:
+    """Our engine's torch threads: per rank process, rank processes, in total (colocated ranks are one process)."""
+    ranks = 1 if colocate_ranks else ep
+    per_rank = threads or default_threads(ranks)
+    return {"per_rank": per_rank, "ranks": ranks, "total": per_rank * ranks}
 
 
 def _kv_mb_needed(checkpoint: Path, batch: int, tokens: int, dtype: str) -> float:

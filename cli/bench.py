@@ -128,7 +128,8 @@ def bench_engine(
         bool, typer.Option("--colocate-ranks", help="Keep the EP ranks' expert slots in one process.")
     ] = False,
     threads: Annotated[
-        int | None, typer.Option(min=1, help="torch threads for both engines (default: the CPU affinity set).")
+        int | None, typer.Option(min=1, help="torch threads per rank of our engine (default: the CPU affinity set, "
+                                             "shared among rank processes); transformers gets our ranks' total.")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the JSON figures.")] = False,
 ) -> None:
