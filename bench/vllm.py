@@ -10,24 +10,32 @@ fresh server:
 * ``vllm_plugin_on`` -- the same with ``MOESLO_VLLM_PLUGIN=1``;
 * ``moeslo`` -- our engine (``moeslo serve``).
 
-Each server first gets a small warm-up.  The two vLLM servers run side by
-side, kept warm, and take turns in interleaved pairs until the plugin's
-overhead is resolved (``bench.vllm_overhead``: the median on/off ratio of
-tokens/s and of server CPU time per token, with the spread of each); the
-fastest round of each server is reported too.  Our engine runs
-``repeats`` rounds.  :class:`VllmServer` is also what the vLLM integration
-tests start servers with.
+Each server first gets a small warm-up.  Two passes:
+
+* the plugin's overhead: the two vLLM servers run side by side, kept warm,
+  and take turns in interleaved pairs until the overhead is resolved
+  (``bench.vllm_overhead``: the median on/off ratio of tokens/s and of server
+  CPU time per token, with the spread of each); the fastest round of each
+  server is reported too;
+* ours against vLLM: the plugin-on server is stopped, ``moeslo serve`` starts
+  beside the plugin-off one, and the two take ``repeats`` rounds each in ABBA
+  order, each round after a pause (``settle_s``) that lets the other server's
+  workers go idle.  Ours over vLLM is taken within each pair of rounds and
+  reported as the median, min and max over pairs (``*_paired``).
+
+:class:`VllmServer` is also what the vLLM integration tests start servers with.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +69,10 @@ class VllmBenchOptions:
     prompt_tokens: int = 199
     new_tokens: int = 32
     repeats: int = 5
-    """Rounds of our engine (the fastest is reported)."""
+    """Paired rounds of ours against vLLM (plugin off): each pair runs both once, ABBA."""
+    settle_s: float = 2.0
+    """Pause before each round of ours against vLLM: vLLM's workers busy-wait for ``busy_loop_s`` (1 s)
+    after their last read, and must not take CPU from our engine's round that follows."""
     overhead: OverheadOptions = field(default_factory=OverheadOptions)
     """How many interleaved plugin-off / plugin-on pairs, until which spread."""
     startup_timeout_s: float = 420.0
@@ -101,14 +112,14 @@ def warm_up(base_url: str, model: str, vocab_size: int) -> None:
 
 def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Plugin off and on side by side, kept warm, rounds interleaved in pairs until the on/off ratio is resolved
-    (``bench.vllm_overhead``); then our engine on the same checkpoint."""
+    (``bench.vllm_overhead``); then our engine against the plugin-off server alone, in paired rounds."""
     if vllm_python() is None:
         raise FileNotFoundError(f"no vLLM venv at {VLLM_VENV} (run `make vllm-venv`)")
     host = machine()  # before the servers start: the load average is what else was running
     with tempfile.TemporaryDirectory(prefix="moeslo-bench-vllm-") as tmp:
         checkpoint = options.checkpoint or make_checkpoint(Path(tmp) / "ckpt", progress)
         config = json.loads((checkpoint / "config.json").read_text())
-        rounds, overhead, published = _plugin_pairs(checkpoint, Path(tmp), options, config, progress)
+        rounds, overhead, published, comparison = _vllm_passes(checkpoint, Path(tmp), options, config, progress)
         runs: dict[str, Any] = {f"vllm_plugin_{name}": best_of(r) for name, r in rounds.items()}
         for name, r in rounds.items():
             runs[f"vllm_plugin_{name}"]["median_cpu_s_per_token"] = statistics.median(x["cpu_s_per_token"] for x in r)
@@ -118,9 +129,6 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
         per_round = options.prompts * (options.prompt_tokens + options.new_tokens - 1)
         on["moe_expert_tokens_expected"] = ((2 * (32 + 4 - 1) + len(rounds["on"]) * per_round)
                                             * int(config["num_experts_per_tok"]) * int(config["num_hidden_layers"]))
-        if options.ours:
-            progress("moeslo: starting our engine")
-            runs["moeslo"] = _run_ours(checkpoint, options, int(config["vocab_size"]))
     out: dict[str, Any] = {
         "workload": {"prompts": options.prompts, "prompt_tokens": options.prompt_tokens,
                      "new_tokens": options.new_tokens, "greedy": True},
@@ -133,15 +141,17 @@ def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = 
         "plugin_cpu_overhead_pct": overhead["overhead_pct"]["cpu_s_per_token"],
     }  # fmt: skip
     out.update(_hot_path_share(rounds["off"], options, int(config["num_hidden_layers"])))
-    if "moeslo" in runs:
-        out.update(_ours_over_vllm(runs["moeslo"], runs["vllm_plugin_off"], out.get("decode_step_s_median")))
+    if comparison is not None:  # the paired ratios are the headline: at the top, the rest under comparison
+        out.update({key: value for key, value in comparison.items() if key.endswith("_paired")})
+        out["comparison"] = {key: value for key, value in comparison.items() if not key.endswith("_paired")}
     return out
 
 
-def _plugin_pairs(
+def _vllm_passes(
     checkpoint: Path, tmp: Path, options: VllmBenchOptions, config: dict[str, Any], progress: Callable[[str], None]
-) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any], float]:
-    """Both vLLM servers up and warm, then the interleaved pairs: (rounds per server, overhead, counts published)."""
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any], float, dict[str, Any] | None]:
+    """Both vLLM servers up and warm, the plugin's interleaved pairs; then the plugin-on server stopped and ours
+    against the plugin-off one: (rounds per server, overhead, counts published, the comparison or None)."""
     vocab = int(config["vocab_size"])
     servers = {
         "off": VllmServer(checkpoint, log_path=tmp / "off.log", extra_args=BATCH_ARGS),
@@ -169,10 +179,65 @@ def _plugin_pairs(
         overhead = run_pairs(run_round, options.overhead, progress)
         time.sleep(2.5)  # the workers flush every second
         published = _expert_tokens_published(servers["on"].base_url)
+        servers["on"].stop()  # its workers would take CPU from the comparison's rounds
+        comparison = _compare_with_ours(servers["off"], checkpoint, options, vocab, progress) if options.ours else None
     finally:
         for server in servers.values():
             server.stop()
-    return rounds, overhead, published
+    return rounds, overhead, published, comparison
+
+
+def _compare_with_ours(vllm: VllmServer, checkpoint: Path, options: VllmBenchOptions, vocab: int,
+                       progress: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    """``moeslo serve`` started beside the plugin-off server; ``repeats`` pairs of rounds, ABBA, the same prompts
+    within a pair, each round after ``settle_s`` of quiet."""
+    progress("moeslo: starting our engine beside vLLM (plugin off)")
+    rounds: dict[str, list[dict[str, Any]]] = {"vllm_plugin_off": [], "moeslo": []}
+    orders: list[list[str]] = []
+    with _ours_server(checkpoint, options, vocab) as ours_url:
+        targets = {"vllm_plugin_off": (vllm.base_url, vllm.model_name), "moeslo": (ours_url, "moeslo")}
+        for index in range(options.repeats):
+            order = list(rounds) if index % 2 == 0 else list(rounds)[::-1]
+            progress(f"ours against vLLM, pair {index + 1}/{options.repeats}: {', '.join(order)}")
+            for name in order:
+                time.sleep(options.settle_s)
+                rounds[name].append(measure_round(*targets[name], options, vocab, index))
+            orders.append(order)
+    return _comparison(rounds, orders, options)
+
+
+def _comparison(rounds: dict[str, list[dict[str, Any]]], orders: list[list[str]],
+                options: VllmBenchOptions) -> dict[str, Any]:  # fmt: skip
+    """Each side's fastest round, and ours over vLLM within each pair: median, min and max over pairs."""
+
+    def step_s(r: dict[str, Any]) -> float:
+        return _decode_step_s(r, options.new_tokens)
+
+    sides = {name: best_of(r) | {"decode_step_s_median": statistics.median(map(step_s, r))}
+             for name, r in rounds.items()}  # fmt: skip
+    sides["moeslo"]["dtype"] = OURS_DTYPE
+    pairs = list(zip(rounds["moeslo"], rounds["vllm_plugin_off"], strict=True))
+    return {
+        "method": "moeslo serve beside vLLM (plugin off) alone, rounds in ABBA order, ratios within each pair",
+        "rounds": len(pairs), "orders": orders, "settle_s": options.settle_s, **sides,
+        "moeslo_over_vllm_tokens_per_s_paired": _spread([m["output_tokens_per_s"] / v["output_tokens_per_s"]
+                                                         for m, v in pairs]),
+        # vLLM streams chunks in bursts: its client-side ITL p50 can be near zero, so decode steps too.
+        "moeslo_itl_p50_over_vllm_paired": _spread([m["itl_p50_s"] / v["itl_p50_s"] for m, v in pairs
+                                                    if v["itl_p50_s"]]),
+        "moeslo_decode_step_over_vllm_paired": _spread([step_s(m) / step_s(v) for m, v in pairs if step_s(v)]),
+    }  # fmt: skip
+
+
+def _decode_step_s(figures: dict[str, Any], new_tokens: int) -> float:
+    """A round's decode step: every sequence gets one token per step after its first."""
+    return max(float(figures["wall_s"]) - float(figures["ttft_p50_s"]), 0.0) / max(new_tokens - 1, 1)
+
+
+def _spread(values: list[float]) -> dict[str, Any] | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": len(values)}
 
 
 def _hot_path_share(off_rounds: list[dict[str, Any]], options: VllmBenchOptions, layers: int) -> dict[str, Any]:
@@ -181,25 +246,11 @@ def _hot_path_share(off_rounds: list[dict[str, Any]], options: VllmBenchOptions,
     out: dict[str, Any] = {"capture_call_us": cost}
     # A decode step from the rounds themselves (every sequence gets one token per step): streamed chunks
     # arrive in bursts, so client-side ITL percentiles can be near zero and say nothing about the step.
-    step_s = statistics.median(max(r["wall_s"] - r["ttft_p50_s"], 0.0) / max(options.new_tokens - 1, 1)
-                               for r in off_rounds)  # fmt: skip
+    step_s = statistics.median(_decode_step_s(r, options.new_tokens) for r in off_rounds)
     out["decode_step_s_median"] = step_s
     if step_s > 0:
         out["capture_share_of_decode_step_pct"] = 100.0 * layers * cost["tokens_16"] / (step_s * 1e6)
     return out
-
-
-def _ours_over_vllm(ours: dict[str, Any], off: dict[str, Any], vllm_step_s: float | None) -> dict[str, Any]:
-    """Our figures over vLLM's (plugin off): throughput, and ITL both as the client saw it and as decode steps
-    derived from the rounds (vLLM streams chunks in bursts, so its client-side ITL p50 can be near zero)."""
-    ours["dtype"] = OURS_DTYPE
-    step_s = ours.get("decode_step_s_median")
-    return {
-        "moeslo_over_vllm_tokens_per_s": ours["output_tokens_per_s"] / off["output_tokens_per_s"],
-        "moeslo_over_vllm_median_tokens_per_s": ours["median_output_tokens_per_s"] / off["median_output_tokens_per_s"],
-        "moeslo_itl_p50_over_vllm": (ours["itl_p50_s"] / off["itl_p50_s"]) if off["itl_p50_s"] else None,
-        "moeslo_decode_step_over_vllm": (step_s / vllm_step_s) if step_s and vllm_step_s else None,
-    }
 
 
 def capture_cost_us(num_experts: int = 32, top_k: int = 4, layers: int = 4, calls: int = 2000) -> dict[str, float]:
@@ -237,7 +288,9 @@ def _expert_tokens_published(base_url: str) -> float:
                if line.startswith(total(EXPERT_TOKENS) + "{"))  # fmt: skip
 
 
-def _run_ours(checkpoint: Path, options: VllmBenchOptions, vocab: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def _ours_server(checkpoint: Path, options: VllmBenchOptions, vocab: int) -> Iterator[str]:
+    """``moeslo serve`` on the checkpoint, healthy and warmed up; its base URL."""
     port = free_port()
     cmd = moeslo_command("serve", "--checkpoint", str(checkpoint), "--port", str(port), "--model-name", "moeslo",
                          "--kv-cache-mb", "256", "--dtype", OURS_DTYPE, *BATCH_ARGS)
@@ -246,11 +299,6 @@ def _run_ours(checkpoint: Path, options: VllmBenchOptions, vocab: int) -> dict[s
         base = f"http://127.0.0.1:{port}"
         wait_healthy(f"{base}/health", proc, options.startup_timeout_s, name="moeslo serve", interval_s=0.5)
         warm_up(base, "moeslo", vocab)
-        rounds = [measure_round(base, "moeslo", options, vocab, r) for r in range(options.repeats)]
-        best = best_of(rounds)
-        best["decode_step_s_median"] = statistics.median(
-            max(r["wall_s"] - r["ttft_p50_s"], 0.0) / max(options.new_tokens - 1, 1) for r in rounds
-        )
-        return best
+        yield base
     finally:
         stop_process(proc)

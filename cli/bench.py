@@ -224,9 +224,7 @@ def bench_rebalance(
         Path | None, typer.Option("--data", help="Folder of SGLang expert-load JSON files (default: shared data).")
     ] = None,
     max_files: Annotated[int, typer.Option("--max-files", help="Use at most this many files (0: all).")] = 0,
-    repeat: Annotated[int, typer.Option(
-        "--repeat", help="Timed runs of each planner per plan, alternating (best in sample, median out of sample)."
-    )] = 3,
+    repeat: Annotated[int, typer.Option("--repeat", help="Timed runs of each planner per plan, alternating.")] = 3,
     out_of_sample_only: Annotated[
         bool, typer.Option("--out-of-sample-only", help="Only the leave-one-out and ordered-pair section.")
     ] = False,
@@ -316,9 +314,7 @@ def bench_serve(
         Path | None, typer.Option(help="Request trace (default: Azure 2023 conversation, shared or bundled).")
     ] = None,
     duration_s: Annotated[float, typer.Option(help="Wall time of each replay run.")] = 20.0,
-    rounds: Annotated[int, typer.Option(
-        help="Rounds of exporters off and on, alternating which runs first; on against off is paired per round."
-    )] = 2,
+    rounds: Annotated[int, typer.Option(help="Rounds of exporters off and on (ABBA), compared per round.")] = 2,
     skip_baseline: Annotated[
         bool, typer.Option(help="Only the exporters-on run (long RSS runs); no ratios.")
     ] = False,
@@ -387,7 +383,7 @@ def bench_vllm(
     target_spread_pct: Annotated[
         float, typer.Option(min=0.0, help="Stop once the on/off ratio's 95 % CI half-width is below this.")
     ] = 1.0,
-    repeats: Annotated[int, typer.Option(min=1, help="Rounds of our engine; the fastest is reported.")] = 5,
+    repeats: Annotated[int, typer.Option(min=1, help="Paired rounds of our engine and vLLM (plugin off), ABBA.")] = 5,
     ours: Annotated[bool, typer.Option(help="Also run our engine (`moeslo serve`).")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
@@ -415,6 +411,9 @@ def bench_vllm(
         for key, label in (("tokens_per_s", "tokens/s"), ("cpu_s_per_token", "CPU s per token")):
             console.print(f"plugin on/off, {label}: median {ratios[key]['median']:.4f}, "
                           f"spread ±{ratios[key]['spread_pct']:.2f} % over {ratios[key]['pairs']} pairs")
+        if paired := result.get("moeslo_over_vllm_tokens_per_s_paired"):
+            console.print(f"moeslo over vLLM (plugin off), tokens/s: median {paired['median']:.3f} "
+                          f"({paired['min']:.3f}-{paired['max']:.3f}) over {paired['rounds']} paired rounds")
 
 
 @bench_app.command("status-page")
