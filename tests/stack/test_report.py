@@ -39,7 +39,7 @@ def test_summary_counts_requests_slos_and_decisions() -> None:
     summary = summarize(_state())
     assert (summary["requests"], summary["ok"], summary["failed"]) == (3, 2, 1)
     assert summary["ttft_good_ratio"] == 0.5
-    assert summary["requests_within_both_slos"] == 0.5
+    assert summary["requests_within_both_slos"] == 1 / 3  # the failed request counts, as not within
     assert summary["imbalance_cv_max_first"] == 0.4
     assert summary["decisions"] == {"scale_up:slo_burn": 1}
     assert summary["alerts_seen"] == ["MoesloTTFTBurn"]
@@ -79,6 +79,26 @@ def test_requests_during_the_fault_are_counted_apart() -> None:
     assert [r["within_both_slos"] for r in rows] == [True, False, False, False, True]
     assert [r["outside_fault"] for r in rows] == [True, True, False, False, True]
     assert rows[0]["itl_mean_s"] == 0.02 and rows[0]["itl_max_s"] == 0.03
+
+
+def test_failed_requests_count_against_the_within_both_slos_shares() -> None:
+    """8 fast requests and 2 refused by the router read 1.0 within both SLOs (over the 8 that succeeded), where
+    requests.csv said 0.8: the shares are of all requests, a failed one not within."""
+    state = StackState(StackOptions(duration_s=60.0))
+    fast = [RequestRecord(arrival_s=float(i), prompt_tokens=10, max_tokens=5, status=200, ttft_s=0.1,
+                          itls_s=[0.01] * 4, output_tokens=5) for i in range(8)]
+    refused = [RequestRecord(arrival_s=10.0 + i, prompt_tokens=10, max_tokens=5, status=503, error="no replica")
+               for i in range(2)]
+    state.records = [*fast, *refused]
+    state.done_at_s = [r.arrival_s + 0.2 for r in state.records]
+    summary = summarize(state)
+    assert summary["requests_within_both_slos"] == 0.8
+    assert summary["requests_within_both_slos_outside_fault"] == 0.8
+    assert summary["requests_within_both_slos_outside_fault_every_gap"] == 0.8
+    assert summary["requests_outside_fault"] == 10
+    rows = request_rows(state)
+    assert sum(r["within_both_slos"] for r in rows) / len(rows) == summary["requests_within_both_slos"]
+    assert sum(r["outside_fault"] for r in rows) == summary["requests_outside_fault"]
 
 
 def test_the_live_p99s_say_when_the_fault_is_in_their_window() -> None:
