@@ -4,8 +4,9 @@
 first warms the replica up (a few requests of the same lengths, one at a time,
 not measured: a replica's first request pays for allocations and lazy
 initialization, and at the lightest rate it could be the level's only one), then
-stops early when no request succeeds or when p99 TTFT passes a limit (the
-replica is past saturation; heavier rates teach nothing more).
+skips a level that draws no arrival, and stops early when a level's requests all
+fail or when p99 TTFT passes a limit (the replica is past saturation; heavier
+rates teach nothing more).
 
 Prompts are fresh random tokens on every run (arrivals follow the seed): a second
 profile of the same engine would otherwise send the first one's prompts again, find
@@ -122,6 +123,11 @@ def sweep_rates(
         stats = measure_rate(url, rate, duration_s=duration_s, prompt_tokens=prompt_tokens,
                              output_tokens=output_tokens, vocab_size=vocab_size, model=model, seed=seed + i,
                              prompt_seed=prompt_seed + i, lengths=lengths)
+        if not stats["requests"]:
+            # A light, short level may draw no Poisson arrival at all (0.3 req/s for 5 s: one time in five):
+            # nothing was sent, so nothing failed.
+            progress(f"rate {rate:g}: no arrival drawn in {duration_s:g} s (nothing sent); skipped")
+            continue
         if not stats["ok"]:
             progress(f"rate {rate:g}: no request succeeded ({stats['status_counts']}); stopping")
             break

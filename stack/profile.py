@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from contracts.errors import UnavailableError
 from contracts.slo_defaults import TTFT_THRESHOLD_S
 from controller.capacity import ReplicaProfile
 from controller.profile_levels import GAP_SHARE, HELD_SHARE, held_rate_rps, lightest_failed_rps
@@ -133,6 +134,10 @@ def profile_replicas(state: StackState, urls: list[str], progress: Callable[[str
     vocab_size = ModelConfig.load(checkpoint).vocab_size
     by_replica = _sweep_all(state, urls, prompt, output, vocab_size, progress)
     summaries = [summary for levels in by_replica for summary in levels]
+    if not summaries:
+        raise UnavailableError(f"no profile level had a successful request on any of the {len(urls)} replica(s) "
+                               f"profiled: nothing to fit a profile or size the load from; see "
+                               f"{options.out / 'logs'}")
     probe = prefix_probe_record(prefix_probe(urls[0], prompt_tokens=round(prompt), vocab_size=vocab_size,
                                              model=None, seed=options.seed))  # fmt: skip
     points = [profile_point(stats) for stats in summaries]
