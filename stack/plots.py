@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from contracts.slo_defaults import ITL_THRESHOLD_S, MAX_IMBALANCE_CV, TTFT_THRESHOLD_S
+from stack.report import taken
 from stack.state import Sample, StackState
 
 __all__ = ["write_plots"]
@@ -121,7 +122,9 @@ def _imbalance_panel(ax: Any, state: StackState, samples: list[Sample], t: list[
         when = float(decision.get("seen_at_s", t0)) - t0
         ax.axvline(when, color="tab:purple", alpha=0.5)
         # Staggered: a rebalance of the second replica often lands seconds after the first one's verdict.
-        ax.annotate(f"{decision['action']}:{decision.get('reason')}", (when, MAX_IMBALANCE_CV),
+        label = f"{decision['action']}:{decision.get('reason')}" + ("" if taken(decision) else
+                                                                   f" {decision.get('outcome')}")
+        ax.annotate(label, (when, MAX_IMBALANCE_CV),
                     xytext=(3, 10 + 12 * (i % 3)), textcoords="offset points", fontsize="small", color="tab:purple")
     ax.set_ylabel("CV of per-rank load")
     ax.set_title("Expert imbalance per layer; rebalances marked")

@@ -22,10 +22,24 @@ from contracts.slo_defaults import TTFT_THRESHOLD_S
 from harness.loadgen import RequestRecord
 from stack.state import StackState
 
-__all__ = ["FAULT_MARGIN_S", "outside_fault", "request_rows", "summarize"]
+__all__ = ["FAULT_MARGIN_S", "TAKEN_OUTCOMES", "outside_fault", "request_rows", "summarize", "taken"]
 
 FAULT_MARGIN_S = 5.0
 """After the fault ends, its backlog drains: requests arriving this soon after still count as in it."""
+
+
+TAKEN_OUTCOMES = ("applied", "held", "verified", "unverified")
+"""Outcomes of a decision the controller carried out: a scale or rebalance applied, a hold held, a verification
+made (its verdict is its reason).  Failed, advisory, standby and interrupted ones were not."""
+
+
+def taken(decision: dict[str, Any]) -> bool:
+    """Whether the controller carried ``decision`` out (a failed scale-up is no scale-up)."""
+    return decision.get("outcome") in TAKEN_OUTCOMES
+
+
+def _label(decision: dict[str, Any]) -> str:
+    return f"{decision.get('action')}:{decision.get('reason')}"
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -71,7 +85,8 @@ def summarize(state: StackState) -> dict[str, Any]:
     clear = outside_fault(state, records, state.done_at_s)
     clear_itls = [x for r in clear if r.ok for x in r.itls_s]
     cv_series = [s.imbalance_cv for s in state.samples if s.imbalance_cv]
-    actions = Counter(f"{d.get('action')}:{d.get('reason')}" for d in state.decisions)
+    actions = Counter(_label(d) for d in state.decisions if taken(d))
+    not_taken = Counter(f"{_label(d)} {d.get('outcome')}" for d in state.decisions if not taken(d))
     replicas = [s.current_replicas for s in state.samples if s.current_replicas is not None]
     # The load's seconds, not the stack's: the set-up before it (checkpoint, profile, start-up) is no load time.
     wall = max(0.0, state.samples[-1].t_s - state.load_started_s) if state.samples else 0.0
@@ -98,6 +113,7 @@ def summarize(state: StackState) -> dict[str, Any]:
         "imbalance_cv_max_last": max(cv_series[-1]) if cv_series else None,
         "replicas_max": max(replicas) if replicas else None,
         "decisions": dict(actions),
+        "decisions_not_applied": dict(not_taken),
         "forecast_scale_ups": actions.get("scale_up:forecast", 0),
         "rebalances_verified": actions.get("verify_rebalance:verified", 0),
         "alerts_seen": sorted({a for s in state.samples for a in s.alerts}),

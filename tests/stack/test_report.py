@@ -30,7 +30,7 @@ def _state() -> StackState:
                alerts=["MoesloTTFTBurn"] if t else [])
         for t in (0.0, 10.0)
     ]
-    state.decisions = [{"action": "scale_up", "reason": "slo_burn"}]
+    state.decisions = [{"action": "scale_up", "reason": "slo_burn", "outcome": "applied"}]
     state.events = [(5.0, "rebalance applied: test")]
     return state
 
@@ -99,6 +99,31 @@ def test_failed_requests_count_against_the_within_both_slos_shares() -> None:
     rows = request_rows(state)
     assert sum(r["within_both_slos"] for r in rows) / len(rows) == summary["requests_within_both_slos"]
     assert sum(r["outside_fault"] for r in rows) == summary["requests_outside_fault"]
+
+
+def test_decisions_not_carried_out_are_counted_apart() -> None:
+    """Two forecast scale-ups the actuator failed to carry out read ``forecast_scale_ups: 2`` and
+    ``decisions: {scale_up:forecast: 2}``: the figures count what the controller did, the rest apart."""
+    state = _state()
+
+    def decision(action: str, reason: str, outcome: str) -> dict[str, object]:
+        return {"action": action, "reason": reason, "outcome": outcome}
+
+    state.decisions = [
+        decision("scale_up", "forecast", "failed"), decision("scale_up", "forecast", "failed"),
+        decision("scale_up", "forecast", "applied"), decision("hold", "slo_burn", "held"),
+        decision("rebalance", "rebalance", "failed"), decision("rebalance", "rebalance", "applied"),
+        decision("verify_rebalance", "verified", "verified"),
+        decision("verify_rebalance", "worse_than_predicted", "unverified"),
+        decision("scale_down", "low_load", "advisory"),
+    ]
+    summary = summarize(state)
+    assert summary["decisions"] == {"scale_up:forecast": 1, "hold:slo_burn": 1, "rebalance:rebalance": 1,
+                                    "verify_rebalance:verified": 1, "verify_rebalance:worse_than_predicted": 1}
+    assert summary["forecast_scale_ups"] == 1
+    assert summary["rebalances_verified"] == 1
+    assert summary["decisions_not_applied"] == {"scale_up:forecast failed": 2, "rebalance:rebalance failed": 1,
+                                                "scale_down:low_load advisory": 1}
 
 
 def test_the_live_p99s_say_when_the_fault_is_in_their_window() -> None:
