@@ -42,7 +42,7 @@ from stack.faults import CpuThrottle, child_process_groups
 from stack.load import drive, load_plan
 from stack.profile import profile_replicas
 from stack.run_folder import RUN_MARKER, clear_last_run, lock_run_folder
-from stack.sampler import Sampler
+from stack.sampler import Sampler, read_router_requests
 from stack.services import ManagedProcess, Supervisor, start_alertmanager, start_prometheus
 from stack.shutdown import Interrupted, ReplicaRecord, signals_deferred, stop_on_sigterm
 from stack.state import StackOptions, StackState
@@ -183,22 +183,6 @@ class LocalStack:
         state.router_url = f"http://127.0.0.1:{port}"
         state.event(f"entry router at {state.router_url}: each request to the replica predicted to serve it "
                     f"soonest (cost policy; replicas follow the controller's list)")
-
-    def _read_router(self) -> None:
-        """The router's request counts by replica, decision and outcome, for the summary."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        if self.state.router_url is None:
-            return
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            text = httpx.get(f"{self.state.router_url}/metrics", timeout=5).text
-            for family in text_string_to_metric_families(text):
-                if family.name != "moeslo_router_requests":
-                    continue
-                for sample in family.samples:
-                    if sample.name.endswith("_total") and sample.value:
-                        key = " ".join(sample.labels[k] for k in ("replica", "decision", "outcome"))
-                        self.state.router_requests[key] = int(sample.value)
 
     def _profile_replicas(self, checkpoint: Path, progress: Callable[[str], None]) -> dict[str, Any]:
         """Start replicas as the local actuator would (same command, CPUs and EP), profile them at once, stop them.
@@ -399,7 +383,7 @@ class LocalStack:
             stop.set()
             await sampling
             await pooling
-            await asyncio.to_thread(self._read_router)
+            await asyncio.to_thread(read_router_requests, state)
 
     async def _fault(self) -> None:
         opts, state = self.options, self.state

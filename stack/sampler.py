@@ -16,7 +16,7 @@ from harness.webhook import WebhookReceiver
 from stack.report import recent_requests
 from stack.state import Sample, StackState
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "read_router_requests"]
 
 RECENT_S = 30.0
 """Client-side latency percentiles cover the requests that finished in the last 30 s."""
@@ -166,3 +166,20 @@ class Sampler:
             state.pages.append(note)
             names = ", ".join(sorted({a["labels"].get("alertname", "?") for a in note.get("alerts", [])}))
             state.event(f"{path.strip('/')} delivered ({note.get('status')}): {names}")
+
+
+def read_router_requests(state: StackState) -> None:
+    """The router's request counts by replica, decision and outcome, for the summary."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if state.router_url is None:
+        return
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        text = httpx.get(f"{state.router_url}/metrics", timeout=5).text
+        for family in text_string_to_metric_families(text):
+            if family.name != "moeslo_router_requests":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.value:
+                    key = " ".join(sample.labels[k] for k in ("replica", "decision", "outcome"))
+                    state.router_requests[key] = int(sample.value)
