@@ -367,15 +367,13 @@ class LocalStack:
         pooling = asyncio.create_task(self._keep_cpu_pool(stop))
         fault = asyncio.create_task(self._fault()) if opts.inject_slowdown else None
         driving = asyncio.create_task(drive(state, plan, vocab, state.engines[0]))
+        timed_out = False
         try:
             await asyncio.wait_for(asyncio.shield(driving), timeout=opts.duration_s + DRAIN_S)
         except TimeoutError:
-            driving.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await driving
-            state.unfinished = len(plan) - len(state.records)
-            state.event(f"stopped {state.unfinished} requests still in flight {DRAIN_S:.0f} s after the last arrival")
+            timed_out = True
         finally:
+            await self._end_load(driving, timed_out)
             if fault is not None:
                 fault.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -384,6 +382,19 @@ class LocalStack:
             await sampling
             await pooling
             await asyncio.to_thread(read_router_requests, state)
+
+    async def _end_load(self, driving: asyncio.Task[None], timed_out: bool) -> None:
+        """Cancel the requests still in flight, however the load ended (its drain ran out, Ctrl-C), and count them:
+        sent and never answered (on Ctrl-C they were neither recorded nor counted)."""
+        state = self.state
+        state.unfinished = sum(state.in_flight.values())  # sent less recorded: drive records as it leaves them
+        if not driving.done():
+            driving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await driving
+        if state.unfinished:
+            when = f"{DRAIN_S:.0f} s after the last arrival" if timed_out else "when the load was stopped"
+            state.event(f"stopped {state.unfinished} requests still in flight {when}")
 
     async def _fault(self) -> None:
         opts, state = self.options, self.state

@@ -1,0 +1,95 @@
+"""``moeslo up``'s load phase (:meth:`stack.run.LocalStack.run_load`) with its processes stubbed: what an
+interrupted load and a fault cut short leave in the summary."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import stack.load
+import stack.run
+from harness.loadgen import LoadRequest, RequestRecord
+from stack.report import summarize
+from stack.run import LocalStack
+from stack.state import StackOptions
+
+CLOSED = "http://127.0.0.1:9"
+"""Nothing listens there: the sampler's looks get no answer at once."""
+
+
+@pytest.fixture
+def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    import engine.config
+
+    monkeypatch.setattr(engine.config.ModelConfig, "load", staticmethod(lambda _path: SimpleNamespace(vocab_size=100)))
+    yield
+
+
+def _stack(tmp_path: Path, **options: Any) -> LocalStack:
+    local = LocalStack(StackOptions(out=tmp_path, router=False, sample_interval_s=0.2, **options))
+    local.checkpoint = tmp_path
+    local.state.engines = [CLOSED]
+    local.state.controller_url = CLOSED
+    return local
+
+
+async def _cancelled_after(seconds: float, load: Any) -> None:
+    """As Ctrl-C ends ``asyncio.run``: the main task is cancelled."""
+    task = asyncio.create_task(load)
+    await asyncio.sleep(seconds)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_an_interrupted_load_counts_its_requests_in_flight_as_unfinished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stubbed: None,
+) -> None:
+    """Ctrl-C during the load: the five requests still in flight were neither recorded nor counted
+    (``unfinished_at_end: 0``; only a drain timeout counted them)."""
+    plan = [LoadRequest(arrival_s=0.1 * i, prompt_tokens=4, max_tokens=4) for i in range(10)]
+    monkeypatch.setattr(stack.run, "load_plan", lambda _options, _rate: (plan, "test plan"))
+
+    async def send(_client: Any, req: LoadRequest, *_args: Any, **_kw: Any) -> RequestRecord:
+        await asyncio.sleep(0.2 if req.arrival_s < 0.45 else 60.0)  # the last five are slow (in a fault, say)
+        return RequestRecord(arrival_s=req.arrival_s, prompt_tokens=4, max_tokens=4, status=200, ttft_s=0.1,
+                             itls_s=[0.01] * 3, output_tokens=4)
+
+    monkeypatch.setattr(stack.load, "send_request", send)
+    local = _stack(tmp_path, duration_s=30.0, inject_slowdown=False)
+    try:
+        asyncio.run(_cancelled_after(2.0, local.run_load()))
+    finally:
+        local.stop()
+    summary = summarize(local.state)
+    assert (summary["requests"], summary["ok"], summary["unfinished_at_end"]) == (5, 5, 5)
+    assert any("5 requests still in flight" in line for line in summary["events"]), summary["events"]
+
+
+def test_requests_past_the_drain_are_counted_as_unfinished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stubbed: None,
+) -> None:
+    plan = [LoadRequest(arrival_s=0.0, prompt_tokens=4, max_tokens=4), LoadRequest(arrival_s=0.1, prompt_tokens=4,
+                                                                                    max_tokens=4)]  # fmt: skip
+    monkeypatch.setattr(stack.run, "load_plan", lambda _options, _rate: (plan, "test plan"))
+    monkeypatch.setattr(stack.run, "DRAIN_S", 1.0)
+
+    async def send(*_args: Any, **_kw: Any) -> RequestRecord:
+        await asyncio.sleep(60.0)
+        raise AssertionError("cancelled before")
+
+    monkeypatch.setattr(stack.load, "send_request", send)
+    local = _stack(tmp_path, duration_s=0.5, inject_slowdown=False)
+    try:
+        asyncio.run(local.run_load())
+    finally:
+        local.stop()
+    summary = summarize(local.state)
+    assert (summary["requests"], summary["unfinished_at_end"]) == (0, 2)
+    assert any("stopped 2 requests still in flight 1 s after the last arrival" in line
+               for line in summary["events"]), summary["events"]
