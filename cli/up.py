@@ -38,6 +38,10 @@ def _check_host(options: StackOptions) -> None:
     if options.inject_slowdown and options.slowdown_at_s >= options.duration_s:
         console.print(f"[dim]no fault in this run: --slowdown-at {options.slowdown_at_s:g} s is past the "
                       f"{options.duration_s:g} s of load (move it, or --no-inject-slowdown)[/]")
+    elif options.inject_slowdown and options.slowdown_at_s + options.slowdown_for_s > options.duration_s:
+        console.print(f"[dim]the fault is cut short: --slowdown-at {options.slowdown_at_s:g} s + --slowdown-for "
+                      f"{options.slowdown_for_s:g} s end past the {options.duration_s:g} s of load, and the fault "
+                      f"ends with the load's last request (the summary says how long it ran)[/]")
 
 
 def _run(options: StackOptions, *, live: bool) -> dict[str, Any]:
@@ -104,7 +108,9 @@ def up(
         bool, typer.Option(help="Throttle every replica's CPU part-way through (a fault that pages).")
     ] = True,
     slowdown_at: Annotated[float, typer.Option(min=0, help="Seconds into the load when the fault starts.")] = 62.0,
-    slowdown_for: Annotated[float, typer.Option(callback=positive, help="Seconds the fault lasts.")] = 28.0,
+    slowdown_for: Annotated[
+        float, typer.Option(callback=positive, help="Seconds the fault lasts (at most until the load ends).")
+    ] = 28.0,
     prometheus: Annotated[bool, typer.Option(help="Start Prometheus and Alertmanager when installed.")] = True,
     router: Annotated[
         bool, typer.Option(help="Send the load through the entry router (cost policy); off: straight to replicas.")

@@ -22,7 +22,9 @@ from collections.abc import Callable
 
 import psutil
 
-__all__ = ["LOOKUP_S", "CpuThrottle", "child_process_groups"]
+from stack.state import StackState
+
+__all__ = ["LOOKUP_S", "CpuThrottle", "child_process_groups", "inject_fault"]
 
 LOOKUP_S = 1.0
 """How often the throttle looks the replicas' process groups up again."""
@@ -84,3 +86,32 @@ class CpuThrottle:
                 await asyncio.sleep(self.period_s - self.stopped_s)
         finally:
             self.resume_all()
+
+
+async def inject_fault(state: StackState, controller_pid: Callable[[], int | None]) -> None:
+    """The run's fault: ``slowdown_at_s`` into the load, every replica the controller started is throttled for
+    ``slowdown_for_s``, or until the load ends and cancels it.  ``state.fault`` holds its planned end while it
+    runs, and the end it had once over (a fault cut short by the load's end was reported as planned)."""
+    options = state.options
+    await asyncio.sleep(options.slowdown_at_s)
+    # A quarter of each 20 ms, as a CFS CPU quota throttles a container whose neighbours took its share.
+    # Periods shorter than a step stretch every step (a 100 ms period left a step in each run window
+    # unharmed), and a quarter still flows: the fault's slow tokens are enough of the run's to burn
+    # the ITL budget past the page threshold at the demo's light load (85 % of 100 ms peaked at 13.6 %).
+    throttle = CpuThrottle(lambda: child_process_groups(controller_pid()), period_s=0.02, stopped_s=0.015)
+    start = state.elapsed()
+    state.fault = (start, start + options.slowdown_for_s)
+    state.event(f"fault injected for {options.slowdown_for_s:.0f} s: {throttle.describe()}")
+    ran_out = False
+    try:
+        await throttle.run(options.slowdown_for_s)
+        ran_out = True
+    finally:
+        end = state.elapsed()
+        state.fault = (start, end)
+        if ran_out:
+            state.event("fault over: every replica runs freely again (the requests it delayed stay in the SLI "
+                        "windows a while; the summary's within-SLO shares outside the fault leave them out)")
+        else:
+            state.event(f"fault cut short after {end - start:.1f} s of its {options.slowdown_for_s:g} s: the load "
+                        f"ended first")

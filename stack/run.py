@@ -38,7 +38,7 @@ from contracts.slo_defaults import ITL_THRESHOLD_S, LATENCY_TARGET, MAX_IMBALANC
 from harness.processes import free_port, moeslo_command
 from harness.webhook import WebhookReceiver
 from stack.cpu_pool import SharedCpuPool
-from stack.faults import CpuThrottle, child_process_groups
+from stack.faults import inject_fault
 from stack.load import drive, load_plan
 from stack.profile import profile_replicas
 from stack.run_folder import RUN_MARKER, clear_last_run, lock_run_folder
@@ -365,7 +365,7 @@ class LocalStack:
         sampler = Sampler(state, POLICY_NAME, self.pager, self._probe_engines)
         sampling = asyncio.create_task(sampler.loop(stop, self.on_update))
         pooling = asyncio.create_task(self._keep_cpu_pool(stop))
-        fault = asyncio.create_task(self._fault()) if opts.inject_slowdown else None
+        fault = asyncio.create_task(inject_fault(state, self._controller_pid)) if opts.inject_slowdown else None
         driving = asyncio.create_task(drive(state, plan, vocab, state.engines[0]))
         timed_out = False
         try:
@@ -395,21 +395,6 @@ class LocalStack:
         if state.unfinished:
             when = f"{DRAIN_S:.0f} s after the last arrival" if timed_out else "when the load was stopped"
             state.event(f"stopped {state.unfinished} requests still in flight {when}")
-
-    async def _fault(self) -> None:
-        opts, state = self.options, self.state
-        await asyncio.sleep(opts.slowdown_at_s)
-        # A quarter of each 20 ms, as a CFS CPU quota throttles a container whose neighbours took its share.
-        # Periods shorter than a step stretch every step (a 100 ms period left a step in each run window
-        # unharmed), and a quarter still flows: the fault's slow tokens are enough of the run's to burn
-        # the ITL budget past the page threshold at the demo's light load (85 % of 100 ms peaked at 13.6 %).
-        throttle = CpuThrottle(lambda: child_process_groups(self._controller_pid()), period_s=0.02, stopped_s=0.015)
-        start = state.elapsed()
-        state.fault = (start, start + opts.slowdown_for_s)
-        state.event(f"fault injected for {opts.slowdown_for_s:.0f} s: {throttle.describe()}")
-        await throttle.run(opts.slowdown_for_s)
-        state.event("fault over: every replica runs freely again (the requests it delayed stay in the SLI "
-                    "windows a while; the summary's within-SLO shares outside the fault leave them out)")
 
     def stop(self) -> list[str]:
         """Stop every process the run started and every replica the controller left; what is still running.

@@ -35,3 +35,12 @@ def test_a_trace_that_cannot_be_replayed_is_refused_before_anything_starts(
 def test_the_help_names_the_window_of_a_trace_that_is_replayed() -> None:
     shown = CliRunner().invoke(app, ["up", "--help"], env={"COLUMNS": "200"})
     assert shown.exit_code == 0 and "04:00-16:00" in " ".join(shown.output.split())
+
+
+@pytest.mark.usefixtures("never_started")
+def test_a_fault_planned_past_the_load_is_said_before_anything_starts(tmp_path: Path) -> None:
+    """--duration 70 with the fault at 62 s for 28 s: the load ends first and cuts the fault short."""
+    result = CliRunner().invoke(app, ["up", "--duration", "70", "--out", str(tmp_path / "out"), "--no-live"],
+                                env={"COLUMNS": "200"})
+    output = " ".join(result.output.split())
+    assert "the fault is cut short: --slowdown-at 62 s + --slowdown-for 28 s end past the 70 s of load" in output

@@ -4,6 +4,7 @@ interrupted load and a fault cut short leave in the summary."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -93,3 +94,29 @@ def test_requests_past_the_drain_are_counted_as_unfinished(
     assert (summary["requests"], summary["unfinished_at_end"]) == (0, 2)
     assert any("stopped 2 requests still in flight 1 s after the last arrival" in line
                for line in summary["events"]), summary["events"]
+
+
+def test_a_fault_cut_short_by_the_end_of_the_load_is_reported_as_it_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stubbed: None,
+) -> None:
+    """The load ends (its last request answered) 0.7 s into a 5 s fault: the fault stops with it, and the summary
+    said it lasted the 5 s planned (``fault_window_s`` and the plot's shading)."""
+    plan = [LoadRequest(arrival_s=a, prompt_tokens=4, max_tokens=4) for a in (0.0, 0.8)]
+    monkeypatch.setattr(stack.run, "load_plan", lambda _options, _rate: (plan, "test plan"))
+
+    async def send(_client: Any, req: LoadRequest, *_args: Any, **_kw: Any) -> RequestRecord:
+        await asyncio.sleep(0.1)
+        return RequestRecord(arrival_s=req.arrival_s, prompt_tokens=4, max_tokens=4, status=200, ttft_s=0.1,
+                             itls_s=[0.01] * 3, output_tokens=4)
+
+    monkeypatch.setattr(stack.load, "send_request", send)
+    local = _stack(tmp_path, duration_s=1.0, slowdown_at_s=0.2, slowdown_for_s=5.0)
+    try:
+        asyncio.run(local.run_load())
+    finally:
+        local.stop()
+    summary = summarize(local.state)
+    start, end = summary["fault_window_s"]
+    assert start == pytest.approx(0.2, abs=0.15) and end == pytest.approx(0.9, abs=0.3)
+    assert any(re.search(r"fault cut short after 0\.\d s of its 5 s", line) for line in summary["events"])
+    assert not any("fault over" in line for line in summary["events"])
