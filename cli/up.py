@@ -21,13 +21,22 @@ def _arrivals(value: str) -> ArrivalProcess:
     return cast("ArrivalProcess", value)
 
 
-def _check_host(options: StackOptions) -> None:
-    """Refuse before anything starts what this machine cannot run or the load cannot replay; say when the fault
-    falls outside the run."""
+def _given(ctx: typer.Context) -> set[str]:
+    """The trace-specific options set on the command line (a default one a trace ignores is no one's choice)."""
+    from stack.load import COUNT_TRACE_OPTIONS, REQUEST_TRACE_OPTIONS
+
+    # By name: typer carries click's ParameterSource in a copy of its own, not click's enum.
+    sources = {name: ctx.get_parameter_source(name) for name in (*COUNT_TRACE_OPTIONS, *REQUEST_TRACE_OPTIONS)}
+    return {name for name, source in sources.items() if source is not None and source.name != "DEFAULT"}
+
+
+def _check_host(options: StackOptions, given: set[str]) -> None:
+    """Refuse before anything starts what this machine cannot run or the load cannot replay (options ``given`` that
+    the trace would ignore included); say when the fault falls outside the run."""
     from contracts.errors import ValidationError
     from stack.load import check_trace
 
-    check_trace(options)
+    check_trace(options, given)
 
     if options.checkpoint is not None and not options.checkpoint.is_dir():
         raise ValidationError(f"--checkpoint {options.checkpoint}: no such directory")
@@ -77,6 +86,7 @@ def _say_interrupted(still: list[str] | None, kept: Path) -> None:
 
 # long: a typer command is its option list; the work is in stack/.
 def up(
+    ctx: typer.Context,
     duration: Annotated[float, typer.Option(callback=positive, help="Seconds of load before the summary.")] = 120.0,
     out_folder: Annotated[
         str, typer.Option("--out", callback=nonempty, help="Folder for logs, state, summary.json and plots (a run's "
@@ -88,7 +98,10 @@ def up(
     ep: Annotated[int, typer.Option(min=1, help="Expert-parallel ranks per engine replica.")] = 2,
     max_replicas: Annotated[int, typer.Option(min=1, help="Most engine replicas the controller may start.")] = 2,
     cpus_per_replica: Annotated[int, typer.Option(min=1, help="CPUs pinned to each replica (the host budget).")] = 1,
-    speedup: Annotated[float, typer.Option(callback=positive, help="Time compression of a --trace.")] = 1.0,
+    speedup: Annotated[
+        float, typer.Option(callback=positive, help="Time compression of a request --trace (a request trace only: "
+                                                    "refused with a count trace, the default).")
+    ] = 1.0,
     trace: Annotated[
         Path | None,
         typer.Option(exists=True, dir_okay=False,
@@ -98,11 +111,12 @@ def up(
     ] = None,
     base_load: Annotated[
         float, typer.Option(callback=positive, help="The quiet start of the load, as a share of the capacity "
-                                                    "model's rate a replica.")
+                                                    "model's rate a replica (a count trace only).")
     ] = 0.7,
     arrivals: Annotated[
         str, typer.Option(help="Arrivals of the count trace: even (its shape and length mix at full "
-                                 "volume) or poisson (a small service's noise, lengths drawn independently).")
+                                 "volume) or poisson (a small service's noise, lengths drawn independently); "
+                                 "a count trace only.")
     ] = "even",
     inject_slowdown: Annotated[
         bool, typer.Option(help="Throttle every replica's CPU part-way through (a fault that pages).")
@@ -127,7 +141,7 @@ def up(
                            arrivals=_arrivals(arrivals), inject_slowdown=inject_slowdown,
                            slowdown_at_s=slowdown_at, slowdown_for_s=slowdown_for, prometheus=prometheus, router=router)
     with cli_errors():
-        _check_host(options)
+        _check_host(options, _given(ctx))
         summary = _run(options, live=live)
     if json_out:
         print_json(summary)

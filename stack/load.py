@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Collection
 
 import httpx
 import numpy as np
@@ -26,8 +27,8 @@ from harness.traces import DAILY_RAMP, conversation_trace
 from stack.state import StackOptions, StackState
 
 __all__ = [
-    "MAX_OUTPUT_TOKENS", "MAX_PROMPT_TOKENS", "check_trace", "count_window", "demo_length_pairs", "demo_lengths",
-    "drive", "load_plan", "sustainable_rate_rps",
+    "COUNT_TRACE_OPTIONS", "MAX_OUTPUT_TOKENS", "MAX_PROMPT_TOKENS", "REQUEST_TRACE_OPTIONS", "check_trace",
+    "count_window", "demo_length_pairs", "demo_lengths", "drive", "load_plan", "sustainable_rate_rps",
 ]
 
 MAX_PROMPT_TOKENS = 512
@@ -99,13 +100,40 @@ def _plan(options: StackOptions, trace: Trace, base_rate_rps: float) -> tuple[li
     return plan, f"{name} at {options.speedup:g}x over {options.duration_s:.0f} s"
 
 
-def check_trace(options: StackOptions) -> None:
+COUNT_TRACE_OPTIONS = {"arrivals": "--arrivals", "base_load": "--base-load"}
+"""Options only a count trace's plan reads (by their parameter names in ``moeslo up``)."""
+REQUEST_TRACE_OPTIONS = {"speedup": "--speedup"}
+"""Options only a request trace's plan reads."""
+
+
+def _refuse_ignored(options: StackOptions, trace: Trace, given: Collection[str]) -> None:
+    """Options given on the command line that this trace's plan would not read: they changed nothing, silently."""
+    counts = isinstance(trace, CountTrace)
+    ignored = [flag for name, flag in (REQUEST_TRACE_OPTIONS if counts else COUNT_TRACE_OPTIONS).items()
+               if name in given]
+    if not ignored:
+        return
+    named, verb = " and ".join(ignored), "apply" if len(ignored) > 1 else "applies"
+    which = f"--trace {options.trace}" if options.trace is not None else "the bundled day of Azure 2024 (the default)"
+    if counts:
+        raise ValidationError(f"{named} {verb} to a request trace only: {which} is a count trace, its "
+                              f"{count_window(options)} compressed into --duration; leave it out")
+    raise ValidationError(f"{named} {verb} to a count trace only: {which} is a request trace, replayed as its "
+                          f"requests came (its first --duration x --speedup seconds); leave "
+                          f"{'them' if len(ignored) > 1 else 'it'} out")
+
+
+def check_trace(options: StackOptions, given: Collection[str] = ()) -> None:
     """Refuse, before anything starts, a ``--trace`` the load could not replay: unreadable, or without requests
-    in the part the run replays (a count trace's hours; a request trace's first ``duration x speedup`` seconds).
+    in the part the run replays (a count trace's hours; a request trace's first ``duration x speedup`` seconds);
+    and the options in ``given`` (set on the command line) that its kind of trace would ignore.
     Planned once at a nominal rate: the real one comes from the profile, later."""
     if options.trace is None:
+        if given:
+            _refuse_ignored(options, load_trace(DAILY_RAMP), given)
         return
     trace = load_trace(options.trace)  # a DataError names the file and line
+    _refuse_ignored(options, trace, given)
     if isinstance(trace, CountTrace):
         replayed = f"its {count_window(options)}, compressed into --duration"
     else:

@@ -44,3 +44,20 @@ def test_a_fault_planned_past_the_load_is_said_before_anything_starts(tmp_path: 
                                 env={"COLUMNS": "200"})
     output = " ".join(result.output.split())
     assert "the fault is cut short: --slowdown-at 62 s + --slowdown-for 28 s end past the 70 s of load" in output
+
+
+@pytest.mark.usefixtures("never_started")
+@pytest.mark.parametrize(("args", "says"), [
+    (["--speedup", "8"], "--speedup applies to a request trace only"),
+    (["--trace", "REQUESTS", "--arrivals", "poisson"], "--arrivals applies to a count trace only"),
+    (["--trace", "REQUESTS", "--base-load", "0.5"], "--base-load applies to a count trace only"),
+], ids=["speedup-on-counts", "arrivals-on-requests", "base-load-on-requests"])
+def test_options_the_trace_would_ignore_are_refused(tmp_path: Path, args: list[str], says: str) -> None:
+    from harness.traces import BUNDLED_CONVERSATION_SLICE
+
+    args = [str(BUNDLED_CONVERSATION_SLICE) if a == "REQUESTS" else a for a in args]
+    result = CliRunner().invoke(app, ["up", *args, "--out", str(tmp_path / "out"), "--no-live"],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split())
+    assert not (tmp_path / "out").exists()
