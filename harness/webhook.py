@@ -17,6 +17,7 @@ class WebhookReceiver:
     def __init__(self, port: int = 0) -> None:
         self._lock = threading.Lock()
         self._posts: list[tuple[str, dict[str, Any]]] = []
+        self._received_s: list[float] = []
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -28,6 +29,7 @@ class WebhookReceiver:
                     payload = {"raw": body.decode(errors="replace")}
                 with receiver._lock:
                     receiver._posts.append((self.path, payload))
+                    receiver._received_s.append(time.monotonic())
                 self.send_response(200)
                 self.end_headers()
 
@@ -47,6 +49,12 @@ class WebhookReceiver:
         """Every (path, body) received so far, oldest first."""
         with self._lock:
             return list(self._posts)
+
+    @property
+    def timed_posts(self) -> list[tuple[str, dict[str, Any], float]]:
+        """Every (path, body, when it came in: ``time.monotonic()``) so far, oldest first."""
+        with self._lock:
+            return [(path, body, at) for (path, body), at in zip(self._posts, self._received_s, strict=True)]
 
     def alerts(self, path: str) -> list[dict[str, Any]]:
         """The alerts of every notification posted to ``path``."""

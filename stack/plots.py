@@ -20,11 +20,19 @@ from contracts.slo_defaults import ITL_THRESHOLD_S, MAX_IMBALANCE_CV, TTFT_THRES
 from stack.report import taken
 from stack.state import Sample, StackState
 
-__all__ = ["write_plots"]
+__all__ = ["decision_time", "write_plots"]
 
 
 def _series(samples: list[Sample], value: Any) -> list[float]:
     return [np.nan if (v := value(s)) is None else float(v) for s in samples]
+
+
+def decision_time(decision: dict[str, Any], t0: float) -> tuple[float, str]:
+    """Where a decision goes on the time axis (seconds since the load began), at its own time, and a note for its
+    label when that is not where it is drawn: one made before the load began (the scale-up from zero during
+    start-up) is drawn at 0, where the axis starts, its time in its label."""
+    when = float(decision.get("at_s", decision.get("seen_at_s", t0))) - t0
+    return (when, "") if when >= 0 else (0.0, f" (at {when:.1f} s)")
 
 
 def write_plots(state: StackState, out: Path) -> list[Path]:
@@ -84,8 +92,9 @@ def _replica_panel(ax: Any, state: StackState, samples: list[Sample], t: list[fl
     ax.step(t, [s.ready_engines for s in samples], where="post", linestyle=":", label="serving")
     for decision in state.decisions:
         if decision.get("action") in ("scale_up", "scale_down") and decision.get("outcome") == "applied":
-            when = float(decision.get("seen_at_s", t0)) - t0
-            ax.annotate(f"{decision['action']}:{decision.get('reason')}", (when, decision.get("desired_replicas") or 0),
+            when, note = decision_time(decision, t0)
+            ax.annotate(f"{decision['action']}:{decision.get('reason')}{note}",
+                        (when, decision.get("desired_replicas") or 0),
                         xytext=(3, 6), textcoords="offset points", fontsize="small", color="tab:purple")
             ax.axvline(when, color="tab:purple", alpha=0.3)
     ax.set_ylabel("replicas")
@@ -119,11 +128,11 @@ def _imbalance_panel(ax: Any, state: StackState, samples: list[Sample], t: list[
     ax.axhline(MAX_IMBALANCE_CV, color="tab:red", linestyle="--", label=f"objective {MAX_IMBALANCE_CV}")
     marked = [d for d in state.decisions if d.get("action") in ("rebalance", "verify_rebalance")]
     for i, decision in enumerate(marked):
-        when = float(decision.get("seen_at_s", t0)) - t0
+        when, note = decision_time(decision, t0)
         ax.axvline(when, color="tab:purple", alpha=0.5)
         # Staggered: a rebalance of the second replica often lands seconds after the first one's verdict.
         label = f"{decision['action']}:{decision.get('reason')}" + ("" if taken(decision) else
-                                                                   f" {decision.get('outcome')}")
+                                                                   f" {decision.get('outcome')}") + note
         ax.annotate(label, (when, MAX_IMBALANCE_CV),
                     xytext=(3, 10 + 12 * (i % 3)), textcoords="offset points", fontsize="small", color="tab:purple")
     ax.set_ylabel("CV of per-rank load")

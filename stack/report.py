@@ -126,7 +126,8 @@ def summarize(state: StackState) -> dict[str, Any]:
         "prometheus": state.prometheus_url is not None,
         "router_requests": state.router_requests if state.router_url is not None else None,
         **_control_loop(state),
-        "events": [f"{t - state.load_started_s:6.1f}s {text}" for t, text in state.events],
+        # In time order: a decision or page is recorded at its own time, which may come before lines seen earlier.
+        "events": [f"{t - state.load_started_s:6.1f}s {text}" for t, text in sorted(state.events, key=lambda e: e[0])],
     }
 
 

@@ -7,6 +7,7 @@ import asyncio
 import bisect
 import contextlib
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -16,7 +17,7 @@ from harness.webhook import WebhookReceiver
 from stack.report import recent_requests
 from stack.state import Sample, StackState
 
-__all__ = ["Sampler", "read_router_requests"]
+__all__ = ["Sampler", "decided_at_s", "read_router_requests"]
 
 RECENT_S = 30.0
 """Client-side latency percentiles cover the requests that finished in the last 30 s."""
@@ -32,6 +33,17 @@ def _engine_imbalance(load: dict[str, Any]) -> tuple[list[float], list[float]]:
     rank_tokens = np.asarray(load["rank_tokens"], dtype=np.float64)
     noise = sampling_noise_cv(rank_tokens.sum(axis=1), rank_tokens.shape[1], rank_tokens)
     return cv, [float(x) for x in noise]
+
+
+def decided_at_s(state: StackState, decision: dict[str, Any], seen_s: float) -> float:
+    """A decision's time in stack seconds, from its own ``at`` (the controller's wall clock; UTC when it names no
+    zone), else ``seen_s``: the look that sees it may come a sample period later, or, for the scale-up from zero
+    made during start-up, only when the load begins."""
+    try:
+        at = datetime.fromisoformat(str(decision["at"]))
+    except (KeyError, ValueError):
+        return seen_s
+    return state.from_wall((at if at.tzinfo is not None else at.replace(tzinfo=UTC)).timestamp())
 
 
 class Sampler:
@@ -62,7 +74,7 @@ class Sampler:
         status = await self._controller(client)
         await self._router(client)
         alerts = await self._alerts(client)
-        self._pages()
+        self.read_pages()
         now = state.elapsed()
         recent, met_fault = recent_requests(state, now, RECENT_S)
         ttfts = [r.ttft_s for r in recent if r.ttft_s is not None]
@@ -106,20 +118,22 @@ class Sampler:
             page = (await client.get(f"{state.controller_url}/v1/decisions",
                                      params={"policy": self.policy, "limit": 50})).json()
             for decision in reversed(page.get("items", [])):
-                self._decision(decision)
+                self.see_decision(decision)
         return status
 
-    def _decision(self, decision: dict[str, Any]) -> None:
+    def see_decision(self, decision: dict[str, Any]) -> None:
+        """Record a decision the first time it is seen, at its own time (``at_s``), with an event when it is news."""
         state = self.state
         key = str(decision.get("id"))
         if key in state.seen_decisions:
             return
         state.seen_decisions.add(key)
-        decision["seen_at_s"] = state.elapsed()
+        decision["seen_at_s"] = seen_s = state.elapsed()
+        decision["at_s"] = at_s = decided_at_s(state, decision, seen_s)
         state.decisions.append(decision)
         action = decision.get("action")
         if action in ("rebalance", "verify_rebalance"):
-            state.event(f"{action}:{decision.get('reason')} {decision.get('outcome')}: {decision.get('detail')}")
+            state.event(f"{action}:{decision.get('reason')} {decision.get('outcome')}: {decision.get('detail')}", at_s)
             return
         reasons = (decision.get("inputs") or {}).get("reasons", [])[1:]
         if action == "hold":
@@ -132,7 +146,7 @@ class Sampler:
             self._last_hold = None
         state.event(f"{action}:{decision.get('reason')} ({', '.join(reasons) or '-'}) "
                     f"{decision.get('current_replicas')} -> {decision.get('desired_replicas')}, "
-                    f"{decision.get('outcome')}")
+                    f"{decision.get('outcome')}", at_s)
 
     async def _router(self, client: httpx.AsyncClient) -> None:
         """An event when the entry router starts or stops sending requests to a replica."""
@@ -156,16 +170,17 @@ class Sampler:
             return sorted({a["labels"].get("alertname", "?") for a in active})
         return []
 
-    def _pages(self) -> None:
+    def read_pages(self) -> None:
+        """The webhook's new posts (pages and tickets), each at the time it came in, not at this look."""
         state = self.state
         if self.pager is None:
             return
-        for path, note in self.pager.posts[len(state.pages):]:
+        for path, note, received_s in self.pager.timed_posts[len(state.pages):]:
             note["receiver"] = path.strip("/")
-            note["delivered_at_s"] = state.elapsed()
+            note["delivered_at_s"] = received_s - state.started_s
             state.pages.append(note)
             names = ", ".join(sorted({a["labels"].get("alertname", "?") for a in note.get("alerts", [])}))
-            state.event(f"{path.strip('/')} delivered ({note.get('status')}): {names}")
+            state.event(f"{path.strip('/')} delivered ({note.get('status')}): {names}", note["delivered_at_s"])
 
 
 def read_router_requests(state: StackState) -> None:

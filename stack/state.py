@@ -110,6 +110,9 @@ class Sample:
 class StackState:
     options: StackOptions
     started_s: float = field(default_factory=time.monotonic)
+    started_wall_s: float = field(default_factory=time.time)
+    """The wall clock at ``started_s``: what maps the times other processes stamp (a decision's ``at``) to stack
+    seconds."""
     records: list[RequestRecord] = field(default_factory=list)
     done_at_s: list[float] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
@@ -153,8 +156,13 @@ class StackState:
     def elapsed(self) -> float:
         return time.monotonic() - self.started_s
 
-    def event(self, text: str) -> None:
-        self.events.append((self.elapsed(), text))
+    def event(self, text: str, at_s: float | None = None) -> None:
+        """A line of the run's story, at ``at_s`` (stack seconds) when it happened before it was seen, else now."""
+        self.events.append((self.elapsed() if at_s is None else at_s, text))
+
+    def from_wall(self, wall_s: float) -> float:
+        """Stack seconds of a wall-clock time (``time.time()``'s scale)."""
+        return wall_s - self.started_wall_s
 
 
 __all__ = ["Sample", "StackOptions", "StackState"]
