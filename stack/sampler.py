@@ -22,6 +22,8 @@ __all__ = ["Sampler", "decided_at_s", "read_router_requests"]
 RECENT_S = 30.0
 """Client-side latency percentiles cover the requests that finished in the last 30 s."""
 RATE_WINDOW_S = 10.0
+DECISIONS_PAGE = 200
+"""Decisions read a request (the controller's decision log pages at most 500)."""
 GUARD_REASONS = ("host_budget", "scale_ineffective", "at_max", "forecast_unreliable")
 
 
@@ -115,11 +117,25 @@ class Sampler:
         except (httpx.HTTPError, ValueError):
             state.controller_unanswered += 1  # counted in the summary: a dead loop does not read as a quiet one
         with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
-            page = (await client.get(f"{state.controller_url}/v1/decisions",
-                                     params={"policy": self.policy, "limit": 50})).json()
-            for decision in reversed(page.get("items", [])):
+            for decision in await self._new_decisions(client):
                 self.see_decision(decision)
         return status
+
+    async def _new_decisions(self, client: httpx.AsyncClient) -> list[dict[str, Any]]:
+        """Every decision since the last look, oldest first: pages (newest first) are read back to one already seen.
+
+        One page of 50 missed the scale-up from zero once start-up logged 50 decisions before the first look."""
+        seen = self.state.seen_decisions
+        fresh: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"policy": self.policy, "limit": DECISIONS_PAGE}
+        while True:
+            page = (await client.get(f"{self.state.controller_url}/v1/decisions", params=params)).json()
+            items = page.get("items", [])
+            fresh.extend(d for d in items if str(d.get("id")) not in seen)
+            cursor = page.get("next_cursor")
+            if cursor is None or any(str(d.get("id")) in seen for d in items) or cursor == params.get("cursor"):
+                return fresh[::-1]
+            params["cursor"] = cursor
 
     def see_decision(self, decision: dict[str, Any]) -> None:
         """Record a decision the first time it is seen, at its own time (``at_s``), with an event when it is news."""

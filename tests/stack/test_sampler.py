@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 
@@ -57,3 +58,50 @@ def test_a_page_is_placed_when_it_was_delivered_not_when_it_was_read() -> None:
     (page,) = state.pages
     assert page["delivered_at_s"] == pytest.approx(posted, abs=0.3)
     assert state.events[-1][0] == page["delivered_at_s"]
+
+
+class _DecisionLog:
+    """The controller's ``/v1/decisions`` as it pages (newest first, ``cursor``: the ids below it)."""
+
+    def __init__(self, count: int) -> None:
+        self.decisions: list[dict[str, object]] = []
+        self.add(count)
+
+    def add(self, count: int) -> None:
+        for _ in range(count):
+            n = len(self.decisions) + 1
+            action = "scale_up" if n == 1 else "hold"  # the scale-up from zero, then a hold every tick
+            self.decisions.append({"id": n, "action": action, "reason": "min_replicas" if n == 1 else "steady",
+                                   "outcome": "applied" if n == 1 else "held",
+                                   "at": dt.datetime.now(dt.UTC).isoformat(), "inputs": {"reasons": [action]}})
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if not request.url.path.startswith("/v1/decisions"):
+            return httpx.Response(200, json={})
+        limit = min(int(request.url.params.get("limit", 50)), 500)
+        cursor = request.url.params.get("cursor")
+        older = [d for d in reversed(self.decisions) if cursor is None or int(str(d["id"])) < int(cursor)]
+        items = older[:limit]
+        return httpx.Response(200, json={"items": items,
+                                         "next_cursor": items[-1]["id"] if len(items) == limit else None})
+
+
+def test_every_decision_since_the_last_look_is_read_however_many() -> None:
+    """Decisions were read 50 at a time: a start-up of over 100 s (a hold every 2 s tick) pushed the scale-up from
+    zero out of the first look's page, and the summary never counted it."""
+    state = StackState(StackOptions())
+    state.controller_url = "http://controller"
+    log = _DecisionLog(1200)
+    sampler = Sampler(state, "p", None, list)
+
+    async def look() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(log.handler)) as client:
+            await sampler._controller(client)
+
+    asyncio.run(look())
+    assert [d["id"] for d in state.decisions] == list(range(1, 1201))  # oldest first, none twice
+    assert summarize(state)["decisions"]["scale_up:min_replicas"] == 1
+    log.add(3)
+    asyncio.run(look())
+    assert [d["id"] for d in state.decisions[-4:]] == [1200, 1201, 1202, 1203]
+    assert len(state.decisions) == 1203
