@@ -121,6 +121,7 @@ class LocalStack:
         self._lock_fd: int | None = None
         self.cpu_pool = SharedCpuPool(os.sched_getaffinity(0), self._controller_pid, self._control_plane_pids)
         self.replica_record = ReplicaRecord()  # the controller's replicas, so none outlives the run
+        self.sampler: Sampler | None = None
 
     # ------------------------------------------------------------------ start
     def start(self, progress: Callable[[str], None]) -> None:
@@ -362,8 +363,8 @@ class LocalStack:
         state.event(f"replaying {len(plan)} requests: {what}")
         state.load_started_s = state.elapsed()
         stop = asyncio.Event()
-        sampler = Sampler(state, POLICY_NAME, self.pager, self._probe_engines)
-        sampling = asyncio.create_task(sampler.loop(stop, self.on_update))
+        self.sampler = Sampler(state, POLICY_NAME, self.pager, self._probe_engines)
+        sampling = asyncio.create_task(self.sampler.loop(stop, self.on_update))
         pooling = asyncio.create_task(self._keep_cpu_pool(stop))
         fault = asyncio.create_task(inject_fault(state, self._controller_pid)) if opts.inject_slowdown else None
         driving = asyncio.create_task(drive(state, plan, vocab, state.engines[0]))
@@ -425,6 +426,8 @@ class LocalStack:
         from stack.plots import write_plots
         from stack.report import request_rows, summarize
 
+        if self.sampler is not None:
+            self.sampler.read_pages()  # those posted after the last look (the pager keeps them once stopped)
         summary = summarize(self.state)
         summary["plots"] = [str(p) for p in write_plots(self.state, self.options.out)]
         rows = request_rows(self.state)

@@ -120,3 +120,30 @@ def test_a_fault_cut_short_by_the_end_of_the_load_is_reported_as_it_ran(
     assert start == pytest.approx(0.2, abs=0.15) and end == pytest.approx(0.9, abs=0.3)
     assert any(re.search(r"fault cut short after 0\.\d s of its 5 s", line) for line in summary["events"])
     assert not any("fault over" in line for line in summary["events"])
+
+
+def test_a_page_delivered_after_the_last_look_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stubbed: None,
+) -> None:
+    """The sampler's looks end with the load; a page Alertmanager delivered after the last one was never read."""
+    import httpx
+
+    from harness.webhook import WebhookReceiver
+
+    plan = [LoadRequest(arrival_s=0.0, prompt_tokens=4, max_tokens=4)]
+    monkeypatch.setattr(stack.run, "load_plan", lambda _options, _rate: (plan, "test plan"))
+
+    async def send(_client: Any, req: LoadRequest, *_args: Any, **_kw: Any) -> RequestRecord:
+        return RequestRecord(arrival_s=req.arrival_s, prompt_tokens=4, max_tokens=4, status=200, ttft_s=0.1,
+                             itls_s=[0.01] * 3, output_tokens=4)
+
+    monkeypatch.setattr(stack.load, "send_request", send)
+    local = _stack(tmp_path, duration_s=0.2, inject_slowdown=False)
+    local.pager = pager = WebhookReceiver()
+    try:
+        asyncio.run(local.run_load())
+        httpx.post(f"{pager.url}/page", json={"status": "firing", "alerts": [{"labels": {"alertname": "Burn"}}]})
+    finally:
+        local.stop()
+    summary = local.write_results()
+    assert summary["pages_delivered"] == 1 and summary["pages"][0]["alerts"] == ["Burn"]
