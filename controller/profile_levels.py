@@ -64,11 +64,19 @@ def _past_noise(levels: list[_Level]) -> list[_Level]:
     return [replace(level, held=True) if i < last_held else level for i, level in enumerate(levels)]
 
 
+def _same_levels(by_replica: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """The replicas' summaries of each level, lightest first: by the rate the sweep asked for (``rate_rps``), as a
+    replica skips a level that drew no arrival; by position in summaries that do not carry it."""
+    if all("rate_rps" in summary for levels in by_replica for summary in levels):
+        rates = sorted({float(summary["rate_rps"]) for levels in by_replica for summary in levels})
+        return [[s for levels in by_replica for s in levels if float(s["rate_rps"]) == rate] for rate in rates]
+    return [[levels[i] for levels in by_replica if len(levels) > i] for i in range(max(map(len, by_replica)))]
+
+
 def _counted_levels(by_replica: list[list[dict[str, Any]]], share: float, gap_share: float) -> list[_Level]:
     """The levels that count, as measured."""
     out = []
-    for level in range(max(len(levels) for levels in by_replica)):
-        present = [levels[level] for levels in by_replica if len(levels) > level]
+    for present in _same_levels(by_replica):
         requests = sum(summary["requests"] for summary in present)
         if requests < MIN_HELD_REQUESTS or any(summary.get("within_objectives") is None for summary in present):
             continue

@@ -131,7 +131,7 @@ def sweep_rates(
         if not stats["ok"]:
             progress(f"rate {rate:g}: no request succeeded ({stats['status_counts']}); stopping")
             break
-        summaries.append(stats)
+        summaries.append({**stats, "rate_rps": rate})  # the rate asked for: replicas' levels pool by it
         progress(f"rate {rate:g} req/s: {stats['output_tokens_per_s']:.1f} output tok/s, "
                  f"TTFT p99 {stats['ttft_p99_s']:.3f} s, ITL p99 {stats['itl_p99_s']:.4f} s")
         if (stats["ttft_p99_s"] or 0.0) > ttft_limit_s and len(summaries) >= min_levels:

@@ -114,3 +114,15 @@ def test_moeslo_profile_writes_the_held_rate_as_the_profiles_ceiling() -> None:
     assert ceiled.itl_base_s == DEFAULT_PROFILE.itl_base_s  # the fit itself is left as it was
     missed = [_swept(1.0, 0.5, 0.9), _swept(2.0, 0.5, 0.9)]
     assert with_held_ceiling(DEFAULT_PROFILE, missed).max_request_rate_rps == DEFAULT_PROFILE.max_request_rate_rps
+
+
+def test_levels_pool_by_the_rate_asked_for_when_a_replica_skipped_one() -> None:
+    # One replica drew no arrival at 0.3 req/s and skipped it: its 1 req/s level must pool with the other's
+    # 1 req/s level, not with its 0.3 one (by position, every later level mixed two rates).
+    def level(rate: float, requests: int, within: float) -> dict[str, Any]:
+        return {**_level(rate, requests, within), "rate_rps": rate}
+
+    full = [level(0.3, 1, 1.0), level(1.0, 10, 1.0), level(2.0, 20, 1.0), level(3.0, 30, 0.5)]
+    skipped = full[1:]
+    assert held_rate_rps([full, skipped]) == held_rate_rps([full, full])
+    assert held_rate_rps([full, skipped]) == pytest.approx(2.0 + 1.0 * 0.01 / 0.5)
