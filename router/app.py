@@ -176,12 +176,15 @@ async def _first_answer(router: Router, request: web.Request, path: str, *, body
     the client's headers (a replica started with an API key guards these routes as it does completions).
 
     A replica's JSON 4xx (its refusal of the client's key, say) is the client's to read: relayed unchanged. A
-    replica that refuses the connection is ejected; one that answers another error, or nothing within the scrape
-    timeout, is passed over for the next; when none answers, the last one's failure is the error.
+    replica that refuses the connection is ejected; one that answers another error is passed over for the next,
+    as is one that answers a GET nothing within the scrape timeout; when none answers, the last one's failure is
+    the error.  A POST (tokenizing a long document takes a while) has the upstream timeout, and one that ran out
+    is not sent again: that replica did the work, and another would do it twice.
     """
-    timeout = aiohttp.ClientTimeout(total=router.config.scrape_timeout_s)
     headers = upstream_headers(request.raw_headers)
-    method = "GET" if body is None else "POST"
+    method, limit_s = ("GET", router.config.scrape_timeout_s) if body is None else \
+        ("POST", router.config.upstream_timeout_s)  # fmt: skip
+    timeout = aiohttp.ClientTimeout(total=limit_s, sock_connect=router.config.connect_timeout_s)
     failure: UpstreamError | None = None
     for name in [n for n in router.pool.names if router.pool.is_healthy(n)]:
         try:
@@ -190,8 +193,10 @@ async def _first_answer(router: Router, request: web.Request, path: str, *, body
                 listing = _Listing(name, answer.status, await answer.read(), relayed_headers(answer.raw_headers))
                 is_json = "json" in answer.headers.get("content-type", "")
         except TimeoutError:
-            failure = UpstreamTimeoutError(f"replica {name} did not answer {path} within {timeout.total} s",
+            failure = UpstreamTimeoutError(f"replica {name} did not answer {path} within {limit_s:g} s",
                                            replica=name)  # fmt: skip
+            if body is not None:
+                raise failure from None
             continue
         except UPSTREAM_FAILURES:
             router.eject(name)

@@ -95,3 +95,32 @@ def test_tokenize_and_detokenize_are_answered_by_a_replica_that_answers_and_refu
         assert refused.status_code == 400
         assert refused.json()["error"]["message"] == "prompt: field required"
         assert r.replicas()[good]["healthy"] is True
+
+
+async def _slow_tokenize(request: web.Request) -> web.Response:
+    await asyncio.sleep(1.5)  # past the 0.5 s scrape timeout: a long document's tokenizing
+    return await _tokenize(request)
+
+
+def test_tokenize_has_the_upstream_timeout_and_is_not_sent_twice() -> None:
+    calls: list[str] = []
+
+    def counted(name: str) -> Handler:
+        async def handler(request: web.Request) -> web.Response:
+            calls.append(name)
+            return await _slow_tokenize(request)
+        return handler
+
+    with serving(replica_app(posts={"/tokenize": counted("a")})) as a, \
+            serving(replica_app(posts={"/tokenize": counted("b")})) as b, \
+            router([a, b], scrape_timeout_s=0.5, upstream_timeout_s=30.0) as r:  # fmt: skip
+        answer = httpx.post(r.url + "/tokenize", json={"prompt": "ab cde"}, timeout=10)
+        assert (answer.status_code, answer.json()["count"]) == (200, 2)
+        assert len(calls) == 1, calls
+    with serving(replica_app(posts={"/tokenize": counted("c")})) as c, \
+            serving(replica_app(posts={"/tokenize": counted("d")})) as d, \
+            router([c, d], scrape_timeout_s=0.5, upstream_timeout_s=0.5) as r:  # fmt: skip
+        calls.clear()
+        answer = httpx.post(r.url + "/tokenize", json={"prompt": "ab"}, timeout=10)
+        assert answer.status_code == 504
+        assert len(calls) == 1, calls
