@@ -186,6 +186,20 @@ def test_misses_beyond_chance_is_a_one_sided_binomial_test() -> None:
     assert not slo.misses_beyond_chance(0.5, 0.5, 0.99)  # less than one event
 
 
+@pytest.mark.parametrize("target", [0.9, 0.99, 0.999])
+def test_misses_beyond_chance_agrees_with_the_binomial_tail_everywhere(target: float) -> None:
+    """The test against scipy.stats' binomial survival function, over counts and miss shares."""
+    from scipy.stats import binom
+
+    for events in (1, 2, 7, 40, 100, 1300, 12_345, 1_000_000):
+        for misses in sorted({1, 2, 3, events // 50, events // 10, events // 2, events}):
+            if not 1 <= misses <= events:
+                continue
+            good = 1.0 - misses / events
+            expected = float(binom.sf(misses - 1, events, 1.0 - target)) < slo.MISS_SIGNIFICANCE
+            assert slo.misses_beyond_chance(good, events, target) is expected, (events, misses)
+
+
 def test_the_low_traffic_guard_counts_requests_over_the_short_window() -> None:
     """20 requests: one slow among them is 5 %, short of the 14.4 % the fastest page needs at 99 %."""
     assert slo.MIN_ALERT_REQUESTS == 20
