@@ -69,6 +69,15 @@ class PredictiveConfig:
     """Most model refits (backtest, selection, fit: tens of milliseconds each once the history is
     long) one tick spends over all policies; a forecaster whose refit waits keeps forecasting with its
     current model.  Refits of short histories (under ``CHEAP_REFIT_BINS``) do not count."""
+    cheap_refit_bins_per_tick: int = 512
+    """Most history bins the refits of short histories (about 0.03 ms a bin) one tick spends over all
+    policies: many policies started together reach their early refits (when the history doubles) on the
+    same ticks, and sixteen at once held a 100-policy tick 130 ms; beyond it they wait for a later tick."""
+
+    def __post_init__(self) -> None:
+        if self.cheap_refit_bins_per_tick < CHEAP_REFIT_BINS:  # else the longest short refit never fits
+            raise ValueError(f"cheap_refit_bins_per_tick must be >= {CHEAP_REFIT_BINS}, "
+                             f"got {self.cheap_refit_bins_per_tick}")  # fmt: skip
 
 
 @dataclass
@@ -238,20 +247,25 @@ class PredictiveAdvisor:
         """Per policy: (point, lower, upper) request-rate forecast one lead time ahead (for plots)."""
         self._budget_tick_s: float | None = None
         self._refits_left = 0
+        self._cheap_bins_left = 0
         self.refits_deferred = 0
         """Refits that waited for a later tick's budget (since start)."""
 
     def _refit_if_due(self, forecaster: AutoForecaster, now_s: float) -> None:
         if now_s != self._budget_tick_s:
             self._budget_tick_s, self._refits_left = now_s, self.config.refits_per_tick
+            self._cheap_bins_left = self.config.cheap_refit_bins_per_tick
         if not forecaster.refit_due:
             return
-        cheap = len(forecaster.history) < CHEAP_REFIT_BINS
-        if not cheap and self._refits_left <= 0:
+        bins = len(forecaster.history)
+        cheap = bins < CHEAP_REFIT_BINS
+        if (self._cheap_bins_left < bins) if cheap else (self._refits_left <= 0):
             self.refits_deferred += 1
             return
         forecaster.refit()
-        if not cheap:
+        if cheap:
+            self._cheap_bins_left -= bins
+        else:
             self._refits_left -= 1
 
     def capacity(self, policy: Policy) -> CapacityModel:

@@ -1,0 +1,50 @@
+"""Many policies started together reach their early refits (each time the history doubles) on the same ticks:
+the refits of short histories share a per-tick budget of history bins, and the ones beyond it wait."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.forecast import ForecastConfig
+from controller.policy import LocalTarget, Policy, Scaling
+from controller.predictive import CHEAP_REFIT_BINS, PredictiveAdvisor, PredictiveConfig
+from controller.types import PolicyObservation
+
+TICK_S = 15.0
+POLICIES = [
+    Policy(name=f"p{i}", target=LocalTarget(), lead_time_s=60,
+           scaling=Scaling(min_replicas=1, max_replicas=50, max_step=50, scale_down_cooldown_s=0))
+    for i in range(60)
+]  # fmt: skip
+
+
+def observe(name: str, t: float) -> PolicyObservation:
+    r = 10.0 + (t // 600) % 3
+    return PolicyObservation(
+        policy=name, observed_at_s=t, current_replicas=4, ready_replicas=4, queue_depth=0.0, running_requests=1.0,
+        request_rate_rps=r, prompt_tokens_per_s=r * 100, output_tokens_per_s=r * 50, kv_cache_usage=0.1,
+    )  # fmt: skip
+
+
+def test_short_refits_of_many_policies_share_a_tick_budget_and_all_catch_up() -> None:
+    config = PredictiveConfig(forecast=ForecastConfig(bin_s=TICK_S, season_s=3600.0, refit_every_bins=240))
+    adv = PredictiveAdvisor(config)
+    busiest = 0
+    for k in range(220):
+        now = k * TICK_S
+        for policy in POLICIES:
+            adv.advise(policy, observe(policy.name, now), now)
+        states = [adv._state[p.name].rate for p in POLICIES]
+        refit_now = [s for s in states if s.model_name is not None and s._since_fit == 0]  # fit on this tick
+        refit_bins = sum(len(s.history) for s in refit_now if len(s.history) < CHEAP_REFIT_BINS)
+        busiest = max(busiest, refit_bins)
+    assert busiest <= config.cheap_refit_bins_per_tick  # all at once: 60 policies' 128-bin refits on one tick
+    assert adv.refits_deferred > 0
+    # Deferred, not dropped: every forecaster has a model, none refit longer ago than its cadence allows.
+    assert all(adv._state[p.name].rate.model_name is not None for p in POLICIES)
+    assert max(adv._state[p.name].rate._since_fit for p in POLICIES) < 220 // 2
+
+
+def test_a_budget_too_small_for_the_longest_short_refit_is_refused() -> None:
+    with pytest.raises(ValueError, match="cheap_refit_bins_per_tick"):
+        PredictiveConfig(cheap_refit_bins_per_tick=CHEAP_REFIT_BINS - 1)
