@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from contracts.errors import MoesloError
 from controller.runtime import json_safe
-from controller.store import DecisionRecord, Store, StoredPolicy
+from controller.store import DecisionRecord, DecisionRefusedError, Store, StoredPolicy
 from controller.types import Decision
 
 if TYPE_CHECKING:
@@ -73,7 +73,9 @@ class DecisionLogWriter:
     """Writes the tick's records to the store.  A write that fails (a database locked, a failover) keeps its records,
     and the next write sends them first: a change applied must not lose its record (nor the cooldown a restart
     carries over from it) to one failed write.  At most ``pending_max`` are kept; beyond, the oldest are dropped
-    (``dropped`` counts them, and the warning says so)."""
+    (``dropped`` counts them, and the warning says so).  A batch the store refuses for a record in it (one it can
+    never hold) is written one record at a time: the others are written, and the refused one is dropped with a
+    warning and counted (``refused``, and the store's errors), where kept it would fail every later write."""
 
     def __init__(self, store: Store, metrics: ControllerMetrics, *, pending_max: int = PENDING_MAX) -> None:
         self.store = store
@@ -81,21 +83,43 @@ class DecisionLogWriter:
         self.pending_max = pending_max
         self.pending: list[DecisionRecord] = []
         self.dropped = 0
+        self.refused = 0
 
     async def append(self, records: Sequence[DecisionRecord] = ()) -> bool:
-        """Write the records kept from failed writes, then ``records``; whether they were written."""
+        """Write the records kept from failed writes, then ``records``; whether none is left for the next write."""
         batch = [*self.pending, *records]
         if not batch:
             return True
         try:
             await asyncio.to_thread(self.store.append_decisions, batch)
+        except DecisionRefusedError:
+            return await self._one_by_one(batch)
         except MoesloError as exc:
-            self.metrics.error("store")
-            self._keep(batch)
-            log.warning("decision log write failed (%d record(s) kept for the next write): %s", len(batch), exc)
+            self._failed(batch, exc)
             return False
         self.pending = []
         return True
+
+    async def _one_by_one(self, batch: list[DecisionRecord]) -> bool:
+        """Each record of a refused batch on its own, in order: an outage meanwhile keeps the rest."""
+        for at, record in enumerate(batch):
+            try:
+                await asyncio.to_thread(self.store.append_decisions, [record])
+            except DecisionRefusedError as exc:
+                self.refused += 1
+                self.metrics.error("store")
+                log.warning("decision log: %s's %s record of %s dropped (%d refused since the start): %s",
+                            record.policy, record.action, record.at.isoformat(), self.refused, exc)  # fmt: skip
+            except MoesloError as exc:
+                self._failed(batch[at:], exc)
+                return False
+        self.pending = []
+        return True
+
+    def _failed(self, batch: list[DecisionRecord], exc: MoesloError) -> None:
+        self.metrics.error("store")
+        self._keep(batch)
+        log.warning("decision log write failed (%d record(s) kept for the next write): %s", len(self.pending), exc)
 
     def _keep(self, batch: list[DecisionRecord]) -> None:
         over = len(batch) - self.pending_max

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from controller.store.records import (
     DecisionRecord,
+    DecisionRefusedError,
     ModelHeldError,
     PolicyExistsError,
     PolicyVersion,
@@ -18,6 +19,7 @@ from controller.store.store import PolicyListing, Store, make_engine
 __all__ = [
     "DecisionPoint",
     "DecisionRecord",
+    "DecisionRefusedError",
     "ModelHeldError",
     "PolicyExistsError",
     "PolicyListing",

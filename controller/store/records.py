@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from contracts.errors import ConflictError, DataError
+from contracts.errors import ConflictError, DataError, ValidationError
 from controller.policy import Policy, model_held_problem
 
 
@@ -55,6 +55,11 @@ class UnreadablePolicyError(DataError):
         self.problem = problem
         super().__init__(f"policy {name!r} as stored (version {version}) no longer validates: {problem}; "
                          "replace it (PUT) or delete it")  # fmt: skip
+
+
+class DecisionRefusedError(ValidationError):
+    """The database refused a decision record for what it holds (a column's rule broken, inputs its JSON column
+    cannot encode): written again, it fails again, unlike a write an outage failed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,13 +16,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import ValidationError as PydanticValidationError
 from sqlalchemy import Engine, create_engine, delete, event, exists, func, make_url, select
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DataError as SqlDataError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -31,6 +32,7 @@ from contracts.errors import ConflictError, NotFoundError, UnavailableError
 from controller.policy import STORED, Policy
 from controller.store.records import (
     DecisionRecord,
+    DecisionRefusedError,
     ModelHeldError,
     PolicyExistsError,
     PolicyVersion,
@@ -81,6 +83,14 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=5000")
     cursor.close()
+
+
+def _refused(cause: BaseException | None) -> bool:
+    """Whether the database refused a write for the values it holds (a constraint, a value too long, one the
+    driver cannot encode), not for its own state (locked, gone): that write fails every time."""
+    if isinstance(cause, IntegrityError | SqlDataError):
+        return True
+    return isinstance(cause, StatementError) and not isinstance(cause, DBAPIError)  # a value not encoded
 
 
 def redacted(url: str) -> str:
@@ -376,28 +386,21 @@ class Store:
 
     # ---- decision log ---------------------------------------------------
     def append_decisions(self, records: Sequence[DecisionRecord]) -> list[int]:
-        """Store decisions in one transaction; returns their ids."""
-        with self._session() as session:
-            rows = [
-                DecisionRow(
-                    policy=r.policy,
-                    policy_version=r.policy_version,
-                    at=r.at,
-                    tick_s=r.tick_s,
-                    action=r.action,
-                    reason=r.reason,
-                    current_replicas=r.current_replicas,
-                    desired_replicas=r.desired_replicas,
-                    mode=r.mode,
-                    outcome=r.outcome,
-                    detail=r.detail,
-                    inputs=r.inputs,
-                )
-                for r in records
-            ]
-            session.add_all(rows)
-            session.flush()
-            return [row.id for row in rows]
+        """Store decisions in one transaction; returns their ids.  A record the database refuses for what it holds
+        fails the batch with :class:`DecisionRefusedError` (written again, it fails again); an outage is an
+        :class:`UnavailableError`."""
+        try:
+            with self._session() as session:
+                columns = [f.name for f in fields(DecisionRecord) if f.name != "id"]  # the id is the database's to give
+                rows = [DecisionRow(**{name: getattr(r, name) for name in columns}) for r in records]
+                session.add_all(rows)
+                session.flush()
+                return [row.id for row in rows]
+        except (ConflictError, UnavailableError) as exc:
+            if not _refused(exc.__cause__):
+                raise
+            first_line = str(exc.__cause__).splitlines()[0][:400]
+            raise DecisionRefusedError(f"the database refused a decision record: {first_line}") from exc
 
     def list_decisions(
         self,
@@ -483,18 +486,5 @@ class Store:
 
     @staticmethod
     def _record(row: DecisionRow) -> DecisionRecord:
-        return DecisionRecord(
-            id=row.id,
-            policy=row.policy,
-            policy_version=row.policy_version,
-            at=_utc(row.at),
-            tick_s=row.tick_s,
-            action=row.action,
-            reason=row.reason,
-            current_replicas=row.current_replicas,
-            desired_replicas=row.desired_replicas,
-            mode=row.mode,
-            outcome=row.outcome,
-            detail=row.detail,
-            inputs=dict(row.inputs),
-        )
+        columns = {f.name: getattr(row, f.name) for f in fields(DecisionRecord)}
+        return DecisionRecord(**{**columns, "at": _utc(row.at), "inputs": dict(row.inputs)})
