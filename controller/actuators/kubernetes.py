@@ -35,7 +35,11 @@ An HPA's ``maxReplicas`` lifted to fit a higher floor is remembered in an
 annotation and given back when the floor comes down again.
 
 The official ``kubernetes`` client is synchronous; calls run in a worker
-thread so the tick loop's event loop never blocks on the API server.
+thread so the tick loop's event loop never blocks on the API server.  A call
+whose await is cut off (the tick's bound on a scale or a read, a shutdown)
+tells its thread to stop: it sends no further request, so no write lands
+after the tick logged the scale failed, and threads do not pile up behind an
+API server that stalls (a request in flight runs to its own timeout).
 """
 
 from __future__ import annotations
@@ -44,10 +48,11 @@ import asyncio
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client as k8s
@@ -67,6 +72,7 @@ LWS_PLURAL = "leaderworkersets"
 RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 LIFTED_MAX_ANNOTATION = "moeslo.io/max-replicas-before-floor"
 """On an HPA whose ``maxReplicas`` the actuator lifted: the value it had, given back when the floor comes down."""
+_T = TypeVar("_T")
 MERGE_PATCH = "application/merge-patch+json"
 """RFC 7386: the fields the patch names are set (``null`` removes), every other one stays as the server has it."""
 log = logging.getLogger(__name__)
@@ -115,7 +121,7 @@ class KubernetesActuator:
         client: k8s.ApiClient,
         *,
         config: KubernetesConfig | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config or KubernetesConfig()
@@ -127,6 +133,7 @@ class KubernetesActuator:
         self._endpoints: dict[str, tuple[str, ...]] = {}
         """Per policy, its ready pods' base URLs at the last read."""
         self._sleep = sleep
+        """The backoff's wait (tests pass their own); None: a wait on the call's stop, which a cut-off ends."""
         self._clock = clock
         self.writes = 0
         """Writes sent (including ones that failed): tests check a retry never doubles them."""
@@ -160,7 +167,8 @@ class KubernetesActuator:
     async def replicas(self, policy: Policy) -> ReplicaCount:
         target = self._target(policy)
         try:
-            read = await asyncio.to_thread(self._with_retries, target, lambda t: self._read(target, t), "read")
+            read = await self._in_thread(lambda stop: self._with_retries(
+                target, lambda t: self._read(target, t), "read", stop))
         except ActuationError as exc:
             if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
                 self._endpoints.pop(policy.name, None)  # a deleted workload's pod IPs go to other pods
@@ -197,7 +205,18 @@ class KubernetesActuator:
         if replicas < 0:
             raise ActuationError(f"cannot scale {policy.name!r} to {replicas} replicas")
         target = self._target(policy)
-        return await asyncio.to_thread(self._scale_sync, target, replicas, still_leading)
+        return await self._in_thread(lambda stop: self._scale_sync(target, replicas, still_leading, stop))
+
+    @staticmethod
+    async def _in_thread(work: Callable[[threading.Event], _T]) -> _T:
+        """``work(stop)`` in a worker thread; ``stop`` is set when the await is cut off, and the thread then stops
+        at its next attempt or backoff (it went on retrying, and writing, for nobody)."""
+        stop = threading.Event()
+        try:
+            return await asyncio.to_thread(work, stop)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
 
     @staticmethod
     def _target(policy: Policy) -> KubernetesTarget:
@@ -205,7 +224,9 @@ class KubernetesActuator:
             raise ActuationError(f"policy {policy.name!r} has a {policy.target.kind!r} target, not a Kubernetes one")
         return policy.target
 
-    def _scale_sync(self, target: KubernetesTarget, replicas: int, still_leading: StillLeading) -> ScaleResult:
+    def _scale_sync(
+        self, target: KubernetesTarget, replicas: int, still_leading: StillLeading, stop: threading.Event
+    ) -> ScaleResult:
         state: dict[str, Any] = {"previous": None, "wrote": False, "attempts": 0}
 
         def attempt(timeout: float) -> ScaleResult:
@@ -220,6 +241,8 @@ class KubernetesActuator:
                     f"from {read.desired})"
                 )
             if read.desired != replicas:
+                if stop.is_set():  # cut off during the read: no write after the caller gave up on the scale
+                    raise _given_up(target, f"scale to {replicas}")
                 if not still_leading():  # asked last thing before the write: the retries may have outlived the lease
                     raise _lost_lease(target, replicas, wrote_before=state["wrote"])
                 self.writes += 1
@@ -230,11 +253,11 @@ class KubernetesActuator:
             )
 
         try:
-            result: ScaleResult = self._with_retries(target, attempt, f"scale to {replicas}")
+            result: ScaleResult = self._with_retries(target, attempt, f"scale to {replicas}", stop)
         except LeadershipLostError:
             raise
         except ActuationError:
-            if not state["wrote"] or not self._landed(target, replicas):
+            if stop.is_set() or not state["wrote"] or not self._landed(target, replicas):
                 raise
             # The last write's answer was an error, but the write was applied.
             result = ScaleResult(
@@ -249,13 +272,18 @@ class KubernetesActuator:
         except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError, ActuationError):
             return False
 
-    def _with_retries(self, target: KubernetesTarget, fn: Callable[[float], Any], what: str) -> Any:
-        """``fn(request timeout)`` until it succeeds, a non-retried error, ``max_attempts`` or the deadline."""
+    def _with_retries(
+        self, target: KubernetesTarget, fn: Callable[[float], Any], what: str, stop: threading.Event
+    ) -> Any:
+        """``fn(request timeout)`` until it succeeds, a non-retried error, ``max_attempts``, the deadline or
+        ``stop``."""
         cfg = self.config
         deadline = self._clock() + cfg.retry_deadline_s
         last = ""
         attempt = 0
         while attempt < cfg.max_attempts and (left := deadline - self._clock()) > 0:
+            if stop.is_set():
+                raise _given_up(target, what)
             attempt += 1
             try:
                 return fn(min(cfg.request_timeout_s, left))
@@ -269,7 +297,11 @@ class KubernetesActuator:
                 raise ActuationError(f"{_describe(target)}: {what} failed: {_malformed(exc)}") from exc
             if attempt < cfg.max_attempts:
                 delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * 2 ** (attempt - 1))
-                self._sleep(min(delay * (0.5 + random.random() / 2), max(0.0, deadline - self._clock())))
+                wait_s = min(delay * (0.5 + random.random() / 2), max(0.0, deadline - self._clock()))
+                if self._sleep is None:
+                    stop.wait(wait_s)
+                else:
+                    self._sleep(wait_s)
         within = "" if attempt == cfg.max_attempts else f" within {cfg.retry_deadline_s:g} s"
         raise ActuationError(f"{_describe(target)}: {what} failed after {attempt} attempts{within}: {last}")
 
@@ -356,6 +388,10 @@ def _lost_lease(target: KubernetesTarget, replicas: int, *, wrote_before: bool) 
         f"{_describe(target)}: the lease was lost before the scale to {replicas} was written{earlier}; "
         "another replica acts"
     )
+
+
+def _given_up(target: KubernetesTarget, what: str) -> ActuationError:
+    return ActuationError(f"{_describe(target)}: {what} given up: its caller no longer waits for it")
 
 
 def _selector(scale: Any) -> str | None:

@@ -13,6 +13,7 @@ from controller.actuators import KubernetesActuator, api_client
 from controller.config import KubernetesConfig
 from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import Policy
+from controller.sources.base import LateAnswerError, within
 from tests.controller.kube_standin import Fault, StandInApiServer
 
 
@@ -95,6 +96,35 @@ def test_a_stalled_api_server_is_given_up_on_within_the_deadline(server: StandIn
     with pytest.raises(ActuationError, match=r"scale to 4 failed after 1 attempts within 0.6 s"):
         asyncio.run(actuator.scale(_policy(), 4))
     assert time.monotonic() - began < 1.5  # not 5 attempts of 10 s: the tick loop goes on
+
+
+def test_a_scale_its_caller_gave_up_on_sends_no_write_after(server: StandInApiServer) -> None:
+    """The tick's bound cut the scale's await off, but its worker thread went on: after the backoff it wrote, the
+    scale already logged as failed."""
+    path = server.add_deployment_scale("prod", "qwen", 2)
+    server.state.faults.append(Fault("PUT", "/scale", 503))
+    config = KubernetesConfig(host=server.url, max_attempts=4, backoff_initial_s=1.0, backoff_max_s=1.0,
+                              request_timeout_s=5, retry_deadline_s=30)  # fmt: skip
+    actuator = KubernetesActuator(api_client(config), config=config)  # the real backoff: cut off during it
+    with pytest.raises(LateAnswerError):
+        asyncio.run(within(actuator.scale(_policy(), 5), 0.3, "kubernetes scale"))  # waits for the worker to end
+    time.sleep(0.2)
+    assert [c for m, p, c in server.state.log if m == "PUT" and p == path] == [503]
+    assert server.obj(path)["spec"]["replicas"] == 2
+
+
+def test_a_read_its_caller_gave_up_on_stops_retrying_a_stalled_api_server(server: StandInApiServer) -> None:
+    """Each read cut off by the tick's bound left a thread retrying for ``max_attempts`` requests: they piled up
+    while the API server stalled."""
+    path = server.add_deployment_scale("prod", "qwen", 2)
+    server.state.stalls["/scale"] = 0.5
+    config = KubernetesConfig(host=server.url, max_attempts=20, backoff_initial_s=0.0, request_timeout_s=0.2,
+                              retry_deadline_s=30)  # fmt: skip
+    actuator = KubernetesActuator(api_client(config), config=config)
+    with pytest.raises(LateAnswerError):
+        asyncio.run(within(actuator.replicas(_policy()), 0.5, "kubernetes replica count"))
+    time.sleep(0.6)  # the stalled requests' answers, logged when the stand-in sends them
+    assert 1 <= len([p for m, p, _ in server.state.log if m == "GET" and p == path]) <= 4  # not 20
 
 
 def test_a_write_applied_but_answered_with_an_error_on_the_last_attempt_counts_as_applied(
