@@ -12,7 +12,13 @@ and left to exit).  A replica counts as ready once its port answers HTTP.
 A replica whose ``/health`` answers 503 is broken (a dead EP rank, a failed
 step: it never serves again) and is stopped like a surplus one, so the count
 drops and the next decision starts a replacement: restarting is this
-supervisor's job, not the engine's.  Every replica is stopped when the
+supervisor's job, not the engine's.  A replica started with other launch
+settings than the policy's now (a PUT changed its checkpoint or model: the
+argv differs) is replaced, one at a time, each tick a step: its successor
+starts ahead of it and it stops once the successor is ready, so no fewer
+serve meanwhile (with no CPU slice left for one more, it stops first and its
+successor starts in its place); a scale-down stops such replicas first.
+Every replica is stopped when the
 controller shuts down, and on Linux gets SIGTERM from the kernel when the
 controller dies without a shutdown (``PR_SET_PDEATHSIG``: a kill -9 left
 replicas serving, in sessions of their own, for nobody).
@@ -65,6 +71,11 @@ class LocalReplica:
     log: IO[bytes] | None = None
     cpus: tuple[int, ...] = ()
     """The CPUs this replica is pinned to (empty: not pinned)."""
+    argv: tuple[str, ...] = ()
+    """What it was started with: its launch settings."""
+    replaces: LocalReplica | None = None
+    """The replica on old settings this one was started ahead of (not counted until it is ready and that one
+    stops)."""
 
     @property
     def endpoint(self) -> str:
@@ -200,13 +211,63 @@ class LocalActuator:
     async def replicas(self, policy: Policy) -> ReplicaCount:
         replicas = self._reap(policy)
         states = await asyncio.gather(*(self._probe(r) for r in replicas))
-        broken = [r for r, state in zip(replicas, states, strict=True) if state == "broken"]
+        state_of = {id(r): state for r, state in zip(replicas, states, strict=True)}
+        broken = [r for r in replicas if state_of[id(r)] == "broken"]
         for replica in broken:  # the supervisor's part: a broken replica never serves again, so replace it
             log.error("replica %s of %r is broken (/health answers 503); stopping it so a new one replaces it",
                       replica.endpoint, policy.name)
             replicas.remove(replica)
         await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in broken))
-        return ReplicaCount(desired=len(replicas), ready=states.count("ready"))
+        if not broken:  # one stop per read at most: the read's bound counts on it
+            async with self._lock:
+                await self._renew(policy, state_of)
+        counted = [r for r in self._reap(policy) if r.replaces is None]
+        return ReplicaCount(desired=len(counted), ready=sum(state_of.get(id(r)) == "ready" for r in counted))
+
+    def _stale(self, policy: Policy, replica: LocalReplica) -> bool:
+        """Whether ``replica`` was started with other settings than ``policy``'s now (a checkpoint, a model)."""
+        return isinstance(policy.target, LocalTarget) and replica.argv != tuple(self._argv(policy, replica.port))
+
+    async def _renew(self, policy: Policy, state_of: dict[int, str]) -> None:
+        """One step of replacing the replicas on old settings (see the module docstring).  As a broken replica's
+        stop, a supervisor's step on what this actuator started, not a scale: the count stays."""
+        replicas = self._reap(policy)
+        ahead = next((r for r in replicas if r.replaces is not None), None)
+        if ahead is not None:
+            old = ahead.replaces
+            if old is None or state_of.get(id(ahead)) != "ready":
+                return  # still loading: the old one serves on (a successor that died was reaped: none is ahead)
+            ahead.replaces = None
+            if any(r is old for r in replicas):  # not gone meanwhile (crashed, broken)
+                replicas.remove(old)
+                await asyncio.to_thread(self._stop, old)
+            return
+        stale = [r for r in replicas if self._stale(policy, r)]
+        if not stale or any(state_of.get(id(r)) != "ready" for r in replicas if r not in stale):
+            return  # a step at a time: none while a successor still loads
+        old = min(stale, key=lambda r: state_of.get(id(r)) == "ready")  # one that does not serve first
+        room = self._room()
+        if not room:
+            replicas.remove(old)
+            await asyncio.to_thread(self._stop, old)
+        try:
+            successor = self._start(policy, replicas)
+        except ActuationError as exc:
+            log.warning("replacing replica %s of %r (started with other settings) failed: %s", old.endpoint,
+                        policy.name, exc)  # fmt: skip
+            return
+        log.info("replica %s of %r was started with other settings: %s replaces it", old.endpoint, policy.name,
+                 successor.endpoint)  # fmt: skip
+        successor.replaces = old if room else None
+        replicas.append(successor)
+
+    def _room(self) -> bool:
+        """Whether the host budget has a CPU slice left for one more replica."""
+        try:
+            self._free_slice()
+        except ActuationError:
+            return False
+        return True
 
     async def _probe(self, replica: LocalReplica) -> str:
         """``ready`` (answers HTTP), ``broken`` (``/health`` answers 503) or ``down`` (no answer yet)."""
@@ -227,9 +288,12 @@ class LocalActuator:
             raise ActuationError(f"cannot run {replicas} replicas of {policy.name!r}")
         async with self._lock:
             running = self._reap(policy)
-            previous = len(running)
+            previous = sum(r.replaces is None for r in running)
             if previous != replicas and not still_leading():  # asked after the lock's wait, before any change
                 raise LeadershipLostError(f"{policy.name}: the lease was lost before the scale to {replicas}")
+            for replica in running:  # a successor started ahead counts now; the replicas on old settings go first
+                replica.replaces = None
+            running.sort(key=lambda r: self._stale(policy, r))
             while len(running) < replicas:
                 running.append(self._start(policy, running))
             surplus = running[replicas:]
@@ -295,9 +359,8 @@ class LocalActuator:
                 log.close()
             why = exc.strerror if isinstance(exc, OSError) else str(exc)
             raise ActuationError(f"cannot start {argv[0]!r} for {policy.name!r}: {why}") from exc
-        return LocalReplica(
-            process=process, port=port, host=self.config.host, started_s=time.monotonic(), log=log, cpus=cpus
-        )
+        return LocalReplica(process=process, port=port, host=self.config.host, started_s=time.monotonic(), log=log,
+                            cpus=cpus, argv=tuple(argv))  # fmt: skip
 
     def _stop(self, replica: LocalReplica) -> None:
         """SIGTERM to the replica's process group, a wait for all of it, SIGKILL to what is left, a wait: never
