@@ -10,7 +10,7 @@ plan (``old=None``) and the re-plan vLLM actually asks for, from its
 initial map (``[0..E-1]`` then replicas of ``0, 1, ...``), where moves (an
 expert copied onto a rank that did not hold it) count too.  Figures:
 max/mean rank load (layer average and worst layer), CV, balancedness,
-plan time (best of ``repeat``, wall and CPU), and ours over vLLM's.
+plan time (best of ``repeat``, wall and CPU, the two policies timed in turns), and ours over vLLM's.
 
 vLLM lives in ``.venv-vllm``: the measuring half runs there
 (``python -m bench.vllm_eplb FOLDER REPEAT``) and prints JSON; without the
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bench.rebalance import expert_load_dir, load_files, timed
+from bench.rebalance import expert_load_dir, load_files, timed_alternating
 from contracts.imbalance import balancedness, count_replicas, imbalance_cv, max_over_mean, rank_load
 from controller.rebalance.moves import rank_moves
 from harness.vllm_server import VLLM_VENV, vllm_python
@@ -74,23 +74,29 @@ def check_plan(phy2log: IntArray, layers: int, num_experts: int, num_replicas: i
         raise AssertionError("plan leaves a logical expert without a replica")
 
 
-def _run_policy(policy: Any, load: FloatArray, config: dict[str, int], old: IntArray | None,
-                repeat: int) -> dict[str, Any]:  # fmt: skip
+def _run_policies(policies: dict[str, Any], load: FloatArray, config: dict[str, int], old: IntArray | None,
+                  repeat: int) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Each policy's plan and figures; the policies timed in turns (ABBA), so the machine's drift and first-call
+    costs fall on both alike."""
     import torch
 
     weight = torch.from_numpy(load.astype(np.int64))  # vLLM passes integer token counts
     old_t = None if old is None else torch.from_numpy(old)
-    plan, wall_ms, cpu_ms = timed(
-        lambda: policy.rebalance_experts(weight, config["num_replicas"], config["num_groups"], config["num_nodes"],
-                                         config["num_ranks"], old_t),
-        repeat,
-    )  # fmt: skip
-    phy2log = np.asarray(plan.cpu().numpy(), dtype=np.int64)
-    check_plan(phy2log, load.shape[0], load.shape[1], config["num_replicas"])
-    out: dict[str, Any] = {**figures(phy2log, load, config["num_ranks"]), "plan_ms": wall_ms, "plan_cpu_ms": cpu_ms}
-    if old is not None:
-        out["moves"] = int(rank_moves(old, phy2log, config["num_ranks"]).sum())
-    return out
+
+    def plan_of(policy: Any) -> Callable[[], Any]:
+        return lambda: policy.rebalance_experts(weight, config["num_replicas"], config["num_groups"],
+                                                config["num_nodes"], config["num_ranks"], old_t)  # fmt: skip
+
+    times = timed_alternating({who: plan_of(policy) for who, policy in policies.items()}, repeat)
+    rows: dict[str, dict[str, Any]] = {}
+    for who, (plan, wall_ms, cpu_ms) in times.items():
+        phy2log = np.asarray(plan.cpu().numpy(), dtype=np.int64)
+        check_plan(phy2log, load.shape[0], load.shape[1], config["num_replicas"])
+        out: dict[str, Any] = {**figures(phy2log, load, config["num_ranks"]), "plan_ms": wall_ms, "plan_cpu_ms": cpu_ms}
+        if old is not None:
+            out["moves"] = int(rank_moves(old, phy2log, config["num_ranks"]).sum())
+        rows[who] = out
+    return rows
 
 
 def measure(folder: Path, repeat: int, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
@@ -111,7 +117,7 @@ def measure(folder: Path, repeat: int, progress: Callable[[str], None] = lambda 
                 progress(f"{config_name} {start} {name}")
                 fresh = start == "fresh"
                 old = None if fresh else initial_map(load.shape[0], load.shape[1], config["num_replicas"])
-                row = {who: _run_policy(p, load, config, old, repeat) for who, p in policies.items()}
+                row: dict[str, Any] = _run_policies(policies, load, config, old, repeat)
                 row["ratios_moeslo_over_vllm_default"] = ratios(row["moeslo"], row["vllm_default"])
                 per_file[name] = row
             per_start[start] = {"per_file": per_file, "summary": summarize(per_file)}
