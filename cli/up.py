@@ -129,6 +129,9 @@ def up(
     router: Annotated[
         bool, typer.Option(help="Send the load through the entry router (cost policy); off: straight to replicas.")
     ] = True,
+    seed: Annotated[
+        int, typer.Option(min=0, help="Seed of the random checkpoint, the load's draws and the profile's arrivals.")
+    ] = 0,
     live: Annotated[bool, typer.Option(help="Live terminal view.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -139,7 +142,8 @@ def up(
     options = StackOptions(duration_s=duration, out=out, checkpoint=checkpoint, ep=ep, max_replicas=max_replicas,
                            cpus_per_replica=cpus_per_replica, speedup=speedup, trace=trace, base_load=base_load,
                            arrivals=_arrivals(arrivals), inject_slowdown=inject_slowdown,
-                           slowdown_at_s=slowdown_at, slowdown_for_s=slowdown_for, prometheus=prometheus, router=router)
+                           slowdown_at_s=slowdown_at, slowdown_for_s=slowdown_for, prometheus=prometheus, router=router,
+                           seed=seed)
     with cli_errors():
         _check_host(options, _given(ctx))
         summary = _run(options, live=live)

@@ -61,3 +61,18 @@ def test_options_the_trace_would_ignore_are_refused(tmp_path: Path, args: list[s
     assert result.exit_code == 2, result.output
     assert says in " ".join(result.output.split())
     assert not (tmp_path / "out").exists()
+
+
+def test_the_seed_reaches_the_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--seed sets the random checkpoint's, the load's and the profile's draws (it was fixed at 0)."""
+    import stack
+
+    seen: list[int] = []
+
+    def run_stack(options: stack.StackOptions, *args: object, **kwargs: object) -> None:
+        seen.append(options.seed)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(stack, "run_stack", run_stack)
+    CliRunner().invoke(app, ["up", "--seed", "7", "--out", str(tmp_path / "out"), "--no-live"])
+    assert seen == [7]
