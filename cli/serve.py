@@ -35,6 +35,12 @@ def serve(
     max_num_seqs: Annotated[int, typer.Option(help="Sequences in the running batch at most.")] = 128,
     max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens computed per step at most.")] = 512,
     max_waiting: Annotated[int, typer.Option(help="Waiting requests at most; more get 429.")] = 256,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(min=1, help="Context served: prompt plus output tokens of a request at most (default: the "
+                                 "checkpoint's max_position_embeddings, capped by the KV cache if it holds less). "
+                                 "One the checkpoint or the KV cache cannot hold is refused at start."),
+    ] = None,
     model_name: Annotated[str | None, typer.Option(help="Served model name (default: directory name).")] = None,
     dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16 (default: the checkpoint's).")] = None,
     expert_metrics: Annotated[
@@ -95,18 +101,23 @@ def serve(
             checkpoint=checkpoint, ep=ep, colocate_ranks=colocate_ranks, slots_per_rank=slots_per_rank,
             kv_cache_mb=kv_cache_mb,
             block_size=block_size, dtype=dtype, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting,
+            max_num_batched_tokens=max_num_batched_tokens, max_waiting=max_waiting, max_model_len=max_model_len,
             model_name=model_name, engine_id=engine_id, prometheus=exporters, expert_metrics=expert_metrics,
             otlp=otlp, port=port, threads=threads, parallel_min_tokens=parallel_min_tokens,
             request_deadline_s=request_deadline_s, core_silence_timeout_s=core_silence_timeout_s,
             enable_prefix_caching=enable_prefix_caching, ttft_allowances=exported_allowances(ttft_allowances),
         )
         stack = build_stack(options)
+        engine = stack.engine
         console.print(
             f"serving {options.served_model_name} on http://{host}:{port} "
-            f"({stack.engine.blocks.num_blocks} KV blocks of {stack.engine.blocks.block_size} tokens, prefix caching "
-            f"{'on' if enable_prefix_caching else 'off'}; "
-            f"engine core pid {stack.engine.pid})"
+            f"({engine.blocks.num_blocks} KV blocks of {engine.blocks.block_size} tokens, context "
+            f"{engine.max_model_len} tokens, prefix caching {'on' if enable_prefix_caching else 'off'}; "
+            f"engine core pid {engine.pid})"
         )
+        if engine.context_note is not None:
+            console.print(f"context capped at {engine.max_model_len} tokens: {engine.context_note}; raise "
+                          f"--kv-cache-mb (now {kv_cache_mb:g}) to serve it all, or set --max-model-len "
+                          f"{engine.max_model_len} or less to choose it", soft_wrap=True)
         run_uvicorn(stack.app, host=host, port=port, listener=listener, log_level=log_level,
                     timeout_graceful_shutdown=5)

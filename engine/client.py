@@ -190,6 +190,12 @@ class EngineCoreClient:
         return int(self._info["max_model_len"])
 
     @property
+    def context_note(self) -> str | None:
+        """Why the context is shorter than the checkpoint's (the KV cache caps it); None when it is not."""
+        note = self._info.get("context_note")
+        return None if note is None else str(note)
+
+    @property
     def vocab_size(self) -> int:
         return int(self._info["vocab_size"])
 
@@ -238,7 +244,7 @@ class EngineCoreClient:
             raise ValidationError("prompt must have at least one token")
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise PromptTooLongError(prompt_tokens=len(prompt_token_ids), max_tokens=params.max_tokens,
-                                     max_model_len=self.max_model_len)
+                                     max_model_len=self.max_model_len, context_note=self.context_note)
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *, request_id: str | None = None,
                     arrival_s: float | None = None, group: ChoiceGroup | None = None, choice: int = 0,

@@ -36,7 +36,7 @@ from engine.engine_types import EngineConfig, RequestOutput
 from engine.executors import Executor
 from engine.kv_cache import BlockManager
 from engine.sampling import SamplingParams, TokenHistory, sample_each, token_logprobs
-from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SeqStatus, Sequence, drain_time_s
+from engine.scheduler import Scheduler, SchedulerOutput, SeqStatus, Sequence, drain_time_s, resolve_max_model_len
 from engine.stats import FinishedRequestStats, PlacementSwapStats, RequestTiming, RoutingDelta, StepStats
 
 if TYPE_CHECKING:
@@ -71,16 +71,15 @@ class EngineCore:
     ) -> None:
         self.executor = executor
         self.config = config or EngineConfig()
-        model_len = min(self.config.scheduler.max_model_len, executor.config.max_position_embeddings)
-        sched_config = SchedulerConfig(
-            max_num_seqs=self.config.scheduler.max_num_seqs,
-            max_num_batched_tokens=self.config.scheduler.max_num_batched_tokens,
-            max_waiting=self.config.scheduler.max_waiting,
-            max_model_len=model_len,
-        )
         self.blocks = BlockManager(executor.num_blocks, executor.block_size,
                                    enable_prefix_caching=self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(sched_config, self.blocks)
+        model_len = resolve_max_model_len(self.config.scheduler.max_model_len,
+                                          executor.config.max_position_embeddings, self.blocks.capacity_tokens)
+        self.scheduler = Scheduler(dataclasses.replace(self.config.scheduler, max_model_len=model_len), self.blocks)
+        if self.context_note is not None:
+            log.warning("engine core: context capped at %d tokens: %s; raise --kv-cache-mb to serve it all, or "
+                        "set --max-model-len %d or less to choose it", self.max_model_len, self.context_note,
+                        self.max_model_len)
         model_eos = executor.config.eos_token_id
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids) if eos_token_ids is not None \
             else (() if model_eos is None else (model_eos,))
@@ -105,6 +104,11 @@ class EngineCore:
     @property
     def max_model_len(self) -> int:
         return self.scheduler.max_model_len
+
+    @property
+    def context_note(self) -> str | None:
+        """Why the context is shorter than the checkpoint's (the KV cache caps it); None when it is not."""
+        return self.scheduler.context_note
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, arrival_s: float | None = None

@@ -246,8 +246,8 @@ class CoreLoop:
 def _ready_info(core: EngineCore) -> dict[str, Any]:
     cfg = core.executor.config
     return {"pid": os.getpid(), "num_blocks": core.blocks.num_blocks, "block_size": core.blocks.block_size,
-            "max_model_len": core.max_model_len, "vocab_size": cfg.vocab_size, "num_experts": cfg.num_experts,
-            "num_ranks": core.executor.num_ranks, "placement": core.placement.to_json(),
+            "max_model_len": core.max_model_len, "context_note": core.context_note, "vocab_size": cfg.vocab_size,
+            "num_experts": cfg.num_experts, "num_ranks": core.executor.num_ranks, "placement": core.placement.to_json(),
             "eos_token_ids": list(core.eos_token_ids)}
 
 

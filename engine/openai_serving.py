@@ -72,10 +72,10 @@ class Generation:
     def num_choices(self) -> int:
         return len(self.prompts) * self.n
 
-    def choices(self, max_model_len: int) -> list[tuple[list[int], SamplingParams]]:
+    def choices(self, max_model_len: int, context_note: str | None = None) -> list[tuple[list[int], SamplingParams]]:
         """Every choice's prompt and parameters, ``max_tokens`` cut to the context its prompt leaves."""
-        fitted = [fit_to_context(self.params, len(prompt), max_model_len, field=self.prompt_field)
-                  for prompt in self.prompts]
+        fitted = [fit_to_context(self.params, len(prompt), max_model_len, field=self.prompt_field,
+                                 context_note=context_note) for prompt in self.prompts]
         return [(prompt, self._sample_params(params, j)) for prompt, params in zip(self.prompts, fitted, strict=True)
                 for j in range(self.n)]
 
@@ -118,7 +118,7 @@ async def serve_generation(
 
     # Every prompt is checked (its length against the context, the rest as the client checks it) before any
     # is sent: a refused one must leave none running in the core.  A prompt's n choices differ only by seed.
-    choices = gen.choices(engine.max_model_len)
+    choices = gen.choices(engine.max_model_len, engine.context_note)
     for prompt, params in choices[:: gen.n]:
         engine.check_prompt(prompt, params)
     # The statistics observed once per API request (one span, the most tokens of a prompt's choices) wait for

@@ -255,16 +255,17 @@ def without_nulls(data: Any, defaulted: Collection[str], declared: Collection[st
 
 
 def fit_to_context(params: SamplingParams, prompt_tokens: int, max_model_len: int, *,
-                   field: str = "prompt") -> SamplingParams:
+                   field: str = "prompt", context_note: str | None = None) -> SamplingParams:
     """``max_tokens`` cut to the context the prompt leaves, as vLLM's ``get_max_tokens`` cuts it.
 
     The request then ends with finish reason ``length`` where the context
     does; a prompt that leaves no room for one token is a 400 (naming
-    ``field``).
+    ``field``, and ``context_note``: why the context is shorter than the model's).
     """
     room = max_model_len - prompt_tokens
     if room < 1:
-        raise PromptTooLongError(prompt_tokens=prompt_tokens, max_model_len=max_model_len, param=field)
+        raise PromptTooLongError(prompt_tokens=prompt_tokens, max_model_len=max_model_len, param=field,
+                                 context_note=context_note)
     return params if params.max_tokens <= room else dataclasses.replace(params, max_tokens=room)
 
 

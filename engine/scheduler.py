@@ -76,17 +76,38 @@ class SchedulerConfig:
     """Tokens computed per step at most (decode tokens and prefill chunks together)."""
     max_waiting: int = 256
     """Requests waiting for admission at most; more are refused (429)."""
-    max_model_len: int = 4096
-    """Prompt plus generated tokens of one sequence at most."""
+    max_model_len: int | None = None
+    """Prompt plus generated tokens of one sequence at most; None: the checkpoint's ``max_position_embeddings``
+    (:func:`resolve_max_model_len`)."""
 
     def __post_init__(self) -> None:
         problems = [
             f"{name} must be >= 1, got {getattr(self, name)}"
             for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "max_model_len")
-            if getattr(self, name) < 1
+            if getattr(self, name) is not None and getattr(self, name) < 1
         ]
         if problems:
             raise ValidationError(problems)
+
+
+def resolve_max_model_len(asked: int | None, max_positions: int, kv_tokens: int) -> int:
+    """The context to serve, as vLLM settles it: ``asked``, or the checkpoint's ``max_positions``.
+
+    A context beyond the checkpoint's is refused (its rotary table ends there), and so is one asked for
+    that the KV cache (``kv_tokens``) cannot hold: the operator chose it.  The checkpoint's own context is
+    served even if the KV cache holds less; the scheduler then caps it (:attr:`Scheduler.context_note`).
+    """
+    if asked is None:
+        return max_positions
+    if asked > max_positions:
+        raise ValidationError(
+            f"max_model_len {asked} is longer than the checkpoint's context (max_position_embeddings "
+            f"{max_positions} in its config.json); lower --max-model-len to {max_positions} or less")
+    if asked > kv_tokens:
+        raise ValidationError(
+            f"the KV cache holds {kv_tokens} tokens < max_model_len {asked}: one sequence of the context would "
+            f"not fit; raise --kv-cache-mb or lower --max-model-len to {kv_tokens} or less")
+    return asked
 
 
 @dataclass(slots=True, eq=False)
@@ -174,7 +195,16 @@ class Scheduler:
     @property
     def max_model_len(self) -> int:
         """The longest sequence that can ever run: the context, or the whole KV cache if smaller."""
-        return min(self.config.max_model_len, self.blocks.capacity_tokens)
+        asked = self.config.max_model_len
+        return self.blocks.capacity_tokens if asked is None else min(asked, self.blocks.capacity_tokens)
+
+    @property
+    def context_note(self) -> str | None:
+        """Why the context is shorter than configured (the KV cache holds fewer tokens); None when it is not."""
+        asked, held = self.config.max_model_len, self.blocks.capacity_tokens
+        if asked is None or asked <= held:
+            return None
+        return f"the server's KV cache holds only {held} tokens; the model's own context is {asked}"
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -184,9 +214,8 @@ class Scheduler:
         if prompt_tokens < 1:
             raise ValidationError("prompt must have at least one token")
         if prompt_tokens + max_tokens > self.max_model_len:
-            raise PromptTooLongError(
-                prompt_tokens=prompt_tokens, max_tokens=max_tokens, max_model_len=self.max_model_len
-            )
+            raise PromptTooLongError(prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                                     max_model_len=self.max_model_len, context_note=self.context_note)
         if self._num_new_waiting >= self.config.max_waiting:
             raise OverloadedError(
                 f"waiting queue is full ({self.config.max_waiting} requests); retry later",

@@ -101,7 +101,7 @@ def error_to_wire(exc: BaseException) -> dict[str, Any]:
         raw["retry_after_s"] = exc.retry_after_s
     if isinstance(exc, PromptTooLongError):
         raw["fields"] = {"prompt_tokens": exc.prompt_tokens, "max_tokens": exc.max_tokens,
-                         "max_model_len": exc.max_model_len}
+                         "max_model_len": exc.max_model_len, "context_note": exc.context_note}
     if isinstance(exc, NotFoundError):
         raw["fields"] = {"kind": exc.kind, "name": exc.name}
     return raw

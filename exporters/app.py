@@ -42,6 +42,9 @@ class ServeOptions:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
+    max_model_len: int | None = None
+    """The context served (prompt plus output tokens); None: the checkpoint's, capped by the KV cache if it holds
+    less.  One the checkpoint or the KV cache cannot hold is refused at start."""
     model_name: str | None = None
     """None: the checkpoint directory's name."""
     engine_id: str = "0"
@@ -77,6 +80,21 @@ class ServingStack:
     prometheus: PrometheusStatsSink | None
 
 
+def engine_config(options: ServeOptions) -> EngineConfig:
+    """What the engine core is told (its scheduler's limits among it)."""
+    return EngineConfig(
+        scheduler=SchedulerConfig(
+            max_num_seqs=options.max_num_seqs,
+            max_num_batched_tokens=options.max_num_batched_tokens,
+            max_waiting=options.max_waiting,
+            max_model_len=options.max_model_len,
+        ),
+        request_deadline_s=options.request_deadline_s,
+        core_silence_timeout_s=options.core_silence_timeout_s,
+        enable_prefix_caching=options.enable_prefix_caching,
+    )
+
+
 def build_stack(options: ServeOptions) -> ServingStack:
     """Start the engine-core process (model loaded) and build the app around its client."""
     executor = ExecutorOptions(
@@ -88,19 +106,7 @@ def build_stack(options: ServeOptions) -> ServingStack:
     )
     model_name = options.served_model_name
     defaults = sampling_defaults(Path(options.checkpoint))  # a bad generation config fails before the core starts
-    engine = EngineCoreClient(
-        executor,
-        EngineConfig(
-            scheduler=SchedulerConfig(
-                max_num_seqs=options.max_num_seqs,
-                max_num_batched_tokens=options.max_num_batched_tokens,
-                max_waiting=options.max_waiting,
-            ),
-            request_deadline_s=options.request_deadline_s,
-            core_silence_timeout_s=options.core_silence_timeout_s,
-            enable_prefix_caching=options.enable_prefix_caching,
-        ),
-    )
+    engine = EngineCoreClient(executor, engine_config(options))
     hooks: list[Callable[[], None]] = []
     if options.otlp:
         from exporters.otel import OtelStatsSink
@@ -138,4 +144,4 @@ def _renderer(sink: PrometheusStatsSink) -> MetricsRenderer:
     return render
 
 
-__all__ = ["ServeOptions", "ServingStack", "build_stack"]
+__all__ = ["ServeOptions", "ServingStack", "build_stack", "engine_config"]

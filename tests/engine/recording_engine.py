@@ -10,6 +10,7 @@ class RecordingEngine:
     """Records each request's prompt ids and parameters, then refuses it with a 400 ("recorded")."""
 
     max_model_len = 4096
+    context_note: str | None = None
 
     def __init__(self) -> None:
         self.prompts: list[list[int]] = []

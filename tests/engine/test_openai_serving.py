@@ -30,6 +30,7 @@ class ScriptedEngine:
     """Generates ``text`` a byte a token (then eos, if asked); an abort ends the request with its reason at once."""
 
     max_model_len = 4096
+    context_note: str | None = None
 
     def __init__(self, text: str = TEXT, *, eos: bool = False) -> None:
         self.ids = [*text.encode(), *([EOS] if eos else [])]

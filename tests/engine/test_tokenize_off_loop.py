@@ -44,6 +44,7 @@ class _Engine:
     """What the routes ask of an engine client before a request reaches the core; the core refuses it."""
 
     max_model_len = 1 << 30
+    context_note: str | None = None
 
     def check_prompt_ids(self, ids: Any) -> None:
         list(ids)
