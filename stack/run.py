@@ -238,6 +238,8 @@ class LocalStack:
         }
         if state.prometheus_url is not None:
             settings["prometheus_url"] = state.prometheus_url
+        if state.alertmanager_url is not None:  # the status page lists the alerts it is delivering
+            settings["alertmanager_url"] = state.alertmanager_url
         config_path = opts.out / "controller.yaml"
         config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
         controller = self.supervisor.start(

@@ -209,6 +209,8 @@ def test_controller_config_and_policies_load(tree: str, tmp_path: Path) -> None:
     settings = load_settings(config)
     assert settings.leader_election.enabled and settings.port == 8090
     assert settings.actuator == ("dryrun" if tree == "base" else "kubernetes")
+    # The status page lists the firing alerts only when it knows where Alertmanager is.
+    assert settings.prometheus_url and settings.alertmanager_url
     policies_file = tmp_path / "policies.yaml"
     policies_file.write_text(resources[("ConfigMap", "moeslo", "moeslo-policies")]["data"]["policies.yaml"])
     expected = DEFAULT_POLICIES if tree == "base" else _overlay_policies()[tree.rsplit("/", 1)[1]]

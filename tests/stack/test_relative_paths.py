@@ -56,3 +56,23 @@ def test_relative_out_and_checkpoint_name_the_same_files_for_the_stacks_processe
         assert yaml.safe_load(config.read_text())["local"]["checkpoint"] == str(tmp_path / "ck")
     finally:
         stack.stop()
+
+
+def test_the_controller_is_told_where_the_stacks_prometheus_and_alertmanager_are(
+    tmp_path: Path, started: list[tuple[str, list[str]]]
+) -> None:
+    """Without ``alertmanager_url`` the status page the run points to said Alertmanager was not configured,
+    and listed no alert, while the stack's Alertmanager was delivering pages."""
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "out").mkdir()
+    stack = LocalStack(StackOptions(out=tmp_path / "out", checkpoint=tmp_path / "ck"))
+    try:
+        stack.state.controller_url = "http://127.0.0.1:1"
+        stack.state.prometheus_url, stack.state.alertmanager_url = "http://127.0.0.1:2", "http://127.0.0.1:3"
+        with pytest.raises(_Started):
+            stack._start_controller(18099, 18100, tmp_path / "ck")
+        written = yaml.safe_load((tmp_path / "out" / "controller.yaml").read_text())
+        assert written["prometheus_url"] == "http://127.0.0.1:2"
+        assert written["alertmanager_url"] == "http://127.0.0.1:3"
+    finally:
+        stack.stop()
