@@ -10,7 +10,7 @@ import math
 from controller.policy import Scaling
 from controller.types import Reason
 
-__all__ = ["clamp_to_bounds", "scale_down_floor"]
+__all__ = ["bound_first", "clamp_to_bounds", "scale_down_floor"]
 
 
 def clamp_to_bounds(need: int, current: int, scaling: Scaling) -> tuple[int, list[str]]:
@@ -28,6 +28,18 @@ def clamp_to_bounds(need: int, current: int, scaling: Scaling) -> tuple[int, lis
     elif current > scaling.max_replicas and desired <= current:
         guards.append(Reason.ABOVE_MAX)
     return desired, guards
+
+
+def bound_first(reasons: tuple[str, ...], need: int, current: int, desired: int) -> tuple[str, ...]:
+    """``reasons`` (the action first) with the bound that made the change next, when the advisors wanted none.
+
+    A decision is logged and counted by its second reason: the scale-up from zero that the advisors' "no change"
+    (``within_slo``, ``insufficient_data``) never asked for is ``below_min``'s, as is the way down to the maximum.
+    """
+    if desired == current or (need - current) * (desired - current) > 0:
+        return reasons
+    moved = tuple(r for r in reasons if r in (Reason.BELOW_MIN, Reason.ABOVE_MAX))
+    return (reasons[0], *moved, *(r for r in reasons[1:] if r not in moved))
 
 
 def scale_down_floor(current: int, desired: int, scaling: Scaling) -> int | None:

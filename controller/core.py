@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from controller.advisors import ReactiveAdvisor
-from controller.bounds import clamp_to_bounds, scale_down_floor
+from controller.bounds import bound_first, clamp_to_bounds, scale_down_floor
 from controller.decision_inputs import record_advice as _record_advice
 from controller.decision_inputs import record_observation as _record_observation
 from controller.entry_demand import entry_floor, router_waiting
@@ -243,7 +243,7 @@ class DecisionCore:
             guards.append(Reason.MAX_STEP)
 
         action: Action = "hold" if desired == current else ("scale_up" if desired > current else "scale_down")
-        reasons: tuple[str, ...] = (action, *why, *guards)
+        reasons = bound_first((action, *why, *guards), need, current, desired)
         if action == "hold" and need == current and Reason.SCALE_UP_PENDING not in reasons:
             reasons = (*reasons, Reason.STEADY)
         verb = "hold at" if action == "hold" else f"{action.replace('_', ' ')} {current} ->"
@@ -379,8 +379,8 @@ class DecisionCore:
     ) -> Decision | None:
         """Without usable data, a replica count outside the policy's bounds still moves toward them.
 
-        The bounds are the policy's own rule and need no data; a fleet at zero has no
-        engines and so no metrics, and would otherwise never come back.  Scale-downs
+        The bounds are the policy's own rule and need no data (the bound is the reason logged, the missing data
+        next); a fleet at zero has no engines and so no metrics, and would otherwise never come back.  Scale-downs
         happen only to enforce max_replicas.  ``None`` when the count is within bounds.
         """
         scaling = policy.scaling
@@ -390,14 +390,14 @@ class DecisionCore:
             desired, guard = scaling.max_replicas, Reason.ABOVE_MAX
         else:
             return None
-        guards: list[str] = [guard]
+        step: tuple[str, ...] = ()
         if abs(desired - current) > scaling.max_step:
             desired = current + int(math.copysign(scaling.max_step, desired - current))
-            guards.append(Reason.MAX_STEP)
+            step = (Reason.MAX_STEP,)
         action: Action = "scale_up" if desired > current else "scale_down"
         bounds = f"[{scaling.min_replicas}, {scaling.max_replicas}]"
         text = f"{action.replace('_', ' ')} {current} -> {desired}: outside the bounds {bounds}; {detail}"
-        return _decision(policy, action, current, desired, (action, why, *more, *guards), text, inputs, now_s)
+        return _decision(policy, action, current, desired, (action, guard, why, *more, *step), text, inputs, now_s)
 
     @staticmethod
     def _note_outside_change(state: PolicyState, current: int, observed_at_s: float) -> None:

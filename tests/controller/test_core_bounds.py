@@ -8,7 +8,9 @@ import pytest
 
 from controller.advisors import ReactiveAdvisor
 from controller.core import CoreConfig, DecisionCore, PolicyState
-from controller.types import PolicyObservation
+from controller.decision_log import logged_reason
+from controller.policy import Policy
+from controller.types import Advice, PolicyObservation
 from tests.controller.test_core import idle, make_policy, observe, tick
 
 
@@ -22,7 +24,7 @@ def test_fleet_at_zero_without_metrics_comes_back_to_min() -> None:
     policy = make_policy(min_replicas=2)
     decision = tick(core, 1000.0, no_metrics(999.0, 0), policy)
     assert (decision.action, decision.desired_replicas, decision.apply) == ("scale_up", 2, True)
-    assert decision.reasons == ("scale_up", "insufficient_data", "below_min")
+    assert decision.reasons == ("scale_up", "below_min", "insufficient_data")
     assert core.state["chat"].last_change_s == 1000.0
 
 
@@ -30,7 +32,7 @@ def test_bound_without_data_moves_at_most_max_step() -> None:
     policy = make_policy(min_replicas=6, max_step=4)
     decision = tick(DecisionCore(), 1000.0, no_metrics(999.0, 0), policy)
     assert (decision.action, decision.desired_replicas) == ("scale_up", 4)
-    assert decision.reasons == ("scale_up", "insufficient_data", "below_min", "max_step")
+    assert decision.reasons == ("scale_up", "below_min", "insufficient_data", "max_step")
 
 
 def test_fleet_above_max_without_metrics_comes_down_to_max() -> None:
@@ -38,17 +40,17 @@ def test_fleet_above_max_without_metrics_comes_down_to_max() -> None:
     core.record_change("chat", 999.0)  # inside the cooldown: the bound needs no data and no wait
     decision = tick(core, 1000.0, no_metrics(999.0, 12), make_policy(max_replicas=10))
     assert (decision.action, decision.desired_replicas) == ("scale_down", 10)
-    assert decision.reasons == ("scale_down", "insufficient_data", "above_max")
+    assert decision.reasons == ("scale_down", "above_max", "insufficient_data")
 
 
 def test_stale_data_enforces_bounds_but_never_scales_down_within_them() -> None:
     core = DecisionCore(config=CoreConfig(tick_interval_s=10.0))
     up = tick(core, 1000.0, idle(900.0, 1), make_policy(min_replicas=3))
     assert (up.action, up.desired_replicas) == ("scale_up", 3)
-    assert up.reasons == ("scale_up", "stale_data", "below_min")
+    assert up.reasons == ("scale_up", "below_min", "stale_data")
     down = tick(DecisionCore(), 1000.0, idle(900.0, 12), make_policy(max_replicas=10))
     assert (down.action, down.desired_replicas) == ("scale_down", 10)
-    assert down.reasons == ("scale_down", "stale_data", "above_max")
+    assert down.reasons == ("scale_down", "above_max", "stale_data")
     within = tick(DecisionCore(), 1000.0, idle(900.0, 8), make_policy(min_replicas=0, max_replicas=10))
     assert (within.action, within.desired_replicas) == ("hold", 8)
     assert within.reasons == ("hold", "stale_data")
@@ -111,3 +113,36 @@ def test_clock_skew_tolerance_is_validated() -> None:
         CoreConfig(clock_skew_tolerance_s=-1.0)
     strict = DecisionCore(config=CoreConfig(clock_skew_tolerance_s=0.0))
     assert tick(strict, 1000.0, replace(observe(999.0), observed_at_s=1000.5)).reasons == ("hold", "clock_skew")
+
+
+class _Says:
+    """An advisor with a fixed opinion."""
+
+    name = "stub"
+
+    def __init__(self, needed: int, *reasons: str) -> None:
+        self.advice = Advice(replicas_needed=needed, reasons=reasons)
+
+    def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
+        return self.advice
+
+
+@pytest.mark.parametrize(("current", "needed", "bounds", "expected"), [
+    (0, 0, {"min_replicas": 1}, ("scale_up", 1, "below_min")),  # moeslo up's first tick: no engine yet
+    (1, 1, {"min_replicas": 3}, ("scale_up", 3, "below_min")),
+    (12, 12, {"max_replicas": 10}, ("scale_down", 10, "above_max")),
+])
+def test_a_change_the_bounds_alone_make_is_logged_under_the_bound(
+    current: int, needed: int, bounds: dict[str, int], expected: tuple[str, int, str]
+) -> None:
+    """The advisors see no reason to change; the policy's bounds do.  The scale-up from zero was logged and
+    counted as ``scale_up:within_slo`` (a fleet that serves nothing said to meet its SLOs)."""
+    core = DecisionCore([_Says(needed, "within_slo")])
+    decision = tick(core, 1000.0, no_metrics(999.0, current), make_policy(**bounds))
+    assert (decision.action, decision.desired_replicas, logged_reason(decision)) == expected
+    assert "within_slo" in decision.reasons  # what the advisor said is kept, after the bound
+
+
+def test_a_change_the_advisors_want_keeps_their_reason_when_a_bound_also_applies() -> None:
+    decision = tick(DecisionCore([_Says(2, "slo_burn")]), 1000.0, no_metrics(999.0, 1), make_policy(min_replicas=3))
+    assert (decision.action, decision.desired_replicas, logged_reason(decision)) == ("scale_up", 3, "slo_burn")

@@ -17,8 +17,8 @@ from stack.state import StackOptions, StackState
 
 
 def _decision(at: dt.datetime) -> dict[str, object]:
-    return {"id": 7, "action": "scale_up", "reason": "min_replicas", "outcome": "applied", "at": at.isoformat(),
-            "current_replicas": 0, "desired_replicas": 1, "inputs": {"reasons": ["scale_up", "min_replicas"]}}
+    return {"id": 7, "action": "scale_up", "reason": "below_min", "outcome": "applied", "at": at.isoformat(),
+            "current_replicas": 0, "desired_replicas": 1, "inputs": {"reasons": ["scale_up", "below_min"]}}
 
 
 def test_a_decision_is_placed_at_its_own_time() -> None:
@@ -32,7 +32,7 @@ def test_a_decision_is_placed_at_its_own_time() -> None:
     at_s = float(decision["at_s"]) - state.load_started_s  # type: ignore[arg-type]
     assert at_s == pytest.approx(-20.0, abs=0.2)
     events = summarize(state)["events"]
-    assert events[0].startswith(" -20.0s scale_up:min_replicas") or events[0].startswith(" -19.9s scale_up")
+    assert events[0].startswith(" -20.0s scale_up:below_min") or events[0].startswith(" -19.9s scale_up")
     assert events[1].endswith("the load begins")  # the summary's events are in time order
     assert decision_time(decision, state.load_started_s) == (0.0, " (at -20.0 s)")  # the plot's axis starts at 0
 
@@ -71,7 +71,7 @@ class _DecisionLog:
         for _ in range(count):
             n = len(self.decisions) + 1
             action = "scale_up" if n == 1 else "hold"  # the scale-up from zero, then a hold every tick
-            self.decisions.append({"id": n, "action": action, "reason": "min_replicas" if n == 1 else "steady",
+            self.decisions.append({"id": n, "action": action, "reason": "below_min" if n == 1 else "steady",
                                    "outcome": "applied" if n == 1 else "held",
                                    "at": dt.datetime.now(dt.UTC).isoformat(), "inputs": {"reasons": [action]}})
 
@@ -100,7 +100,7 @@ def test_every_decision_since_the_last_look_is_read_however_many() -> None:
 
     asyncio.run(look())
     assert [d["id"] for d in state.decisions] == list(range(1, 1201))  # oldest first, none twice
-    assert summarize(state)["decisions"]["scale_up:min_replicas"] == 1
+    assert summarize(state)["decisions"]["scale_up:below_min"] == 1
     log.add(3)
     asyncio.run(look())
     assert [d["id"] for d in state.decisions[-4:]] == [1200, 1201, 1202, 1203]
