@@ -233,6 +233,8 @@ class _EngineState:
     pending: RebalancePlan | None = None
     pending_cv: npt.NDArray[np.float64] | None = None
     """The applied plan's out-of-sample CV per layer (None: its in-sample prediction)."""
+    pending_summary: dict[str, Any] | None = None
+    """The applied step's plan summary, held-out pair included: its verification shows what it was judged on."""
     applied_at_s: float = 0.0
     unavailable: str | None = None
     """Why the latest read of the engine failed (None: it succeeded), logged when it changes."""
@@ -366,7 +368,7 @@ class Rebalancer:
             kind="verify",
             outcome="verified" if result.ok else "unverified",
             decision=None,
-            plan=_plan_summary(applied),
+            plan=state.pending_summary or _plan_summary(applied),
             verify=result,
         )
 
@@ -465,7 +467,9 @@ class Rebalancer:
         state.pending, state.applied_at_s = plan, now_s
         state.pending_cv = None if held_out is None else held_out.cv_after
         state.history.clear()  # the old placement's CVs say nothing about the new one
-        return step(outcome="applied", swap=swap)
+        event: RebalanceEvent = step(outcome="applied", swap=swap)
+        state.pending_summary = event.plan
+        return event
 
 
 __all__ = [

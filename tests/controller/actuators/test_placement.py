@@ -185,6 +185,16 @@ def test_a_plan_from_the_history_holds_when_the_hot_set_drifts() -> None:
     assert applied[0].plan["held_out"]["worst_cv_before"] > 0.15
 
 
+def test_the_verification_line_shows_the_prediction_it_was_judged_on() -> None:
+    """The verification dropped the held-out pair: its line read "predicted 0.463 -> 0.015; expected 0.090,
+    measured 0.098", the in-sample prediction next to the held-out one it was judged on, as if a miss."""
+    events, _ = _drift(history_windows=4)
+    applied, verified = (next(e for e in events if e.kind == kind) for kind in ("rebalance", "verify"))
+    assert verified.plan == applied.plan and "held_out" in verified.plan
+    assert "on a window it was not planned from" in verified.detail()
+    assert verified.verify.predicted_cv == pytest.approx(verified.plan["held_out"]["worst_cv_after"])
+
+
 def test_a_plan_from_the_last_window_alone_does_not_hold() -> None:
     events, cvs = _drift(history_windows=1)
     assert events[0].kind == "rebalance" and events[0].decision.prediction == "in_sample"
