@@ -64,7 +64,7 @@ def good_ratio_chart(data: PolicyData) -> Markup:
     use_prom = prom is not None and (_has(prom.ttft_good) or _has(prom.itl_good))
     ttft = prom.ttft_good if use_prom and prom is not None else data.log_series("ttft_good")
     itl = prom.itl_good if use_prom and prom is not None else data.log_series("itl_good")
-    over = "5m" if use_prom else data.sli_window  # the recording window in PromQL, the SLI window in the log
+    over = data.sli_window  # the controller's SLI window, in PromQL as in the log
     if not (_has(ttft) or _has(itl)):
         return panel("good_ratio", f"TTFT and ITL good ratio ({over}) against the objective", LOG,
                      empty(f"No SLI samples in the last {data.range_key}: no requests seen yet, or the SLI "
@@ -84,7 +84,7 @@ def good_ratio_chart(data: PolicyData) -> Markup:
         hlines=hlines, y_min=y_min, y_max=1.0, y_format=lambda v: f"{v * 100:.{digits}f}%",
         label="good ratio of TTFT and ITL",
     )
-    source = f"{PROM} (good/total over 5 min, at the threshold)" if use_prom else LOG
+    source = f"{PROM} (good/total over {over}, at the threshold)" if use_prom else LOG
     return panel("good_ratio", f"TTFT and ITL good ratio ({over}) against the objective", source, chart,
                  legend=legend((f"TTFT ≤ {policy.objectives.ttft.threshold_s * 1000:g} ms", COLORS["ttft"], False),
                                (f"ITL ≤ {policy.objectives.itl.threshold_s * 1000:g} ms", COLORS["itl"], False),
@@ -135,7 +135,8 @@ def load_chart(data: PolicyData) -> Markup:
     )
     note = None if point else "No forecast in range: forecasting is off for this policy, or still warming up."
     source = (f"actual: {PROM if use_prom else LOG}; forecast: {LOG} (drawn one lead time after it was made)")
-    return panel("load", "Request rate (req/s) against the forecast band", source, chart, note=note,
+    return panel("load", f"Request rate (req/s over {data.rate_window}) against the forecast band", source, chart,
+                 note=note,
                  legend=legend(("actual", COLORS["load"], False), ("forecast (point)", COLORS["forecast"], False),
                                (SIZED_BAND, COLORS["forecast"], True)))
 

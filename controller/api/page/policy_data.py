@@ -23,7 +23,7 @@ from starlette.requests import Request
 from contracts.errors import UnavailableError
 from controller.api.page.alerts import FiringAlert, firing_alerts
 from controller.api.page.cache import SeriesCache
-from controller.api.page.prom import PromSeries, RequestRates, alert_request_rates, prometheus_series, range_step_s
+from controller.api.page.prom import ChartWindows, PromSeries, RequestRates, alert_request_rates, chart_series
 from controller.api.schemas import PolicyStatus
 from controller.api.status import build_policy_status, read_now, runtime_view, started_at
 from controller.config import ControllerSettings
@@ -91,6 +91,9 @@ class PolicyData:
     alertmanager: Outside
     tick_interval_s: float
     sli_window_s: float = 300.0
+    """The controller's SLI window: what "good now" and the good ratios (logged or from Prometheus) are over."""
+    rate_window_s: float = 60.0
+    """The controller's rate window: what the request rates (logged or from Prometheus) are averaged over."""
     last_tick_at: datetime | None = None
     """When the controller's last tick succeeded (None before the first, or without a tick loop)."""
     started_at: datetime | None = None
@@ -98,11 +101,14 @@ class PolicyData:
     request_rates: dict[str, float] | None = None
     """TTFT requests per second over each burn-rate pair's short window, from Prometheus (the alerts'
     low-traffic guard; None without it)."""
-    """The controller's SLI window: what "good now" and the logged good ratios are over."""
 
     @property
     def sli_window(self) -> str:
         return format_duration(round(self.sli_window_s))
+
+    @property
+    def rate_window(self) -> str:
+        return format_duration(round(self.rate_window_s))
 
     @property
     def span_s(self) -> float:
@@ -183,8 +189,10 @@ async def _read_prometheus(
         return None, Outside(None)
     end_s = now.timestamp()
     prometheus = PrometheusClient(url, client=client)
-    return await _ask(url, prometheus_series(prometheus, stored.policy, selector=settings.prometheus_selector,
-                                             start_s=end_s - span_s, end_s=end_s, step_s=range_step_s(span_s)))
+    windows = ChartWindows(rate_window_s=settings.rate_window_s, sli_window_s=settings.sli_window_s,
+                           tick_interval_s=settings.tick_interval_s)
+    return await _ask(url, chart_series(prometheus, stored.policy, selector=settings.prometheus_selector,
+                                        start_s=end_s - span_s, end_s=end_s, windows=windows))
 
 
 def _read_store(
@@ -220,7 +228,7 @@ async def gather_policy(request: Request, name: str, range_key: str) -> PolicyDa
         stored=stored, status=status, history=history, log=log, events=events, now=now, range_key=range_key,
         prom=prom, prometheus=prometheus, alerts=[a for a in alerts if a.policy == name],
         alertmanager=alertmanager, tick_interval_s=settings.tick_interval_s, sli_window_s=settings.sli_window_s,
-        last_tick_at=None if view is None else view.last_tick_at,
+        rate_window_s=settings.rate_window_s, last_tick_at=None if view is None else view.last_tick_at,
         started_at=started_at(view),
         request_rates=None if rates is None else rates.get(name),
     )

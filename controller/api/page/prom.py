@@ -1,22 +1,27 @@
 """A policy's time series from Prometheus range queries, made server-side for the status page.
 
-The same PromQL the controller's source reads (``controller/sources/prometheus.py``), over a range:
+The same PromQL the controller's source reads (``controller/sources/prometheus.py``), over a range and
+over the controller's own windows (:class:`ChartWindows`: ``sli_window_s``, ``rate_window_s``):
 
-- good ratios of TTFT and ITL over 5 minutes, every bucket fetched and the good count taken at
-  the threshold (:func:`~controller.sources.base.good_count_at`, interpolating when the threshold
-  is no bucket edge), so each point is the ``ttft_good_ratio`` the controller would have seen;
-- the request rate (``rate(vllm:request_success_total[1m])``);
+- good ratios of TTFT and ITL over the SLI window (5 minutes by default), every bucket fetched and the
+  good count taken at the threshold (:func:`~controller.sources.base.good_count_at`, interpolating when
+  the threshold is no bucket edge), so each point is the ``ttft_good_ratio`` the controller would have seen;
+- the request rate over the rate window (``rate(vllm:request_success_total[1m])`` by default), the series
+  the forecaster learns from;
 - the imbalance CV of each MoE layer (``moe_layer_imbalance_cv``), for the heatmap;
 - and, for the verdicts, the TTFT requests per second over each burn-rate pair's short window
   (:func:`alert_request_rates`): the generated alerts' low-traffic guard, asked the same way.
 
 Queries run concurrently; one that fails leaves its chart to the decision log and says why; when
-all fail, :class:`UnavailableError` (Prometheus unreachable).
+all fail, :class:`UnavailableError` (Prometheus unreachable).  At most :data:`MAX_POINTS` points a
+series, and no step below one tick; series that began late in the range (a new fleet, ``moeslo up``'s
+few minutes) are asked again over the part they cover, at a finer step (:func:`chart_series`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -24,16 +29,41 @@ from dataclasses import dataclass, field
 from contracts.catalogue import LAYER_IMBALANCE_CV
 from contracts.errors import UnavailableError
 from controller.policy import Policy
-from controller.slo import standard_burn_rate_windows
-from controller.sources.base import HISTOGRAMS, REQUESTS_TOTAL, SHORT_WINDOW, good_count_at, model_matcher, parse_le
+from controller.slo import format_duration, standard_burn_rate_windows
+from controller.sources.base import HISTOGRAMS, REQUESTS_TOTAL, good_count_at, model_matcher, parse_le
 from controller.sources.prometheus import PrometheusClient, Vector
 from controller.ttft_series import ttft_matchers, ttft_metric
 
-__all__ = ["PromSeries", "RequestRates", "alert_request_rates", "prometheus_series", "range_step_s"]
+__all__ = [
+    "ChartWindows", "PromSeries", "RequestRates", "alert_request_rates", "chart_series", "prometheus_series",
+    "range_step_s",
+]
 
 Point = tuple[float, float | None]
 Matrix = list[tuple[dict[str, str], list[tuple[float, float]]]]
 MAX_POINTS = 240
+
+
+@dataclass(frozen=True, slots=True)
+class ChartWindows:
+    """The controller's settings the charts follow, so they draw the series it acted on and forecast from."""
+
+    rate_window_s: float
+    sli_window_s: float
+    tick_interval_s: float
+
+    @property
+    def rate_window(self) -> str:
+        return format_duration(self.rate_window_s)
+
+    @property
+    def sli_window(self) -> str:
+        return format_duration(self.sli_window_s)
+
+    @property
+    def min_step_s(self) -> float:
+        """The finest step: one tick (the controller looks no more often), and 1 s at the least."""
+        return max(1.0, self.tick_interval_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +77,16 @@ class PromSeries:
     """Query key -> why it failed (its chart falls back to the decision log)."""
     queries: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def first_s(self) -> float | None:
+        """The earliest point of any series (None: no points)."""
+        firsts = [points[0][0] for points in (self.ttft_good, self.itl_good, self.load, *self.layer_cv.values())
+                  if points]
+        return min(firsts, default=None)
 
-def range_step_s(span_s: float, floor_s: float = 15.0) -> float:
-    """A step giving at most :data:`MAX_POINTS` points, a whole multiple of ``floor_s``."""
+
+def range_step_s(span_s: float, floor_s: float) -> float:
+    """A step giving at most :data:`MAX_POINTS` points, a whole multiple of ``floor_s`` (the finest step)."""
     return max(floor_s, math.ceil(span_s / MAX_POINTS / floor_s) * floor_s)
 
 
@@ -58,7 +95,7 @@ def _matchers(models: list[str], selector: str) -> list[str]:
     return [m for m in (model_matcher(models), selector.strip().strip(",")) if m]
 
 
-def _queries(policy: Policy, selector: str) -> dict[str, str]:
+def _queries(policy: Policy, selector: str, windows: ChartWindows) -> dict[str, str]:
     matchers = _matchers([policy.model_name], selector)
     sel = "{" + ",".join(matchers) + "}"
     out = {}
@@ -67,9 +104,9 @@ def _queries(policy: Policy, selector: str) -> dict[str, str]:
         allowance = policy.objectives.ttft.allowance
         if slo == "ttft" and not allowance.flat:  # the series the controller judges this objective by
             name, labels = ttft_metric(allowance), "{" + ",".join([*matchers, ttft_matchers(allowance)]) + "}"
-        out[f"{slo}:good"] = f"sum by (le) (increase({name}_bucket{labels}[{SHORT_WINDOW}]))"
-        out[f"{slo}:total"] = f"sum(increase({name}_count{labels}[{SHORT_WINDOW}]))"
-    out["load"] = f"sum(rate({REQUESTS_TOTAL}{sel}[1m]))"
+        out[f"{slo}:good"] = f"sum by (le) (increase({name}_bucket{labels}[{windows.sli_window}]))"
+        out[f"{slo}:total"] = f"sum(increase({name}_count{labels}[{windows.sli_window}]))"
+    out["load"] = f"sum(rate({REQUESTS_TOTAL}{sel}[{windows.rate_window}]))"
     out["layers"] = f"max by (layer) ({LAYER_IMBALANCE_CV}{sel})"
     return out
 
@@ -89,11 +126,33 @@ def _good_ratio(good: Matrix, total: Matrix, threshold_s: float) -> list[Point]:
     return out
 
 
+async def chart_series(
+    client: PrometheusClient, policy: Policy, *, selector: str, start_s: float, end_s: float, windows: ChartWindows
+) -> PromSeries:
+    """:func:`prometheus_series` over the range; again over the part with data when it began late in the range
+    and a finer step fits it (six hours at 90 s gave a three-minute run two points).  The first answer stands
+    when the second fails."""
+    ask = functools.partial(prometheus_series, client, policy, selector=selector, end_s=end_s, windows=windows)
+    coarse = await ask(start_s=start_s, step_s=range_step_s(end_s - start_s, windows.min_step_s))
+    first_s = coarse.first_s
+    if first_s is None:
+        return coarse
+    start_s = max(start_s, first_s - coarse.step_s)
+    step_s = range_step_s(end_s - start_s, windows.min_step_s)
+    if step_s >= coarse.step_s:
+        return coarse
+    try:
+        return await ask(start_s=start_s, step_s=step_s)
+    except UnavailableError:
+        return coarse
+
+
 async def prometheus_series(
-    client: PrometheusClient, policy: Policy, *, selector: str, start_s: float, end_s: float, step_s: float
+    client: PrometheusClient, policy: Policy, *, selector: str, start_s: float, end_s: float, step_s: float,
+    windows: ChartWindows,
 ) -> PromSeries:
     """Every series of the policy page that Prometheus has; see the module docstring."""
-    queries = _queries(policy, selector)
+    queries = _queries(policy, selector, windows)
     answers = await asyncio.gather(
         *(client.query_range(q, start_s=start_s, end_s=end_s, step_s=step_s) for q in queries.values()),
         return_exceptions=True,

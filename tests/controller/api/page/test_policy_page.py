@@ -148,6 +148,18 @@ def test_prometheus_draws_good_ratios_load_and_the_layer_heatmap(make_page: Any)
     assert any('model_name="m"' in q for q in page.upstream.queries)
 
 
+def test_the_charts_say_and_ask_for_the_controllers_windows(make_page: Any) -> None:
+    """``moeslo up``'s controller acts on 30 s SLIs and 10 s rates: the charts said and asked for 5 m and 1 m."""
+    page = make_page(prometheus=True, rate_window_s=10, sli_window_s=30, tick_interval_s=2)
+    page.store.create_policy(_policy())
+    page.store.append_decisions(_ticks(tick_s=2.0))
+    html = page.client.get("/ui/policies/qwen").text
+    assert "TTFT and ITL good ratio (30s)" in html and "good/total over 30s" in html
+    assert "Request rate (req/s over 10s)" in html
+    ranged = [q for q in page.upstream.queries if "request_success" in q or "_bucket" in q]
+    assert ranged and all("[10s]" in q or "[30s]" in q for q in ranged)
+
+
 def test_prometheus_down_falls_back_to_the_log_and_says_so(make_page: Any) -> None:
     page = make_page(prometheus=True)
     page.store.create_policy(_policy())
@@ -249,14 +261,15 @@ def test_unknown_policy_and_ranges(make_page: Any) -> None:
 
 def test_a_ttft_objective_with_an_allowance_is_charted_from_its_own_series() -> None:
     """The chart read raw TTFT for every policy: a long-prompt objective met in full drew at 50 %."""
-    from controller.api.page.prom import _queries
+    from controller.api.page.prom import ChartWindows, _queries
 
+    windows = ChartWindows(rate_window_s=60, sli_window_s=300, tick_interval_s=15)
     flat = Policy.model_validate({"name": "flat", "target": {"kind": "model", "model": "m"}})
-    assert "vllm:time_to_first_token_seconds_bucket{" in _queries(flat, "")["ttft:good"]
+    assert "vllm:time_to_first_token_seconds_bucket{" in _queries(flat, "", windows)["ttft:good"]
     ttft = {"threshold_s": 0.5, "target": 0.99, "reference_prompt_tokens": 1000, "per_1k_prompt_tokens_s": 0.05}
     long = Policy.model_validate({"name": "long", "target": {"kind": "model", "model": "m"},
                                   "objectives": {"ttft": ttft}})  # fmt: skip
-    queries = _queries(long, 'job="x"')
+    queries = _queries(long, 'job="x"', windows)
     for key in ("ttft:good", "ttft:total"):
         assert "moeslo_ttft_normalized_seconds_" in queries[key] and "vllm:time_to_first" not in queries[key]
         assert 'reference_prompt_tokens="1000"' in queries[key] and 'job="x"' in queries[key]

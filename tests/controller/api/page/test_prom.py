@@ -1,8 +1,11 @@
-"""The policy page's good ratios from Prometheus's bucket series."""
+"""The policy page's series from Prometheus: good ratios from its bucket series, its windows and steps."""
 
 from __future__ import annotations
 
-from controller.api.page.prom import _good_ratio
+import asyncio
+
+from controller.api.page.prom import ChartWindows, Matrix, PromSeries, _good_ratio, chart_series, range_step_s
+from controller.policy import Policy
 
 
 def test_bucket_edges_spelt_two_ways_are_summed_into_one() -> None:
@@ -10,3 +13,48 @@ def test_bucket_edges_spelt_two_ways_are_summed_into_one() -> None:
     good = [({"le": "1"}, [(0.0, 30.0)]), ({"le": "1.0"}, [(0.0, 60.0)]), ({"le": "+Inf"}, [(0.0, 100.0)])]
     total = [({}, [(0.0, 100.0)])]
     assert _good_ratio(good, total, 1.0) == [(0.0, 0.9)]
+
+
+class _Recording:
+    """A Prometheus whose series begin at ``since_s`` (a fleet that started then); records each range query."""
+
+    def __init__(self, since_s: float) -> None:
+        self.since_s = since_s
+        self.asked: list[tuple[str, float, float]] = []
+
+    async def query_range(self, promql: str, *, start_s: float, end_s: float, step_s: float) -> Matrix:
+        self.asked.append((promql, start_s, step_s))
+        times = [start_s + i * step_s for i in range(int((end_s - start_s) // step_s) + 1)]
+        points = [(t, 1.0) for t in times if t >= self.since_s]
+        return [({"le": "+Inf"} if "_bucket" in promql else {}, points)] if points else []
+
+
+def _series(client: _Recording, **windows: float) -> PromSeries:
+    policy = Policy.model_validate({"name": "p", "target": {"kind": "model", "model": "m"}})
+    settings = {"rate_window_s": 10.0, "sli_window_s": 30.0, "tick_interval_s": 2.0} | windows
+    return asyncio.run(chart_series(client, policy, selector="", start_s=0.0, end_s=6 * 3600.0,  # type: ignore[arg-type]
+                                    windows=ChartWindows(**settings)))
+
+
+def test_the_charts_read_the_controllers_windows() -> None:
+    """The charts asked for 5-minute good ratios and 1-minute rates while the controller (``moeslo up``) acted on
+    30 s SLIs and forecast 10 s rates: the "actual" drawn against the forecast was not what it learnt."""
+    client = _Recording(since_s=0.0)
+    series = _series(client)
+    queries = [q for q, _, _ in client.asked if "layer" not in q]
+    assert all("[30s]" in q for q in queries if "seconds" in q) and all("[5m]" not in q for q in queries)
+    load = 'sum(rate(vllm:request_success_total{model_name="m"}[10s]))'
+    assert [q for q in queries if "request_success" in q] == [load]
+    assert series.step_s == 90.0 and series.queries["load"].endswith("[10s]))")
+
+
+def test_a_series_that_began_late_in_the_range_is_asked_again_at_a_finer_step() -> None:
+    """Six hours at 90 s steps gave a three-minute run two points; the smallest step follows the tick."""
+    end_s = 6 * 3600.0
+    client = _Recording(since_s=end_s - 170.0)
+    series = _series(client)
+    assert series.step_s == 2.0 and len(series.load) >= 80
+    # Asked again from a coarse step before its first point.
+    assert {start for _, start, step in client.asked if step == 2.0} == {end_s - 180.0}
+    assert _series(_Recording(since_s=end_s - 170.0), tick_interval_s=15.0).step_s == 15.0
+    assert range_step_s(3600.0, 15.0) == 15.0 and range_step_s(600.0, 2.0) == 4.0
