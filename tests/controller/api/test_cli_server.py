@@ -125,7 +125,8 @@ def test_serve_apply_get_list_delete_and_restart(tmp_path: Path) -> None:
         names = [item["name"] for item in client.get("/v1/policies").json()["items"]]
         assert names == ["chat"]
         decisions = client.get("/v1/decisions", params={"policy": "chat"}).json()["items"]
-        assert decisions and decisions[-1]["reason"] == "insufficient_data"
+        # No engines to scrape, none running: the policy's minimum alone asks for one (reason first), no data.
+        assert decisions and decisions[-1]["reason"] == "below_min"
         history = client.get("/v1/policies/batch/history").json()["versions"]
         assert [v["operation"] for v in history] == ["delete", "create"]
 
