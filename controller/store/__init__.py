@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from controller.store.engine import make_engine
 from controller.store.records import (
     DecisionRecord,
     DecisionRefusedError,
@@ -14,7 +15,7 @@ from controller.store.records import (
     UnreadablePolicyError,
 )
 from controller.store.series import DecisionPoint
-from controller.store.store import PolicyListing, Store, make_engine
+from controller.store.store import PolicyListing, Store
 
 __all__ = [
     "DecisionPoint",

@@ -18,18 +18,18 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import ValidationError as PydanticValidationError
-from sqlalchemy import Engine, create_engine, delete, event, exists, func, make_url, select
+from sqlalchemy import delete, exists, func, select
 from sqlalchemy.exc import DataError as SqlDataError
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
-from sqlalchemy.pool import ConnectionPoolEntry
 
 from contracts.errors import ConflictError, NotFoundError, UnavailableError
 from controller.policy import STORED, Policy
+from controller.store.engine import create_schema, make_engine, redacted
 from controller.store.records import (
     DecisionRecord,
     DecisionRefusedError,
@@ -43,7 +43,6 @@ from controller.store.records import (
 )
 from controller.store.series import DecisionPoint, PointQuery
 from controller.store.tables import (
-    Base,
     DecisionRow,
     LoadHistoryRow,
     ModelRow,
@@ -77,37 +76,12 @@ def _utc(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=5000")
-    cursor.close()
-
-
 def _refused(cause: BaseException | None) -> bool:
     """Whether the database refused a write for the values it holds (a constraint, a value too long, one the
     driver cannot encode), not for its own state (locked, gone): that write fails every time."""
     if isinstance(cause, IntegrityError | SqlDataError):
         return True
     return isinstance(cause, StatementError) and not isinstance(cause, DBAPIError)  # a value not encoded
-
-
-def redacted(url: str) -> str:
-    """``url`` with its password hidden, for messages (as written when it does not parse)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (SQLAlchemyError, ValueError):
-        return url
-
-
-def make_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite files get WAL and a busy timeout."""
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False})
-        event.listen(engine, "connect", _sqlite_pragmas)
-        return engine
-    return create_engine(url, pool_pre_ping=True)
 
 
 class Store:
@@ -117,7 +91,7 @@ class Store:
         self.url = url
         try:
             self.engine = make_engine(url)
-            Base.metadata.create_all(self.engine)
+            create_schema(self.engine)
         except (SQLAlchemyError, ImportError) as exc:
             # A path whose folder does not exist, an unknown scheme, a driver not installed: the user's setting.
             first_line = str(exc).splitlines()[0]

@@ -1,0 +1,54 @@
+"""Opening the controller's database: the engine for a URL, and the schema, which several controllers starting
+on one new database may create at the same moment."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from controller.store.tables import Base
+
+SCHEMA_ATTEMPTS = 5
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password hidden, for messages (as written when it does not parse)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (SQLAlchemyError, ValueError):
+        return url
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite files get WAL and a busy timeout."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def create_schema(engine: Engine) -> None:
+    """The tables, those missing created.  Controllers opening a new database at the same moment each find a
+    table missing and create it, and all but the first are refused (SQLite: "already exists"; PostgreSQL: a
+    unique violation in its catalog): such a refusal is tried again, and the next pass finds the tables."""
+    for attempt in range(1, SCHEMA_ATTEMPTS + 1):
+        try:
+            Base.metadata.create_all(engine)
+            return
+        except (OperationalError, ProgrammingError, IntegrityError):
+            if attempt == SCHEMA_ATTEMPTS:
+                raise
+            time.sleep(0.05 * attempt)
