@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
-from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
 from controller.store.tables import Base
 
@@ -31,10 +31,19 @@ def redacted(url: str) -> str:
         return url
 
 
+def _in_memory(url: str) -> bool:
+    """Whether a SQLite ``url`` names no file (as SQLAlchemy's SQLite dialect decides it)."""
+    parsed = make_url(url)
+    return parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory"
+
+
 def make_engine(url: str) -> Engine:
     """An engine for ``url``; SQLite files get WAL and a busy timeout."""
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False})
+        # An in-memory database lives in its connection: the default pool gives each thread its own (and its
+        # own empty database), so every thread shares the one connection instead (SQLAlchemy's recipe).
+        pool: dict[str, Any] = {"poolclass": StaticPool} if _in_memory(url) else {}
+        engine = create_engine(url, connect_args={"check_same_thread": False}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(url, pool_pre_ping=True)

@@ -84,6 +84,12 @@ def _refused(cause: BaseException | None) -> bool:
     return isinstance(cause, StatementError) and not isinstance(cause, DBAPIError)  # a value not encoded
 
 
+def _complaint(exc: SQLAlchemyError) -> str:
+    """The first line of what the database said, without the statement nor its parameters."""
+    said = str(exc.orig).splitlines() if isinstance(exc, DBAPIError) else []
+    return next((line for line in said if line.strip()), type(exc).__name__)
+
+
 class Store:
     """Policies, their history and the decision log, behind plain methods."""
 
@@ -121,7 +127,9 @@ class Store:
             raise _WriteRaceError("another writer changed the same policies at the same time") from exc
         except SQLAlchemyError as exc:
             session.rollback()
-            raise UnavailableError(f"policy store ({self.engine.url.get_backend_name()}): {exc}") from exc
+            # The answer names the database's complaint; the statement and its values go to the log only.
+            log.warning("policy store: %s", exc)
+            raise UnavailableError(f"policy store ({self.engine.url.get_backend_name()}): {_complaint(exc)}") from exc
         finally:
             session.close()
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import sqlite3
+import threading
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import event
 
+from contracts.errors import UnavailableError
+from controller.config import ControllerSettings
 from controller.policy import Policy
 from controller.store import Store
 from controller.store.tables import Base
@@ -57,3 +63,33 @@ def test_tables_another_controller_created_after_the_check_are_taken_as_they_are
     policy = Policy.model_validate({"name": "p", "target": {"kind": "model", "model": "m"}})
     raced[0].create_policy(policy)
     assert [stored.policy.name for stored in store.list_policies()] == ["p"]
+
+
+@pytest.mark.parametrize("db", [":memory:", "sqlite://", "sqlite+pysqlite:///:memory:"])
+def test_an_in_memory_database_is_one_database_for_every_thread(db: str) -> None:
+    """Each thread had its own empty database: the API's workers and the tick answered 503 (no such table)."""
+    store = Store(ControllerSettings(db=db).db_url)
+    store.create_policy(Policy.model_validate({"name": "p", "target": {"kind": "model", "model": "m"}}))
+    seen: list[object] = []
+
+    def read() -> None:
+        try:
+            seen.append([stored.policy.name for stored in store.list_policies()])
+        except UnavailableError as exc:
+            seen.append(str(exc))
+
+    worker = threading.Thread(target=read)
+    worker.start()
+    worker.join(timeout=10)
+    assert seen == [["p"]]
+
+
+def test_an_outage_answers_without_the_statement_and_logs_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The 503's detail carried the SQL text and its parameters."""
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    with sqlite3.connect(tmp_path / "c.db") as connection:
+        connection.execute("DROP TABLE policies")
+    with caplog.at_level(logging.WARNING), pytest.raises(UnavailableError) as raised:
+        store.get_policy("p")
+    assert str(raised.value) == "policy store (sqlite): no such table: policies"
+    assert "SELECT policies.name" in caplog.text
