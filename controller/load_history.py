@@ -242,7 +242,8 @@ class LoadHistoryKeeper:
                                      load.output_tokens_per_s)
 
     async def after_tick(self, *, leader: bool, policies: Sequence[str]) -> None:
-        """Write changed chunks every few ticks, and prune old ones now and then (leader only)."""
+        """Write changed chunks every few ticks, and prune now and then (leader only) old chunks and those of any
+        policy not in ``policies``: every stored one, an unreadable one too (a newer version's, to come back)."""
         self._ticks += 1
         if not leader or self._ticks % self.flush_every_ticks:
             return

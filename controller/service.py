@@ -194,7 +194,7 @@ class ControllerService:
         leader = self.is_leader
         await run_to_end(self._act(tick_input, effects, by_name, leader), grace_s=self.shutdown_grace_s)
         if self.history is not None:
-            await self.history.after_tick(leader=leader, policies=list(by_name))
+            await self.history.after_tick(leader=leader, policies=[*by_name, *(u.name for u in listing.unreadable)])
         self._last_tick_at = self.wall_clock()
         self.ticks += 1
         if leader and self.ticks % PRUNE_EVERY_TICKS == 0:

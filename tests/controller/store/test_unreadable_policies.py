@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -119,3 +120,20 @@ def test_a_policy_that_turns_unreadable_while_running_is_not_released_as_deleted
     store.delete_policy("gone", expected_version=1)
     asyncio.run(service.tick())
     assert actuator.released == ["gone"]  # what "old" runs stays up
+
+
+def test_the_leader_keeps_its_load_history(tmp_path: Path) -> None:
+    """The leader's prune kept the readable policies' load history only: one this version cannot read (a newer
+    controller's, back after a roll-forward) lost its forecaster's history."""
+    from controller.load_history import LOAD_HISTORY_CHUNK_S, LoadHistoryKeeper
+
+    store = _spoilt_store(tmp_path)
+    start = time.time() // LOAD_HISTORY_CHUNK_S * LOAD_HISTORY_CHUNK_S
+    store.save_load_history([(name, start, [[start + 1, 5.0, 100.0, 50.0]]) for name in ("good", "old")])
+    service = ControllerService(store=store, source=_Steady(), actuator=DryRunActuator(),  # type: ignore[arg-type]
+                                core=DecisionCore(config=CoreConfig(tick_interval_s=15)),
+                                metrics=ControllerMetrics(CollectorRegistry()), clock=lambda: 1000.0)  # fmt: skip
+    service.history = LoadHistoryKeeper(store, bin_s=15.0, keep_s=86400.0, flush_every_ticks=1)
+    for _ in range(25):  # the 25th flush prunes
+        asyncio.run(service.tick())
+    assert len(store.load_history("old", since_s=0)) == 1
