@@ -14,7 +14,8 @@ its own span.
 
 :meth:`OtelStatsSink.from_environment` exports both over OTLP/HTTP as the
 standard ``OTEL_*`` variables say (``OTEL_EXPORTER_OTLP_ENDPOINT``,
-``OTEL_METRIC_EXPORT_INTERVAL``, ``OTEL_SERVICE_NAME`` …).  The providers are
+``OTEL_METRIC_EXPORT_INTERVAL``, ``OTEL_SERVICE_NAME`` …; ``OTEL_TRACES_EXPORTER``
+or ``OTEL_METRICS_EXPORTER`` set to ``none`` turns either off).  The providers are
 owned by the sink, never installed globally, so several engines (and tests)
 do not share state.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,6 +63,8 @@ OPERATION_NAME = TEXT_COMPLETION
 """The operation of a request that does not name one (vLLM's stats, which know none)."""
 PROVIDER_NAME = "moeslo"
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
+OTLP = "otlp"
+"""The one exporter of :meth:`OtelStatsSink.from_environment` (over HTTP), the standard variables' default."""
 
 
 def stop_within(stops: Sequence[Callable[[float], object]], timeout_s: float) -> bool:
@@ -108,6 +112,18 @@ def service_resource(default_name: str, attributes: Mapping[str, AttributeValue]
     return Resource.create(extra)
 
 
+def exports(variable: str, what: str) -> bool:
+    """Whether the standard ``variable`` (``OTEL_TRACES_EXPORTER``, ``OTEL_METRICS_EXPORTER``) leaves ``what`` on:
+    ``none`` turns it off.  Only OTLP/HTTP is built here: another exporter named is said once, and OTLP used (the
+    server was asked for ``--otlp``)."""
+    value = os.environ.get(variable, "")
+    names = [name.strip().lower() for name in value.split(",") if name.strip()] or [OTLP]
+    if any(name not in (OTLP, "none") for name in names):
+        logger.warning("moeslo OTel: %s=%s: only OTLP/HTTP is supported; the %s go over OTLP/HTTP", variable,
+                       value.strip(), what)  # fmt: skip
+    return any(name != "none" for name in names)
+
+
 class OtelStatsSink:
     """Translate engine steps into OpenTelemetry histograms and per-request spans."""
 
@@ -115,20 +131,20 @@ class OtelStatsSink:
         self,
         *,
         meter_provider: MeterProvider,
-        tracer_provider: TracerProvider,
+        tracer_provider: TracerProvider | None,
         model_name: str,
         server_port: int | None = None,
         provider_name: str = PROVIDER_NAME,
         attributes: Mapping[str, AttributeValue] | None = None,
     ) -> None:
         """``provider_name``: ``gen_ai.provider.name`` (``vllm`` when vLLM's stats come through here);
-        ``attributes``: more on every data point and span (vLLM's engine index)."""
+        ``attributes``: more on every data point and span (vLLM's engine index); no ``tracer_provider``, no spans."""
         self.meter_provider = meter_provider
         self.tracer_provider = tracer_provider
         self._stopped = False
         self.model_name = model_name
         meter = meter_provider.get_meter("moeslo.engine")
-        self._tracer = tracer_provider.get_tracer("moeslo.engine")
+        self._tracer = tracer_provider.get_tracer("moeslo.engine") if tracer_provider is not None else None
         self._ttft = meter.create_histogram(
             OTEL_TTFT_HISTOGRAM, unit="s",
             description="Time to generate first token for successful responses.",
@@ -164,10 +180,13 @@ class OtelStatsSink:
 
         resource = service_resource("moeslo-engine")
         # The SDK's own exit hooks wait up to 30 s each on a collector that does not answer: ours is bounded.
-        meter_provider = SdkMeterProvider(resource=resource, shutdown_on_exit=False,
-                                          metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
-        tracer_provider = SdkTracerProvider(resource=resource, shutdown_on_exit=False)
-        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        readers = [PeriodicExportingMetricReader(OTLPMetricExporter())] if exports("OTEL_METRICS_EXPORTER", "metrics") \
+            else []
+        meter_provider = SdkMeterProvider(resource=resource, shutdown_on_exit=False, metric_readers=readers)
+        tracer_provider = None
+        if exports("OTEL_TRACES_EXPORTER", "spans"):
+            tracer_provider = SdkTracerProvider(resource=resource, shutdown_on_exit=False)
+            tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         sink = cls(meter_provider=meter_provider, tracer_provider=tracer_provider, model_name=model_name,
                    server_port=server_port)  # fmt: skip
         atexit.register(sink.shutdown)  # where the server's shutdown hook did not run
@@ -218,6 +237,8 @@ class OtelStatsSink:
 
     def _record_span(self, request: ApiRequestStats) -> None:
         """The request's span: from its arrival to its last choice's end, its first token the first of any."""
+        if self._tracer is None:
+            return
         # Span times are wall-clock (what a trace viewer shows); the engine's are monotonic.
         now_ns, now_s = time.time_ns(), time.monotonic()
         ends_ns = [now_ns - int((now_s - choice.end_s) * 1e9) for choice in request.choices]
@@ -247,10 +268,13 @@ class OtelStatsSink:
         span.end(end_time=max(ends_ns))
 
     def force_flush(self, timeout_ms: int = 10_000) -> None:
-        for provider in (self.meter_provider, self.tracer_provider):
+        for provider in self._providers():
             flush = getattr(provider, "force_flush", None)
             if flush is not None:
                 flush(timeout_ms)
+
+    def _providers(self) -> list[object]:
+        return [provider for provider in (self.meter_provider, self.tracer_provider) if provider is not None]
 
     def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Flush and stop the exporters, side by side, within ``timeout_s`` (the server calls this on exit; once
@@ -259,13 +283,12 @@ class OtelStatsSink:
             return
         self._stopped = True
         atexit.unregister(self.shutdown)
-        if not stop_within([partial(stop_provider, self.meter_provider), partial(stop_provider, self.tracer_provider)],
-                           timeout_s):
+        if not stop_within([partial(stop_provider, provider) for provider in self._providers()], timeout_s):
             logger.error("moeslo OTel: the collector did not take the last metrics and spans within %g s; they are "
                          "dropped", timeout_s)  # fmt: skip
 
 
 __all__ = [
-    "FIRST_TOKEN_EVENT", "OPERATION_NAME", "PROVIDER_NAME", "SHUTDOWN_TIMEOUT_S", "SUCCESSFUL_FINISHES",
-    "OtelStatsSink", "service_resource", "stop_provider", "stop_within",
+    "FIRST_TOKEN_EVENT", "OPERATION_NAME", "OTLP", "PROVIDER_NAME", "SHUTDOWN_TIMEOUT_S", "SUCCESSFUL_FINISHES",
+    "OtelStatsSink", "exports", "service_resource", "stop_provider", "stop_within",
 ]  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -15,7 +16,7 @@ from opentelemetry.trace import NoOpTracerProvider
 
 from engine.stats import FinishedRequestStats, StepStats
 from exporters.otel import OtelStatsSink
-from tests.exporters.otlp_receiver import silent_collector
+from tests.exporters.otlp_receiver import OtlpReceiver, silent_collector
 
 ROOT = Path(__file__).resolve().parents[2]
 A_FEW_S = 5.0
@@ -61,6 +62,7 @@ def test_the_service_name_the_environment_gives_is_kept(
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")  # nothing is recorded, nothing sent
     sink = OtelStatsSink.from_environment(model_name="m")
     try:
+        assert sink.tracer_provider is not None
         attributes = sink.tracer_provider.resource.attributes  # type: ignore[attr-defined]
     finally:
         sink.shutdown()
@@ -98,3 +100,44 @@ def test_a_silent_collector_holds_the_engines_shutdown_and_exit_at_most_a_few_se
     assert set(times) == {"shutdown_s", "exit_s"}, done.stdout
     assert times["shutdown_s"] <= A_FEW_S and times["exit_s"] <= A_FEW_S, times
     assert done.stderr.count("did not take the last metrics and spans within 3 s") == 2, done.stderr[-2000:]
+
+
+def _served_one(monkeypatch: pytest.MonkeyPatch, receiver: OtlpReceiver, **env: str) -> None:
+    """A sink from the environment (``env`` on top) records one request and stops: its exports reach ``receiver``."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")  # only the flush on shutdown exports
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    sink = OtelStatsSink.from_environment(model_name="m")
+    sink.record(StepStats(now_s=0.0, step_duration_s=0.0, num_running=0, num_waiting=0, kv_cache_usage=0.0,
+                          prompt_tokens=0, generation_tokens=0,
+                          finished=(FinishedRequestStats("r", "stop", 10, 5, 1.0, 0.1, 0.2, 0.7, 0.3, 0.1),)))
+    sink.shutdown()
+
+
+@pytest.mark.parametrize(("env", "metrics", "spans"), [
+    ({}, 1, 1),
+    ({"OTEL_TRACES_EXPORTER": "none"}, 1, 0),
+    ({"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "otlp"}, 0, 1),
+    ({"OTEL_METRICS_EXPORTER": "None ", "OTEL_TRACES_EXPORTER": "none"}, 0, 0),
+])  # fmt: skip
+def test_the_standard_switches_turn_either_export_off(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], metrics: int, spans: int
+) -> None:
+    """``OTEL_TRACES_EXPORTER=none`` (a metrics-only collector) was ignored: spans went out, and were refused."""
+    with OtlpReceiver() as receiver:
+        _served_one(monkeypatch, receiver, **env)
+    assert (len(receiver.histogram_points("gen_ai.server.request.duration")), len(receiver.spans())) == (metrics,
+                                                                                                          spans)
+
+
+def test_another_exporter_than_otlp_is_said_to_be_unsupported(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with OtlpReceiver() as receiver, caplog.at_level(logging.WARNING, "moeslo.otel"):
+        _served_one(monkeypatch, receiver, OTEL_TRACES_EXPORTER="console")
+    assert [r.getMessage() for r in caplog.records] == [
+        "moeslo OTel: OTEL_TRACES_EXPORTER=console: only OTLP/HTTP is supported; the spans go over OTLP/HTTP"]
+    assert len(receiver.spans()) == 1
