@@ -45,6 +45,7 @@ API server that stalls (a request in flight runs to its own timeout).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import random
@@ -188,8 +189,8 @@ class KubernetesActuator:
         return ReplicaCount(desired=read.desired, ready=ready)
 
     def _ready_pods(self, target: KubernetesTarget, read: _Read) -> tuple[str, ...] | None:
-        """``http://<pod IP>:<port>`` of the workload's pods that are Ready and not terminating (None: the
-        workload names no selector)."""
+        """``http://<pod IP>:<port>`` (an IPv6 one in brackets) of the workload's pods that are Ready and not
+        terminating (None: the workload names no selector)."""
         selector = _selector(read.obj) if target.hpa is None else _selector(self._read(
             KubernetesTarget(kind=target.kind, namespace=target.namespace, name=target.name),
             self.config.request_timeout_s).obj)
@@ -197,7 +198,7 @@ class KubernetesActuator:
             return None
         pods = self.core.list_namespaced_pod(target.namespace, label_selector=selector,
                                              _request_timeout=self.config.request_timeout_s)  # fmt: skip
-        return tuple(sorted(f"http://{ip}:{target.port}" for pod in pods.items if (ip := _serving_ip(pod))))
+        return tuple(sorted(_pod_url(ip, target.port) for pod in pods.items if (ip := _serving_ip(pod))))
 
     async def scale(
         self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
@@ -411,6 +412,15 @@ def _serving_ip(pod: k8s.V1Pod) -> str | None:
         return None
     ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
     return str(status.pod_ip) if ready else None
+
+
+def _pod_url(ip: str, port: int) -> str:
+    """``http://<ip>:<port>``, an IPv6 address in brackets (bare, its colons would read as the port's)."""
+    try:
+        bracketed = ipaddress.ip_address(ip).version == 6
+    except ValueError:
+        bracketed = False
+    return f"http://[{ip}]:{port}" if bracketed else f"http://{ip}:{port}"
 
 
 def _api_error(exc: ApiException) -> str:

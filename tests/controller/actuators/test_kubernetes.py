@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from controller.actuators import KubernetesActuator, api_client
@@ -297,6 +298,17 @@ def test_the_ready_pods_of_the_workload_are_its_endpoints(server: StandInApiServ
     server.add_pod("prod", "f", "10.0.0.7", {"app": "x"})
     asyncio.run(actuator.replicas(policy))
     assert actuator.endpoints(policy) == ("http://10.0.0.2:8000", "http://10.0.0.7:8000")
+
+
+def test_an_ipv6_pod_is_named_by_a_url_a_client_reads(server: StandInApiServer) -> None:
+    """``http://fd00:10:244::5:8000`` is no URL: on an IPv6 cluster the router was given no replica."""
+    server.add_deployment_scale("prod", "qwen", 2, ready_pods=0)
+    server.add_pod("prod", "a", "fd00:10:244::5", {"app": "x"})
+    server.add_pod("prod", "b", "10.0.0.2", {"app": "x"})  # a dual-stack cluster's IPv4 pod as it was
+    actuator, policy = _actuator(server), _policy()
+    asyncio.run(actuator.replicas(policy))
+    assert actuator.endpoints(policy) == ("http://10.0.0.2:8000", "http://[fd00:10:244::5]:8000")
+    assert httpx.URL(actuator.endpoints(policy)[1]).host == "fd00:10:244::5"
 
 
 def test_leaderworkerset_endpoints_are_the_group_leaders_and_a_failed_list_keeps_the_last(
