@@ -20,6 +20,8 @@ from controller.policy import KubernetesTarget, Policy
 from controller.policy_files import DEFAULT_POLICIES, load_policies
 from generators.dashboards import render_dashboard_files
 from generators.manifests import build, deploy_files, load_overlays
+from generators.manifests.engines import VLLM_IMAGE, command_line, flag_value
+from generators.manifests.kustomize import split_image
 from tests.deploy import crd_schemas
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,6 +274,35 @@ def test_every_vllm_with_the_plugin_names_the_plugins_it_loads(overlay: str) -> 
         named = {e["name"]: e.get("value") for e in container["env"]}.get("VLLM_PLUGINS", "")
         plugins = set(named.split(","))
         assert {"moeslo", "moeslo_eplb", "moeslo_ttft"} <= plugins <= entry_points, (overlay, named)
+
+
+def _rebalance_refusal(words: list[str]) -> str | None:
+    """Why the plugin would refuse a rebalance of the vLLM these arguments start (eplb_control.apply), or None."""
+    if "--enable-eplb" not in words:
+        return "eplb_off"
+    if int(flag_value(words, "--data-parallel-size") or 1) > 1:
+        return "eplb_data_parallel"
+    return None
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_the_controller_rebalances_no_vllm_that_would_refuse_it(tree: str, tmp_path: Path) -> None:
+    """A vLLM without EPLB, or with data parallelism, answers every apply with 409: a controller rebalancing it
+    would log a ``failed`` rebalance each cooldown.  There vLLM's own EPLB (our planner as its policy) balances."""
+    resources = _rendered(tree)
+    config = tmp_path / "controller.yaml"
+    config.write_text(resources[("ConfigMap", "moeslo", "moeslo-controller-config")]["data"]["controller.yaml"])
+    refusals = {
+        (resource["metadata"]["name"], container["name"]): refusal
+        for resource in resources.values() for container in _containers(resource)
+        if split_image(str(container.get("image", "")))[0].rsplit("/", 1)[-1] == VLLM_IMAGE
+        and "--headless" not in (words := command_line(container))
+        and (refusal := _rebalance_refusal(words)) is not None
+    }  # fmt: skip
+    if refusals:
+        assert not load_settings(config).rebalance, (tree, refusals)
+    if tree == "overlays/embedded-cpu":
+        assert load_settings(config).rebalance  # the embedded engine applies placements itself
 
 
 @pytest.mark.parametrize("overlay", [t for t in TREES if t.startswith("overlays/")])
