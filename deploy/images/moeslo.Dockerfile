@@ -15,8 +15,9 @@ RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu 
 
 WORKDIR /src
 COPY . .
-# The package itself (not editable); its pinned dependencies come from pyproject.toml.
-RUN pip install --no-cache-dir .
+# The package itself (not editable); its pinned dependencies come from pyproject.toml, and the
+# `postgres` extra the PostgreSQL driver of controllers that share a store (postgresql+psycopg://).
+RUN pip install --no-cache-dir './[postgres]'
 
 FROM python:3.11.13-slim-bookworm
 

@@ -117,6 +117,19 @@ def test_pinned_versions_agree() -> None:
     assert f"download.pytorch.org/whl/cpu {torch_pin}" in (DEPLOY / "images" / "moeslo.Dockerfile").read_text()
 
 
+def test_the_controller_image_has_the_driver_of_the_documented_database_url() -> None:
+    """More than one controller replica needs PostgreSQL (``postgresql+psycopg://``): its SQLAlchemy dialect
+    imports ``psycopg``, which the ``postgres`` extra pins and the controller image installs."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extra = project["project"]["optional-dependencies"]["postgres"]
+    assert [d for d in extra if re.match(r"psycopg\[binary\]>=3", d)] == extra
+    assert "postgresql+psycopg://" in (ROOT / "controller" / "config.py").read_text()
+    dockerfile = (DEPLOY / "images" / "moeslo.Dockerfile").read_text()
+    # './[postgres]', not '.[postgres]': hadolint takes the latter for an unpinned package (DL3013).
+    assert re.search(r"^RUN pip install --no-cache-dir '\./\[postgres\]'$", dockerfile, re.MULTILINE)
+    assert not any(d.startswith("psycopg") for d in project["project"]["dependencies"])  # SQLite needs none
+
+
 def _fake_engine(bin_dir: Path, name: str, *, works: bool) -> None:
     """A stand-in engine: ``info`` succeeds or fails like a client without its daemon; builds are logged."""
     script = bin_dir / name
