@@ -130,6 +130,21 @@ def test_the_controller_image_has_the_driver_of_the_documented_database_url() ->
     assert not any(d.startswith("psycopg") for d in project["project"]["dependencies"])  # SQLite needs none
 
 
+def test_the_vllm_image_checks_every_plugin_module_loads() -> None:
+    """The vLLM image installs moeslo without its dependencies (vLLM brings its own), so what the plugins need
+    beyond vLLM's (scipy, for our planner as vLLM's EPLB policy) is installed by name, at pyproject's pin; the
+    build fails unless every module an entry point names imports, instead of vLLM dropping a plugin at start."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    modules = {target.split(":", 1)[0] for group, points in project["project"]["entry-points"].items()
+               if group.startswith("vllm.") for target in points.values()}  # fmt: skip
+    assert "controller.rebalance.vllm_policy" in modules
+    dockerfile = (DEPLOY / "images" / "vllm.Dockerfile").read_text().replace("\\\n", " ")
+    (check,) = re.findall(r'python3 -c "import ([\w., ]+)"', dockerfile)
+    assert modules <= {m.strip() for m in check.split(",")}, sorted(modules)
+    scipy_pin = next(d for d in project["project"]["dependencies"] if d.startswith("scipy"))
+    assert f"pip install --no-cache-dir '{scipy_pin}'" in dockerfile, scipy_pin
+
+
 def _fake_engine(bin_dir: Path, name: str, *, works: bool) -> None:
     """A stand-in engine: ``info`` succeeds or fails like a client without its daemon; builds are logged."""
     script = bin_dir / name
