@@ -9,7 +9,8 @@ every burn-rate alert silent.  Three alerts watch the engines instead:
   died or went silent, a rank is dead).  It then fails every request it held and reports nothing in flight,
   so the stall cannot fire on it;
 - ``MoesloEngineRestarting`` (ticket): a replica's process restarted again and again
-  (``process_start_time_seconds`` changed), each break too short to page.
+  (``process_start_time_seconds`` changed; on Kubernetes, for a replica whose ``/metrics`` has no process
+  start time, kube-state-metrics' restarts of its pod), each break too short to page.
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ from generators.alerts.model import AlertingRule, promql_string
 from generators.alerts.options import AlertOptions
 
 PROCESS_START_TIME = "process_start_time_seconds"
-"""prometheus_client's process collector: the Unix time the scraped process started."""
+"""prometheus_client's process collector: the Unix time the scraped process started.  vLLM with more than one
+API server (``--api-server-count``) serves a multiprocess registry without it."""
+
+CONTAINER_RESTARTS = "kube_pod_container_status_restarts_total"
+POD_CREATED = "kube_pod_created"
+"""kube-state-metrics' restarts of each container of a pod, and each pod's creation time; both carry the pod's
+``uid``, which tells one incarnation of a pod name from the next (a LeaderWorkerSet recreates a group's pods
+under the same names when one restarts)."""
+
+POD_LABELS = "namespace, pod"
 
 TARGET_LABELS = "namespace, pod, instance"
 """The labels that tell one scraped process from another (Kubernetes' and Prometheus' own)."""
@@ -88,25 +98,44 @@ def unhealthy_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     )
 
 
+def _pod_restarts(window: str) -> str:
+    """Restarts of each pod in ``window`` as kube-state-metrics sees them: its containers' restarts plus its
+    recreations under the same name (its uids less one), each counted once however many report it."""
+    containers = (f"sum by ({POD_LABELS}) (max by ({POD_LABELS}, uid, container) "
+                  f"(changes({CONTAINER_RESTARTS}[{window}])))")  # fmt: skip
+    incarnations = f"count by ({POD_LABELS}, uid) (last_over_time({POD_CREATED}[{window}]))"
+    recreations = f"count by ({POD_LABELS}) ({incarnations}) - 1"
+    return f"{containers}\n+ on ({POD_LABELS}) ({recreations})"
+
+
 def restart_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     """A ticket when a replica of the policy's model restarted more than ``max_restarts`` times in
     ``restart_window``.  The process collector's series carry no ``model_name``: they are joined to the
-    engine's ``vllm:num_requests_running`` of the same target, which both engines export."""
+    engine's ``vllm:num_requests_running`` of the same target, which both engines export.  A replica whose
+    ``/metrics`` had no process start time in the window (vLLM with several API servers) is counted from
+    kube-state-metrics instead, by pod: without kube-state-metrics (not on Kubernetes) it is not covered."""
     window = options.restart_window
-    restarts = f"max by ({TARGET_LABELS}) (changes({PROCESS_START_TIME}[{window}])) > {options.max_restarts}"
-    replicas = f"group by (model_name, {TARGET_LABELS}) ({RUNNING}{{{_model(policy)}}})"
+    replicas = f"({RUNNING}{{{_model(policy)}}})"
+    by_process = (f"(max by ({TARGET_LABELS}) (changes({PROCESS_START_TIME}[{window}])) > {options.max_restarts})\n"
+                  f"* on ({TARGET_LABELS}) group_left (model_name)\n"
+                  f"group by (model_name, {TARGET_LABELS}) {replicas}")  # fmt: skip
+    # A pod that serves a process start time is counted by it alone: one ticket for one replica, not two.
+    by_pod = (f"(\n({_pod_restarts(window)})\n> {options.max_restarts}\n"
+              f"unless on ({POD_LABELS}) last_over_time({PROCESS_START_TIME}[{window}])\n)\n"
+              f"* on ({POD_LABELS}) group_left (model_name)\n"
+              f"group by (model_name, {POD_LABELS}) {replicas}")  # fmt: skip
     return _alert(
         policy, "MoesloEngineRestarting",
-        expr=f"({restarts})\n* on ({TARGET_LABELS}) group_left (model_name)\n{replicas}",
+        expr=f"{by_process}\nor\n{by_pod}",
         for_=options.for_override or "0s",
         severity="ticket",
         summary=f"A replica of policy {policy.name} keeps restarting",
         description=(
-            "The engine process of {{ $labels.model_name }} on {{ $labels.pod }} ({{ $labels.instance }}) "
-            f"restarted {{{{ $value }}}} times in {window}: it breaks, and its supervisor restarts it. Each "
-            "break fails the requests it held."
+            "The engine of {{ $labels.model_name }} on pod {{ $labels.pod }} "
+            f"restarted {{{{ $value }}}} times in {window}: it breaks, and its supervisor restarts it (or "
+            "recreates its pod). Each break fails the requests it held."
         ),
     )
 
 
-__all__ = ["PROCESS_START_TIME", "restart_alert", "stall_alert", "unhealthy_alert"]
+__all__ = ["CONTAINER_RESTARTS", "POD_CREATED", "PROCESS_START_TIME", "restart_alert", "stall_alert", "unhealthy_alert"]
