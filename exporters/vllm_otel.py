@@ -47,7 +47,14 @@ from opentelemetry.trace import NoOpTracerProvider
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from engine.stats import FinishedRequestStats, StepStats
-from exporters.otel import SHUTDOWN_TIMEOUT_S, OtelStatsSink, service_resource, stop_provider, stop_within
+from exporters.otel import (
+    SHUTDOWN_TIMEOUT_S,
+    OtelStatsSink,
+    exports,
+    service_resource,
+    stop_provider,
+    stop_within,
+)
 
 logger = logging.getLogger(__name__)
 ENABLE_ENV = "MOESLO_VLLM_OTEL"
@@ -114,6 +121,9 @@ class GenAiOtelStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is unty
         self.sink: OtelStatsSink | None = None
         self._provider: MeterProvider | None = None
         if os.environ.get(ENABLE_ENV, "").strip() != "1":
+            return
+        if not exports("OTEL_METRICS_EXPORTER", "metrics"):
+            logger.info("moeslo OTel stat logger off: OTEL_METRICS_EXPORTER=none")
             return
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 

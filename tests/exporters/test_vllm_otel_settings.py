@@ -36,3 +36,15 @@ def test_a_bad_otel_setting_turns_the_logger_off_without_stopping_vllm() -> None
     assert "sink: None" in done.stdout
     assert "moeslo OTel stat logger off: interval value 0.0 is invalid" in done.stderr
     assert "OTEL_METRIC_EXPORT_INTERVAL" in done.stderr
+
+
+def test_metrics_exporter_none_turns_the_logger_off() -> None:
+    """``OTEL_METRICS_EXPORTER=none`` (the standard switch) builds no OTLP exporter: nothing is sent anywhere."""
+    python = vllm_python()
+    if python is None:
+        pytest.skip("vLLM venv absent: run `make vllm-venv` to build .venv-vllm")
+    env = {**os.environ, "MOESLO_VLLM_OTEL": "1", "OTEL_METRICS_EXPORTER": "none"}
+    done = subprocess.run([str(python), "-c", BUILD], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=180, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "sink: None" in done.stdout
