@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Engine, create_engine, event, inspect, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
@@ -31,7 +31,7 @@ def redacted(url: str) -> str:
         return url
 
 
-def _in_memory(url: str) -> bool:
+def in_memory(url: str) -> bool:
     """Whether a SQLite ``url`` names no file (as SQLAlchemy's SQLite dialect decides it)."""
     parsed = make_url(url)
     return parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory"
@@ -41,8 +41,9 @@ def make_engine(url: str) -> Engine:
     """An engine for ``url``; SQLite files get WAL and a busy timeout."""
     if url.startswith("sqlite"):
         # An in-memory database lives in its connection: the default pool gives each thread its own (and its
-        # own empty database), so every thread shares the one connection instead (SQLAlchemy's recipe).
-        pool: dict[str, Any] = {"poolclass": StaticPool} if _in_memory(url) else {}
+        # own empty database), so every thread shares the one connection instead (SQLAlchemy's recipe); the
+        # store then lets one session at a time use it (see Store._serial).
+        pool: dict[str, Any] = {"poolclass": StaticPool} if in_memory(url) else {}
         engine = create_engine(url, connect_args={"check_same_thread": False}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
@@ -52,12 +53,24 @@ def make_engine(url: str) -> Engine:
 def create_schema(engine: Engine) -> None:
     """The tables, those missing created.  Controllers opening a new database at the same moment each find a
     table missing and create it, and all but the first are refused (SQLite: "already exists"; PostgreSQL: a
-    unique violation in its catalog): such a refusal is tried again, and the next pass finds the tables."""
+    unique violation in its catalog): such a refusal is tried again, and the next pass finds the tables.  A refusal
+    after which none of the tables exists is no such race (a database down, a path refused): it is raised at once,
+    not after five driver timeouts."""
     for attempt in range(1, SCHEMA_ATTEMPTS + 1):
         try:
             Base.metadata.create_all(engine)
             return
         except (OperationalError, ProgrammingError, IntegrityError):
-            if attempt == SCHEMA_ATTEMPTS:
+            if attempt == SCHEMA_ATTEMPTS or not _some_tables_exist(engine):
                 raise
             time.sleep(0.05 * attempt)
+
+
+def _some_tables_exist(engine: Engine) -> bool:
+    """Whether another controller has created any of the schema's tables (False too when the database does not
+    answer the question)."""
+    try:
+        present = set(inspect(engine).get_table_names())
+    except SQLAlchemyError:
+        return False
+    return bool(present & set(Base.metadata.tables))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -29,7 +29,7 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from contracts.errors import ConflictError, NotFoundError, UnavailableError
 from controller.policy import STORED, Policy
-from controller.store.engine import create_schema, make_engine, redacted
+from controller.store.engine import create_schema, in_memory, make_engine, redacted
 from controller.store.records import (
     DecisionRecord,
     DecisionRefusedError,
@@ -109,12 +109,21 @@ class Store:
         # The API serves writes from a thread pool: one policy write at a time in this process (another
         # process racing for the same version, on a shared database, is retried instead).
         self._policy_writes = threading.Lock()
+        # An in-memory database is one connection every thread shares: one session at a time on it (two at once
+        # rolled back each other's transactions, and a broken connection was replaced by a new, empty database).
+        self._serial: AbstractContextManager[object] = (
+            threading.RLock() if url.startswith("sqlite") and in_memory(url) else nullcontext()
+        )
 
     def close(self) -> None:
         self.engine.dispose()
 
     @contextmanager
     def _session(self) -> Iterator[Session]:
+        with self._serial:
+            yield from self._serial_session()
+
+    def _serial_session(self) -> Iterator[Session]:
         session = self._sessions()
         try:
             yield session

@@ -93,3 +93,58 @@ def test_an_outage_answers_without_the_statement_and_logs_it(tmp_path: Path, cap
         store.get_policy("p")
     assert str(raised.value) == "policy store (sqlite): no such table: policies"
     assert "SELECT policies.name" in caplog.text
+
+
+def test_an_in_memory_database_holds_under_concurrent_reads_and_writes() -> None:
+    """Two threads' sessions shared the one connection at once: each rolled back the other's transaction ("cannot
+    commit - no transaction is active"), and a broken connection was replaced by a new, empty database."""
+    from datetime import UTC, datetime
+
+    from controller.store import DecisionRecord
+
+    store = Store(ControllerSettings(db=":memory:").db_url)
+    errors: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                store.list_policies()
+            except UnavailableError as exc:
+                errors.append(f"read: {exc}")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for k in range(400):
+            record = DecisionRecord(policy="p", policy_version=1, at=datetime.now(UTC), tick_s=float(k),
+                                    action="hold", reason="within_slo", current_replicas=1, desired_replicas=1,
+                                    mode="enforce", outcome="held", inputs={"k": k})  # fmt: skip
+            try:
+                store.append_decisions([record])
+            except UnavailableError as exc:
+                errors.append(f"write: {exc}")
+    finally:
+        done.set()
+        reader.join(timeout=10)
+    assert errors == []
+    assert len(store.list_decisions(limit=1000)) == 400
+
+
+def test_a_schema_refusal_with_no_tables_made_is_raised_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database that is down is no race lost: it was tried five times, each waiting out the driver's timeout."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import OperationalError
+
+    from controller.store import engine as store_engine
+
+    calls: list[int] = []
+
+    def refused(*_args: object, **_kwargs: object) -> None:
+        calls.append(1)
+        raise OperationalError("CREATE TABLE", {}, Exception("connection timed out"))
+
+    monkeypatch.setattr(Base.metadata, "create_all", refused)
+    with pytest.raises(OperationalError):
+        store_engine.create_schema(create_engine("sqlite://"))
+    assert calls == [1]
