@@ -17,7 +17,8 @@ settings than the policy's now (a PUT changed its checkpoint or model: the
 argv differs) is replaced, one at a time, each tick a step: its successor
 starts ahead of it and it stops once the successor is ready, so no fewer
 serve meanwhile (with no CPU slice left for one more, it stops first and its
-successor starts in its place); a scale-down stops such replicas first.
+successor starts in its place); a scale-down stops a successor still loading
+first (the replica it would replace serves on), then replicas on old settings.
 Every replica is stopped when the
 controller shuts down, and on Linux gets SIGTERM from the kernel when the
 controller dies without a shutdown (``PR_SET_PDEATHSIG``: a kill -9 left
@@ -291,12 +292,15 @@ class LocalActuator:
             previous = sum(r.replaces is None for r in running)
             if previous != replicas and not still_leading():  # asked after the lock's wait, before any change
                 raise LeadershipLostError(f"{policy.name}: the lease was lost before the scale to {replicas}")
-            for replica in running:  # a successor started ahead counts now; the replicas on old settings go first
+            ahead = [r for r in running if r.replaces is not None]
+            if replicas <= previous:  # successors still loading go first: the replicas they would replace serve
+                running[:] = [r for r in running if r.replaces is None]
+            for replica in ahead:  # a scale-up counts them now
                 replica.replaces = None
-            running.sort(key=lambda r: self._stale(policy, r))
+            running.sort(key=lambda r: self._stale(policy, r))  # the replicas on old settings go first
             while len(running) < replicas:
                 running.append(self._start(policy, running))
-            surplus = running[replicas:]
+            surplus = [*running[replicas:], *(r for r in ahead if r not in running)]
             del running[replicas:]
             await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in reversed(surplus)))
             return ScaleResult(previous=previous, replicas=replicas, changed=previous != replicas)

@@ -90,3 +90,24 @@ def test_a_scale_down_stops_the_replicas_on_old_settings_first(tmp_path: Path) -
         asyncio.run(scenario())
     finally:
         asyncio.run(actuator.aclose())
+
+
+def test_a_scale_down_while_a_successor_loads_stops_the_successor_not_the_replicas_serving(tmp_path: Path) -> None:
+    """The successor started ahead counted at once and the replicas on old settings went first: a scale-down from
+    2 to 1 kept only the one still loading, and no replica served until it had loaded."""
+    actuator, old, new = _actuator(tmp_path)
+
+    async def scenario() -> None:
+        await actuator.scale(old, 2)
+        assert await _wait_ready(actuator, old, 2, timeout_s=20) == 2
+        serving = {r.process.pid for r in actuator.replicas_by_policy[old.name]}
+        await actuator.replicas(new)  # the policy now names another checkpoint: a successor starts ahead
+        (successor,) = [r for r in actuator.replicas_by_policy[new.name] if r.replaces is not None]
+        await actuator.scale(new, 1)
+        left = [r.process.pid for r in actuator.replicas_by_policy[new.name]]
+        assert len(left) == 1 and set(left) <= serving and not _alive(successor.process.pid)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        asyncio.run(actuator.aclose())
