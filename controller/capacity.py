@@ -158,7 +158,7 @@ class CapacityModel:
         if self.ttft_correction == 1.0 and self.itl_correction == 1.0:
             return self._predict(load, replicas)
         for_ttft = self._predict(load.scaled(self.ttft_correction), replicas)
-        for_itl = self._predict(load.scaled(self.itl_correction), replicas)
+        for_itl = self._predict(load.scaled(self.itl_correction), replicas, with_ttft=False)
         return Prediction(
             replicas=replicas,
             ttft_p99_s=for_ttft.ttft_p99_s,
@@ -170,7 +170,8 @@ class CapacityModel:
             ttft_floor_s=for_ttft.ttft_floor_s,
         )
 
-    def _predict(self, load: Load, replicas: int) -> Prediction:
+    def _predict(self, load: Load, replicas: int, *, with_ttft: bool = True) -> Prediction:
+        """Without ``with_ttft`` the TTFT fields are left at 0 (the M/G/N part is most of the cost)."""
         p = self.profile
         t = self.targets
         inf = math.inf
@@ -207,7 +208,7 @@ class CapacityModel:
         spread = math.sqrt(rate * (1.0 + t.prompt_cv2) * prefill_s**2 / PREFILL_SHARE_WINDOW_S)
         rho_busy = min(rho_p + _Z99 * spread, 0.95)
         itl_p99 = p.step_s(running + _Z99 * math.sqrt(max(running, 1.0))) / (1.0 - rho_busy)
-        ttft_p99, floor = self._ttft_p99(load, replicas, running)
+        ttft_p99, floor = self._ttft_p99(load, replicas, running) if with_ttft else (0.0, 0.0)
         kv_tokens = running * (load.mean_prompt_tokens + load.mean_output_tokens / 2.0)
         return Prediction(
             replicas=replicas,

@@ -68,7 +68,8 @@ class PredictiveConfig:
     refits_per_tick: int = 1
     """Most model refits (backtest, selection, fit: tens of milliseconds each once the history is
     long) one tick spends over all policies; a forecaster whose refit waits keeps forecasting with its
-    current model.  Refits of short histories (under ``CHEAP_REFIT_BINS``) do not count."""
+    current model.  Refits of short histories (under ``CHEAP_REFIT_BINS``) do not count: they have their
+    own budget, and a tick runs refits of one kind only."""
     cheap_refit_bins_per_tick: int = 512
     """Most history bins the refits of short histories (about 0.03 ms a bin) one tick spends over all
     policies: many policies started together reach their early refits (when the history doubles) on the
@@ -248,18 +249,31 @@ class PredictiveAdvisor:
         self._budget_tick_s: float | None = None
         self._refits_left = 0
         self._cheap_bins_left = 0
+        self._full_first = False
+        """A full refit waited last tick: this tick's short refits wait behind it."""
+        self._full_deferred = False
         self.refits_deferred = 0
         """Refits that waited for a later tick's budget (since start)."""
 
     def _refit_if_due(self, forecaster: AutoForecaster, now_s: float) -> None:
+        """Refit within the tick's budget: short refits share ``cheap_refit_bins_per_tick`` bins, full ones
+        ``refits_per_tick``, and a tick runs one kind only, so its refits cost at most the larger of the two.
+        A full refit deferred by short ones goes first on the next tick (short ones wait behind it)."""
+        config = self.config
         if now_s != self._budget_tick_s:
-            self._budget_tick_s, self._refits_left = now_s, self.config.refits_per_tick
-            self._cheap_bins_left = self.config.cheap_refit_bins_per_tick
+            self._budget_tick_s, self._refits_left = now_s, config.refits_per_tick
+            self._cheap_bins_left = config.cheap_refit_bins_per_tick
+            self._full_first, self._full_deferred = self._full_deferred, False
         if not forecaster.refit_due:
             return
         bins = len(forecaster.history)
         cheap = bins < CHEAP_REFIT_BINS
-        if (self._cheap_bins_left < bins) if cheap else (self._refits_left <= 0):
+        if cheap:
+            run = not self._full_first and self._refits_left == config.refits_per_tick and self._cheap_bins_left >= bins
+        else:
+            run = self._refits_left > 0 and self._cheap_bins_left == config.cheap_refit_bins_per_tick
+            self._full_deferred = self._full_deferred or not run
+        if not run:
             self.refits_deferred += 1
             return
         forecaster.refit()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from controller.forecast import ForecastConfig
+from controller.forecast.auto import AutoForecaster
 from controller.policy import LocalTarget, Policy, Scaling
 from controller.predictive import CHEAP_REFIT_BINS, PredictiveAdvisor, PredictiveConfig
 from controller.types import PolicyObservation
@@ -48,3 +49,29 @@ def test_short_refits_of_many_policies_share_a_tick_budget_and_all_catch_up() ->
 def test_a_budget_too_small_for_the_longest_short_refit_is_refused() -> None:
     with pytest.raises(ValueError, match="cheap_refit_bins_per_tick"):
         PredictiveConfig(cheap_refit_bins_per_tick=CHEAP_REFIT_BINS - 1)
+
+
+def forecaster_with(bins: int) -> AutoForecaster:
+    forecaster = AutoForecaster(ForecastConfig(bin_s=TICK_S, season_s=None), auto_refit=False)
+    for k in range(bins):
+        forecaster.observe(10.0 + k % 7)
+    assert forecaster.refit_due  # never fit yet
+    return forecaster
+
+
+def test_a_tick_runs_full_or_short_refits_never_both_and_a_deferred_full_one_goes_first() -> None:
+    adv = PredictiveAdvisor(PredictiveConfig())
+    short = [forecaster_with(100) for _ in range(3)]
+    full = forecaster_with(CHEAP_REFIT_BINS + 50)
+    # Tick 1: short refits come first and spend budget, so the full one waits.
+    for forecaster in (*short[:2], full):
+        adv._refit_if_due(forecaster, 15.0)
+    assert [f.fits for f in (*short[:2], full)] == [1, 1, 0]
+    # Tick 2: the deferred full refit goes first; the short one met before it waits behind it.
+    for forecaster in (short[2], full):
+        adv._refit_if_due(forecaster, 30.0)
+    assert (short[2].fits, full.fits) == (0, 1)
+    # Tick 3: nothing full is waiting, so short refits run again.
+    adv._refit_if_due(short[2], 45.0)
+    assert short[2].fits == 1
+    assert adv.refits_deferred == 2
