@@ -157,18 +157,25 @@ class CapacityModel:
         """
         if self.ttft_correction == 1.0 and self.itl_correction == 1.0:
             return self._predict(load, replicas)
-        for_ttft = self._predict(load.scaled(self.ttft_correction), replicas)
         for_itl = self._predict(load.scaled(self.itl_correction), replicas, with_ttft=False)
-        return Prediction(
-            replicas=replicas,
-            ttft_p99_s=for_ttft.ttft_p99_s,
-            itl_mean_s=for_itl.itl_mean_s,
-            itl_p99_s=for_itl.itl_p99_s,
-            running_per_replica=max(for_ttft.running_per_replica, for_itl.running_per_replica),
-            prefill_utilization=for_ttft.prefill_utilization,
-            kv_utilization=max(for_ttft.kv_utilization, for_itl.kv_utilization),
-            ttft_floor_s=for_ttft.ttft_floor_s,
-        )
+        return _combined(self._predict(load.scaled(self.ttft_correction), replicas), for_itl)
+
+    def _meets(self, load: Load, replicas: int, headroom: float | None) -> bool:
+        """``meets_targets(predict(load, replicas))``, the ITL side first: a count it already rules out needs
+        no TTFT queue model (most of a prediction's cost) at the TTFT correction's load."""
+        if self.ttft_correction == 1.0 and self.itl_correction == 1.0:
+            return self.meets_targets(self._predict(load, replicas), headroom)
+        for_itl = self._predict(load.scaled(self.itl_correction), replicas, with_ttft=False)
+        room = self.targets.headroom if headroom is None else headroom
+        if not (
+            math.isfinite(for_itl.itl_p99_s)
+            and for_itl.itl_p99_s <= self.itl_limit_s(room)
+            and for_itl.kv_utilization <= room
+            and for_itl.running_per_replica <= self.profile.max_num_seqs * room
+        ):
+            return False  # the combined prediction keeps these (or larger) values: it fails too
+        for_ttft = self._predict(load.scaled(self.ttft_correction), replicas)
+        return self.meets_targets(_combined(for_ttft, for_itl), headroom)
 
     def _predict(self, load: Load, replicas: int, *, with_ttft: bool = True) -> Prediction:
         """Without ``with_ttft`` the TTFT fields are left at 0 (the M/G/N part is most of the cost)."""
@@ -354,7 +361,7 @@ class CapacityModel:
             return 0
 
         def meets(replicas: int) -> bool:
-            return self.meets_targets(self.predict(load, replicas), headroom)
+            return self._meets(load, replicas, headroom)
 
         guess = min(max(self._last_needed, 1), MAX_REPLICAS)
         if meets(guess):
@@ -435,6 +442,20 @@ class CapacityModel:
             return 0
         drain_rate = queue_depth / max(drain_s, 1.0)
         return self.replicas_needed(load.scaled(1.0 + drain_rate / load.request_rate_rps))
+
+
+def _combined(for_ttft: Prediction, for_itl: Prediction) -> Prediction:
+    """One prediction from the TTFT correction's load (TTFT, prefill) and the ITL correction's (ITL)."""
+    return Prediction(
+        replicas=for_ttft.replicas,
+        ttft_p99_s=for_ttft.ttft_p99_s,
+        itl_mean_s=for_itl.itl_mean_s,
+        itl_p99_s=for_itl.itl_p99_s,
+        running_per_replica=max(for_ttft.running_per_replica, for_itl.running_per_replica),
+        prefill_utilization=for_ttft.prefill_utilization,
+        kv_utilization=max(for_ttft.kv_utilization, for_itl.kv_utilization),
+        ttft_floor_s=for_ttft.ttft_floor_s,
+    )
 
 
 def _ewma(previous: float, observed: float, weight: float = 0.2, low: float = 0.5, high: float = 2.0) -> float:

@@ -201,3 +201,19 @@ def test_an_itl_objective_above_the_floor_is_never_sized_past_and_keeps_its_head
     limit = model.itl_limit_s()
     assert limit <= itl_s
     assert limit == pytest.approx(max(itl_s * headroom, 1.2 * model.itl_floor_s))
+
+
+@pytest.mark.parametrize("corrections", [(1.0, 1.0), (1.4, 0.8), (0.7, 1.6), (2.0, 2.0)])
+def test_the_search_with_the_itl_side_first_agrees_with_the_full_prediction(corrections: tuple[float, float]) -> None:
+    model = CapacityModel(DEFAULT_PROFILE, Targets(ttft_s=0.5, itl_s=0.02))
+    model.ttft_correction, model.itl_correction = corrections
+    checked = 0
+    for rate in (0.5, 3.0, 12.0, 40.0):
+        for prompt in (200.0, 1_000.0, 6_000.0):
+            load = Load(request_rate_rps=rate, prompt_tokens_per_s=rate * prompt, output_tokens_per_s=rate * 150.0)
+            for replicas in range(1, 60):
+                for headroom in (None, 1.0):
+                    full = model.meets_targets(model.predict(load, replicas), headroom)
+                    assert model._meets(load, replicas, headroom) == full, (rate, prompt, replicas, headroom)
+                    checked += full
+    assert checked > 0  # some counts pass, so both branches of the shortcut are exercised
