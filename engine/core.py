@@ -121,6 +121,9 @@ class EngineCore:
         bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValidationError(f"stop_token_ids must be in [0, {vocab}); got {bad[:5]}")
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if bad:  # else the sampler fails the request after its prefill
+            raise ValidationError(f"logit_bias token ids must be in [0, {vocab}); got {bad[:5]}")
         if request_id in self._requests:
             raise ValidationError(f"request_id {request_id!r} is already in flight")
         now = self._clock() if arrival_s is None else arrival_s

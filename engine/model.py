@@ -118,7 +118,7 @@ class Qwen3MoeModel:
                 )
             )
         self.norm = get("model.norm.weight")
-        if config.tie_word_embeddings or "lm_head.weight" not in reader:
+        if config.tie_word_embeddings:  # else a missing lm_head.weight is an error, not the embeddings
             self.lm_head = self.embed
         else:
             self.lm_head = get("lm_head.weight")

@@ -102,6 +102,8 @@ class SamplingParams:
                             f"got {self.repetition_penalty}")
         if any(not -100.0 <= bias <= 100.0 for _, bias in self.logit_bias):
             problems.append("logit_bias values must be in [-100, 100]")
+        if any(token < 0 for token, _ in self.logit_bias):
+            problems.append("logit_bias token ids must be >= 0")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and not 0 <= k <= MAX_LOGPROBS:

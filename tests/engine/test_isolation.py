@@ -21,7 +21,8 @@ from tests.engine.test_scheduler import PROMPTS, Collect
 @pytest.mark.parametrize(
     ("fields", "needle"),
     [({"seed": 2**64}, "seed"), ({"seed": -(2**63) - 1}, "seed"), ({"temperature": -1e-300}, "temperature"),
-     ({"temperature": float("nan")}, "temperature"), ({"top_k": 2**31}, "top_k"), ({"top_k": -2}, "top_k")],
+     ({"temperature": float("nan")}, "temperature"), ({"top_k": 2**31}, "top_k"), ({"top_k": -2}, "top_k"),
+     ({"logit_bias": ((-1, 1.0),)}, "logit_bias")],
 )
 def test_sampling_params_refuse_what_the_sampler_cannot_compute(fields: dict[str, float], needle: str) -> None:
     with pytest.raises(ValidationError) as info:
@@ -88,6 +89,18 @@ def test_a_request_whose_sampler_fails_ends_alone_and_the_batch_goes_on() -> Non
         for rid, prompt in zip(victims, PROMPTS[:3], strict=True):
             assert collect.outputs[rid][-1].finish_reason == "length"
             assert [o.token_id for o in collect.outputs[rid]] == reference_tokens(prompt, 8)
+        assert engine.kv_state()[0] == 0
+    finally:
+        engine.shutdown()
+
+
+def test_a_logit_bias_token_outside_the_vocabulary_is_refused_before_its_prefill() -> None:
+    engine = LLMEngine(FakeExecutor())
+    engine.start()
+    try:
+        vocab = engine.core.executor.config.vocab_size
+        with pytest.raises(ValidationError, match=rf"logit_bias token ids must be in \[0, {vocab}\)"):
+            engine.add_request(PROMPTS[0], SamplingParams(logit_bias=((vocab, 5.0),)), Collect())
         assert engine.kv_state()[0] == 0
     finally:
         engine.shutdown()

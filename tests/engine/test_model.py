@@ -320,3 +320,20 @@ def test_hits_on_blocks_computed_in_the_same_step_give_the_logits_of_a_cold_pref
     for seq in warm:
         assert warm[seq].argmax(dim=-1).tolist() == cold[seq].argmax(dim=-1).tolist()
         torch.testing.assert_close(warm[seq], cold[seq], atol=ATOL, rtol=0)
+
+
+def test_an_untied_checkpoint_without_lm_head_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    config = ModelConfig(
+        num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, intermediate_size=32, vocab_size=64,
+        tie_word_embeddings=False, max_position_embeddings=64,
+    )
+    init_random_checkpoint(tmp_path, config, seed=1)
+    weights = tmp_path / "model.safetensors"
+    tensors = load_file(str(weights))
+    del tensors["lm_head.weight"]  # e.g. a shard the index forgot
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(ValidationError, match=r"lm_head\.weight"):
+        create_executor(ExecutorOptions(checkpoint=tmp_path, kv_cache_mb=1))
