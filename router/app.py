@@ -102,7 +102,11 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         return await handler(request)
     except MoesloError as exc:
         return _json(*error_document(exc))
-    except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
+    except web.HTTPMethodNotAllowed as exc:  # a real route, another method: 405 with Allow, as the engine answers
+        allow = ", ".join(sorted(exc.allowed_methods))
+        detail = f"Method Not Allowed: {request.method} {request.path} (allowed: {allow})"
+        return _json(405, {"error": error_body(detail, 405)}, [(b"Allow", allow.encode())])
+    except web.HTTPNotFound:
         return _json(*error_document(NotFoundError("route", f"{request.method} {request.path}")))
     except web.HTTPException as exc:  # aiohttp's own refusals (a body over client_max_size: 413)
         return _json(exc.status, {"error": error_body(exc.reason, exc.status)})

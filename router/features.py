@@ -52,7 +52,27 @@ def request_features(body: Mapping[str, Any], *, chat: bool = False, block_token
         return RequestFeatures(prompt_tokens=-(-len(prompt) // CHARS_PER_TOKEN), max_tokens=max_tokens, stream=stream,
                                block_tokens=block_tokens,
                                prefix_blocks=text_blocks(prompt, block_tokens=block_tokens, max_blocks=max_blocks))
+    if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
+                                                or all(_is_token_ids(p) for p in prompt)):  # fmt: skip
+        return _batch_features(prompt, body.get("n"), max_tokens=max_tokens, stream=stream,
+                               block_tokens=block_tokens, max_blocks=max_blocks)  # fmt: skip
     return RequestFeatures(prompt_tokens=0, max_tokens=max_tokens, stream=stream)
+
+
+def _batch_features(prompts: list[Any], n: object, *, max_tokens: int, stream: bool, block_tokens: int,
+                    max_blocks: int) -> RequestFeatures:  # fmt: skip
+    """A list of prompts: the engine prefills each one ``n`` times (a choice each), so all count; the prefix
+    blocks are the first prompt's."""
+    copies = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+    first = prompts[0]
+    if isinstance(first, str):
+        tokens = sum(-(-len(p) // CHARS_PER_TOKEN) for p in prompts)
+        blocks = text_blocks(first, block_tokens=block_tokens, max_blocks=max_blocks)
+    else:
+        tokens = sum(len(p) for p in prompts)
+        blocks = token_blocks(first, block_tokens=block_tokens, max_blocks=max_blocks)
+    return RequestFeatures(prompt_tokens=tokens * copies, max_tokens=max_tokens, stream=stream,
+                           block_tokens=block_tokens, prefix_blocks=blocks)  # fmt: skip
 
 
 __all__ = ["request_features"]

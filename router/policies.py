@@ -87,7 +87,8 @@ def estimated_cost(features: RequestFeatures, replicas: Sequence[ReplicaState], 
 
     def key(r: ReplicaState) -> tuple[bool, bool, float, int, str]:
         p = predictions[r.name]
-        return (p.ttft_s > model.ttft_objective_s, p.itl_risk, p.ttft_s, r.outstanding, r.name)
+        over = p.ttft_s > model.ttft_objective_s  # over the objective anywhere: the lowest TTFT, ITL risk or not
+        return (over, p.itl_risk and not over, p.ttft_s, r.outstanding, r.name)
 
     best = min(live, key=key)
     fastest = min(live, key=lambda r: (predictions[r.name].ttft_s, r.outstanding, r.name))

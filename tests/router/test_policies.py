@@ -98,6 +98,22 @@ def test_cost_avoids_itl_risk_while_the_ttft_budget_allows() -> None:
     assert estimated_cost(features(400), replicas, MODEL).replica == "a"
 
 
+def test_over_the_ttft_objective_everywhere_the_lowest_ttft_wins_itl_risk_or_not() -> None:
+    # a: 2400 / 4000 x (1 + 130/128) = 1.21 s with ITL risk; b: (8000 + 2400) / 4000 = 2.6 s without
+    replicas = [state("a", running=130), state("b", pending_prefill_tokens=8000)]
+    choice = estimated_cost(features(2400), replicas, MODEL)
+    assert (choice.replica, choice.reason) == ("a", "lowest_predicted_ttft")
+
+
+def test_a_list_of_prompts_counts_every_prompt_and_each_of_its_n_choices() -> None:
+    one = request_features({"prompt": "x" * 400})
+    assert one.prompt_tokens == 100
+    texts = request_features({"prompt": ["x" * 400] * 3, "n": 2})
+    assert texts.prompt_tokens == 600 and texts.prefix_blocks == one.prefix_blocks
+    ids = request_features({"prompt": [list(range(50)), list(range(30))]})
+    assert ids.prompt_tokens == 80 and ids.prefix_blocks == request_features({"prompt": list(range(50))}).prefix_blocks
+
+
 def test_cached_prompt_tokens_are_not_predicted_as_prefill() -> None:
     model = CostModel()
     features = RequestFeatures(prompt_tokens=2000)

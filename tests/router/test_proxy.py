@@ -314,6 +314,9 @@ def test_bad_requests_and_unknown_routes_get_the_error_document() -> None:
             answer = httpx.post(r.url + path, content=json.dumps(body), timeout=5,
                                 headers={"Content-Type": "application/json"})  # fmt: skip
             assert answer.status_code == 200, (body, answer.text)  # the stub answers everything
+        wrong_method = httpx.get(r.url + "/v1/completions", timeout=5)  # a real route: 405 and Allow, as the engine
+        assert (wrong_method.status_code, wrong_method.headers["Allow"]) == (405, "POST")
+        assert wrong_method.json()["error"]["code"] == 405
         missing = httpx.get(r.url + "/v2/nothing", timeout=5)
         assert (missing.status_code, missing.json()["error"]["code"], missing.json()["error"]["param"]) == (404, 404,
                                                                                                           None)
