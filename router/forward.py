@@ -67,6 +67,8 @@ class _Exchange:
     """A replica has been tried (a further try follows a connection refused or not accepted, or a 503, there)."""
     held_s: float = 0.0
     """Seconds held at admission (queue mode): the fleet's wait, left out of the router's overhead."""
+    heard_s: float = 0.0
+    """When its replica last gave a sign of life for it: sent there, its headers, each relayed chunk."""
 
 
 class Router:
@@ -205,15 +207,31 @@ class Router:
 
     def eject(self, name: str, *, frozen: bool = False) -> None:
         """Take ``name`` out of routing; ``frozen`` (it answered none of its last scrapes): end the requests
-        waiting on it too, with a 504 or a stream error event, instead of leaving them ``upstream_timeout_s``."""
+        it has been as silent on too, with a 504 or a stream error event, instead of leaving them
+        ``upstream_timeout_s``; those still receiving bytes go on."""
         self.prefixes.forget(name)  # a replica that failed may come back restarted, its cache empty
         if self.pool.eject(name):
             self.metrics.ejections[name].inc()
             self.metrics.healthy[name].set(0)
         if frozen:
+            # A replica can be slow to render /metrics while its streams still flow: only the requests it
+            # has been silent on for as long as it was on its scrapes are ended.
+            cfg = self.config
+            window_s = cfg.eject_after_silent * (cfg.scrape_interval_s + cfg.scrape_timeout_s)
             for task, exchange in list(self._in_flight.get(name, {}).items()):
-                exchange.abandoned = True
-                task.cancel()
+                self._end_if_silent(task, exchange, window_s)
+
+    def _end_if_silent(self, task: asyncio.Task[Any], exchange: _Exchange, window_s: float) -> None:
+        """End a request its frozen replica has said nothing on for ``window_s``; else look again when it
+        would have (a stream that stops later ends then, not at ``upstream_timeout_s``)."""
+        if task.done():
+            return
+        quiet_s = self.clock() - exchange.heard_s
+        if quiet_s >= window_s:
+            exchange.abandoned = True
+            task.cancel()
+        else:
+            asyncio.get_running_loop().call_later(window_s - quiet_s, self._end_if_silent, task, exchange, window_s)
 
     # ------------------------------------------------------------------ completions
 
@@ -278,6 +296,7 @@ class Router:
         assert task is not None  # the server runs every request in a task of its own
         flights = self._in_flight.setdefault(name, {})
         flights[task] = exchange
+        exchange.heard_s = sent_s
         try:
             return await self._exchange(name, path, body, headers, choice, ticket, exchange, sent_s)
         except asyncio.CancelledError:
@@ -363,9 +382,11 @@ class Router:
         send = exchange.send
         await send({"type": "http.response.start", "status": upstream.status, "headers": _relayed(upstream)})
         exchange.started = True
+        exchange.heard_s = self.clock()
         tail = b""
         try:
             async for chunk in upstream.content.iter_any():
+                exchange.heard_s = self.clock()
                 if not ticket.started:
                     self.pool.first_token(ticket)
                     observed_s = self.clock() - sent_s

@@ -74,7 +74,7 @@ def _through_middleware(raised: BaseException) -> tuple[int, dict[str, Any]]:
     [
         (web.HTTPRequestEntityTooLarge(max_size=64, actual_size=65), 413),
         (web.HTTPNotFound(), 404),
-        (web.HTTPMethodNotAllowed("GET", ["POST"]), 404),
+        (web.HTTPMethodNotAllowed("GET", ["POST"]), 405),
         (RuntimeError("a bug"), 500),
         (UnavailableError("the router wrote no answer"), 503),
     ],

@@ -62,6 +62,19 @@ def test_a_slow_but_answering_replica_keeps_its_requests() -> None:
         assert r.replicas()[url_of(slow)]["healthy"] is True
 
 
+def test_a_stream_still_flowing_outlives_its_replicas_ejection_for_late_scrapes() -> None:
+    # /metrics answers late (a busy exporter) while tokens come every 0.1 s: the replica leaves routing,
+    # the stream goes on to its [DONE].
+    chunks = (*(f'data: {{"t":{i}}}\n\n'.encode() for i in range(40)), b"data: [DONE]\n\n")
+    with stubs(1, stream_chunks=chunks, chunk_delay_s=0.1, metrics_delay_s=5.0) as (busy,), \
+            router([busy], **FROZEN) as r:  # type: ignore[arg-type]
+        with httpx.stream("POST", r.url + "/v1/completions", json=STREAM, timeout=20) as answer:
+            body = answer.read()
+        assert body.endswith(b"data: [DONE]\n\n") and b"error" not in body
+        assert body.count(b'"t":') == 40
+        assert r.replicas()[url_of(busy)]["healthy"] is False  # ejected all the same: no new requests go there
+
+
 def test_a_full_connection_pool_is_a_wait_in_the_router_not_a_replica_that_timed_out() -> None:
     """With every pooled connection busy, the next request's wait counted as the replica's connect
     timeout: a 504 naming a healthy replica, which was then ejected."""
