@@ -19,6 +19,7 @@ from controller.forecast import (
     wape,
 )
 from controller.forecast.auto import MIN_INTERVAL_RESIDUALS
+from controller.forecast.models import MA_ROOT_LIMIT, _inside_unit_circle
 
 PERIOD = 48
 
@@ -186,3 +187,26 @@ def test_skipped_bins_take_the_last_value_and_a_gap_past_a_season_restarts() -> 
     assert config.max_fill_bins == 60
     assert forecaster.skip(61) is True
     assert len(forecaster.history) == 0 and forecaster.forecast() is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_arima_takes_the_estimates_statsmodels_arima_fit_gives(seed: int) -> None:
+    """Hannan-Rissanen called directly on the differences: the coefficients ``ARIMA(...).fit`` gives."""
+    import warnings
+
+    from statsmodels.tsa.arima.model import ARIMA
+
+    rng = np.random.default_rng(seed)
+    series = 30 + np.cumsum(rng.normal(size=400)) * 0.3 + rng.poisson(20, 400) / 10
+    model = Arima(fit_window=720)
+    model.fit(series)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = ARIMA(series, order=(model.p, 1, model.q), enforce_stationarity=False,
+                       enforce_invertibility=False).fit(method="hannan_rissanen")  # fmt: skip
+    params = dict(zip(result.model.param_names, np.asarray(result.params), strict=True))
+    reference = Arima(fit_window=720)
+    reference.ar = _inside_unit_circle(np.array([params[f"ar.L{i + 1}"] for i in range(model.p)]), -1)
+    reference.ma = _inside_unit_circle(np.array([params[f"ma.L{i + 1}"] for i in range(model.q)]), 1, MA_ROOT_LIMIT)
+    np.testing.assert_allclose(model.ar, reference.ar, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(model.ma, reference.ma, rtol=1e-9, atol=1e-12)
