@@ -38,12 +38,16 @@ def backtest(
     with cli_errors():
         from rich.progress import Progress
 
+        from controller.forecast.backtest import MODEL_KINDS
         from controller.forecast.trace_backtest import backtest_trace
 
-        kinds = [m.strip() for m in models.split(",") if m.strip()]
+        kinds = list(dict.fromkeys(m.strip() for m in models.split(",") if m.strip()))  # each model once
         problems = [f"--horizon: {h} s is not a finite number above 0" for h in horizon if not 0 < h < math.inf]
         if not kinds:
             problems.append("--models: name at least one model")
+        unknown = [k for k in kinds if k not in MODEL_KINDS]
+        if unknown:  # before the trace is read and the first models backtested
+            problems.append(f"--models: unknown {', '.join(unknown)}; known: {', '.join(MODEL_KINDS)}")
         if test_fraction is not None and not 0 < test_fraction < 1:
             problems.append(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
         if problems:

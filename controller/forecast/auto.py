@@ -15,6 +15,7 @@ the history instead of making up a day of flat load.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -57,7 +58,8 @@ class ForecastConfig:
 
     @property
     def horizon_bins(self) -> int:
-        return max(1, round(self.horizon_s / self.bin_s))
+        """Bins that cover the horizon: a lead time the bin does not divide is covered up to its end."""
+        return max(1, math.ceil(self.horizon_s / self.bin_s - 1e-9))
 
     @property
     def period_bins(self) -> int | None:

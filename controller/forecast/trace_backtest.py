@@ -50,7 +50,8 @@ def horizon_report(results: Sequence[BacktestResult], steps: Sequence[int], bin_
     for h in steps:
         # WAPE is undefined (None) where the test part has no requests: no model is best there.
         defined = [r for r in results if math.isfinite(r.wape_by_horizon[h])]
-        scores = {r.name: round(r.wape_by_horizon[h], 5) if r in defined else None for r in results}
+        defined_ids = {id(r) for r in defined}  # by identity: results compare numpy arrays field by field
+        scores = {r.name: round(r.wape_by_horizon[h], 5) if id(r) in defined_ids else None for r in results}
         baselines = {r.name: r.wape_by_horizon[h] for r in defined if r.kind in BASELINES}
         models_only = {r.name: r.wape_by_horizon[h] for r in defined if r.kind not in BASELINES}
         entry: dict[str, Any] = {"horizon_s": h * bin_s, "wape": scores}

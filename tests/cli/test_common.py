@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def test_brackets_in_a_message_are_printed_as_written(tmp_path: Path) -> None:
         (("forecast", "backtest", "--trace", str(TRACE), "--horizon", "0"),
          "--horizon: 0.0 s is not a finite number above 0"),
         (("forecast", "backtest", "--trace", str(TRACE), "--models", ","), "name at least one model"),
+        (("forecast", "backtest", "--trace", str(TRACE), "--models", "arima,prophet"), "--models: unknown prophet"),
         (("replay", "--trace", str(TRACE), "--policies", ","), "name at least one policy"),
         (("replay", "--trace", str(TRACE), "--window", "w=10:5"), "apply to --sweep only"),
         (("replay", "--trace", str(TRACE), "--sweep", "--window", "w=10:5"), "0 <= START < END"),
@@ -213,6 +215,17 @@ def test_a_trace_too_short_to_backtest_says_so(tmp_path: Path) -> None:
                      '{"timestamp": 5000, "input_length": 10, "output_length": 2}\n')  # fmt: skip
     code, out = run("forecast", "backtest", "--trace", str(short), "--bin", "60", "--horizon", "300")
     assert code == 2 and "spans 1 bins of 60 s: too short to test a 300 s horizon" in out
+
+
+def test_a_model_named_twice_is_backtested_once(tmp_path: Path) -> None:
+    """It crashed comparing two results' numpy arrays ("truth value of an array ... is ambiguous")."""
+    trace = tmp_path / "m.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {k * 20_000}, "input_length": 10, "output_length": 2}}\n'
+                             for k in range(400)))  # fmt: skip
+    code, out = run("forecast", "backtest", "--trace", str(trace), "--bin", "60", "--horizon", "120",
+                    "--models", "last_value,arima,arima", "--json")  # fmt: skip
+    assert code == 0, out
+    assert sorted(json.loads(out)["horizons"]["120s"]["wape"]) == ["arima_211", "last_value"]
 
 
 def test_a_replay_out_that_is_a_file_fails_before_any_run(tmp_path: Path) -> None:

@@ -210,3 +210,9 @@ def test_arima_takes_the_estimates_statsmodels_arima_fit_gives(seed: int) -> Non
     reference.ma = _inside_unit_circle(np.array([params[f"ma.L{i + 1}"] for i in range(model.q)]), 1, MA_ROOT_LIMIT)
     np.testing.assert_allclose(model.ar, reference.ar, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(model.ma, reference.ma, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(("bin_s", "horizon_s", "bins"), [(15.0, 60.0, 4), (50.0, 120.0, 3), (45.0, 100.0, 3),
+                                                           (90.0, 120.0, 2), (0.1, 0.3, 3), (60.0, 60.0, 1)])
+def test_the_forecast_covers_the_whole_horizon(bin_s: float, horizon_s: float, bins: int) -> None:
+    assert ForecastConfig(bin_s=bin_s, horizon_s=horizon_s).horizon_bins == bins
