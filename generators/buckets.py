@@ -132,9 +132,18 @@ def threshold_problems(policy: Policy, engine: str | EngineBuckets) -> list[str]
     return problems
 
 
-def check_thresholds(policies: Sequence[Policy], engine: str | EngineBuckets = "moeslo") -> None:
-    """Refuse latency thresholds that are not bucket edges of ``engine``, and duplicate names; all at once."""
-    problems = [problem for policy in policies for problem in threshold_problems(policy, engine)]
+def check_thresholds(
+    policies: Sequence[Policy], engine: str | EngineBuckets | Mapping[str, EngineBuckets] = "moeslo"
+) -> None:
+    """Refuse latency thresholds that are not bucket edges of ``engine`` (a mapping: each policy's own by name,
+    moeslo's for the others), and duplicate names; all at once."""
+
+    def engine_of(policy: Policy) -> str | EngineBuckets:
+        if isinstance(engine, Mapping):
+            return engine.get(policy.name, ENGINES["moeslo"])
+        return engine
+
+    problems = [problem for policy in policies for problem in threshold_problems(policy, engine_of(policy))]
     names = [policy.name for policy in policies]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     problems.extend(f"policy name {name!r} appears more than once" for name in duplicates)

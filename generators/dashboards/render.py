@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from contracts.errors import ValidationError
@@ -17,12 +17,12 @@ from generators.dashboards.slo_overview import build as slo_overview_dashboard
 
 
 def build_dashboards(
-    policies: Sequence[Policy], engine: EngineName | EngineBuckets = "moeslo"
+    policies: Sequence[Policy], engine: EngineName | EngineBuckets | Mapping[str, EngineBuckets] = "moeslo"
 ) -> dict[str, dict[str, Any]]:
     """File name -> Grafana dashboard JSON; every policy's SLO lines, targets and budget are drawn as its own.
 
     The good-ratio panels read the bucket at each threshold, so thresholds must be
-    bucket edges of ``engine``'s histograms (:mod:`generators.buckets`).
+    bucket edges of ``engine``'s histograms (:mod:`generators.buckets`; a mapping gives each policy's own).
     """
     if not policies:
         raise ValidationError("dashboards need at least one SLO policy (its thresholds draw the SLO lines)")
@@ -40,7 +40,7 @@ def build_dashboards(
 
 
 def render_dashboard_files(
-    policies: Sequence[Policy], engine: EngineName | EngineBuckets = "moeslo"
+    policies: Sequence[Policy], engine: EngineName | EngineBuckets | Mapping[str, EngineBuckets] = "moeslo"
 ) -> dict[str, str]:
     """File name -> JSON text (sorted keys, 2-space indent, trailing newline)."""
     return {

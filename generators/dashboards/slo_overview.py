@@ -100,8 +100,9 @@ def build(policies: Sequence[Policy]) -> Dashboard:
 def _description(policies: Sequence[Policy]) -> str:
     def slo(policy: Policy) -> str:
         ttft, itl = policy.objectives.ttft, policy.objectives.itl
-        return f"TTFT <= {ttft.threshold_s} s and ITL <= {itl.threshold_s} s for {ttft.target:.0%} of " \
-               f"requests over {policy.window}"
+        # Each objective its own target, to its own digits (99.9 % is not 100 %).
+        return f"TTFT <= {ttft.threshold_s} s for {ttft.target * 100:.4g}% of requests and ITL <= " \
+               f"{itl.threshold_s} s for {itl.target * 100:.4g}% over {policy.window}"
 
     if len(policies) == 1:
         return f"{slo(policies[0])}; lines mark the SLO."

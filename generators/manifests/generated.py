@@ -26,7 +26,7 @@ from generators.alerts import (
     dump_yaml_documents,
     prometheus_rule_manifest,
 )
-from generators.buckets import ENGINES, EngineBuckets, threshold_problems
+from generators.buckets import ENGINES, EngineBuckets, check_thresholds
 from generators.dashboards import render_dashboard_files
 from generators.manifests.engines import policy_engine, workload_engines
 from generators.manifests.overlays import Overlay
@@ -54,21 +54,11 @@ def prometheus_rule(policies: Sequence[Policy], engines: Mapping[str, EngineBuck
     """The policies' rule groups as one PrometheusRule; ``engines`` gives each policy's engine (default moeslo),
     ``runbook_url`` the runbooks page every alert links to."""
     chosen = {policy.name: (engines or {}).get(policy.name, ENGINES["moeslo"]) for policy in policies}
-    _check_each(policies, chosen)
+    check_thresholds(policies, chosen)
     groups = [group for policy in policies
               for group in build_rule_groups([policy], AlertOptions(engine=chosen[policy.name],
                                                                     runbook_url=runbook_url))]
     return prometheus_rule_manifest(groups, name=PROMETHEUS_RULE)
-
-
-def _check_each(policies: Sequence[Policy], engines: Mapping[str, EngineBuckets]) -> None:
-    """Every policy against its own engine, and unique names: all problems at once."""
-    problems = [problem for policy in policies for problem in threshold_problems(policy, engines[policy.name])]
-    names = [policy.name for policy in policies]
-    problems.extend(f"policy name {name!r} appears more than once" for name in sorted(set(names))
-                    if names.count(name) > 1)
-    if problems:
-        raise ValidationError(problems)
 
 
 def policy_engines(overlay: Overlay) -> dict[str, EngineBuckets]:
@@ -88,8 +78,11 @@ def alertmanager_secret(receivers: ReceiverOptions | None = None) -> dict[str, A
     }
 
 
-def dashboard_configmaps(policies: Sequence[Policy]) -> list[dict[str, Any]]:
-    """One ConfigMap per dashboard, labelled for Grafana's dashboard sidecar."""
+def dashboard_configmaps(
+    policies: Sequence[Policy], engines: Mapping[str, EngineBuckets] | None = None
+) -> list[dict[str, Any]]:
+    """One ConfigMap per dashboard, labelled for Grafana's dashboard sidecar; ``engines`` gives each policy's
+    engine (default moeslo), whose bucket edges its thresholds must be, as for the rules."""
     return [
         {
             "apiVersion": "v1",
@@ -101,7 +94,7 @@ def dashboard_configmaps(policies: Sequence[Policy]) -> list[dict[str, Any]]:
             },
             "data": {name: text},
         }
-        for name, text in render_dashboard_files(policies).items()
+        for name, text in render_dashboard_files(policies, engines or {}).items()
     ]
 
 
@@ -125,7 +118,7 @@ def overlay_files(name: str, overlay: Overlay, *, runbook_url: str | None = None
                                                                     header=HEADER),
         f"overlays/{name}/generated/prometheusrule-patch.yaml": dump_yaml(rule, header=HEADER),
         f"overlays/{name}/generated/dashboards-patch.yaml": dump_yaml_documents(
-            dashboard_configmaps(overlay.policies), header=HEADER
+            dashboard_configmaps(overlay.policies, policy_engines(overlay)), header=HEADER
         ),
     }
 

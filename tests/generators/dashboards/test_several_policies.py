@@ -190,3 +190,19 @@ def test_an_escaped_model_name_selects_its_series_on_promtool(tmp_path: Path) ->
     result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True,
                             timeout=120, check=False)
     assert result.returncode == 0, expr + "\n" + result.stdout + result.stderr
+
+
+def test_each_policys_thresholds_are_checked_against_its_own_engine_and_each_target_is_described() -> None:
+    from contracts.errors import ValidationError
+    from generators.buckets import vllm_engine
+    from generators.manifests.generated import dashboard_configmaps
+
+    odd = Policy(name="odd", target=LocalTarget(model="model-odd"), objectives=Objectives(
+        ttft=LatencyObjective(threshold_s=0.5, target=0.999), itl=LatencyObjective(threshold_s=0.03, target=0.95)))
+    engine = vllm_engine({"inter_token_latency": (0.01, 0.02, 0.03, 0.05)})  # vLLM's own flag's edges
+    with pytest.raises(ValidationError, match=r"threshold_s = 0\.03 is not a bucket edge"):
+        build_dashboards([odd])  # moeslo's ITL edges have no 0.03
+    maps = dashboard_configmaps([odd], {"odd": engine})  # the deploy renderer's path: the overlay's engine
+    assert len(maps) == 4
+    overview = build_dashboards([odd], {"odd": engine})["moeslo-slo-overview.json"]
+    assert overview["description"].startswith("TTFT <= 0.5 s for 99.9% of requests and ITL <= 0.03 s for 95% over")
