@@ -32,6 +32,7 @@ from generators.dashboards.panels import (
     MODEL,
     POLICY,
     RATE,
+    counted_from_birth,
     decision_annotations,
     grouped,
     query,
@@ -115,7 +116,7 @@ def build(policies: Sequence[Policy]) -> Dashboard:
         .with_panel(_length_tail())
         .with_row(Row("Decisions and SLIs"))
         .with_panel(timeseries("Decisions by action and reason", [
-            query(f"sum by (policy, action, reason) (increase({total(DECISIONS)}{{{POLICY}}}[{RATE}]))",
+            query(f"sum by (policy, action, reason) {counted_from_birth(f'{total(DECISIONS)}{{{POLICY}}}', RATE)}",
                   "{{policy}} {{action}}: {{reason}}"),
         ], min_value=0, stack=True, width=8))
         .with_panel(timeseries("SLIs the controller sees: p99 latency", [

@@ -33,6 +33,7 @@ from generators.dashboards.panels import (
     MODEL,
     POLICY,
     RATE,
+    counted_from_birth,
     grouped,
     heatmap,
     matrix_table,
@@ -130,7 +131,7 @@ def _placement(dashboard: Dashboard, slo: _Slo) -> Dashboard:
                   f"{bucket(PLACEMENT_SWAP_DURATION_HISTOGRAM)}{{{MODEL}}}[{RATE}])))", "p99 {{model_name}}"),
         ], unit="s", min_value=0, width=8))
         .with_panel(timeseries("Rebalances by outcome (controller)", [
-            query(f"sum by (policy, outcome) (increase({total(REBALANCES)}{{{POLICY}}}[{RATE}]))",
+            query(f"sum by (policy, outcome) {counted_from_birth(f'{total(REBALANCES)}{{{POLICY}}}', RATE)}",
                   "{{policy}} {{outcome}}"),
         ], min_value=0, width=8))
         .with_panel(timeseries(f"Worst-layer CV around the last placement change (SLO {slo.text})", [

@@ -174,11 +174,22 @@ def variables(dashboard: Dashboard, *, policy: bool) -> Dashboard:
     return dashboard
 
 
+def counted_from_birth(series: str, window: str, function: str = "increase") -> str:
+    """``function(series[window])``, with a series born within the window counted from 0.
+
+    The controller creates a labelled counter at its first increment, so a series' first sample is already
+    1, and ``increase`` and ``changes`` see nothing in a first sample: a decision (or rebalance) with a new
+    reason would never show.  ``series unless series offset window`` is exactly the series born since."""
+    # The born series first: ``or`` keeps its left side's series, and increase() of a first sample is 0, not none.
+    return f"(({series} unless {series} offset {window}) or {function}({series}[{window}]))"
+
+
 def decision_annotations() -> AnnotationQuery:
     """Controller decisions as annotations: one marker per change of ``moeslo_decisions_total``."""
+    decisions = f"{total(DECISIONS)}{{{POLICY}}}"
     return (
         AnnotationQuery().name("Controller decisions").datasource(DATASOURCE).enable(True).icon_color("orange")
-        .expr(f"sum by (policy, action, reason) (changes({total(DECISIONS)}{{{POLICY}}}[1m])) > 0")
+        .expr(f"sum by (policy, action, reason) {counted_from_birth(decisions, '1m', 'changes')} > 0")
     )
 
 
