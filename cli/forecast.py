@@ -38,20 +38,9 @@ def backtest(
     with cli_errors():
         from rich.progress import Progress
 
-        from controller.forecast.backtest import MODEL_KINDS
         from controller.forecast.trace_backtest import backtest_trace
 
-        kinds = list(dict.fromkeys(m.strip() for m in models.split(",") if m.strip()))  # each model once
-        problems = [f"--horizon: {h} s is not a finite number above 0" for h in horizon if not 0 < h < math.inf]
-        if not kinds:
-            problems.append("--models: name at least one model")
-        unknown = [k for k in kinds if k not in MODEL_KINDS]
-        if unknown:  # before the trace is read and the first models backtested
-            problems.append(f"--models: unknown {', '.join(unknown)}; known: {', '.join(MODEL_KINDS)}")
-        if test_fraction is not None and not 0 < test_fraction < 1:
-            problems.append(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
-        if problems:
-            raise ValidationError(problems)
+        kinds = _checked_models(models, horizon, test_fraction)
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("backtesting", total=len(kinds))
             report = backtest_trace(
@@ -77,3 +66,21 @@ def backtest(
                 console.print(
                     f"  best model / best baseline: {ratio:.3f} ({entry['best_model']} vs {entry['best_baseline']})"
                 )
+
+
+def _checked_models(models: str, horizon: list[float], test_fraction: float | None) -> list[str]:
+    """The models named, each once; every problem with the options at once, before the trace is read."""
+    from controller.forecast.backtest import MODEL_KINDS
+
+    kinds = list(dict.fromkeys(m.strip() for m in models.split(",") if m.strip()))
+    problems = [f"--horizon: {h} s is not a finite number above 0" for h in horizon if not 0 < h < math.inf]
+    if not kinds:
+        problems.append("--models: name at least one model")
+    unknown = [k for k in kinds if k not in MODEL_KINDS]
+    if unknown:
+        problems.append(f"--models: unknown {', '.join(unknown)}; known: {', '.join(MODEL_KINDS)}")
+    if test_fraction is not None and not 0 < test_fraction < 1:
+        problems.append(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
+    if problems:
+        raise ValidationError(problems)
+    return kinds
