@@ -45,9 +45,10 @@ class BlockCache:
         return _usable(hit, prompt_tokens)
 
     def admit(self, blocks: IntArray, prompt_tokens: int) -> None:
-        """The prompt was prefilled here: its full blocks become the most recently used."""
+        """The prompt was prefilled here: its full blocks become the most recently used, its first block most of
+        all (a hit needs the leading blocks, so the tail goes first, as vLLM frees a request's blocks)."""
         cached = self._blocks
-        for block in blocks[: prompt_tokens // PREFIX_BLOCK_TOKENS].tolist():
+        for block in reversed(blocks[: prompt_tokens // PREFIX_BLOCK_TOKENS].tolist()):
             if block in cached:
                 cached.move_to_end(block)
             else:

@@ -40,6 +40,16 @@ def test_least_recently_used_blocks_are_evicted_and_the_budget_never_grows() -> 
     assert cache.cached_tokens(blocks(1), 1024) == 512 and cache.cached_tokens(blocks(4), 1024) == 512
 
 
+def test_a_prompts_tail_blocks_are_evicted_before_its_first() -> None:
+    # A hit needs the leading blocks: evicting the first one first would leave the rest held and useless.
+    cache = BlockCache(capacity_blocks=4)
+    cache.admit(blocks(1, 2, 3), 1536)
+    cache.admit(blocks(9), 512)
+    cache.admit(blocks(10), 512)  # over the budget: the prompt's last block goes, its first two stay
+    assert len(cache) == 4
+    assert cache.cached_tokens(blocks(1, 2, 3), 1537) == 1024
+
+
 def test_best_case_and_pooled_hit_rates() -> None:
     prompts = np.array([1024, 1536, 1024], dtype=np.int64)
     ids = (blocks(1, 2), blocks(1, 2, 3), blocks(7, 8))
