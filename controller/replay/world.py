@@ -119,6 +119,9 @@ def scaled_profile(profile: ReplicaProfile, factor: float) -> ReplicaProfile:
             "itl_base_s": profile.itl_base_s / factor,
             "itl_per_seq_s": profile.itl_per_seq_s / factor,
             "ttft_overhead_s": profile.ttft_overhead_s,
+            # A measured rate ceiling is a speed too: a faster world holds more requests a replica.
+            "max_request_rate_rps": None if profile.max_request_rate_rps is None
+            else profile.max_request_rate_rps * factor,
             "points": (),
         }
     )

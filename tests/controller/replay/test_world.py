@@ -73,3 +73,12 @@ def test_a_world_of_infinite_or_undefined_numbers_is_refused(field: str, value: 
     with pytest.raises(ValidationError) as info:
         World(**{field: value})
     assert info.value.problems == (says,)
+
+
+def test_a_measured_rate_ceiling_scales_with_the_worlds_speed() -> None:
+    from controller.replay.world import scaled_profile
+
+    measured = DEFAULT_PROFILE.model_copy(update={"max_request_rate_rps": 2.0})
+    assert scaled_profile(measured, 0.8).max_request_rate_rps == pytest.approx(1.6)
+    assert scaled_profile(measured, 2.0).max_request_rate_rps == pytest.approx(4.0)
+    assert scaled_profile(DEFAULT_PROFILE, 0.8).max_request_rate_rps is None
