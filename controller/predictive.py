@@ -35,7 +35,6 @@ from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaPro
 from controller.entry_demand import offered_load, router_waiting, served_load
 from controller.forecast import AutoForecaster, ForecastConfig
 from controller.forecast.audit import MIN_SCORED, AuditBounds, ForecastAudit
-from controller.forecast.history import elapsed_bins
 from controller.policy import Policy
 from controller.types import Advice, ForecastView, LoadHistory, PolicyObservation, Reason, Scalar
 
@@ -126,6 +125,9 @@ class _PolicyForecast:
     """The bin of the last observation, counted on the clock from the first (missed bins count): the audit
     matches each forecast with the actual of the bin it was made for."""
     last_observed_at_s: float | None = None
+    origin_s: float | None = None
+    """When bin 0 began: each observation's bin is counted from it, so ticks further apart than a bin (a slow
+    source) leave no remainder to add up and the history stays on the clock's bins."""
     ready_seen: _ReadyHistory = field(default_factory=_ReadyHistory)
     last_corrected_at_s: float | None = None
     _decayed_requests: float = 0.0
@@ -145,22 +147,29 @@ class _PolicyForecast:
         self.audit = previous.audit.rebound(self.audit.bounds)
         self.capacity.carry_over(previous.capacity)
         self.bins, self.last_observed_at_s = previous.bins, previous.last_observed_at_s  # gaps after it still fill
+        if previous.rate.config.bin_s == self.rate.config.bin_s:  # else anchored again at the next observation
+            self.origin_s = previous.origin_s
         self.ready_seen, self.last_corrected_at_s = previous.ready_seen, previous.last_corrected_at_s
         self._decayed_requests = previous._decayed_requests
         self._decayed_prompt, self._decayed_output = previous._decayed_prompt, previous._decayed_output
 
-    def skip_missed(self, at_s: float) -> None:
+    def skip_missed(self, at_s: float) -> bool:
         """Before an observation at ``at_s``: the bins since the last one that were never observed (the
-        source was down, ticks failed) take the last value, so the history keeps the clock's bins and a
-        daily season its phase; a gap too long to fill restarts the forecaster and its audit."""
-        if self.last_observed_at_s is None:
-            return
-        missed = elapsed_bins(self.last_observed_at_s, at_s, self.rate.config.bin_s) - 1
-        if missed <= 0:
-            return
-        if self.rate.skip(missed):
-            self.audit = ForecastAudit(self.audit.bounds)
-        self.bins += missed
+        source was down, ticks failed or ran long) take the last value, so the history keeps the clock's bins
+        and a daily season its phase; a gap too long to fill restarts the forecaster and its audit.  False when
+        ``at_s`` falls in a bin already observed (ticks closer than a bin): that observation is not learnt."""
+        bin_s = self.rate.config.bin_s
+        if self.last_observed_at_s is None or self.origin_s is None:
+            self.origin_s = at_s - self.bins * bin_s  # after a warm start, its bins come before this one
+            return True
+        missed = round((at_s - self.origin_s) / bin_s) - self.bins
+        if missed < 0:
+            return False
+        if missed > 0:
+            if self.rate.skip(missed):
+                self.audit = ForecastAudit(self.audit.bounds)
+            self.bins += missed
+        return True
 
     def observe(self, rate: float, prompt: float, output: float, *, served_rate: float | None = None) -> None:
         """One tick: ``rate`` is what the forecaster learns (the offered rate); the lengths are ``prompt`` and
@@ -346,10 +355,10 @@ class PredictiveAdvisor:
             return None
         state = self._policy_state(policy)
         if state.last_observed_at_s is None or obs.observed_at_s > state.last_observed_at_s:
-            state.skip_missed(obs.observed_at_s)
-            # The forecaster learns the offered rate; lengths come from the requests the tokens are of.
-            state.observe(offered.request_rate_rps, served.prompt_tokens_per_s, served.output_tokens_per_s,
-                          served_rate=served.request_rate_rps)  # fmt: skip
+            if state.skip_missed(obs.observed_at_s):
+                # The forecaster learns the offered rate; lengths come from the requests the tokens are of.
+                state.observe(offered.request_rate_rps, served.prompt_tokens_per_s, served.output_tokens_per_s,
+                              served_rate=served.request_rate_rps)  # fmt: skip
             state.last_observed_at_s = obs.observed_at_s
         self._refit_if_due(state.rate, now_s)
         ready = obs.ready_replicas if obs.ready_replicas is not None else obs.current_replicas or 0

@@ -10,12 +10,6 @@ DAY_S = 86_400.0
 TWO_WEEKS_S = 14 * DAY_S
 
 
-def elapsed_bins(since_s: float, at_s: float, bin_s: float) -> int:
-    """Bins from an observation at ``since_s`` to one at ``at_s``: at least one, and rounded, so a tick's
-    jitter (14.9 s or 15.2 s between 15 s ticks) neither skips a bin nor counts one twice."""
-    return max(1, round((at_s - since_s) / bin_s))
-
-
 class RingSeries:
     """The last ``capacity`` values of a series, oldest first when read back.
 

@@ -65,6 +65,19 @@ def test_ticks_late_by_whole_bins_fill_them_and_jitter_fills_none() -> None:
     assert adv.history_bins("p") == 26
 
 
+def test_ticks_further_or_closer_than_a_bin_keep_the_history_on_the_clock() -> None:
+    """Ticks 20 s apart at 15 s bins (a slow source) held 180 bins for an hour's 240, so a daily season lost
+    six hours a day; ticks 10 s apart counted 60 bins for 40."""
+    slow = advisor()
+    for k in range(180):
+        slow.assess(POLICY, observe(k * 20.0), k * 20.0)
+    assert slow.history_bins("p") == round(179 * 20.0 / TICK_S) + 1
+    fast = advisor()
+    for k in range(60):
+        fast.assess(POLICY, observe(k * 10.0), k * 10.0)
+    assert fast.history_bins("p") == round(59 * 10.0 / TICK_S) + 1
+
+
 def test_a_gap_longer_than_a_season_restarts_the_forecaster_rather_than_making_up_a_day() -> None:
     adv = advisor()
     for k in range(100):
