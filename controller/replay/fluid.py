@@ -64,8 +64,6 @@ class FluidFleet:
         self._ready_at: list[float] = [0.0] * initial_replicas
         self._tick = 0
         self._backlog_tokens = 0.0
-        self._last_mean_prompt = 0.0
-        """The last arrivals' mean prompt: the backlog in requests while none arrive."""
         n = len(rates_rps)
         self.good_ttft = np.zeros(n)
         self.good_itl = np.zeros(n)
@@ -143,11 +141,6 @@ class FluidFleet:
         elif rate > 0:
             self._backlog_tokens += prompt * self.tick_s
             waiting = self._backlog_tokens / max(mean_prompt, 1.0)
-        elif ready > 0 and self._backlog_tokens > 0:  # nothing arrives: the fleet still works off what waits
-            self._backlog_tokens -= min(self._backlog_tokens, profile.prefill_rate(0.0) * ready * self.tick_s * 0.95)
-            waiting = self._backlog_tokens / max(self._last_mean_prompt, 1.0)
-        if rate > 0:
-            self._last_mean_prompt = mean_prompt
         self.good_ttft[k] = count * good_ttft
         self.good_itl[k] = count * good_itl
         self.good_both[k] = count * good_ttft * good_itl
