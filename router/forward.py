@@ -219,19 +219,20 @@ class Router:
             cfg = self.config
             window_s = cfg.eject_after_silent * (cfg.scrape_interval_s + cfg.scrape_timeout_s)
             for task, exchange in list(self._in_flight.get(name, {}).items()):
-                self._end_if_silent(task, exchange, window_s)
+                self._end_if_silent(name, task, exchange, window_s)
 
-    def _end_if_silent(self, task: asyncio.Task[Any], exchange: _Exchange, window_s: float) -> None:
-        """End a request its frozen replica has said nothing on for ``window_s``; else look again when it
+    def _end_if_silent(self, name: str, task: asyncio.Task[Any], exchange: _Exchange, window_s: float) -> None:
+        """End a request its frozen replica ``name`` has said nothing on for ``window_s``; else look again when it
         would have (a stream that stops later ends then, not at ``upstream_timeout_s``)."""
-        if task.done():
-            return
+        if self._in_flight.get(name, {}).get(task) is not exchange:
+            return  # done, or moved on to another replica (a retry): not this replica's to end
         quiet_s = self.clock() - exchange.heard_s
         if quiet_s >= window_s:
             exchange.abandoned = True
             task.cancel()
         else:
-            asyncio.get_running_loop().call_later(window_s - quiet_s, self._end_if_silent, task, exchange, window_s)
+            asyncio.get_running_loop().call_later(window_s - quiet_s, self._end_if_silent, name, task, exchange,
+                                                  window_s)  # fmt: skip
 
     # ------------------------------------------------------------------ completions
 

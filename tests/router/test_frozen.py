@@ -91,3 +91,38 @@ def test_a_full_connection_pool_is_a_wait_in_the_router_not_a_replica_that_timed
         assert all(body.endswith(b"[DONE]\n\n") for body in bodies)
         assert r.replicas()[name]["healthy"]
         assert not r.sample("moeslo_router_ejections_total", replica=name)
+
+
+def test_a_request_retried_on_another_replica_is_not_ended_by_the_first_ones_ejection() -> None:
+    import asyncio
+
+    from router.config import RouterConfig
+    from router.forward import Router, _Exchange
+
+    frozen, healthy = "http://127.0.0.1:1", "http://127.0.0.1:2"
+    outcome: dict[str, object] = {}
+
+    async def scenario() -> None:
+        r = Router(RouterConfig(replicas=(frozen, healthy), scrape_interval_s=0.05, scrape_timeout_s=0.05,
+                                eject_after_silent=3))  # fmt: skip
+        exchange = _Exchange(send=None)  # type: ignore[arg-type]
+
+        async def request() -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            r._in_flight.setdefault(frozen, {})[task] = exchange
+            exchange.heard_s = r.clock()
+            await asyncio.sleep(0.05)  # not accepted there: retried on the healthy one, as _attempt does
+            del r._in_flight[frozen]
+            r._in_flight.setdefault(healthy, {})[task] = exchange
+            exchange.heard_s = r.clock()
+            await asyncio.sleep(0.6)  # twice the silence window, a long answer on the healthy replica
+            outcome["served"] = True
+
+        task = asyncio.create_task(request())
+        await asyncio.sleep(0.01)
+        r.eject(frozen, frozen=True)
+        await task
+
+    asyncio.run(scenario())
+    assert outcome == {"served": True}
