@@ -41,29 +41,10 @@ def request_features(body: Mapping[str, Any], *, chat: bool = False, block_token
         max_tokens = 16
     stream = body.get("stream") is True
     prompt: object = _chat_text(body.get("messages")) if chat else body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if _is_token_ids(prompt):
-        assert isinstance(prompt, list)
-        return RequestFeatures(prompt_tokens=len(prompt), max_tokens=max_tokens, stream=stream,
-                               block_tokens=block_tokens,
-                               prefix_blocks=token_blocks(prompt, block_tokens=block_tokens, max_blocks=max_blocks))
-    if isinstance(prompt, str):
-        return RequestFeatures(prompt_tokens=-(-len(prompt) // CHARS_PER_TOKEN), max_tokens=max_tokens, stream=stream,
-                               block_tokens=block_tokens,
-                               prefix_blocks=text_blocks(prompt, block_tokens=block_tokens, max_blocks=max_blocks))
-    if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
-                                                or all(_is_token_ids(p) for p in prompt)):  # fmt: skip
-        return _batch_features(prompt, body.get("n"), max_tokens=max_tokens, stream=stream,
-                               block_tokens=block_tokens, max_blocks=max_blocks)  # fmt: skip
-    return RequestFeatures(prompt_tokens=0, max_tokens=max_tokens, stream=stream)
-
-
-def _batch_features(prompts: list[Any], n: object, *, max_tokens: int, stream: bool, block_tokens: int,
-                    max_blocks: int) -> RequestFeatures:  # fmt: skip
-    """A list of prompts: the engine prefills each one ``n`` times (a choice each), so all count; the prefix
-    blocks are the first prompt's."""
-    copies = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+    prompts = _prompt_list(prompt)
+    if prompts is None:
+        return RequestFeatures(prompt_tokens=0, max_tokens=max_tokens, stream=stream)
+    n = body.get("n")
     first = prompts[0]
     if isinstance(first, str):
         tokens = sum(-(-len(p) // CHARS_PER_TOKEN) for p in prompts)
@@ -71,8 +52,21 @@ def _batch_features(prompts: list[Any], n: object, *, max_tokens: int, stream: b
     else:
         tokens = sum(len(p) for p in prompts)
         blocks = token_blocks(first, block_tokens=block_tokens, max_blocks=max_blocks)
-    return RequestFeatures(prompt_tokens=tokens * copies, max_tokens=max_tokens, stream=stream,
-                           block_tokens=block_tokens, prefix_blocks=blocks)  # fmt: skip
+    return RequestFeatures(prompt_tokens=tokens, prompts=len(prompts),
+                           choices=n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1,
+                           max_tokens=max_tokens, stream=stream, block_tokens=block_tokens,
+                           prefix_blocks=blocks)  # fmt: skip
+
+
+def _prompt_list(prompt: object) -> list[Any] | None:
+    """The request's prompts (the engine runs each as requests of its own; the prefix is the first one's):
+    one text or token-id list, or a list of either; None for a shape the engine refuses."""
+    if isinstance(prompt, str) or (_is_token_ids(prompt) and prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
+                                                or all(_is_token_ids(p) for p in prompt)):  # fmt: skip
+        return prompt
+    return None
 
 
 __all__ = ["request_features"]

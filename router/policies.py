@@ -51,10 +51,15 @@ def prefill_work(features: RequestFeatures, cached_prompt_tokens: int, model: Co
     """Prompt tokens' worth of prefill a request costs on a replica holding its first ``cached_prompt_tokens``.
 
     A cached token costs ``model.cached_token_cost`` of a computed one; the last prompt token is
-    always computed (its logits give the first output token).
+    always computed (its logits give the first output token).  Each choice after a prompt's first
+    finds that prompt cached, all but its last token (the engine keys a prompt's blocks as they are
+    scheduled, so its other choices share them; with caching off, ``cached_token_cost`` is near 1).
     """
     cached = min(cached_prompt_tokens, max(features.prompt_tokens - 1, 0))
-    return features.prompt_tokens - cached * (1.0 - model.cached_token_cost)
+    first = features.prompt_tokens - cached * (1.0 - model.cached_token_cost)
+    leads = max(features.prompt_tokens - features.prompts, 0)  # every prompt but its last token
+    further = (features.choices - 1) * (features.prompt_tokens - leads * (1.0 - model.cached_token_cost))
+    return first + further
 
 
 def healthy(replicas: Sequence[ReplicaState]) -> list[ReplicaState]:

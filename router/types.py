@@ -16,7 +16,11 @@ class RequestFeatures:
     """What the router knows of one request before sending it."""
 
     prompt_tokens: int
-    """Prompt length: exact for token-id prompts, estimated (characters / 4) for text."""
+    """Prompt length: exact for token-id prompts, estimated (characters / 4) for text; a list of prompts, the sum."""
+    prompts: int = 1
+    """Prompts in the request (a completion's ``prompt`` may be a list of them)."""
+    choices: int = 1
+    """Choices asked per prompt (``n``): the engine runs each as a request of its own."""
     max_tokens: int = 16
     """Output tokens asked for (the request's ``max_tokens``)."""
     stream: bool = False

@@ -105,15 +105,6 @@ def test_over_the_ttft_objective_everywhere_the_lowest_ttft_wins_itl_risk_or_not
     assert (choice.replica, choice.reason) == ("a", "lowest_predicted_ttft")
 
 
-def test_a_list_of_prompts_counts_every_prompt_and_each_of_its_n_choices() -> None:
-    one = request_features({"prompt": "x" * 400})
-    assert one.prompt_tokens == 100
-    texts = request_features({"prompt": ["x" * 400] * 3, "n": 2})
-    assert texts.prompt_tokens == 600 and texts.prefix_blocks == one.prefix_blocks
-    ids = request_features({"prompt": [list(range(50)), list(range(30))]})
-    assert ids.prompt_tokens == 80 and ids.prefix_blocks == request_features({"prompt": list(range(50))}).prefix_blocks
-
-
 def test_cached_prompt_tokens_are_not_predicted_as_prefill() -> None:
     model = CostModel()
     features = RequestFeatures(prompt_tokens=2000)
