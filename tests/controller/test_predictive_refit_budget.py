@@ -59,6 +59,22 @@ def forecaster_with(bins: int) -> AutoForecaster:
     return forecaster
 
 
+def test_full_and_short_refits_take_turns_when_both_wait() -> None:
+    adv = PredictiveAdvisor(PredictiveConfig())
+    longs = [forecaster_with(CHEAP_REFIT_BINS + 50) for _ in range(3)]
+    youngs = [forecaster_with(100) for _ in range(3)]
+    ran = []
+    for tick in range(4):
+        for forecaster in (longs[0], youngs[0], longs[1], youngs[1], longs[2], youngs[2]):
+            before = forecaster.fits
+            adv._refit_if_due(forecaster, 15.0 * tick)
+            if forecaster.fits > before:
+                ran.append((tick, "long" if forecaster in longs else "young"))
+    # Tick 0 a full refit (first in order); tick 1 the short ones that waited for it; then the other fulls,
+    # one a tick: the young policies did not wait behind the whole backlog of full refits.
+    assert ran == [(0, "long"), (1, "young"), (1, "young"), (1, "young"), (2, "long"), (3, "long")]
+
+
 def test_a_tick_runs_full_or_short_refits_never_both_and_a_deferred_full_one_goes_first() -> None:
     adv = PredictiveAdvisor(PredictiveConfig())
     short = [forecaster_with(100) for _ in range(3)]
