@@ -15,14 +15,13 @@ the history instead of making up a day of flat load.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from contracts.slo_defaults import LEAD_TIME_S
 from controller.forecast.backtest import BacktestResult, best, compare_models, model_factory
-from controller.forecast.history import DAY_S, TWO_WEEKS_S, RingSeries
+from controller.forecast.history import DAY_S, TWO_WEEKS_S, RingSeries, bins_covering
 from controller.forecast.models import FloatArray, ForecastModel
 
 
@@ -59,7 +58,7 @@ class ForecastConfig:
     @property
     def horizon_bins(self) -> int:
         """Bins that cover the horizon: a lead time the bin does not divide is covered up to its end."""
-        return max(1, math.ceil(self.horizon_s / self.bin_s - 1e-9))
+        return bins_covering(self.horizon_s, self.bin_s)
 
     @property
     def period_bins(self) -> int | None:

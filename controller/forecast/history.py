@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from controller.forecast.models import FloatArray
 
 DAY_S = 86_400.0
 TWO_WEEKS_S = 14 * DAY_S
+
+
+def bins_covering(span_s: float, bin_s: float) -> int:
+    """Whole bins that cover ``span_s`` (at least one): a lead time the bin does not divide is covered to its end."""
+    return max(1, math.ceil(span_s / bin_s - 1e-9))
 
 
 class RingSeries:

@@ -18,6 +18,7 @@ import numpy as np
 from contracts.errors import ValidationError
 from contracts.traces import load_trace
 from controller.forecast.backtest import BASELINES, BacktestResult, compare_models
+from controller.forecast.history import bins_covering
 from controller.forecast.models import FloatArray
 from controller.forecast.series import request_counts
 
@@ -67,11 +68,11 @@ def horizon_report(results: Sequence[BacktestResult], steps: Sequence[int], bin_
 
 
 def backtest_notes(horizons_s: Sequence[float], bin_s: float, models: Sequence[str], split: Split) -> list[str]:
-    """What the report answers differently from what was asked: horizons scored in whole bins (two that
-    round to one bin merge), and seasonal naive without two days of history to repeat."""
+    """What the report answers differently from what was asked: horizons scored in the whole bins that cover them
+    (two that need the same bins merge), and seasonal naive without two days of history to repeat."""
     notes = []
     for h in sorted(set(horizons_s)):
-        scored = max(1, round(h / bin_s)) * bin_s
+        scored = bins_covering(h, bin_s) * bin_s  # as the controller's forecasts cover it
         if abs(scored - h) > 1e-9 * max(1.0, h):
             notes.append(f"horizon {h:g} s is scored as {scored:g} s (whole bins of {bin_s:g} s)")
     if "seasonal_naive" in models and split.period is None:
@@ -91,7 +92,7 @@ def backtest_trace(
 ) -> dict[str, Any]:
     """Backtest ``models`` on the request counts of a trace; a JSON-able report."""
     series: FloatArray = request_counts(load_trace(trace_path), bin_s)
-    steps = sorted({max(1, round(h / bin_s)) for h in horizons_s})
+    steps = sorted({bins_covering(h, bin_s) for h in horizons_s})
     split = split_series(len(series), bin_s, test_fraction)
     if split.start < 1 or len(series) - max(steps) < split.start:
         raise ValidationError(

@@ -50,3 +50,26 @@ def test_a_decision_and_a_rebalance_show_from_their_first_sample(tmp_path: Path)
     result = subprocess.run([promtool, "test", "rules", "first.test.yaml"], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60, check=False)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr + json.dumps(tests, indent=1)
+
+
+def test_a_failed_scrape_does_not_make_a_long_lived_series_look_new(tmp_path: Path) -> None:
+    """One failed scrape writes a staleness marker: ``X offset w`` then read nothing, and the whole total (40
+    decisions made long ago) showed as made within the window."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    decisions = _exprs(build_dashboards(DEFAULT_POLICIES)["moeslo-controller.json"], total(DECISIONS))
+    labels = '{policy="p", action="scale_up", reason="forecast"}'
+    tests = [{"expr": expr, "eval_time": at,
+              "exp_samples": [{"labels": labels, "value": 0}] if "increase" in expr else []}
+             for expr in decisions for at in ("675s", "685s")]  # just after the failed scrape at 615 s
+    (tmp_path / "none.yaml").write_text("groups: []\n")
+    (tmp_path / "stale.test.yaml").write_text(yaml.safe_dump({
+        "rule_files": ["none.yaml"], "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": [{"series": total(DECISIONS) + labels,
+                                                         "values": "40x40 stale 40x40"}],
+                   "promql_expr_test": tests}],
+    }))
+    result = subprocess.run([promtool, "test", "rules", "stale.test.yaml"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
