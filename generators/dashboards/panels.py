@@ -179,9 +179,11 @@ def counted_from_birth(series: str, window: str, function: str = "increase") -> 
 
     The controller creates a labelled counter at its first increment, so a series' first sample is already
     1, and ``increase`` and ``changes`` see nothing in a first sample: a decision (or rebalance) with a new
-    reason would never show.  ``series unless series offset window`` is exactly the series born since."""
+    reason would never show.  A series born since is one with no sample in the hour before the window (a
+    range, so that one failed scrape's staleness marker does not make every series look new)."""
     # The born series first: ``or`` keeps its left side's series, and increase() of a first sample is 0, not none.
-    return f"(({series} unless {series} offset {window}) or {function}({series}[{window}]))"
+    born = f"({series} unless last_over_time({series}[1h] offset {window}))"
+    return f"({born} or {function}({series}[{window}]))"
 
 
 def decision_annotations() -> AnnotationQuery:

@@ -101,8 +101,8 @@ def _description(policies: Sequence[Policy]) -> str:
     def slo(policy: Policy) -> str:
         ttft, itl = policy.objectives.ttft, policy.objectives.itl
         # Each objective its own target, to its own digits (99.9 % is not 100 %).
-        return f"TTFT <= {ttft.threshold_s} s for {ttft.target * 100:.4g}% of requests and ITL <= " \
-               f"{itl.threshold_s} s for {itl.target * 100:.4g}% over {policy.window}"
+        return f"TTFT <= {ttft.threshold_s} s for {ttft.target * 100:.6g}% of requests and ITL <= " \
+               f"{itl.threshold_s} s for {itl.target * 100:.6g}% over {policy.window}"
 
     if len(policies) == 1:
         return f"{slo(policies[0])}; lines mark the SLO."
