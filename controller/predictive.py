@@ -36,12 +36,11 @@ from controller.entry_demand import offered_load, router_waiting, served_load
 from controller.forecast import AutoForecaster, ForecastConfig
 from controller.forecast.audit import MIN_SCORED, AuditBounds, ForecastAudit
 from controller.policy import Policy
+from controller.refit_budget import CHEAP_REFIT_BINS, RefitBudget
 from controller.types import Advice, ForecastView, LoadHistory, PolicyObservation, Reason, Scalar
 
 __all__ = ["AUDIT_QUANTILE", "Assessment", "PredictiveAdvisor", "PredictiveConfig"]
 
-CHEAP_REFIT_BINS = 256
-"""A refit over fewer bins costs well under 10 ms: it does not use the per-tick refit budget."""
 AUDIT_QUANTILE = 0.9
 """The forecast audit scores the coverage of the central interval at this quantile (nominally 80 %),
 whatever quantile the policy sizes for."""
@@ -255,60 +254,15 @@ class PredictiveAdvisor:
         self._state: dict[str, _PolicyForecast] = {}
         self.last_forecast: dict[str, tuple[float, float, float]] = {}
         """Per policy: (point, lower, upper) request-rate forecast one lead time ahead (for plots)."""
-        self._budget_tick_s: float | None = None
-        self._refits_left = 0
-        self._cheap_bins_left = 0
-        self._first_kind: str | None = None
-        """``full`` or ``short``: the kind that waited for the other last tick, this tick's own."""
-        self._full_waited = self._short_waited = False
-        self._ran_kind: str | None = None
-        """The kind of the last refit run."""
-        self.refits_deferred = 0
-        """Refits that waited for a later tick's budget (since start)."""
+        self._refits = RefitBudget(self.config.refits_per_tick, self.config.cheap_refit_bins_per_tick)
 
     def _refit_if_due(self, forecaster: AutoForecaster, now_s: float) -> None:
-        """Refit within the tick's budget: short refits share ``cheap_refit_bins_per_tick`` bins, full ones
-        ``refits_per_tick``, and a tick runs one kind only, so its refits cost at most the larger of the two.
-        A kind that waited for the other goes first on the next tick (both waited: the one that did not run
-        last), so neither starves the other."""
-        config = self.config
-        if now_s != self._budget_tick_s:
-            self._start_refit_tick(now_s)
-        if not forecaster.refit_due:
-            return
-        bins = len(forecaster.history)
-        cheap = bins < CHEAP_REFIT_BINS
-        full_ran = self._refits_left < config.refits_per_tick
-        short_ran = self._cheap_bins_left < config.cheap_refit_bins_per_tick
-        if cheap:
-            blocked = self._first_kind == "full" or full_ran  # the other kind's tick
-            run = not blocked and self._cheap_bins_left >= bins
-            self._short_waited = self._short_waited or blocked
-        else:
-            blocked = self._first_kind == "short" or short_ran
-            run = not blocked and self._refits_left > 0
-            self._full_waited = self._full_waited or blocked
-        if not run:
-            self.refits_deferred += 1
-            return
-        forecaster.refit()
-        self._ran_kind = "short" if cheap else "full"
-        if cheap:
-            self._cheap_bins_left -= bins
-        else:
-            self._refits_left -= 1
+        self._refits.refit_if_due(forecaster, now_s)
 
-    def _start_refit_tick(self, now_s: float) -> None:
-        """A new tick's budget, and which kind goes first: one that waited for the other last tick."""
-        if self._full_waited and self._short_waited:
-            self._first_kind = "short" if self._ran_kind == "full" else "full"
-        elif self._full_waited or self._short_waited:
-            self._first_kind = "full" if self._full_waited else "short"
-        else:
-            self._first_kind = None
-        self._budget_tick_s, self._refits_left = now_s, self.config.refits_per_tick
-        self._cheap_bins_left = self.config.cheap_refit_bins_per_tick
-        self._full_waited = self._short_waited = False
+    @property
+    def refits_deferred(self) -> int:
+        """Refits that waited for a later tick's budget (since start)."""
+        return self._refits.deferred
 
     def capacity(self, policy: Policy) -> CapacityModel:
         """The policy's capacity model (with its online corrections)."""

@@ -1,0 +1,83 @@
+"""How many forecast refits one controller tick runs, over all policies.
+
+A refit (backtest, selection, fit) of a long history costs tens of milliseconds; 100 policies started
+together reach their early refits (each time a short history doubles) on the same ticks.  Both kinds
+are budgeted per tick, a tick runs one kind only (so its refits cost at most the larger budget), and
+a kind that waited for the other goes first on the next tick, so neither starves the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sized
+from typing import Protocol
+
+__all__ = ["CHEAP_REFIT_BINS", "RefitBudget"]
+
+CHEAP_REFIT_BINS = 256
+"""A refit over fewer bins is short (well under 10 ms): such refits share a budget of bins instead."""
+
+
+class Refittable(Protocol):
+    @property
+    def refit_due(self) -> bool: ...
+
+    @property
+    def history(self) -> Sized: ...
+
+    def refit(self) -> None: ...
+
+
+class RefitBudget:
+    """``full_per_tick`` refits of long histories, or short ones up to ``short_bins_per_tick`` bins, a tick."""
+
+    def __init__(self, full_per_tick: int, short_bins_per_tick: int) -> None:
+        self.full_per_tick = full_per_tick
+        self.short_bins_per_tick = short_bins_per_tick
+        self.deferred = 0
+        """Refits that waited for a later tick's budget (since start)."""
+        self._tick_s: float | None = None
+        self._full_left = 0
+        self._short_bins_left = 0
+        self._first_kind: str | None = None
+        """``full`` or ``short``: the kind that waited for the other last tick goes first this tick."""
+        self._full_waited = self._short_waited = False
+        self._ran_kind: str | None = None
+        """The kind of the last refit run."""
+
+    def refit_if_due(self, forecaster: Refittable, now_s: float) -> None:
+        """Refit ``forecaster`` now if it is due and this tick's budget allows; else it keeps its model."""
+        if now_s != self._tick_s:
+            self._start_tick(now_s)
+        if not forecaster.refit_due:
+            return
+        bins = len(forecaster.history)
+        short = bins < CHEAP_REFIT_BINS
+        full_ran = self._full_left < self.full_per_tick
+        short_ran = self._short_bins_left < self.short_bins_per_tick
+        if short:
+            blocked = self._first_kind == "full" or full_ran  # the other kind's tick
+            run = not blocked and self._short_bins_left >= bins
+            self._short_waited = self._short_waited or blocked
+        else:
+            blocked = self._first_kind == "short" or short_ran
+            run = not blocked and self._full_left > 0
+            self._full_waited = self._full_waited or blocked
+        if not run:
+            self.deferred += 1
+            return
+        forecaster.refit()
+        self._ran_kind = "short" if short else "full"
+        if short:
+            self._short_bins_left -= bins
+        else:
+            self._full_left -= 1
+
+    def _start_tick(self, now_s: float) -> None:
+        if self._full_waited and self._short_waited:
+            self._first_kind = "short" if self._ran_kind == "full" else "full"
+        elif self._full_waited or self._short_waited:
+            self._first_kind = "full" if self._full_waited else "short"
+        else:
+            self._first_kind = None
+        self._tick_s, self._full_left, self._short_bins_left = now_s, self.full_per_tick, self.short_bins_per_tick
+        self._full_waited = self._short_waited = False
