@@ -26,6 +26,9 @@ from engine.batch import StepPlan
 from engine.checkpoint import CheckpointReader
 from engine.config import ModelConfig
 
+BUCKET_MIN_KEYS = 256
+"""Decode contexts up to this many keys share one bucket, so that short contexts cost one gather and attention call."""
+
 ExpertCompute = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(moe_layer_index, hidden (T,H), top-k weights (T,k), top-k logical expert ids (T,k)) -> (T,H)."""
 
@@ -60,6 +63,18 @@ class PrefillChunk:
     """(length, cached+length) causal mask over cached and new keys (None when nothing was cached)."""
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeBucket:
+    """Decoding sequences of similar context length, attended together over one gathered width."""
+
+    rows: torch.Tensor
+    """Rows of these sequences in the step's tokens, in step order."""
+    block_tables: torch.Tensor
+    """(sequences, width) block ids; width is the widest context of the bucket, in blocks."""
+    mask: torch.Tensor
+    """(sequences, 1, 1, width x block_size): which gathered keys each sequence may see."""
+
+
 @dataclass(slots=True)
 class StepMetadata:
     """Tensors derived from a StepPlan once per step and shared by every layer."""
@@ -68,11 +83,14 @@ class StepMetadata:
     positions: torch.Tensor
     slot_mapping: torch.Tensor
     logits_rows: torch.Tensor
-    decode_rows: torch.Tensor | None
-    decode_block_tables: torch.Tensor | None
-    decode_mask: torch.Tensor | None
-    """(decodes, 1, 1, keys): which gathered keys each decoding sequence may see."""
+    decode_buckets: list[DecodeBucket]
+    """Decoding sequences by context width, so that a short context is not padded to the longest."""
     prefills: list[PrefillChunk]
+
+    @property
+    def decode_only(self) -> bool:
+        """Every row of the step decodes, in one bucket: attention needs no gather of q, no scatter of o."""
+        return not self.prefills and len(self.decode_buckets) == 1
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -163,14 +181,6 @@ class Qwen3MoeModel:
                                           else (row_start[i : i + 1] + lens[i] - 1)[: int(c.needs_logits)]
                                           for i, c in enumerate(chunks)])
         decode = lens == 1
-        decode_rows = decode_tables = decode_mask = None
-        if decode.any():
-            seen = starts[decode] + 1
-            width = int(-(-seen.max() // block_size))
-            decode_rows = torch.from_numpy(row_start[decode])
-            decode_tables = torch.from_numpy(np.ascontiguousarray(tables[decode, :width]))
-            keys = torch.arange(width * block_size)
-            decode_mask = (keys.unsqueeze(0) < torch.from_numpy(seen).unsqueeze(1))[:, None, None, :]
         prefills = []
         for i in np.flatnonzero(~decode).tolist():
             row, n, start = int(row_start[i]), int(lens[i]), int(starts[i])
@@ -185,9 +195,7 @@ class Qwen3MoeModel:
             positions=torch.from_numpy(positions),
             slot_mapping=torch.from_numpy(slots),
             logits_rows=torch.from_numpy(logits_rows),
-            decode_rows=decode_rows,
-            decode_block_tables=decode_tables,
-            decode_mask=decode_mask,
+            decode_buckets=_decode_buckets(row_start[decode], starts[decode] + 1, tables[decode], block_size),
             prefills=prefills,
         )
 
@@ -289,22 +297,54 @@ class Qwen3MoeModel:
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=chunk.mask, scale=self.scale,
                                                    enable_gqa=True)
             out[row : row + n] = o.squeeze(0).transpose(0, 1)
-        if meta.decode_rows is not None:
-            assert meta.decode_block_tables is not None and meta.decode_mask is not None
-            tables = meta.decode_block_tables
-            batch = tables.shape[0]
-            # index_select copies whole blocks (block_size x head_dim each, per head); advanced indexing
-            # gathers element by element and measured 4x slower.  The result is (kv_heads, batch, keys,
-            # head_dim): each sequence's keys of a head are one contiguous run.
-            flat = tables.reshape(-1)
-            ks = k_cache.index_select(1, flat).view(n_kv, batch, -1, d).transpose(0, 1)
-            vs = v_cache.index_select(1, flat).view(n_kv, batch, -1, d).transpose(0, 1)
-            if not meta.prefills:  # every row decodes: no gather, no scatter
-                o = F.scaled_dot_product_attention(q.unsqueeze(2), ks, vs, attn_mask=meta.decode_mask,
-                                                   scale=self.scale, enable_gqa=True)
-                return F.linear(o.reshape(n_tokens, n_heads * d), layer.o_proj)
-            qs = q.index_select(0, meta.decode_rows).unsqueeze(2)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=meta.decode_mask, scale=self.scale,
-                                               enable_gqa=True)
-            out[meta.decode_rows] = o.squeeze(2)
+        if meta.decode_only:  # every row decodes, in one bucket: no gather of q, no scatter of o
+            o = self._decode_attention(q.unsqueeze(2), meta.decode_buckets[0], k_cache, v_cache)
+            return F.linear(o.reshape(n_tokens, n_heads * d), layer.o_proj)
+        for bucket in meta.decode_buckets:
+            o = self._decode_attention(q.index_select(0, bucket.rows).unsqueeze(2), bucket, k_cache, v_cache)
+            out[bucket.rows] = o.squeeze(2)
         return F.linear(out.reshape(n_tokens, n_heads * d), layer.o_proj)
+
+    def _decode_attention(self, q: torch.Tensor, bucket: DecodeBucket, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor) -> torch.Tensor:
+        """One bucket's decode attention: q (sequences, heads, 1, head_dim) over its gathered KV blocks."""
+        n_kv, d = k_cache.shape[0], k_cache.shape[-1]
+        batch = bucket.block_tables.shape[0]
+        # index_select copies whole blocks (block_size x head_dim each, per head); advanced indexing
+        # gathers element by element and measured 4x slower.  The result is (kv_heads, batch, keys,
+        # head_dim): each sequence's keys of a head are one contiguous run.
+        flat = bucket.block_tables.reshape(-1)
+        ks = k_cache.index_select(1, flat).view(n_kv, batch, -1, d).transpose(0, 1)
+        vs = v_cache.index_select(1, flat).view(n_kv, batch, -1, d).transpose(0, 1)
+        return F.scaled_dot_product_attention(q, ks, vs, attn_mask=bucket.mask, scale=self.scale, enable_gqa=True)
+
+
+def _decode_buckets(rows: npt.NDArray[np.int64], seen: npt.NDArray[np.int64], tables: npt.NDArray[np.int64],
+                    block_size: int) -> list[DecodeBucket]:
+    """Decoding sequences grouped by context width in blocks, each group padded only to its widest.
+
+    Padding every sequence to the step's longest context made one long context cost every short one
+    its whole width (docs/engine.md).  A bucket's widest context is at most twice its narrowest, or
+    at most ``BUCKET_MIN_KEYS``: a batch of similar contexts stays one gather and one attention call
+    per layer.  Rows keep step order within a bucket; masked padding keys weigh 0, so the bucket a
+    sequence lands in does not change its attention.
+    """
+    if not rows.size:
+        return []
+    widths = -(-seen // block_size)
+    floor = max(1, BUCKET_MIN_KEYS // block_size)
+    widest = int(widths.max())
+    if widest <= max(floor, 2 * int(widths.min())):  # the common case, checked first: it costs two reductions
+        return [_decode_bucket(rows, seen, tables, widest, block_size)]
+    # Class k holds widths in (2^(k-1), 2^k] x floor, class 0 those up to floor: the bit length of (w-1) // floor.
+    classes = np.frexp((np.maximum(widths, floor) - 1) // floor)[1]
+    groups = [np.flatnonzero(classes == cls) for cls in np.unique(classes).tolist()]
+    return [_decode_bucket(rows[g], seen[g], tables[g], int(widths[g].max()), block_size) for g in groups]
+
+
+def _decode_bucket(rows: npt.NDArray[np.int64], seen: npt.NDArray[np.int64], tables: npt.NDArray[np.int64],
+                   width: int, block_size: int) -> DecodeBucket:
+    keys = torch.arange(width * block_size)
+    mask = keys.unsqueeze(0) < torch.from_numpy(seen).unsqueeze(1)
+    block_tables = torch.from_numpy(np.ascontiguousarray(tables[:, :width]))
+    return DecodeBucket(rows=torch.from_numpy(rows), block_tables=block_tables, mask=mask[:, None, None, :])
