@@ -25,13 +25,18 @@ print("sink:", GenAiOtelStatLogger(config).sink)
 """
 
 
-def test_a_bad_otel_setting_turns_the_logger_off_without_stopping_vllm() -> None:
+def _build_logger(**settings: str) -> subprocess.CompletedProcess[str]:
+    """Build the logger in the vLLM venv with these OTel settings (the plugin switched on)."""
     python = vllm_python()
     if python is None:
         pytest.skip("vLLM venv absent: run `make vllm-venv` to build .venv-vllm")
-    env = {**os.environ, "MOESLO_VLLM_OTEL": "1", "OTEL_METRIC_EXPORT_INTERVAL": "0"}
-    done = subprocess.run([str(python), "-c", BUILD], cwd=ROOT, env=env, capture_output=True, text=True,
+    env = {**os.environ, "MOESLO_VLLM_OTEL": "1", **settings}
+    return subprocess.run([str(python), "-c", BUILD], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=180, check=False)  # fmt: skip
+
+
+def test_a_bad_otel_setting_turns_the_logger_off_without_stopping_vllm() -> None:
+    done = _build_logger(OTEL_METRIC_EXPORT_INTERVAL="0")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sink: None" in done.stdout
     assert "moeslo OTel stat logger off: interval value 0.0 is invalid" in done.stderr
@@ -40,11 +45,6 @@ def test_a_bad_otel_setting_turns_the_logger_off_without_stopping_vllm() -> None
 
 def test_metrics_exporter_none_turns_the_logger_off() -> None:
     """``OTEL_METRICS_EXPORTER=none`` (the standard switch) builds no OTLP exporter: nothing is sent anywhere."""
-    python = vllm_python()
-    if python is None:
-        pytest.skip("vLLM venv absent: run `make vllm-venv` to build .venv-vllm")
-    env = {**os.environ, "MOESLO_VLLM_OTEL": "1", "OTEL_METRICS_EXPORTER": "none"}
-    done = subprocess.run([str(python), "-c", BUILD], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=180, check=False)  # fmt: skip
+    done = _build_logger(OTEL_METRICS_EXPORTER="none")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sink: None" in done.stdout
