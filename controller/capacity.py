@@ -167,12 +167,7 @@ class CapacityModel:
             return self.meets_targets(self._predict(load, replicas), headroom)
         for_itl = self._predict(load.scaled(self.itl_correction), replicas, with_ttft=False)
         room = self.targets.headroom if headroom is None else headroom
-        if not (
-            math.isfinite(for_itl.itl_p99_s)
-            and for_itl.itl_p99_s <= self.itl_limit_s(room)
-            and for_itl.kv_utilization <= room
-            and for_itl.running_per_replica <= self.profile.max_num_seqs * room
-        ):
+        if not self._decode_fits(for_itl, room):
             return False  # the combined prediction keeps these (or larger) values: it fails too
         for_ttft = self._predict(load.scaled(self.ttft_correction), replicas)
         return self.meets_targets(_combined(for_ttft, for_itl), headroom)
@@ -342,10 +337,12 @@ class CapacityModel:
         # Prompts so long that their own prefill eats the TTFT budget cannot be helped by more
         # replicas; then size so the queue adds at most a fifth of the target on top of them.
         ttft_limit = max(t.ttft_s * room, prediction.ttft_floor_s + 0.2 * t.ttft_s)
+        return prediction.stable and prediction.ttft_p99_s <= ttft_limit and self._decode_fits(prediction, room)
+
+    def _decode_fits(self, prediction: Prediction, room: float) -> bool:
+        """The ITL side of :meth:`meets_targets`: p99 ITL (NaN fails), KV cache and batch within ``room``."""
         return (
-            prediction.stable
-            and prediction.ttft_p99_s <= ttft_limit
-            and prediction.itl_p99_s <= self.itl_limit_s(room)
+            prediction.itl_p99_s <= self.itl_limit_s(room)
             and prediction.kv_utilization <= room
             and prediction.running_per_replica <= self.profile.max_num_seqs * room
         )
