@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,6 +39,19 @@ from controller.replay.signals import TickSample
 from controller.replay.world import ProfileCache
 
 __all__ = ["FluidFleet", "count_loads"]
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """What the last tick with arrivals judged its requests by; a backlog they leave finishes with it."""
+
+    mean_prompt: float = 0.0
+    mean_output: float = 0.0
+    ttft_tail: FloatArray | None = None
+    itl_tail: FloatArray | None = None
+    ttft_mean_s: float = 0.0
+    itl_mean_s: float = 0.0
+    running: float = 0.0
 
 
 class FluidFleet:
@@ -64,6 +78,7 @@ class FluidFleet:
         self._ready_at: list[float] = [0.0] * initial_replicas
         self._tick = 0
         self._backlog_tokens = 0.0
+        self._judged = _Judged()
         n = len(rates_rps)
         self.good_ttft = np.zeros(n)
         self.good_itl = np.zeros(n)
@@ -141,6 +156,15 @@ class FluidFleet:
         elif rate > 0:
             self._backlog_tokens += prompt * self.tick_s
             waiting = self._backlog_tokens / max(mean_prompt, 1.0)
+        elif self._backlog_tokens > 0:
+            self._sample = self._drain(model, ready, until_s)
+            return
+        if rate > 0:
+            self._judged = (
+                _Judged(mean_prompt, mean_output, ttft_tail, itl_tail_, ttft_mean, itl_mean, running)
+                if ready > 0  # no replica ready: the backlog's tails stay those last judged
+                else replace(self._judged, mean_prompt=mean_prompt, mean_output=mean_output)
+            )
         self.good_ttft[k] = count * good_ttft
         self.good_itl[k] = count * good_itl
         self.good_both[k] = count * good_ttft * good_itl
@@ -160,6 +184,41 @@ class FluidFleet:
             duration_sum_s=finished * (ttft_mean + mean_output * itl_mean) if finished > 0 else 0.0,
             ttft_le=_cumulative(finished, ttft_tail),
             itl_le=_cumulative(finished * max(mean_output - 1.0, 0.0), itl_tail_),
+        )
+
+    def _drain(self, model: CapacityModel, ready: float, until_s: float) -> TickSample:
+        """A tick without arrivals: the ready replicas serve the backlog the last arrivals left.
+
+        Those requests' verdicts were counted in the tick they arrived in, with the wait to clear
+        the backlog; here they finish, and their TTFT and token gaps enter the histograms with
+        the tails they were judged by.
+        """
+        judged = self._judged
+        mean_prompt = max(judged.mean_prompt, 1.0)
+        served = 0.0
+        if ready > 0:
+            prefill_rate = model.profile.prefill_rate(judged.running) * ready
+            served = min(self._backlog_tokens, prefill_rate * self.tick_s * 0.95)
+        self._backlog_tokens -= served
+        finished = served / mean_prompt
+        waiting = self._backlog_tokens / mean_prompt
+        kv_capacity = self.world.nominal.kv_capacity_tokens
+        observed = finished > 0 and judged.ttft_tail is not None
+        duration_s = judged.ttft_mean_s + judged.mean_output * judged.itl_mean_s
+        return TickSample(
+            ready=self.ready_count(until_s),
+            waiting=waiting,
+            running=0.0,
+            kv_usage_sum=0.0,
+            kv_demand_max=waiting * mean_prompt / (ready * kv_capacity) if ready else 0.0,
+            finished=finished,
+            prompt_tokens=served,
+            output_tokens=finished * judged.mean_output,
+            ttft_sum_s=finished * judged.ttft_mean_s if observed else 0.0,
+            itl_sum_s=finished * judged.itl_mean_s if observed else 0.0,
+            duration_sum_s=finished * duration_s if observed else 0.0,
+            ttft_le=_cumulative(finished, judged.ttft_tail),
+            itl_le=_cumulative(finished * max(judged.mean_output - 1.0, 0.0), judged.itl_tail),
         )
 
     def _saturated(self, prediction: Prediction, mean_prompt: float, mean_output: float) -> tuple[float, float]:
