@@ -36,6 +36,10 @@ MIN_ALPHA = 0.1
 """Smallest level-smoothing weight of :class:`DampedHolt`."""
 MA_ROOT_LIMIT = 0.9
 """Largest inverse MA root of :class:`Arima`: an MA(1) of -0.9 still adapts like an EWMA of 0.1."""
+HOLT_MIN_FIT_BINS = 10
+"""Fewest bins :class:`DampedHolt` estimates its parameters from (below, it keeps its defaults)."""
+ARIMA_MIN_FIT_BINS = 30
+"""Fewest bins :class:`Arima` estimates its coefficients from (below, it forecasts as a random walk)."""
 
 
 class ForecastModel(Protocol):
@@ -204,7 +208,7 @@ class DampedHolt(_Deseasonalized):
 
     def fit(self, history: FloatArray) -> None:
         z = self._prepare(history)
-        if len(z) >= 10 and float(np.ptp(z)) > 0:
+        if len(z) >= HOLT_MIN_FIT_BINS and float(np.ptp(z)) > 0:
             from statsmodels.tsa.holtwinters import ExponentialSmoothing
 
             with warnings.catch_warnings():
@@ -268,7 +272,7 @@ class Arima(_Deseasonalized):
         z = self._prepare(history)
         self.ar = np.zeros(self.p)
         self.ma = np.zeros(self.q)
-        if len(z) >= 30 and float(np.ptp(z)) > 0:
+        if len(z) >= ARIMA_MIN_FIT_BINS and float(np.ptp(z)) > 0:
             from statsmodels.tsa.arima.estimators.hannan_rissanen import hannan_rissanen
 
             with warnings.catch_warnings():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from controller.forecast import AutoForecaster, BacktestResult, ForecastConfig, best
+from controller.forecast.auto import MIN_FIT_BINS
 
 BIN_S = 60.0
 DAY_BINS = 240
@@ -64,3 +65,24 @@ def test_a_selection_made_on_zeros_is_made_again_when_the_series_leaves_zero() -
     assert not forecaster.refit_due
     forecaster.observe(3.0)
     assert forecaster.refit_due
+
+
+
+def test_a_candidate_is_backtested_only_from_a_fit_that_estimates_it() -> None:
+    """Under ~256 bins the selection's one backtest fit took the first 9 bins, below Holt's 10 and ARIMA's 30:
+    both were scored unfitted (ARIMA as a random walk, the same forecasts as last value), and the model deployed
+    was not the one scored.  Each candidate now joins the selection once its first fit has its bins."""
+    rng = np.random.default_rng(7)
+    forecaster = AutoForecaster(ForecastConfig(bin_s=15.0, horizon_s=120.0))
+    level, fits, backtested = 30.0, 0, set()
+    for _ in range(400):
+        level = 30.0 + 0.8 * (level - 30.0) + rng.normal(0.0, 3.0)  # an AR(1), which ARIMA tells from a walk
+        forecaster.observe(level)
+        if forecaster.fits > fits and forecaster.last_selection:  # a refit, from a selection
+            fits = forecaster.fits
+            for r in forecaster.last_selection:
+                assert int(r.origins[0]) >= MIN_FIT_BINS.get(r.kind, 1), (r.kind, int(r.origins[0]))
+                backtested.add(r.kind)
+    assert {"last_value", "moving_average", "holt_damped", "arima"} <= backtested
+    wape = {r.kind: r.mean_wape for r in forecaster.last_selection}
+    assert wape["arima"] != wape["last_value"]
