@@ -402,8 +402,10 @@ class Router:
         except UPSTREAM_FAILURES as exc:
             self.eject(ticket.replica)
             exchange.outcome = "upstream_failed_mid_stream"
-            await send({"type": "http.response.body", "body": sse_error_event(_upstream_error(exc, ticket.replica)),
-                        "more_body": False})  # fmt: skip
+            # A break inside an event ends that event first, so the error reaches the client as an event of its own.
+            cut = b"" if not tail or tail.endswith(b"\n\n") else b"\n\n"
+            error = sse_error_event(_upstream_error(exc, ticket.replica))
+            await send({"type": "http.response.body", "body": cut + error, "more_body": False})
             return
         exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
         await send({"type": "http.response.body", "body": b"", "more_body": False})

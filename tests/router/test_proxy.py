@@ -96,6 +96,17 @@ def test_a_replica_dying_mid_stream_gives_a_clean_error_then_is_ejected_and_read
         eventually(lambda: r.sample("moeslo_router_requests_total", **labels) == 1, 5, "the failure counted")
 
 
+def test_a_break_inside_an_event_ends_that_event_before_the_error_event() -> None:
+    chunks = (DEFAULT_CHUNKS[0], b'data: {"id":"cmpl-stub","cho', *DEFAULT_CHUNKS[2:])  # the break comes after a half
+    with stubs(1, stream_chunks=chunks) as (dying,), router([dying]) as r:
+        dying.mode = "die_mid_stream"
+        with httpx.stream("POST", r.url + "/v1/completions", json=STREAM, timeout=5) as answer:
+            body = answer.read()
+    events = [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
+    assert events[1] == b'{"id":"cmpl-stub","cho'  # the half event, on its own
+    assert json.loads(events[2])["error"]["code"] == 502 and events[3] == b"[DONE]"
+
+
 def test_a_replica_that_refuses_connections_is_skipped_without_the_client_noticing() -> None:
     with stubs(2) as (gone, alive), router([gone, alive], policy="round-robin") as r:
         port = gone.port
