@@ -238,10 +238,11 @@ async def send_request(
                 data = line[6:]
                 if data == "[DONE]":
                     break
-                event = json.loads(data)
-                if "error" in event:
-                    record.error = str(event["error"].get("message"))
+                choices = _event_choices(data, record)
+                if choices is None:
                     break
+                if not choices:
+                    continue  # a usage-only chunk (or a malformed one) carries no token
                 now = time.monotonic()
                 if last is None:
                     record.ttft_s = now - planned_s
@@ -249,11 +250,33 @@ async def send_request(
                     record.itls_s.append(now - last)
                 last = now
                 record.output_tokens += 1
-                record.finish_reason = event["choices"][0].get("finish_reason") or record.finish_reason
+                record.finish_reason = choices[0].get("finish_reason") or record.finish_reason
     except httpx.HTTPError as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     record.e2e_s = time.monotonic() - planned_s
     return record
+
+
+def _event_choices(data: str, record: RequestRecord) -> list[dict[str, Any]] | None:
+    """A streamed event's choices; None (with ``record.error`` set) for an error event, which ends the stream.
+
+    An event that does not parse fails the request but is read past: a stream the router cut inside an event
+    ends in that half event and then the router's error event, whose message is the one to keep."""
+    try:
+        event = json.loads(data)
+        if not isinstance(event, dict):
+            raise TypeError(f"an event is an object, got {type(event).__name__}")
+        if "error" in event:
+            error = event["error"]
+            record.error = str(error.get("message") if isinstance(error, dict) else error)
+            return None
+        choices = event["choices"]
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise TypeError("choices is a list of objects")
+        return choices
+    except (ValueError, KeyError, TypeError) as exc:
+        record.error = f"malformed event ({type(exc).__name__}: {exc}): {data[:120]}"
+        return []
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -285,7 +308,7 @@ def summarize(records: Sequence[RequestRecord], *, wall_s: float) -> dict[str, A
         "itl_p99_s": percentile(itls, 99),
         "e2e_p50_s": percentile([r.e2e_s for r in ok if r.e2e_s is not None], 50),
         # Share of the requests within both objectives (TTFT, mean gap), as the replay and the demo score them.
-        "within_objectives": (sum(within_objectives(r.ttft_s, r.itls_s) for r in records) / len(records)
+        "within_objectives": (sum(r.ok and within_objectives(r.ttft_s, r.itls_s) for r in records) / len(records)
                               if records else None),
         # Share of the token gaps within the ITL objective: the controller's ITL SLI (from the histogram).
         "token_gaps": len(itls),
