@@ -133,10 +133,15 @@ def sweep_rates(
             break
         summaries.append({**stats, "rate_rps": rate})  # the rate asked for: replicas' levels pool by it
         progress(f"rate {rate:g} req/s: {stats['output_tokens_per_s']:.1f} output tok/s, "
-                 f"TTFT p99 {stats['ttft_p99_s']:.3f} s, ITL p99 {stats['itl_p99_s']:.4f} s")
+                 f"TTFT p99 {_seconds(stats['ttft_p99_s'], 3)}, ITL p99 {_seconds(stats['itl_p99_s'], 4)}")
         if (stats["ttft_p99_s"] or 0.0) > ttft_limit_s and len(summaries) >= min_levels:
             break
     return summaries
+
+
+def _seconds(value: float | None, digits: int) -> str:
+    """A p99 for the progress line; "-" where there was nothing to measure (one-token outputs have no gaps)."""
+    return "-" if value is None else f"{value:.{digits}f} s"
 
 
 __all__ = ["WARMUP_REQUESTS", "fresh_seed", "measure_rate", "poisson_arrivals", "sweep_rates", "warm_up"]

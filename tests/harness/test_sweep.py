@@ -57,3 +57,14 @@ def test_a_level_whose_requests_all_fail_ends_the_sweep() -> None:
     assert "no arrival drawn" in lines[0] and "skipped" in lines[0]
     assert lines[1].startswith("rate 20: no request succeeded") and lines[1].endswith("stopping")
     assert len(lines) == 2
+
+
+def test_a_level_of_one_token_outputs_reports_no_gap_p99_and_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One-token outputs have no token gaps, so no ITL p99: the progress line raised on formatting None."""
+    monkeypatch.setattr(sweep, "measure_rate", lambda _url, rate, **_kw: {**_level(rate, 3, 3), "itl_p99_s": None})
+    lines: list[str] = []
+    levels = sweep_rates("http://127.0.0.1:9", (1.0, 2.0), duration_s=5.0, prompt_tokens=4, output_tokens=1,
+                         vocab_size=100, model=None, seed=0, ttft_limit_s=1.0, progress=lines.append,
+                         warmup_requests=0)  # fmt: skip
+    assert [level["rate"] for level in levels] == [1.0, 2.0]
+    assert lines[0] == "rate 1 req/s: 10.0 output tok/s, TTFT p99 0.100 s, ITL p99 -"
