@@ -22,17 +22,19 @@ import numpy as np
 from contracts.errors import ValidationError
 from contracts.traces import CountTrace, LengthDistribution, Trace, load_request_trace, load_trace
 from controller.capacity import CapacityModel, Load, ReplicaProfile
-from harness.loadgen import LoadRequest, plan_from_counts, plan_from_trace, send_request
+from harness.loadgen import LoadRequest, RequestRecord, plan_from_counts, plan_from_trace, send_request
 from harness.traces import DAILY_RAMP, conversation_trace
 from stack.state import StackOptions, StackState
 
 __all__ = [
-    "COUNT_TRACE_OPTIONS", "MAX_OUTPUT_TOKENS", "MAX_PROMPT_TOKENS", "REQUEST_TRACE_OPTIONS", "check_trace",
+    "COUNT_TRACE_OPTIONS", "MAX_OUTPUT_TOKENS", "MAX_PROMPT_TOKENS", "REQUEST_TRACE_OPTIONS", "UNFINISHED_ERROR",
+    "check_trace",
     "count_window", "demo_length_pairs", "demo_lengths", "drive", "load_plan", "sustainable_rate_rps",
 ]
 
 MAX_PROMPT_TOKENS = 512
 MAX_OUTPUT_TOKENS = 64
+UNFINISHED_ERROR = "unfinished: still in flight when the load ended"
 
 
 def demo_lengths(options: StackOptions) -> tuple[LengthDistribution, float, float]:
@@ -165,6 +167,13 @@ async def drive(state: StackState, plan: list[LoadRequest], vocab_size: int, fal
             prompt = rng.integers(0, vocab_size, size=req.prompt_tokens).tolist()
             try:
                 record = await send_request(client, req, prompt, start + req.arrival_s, None, 0.0, base_url=url)
+            except asyncio.CancelledError:
+                # Still in flight when the load ended (the drain ran out, Ctrl-C): a request that did not finish
+                # is one not served, in every share of the summary and in requests.csv.
+                state.records.append(RequestRecord(arrival_s=req.arrival_s, prompt_tokens=req.prompt_tokens,
+                                                   max_tokens=req.max_tokens, error=UNFINISHED_ERROR))  # fmt: skip
+                state.done_at_s.append(state.elapsed())
+                raise
             finally:
                 state.in_flight[url] -= 1
             state.records.append(record)

@@ -6,7 +6,8 @@ or under 500 ms and its mean inter-token gap at or under 20 ms
 literature score a request), and the strict one where no single gap may exceed
 20 ms (``requests_within_both_slos``, kept from earlier runs).  Requests that
 overlap the injected fault (plus ``FAULT_MARGIN_S`` for the queue it leaves) are
-counted apart.  Every share is of all the requests it covers: a failed one is not within.
+counted apart.  Every share is of all the requests it covers: a failed one is not within, nor is one still
+in flight when the load ended (recorded as failed).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ import pytest
 import stack.load
 import stack.run
 from harness.loadgen import LoadRequest, RequestRecord
-from stack.report import summarize
+from stack.load import UNFINISHED_ERROR
+from stack.report import request_rows, summarize
 from stack.run import LocalStack
 from stack.state import StackOptions
 
@@ -52,7 +53,7 @@ def test_an_interrupted_load_counts_its_requests_in_flight_as_unfinished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stubbed: None,
 ) -> None:
     """Ctrl-C during the load: the five requests still in flight were neither recorded nor counted
-    (``unfinished_at_end: 0``; only a drain timeout counted them)."""
+    (``unfinished_at_end: 0``; only a drain timeout counted them), and left out of the shares."""
     plan = [LoadRequest(arrival_s=0.1 * i, prompt_tokens=4, max_tokens=4) for i in range(10)]
     monkeypatch.setattr(stack.run, "load_plan", lambda _options, _rate: (plan, "test plan"))
 
@@ -68,7 +69,9 @@ def test_an_interrupted_load_counts_its_requests_in_flight_as_unfinished(
     finally:
         local.stop()
     summary = summarize(local.state)
-    assert (summary["requests"], summary["ok"], summary["unfinished_at_end"]) == (5, 5, 5)
+    # The five in flight are requests not served: in the counts, and in every share's denominator.
+    assert (summary["requests"], summary["ok"], summary["failed"], summary["unfinished_at_end"]) == (10, 5, 5, 5)
+    assert summary["requests_within_both_slos_outside_fault"] == pytest.approx(0.5)
     assert any("5 requests still in flight" in line for line in summary["events"]), summary["events"]
 
 
@@ -91,7 +94,9 @@ def test_requests_past_the_drain_are_counted_as_unfinished(
     finally:
         local.stop()
     summary = summarize(local.state)
-    assert (summary["requests"], summary["unfinished_at_end"]) == (0, 2)
+    assert (summary["requests"], summary["failed"], summary["unfinished_at_end"]) == (2, 2, 2)
+    assert summary["requests_within_both_slos"] == 0.0
+    assert {row["error"] for row in request_rows(local.state)} == {UNFINISHED_ERROR}
     assert any("stopped 2 requests still in flight 1 s after the last arrival" in line
                for line in summary["events"]), summary["events"]
 
