@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+import psutil
 
 from contracts.errors import UnavailableError
 from contracts.lifetime import child_setup
@@ -112,11 +113,15 @@ def stop_process(
 ) -> None:
     """Ask ``proc`` (its whole process group with ``group``) to stop with ``sig``; kill it after ``timeout_s``.
 
+    With ``group`` the group is signalled while any member lives, whether or not ``proc`` itself has exited: a
+    leader that crashed, or left on SIGTERM, used to leave the rest of its group (a vLLM engine core) running.
     Never raises: a process still not gone ``KILL_WAIT_S`` after SIGKILL (a teardown stuck in the kernel) is
     logged and left to exit, where a TimeoutExpired out of here cut short the stop of every process after it.
     """
-    if proc.poll() is not None:
-        return
+
+    def alive() -> bool:
+        leader = proc.poll() is None  # polled first either way: a reaped leader no longer holds its group
+        return _group_alive(proc.pid) if group else leader
 
     def send(signum: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -126,13 +131,33 @@ def stop_process(
                 proc.send_signal(signum)
 
     for signum, wait_s in ((sig, timeout_s), (signal.SIGKILL, KILL_WAIT_S)):
-        if proc.poll() is not None:
+        if not alive():
             return
         send(signum)
+        deadline = time.monotonic() + wait_s
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(wait_s)
-    if proc.poll() is None:
-        log.warning("process %d is not gone %.3g s after SIGKILL; left to exit", proc.pid, KILL_WAIT_S)
+        while group and alive() and time.monotonic() < deadline:  # the leader is gone; the rest of its group next
+            time.sleep(0.05)
+    if alive():
+        log.warning("process %d%s is not gone %.3g s after SIGKILL; left to exit", proc.pid,
+                    "'s group" if group else "", KILL_WAIT_S)  # fmt: skip
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live process of group ``pgid`` is left: a zombie is not one (in a container, PID 1 may never reap
+    the orphaned members it inherits, and signal 0 still reaches them)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for member in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(member.pid) == pgid and member.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 def moeslo_command(*args: str) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -124,3 +126,34 @@ def test_a_child_started_to_die_with_its_parent_does_not_outlive_a_sigkilled_par
         kill_quietly([dying, staying])
     assert left == [], "the child started with die_with_parent outlived its parent"
     assert stayed, "a child started without die_with_parent outlives its parent (what the option is for)"
+
+
+_LEADER_AND_WORKER = (
+    "import subprocess, sys\n"
+    "worker = subprocess.Popen([sys.executable, '-c', "
+    "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)'])\n"
+    "print(worker.pid, flush=True)\n"
+    "sys.exit(int(sys.argv[1]))\n"
+)
+"""A group leader that starts a worker ignoring SIGTERM, prints its pid and exits (a crashed API server)."""
+
+
+@pytest.mark.parametrize("leader_exits", [True, False], ids=["leader-gone-first", "leader-on-sigterm"])
+def test_stop_process_stops_the_whole_group_whatever_its_leader_did(leader_exits: bool) -> None:
+    """With the leader gone (crashed, or left on SIGTERM) the rest of its group was never signalled."""
+    script = _LEADER_AND_WORKER if leader_exits else _LEADER_AND_WORKER.replace("sys.exit(int(sys.argv[1]))\n",
+                                                                              "import time; time.sleep(60)\n")
+    leader = subprocess.Popen([sys.executable, "-c", script, "1"], stdout=subprocess.PIPE, start_new_session=True)
+    assert leader.stdout is not None
+    worker = int(leader.stdout.readline())
+    assert leader.stdout.readline() == b"\n"  # the worker ignores SIGTERM from here on
+    try:
+        if leader_exits:
+            leader.wait(10)
+        stop_process(leader, 0.5, group=True)
+        assert not still_running([worker], 5.0), "the worker outlived the stop of its group"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.stdout.close()
+
