@@ -3,8 +3,9 @@
 
 The harness (every process ``moeslo up`` starts) and the local actuator (the controller's replicas) start
 children in sessions of their own, so a Ctrl-C in the terminal does not reach them; without a parent-death
-signal a parent killed with SIGKILL (or by the OOM killer) left them running for nobody.  The standard
-library only (``ctypes``, ``os``, ``signal``), as befits the bottom layer.
+signal a parent killed with SIGKILL (or by the OOM killer) left them running for nobody.  Both stop such a
+session's whole group, until :func:`group_runs` finds no live member.  The standard library only (``ctypes``,
+``os``, ``signal``), as befits the bottom layer.
 """
 
 from __future__ import annotations
@@ -73,4 +74,30 @@ def _death_signal(prctl: Callable[..., int], sig: int) -> None:
     prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
-__all__ = ["PR_SET_PDEATHSIG", "child_setup", "die_with_parent"]
+def group_runs(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs.  A zombie does not: an orphan's new parent (PID 1 in a
+    container) may never reap it, and no signal ends it, though signal 0 still reaches it."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not os.path.isdir("/proc"):
+        return True  # no process table to read: signal 0 reached someone
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat")) as stat:
+                line = stat.read()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so read after its last ")".
+        state, _ppid, pgrp = line[line.rindex(")") + 2 :].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
+__all__ = ["PR_SET_PDEATHSIG", "child_setup", "die_with_parent", "group_runs"]

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
-import psutil
 
 from contracts.errors import UnavailableError
-from contracts.lifetime import child_setup
+from contracts.lifetime import child_setup, group_runs
 
 log = logging.getLogger(__name__)
 KILL_WAIT_S = 10.0
@@ -121,7 +120,7 @@ def stop_process(
 
     def alive() -> bool:
         leader = proc.poll() is None  # polled first either way: a reaped leader no longer holds its group
-        return _group_alive(proc.pid) if group else leader
+        return group_runs(proc.pid) if group else leader
 
     def send(signum: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -142,22 +141,6 @@ def stop_process(
     if alive():
         log.warning("process %d%s is not gone %.3g s after SIGKILL; left to exit", proc.pid,
                     "'s group" if group else "", KILL_WAIT_S)  # fmt: skip
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a live process of group ``pgid`` is left: a zombie is not one (in a container, PID 1 may never reap
-    the orphaned members it inherits, and signal 0 still reaches them)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    for member in psutil.process_iter(["status"]):
-        with contextlib.suppress(psutil.Error, OSError):
-            if os.getpgid(member.pid) == pgid and member.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-    return False
 
 
 def moeslo_command(*args: str) -> list[str]:

@@ -49,9 +49,8 @@ from pathlib import Path
 from typing import IO
 
 import httpx
-import psutil
 
-from contracts.lifetime import child_setup
+from contracts.lifetime import child_setup, group_runs
 from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
 from controller.config import LocalActuatorConfig
 from controller.errors import ActuationError, LeadershipLostError
@@ -113,27 +112,11 @@ def _group_ended(process: subprocess.Popen[bytes], deadline_s: float) -> bool:
     """Whether a replica's main process and every other process of its group ended by ``deadline_s``."""
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=max(0.0, deadline_s - time.monotonic()))
-    while process.poll() is None or _group_runs(process.pid):
+    while process.poll() is None or group_runs(process.pid):
         if time.monotonic() >= deadline_s:
             return False
         time.sleep(GROUP_POLL_S)
     return True
-
-
-def _group_runs(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs.  A zombie does not: an orphan's new parent (PID 1 in a
-    container) may never reap it, and no signal ends it."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    for pid in psutil.pids():
-        with contextlib.suppress(OSError, psutil.Error):
-            if os.getpgid(pid) == pgid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return True
-    return False
 
 
 class LocalActuator:
