@@ -105,7 +105,7 @@ def up(
     trace: Annotated[
         Path | None,
         typer.Option(exists=True, dir_okay=False,
-                     help="Trace file: request counts (its 04:00-16:00 replayed, compressed into --duration) or "
+                     help="Trace file: request counts (its 04:00-16:00 UTC replayed, compressed into --duration) or "
                           "requests (its first --duration x --speedup seconds); checked before anything starts. "
                           "Default: a bundled day of Azure 2024 counts."),
     ] = None,

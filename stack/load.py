@@ -35,6 +35,7 @@ __all__ = [
 MAX_PROMPT_TOKENS = 512
 MAX_OUTPUT_TOKENS = 64
 UNFINISHED_ERROR = "unfinished: still in flight when the load ended"
+DAY_S = 86_400.0
 
 
 def demo_lengths(options: StackOptions) -> tuple[LengthDistribution, float, float]:
@@ -71,10 +72,23 @@ def sustainable_rate_rps(profile: ReplicaProfile, *, prompt_tokens: float, outpu
     return low
 
 
-def count_window(options: StackOptions) -> str:
-    """The hours of a count trace the run replays (``04:00-16:00``)."""
+def count_window(options: StackOptions, trace: CountTrace) -> str:
+    """The hours of a count trace the run replays (``04:00-16:00 UTC``)."""
+    return _window(options, trace)[1]
+
+
+def _window(options: StackOptions, trace: CountTrace) -> tuple[float, str]:
+    """Where the replayed window starts (seconds from the trace's first bin), and its name.
+
+    By the trace's clock where it has timestamps and holds the window whole (a trace starting at 06:00 was
+    replayed from 10:00 and called 04:00-16:00), else as hours from its start, and so named.
+    """
     start, end = options.trace_start_h, options.trace_start_h + options.trace_span_h
-    return f"{start:02.0f}:00-{end:02.0f}:00"
+    if trace.start_epoch_s is not None:
+        by_clock_s = (start * 3600 - trace.start_epoch_s) % DAY_S
+        if by_clock_s + (end - start) * 3600 <= trace.duration_s:
+            return by_clock_s, f"{start:02.0f}:00-{end:02.0f}:00 UTC"
+    return start * 3600, f"hours {start:g}-{end:g} from its start"
 
 
 def load_plan(options: StackOptions, base_rate_rps: float) -> tuple[list[LoadRequest], str]:
@@ -87,12 +101,12 @@ def _plan(options: StackOptions, trace: Trace, base_rate_rps: float) -> tuple[li
     lengths, _, _ = demo_lengths(options)
     if isinstance(trace, CountTrace):
         plan = plan_from_counts(
-            trace, lengths, start_s=options.trace_start_h * 3600, span_s=options.trace_span_h * 3600,
+            trace, lengths, start_s=_window(options, trace)[0], span_s=options.trace_span_h * 3600,
             duration_s=options.duration_s, base_rate_rps=base_rate_rps, length_scale=options.length_scale,
             max_prompt_tokens=MAX_PROMPT_TOKENS, max_output_tokens=MAX_OUTPUT_TOKENS, seed=options.seed,
             arrivals=options.arrivals,
         )
-        what = (f"{name}: {count_window(options)} compressed into {options.duration_s:.0f} s, "
+        what = (f"{name}: {count_window(options, trace)} compressed into {options.duration_s:.0f} s, "
                 f"starting at {base_rate_rps:.2f} requests/s, {options.arrivals} arrivals")
         return plan, what
     plan = plan_from_trace(
@@ -117,9 +131,9 @@ def _refuse_ignored(options: StackOptions, trace: Trace, given: Collection[str])
         return
     named, verb = " and ".join(ignored), "apply" if len(ignored) > 1 else "applies"
     which = f"--trace {options.trace}" if options.trace is not None else "the bundled day of Azure 2024 (the default)"
-    if counts:
+    if isinstance(trace, CountTrace):
         raise ValidationError(f"{named} {verb} to a request trace only: {which} is a count trace, its "
-                              f"{count_window(options)} compressed into --duration; leave it out")
+                              f"{count_window(options, trace)} compressed into --duration; leave it out")
     raise ValidationError(f"{named} {verb} to a count trace only: {which} is a request trace, replayed as its "
                           f"requests came (its first --duration x --speedup seconds); leave "
                           f"{'them' if len(ignored) > 1 else 'it'} out")
@@ -137,7 +151,7 @@ def check_trace(options: StackOptions, given: Collection[str] = ()) -> None:
     trace = load_trace(options.trace)  # a DataError names the file and line
     _refuse_ignored(options, trace, given)
     if isinstance(trace, CountTrace):
-        replayed = f"its {count_window(options)}, compressed into --duration"
+        replayed = f"its {count_window(options, trace)}, compressed into --duration"
     else:
         replayed = f"its first {options.duration_s * options.speedup:g} s (--duration x --speedup)"
     try:

@@ -14,7 +14,7 @@ from cli.main import app
 @pytest.mark.parametrize(
     ("content", "says"),
     [("", "file is empty"),
-     ("Time,TIMESTAMP\n2024-05-13 00:00:00,378\n2024-05-13 00:00:10,412\n", "04:00-16:00")],
+     ("Time,TIMESTAMP\n2024-05-13 00:00:00,378\n2024-05-13 00:00:10,412\n", "hours 4-16 from its start")],
     ids=["empty", "ends-before-the-window"],
 )
 def test_a_trace_that_cannot_be_replayed_is_refused_before_anything_starts(

@@ -1,12 +1,15 @@
-"""What ``moeslo up`` replays: options a trace would ignore are refused before anything starts."""
+"""What ``moeslo up`` replays: a count trace's window by its clock; options a trace would ignore are refused."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from contracts.errors import ValidationError
 from harness.traces import BUNDLED_CONVERSATION_SLICE
-from stack.load import check_trace
+from stack.load import check_trace, load_plan
 from stack.state import StackOptions
 
 
@@ -25,3 +28,32 @@ def test_arrivals_and_base_load_on_a_request_trace_are_refused(given: set[str], 
     with pytest.raises(ValidationError, match=f"{named} appl(y|ies) to a count trace only"):
         check_trace(options, given={*given, "speedup"})
     check_trace(options, given={"speedup"})
+
+
+def _counts_from(tmp_path: Path, first_hour: int, hours: int, step_at_h: int) -> Path:
+    """A count trace from ``first_hour`` UTC, 60 per 10 s, 120 from ``step_at_h`` o'clock on."""
+    start = datetime(2024, 5, 13, first_hour, tzinfo=UTC)
+    rows = [(start + timedelta(seconds=10 * i)) for i in range(hours * 360)]
+    path = tmp_path / "counts.csv"
+    path.write_text("Time,TIMESTAMP\n" + "".join(
+        f"{t:%Y-%m-%d %H:%M:%S},{120 if (t - start).total_seconds() >= (step_at_h - first_hour) * 3600 else 60}\n"
+        for t in rows))
+    return path
+
+
+def test_a_count_trace_is_replayed_from_its_clocks_0400_and_named_so(tmp_path: Path) -> None:
+    """A trace starting at 02:00 was replayed from 06:00 (four hours in) and called 04:00-16:00."""
+    options = StackOptions(trace=_counts_from(tmp_path, first_hour=2, hours=20, step_at_h=10), duration_s=120.0,
+                           arrivals="even")
+    plan, what = load_plan(options, 1.0)
+    assert "04:00-16:00 UTC compressed into 120 s" in what
+    # 04:00-10:00 at 60, then 120: the rise comes halfway through the 120 s, not a third of the way.
+    first, second = sum(r.arrival_s < 60.0 for r in plan), sum(r.arrival_s >= 60.0 for r in plan)
+    assert first == pytest.approx(60, abs=2) and second == pytest.approx(120, abs=2)
+
+
+def test_a_count_trace_that_does_not_hold_the_clock_window_is_replayed_by_hours_from_its_start(tmp_path: Path) -> None:
+    options = StackOptions(trace=_counts_from(tmp_path, first_hour=6, hours=16, step_at_h=12), duration_s=120.0,
+                           arrivals="even")
+    _, what = load_plan(options, 1.0)
+    assert "hours 4-16 from its start compressed into 120 s" in what
