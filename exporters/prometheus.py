@@ -166,6 +166,7 @@ class PrometheusStatsSink:
                                               "Wall time of one placement change, in seconds.", SWAP_DURATION_BUCKETS_S)
         self._healthy = bound.gauge(ENGINE_HEALTHY, "1 while the engine can serve, 0 once it is broken.", "mostrecent")
         self._healthy.set(1)
+        self._broken = False
         # process_start_time_seconds and the rest: the restart ticket counts the start time's changes.
         ProcessCollector(registry=registry)
         self._moe = _MoECollector(model_name, engine, routing_window_steps)
@@ -211,6 +212,7 @@ class PrometheusStatsSink:
         A broken engine failed every request it held: nothing runs or waits, and its KV cache holds none
         (the gauges would otherwise keep the last step's values, which the router and controller read)."""
         self._healthy.set(1 if broken is None else 0)
+        self._broken = broken is not None
         if broken is not None:
             for gauge in (self._running, self._waiting, self._kv_usage):
                 gauge.set(0)
@@ -232,9 +234,10 @@ class PrometheusStatsSink:
     def record(self, step: StepStats) -> None:
         if step.step_duration_s > 0:  # the core's idle reports ran no step
             self._step_duration.observe(step.step_duration_s)
-        self._running.set(step.num_running)
-        self._waiting.set(step.num_waiting)
-        self._kv_usage.set(step.kv_cache_usage)
+        if not self._broken:  # a finish released after the core died carries the last step's load: not now's
+            self._running.set(step.num_running)
+            self._waiting.set(step.num_waiting)
+            self._kv_usage.set(step.kv_cache_usage)
         if step.prompt_tokens:
             self._prompt_tokens.inc(step.prompt_tokens)
         if step.generation_tokens:
@@ -373,7 +376,10 @@ class _MoECollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         with self._lock:
-            rank_window = None if self._window is None else self._window.rank_tokens
+            # An empty window (reset by a placement swap, routing on the new placement not in yet) has no balance
+            # to report: zeros read as perfectly balanced layers, on an idle engine for as long as it idled.
+            window = self._window
+            rank_window = None if window is None or window.steps == 0 else window.rank_tokens
             rank_totals = None if self._rank_totals is None else self._rank_totals.sum(axis=0)
             swaps, moved = self._swaps, self._experts_moved
         labels = list(BASE_LABELS)
@@ -381,31 +387,28 @@ class _MoECollector(Collector):
         yield _counter(
             PLACEMENT_EXPERTS_MOVED, "Expert weights that changed rank.", labels, [(self._labels, moved)]
         )
-        if rank_window is None or rank_totals is None:
+        if rank_totals is None:
             return
-        cv = imbalance_cv(rank_window)
-        bal = balancedness(rank_window)
-        noise = sampling_noise_cv(rank_window.sum(axis=1), rank_window.shape[1], rank_window)
-        yield _gauge(
-            LAYER_IMBALANCE_CV, MOE_HELP[LAYER_IMBALANCE_CV],
-            [*labels, LAYER_LABEL], [([*self._labels, str(i)], float(v)) for i, v in enumerate(cv)],
-        )
-        yield _gauge(
-            LAYER_IMBALANCE_CV_NOISE, MOE_HELP[LAYER_IMBALANCE_CV_NOISE],
-            [*labels, LAYER_LABEL], [([*self._labels, str(i)], float(v)) for i, v in enumerate(noise)],
-        )
-        yield _gauge(
-            LAYER_BALANCEDNESS, MOE_HELP[LAYER_BALANCEDNESS],
-            [*labels, LAYER_LABEL], [([*self._labels, str(i)], float(v)) for i, v in enumerate(bal)],
-        )
-        for name, per_layer in ((IMBALANCE_CV_ACROSS_LAYERS, cv), (BALANCEDNESS_ACROSS_LAYERS, bal)):
-            stats = across_layers(per_layer).items()
-            yield _gauge(name, MOE_HELP[name], [*labels, STAT_LABEL], [([*self._labels, s], v) for s, v in stats])
+        if rank_window is not None:
+            yield from self._balance(rank_window, labels)
         yield _counter(
             RANK_TOKENS, MOE_HELP[RANK_TOKENS], [*labels, RANK_LABEL],
             [([*self._labels, str(r)], int(v)) for r, v in enumerate(rank_totals)],
         )
 
+    def _balance(self, rank_window: IntArray, labels: list[str]) -> Iterator[GaugeMetricFamily]:
+        """Each layer's balance over the window, and its spread across the layers."""
+        cv = imbalance_cv(rank_window)
+        bal = balancedness(rank_window)
+        noise = sampling_noise_cv(rank_window.sum(axis=1), rank_window.shape[1], rank_window)
+        for name, per_layer in ((LAYER_IMBALANCE_CV, cv), (LAYER_IMBALANCE_CV_NOISE, noise), (LAYER_BALANCEDNESS, bal)):
+            yield _gauge(
+                name, MOE_HELP[name], [*labels, LAYER_LABEL],
+                [([*self._labels, str(i)], float(v)) for i, v in enumerate(per_layer)],
+            )
+        for name, per_layer in ((IMBALANCE_CV_ACROSS_LAYERS, cv), (BALANCEDNESS_ACROSS_LAYERS, bal)):
+            stats = across_layers(per_layer).items()
+            yield _gauge(name, MOE_HELP[name], [*labels, STAT_LABEL], [([*self._labels, s], v) for s, v in stats])
 
 def _counter(
     name: str, doc: str, labels: list[str], samples: list[tuple[list[str], float]]

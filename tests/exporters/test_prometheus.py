@@ -151,9 +151,33 @@ def test_moe_metrics_follow_the_routing_window_and_swaps() -> None:
     assert get("moe_placement_swaps_total", LABELS) == 1
     assert get("moe_placement_experts_moved_total", LABELS) == 4
     assert get("moe_placement_swap_duration_seconds_count", LABELS) == 1
-    # The window restarts after a swap; cumulative rank counters do not.
-    assert get("moe_layer_imbalance_cv", {**LABELS, "layer": "0"}) == 0.0
+    # The window restarts after a swap; cumulative rank counters do not.  Until routing on the new placement
+    # comes in there is no balance to report (its zeros read as perfectly balanced layers).
+    for name in ("moe_layer_imbalance_cv", "moe_layer_balancedness", "moe_layer_imbalance_cv_noise_floor"):
+        assert get(name, {**LABELS, "layer": "0"}) is None, name
+    assert get("moe_imbalance_cv_across_layers", {**LABELS, "stat": "max"}) is None
     assert get("moe_rank_tokens_total", {**LABELS, "rank": "0"}) == 10
+    sink.record(step(routing=RoutingDelta(expert_tokens=np.array([[3, 1], [2, 2]]),
+                                          rank_tokens=np.array([[3, 1], [2, 2]]))))  # fmt: skip
+    assert get("moe_layer_imbalance_cv", {**LABELS, "layer": "0"}) == pytest.approx(0.5)
+    assert get("moe_rank_tokens_total", {**LABELS, "rank": "0"}) == 15  # over both layers
+
+
+def test_a_broken_engines_load_gauges_stay_at_zero_when_a_held_finish_comes_after() -> None:
+    """A finish the API side released after the core died carries the last step's gauges: they came back."""
+    reg = CollectorRegistry()
+    sink = PrometheusStatsSink(reg, model_name="m")
+    sink.record(step(num_running=7, num_waiting=3, kv_cache_usage=0.8))
+    sink.record_health("the engine core process exited with status -9")
+    sink.record(step(num_running=7, num_waiting=3, kv_cache_usage=0.8, step_duration_s=0.0,
+                     finished=(finished("stop"),)))  # fmt: skip
+    get = reg.get_sample_value
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert get(name, LABELS) == 0, name
+    assert get("vllm:request_success_total", {**LABELS, "finished_reason": "stop"}) == 1  # the finish still counts
+    sink.record_health(None)
+    sink.record(step(num_running=2))
+    assert get("vllm:num_requests_running", LABELS) == 2
 
 
 def expert_series(sink: PrometheusStatsSink) -> dict[tuple[str, str], float]:
