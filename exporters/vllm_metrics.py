@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import shutil
 import sys
@@ -218,11 +219,13 @@ def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot], expert_series: bo
         for rank, load in enumerate(snap.rank_tokens_total):
             key = (snap.model_name, snap.engine, str(rank))
             rank_sums[key] = rank_sums.get(key, 0.0) + float(load)
+        loaded = snap.window_rank_tokens.sum(axis=1) > 0  # a layer with no routing in the window has no balance
         for name, per_layer in ((LAYER_IMBALANCE_CV, snap.imbalance_cv),
                                 (LAYER_IMBALANCE_CV_NOISE, snap.imbalance_cv_noise),
                                 (LAYER_BALANCEDNESS, snap.balancedness)):  # fmt: skip
-            for layer, value in zip(snap.layer_ids, per_layer, strict=True):
-                gauges[name].add_metric([*base, str(layer)], float(value))
+            for layer, value, routed in zip(snap.layer_ids, per_layer, loaded, strict=True):
+                if routed:
+                    gauges[name].add_metric([*base, str(layer)], float(value))
     for (model_name, engine), values_of in engine_summaries(snapshots).items():
         for name, stats in values_of.items():
             for stat, value in stats.items():
@@ -278,15 +281,19 @@ class MultiprocessSink:
             if load > 0:
                 self.rank_tokens.labels(*base, str(rank)).inc(float(load))
         self._published_ranks = ranks.copy()
+        # A layer with no routing in the window (it restarts at a rearrangement) has no balance: NaN, as a
+        # multiprocess gauge cannot be removed, where its zeros read as a perfectly balanced layer.
+        loaded = snapshot.window_rank_tokens.sum(axis=1) > 0
         for name, per_layer in ((LAYER_IMBALANCE_CV, snapshot.imbalance_cv),
                                 (LAYER_IMBALANCE_CV_NOISE, snapshot.imbalance_cv_noise),
                                 (LAYER_BALANCEDNESS, snapshot.balancedness)):  # fmt: skip
-            for layer, value in zip(snapshot.layer_ids, per_layer, strict=True):
-                self.gauges[name].labels(*base, str(layer)).set(float(value))
+            for layer, value, routed in zip(snapshot.layer_ids, per_layer, loaded, strict=True):
+                self.gauges[name].labels(*base, str(layer)).set(float(value) if routed else math.nan)
         across = summaries(layer_figures(snapshot)) if self.stages is None else self.stages.summaries(snapshot)
-        for name, stats in across.items():
-            for stat, value in stats.items():
-                self.summaries[name].labels(*base, stat).set(value)
+        for name in self.summaries:
+            stats = across.get(name, {})
+            for stat in ("min", "median", "max"):
+                self.summaries[name].labels(*base, stat).set(stats.get(stat, math.nan))
 
     def _publish_experts(self, base: tuple[str, str], snapshot: ExpertLoadSnapshot) -> None:
         counts = snapshot.expert_tokens_total

@@ -26,6 +26,7 @@ processes' counters), so there is one series per engine and ``experts_moved`` co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from itertools import product
 from typing import Any
@@ -143,6 +144,7 @@ class PlacementMetrics:
                                    multiprocess_mode="mostrecent") for name in BALANCE_FIGURES}  # fmt: skip
         self._swaps = self._moved = self._timed = 0
         self._requests: dict[str, int] = {}
+        self._figures_set: set[tuple[str, str, str]] = set()
 
     def publish(self, snapshot: ExpertLoadSnapshot) -> None:
         log = snapshot.placement
@@ -164,8 +166,13 @@ class PlacementMetrics:
                 action, _, outcome = key.partition("/")
                 self.requests.labels(*base, action, outcome).inc(int(count) - self._requests.get(key, 0))
                 self._requests[key] = int(count)
-        for metric, when, source, value in balance_values(log):
-            self.gauges[metric].labels(*base, when, source).set(value)
+        # A figure the log no longer has (a rearrangement not yet measured after) is NaN: a multiprocess gauge
+        # cannot be removed, and the last rearrangement's value would read as this one's (the snapshot route
+        # leaves it out).
+        figures = {(metric, when, source): value for metric, when, source, value in balance_values(log)}
+        for metric, when, source in self._figures_set | figures.keys():
+            self.gauges[metric].labels(*base, when, source).set(figures.get((metric, when, source), math.nan))
+        self._figures_set |= figures.keys()
 
 
 __all__ = [

@@ -38,8 +38,11 @@ STAGES_FOLDER = "moeslo-stages"
 
 
 def layer_figures(snapshot: ExpertLoadSnapshot) -> LayerFigures:
-    rows = zip(snapshot.layer_ids, snapshot.imbalance_cv, snapshot.balancedness, strict=True)
-    return {int(layer): (float(cv), float(bal)) for layer, cv, bal in rows}
+    """The figures of the layers that routed tokens in the window: an empty one (the window restarts at a
+    rearrangement) has no balance, where its zeros read as a perfectly balanced layer."""
+    loaded = snapshot.window_rank_tokens.sum(axis=1) > 0
+    rows = zip(snapshot.layer_ids, snapshot.imbalance_cv, snapshot.balancedness, loaded, strict=True)
+    return {int(layer): (float(cv), float(bal)) for layer, cv, bal, routed in rows if routed}
 
 
 def summaries(figures: LayerFigures) -> Summaries:

@@ -123,6 +123,8 @@ def parse_metrics(text: str) -> dict[str, EngineSample]:
                 continue
             out = samples.setdefault(model, EngineSample())
             name, value = sample.name, float(sample.value)
+            if not math.isfinite(value):
+                continue  # NaN: a figure with nothing to report (a multiprocess gauge cannot be removed)
             series = _series_key(family.name, sample.labels) if name.endswith(("_bucket", "_count")) else None
             if series is not None and name.endswith("_bucket"):
                 le = parse_le(sample.labels.get("le", ""))

@@ -34,6 +34,14 @@ def test_parse_reads_vllm_histograms_gauges_and_imbalance() -> None:
     assert sample.imbalance_by_layer == {0: 0.1, 1: 0.3}
 
 
+def test_a_nan_figure_is_nothing_to_report_not_a_value() -> None:
+    """vLLM's multiprocess route sets a layer with nothing routed in its window to NaN (its gauge cannot be
+    removed): read as a value, NaN reached the imbalance SLI's max."""
+    engine = EngineMetrics(MODEL)
+    engine.set_imbalance([0.1, math.nan])
+    assert parse_metrics(engine.render().decode())[MODEL].imbalance_by_layer == {0: 0.1}
+
+
 def test_good_ratio_between_scrapes_and_across_an_engine_restart() -> None:
     a, b = EngineMetrics(MODEL, engine="a"), EngineMetrics(MODEL, engine="b")
     a.requests([0.1] * 50)  # history before the first scrape belongs to no window
