@@ -58,6 +58,9 @@ collector has not taken by then is dropped."""
 SUCCESSFUL_FINISHES = ("length", "stop", "repetition")
 """Finish reasons of a complete response (no ``error.type``; TTFT and time per token recorded): vLLM 0.32 ends
 a request on a repetitive token pattern with ``repetition``, a response as complete as a stop string's."""
+ERROR_TYPES = {"error": "engine_error", "deadline": "timeout"}
+"""``error.type`` of the finishes that are the engine's failures (the TTFT SLI's bad events); any other
+unsuccessful finish is a client's ``aborted``."""
 
 OPERATION_NAME = TEXT_COMPLETION
 """The operation of a request that does not name one (vLLM's stats, which know none)."""
@@ -214,8 +217,7 @@ class OtelStatsSink:
 
     def _attributes(self, operation: str, finish_reason: str) -> dict[str, AttributeValue]:
         """The data points' attributes for a request of ``operation`` that ended on ``finish_reason``."""
-        error = None if finish_reason in SUCCESSFUL_FINISHES else "engine_error" if finish_reason == "error" \
-            else "aborted"
+        error = None if finish_reason in SUCCESSFUL_FINISHES else ERROR_TYPES.get(finish_reason, "aborted")
         found = self._attrs_by.get((operation, error))
         if found is None:
             found = {"gen_ai.operation.name": operation, **self._base_attrs}
@@ -245,7 +247,8 @@ class OtelStatsSink:
         stats = [choice.stats for choice in request.choices]
         start_ns = min(end_ns - int(fin.e2e_s * 1e9) for end_ns, fin in zip(ends_ns, stats, strict=True))
         reasons = tuple(fin.finish_reason for fin in stats)
-        outcome = next((r for r in reasons if r == "error"), None) \
+        # The engine's failures first (an error, then a deadline), then a client's abort.
+        outcome = next((r for failure in ERROR_TYPES for r in reasons if r == failure), None) \
             or next((r for r in reasons if r not in SUCCESSFUL_FINISHES), reasons[0])
         attributes: dict[str, AttributeValue] = {
             **self._attributes(request.operation, outcome),

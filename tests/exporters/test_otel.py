@@ -152,6 +152,24 @@ def _in_memory_sink() -> tuple[OtelStatsSink, InMemorySpanExporter, InMemoryMetr
     return sink, spans, reader
 
 
+@pytest.mark.parametrize(("reason", "error_type"), [("abort", "aborted"), ("deadline", "timeout"),
+                                                   ("error", "engine_error")])  # fmt: skip
+def test_a_deadline_is_the_engines_timeout_not_a_clients_abort(reason: str, error_type: str) -> None:
+    """A request the engine ended at its deadline is one of the TTFT SLI's bad events; it read as a client's
+    abort, the one unsuccessful finish that is not the engine's failure."""
+    sink, spans, reader = _in_memory_sink()
+    fin = FinishedRequestStats(request_id="d", finish_reason=reason, prompt_tokens=3, generation_tokens=0,
+                               e2e_s=30.0, queue_s=30.0, prefill_s=0.0, decode_s=0.0, ttft_s=None, mean_itl_s=None)
+    sink.record(StepStats(now_s=1.0, step_duration_s=0.0, num_running=0, num_waiting=0, kv_cache_usage=0.0,
+                          prompt_tokens=0, generation_tokens=0, finished=(fin,)))  # fmt: skip
+    data = reader.get_metrics_data()
+    (point,) = [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+                for p in m.data.data_points]  # fmt: skip
+    assert point.attributes["error.type"] == error_type
+    (span,) = spans.get_finished_spans()
+    assert span.attributes is not None and span.attributes["error.type"] == error_type
+
+
 def test_failed_requests_carry_error_type_and_no_latency_samples() -> None:
     sink, spans, reader = _in_memory_sink()
     aborted = FinishedRequestStats(request_id="a", finish_reason="abort", prompt_tokens=3, generation_tokens=1,
