@@ -114,10 +114,23 @@ def _read_csv(path: Path) -> FloatArray:
                 header_skipped = True  # the first non-comment line may name the columns
                 continue
             raise DataError(f"not a number: {exc}", path=str(path), line=number) from exc
+        if not rows and not header_skipped and _is_index_header(row):
+            header_skipped = True  # the column numbers pandas' to_csv writes: a layer of data would shift them all
+            continue
         if rows and len(row) != len(rows[0]):
             raise DataError(f"{len(row)} columns, earlier rows have {len(rows[0])}", path=str(path), line=number)
         rows.append(row)
     return np.asarray(rows, dtype=np.float64)
+
+
+INDEX_HEADER_MIN_COLUMNS = 4
+"""Fewest columns a first row of 0, 1, 2, ... needs to be read as column numbers (a header), not a layer."""
+
+
+def _is_index_header(row: list[float]) -> bool:
+    """A first row that numbers the columns 0, 1, 2, ...: the header ``pandas.DataFrame(load).to_csv(index=False)``
+    writes.  A layer routing exactly 0, 1, 2, ... tokens to its experts is not a load anyone records."""
+    return len(row) >= INDEX_HEADER_MIN_COLUMNS and row == [float(i) for i in range(len(row))]
 
 
 def _is_header(text: str) -> bool:

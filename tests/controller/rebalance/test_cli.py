@@ -139,6 +139,17 @@ def test_a_csv_with_a_byte_order_mark_keeps_its_first_row(tmp_path: Path) -> Non
     assert read_expert_load(path).tolist() == [[1.0, 2.0], [3.0, 4.0]]
 
 
+def test_a_csv_headed_by_its_column_numbers_has_no_extra_layer(tmp_path: Path) -> None:
+    """``pandas.DataFrame(load).to_csv(index=False)`` heads the file ``0,1,2,3``: read as layer 0, it shifted every
+    layer by one.  Two columns of 0 and 1 stay a layer: that is a load someone may have recorded."""
+    path = tmp_path / "pandas.csv"
+    path.write_text("0,1,2,3\n5,1,1,1\n0,1,2,3\n")
+    assert read_expert_load(path).tolist() == [[5.0, 1.0, 1.0, 1.0], [0.0, 1.0, 2.0, 3.0]]
+    narrow = tmp_path / "narrow.csv"
+    narrow.write_text("0,1\n3,4\n")
+    assert read_expert_load(narrow).tolist() == [[0.0, 1.0], [3.0, 4.0]]
+
+
 def test_bad_npy_and_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "s.npy"
     np.save(path, np.array([["a", "b"]]))
