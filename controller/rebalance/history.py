@@ -133,8 +133,11 @@ def plan_over_windows(
             lower[rows] = max_over_mean_lower_bound(total[rows], counts, num_ranks)
         scratch = window_scores(new, shares, num_ranks)
         if previous is not None:
-            new = _renumber(base.phy2log[rows], new, num_ranks, num_nodes)
+            # Renumbered last: the contiguous layout, where it wins, keeps most replicas where they are too.
             new, scratch = _no_worse_than_contiguous(new, shares, num_ranks, slots_per_rank, num_nodes, num_groups)
+            new = _renumber(base.phy2log[rows], new, num_ranks, num_nodes)
+        else:
+            new = align_slots(base.phy2log[rows], new, num_ranks)  # no slot shuffle inside a rank counts as a move
         tolerance = config.replan_tolerance if previous is not None else 1e-12
         keep = window_scores(base.phy2log[rows], shares, num_ranks) <= scratch * (1 + tolerance)
         if num_nodes > 1:
@@ -182,6 +185,7 @@ def _plan(
         active=active,
         mode="hierarchical" if num_nodes > 1 else "global",
         window_imbalance=tuple(Imbalance.of(loads) for loads in window_rank_loads(phy2log, stack, num_ranks)),
+        window_active=tuple(window.sum(axis=1) > 0 for window in stack),
     )
 
 

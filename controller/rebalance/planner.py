@@ -69,6 +69,8 @@ class RebalancePlan:
     mode: str
     window_imbalance: tuple[Imbalance, ...] = ()
     """A plan over several windows: its imbalance on each window (empty for a one-window plan)."""
+    window_active: tuple[npt.NDArray[np.bool_], ...] = ()
+    """Per window, its layers with load: a layer idle in one window has no balance there to summarise."""
     load_scale_log2: int = 0
     """``rank_load`` is in units of the load times ``2**load_scale_log2``: 0 unless the load's largest
     entry is outside ``2**-400 .. 2**400`` (:func:`~controller.rebalance.checks.load_scale_log2`)."""
@@ -102,7 +104,10 @@ class RebalancePlan:
             out["load_scale_log2"] = self.load_scale_log2
         if self.window_imbalance:
             out["windows"] = len(self.window_imbalance)
-            out["imbalance_after_per_window"] = [w.summary(self.active) for w in self.window_imbalance]
+            masks = self.window_active or (self.active,) * len(self.window_imbalance)
+            out["imbalance_after_per_window"] = [
+                w.summary(mask) for w, mask in zip(self.window_imbalance, masks, strict=True)
+            ]
         return out
 
 
@@ -140,6 +145,8 @@ def plan_rebalance(
             cv_lower = np.zeros(layers)
             cv_lower[rows] = cv_floor
         new_p2l, new_load, new_replanned = result
+        if previous is None:  # experts a rank keeps stay in their slots: a shuffle inside a rank is no move
+            new_p2l = align_slots(base.phy2log[rows], new_p2l, num_ranks)
         # Keep the current placement where the plan does not beat it (the greedy replica
         # counts are not always best, e.g. when every expert can have the same count).
         keep = predicted[rows].max(axis=1) <= new_load.max(axis=1) * (1 + 1e-12)

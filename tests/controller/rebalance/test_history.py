@@ -12,6 +12,8 @@ from contracts.imbalance import imbalance_cv, rank_load
 from contracts.placement import Placement
 from controller.rebalance import RebalanceConfig, plan_rebalance
 from controller.rebalance.history import plan_over_windows, window_rank_loads, window_scores
+from controller.rebalance.moves import rank_moves, relabel_ranks
+from controller.rebalance.out_of_sample import score_placement
 from controller.rebalance.robust import window_counts, window_shares
 from tests.controller.rebalance.test_planner import FAST, check_plan, loads
 
@@ -247,3 +249,35 @@ def test_a_hierarchical_replan_moves_as_few_experts_whatever_the_previous_placem
     plans = [plan_over_windows(new, previous=p, **kw) for p in (previous, rotated)]
     # Equal but for ties in the matchings (before: 33-37 % more moves from the rotated one).
     assert abs(plans[0].total_moves - plans[1].total_moves) <= 0.03 * plans[0].total_moves
+
+
+def test_a_replan_that_takes_the_contiguous_layout_keeps_its_ranks_numbered_as_before() -> None:
+    """Near-uniform windows, where the contiguous layout wins: it replaced the renumbered plan with its own rank
+    numbers, moving 7 replicas of a layer where 2 gave the same balance."""
+    rng = np.random.default_rng(4)
+    layers, experts, ranks, slots = 4, 8, 4, 2
+    windows = [np.abs(1 + 0.05 * rng.standard_normal((layers, experts))) for _ in range(15)][-3:]
+    previous = np.roll(Placement.contiguous(layers, experts, ranks, slots).phy2log, 2, axis=1)
+    previous[:, [0, 3]] = previous[:, [3, 0]]
+    plan = plan_over_windows(windows, num_ranks=ranks, slots_per_rank=slots, previous=Placement(previous, ranks))
+    renumbered = relabel_ranks(previous, plan.placement.phy2log, ranks)[0]
+    assert np.array_equal(plan.moves, rank_moves(previous, renumbered, ranks))  # nothing left to gain
+    assert plan.moves[1] == 2
+
+
+def test_each_windows_summary_is_over_its_own_layers_with_load() -> None:
+    """A layer idle in one window entered that window's averages as perfectly balanced (max/mean 1, CV 0)."""
+    busy, idle_second_layer = np.array([[1.0, 1, 1, 5], [1, 2, 3, 4]]), np.array([[5.0, 1, 1, 1], [0, 0, 0, 0]])
+    plan = plan_over_windows([idle_second_layer, busy], num_ranks=2, slots_per_rank=2)
+    first = plan.to_json()["imbalance_after_per_window"][0]
+    assert first == score_placement(plan.placement.phy2log, idle_second_layer, 2).to_json()
+    assert first["max_over_mean_avg"] == pytest.approx(first["max_over_mean_worst"])  # layer 0 alone
+
+
+@pytest.mark.parametrize("windows", [1, 2], ids=["one-window", "several"])
+def test_a_plan_from_scratch_lists_only_the_slots_it_copies(windows: int) -> None:
+    """Experts a rank kept were listed as moves when they changed slot inside it: 231 records for 203 copies."""
+    rng = np.random.default_rng(3)
+    load = rng.exponential(size=(6, 32)) ** 3
+    plan = plan_over_windows([load, load**1.1][:windows], num_ranks=8, slots_per_rank=5)
+    assert len(plan.slot_moves()) == plan.total_moves > 0
