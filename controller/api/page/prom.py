@@ -5,7 +5,8 @@ over the controller's own windows (:class:`ChartWindows`: ``sli_window_s``, ``ra
 
 - good ratios of TTFT and ITL over the SLI window (5 minutes by default), every bucket fetched and the
   good count taken at the threshold (:func:`~controller.sources.base.good_count_at`, interpolating when
-  the threshold is no bucket edge), so each point is the ``ttft_good_ratio`` the controller would have seen;
+  the threshold is no bucket edge), and TTFT's total counting the requests ended before a first token
+  (:func:`~contracts.catalogue.ttft_events`), so each point is the ``ttft_good_ratio`` the controller would have seen;
 - the request rate over the rate window (``rate(vllm:request_success_total[1m])`` by default), the series
   the forecaster learns from;
 - the imbalance CV of each MoE layer (``moe_layer_imbalance_cv``), for the heatmap;
@@ -26,7 +27,13 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from contracts.catalogue import LAYER_IMBALANCE_CV
+from contracts.catalogue import (
+    LAYER_IMBALANCE_CV,
+    REQUESTS_WITHOUT_FIRST_TOKEN,
+    UNSERVED_MATCHER,
+    total,
+    ttft_events,
+)
 from contracts.errors import UnavailableError
 from controller.policy import Policy
 from controller.slo import format_duration, standard_burn_rate_windows
@@ -95,6 +102,11 @@ def _matchers(models: list[str], selector: str) -> list[str]:
     return [m for m in (model_matcher(models), selector.strip().strip(",")) if m]
 
 
+def _unserved(matchers: list[str]) -> str:
+    """The requests the engines ended before a first token (deadline, error): TTFT events no histogram holds."""
+    return total(REQUESTS_WITHOUT_FIRST_TOKEN) + "{" + ",".join([*matchers, UNSERVED_MATCHER]) + "}"
+
+
 def _queries(policy: Policy, selector: str, windows: ChartWindows) -> dict[str, str]:
     matchers = _matchers([policy.model_name], selector)
     sel = "{" + ",".join(matchers) + "}"
@@ -106,6 +118,9 @@ def _queries(policy: Policy, selector: str, windows: ChartWindows) -> dict[str, 
             name, labels = ttft_metric(allowance), "{" + ",".join([*matchers, ttft_matchers(allowance)]) + "}"
         out[f"{slo}:good"] = f"sum by (le) (increase({name}_bucket{labels}[{windows.sli_window}]))"
         out[f"{slo}:total"] = f"sum(increase({name}_count{labels}[{windows.sli_window}]))"
+        if slo == "ttft":  # the events the controller and the alert rules count
+            unserved = f"sum(increase({_unserved(matchers)}[{windows.sli_window}]))"
+            out[f"{slo}:total"] = ttft_events(out[f"{slo}:total"], unserved)
     out["load"] = f"sum(rate({REQUESTS_TOTAL}{sel}[{windows.rate_window}]))"
     out["layers"] = f"max by (layer) ({LAYER_IMBALANCE_CV}{sel})"
     return out
@@ -202,11 +217,13 @@ def _request_rate_queries(policies: list[Policy], selector: str) -> RateQueries:
         groups[(ttft_metric(allowance), ttft_matchers(allowance))].append(policy)
     out = {}
     for (metric, extra), members in groups.items():
-        sel = ",".join([*_matchers([p.model_name for p in members], selector), *([extra] if extra else [])])
+        matchers = _matchers([p.model_name for p in members], selector)
+        sel = ",".join([*matchers, *([extra] if extra else [])])
         windows = {w.short_window for p in members for w in standard_burn_rate_windows(p.window_s)}
         for window in sorted(windows):
-            query = f"sum by (model_name) (rate({metric}_count{{{sel}}}[{window}]))"
-            out[(metric, extra, window)] = (query, members)
+            count = f"sum by (model_name) (rate({metric}_count{{{sel}}}[{window}]))"
+            unserved = f"sum by (model_name) (rate({_unserved(matchers)}[{window}]))"
+            out[(metric, extra, window)] = (ttft_events(count, unserved), members)
     return out
 
 
@@ -214,9 +231,10 @@ async def alert_request_rates(client: PrometheusClient, policies: list[Policy], 
     """Each policy's TTFT requests per second over the short window of each of its burn-rate pairs, now.
 
     What the generated alerts' low-traffic guard reads (``moeslo:slo_total_events:rate<short>{slo="ttft"}``:
-    requests, not events, over the pair's *short* window), asked of the histogram itself, so it holds where the
-    recording rules are not loaded.  A model without the series has no requests (0).  :class:`UnavailableError`
-    when every query failed; a window whose query failed is left out (the caller falls back for that pair).
+    requests, not events, over the pair's *short* window, those ended before a first token included), asked of
+    the series themselves, so it holds where the recording rules are not loaded.  A model without the series has
+    no requests (0).  :class:`UnavailableError` when every query failed; a window whose query failed is left out
+    (the caller falls back for that pair).
     """
     queries = _request_rate_queries(policies, selector)
     answers = await asyncio.gather(*(client.query(q) for q, _ in queries.values()), return_exceptions=True)

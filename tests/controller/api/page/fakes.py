@@ -34,6 +34,8 @@ class Upstream:
     """Both servers answer 200 and then one byte a second, for a minute (each read within any timeout)."""
     requests_rps: dict[str, float] = field(default_factory=dict)
     """Instant queries of a request rate: requests/s by window (``"2h"``); other windows answer ``load_rps``."""
+    unserved_rps: float = 0.0
+    """Requests/s ended before a first token (deadline, error), added to a rate that counts them."""
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle_async)
@@ -62,6 +64,7 @@ class Upstream:
         names = re.search(r'model_name=~?"([^"]*)"', query)
         models = names.group(1).replace("\\", "").split("|") if names else []
         rate = self.requests_rps.get(window, self.load_rps)
+        rate += self.unserved_rps if "without_first_token" in query else 0.0
         result = [{"metric": {"model_name": m}, "value": [0, str(rate)]} for m in models]
         return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
 

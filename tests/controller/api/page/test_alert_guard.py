@@ -72,6 +72,18 @@ def test_the_overview_asks_prometheus_for_each_short_windows_request_rate(make_p
     assert 'data-verdict="PAGE"' not in page.client.get("/ui/policies/p").text
 
 
+def test_the_guard_counts_the_requests_ended_before_a_first_token(make_page: Any) -> None:
+    """6 served and 300 timed out before a first token in 5 minutes: the rules' guard sees 306 and the page
+    fires; the page counted the histogram's 6, called 1h/5m quiet and showed BUDGET_SPENT."""
+    page = make_page(prometheus=True)
+    page.store.create_policy(POLICY)
+    page.view.runtimes["p"] = replace(burning_runtime(), seen={"request_rate_rps": 1.02})
+    page.upstream.requests_rps, page.upstream.unserved_rps = {"5m": 0.02}, 1.0
+    assert 'data-policy="p" data-level="PAGE"' in page.client.get("/ui/").text
+    guard = next(q for q in page.upstream.queries if "[5m]" in q)
+    assert 'moeslo_requests_without_first_token_total{model_name="m",finished_reason=~"deadline|error"}' in guard
+
+
 def test_prometheus_down_falls_back_and_the_overview_says_so(make_page: Any) -> None:
     page = make_page(prometheus=True)
     page.store.create_policy(POLICY)

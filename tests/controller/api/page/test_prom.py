@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.api.page.prom import ChartWindows, Matrix, PromSeries, _good_ratio, chart_series, range_step_s
+from controller.api.page.prom import (
+    ChartWindows,
+    Matrix,
+    PromSeries,
+    _good_ratio,
+    chart_series,
+    prometheus_series,
+    range_step_s,
+)
 from controller.policy import Policy
 
 
 def test_bucket_edges_spelt_two_ways_are_summed_into_one() -> None:
     """Two exporters behind one model: vLLM writes le="1.0", another le="1"; both are the 1 s edge."""
     good = [({"le": "1"}, [(0.0, 30.0)]), ({"le": "1.0"}, [(0.0, 60.0)]), ({"le": "+Inf"}, [(0.0, 100.0)])]
-    total = [({}, [(0.0, 100.0)])]
+    total: Matrix = [({}, [(0.0, 100.0)])]
     assert _good_ratio(good, total, 1.0) == [(0.0, 0.9)]
 
 
@@ -58,3 +66,29 @@ def test_a_series_that_began_late_in_the_range_is_asked_again_at_a_finer_step() 
     assert {start for _, start, step in client.asked if step == 2.0} == {end_s - 180.0}
     assert _series(_Recording(since_s=end_s - 170.0), tick_interval_s=15.0).step_s == 15.0
     assert range_step_s(3600.0, 15.0) == 15.0 and range_step_s(600.0, 2.0) == 4.0
+
+
+class _Unserved:
+    """6 TTFTs under the threshold and 300 requests ended by their deadline before a first token, in 5 minutes."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def query_range(self, promql: str, *, start_s: float, end_s: float, step_s: float) -> Matrix:
+        self.asked.append(promql)
+        if "_bucket" in promql:
+            return [({"le": "0.5"}, [(end_s, 6.0)]), ({"le": "+Inf"}, [(end_s, 6.0)])]
+        if "_count" in promql:  # the total's value as Prometheus would evaluate the query asked
+            return [({}, [(end_s, 306.0 if "without_first_token" in promql else 6.0)])]
+        return []
+
+
+def test_the_ttft_good_ratio_counts_the_requests_ended_before_a_first_token() -> None:
+    """The chart drew 100 % while the controller and the alert rules saw 6 good of 306 events."""
+    policy = Policy.model_validate({"name": "p", "target": {"kind": "model", "model": "m"}})
+    client = _Unserved()
+    series = asyncio.run(prometheus_series(client, policy, selector='job="x"', start_s=0.0,  # type: ignore[arg-type]
+                                           end_s=300.0, step_s=300.0, windows=ChartWindows(60.0, 300.0, 15.0)))
+    assert series.ttft_good == [(300.0, 6 / 306)]
+    unserved = 'moeslo_requests_without_first_token_total{model_name="m",job="x",finished_reason=~"deadline|error"}'
+    assert unserved in series.queries["ttft:total"] and unserved not in series.queries["itl:total"]
