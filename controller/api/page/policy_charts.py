@@ -32,6 +32,12 @@ def _has(points: Sequence[Point]) -> bool:
     return any(v is not None for _, v in points)
 
 
+def _widened(over: str, controllers: str) -> str:
+    """Says why a chart's window is not the controller's: the step is longer, and a shorter window would skip
+    the time between two points."""
+    return "" if over == controllers else f"; one step, not the controller's {controllers}, so no time is skipped"
+
+
 def panel(key: str, title: str, source: str, body: Child, *, legend: Child = None, note: Child = None) -> Markup:
     return el(
         "section",
@@ -64,7 +70,7 @@ def good_ratio_chart(data: PolicyData) -> Markup:
     use_prom = prom is not None and (_has(prom.ttft_good) or _has(prom.itl_good))
     ttft = prom.ttft_good if use_prom and prom is not None else data.log_series("ttft_good")
     itl = prom.itl_good if use_prom and prom is not None else data.log_series("itl_good")
-    over = data.sli_window  # the controller's SLI window, in PromQL as in the log
+    over = prom.windows.sli_window if use_prom and prom is not None else data.sli_window
     if not (_has(ttft) or _has(itl)):
         return panel("good_ratio", f"TTFT and ITL good ratio ({over}) against the objective", LOG,
                      empty(f"No SLI samples in the last {data.range_key}: no requests seen yet, or the SLI "
@@ -84,7 +90,7 @@ def good_ratio_chart(data: PolicyData) -> Markup:
         hlines=hlines, y_min=y_min, y_max=1.0, y_format=lambda v: f"{v * 100:.{digits}f}%",
         label="good ratio of TTFT and ITL",
     )
-    source = f"{PROM} (good/total over {over}, at the threshold)" if use_prom else LOG
+    source = f"{PROM} (good/total over {over}, at the threshold{_widened(over, data.sli_window)})" if use_prom else LOG
     return panel("good_ratio", f"TTFT and ITL good ratio ({over}) against the objective", source, chart,
                  legend=legend((f"TTFT ≤ {policy.objectives.ttft.threshold_s * 1000:g} ms", COLORS["ttft"], False),
                                (f"ITL ≤ {policy.objectives.itl.threshold_s * 1000:g} ms", COLORS["itl"], False),
@@ -122,6 +128,7 @@ def load_chart(data: PolicyData) -> Markup:
     if not (_has(actual) or point):
         return panel("load", "Request rate against the forecast band", LOG,
                      empty(f"No load observed and no forecast made in the last {data.range_key}."))
+    over = prom.windows.rate_window if use_prom and prom is not None else data.rate_window
     now_s = data.now.timestamp()
     horizon = max((t for t, _ in point), default=now_s) - now_s
     gap = (prom.step_s if use_prom and prom is not None else data.tick_interval_s) * 3.5
@@ -134,8 +141,9 @@ def load_chart(data: PolicyData) -> Markup:
         label="request rate and forecast",
     )
     note = None if point else "No forecast in range: forecasting is off for this policy, or still warming up."
-    source = (f"actual: {PROM if use_prom else LOG}; forecast: {LOG} (drawn one lead time after it was made)")
-    return panel("load", f"Request rate (req/s over {data.rate_window}) against the forecast band", source, chart,
+    actual_source = f"{PROM} (over {over}{_widened(over, data.rate_window)})" if use_prom else LOG
+    source = f"actual: {actual_source}; forecast: {LOG} (drawn one lead time after it was made)"
+    return panel("load", f"Request rate (req/s over {over}) against the forecast band", source, chart,
                  note=note,
                  legend=legend(("actual", COLORS["load"], False), ("forecast (point)", COLORS["forecast"], False),
                                (SIZED_BAND, COLORS["forecast"], True)))

@@ -15,8 +15,9 @@ over the controller's own windows (:class:`ChartWindows`: ``sli_window_s``, ``ra
 
 Queries run concurrently; one that fails leaves its chart to the decision log and says why; when
 all fail, :class:`UnavailableError` (Prometheus unreachable).  At most :data:`MAX_POINTS` points a
-series, and no step below one tick; series that began late in the range (a new fleet, ``moeslo up``'s
-few minutes) are asked again over the part they cover, at a finer step (:func:`chart_series`).
+series, no step below one tick, and no window shorter than the step (:meth:`ChartWindows.covering`);
+series that began late in the range (a new fleet, ``moeslo up``'s few minutes) are asked again over
+the part they cover, at a finer step (:func:`chart_series`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import asyncio
 import functools
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from contracts.catalogue import (
     LAYER_IMBALANCE_CV,
@@ -72,10 +73,18 @@ class ChartWindows:
         """The finest step: one tick (the controller looks no more often), and 1 s at the least."""
         return max(1.0, self.tick_interval_s)
 
+    def covering(self, step_s: float) -> ChartWindows:
+        """These windows, each widened to one step where the step is longer: a 5-minute increase sampled every
+        18 minutes never looks at 13 of them, and an outage there would not be drawn."""
+        step = math.ceil(step_s)
+        return replace(self, rate_window_s=max(self.rate_window_s, step), sli_window_s=max(self.sli_window_s, step))
+
 
 @dataclass(frozen=True, slots=True)
 class PromSeries:
     step_s: float
+    windows: ChartWindows
+    """The windows the series are over: the controller's, or one step where that is longer."""
     ttft_good: list[Point] = field(default_factory=list)
     itl_good: list[Point] = field(default_factory=list)
     load: list[Point] = field(default_factory=list)
@@ -167,6 +176,7 @@ async def prometheus_series(
     windows: ChartWindows,
 ) -> PromSeries:
     """Every series of the policy page that Prometheus has; see the module docstring."""
+    windows = windows.covering(step_s)
     queries = _queries(policy, selector, windows)
     answers = await asyncio.gather(
         *(client.query_range(q, start_s=start_s, end_s=end_s, step_s=step_s) for q in queries.values()),
@@ -195,7 +205,7 @@ async def prometheus_series(
         if labels.get("layer", "").isdigit()
     }
     return PromSeries(
-        step_s=step_s, ttft_good=ratios.get("ttft", []), itl_good=ratios.get("itl", []),
+        step_s=step_s, windows=windows, ttft_good=ratios.get("ttft", []), itl_good=ratios.get("itl", []),
         load=list[Point](load[0][1]) if load else [], layer_cv=dict(sorted(layers.items())),
         errors=errors, queries=queries,
     )

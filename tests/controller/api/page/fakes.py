@@ -35,6 +35,8 @@ class Upstream:
     requests_rps: dict[str, float] = field(default_factory=dict)
     """Instant queries of a request rate: requests/s by window (``"2h"``); other windows answer ``load_rps``."""
     unserved_rps: float = 0.0
+    since_s: float = 0.0
+    """Range queries have samples from this time on (a fleet that started then)."""
     """Requests/s ended before a first token (deadline, error), added to a rate that counts them."""
 
     def transport(self) -> httpx.MockTransport:
@@ -73,7 +75,7 @@ class Upstream:
         query = form["query"]
         self.queries.append(query)
         start, end, step = float(form["start"]), float(form["end"]), float(form["step"])
-        times = [start + i * step for i in range(int((end - start) // step) + 1)]
+        times = [t for t in (start + i * step for i in range(int((end - start) // step) + 1)) if t >= self.since_s]
 
         def series(labels: dict[str, str], value: float) -> dict[str, Any]:
             return {"metric": labels, "values": [[t, str(value)] for t in times]}

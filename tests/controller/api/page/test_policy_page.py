@@ -153,11 +153,24 @@ def test_the_charts_say_and_ask_for_the_controllers_windows(make_page: Any) -> N
     page = make_page(prometheus=True, rate_window_s=10, sli_window_s=30, tick_interval_s=2)
     page.store.create_policy(_policy())
     page.store.append_decisions(_ticks(tick_s=2.0))
+    page.upstream.since_s = time.time() - 120.0  # two minutes of series: asked again at 2 s steps
     html = page.client.get("/ui/policies/qwen").text
-    assert "TTFT and ITL good ratio (30s)" in html and "good/total over 30s" in html
-    assert "Request rate (req/s over 10s)" in html
+    assert "TTFT and ITL good ratio (30s)" in html and "good/total over 30s, at the threshold)" in html
+    assert "Request rate (req/s over 10s)" in html and "one step" not in html
     ranged = [q for q in page.upstream.queries if "request_success" in q or "_bucket" in q]
-    assert ranged and all("[10s]" in q or "[30s]" in q for q in ranged)
+    assert {q for q in ranged if "[10s]" in q or "[30s]" in q} and all("[5m]" not in q for q in ranged)
+
+
+def test_a_range_whose_step_is_longer_than_the_windows_names_the_window_it_asked_for(make_page: Any) -> None:
+    """3 d at 18-minute steps asked for 5-minute increases and 1-minute rates: 13 minutes of every 18 unseen."""
+    page = make_page(prometheus=True)
+    page.store.create_policy(_policy())
+    page.store.append_decisions(_ticks())
+    html = page.client.get("/ui/policies/qwen?range=3d").text
+    assert "TTFT and ITL good ratio (18m)" in html and "good/total over 18m" in html
+    assert "Request rate (req/s over 18m)" in html and "not the controller's 5m" in html
+    ranged = [q for q in page.upstream.queries if "request_success" in q or "_bucket" in q]
+    assert ranged and all("[18m]" in q for q in ranged)
 
 
 def test_prometheus_down_falls_back_to_the_log_and_says_so(make_page: Any) -> None:
