@@ -151,11 +151,12 @@ def _good_ratio(good: Matrix, total: Matrix, threshold_s: float) -> list[Point]:
 
 
 async def chart_series(
-    client: PrometheusClient, policy: Policy, *, selector: str, start_s: float, end_s: float, windows: ChartWindows
+    client: PrometheusClient, policy: Policy, *, selector: str, start_s: float, end_s: float, windows: ChartWindows,
+    finer_by: float | None = None,
 ) -> PromSeries:
     """:func:`prometheus_series` over the range; again over the part with data when it began late in the range
     and a finer step fits it (six hours at 90 s gave a three-minute run two points).  The first answer stands
-    when the second fails."""
+    when the second fails or is not whole by ``finer_by`` (the event loop's time; None: no deadline of its own)."""
     ask = functools.partial(prometheus_series, client, policy, selector=selector, end_s=end_s, windows=windows)
     coarse = await ask(start_s=start_s, step_s=range_step_s(end_s - start_s, windows.min_step_s))
     first_s = coarse.first_s
@@ -165,9 +166,10 @@ async def chart_series(
     step_s = range_step_s(end_s - start_s, windows.min_step_s)
     if step_s >= coarse.step_s:
         return coarse
-    try:
-        return await ask(start_s=start_s, step_s=step_s)
-    except UnavailableError:
+    try:  # a deadline of its own: the caller's would throw the first answer away with it
+        async with asyncio.timeout_at(finer_by):
+            return await ask(start_s=start_s, step_s=step_s)
+    except (UnavailableError, TimeoutError):
         return coarse
 
 

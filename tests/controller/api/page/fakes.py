@@ -37,12 +37,15 @@ class Upstream:
     unserved_rps: float = 0.0
     since_s: float = 0.0
     """Range queries have samples from this time on (a fleet that started then)."""
+    delay_s: float = 0.0
+    """How long every answer takes (a slow Prometheus or Alertmanager)."""
     """Requests/s ended before a first token (deadline, error), added to a rate that counts them."""
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle_async)
 
     async def handle_async(self, request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(self.delay_s)
         if self.trickle:
             return httpx.Response(200, stream=_Trickle())
         return self.handle(request)

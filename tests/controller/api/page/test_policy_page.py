@@ -199,6 +199,19 @@ def test_servers_that_trickle_their_answers_hold_a_page_3_s_not_their_whole_answ
         assert "no whole answer within 3 s" in response.text, path
 
 
+def test_a_slow_prometheus_keeps_the_first_answer_when_the_finer_one_misses_the_deadline(make_page: Any) -> None:
+    """1.7 s a query and a series that began half an hour ago: the second, finer query ran past the page's 3 s,
+    and the page said Prometheus was unreachable, throwing the first answer away."""
+    page = make_page(prometheus=True)
+    page.store.create_policy(_policy())
+    page.store.append_decisions(_ticks())
+    page.upstream.since_s, page.upstream.delay_s = time.time() - 1800.0, 1.7
+    html = page.client.get("/ui/policies/qwen").text
+    assert "Prometheus unreachable" not in html and 'data-banner="prometheus"' not in html
+    assert _source(html, "good_ratio").startswith("Prometheus") and _source(html, "load").startswith("actual: Prom")
+    assert float(_series(html, "load", "actual")["last-v"]) == page.upstream.load_rps
+
+
 def test_alerts_firing_for_this_policy(make_page: Any) -> None:
     page = make_page(alertmanager=True)
     page.store.create_policy(_policy())
