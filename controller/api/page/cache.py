@@ -4,7 +4,9 @@ The page reloads itself every tick, and the decision log only grows (rows never 
 each reload reads just the decisions logged since the last one (``id > last``) and drops
 those that left the range; a day of 15-second ticks is parsed once, not every 15 seconds.
 An entry is read again in full after :data:`FULL_READ_EVERY_S` (so rows pruned from the log
-leave it too), and at most :data:`MAX_ENTRIES` (policy, range) pairs are kept.
+leave it too), and at most :data:`MAX_ENTRIES` (policy, range) pairs are kept.  Entries are keyed by
+the policy's creation too: one deleted and created again starts with an empty log
+(``controller.store.tables.decisions_of``), whoever wrote the change (another replica, the store itself).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class _Entry:
 
 class SeriesCache:
     def __init__(self) -> None:
-        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str, datetime | None], _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self.full_reads = 0
         """How many reads were full (the rest read only new decisions)."""
@@ -54,9 +56,11 @@ class SeriesCache:
         since: datetime,
         fields: Mapping[str, Sequence[str]],
         exclude_actions: Sequence[str],
+        created_at: datetime | None = None,
     ) -> list[DecisionPoint]:
-        """The policy's decision points since ``since``, oldest first, as :meth:`Store.decision_points` gives."""
-        key = (policy, range_key)
+        """The policy's decision points since ``since``, oldest first, as :meth:`Store.decision_points` gives;
+        ``created_at``: when the policy was last created (:attr:`~controller.store.StoredPolicy.created_at`)."""
+        key = (policy, range_key, created_at)
         since_s, now_s = since.timestamp(), time.monotonic()
         with self._lock:
             entry = self._entries.get(key)

@@ -207,7 +207,8 @@ def _read_store(
     since = now - timedelta(seconds=span_s)
     history = store.policy_history(name, limit=HISTORY_SHOWN, newest_first=True)[::-1]
     cache: SeriesCache = request.app.state.page_series
-    log = cache.points(store, name, range_key, since=since, fields=LOG_FIELDS, exclude_actions=REBALANCE_ACTIONS)
+    log = cache.points(store, name, range_key, since=since, fields=LOG_FIELDS, exclude_actions=REBALANCE_ACTIONS,
+                       created_at=stored.created_at)
     events = store.list_decisions(policy=name, since=since, exclude_actions=("hold",), limit=EVENTS_MAX)
     return status, history, log, events
 

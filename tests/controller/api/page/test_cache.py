@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from controller.api.page import cache as cache_module
 from controller.api.page.cache import MAX_ENTRIES, SeriesCache
+from controller.policy import Policy
 from controller.store import DecisionRecord, Store
 
 FIELDS = {"rate": ("request_rate_rps",)}
@@ -38,7 +39,7 @@ def test_reloads_read_only_new_decisions_and_match_a_full_read(tmp_path: Path, m
     assert cache.full_reads == 1  # only the decisions after the last one seen were read
     read(start, "6h")  # another range is another entry
     assert cache.full_reads == 2
-    monkeypatch.setattr(cache_module.time, "monotonic", lambda: 1e12)
+    monkeypatch.setattr("controller.api.page.cache.time.monotonic", lambda: 1e12)
     assert read(later) == full and cache.full_reads == 3  # read in full again after a while
     for k in range(MAX_ENTRIES + 2):
         read(later, f"r{k}")
@@ -58,3 +59,19 @@ def test_an_earlier_start_reads_in_full(tmp_path: Path) -> None:
     assert cache.points(store, "p", "1h", since=now - timedelta(minutes=3), fields=FIELDS,
                         exclude_actions=()) == recent
     store.close()
+
+
+def test_a_policy_deleted_and_created_again_is_drawn_from_its_new_log(make_page: Any) -> None:
+    """The store starts a re-created policy with an empty log; the cache went on drawing the old one's 20 ticks
+    of 9 replicas for up to 10 minutes (a delete by another replica, or in the store, clears nothing here)."""
+    page = make_page()
+    policy = Policy.model_validate({"name": "p", "target": {"kind": "model", "model": "m"}})
+    stored = page.store.create_policy(policy)
+    now = datetime.now(UTC)
+    page.store.append_decisions([replace(_record(now - timedelta(minutes=30 - k), 50.0), current_replicas=9,
+                                         policy_version=stored.version) for k in range(20)])
+    assert 'data-series="current" data-n="20"' in page.client.get("/ui/policies/p").text
+    page.store.delete_policy("p")
+    page.store.create_policy(policy)
+    html = page.client.get("/ui/policies/p").text
+    assert 'data-series="current"' not in html and "No scaling" in html
