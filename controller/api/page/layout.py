@@ -18,6 +18,7 @@ __all__ = [
     "budget_bar",
     "fmt_ago",
     "fmt_budget",
+    "fmt_good",
     "fmt_num",
     "fmt_pct",
     "fmt_time",
@@ -143,6 +144,18 @@ def fmt_pct(value: float | None, digits: int = 2) -> str:
     if value is None or not math.isfinite(value):
         return NO_VALUE
     return f"{value * 100:.{digits}f} %"
+
+
+def fmt_good(value: float | None, target: float, digits: int = 2) -> str:
+    """A good ratio beside its objective: at least the objective's decimals, rounded down, so a missed target
+    never reads as met (0.99986 against 99.99 % is 99.98 %, not 99.99 %)."""
+    if value is None or not math.isfinite(value):
+        return NO_VALUE
+    percent = target * 100
+    digits = max(digits, next((d for d in range(9) if math.isclose(round(percent, d), percent, abs_tol=1e-9)), 9))
+    scale = 10**digits
+    # round() first: 0.9999 * 100 * 100 is 9998.999999999998, which is the target met, not missed
+    return f"{math.floor(round(value * 100 * scale, 6)) / scale:.{digits}f} %"
 
 
 def fmt_budget(value: float | None) -> str:

@@ -15,7 +15,7 @@ from urllib.parse import quote, urlencode
 from starlette.requests import Request
 
 from controller.api.page.html import Markup, el, join
-from controller.api.page.layout import NO_VALUE, budget_bar, fmt_ago, fmt_budget, fmt_num, fmt_pct, num, page
+from controller.api.page.layout import NO_VALUE, budget_bar, fmt_ago, fmt_budget, fmt_good, fmt_num, num, page
 from controller.api.page.layout import unreadable_fix as unreadable_fix_text
 from controller.api.page.policy_data import Outside, outside_client, read_alerts, read_request_rates
 from controller.api.page.verdict import SLOS, Level, PairState, Verdict, compliance, pair_states, verdict, worst_pair
@@ -136,7 +136,7 @@ def _slo_cell(row: Row, slo: str) -> Markup:
     ratio = compliance(status, policy, slo)
     return el(
         "td",
-        num(ratio, fmt_pct(ratio, 3), tag="span", data_field=f"compliance.{slo}"),
+        num(ratio, fmt_good(ratio, objective.target, 3), tag="span", data_field=f"compliance.{slo}"),
         el("div", num(remaining, fmt_budget(remaining), tag="span", data_field=f"error_budget_remaining.{slo}"),
            " left ", budget_bar(remaining), class_="small"),
         el("div", f"obj {objective.target * 100:g} % ≤ {objective.threshold_s * 1000:g} ms", class_="small muted"),

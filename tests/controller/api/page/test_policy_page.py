@@ -74,6 +74,22 @@ def test_the_numbers_are_those_of_the_status_api(make_page: Any) -> None:
     assert 'data-verdict="PAGE"' in html
 
 
+def test_a_missed_objective_never_reads_as_met(make_page: Any) -> None:
+    """0.99986 good against 99.99 % showed "99.99 %" at 2 decimals, and a compliance of 0.999945 against 99.995 %
+    showed "99.995 %" at 3, while both budgets were overspent."""
+    page = make_page()
+    page.store.create_policy(_policy(objectives={"ttft": {"threshold_s": 0.5, "target": 0.9999},
+                                                 "itl": {"threshold_s": 0.02, "target": 0.99995}}))
+    page.view.runtimes["qwen"] = replace(burning_runtime(), sli={"ttft_good_ratio": 0.99986, "itl_good_ratio": 1.0},
+                                         error_budget_remaining={"ttft": -0.4, "itl": -0.1})
+    html = page.client.get("/ui/policies/qwen").text
+    text = {field: shown for field, shown in re.findall(r'data-field="([^"]*)"[^>]*>([^<]*)<', html)}
+    assert text["sli.ttft_good_ratio"] == "99.98 %" and text["sli.itl_good_ratio"] == "100.000 %"
+    assert text["compliance.itl"] == "99.994 %" and text["compliance.ttft"] == "99.986 %"
+    overview = page.client.get("/ui/").text
+    assert re.search(r'data-field="compliance.itl"[^>]*>99.994 %<', overview)
+
+
 def test_a_policy_without_data_renders_clear_empty_states(make_page: Any) -> None:
     page = make_page()
     page.store.create_policy(_policy())
