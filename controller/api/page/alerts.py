@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from contracts.errors import UnavailableError
+from controller.errors import malformed_answer
 
 __all__ = ["FiringAlert", "firing_alerts"]
 
@@ -49,7 +50,8 @@ class FiringAlert:
 
 
 async def firing_alerts(client: httpx.AsyncClient, base_url: str) -> list[FiringAlert]:
-    """Active, unsilenced, uninhibited alerts; any failure is an :class:`UnavailableError`."""
+    """Active, unsilenced, uninhibited alerts; any failure, an answer of the wrong shape included, is an
+    :class:`UnavailableError` (a banner on the page, never an error page)."""
     url = f"{base_url.rstrip('/')}/api/v2/alerts"
     params = {"active": "true", "silenced": "false", "inhibited": "false"}
     try:
@@ -64,5 +66,6 @@ async def firing_alerts(client: httpx.AsyncClient, base_url: str) -> list[Firing
         raise UnavailableError(f"alertmanager {base_url}: the answer is not JSON") from exc
     if not isinstance(body, list):
         raise UnavailableError(f"alertmanager {base_url}: expected a list of alerts")
-    alerts = [FiringAlert.of(item) for item in body if isinstance(item, dict)]
-    return sorted(alerts, key=lambda a: (a.severity != "page", a.policy or "", a.name))
+    with malformed_answer(f"alertmanager {base_url}"):
+        alerts = [FiringAlert.of(item) for item in body if isinstance(item, dict)]
+        return sorted(alerts, key=lambda a: (a.severity != "page", a.policy or "", a.name))

@@ -238,6 +238,17 @@ def test_alerts_firing_for_this_policy(make_page: Any) -> None:
     assert "Alertmanager unreachable" in page.client.get("/ui/policies/qwen").text
 
 
+def test_an_alertmanager_answer_of_the_wrong_shape_is_a_banner(make_page: Any) -> None:
+    """Labels as a list and annotations as text made both pages a 500 problem document."""
+    page = make_page(alertmanager=True)
+    page.store.create_policy(_policy())
+    page.upstream.alerts = [{"labels": [["alertname", "X"]], "annotations": "text"}]
+    for path in ("/ui/policies/qwen", "/ui/"):
+        response = page.client.get(path)
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/html"), path
+        assert 'data-banner="alertmanager"' in response.text and "malformed answer" in response.text, path
+
+
 def test_rebalances_show_predicted_measured_and_the_noise_floor(make_page: Any) -> None:
     page = make_page()
     page.store.create_policy(_policy())
