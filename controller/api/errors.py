@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts.asgi import UnexpectedErrors
 from contracts.errors import (
@@ -157,8 +158,20 @@ def problems_detail(problems: Sequence[FieldProblem]) -> str:
     return "; ".join(f"{p.field}: {p.message}" for p in problems)
 
 
-def _internal_error() -> JSONResponse:
-    return problem_response(500, "internal error (details are in the server log)")
+INTERNAL_ERROR = "internal error (details are in the server log)"
+
+
+def _internal_error() -> ASGIApp:
+    """The 500 of an unexpected error: a page under ``/ui/`` (a person in a browser), else a problem document."""
+
+    async def answer(scope: Scope, receive: Receive, send: Send) -> None:
+        if str(scope.get("path", "")).startswith("/ui/"):
+            response: Response = _html_problem(500, [FieldProblem(field="", message=INTERNAL_ERROR)])
+        else:
+            response = problem_response(500, INTERNAL_ERROR)
+        await response(scope, receive, send)
+
+    return answer
 
 
 def error_problem(exc: MoesloError) -> JSONResponse:
@@ -178,7 +191,7 @@ def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn every error into a problem document.
 
     A write's token and size are judged before its body is read (``controller.api.auth.WriteGate``). Any
-    other exception is a 500 problem document that leaves the client's connection open.
+    other exception is a 500 problem document (a page under ``/ui/``) that leaves the client's connection open.
     """
     app.add_middleware(UnexpectedErrors, answer=_internal_error)
 

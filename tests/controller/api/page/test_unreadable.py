@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from contracts.errors import UnavailableError
 from tests.controller.api.conftest import AUTH, make_client
 from tests.controller.store.test_unreadable_policies import spoil
 
@@ -45,18 +48,23 @@ def test_its_page_is_html_saying_why_and_the_fix(tmp_path: Path) -> None:
         assert client.get("/v1/status/newer").headers["content-type"] == "application/problem+json"
 
 
-def test_an_error_on_a_ui_path_is_a_page(tmp_path: Path) -> None:
-    """A MoesloError under /ui/ answered a problem document, where a bad query value answers a page."""
+@pytest.mark.parametrize(
+    ("error", "status", "shown"),
+    [(UnavailableError("policy store (sqlite): disk I/O error"), 503, "policy store (sqlite): disk I/O error"),
+     (RuntimeError("a bug of ours"), 500, "internal error (details are in the server log)")],
+)
+def test_an_error_on_a_ui_path_is_a_page(tmp_path: Path, error: Exception, status: int, shown: str) -> None:
+    """A MoesloError under /ui/ answered a problem document, where a bad query value answers a page; so did a bug
+    of ours (a 500 whose details stay in the server log)."""
     with make_client(tmp_path) as client:
         store = client.app.state.store  # type: ignore[attr-defined]
 
         def broken(*_args: object, **_kwargs: object) -> None:
-            from contracts.errors import UnavailableError
-
-            raise UnavailableError("policy store (sqlite): disk I/O error")
+            raise error
 
         store.read_policies = broken
         response = client.get("/ui/")
-        assert response.status_code == 503 and response.headers["content-type"].startswith("text/html")
-        assert "policy store (sqlite): disk I/O error" in response.text
-        assert client.get("/v1/status").headers["content-type"] == "application/problem+json"
+        assert response.status_code == status and response.headers["content-type"].startswith("text/html")
+        assert shown in response.text and "a bug of ours" not in response.text
+        api = client.get("/v1/status")
+        assert api.status_code == status and api.headers["content-type"] == "application/problem+json"
