@@ -27,6 +27,8 @@ def test_the_bench_reports_every_page_against_the_json_baseline() -> None:
     for result in results.values():
         assert result["requests"] == 2 and result["p99_ms"] >= result["median_ms"] > 0
         assert result["server_median_ms"] > 0 and result["median_ratio_vs_baseline"] > 0
+    # The cold step dropped every page's series, so policy_6h, described as a reload, timed first visits.
+    assert [results[n]["full_reads"] for n in ("policy_6h", "policy_1d", "policy_1d_cold")] == [0, 0, 2]
     assert figures["decisions_logged"] == 8 * 120 + 3 * 2  # 30 min of 15 s ticks; 3 rebalances and their checks
 
 

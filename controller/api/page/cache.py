@@ -47,6 +47,12 @@ class SeriesCache:
         with self._lock:
             self._entries.clear()
 
+    def forget(self, policy: str, range_key: str) -> None:
+        """Drop the policy's entries for one range (its next read is full); the others stay."""
+        with self._lock:
+            for key in [k for k in self._entries if k[:2] == (policy, range_key)]:
+                del self._entries[key]
+
     def points(
         self,
         store: Store,
