@@ -92,8 +92,10 @@ def prefix_probe(
                         ttfts[kind].append(value)
             after = await _hits(client)
         measured = None
-        if before is not None and after is not None and ttfts["cached"]:
-            measured = (after - before) / (len(ttfts["cached"]) * prompt_tokens)
+        # Over every cached-kind request only when all succeeded: one that failed after its prefill still hit the
+        # cache, and dividing by the successful ones alone read the share high.
+        if before is not None and after is not None and len(ttfts["cached"]) == pairs:
+            measured = (after - before) / (pairs * prompt_tokens)
         return {
             "cold_ttft_s": ttfts["cold"],
             "cached_ttft_s": ttfts["cached"],
