@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import cli_errors, console, print_json
+from cli.common import cli_errors, console, http_url, print_json
 from cli.listen import listener_for, listening_port, run_uvicorn
 from contracts.errors import DataError, MoesloError
 
@@ -84,10 +84,10 @@ def serve(
         api = create_app(settings, store, registry=registry, service=service, lifespan_hooks=hooks)
         source = settings.prometheus_url or "direct scrape"
         console.print(
-            f"controller on http://{settings.host}:{port} (db {store.engine.url.render_as_string()}, "
+            f"controller on {http_url(settings.host, port)} (db {store.engine.url.render_as_string()}, "
             f"SLIs from {source}, actuator {settings.actuator})"
         )
-        console.print(f"status page: http://{settings.host}:{port}/ui/")
+        console.print(f"status page: {http_url(settings.host, port)}/ui/")
         try:
             run_uvicorn(api, host=settings.host, port=port, listener=listener, log_level="warning")
         finally:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import cli_errors, console, log_level, positive
+from cli.common import cli_errors, console, http_url, log_level, positive
 from cli.listen import listener_for, listening_port
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def route(
         )
         upstream = ", ".join(config.replicas) or f"the replicas {controller} lists"
         listener = listener_for(host, port)
-        console.print(f"routing ({policy}) on http://{host}:{listening_port(listener, port)} to {upstream}")
+        console.print(f"routing ({policy}) on {http_url(host, listening_port(listener, port))} to {upstream}")
         logging.basicConfig(level=log_level.upper())
         if listener is None:
             run(create_app(config), host=host, port=port, shutdown_timeout=5)

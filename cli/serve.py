@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console, positive, ttft_allowances_option, uvicorn_log_level
+from cli.common import cli_errors, console, http_url, positive, ttft_allowances_option, uvicorn_log_level
 from cli.listen import listener_for, listening_port, run_uvicorn
 from engine.executors.options import PARALLEL_MIN_TOKENS
 
@@ -110,7 +110,7 @@ def serve(
         stack = build_stack(options)
         engine = stack.engine
         console.print(
-            f"serving {options.served_model_name} on http://{host}:{port} "
+            f"serving {options.served_model_name} on {http_url(host, port)} "
             f"({engine.blocks.num_blocks} KV blocks of {engine.blocks.block_size} tokens, context "
             f"{engine.max_model_len} tokens, prefix caching {'on' if enable_prefix_caching else 'off'}; "
             f"engine core pid {engine.pid})"
