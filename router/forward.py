@@ -69,6 +69,14 @@ class _Exchange:
     """Seconds held at admission (queue mode): the fleet's wait, left out of the router's overhead."""
     heard_s: float = 0.0
     """When its replica last gave a sign of life for it: sent there, its headers, each relayed chunk."""
+    tail: bytes = b""
+    """The last bytes relayed of a stream: whether it stopped between two events or inside one."""
+
+    def error_event(self, error: MoesloError) -> bytes:
+        """``error`` as the stream's last event; a stream broken inside an event has that event ended first, so
+        the error reaches the client as an event of its own."""
+        cut = b"" if not self.tail or self.tail.endswith(b"\n\n") else b"\n\n"
+        return cut + sse_error_event(error)
 
 
 class Router:
@@ -323,7 +331,7 @@ class Router:
             await _send_error(exchange, error)
             return
         exchange.outcome = "upstream_failed_mid_stream"
-        await exchange.send({"type": "http.response.body", "body": sse_error_event(error), "more_body": False})
+        await exchange.send({"type": "http.response.body", "body": exchange.error_event(error), "more_body": False})
 
     async def _exchange(self, name: str, path: str, body: bytes, headers: list[tuple[str, str]], choice: Choice,
                         ticket: Ticket, exchange: _Exchange, sent_s: float) -> bool:  # fmt: skip
@@ -384,7 +392,6 @@ class Router:
         await send({"type": "http.response.start", "status": upstream.status, "headers": _relayed(upstream)})
         exchange.started = True
         exchange.heard_s = self.clock()
-        tail = b""
         try:
             async for chunk in upstream.content.iter_any():
                 exchange.heard_s = self.clock()
@@ -395,17 +402,15 @@ class Router:
                     if choice.predicted_ttft_s is not None:
                         self.pool.calibrate(ticket.replica, choice.predicted_ttft_s, observed_s)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                tail = (tail + chunk)[-len(SSE_DONE):]
-                if tail == SSE_DONE:  # the whole answer is out: a client that leaves now was served
+                exchange.tail = (exchange.tail + chunk)[-len(SSE_DONE):]
+                if exchange.tail == SSE_DONE:  # the whole answer is out: a client that leaves now was served
                     exchange.answered = True
                     exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
         except UPSTREAM_FAILURES as exc:
             self.eject(ticket.replica)
             exchange.outcome = "upstream_failed_mid_stream"
-            # A break inside an event ends that event first, so the error reaches the client as an event of its own.
-            cut = b"" if not tail or tail.endswith(b"\n\n") else b"\n\n"
-            error = sse_error_event(_upstream_error(exc, ticket.replica))
-            await send({"type": "http.response.body", "body": cut + error, "more_body": False})
+            error = exchange.error_event(_upstream_error(exc, ticket.replica))
+            await send({"type": "http.response.body", "body": error, "more_body": False})
             return
         exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
         await send({"type": "http.response.body", "body": b"", "more_body": False})

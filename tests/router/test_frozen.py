@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from bench.stub_upstream import DEFAULT_CHUNKS, StubUpstream
 from router.app import ROUTER
 from tests.router.servers import eventually, router, stubs, url_of
 
@@ -73,6 +75,31 @@ def test_a_stream_still_flowing_outlives_its_replicas_ejection_for_late_scrapes(
         assert body.endswith(b"data: [DONE]\n\n") and b"error" not in body
         assert body.count(b'"t":') == 40
         assert r.replicas()[url_of(busy)]["healthy"] is False  # ejected all the same: no new requests go there
+
+
+class _HalfThenFrozen(tuple[bytes, ...]):
+    """Half an event at once, then the replica freezes (its next chunk 20 s away)."""
+
+    stub: StubUpstream | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield b'data: {"id":"cmpl-stub","cho'
+        assert self.stub is not None
+        self.stub.chunk_delay_s = 20.0
+        yield from DEFAULT_CHUNKS[1:]
+
+
+def test_a_replica_frozen_inside_an_event_has_it_ended_before_the_error_event() -> None:
+    """The 504 event was glued onto the half event (``..."chodata: {"error"...``): no client could parse it."""
+    chunks = _HalfThenFrozen(DEFAULT_CHUNKS)
+    with stubs(1, metrics_delay_s=5.0, stream_chunks=chunks) as (frozen,), \
+            router([frozen], **FROZEN) as r:  # type: ignore[arg-type]
+        chunks.stub = frozen
+        with httpx.stream("POST", r.url + "/v1/completions", json=STREAM, timeout=20) as answer:
+            body = answer.read()
+    events = [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
+    assert events[0] == b'{"id":"cmpl-stub","cho'
+    assert json.loads(events[1])["error"]["code"] == 504 and events[2] == b"[DONE]"
 
 
 def test_a_full_connection_pool_is_a_wait_in_the_router_not_a_replica_that_timed_out() -> None:
