@@ -24,6 +24,8 @@ from typing import Any
 
 import psutil
 
+from contracts.lifetime import group_runs
+
 __all__ = ["KILL_WAIT_S", "Interrupted", "ReplicaRecord", "signals_deferred", "stop_on_sigterm", "stop_processes"]
 
 KILL_WAIT_S = 5.0
@@ -84,21 +86,40 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def stop_processes(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> list[int]:
-    """SIGTERM to each, wait for all until ``timeout_s``, SIGKILL each one's group; the pids still running."""
-    running = [p for p in processes if p.poll() is None]
+    """SIGTERM to each, wait for all until ``timeout_s``, SIGKILL each one's group; the pids still running.
+
+    A process that led a group of its own and has exited counts while its group has a live member: its
+    children (a vLLM engine core) used to be left running, unreported."""
+    running = [p for p in processes if _runs(p)]
     for process in running:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
+        _signal(process, signal.SIGTERM)
     running = _wait_all(running, timeout_s)
     for process in running:
-        _signal_group(process.pid, signal.SIGKILL)
+        _signal(process, signal.SIGKILL)
     return [p.pid for p in _wait_all(running, KILL_WAIT_S)]
+
+
+def _runs(process: subprocess.Popen[bytes]) -> bool:
+    """It runs, or it led a group (its pid is the group's id) of which a member still runs."""
+    return process.poll() is None or group_runs(process.pid)
+
+
+def _signal(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """SIGTERM to the process, SIGKILL to its group; either to its group once it has gone (nobody passes it on)."""
+    if process.poll() is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+    elif sig == signal.SIGTERM:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+    else:
+        _signal_group(process.pid, sig)
 
 
 def _wait_all(processes: list[subprocess.Popen[bytes]], timeout_s: float) -> list[subprocess.Popen[bytes]]:
     deadline = time.monotonic() + timeout_s
     while True:
-        running = [p for p in processes if p.poll() is None]
+        running = [p for p in processes if _runs(p)]
         if not running or time.monotonic() >= deadline:
             return running
         time.sleep(_POLL_S)

@@ -17,7 +17,7 @@ import pytest
 
 from stack.report import summarize
 from stack.run import LocalStack
-from stack.shutdown import Interrupted
+from stack.shutdown import Interrupted, stop_processes
 from stack.state import StackOptions
 from tests.harness.children import gone, kill_quietly, still_running
 
@@ -202,3 +202,28 @@ def test_a_ctrl_c_while_an_interrupted_run_writes_its_results_does_not_cut_them_
         signal.signal(signal.SIGTERM, before)
     assert still == [] and written == [True]
     assert restored == signal.SIG_DFL, "SIGTERM's handler from before the run is back"
+
+
+LEADER_LEAVING_A_WORKER = (
+    "import subprocess, sys\n"
+    "worker = subprocess.Popen([sys.executable, '-c', "
+    "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)'])\n"
+    "print(worker.pid, flush=True)\n"
+)
+"""A group leader that starts a worker ignoring SIGTERM and exits at once (an API server that crashed)."""
+
+
+def test_the_group_of_a_leader_that_exited_is_stopped_and_named_until_it_is_gone() -> None:
+    """The leader had exited, so it was skipped: its worker went on running, and nothing said so."""
+    leader = subprocess.Popen([sys.executable, "-c", LEADER_LEAVING_A_WORKER], stdout=subprocess.PIPE,
+                              start_new_session=True)  # fmt: skip
+    assert leader.stdout is not None
+    worker = int(leader.stdout.readline())
+    try:
+        assert leader.stdout.readline() == b"\n"  # the worker ignores SIGTERM from here on
+        leader.wait(10)
+        assert stop_processes([leader], timeout_s=0.5) == []
+        assert not still_running([worker], 5.0)
+    finally:
+        kill_quietly([worker])
+        leader.stdout.close()
