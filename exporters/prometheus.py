@@ -376,10 +376,9 @@ class _MoECollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         with self._lock:
-            # An empty window (reset by a placement swap, routing on the new placement not in yet) has no balance
-            # to report: zeros read as perfectly balanced layers, on an idle engine for as long as it idled.
             window = self._window
-            rank_window = None if window is None or window.steps == 0 else window.rank_tokens
+            rank_window = None if window is None else window.rank_tokens
+            empty = window is not None and window.steps == 0
             rank_totals = None if self._rank_totals is None else self._rank_totals.sum(axis=0)
             swaps, moved = self._swaps, self._experts_moved
         labels = list(BASE_LABELS)
@@ -390,17 +389,25 @@ class _MoECollector(Collector):
         if rank_totals is None:
             return
         if rank_window is not None:
-            yield from self._balance(rank_window, labels)
+            yield from self._balance(rank_window, labels, empty=empty)
         yield _counter(
             RANK_TOKENS, MOE_HELP[RANK_TOKENS], [*labels, RANK_LABEL],
             [([*self._labels, str(r)], int(v)) for r, v in enumerate(rank_totals)],
         )
 
-    def _balance(self, rank_window: IntArray, labels: list[str]) -> Iterator[GaugeMetricFamily]:
-        """Each layer's balance over the window, and its spread across the layers."""
-        cv = imbalance_cv(rank_window)
-        bal = balancedness(rank_window)
-        noise = sampling_noise_cv(rank_window.sum(axis=1), rank_window.shape[1], rank_window)
+    def _balance(self, rank_window: IntArray, labels: list[str], *, empty: bool) -> Iterator[GaugeMetricFamily]:
+        """Each layer's balance over the window, and its spread across the layers.
+
+        An ``empty`` window (reset by a placement swap, routing on the new placement not in yet) has no balance to
+        report: NaN, where its zeros read as perfectly balanced layers for as long as the engine idled.  The series
+        stay (a missing one would raise the metrics-absent ticket), as on the vLLM plugin's multiprocess route;
+        PromQL's aggregations skip NaN and no comparison with it holds."""
+        if empty:
+            cv = bal = noise = np.full(rank_window.shape[0], np.nan)
+        else:
+            cv = imbalance_cv(rank_window)
+            bal = balancedness(rank_window)
+            noise = sampling_noise_cv(rank_window.sum(axis=1), rank_window.shape[1], rank_window)
         for name, per_layer in ((LAYER_IMBALANCE_CV, cv), (LAYER_IMBALANCE_CV_NOISE, noise), (LAYER_BALANCEDNESS, bal)):
             yield _gauge(
                 name, MOE_HELP[name], [*labels, LAYER_LABEL],

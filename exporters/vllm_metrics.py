@@ -219,13 +219,14 @@ def snapshot_families(snapshots: Iterable[ExpertLoadSnapshot], expert_series: bo
         for rank, load in enumerate(snap.rank_tokens_total):
             key = (snap.model_name, snap.engine, str(rank))
             rank_sums[key] = rank_sums.get(key, 0.0) + float(load)
-        loaded = snap.window_rank_tokens.sum(axis=1) > 0  # a layer with no routing in the window has no balance
+        # A layer with no routing in the window has no balance: NaN, as on the embedded engine and the
+        # multiprocess route (a missing series would raise the metrics-absent ticket).
+        loaded = snap.window_rank_tokens.sum(axis=1) > 0
         for name, per_layer in ((LAYER_IMBALANCE_CV, snap.imbalance_cv),
                                 (LAYER_IMBALANCE_CV_NOISE, snap.imbalance_cv_noise),
                                 (LAYER_BALANCEDNESS, snap.balancedness)):  # fmt: skip
             for layer, value, routed in zip(snap.layer_ids, per_layer, loaded, strict=True):
-                if routed:
-                    gauges[name].add_metric([*base, str(layer)], float(value))
+                gauges[name].add_metric([*base, str(layer)], float(value) if routed else math.nan)
     for (model_name, engine), values_of in engine_summaries(snapshots).items():
         for name, stats in values_of.items():
             for stat, value in stats.items():
@@ -281,8 +282,8 @@ class MultiprocessSink:
             if load > 0:
                 self.rank_tokens.labels(*base, str(rank)).inc(float(load))
         self._published_ranks = ranks.copy()
-        # A layer with no routing in the window (it restarts at a rearrangement) has no balance: NaN, as a
-        # multiprocess gauge cannot be removed, where its zeros read as a perfectly balanced layer.
+        # A layer with no routing in the window (it restarts at a rearrangement) has no balance: NaN, where its
+        # zeros read as a perfectly balanced layer (and a multiprocess gauge cannot be removed).
         loaded = snapshot.window_rank_tokens.sum(axis=1) > 0
         for name, per_layer in ((LAYER_IMBALANCE_CV, snapshot.imbalance_cv),
                                 (LAYER_IMBALANCE_CV_NOISE, snapshot.imbalance_cv_noise),
@@ -290,10 +291,9 @@ class MultiprocessSink:
             for layer, value, routed in zip(snapshot.layer_ids, per_layer, loaded, strict=True):
                 self.gauges[name].labels(*base, str(layer)).set(float(value) if routed else math.nan)
         across = summaries(layer_figures(snapshot)) if self.stages is None else self.stages.summaries(snapshot)
-        for name in self.summaries:
-            stats = across.get(name, {})
-            for stat in ("min", "median", "max"):
-                self.summaries[name].labels(*base, stat).set(stats.get(stat, math.nan))
+        for name, stats in across.items():
+            for stat, value in stats.items():
+                self.summaries[name].labels(*base, stat).set(value)
 
     def _publish_experts(self, base: tuple[str, str], snapshot: ExpertLoadSnapshot) -> None:
         counts = snapshot.expert_tokens_total

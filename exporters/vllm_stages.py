@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -33,6 +34,8 @@ LayerFigures = dict[int, tuple[float, float]]
 Summaries = dict[str, dict[str, float]]
 """``{family: {stat: value}}`` of the across-layer families."""
 
+ACROSS_LAYER_FAMILIES = (IMBALANCE_CV_ACROSS_LAYERS, BALANCEDNESS_ACROSS_LAYERS)
+
 STAGES_FOLDER = "moeslo-stages"
 """The folder, in ``PROMETHEUS_MULTIPROC_DIR``, where the stages of the multiprocess route meet."""
 
@@ -46,7 +49,9 @@ def layer_figures(snapshot: ExpertLoadSnapshot) -> LayerFigures:
 
 
 def summaries(figures: LayerFigures) -> Summaries:
-    """The across-layer families' values over ``figures``' layers."""
+    """The across-layer families' values over ``figures``' layers; NaN with no layer routed (nothing to report)."""
+    if not figures:
+        return {name: dict.fromkeys(("min", "median", "max"), math.nan) for name in ACROSS_LAYER_FAMILIES}
     return {
         IMBALANCE_CV_ACROSS_LAYERS: across_layers([cv for cv, _ in figures.values()]),
         BALANCEDNESS_ACROSS_LAYERS: across_layers([bal for _, bal in figures.values()]),
