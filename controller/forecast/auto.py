@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from contracts.slo_defaults import LEAD_TIME_S
-from controller.forecast.backtest import BacktestResult, best, compare_models, model_factory
+from controller.forecast.backtest import MIN_FIT_BINS, BacktestResult, best, compare_models, model_factory
 from controller.forecast.history import DAY_S, TWO_WEEKS_S, RingSeries, bins_covering
-from controller.forecast.models import ARIMA_MIN_FIT_BINS, HOLT_MIN_FIT_BINS, FloatArray, ForecastModel
+from controller.forecast.models import FloatArray, ForecastModel
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,11 +84,6 @@ class Forecast:
 
 MIN_SELECTION_ORIGINS = 4
 """Fewest backtest origins a model selection is made from."""
-MIN_FIT_BINS = {"holt_damped": HOLT_MIN_FIT_BINS, "arima": ARIMA_MIN_FIT_BINS}
-"""Fewest bins a candidate estimates its parameters from.  A selection backtests it only when its first origin
-leaves that many: while the history was short (under ~256 bins at a 2-minute horizon of 15 s bins) that origin
-came 9 bins in, and Holt and ARIMA were scored unfitted (ARIMA as a random walk: last value's forecasts), so
-the model deployed, fitted on the whole history, was not the one the selection had scored."""
 MIN_INTERVAL_RESIDUALS = 20
 """Fewest backtest residuals per horizon an error distribution (so an interval) is made from: two in each
 10 % tail of the audited 80 % interval.  From four, a young forecaster's residuals (all of one sign while the

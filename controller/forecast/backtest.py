@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from controller.forecast.models import (
+    ARIMA_MIN_FIT_BINS,
+    HOLT_MIN_FIT_BINS,
     Arima,
     DampedHolt,
     FloatArray,
@@ -29,6 +31,12 @@ ModelFactory = Callable[[], ForecastModel]
 BASELINES = ("last_value", "moving_average", "seasonal_naive")
 """Model kinds that are baselines (what the goal's ratios compare against)."""
 MODEL_KINDS = (*BASELINES, "holt_damped", "arima")
+MIN_FIT_BINS = {"holt_damped": HOLT_MIN_FIT_BINS, "arima": ARIMA_MIN_FIT_BINS}
+"""Fewest bins a model kind estimates its parameters from: a backtest scores it only where its first fit has
+that many (a selection, ``moeslo forecast backtest``).  While a forecaster's history was short (under ~256 bins
+at a 2-minute horizon of 15 s bins) its selection's first fit took 9 bins, and Holt and ARIMA were scored
+unfitted (ARIMA as a random walk: last value's forecasts), so the model deployed, fitted on the whole history,
+was not the one scored."""
 
 
 def wape(actual: FloatArray, predicted: FloatArray) -> float:

@@ -17,7 +17,7 @@ import numpy as np
 
 from contracts.errors import ValidationError
 from contracts.traces import load_trace
-from controller.forecast.backtest import BASELINES, BacktestResult, compare_models
+from controller.forecast.backtest import BASELINES, MIN_FIT_BINS, BacktestResult, compare_models
 from controller.forecast.history import bins_covering
 from controller.forecast.models import FloatArray
 from controller.forecast.series import request_counts
@@ -77,6 +77,10 @@ def backtest_notes(horizons_s: Sequence[float], bin_s: float, models: Sequence[s
             notes.append(f"horizon {h:g} s is scored as {scored:g} s (whole bins of {bin_s:g} s)")
     if "seasonal_naive" in models and split.period is None:
         notes.append(f"seasonal_naive left out: the trace has under 2 days before its test part ({split.description})")
+    for kind in models:
+        if split.start < MIN_FIT_BINS.get(kind, 1):  # scored unfitted, it would be another model under its name
+            notes.append(f"{kind} left out: its first fit would take the {split.start} bin(s) before the test part, "
+                         f"and it estimates its parameters from {MIN_FIT_BINS[kind]}")
     return notes
 
 
@@ -101,8 +105,12 @@ def backtest_trace(
             "shorter --bin or --horizon"
         )
     refit_every = max(1, round(refit_every_s / bin_s))
+    fitted = [kind for kind in models if split.start >= MIN_FIT_BINS.get(kind, 1)]
+    if not fitted:
+        raise ValidationError(f"{trace_path}: {', '.join(models)} estimate their parameters from more than the "
+                              f"{split.start} bin(s) before the test part; use a longer trace or a shorter --bin")
     results = compare_models(
-        series, models, period=split.period, horizons=steps, start=split.start, refit_every=refit_every,
+        series, fitted, period=split.period, horizons=steps, start=split.start, refit_every=refit_every,
         history_bins=len(series) if split.period is not None else 720, on_model_done=on_model_done,
     )
     notes = backtest_notes(horizons_s, bin_s, models, split)

@@ -66,6 +66,20 @@ def test_forecast_backtest_says_what_it_answers_differently(tmp_path: Path) -> N
     assert "note: horizon 28 s is scored as 30 s" in printed and "note: seasonal_naive left out" in printed
 
 
+def test_forecast_backtest_leaves_out_a_model_its_first_fit_could_not_estimate(tmp_path: Path) -> None:
+    """23 bins before the test part: ARIMA estimates from 30, so it was scored as a random walk (last value's
+    forecasts) under its own name."""
+    trace = write_azure(tmp_path / "t.csv", minutes=8)  # 47 bins of 10 s, the last half tested
+    args = ["forecast", "backtest", "--trace", str(trace), "--bin", "10", "--horizon", "30", "--models",
+            "last_value,holt_damped,arima", "--json"]  # fmt: skip
+    report = json.loads(CliRunner().invoke(app, args).stdout)
+    assert set(report["horizons"]["30s"]["wape"]) == {"last_value", "holt_damped"}
+    assert report["notes"] == ["arima left out: its first fit would take the 23 bin(s) before the test part, "
+                               "and it estimates its parameters from 30"]  # fmt: skip
+    alone = CliRunner().invoke(app, [*args[:-2], "arima"])
+    assert alone.exit_code == 2 and "estimate their parameters from more than the 23 bin(s)" in alone.output
+
+
 def test_replay_writes_summary_and_plots(tmp_path: Path) -> None:
     trace = write_azure(tmp_path / "t.csv")
     out = tmp_path / "out"
