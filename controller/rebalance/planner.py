@@ -105,8 +105,8 @@ class RebalancePlan:
         if self.window_imbalance:
             out["windows"] = len(self.window_imbalance)
             masks = self.window_active or (self.active,) * len(self.window_imbalance)
-            out["imbalance_after_per_window"] = [
-                w.summary(mask) for w, mask in zip(self.window_imbalance, masks, strict=True)
+            out["imbalance_after_per_window"] = [  # null for a window with no load: it has no balance
+                w.summary(mask) if mask.any() else None for w, mask in zip(self.window_imbalance, masks, strict=True)
             ]
         return out
 

@@ -272,6 +272,8 @@ def test_each_windows_summary_is_over_its_own_layers_with_load() -> None:
     first = plan.to_json()["imbalance_after_per_window"][0]
     assert first == score_placement(plan.placement.phy2log, idle_second_layer, 2).to_json()
     assert first["max_over_mean_avg"] == pytest.approx(first["max_over_mean_worst"])  # layer 0 alone
+    idle = plan_over_windows([np.zeros((2, 4)), busy], num_ranks=2, slots_per_rank=2).to_json()
+    assert idle["imbalance_after_per_window"][0] is None  # read as perfectly balanced
 
 
 @pytest.mark.parametrize("windows", [1, 2], ids=["one-window", "several"])
