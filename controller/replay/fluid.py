@@ -52,6 +52,7 @@ class _Judged:
     ttft_mean_s: float = 0.0
     itl_mean_s: float = 0.0
     running: float = 0.0
+    kv: float = 0.0
 
 
 class FluidFleet:
@@ -79,6 +80,8 @@ class FluidFleet:
         self._tick = 0
         self._backlog_tokens = 0.0
         self._judged = _Judged()
+        self._cold_since_s: float | None = None
+        """When requests began to wait with no replica ready, until a tick with replicas and arrivals serves."""
         n = len(rates_rps)
         self.good_ttft = np.zeros(n)
         self.good_itl = np.zeros(n)
@@ -153,15 +156,18 @@ class FluidFleet:
                                                                 backlog_wait_s)  # fmt: skip
             itl_tail_, good_itl, itl_mean = self._itl(model, prediction.prefill_utilization, running)
             waiting = queue * n + self._backlog_tokens / max(mean_prompt, 1.0)
+            self._cold_since_s = None  # the backlog's wait is in this tick's tails
         elif rate > 0:
             self._backlog_tokens += prompt * self.tick_s
             waiting = self._backlog_tokens / max(mean_prompt, 1.0)
+            if self._cold_since_s is None:
+                self._cold_since_s = start_s
         elif self._backlog_tokens > 0:
             self._sample = self._drain(model, ready, until_s)
             return
         if rate > 0:
             self._judged = (
-                _Judged(mean_prompt, mean_output, ttft_tail, itl_tail_, ttft_mean, itl_mean, running)
+                _Judged(mean_prompt, mean_output, ttft_tail, itl_tail_, ttft_mean, itl_mean, running, kv)
                 if ready > 0  # no replica ready: the backlog's tails stay those last judged
                 else replace(self._judged, mean_prompt=mean_prompt, mean_output=mean_output)
             )
@@ -189,9 +195,10 @@ class FluidFleet:
     def _drain(self, model: CapacityModel, ready: float, until_s: float) -> TickSample:
         """A tick without arrivals: the ready replicas serve the backlog the last arrivals left.
 
-        Those requests' verdicts were counted in the tick they arrived in, with the wait to clear
-        the backlog; here they finish, and their TTFT and token gaps enter the histograms with
-        the tails they were judged by.
+        Those requests' verdicts were counted in the tick they arrived in, with the wait to clear the backlog;
+        here they finish, and their TTFT and token gaps enter the histograms with the tails of the last tick
+        that served arrivals.  Requests that have waited with no replica ready since then (a cold start) take
+        their wait so far as their TTFT.
         """
         judged = self._judged
         mean_prompt = max(judged.mean_prompt, 1.0)
@@ -202,23 +209,33 @@ class FluidFleet:
         self._backlog_tokens -= served
         finished = served / mean_prompt
         waiting = self._backlog_tokens / mean_prompt
+        ttft_tail, ttft_mean_s = judged.ttft_tail, judged.ttft_mean_s
+        if self._cold_since_s is not None or ttft_tail is None:
+            ttft_mean_s = until_s - (self._cold_since_s if self._cold_since_s is not None else until_s - self.tick_s)
+            ttft_tail = np.where(np.asarray(TTFT_BUCKETS_S) < ttft_mean_s, 1.0, 0.0)
+        itl_tail, itl_mean_s = judged.itl_tail, judged.itl_mean_s
+        if itl_tail is None:
+            itl_tail, _, itl_mean_s = self._itl(model, 0.0, max(judged.running, 1.0))
+        if self._backlog_tokens <= 0:
+            self._cold_since_s = None
+        # The drained requests run on the replicas that serve them: the fleet is as busy as when they were judged.
+        busy = served > 0
+        kv = judged.kv if busy else 0.0
         kv_capacity = self.world.nominal.kv_capacity_tokens
-        observed = finished > 0 and judged.ttft_tail is not None
-        duration_s = judged.ttft_mean_s + judged.mean_output * judged.itl_mean_s
         return TickSample(
             ready=self.ready_count(until_s),
             waiting=waiting,
-            running=0.0,
-            kv_usage_sum=0.0,
-            kv_demand_max=waiting * mean_prompt / (ready * kv_capacity) if ready else 0.0,
+            running=judged.running * ready if busy else 0.0,
+            kv_usage_sum=kv * ready,
+            kv_demand_max=kv + waiting * mean_prompt / (ready * kv_capacity) if ready else 0.0,
             finished=finished,
             prompt_tokens=served,
             output_tokens=finished * judged.mean_output,
-            ttft_sum_s=finished * judged.ttft_mean_s if observed else 0.0,
-            itl_sum_s=finished * judged.itl_mean_s if observed else 0.0,
-            duration_sum_s=finished * duration_s if observed else 0.0,
-            ttft_le=_cumulative(finished, judged.ttft_tail),
-            itl_le=_cumulative(finished * max(judged.mean_output - 1.0, 0.0), judged.itl_tail),
+            ttft_sum_s=finished * ttft_mean_s if busy else 0.0,
+            itl_sum_s=finished * itl_mean_s if busy else 0.0,
+            duration_sum_s=finished * (ttft_mean_s + judged.mean_output * itl_mean_s) if busy else 0.0,
+            ttft_le=_cumulative(finished, ttft_tail),
+            itl_le=_cumulative(finished * max(judged.mean_output - 1.0, 0.0), itl_tail),
         )
 
     def _saturated(self, prediction: Prediction, mean_prompt: float, mean_output: float) -> tuple[float, float]:

@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from contracts.catalogue import TTFT_BUCKETS_S
 from controller.capacity import DEFAULT_PROFILE, Targets
 from controller.replay.fluid import FluidFleet, count_loads
 from controller.replay.signals import TickSample
@@ -49,3 +50,30 @@ def test_a_backlog_drains_in_ticks_without_arrivals_and_every_request_finishes_o
 def test_an_arrival_after_a_drained_backlog_does_not_pay_its_wait() -> None:
     short_gap, long_gap = _overload_then_idle(idle_ticks=2), _overload_then_idle(idle_ticks=60)
     assert long_gap[-1].ttft_sum_s < short_gap[-1].ttft_sum_s / 10
+
+
+def test_requests_that_waited_for_a_first_replica_finish_with_their_wait_as_ttft() -> None:
+    """A cold start: they finished in a tick without arrivals with no TTFT observation at all (or an earlier
+    tick's tails), which read as a fast fleet while the requests had waited a minute."""
+    rates = np.r_[20.0, np.zeros(8)]
+    truth = ProfileCache(DEFAULT_PROFILE, World(startup_s=60.0), Targets())
+    fleet = FluidFleet(rates, rates * 1000.0, rates * 100.0, truth, initial_replicas=0, tick_s=15.0)
+    fleet.scale_to(1, 0.0)
+    samples = []
+    for k in range(len(rates)):
+        fleet.advance((k + 1) * 15.0)
+        samples.append(fleet.sample((k + 1) * 15.0))
+    served = [s for s in samples if s.finished > 0]
+    assert sum(s.finished for s in served) == pytest.approx(300.0)
+    for s in served:
+        assert s.ttft_le[-1] == pytest.approx(s.finished)  # every one observed
+        assert s.ttft_sum_s / s.finished >= 60.0  # it waited for the replica's start-up
+        assert s.ttft_le[TTFT_BUCKETS_S.index(0.5)] == 0.0  # none within the objective, as judged on arrival
+    assert fleet.outcomes(len(rates)).good_ttft.sum() == 0.0
+
+
+def test_a_fleet_that_drains_a_backlog_reports_itself_busy() -> None:
+    samples = _overload_then_idle(idle_ticks=3)
+    arrival, drain = samples[0], samples[1]
+    assert drain.finished > 0 and drain.running == pytest.approx(arrival.running)
+    assert drain.kv_usage_sum == pytest.approx(arrival.kv_usage_sum)
