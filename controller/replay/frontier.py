@@ -92,8 +92,11 @@ def _ratio_kind(mine: AtAttainment, best: AtAttainment, *, another_bound: bool) 
 
     ``another_bound``: another baseline's value is only an upper bound, so its true need may lie under
     the best's, and ours over the truly best baseline is then at least the ratio read.  Where the best
-    baseline's value is itself only an upper bound, the ratio is bounded neither way, whatever ours is.
+    baseline's value is itself only an upper bound, the truly best baseline needs at most that: ours
+    interpolated over it is at least the ratio read; ours an upper bound too is bounded neither way.
     """
+    if mine.kind == "interpolated" and best.kind == "at_most":
+        return "at_least"
     if best.kind == "interpolated" and mine.kind == "interpolated":
         return "at_least" if another_bound else "exact"
     if mine.kind == "at_most" and best.kind == "interpolated":
@@ -111,11 +114,12 @@ def compare_at(
     """Each policy's replica-hours at ``attainment``, and ours over the best baseline's.
 
     The ratio is ``exact`` when both values are interpolated and no other baseline's is a bound;
-    ``at_least`` when both are interpolated but another baseline's is an upper bound (that baseline may
-    need less than the best's); ``at_most`` when ours is an upper bound and the baseline's is not (we need
-    at most that); ``ours_unreachable`` (no ratio) when a baseline reaches the attainment and ours does not;
-    None when no baseline reaches it or the best baseline's value is a bound (ours' a bound too or not: a
-    cheaper baseline setting, untried, may reach it for less).
+    ``at_least`` when ours is interpolated and the best baseline's value is an upper bound, or both are
+    interpolated but another baseline's is an upper bound (either may truly need less than the best's value);
+    ``at_most`` when ours is an upper bound and the baseline's is not (we need at most that);
+    ``ours_unreachable`` (no ratio) when a baseline reaches the attainment and ours does not; None when no
+    baseline reaches it, or ours is an upper bound and so is some baseline's (a cheaper baseline setting,
+    untried, may reach it for less).
     """
     values = {name: at_attainment(frontier, attainment) for name, frontier in frontiers.items()}
     candidates = {

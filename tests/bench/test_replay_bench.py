@@ -78,6 +78,20 @@ def test_a_goal_is_decided_by_every_seed() -> None:
     assert across["ratio_to_best_baseline"]["n"] == 1 and across["unreachable_or_unknown"] == 0
 
 
+def test_bounds_decide_a_goal_when_every_seed_bounds_the_mean_on_one_side() -> None:
+    # Lower bounds and exact ratios whose mean is above 0.9: the true mean is above it too.
+    missed = _goal(_seed(0.85, "exact"), _seed(1.2, "at_least"), _seed(1.1, "at_least"))
+    assert missed["met"] is False and missed["ratio_lower_bounds"] == [1.2, 1.1]
+    # Upper bounds and exact ratios whose mean is within 0.9: the true mean is within it too.
+    met = _goal(_seed(0.85, "exact"), _seed(0.8, "at_most"), _seed(0.95, "at_most"))
+    assert met["met"] is True and met["ratio_upper_bounds"] == [0.8, 0.95]
+    # A bound on the wrong side decides nothing.
+    assert _goal(_seed(0.85, "exact"), _seed(0.8, "at_least"))["met"] is None
+    assert _goal(_seed(0.85, "exact"), _seed(1.0, "at_most"))["met"] is None
+    # Seeds with no ratio leave it undecided, whatever the others' bounds.
+    assert _goal(_seed(1.2, "at_least"), _seed(None, None))["met"] is None
+
+
 def test_seeds_where_ours_and_the_best_baseline_are_both_upper_bounds_list_no_bound() -> None:
     def front(name: str, *pairs: tuple[float, float]) -> list[Point]:
         return [Point(label=f"{name}{i}", attainment=a, replica_hours=h) for i, (a, h) in enumerate(pairs)]

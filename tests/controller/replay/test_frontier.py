@@ -90,3 +90,13 @@ def test_no_ratio_when_ours_and_the_best_baseline_are_both_only_upper_bounds() -
     entry = compare_at(fronts, 0.995, ours="moeslo", baselines=("static", "hpa"))
     assert entry["best_baseline"] == "static"
     assert entry["ratio_kind"] is None and entry["ratio_to_best_baseline"] is None
+
+
+def test_ours_over_a_best_baseline_that_is_only_an_upper_bound_is_a_lower_bound() -> None:
+    # Static's cheapest point passes 99.5 % at 10 h: it needs at most 10 h there, so ours' 11.2 h is at least
+    # 1.12 times the truly best baseline's need.
+    fronts = {"moeslo": pareto(curve("m", (0.99, 10.0), (0.999, 14.0))),
+              "static": pareto(curve("s", (0.997, 10.0), (0.9995, 11.0)))}  # fmt: skip
+    entry = compare_at(fronts, 0.995, ours="moeslo", baselines=("static",))
+    assert entry["best_baseline"] == "static" and entry["ratio_kind"] == "at_least"
+    assert entry["ratio_to_best_baseline"] == pytest.approx((10.0 - 4.0 * (math.log10(0.005) + 2)) / 10.0, abs=1e-4)
