@@ -90,8 +90,9 @@ def at_attainment(frontier: Sequence[Point], attainment: float) -> AtAttainment:
 def _ratio_kind(mine: AtAttainment, best: AtAttainment, *, another_bound: bool) -> str | None:
     """What ours over the best baseline's value is: ``exact``, a bound, or None (bounded neither way).
 
-    ``another_bound``: another baseline's value is only an upper bound, so its true need may lie under
-    the best's, and ours over the truly best baseline is then at least the ratio read.  Where the best
+    ``another_bound``: another baseline's true need may lie under the best's (its value is only an upper
+    bound, or its grid stops short of the level at a cheaper point), and ours over the truly best baseline
+    is then at least the ratio read.  Where the best
     baseline's value is itself only an upper bound, the truly best baseline needs at most that: ours
     interpolated over it is at least the ratio read; ours an upper bound too is bounded neither way.
     """
@@ -102,6 +103,17 @@ def _ratio_kind(mine: AtAttainment, best: AtAttainment, *, another_bound: bool) 
     if mine.kind == "at_most" and best.kind == "interpolated":
         return None if another_bound else "at_most"
     return None
+
+
+def _may_need_less(frontier: Sequence[Point], value: AtAttainment, hours: float) -> bool:
+    """Whether a baseline's true need at the attainment may lie under ``hours``, those the best baseline's reads.
+
+    An upper bound may; so may an ``unreachable`` reading whose best point costs less: one more step of its
+    knob, never run, may reach the level for less than ``hours``.
+    """
+    if value.kind == "at_most":
+        return True
+    return value.kind == "unreachable" and bool(frontier) and frontier[-1].replica_hours < hours
 
 
 def compare_at(
@@ -115,11 +127,12 @@ def compare_at(
 
     The ratio is ``exact`` when both values are interpolated and no other baseline's is a bound;
     ``at_least`` when ours is interpolated and the best baseline's value is an upper bound, or both are
-    interpolated but another baseline's is an upper bound (either may truly need less than the best's value);
+    interpolated but another baseline's is an upper bound or unreachable from a best point that costs less than
+    the best's value (either may truly need less than the best's value);
     ``at_most`` when ours is an upper bound and the baseline's is not (we need at most that);
     ``ours_unreachable`` (no ratio) when a baseline reaches the attainment and ours does not; None when no
-    baseline reaches it, or ours is an upper bound and so is some baseline's (a cheaper baseline setting,
-    untried, may reach it for less).
+    baseline reaches it, or ours is an upper bound and some baseline's need may lie under the best's value (a
+    baseline setting, untried, may reach it for less).
     """
     values = {name: at_attainment(frontier, attainment) for name, frontier in frontiers.items()}
     candidates = {
@@ -136,7 +149,11 @@ def compare_at(
     best = candidates[best_name]
     mine = values[ours]
     assert best.replica_hours is not None and mine.replica_hours is not None
-    another_bound = any(v.kind == "at_most" for name, v in candidates.items() if name != best_name)
+    another_bound = any(
+        _may_need_less(frontiers[name], values[name], best.replica_hours)
+        for name in values
+        if name in baselines and name != best_name
+    )
     kind = _ratio_kind(mine, best, another_bound=another_bound)
     ratio = mine.replica_hours / best.replica_hours if kind is not None and best.replica_hours > 0 else None
     entry.update(

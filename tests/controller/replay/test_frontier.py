@@ -100,3 +100,20 @@ def test_ours_over_a_best_baseline_that_is_only_an_upper_bound_is_a_lower_bound(
     entry = compare_at(fronts, 0.995, ours="moeslo", baselines=("static",))
     assert entry["best_baseline"] == "static" and entry["ratio_kind"] == "at_least"
     assert entry["ratio_to_best_baseline"] == pytest.approx((10.0 - 4.0 * (math.log10(0.005) + 2)) / 10.0, abs=1e-4)
+
+
+def test_a_baseline_stopping_short_of_the_level_below_the_best_ones_cost_bounds_the_ratio() -> None:
+    # HPA's best point, 99.49 % at 5 h, stops just short of 99.5 %; one more step may reach it for far less
+    # than static's 10 h, so ours over the truly best baseline is at least the ratio read from static.
+    fronts = {"moeslo": pareto(curve("m", (0.99, 7.0), (0.999, 9.0))),
+              "static": pareto(curve("s", (0.99, 9.0), (0.999, 11.0))),
+              "hpa": pareto(curve("h", (0.98, 4.0), (0.9949, 5.0)))}  # fmt: skip
+    entry = compare_at(fronts, 0.995, ours="moeslo", baselines=("static", "hpa"))
+    assert entry["best_baseline"] == "static" and entry["ratio_kind"] == "at_least"
+    assert entry["ratio_to_best_baseline"] is not None and entry["ratio_to_best_baseline"] < 1.0
+    # Ours only an upper bound: bounded neither way.
+    with_ours_bound = {**fronts, "moeslo": pareto(curve("m", (0.996, 8.0)))}
+    assert compare_at(with_ours_bound, 0.995, ours="moeslo", baselines=("static", "hpa"))["ratio_kind"] is None
+    # An HPA that stops short at more than static's 10 h needs more than static: the ratio stays exact.
+    fronts["hpa"] = pareto(curve("h", (0.98, 4.0), (0.9949, 12.0)))
+    assert compare_at(fronts, 0.995, ours="moeslo", baselines=("static", "hpa"))["ratio_kind"] == "exact"
