@@ -7,7 +7,7 @@ time (the best of ``repeat`` runs of each planner, alternating), and ratios
 against EPLB measured in the same run.  The re-plan part
 starts from our placement for a prefill file and re-plans for a decode file,
 counting expert moves against from-scratch plans (EPLB's as it comes, and
-EPLB's with its ranks renumbered to overlap the previous placement most).
+EPLB's with its nodes, then its ranks, renumbered to overlap the previous placement most).
 The data is read in place and never copied; without it the benchmark says so.
 """
 
@@ -26,7 +26,7 @@ from contracts.datadir import default_data_dir
 from contracts.imbalance import Imbalance, imbalance_cv, max_over_mean, rank_load
 from contracts.placement import Placement
 from controller.rebalance import RebalancePlan, plan_rebalance
-from controller.rebalance.moves import rank_moves, relabel_ranks
+from controller.rebalance.moves import align_slots, matching_ranks, permute_ranks, rank_moves, relabel_ranks
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -219,7 +219,7 @@ def _bench_replan(loads: dict[str, FloatArray], repeat: int, config: BenchConfig
             replan, replan_ms, replan_cpu_ms = timed(lambda: plan(load, start), repeat)  # noqa: B023
             scratch = plan(load)
             eplb_p2l = eplb_plans[d_name]
-            # Renumbering whole ranks (within their node in hierarchical mode) is free in balance.
+            # Renumbering whole nodes, then ranks inside them, is free in balance.
             eplb_relabelled = _renumber_ranks(start.phy2log, eplb_p2l, config)
             moves = {
                 "replan": replan.total_moves,
@@ -261,15 +261,15 @@ def _bench_replan(loads: dict[str, FloatArray], repeat: int, config: BenchConfig
 
 
 def _renumber_ranks(previous: IntArray, new: IntArray, config: BenchConfig) -> IntArray:
-    if config.num_nodes == 1:
-        return relabel_ranks(previous, new, config.num_ranks)[0]
-    # Per node: a node's slots are contiguous, so renumber ranks inside each node's block.
-    per_node = config.num_slots // config.num_nodes
-    out = new.copy()
-    for node in range(config.num_nodes):
+    """``new`` renumbered as our re-plan's is (``controller.rebalance.history``), so that both are charged
+    alike: whole nodes matched first, then ranks inside each node (a node's slots are one block)."""
+    nodes, per_node = config.num_nodes, config.num_slots // config.num_nodes
+    matched = permute_ranks(new, matching_ranks(previous, new, nodes)) if nodes > 1 else new
+    out = matched.copy()
+    for node in range(nodes):
         span = slice(node * per_node, (node + 1) * per_node)
-        out[:, span] = relabel_ranks(previous[:, span], new[:, span], config.num_ranks // config.num_nodes)[0]
-    return out
+        out[:, span] = relabel_ranks(previous[:, span], matched[:, span], config.num_ranks // nodes)[0]
+    return align_slots(previous, out, config.num_ranks)
 
 
 def load_files(folder: Path, max_files: int = 0) -> dict[str, FloatArray]:

@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.rebalance import CONFIGS, configs_for, load_files
+from bench.rebalance import CONFIGS, BenchConfig, _renumber_ranks, configs_for, eplb_plan, load_files
 from bench.rebalance_oos import run_all
 from contracts.errors import DataError
+from controller.rebalance.moves import rank_moves
 
 
 def _write(folder: Path, name: str, matrix: np.ndarray) -> None:
@@ -36,6 +37,15 @@ def test_the_layouts_are_deepseeks_for_256_experts_and_hold_every_expert_elsewhe
         assert all(experts % c.num_groups == 0 and c.num_ranks % c.num_nodes == 0 for c in layouts), experts
     assert [c.num_slots for c in configs_for(384)] == [416, 448, 384, 416]  # Kimi K2's 384 experts
     assert all(c.num_groups == 1 for c in configs_for(60))  # 60 experts form no 8 equal groups
+
+
+def test_eplbs_plan_is_renumbered_node_first_as_ours_is() -> None:
+    # The same EPLB plan with its nodes numbered otherwise: renumbering whole nodes, then ranks, moves nothing.
+    config = BenchConfig("hierarchical", num_ranks=8, slots_per_rank=3, num_nodes=4, num_groups=8)
+    new = eplb_plan(np.random.default_rng(0).gamma(0.7, 100.0, size=(3, 16)), config)
+    previous = new.reshape(3, 4, -1)[:, [1, 0, 3, 2], :].reshape(3, -1)
+    assert rank_moves(previous, new, config.num_ranks).sum() > 0
+    assert rank_moves(previous, _renumber_ranks(previous, new, config), config.num_ranks).sum() == 0
 
 
 def test_files_of_two_models_are_refused_naming_both(tmp_path: Path) -> None:
