@@ -26,7 +26,7 @@ from contracts.datadir import default_data_dir
 from contracts.imbalance import Imbalance, imbalance_cv, max_over_mean, rank_load
 from contracts.placement import Placement
 from controller.rebalance import RebalancePlan, plan_rebalance
-from controller.rebalance.moves import align_slots, matching_ranks, permute_ranks, rank_moves, relabel_ranks
+from controller.rebalance.moves import rank_moves, renumber_plan
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -261,15 +261,9 @@ def _bench_replan(loads: dict[str, FloatArray], repeat: int, config: BenchConfig
 
 
 def _renumber_ranks(previous: IntArray, new: IntArray, config: BenchConfig) -> IntArray:
-    """``new`` renumbered as our re-plan's is (``controller.rebalance.history``), so that both are charged
-    alike: whole nodes matched first, then ranks inside each node (a node's slots are one block)."""
-    nodes, per_node = config.num_nodes, config.num_slots // config.num_nodes
-    matched = permute_ranks(new, matching_ranks(previous, new, nodes)) if nodes > 1 else new
-    out = matched.copy()
-    for node in range(nodes):
-        span = slice(node * per_node, (node + 1) * per_node)
-        out[:, span] = relabel_ranks(previous[:, span], matched[:, span], config.num_ranks // nodes)[0]
-    return align_slots(previous, out, config.num_ranks)
+    """``new`` renumbered as our re-plan's is, so that both are charged alike: whole nodes matched first, then
+    ranks inside each node."""
+    return renumber_plan(previous, new, config.num_ranks, config.num_nodes)
 
 
 def load_files(folder: Path, max_files: int = 0) -> dict[str, FloatArray]:

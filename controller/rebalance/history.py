@@ -34,14 +34,7 @@ from contracts.imbalance import Imbalance, count_replicas, max_over_mean, rank_l
 from contracts.placement import Placement
 from controller.rebalance.checks import groups_within_nodes, load_scale_log2, validate_plan_inputs
 from controller.rebalance.groups import choose_groups, window_split
-from controller.rebalance.moves import (
-    align_slots,
-    matching_ranks,
-    max_over_mean_lower_bound,
-    permute_ranks,
-    rank_moves,
-    relabel_ranks,
-)
+from controller.rebalance.moves import align_slots, max_over_mean_lower_bound, rank_moves, renumber_plan
 from controller.rebalance.out_of_sample import HeldOutGain, held_out_gain
 from controller.rebalance.packing import FloatArray, IntArray, max_replicas, replica_counts
 from controller.rebalance.planner import RebalanceConfig, RebalancePlan, plan_rebalance
@@ -135,7 +128,7 @@ def plan_over_windows(
         if previous is not None:
             # Renumbered last: the contiguous layout, where it wins, keeps most replicas where they are too.
             new, scratch = _no_worse_than_contiguous(new, shares, num_ranks, slots_per_rank, num_nodes, num_groups)
-            new = _renumber(base.phy2log[rows], new, num_ranks, num_nodes)
+            new = renumber_plan(base.phy2log[rows], new, num_ranks, num_nodes)
         else:
             new = align_slots(base.phy2log[rows], new, num_ranks)  # no slot shuffle inside a rank counts as a move
         tolerance = config.replan_tolerance if previous is not None else 1e-12
@@ -187,18 +180,6 @@ def _plan(
         window_imbalance=tuple(Imbalance.of(loads) for loads in window_rank_loads(phy2log, stack, num_ranks)),
         window_active=tuple(window.sum(axis=1) > 0 for window in stack),
     )
-
-
-def _renumber(base: IntArray, new: IntArray, num_ranks: int, num_nodes: int) -> IntArray:
-    """``new`` with whole nodes, then whole ranks inside their node, renumbered to keep most replicas where
-    ``base`` has them (renumbering ranks inside each node alone moved experts between nodes for no gain)."""
-    per_node = new.shape[1] // num_nodes
-    out = permute_ranks(new, matching_ranks(base, new, num_nodes)) if num_nodes > 1 else new.copy()
-    new = out.copy()
-    for node in range(num_nodes):
-        span = slice(node * per_node, (node + 1) * per_node)
-        out[:, span] = relabel_ranks(base[:, span], new[:, span], num_ranks // num_nodes)[0]
-    return align_slots(base, out, num_ranks)
 
 
 def _plan_nodes(

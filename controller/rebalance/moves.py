@@ -133,6 +133,18 @@ def align_slots(previous: IntArray, new: IntArray, num_ranks: int) -> IntArray:
     return out.reshape(layers, num_slots)
 
 
+def renumber_plan(base: IntArray, new: IntArray, num_ranks: int, num_nodes: int = 1) -> IntArray:
+    """``new`` with whole nodes, then whole ranks inside their node, renumbered to keep most replicas where
+    ``base`` has them (renumbering ranks inside each node alone moved experts between nodes for no gain)."""
+    per_node = new.shape[1] // num_nodes
+    out = permute_ranks(new, matching_ranks(base, new, num_nodes)) if num_nodes > 1 else new.copy()
+    new = out.copy()
+    for node in range(num_nodes):
+        span = slice(node * per_node, (node + 1) * per_node)
+        out[:, span] = relabel_ranks(base[:, span], new[:, span], num_ranks // num_nodes)[0]
+    return align_slots(base, out, num_ranks)
+
+
 def slot_moves(previous: IntArray, new: IntArray, num_ranks: int) -> list[dict[str, int]]:
     """Every physical slot whose logical expert changes, as JSON-ready records."""
     layer_ids, slot_ids = np.nonzero(previous != new)
