@@ -86,6 +86,8 @@ def _window(options: StackOptions, trace: CountTrace) -> tuple[float, str]:
     start, end = options.trace_start_h, options.trace_start_h + options.trace_span_h
     if trace.start_epoch_s is not None:
         by_clock_s = (start * 3600 - trace.start_epoch_s) % DAY_S
+        if DAY_S - by_clock_s <= trace.bin_s:
+            by_clock_s = 0.0  # the trace's first bin holds 04:00 (one starting at 04:00:05 meant the next day's)
         if by_clock_s + (end - start) * 3600 <= trace.duration_s:
             return by_clock_s, f"{start:02.0f}:00-{end:02.0f}:00 UTC"
     return start * 3600, f"hours {start:g}-{end:g} from its start"

@@ -30,9 +30,9 @@ def test_arrivals_and_base_load_on_a_request_trace_are_refused(given: set[str], 
     check_trace(options, given={"speedup"})
 
 
-def _counts_from(tmp_path: Path, first_hour: int, hours: int, step_at_h: int) -> Path:
+def _counts_from(tmp_path: Path, first_hour: int, hours: int, step_at_h: int, first_second: int = 0) -> Path:
     """A count trace from ``first_hour`` UTC, 60 per 10 s, 120 from ``step_at_h`` o'clock on."""
-    start = datetime(2024, 5, 13, first_hour, tzinfo=UTC)
+    start = datetime(2024, 5, 13, first_hour, 0, first_second, tzinfo=UTC)
     rows = [(start + timedelta(seconds=10 * i)) for i in range(hours * 360)]
     path = tmp_path / "counts.csv"
     path.write_text("Time,TIMESTAMP\n" + "".join(
@@ -57,3 +57,11 @@ def test_a_count_trace_that_does_not_hold_the_clock_window_is_replayed_by_hours_
                            arrivals="even")
     _, what = load_plan(options, 1.0)
     assert "hours 4-16 from its start compressed into 120 s" in what
+
+
+def test_a_count_trace_whose_first_bin_holds_0400_is_replayed_from_it(tmp_path: Path) -> None:
+    """Starting at 04:00:05, it did not hold 04:00-16:00 "whole" and was replayed from 08:00:05."""
+    trace = _counts_from(tmp_path, first_hour=4, hours=13, step_at_h=10, first_second=5)
+    plan, what = load_plan(StackOptions(trace=trace, duration_s=120.0, arrivals="even"), 1.0)
+    assert "04:00-16:00 UTC compressed into 120 s" in what
+    assert sum(r.arrival_s < 60.0 for r in plan) == pytest.approx(60, abs=2)
