@@ -129,11 +129,6 @@ def print_error(message: object) -> None:
     console.print(f"[bold red]error:[/] {escape(str(message))}", soft_wrap=True)
 
 
-def http_url(host: str, port: int) -> str:
-    """The base URL of a server listening on ``host``: an IPv6 address in brackets (``http://[::1]:8080``)."""
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 def check_bindable(host: str, port: int) -> None:
     """Refuse, before anything slow starts, an address the server could not listen on: a port in use or
     not ours, an unknown host (a server that loads a model first would otherwise say it serves, then fail).

@@ -7,9 +7,10 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import cli_errors, console, http_url, print_json
+from cli.common import cli_errors, console, print_json
 from cli.listen import listener_for, listening_port, run_uvicorn
 from contracts.errors import DataError, MoesloError
+from contracts.urls import http_url
 
 controller_app = typer.Typer(help="The SLO controller service (REST API + tick loop).", no_args_is_help=True)
 policy_app = typer.Typer(help="SLO policies on a running controller (over its REST API).", no_args_is_help=True)

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.common import cli_errors, console, http_url, log_level, positive
+from cli.common import cli_errors, console, log_level, positive
 from cli.listen import listener_for, listening_port
+from contracts.urls import http_url
 
 if TYPE_CHECKING:
     from aiohttp import web

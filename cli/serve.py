@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from cli.common import cli_errors, console, http_url, positive, ttft_allowances_option, uvicorn_log_level
+from cli.common import cli_errors, console, positive, ttft_allowances_option, uvicorn_log_level
 from cli.listen import listener_for, listening_port, run_uvicorn
+from contracts.urls import http_url
 from engine.executors.options import PARALLEL_MIN_TOKENS
 
 

@@ -1,10 +1,11 @@
-"""One check for the base URLs a user gives (Prometheus, Alertmanager, webhooks, engines, Grafana)."""
+"""One check for the base URLs a user gives (Prometheus, Alertmanager, webhooks, engines, Grafana), and the URL a
+server of ours prints for itself."""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-__all__ = ["base_url_problem", "http_url_problem"]
+__all__ = ["base_url_problem", "http_url", "http_url_problem"]
 
 
 def http_url_problem(name: str, url: str) -> str | None:
@@ -38,3 +39,8 @@ def base_url_problem(name: str, url: str) -> str | None:
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         return f"{name}: {url!r} must be http(s)://host:port alone (no path such as /v1, no query or fragment)"
     return None
+
+
+def http_url(host: str, port: int) -> str:
+    """The base URL of a server listening on ``host``: an IPv6 address in brackets (``http://[::1]:8080``)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.common import http_url
 from cli.main import app
 
 TRACE = Path(__file__).resolve().parents[2] / "harness" / "data" / "AzureLLMInferenceTrace_conv_15min.csv"
@@ -250,8 +249,3 @@ def test_sizes_no_memory_holds_are_one_line(tmp_path: Path) -> None:
     assert code == 2 and "error: not enough memory for the sizes asked for" in out
     assert not (tmp_path / "p.json").exists()
 
-
-def test_a_server_url_puts_an_ipv6_host_in_brackets() -> None:
-    """``--host ::`` printed ``http://:::8080/ui/``, a URL no browser opens."""
-    assert http_url("::", 8080) == "http://[::]:8080"
-    assert http_url("127.0.0.1", 8080) == "http://127.0.0.1:8080"

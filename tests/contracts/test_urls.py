@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.urls import base_url_problem, http_url_problem
+from contracts.urls import base_url_problem, http_url, http_url_problem
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9090", "https://prometheus.example", "http://alerts:8080/page?x=1"])
@@ -37,3 +37,9 @@ def test_base_urls_are_a_host_and_port_alone(url: str) -> None:
 def test_a_base_url_with_more_is_named(url: str, says: str) -> None:
     problem = base_url_problem("replicas", url)
     assert problem is not None and problem.startswith(f"replicas: {url!r} ") and says in problem
+
+
+def test_a_server_url_puts_an_ipv6_host_in_brackets() -> None:
+    """``--host ::`` printed ``http://:::8080/ui/``, a URL no browser opens."""
+    assert http_url("::", 8080) == "http://[::]:8080"
+    assert http_url("127.0.0.1", 8080) == "http://127.0.0.1:8080"
