@@ -135,10 +135,12 @@ def compare_routers(request: ReplayRequest, policies: list[str], sizes: list[int
     if sizes is None:
         peak = ctx.peak_need(ctx.config.targets.headroom)
         sizes = sorted({max(1, round(peak * f)) for f in (0.3, 0.4, 0.5, 0.6, 0.8, 1.0)})
-    hooks: dict[str, RouteHook | None] = {BASELINE: None}
-    for name in policies:
-        hooks[name] = router_hook(name, trace, ctx.profile, ctx.config.targets.ttft_s)
-    results = {name: [_run(ctx, n, hook) for n in sizes] for name, hook in hooks.items()}
+
+    def hook(name: str) -> RouteHook | None:
+        # A fresh hook per run: it holds what the router sent where, which a fresh fleet does not cache.
+        return None if name == BASELINE else router_hook(name, trace, ctx.profile, ctx.config.targets.ttft_s)
+
+    results = {name: [_run(ctx, n, hook(name)) for n in sizes] for name in [BASELINE, *policies]}
     needed = {name: next((r["replicas"] for r in rows if r["attainment_both"] >= goal), None)
               for name, rows in results.items()}  # fmt: skip
     floor = _floor(ctx, max(sizes))

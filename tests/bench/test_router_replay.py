@@ -24,6 +24,14 @@ def _trace(n: int = 3, blocks: bool = False) -> RequestTrace:
                         prefix_blocks=tuple(np.array([7, 8 + i]) for i in range(n)) if blocks else None)  # fmt: skip
 
 
+def _request(tmp_path: Path, rows: list[str]) -> ReplayRequest:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(rows) + "\n")
+    profile = tmp_path / "profile.json"
+    profile.write_text(PROFILE.model_dump_json())
+    return ReplayRequest(trace=trace, profile=profile, warmup_s=0.0, tick_s=5.0, startup_s=10.0)
+
+
 def test_the_hook_is_the_routers_policy() -> None:
     idle = (np.zeros(3), np.zeros(3), np.zeros(3))
     rr = router_hook("round-robin", _trace(), PROFILE, 0.5)
@@ -51,11 +59,7 @@ def test_policies_at_fixed_fleets_on_a_trace(tmp_path: Path) -> None:
     for burst in (0, 60):
         rows += [json.dumps({"timestamp": int((burst + i * 0.05) * 1000), "input_length": 900,
                              "output_length": 20}) for i in range(60)]  # fmt: skip
-    trace = tmp_path / "t.jsonl"
-    trace.write_text("\n".join(rows) + "\n")
-    profile = tmp_path / "profile.json"
-    profile.write_text(PROFILE.model_dump_json())
-    request = ReplayRequest(trace=trace, profile=profile, warmup_s=0.0, tick_s=5.0, startup_s=10.0)
+    request = _request(tmp_path, rows)
     summary = compare_routers(request, ["cost", "round-robin", "least-loaded"], sizes=[1, 2, 4])
     assert set(summary["results"]) == {BASELINE, "cost", "round-robin", "least-loaded"}
     cost = {r["replicas"]: r for r in summary["results"]["cost"]}
@@ -73,3 +77,16 @@ def test_policies_at_fixed_fleets_on_a_trace(tmp_path: Path) -> None:
     chunk_s = PROFILE.itl_base_s + PROFILE.itl_per_seq_s + 512 / PROFILE.prefill_tokens_per_s
     assert floor["ttft_p99_s"] == pytest.approx(PROFILE.ttft_overhead_s + 900 / 512 * chunk_s, abs=1e-3)
     assert all(floor["ttft_p99_s"] <= r["ttft_p99_s"] for rows in summary["results"].values() for r in rows)
+
+
+
+def test_a_fleet_sizes_result_does_not_depend_on_the_sizes_run_before_it(tmp_path: Path) -> None:
+    # Requests in eight families of shared leading blocks: what the router sent where steers it.
+    rng = np.random.default_rng(0)
+    families = rng.integers(0, 8, size=200)
+    request = _request(tmp_path, [json.dumps({"timestamp": i * 30, "input_length": 2048, "output_length": 20,
+                                              "hash_ids": [int(f) * 100 + k for k in range(4)]})
+                                  for i, f in enumerate(families)])  # fmt: skip
+    alone = compare_routers(request, ["cost", "prefix"], sizes=[3])["results"]
+    after = compare_routers(request, ["cost", "prefix"], sizes=[2, 3])["results"]
+    assert {name: rows[-1] for name, rows in after.items()} == {name: rows[0] for name, rows in alone.items()}
