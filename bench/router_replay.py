@@ -134,7 +134,9 @@ def compare_routers(request: ReplayRequest, policies: list[str], sizes: list[int
         raise ValueError("routing needs every request simulated: use a request trace (--mode request)")
     if sizes is None:
         peak = ctx.peak_need(ctx.config.targets.headroom)
-        sizes = sorted({max(1, round(peak * f)) for f in (0.3, 0.4, 0.5, 0.6, 0.8, 1.0)})
+        sizes = [max(1, round(peak * f)) for f in (0.3, 0.4, 0.5, 0.6, 0.8, 1.0)]
+    # Ascending, so the first size reaching the goal is the smallest and the last the largest.
+    sizes = sorted(set(sizes))
 
     def hook(name: str) -> RouteHook | None:
         # A fresh hook per run: it holds what the router sent where, which a fresh fleet does not cache.

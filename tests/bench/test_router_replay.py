@@ -90,3 +90,12 @@ def test_a_fleet_sizes_result_does_not_depend_on_the_sizes_run_before_it(tmp_pat
     alone = compare_routers(request, ["cost", "prefix"], sizes=[3])["results"]
     after = compare_routers(request, ["cost", "prefix"], sizes=[2, 3])["results"]
     assert {name: rows[-1] for name, rows in after.items()} == {name: rows[0] for name, rows in alone.items()}
+
+
+def test_the_fleet_for_the_goal_is_the_smallest_whatever_order_the_sizes_come_in(tmp_path: Path) -> None:
+    # A request a second: two replicas serve it as well as eight.
+    rows = [json.dumps({"timestamp": i * 1000, "input_length": 500, "output_length": 20}) for i in range(60)]
+    summary = compare_routers(_request(tmp_path, rows), ["cost", "round-robin"], sizes=[8, 2, 8])
+    assert summary["sizes"] == [2, 8]
+    assert summary["replicas_for_goal"] == {BASELINE: 2, "cost": 2, "round-robin": 2}
+    assert summary["ratios"]["ttft_p99_cost_over_round-robin"]["replicas"] == 2
