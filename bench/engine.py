@@ -11,7 +11,8 @@ the next round), so drift in the machine's load hits them alike; each
 figure is the median over rounds with its min and max, and ratios are
 medians of the per-round ratios.  Each engine first gets one untimed
 warm-up, and transformers runs on as many threads as our rank processes use
-together.  Wall time and the process's CPU time are both recorded.  The
+together.  Wall time and CPU time are both recorded, the CPU time of this
+process and its child processes (our rank processes with ``--ep``).  The
 routing statistics' cost is given twice: end to end (on against off, per
 round) and directly (the CPU time of the statistics' per-step work, one
 counter add per MoE layer, against a decode step).
@@ -27,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from bench.machine import machine
+from bench.vllm_overhead import tree_cpu_s
 from engine.batch import SeqChunk, StepPlan
 from engine.executors import Executor, ExecutorOptions, create_executor
 from engine.executors.base import default_threads
@@ -43,7 +46,7 @@ class RunTimes:
     new_tokens: int
     batch: int
     cpu_s: float = 0.0
-    """CPU time of this process (all its threads) over the run."""
+    """CPU time of this process (all its threads) and its child processes over the run."""
 
     def figures(self) -> dict[str, float]:
         total = self.prefill_s + self.decode_s
@@ -63,6 +66,12 @@ def make_prompts(batch: int, prompt_len: int, vocab: int, seed: int = 0) -> list
     return torch.randint(0, vocab, (batch, prompt_len), generator=gen).tolist()
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process and its children: without colocated ranks, rank processes run experts too.
+    This process's own share comes from the finer clock (psutil's is in ticks)."""
+    return time.process_time() + sum(tree_cpu_s(child.pid) for child in psutil.Process().children())
+
+
 def ours_generate(executor: Executor, prompts: list[list[int]], new_tokens: int) -> tuple[RunTimes, list[list[int]]]:
     """Static-batch greedy generation straight on the executor: one prefill step, then decode steps."""
     size = executor.block_size
@@ -70,7 +79,7 @@ def ours_generate(executor: Executor, prompts: list[list[int]], new_tokens: int)
     tables = [tuple(range(i * need, (i + 1) * need)) for i in range(len(prompts))]
     if need * len(prompts) > executor.num_blocks:
         raise ValueError(f"KV cache too small: {executor.num_blocks} blocks, need {need * len(prompts)}")
-    cpu = time.process_time()
+    cpu = cpu_s()
     start = time.perf_counter()
     plan = StepPlan(tuple(SeqChunk(i, 0, tuple(p), tables[i], True) for i, p in enumerate(prompts)))
     tokens = executor.execute(plan).argmax(dim=-1).tolist()
@@ -86,7 +95,7 @@ def ours_generate(executor: Executor, prompts: list[list[int]], new_tokens: int)
     end = time.perf_counter()
     times = RunTimes(
         prefill_end - start, end - prefill_end, sum(map(len, prompts)), new_tokens * len(prompts), len(prompts),
-        cpu_s=time.process_time() - cpu,
+        cpu_s=cpu_s() - cpu,
     )
     return times, out
 
@@ -95,7 +104,7 @@ def transformers_generate(model: Any, prompts: list[list[int]], new_tokens: int)
     ids = torch.tensor(prompts)
     mask = torch.ones_like(ids)
     with torch.no_grad():
-        cpu = time.process_time()
+        cpu = cpu_s()
         start = time.perf_counter()
         model(ids, attention_mask=mask)  # prefill alone, to split prefill from decode time
         prefill_end = time.perf_counter()
@@ -107,9 +116,9 @@ def transformers_generate(model: Any, prompts: list[list[int]], new_tokens: int)
     total = end - start2
     generated = result[:, ids.shape[1]:].tolist()
     # The CPU time covers the extra prefill too: take out its share.
-    cpu_s = (time.process_time() - cpu) * total / (total + prefill_s)
+    used = (cpu_s() - cpu) * total / (total + prefill_s)
     times = RunTimes(prefill_s, max(total - prefill_s, 1e-9), ids.numel(), new_tokens * len(prompts), len(prompts),
-                     cpu_s=cpu_s)
+                     cpu_s=used)
     return times, generated
 
 

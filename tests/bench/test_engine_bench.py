@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -93,3 +95,34 @@ def test_both_engines_get_an_untimed_warm_up_before_the_rounds(monkeypatch: pyte
     _, calls, _ = _bench(monkeypatch, 2)
     assert sorted(calls[:2]) == ["ours 16 tokens", "transformers 16 tokens on 2 threads"]
     assert calls[2:] == ["transformers 8 tokens on 2 threads", "ours 8 tokens", "ours 8 tokens"] * 2
+
+
+class _RankedExecutor:
+    """An executor whose work is done by a child process, as rank processes do it without colocated ranks."""
+
+    block_size, num_blocks = 16, 8
+
+    def execute(self, plan: Any) -> torch.Tensor:
+        time.sleep(0.1)  # this process waits on the child for the step
+        return torch.zeros(len(plan.chunks), 4)
+
+
+class _RankedModel:
+    def __call__(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        time.sleep(0.1)
+
+    def generate(self, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        time.sleep(0.2)
+        return torch.zeros(ids.shape[0], ids.shape[1] + kwargs["max_new_tokens"], dtype=torch.long)
+
+
+def test_cpu_time_counts_the_child_processes_that_do_the_work() -> None:
+    rank = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        ours, _ = be.ours_generate(_RankedExecutor(), [[1, 2]], 3)  # type: ignore[arg-type]
+        theirs, _ = be.transformers_generate(_RankedModel(), [[1, 2]], 3)
+    finally:
+        rank.kill()
+        rank.wait()
+    # The child spins through each run (0.3 s and 0.2 s after the prefill's share); this process sleeps.
+    assert ours.cpu_s > 0.1 and theirs.cpu_s > 0.05
