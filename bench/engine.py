@@ -205,7 +205,7 @@ def run(
     hf = transformers.Qwen3MoeForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
     hf.eval()  # type: ignore[no-untyped-call]
     max_batch = max(batches)
-    kv_mb = _kv_mb_needed(checkpoint, max_batch, prompt_len + new_tokens, dtype)
+    kv_mb = kv_mb_needed(checkpoint, max_batch, prompt_len + new_tokens, dtype)
     executor_options = ExecutorOptions(checkpoint=checkpoint, dtype=dtype, kv_cache_mb=kv_mb, ep=ep,
                                        colocate_ranks=colocate_ranks, threads_per_rank=ours_threads["per_rank"])
     executor = create_executor(executor_options)
@@ -257,7 +257,8 @@ def thread_counts(ep: int, colocate_ranks: bool, threads: int | None) -> dict[st
     return {"per_rank": per_rank, "ranks": ranks, "total": per_rank * ranks}
 
 
-def _kv_mb_needed(checkpoint: Path, batch: int, tokens: int, dtype: str) -> float:
+def kv_mb_needed(checkpoint: Path, batch: int, tokens: int, dtype: str) -> float:
+    """The KV cache (MiB) for ``batch`` sequences of ``tokens`` each on the checkpoint's model, with a margin."""
     from engine.config import ModelConfig
 
     cfg = ModelConfig.load(checkpoint)

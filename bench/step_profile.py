@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from bench.engine import kv_mb_needed
 from engine.batch import SeqChunk, StepPlan
 from engine.executors import ExecutorOptions, create_executor
 
@@ -47,7 +48,7 @@ def run(checkpoint: Path, *, batch: int = 16, prompt_len: int = 199, steps: int 
     if threads:
         torch.set_num_threads(threads)
     need = -(-(prompt_len + steps + 8) // 16)
-    kv_mb = batch * need * 16 * 4 * 2 * 4 * 32 * 4 / 2**20 + 4
+    kv_mb = kv_mb_needed(checkpoint, batch, need * 16, dtype)  # the checkpoint's model, whatever its size
     executor = create_executor(ExecutorOptions(checkpoint=checkpoint, dtype=dtype, kv_cache_mb=kv_mb,
                                                threads_per_rank=threads))
     gen = torch.Generator().manual_seed(0)

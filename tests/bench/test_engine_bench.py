@@ -62,7 +62,7 @@ def _bench(monkeypatch: pytest.MonkeyPatch, cpus: int, **kwargs: Any) -> tuple[d
     monkeypatch.setattr(be, "create_executor", create)
     monkeypatch.setattr(be, "transformers_generate", transformers_generate)
     monkeypatch.setattr(be, "ours_generate", ours_generate)
-    monkeypatch.setattr(be, "_kv_mb_needed", lambda *args: 1.0)
+    monkeypatch.setattr(be, "kv_mb_needed", lambda *args: 1.0)
     monkeypatch.setattr(be, "stats_direct_cost_us", lambda *args: 1.0)
     threads = torch.get_num_threads()
     try:
