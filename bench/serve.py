@@ -40,6 +40,9 @@ STATED_OVERHEAD_MB = 520.0
 """RSS allowed beyond weights and KV budget, for two processes: the engine core (Python, torch, request state),
 about 400 MiB, and the API process (Python, FastAPI/uvicorn, tokenizer, exporters; no torch), about 120 MiB."""
 
+MEASURED_SEED, WARM_UP_SEED = 0, 1
+"""Seeds of the prompts' token ids: the measured runs' and the warm-up's, apart."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServeBenchOptions:
@@ -185,7 +188,9 @@ def _run_once(checkpoint: Path, plan: list[Any], vocab_size: int, options: Serve
         wait_healthy(f"{base}/health", proc, 180.0, name="moeslo serve")
         server = psutil.Process(proc.pid)
         idle_rss = _rss(server)
-        asyncio.run(run_load(base, plan[: min(4, len(plan))], vocab_size=vocab_size, model="bench"))  # warm-up
+        # Warm-up, on other prompts than the measured run's: the server's prefix cache would hold those.
+        asyncio.run(run_load(base, plan[: min(4, len(plan))], vocab_size=vocab_size, model="bench",
+                             seed=WARM_UP_SEED))  # fmt: skip
         sampler = _RssSampler(server, options.rss_interval_s)
         scrapes: list[float] = []
         stop_scrape = threading.Event()
@@ -203,7 +208,7 @@ def _run_once(checkpoint: Path, plan: list[Any], vocab_size: int, options: Serve
         try:
             asyncio.run(asyncio.wait_for(
                 run_load(base, plan, vocab_size=vocab_size, model="bench", max_in_flight=options.max_in_flight,
-                         on_record=records.append),
+                         seed=MEASURED_SEED, on_record=records.append),
                 limit_s,
             ))
         except TimeoutError:

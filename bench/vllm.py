@@ -105,9 +105,14 @@ def best_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
+WARM_UP_SEED = 2**32 - 1
+"""The warm-up's prompt seed: rounds are seeded by their index, and a prompt the warm-up sent would be a
+prefix-cache hit in the round."""
+
+
 def warm_up(base_url: str, model: str, vocab_size: int) -> None:
     plan = [LoadRequest(arrival_s=0.0, prompt_tokens=32, max_tokens=4) for _ in range(2)]
-    asyncio.run(run_load(base_url, plan, vocab_size=vocab_size, model=model))
+    asyncio.run(run_load(base_url, plan, vocab_size=vocab_size, model=model, seed=WARM_UP_SEED))
 
 
 def run_vllm_bench(options: VllmBenchOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:

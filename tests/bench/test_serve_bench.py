@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+import bench.serve as bs
 from bench.serve import _paired_ratios, _run_rounds
+from harness import loadgen
+from harness.loadgen import LoadRequest
 
 
 def _run(tokens_per_s: float, itl_p99_ms: float) -> dict[str, Any]:
@@ -42,3 +49,33 @@ def test_on_against_off_is_paired_within_each_round() -> None:
     assert tput["min"] == round(9.10 / 9.30, 4) and tput["max"] == round(9.20 / 9.00, 4)
     assert tput["median"] == round(9.00 / 9.10, 4)
     assert _paired_ratios([{"exporters_on": _run(9.0, 10.0)}]) is None  # no baseline: no ratios
+
+
+def test_the_warm_up_sends_other_prompts_than_the_measured_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    seeds: list[int] = []
+    default_seed = inspect.signature(loadgen.run_load).parameters["seed"].default
+
+    async def run_load(base: str, plan: list[Any], **kwargs: Any) -> list[Any]:
+        seeds.append(kwargs.get("seed", default_seed))
+        return []
+
+    class _Stub:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.pid = 0
+
+        def start(self) -> None:
+            return None
+
+        def stop(self) -> list[Any]:
+            return []
+
+    monkeypatch.setattr(bs, "run_load", run_load)
+    monkeypatch.setattr(bs.subprocess, "Popen", _Stub)
+    monkeypatch.setattr(bs.psutil, "Process", _Stub)
+    monkeypatch.setattr(bs, "_RssSampler", _Stub)
+    monkeypatch.setattr(bs, "_rss", lambda proc: 0)
+    monkeypatch.setattr(bs, "wait_healthy", lambda *args, **kwargs: None)
+    monkeypatch.setattr(bs, "stop_process", lambda proc: None)
+    plan = [LoadRequest(arrival_s=0.0, prompt_tokens=32, max_tokens=4)] * 6
+    bs._run_once(Path("/unused"), plan, 100, bs.ServeBenchOptions(), exporters=False)
+    assert len(seeds) == 2 and seeds[0] != seeds[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import types
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import pytest
 
 import bench.vllm as bv
 from bench.vllm_overhead import OverheadOptions
+from harness import loadgen
 
 
 class _World:
@@ -103,3 +105,26 @@ def test_ours_over_vllm_is_the_median_of_paired_rounds(monkeypatch: pytest.Monke
     assert out["moeslo_itl_p50_over_vllm_paired"]["median"] == pytest.approx(1 / 0.9)
     assert "moeslo_over_vllm_tokens_per_s" not in out  # the unpaired best-of figure is gone
     assert out["comparison"]["moeslo"]["rounds"] == out["comparison"]["vllm_plugin_off"]["rounds"] == 4
+
+
+def test_the_warm_up_sends_other_prompts_than_any_round(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    warm_up, default_seed = bv.warm_up, inspect.signature(loadgen.run_load).parameters["seed"].default
+    _stub(monkeypatch, _World(), {})
+    rounds: list[int] = []
+    measure = bv.measure_round
+
+    def measure_recorded(base_url: str, model: str, options: bv.VllmBenchOptions, vocab: int, seed: int) -> Any:
+        rounds.append(seed)
+        return measure(base_url, model, options, vocab, seed)
+
+    monkeypatch.setattr(bv, "measure_round", measure_recorded)
+    _run(tmp_path, repeats=4)
+    warm: list[int] = []
+
+    async def run_load(base_url: str, plan: list[Any], **kwargs: Any) -> list[Any]:
+        warm.append(kwargs.get("seed", default_seed))
+        return []
+
+    monkeypatch.setattr(bv, "run_load", run_load)
+    warm_up("vllm_off", "m", 100)
+    assert 0 in rounds and warm and not set(warm) & set(rounds)
