@@ -119,10 +119,10 @@ def bench_engine(
         Path | None, typer.Option(help="Checkpoint directory; default: a fresh `moeslo model init` one.")
     ] = None,
     batches: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,16",
-    prompt_len: Annotated[int, typer.Option(help="Prompt tokens per sequence.")] = 199,
-    new_tokens: Annotated[int, typer.Option(help="Tokens generated per sequence (greedy, no early stop).")] = 32,
+    prompt_len: Annotated[int, typer.Option(min=1, help="Prompt tokens per sequence.")] = 199,
+    new_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per sequence (greedy, no early stop).")] = 32,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
-    repeats: Annotated[int, typer.Option(help="Runs per configuration; the median is reported.")] = 3,
+    repeats: Annotated[int, typer.Option(min=1, help="Runs per configuration; the median is reported.")] = 3,
     ep: Annotated[int, typer.Option(min=1, help="Expert-parallel ranks for our engine.")] = 1,
     colocate_ranks: Annotated[
         bool, typer.Option("--colocate-ranks", help="Keep the EP ranks' expert slots in one process.")
@@ -147,6 +147,8 @@ def bench_engine(
         from engine.config import ModelConfig
 
         sizes = tuple(integers("--batches", batches))
+        if not sizes or min(sizes) < 1:
+            raise typer.BadParameter(f"batch sizes must be >= 1, got {batches!r}", param_hint="--batches")
         with tempfile.TemporaryDirectory() as tmp, Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
         ) as progress:
@@ -314,17 +316,17 @@ def bench_serve(
         Path | None, typer.Option(help="Request trace (default: Azure 2023 conversation, shared or bundled).")
     ] = None,
     duration_s: Annotated[float, typer.Option(help="Wall time of each replay run.")] = 20.0,
-    rounds: Annotated[int, typer.Option(help="Rounds of exporters off and on (ABBA), compared per round.")] = 2,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds of exporters off and on (ABBA), compared per round.")] = 2,
     skip_baseline: Annotated[
         bool, typer.Option(help="Only the exporters-on run (long RSS runs); no ratios.")
     ] = False,
     speedup: Annotated[float, typer.Option(help="Time compression of the trace.")] = 1.0,
     length_scale: Annotated[float, typer.Option(help="Factor on the trace's token lengths.")] = 1 / 16,
     kv_cache_mb: Annotated[float, typer.Option(help="KV cache budget of the server (MiB).")] = 64.0,
-    max_in_flight: Annotated[int, typer.Option(help="Client-side bound on concurrent requests.")] = 128,
+    max_in_flight: Annotated[int, typer.Option(min=1, help="Client-side bound on concurrent requests.")] = 128,
     scrape_interval_s: Annotated[float, typer.Option(help="GET /metrics this often in the exporters-on run.")] = 1.0,
-    render_layers: Annotated[int, typer.Option(help="Layers of the /metrics render benchmark.")] = 58,
-    render_experts: Annotated[int, typer.Option(help="Experts of the /metrics render benchmark.")] = 256,
+    render_layers: Annotated[int, typer.Option(min=1, help="Layers of the /metrics render benchmark.")] = 58,
+    render_experts: Annotated[int, typer.Option(min=1, help="Experts of the /metrics render benchmark.")] = 256,
     json_out: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Replay a trace against the server with exporters on and off (baseline); latency, throughput, RSS."""
