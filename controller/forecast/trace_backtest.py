@@ -105,10 +105,12 @@ def backtest_trace(
             "shorter --bin or --horizon"
         )
     refit_every = max(1, round(refit_every_s / bin_s))
-    fitted = [kind for kind in models if split.start >= MIN_FIT_BINS.get(kind, 1)]
+    fitted = [kind for kind in models if split.start >= MIN_FIT_BINS.get(kind, 1)
+              and (kind != "seasonal_naive" or split.period is not None)]  # fmt: skip
     if not fitted:
-        raise ValidationError(f"{trace_path}: {', '.join(models)} estimate their parameters from more than the "
-                              f"{split.start} bin(s) before the test part; use a longer trace or a shorter --bin")
+        raise ValidationError(f"{trace_path}: none of --models {','.join(models)} can be fitted on the "
+                              f"{split.start} bin(s) before the test part (see the notes of a longer trace); use "
+                              "a longer trace, a shorter --bin, or other models")
     results = compare_models(
         series, fitted, period=split.period, horizons=steps, start=split.start, refit_every=refit_every,
         history_bins=len(series) if split.period is not None else 720, on_model_done=on_model_done,

@@ -197,8 +197,9 @@ class FluidFleet:
 
         Those requests' verdicts were counted in the tick they arrived in, with the wait to clear the backlog;
         here they finish, and their TTFT and token gaps enter the histograms with the tails of the last tick
-        that served arrivals.  Requests that have waited with no replica ready since then (a cold start) take
-        their wait so far as their TTFT.
+        that served arrivals, on replicas as busy as that tick's.  Requests that have waited with no replica
+        ready since then (a cold start) take their wait so far as their TTFT, on replicas as busy as the capacity
+        model makes them at the rate they drain.
         """
         judged = self._judged
         mean_prompt = max(judged.mean_prompt, 1.0)
@@ -216,16 +217,23 @@ class FluidFleet:
         itl_tail, itl_mean_s = judged.itl_tail, judged.itl_mean_s
         if itl_tail is None:
             itl_tail, _, itl_mean_s = self._itl(model, 0.0, max(judged.running, 1.0))
+        busy = served > 0
+        running, kv = (judged.running, judged.kv) if busy else (0.0, 0.0)
+        if busy and (self._cold_since_s is not None or judged.ttft_tail is None):
+            # No tick with replicas has judged these requests (a cold start): the fleet is as busy as the
+            # capacity model makes it at the rate it drains them.
+            n = max(math.floor(ready), 1)
+            drain = Load(request_rate_rps=finished / self.tick_s / (ready / n), prompt_tokens_per_s=served /
+                         self.tick_s / (ready / n), output_tokens_per_s=finished * judged.mean_output / self.tick_s /
+                         (ready / n))  # fmt: skip
+            running, kv = self._saturated(model.predict(drain, n), mean_prompt, judged.mean_output)
         if self._backlog_tokens <= 0:
             self._cold_since_s = None
-        # The drained requests run on the replicas that serve them: the fleet is as busy as when they were judged.
-        busy = served > 0
-        kv = judged.kv if busy else 0.0
         kv_capacity = self.world.nominal.kv_capacity_tokens
         return TickSample(
             ready=self.ready_count(until_s),
             waiting=waiting,
-            running=judged.running * ready if busy else 0.0,
+            running=running * ready,
             kv_usage_sum=kv * ready,
             kv_demand_max=kv + waiting * mean_prompt / (ready * kv_capacity) if ready else 0.0,
             finished=finished,

@@ -69,6 +69,7 @@ def test_requests_that_waited_for_a_first_replica_finish_with_their_wait_as_ttft
         assert s.ttft_le[-1] == pytest.approx(s.finished)  # every one observed
         assert s.ttft_sum_s / s.finished >= 60.0  # it waited for the replica's start-up
         assert s.ttft_le[TTFT_BUCKETS_S.index(0.5)] == 0.0  # none within the objective, as judged on arrival
+        assert s.running > 0 and s.kv_usage_sum > 0  # a fleet serving them is no idle fleet
     assert fleet.outcomes(len(rates)).good_ttft.sum() == 0.0
 
 
