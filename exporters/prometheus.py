@@ -417,6 +417,7 @@ class _MoECollector(Collector):
             stats = across_layers(per_layer).items()
             yield _gauge(name, MOE_HELP[name], [*labels, STAT_LABEL], [([*self._labels, s], v) for s, v in stats])
 
+
 def _counter(
     name: str, doc: str, labels: list[str], samples: list[tuple[list[str], float]]
 ) -> CounterMetricFamily:
