@@ -207,6 +207,8 @@ class CompletionRequest(GenerationRequest):
     best_of: Annotated[int, Field(strict=True, ge=1), WHOLE] | None = None
     logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS), WHOLE] | None = None
     echo: StrictBool = False
+    add_special_tokens: StrictBool = True
+    """A text prompt gets what the tokenizer puts around a text (a BOS), as vLLM's completions do by default."""
     # Accepted only at its no-op values (see no_op_values).
     suffix: str | None = None
 
@@ -252,6 +254,14 @@ def without_nulls(data: Any, defaulted: Collection[str], declared: Collection[st
     if not isinstance(data, dict):
         return data
     return {k: v for k, v in data.items() if not (v is None and (k in defaulted or k not in declared))}
+
+
+def check_output_limit(field: str, max_tokens: int, max_model_len: int) -> None:
+    """A 400 for an output limit past the whole context, as vLLM's (a limit within it is cut to the room the
+    prompt leaves, :func:`fit_to_context`)."""
+    if max_tokens > max_model_len:
+        raise ValidationError(f"{field}: {field}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+                              "Please request fewer output tokens.")
 
 
 def fit_to_context(params: SamplingParams, prompt_tokens: int, max_model_len: int, *,
@@ -328,6 +338,7 @@ __all__ = [
     "GenerationRequest",
     "StopMatcher",
     "StreamOptions",
+    "check_output_limit",
     "fit_to_context",
     "without_nulls",
 ]

@@ -55,7 +55,7 @@ from engine.openai_errors import (
 )
 from engine.openai_serving import Generation, serve_generation
 from engine.openai_tokenize import DetokenizeRequest, TokenizeRequest
-from engine.protocol import CompletionRequest, GenerationRequest
+from engine.protocol import CompletionRequest, GenerationRequest, check_output_limit
 from engine.tokenizer import Tokenizer
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]
@@ -237,11 +237,12 @@ def _add_openai_routes(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival_s = time.monotonic()
         body = check_model(body)
-        prompts = [await off_loop(len(p), tokenizer.encode, p) if isinstance(p, str) else list(p)
-                   for p in body.prompts]
+        encode = functools.partial(tokenizer.encode, add_special_tokens=body.add_special_tokens)
+        prompts = [await off_loop(len(p), encode, p) if isinstance(p, str) else list(p) for p in body.prompts]
         engine.check_prompt_ids(t for p in body.prompts if not isinstance(p, str) for t in p)  # before echo decodes
         echo = [p if isinstance(p, str) else await off_loop(len(p), tokenizer.decode, list(p))
                 for p in body.prompts] if body.echo else None
+        check_output_limit("max_tokens", body.max_tokens, engine.max_model_len)
         gen = Generation(prompts, body.sampling_params(body.tokens_to_generate), body.stop_strings, body.stream,
                          body.include_usage, CompletionFormat(model_name), n=body.n, echo=echo,
                          echo_only=body.max_tokens == 0, continuous_usage=body.continuous_usage)
@@ -253,6 +254,9 @@ def _add_openai_routes(
         body = check_model(body)
         prompt = await _render_chat(chat_template, body)
         prompt_ids = await off_loop(len(prompt), tokenizer.encode, prompt)
+        if body.token_limit is not None:
+            field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+            check_output_limit(field, body.token_limit, engine.max_model_len)
         # Left out, the completion may fill the context (as OpenAI and vLLM do): serve_generation cuts it.
         limit = body.token_limit or engine.max_model_len
         gen = Generation([prompt_ids], body.sampling_params(limit), body.stop_strings, body.stream,

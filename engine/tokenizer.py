@@ -35,7 +35,8 @@ class Tokenizer(Protocol):
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """The text's ids; with ``add_special_tokens``, those the tokenizer puts around a text too (a BOS).
 
-        The generation routes encode without them; ``/tokenize`` adds them when asked, as vLLM's does.
+        A chat's rendered prompt is encoded without them (its template carries its own); a completion's text
+        prompt and ``/tokenize`` add them when asked, by default for a text, as vLLM's do.
         """
         ...
 

@@ -97,11 +97,12 @@ def test_an_unknown_field_is_named_as_sent(served: Served) -> None:
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
-def test_max_tokens_past_64_bits_is_cut_to_the_context(served: Served, route: str) -> None:
+def test_max_tokens_past_64_bits_is_a_400_naming_it_not_a_500(served: Served, route: str) -> None:
+    """Past the model's context it is refused, as vLLM refuses it (one within it is cut to the prompt's room)."""
     base = {"prompt": "hi"} if route == "/v1/completions" else {"messages": CHAT["messages"]}
     resp = served.client.post(route, json={**base, "max_tokens": HUGE, "ignore_eos": True})
-    assert resp.status_code == 200, resp.text
-    assert resp.json()["choices"][0]["finish_reason"] == "length"
+    assert resp.status_code == 400, resp.text
+    assert _is_error_document(resp)["param"] == "max_tokens"
 
 
 def test_an_unexpected_error_is_a_500_document_and_the_keep_alive_connection_serves_the_next_request(
@@ -181,7 +182,7 @@ def test_a_prompt_too_long_is_refused_with_the_rule_the_server_applies(served: S
     does), and names no ``max_tokens`` (a chat that sent none had one made up in it)."""
     n = served.engine.max_model_len
     fits = {"prompt": [5] * (n - 1), "max_tokens": 100} if route == "/v1/completions" \
-        else {"messages": [{"role": "user", "content": "hi"}], "max_tokens": n + 100}
+        else {"messages": [{"role": "user", "content": "hi"}], "max_tokens": n}
     assert served.client.post(route, json=fits).status_code == 200
     body = {"prompt": [5] * n, "max_tokens": 1} if route == "/v1/completions" \
         else {"messages": [{"role": "user", "content": "hello world " * n}]}

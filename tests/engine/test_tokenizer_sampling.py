@@ -98,7 +98,8 @@ def test_top_k_and_min_p_are_checked() -> None:
 
 
 def test_add_special_tokens_adds_what_the_tokenizers_post_processor_adds(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    """The generation routes encode without them; a tokenizer that puts a BOS first puts it there when asked."""
+    """Left out by default (a chat's template carries its own); a tokenizer that puts a BOS first puts it there when
+    asked, as a completion's text prompt asks by default."""
     rust = RustTokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
     bos = rust.token_to_id("<|endoftext|>")
     rust.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
