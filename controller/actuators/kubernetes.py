@@ -5,7 +5,10 @@
   (custom-object scale);
 - a policy whose target names an ``hpa``: that HorizontalPodAutoscaler owns
   the replica count, so the controller raises or lowers its ``minReplicas``
-  (and lifts ``maxReplicas`` when the new floor would exceed it).
+  (and lifts ``maxReplicas`` when the new floor would exceed it).  The count
+  it reports is the higher of that floor and the workload's own count (the
+  HPA may have scaled above its floor); a scale sets the floor to the
+  decided count, skipped when the floor already is that count.
 
 Each read also lists the workload's ready pods (the scale subresource's
 ``status.selector``; for a LeaderWorkerSet that selects the group leaders),
@@ -169,7 +172,7 @@ class KubernetesActuator:
         target = self._target(policy)
         try:
             read = await self._in_thread(lambda stop: self._with_retries(
-                target, lambda t: self._read(target, t), "read", stop))
+                target, lambda t: self._read_count(target, t), "read", stop))
         except ActuationError as exc:
             if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
                 self._endpoints.pop(policy.name, None)  # a deleted workload's pod IPs go to other pods
@@ -188,12 +191,21 @@ class KubernetesActuator:
                 ready = len(pods)
         return ReplicaCount(desired=read.desired, ready=ready)
 
+    def _read_count(self, target: KubernetesTarget, timeout: float) -> _Read:
+        """The count :meth:`replicas` reports, with the workload's scale subresource as ``obj``.  For an HPA target
+        that is the floor or the workload's own count, whichever is higher: the HPA may have scaled the workload
+        above its floor, and those replicas serve (sized from the floor, a scale-up would ask for fewer than run)."""
+        read = self._read(target, timeout)
+        if target.hpa is None:
+            return read
+        workload = self._read(KubernetesTarget(kind=target.kind, namespace=target.namespace, name=target.name),
+                              timeout)  # fmt: skip
+        return _Read(desired=max(read.desired, workload.desired), ready=read.ready, obj=workload.obj)
+
     def _ready_pods(self, target: KubernetesTarget, read: _Read) -> tuple[str, ...] | None:
         """``http://<pod IP>:<port>`` (an IPv6 one in brackets) of the workload's pods that are Ready and not
         terminating (None: the workload names no selector)."""
-        selector = _selector(read.obj) if target.hpa is None else _selector(self._read(
-            KubernetesTarget(kind=target.kind, namespace=target.namespace, name=target.name),
-            self.config.request_timeout_s).obj)
+        selector = _selector(read.obj)
         if not selector:
             return None
         pods = self.core.list_namespaced_pod(target.namespace, label_selector=selector,

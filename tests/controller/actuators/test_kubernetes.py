@@ -192,16 +192,32 @@ def test_leaderworkerset_scale_subresource(server: StandInApiServer) -> None:
 
 def test_hpa_owned_workload_gets_its_min_replicas_raised(server: StandInApiServer) -> None:
     path = server.add_hpa("prod", "qwen-hpa", min_replicas=2, max_replicas=4, current=3)
+    server.add_deployment_scale("prod", "qwen", 3)
     actuator = _actuator(server)
     policy = _policy(hpa="qwen-hpa")
     count = asyncio.run(actuator.replicas(policy))
-    assert (count.desired, count.ready) == (2, 3)
+    assert (count.desired, count.ready) == (3, 3)
     asyncio.run(actuator.scale(policy, 6))
     spec = server.obj(path)["spec"]
     assert (spec["minReplicas"], spec["maxReplicas"]) == (6, 6)
     asyncio.run(actuator.scale(policy, 3))
     spec = server.obj(path)["spec"]
     assert (spec["minReplicas"], spec["maxReplicas"]) == (3, 4)  # the owner's maxReplicas given back
+
+
+def test_an_hpa_scaled_above_its_floor_reports_the_replicas_that_run(server: StandInApiServer) -> None:
+    """The floor was reported as the count: with 4 pods serving over a floor of 1, a scale-up was sized from 1
+    and asked for fewer replicas than ran, a write that changed nothing."""
+    path = server.add_hpa("prod", "qwen-hpa", min_replicas=1, max_replicas=8, current=4)
+    server.add_deployment_scale("prod", "qwen", 4)
+    actuator, policy = _actuator(server), _policy(hpa="qwen-hpa")
+    count = asyncio.run(actuator.replicas(policy))
+    assert (count.desired, count.ready) == (4, 4)
+    assert asyncio.run(actuator.scale(policy, 1)).changed is False  # the floor already is 1: nothing written
+    result = asyncio.run(actuator.scale(policy, 6))
+    assert (result.previous, result.replicas, result.changed) == (1, 6, True)
+    assert server.obj(path)["spec"]["minReplicas"] == 6
+    assert asyncio.run(actuator.replicas(policy)).desired == 6  # the floor, above the workload's count until it grows
 
 
 def test_an_hpa_maximum_its_owner_changed_after_a_lift_is_kept(server: StandInApiServer) -> None:
