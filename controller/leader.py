@@ -19,8 +19,13 @@ With several replicas (production on Kubernetes) the replicas compete for a
 - a leader that shuts down releases the lease (empty holder), so a standby
   takes over at its next round instead of waiting out the lease. A round still
   in flight is waited for first (cancelling the loop's task does not stop the
-  thread a round runs in), and the whole release takes ``renew_period_s`` at
-  the most;
+  thread a round runs in), and the release then has ``renew_period_s`` of its
+  own for its read and its write;
+- rounds start every ``renew_period_s`` counted from the previous round's
+  start (the next one at once when a round took longer), and each request
+  may take half of that, so a round of a read and a write fits in the
+  period: on a slow API server the renewals do not drift apart until the
+  leadership lapses between them;
 - ``acquireTime`` and ``renewTime`` are ``metav1.MicroTime``: the API server
   parses them with exactly six fractional digits (RFC 3339 micro), which the
   kubernetes client's ``isoformat()`` leaves out when the microseconds are 0,
@@ -124,8 +129,9 @@ class LeaseElector:
         self._transport_errors: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, OSError)
         self._all_errors: tuple[type[Exception], ...] = (ApiException, *self._transport_errors)
         self.config = config
-        # A silent API server must not hold a round past the renewal it is for (nor the release at shutdown).
-        self._timeout_s = config.renew_period_s
+        # A round (a read and a write) must fit in the renew period: a silent API server must not hold it past
+        # the next renewal, nor the release at shutdown past its own deadline.
+        self._timeout_s = config.renew_period_s / 2
         self.identity = identity or config.identity or default_identity()
         self.api = k8s_client.CoordinationV1Api(client)
         self.clock = clock
@@ -212,19 +218,20 @@ class LeaseElector:
         )
 
     def release(self) -> None:
-        """Give the lease up (empty holder) if this replica holds it, within ``renew_period_s`` in all.
+        """Give the lease up (empty holder) if this replica holds it.
 
-        A round in flight is waited for first: a renewal written between the release's read and its write
-        would turn the release into a 409 and leave the standbys waiting out the lease. Should a 409 come
-        all the same (the round outlasted the wait), the lease is read again and released if still held.
+        A round in flight is waited for first (``renew_period_s`` at the most, as long as a round may take): a
+        renewal written between the release's read and its write would turn the release into a 409 and leave
+        the standbys waiting out the lease. The release then has a read and a write's time of its own, not
+        what the wait left of it. Should a 409 come all the same (the round outlasted the wait), the lease is
+        read again and released if still held.
         """
-        deadline_s = time.monotonic() + self._timeout_s
-        waited = self._round_lock.acquire(timeout=self._timeout_s)
+        waited = self._round_lock.acquire(timeout=self.config.renew_period_s)
         try:
             if self._renewed_at_s is None:
                 return
             self._renewed_at_s = None
-            self._release_by(deadline_s)
+            self._release_by(time.monotonic() + 2 * self._timeout_s)
         except self._all_errors as exc:
             log.warning("leader election: releasing lease %s failed: %s", self.config.lease_name, exc)
         finally:
@@ -234,7 +241,8 @@ class LeaseElector:
     def _release_by(self, deadline_s: float) -> None:
         cfg = self.config
         for attempt in (1, 2):
-            lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace, _request_timeout=_left(deadline_s))
+            lease = self.api.read_namespaced_lease(cfg.lease_name, cfg.namespace,
+                                                   _request_timeout=_left(deadline_s, self._timeout_s))
             spec = lease.spec
             if spec is None or spec.holder_identity != self.identity:
                 return
@@ -242,20 +250,23 @@ class LeaseElector:
                                     transitions=spec.lease_transitions or 0, holding=False)
             try:
                 self.api.replace_namespaced_lease(cfg.lease_name, cfg.namespace, lease,
-                                                  _request_timeout=_left(deadline_s))
+                                                  _request_timeout=_left(deadline_s, self._timeout_s))
                 return
             except self._api_error as exc:
                 if exc.status != 409 or attempt == 2:
                     raise
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            started_s = loop.time()
             try:
                 await asyncio.to_thread(self.try_acquire_or_renew)
             except Exception:
                 # An unexpected answer must not end the loop: this replica then simply stops leading.
                 log.exception("leader election round failed")
-            await asyncio.sleep(self.config.renew_period_s)
+            # From the round's start: a slow round's time is not added to the period before the next renewal.
+            await asyncio.sleep(max(0.0, self.config.renew_period_s - (loop.time() - started_s)))
 
     async def start(self) -> None:
         if self._task is None:
@@ -270,9 +281,10 @@ class LeaseElector:
         await asyncio.to_thread(self.release)
 
 
-def _left(deadline_s: float) -> float:
-    """The time a request may still take before ``deadline_s`` (monotonic); a ``TimeoutError`` once it is past."""
+def _left(deadline_s: float, cap_s: float) -> float:
+    """The time a request may still take before ``deadline_s`` (monotonic), ``cap_s`` at the most; a
+    ``TimeoutError`` once it is past."""
     left_s = deadline_s - time.monotonic()
     if left_s <= 0:
         raise TimeoutError("no time left before the deadline")
-    return left_s
+    return min(left_s, cap_s)

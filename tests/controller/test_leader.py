@@ -336,3 +336,59 @@ def test_a_renewal_counts_from_when_it_was_sent_not_when_its_answer_came(server:
     assert not b.try_acquire_or_renew()  # b sees the renewed record at 1005 (on its clock) ...
     clock_a.now_s += 6
     assert not a.is_leader  # ... and a must step down by 1005 + 15 - 5, before b may take over at 1020
+
+
+def test_a_sole_leader_on_a_slow_api_server_keeps_leading(server: StandInApiServer) -> None:
+    """Each round slept the renew period after it ended: with requests that take 3/8 of the period, the rounds
+    drifted apart and the leadership lapsed between renewals although nobody else wanted the lease."""
+    config = LeaderElectionConfig(enabled=True, namespace="moeslo", lease_name="slow", lease_duration_s=2.4,
+                                  renew_period_s=0.8)  # fmt: skip
+    elector = LeaseElector(api_client(KubernetesConfig(host=server.url)), config, identity="only")
+    assert elector.try_acquire_or_renew()
+    server.state.stalls["/leases"] = 0.3  # a round's read and write: 0.6 s of the 0.8 s period
+
+    async def scenario() -> list[bool]:
+        await elector.start()
+        samples = []
+        for _ in range(150):
+            samples.append(elector.is_leader)
+            await asyncio.sleep(0.02)
+        await elector.stop()
+        return samples
+
+    samples = asyncio.run(scenario())
+    assert samples.count(False) == 0
+    assert server.obj(server.lease_path("moeslo", "slow"))["spec"].get("holderIdentity") is None  # released
+
+
+def test_a_release_after_a_long_round_has_a_read_and_a_write_of_its_own(server: StandInApiServer) -> None:
+    """The release's deadline counted from before it waited for the round in flight: what the wait left was too
+    short for its read and write, and the standbys waited out the lease."""
+    config = LeaderElectionConfig(enabled=True, namespace="moeslo", lease_name="rel", lease_duration_s=1.5,
+                                  renew_period_s=0.5)  # fmt: skip
+    elector = LeaseElector(api_client(KubernetesConfig(host=server.url)), config, identity="a")
+    assert elector.try_acquire_or_renew()
+    server.state.stalls["/leases"] = 0.1
+    elector._round_lock.acquire()  # a round in flight for 0.45 s of the 0.5 s period
+    threading.Timer(0.45, elector._round_lock.release).start()
+    elector.release()
+    assert server.obj(server.lease_path("moeslo", "rel"))["spec"].get("holderIdentity") is None
+
+
+def test_each_lease_request_may_take_half_the_renew_period(server: StandInApiServer) -> None:
+    """A round of a read and a write fits in the renew period, so the rounds keep their pace."""
+    config = LeaderElectionConfig(enabled=True, namespace="moeslo", lease_name="cap", lease_duration_s=15,
+                                  renew_period_s=4)  # fmt: skip
+    elector = LeaseElector(api_client(KubernetesConfig(host=server.url)), config, identity="a")
+    timeouts: list[float] = []
+    for name in ("read_namespaced_lease", "create_namespaced_lease", "replace_namespaced_lease"):
+        real = getattr(elector.api, name)
+
+        def recording(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            timeouts.append(kwargs["_request_timeout"])
+            return _real(*args, **kwargs)
+
+        setattr(elector.api, name, recording)
+    assert elector.try_acquire_or_renew() and elector.try_acquire_or_renew()  # created, then renewed
+    elector.release()
+    assert len(timeouts) == 6 and max(timeouts) <= 2.0
