@@ -10,8 +10,8 @@ With several replicas (production on Kubernetes) the replicas compete for a
 - a renewal counts from when its round began (before its requests were sent),
   not from when its answer came;
 - a candidate takes the lease over when the lease record has not changed for
-  the record's ``leaseDurationSeconds`` (the holder's setting; its own
-  ``lease_duration_s`` when the record has none) *on the candidate's own
+  the record's ``leaseDurationSeconds`` (the holder's setting, rounded up to
+  whole seconds; its own ``lease_duration_s`` when the record has none) *on the candidate's own
   monotonic clock* (no trust in clock agreement between machines), bumping
   ``leaseTransitions``;
 - every write carries the lease's ``resourceVersion``: two candidates racing
@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import threading
@@ -211,7 +212,8 @@ class LeaseElector:
         """This replica's record (``holding``), or the released one: no holder, a lease of 1 s, as client-go's."""
         return self._k8s.V1LeaseSpec(
             holder_identity=self.identity if holding else None,
-            lease_duration_seconds=max(1, round(self.config.lease_duration_s)) if holding else 1,
+            # Rounded up: a standby waits the record's whole seconds, never less than this holder leads for.
+            lease_duration_seconds=math.ceil(self.config.lease_duration_s) if holding else 1,
             acquire_time=MicroTime.of(acquire_time, now),
             renew_time=MicroTime.of(now, now),
             lease_transitions=transitions,

@@ -392,3 +392,17 @@ def test_each_lease_request_may_take_half_the_renew_period(server: StandInApiSer
     assert elector.try_acquire_or_renew() and elector.try_acquire_or_renew()  # created, then renewed
     elector.release()
     assert len(timeouts) == 6 and max(timeouts) <= 2.0
+
+
+def test_a_fractional_lease_duration_is_written_rounded_up(server: StandInApiServer) -> None:
+    """2.5 s was written as 2 (rounded half to even): a standby took over while the holder still led."""
+    config = LeaderElectionConfig(enabled=True, namespace="moeslo", lease_name="frac", lease_duration_s=2.5,
+                                  renew_period_s=0.2)  # fmt: skip
+    clock_a, clock_b = FakeClock(), FakeClock()
+    a = LeaseElector(api_client(KubernetesConfig(host=server.url)), config, identity="a", clock=clock_a)
+    b = LeaseElector(api_client(KubernetesConfig(host=server.url)), config, identity="b", clock=clock_b)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    assert server.obj(server.lease_path("moeslo", "frac"))["spec"]["leaseDurationSeconds"] == 3
+    clock_a.now_s += 2.1  # a is cut off from the API server and still leads (until 2.3 s)
+    clock_b.now_s += 2.1
+    assert a.is_leader and not b.try_acquire_or_renew()
