@@ -13,9 +13,8 @@ One tick::
 Faults stay inside the tick: a source that fails (or has not answered within
 ``read_timeout_s``) yields observations with errors (the core holds;
 scale-downs are blocked; stale data holds all changes), an actuator that fails after its own retries is logged as a
-``failed`` decision and counted in ``moeslo_errors_total``, and the next tick
-decides afresh from the replica count it reads back -- scale calls are
-absolute, so nothing is applied twice.  Only the leader actuates and logs;
+``failed`` decision and counted in ``moeslo_errors_total``, and the next tick decides afresh from the replica
+count it reads back -- scale calls are absolute, so nothing is applied twice.  Only the leader actuates and logs;
 standbys evaluate, so their ``/v1/status`` stays current.  Leadership is read
 afresh before each decision is carried out, by the actuator before each write
 it retries, and before each policy's and engine's rebalancing: a lease lost
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from contracts.errors import MoesloError, UnavailableError
-from controller.actuators.base import Actuator
+from controller.actuators import Actuator, DryRunActuator
 from controller.config import ControllerSettings
 from controller.core import DecisionCore
 from controller.decision_log import (
@@ -284,9 +283,10 @@ class ControllerService:
     async def _with_replicas(self, policy: Policy, obs: PolicyObservation | None, now_s: float) -> PolicyObservation:
         base = obs or PolicyObservation(policy=policy.name, observed_at_s=now_s, errors=("no observation",))
         base = replace(base, replica_budget=self.actuator.replica_budget(policy))
-        if not self.actuator.manages(policy):
-            # Read-only target: the engines the source saw are the fleet.
+        if not self.actuator.manages(policy):  # a read-only target: the engines the source saw are the fleet
             return replace(base, current_replicas=base.ready_replicas)
+        if isinstance(self.actuator, DryRunActuator):  # it reads no fleet: its count starts from the one observed
+            self.actuator.seed(policy.name, base.ready_replicas)
         try:
             count = await within(self.actuator.replicas(policy), self.read_timeout_s,
                                  f"{self.actuator.name} replica count")  # fmt: skip

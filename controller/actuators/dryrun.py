@@ -1,4 +1,10 @@
-"""The dry-run actuator: remembers the counts it was asked for and touches nothing."""
+"""The dry-run actuator: remembers the counts it was asked for and touches nothing.
+
+It reads no fleet, so the replicas the source observes stand: its count starts
+from the first ready count observed (see :meth:`DryRunActuator.seed`), and it
+reports no ready count of its own, so a dry run decides as the actuator that
+writes would on the same fleet.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,8 @@ from controller.policy import KubernetesTarget, LocalTarget, Policy
 
 
 class DryRunActuator:
-    """Scale calls only update an in-memory count (starting at the policy's min_replicas)."""
+    """Scale calls only update an in-memory count (starting at the first observed ready count, else the policy's
+    min_replicas)."""
 
     name = "dryrun"
 
@@ -25,9 +32,14 @@ class DryRunActuator:
     def manages(self, policy: Policy) -> bool:
         return isinstance(policy.target, (KubernetesTarget, LocalTarget))
 
+    def seed(self, policy_name: str, observed_ready: int | None) -> None:
+        """Start ``policy_name``'s count from the replicas observed serving, once (later its scales set it)."""
+        if observed_ready is not None:
+            self.counts.setdefault(policy_name, observed_ready)
+
     async def replicas(self, policy: Policy) -> ReplicaCount:
-        count = self.counts.setdefault(policy.name, max(policy.scaling.min_replicas, 1))
-        return ReplicaCount(desired=count, ready=count)
+        count = self.counts.get(policy.name, max(policy.scaling.min_replicas, 1))  # kept once seeded or scaled
+        return ReplicaCount(desired=count)  # ready unknown: the observed count stands, not a made-up one
 
     async def scale(
         self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
