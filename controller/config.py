@@ -192,7 +192,7 @@ class ControllerSettings(BaseSettings):
     """On shutdown (SIGTERM), how long the actions a tick is carrying out (a scale; an expert rebalance, whose
     apply may take minutes) still get to finish and reach the decision log; those still running then are cut
     short and logged ``interrupted`` (outcome unknown).  Keep it well inside the pod's termination grace period
-    (30 s in deploy/), which must also cover the lease's release (``leader_election.renew_period_s``)."""
+    (30 s in deploy/), which must also cover the lease's release (up to twice ``leader_election.renew_period_s``)."""
     rate_window_s: Annotated[int, Field(ge=2, le=3600)] = round(RATE_WINDOW_S)
     """Whole seconds the request and token rates are averaged over (``rate(...[1m])`` in PromQL).
     Longer is smoother; shorter follows a ramp sooner. Keep it at least four scrape intervals."""
