@@ -107,6 +107,8 @@ class RequestFleet:
         self._cache_blocks = world.nominal.kv_capacity_tokens // PREFIX_BLOCK_TOKENS
         self._serials = 0
         self.replicas: list[_Replica] = [self._replica(0.0) for _ in range(initial_replicas)]
+        self._draining: list[float] = []
+        """When each removed replica finishes what it still held: it runs, and is paid for, until then."""
         n = len(trace)
         self.replica_of = np.full(n, -1, dtype=np.int64)
         """The serial of the replica each request was sent to (-1: none)."""
@@ -131,6 +133,13 @@ class RequestFleet:
     @property
     def provisioned(self) -> int:
         return len(self.replicas)
+
+    def billed(self, now_s: float) -> int:
+        """Replicas paid for in the tick that ends at ``now_s``: those provisioned, and those removed that still
+        served in it (a removed replica finishes what it holds; it used to drain unpaid)."""
+        since_s = now_s - self.tick_s
+        self._draining = [end for end in self._draining if end > since_s]
+        return len(self.replicas) + len(self._draining)
 
     def ready(self, now_s: float) -> list[_Replica]:
         return [r for r in self.replicas if r.ready_at_s <= now_s]
@@ -160,7 +169,9 @@ class RequestFleet:
 
         self.replicas.sort(key=load)
         for removed in self.replicas[: current - replicas]:
-            self._settle_all(removed)  # it takes no more prompts: its clock is final
+            last_s = self._settle_all(removed)  # it takes no more prompts: its clock is final
+            if last_s > now_s:
+                self._draining.append(last_s)
         del self.replicas[: current - replicas]
         return True
 
@@ -185,10 +196,10 @@ class RequestFleet:
             replica.kv_used -= tokens
             self._end(replica, end, i)
 
-    def _settle_all(self, replica: _Replica) -> None:
-        """Record the finish of every request still decoding on ``replica``, as if it took no more prompts."""
-        for end, _tokens, i in replica.decoding:
-            self._end(replica, end, i)
+    def _settle_all(self, replica: _Replica) -> float:
+        """Record the finish of every request still decoding on ``replica``, as if it took no more prompts; the
+        last finish (0 with none)."""
+        return max((self._end(replica, end, i) for end, _tokens, i in replica.decoding), default=0.0)
 
     # long: the per-request hot loop of a replay (millions of requests); its locals are hoisted for speed.
     def advance(self, until_s: float) -> None:

@@ -96,6 +96,11 @@ class FluidFleet:
     def provisioned(self) -> int:
         return len(self._ready_at)
 
+    def billed(self, now_s: float) -> int:
+        """Replicas paid for in the tick that ends at ``now_s``: a removed one drains nothing here (the backlog is
+        the fleet's, not a replica's)."""
+        return len(self._ready_at)
+
     def ready_count(self, now_s: float) -> int:
         return bisect.bisect_right(self._ready_at, now_s)
 

@@ -273,7 +273,7 @@ def run_setting(setting: Setting, ctx: ReplayContext, *, on_tick: Callable[[int]
         now_s = (k + 1) * config.tick_s
         fleet.advance(now_s)
         pipeline.record(k, fleet.sample(now_s))
-        provisioned[k] = fleet.provisioned
+        provisioned[k] = fleet.billed(now_s)
         ready[k] = fleet.ready_count(now_s)
         view = FleetView(pipeline=pipeline, tick=k, now_s=now_s, spec_replicas=fleet.provisioned,
                          ready_replicas=int(ready[k]))  # fmt: skip

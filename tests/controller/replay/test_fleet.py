@@ -36,3 +36,18 @@ def test_a_tick_sample_holds_the_latency_histograms_of_what_finished() -> None:
     # Each request's token gaps (output less one) at its mean gap; a one-token answer has none.
     assert tick.itl_le == cumulative_counts(fleet.itl_s, ITL_BUCKETS_S, np.array([0.0, 4.0, 8.0, 1.0]))
     assert tick.itl_le[-1] == 13.0
+
+
+def test_a_removed_replica_is_paid_for_until_it_has_served_what_it_held() -> None:
+    """It finishes its requests after the scale-down, and those seconds were free: a policy that scaled down
+    often drained for nothing."""
+    trace = RequestTrace("t", np.array([0.0, 0.0]), np.array([100, 100]), np.array([2000, 2000]))
+    truth = ProfileCache(DEFAULT_PROFILE, World(startup_s=0.0), Targets())
+    fleet = RequestFleet(trace, truth, initial_replicas=2, tick_s=1.0)
+    fleet.advance(1.0)
+    assert fleet.billed(1.0) == 2
+    fleet.scale_to(1, 1.0)  # one of the two decoding replicas leaves at once
+    last = float(fleet.finish_s.min())  # the removed replica's request, settled at the scale-down
+    assert last > 5.0  # 2,000 tokens at a few ms each
+    assert [fleet.billed(float(t)) for t in (2, 3, int(last), int(last) + 2)] == [2, 2, 2, 1]
+    assert fleet.provisioned == 1  # the spec the controller sees counts it out at once
