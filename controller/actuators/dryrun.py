@@ -56,7 +56,9 @@ class DryRunActuator:
         return None  # it starts nothing, so nothing limits it
 
     async def release(self, policy_name: str) -> None:
-        return None  # it started nothing
+        """It started nothing; its count goes, so a policy created again under the name starts from what is
+        observed then."""
+        self.counts.pop(policy_name, None)
 
     def endpoints(self, policy: Policy) -> Sequence[str]:
         return ()

@@ -36,6 +36,9 @@ def test_its_count_starts_from_the_fleet_observed_and_reports_no_ready_count_of_
     actuator.seed("p", 7)  # only the first observation seeds; later ones are the fleet its scales pretend to change
     assert asyncio.run(actuator.replicas(_policy())) == ReplicaCount(desired=4)
     assert asyncio.run(actuator.scale(_policy(), 6)).previous == 4
+    asyncio.run(actuator.release("p"))  # deleted: created again, it starts from what is observed then
+    actuator.seed("p", 2)
+    assert asyncio.run(actuator.replicas(_policy())) == ReplicaCount(desired=2)
 
 
 def test_a_dry_run_decides_from_the_replicas_observed(tmp_path: Path) -> None:
