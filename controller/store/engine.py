@@ -60,10 +60,17 @@ def create_schema(engine: Engine) -> None:
         try:
             Base.metadata.create_all(engine)
             return
-        except (OperationalError, ProgrammingError, IntegrityError):
-            if attempt == SCHEMA_ATTEMPTS or not _some_tables_exist(engine):
+        except (OperationalError, ProgrammingError, IntegrityError) as exc:
+            if attempt == SCHEMA_ATTEMPTS or not (_some_tables_exist(engine) or _locked(exc)):
                 raise
             time.sleep(0.05 * attempt)
+
+
+def _locked(exc: SQLAlchemyError) -> bool:
+    """SQLite's "database is locked": another controller holds the new database (switching it to WAL, building the
+    schema), and SQLite refuses at once, without its busy timeout, where waiting could deadlock; before any table
+    exists that refusal is the race too, not a database that is down."""
+    return "database is locked" in str(exc)
 
 
 def _some_tables_exist(engine: Engine) -> bool:
