@@ -179,22 +179,36 @@ class FluidFleet:
         self.good_ttft[k] = count * good_ttft
         self.good_itl[k] = count * good_itl
         self.good_both[k] = count * good_ttft * good_itl
-        finished = count * served_fraction
+        self._sample = self._tick_sample(
+            until_s, ready, waiting=waiting, running=running, kv=kv, mean_prompt=mean_prompt,
+            mean_output=mean_output, finished=count * served_fraction,
+            prompt_tokens=prompt * self.tick_s * served_fraction,
+            ttft=(ttft_tail, ttft_mean), itl=(itl_tail_, itl_mean),
+        )  # fmt: skip
+
+    def _tick_sample(
+        self, until_s: float, ready: float, *, waiting: float, running: float, kv: float, mean_prompt: float,
+        mean_output: float, finished: float, prompt_tokens: float, ttft: tuple[FloatArray | None, float],
+        itl: tuple[FloatArray | None, float],
+    ) -> TickSample:  # fmt: skip
+        """The tick's sample: gauges per ready replica, and what finished with its latency tails and means."""
+        (ttft_tail, ttft_mean), (itl_tail, itl_mean) = ttft, itl
         kv_capacity = self.world.nominal.kv_capacity_tokens
-        self._sample = TickSample(
+        observed = finished > 0  # no latency sums without observations (a mean may be infinite)
+        return TickSample(
             ready=self.ready_count(until_s),
             waiting=waiting,
             running=running * ready,
             kv_usage_sum=kv * ready,
             kv_demand_max=kv + waiting * mean_prompt / (ready * kv_capacity) if ready else 0.0,
             finished=finished,
-            prompt_tokens=prompt * self.tick_s * served_fraction,
-            output_tokens=output * self.tick_s * served_fraction,
-            ttft_sum_s=finished * ttft_mean if finished > 0 else 0.0,
-            itl_sum_s=finished * itl_mean if finished > 0 else 0.0,
-            duration_sum_s=finished * (ttft_mean + mean_output * itl_mean) if finished > 0 else 0.0,
+            prompt_tokens=prompt_tokens,
+            output_tokens=finished * mean_output,
+            ttft_sum_s=finished * ttft_mean if observed else 0.0,
+            itl_sum_s=finished * itl_mean if observed else 0.0,
+            duration_sum_s=finished * (ttft_mean + mean_output * itl_mean) if observed else 0.0,
             ttft_le=_cumulative(finished, ttft_tail),
-            itl_le=_cumulative(finished * max(mean_output - 1.0, 0.0), itl_tail_),
+            itl_le=_cumulative(finished * max(mean_output - 1.0, 0.0), itl_tail),
         )
 
     def _drain(self, model: CapacityModel, ready: float, until_s: float) -> TickSample:
@@ -215,41 +229,30 @@ class FluidFleet:
         self._backlog_tokens -= served
         finished = served / mean_prompt
         waiting = self._backlog_tokens / mean_prompt
+        # A cold start: no tick with replicas has judged these requests.
+        cold = self._cold_since_s is not None or judged.ttft_tail is None
         ttft_tail, ttft_mean_s = judged.ttft_tail, judged.ttft_mean_s
-        if self._cold_since_s is not None or ttft_tail is None:
-            ttft_mean_s = until_s - (self._cold_since_s if self._cold_since_s is not None else until_s - self.tick_s)
+        if cold:
+            ttft_mean_s = self.tick_s if self._cold_since_s is None else until_s - self._cold_since_s
             ttft_tail = np.where(np.asarray(TTFT_BUCKETS_S) < ttft_mean_s, 1.0, 0.0)
         itl_tail, itl_mean_s = judged.itl_tail, judged.itl_mean_s
         if itl_tail is None:
             itl_tail, _, itl_mean_s = self._itl(model, 0.0, max(judged.running, 1.0))
-        busy = served > 0
-        running, kv = (judged.running, judged.kv) if busy else (0.0, 0.0)
-        if busy and (self._cold_since_s is not None or judged.ttft_tail is None):
-            # No tick with replicas has judged these requests (a cold start): the fleet is as busy as the
-            # capacity model makes it at the rate it drains them.
+        running, kv = (judged.running, judged.kv) if served > 0 else (0.0, 0.0)
+        if served > 0 and cold:
+            # The fleet is as busy as the capacity model makes it at the rate it drains them.
             n = max(math.floor(ready), 1)
-            drain = Load(request_rate_rps=finished / self.tick_s / (ready / n), prompt_tokens_per_s=served /
-                         self.tick_s / (ready / n), output_tokens_per_s=finished * judged.mean_output / self.tick_s /
-                         (ready / n))  # fmt: skip
+            per_s = 1.0 / self.tick_s / (ready / n)
+            drain = Load(request_rate_rps=finished * per_s, prompt_tokens_per_s=served * per_s,
+                         output_tokens_per_s=finished * judged.mean_output * per_s)  # fmt: skip
             running, kv = self._saturated(model.predict(drain, n), mean_prompt, judged.mean_output)
         if self._backlog_tokens <= 0:
             self._cold_since_s = None
-        kv_capacity = self.world.nominal.kv_capacity_tokens
-        return TickSample(
-            ready=self.ready_count(until_s),
-            waiting=waiting,
-            running=running * ready,
-            kv_usage_sum=kv * ready,
-            kv_demand_max=kv + waiting * mean_prompt / (ready * kv_capacity) if ready else 0.0,
-            finished=finished,
-            prompt_tokens=served,
-            output_tokens=finished * judged.mean_output,
-            ttft_sum_s=finished * ttft_mean_s if busy else 0.0,
-            itl_sum_s=finished * itl_mean_s if busy else 0.0,
-            duration_sum_s=finished * (ttft_mean_s + judged.mean_output * itl_mean_s) if busy else 0.0,
-            ttft_le=_cumulative(finished, ttft_tail),
-            itl_le=_cumulative(finished * max(judged.mean_output - 1.0, 0.0), itl_tail),
-        )
+        return self._tick_sample(
+            until_s, ready, waiting=waiting, running=running, kv=kv, mean_prompt=mean_prompt,
+            mean_output=judged.mean_output, finished=finished, prompt_tokens=served,
+            ttft=(ttft_tail, ttft_mean_s), itl=(itl_tail, itl_mean_s),
+        )  # fmt: skip
 
     def _saturated(self, prediction: Prediction, mean_prompt: float, mean_output: float) -> tuple[float, float]:
         """Running sequences and KV usage per replica; an overloaded replica runs full."""
