@@ -21,7 +21,8 @@ does not know, from a newer API server, stay): a concurrent change is a 409, aft
 re-reads; if the count is already right it stops, and if another writer
 changed the count it stops without overwriting it (the decision was made
 from the old count; the next tick decides from the new one).  5xx, 429 and
-connection errors are retried with exponential backoff, all attempts of one
+connection errors are retried with exponential backoff (never sooner than an
+answer's ``Retry-After`` asks), all attempts of one
 call within ``retry_deadline_s``, so a stalled API server cannot hold the
 tick loop for ``max_attempts`` request timeouts.  Because the write sets an
 absolute count and is skipped when the count already matches, a retry after
@@ -51,6 +52,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -295,6 +297,7 @@ class KubernetesActuator:
         last = ""
         attempt = 0
         while attempt < cfg.max_attempts and (left := deadline - self._clock()) > 0:
+            asked_s = 0.0
             if stop.is_set():
                 raise _given_up(target, what)
             attempt += 1
@@ -304,13 +307,16 @@ class KubernetesActuator:
                 if exc.status not in RETRIED_STATUSES:
                     raise ActuationError(f"{_describe(target)}: {what} failed: {_api_error(exc)}") from exc
                 last = _api_error(exc)
+                asked_s = _retry_after_s(exc)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             except ValueError as exc:  # an answer of the wrong shape (the client's parse, or ours): not retried
                 raise ActuationError(f"{_describe(target)}: {what} failed: {_malformed(exc)}") from exc
             if attempt < cfg.max_attempts:
                 delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * 2 ** (attempt - 1))
-                wait_s = min(delay * (0.5 + random.random() / 2), max(0.0, deadline - self._clock()))
+                # An overloaded API server's Retry-After (429, some 503s) is a floor, as client-go keeps it.
+                wanted_s = max(delay * (0.5 + random.random() / 2), asked_s)
+                wait_s = min(wanted_s, max(0.0, deadline - self._clock()))
                 if self._sleep is None:
                     stop.wait(wait_s)
                 else:
@@ -444,6 +450,15 @@ def _api_error(exc: ApiException) -> str:
     except (ValueError, TypeError, AttributeError):
         message = None
     return f"{text}: {str(message)[:400]}" if message else text
+
+
+def _retry_after_s(exc: ApiException) -> float:
+    """The seconds an answer's ``Retry-After`` asks for (0 when absent, an HTTP date, or not a number)."""
+    try:
+        value = float((exc.headers or {}).get("Retry-After", ""))
+    except (TypeError, ValueError, AttributeError):
+        return 0.0
+    return value if math.isfinite(value) and value > 0 else 0.0
 
 
 def _malformed(exc: ValueError) -> str:

@@ -42,6 +42,8 @@ class Fault:
     status: int
     apply_first: bool = False
     message: str = "injected fault"
+    retry_after: str | None = None
+    """The ``Retry-After`` header the fault's answer carries."""
 
 
 @dataclass
@@ -88,6 +90,8 @@ class StandInApiServer:
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                if (retry_after := getattr(self, "retry_after", None)) is not None:
+                    self.send_header("Retry-After", retry_after)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -121,6 +125,7 @@ class StandInApiServer:
                 for fault in list(state.faults):
                     if fault.method == method and fault.path_contains in path:
                         state.faults.remove(fault)
+                        self.retry_after = fault.retry_after
                         return fault
                 return None
 

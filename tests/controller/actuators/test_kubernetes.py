@@ -99,6 +99,21 @@ def test_a_stalled_api_server_is_given_up_on_within_the_deadline(server: StandIn
     assert time.monotonic() - began < 1.5  # not 5 attempts of 10 s: the tick loop goes on
 
 
+def test_an_overloaded_api_servers_retry_after_is_waited_for(server: StandInApiServer) -> None:
+    """A 429's ``Retry-After`` was ignored: the retry came after the backoff's few milliseconds, into the same
+    overload (client-go waits as asked)."""
+    path = server.add_deployment_scale("prod", "qwen", 2)
+    server.state.faults.append(Fault("PUT", "/scale", 429, retry_after="3"))
+    server.state.faults.append(Fault("PUT", "/scale", 503, retry_after="soon"))  # not a number: the backoff alone
+    waits: list[float] = []
+    config = KubernetesConfig(host=server.url, max_attempts=4, backoff_initial_s=0.01, request_timeout_s=5,
+                              retry_deadline_s=30)  # fmt: skip
+    actuator = KubernetesActuator(api_client(config), config=config, sleep=waits.append)
+    assert asyncio.run(actuator.scale(_policy(), 5)).replicas == 5
+    assert [c for m, p, c in server.state.log if m == "PUT" and p == path] == [429, 503, 200]
+    assert waits[0] == pytest.approx(3.0, abs=0.01) and waits[1] < 0.1
+
+
 def test_a_scale_its_caller_gave_up_on_sends_no_write_after(server: StandInApiServer) -> None:
     """The tick's bound cut the scale's await off, but its worker thread went on: after the backoff it wrote, the
     scale already logged as failed."""
