@@ -234,6 +234,8 @@ class Router:
         would have (a stream that stops later ends then, not at ``upstream_timeout_s``)."""
         if self._in_flight.get(name, {}).get(task) is not exchange:
             return  # done, or moved on to another replica (a retry): not this replica's to end
+        if self.pool.is_healthy(name):
+            return  # readmitted: no longer frozen (a later freeze ejects it again and watches anew)
         quiet_s = self.clock() - exchange.heard_s
         if quiet_s >= window_s:
             exchange.abandoned = True

@@ -153,3 +153,39 @@ def test_a_request_retried_on_another_replica_is_not_ended_by_the_first_ones_eje
 
     asyncio.run(scenario())
     assert outcome == {"served": True}
+
+
+def test_a_request_on_a_replica_readmitted_meanwhile_is_not_ended_as_frozen() -> None:
+    """The silence watch set at a frozen ejection went on after the replica passed its health checks again, and
+    ended a request it was still prefilling, healthy, as if the replica were frozen."""
+    import asyncio
+
+    from router.config import RouterConfig
+    from router.forward import Router, _Exchange
+
+    name = "http://127.0.0.1:1"
+    outcome: dict[str, object] = {}
+
+    async def scenario() -> None:
+        r = Router(RouterConfig(replicas=(name,), scrape_interval_s=0.05, scrape_timeout_s=0.05,
+                                eject_after_silent=3))  # fmt: skip
+        exchange = _Exchange(send=None)  # type: ignore[arg-type]
+
+        async def request() -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            r._in_flight.setdefault(name, {})[task] = exchange
+            exchange.heard_s = r.clock()
+            await asyncio.sleep(0.8)  # a long prefill: silent past the 0.3 s window, on a live replica
+            outcome["served"] = True
+
+        task = asyncio.create_task(request())
+        await asyncio.sleep(0.1)
+        r.eject(name, frozen=True)  # heard 0.1 s ago: watched, not ended
+        for _ in range(r.config.readmit_after):
+            r.pool.health_result(name, True)
+        assert r.pool.is_healthy(name)  # readmitted before the watch looks again
+        await task
+
+    asyncio.run(scenario())
+    assert outcome == {"served": True}
