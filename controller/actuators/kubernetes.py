@@ -204,6 +204,25 @@ class KubernetesActuator:
                               timeout)  # fmt: skip
         return _Read(desired=max(read.desired, workload.desired), ready=read.ready, obj=workload.obj)
 
+    def _undeclared_hpa(self, target: KubernetesTarget, timeout: float) -> str | None:
+        """The name of an HPA that scales ``target``'s workload (None: none, or they cannot be listed).  Its
+        controller would set the count back within seconds, and each tick would write it again."""
+        kind = "Deployment" if target.kind == "deployment" else "LeaderWorkerSet"
+        try:
+            hpas = self.autoscaling.list_namespaced_horizontal_pod_autoscaler(target.namespace,
+                                                                               _request_timeout=timeout)  # fmt: skip
+        except ApiException as exc:
+            if exc.status not in (403, 404):
+                raise
+            # A Role from before this check grants no list: scaling goes on, as it did.
+            log.warning("%s: cannot list HPAs to check none scales it: %s", _describe(target), _api_error(exc))
+            return None
+        for hpa in hpas.items or ():
+            ref = hpa.spec.scale_target_ref if hpa.spec is not None else None
+            if ref is not None and ref.name == target.name and ref.kind == kind:
+                return str(hpa.metadata.name if hpa.metadata is not None else "?")
+        return None
+
     def _ready_pods(self, target: KubernetesTarget, read: _Read) -> tuple[str, ...] | None:
         """``http://<pod IP>:<port>`` (an IPv6 one in brackets) of the workload's pods that are Ready and not
         terminating (None: the workload names no selector)."""
@@ -258,6 +277,11 @@ class KubernetesActuator:
             if read.desired != replicas:
                 if stop.is_set():  # cut off during the read: no write after the caller gave up on the scale
                     raise _given_up(target, f"scale to {replicas}")
+                if target.hpa is None and (hpa := self._undeclared_hpa(target, timeout)) is not None:
+                    raise ActuationError(
+                        f"{_describe(target)}: the HPA {hpa!r} scales it and would undo a scale to {replicas}; "
+                        f"name it in the policy (target.hpa: {hpa}) and the controller sets its floor instead"
+                    )
                 if not still_leading():  # asked last thing before the write: the retries may have outlived the lease
                     raise _lost_lease(target, replicas, wrote_before=state["wrote"])
                 self.writes += 1

@@ -133,6 +133,10 @@ class StandInApiServer:
                 fault = self._fault(method, path)
                 if fault is not None and not fault.apply_first:
                     return fault.status, _status(fault.status, "InternalError", fault.message)
+                if method == "GET" and path.endswith("/horizontalpodautoscalers"):  # a list
+                    items = [o for p, o in state.objects.items() if p.rsplit("/", 1)[0] == path]
+                    return 200, {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscalerList",
+                                 "metadata": {}, "items": items}  # fmt: skip
                 if method == "GET":
                     obj = state.objects.get(path)
                     if obj is None:

@@ -181,6 +181,7 @@ _CLIENT_CALL_VERBS = {
     "read_namespaced_horizontal_pod_autoscaler": ("autoscaling", "horizontalpodautoscalers", "get"),
     "replace_namespaced_horizontal_pod_autoscaler": ("autoscaling", "horizontalpodautoscalers", "update"),
     "patch_namespaced_horizontal_pod_autoscaler": ("autoscaling", "horizontalpodautoscalers", "patch"),
+    "list_namespaced_horizontal_pod_autoscaler": ("autoscaling", "horizontalpodautoscalers", "list"),
     "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
     "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
     "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),

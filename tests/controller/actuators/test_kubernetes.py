@@ -114,6 +114,25 @@ def test_an_overloaded_api_servers_retry_after_is_waited_for(server: StandInApiS
     assert waits[0] == pytest.approx(3.0, abs=0.01) and waits[1] < 0.1
 
 
+def test_a_workload_an_undeclared_hpa_scales_is_refused_with_the_hpa_named(server: StandInApiServer) -> None:
+    """Scaled behind an HPA's back, the count went back within seconds and every tick wrote it again."""
+    path = server.add_deployment_scale("prod", "qwen", 2)
+    server.add_hpa("prod", "other", min_replicas=1, max_replicas=3, current=2)  # scales deployment "other"
+    assert asyncio.run(_actuator(server).scale(_policy(), 3)).replicas == 3
+    server.add_hpa("prod", "qwen", min_replicas=1, max_replicas=8, current=3)
+    with pytest.raises(ActuationError, match=r"the HPA 'qwen' scales it .* \(target.hpa: qwen\)"):
+        asyncio.run(_actuator(server).scale(_policy(), 5))
+    assert server.obj(path)["spec"]["replicas"] == 3
+    assert asyncio.run(_actuator(server).scale(_policy(), 3)).changed is False  # no write: no check needed
+
+
+def test_hpas_that_cannot_be_listed_leave_scaling_as_it_was(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 2)
+    server.state.faults.append(Fault("GET", "/horizontalpodautoscalers", 403))  # a Role from before the check
+    assert asyncio.run(_actuator(server).scale(_policy(), 4)).replicas == 4
+    assert server.obj(path)["spec"]["replicas"] == 4
+
+
 def test_a_scale_its_caller_gave_up_on_sends_no_write_after(server: StandInApiServer) -> None:
     """The tick's bound cut the scale's await off, but its worker thread went on: after the backoff it wrote, the
     scale already logged as failed."""
