@@ -31,6 +31,7 @@ import numpy as np
 
 from contracts.slo_defaults import LATENCY_TARGET
 from contracts.traces import PREFIX_BLOCK_TOKENS, FloatArray, RequestTrace
+from contracts.ttft_objective import FLAT, TtftAllowance
 from controller.capacity import ReplicaProfile
 from controller.replay.fleet import RequestFleet, RouteHook
 from controller.replay.protocol import ReplayRequest
@@ -44,9 +45,11 @@ BASELINE = "replay-least-loaded"
 """The replay's own dispatch: least prefill backlog plus decode work."""
 
 
-def router_hook(name: str, trace: RequestTrace, profile: ReplicaProfile, ttft_objective_s: float) -> RouteHook:
+def router_hook(name: str, trace: RequestTrace, profile: ReplicaProfile, ttft_objective_s: float,
+                ttft_allowance: TtftAllowance = FLAT) -> RouteHook:  # fmt: skip
     """The router's policy ``name`` as the replay's routing hook."""
-    choose = policy_named(name, CostModel(ttft_objective_s=ttft_objective_s, decode_step_s=profile.itl_base_s,
+    choose = policy_named(name, CostModel(ttft_objective_s=ttft_objective_s, ttft_allowance=ttft_allowance,
+                                          decode_step_s=profile.itl_base_s,
                                           itl_per_seq_s=profile.itl_per_seq_s,
                                           cached_token_cost=profile.cached_token_cost))  # fmt: skip
     turns = itertools.count()
@@ -140,7 +143,8 @@ def compare_routers(request: ReplayRequest, policies: list[str], sizes: list[int
 
     def hook(name: str) -> RouteHook | None:
         # A fresh hook per run: it holds what the router sent where, which a fresh fleet does not cache.
-        return None if name == BASELINE else router_hook(name, trace, ctx.profile, ctx.config.targets.ttft_s)
+        return None if name == BASELINE else router_hook(
+            name, trace, ctx.profile, ctx.config.targets.ttft_s, ctx.config.targets.ttft_allowance)
 
     results = {name: [_run(ctx, n, hook(name)) for n in sizes] for name in [BASELINE, *policies]}
     needed = {name: next((r["replicas"] for r in rows if r["attainment_both"] >= goal), None)

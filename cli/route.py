@@ -10,6 +10,7 @@ import typer
 
 from cli.common import cli_errors, console, log_level, positive
 from cli.listen import listener_for, listening_port
+from contracts.slo_defaults import TTFT_REFERENCE_PROMPT_TOKENS
 from contracts.urls import http_url
 
 if TYPE_CHECKING:
@@ -49,6 +50,13 @@ def route(
         str, typer.Option(help="Every replica over the TTFT objective: reject (429 + Retry-After) or queue.")
     ] = "reject",
     ttft_objective_s: Annotated[float, typer.Option(help="TTFT objective admission and the cost policy use.")] = 0.5,
+    ttft_per_1k_prompt_tokens_s: Annotated[
+        float, typer.Option(min=0.0, help="The policy's TTFT allowance per 1K prompt tokens past the reference "
+                                          "length (0: the flat objective).")
+    ] = 0.0,
+    ttft_reference_prompt_tokens: Annotated[
+        int, typer.Option(min=0, help="Prompt length the TTFT objective is stated at.")
+    ] = TTFT_REFERENCE_PROMPT_TOKENS,
     prefill_tokens_per_s: Annotated[
         float, typer.Option(callback=positive, help="Prompt tokens per second of each replica.")
     ] = 4000.0,
@@ -73,6 +81,7 @@ def route(
     if (replicas is None) == (controller is None):
         raise typer.BadParameter("give exactly one of --replicas and --controller")
     with cli_errors():
+        from contracts.ttft_objective import TtftAllowance
         from router.app import create_app, run
         from router.config import RouterConfig
         from router.types import CostModel
@@ -83,7 +92,8 @@ def route(
             controller_policy=controller_policy or None,  # an empty ConfigMap value: the controller's only policy
             policy=policy, admission=admission,  # type: ignore[arg-type]  # RouterConfig validates it
             cost=CostModel(ttft_objective_s=ttft_objective_s, decode_step_s=itl_base_s, itl_per_seq_s=itl_per_seq_s,
-                           cached_token_cost=cached_token_cost),
+                           cached_token_cost=cached_token_cost,
+                           ttft_allowance=TtftAllowance(ttft_reference_prompt_tokens, ttft_per_1k_prompt_tokens_s)),
             prefill_tokens_per_s=prefill_tokens_per_s,
             scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s, prefix_cache_tokens=prefix_cache_tokens,
         )

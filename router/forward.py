@@ -194,9 +194,10 @@ class Router:
                                    retry_after_s=self.config.scrape_interval_s)  # fmt: skip
         if refusal.retry_after_s is None:
             return UnavailableError("no healthy replica")
-        objective_s = self.config.cost.ttft_objective_s
-        return OverloadedError(f"every replica is predicted over the {objective_s} s TTFT objective "
-                               f"(best {refusal.predicted_ttft_s:.3f} s)",
+        best_s = refusal.predicted_ttft_s or 0.0
+        objective_s = best_s - refusal.retry_after_s  # this request's: the threshold plus its prompt's allowance
+        return OverloadedError(f"every replica is predicted over this request's {objective_s:.3g} s TTFT objective "
+                               f"(best {best_s:.3f} s)",
                                retry_after_s=refusal.retry_after_s)  # fmt: skip
 
     def _states(self, features: RequestFeatures) -> tuple[ReplicaState, ...]:

@@ -89,10 +89,11 @@ def estimated_cost(features: RequestFeatures, replicas: Sequence[ReplicaState], 
     if not live:
         return NO_REPLICA
     predictions = {r.name: predict(r, features, model) for r in live}
+    objective_s = model.ttft_objective_for(features.prompt_tokens)
 
     def key(r: ReplicaState) -> tuple[bool, bool, float, int, str]:
         p = predictions[r.name]
-        over = p.ttft_s > model.ttft_objective_s  # over the objective anywhere: the lowest TTFT, ITL risk or not
+        over = p.ttft_s > objective_s  # over the objective anywhere: the lowest TTFT, ITL risk or not
         return (over, p.itl_risk and not over, p.ttft_s, r.outstanding, r.name)
 
     best = min(live, key=key)
@@ -144,16 +145,18 @@ def admission(features: RequestFeatures, replicas: Sequence[ReplicaState], model
         return NO_REPLICA
     predictions = {r.name: predict(r, features, model).ttft_s for r in live}
     best = min(predictions.values())
-    if best <= model.ttft_objective_s or over_objective_alone(features, live, model):
+    objective_s = model.ttft_objective_for(features.prompt_tokens)
+    if best <= objective_s or over_objective_alone(features, live, model):
         return None
     return Choice(replica=None, reason="all_over_budget", predicted_ttft_s=best,
-                  retry_after_s=best - model.ttft_objective_s, detail=predictions)  # fmt: skip
+                  retry_after_s=best - objective_s, detail=predictions)  # fmt: skip
 
 
 def over_objective_alone(features: RequestFeatures, replicas: Sequence[ReplicaState], model: CostModel) -> bool:
     """The request is predicted over the TTFT objective on every replica even with nothing ahead of it."""
     idle = (replace(r, waiting=0, running=0, kv_usage=0.0, pending_prefill_tokens=0) for r in replicas)
-    return all(predict(r, features, model).ttft_s > model.ttft_objective_s for r in idle)
+    objective_s = model.ttft_objective_for(features.prompt_tokens)
+    return all(predict(r, features, model).ttft_s > objective_s for r in idle)
 
 
 Policy = Callable[[RequestFeatures, Sequence[ReplicaState], int], Choice]

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from contracts.ttft_objective import FLAT, TtftAllowance
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestFeatures:
@@ -58,6 +60,9 @@ class CostModel:
     """The constants of the estimated-cost policy (defaults: the mission's objectives)."""
 
     ttft_objective_s: float = 0.5
+    """At the reference prompt length; a longer prompt's objective adds ``ttft_allowance``'s allowance."""
+    ttft_allowance: TtftAllowance = FLAT
+    """The policy's per-length allowance (default: none, the flat objective), as the controller judges requests."""
     itl_objective_s: float = 0.02
     decode_step_s: float = 0.01
     """ITL of a replica with an empty batch."""
@@ -73,6 +78,10 @@ class CostModel:
     """KV usage above which a replica slows new prefills (block waits, preemption risk)."""
     kv_full_penalty: float = 4.0
     """Extra multiple of the predicted TTFT at 100 % KV usage (linear from the soft limit)."""
+
+    def ttft_objective_for(self, prompt_tokens: int) -> float:
+        """The TTFT a request of ``prompt_tokens`` may take and still be good (threshold plus its allowance)."""
+        return self.ttft_objective_s + self.ttft_allowance.allowance_s(prompt_tokens)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -152,6 +152,26 @@ def test_admission_lets_through_a_request_no_wait_brings_within_the_objective() 
     assert admission(features(3000), [*busy, holder], MODEL) is not None
 
 
+def test_a_long_prompt_is_judged_by_the_policys_allowance_for_its_length() -> None:
+    """With a flat objective the router refused (and counted as refused demand) long prompts the controller's
+    per-length objective counts as good, and steered them as if over the objective."""
+    from contracts.ttft_objective import TtftAllowance
+
+    long_prompts = CostModel(ttft_allowance=TtftAllowance(1000, 0.6))  # 1,800 tokens: 0.5 + 0.48 s
+    # a: 1800 / 4000 x (1 + 130/128) = 0.907 s with ITL risk; b: (2000 + 1800) / 4000 = 0.95 s without
+    replicas = [state("a", running=130), state("b", pending_prefill_tokens=2000)]
+    assert estimated_cost(features(1800), replicas, MODEL).replica == "a"  # flat: over everywhere, the fastest
+    choice = estimated_cost(features(1800), replicas, long_prompts)
+    assert (choice.replica, choice.reason) == ("b", "avoids_itl_risk")
+    # 0.45 s alone, 0.7 s behind a 1,000-token backlog: flat refuses it; within 0.98 s it is let through.
+    busy = [state("c", pending_prefill_tokens=1000)]
+    refusal = admission(features(1800), busy, MODEL)
+    assert refusal is not None and refusal.retry_after_s == pytest.approx(0.2)
+    assert admission(features(1800), busy, long_prompts) is None
+    busier = [state("c", pending_prefill_tokens=1500)]  # 900 tokens: 0.6 s, below the reference length
+    assert admission(features(900), busier, long_prompts) is not None  # no allowance: refused as ever
+
+
 def test_prefix_affinity_sends_a_shared_lead_to_one_replica() -> None:
     replicas = [state(name) for name in "abcd"]
     system = "You are a helpful assistant. " * 20
