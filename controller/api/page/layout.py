@@ -84,8 +84,18 @@ form.filter input[type=search]{padding:4px 8px;border:1px solid var(--line);bord
 """
 
 
-def page(title: str, body: Child, *, refresh_s: int | None, nav: Child = None, now: datetime) -> str:
-    """A whole HTML document; ``refresh_s`` reloads it (None or 0: never)."""
+def with_refresh(href: str, refresh: int | None) -> str:
+    """``href`` keeping the ``?refresh=`` the page was asked with (None: it was not), so a reader who turned the
+    reloads off does not get them back on the next page."""
+    if refresh is None:
+        return href
+    return f"{href}{'&' if '?' in href else '?'}refresh={refresh}"
+
+
+def page(title: str, body: Child, *, refresh_s: int | None, nav: Child = None, now: datetime,
+         refresh_asked: int | None = None) -> str:  # fmt: skip
+    """A whole HTML document; ``refresh_s`` reloads it (None or 0: never); ``refresh_asked``: the page's own
+    ``?refresh=``, which its links keep."""
     head = el(
         "head",
         el("meta", charset="utf-8"),
@@ -97,7 +107,7 @@ def page(title: str, body: Child, *, refresh_s: int | None, nav: Child = None, n
     )
     top = el(
         "header",
-        el("a", "moeslo status", href="/ui/"),
+        el("a", "moeslo status", href=with_refresh("/ui/", refresh_asked)),
         nav,
         el("span", f"rendered {fmt_time(now)} UTC", class_="sep"),
         el("span", f"refreshes every {refresh_s} s" if refresh_s else "auto-refresh off", class_="sep"),

@@ -15,7 +15,17 @@ from urllib.parse import quote, urlencode
 from starlette.requests import Request
 
 from controller.api.page.html import Markup, el, join
-from controller.api.page.layout import NO_VALUE, budget_bar, fmt_ago, fmt_budget, fmt_good, fmt_num, num, page
+from controller.api.page.layout import (
+    NO_VALUE,
+    budget_bar,
+    fmt_ago,
+    fmt_budget,
+    fmt_good,
+    fmt_num,
+    num,
+    page,
+    with_refresh,
+)
 from controller.api.page.layout import unreadable_fix as unreadable_fix_text
 from controller.api.page.policy_data import Outside, outside_client, read_alerts, read_request_rates
 from controller.api.page.verdict import SLOS, Level, PairState, Verdict, compliance, pair_states, verdict, worst_pair
@@ -37,10 +47,12 @@ class OverviewQuery:
     sort: str = "urgency"
     page: int = 1
     per_page: int = 50
+    refresh: int | None = None
+    """The ``?refresh=`` asked for (None: the default), kept by every link of the page."""
 
     def link(self, **changes: str | int) -> str:
         values = {"q": self.q, "state": self.state, "sort": self.sort, "page": self.page, "per_page": self.per_page,
-                  **changes}
+                  "refresh": self.refresh, **changes}
         defaults = OverviewQuery()
         kept = {k: v for k, v in values.items() if v != getattr(defaults, k)}
         return "/ui/" + (f"?{urlencode(kept)}" if kept else "")
@@ -185,7 +197,7 @@ def _row(row: Row, data: OverviewData) -> Markup:
     policy, status = row.stored.policy, row.status
     decision = status.decision or {}
     reasons = [str(r) for r in decision.get("reasons") or []]
-    href = f"/ui/policies/{quote(policy.name)}"
+    href = with_refresh(f"/ui/policies/{quote(policy.name)}", data.query.refresh)
     return el(
         "tr",
         el("td", el("a", el("b", policy.name), href=href), el("div", f"{policy.model_name} · {policy.mode}",
@@ -240,8 +252,9 @@ def _filter(data: OverviewData) -> Markup:
            aria_label="filter by policy or model"),
         el("input", type="hidden", name="state", value=q.state) if q.state else None,
         el("input", type="hidden", name="sort", value=q.sort) if q.sort != "urgency" else None,
+        el("input", type="hidden", name="refresh", value=str(q.refresh)) if q.refresh is not None else None,
         el("button", "filter", type="submit"),
-        el("a", "clear", href="/ui/") if q.q or q.state else None,
+        el("a", "clear", href=with_refresh("/ui/", q.refresh)) if q.q or q.state else None,
         el("span", "sort: ", el("b", "most urgent first") if q.sort != "name" else
            el("a", "most urgent first", href=q.link(sort="urgency")), " · ",
            el("b", "name") if q.sort == "name" else el("a", "name", href=q.link(sort="name")), class_="small"),
@@ -285,7 +298,8 @@ def _unreadable_banner(data: OverviewData) -> Markup | None:
     unreadable = data.controller.unreadable
     if not unreadable:
         return None
-    items = [el("li", el("a", el("b", u.name), href=f"/ui/policies/{quote(u.name)}"), f" (version {u.version}): ",
+    items = [el("li", el("a", el("b", u.name), href=with_refresh(f"/ui/policies/{quote(u.name)}", data.query.refresh)),
+                f" (version {u.version}): ",
                 u.problem, el("div", unreadable_fix_text(u.name, u.version), class_="small"), data_unreadable=u.name)
              for u in unreadable]  # fmt: skip
     return el("div", el("b", f"{len(unreadable)} stored {'policy' if len(unreadable) == 1 else 'policies'} this "
@@ -310,4 +324,4 @@ def render_overview(data: OverviewData, *, refresh_s: int | None) -> str:
     title = f"{firing} paging · moeslo" if firing else "moeslo status"
     body = [el("h1", "SLO status"), _controller_line(data), banners, _summary(data), _filter(data), _table(data),
             _pager(data)]
-    return page(title, body, refresh_s=refresh_s, now=data.now)
+    return page(title, body, refresh_s=refresh_s, now=data.now, refresh_asked=data.query.refresh)

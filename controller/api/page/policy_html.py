@@ -18,6 +18,7 @@ from controller.api.page.layout import (
     fmt_time,
     num,
     page,
+    with_refresh,
 )
 from controller.api.page.overview import tick_banner
 from controller.api.page.policy_charts import (
@@ -213,10 +214,11 @@ def _history(data: PolicyData) -> Markup:
     return el("ul", items, class_="small")
 
 
-def _range_links(data: PolicyData) -> Markup:
+def _range_links(data: PolicyData, refresh: int | None) -> Markup:
     name = quote(data.stored.policy.name)
     return el("span", "range: ", join((el("b", key) if key == data.range_key else
-                                       el("a", key, href=f"/ui/policies/{name}?range={key}") for key in RANGES), " · "))
+                                       el("a", key, href=with_refresh(f"/ui/policies/{name}?range={key}", refresh))
+                                       for key in RANGES), " · "))  # fmt: skip
 
 
 def _zoomed(data: PolicyData) -> Markup | None:
@@ -225,13 +227,14 @@ def _zoomed(data: PolicyData) -> Markup | None:
     return el("span", f"data since {fmt_time(datetime.fromtimestamp(data.t0_s, UTC))} UTC", class_="source")
 
 
-def render_policy(data: PolicyData, *, refresh_s: int | None) -> str:
+def render_policy(data: PolicyData, *, refresh_s: int | None, refresh_asked: int | None = None) -> str:
     policy, status = data.stored.policy, data.status
     v = verdict(status, policy, pair_states(status, policy, data.request_rates))
     title = el("h1", policy.name, " ", el("span", v.text, class_=f"badge {v.css}", data_verdict=v.level.name),
                " ", el("span", f"mode {policy.mode}", class_="badge off"))
     body = [
-        el("div", el("a", "← all policies", href="/ui/"), " · ", _range_links(data), class_="small"),
+        el("div", el("a", "← all policies", href=with_refresh("/ui/", refresh_asked)), " · ",
+           _range_links(data, refresh_asked), class_="small"),
         title,
         el("div", v.why, class_="muted", data_field="why"),
         el("div", f"model {policy.model_name} · target {policy.target.kind} · version {data.stored.version} · "
@@ -249,4 +252,4 @@ def render_policy(data: PolicyData, *, refresh_s: int | None) -> str:
         el("h2", "Policy history"), _history(data),
     ]
     return page(f"{v.text} · {policy.name} · moeslo", body, refresh_s=refresh_s, now=data.now,
-                nav=el("span", policy.name, class_="sep"))
+                nav=el("span", policy.name, class_="sep"), refresh_asked=refresh_asked)

@@ -64,7 +64,7 @@ async def overview_page(
     started_s = time.perf_counter()
     # "stale" is what the page calls the state it filters by as "blind".
     query = OverviewQuery(q=q, state="blind" if state == "stale" else state, sort=sort, page=page_no,
-                          per_page=per_page)  # fmt: skip
+                          per_page=per_page, refresh=refresh)  # fmt: skip
     data = await gather_overview(request, query)
     return _html(render_overview(data, refresh_s=_refresh_s(request, refresh)), started_s)
 
@@ -91,4 +91,4 @@ async def policy_page(
                    "run it."),
                 el("p", unreadable_fix(name, exc.version), " ", el("a", "All policies", href="/ui/"))]  # fmt: skip
         return _html(page(f"cannot read policy {name}", body, refresh_s=None, now=datetime.now(UTC)), started_s, 500)
-    return _html(render_policy(data, refresh_s=_refresh_s(request, refresh)), started_s)
+    return _html(render_policy(data, refresh_s=_refresh_s(request, refresh), refresh_asked=refresh), started_s)

@@ -134,3 +134,21 @@ def test_pages_refresh_themselves_and_load_nothing_from_elsewhere(make_page: Any
     assert response.status_code == 307 and response.headers["location"] == "/ui/"
     assert page.client.get("/ui/").headers["server-timing"].startswith("render;dur=")
     assert "/ui/" not in page.client.get("/openapi.json").text
+
+
+def test_every_link_keeps_the_refresh_asked_for(make_page: Any) -> None:
+    """A reader who turned the reloads off (``?refresh=0``) got them back on the next page they opened."""
+    page = make_page(tick_interval_s=10.0)
+    page.store.create_policy(_policy("one"))
+    overview = page.client.get("/ui/?refresh=0&sort=name").text
+    links = [h.replace("&amp;", "&") for h in re.findall(r'href="(/ui/[^"]*)"', overview)]
+    assert "/ui/policies/one?refresh=0" in links and "/ui/?refresh=0" in links
+    assert all("refresh=0" in h for h in links), links
+    assert '<input type="hidden" name="refresh" value="0"' in overview  # the filter form's GET too
+    policy = page.client.get("/ui/policies/one?refresh=0").text
+    assert '<meta http-equiv="refresh"' not in policy
+    links = [h.replace("&amp;", "&") for h in re.findall(r'href="(/ui/[^"]*)"', policy)]
+    assert "/ui/policies/one?range=1d&refresh=0" in links and "/ui/?refresh=0" in links
+    assert all("refresh=0" in h for h in links), links
+    plain = page.client.get("/ui/").text  # none asked: the links stay as they were
+    assert "refresh=" not in plain
