@@ -22,6 +22,7 @@ and :class:`controller.sizing.SizingAdvisor` then sizes reactively instead.
 
 from __future__ import annotations
 
+import logging
 import math
 import zlib
 from collections import deque
@@ -38,6 +39,8 @@ from controller.forecast.audit import MIN_SCORED, AuditBounds, ForecastAudit
 from controller.policy import Policy
 from controller.refit_budget import CHEAP_REFIT_BINS, RefitBudget
 from controller.types import Advice, ForecastView, LoadHistory, PolicyObservation, Reason, Scalar
+
+log = logging.getLogger(__name__)
 
 __all__ = ["AUDIT_QUANTILE", "Assessment", "PredictiveAdvisor", "PredictiveConfig"]
 
@@ -269,8 +272,14 @@ class PredictiveAdvisor:
         return self._policy_state(policy).capacity
 
     def warm_start(self, policy: Policy, history: LoadHistory) -> None:
-        """Seed a policy's history (one value per tick, oldest first), e.g. after a restart."""
+        """Seed a policy's history (one value per tick, oldest first), e.g. after a restart.
+
+        Not once the policy was observed live (a warm start that ran late): its bins would land after the live
+        ones, on the live bins' clock, and the live observations of as many bins would be dropped."""
         state = self._policy_state(policy)
+        if state.last_observed_at_s is not None:
+            log.info("warm start of %s ignored: already observed live", policy.name)
+            return
         for r, p, o in zip(history.rates_rps, history.prompt_tokens_per_s, history.output_tokens_per_s, strict=True):
             state.observe(float(r), float(p), float(o))
         state.rate.quick_fit()  # forecasts at once; the full refit waits for a tick's refit budget

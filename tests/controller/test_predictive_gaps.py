@@ -4,11 +4,14 @@ missed take the last value, so the season keeps its phase and each forecast is s
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+
+import pytest
 
 from controller.forecast import ForecastConfig
 from controller.policy import LocalTarget, Policy, Scaling
 from controller.predictive import PredictiveAdvisor, PredictiveConfig
-from controller.types import PolicyObservation
+from controller.types import LoadHistory, PolicyObservation
 
 TICK_S, SEASON_S = 15.0, 3600.0
 SEASON_BINS = round(SEASON_S / TICK_S)
@@ -86,3 +89,23 @@ def test_a_gap_longer_than_a_season_restarts_the_forecaster_rather_than_making_u
     advice = adv.advise(POLICY, observe(later * TICK_S), later * TICK_S)
     assert adv.history_bins("p") == 1
     assert "warming_up" in advice.reasons
+
+
+def test_a_warm_start_after_the_first_live_tick_leaves_the_live_history_alone() -> None:
+    """A warm start that timed out on the policy's first tick and landed on a later one: its history would go
+    after the live bins, and the bins counter jumped ahead of the clock, so every live observation was dropped
+    for as many bins as it held while the audit scored none and the stale forecast sized the fleet."""
+    adv = advisor()
+    flat = [100.0] * (2 * SEASON_BINS)
+    live = 10.0
+    adv.assess(POLICY, flat_observation(0.0, live), 0.0)
+    adv.warm_start(POLICY, LoadHistory(flat, [r * 100 for r in flat], [r * 50 for r in flat]))
+    for k in range(1, 121):
+        assessment = adv.assess(POLICY, flat_observation(k * TICK_S, live), k * TICK_S)
+    assert assessment is not None and assessment.forecast is not None
+    assert assessment.forecast.request_rate_rps == pytest.approx(live, rel=0.1)
+    assert adv.history_bins("p") == 121
+
+
+def flat_observation(t: float, r: float) -> PolicyObservation:
+    return replace(observe(t), request_rate_rps=r, prompt_tokens_per_s=r * 100, output_tokens_per_s=r * 50)
