@@ -49,6 +49,7 @@ from controller.store.tables import (
     PolicyRow,
     PolicyVersionRow,
     decisions_of,
+    spliced,
     versions_of,
 )
 
@@ -448,10 +449,15 @@ class Store:
 
     # ---- load history (what the forecasters learn from; survives restarts) -----
     def save_load_history(self, chunks: Sequence[tuple[str, float, list[list[float]]]]) -> None:
-        """Write (policy, chunk start, samples) chunks, replacing chunks already stored."""
+        """Write (policy, chunk start, samples) chunks: the samples replace those stored over the time they span,
+        and the stored ones outside it stay (:func:`~controller.store.tables.spliced`)."""
         with self._session() as session:
             for policy, start_s, samples in chunks:
-                session.merge(LoadHistoryRow(policy=policy, chunk_start_s=start_s, samples=samples))
+                stored = session.get(LoadHistoryRow, (policy, start_s), with_for_update=True)
+                if stored is None:
+                    session.add(LoadHistoryRow(policy=policy, chunk_start_s=start_s, samples=samples))
+                else:
+                    stored.samples = spliced(stored.samples, samples)
 
     def load_history(self, policy: str, *, since_s: float) -> list[list[float]]:
         """The policy's samples from chunks starting at or after ``since_s``, oldest first."""

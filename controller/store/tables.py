@@ -89,7 +89,8 @@ class LoadHistoryRow(Base):
 
     ``samples`` is a list of ``[wall_time_s, request_rate_rps, prompt_tokens_per_s, output_tokens_per_s]``;
     a chunk covers ``LOAD_HISTORY_CHUNK_S`` from ``chunk_start_s`` (Unix seconds), so a day of
-    15-second ticks is 24 rows per policy, rewritten while the current chunk fills.
+    15-second ticks is 24 rows per policy, rewritten while the current chunk fills: each write over the time
+    its samples span (:func:`spliced`).
     """
 
     __tablename__ = "load_history"
@@ -97,6 +98,19 @@ class LoadHistoryRow(Base):
     policy: Mapped[str] = mapped_column(String(63), primary_key=True)
     chunk_start_s: Mapped[float] = mapped_column(Float, primary_key=True)
     samples: Mapped[list[list[float]]] = mapped_column(JSON, nullable=False)
+
+
+def spliced(stored: list[list[float]], samples: list[list[float]]) -> list[list[float]]:
+    """A chunk's stored samples with ``samples`` (oldest first) in place of those over the time they span.
+
+    A writer's chunk holds only what it recorded since it started: a leader restarted in the middle of the hour
+    keeps the samples written before it, and a deposed one's late write the new leader's after its own."""
+    if not samples:
+        return stored
+    first, last = min(s[0] for s in samples), max(s[0] for s in samples)  # a wall clock stepped back too
+    before = [s for s in stored if s[0] < first]
+    after = [s for s in stored if s[0] > last]
+    return [*before, *samples, *after]
 
 
 def decisions_of(policy: str) -> ColumnElement[bool]:

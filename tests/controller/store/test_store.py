@@ -206,3 +206,54 @@ def test_a_restart_carries_no_cooldown_over_from_a_policy_deleted_since(tmp_path
     assert core.state["kept"].last_change_s is not None  # the cooldown of a policy still there carries over
     assert "p" not in core.state or core.state["p"].last_change_s is None
     store.close()
+
+
+HOUR_S = 1_700_006_400.0  # a whole hour: one load history chunk
+
+
+def _load(times: list[float], rate: float) -> list[list[float]]:
+    return [[HOUR_S + t, rate, 1.0, 1.0] for t in times]
+
+
+def test_a_restarted_leader_keeps_the_hours_load_history_written_before_it(tmp_path: Path) -> None:
+    """A leader restarted (or newly elected) in the middle of an hour opens that hour's chunk with its own samples
+    only: writing it replaced the chunk stored, and the forecaster lost the hour's load before the restart."""
+    import asyncio
+
+    from controller.load_history import LoadHistoryKeeper
+    from controller.types import PolicyObservation
+
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    observed = {"p": PolicyObservation(policy="p", observed_at_s=0.0, request_rate_rps=7.0, prompt_tokens_per_s=1.0,
+                                       output_tokens_per_s=1.0)}  # fmt: skip
+
+    async def run(start_s: float, ticks: int) -> None:
+        clock = [start_s]
+        keeper = LoadHistoryKeeper(store, bin_s=15.0, keep_s=3 * 86400.0, wall_clock=lambda: clock[0],
+                                   flush_every_ticks=1)  # fmt: skip
+        for _ in range(ticks):
+            keeper.record(observed)
+            await keeper.after_tick(leader=True, policies=["p"])
+            clock[0] += 15.0
+
+    asyncio.run(run(HOUR_S, 160))  # the hour's first 40 minutes
+    asyncio.run(run(HOUR_S + 45 * 60, 20))  # restarted 5 minutes later
+    times = [s[0] - HOUR_S for s in store.load_history("p", since_s=0)]
+    assert times == [k * 15.0 for k in range(160)] + [45 * 60 + k * 15.0 for k in range(20)]
+
+
+def test_a_deposed_leaders_late_write_keeps_the_new_leaders_load_history(tmp_path: Path) -> None:
+    """Each write replaces the stored samples over the time its own samples span, and keeps the rest: the new
+    leader's, written first, survive the old one's late write of its older samples, and where both recorded the
+    same minutes the last write's samples hold them, once."""
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'c.db'}")
+    new_leader = _load([2700.0, 2715.0, 2730.0, 2745.0], 2.0)
+    store.save_load_history([("p", HOUR_S, new_leader)])
+    store.save_load_history([("p", HOUR_S, _load([0.0, 15.0, 30.0], 1.0))])
+    assert [s[1] for s in store.load_history("p", since_s=0)] == [1.0] * 3 + [2.0] * 4
+    store.save_load_history([("p", HOUR_S, _load([0.0, 15.0, 30.0, 2705.0, 2720.0], 1.0))])  # overlapping
+    assert [s[0] - HOUR_S for s in store.load_history("p", since_s=0)] == [0.0, 15.0, 30.0, 2705.0, 2720.0,
+                                                                          2730.0, 2745.0]  # fmt: skip
+    store.save_load_history([("p", HOUR_S, new_leader)])
+    assert [s[0] - HOUR_S for s in store.load_history("p", since_s=0)] == [0.0, 15.0, 30.0, 2700.0, 2715.0,
+                                                                          2730.0, 2745.0]  # fmt: skip
