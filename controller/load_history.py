@@ -3,7 +3,8 @@
 Each tick the service records every policy's offered request and token rates
 (the engines' plus what an entry router refused, :func:`controller.entry_demand.offered_load`)
 (one sample per tick, at wall-clock time: monotonic clocks do not survive a
-restart).  The leader writes them to the store in hourly chunks; a controller
+restart).  The leader writes them to the store in hourly chunks (a follower keeps only each policy's
+current one, which it continues once promoted); a controller
 that starts (or a policy seen for the first time) warm-starts its forecaster
 from Prometheus when one is configured (``query_range`` over the same rate
 queries the source uses: the engines' rates, without the requests an entry
@@ -121,6 +122,12 @@ class LoadHistoryRecorder:
         out = [(policy, start, list(samples)) for (policy, start), samples in self._dirty.items()]
         self._dirty.clear()
         return out
+
+    def keep_current_only(self) -> None:
+        """Forget the chunks each policy has moved past: a follower writes none, and on promotion only the current
+        one is continued (the leader wrote the others)."""
+        self._dirty = {key: samples for key, samples in self._dirty.items()
+                       if key[0] in self._chunks and self._chunks[key[0]][0] == key[1]}  # fmt: skip
 
     def forget(self, policy: str) -> None:
         self._chunks.pop(policy, None)
@@ -245,7 +252,10 @@ class LoadHistoryKeeper:
         """Write changed chunks every few ticks, and prune now and then (leader only) old chunks and those of any
         policy not in ``policies``: every stored one, an unreadable one too (a newer version's, to come back)."""
         self._ticks += 1
-        if not leader or self._ticks % self.flush_every_ticks:
+        if not leader:
+            self.recorder.keep_current_only()  # else a standby holds every chunk it ever recorded
+            return
+        if self._ticks % self.flush_every_ticks:
             return
         chunks = self.recorder.dirty_chunks()
         try:

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from controller.core import DecisionCore
-from controller.load_history import LoadHistoryKeeper, resample
+from controller.load_history import LOAD_HISTORY_CHUNK_S, LoadHistoryKeeper, resample
 from controller.policy import LocalTarget, Policy
 from controller.store import Store, StoredPolicy
-from controller.types import LoadHistory
+from controller.types import LoadHistory, PolicyObservation
 
 BIN_S = 15.0
 DAY_S = 86_400.0
@@ -74,3 +74,31 @@ def test_the_warm_start_keeps_only_the_history_after_a_gap_longer_than_a_season(
     before, after = [k * BIN_S for k in range(100)], [2 * DAY_S + k * BIN_S for k in range(100)]
     core, _ = _warm_start(tmp_path, before + after, now_s=2 * DAY_S + 100 * BIN_S)
     assert list(core.seeded["p"].rates_rps) == [t / BIN_S for t in after]
+
+
+def test_a_follower_holds_only_each_policys_current_chunk(tmp_path: Path) -> None:
+    """A follower records every tick but writes nothing: it kept every hourly chunk it ever recorded.  It keeps
+    only the current one, which it writes once promoted."""
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'h.db'}")
+    clock = [1_700_000_000.0]
+    keeper = LoadHistoryKeeper(store, bin_s=BIN_S, keep_s=14 * DAY_S, wall_clock=lambda: clock[0])
+    names = ["p0", "p1", "p2"]
+    observed = {
+        name: PolicyObservation(policy=name, observed_at_s=0.0, request_rate_rps=1.0, prompt_tokens_per_s=1.0,
+                                output_tokens_per_s=1.0)
+        for name in names
+    }  # fmt: skip
+
+    async def follow(ticks: int) -> None:
+        for _ in range(ticks):
+            keeper.record(observed)
+            await keeper.after_tick(leader=False, policies=names)
+            clock[0] += BIN_S
+
+    asyncio.run(follow(int(2 * DAY_S / BIN_S)))
+    keeper.record(observed)
+    for _ in range(keeper.flush_every_ticks):  # promoted: the next flush writes what it holds
+        asyncio.run(keeper.after_tick(leader=True, policies=names))
+    current = clock[0] - clock[0] % LOAD_HISTORY_CHUNK_S
+    for name in names:
+        assert {s[0] - s[0] % LOAD_HISTORY_CHUNK_S for s in store.load_history(name, since_s=0)} == {current}
