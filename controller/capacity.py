@@ -19,7 +19,8 @@ replica is the Pollaczek-Khinchine M/G/1 queue), ITL's from the Poisson spread o
 *normalized* TTFT (:mod:`contracts.ttft_objective`): a prompt's long-prompt allowance is
 taken off its prefill.  Prompts no replica can serve within the objective (those
 :meth:`CapacityModel.infeasible_prompts` bounds) cannot be helped by more replicas: the tail's
-own prefill sets a floor, and the queue may add a fifth of the objective on top of it.  ITL has its floor
+own prefill sets a floor, and the queue may add a fifth of the objective on top of it; a floor still under the
+objective sizes for the objective (at most a hundredth over it).  ITL has its floor
 too (:attr:`CapacityModel.itl_floor_s`, one step of the smallest batch): an objective below it sizes for
 the floor plus a margin, not for every replica there is.
 A prefix-cache hit rate ``h`` (observed: ``vllm:prefix_cache_hits`` over
@@ -81,6 +82,12 @@ class Load:
 ITL_FLOOR_MARGIN = 1.2
 """The lowest p99 ITL a fleet is sized for, over one step of the smallest batch."""
 
+TTFT_FLOOR_MARGIN = 0.2
+"""The share of the TTFT objective the queue may add over a floor that already misses it (or leaves more)."""
+
+TTFT_QUEUE_LEAST = 0.01
+"""The least share of the TTFT objective the queue may add over the floor, however close to the objective it is."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Targets:
@@ -108,7 +115,8 @@ class Prediction:
     prefill_utilization: float
     kv_utilization: float
     ttft_floor_s: float = 0.0
-    """p99 TTFT with no queue at all (the longest prompts' own prefill): no fleet size goes below it."""
+    """p99 TTFT with no queue at all (the longest prompts' own prefill, no decodes beside it): no fleet size goes
+    below it."""
 
     @property
     def stable(self) -> bool:
@@ -236,7 +244,13 @@ class CapacityModel:
         # The objective's own service time of the mean prompt and of the p99 tail prompt.
         typical = self._normalized_service(load.mean_prompt_tokens, prefill_rate)
         tail = self._tail_service(load.mean_prompt_tokens, prefill_rate)
-        floor = p.ttft_overhead_s + max(tail, typical)
+        # The floor is what the largest fleet reaches (decodes beside a prompt thin out toward none): the same
+        # for every replica count, so whether it misses the objective does not flip along the search.
+        least_rate = prefill_rate if running <= 0 else p.chunked_prefill_rate(0.0)
+        floor = p.ttft_overhead_s + max(
+            self._tail_service(load.mean_prompt_tokens, least_rate),
+            self._normalized_service(load.mean_prompt_tokens, least_rate),
+        )
         if rho >= 1.0:
             return math.inf, floor
         mean_wait, wait_p99 = mgn_waits(replicas, rho, mean_service, t.prompt_cv2)
@@ -334,10 +348,22 @@ class CapacityModel:
     def meets_targets(self, prediction: Prediction, headroom: float | None = None) -> bool:
         t = self.targets
         room = t.headroom if headroom is None else headroom
-        # Prompts so long that their own prefill eats the TTFT budget cannot be helped by more
-        # replicas; then size so the queue adds at most a fifth of the target on top of them.
-        ttft_limit = max(t.ttft_s * room, prediction.ttft_floor_s + 0.2 * t.ttft_s)
+        ttft_limit = max(t.ttft_s * room, self._ttft_floor_limit_s(prediction.ttft_floor_s))
         return prediction.stable and prediction.ttft_p99_s <= ttft_limit and self._decode_fits(prediction, room)
+
+    def _ttft_floor_limit_s(self, floor_s: float) -> float:
+        """The p99 TTFT a fleet may be sized for over ``floor_s`` (:attr:`Prediction.ttft_floor_s`), when above the
+        objective's headroom share.
+
+        Prompts so long that their prefill alone misses the objective cannot be helped by more replicas: the queue
+        may add a fifth of the objective on top of them.  A floor under the objective leaves it reachable, so the
+        limit stays at the objective (a hundredth over it at most, for a floor within a hundredth under it)."""
+        ttft = self.targets.ttft_s
+        if floor_s >= ttft:
+            return floor_s + TTFT_FLOOR_MARGIN * ttft
+        # Under the objective the queue gets what the floor leaves of it, but never so little that only every
+        # replica there is would do (a floor a hair under the objective): then it overshoots by at most that.
+        return floor_s + min(max(ttft - floor_s, TTFT_QUEUE_LEAST * ttft), TTFT_FLOOR_MARGIN * ttft)
 
     def _decode_fits(self, prediction: Prediction, room: float) -> bool:
         """The ITL side of :meth:`meets_targets`: p99 ITL (NaN fails), KV cache and batch within ``room``."""

@@ -217,3 +217,50 @@ def test_the_search_with_the_itl_side_first_agrees_with_the_full_prediction(corr
                     assert model._meets(load, replicas, headroom) == full, (rate, prompt, replicas, headroom)
                     checked += full
     assert checked > 0  # some counts pass, so both branches of the shortcut are exercised
+
+
+@pytest.mark.parametrize(
+    ("ttft_s", "headroom", "rate", "prompt"),
+    [(0.2, 0.9, 10.0, 1150.0), (0.2, 0.9, 50.0, 1125.0), (0.5, 0.8, 10.0, 2950.0), (0.5, 0.8, 50.0, 2600.0)],
+)
+def test_a_ttft_floor_under_the_objective_is_sized_to_meet_the_objective(
+    ttft_s: float, headroom: float, rate: float, prompt: float,
+) -> None:
+    """Prompts whose own prefill nearly fills the objective: the floor plus a fifth went past the objective, and the
+    model sized 4 replicas predicted at 204 ms for a 200 ms objective (7 at 508 ms for 500 ms) that more would meet."""
+    model = CapacityModel(DEFAULT_PROFILE, Targets(ttft_s=ttft_s, itl_s=1.0, headroom=headroom))
+    offered = Load(request_rate_rps=rate, prompt_tokens_per_s=rate * prompt, output_tokens_per_s=rate * 5.0)
+    need = model.replicas_needed(offered)
+    prediction = model.predict(offered, need)
+    assert prediction.ttft_floor_s < ttft_s * 0.99
+    assert prediction.ttft_p99_s <= ttft_s
+    assert need == 1 or model.predict(offered, need - 1).ttft_p99_s > ttft_s * headroom
+
+
+@pytest.mark.parametrize(("ttft_s", "headroom", "rate"), [(0.5, 0.8, 50.0), (0.3, 0.9, 50.0), (0.5, 0.5, 500.0)])
+def test_a_ttft_floor_nearing_the_objective_keeps_the_fleet_finite_and_the_search_monotonic(
+    ttft_s: float, headroom: float, rate: float,
+) -> None:
+    """As the floor climbs to the objective the queue's share of it vanishes: the fleet must not run off to every
+    replica there is, and whether a count meets the targets must not flip as the floor crosses the objective."""
+    from controller.capacity import MAX_REPLICAS
+
+    model = CapacityModel(DEFAULT_PROFILE, Targets(ttft_s=ttft_s, itl_s=1.0, headroom=headroom))
+
+    def offered(prompt: float) -> Load:
+        return Load(request_rate_rps=rate, prompt_tokens_per_s=rate * prompt, output_tokens_per_s=rate * 5.0)
+
+    low, high = 100.0, 20_000.0  # the mean prompt whose floor is the objective
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if model.predict(offered(middle), 1).ttft_floor_s < ttft_s else (low, middle)
+    far = model.replicas_needed(offered(low * 0.99))
+    for share in (0.999, 0.9999, 1.0, 1.0001, 1.001, 1.01):
+        prompt = low * share
+        need = model.replicas_needed(offered(prompt))
+        assert need <= 2 * far < MAX_REPLICAS, share
+        prediction = model.predict(offered(prompt), need)
+        if prediction.ttft_floor_s < ttft_s:
+            assert prediction.ttft_p99_s <= ttft_s * 1.01, share  # a hundredth over it at most
+        meets = [model._meets(offered(prompt), replicas, None) for replicas in range(1, 3 * need)]
+        assert meets == [replicas >= need for replicas in range(1, 3 * need)], share
