@@ -30,8 +30,8 @@ Per policy, in order (the first guardrail that holds ends the evaluation)::
                                       -> no lower than that  [stabilization]
     want fewer than current / max_scale_down_rate (not zero)
                                       -> no lower than that  [scale_down_rate]
-      (none of them holds back an advisor's ``undo_to``: a scale-up it judged
-      ineffective goes back to the size it began at)
+      (none of them holds back an advisor's ``undo_to``, nor is cited when it goes
+      past them: a scale-up it judged ineffective goes back to the size it began at)
     move at most max_step replicas                       [max_step]
     mode advisory / read-only target  -> decided, apply=False [mode_advisory / read_only_target]
 
@@ -228,14 +228,17 @@ class DecisionCore:
             guards.append(Reason.HOST_BUDGET)
             notes.append(f"the actuator has room for {budget} replicas")
         if desired < current:
+            ungated = len(guards)
             gated = self._gate_scale_down(policy, obs, now_s, state, current, desired, why, guards, hold)
             undo = None if undo_to is None or undo_to >= current or obs.errors else max(desired, undo_to)
             if isinstance(gated, Decision) and undo is None:
                 return gated
             desired = current if isinstance(gated, Decision) else gated
             if undo is not None and undo < desired:
-                # A verdict, not the load's noise, says these replicas bought nothing: the guards do not keep them.
-                desired = undo
+                # A verdict, not the load's noise, says these replicas bought nothing: the guards do not keep them
+                # (nor are they cited, as bounds that held).
+                desired, guards[ungated:] = undo, []
+                inputs.pop("stabilized_need", None)
                 inputs["undo_to"] = undo_to
                 notes.append(f"a scale-up from {undo_to} bought nothing: given back at once")
         if abs(desired - current) > scaling.max_step:
@@ -444,14 +447,8 @@ class _Hold:
 
 
 def _decision(
-    policy: Policy,
-    action: Action,
-    current: int,
-    desired: int,
-    reasons: Sequence[str],
-    detail: str,
-    inputs: dict[str, Scalar],
-    now_s: float,
+    policy: Policy, action: Action, current: int, desired: int, reasons: Sequence[str], detail: str,
+    inputs: dict[str, Scalar], now_s: float,
 ) -> Decision:
     """A decision that changes (or holds) replicas; applied unless the mode or the target forbids it."""
     apply = action != "hold"

@@ -1,4 +1,5 @@
-"""The core's bounds without data, the reactive advisor's floor, and observations from the future."""
+"""The core's bounds without data, the reactive advisor's floor, observations from the future, and the guards a
+given-back scale-up goes past."""
 
 from __future__ import annotations
 
@@ -146,3 +147,37 @@ def test_a_change_the_bounds_alone_make_is_logged_under_the_bound(
 def test_a_change_the_advisors_want_keeps_their_reason_when_a_bound_also_applies() -> None:
     decision = tick(DecisionCore([_Says(2, "slo_burn")]), 1000.0, no_metrics(999.0, 1), make_policy(min_replicas=3))
     assert (decision.action, decision.desired_replicas, logged_reason(decision)) == ("scale_up", 3, "slo_burn")
+
+
+class _GivesBack:
+    """An advisor whose verdict is that the scale-up from ``undo_to`` bought nothing."""
+
+    name = "sizing"
+
+    def __init__(self, needed: int, undo_to: int) -> None:
+        self.advice = Advice(replicas_needed=needed, reasons=("current_load", "scale_ineffective"), undo_to=undo_to)
+
+    def advise(self, policy: Policy, observation: PolicyObservation, now_s: float) -> Advice:
+        return self.advice
+
+
+@pytest.mark.parametrize(("state", "bounds", "current", "expected", "overridden"), [
+    # 5 were needed 50 s ago: stabilization alone would keep 5 of the 6.
+    (PolicyState(last_change_s=-1000.0, recent_needs=[(950.0, 5)]), {}, 6, 4, "stabilization"),
+    # At rate 2 a scale-down from 8 keeps 4.
+    (PolicyState(last_change_s=-1000.0), {"max_scale_down_rate": 2}, 8, 3, "scale_down_rate"),
+])
+def test_a_scale_up_given_back_cites_no_guard_it_went_past(
+    state: PolicyState, bounds: dict[str, int], current: int, expected: int, overridden: str,
+) -> None:
+    """The verdict takes the fleet below what stabilization or the scale-down rate would keep: those guards did not
+    hold, and the decision's reasons, detail and inputs said they did (6 -> 4 logged under ``stabilization``)."""
+    core = DecisionCore([_GivesBack(2, expected)])
+    core.state["chat"] = replace(state, last_observed_replicas=current)
+    policy = make_policy(max_step=10, **bounds)
+    decision = tick(core, 1000.0, observe(1000.0, current), policy)
+    assert (decision.action, decision.desired_replicas) == ("scale_down", expected)
+    assert decision.inputs["undo_to"] == expected
+    assert overridden not in decision.reasons and overridden not in decision.detail
+    assert "stabilized_need" not in decision.inputs
+    assert decision.reasons == ("scale_down", "current_load", "scale_ineffective")
