@@ -3,10 +3,12 @@
 :func:`decide_rebalance` rebalances only when the policy's imbalance objective
 (worst layer's CV above ``max_cv``) has been violated for ``sustain_s``, the
 cooldown since the last rebalance has passed, and the candidate plan improves
-the predicted worst-layer CV by at least ``margin``.  Checks run in that order
-and the first that fails is the reason::
+the predicted worst-layer CV by at least ``margin`` (a held-out gain by
+``GAIN_SIGMAS`` of its sampling spreads more).  Checks run in that order and the
+first that fails is the reason::
 
-    no_observations -> imbalance_ok -> not_sustained -> cooldown -> insufficient_improvement -> rebalance
+    no_observations -> imbalance_ok -> not_sustained -> cooldown -> insufficient_traffic
+        -> insufficient_improvement -> rebalance
 
 :func:`verify_rebalance` compares the CV measured after applying a plan with
 the plan's prediction.  Time comes in as ``now_s`` (any monotonic clock), so a
@@ -20,7 +22,11 @@ the trigger judges the *denoised* CV of each layer against the objective, and
 verification expects ``sqrt(predicted^2 + noise^2)`` and allows ``NOISE_SIGMAS``
 noise widths on top of it.  A short, quiet window neither triggers a rebalance
 nor fails one; a window too short to tell a met objective from a missed one
-is ``insufficient_traffic`` and is measured again later.
+is ``insufficient_traffic`` and is measured again later.  The held-out gain the
+trigger judges is a difference of two denoised CVs of one window: denoising
+removes the noise's mean, not its spread, so the gain must clear its spread too,
+and a held-out window too short to judge it (either placement's noise above
+half the objective, as in verification) is ``insufficient_traffic``.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from controller.rebalance.out_of_sample import HeldOutGain
 from controller.rebalance.planner import RebalancePlan
 
 TriggerReason = Literal[
-    "no_observations", "imbalance_ok", "not_sustained", "cooldown", "insufficient_improvement", "rebalance"
+    "no_observations", "imbalance_ok", "not_sustained", "cooldown", "insufficient_traffic",
+    "insufficient_improvement", "rebalance",
 ]
 VerifyReason = Literal[
     "verified", "worse_than_predicted", "still_violating", "no_observations", "insufficient_traffic", "superseded"
@@ -50,6 +57,13 @@ VerifyReason = Literal[
 NOISE_SIGMAS = 3.0
 """Noise widths a measured CV may exceed its expectation by before a plan counts as not working
 (for one layer on two ranks, chance exceeds it 0.3 % of the time)."""
+
+GAIN_SIGMAS = 2.33
+"""Spreads (:meth:`HeldOutGain.gain_spread`) a held-out gain must clear on top of the margin: a normal
+variable exceeds 2.33 standard deviations 1 % of the time, and the spread overestimates the gain's, so a
+plan that gains nothing triggers on at most about 1 % of the tests (simulated, 2 to 8 ranks, 2,000 tests
+each: 0.1 % at most from 640 assignments a layer up, 1.4 % at 160 on 2 ranks, a window ``max_cv`` 0.15
+calls ``insufficient_traffic``; the flat margin alone triggered on 0.3 % to 43 %)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,12 @@ class RebalanceDecision:
     prediction: Literal["in_sample", "held_out"] = "in_sample"
     """Where the predicted CVs come from: the load the plan was made from, or the latest window,
     which a plan made without it is scored on (denoised); the second is what the next window will see."""
+    required_gain: float | None = None
+    """The drop of the predicted worst-layer CV a rebalance needs: the margin, plus ``GAIN_SIGMAS``
+    sampling spreads of a held-out gain (None: no plan)."""
+    held_out_noise_cv: float | None = None
+    """The held-out window's largest noise floor (None: in-sample); above half ``max_cv`` it is
+    ``insufficient_traffic``."""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -137,12 +157,8 @@ def decide_rebalance(
     cooldown_left = 0.0
     if last_rebalance_s is not None:
         cooldown_left = max(0.0, last_rebalance_s + settings.cooldown_s - now_s)
-    before = after = None
-    if plan is not None and held_out is not None:
-        before, after = held_out.worst_before, held_out.worst_after
-    elif plan is not None and plan.active.any():
-        before = float(plan.imbalance_before.cv[plan.active].max())
-        after = float(plan.imbalance_after.cv[plan.active].max())
+    held_out = held_out if plan is not None else None
+    before, after, required = _predicted_gain(plan, held_out, settings.margin)
 
     def decision(reason: TriggerReason, worst: float | None, since: float | None) -> RebalanceDecision:
         return RebalanceDecision(
@@ -156,7 +172,9 @@ def decide_rebalance(
             cooldown_left_s=cooldown_left,
             predicted_cv_before=before,
             predicted_cv_after=after,
-            prediction="held_out" if plan is not None and held_out is not None else "in_sample",
+            prediction="held_out" if held_out is not None else "in_sample",
+            required_gain=required,
+            held_out_noise_cv=held_out.worst_noise if held_out is not None else None,
         )
 
     if not seen:
@@ -169,9 +187,28 @@ def decide_rebalance(
         return decision("not_sustained", worst, since)
     if cooldown_left > 0:
         return decision("cooldown", worst, since)
-    if before is None or after is None or before - after < settings.margin:
+    if held_out is not None and held_out.worst_noise > objective.max_cv / 2:
+        return decision("insufficient_traffic", worst, since)
+    if before is None or after is None or required is None or before - after < required:
         return decision("insufficient_improvement", worst, since)
     return decision("rebalance", worst, since)
+
+
+def _predicted_gain(
+    plan: RebalancePlan | None, held_out: HeldOutGain | None, margin: float
+) -> tuple[float | None, float | None, float | None]:
+    """Worst-layer CV before and after, and the drop a rebalance needs (all None without a plan's gain).
+
+    A held-out gain is measured on one window and scatters with its sampling noise (a plan that gains
+    nothing measured gains above 0.02 a quarter of the time on 640 assignments): it must clear the margin
+    by ``GAIN_SIGMAS`` of its spread.  An in-sample gain is the plan's own arithmetic, without noise.
+    """
+    if plan is not None and held_out is not None:
+        return held_out.worst_before, held_out.worst_after, margin + GAIN_SIGMAS * held_out.worst_spread
+    if plan is not None and plan.active.any():
+        before = float(plan.imbalance_before.cv[plan.active].max())
+        return before, float(plan.imbalance_after.cv[plan.active].max()), margin
+    return None, None, None
 
 
 def _violating_since(history: Sequence[CvObservation], max_cv: float) -> float | None:

@@ -71,3 +71,7 @@ def test_held_out_gain_takes_the_sampling_noise_out() -> None:
     assert gain.cv_before[0] == pytest.approx(np.sqrt(0.25 - noise_before**2))
     assert gain.cv_after[0] == 0.0
     assert gain.worst_before > gain.worst_after
+    # The gain scatters with both placements' noise, which denoising does not take out.
+    assert gain.noise_before[0] == pytest.approx(noise_before)
+    assert gain.worst_spread == pytest.approx(np.sqrt(noise_before**2 + 1 / 800))
+    assert gain.worst_noise == pytest.approx(max(noise_before, np.sqrt(1 / 800)))
