@@ -236,6 +236,7 @@ async def _texts(
     tokens = 0
     tokens_at_stop: int | None = None  # usage counts the tokens up to the stop string, as vLLM's does
     offset = len(prefix)
+    listed: list[int] = []  # the tokens listed so far: a split character's text is completed with them
     async for raw in _events(first, stream):
         out = raw
         stopped = matcher.stopped
@@ -247,15 +248,16 @@ async def _texts(
                 offset = entries[-1].text_offset + len(entries[-1].token)
         if entries is not None and out.is_stop_token and out.token_id is not None and out.logprobs is not None \
                 and not stopped:  # listed though not shown, as vLLM lists it
-            entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, offset))
+            entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, offset, listed))
             offset += len(entries[-1].token)
         if out.token_id is not None and not out.is_stop_token:
             tokens += 1
             piece = decoder.step(out.token_id)
             text = matcher.feed(piece, check=tokens > min_tokens)
             if entries is not None and out.logprobs is not None and not stopped:
-                entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, offset))
+                entries.append(logprob_entry(tokenizer, out.token_id, out.logprobs, offset, listed))
                 offset += len(entries[-1].token)
+                listed.append(out.token_id)
             if matcher.stopped and tokens_at_stop is None:
                 tokens_at_stop = tokens
         if out.finished:

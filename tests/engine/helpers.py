@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from engine.batch import SeqChunk, StepPlan
@@ -41,3 +43,18 @@ def run_sequences(executor: Executor, prompts: list[list[int]], decode_steps: in
             done[i] += 1
         next_tokens = out.argmax(dim=-1).tolist()
     return torch.cat(logits)
+
+
+def write_byte_fallback_tokenizer(path: Path) -> Path:
+    """A Llama/Mixtral-style ``tokenizer.json`` (byte fallback, ``▁`` for a space, the first space stripped)."""
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for word in ["▁", "a", "▁a", "é", "▁é", "b", "▁b", "你", "▁你"]:
+        vocab[word] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.save(str(path))
+    return path

@@ -153,15 +153,15 @@ def test_logprobs_list_the_tokens_up_to_the_one_that_ended_the_stop_string() -> 
     assert (logprobs["tokens"], logprobs["text_offset"]) == (["a", "b", "X", "Y"], [0, 1, 2, 3])
 
 
-def test_text_offsets_run_over_each_tokens_text_where_a_character_spans_tokens() -> None:
-    """vLLM's offsets are a running sum of the listed tokens' texts: ``é`` generated as two byte tokens lists two
-    tokens of one replacement character each, so ``b`` is at 3 (the decoded text's length put it at 2, and the
-    second byte at the first's offset)."""
+def test_a_character_split_over_tokens_is_listed_on_the_token_that_completes_it() -> None:
+    """vLLM's offsets are a running sum of the listed tokens' texts, and a token that ends in part of a character
+    is completed with the tokens before it (``''`` while still incomplete): ``é`` as two byte tokens lists ``''``
+    then ``é``, so ``b`` is at 2 and ``你``'s bytes at 3."""
     gen = generation(0, (), stream=False, logprobs=0)
-    shown, _, _, logprobs = asyncio.run(respond(ScriptedEngine("aéb"), gen))
-    assert shown == "aéb"
-    assert logprobs["text_offset"] == [0, 1, 2, 3]
-    assert logprobs["text_offset"] == [sum(len(t) for t in logprobs["tokens"][:i]) for i in range(4)]
+    shown, _, _, logprobs = asyncio.run(respond(ScriptedEngine("aéb你"), gen))
+    assert shown == "aéb你"
+    assert logprobs["tokens"] == ["a", "", "é", "b", "", "", "你"]
+    assert logprobs["text_offset"] == [0, 1, 1, 2, 3, 3, 3]
 
 
 async def last_choice(engine: ScriptedEngine, gen: Generation) -> dict[str, Any]:
