@@ -200,6 +200,11 @@ class EngineCoreClient:
         return int(self._info["vocab_size"])
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The tokens that end a sequence, the tokenizer's first (:func:`engine.generation_config.eos_token_ids`)."""
+        return tuple(int(t) for t in self._info.get("eos_token_ids", ()))
+
+    @property
     def num_experts(self) -> int:
         return int(self._info["num_experts"])
 

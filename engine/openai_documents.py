@@ -18,8 +18,8 @@ from engine.openai_logprobs import LogprobEntry, chat_logprobs, completion_logpr
 from engine.stats import CHAT, TEXT_COMPLETION
 
 StopReason = str | int | None
-"""vLLM's ``stop_reason``: the stop string or the ``stop_token_ids`` id that ended a choice (None: anything else,
-eos included)."""
+"""vLLM's ``stop_reason``: the stop string or the ``stop_token_ids`` id (or generation_config's eos id beside the
+tokenizer's) that ended a choice (None: anything else, the tokenizer's eos included)."""
 
 
 class Piece(NamedTuple):

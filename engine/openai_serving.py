@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,8 +140,9 @@ async def serve_generation(
         group.seal()
         close()
         raise
+    eos = tuple(engine.eos_token_ids)
     texts = [_choice(first, stream, tokenizer, gen, i // gen.n, functools.partial(engine.abort, stream.request_id,
-                                                                                   "stop"))
+                                                                                   "stop"), eos)
              for i, (first, stream) in enumerate(zip(firsts, streams, strict=True))]
     request_id = streams[0].request_id
     if gen.stream:
@@ -186,14 +187,14 @@ async def _events(first: RequestOutput, stream: RequestStream) -> AsyncIterator[
 
 
 def _choice(first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation, prompt_index: int,
-            stop_request: Callable[[], None]) -> AsyncIterator[Piece]:
+            stop_request: Callable[[], None], eos_token_ids: tuple[int, ...]) -> AsyncIterator[Piece]:
     """What one choice shows, output by output (with ``echo``, its prompt first)."""
     if gen.echo is None:
-        return _texts(first, stream, tokenizer, gen, stop_request)
+        return _texts(first, stream, tokenizer, gen, stop_request, eos_token_ids)
     prefix, prompt = gen.echo[prompt_index], gen.prompts[prompt_index]
     if gen.echo_only:
         return _echo_only(first, stream, tokenizer, gen, prefix, prompt)
-    return _texts(first, stream, tokenizer, gen, stop_request, prefix=prefix, prompt=prompt)
+    return _texts(first, stream, tokenizer, gen, stop_request, eos_token_ids, prefix=prefix, prompt=prompt)
 
 
 def _echoed_entries(tokenizer: Tokenizer, gen: Generation, prompt: list[int] | None,
@@ -218,7 +219,8 @@ async def _echo_only(first: RequestOutput, stream: RequestStream, tokenizer: Tok
 
 async def _texts(
     first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation,
-    stop_request: Callable[[], None], *, prefix: str = "", prompt: list[int] | None = None,
+    stop_request: Callable[[], None], eos_token_ids: tuple[int, ...], *, prefix: str = "",
+    prompt: list[int] | None = None,
 ) -> AsyncIterator[Piece]:
     """What each output shows (the first after ``prefix``); a stop string ends the request, finish reason ``stop``.
 
@@ -271,17 +273,26 @@ async def _texts(
                 continue
             stream.stop_found(tokens if tokens_at_stop is None else tokens_at_stop)
             stop_request()
-        yield Piece(prefix + text, out, entries, _stop_reason(out, matcher, gen.params.stop_token_ids))
+        yield Piece(prefix + text, out, entries, _stop_reason(out, matcher, gen.params, eos_token_ids))
         prefix = ""
 
 
-def _stop_reason(out: RequestOutput, matcher: StopMatcher, stop_token_ids: Collection[int]) -> StopReason:
-    """What ended a choice that ended with finish reason ``stop``, as vLLM names it (None for eos)."""
+def _stop_reason(out: RequestOutput, matcher: StopMatcher, params: SamplingParams,
+                 eos_token_ids: tuple[int, ...]) -> StopReason:
+    """What ended a choice that ended with finish reason ``stop``, as vLLM names it.
+
+    None for the tokenizer's eos (the first of ``eos_token_ids``) unless the request ignores eos, even if it
+    lists it in ``stop_token_ids`` too (vLLM checks eos first); the id of a ``stop_token_ids`` token and of
+    the other eos tokens (vLLM makes generation_config's extra eos ids stop token ids).
+    """
     if not out.finished or out.finish_reason != "stop":
         return None
     if matcher.stopped:
         return matcher.found
-    return out.token_id if out.is_stop_token and out.token_id in stop_token_ids else None
+    token = out.token_id
+    if not out.is_stop_token or token is None or (eos_token_ids[:1] == (token,) and not params.ignore_eos):
+        return None
+    return token if token in params.stop_token_ids or token in eos_token_ids else None
 
 
 async def _merged(texts: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:

@@ -187,11 +187,13 @@ def test_requests_that_leave_sampling_fields_out_get_the_models_defaults() -> No
 def test_a_served_checkpoint_samples_with_its_generation_config_defaults(tiny_checkpoint: Path,
                                                                           tmp_path: Path) -> None:
     checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
-    _write(checkpoint / "generation_config.json", {"temperature": 0.0, "top_k": -1})
+    _write(checkpoint / "generation_config.json", {"temperature": 0.0, "top_k": -1, "eos_token_id": [3, 4]})
     port = free_port()
     stack = build_stack(ServeOptions(checkpoint=checkpoint, model_name="m", kv_cache_mb=1.0, port=port))
     server = ServerThread(stack.app, port=port).start()
     try:
+        # The API process knows the core's eos ids (stop_reason names generation_config's extra ones).
+        assert stack.engine.eos_token_ids == eos_token_ids(checkpoint) == (3, 4)
         with httpx.Client(base_url=server.url, timeout=30) as client:
             body = {"prompt": [5, 17, 33, 2], "max_tokens": 12, "ignore_eos": True}
             greedy = client.post("/v1/completions", json={**body, "temperature": 0}).json()["choices"][0]["text"]

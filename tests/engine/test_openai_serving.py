@@ -32,8 +32,9 @@ class ScriptedEngine:
     max_model_len = 4096
     context_note: str | None = None
 
-    def __init__(self, text: str = TEXT, *, eos: bool = False) -> None:
+    def __init__(self, text: str = TEXT, *, eos: bool = False, eos_token_ids: tuple[int, ...] = (EOS,)) -> None:
         self.ids = [*text.encode(), *([EOS] if eos else [])]
+        self.eos_token_ids = eos_token_ids
         self.aborts: list[str] = []
         self.streams: list[RequestStream] = []
 
@@ -180,7 +181,7 @@ async def last_choice(engine: ScriptedEngine, gen: Generation) -> dict[str, Any]
     ("eos", "stops", "stop_token_ids", "reason", "stop_reason"),
     [
         (False, ("cd", "XY"), (), "stop", "XY"),  # the stop string the text was cut at
-        (True, (), (EOS,), "stop", EOS),  # one of the request's stop_token_ids
+        (True, (), (EOS,), "stop", None),  # the eos token, though the request lists it too: vLLM checks eos first
         (True, (), (), "stop", None),  # eos
         (False, (), (), "length", None),
     ],
@@ -194,6 +195,27 @@ def test_a_choice_says_what_stopped_it_in_stop_reason_as_vllm_does(
                      format=ChatFormat("m") if chat else CompletionFormat("m"))
     choice = asyncio.run(last_choice(ScriptedEngine(eos=eos), gen))
     assert (choice["finish_reason"], choice["stop_reason"]) == (reason, stop_reason)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("eos_token_ids", "stop_token_ids", "ignore_eos"),
+    [
+        ((), (EOS,), False),  # one of the request's stop_token_ids
+        ((EOS,), (EOS,), True),  # the eos token, ignored as eos, ends the request as a stop token
+        ((63, EOS), (), False),  # a second eos (generation_config's): vLLM makes it a stop token id
+    ],
+)
+def test_stop_reason_names_a_stop_token_id_and_an_eos_beside_the_tokenizers(
+    stream: bool, eos_token_ids: tuple[int, ...], stop_token_ids: tuple[int, ...], ignore_eos: bool
+) -> None:
+    """vLLM's ``update_from_generation_config`` moves eos ids other than the tokenizer's into ``stop_token_ids``
+    (unless ``ignore_eos``), and its ``check_stop`` names only those and the request's in ``stop_reason``."""
+    params = SamplingParams(max_tokens=16, stop_token_ids=stop_token_ids, ignore_eos=ignore_eos)
+    gen = Generation(prompts=[[1, 2]], params=params, stops=(), stream=stream, include_usage=False,
+                     format=CompletionFormat("m"))
+    choice = asyncio.run(last_choice(ScriptedEngine(eos=True, eos_token_ids=eos_token_ids), gen))
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", EOS)
 
 
 def _collect_s(tokens: int, *, logprobs: bool) -> float:
