@@ -112,6 +112,10 @@ class HFTokenizer:
         return _HFDecodeStream(self._tok)
 
 
+INVALID_PREFIX = "Invalid prefix encountered"
+"""How ``tokenizers`` says a token made the text before it change (it may, with byte fallback)."""
+
+
 class _HFDecodeStream:
     def __init__(self, tok: RustTokenizer) -> None:
         from tokenizers.decoders import DecodeStream as RustDecodeStream
@@ -120,7 +124,18 @@ class _HFDecodeStream:
         self._stream = RustDecodeStream(skip_special_tokens=True)
 
     def step(self, token_id: int) -> str:
-        text = self._stream.step(self._tok, token_id)
+        """As vLLM's ``_protected_step``: a stream whose text before changed starts afresh at this token."""
+        from tokenizers.decoders import DecodeStream as RustDecodeStream
+
+        try:
+            text = self._stream.step(self._tok, token_id)
+        except (OverflowError, TypeError):  # an id the library cannot take: no text, as vLLM shows it
+            text = None
+        except Exception as exc:
+            if not str(exc).startswith(INVALID_PREFIX):
+                raise
+            self._stream = RustDecodeStream(skip_special_tokens=True)
+            text = self._stream.step(self._tok, token_id)
         return "" if text is None else str(text)
 
 

@@ -12,6 +12,7 @@ from tokenizers.processors import TemplateProcessing
 from contracts.errors import ValidationError
 from engine.sampling import RequestSampler, SamplingParams, sample
 from engine.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from tests.engine.helpers import write_byte_fallback_tokenizer
 
 
 def test_byte_tokenizer_round_trips_and_streams_multibyte_characters() -> None:
@@ -44,6 +45,25 @@ def test_tokenizer_json_is_used_when_the_checkpoint_has_one(tmp_path: Path) -> N
     stream = tok.stream()
     assert "".join(stream.step(i) for i in [1, 2, 3]).split() == ["hello", "moe", "world"]
     assert isinstance(load_tokenizer(tmp_path / "missing", vocab_size=300), ByteTokenizer)
+
+
+@pytest.fixture
+def byte_fallback(tmp_path: Path) -> tuple[HFTokenizer, RustTokenizer]:
+    """A Llama/Mixtral-style tokenizer (byte fallback; its decoder strips the text's first space)."""
+    path = write_byte_fallback_tokenizer(tmp_path / "tokenizer.json")
+    return HFTokenizer(path), RustTokenizer.from_file(str(path))
+
+
+def test_a_decode_stream_the_tokenizers_library_finds_an_invalid_prefix_in_starts_afresh(
+    byte_fallback: tuple[HFTokenizer, RustTokenizer],
+) -> None:
+    """An orphan lead byte then a word: ``tokenizers`` raises "Invalid prefix encountered"; vLLM's
+    ``_protected_step`` starts a new stream at that token, and so does this one."""
+    tok, rust = byte_fallback
+    stream = tok.stream()
+    ids = [rust.token_to_id(t) for t in ("<0x41>", "<0xC2>", "你", "▁b")]
+    assert "".join(stream.step(t) for t in ids) == "A你 b"
+    assert stream.step(-1) == ""  # an id the library cannot take (TypeError): no text, as vLLM's
 
 
 def test_greedy_picks_the_argmax_and_seeded_sampling_repeats() -> None:
