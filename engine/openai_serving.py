@@ -189,12 +189,13 @@ async def _events(first: RequestOutput, stream: RequestStream) -> AsyncIterator[
 def _choice(first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation, prompt_index: int,
             stop_request: Callable[[], None], eos_token_ids: tuple[int, ...]) -> AsyncIterator[Piece]:
     """What one choice shows, output by output (with ``echo``, its prompt first)."""
+    prompt = gen.prompts[prompt_index]
     if gen.echo is None:
-        return _texts(first, stream, tokenizer, gen, stop_request, eos_token_ids)
-    prefix, prompt = gen.echo[prompt_index], gen.prompts[prompt_index]
+        return _texts(first, stream, tokenizer, gen, stop_request, eos_token_ids, prompt)
+    prefix = gen.echo[prompt_index]
     if gen.echo_only:
         return _echo_only(first, stream, tokenizer, gen, prefix, prompt)
-    return _texts(first, stream, tokenizer, gen, stop_request, eos_token_ids, prefix=prefix, prompt=prompt)
+    return _texts(first, stream, tokenizer, gen, stop_request, eos_token_ids, prompt, prefix=prefix, echo=True)
 
 
 def _echoed_entries(tokenizer: Tokenizer, gen: Generation, prompt: list[int] | None,
@@ -219,8 +220,8 @@ async def _echo_only(first: RequestOutput, stream: RequestStream, tokenizer: Tok
 
 async def _texts(
     first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation,
-    stop_request: Callable[[], None], eos_token_ids: tuple[int, ...], *, prefix: str = "",
-    prompt: list[int] | None = None,
+    stop_request: Callable[[], None], eos_token_ids: tuple[int, ...], prompt: list[int], *, prefix: str = "",
+    echo: bool = False,
 ) -> AsyncIterator[Piece]:
     """What each output shows (the first after ``prefix``); a stop string ends the request, finish reason ``stop``.
 
@@ -230,9 +231,9 @@ async def _texts(
     before the stop reached it are dropped.  An echoed ``prompt``'s logprobs come first, with the first
     output (as vLLM's).  Text offsets are vLLM's running sum of the listed tokens' texts, from the end of
     ``prefix`` (from the end of the prompt entries, where the echo has them): a multi-byte character split over
-    tokens counts each token's text, not the decoded text.
+    tokens counts each token's text, not the decoded text.  The text continues the prompt's, as vLLM's.
     """
-    decoder = tokenizer.stream()
+    decoder = tokenizer.stream(prompt)
     matcher = StopMatcher(gen.stops)
     min_tokens, want_logprobs = gen.params.min_tokens, gen.params.logprobs is not None
     tokens = 0
@@ -245,7 +246,7 @@ async def _texts(
         text = ""
         entries: list[LogprobEntry] | None = [] if want_logprobs else None
         if entries is not None and out is first:
-            entries += _echoed_entries(tokenizer, gen, prompt, out)
+            entries += _echoed_entries(tokenizer, gen, prompt if echo else None, out)
             if entries:
                 offset = entries[-1].text_offset + len(entries[-1].token)
         if entries is not None and out.is_stop_token and out.token_id is not None and out.logprobs is not None \

@@ -10,9 +10,11 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from tokenizers import Tokenizer as RustTokenizer
 
 from engine.engine_types import RequestOutput
 from engine.openai_documents import ChatFormat, CompletionFormat, Piece
@@ -20,7 +22,8 @@ from engine.openai_logprobs import LogprobEntry
 from engine.openai_serving import Generation, _collect, serve_generation
 from engine.request_stream import RequestStream
 from engine.sampling import SamplingParams
-from engine.tokenizer import ByteTokenizer
+from engine.tokenizer import ByteTokenizer, HFTokenizer
+from tests.engine.helpers import write_byte_fallback_tokenizer
 
 EOS = 256
 TEXT = "abXYcdef"
@@ -163,6 +166,31 @@ def test_a_character_split_over_tokens_is_listed_on_the_token_that_completes_it(
     assert shown == "aéb你"
     assert logprobs["tokens"] == ["a", "", "é", "b", "", "", "你"]
     assert logprobs["text_offset"] == [0, 1, 1, 2, 3, 3, 3]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generated_text_continues_the_prompt_with_a_decoder_that_strips_the_first_space(
+    stream: bool, tmp_path: Path
+) -> None:
+    """A Llama-style tokenizer: ``▁b ▁a`` after the prompt ``▁a`` is `` b a`` (vLLM primes its decode stream with
+    the prompt); a byte the library finds an invalid prefix after starts the stream afresh, not a 500."""
+    path = write_byte_fallback_tokenizer(tmp_path / "tokenizer.json")
+    word = RustTokenizer.from_file(str(path)).token_to_id
+
+    async def text(ids: list[int]) -> str:
+        engine = ScriptedEngine()
+        engine.ids = ids
+        gen = Generation(prompts=[[word("▁a")]], params=SamplingParams(max_tokens=16), stops=(), stream=stream,
+                         include_usage=False, format=CompletionFormat("m"))
+        response: Any = await serve_generation(engine, HFTokenizer(path), gen, Connected(), 0.0)  # type: ignore[arg-type]
+        if not stream:
+            return str(json.loads(bytes(response.body))["choices"][0]["text"])
+        events = [event async for event in response.body_iterator]
+        response._on_close()
+        return "".join(json.loads(e.removeprefix("data: "))["choices"][0]["text"] for e in events[:-1])
+
+    assert asyncio.run(text([word("▁b"), word("▁a")])) == " b a"
+    assert asyncio.run(text([word(t) for t in ("<0x41>", "<0xC2>", "你", "▁b")])) == "A你 b"
 
 
 async def last_choice(engine: ScriptedEngine, gen: Generation) -> dict[str, Any]:

@@ -66,6 +66,16 @@ def test_a_decode_stream_the_tokenizers_library_finds_an_invalid_prefix_in_start
     assert stream.step(-1) == ""  # an id the library cannot take (TypeError): no text, as vLLM's
 
 
+def test_a_decode_stream_continues_the_prompt(byte_fallback: tuple[HFTokenizer, RustTokenizer]) -> None:
+    """Primed with the prompt (vLLM's ``DecodeStream(ids=prompt)``), the first token keeps its space: a decoder
+    that strips the text's first space strips the prompt's, not the generated text's."""
+    tok, rust = byte_fallback
+    ids = [rust.token_to_id(t) for t in ("▁b", "▁a")]
+    primed, alone = tok.stream([rust.token_to_id("▁a")]), tok.stream()
+    assert "".join(primed.step(t) for t in ids) == " b a"
+    assert "".join(alone.step(t) for t in ids) == "b a"  # no prompt: the text's first space goes
+
+
 def test_greedy_picks_the_argmax_and_seeded_sampling_repeats() -> None:
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
     greedy = RequestSampler(SamplingParams(temperature=0.0))
