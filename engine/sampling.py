@@ -1,8 +1,8 @@
 """Sampling parameters and the sampler: greedy or temperature, seeded per request.
 
 Before a token is picked, a request's logits may be adjusted as vLLM adjusts
-them, in vLLM's order: ``logit_bias`` added; the stop tokens (eos and
-``stop_token_ids``) masked until ``min_tokens`` tokens are out; then the
+them, in vLLM's order: ``logit_bias`` added; the stop tokens (eos, even with
+``ignore_eos``, and ``stop_token_ids``) masked until ``min_tokens`` tokens are out; then the
 repetition penalty (tokens of the prompt or the output: positive logits
 divided by it, negative ones multiplied), the frequency penalty (times each
 token's count in the output) and the presence penalty (once per token the
@@ -61,7 +61,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
-    """Stop tokens (eos, ``stop_token_ids``) cannot be sampled until this many tokens are out."""
+    """Stop tokens (eos, even with ``ignore_eos``, and ``stop_token_ids``) cannot be sampled until this many tokens
+    are out (vLLM's)."""
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -219,9 +220,8 @@ def adjust_logits(
         ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long)
         out.index_add_(0, ids, torch.tensor([b for _, b in params.logit_bias], dtype=out.dtype))
     if len(history.output_token_ids) < params.min_tokens:
-        stops = list(params.stop_token_ids)
-        if not params.ignore_eos:
-            stops.extend(eos_token_ids)
+        # Every eos id, ignore_eos or not: vLLM's MinTokens masks its all_stop_token_ids.
+        stops = [*params.stop_token_ids, *eos_token_ids]
         if stops and len(set(stops)) < vocab:  # (masking every token would leave nothing to sample)
             out[torch.tensor(stops, dtype=torch.long)] = float("-inf")
     output = torch.tensor(list(history.output_token_ids), dtype=torch.long)

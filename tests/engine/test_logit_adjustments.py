@@ -24,9 +24,17 @@ def test_min_tokens_holds_back_eos_and_stop_tokens_until_enough_are_out() -> Non
     assert early[2] == early[4] == float("-inf") and early[0] == 2.0
     late = adjust_logits(LOGITS, params, TokenHistory((0,), (3, 3)), eos_token_ids=(4,))
     assert torch.equal(late, LOGITS)
-    # ignore_eos: the eos token is no stop token, so it is not held back.
-    ignoring = adjust_logits(LOGITS, SamplingParams(min_tokens=2, ignore_eos=True), NONE, eos_token_ids=(4,))
-    assert ignoring[4] == 3.0
+    # ignore_eos too: vLLM's MinTokens masks every eos id (its all_stop_token_ids) whatever ignore_eos says.
+    ignoring = adjust_logits(LOGITS, SamplingParams(min_tokens=2, ignore_eos=True), NONE, eos_token_ids=(1, 4))
+    assert ignoring[1] == ignoring[4] == float("-inf") and ignoring[0] == 2.0
+
+
+def test_min_tokens_with_ignore_eos_samples_no_eos_before_enough_are_out() -> None:
+    logits = torch.zeros(1, 16)
+    logits[0, 9] = 10.0  # eos is the model's top token
+    params = SamplingParams(max_tokens=8, min_tokens=4, temperature=0.0, ignore_eos=True)
+    tokens, _ = sample_each(logits, [RequestSampler(params)], [TokenHistory((1,), ())], eos_token_ids=(9,))
+    assert tokens[0] != 9
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens() -> None:
