@@ -296,7 +296,7 @@ class StopMatcher:
         self._buffer = ""
         self.stopped = False
         self.found: str | None = None
-        """The stop string the text was cut at (the first found of those that begin there)."""
+        """The stop string the text was cut at (of those one piece of text completes, the one ending first)."""
 
     def feed(self, text: str, *, check: bool = True) -> str:
         """The text that can be shown now (nothing once a stop string was found).
@@ -314,7 +314,8 @@ class StopMatcher:
         # Only stop strings that end in ``text``: what came before was searched already, or is not to be.
         found = [(i, s) for s in self._stops if check and (i := buffer.find(s, max(0, before - len(s) + 1))) >= 0]
         if found:
-            cut, self.found = min(found, key=lambda hit: hit[0])
+            # The one that ends first (as one token at a time would find it), the first listed of those: vLLM's.
+            cut, self.found = min(found, key=lambda hit: hit[0] + len(hit[1]))
             self.stopped = True
             self._buffer = ""
             return buffer[:cut]

@@ -131,9 +131,24 @@ def test_stop_strings_are_found_across_token_boundaries_and_left_out() -> None:
     plain = StopMatcher(["STOP"])
     assert "".join(plain.feed(p) for p in ["ST", "OW", "!"]) + plain.flush() == "STOW!"
     assert not plain.stopped
-    earliest = StopMatcher(["long stop", "p"])
-    assert earliest.feed("a long stop") == "a "  # the stop string that begins first wins
-    assert earliest.found == "long stop"
+
+
+
+@pytest.mark.parametrize(
+    ("stops", "text", "shown", "found"),
+    [
+        (["abcd", "bc"], "xabcd", "xa", "bc"),  # the stop string that ends first wins, as vLLM's
+        (["long stop", "ng"], "a long stop", "a lo", "ng"),
+        (["long stop", "p"], "a long stop", "a ", "long stop"),  # "p" ends with it: the first listed
+        (["bcd", "cd"], "abcd", "a", "bcd"),  # both end together: the first listed
+        (["cd", "bcd"], "abcd", "ab", "cd"),
+    ],
+)
+def test_of_stop_strings_one_chunk_completes_the_one_ending_first_wins(
+    stops: list[str], text: str, shown: str, found: str
+) -> None:
+    matcher = StopMatcher(stops)
+    assert (matcher.feed(text), matcher.flush(), matcher.found) == (shown, "", found)
 
 
 def test_unchecked_text_is_held_back_and_a_stop_string_found_must_end_after_it() -> None:
