@@ -58,9 +58,11 @@ def answer(response: httpx.Response, *keys: str) -> Any:
 
 def _error(response: httpx.Response, url: str) -> MoesloError:
     try:
-        detail = response.json().get("detail", response.text)
+        body = response.json()
     except ValueError:
-        detail = response.text
+        body = None
+    # A proxy's or gateway's JSON need not be a problem document: a list, a string, null are shown as sent.
+    detail = body.get("detail", response.text) if isinstance(body, dict) else response.text
     status = response.status_code
     if status == 404:
         found = NotFoundError("resource", url.rstrip("/").rsplit("/", 1)[-1] + f" (at {url})")
