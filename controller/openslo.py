@@ -434,9 +434,7 @@ def apply_imported(slos: ImportedSlos, base: Policy | None) -> Policy:
     try:
         return Policy.model_validate(spec)
     except PydanticValidationError as exc:
-        raise ValidationError(
-            [
-                f"policy {slos.policy!r} {'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
-                for err in exc.errors()
-            ]
-        ) from exc
+        from controller.api.errors import validation_problems  # the fields and words a request body's 422 has
+
+        problems = validation_problems(exc.errors())
+        raise ValidationError([f"policy {slos.policy!r}: {p.field}: {p.message}" for p in problems]) from exc

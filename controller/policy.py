@@ -192,8 +192,8 @@ class EntryRouter(_Strict):
 class LatencyObjective(_Strict):
     """``target`` of requests must see the latency at or below ``threshold_s``."""
 
-    threshold_s: Annotated[float, Field(strict=True, gt=0, le=3600)]
-    target: Annotated[float, Field(strict=True, gt=0, lt=1)]
+    threshold_s: Annotated[float, Field(strict=True, gt=0, le=3600, allow_inf_nan=False)]
+    target: Annotated[float, Field(strict=True, gt=0, lt=1, allow_inf_nan=False)]
 
 
 class TtftObjective(LatencyObjective):
@@ -247,7 +247,7 @@ class TtftObjective(LatencyObjective):
 class ImbalanceObjective(_Strict):
     """Per-layer CV of per-rank expert load must stay at or below ``max_cv``."""
 
-    max_cv: Annotated[float, Field(strict=True, gt=0, le=10)] = MAX_IMBALANCE_CV
+    max_cv: Annotated[float, Field(strict=True, gt=0, le=10, allow_inf_nan=False)] = MAX_IMBALANCE_CV
     sustain_s: Annotated[int, Field(strict=True, ge=0, le=86400)] = 300
     """How long a violation must last before a rebalance is considered."""
 
@@ -306,13 +306,13 @@ class ForecastSettings(_Strict):
     """
 
     enabled: Annotated[bool, Field(strict=True)] = True
-    quantile: Annotated[float, Field(strict=True, ge=0.5, lt=1)] = 0.9
+    quantile: Annotated[float, Field(strict=True, ge=0.5, lt=1, allow_inf_nan=False)] = 0.9
     """Upper quantile of the forecast interval the fleet is sized for."""
     min_history_s: Annotated[int, Field(strict=True, ge=0, le=30 * 86400)] = 240
     """History the forecaster needs before its forecasts are used (until then: reactive)."""
-    max_wape: Annotated[float, Field(strict=True, gt=0, le=10)] = 0.5
+    max_wape: Annotated[float, Field(strict=True, gt=0, le=10, allow_inf_nan=False)] = 0.5
     """Rolling weighted absolute percentage error above which the forecast is not trusted."""
-    min_coverage: Annotated[float, Field(strict=True, ge=0, le=1)] = 0.5
+    min_coverage: Annotated[float, Field(strict=True, ge=0, le=1, allow_inf_nan=False)] = 0.5
     """Share of actuals that must fall inside the forecast's 80 % interval (its quantile-0.9 one, nominally
     80 % covered), whatever ``quantile`` the fleet is sized for."""
     audit_forecasts: Annotated[int, Field(strict=True, ge=4, le=10000)] = 40

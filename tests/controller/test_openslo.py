@@ -209,8 +209,8 @@ def test_an_allowance_slo_whose_le_is_no_edge_of_the_normalized_histogram_is_ref
     with pytest.raises(ValidationError) as caught:
         _import(doc)
     (problem,) = caught.value.problems
-    assert problem.startswith("policy 'chat-frontend' objectives.ttft.threshold_s: Value error, threshold_s 0.32 is "
-                              "not a bucket edge of moeslo_ttft_normalized_seconds; the nearest edges are 0.3 and 0.35")
+    assert problem.startswith("policy 'chat-frontend': objectives.ttft.threshold_s: threshold_s 0.32 is not a bucket "
+                              "edge of moeslo_ttft_normalized_seconds; the nearest edges are 0.3 and 0.35")
     good["query"] = good["query"].replace('le="0.32"', 'le="0.25"')
     (policy,) = _import(doc).values()
     assert (policy.objectives.ttft.threshold_s, policy.objectives.ttft.per_1k_prompt_tokens_s) == (0.25, 0.05)
@@ -328,3 +328,22 @@ def test_a_problem_names_its_document_as_a_field_path() -> None:
     assert caught.value.problems == ("document[2].kind: only 'SLO' documents are imported, got 'Service'",)
     body = json.loads(bytes(error_problem(caught.value).body))
     assert [e["field"] for e in body["errors"]] == ["document[2].kind"]
+
+
+def test_a_policy_problem_of_an_import_names_the_policy_and_its_field_as_a_request_body_would() -> None:
+    """They read "policy 'chat-frontend' window: Value error, ...": pydantic's own prefix, and the field run into
+    the policy's name."""
+    doc = _slo()
+    doc["spec"]["timeWindow"][0]["duration"] = "1h"
+    with pytest.raises(ValidationError) as caught:
+        _import(doc)
+    (problem,) = caught.value.problems
+    assert problem.startswith("policy 'chat-frontend': window: window '1h' must be between 50h and 366d"), problem
+    doc = _slo(model_matcher="", annotations={"moeslo.io/model": "m", "moeslo.io/policy": "chat"})
+    ratio = doc["spec"]["indicator"]["spec"]["ratioMetric"]
+    ratio["good"]["metricSource"]["spec"]["query"] = ratio["good"]["metricSource"]["spec"]["query"].replace(
+        'le="0.5"', 'le="7200"')
+    with pytest.raises(ValidationError) as caught:
+        _import(doc)
+    assert caught.value.problems == ("policy 'chat': objectives.ttft.threshold_s: Input should be less than or equal "
+                                     "to 3600",)  # fmt: skip

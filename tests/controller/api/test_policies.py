@@ -110,6 +110,26 @@ def test_bad_policies_get_422_naming_the_field(
     assert any(p["field"] == field and message in p["message"] for p in problems), problems
 
 
+@pytest.mark.parametrize(
+    ("field", "fragment"),
+    [
+        ("objectives.ttft.threshold_s", '"objectives": {"ttft": {"threshold_s": NaN, "target": 0.99}}'),
+        ("objectives.itl.target", '"objectives": {"itl": {"threshold_s": 0.02, "target": NaN}}'),
+        ("objectives.imbalance.max_cv", '"objectives": {"imbalance": {"max_cv": NaN}}'),
+        ("forecast.quantile", '"forecast": {"quantile": NaN}'),
+        ("forecast.max_wape", '"forecast": {"max_wape": Infinity}'),
+        ("forecast.min_coverage", '"forecast": {"min_coverage": -Infinity}'),
+    ],
+)
+def test_a_nan_or_infinite_number_is_refused_as_such(client: TestClient, field: str, fragment: str) -> None:
+    """Python's JSON reads ``NaN``: it was refused as "Input should be less than or equal to 3600", which NaN
+    is not the trouble with."""
+    raw = '{"name": "p", "target": {"kind": "model", "model": "m"}, ' + fragment + "}"
+    response = client.post("/v1/policies", content=raw, headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"] == [{"field": field, "message": "Input should be a finite number"}]
+
+
 def test_the_windows_and_targets_a_refusal_suggests_are_accepted(client: TestClient) -> None:
     assert _create(client, {**POLICY, "window": "50h"}).json()["policy"]["window"] == "50h"
     loose = {"ttft": {"threshold_s": 0.5, "target": 0.9}}
