@@ -4,7 +4,8 @@ Concurrency: every policy response carries ``ETag: "<version>"``.  PUT,
 PATCH and DELETE honour ``If-Match`` (a stale tag is 412; ``*`` is any
 version of a policy that exists); with ``require_if_match`` in the config,
 changing an existing policy without ``If-Match`` is 428.  PUT creates the policy when absent (201) and replaces
-it otherwise (200).  PATCH takes a JSON merge patch (RFC 7386).
+it otherwise (200); with ``If-None-Match: *`` it only creates (412 where the policy exists), and a write takes no
+other ``If-None-Match`` (422).  PATCH takes a JSON merge patch (RFC 7386).
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ IfMatch = Annotated[
     str | None,
     Header(max_length=256, description='ETag of the version the change is based on, e.g. "3" (checked by '
                                        "parse_if_match, which says what is wrong)"),
+]
+IfNoneMatch = Annotated[
+    str | None,
+    Header(max_length=256, description="On PUT, * creates only (412 where the policy exists); a write takes no other "
+                                       "value (checked by create_only)"),
 ]
 _ETAG = re.compile(r'"([0-9]{1,18})"')
 """A strong ETag: If-Match compares strongly (RFC 9110 13.1.1), and this API issues no weak ones."""
@@ -105,10 +111,26 @@ def parse_if_match(value: str | None) -> int | str | None:
     raise ValidationError(f'If-Match: {value!r} is not an ETag of this API (expected e.g. "3")')
 
 
-def _expected_version(request: Request, name: str, if_match: str | None) -> int | None:
+def create_only(value: str | None) -> bool:
+    """Whether a write's If-None-Match is ``*`` (only where no policy exists).  A list of entity tags ("not this
+    version") is refused: the store conditions a write on one version only, and judged before the write it would
+    miss another writer's change in between; ignored, the write would land where the client said not to."""
+    if value is None:
+        return False
+    if value.strip() == "*":
+        return True
+    raise ValidationError(f"If-None-Match: {value!r} is not taken on a write; send * (create only, on PUT) or "
+                          'If-Match with the ETag of the version to change, e.g. "3"')  # fmt: skip
+
+
+def _expected_version(request: Request, name: str, if_match: str | None, if_none_match: str | None) -> int | None:
     """The version a change of an existing policy must find, None for any.  ``If-Match: *`` is any version of a
     policy that exists (RFC 9110 13.1.1), which the write itself checks (a policy gone is a 404): a version read
-    before it would make another writer's change in between a 412."""
+    before it would make another writer's change in between a 412.  ``If-None-Match: *`` fails on a policy that
+    exists, as the change needs one (a policy that does not exist is a 404, as without it)."""
+    if create_only(if_none_match):
+        _store(request).policy_version(name)
+        raise PreconditionFailedError(f"If-None-Match: * holds only where no policy {name!r} exists; it does")
     try:
         parsed = parse_if_match(if_match)
     except PreconditionFailedError:
@@ -179,12 +201,21 @@ def put_policy(
     policy: Policy,
     _auth: WriteAccess,
     if_match: IfMatch = None,
+    if_none_match: IfNoneMatch = None,
 ) -> PolicyResource:
     if policy.name != name:
         raise ValidationError(f"name: {policy.name!r} differs from the path's {name!r} (rename by POST + DELETE)")
     _check_target(request, policy)
     parsed = parse_if_match(if_match)
-    if parsed is None and _settings(request).require_if_match:
+    if create_only(if_none_match):  # decided by the create's own transaction, as below
+        if parsed is not None:
+            raise PreconditionFailedError("If-Match and If-None-Match: * cannot both hold (a version of a policy "
+                                          "that does not exist)")  # fmt: skip
+        try:
+            stored, created = _store(request).create_policy(policy), True
+        except PolicyExistsError as exc:
+            raise PreconditionFailedError(f"If-None-Match: * creates only, and policy {name!r} exists") from exc
+    elif parsed is None and _settings(request).require_if_match:
         # Without If-Match a PUT may only create, which the write's own transaction decides: a name looked up
         # before it could be taken by another writer's create in between, and this write would replace it.
         try:
@@ -243,7 +274,12 @@ def validate_policy(spec: Any) -> Policy:
     },
 )
 async def patch_policy(
-    request: Request, response: Response, name: PolicyName, _auth: WriteAccess, if_match: IfMatch = None
+    request: Request,
+    response: Response,
+    name: PolicyName,
+    _auth: WriteAccess,
+    if_match: IfMatch = None,
+    if_none_match: IfNoneMatch = None,
 ) -> PolicyResource:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in (MERGE_PATCH, "application/json"):
@@ -260,7 +296,7 @@ async def patch_policy(
     if "name" in patch and patch["name"] != name:
         raise ValidationError(f"name: cannot be changed by PATCH (policy {name!r})")
     # The store is synchronous: keep it off the event loop the tick loop shares.
-    return await run_in_threadpool(_apply_patch, request, response, name, patch, if_match)
+    return await run_in_threadpool(_apply_patch, request, response, name, patch, (if_match, if_none_match))
 
 
 PATCH_ATTEMPTS = 10
@@ -268,10 +304,11 @@ PATCH_ATTEMPTS = 10
 
 
 def _apply_patch(
-    request: Request, response: Response, name: str, patch: dict[str, Any], if_match: str | None
+    request: Request, response: Response, name: str, patch: dict[str, Any], conditions: tuple[str | None, str | None]
 ) -> PolicyResource:
+    """``conditions``: the request's If-Match and If-None-Match."""
     store = _store(request)
-    expected = _expected_version(request, name, if_match)
+    expected = _expected_version(request, name, *conditions)
     for attempt in range(1, PATCH_ATTEMPTS + 1):
         current = store.get_policy(name)
         policy = validate_policy(merge_patch(current.policy.model_dump(mode="json"), patch))
@@ -290,8 +327,10 @@ def _apply_patch(
 
 
 @router.delete("/policies/{name}", status_code=204, responses=_WRITE)
-def delete_policy(request: Request, name: PolicyName, _auth: WriteAccess, if_match: IfMatch = None) -> Response:
-    expected = _expected_version(request, name, if_match)
+def delete_policy(
+    request: Request, name: PolicyName, _auth: WriteAccess, if_match: IfMatch = None, if_none_match: IfNoneMatch = None
+) -> Response:
+    expected = _expected_version(request, name, if_match, if_none_match)
     _store(request).delete_policy(name, expected_version=expected)
     _forget_page_series(request)
     return Response(status_code=204)

@@ -601,6 +601,42 @@ def test_if_match_star_on_a_policy_that_is_gone(client: TestClient) -> None:
 
 
 
+def test_if_none_match_star_on_put_creates_only(tmp_path: Path) -> None:
+    """``If-None-Match: *`` (RFC 9110 13.1.2: no current representation) was ignored: a create-only PUT replaced
+    the policy it meant not to touch.  It creates (also under require_if_match: a create changes nothing there
+    is), and finds the policy there in the write's own transaction: 412, the policy as it was."""
+    create_only = {**AUTH, "If-None-Match": "*"}
+    with make_client(tmp_path, require_if_match=True) as client:
+        assert client.put("/v1/policies/qwen", json=POLICY, headers=create_only).status_code == 201
+        again = client.put("/v1/policies/qwen", json={**POLICY, "mode": "off"}, headers=create_only)
+        assert again.status_code == 412 and "If-None-Match: *" in again.json()["detail"], again.text
+        both = client.put("/v1/policies/qwen", json=POLICY, headers={**create_only, "If-Match": '"1"'})
+        assert both.status_code == 412 and "cannot both hold" in both.json()["detail"], both.text
+        # PATCH and DELETE change a policy that exists, so * fails there (412); on one that does not, 404.
+        merge = {**create_only, "Content-Type": "application/merge-patch+json"}
+        assert client.patch("/v1/policies/qwen", json={"mode": "off"}, headers=merge).status_code == 412
+        assert client.delete("/v1/policies/qwen", headers=create_only).status_code == 412
+        assert client.delete("/v1/policies/ghost", headers=create_only).status_code == 404
+        assert client.get("/v1/policies/qwen").json()["policy"]["mode"] == "enforce"
+
+
+@pytest.mark.parametrize("value", ['"1"', 'W/"1"', '"2", "3"', "1"])
+def test_if_none_match_with_entity_tags_on_a_write_is_422_never_ignored(client: TestClient, value: str) -> None:
+    """RFC 9110 13.1.2 reads ``If-None-Match: "1"`` on a write as "only if the current version is not 1".  The
+    store conditions a write on one version (If-Match) and no other way, so judging it before the write would
+    let another writer's change in between slip past it; and ignoring it, as before, writes where the client
+    said not to.  It is refused as a request this API does not carry out (422, naming the field and the two
+    conditions it does take), not 412, which would say the condition was judged and found false."""
+    _create(client)
+    headers = {**AUTH, "If-None-Match": value}
+    for method, body in (("PUT", {"json": {**POLICY, "mode": "off"}}), ("PATCH", {"json": {"mode": "off"}}),
+                         ("DELETE", {})):  # fmt: skip
+        refused = client.request(method, "/v1/policies/qwen", headers=headers, **body)
+        assert refused.status_code == 422, (method, refused.text)
+        assert refused.json()["errors"][0]["field"] == "If-None-Match" and "If-Match" in refused.text
+    assert client.get("/v1/policies/qwen").json()["version"] == 1
+
+
 @pytest.mark.parametrize("tag", ['"5"', '"abc"', 'W/"5"', '"99999999999999999999"'])
 def test_if_match_on_a_policy_that_does_not_exist_is_a_404_whatever_it_names(client: TestClient, tag: str) -> None:
     """A weak or foreign tag got 412 where a version got 404: without the precondition the answer is a 404, and
