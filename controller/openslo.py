@@ -23,9 +23,9 @@ the objective by ``moeslo.io/objective`` (else by the metric in the query),
 the threshold by the ``le`` matcher of the good query (:mod:`controller.openslo_queries`; a matcher on
 any other label, or with another operator than ``=``, is refused: the controller would count the series it
 leaves out).  A new policy watches
-the model of the ``moeslo.io/model`` annotation, else of the queries'
-``model_name="..."`` matcher (never the ``service``, which names a service,
-not a model); without either it is refused.  What moeslo would read otherwise
+the model of the queries' ``model_name="..."`` matcher, else of the ``moeslo.io/model`` annotation (never the
+``service``, which names a service, not a model); without either, or with both naming different models, it is
+refused.  What moeslo would read otherwise
 than the document means is refused by field: a budgeting method other than the
 one above (or none: OpenSLO requires it), a bad/total ratio, an ``op`` or a
 ``value`` other than the ``le`` threshold on a ratio objective, a calendar
@@ -302,8 +302,12 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
 
 
 def _model(annotated: str | None, queries: dict[str, str], where: str, previous: str | None) -> str | None:
-    """The model an SLO counts: its annotation, else the ``model_name`` matcher of its queries (one model)."""
+    """The model an SLO counts: the ``model_name`` matcher of its queries (one model), else its annotation; an
+    annotation naming another is refused (the policy would watch one model, its SLIs count another)."""
     found = query_models(queries)
+    if annotated and found and found != {annotated}:
+        raise ValidationError(f"{where}.metadata.annotations.{MODEL_ANNOTATION}: {annotated!r}, but the queries "
+                              f"count model_name {', '.join(map(repr, sorted(found)))}; make them one")  # fmt: skip
     if annotated:
         found = {annotated}
     elif len(found) > 1:

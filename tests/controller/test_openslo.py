@@ -51,11 +51,22 @@ def test_a_new_policy_watches_the_model_its_queries_count_not_the_service() -> N
     assert policy.target.model_dump() == {"kind": "model", "model": "Qwen/Qwen3-30B-A3B"}
 
 
-def test_the_model_annotation_wins_and_escapes_are_read_back() -> None:
-    (policy,) = _import(_slo(annotations={"moeslo.io/model": "served-name"})).values()
+def test_the_model_annotation_names_the_model_the_queries_leave_unsaid_and_escapes_are_read_back() -> None:
+    (policy,) = _import(_slo(model_matcher="", annotations={"moeslo.io/model": "served-name"})).values()
     assert policy.model_name == "served-name"
+    (policy,) = _import(_slo(annotations={"moeslo.io/model": "Qwen/Qwen3-30B-A3B"})).values()  # said twice, alike
+    assert policy.model_name == "Qwen/Qwen3-30B-A3B"
     (escaped,) = _import(_slo(model_matcher='model_name="a\\"b\\\\c",')).values()
     assert escaped.model_name == 'a"b\\c'
+
+
+def test_a_model_annotation_other_than_the_model_the_queries_count_is_refused_naming_it() -> None:
+    """The annotation won over the queries: a policy on ``llama`` enforced SLOs whose SLIs count ``qwen``."""
+    with pytest.raises(ValidationError) as caught:
+        parse_openslo(yaml.safe_dump(_slo(annotations={"moeslo.io/model": "llama"})))
+    (problem,) = caught.value.problems
+    assert problem.startswith("document[1].metadata.annotations.moeslo.io/model: 'llama', but the queries count "
+                              "model_name 'Qwen/Qwen3-30B-A3B'"), problem  # fmt: skip
 
 
 def test_a_new_policy_without_a_model_is_refused_by_name() -> None:
