@@ -19,7 +19,8 @@ and hashed; the annotations below name the policy whole):
 
 Import reads such documents back (ours or hand-written ones): the policy is
 named by the ``moeslo.io/policy`` annotation (else the SLO's ``service``),
-the objective by ``moeslo.io/objective`` (else by the metric in the query),
+the objective by the histogram its good and total queries both count (else by ``moeslo.io/objective``; one
+naming another objective is refused),
 the threshold by the ``le`` matcher of the good query (:mod:`controller.openslo_queries`; a matcher on
 any other label, or with another operator than ``=``, is refused: the controller would count the series it
 leaves out).  A new policy watches
@@ -27,7 +28,8 @@ the model of the queries' ``model_name="..."`` matcher, else of the ``moeslo.io/
 ``service``, which names a service, not a model); without either, or with both naming different models, it is
 refused.  What moeslo would read otherwise
 than the document means is refused by field: a budgeting method other than the
-one above (or none: OpenSLO requires it), a bad/total ratio, an ``op`` or a
+one above (or none: OpenSLO requires it), a bad/total ratio (or bad beside good), both ``target`` and
+``targetPercent``, an ``op`` or a
 ``value`` other than the ``le`` threshold on a ratio objective, a calendar
 window (a ``calendar`` without ``isRolling: true`` is calendar-aligned).  Every
 problem of every document is reported at once.  YAML aliases (``*name``) are refused
@@ -55,6 +57,7 @@ from contracts.errors import ValidationError
 from controller.client_yaml import load_documents, shown
 from controller.openslo_queries import (
     HISTOGRAMS,
+    OBJECTIVE_ANNOTATION,
     check_matchers,
     indicator_queries,
     le_threshold,
@@ -67,7 +70,6 @@ from controller.ttft_series import allowance_from_labels, ttft_matchers, ttft_me
 
 API_VERSION = "openslo/v1"
 POLICY_ANNOTATION = "moeslo.io/policy"
-OBJECTIVE_ANNOTATION = "moeslo.io/objective"
 MODEL_ANNOTATION = "moeslo.io/model"
 IMBALANCE_TARGET_INFORMATIONAL = 0.99
 MAX_NAME_LENGTH = 63
@@ -272,7 +274,7 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
     policy_name = _text(annotations, POLICY_ANNOTATION, annotated) or _label_value(service) or name
     indicator_spec = _need(_need(spec, "indicator", f"{where}.spec"), "spec", f"{where}.spec.indicator")
     queries = indicator_queries(indicator_spec)
-    objective = _text(annotations, OBJECTIVE_ANNOTATION, annotated) or objective_from_queries(queries)
+    objective = objective_from_queries(queries, _text(annotations, OBJECTIVE_ANNOTATION, annotated), where)
     if objective not in ("ttft", "itl", "imbalance"):
         raise ValidationError(
             f"{where}: cannot tell the objective; annotate {OBJECTIVE_ANNOTATION} with ttft, itl or imbalance"
@@ -320,6 +322,8 @@ def _model(annotated: str | None, queries: dict[str, str], where: str, previous:
 
 
 def _target(entry: dict[str, Any], where: str) -> float:
+    if "target" in entry and "targetPercent" in entry:  # OpenSLO: mutually exclusive; one would be dropped
+        raise ValidationError(f"{where}: target and targetPercent are mutually exclusive; give one")
     if "target" in entry:
         value = entry["target"]
     elif "targetPercent" in entry:

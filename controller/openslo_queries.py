@@ -23,6 +23,7 @@ from contracts.catalogue import (
 from contracts.errors import ValidationError
 
 HISTOGRAMS = {"ttft": TTFT_HISTOGRAM, "itl": ITL_HISTOGRAM}
+OBJECTIVE_ANNOTATION = "moeslo.io/objective"
 _MATCHER = re.compile(
     r"(?<![A-Za-z0-9_:])([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"
     r"""(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|`([^`]*)`)"""
@@ -67,14 +68,31 @@ def query_models(queries: dict[str, str]) -> set[str]:
     return {value for label, op, value in found if (label, op) == ("model_name", "=")}
 
 
-def objective_from_queries(queries: dict[str, str]) -> str | None:
-    text = " ".join(queries.values())
-    if TTFT_NORMALIZED_HISTOGRAM in text:
-        return "ttft"
-    for key, metric in HISTOGRAMS.items():
-        if metric in text:
-            return key
-    return "imbalance" if LAYER_IMBALANCE_CV in text else None
+_OBJECTIVE_OF = {TTFT_NORMALIZED_HISTOGRAM: "ttft", TTFT_HISTOGRAM: "ttft", ITL_HISTOGRAM: "itl",
+                 LAYER_IMBALANCE_CV: "imbalance"}  # fmt: skip
+"""The series the controller reads, by the objective it reads them for."""
+
+
+def _series(query: str) -> list[str]:
+    return [metric for metric in _OBJECTIVE_OF if metric in query]
+
+
+def objective_from_queries(queries: dict[str, str], annotated: str | None, where: str) -> str | None:
+    """The objective of an SLO (``where``: its document): the one its queries' series are read for, else its
+    :data:`OBJECTIVE_ANNOTATION` (``annotated``).  A ratio whose good and total count different histograms, or an
+    annotation naming another objective than the queries count, is refused: either reading drops half of it."""
+    good, total = _series(queries.get("good", "")), _series(queries.get("total", ""))
+    if "good" in queries and "total" in queries and (good or total) and (good != total or len(good) > 1):
+        said = {part: " and ".join(series) or "no histogram moeslo reads" for part, series in (("good", good),
+                                                                                              ("total", total))}
+        raise ValidationError(f"{where}.spec.indicator.spec.ratioMetric.total: counts {said['total']}, but good "
+                              f"counts {said['good']}; good and total must count one histogram")  # fmt: skip
+    found = [metric for query in queries.values() for metric in _series(query)]
+    objective = _OBJECTIVE_OF[found[0]] if found else None
+    if annotated and objective and annotated != objective:
+        raise ValidationError(f"{where}.metadata.annotations.{OBJECTIVE_ANNOTATION}: {annotated!r}, but the queries "
+                              f"count {found[0]} (a {objective} objective)")
+    return annotated or objective
 
 
 def check_matchers(queries: dict[str, str], objective: str, where: str) -> None:
@@ -98,6 +116,9 @@ def check_matchers(queries: dict[str, str], objective: str, where: str) -> None:
 
 def le_threshold(queries: dict[str, str], where: str) -> float:
     """The threshold of a good/total ratio: the ``le`` matcher of its good query (``where``: the SLO's spec)."""
+    if "good" in queries and "bad" in queries:  # OpenSLO: "if good is defined then bad must not be set"
+        raise ValidationError(f"{where}.indicator.spec.ratioMetric.bad: a ratio has good or bad, not both; give good "
+                              'and total (the good query\'s le="<seconds>" bucket is the threshold)')  # fmt: skip
     if "good" not in queries and "bad" in queries:
         raise ValidationError(f"{where}.indicator.spec.ratioMetric.bad: bad/total ratios are not supported; give "
                               'good (the requests in the le="<seconds>" bucket) and total')  # fmt: skip

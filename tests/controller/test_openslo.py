@@ -217,6 +217,7 @@ def test_an_allowance_slo_whose_le_is_no_edge_of_the_normalized_histogram_is_ref
     good = doc["spec"]["indicator"]["spec"]["ratioMetric"]["good"]["metricSource"]["spec"]
     good["query"] = ('sum(rate(moeslo_ttft_normalized_seconds_bucket{model_name="Qwen/Qwen3-30B-A3B",'
                      'reference_prompt_tokens="1000",per_1k_prompt_tokens_s="0.05",le="0.32"}[5m]))')
+    _with_query(doc, "total", good["query"].replace("_bucket", "_count").replace(',le="0.32"', ""))
     with pytest.raises(ValidationError) as caught:
         _import(doc)
     (problem,) = caught.value.problems
@@ -358,3 +359,41 @@ def test_a_policy_problem_of_an_import_names_the_policy_and_its_field_as_a_reque
         _import(doc)
     assert caught.value.problems == ("policy 'chat': objectives.ttft.threshold_s: Input should be less than or equal "
                                      "to 3600",)  # fmt: skip
+
+
+def _with_query(doc: dict[str, Any], part: str, query: str) -> dict[str, Any]:
+    doc["spec"]["indicator"]["spec"]["ratioMetric"][part] = {"metricSource": {"type": "Prometheus",
+                                                                              "spec": {"query": query}}}  # fmt: skip
+    return doc
+
+
+ITL_GOOD = 'sum(rate(vllm:inter_token_latency_seconds_bucket{model_name="Qwen/Qwen3-30B-A3B",le="0.5"}[5m]))'
+TTFT_BAD = 'sum(rate(vllm:time_to_first_token_seconds_bucket{model_name="Qwen/Qwen3-30B-A3B",le="0.1"}[5m]))'
+NORMALIZED_GOOD = ('sum(rate(moeslo_ttft_normalized_seconds_bucket{model_name="Qwen/Qwen3-30B-A3B",'
+                   'reference_prompt_tokens="1000",per_1k_prompt_tokens_s="0.05",le="0.5"}[5m]))')
+
+
+@pytest.mark.parametrize(
+    ("doc", "start"),
+    [
+        # Good counted ITL gaps, total TTFT requests: imported as a TTFT objective, a ratio of two histograms.
+        (_with_query(_slo(), "good", ITL_GOOD),
+         "document[1].spec.indicator.spec.ratioMetric.total: counts vllm:time_to_first_token_seconds, but good "
+         "counts vllm:inter_token_latency_seconds"),
+        (_with_query(_slo(), "good", NORMALIZED_GOOD),
+         "document[1].spec.indicator.spec.ratioMetric.total: counts vllm:time_to_first_token_seconds, but good "
+         "counts moeslo_ttft_normalized_seconds"),
+        (_slo(annotations={"moeslo.io/objective": "itl"}),
+         "document[1].metadata.annotations.moeslo.io/objective: 'itl', but the queries count "
+         "vllm:time_to_first_token_seconds (a ttft objective)"),
+        # OpenSLO: target and targetPercent are mutually exclusive; one was silently dropped.
+        (_slo(target=0.9, targetPercent=99.9),
+         "document[1].spec.objectives[0]: target and targetPercent are mutually exclusive"),
+        # OpenSLO: a ratio with good has no bad; bad was dropped and good/total read alone.
+        (_with_query(_slo(), "bad", TTFT_BAD),
+         "document[1].spec.indicator.spec.ratioMetric.bad: a ratio has good or bad, not both"),
+    ],
+)
+def test_a_self_contradictory_document_is_refused_not_read_one_way(doc: dict[str, Any], start: str) -> None:
+    (problem,) = _refusal(doc)
+    assert problem.startswith(start), problem
