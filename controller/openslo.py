@@ -17,6 +17,10 @@ and hashed; the annotations below name the policy whole):
   moeslo acts on sustained violations instead, so the exported ``target``
   (0.99) is informational and ignored on import.
 
+Durations are OpenSLO's shorthand, which has no seconds: a window or ``sustain_s`` that is no whole number of
+minutes is rounded up, its seconds kept in ``moeslo.io/window-s`` / ``moeslo.io/sustain-s``, which import reads
+first (if the duration is their rounding); a bare number ``timeSliceWindow`` is minutes.
+
 Import reads such documents back (ours or hand-written ones): the policy is
 named by the ``moeslo.io/policy`` annotation (else the SLO's ``service``),
 the objective by the histogram its good and total queries both count (else by ``moeslo.io/objective``; one
@@ -71,6 +75,8 @@ from controller.ttft_series import allowance_from_labels, ttft_matchers, ttft_me
 API_VERSION = "openslo/v1"
 POLICY_ANNOTATION = "moeslo.io/policy"
 MODEL_ANNOTATION = "moeslo.io/model"
+WINDOW_ANNOTATION, SUSTAIN_ANNOTATION = "moeslo.io/window-s", "moeslo.io/sustain-s"
+"""The exact seconds of a window or ``sustain_s`` that OpenSLO's minutes round up (import reads them first)."""
 IMBALANCE_TARGET_INFORMATIONAL = 0.99
 MAX_NAME_LENGTH = 63
 """OpenSLO names (``metadata.name``) are DNS labels, as Kubernetes object names: at most 63 characters."""
@@ -102,6 +108,23 @@ def _object_name(policy: str, suffix: str) -> str:
     return f"{policy[:MAX_NAME_LENGTH - len(suffix) - 10].rstrip('-')}-{digest}-{suffix}"
 
 
+def _shorthand(seconds: int) -> str:
+    """``seconds`` in OpenSLO's duration shorthand (it has no seconds unit): whole minutes, rounded up, at least 1."""
+    minutes = max(1, -(-seconds // 60))
+    unit, size = next((unit, size) for unit, size in (("d", 1440), ("h", 60), ("m", 1)) if minutes % size == 0)
+    return f"{minutes // size}{unit}"
+
+
+def _exported_duration(spelled: str, annotations: dict[str, str], key: str) -> str:
+    """A duration as OpenSLO reads it: as spelled unless in seconds; where the shorthand is not exact, the seconds
+    are kept in ``annotations[key]``."""
+    seconds = parse_duration_s(spelled)
+    shorthand = spelled if spelled[-1] in "mhdw" else _shorthand(seconds)
+    if parse_duration_s(shorthand) != seconds:
+        annotations[key] = str(seconds)
+    return shorthand
+
+
 def export_policy(policy: Policy) -> str:
     """The policy's SLOs as a multi-document OpenSLO v1 YAML string."""
     docs = [_latency_slo(policy, "ttft", policy.objectives.ttft), _latency_slo(policy, "itl", policy.objectives.itl),
@@ -112,19 +135,17 @@ def export_policy(policy: Policy) -> str:
 def _slo(policy: Policy, key: str, display_name: str, indicator: dict[str, Any], budgeting: str,
          objective: dict[str, Any]) -> dict[str, Any]:
     """One OpenSLO v1 SLO document of ``policy`` (``key``: ttft, itl or imbalance)."""
+    annotations = {POLICY_ANNOTATION: policy.name, OBJECTIVE_ANNOTATION: key}
+    window = _exported_duration(policy.window, annotations, WINDOW_ANNOTATION)
     return {
         "apiVersion": API_VERSION,
         "kind": "SLO",
-        "metadata": {
-            "name": _object_name(policy.name, key),
-            "displayName": display_name,
-            "annotations": {POLICY_ANNOTATION: policy.name, OBJECTIVE_ANNOTATION: key},
-        },
+        "metadata": {"name": _object_name(policy.name, key), "displayName": display_name, "annotations": annotations},
         "spec": {
             "description": policy.description,
             "service": policy.name,  # a Service's name (a DNS label); the model is in the queries
             "indicator": indicator,
-            "timeWindow": [{"duration": policy.window, "isRolling": True}],
+            "timeWindow": [{"duration": window, "isRolling": True}],
             "budgetingMethod": budgeting,
             "objectives": [objective],
         },
@@ -171,10 +192,12 @@ def _imbalance_slo(policy: Policy) -> dict[str, Any]:
         "value": imbalance.max_cv,
         "target": IMBALANCE_TARGET_INFORMATIONAL,
         "timeSliceTarget": IMBALANCE_TARGET_INFORMATIONAL,
-        "timeSliceWindow": f"{imbalance.sustain_s}s",
     }
-    return _slo(policy, "imbalance", f"expert imbalance CV <= {imbalance.max_cv:g}", indicator, "Timeslices",
-                objective)
+    doc = _slo(policy, "imbalance", f"expert imbalance CV <= {imbalance.max_cv:g}", indicator, "Timeslices",
+               objective)
+    objective["timeSliceWindow"] = _exported_duration(f"{imbalance.sustain_s}s", doc["metadata"]["annotations"],
+                                                      SUSTAIN_ANNOTATION)  # fmt: skip
+    return doc
 
 
 @dataclass
@@ -294,10 +317,10 @@ def _read_document(doc: Any, where: str, result: dict[str, ImportedSlos]) -> Non
     if objective in slos.objectives:
         raise ValidationError(f"{where}: a second {objective} SLO for policy {policy_name!r}")
     if objective == "imbalance":
-        slos.objectives[objective] = _imbalance(entry, f"{where}.spec.objectives[0]")
+        slos.objectives[objective] = _imbalance(entry, annotations, where)
     else:
         slos.objectives[objective] = _latency(entry, queries, f"{where}.spec")
-    slos.window = _window(spec, f"{where}.spec", slos.window)
+    slos.window = _window(spec, annotations, where, slos.window)
     description = _text(spec, "description", f"{where}.spec")
     if description:
         slos.description = description
@@ -375,24 +398,45 @@ def _latency(entry: dict[str, Any], queries: dict[str, str], where: str) -> dict
     return out
 
 
-def _imbalance(entry: dict[str, Any], where: str) -> dict[str, Any]:
+def _imbalance(entry: dict[str, Any], annotations: dict[str, Any], document: str) -> dict[str, Any]:
+    where = f"{document}.spec.objectives[0]"
     if entry.get("op", "lte") not in ("lte", "lt"):
         raise ValidationError(f"{where}.op: imbalance objectives must be lte, got {shown(entry.get('op'))}")
     value = entry.get("value")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 10:
         raise ValidationError(f"{where}.value: must be a CV in (0, 10], got {shown(value)}")
     out: dict[str, Any] = {"max_cv": float(value)}
-    slice_window = _text(entry, "timeSliceWindow", where)
+    slice_window = entry.get("timeSliceWindow")
+    if isinstance(slice_window, int) and not isinstance(slice_window, bool):
+        slice_window = f"{slice_window}m"  # OpenSLO's numeric form counts minutes
+    else:
+        slice_window = _text(entry, "timeSliceWindow", where)
     if slice_window is not None:
         try:
-            out["sustain_s"] = parse_duration_s(slice_window)
+            parse_duration_s(slice_window)
         except ValueError as exc:
             raise ValidationError(f"{where}.timeSliceWindow: {exc}") from exc
-    return out
+    sustain = _kept_seconds(annotations, SUSTAIN_ANNOTATION, slice_window, document)
+    return out if sustain is None else out | {"sustain_s": parse_duration_s(sustain)}
 
 
-def _window(spec: dict[str, Any], where: str, previous: str | None) -> str | None:
-    windows = spec.get("timeWindow")
+def _kept_seconds(annotations: dict[str, Any], key: str, duration: str | None, document: str) -> str | None:
+    """``duration``, or the exact seconds ``annotations[key]`` keeps of it where export rounded them up to
+    OpenSLO's minutes.  One the duration is not the rounding of (the duration edited since) is refused."""
+    kept = annotations.get(key)
+    if kept is None:
+        return duration
+    where = f"{document}.metadata.annotations.{key}"
+    if not isinstance(kept, str) or not re.fullmatch(r"[0-9]{1,9}", kept):
+        raise ValidationError(f"{where}: must be a whole number of seconds (a string), got {shown(kept)}")
+    if duration is None or parse_duration_s(_shorthand(int(kept))) != parse_duration_s(duration):
+        raise ValidationError(f"{where}: {kept} s does not round up to {duration!r} (OpenSLO's whole minutes); "
+                              "drop the annotation or make them agree")  # fmt: skip
+    return f"{int(kept)}s"
+
+
+def _window(spec: dict[str, Any], annotations: dict[str, Any], document: str, previous: str | None) -> str | None:
+    where, windows = f"{document}.spec", spec.get("timeWindow")
     if windows is None:
         return previous
     if not isinstance(windows, list) or len(windows) != 1 or not isinstance(windows[0], dict):
@@ -407,9 +451,10 @@ def _window(spec: dict[str, Any], where: str, previous: str | None) -> str | Non
         parse_duration_s(str(duration))
     except ValueError as exc:
         raise ValidationError(f"{where}.timeWindow[0].duration: {exc}") from exc
-    if previous is not None and previous != duration:
-        raise ValidationError(f"{where}.timeWindow[0].duration: {duration!r} differs from {previous!r}")
-    return str(duration)
+    window = _kept_seconds(annotations, WINDOW_ANNOTATION, str(duration), document)
+    if previous is not None and previous != window:
+        raise ValidationError(f"{where}.timeWindow[0].duration: {window!r} differs from {previous!r}")
+    return window
 
 
 def apply_imported(slos: ImportedSlos, base: Policy | None) -> Policy:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from pydantic import ValidationError as PydanticValidationError
 from contracts.errors import ValidationError
 from controller.api.errors import error_problem
 from controller.openslo import apply_imported, export_policy, parse_openslo
-from controller.policy import STORED, LocalTarget, Policy
+from controller.policy import STORED, LocalTarget, Policy, parse_duration_s
 
 
 def _slo(service: str = "chat-frontend", model_matcher: str = 'model_name="Qwen/Qwen3-30B-A3B",',
@@ -397,3 +398,52 @@ NORMALIZED_GOOD = ('sum(rate(moeslo_ttft_normalized_seconds_bucket{model_name="Q
 def test_a_self_contradictory_document_is_refused_not_read_one_way(doc: dict[str, Any], start: str) -> None:
     (problem,) = _refusal(doc)
     assert problem.startswith(start), problem
+
+
+SHORTHAND = re.compile(r"[0-9]+[mhdwMQY]")
+"""OpenSLO v1's duration shorthand (timeWindow[].duration, timeSliceWindow): no seconds."""
+
+
+def _exported(**spec: Any) -> tuple[Policy, list[dict[str, Any]]]:
+    policy = Policy.model_validate({"name": "q", "target": {"kind": "model", "model": "m"}, **spec})
+    return policy, list(yaml.safe_load_all(export_policy(policy)))
+
+
+@pytest.mark.parametrize(
+    ("spec", "window", "slice_window", "annotations"),
+    [
+        ({}, "30d", "5m", {}),
+        ({"window": "2592000s", "objectives": {"imbalance": {"sustain_s": 45}}}, "30d", "1m",
+         {"moeslo.io/sustain-s": "45"}),
+        ({"window": "180001s", "objectives": {"imbalance": {"sustain_s": 0}}}, "3001m", "1m",
+         {"moeslo.io/window-s": "180001", "moeslo.io/sustain-s": "0"}),
+        ({"window": "720h", "objectives": {"imbalance": {"sustain_s": 7200}}}, "720h", "2h", {}),
+    ],
+)
+def test_exported_durations_are_openslo_shorthand_and_import_back_exactly(
+    spec: dict[str, Any], window: str, slice_window: str, annotations: dict[str, str]
+) -> None:
+    """``300s`` and ``2592000s`` were exported as written: OpenSLO has no seconds unit, so every export failed
+    OpenSLO validation.  What is not whole minutes is rounded up, its seconds kept in an annotation."""
+    policy, docs = _exported(**spec)
+    assert [d["spec"]["timeWindow"][0]["duration"] for d in docs] == [window] * 3
+    assert docs[2]["spec"]["objectives"][0]["timeSliceWindow"] == slice_window
+    assert all(SHORTHAND.fullmatch(value) for value in (window, slice_window))
+    kept = {key: value for key, value in docs[2]["metadata"]["annotations"].items() if key.endswith("-s")}
+    assert kept == annotations
+    (back,) = _import(*docs).values()
+    assert parse_duration_s(back.window) == parse_duration_s(policy.window)
+    assert back.objectives == policy.objectives
+
+
+def test_a_time_slice_window_is_read_in_minutes_when_a_bare_number_and_an_annotation_must_agree_with_it() -> None:
+    _policy, docs = _exported(objectives={"imbalance": {"sustain_s": 45}})
+    docs[2]["spec"]["objectives"][0]["timeSliceWindow"] = "2m"  # edited: the kept 45 s no longer rounds to it
+    (problem,) = _refusal(docs[2])
+    assert problem.startswith("document[1].metadata.annotations.moeslo.io/sustain-s: 45 s does not round up to "
+                              "'2m'"), problem  # fmt: skip
+    del docs[2]["metadata"]["annotations"]["moeslo.io/sustain-s"]
+    for value, sustain_s in ((5, 300), ("300s", 300), ("2m", 120)):  # the numeric form, and older exports' seconds
+        docs[2]["spec"]["objectives"][0]["timeSliceWindow"] = value
+        (back,) = _import(*docs).values()
+        assert back.objectives.imbalance.sustain_s == sustain_s
