@@ -111,11 +111,14 @@ def _pod_restarts(window: str) -> str:
 def restart_alert(policy: Policy, options: AlertOptions) -> AlertingRule:
     """A ticket when a replica of the policy's model restarted more than ``max_restarts`` times in
     ``restart_window``.  The process collector's series carry no ``model_name``: they are joined to the
-    engine's ``vllm:num_requests_running`` of the same target, which both engines export.  A replica whose
-    ``/metrics`` had no process start time in the window (vLLM with several API servers) is counted from
-    kube-state-metrics instead, by pod: without kube-state-metrics (not on Kubernetes) it is not covered."""
+    engine's ``vllm:num_requests_running`` of the same target in the window, which both engines export.  A
+    replica whose ``/metrics`` had no process start time in the window (vLLM with several API servers) is
+    counted from kube-state-metrics instead, by pod: without kube-state-metrics (not on Kubernetes) it is not
+    covered."""
     window = options.restart_window
-    replicas = f"({RUNNING}{{{_model(policy)}}})"
+    # The replica's window, not its current scrape: a target that stops answering (CrashLoopBackOff) has its
+    # series marked stale at once, and a join to them would resolve the ticket while the replica is down.
+    replicas = f"(last_over_time({RUNNING}{{{_model(policy)}}}[{window}]))"
     by_process = (f"(max by ({TARGET_LABELS}) (changes({PROCESS_START_TIME}[{window}])) > {options.max_restarts})\n"
                   f"* on ({TARGET_LABELS}) group_left (model_name)\n"
                   f"group by (model_name, {TARGET_LABELS}) {replicas}")  # fmt: skip
