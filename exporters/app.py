@@ -128,6 +128,10 @@ def build_stack(options: ServeOptions) -> ServingStack:
         prometheus.record_engine_limits(block_size=blocks.block_size, num_blocks=blocks.num_blocks,
                                         max_num_seqs=options.max_num_seqs,
                                         max_num_batched_tokens=options.max_num_batched_tokens)  # fmt: skip
+        if options.routing_stats:  # an engine that counts no routing has no balance to report, now or later
+            placement = engine.placement
+            prometheus.record_model_shape(num_layers=placement.num_layers, num_experts=engine.num_experts,
+                                          num_ranks=placement.num_ranks)  # fmt: skip
         engine.add_sink(prometheus)
         metrics = _renderer(prometheus)
     tokenizer = load_tokenizer(Path(options.checkpoint), engine.vocab_size)

@@ -206,6 +206,12 @@ class PrometheusStatsSink:
               [*BASE_LABELS, "max_num_seqs", "max_num_batched_tokens"], registry=self.registry,
               ).labels(self.model_name, self.engine, str(max_num_seqs), str(max_num_batched_tokens)).set(1)  # fmt: skip
 
+    def record_model_shape(self, *, num_layers: int, num_experts: int, num_ranks: int) -> None:
+        """The model's MoE layers, experts and EP ranks, known at start: the balance gauges exist from then, NaN
+        until the first routed step (as the vLLM plugin's), and the routed-token counters at 0.  Without them an
+        engine that has served nothing yet (the warm-up's routing is forgotten) read as one not scraped at all."""
+        self._moe.start(num_layers, num_experts, num_ranks)
+
     def record_health(self, broken: str | None) -> None:
         """The engine's health changed: ``broken`` says why it cannot serve (None: it can again).
 
@@ -291,7 +297,7 @@ class PrometheusStatsSink:
         return shape is not None and shape[0] * shape[1] <= self._max_expert_series
 
     def expert_tokens(self) -> IntArray | None:
-        """Cumulative (layers, experts) routed tokens, or None before the first routed step."""
+        """Cumulative (layers, experts) routed tokens, or None before the model's shape or its first routed step."""
         return self._moe.expert_totals()
 
     def render(self) -> bytes:
@@ -349,6 +355,14 @@ class _MoECollector(Collector):
     def expert_shape(self) -> tuple[int, int] | None:
         totals = self._expert_totals
         return None if totals is None else (int(totals.shape[0]), int(totals.shape[1]))
+
+    def start(self, layers: int, experts: int, ranks: int) -> None:
+        """An empty window and zero totals of this shape, unless routing came in first."""
+        with self._lock:
+            if self._window is None:
+                self._window = RoutingWindow(layers, experts, ranks, self._window_steps)
+                self._expert_totals = np.zeros((layers, experts), dtype=np.int64)
+                self._rank_totals = np.zeros((layers, ranks), dtype=np.int64)
 
     def record_routing(self, delta: RoutingDelta) -> None:
         expert_tokens, rank_tokens = delta.expert_tokens, delta.rank_tokens

@@ -45,12 +45,21 @@ class NormalizedTtftObserver:
             [*BASE_LABELS, FINISHED_REASON_LABEL], registry=registry,
         )  # fmt: skip
 
-    def observe(self, model_name: str, engine: str, requests: Iterable[tuple[float, int]]) -> None:
-        """``(ttft_s, prompt_tokens)`` of requests that finished on one engine."""
-        series = [
+    def add_engine(self, model_name: str, engine: str) -> None:
+        """An engine's series, empty until its first request finishes: without them the TTFT-metric-absent
+        ticket read an engine that has served nothing yet as one not scraped (vLLM's own histograms exist from
+        its start)."""
+        self._series(model_name, engine)
+
+    def _series(self, model_name: str, engine: str) -> list[tuple[TtftAllowance, Histogram]]:
+        return [
             (allowance, self._histogram.labels(model_name, engine, *allowance.labels().values()))
             for allowance in self._allowances
         ]
+
+    def observe(self, model_name: str, engine: str, requests: Iterable[tuple[float, int]]) -> None:
+        """``(ttft_s, prompt_tokens)`` of requests that finished on one engine."""
+        series = self._series(model_name, engine)
         for ttft_s, prompt_tokens in requests:
             for allowance, histogram in series:
                 histogram.observe(allowance.normalized_s(ttft_s, prompt_tokens))

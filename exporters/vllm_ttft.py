@@ -50,6 +50,7 @@ class NormalizedTtftStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is
         if not _OBSERVER:
             _OBSERVER.append(NormalizedTtftObserver(REGISTRY, allowances=settings.ttft_allowances))
         self.observer = _OBSERVER[0]
+        self.observer.add_engine(self.model_name, self.engine)
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                engine_idx: int = 0) -> None:  # fmt: skip

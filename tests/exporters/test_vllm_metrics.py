@@ -298,3 +298,36 @@ def test_a_bad_setting_never_stops_vllm_building_the_ttft_stat_logger() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "built True" in proc.stdout  # off, not raising
     assert "MOESLO_VLLM_FLUSH_S='0' must be between 0.1 and 60 seconds" in proc.stderr
+
+
+IDLE_TTFT_SCRIPT = textwrap.dedent(
+    """
+    from types import SimpleNamespace
+    from prometheus_client import REGISTRY
+    from exporters.vllm_ttft import NormalizedTtftStatLogger
+
+    config = SimpleNamespace(model_config=SimpleNamespace(served_model_name=["m"], model="m"))
+    for engine in (0, 1):
+        NormalizedTtftStatLogger(config, engine)
+    labels = {"model_name": "m", "reference_prompt_tokens": "1000", "per_1k_prompt_tokens_s": "0.05"}
+    for engine in ("0", "1"):
+        print("count", engine, REGISTRY.get_sample_value("moeslo_ttft_normalized_seconds_count",
+                                                         {**labels, "engine": engine}))
+    """
+)
+
+
+@pytest.mark.vllm
+def test_the_ttft_stat_logger_has_its_engines_series_before_a_request_finishes() -> None:
+    """vLLM's own TTFT histogram exists from start: the normalized one must too, or an engine that has served
+    nothing yet reads as one not scraped (the TTFT-metric-absent ticket)."""
+    from harness.vllm_server import vllm_python
+
+    python = vllm_python()
+    if python is None:
+        pytest.skip("vLLM venv absent: run `make vllm-venv` to build .venv-vllm")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MOESLO_VLLM_PLUGIN": "1"}
+    proc = subprocess.run([str(python), "-c", IDLE_TTFT_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "count 0 0.0" in proc.stdout and "count 1 0.0" in proc.stdout, proc.stdout
