@@ -9,12 +9,25 @@ from typing import Any
 
 from contracts.errors import ValidationError
 
+# What transformers' Qwen3MoeConfig (5.x) takes for a key config.json leaves out; the dataclass defaults
+# below are `moeslo model init`'s, which writes every key, so a checkpoint is read as transformers reads it.
+_READ_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 151_936, "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+    "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4, "num_experts": 128,
+    "num_experts_per_tok": 8, "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": (),
+    "rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "max_position_embeddings": 32_768,
+    "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None,
+}
+_ALIASES = {"num_local_experts": "num_experts"}
+"""Other names of a field: transformers 5 writes num_experts as num_local_experts (its attribute_map)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """A Qwen3-MoE architecture, named as in ``config.json``.
 
-    Defaults are the small random checkpoint of ``moeslo model init``.
+    Defaults are the small random checkpoint of ``moeslo model init``; :meth:`from_dict` reads a key
+    that ``config.json`` leaves out as transformers does, with Qwen3MoeConfig's default.
     """
 
     vocab_size: int = 4096
@@ -76,12 +89,13 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        """The config of a ``config.json``: keys it leaves out take Qwen3MoeConfig's defaults."""
         known = {f.name for f in fields(cls)} - {"extra"}
-        kwargs: dict[str, Any] = {k: v for k, v in raw.items() if k in known}
-        if "head_dim" not in raw and "hidden_size" in raw and "num_attention_heads" in raw:
-            kwargs["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
-        if "mlp_only_layers" in kwargs:
-            kwargs["mlp_only_layers"] = tuple(kwargs["mlp_only_layers"] or ())
+        kwargs: dict[str, Any] = {**_READ_DEFAULTS, **_aliased(raw)}
+        kwargs.update({k: v for k, v in raw.items() if k in known and v is not None})
+        if raw.get("head_dim") is None:  # transformers' fallback when config.json names none
+            kwargs["head_dim"] = kwargs["hidden_size"] // kwargs["num_attention_heads"]
+        kwargs["mlp_only_layers"] = tuple(kwargs["mlp_only_layers"] or ())
         if isinstance(kwargs.get("eos_token_id"), list):
             kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
         kwargs["torch_dtype"] = str(raw.get("torch_dtype") or raw.get("dtype") or "float32")
@@ -95,9 +109,9 @@ class ModelConfig:
                 f"rope_type {rope_type!r} is not supported (only 'default' RoPE); refusing rather than "
                 "computing wrong positions"
             )
-        if "rope_theta" not in raw and "rope_theta" in rope:
+        if raw.get("rope_theta") is None and "rope_theta" in rope:
             kwargs["rope_theta"] = float(rope["rope_theta"])
-        kwargs["extra"] = {k: v for k, v in raw.items() if k not in known}
+        kwargs["extra"] = {k: v for k, v in raw.items() if k not in known and k not in _ALIASES}
         return cls(**kwargs)
 
     @classmethod
@@ -134,3 +148,15 @@ class ModelConfig:
         )
         out.setdefault("rope_scaling", None)
         return out
+
+
+def _aliased(raw: dict[str, Any]) -> dict[str, Any]:
+    """Fields config.json names by another name; refused where both names are there and disagree."""
+    out: dict[str, Any] = {}
+    for alias, name in _ALIASES.items():
+        if raw.get(alias) is None:
+            continue
+        if raw.get(name) is not None and raw[name] != raw[alias]:
+            raise ValidationError(f"{name} ({raw[name]}) and {alias} ({raw[alias]}) disagree")
+        out[name] = raw[alias]
+    return out
