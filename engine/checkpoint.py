@@ -27,6 +27,8 @@ from engine.config import ModelConfig
 from engine.tokenizer_init import MIN_VOCAB_SIZE, eos_token_id, write_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_STORED_DTYPES = ("F32", "BF16", "F16")
+"""safetensors' names of the dtypes a tensor may be stored in: a float8 or integer one is quantized."""
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -80,7 +82,14 @@ class CheckpointReader:
             path = self._file_of[name]
         except KeyError:
             raise ValidationError(f"checkpoint {self.directory} has no tensor {name!r}") from None
-        tensor: torch.Tensor = self._open(path).get_tensor(name)
+        handle = self._open(path)
+        stored = handle.get_slice(name).get_dtype()
+        if stored not in _STORED_DTYPES:  # cast up without its scales, a quantized weight is garbage
+            raise ValidationError(
+                f"checkpoint {self.directory}: tensor {name!r} is {stored}; the embedded engine reads only "
+                "float16, bfloat16 and float32 weights (serve quantized checkpoints with vLLM)"
+            )
+        tensor: torch.Tensor = handle.get_tensor(name)
         return tensor.to(self.dtype)
 
     def close(self) -> None:

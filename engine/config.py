@@ -126,6 +126,11 @@ class ModelConfig:
         model_type = raw.get("model_type")
         if model_type not in (None, "qwen3_moe"):
             raise ValidationError(f"{path}: model_type is {model_type!r}, only 'qwen3_moe' is supported")
+        if raw.get("quantization_config") or raw.get("compression_config"):
+            # Their weights need scales the engine never applies: refuse rather than serve garbage.
+            raise ValidationError(
+                f"{path}: quantized checkpoints (fp8) are not supported by the embedded engine; serve them with vLLM"
+            )
         return cls.from_dict(raw)
 
     def to_hf_dict(self) -> dict[str, Any]:

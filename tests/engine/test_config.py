@@ -67,3 +67,12 @@ def test_model_init_keeps_its_own_defaults_and_writes_every_key() -> None:
     raw = ModelConfig().to_hf_dict()
     assert raw["norm_topk_prob"] is True and raw["rope_theta"] == 1_000_000.0 and raw["num_experts"] == 32
     assert ModelConfig.from_dict(raw) == ModelConfig()
+
+
+@pytest.mark.parametrize("key", ["quantization_config", "compression_config"])
+def test_a_quantized_checkpoint_is_refused(tmp_path: Path, key: str) -> None:
+    from contracts.errors import ValidationError
+
+    quant = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+    with pytest.raises(ValidationError, match=r"quantized checkpoints \(fp8\) are not supported.*vLLM"):
+        _load(tmp_path, {**TINY.to_hf_dict(), key: quant})
