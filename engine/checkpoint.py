@@ -49,6 +49,8 @@ class CheckpointReader:
     def __init__(self, directory: str | Path, dtype: torch.dtype) -> None:
         self.directory = Path(directory)
         self.dtype = dtype
+        self.config = ModelConfig.load(self.directory)
+        """The checkpoint's config, for the shapes its tensors must have."""
         index = self.directory / "model.safetensors.index.json"
         single = self.directory / "model.safetensors"
         if index.exists():
@@ -77,13 +79,21 @@ class CheckpointReader:
     def __contains__(self, name: str) -> bool:
         return name in self._file_of
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Tensor ``name`` at the reader's dtype; refused unless stored in ``shape`` (the config's)."""
         try:
             path = self._file_of[name]
         except KeyError:
             raise ValidationError(f"checkpoint {self.directory} has no tensor {name!r}") from None
         handle = self._open(path)
-        stored = handle.get_slice(name).get_dtype()
+        stored_slice = handle.get_slice(name)
+        found = tuple(stored_slice.get_shape())
+        if found != shape:  # caught here, it names the tensor; later it is an opaque matmul error, or none
+            raise ValidationError(
+                f"checkpoint {self.directory}: tensor {name!r} has shape {found}, expected {shape} from "
+                "config.json"
+            )
+        stored = stored_slice.get_dtype()
         if stored not in _STORED_DTYPES:  # cast up without its scales, a quantized weight is garbage
             raise ValidationError(
                 f"checkpoint {self.directory}: tensor {name!r} is {stored}; the embedded engine reads only "

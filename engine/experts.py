@@ -24,9 +24,10 @@ ExpertWeights = tuple[torch.Tensor, torch.Tensor]
 
 
 def load_expert(reader: CheckpointReader, layer: int, expert: int) -> ExpertWeights:
-    gate = reader.get(expert_tensor_name(layer, expert, "gate_proj"))
-    up = reader.get(expert_tensor_name(layer, expert, "up_proj"))
-    down = reader.get(expert_tensor_name(layer, expert, "down_proj"))
+    hidden, inter = reader.config.hidden_size, reader.config.moe_intermediate_size
+    gate = reader.get(expert_tensor_name(layer, expert, "gate_proj"), (inter, hidden))
+    up = reader.get(expert_tensor_name(layer, expert, "up_proj"), (inter, hidden))
+    down = reader.get(expert_tensor_name(layer, expert, "down_proj"), (hidden, inter))
     return torch.cat([gate, up], dim=0), down
 
 

@@ -113,33 +113,14 @@ class Qwen3MoeModel:
     def __init__(self, config: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
         self.config = config
         self.dtype = dtype
-        get = reader.get
-        self.embed = get("model.embed_tokens.weight")
-        self.layers: list[LayerWeights] = []
-        for i in range(config.num_hidden_layers):
-            p = f"model.layers.{i}"
-            sparse = config.is_sparse_layer(i)
-            qkv = torch.cat([get(f"{p}.self_attn.{n}_proj.weight") for n in ("q", "k", "v")], dim=0)
-            self.layers.append(
-                LayerWeights(
-                    input_norm=get(f"{p}.input_layernorm.weight"),
-                    qkv=qkv.contiguous(),
-                    q_norm=get(f"{p}.self_attn.q_norm.weight"),
-                    k_norm=get(f"{p}.self_attn.k_norm.weight"),
-                    o_proj=get(f"{p}.self_attn.o_proj.weight"),
-                    post_norm=get(f"{p}.post_attention_layernorm.weight"),
-                    router=get(f"{p}.mlp.gate.weight") if sparse else None,
-                    dense_gate_up=None if sparse else torch.cat(
-                        [get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")], dim=0
-                    ).contiguous(),
-                    dense_down=None if sparse else get(f"{p}.mlp.down_proj.weight"),
-                )
-            )
-        self.norm = get("model.norm.weight")
+        hidden, vocab = config.hidden_size, config.vocab_size
+        self.embed = reader.get("model.embed_tokens.weight", (vocab, hidden))
+        self.layers = [_layer_weights(config, reader, i) for i in range(config.num_hidden_layers)]
+        self.norm = reader.get("model.norm.weight", (hidden,))
         if config.tie_word_embeddings:  # else a missing lm_head.weight is an error, not the embeddings
             self.lm_head = self.embed
         else:
-            self.lm_head = get("lm_head.weight")
+            self.lm_head = reader.get("lm_head.weight", (vocab, hidden))
         inv_freq = 1.0 / (
             config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim)
         )
@@ -317,6 +298,33 @@ class Qwen3MoeModel:
         ks = k_cache.index_select(1, flat).view(n_kv, batch, -1, d).transpose(0, 1)
         vs = v_cache.index_select(1, flat).view(n_kv, batch, -1, d).transpose(0, 1)
         return F.scaled_dot_product_attention(q, ks, vs, attn_mask=bucket.mask, scale=self.scale, enable_gqa=True)
+
+
+def _layer_weights(config: ModelConfig, reader: CheckpointReader, i: int) -> LayerWeights:
+    """Layer ``i``'s weights, each checked against the shape the config gives it."""
+    p = f"model.layers.{i}"
+    hidden, head_dim = config.hidden_size, config.head_dim
+    q_rows, kv_rows = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+
+    def get(name: str, *shape: int) -> torch.Tensor:
+        return reader.get(f"{p}.{name}.weight", shape)
+
+    qkv = torch.cat([get("self_attn.q_proj", q_rows, hidden), get("self_attn.k_proj", kv_rows, hidden),
+                     get("self_attn.v_proj", kv_rows, hidden)], dim=0)
+    sparse, inter = config.is_sparse_layer(i), config.intermediate_size
+    return LayerWeights(
+        input_norm=get("input_layernorm", hidden),
+        qkv=qkv.contiguous(),
+        q_norm=get("self_attn.q_norm", head_dim),
+        k_norm=get("self_attn.k_norm", head_dim),
+        o_proj=get("self_attn.o_proj", hidden, q_rows),
+        post_norm=get("post_attention_layernorm", hidden),
+        router=get("mlp.gate", config.num_experts, hidden) if sparse else None,
+        dense_gate_up=None if sparse else torch.cat(
+            [get("mlp.gate_proj", inter, hidden), get("mlp.up_proj", inter, hidden)], dim=0
+        ).contiguous(),
+        dense_down=None if sparse else get("mlp.down_proj", hidden, inter),
+    )
 
 
 def _decode_buckets(rows: npt.NDArray[np.int64], seen: npt.NDArray[np.int64], tables: npt.NDArray[np.int64],
