@@ -90,6 +90,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         """The config of a ``config.json``: keys it leaves out take Qwen3MoeConfig's defaults."""
+        if problems := _unimplemented(raw):
+            raise ValidationError(problems)
         known = {f.name for f in fields(cls)} - {"extra"}
         kwargs: dict[str, Any] = {**_READ_DEFAULTS, **_aliased(raw)}
         kwargs.update({k: v for k, v in raw.items() if k in known and v is not None})
@@ -165,3 +167,15 @@ def _aliased(raw: dict[str, Any]) -> dict[str, Any]:
             raise ValidationError(f"{name} ({raw[name]}) and {alias} ({raw[alias]}) disagree")
         out[name] = raw[alias]
     return out
+
+
+def _unimplemented(raw: dict[str, Any]) -> list[str]:
+    """Options of Qwen3MoeConfig the engine does not implement: refused rather than silently ignored."""
+    problems = []
+    if raw.get("attention_bias"):
+        problems.append("attention_bias: true is not supported (the engine's q/k/v/o projections have no bias)")
+    if raw.get("hidden_act", "silu") not in ("silu", "swish"):
+        problems.append(f"hidden_act {raw['hidden_act']!r} is not supported (only 'silu')")
+    if raw.get("use_sliding_window"):
+        problems.append("use_sliding_window: true is not supported (the engine attends over the whole context)")
+    return problems

@@ -76,3 +76,16 @@ def test_a_quantized_checkpoint_is_refused(tmp_path: Path, key: str) -> None:
     quant = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
     with pytest.raises(ValidationError, match=r"quantized checkpoints \(fp8\) are not supported.*vLLM"):
         _load(tmp_path, {**TINY.to_hf_dict(), key: quant})
+
+
+def test_options_the_engine_does_not_implement_are_refused_naming_each(tmp_path: Path) -> None:
+    from contracts.errors import ValidationError
+
+    raw = TINY.to_hf_dict()
+    assert _load(tmp_path, {**raw, "hidden_act": "swish"}) == TINY  # transformers' other name for silu
+    unsupported = {"attention_bias": True, "hidden_act": "gelu", "use_sliding_window": True}
+    with pytest.raises(ValidationError) as info:
+        _load(tmp_path, {**raw, **unsupported})
+    assert len(info.value.problems) == 3
+    for key in unsupported:
+        assert any(key in problem for problem in info.value.problems)
