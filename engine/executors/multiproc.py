@@ -20,7 +20,10 @@ collectives took several thread hand-offs each (the caller, the process
 group's worker, the transport's loop), which on ranks sharing a CPU cost
 about 1 ms per collective: a step of the demo's replica (EP 2 on one CPU)
 took 13 ms against 4 ms at EP 1.  A rank that exits closes its pipe, so rank
-0 sees it at once (EOF), not after a collective's timeout.
+0 sees it at once (EOF), not after a collective's timeout.  So too at
+startup: each rank loads its experts, then reports on its pipe (ready, or
+its error) before any rank joins the group, so a rank that fails to load or
+dies is named with its exit status within moments.
 
 Placement changes (rare) still go through a ``torch.distributed`` group
 (gloo): they move only the expert weights that change rank, with
@@ -63,6 +66,11 @@ _TIMEOUT = timedelta(seconds=120)
 _MESSAGE = struct.Struct("<iii")
 """A pipe message from rank 0: (op, MoE layer, tokens)."""
 _DONE = b"d"
+_READY = b"r"
+"""A worker's first message: its experts are loaded and it is joining the group."""
+_FAILED = b"f"
+"""A worker's first message when it could not load: followed by the error's text."""
+_MAX_ERROR = 2000
 _FIRST_CAPACITY = 512
 """Tokens the shared buffers hold at first (the default step budget); they grow by doubling."""
 
@@ -159,40 +167,64 @@ def _worker_main(rank: int, world: int, port: int, options: ExecutorOptions, pla
             return  # it died before the request above could take effect
     threads = options.threads_per_rank or default_threads(world)
     torch.set_num_threads(threads)
-    config = ModelConfig.load(options.checkpoint)
-    dtype = torch_dtype(options.dtype or config.torch_dtype)
+    try:
+        state = _load_rank(rank, options, placement)
+    except Exception as exc:  # rank 0 reports it: the error, not only a peer gone from the group
+        with contextlib.suppress(OSError):
+            conn.send_bytes(_FAILED + repr(exc)[:_MAX_ERROR].encode())
+        raise
+    conn.send_bytes(_READY)
     store = TCPStore("127.0.0.1", port, world, is_master=False, timeout=_TIMEOUT)
     dist.init_process_group(_backend(), store=store, rank=rank, world_size=world, timeout=_TIMEOUT)
     try:
-        with CheckpointReader(options.checkpoint, dtype) as reader:
-            shard = ExpertShard(
-                config, placement, rank, lambda layer, expert: load_expert(reader, config.sparse_layers[layer], expert)
-            )
-        state = _RankState(config, shard, dtype)
-        dist.barrier()
-        with torch.inference_mode(), contextlib.suppress(EOFError, ConnectionError):  # rank 0 went away: stop
-            while True:
-                op, layer, tokens = _MESSAGE.unpack(conn.recv_bytes())
-                if op == _OP_LAYER:
-                    use_step_threads(tokens, threads, options.parallel_min_tokens)  # as rank 0 runs the step
-                    buffers.outboxes[rank][:tokens].copy_(state.compute(layer, buffers.inbox[:tokens]))
-                    conn.send_bytes(_DONE)
-                elif op == _OP_RESIZE:
-                    received = conn.recv()
-                    assert isinstance(received, _SharedBuffers)
-                    buffers = received
-                    conn.send_bytes(_DONE)
-                elif op == _OP_PLACEMENT:
-                    box: list[object] = [None]
-                    dist.broadcast_object_list(box, src=0)
-                    assert isinstance(box[0], np.ndarray)
-                    with contextlib.suppress(PlacementError):  # rank 0 reports it; the ranks agree
-                        state.apply(Placement(box[0], world))
-                    dist.barrier()
-                else:
-                    break
+        _serve(state, rank, world, threads, options, conn, buffers)
     finally:
         dist.destroy_process_group()
+
+
+def _load_rank(rank: int, options: ExecutorOptions, placement: Placement) -> _RankState:
+    """A worker rank's experts, read from the checkpoint."""
+    config = ModelConfig.load(options.checkpoint)
+    dtype = torch_dtype(options.dtype or config.torch_dtype)
+    with CheckpointReader(options.checkpoint, dtype) as reader:
+        shard = ExpertShard(
+            config, placement, rank, lambda layer, expert: load_expert(reader, config.sparse_layers[layer], expert)
+        )
+    return _RankState(config, shard, dtype)
+
+
+def _serve(state: _RankState, rank: int, world: int, threads: int, options: ExecutorOptions, conn: Connection,
+           buffers: _SharedBuffers) -> None:  # fmt: skip
+    """Answer rank 0's messages until it says shut down or goes away."""
+    with torch.inference_mode(), contextlib.suppress(EOFError, ConnectionError):  # rank 0 went away: stop
+        while True:
+            op, layer, tokens = _MESSAGE.unpack(conn.recv_bytes())
+            if op == _OP_LAYER:
+                use_step_threads(tokens, threads, options.parallel_min_tokens)  # as rank 0 runs the step
+                buffers.outboxes[rank][:tokens].copy_(state.compute(layer, buffers.inbox[:tokens]))
+                conn.send_bytes(_DONE)
+            elif op == _OP_RESIZE:
+                received = conn.recv()
+                assert isinstance(received, _SharedBuffers)
+                buffers = received
+                conn.send_bytes(_DONE)
+            elif op == _OP_PLACEMENT:
+                box: list[object] = [None]
+                dist.broadcast_object_list(box, src=0)
+                assert isinstance(box[0], np.ndarray)
+                with contextlib.suppress(PlacementError):  # rank 0 reports it; the ranks agree
+                    state.apply(Placement(box[0], world))
+                dist.barrier()
+            else:
+                break
+
+
+def _first_message(conn: Connection) -> bytes:
+    """A starting rank's report; empty if it exited without one."""
+    try:
+        return conn.recv_bytes(len(_FAILED) + 4 * _MAX_ERROR)
+    except (EOFError, OSError):
+        return b""
 
 
 class MultiprocExecutor(DriverBase):
@@ -217,32 +249,72 @@ class MultiprocExecutor(DriverBase):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # Rank 0's rendezvous store takes a port the OS picks; the workers get its number.
         store = TCPStore("127.0.0.1", 0, world, is_master=True, timeout=_TIMEOUT, wait_for_workers=False)
-        port = store.port
-        ctx = mp.get_context("spawn")
         try:
-            for rank in range(1, world):
-                mine, theirs = ctx.Pipe(duplex=True)
-                proc = ctx.Process(
-                    target=_worker_main,
-                    args=(rank, world, port, options, self._placement, theirs, self._buffers,
-                          os.getpid() if threading.current_thread() is threading.main_thread() else None),
-                    daemon=True, name=f"moeslo-ep-rank{rank}",
-                )
-                proc.start()
-                theirs.close()  # the child holds its end: a rank that exits closes the pipe
-                self._procs.append(proc)
-                self._conns.append(mine)
-            dist.init_process_group(_backend(), store=store, rank=0, world_size=world, timeout=_TIMEOUT)
+            self._spawn(options, store.port)
             reader = self.reader
-            shard = ExpertShard(
+            shard = ExpertShard(  # while the other ranks load theirs
                 cfg, self._placement, 0, lambda layer, expert: load_expert(reader, cfg.sparse_layers[layer], expert)
             )
             self._state = _RankState(cfg, shard, self.dtype)
-            dist.barrier()
-        except BaseException:
+            self._await_ready()
+            # Joined only once every rank has loaded and was alive a moment ago: gloo's rendezvous waits out
+            # its whole timeout for a peer that never joins, naming no rank.  Only a rank that dies in the
+            # milliseconds between its report and the group forming can still cost that wait (the error then
+            # names it).  Not a shorter timeout for the join: the group keeps it for every collective after.
+            self._raise_if_dead(self._dead_rank())
+            dist.init_process_group(_backend(), store=store, rank=0, world_size=world, timeout=_TIMEOUT)
+        except BaseException as exc:
             self._closed = True
-            self._teardown()
+            # A failed join (or a load cut short) may be a rank that died: name it, not gloo's error.
+            named = isinstance(exc, UnavailableError) or not isinstance(exc, Exception)
+            dead = None if named else self._dead_rank(wait_s=0.5)
+            self._teardown(grace_s=0)  # the other ranks have nothing to save
+            self._raise_if_dead(dead, exc)
             raise
+
+    def _spawn(self, options: ExecutorOptions, port: int) -> None:
+        """Start ranks 1..N-1; each loads its experts, reports on its pipe and joins the group at ``port``."""
+        ctx = mp.get_context("spawn")
+        parent = os.getpid() if threading.current_thread() is threading.main_thread() else None
+        for rank in range(1, options.ep):
+            mine, theirs = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(rank, options.ep, port, options, self._placement, theirs, self._buffers, parent),
+                daemon=True, name=f"moeslo-ep-rank{rank}",
+            )
+            proc.start()
+            theirs.close()  # the child holds its end: a rank that exits closes the pipe
+            self._procs.append(proc)
+            self._conns.append(mine)
+
+    def _await_ready(self) -> None:
+        """Wait until every rank has loaded its experts; UnavailableError naming the first that failed or exited."""
+        pending = dict(enumerate(self._conns, start=1))
+        deadline = time.monotonic() + _TIMEOUT.total_seconds()
+        while pending:
+            watched: list[Connection | int] = [*pending.values(), *(self._procs[r - 1].sentinel for r in pending)]
+            ready = multiprocessing.connection.wait(watched, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise UnavailableError(f"expert-parallel ranks {sorted(pending)} did not load within {_TIMEOUT}")
+            for rank, conn in list(pending.items()):
+                if conn in ready or self._procs[rank - 1].sentinel in ready:
+                    message = _first_message(conn)
+                    if message != _READY:
+                        raise UnavailableError(self._startup_failure(rank, message))
+                    del pending[rank]
+
+    def _startup_failure(self, rank: int, message: bytes) -> str:
+        proc = self._procs[rank - 1]
+        proc.join(5)  # a rank that reported its error exits right after
+        status = "failed" if proc.exitcode is None else f"exited with status {proc.exitcode}"
+        error = message[len(_FAILED) :].decode(errors="replace") if message.startswith(_FAILED) else ""
+        return f"expert-parallel rank {rank} (pid {proc.pid}) {status} while starting" + (f": {error}" if error else "")
+
+    @staticmethod
+    def _raise_if_dead(dead: str | None, cause: BaseException | None = None) -> None:
+        if dead is not None:
+            raise UnavailableError(f"{dead} while starting") from cause
 
     @property
     def broken(self) -> str | None:
@@ -350,12 +422,12 @@ class MultiprocExecutor(DriverBase):
         finally:
             self._teardown()
 
-    def _teardown(self) -> None:
+    def _teardown(self, grace_s: float = 10) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
         for conn in self._conns:
             conn.close()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + grace_s
         for proc in self._procs:
             proc.join(timeout=max(0.1, deadline - time.monotonic()))
             if proc.is_alive():

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -296,3 +301,50 @@ def test_ep2_steps_beyond_the_first_shared_buffers_equal_ep1(skewed_checkpoint: 
     finally:
         one.shutdown()
     torch.testing.assert_close(run_sequences(ep2, long_prompts, decode_steps=2), expected, atol=ATOL, rtol=0)
+
+
+def _kill_first_rank_once_spawned(killed: list[int]) -> None:
+    """SIGKILL the first EP rank process as soon as it exists: long before it could load or join the group."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ranks = [p for p in multiprocessing.active_children() if p.name.startswith("moeslo-ep-rank")]
+        if ranks and ranks[0].pid is not None:
+            os.kill(ranks[0].pid, signal.SIGKILL)
+            killed.append(ranks[0].pid)
+            return
+        time.sleep(0.001)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_at_startup_fails_the_start_in_seconds_naming_it(skewed_checkpoint: Path) -> None:
+    from contracts.errors import UnavailableError
+
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_first_rank_once_spawned, args=(killed,), daemon=True)
+    killer.start()
+    start = time.monotonic()
+    with pytest.raises(UnavailableError, match=r"expert-parallel rank 1 \(pid \d+\) exited with status -9") as err:
+        create_executor(ExecutorOptions(checkpoint=skewed_checkpoint, kv_cache_mb=2, ep=3, threads_per_rank=1))
+    assert time.monotonic() - start < 20, "rank 0 waited out the rendezvous timeout"
+    killer.join(1)
+    assert killed and f"pid {killed[0]}" in str(err.value)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("moeslo-ep-rank")]
+
+
+@pytest.mark.slow
+def test_a_rank_that_cannot_load_its_experts_fails_the_start_with_its_error(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from contracts.errors import UnavailableError
+
+    checkpoint = init_random_checkpoint(tmp_path / "ck", CONFIG, seed=5)
+    tensors = load_file(checkpoint / "model.safetensors")
+    missing = "model.layers.0.mlp.experts.7.up_proj.weight"  # expert 7 is rank 1's under the contiguous placement
+    del tensors[missing]
+    save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    start = time.monotonic()
+    with pytest.raises(UnavailableError, match=r"expert-parallel rank 1 \(pid \d+\) exited with status 1") as err:
+        create_executor(ExecutorOptions(checkpoint=checkpoint, kv_cache_mb=2, ep=2, threads_per_rank=1))
+    assert time.monotonic() - start < 20
+    assert missing in str(err.value)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("moeslo-ep-rank")]
