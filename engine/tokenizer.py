@@ -13,6 +13,7 @@ echoes a token-id prompt, keeps them, as vLLM's echo does.
 from __future__ import annotations
 
 import codecs
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -133,7 +134,12 @@ class _HFDecodeStream:
         from tokenizers.decoders import DecodeStream as RustDecodeStream
 
         self._tok = tok
-        self._stream = RustDecodeStream(ids=list(prompt[-PRIMING_TOKENS:]), skip_special_tokens=True)
+        window = list(prompt[-PRIMING_TOKENS:])
+        self._stream = RustDecodeStream(ids=window, skip_special_tokens=True)
+        # A window whose text ends in U+FFFD (a character cut, or one the prompt holds) the stream never counts as
+        # shown: its first text repeats the window's, which must not be copied into the completion.
+        shown = tok.decode(window, skip_special_tokens=True) if window else ""
+        self._echo: str | None = shown if shown.endswith("\ufffd") else None
 
     def step(self, token_id: int) -> str:
         """As vLLM's ``_protected_step``: a stream whose text before changed starts afresh at this token."""
@@ -146,8 +152,12 @@ class _HFDecodeStream:
         except Exception as exc:
             if not str(exc).startswith(INVALID_PREFIX):
                 raise
-            self._stream = RustDecodeStream(skip_special_tokens=True)
+            self._stream, self._echo = RustDecodeStream(skip_special_tokens=True), None
             text = self._stream.step(self._tok, token_id)
+        if text and self._echo is not None:
+            pairs = zip(self._echo, text, strict=False)  # the echo may run past the window's shown text or fall short
+            shared = sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
+            text, self._echo = text[shared:], None
         return "" if text is None else str(text)
 
 

@@ -76,6 +76,23 @@ def test_a_decode_stream_continues_the_prompt(byte_fallback: tuple[HFTokenizer, 
     assert "".join(alone.step(t) for t in ids) == "b a"  # no prompt: the text's first space goes
 
 
+def test_a_prompt_ending_in_a_cut_or_replaced_character_is_not_copied_into_the_completion(tmp_path: Path) -> None:
+    """A primed window whose text ends in U+FFFD the stream never counts as shown: its first step gave back the
+    whole window's text, prompt and all ("hello wörld 日本" for the generated "örld 日本")."""
+    from engine.tokenizer_init import write_tokenizer
+
+    write_tokenizer(tmp_path, 4096, max_model_len=2048)
+    tok = load_tokenizer(tmp_path, vocab_size=4096)
+    ids = tok.encode("hello wörld 日本")
+    for cut in range(1, len(ids)):
+        prompt, generated = ids[:cut], ids[cut:]
+        stream = tok.stream(prompt)
+        text = "".join(stream.step(t) for t in generated)
+        assert tok.decode(prompt).rstrip("\ufffd") + text == "hello wörld 日本", cut  # the cut character once
+    garbled = tok.stream(tok.encode("Decode this: caf\ufffd"))
+    assert "".join(garbled.step(t) for t in tok.encode(" It means")) == " It means"
+
+
 def test_greedy_picks_the_argmax_and_seeded_sampling_repeats() -> None:
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
     greedy = RequestSampler(SamplingParams(temperature=0.0))
