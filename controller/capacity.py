@@ -19,8 +19,8 @@ replica is the Pollaczek-Khinchine M/G/1 queue), ITL's from the Poisson spread o
 *normalized* TTFT (:mod:`contracts.ttft_objective`): a prompt's long-prompt allowance is
 taken off its prefill.  Prompts no replica can serve within the objective (those
 :meth:`CapacityModel.infeasible_prompts` bounds) cannot be helped by more replicas: the tail's
-own prefill sets a floor, and the queue may add a fifth of the objective on top of it; a floor still under the
-objective sizes for the objective (at most a hundredth over it).  ITL has its floor
+own prefill sets a floor, and the queue may add up to a fifth of the objective on top of it; a floor still under
+the objective sizes for the objective (at most :data:`TTFT_QUEUE_LEAST` over it).  ITL has its floor
 too (:attr:`CapacityModel.itl_floor_s`, one step of the smallest batch): an objective below it sizes for
 the floor plus a margin, not for every replica there is.
 A prefix-cache hit rate ``h`` (observed: ``vllm:prefix_cache_hits`` over
@@ -85,8 +85,10 @@ ITL_FLOOR_MARGIN = 1.2
 TTFT_FLOOR_MARGIN = 0.2
 """The share of the TTFT objective the queue may add over a floor that already misses it (or leaves more)."""
 
-TTFT_QUEUE_LEAST = 0.01
-"""The least share of the TTFT objective the queue may add over the floor, however close to the objective it is."""
+TTFT_QUEUE_LEAST = 0.05
+"""The least share of the TTFT objective the queue may add over the floor, however close to the objective it is:
+a floor within this share under the objective is sized up to this share over it, and one just past the objective
+starts from it too, so the fleet does not jump as the floor crosses the objective."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -356,14 +358,18 @@ class CapacityModel:
         objective's headroom share.
 
         Prompts so long that their prefill alone misses the objective cannot be helped by more replicas: the queue
-        may add a fifth of the objective on top of them.  A floor under the objective leaves it reachable, so the
-        limit stays at the objective (a hundredth over it at most, for a floor within a hundredth under it)."""
+        may add up to a fifth of the objective on top of them.  A floor under the objective leaves it reachable, so
+        the limit stays at the objective (:data:`TTFT_QUEUE_LEAST` over it at most, for a floor that close under
+        it).  The queue's share is continuous in the floor: it grows from that least share at the objective to the
+        fifth, one for one with the floor's excess, so a mean prompt a few tokens longer does not change the fleet
+        threefold."""
         ttft = self.targets.ttft_s
+        least, most = TTFT_QUEUE_LEAST * ttft, TTFT_FLOOR_MARGIN * ttft
         if floor_s >= ttft:
-            return floor_s + TTFT_FLOOR_MARGIN * ttft
+            return floor_s + min(most, least + floor_s - ttft)
         # Under the objective the queue gets what the floor leaves of it, but never so little that only every
         # replica there is would do (a floor a hair under the objective): then it overshoots by at most that.
-        return floor_s + min(max(ttft - floor_s, TTFT_QUEUE_LEAST * ttft), TTFT_FLOOR_MARGIN * ttft)
+        return floor_s + min(max(ttft - floor_s, least), most)
 
     def _decode_fits(self, prediction: Prediction, room: float) -> bool:
         """The ITL side of :meth:`meets_targets`: p99 ITL (NaN fails), KV cache and batch within ``room``."""

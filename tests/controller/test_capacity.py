@@ -227,40 +227,51 @@ def test_a_ttft_floor_under_the_objective_is_sized_to_meet_the_objective(
     ttft_s: float, headroom: float, rate: float, prompt: float,
 ) -> None:
     """Prompts whose own prefill nearly fills the objective: the floor plus a fifth went past the objective, and the
-    model sized 4 replicas predicted at 204 ms for a 200 ms objective (7 at 508 ms for 500 ms) that more would meet."""
+    model sized 4 replicas predicted at 204 ms for a 200 ms objective (7 at 508 ms for 500 ms) that more would meet.
+    Within :data:`TTFT_QUEUE_LEAST` of the objective the queue keeps that share, so the p99 may pass it by as much."""
+    from controller.capacity import TTFT_QUEUE_LEAST
+
     model = CapacityModel(DEFAULT_PROFILE, Targets(ttft_s=ttft_s, itl_s=1.0, headroom=headroom))
     offered = Load(request_rate_rps=rate, prompt_tokens_per_s=rate * prompt, output_tokens_per_s=rate * 5.0)
     need = model.replicas_needed(offered)
     prediction = model.predict(offered, need)
     assert prediction.ttft_floor_s < ttft_s * 0.99
-    assert prediction.ttft_p99_s <= ttft_s
+    assert prediction.ttft_p99_s <= max(ttft_s, prediction.ttft_floor_s + TTFT_QUEUE_LEAST * ttft_s)
     assert need == 1 or model.predict(offered, need - 1).ttft_p99_s > ttft_s * headroom
 
 
-@pytest.mark.parametrize(("ttft_s", "headroom", "rate"), [(0.5, 0.8, 50.0), (0.3, 0.9, 50.0), (0.5, 0.5, 500.0)])
+@pytest.mark.parametrize(
+    ("ttft_s", "headroom", "rate", "output"),
+    [(0.5, 0.8, 50.0, 5.0), (0.3, 0.9, 50.0, 5.0), (0.5, 0.5, 500.0, 5.0), (0.5, 0.85, 50.0, 500.0)],
+)
 def test_a_ttft_floor_nearing_the_objective_keeps_the_fleet_finite_and_the_search_monotonic(
-    ttft_s: float, headroom: float, rate: float,
+    ttft_s: float, headroom: float, rate: float, output: float,
 ) -> None:
     """As the floor climbs to the objective the queue's share of it vanishes: the fleet must not run off to every
-    replica there is, and whether a count meets the targets must not flip as the floor crosses the objective."""
-    from controller.capacity import MAX_REPLICAS
+    replica there is, nor jump as the floor crosses the objective (it went from 49 replicas to 16 within a token of
+    mean prompt), and whether a count meets the targets must not flip along the search."""
+    from controller.capacity import MAX_REPLICAS, TTFT_QUEUE_LEAST
 
     model = CapacityModel(DEFAULT_PROFILE, Targets(ttft_s=ttft_s, itl_s=1.0, headroom=headroom))
 
     def offered(prompt: float) -> Load:
-        return Load(request_rate_rps=rate, prompt_tokens_per_s=rate * prompt, output_tokens_per_s=rate * 5.0)
+        return Load(request_rate_rps=rate, prompt_tokens_per_s=rate * prompt, output_tokens_per_s=rate * output)
 
     low, high = 100.0, 20_000.0  # the mean prompt whose floor is the objective
     for _ in range(60):
         middle = (low + high) / 2
-        low, high = (middle, high) if model.predict(offered(middle), 1).ttft_floor_s < ttft_s else (low, middle)
-    far = model.replicas_needed(offered(low * 0.99))
+        # (the floor is every fleet's; a large one, as one replica may be overloaded before it is worked out)
+        low, high = (middle, high) if model.predict(offered(middle), 10_000).ttft_floor_s < ttft_s else (low, middle)
+    far = model.replicas_needed(offered(low * 0.9))
+    needs = []
     for share in (0.999, 0.9999, 1.0, 1.0001, 1.001, 1.01):
         prompt = low * share
         need = model.replicas_needed(offered(prompt))
+        needs.append(need)
         assert need <= 2 * far < MAX_REPLICAS, share
         prediction = model.predict(offered(prompt), need)
         if prediction.ttft_floor_s < ttft_s:
-            assert prediction.ttft_p99_s <= ttft_s * 1.01, share  # a hundredth over it at most
+            assert prediction.ttft_p99_s <= ttft_s * (1 + TTFT_QUEUE_LEAST), share
         meets = [model._meets(offered(prompt), replicas, None) for replicas in range(1, 3 * need)]
         assert meets == [replicas >= need for replicas in range(1, 3 * need)], share
+    assert max(needs) - min(needs) <= max(1, min(needs) // 10), needs  # across the crossing: no jump
