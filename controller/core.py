@@ -163,12 +163,12 @@ class DecisionCore:
                 forget(policy)
 
     def warm_start(self, policy: Policy, history: LoadHistory) -> int:
-        """Seed the advisors' per-policy history (oldest first, one value per tick); returns advisors seeded."""
+        """Seed the advisors' per-policy history (oldest first, one value per tick); returns advisors seeded (one
+        that says False ignored it)."""
         seeded = 0
         for advisor in self.advisors:
             seed = getattr(advisor, "warm_start", None)
-            if seed is not None:
-                seed(policy, history)
+            if seed is not None and seed(policy, history) is not False:
                 seeded += 1
         return seeded
 

@@ -236,9 +236,9 @@ class LoadHistoryKeeper:
                     samples = []
                 samples = [s for s in samples if s[0] >= created_s[policy.name]]  # not a deleted namesake's
             history = resample(samples, bin_s=self.bin_s, until_s=now - self.bin_s, max_fill_bins=self.max_fill_bins)
-            if len(history):
-                core.warm_start(policy, history)
-            self.warmed[policy.name] = (where, len(history))
+            # An advisor that had already observed the policy live ignores it (status then says none).
+            taken = bool(len(history)) and core.warm_start(policy, history) > 0
+            self.warmed[policy.name] = (where, len(history) if taken else 0)
 
     def record(self, observations: Mapping[str, PolicyObservation]) -> None:
         wall_s = self.wall_clock()

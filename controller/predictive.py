@@ -271,18 +271,19 @@ class PredictiveAdvisor:
         """The policy's capacity model (with its online corrections)."""
         return self._policy_state(policy).capacity
 
-    def warm_start(self, policy: Policy, history: LoadHistory) -> None:
-        """Seed a policy's history (one value per tick, oldest first), e.g. after a restart.
+    def warm_start(self, policy: Policy, history: LoadHistory) -> bool:
+        """Seed a policy's history (one value per tick, oldest first), e.g. after a restart; False when ignored.
 
         Not once the policy was observed live (a warm start that ran late): its bins would land after the live
         ones, on the live bins' clock, and the live observations of as many bins would be dropped."""
         state = self._policy_state(policy)
         if state.last_observed_at_s is not None:
             log.info("warm start of %s ignored: already observed live", policy.name)
-            return
+            return False
         for r, p, o in zip(history.rates_rps, history.prompt_tokens_per_s, history.output_tokens_per_s, strict=True):
             state.observe(float(r), float(p), float(o))
         state.rate.quick_fit()  # forecasts at once; the full refit waits for a tick's refit budget
+        return True
 
     def history_bins(self, policy_name: str) -> int:
         state = self._state.get(policy_name)

@@ -73,8 +73,8 @@ class SizingAdvisor:
         self.reactive = reactive
         self.checker = checker or ScaleChecker()
 
-    def warm_start(self, policy: Policy, history: LoadHistory) -> None:
-        self.predictive.warm_start(policy, history)
+    def warm_start(self, policy: Policy, history: LoadHistory) -> bool:
+        return self.predictive.warm_start(policy, history)
 
     def forget(self, policy_name: str) -> None:
         self.predictive.forget(policy_name)

@@ -102,3 +102,22 @@ def test_a_follower_holds_only_each_policys_current_chunk(tmp_path: Path) -> Non
     current = clock[0] - clock[0] % LOAD_HISTORY_CHUNK_S
     for name in names:
         assert {s[0] - s[0] % LOAD_HISTORY_CHUNK_S for s in store.load_history(name, since_s=0)} == {current}
+
+
+def test_a_warm_start_the_forecaster_ignored_is_not_reported_as_seeded(tmp_path: Path) -> None:
+    """A warm start that ran late (after the policy's first live tick) is ignored by the forecaster, and status
+    said it held "200 ticks from the store" where it held only its live bins."""
+    from tests.controller.test_predictive_gaps import POLICY, advisor, observe
+
+    predictive = advisor()
+    core = DecisionCore([predictive])
+    predictive.assess(POLICY, observe(0.0), 0.0)  # the policy's first live tick
+    now = 1_700_000_000.0
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'h.db'}")
+    store.save_load_history([("p", now - now % 3600 - 3600, [[now - 3600 + BIN_S * k, 5.0, 500.0, 250.0]
+                                                            for k in range(200)])])  # fmt: skip
+    keeper = LoadHistoryKeeper(store, bin_s=BIN_S, keep_s=3 * DAY_S, wall_clock=lambda: now)
+    created = datetime.fromtimestamp(0.0, UTC)
+    asyncio.run(keeper.warm_start(core, [StoredPolicy(POLICY, 1, created, created)]))
+    assert predictive.history_bins("p") == 1
+    assert keeper.warmed["p"] == ("store", 0)  # status: "none"
