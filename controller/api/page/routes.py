@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from contracts.errors import NotFoundError
 from controller.api.page.html import el
-from controller.api.page.layout import page, unreadable_fix
+from controller.api.page.layout import page, unreadable_fix, with_refresh
 from controller.api.page.overview import OverviewQuery, gather_overview, render_overview
 from controller.api.page.policy_data import DEFAULT_RANGE, RANGES, gather_policy
 from controller.api.page.policy_html import render_policy
@@ -81,14 +81,18 @@ async def policy_page(
     try:
         data = await gather_policy(request, name, range_key)
     except NotFoundError:
+        home = with_refresh("/ui/", refresh)
         body = [el("h1", "No such policy"), el("p", "There is no policy named ", el("b", name), ". ",
-                                                el("a", "All policies", href="/ui/"))]
-        return _html(page(f"no policy {name}", body, refresh_s=None, now=datetime.now(UTC)), started_s, 404)
+                                                el("a", "All policies", href=home))]
+        return _html(page(f"no policy {name}", body, refresh_s=None, now=datetime.now(UTC), refresh_asked=refresh),
+                     started_s, 404)  # fmt: skip
     except UnreadablePolicyError as exc:  # the controller's own stored data: a 500, as on /v1/policies/{name}
         body = [el("h1", f"This controller cannot read policy {name}"),
                 el("p", f"As stored (version {exc.version}) it no longer validates: ", el("code", exc.problem),
                    ". It was written before a rule was tightened, or by a newer version; this controller does not "
                    "run it."),
-                el("p", unreadable_fix(name, exc.version), " ", el("a", "All policies", href="/ui/"))]  # fmt: skip
-        return _html(page(f"cannot read policy {name}", body, refresh_s=None, now=datetime.now(UTC)), started_s, 500)
+                el("p", unreadable_fix(name, exc.version), " ",
+                   el("a", "All policies", href=with_refresh("/ui/", refresh)))]  # fmt: skip
+        return _html(page(f"cannot read policy {name}", body, refresh_s=None, now=datetime.now(UTC),
+                          refresh_asked=refresh), started_s, 500)  # fmt: skip
     return _html(render_policy(data, refresh_s=_refresh_s(request, refresh), refresh_asked=refresh), started_s)

@@ -152,3 +152,6 @@ def test_every_link_keeps_the_refresh_asked_for(make_page: Any) -> None:
     assert all("refresh=0" in h for h in links), links
     plain = page.client.get("/ui/").text  # none asked: the links stay as they were
     assert "refresh=" not in plain
+    missing = page.client.get("/ui/policies/gone?refresh=0")  # a policy deleted meanwhile
+    assert missing.status_code == 404
+    assert re.findall(r'href="(/ui/[^"]*)"', missing.text) == ["/ui/?refresh=0", "/ui/?refresh=0"]
