@@ -4,11 +4,12 @@ Each replica is ``moeslo serve --checkpoint DIR --port P --model-name M``, so
 its metrics carry the policy's ``model_name`` (the argv template
 comes from the config, so tests and other engines can substitute their own),
 bound to loopback on a free port.  Scaling compares the wanted count with the
-processes still alive (crashed ones are reaped first), starts the missing
-ones, and stops the newest surplus ones (SIGTERM to its process group, then
-SIGKILL to what is left of the group after ``stop_timeout_s``, though the main
-process be gone; one still not gone ``stop_timeout_s`` after that is logged
-and left to exit).  A replica counts as ready once its port answers HTTP.
+processes still alive (crashed ones are reaped first, each logged as an error
+with its exit status and log file), starts the missing ones, and stops the
+newest surplus ones (SIGTERM to its process group, then SIGKILL to what is
+left of the group after ``stop_timeout_s``, though the main process be gone;
+one still not gone ``stop_timeout_s`` after that is logged and left to exit).
+A replica counts as ready once its port answers HTTP.
 A replica whose ``/health`` answers 503 is broken (a dead EP rank, a failed
 step: it never serves again) and is stopped like a surplus one, so the count
 drops and the next decision starts a replacement: restarting is this
@@ -186,8 +187,11 @@ class LocalActuator:
 
     def _reap(self, policy: Policy) -> list[LocalReplica]:
         replicas = self.replicas_by_policy.setdefault(policy.name, [])
-        for replica in [r for r in replicas if not r.alive]:
+        for replica in [r for r in replicas if not r.alive]:  # a stopped one left the list before its stop
             replicas.remove(replica)
+            log_file = replica.log.name if replica.log is not None else "none (no log_dir)"
+            log.error("replica %s of %r exited on its own (exit status %s); its log: %s", replica.endpoint,
+                      policy.name, replica.process.returncode, log_file)  # fmt: skip
             if replica.log is not None:
                 replica.log.close()
         return replicas

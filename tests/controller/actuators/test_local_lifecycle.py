@@ -1,0 +1,46 @@
+"""The local actuator's replicas over their lifetime: one that exits on its own, one that never becomes ready,
+scale-ups racing for the host budget, and a scale-down that lets the requests in flight finish."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from controller.actuators import LocalActuator
+from controller.config import LocalActuatorConfig
+from harness.processes import free_port
+from tests.controller.actuators.test_local import _policy
+
+
+def _sh(script: str, **settings: object) -> LocalActuator:
+    config = LocalActuatorConfig(command=("/bin/sh", "-c", script), first_port=free_port(), stop_timeout_s=2,
+                                 **settings)  # type: ignore[arg-type]  # fmt: skip
+    return LocalActuator(config)
+
+
+async def _until_exited(actuator: LocalActuator, name: str = "local-p") -> None:
+    process = actuator.replicas_by_policy[name][0].process
+    await asyncio.to_thread(process.wait, 10)
+
+
+def test_a_replica_that_exits_on_its_own_is_logged_with_its_status_and_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash (a bad checkpoint, an out-of-memory kill) was dropped from the count without a word."""
+    actuator = _sh("echo starting; exit 3", log_dir=str(tmp_path / "logs"))
+    policy = _policy()
+
+    async def scenario() -> None:
+        await actuator.scale(policy, 1)
+        endpoint = actuator.replicas_by_policy[policy.name][0].endpoint  # endpoints() may have dropped it already
+        await _until_exited(actuator)
+        assert (await actuator.replicas(policy)).desired == 0
+        logged = [r for r in caplog.records if r.levelname == "ERROR" and endpoint in r.getMessage()]
+        assert len(logged) == 1, caplog.text
+        assert "exit status 3" in logged[0].getMessage()
+        assert str(tmp_path / "logs" / f"local-p-{endpoint.rsplit(':', 1)[1]}.log") in logged[0].getMessage()
+        await actuator.aclose()
+
+    asyncio.run(scenario())
