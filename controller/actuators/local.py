@@ -5,8 +5,9 @@ its metrics carry the policy's ``model_name`` (the argv template
 comes from the config, so tests and other engines can substitute their own),
 bound to loopback on a free port.  Scaling compares the wanted count with the
 processes still alive (crashed ones are reaped first, each logged as an error
-with its exit status and log file), starts the missing ones, and stops the
-newest surplus ones (SIGTERM to its process group, then SIGKILL to what is
+with its exit status and log file, and what is left of its process group gets
+SIGKILL: its CPU slice is free once nothing of it runs), starts the missing
+ones, and stops the newest surplus ones (SIGTERM to its process group, then SIGKILL to what is
 left of the group after ``stop_timeout_s``, though the main process be gone;
 one still not gone ``stop_timeout_s`` after that is logged and left to exit).
 A replica counts as ready once its port answers HTTP.
@@ -132,6 +133,9 @@ class LocalActuator:
         self._lock = asyncio.Lock()
         self.cpu_slices = cpu_slices(self.config)
         """Disjoint CPU sets, one per replica the host has room for (None: no budget)."""
+        self._dying: list[LocalReplica] = []
+        """Replicas whose main process exited on its own, their group SIGKILLed while a process of it (an EP rank)
+        still ran: each holds its CPU slice until nothing of it runs."""
         self._probe_client: httpx.AsyncClient | None = None
         """One client for every health probe: a new one per probe loads the CA bundle each tick, which
         cost the demo's controller a quarter of its CPU."""
@@ -143,12 +147,17 @@ class LocalActuator:
         others = sum(
             1 for name, rs in self.replicas_by_policy.items() if name != policy.name for r in rs if r.alive
         )
-        return max(0, len(self.cpu_slices) - others)
+        return max(0, len(self.cpu_slices) - others - len(self._still_dying()))
+
+    def _still_dying(self) -> list[LocalReplica]:
+        self._dying = [r for r in self._dying if group_runs(r.process.pid)]
+        return self._dying
 
     def _free_slice(self) -> tuple[int, ...]:
         if self.cpu_slices is None:
             return ()
         taken = {r.cpus for rs in self.replicas_by_policy.values() for r in rs if r.alive}
+        taken |= {r.cpus for r in self._still_dying()}
         for cpus in self.cpu_slices:
             if cpus not in taken:
                 return cpus
@@ -194,6 +203,10 @@ class LocalActuator:
                       policy.name, replica.process.returncode, log_file)  # fmt: skip
             if replica.log is not None:
                 replica.log.close()
+            if group_runs(replica.process.pid):  # left on its own, a process of it outlived the controller too
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(replica.process.pid, signal.SIGKILL)
+                self._dying.append(replica)
         return replicas
 
     async def replicas(self, policy: Policy) -> ReplicaCount:
@@ -383,8 +396,9 @@ class LocalActuator:
     async def aclose(self) -> None:
         """Stop every replica this actuator started."""
         async with self._lock:
-            everything = [r for rs in self.replicas_by_policy.values() for r in rs]
+            everything = [*(r for rs in self.replicas_by_policy.values() for r in rs), *self._dying]
             self.replicas_by_policy.clear()
+            self._dying.clear()
             await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in everything))
         if self._probe_client is not None:
             await self._probe_client.aclose()

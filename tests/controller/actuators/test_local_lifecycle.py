@@ -4,6 +4,9 @@ scale-ups racing for the host budget, and a scale-down that lets the requests in
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,8 @@ import pytest
 from controller.actuators import LocalActuator
 from controller.config import LocalActuatorConfig
 from harness.processes import free_port
-from tests.controller.actuators.test_local import _policy
+from tests.controller.actuators.test_local import _alive, _policy
+from tests.harness.children import still_running
 
 
 def _sh(script: str, **settings: object) -> LocalActuator:
@@ -44,3 +48,34 @@ def test_a_replica_that_exits_on_its_own_is_logged_with_its_status_and_log(
         await actuator.aclose()
 
     asyncio.run(scenario())
+
+
+_DIES_LEAVING_A_CHILD = "(trap '' TERM; exec sleep 60) & echo $! > {pidfile}; exit 3"
+"""The main process dies on its own; a process of its group (an EP rank) lives on."""
+
+
+def test_a_dead_replicas_group_is_stopped_before_its_cpus_are_handed_out_again(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    cpu = min(os.sched_getaffinity(0))
+    actuator = _sh(_DIES_LEAVING_A_CHILD.replace("{pidfile}", str(pidfile)), cpus_per_replica=1, cpus=(cpu,))
+    policy = _policy()
+    child = 0
+
+    async def scenario() -> None:
+        nonlocal child
+        await actuator.scale(policy, 1)
+        await _until_exited(actuator)
+        child = int(pidfile.read_text())
+        assert (await actuator.replicas(policy)).desired == 0
+        deadline = time.monotonic() + 5
+        while actuator.replica_budget(policy) != 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert still_running([child]) == [], "the dead replica's child still runs"
+        assert actuator.replica_budget(policy) == 1  # its slice is free once nothing of it runs
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)
+        asyncio.run(actuator.aclose())
