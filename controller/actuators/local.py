@@ -7,7 +7,8 @@ bound to loopback on a free port.  Scaling compares the wanted count with the
 processes still alive (crashed ones are reaped first, each logged as an error
 with its exit status and log file, and what is left of its process group gets
 SIGKILL: its CPU slice is free once nothing of it runs), starts the missing
-ones, and stops the newest surplus ones (SIGTERM to its process group, then SIGKILL to what is
+ones, and stops the surplus ones, those not serving at the last look first,
+then the newest (SIGTERM to its process group, then SIGKILL to what is
 left of the group after ``stop_timeout_s``, though the main process be gone;
 one still not gone ``stop_timeout_s`` after that is logged and left to exit).
 A replica counts as ready once its port answers HTTP.
@@ -78,6 +79,8 @@ class LocalReplica:
     replaces: LocalReplica | None = None
     """The replica on old settings this one was started ahead of (not counted until it is ready and that one
     stops)."""
+    state: str = "down"
+    """The last probe's answer (``ready``, ``broken``, ``down``): a scale-down stops one that does not serve first."""
 
     @property
     def endpoint(self) -> str:
@@ -213,6 +216,8 @@ class LocalActuator:
         replicas = self._reap(policy)
         states = await asyncio.gather(*(self._probe(r) for r in replicas))
         state_of = {id(r): state for r, state in zip(replicas, states, strict=True)}
+        for replica, state in zip(replicas, states, strict=True):
+            replica.state = state
         broken = [r for r in replicas if state_of[id(r)] == "broken"]
         for replica in broken:  # the supervisor's part: a broken replica never serves again, so replace it
             log.error("replica %s of %r is broken (/health answers 503); stopping it so a new one replaces it",
@@ -297,7 +302,9 @@ class LocalActuator:
                 running[:] = [r for r in running if r.replaces is None]
             for replica in ahead:  # a scale-up counts them now
                 replica.replaces = None
-            running.sort(key=lambda r: self._stale(policy, r))  # the replicas on old settings go first
+            # The surplus, stopped from the end: replicas on old settings first, then ones not serving (one that
+            # never became ready was kept forever, and a serving one stopped instead), then the newest.
+            running.sort(key=lambda r: (self._stale(policy, r), r.state != "ready", r.started_s))
             while len(running) < replicas:
                 running.append(self._start(policy, running))
             surplus = [*running[replicas:], *(r for r in ahead if r not in running)]

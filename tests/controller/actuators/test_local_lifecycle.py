@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from controller.actuators import LocalActuator
 from controller.config import LocalActuatorConfig
 from harness.processes import free_port
-from tests.controller.actuators.test_local import _alive, _policy
+from tests.controller.actuators.test_local import _REPLICA, _alive, _policy, _wait_ready
 from tests.harness.children import still_running
 
 
@@ -78,4 +79,36 @@ def test_a_dead_replicas_group_is_stopped_before_its_cpus_are_handed_out_again(t
     finally:
         if child and _alive(child):
             os.kill(child, signal.SIGKILL)
+        asyncio.run(actuator.aclose())
+
+
+_SERVES_OR_HANGS = f"""
+import sys, time
+if sys.argv[1] == sys.argv[3]:  # the replica on this port never becomes ready (a load that hangs)
+    time.sleep(60)
+{_REPLICA}"""
+
+
+def test_a_scale_down_stops_a_replica_that_never_became_ready_before_a_serving_one() -> None:
+    """The newest replica was stopped, though it served and an older one never answered: the scale-down took the
+    fleet's only serving replica, and the one that never would was kept."""
+    first = free_port()
+    command = (sys.executable, "-c", _SERVES_OR_HANGS, "{port}", "200", str(first))
+    actuator = LocalActuator(LocalActuatorConfig(command=command, first_port=first, stop_timeout_s=2))
+    policy = _policy()
+
+    async def scenario() -> None:
+        await actuator.scale(policy, 1)
+        await actuator.scale(policy, 2)
+        hung, serving = actuator.replicas_by_policy[policy.name]
+        assert hung.port == first
+        assert await _wait_ready(actuator, policy, 1, timeout_s=20) == 1
+        await actuator.scale(policy, 1)
+        kept = actuator.replicas_by_policy[policy.name]
+        assert len(kept) == 1 and kept[0] is serving and hung.process.poll() is not None
+        assert (await actuator.replicas(policy)).ready == 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
         asyncio.run(actuator.aclose())
