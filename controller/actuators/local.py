@@ -33,6 +33,9 @@ slice of the host's CPUs (every process it starts inherits them), the argv's
 refused: the actuator reports its ``replica_budget`` to the decision core, which
 then holds scale-ups at the budget with the reason ``host_budget`` instead of
 oversubscribing the machine (two replicas on one core serve no faster than one).
+A scale-up that finds the budget spent part way (two policies' scales in one
+tick, each sized to the budget read before either) starts what fits, logs it,
+and reports the count reached, which the decision log shows as applied.
 """
 
 from __future__ import annotations
@@ -305,12 +308,26 @@ class LocalActuator:
             # The surplus, stopped from the end: replicas on old settings first, then ones not serving (one that
             # never became ready was kept forever, and a serving one stopped instead), then the newest.
             running.sort(key=lambda r: (self._stale(policy, r), r.state != "ready", r.started_s))
-            while len(running) < replicas:
-                running.append(self._start(policy, running))
+            self._start_up_to(policy, running, replicas)
             surplus = [*running[replicas:], *(r for r in ahead if r not in running)]
             del running[replicas:]
             await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in reversed(surplus)))
-            return ScaleResult(previous=previous, replicas=replicas, changed=previous != replicas)
+            return ScaleResult(previous=previous, replicas=len(running), changed=previous != len(running))
+
+    def _start_up_to(self, policy: Policy, running: list[LocalReplica], replicas: int) -> None:
+        """Start replicas until ``replicas`` run or the host budget is spent.  Spent after some started (another
+        policy's scale in the same tick took the slices its budget counted on): what started is the result, not a
+        failure that recorded nothing done; none could start: the budget's ActuationError."""
+        started = 0
+        while len(running) < replicas:
+            if started and not self._room():
+                assert self.cpu_slices is not None  # no room: there is a budget
+                log.warning("scaling %r to %d stopped at %d: the host budget (%d replica(s) of %d CPU(s)) is spent",
+                            policy.name, replicas, len(running), len(self.cpu_slices),
+                            self.config.cpus_per_replica)  # fmt: skip
+                return
+            running.append(self._start(policy, running))
+            started += 1
 
     def _argv(self, policy: Policy, port: int) -> list[str]:
         target = policy.target

@@ -14,6 +14,7 @@ import pytest
 
 from controller.actuators import LocalActuator
 from controller.config import LocalActuatorConfig
+from controller.errors import ActuationError
 from harness.processes import free_port
 from tests.controller.actuators.test_local import _REPLICA, _alive, _policy, _wait_ready
 from tests.harness.children import still_running
@@ -107,6 +108,28 @@ def test_a_scale_down_stops_a_replica_that_never_became_ready_before_a_serving_o
         kept = actuator.replicas_by_policy[policy.name]
         assert len(kept) == 1 and kept[0] is serving and hung.process.poll() is not None
         assert (await actuator.replicas(policy)).ready == 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        asyncio.run(actuator.aclose())
+
+
+def test_a_scale_up_past_the_host_budget_starts_what_fits_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Two policies scaling up in one tick each read the budget before either started: the second overran it, and
+    its scale failed with one replica started, recorded as nothing done."""
+    config = LocalActuatorConfig(command=("sleep", "60"), first_port=free_port(), cpus_per_replica=1,
+                                 cpus=(min(os.sched_getaffinity(0)),))  # fmt: skip
+    actuator = LocalActuator(config)
+    policy = _policy()
+
+    async def scenario() -> None:
+        result = await actuator.scale(policy, 2)
+        assert (result.previous, result.replicas, result.changed) == (0, 1, True)
+        assert len(actuator.replicas_by_policy[policy.name]) == 1
+        assert "host budget" in caplog.text and "1 replica(s) of 1 CPU(s)" in caplog.text
+        with pytest.raises(ActuationError, match="host budget"):  # none could start: an error, as before
+            await actuator.scale(policy, 2)
 
     try:
         asyncio.run(scenario())
