@@ -114,8 +114,12 @@ def _series_key(name: str, labels: Mapping[str, str]) -> str | None:
 
 
 def parse_metrics(text: str) -> dict[str, EngineSample]:
-    """Engine samples per ``model_name`` from a /metrics page (``ValueError`` if malformed)."""
+    """Engine samples per ``model_name`` from a /metrics page (``ValueError`` if malformed).
+
+    A data-parallel server puts one series per engine on its page: their KV usages are averaged and each
+    layer keeps its worst CV, as the Prometheus source's ``avg`` and ``max`` do."""
     samples: dict[str, EngineSample] = {}
+    kv_by_model: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             model = sample.labels.get("model_name")
@@ -144,9 +148,12 @@ def parse_metrics(text: str) -> dict[str, EngineSample]:
             elif name == RUNNING:
                 out.running += value
             elif name == KV_CACHE_USAGE:
-                out.kv_usage = value
+                kv_by_model.setdefault(model, []).append(value)
             elif name == LAYER_IMBALANCE_CV and sample.labels.get("layer", "").isdigit():
-                out.imbalance_by_layer[int(sample.labels["layer"])] = value
+                layer = int(sample.labels["layer"])
+                out.imbalance_by_layer[layer] = max(value, out.imbalance_by_layer.get(layer, value))
+    for model, kv in kv_by_model.items():
+        samples[model].kv_usage = sum(kv) / len(kv)
     return samples
 
 

@@ -42,6 +42,24 @@ def test_a_nan_figure_is_nothing_to_report_not_a_value() -> None:
     assert parse_metrics(engine.render().decode())[MODEL].imbalance_by_layer == {0: 0.1}
 
 
+def test_a_data_parallel_page_averages_its_engines_kv_and_keeps_each_layers_worst_cv() -> None:
+    """vLLM data parallelism puts one series per engine (engine="0".."N-1") on one page: the last engine's
+    figures alone hid a full KV cache and a skewed layer, as the Prometheus source's avg and max do not."""
+    page = "\n".join([
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f'vllm:kv_cache_usage_perc{{model_name="{MODEL}",engine="0"}} 0.95',
+        f'vllm:kv_cache_usage_perc{{model_name="{MODEL}",engine="1"}} 0.05',
+        "# TYPE moe_layer_imbalance_cv gauge",
+        f'moe_layer_imbalance_cv{{model_name="{MODEL}",engine="0",layer="0"}} 0.40',
+        f'moe_layer_imbalance_cv{{model_name="{MODEL}",engine="1",layer="0"}} 0.02',
+        f'moe_layer_imbalance_cv{{model_name="{MODEL}",engine="1",layer="1"}} 0.10',
+        "",
+    ])  # fmt: skip
+    sample = parse_metrics(page)[MODEL]
+    assert sample.kv_usage == pytest.approx(0.5)
+    assert sample.imbalance_by_layer == {0: 0.40, 1: 0.10}
+
+
 def test_good_ratio_between_scrapes_and_across_an_engine_restart() -> None:
     a, b = EngineMetrics(MODEL, engine="a"), EngineMetrics(MODEL, engine="b")
     a.requests([0.1] * 50)  # history before the first scrape belongs to no window
