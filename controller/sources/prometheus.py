@@ -258,7 +258,8 @@ class PrometheusSource:
         )
         queries["waiting"] = f"sum by (model_name) ({WAITING}{sel})"
         queries["running"] = f"sum by (model_name) ({RUNNING}{sel})"
-        queries["engines"] = f"count by (model_name) ({RUNNING}{sel})"
+        # A replica is a scrape target: a data-parallel server's page holds one series per engine.
+        queries["engines"] = f"count by (model_name) (max by (model_name, instance) ({RUNNING}{sel}))"
         queries["kv"] = f"avg by (model_name) ({KV_CACHE_USAGE}{sel})"
         queries["requests"] = f"sum by (model_name) (rate({REQUESTS_TOTAL}{sel}[{self.rate_window}]))"
         queries["requests_peak"] = (

@@ -14,8 +14,9 @@ from urllib.parse import parse_qs
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from contracts.catalogue import KV_CACHE_USAGE, LAYER_IMBALANCE_CV, WAITING
+from contracts.catalogue import KV_CACHE_USAGE, LAYER_IMBALANCE_CV, RUNNING, WAITING
 from contracts.errors import UnavailableError
 from controller.policy import Policy
 from controller.sources import PrometheusClient, PrometheusSource
@@ -240,15 +241,16 @@ def test_a_prometheus_that_trickles_its_answer_is_unavailable_within_the_timeout
 
 
 class Prometheus:
-    def __init__(self, target: str, tmp: Path, *, router: str | None = None) -> None:
+    def __init__(self, target: str | list[str], tmp: Path, *, router: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = tmp / "prometheus.yml"
-        jobs = {"engine": target} | ({"moeslo-router": router} if router is not None else {})
+        engines = [target] if isinstance(target, str) else target
+        jobs = {"engine": engines} | ({"moeslo-router": [router]} if router is not None else {})
         config.write_text(
             f"global:\n  scrape_interval: {SCRAPE_S}s\n  evaluation_interval: {SCRAPE_S}s\nscrape_configs:\n"
-            + "".join(f"  - job_name: {job}\n    static_configs:\n      - targets: ['{url}']\n"
-                      for job, url in jobs.items())
+            + "".join(f"  - job_name: {job}\n    static_configs:\n      - targets: {urls!r}\n"
+                      for job, urls in jobs.items())
         )
         self.argv = prometheus_command(shutil.which("prometheus") or "prometheus", tmp, port=self.port,
                                        config=config.read_text())
@@ -400,3 +402,42 @@ def test_the_router_queue_through_a_real_prometheus(tmp_path: Path) -> None:
         prom.stop()
         engine.stop()
         router_server.stop()
+
+
+class DataParallelPage:
+    """One vLLM server's page with data parallelism: one series per engine (engine="0".."N-1")."""
+
+    def __init__(self, engines: int) -> None:
+        self.registry = CollectorRegistry()
+        running = Gauge(RUNNING, "running", ["model_name", "engine"], registry=self.registry)
+        for engine in range(engines):
+            running.labels(model_name=MODEL, engine=str(engine)).set(1)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+@pytest.mark.integration
+def test_a_data_parallel_server_is_one_replica_not_one_per_engine(tmp_path: Path) -> None:
+    """A replica is a scrape target: a server running four data-parallel engines read as four replicas."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus binary not installed (apt-get install prometheus)")
+    servers = [MetricsServer(DataParallelPage(4)) for _ in range(2)]  # type: ignore[arg-type]
+    prom = Prometheus([server.url.removeprefix("http://") for server in servers], tmp_path)
+
+    async def observe() -> PolicyObservation:
+        source = PrometheusSource(PrometheusClient(prom.url))
+        try:
+            return (await source.observe([POLICY], 100.0))["p"]
+        finally:
+            await source.aclose()
+
+    try:
+        prom.start()
+        prom.wait_for_scrapes(2)
+        obs = asyncio.run(observe())
+        assert obs.ready_replicas == 2 and obs.running_requests == 8
+    finally:
+        prom.stop()
+        for server in servers:
+            server.stop()
