@@ -21,6 +21,7 @@ from contracts.catalogue import (
     REQUESTS_WITHOUT_FIRST_TOKEN,
     TTFT_BUCKETS_S,
     TTFT_NORMALIZED_HISTOGRAM,
+    UNSERVED_FINISH_REASONS,
 )
 from contracts.ttft_objective import EXPORTED_BY_DEFAULT, TtftAllowance
 
@@ -48,8 +49,11 @@ class NormalizedTtftObserver:
     def add_engine(self, model_name: str, engine: str) -> None:
         """An engine's series, empty until its first request finishes: without them the TTFT-metric-absent
         ticket read an engine that has served nothing yet as one not scraped (vLLM's own histograms exist from
-        its start)."""
+        its start).  The finish reasons the TTFT SLI counts as bad start at zero too: a counter born at its first
+        failure has that value read as a baseline, by the scrape source and by Prometheus's ``increase()``."""
         self._series(model_name, engine)
+        for reason in UNSERVED_FINISH_REASONS:
+            self._without_first_token.labels(model_name, engine, reason)
 
     def _series(self, model_name: str, engine: str) -> list[tuple[TtftAllowance, Histogram]]:
         return [

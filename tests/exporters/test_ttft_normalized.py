@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
+from contracts.catalogue import UNSERVED_FINISH_REASONS
 from exporters.ttft_normalized import NormalizedTtftObserver, finished_ttfts
 
 
@@ -41,3 +42,16 @@ def test_vllm_requests_without_a_first_token_are_counted_by_reason() -> None:
     name = "moeslo_requests_without_first_token_total"
     assert reg.get_sample_value(name, {**labels, "finished_reason": "abort"}) == 2
     assert reg.get_sample_value(name, {**labels, "finished_reason": "stop"}) is None
+
+
+def test_an_engines_unserved_series_exist_at_zero_before_its_first_failure() -> None:
+    """A counter born at its first failure has that first value read as a baseline (by the scrape source, and
+    by Prometheus's increase()): the first requests an engine failed before a first token were lost."""
+    reg = CollectorRegistry()
+    observer = NormalizedTtftObserver(reg)
+    observer.add_engine("m", "0")
+    name = "moeslo_requests_without_first_token_total"
+    for reason in UNSERVED_FINISH_REASONS:
+        assert reg.get_sample_value(name, {"model_name": "m", "engine": "0", "finished_reason": reason}) == 0
+    observer.count_without_first_token("m", "0", [_finished(1000.0, 0.0, 0.0, 0, reason="error")])
+    assert reg.get_sample_value(name, {"model_name": "m", "engine": "0", "finished_reason": "error"}) == 1
