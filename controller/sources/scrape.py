@@ -169,7 +169,10 @@ def _good_ratios(
 
     The good count is read at the threshold from the bucket edges around it
     (interpolated when the threshold is not an edge); a missing edge above the
-    threshold is reported in ``errors``.
+    threshold is reported in ``errors``.  Points older than an hour keep only the
+    edges the thresholds used then, so after a threshold changes a window longer
+    than its new edges' history has no ratio until that history covers it (not
+    an error: errors hold scaling back, and this lasts as long as the window).
     """
     threshold = getattr(policy.objectives, slo).threshold_s
     series = ttft_key(policy) if slo == "ttft" else slo
@@ -186,8 +189,8 @@ def _good_ratios(
             unserved = history.increase(UNSERVED, now_s, window_s)
             total = (total[0] + (unserved[0] if unserved else 0.0), total[1])
         deltas = {e: history.increase(f"{series}:le:{e!r}", now_s, window_s) for e in needed}
-        if total is None or total[0] <= 0 or not deltas or any(d is None for d in deltas.values()):
-            continue
+        if total is None or total[0] <= 0 or not deltas or any(d is None or d[1] < total[1] for d in deltas.values()):
+            continue  # an edge kept for less of the window than the count (a new threshold): the ratio is unknown
         good_count = good_count_at({e: d[0] for e, d in deltas.items() if d is not None}, threshold)
         if good_count is None:
             continue
