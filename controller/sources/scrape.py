@@ -64,7 +64,7 @@ from controller.sources.base import (
     windows_for,
     within,
 )
-from controller.sources.counters import CounterHistory, counter_peak_rate, counter_rate
+from controller.sources.counters import FINE_HISTORY_S, CounterHistory, counter_peak_rate, counter_rate
 from controller.sources.router_page import RefusalRates, RouterReading, parse_router_page, with_router
 from controller.ttft_series import allowance_from_labels
 from controller.types import PolicyObservation, SliSnapshot
@@ -307,8 +307,12 @@ class ScrapeSource:
             for edge in edges_around(_edges(history.totals, series), getattr(p.objectives, slo).threshold_s)
         }
 
+        # An SLI window beyond the fine history reads whole histograms (p99s, prompt lengths) from thinned points.
+        whole = {PROMPT_LENGTHS, "itl", *(ttft_key(p) for p in policies if p.model_name == model)}
+        long_sli = parse_duration_s(self.sli_window) > FINE_HISTORY_S
+
         def keep(key: str) -> bool:
-            return ":le:" not in key or key in kept
+            return ":le:" not in key or key in kept or (long_sli and key.partition(":le:")[0] in whole)
 
         history.record(now_s, keep, max_window_s)
 
@@ -382,14 +386,19 @@ class ScrapeSource:
 def _window_buckets(
     history: CounterHistory, series: str, now_s: float, window_s: float
 ) -> tuple[tuple[float, float], ...]:
-    """Increase of each bucket of ``series`` over ``window_s`` (the SLI window), in edge order."""
-    buckets: dict[float, float] = {}
+    """Increase of each bucket of ``series`` over ``window_s`` (the SLI window), in edge order: only those
+    covering the same span as the +Inf bucket, so the buckets stay cumulative (an edge first kept later,
+    after a policy edit, covers less)."""
+    deltas: dict[float, tuple[float, float]] = {}
     for key in history.totals:
         if key.startswith(f"{series}:le:"):
             delta = history.increase(key, now_s, window_s)
             if delta is not None:
-                buckets[float(key.split(":")[2])] = delta[0]
-    return tuple(sorted(buckets.items()))
+                deltas[float(key.split(":")[2])] = delta
+    whole = deltas.get(math.inf)
+    if whole is None:
+        return ()
+    return tuple(sorted((edge, d[0]) for edge, d in deltas.items() if d[1] == whole[1]))
 
 
 def _edges(totals: Mapping[str, float], slo: str) -> list[float]:

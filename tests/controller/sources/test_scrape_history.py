@@ -8,6 +8,7 @@ import asyncio
 import httpx
 import pytest
 
+from contracts.histograms import histogram_quantile
 from controller.policy import Policy
 from controller.sources import ScrapeSource
 
@@ -26,7 +27,7 @@ def _policy(ttft_s: float) -> Policy:
 def _histogram(name: str, cumulative: dict[float, float]) -> str:
     labels = f'model_name="{MODEL}",engine="0"'
     lines = [f"# TYPE {name} histogram"]
-    lines += [f'{name}_bucket{{{labels},le="{"+Inf" if e == INF else e!r}"}} {c}' for e, c in cumulative.items()]
+    lines += [f'{name}_bucket{{{labels},le="{"+Inf" if e == INF else repr(e)}"}} {c}' for e, c in cumulative.items()]
     lines += [f"{name}_count{{{labels}}} {cumulative[INF]}", f"{name}_sum{{{labels}}} 0"]
     return "\n".join(lines)
 
@@ -73,6 +74,26 @@ def test_a_threshold_edited_after_an_hour_leaves_the_windows_its_edge_does_not_c
             assert ratios[window] == pytest.approx(1.0)
         for window in ("2h", "6h", "1d", "3d", "30d"):
             assert window not in ratios  # unknown, never a ratio over mismatched spans
+        await source.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_an_sli_window_longer_than_an_hour_reads_every_bucket_over_the_whole_window() -> None:
+    """Beyond an hour only the threshold's edges were kept: the other buckets covered the last hour and the
+    kept ones the whole window, so the p99 was read from buckets that were not cumulative."""
+    engine = _Engine()
+    source = _source(engine, sli_window_s=7200.0)
+
+    async def scenario() -> None:
+        served = 0
+        for at_s in range(0, 3 * 3600 + 1, MINUTE_S):  # 100 requests a minute, 2 % of them at 0.45 s
+            engine.text = _page(served, slow_share=0.02)
+            observed = (await source.observe([_policy(0.5)], float(at_s)))["p"]
+            served += 100
+        assert observed.sli is not None
+        steady = histogram_quantile(0.99, {0.1: 0, 0.25: 0.98, 0.4: 0.98, 0.5: 1, 1.0: 1, INF: 1})
+        assert observed.sli.ttft_p99_s == pytest.approx(steady)
         await source.aclose()
 
     asyncio.run(scenario())
