@@ -45,6 +45,9 @@ class LocalActuatorConfig(_Section):
     host: str = "127.0.0.1"
     first_port: Annotated[int, Field(ge=1024, le=65535)] = 18100
     stop_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    ready_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 900.0
+    """A replica that has not once answered this long after its start (a hung start, a model that never loads) is
+    stopped as a broken one is, and a new one replaces it."""
     log_dir: str | None = None
     """Where replica stdout/stderr go (None: discarded)."""
     cpus_per_replica: Annotated[int | None, Field(ge=1, le=1024)] = None

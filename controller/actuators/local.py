@@ -11,7 +11,9 @@ ones, and stops the surplus ones, those not serving at the last look first,
 then the newest (SIGTERM to its process group, then SIGKILL to what is
 left of the group after ``stop_timeout_s``, though the main process be gone;
 one still not gone ``stop_timeout_s`` after that is logged and left to exit).
-A replica counts as ready once its port answers HTTP.
+A replica counts as ready once its port answers HTTP; one that has not once
+answered ``ready_timeout_s`` after its start (a hung start) is stopped as a
+broken one is.
 A replica whose ``/health`` answers 503 is broken (a dead EP rank, a failed
 step: it never serves again) and is stopped like a surplus one, so the count
 drops and the next decision starts a replacement: restarting is this
@@ -84,6 +86,8 @@ class LocalReplica:
     stops)."""
     state: str = "down"
     """The last probe's answer (``ready``, ``broken``, ``down``): a scale-down stops one that does not serve first."""
+    served: bool = False
+    """It answered ready once: until then, ``ready_timeout_s`` after its start it is given up on."""
 
     @property
     def endpoint(self) -> str:
@@ -220,11 +224,13 @@ class LocalActuator:
         states = await asyncio.gather(*(self._probe(r) for r in replicas))
         state_of = {id(r): state for r, state in zip(replicas, states, strict=True)}
         for replica, state in zip(replicas, states, strict=True):
-            replica.state = state
-        broken = [r for r in replicas if state_of[id(r)] == "broken"]
+            replica.state, replica.served = state, replica.served or state == "ready"
+        broken = [r for r in replicas if state_of[id(r)] == "broken" or self._never_ready(r)]
         for replica in broken:  # the supervisor's part: a broken replica never serves again, so replace it
-            log.error("replica %s of %r is broken (/health answers 503); stopping it so a new one replaces it",
-                      replica.endpoint, policy.name)
+            why = ("/health answers 503" if state_of[id(replica)] == "broken" else
+                   f"not ready {self.config.ready_timeout_s:g} s after its start")  # fmt: skip
+            log.error("replica %s of %r is broken (%s); stopping it so a new one replaces it",
+                      replica.endpoint, policy.name, why)
             replicas.remove(replica)
         await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in broken))
         if not broken:  # one stop per read at most: the read's bound counts on it
@@ -232,6 +238,10 @@ class LocalActuator:
                 await self._renew(policy, state_of)
         counted = [r for r in self._reap(policy) if r.replaces is None]
         return ReplicaCount(desired=len(counted), ready=sum(state_of.get(id(r)) == "ready" for r in counted))
+
+    def _never_ready(self, replica: LocalReplica) -> bool:
+        """Started ``ready_timeout_s`` ago and not once ready: it held a slice and a count that serve nobody."""
+        return not replica.served and time.monotonic() - replica.started_s > self.config.ready_timeout_s
 
     def _stale(self, policy: Policy, replica: LocalReplica) -> bool:
         """Whether ``replica`` was started with other settings than ``policy``'s now (a checkpoint, a model)."""

@@ -115,6 +115,26 @@ def test_a_scale_down_stops_a_replica_that_never_became_ready_before_a_serving_o
         asyncio.run(actuator.aclose())
 
 
+def test_a_replica_never_ready_within_its_timeout_is_stopped_as_broken(caplog: pytest.LogCaptureFixture) -> None:
+    """One that never answered (a hung start) was kept forever: counted, holding its CPUs, serving nobody."""
+    actuator = _sh("exec sleep 60", ready_timeout_s=0.5)
+    policy = _policy()
+
+    async def scenario() -> None:
+        await actuator.scale(policy, 1)
+        hung = actuator.replicas_by_policy[policy.name][0]
+        assert (await actuator.replicas(policy)).desired == 1  # within its timeout: counted, loading
+        await asyncio.sleep(0.6)
+        assert (await actuator.replicas(policy)).desired == 0  # given up on: the next decision replaces it
+        assert hung.process.poll() is not None
+        assert "not ready 0.5 s after its start" in caplog.text
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        asyncio.run(actuator.aclose())
+
+
 def test_a_scale_up_past_the_host_budget_starts_what_fits_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     """Two policies scaling up in one tick each read the budget before either started: the second overran it, and
     its scale failed with one replica started, recorded as nothing done."""
