@@ -194,7 +194,8 @@ def test_disabled_plugin_adds_nothing_and_enabled_adds_only_moe_families(servers
     assert added == {"moe_expert_tokens", "moe_rank_tokens", "moe_layer_imbalance_cv", "moe_layer_balancedness",
                      "moe_layer_imbalance_cv_noise_floor",
                      "moe_imbalance_cv_across_layers", "moe_balancedness_across_layers",
-                     "moeslo_ttft_normalized_seconds"}  # the length-aware TTFT objective's series
+                     "moeslo_ttft_normalized_seconds",  # the length-aware TTFT objective's series
+                     "moeslo_requests_without_first_token"}  # its unserved requests, at 0 from the engine's start
     assert families["off"] <= families["on"]
 
 
