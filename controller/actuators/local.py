@@ -8,9 +8,12 @@ processes still alive (crashed ones are reaped first, each logged as an error
 with its exit status and log file, and what is left of its process group gets
 SIGKILL: its CPU slice is free once nothing of it runs), starts the missing
 ones, and stops the surplus ones, those not serving at the last look first,
-then the newest (SIGTERM to its process group, then SIGKILL to what is
-left of the group after ``stop_timeout_s``, though the main process be gone;
-one still not gone ``stop_timeout_s`` after that is logged and left to exit).
+then the newest.  A stop drains: SIGTERM to the replica's main process alone
+(``moeslo serve`` stops accepting, finishes the requests in flight, then stops
+its engine core), SIGTERM to what is left of its process group once it exits
+or ``stop_timeout_s`` after the first signal, SIGKILL to what is left of the
+group then, though the main process be gone; one still not gone
+``stop_timeout_s`` after that is logged and left to exit.
 A replica counts as ready once its port answers HTTP; one that has not once
 answered ``ready_timeout_s`` after its start (a hung start) is stopped as a
 broken one is.
@@ -401,17 +404,29 @@ class LocalActuator:
                             cpus=cpus, argv=tuple(argv))  # fmt: skip
 
     def _stop(self, replica: LocalReplica) -> None:
-        """SIGTERM to the replica's process group, a wait for all of it, SIGKILL to what is left, a wait: never
-        raises.  All of it: a child (an EP rank slow to tear down, or deaf to SIGTERM) can outlive the main process,
-        and would hold the CPUs the next replica is given.  A replica whose teardown outlasts even the second wait (a
-        GPU context, gigabytes of weights to unmap, a hung device) is dying all the same: it is logged and left to
-        exit, where a TimeoutExpired out of here ended the whole tick (or the shutdown of the other replicas)."""
+        """SIGTERM to the replica's main process, a wait for all of its group, SIGTERM to what is left of the group
+        within the same wait, then SIGKILL to what is left after that, a wait: never raises.
+
+        The main process first, alone: ``moeslo serve`` then drains (uvicorn's graceful shutdown stops accepting,
+        lets the requests in flight finish, then the lifespan stops the engine core and its EP ranks), where a
+        SIGTERM to the whole group ended the engine core at once and failed every request the replica was
+        serving.  The group after: a child (an EP rank slow to tear down, or deaf to SIGTERM) can outlive the main
+        process, and would hold the CPUs the next replica is given.  A replica whose teardown outlasts even the
+        last wait (a GPU context, gigabytes of weights to unmap, a hung device) is dying all the same: it is
+        logged and left to exit, where a TimeoutExpired out of here ended the whole tick (or the shutdown of the
+        other replicas)."""
         process = replica.process
+        deadline_s = time.monotonic() + self.config.stop_timeout_s
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            process.send_signal(signal.SIGTERM)  # drains: in-flight requests finish within the server's grace
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline_s - time.monotonic()))
         for sig in (signal.SIGTERM, signal.SIGKILL):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, sig)
-            if _group_ended(process, time.monotonic() + self.config.stop_timeout_s):
+            if _group_ended(process, deadline_s):
                 break
+            deadline_s = time.monotonic() + self.config.stop_timeout_s
         else:
             log.warning("replica %s (pid %d, or a process of its group) is not gone %.3g s after SIGKILL; left to exit",
                         replica.endpoint, process.pid, self.config.stop_timeout_s)  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -90,6 +91,58 @@ def test_scale_up_down_and_shutdown_with_real_engine_processes(tiny_checkpoint: 
             await scenario()
         finally:
             await actuator.aclose()  # never leave engine processes behind, even when an assertion fails
+
+    asyncio.run(run())
+
+
+async def _stream_through_scale_down(actuator: LocalActuator, policy: Policy, max_tokens: int) -> list[dict]:
+    """Stream one completion from the policy's only replica, scaling the policy to 0 once its first chunk came."""
+    endpoint = actuator.endpoints(policy)[0]
+    body = {"model": "tiny-moe", "prompt": "hello", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    chunks: list[dict] = []
+    down: asyncio.Task[object] | None = None
+    async with httpx.AsyncClient(timeout=60) as client, client.stream(
+        "POST", endpoint + "/v1/completions", json=body
+    ) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunks.append(json.loads(line[len("data: "):]))
+            if down is None:  # in flight: the replica is stopped under it
+                down = asyncio.create_task(actuator.scale(policy, 0))
+    assert down is not None
+    await down
+    return chunks
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_scale_down_lets_the_requests_in_flight_finish(tiny_checkpoint: Path) -> None:
+    """The stopped replica drains: its stream goes on to the end; SIGTERM to its whole group ended the engine
+    core at once, and the stream with an error."""
+    actuator = LocalActuator(LocalActuatorConfig(first_port=free_port(), stop_timeout_s=30))
+    policy = _policy(checkpoint=tiny_checkpoint)
+    max_tokens = 400
+
+    async def scenario() -> None:
+        await actuator.scale(policy, 1)
+        assert await _wait_ready(actuator, policy, 1) == 1
+        pid = actuator.replicas_by_policy[policy.name][0].process.pid
+        started = time.monotonic()
+        chunks = await _stream_through_scale_down(actuator, policy, max_tokens)
+        assert not _alive(pid) and actuator.endpoints(policy) == ()
+        assert [c for c in chunks if "error" in c] == []
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+        assert chunks[-1]["usage"]["completion_tokens"] == max_tokens
+        print(f"streamed {len(chunks)} chunks in {time.monotonic() - started:.2f} s")
+
+    async def run() -> None:
+        try:
+            await scenario()
+        finally:
+            await actuator.aclose()
 
     asyncio.run(run())
 
@@ -226,24 +279,25 @@ _IGNORES_SIGTERM = (
 
 class SlowToDie(subprocess.Popen[bytes]):
     """A real process whose teardown after SIGKILL outlasts the stop timeout (a GPU context, gigabytes of weights
-    to unmap): its second wait, the one after the kill, times out as such a replica's would."""
+    to unmap): its third wait, the one after the kill (the first two follow the SIGTERMs to its main process and
+    to its group), times out as such a replica's would."""
 
     waits = 0
 
     def wait(self, timeout: float | None = None) -> int:
         self.waits += 1
-        if self.waits == 2:
+        if self.waits == 3:
             raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         return super().wait(timeout)
 
     def poll(self) -> int | None:
         # Still tearing down after the timed-out wait: the kernel may have reaped the killed process already, and
         # the actuator's look after the wait then found it gone (the test failed now and then).
-        return None if self.waits == 2 else super().poll()
+        return None if self.waits == 3 else super().poll()
 
 
 def test_a_replica_still_not_gone_after_sigkill_is_logged_not_an_error(caplog: pytest.LogCaptureFixture) -> None:
-    """SIGTERM, wait, SIGKILL, wait: the second wait's TimeoutExpired escaped scale() (no ActuationError), which
+    """SIGTERM, waits, SIGKILL, wait: the last wait's TimeoutExpired escaped scale() (no ActuationError), which
     ended the whole tick for every policy, and aclose(), which left the other replicas' logs open."""
     process = SlowToDie([sys.executable, "-c", _IGNORES_SIGTERM], stdout=subprocess.PIPE, start_new_session=True)
     assert process.stdout is not None and process.stdout.readline() == b"\n"  # SIGTERM is ignored from here on
