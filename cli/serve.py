@@ -9,6 +9,7 @@ import typer
 
 from cli.common import cli_errors, console, positive, ttft_allowances_option, uvicorn_log_level
 from cli.listen import listener_for, listening_port, run_uvicorn
+from contracts.lifetime import DEFAULT_SHUTDOWN_TIMEOUT_S
 from contracts.urls import http_url
 from engine.executors.options import PARALLEL_MIN_TOKENS
 
@@ -89,6 +90,12 @@ def serve(
                           "as REFERENCE_TOKENS:SECONDS_PER_1K, comma-separated: each policy's TTFT objective with "
                           "an allowance reads its own series."),
     ] = "",
+    shutdown_timeout: Annotated[
+        int,
+        typer.Option(min=0, help="Seconds a SIGTERM or Ctrl-C lets the requests in flight finish (new connections "
+                                 "are refused at once), as vLLM's --shutdown-timeout; the engine core stops after. "
+                                 "0: abort them at once."),
+    ] = DEFAULT_SHUTDOWN_TIMEOUT_S,
     log_level: Annotated[str, typer.Option(callback=uvicorn_log_level, help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
@@ -121,4 +128,4 @@ def serve(
                           f"--kv-cache-mb (now {kv_cache_mb:g}) to serve it all, or set --max-model-len "
                           f"{engine.max_model_len} or less to choose it", soft_wrap=True)
         run_uvicorn(stack.app, host=host, port=port, listener=listener, log_level=log_level,
-                    timeout_graceful_shutdown=5)
+                    timeout_graceful_shutdown=shutdown_timeout)

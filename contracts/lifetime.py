@@ -18,6 +18,10 @@ from collections.abc import Callable, Collection
 
 PR_SET_PDEATHSIG = 1
 
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5
+"""Seconds ``moeslo serve`` lets its requests in flight finish after SIGTERM (``--shutdown-timeout``, as vLLM's)
+before it stops its engine core; whoever stops a replica waits longer than this before stopping the rest of it."""
+
 
 def _load_prctl() -> Callable[..., int] | None:
     """libc's ``prctl``, looked up here and not between fork and exec; None off Linux."""
@@ -100,4 +104,4 @@ def group_runs(pgid: int) -> bool:
     return False
 
 
-__all__ = ["PR_SET_PDEATHSIG", "child_setup", "die_with_parent", "group_runs"]
+__all__ = ["DEFAULT_SHUTDOWN_TIMEOUT_S", "PR_SET_PDEATHSIG", "child_setup", "die_with_parent", "group_runs"]

@@ -40,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.asgi import UnexpectedErrors
 from contracts.errors import MoesloError, NotFoundError, PlacementError, UnavailableError, ValidationError
+from contracts.lifetime import DEFAULT_SHUTDOWN_TIMEOUT_S
 from contracts.placement import Placement
 from engine.chat_template import ChatTemplate
 from engine.client import EngineCoreClient
@@ -330,7 +331,7 @@ class ServerThread:
 
     def __init__(self, app: FastAPI, *, host: str = "127.0.0.1", port: int, log_level: str = "warning") -> None:
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                                timeout_graceful_shutdown=5)
+                                timeout_graceful_shutdown=DEFAULT_SHUTDOWN_TIMEOUT_S)
         self.server = uvicorn.Server(config)
         self.url = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self.server.run, name="moeslo-http", daemon=True)

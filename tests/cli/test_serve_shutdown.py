@@ -1,0 +1,72 @@
+"""``moeslo serve --shutdown-timeout``: how long a SIGTERM lets the requests in flight finish (vLLM's flag)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.processes import free_port, moeslo_command, stop_process
+
+MAX_TOKENS = 400
+
+
+def _serve(checkpoint: Path, port: int, shutdown_timeout: int) -> subprocess.Popen[bytes]:
+    argv = moeslo_command("serve", "--checkpoint", str(checkpoint), "--port", str(port), "--model-name", "tiny-moe",
+                          "--shutdown-timeout", str(shutdown_timeout))  # fmt: skip
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    return process
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+    stop_process(process, 10)
+    pytest.fail(f"moeslo serve on port {port} did not become healthy")
+
+
+def _stream_through_sigterm(process: subprocess.Popen[bytes], port: int) -> tuple[list[dict], str | None]:
+    """The chunks of a streamed completion during which ``process`` gets SIGTERM, and how the stream broke."""
+    body = {"model": "tiny-moe", "prompt": "hello", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    chunks: list[dict] = []
+    try:
+        with httpx.Client(timeout=60) as client, client.stream(
+            "POST", f"http://127.0.0.1:{port}/v1/completions", json=body
+        ) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[len("data: ") :]))
+                    if len(chunks) == 1:
+                        process.send_signal(signal.SIGTERM)
+    except httpx.HTTPError as exc:
+        return chunks, type(exc).__name__
+    return chunks, None
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("shutdown_timeout", [0, 30])
+def test_a_sigterm_lets_requests_in_flight_finish_within_the_shutdown_timeout(
+    tiny_checkpoint: Path, shutdown_timeout: int
+) -> None:
+    port = free_port()
+    process = _serve(tiny_checkpoint, port, shutdown_timeout)
+    try:
+        chunks, broke = _stream_through_sigterm(process, port)
+        assert process.wait(timeout=60) is not None
+    finally:
+        stop_process(process, 10)
+    completed = bool(chunks) and (chunks[-1].get("usage") or {}).get("completion_tokens") == MAX_TOKENS
+    if shutdown_timeout:
+        assert broke is None and completed, (broke, chunks[-1:])
+    else:  # 0: aborted at once, as vLLM's 0
+        assert not completed and len(chunks) < MAX_TOKENS
