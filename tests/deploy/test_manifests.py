@@ -318,6 +318,34 @@ def test_every_serving_engine_is_restarted_when_its_health_fails(overlay: str) -
         assert "startupProbe" in container, (overlay, container["name"])  # the model load is not a failure
 
 
+def _engine_pod_specs(resource: dict[str, Any]) -> list[dict[str, Any]]:
+    templates = [t["template"] for t in _embedded_pod_templates(resource)]
+    if resource["kind"] == "Deployment" and resource["spec"]["template"]["metadata"]["labels"].get(
+        "app.kubernetes.io/component", ""
+    ).startswith("engine"):
+        templates.append(resource["spec"]["template"])
+    return [t["spec"] for t in templates]
+
+
+@pytest.mark.parametrize("overlay", [t for t in TREES if t.startswith("overlays/")])
+def test_an_engine_pod_being_removed_drains_its_requests_before_it_is_killed(overlay: str, tmp_path: Path) -> None:
+    """A scale-down's pod keeps serving until the Service and the controller's replica list (one tick) have
+    dropped it (preStop), then lets its requests in flight finish (``--shutdown-timeout``; vLLM's default, 0,
+    aborts them, and ``moeslo serve``'s 5 s cuts a long answer), and is killed only after both."""
+    resources = _rendered(overlay)
+    config = tmp_path / "controller.yaml"
+    config.write_text(resources[("ConfigMap", "moeslo", "moeslo-controller-config")]["data"]["controller.yaml"])
+    tick_s = load_settings(config).tick_interval_s
+    specs = [spec for resource in resources.values() for spec in _engine_pod_specs(resource)]
+    assert specs, overlay
+    for spec in specs:
+        (container,) = spec["containers"]
+        sleep_s = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+        drain_s = int(flag_value(command_line(container), "--shutdown-timeout") or 0)
+        assert sleep_s > tick_s and drain_s >= 30, (overlay, container["name"], sleep_s, drain_s)
+        assert spec["terminationGracePeriodSeconds"] >= sleep_s + drain_s + 5, (overlay, container["name"])
+
+
 @pytest.mark.parametrize("overlay", [t for t in TREES if t.startswith("overlays/")])
 def test_each_overlays_controller_dashboard_draws_the_forecast_one_of_its_own_lead_times_back(overlay: str) -> None:
     (lead_time_s,) = {p.lead_time_s for p in _overlay_policies()[overlay.removeprefix("overlays/")]}
