@@ -128,4 +128,4 @@ def serve(
                           f"--kv-cache-mb (now {kv_cache_mb:g}) to serve it all, or set --max-model-len "
                           f"{engine.max_model_len} or less to choose it", soft_wrap=True)
         run_uvicorn(stack.app, host=host, port=port, listener=listener, log_level=log_level,
-                    timeout_graceful_shutdown=shutdown_timeout)
+                    timeout_graceful_shutdown=shutdown_timeout, on_drain_timeout=engine.shutdown)
