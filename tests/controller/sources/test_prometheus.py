@@ -9,7 +9,9 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs
 
 import httpx
@@ -282,19 +284,26 @@ class Prometheus:
             time.sleep(0.2)
 
 
-@pytest.fixture()
-def prometheus_and_engine(tmp_path: Path) -> Iterator[tuple[Prometheus, EngineMetrics]]:
+@contextmanager
+def prometheus_scraping(page: Any, tmp_path: Path) -> Iterator[Prometheus]:
+    """A real Prometheus scraping ``page`` (anything with ``render()``) served on loopback; skips without one."""
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus binary not installed (apt-get install prometheus)")
-    engine = EngineMetrics(MODEL, stock_vllm_itl=True)
-    server = MetricsServer(engine)
+    server = MetricsServer(page)
     prom = Prometheus(server.url.removeprefix("http://"), tmp_path)
     try:
         prom.start()
-        yield prom, engine
+        yield prom
     finally:
         prom.stop()
         server.stop()
+
+
+@pytest.fixture()
+def prometheus_and_engine(tmp_path: Path) -> Iterator[tuple[Prometheus, EngineMetrics]]:
+    engine = EngineMetrics(MODEL, stock_vllm_itl=True)
+    with prometheus_scraping(engine, tmp_path) as prom:
+        yield prom, engine
 
 
 @pytest.mark.integration

@@ -5,7 +5,6 @@ request by request."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from engine.stats import FinishedRequestStats, StepStats
 from exporters.prometheus import PrometheusStatsSink
 from generators.alerts.rules import build_rule_groups
 from tests.controller.sources.engine_page import MetricsServer
-from tests.controller.sources.test_prometheus import Prometheus
+from tests.controller.sources.test_prometheus import Prometheus, prometheus_scraping
 
 MODEL = "long-context"
 ALLOWANCE = TtftAllowance(1000, 0.05)
@@ -113,17 +112,9 @@ def test_direct_scrape_gives_the_same_good_ratio() -> None:
 
 @pytest.fixture()
 def prometheus_and_page(tmp_path: Path) -> Iterator[tuple[Prometheus, _Page]]:
-    if shutil.which("prometheus") is None:
-        pytest.skip("prometheus binary not installed (apt-get install prometheus)")
     page = _Page()
-    server = MetricsServer(page)  # type: ignore[arg-type]
-    prom = Prometheus(server.url.removeprefix("http://"), tmp_path)
-    try:
-        prom.start()
+    with prometheus_scraping(page, tmp_path) as prom:
         yield prom, page
-    finally:
-        prom.stop()
-        server.stop()
 
 
 @pytest.mark.integration
