@@ -35,6 +35,10 @@ so their number does not grow with the number of policies:
   allowance assumes), and none at 30 s.  The subquery's points are 5 s apart (aligned
   to the epoch, as Prometheus aligns them), so a burst shows within 5 s of its scrape;
 - per-layer expert imbalance (``moe_layer_imbalance_cv``);
+- when a policy's TTFT objective has a long-prompt allowance, which allowances the engines write
+  ``moeslo_ttft_normalized_seconds`` for (``group by (model_name, <allowance labels>)`` of its count): a
+  policy whose allowance is not among them, on a model with engines that count TTFT, gets an error naming
+  the series and how to have it written (:func:`controller.ttft_series.missing_allowance_problem`);
 - the entry router's queue and its refusals, for policies that name a router: one
   ``sum(moeslo_router_queued_requests{<router labels>})`` and one
   ``sum(rate(moeslo_router_requests_total{outcome="rejected",<router labels>}[1m]))``
@@ -62,13 +66,16 @@ from contracts.catalogue import (
     KV_CACHE_USAGE,
     LAYER_IMBALANCE_CV,
     OUTCOME_LABEL,
+    PER_1K_PROMPT_TOKENS_LABEL,
     PREFILL_TIME_HISTOGRAM,
+    REFERENCE_PROMPT_TOKENS_LABEL,
     REJECTED_OUTCOME,
     REQUEST_PROMPT_TOKENS_HISTOGRAM,
     REQUESTS_WITHOUT_FIRST_TOKEN,
     ROUTER_QUEUED,
     ROUTER_REQUESTS,
     RUNNING,
+    TTFT_NORMALIZED_HISTOGRAM,
     UNSERVED_MATCHER,
     WAITING,
     total,
@@ -98,6 +105,7 @@ from controller.sources.base import (
     windows_for,
     within,
 )
+from controller.ttft_series import allowance_from_labels, missing_allowance_problem
 from controller.types import PolicyObservation, SliSnapshot
 
 Vector = list[tuple[dict[str, str], float]]
@@ -105,6 +113,8 @@ WINDOW_LABEL = "moeslo_window"
 """The label a windowed query's terms carry, so one query answers for every window."""
 WINDOWED_KEYS = (":good", ":total")
 """Query keys whose answer carries every window (split by :data:`WINDOW_LABEL` into ``<key>:<window>``)."""
+ALLOWANCES_KEY = "ttft_allowances"
+ALLOWANCE_LABELS = f"{REFERENCE_PROMPT_TOKENS_LABEL}, {PER_1K_PROMPT_TOKENS_LABEL}"
 REFUSED_KEY = "router_refused"
 REFUSED_MATCHER = f'{OUTCOME_LABEL}="{REJECTED_OUTCOME}"'
 """The router's 429s at admission (reject mode, or queue mode past ``--max-queue-s``)."""
@@ -269,6 +279,9 @@ class PrometheusSource:
         queries["prompt_tokens"] = f"sum by (model_name) (rate({PROMPT_TOKENS_TOTAL}{sel}[{self.rate_window}]))"
         queries["output_tokens"] = f"sum by (model_name) (rate({GENERATION_TOKENS_TOTAL}{sel}[{self.rate_window}]))"
         queries["imbalance"] = f"max by (model_name, layer) ({LAYER_IMBALANCE_CV}{sel})"
+        if any(not p.objectives.ttft.allowance.flat for p in policies):
+            written = f"{TTFT_NORMALIZED_HISTOGRAM}_count{sel}"
+            queries[ALLOWANCES_KEY] = f"group by (model_name, {ALLOWANCE_LABELS}) ({written})"
         for policy in policies:
             if policy.router is not None:
                 router_sel = self._sel(label_matchers(policy.router.prometheus_labels))
@@ -354,6 +367,7 @@ class PrometheusSource:
             prompt_tokens_buckets=_buckets(results.get("prompt_lengths"), model),
         )
         engines = _value(results.get("engines"), model)
+        problems.extend(filter(None, [_missing_allowance(policy, results)]))
         queued = _router_queued(policy, results, problems)
         return PolicyObservation(
             policy=policy.name,
@@ -409,6 +423,19 @@ def _split_windows(key: str, vector: Vector) -> dict[str, Vector]:
         rest = {k: v for k, v in labels.items() if k != WINDOW_LABEL}
         out.setdefault(f"{key}:{labels.get(WINDOW_LABEL, '')}", []).append((rest, value))
     return out
+
+
+def _missing_allowance(policy: Policy, results: Mapping[str, Vector]) -> str | None:
+    """The policy's TTFT allowance series that the engines of its model do not write, and how to have it."""
+    allowances, model = results.get(ALLOWANCES_KEY), policy.model_name
+    if allowances is None or _value(results.get("engines"), model) is None:
+        # No allowance asked for, or the query failed (its error is already in the problems); or no engines
+        # serve the model now, whose series would linger in Prometheus after them.
+        return None
+    written = [a for labels, _ in allowances if labels.get("model_name") == model
+               and (a := allowance_from_labels(labels)) is not None]  # fmt: skip
+    served = any(_value(v, model) for key, v in results.items() if key.startswith("ttft:total:"))
+    return missing_allowance_problem(policy.objectives.ttft.allowance, model, written, served=served)
 
 
 def _router_key(policy: Policy, what: str = "router_queued") -> str:

@@ -13,6 +13,10 @@ erase what it served.
 History stays bounded: every scrape is kept for the last hour, older points
 are thinned to one per five minutes and keep only the counters the SLOs use.
 
+A policy whose TTFT objective has a long-prompt allowance that an engine serving its model does not
+write (``moeslo serve --ttft-allowances``, the vLLM plugin's ``MOESLO_TTFT_ALLOWANCES``) gets an error
+naming the series and the engines (:func:`controller.ttft_series.missing_allowance_problem`).
+
 A policy that names an entry router with ``endpoints`` also has each router's
 ``/metrics`` read once per tick, for its queue and its refusals
 (:mod:`controller.sources.router_page`).
@@ -42,6 +46,7 @@ from contracts.catalogue import (
     WAITING,
 )
 from contracts.histograms import histogram_quantile
+from contracts.ttft_objective import TtftAllowance
 from controller.bursts import PEAK_STEP_S
 from controller.policy import Policy, parse_duration_s
 from controller.slo import format_duration
@@ -66,7 +71,7 @@ from controller.sources.base import (
 )
 from controller.sources.counters import FINE_HISTORY_S, CounterHistory, counter_peak_rate, counter_rate
 from controller.sources.router_page import RefusalRates, RouterReading, parse_router_page, with_router
-from controller.ttft_series import allowance_from_labels
+from controller.ttft_series import allowance_from_labels, missing_allowance_problem
 from controller.types import PolicyObservation, SliSnapshot
 
 Page = TypeVar("Page")
@@ -96,6 +101,8 @@ class EngineSample:
     running: float = 0.0
     kv_usage: float | None = None
     imbalance_by_layer: dict[int, float] = field(default_factory=dict)
+    ttft_allowances: set[TtftAllowance] = field(default_factory=set)
+    """The long-prompt allowances the page has a ``moeslo_ttft_normalized_seconds`` series for."""
 
 
 PROMPT_LENGTHS = "prompt_len"
@@ -138,6 +145,8 @@ def parse_metrics(text: str) -> dict[str, EngineSample]:
             elif series is not None:
                 key = f"{series}:count"
                 out.counters[key] = out.counters.get(key, 0.0) + value
+                if family.name == TTFT_NORMALIZED_HISTOGRAM and (allowance := allowance_from_labels(sample.labels)):
+                    out.ttft_allowances.add(allowance)
             elif name in _COUNTERS:
                 key = _COUNTERS[name]
                 out.counters[key] = out.counters.get(key, 0.0) + value
@@ -198,6 +207,19 @@ def _good_ratios(
         if window == sli_window:
             short_total = total[0]
     return ratios, short_total
+
+
+def _missing_allowance(policy: Policy, live: Mapping[str, EngineSample]) -> str | None:
+    """The policy's TTFT allowance series that engines serving its model do not write, and how to have it."""
+    allowance = policy.objectives.ttft.allowance
+    # An engine that writes no TTFT allowance and has served nothing yet is not (yet) one that lacks it.
+    lacking = [e for e, sample in live.items() if allowance not in sample.ttft_allowances
+               and (sample.ttft_allowances or sample.counters.get("ttft:count", 0.0) > 0)]  # fmt: skip
+    if allowance.flat or not lacking:
+        return None
+    written = (a for e in lacking for a in live[e].ttft_allowances)
+    return missing_allowance_problem(allowance, policy.model_name, written, served=True,
+                                     where=f" on {', '.join(lacking)}")  # fmt: skip
 
 
 def _worst_cv_per_layer(live: Sequence[EngineSample]) -> dict[int, float]:
@@ -329,12 +351,14 @@ class ScrapeSource:
         errors = [failures[e] for e in endpoints if e in failures]
         if not endpoints:
             errors.append(f"no endpoints to scrape for model {model!r}")
-        live = [pages[e][model] for e in endpoints if e in pages and model in pages[e]]
+        live_at = {e: pages[e][model] for e in endpoints if e in pages and model in pages[e]}
+        live = list(live_at.values())
         errors.extend(
             f"scrape {e}: no series with model_name={model!r}"
             for e in endpoints
             if e in pages and model not in pages[e]
         )
+        errors.extend(filter(None, [_missing_allowance(policy, live_at)]))
         history = self._history.get(model, CounterHistory())
         by_window: dict[str, dict[str, float]] = {}
         requests: dict[str, float | None] = {}
