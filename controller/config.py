@@ -46,8 +46,9 @@ class LocalActuatorConfig(_Section):
     first_port: Annotated[int, Field(ge=1024, le=65535)] = 18100
     stop_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
     """How long a stopped replica's main process has to drain and exit before the rest of its group gets SIGTERM,
-    and the group after that before SIGKILL: keep it above ``moeslo serve``'s ``--shutdown-timeout`` (5 s unless
-    the command sets it), or requests still in flight when that ends are cut."""
+    and the group after that before SIGKILL: keep it a few seconds above ``moeslo serve``'s ``--shutdown-timeout``
+    (5 s unless the command sets it; the requests still running then get their error answers in the 2 s after), or
+    the replica is stopped before its clients are told."""
     ready_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 900.0
     """A replica that has not once answered this long after its start (a hung start, a model that never loads) is
     stopped as a broken one is, and a new one replaces it."""
