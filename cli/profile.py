@@ -167,13 +167,16 @@ def _probe(
 
 def _with_held_rate(fitted: ReplicaProfile, summaries: list[dict[str, Any]]) -> ReplicaProfile:
     """The profile with its measured ceiling, and a line saying what it is."""
-    from controller.profile_levels import GAP_SHARE, HELD_SHARE, MIN_HELD_REQUESTS, with_held_ceiling
+    from controller.profile_levels import GAP_SHARE, HELD_SHARE, MIN_HELD_REQUESTS, held_rate_rps, with_held_ceiling
 
     ceiled = with_held_ceiling(fitted, summaries)
     if ceiled.max_request_rate_rps is None and all(int(s.get("requests") or 0) < MIN_HELD_REQUESTS
                                                    for s in summaries):  # fmt: skip
         console.print(f"no level served the {MIN_HELD_REQUESTS} requests a level needs to count (longer "
                       "--duration or higher --rates): the profile has no measured ceiling")
+    elif ceiled.max_request_rate_rps is None and (held := held_rate_rps([summaries])) is not None:
+        console.print(f"every level held: no ceiling measured; sweep higher --rates (the {held:.2f} requests/s "
+                      "of the top level is only a lower bound of what a replica holds)")
     elif ceiled.max_request_rate_rps is None:
         console.print(f"no level held {HELD_SHARE:.0%} of its requests within both objectives and {GAP_SHARE:.1%} "
                       "of its token gaps within the ITL objective: the profile has no measured ceiling")

@@ -2,7 +2,8 @@
 
 Pure: sweep summaries (``harness.sweep``'s, one list per replica) in, rates out.  ``moeslo
 profile`` writes the held rate into the profile as ``max_request_rate_rps`` (the capacity
-model never sizes a replica for more), and ``moeslo up`` sizes its load from it.  A level holds
+model never sizes a replica for more) when a heavier level failed (a sweep whose every level held found no
+limit), and ``moeslo up`` sizes its load from it.  A level holds
 when 99 % of its requests were within both objectives (misses judged against chance: a level of a
 few seconds holds tens of requests) and 99.5 % of its token gaps within the ITL objective (half
 the ITL SLI's budget, taken as measured over its hundreds of gaps).  A level that missed while a
@@ -135,6 +136,10 @@ def _gaps_within(levels: list[dict[str, Any]]) -> float:
 def with_held_ceiling(profile: ReplicaProfile, summaries: list[dict[str, Any]]) -> ReplicaProfile:
     """``profile`` with the rate one replica's sweep held (:func:`held_rate_rps`) as its ceiling
     (``max_request_rate_rps``: the capacity model never sizes a replica for more); unchanged when the
-    first level that counted missed the objectives."""
+    first level that counted missed the objectives, and when every level held: the top swept rate is then
+    only a lower bound (the sweep never found the limit), and as a ceiling it capped a replica the model
+    says holds 20 requests/s at the 4 it was swept to."""
     held = held_rate_rps([summaries])
-    return profile if held is None else profile.model_copy(update={"max_request_rate_rps": held})
+    if held is None or lightest_failed_rps([summaries]) is None:
+        return profile
+    return profile.model_copy(update={"max_request_rate_rps": held})

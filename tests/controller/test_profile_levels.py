@@ -126,3 +126,12 @@ def test_levels_pool_by_the_rate_asked_for_when_a_replica_skipped_one() -> None:
     skipped = full[1:]
     assert held_rate_rps([full, skipped]) == held_rate_rps([full, full])
     assert held_rate_rps([full, skipped]) == pytest.approx(2.0 + 1.0 * 0.01 / 0.5)
+
+
+def test_a_sweep_whose_every_level_held_writes_no_ceiling() -> None:
+    """The top swept rate is a lower bound, not a limit: written as the ceiling, a replica the model says holds
+    20 req/s was sized for 4 (100 req/s took 25 replicas where 5 do)."""
+    summaries = [{**_swept(rate, 1.0, 1.0), "rate_rps": rate} for rate in (0.25, 0.5, 1.0, 2.0, 4.0)]
+    assert held_rate_rps([summaries]) == 4.0  # ``moeslo up`` still sizes its load from it
+    assert lightest_failed_rps([summaries]) is None
+    assert with_held_ceiling(DEFAULT_PROFILE, summaries).max_request_rate_rps is None
