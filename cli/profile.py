@@ -88,6 +88,9 @@ def _check_numbers(levels: list[float], *, prompt_tokens: int, output_tokens: in
                 for flag, value in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
                                     ("--vocab-size", vocab_size), ("--probe-pairs", probe_pairs))
                 if value < 1]  # fmt: skip
+    if output_tokens == 1:
+        # One token a request leaves no gap between tokens: no level would measure an ITL to fit.
+        problems.append(f"--output-tokens: must be 2 or more (the ITL is measured between tokens), got {output_tokens}")
     if len(levels) < 2:
         problems.append(f"--rates: a profile is fitted from two load levels or more, got {len(levels)}")
     elif any(b <= a for a, b in pairwise(levels)):

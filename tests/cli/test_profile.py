@@ -36,9 +36,14 @@ def _level(rate: float, within: float) -> dict[str, Any]:
             "within_objectives": within, "token_gaps": requests * 63, "gaps_within_objective": within}
 
 
-def _profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, levels: list[dict[str, Any]],
+def _never() -> list[dict[str, Any]]:
+    raise AssertionError("the sweep ran")
+
+
+def _profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, levels: list[dict[str, Any]] | None,
              *args: str) -> tuple[Result, Path]:  # fmt: skip
-    """``moeslo profile`` run through the app against a sweep that returns ``levels`` (no engine)."""
+    """``moeslo profile`` run through the app against a sweep that returns ``levels`` (no engine; None: a sweep
+    that must not run)."""
     import httpx
 
     import harness.engine_limits
@@ -48,7 +53,7 @@ def _profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, levels: list[dict[
     limits = {"kv_capacity_tokens": 100_000, "max_num_seqs": 256, "prefill_chunk_tokens": 2048}
     monkeypatch.setattr(httpx, "get", lambda *_a, **_k: None)
     monkeypatch.setattr(harness.engine_limits, "profile_limits", lambda *_a, **_k: (limits, {}, ""))
-    monkeypatch.setattr(harness.sweep, "sweep_rates", lambda *_a, **_k: levels)
+    monkeypatch.setattr(harness.sweep, "sweep_rates", lambda *_a, **_k: levels if levels is not None else _never())
     out = tmp_path / "profile.json"
     result = CliRunner().invoke(app, ["profile", "--url", "http://127.0.0.1:9", "--out", str(out),
                                       "--no-prefix-probe", "--warmup", "0", *args])  # fmt: skip
@@ -69,3 +74,10 @@ def test_a_sweep_whose_every_level_held_says_no_ceiling_was_measured(
     assert result.exit_code == 0, result.output
     assert ReplicaProfile.load(out).max_request_rate_rps is not None
     assert "held the objectives up to" in result.output
+
+
+def test_one_output_token_is_refused_before_the_sweep(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One token a request leaves no token gap to measure ITL from: the fit failed after the whole sweep."""
+    result, _ = _profile(monkeypatch, tmp_path, None, "--output-tokens", "1")
+    assert result.exit_code == 2, result.output
+    assert "--output-tokens: must be 2 or more" in " ".join(result.output.split())
