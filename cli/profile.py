@@ -71,7 +71,7 @@ def profile(
             source=f"moeslo profile against {url}: {len(summaries)} rates, {prompt_tokens}/{output_tokens} tokens"
                    f"{assumed}", **limits,
         )
-        fitted = _with_held_rate(fitted, summaries)
+        fitted = _with_held_rate(fitted, summaries, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
         out.write_text(fitted.to_json() + "\n")
         console.print(_describe_fit(fitted))
         console.print(f"wrote {out}")
@@ -168,11 +168,17 @@ def _probe(
     return probe
 
 
-def _with_held_rate(fitted: ReplicaProfile, summaries: list[dict[str, Any]]) -> ReplicaProfile:
-    """The profile with its measured ceiling, and a line saying what it is."""
+def _with_held_rate(fitted: ReplicaProfile, summaries: list[dict[str, Any]], *, prompt_tokens: int,
+                    output_tokens: int) -> ReplicaProfile:  # fmt: skip
+    """The profile with its measured ceiling and what it was measured under, and a line saying what it is."""
+    from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
     from controller.profile_levels import GAP_SHARE, HELD_SHARE, MIN_HELD_REQUESTS, held_rate_rps, with_held_ceiling
+    from controller.replica_profile import CEILING_LENGTH_FACTOR, CeilingConditions
 
-    ceiled = with_held_ceiling(fitted, summaries)
+    # The sweep's summaries score each request against the mission's objectives (harness.loadgen.summarize).
+    measured_at = CeilingConditions(ttft_s=TTFT_THRESHOLD_S, itl_s=ITL_THRESHOLD_S, prompt_tokens=prompt_tokens,
+                                    output_tokens=output_tokens)  # fmt: skip
+    ceiled = with_held_ceiling(fitted, summaries, measured_at)
     if ceiled.max_request_rate_rps is None and all(int(s.get("requests") or 0) < MIN_HELD_REQUESTS
                                                    for s in summaries):  # fmt: skip
         console.print(f"no level served the {MIN_HELD_REQUESTS} requests a level needs to count (longer "
@@ -185,7 +191,9 @@ def _with_held_rate(fitted: ReplicaProfile, summaries: list[dict[str, Any]]) -> 
                       "of its token gaps within the ITL objective: the profile has no measured ceiling")
     else:
         console.print(f"held the objectives up to {ceiled.max_request_rate_rps:.2f} requests/s: the capacity "
-                      "model's ceiling (max_request_rate_rps)")
+                      f"model's ceiling (max_request_rate_rps) for policies with TTFT {TTFT_THRESHOLD_S * 1000:g} ms "
+                      f"and ITL {ITL_THRESHOLD_S * 1000:g} ms objectives and lengths within "
+                      f"{CEILING_LENGTH_FACTOR:g}x of {prompt_tokens}/{output_tokens} tokens")
     return ceiled
 
 

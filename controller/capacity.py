@@ -410,7 +410,8 @@ class CapacityModel:
             else:
                 low = middle
         self._last_needed = high
-        ceiling = self.profile.max_request_rate_rps
+        ceiling = self.profile.ceiling_rps(ttft_s=self.targets.ttft_s, itl_s=self.targets.itl_s,
+                                           prompt_tokens=load.mean_prompt_tokens, output_tokens=load.mean_output_tokens)
         if ceiling is not None:
             return min(MAX_REPLICAS, max(high, math.ceil(round(load.request_rate_rps / ceiling, 9))))
         return high

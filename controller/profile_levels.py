@@ -20,7 +20,7 @@ import numpy as np
 from controller.slo import misses_beyond_chance
 
 if TYPE_CHECKING:
-    from controller.capacity import ReplicaProfile
+    from controller.replica_profile import CeilingConditions, ReplicaProfile
 
 __all__ = ["GAP_SHARE", "HELD_SHARE", "MIN_HELD_REQUESTS", "held_rate_rps", "lightest_failed_rps", "with_held_ceiling"]
 
@@ -133,13 +133,16 @@ def _gaps_within(levels: list[dict[str, Any]]) -> float:
     return sum(s["gaps_within_objective"] * s["token_gaps"] for s in counted) / gaps if gaps else 1.0
 
 
-def with_held_ceiling(profile: ReplicaProfile, summaries: list[dict[str, Any]]) -> ReplicaProfile:
+def with_held_ceiling(
+    profile: ReplicaProfile, summaries: list[dict[str, Any]], measured_at: CeilingConditions | None = None
+) -> ReplicaProfile:
     """``profile`` with the rate one replica's sweep held (:func:`held_rate_rps`) as its ceiling
-    (``max_request_rate_rps``: the capacity model never sizes a replica for more); unchanged when the
-    first level that counted missed the objectives, and when every level held: the top swept rate is then
-    only a lower bound (the sweep never found the limit), and as a ceiling it capped a replica the model
-    says holds 20 requests/s at the 4 it was swept to."""
+    (``max_request_rate_rps``: the capacity model never sizes a replica for more) and what it was measured
+    under (``measured_at``: the capacity model caps only policies with those objectives and lengths near
+    those); unchanged when the first level that counted missed the objectives, and when every level held:
+    the top swept rate is then only a lower bound (the sweep never found the limit), and as a ceiling it
+    capped a replica the model says holds 20 requests/s at the 4 it was swept to."""
     held = held_rate_rps([summaries])
     if held is None or lightest_failed_rps([summaries]) is None:
         return profile
-    return profile.model_copy(update={"max_request_rate_rps": held})
+    return profile.model_copy(update={"max_request_rate_rps": held, "ceiling_measured_at": measured_at})

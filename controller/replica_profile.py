@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +13,10 @@ from pydantic import ValidationError as PydanticValidationError
 from contracts.errors import DataError
 from contracts.text_files import read_text
 
-__all__ = ["DEFAULT_PROFILE", "Count", "Number", "PrefixProbe", "ProfilePoint", "ReplicaProfile"]
+__all__ = [
+    "CEILING_LENGTH_FACTOR", "DEFAULT_PROFILE", "CeilingConditions", "Count", "Number", "PrefixProbe", "ProfilePoint",
+    "ReplicaProfile",
+]  # fmt: skip
 
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 """A float where JSON says a number (``true`` or ``"1"`` is refused, as everywhere in a policy)."""
@@ -49,6 +53,38 @@ class PrefixProbe(BaseModel):
     """Requests of each kind."""
 
 
+CEILING_LENGTH_FACTOR = 1.5
+"""A measured ceiling caps a load whose mean prompt and output lengths are each within this factor of the sweep's."""
+
+
+class CeilingConditions(BaseModel):
+    """What a measured ceiling (``max_request_rate_rps``) was measured under: a level held when its requests met
+    these objectives, at these lengths.  Requests/s held at 500 ms / 20 ms and 256/64 tokens say nothing of a
+    2 s / 100 ms policy or of 32/16-token requests (there it sized 20 replicas where 5 do, 10 where 2 do)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_s: Annotated[Number, Field(gt=0, le=3600.0)]
+    """The TTFT threshold the levels were scored against."""
+    itl_s: Annotated[Number, Field(gt=0, le=60.0)]
+    """The ITL threshold the levels were scored against."""
+    prompt_tokens: Annotated[Number, Field(gt=0, le=1e8)] | None = None
+    """The sweep's prompt length (None: not recorded, any length is taken to match)."""
+    output_tokens: Annotated[Number, Field(gt=0, le=1e8)] | None = None
+    """The sweep's output length (None: not recorded, any length is taken to match)."""
+
+    def hold_for(self, *, ttft_s: float, itl_s: float, prompt_tokens: float, output_tokens: float) -> bool:
+        """Whether a policy with these objectives and mean lengths (0: unknown, taken to match) was measured."""
+        same_objectives = math.isclose(ttft_s, self.ttft_s) and math.isclose(itl_s, self.itl_s)
+        return same_objectives and _near(prompt_tokens, self.prompt_tokens) and _near(output_tokens, self.output_tokens)
+
+
+def _near(observed: float, measured: float | None) -> bool:
+    if measured is None or observed <= 0:
+        return True
+    return 1.0 / CEILING_LENGTH_FACTOR <= observed / measured <= CEILING_LENGTH_FACTOR
+
+
 class ReplicaProfile(BaseModel):
     """Per-replica capacity, as ``moeslo profile`` writes it (JSON)."""
 
@@ -75,7 +111,18 @@ class ReplicaProfile(BaseModel):
     """The measurement ``cached_token_cost`` was fitted to (None: not measured)."""
     max_request_rate_rps: Annotated[Number, Field(ge=1e-6, le=1e7)] | None = None
     """The request rate one replica was measured to hold within the objectives, tails included (None:
-    not measured): the model never sizes a replica for more, whatever its latency lines say."""
+    not measured): the model never sizes a replica for more, whatever its latency lines say, where
+    :attr:`ceiling_measured_at` holds (:meth:`ceiling_rps`)."""
+    ceiling_measured_at: CeilingConditions | None = None
+    """The objectives and lengths the ceiling was measured at (None: not recorded, it caps every policy)."""
+
+    def ceiling_rps(self, *, ttft_s: float, itl_s: float, prompt_tokens: float, output_tokens: float) -> float | None:
+        """The measured ceiling where it was measured under these objectives and near these mean lengths, else None."""
+        measured = self.ceiling_measured_at
+        if measured is None or measured.hold_for(ttft_s=ttft_s, itl_s=itl_s, prompt_tokens=prompt_tokens,
+                                                 output_tokens=output_tokens):  # fmt: skip
+            return self.max_request_rate_rps
+        return None
 
     def uncached_share(self, prefix_hit_rate: float) -> float:
         """Share of a prompt's prefill work left at a prefix-cache hit rate (cached tokens cost their share)."""

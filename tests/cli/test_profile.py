@@ -9,6 +9,8 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
+from contracts.slo_defaults import ITL_THRESHOLD_S, TTFT_THRESHOLD_S
+
 
 @pytest.mark.parametrize(
     ("rates", "says"),
@@ -72,8 +74,13 @@ def test_a_sweep_whose_every_level_held_says_no_ceiling_was_measured(
     assert "every level held: no ceiling measured; sweep higher --rates" in " ".join(result.output.split())
     result, out = _profile(monkeypatch, tmp_path, [_level(1.0, 1.0), _level(2.0, 1.0), _level(4.0, 0.5)])
     assert result.exit_code == 0, result.output
-    assert ReplicaProfile.load(out).max_request_rate_rps is not None
+    ceiled = ReplicaProfile.load(out)
+    assert ceiled.max_request_rate_rps is not None
     assert "held the objectives up to" in result.output
+    # What it was measured under, so the capacity model caps only the policies it says something of.
+    assert ceiled.ceiling_measured_at is not None
+    assert ceiled.ceiling_measured_at.model_dump() == {"ttft_s": TTFT_THRESHOLD_S, "itl_s": ITL_THRESHOLD_S,
+                                                       "prompt_tokens": 256, "output_tokens": 64}  # fmt: skip
 
 
 def test_one_output_token_is_refused_before_the_sweep(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
