@@ -57,8 +57,8 @@ def run_uvicorn(app: Any, *, host: str, port: int, listener: socket.socket | Non
 
     With ``on_drain_timeout``, a shutdown's ``timeout_graceful_shutdown`` runs it (in a thread) when it ends, and
     uvicorn waits :data:`DRAIN_FLUSH_S` more before it cancels what is left: the hook ends the requests still in
-    flight (the engine's shutdown fails them), so their clients get an error, where uvicorn's cancel cut a stream
-    with no error event and answered a whole request with a plain-text 500."""
+    flight (the engine aborts them), so their clients get an error, where uvicorn's cancel cut a stream with no
+    error event and answered a whole request with a plain-text 500."""
     import uvicorn
 
     drain_s = settings.get("timeout_graceful_shutdown")

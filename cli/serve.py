@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,6 +13,9 @@ from cli.listen import listener_for, listening_port, run_uvicorn
 from contracts.lifetime import DEFAULT_SHUTDOWN_TIMEOUT_S
 from contracts.urls import http_url
 from engine.executors.options import PARALLEL_MIN_TOKENS
+
+if TYPE_CHECKING:
+    from engine.client import EngineCoreClient
 
 
 # long: a typer command is its option list; the work is in exporters.app.build_stack.
@@ -128,4 +132,12 @@ def serve(
                           f"--kv-cache-mb (now {kv_cache_mb:g}) to serve it all, or set --max-model-len "
                           f"{engine.max_model_len} or less to choose it", soft_wrap=True)
         run_uvicorn(stack.app, host=host, port=port, listener=listener, log_level=log_level,
-                    timeout_graceful_shutdown=shutdown_timeout, on_drain_timeout=engine.shutdown)
+                    timeout_graceful_shutdown=shutdown_timeout,
+                    on_drain_timeout=functools.partial(_end_requests_in_flight, engine, shutdown_timeout))
+
+
+def _end_requests_in_flight(engine: EngineCoreClient, waited_s: int) -> None:
+    ended = engine.abort()
+    if ended:
+        console.print(f"shutting down: {ended} request(s) still running after {waited_s} s "
+                      "(--shutdown-timeout) ended with an error")

@@ -282,10 +282,14 @@ class EngineCoreClient:
             raise UnavailableError(QUEUE_FULL)
         return stream
 
-    def abort(self, request_id: str, reason: str = "abort") -> None:
-        """End a request in the core (its KV blocks are freed before the next step); its final output follows."""
-        if self.is_alive:
-            self._inputs.abort([request_id], reason)
+    def abort(self, request_id: str | None = None, reason: str = "abort") -> int:
+        """End a request in the core (its KV blocks are freed before the next step), or every one in flight (None: a
+        server's shutdown that waited long enough); their final outputs follow.  The number ended."""
+        with self._lock:
+            request_ids = list(self._streams) if request_id is None else [request_id]
+        if request_ids and self.is_alive:
+            self._inputs.abort(request_ids, reason)
+        return len(request_ids)
 
     # ----------------------------------------------------------------- utility calls
 

@@ -187,7 +187,7 @@ async def _events(first: RequestOutput, stream: RequestStream) -> AsyncIterator[
 
 
 def _choice(first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation, prompt_index: int,
-            stop_request: Callable[[], None], eos_token_ids: tuple[int, ...]) -> AsyncIterator[Piece]:
+            stop_request: Callable[[], object], eos_token_ids: tuple[int, ...]) -> AsyncIterator[Piece]:
     """What one choice shows, output by output (with ``echo``, its prompt first)."""
     prompt = gen.prompts[prompt_index]
     if gen.echo is None:
@@ -220,7 +220,7 @@ async def _echo_only(first: RequestOutput, stream: RequestStream, tokenizer: Tok
 
 async def _texts(
     first: RequestOutput, stream: RequestStream, tokenizer: Tokenizer, gen: Generation,
-    stop_request: Callable[[], None], eos_token_ids: tuple[int, ...], prompt: list[int], *, prefix: str = "",
+    stop_request: Callable[[], object], eos_token_ids: tuple[int, ...], prompt: list[int], *, prefix: str = "",
     echo: bool = False,
 ) -> AsyncIterator[Piece]:
     """What each output shows (the first after ``prefix``); a stop string ends the request, finish reason ``stop``.

@@ -84,7 +84,7 @@ def test_serve_on_port_zero_names_and_exports_the_port_it_listens_on(monkeypatch
         seen["options"] = options
         blocks = SimpleNamespace(num_blocks=4, block_size=16)
         return SimpleNamespace(app=object(), engine=SimpleNamespace(blocks=blocks, pid=1, max_model_len=64,
-                                                                    context_note=None, shutdown=lambda: None))
+                                                                    context_note=None))
 
     def run(server: uvicorn.Server, sockets: list[socket.socket] | None = None) -> None:
         assert sockets is not None
