@@ -39,12 +39,12 @@ from harness.processes import free_port, moeslo_command
 from harness.webhook import WebhookReceiver
 from stack.cpu_pool import SharedCpuPool
 from stack.faults import inject_fault
-from stack.load import drive, load_plan
+from stack.load import UNFINISHED_ERROR, drive, load_plan
 from stack.profile import profile_replicas
 from stack.run_folder import RUN_MARKER, clear_last_run, lock_run_folder
 from stack.sampler import Sampler, read_router_requests
 from stack.services import ManagedProcess, Supervisor, start_alertmanager, start_prometheus
-from stack.shutdown import Interrupted, ReplicaRecord, signals_deferred, stop_on_sigterm
+from stack.shutdown import Interrupted, ReplicaRecord, run_cancelled_on_sigterm, signals_deferred, stop_on_sigterm
 from stack.state import StackOptions, StackState
 
 POLICY_NAME = "qwen3-moe-local"
@@ -387,14 +387,16 @@ class LocalStack:
             await asyncio.to_thread(read_router_requests, state)
 
     async def _end_load(self, driving: asyncio.Task[None], timed_out: bool) -> None:
-        """Cancel the requests still in flight, however the load ended (its drain ran out, Ctrl-C), and count them:
-        sent and never answered (on Ctrl-C they were neither recorded nor counted)."""
+        """Cancel the requests still in flight, however the load ended (its drain ran out, Ctrl-C, SIGTERM), and
+        count them: sent and never answered (on Ctrl-C they were neither recorded nor counted)."""
         state = self.state
-        state.unfinished = sum(state.in_flight.values())  # sent less recorded: drive records as it leaves them
         if not driving.done():
             driving.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await driving
+        # From the records, which drive writes as each request leaves, cancelled or not: counted from the requests
+        # in flight, the count read 0 when something else had cancelled them first.
+        state.unfinished = sum(r.error == UNFINISHED_ERROR for r in state.records)
         if state.unfinished:
             when = f"{DRAIN_S:.0f} s after the last arrival" if timed_out else "when the load was stopped"
             state.event(f"stopped {state.unfinished} requests still in flight {when}")
@@ -449,14 +451,15 @@ def run_stack(
 ) -> dict[str, Any]:
     """Run the stack for ``options.duration_s``; return the summary (also written to ``out/summary.json``).
 
-    Ctrl-C raises :class:`Interrupted` once every process is stopped (or named as still running)."""
+    Ctrl-C raises :class:`Interrupted` once every process is stopped (or named as still running); SIGTERM,
+    ``SystemExit(143)`` the same way (during the load it cancels the load as Ctrl-C does)."""
     stack = LocalStack(options, on_update)
     previous = stop_on_sigterm()
     loading = False
     try:
         stack.start(progress)
         loading = True
-        asyncio.run(stack.run_load())
+        run_cancelled_on_sigterm(stack.run_load())
     except (KeyboardInterrupt, SystemExit) as stopped:
         stack.state.interrupted = loading
         still = _finish(stack, previous)

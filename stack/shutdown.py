@@ -1,7 +1,8 @@
 """The end of ``moeslo up``: nothing it started, or its controller started, outlives it.
 
 * :func:`stop_on_sigterm`: SIGTERM ends a run as Ctrl-C does (:class:`Interrupted` is Ctrl-C's, raised
-  once the processes are stopped).
+  once the processes are stopped); :func:`run_cancelled_on_sigterm`: during the load, SIGTERM cancels it as
+  asyncio's Ctrl-C does, so its ``finally`` counts the requests in flight and ends its tasks in order.
 * :func:`signals_deferred`: SIGINT and SIGTERM are noted, not acted on, while the stack stops (a second
   Ctrl-C cut the stop short and left Prometheus and Alertmanager running).
 * :func:`stop_processes`: SIGTERM to every process at once, one shared deadline, then SIGKILL to the
@@ -13,20 +14,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
 import psutil
 
 from contracts.lifetime import group_runs
 
-__all__ = ["KILL_WAIT_S", "Interrupted", "ReplicaRecord", "signals_deferred", "stop_on_sigterm", "stop_processes"]
+__all__ = [
+    "KILL_WAIT_S", "Interrupted", "ReplicaRecord", "run_cancelled_on_sigterm", "signals_deferred", "stop_on_sigterm",
+    "stop_processes",
+]
+
+T = TypeVar("T")
 
 KILL_WAIT_S = 5.0
 """How long a process may take to go after SIGKILL before it is reported as still running."""
@@ -52,6 +59,47 @@ def stop_on_sigterm() -> Any:
     if threading.current_thread() is not threading.main_thread():
         return None  # only the main thread may set handlers (a run inside a test's thread keeps the default)
     return signal.signal(signal.SIGTERM, _terminated)
+
+
+def run_cancelled_on_sigterm(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, where a SIGTERM cancels ``main`` as asyncio's Ctrl-C does, then raises
+    ``SystemExit(128 + SIGTERM)`` once it has ended; a second SIGTERM raises at once (as a second Ctrl-C does).
+
+    :func:`stop_on_sigterm`'s handler raised in the middle of the loop: asyncio then cancelled every task at once,
+    and ``main``'s ``finally`` found its requests in flight already gone and its own awaits cancelled.  Off the main
+    thread (where handlers cannot be set) it is ``asyncio.run``."""
+    terminated: list[int] = []
+
+    async def cancelled_on_sigterm() -> T:
+        task = asyncio.current_task()
+        if threading.current_thread() is not threading.main_thread() or task is None:
+            return await main
+        loop = asyncio.get_running_loop()
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm() -> None:
+            if terminated:
+                _terminated(signal.SIGTERM, None)
+            terminated.append(signal.SIGTERM)
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        try:
+            return await main
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)  # which sets the default action: the caller's comes back
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    try:
+        result = asyncio.run(cancelled_on_sigterm())
+    except asyncio.CancelledError:
+        if terminated:
+            raise SystemExit(128 + signal.SIGTERM) from None
+        raise
+    if terminated:  # the load ended as the signal came: the run is stopped all the same
+        raise SystemExit(128 + signal.SIGTERM)
+    return result
 
 
 @contextlib.contextmanager

@@ -4,7 +4,12 @@ interrupted load and a fault cut short leave in the summary."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import json
+import os
 import re
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,11 +18,13 @@ from typing import Any
 import pytest
 
 import stack.load
+import stack.plots
 import stack.run
 from harness.loadgen import LoadRequest, RequestRecord
 from stack.load import UNFINISHED_ERROR
 from stack.report import request_rows, summarize
-from stack.run import LocalStack
+from stack.run import LocalStack, run_stack
+from stack.shutdown import Interrupted
 from stack.state import StackOptions
 
 CLOSED = "http://127.0.0.1:9"
@@ -49,20 +56,25 @@ async def _cancelled_after(seconds: float, load: Any) -> None:
         await task
 
 
+def _last_five_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten requests over a second: the first five answered at once, the last five slow (in a fault, say)."""
+    plan = [LoadRequest(arrival_s=0.1 * i, prompt_tokens=4, max_tokens=4) for i in range(10)]
+    monkeypatch.setattr(stack.run, "load_plan", lambda _options, _rate: (plan, "test plan"))
+
+    async def send(_client: Any, req: LoadRequest, *_args: Any, **_kw: Any) -> RequestRecord:
+        await asyncio.sleep(0.2 if req.arrival_s < 0.45 else 60.0)
+        return RequestRecord(arrival_s=req.arrival_s, prompt_tokens=4, max_tokens=4, status=200, ttft_s=0.1,
+                             itls_s=[0.01] * 3, output_tokens=4)
+
+    monkeypatch.setattr(stack.load, "send_request", send)
+
+
 def test_an_interrupted_load_counts_its_requests_in_flight_as_unfinished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stubbed: None,
 ) -> None:
     """Ctrl-C during the load: the five requests still in flight were neither recorded nor counted
     (``unfinished_at_end: 0``; only a drain timeout counted them), and left out of the shares."""
-    plan = [LoadRequest(arrival_s=0.1 * i, prompt_tokens=4, max_tokens=4) for i in range(10)]
-    monkeypatch.setattr(stack.run, "load_plan", lambda _options, _rate: (plan, "test plan"))
-
-    async def send(_client: Any, req: LoadRequest, *_args: Any, **_kw: Any) -> RequestRecord:
-        await asyncio.sleep(0.2 if req.arrival_s < 0.45 else 60.0)  # the last five are slow (in a fault, say)
-        return RequestRecord(arrival_s=req.arrival_s, prompt_tokens=4, max_tokens=4, status=200, ttft_s=0.1,
-                             itls_s=[0.01] * 3, output_tokens=4)
-
-    monkeypatch.setattr(stack.load, "send_request", send)
+    _last_five_slow(monkeypatch)
     local = _stack(tmp_path, duration_s=30.0, inject_slowdown=False)
     try:
         asyncio.run(_cancelled_after(2.0, local.run_load()))
@@ -73,6 +85,45 @@ def test_an_interrupted_load_counts_its_requests_in_flight_as_unfinished(
     assert (summary["requests"], summary["ok"], summary["failed"], summary["unfinished_at_end"]) == (10, 5, 5, 5)
     assert summary["requests_within_both_slos_outside_fault"] == pytest.approx(0.5)
     assert any("5 requests still in flight" in line for line in summary["events"]), summary["events"]
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="sets signal handlers")
+@pytest.mark.parametrize(("sig", "raised"), [(signal.SIGTERM, SystemExit), (signal.SIGINT, Interrupted)],
+                         ids=["sigterm", "ctrl-c"])
+def test_a_signal_during_the_load_counts_its_requests_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stubbed: None, sig: signal.Signals, raised: type[BaseException],
+) -> None:
+    """SIGTERM (``kill``, a CI timeout) during the load ends it as Ctrl-C does.  Its handler raised in the middle of
+    the event loop, asyncio then cancelled every task at once, and the load's ``finally`` found the five requests
+    in flight already recorded as unfinished: ``unfinished_at_end: 0`` beside five unfinished rows in requests.csv,
+    no line saying they were stopped, and the sampler's and CPU pool's ends skipped."""
+    _last_five_slow(monkeypatch)
+
+    def start(self: LocalStack, _progress: Any) -> None:
+        self.checkpoint = tmp_path
+        self.state.engines = [CLOSED]
+        self.state.controller_url = CLOSED
+
+    monkeypatch.setattr(LocalStack, "start", start)
+    monkeypatch.setattr(stack.plots, "write_plots", lambda _state, _out: [])
+    options = StackOptions(out=tmp_path, router=False, prometheus=False, sample_interval_s=0.2, duration_s=30.0,
+                           inject_slowdown=False)
+    sender = threading.Timer(2.0, os.kill, (os.getpid(), sig))
+    sender.start()
+    try:
+        with pytest.raises(raised) as stopped:
+            run_stack(options)
+    finally:
+        sender.join()
+    if sig == signal.SIGTERM:
+        assert stopped.value.args == (128 + signal.SIGTERM,)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    assert (summary["requests"], summary["ok"], summary["failed"], summary["unfinished_at_end"]) == (10, 5, 5, 5)
+    assert any("stopped 5 requests still in flight when the load was stopped" in line
+               for line in summary["events"]), summary["events"]
+    with (tmp_path / "requests.csv").open() as rows:
+        assert sum(row["error"] == UNFINISHED_ERROR for row in csv.DictReader(rows)) == 5
 
 
 def test_requests_past_the_drain_are_counted_as_unfinished(
@@ -152,3 +203,4 @@ def test_a_page_delivered_after_the_last_look_is_counted(
         local.stop()
     summary = local.write_results()
     assert summary["pages_delivered"] == 1 and summary["pages"][0]["alerts"] == ["Burn"]
+
