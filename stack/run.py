@@ -430,17 +430,22 @@ class LocalStack:
         from stack.plots import write_plots
         from stack.report import request_rows, summarize
 
+        """``requests.csv``, ``summary.json`` and the plot, in that order: the plot takes seconds, and whatever cuts
+        it short leaves the figures written (the summary lists the plot once it is drawn)."""
         if self.sampler is not None:
             self.sampler.read_pages()  # those posted after the last look (the pager keeps them once stopped)
         summary = summarize(self.state)
-        summary["plots"] = [str(p) for p in write_plots(self.state, self.options.out)]
         rows = request_rows(self.state)
         if rows:
             with (self.options.out / "requests.csv").open("w", newline="") as out:
                 writer = csv.DictWriter(out, fieldnames=list(rows[0]))
                 writer.writeheader()
                 writer.writerows(rows)
-        (self.options.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        summary_path = self.options.out / "summary.json"
+        summary["plots"] = []
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        summary["plots"] = [str(p) for p in write_plots(self.state, self.options.out)]
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
 
@@ -470,7 +475,8 @@ def run_stack(
         _finish(stack, previous)
         raise
     _finish(stack, previous)
-    return stack.write_results()
+    with signals_deferred():  # a Ctrl-C while the plot is drawn lost every result file; the run is over by now
+        return stack.write_results()
 
 
 def _finish(stack: LocalStack, previous_sigterm: Any) -> list[str]:

@@ -204,3 +204,32 @@ def test_a_page_delivered_after_the_last_look_is_counted(
     summary = local.write_results()
     assert summary["pages_delivered"] == 1 and summary["pages"][0]["alerts"] == ["Burn"]
 
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="sets signal handlers")
+def test_ctrl_c_while_the_results_are_written_keeps_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole run, and a Ctrl-C while the plot is drawn (seconds of matplotlib): every result file was lost, the
+    summary and requests.csv being written after the plot, and none of it under the signals' deferral."""
+    def start(self: LocalStack, _progress: Any) -> None:
+        self.checkpoint = tmp_path
+
+    async def run_load(self: LocalStack) -> None:
+        self.state.records = [RequestRecord(arrival_s=0.0, prompt_tokens=8, max_tokens=4, status=200, ttft_s=0.1,
+                                            itls_s=[0.01] * 3, output_tokens=4)]
+        self.state.done_at_s = [1.0]
+
+    def write_plots(_state: Any, out: Path) -> list[Path]:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C lands while the plot is drawn
+        signal.sigtimedwait([], 0.1)  # its handler runs here
+        return [out / "moeslo-up.png"]
+
+    monkeypatch.setattr(LocalStack, "start", start)
+    monkeypatch.setattr(LocalStack, "run_load", run_load)
+    monkeypatch.setattr(stack.plots, "write_plots", write_plots)
+    try:
+        summary = run_stack(StackOptions(out=tmp_path, prometheus=False, router=False))
+    except KeyboardInterrupt:
+        pytest.fail(f"the Ctrl-C cut the writing short; kept: {sorted(p.name for p in tmp_path.iterdir())}")
+    assert summary["requests"] == 1 and summary["plots"] == [str(tmp_path / "moeslo-up.png")]
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert (tmp_path / "requests.csv").read_text().count("\n") == 2
