@@ -6,8 +6,10 @@ or under 500 ms and its mean inter-token gap at or under 20 ms
 literature score a request), and the strict one where no single gap may exceed
 20 ms (``requests_within_both_slos``, kept from earlier runs).  Requests that
 overlap the injected fault (plus ``FAULT_MARGIN_S`` for the queue it leaves) are
-counted apart.  Every share is of all the requests it covers: a failed one is not within, nor is one still
-in flight when the load ended (recorded as failed).
+counted apart.  Every share of requests (``ttft_good_ratio`` and the ``requests_within_*`` ones) is of all
+the requests it covers: a failed one is not within, nor is one still in flight when the load ended (recorded
+as failed).  The gap shares (``itl_good_ratio*``) are of token gaps, as the controller's ITL SLI is: every gap
+a request streamed, a failed one's included; a refused request has none.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ def _within(records: list[RequestRecord], verdict: Callable[[float | None, list[
     return _share(sum(r.ok and verdict(r.ttft_s, r.itls_s) for r in records), len(records))
 
 
+def _first_token_within(ttft_s: float | None, _itls_s: list[float]) -> bool:
+    return ttft_s is not None and ttft_s <= TTFT_THRESHOLD_S
+
+
 def recent_requests(state: StackState, now_s: float, window_s: float) -> tuple[list[RequestRecord], int]:
     """The requests that finished in the last ``window_s`` (what the live p99s are of), and how many of them
     the fault touched."""
@@ -84,7 +90,8 @@ def summarize(state: StackState) -> dict[str, Any]:
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     itls = [x for r in ok for x in r.itls_s]
     clear = outside_fault(state, records, state.done_at_s)
-    clear_itls = [x for r in clear if r.ok for x in r.itls_s]
+    all_gaps = [x for r in records for x in r.itls_s]  # a failed stream's gaps were seen all the same
+    clear_gaps = [x for r in clear for x in r.itls_s]
     cv_series = [s.imbalance_cv for s in state.samples if s.imbalance_cv]
     actions = Counter(_label(d) for d in state.decisions if taken(d))
     not_taken = Counter(f"{_label(d)} {d.get('outcome')}" for d in state.decisions if not taken(d))
@@ -102,12 +109,12 @@ def summarize(state: StackState) -> dict[str, Any]:
         "output_tokens_per_s": sum(r.output_tokens for r in ok) / wall if wall else None,
         "ttft_p50_s": _pct(ttfts, 50), "ttft_p99_s": _pct(ttfts, 99),
         "itl_p50_s": _pct(itls, 50), "itl_p99_s": _pct(itls, 99),
-        "ttft_good_ratio": _share(sum(t <= TTFT_THRESHOLD_S for t in ttfts), len(ttfts)),
-        "itl_good_ratio": gaps_within_share(itls),
+        "ttft_good_ratio": _within(records, _first_token_within),
+        "itl_good_ratio": gaps_within_share(all_gaps),
         "requests_within_both_slos": _within(records, every_gap_within),
         "requests_within_both_slos_outside_fault": _within(clear, within_objectives),
         "requests_within_both_slos_outside_fault_every_gap": _within(clear, every_gap_within),
-        "itl_good_ratio_outside_fault": gaps_within_share(clear_itls),
+        "itl_good_ratio_outside_fault": gaps_within_share(clear_gaps),
         "requests_outside_fault": len(clear),
         "fault_window_s": None if state.fault is None else [round(t - state.load_started_s, 1) for t in state.fault],
         "imbalance_cv_max_first": max(cv_series[0]) if cv_series else None,

@@ -38,7 +38,7 @@ def _state() -> StackState:
 def test_summary_counts_requests_slos_and_decisions() -> None:
     summary = summarize(_state())
     assert (summary["requests"], summary["ok"], summary["failed"]) == (3, 2, 1)
-    assert summary["ttft_good_ratio"] == 0.5
+    assert summary["ttft_good_ratio"] == 1 / 3  # of all three: the failed one had no first token within
     assert summary["requests_within_both_slos"] == 1 / 3  # the failed request counts, as not within
     assert summary["imbalance_cv_max_first"] == 0.4
     assert summary["decisions"] == {"scale_up:slo_burn": 1}
@@ -99,6 +99,24 @@ def test_failed_requests_count_against_the_within_both_slos_shares() -> None:
     rows = request_rows(state)
     assert sum(r["within_both_slos"] for r in rows) / len(rows) == summary["requests_within_both_slos"]
     assert sum(r["outside_fault"] for r in rows) == summary["requests_outside_fault"]
+
+
+def test_the_ttft_and_gap_shares_count_failed_requests() -> None:
+    """Five requests served and five refused (429) read ``ttft_good_ratio: 1.0``, of the five served, where the
+    docs say every share is of all the requests it covers, a failed one not within.  The gap shares are of token
+    gaps (the controller's ITL SLI): a refused request has none, and a stream cut short counts the gaps it had."""
+    state = StackState(StackOptions(duration_s=10.0))
+    served = [RequestRecord(arrival_s=float(i), prompt_tokens=8, max_tokens=4, status=200, ttft_s=0.1,
+                            itls_s=[0.01] * 3, output_tokens=4) for i in range(5)]
+    refused = [RequestRecord(arrival_s=5.0 + i, prompt_tokens=8, max_tokens=4, status=429, error="queue full")
+               for i in range(4)]
+    cut = RequestRecord(arrival_s=9.0, prompt_tokens=8, max_tokens=4, status=200, ttft_s=0.1, itls_s=[0.05],
+                        output_tokens=2, error="stream ended early")
+    state.records = [*served, *refused, cut]
+    state.done_at_s = [r.arrival_s + 0.5 for r in state.records]
+    summary = summarize(state)
+    assert summary["ttft_good_ratio"] == 0.5  # the cut stream's first token was in time, but it failed
+    assert summary["itl_good_ratio"] == summary["itl_good_ratio_outside_fault"] == 15 / 16
 
 
 def test_decisions_not_carried_out_are_counted_apart() -> None:
