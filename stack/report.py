@@ -125,8 +125,10 @@ def summarize(state: StackState) -> dict[str, Any]:
         "forecast_scale_ups": actions.get("scale_up:forecast", 0),
         "rebalances_verified": actions.get("verify_rebalance:verified", 0),
         "alerts_seen": sorted({a for s in state.samples for a in s.alerts}),
-        "pages_delivered": len(pages),
-        "tickets_delivered": sum(p.get("receiver") == "ticket" for p in state.pages),
+        # Alertmanager posts again when an alert resolves (send_resolved): that is no page, nor a ticket.
+        "pages_delivered": sum(p.get("status") == "firing" for p in pages),
+        "pages_resolved": sum(p.get("status") == "resolved" for p in pages),
+        "tickets_delivered": sum(p.get("receiver") == "ticket" and p.get("status") == "firing" for p in state.pages),
         "pages": [{"at_s": round(p["delivered_at_s"] - state.load_started_s, 1), "status": p.get("status"),
                    "alerts": sorted({a["labels"].get("alertname", "?") for a in p.get("alerts", [])})}
                   for p in pages],

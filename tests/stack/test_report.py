@@ -185,6 +185,22 @@ def test_pages_delivered_counts_pages_and_tickets_apart() -> None:
     assert summary["pages_delivered"] == len(summary["pages"])
 
 
+def test_a_resolved_notification_is_no_page() -> None:
+    """Alertmanager posts again when an alert resolves (``send_resolved``): a page that fired and resolved read
+    ``pages_delivered: 2``, and a resolved ticket counted as a ticket."""
+    state = _state()
+
+    def post(receiver: str, status: str, at_s: float) -> dict[str, object]:
+        return {"receiver": receiver, "status": status, "delivered_at_s": at_s,
+                "alerts": [{"labels": {"alertname": "MoesloITLErrorBudgetBurn"}}]}
+
+    state.pages = [post("page", "firing", 70.0), post("ticket", "firing", 72.0), post("page", "resolved", 100.0),
+                   post("ticket", "resolved", 101.0)]
+    summary = summarize(state)
+    assert (summary["pages_delivered"], summary["pages_resolved"], summary["tickets_delivered"]) == (1, 1, 1)
+    assert [p["status"] for p in summary["pages"]] == ["firing", "resolved"]  # the list keeps both, by status
+
+
 def test_the_summary_and_the_live_view_count_the_load_from_its_start() -> None:
     """``--duration 30`` after 46 s of set-up (checkpoint, profile, Prometheus, controller) said ``duration_s: 76``,
     output tokens per second over 76 s, and ``76 / 30 s`` in the live view's header."""
