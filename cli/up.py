@@ -44,10 +44,10 @@ def _check_host(options: StackOptions, given: set[str]) -> None:
     if options.cpus_per_replica > cpus:
         raise ValidationError(f"--cpus-per-replica {options.cpus_per_replica}: this machine gives the run {cpus} "
                               "CPU(s), so no replica fits")  # fmt: skip
-    if options.inject_slowdown and options.slowdown_at_s >= options.duration_s:
-        console.print(f"[dim]no fault in this run: --slowdown-at {options.slowdown_at_s:g} s is past the "
-                      f"{options.duration_s:g} s of load (move it, or --no-inject-slowdown)[/]")
-    elif options.inject_slowdown and options.slowdown_at_s + options.slowdown_for_s > options.duration_s:
+    if options.inject_slowdown and not options.fault_in_load:
+        console.print(f"[dim]no fault in this run: --slowdown-at {options.slowdown_at_s:g} s is not before the end "
+                      f"of the {options.duration_s:g} s of load (move it, or --no-inject-slowdown)[/]")
+    elif options.fault_in_load and options.slowdown_at_s + options.slowdown_for_s > options.duration_s:
         console.print(f"[dim]the fault is cut short: --slowdown-at {options.slowdown_at_s:g} s + --slowdown-for "
                       f"{options.slowdown_for_s:g} s end past the {options.duration_s:g} s of load, and the fault "
                       f"ends with the load's last request (the summary says how long it ran)[/]")

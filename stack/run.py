@@ -368,7 +368,7 @@ class LocalStack:
         self.sampler = Sampler(state, POLICY_NAME, self.pager, self._probe_engines)
         sampling = asyncio.create_task(self.sampler.loop(stop, self.on_update))
         pooling = asyncio.create_task(self._keep_cpu_pool(stop))
-        fault = asyncio.create_task(inject_fault(state, self._controller_pid)) if opts.inject_slowdown else None
+        fault = asyncio.create_task(inject_fault(state, self._controller_pid)) if opts.fault_in_load else None
         driving = asyncio.create_task(drive(state, plan, vocab, state.engines[0]))
         timed_out = False
         try:

@@ -77,6 +77,12 @@ class StackOptions:
         return self.cpus_per_replica < self.ep
 
     @property
+    def fault_in_load(self) -> bool:
+        """A fault is injected: one planned at or past the end of the load is none (it began in the drain, after
+        ``moeslo up`` had said there was no fault in the run)."""
+        return self.inject_slowdown and self.slowdown_at_s < self.duration_s
+
+    @property
     def ep_label(self) -> str:
         """How a replica's expert parallelism reads in progress lines."""
         return f"EP {self.ep}" + (", ranks in one process" if self.colocate_ranks else "")

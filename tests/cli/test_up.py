@@ -38,12 +38,20 @@ def test_the_help_names_the_window_of_a_trace_that_is_replayed() -> None:
 
 
 @pytest.mark.usefixtures("never_started")
-def test_a_fault_planned_past_the_load_is_said_before_anything_starts(tmp_path: Path) -> None:
-    """--duration 70 with the fault at 62 s for 28 s: the load ends first and cuts the fault short."""
-    result = CliRunner().invoke(app, ["up", "--duration", "70", "--out", str(tmp_path / "out"), "--no-live"],
+@pytest.mark.parametrize(("duration", "says"), [
+    ("70", "the fault is cut short: --slowdown-at 62 s + --slowdown-for 28 s end past the 70 s of load"),
+    ("62", "no fault in this run: --slowdown-at 62 s is not before the end of the 62 s of load"),
+], ids=["ends-past-the-load", "starts-at-its-end"])
+def test_a_fault_planned_past_the_load_is_said_before_anything_starts(
+    tmp_path: Path, duration: str, says: str
+) -> None:
+    """The fault at 62 s for 28 s: with --duration 70 the load ends first and cuts it short; with --duration 62
+    there is none (the run injects none: it began in the drain)."""
+    result = CliRunner().invoke(app, ["up", "--duration", duration, "--out", str(tmp_path / "out"), "--no-live"],
                                 env={"COLUMNS": "200"})
     output = " ".join(result.output.split())
-    assert "the fault is cut short: --slowdown-at 62 s + --slowdown-for 28 s end past the 70 s of load" in output
+    assert says in output
+    assert ("cut short" in output) == (duration == "70")
 
 
 @pytest.mark.usefixtures("never_started")

@@ -152,26 +152,34 @@ def test_requests_past_the_drain_are_counted_as_unfinished(
                for line in summary["events"]), summary["events"]
 
 
+def _answered_after(monkeypatch: pytest.MonkeyPatch, arrivals: tuple[float, ...], seconds: float) -> None:
+    """A plan of these arrivals, each request answered (within both objectives) ``seconds`` after it is sent."""
+    plan = [LoadRequest(arrival_s=a, prompt_tokens=4, max_tokens=4) for a in arrivals]
+    monkeypatch.setattr(stack.run, "load_plan", lambda _options, _rate: (plan, "test plan"))
+
+    async def send(_client: Any, req: LoadRequest, *_args: Any, **_kw: Any) -> RequestRecord:
+        await asyncio.sleep(seconds)
+        return RequestRecord(arrival_s=req.arrival_s, prompt_tokens=4, max_tokens=4, status=200, ttft_s=0.1,
+                             itls_s=[0.01] * 3, output_tokens=4)
+
+    monkeypatch.setattr(stack.load, "send_request", send)
+
+
+def _summary_of_load(local: LocalStack) -> dict[str, Any]:
+    try:
+        asyncio.run(local.run_load())
+    finally:
+        local.stop()
+    return summarize(local.state)
+
+
 def test_a_fault_cut_short_by_the_end_of_the_load_is_reported_as_it_ran(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stubbed: None,
 ) -> None:
     """The load ends (its last request answered) 0.7 s into a 5 s fault: the fault stops with it, and the summary
     said it lasted the 5 s planned (``fault_window_s`` and the plot's shading)."""
-    plan = [LoadRequest(arrival_s=a, prompt_tokens=4, max_tokens=4) for a in (0.0, 0.8)]
-    monkeypatch.setattr(stack.run, "load_plan", lambda _options, _rate: (plan, "test plan"))
-
-    async def send(_client: Any, req: LoadRequest, *_args: Any, **_kw: Any) -> RequestRecord:
-        await asyncio.sleep(0.1)
-        return RequestRecord(arrival_s=req.arrival_s, prompt_tokens=4, max_tokens=4, status=200, ttft_s=0.1,
-                             itls_s=[0.01] * 3, output_tokens=4)
-
-    monkeypatch.setattr(stack.load, "send_request", send)
-    local = _stack(tmp_path, duration_s=1.0, slowdown_at_s=0.2, slowdown_for_s=5.0)
-    try:
-        asyncio.run(local.run_load())
-    finally:
-        local.stop()
-    summary = summarize(local.state)
+    _answered_after(monkeypatch, (0.0, 0.8), 0.1)
+    summary = _summary_of_load(_stack(tmp_path, duration_s=1.0, slowdown_at_s=0.2, slowdown_for_s=5.0))
     start, end = summary["fault_window_s"]
     assert start == pytest.approx(0.2, abs=0.15) and end == pytest.approx(0.9, abs=0.3)
     assert any(re.search(r"fault cut short after 0\.\d s of its 5 s", line) for line in summary["events"])
@@ -205,7 +213,6 @@ def test_a_page_delivered_after_the_last_look_is_counted(
     assert summary["pages_delivered"] == 1 and summary["pages"][0]["alerts"] == ["Burn"]
 
 
-
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="sets signal handlers")
 def test_ctrl_c_while_the_results_are_written_keeps_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole run, and a Ctrl-C while the plot is drawn (seconds of matplotlib): every result file was lost, the
@@ -233,3 +240,14 @@ def test_ctrl_c_while_the_results_are_written_keeps_them(tmp_path: Path, monkeyp
     assert summary["requests"] == 1 and summary["plots"] == [str(tmp_path / "moeslo-up.png")]
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert (tmp_path / "requests.csv").read_text().count("\n") == 2
+
+
+def test_no_fault_is_injected_when_it_is_planned_at_or_past_the_end_of_the_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stubbed: None,
+) -> None:
+    """``--slowdown-at`` equal to ``--duration``: ``moeslo up`` said "no fault in this run", and the fault began in
+    the drain all the same, throttling the requests still in flight and counting every one of them in it."""
+    _answered_after(monkeypatch, (0.0, 0.3), 1.0)  # still in flight at the planned fault
+    summary = _summary_of_load(_stack(tmp_path, duration_s=0.5, slowdown_at_s=0.5, slowdown_for_s=5.0))
+    assert summary["fault_window_s"] is None and summary["requests_outside_fault"] == 2
+    assert not any("fault" in line for line in summary["events"]), summary["events"]
