@@ -76,9 +76,28 @@ def test_requests_during_the_fault_are_counted_apart() -> None:
     assert summary["fault_window_s"] == [20.0, 30.0]
     rows = request_rows(state)
     assert [r["arrival_s"] for r in rows] == [1.0, 5.0, 21.0, 33.0, 40.0]
-    assert [r["within_both_slos"] for r in rows] == [True, False, False, False, True]
+    # As the summary's keys read them: every gap within (the key of the same name), and the mean gap.
+    assert [r["within_both_slos"] for r in rows] == [False, False, False, False, True]
+    assert [r["within_both_slos_mean_gap"] for r in rows] == [True, False, False, False, True]
+    clear = [r for r in rows if r["outside_fault"]]
+    assert sum(r["within_both_slos_mean_gap"] for r in clear) / len(clear) == \
+        summary["requests_within_both_slos_outside_fault"]
+    assert sum(r["within_both_slos"] for r in clear) / len(clear) == \
+        summary["requests_within_both_slos_outside_fault_every_gap"]
     assert [r["outside_fault"] for r in rows] == [True, True, False, False, True]
     assert rows[0]["itl_mean_s"] == 0.02 and rows[0]["itl_max_s"] == 0.03
+
+
+def test_the_csv_column_reads_within_both_slos_as_the_summary_key_does() -> None:
+    """One request with a mean gap of 18.3 ms and one gap of 45 ms: the summary's ``requests_within_both_slos``
+    (every gap within) said 0.0, and requests.csv's ``within_both_slos`` (the mean gap) said True."""
+    state = StackState(StackOptions(duration_s=10.0))
+    state.records = [RequestRecord(arrival_s=0.0, prompt_tokens=8, max_tokens=4, status=200, ttft_s=0.1,
+                                   itls_s=[0.005, 0.005, 0.045], output_tokens=4)]
+    state.done_at_s = [1.0]
+    (row,) = request_rows(state)
+    assert summarize(state)["requests_within_both_slos"] == 0.0
+    assert (row["within_both_slos"], row["within_both_slos_mean_gap"]) == (False, True)
 
 
 def test_failed_requests_count_against_the_within_both_slos_shares() -> None:
