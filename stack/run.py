@@ -427,11 +427,11 @@ class LocalStack:
         return state.still_running
 
     def write_results(self) -> dict[str, Any]:
+        """``requests.csv``, ``summary.json`` and the plot, in that order: the plot takes seconds, and whatever cuts
+        it short leaves the figures written (the summary lists the plot once it is drawn)."""
         from stack.plots import write_plots
         from stack.report import request_rows, summarize
 
-        """``requests.csv``, ``summary.json`` and the plot, in that order: the plot takes seconds, and whatever cuts
-        it short leaves the figures written (the summary lists the plot once it is drawn)."""
         if self.sampler is not None:
             self.sampler.read_pages()  # those posted after the last look (the pager keeps them once stopped)
         summary = summarize(self.state)
