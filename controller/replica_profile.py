@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Annotated
 
@@ -54,13 +53,16 @@ class PrefixProbe(BaseModel):
 
 
 CEILING_LENGTH_FACTOR = 1.5
-"""A measured ceiling caps a load whose mean prompt and output lengths are each within this factor of the sweep's."""
+"""A measured ceiling caps a load unless its mean prompt or output length is under the sweep's by more than this
+factor."""
 
 
 class CeilingConditions(BaseModel):
     """What a measured ceiling (``max_request_rate_rps``) was measured under: a level held when its requests met
-    these objectives, at these lengths.  Requests/s held at 500 ms / 20 ms and 256/64 tokens say nothing of a
-    2 s / 100 ms policy or of 32/16-token requests (there it sized 20 replicas where 5 do, 10 where 2 do)."""
+    these objectives, at these lengths.  It bounds what a replica holds under objectives as strict or stricter and
+    at lengths as long or longer (heavier work holds no more requests/s), and says nothing of easier ones:
+    requests/s held at 500 ms / 20 ms and 256/64 tokens sized a 2 s / 100 ms policy at 20 replicas where 5 do, and
+    32/16-token requests at 10 where 2 do."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -74,15 +76,21 @@ class CeilingConditions(BaseModel):
     """The sweep's output length (None: not recorded, any length is taken to match)."""
 
     def hold_for(self, *, ttft_s: float, itl_s: float, prompt_tokens: float, output_tokens: float) -> bool:
-        """Whether a policy with these objectives and mean lengths (0: unknown, taken to match) was measured."""
-        same_objectives = math.isclose(ttft_s, self.ttft_s) and math.isclose(itl_s, self.itl_s)
-        return same_objectives and _near(prompt_tokens, self.prompt_tokens) and _near(output_tokens, self.output_tokens)
+        """Whether the ceiling bounds a policy with these objectives and mean lengths (0: unknown, taken to match):
+        objectives no looser and lengths no shorter (by :data:`CEILING_LENGTH_FACTOR`) than the sweep's.  One way
+        only: dropped for heavier work too, the ceiling left a fleet to the latency lines it corrects, and a mean
+        length crossing the bound swung the need threefold (a 450 ms objective sized 10 replicas where 500 ms did
+        40)."""
+        no_looser = ttft_s <= self.ttft_s * (1 + 1e-9) and itl_s <= self.itl_s * (1 + 1e-9)
+        return no_looser and _no_shorter(prompt_tokens, self.prompt_tokens) and _no_shorter(
+            output_tokens, self.output_tokens
+        )
 
 
-def _near(observed: float, measured: float | None) -> bool:
+def _no_shorter(observed: float, measured: float | None) -> bool:
     if measured is None or observed <= 0:
         return True
-    return 1.0 / CEILING_LENGTH_FACTOR <= observed / measured <= CEILING_LENGTH_FACTOR
+    return observed >= measured / CEILING_LENGTH_FACTOR
 
 
 class ReplicaProfile(BaseModel):

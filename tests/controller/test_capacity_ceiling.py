@@ -27,14 +27,28 @@ def test_a_ceiling_measured_at_other_objectives_does_not_cap_a_policy() -> None:
     assert CapacityModel(ceiled).replicas_needed(load) >= 20  # the objectives it was measured at: it caps
 
 
-@pytest.mark.parametrize(("prompt", "output"), [(32, 16), (2048, 512)])
-def test_a_ceiling_measured_at_other_lengths_does_not_cap_a_policy(prompt: int, output: int) -> None:
+@pytest.mark.parametrize(("prompt", "output"), [(32, 16), (32, 64), (256, 16)])
+def test_a_ceiling_measured_at_longer_lengths_does_not_cap_shorter_requests(prompt: int, output: int) -> None:
     """In requests/s at 256/64 tokens, the ceiling sized 200 req/s of 32/16-token requests at 10 replicas where 2 do."""
     ceiled = DEFAULT_PROFILE.model_copy(update={"max_request_rate_rps": 20.0, "ceiling_measured_at": SWEPT_AT})
     load = _load(200.0, prompt, output)
     assert CapacityModel(ceiled).replicas_needed(load) == CapacityModel(DEFAULT_PROFILE).replicas_needed(load)
-    near = _load(200.0, 256 * 1.4, 64 / 1.4)  # within a factor 1.5 of the sweep's: it caps
+    near = _load(200.0, 256 / 1.4, 64 / 1.4)  # within a factor 1.5 of the sweep's: it caps
     assert CapacityModel(ceiled).replicas_needed(near) >= 10
+
+
+@pytest.mark.parametrize(("prompt", "output", "ttft_s", "itl_s"), [
+    (390, 64, TTFT_THRESHOLD_S, ITL_THRESHOLD_S), (256, 97, TTFT_THRESHOLD_S, ITL_THRESHOLD_S),
+    (2048, 512, TTFT_THRESHOLD_S, ITL_THRESHOLD_S), (256, 64, 0.45, ITL_THRESHOLD_S), (256, 64, 0.25, 0.015),
+])  # fmt: skip
+def test_a_ceiling_caps_heavier_requests_and_stricter_objectives(
+    prompt: int, output: int, ttft_s: float, itl_s: float
+) -> None:
+    """Heavier work holds no more requests/s than the sweep did: dropped there, the ceiling left the fleet to the
+    latency lines it corrects, and 40 replicas became 10-14 as the mean length or the objective crossed a bound."""
+    ceiled = DEFAULT_PROFILE.model_copy(update={"max_request_rate_rps": 5.0, "ceiling_measured_at": SWEPT_AT})
+    model = CapacityModel(ceiled, Targets(ttft_s=ttft_s, itl_s=itl_s))
+    assert model.replicas_needed(_load(200.0, prompt, output)) >= 40
 
 
 def test_a_ceiling_without_its_conditions_caps_every_policy_as_before() -> None:
