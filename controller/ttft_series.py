@@ -24,7 +24,7 @@ from contracts.catalogue import (
 )
 from contracts.ttft_objective import TTFT_ALLOWANCES_ENV, TtftAllowance, format_allowances
 
-__all__ = ["allowance_from_labels", "missing_allowance_problem", "ttft_matchers", "ttft_metric"]
+__all__ = ["allowance_from_labels", "missing_allowance_problem", "ttft_matchers", "ttft_metric", "writes_allowance"]
 
 VLLM_PLUGIN_ON = "MOESLO_VLLM_PLUGIN=1"
 """The vLLM plugin's switch (``engine.vllm_plugin.settings``), which the controller may not import."""
@@ -51,6 +51,13 @@ def allowance_from_labels(labels: Mapping[str, str]) -> TtftAllowance | None:
         return None
 
 
+def writes_allowance(written: Iterable[TtftAllowance], allowance: TtftAllowance) -> bool:
+    """Whether ``written`` has the series ``allowance`` is read from: compared as labels, which PromQL and the
+    scrapes match on (a stored policy's 0.1234567 s reads the series labelled 0.123457)."""
+    labels = allowance.labels()
+    return any(a.labels() == labels for a in written)
+
+
 def missing_allowance_problem(
     allowance: TtftAllowance, model: str, written: Iterable[TtftAllowance], *, served: bool, where: str = ""
 ) -> str | None:
@@ -61,7 +68,7 @@ def missing_allowance_problem(
     or whose plugin has not published yet, is no misconfiguration.  ``where`` names the engines (" on ...").
     """
     written = sorted(set(written), key=lambda a: (a.reference_prompt_tokens, a.per_1k_prompt_tokens_s))
-    if allowance.flat or allowance in written or not (written or served):
+    if allowance.flat or writes_allowance(written, allowance) or not (written or served):
         return None
     wanted = format_allowances((allowance,))
     series = f'{TTFT_NORMALIZED_HISTOGRAM}{{model_name="{model}",{ttft_matchers(allowance)}}}'

@@ -367,7 +367,7 @@ class PrometheusSource:
             prompt_tokens_buckets=_buckets(results.get("prompt_lengths"), model),
         )
         engines = _value(results.get("engines"), model)
-        problems.extend(filter(None, [_missing_allowance(policy, results)]))
+        problems.extend(filter(None, [_missing_allowance(policy, results, self.sli_window)]))
         queued = _router_queued(policy, results, problems)
         return PolicyObservation(
             policy=policy.name,
@@ -425,7 +425,7 @@ def _split_windows(key: str, vector: Vector) -> dict[str, Vector]:
     return out
 
 
-def _missing_allowance(policy: Policy, results: Mapping[str, Vector]) -> str | None:
+def _missing_allowance(policy: Policy, results: Mapping[str, Vector], sli_window: str) -> str | None:
     """The policy's TTFT allowance series that the engines of its model do not write, and how to have it."""
     allowances, model = results.get(ALLOWANCES_KEY), policy.model_name
     if allowances is None or _value(results.get("engines"), model) is None:
@@ -434,7 +434,7 @@ def _missing_allowance(policy: Policy, results: Mapping[str, Vector]) -> str | N
         return None
     written = [a for labels, _ in allowances if labels.get("model_name") == model
                and (a := allowance_from_labels(labels)) is not None]  # fmt: skip
-    served = any(_value(v, model) for key, v in results.items() if key.startswith("ttft:total:"))
+    served = bool(_value(results.get(f"ttft:total:{sli_window}"), model))  # now: a month's says nothing of a restart
     return missing_allowance_problem(policy.objectives.ttft.allowance, model, written, served=served)
 
 

@@ -71,7 +71,7 @@ from controller.sources.base import (
 )
 from controller.sources.counters import FINE_HISTORY_S, CounterHistory, counter_peak_rate, counter_rate
 from controller.sources.router_page import RefusalRates, RouterReading, parse_router_page, with_router
-from controller.ttft_series import allowance_from_labels, missing_allowance_problem
+from controller.ttft_series import allowance_from_labels, missing_allowance_problem, writes_allowance
 from controller.types import PolicyObservation, SliSnapshot
 
 Page = TypeVar("Page")
@@ -213,7 +213,7 @@ def _missing_allowance(policy: Policy, live: Mapping[str, EngineSample]) -> str 
     """The policy's TTFT allowance series that engines serving its model do not write, and how to have it."""
     allowance = policy.objectives.ttft.allowance
     # An engine that writes no TTFT allowance and has served nothing yet is not (yet) one that lacks it.
-    lacking = [e for e, sample in live.items() if allowance not in sample.ttft_allowances
+    lacking = [e for e, sample in live.items() if not writes_allowance(sample.ttft_allowances, allowance)
                and (sample.ttft_allowances or sample.counters.get("ttft:count", 0.0) > 0)]  # fmt: skip
     if allowance.flat or not lacking:
         return None

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from contracts.ttft_objective import EXPORTED_BY_DEFAULT, TtftAllowance
 from controller.core import DecisionCore, PolicyState
-from controller.policy import Policy
+from controller.policy import STORED, Policy
 from controller.sources import PrometheusClient, PrometheusSource
 from controller.sources.scrape import ScrapeSource
 from controller.types import PolicyObservation
@@ -111,6 +111,17 @@ def test_scrape_reports_nothing_missing_where_the_engine_writes_the_allowance() 
     assert obs.errors == () and obs.sli is not None and obs.sli.ttft_good_ratio == 1.0
 
 
+def test_a_stored_allowance_finer_than_its_label_reads_the_series_its_label_names() -> None:
+    """A policy stored before the six-digit rule reads the series labelled 0.123457; the check compared floats, so
+    its engines, told ``2000:0.123457`` as the error itself said, were reported as not writing it, for good."""
+    spec = _policy(2000, 0.1).model_dump(mode="json")
+    spec["objectives"]["ttft"]["per_1k_prompt_tokens_s"] = 0.1234567
+    stored = Policy.model_validate(spec, context={STORED: True})
+    page = _MoesloPage((*EXPORTED_BY_DEFAULT, TtftAllowance(2000, 0.123457)))
+    obs = _scrape(page, [stored])["long"]
+    assert obs.errors == () and obs.sli is not None and obs.sli.ttft_good_ratio == 1.0
+
+
 def test_a_missing_allowance_series_holds_a_scale_down_with_its_cause_and_never_scales_up() -> None:
     obs = _scrape(_MoesloPage(), [UNEXPORTED])["long"]
     core = DecisionCore()
@@ -182,3 +193,15 @@ def test_prometheus_claims_no_missing_series_for_a_model_without_engines() -> No
     without = _answering({"group by": written})
     assert asyncio.run(without.observe([UNEXPORTED], 10.0))["long"].errors == ()
     asyncio.run(without.aclose())
+
+
+def test_prometheus_judges_whether_engines_served_by_the_sli_window_alone() -> None:
+    """A lone engine just restarted has written no allowance series yet and served nothing since; a month's flat
+    TTFT total still counts the requests before the restart, and read as "served" it claimed the series missing."""
+    from controller.sources.prometheus import ALLOWANCES_KEY, _missing_allowance
+
+    restarted = {ALLOWANCES_KEY: [], "engines": [({"model_name": MODEL}, 1.0)],
+                 "ttft:total:5m": [({"model_name": MODEL}, 0.0)], "ttft:total:30d": [({"model_name": MODEL}, 5000.0)]}
+    assert _missing_allowance(UNEXPORTED, restarted, "5m") is None
+    serving = {**restarted, "ttft:total:5m": [({"model_name": MODEL}, 20.0)]}
+    assert UNEXPORTED_SERIES in (_missing_allowance(UNEXPORTED, serving, "5m") or "")
