@@ -31,6 +31,11 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+GROUP_TERM_GRACE_S = 2.0
+"""The least a local replica's process group has between its SIGTERM and SIGKILL, even when the main process used
+the whole first ``stop_timeout_s`` draining (an EP rank then ended by SIGKILL where it would have stopped itself)."""
+
+
 class LocalActuatorConfig(_Section):
     """How the local actuator starts embedded-engine replicas as processes."""
 
@@ -45,8 +50,9 @@ class LocalActuatorConfig(_Section):
     host: str = "127.0.0.1"
     first_port: Annotated[int, Field(ge=1024, le=65535)] = 18100
     stop_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
-    """How long a stopped replica's main process has to drain and exit before the rest of its group gets SIGTERM,
-    and the group after that before SIGKILL: keep it a few seconds above ``moeslo serve``'s ``--shutdown-timeout``
+    """How long a stopped replica's main process has to drain and exit before the rest of its group gets SIGTERM
+    (then SIGKILL at that deadline, ``GROUP_TERM_GRACE_S`` after the SIGTERM at the least, and a last wait this
+    long): keep it a few seconds above ``moeslo serve``'s ``--shutdown-timeout``
     (5 s unless the command sets it; the requests still running then get their error answers in the 2 s after), or
     the replica is stopped before its clients are told."""
     ready_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 900.0
@@ -270,7 +276,7 @@ class ControllerSettings(BaseSettings):
         replica found broken stopped, SIGTERM then SIGKILL), so it cuts only a read that nothing below bounded."""
         kubernetes = self.kubernetes
         return (4 * self.source_timeout_s + kubernetes.retry_deadline_s + kubernetes.request_timeout_s
-                + 2 * self.local.stop_timeout_s)  # fmt: skip
+                + 2 * self.local.stop_timeout_s + GROUP_TERM_GRACE_S)  # fmt: skip
 
     @property
     def scale_backstop_s(self) -> float | None:

@@ -12,7 +12,8 @@ then the newest.  A stop drains: SIGTERM to the replica's main process alone
 (``moeslo serve`` stops accepting, finishes the requests in flight, then stops
 its engine core), SIGTERM to what is left of its process group once it exits
 or ``stop_timeout_s`` after the first signal, SIGKILL to what is left of the
-group then, though the main process be gone; one still not gone
+group at that same deadline (``GROUP_TERM_GRACE_S`` after its SIGTERM at the
+least), though the main process be gone; one still not gone
 ``stop_timeout_s`` after that is logged and left to exit.
 A replica counts as ready once its port answers HTTP; one that has not once
 answered ``ready_timeout_s`` after its start (a hung start) is stopped as a
@@ -63,7 +64,7 @@ import httpx
 
 from contracts.lifetime import child_setup, group_runs
 from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
-from controller.config import LocalActuatorConfig
+from controller.config import GROUP_TERM_GRACE_S, LocalActuatorConfig
 from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import LocalTarget, Policy
 
@@ -404,8 +405,8 @@ class LocalActuator:
                             cpus=cpus, argv=tuple(argv))  # fmt: skip
 
     def _stop(self, replica: LocalReplica) -> None:
-        """SIGTERM to the replica's main process, a wait for all of its group, SIGTERM to what is left of the group
-        within the same wait, then SIGKILL to what is left after that, a wait: never raises.
+        """SIGTERM to the replica's main process, a wait for it, SIGTERM to what is left of its group, a wait for all of
+        it (the rest of the first, :data:`GROUP_TERM_GRACE_S` at least), SIGKILL to what is left, a wait: never raises.
 
         The main process first, alone: ``moeslo serve`` then drains (uvicorn's graceful shutdown stops accepting,
         lets the requests in flight finish, then the lifespan stops the engine core and its EP ranks), where a
@@ -421,6 +422,8 @@ class LocalActuator:
             process.send_signal(signal.SIGTERM)  # drains: in-flight requests finish within the server's grace
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=max(0.0, deadline_s - time.monotonic()))
+        # What is left of the group gets its SIGTERM's grace even when the main process used all of the first wait.
+        deadline_s = max(deadline_s, time.monotonic() + GROUP_TERM_GRACE_S)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, sig)

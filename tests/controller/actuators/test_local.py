@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -381,3 +382,25 @@ def test_a_child_that_outlives_the_replicas_main_process_gets_the_sigkill(tmp_pa
         if child and _alive(child):
             os.kill(child, signal.SIGKILL)
         asyncio.run(actuator.aclose())
+
+
+def test_the_group_gets_its_sigterms_grace_when_the_main_process_drains_past_the_stop_timeout(tmp_path: Path) -> None:
+    """The main process used all of ``stop_timeout_s``: the group's SIGTERM and SIGKILL came at once, and a child
+    that stops itself on SIGTERM in half a second (an EP rank, an engine core) was killed instead."""
+    marker = tmp_path / "graceful"
+    child = (f"import signal, time\ndef stop(*_):\n    time.sleep(0.5); open({str(marker)!r}, 'w').close(); "
+             "raise SystemExit(0)\nsignal.signal(signal.SIGTERM, stop)\ntime.sleep(60)")  # fmt: skip
+    main = ("import signal, subprocess, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            f"subprocess.Popen([sys.executable, '-c', {child!r}])\nprint(flush=True)\ntime.sleep(60)")  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-c", main], stdout=subprocess.PIPE, start_new_session=True)
+    assert process.stdout is not None and process.stdout.readline() == b"\n"
+    time.sleep(0.5)  # the child has set its handler
+    actuator = LocalActuator(LocalActuatorConfig(command=("sleep", "60"), first_port=free_port(), stop_timeout_s=1))
+    replica = LocalReplica(process=process, port=1, host="127.0.0.1", started_s=0.0)
+    try:
+        actuator._stop(replica)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.stdout.close()
+    assert marker.exists(), "the child was killed before its SIGTERM's grace"
