@@ -159,7 +159,7 @@ def compare_at(
     entry.update(
         {
             "best_baseline": best_name,
-            "ratio_to_best_baseline": None if ratio is None else round(ratio, 4),
+            "ratio_to_best_baseline": None if ratio is None else round(ratio, 8),
             "ratio_kind": kind,
         }
     )

@@ -68,7 +68,9 @@ def _grid(policy: str, knob: str, values: Sequence[Knob]) -> tuple[dict[str, Kno
 
 
 SWEEP_GRIDS: Mapping[str, tuple[dict[str, Knob], ...]] = {
-    "static": _grid("static", "headroom", (0.6, 0.7, 0.8, 0.9, 1.0)),
+    # Every 0.05: on a grid of 0.1 steps static jumped from 18 to 24 replicas between two points, and the line
+    # between them overstated its replica-hours at 99.5-99.8 % by 1-2 % (ours' ratio read low by as much).
+    "static": _grid("static", "headroom", tuple(round(0.5 + 0.05 * i, 2) for i in range(15))),
     "hpa": tuple(
         {"target": target, "scale_down_window_s": window}
         for window in (0.0, 300.0)

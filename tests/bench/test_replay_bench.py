@@ -102,3 +102,9 @@ def test_seeds_where_ours_and_the_best_baseline_are_both_upper_bounds_list_no_bo
     seed = {"windows": {"scored": {"at_attainment": {name: level for name in ("99.5%", "99.8%", "99.9%")}}}}
     across = _aggregate([seed, seed])["99.5%"]
     assert across["ratio_upper_bounds"] == [] and across["unreachable_or_unknown"] == 2
+
+
+def test_a_goal_is_judged_on_the_ratios_before_they_are_rounded_for_display() -> None:
+    """Three seeds over the 0.9 bound, each by under a ten-thousandth: rounded to 4 digits their mean read 0.9, met."""
+    check = _goal(_seed(0.90004, "exact"), _seed(0.90004, "exact"), _seed(0.90004, "exact"))
+    assert check["met"] is False
