@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -103,6 +104,9 @@ def serve(
     log_level: Annotated[str, typer.Option(callback=uvicorn_log_level, help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve a checkpoint over the OpenAI completions API with /metrics and the control routes."""
+    # As a container's PID 1, a process without a SIGTERM handler ignores SIGTERM: a pod removed while its model
+    # loaded (before uvicorn's handlers) waited out its whole grace period.  uvicorn puts its own in while it serves.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with cli_errors():
         from contracts.ttft_objective import exported_allowances
         from exporters.app import ServeOptions, build_stack
@@ -134,6 +138,10 @@ def serve(
         run_uvicorn(stack.app, host=host, port=port, listener=listener, log_level=log_level,
                     timeout_graceful_shutdown=shutdown_timeout,
                     on_drain_timeout=functools.partial(_end_requests_in_flight, engine, shutdown_timeout))
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _end_requests_in_flight(engine: EngineCoreClient, waited_s: int) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from harness.processes import free_port, moeslo_command, stop_process
@@ -73,3 +75,37 @@ def test_a_sigterm_lets_requests_in_flight_finish_within_the_shutdown_timeout(
     else:  # 0: aborted at once, as vLLM's 0, and the client told why
         assert not completed and len(chunks) < MAX_TOKENS
         assert chunks[-1]["error"]["code"] == 503, chunks[-1:]
+
+
+def _catches_sigterm(pid: int) -> bool:
+    caught = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_sigterm_while_the_model_loads_ends_the_server(tiny_checkpoint: Path) -> None:
+    """A container's PID 1 ignores a signal it has no handler for: before uvicorn's, SIGTERM while the engine core
+    loaded did nothing there, and a pod removed then waited out its grace period.  The handler is in from the
+    start (checked while the core loads, before the port opens), and the server ends on it, core included."""
+    port = free_port()
+    argv = moeslo_command("serve", "--checkpoint", str(tiny_checkpoint), "--port", str(port))
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not psutil.Process(process.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the engine core starts: the model loads from here until the port opens
+        cores = psutil.Process(process.pid).children()
+        assert cores and not _listening(port), "the core did not start, or the server was up before it was seen"
+        assert _catches_sigterm(process.pid)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 128 + signal.SIGTERM
+        _gone, alive = psutil.wait_procs(cores, timeout=10)
+        assert not alive
+    finally:
+        stop_process(process, 10)
