@@ -218,9 +218,12 @@ async def send_request(
     temperature: float,
     *,
     base_url: str = "",
+    record: RequestRecord | None = None,
 ) -> RequestRecord:
-    """Stream one completion; ``base_url`` picks the server when the client has none (a router)."""
-    record = RequestRecord(arrival_s=req.arrival_s, prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens)
+    """Stream one completion; ``base_url`` picks the server when the client has none (a router).  ``record``, when
+    given, is filled as the stream goes: a caller that cancels the request keeps what it streamed until then."""
+    if record is None:
+        record = RequestRecord(arrival_s=req.arrival_s, prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens)
     payload: dict[str, Any] = {"prompt": prompt, "max_tokens": req.max_tokens, "temperature": temperature,
                                "stream": True, "ignore_eos": True}
     if model is not None:

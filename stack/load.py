@@ -181,13 +181,16 @@ async def drive(state: StackState, plan: list[LoadRequest], vocab_size: int, fal
             url = min(engines, key=lambda u: state.in_flight.get(u, 0))
             state.in_flight[url] = state.in_flight.get(url, 0) + 1
             prompt = rng.integers(0, vocab_size, size=req.prompt_tokens).tolist()
+            record = RequestRecord(arrival_s=req.arrival_s, prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens)
             try:
-                record = await send_request(client, req, prompt, start + req.arrival_s, None, 0.0, base_url=url)
+                record = await send_request(client, req, prompt, start + req.arrival_s, None, 0.0, base_url=url,
+                                            record=record)  # fmt: skip
             except asyncio.CancelledError:
                 # Still in flight when the load ended (the drain ran out, Ctrl-C): a request that did not finish
-                # is one not served, in every share of the summary and in requests.csv.
-                state.records.append(RequestRecord(arrival_s=req.arrival_s, prompt_tokens=req.prompt_tokens,
-                                                   max_tokens=req.max_tokens, error=UNFINISHED_ERROR))  # fmt: skip
+                # is one not served, in every share of the summary and in requests.csv; the gaps it streamed
+                # until then count in the gap shares (often the slowest streams, stuck in the fault).
+                record.error = UNFINISHED_ERROR
+                state.records.append(record)
                 state.done_at_s.append(state.elapsed())
                 raise
             finally:
