@@ -10,7 +10,7 @@ import typer
 from cli.common import cli_errors, console, print_json
 from cli.listen import listener_for, listening_port, run_uvicorn
 from contracts.errors import DataError, MoesloError
-from contracts.urls import http_url
+from contracts.urls import http_url, redacted_url
 
 controller_app = typer.Typer(help="The SLO controller service (REST API + tick loop).", no_args_is_help=True)
 policy_app = typer.Typer(help="SLO policies on a running controller (over its REST API).", no_args_is_help=True)
@@ -83,7 +83,7 @@ def serve(
         service = build_service(settings, store, registry)
         hooks = (service.start, service.stop)
         api = create_app(settings, store, registry=registry, service=service, lifespan_hooks=hooks)
-        source = settings.prometheus_url or "direct scrape"
+        source = redacted_url(settings.prometheus_url) if settings.prometheus_url else "direct scrape"
         console.print(
             f"controller on {http_url(settings.host, port)} (db {store.engine.url.render_as_string()}, "
             f"SLIs from {source}, actuator {settings.actuator})"

@@ -1,11 +1,12 @@
-"""One check for the base URLs a user gives (Prometheus, Alertmanager, webhooks, engines, Grafana), and the URL a
-server of ours prints for itself."""
+"""One check for the base URLs a user gives (Prometheus, Alertmanager, webhooks, engines, Grafana), the URL a
+server of ours prints for itself, and the form of a user's URL fit to show (no password)."""
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
-__all__ = ["base_url_problem", "http_url", "http_url_problem"]
+__all__ = ["base_url_problem", "http_url", "http_url_problem", "redacted_url"]
 
 
 def http_url_problem(name: str, url: str) -> str | None:
@@ -15,18 +16,35 @@ def http_url_problem(name: str, url: str) -> str | None:
     Policy endpoints, which the controller itself calls, take the stricter
     :func:`controller.endpoints.check_endpoint_url`.
     """
+    shown = redacted_url(url)
     try:
         parts = urlsplit(url)
         port = parts.port  # raises on a port out of range or not a number
     except ValueError as exc:
-        return f"{name}: {url!r} is not a URL ({exc})"
+        return f"{name}: {shown!r} is not a URL ({exc})"
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        return f"{name}: {url!r} is not an http(s) URL"
+        return f"{name}: {shown!r} is not an http(s) URL"
     if not parts.hostname:
-        return f"{name}: {url!r} has no host"
+        return f"{name}: {shown!r} has no host"
     if port == 0:
-        return f"{name}: {url!r} has port 0"
+        return f"{name}: {shown!r} has port 0"
     return None
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its user and password, if any, as ``***``: fit for an error, a page or a log line.
+
+    A ``user:password@`` in a Prometheus or Alertmanager URL is accepted (httpx sends it as basic auth), so every
+    message that names such a URL names this form of it.
+    """
+    # By hand, not urlsplit: a URL it refuses (a bad port) may still carry a password.
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{rest[len(authority):]}"
 
 
 def base_url_problem(name: str, url: str) -> str | None:
@@ -37,7 +55,8 @@ def base_url_problem(name: str, url: str) -> str | None:
         return problem
     parts = urlsplit(url)
     if parts.path not in ("", "/") or parts.query or parts.fragment:
-        return f"{name}: {url!r} must be http(s)://host:port alone (no path such as /v1, no query or fragment)"
+        return (f"{name}: {redacted_url(url)!r} must be http(s)://host:port alone "
+                "(no path such as /v1, no query or fragment)")
     return None
 
 

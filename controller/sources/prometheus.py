@@ -82,6 +82,7 @@ from contracts.catalogue import (
     ttft_events,
 )
 from contracts.errors import UnavailableError
+from contracts.urls import redacted_url
 from controller.bursts import PEAK_STEP_S
 from controller.errors import malformed_answer
 from controller.policy import Policy, parse_duration_s
@@ -125,6 +126,7 @@ class PrometheusClient:
 
     def __init__(self, base_url: str, *, timeout_s: float = 5.0, client: httpx.AsyncClient | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.name = f"prometheus {redacted_url(self.base_url)}"  # messages never show a user:password@
         self.timeout_s = timeout_s
         """Each query's whole answer, the client's own (per socket read) included."""
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
@@ -137,7 +139,7 @@ class PrometheusClient:
             form["time"] = f"{at_unix_s:.3f}"
         body = await self._post("query", form, promql)
         out: Vector = []
-        with malformed_answer(f"prometheus {self.base_url}"):
+        with malformed_answer(self.name):
             for item in _result(body, "vector"):
                 value = float(item["value"][1])
                 if math.isfinite(value):
@@ -150,7 +152,7 @@ class PrometheusClient:
         """A range query (``/api/v1/query_range``): per series, its labels and (time, value) points."""
         form = {"query": promql, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}", "step": f"{step_s:g}"}
         body = await self._post("query_range", form, promql)
-        with malformed_answer(f"prometheus {self.base_url}"):
+        with malformed_answer(self.name):
             return [
                 (_labels(item["metric"]), [(float(t), float(v)) for t, v in item["values"] if math.isfinite(float(v))])
                 for item in _result(body, "matrix")
@@ -159,23 +161,21 @@ class PrometheusClient:
     async def _post(self, endpoint: str, form: dict[str, str], promql: str) -> dict[str, Any]:
         try:
             response = await within(self._client.post(f"{self.base_url}/api/v1/{endpoint}", data=form),
-                                    self.timeout_s, f"prometheus {self.base_url}")
+                                    self.timeout_s, self.name)
         except httpx.HTTPError as exc:
-            raise UnavailableError(f"prometheus {self.base_url}: {type(exc).__name__}: {exc}") from exc
+            raise UnavailableError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
         try:
             body = response.json()
         except ValueError as exc:
-            raise UnavailableError(
-                f"prometheus {self.base_url}: HTTP {response.status_code}, body is not JSON"
-            ) from exc
+            raise UnavailableError(f"{self.name}: HTTP {response.status_code}, body is not JSON") from exc
         if not isinstance(body, dict):
             raise UnavailableError(
-                f"prometheus {self.base_url}: HTTP {response.status_code}, malformed answer "
+                f"{self.name}: HTTP {response.status_code}, malformed answer "
                 f"(a JSON {type(body).__name__}, not an object)"
             )
         if response.status_code != 200 or body.get("status") != "success":
             raise UnavailableError(
-                f"prometheus {self.base_url}: HTTP {response.status_code} "
+                f"{self.name}: HTTP {response.status_code} "
                 f"{body.get('errorType', '')}: {body.get('error', '')} (query: {promql})"
             )
         return body

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.urls import base_url_problem, http_url, http_url_problem
+from contracts.urls import base_url_problem, http_url, http_url_problem, redacted_url
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9090", "https://prometheus.example", "http://alerts:8080/page?x=1"])
@@ -17,7 +17,7 @@ def test_http_urls_with_a_host_pass(url: str) -> None:
     [("notaurl", "is not an http(s) URL"), ("ftp://127.0.0.1/", "is not an http(s) URL"),
      ("http://", "is not an http(s) URL"), ("http://[::1", "is not a URL"),
      ("http://127.0.0.1:99999", "is not a URL"), ("http://127.0.0.1:abc", "is not a URL"),
-     ("http://:8000", "has no host"), ("http://user@:80", "has no host"), ("http://h:0", "port 0")],
+     ("http://:8000", "has no host"), ("http://h:0", "port 0")],
 )
 def test_other_text_is_named(url: str, says: str) -> None:
     problem = http_url_problem("--url", url)
@@ -43,3 +43,23 @@ def test_a_server_url_puts_an_ipv6_host_in_brackets() -> None:
     """``--host ::`` printed ``http://:::8080/ui/``, a URL no browser opens."""
     assert http_url("::", 8080) == "http://[::]:8080"
     assert http_url("127.0.0.1", 8080) == "http://127.0.0.1:8080"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [("http://moeslo:s3cr3t@127.0.0.1:9", "http://***@127.0.0.1:9"),
+     ("https://ops:p%40ss@am.example:9093/base?x=1", "https://***@am.example:9093/base?x=1"),
+     ("http://user@h/a@b", "http://***@h/a@b"), ("http://a:b@c@h:1#f", "http://***@h:1#f"),
+     ("http://127.0.0.1:9090/a@b", "http://127.0.0.1:9090/a@b"), ("notaurl", "notaurl")],
+)
+def test_a_url_is_shown_without_its_user_and_password(url: str, shown: str) -> None:
+    """httpx sends a URL's ``user:password@`` as basic auth; no message may repeat it."""
+    assert redacted_url(url) == shown
+
+
+@pytest.mark.parametrize("url", ["http://moeslo:s3cr3t@127.0.0.1:99999", "ftp://moeslo:s3cr3t@h/",
+                                 "http://moeslo:s3cr3t@:80", "http://moeslo:s3cr3t@h:0"])
+def test_a_refused_url_is_named_without_its_password(url: str) -> None:
+    for problem in (http_url_problem("prometheus_url", url), base_url_problem("replicas", url)):
+        assert problem is not None and "s3cr3t" not in problem and "***@" in problem
+    assert "s3cr3t" not in str(base_url_problem("replicas", "http://moeslo:s3cr3t@h:1/v1"))

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from contracts.errors import UnavailableError
+from contracts.urls import redacted_url
 from controller.errors import malformed_answer
 
 __all__ = ["FiringAlert", "firing_alerts"]
@@ -53,19 +54,20 @@ async def firing_alerts(client: httpx.AsyncClient, base_url: str) -> list[Firing
     """Active, unsilenced, uninhibited alerts; any failure, an answer of the wrong shape included, is an
     :class:`UnavailableError` (a banner on the page, never an error page)."""
     url = f"{base_url.rstrip('/')}/api/v2/alerts"
+    where = f"alertmanager {redacted_url(base_url)}"  # the page shows it: never its user:password@
     params = {"active": "true", "silenced": "false", "inhibited": "false"}
     try:
         response = await client.get(url, params=params)
     except httpx.HTTPError as exc:
-        raise UnavailableError(f"alertmanager {base_url}: {type(exc).__name__}: {exc}") from exc
+        raise UnavailableError(f"{where}: {type(exc).__name__}: {exc}") from exc
     if response.status_code != 200:
-        raise UnavailableError(f"alertmanager {base_url}: HTTP {response.status_code}")
+        raise UnavailableError(f"{where}: HTTP {response.status_code}")
     try:
         body = response.json()
     except ValueError as exc:
-        raise UnavailableError(f"alertmanager {base_url}: the answer is not JSON") from exc
+        raise UnavailableError(f"{where}: the answer is not JSON") from exc
     if not isinstance(body, list):
-        raise UnavailableError(f"alertmanager {base_url}: expected a list of alerts")
-    with malformed_answer(f"alertmanager {base_url}"):
+        raise UnavailableError(f"{where}: expected a list of alerts")
+    with malformed_answer(where):
         alerts = [FiringAlert.of(item) for item in body if isinstance(item, dict)]
         return sorted(alerts, key=lambda a: (a.severity != "page", a.policy or "", a.name))

@@ -21,6 +21,7 @@ import httpx
 from starlette.requests import Request
 
 from contracts.errors import UnavailableError
+from contracts.urls import redacted_url
 from controller.api.page.alerts import FiringAlert, firing_alerts
 from controller.api.page.cache import SeriesCache
 from controller.api.page.prom import ChartWindows, PromSeries, RequestRates, alert_request_rates, chart_series
@@ -70,7 +71,8 @@ LOG_FIELDS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True, slots=True)
 class Outside:
-    """What an outside service answered: data, or why not (None and None: not configured)."""
+    """What an outside service answered: data, or why not (None and None: not configured).  ``url`` is the
+    shown form, without a user:password (:func:`contracts.urls.redacted_url`)."""
 
     url: str | None
     error: str | None = None
@@ -154,14 +156,15 @@ def outside_client(request: Request) -> httpx.AsyncClient:
 
 
 async def _ask(url: str, call: Awaitable[T]) -> tuple[T | None, Outside]:
-    """``call``'s answer within the page's deadline, or None and why not."""
+    """``call``'s answer within the page's deadline, or None and why not (``url`` kept without a password)."""
+    shown = redacted_url(url)
     try:
         async with asyncio.timeout(OUTSIDE_TIMEOUT_S):
-            return await call, Outside(url)
+            return await call, Outside(shown)
     except UnavailableError as exc:
-        return None, Outside(url, str(exc))
+        return None, Outside(shown, str(exc))
     except TimeoutError:
-        return None, Outside(url, _NO_ANSWER)
+        return None, Outside(shown, _NO_ANSWER)
 
 
 async def read_alerts(client: httpx.AsyncClient, url: str | None) -> tuple[list[FiringAlert], Outside]:
@@ -178,7 +181,7 @@ async def read_request_rates(
     the verdicts then fall back to the controller's own request rate)."""
     url = settings.prometheus_url
     if url is None or not policies:
-        return None, Outside(url)
+        return None, Outside(url and redacted_url(url))
     prometheus = PrometheusClient(url, client=client)
     return await _ask(url, alert_request_rates(prometheus, policies, selector=settings.prometheus_selector))
 

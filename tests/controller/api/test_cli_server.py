@@ -152,3 +152,13 @@ def test_the_cli_changes_policies_of_a_controller_that_requires_if_match(tmp_pat
         assert missing.exit_code == 2 and "policy 'chat' not found" in missing.output  # the controller's words
     finally:
         _stop(server)
+
+
+def test_serve_names_its_prometheus_without_the_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up line goes to logs: the URL's user:password (basic auth) is not in it."""
+    monkeypatch.setattr("cli.controller.run_uvicorn", lambda *_args, **_kwargs: None)
+    result = CliRunner().invoke(app, ["controller", "serve", "--db", str(tmp_path / "c.db"), "--port", "0",
+                                      "--prometheus", "http://moeslo:s3cr3t@127.0.0.1:9"])
+    assert result.exit_code == 0, result.output
+    said = result.output.replace("\n", "")  # the console wraps long lines
+    assert "SLIs from http://***@127.0.0.1:9" in said and "s3cr3t" not in said

@@ -124,6 +124,21 @@ def test_never_seen_prometheus_down_reports_nothing_known() -> None:
     assert obs.queue_depth is None and obs.sli is None and obs.errors
 
 
+SECRET_URL = "http://moeslo:s3cr3t@127.0.0.1:9"
+"""A user:password that httpx sends as basic auth (port 9: nothing listens, the connection is refused)."""
+
+
+@pytest.mark.parametrize("answer", [None, httpx.Response(502, text="bad gateway"), httpx.Response(200, json=[1]),
+                                    httpx.Response(503, json={"status": "error", "error": "down"})])
+def test_no_error_repeats_the_urls_password(answer: httpx.Response | None) -> None:
+    """The errors reach /v1/status, the status page and the log: the URL is named, its password never."""
+    client = None if answer is None else httpx.AsyncClient(transport=httpx.MockTransport(lambda _r: answer))
+    source = PrometheusSource(PrometheusClient(SECRET_URL, timeout_s=2.0, client=client))
+    errors = asyncio.run(source.observe([POLICY], 5.0))["p"].errors
+    asyncio.run(source.aclose())
+    assert errors and all("s3cr3t" not in e and "moeslo:" not in e and "***@127.0.0.1:9" in e for e in errors)
+
+
 ROUTED = Policy.model_validate({"name": "routed", "target": {"kind": "model", "model": MODEL}, "router": {}})
 
 

@@ -26,11 +26,12 @@ class Page:
 def make_page(tmp_path: Path) -> Iterator[Any]:
     made: list[Store] = []
 
-    def make(*, prometheus: bool = False, alertmanager: bool = False, **settings: Any) -> Page:
+    def make(*, prometheus: bool | str = False, alertmanager: bool | str = False, **settings: Any) -> Page:
+        """``prometheus``, ``alertmanager``: True for the fakes' URLs, or a URL of one's own."""
         config = ControllerSettings(
             db=str(tmp_path / f"c{len(made)}.db"),
-            prometheus_url="http://prometheus.test:9090" if prometheus else None,
-            alertmanager_url="http://alertmanager.test:9093" if alertmanager else None,
+            prometheus_url=_url(prometheus, "http://prometheus.test:9090"),
+            alertmanager_url=_url(alertmanager, "http://alertmanager.test:9093"),
             **settings,
         )
         store = Store(config.db_url)
@@ -42,3 +43,7 @@ def make_page(tmp_path: Path) -> Iterator[Any]:
     yield make
     for store in made:
         store.close()
+
+
+def _url(asked: bool | str, fake: str) -> str | None:
+    return asked if isinstance(asked, str) else fake if asked else None

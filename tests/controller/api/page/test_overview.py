@@ -122,6 +122,19 @@ def test_alerts_come_from_alertmanager_and_its_absence_is_said(make_page: Any) -
     assert "Alertmanager unreachable" in down and re.search(r'data-field="alerts">–<', down)
 
 
+def test_a_password_in_an_outside_url_is_never_shown(make_page: Any) -> None:
+    """httpx sends a URL's user:password as basic auth; the banners name the URL without them."""
+    page = make_page(prometheus="http://moeslo:s3cr3t@127.0.0.1:9", alertmanager="https://ops:hunter2@am.test:1")
+    page.store.create_policy(_policy("a"))
+    page.view.runtimes["a"] = burning_runtime()
+    page.upstream.prometheus_down = page.upstream.alertmanager_down = True
+    for path in ("/ui/", "/ui/policies/a"):
+        html = page.client.get(path).text
+        assert "Prometheus unreachable" in html and "Alertmanager unreachable" in html
+        assert "***@127.0.0.1:9" in html and "***@am.test:1" in html
+        assert "s3cr3t" not in html and "hunter2" not in html and "moeslo:" not in html
+
+
 def test_pages_refresh_themselves_and_load_nothing_from_elsewhere(make_page: Any) -> None:
     page = make_page(tick_interval_s=10.0)
     page.store.create_policy(_policy("one"))
