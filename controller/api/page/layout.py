@@ -64,7 +64,7 @@ overflow:hidden}.bar>span{display:block;height:100%;background:var(--ok)}
 .chip{display:inline-block;padding:0 6px;border-radius:8px;margin:1px 2px 1px 0;font-size:12px;white-space:nowrap;
 border:1px solid var(--line)}
 .chip.firing{border-color:var(--page);color:var(--page);background:var(--page-bg);font-weight:700}
-.chip.warm{border-color:#f9ab00;background:#fef7e0}
+.chip.warm{border-color:#f9ab00;background:#fef7e0}.chip.held{border-style:dashed;color:var(--muted)}
 .grid2{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:10px 24px}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(600px,1fr));gap:12px 16px}
 .panel{border:1px solid var(--line);border-radius:8px;padding:8px 12px;background:#fff}

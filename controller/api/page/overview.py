@@ -28,7 +28,17 @@ from controller.api.page.layout import (
 )
 from controller.api.page.layout import unreadable_fix as unreadable_fix_text
 from controller.api.page.policy_data import Outside, outside_client, read_alerts, read_request_rates
-from controller.api.page.verdict import SLOS, Level, PairState, Verdict, compliance, pair_states, verdict, worst_pair
+from controller.api.page.verdict import (
+    SLOS,
+    Level,
+    PairState,
+    Verdict,
+    chip_css,
+    compliance,
+    pair_states,
+    verdict,
+    worst_pair,
+)
 from controller.api.schemas import ControllerStatus, PolicyStatus
 from controller.api.status import build_controller_status, read_now, runtime_view
 from controller.config import ControllerSettings
@@ -164,12 +174,13 @@ def _burn_cell(row: Row) -> Markup:
         if worst is None:
             continue
         w = worst.window
-        css = "chip firing" if worst.firing else ("chip warm" if (worst.pressure or 0) >= 0.5 else "chip")
         every = "; ".join(f"{p.window.long_window}/{p.window.short_window}: {fmt_num(p.long_rate)}x/"
-                          f"{fmt_num(p.short_rate)}x vs {p.window.burn_rate:g}x" for p in pairs)
+                          f"{fmt_num(p.short_rate)}x vs {p.window.burn_rate:g}x"
+                          f"{f' ({p.held_text})' if p.held else ''}" for p in pairs)
         chips.append(el("span", f"{slo.upper()} {w.long_window}/{w.short_window} {fmt_num(worst.long_rate)}×/"
-                        f"{fmt_num(worst.short_rate)}× ≥{w.burn_rate:g}", class_=css, title=every,
-                        data_firing="true" if worst.firing else "false"))
+                        f"{fmt_num(worst.short_rate)}× ≥{w.burn_rate:g}", " held" if worst.held else "",
+                        class_=chip_css(worst), title=every, data_firing="true" if worst.firing else "false",
+                        data_held="true" if worst.held else None))
     return el("td", join(chips) if chips else el("span", NO_VALUE, class_="muted"))
 
 

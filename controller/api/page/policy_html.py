@@ -30,8 +30,9 @@ from controller.api.page.policy_charts import (
     replica_chart,
 )
 from controller.api.page.policy_data import EVENTS_MAX, RANGES, PolicyData
-from controller.api.page.verdict import SLOS, PairState, compliance, pair_states, verdict
+from controller.api.page.verdict import SLOS, PairState, chip_css, compliance, pair_states, verdict
 from controller.api.status import tick_overdue
+from controller.slo import MIN_ALERT_REQUESTS
 
 __all__ = ["render_policy"]
 
@@ -62,12 +63,13 @@ def _pair_chips(pairs: list[PairState], slo: str) -> Markup:
             continue
         w = p.window
         rates = f"{fmt_num(p.long_rate)}× / {fmt_num(p.short_rate)}×"
-        css = "chip firing" if p.firing else ("chip warm" if (p.pressure or 0.0) >= 0.5 else "chip")
         chips.append(el("span", f"{w.long_window}/{w.short_window} {rates} (≥{w.burn_rate:g}×, {w.severity})",
-                        class_=css, data_pair=f"{slo}:{w.long_window}/{w.short_window}",
-                        data_firing="true" if p.firing else "false",
+                        f" — {p.held_text}" if p.held else "",
+                        class_=chip_css(p), data_pair=f"{slo}:{w.long_window}/{w.short_window}",
+                        data_firing="true" if p.firing else "false", data_held="true" if p.held else None,
                         title=f"{w.severity} when both the {w.long_window} and {w.short_window} burn rates exceed "
-                              f"{w.burn_rate:g}"))
+                              f"{w.burn_rate:g} on {MIN_ALERT_REQUESTS} requests or more in {w.short_window} "
+                              "(the alert's low-traffic guard)"))
     return join(chips) if chips else el("span", "no alerting pair for this window", class_="muted")
 
 

@@ -4,7 +4,7 @@ The multiwindow alerting pairs are the SRE workbook's (:func:`controller.slo.sta
 for the policy's compliance window), evaluated on the burn rates the controller computed
 this tick, and held back by the rules' low-traffic guard pair by pair (the TTFT requests over each pair's short
 window, :func:`controller.slo.enough_requests`, from Prometheus), so the page says "burning" when the generated
-alert rules would.
+alert rules would; a pair whose rates burn but whose guard holds it back is shown "held" (:attr:`PairState.held`).
 Compliance over the window is the good ratio the error budget left was computed from:
 ``remaining = 1 - (1 - ratio) / (1 - target)``, so ``ratio = 1 - (1 - remaining)(1 - target)``.
 """
@@ -18,6 +18,7 @@ from enum import IntEnum
 from controller.api.schemas import PolicyStatus
 from controller.policy import Policy
 from controller.slo import (
+    MIN_ALERT_REQUESTS,
     BurnRateWindow,
     Severity,
     enough_requests,
@@ -25,7 +26,7 @@ from controller.slo import (
     standard_burn_rate_windows,
 )
 
-__all__ = ["SLOS", "Level", "PairState", "Verdict", "compliance", "pair_states", "verdict", "worst_pair"]
+__all__ = ["SLOS", "Level", "PairState", "Verdict", "chip_css", "compliance", "pair_states", "verdict", "worst_pair"]
 
 SLOS = ("ttft", "itl")
 
@@ -68,9 +69,23 @@ class PairState:
 
     @property
     def firing(self) -> bool:
-        if self.long_rate is None or self.short_rate is None or self.quiet:
+        return self.burning and not self.quiet
+
+    @property
+    def burning(self) -> bool:
+        """Both rates over the threshold, the guard aside."""
+        if self.long_rate is None or self.short_rate is None:
             return False
         return is_burning(self.long_rate, self.short_rate, self.window.burn_rate)
+
+    @property
+    def held(self) -> bool:
+        """Burning, and held back by the low-traffic guard: the generated alert does not fire."""
+        return self.burning and self.quiet
+
+    @property
+    def held_text(self) -> str:
+        return f"held: fewer than {MIN_ALERT_REQUESTS} requests in {self.window.short_window}"
 
     @property
     def pressure(self) -> float | None:
@@ -127,6 +142,13 @@ def pair_states(
     return out
 
 
+def chip_css(pair: PairState) -> str:
+    """A pair's chip: red firing, grey dashed held back by the guard, amber past half its threshold."""
+    if pair.firing or pair.held:
+        return "chip firing" if pair.firing else "chip held"
+    return "chip warm" if (pair.pressure or 0.0) >= 0.5 else "chip"
+
+
 def worst_pair(pairs: list[PairState]) -> PairState | None:
     """The pair to show first: a firing page pair, else a firing ticket pair (each in window order, as
     :func:`verdict` names them), else the one closest to firing."""
@@ -160,6 +182,9 @@ def verdict(status: PolicyStatus, policy: Policy, pairs: list[PairState]) -> Ver
         return Verdict(Level.NO_DATA, "no requests in the SLI window yet: nothing to judge")
     left = [(slo, status.error_budget_remaining.get(slo)) for slo in SLOS]
     spent = [slo.upper() for slo, remaining in left if remaining is not None and remaining <= 0.0]
+    # A pair held back by the guard is named: its chip burns, and "ok" alone would leave that unexplained.
+    held = "".join(f"; {p.slo.upper()} {p.window.long_window}/{p.window.short_window} burning "
+                   f"{p.long_rate:.1f}x/{p.short_rate:.1f}x, {p.held_text}" for p in pairs if p.held)
     if spent:
-        return Verdict(Level.BUDGET_SPENT, f"{', '.join(spent)} error budget spent over {policy.window}")
-    return Verdict(Level.OK, "within every objective")
+        return Verdict(Level.BUDGET_SPENT, f"{', '.join(spent)} error budget spent over {policy.window}{held}")
+    return Verdict(Level.OK, f"within every objective{held}")

@@ -3,6 +3,7 @@ requests over its own short window (20 at least, as the rules' guard is), not by
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -93,3 +94,29 @@ def test_prometheus_down_falls_back_and_the_overview_says_so(make_page: Any) -> 
     assert 'data-banner="prometheus"' in html and "low-traffic guard" in html
     assert 'data-policy="p" data-level="PAGE"' not in html  # the controller's 0.05 requests/s: quiet
 
+
+def test_a_pair_held_back_by_the_guard_says_so_in_the_verdict() -> None:
+    """0.05 requests/s is 15 in 5 minutes: 1h/5m burns 15.2x/18.8x over 14.4x and its page is held back."""
+    status = lull(0.05).model_copy(update={"burn_rates": {"ttft": {"1h": 15.2, "5m": 18.77}, "itl": {}}})
+    pairs = pair_states(status, POLICY)
+    assert [(p.window.short_window, p.held) for p in pairs if p.slo == "ttft"] == [
+        ("5m", True), ("30m", False), ("2h", False), ("6h", False)]  # fmt: skip
+    judged = verdict(status, POLICY, pairs)
+    assert judged.level == Level.OK
+    assert "TTFT 1h/5m burning 15.2x/18.8x, held: fewer than 20 requests in 5m" in judged.why
+
+
+def test_the_pages_draw_a_held_pair_as_held_not_burning(make_page: Any) -> None:
+    page = make_page()
+    page.store.create_policy(POLICY)
+    page.view.runtimes["p"] = replace(burning_runtime(), seen={"request_rate_rps": 0.05},
+                                      error_budget_remaining={"ttft": 0.8, "itl": 0.9})
+    overview = page.client.get("/ui/").text
+    row = re.search(r'<tr [^>]*data-policy="p".*?</tr>', overview, re.S)
+    assert row is not None and 'data-level="OK"' in row.group(0)
+    assert re.search(r'<span class="chip held"[^>]*data-held="true"[^>]*>TTFT 1h/5m [^<]* held<', row.group(0))
+    assert "held: fewer than 20 requests in 5m" in row.group(0)
+    policy_page = page.client.get("/ui/policies/p").text
+    chip = re.search(r'<span class="chip held" data-pair="ttft:1h/5m"[^>]*>([^<]*)</span>', policy_page)
+    assert chip is not None and chip.group(1).endswith("held: fewer than 20 requests in 5m")
+    assert re.search(r'data-field="why">[^<]*held: fewer than 20 requests in 5m', policy_page)
