@@ -8,8 +8,10 @@ with ``/v1/status`` without parsing rounded text.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from http import HTTPStatus
+from typing import Any
 
 from controller.api.page.html import Child, Markup, el, esc
 
@@ -23,6 +25,7 @@ __all__ = [
     "fmt_pct",
     "fmt_time",
     "num",
+    "outcome_badge",
     "page",
     "problem_page",
     "unreadable_fix",
@@ -197,3 +200,18 @@ def budget_bar(value: float | None) -> Markup:
     width = max(0.0, min(1.0, value)) * 100
     css = "bar spent" if value <= 0 else ("bar low" if value < 0.25 else "bar")
     return el("span", el("span", style=f"width:{width:.0f}%"), class_=css, title=f"{fmt_budget(value)} left")
+
+
+CARRIED_OUT = ("applied", "held")
+"""Decision outcomes shown as the action alone; any other (failed, standby, advisory, interrupted) is named."""
+
+
+def outcome_badge(decision: Mapping[str, Any], text: str = "{}", *, titled: bool = False) -> Markup | None:
+    """The outcome of a decision that did not take effect as shown, as a badge (``text`` formats it; ``titled``:
+    what the actuator said as its tooltip), so a scale a standby only logged never reads as one applied."""
+    outcome = decision.get("outcome")
+    if outcome is None or outcome in CARRIED_OUT:
+        return None
+    said = str(decision.get("actuation") or "")
+    return el("span", text.format(outcome), class_="badge page" if outcome == "failed" else "badge off",
+              title=(said or None) if titled else None)

@@ -23,6 +23,7 @@ from controller.api.page.layout import (
     fmt_good,
     fmt_num,
     num,
+    outcome_badge,
     page,
     with_refresh,
 )
@@ -225,8 +226,7 @@ def _row(row: Row, data: OverviewData) -> Markup:
         _forecast_cell(status),
         el("td", NO_VALUE if row.alerts is None else str(row.alerts), class_="num", data_field="alerts"),
         el("td", el("b", str(decision.get("action", NO_VALUE))),
-           el("span", " failed", class_="badge page", title=str(decision.get("actuation", "")))
-           if decision.get("outcome") == "failed" else None,
+           outcome_badge(decision, " {}", titled=True),
            el("div", ", ".join(reasons[1:3]), class_="small muted")),
         class_=f"row-{row.verdict.css}", data_policy=policy.name, data_level=row.verdict.level.name,
     )

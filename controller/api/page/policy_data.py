@@ -105,6 +105,8 @@ class PolicyData:
     request_rates: dict[str, float] | None = None
     """TTFT requests per second over each burn-rate pair's short window, from Prometheus (the alerts'
     low-traffic guard; None without it)."""
+    leader: bool = True
+    """Whether this controller acts (as ``/v1/status``'s mode: no tick loop, or a standby, is not the leader)."""
 
     @property
     def sli_window(self) -> str:
@@ -237,5 +239,5 @@ async def gather_policy(request: Request, name: str, range_key: str) -> PolicyDa
         alertmanager=alertmanager, tick_interval_s=settings.tick_interval_s, sli_window_s=settings.sli_window_s,
         rate_window_s=settings.rate_window_s, last_tick_at=None if view is None else view.last_tick_at,
         started_at=started_at(view),
-        request_rates=None if rates is None else rates.get(name),
+        request_rates=None if rates is None else rates.get(name), leader=view is not None and view.is_leader,
     )

@@ -17,6 +17,7 @@ from controller.api.page.layout import (
     fmt_pct,
     fmt_time,
     num,
+    outcome_badge,
     page,
     with_refresh,
 )
@@ -53,6 +54,9 @@ def _banners(data: PolicyData) -> list[Markup]:
     if data.alertmanager.error:
         out.append(el("div", el("b", "Alertmanager unreachable: "), data.alertmanager.error,
                       class_="banner bad", data_banner="alertmanager"))
+    if not data.leader:
+        out.append(el("div", el("b", "standby: "), "another controller acts — this one observes and logs its "
+                      "decisions but scales nothing", class_="banner warn", data_banner="standby"))
     return out
 
 
@@ -119,20 +123,21 @@ def _now_panel(data: PolicyData) -> Markup:
         ("last decision", el("span", el("b", str(decision.get("action", NO_VALUE))),
                              f" ({', '.join(str(r) for r in reasons)})" if reasons else "",
                              el("div", str(decision.get("detail", "")), class_="small muted"),
-                             _failed(decision))),
+                             _outcome(decision))),
         ("SLI source", el("span", source_state, f", observed {fmt_ago(status.observed_at, data.now)}",
                           el("div", "; ".join(errors), class_="small", data_field="errors") if errors else None)),
         ("load seen", _seen(status.seen)),
     ])
 
 
-def _failed(decision: dict[str, Any]) -> Markup | None:
-    """A decision the actuator could not carry out, with what it answered (a failed scale is otherwise
-    visible only in the decision log)."""
-    if decision.get("outcome") != "failed":
+def _outcome(decision: dict[str, Any]) -> Markup | None:
+    """A decision that did not take effect (failed, standby, advisory, interrupted), with what the actuator
+    answered (otherwise visible only in the decision log)."""
+    badge = outcome_badge(decision)
+    if badge is None:
         return None
-    return el("div", el("span", "failed", class_="badge page"), " ", str(decision.get("actuation", "")),
-              class_="small", data_field="actuation")
+    said = str(decision.get("actuation") or "")
+    return el("div", badge, f" {said}" if said else None, class_="small", data_field="actuation")
 
 
 _SEEN = (("request_rate_rps", "{} req/s"), ("request_rate_peak_rps", "busiest half-minute {} req/s"),

@@ -122,10 +122,11 @@ class View:
     def __init__(self, runtimes: dict[str, PolicyRuntime] | None = None) -> None:
         self.runtimes = runtimes or {}
         self.last_tick_at = datetime.now(UTC)
+        self.leader = True
 
     @property
     def is_leader(self) -> bool:
-        return True
+        return self.leader
 
     def runtime(self, name: str) -> PolicyRuntime | None:
         return self.runtimes.get(name)

@@ -358,6 +358,33 @@ def test_a_decision_the_actuator_could_not_carry_out_is_shown_failed_with_its_an
     assert 'class="badge page" title="' + refused in overview
 
 
+
+@pytest.mark.parametrize(("outcome", "actuation"), [("standby", "not the leader: another replica acts"),
+                                                    ("advisory", ""), ("interrupted", "cut short at shutdown")])
+def test_a_decision_not_carried_out_is_shown_with_its_outcome(make_page: Any, outcome: str, actuation: str) -> None:
+    """A scale_up a standby only logged read like one applied: the outcome stands next to the action."""
+    page = make_page()
+    page.store.create_policy(_policy(mode="enforce"))
+    page.view.runtimes["qwen"] = replace(burning_runtime(), decision={
+        "action": "scale_up", "reasons": ["scale_up", "slo_burn"], "detail": "scale up 2 -> 4",
+        "outcome": outcome, "actuation": actuation})
+    html = page.client.get("/ui/policies/qwen").text
+    said = f" {re.escape(actuation)}" if actuation else ""
+    assert re.search(rf'data-field="actuation"><span class="badge off">{outcome}</span>{said}<', html)
+    title = f' title="{re.escape(actuation)}"' if actuation else ""
+    assert re.search(rf'<b>scale_up</b><span class="badge off"{title}> {outcome}</span>', page.client.get("/ui/").text)
+
+
+def test_a_standby_controllers_policy_page_says_another_controller_acts(make_page: Any) -> None:
+    page = make_page()
+    page.store.create_policy(_policy(mode="enforce"))
+    page.view.runtimes["qwen"] = burning_runtime()
+    assert 'data-banner="standby"' not in page.client.get("/ui/policies/qwen").text
+    page.view.leader = False
+    html = page.client.get("/ui/policies/qwen").text
+    assert re.search(r'data-banner="standby"><b>standby: </b>another controller acts', html)
+    assert page.client.get("/v1/status").json()["mode"] == "standby"
+
 def test_the_history_shows_the_last_ten_versions_read_as_such(make_page: Any) -> None:
     """The page read every version (each with its whole spec) to show the last 10."""
     page = make_page()
