@@ -211,7 +211,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return problem_response(422, problems_detail(problems), problems)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         # FastAPI answers a JSON body that decodes to no value but raises no JSONDecodeError (nested past Python's
         # recursion limit, not UTF-8) with a bare 400 "There was an error parsing the body": say what and where.
         body_error = json_body_error(exc.__cause__) if exc.status_code == 400 else None
@@ -221,14 +221,18 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 405:
             # Starlette names only the first matching route's methods; list every route of the path.
             headers["Allow"] = ", ".join(_allowed_methods(request))
+        if request.url.path.startswith("/ui/"):  # routing's 404 and 405 too: a person in a browser gets a page
+            return _html_problem(exc.status_code, [FieldProblem(field="", message=str(exc.detail))], headers or None)
         return problem_response(exc.status_code, str(exc.detail), (), headers or None)
 
 
-def _html_problem(status: int, problems: Sequence[FieldProblem]) -> HTMLResponse:
+def _html_problem(
+    status: int, problems: Sequence[FieldProblem], headers: dict[str, str] | None = None
+) -> HTMLResponse:
     from controller.api.page.layout import problem_page  # the status page's own layout (it imports nothing here)
 
     body = problem_page(status, [(p.field, p.message) for p in problems], datetime.now(UTC))
-    return HTMLResponse(body, status_code=status)
+    return HTMLResponse(body, status_code=status, headers=headers)
 
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

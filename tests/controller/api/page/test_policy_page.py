@@ -312,6 +312,22 @@ def test_unknown_policy_and_ranges(make_page: Any) -> None:
     assert stale.status_code == 200
 
 
+
+@pytest.mark.parametrize(("method", "path", "status"), [("GET", "/ui/nope", 404), ("GET", "/ui/policies/a/b", 404),
+                                                        ("GET", "/ui/policies/", 404), ("POST", "/ui/", 405),
+                                                        ("DELETE", "/ui/policies/qwen", 405)])
+def test_an_unknown_ui_path_or_method_is_a_page(make_page: Any, method: str, path: str, status: int) -> None:
+    """Routing's own 404 and 405 came back as problem documents; a person in a browser gets a page."""
+    page = make_page()
+    page.store.create_policy(_policy())
+    answer = page.client.request(method, path)
+    assert answer.status_code == status and answer.headers["content-type"].startswith("text/html")
+    assert 'href="/ui/"' in answer.text
+    if status == 405:
+        assert answer.headers["allow"] == "GET, HEAD"
+    api = page.client.get("/v1/nope")
+    assert api.status_code == 404 and api.headers["content-type"].startswith("application/problem+json")
+
 def test_a_ttft_objective_with_an_allowance_is_charted_from_its_own_series() -> None:
     """The chart read raw TTFT for every policy: a long-prompt objective met in full drew at 50 %."""
     from controller.api.page.prom import ChartWindows, _queries
