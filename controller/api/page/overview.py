@@ -263,6 +263,8 @@ def _filter(data: OverviewData) -> Markup:
            aria_label="filter by policy or model"),
         el("input", type="hidden", name="state", value=q.state) if q.state else None,
         el("input", type="hidden", name="sort", value=q.sort) if q.sort != "urgency" else None,
+        el("input", type="hidden", name="per_page", value=str(q.per_page))
+        if q.per_page != OverviewQuery().per_page else None,
         el("input", type="hidden", name="refresh", value=str(q.refresh)) if q.refresh is not None else None,
         el("button", "filter", type="submit"),
         el("a", "clear", href=with_refresh("/ui/", q.refresh)) if q.q or q.state else None,

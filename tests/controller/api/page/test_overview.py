@@ -110,6 +110,17 @@ def test_filter_and_pages_stay_usable_with_many_policies(make_page: Any) -> None
     assert page.client.get("/ui/?per_page=0").status_code == 422
 
 
+def test_the_filter_form_keeps_the_page_size_asked_for(make_page: Any) -> None:
+    """Filtering from ?per_page=2 went back to 50 a page."""
+    page = make_page()
+    for i in range(3):
+        page.store.create_policy(_policy(f"p{i}"))
+    form = re.search(r"<form.*?</form>", page.client.get("/ui/?per_page=2&sort=name").text, re.S)
+    assert form is not None and '<input type="hidden" name="per_page" value="2">' in form.group(0)
+    default = re.search(r"<form.*?</form>", page.client.get("/ui/").text, re.S)
+    assert default is not None and 'name="per_page"' not in default.group(0)
+
+
 def test_alerts_come_from_alertmanager_and_its_absence_is_said(make_page: Any) -> None:
     page = make_page(alertmanager=True)
     page.store.create_policy(_policy("burning"))
