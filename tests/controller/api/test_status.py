@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from controller.api import create_app
 from controller.config import ControllerSettings
 from controller.policy import Policy
 from controller.runtime import PolicyRuntime
+from controller.service import build_service
 from controller.store import DecisionRecord, Store
 from controller.telemetry import ControllerMetrics
 from tests.controller.api.conftest import AUTH, TOKEN
@@ -132,3 +134,17 @@ def test_health_metrics_and_openapi(tmp_path: Path) -> None:
     problem = schema["paths"]["/v1/policies"]["post"]["responses"]["422"]["content"]
     assert list(problem) == ["application/problem+json"]
     assert "HTTPBearer" in schema["components"]["securitySchemes"]
+
+
+def test_a_source_error_in_the_status_never_repeats_the_urls_password(tmp_path: Path) -> None:
+    """One real tick against a Prometheus URL whose user:password httpx sends as basic auth (nothing listens on
+    port 9): /v1/status reports the failure, naming the URL without them."""
+    settings = ControllerSettings(db=str(tmp_path / "c.db"), prometheus_url="http://moeslo:s3cr3t@127.0.0.1:9",
+                                  source_timeout_s=2.0)
+    store, registry = Store(settings.db_url), CollectorRegistry()
+    service = build_service(settings, store, registry)
+    store.create_policy(Policy.model_validate({"name": "qwen", "target": {"kind": "model", "model": "m"}}))
+    asyncio.run(service.tick())
+    answer = TestClient(create_app(settings, store, registry=registry, service=service)).get("/v1/status").text
+    assert "***@127.0.0.1:9" in answer and "s3cr3t" not in answer and "moeslo:" not in answer
+    store.close()
