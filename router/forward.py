@@ -9,6 +9,7 @@ A request's path::
          request goes to the next choice, nothing having reached any engine)
       -> streamed (SSE): relay chunk by chunk, as received; a break mid-stream
          ejects the replica and ends the client's stream with an error event
+         (a break after its [DONE] ends it as usual: the answer is whole)
       -> otherwise: read the whole answer, check it is what it claims, relay
     finally: pool.finish, one count of (replica, decision, outcome)
 
@@ -390,7 +391,8 @@ class Router:
 
     async def _relay(self, upstream: aiohttp.ClientResponse, ticket: Ticket, choice: Choice, exchange: _Exchange,
                      sent_s: float) -> None:  # fmt: skip
-        """Pass an SSE stream through chunk by chunk; a break ends it with an error event and ejects."""
+        """Pass an SSE stream through chunk by chunk; a break ends it with an error event and ejects, unless it came
+        after the ``[DONE]`` (the answer is whole: it ends as it would have)."""
         send = exchange.send
         await send({"type": "http.response.start", "status": upstream.status, "headers": _relayed(upstream)})
         exchange.started = True
@@ -410,6 +412,10 @@ class Router:
                     exchange.answered = True
                     exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
         except UPSTREAM_FAILURES as exc:
+            if exchange.answered:  # a break after [DONE] (no chunked terminator): the client has the whole answer
+                upstream.close()  # the connection is not fit to reuse
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
             self.eject(ticket.replica)
             exchange.outcome = "upstream_failed_mid_stream"
             error = exchange.error_event(_upstream_error(exc, ticket.replica))

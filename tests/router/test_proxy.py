@@ -107,6 +107,21 @@ def test_a_break_inside_an_event_ends_that_event_before_the_error_event() -> Non
     assert json.loads(events[2])["error"]["code"] == 502 and events[3] == b"[DONE]"
 
 
+def test_a_break_after_done_is_a_whole_answer_and_ejects_nothing() -> None:
+    # The replica's process goes after its [DONE], before the chunked terminator: the client has its whole answer.
+    chunks = (DEFAULT_CHUNKS[0], b"data: [DONE]\n\n", b"never sent")
+    with stubs(1, stream_chunks=chunks) as (replica,), router([replica]) as r:
+        replica.mode = "die_mid_stream"
+        with httpx.stream("POST", r.url + "/v1/completions", json=STREAM, timeout=5) as answer:
+            body = answer.read()
+        assert body == DEFAULT_CHUNKS[0] + b"data: [DONE]\n\n"
+        labels = {"replica": url_of(replica), "decision": "lowest_predicted_ttft"}
+        eventually(lambda: r.sample("moeslo_router_requests_total", **labels, outcome="ok") == 1, 5, "counted ok")
+        assert r.sample("moeslo_router_requests_total", **labels, outcome="upstream_failed_mid_stream") == 0
+        assert r.sample("moeslo_router_ejections_total", replica=url_of(replica)) == 0
+        assert r.replicas()[url_of(replica)]["healthy"] is True
+
+
 def test_a_replica_that_refuses_connections_is_skipped_without_the_client_noticing() -> None:
     with stubs(2) as (gone, alive), router([gone, alive], policy="round-robin") as r:
         port = gone.port
