@@ -6,7 +6,8 @@ A request's path::
 
     read body -> features -> admission (429 / queue) -> policy -> pool.begin
       -> upstream send (a refused or timed-out connect ejects the replica; the
-         request goes to the next choice, nothing having reached any engine)
+         request goes to the next choice among those it has not tried, nothing
+         having reached any engine; queue mode holds it for what is left of its wait)
       -> streamed (SSE): relay chunk by chunk, as received; a break mid-stream
          ejects the replica and ends the client's stream with an error event
          (a break after its [DONE] ends it as usual: the answer is whole)
@@ -25,7 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -49,6 +50,16 @@ SSE_DONE = b"data: [DONE]\n\n"
 """The OpenAI stream's last event."""
 UPSTREAM_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
 """What a broken, garbled or silent upstream raises (a refused connection is one: ``ClientConnectorError``)."""
+
+
+@dataclass(slots=True)
+class _Tries:
+    """What a request's earlier tries leave to its next: the replicas tried, and its deadline in queue mode."""
+
+    replicas: set[str] = field(default_factory=set)
+    """Tried already (refused the connection, or answered 503): a retry goes elsewhere, even once one is readmitted."""
+    deadline_s: float | None = None
+    """When its wait in line ends (``max_queue_s`` from its first): one wait per request, however many tries."""
 
 
 @dataclass(slots=True)
@@ -131,17 +142,17 @@ class Router:
         held: it waits its turn behind them, unless no wait could bring it within the objective.
         ``retried``: its turn came already (the replica chosen refused the connection): it goes first.
         """
-        return (await self._decide(features, retried=retried))[0]
+        return (await self._decide(features, _Tries(), retried=retried))[0]
 
-    async def _decide(self, features: RequestFeatures, *, retried: bool) -> tuple[Choice, float]:
-        """:meth:`decide`, and the seconds the request was held at admission."""
+    async def _decide(self, features: RequestFeatures, tries: _Tries, *, retried: bool) -> tuple[Choice, float]:
+        """:meth:`decide` among the replicas not yet tried, and the seconds the request was held at admission."""
         held_s = 0.0
-        refusal = admission(features, self._states(features), self.config.cost)
+        refusal = admission(features, self._states(features, tries.replicas), self.config.cost)
         if self.config.admission == "queue" and (refusal is not None or self._behind_others(features)):
-            held_s = await self._hold(features, first=retried)
+            held_s = await self._hold(features, tries, first=retried)
         elif refusal is not None:
             raise self._refused(refusal, ahead=0)
-        states = self._states(features)
+        states = self._states(features, tries.replicas)
         choice = self.policy(features, states, self._turn)
         self._turn += 1
         if choice.replica is None:
@@ -155,9 +166,10 @@ class Router:
         """Requests are held already, and this one would gain from waiting (over the objective alone it would not)."""
         return bool(self.held) and not over_objective_alone(features, healthy(self.pool.snapshot()), self.config.cost)
 
-    async def _hold(self, features: RequestFeatures, *, first: bool) -> float:
+    async def _hold(self, features: RequestFeatures, tries: _Tries, *, first: bool) -> float:
         """Wait in line until, first in it, admission lets the request through (returns the seconds held);
-        refused at ``max_queue_s``. Every wait, however it ends, is one ``moeslo_router_queue_wait_seconds``.
+        refused at ``max_queue_s`` from its first wait: a retry waits only what is left of it, for the replicas
+        not yet tried. Every wait, however it ends, is one ``moeslo_router_queue_wait_seconds``.
 
         The first in line looks again whenever a replica may take more (:class:`HeldRequests`), and at least
         every scrape interval; a request that leaves (admitted, refused, its client gone) wakes the next.
@@ -165,20 +177,22 @@ class Router:
         controller reads this queue as demand and starts one.
         """
         joined_s = self.clock()
-        deadline = joined_s + self.config.max_queue_s
+        if tries.deadline_s is None:
+            tries.deadline_s = joined_s + self.config.max_queue_s
+        deadline = tries.deadline_s
         place = self.held.join(first=first)
         self.metrics.queued.inc()
         try:
             while True:
                 refusal = None
                 if self.held.is_first(place):
-                    refusal = admission(features, self._states(features), self.config.cost)
+                    refusal = admission(features, self._states(features, tries.replicas), self.config.cost)
                     if refusal is None:
                         return self.clock() - joined_s
                 remaining_s = deadline - self.clock()
                 if remaining_s <= 0:
-                    raise self._refused(refusal or admission(features, self._states(features), self.config.cost),
-                                        ahead=self.held.ahead_of(place))  # fmt: skip
+                    refusal = refusal or admission(features, self._states(features, tries.replicas), self.config.cost)
+                    raise self._refused(refusal, ahead=self.held.ahead_of(place))
                 wait_s = remaining_s
                 if refusal is not None:
                     wait_s = min(refusal.retry_after_s or wait_s, self.config.scrape_interval_s, wait_s)
@@ -201,8 +215,11 @@ class Router:
                                f"(best {best_s:.3f} s)",
                                retry_after_s=refusal.retry_after_s)  # fmt: skip
 
-    def _states(self, features: RequestFeatures) -> tuple[ReplicaState, ...]:
-        return with_cached_tokens(self.pool.snapshot(), features, self.prefixes)
+    def _states(self, features: RequestFeatures, leaving_out: frozenset[str] | set[str] = frozenset()
+                ) -> tuple[ReplicaState, ...]:  # fmt: skip
+        """The replicas as the policies see them for this request (its cached prefix), but ``leaving_out``."""
+        states = with_cached_tokens(self.pool.snapshot(), features, self.prefixes)
+        return tuple(s for s in states if s.name not in leaving_out)
 
     def set_replicas(self, names: tuple[str, ...]) -> tuple[list[str], list[str]]:
         """Make ``names`` the replica set (the controller added or removed replicas); returns (added, removed)."""
@@ -273,9 +290,10 @@ class Router:
 
     async def _complete(self, path: str, headers: list[tuple[str, str]], features: RequestFeatures, body: bytes,
                         exchange: _Exchange, started_s: float) -> None:  # fmt: skip
+        tries = _Tries()
         for tried in range(max(1, len(self.pool.names))):  # an empty set: decide() says no healthy replica
             try:
-                choice, held_s = await self._decide(features, retried=tried > 0)
+                choice, held_s = await self._decide(features, tries, retried=tried > 0)
             except MoesloError as exc:
                 exchange.outcome = REJECTED_OUTCOME if isinstance(exc, OverloadedError) else "unavailable"
                 exchange.decision = "all_over_budget" if isinstance(exc, OverloadedError) else "no_healthy_replica"
@@ -285,6 +303,7 @@ class Router:
             exchange.held_s += held_s
             if await self._attempt(choice, features, path, body, headers, exchange, started_s):
                 return
+            tries.replicas.add(choice.replica or "")  # _decide chose one: it raises when it cannot
         exchange.outcome = "unavailable"
         await _send_error(exchange, UnavailableError("every replica refused the connection, did not accept it in "
                                                      "time, or answered 503"))  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 
 import httpx
 import pytest
@@ -20,7 +21,7 @@ from router.config import RouterConfig
 from router.features import request_features
 from router.forward import Router
 from router.pool import Ticket
-from tests.router.servers import RunningRouter, eventually, replica_app, router, serving
+from tests.router.servers import WAITING_TEXT, RunningRouter, eventually, replica_app, router, serving
 
 pytestmark = pytest.mark.timeout(60)
 PROMPT_TOKENS = 1200
@@ -146,3 +147,45 @@ def test_the_wait_in_line_shows_as_queue_wait_not_as_router_overhead() -> None:
         assert r.sample("moeslo_router_queue_wait_seconds_sum") >= 1.0
         assert r.sample("moeslo_router_overhead_seconds_count") == 2
         assert r.sample("moeslo_router_overhead_seconds_sum") < 0.5  # the router's own work, milliseconds
+
+
+class FailingReplica:
+    """A replica whose scraped queue the test sets, whose completions answer 503 (an engine whose core died) and
+    whose /health answers ``health_after_503`` once it has."""
+
+    def __init__(self, *, waiting: int, health_after_503: int = 200) -> None:
+        self.waiting, self.health, self.health_after_503, self.completions = waiting, 200, health_after_503, 0
+
+    def app(self) -> web.Application:
+        async def completion(_: web.Request) -> web.Response:
+            self.completions += 1
+            self.health = self.health_after_503
+            return web.json_response({"error": {"message": "core died", "code": 503}}, status=503)
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(text=WAITING_TEXT.format(waiting=self.waiting))
+
+        async def health(_: web.Request) -> web.Response:
+            return web.Response(text="", status=self.health)
+
+        return replica_app(completion, gets={"/metrics": metrics, "/health": health})
+
+
+@pytest.mark.parametrize("health_after_503", [200, 503])
+def test_a_retry_in_queue_mode_keeps_the_requests_deadline_and_leaves_out_the_replica_tried(
+    health_after_503: int,
+) -> None:
+    # Both replicas busy; one frees up late in the wait and answers 503. The retry waits for the other only until the
+    # request's own deadline (not a fresh one) and never goes back to the replica it tried, readmitted or not.
+    busy, failing = FailingReplica(waiting=100), FailingReplica(waiting=100, health_after_503=health_after_503)
+    with serving(busy.app()) as busy_url, serving(failing.app()) as failing_url, \
+            router([busy_url, failing_url], admission="queue", max_queue_s=1.5) as r:  # fmt: skip
+        eventually(lambda: r.replicas()[failing_url]["waiting"] == 100, 5, "the queues scraped")
+        timer = threading.Timer(0.9, lambda: setattr(failing, "waiting", 0))
+        timer.start()
+        started = time.monotonic()
+        answer = httpx.post(r.url + "/v1/completions", json={"prompt": "held", "max_tokens": 4}, timeout=10)
+        waited_s = time.monotonic() - started
+        timer.join()
+        assert (answer.status_code, failing.completions, busy.completions) == (429, 1, 0), answer.text
+        assert waited_s < 2.2, f"held {waited_s:.1f} s with --max-queue-s 1.5"
