@@ -23,6 +23,7 @@ refused it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
@@ -100,6 +101,13 @@ def sse_error_event(exc: MoesloError) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
 
 
+def upstream_error(exc: BaseException, name: str) -> UpstreamError:
+    """The error for a replica ``name`` that broke the connection, or was silent past a timeout (``exc``)."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return UpstreamTimeoutError(f"replica {name} did not answer in time ({type(exc).__name__})", replica=name)
+    return UpstreamError(f"replica {name} broke the connection ({type(exc).__name__}: {exc})", replica=name)
+
+
 __all__ = [
     "ROUTER_STATUS",
     "UNAVAILABLE_RETRY_AFTER_S",
@@ -110,4 +118,5 @@ __all__ = [
     "error_param",
     "sse_error_event",
     "status_for",
+    "upstream_error",
 ]

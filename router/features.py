@@ -7,9 +7,11 @@ recognise count as empty prompts; validating requests is the engine's job.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from contracts.errors import ValidationError
 from router.prefix import CHARS_PER_TOKEN, text_blocks, token_blocks
 from router.types import RequestFeatures
 
@@ -58,6 +60,21 @@ def request_features(body: Mapping[str, Any], *, chat: bool = False, block_token
                            prefix_blocks=blocks)  # fmt: skip
 
 
+def body_features(body: bytes, path: str, *, block_tokens: int = 16, max_blocks: int = 8) -> RequestFeatures:
+    """Features of a raw request body sent to ``path`` (chat when it ends in ``/chat/completions``); a
+    ValidationError when it is not a JSON object (the router answers 400)."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationError(f"body: not JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise ValidationError("body: JSON nested too deeply") from exc
+    if not isinstance(payload, dict):
+        raise ValidationError("body: must be a JSON object")
+    chat = path.partition("?")[0].endswith("/chat/completions")
+    return request_features(payload, chat=chat, block_tokens=block_tokens, max_blocks=max_blocks)
+
+
 def _prompt_list(prompt: object) -> list[Any] | None:
     """The request's prompts (the engine runs each as requests of its own; the prefix is the first one's):
     one text or token-id list, or a list of either; None for a shape the engine refuses."""
@@ -69,4 +86,4 @@ def _prompt_list(prompt: object) -> list[Any] | None:
     return None
 
 
-__all__ = ["request_features"]
+__all__ = ["body_features", "request_features"]

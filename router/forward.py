@@ -35,8 +35,8 @@ from prometheus_client import CollectorRegistry
 from contracts.catalogue import REJECTED_OUTCOME
 from contracts.errors import MoesloError, OverloadedError, UnavailableError, ValidationError
 from router.config import RouterConfig
-from router.errors import UpstreamError, UpstreamTimeoutError, error_document, sse_error_event
-from router.features import request_features
+from router.errors import UpstreamError, UpstreamTimeoutError, error_document, sse_error_event, upstream_error
+from router.features import body_features
 from router.held import HeldRequests
 from router.metrics import INVALID_REQUEST_OUTCOME, RouterMetrics
 from router.policies import admission, healthy, over_objective_alone, policy_named, predict, prefill_work
@@ -275,7 +275,8 @@ class Router:
         """
         started_s = self.clock()
         try:
-            features = _features(body, path, self.config.block_tokens, self.config.prefix_max_blocks)
+            features = body_features(body, path, block_tokens=self.config.block_tokens,
+                                     max_blocks=self.config.prefix_max_blocks)
         except ValidationError:  # answered 400 by the server; still one request, counted as it ends
             self.metrics.request(None, "none", INVALID_REQUEST_OUTCOME)
             raise
@@ -369,7 +370,7 @@ class Router:
         except UPSTREAM_FAILURES as exc:
             self.eject(name)
             exchange.outcome = "upstream_error"
-            await _send_error(exchange, _upstream_error(exc, name))
+            await _send_error(exchange, upstream_error(exc, name))
             return True
         if upstream is None or upstream.status == 503:
             if upstream is not None:
@@ -437,7 +438,7 @@ class Router:
                 return
             self.eject(ticket.replica)
             exchange.outcome = "upstream_failed_mid_stream"
-            error = exchange.error_event(_upstream_error(exc, ticket.replica))
+            error = exchange.error_event(upstream_error(exc, ticket.replica))
             await send({"type": "http.response.body", "body": error, "more_body": False})
             return
         exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
@@ -450,7 +451,7 @@ class Router:
         except UPSTREAM_FAILURES as exc:
             self.eject(name)
             exchange.outcome = "upstream_error"
-            await _send_error(exchange, _upstream_error(exc, name))
+            await _send_error(exchange, upstream_error(exc, name))
             return
         problem = _check_answer(upstream, content)
         if problem is not None:
@@ -460,19 +461,6 @@ class Router:
         exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
         exchange.started = True
         await send_bytes(exchange.send, upstream.status, content, _relayed(upstream))
-
-
-def _features(body: bytes, path: str, block_tokens: int, max_blocks: int) -> RequestFeatures:
-    try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValidationError(f"body: not JSON ({exc})") from exc
-    except RecursionError as exc:
-        raise ValidationError("body: JSON nested too deeply") from exc
-    if not isinstance(payload, dict):
-        raise ValidationError("body: must be a JSON object")
-    chat = path.partition("?")[0].endswith("/chat/completions")
-    return request_features(payload, chat=chat, block_tokens=block_tokens, max_blocks=max_blocks)
 
 
 def _check_answer(upstream: aiohttp.ClientResponse, content: bytes) -> str | None:
@@ -497,12 +485,6 @@ def _check_answer(upstream: aiohttp.ClientResponse, content: bytes) -> str | Non
 
 def _relayed(upstream: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
     return relayed_headers(upstream.raw_headers)
-
-
-def _upstream_error(exc: BaseException, name: str) -> UpstreamError:
-    if isinstance(exc, asyncio.TimeoutError):
-        return UpstreamTimeoutError(f"replica {name} did not answer in time ({type(exc).__name__})", replica=name)
-    return UpstreamError(f"replica {name} broke the connection ({type(exc).__name__}: {exc})", replica=name)
 
 
 async def _send_error(exchange: _Exchange, exc: MoesloError) -> None:
