@@ -148,7 +148,7 @@ class Router:
         """:meth:`decide` among the replicas not yet tried, and the seconds the request was held at admission."""
         held_s = 0.0
         refusal = admission(features, self._states(features, tries.replicas), self.config.cost)
-        if self.config.admission == "queue" and (refusal is not None or self._behind_others(features)):
+        if self.config.admission == "queue" and (refusal is not None or self._behind_others(features, tries)):
             held_s = await self._hold(features, tries, first=retried)
         elif refusal is not None:
             raise self._refused(refusal, ahead=0)
@@ -162,9 +162,11 @@ class Router:
             choice = replace(choice, predicted_ttft_s=predict(state, features, self.config.cost).ttft_s)
         return choice, held_s
 
-    def _behind_others(self, features: RequestFeatures) -> bool:
-        """Requests are held already, and this one would gain from waiting (over the objective alone it would not)."""
-        return bool(self.held) and not over_objective_alone(features, healthy(self.pool.snapshot()), self.config.cost)
+    def _behind_others(self, features: RequestFeatures, tries: _Tries) -> bool:
+        """Requests are held already, and this one would gain from waiting (over the objective alone it would not;
+        judged with its cached prefix, as admission judges it)."""
+        states = healthy(self._states(features, tries.replicas))
+        return bool(self.held) and not over_objective_alone(features, states, self.config.cost)
 
     async def _hold(self, features: RequestFeatures, tries: _Tries, *, first: bool) -> float:
         """Wait in line until, first in it, admission lets the request through (returns the seconds held);

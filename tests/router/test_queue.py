@@ -17,10 +17,12 @@ import pytest
 from aiohttp import web
 
 from bench.stub_upstream import COMPLETION
+from contracts.errors import OverloadedError
 from router.config import RouterConfig
 from router.features import request_features
 from router.forward import Router
 from router.pool import Ticket
+from router.types import RequestFeatures
 from tests.router.servers import WAITING_TEXT, RunningRouter, eventually, replica_app, router, serving
 
 pytestmark = pytest.mark.timeout(60)
@@ -189,3 +191,26 @@ def test_a_retry_in_queue_mode_keeps_the_requests_deadline_and_leaves_out_the_re
         timer.join()
         assert (answer.status_code, failing.completions, busy.completions) == (429, 1, 0), answer.text
         assert waited_s < 2.2, f"held {waited_s:.1f} s with --max-queue-s 1.5"
+
+
+def test_a_prompt_with_a_cached_prefix_waits_behind_held_requests_like_any_that_fits() -> None:
+    """A 2,100-token prompt whose first 1,024 tokens the replica holds fits now, as a short one does: both wait
+    their turn behind the request already held (judged without the cached prefix, the long one went first)."""
+    replica = "http://127.0.0.1:9"
+    config = RouterConfig(replicas=(replica,), admission="queue", max_queue_s=0.2, scrape_interval_s=60.0,
+                          prefix_max_blocks=64)  # fmt: skip
+
+    def features(prompt: list[int]) -> RequestFeatures:
+        return request_features({"prompt": prompt}, block_tokens=16, max_blocks=64)
+
+    async def go() -> None:
+        router = Router(config)
+        shared = list(range(1024))
+        router.prefixes.record(replica, features(shared + [7] * 100).prefix_blocks)  # sent there before
+        router.pool.begin(replica, 800)  # 800 prompt tokens at the replica
+        router.held.join()  # a request held already (one that does not fit)
+        for prompt in ([9] * 500, shared + [3] * 1076):
+            with pytest.raises(OverloadedError, match="earlier requests are still held"):
+                await router.decide(features(prompt))
+
+    asyncio.run(go())
