@@ -267,7 +267,7 @@ def create_app(config: RouterConfig, *, registry: CollectorRegistry | None = Non
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _completions)
     app.router.add_get("/v1/models", _models)
-    app.router.add_get("/v1/models/{model}", _model)
+    app.router.add_get("/v1/models/{model:.+}", _model)  # ids may hold a slash: Qwen/Qwen3-30B-A3B
     app.router.add_post("/tokenize", _tokenizer)
     app.router.add_post("/detokenize", _tokenizer)
     app.router.add_get("/health", _health)

@@ -50,6 +50,19 @@ def test_the_model_list_is_an_error_naming_the_replica_when_none_answers() -> No
         assert "HTTP 500" in answer.json()["error"]["message"]
 
 
+async def _models_with_a_slash(_: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "Qwen/Qwen3-30B-A3B", "object": "model"}]})
+
+
+@pytest.mark.parametrize("asked", ["Qwen/Qwen3-30B-A3B", "Qwen%2FQwen3-30B-A3B"])
+def test_a_model_id_with_a_slash_is_found(asked: str) -> None:
+    # Hugging Face ids are owner/name; the engine's route takes them whole ({model_id:path}), so must the router's.
+    with serving(replica_app(gets={"/v1/models": _models_with_a_slash})) as replica, router([replica]) as r:
+        answer = httpx.get(r.url + "/v1/models/" + asked, timeout=10)
+        assert (answer.status_code, answer.json()["id"]) == (200, "Qwen/Qwen3-30B-A3B")
+        assert httpx.get(r.url + "/v1/models/Qwen/other", timeout=10).status_code == 404
+
+
 KEY = "Bearer sk-test"
 
 
