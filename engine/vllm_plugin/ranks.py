@@ -69,13 +69,13 @@ def eplb_rank_weights(logical_to_physical: npt.ArrayLike, num_physical: int, num
     if problems:
         raise ValidationError(problems)
     slots_per_rank = num_physical // num_ranks
-    weights = np.zeros((l2p.shape[0], num_ranks), dtype=np.float64)
-    for expert, replicas in enumerate(l2p):
-        live = replicas[replicas >= 0]
-        if live.size == 0:
-            continue
-        np.add.at(weights[expert], live // slots_per_rank, 1.0 / live.size)
-    return weights
+    # One scatter over every live replica (no loop over experts: this runs at each flush in the worker).
+    live = l2p >= 0
+    share = np.broadcast_to(1.0 / np.maximum(live.sum(axis=1, keepdims=True), 1), l2p.shape)
+    expert_of = np.broadcast_to(np.arange(l2p.shape[0])[:, None], l2p.shape)
+    cell = expert_of[live] * num_ranks + l2p[live] // slots_per_rank
+    weights = np.bincount(cell, weights=share[live], minlength=l2p.shape[0] * num_ranks)
+    return np.asarray(weights.reshape(l2p.shape[0], num_ranks), dtype=np.float64)
 
 
 def placement_rank_weights(phy2log: npt.ArrayLike, num_experts: int, num_ranks: int) -> FloatArray:
