@@ -6,16 +6,22 @@ workers).  It does nothing unless ``MOESLO_VLLM_PLUGIN=1``.  The counting
 happens in the worker (``engine.vllm_plugin``); the metrics must appear on
 the API server's ``/metrics``, another process, so there are two routes:
 
-* **multiprocess Prometheus** (``PROMETHEUS_MULTIPROC_DIR`` set, as vLLM does
-  with ``--api-server-count > 1`` or as a deployment sets it): the worker
-  owns ordinary ``prometheus_client`` metrics, which land in the shared
-  directory, and vLLM's ``MultiProcessCollector`` serves them
-  (:class:`MultiprocessSink`; gauges use ``mostrecent``).
+* **multiprocess Prometheus** (``PROMETHEUS_MULTIPROC_DIR`` set when the worker
+  binds the model, as vLLM sets it with ``--api-server-count > 1``, which data
+  parallelism defaults to, or as a deployment sets it): the worker owns
+  ordinary ``prometheus_client`` metrics, which land in the shared directory,
+  and vLLM's ``MultiProcessCollector`` serves them (:class:`MultiprocessSink`;
+  gauges use ``mostrecent``).  vLLM sets the directory after it loaded the
+  plugins, in the process it forks the engine cores from, so the worker
+  switches its prometheus_client to the directory's files itself.
 * **single API server, in-memory registry** (vLLM's default): the API
   server's plugin makes a directory, passes it to its children in
   ``MOESLO_VLLM_METRICS_DIR`` and registers a :class:`SnapshotCollector` in
   the global registry vLLM serves; workers write JSON snapshots there
-  (:class:`SnapshotFileSink`).
+  (:class:`SnapshotFileSink`).  The first process cannot tell yet whether
+  vLLM will run several API servers; when it does, that collector stays idle
+  (vLLM then serves the multiprocess directory alone) and the workers,
+  seeing ``PROMETHEUS_MULTIPROC_DIR``, take the route above.
 
 Names and labels are those of ``docs/metrics.md`` (the embedded engine's):
 ``model_name`` and ``engine`` on every series.
@@ -110,7 +116,8 @@ def register() -> None:
     if not settings.enabled:
         return
     if settings.prometheus_multiproc_dir is None and settings.metrics_dir is None:
-        # First process of the tree (vLLM's API server): make the hand-over directory.
+        # First process of the tree (vLLM's API server): make the hand-over directory.  Where vLLM goes on to
+        # run several API servers it sets PROMETHEUS_MULTIPROC_DIR after this, and the workers take that route.
         directory = tempfile.mkdtemp(prefix="moeslo-vllm-")
         atexit.register(shutil.rmtree, directory, True)
         os.environ[METRICS_DIR_ENV] = directory
@@ -136,17 +143,32 @@ def expert_series_on(setting: bool | None, layers: int, experts: int) -> bool:
 
 
 def make_sink(expert_series: bool | None = None, max_age_s: float = 30.0) -> SnapshotSink:
-    """Pick the route for this worker process (called once, when it binds the model)."""
-    if values.ValueClass.__name__ == "MmapedValue":  # prometheus_client in multiprocess mode
-        shared = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-        board = StageBoard(Path(shared) / STAGES_FOLDER, max_age_s=max_age_s) if shared else None
-        return MultiprocessSink(expert_series=expert_series, stages=board)
+    """Pick the route for this worker process (called once, when it binds the model).
+
+    Decided by ``PROMETHEUS_MULTIPROC_DIR`` now, not by how prometheus_client started: with several API
+    servers vLLM sets the directory after loading the plugins, and the engine cores it forks keep a
+    prometheus_client imported without it (see :func:`use_multiprocess_values`)."""
+    shared = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if shared:
+        use_multiprocess_values()
+        return MultiprocessSink(expert_series=expert_series,
+                                stages=StageBoard(Path(shared) / STAGES_FOLDER, max_age_s=max_age_s))  # fmt: skip
     directory = os.environ.get(METRICS_DIR_ENV)
     if directory:
         return SnapshotFileSink(directory)
     logger.warning("moeslo: neither PROMETHEUS_MULTIPROC_DIR nor %s is set; expert load is not published",
                    METRICS_DIR_ENV)  # fmt: skip
     return NullSink()
+
+
+def use_multiprocess_values() -> None:
+    """Switch this process's prometheus_client to the files of ``PROMETHEUS_MULTIPROC_DIR``.
+
+    prometheus_client picks its value class once, when imported; a process forked from one that imported it
+    before the directory was set would keep its values in memory, where vLLM's API servers (which serve the
+    directory) never see them.  Metrics made earlier keep their values; ours are made after this."""
+    if values.ValueClass.__name__ != "MmapedValue":
+        values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
 
 class NullSink:

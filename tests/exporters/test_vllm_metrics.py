@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
 
 from engine.vllm_plugin import ExpertLoadSnapshot
 from exporters import vllm_metrics
@@ -208,6 +208,48 @@ def test_multiprocess_sink_writes_prometheus_multiprocess_files(tmp_path: Path) 
     assert get("moe_rank_tokens_total", rank="1") == 20
     assert get("moe_layer_imbalance_cv", layer="1") == pytest.approx(1.0)
     assert get("moe_layer_balancedness", layer="0") == pytest.approx(2 / 3)
+
+
+LATE_MULTIPROC_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    from prometheus_client import values  # before the directory is set: vLLM's CLI imports it first
+    from engine.vllm_plugin import ExpertLoadSnapshot
+    from exporters.vllm_metrics import MultiprocessSink, make_sink
+
+    assert values.ValueClass.__name__ != "MmapedValue"
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = sys.argv[1]  # as vLLM's setup_multiprocess_prometheus does
+    sink = make_sink()
+    assert isinstance(sink, MultiprocessSink), type(sink)
+    sink.publish(ExpertLoadSnapshot(model_name="m", engine="0", layer_ids=(0, 1),
+        expert_tokens_total=np.array([[3, 1], [0, 4]]), rank_tokens_total=np.array([4.0, 4.0]),
+        window_rank_tokens=np.array([[3.0, 1.0], [0.0, 4.0]]), rank_source="virtual"))
+    """
+)
+
+
+def test_a_directory_set_after_prometheus_client_was_imported_still_gets_the_multiprocess_files(
+    tmp_path: Path,
+) -> None:
+    """``vllm serve --api-server-count 2`` (or ``--data-parallel-size 2``): vLLM loads the plugins while it builds
+    its parser, then sets ``PROMETHEUS_MULTIPROC_DIR``, then forks the engine cores, whose prometheus_client
+    was imported without it.  The workers must still write the files vLLM's API servers serve."""
+    shared, handover = tmp_path / "prometheus", tmp_path / "handover"
+    shared.mkdir()
+    handover.mkdir()
+    env = {k: v for k, v in os.environ.items() if k.upper() != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(PYTHONPATH=str(ROOT), MOESLO_VLLM_METRICS_DIR=str(handover))  # the parent's register() set it
+    proc = subprocess.run([sys.executable, "-c", LATE_MULTIPROC_SCRIPT, str(shared)], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(shared.glob("*.db")) and not list(handover.iterdir())
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(shared))
+    base = {"model_name": "m", "engine": "0"}
+    assert registry.get_sample_value("moe_expert_tokens_total", {**base, "layer": "1", "expert": "1"}) == 4
+    assert registry.get_sample_value("moe_rank_tokens_total", {**base, "rank": "0"}) == 4
+    assert registry.get_sample_value("moe_layer_imbalance_cv", {**base, "layer": "1"}) == pytest.approx(1.0)
 
 
 def big_snapshot(layers: int, experts: int) -> ExpertLoadSnapshot:
