@@ -6,8 +6,8 @@ A request's path::
 
     read body -> features -> admission (429 / queue) -> policy -> pool.begin
       -> upstream send (a refused or timed-out connect ejects the replica; the
-         request goes to the next choice among those it has not tried, nothing
-         having reached any engine; queue mode holds it for what is left of its wait)
+         request goes to the next choice, nothing having reached any engine; queue
+         mode holds it for what is left of its wait)
       -> streamed (SSE): relay chunk by chunk, as received; a break mid-stream
          ejects the replica and ends the client's stream with an error event
          (a break after its [DONE] ends it as usual: the answer is whole)
@@ -26,7 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -54,10 +54,10 @@ UPSTREAM_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
 
 @dataclass(slots=True)
 class _Tries:
-    """What a request's earlier tries leave to its next: the replicas tried, and its deadline in queue mode."""
+    """What a request's earlier tries leave to its next: its deadline in queue mode.  (The replica a try failed on
+    is ejected, so out of the next choice until readmitted; left out after its readmission too, it kept the
+    request, first in line, and everyone behind it waiting while it stood idle.)"""
 
-    replicas: set[str] = field(default_factory=set)
-    """Tried already (refused the connection, or answered 503): a retry goes elsewhere, even once one is readmitted."""
     deadline_s: float | None = None
     """When its wait in line ends (``max_queue_s`` from its first): one wait per request, however many tries."""
 
@@ -145,14 +145,14 @@ class Router:
         return (await self._decide(features, _Tries(), retried=retried))[0]
 
     async def _decide(self, features: RequestFeatures, tries: _Tries, *, retried: bool) -> tuple[Choice, float]:
-        """:meth:`decide` among the replicas not yet tried, and the seconds the request was held at admission."""
+        """:meth:`decide`, and the seconds the request was held at admission."""
         held_s = 0.0
-        refusal = admission(features, self._states(features, tries.replicas), self.config.cost)
+        refusal = admission(features, self._states(features), self.config.cost)
         if self.config.admission == "queue" and (refusal is not None or self._behind_others(features, tries)):
             held_s = await self._hold(features, tries, first=retried)
         elif refusal is not None:
             raise self._refused(refusal, ahead=0)
-        states = self._states(features, tries.replicas)
+        states = self._states(features)
         choice = self.policy(features, states, self._turn)
         self._turn += 1
         if choice.replica is None:
@@ -165,13 +165,13 @@ class Router:
     def _behind_others(self, features: RequestFeatures, tries: _Tries) -> bool:
         """Requests are held already, and this one would gain from waiting (over the objective alone it would not;
         judged with its cached prefix, as admission judges it)."""
-        states = healthy(self._states(features, tries.replicas))
+        states = healthy(self._states(features))
         return bool(self.held) and not over_objective_alone(features, states, self.config.cost)
 
     async def _hold(self, features: RequestFeatures, tries: _Tries, *, first: bool) -> float:
         """Wait in line until, first in it, admission lets the request through (returns the seconds held);
-        refused at ``max_queue_s`` from its first wait: a retry waits only what is left of it, for the replicas
-        not yet tried. Every wait, however it ends, is one ``moeslo_router_queue_wait_seconds``.
+        refused at ``max_queue_s`` from its first wait: a retry waits only what is left of it.  Every wait,
+        however it ends, is one ``moeslo_router_queue_wait_seconds``.
 
         The first in line looks again whenever a replica may take more (:class:`HeldRequests`), and at least
         every scrape interval; a request that leaves (admitted, refused, its client gone) wakes the next.
@@ -188,12 +188,12 @@ class Router:
             while True:
                 refusal = None
                 if self.held.is_first(place):
-                    refusal = admission(features, self._states(features, tries.replicas), self.config.cost)
+                    refusal = admission(features, self._states(features), self.config.cost)
                     if refusal is None:
                         return self.clock() - joined_s
                 remaining_s = deadline - self.clock()
                 if remaining_s <= 0:
-                    refusal = refusal or admission(features, self._states(features, tries.replicas), self.config.cost)
+                    refusal = refusal or admission(features, self._states(features), self.config.cost)
                     raise self._refused(refusal, ahead=self.held.ahead_of(place))
                 wait_s = remaining_s
                 if refusal is not None:
@@ -217,11 +217,9 @@ class Router:
                                f"(best {best_s:.3f} s)",
                                retry_after_s=refusal.retry_after_s)  # fmt: skip
 
-    def _states(self, features: RequestFeatures, leaving_out: frozenset[str] | set[str] = frozenset()
-                ) -> tuple[ReplicaState, ...]:  # fmt: skip
-        """The replicas as the policies see them for this request (its cached prefix), but ``leaving_out``."""
-        states = with_cached_tokens(self.pool.snapshot(), features, self.prefixes)
-        return tuple(s for s in states if s.name not in leaving_out)
+    def _states(self, features: RequestFeatures) -> tuple[ReplicaState, ...]:
+        """The replicas as the policies see them for this request (its cached prefix)."""
+        return with_cached_tokens(self.pool.snapshot(), features, self.prefixes)
 
     def set_replicas(self, names: tuple[str, ...]) -> tuple[list[str], list[str]]:
         """Make ``names`` the replica set (the controller added or removed replicas); returns (added, removed)."""
@@ -306,7 +304,6 @@ class Router:
             exchange.held_s += held_s
             if await self._attempt(choice, features, path, body, headers, exchange, started_s):
                 return
-            tries.replicas.add(choice.replica or "")  # _decide chose one: it raises when it cannot
         exchange.outcome = "unavailable"
         await _send_error(exchange, UnavailableError("every replica refused the connection, did not accept it in "
                                                      "time, or answered 503"))  # fmt: skip

@@ -173,13 +173,10 @@ class FailingReplica:
         return replica_app(completion, gets={"/metrics": metrics, "/health": health})
 
 
-@pytest.mark.parametrize("health_after_503", [200, 503])
-def test_a_retry_in_queue_mode_keeps_the_requests_deadline_and_leaves_out_the_replica_tried(
-    health_after_503: int,
-) -> None:
-    # Both replicas busy; one frees up late in the wait and answers 503. The retry waits for the other only until the
-    # request's own deadline (not a fresh one) and never goes back to the replica it tried, readmitted or not.
-    busy, failing = FailingReplica(waiting=100), FailingReplica(waiting=100, health_after_503=health_after_503)
+def test_a_retry_in_queue_mode_keeps_the_requests_deadline() -> None:
+    # Both replicas busy; one frees up late in the wait and answers 503 (and stays unhealthy). The retry waits for
+    # the other only until the request's own deadline, not a fresh one.
+    busy, failing = FailingReplica(waiting=100), FailingReplica(waiting=100, health_after_503=503)
     with serving(busy.app()) as busy_url, serving(failing.app()) as failing_url, \
             router([busy_url, failing_url], admission="queue", max_queue_s=1.5) as r:  # fmt: skip
         eventually(lambda: r.replicas()[failing_url]["waiting"] == 100, 5, "the queues scraped")
@@ -214,3 +211,18 @@ def test_a_prompt_with_a_cached_prefix_waits_behind_held_requests_like_any_that_
                 await router.decide(features(prompt))
 
     asyncio.run(go())
+
+
+def test_a_retry_held_first_in_line_goes_back_to_its_replica_once_readmitted() -> None:
+    # One replica busy, one free that answers 503 and is readmitted (its /health answers 200). The retry, held
+    # first in line, takes the readmitted replica again: left out for good, it (and every request behind it) waited
+    # out the whole --max-queue-s while that replica stood idle.
+    busy, failing = FailingReplica(waiting=100), FailingReplica(waiting=0, health_after_503=200)
+    with serving(busy.app()) as busy_url, serving(failing.app()) as failing_url, \
+            router([busy_url, failing_url], admission="queue", max_queue_s=8.0) as r:  # fmt: skip
+        eventually(lambda: r.replicas()[busy_url]["waiting"] == 100, 5, "the queues scraped")
+        started = time.monotonic()
+        answer = httpx.post(r.url + "/v1/completions", json={"prompt": "held", "max_tokens": 4}, timeout=20)
+        waited_s = time.monotonic() - started
+        assert failing.completions == 2 and busy.completions == 0, answer.text
+        assert waited_s < 6.0, f"held {waited_s:.1f} s though its replica was readmitted"
