@@ -11,7 +11,7 @@ import typer
 from cli.common import cli_errors, console, log_level, positive
 from cli.listen import listener_for, listening_port
 from contracts.slo_defaults import TTFT_REFERENCE_PROMPT_TOKENS
-from contracts.urls import http_url
+from contracts.urls import http_url, redacted_url
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -97,7 +97,7 @@ def route(
             prefill_tokens_per_s=prefill_tokens_per_s,
             scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s, prefix_cache_tokens=prefix_cache_tokens,
         )
-        upstream = ", ".join(config.replicas) or f"the replicas {controller} lists"
+        upstream = ", ".join(config.replicas) or f"the replicas {redacted_url(controller or '')} lists"
         listener = listener_for(host, port)
         console.print(f"routing ({policy}) on {http_url(host, listening_port(listener, port))} to {upstream}")
         logging.basicConfig(level=log_level.upper())

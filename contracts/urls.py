@@ -20,8 +20,8 @@ def http_url_problem(name: str, url: str) -> str | None:
     try:
         parts = urlsplit(url)
         port = parts.port  # raises on a port out of range or not a number
-    except ValueError as exc:
-        return f"{name}: {shown!r} is not a URL ({exc})"
+    except ValueError as exc:  # urlsplit's own words may quote a part of the password
+        return f"{name}: {shown!r} is not a URL" + ("" if shown != url else f" ({exc})")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return f"{name}: {shown!r} is not an http(s) URL"
     if not parts.hostname:
@@ -37,14 +37,27 @@ def redacted_url(url: str) -> str:
     A ``user:password@`` in a Prometheus or Alertmanager URL is accepted (httpx sends it as basic auth), so every
     message that names such a URL names this form of it.
     """
-    # By hand, not urlsplit: a URL it refuses (a bad port) may still carry a password.
+    # By hand, not urlsplit: a URL it refuses (a bad port, a password with a "/") may still carry a password.
     scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    if "@" not in authority:
-        return url
-    return f"{scheme}://***@{authority.rpartition('@')[2]}{rest[len(authority):]}"
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0] if sep else ""
+    if "@" in authority:
+        return f"{scheme}://***@{authority.rpartition('@')[2]}{rest[len(authority):]}"
+    if sep and _parses(url):
+        return url  # an "@" past the host is the path's or the query's
+    # No scheme, or one urlsplit cannot read: the last "@" before a query or fragment may end a user's info (a
+    # password with a "/" in it): hiding a host costs less than showing a password.
+    text = rest if sep else url
+    end = next((i for i, char in enumerate(text) if char in "?#"), len(text))
+    at = text.rfind("@", 0, end)
+    return url if at < 0 else (f"{scheme}://" if sep else "") + f"***@{text[at + 1:]}"
+
+
+def _parses(url: str) -> bool:
+    try:
+        urlsplit(url).port  # noqa: B018  (raises on a port that is no number)
+    except ValueError:
+        return False
+    return True
 
 
 def base_url_problem(name: str, url: str) -> str | None:
@@ -54,6 +67,8 @@ def base_url_problem(name: str, url: str) -> str | None:
     if (problem := http_url_problem(name, url)) is not None:
         return problem
     parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:  # it would name the replica in answers and series
+        return f"{name}: {redacted_url(url)!r} must not carry credentials"
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         return (f"{name}: {redacted_url(url)!r} must be http(s)://host:port alone "
                 "(no path such as /v1, no query or fragment)")

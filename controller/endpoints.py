@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from typing import Literal
 from urllib.parse import urlsplit
 
+from contracts.urls import redacted_url
+
 AddressClass = Literal["loopback", "link-local", "metadata"]
 ADDRESS_CLASSES: tuple[AddressClass, ...] = ("loopback", "link-local", "metadata")
 MAX_URL_LENGTH = 2048
@@ -43,21 +45,22 @@ def check_endpoint_url(url: str) -> str:
         raise ValueError(f"endpoint is longer than {MAX_URL_LENGTH} characters")
     if _CONTROL.search(url):
         raise ValueError("endpoint must not contain spaces or control characters")
+    shown = redacted_url(url)  # every message below: one refusing credentials must not repeat them
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise ValueError(f"endpoint {url!r} is not a valid URL ({exc})") from exc
+        raise ValueError(f"endpoint {shown!r} is not a valid URL" + ("" if shown != url else f" ({exc})")) from exc
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"endpoint {url!r} must be an http:// or https:// URL")
+        raise ValueError(f"endpoint {shown!r} must be an http:// or https:// URL")
     if not parts.hostname:
-        raise ValueError(f"endpoint {url!r} has no host")
+        raise ValueError(f"endpoint {shown!r} has no host")
     if parts.username is not None or parts.password is not None:
-        raise ValueError(f"endpoint {url!r} must not carry credentials")
+        raise ValueError(f"endpoint {shown!r} must not carry credentials")
     if parts.query or parts.fragment:
-        raise ValueError(f"endpoint {url!r} must be a base URL (no query or fragment)")
+        raise ValueError(f"endpoint {shown!r} must be a base URL (no query or fragment)")
     if port == 0:
-        raise ValueError(f"endpoint {url!r} has port 0")
+        raise ValueError(f"endpoint {shown!r} has port 0")
     return url
 
 

@@ -166,7 +166,9 @@ def use_multiprocess_values() -> None:
 
     prometheus_client picks its value class once, when imported; a process forked from one that imported it
     before the directory was set would keep its values in memory, where vLLM's API servers (which serve the
-    directory) never see them.  Metrics made earlier keep their values; ours are made after this."""
+    directory) never see them.  Ours are made after this.  The switch is the process's: an unlabelled metric
+    made earlier keeps its values in memory, but a labelled one's later label sets land in the directory too
+    (vLLM serves those; where a worker process holds such metrics of its own, they would appear)."""
     if values.ValueClass.__name__ != "MmapedValue":
         values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 

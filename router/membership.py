@@ -16,7 +16,7 @@ import logging
 import aiohttp
 
 from contracts.errors import DataError
-from contracts.urls import base_url_problem
+from contracts.urls import base_url_problem, redacted_url
 from router.forward import UPSTREAM_FAILURES, Router
 from router.monitor import Repeating
 
@@ -79,12 +79,12 @@ class Membership(Repeating):
         except (DataError, ValueError, *UPSTREAM_FAILURES) as exc:
             message = str(exc) or type(exc).__name__
             if message != self.last_error:
-                _log.warning("replica set not read from %s: %s", self.base, message)
+                _log.warning("replica set not read from %s: %s", redacted_url(self.base), message)
             self.last_error = message
             return
         left_out = "; ".join(unusable) or None
         if left_out is not None and left_out != self.last_error:
-            _log.warning("replicas from %s left out: %s", self.base, left_out)
+            _log.warning("replicas from %s left out: %s", redacted_url(self.base), left_out)
         self.last_error = left_out
         added, removed = self.router.set_replicas(urls)
         for name in added:

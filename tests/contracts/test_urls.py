@@ -50,7 +50,8 @@ def test_a_server_url_puts_an_ipv6_host_in_brackets() -> None:
     [("http://moeslo:s3cr3t@127.0.0.1:9", "http://***@127.0.0.1:9"),
      ("https://ops:p%40ss@am.example:9093/base?x=1", "https://***@am.example:9093/base?x=1"),
      ("http://user@h/a@b", "http://***@h/a@b"), ("http://a:b@c@h:1#f", "http://***@h:1#f"),
-     ("http://127.0.0.1:9090/a@b", "http://127.0.0.1:9090/a@b"), ("notaurl", "notaurl")],
+     ("http://127.0.0.1:9090/a@b", "http://127.0.0.1:9090/a@b"), ("notaurl", "notaurl"),
+     ("admin:s3cr3t@prom:9090", "***@prom:9090"), ("http://user:pa/ss@h", "http://***@h")],
 )
 def test_a_url_is_shown_without_its_user_and_password(url: str, shown: str) -> None:
     """httpx sends a URL's ``user:password@`` as basic auth; no message may repeat it."""
@@ -63,3 +64,23 @@ def test_a_refused_url_is_named_without_its_password(url: str) -> None:
     for problem in (http_url_problem("prometheus_url", url), base_url_problem("replicas", url)):
         assert problem is not None and "s3cr3t" not in problem and "***@" in problem
     assert "s3cr3t" not in str(base_url_problem("replicas", "http://moeslo:s3cr3t@h:1/v1"))
+
+
+def test_an_endpoint_refused_for_its_credentials_is_named_without_them() -> None:
+    """The refusal of credentials in an engine endpoint (a policy's 422, the controller's config error) printed
+    them; so did the errors of a URL with no scheme or a password with a "/" in it."""
+    from controller.endpoints import check_endpoint_url
+
+    with pytest.raises(ValueError, match="must not carry credentials") as refused:
+        check_endpoint_url("http://admin:s3cr3t@10.0.0.1:8000")
+    assert "s3cr3t" not in str(refused.value)
+    for url in ("admin:s3cr3t@prom:9090", "http://user:s3/cr3t@h"):
+        problem = http_url_problem("prometheus_url", url)
+        assert problem is not None and "s3cr3t" not in problem and "cr3t" not in problem
+
+
+def test_a_replica_url_with_credentials_is_refused_without_repeating_them() -> None:
+    """The router named a replica by its URL in answers to any client and in its series' labels: a password there
+    went everywhere.  Replicas, like the controller's endpoints, take none."""
+    problem = base_url_problem("replicas", "http://admin:s3cr3t@127.0.0.1:8000")
+    assert problem is not None and "must not carry credentials" in problem and "s3cr3t" not in problem

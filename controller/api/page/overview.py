@@ -267,7 +267,7 @@ def _filter(data: OverviewData) -> Markup:
         if q.per_page != OverviewQuery().per_page else None,
         el("input", type="hidden", name="refresh", value=str(q.refresh)) if q.refresh is not None else None,
         el("button", "filter", type="submit"),
-        el("a", "clear", href=with_refresh("/ui/", q.refresh)) if q.q or q.state else None,
+        el("a", "clear", href=q.link(q="", state="", page=1)) if q.q or q.state else None,
         el("span", "sort: ", el("b", "most urgent first") if q.sort != "name" else
            el("a", "most urgent first", href=q.link(sort="urgency")), " · ",
            el("b", "name") if q.sort == "name" else el("a", "name", href=q.link(sort="name")), class_="small"),

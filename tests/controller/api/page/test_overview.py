@@ -179,3 +179,13 @@ def test_every_link_keeps_the_refresh_asked_for(make_page: Any) -> None:
     missing = page.client.get("/ui/policies/gone?refresh=0")  # a policy deleted meanwhile
     assert missing.status_code == 404
     assert re.findall(r'href="(/ui/[^"]*)"', missing.text) == ["/ui/?refresh=0", "/ui/?refresh=0"]
+
+
+def test_the_clear_link_keeps_the_page_size_and_order(make_page: Any) -> None:
+    """Clearing the filter went back to 50 lines by urgency while every other link kept the reader's choice."""
+    page = make_page()
+    for i in range(3):
+        page.store.create_policy(_policy(f"p{i}"))
+    html = page.client.get("/ui/?q=p&per_page=2&sort=name").text
+    clear = re.search(r'<a href="([^"]*)">clear</a>', html)
+    assert clear is not None and clear.group(1).replace("&amp;", "&") == "/ui/?sort=name&per_page=2"
