@@ -9,7 +9,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("contracts", "engine", "exporters", "controller", "router", "generators", "harness", "stack", "bench", "cli")
+PACKAGES = (
+    "contracts", "engine", "exporters", "controller", "router", "generators", "harness", "stack", "bench", "cli",
+)
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 LONG_MARK = "# long:"
