@@ -192,8 +192,8 @@ def _with_held_rate(fitted: ReplicaProfile, summaries: list[dict[str, Any]], *, 
     else:
         console.print(f"held the objectives up to {ceiled.max_request_rate_rps:.2f} requests/s: the capacity "
                       f"model's ceiling (max_request_rate_rps) for policies with TTFT {TTFT_THRESHOLD_S * 1000:g} ms "
-                      f"and ITL {ITL_THRESHOLD_S * 1000:g} ms objectives and lengths within "
-                      f"{CEILING_LENGTH_FACTOR:g}x of {prompt_tokens}/{output_tokens} tokens")
+                      f"and ITL {ITL_THRESHOLD_S * 1000:g} ms objectives or stricter and lengths no shorter than "
+                      f"{prompt_tokens}/{output_tokens} tokens by more than {CEILING_LENGTH_FACTOR:g}x")
     return ceiled
 
 

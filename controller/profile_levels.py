@@ -138,9 +138,9 @@ def with_held_ceiling(
 ) -> ReplicaProfile:
     """``profile`` with the rate one replica's sweep held (:func:`held_rate_rps`) as its ceiling
     (``max_request_rate_rps``: the capacity model never sizes a replica for more) and what it was measured
-    under (``measured_at``: the capacity model caps only policies with those objectives and lengths near
-    those); unchanged when the first level that counted missed the objectives, and when every level held:
-    the top swept rate is then only a lower bound (the sweep never found the limit), and as a ceiling it
+    under (``measured_at``: the capacity model caps only policies with objectives as strict or stricter and
+    lengths not much shorter); unchanged when the first level that counted missed the objectives, and when every
+    level held: the top swept rate is then only a lower bound (the sweep never found the limit), and as a ceiling it
     capped a replica the model says holds 20 requests/s at the 4 it was swept to."""
     held = held_rate_rps([summaries])
     if held is None or lightest_failed_rps([summaries]) is None:

@@ -125,7 +125,7 @@ class ReplicaProfile(BaseModel):
     """The objectives and lengths the ceiling was measured at (None: not recorded, it caps every policy)."""
 
     def ceiling_rps(self, *, ttft_s: float, itl_s: float, prompt_tokens: float, output_tokens: float) -> float | None:
-        """The measured ceiling where it was measured under these objectives and near these mean lengths, else None."""
+        """The measured ceiling where it bounds a policy with these objectives and mean lengths, else None."""
         measured = self.ceiling_measured_at
         if measured is None or measured.hold_for(ttft_s=ttft_s, itl_s=itl_s, prompt_tokens=prompt_tokens,
                                                  output_tokens=output_tokens):  # fmt: skip
