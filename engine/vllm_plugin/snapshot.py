@@ -209,9 +209,13 @@ class SnapshotBuilder:
         self._weights: FloatArray | None = None
         """The rank map of the last build."""
         self._committing: set[int] | None = None
-        """Layers whose map changed in the rearrangement being committed (None: none is)."""
+        """Layers whose map changed in the last rearrangement (None: none yet)."""
         self._expected_commit = False
         """That rearrangement is the trigger's: its figures hold every layer's moves."""
+        self._commit_target: FloatArray | None = None
+        """The trigger's rank map being committed: its commit is over once the map is this."""
+        self._routed_on_steady_map = False
+        """A build since the last change routed tokens on an unchanged map."""
 
     @property
     def window_active_flushes(self) -> int:
@@ -255,7 +259,7 @@ class SnapshotBuilder:
             self._rearranged(changed, window, weights)
             window = np.zeros_like(window)
         elif delta.any():
-            self._committing = None  # routing went on and the map held: the rearrangement is committed
+            self._routed_on_steady_map = True
         self._weights = weights
         self.window_expert_tokens = window
         step_ranks = rank_loads(delta, weights).sum(axis=0)
@@ -284,15 +288,15 @@ class SnapshotBuilder:
 
     def _rearranged(self, changed: npt.NDArray[np.bool_], window: IntArray, weights: FloatArray) -> None:
         """Count a rearrangement once, however many builds its commit spans (vLLM's async EPLB commits one
-        layer per step): a layer changing again, or a change after a build that routed on a steady map,
-        is the next one.  Measured balance "after" starts here, as the window does."""
+        layer per step, in layer order, and flushes fall between those steps): see :meth:`_continues`.
+        Measured balance "after" starts here, as the window does."""
         previous = self._weights
         assert previous is not None
         layers = set(np.flatnonzero(changed).tolist())
         expected, self.expected = self.expected, None
         if expected is not None and not expected.matches(weights, changed):
             expected = None  # vLLM committed another map: the trigger's was dropped, this one is vLLM's own
-        new = self._committing is None or bool(layers & self._committing) or expected is not None
+        new = expected is not None or not self._continues(layers, previous)
         # (layer, expert, rank) triples new to a rank: replicas copied there.
         moved = int(((weights > 0) & ~(previous > 0)).sum())
         if not self.records_placement:
@@ -306,9 +310,23 @@ class SnapshotBuilder:
             self.log().moved(moved)  # the same rearrangement's next layers (the trigger's figures hold them all)
         if new:
             self._committing, self._expected_commit = layers, expected is not None
+            self._commit_target = None if expected is None else expected.target
         else:
             self._committing = (self._committing or set()) | layers
+        self._routed_on_steady_map = False
         self.mark_rearrangement()
+
+    def _continues(self, layers: set[int], previous: FloatArray) -> bool:
+        """Whether the ``layers`` that changed go on committing the last rearrangement.  Not when a layer of it
+        changes again, nor once the trigger's map was whole before this change.  Routing on a steady map in
+        between ends vLLM's own only if the change does not carry on upwards: its async commits routed steps
+        between layers, and a flush could fall there."""
+        committing, target = self._committing, self._commit_target
+        if committing is None or layers & committing:
+            return False
+        if target is not None:
+            return not (target.shape == previous.shape and np.allclose(target, previous))
+        return not self._routed_on_steady_map or min(layers) > max(committing)
 
     def _placement_json(self, counts: IntArray, weights: FloatArray) -> dict[str, Any] | None:
         if self.placement_log is None:

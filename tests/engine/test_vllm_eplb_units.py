@@ -168,6 +168,7 @@ def test_async_eplb_commits_later_and_the_swap_counts_when_the_map_changes() -> 
     assert log["balance"]["predicted_after"] == reply["predicted_after"] and log["duration_buckets"] == [0] * len(
         log["duration_buckets"])  # fmt: skip
     route(counter)
+    flusher.flush()  # a periodic flush between the layers' commits: routing went on, the map half committed
     state.step()  # the second layer, a few steps later: the same rearrangement
     done = merge_status([control.status(runner(state))])
     assert done["phy2log"] == reply["phy2log"] and done["placement_log"]["swaps"] == 1

@@ -171,6 +171,8 @@ def test_a_rearrangement_vllm_makes_itself_restarts_the_window_and_counts_once()
     assert first.window_rank_tokens.sum() == 0  # routing on the old map is not the new map's
     assert first.placement is not None and first.placement["swaps"] == 1 and first.placement["experts_moved"] == 4
     assert first.placement["balance"]["measured_before"]["cv_max"] > 0.5
+    counts = counts + routed  # a flush between the layers' steps: routed on a half-committed map
+    assert builder.build(counts).placement["swaps"] == 1  # type: ignore[index]
     counts = counts + routed  # the next layer commits a few steps later, in the same rearrangement
     assert commit(1).placement["swaps"] == 1 and builder.placement_log.experts_moved == 8  # type: ignore[union-attr]
     counts = counts + routed
