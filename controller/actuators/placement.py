@@ -9,8 +9,8 @@ returns every step as a :class:`RebalanceEvent` for the decision log.
 Each engine also keeps a bounded history of its expert-load windows
 (:class:`~controller.rebalance.history.LoadHistory`): plans are made against all
 of them (each cut, by the engine's cumulative counts, to what was routed after the
-previous one), and the trigger judges the gain a plan made without the latest window
-shows on that window; verification expects that out-of-sample prediction.
+previous one; a new engine borrows a sibling's), and the trigger judges the gain a plan
+made without the latest window shows on that window; verification expects that prediction.
 
 Only the leader rebalances: ``still_leading`` is asked before each engine and
 again right before an apply (the read and the plan take a while), and once it
@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import httpx
 import numpy as np
@@ -37,6 +37,7 @@ from contracts.errors import MoesloError, PlacementError, UnavailableError
 from contracts.imbalance import rank_dispersion, rank_load, sampling_noise_cv
 from contracts.placement import Placement
 from controller.actuators.base import StillLeading, always_leading
+from controller.actuators.rebalance_events import RebalanceEvent
 from controller.errors import EngineRefusalError, malformed_answer
 from controller.policy import ImbalanceObjective, Mode, Policy
 from controller.rebalance import (
@@ -44,7 +45,6 @@ from controller.rebalance import (
     RebalanceDecision,
     RebalancePlan,
     TriggerSettings,
-    VerifyResult,
     decide_rebalance,
     verify_rebalance,
 )
@@ -178,53 +178,6 @@ class HttpEngineControl(JsonHttpControl):
         return result
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RebalanceEvent:
-    """One rebalancer outcome for the decision log."""
-
-    policy: str
-    endpoint: str
-    kind: Literal["rebalance", "verify"]
-    outcome: Literal["applied", "advisory", "failed", "verified", "unverified", "interrupted"]
-    """``interrupted``: a shutdown cut the apply short; whether the engine took the placement is unknown."""
-    decision: RebalanceDecision | None
-    plan: dict[str, Any] | None
-    """Imbalance before/after (predicted), moves, plan time."""
-    swap: dict[str, Any] | None = None
-    verify: VerifyResult | None = None
-    error: str | None = None
-
-    def detail(self) -> str:
-        """One line for the decision log: the prediction on the windows planned from, the held-out one the
-        trigger and verification use where there is one, and what was measured."""
-        plan = self.plan or {}
-        text = (f"{self.endpoint}: predicted worst-layer CV {plan.get('imbalance_before_cv', 0):.3f} -> "
-                f"{plan.get('imbalance_after_cv', 0):.3f}")
-        held_out = plan.get("held_out")
-        if held_out is not None:
-            text += (f" ({held_out['worst_cv_before']:.3f} -> {held_out['worst_cv_after']:.3f} on a window "
-                     "it was not planned from)")
-        text += f", {plan.get('moves', 0)} expert moves"
-        if self.verify is not None and self.verify.measured_cv is not None:
-            text += f"; expected {self.verify.predicted_cv:.3f}, measured {self.verify.measured_cv:.3f}"
-        if self.error:
-            text += f"; {self.error}"
-        return text
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy,
-            "endpoint": self.endpoint,
-            "kind": self.kind,
-            "outcome": self.outcome,
-            "decision": None if self.decision is None else self.decision.to_json(),
-            "plan": self.plan,
-            "swap": self.swap,
-            "verify": None if self.verify is None else self.verify.to_json(),
-            "error": self.error,
-        }
-
-
 @dataclass(slots=True)
 class _EngineState:
     history: deque[CvObservation] = field(default_factory=lambda: deque(maxlen=4096))
@@ -286,6 +239,7 @@ class Rebalancer:
         """Windows seen before the first plan (2: every plan comes with a held-out prediction)."""
         self._state: dict[tuple[str, str], _EngineState] = {}
         self._unreported: list[RebalanceEvent] = []
+        self._listed: dict[str, tuple[str, ...]] = {}  # per policy, the engines its last tick listed
         """The steps of a tick that a cancellation (a shutdown) cut short: those it finished, and an apply it cut."""
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moeslo-planner")
         """Plans run on this one thread: off the event loop, and one malloc arena keeps what the planning commands'
@@ -310,6 +264,7 @@ class Rebalancer:
         apply it cut short, wait in :meth:`take_unreported`."""
         if policy.mode is Mode.OFF:
             return []
+        self._listed[policy.name] = tuple(endpoints)
         events: list[RebalanceEvent] = []
         try:
             for endpoint in endpoints:
@@ -414,13 +369,16 @@ class Rebalancer:
             return self._verify(policy, endpoint, state, snap, assignments, now_s)
         if state.pending is not None:
             return None
-        decision, plan, held_out, plan_ms = await self._decide(objective, state, snap.placement, now_s)
+        windows, lender = self._planning_windows(policy.name, endpoint, state)
+        decision, plan, held_out, plan_ms = await self._decide(objective, state, windows, snap.placement, now_s)
         if decision.action != "rebalance" or plan is None:
             return None
         if not still_leading():  # lost while it read and planned: the new leader decides afresh
             return None
         state.last_rebalance_s = now_s
-        summary = _plan_summary(plan) | {"plan_ms": plan_ms, "windows": len(state.loads)}
+        summary = _plan_summary(plan) | {"plan_ms": plan_ms, "windows": len(windows)}
+        if lender is not None:
+            summary["windows_from"] = lender
         if held_out is not None:
             summary["held_out"] = {"worst_cv_before": held_out.worst_before, "worst_cv_after": held_out.worst_after}
         step = functools.partial(
@@ -430,12 +388,31 @@ class Rebalancer:
             return step(outcome="advisory")
         return await self._apply(endpoint, plan, held_out, state, now_s, step)
 
+    def _planning_windows(
+        self, policy: str, endpoint: str, state: _EngineState
+    ) -> tuple[list[npt.NDArray[np.float64]], str | None]:
+        """The windows to plan from, and their engine where not this one.  With under ``min_windows`` of its own (a
+        replica just added, often for a peak) an engine borrows those of the listed engine of its shape with the
+        most: the same model behind the same entry sees the same traffic.  Its own CV still decides, and
+        verification measures it on its own routing."""
+        own = state.loads.windows()
+        if len(own) >= self.min_windows or state.shape is None:
+            return own, None
+        listed = self._listed.get(policy, ())  # not an engine scaled away since: its windows grow old
+        lenders = [(len(other.loads), other_endpoint) for (name, other_endpoint), other in self._state.items()
+                   if name == policy and other_endpoint != endpoint and other_endpoint in listed
+                   and other.shape == state.shape and len(other.loads) >= self.min_windows]  # fmt: skip
+        if not lenders:
+            return own, None
+        lender = max(lenders)[1]
+        return self._state[(policy, lender)].loads.windows(), lender
+
     async def _decide(
-        self, objective: ImbalanceObjective, state: _EngineState, placement: Placement, now_s: float
+        self, objective: ImbalanceObjective, state: _EngineState, windows: list[npt.NDArray[np.float64]],
+        placement: Placement, now_s: float,
     ) -> tuple[RebalanceDecision, RebalancePlan | None, HeldOutGain | None, float]:
-        """The trigger's decision, and the plan with its time in ms where there is one: the trigger's cheap checks
-        (violation, sustain, cooldown) run first without a plan, and the planner only once they pass and the
-        decision needs the plan's gain (planning every violating tick, most plans were thrown away)."""
+        """The trigger's decision, and the plan with its time in ms where there is one: the cheap checks (violation,
+        sustain, cooldown) run first, the planner only once they pass (planning each violating tick wasted most)."""
 
         def decide(plan: RebalancePlan | None, held_out: HeldOutGain | None) -> RebalanceDecision:
             return decide_rebalance(
@@ -444,12 +421,11 @@ class Rebalancer:
             )
 
         decision = decide(None, None)
-        if decision.reason != "insufficient_improvement" or len(state.loads) < self.min_windows:
+        if decision.reason != "insufficient_improvement" or len(windows) < self.min_windows:
             return decision, None, None, 0.0
-        # Off the event loop: two plans of a DeepSeek-V3-sized model over eight windows take a few tenths of
-        # a second, which the controller's API and its other engines' ticks would otherwise wait out.
+        # Off the event loop: two plans of a DeepSeek-V3-sized model over eight windows take a few tenths of a second.
         plan, held_out, plan_ms = await asyncio.get_running_loop().run_in_executor(
-            self._planner, _timed_plan, state.loads.windows(), placement)
+            self._planner, _timed_plan, windows, placement)
         return decide(plan, held_out), plan, held_out, plan_ms
 
     async def _apply(

@@ -1,0 +1,71 @@
+"""A replica added to a policy's fleet plans its first rebalance on a sibling's load history."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from contracts.placement import Placement
+from controller.actuators.placement import ExpertLoadSnapshot, Rebalancer
+from controller.policy import Mode
+from controller.rebalance import TriggerSettings
+from tests.controller.actuators.test_placement import InMemoryEngine, _policy
+
+A, B = "http://a", "http://b"
+
+
+class Fleet:
+    """One in-memory engine per endpoint (the same model and traffic)."""
+
+    def __init__(self) -> None:
+        self.engines = {A: InMemoryEngine(), B: InMemoryEngine()}
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
+        return await self.engines[endpoint].expert_load(endpoint)
+
+    async def apply_placement(self, endpoint: str, placement: Placement) -> dict[str, Any]:
+        return await self.engines[endpoint].apply_placement(endpoint, placement)
+
+
+def _run(fleet: Fleet, ticks: list[tuple[float, list[str]]]) -> list[Any]:
+    """Windows 30 s apart, two before a plan: an engine needs 30 s of its own history first."""
+    rebalancer = Rebalancer(fleet, TriggerSettings(cooldown_s=100), verify_after_s=5, window_every_s=30,
+                            min_windows=2)  # fmt: skip
+
+    async def run() -> list[Any]:
+        events = []
+        for now, endpoints in ticks:
+            events += await rebalancer.tick(_policy(Mode.ENFORCE), endpoints, now)
+        return events
+
+    return asyncio.run(run())
+
+
+# A alone until 35 s (two windows, rebalanced at 30 s, verified at 35 s); B added at 40 s.
+A_ALONE = [(0.0, [A]), (5.0, [A]), (11.0, [A]), (30.0, [A]), (35.0, [A])]
+B_JOINS = [(40.0, [A, B]), (45.0, [A, B]), (51.0, [A, B])]
+
+
+def test_a_new_replica_plans_on_its_siblings_windows_once_its_imbalance_is_sustained() -> None:
+    fleet = Fleet()
+    events = _run(fleet, A_ALONE + B_JOINS)
+    on_b = [e for e in events if e.endpoint == B]
+    assert [(e.kind, e.outcome) for e in on_b] == [("rebalance", "applied")]
+    applied = on_b[0]
+    assert applied.decision.reason == "rebalance" and applied.decision.prediction == "held_out"
+    assert applied.plan["windows_from"] == A and applied.plan["windows"] == 2
+    assert "planned on http://a's load history" in applied.detail()
+    assert fleet.engines[B].placement != Placement.contiguous(1, 8, 2)
+
+
+def test_without_a_sibling_the_new_replica_waits_for_its_own_windows() -> None:
+    fleet = Fleet()
+    events = _run(fleet, [(now, [B]) for now, _ in B_JOINS])
+    assert events == [] and fleet.engines[B].applied == []
+
+
+def test_an_engine_no_longer_listed_lends_nothing() -> None:
+    """A replica scaled away keeps its state in the rebalancer, but its windows grow old: not lent."""
+    fleet = Fleet()
+    events = _run(fleet, A_ALONE + [(now, [B]) for now, _ in B_JOINS])
+    assert [e for e in events if e.endpoint == B] == [] and fleet.engines[B].applied == []
