@@ -158,6 +158,13 @@ RankWeights = Callable[[], tuple[FloatArray, str]]
 """Returns the current (experts x ranks) or (layers x experts x ranks) weights and their source."""
 
 
+MAX_COMMIT_GAP_FLUSHES = 3
+"""Periodic flushes routed on a steady map after which a change of vLLM's own is another rearrangement: an async
+commit's layers are a step or a few apart, its periodic rearrangements thousands of steps."""
+MAX_TARGET_GAP_FLUSHES = 100
+"""The same for the trigger's rearrangement, whose whole map is known: only a commit vLLM cut short is left."""
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Rearrangement:
     """A rearrangement the trigger asked of vLLM: recorded with these figures when the rank map changes to it."""
@@ -214,8 +221,8 @@ class SnapshotBuilder:
         """That rearrangement is the trigger's: its figures hold every layer's moves."""
         self._commit_target: FloatArray | None = None
         """The trigger's rank map being committed: its commit is over once the map is this."""
-        self._routed_on_steady_map = False
-        """A build since the last change routed tokens on an unchanged map."""
+        self._routed_flushes = 0
+        """Periodic builds since the last change that routed tokens on an unchanged map."""
 
     @property
     def window_active_flushes(self) -> int:
@@ -258,8 +265,10 @@ class SnapshotBuilder:
         if changed is not None:
             self._rearranged(changed, window, weights)
             window = np.zeros_like(window)
-        elif delta.any():
-            self._routed_on_steady_map = True
+        elif delta.any() and new_slot:
+            self._routed_flushes += 1
+        if self._weights is not None and self._weights.shape != weights.shape:
+            self.end_commit()  # another rank map's shape (elastic EP): no commit goes on across it
         self._weights = weights
         self.window_expert_tokens = window
         step_ranks = rank_loads(delta, weights).sum(axis=0)
@@ -313,20 +322,26 @@ class SnapshotBuilder:
             self._commit_target = None if expected is None else expected.target
         else:
             self._committing = (self._committing or set()) | layers
-        self._routed_on_steady_map = False
+        self._routed_flushes = 0
         self.mark_rearrangement()
 
+    def end_commit(self) -> None:
+        """The rearrangement is whole (the trigger's, committed within its request): the next change is another."""
+        self._committing, self._commit_target, self._routed_flushes = None, None, 0
+
     def _continues(self, layers: set[int], previous: FloatArray) -> bool:
-        """Whether the ``layers`` that changed go on committing the last rearrangement.  Not when a layer of it
-        changes again, nor once the trigger's map was whole before this change.  Routing on a steady map in
-        between ends vLLM's own only if the change does not carry on upwards: its async commits routed steps
-        between layers, and a flush could fall there."""
-        committing, target = self._committing, self._commit_target
+        """Whether the ``layers`` that changed go on committing the last rearrangement.  vLLM's async EPLB commits
+        one layer per step, in layer order, with routed steps between (a flush can fall there): so not when a
+        layer of it changes again, nor after more than a few periodic flushes routed on a steady map (vLLM's
+        periodic rearrangements are thousands of steps apart), nor once the trigger's map was whole before this
+        change, nor, for vLLM's own, when the change does not carry on upwards after routing."""
+        committing, target, gap = self._committing, self._commit_target, self._routed_flushes
         if committing is None or layers & committing:
             return False
-        if target is not None:
-            return not (target.shape == previous.shape and np.allclose(target, previous))
-        return not self._routed_on_steady_map or min(layers) > max(committing)
+        if target is not None:  # the trigger's: known whole once the map is its target
+            whole = target.shape != previous.shape or np.allclose(target, previous)
+            return gap <= MAX_TARGET_GAP_FLUSHES and not whole
+        return gap == 0 or (gap <= MAX_COMMIT_GAP_FLUSHES and min(layers) > max(committing))
 
     def _placement_json(self, counts: IntArray, weights: FloatArray) -> dict[str, Any] | None:
         if self.placement_log is None:

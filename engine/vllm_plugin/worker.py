@@ -130,6 +130,7 @@ class Flusher:
                 # Committed, and each expert is on the ranks it was on (the plan moved slots within ranks).
                 self.builder.expected = None
                 self.builder.record(expected)
+                self.builder.end_commit()
                 self.builder.mark_rearrangement()
                 self._flush_locked()
 

@@ -22,6 +22,7 @@ from engine.vllm_plugin import (
     rank_loads,
 )
 from engine.vllm_plugin.binding import find_moe_layers, install_bind_hook
+from engine.vllm_plugin.snapshot import Rearrangement
 from exporters.vllm_metrics import snapshot_families
 
 
@@ -181,6 +182,55 @@ def test_a_rearrangement_vllm_makes_itself_restarts_the_window_and_counts_once()
     assert settled.placement["balance"]["measured_after"]["cv_max"] == pytest.approx(imbalance_cv([[20, 80]])[0])
     assert builder.build(counts).window_rank_tokens.sum() == 200  # no routing, no change: the window stays
     assert commit(0).placement["swaps"] == 2  # vLLM's next rearrangement
+
+
+def _four_layer_builder() -> tuple[SnapshotBuilder, dict[str, np.ndarray], np.ndarray]:
+    maps = {"now": np.stack([contiguous_rank_weights(8, 2)] * 4)}
+    builder = SnapshotBuilder(model_name="m", engine="0", layer_ids=(0, 1, 2, 3), window_flushes=10,
+                              rank_weights=lambda: (maps["now"], "eplb"))  # fmt: skip
+    return builder, maps, np.array([[60, 20, 10, 10, 5, 5, 5, 5]] * 4, dtype=np.int64)
+
+
+def _flip(maps: dict[str, np.ndarray], layers: tuple[int, ...]) -> None:
+    maps["now"] = maps["now"].copy()
+    for layer in layers:
+        maps["now"][layer] = maps["now"][layer][:, ::-1]
+
+
+def test_rearrangements_far_apart_count_twice_whatever_layers_they_change() -> None:
+    """vLLM's periodic rearrangements are thousands of steps apart: one that changes only higher layers than the
+    last is not that one's commit going on (a rule with no bound on the routing between merged them)."""
+    builder, maps, routed = _four_layer_builder()
+    counts = routed.copy()
+    builder.build(counts)
+    _flip(maps, (0, 1))
+    assert builder.build(counts).placement["swaps"] == 1  # type: ignore[index]
+    for _ in range(10):
+        counts = counts + routed
+        builder.build(counts)
+    _flip(maps, (2, 3))
+    assert builder.build(counts + routed).placement["swaps"] == 2  # type: ignore[index]
+
+
+def test_a_trigger_commit_cut_short_does_not_swallow_the_next_rearrangement() -> None:
+    """The trigger's async commit of layers 0-1 of four, then an elastic-EP reshape (vLLM drains its commit): the
+    next change of layers 2-3 is another rearrangement, counted with its moves."""
+    builder, maps, routed = _four_layer_builder()
+    counts = routed.copy()
+    builder.build(counts)
+    target = maps["now"][:, :, ::-1].copy()
+    builder.expected = Rearrangement(8, {}, target=target, pending=True)
+    for layer in (0, 1):
+        maps["now"] = maps["now"].copy()
+        maps["now"][layer] = target[layer]
+        counts = counts + routed
+        builder.build(counts)
+    maps["now"] = np.stack([contiguous_rank_weights(8, 4)] * 4)
+    counts = counts + routed
+    builder.build(counts)
+    _flip(maps, (2, 3))
+    log = builder.build(counts + routed).placement
+    assert log is not None and log["swaps"] == 2 and log["experts_moved"] == 8 + 16
 
 
 class _Router:
