@@ -10,15 +10,13 @@ One tick::
     store.append_decisions(...)                 (the decision log; leader only)
     metrics                                     (moeslo_* series)
 
-Faults stay inside the tick: a source that fails (or has not answered within
-``read_timeout_s``) yields observations with errors (the core holds;
-scale-downs are blocked; stale data holds all changes), an actuator that fails after its own retries is logged as a
-``failed`` decision and counted in ``moeslo_errors_total``, and the next tick decides afresh from the replica
-count it reads back -- scale calls are absolute, so nothing is applied twice.  Only the leader actuates and logs;
-standbys evaluate, so their ``/v1/status`` stays current.  Leadership is read
-afresh before each decision is carried out, by the actuator before each write
-it retries, and before each policy's and engine's rebalancing: a lease lost
-mid-tick stops what is left of it (``standby``).
+Faults stay inside the tick: a source that fails (or has not answered within ``read_timeout_s``) yields
+observations with errors (the core holds; scale-downs are blocked; stale data holds all changes), an actuator
+that fails after its own retries is logged as a ``failed`` decision and counted in ``moeslo_errors_total``, and
+the next tick decides afresh from the replica count it reads back -- scale calls are absolute, so nothing is
+applied twice.  Only the leader actuates and logs; standbys evaluate, so their ``/v1/status`` stays current.
+Leadership is read afresh before each decision is carried out, by the actuator before each write it retries, and
+before each policy's and engine's rebalancing: a lease lost mid-tick stops what is left of it (``standby``).
 """
 
 from __future__ import annotations
@@ -203,12 +201,13 @@ class ControllerService:
 
     async def _forget(self, name: str) -> None:
         """A policy deleted, or created again under its name: the core's and advisors' state, the runtime, the
-        metrics and the load history go, and what the actuator itself started stops (a local replica holds CPUs)."""
+        metrics, the load and rebalancer histories go, and what the actuator started stops (it holds CPUs)."""
         self._runtime.pop(name, None)
         self.core.forget(name)
         self.metrics.forget_policy(name)
-        if self.history is not None:
-            self.history.forget(name)
+        for history in (self.history, self.rebalancer):
+            if history is not None:
+                history.forget(name)
         self._managed.discard(name)
         await self._release(name, "deleted")
 

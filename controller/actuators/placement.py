@@ -55,6 +55,8 @@ from controller.sources.base import within
 log = logging.getLogger(__name__)
 
 APPLY_CUT_SHORT = "a shutdown cut the apply short: whether the engine took the placement is unknown"
+FORGET_UNLISTED_WINDOWS = 10
+"""An engine no longer listed is forgotten once it was last read this many history windows ago."""
 VERIFY_PATIENCE = 10
 """A rebalance whose window stays too small to judge is given up on (``unverified``) after this many
 verification delays."""
@@ -186,6 +188,8 @@ class _EngineState:
     pending: RebalancePlan | None = None
     pending_cv: npt.NDArray[np.float64] | None = None
     """The applied plan's out-of-sample CV per layer (None: its in-sample prediction)."""
+    lent_windows: list[npt.NDArray[np.float64]] = field(default_factory=list)
+    """Another engine's windows the pending plan was made from (:meth:`Rebalancer._planning_windows`)."""
     pending_summary: dict[str, Any] | None = None
     """The applied step's plan summary, held-out pair included: its verification shows what it was judged on."""
     applied_at_s: float = 0.0
@@ -239,8 +243,8 @@ class Rebalancer:
         """Windows seen before the first plan (2: every plan comes with a held-out prediction)."""
         self._state: dict[tuple[str, str], _EngineState] = {}
         self._unreported: list[RebalanceEvent] = []
-        self._listed: dict[str, tuple[str, ...]] = {}  # per policy, the engines its last tick listed
         """The steps of a tick that a cancellation (a shutdown) cut short: those it finished, and an apply it cut."""
+        self._listed: dict[str, tuple[str, ...]] = {}  # per policy, the engines its last tick listed
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moeslo-planner")
         """Plans run on this one thread: off the event loop, and one malloc arena keeps what the planning commands'
         allocator setting (:mod:`controller.rebalance.allocator`) lets it keep, not one per pool thread."""
@@ -250,6 +254,12 @@ class Rebalancer:
         if key not in self._state:
             self._state[key] = _EngineState(loads=LoadHistory(self.history_windows, self.window_every_s))
         return self._state[key]
+
+    def forget(self, policy: str) -> None:
+        """A policy deleted (or created again under its name): its engines' histories and pending plans go."""
+        self._listed.pop(policy, None)
+        for key in [key for key in self._state if key[0] == policy]:
+            del self._state[key]
 
     async def aclose(self) -> None:
         self._planner.shutdown(wait=False, cancel_futures=True)
@@ -265,6 +275,7 @@ class Rebalancer:
         if policy.mode is Mode.OFF:
             return []
         self._listed[policy.name] = tuple(endpoints)
+        self._drop_unlisted(policy.name, now_s)
         events: list[RebalanceEvent] = []
         try:
             for endpoint in endpoints:
@@ -292,6 +303,14 @@ class Rebalancer:
             log.exception("rebalancer: %s on %s failed; its other engines go on", policy.name, endpoint)
         return None
 
+    def _drop_unlisted(self, policy: str, now_s: float) -> None:
+        """Forget the engines the policy has not listed for ``FORGET_UNLISTED_WINDOWS`` windows (replicas scaled
+        away: each new pod address would otherwise keep its windows for good)."""
+        listed, horizon = self._listed[policy], FORGET_UNLISTED_WINDOWS * self.window_every_s
+        for key, state in list(self._state.items()):
+            if key[0] == policy and key[1] not in listed and now_s - state.loads.last_reading_s > horizon:
+                del self._state[key]
+
     def take_unreported(self) -> list[RebalanceEvent]:
         """The steps of a tick a cancellation cut short, for the decision log (once)."""
         events, self._unreported = self._unreported, []
@@ -306,8 +325,8 @@ class Rebalancer:
         assert applied is not None
         # The windows seen before and since the swap, as the new placement splits them: how far the
         # ranks' shares wander between windows beyond what independent draws explain.
-        dispersion = rank_dispersion(np.asarray(state.loads.windows()), applied.placement.phy2log,
-                                     applied.placement.num_ranks)
+        dispersion = rank_dispersion(np.asarray([*state.lent_windows, *state.loads.windows()]),
+                                     applied.placement.phy2log, applied.placement.num_ranks)
         result = verify_rebalance(
             plan=applied, measured_cv=snap.imbalance_cv, objective=policy.objectives.imbalance,
             assignments=assignments, predicted_cv=state.pending_cv, dispersion=dispersion,
@@ -369,7 +388,7 @@ class Rebalancer:
             return self._verify(policy, endpoint, state, snap, assignments, now_s)
         if state.pending is not None:
             return None
-        windows, lender = self._planning_windows(policy.name, endpoint, state)
+        windows, lender = self._planning_windows(policy.name, endpoint, state, now_s)
         decision, plan, held_out, plan_ms = await self._decide(objective, state, windows, snap.placement, now_s)
         if decision.action != "rebalance" or plan is None:
             return None
@@ -386,26 +405,32 @@ class Rebalancer:
         )
         if policy.mode is Mode.ADVISORY:
             return step(outcome="advisory")
-        return await self._apply(endpoint, plan, held_out, state, now_s, step)
+        event = await self._apply(endpoint, plan, held_out, state, now_s, step)
+        state.lent_windows = windows[:-1] if lender is not None and event.outcome == "applied" else []
+        return event
 
     def _planning_windows(
-        self, policy: str, endpoint: str, state: _EngineState
+        self, policy: str, endpoint: str, state: _EngineState, now_s: float
     ) -> tuple[list[npt.NDArray[np.float64]], str | None]:
-        """The windows to plan from, and their engine where not this one.  With under ``min_windows`` of its own (a
-        replica just added, often for a peak) an engine borrows those of the listed engine of its shape with the
-        most: the same model behind the same entry sees the same traffic.  Its own CV still decides, and
-        verification measures it on its own routing."""
+        """The windows to plan from, and the engine lending some where not all are this one's.  With under
+        ``min_windows`` of its own (a replica just added, often for a peak) an engine plans on the history of the
+        listed engine of its shape with the most, read within a window's time, and its own newest window: that
+        one is held out, so the trigger judges the plan on this engine's own routing (where the entry splits
+        traffic by prefix, the mixes differ), and verification measures it there too."""
         own = state.loads.windows()
-        if len(own) >= self.min_windows or state.shape is None:
+        if len(own) >= self.min_windows or not own:
             return own, None
         listed = self._listed.get(policy, ())  # not an engine scaled away since: its windows grow old
         lenders = [(len(other.loads), other_endpoint) for (name, other_endpoint), other in self._state.items()
                    if name == policy and other_endpoint != endpoint and other_endpoint in listed
-                   and other.shape == state.shape and len(other.loads) >= self.min_windows]  # fmt: skip
+                   and other.shape == state.shape and other.unavailable is None
+                   and now_s - other.loads.last_reading_s <= self.window_every_s
+                   and len(other.loads) >= self.min_windows]  # fmt: skip
         if not lenders:
             return own, None
         lender = max(lenders)[1]
-        return self._state[(policy, lender)].loads.windows(), lender
+        lent = self._state[(policy, lender)].loads.windows()[-max(self.history_windows - 1, 1):]
+        return [*lent, own[-1]], lender
 
     async def _decide(
         self, objective: ImbalanceObjective, state: _EngineState, windows: list[npt.NDArray[np.float64]],

@@ -263,6 +263,11 @@ class LoadHistory:
         self._newest_total, self._last_s = counts, now_s
         self._newest_young = cut and now_s - self._base_s < self.window_every_s / 2
 
+    @property
+    def last_reading_s(self) -> float:
+        """When :meth:`observe` last read the engine (-inf: never)."""
+        return self._last_s
+
     def windows(self) -> list[FloatArray]:
         entries = list(self._windows)
         return entries[:-1] if self._newest_young else entries
