@@ -9,6 +9,7 @@ gives one figure per layer.  numpy only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,21 +149,28 @@ def rank_dispersion(windows: npt.ArrayLike, phy2log: IntArray, num_ranks: int) -
     degrees of freedom, pooled over layers: the overdispersion of quasi-likelihood models, about 1
     for independent draws.  Noise widths scale with its square root.  1 with fewer than two windows.
     """
-    loads = np.asarray(windows, dtype=np.float64)
-    if loads.ndim != 3 or loads.shape[0] < 2 or num_ranks < 2:
-        return 1.0
-    table = np.stack([rank_load(phy2log, w, num_ranks) for w in loads], axis=1)  # (layers, windows, ranks)
-    rows = table.sum(axis=2, keepdims=True)
-    cols = table.sum(axis=1, keepdims=True)
-    total = rows.sum(axis=1, keepdims=True)
-    expected = np.divide(rows * cols, total, out=np.zeros_like(table), where=total > 0)
-    cells = np.divide((table - expected) ** 2, expected, out=np.zeros_like(table), where=expected > 0)
-    windows_with_load = (rows[..., 0] > 0).sum(axis=1)
-    ranks_with_load = (cols[:, 0, :] > 0).sum(axis=1)
-    dof = np.maximum(windows_with_load - 1, 0) * np.maximum(ranks_with_load - 1, 0)
-    if dof.sum() == 0:
-        return 1.0
-    return max(1.0, float(cells.sum() / dof.sum()))
+    return pooled_rank_dispersion([windows], phy2log, num_ranks)
+
+
+def pooled_rank_dispersion(groups: Sequence[npt.ArrayLike], phy2log: IntArray, num_ranks: int) -> float:
+    """:func:`rank_dispersion` with the chi-square and its degrees of freedom summed over groups of windows, each
+    tested within itself: windows of two engines whose traffic mixes differ do not count that difference."""
+    statistic, dof = 0.0, 0
+    for windows in groups:
+        loads = np.asarray(windows, dtype=np.float64)
+        if loads.ndim != 3 or loads.shape[0] < 2 or num_ranks < 2:
+            continue
+        table = np.stack([rank_load(phy2log, w, num_ranks) for w in loads], axis=1)  # (layers, windows, ranks)
+        rows = table.sum(axis=2, keepdims=True)
+        cols = table.sum(axis=1, keepdims=True)
+        total = rows.sum(axis=1, keepdims=True)
+        expected = np.divide(rows * cols, total, out=np.zeros_like(table), where=total > 0)
+        cells = np.divide((table - expected) ** 2, expected, out=np.zeros_like(table), where=expected > 0)
+        windows_with_load = (rows[..., 0] > 0).sum(axis=1)
+        ranks_with_load = (cols[:, 0, :] > 0).sum(axis=1)
+        statistic += float(cells.sum())
+        dof += int((np.maximum(windows_with_load - 1, 0) * np.maximum(ranks_with_load - 1, 0)).sum())
+    return 1.0 if dof == 0 else max(1.0, statistic / dof)
 
 
 __all__ = [
@@ -174,6 +182,7 @@ __all__ = [
     "denoised_cv",
     "imbalance_cv",
     "max_over_mean",
+    "pooled_rank_dispersion",
     "rank_dispersion",
     "rank_load",
     "sampling_noise_cv",

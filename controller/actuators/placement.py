@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.errors import MoesloError, PlacementError, UnavailableError
-from contracts.imbalance import rank_dispersion, rank_load, sampling_noise_cv
+from contracts.imbalance import pooled_rank_dispersion, rank_load, sampling_noise_cv
 from contracts.placement import Placement
 from controller.actuators.base import StillLeading, always_leading
 from controller.actuators.rebalance_events import RebalanceEvent
@@ -325,8 +325,8 @@ class Rebalancer:
         assert applied is not None
         # The windows seen before and since the swap, as the new placement splits them: how far the
         # ranks' shares wander between windows beyond what independent draws explain.
-        dispersion = rank_dispersion(np.asarray([*state.lent_windows, *state.loads.windows()]),
-                                     applied.placement.phy2log, applied.placement.num_ranks)
+        dispersion = pooled_rank_dispersion([state.lent_windows, state.loads.windows()], applied.placement.phy2log,
+                                            applied.placement.num_ranks)  # each engine's windows tested apart
         result = verify_rebalance(
             plan=applied, measured_cv=snap.imbalance_cv, objective=policy.objectives.imbalance,
             assignments=assignments, predicted_cv=state.pending_cv, dispersion=dispersion,

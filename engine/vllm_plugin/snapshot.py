@@ -159,8 +159,8 @@ RankWeights = Callable[[], tuple[FloatArray, str]]
 
 
 MAX_COMMIT_GAP_FLUSHES = 3
-"""Periodic flushes routed on a steady map after which a change of vLLM's own is another rearrangement: an async
-commit's layers are a step or a few apart, its periodic rearrangements thousands of steps."""
+"""Periodic flushes routed on a steady map, per layer between, after which a change of vLLM's own is another
+rearrangement: an async commit's layers are a step or a few apart, its periodic rearrangements thousands of steps."""
 MAX_TARGET_GAP_FLUSHES = 100
 """The same for the trigger's rearrangement, whose whole map is known: only a commit vLLM cut short is left."""
 
@@ -341,7 +341,9 @@ class SnapshotBuilder:
         if target is not None:  # the trigger's: known whole once the map is its target
             whole = target.shape != previous.shape or np.allclose(target, previous)
             return gap <= MAX_TARGET_GAP_FLUSHES and not whole
-        return gap == 0 or (gap <= MAX_COMMIT_GAP_FLUSHES and min(layers) > max(committing))
+        # vLLM commits the layers between unchanged too, a step each: the gap allowed grows with the distance.
+        distance = min(layers) - max(committing)
+        return gap == 0 or (distance > 0 and gap <= MAX_COMMIT_GAP_FLUSHES * distance)
 
     def _placement_json(self, counts: IntArray, weights: FloatArray) -> dict[str, Any] | None:
         if self.placement_log is None:

@@ -81,3 +81,15 @@ def test_count_replicas_counts_each_layer_alone_and_refuses_ids_out_of_range() -
         count_replicas(np.array([[0, 3], [1, 2]]), 3)  # the 3 would have been counted as layer 1's expert 0
     with pytest.raises(PlacementError):
         count_replicas(np.array([[0, 1], [-1, 2]]), 3)
+
+
+def test_pooled_dispersion_tests_each_group_within_itself() -> None:
+    """Two engines' windows, steady within each but with other hot experts: their difference is not noise."""
+    from contracts.imbalance import pooled_rank_dispersion, rank_dispersion
+
+    phy2log = np.array([[0, 1, 2, 3]])
+    first = np.array([[[400, 300, 20, 20]]] * 3, dtype=np.float64)
+    second = np.array([[[20, 20, 400, 300]]] * 3, dtype=np.float64)
+    assert rank_dispersion(np.concatenate([first, second]), phy2log, 2) > 100
+    assert pooled_rank_dispersion([first, second], phy2log, 2) == 1.0
+    assert pooled_rank_dispersion([[], first], phy2log, 2) == rank_dispersion(first, phy2log, 2)

@@ -212,6 +212,24 @@ def test_rearrangements_far_apart_count_twice_whatever_layers_they_change() -> N
     assert builder.build(counts + routed).placement["swaps"] == 2  # type: ignore[index]
 
 
+def test_an_async_commit_counts_once_across_many_unchanged_layers() -> None:
+    """vLLM commits every layer a step each, the unchanged ones too: changes of layers 0 and 7 of eight, seven
+    routed flushes apart, are one rearrangement."""
+    maps = {"now": np.stack([contiguous_rank_weights(8, 2)] * 8)}
+    builder = SnapshotBuilder(model_name="m", engine="0", layer_ids=tuple(range(8)), window_flushes=10,
+                              rank_weights=lambda: (maps["now"], "eplb"))  # fmt: skip
+    routed = np.array([[60, 20, 10, 10, 5, 5, 5, 5]] * 8, dtype=np.int64)
+    counts = routed.copy()
+    builder.build(counts)
+    _flip(maps, (0,))
+    builder.build(counts)
+    for _ in range(7):
+        counts = counts + routed
+        builder.build(counts)
+    _flip(maps, (7,))
+    assert builder.build(counts + routed).placement["swaps"] == 1  # type: ignore[index]
+
+
 def test_a_trigger_commit_cut_short_does_not_swallow_the_next_rearrangement() -> None:
     """The trigger's async commit of layers 0-1 of four, then an elastic-EP reshape (vLLM drains its commit): the
     next change of layers 2-3 is another rearrangement, counted with its moves."""
