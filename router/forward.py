@@ -148,7 +148,7 @@ class Router:
         """:meth:`decide`, and the seconds the request was held at admission."""
         held_s = 0.0
         refusal = admission(features, self._states(features), self.config.cost)
-        if self.config.admission == "queue" and (refusal is not None or self._behind_others(features, tries)):
+        if self.config.admission == "queue" and (refusal is not None or self._behind_others(features)):
             held_s = await self._hold(features, tries, first=retried)
         elif refusal is not None:
             raise self._refused(refusal, ahead=0)
@@ -162,7 +162,7 @@ class Router:
             choice = replace(choice, predicted_ttft_s=predict(state, features, self.config.cost).ttft_s)
         return choice, held_s
 
-    def _behind_others(self, features: RequestFeatures, tries: _Tries) -> bool:
+    def _behind_others(self, features: RequestFeatures) -> bool:
         """Requests are held already, and this one would gain from waiting (over the objective alone it would not;
         judged with its cached prefix, as admission judges it)."""
         states = healthy(self._states(features))

@@ -32,14 +32,16 @@ class Fleet:
         return await self.engines[endpoint].apply_placement(endpoint, placement)
 
 
-def _run(fleet: Fleet, ticks: list[tuple[float, list[str]]]) -> list[Any]:
-    """Windows 30 s apart, two before a plan: an engine needs 30 s of its own history first."""
+def _run(fleet: Fleet, ticks: list[tuple[float, list[str]]], down_after_s: dict[str, float] | None = None) -> list[Any]:
+    """Windows 30 s apart, two before a plan: an engine needs 30 s of its own history first.  ``down_after_s``:
+    engines that stop answering after that time."""
     rebalancer = Rebalancer(fleet, TriggerSettings(cooldown_s=100), verify_after_s=5, window_every_s=30,
                             min_windows=2)  # fmt: skip
 
     async def run() -> list[Any]:
         events = []
         for now, endpoints in ticks:
+            fleet.down = {endpoint for endpoint, after_s in (down_after_s or {}).items() if now > after_s}
             events += await rebalancer.tick(_policy(Mode.ENFORCE), endpoints, now)
         return events
 
@@ -104,18 +106,8 @@ def test_a_borrowed_plan_is_judged_on_the_new_replicas_own_routing() -> None:
 def test_an_engine_that_stopped_answering_lends_nothing() -> None:
     """A's reads fail for an hour: its windows are an hour old, not lent."""
     fleet = Fleet()
-    ticks = [*A_ALONE, *((now + 3600, [A, B]) for now, _ in B_JOINS)]
-    rebalancer = Rebalancer(fleet, TriggerSettings(cooldown_s=100), verify_after_s=5, window_every_s=30,
-                            min_windows=2)  # fmt: skip
-
-    async def run() -> list[Any]:
-        events = []
-        for now, endpoints in ticks:
-            fleet.down = {A} if now > 3600 else set()
-            events += await rebalancer.tick(_policy(Mode.ENFORCE), endpoints, now)
-        return events
-
-    assert [e for e in asyncio.run(run()) if e.endpoint == B] == [] and fleet.engines[B].applied == []
+    events = _run(fleet, [*A_ALONE, *((now + 3600, [A, B]) for now, _ in B_JOINS)], down_after_s={A: 3600})
+    assert [e for e in events if e.endpoint == B] == [] and fleet.engines[B].applied == []
 
 
 def test_engines_scaled_away_and_deleted_policies_are_forgotten() -> None:
