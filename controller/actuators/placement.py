@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -193,6 +194,8 @@ class _EngineState:
     pending_summary: dict[str, Any] | None = None
     """The applied step's plan summary, held-out pair included: its verification shows what it was judged on."""
     applied_at_s: float = 0.0
+    listed_at_s: float = -math.inf
+    """When a tick last listed the engine (:meth:`Rebalancer._drop_unlisted` forgets it some windows after)."""
     unavailable: str | None = None
     """Why the latest read of the engine failed (None: it succeeded), logged when it changes."""
     shape: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
@@ -275,6 +278,8 @@ class Rebalancer:
         if policy.mode is Mode.OFF:
             return []
         self._listed[policy.name] = tuple(endpoints)
+        for endpoint in endpoints:
+            self.state(policy.name, endpoint).listed_at_s = now_s
         self._drop_unlisted(policy.name, now_s)
         events: list[RebalanceEvent] = []
         try:
@@ -305,10 +310,13 @@ class Rebalancer:
 
     def _drop_unlisted(self, policy: str, now_s: float) -> None:
         """Forget the engines the policy has not listed for ``FORGET_UNLISTED_WINDOWS`` windows (replicas scaled
-        away: each new pod address would otherwise keep its windows for good)."""
-        listed, horizon = self._listed[policy], FORGET_UNLISTED_WINDOWS * self.window_every_s
+        away: each new pod address would otherwise keep its windows for good).  Counted from when it was last
+        listed, not last read: an idle engine briefly unlisted keeps its plan awaiting verification."""
+        horizon = FORGET_UNLISTED_WINDOWS * self.window_every_s
         for key, state in list(self._state.items()):
-            if key[0] == policy and key[1] not in listed and now_s - state.loads.last_reading_s > horizon:
+            if key[0] == policy and now_s - state.listed_at_s > horizon:
+                if state.pending is not None:
+                    log.info("rebalancer: %s left %s's engines with its plan unverified", key[1], policy)
                 del self._state[key]
 
     def take_unreported(self) -> list[RebalanceEvent]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from contracts.errors import UnavailableError
@@ -127,3 +128,36 @@ def test_engines_scaled_away_and_deleted_policies_are_forgotten() -> None:
     assert {key[1] for key in rebalancer._state} == {A}
     rebalancer.forget(policy.name)
     assert rebalancer._state == {}
+
+
+class IdleEngine(InMemoryEngine):
+    """An engine whose windows carry too few steps to read while ``idle``."""
+
+    idle = False
+
+    async def expert_load(self, endpoint: str) -> ExpertLoadSnapshot:
+        snap = await super().expert_load(endpoint)
+        return dataclasses.replace(snap, steps_in_window=0) if self.idle else snap
+
+
+def test_an_idle_engine_briefly_unlisted_keeps_its_plan_awaiting_verification() -> None:
+    """Forgotten by its last reading, A (idle for minutes, then missed by one listing) lost its applied plan, which
+    was then never verified."""
+    fleet = Fleet()
+    fleet.engines[A] = engine = IdleEngine()
+    rebalancer = Rebalancer(fleet, TriggerSettings(cooldown_s=100), verify_after_s=5, window_every_s=30,
+                            min_windows=2)  # fmt: skip
+
+    async def run() -> list[Any]:
+        events = []
+        for now, endpoints in [(0.0, [A]), (5.0, [A]), (11.0, [A]), (30.0, [A])]:
+            events += await rebalancer.tick(_policy(Mode.ENFORCE), endpoints, now)
+        engine.idle = True
+        for now, endpoints in [(100.0, [A]), (200.0, [A]), (330.0, [A]), (440.0, []), (445.0, [A])]:
+            events += await rebalancer.tick(_policy(Mode.ENFORCE), endpoints, now)
+        engine.idle = False
+        events += await rebalancer.tick(_policy(Mode.ENFORCE), [A], 450.0)
+        return events
+
+    events = asyncio.run(run())
+    assert [(e.kind, e.outcome) for e in events] == [("rebalance", "applied"), ("verify", "verified")]
