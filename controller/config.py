@@ -147,6 +147,10 @@ class KubernetesConfig(_Section):
     retry_deadline_s: Annotated[float, Field(gt=0, le=600)] = 12.0
     """All attempts of one read or scale end within this (shorter than a tick, so a stalled API server
     cannot hold the tick loop); each request's timeout is cut to what is left."""
+    pod_deletion_cost: bool = True
+    """Before a Deployment's scale-down, write each ready pod's requests in flight as its
+    ``controller.kubernetes.io/pod-deletion-cost``, so the least busy pods go (needs ``patch`` on pods;
+    :mod:`controller.actuators.kube_pods`)."""
 
 
 class LeaderElectionConfig(_Section):

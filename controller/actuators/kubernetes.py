@@ -49,7 +49,6 @@ API server that stalls (a request in flight runs to its own timeout).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import math
@@ -68,6 +67,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from contracts.errors import ValidationError
 from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
+from controller.actuators.kube_pods import LoadReader, mark_for_deletion, pod_url, serving_ip, workload_selector
 from controller.config import FINAL_READ_TIMEOUT_S, KubernetesConfig
 from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import KubernetesTarget, Policy
@@ -129,8 +129,11 @@ class KubernetesActuator:
         config: KubernetesConfig | None = None,
         sleep: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        read_load: LoadReader | None = None,
     ) -> None:
         self.config = config or KubernetesConfig()
+        self._read_load = read_load
+        """Pods' requests in flight, written as their deletion costs before a scale-down (None: not written)."""
         self.client = client
         self.apps = k8s.AppsV1Api(client)
         self.custom = k8s.CustomObjectsApi(client)
@@ -226,12 +229,12 @@ class KubernetesActuator:
     def _ready_pods(self, target: KubernetesTarget, read: _Read) -> tuple[str, ...] | None:
         """``http://<pod IP>:<port>`` (an IPv6 one in brackets) of the workload's pods that are Ready and not
         terminating (None: the workload names no selector)."""
-        selector = _selector(read.obj)
+        selector = workload_selector(read.obj)
         if not selector:
             return None
         pods = self.core.list_namespaced_pod(target.namespace, label_selector=selector,
                                              _request_timeout=self.config.request_timeout_s)  # fmt: skip
-        return tuple(sorted(_pod_url(ip, target.port) for pod in pods.items if (ip := _serving_ip(pod))))
+        return tuple(sorted(pod_url(ip, target.port) for pod in pods.items if (ip := serving_ip(pod))))
 
     async def scale(
         self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
@@ -261,7 +264,7 @@ class KubernetesActuator:
     def _scale_sync(
         self, target: KubernetesTarget, replicas: int, still_leading: StillLeading, stop: threading.Event
     ) -> ScaleResult:
-        state: dict[str, Any] = {"previous": None, "wrote": False, "attempts": 0}
+        state: dict[str, Any] = {"previous": None, "wrote": False, "attempts": 0, "costed": False}
 
         def attempt(timeout: float) -> ScaleResult:
             state["attempts"] += 1
@@ -284,6 +287,9 @@ class KubernetesActuator:
                     )
                 if not still_leading():  # asked last thing before the write: the retries may have outlived the lease
                     raise _lost_lease(target, replicas, wrote_before=state["wrote"])
+                if replicas < read.desired and not state["costed"]:
+                    state["costed"] = True
+                    self._mark_for_deletion(target, read.obj, timeout, stop)
                 self.writes += 1
                 state["wrote"] = True
                 self._write(target, read.obj, replicas, timeout)
@@ -303,6 +309,19 @@ class KubernetesActuator:
                 previous=state["previous"], replicas=replicas, changed=True, attempts=state["attempts"]
             )
         return result
+
+    def _mark_for_deletion(self, target: KubernetesTarget, scale: Any, timeout: float, stop: threading.Event) -> None:
+        """Before a Deployment's scale-down, its ready pods' loads as their deletion costs (a failure is logged)."""
+        if self._read_load is None or target.kind != "deployment" or target.hpa is not None:
+            return
+        try:
+            costs = mark_for_deletion(self.core, target, scale, self._read_load, timeout_s=timeout, stop=stop)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            why = _api_error(exc) if isinstance(exc, ApiException) else exc
+            log.warning("%s: pod deletion costs not written (the scale-down goes on): %s", _describe(target), why)
+        else:
+            if costs:
+                log.info("%s: pod deletion costs before the scale-down: %s", _describe(target), costs)
 
     def _landed(self, target: KubernetesTarget, replicas: int) -> bool:
         """Whether the count now is ``replicas`` (one short read; False when it cannot be read)."""
@@ -435,34 +454,6 @@ def _lost_lease(target: KubernetesTarget, replicas: int, *, wrote_before: bool) 
 
 def _given_up(target: KubernetesTarget, what: str) -> ActuationError:
     return ActuationError(f"{_describe(target)}: {what} given up: its caller no longer waits for it")
-
-
-def _selector(scale: Any) -> str | None:
-    """The label selector a scale subresource reports (typed for Deployments, a dict for custom objects)."""
-    if isinstance(scale, dict):
-        value = (scale.get("status") or {}).get("selector")
-        return value if isinstance(value, str) else None
-    status = getattr(scale, "status", None)
-    value = getattr(status, "selector", None)
-    return value if isinstance(value, str) else None
-
-
-def _serving_ip(pod: k8s.V1Pod) -> str | None:
-    """The pod's IP when it is Ready and not terminating, else None."""
-    status = pod.status
-    if pod.metadata is None or pod.metadata.deletion_timestamp is not None or status is None or not status.pod_ip:
-        return None
-    ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
-    return str(status.pod_ip) if ready else None
-
-
-def _pod_url(ip: str, port: int) -> str:
-    """``http://<ip>:<port>``, an IPv6 address in brackets (bare, its colons would read as the port's)."""
-    try:
-        bracketed = ipaddress.ip_address(ip).version == 6
-    except ValueError:
-        bracketed = False
-    return f"http://[{ip}]:{port}" if bracketed else f"http://{ip}:{port}"
 
 
 def _api_error(exc: ApiException) -> str:

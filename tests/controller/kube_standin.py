@@ -10,7 +10,8 @@ semantics that matter:
   (RFC 7386, ``application/merge-patch+json``; other patch types get 415);
   a ``PUT`` replaces the spec, a merge patch keeps every field it does not
   name (also those no client model knows);
-- ``GET`` of a namespace's pods, filtered by an equality ``labelSelector``;
+- ``GET`` of a namespace's pods, filtered by an equality ``labelSelector``, and a merge ``PATCH`` of one pod's
+  metadata (its annotations);
 - optimistic concurrency: a ``PUT`` or ``PATCH`` whose ``metadata.resourceVersion``
   is not the stored one gets ``409 Conflict``; every write bumps the version;
 - fault injection: queued 5xx answers (optionally *after* applying the write,
@@ -108,6 +109,8 @@ class StandInApiServer:
                 with state.lock:
                     if method == "GET" and path.startswith("/api/v1/namespaces/") and path.endswith("/pods"):
                         code, answer = self._pods(path.split("/")[4])
+                    elif method == "PATCH" and path.startswith("/api/v1/namespaces/") and "/pods/" in path:
+                        code, answer = self._patch_pod(path, body)
                     else:
                         code, answer = self._dispatch(method, path, body)
                     state.log.append((method, path, code))
@@ -120,6 +123,19 @@ class StandInApiServer:
                 selector = query.get("labelSelector", [""])[0]
                 items = [p for p in state.pods.get(namespace, []) if _matches(p["metadata"]["labels"], selector)]
                 return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+
+            def _patch_pod(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+                if (fault := self._fault("PATCH", path)) is not None:
+                    return fault.status, _status(fault.status, "Forbidden", fault.message)
+                if self.headers.get("Content-Type") != "application/merge-patch+json":
+                    return 415, _status(415, "UnsupportedMediaType", str(self.headers.get("Content-Type")))
+                _, _, _, _, namespace, _, name = path.split("/")
+                for i, pod in enumerate(state.pods.get(namespace, [])):
+                    if pod["metadata"]["name"] == name:
+                        state.pods[namespace][i] = merge_patch(pod, {"metadata": body.get("metadata") or {}})
+                        state.applied_writes.append((path, json.loads(json.dumps(state.pods[namespace][i]))))
+                        return 200, state.pods[namespace][i]
+                return 404, _status(404, "NotFound", f"pod {name} not found")
 
             def _fault(self, method: str, path: str) -> Fault | None:
                 for fault in list(state.faults):
@@ -265,6 +281,11 @@ class StandInApiServer:
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
         with self.state.lock:
             self.state.pods.setdefault(namespace, []).append(pod)
+
+    def pod_annotations(self, namespace: str) -> dict[str, dict[str, str]]:
+        with self.state.lock:
+            return {p["metadata"]["name"]: dict(p["metadata"].get("annotations") or {})
+                    for p in self.state.pods.get(namespace, [])}  # fmt: skip
 
     def lease_path(self, namespace: str, name: str) -> str:
         return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"

@@ -1,0 +1,170 @@
+"""Pod deletion costs before a Deployment's scale-down: the pods with the least in flight go first."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from controller.actuators import KubernetesActuator, api_client, build_actuator
+from controller.actuators.kube_pods import (
+    DELETION_COST_ANNOTATION,
+    deletion_costs,
+    in_flight,
+    read_in_flight,
+)
+from controller.config import ControllerSettings, KubernetesConfig
+from controller.policy import Policy
+from tests.controller.kube_standin import Fault, StandInApiServer
+
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="qwen"} 3.0
+vllm:num_requests_running{engine="1",model_name="qwen"} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="qwen"} 2.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="qwen"} 0.5
+"""
+
+
+def test_in_flight_sums_running_and_waiting_over_every_engine() -> None:
+    assert in_flight(VLLM_METRICS) == 6.0
+    assert in_flight("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.0\n") is None
+
+
+def test_costs_are_the_loads_and_a_pod_not_read_ranks_above_every_pod_read() -> None:
+    assert deletion_costs({"a": 5.0, "b": 0.0, "c": 1.5, "d": None}) == {"a": 5, "b": 0, "c": 2, "d": 6}
+    assert deletion_costs({"a": None, "b": float("nan")}) == {}  # nothing known: nothing to say which to keep
+    assert deletion_costs({}) == {}
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    def log_message(self, *_args: Any) -> None:
+        return
+
+    def do_GET(self) -> None:
+        body = VLLM_METRICS.encode() if self.path == "/metrics" else b"not found"
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture()
+def metrics_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def test_loads_are_read_from_each_pods_metrics_and_a_pod_that_does_not_answer_is_none(metrics_url: str) -> None:
+    closed = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    closed_url = f"http://127.0.0.1:{closed.server_address[1]}"
+    closed.server_close()  # nothing listens there now
+    assert read_in_flight([metrics_url, closed_url], timeout_s=2.0) == {metrics_url: 6.0, closed_url: None}
+    assert read_in_flight([]) == {}
+
+
+@pytest.fixture()
+def server() -> Iterator[StandInApiServer]:
+    with StandInApiServer() as srv:
+        yield srv
+
+
+class Loads:
+    """Pods' requests in flight by URL, as :func:`read_in_flight` would read them; the URLs it was asked for."""
+
+    def __init__(self, loads: Mapping[str, float | None]) -> None:
+        self.loads = dict(loads)
+        self.asked: list[list[str]] = []
+
+    def __call__(self, urls: Sequence[str]) -> dict[str, float | None]:
+        self.asked.append(list(urls))
+        return {url: self.loads.get(url) for url in urls}
+
+
+# The stand-in's pods qwen-0..2 of a Deployment at 3 replicas have the IPs 10.9.0.1-3 (port 8000).
+BUSY = {"http://10.9.0.1:8000": 7.0, "http://10.9.0.2:8000": 0.0, "http://10.9.0.3:8000": 3.0}
+
+
+def _actuator(server: StandInApiServer, loads: Loads | None) -> KubernetesActuator:
+    config = KubernetesConfig(host=server.url, max_attempts=2, backoff_initial_s=0.0, request_timeout_s=5)
+    return KubernetesActuator(api_client(config), config=config, sleep=lambda _s: None, read_load=loads)
+
+
+def _policy(hpa: str | None = None) -> Policy:
+    target = {"kind": "deployment", "namespace": "prod", "name": "qwen", "model": "Qwen/Qwen3-30B-A3B"}
+    if hpa:
+        target["hpa"] = hpa
+    return Policy.model_validate({"name": "p", "target": target})
+
+
+def _costs(server: StandInApiServer) -> dict[str, str | None]:
+    return {name: notes.get(DELETION_COST_ANNOTATION) for name, notes in server.pod_annotations("prod").items()}
+
+
+def test_a_scale_down_marks_the_least_busy_pods_to_go_before_it_writes_the_count(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 3)
+    result = asyncio.run(_actuator(server, Loads(BUSY)).scale(_policy(), 2))
+    assert result.changed and server.obj(path)["spec"]["replicas"] == 2
+    assert _costs(server) == {"qwen-0": "7", "qwen-1": "0", "qwen-2": "3"}
+    writes = [(method, p) for method, p, _code in server.state.log if method in ("PATCH", "PUT")]
+    assert writes[-1] == ("PUT", path) and len(writes) == 4  # the three costs, then the count
+
+
+def test_costs_that_did_not_change_are_not_written_again(server: StandInApiServer) -> None:
+    server.add_deployment_scale("prod", "qwen", 3)
+    actuator = _actuator(server, Loads(BUSY))
+    asyncio.run(actuator.scale(_policy(), 2))
+    asyncio.run(actuator.scale(_policy(), 1))  # the stand-in deletes no pod: all three are still there
+    pod_patches = [p for method, p, _code in server.state.log if method == "PATCH"]
+    assert len(pod_patches) == 3
+
+
+def test_a_pod_whose_load_was_not_read_is_kept_before_those_read(server: StandInApiServer) -> None:
+    server.add_deployment_scale("prod", "qwen", 3)
+    asyncio.run(_actuator(server, Loads({**BUSY, "http://10.9.0.2:8000": None})).scale(_policy(), 2))
+    assert _costs(server) == {"qwen-0": "7", "qwen-1": "8", "qwen-2": "3"}
+
+
+def test_nothing_is_read_or_written_on_a_scale_up_an_hpa_target_or_without_a_reader(server: StandInApiServer) -> None:
+    server.add_deployment_scale("prod", "qwen", 3)
+    loads = Loads(BUSY)
+    asyncio.run(_actuator(server, loads).scale(_policy(), 4))
+    asyncio.run(_actuator(server, None).scale(_policy(), 3))
+    server.add_hpa("prod", "qwen", min_replicas=3, max_replicas=10, current=3)
+    assert asyncio.run(_actuator(server, loads).scale(_policy(hpa="qwen"), 2)).changed
+    assert loads.asked == [] and set(_costs(server).values()) == {None}
+
+
+def test_a_role_without_patch_on_pods_costs_a_log_line_and_the_scale_goes_on(
+    server: StandInApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 3)
+    denied = 'pods "qwen-0" is forbidden: User "system:serviceaccount:moeslo:moeslo-controller" cannot patch'
+    server.state.faults.append(Fault("PATCH", "/pods/", 403, message=denied))
+    with caplog.at_level(logging.WARNING, logger="controller.actuators.kubernetes"):
+        result = asyncio.run(_actuator(server, Loads(BUSY)).scale(_policy(), 2))
+    assert result.changed and server.obj(path)["spec"]["replicas"] == 2
+    assert any("pod deletion costs not written" in r.message and "cannot patch" in r.message for r in caplog.records)
+
+
+def test_the_controller_service_builds_the_actuator_with_the_metrics_reader() -> None:
+    on = build_actuator(ControllerSettings(actuator="kubernetes", kubernetes=KubernetesConfig(host="http://127.0.0.1:1")))
+    off = build_actuator(ControllerSettings(
+        actuator="kubernetes", kubernetes=KubernetesConfig(host="http://127.0.0.1:1", pod_deletion_cost=False)))
+    assert isinstance(on, KubernetesActuator) and on._read_load is read_in_flight
+    assert isinstance(off, KubernetesActuator) and off._read_load is None
