@@ -277,7 +277,8 @@ class ControllerSettings(BaseSettings):
     def read_backstop_s(self) -> float:
         """The service's bound on each read: what its reads bound themselves to, together (a warm start's three
         rounds of Prometheus queries and the source's own; the Kubernetes reads' retries and pod listing; a local
-        replica found broken stopped, SIGTERM then SIGKILL), so it cuts only a read that nothing below bounded."""
+        replica on old settings stopped before its successor starts, SIGTERM then SIGKILL), so it cuts only a read
+        that nothing below bounded."""
         kubernetes = self.kubernetes
         return (4 * self.source_timeout_s + kubernetes.retry_deadline_s + kubernetes.request_timeout_s
                 + 2 * self.local.stop_timeout_s + GROUP_TERM_GRACE_S)  # fmt: skip

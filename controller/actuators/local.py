@@ -8,7 +8,9 @@ processes still alive (crashed ones are reaped first, each logged as an error
 with its exit status and log file, and what is left of its process group gets
 SIGKILL: its CPU slice is free once nothing of it runs), starts the missing
 ones, and stops the surplus ones, those not serving at the last look first,
-then the newest.  A stop drains: SIGTERM to the replica's main process alone
+then the newest.  A stop runs in the background (the tick loop goes on while a
+replica drains; its CPU slice stays taken until nothing of it runs) and drains:
+SIGTERM to the replica's main process alone
 (``moeslo serve`` stops accepting, finishes the requests in flight, then stops
 its engine core), SIGTERM to what is left of its process group once it exits
 or ``stop_timeout_s`` after the first signal, SIGKILL to what is left of the
@@ -148,8 +150,11 @@ class LocalActuator:
         self.cpu_slices = cpu_slices(self.config)
         """Disjoint CPU sets, one per replica the host has room for (None: no budget)."""
         self._dying: list[LocalReplica] = []
-        """Replicas whose main process exited on its own, their group SIGKILLed while a process of it (an EP rank)
-        still ran: each holds its CPU slice until nothing of it runs."""
+        """Replicas being stopped in the background (:meth:`_retire`), and those whose main process exited on its own,
+        their group SIGKILLed while a process of it (an EP rank) still ran: each holds its CPU slice until nothing of
+        it runs."""
+        self._stops: dict[asyncio.Task[None], LocalReplica] = {}
+        """The background stops under way (:meth:`stopped` waits for them)."""
         self._probe_client: httpx.AsyncClient | None = None
         """One client for every health probe: a new one per probe loads the CA bundle each tick, which
         cost the demo's controller a quarter of its CPU."""
@@ -162,6 +167,20 @@ class LocalActuator:
             1 for name, rs in self.replicas_by_policy.items() if name != policy.name for r in rs if r.alive
         )
         return max(0, len(self.cpu_slices) - others - len(self._still_dying()))
+
+    def _retire(self, replica: LocalReplica) -> None:
+        """Stop ``replica`` in the background: it drains for up to ``stop_timeout_s`` while the ticks go on (awaited,
+        a scale-down held the tick loop, every policy's, for the drain).  It has already left its policy's replicas,
+        so it takes no new requests; its CPU slice stays taken until nothing of it runs."""
+        self._dying.append(replica)
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._stop, replica))
+        self._stops[task] = replica
+        task.add_done_callback(lambda done: self._stops.pop(done, None))
+
+    async def stopped(self) -> None:
+        """Return once the replicas being stopped in the background are (each within its stop's own deadlines)."""
+        while self._stops:
+            await asyncio.gather(*self._stops, return_exceptions=True)
 
     def _still_dying(self) -> list[LocalReplica]:
         self._dying = [r for r in self._dying if group_runs(r.process.pid)]
@@ -236,8 +255,8 @@ class LocalActuator:
             log.error("replica %s of %r is broken (%s); stopping it so a new one replaces it",
                       replica.endpoint, policy.name, why)
             replicas.remove(replica)
-        await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in broken))
-        if not broken:  # one stop per read at most: the read's bound counts on it
+            self._retire(replica)
+        if not broken:  # one step per read at most
             async with self._lock:
                 await self._renew(policy, state_of)
         counted = [r for r in self._reap(policy) if r.replaces is None]
@@ -263,14 +282,14 @@ class LocalActuator:
             ahead.replaces = None
             if any(r is old for r in replicas):  # not gone meanwhile (crashed, broken)
                 replicas.remove(old)
-                await asyncio.to_thread(self._stop, old)
+                self._retire(old)
             return
         stale = [r for r in replicas if self._stale(policy, r)]
         if not stale or any(state_of.get(id(r)) != "ready" for r in replicas if r not in stale):
             return  # a step at a time: none while a successor still loads
         old = min(stale, key=lambda r: state_of.get(id(r)) == "ready")  # one that does not serve first
         room = self._room()
-        if not room:
+        if not room:  # its successor needs its CPU slice: stopped before the start
             replicas.remove(old)
             await asyncio.to_thread(self._stop, old)
         try:
@@ -325,7 +344,8 @@ class LocalActuator:
             self._start_up_to(policy, running, replicas)
             surplus = [*running[replicas:], *(r for r in ahead if r not in running)]
             del running[replicas:]
-            await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in reversed(surplus)))
+            for replica in reversed(surplus):
+                self._retire(replica)
             return ScaleResult(previous=previous, replicas=len(running), changed=previous != len(running))
 
     def _start_up_to(self, policy: Policy, running: list[LocalReplica], replicas: int) -> None:
@@ -443,15 +463,19 @@ class LocalActuator:
             gone = self.replicas_by_policy.pop(policy_name, [])
             if gone:
                 log.info("policy %r is no longer run here: stopping its %d replica(s)", policy_name, len(gone))
-            await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in gone))
+            for replica in gone:
+                self._retire(replica)
 
     async def aclose(self) -> None:
-        """Stop every replica this actuator started."""
+        """Stop every replica this actuator started, and wait for those being stopped in the background."""
         async with self._lock:
-            everything = [*(r for rs in self.replicas_by_policy.values() for r in rs), *self._dying]
+            stopping = set(map(id, self._stops.values()))
+            everything = [*(r for rs in self.replicas_by_policy.values() for r in rs),
+                          *(r for r in self._dying if id(r) not in stopping)]  # fmt: skip
             self.replicas_by_policy.clear()
             self._dying.clear()
             await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in everything))
+            await self.stopped()
         if self._probe_client is not None:
             await self._probe_client.aclose()
             self._probe_client = None

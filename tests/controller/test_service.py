@@ -383,6 +383,7 @@ def test_a_deleted_policys_local_replicas_stop_and_give_their_cpus_back(tmp_path
             budget = actuator.replica_budget(Policy.model_validate({**local, "name": "new"}))
             store.delete_policy("old")
             await service.tick()
+            await actuator.stopped()  # a stop drains in the background
             assert replica.process.poll() is not None and "old" not in actuator.replicas_by_policy
             assert actuator.replica_budget(Policy.model_validate({**local, "name": "new"})) == (budget or 0) + 1
         finally:

@@ -148,6 +148,7 @@ def test_a_local_policys_replicas_stop_when_its_target_is_switched_to_one_the_ac
             (replica,) = actuator.replicas_by_policy["chat"]
             store.replace_policy(Policy.model_validate({**local, "target": {"kind": "model", "model": "m1"}}))
             await service.tick()
+            await actuator.stopped()  # a stop drains in the background
             assert replica.process.poll() is not None, "the replica runs on for nobody"
             assert actuator.replicas_by_policy.get("chat", []) == []
         finally:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -50,6 +51,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _run_closing(actuator: LocalActuator, scenario: Callable[[], Awaitable[None]]) -> None:
+    """Run ``scenario``, then stop every replica: never leave engine processes behind, even when an assertion fails."""
+
+    async def run() -> None:
+        try:
+            await scenario()
+        finally:
+            await actuator.aclose()
+
+    asyncio.run(run())
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_scale_up_down_and_shutdown_with_real_engine_processes(tiny_checkpoint: Path) -> None:
@@ -75,6 +88,8 @@ def test_scale_up_down_and_shutdown_with_real_engine_processes(tiny_checkpoint: 
         assert [r.process.pid for r in actuator.replicas_by_policy[policy.name]] == pids
         down = await actuator.scale(policy, 1)
         assert (down.previous, down.replicas) == (2, 1)
+        assert len(actuator.endpoints(policy)) == 1  # the stopped replica takes no new requests at once
+        await actuator.stopped()  # its drain ran in the background
         assert _alive(pids[0]) and not _alive(pids[1])  # the newest replica was stopped
         assert (await actuator.replicas(policy)).desired == 1
         # A crashed replica is reaped: the count reads 0, so the next decision starts a new one.
@@ -87,17 +102,13 @@ def test_scale_up_down_and_shutdown_with_real_engine_processes(tiny_checkpoint: 
         await actuator.aclose()  # shutdown stops every replica, also one still starting
         assert not _alive(last)
 
-    async def run() -> None:
-        try:
-            await scenario()
-        finally:
-            await actuator.aclose()  # never leave engine processes behind, even when an assertion fails
-
-    asyncio.run(run())
+    _run_closing(actuator, scenario)
 
 
-async def _stream_through_scale_down(actuator: LocalActuator, policy: Policy, max_tokens: int) -> list[dict]:
-    """Stream one completion from the policy's only replica, scaling the policy to 0 once its first chunk came."""
+async def _stream_through_scale_down(actuator: LocalActuator, policy: Policy, max_tokens: int
+                                     ) -> tuple[list[dict], bool]:  # fmt: skip
+    """Stream one completion from the policy's only replica, scaling the policy to 0 once its first chunk came; the
+    chunks, and whether the scale call had returned before the last one (the replica drained in the background)."""
     endpoint = actuator.endpoints(policy)[0]
     body = {"model": "tiny-moe", "prompt": "hello", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -114,8 +125,9 @@ async def _stream_through_scale_down(actuator: LocalActuator, policy: Policy, ma
             if down is None:  # in flight: the replica is stopped under it
                 down = asyncio.create_task(actuator.scale(policy, 0))
     assert down is not None
+    returned_first = down.done()
     await down
-    return chunks
+    return chunks, returned_first
 
 
 @pytest.mark.integration
@@ -132,20 +144,16 @@ def test_a_scale_down_lets_the_requests_in_flight_finish(tiny_checkpoint: Path) 
         assert await _wait_ready(actuator, policy, 1) == 1
         pid = actuator.replicas_by_policy[policy.name][0].process.pid
         started = time.monotonic()
-        chunks = await _stream_through_scale_down(actuator, policy, max_tokens)
+        chunks, returned_first = await _stream_through_scale_down(actuator, policy, max_tokens)
+        assert returned_first  # the drain held no tick
+        await actuator.stopped()
         assert not _alive(pid) and actuator.endpoints(policy) == ()
         assert [c for c in chunks if "error" in c] == []
         assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
         assert chunks[-1]["usage"]["completion_tokens"] == max_tokens
         print(f"streamed {len(chunks)} chunks in {time.monotonic() - started:.2f} s")
 
-    async def run() -> None:
-        try:
-            await scenario()
-        finally:
-            await actuator.aclose()
-
-    asyncio.run(run())
+    _run_closing(actuator, scenario)
 
 
 def test_checkpoint_is_required_and_must_exist(tmp_path) -> None:
@@ -243,6 +251,7 @@ def test_a_broken_replica_is_stopped_so_the_next_decision_replaces_it(tmp_path: 
             count = await broken.replicas(policy)
             await asyncio.sleep(0.1)
         assert count.desired == 0 and count.ready == 0
+        await broken.stopped()
         assert not _alive(pid)
         assert (await healthy.replicas(policy)).desired == 1
 
@@ -404,3 +413,28 @@ def test_the_group_gets_its_sigterms_grace_when_the_main_process_drains_past_the
             os.killpg(process.pid, signal.SIGKILL)
         process.stdout.close()
     assert marker.exists(), "the child was killed before its SIGTERM's grace"
+
+
+def test_a_scale_down_returns_while_its_replica_drains_and_the_replicas_cpus_stay_taken_until_it_is_gone() -> None:
+    """Awaited, a replica's drain held the tick loop, every policy's ticks, for up to ``stop_timeout_s``."""
+    command = (sys.executable, "-c", _IGNORES_SIGTERM)  # drains (ignores SIGTERM) until its group's SIGKILL
+    config = LocalActuatorConfig(command=command, first_port=free_port(), cpus_per_replica=1, stop_timeout_s=1.5)
+    actuator = LocalActuator(config)
+    policy = _policy()
+
+    async def scenario() -> None:
+        await actuator.scale(policy, 1)
+        (replica,) = actuator.replicas_by_policy[policy.name]
+        await asyncio.sleep(1.0)  # its SIGTERM handler is set
+        budget = actuator.replica_budget(policy)
+        assert budget is not None
+        started = time.monotonic()
+        result = await actuator.scale(policy, 0)
+        assert (result.replicas, actuator.endpoints(policy)) == (0, ())
+        assert time.monotonic() - started < 0.5 and replica.process.poll() is None  # returned; it drains on
+        assert actuator.replica_budget(policy) == budget - 1  # its CPU is not free yet
+        await actuator.stopped()
+        assert time.monotonic() - started >= 1.5 and replica.process.poll() is not None
+        assert actuator.replica_budget(policy) == budget
+
+    _run_closing(actuator, scenario)

@@ -105,6 +105,7 @@ def test_a_scale_down_stops_a_replica_that_never_became_ready_before_a_serving_o
         assert hung.port == first
         assert await _wait_ready(actuator, policy, 1, timeout_s=20) == 1
         await actuator.scale(policy, 1)
+        await actuator.stopped()
         kept = actuator.replicas_by_policy[policy.name]
         assert len(kept) == 1 and kept[0] is serving and hung.process.poll() is not None
         assert (await actuator.replicas(policy)).ready == 1
@@ -126,6 +127,7 @@ def test_a_replica_never_ready_within_its_timeout_is_stopped_as_broken(caplog: p
         assert (await actuator.replicas(policy)).desired == 1  # within its timeout: counted, loading
         await asyncio.sleep(0.6)
         assert (await actuator.replicas(policy)).desired == 0  # given up on: the next decision replaces it
+        await actuator.stopped()
         assert hung.process.poll() is not None
         assert "not ready 0.5 s after its start" in caplog.text
 

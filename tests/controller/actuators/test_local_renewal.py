@@ -52,6 +52,7 @@ def test_replicas_on_an_old_checkpoint_are_replaced_each_after_its_successor_is_
         stale = [r.process.pid for r in actuator.replicas_by_policy[old.name]]
         counts = await _renew(actuator, new, tmp_path / "new")  # the policy now names another checkpoint
         assert set(counts) == {(2, 2)}  # one started ahead of each: never a replica fewer serving, nor one more counted
+        await actuator.stopped()
         assert len(actuator.replicas_by_policy[new.name]) == 2 and not any(_alive(pid) for pid in stale)
 
     try:
@@ -104,6 +105,7 @@ def test_a_scale_down_while_a_successor_loads_stops_the_successor_not_the_replic
         await actuator.replicas(new)  # the policy now names another checkpoint: a successor starts ahead
         (successor,) = [r for r in actuator.replicas_by_policy[new.name] if r.replaces is not None]
         await actuator.scale(new, 1)
+        await actuator.stopped()
         left = [r.process.pid for r in actuator.replicas_by_policy[new.name]]
         assert len(left) == 1 and set(left) <= serving and not _alive(successor.process.pid)
 
