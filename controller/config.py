@@ -129,6 +129,9 @@ def command_part_problem(part: str) -> str | None:
 
 
 FINAL_READ_TIMEOUT_S = 2.0
+MARK_BUDGET_S = 4.0
+"""The most a Deployment's scale-down spends on its pods' deletion costs (the pod list, their loads, the writes)
+before its own write (:mod:`controller.actuators.kube_pods`)."""
 """The Kubernetes actuator's last read, after a write answered with an error: whether it landed."""
 
 
@@ -290,7 +293,8 @@ class ControllerSettings(BaseSettings):
         themselves; cut short, a stop's replica would leave its CPUs to the next one while it still runs)."""
         if self.actuator != "kubernetes":
             return None
-        return self.kubernetes.retry_deadline_s + self.kubernetes.request_timeout_s + FINAL_READ_TIMEOUT_S
+        marking_s = MARK_BUDGET_S if self.kubernetes.pod_deletion_cost else 0.0  # a scale-down's pod costs first
+        return self.kubernetes.retry_deadline_s + self.kubernetes.request_timeout_s + FINAL_READ_TIMEOUT_S + marking_s
 
     @property
     def embedded(self) -> bool:

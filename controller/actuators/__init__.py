@@ -43,10 +43,10 @@ def __getattr__(name: str) -> Any:
 def build_actuator(settings: ControllerSettings) -> Actuator:
     """The actuator the configuration names."""
     if settings.actuator == "kubernetes":
-        from controller.actuators.kube_pods import read_in_flight
+        from controller.actuators.kube_pods import PodLoadReader
         from controller.actuators.kubernetes import KubernetesActuator, api_client
 
-        read_load = read_in_flight if settings.kubernetes.pod_deletion_cost else None
+        read_load = PodLoadReader() if settings.kubernetes.pod_deletion_cost else None
         return KubernetesActuator(api_client(settings.kubernetes), config=settings.kubernetes, read_load=read_load)
     if settings.actuator == "local":
         return LocalActuator(settings.local)

@@ -11,10 +11,12 @@ it reads each ready pod's requests in flight (``vllm:num_requests_running`` + ``
 ``/metrics``, which vLLM and the embedded engine both serve) and writes them as the pods' costs, so the pods that go
 are those with the least to drain.
 
-- Written only on a scale-down, and only where a pod's cost changed: the annotation is no live metric (each write
-  is a pod update every watcher of pods sees, which Kubernetes' docs warn against doing often).
-- A pod whose load cannot be read is ranked above every pod whose load was read: it may be the busiest.  When no
-  pod's load can be read (the controller runs outside the cluster network), nothing is written.
+- Written only on a scale-down (not to zero), and only where a pod's cost changed: the annotation is no live metric
+  (each write is a pod update every watcher of pods sees, which Kubernetes' docs warn against doing often).  The
+  busiest first, all within ``MARK_BUDGET_S``, before the scale's last looks at its lease and at a cut-off.
+- A pod whose load is not read in time is ranked above every pod whose load was: it may be the busiest.  When no
+  pod's load can be read (the controller runs outside the cluster network), the costs an earlier scale-down left
+  are cleared: they would rank the pods by the loads of then.
 - Not for an HPA-owned workload: the HPA scales down later, on its own schedule, when these costs would be stale;
   nor for a LeaderWorkerSet, whose controller removes the groups with the highest indices.
 - A failure here (no RBAC ``patch`` on pods, pods that do not answer) is logged and the scale goes on; Kubernetes
@@ -27,12 +29,15 @@ import ipaddress
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import httpx
+import urllib3
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.catalogue import RUNNING, WAITING
@@ -40,12 +45,14 @@ from controller.policy import KubernetesTarget
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 READ_TIMEOUT_S = 2.0
-"""Each pod's ``/metrics`` read: a pod slower than this is ranked as one whose load is unknown."""
+"""Each pod's ``/metrics`` read, per network operation: a pod slower than this reads as one whose load is unknown."""
 MAX_READERS = 16
 """Pods read at once."""
+MAX_COST = 2**31 - 1
+"""Kubernetes parses the annotation as an int32."""
 
-LoadReader = Callable[[Sequence[str]], Mapping[str, float | None]]
-"""Base URLs of pods -> each one's requests in flight (None: not read)."""
+LoadReader = Callable[[Sequence[str], float], Mapping[str, float | None]]
+"""(base URLs of pods, seconds it may take) -> each one's requests in flight (None: not read in time)."""
 log = logging.getLogger(__name__)
 
 
@@ -89,28 +96,41 @@ def in_flight(metrics_text: str) -> float | None:
     return float(sum(samples)) if samples else None
 
 
-def read_in_flight(urls: Sequence[str], timeout_s: float = READ_TIMEOUT_S) -> dict[str, float | None]:
-    """Each pod's :func:`in_flight`, read at once from ``<url>/metrics`` (None: no answer, or not a number)."""
+class PodLoadReader:
+    """Reads pods' :func:`in_flight` from ``<url>/metrics``, :data:`MAX_READERS` at once, each within its own
+    ``timeout_s`` and all within the caller's budget: a pod that answers slowly or drips its answer reads as not
+    read.  One client and pool for the actuator's life (:meth:`close`)."""
 
-    def one(client: httpx.Client, url: str) -> float | None:
+    def __init__(self, timeout_s: float = READ_TIMEOUT_S) -> None:
+        self._client = httpx.Client(timeout=timeout_s)
+        self._pool = ThreadPoolExecutor(MAX_READERS, thread_name_prefix="moeslo-pod-load")
+
+    def __call__(self, urls: Sequence[str], budget_s: float) -> dict[str, float | None]:
+        futures = {url: self._pool.submit(self._one, url) for url in urls}
+        done, late = wait(futures.values(), timeout=max(budget_s, 0.0))
+        for future in late:  # one still queued is dropped; one in flight ends at its own timeout
+            future.cancel()
+        return {url: future.result() if future in done else None for url, future in futures.items()}
+
+    def _one(self, url: str) -> float | None:
         try:
-            response = client.get(f"{url}/metrics")
+            response = self._client.get(f"{url}/metrics")
             response.raise_for_status()
             return in_flight(response.text)
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError, RuntimeError) as exc:  # RuntimeError: the client closed meanwhile
             log.info("pod-deletion-cost: cannot read %s/metrics: %s", url, exc)
             return None
 
-    if not urls:
-        return {}
-    with httpx.Client(timeout=timeout_s) as client, ThreadPoolExecutor(min(MAX_READERS, len(urls))) as pool:
-        return dict(zip(urls, pool.map(lambda url: one(client, url), urls), strict=True))
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
 
 
 def deletion_costs(loads: Mapping[str, float | None]) -> dict[str, int]:
     """Pod -> its cost: its requests in flight, rounded up; one above the busiest read for a pod not read.  Empty
-    when no pod was read (the costs would not say which pod to keep)."""
-    known = {pod: math.ceil(load) for pod, load in loads.items() if load is not None and math.isfinite(load)}
+    when no pod was read (the costs would not say which pod to keep).  Within int32, as Kubernetes parses them."""
+    known = {pod: min(math.ceil(load), MAX_COST - 1) for pod, load in loads.items()
+             if load is not None and math.isfinite(load) and load >= 0}  # fmt: skip
     if not known:
         return {}
     unknown_cost = max(known.values()) + 1
@@ -118,24 +138,43 @@ def deletion_costs(loads: Mapping[str, float | None]) -> dict[str, int]:
 
 
 def mark_for_deletion(
-    core: k8s.CoreV1Api, target: KubernetesTarget, scale: Any, read_load: LoadReader, *, timeout_s: float,
-    stop: threading.Event,
-) -> dict[str, int]:
-    """Write :func:`deletion_costs` on the workload's ready pods where a cost changed; the costs written, by pod
-    name.  ``stop`` set (the scale's caller gave up): no further write.  API errors are the caller's."""
+    core: k8s.CoreV1Api, target: KubernetesTarget, scale: Any, read_load: LoadReader, *, budget_s: float,
+    timeout_s: float, stop: threading.Event, clock: Callable[[], float] = time.monotonic,
+) -> dict[str, str | None]:
+    """Write :func:`deletion_costs` on the workload's ready pods, the busiest first, where a cost changed, all within
+    ``budget_s``; when no pod's load was read, clear the costs an earlier scale-down left (they would rank pods by
+    the loads of then).  The values written, by pod name.  ``stop`` set (the scale's caller gave up): no further
+    write.  A pod's failed write is logged and the next one tried; a refusal (401/403) is the caller's."""
+    deadline_s = clock() + budget_s
     selector = workload_selector(scale)
     if not selector:
         return {}
-    listed = core.list_namespaced_pod(target.namespace, label_selector=selector, _request_timeout=timeout_s)
-    pods = {pod_url(ip, target.port): pod for pod in listed.items if (ip := serving_ip(pod))}
-    costs = deletion_costs(read_load(list(pods)))
-    written: dict[str, int] = {}
-    for url, cost in costs.items():
-        metadata = pods[url].metadata
-        if stop.is_set() or metadata is None or (metadata.annotations or {}).get(DELETION_COST_ANNOTATION) == str(cost):
+    listed = core.list_namespaced_pod(target.namespace, label_selector=selector,
+                                      _request_timeout=min(timeout_s, budget_s))  # fmt: skip
+    pods: dict[str, k8s.V1ObjectMeta] = {
+        pod_url(ip, target.port): meta for pod in listed.items if (ip := serving_ip(pod)) and (meta := pod.metadata)
+    }
+    costs = deletion_costs(read_load(list(pods), deadline_s - clock()))
+    values: dict[str, str | None] = {url: str(cost) for url, cost in costs.items()} or dict.fromkeys(pods)
+    written: dict[str, str | None] = {}
+    for url in sorted(values, key=lambda url: -costs.get(url, 0)):
+        metadata, value, left_s = pods[url], values[url], deadline_s - clock()
+        if stop.is_set() or left_s <= 0:
+            break
+        if (metadata.annotations or {}).get(DELETION_COST_ANNOTATION) == value:
             continue
-        patch = {"metadata": {"annotations": {DELETION_COST_ANNOTATION: str(cost)}}}
-        core.patch_namespaced_pod(str(metadata.name), target.namespace, patch, _request_timeout=timeout_s,
-                                  _content_type="application/merge-patch+json")  # fmt: skip
-        written[str(metadata.name)] = cost
+        try:
+            core.patch_namespaced_pod(str(metadata.name), target.namespace,
+                                      {"metadata": {"annotations": {DELETION_COST_ANNOTATION: value}}},
+                                      _request_timeout=min(timeout_s, left_s),
+                                      _content_type="application/merge-patch+json")  # fmt: skip
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                raise
+            log.warning("pod-deletion-cost: pod %s not marked: HTTP %s %s", metadata.name, exc.status, exc.reason)
+            continue
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            log.warning("pod-deletion-cost: pod %s not marked: %s", metadata.name, exc)
+            continue
+        written[str(metadata.name)] = value
     return written

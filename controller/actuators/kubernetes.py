@@ -68,7 +68,7 @@ from kubernetes.config.config_exception import ConfigException
 from contracts.errors import ValidationError
 from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
 from controller.actuators.kube_pods import LoadReader, mark_for_deletion, pod_url, serving_ip, workload_selector
-from controller.config import FINAL_READ_TIMEOUT_S, KubernetesConfig
+from controller.config import FINAL_READ_TIMEOUT_S, MARK_BUDGET_S, KubernetesConfig
 from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import KubernetesTarget, Policy
 
@@ -171,6 +171,8 @@ class KubernetesActuator:
         return self._endpoints.get(policy.name, ())
 
     async def aclose(self) -> None:
+        if (close := getattr(self._read_load, "close", None)) is not None:
+            close()
         await asyncio.to_thread(self.client.close)
 
     async def replicas(self, policy: Policy) -> ReplicaCount:
@@ -278,6 +280,9 @@ class KubernetesActuator:
                     f"from {read.desired})"
                 )
             if read.desired != replicas:
+                if 0 < replicas < read.desired and not state["costed"]:  # before the checks that precede the write
+                    state["costed"] = True
+                    self._mark_for_deletion(target, read.obj, timeout, stop)
                 if stop.is_set():  # cut off during the read: no write after the caller gave up on the scale
                     raise _given_up(target, f"scale to {replicas}")
                 if target.hpa is None and (hpa := self._undeclared_hpa(target, timeout)) is not None:
@@ -287,9 +292,6 @@ class KubernetesActuator:
                     )
                 if not still_leading():  # asked last thing before the write: the retries may have outlived the lease
                     raise _lost_lease(target, replicas, wrote_before=state["wrote"])
-                if replicas < read.desired and not state["costed"]:
-                    state["costed"] = True
-                    self._mark_for_deletion(target, read.obj, timeout, stop)
                 self.writes += 1
                 state["wrote"] = True
                 self._write(target, read.obj, replicas, timeout)
@@ -315,7 +317,8 @@ class KubernetesActuator:
         if self._read_load is None or target.kind != "deployment" or target.hpa is not None:
             return
         try:
-            costs = mark_for_deletion(self.core, target, scale, self._read_load, timeout_s=timeout, stop=stop)
+            costs = mark_for_deletion(self.core, target, scale, self._read_load, budget_s=MARK_BUDGET_S,
+                                      timeout_s=timeout, stop=stop, clock=self._clock)  # fmt: skip
         except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             why = _api_error(exc) if isinstance(exc, ApiException) else exc
             log.warning("%s: pod deletion costs not written (the scale-down goes on): %s", _describe(target), why)

@@ -363,8 +363,9 @@ class Rebalancer:
         if state.shape is not None and state.shape != shape:
             log.warning("rebalancer: %s now serves another shape (%s, was %s): its history starts afresh",
                         endpoint, shape, state.shape)  # fmt: skip
-            del self._state[(policy, endpoint)]
+            listed_at_s = self._state.pop((policy, endpoint)).listed_at_s
             state = self.state(policy, endpoint)
+            state.listed_at_s = listed_at_s
         state.shape = shape
         return state
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -14,11 +16,13 @@ import pytest
 from controller.actuators import KubernetesActuator, api_client, build_actuator
 from controller.actuators.kube_pods import (
     DELETION_COST_ANNOTATION,
+    MAX_COST,
+    PodLoadReader,
     deletion_costs,
     in_flight,
-    read_in_flight,
 )
 from controller.config import ControllerSettings, KubernetesConfig
+from controller.errors import LeadershipLostError
 from controller.policy import Policy
 from tests.controller.kube_standin import Fault, StandInApiServer
 
@@ -45,6 +49,8 @@ def test_costs_are_the_loads_and_a_pod_not_read_ranks_above_every_pod_read() -> 
     assert deletion_costs({"a": 5.0, "b": 0.0, "c": 1.5, "d": None}) == {"a": 5, "b": 0, "c": 2, "d": 6}
     assert deletion_costs({"a": None, "b": float("nan")}) == {}  # nothing known: nothing to say which to keep
     assert deletion_costs({}) == {}
+    # Kubernetes parses the annotation as an int32: a value past it was refused, and every pod left unmarked.
+    assert deletion_costs({"a": 3e9, "b": None}) == {"a": MAX_COST - 1, "b": MAX_COST}
 
 
 class _Metrics(BaseHTTPRequestHandler):
@@ -74,8 +80,27 @@ def test_loads_are_read_from_each_pods_metrics_and_a_pod_that_does_not_answer_is
     closed = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
     closed_url = f"http://127.0.0.1:{closed.server_address[1]}"
     closed.server_close()  # nothing listens there now
-    assert read_in_flight([metrics_url, closed_url], timeout_s=2.0) == {metrics_url: 6.0, closed_url: None}
-    assert read_in_flight([]) == {}
+    reader = PodLoadReader(timeout_s=2.0)
+    try:
+        assert reader([metrics_url, closed_url], 5.0) == {metrics_url: 6.0, closed_url: None}
+        assert reader([], 5.0) == {}
+    finally:
+        reader.close()
+
+
+def test_a_pod_that_accepts_and_never_answers_reads_as_not_read_within_the_budget(metrics_url: str) -> None:
+    """A per-read timeout bounds each network operation, not the answer: a pod that dripped held the scale."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)  # the kernel completes the handshake; nothing ever answers
+        silent_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        reader = PodLoadReader(timeout_s=30.0)
+        try:
+            started = time.monotonic()
+            assert reader([metrics_url, silent_url], 0.5) == {metrics_url: 6.0, silent_url: None}
+            assert time.monotonic() - started < 2.0
+        finally:
+            reader.close()
 
 
 @pytest.fixture()
@@ -87,12 +112,17 @@ def server() -> Iterator[StandInApiServer]:
 class Loads:
     """Pods' requests in flight by URL, as :func:`read_in_flight` would read them; the URLs it was asked for."""
 
-    def __init__(self, loads: Mapping[str, float | None]) -> None:
+    def __init__(self, loads: Mapping[str, float | None], then: Callable[[], None] | None = None) -> None:
         self.loads = dict(loads)
         self.asked: list[list[str]] = []
+        self.then = then
+        """What happens while the loads are read (a lease lost, a wait)."""
 
-    def __call__(self, urls: Sequence[str]) -> dict[str, float | None]:
+    def __call__(self, urls: Sequence[str], budget_s: float) -> dict[str, float | None]:
+        assert 0 < budget_s <= 4.0
         self.asked.append(list(urls))
+        if self.then is not None:
+            self.then()
         return {url: self.loads.get(url) for url in urls}
 
 
@@ -166,5 +196,57 @@ def test_the_controller_service_builds_the_actuator_with_the_metrics_reader() ->
     on = build_actuator(ControllerSettings(actuator="kubernetes", kubernetes=KubernetesConfig(host="http://127.0.0.1:1")))
     off = build_actuator(ControllerSettings(
         actuator="kubernetes", kubernetes=KubernetesConfig(host="http://127.0.0.1:1", pod_deletion_cost=False)))
-    assert isinstance(on, KubernetesActuator) and on._read_load is read_in_flight
+    assert isinstance(on, KubernetesActuator) and isinstance(on._read_load, PodLoadReader)
     assert isinstance(off, KubernetesActuator) and off._read_load is None
+    asyncio.run(on.aclose())
+
+
+def _pod_writes(server: StandInApiServer) -> list[str]:
+    return [path.rsplit("/", 1)[1] for method, path, _code in server.state.log if method == "PATCH"]
+
+
+def test_a_lease_lost_while_the_loads_are_read_writes_no_count(server: StandInApiServer) -> None:
+    """The costs came between the last look at the lease and the count's write: a replica no longer the leader
+    wrote it."""
+    path = server.add_deployment_scale("prod", "qwen", 3)
+    leading = [True]
+    loads = Loads(BUSY, then=leading.clear)
+    with pytest.raises(LeadershipLostError):
+        asyncio.run(_actuator(server, loads).scale(_policy(), 2, still_leading=lambda: bool(leading)))
+    assert server.obj(path)["spec"]["replicas"] == 3
+
+
+def test_a_scale_given_up_on_while_the_loads_are_read_writes_no_count(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 3)
+    actuator = _actuator(server, Loads(BUSY, then=lambda: time.sleep(1.0)))
+
+    async def give_up() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(actuator.scale(_policy(), 2), 0.3)
+        await asyncio.sleep(1.5)  # the thread has read the loads by now
+
+    asyncio.run(give_up())
+    assert server.obj(path)["spec"]["replicas"] == 3 and _pod_writes(server) == []
+
+
+def test_a_pod_whose_write_fails_is_skipped_and_the_busiest_are_marked_first(server: StandInApiServer) -> None:
+    server.add_deployment_scale("prod", "qwen", 3)
+    server.state.faults.append(Fault("PATCH", "/pods/qwen-2", 404, message="pods \"qwen-2\" not found"))
+    asyncio.run(_actuator(server, Loads(BUSY)).scale(_policy(), 2))
+    assert _costs(server) == {"qwen-0": "7", "qwen-1": "0", "qwen-2": None}
+    assert _pod_writes(server) == ["qwen-0", "qwen-2", "qwen-1"]  # 7, 3, 0
+
+
+def test_costs_of_an_earlier_scale_down_are_cleared_when_no_load_can_be_read(server: StandInApiServer) -> None:
+    """Kept, they ranked the pods by the loads of then."""
+    server.add_deployment_scale("prod", "qwen", 3)
+    asyncio.run(_actuator(server, Loads(BUSY)).scale(_policy(), 2))
+    asyncio.run(_actuator(server, Loads({})).scale(_policy(), 1))
+    assert set(_costs(server).values()) == {None}
+
+
+def test_a_scale_to_zero_reads_no_load(server: StandInApiServer) -> None:
+    server.add_deployment_scale("prod", "qwen", 3)
+    loads = Loads(BUSY)
+    assert asyncio.run(_actuator(server, loads).scale(_policy(), 0)).changed
+    assert loads.asked == []

@@ -374,6 +374,16 @@ def test_an_engine_restarted_with_another_model_starts_its_history_afresh() -> N
     assert [(e.kind, e.plan["moves"]) for e in events] == [("rebalance", 2), ("rebalance", 4), ("verify", 4)]
 
 
+def test_an_engine_restarted_with_another_model_is_still_known_as_listed() -> None:
+    """Its state made afresh forgot when it was last listed: one listing missed, and it was dropped at once."""
+    rebalancer = Rebalancer(RestartingEngine(), TriggerSettings(cooldown_s=100), verify_after_s=5)
+    for now in (0.0, 5.0, 11.0, 20.0):  # applied at 11 s; the engine serves two layers from then on
+        asyncio.run(rebalancer.tick(_policy(Mode.ENFORCE), ["http://engine"], now))
+    assert rebalancer._state[("p", "http://engine")].shape == ((2, 8), (2, 8), 2)
+    asyncio.run(rebalancer.tick(_policy(Mode.ENFORCE), [], 21.0))
+    assert ("p", "http://engine") in rebalancer._state
+
+
 class RevertingEngine(InMemoryEngine):
     """Takes the placement, then (a restart, or vLLM's own EPLB) runs the contiguous one again."""
 
