@@ -14,6 +14,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from contracts.errors import ValidationError
 from contracts.ttft_objective import EXPORTED_BY_DEFAULT, TtftAllowance
 from engine.chat_template import load_chat_template
 from engine.client import EngineCoreClient
@@ -66,6 +67,14 @@ class ServeOptions:
     """Share the KV blocks of equal prompt prefixes between requests (vLLM's automatic prefix caching)."""
     ttft_allowances: tuple[TtftAllowance, ...] = EXPORTED_BY_DEFAULT
     """The long-prompt allowances ``moeslo_ttft_normalized_seconds`` has a series for."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < self.max_num_seqs:  # as vLLM's SchedulerConfig refuses it
+            raise ValidationError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
+                f"({self.max_num_seqs}): each running sequence takes a token of every step's budget, so no more than "
+                f"{self.max_num_batched_tokens} would run; lower --max-num-seqs or raise --max-num-batched-tokens"
+            )
 
     @property
     def served_model_name(self) -> str:

@@ -67,9 +67,14 @@ def _checkpoint(options: StackOptions) -> Path:
                                   name_eos=True)  # as `moeslo model init` writes it; the load ignores eos
 
 
+SERVE_MAX_NUM_SEQS = 128
+"""``moeslo serve``'s default batch limit, lowered to the prefill chunk when that is smaller (no more would run)."""
+
+
 def _engine_flags(opts: StackOptions) -> list[str]:
     """What every replica is started with, beyond its address and names (the profiled ones alike)."""
-    flags = ["--ep", str(opts.ep), "--max-num-batched-tokens", str(opts.max_num_batched_tokens)]
+    flags = ["--ep", str(opts.ep), "--max-num-batched-tokens", str(opts.max_num_batched_tokens),
+             "--max-num-seqs", str(min(SERVE_MAX_NUM_SEQS, opts.max_num_batched_tokens))]
     if opts.colocate_ranks:
         flags.append("--colocate-ranks")
     return flags

@@ -99,3 +99,10 @@ def test_serve_on_port_zero_names_and_exports_the_port_it_listens_on(monkeypatch
     bound = seen["bound"]
     assert bound != 0 and seen["port"] == bound and seen["options"].port == bound
     assert f"on http://127.0.0.1:{bound} " in result.output
+
+
+def test_a_prefill_budget_below_the_batch_limit_is_refused_as_vllm_refuses_it() -> None:
+    """Each running sequence takes a token of every step's budget: 32 tokens ran 32 sequences, never 128."""
+    result = CliRunner().invoke(app, ["serve", "--checkpoint", ".", "--port", "0", "--max-num-batched-tokens", "32"])
+    assert result.exit_code == 2
+    assert "max_num_batched_tokens (32) must be at least max_num_seqs (128)" in " ".join(result.output.split())

@@ -29,3 +29,5 @@ def test_replicas_on_fewer_cpus_than_ranks_keep_the_ranks_in_one_process() -> No
     two_cpus = StackOptions(ep=2, cpus_per_replica=2)
     assert not two_cpus.colocate_ranks and "--colocate-ranks" not in _engine_flags(two_cpus)
     assert _engine_flags(two_cpus)[:2] == ["--ep", "2"]
+    flags = _engine_flags(two_cpus)  # 32-token chunks run 32 sequences at most, as `moeslo serve` now requires
+    assert flags[flags.index("--max-num-seqs") + 1] == flags[flags.index("--max-num-batched-tokens") + 1] == "32"
