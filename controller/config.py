@@ -288,9 +288,9 @@ class ControllerSettings(BaseSettings):
 
     @property
     def scale_backstop_s(self) -> float | None:
-        """The service's bound on each scale: the Kubernetes actuator's retries, the request its deadline may let
-        start at the last moment, and the read after a failed write (None: the local actuator's stops bound
-        themselves; cut short, a stop's replica would leave its CPUs to the next one while it still runs)."""
+        """The service's bound on each scale: the Kubernetes actuator's pod costs before a scale-down, its retries,
+        the request its deadline may let start at the last moment, and the read after a failed write (None: the
+        local actuator's scale starts processes and leaves its stops to run apart, each within its own waits)."""
         if self.actuator != "kubernetes":
             return None
         marking_s = MARK_BUDGET_S if self.kubernetes.pod_deletion_cost else 0.0  # a scale-down's pod costs first

@@ -281,9 +281,9 @@ class ControllerService:
 
     async def _with_replicas(self, policy: Policy, obs: PolicyObservation | None, now_s: float) -> PolicyObservation:
         base = obs or PolicyObservation(policy=policy.name, observed_at_s=now_s, errors=("no observation",))
-        base = replace(base, replica_budget=self.actuator.replica_budget(policy))
+        budget = self.actuator.replica_budget  # read after the count: a broken replica it found holds its CPUs
         if not self.actuator.manages(policy):  # a read-only target: the engines the source saw are the fleet
-            return replace(base, current_replicas=base.ready_replicas)
+            return replace(base, current_replicas=base.ready_replicas, replica_budget=budget(policy))
         if isinstance(self.actuator, DryRunActuator):  # it reads no fleet: its count starts from the one observed
             self.actuator.seed(policy.name, base.ready_replicas)
         try:
@@ -293,9 +293,10 @@ class ControllerService:
             if not isinstance(exc, ActuationError | LateAnswerError):
                 log.exception("reading %s's replica count failed", policy.name)
             self.metrics.error("actuator")
-            return replace(base, current_replicas=None, errors=(*base.errors, fault_text(exc)))
+            return replace(base, current_replicas=None, replica_budget=budget(policy),
+                           errors=(*base.errors, fault_text(exc)))  # fmt: skip
         ready = count.ready if count.ready is not None else base.ready_replicas
-        return replace(base, current_replicas=count.desired, ready_replicas=ready)
+        return replace(base, current_replicas=count.desired, ready_replicas=ready, replica_budget=budget(policy))
 
     async def _carry_out(self, policy: Policy, decision: Decision, leader: bool) -> tuple[str, str]:
         """(outcome, extra detail) of one decision."""

@@ -65,11 +65,14 @@ from typing import IO
 import httpx
 
 from contracts.lifetime import child_setup, group_runs
+from controller.actuators.background import BackgroundWork
 from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
 from controller.config import GROUP_TERM_GRACE_S, LocalActuatorConfig
 from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import LocalTarget, Policy
 
+MAX_STOPS_AT_ONCE = 16
+"""Replicas drained at once; more wait for a thread (each stop's waits bound it)."""
 READY_PROBE_TIMEOUT_S = 0.5
 GROUP_POLL_S = 0.05
 """How often a stop looks whether the replica's process group is gone."""
@@ -153,8 +156,7 @@ class LocalActuator:
         """Replicas being stopped in the background (:meth:`_retire`), and those whose main process exited on its own,
         their group SIGKILLed while a process of it (an EP rank) still ran: each holds its CPU slice until nothing of
         it runs."""
-        self._stops: dict[asyncio.Task[None], LocalReplica] = {}
-        """The background stops under way (:meth:`stopped` waits for them)."""
+        self._stops = BackgroundWork(self._stop, max_at_once=MAX_STOPS_AT_ONCE, name="moeslo-replica-stop")
         self._probe_client: httpx.AsyncClient | None = None
         """One client for every health probe: a new one per probe loads the CA bundle each tick, which
         cost the demo's controller a quarter of its CPU."""
@@ -163,9 +165,7 @@ class LocalActuator:
         """Most replicas ``policy`` may run: the CPU slices not held by other policies' replicas."""
         if self.cpu_slices is None or not self.manages(policy):
             return None
-        others = sum(
-            1 for name, rs in self.replicas_by_policy.items() if name != policy.name for r in rs if r.alive
-        )
+        others = sum(1 for name, rs in self.replicas_by_policy.items() if name != policy.name for r in rs if r.alive)
         return max(0, len(self.cpu_slices) - others - len(self._still_dying()))
 
     def _retire(self, replica: LocalReplica) -> None:
@@ -173,16 +173,14 @@ class LocalActuator:
         a scale-down held the tick loop, every policy's, for the drain).  It has already left its policy's replicas,
         so it takes no new requests; its CPU slice stays taken until nothing of it runs."""
         self._dying.append(replica)
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._stop, replica))
-        self._stops[task] = replica
-        task.add_done_callback(lambda done: self._stops.pop(done, None))
+        self._stops.start(replica)
 
     async def stopped(self) -> None:
         """Return once the replicas being stopped in the background are (each within its stop's own deadlines)."""
-        while self._stops:
-            await asyncio.gather(*self._stops, return_exceptions=True)
+        await self._stops.wait()
 
     def _still_dying(self) -> list[LocalReplica]:
+        """The replicas stopping or stopped of which a process still runs (the rest are forgotten)."""
         self._dying = [r for r in self._dying if group_runs(r.process.pid)]
         return self._dying
 
@@ -228,6 +226,7 @@ class LocalActuator:
         return tuple(r.endpoint for r in self.replicas_by_policy.get(policy.name, []) if r.alive)
 
     def _reap(self, policy: Policy) -> list[LocalReplica]:
+        self._still_dying()
         replicas = self.replicas_by_policy.setdefault(policy.name, [])
         for replica in [r for r in replicas if not r.alive]:  # a stopped one left the list before its stop
             replicas.remove(replica)
@@ -289,6 +288,8 @@ class LocalActuator:
             return  # a step at a time: none while a successor still loads
         old = min(stale, key=lambda r: state_of.get(id(r)) == "ready")  # one that does not serve first
         room = self._room()
+        if not room and self._still_dying():
+            return  # a replica stopping holds the slice: once it is gone, the successor starts ahead as it should
         if not room:  # its successor needs its CPU slice: stopped before the start
             replicas.remove(old)
             await asyncio.to_thread(self._stop, old)
@@ -469,13 +470,14 @@ class LocalActuator:
     async def aclose(self) -> None:
         """Stop every replica this actuator started, and wait for those being stopped in the background."""
         async with self._lock:
-            stopping = set(map(id, self._stops.values()))
+            stopping = set(map(id, self._stops.running()))
             everything = [*(r for rs in self.replicas_by_policy.values() for r in rs),
-                          *(r for r in self._dying if id(r) not in stopping)]  # fmt: skip
+                          *(r for r in self._still_dying() if id(r) not in stopping)]  # fmt: skip
             self.replicas_by_policy.clear()
             self._dying.clear()
             await asyncio.gather(*(asyncio.to_thread(self._stop, r) for r in everything))
             await self.stopped()
+            self._stops.shutdown()
         if self._probe_client is not None:
             await self._probe_client.aclose()
             self._probe_client = None

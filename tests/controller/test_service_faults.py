@@ -8,9 +8,10 @@ import threading
 import time
 from pathlib import Path
 
+from contracts.catalogue import HOST_REPLICA_BUDGET
 from contracts.errors import UnavailableError
 from controller.actuators import DryRunActuator, LocalActuator, ReplicaCount, ScaleResult, StillLeading, always_leading
-from controller.config import FINAL_READ_TIMEOUT_S, LocalActuatorConfig, load_settings
+from controller.config import FINAL_READ_TIMEOUT_S, MARK_BUDGET_S, LocalActuatorConfig, load_settings
 from controller.decision_log import DecisionLogWriter
 from controller.policy import Policy
 from controller.store import Store
@@ -193,5 +194,33 @@ def test_a_scale_that_never_ends_is_cut_at_its_bound_and_logged_failed(tmp_path:
 
 def test_the_scale_bound_covers_the_kubernetes_actuators_own() -> None:
     settings = load_settings(actuator="kubernetes", kubernetes={"retry_deadline_s": 12, "request_timeout_s": 10})
-    assert settings.scale_backstop_s == 12 + 10 + FINAL_READ_TIMEOUT_S
-    assert load_settings(actuator="local").scale_backstop_s is None  # a stop's own waits bound it
+    assert settings.scale_backstop_s == 12 + 10 + FINAL_READ_TIMEOUT_S + MARK_BUDGET_S  # a scale-down's pod costs
+    unmarked = load_settings(actuator="kubernetes", kubernetes={"retry_deadline_s": 12, "request_timeout_s": 10,
+                                                                 "pod_deletion_cost": False})  # fmt: skip
+    assert unmarked.scale_backstop_s == 12 + 10 + FINAL_READ_TIMEOUT_S
+    assert load_settings(actuator="local").scale_backstop_s is None  # it starts processes; stops run apart
+
+
+class StopsABrokenReplica(DryRunActuator):
+    """Each read finds a broken replica and stops it: while it drains, it holds a slice of a budget of one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.budget = 1
+
+    def replica_budget(self, policy: Policy) -> int | None:
+        return self.budget
+
+    async def replicas(self, policy: Policy) -> ReplicaCount:
+        self.budget = 0
+        return await super().replicas(policy)
+
+
+def test_the_replica_budget_is_read_after_the_count_whose_read_may_stop_a_replica(tmp_path: Path) -> None:
+    """Read before, it offered the slice of a broken replica the read had begun to stop: the scale-up to replace it
+    failed with "every CPU slice is in use" instead of holding at the budget."""
+    actuator = StopsABrokenReplica()
+    service, store, registry = _service(tmp_path, Clock(), actuator=actuator)
+    store.create_policy(_policy("a"))
+    asyncio.run(service.tick())
+    assert registry.get_sample_value(HOST_REPLICA_BUDGET, {"policy": "a"}) == 0

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from controller.actuators import LocalActuator
+from controller.actuators.base import ScaleResult
 from controller.actuators.local import LocalReplica
 from controller.config import LocalActuatorConfig
 from controller.errors import ActuationError, LeadershipLostError
@@ -313,8 +314,13 @@ def test_a_replica_still_not_gone_after_sigkill_is_logged_not_an_error(caplog: p
     assert process.stdout is not None and process.stdout.readline() == b"\n"  # SIGTERM is ignored from here on
     actuator = LocalActuator(LocalActuatorConfig(command=("sleep", "60"), first_port=free_port(), stop_timeout_s=0.2))
     actuator.replicas_by_policy["local-p"] = [LocalReplica(process=process, port=1, host="127.0.0.1", started_s=0.0)]
+    async def scale_to_zero() -> ScaleResult:
+        result = await actuator.scale(_policy(), 0)
+        await actuator.stopped()
+        return result
+
     try:
-        result = asyncio.run(actuator.scale(_policy(), 0))
+        result = asyncio.run(scale_to_zero())
         killed = process.wait(timeout=10)
     finally:
         if process.poll() is None:
@@ -431,7 +437,9 @@ def test_a_scale_down_returns_while_its_replica_drains_and_the_replicas_cpus_sta
         started = time.monotonic()
         result = await actuator.scale(policy, 0)
         assert (result.replicas, actuator.endpoints(policy)) == (0, ())
-        assert time.monotonic() - started < 0.5 and replica.process.poll() is None  # returned; it drains on
+        assert time.monotonic() - started < 0.5  # returned at once
+        await asyncio.sleep(0.3)  # its SIGTERM sent (the stop's thread ran), it drains on
+        assert replica.process.poll() is None
         assert actuator.replica_budget(policy) == budget - 1  # its CPU is not free yet
         await actuator.stopped()
         assert time.monotonic() - started >= 1.5 and replica.process.poll() is not None

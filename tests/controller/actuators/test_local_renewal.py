@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from controller.actuators import LocalActuator
 from controller.config import LocalActuatorConfig
 from controller.policy import Policy
@@ -22,7 +24,8 @@ COMMAND = (sys.executable, "-c", _REPLICA, "{port}", "200", "{checkpoint}", "{mo
 def _actuator(tmp_path: Path, **settings: object) -> tuple[LocalActuator, Policy, Policy]:
     for name in ("old", "new"):
         (tmp_path / name).mkdir()
-    config = LocalActuatorConfig(command=COMMAND, first_port=free_port(), stop_timeout_s=2, **settings)  # type: ignore[arg-type]
+    settings = {"command": COMMAND, **settings}
+    config = LocalActuatorConfig(first_port=free_port(), stop_timeout_s=2, **settings)  # type: ignore[arg-type]
     return LocalActuator(config, cwd=tmp_path), _policy(checkpoint=Path("old")), _policy(checkpoint=Path("new"))
 
 
@@ -108,6 +111,38 @@ def test_a_scale_down_while_a_successor_loads_stops_the_successor_not_the_replic
         await actuator.stopped()
         left = [r.process.pid for r in actuator.replicas_by_policy[new.name]]
         assert len(left) == 1 and set(left) <= serving and not _alive(successor.process.pid)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        asyncio.run(actuator.aclose())
+
+
+SLOW_TO_DRAIN = (sys.executable, "-c", "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + _REPLICA,
+                 "{port}", "200", "{checkpoint}", "{model}")  # fmt: skip
+"""As :data:`COMMAND`, but its drain lasts until its group's SIGKILL (``stop_timeout_s`` after its SIGTERM)."""
+
+
+def test_a_replica_draining_in_the_background_delays_a_renewal_rather_than_stop_the_one_serving(
+    tmp_path: Path,
+) -> None:
+    """The draining replica held its slice, so the renewal found no room and stopped the only serving replica
+    before its successor loaded."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs for two slices")
+    actuator, old, new = _actuator(tmp_path, cpus_per_replica=1, cpus=tuple(cpus), command=SLOW_TO_DRAIN)
+
+    async def scenario() -> None:
+        await actuator.scale(old, 2)
+        assert await _wait_ready(actuator, old, 2, timeout_s=20) == 2
+        await asyncio.sleep(0.5)  # their SIGTERM handlers are set
+        await actuator.scale(old, 1)  # one drains in the background for stop_timeout_s
+        (serving,) = actuator.replicas_by_policy[old.name]
+        counts = await _renew(actuator, new, tmp_path / "new")
+        assert all(ready == 1 for _, ready in counts), counts  # never a replica fewer serving
+        await actuator.stopped()
+        assert not _alive(serving.process.pid)
 
     try:
         asyncio.run(scenario())
