@@ -129,10 +129,10 @@ def command_part_problem(part: str) -> str | None:
 
 
 FINAL_READ_TIMEOUT_S = 2.0
+"""The Kubernetes actuator's last read, after a write answered with an error: whether it landed."""
 MARK_BUDGET_S = 4.0
 """The most a Deployment's scale-down spends on its pods' deletion costs (the pod list, their loads, the writes)
 before its own write (:mod:`controller.actuators.kube_pods`)."""
-"""The Kubernetes actuator's last read, after a write answered with an error: whether it landed."""
 
 
 class KubernetesConfig(_Section):

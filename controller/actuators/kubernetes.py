@@ -280,16 +280,16 @@ class KubernetesActuator:
                     f"from {read.desired})"
                 )
             if read.desired != replicas:
-                if 0 < replicas < read.desired and not state["costed"]:  # before the checks that precede the write
-                    state["costed"] = True
-                    self._mark_for_deletion(target, read.obj, timeout, stop)
-                if stop.is_set():  # cut off during the read: no write after the caller gave up on the scale
-                    raise _given_up(target, f"scale to {replicas}")
                 if target.hpa is None and (hpa := self._undeclared_hpa(target, timeout)) is not None:
                     raise ActuationError(
                         f"{_describe(target)}: the HPA {hpa!r} scales it and would undo a scale to {replicas}; "
                         f"name it in the policy (target.hpa: {hpa}) and the controller sets its floor instead"
                     )
+                if 0 < replicas < read.desired and not state["costed"]:  # a scale that will be written, if any is
+                    state["costed"] = True
+                    self._mark_for_deletion(target, read.obj, timeout, stop)
+                if stop.is_set():  # cut off during the read or the costs: no write after the caller gave up
+                    raise _given_up(target, f"scale to {replicas}")
                 if not still_leading():  # asked last thing before the write: the retries may have outlived the lease
                     raise _lost_lease(target, replicas, wrote_before=state["wrote"])
                 self.writes += 1

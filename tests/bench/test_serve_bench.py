@@ -64,13 +64,13 @@ def test_the_pooled_itl_p99_compares_every_rounds_gaps_with_an_interval_over_rou
     pooled = _pooled_itl(rounds)
     assert pooled is not None
     assert pooled["itl_p99_on_minus_off_ms"] == 0.5 and pooled["rounds"] == 3
-    lo, hi = pooled["interval_90_ms"]
+    lo, hi = pooled["bootstrap_5_95_ms"]
     assert 0.0 < lo <= 0.5 <= hi < 1.0
     assert pooled["token_gaps"] == {"on": 3000, "off": 3000}
     # One round where on is far worse widens the interval past it.
     rounds.append({"exporters_off": _gaps(5, 10.0), "exporters_on": _gaps(5, 20.0)})
     pooled = _pooled_itl(rounds)
-    assert pooled is not None and pooled["interval_90_ms"][1] > 5.0
+    assert pooled is not None and pooled["bootstrap_5_95_ms"][1] > 5.0
     assert _pooled_itl([{"exporters_on": _gaps(5, 10.0)}]) is None  # no baseline
     assert "itls_s" not in _best_round([_gaps(5, 10.0)])  # the raw gaps are not printed
 

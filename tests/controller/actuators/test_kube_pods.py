@@ -22,7 +22,7 @@ from controller.actuators.kube_pods import (
     in_flight,
 )
 from controller.config import ControllerSettings, KubernetesConfig
-from controller.errors import LeadershipLostError
+from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import Policy
 from tests.controller.kube_standin import Fault, StandInApiServer
 
@@ -250,3 +250,12 @@ def test_a_scale_to_zero_reads_no_load(server: StandInApiServer) -> None:
     loads = Loads(BUSY)
     assert asyncio.run(_actuator(server, loads).scale(_policy(), 0)).changed
     assert loads.asked == []
+
+
+def test_a_scale_down_refused_for_an_undeclared_hpa_marks_no_pod(server: StandInApiServer) -> None:
+    """Marked first, every tick's refused scale-down rewrote the pods' costs of a workload an HPA owns."""
+    server.add_deployment_scale("prod", "qwen", 3)
+    server.add_hpa("prod", "qwen", min_replicas=1, max_replicas=10, current=3)
+    with pytest.raises(ActuationError, match="the HPA 'qwen' scales it"):
+        asyncio.run(_actuator(server, Loads(BUSY)).scale(_policy(), 2))
+    assert _pod_writes(server) == []
