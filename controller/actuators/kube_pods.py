@@ -44,6 +44,8 @@ from contracts.catalogue import RUNNING, WAITING
 from controller.policy import KubernetesTarget
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+MERGE_PATCH = "application/merge-patch+json"
+"""RFC 7386: the fields the patch names are set (``null`` removes), every other one stays as the server has it."""
 READ_TIMEOUT_S = 2.0
 """Each pod's ``/metrics`` read, per network operation: a pod slower than this reads as one whose load is unknown."""
 MAX_READERS = 16
@@ -82,6 +84,20 @@ def pod_url(ip: str, port: int) -> str:
     except ValueError:
         bracketed = False
     return f"http://[{ip}]:{port}" if bracketed else f"http://{ip}:{port}"
+
+
+def ready_pods(
+    core: k8s.CoreV1Api, target: KubernetesTarget, scale: Any, timeout_s: float
+) -> dict[str, k8s.V1ObjectMeta] | None:
+    """The workload's pods that are Ready and not terminating, by ``http://<pod IP>:<port>`` (None: the workload
+    names no selector)."""
+    selector = workload_selector(scale)
+    if not selector:
+        return None
+    listed = core.list_namespaced_pod(target.namespace, label_selector=selector, _request_timeout=timeout_s)
+    return {
+        pod_url(ip, target.port): meta for pod in listed.items if (ip := serving_ip(pod)) and (meta := pod.metadata)
+    }
 
 
 def in_flight(metrics_text: str) -> float | None:
@@ -146,14 +162,9 @@ def mark_for_deletion(
     the loads of then).  The values written, by pod name.  ``stop`` set (the scale's caller gave up): no further
     write.  A pod's failed write is logged and the next one tried; a refusal (401/403) is the caller's."""
     deadline_s = clock() + budget_s
-    selector = workload_selector(scale)
-    if not selector:
+    pods = ready_pods(core, target, scale, min(timeout_s, budget_s))
+    if not pods:
         return {}
-    listed = core.list_namespaced_pod(target.namespace, label_selector=selector,
-                                      _request_timeout=min(timeout_s, budget_s))  # fmt: skip
-    pods: dict[str, k8s.V1ObjectMeta] = {
-        pod_url(ip, target.port): meta for pod in listed.items if (ip := serving_ip(pod)) and (meta := pod.metadata)
-    }
     costs = deletion_costs(read_load(list(pods), deadline_s - clock()))
     values: dict[str, str | None] = {url: str(cost) for url, cost in costs.items()} or dict.fromkeys(pods)
     written: dict[str, str | None] = {}
@@ -167,7 +178,7 @@ def mark_for_deletion(
             core.patch_namespaced_pod(str(metadata.name), target.namespace,
                                       {"metadata": {"annotations": {DELETION_COST_ANNOTATION: value}}},
                                       _request_timeout=min(timeout_s, left_s),
-                                      _content_type="application/merge-patch+json")  # fmt: skip
+                                      _content_type=MERGE_PATCH)  # fmt: skip
         except ApiException as exc:
             if exc.status in (401, 403):
                 raise

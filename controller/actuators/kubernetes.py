@@ -67,7 +67,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from contracts.errors import ValidationError
 from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
-from controller.actuators.kube_pods import LoadReader, mark_for_deletion, pod_url, serving_ip, workload_selector
+from controller.actuators.kube_pods import MERGE_PATCH, LoadReader, mark_for_deletion, ready_pods
 from controller.config import FINAL_READ_TIMEOUT_S, MARK_BUDGET_S, KubernetesConfig
 from controller.errors import ActuationError, LeadershipLostError
 from controller.policy import KubernetesTarget, Policy
@@ -79,8 +79,6 @@ RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 LIFTED_MAX_ANNOTATION = "moeslo.io/max-replicas-before-floor"
 """On an HPA whose ``maxReplicas`` the actuator lifted: the value it had, given back when the floor comes down."""
 _T = TypeVar("_T")
-MERGE_PATCH = "application/merge-patch+json"
-"""RFC 7386: the fields the patch names are set (``null`` removes), every other one stays as the server has it."""
 log = logging.getLogger(__name__)
 
 
@@ -231,12 +229,8 @@ class KubernetesActuator:
     def _ready_pods(self, target: KubernetesTarget, read: _Read) -> tuple[str, ...] | None:
         """``http://<pod IP>:<port>`` (an IPv6 one in brackets) of the workload's pods that are Ready and not
         terminating (None: the workload names no selector)."""
-        selector = workload_selector(read.obj)
-        if not selector:
-            return None
-        pods = self.core.list_namespaced_pod(target.namespace, label_selector=selector,
-                                             _request_timeout=self.config.request_timeout_s)  # fmt: skip
-        return tuple(sorted(pod_url(ip, target.port) for pod in pods.items if (ip := serving_ip(pod))))
+        pods = ready_pods(self.core, target, read.obj, self.config.request_timeout_s)
+        return None if pods is None else tuple(sorted(pods))
 
     async def scale(
         self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
