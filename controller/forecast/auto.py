@@ -158,8 +158,19 @@ class AutoForecaster:
         return False
 
     def _selection_origins(self, n: int) -> int:
+        """Origins the selection backtests from, of ``n`` bins.  Its one backtest fit takes the bins before
+        the first origin: at least ``min_history_bins // 2 + 1``, and more where that lets a candidate that
+        estimates parameters from more (Holt 10 bins, ARIMA 30) join while the selection keeps enough origins
+        for an interval.  Without this, a young history's first fit took 9 bins, below Holt's 10, until the
+        origins reached ``selection_bins`` (an hour of 15 s bins): no Holt nor ARIMA in that hour."""
         cfg = self.config
-        return min(cfg.selection_bins, n - cfg.horizon_bins - cfg.min_history_bins // 2)
+        shortest = cfg.min_history_bins // 2 + 1
+        needs = sorted({max(shortest, MIN_FIT_BINS.get(kind, 1)) for kind in cfg.candidates}, reverse=True)
+        for need in needs:
+            origins = n - cfg.horizon_bins - need + 1
+            if origins >= MIN_INTERVAL_RESIDUALS:
+                return min(cfg.selection_bins, origins)
+        return min(cfg.selection_bins, n - cfg.horizon_bins - shortest + 1)
 
     @property
     def refit_due(self) -> bool:

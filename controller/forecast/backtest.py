@@ -36,7 +36,8 @@ MIN_FIT_BINS = {"holt_damped": HOLT_MIN_FIT_BINS, "arima": ARIMA_MIN_FIT_BINS}
 that many (a selection, ``moeslo forecast backtest``).  While a forecaster's history was short (under ~256 bins
 at a 2-minute horizon of 15 s bins) its selection's first fit took 9 bins, and Holt and ARIMA were scored
 unfitted (ARIMA as a random walk: last value's forecasts), so the model deployed, fitted on the whole history,
-was not the one scored."""
+was not the one scored; and once excluded, they were not candidates at all in that hour.  The selection now
+moves its first origin to give the first fit their bins where enough origins remain (``AutoForecaster``)."""
 
 
 def wape(actual: FloatArray, predicted: FloatArray) -> float:
