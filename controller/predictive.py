@@ -72,7 +72,8 @@ class PredictiveConfig:
     current model.  Refits of short histories (under ``CHEAP_REFIT_BINS``) do not count: they have their
     own budget, and a tick runs refits of one kind only."""
     cheap_refit_bins_per_tick: int = 512
-    """Most history bins the refits of short histories (about 0.03 ms a bin) one tick spends over all
+    """Most history bins the refits of short histories (about 0.03 ms a bin; one that fits Holt or ARIMA is
+    charged ``CHEAP_REFIT_BINS``) one tick spends over all
     policies: many policies started together reach their early refits (when the history doubles) on the
     same ticks, and sixteen at once held a 100-policy tick 130 ms; beyond it they wait for a later tick."""
 

@@ -117,6 +117,8 @@ class AutoForecaster:
         self.last_selection: list[BacktestResult] = []
         self._selected_on_zeros = False
         """The last selection's window held only zeros (scored by absolute error, ties to the season)."""
+        self._candidates_fit = 0
+        """Candidates the last refit's selection could backtest: a refit is due as soon as one more can."""
         self.fits = 0
 
     @property
@@ -149,6 +151,7 @@ class AutoForecaster:
             self._residuals = {}
             self._offset_cache.clear()
             self._since_fit = 0
+            self._candidates_fit = 0
             return True
         value = self.history.last()
         for _ in range(bins):
@@ -176,7 +179,8 @@ class AutoForecaster:
     def refit_due(self) -> bool:
         """Whether a refit is due: when the history has doubled since the last fit (early on, every few
         bins count), and every ``refit_every_bins`` once it is long, each at this forecaster's phase;
-        and as soon as a model without an error distribution (no interval yet) can be given one."""
+        and as soon as a model without an error distribution (no interval yet) can be given one, or the
+        selection can backtest one more candidate (Holt, ARIMA, the season) than it last did."""
         n = len(self.history)
         if n < self.config.min_history_bins:
             return False
@@ -186,6 +190,9 @@ class AutoForecaster:
             return True
         if self._selected_on_zeros and self.history.last() > 0:
             return True  # the series leaves zero (the morning): choose again on what it does now
+        origins, _, _, kinds = self._selection_plan(n)
+        if origins >= MIN_SELECTION_ORIGINS and len(kinds) > self._candidates_fit:
+            return True  # Holt, ARIMA or the season can join the selection now
         every = self.config.refit_every_bins
         if n < 2 * every:
             half = max(n // 2, 1)
@@ -205,19 +212,34 @@ class AutoForecaster:
         self._offset_cache.clear()
         self._since_fit = max(len(self.history), self.config.refit_every_bins)
 
-    def refit(self) -> None:
-        """Select the best candidate on recent history, fit it, and refresh the error distribution."""
+    def _selection_plan(self, n: int) -> tuple[int, int, int | None, list[str]]:
+        """(origins, first origin, period, candidates) of a selection over ``n`` bins."""
         cfg = self.config
-        series = self.history.values()
-        horizons = list(range(1, cfg.horizon_bins + 1))
-        period = cfg.period_bins if cfg.period_bins is not None and len(series) >= 2 * cfg.period_bins else None
-        origins = self._selection_origins(len(series))
-        start = len(series) - cfg.horizon_bins - origins + 1  # the backtest's first fit takes the bins before it
+        period = cfg.period_bins if cfg.period_bins is not None and n >= 2 * cfg.period_bins else None
+        origins = self._selection_origins(n)
+        start = n - cfg.horizon_bins - origins + 1  # the backtest's first fit takes the bins before it
         kinds = [
             k
             for k in cfg.candidates
             if (k != "seasonal_naive" or period is not None) and start >= MIN_FIT_BINS.get(k, 1)
         ]
+        return origins, start, period, kinds
+
+    @property
+    def refit_is_cheap(self) -> bool:
+        """Whether the next refit fits no model that estimates parameters (only last value, moving average or
+        seasonal naive, or no selection at all): a few milliseconds.  One that fits Holt or ARIMA costs tens of
+        milliseconds, however short the history (the controller's refit budget counts it as a full one)."""
+        origins, _, _, kinds = self._selection_plan(len(self.history))
+        return origins < MIN_SELECTION_ORIGINS or not any(kind in MIN_FIT_BINS for kind in kinds)
+
+    def refit(self) -> None:
+        """Select the best candidate on recent history, fit it, and refresh the error distribution."""
+        cfg = self.config
+        series = self.history.values()
+        horizons = list(range(1, cfg.horizon_bins + 1))
+        origins, start, period, kinds = self._selection_plan(len(series))
+        self._candidates_fit = len(kinds)
         if origins >= MIN_SELECTION_ORIGINS and kinds:
             results = compare_models(
                 series,

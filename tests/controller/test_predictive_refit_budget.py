@@ -43,12 +43,19 @@ def test_short_refits_of_many_policies_share_a_tick_budget_and_all_catch_up() ->
     assert adv.refits_deferred > 0
     # Deferred, not dropped: every forecaster has a model, none refit longer ago than its cadence allows.
     assert all(adv._state[p.name].rate.model_name is not None for p in POLICIES)
-    assert max(adv._state[p.name].rate._since_fit for p in POLICIES) < 220 // 2
+    # Each refit comes as the history doubles (every ~110 bins by the end), then waits its turn: the young
+    # refits that fit Holt or ARIMA are charged CHEAP_REFIT_BINS each, so sixty of them take 30 ticks.
+    wait = len(POLICIES) * CHEAP_REFIT_BINS // config.cheap_refit_bins_per_tick
+    assert max(adv._state[p.name].rate._since_fit for p in POLICIES) < 220 // 2 + wait
 
 
 def test_a_budget_too_small_for_the_longest_short_refit_is_refused() -> None:
     with pytest.raises(ValueError, match="cheap_refit_bins_per_tick"):
         PredictiveConfig(cheap_refit_bins_per_tick=CHEAP_REFIT_BINS - 1)
+
+
+YOUNG_BINS = 28
+"""A history whose selection still fits neither Holt nor ARIMA (Holt joins once 20 origins follow its 10 bins)."""
 
 
 def forecaster_with(bins: int) -> AutoForecaster:
@@ -62,7 +69,7 @@ def forecaster_with(bins: int) -> AutoForecaster:
 def test_full_and_short_refits_take_turns_when_both_wait() -> None:
     adv = PredictiveAdvisor(PredictiveConfig())
     longs = [forecaster_with(CHEAP_REFIT_BINS + 50) for _ in range(3)]
-    youngs = [forecaster_with(100) for _ in range(3)]
+    youngs = [forecaster_with(YOUNG_BINS) for _ in range(3)]
     ran = []
     for tick in range(4):
         for forecaster in (longs[0], youngs[0], longs[1], youngs[1], longs[2], youngs[2]):
@@ -77,7 +84,7 @@ def test_full_and_short_refits_take_turns_when_both_wait() -> None:
 
 def test_a_tick_runs_full_or_short_refits_never_both_and_a_deferred_full_one_goes_first() -> None:
     adv = PredictiveAdvisor(PredictiveConfig())
-    short = [forecaster_with(100) for _ in range(3)]
+    short = [forecaster_with(YOUNG_BINS) for _ in range(3)]
     full = forecaster_with(CHEAP_REFIT_BINS + 50)
     # Tick 1: short refits come first and spend budget, so the full one waits.
     for forecaster in (*short[:2], full):
@@ -91,3 +98,16 @@ def test_a_tick_runs_full_or_short_refits_never_both_and_a_deferred_full_one_goe
     adv._refit_if_due(short[2], 45.0)
     assert short[2].fits == 1
     assert adv.refits_deferred == 2
+
+
+def test_a_young_refit_that_fits_holt_or_arima_is_charged_a_short_budget_of_its_own() -> None:
+    """Such a refit costs 4-18 ms at 40-300 bins; charged its bins (0.03 ms each), sixty of them held one tick
+    150 ms.  Charged ``CHEAP_REFIT_BINS`` each, two fit the default tick budget."""
+    cheap, costly = forecaster_with(YOUNG_BINS), forecaster_with(60)
+    assert cheap.refit_is_cheap and not costly.refit_is_cheap
+    adv = PredictiveAdvisor(PredictiveConfig())
+    others = [forecaster_with(60) for _ in range(2)]
+    for forecaster in (costly, *others):
+        adv._refit_if_due(forecaster, 15.0)
+    assert [f.fits for f in (costly, *others)] == [1, 1, 0]
+    assert "holt_damped" in {r.kind for r in costly.last_selection}
