@@ -123,6 +123,7 @@ def summarize(state: StackState) -> dict[str, Any]:
         "decisions": dict(actions),
         "decisions_not_applied": dict(not_taken),
         "forecast_scale_ups": actions.get("scale_up:forecast", 0),
+        "forecast_models": forecast_models(state),
         "rebalances_verified": actions.get("verify_rebalance:verified", 0),
         "alerts_seen": sorted({a for s in state.samples for a in s.alerts}),
         # Alertmanager posts again when an alert resolves (send_resolved): that is no page, nor a ticket.
@@ -139,6 +140,17 @@ def summarize(state: StackState) -> dict[str, Any]:
         # In time order: a decision or page is recorded at its own time, which may come before lines seen earlier.
         "events": [f"{t - state.load_started_s:6.1f}s {text}" for t, text in sorted(state.events, key=lambda e: e[0])],
     }
+
+
+def forecast_models(state: StackState) -> list[dict[str, Any]]:
+    """The forecaster's model over the run, each with the load's second it was first seen at (the selection
+    refits as the history grows: moving average first, Holt and ARIMA once their fits have the bins)."""
+    models: list[dict[str, Any]] = []
+    for sample in state.samples:
+        model = (sample.forecast or {}).get("model")
+        if model and (not models or models[-1]["model"] != model):
+            models.append({"model": model, "from_s": round(sample.t_s - state.load_started_s, 1)})
+    return models
 
 
 def _control_loop(state: StackState) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def _forecast(sample: Sample) -> Text:
         return Text(f"{sample.arrival_rps:.2f} / warming up", style="dim")
     style = "" if forecast.get("in_use") else "yellow"
     return Text(f"{sample.arrival_rps:.2f} / {forecast['request_rate_rps']:.2f} "
-                f"(sized {forecast['sized_request_rate_rps']:.2f})", style=style)
+                f"(sized {forecast['sized_request_rate_rps']:.2f}, {forecast.get('model', '?')})", style=style)
 
 
 def render(state: StackState) -> Group:

@@ -233,3 +233,19 @@ def test_the_summary_and_the_live_view_count_the_load_from_its_start() -> None:
     console = Console(record=True, width=120)
     console.print(render(state))
     assert console.export_text().splitlines()[0].startswith("moeslo up: 30 / 10 s ")
+
+
+def test_the_forecasters_models_are_listed_in_the_order_they_served() -> None:
+    state = _state()
+    state.load_started_s = 2.0
+    fc = {"request_rate_rps": 1.0, "sized_request_rate_rps": 1.2, "in_use": True}
+    models = [None, "moving_average_8", "moving_average_8", "holt_damped", "moving_average_8"]
+    state.samples = [replace(state.samples[0], t_s=2.0 + 10.0 * i, forecast=None if m is None else {**fc, "model": m})
+                     for i, m in enumerate(models)]  # fmt: skip
+    assert summarize(state)["forecast_models"] == [
+        {"model": "moving_average_8", "from_s": 10.0}, {"model": "holt_damped", "from_s": 30.0},
+        {"model": "moving_average_8", "from_s": 40.0},
+    ]
+    console = Console(width=200, record=True)
+    console.print(render(state))
+    assert "moving_average_8" in console.export_text()
