@@ -67,13 +67,12 @@ class PredictiveConfig:
     replica's first ones among them), so they do not correct the capacity model (the reactive advisor
     distrusts such an SLI the same way)."""
     refits_per_tick: int = 1
-    """Most model refits (backtest, selection, fit: tens of milliseconds each once the history is
-    long) one tick spends over all policies; a forecaster whose refit waits keeps forecasting with its
-    current model.  Refits of short histories (under ``CHEAP_REFIT_BINS``) do not count: they have their
-    own budget, and a tick runs refits of one kind only."""
+    """Most model refits (backtest, selection, fit: tens of milliseconds each once Holt or ARIMA is a
+    candidate, from 37 bins at a 2-minute lead time) one tick spends over all policies; a forecaster whose refit
+    waits keeps forecasting with its current model.  Cheap refits (under ``CHEAP_REFIT_BINS`` bins, fitting
+    neither) do not count: they have their own budget, and a tick runs refits of one kind only."""
     cheap_refit_bins_per_tick: int = 512
-    """Most history bins the refits of short histories (about 0.03 ms a bin; one that fits Holt or ARIMA is
-    charged ``CHEAP_REFIT_BINS``) one tick spends over all
+    """Most history bins the cheap refits (about 0.03 ms a bin) one tick spends over all
     policies: many policies started together reach their early refits (when the history doubles) on the
     same ticks, and sixteen at once held a 100-policy tick 130 ms; beyond it they wait for a later tick."""
 

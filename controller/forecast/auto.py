@@ -228,8 +228,8 @@ class AutoForecaster:
     @property
     def refit_is_cheap(self) -> bool:
         """Whether the next refit fits no model that estimates parameters (only last value, moving average or
-        seasonal naive, or no selection at all): about 0.03 ms a bin.  One that fits Holt or ARIMA costs 4-18 ms
-        at 40-300 bins (the controller's refit budget charges it ``CHEAP_REFIT_BINS`` bins)."""
+        seasonal naive, or no selection at all): about 0.03 ms a bin.  One that fits Holt or ARIMA costs 10-40 ms
+        however short the history (the controller's refit budget counts it as a full refit)."""
         origins, _, _, kinds = self._selection_plan(len(self.history))
         return origins < MIN_SELECTION_ORIGINS or not any(kind in MIN_FIT_BINS for kind in kinds)
 
