@@ -1,7 +1,8 @@
 """How many forecast refits one controller tick runs, over all policies.
 
-A refit (backtest, selection, fit) of a long history costs tens of milliseconds; 100 policies started
-together reach their early refits (each time a short history doubles) on the same ticks.  Both kinds
+A full refit (backtest, selection, fit) costs tens of milliseconds: one of a long history, or of a young one
+whose selection fits Holt or ARIMA; 100 policies started together reach their early refits (each time a short
+history doubles) on the same ticks.  Full refits and cheap ones (a young history's, fitting neither) are both
 are budgeted per tick, a tick runs one kind only (so its refits cost at most the larger budget), and
 a kind that waited for the other goes first on the next tick, so neither starves the other.
 """
@@ -14,10 +15,9 @@ from typing import Protocol
 __all__ = ["CHEAP_REFIT_BINS", "RefitBudget"]
 
 CHEAP_REFIT_BINS = 256
-"""A refit over fewer bins that fits no parametric model (``refit_is_cheap``: last value and moving average
-only) is short, about 0.03 ms a bin: such refits share a budget of bins instead.  One that fits Holt or ARIMA
-costs 10-40 ms whatever the history's length, as a long one does, and counts as a full refit: charged 256 bins
-of the short budget instead, two a tick doubled the median tick of 100 young policies."""
+"""A refit over fewer bins that fits no parametric model (``refit_is_cheap``: last value, moving average or
+seasonal naive only) is cheap, about 0.03 ms a bin: such refits share a budget of bins.  One that fits Holt or
+ARIMA costs 7-75 ms (7 ms at 40 bins, about 20 ms at 200-300), so it counts as a full refit."""
 
 
 class Refittable(Protocol):
@@ -34,7 +34,7 @@ class Refittable(Protocol):
 
 
 class RefitBudget:
-    """``full_per_tick`` refits of long histories, or short ones up to ``short_bins_per_tick`` bins, a tick."""
+    """``full_per_tick`` full refits, or cheap ones up to ``short_bins_per_tick`` bins, a tick."""
 
     def __init__(self, full_per_tick: int, short_bins_per_tick: int) -> None:
         self.full_per_tick = full_per_tick

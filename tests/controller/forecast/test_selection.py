@@ -105,3 +105,20 @@ def test_holt_and_arima_join_the_selection_of_a_young_history() -> None:
                 assert int(r.origins[0]) >= MIN_FIT_BINS.get(r.kind, 1), (r.kind, int(r.origins[0]))
                 joined.setdefault(r.kind, n)
     assert joined.get("holt_damped") == 37 and joined.get("arima") == 57, joined
+
+
+def test_a_restarted_history_lets_holt_join_again() -> None:
+    """A gap longer than the fill restarts the history, and the young history's Holt joins again as soon as it can
+    (not at the next doubling, 64 bins)."""
+    config = ForecastConfig(bin_s=15.0, horizon_s=120.0, season_s=None, fit_window_bins=40)
+    forecaster = AutoForecaster(config)
+    rng = np.random.default_rng(5)
+    for n in range(60):
+        forecaster.observe(20.0 + 0.5 * n + rng.normal(0.0, 2.0))
+    assert "holt_damped" in {r.kind for r in forecaster.last_selection}
+    assert forecaster.skip(config.max_fill_bins + 1)  # restarted
+    for _ in range(36):
+        forecaster.observe(20.0 + rng.normal(0.0, 2.0))
+    assert "holt_damped" not in {r.kind for r in forecaster.last_selection}
+    forecaster.observe(20.0)  # the 37th bin: Holt's fit has its 10 bins with 20 origins after them
+    assert "holt_damped" in {r.kind for r in forecaster.last_selection}
