@@ -3,7 +3,7 @@
 A full refit (backtest, selection, fit) costs tens of milliseconds: one of a long history, or of a young one
 whose selection fits Holt or ARIMA; 100 policies started together reach their early refits (each time a short
 history doubles) on the same ticks.  Full refits and cheap ones (a young history's, fitting neither) are both
-are budgeted per tick, a tick runs one kind only (so its refits cost at most the larger budget), and
+budgeted per tick, a tick runs one kind only (so its refits cost at most the larger budget), and
 a kind that waited for the other goes first on the next tick, so neither starves the other.
 """
 
