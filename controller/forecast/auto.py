@@ -152,7 +152,6 @@ class AutoForecaster:
             self._residuals = {}
             self._offset_cache.clear()
             self._since_fit = 0
-            self._candidates_fit = 0
             return True
         value = self.history.last()
         for _ in range(bins):
