@@ -236,7 +236,7 @@ def run_controller_bench(
     """
     cfg = cfg or ControllerBenchConfig()
     core = _production_core(cfg)
-    watches = {name: _Stopwatch() for name in ("advisors_only", "core_tick", "aggregate_and_tick")}
+    watches = {name: _Stopwatch() for name in ("advisors_only", "core_tick", "aggregate_and_tick", "refits")}
     load_before = os.getloadavg()
     gc_was_enabled = gc.isenabled()
     # Long-lived objects (modules, policies) move out of the collector's sight, so the per-tick
@@ -293,6 +293,8 @@ def _time_ticks(
         watches["advisors_only"].time(advisors_only, keep)
         watches["core_tick"].time(partial(core_only.tick, inp), keep)
         watches["aggregate_and_tick"].time(full_tick, keep)
+        watches["refits"].time(core.refit, keep)  # after the decisions, as the service runs them
+        core_only.refit()
         if gc_was_enabled:
             gc.enable()
         if keep:
@@ -326,7 +328,7 @@ def _report(
                if cfg.predictive else ""),
         ),
     ]
-    headline = results[-1]
+    headline, whole = results[-1], _with_refits(watches)
     return {
         "benchmark": "controller",
         "policies": cfg.policies,
@@ -335,10 +337,13 @@ def _report(
         "warmup_ticks": cfg.warmup_ticks,
         "seed": cfg.seed,
         "advisors": [a.name for a in core.advisors],
-        "goal": {"metric": "aggregate_and_tick p99_ms (wall clock)", "max_ms": cfg.goal_ms},
+        "goal": {"metric": "aggregate_and_tick p99_ms (wall clock): scrape to decisions", "max_ms": cfg.goal_ms},
         "meets_goal": headline.p99_ms <= cfg.goal_ms,
         "goal_ratio_p99": round(headline.p99_ms / cfg.goal_ms, 4),
         "meets_goal_on_cpu_time": headline.cpu_p99_ms <= cfg.goal_ms,
+        "meets_goal_with_refits": whole.p99_ms <= cfg.goal_ms,
+        "refits": asdict(summary("refits", "DecisionCore.refit after each tick: the forecast refits its budget ran")),
+        "tick_and_refits": asdict(whole),
         "baseline": asdict(baseline),
         "results": [
             asdict(r)
@@ -359,6 +364,18 @@ def _report(
         "interleaved on the same inputs, so machine load affects them alike; wall-clock figures include "
         "time the process waited for a CPU on a shared machine, cpu_* figures do not",
     }
+
+
+def _with_refits(watches: dict[str, _Stopwatch]) -> TimingSummary:
+    """What one tick costs in all: its decisions, then its forecast refits (none with the reactive core)."""
+    refits, decided = watches["refits"], watches["aggregate_and_tick"]
+    return TimingSummary.of(
+        "tick_and_refits",
+        [a + b for a, b in zip(decided.wall_s, refits.wall_s, strict=True)],
+        [a + b for a, b in zip(decided.cpu_s, refits.cpu_s, strict=True)],
+        "aggregate_and_tick, then the forecast refits due (DecisionCore.refit), which the service runs once the "
+        "tick's decisions are carried out and logged",
+    )
 
 
 def _production_core(cfg: ControllerBenchConfig) -> DecisionCore:

@@ -145,14 +145,17 @@ class DecisionCore:
             self.forget(gone)
         diagnostics: dict[str, Scalar] = {"policies": len(decisions)}
         actions = Counter(d.action for d in decisions)
-        for action in ("hold", "scale_up", "scale_down"):
-            diagnostics[f"actions.{action}"] = actions.get(action, 0)
+        diagnostics |= {f"actions.{action}": actions.get(action, 0) for action in ("hold", "scale_up", "scale_down")}
         diagnostics["to_apply"] = sum(1 for d in decisions if d.apply)
         for reason, count in sorted(Counter(r for d in decisions for r in d.reasons[1:]).items()):
             diagnostics[f"reasons.{reason}"] = count
-        return Effects(
-            decisions=decisions, next_tick_s=inp.now_s + self.config.tick_interval_s, diagnostics=diagnostics
-        )
+        next_tick_s = inp.now_s + self.config.tick_interval_s
+        return Effects(decisions=decisions, next_tick_s=next_tick_s, diagnostics=diagnostics)
+
+    def refit(self) -> None:
+        """The forecast refits due at the last tick, run once its decisions are out (see PredictiveAdvisor.refit)."""
+        for refit in filter(None, (getattr(advisor, "refit", None) for advisor in self.advisors)):
+            refit()
 
     def forget(self, policy: str) -> None:
         """Drop what the core and its advisors keep for a policy: deleted, or created again under its name."""

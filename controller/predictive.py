@@ -258,9 +258,21 @@ class PredictiveAdvisor:
         self.last_forecast: dict[str, tuple[float, float, float]] = {}
         """Per policy: (point, lower, upper) request-rate forecast one lead time ahead (for plots)."""
         self._refits = RefitBudget(self.config.refits_per_tick, self.config.cheap_refit_bins_per_tick)
+        self._refits_pending_s: float | None = None
+        """The time of the last tick assessed, while its refits have not run."""
 
     def _refit_if_due(self, forecaster: AutoForecaster, now_s: float) -> None:
         self._refits.refit_if_due(forecaster, now_s)
+
+    def refit(self) -> None:
+        """Refit the forecasters that came due at the last tick, as its budget allows (the others keep their models,
+        updated bin by bin, until a later tick's budget).  Run after the tick's decisions, so that none of them
+        waits on a model fit; where the caller does not, the next tick's first assessment runs it, on the same
+        history, so the decisions are the same either way."""
+        now_s, self._refits_pending_s = self._refits_pending_s, None
+        if now_s is not None:
+            for name in sorted(self._state):
+                self._refit_if_due(self._state[name].rate, now_s)
 
     @property
     def refits_deferred(self) -> int:
@@ -336,6 +348,9 @@ class PredictiveAdvisor:
         served, offered = served_load(obs), offered_load(obs)  # offered: and what the entry router refused
         if served is None or offered is None:
             return None
+        if self._refits_pending_s is not None and now_s != self._refits_pending_s:
+            self.refit()  # the last tick's, which its caller did not run after it
+        self._refits_pending_s = now_s
         state = self._policy_state(policy)
         if state.last_observed_at_s is None or obs.observed_at_s > state.last_observed_at_s:
             if state.skip_missed(obs.observed_at_s):
@@ -343,7 +358,6 @@ class PredictiveAdvisor:
                 state.observe(offered.request_rate_rps, served.prompt_tokens_per_s, served.output_tokens_per_s,
                               served_rate=served.request_rate_rps)  # fmt: skip
             state.last_observed_at_s = obs.observed_at_s
-        self._refit_if_due(state.rate, now_s)
         ready = obs.ready_replicas if obs.ready_replicas is not None else obs.current_replicas or 0
         sli = obs.sli
         state.ready_seen.record(obs.observed_at_s, ready, None if sli is None else sli.window_s)

@@ -1,4 +1,4 @@
-"""How many forecast refits one controller tick runs, over all policies.
+"""How many forecast refits run after one controller tick (``DecisionCore.refit``), over all policies.
 
 A full refit (backtest, selection, fit) costs tens of milliseconds: one of a long history, or of a young one
 whose selection fits Holt or ARIMA; 100 policies started together reach their early refits (each time a short

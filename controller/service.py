@@ -8,7 +8,7 @@ One tick::
     core.tick(TickInput)                        (pure: decisions with reasons)
     actuator.scale(policy, n)                   (enforce mode, leader only, decisions with apply)
     store.append_decisions(...)                 (the decision log; leader only)
-    metrics                                     (moeslo_* series)
+    metrics; core.refit()                       (moeslo_* series; forecast refits: no decision waits on one)
 
 Faults stay inside the tick: a source that fails (or has not answered within ``read_timeout_s``) yields
 observations with errors (the core holds; scale-downs are blocked; stale data holds all changes), an actuator
@@ -197,6 +197,7 @@ class ControllerService:
         if leader and self.ticks % PRUNE_EVERY_TICKS == 0:
             await self.decision_log.prune(self.decisions_keep)
         self.metrics.observe_evaluation(self.clock() - started_s)
+        self.core.refit()  # the forecast refits, once the decisions are carried out and logged
         return effects
 
     async def _forget(self, name: str) -> None:
@@ -399,9 +400,8 @@ class ControllerService:
             for window in BURN_WINDOWS:
                 self.metrics.set_burn_rate(policy.name, slo, window, burns.get(window))
 
-    def _update_forecast(
-        self, policy: Policy, obs: PolicyObservation | None, decision: Decision, runtime: PolicyRuntime
-    ) -> None:
+    def _update_forecast(self, policy: Policy, obs: PolicyObservation | None, decision: Decision,
+                         runtime: PolicyRuntime) -> None:  # fmt: skip
         """What the core saw and forecast, for /v1/status and the forecast gauges."""
         report_forecast(runtime, self.metrics, policy.name, obs, decision, tick_interval_s=self.tick_interval_s)
         if self.history is not None and policy.name in self.history.warmed:

@@ -76,6 +76,9 @@ class SizingAdvisor:
     def warm_start(self, policy: Policy, history: LoadHistory) -> bool:
         return self.predictive.warm_start(policy, history)
 
+    def refit(self) -> None:
+        self.predictive.refit()
+
     def forget(self, policy_name: str) -> None:
         self.predictive.forget(policy_name)
         self.reactive.forget(policy_name)

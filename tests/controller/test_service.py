@@ -606,3 +606,30 @@ def test_a_policy_deleted_and_created_again_between_two_ticks_starts_afresh(tmp_
     assert sizing.predictive.history_bins("chat") == 1
     assert decision.inputs["sizing.predictive.ttft_correction"] == 1.0
     assert {at for at, _ in core.state["chat"].recent_needs} == {clock.now_s}  # its stabilization window starts now
+
+
+def test_forecast_refits_run_once_the_decisions_are_logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller.builder import CoreOptions, build_decision_core
+    from controller.forecast.auto import AutoForecaster
+
+    clock = Clock()
+    service, store, _ = _service(tmp_path, clock, core=build_decision_core(CoreOptions(tick_interval_s=15)))
+    store.create_policy(_policy())
+    service.source.fields = {"request_rate_rps": 3.0, "prompt_tokens_per_s": 600.0,  # type: ignore[attr-defined]
+                             "output_tokens_per_s": 180.0, "queue_depth": 0.0, "running_requests": 2.0}
+    logged_at_refit: list[int] = []
+    refit = AutoForecaster.refit
+
+    def noted(self: AutoForecaster) -> None:
+        logged_at_refit.append(len(store.list_decisions()))
+        refit(self)
+
+    monkeypatch.setattr(AutoForecaster, "refit", noted)
+    refit_ticks = 0
+    for tick in range(40):
+        clock.now_s += 15
+        done = len(logged_at_refit)
+        asyncio.run(service.tick())
+        assert set(logged_at_refit[done:]) <= {tick + 1}  # each after its tick's decision was logged
+        refit_ticks += len(logged_at_refit) > done
+    assert refit_ticks >= 3  # the first fit, and again as the history grew
