@@ -90,6 +90,7 @@ SLI = "moeslo_sli"
 ERROR_BUDGET_REMAINING = "moeslo_error_budget_remaining"
 BURN_RATE = "moeslo_burn_rate"
 EVALUATION_DURATION_HISTOGRAM = "moeslo_evaluation_duration_seconds"
+REFIT_DURATION_HISTOGRAM = "moeslo_forecast_refit_duration_seconds"
 ERRORS = "moeslo_errors"
 LEADER = "moeslo_leader"
 REBALANCES = "moeslo_rebalances"
@@ -255,7 +256,8 @@ SWAP_DURATION_BUCKETS_S: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.2
 EVALUATION_BUCKETS_S: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
-"""Edges of ``moeslo_evaluation_duration_seconds`` (one controller tick)."""
+"""Edges of ``moeslo_evaluation_duration_seconds`` (one controller tick) and of
+``moeslo_forecast_refit_duration_seconds`` (the forecast refits after it)."""
 
 ROUTER_OVERHEAD_BUCKETS_S: tuple[float, ...] = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -418,6 +420,7 @@ __all__ = [
     "RANK_TOKENS",
     "REBALANCES",
     "REFERENCE_PROMPT_TOKENS_LABEL",
+    "REFIT_DURATION_HISTOGRAM",
     "REJECTED_OUTCOME",
     "REPLICA_LABEL",
     "REQUESTS_WITHOUT_FIRST_TOKEN",

@@ -111,11 +111,9 @@ class ControllerService:
         self.core = core
         self.metrics = metrics
         self.elector: LeaderElector = elector or AlwaysLeader()
-        self.tick_interval_s = tick_interval_s
-        self.stale_after_s = stale_after_s
+        self.tick_interval_s, self.stale_after_s = tick_interval_s, stale_after_s
         self.static_endpoints = {k: tuple(v) for k, v in (static_endpoints or {}).items()}
-        self.clock = clock
-        self.wall_clock = wall_clock
+        self.clock, self.wall_clock = clock, wall_clock
         self._runtime: dict[str, PolicyRuntime] = {}
         self._creations = Creations()
         self._managed: set[str] = set()
@@ -196,8 +194,10 @@ class ControllerService:
         self.ticks += 1
         if leader and self.ticks % PRUNE_EVERY_TICKS == 0:
             await self.decision_log.prune(self.decisions_keep)
-        self.metrics.observe_evaluation(self.clock() - started_s)
+        decided_s = self.clock()
+        self.metrics.observe_evaluation(decided_s - started_s)
         self.core.refit()  # the forecast refits, once the decisions are carried out and logged
+        self.metrics.observe_refits(self.clock() - decided_s)
         return effects
 
     async def _forget(self, name: str) -> None:

@@ -34,6 +34,7 @@ from contracts.catalogue import (
     PROMPT_LENGTH_CV2,
     PROMPT_LENGTH_P99_OVER_MEAN,
     REBALANCES,
+    REFIT_DURATION_HISTOGRAM,
     SLI,
     TTFT_INFEASIBLE_REQUESTS,
     TTFT_INFEASIBLE_SHARE,
@@ -71,7 +72,13 @@ class ControllerMetrics:
         )
         self.evaluation_duration = Histogram(
             EVALUATION_DURATION_HISTOGRAM,
-            "One controller tick, all policies",
+            "One controller tick, all policies, to its logged decisions (the forecast refits after it not counted)",
+            buckets=EVALUATION_BUCKETS_S,
+            registry=registry,
+        )
+        self.refit_duration = Histogram(
+            REFIT_DURATION_HISTOGRAM,
+            "The forecast refits after one controller tick, all policies (within the tick's refit budget)",
             buckets=EVALUATION_BUCKETS_S,
             registry=registry,
         )
@@ -222,6 +229,9 @@ class ControllerMetrics:
 
     def observe_evaluation(self, duration_s: float) -> None:
         self.evaluation_duration.observe(duration_s)
+
+    def observe_refits(self, duration_s: float) -> None:
+        self.refit_duration.observe(duration_s)
 
     def error(self, component: str) -> None:
         self.errors.labels(component=component).inc()

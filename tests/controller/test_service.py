@@ -613,7 +613,7 @@ def test_forecast_refits_run_once_the_decisions_are_logged(tmp_path: Path, monke
     from controller.forecast.auto import AutoForecaster
 
     clock = Clock()
-    service, store, _ = _service(tmp_path, clock, core=build_decision_core(CoreOptions(tick_interval_s=15)))
+    service, store, registry = _service(tmp_path, clock, core=build_decision_core(CoreOptions(tick_interval_s=15)))
     store.create_policy(_policy())
     service.source.fields = {"request_rate_rps": 3.0, "prompt_tokens_per_s": 600.0,  # type: ignore[attr-defined]
                              "output_tokens_per_s": 180.0, "queue_depth": 0.0, "running_requests": 2.0}
@@ -633,3 +633,4 @@ def test_forecast_refits_run_once_the_decisions_are_logged(tmp_path: Path, monke
         assert set(logged_at_refit[done:]) <= {tick + 1}  # each after its tick's decision was logged
         refit_ticks += len(logged_at_refit) > done
     assert refit_ticks >= 3  # the first fit, and again as the history grew
+    assert registry.get_sample_value("moeslo_forecast_refit_duration_seconds_count") == 40
