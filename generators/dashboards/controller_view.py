@@ -22,6 +22,7 @@ from contracts.catalogue import (
     LEADER,
     PROMPT_LENGTH_CV2,
     PROMPT_LENGTH_P99_OVER_MEAN,
+    REFIT_DURATION_HISTOGRAM,
     REQUEST_SUCCESS,
     SLI,
     bucket,
@@ -127,7 +128,9 @@ def build(policies: Sequence[Policy]) -> Dashboard:
         .with_row(Row("Controller health"))
         .with_panel(timeseries("Tick duration p99", [
             query(f"histogram_quantile(0.99, sum by (le) (rate({bucket(EVALUATION_DURATION_HISTOGRAM)}[{RATE}])))",
-                  "p99"),
+                  "p99: scrape to logged decisions"),
+            query(f"histogram_quantile(0.99, sum by (le) (rate({bucket(REFIT_DURATION_HISTOGRAM)}[{RATE}])))",
+                  "p99: forecast refits after it"),
         ], unit="s", min_value=0, width=8))
         .with_panel(timeseries("Errors per second by component", [
             query(f"sum by (component) (rate({total(ERRORS)}[{RATE}]))", "{{component}}"),
