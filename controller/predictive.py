@@ -132,6 +132,8 @@ class _PolicyForecast:
     source) leave no remainder to add up and the history stays on the clock's bins."""
     ready_seen: _ReadyHistory = field(default_factory=_ReadyHistory)
     last_corrected_at_s: float | None = None
+    refit_error: str | None = None
+    """Why the forecaster's last refit failed (None: it did not)."""
     _decayed_requests: float = 0.0
     _decayed_prompt: float = 0.0
     _decayed_output: float = 0.0
@@ -141,11 +143,13 @@ class _PolicyForecast:
         clock (the fitted forecaster too where its configuration is the same), the lengths, the fleet sizes the SLI
         window held, the capacity model's corrections and prompt-length tail, and the audit's scores and verdict
         (judged again under the new bounds).  Only what the settings make wrong restarts: corrections made to
-        another profile, a forecaster for another horizon (refitted on the same history)."""
+        another profile, a forecaster for another horizon (a moving average on the same history at once, refitted
+        after the tick)."""
         if previous.rate.config == self.rate.config:
             self.rate = previous.rate
         else:
             self.rate.history.extend(previous.rate.history.values())
+            self.rate.quick_fit()
         self.audit = previous.audit.rebound(self.audit.bounds)
         self.capacity.carry_over(previous.capacity)
         self.bins, self.last_observed_at_s = previous.bins, previous.last_observed_at_s  # gaps after it still fill
@@ -261,18 +265,22 @@ class PredictiveAdvisor:
         self._refits_pending_s: float | None = None
         """The time of the last tick assessed, while its refits have not run."""
 
-    def _refit_if_due(self, forecaster: AutoForecaster, now_s: float) -> None:
-        self._refits.refit_if_due(forecaster, now_s)
-
     def refit(self) -> None:
         """Refit the forecasters that came due at the last tick, as its budget allows (the others keep their models,
         updated bin by bin, until a later tick's budget).  Run after the tick's decisions, so that none of them
-        waits on a model fit; where the caller does not, the next tick's first assessment runs it, on the same
-        history, so the decisions are the same either way."""
+        waits on a model fit; where the caller does not, the next tick runs it before anything else reads the
+        advisor's state (:meth:`catch_up`), on the same history, so the decisions are the same either way.  A
+        refit that fails leaves that policy's model as it was, and says so in its decisions' details."""
         now_s, self._refits_pending_s = self._refits_pending_s, None
         if now_s is not None:
-            for name in sorted(self._state):
-                self._refit_if_due(self._state[name].rate, now_s)
+            failed = self._refits.refit_all({name: state.rate for name, state in self._state.items()}, now_s)
+            for name, state in self._state.items():
+                state.refit_error = failed.get(name)
+
+    def catch_up(self, now_s: float) -> None:
+        """The last tick's refits, where its caller did not run them, once a tick at ``now_s`` begins."""
+        if self._refits_pending_s is not None and now_s != self._refits_pending_s:
+            self.refit()
 
     @property
     def refits_deferred(self) -> int:
@@ -288,6 +296,7 @@ class PredictiveAdvisor:
 
         Not once the policy was observed live (a warm start that ran late): its bins would land after the live
         ones, on the live bins' clock, and the live observations of as many bins would be dropped."""
+        self.refit()  # what the last tick left due, before the seeded history changes it (as after that tick)
         state = self._policy_state(policy)
         if state.last_observed_at_s is not None:
             log.info("warm start of %s ignored: already observed live", policy.name)
@@ -348,8 +357,7 @@ class PredictiveAdvisor:
         served, offered = served_load(obs), offered_load(obs)  # offered: and what the entry router refused
         if served is None or offered is None:
             return None
-        if self._refits_pending_s is not None and now_s != self._refits_pending_s:
-            self.refit()  # the last tick's, which its caller did not run after it
+        self.catch_up(now_s)
         self._refits_pending_s = now_s
         state = self._policy_state(policy)
         if state.last_observed_at_s is None or obs.observed_at_s > state.last_observed_at_s:
@@ -377,6 +385,8 @@ class PredictiveAdvisor:
             "itl_correction": round(capacity.itl_correction, 4),
             "prefill_speed_correction": round(capacity.prefill_speed_correction, 4),
         }
+        if state.refit_error is not None:
+            details["forecast_refit_error"] = state.refit_error
         targets = capacity.targets
         if capacity.itl_limit_s() > targets.itl_s * targets.headroom:  # the floor, not the objective, sizes ITL
             details["itl_floor_s"] = round(capacity.itl_floor_s, 6)

@@ -9,10 +9,13 @@ a kind that waited for the other goes first on the next tick, so neither starves
 
 from __future__ import annotations
 
-from collections.abc import Sized
+import logging
+from collections.abc import Mapping, Sized
 from typing import Protocol
 
 __all__ = ["CHEAP_REFIT_BINS", "RefitBudget"]
+
+log = logging.getLogger(__name__)
 
 CHEAP_REFIT_BINS = 256
 """A refit over fewer bins that fits no parametric model (``refit_is_cheap``: last value, moving average or
@@ -77,6 +80,18 @@ class RefitBudget:
             self._short_bins_left -= bins
         else:
             self._full_left -= 1
+
+    def refit_all(self, forecasters: Mapping[str, Refittable], now_s: float) -> dict[str, str]:
+        """:meth:`refit_if_due` for each forecaster, in name order; why the refits that raised failed, by name (the
+        forecaster keeps its model: one policy's numerics must not stop the others' refits)."""
+        failed = {}
+        for name, forecaster in sorted(forecasters.items()):
+            try:
+                self.refit_if_due(forecaster, now_s)
+            except Exception as exc:
+                log.exception("forecast refit of %s failed", name)
+                failed[name] = f"{type(exc).__name__}: {exc}"[:200]
+        return failed
 
     def _start_tick(self, now_s: float) -> None:
         if self._full_waited and self._short_waited:

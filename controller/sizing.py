@@ -109,6 +109,7 @@ class SizingAdvisor:
         # feasible view hides whenever the infeasible share crosses P99_TAIL_SHARE would judge a scale-up's
         # before and after on different signals (TTFT then ITL alone) and call it effective.
         raw = observation
+        self.predictive.catch_up(now_s)  # before the capacity model below reads (and may rebuild) its state
         sizing_details: dict[str, Scalar] = {}
         observation = self._feasible(policy, observation, sizing_details)
         reactive = self.reactive.advise(policy, observation, now_s)

@@ -72,7 +72,7 @@ class ControllerMetrics:
         )
         self.evaluation_duration = Histogram(
             EVALUATION_DURATION_HISTOGRAM,
-            "One controller tick, all policies, to its logged decisions (the forecast refits after it not counted)",
+            "One controller tick, all policies, to its logged decisions (the forecast refits after it are timed apart)",
             buckets=EVALUATION_BUCKETS_S,
             registry=registry,
         )
