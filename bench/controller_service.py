@@ -15,6 +15,11 @@ in the same tick:
   ``moeslo_*`` metrics and the status view (SLIs, error budgets, 7 burn rates
   per SLO).
 
+``loop_stall`` is the longest the service's event loop could not run another coroutine during a tick (an API
+read or a ``/metrics`` scrape waits that long), measured by a coroutine that wakes every millisecond, on every
+other tick (its wake-ups take the GIL from the tick's worker threads, so the timed ticks run without it).
+``--predictive`` runs the core the service builds (forecasts, their refits after the tick, capacity model).
+
 The fleet is deterministic for a seed and changes every tick (overloaded,
 idle, steady and burning policies), so scale decisions are applied and logged.
 """
@@ -27,9 +32,10 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -39,9 +45,9 @@ from controller.policy import Policy
 from controller.service import ControllerService
 from controller.store import Store
 from controller.telemetry import ControllerMetrics
-from controller.types import PolicyObservation, SliSnapshot, TickInput
+from controller.types import Effects, PolicyObservation, SliSnapshot, TickInput
 
-__all__ = ["ServiceBenchConfig", "run_service_bench"]
+__all__ = ["ServiceBenchConfig", "report_lines", "run_service_bench"]
 
 WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d", "30d")
 LAYERS = 48
@@ -55,6 +61,8 @@ class ServiceBenchConfig:
     warmup_ticks: int = 10
     seed: int = 0
     goal_ms: float = 100.0
+    predictive: bool = False
+    """The core the service builds (forecasts and their refits, capacity model), not the reactive one."""
 
     def __post_init__(self) -> None:
         if self.policies < 1 or self.replicas < self.policies:
@@ -138,7 +146,7 @@ def run_service_bench(
         actuator = DryRunActuator()
         for policy in policies:
             actuator.counts[policy.name] = policy.scaling.min_replicas * 2
-        times, applied = asyncio.run(_time_ticks(cfg, policies, store, actuator, progress))
+        times, stalls, applied = asyncio.run(_time_ticks(cfg, policies, store, actuator, progress))
         logged = len(store.list_decisions(limit=100_000))
         store.close()
     baseline = _summary("core_tick", *times["core_tick"], "DecisionCore.tick alone on the same observations")
@@ -151,12 +159,18 @@ def run_service_bench(
     result["meets_goal"] = _ms(result, "p99_ms") <= cfg.goal_ms
     # Wall time includes waiting for a CPU; CPU time shows the tick's own cost.
     result["meets_goal_cpu"] = _ms(result, "cpu_p99_ms") <= cfg.goal_ms
+    stall = _summary("loop_stall", stalls, stalls, "the longest the event loop could not run another coroutine "
+                     "during one service tick (what an API read or a scrape waits), every other tick")
+    stall = {k: v for k, v in stall.items() if not k.startswith("cpu_")}
+    stall["p99_ratio_vs_service_tick"] = _ms(stall, "p99_ms") / max(_ms(result, "p99_ms"), 1e-9)
     return {
         "benchmark": "controller_service_tick",
-        "config": {"policies": cfg.policies, "replicas": cfg.replicas, "ticks": cfg.ticks, "seed": cfg.seed},
+        "config": {"policies": cfg.policies, "replicas": cfg.replicas, "ticks": cfg.ticks, "seed": cfg.seed,
+                   "core": "predictive" if cfg.predictive else "reactive"},
         "goal_ms": cfg.goal_ms,
         "baseline": baseline,
         "results": [result],
+        "loop_stall": stall,
         "scale_decisions_applied": applied,
         "decisions_logged": logged,
     }
@@ -165,34 +179,41 @@ def run_service_bench(
 async def _time_ticks(
     cfg: ServiceBenchConfig, policies: list[Policy], store: Store, actuator: DryRunActuator,
     progress: Callable[[int, int], None] | None,
-) -> tuple[dict[str, tuple[list[float], list[float]]], int]:
-    """(wall, CPU) seconds per kept tick of the bare core and of the service; scale decisions applied."""
+) -> tuple[dict[str, tuple[list[float], list[float]]], list[float], int]:
+    """(wall, CPU) seconds per timed tick of the bare core and of the service; the loop's longest stall per
+    watched tick; scale decisions applied.  Kept ticks alternate: timed, then watched."""
     clock = {"now_s": 10_000.0}
     source = _FleetSource(cfg, actuator)
     service = ControllerService(
-        store=store, source=source, actuator=actuator,
-        core=DecisionCore(config=CoreConfig(tick_interval_s=15.0, stale_after_s=60.0)),
+        store=store, source=source, actuator=actuator, core=_core(cfg),
         metrics=ControllerMetrics(CollectorRegistry()), tick_interval_s=15.0, stale_after_s=60.0,
         clock=lambda: clock["now_s"],
     )
-    baseline_core = DecisionCore(config=CoreConfig(tick_interval_s=15.0, stale_after_s=60.0))
+    baseline_core = _core(cfg)
     by_name = {p.name: p for p in policies}
     times: dict[str, tuple[list[float], list[float]]] = {"core_tick": ([], []), "service_tick": ([], [])}
+    stalls: list[float] = []
     applied = 0
-    total = cfg.warmup_ticks + cfg.ticks
+    total = cfg.warmup_ticks + cfg.ticks * 2
     for tick in range(total):
         now_s = clock["now_s"]
         source.current = source.make(policies, now_s)
         with_counts = {name: _with_count(obs, actuator.counts.get(name, 1)) for name, obs in source.current.items()}
+        watched = tick >= cfg.warmup_ticks and (tick - cfg.warmup_ticks) % 2 == 1
         gc.collect()
         wall0, cpu0 = time.perf_counter(), time.process_time()
         baseline_core.tick(TickInput(now_s=now_s, policies=by_name, observations=with_counts))
+        baseline_core.refit()
         core_wall, core_cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        effects = await service.tick()
+        if watched:
+            effects, stall_s = await _watched(service.tick())
+            stalls.append(stall_s)
+        else:
+            effects = await service.tick()
         service_wall, service_cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         assert effects is not None
-        if tick >= cfg.warmup_ticks:
+        if tick >= cfg.warmup_ticks and not watched:
             applied += len(effects.to_apply)
             for name, wall, cpu in (("core_tick", core_wall, core_cpu), ("service_tick", service_wall, service_cpu)):
                 times[name][0].append(wall)
@@ -200,7 +221,38 @@ async def _time_ticks(
         clock["now_s"] += 15.0
         if progress is not None:
             progress(tick + 1, total)
-    return times, applied
+    return times, stalls, applied
+
+
+def _core(cfg: ServiceBenchConfig) -> DecisionCore:
+    if not cfg.predictive:
+        return DecisionCore(config=CoreConfig(tick_interval_s=15.0, stale_after_s=60.0))
+    from controller.builder import CoreOptions, build_decision_core  # statsmodels: only when asked for
+
+    return build_decision_core(CoreOptions(tick_interval_s=15.0, stale_after_s=60.0))
+
+
+async def _watched(tick: Coroutine[Any, Any, Effects | None]) -> tuple[Effects | None, float]:
+    """The tick's effects, and the longest a coroutine waking every millisecond waited past its time meanwhile."""
+    ticking = asyncio.ensure_future(tick)
+    longest = 0.0
+    while not ticking.done():
+        began = time.perf_counter()
+        await asyncio.sleep(0.001)
+        longest = max(longest, time.perf_counter() - began - 0.001)
+    return await ticking, longest
+
+
+def report_lines(figures: dict[str, object]) -> list[str]:
+    """The figures in a few lines: each tick's median and p99, then the loop's longest stalls."""
+    entries = [figures["baseline"], *figures["results"]]  # type: ignore[misc]
+    lines = [f"{e['name']}: median {e['median_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms "
+             f"(cpu median {e['cpu_median_ms']:.2f} ms)" for e in entries]  # fmt: skip
+    stall = figures["loop_stall"]
+    assert isinstance(stall, dict)
+    lines.append(f"loop stall: median {stall['median_ms']:.2f} ms, p99 {stall['p99_ms']:.2f} ms "
+                 f"({stall['p99_ratio_vs_service_tick']:.2f} of the service tick's p99)")  # fmt: skip
+    return lines
 
 
 def _ms(summary: dict[str, object], key: str) -> float:

@@ -49,26 +49,22 @@ def bench_controller_service(
     warmup_ticks: Annotated[int, typer.Option(min=0, help="Untimed ticks first.")] = 10,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic fleet.")] = 0,
     goal_ms: Annotated[float, typer.Option(min=0.0, help="Goal for the p99 of one service tick.")] = 100.0,
+    predictive: Annotated[bool, typer.Option("--predictive", help="The core the service builds (forecasts).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """One service tick (store, source, actuator, core, decision log, metrics) against the core alone."""
-    from bench.controller_service import ServiceBenchConfig, run_service_bench
+    """One service tick (store, source, actuator, core, decision log, metrics) against the core alone, and how
+    long the service's event loop stalls meanwhile (every other tick)."""
+    from bench.controller_service import ServiceBenchConfig, report_lines, run_service_bench
 
     cfg = _config(ServiceBenchConfig, policies=policies, replicas=replicas, ticks=ticks, warmup_ticks=warmup_ticks,
-                  seed=seed, goal_ms=goal_ms)
-    figures = _with_tick_bar("service ticks", cfg.warmup_ticks + cfg.ticks,
+                  seed=seed, goal_ms=goal_ms, predictive=predictive)
+    figures = _with_tick_bar("service ticks", cfg.warmup_ticks + 2 * cfg.ticks,
                              lambda progress: run_service_bench(cfg, progress=progress))
     if json_out:
         print_json(figures)
         return
-    results = figures["results"]
-    assert isinstance(results, list)
-    for entry in [figures["baseline"], *results]:
-        assert isinstance(entry, dict)
-        console.print(
-            f"{entry['name']}: median {entry['median_ms']:.2f} ms, p99 {entry['p99_ms']:.2f} ms "
-            f"(cpu median {entry['cpu_median_ms']:.2f} ms)"
-        )
+    for line in report_lines(figures):
+        console.print(line)
 
 
 @bench_app.command("controller")

@@ -5,10 +5,10 @@ One tick::
     store.list_policies()                       (what to govern)
     source.observe(policies, now_s)             (SLIs, queue, load; Prometheus or scrape)
     actuator.replicas(policy)                   (replicas asked for / ready)
-    core.tick(TickInput)                        (pure: decisions with reasons)
+    core.tick(TickInput)                        (pure: decisions with reasons; in a worker thread)
     actuator.scale(policy, n)                   (enforce mode, leader only, decisions with apply)
     store.append_decisions(...)                 (the decision log; leader only)
-    metrics; core.refit()                       (moeslo_* series; forecast refits: no decision waits on one)
+    metrics; core.refit()                       (moeslo_* series; forecast refits, in a worker thread too)
 
 Faults stay inside the tick: a source that fails (or has not answered within ``read_timeout_s``) yields
 observations with errors (the core holds; scale-downs are blocked; stale data holds all changes), an actuator
@@ -105,11 +105,7 @@ class ControllerService:
         """Load history for the forecasters: recorded, persisted, warm-started (None: kept in memory only)."""
         self.rebalancer = rebalancer
         """Expert rebalancing of engines that expose the placement API (None: off)."""
-        self.store = store
-        self.source = source
-        self.actuator = actuator
-        self.core = core
-        self.metrics = metrics
+        self.store, self.source, self.actuator, self.core, self.metrics = store, source, actuator, core, metrics
         self.elector: LeaderElector = elector or AlwaysLeader()
         self.tick_interval_s, self.stale_after_s = tick_interval_s, stale_after_s
         self.static_endpoints = {k: tuple(v) for k, v in (static_endpoints or {}).items()}
@@ -185,7 +181,7 @@ class ControllerService:
         if self.history is not None:
             self.history.record(observations)
         tick_input = TickInput(now_s=now_s, policies={p.name: p for p in policies}, observations=observations)
-        effects = self.core.tick(tick_input)
+        effects = await asyncio.to_thread(self.core.tick, tick_input)  # off the loop, as the refits below
         leader = self.is_leader
         await run_to_end(self._act(tick_input, effects, by_name, leader), grace_s=self.shutdown_grace_s)
         if self.history is not None:
@@ -196,7 +192,9 @@ class ControllerService:
             await self.decision_log.prune(self.decisions_keep)
         decided_s = self.clock()
         self.metrics.observe_evaluation(decided_s - started_s)
-        self.core.refit()  # the forecast refits, once the decisions are carried out and logged
+        # The refits (~100 ms with long histories) once the decisions are logged, in a worker thread as the tick:
+        # on the loop they held API reads and scrapes.  Only a tick touches the core, so it needs no lock.
+        await asyncio.to_thread(self.core.refit)
         self.metrics.observe_refits(self.clock() - decided_s)
         return effects
 

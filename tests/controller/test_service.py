@@ -634,3 +634,35 @@ def test_forecast_refits_run_once_the_decisions_are_logged(tmp_path: Path, monke
         refit_ticks += len(logged_at_refit) > done
     assert refit_ticks >= 3  # the first fit, and again as the history grew
     assert registry.get_sample_value("moeslo_forecast_refit_duration_seconds_count") == 40
+
+
+def test_the_event_loop_answers_while_the_forecasts_refit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refit waits for a coroutine on the loop to run: on the loop itself it would wait in vain."""
+    import threading
+
+    clock = Clock()
+    service, store, _ = _service(tmp_path, clock)
+    store.create_policy(_policy())
+    service.source.fields = {"queue_depth": 0.0, "running_requests": 2.0}  # type: ignore[attr-defined]
+    refitting, answered = threading.Event(), threading.Event()
+    refits: list[tuple[str, bool]] = []  # (thread, whether the loop answered while it ran)
+
+    def refit() -> None:
+        refitting.set()
+        refits.append((threading.current_thread().name, answered.wait(timeout=2.0)))
+
+    monkeypatch.setattr(service.core, "refit", refit)
+
+    async def tick_while_answering() -> str:
+        ticking = asyncio.create_task(service.tick())
+        while not ticking.done():
+            await asyncio.sleep(0.001)
+            if refitting.is_set():
+                answered.set()  # what an API read does meanwhile: run on the loop
+        await ticking
+        return threading.current_thread().name
+
+    loop_thread = asyncio.run(tick_while_answering())
+    assert len(refits) == 1
+    refit_thread, loop_answered = refits[0]
+    assert loop_answered and refit_thread != loop_thread
