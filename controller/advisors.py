@@ -40,7 +40,7 @@ a fleet below ``min_replicas`` back to the bound without data.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.entry_demand import entry_idle, router_waiting
 from controller.policy import Policy
@@ -195,8 +195,11 @@ class ReactiveAdvisor:
     def _trusted_sli(self, sli: SliSnapshot | None, now_s: float) -> SliSnapshot | None:
         if sli is None or now_s - sli.observed_at_s > self.config.sli_max_age_s:
             return None
-        if sli.requests_in_window is not None and sli.requests_in_window < self.config.min_requests_for_sli:
+        least = self.config.min_requests_for_sli
+        if sli.requests_in_window is not None and sli.requests_in_window < least:
             return None
+        if sli.ttft_events_in_window is not None and sli.ttft_events_in_window < least:  # ITL still judged
+            return replace(sli, ttft_good_ratio=None, ttft_p99_s=None, ttft_good_ratio_by_window={})
         return sli
 
 
@@ -221,6 +224,7 @@ def _sli_pressure(policy: Policy, sli: SliSnapshot | None, itl_clump: float) -> 
         return _SliPressure()
     objectives = policy.objectives
     itl_events, clump = sli.itl_events_in_window, itl_clump
+    ttft_events = sli.requests_in_window if sli.ttft_events_in_window is None else sli.ttft_events_in_window
     if itl_events is None:
         itl_events, clump = sli.requests_in_window, 1.0
     burns: list[float] = []
@@ -229,7 +233,7 @@ def _sli_pressure(policy: Policy, sli: SliSnapshot | None, itl_clump: float) -> 
     up_ratios: list[float] = []
     within_chance = False
     for good, p99_s, objective, events, per in (
-        (sli.ttft_good_ratio, sli.ttft_p99_s, objectives.ttft, sli.requests_in_window, 1.0),
+        (sli.ttft_good_ratio, sli.ttft_p99_s, objectives.ttft, ttft_events, 1.0),
         (sli.itl_good_ratio, sli.itl_p99_s, objectives.itl, itl_events, clump),
     ):
         burn = None if good is None else burn_rate(min(max(good, 0.0), 1.0), objective.target)

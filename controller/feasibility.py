@@ -61,21 +61,33 @@ def _share_beyond(buckets: Sequence[tuple[float, float]], length: float) -> floa
 
 
 def feasible_view(observation: PolicyObservation, share: float | None) -> PolicyObservation:
-    """The observation as the scale-up signals should see it: TTFT judged over the feasible requests."""
+    """The observation as the scale-up signals should see it: TTFT judged over the feasible requests.
+
+    Each good ratio ``r`` becomes ``r / (1 - share)``, taking the infeasible requests as all missed, and the
+    TTFT event count shrinks to the feasible requests (a handful of them is noise, as any handful is).  A ratio
+    above ``1 - share`` contradicts that: fewer requests missed than the model calls infeasible, so some it calls
+    infeasible were served in time and the share overstates.  Such a ratio stays as observed, and where the
+    short window's does, the whole observation does (its p99 too), so a wrong model never hides a miss.
+    """
     sli = observation.sli
     if sli is None or share is None or share <= 0:
         return observation
+    feasible = 1.0 - share
+    if sli.ttft_good_ratio is not None and sli.ttft_good_ratio > feasible:
+        return observation
     if share >= 1.0:
-        feasible_ratio: dict[str, float] = {}
+        by_window: dict[str, float] = {}
         ratio_now = None
     else:
-        feasible_ratio = {w: min(r / (1.0 - share), 1.0) for w, r in sli.ttft_good_ratio_by_window.items()}
-        ratio_now = None if sli.ttft_good_ratio is None else min(sli.ttft_good_ratio / (1.0 - share), 1.0)
+        by_window = {w: r if r > feasible else min(r / feasible, 1.0) for w, r in sli.ttft_good_ratio_by_window.items()}
+        ratio_now = None if sli.ttft_good_ratio is None else min(sli.ttft_good_ratio / feasible, 1.0)
+    requests = sli.ttft_events_in_window if sli.ttft_events_in_window is not None else sli.requests_in_window
     adjusted = replace(
         sli,
         ttft_good_ratio=ratio_now,
-        ttft_good_ratio_by_window=feasible_ratio,
+        ttft_good_ratio_by_window=by_window,
         ttft_p99_s=None if share >= P99_TAIL_SHARE else sli.ttft_p99_s,
+        ttft_events_in_window=None if requests is None else requests * max(feasible, 0.0),
     )
     return replace(observation, sli=adjusted)
 

@@ -144,6 +144,9 @@ class SliSnapshot:
     itl_events_in_window: float | None = None
     """Token gaps the ITL histogram counted in the window (None: unknown; the ITL good ratio is then
     taken as one figure per request, as the replay's is)."""
+    ttft_events_in_window: float | None = None
+    """Requests the TTFT good ratio is over (None: ``requests_in_window``); fewer where the advisors judge TTFT
+    over the requests some fleet can serve (:func:`controller.feasibility.feasible_view`)."""
     ttft_good_ratio: float | None = None
     itl_good_ratio: float | None = None
     ttft_p99_s: float | None = None
