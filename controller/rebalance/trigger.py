@@ -103,6 +103,10 @@ class TriggerSettings:
     cooldown_s: float = float(SCALE_DOWN_COOLDOWN_S)
     margin: float = 0.02
     """Smallest drop of the predicted worst-layer CV that justifies moving weights."""
+    max_gap_s: float = 120.0
+    """Observations further apart than this and than the objective's ``sustain_s`` end a run of violations: the
+    engine was idle (too few steps to judge) or out of reach in between, so nothing shows that the imbalance
+    held, and one busy window after an idle hour is not ``sustain_s`` of it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,7 +184,7 @@ def decide_rebalance(
     if not seen:
         return decision("no_observations", None, None)
     worst = seen[-1].worst_cv
-    since = _violating_since(seen, objective.max_cv)
+    since = _violating_since(seen, objective.max_cv, max(settings.max_gap_s, objective.sustain_s))
     if since is None:
         return decision("imbalance_ok", worst, None)
     if now_s - since < objective.sustain_s:
@@ -211,11 +215,12 @@ def _predicted_gain(
     return None, None, None
 
 
-def _violating_since(history: Sequence[CvObservation], max_cv: float) -> float | None:
-    """Time of the first observation of the latest unbroken run above ``max_cv`` (None: latest is fine)."""
+def _violating_since(history: Sequence[CvObservation], max_cv: float, max_gap_s: float) -> float | None:
+    """Time of the first observation of the latest unbroken run above ``max_cv`` (None: latest is fine); a gap
+    over ``max_gap_s`` between two observations breaks the run."""
     since = None
     for obs in reversed(history):
-        if obs.worst_denoised_cv <= max_cv:
+        if obs.worst_denoised_cv <= max_cv or (since is not None and since - obs.now_s > max_gap_s):
             break
         since = obs.now_s
     return since

@@ -65,14 +65,28 @@ def test_a_dip_below_the_objective_restarts_the_window(skewed_plan) -> None:  # 
     assert (d.reason, d.violating_since_s) == ("not_sustained", 250)
 
 
+def test_a_gap_in_the_observations_breaks_the_run(skewed_plan) -> None:  # type: ignore[no-untyped-def]
+    # The engine was idle for an hour (too few steps to observe): one busy window after it is no sustained run.
+    h = history((0, 0.5), (3600, 0.5))
+    d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=3600, last_rebalance_s=None, plan=skewed_plan)
+    assert (d.action, d.reason, d.violating_since_s) == ("hold", "not_sustained", 3600)
+    # Observed every 100 s, the same run is sustained; a wider gap allowed makes the hour count too.
+    h = history(*((t, 0.5) for t in range(0, 3700, 100)))
+    d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=3600, last_rebalance_s=None, plan=skewed_plan)
+    assert (d.action, d.violating_since_s) == ("rebalance", 0)
+    d = decide_rebalance(objective=OBJECTIVE, history=history((0, 0.5), (3600, 0.5)), now_s=3600,
+                         last_rebalance_s=None, plan=skewed_plan, settings=TriggerSettings(max_gap_s=3600))
+    assert (d.action, d.violating_since_s) == ("rebalance", 0)
+
+
 def test_future_observations_are_ignored(skewed_plan) -> None:  # type: ignore[no-untyped-def]
-    h = history((0, 0.3), (400, 0.3), (500, 0.01))
+    h = history((0, 0.3), (200, 0.3), (400, 0.3), (500, 0.01))
     d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=400, last_rebalance_s=None, plan=skewed_plan)
     assert d.reason == "rebalance"
 
 
 def test_cooldown_after_the_last_rebalance(skewed_plan) -> None:  # type: ignore[no-untyped-def]
-    h = history((0, 0.3), (400, 0.3))
+    h = history((0, 0.3), (200, 0.3), (400, 0.3))
     settings = TriggerSettings(cooldown_s=180)
     d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=400, last_rebalance_s=300,
                          plan=skewed_plan, settings=settings)
@@ -83,7 +97,7 @@ def test_cooldown_after_the_last_rebalance(skewed_plan) -> None:  # type: ignore
 
 
 def test_insufficient_improvement(skewed_plan) -> None:  # type: ignore[no-untyped-def]
-    h = history((0, 0.3), (400, 0.3))
+    h = history((0, 0.3), (200, 0.3), (400, 0.3))
     gain = float(skewed_plan.imbalance_before.cv.max() - skewed_plan.imbalance_after.cv.max())
     d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=400, last_rebalance_s=None,
                          plan=skewed_plan, settings=TriggerSettings(margin=gain + 0.01))
@@ -235,7 +249,7 @@ def test_a_held_out_gain_that_is_only_noise_does_not_trigger() -> None:
     other = current.phy2log.copy()
     other[0, [1, 4]], other[0, [2, 8]] = other[0, [4, 1]], other[0, [8, 2]]  # experts of equal load swap ranks
     plan = plan_rebalance(shares, num_ranks=4, slots_per_rank=4, previous=current)
-    h = [CvObservation.of(t, [0.62]) for t in (0, 400)]
+    h = [CvObservation.of(t, [0.62]) for t in (0, 200, 400)]
     reasons = []
     for tokens in (640, 2560):
         for seed in range(20):
@@ -250,7 +264,7 @@ def test_a_real_held_out_gain_triggers_and_a_tiny_window_waits(skewed_plan) -> N
     load = np.ones((2, 16))
     load[:, 0:4] = 10.0
     before, after = skewed_plan.previous.phy2log, skewed_plan.placement.phy2log
-    h = history((0, 0.5), (400, 0.5))
+    h = history((0, 0.5), (200, 0.5), (400, 0.5))
     for seed in range(5):
         gain = _held_out(before, after, load, 640, seed)  # true gain about 0.6, noise about 0.07
         d = decide_rebalance(objective=OBJECTIVE, history=h, now_s=400, last_rebalance_s=None, plan=skewed_plan,
