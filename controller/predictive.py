@@ -269,13 +269,15 @@ class PredictiveAdvisor:
         """Refit the forecasters that came due at the last tick, as its budget allows (the others keep their models,
         updated bin by bin, until a later tick's budget).  Run after the tick's decisions, so that none of them
         waits on a model fit; where the caller does not, the next tick runs it before anything else reads the
-        advisor's state (:meth:`catch_up`), on the same history, so the decisions are the same either way.  A
-        refit that fails leaves that policy's model as it was, and says so in its decisions' details."""
+        advisor's state (:meth:`catch_up`), on the same history, so the decisions are the same either way.  A failed
+        refit leaves that policy's model as it was, and says so in its decisions' details until one succeeds."""
         now_s, self._refits_pending_s = self._refits_pending_s, None
         if now_s is not None:
+            fits = {name: state.rate.fits for name, state in self._state.items()}
             failed = self._refits.refit_all({name: state.rate for name, state in self._state.items()}, now_s)
             for name, state in self._state.items():
-                state.refit_error = failed.get(name)
+                if name in failed or state.rate.fits > fits[name]:
+                    state.refit_error = failed.get(name)
 
     def catch_up(self, now_s: float) -> None:
         """The last tick's refits, where its caller did not run them, once a tick at ``now_s`` begins."""

@@ -33,6 +33,9 @@ class Refittable(Protocol):
     @property
     def history(self) -> Sized: ...
 
+    @property
+    def bins_since_fit(self) -> int: ...
+
     def refit(self) -> None: ...
 
 
@@ -82,10 +85,13 @@ class RefitBudget:
             self._full_left -= 1
 
     def refit_all(self, forecasters: Mapping[str, Refittable], now_s: float) -> dict[str, str]:
-        """:meth:`refit_if_due` for each forecaster, in name order; why the refits that raised failed, by name (the
-        forecaster keeps its model: one policy's numerics must not stop the others' refits)."""
+        """:meth:`refit_if_due` for each forecaster, the longest unfitted first (then by name); why the refits that
+        raised failed, by name (the forecaster keeps its model: one policy's numerics must not stop the others').
+
+        The longest unfitted first: in name order, more policies than the budget refits in a cadence starved the
+        last names for ever; and a warm-started model (a moving average, no interval) waits least."""
         failed = {}
-        for name, forecaster in sorted(forecasters.items()):
+        for name, forecaster in sorted(forecasters.items(), key=lambda item: (-item[1].bins_since_fit, item[0])):
             try:
                 self.refit_if_due(forecaster, now_s)
             except Exception as exc:

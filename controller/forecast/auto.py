@@ -123,6 +123,11 @@ class AutoForecaster:
         self.fits = 0
 
     @property
+    def bins_since_fit(self) -> int:
+        """Bins observed since the model was fitted or its last refit was tried (without a model, all of them)."""
+        return len(self.history) if self._model is None else self._since_fit
+
+    @property
     def model_name(self) -> str | None:
         return None if self._model is None else self._model.name
 
@@ -234,14 +239,20 @@ class AutoForecaster:
         return origins < MIN_SELECTION_ORIGINS or not any(kind in MIN_FIT_BINS for kind in kinds)
 
     def refit(self) -> None:
-        """Select the best candidate on recent history, fit it, and refresh the error distribution."""
+        """Select the best candidate on recent history, fit it, and refresh the error distribution.
+
+        All or nothing: a selection or fit that raises leaves the model, its residuals and the selection as they
+        were, and the refit waits for the cadence again (a failing fit is not retried every bin)."""
         cfg = self.config
         series = self.history.values()
         horizons = list(range(1, cfg.horizon_bins + 1))
         origins, start, period, kinds = self._selection_plan(len(series))
-        self._candidates_fit = len(kinds)
+        self._since_fit, self._candidates_fit = 0, len(kinds)  # before what may raise: a retry waits its turn
+        selection: list[BacktestResult] = []
+        residuals: dict[int, FloatArray] = {}
+        scale_floor, on_zeros, kind = self._scale_floor, False, "last_value"
         if origins >= MIN_SELECTION_ORIGINS and kinds:
-            results = compare_models(
+            selection = compare_models(
                 series,
                 kinds,
                 period=period,
@@ -252,23 +263,20 @@ class AutoForecaster:
                 fit_window=cfg.fit_window_bins,
                 ma_window=cfg.ma_window_bins,
             )
-            chosen = best(results)
-            self.last_selection = results
-            self._selected_on_zeros = not np.any(series[start:])
-            self._scale_floor = max(SCALE_FLOOR_SHARE * float(np.mean(series)), 1e-9)
-            self._residuals = {
-                h: r / np.sqrt(np.maximum(chosen.predictions[h], self._scale_floor))
+            chosen = best(selection)
+            on_zeros = not np.any(series[start:])
+            scale_floor = max(SCALE_FLOOR_SHARE * float(np.mean(series)), 1e-9)
+            residuals = {
+                h: r / np.sqrt(np.maximum(chosen.predictions[h], scale_floor))
                 for h, r in chosen.residuals.items()
                 if len(r) >= MIN_INTERVAL_RESIDUALS
             }
             kind = chosen.kind
-        else:
-            kind = "last_value"
-            self._residuals = {}
-            self._selected_on_zeros = False
-        self._model = model_factory(kind, period=period, fit_window=cfg.fit_window_bins, ma_window=cfg.ma_window_bins)()
-        self._model.fit(series)
-        self._since_fit = 0
+        model = model_factory(kind, period=period, fit_window=cfg.fit_window_bins, ma_window=cfg.ma_window_bins)()
+        model.fit(series)
+        self._model, self._residuals, self._scale_floor = model, residuals, scale_floor
+        self.last_selection = selection or self.last_selection
+        self._selected_on_zeros = on_zeros
         self._offset_cache.clear()
         self.fits += 1
 

@@ -113,3 +113,34 @@ def test_a_young_refit_that_fits_holt_or_arima_is_budgeted_as_a_full_one() -> No
         adv._refits.refit_if_due(forecaster, 15.0)
     assert [f.fits for f in (costly, *others)] == [1, 0, 0]  # one full refit a tick
     assert "holt_damped" in {r.kind for r in costly.last_selection}
+
+
+class _Stale:
+    """A long history's forecaster, due every 240 bins, that counts its refits."""
+
+    def __init__(self) -> None:
+        self.bins_since_fit, self.fits, self.history = 240, 0, range(1000)
+
+    @property
+    def refit_due(self) -> bool:
+        return self.bins_since_fit >= 240
+
+    @property
+    def refit_is_cheap(self) -> bool:
+        return False
+
+    def refit(self) -> None:
+        self.bins_since_fit, self.fits = 0, self.fits + 1
+
+
+def test_more_policies_than_the_budget_refits_in_a_cadence_all_refit_in_turn() -> None:
+    from controller.refit_budget import RefitBudget
+
+    budget, forecasters = RefitBudget(1, 512), {f"p{i:03d}": _Stale() for i in range(300)}
+    for tick in range(3000):  # one full refit a tick: 300 policies due every 240 ticks are always a backlog
+        for forecaster in forecasters.values():
+            forecaster.bins_since_fit += 1
+        budget.refit_all(forecasters, 15.0 * tick)
+    fits = sorted(f.fits for f in forecasters.values())
+    assert fits[0] >= 9 and fits[-1] - fits[0] <= 1  # each in turn (in name order, the last 60 never refit)
+    assert max(f.bins_since_fit for f in forecasters.values()) <= 301

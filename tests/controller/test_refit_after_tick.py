@@ -153,3 +153,27 @@ def test_a_refit_that_raises_stops_no_other_policys_and_says_so(monkeypatch: pyt
     assert str(first.inputs["sizing.predictive.forecast_refit_error"]).startswith("FloatingPointError")
     assert all(d.forecast is not None and d.forecast.request_rate_rps is not None for d in others)
     assert all("sizing.predictive.forecast_refit_error" not in d.inputs for d in others)
+
+
+def test_a_failed_refit_is_reported_until_one_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller.forecast.models import DampedHolt
+
+    fit, failing = DampedHolt.fit, [False]
+
+    def flaky(self: DampedHolt, history: object) -> None:
+        if failing[0]:
+            raise FloatingPointError("singular matrix")
+        fit(self, history)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DampedHolt, "fit", flaky)
+    core: DecisionCore = build_decision_core(CoreOptions(tick_interval_s=TICK_S))
+    reported: list[set[str]] = []
+    for k in range(700):
+        failing[0] = 200 <= k < 260
+        effects = core.tick(TickInput(now_s=k * TICK_S, policies=POLICIES, observations=observations(k, POLICIES)))
+        core.refit()
+        error = "sizing.predictive.forecast_refit_error"
+        reported.append({name for name in POLICIES if error in effects.for_policy(name).inputs})
+    assert not set().union(*reported[:200])
+    assert reported[260]  # the fits work again, but these policies' last refit failed and none has run since
+    assert not reported[-1]  # each refitted since
