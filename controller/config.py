@@ -232,7 +232,7 @@ class ControllerSettings(BaseSettings):
     None: the documented default profile."""
     forecast_history_s: Annotated[float, Field(ge=0, le=30 * 86400)] = 3 * 86400.0
     """Load history kept for the forecasters (in the store) and read back at start-up
-    (from Prometheus when configured, else from the store)."""
+    (from Prometheus when configured, else from the store).  Running, they keep this or two weeks, the longer."""
     rebalance: bool = True
     """Rebalance experts of engines that expose ``/v1/expert-load`` and ``/v1/placement`` (the embedded engine)
     or ``/moeslo/eplb`` (vLLM with the moeslo plugin)."""

@@ -459,6 +459,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
     from controller.actuators.vllm_control import build_rebalancer
     from controller.builder import CoreOptions, build_decision_core
     from controller.capacity import DEFAULT_PROFILE, ReplicaProfile
+    from controller.forecast.history import TWO_WEEKS_S
     from controller.leader import LeaseElector
     from controller.load_history import LoadHistoryKeeper
 
@@ -480,7 +481,7 @@ def build_service(settings: ControllerSettings, store: Store, registry: Collecto
     profile = DEFAULT_PROFILE if settings.profile is None else ReplicaProfile.load(settings.profile)
     core = build_decision_core(
         CoreOptions(tick_interval_s=settings.tick_interval_s, stale_after_s=settings.stale_after_s, profile=profile,
-                    rate_window_s=settings.rate_window_s)
+                    rate_window_s=settings.rate_window_s, history_keep_s=max(settings.forecast_history_s, TWO_WEEKS_S))
     )
     history = LoadHistoryKeeper(
         store, bin_s=settings.tick_interval_s, keep_s=settings.forecast_history_s, prometheus=client,

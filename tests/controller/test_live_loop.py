@@ -33,6 +33,16 @@ def sequence(n: int, seed: int = 1) -> list[tuple[float, float, float, int, floa
     return out
 
 
+def test_the_forecasters_keep_the_history_the_service_reads_back(tmp_path: Path) -> None:
+    keeps = []
+    for days in (3, 30):
+        settings = ControllerSettings(db=str(tmp_path / f"{days}.db"), tick_interval_s=TICK_S,
+                                      forecast_history_s=days * 86_400.0)  # fmt: skip
+        service = build_service(settings, Store(settings.db_url), CollectorRegistry())
+        keeps.append(service.core.advisors[0].predictive.config.forecast.keep_s)  # type: ignore[attr-defined]
+    assert keeps == [14 * 86_400.0, 30 * 86_400.0]  # two weeks at least; a month read back is kept
+
+
 def test_service_and_replay_build_the_same_core(tmp_path: Path) -> None:
     settings = ControllerSettings(db=str(tmp_path / "c.db"), tick_interval_s=TICK_S)
     service = build_service(settings, Store(settings.db_url), CollectorRegistry())
