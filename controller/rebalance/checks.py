@@ -100,3 +100,24 @@ def validate_plan_inputs(
                 problems.extend(f"previous placement: {p}" for p in exc.problems)
     if problems:
         raise ValidationError(problems)
+
+
+def from_scratch_base(
+    layers: int, num_experts: int, num_ranks: int, slots_per_rank: int, num_nodes: int, num_groups: int,
+    active: npt.NDArray[np.bool_],
+) -> Placement:
+    """The placement a plan without a previous one starts from: the contiguous layout, except that with nodes,
+    layers without load (which keep it) hold each node's own groups, its spare slots replicating them in turn:
+    the contiguous layout's spare slots replicate experts 0, 1, … on the last nodes, outside their group's."""
+    base = Placement.contiguous(layers, num_experts, num_ranks, slots_per_rank)
+    if num_nodes <= 1:
+        return base
+    idle = ~active & ~groups_within_nodes(base.phy2log, num_experts // num_groups, num_nodes)
+    if not idle.any():
+        return base
+    per_node = num_experts // num_nodes
+    node_rows = Placement.contiguous(1, per_node, num_ranks // num_nodes, slots_per_rank).phy2log[0]
+    grouped = np.concatenate([node_rows + node * per_node for node in range(num_nodes)])
+    phy2log = base.phy2log.copy()
+    phy2log[idle] = grouped
+    return Placement(phy2log, num_ranks)

@@ -32,7 +32,12 @@ import numpy.typing as npt
 from contracts.errors import ValidationError
 from contracts.imbalance import Imbalance, count_replicas, max_over_mean, rank_load
 from contracts.placement import Placement
-from controller.rebalance.checks import groups_within_nodes, load_scale_log2, validate_plan_inputs
+from controller.rebalance.checks import (
+    from_scratch_base,
+    groups_within_nodes,
+    load_scale_log2,
+    validate_plan_inputs,
+)
 from controller.rebalance.groups import choose_groups, window_split
 from controller.rebalance.moves import align_slots, max_over_mean_lower_bound, rank_moves, renumber_plan
 from controller.rebalance.out_of_sample import HeldOutGain, held_out_gain
@@ -105,8 +110,8 @@ def plan_over_windows(
     total = stack.sum(axis=0)
     validate_plan_inputs(total, num_ranks, slots_per_rank, num_nodes, num_groups, previous)
     layers, num_experts = total.shape
-    base = previous or Placement.contiguous(layers, num_experts, num_ranks, slots_per_rank)
     active = total.sum(axis=1) > 0
+    base = previous or from_scratch_base(layers, num_experts, num_ranks, slots_per_rank, num_nodes, num_groups, active)
     phy2log = base.phy2log.copy()
     rows = np.flatnonzero(active)
     lower = np.ones(layers)

@@ -20,7 +20,12 @@ from scipy.optimize import linear_sum_assignment
 from contracts.imbalance import Imbalance, count_replicas, imbalance_cv, rank_load
 from contracts.placement import Placement
 from contracts.slo_defaults import MAX_IMBALANCE_CV
-from controller.rebalance.checks import groups_within_nodes, load_scale_log2, validate_plan_inputs
+from controller.rebalance.checks import (
+    from_scratch_base,
+    groups_within_nodes,
+    load_scale_log2,
+    validate_plan_inputs,
+)
 from controller.rebalance.groups import choose_groups, closest_split, split_candidates
 from controller.rebalance.moves import align_slots, max_over_mean_lower_bound, rank_moves, relabel_ranks, slot_moves
 from controller.rebalance.packing import FloatArray, IntArray, max_replicas, replica_counts, solve_rows
@@ -128,8 +133,8 @@ def plan_rebalance(
     scale_log2 = load_scale_log2(weights)
     weights = np.ldexp(weights, scale_log2)  # exact: a power of two
     layers, num_experts = weights.shape
-    base = previous or Placement.contiguous(layers, num_experts, num_ranks, slots_per_rank)
     active = weights.sum(axis=1) > 0
+    base = previous or from_scratch_base(layers, num_experts, num_ranks, slots_per_rank, num_nodes, num_groups, active)
     phy2log = base.phy2log.copy()
     predicted = rank_load(base.phy2log, weights, num_ranks)
     replanned = np.zeros(layers, dtype=bool)

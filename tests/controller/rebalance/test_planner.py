@@ -366,3 +366,21 @@ def test_the_whole_group_bound_is_the_per_expert_bound(groups: int, per_node: in
     expected = node_bound(load, members, ranks, slots)
     # Only the node sums' rounding differs: they add group sums, not every expert in turn.
     np.testing.assert_allclose(subset_bound(load, subsets, group_size, ranks, slots), expected, rtol=1e-12)
+
+
+def test_a_layer_without_load_keeps_groups_in_their_node_when_planned_from_scratch() -> None:
+    from controller.rebalance.checks import groups_within_nodes
+    from controller.rebalance.history import plan_over_windows
+
+    # DeepSeek-V3's shape: 256 experts in 8 groups, 32 ranks x 9 slots on 4 nodes; layer 2 saw no token.  Its
+    # contiguous layout fills the spare slots of the last nodes with experts 0, 1, ... (group 0, node 0's).
+    load = np.random.default_rng(0).zipf(1.5, (3, 256)).astype(float)
+    load[2] = 0
+    shape = {"num_ranks": 32, "slots_per_rank": 9, "num_nodes": 4, "num_groups": 8}
+    for plan in (plan_rebalance(load, **shape), plan_over_windows([load, 2 * load], **shape)):
+        phy2log = plan.placement.phy2log
+        assert groups_within_nodes(phy2log, 32, 4).all()
+        assert (np.bincount(phy2log[2], minlength=256) >= 1).all()
+        per_rank = phy2log.reshape(3, 32, 9)
+        assert all(len(set(per_rank[layer, rank])) == 9 for layer in range(3) for rank in range(32))
+        assert plan.moves[2] == 0  # the idle layer is no move: the plan starts from the same layout
