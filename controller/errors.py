@@ -4,7 +4,8 @@
     ├── ActuationError         an actuator failed after its retries (502)
     │   └── LeadershipLostError     the lease was lost before an actuator's next change: it made none
     └── UnavailableError
-        └── EngineRefusalError      an engine's own HTTP error answer, its status kept (503)
+        ├── EngineRefusalError      an engine's own HTTP error answer, its status kept (503)
+        └── CommitUnconfirmedError  an engine took a placement to commit later, not yet done (503)
 
 and :func:`malformed_answer`, which makes a dependency's answer of the wrong shape that dependency's
 :class:`~contracts.errors.UnavailableError`.
@@ -47,3 +48,12 @@ def malformed_answer(source: str) -> Iterator[None]:
         yield
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise UnavailableError(f"{source}: malformed answer ({type(exc).__name__}: {exc})") from exc
+
+
+class CommitUnconfirmedError(UnavailableError):
+    """An engine took a placement to commit in the background (vLLM's async EPLB) and had not committed it when
+    the wait ended: it may still do so, so the placement is pending, not failed (``swap``: what it answered)."""
+
+    def __init__(self, message: str, *, swap: dict[str, object]) -> None:
+        super().__init__(message)
+        self.swap = swap

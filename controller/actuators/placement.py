@@ -39,7 +39,7 @@ from contracts.imbalance import pooled_rank_dispersion, rank_load, sampling_nois
 from contracts.placement import Placement
 from controller.actuators.base import StillLeading, always_leading
 from controller.actuators.rebalance_events import RebalanceEvent
-from controller.errors import EngineRefusalError, malformed_answer
+from controller.errors import CommitUnconfirmedError, EngineRefusalError, malformed_answer
 from controller.policy import ImbalanceObjective, Mode, Policy
 from controller.rebalance import (
     CvObservation,
@@ -467,8 +467,11 @@ class Rebalancer:
         step: Callable[..., RebalanceEvent],
     ) -> RebalanceEvent:
         """Apply the plan; a cancellation (a shutdown) meanwhile leaves an ``interrupted`` step to report."""
+        note = None
         try:
             swap = await self.control.apply_placement(endpoint, plan.placement)
+        except CommitUnconfirmedError as exc:  # pending: verified once committed, superseded if it never is
+            swap, note = dict(exc.swap), str(exc)
         except UnavailableError as exc:
             return step(outcome="failed", error=str(exc))
         except asyncio.CancelledError:
@@ -477,7 +480,7 @@ class Rebalancer:
         state.pending, state.applied_at_s = plan, now_s
         state.pending_cv = None if held_out is None else held_out.cv_after
         state.history.clear()  # the old placement's CVs say nothing about the new one
-        event: RebalanceEvent = step(outcome="applied", swap=swap)
+        event: RebalanceEvent = step(outcome="applied", swap=swap, error=note)
         state.pending_summary = event.plan
         return event
 

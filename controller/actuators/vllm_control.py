@@ -51,7 +51,7 @@ from controller.actuators.placement import (
     totals,
 )
 from controller.config import ControllerSettings
-from controller.errors import EngineRefusalError, malformed_answer
+from controller.errors import CommitUnconfirmedError, EngineRefusalError, malformed_answer
 from controller.sources.base import within
 
 STATUS_PATH = "/moeslo/eplb"
@@ -123,10 +123,10 @@ class VllmEngineControl(JsonHttpControl):
         if reply.get("pending") and not reply.get("applied"):
             reply = {**reply, **await self._committed(endpoint, placement)}
             if not reply["applied"]:
-                raise UnavailableError(
+                raise CommitUnconfirmedError(
                     f"vLLM at {endpoint} took the placement for its async EPLB but had not committed it after "
                     f"{self.commit_timeout_s:g} s (it commits one layer per step, only while it serves; it may "
-                    f"still do so): {swap_summary(reply)}")  # fmt: skip
+                    f"still do so): {swap_summary(reply)}", swap=swap_summary(reply))  # fmt: skip
         if not reply.get("applied"):
             raise UnavailableError(f"vLLM at {endpoint} did not commit the placement: {swap_summary(reply)}")
         return swap_summary(reply)

@@ -289,3 +289,29 @@ def test_an_engine_left_out_for_a_mismatch_is_logged_once_per_reason(caplog: pyt
 
     assert asyncio.run(ticks()) == [[], [], []]
     assert caplog.text.count("pipeline parallelism") == 1
+
+
+def test_a_commit_not_confirmed_in_time_is_pending_and_verified_once_vllm_commits() -> None:
+    """An idle engine commits an async EPLB map only once it steps again: logged failed and forgotten, the plan
+    it then carried out was never verified, and the old placement's CVs stayed in the trigger's history."""
+    engine = StandinEngineClient(async_eplb=True)
+    policy = Policy(name="p", target=LocalTarget(), mode=Mode.ENFORCE,
+                    objectives=Objectives(imbalance=ImbalanceObjective(max_cv=0.15, sustain_s=0)))
+
+    async def run() -> list[Any]:
+        control = AutoEngineControl(_client(engine))
+        control.vllm.commit_poll_s, control.vllm.commit_timeout_s = 0.01, 0.05
+        rebalancer = Rebalancer(control, TriggerSettings(cooldown_s=100), verify_after_s=1, min_window_steps=1)
+        events = list(await rebalancer.tick(policy, [VLLM], 0.0))  # the window's steps are in: no step to commit
+        engine.stepping = True
+        for _ in range(LAYERS + 1):  # serving again: each step commits a layer's map (each call is a step here)
+            await control.expert_load(VLLM)
+        route(engine.flusher.counter)  # routing on the committed map
+        events += await rebalancer.tick(policy, [VLLM], 2.0)
+        await control.aclose()
+        return events
+
+    engine.stepping = False
+    events = asyncio.run(run())
+    assert [(e.kind, e.outcome) for e in events] == [("rebalance", "applied"), ("verify", "verified")]
+    assert events[0].error is not None and "had not committed it after 0.05 s" in events[0].error
