@@ -170,11 +170,13 @@ def cli_errors() -> Iterator[None]:
     Our own errors (:class:`MoesloError`, an address that cannot be listened on among them), a path
     that is missing or of the wrong kind, and a ``ValueError`` from parsing what was typed (a knob, a
     number, a list) and sizes too large for memory all end as ``error: ...``.  ``MOESLO_DEBUG=1``
-    shows the traceback of the last three instead.
+    shows the traceback instead.
     """
     try:
         yield
     except MoesloError as exc:
+        if os.environ.get("MOESLO_DEBUG"):
+            raise
         print_error(exc)
         raise typer.Exit(code=2) from exc
     except OSError as exc:

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from contracts.errors import MoesloError
 
 TRACE = Path(__file__).resolve().parents[2] / "harness" / "data" / "AzureLLMInferenceTrace_conv_15min.csv"
 COUNTS = TRACE.with_name("AzureLLMInferenceTrace2024_conv_counts_2024-05-13.csv")
@@ -195,6 +196,8 @@ def test_moeslo_debug_shows_the_traceback_instead(monkeypatch: pytest.MonkeyPatc
     taken.write_text("x")
     result = CliRunner().invoke(app, ["model", "init", "--out", str(taken)])
     assert isinstance(result.exception, FileExistsError)
+    result = CliRunner().invoke(app, ["replay", "--trace", str(tmp_path / "missing.csv")])  # our own error
+    assert isinstance(result.exception, MoesloError) and "missing.csv" in str(result.exception)
 
 
 def test_the_listening_check_follows_the_servers_rules() -> None:
