@@ -170,9 +170,9 @@ def decisions(
     store: Store = request.app.state.store
     settings: ControllerSettings = request.app.state.settings
     limit = min(limit, settings.decisions_page_max)
-    records = store.list_decisions(policy=policy, before_id=cursor, limit=limit)
-    next_cursor = records[-1].id if len(records) == limit else None
-    return DecisionPage(items=[DecisionOut.of(r) for r in records], next_cursor=next_cursor)
+    records = store.list_decisions(policy=policy, before_id=cursor, limit=limit + 1)  # one more: is there a next?
+    next_cursor = records[limit - 1].id if len(records) > limit else None
+    return DecisionPage(items=[DecisionOut.of(r) for r in records[:limit]], next_cursor=next_cursor)
 
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health}})

@@ -111,6 +111,8 @@ def test_decisions_are_paginated_newest_first_with_inputs(tmp_path: Path) -> Non
     second = client.get("/v1/decisions", params={"limit": 5, "cursor": first["next_cursor"]}).json()
     third = client.get("/v1/decisions", params={"limit": 5, "cursor": second["next_cursor"]}).json()
     assert len(second["items"]) == 5 and len(third["items"]) == 2 and third["next_cursor"] is None
+    exact = client.get("/v1/decisions", params={"limit": 12}).json()  # a full last page leads to no empty one
+    assert len(exact["items"]) == 12 and exact["next_cursor"] is None
     only_a = client.get("/v1/decisions", params={"policy": "a", "limit": 100}).json()
     assert len(only_a["items"]) == 5
     for bad in ({"limit": 0}, {"limit": 501}, {"cursor": -1}, {"limit": "ten"}):
