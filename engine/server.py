@@ -252,14 +252,15 @@ def _add_openai_routes(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         arrival_s = time.monotonic()
+        sent = body.token_limit  # a limit the generation config gives is cut to the context, never refused
         body = check_model(body)
         prompt = await _render_chat(chat_template, body)
         prompt_ids = await off_loop(len(prompt), tokenizer.encode, prompt)
-        if body.token_limit is not None:
+        if sent is not None:
             field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-            check_output_limit(field, body.token_limit, engine.max_model_len)
+            check_output_limit(field, sent, engine.max_model_len)
         # Left out, the completion may fill the context (as OpenAI and vLLM do): serve_generation cuts it.
-        limit = body.token_limit or engine.max_model_len
+        limit = min(body.token_limit or engine.max_model_len, engine.max_model_len)
         gen = Generation([prompt_ids], body.sampling_params(limit), body.stop_strings, body.stream,
                          body.include_usage, ChatFormat(model_name), n=body.n, prompt_field="messages",
                          continuous_usage=body.continuous_usage)

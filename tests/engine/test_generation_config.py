@@ -183,6 +183,22 @@ def test_requests_that_leave_sampling_fields_out_get_the_models_defaults() -> No
     ]
 
 
+def test_a_chat_limit_from_the_generation_config_is_cut_to_the_context_never_refused() -> None:
+    """A checkpoint whose max_new_tokens is past the served context (a shorter --max-model-len) refused every chat
+    request that left its limit out with a 400 naming max_tokens, a field the client never sent."""
+    engine = RecordingEngine()
+    app = create_app(engine, ByteTokenizer(512), model_name="m",  # type: ignore[arg-type]
+                     chat_template=ChatTemplate("{{ messages[0]['content'] }}"),
+                     sampling_defaults={"max_tokens": 10 * engine.max_model_len})  # fmt: skip
+    client = TestClient(app)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    client.post("/v1/chat/completions", json=chat)  # the recording engine answers 400 once it has the request
+    assert len(engine.params) == 1 and 0 < engine.params[0].max_tokens <= engine.max_model_len
+    sent = client.post("/v1/chat/completions", json={**chat, "max_tokens": 10 * engine.max_model_len})
+    assert "cannot be greater than max_model_len" in sent.text  # what the client asked for is still checked
+    assert len(engine.params) == 1  # and refused before the engine
+
+
 @pytest.mark.integration
 def test_a_served_checkpoint_samples_with_its_generation_config_defaults(tiny_checkpoint: Path,
                                                                           tmp_path: Path) -> None:
