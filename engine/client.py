@@ -270,6 +270,9 @@ class EngineCoreClient:
                                on_seen=self._stats.record_seen if checks_stops else None)  # fmt: skip
         stream.join(lambda request: self._to_sinks("record_request", request))  # before anything can end it
         with self._lock:
+            if self._dead is not None:  # failed since the check above: _fail_all would never reach this stream
+                stream.refused()
+                raise UnavailableError(self._dead)
             if request_id in self._streams:
                 stream.refused()
                 raise ValidationError(f"request_id {request_id!r} is already in flight")

@@ -226,3 +226,30 @@ def test_a_placement_apply_that_times_out_is_unavailable_and_the_served_placemen
             time.sleep(0.05)
         assert http.get("/v1/placement").json() == new.to_json()
         assert Placement.from_json(client.call("get_placement")) == new
+
+
+@pytest.mark.integration
+def test_a_request_added_while_the_core_is_judged_hung_is_refused_not_left_waiting(tiny_checkpoint: Path) -> None:
+    """The receiver thread may fail every stream between add_request's health check and the stream's registration:
+    that stream was never failed, and its reader waited for ever."""
+    from engine.engine_types import EngineConfig
+
+    client = EngineCoreClient(ExecutorOptions(checkpoint=tiny_checkpoint, kv_cache_mb=1.0),
+                              EngineConfig(warmup_requests=0)).start()  # fmt: skip
+    check = client.check_prompt
+
+    def judged_hung_meanwhile(*args: object, **kwargs: object) -> None:
+        check(*args, **kwargs)  # type: ignore[arg-type]
+        client._on_core_silent()
+
+    client.check_prompt = judged_hung_meanwhile  # type: ignore[method-assign]
+
+    async def add() -> None:
+        client.add_request([1, 2, 3], SamplingParams(max_tokens=3))
+
+    try:
+        with pytest.raises(UnavailableError, match="has not answered"):
+            asyncio.run(add())
+        assert not client._streams
+    finally:
+        client._kill()
