@@ -78,6 +78,8 @@ class ExpertLoad:
 
     window_steps: int
     steps_in_window: int
+    """Steps the counts cover: up to ``window_steps``, and past it by less than the oldest delta's steps (the
+    window drops a delta whole, once the others cover ``window_steps``)."""
     expert_tokens: IntArray
     """(MoE layers, experts) routed tokens in the window."""
     rank_tokens: IntArray

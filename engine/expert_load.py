@@ -48,7 +48,7 @@ class ExpertLoadTracker:
             total = None if self._total is None else self._total.copy()
         return ExpertLoad(
             window_steps=self.window_steps,
-            steps_in_window=min(steps, self.window_steps),
+            steps_in_window=steps,  # the steps the counts cover: the oldest delta may reach past window_steps
             expert_tokens=experts,
             rank_tokens=ranks,
             imbalance_cv=[float(x) for x in imbalance_cv(ranks)],

@@ -99,3 +99,14 @@ def test_a_swap_on_the_last_busy_step_still_publishes_that_step_under_the_new_pl
     assert window.steps_in_window == 1
     assert window.rank_tokens.tolist() == [[5, 5], [5, 5]]
     assert not core.has_news()
+
+
+def test_the_window_reports_the_steps_its_counts_cover() -> None:
+    """Read every three steps into a window of four, the counts cover six steps (the oldest read leaves only once
+    the others cover four): reported as four, the counts were half again too many for the steps stated."""
+    tracker = ExpertLoadTracker(4)
+    for _ in range(3):
+        tracker.add(RoutingDelta(expert_tokens=np.array([[6, 0]]), rank_tokens=np.array([[6, 0]]), steps=3))
+    window = tracker.snapshot()
+    assert window is not None
+    assert window.steps_in_window == 6 and window.expert_tokens.tolist() == [[12, 0]]
