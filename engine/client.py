@@ -92,8 +92,7 @@ class EngineCoreClient:
         self._ignored = 0  # messages of a hung core dropped (it spoke again)
         self._broken: str | None = None
         self._info: dict[str, Any] = {}
-        self._final: dict[str, Any] = {}
-        """The core's state as it stopped (GOODBYE)."""
+        self._final: dict[str, Any] = {}  # the core's state as it stopped (GOODBYE)
         self._tmp = tempfile.TemporaryDirectory(prefix="moeslo-core-")
         self._ctx = zmq.Context()
         self._input_socket = self._ctx.socket(zmq.PUSH)
@@ -269,13 +268,11 @@ class EngineCoreClient:
                                prompt_tokens=len(prompt_token_ids), group=group, choice=choice,
                                on_seen=self._stats.record_seen if checks_stops else None)  # fmt: skip
         stream.join(lambda request: self._to_sinks("record_request", request))  # before anything can end it
-        with self._lock:
-            if self._dead is not None:  # failed since the check above: _fail_all would never reach this stream
+        with self._lock:  # _dead: failed since the check above, and _fail_all would never reach this stream
+            if self._dead is not None or request_id in self._streams:
                 stream.refused()
-                raise UnavailableError(self._dead)
-            if request_id in self._streams:
-                stream.refused()
-                raise ValidationError(f"request_id {request_id!r} is already in flight")
+                raise UnavailableError(self._dead) if self._dead is not None else ValidationError(
+                    f"request_id {request_id!r} is already in flight")
             self._streams[request_id] = stream
         if not self._inputs.send([wire.ADD, request_id, list(prompt_token_ids), wire.params_to_wire(params),
                                   arrival]):
