@@ -26,7 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -43,7 +43,7 @@ from router.policies import admission, healthy, over_objective_alone, policy_nam
 from router.pool import ReplicaPool, Ticket
 from router.prefix_index import PrefixIndex, with_cached_tokens
 from router.types import Choice, ReplicaState, RequestFeatures
-from router.wire import ClientGone, Send, relayed_headers, send_bytes, send_json, upstream_headers
+from router.wire import ClientGone, Send, StreamErrors, relayed_headers, send_bytes, send_json, upstream_headers
 
 _log = logging.getLogger(__name__)
 SSE_DONE = b"data: [DONE]\n\n"
@@ -83,6 +83,7 @@ class _Exchange:
     """When its replica last gave a sign of life for it: sent there, its headers, each relayed chunk."""
     tail: bytes = b""
     """The last bytes relayed of a stream: whether it stopped between two events or inside one."""
+    errors: StreamErrors = field(default_factory=StreamErrors)
 
     def error_event(self, error: MoesloError) -> bytes:
         """``error`` as the stream's last event; a stream broken inside an event has that event ended first, so
@@ -386,7 +387,7 @@ class Router:
                 upstream.release()
             else:
                 upstream.close()  # the connection goes: the engine sees its client leave
-        self._count_answer(name, exchange, upstream.status)
+        self._count_answer(name, exchange, max(upstream.status, exchange.errors.code or 0))
         return True
 
     def _count_answer(self, name: str, exchange: _Exchange, status: int) -> None:
@@ -427,9 +428,10 @@ class Router:
                         self.pool.calibrate(ticket.replica, choice.predicted_ttft_s, observed_s)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 exchange.tail = (exchange.tail + chunk)[-len(SSE_DONE):]
+                exchange.errors.scan(chunk)
                 if exchange.tail == SSE_DONE:  # the whole answer is out: a client that leaves now was served
                     exchange.answered = True
-                    exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
+                    exchange.outcome = exchange.errors.outcome(upstream.status)
         except UPSTREAM_FAILURES as exc:
             if exchange.answered:  # a break after [DONE] (no chunked terminator): the client has the whole answer
                 upstream.close()  # the connection is not fit to reuse
@@ -440,7 +442,7 @@ class Router:
             error = exchange.error_event(upstream_error(exc, ticket.replica))
             await send({"type": "http.response.body", "body": error, "more_body": False})
             return
-        exchange.outcome = "ok" if upstream.status < 400 else "upstream_status"
+        exchange.outcome = exchange.errors.outcome(upstream.status)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _relay_whole(self, upstream: aiohttp.ClientResponse, name: str, exchange: _Exchange) -> None:

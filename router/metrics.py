@@ -37,10 +37,10 @@ from contracts.catalogue import (
 INVALID_REQUEST_OUTCOME = "invalid_request"
 OUTCOMES = ("ok", "upstream_status", "upstream_error", "upstream_failed_mid_stream", "client_disconnected",
             REJECTED_OUTCOME, "unavailable", INVALID_REQUEST_OUTCOME)  # fmt: skip
-"""``ok``: relayed (any 2xx); ``upstream_status``: the replica's own 4xx/5xx relayed; ``upstream_error``: no
-usable answer (502/504); ``upstream_failed_mid_stream``: a stream broke after it began; ``rejected``: 429 at
-admission; ``unavailable``: no healthy replica (503); ``invalid_request``: a body that is not a JSON object (400,
-under replica and decision ``none``)."""
+"""``ok``: relayed (any 2xx); ``upstream_status``: the replica's own 4xx/5xx relayed (or a stream it ended with
+an error event); ``upstream_error``: no usable answer (502/504); ``upstream_failed_mid_stream``: a stream broke
+after it began; ``rejected``: 429 at admission; ``unavailable``: no healthy replica (503); ``invalid_request``: a
+body that is not a JSON object (400, under replica and decision ``none``)."""
 NO_REPLICA_LABEL = "none"
 
 

@@ -67,3 +67,41 @@ async def send_bytes(send: Send, status: int, content: bytes, headers: Iterable[
 
 
 __all__ = ["ClientGone", "Message", "Send", "relayed_headers", "send_bytes", "send_json", "upstream_headers"]
+
+
+class StreamErrors:
+    """Watches a relayed SSE stream for an ``error`` event: an engine (ours, vLLM) that fails a request after its
+    headers says so in the stream, under status 200, and ends it with ``[DONE]``; the router counts it by the error's
+    ``code``, as it would the same answer as a status."""
+
+    MAX_EVENT_BYTES = 1 << 16
+    """An event longer than this is not an error document: it is passed over, not buffered."""
+
+    def __init__(self) -> None:
+        self.code: int | None = None
+        """The first error event's ``code`` (500 where it has none)."""
+        self._partial = b""
+
+    def outcome(self, status: int) -> str:
+        """The relayed stream's outcome: the replica's error, as a status or an error event, is ``upstream_status``."""
+        return "ok" if status < 400 and self.code is None else "upstream_status"
+
+    def scan(self, chunk: bytes) -> None:
+        *events, self._partial = (self._partial + chunk).split(b"\n\n")
+        if len(self._partial) > self.MAX_EVENT_BYTES:
+            self._partial = b""
+        for event in events:
+            if self.code is None and event.startswith(b"data: {") and b'"error"' in event:
+                self.code = _error_code(event[len(b"data: "):])
+
+
+def _error_code(document: bytes) -> int | None:
+    try:
+        body = json.loads(document)
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return None
+    code = error.get("code")
+    return code if isinstance(code, int) and 100 <= code < 600 else 500

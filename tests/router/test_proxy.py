@@ -277,6 +277,33 @@ def test_a_replica_answering_every_request_with_a_server_error_is_ejected_after_
         assert good.requests["/v1/completions"] == 9
 
 
+async def _stream_error(request: web.Request) -> web.StreamResponse:
+    """As the engine and vLLM fail a streamed request after its headers: 200, an error event, then [DONE]."""
+    await request.read()
+    answer = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await answer.prepare(request)
+    error = {"id": "cmpl-1", "error": {"message": "the engine could not complete request cmpl-1",
+                                       "type": "server_error", "param": None, "code": 500}}  # fmt: skip
+    await answer.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+    await answer.write(b"data: [DONE]\n\n")
+    await answer.write_eof()
+    return answer
+
+
+def test_a_replica_failing_every_stream_inside_it_is_counted_so_and_ejected() -> None:
+    """Counted ok, each such stream reset the server errors in a row: a replica failing every streamed request was
+    never ejected, and looked the least loaded of all."""
+    streamed = {**PLAIN, "stream": True}
+    with stubs(1) as (good,), serving(replica_app(_stream_error)) as bad, \
+            router([bad, url_of(good)], policy="round-robin", readmit_after=1000) as r:  # fmt: skip
+        bodies = [httpx.post(r.url + "/v1/completions", json=streamed, timeout=5).text for _ in range(14)]
+        assert sum('"error"' in body for body in bodies) == 5  # relayed as written, then only the good replica
+        assert r.replicas()[bad]["healthy"] is False
+        assert r.sample("moeslo_router_ejections_total", replica=bad) == 1
+        assert r.sample("moeslo_router_requests_total", replica=bad, decision="next_in_turn",
+                        outcome="upstream_status") == 5  # fmt: skip
+
+
 async def _plain_unauthorized(request: web.Request) -> web.Response:
     await request.read()  # an auth sidecar or ingress in front of the engine answers in its own words
     return web.Response(status=401, text="Unauthorized", headers={"WWW-Authenticate": "Bearer"})

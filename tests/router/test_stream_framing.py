@@ -65,3 +65,17 @@ def test_a_streams_headers_reach_the_client_before_its_first_token() -> None:
             first_token.set()
             assert a.status_code == 200 and a.read().endswith(b"data: [DONE]\n\n")
         assert headers_s < 3.0, f"the headers waited {headers_s:.1f} s for the first token"
+
+
+def test_an_error_event_is_found_across_chunks_and_generated_text_is_not_one() -> None:
+    from router.wire import StreamErrors
+
+    text = json.dumps({"choices": [{"text": 'say "error": {"code": 500}'}]}).encode()
+    clean = StreamErrors()
+    clean.scan(b"data: " + text + b"\n\ndata: [DONE]\n\n")
+    assert clean.code is None and clean.outcome(200) == "ok"
+    event = b'data: {"id": "c", "error": {"message": "failed", "code": 503}}\n\n'
+    split = StreamErrors()
+    for part in (event[:20], event[20:], b"data: [DONE]\n\n"):
+        split.scan(part)
+    assert split.code == 503 and split.outcome(200) == "upstream_status"
