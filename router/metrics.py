@@ -1,8 +1,10 @@
 """The router's Prometheus series, created once per registry (inject a fresh one per test).
 
-Labels are bounded: ``replica`` is one of the configured URLs, ``decision``
-a policy's reason word (:mod:`router.policies`), ``outcome`` one of
-:data:`OUTCOMES`.  Children are bound once per replica, so a request costs
+Labels: ``replica`` is a replica URL, ``decision`` a policy's reason word (:mod:`router.policies`), ``outcome``
+one of :data:`OUTCOMES`.  A replica that leaves the set (the controller scaled it away) takes its gauges with it,
+but its request counts stay, so a rate over a window that saw it stays right: with replicas listed by the
+controller, ``moeslo_router_requests_total`` holds one set of series per replica URL ever routed to, until the
+router restarts (a pod's IP, so a few per scale-up).  Children are bound once per replica, so a request costs
 dictionary lookups, not label parsing.
 """
 
