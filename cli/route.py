@@ -73,6 +73,7 @@ def route(
     ] = 262_144,
     scrape_interval_s: Annotated[float, typer.Option(help="Read each replica's /metrics this often.")] = 0.5,
     max_queue_s: Annotated[float, typer.Option(help="Queue mode: longest hold before the 429.")] = 30.0,
+    max_queued: Annotated[int, typer.Option(min=1, help="Queue mode: most requests held at once (then 429).")] = 1024,
     log_level: Annotated[
         str, typer.Option(callback=log_level, help="Log level (debug, info, warning, error).")
     ] = "warning",
@@ -94,7 +95,7 @@ def route(
             cost=CostModel(ttft_objective_s=ttft_objective_s, decode_step_s=itl_base_s, itl_per_seq_s=itl_per_seq_s,
                            cached_token_cost=cached_token_cost,
                            ttft_allowance=TtftAllowance(ttft_reference_prompt_tokens, ttft_per_1k_prompt_tokens_s)),
-            prefill_tokens_per_s=prefill_tokens_per_s,
+            prefill_tokens_per_s=prefill_tokens_per_s, max_queued=max_queued,
             scrape_interval_s=scrape_interval_s, max_queue_s=max_queue_s, prefix_cache_tokens=prefix_cache_tokens,
         )
         upstream = ", ".join(config.replicas) or f"the replicas {redacted_url(controller or '')} lists"

@@ -31,6 +31,8 @@ class RouterConfig:
     """Every replica over the TTFT objective: 429 + Retry-After, or hold the request until one fits."""
     max_queue_s: float = 30.0
     """``queue``: how long a request is held before it gets the 429 after all."""
+    max_queued: int = 1024
+    """``queue``: the most requests held at once; one more gets the 429 at once (each holds its body and socket)."""
     scrape_interval_s: float = 0.5
     """How often each live replica's /metrics (and each ejected replica's /health) is read."""
     scrape_timeout_s: float = 1.0
@@ -91,7 +93,7 @@ class RouterConfig:
         if cost.itl_per_seq_s is not None and not cost.itl_per_seq_s >= 0:
             problems.append("cost.itl_per_seq_s: must be >= 0")
         for name in ("readmit_after", "eject_after_silent", "eject_after_5xx", "affinity_blocks", "block_tokens",
-                     "prefix_max_blocks", "prefix_cache_tokens"):
+                     "prefix_max_blocks", "prefix_cache_tokens", "max_queued"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: must be >= 1")
         if problems:

@@ -46,8 +46,7 @@ from router.types import Choice, ReplicaState, RequestFeatures
 from router.wire import ClientGone, Send, StreamErrors, relayed_headers, send_bytes, send_json, upstream_headers
 
 _log = logging.getLogger(__name__)
-SSE_DONE = b"data: [DONE]\n\n"
-"""The OpenAI stream's last event."""
+SSE_DONE = b"data: [DONE]\n\n"  # the OpenAI stream's last event
 UPSTREAM_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
 """What a broken, garbled or silent upstream raises (a refused connection is one: ``ClientConnectorError``)."""
 
@@ -171,14 +170,16 @@ class Router:
 
     async def _hold(self, features: RequestFeatures, tries: _Tries, *, first: bool) -> float:
         """Wait in line until, first in it, admission lets the request through (returns the seconds held);
-        refused at ``max_queue_s`` from its first wait: a retry waits only what is left of it.  Every wait,
-        however it ends, is one ``moeslo_router_queue_wait_seconds``.
+        refused at ``max_queue_s`` from its first wait (a retry waits what is left of it), or at once with
+        ``max_queued`` held.  Every wait, however it ends, is one ``moeslo_router_queue_wait_seconds``.
 
         The first in line looks again whenever a replica may take more (:class:`HeldRequests`), and at least
         every scrape interval; a request that leaves (admitted, refused, its client gone) wakes the next.
         Queue mode holds a request while no replica is healthy too (a fleet scaled to zero, or starting): the
         controller reads this queue as demand and starts one.
         """
+        if not first and len(self.held) >= self.config.max_queued:
+            raise self._refused(None, ahead=len(self.held))
         joined_s = self.clock()
         if tries.deadline_s is None:
             tries.deadline_s = joined_s + self.config.max_queue_s

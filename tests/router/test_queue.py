@@ -83,6 +83,24 @@ def test_held_requests_are_served_in_the_order_they_arrived_and_the_last_ones_re
         eventually(lambda: r.sample("moeslo_router_queued_requests") == 0, 5, "the queue emptied")
 
 
+def test_past_max_queued_held_requests_a_new_one_is_refused_at_once() -> None:
+    """The line had no bound: under overload each held request kept its body and socket for max_queue_s."""
+    replica, statuses = HoldingReplica(), {}
+    with serving(replica.app()) as url, \
+            router([url], max_queue_s=10.0, max_queued=2, **ONE_AT_A_TIME) as r:  # type: ignore[arg-type]  # fmt: skip
+        threads = [post(r, 1, statuses)]
+        eventually(lambda: replica.order == [1], 5, "the first request at the replica")
+        threads += [post(r, 2, statuses), post(r, 3, statuses)]
+        eventually(lambda: r.sample("moeslo_router_queued_requests") == 2, 5, "two held")
+        started = time.monotonic()
+        post(r, 4, statuses).join(5)
+        assert statuses == {4: 429} and time.monotonic() - started < 2.0  # not after max_queue_s
+        replica.let_go = 3
+        for thread in threads:
+            thread.join(10)
+        assert statuses == {1: 200, 2: 200, 3: 200, 4: 429} and replica.order == [1, 2, 3]
+
+
 def test_a_held_request_whose_client_leaves_gives_its_turn_to_the_next() -> None:
     replica, statuses = HoldingReplica(), {}
     with serving(replica.app()) as url, router([url], max_queue_s=10.0, **ONE_AT_A_TIME) as r:  # type: ignore[arg-type]
