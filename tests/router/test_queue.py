@@ -90,8 +90,9 @@ def test_past_max_queued_held_requests_a_new_one_is_refused_at_once() -> None:
             router([url], max_queue_s=10.0, max_queued=2, **ONE_AT_A_TIME) as r:  # type: ignore[arg-type]  # fmt: skip
         threads = [post(r, 1, statuses)]
         eventually(lambda: replica.order == [1], 5, "the first request at the replica")
-        threads += [post(r, 2, statuses), post(r, 3, statuses)]
-        eventually(lambda: r.sample("moeslo_router_queued_requests") == 2, 5, "two held")
+        for index in (2, 3):  # one after the other: each held before the next is sent
+            threads.append(post(r, index, statuses))
+            eventually(lambda n=index: r.sample("moeslo_router_queued_requests") == n - 1, 5, "held")
         started = time.monotonic()
         post(r, 4, statuses).join(5)
         assert statuses == {4: 429} and time.monotonic() - started < 2.0  # not after max_queue_s
