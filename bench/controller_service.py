@@ -94,9 +94,11 @@ class _FleetSource:
                 itl_good_ratio_by_window=dict(ratios),
                 imbalance_cv_per_layer=tuple(self.rng.uniform(0.02, 0.2) for _ in range(LAYERS)),
             )
+            rate = 5.0 * replicas * self.rng.uniform(0.8, 1.2)  # with token rates: the predictive core forecasts
             out[policy.name] = PolicyObservation(
                 policy=policy.name, observed_at_s=now_s, queue_depth=queue, running_requests=8.0 * replicas,
-                kv_cache_usage=kv, request_rate_rps=5.0 * replicas, sli=sli,
+                kv_cache_usage=kv, request_rate_rps=rate, prompt_tokens_per_s=200.0 * rate,
+                output_tokens_per_s=50.0 * rate, sli=sli,
             )
         return out
 
