@@ -252,4 +252,4 @@ def test_a_request_added_while_the_core_is_judged_hung_is_refused_not_left_waiti
             asyncio.run(add())
         assert not client._streams
     finally:
-        client._kill()
+        client.shutdown()
