@@ -151,7 +151,8 @@ def run_service_bench(
         times, stalls, applied = asyncio.run(_time_ticks(cfg, policies, store, actuator, progress))
         logged = len(store.list_decisions(limit=100_000))
         store.close()
-    baseline = _summary("core_tick", *times["core_tick"], "DecisionCore.tick alone on the same observations")
+    baseline = _summary("core_tick", *times["core_tick"],
+                        "DecisionCore.tick and its forecast refits alone on the same observations")
     result = _summary(
         "service_tick", *times["service_tick"],
         "ControllerService.tick: store read, in-memory source, dry-run actuation, core, decision-log "
