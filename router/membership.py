@@ -65,7 +65,7 @@ class Membership(Repeating):
         self.last_error: str | None = None
 
     async def _get_json(self, path: str) -> object:
-        async with self.router.session.get(self.base + path, timeout=self._timeout) as answer:
+        async with self.session.get(self.base + path, timeout=self._timeout) as answer:
             if answer.status != 200:
                 raise DataError(f"the controller answered {path} with HTTP {answer.status}")
             return await answer.json(content_type=None)

@@ -31,9 +31,15 @@ _log = logging.getLogger(__name__)
 
 
 class Repeating:
-    """A task on the server's event loop that runs :meth:`once` every :attr:`interval_s` until stopped."""
+    """A task on the server's event loop that runs :meth:`once` every :attr:`interval_s` until stopped.
+
+    Its HTTP client is its own, uncapped: with ``max_connections`` set, the
+    forwarding pool can be full of long streams, and a check waiting there
+    for a connection would time out and eject a healthy replica as frozen.
+    """
 
     _task: asyncio.Task[None] | None = None
+    _session: aiohttp.ClientSession | None = None
 
     async def once(self) -> None:
         raise NotImplementedError
@@ -55,6 +61,14 @@ class Repeating:
                 last_error = None
             await asyncio.sleep(self.interval_s)
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The checks' client (made on first use, inside the server's event loop)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+                                                  cookie_jar=aiohttp.DummyCookieJar())  # fmt: skip
+        return self._session
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
@@ -65,6 +79,9 @@ class Repeating:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 class Monitor(Repeating):
@@ -73,7 +90,7 @@ class Monitor(Repeating):
         self._timeout = aiohttp.ClientTimeout(total=router.config.scrape_timeout_s)
 
     async def _get(self, url: str) -> tuple[int, bytes]:
-        async with self.router.session.get(url, timeout=self._timeout) as answer:
+        async with self.session.get(url, timeout=self._timeout) as answer:
             return answer.status, await answer.read()
 
     async def tick(self) -> None:

@@ -120,6 +120,21 @@ def test_a_full_connection_pool_is_a_wait_in_the_router_not_a_replica_that_timed
         assert not r.sample("moeslo_router_ejections_total", replica=name)
 
 
+def test_scrapes_do_not_wait_for_the_capped_forwarding_pool() -> None:
+    """With the only pooled connection held by a long stream, the scrapes waited for it, timed out, and a
+    healthy replica was ejected as frozen."""
+    chunks = (*(f'data: {{"t":{i}}}\n\n'.encode() for i in range(10)), b"data: [DONE]\n\n")
+    with stubs(1, stream_chunks=chunks, chunk_delay_s=0.2) as (stub,), \
+            router([stub], max_connections=1, **FROZEN) as r:  # type: ignore[arg-type]
+        name = url_of(stub)
+        with httpx.stream("POST", r.url + "/v1/completions", json=STREAM, timeout=30) as answer:
+            body = answer.read()
+        assert body.endswith(b"data: [DONE]\n\n") and body.count(b'"t":') == 10
+        assert stub.requests["/metrics"] >= 5, "the replica was scraped while its stream held the pool"
+        assert r.replicas()[name]["healthy"]
+        assert not r.sample("moeslo_router_ejections_total", replica=name)
+
+
 def test_a_request_retried_on_another_replica_is_not_ended_by_the_first_ones_ejection() -> None:
     import asyncio
 

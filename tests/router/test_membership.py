@@ -115,6 +115,7 @@ def _read_once(controller: str, policy: str | None = None) -> tuple[str | None, 
         routing = Router(RouterConfig(controller_url=controller, controller_policy=policy))
         membership = Membership(routing)
         await membership.refresh()
+        await membership.stop()
         await routing.aclose()
         return membership.last_error, routing.pool.names
 

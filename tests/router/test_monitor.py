@@ -19,6 +19,7 @@ def ticks(router: Router, count: int) -> None:
         monitor = Monitor(router)
         for _ in range(count):
             await monitor.tick()
+        await monitor.stop()
         await router.aclose()
 
     asyncio.run(go())
