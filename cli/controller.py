@@ -63,6 +63,7 @@ def serve(
         from controller.rebalance.allocator import keep_freed_memory
         from controller.service import build_service
         from controller.store import Store
+        from controller.tasks import favour_the_event_loop
 
         settings = load_settings(
             config,
@@ -78,6 +79,7 @@ def serve(
         listener = listener_for(settings.host, settings.port)
         port = listening_port(listener, settings.port)  # --port 0: the one the system picked
         keep_freed_memory()  # the rebalancer's planning rounds (controller/rebalance/allocator.py)
+        favour_the_event_loop()  # API reads and scrapes answer while a tick computes in its worker thread
         store = Store(settings.db_url)
         registry = CollectorRegistry()
         service = build_service(settings, store, registry)

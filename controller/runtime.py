@@ -9,10 +9,16 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from contracts.errors import MoesloError
-from controller.types import Decision, PolicyObservation
+from controller.slo import error_budget_remaining
+from controller.sources import BURN_WINDOWS
+from controller.sources.base import burn_rates_of
+from controller.types import Decision, PolicyObservation, SliSnapshot
 
 if TYPE_CHECKING:
+    from controller.policy import Policy
     from controller.telemetry import ControllerMetrics
+
+SLO_NAMES = ("ttft", "itl")
 
 FORECAST_NOT_IN_USE = ("warming_up", "forecast_unreliable", "forecast_disabled")
 """Reasons that say the forecast did not size the fleet this tick."""
@@ -115,6 +121,21 @@ def report_forecast(
                                _sizing_number(decision, "predictive.itl_correction"))  # fmt: skip
 
 
+def report_budgets(runtime: PolicyRuntime, metrics: ControllerMetrics, policy: Policy, sli: SliSnapshot | None) -> None:
+    """Each SLO's error budget left over the policy's window and its burn rates, for /v1/status and the gauges."""
+    for slo in SLO_NAMES:
+        objective = getattr(policy.objectives, slo)
+        ratios: Mapping[str, float] = getattr(sli, f"{slo}_good_ratio_by_window") if sli else {}
+        window_ratio = ratios.get(policy.window)
+        remaining = None if window_ratio is None else error_budget_remaining(window_ratio, objective.target)
+        runtime.error_budget_remaining[slo] = remaining
+        metrics.set_error_budget(policy.name, slo, remaining)
+        burns = burn_rates_of({w: r for w, r in ratios.items() if w in BURN_WINDOWS}, objective.target)
+        runtime.burn_rates[slo] = burns
+        for window in BURN_WINDOWS:
+            metrics.set_burn_rate(policy.name, slo, window, burns.get(window))
+
+
 def _sizing_number(decision: Decision, key: str) -> float | None:
     """A number the sizing advisor put in the decision's inputs (None: it did not)."""
     value = decision.inputs.get(f"sizing.{key}")
@@ -126,4 +147,7 @@ def fault_text(exc: Exception) -> str:
     return str(exc) if isinstance(exc, MoesloError) else f"{type(exc).__name__}: {exc}"
 
 
-__all__ = ["Creations", "PolicyRuntime", "fault_text", "json_safe", "report_forecast", "seen_view", "sli_view"]
+__all__ = [
+    "Creations", "PolicyRuntime", "fault_text", "json_safe", "report_budgets", "report_forecast", "seen_view",
+    "sli_view",
+]

@@ -48,10 +48,9 @@ from controller.decision_log import (
 from controller.errors import ActuationError, LeadershipLostError
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.policy import LocalTarget, Mode, Policy
-from controller.runtime import Creations, PolicyRuntime, fault_text, report_forecast, sli_view
-from controller.slo import error_budget_remaining
-from controller.sources import BURN_WINDOWS, SliSource, configured_source
-from controller.sources.base import LateAnswerError, burn_rates_of, within
+from controller.runtime import Creations, PolicyRuntime, fault_text, report_budgets, report_forecast, sli_view
+from controller.sources import SliSource, configured_source
+from controller.sources.base import LateAnswerError, within
 from controller.store import DecisionRecord, Store, StoredPolicy
 from controller.tasks import run_to_end
 from controller.telemetry import ControllerMetrics
@@ -63,7 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SLO_NAMES = ("ttft", "itl")
 PRUNE_EVERY_TICKS = 100
 
 
@@ -256,15 +254,22 @@ class ControllerService:
                 task.cancel()
             await asyncio.wait(carrying)
         interrupted = (INTERRUPTED, interrupted_detail(self.shutdown_grace_s))
-        for decision, task in zip(decisions, carrying, strict=True):
-            outcome, detail = interrupted if task.cancelled() else task.result()
+        outcomes = [interrupted if task.cancelled() else task.result() for task in carrying]
+        # Records, status and gauges (~10 ms for 100 policies) in a worker thread, as the tick: on the loop they held
+        # API reads and scrapes.  Run to its end even when cancelled: a decision carried out keeps its record.
+        await run_to_end(asyncio.to_thread(self._settle, tick, outcomes, effects, by_name, records))
+        if cut_short:
+            raise asyncio.CancelledError
+
+    def _settle(self, tick: TickInput, outcomes: Sequence[tuple[str, str]], effects: Effects,
+                by_name: Mapping[str, StoredPolicy], records: list[DecisionRecord]) -> None:  # fmt: skip
+        """Each decision's record (added to ``records``), runtime and gauges, from what carrying it out gave."""
+        for decision, (outcome, detail) in zip(effects.decisions, outcomes, strict=True):
             entry, obs = by_name[decision.policy], tick.observations.get(decision.policy)
             if outcome in ("failed", "standby", INTERRUPTED):
                 self.core.not_carried_out(decision.policy)
             records.append(self._record(entry, decision, outcome, detail))
             self._update_runtime(entry.policy, obs, decision, tick.now_s, (outcome, detail))
-        if cut_short:
-            raise asyncio.CancelledError
 
     async def _observe(self, policies: Sequence[Policy], now_s: float) -> dict[str, PolicyObservation]:
         component = "prometheus" if type(self.source).__name__.startswith("Prometheus") else "scrape"
@@ -367,7 +372,8 @@ class ControllerService:
         carried_out: tuple[str, str],
     ) -> None:
         """``carried_out``: the decision's (outcome, the actuator's word), shown with it (a failed scale is news)."""
-        runtime = self._runtime.setdefault(policy.name, PolicyRuntime())
+        # A new one, swapped in whole at the end: this runs in a worker thread while the API reads the last one.
+        runtime = PolicyRuntime()
         runtime.current_replicas = decision.current_replicas
         runtime.desired_replicas = decision.desired_replicas
         runtime.errors = list(obs.errors) if obs is not None else ["no observation"]
@@ -386,17 +392,8 @@ class ControllerService:
             runtime.observed_at = self.wall_clock() - timedelta(seconds=age_s or 0.0)
         runtime.sli = sli_view(obs)
         self.metrics.set_slis(policy.name, {k: v for k, v in runtime.sli.items() if k != "requests_in_window"})
-        for slo in SLO_NAMES:
-            objective = getattr(policy.objectives, slo)
-            ratios: Mapping[str, float] = getattr(sli, f"{slo}_good_ratio_by_window") if sli else {}
-            window_ratio = ratios.get(policy.window)
-            remaining = None if window_ratio is None else error_budget_remaining(window_ratio, objective.target)
-            runtime.error_budget_remaining[slo] = remaining
-            self.metrics.set_error_budget(policy.name, slo, remaining)
-            burns = burn_rates_of({w: r for w, r in ratios.items() if w in BURN_WINDOWS}, objective.target)
-            runtime.burn_rates[slo] = burns
-            for window in BURN_WINDOWS:
-                self.metrics.set_burn_rate(policy.name, slo, window, burns.get(window))
+        report_budgets(runtime, self.metrics, policy, sli)
+        self._runtime[policy.name] = runtime
 
     def _update_forecast(self, policy: Policy, obs: PolicyObservation | None, decision: Decision,
                          runtime: PolicyRuntime) -> None:  # fmt: skip

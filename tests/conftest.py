@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,14 @@ def _default_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
     """Commands run in-process (typer's runner) leave glibc's allocator as it is: the setting
     :mod:`controller.rebalance.allocator` applies is process-wide and would reach every later test."""
     monkeypatch.setattr("controller.rebalance.allocator.keep_freed_memory", lambda: False)
+
+
+@pytest.fixture(autouse=True)
+def _default_switch_interval() -> Iterator[None]:
+    """``controller serve`` run in-process shortens the switch interval (process-wide): later tests get it back."""
+    interval_s = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(interval_s)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@ standby replicas, restarts; and one run over real /metrics pages."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -636,10 +637,24 @@ def test_forecast_refits_run_once_the_decisions_are_logged(tmp_path: Path, monke
     assert registry.get_sample_value("moeslo_forecast_refit_duration_seconds_count") == 40
 
 
+def _tick_answering(service: ControllerService, begun: threading.Event, answered: threading.Event) -> str:
+    """Tick once, setting ``answered`` from the loop once ``begun`` is set (what an API read does meanwhile: run on
+    the loop); the loop's thread."""
+
+    async def tick_while_answering() -> str:
+        ticking = asyncio.create_task(service.tick())
+        while not ticking.done():
+            await asyncio.sleep(0.001)
+            if begun.is_set():
+                answered.set()
+        await ticking
+        return threading.current_thread().name
+
+    return asyncio.run(tick_while_answering())
+
+
 def test_the_event_loop_answers_while_the_forecasts_refit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The refit waits for a coroutine on the loop to run: on the loop itself it would wait in vain."""
-    import threading
-
     clock = Clock()
     service, store, _ = _service(tmp_path, clock)
     store.create_policy(_policy())
@@ -653,16 +668,36 @@ def test_the_event_loop_answers_while_the_forecasts_refit(tmp_path: Path, monkey
 
     monkeypatch.setattr(service.core, "refit", refit)
 
-    async def tick_while_answering() -> str:
-        ticking = asyncio.create_task(service.tick())
-        while not ticking.done():
-            await asyncio.sleep(0.001)
-            if refitting.is_set():
-                answered.set()  # what an API read does meanwhile: run on the loop
-        await ticking
-        return threading.current_thread().name
-
-    loop_thread = asyncio.run(tick_while_answering())
+    loop_thread = _tick_answering(service, refitting, answered)
     assert len(refits) == 1
     refit_thread, loop_answered = refits[0]
     assert loop_answered and refit_thread != loop_thread
+
+
+def test_the_event_loop_answers_while_the_decisions_are_recorded(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Each decision's record, status and gauges (~10 ms for 100 policies) wait for a coroutine on the loop to run:
+    on the loop itself they would wait in vain."""
+    clock = Clock()
+    service, store, registry = _service(tmp_path, clock)
+    store.create_policy(_policy())
+    service.source.fields = {"queue_depth": 0.0, "running_requests": 2.0}  # type: ignore[attr-defined]
+    recording, answered = threading.Event(), threading.Event()
+    seen: list[tuple[str, bool]] = []  # (thread, whether the loop answered while the gauges were set)
+    set_slis = service.metrics.set_slis
+
+    def waiting_set_slis(policy: str, values: Mapping[str, float | None]) -> None:
+        recording.set()
+        seen.append((threading.current_thread().name, answered.wait(timeout=2.0)))
+        set_slis(policy, values)
+
+    monkeypatch.setattr(service.metrics, "set_slis", waiting_set_slis)
+
+    loop_thread = _tick_answering(service, recording, answered)
+    assert len(seen) == 1
+    settle_thread, loop_answered = seen[0]
+    assert loop_answered and settle_thread != loop_thread
+    runtime = service.runtime("chat")
+    assert runtime is not None and runtime.decision is not None  # the status the thread built is the one shown
+    assert len(store.list_decisions()) == 1
+    assert registry.get_sample_value("moeslo_sli", {"policy": "chat", "sli": "queue_depth"}) == 0.0

@@ -86,3 +86,13 @@ def test_work_that_ends_within_the_grace_runs_to_its_end() -> None:
     took_s = _cancelled_after_a_grace(done, take_s=0.05, grace_s=5.0)
     assert took_s < 1.5
     assert done == ["applying", "applied"]
+
+
+def test_the_event_loop_is_favoured_over_worker_threads_and_the_old_interval_returned() -> None:
+    import sys
+
+    from controller.tasks import LOOP_SWITCH_INTERVAL_S, favour_the_event_loop
+
+    sys.setswitchinterval(0.005)
+    assert favour_the_event_loop() == pytest.approx(0.005)
+    assert sys.getswitchinterval() == pytest.approx(LOOP_SWITCH_INTERVAL_S) and LOOP_SWITCH_INTERVAL_S < 0.005
