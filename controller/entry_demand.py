@@ -28,12 +28,16 @@ counted once per try: in overload the offered load errs high, not low.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from controller.capacity import Load
 from controller.policy import Policy
 from controller.types import PolicyObservation, Reason
 
-__all__ = ["entry_floor", "entry_idle", "offered_load", "router_refused", "router_waiting", "served_load", "waiting"]
+__all__ = [
+    "admitted_load", "entry_floor", "entry_idle", "offered_load", "router_refused", "router_waiting", "served_load",
+    "waiting",
+]
 
 
 def router_waiting(obs: PolicyObservation) -> float:
@@ -59,6 +63,15 @@ def served_load(obs: PolicyObservation) -> Load | None:
         return None
     rate, prompt, output = (float(v) for v in values if v is not None)
     return Load(request_rate_rps=rate, prompt_tokens_per_s=prompt, output_tokens_per_s=output)
+
+
+def admitted_load(served: Load, mean_prompt_tokens: float | None) -> Load:
+    """``served`` as the requests admitted: with none counted (requests count as they finish, prompt tokens as
+    they are admitted, so none has finished yet: a ramp from idle, long answers), the rate is the prompt tokens
+    over the mean prompt length known; otherwise ``served`` as it is."""
+    if served.request_rate_rps > 0 or served.prompt_tokens_per_s <= 0 or not mean_prompt_tokens:
+        return served
+    return replace(served, request_rate_rps=served.prompt_tokens_per_s / mean_prompt_tokens)
 
 
 def offered_load(obs: PolicyObservation) -> Load | None:

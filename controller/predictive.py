@@ -33,7 +33,7 @@ import numpy as np
 
 from controller.bursts import burst_load
 from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaProfile, Targets
-from controller.entry_demand import offered_load, router_waiting, served_load
+from controller.entry_demand import admitted_load, offered_load, router_waiting, served_load
 from controller.forecast import AutoForecaster, ForecastConfig
 from controller.forecast.audit import MIN_SCORED, AuditBounds, ForecastAudit
 from controller.policy import Policy
@@ -392,7 +392,7 @@ class PredictiveAdvisor:
         targets = capacity.targets
         if capacity.itl_limit_s() > targets.itl_s * targets.headroom:  # the floor, not the objective, sizes ITL
             details["itl_floor_s"] = round(capacity.itl_floor_s, 6)
-        needs = self._load_needs(policy, capacity, obs, served, ready)
+        needs = self._load_needs(policy, capacity, obs, admitted_load(served, state.mean_prompt_tokens), ready)
         if offered.request_rate_rps > served.request_rate_rps:
             # Refusals at the entry router are demand now: their need carries its own reason, a pressure
             # reason, so a scale-up for it that buys nothing is held like one for a queue.
