@@ -13,8 +13,8 @@ _T = TypeVar("_T")
 
 LOOP_SWITCH_INTERVAL_S = 0.001
 """How long a thread may hold the GIL while another waits for it.  Python's 5 ms let the service's worker thread
-(the tick, the refits) hold its event loop ~33 ms a tick at 100 policies with forecasts (``moeslo bench
-controller-service --predictive``); 1 ms lets the loop in within ~6 ms, the tick's time unchanged."""
+(the tick, the refits) hold its event loop ~32 ms a tick at 100 policies with forecasts (``moeslo bench
+controller-service --predictive``, the median); at 1 ms, ~8 ms, the tick's own time about the same."""
 
 
 def favour_the_event_loop() -> float:
