@@ -208,14 +208,21 @@ class AutoForecaster:
 
     def quick_fit(self) -> None:
         """A moving average over the history, at once and without selection (after a warm start), so
-        forecasts are available before the full refit, which stays due."""
-        if len(self.history) < self.config.min_history_bins or self._model is not None:
+        forecasts are available before the full refit, which stays due.  Its interval comes from its own
+        backtest (a moving average's costs ~0.03 ms a bin): without one, the forecasts sized the fleet at their
+        point until the full refit, which the refit budget gives one policy a tick."""
+        series = self.history.values()
+        if len(series) < self.config.min_history_bins or self._model is not None:
             return
         self._model = model_factory("moving_average", period=None, ma_window=self.config.ma_window_bins)()
-        self._model.fit(self.history.values())
+        self._model.fit(series)
         self._residuals = {}
+        origins, start, _, _ = self._selection_plan(len(series))
+        if origins >= MIN_SELECTION_ORIGINS:
+            backtest = self._backtest(series, ["moving_average"], origins=origins, start=start, period=None)
+            self._scale_floor, self._residuals = self._scaled_residuals(series, backtest[0])
         self._offset_cache.clear()
-        self._since_fit = max(len(self.history), self.config.refit_every_bins)
+        self._since_fit = max(len(series), self.config.refit_every_bins)
 
     def _selection_plan(self, n: int) -> tuple[int, int, int | None, list[str]]:
         """(origins, first origin, period, candidates) of a selection over ``n`` bins."""
@@ -245,32 +252,16 @@ class AutoForecaster:
         were, and the refit waits for the cadence again (a failing fit is not retried every bin)."""
         cfg = self.config
         series = self.history.values()
-        horizons = list(range(1, cfg.horizon_bins + 1))
         origins, start, period, kinds = self._selection_plan(len(series))
         self._since_fit, self._candidates_fit = 0, len(kinds)  # before what may raise: a retry waits its turn
         selection: list[BacktestResult] = []
         residuals: dict[int, FloatArray] = {}
         scale_floor, on_zeros, kind = self._scale_floor, False, "last_value"
         if origins >= MIN_SELECTION_ORIGINS and kinds:
-            selection = compare_models(
-                series,
-                kinds,
-                period=period,
-                horizons=horizons,
-                start=start,
-                refit_every=origins + 1,
-                history_bins=cfg.fit_window_bins if period is None else len(series),
-                fit_window=cfg.fit_window_bins,
-                ma_window=cfg.ma_window_bins,
-            )
+            selection = self._backtest(series, kinds, origins=origins, start=start, period=period)
             chosen = best(selection)
             on_zeros = not np.any(series[start:])
-            scale_floor = max(SCALE_FLOOR_SHARE * float(np.mean(series)), 1e-9)
-            residuals = {
-                h: r / np.sqrt(np.maximum(chosen.predictions[h], scale_floor))
-                for h, r in chosen.residuals.items()
-                if len(r) >= MIN_INTERVAL_RESIDUALS
-            }
+            scale_floor, residuals = self._scaled_residuals(series, chosen)
             kind = chosen.kind
         model = model_factory(kind, period=period, fit_window=cfg.fit_window_bins, ma_window=cfg.ma_window_bins)()
         model.fit(series)
@@ -279,6 +270,31 @@ class AutoForecaster:
         self._selected_on_zeros = on_zeros
         self._offset_cache.clear()
         self.fits += 1
+
+    def _backtest(self, series: FloatArray, kinds: list[str], *, origins: int, start: int,
+                  period: int | None) -> list[BacktestResult]:  # fmt: skip
+        cfg = self.config
+        return compare_models(
+            series,
+            kinds,
+            period=period,
+            horizons=list(range(1, cfg.horizon_bins + 1)),
+            start=start,
+            refit_every=origins + 1,
+            history_bins=cfg.fit_window_bins if period is None else len(series),
+            fit_window=cfg.fit_window_bins,
+            ma_window=cfg.ma_window_bins,
+        )
+
+    @staticmethod
+    def _scaled_residuals(series: FloatArray, chosen: BacktestResult) -> tuple[float, dict[int, FloatArray]]:
+        """(the scale floor, each horizon's residuals over the square root of its prediction) of a backtest."""
+        scale_floor = max(SCALE_FLOOR_SHARE * float(np.mean(series)), 1e-9)
+        return scale_floor, {
+            h: r / np.sqrt(np.maximum(chosen.predictions[h], scale_floor))
+            for h, r in chosen.residuals.items()
+            if len(r) >= MIN_INTERVAL_RESIDUALS
+        }
 
     def _offsets(self, quantile: float, steps: int) -> tuple[FloatArray, FloatArray]:
         """Quantiles of the scaled residuals per horizon (cached until the next refit): (lower <= 0, upper >= 0)."""
