@@ -46,6 +46,7 @@ from controller.sources.base import (
 )
 from controller.sources.prometheus import PrometheusClient
 from controller.store import Store, StoredPolicy
+from controller.tasks import run_to_end
 from controller.types import LoadHistory, PolicyObservation
 
 log = logging.getLogger(__name__)
@@ -235,10 +236,17 @@ class LoadHistoryKeeper:
                     log.warning("load history of %s unreadable: %s", policy.name, exc)
                     samples = []
                 samples = [s for s in samples if s[0] >= created_s[policy.name]]  # not a deleted namesake's
-            history = resample(samples, bin_s=self.bin_s, until_s=now - self.bin_s, max_fill_bins=self.max_fill_bins)
-            # An advisor that had already observed the policy live ignores it (status then says none).
-            taken = bool(len(history)) and core.warm_start(policy, history) > 0
-            self.warmed[policy.name] = (where, len(history) if taken else 0)
+            # In a worker thread (~80 ms a policy with two weeks of history, on the loop it held API reads and
+            # scrapes), run to its end when the warm start's time runs out: the tick must not touch the core
+            # while it is seeded.
+            bins = await run_to_end(asyncio.to_thread(self._seed, core, policy, samples, now))
+            self.warmed[policy.name] = (where, bins)
+
+    def _seed(self, core: DecisionCore, policy: Policy, samples: Sequence[Sample], now_s: float) -> int:
+        """Seed the core's forecaster for ``policy``; the bins taken (0: none, or an advisor that had already
+        observed the policy live ignored them, and status then says none)."""
+        history = resample(samples, bin_s=self.bin_s, until_s=now_s - self.bin_s, max_fill_bins=self.max_fill_bins)
+        return len(history) if len(history) and core.warm_start(policy, history) > 0 else 0
 
     def record(self, observations: Mapping[str, PolicyObservation]) -> None:
         wall_s = self.wall_clock()

@@ -11,6 +11,7 @@ from controller.load_history import LOAD_HISTORY_CHUNK_S, LoadHistoryKeeper, res
 from controller.policy import LocalTarget, Policy
 from controller.store import Store, StoredPolicy
 from controller.types import LoadHistory, PolicyObservation
+from tests.controller.loop_answers import run_answering
 
 BIN_S = 15.0
 DAY_S = 86_400.0
@@ -121,3 +122,29 @@ def test_a_warm_start_the_forecaster_ignored_is_not_reported_as_seeded(tmp_path:
     asyncio.run(keeper.warm_start(core, [StoredPolicy(POLICY, 1, created, created)]))
     assert predictive.history_bins("p") == 1
     assert keeper.warmed["p"] == ("store", 0)  # status: "none"
+
+
+def test_the_event_loop_answers_while_a_warm_start_seeds_the_core(tmp_path: Path) -> None:
+    """Seeding a forecaster (~80 ms a policy with two weeks of history) waits for a coroutine on the loop to run:
+    on the loop itself it would wait in vain."""
+    import threading
+
+    seeding, answered = threading.Event(), threading.Event()
+    seen: list[tuple[str, bool]] = []
+
+    class WaitsForTheLoop(Seeds):
+        def warm_start(self, policy: Policy, history: LoadHistory) -> int:
+            seeding.set()
+            seen.append((threading.current_thread().name, answered.wait(timeout=2.0)))
+            return super().warm_start(policy, history)
+
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'h.db'}")
+    store.save_load_history([("p", 0.0, samples([k * BIN_S for k in range(50)]))])
+    keeper = LoadHistoryKeeper(store, bin_s=BIN_S, keep_s=14 * DAY_S, wall_clock=lambda: 50 * BIN_S)
+    created = datetime.fromtimestamp(0.0, UTC)
+    core = WaitsForTheLoop()
+
+    stored = StoredPolicy(Policy(name="p", target=LocalTarget()), 1, created, created)
+    loop_thread = run_answering(keeper.warm_start(core, [stored]), seeding, answered)
+    assert len(seen) == 1 and seen[0][1] and seen[0][0] != loop_thread
+    assert len(core.seeded["p"].rates_rps) == 50 and keeper.warmed["p"] == ("store", 50)

@@ -24,6 +24,7 @@ from controller.store import Store
 from controller.telemetry import ControllerMetrics
 from controller.types import PolicyObservation, SliSnapshot
 from harness.processes import free_port
+from tests.controller.loop_answers import run_answering
 from tests.controller.sources.engine_page import EngineMetrics, MetricsServer, RouterPage
 
 
@@ -637,22 +638,6 @@ def test_forecast_refits_run_once_the_decisions_are_logged(tmp_path: Path, monke
     assert registry.get_sample_value("moeslo_forecast_refit_duration_seconds_count") == 40
 
 
-def _tick_answering(service: ControllerService, begun: threading.Event, answered: threading.Event) -> str:
-    """Tick once, setting ``answered`` from the loop once ``begun`` is set (what an API read does meanwhile: run on
-    the loop); the loop's thread."""
-
-    async def tick_while_answering() -> str:
-        ticking = asyncio.create_task(service.tick())
-        while not ticking.done():
-            await asyncio.sleep(0.001)
-            if begun.is_set():
-                answered.set()
-        await ticking
-        return threading.current_thread().name
-
-    return asyncio.run(tick_while_answering())
-
-
 def test_the_event_loop_answers_while_the_forecasts_refit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The refit waits for a coroutine on the loop to run: on the loop itself it would wait in vain."""
     clock = Clock()
@@ -668,7 +653,7 @@ def test_the_event_loop_answers_while_the_forecasts_refit(tmp_path: Path, monkey
 
     monkeypatch.setattr(service.core, "refit", refit)
 
-    loop_thread = _tick_answering(service, refitting, answered)
+    loop_thread = run_answering(service.tick(), refitting, answered)
     assert len(refits) == 1
     refit_thread, loop_answered = refits[0]
     assert loop_answered and refit_thread != loop_thread
@@ -693,7 +678,7 @@ def test_the_event_loop_answers_while_the_decisions_are_recorded(tmp_path: Path,
 
     monkeypatch.setattr(service.metrics, "set_slis", waiting_set_slis)
 
-    loop_thread = _tick_answering(service, recording, answered)
+    loop_thread = run_answering(service.tick(), recording, answered)
     assert len(seen) == 1
     settle_thread, loop_answered = seen[0]
     assert loop_answered and settle_thread != loop_thread
