@@ -32,6 +32,10 @@ def test_the_quick_fit_forecasts_with_an_interval_and_the_full_refit_stays_due()
 
 
 def test_a_history_too_short_for_a_backtest_still_forecasts_at_its_point() -> None:
-    forecaster = _seeded(np.full(CONFIG.min_history_bins + 1, 50.0))
+    rng = np.random.default_rng(4)
+    forecaster = _seeded(50 + rng.normal(0, 10, size=CONFIG.min_history_bins + 1))  # noisy: a backtest would widen
     forecast = forecaster.forecast()
     assert forecast is not None and float(np.abs(forecast.upper - forecast.point).max()) == 0.0
+    longer = _seeded(50 + rng.normal(0, 10, size=CONFIG.min_history_bins + 40))
+    wider = longer.forecast()
+    assert wider is not None and float((wider.upper - wider.point).max()) > 0  # long enough for one
