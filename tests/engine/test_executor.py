@@ -304,10 +304,11 @@ def test_ep2_steps_beyond_the_first_shared_buffers_equal_ep1(skewed_checkpoint: 
 
 
 def _kill_first_rank_once_spawned(killed: list[int]) -> None:
-    """SIGKILL the first EP rank process as soon as it exists: long before it could load or join the group."""
+    """SIGKILL EP rank 1's process as soon as it exists: long before it could load or join the group.  By name:
+    ``active_children`` comes from a set, and its first was now and then rank 2."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        ranks = [p for p in multiprocessing.active_children() if p.name.startswith("moeslo-ep-rank")]
+        ranks = [p for p in multiprocessing.active_children() if p.name == "moeslo-ep-rank1"]
         if ranks and ranks[0].pid is not None:
             os.kill(ranks[0].pid, signal.SIGKILL)
             killed.append(ranks[0].pid)
