@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -127,8 +128,6 @@ def test_a_warm_start_the_forecaster_ignored_is_not_reported_as_seeded(tmp_path:
 def test_the_event_loop_answers_while_a_warm_start_seeds_the_core(tmp_path: Path) -> None:
     """Seeding a forecaster (~80 ms a policy with two weeks of history) waits for a coroutine on the loop to run:
     on the loop itself it would wait in vain."""
-    import threading
-
     seeding, answered = threading.Event(), threading.Event()
     seen: list[tuple[str, bool]] = []
 
@@ -143,7 +142,6 @@ def test_the_event_loop_answers_while_a_warm_start_seeds_the_core(tmp_path: Path
     keeper = LoadHistoryKeeper(store, bin_s=BIN_S, keep_s=14 * DAY_S, wall_clock=lambda: 50 * BIN_S)
     created = datetime.fromtimestamp(0.0, UTC)
     core = WaitsForTheLoop()
-
     stored = StoredPolicy(Policy(name="p", target=LocalTarget()), 1, created, created)
     loop_thread = run_answering(keeper.warm_start(core, [stored]), seeding, answered)
     assert len(seen) == 1 and seen[0][1] and seen[0][0] != loop_thread

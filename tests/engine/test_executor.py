@@ -303,7 +303,7 @@ def test_ep2_steps_beyond_the_first_shared_buffers_equal_ep1(skewed_checkpoint: 
     torch.testing.assert_close(run_sequences(ep2, long_prompts, decode_steps=2), expected, atol=ATOL, rtol=0)
 
 
-def _kill_first_rank_once_spawned(killed: list[int]) -> None:
+def _kill_rank1_once_spawned(killed: list[int]) -> None:
     """SIGKILL EP rank 1's process as soon as it exists: long before it could load or join the group.  By name:
     ``active_children`` comes from a set, and its first was now and then rank 2."""
     deadline = time.monotonic() + 30
@@ -321,7 +321,7 @@ def test_a_rank_killed_at_startup_fails_the_start_in_seconds_naming_it(skewed_ch
     from contracts.errors import UnavailableError
 
     killed: list[int] = []
-    killer = threading.Thread(target=_kill_first_rank_once_spawned, args=(killed,), daemon=True)
+    killer = threading.Thread(target=_kill_rank1_once_spawned, args=(killed,), daemon=True)
     killer.start()
     start = time.monotonic()
     with pytest.raises(UnavailableError, match=r"expert-parallel rank 1 \(pid \d+\) exited with status -9") as err:
