@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import dataclasses
 import itertools
 import logging
-import os
 import signal
 import subprocess
 import tempfile
@@ -57,11 +55,10 @@ from contracts.placement import Placement
 from engine import wire
 from engine.blocks_view import BlocksView
 from engine.core_inputs import CoreInputs
-from engine.core_launch import POLL_S, launch_core, wait_ready
-from engine.core_proc import CoreOptions
+from engine.core_launch import POLL_S, core_options, launch_core, wait_ready
 from engine.engine_types import EngineConfig, ExpertLoad, RequestOutput
 from engine.errors import PromptTooLongError
-from engine.executors.options import ExecutorOptions, default_threads
+from engine.executors.options import ExecutorOptions
 from engine.request_stream import ChoiceGroup, RequestStream, deliver
 from engine.sampling import SamplingParams
 from engine.stats import PlacementSwapStats, StatsSink, StepStats
@@ -93,7 +90,6 @@ class EngineCoreClient:
         self._broken: str | None = None
         self._info: dict[str, Any] = {}
         self._final: dict[str, Any] = {}  # the core's state as it stopped (GOODBYE)
-        self._tmp = tempfile.TemporaryDirectory(prefix="moeslo-core-")
         self._ctx = zmq.Context()
         self._input_socket = self._ctx.socket(zmq.PUSH)
         self._inputs = CoreInputs(self._input_socket)
@@ -108,27 +104,20 @@ class EngineCoreClient:
         """Start the core and wait until its model is loaded; UnavailableError if it is not."""
         if self._proc is not None:
             return self
-        in_addr, out_addr = (f"ipc://{Path(self._tmp.name) / name}" for name in ("in.sock", "out.sock"))
-        self._input_socket.bind(in_addr)
-        self._outputs.bind(out_addr)
-        executor = self.executor_options
-        if executor.threads_per_rank is None:
-            # Every CPU of the replica's set (the API process's work is small and the engine's OpenMP workers
-            # sleep while it runs): one thread fewer measured a 2-4x slower prefill on 2 CPUs.
-            executor = dataclasses.replace(executor, threads_per_rank=default_threads(
-                1 if executor.colocate_ranks else executor.ep))
-        options = CoreOptions(
-            executor=executor, engine=self.config, input_address=in_addr, output_address=out_addr,
-            parent_pid=os.getpid(), die_with_parent=threading.current_thread() is threading.main_thread(),
-            log_level=logging.getLevelName(max(logging.getLogger().getEffectiveLevel(), logging.INFO)),
-        )
-        self._proc = launch_core(options)
-        atexit.register(self._kill)
-        try:
-            self._info = wait_ready(self._proc, self._outputs, self._startup_timeout_s)
-        except BaseException:
-            self._kill()
-            raise
+        # The sockets' folder is needed only until the core has connected (READY came on one socket, after it
+        # connected the other).  Removed only in shutdown() or at exit, it was left behind by every API process
+        # killed with SIGKILL (a stop's last resort after its bounded wait, the OOM killer).
+        with tempfile.TemporaryDirectory(prefix="moeslo-core-") as tmp:
+            in_addr, out_addr = (f"ipc://{Path(tmp) / name}" for name in ("in.sock", "out.sock"))
+            self._input_socket.bind(in_addr)
+            self._outputs.bind(out_addr)
+            self._proc = launch_core(core_options(self.executor_options, self.config, in_addr, out_addr))
+            atexit.register(self._kill)
+            try:
+                self._info = wait_ready(self._proc, self._outputs, self._startup_timeout_s)
+            except BaseException:
+                self._kill()
+                raise
         self._thread = threading.Thread(target=self._receive_loop, name="moeslo-engine-client", daemon=True)
         self._thread.start()
         return self
@@ -166,7 +155,6 @@ class EngineCoreClient:
         self._input_socket.close(0)
         self._outputs.close(0)
         self._ctx.term()
-        self._tmp.cleanup()
         atexit.unregister(self._kill)
 
     def _kill(self) -> None:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,7 +25,7 @@ from engine.sampling import SamplingParams
 from engine.server import ServerThread
 from engine.tokenizer import load_tokenizer
 from exporters.app import ServeOptions, ServingStack, build_stack
-from harness.processes import free_port
+from harness.processes import free_port, stop_process
 
 pytestmark = pytest.mark.integration
 
@@ -120,6 +124,27 @@ def test_shutdown_stops_the_core_and_reports_its_last_state(tiny_checkpoint: Pat
         client.shutdown()
     assert not client.is_alive
     assert client.kv_state() == (0, client.num_blocks)
+
+
+def test_an_api_process_killed_once_serving_leaves_no_socket_folder(tiny_checkpoint: Path) -> None:
+    """A stop's last resort (SIGKILL to the replica's group after a bounded wait) used to leave its
+    /tmp/moeslo-core-* folder behind: the folder lived until shutdown().  It goes once the core has connected."""
+    tmp = Path(tempfile.mkdtemp(prefix="moeslo-t-"))  # short: a socket's path has at most 107 bytes
+    code = ("import sys; from pathlib import Path; from engine.client import EngineCoreClient; "
+            "from engine.executors import ExecutorOptions; "
+            "c = EngineCoreClient(ExecutorOptions(checkpoint=Path(sys.argv[1]), kv_cache_mb=1.0)).start(); "
+            "c.call('check_invariants'); print('serving', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tiny_checkpoint)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"serving\n"  # a call sent and answered: both sockets outlive their paths
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert list(tmp.glob("moeslo-core-*")) == []
+    finally:
+        stop_process(proc, 10, group=True)
+        shutil.rmtree(tmp)
 
 
 def test_a_non_streaming_client_that_disconnects_is_aborted_and_frees_its_blocks(tiny_checkpoint: Path) -> None:
