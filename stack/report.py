@@ -84,6 +84,14 @@ def outside_fault(state: StackState, records: list[RequestRecord], done_at_s: li
     return out
 
 
+
+def _alerts_firing(posts: list[dict[str, Any]]) -> int:
+    """The alerts that fired in ``posts``, each once: a group is notified again when an alert joins it (a second
+    burn window), and that post repeats the alerts it had paged already."""
+    return len({alert.get("fingerprint") or repr(sorted(alert.get("labels", {}).items()))
+                for post in posts if post.get("status") == "firing"
+                for alert in post.get("alerts", []) if alert.get("status", "firing") == "firing"})
+
 def summarize(state: StackState) -> dict[str, Any]:
     records = state.records
     ok = [r for r in records if r.ok]
@@ -128,6 +136,7 @@ def summarize(state: StackState) -> dict[str, Any]:
         "alerts_seen": sorted({a for s in state.samples for a in s.alerts}),
         # Alertmanager posts again when an alert resolves (send_resolved): that is no page, nor a ticket.
         "pages_delivered": sum(p.get("status") == "firing" for p in pages),
+        "alerts_paged": _alerts_firing(pages),
         "pages_resolved": sum(p.get("status") == "resolved" for p in pages),
         "tickets_delivered": sum(p.get("receiver") == "ticket" and p.get("status") == "firing" for p in state.pages),
         "pages": [{"at_s": round(p["delivered_at_s"] - state.load_started_s, 1), "status": p.get("status"),

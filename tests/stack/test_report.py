@@ -249,3 +249,22 @@ def test_the_forecasters_models_are_listed_in_the_order_they_served() -> None:
     console = Console(width=200, record=True)
     console.print(render(state))
     assert "moving_average_8" in console.export_text()
+
+
+def test_alerts_paged_counts_each_alert_once_across_a_groups_notifications() -> None:
+    """A second burn window joining a firing page notifies the group again, repeating the alert already paged:
+    ``pages_delivered`` counts the two posts, ``alerts_paged`` the two alerts."""
+    state = _state()
+
+    def alert(window: str, status: str = "firing") -> dict[str, object]:
+        return {"status": status, "fingerprint": f"itl-{window}",
+                "labels": {"alertname": "MoesloITLErrorBudgetBurn", "window": window}}
+
+    state.pages = [
+        {"receiver": "page", "status": "firing", "delivered_at_s": 70.0, "alerts": [alert("5m")]},
+        {"receiver": "page", "status": "firing", "delivered_at_s": 80.0, "alerts": [alert("5m"), alert("30m")]},
+        {"receiver": "page", "status": "resolved", "delivered_at_s": 99.0, "alerts": [alert("5m", "resolved")]},
+        {"receiver": "ticket", "status": "firing", "delivered_at_s": 71.0, "alerts": [alert("6h")]},
+    ]
+    summary = summarize(state)
+    assert (summary["pages_delivered"], summary["alerts_paged"], summary["pages_resolved"]) == (2, 2, 1)
