@@ -35,8 +35,8 @@ from controller.policy import Policy
 from controller.types import PolicyObservation, Reason
 
 __all__ = [
-    "admitted_load", "entry_floor", "entry_idle", "offered_load", "router_refused", "router_waiting", "served_load",
-    "waiting",
+    "admitted_load", "admitted_rate", "entry_floor", "entry_idle", "offered_load", "router_refused", "router_waiting",
+    "served_load", "waiting",
 ]
 
 
@@ -65,13 +65,19 @@ def served_load(obs: PolicyObservation) -> Load | None:
     return Load(request_rate_rps=rate, prompt_tokens_per_s=prompt, output_tokens_per_s=output)
 
 
+def admitted_rate(served_rps: float, prompt_tokens_per_s: float, mean_prompt_tokens: float | None) -> float:
+    """The requests admitted per second: with none counted (requests count as they finish, prompt tokens as
+    they are admitted, so none has finished yet: a ramp from idle, long answers), the prompt tokens over the
+    mean prompt length known; otherwise ``served_rps`` as it is."""
+    if served_rps > 0 or prompt_tokens_per_s <= 0 or not mean_prompt_tokens:
+        return served_rps
+    return prompt_tokens_per_s / mean_prompt_tokens
+
+
 def admitted_load(served: Load, mean_prompt_tokens: float | None) -> Load:
-    """``served`` as the requests admitted: with none counted (requests count as they finish, prompt tokens as
-    they are admitted, so none has finished yet: a ramp from idle, long answers), the rate is the prompt tokens
-    over the mean prompt length known; otherwise ``served`` as it is."""
-    if served.request_rate_rps > 0 or served.prompt_tokens_per_s <= 0 or not mean_prompt_tokens:
-        return served
-    return replace(served, request_rate_rps=served.prompt_tokens_per_s / mean_prompt_tokens)
+    """``served`` as the requests admitted (:func:`admitted_rate`)."""
+    rate = admitted_rate(served.request_rate_rps, served.prompt_tokens_per_s, mean_prompt_tokens)
+    return served if rate == served.request_rate_rps else replace(served, request_rate_rps=rate)
 
 
 def offered_load(obs: PolicyObservation) -> Load | None:

@@ -1,23 +1,21 @@
 """Predictive pre-scaling: replicas for the load forecast one lead time ahead.
 
-Per policy it forecasts the offered request rate (:class:`controller.forecast.AutoForecaster`,
-one observation per tick: the engines' rate plus what the entry router refused,
-:func:`controller.entry_demand.offered_load`) and derives prompt and output tokens/s from it with the
-smoothed tokens per request (lengths drift far more slowly than arrivals, and one
-forecaster instead of three keeps refits cheap), then asks the policy's capacity
-model how many replicas the busiest bin of the next lead time needs at the
-*upper* quantile of its prediction interval (``policy.forecast.quantile``).  So:
+Per policy it forecasts the offered request rate (:class:`controller.forecast.AutoForecaster`, one observation
+per tick: the engines' rate, or the one their admitted prompt tokens imply while none has finished, plus what the
+entry router refused, :mod:`controller.entry_demand`) and derives prompt and output tokens/s from it with the
+smoothed tokens per request (lengths drift far more slowly than arrivals, and one forecaster instead of three
+keeps refits cheap), then asks the policy's capacity model how many replicas the busiest bin of the next lead
+time needs at the *upper* quantile of its prediction interval (``policy.forecast.quantile``).  So:
 
 - scale-ups happen one lead time (replica start-up) before the forecast need arrives;
 - a scale-down is advised only when the forecast over the whole next lead time
   stays below the current fleet (the core then enforces the cooldown).
 
-Floors: the need of the load observed now, and the queue-depth floor (the engines'
-queue plus the entry router's, ``router_queued``).  Observed
-p99 latencies correct the capacity model online (per policy).  Every forecast is
-audited against what arrived (:class:`controller.forecast.audit.ForecastAudit`);
-the advice says whether the forecast is ``warming_up`` or ``forecast_unreliable``,
-and :class:`controller.sizing.SizingAdvisor` then sizes reactively instead.
+Floors: the need of the load observed now, and the queue-depth floor (the engines' queue plus the entry router's,
+``router_queued``).  Observed p99 latencies correct the capacity model online (per policy).  Every forecast is
+audited against what arrived (:class:`controller.forecast.audit.ForecastAudit`); the advice says whether the
+forecast is ``warming_up`` or ``forecast_unreliable``, and :class:`controller.sizing.SizingAdvisor` then sizes
+reactively instead.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ import numpy as np
 
 from controller.bursts import burst_load
 from controller.capacity import DEFAULT_PROFILE, CapacityModel, Load, ReplicaProfile, Targets
-from controller.entry_demand import admitted_load, offered_load, router_waiting, served_load
+from controller.entry_demand import admitted_load, admitted_rate, offered_load, router_waiting, served_load
 from controller.forecast import AutoForecaster, ForecastConfig
 from controller.forecast.audit import MIN_SCORED, AuditBounds, ForecastAudit
 from controller.policy import Policy
@@ -178,12 +176,13 @@ class _PolicyForecast:
         return True
 
     def observe(self, rate: float, prompt: float, output: float, *, served_rate: float | None = None) -> None:
-        """One tick: ``rate`` is what the forecaster learns (the offered rate); the lengths are ``prompt`` and
-        ``output`` tokens/s over ``served_rate`` requests/s (default ``rate``), the requests the tokens are of."""
-        self.audit.observe(self.bins, rate)
-        self.rate.observe(rate)
-        self.bins += 1
+        """One tick: the forecaster learns ``rate`` (offered), or the rate ``prompt`` implies while none has finished;
+        the lengths are ``prompt`` and ``output`` tokens/s over ``served_rate`` requests/s (default ``rate``)."""
         served = rate if served_rate is None else served_rate
+        learnt = rate - served + admitted_rate(served, prompt, self.mean_prompt_tokens)
+        self.audit.observe(self.bins, learnt)
+        self.rate.observe(learnt)
+        self.bins += 1
         if served <= 0:
             return  # prompts are counted as they are admitted, requests as they finish: none yet
         # Tokens per request as decayed sums of tokens over decayed sums of requests: each tick
@@ -362,6 +361,7 @@ class PredictiveAdvisor:
         self.catch_up(now_s)
         self._refits_pending_s = now_s
         state = self._policy_state(policy)
+        admitted = admitted_load(served, state.mean_prompt_tokens)  # a rate also while none has finished
         if state.last_observed_at_s is None or obs.observed_at_s > state.last_observed_at_s:
             if state.skip_missed(obs.observed_at_s):
                 # The forecaster learns the offered rate; lengths come from the requests the tokens are of.
@@ -392,7 +392,7 @@ class PredictiveAdvisor:
         targets = capacity.targets
         if capacity.itl_limit_s() > targets.itl_s * targets.headroom:  # the floor, not the objective, sizes ITL
             details["itl_floor_s"] = round(capacity.itl_floor_s, 6)
-        needs = self._load_needs(policy, capacity, obs, admitted_load(served, state.mean_prompt_tokens), ready)
+        needs = self._load_needs(policy, capacity, obs, admitted, ready)
         if offered.request_rate_rps > served.request_rate_rps:
             # Refusals at the entry router are demand now: their need carries its own reason, a pressure
             # reason, so a scale-up for it that buys nothing is held like one for a queue.
