@@ -239,14 +239,28 @@ class LoadHistoryKeeper:
             # In a worker thread (~80 ms a policy with two weeks of history, on the loop it held API reads and
             # scrapes), run to its end when the warm start's time runs out: the tick must not touch the core
             # while it is seeded.
-            bins = await run_to_end(asyncio.to_thread(self._seed, core, policy, samples, now))
-            self.warmed[policy.name] = (where, bins)
+            try:
+                await run_to_end(asyncio.to_thread(self._seed, core, policy, samples, now, where))
+            except asyncio.CancelledError:
+                self._cut_off(new)
+                raise
 
-    def _seed(self, core: DecisionCore, policy: Policy, samples: Sequence[Sample], now_s: float) -> int:
-        """Seed the core's forecaster for ``policy``; the bins taken (0: none, or an advisor that had already
-        observed the policy live ignored them, and status then says none)."""
+    def _cut_off(self, new: Sequence[Policy]) -> None:
+        """The tick's time ran out: the policies not reached yet are observed live this tick, and a forecaster that
+        has live ticks takes no history after them, so they start without one (status: none), not later."""
+        missed = [policy.name for policy in new if policy.name not in self.warmed]
+        if missed:
+            log.warning("warm start cut off by its time limit: %s start without their load history",
+                        ", ".join(missed))
+        for name in missed:
+            self.warmed[name] = ("", 0)
+
+    def _seed(self, core: DecisionCore, policy: Policy, samples: Sequence[Sample], now_s: float, where: str) -> None:
+        """Seed the core's forecaster for ``policy`` and record the bins taken (0: none, or an advisor that had
+        already observed the policy live ignored them, and status then says none).  Recorded here, in the thread:
+        a warm start cut off while it ran still seeded the policy."""
         history = resample(samples, bin_s=self.bin_s, until_s=now_s - self.bin_s, max_fill_bins=self.max_fill_bins)
-        return len(history) if len(history) and core.warm_start(policy, history) > 0 else 0
+        self.warmed[policy.name] = (where, len(history) if len(history) and core.warm_start(policy, history) > 0 else 0)
 
     def record(self, observations: Mapping[str, PolicyObservation]) -> None:
         wall_s = self.wall_clock()

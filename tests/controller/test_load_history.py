@@ -146,3 +146,38 @@ def test_the_event_loop_answers_while_a_warm_start_seeds_the_core(tmp_path: Path
     loop_thread = run_answering(keeper.warm_start(core, [stored]), seeding, answered)
     assert len(seen) == 1 and seen[0][1] and seen[0][0] != loop_thread
     assert len(core.seeded["p"].rates_rps) == 50 and keeper.warmed["p"] == ("store", 50)
+
+
+def test_a_warm_start_cut_off_records_the_policy_it_seeded_and_those_it_did_not_reach(tmp_path: Path) -> None:
+    """The tick's time limit cuts the warm start off while it seeds the first of two policies.  That seed runs to
+    its end, and status said "none" for it; the second, observed live that same tick, was said to be warm-started
+    at a later tick, where its forecaster then refused the history for good."""
+    release = threading.Event()
+
+    class SlowFirstSeed(Seeds):
+        def warm_start(self, policy: Policy, history: LoadHistory) -> int:
+            release.wait(timeout=5.0)
+            return super().warm_start(policy, history)
+
+    store = Store(f"sqlite+pysqlite:///{tmp_path / 'h.db'}")
+    store.save_load_history([(name, 0.0, samples([k * BIN_S for k in range(50)])) for name in ("a", "b")])
+    keeper = LoadHistoryKeeper(store, bin_s=BIN_S, keep_s=14 * DAY_S, wall_clock=lambda: 50 * BIN_S)
+    created = datetime.fromtimestamp(0.0, UTC)
+    stored = [StoredPolicy(Policy(name=name, target=LocalTarget()), 1, created, created) for name in ("a", "b")]
+    core = SlowFirstSeed()
+
+    async def cut_off() -> bool:
+        task = asyncio.ensure_future(keeper.warm_start(core, stored))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        await asyncio.sleep(0.1)
+        release.set()  # the seed under way finishes after the cancellation
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert asyncio.run(cut_off())
+    assert list(core.seeded) == ["a"]
+    assert keeper.warmed == {"a": ("store", 50), "b": ("", 0)}
