@@ -77,13 +77,25 @@ class NormalizedTtftObserver:
 
 
 def finished_ttfts(finished: Iterable[Any]) -> list[tuple[float, int]]:
-    """``(ttft_s, prompt_tokens)`` of vLLM's finished-request stats: engine-core queue time plus prefill time.
+    """``(ttft_s, prompt_tokens)`` of vLLM's finished-request stats, from the request's arrival at the front end.
 
     A request that finished without a first token (aborted while queued or in prefill, refused) is no TTFT
     observation, as on vLLM's own TTFT histogram: vLLM leaves its unreached timestamps at 0, so its queue or
     prefill time is negative (or it generated nothing), and it is skipped, never counted as a good 0 s."""
     return [
-        (float(f.queued_time) + float(f.prefill_time), int(f.num_prompt_tokens))
+        (_from_arrival(f), int(f.num_prompt_tokens))
         for f in finished
         if f.queued_time >= 0 and f.prefill_time >= 0 and getattr(f, "num_generation_tokens", 1) > 0
     ]
+
+
+def _from_arrival(f: Any) -> float:
+    """The time from the front end's arrival to the first token, as ``vllm:time_to_first_token_seconds`` counts it:
+    the end-to-end latency (arrival to the last token, at the front end) less the inference time after the first
+    token (engine-core timestamps).  The engine core's queue plus prefill time alone left out tokenization and the
+    hop to the core, so the normalized TTFT read lower than vLLM's own for the same request."""
+    core_s = float(f.queued_time) + float(f.prefill_time)
+    e2e_s, inference_s = float(getattr(f, "e2e_latency", 0.0)), float(getattr(f, "inference_time", 0.0))
+    if e2e_s <= 0 or inference_s < f.prefill_time:
+        return core_s  # stats without those fields: the engine core's part
+    return max(core_s, e2e_s - (inference_s - float(f.prefill_time)))

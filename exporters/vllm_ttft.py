@@ -7,9 +7,9 @@ global one, or its multiprocess directory).  Labels: ``model_name`` (the served
 model name) and ``engine`` (vLLM's engine index), as on vLLM's own series.
 
 vLLM's finished-request stats carry no TTFT; a request's TTFT here is its
-engine-core queue time plus its prefill time (``queued_time + prefill_time``),
-which leaves out the front end's few milliseconds before the engine core
-queues it.  vLLM exports ``vllm:request_prompt_tokens`` itself.  This module
+end-to-end latency less its inference time after the first token, so from its
+arrival at the front end as vLLM's own TTFT histogram
+(:func:`exporters.ttft_normalized.finished_ttfts`).  vLLM exports ``vllm:request_prompt_tokens`` itself.  This module
 imports vLLM: it exists only in vLLM's environment.
 """
 

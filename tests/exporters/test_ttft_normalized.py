@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from contracts.catalogue import UNSERVED_FINISH_REASONS
@@ -55,3 +56,13 @@ def test_an_engines_unserved_series_exist_at_zero_before_its_first_failure() -> 
         assert reg.get_sample_value(name, {"model_name": "m", "engine": "0", "finished_reason": reason}) == 0
     observer.count_without_first_token("m", "0", [_finished(1000.0, 0.0, 0.0, 0, reason="error")])
     assert reg.get_sample_value(name, {"model_name": "m", "engine": "0", "finished_reason": "error"}) == 1
+
+
+def test_a_vllm_ttft_counts_from_the_front_ends_arrival() -> None:
+    """As ``vllm:time_to_first_token_seconds``: 0.3 s of tokenization before the engine core queued the request
+    count (end-to-end 2.0 s, of which 1.0 s decoding after the first token), not only its queue and prefill."""
+    served = _finished(1000.0, 1000.2, 1000.7, 8)
+    served.e2e_latency, served.inference_time = 2.0, 1.5  # arrival to the last token; scheduled to the last token
+    assert finished_ttfts([served]) == [(pytest.approx(1.0), 100)]
+    served.e2e_latency = 1.1  # clocks that disagree never make it shorter than the engine core's part
+    assert finished_ttfts([served]) == [(pytest.approx(0.7), 100)]
