@@ -149,7 +149,8 @@ class KubernetesConfig(_Section):
     request_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
     retry_deadline_s: Annotated[float, Field(gt=0, le=600)] = 12.0
     """All attempts of one read or scale end within this (shorter than a tick, so a stalled API server
-    cannot hold the tick loop); each request's timeout is cut to what is left."""
+    cannot hold the tick loop); each request's timeout, every request of an attempt, is cut to what is left (a
+    scale-down's pod costs come on top, within ``MARK_BUDGET_S``)."""
     pod_deletion_cost: bool = True
     """Before a Deployment's scale-down, write each ready pod's requests in flight as its
     ``controller.kubernetes.io/pod-deletion-cost``, so the least busy pods go (needs ``patch`` on pods;
@@ -288,9 +289,12 @@ class ControllerSettings(BaseSettings):
 
     @property
     def scale_backstop_s(self) -> float | None:
-        """The service's bound on each scale: the Kubernetes actuator's pod costs before a scale-down, its retries,
-        the request its deadline may let start at the last moment, and the read after a failed write (None: the
-        local actuator's scale starts processes and leaves its stops to run apart, each within its own waits)."""
+        """The service's bound on each scale: the Kubernetes actuator's pod costs before a scale-down and its retries
+        (every request of the call, a read, the HPA list and the write in a row, takes its timeout from the one
+        deadline they share: the call ends within them), the read after a failed write, and one request timeout
+        to spare (None: the local actuator's scale starts processes and leaves its stops to run apart, each within
+        its own waits).  Past it the service logs the scale failed and gives its cooldown back: a write of the
+        actuator's landing after that would be a scale-down applied without one."""
         if self.actuator != "kubernetes":
             return None
         marking_s = MARK_BUDGET_S if self.kubernetes.pod_deletion_cost else 0.0  # a scale-down's pod costs first

@@ -318,7 +318,8 @@ class ControllerService:
         def still_leading() -> bool:
             return not given_up.is_set() and self._still_leading()
 
-        scale = self.actuator.scale(policy, decision.desired_replicas, still_leading=still_leading)
+        scale = self.actuator.scale(policy, decision.desired_replicas, still_leading=still_leading,
+                                    expected=decision.current_replicas)  # fmt: skip
         try:
             result = await within(scale, self.scale_timeout_s, f"{self.actuator.name} scale")
         except LeadershipLostError as exc:  # its retries outlived the lease: the new leader acts

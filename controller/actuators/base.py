@@ -4,6 +4,10 @@ Scaling is *to* an absolute count, never *by* a delta, so a retried or
 repeated call cannot apply a change twice; actuators also read before they
 write and skip writes that would change nothing.
 
+A scale is decided from a count read earlier in the tick: the caller passes it as
+``expected``, and an actuator whose target others can scale (Kubernetes) writes
+nothing when the count has changed since (the next tick decides afresh).
+
 Only the leader scales, and a scale call can outlive the lease (a Kubernetes
 write is retried for up to ``retry_deadline_s``): the caller passes
 ``still_leading``, which the actuator asks right before each change it makes.
@@ -63,10 +67,14 @@ class Actuator(Protocol):
         ...
 
     async def scale(
-        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading,
+        expected: int | None = None,
     ) -> ScaleResult:
         """Make the target run ``replicas``; raises :class:`~controller.errors.ActuationError` after retries, and
-        :class:`~controller.errors.LeadershipLostError` (one) when ``still_leading`` says False before a change."""
+        :class:`~controller.errors.LeadershipLostError` (one) when ``still_leading`` says False before a change.
+        ``expected``: the count (as :meth:`replicas` reports it) the decision was made from; an actuator whose
+        target another writer can scale refuses, with an ActuationError, when the count is no longer that (None:
+        no check)."""
         ...
 
     def endpoints(self, policy: Policy) -> Sequence[str]:

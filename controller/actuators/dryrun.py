@@ -41,8 +41,9 @@ class DryRunActuator:
         count = self.counts.get(policy.name, max(policy.scaling.min_replicas, 1))  # kept once seeded or scaled
         return ReplicaCount(desired=count)  # ready unknown: the observed count stands, not a made-up one
 
-    async def scale(
-        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    async def scale(  # expected: not checked, nothing but its own scales changes its count
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading,
+        expected: int | None = None,
     ) -> ScaleResult:
         previous = self.counts.setdefault(policy.name, max(policy.scaling.min_replicas, 1))
         if previous != replicas and not still_leading():

@@ -19,8 +19,11 @@ are those with the least to drain.
   are cleared: they would rank the pods by the loads of then.
 - Not for an HPA-owned workload: the HPA scales down later, on its own schedule, when these costs would be stale;
   nor for a LeaderWorkerSet, whose controller removes the groups with the highest indices.
-- A failure here (no RBAC ``patch`` on pods, pods that do not answer) is logged and the scale goes on; Kubernetes
-  then picks as it did without costs.
+- A pod's cost write that fails with a 5xx, 429 or connection error is retried within the budget.  A pod whose cost
+  still is not written keeps its old one: when that ranks it no higher than a less busy pod (a busy pod an earlier
+  scale-down found idle), the scale-down is not written this time (an ActuationError naming the pod; nothing is
+  lost, the next tick tries again).  Other failures (no RBAC ``patch`` on pods, pods whose loads cannot be read)
+  are logged and the scale goes on; Kubernetes then picks as it did without costs.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.catalogue import RUNNING, WAITING
+from controller.errors import ActuationError
 from controller.policy import KubernetesTarget
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
@@ -52,6 +56,9 @@ MAX_READERS = 16
 """Pods read at once."""
 MAX_COST = 2**31 - 1
 """Kubernetes parses the annotation as an int32."""
+RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_PAUSE_S = 0.1
+"""A pod's cost write failed with a 5xx, 429 or connection error: retried after this, then twice as long each time."""
 
 LoadReader = Callable[[Sequence[str], float], Mapping[str, float | None]]
 """(base URLs of pods, seconds it may take) -> each one's requests in flight (None: not read in time)."""
@@ -160,7 +167,9 @@ def mark_for_deletion(
     """Write :func:`deletion_costs` on the workload's ready pods, the busiest first, where a cost changed, all within
     ``budget_s``; when no pod's load was read, clear the costs an earlier scale-down left (they would rank pods by
     the loads of then).  The values written, by pod name.  ``stop`` set (the scale's caller gave up): no further
-    write.  A pod's failed write is logged and the next one tried; a refusal (401/403) is the caller's."""
+    write.  A pod's write is retried on a 5xx, 429 or connection error within the budget; a pod whose cost still
+    is not written and whose old cost ranks it no higher than a less busy pod stops the scale-down
+    (:class:`~controller.errors.ActuationError`).  A refusal (401/403) is the caller's."""
     deadline_s = clock() + budget_s
     pods = ready_pods(core, target, scale, min(timeout_s, budget_s))
     if not pods:
@@ -168,24 +177,77 @@ def mark_for_deletion(
     costs = deletion_costs(read_load(list(pods), deadline_s - clock()))
     values: dict[str, str | None] = {url: str(cost) for url, cost in costs.items()} or dict.fromkeys(pods)
     written: dict[str, str | None] = {}
+    unwritten: list[str] = []
     for url in sorted(values, key=lambda url: -costs.get(url, 0)):
-        metadata, value, left_s = pods[url], values[url], deadline_s - clock()
-        if stop.is_set() or left_s <= 0:
-            break
+        metadata, value = pods[url], values[url]
+        if stop.is_set():
+            break  # the scale writes no count either
         if (metadata.annotations or {}).get(DELETION_COST_ANNOTATION) == value:
             continue
+        done = _write_cost(core, target, metadata, value, timeout_s=timeout_s, deadline_s=deadline_s, stop=stop,
+                           clock=clock)  # fmt: skip
+        if done:
+            written[str(metadata.name)] = value
+        elif done is False:
+            unwritten.append(url)
+    _refuse_misranked(target, pods, costs, unwritten)
+    return written
+
+
+def _write_cost(
+    core: k8s.CoreV1Api, target: KubernetesTarget, metadata: k8s.V1ObjectMeta, value: str | None, *, timeout_s: float,
+    deadline_s: float, stop: threading.Event, clock: Callable[[], float],
+) -> bool | None:
+    """One pod's cost, retried on a 5xx, 429 or connection error until ``deadline_s``: a pod skipped after one
+    failed write kept its old cost, and a busy pod an earlier scale-down found idle went first.  True: written;
+    False: not (its old cost stands); None: the pod is gone.  A refusal (401/403) is raised."""
+    pause_s, why = RETRY_PAUSE_S, "no time left"
+    while (left_s := deadline_s - clock()) > 0 and not stop.is_set():
         try:
             core.patch_namespaced_pod(str(metadata.name), target.namespace,
                                       {"metadata": {"annotations": {DELETION_COST_ANNOTATION: value}}},
                                       _request_timeout=min(timeout_s, left_s),
                                       _content_type=MERGE_PATCH)  # fmt: skip
+            return True
         except ApiException as exc:
             if exc.status in (401, 403):
                 raise
-            log.warning("pod-deletion-cost: pod %s not marked: HTTP %s %s", metadata.name, exc.status, exc.reason)
-            continue
+            if exc.status == 404:
+                return None  # deleted since the list: it ranks no pod
+            why = f"HTTP {exc.status} {exc.reason}"
+            if exc.status not in RETRIED_STATUSES:
+                break
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            log.warning("pod-deletion-cost: pod %s not marked: %s", metadata.name, exc)
-            continue
-        written[str(metadata.name)] = value
-    return written
+            why = f"{type(exc).__name__}: {exc}"
+        stop.wait(min(pause_s, max(0.0, deadline_s - clock())))
+        pause_s *= 2
+    log.warning("pod-deletion-cost: pod %s not marked: %s", metadata.name, why)
+    return False
+
+
+def _refuse_misranked(
+    target: KubernetesTarget, pods: Mapping[str, k8s.V1ObjectMeta], costs: Mapping[str, int], unwritten: Sequence[str]
+) -> None:
+    """An ActuationError naming the first pod whose cost was not written and whose old cost now ranks it no higher
+    than a pod less busy than it (or lower than a busier pod ranks it below): the ReplicaSet could remove the busier
+    one first.  Not scaling down this time loses nothing; the next tick tries again."""
+    kept = {url: _cost_on(pods[url]) for url in unwritten}
+    ranked = {url: kept.get(url, cost) for url, cost in costs.items()}  # the costs the ReplicaSet will see
+    for url in unwritten:
+        for other in costs:
+            busier, idler = (url, other) if costs[url] > costs[other] else (other, url)
+            if costs[busier] > costs[idler] and ranked[busier] <= ranked[idler]:
+                raise ActuationError(
+                    f"{target.kind} {target.namespace}/{target.name}: pod {pods[url].name}'s deletion cost "
+                    f"{costs[url]} could not be written, and its old cost {kept[url]} would let the ReplicaSet remove "
+                    f"pod {pods[busier].name} (in flight: {costs[busier]}) before pod {pods[idler].name} "
+                    f"({costs[idler]}); the scale-down is not written this time"
+                )
+
+
+def _cost_on(metadata: k8s.V1ObjectMeta) -> int:
+    """The deletion cost a pod carries (Kubernetes reads none, or one not a number, as 0)."""
+    try:
+        return int((metadata.annotations or {}).get(DELETION_COST_ANNOTATION) or 0)
+    except ValueError:
+        return 0

@@ -8,7 +8,10 @@
   (and lifts ``maxReplicas`` when the new floor would exceed it).  The count
   it reports is the higher of that floor and the workload's own count (the
   HPA may have scaled above its floor); a scale sets the floor to the
-  decided count, skipped when the floor already is that count.
+  decided count, skipped when the floor already is that count.  A scale to a
+  count below the workload's but at or above the floor would remove no
+  replica (the floor is no count the HPA must come down to): it is refused
+  with an ActuationError, not reported applied.
 
 Each read also lists the workload's ready pods (the scale subresource's
 ``status.selector``; for a LeaderWorkerSet that selects the group leaders),
@@ -17,14 +20,21 @@ so :meth:`KubernetesActuator.endpoints` can name them to the entry router.
 Every write follows a read and carries the object's ``resourceVersion``
 (a scale subresource is replaced; an HPA gets a JSON merge patch of just the
 fields the actuator sets, so the spec fields the installed client's model
-does not know, from a newer API server, stay): a concurrent change is a 409, after which the actuator
-re-reads; if the count is already right it stops, and if another writer
-changed the count it stops without overwriting it (the decision was made
-from the old count; the next tick decides from the new one).  5xx, 429 and
-connection errors are retried with exponential backoff (never sooner than an
-answer's ``Retry-After`` asks), all attempts of one
-call within ``retry_deadline_s``, so a stalled API server cannot hold the
-tick loop for ``max_attempts`` request timeouts.  Because the write sets an
+does not know, from a newer API server, stay).  The caller passes the count
+its decision was made from (``expected``, as :meth:`KubernetesActuator.replicas`
+reports it): when the scale's first read finds another, another writer
+changed it since the tick's read, and nothing is written.  A concurrent change
+is a 409, after which the actuator re-reads; if the count is already right it
+stops, and if another writer changed the count it stops without overwriting
+it (the decision was made from the old count; the next tick decides from the
+new one).  5xx, 429 and connection errors are retried with exponential
+backoff (never sooner than an answer's ``Retry-After`` asks), all attempts of
+one call within ``retry_deadline_s``: every request of the call (a read, the
+HPA list, the write, in a row) takes its timeout from what is left of that one
+deadline, which a scale-down's pod costs extend by what they took (at most
+``MARK_BUDGET_S``), so the call ends within the service's bound on it and a
+stalled API server cannot hold the tick loop for ``max_attempts`` request
+timeouts.  Because the write sets an
 absolute count and is skipped when the count already matches, a retry after
 a write that was applied but answered with an error never applies it twice;
 when the last attempt's answer was an error, one more read tells whether
@@ -49,9 +59,7 @@ API server that stalls (a request in flight runs to its own timeout).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import random
 import threading
 import time
@@ -67,6 +75,17 @@ from kubernetes.config.config_exception import ConfigException
 
 from contracts.errors import ValidationError
 from controller.actuators.base import ReplicaCount, ScaleResult, StillLeading, always_leading
+from controller.actuators.kube_calls import (
+    CallDeadline,
+    api_error,
+    describe,
+    given_up,
+    hpa_floor_patch,
+    lost_lease,
+    malformed,
+    retry_after_s,
+    workload_of,
+)  # fmt: skip
 from controller.actuators.kube_pods import MERGE_PATCH, LoadReader, mark_for_deletion, ready_pods
 from controller.config import FINAL_READ_TIMEOUT_S, MARK_BUDGET_S, KubernetesConfig
 from controller.errors import ActuationError, LeadershipLostError
@@ -76,8 +95,6 @@ LWS_GROUP = "leaderworkerset.x-k8s.io"
 LWS_VERSION = "v1"
 LWS_PLURAL = "leaderworkersets"
 RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
-LIFTED_MAX_ANNOTATION = "moeslo.io/max-replicas-before-floor"
-"""On an HPA whose ``maxReplicas`` the actuator lifted: the value it had, given back when the floor comes down."""
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
 
@@ -177,7 +194,7 @@ class KubernetesActuator:
         target = self._target(policy)
         try:
             read = await self._in_thread(lambda stop: self._with_retries(
-                target, lambda t: self._read_count(target, t), "read", stop))
+                target, lambda deadline: self._read_count(target, deadline), "read", stop))
         except ActuationError as exc:
             if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
                 self._endpoints.pop(policy.name, None)  # a deleted workload's pod IPs go to other pods
@@ -187,7 +204,7 @@ class KubernetesActuator:
             pods = await asyncio.to_thread(self._ready_pods, target, read)
         except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             # The count is what scaling needs; a failed pod list keeps the last addresses known.
-            log.warning("%s: listing ready pods failed: %s", _describe(target), exc)
+            log.warning("%s: listing ready pods failed: %s", describe(target), exc)
         else:
             self._endpoints[policy.name] = pods or ()
             if pods is not None:
@@ -196,15 +213,14 @@ class KubernetesActuator:
                 ready = len(pods)
         return ReplicaCount(desired=read.desired, ready=ready)
 
-    def _read_count(self, target: KubernetesTarget, timeout: float) -> _Read:
+    def _read_count(self, target: KubernetesTarget, deadline: CallDeadline) -> _Read:
         """The count :meth:`replicas` reports, with the workload's scale subresource as ``obj``.  For an HPA target
         that is the floor or the workload's own count, whichever is higher: the HPA may have scaled the workload
         above its floor, and those replicas serve (sized from the floor, a scale-up would ask for fewer than run)."""
-        read = self._read(target, timeout)
+        read = self._read(target, deadline.timeout())
         if target.hpa is None:
             return read
-        workload = self._read(KubernetesTarget(kind=target.kind, namespace=target.namespace, name=target.name),
-                              timeout)  # fmt: skip
+        workload = self._read(workload_of(target), deadline.timeout())
         return _Read(desired=max(read.desired, workload.desired), ready=read.ready, obj=workload.obj)
 
     def _undeclared_hpa(self, target: KubernetesTarget, timeout: float) -> str | None:
@@ -218,7 +234,7 @@ class KubernetesActuator:
             if exc.status not in (403, 404):
                 raise
             # A Role from before this check grants no list: scaling goes on, as it did.
-            log.warning("%s: cannot list HPAs to check none scales it: %s", _describe(target), _api_error(exc))
+            log.warning("%s: cannot list HPAs to check none scales it: %s", describe(target), api_error(exc))
             return None
         for hpa in hpas.items or ():
             ref = hpa.spec.scale_target_ref if hpa.spec is not None else None
@@ -233,12 +249,13 @@ class KubernetesActuator:
         return None if pods is None else tuple(sorted(pods))
 
     async def scale(
-        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading,
+        expected: int | None = None,
     ) -> ScaleResult:
         if replicas < 0:
             raise ActuationError(f"cannot scale {policy.name!r} to {replicas} replicas")
         target = self._target(policy)
-        return await self._in_thread(lambda stop: self._scale_sync(target, replicas, still_leading, stop))
+        return await self._in_thread(lambda stop: self._scale_sync(target, replicas, still_leading, stop, expected))
 
     @staticmethod
     async def _in_thread(work: Callable[[threading.Event], _T]) -> _T:
@@ -258,34 +275,39 @@ class KubernetesActuator:
         return policy.target
 
     def _scale_sync(
-        self, target: KubernetesTarget, replicas: int, still_leading: StillLeading, stop: threading.Event
+        self, target: KubernetesTarget, replicas: int, still_leading: StillLeading, stop: threading.Event,
+        expected: int | None,
     ) -> ScaleResult:
-        state: dict[str, Any] = {"previous": None, "wrote": False, "attempts": 0, "costed": False}
+        # first: the first read's own count (an HPA's floor), which a retry's read compares with; previous: the
+        # count as replicas() reports it, the one the decision was made from.
+        state: dict[str, Any] = {"first": None, "previous": None, "wrote": False, "attempts": 0, "costed": False}
 
-        def attempt(timeout: float) -> ScaleResult:
+        def attempt(deadline: CallDeadline) -> ScaleResult:
             state["attempts"] += 1
-            read = self._read(target, timeout)
-            if state["previous"] is None:
-                state["previous"] = read.desired
-            elif read.desired not in (state["previous"], replicas):
+            read = self._read(target, deadline.timeout())
+            if state["first"] is None:
+                state["previous"] = self._count_before(target, read, replicas, expected, deadline)
+                state["first"] = read.desired
+            elif read.desired not in (state["first"], replicas):
                 raise ActuationError(
-                    f"{_describe(target)}: another writer changed the count from {state['previous']} to "
+                    f"{describe(target)}: another writer changed the count from {state['first']} to "
                     f"{read.desired} while it was scaled to {replicas}; not overwritten (the next tick decides "
                     f"from {read.desired})"
                 )
             if read.desired != replicas:
-                if target.hpa is None and (hpa := self._undeclared_hpa(target, timeout)) is not None:
+                if target.hpa is None and (hpa := self._undeclared_hpa(target, deadline.timeout())) is not None:
                     raise ActuationError(
-                        f"{_describe(target)}: the HPA {hpa!r} scales it and would undo a scale to {replicas}; "
+                        f"{describe(target)}: the HPA {hpa!r} scales it and would undo a scale to {replicas}; "
                         f"name it in the policy (target.hpa: {hpa}) and the controller sets its floor instead"
                     )
                 if 0 < replicas < read.desired and not state["costed"]:  # a scale that will be written, if any is
                     state["costed"] = True
-                    self._mark_for_deletion(target, read.obj, timeout, stop)
+                    self._mark_for_deletion(target, read.obj, deadline, stop)
                 if stop.is_set():  # cut off during the read or the costs: no write after the caller gave up
-                    raise _given_up(target, f"scale to {replicas}")
+                    raise given_up(target, f"scale to {replicas}")
                 if not still_leading():  # asked last thing before the write: the retries may have outlived the lease
-                    raise _lost_lease(target, replicas, wrote_before=state["wrote"])
+                    raise lost_lease(target, replicas, wrote_before=state["wrote"])
+                timeout = deadline.timeout()  # no time left: nothing sent, nor counted as written
                 self.writes += 1
                 state["wrote"] = True
                 self._write(target, read.obj, replicas, timeout)
@@ -306,19 +328,51 @@ class KubernetesActuator:
             )
         return result
 
-    def _mark_for_deletion(self, target: KubernetesTarget, scale: Any, timeout: float, stop: threading.Event) -> None:
-        """Before a Deployment's scale-down, its ready pods' loads as their deletion costs (a failure is logged)."""
+    def _count_before(
+        self, target: KubernetesTarget, read: _Read, replicas: int, expected: int | None, deadline: CallDeadline
+    ) -> int:
+        """The count before the scale, as :meth:`replicas` reports it.  Refused when it is not ``expected``, the count
+        the decision was made from: another writer (``kubectl scale``, the HPA) changed it since the tick's read, and
+        a scale decided from the old count would undo that change.  For an HPA target, also refused when the scale
+        would remove no replica: a count below the workload's but at or above the floor leaves the workload as it
+        runs (the HPA scales down on its own metrics), and was logged applied every cooldown."""
+        count = read.desired
+        if target.hpa is not None:
+            count = max(read.desired, self._read(workload_of(target), deadline.timeout()).desired)
+        if expected is not None and count != expected:
+            raise ActuationError(
+                f"{describe(target)}: another writer changed the count from {expected} to {count} since the tick "
+                f"read it; the scale to {replicas} is not written (the next tick decides from {count})"
+            )
+        if target.hpa is not None and read.desired <= replicas < count:
+            raise ActuationError(
+                f"{describe(target)}: a scale to {replicas} would remove no replica: the HPA's floor is "
+                f"{read.desired} and {target.kind} {target.name} runs {count}; not carried out (the HPA scales it "
+                f"down on its own metrics, or a floor below {read.desired} lets it)"
+            )
+        return count
+
+    def _mark_for_deletion(
+        self, target: KubernetesTarget, scale: Any, deadline: CallDeadline, stop: threading.Event
+    ) -> None:
+        """Before a Deployment's scale-down, its ready pods' loads as their deletion costs.  A pod whose cost could
+        not be written and would now rank before a less busy one stops the scale-down (ActuationError); any other
+        failure is logged.  The call's deadline is extended by what this took, within its own ``MARK_BUDGET_S``."""
         if self._read_load is None or target.kind != "deployment" or target.hpa is not None:
             return
+        started_s = self._clock()
         try:
             costs = mark_for_deletion(self.core, target, scale, self._read_load, budget_s=MARK_BUDGET_S,
-                                      timeout_s=timeout, stop=stop, clock=self._clock)  # fmt: skip
+                                      timeout_s=self.config.request_timeout_s, stop=stop,
+                                      clock=self._clock)  # fmt: skip
         except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-            why = _api_error(exc) if isinstance(exc, ApiException) else exc
-            log.warning("%s: pod deletion costs not written (the scale-down goes on): %s", _describe(target), why)
+            why = api_error(exc) if isinstance(exc, ApiException) else exc
+            log.warning("%s: pod deletion costs not written (the scale-down goes on): %s", describe(target), why)
         else:
             if costs:
-                log.info("%s: pod deletion costs before the scale-down: %s", _describe(target), costs)
+                log.info("%s: pod deletion costs before the scale-down: %s", describe(target), costs)
+        finally:
+            deadline.extend(self._clock() - started_s)
 
     def _landed(self, target: KubernetesTarget, replicas: int) -> bool:
         """Whether the count now is ``replicas`` (one short read; False when it cannot be read)."""
@@ -328,41 +382,41 @@ class KubernetesActuator:
             return False
 
     def _with_retries(
-        self, target: KubernetesTarget, fn: Callable[[float], Any], what: str, stop: threading.Event
+        self, target: KubernetesTarget, fn: Callable[[CallDeadline], Any], what: str, stop: threading.Event
     ) -> Any:
-        """``fn(request timeout)`` until it succeeds, a non-retried error, ``max_attempts``, the deadline or
-        ``stop``."""
+        """``fn(deadline)`` until it succeeds, a non-retried error, ``max_attempts``, the deadline or ``stop``.  The
+        deadline is the whole call's: every request of every attempt takes its timeout from it."""
         cfg = self.config
-        deadline = self._clock() + cfg.retry_deadline_s
+        deadline = CallDeadline(cfg.retry_deadline_s, cfg.request_timeout_s, self._clock)
         last = ""
         attempt = 0
-        while attempt < cfg.max_attempts and (left := deadline - self._clock()) > 0:
+        while attempt < cfg.max_attempts and deadline.left() > 0:
             asked_s = 0.0
             if stop.is_set():
-                raise _given_up(target, what)
+                raise given_up(target, what)
             attempt += 1
             try:
-                return fn(min(cfg.request_timeout_s, left))
+                return fn(deadline)
             except ApiException as exc:
                 if exc.status not in RETRIED_STATUSES:
-                    raise ActuationError(f"{_describe(target)}: {what} failed: {_api_error(exc)}") from exc
-                last = _api_error(exc)
-                asked_s = _retry_after_s(exc)
+                    raise ActuationError(f"{describe(target)}: {what} failed: {api_error(exc)}") from exc
+                last = api_error(exc)
+                asked_s = retry_after_s(exc)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             except ValueError as exc:  # an answer of the wrong shape (the client's parse, or ours): not retried
-                raise ActuationError(f"{_describe(target)}: {what} failed: {_malformed(exc)}") from exc
+                raise ActuationError(f"{describe(target)}: {what} failed: {malformed(exc)}") from exc
             if attempt < cfg.max_attempts:
                 delay = min(cfg.backoff_max_s, cfg.backoff_initial_s * 2 ** (attempt - 1))
                 # An overloaded API server's Retry-After (429, some 503s) is a floor, as client-go keeps it.
                 wanted_s = max(delay * (0.5 + random.random() / 2), asked_s)
-                wait_s = min(wanted_s, max(0.0, deadline - self._clock()))
+                wait_s = min(wanted_s, max(0.0, deadline.left()))
                 if self._sleep is None:
                     stop.wait(wait_s)
                 else:
                     self._sleep(wait_s)
-        within = "" if attempt == cfg.max_attempts else f" within {cfg.retry_deadline_s:g} s"
-        raise ActuationError(f"{_describe(target)}: {what} failed after {attempt} attempts{within}: {last}")
+        within = "" if attempt == cfg.max_attempts else f" within {deadline.seconds:g} s"
+        raise ActuationError(f"{describe(target)}: {what} failed after {attempt} attempts{within}: {last}")
 
     # ---- per-kind reads and writes -------------------------------------
     def _read(self, target: KubernetesTarget, timeout: float) -> _Read:
@@ -382,7 +436,7 @@ class KubernetesActuator:
             LWS_GROUP, LWS_VERSION, target.namespace, LWS_PLURAL, target.name, _request_timeout=timeout
         )
         if not isinstance(obj, dict):
-            raise ActuationError(f"{_describe(target)}: scale subresource is not an object")
+            raise ActuationError(f"{describe(target)}: scale subresource is not an object")
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         ready = status.get("replicas")
@@ -391,7 +445,7 @@ class KubernetesActuator:
     def _write(self, target: KubernetesTarget, obj: Any, replicas: int, timeout: float) -> None:
         if target.hpa is not None:
             self.autoscaling.patch_namespaced_horizontal_pod_autoscaler(
-                target.hpa, target.namespace, _hpa_floor_patch(obj, replicas), _request_timeout=timeout,
+                target.hpa, target.namespace, hpa_floor_patch(obj, replicas), _request_timeout=timeout,
                 _content_type=MERGE_PATCH,
             )
         elif target.kind == "deployment":
@@ -421,64 +475,3 @@ class KubernetesActuator:
                 LWS_GROUP, LWS_VERSION, target.namespace, LWS_PLURAL, target.name, body, _request_timeout=timeout
             )
 
-
-def _hpa_floor_patch(hpa: Any, floor: int) -> dict[str, Any]:
-    """The merge patch that sets the read HPA's ``minReplicas`` to ``floor``, lifting ``maxReplicas`` to fit it and
-    giving it back as the floor comes down.  It names only those fields, the annotation that remembers a lift, and
-    the read's ``resourceVersion`` (a precondition: a change since is a 409)."""
-    meta, spec = hpa.metadata, hpa.spec
-    lifted_from = (meta.annotations or {}).get(LIFTED_MAX_ANNOTATION)
-    # Still as it was left (lifted to the floor): the remembered value is the owner's; otherwise someone set it since.
-    still_lifted = (lifted_from or "").isdigit() and spec.max_replicas == spec.min_replicas
-    own_max = int(lifted_from or 0) if still_lifted else spec.max_replicas
-    changes: dict[str, Any] = {"minReplicas": floor}
-    if max(own_max, floor) != spec.max_replicas:
-        changes["maxReplicas"] = max(own_max, floor)
-    metadata: dict[str, Any] = {"resourceVersion": meta.resource_version}
-    remembered = str(own_max) if floor > own_max else None
-    if remembered != lifted_from:
-        metadata["annotations"] = {LIFTED_MAX_ANNOTATION: remembered}  # None: removed
-    return {"metadata": metadata, "spec": changes}
-
-
-def _lost_lease(target: KubernetesTarget, replicas: int, *, wrote_before: bool) -> LeadershipLostError:
-    earlier = " (an earlier attempt's write was answered with an error: it may have landed)" if wrote_before else ""
-    return LeadershipLostError(
-        f"{_describe(target)}: the lease was lost before the scale to {replicas} was written{earlier}; "
-        "another replica acts"
-    )
-
-
-def _given_up(target: KubernetesTarget, what: str) -> ActuationError:
-    return ActuationError(f"{_describe(target)}: {what} given up: its caller no longer waits for it")
-
-
-def _api_error(exc: ApiException) -> str:
-    """``HTTP <status> <reason>``, and the API server's own message when it sent one (an RBAC denial names the
-    verb, resource and namespace refused; a 422 the field)."""
-    text = f"HTTP {exc.status} {exc.reason}"
-    try:
-        message = json.loads(exc.body or "").get("message")
-    except (ValueError, TypeError, AttributeError):
-        message = None
-    return f"{text}: {str(message)[:400]}" if message else text
-
-
-def _retry_after_s(exc: ApiException) -> float:
-    """The seconds an answer's ``Retry-After`` asks for (0 when absent, an HTTP date, or not a number)."""
-    try:
-        value = float((exc.headers or {}).get("Retry-After", ""))
-    except (TypeError, ValueError, AttributeError):
-        return 0.0
-    return value if math.isfinite(value) and value > 0 else 0.0
-
-
-def _malformed(exc: ValueError) -> str:
-    """A parse's error in one line (pydantic's span several)."""
-    return f"malformed answer ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"
-
-
-def _describe(target: KubernetesTarget) -> str:
-    if target.hpa is not None:
-        return f"hpa {target.namespace}/{target.hpa}"
-    return f"{target.kind} {target.namespace}/{target.name}"

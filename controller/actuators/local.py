@@ -324,8 +324,9 @@ class LocalActuator:
             return "broken"
         return "ready" if response.status_code < 500 else "down"
 
-    async def scale(
-        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+    async def scale(  # expected: not checked, no other writer starts or stops this actuator's replicas
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading,
+        expected: int | None = None,
     ) -> ScaleResult:
         if replicas < 0:
             raise ActuationError(f"cannot run {replicas} replicas of {policy.name!r}")

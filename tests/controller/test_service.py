@@ -67,13 +67,14 @@ class FlakyActuator(DryRunActuator):
         self.attempts = 0
 
     async def scale(
-        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading,
+        expected: int | None = None,
     ) -> ScaleResult:
         self.attempts += 1
         if self.failures:
             self.failures -= 1
             raise ActuationError(f"deployment prod/{policy.name}: scale to {replicas} failed after 5 attempts: 503")
-        return await super().scale(policy, replicas, still_leading=still_leading)
+        return await super().scale(policy, replicas, still_leading=still_leading, expected=expected)
 
 
 class Follower:
@@ -285,7 +286,8 @@ class StallingActuator(DryRunActuator):
         self.b_scaled = asyncio.Event()
 
     async def scale(
-        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading,
+        expected: int | None = None,
     ) -> ScaleResult:
         if policy.name == "b":
             self.b_scaled.set()
@@ -294,7 +296,7 @@ class StallingActuator(DryRunActuator):
                 await asyncio.wait_for(self.b_scaled.wait(), timeout=2.0)
             except TimeoutError as exc:
                 raise ActuationError("a: stalled, and b waited behind it") from exc
-        return await super().scale(policy, replicas, still_leading=still_leading)
+        return await super().scale(policy, replicas, still_leading=still_leading, expected=expected)
 
 
 def test_one_stalled_actuation_does_not_hold_the_others(tmp_path: Path) -> None:
@@ -525,9 +527,10 @@ class LosesTheLeaseWhenScaled(DryRunActuator):
         self.loses = loses
 
     async def scale(
-        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading,
+        expected: int | None = None,
     ) -> ScaleResult:
-        result = await super().scale(policy, replicas, still_leading=still_leading)
+        result = await super().scale(policy, replicas, still_leading=still_leading, expected=expected)
         if self.loses:
             self.elector.is_leader = False  # another replica holds the lease from now on
         return result

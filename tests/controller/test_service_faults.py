@@ -32,11 +32,12 @@ class OneBreaks(DryRunActuator):
         return await super().replicas(policy)
 
     async def scale(
-        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading,
+        expected: int | None = None,
     ) -> ScaleResult:
         if policy.name == "a" and self.on == "scale":
             raise RuntimeError("unexpected answer")
-        return await super().scale(policy, replicas, still_leading=still_leading)
+        return await super().scale(policy, replicas, still_leading=still_leading, expected=expected)
 
 
 def test_an_unexpected_scale_error_fails_its_own_decision_and_the_others_are_applied_and_logged(
@@ -167,7 +168,8 @@ class ScaleNeverEnds(DryRunActuator):
         self.thread_ended = threading.Event()
 
     async def scale(
-        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading,
+        expected: int | None = None,
     ) -> ScaleResult:
         def trickle() -> ScaleResult:
             while still_leading():

@@ -24,9 +24,10 @@ class SlowAnswerActuator(DryRunActuator):
         self.applying = asyncio.Event()
 
     async def scale(
-        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading,
+        expected: int | None = None,
     ) -> ScaleResult:
-        result = await super().scale(policy, replicas, still_leading=still_leading)
+        result = await super().scale(policy, replicas, still_leading=still_leading, expected=expected)
         self.applying.set()
         await asyncio.sleep(0.2)
         return result
@@ -68,9 +69,10 @@ class TakesItsTimeActuator(DryRunActuator):
         self.cut_short: list[str] = []
 
     async def scale(
-        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading
+        self, policy: Policy, replicas: int, *, still_leading: StillLeading = always_leading,
+        expected: int | None = None,
     ) -> ScaleResult:
-        result = await super().scale(policy, replicas, still_leading=still_leading)
+        result = await super().scale(policy, replicas, still_leading=still_leading, expected=expected)
         self.applying.add(policy.name)
         if self.applying == self.take_s.keys():
             self.all_applying.set()

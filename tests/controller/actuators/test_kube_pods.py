@@ -259,3 +259,44 @@ def test_a_scale_down_refused_for_an_undeclared_hpa_marks_no_pod(server: StandIn
     with pytest.raises(ActuationError, match="the HPA 'qwen' scales it"):
         asyncio.run(_actuator(server, Loads(BUSY)).scale(_policy(), 2))
     assert _pod_writes(server) == []
+
+
+def _stale_costs(server: StandInApiServer, costs: Mapping[str, str]) -> None:
+    """Costs an earlier scale-down left on the pods."""
+    with server.state.lock:
+        for pod in server.state.pods["prod"]:
+            pod["metadata"]["annotations"] = {DELETION_COST_ANNOTATION: costs[pod["metadata"]["name"]]}
+
+
+def test_a_pods_cost_write_answered_with_a_5xx_is_retried(server: StandInApiServer) -> None:
+    """A failed write was logged and the pod skipped: qwen-0, busiest now, kept the 0 of an earlier scale-down when
+    it was idle, and the ReplicaSet removed it first."""
+    path = server.add_deployment_scale("prod", "qwen", 3)
+    _stale_costs(server, {"qwen-0": "0", "qwen-1": "9", "qwen-2": "3"})
+    server.state.faults.extend([Fault("PATCH", "/pods/qwen-0", 500), Fault("PATCH", "/pods/qwen-0", 429)])
+    assert asyncio.run(_actuator(server, Loads(BUSY)).scale(_policy(), 2)).changed
+    assert server.obj(path)["spec"]["replicas"] == 2
+    assert _costs(server) == {"qwen-0": "7", "qwen-1": "0", "qwen-2": "3"}
+    assert _pod_writes(server) == ["qwen-0", "qwen-0", "qwen-0", "qwen-1"]  # qwen-2's cost stands
+
+
+def test_a_busy_pod_whose_stale_cost_cannot_be_replaced_stops_the_scale_down(
+    server: StandInApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("controller.actuators.kubernetes.MARK_BUDGET_S", 0.5)  # the retries' budget, kept short
+    path = server.add_deployment_scale("prod", "qwen", 3)
+    _stale_costs(server, {"qwen-0": "0", "qwen-1": "9", "qwen-2": "3"})
+    server.state.faults.extend(Fault("PATCH", "/pods/qwen-0", 503) for _ in range(50))
+    with pytest.raises(ActuationError, match=r"pod qwen-0's deletion cost 7 could not be written.* before pod qwen-1"):
+        asyncio.run(_actuator(server, Loads(BUSY)).scale(_policy(), 2))
+    assert server.obj(path)["spec"]["replicas"] == 3 and not any(m == "PUT" for m, _p, _c in server.state.log)
+    assert _pod_writes(server).count("qwen-0") > 1  # retried within the budget
+
+
+def test_a_pod_whose_stale_cost_still_ranks_it_right_lets_the_scale_down_go_on(server: StandInApiServer) -> None:
+    path = server.add_deployment_scale("prod", "qwen", 3)
+    _stale_costs(server, {"qwen-0": "12", "qwen-1": "9", "qwen-2": "3"})  # qwen-0 busiest then and now
+    server.state.faults.append(Fault("PATCH", "/pods/qwen-0", 422))  # not retried
+    assert asyncio.run(_actuator(server, Loads(BUSY)).scale(_policy(), 2)).changed
+    assert server.obj(path)["spec"]["replicas"] == 2
+    assert _costs(server) == {"qwen-0": "12", "qwen-1": "0", "qwen-2": "3"}

@@ -247,15 +247,15 @@ def test_an_hpa_scaled_above_its_floor_reports_the_replicas_that_run(server: Sta
     actuator, policy = _actuator(server), _policy(hpa="qwen-hpa")
     count = asyncio.run(actuator.replicas(policy))
     assert (count.desired, count.ready) == (4, 4)
-    assert asyncio.run(actuator.scale(policy, 1)).changed is False  # the floor already is 1: nothing written
-    result = asyncio.run(actuator.scale(policy, 6))
-    assert (result.previous, result.replicas, result.changed) == (1, 6, True)
+    result = asyncio.run(actuator.scale(policy, 6, expected=4))  # compared with the count reported, not the floor
+    assert (result.previous, result.replicas, result.changed) == (4, 6, True)
     assert server.obj(path)["spec"]["minReplicas"] == 6
     assert asyncio.run(actuator.replicas(policy)).desired == 6  # the floor, above the workload's count until it grows
 
 
 def test_an_hpa_maximum_its_owner_changed_after_a_lift_is_kept(server: StandInApiServer) -> None:
     path = server.add_hpa("prod", "qwen-hpa", min_replicas=2, max_replicas=4, current=3)
+    server.add_deployment_scale("prod", "qwen", 3)
     actuator, policy = _actuator(server), _policy(hpa="qwen-hpa")
     asyncio.run(actuator.scale(policy, 6))
     server.state.objects[path]["spec"]["maxReplicas"] = 12  # the owner raised it by hand
@@ -267,6 +267,7 @@ def test_an_hpa_maximum_its_owner_changed_after_a_lift_is_kept(server: StandInAp
 def _hpa_with_fields_of_a_newer_server(server: StandInApiServer) -> str:
     """An HPA with spec fields the installed client's model may not know (a newer API server's)."""
     path = server.add_hpa("prod", "qwen-hpa", min_replicas=1, max_replicas=8, current=1)
+    server.add_deployment_scale("prod", "qwen", 1)  # a scale reads the count that runs too
     with server.state.lock:
         spec = server.state.objects[path]["spec"]
         spec["behavior"] = {"scaleUp": {"stabilizationWindowSeconds": 0, "tolerance": "0.05", "futureKnob": "keep"}}
