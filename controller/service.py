@@ -22,7 +22,6 @@ before each policy's and engine's rebalancing: a lease lost mid-tick stops what 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -115,6 +114,7 @@ class ControllerService:
         self._last_tick_at: datetime | None = None
         self._started_at: datetime | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False  # set by stop(): no tick starts after it, whatever became of its cancellation
         self.ticks = 0
 
     # ---- what the API reads ----------------------------------------------
@@ -168,7 +168,7 @@ class ControllerService:
         await self._release_unmanaged(stored)
         policies = [s.policy for s in stored]
         if self.history is not None:
-            try:  # the policies it did not reach are warm-started at a later tick
+            try:  # the policies it did not reach start without their history (LoadHistoryKeeper._cut_off)
                 await within(self.history.warm_start(self.core, stored), self.read_timeout_s, "warm start")
             except LateAnswerError as exc:
                 log.warning("%s", exc)
@@ -416,8 +416,8 @@ class ControllerService:
                     break
 
     async def run(self) -> None:
-        """Tick every ``tick_interval_s`` until cancelled; an unexpected error never ends the loop."""
-        while True:
+        """Tick every ``tick_interval_s`` until cancelled or stopped; an unexpected error never ends the loop."""
+        while not self._stopping:
             started_s = self.clock()
             try:
                 await self.tick()
@@ -434,14 +434,17 @@ class ControllerService:
         except MoesloError as exc:
             log.warning("could not restore the core's state: %s", exc)
         if self._task is None:
+            self._stopping = False
             self._task = asyncio.create_task(self.run(), name="controller-ticks")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task, self._stopping = self._task, None, True
+        if task is not None:
+            # Cancelled again until it ends: on Python 3.11 ``asyncio.wait_for`` (``within``) returns an await that
+            # ends as it is cancelled and drops the cancellation, and the loop ticked on with stop() waiting for ever.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=0.1)
         await self.decision_log.append()  # once more, what failed writes left
         await self.elector.stop()
         await self.actuator.aclose()
