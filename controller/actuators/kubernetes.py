@@ -8,10 +8,7 @@
   (and lifts ``maxReplicas`` when the new floor would exceed it).  The count
   it reports is the higher of that floor and the workload's own count (the
   HPA may have scaled above its floor); a scale sets the floor to the
-  decided count, skipped when the floor already is that count.  A scale to a
-  count below the workload's but at or above the floor would remove no
-  replica (the floor is no count the HPA must come down to): it is refused
-  with an ActuationError, not reported applied.
+  decided count, skipped when the floor already is that count.
 
 Each read also lists the workload's ready pods (the scale subresource's
 ``status.selector``; for a LeaderWorkerSet that selects the group leaders),
@@ -333,9 +330,7 @@ class KubernetesActuator:
     ) -> int:
         """The count before the scale, as :meth:`replicas` reports it.  Refused when it is not ``expected``, the count
         the decision was made from: another writer (``kubectl scale``, the HPA) changed it since the tick's read, and
-        a scale decided from the old count would undo that change.  For an HPA target, also refused when the scale
-        would remove no replica: a count below the workload's but at or above the floor leaves the workload as it
-        runs (the HPA scales down on its own metrics), and was logged applied every cooldown."""
+        a scale decided from the old count would undo that change."""
         count = read.desired
         if target.hpa is not None:
             count = max(read.desired, self._read(workload_of(target), deadline.timeout()).desired)
@@ -343,12 +338,6 @@ class KubernetesActuator:
             raise ActuationError(
                 f"{describe(target)}: another writer changed the count from {expected} to {count} since the tick "
                 f"read it; the scale to {replicas} is not written (the next tick decides from {count})"
-            )
-        if target.hpa is not None and read.desired <= replicas < count:
-            raise ActuationError(
-                f"{describe(target)}: a scale to {replicas} would remove no replica: the HPA's floor is "
-                f"{read.desired} and {target.kind} {target.name} runs {count}; not carried out (the HPA scales it "
-                f"down on its own metrics, or a floor below {read.desired} lets it)"
             )
         return count
 

@@ -247,6 +247,7 @@ def test_an_hpa_scaled_above_its_floor_reports_the_replicas_that_run(server: Sta
     actuator, policy = _actuator(server), _policy(hpa="qwen-hpa")
     count = asyncio.run(actuator.replicas(policy))
     assert (count.desired, count.ready) == (4, 4)
+    assert asyncio.run(actuator.scale(policy, 1, expected=4)).changed is False  # the floor already is 1
     result = asyncio.run(actuator.scale(policy, 6, expected=4))  # compared with the count reported, not the floor
     assert (result.previous, result.replicas, result.changed) == (4, 6, True)
     assert server.obj(path)["spec"]["minReplicas"] == 6

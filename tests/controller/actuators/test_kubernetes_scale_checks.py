@@ -111,19 +111,3 @@ def test_one_scale_ends_within_its_deadline_however_many_requests_it_makes(serve
     assert server.obj(path)["spec"]["replicas"] == 3 and _writes(server) == []
     settings = ControllerSettings(actuator="kubernetes", kubernetes=actuator.config)
     assert settings.scale_backstop_s is not None and took_s < 1.0 + FINAL_READ_TIMEOUT_S < settings.scale_backstop_s
-
-
-def test_an_hpa_scale_down_that_would_remove_no_replica_is_not_carried_out(server: StandInApiServer) -> None:
-    """A scale from 5 to 3 with the floor at 2 raised the floor to 3 and was logged applied, while the workload kept
-    its 5 replicas; every cooldown it did so again."""
-    hpa = server.add_hpa("prod", "qwen-hpa", min_replicas=2, max_replicas=8, current=5)
-    dep = server.add_deployment_scale("prod", "qwen", 5)
-    actuator, policy = _actuator(server), _k8s_policy(hpa="qwen-hpa")
-    for target in (3, 2):  # above the floor, and at it: neither removes a replica
-        with pytest.raises(ActuationError, match=rf"a scale to {target} would remove no replica: the HPA's floor is 2"):
-            asyncio.run(actuator.scale(policy, target, expected=5))
-    assert server.obj(hpa)["spec"]["minReplicas"] == 2 and _writes(server) == []
-    server.state.objects[hpa]["spec"]["minReplicas"] = 4  # a floor above the target: lowering it lets the HPA go
-    result = asyncio.run(actuator.scale(policy, 3, expected=5))
-    assert (result.previous, result.replicas, result.changed) == (5, 3, True)
-    assert server.obj(hpa)["spec"]["minReplicas"] == 3 and server.obj(dep)["spec"]["replicas"] == 5
