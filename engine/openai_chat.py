@@ -12,9 +12,13 @@ turn opening.  ``logprobs: true`` (with
 ``top_logprobs`` alternatives) reports the generated tokens' log-probabilities.
 ``chat_template_kwargs`` (vLLM's extension) are more variables for the chat
 template, as vLLM passes them (``enable_thinking``, ...).
-``store``, ``metadata`` and ``parallel_tool_calls`` are accepted and ignored,
-as vLLM does.  Tools and the other fields this engine does not implement are
-refused by name (400).
+``tools`` (with ``tool_choice`` "none": none is called; left out, it means
+"auto", as in vLLM, which is refused) and ``reasoning_effort`` reach the template as vLLM passes them (the
+latter with ``enable_thinking`` false for "none", unless the kwargs set it).
+``store``, ``metadata``, ``parallel_tool_calls`` and ``service_tier`` are
+accepted and ignored, as vLLM does; vLLM's ``continue_final_message`` and
+``echo`` only at false.  Tool calling and the other fields this engine does not
+implement are refused by name (400).
 
 A reply sent back in the history as the SDK dumps it is served as vLLM serves
 it: its ``refusal``, ``annotations``, ``audio`` and ``function_call`` are
@@ -30,7 +34,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator, model_validator
 
 from engine.protocol import MODEL_DEFAULTED, NO_OP_VALUES, WHOLE, GenerationRequest, without_nulls
 from engine.sampling import MAX_LOGPROBS
@@ -129,7 +133,9 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(GenerationRequest):
     """The subset of OpenAI's chat completion request the engine serves (one choice, text only)."""
 
-    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {"tool_choice": (None, "none"), **NO_OP_VALUES}
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "tool_choice": (None, "none"), "continue_final_message": (None, False), "echo": (None, False), **NO_OP_VALUES,
+    }
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(strict=True, ge=1), WHOLE] | None = None
@@ -139,12 +145,40 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS), WHOLE] | None = None
     tool_choice: str | dict[str, Any] | None = None
     """Accepted only as "none" (no tools are called; see no_op_values)."""
-    # OpenAI's fields that vLLM accepts and ignores (no stored completions; no tools to call).
+    tools: list[dict[str, Any]] | None = None
+    """Handed to the chat template, as vLLM does with ``tool_choice`` "none": none is called."""
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    """Handed to the chat template, with ``enable_thinking`` (false for "none") unless chat_template_kwargs set it."""
+    # Accepted only at their no-op values (see no_op_values; vLLM's extensions).
+    continue_final_message: StrictBool | None = None
+    echo: StrictBool | None = None
+    # OpenAI's fields that vLLM accepts and ignores (no stored completions; no tools to call; one tier).
     store: Any = None
     metadata: Any = None
     parallel_tool_calls: bool | None = None
+    service_tier: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
     """More variables for the chat template (vLLM's extension); the request's own fields win over them."""
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_only_for_the_template(cls, tools: list[dict[str, Any]] | None, info: ValidationInfo) -> Any:
+        """As vLLM without auto tool choice: tools with ``tool_choice`` "none" only (left out, it means "auto"),
+        and never an empty list."""
+        if tools is not None and (not tools or info.data.get("tool_choice") != "none"):
+            raise ValueError('served only with tool_choice "none" (the template reads them, no tool is called) and '
+                             "not empty; tool calling is not implemented by this engine")
+        return tools
+
+    def template_variables(self) -> dict[str, Any]:
+        """``chat_template_kwargs`` with the request's ``tools`` and ``reasoning_effort``, merged as vLLM does."""
+        variables = dict(self.chat_template_kwargs or {})
+        if self.tools is not None:
+            variables["tools"] = self.tools
+        if self.reasoning_effort is not None:
+            variables.setdefault("enable_thinking", self.reasoning_effort != "none")
+            variables["reasoning_effort"] = self.reasoning_effort
+        return variables
 
     def texts(self) -> list[tuple[str, str]]:
         own = [(f"messages.{i}.content", m.text) for i, m in enumerate(self.messages)]

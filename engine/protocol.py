@@ -43,9 +43,13 @@ MAX_STOP_LENGTH = 256
 TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,20}")
 """A ``logit_bias`` key: a token id as ASCII decimal digits (short: ``int()`` of thousands of digits raises)."""
 
-NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"response_format": (None, {"type": "text"})}
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "response_format": (None, {"type": "text"}), "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
+}
 """Fields both kinds of request define but this engine does not implement, and their no-op values: OpenAI's
-plain-text ``response_format``."""
+plain-text ``response_format``; vLLM's extensions at their defaults (what this engine does), so a client that
+sends them as vLLM's defaults is served."""
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
@@ -103,8 +107,11 @@ class GenerationRequest(BaseModel):
     """Token id to a bias, clamped to [-100, 100] as vLLM clamps it."""
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    # Accepted only at its no-op values (see no_op_values).
+    # Accepted only at their no-op values (see no_op_values).
     response_format: dict[str, Any] | None = None
+    include_stop_str_in_output: StrictBool | None = None
+    skip_special_tokens: StrictBool | None = None
+    spaces_between_special_tokens: StrictBool | None = None
     # vLLM's extensions (top_k 0 or -1, or the vocabulary or more: off).
     top_k: Annotated[int, Field(strict=True, ge=-1, le=MAX_TOP_K), WHOLE] = 0
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0

@@ -302,7 +302,7 @@ async def _render_chat(chat_template: ChatTemplate | None, body: ChatCompletionR
     messages = body.template_messages()
     return await off_loop(sum(len(m["content"]) for m in messages), functools.partial(
         chat_template.render, messages, add_generation_prompt=body.add_generation_prompt,
-        extra=body.chat_template_kwargs))
+        extra=body.template_variables()))
 
 
 def _expert_load_json(engine: EngineCoreClient) -> dict[str, Any]:

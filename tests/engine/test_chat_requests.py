@@ -133,3 +133,41 @@ def test_max_completion_tokens_wins_over_max_tokens_as_in_vllm() -> None:
                      chat_template=ChatTemplate(TEMPLATE))
     TestClient(app).post("/v1/chat/completions", json={"messages": USER, "max_tokens": 4, "max_completion_tokens": 8})
     assert [params.max_tokens for params in engine.params] == [8]
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+def test_tools_with_tool_choice_none_reach_the_template_as_vllm_passes_them() -> None:
+    """vLLM hands a request's tools to the chat template when it calls none (``tool_choice: "none"``); they were
+    refused.  Left out, ``tool_choice`` means "auto" there, and an empty list is refused, as here."""
+    template = "{{ tools | length if tools is defined else 'no' }} tools;{{ messages[0]['content'] }}"
+    assert rendered({"messages": USER, "tools": TOOLS, "tool_choice": "none"}, template)[1] == "1 tools;hi"
+    assert rendered({"messages": USER}, template)[1] == "no tools;hi"
+    for body in ({"messages": USER, "tools": TOOLS}, {"messages": USER, "tools": [], "tool_choice": "none"}):
+        status, prompt, error = rendered(body, template)
+        assert (status, prompt, error["error"]["param"]) == (400, None, "tools")
+
+
+@pytest.mark.parametrize(("effort", "kwargs", "prompt"), [
+    ("none", None, "<user>hi<assistant>"),
+    ("high", None, "<user>hi<think><assistant>"),
+    ("none", {"enable_thinking": True}, "<user>hi<think><assistant>"),  # the request's kwargs say it
+])
+def test_reasoning_effort_reaches_the_template_with_enable_thinking_as_in_vllm(
+    effort: str, kwargs: dict[str, Any] | None, prompt: str
+) -> None:
+    """A Qwen3 client's ``reasoning_effort`` was a 400; vLLM passes it, and ``enable_thinking`` unless set."""
+    assert rendered({"messages": USER, "reasoning_effort": effort, "chat_template_kwargs": kwargs})[1] == prompt
+    assert rendered({"messages": USER, "reasoning_effort": effort}, "{{ reasoning_effort }}")[1] == effort
+
+
+def test_vllms_extensions_at_their_defaults_are_served_and_other_values_refused_by_name() -> None:
+    defaults = {"include_stop_str_in_output": False, "skip_special_tokens": True,
+                "spaces_between_special_tokens": True, "continue_final_message": False, "echo": False,
+                "service_tier": "auto"}
+    assert rendered({"messages": USER, **defaults})[1] == "<user>hi<assistant>"
+    for name, value in (("include_stop_str_in_output", True), ("skip_special_tokens", False), ("echo", True),
+                        ("continue_final_message", True)):
+        status, prompt, error = rendered({"messages": USER, name: value})
+        assert (status, prompt, error["error"]["param"]) == (400, None, name)
