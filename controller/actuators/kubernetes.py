@@ -214,7 +214,10 @@ class KubernetesActuator:
         """The count :meth:`replicas` reports, with the workload's scale subresource as ``obj``.  For an HPA target
         that is the floor or the workload's own count, whichever is higher: the HPA may have scaled the workload
         above its floor, and those replicas serve (sized from the floor, a scale-up would ask for fewer than run)."""
-        read = self._read(target, deadline.timeout())
+        return self._as_reported(target, self._read(target, deadline.timeout()), deadline)
+
+    def _as_reported(self, target: KubernetesTarget, read: _Read, deadline: CallDeadline) -> _Read:
+        """``read`` (the target's own) as :meth:`replicas` reports it: for an HPA target, with its workload's read."""
         if target.hpa is None:
             return read
         workload = self._read(workload_of(target), deadline.timeout())
@@ -331,9 +334,7 @@ class KubernetesActuator:
         """The count before the scale, as :meth:`replicas` reports it.  Refused when it is not ``expected``, the count
         the decision was made from: another writer (``kubectl scale``, the HPA) changed it since the tick's read, and
         a scale decided from the old count would undo that change."""
-        count = read.desired
-        if target.hpa is not None:
-            count = max(read.desired, self._read(workload_of(target), deadline.timeout()).desired)
+        count = self._as_reported(target, read, deadline).desired
         if expected is not None and count != expected:
             raise ActuationError(
                 f"{describe(target)}: another writer changed the count from {expected} to {count} since the tick "
